@@ -1,0 +1,1 @@
+"""harness_core: the durable agent runtime (session store first; the harness runtime follows)."""

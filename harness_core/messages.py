@@ -1,0 +1,201 @@
+"""The project's own conversation messages: user, assistant and tool result, with their parts.
+
+They are deliberately small and provider-neutral; conversion to a provider's message types
+happens at the model boundary. All are immutable and JSON-safe, so they can sit inside durable
+entries and records unchanged.
+"""
+
+from __future__ import annotations
+
+from typing import Annotated, Literal, Self
+
+from pydantic import Field, model_validator
+
+from harness_core._model import Frozen
+from harness_core.frozen import FrozenJson, FrozenJsonObject
+
+__all__ = [
+    "AgentMessage",
+    "AssistantContent",
+    "AssistantMessage",
+    "Cost",
+    "DeferredHandle",
+    "ImagePart",
+    "StopReason",
+    "TextPart",
+    "ThinkingPart",
+    "TokenUsage",
+    "ToolCallPart",
+    "ToolOutcome",
+    "ToolResultMessage",
+    "UserContent",
+    "UserMessage",
+    "user_message",
+]
+
+
+class TextPart(Frozen):
+    """Plain text."""
+
+    type: Literal["text"] = "text"
+    text: str
+
+
+class ImagePart(Frozen):
+    """An inline image."""
+
+    type: Literal["image"] = "image"
+    media_type: str
+    """MIME type, for example ``image/png``."""
+    data: str
+    """Base64-encoded bytes."""
+
+
+class ThinkingPart(Frozen):
+    """Model reasoning, kept so providers that require it can be sent it back."""
+
+    type: Literal["thinking"] = "thinking"
+    thinking: str
+    signature: str | None = None
+    """Provider signature that lets the reasoning be replayed verbatim."""
+
+
+class ToolCallPart(Frozen):
+    """A request by the model to call a tool."""
+
+    type: Literal["tool_call"] = "tool_call"
+    id: str
+    """The provider's tool-call id; tool results refer to it."""
+    name: str
+    arguments: FrozenJsonObject = Field(default_factory=dict)
+
+
+UserContent = Annotated[TextPart | ImagePart, Field(discriminator="type")]
+AssistantContent = Annotated[TextPart | ThinkingPart | ToolCallPart, Field(discriminator="type")]
+
+
+class Cost(Frozen):
+    """Money spent, in US dollars; negative values are legal in adjustments."""
+
+    input: float = 0.0
+    output: float = 0.0
+    cache_read: float = 0.0
+    cache_write: float = 0.0
+    total: float = 0.0
+
+    def __add__(self, other: Cost) -> Cost:
+        return Cost(
+            input=self.input + other.input,
+            output=self.output + other.output,
+            cache_read=self.cache_read + other.cache_read,
+            cache_write=self.cache_write + other.cache_write,
+            total=self.total + other.total,
+        )
+
+
+class TokenUsage(Frozen):
+    """Tokens and cost of provider requests; negative values are legal in adjustments."""
+
+    input: int = 0
+    output: int = 0
+    """Output tokens, reasoning included."""
+    cache_read: int = 0
+    cache_write: int = 0
+    total_tokens: int = 0
+    cost: Cost = Cost()
+
+    def __add__(self, other: TokenUsage) -> TokenUsage:
+        return TokenUsage(
+            input=self.input + other.input,
+            output=self.output + other.output,
+            cache_read=self.cache_read + other.cache_read,
+            cache_write=self.cache_write + other.cache_write,
+            total_tokens=self.total_tokens + other.total_tokens,
+            cost=self.cost + other.cost,
+        )
+
+
+StopReason = Literal["stop", "length", "tool_use", "error", "aborted", "deferred"]
+"""Why a settled assistant message ended; errors are in-band, never exceptions."""
+
+ToolOutcome = Literal["ok", "error", "blocked", "denied", "interrupted"]
+"""How a tool call ended: ran fine, ran and failed, was blocked or invalid before running, was
+denied by an approver, or was interrupted with an unknown outcome (it may have happened)."""
+
+
+class DeferredHandle(Frozen):
+    """A provider-side request still running (a background response or a batch)."""
+
+    provider: str
+    model: str
+    id: str
+    """The provider's identifier of the pending request."""
+    data: FrozenJson = None
+    """Whatever else the provider needs to fetch or cancel it."""
+
+
+class UserMessage(Frozen):
+    """Input from a person (or an application speaking for one)."""
+
+    role: Literal["user"] = "user"
+    content: tuple[UserContent, ...]
+    sender: str | None = None
+    """Who wrote it, as the channel names them (for example a Slack user id or an email address)."""
+    timestamp: int | None = None
+    """Unix milliseconds when the person sent it, if known."""
+
+
+class AssistantMessage(Frozen):
+    """A settled model response: `stop_reason` is final and errors are in-band."""
+
+    role: Literal["assistant"] = "assistant"
+    content: tuple[AssistantContent, ...] = ()
+    stop_reason: StopReason
+    provider: str | None = None
+    model: str | None = None
+    usage: TokenUsage | None = None
+    """Display snapshot of the request that produced this message."""
+    error_message: str | None = None
+    raw_stop_reason: str | None = None
+    """The provider's own stop reason, for diagnostics only."""
+    deferred: DeferredHandle | None = None
+    """Present exactly when `stop_reason` is ``"deferred"``."""
+    timestamp: int | None = None
+
+    @model_validator(mode="after")
+    def _deferred_matches_stop_reason(self) -> Self:
+        if (self.stop_reason == "deferred") != (self.deferred is not None):
+            raise ValueError("a deferred handle is present exactly when stop_reason is 'deferred'")
+        return self
+
+
+class ToolResultMessage(Frozen):
+    """The result of one tool call, as the model will see it."""
+
+    role: Literal["tool_result"] = "tool_result"
+    tool_call_id: str
+    tool_name: str
+    content: tuple[UserContent, ...] = ()
+    outcome: ToolOutcome = "ok"
+    details: FrozenJson = None
+    """Structured data for applications; never sent to the model."""
+    usage: TokenUsage | None = None
+    """Nested model work the tool reported, if any."""
+    timestamp: int | None = None
+
+    @property
+    def is_error(self) -> bool:
+        """Whether the model should read this result as a failure."""
+        return self.outcome != "ok"
+
+
+AgentMessage = Annotated[
+    UserMessage | AssistantMessage | ToolResultMessage, Field(discriminator="role")
+]
+
+
+def user_message(
+    text: str, *, sender: str | None = None, timestamp: int | None = None
+) -> UserMessage:
+    """Build a user message of one text part."""
+    return UserMessage(content=(TextPart(text=text),), sender=sender, timestamp=timestamp)

@@ -1,0 +1,331 @@
+"""The storage contract: `SessionStorage` (one session), `SessionRepo` (many); docstrings are spec.
+
+Every backend (memory, JSONL, SQLite, Redis Streams) implements these Protocols and passes the
+one conformance suite in `harness_core.testing.conformance`; the memory backend is the
+reference. Rules that hold for every method:
+
+* **One seq.** Every write (entry, record, lane move, fact) gets the next number of one
+  monotonic per-session sequence, allocated inside the write's atomic commit, starting at 1
+  with no gaps. Concurrent writes (from many lanes) are linearized and their awaitables resolve
+  in commit order.
+* **Durable on return.** A write is durable (to the backend's configured level) when its call
+  returns. A write that raises left no trace; a write that raises ``SessionError("storage")``
+  has an unknown outcome (the caller must treat the session as faulted and reopen it).
+* **Checked before written.** Every payload is validated (pydantic models, canonical JSON) before
+  any durable change, so all backends accept exactly the same values.
+* **Immutable reads.** Everything returned is frozen; mutating it is impossible.
+* **One writer.** Writes need a storage opened with a current `WriterLease`; each write carries
+  its fencing token and the backend refuses it with `LeaseLost` once the lease expired, was
+  released or was taken over. A storage opened without a lease is read-only.
+* **Ids.** Entry and record ids share one per-session namespace and are unique in it.
+* Errors are `SessionError` with a closed `code` (see `harness_core.errors`).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable, Mapping
+from typing import Protocol, runtime_checkable
+
+from harness_core.frozen import JsonValue
+from harness_core.session.entries import Entry
+from harness_core.session.records import Record
+from harness_core.session.types import (
+    BranchQuery,
+    EntryQuery,
+    FactSet,
+    LaneMove,
+    LanePointer,
+    LogItem,
+    RecordQuery,
+    SessionMetadata,
+    SessionStats,
+    StoredEntry,
+    StoredRecord,
+    WriterLease,
+)
+
+__all__ = ["SessionRepo", "SessionStorage"]
+
+
+@runtime_checkable
+class SessionStorage(Protocol):
+    """One session's durable state: tree entries, lanes, lane op-log records and global facts.
+
+    Storage persists and answers queries; it never runs operations, queues or recovery. Record
+    payloads are opaque to it except for the lane, the type, the run id and the open-operation
+    projection.
+    """
+
+    @property
+    def session_id(self) -> str:
+        """The session's id."""
+        ...
+
+    @property
+    def lease(self) -> WriterLease | None:
+        """The writer lease this storage was opened with; None when read-only."""
+        ...
+
+    async def get_metadata(self) -> SessionMetadata:
+        """Return the session's metadata, with `name` set to the newest name fact."""
+        ...
+
+    # -- lanes ---------------------------------------------------------------------------
+
+    async def get_lanes(self) -> tuple[LanePointer, ...]:
+        """Return every lane with its leaf, sorted by name. Lane ``main`` always exists."""
+        ...
+
+    async def get_lane(self, lane: str) -> LanePointer | None:
+        """Return one lane with its leaf, or None if no lane has that name."""
+        ...
+
+    async def create_lane(self, lane: str, at: str | None) -> LaneMove:
+        """Create `lane` with its leaf at entry `at` (None: the root). Creating copies nothing.
+
+        Raises:
+            SessionError: ``invalid_lane`` (bad name), ``already_exists`` (lanes are never
+                deleted or renamed), ``not_found`` (`at` is not an entry).
+        """
+        ...
+
+    async def move_lane(self, lane: str, to: str | None) -> LaneMove:
+        """Move `lane`'s leaf to entry `to` (None: the root); the move is kept in the log.
+
+        Raises:
+            SessionError: ``unknown_lane``, ``not_found`` (`to` is not an entry).
+        """
+        ...
+
+    # -- writes --------------------------------------------------------------------------
+
+    async def append_entry(self, entry: Entry, lane: str) -> StoredEntry:
+        """Append a provisioned entry to `lane` in one atomic commit.
+
+        The storage assigns `parent_id` = the lane's current leaf, `seq` and `timestamp`, and
+        makes the entry the lane's new leaf in the same commit. Callers cannot choose a parent.
+
+        Raises:
+            SessionError: ``unknown_lane``, ``already_exists`` (the id is used by an entry or a
+                record), ``invalid_payload``.
+        """
+        ...
+
+    async def append_entry_if_missing(self, entry: Entry, lane: str) -> tuple[StoredEntry, bool]:
+        """Append `entry` unless an entry with its id exists; return (stored, appended).
+
+        This is how an intent is fulfilled idempotently: if the id exists with byte-identical
+        canonical content, the stored entry is returned with ``appended=False`` and nothing is
+        written (wherever that entry sits in the tree).
+
+        Raises:
+            SessionError: ``content_mismatch`` if the id exists with different content (that is
+                corruption, never repaired), ``already_exists`` if the id is a record's, and the
+                errors of `append_entry`.
+        """
+        ...
+
+    async def append_record(self, record: Record) -> StoredRecord:
+        """Append a record to its lane's op log; the storage assigns `seq` and `timestamp`.
+
+        The one conditional write: an `OperationStarted` sets the lane's open operation from
+        none to its id and is refused if the lane already has an open operation; an
+        `OperationFinished` removes its `run_id` from the lane's open operations. No other
+        record content is checked (the reducer judges validity).
+
+        Raises:
+            SessionError: ``lane_busy`` (open operation exists), ``unknown_lane``,
+                ``already_exists`` (id used), ``invalid_payload``.
+        """
+        ...
+
+    async def set_name(self, name: str) -> FactSet:
+        """Set the session name fact (newest wins; history is kept in the log)."""
+        ...
+
+    async def set_label(self, target_id: str, label: str | None) -> FactSet:
+        """Set (or with None clear) the label fact of an entry.
+
+        Raises:
+            SessionError: ``not_found`` if `target_id` is not an entry.
+        """
+        ...
+
+    # -- reads ---------------------------------------------------------------------------
+
+    async def get_entry(self, entry_id: str) -> StoredEntry | None:
+        """Point lookup of a committed entry."""
+        ...
+
+    async def find_entries(self, query: EntryQuery | None = None) -> tuple[StoredEntry, ...]:
+        """Query entries of every branch in seq order (see `EntryQuery`)."""
+        ...
+
+    async def find_entries_on_branch(self, query: BranchQuery) -> tuple[StoredEntry, ...]:
+        """Query one path, from `query.start` toward the root (see `BranchQuery`).
+
+        Cost is proportional to the part of the path walked (limits, stops and the seq window
+        end the walk early for ``newest_first``), never to other branches.
+
+        Raises:
+            SessionError: ``not_found`` if `start` or `stop_at_id` is not an entry.
+        """
+        ...
+
+    async def find_records(self, query: RecordQuery | None = None) -> tuple[StoredRecord, ...]:
+        """Query records (see `RecordQuery`). Lane-scoped queries read only that lane's records."""
+        ...
+
+    async def find_open_operations(
+        self, lane: str, *, limit: int | None = None
+    ) -> tuple[StoredRecord, ...]:
+        """Return the lane's unfinished `OperationStarted` records, newest first.
+
+        Recovery asks with ``limit=2``: none means idle, one means suspended, two means
+        corruption. A log written through this contract can never have two (the conditional
+        write refuses), but an imported or replayed log can, and then both are returned.
+        Answered from a projection; cost does not depend on history.
+
+        Raises:
+            SessionError: ``invalid_query`` for a limit below 1.
+        """
+        ...
+
+    async def read_operation_records(self, lane: str, run_id: str) -> tuple[StoredRecord, ...]:
+        """Bounded restore read: the lane's records from operation `run_id`'s start, oldest first.
+
+        Includes every record of the lane since that start (the operation's own, next-run
+        queue records, adjustments). Cost is proportional to the records returned, not to the
+        session's or the lane's history.
+
+        Raises:
+            SessionError: ``unknown_lane``; ``not_found`` if `run_id` is not an operation start
+                of this lane.
+        """
+        ...
+
+    async def read_lane_entries(self, lane: str, *, after: str | None) -> tuple[StoredEntry, ...]:
+        """Bounded restore read: the lane's path from its leaf back to `after` (exclusive).
+
+        Returned oldest first.
+
+        With `after` set to an operation's `source_leaf_id` this is exactly the entries the
+        operation appended to its lane. Cost is proportional to the entries returned.
+
+        Raises:
+            SessionError: ``unknown_lane``; ``not_found`` if `after` is not an entry;
+                ``invalid_query`` if `after` is not on the lane's path.
+        """
+        ...
+
+    async def get_log(self, *, after_seq: int = 0, limit: int | None = None) -> tuple[LogItem, ...]:
+        """Return committed items with seq > `after_seq`, in seq order, up to `limit`.
+
+        Entries, records, lane moves and facts are merged in one sequence. Exporting a session is
+        ``get_metadata()`` + ``get_log()``.
+        """
+        ...
+
+    async def get_name(self) -> str | None:
+        """Return the newest session name, or None."""
+        ...
+
+    async def get_label(self, target_id: str) -> str | None:
+        """Return the newest label of an entry, or None if unset or cleared."""
+        ...
+
+    async def get_stats(self) -> SessionStats:
+        """Return the running counters (O(1)): last seq, entries, messages, records, usage sum."""
+        ...
+
+    async def close(self) -> None:
+        """Release this storage's resources (not its lease: the repository releases leases).
+
+        Idempotent. Afterwards every call raises ``SessionError("closed")``.
+        """
+        ...
+
+
+@runtime_checkable
+class SessionRepo(Protocol):
+    """Creates, opens, lists and deletes sessions, and grants their writer leases."""
+
+    async def create(
+        self,
+        session_id: str | None = None,
+        *,
+        metadata: Mapping[str, JsonValue] | None = None,
+        parent_session_id: str | None = None,
+    ) -> SessionMetadata:
+        """Create an empty session (lane ``main`` at the root); a new UUIDv7 id if none is given.
+
+        Raises:
+            SessionError: ``already_exists``, ``invalid_session_id``, ``invalid_payload``.
+        """
+        ...
+
+    async def open(self, session_id: str, *, lease: WriterLease | None = None) -> SessionStorage:
+        """Open a session: for writing with a current `lease` of it, read-only without one.
+
+        Raises:
+            SessionError: ``not_found``; `LeaseLost` if `lease` is not current;
+                `StoreCorrupted` if the stored data is not a valid prefix.
+        """
+        ...
+
+    async def list(self) -> tuple[SessionMetadata, ...]:
+        """Return every session's metadata, sorted by (created_at, id). Acquires no lease."""
+        ...
+
+    async def delete(self, session_id: str, *, lease: WriterLease | None = None) -> bool:
+        """Delete a session and everything in it; False if it did not exist.
+
+        Raises:
+            LeaseHeld: another writer holds a live lease (pass your own lease to delete anyway).
+        """
+        ...
+
+    async def acquire_lease(self, session_id: str, *, owner: str, ttl_ms: int) -> WriterLease:
+        """Become the session's single writer with a new, larger fencing token.
+
+        Granted when no live lease exists (none, expired or released). Acquiring again while
+        holding a live lease as the same owner also succeeds and supersedes the old token, so a
+        restarted process never shares authority with its previous incarnation.
+
+        Raises:
+            LeaseHeld: another owner holds a live lease.
+            SessionError: ``not_found`` if the session does not exist.
+        """
+        ...
+
+    async def renew_lease(self, lease: WriterLease) -> WriterLease:
+        """Extend a current lease by its ttl (writes extend it too) and return the new expiry.
+
+        Raises:
+            LeaseLost: the lease expired, was released or was superseded.
+        """
+        ...
+
+    async def release_lease(self, lease: WriterLease) -> bool:
+        """Give the lease up if it is still current; False (and no change) if it was not."""
+        ...
+
+    async def import_session(
+        self, metadata: SessionMetadata, items: Iterable[LogItem]
+    ) -> SessionMetadata:
+        """Create a session holding exactly `items` (an exported log), seq and timestamps kept.
+
+        The log is checked as a whole before anything is stored: contiguous seq from 1, unique
+        ids, entry parents equal to their lane's leaf, existing lanes and targets. The
+        open-operation condition is not applied, so a log with two open operations on a lane
+        imports as it was (and `find_open_operations` reports both). Use it to move a session
+        between backends or to restore a snapshot.
+
+        Raises:
+            SessionError: ``already_exists``; ``invalid_payload`` naming the first bad item.
+        """
+        ...
+
+    async def close(self) -> None:
+        """Close the repository and every storage it opened. Idempotent."""
+        ...

@@ -1,0 +1,261 @@
+"""Lane op-log records: the nine record types that let a new process continue a lane's work.
+
+Records never enter the tree or model context. Each belongs to exactly one lane; records of an
+operation carry `run_id`, the id of its `OperationStarted` record. Shapes are checked here; the
+cross-record validity rules (which make a log corrupt) belong to the reducer, so that an
+imported or hand-edited log is reported as corrupt with a reason instead of failing to decode.
+"""
+
+from __future__ import annotations
+
+from typing import Annotated, Literal, Self, TypeAlias
+
+from pydantic import Field, StringConstraints, model_validator
+
+from harness_core._model import Frozen
+from harness_core.frozen import FrozenJson, FrozenJsonObject
+from harness_core.messages import AgentMessage, StopReason, TokenUsage
+from harness_core.session.entries import Entry, Id
+
+__all__ = [
+    "AbortRequested",
+    "CompactionIntent",
+    "CompactionReason",
+    "LaneName",
+    "NavigationIntent",
+    "OperationError",
+    "OperationFinished",
+    "OperationIntent",
+    "OperationKind",
+    "OperationOutcome",
+    "OperationStarted",
+    "QueueCancelled",
+    "QueueEnqueued",
+    "QueueName",
+    "Record",
+    "RecordType",
+    "RunIntent",
+    "StepAttempt",
+    "StepKind",
+    "ToolStarted",
+    "Usage",
+    "UsageCause",
+    "WriteDeferred",
+]
+
+LaneName: TypeAlias = Annotated[
+    str,
+    StringConstraints(min_length=1, max_length=512, pattern=r"^[^\x00-\x1f\x7f]+$"),
+]
+"""A lane name: a permanent application key such as ``slack:C123:1719432.0021``."""
+
+RecordType = Literal[
+    "operation_started",
+    "abort_requested",
+    "operation_finished",
+    "step_attempt",
+    "tool_started",
+    "queue_enqueued",
+    "queue_cancelled",
+    "write_deferred",
+    "usage",
+]
+OperationKind = Literal["run", "compaction", "navigation"]
+OperationOutcome = Literal["completed", "aborted", "failed", "declined"]
+StepKind = Literal["assistant", "compaction", "branch_summary"]
+CompactionReason = Literal["manual", "threshold", "overflow"]
+QueueName = Literal["steer", "follow_up", "next_run"]
+UsageCause = Literal[
+    "assistant", "compaction", "branch_summary", "deferred_fetch", "tool", "hook", "adjustment"
+]
+
+
+class _RecordBase(Frozen):
+    id: Id
+    """The record's identity; an `OperationStarted` id is its operation's run id."""
+    lane: LaneName
+
+
+class RunIntent(Frozen):
+    """What a run was accepted to do."""
+
+    kind: Literal["run"] = "run"
+    original_prompt: tuple[AgentMessage, ...]
+    """Normalized caller input, before hooks; excludes captured next-run items and injections."""
+    initial_messages: tuple[Entry, ...]
+    """Captured next-run items, the prompt, then before_run injections (provisioned ids)."""
+    system_prompt_override: str | None = None
+    resume_data: FrozenJsonObject | None = None
+    """Opaque state keyed by stable hook registration id."""
+
+
+class CompactionIntent(Frozen):
+    """A manual compaction and the entry it will produce."""
+
+    kind: Literal["compaction"] = "compaction"
+    custom_instructions: str | None = None
+    result_entry_id: Id
+
+
+class NavigationIntent(Frozen):
+    """A move of the lane's leaf, with an optional branch summary and label."""
+
+    kind: Literal["navigation"] = "navigation"
+    target_id: Id | None
+    """The destination entry; None is the root."""
+    summarize: bool = False
+    custom_instructions: str | None = None
+    label: str | None = None
+    """A label fact written at completion."""
+    summary_entry_id: Id | None = None
+    """The provisioned branch-summary entry, present when `summarize`."""
+
+
+OperationIntent = Annotated[
+    RunIntent | CompactionIntent | NavigationIntent, Field(discriminator="kind")
+]
+
+
+class OperationStarted(_RecordBase):
+    """The acceptance boundary of an operation; its id is the run id."""
+
+    type: Literal["operation_started"] = "operation_started"
+    source_leaf_id: Id | None
+    """The lane's leaf at acceptance."""
+    intent: OperationIntent
+
+
+class AbortRequested(_RecordBase):
+    """An abort was accepted; reconciliation and `OperationFinished(aborted)` follow."""
+
+    type: Literal["abort_requested"] = "abort_requested"
+    run_id: Id
+
+
+class OperationError(Frozen):
+    """Why an operation failed."""
+
+    code: str
+    message: str
+
+
+class OperationFinished(_RecordBase):
+    """Closes an operation."""
+
+    type: Literal["operation_finished"] = "operation_finished"
+    run_id: Id
+    outcome: OperationOutcome
+    error: OperationError | None = None
+
+
+class StepAttempt(_RecordBase):
+    """About to attempt a retryable step for the n-th time; the durable count caps retries."""
+
+    type: Literal["step_attempt"] = "step_attempt"
+    run_id: Id
+    step: StepKind
+    attempt: Annotated[int, Field(ge=1)]
+    result_entry_id: Id
+    """The entry this attempt produces if it succeeds."""
+    compaction_reason: CompactionReason | None = None
+    """Required on compaction steps and forbidden on others (checked by the reducer)."""
+
+
+class ToolStarted(_RecordBase):
+    """A tool is about to run; `assistant_entry_id` + `tool_index` is its invocation identity."""
+
+    type: Literal["tool_started"] = "tool_started"
+    run_id: Id
+    assistant_entry_id: Id
+    tool_index: Annotated[int, Field(ge=0)]
+    tool_call_id: str
+    tool_name: str
+    effective_args: FrozenJsonObject
+    """The arguments after before_tool hooks."""
+    result_entry_id: Id
+    replay: Literal["never", "safe"]
+    """The tool's replay declaration when it started; recovery replays only if this and the
+    current declaration are both ``"safe"``."""
+
+
+class QueueEnqueued(_RecordBase):
+    """Queued input; its entry is appended where the model first sees it."""
+
+    type: Literal["queue_enqueued"] = "queue_enqueued"
+    queue: QueueName
+    run_id: Id | None = None
+    """The run the item belongs to; absent for next-run items."""
+    target: Entry
+
+
+class QueueCancelled(_RecordBase):
+    """A durable retraction of a queued item that was still pending."""
+
+    type: Literal["queue_cancelled"] = "queue_cancelled"
+    run_id: Id | None = None
+    entry_id: Id
+
+
+class WriteDeferred(_RecordBase):
+    """An entry or configuration change requested mid-run, applied at the next checkpoint."""
+
+    type: Literal["write_deferred"] = "write_deferred"
+    run_id: Id
+    target: Entry
+
+
+class Usage(_RecordBase):
+    """The cost ledger: one measurement, written whatever the outcome of the request.
+
+    Which optional fields are required depends on `cause`:
+    ``assistant``/``compaction``/``branch_summary``/``deferred_fetch`` need `run_id`, `entry_id`,
+    `attempt` and `stop_reason`; ``tool`` needs `run_id`, `entry_id` and `tool_call_id`; ``hook``
+    needs `run_id` and `entry_id`; ``adjustment`` may carry `run_id`, `entry_id` and `details`.
+    """
+
+    type: Literal["usage"] = "usage"
+    cause: UsageCause
+    usage: TokenUsage
+    run_id: Id | None = None
+    entry_id: Id | None = None
+    """The provisioned id the measurement belongs to (it may never materialize)."""
+    attempt: Annotated[int, Field(ge=1)] | None = None
+    stop_reason: StopReason | None = None
+    tool_call_id: str | None = None
+    details: FrozenJson = None
+
+    @model_validator(mode="after")
+    def _fields_match_cause(self) -> Self:
+        required: tuple[str, ...]
+        allowed: tuple[str, ...]
+        if self.cause in ("assistant", "compaction", "branch_summary", "deferred_fetch"):
+            required = allowed = ("run_id", "entry_id", "attempt", "stop_reason")
+        elif self.cause == "tool":
+            required = allowed = ("run_id", "entry_id", "tool_call_id")
+        elif self.cause == "hook":
+            required = allowed = ("run_id", "entry_id")
+        else:
+            required, allowed = (), ("run_id", "entry_id", "details")
+        optional = ("run_id", "entry_id", "attempt", "stop_reason", "tool_call_id", "details")
+        for name in optional:
+            present = getattr(self, name) is not None
+            if name in required and not present:
+                raise ValueError(f"usage with cause {self.cause!r} needs {name}")
+            if name not in allowed and present:
+                raise ValueError(f"usage with cause {self.cause!r} must not carry {name}")
+        return self
+
+
+Record = Annotated[
+    OperationStarted
+    | AbortRequested
+    | OperationFinished
+    | StepAttempt
+    | ToolStarted
+    | QueueEnqueued
+    | QueueCancelled
+    | WriteDeferred
+    | Usage,
+    Field(discriminator="type"),
+]
+"""Any lane op-log record, as written (storage adds `seq` and `timestamp` in `StoredRecord`)."""

@@ -1,0 +1,1 @@
+"""Session storage backends (memory, JSONL, SQLite, Redis Streams) and `open_repo(url)`."""

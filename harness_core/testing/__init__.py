@@ -1,0 +1,6 @@
+"""Test kit: the storage conformance suite, a manual clock and builders (for any backend)."""
+
+from harness_core.testing.clock import ManualClock
+from harness_core.testing.conformance import BackendFixture, ConformanceCase, conformance_cases
+
+__all__ = ["BackendFixture", "ConformanceCase", "ManualClock", "conformance_cases"]
