@@ -1,18 +1,19 @@
 """Pure path selection shared by every backend: what a branch query keeps, given a walk of the path.
 
-Backends only differ in how they walk a path (a dict, SQLite point lookups, a Redis script);
-the query semantics live here once, so they cannot drift between backends.
+Backends only differ in how they walk a path (a dict, SQLite point lookups, a Redis script in
+batches); the query semantics live here once, so they cannot drift between backends. A scan is
+fed nodes from the start toward the root and says when it has seen enough.
 """
 
 from __future__ import annotations
 
-from collections.abc import Iterable, Iterator
-from typing import NamedTuple
+from collections.abc import Iterable
+from typing import NamedTuple, Protocol
 
 from harness_core.errors import SessionError
 from harness_core.session.types import BranchQuery, EntryQuery
 
-__all__ = ["BranchNode", "entry_matches", "select_on_branch", "take_since"]
+__all__ = ["BranchNode", "BranchScan", "PathScan", "SinceScan", "drive", "entry_matches"]
 
 
 class BranchNode(NamedTuple):
@@ -37,49 +38,90 @@ def entry_matches(query: EntryQuery, type_: str, custom_type: str | None, seq: i
     return not (query.before_seq is not None and seq >= query.before_seq)
 
 
-def select_on_branch(walk: Iterable[BranchNode], query: BranchQuery) -> list[BranchNode]:
-    """Apply `query` to a walk of the path that yields nodes from `query.start` toward the root.
+class PathScan(Protocol):
+    """A consumer of a path walk (start toward the root)."""
 
-    The walk is consumed lazily for ``newest_first`` (a limit, a stop or the seq window end it
-    early) and entirely for ``oldest_first``.
-    """
-    ordered: Iterable[BranchNode]
-    ordered = walk if query.order == "newest_first" else reversed(list(walk))
-    kept: list[BranchNode] = []
-    for node in ordered:
-        if (
-            query.order == "newest_first"
-            and query.after_seq is not None
-            and node.seq <= query.after_seq
-        ):
-            break  # path order is seq order: everything further is older still
-        if entry_matches(query, node.type, node.custom_type, node.seq):
-            kept.append(node)
-            if query.limit is not None and len(kept) >= query.limit:
-                break
-        if node.type == query.stop_at_type or node.id == query.stop_at_id:
-            break
-    return kept
+    def feed(self, node: BranchNode) -> bool:
+        """Take the next node; return False once no further node can change the result."""
+        ...
+
+    def result(self) -> list[BranchNode]:
+        """The selected nodes, after the walk ended (at the root or when `feed` said stop)."""
+        ...
 
 
-def take_since(
-    walk: Iterator[BranchNode], after_id: str | None, after_seq: int
-) -> list[BranchNode]:
-    """Collect a walk from a leaf back to `after_id` (exclusive), returned oldest first.
+class BranchScan:
+    """A `BranchQuery` as a scan (see `BranchQuery` for the semantics)."""
+
+    def __init__(self, query: BranchQuery) -> None:
+        self._query = query
+        self._kept: list[BranchNode] = []
+        self._path: list[BranchNode] = []
+
+    def _take(self, node: BranchNode) -> bool:
+        q = self._query
+        if entry_matches(q, node.type, node.custom_type, node.seq):
+            self._kept.append(node)
+            if q.limit is not None and len(self._kept) >= q.limit:
+                return False
+        return not (node.type == q.stop_at_type or node.id == q.stop_at_id)
+
+    def feed(self, node: BranchNode) -> bool:
+        """Newest-first scans decide as they go; oldest-first scans need the whole path."""
+        q = self._query
+        if q.order == "oldest_first":
+            self._path.append(node)
+            return True
+        if q.after_seq is not None and node.seq <= q.after_seq:
+            return False  # path order is seq order: everything further is older still
+        return self._take(node)
+
+    def result(self) -> list[BranchNode]:
+        """The selected nodes in query order."""
+        if self._query.order == "oldest_first":
+            for node in reversed(self._path):
+                if not self._take(node):
+                    break
+            self._path = []
+        return self._kept
+
+
+class SinceScan:
+    """A lane's path from its leaf back to `after_id` (exclusive), returned oldest first.
 
     `after_seq` is the seq of `after_id` (0 for the root). Because path order is seq order, the
-    walk stops as soon as it passes below `after_seq`; if `after_id` was not met by then it is
-    not on the path and ``SessionError("invalid_query")`` is raised.
+    scan ends as soon as it passes below `after_seq`; if `after_id` was not met by then (or by
+    the root) it is not on the path and ``SessionError("invalid_query")`` is raised.
     """
-    kept: list[BranchNode] = []
+
+    def __init__(self, after_id: str | None, after_seq: int) -> None:
+        self._after_id = after_id
+        self._after_seq = after_seq
+        self._kept: list[BranchNode] = []
+        self._met = after_id is None
+
+    def feed(self, node: BranchNode) -> bool:
+        """Keep nodes until the anchor."""
+        if node.id == self._after_id:
+            self._met = True
+            return False
+        if node.seq <= self._after_seq:
+            return False
+        self._kept.append(node)
+        return True
+
+    def result(self) -> list[BranchNode]:
+        """The nodes after the anchor, oldest first."""
+        if not self._met:
+            raise SessionError(
+                "invalid_query", f"entry {self._after_id!r} is not on the lane's path"
+            )
+        return self._kept[::-1]
+
+
+def drive(scan: PathScan, walk: Iterable[BranchNode]) -> list[BranchNode]:
+    """Feed a (lazy) walk to a scan until it stops wanting nodes; return its result."""
     for node in walk:
-        if node.id == after_id:
+        if not scan.feed(node):
             break
-        if node.seq <= after_seq:
-            raise SessionError("invalid_query", f"entry {after_id!r} is not on the lane's path")
-        kept.append(node)
-    else:
-        if after_id is not None:
-            raise SessionError("invalid_query", f"entry {after_id!r} is not on the lane's path")
-    kept.reverse()
-    return kept
+    return scan.result()

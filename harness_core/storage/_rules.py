@@ -3,14 +3,15 @@
 from __future__ import annotations
 
 import re
+from collections.abc import Sequence
 
 from harness_core.errors import SessionError
-from harness_core.messages import TokenUsage
+from harness_core.messages import Cost, TokenUsage
 from harness_core.session.entries import MessageEntry
 from harness_core.session.records import Usage
 from harness_core.session.types import LogItem, SessionStats, StoredEntry, StoredRecord
 
-__all__ = ["apply_stats", "check_lane_name", "check_session_id"]
+__all__ = ["apply_stats", "check_lane_name", "check_session_id", "stats_from_counters"]
 
 _LANE = re.compile(r"^[^\x00-\x1f\x7f]{1,512}$")
 _SESSION = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._:@+=-]{0,199}$")
@@ -50,8 +51,28 @@ def apply_stats(stats: SessionStats, item: LogItem) -> SessionStats:
     )
 
 
-def usage_or_zero(item: LogItem) -> TokenUsage | None:
-    """The usage a log item adds to the ledger, if any."""
-    if isinstance(item, StoredRecord) and isinstance(item.record, Usage):
-        return item.record.usage
-    return None
+def stats_from_counters(counters: Sequence[str | int | float]) -> SessionStats:
+    """Build stats from stored counters.
+
+    The order is: last seq, entries, messages, records, the five token counts (input, output,
+    cache read, cache write, total) and the five cost amounts in the same order.
+    """
+    last, entries, messages, records, *rest = counters
+    t_in, t_out, t_read, t_write, t_total = (int(v) for v in rest[:5])
+    c_in, c_out, c_read, c_write, c_total = (float(v) for v in rest[5:])
+    cost = Cost(input=c_in, output=c_out, cache_read=c_read, cache_write=c_write, total=c_total)
+    usage = TokenUsage(
+        input=t_in,
+        output=t_out,
+        cache_read=t_read,
+        cache_write=t_write,
+        total_tokens=t_total,
+        cost=cost,
+    )
+    return SessionStats(
+        last_seq=int(last),
+        entries=int(entries),
+        messages=int(messages),
+        records=int(records),
+        usage=usage,
+    )

@@ -31,7 +31,7 @@ from harness_core.session.types import (
     StoredEntry,
     StoredRecord,
 )
-from harness_core.storage._branch import BranchNode, entry_matches, select_on_branch, take_since
+from harness_core.storage._branch import BranchNode, BranchScan, SinceScan, drive, entry_matches
 from harness_core.storage._rules import apply_stats, check_lane_name
 
 __all__ = ["SessionState", "new_metadata", "record_matches", "replay_log"]
@@ -258,7 +258,7 @@ class SessionState:
         """Path query."""
         if query.stop_at_id is not None:
             self._require_target(query.stop_at_id)
-        nodes = select_on_branch(self.walk(query.start), query)
+        nodes = drive(BranchScan(query), self.walk(query.start))
         return tuple(self.entries[node.id] for node in nodes)
 
     def read_lane_entries(self, lane: str, after: str | None) -> tuple[StoredEntry, ...]:
@@ -272,7 +272,7 @@ class SessionState:
             if after is not None:
                 raise SessionError("invalid_query", f"entry {after!r} is not on the lane's path")
             return ()
-        nodes = take_since(self.walk(leaf), after, after_seq)
+        nodes = drive(SinceScan(after, after_seq), self.walk(leaf))
         return tuple(self.entries[node.id] for node in nodes)
 
     def find_records(self, query: RecordQuery) -> tuple[StoredRecord, ...]:

@@ -1,0 +1,580 @@
+"""The JSONL backend: one append-only file per session, one line per mutation.
+
+Layout: ``<dir>/<session_id>.jsonl`` holds a header line and then one `LogItem` per line in seq
+order (the line format *is* the exported log format); ``<dir>/<session_id>.lock`` carries the
+writer lock (an OS ``flock``, refused to every other open file, in this process or another)
+and the last fencing token handed out.
+
+Durability: a write returns after its line was handed to the OS (``fsync="never"``: survives a
+process crash) or after ``fsync(2)`` (``fsync="always"``: survives power loss). Opening a file
+whose final line is torn (no newline, or not decodable) ignores that line, and a writer open
+truncates it: it was never acknowledged. A malformed line anywhere else refuses the open with
+`StoreCorrupted` naming the file and line; nothing is repaired silently.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import fcntl
+import json
+import os
+from collections.abc import Iterable, Mapping
+from concurrent.futures import ThreadPoolExecutor
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any, Literal
+
+from pydantic import ValidationError
+
+from harness_core.clock import Clock, SystemClock
+from harness_core.errors import LeaseHeld, LeaseLost, SessionError, StoreCorrupted
+from harness_core.frozen import JsonValue
+from harness_core.ids import IdGenerator, Uuid7Ids
+from harness_core.session.codec import encode_log_item, log_item_adapter
+from harness_core.session.entries import Entry
+from harness_core.session.records import Record
+from harness_core.session.types import (
+    BranchQuery,
+    EntryQuery,
+    FactSet,
+    LabelFact,
+    LaneMove,
+    LanePointer,
+    LogItem,
+    NameFact,
+    RecordQuery,
+    SessionMetadata,
+    SessionStats,
+    StoredEntry,
+    StoredRecord,
+    WriterLease,
+)
+from harness_core.storage._leases import check_ttl
+from harness_core.storage._rules import check_session_id
+from harness_core.storage._state import SessionState, new_metadata, replay_log
+
+__all__ = ["FsyncPolicy", "JsonlSessionRepo", "JsonlSessionStorage"]
+
+FsyncPolicy = Literal["never", "always"]
+_FORMAT = "durable-gateway/session-jsonl/1"
+
+
+@dataclass
+class _Writer:
+    """The live writer of one session in this repository: the lock, the file and the state."""
+
+    lease: WriterLease
+    lock_fd: int
+    state: SessionState | None = None
+    data_fd: int | None = None
+    write_lock: asyncio.Lock = field(default_factory=asyncio.Lock)
+
+
+class JsonlSessionStorage:
+    """One session stored as a JSONL file."""
+
+    def __init__(
+        self,
+        repo: JsonlSessionRepo,
+        session_id: str,
+        state: SessionState,
+        lease: WriterLease | None,
+    ) -> None:
+        self._repo = repo
+        self._session_id = session_id
+        self._state_obj = state
+        self._lease = lease
+        self._closed = False
+
+    @property
+    def session_id(self) -> str:
+        """The session's id."""
+        return self._session_id
+
+    @property
+    def lease(self) -> WriterLease | None:
+        """The writer lease this storage was opened with; None when read-only."""
+        return self._lease
+
+    def _state(self) -> SessionState:
+        if self._closed or self._repo.closed:
+            raise SessionError("closed", f"storage of session {self._session_id!r} is closed")
+        return self._state_obj
+
+    def _writer(self) -> _Writer:
+        self._state()
+        if self._lease is None:
+            raise SessionError(
+                "read_only", f"session {self._session_id!r} was opened without a lease"
+            )
+        writer = self._repo.writers.get(self._session_id)
+        if writer is None or writer.lease.token != self._lease.token:
+            raise LeaseLost(
+                f"writer lease {self._lease.token} on {self._session_id!r} "
+                "was released or superseded"
+            )
+        return writer
+
+    async def _commit(self, prepare: Any) -> Any:
+        writer = self._writer()
+        async with writer.write_lock:
+            writer = self._writer()  # the lease may have gone while waiting for the lock
+            state = self._state()
+            result = prepare(state, self._repo.clock.now_ms())
+            item = result[0] if isinstance(result, tuple) else result
+            if item is None:  # append-if-missing found the entry
+                return result
+            line = (encode_log_item(item) + "\n").encode()
+            assert writer.data_fd is not None
+            await self._repo.run(_append_line, writer.data_fd, line, self._repo.fsync == "always")
+            state.apply(item)
+            return result
+
+    async def get_metadata(self) -> SessionMetadata:
+        """Return the session's metadata with its newest name."""
+        state = self._state()
+        return state.metadata.model_copy(update={"name": state.name})
+
+    async def get_lanes(self) -> tuple[LanePointer, ...]:
+        """Every lane, sorted by name."""
+        return self._state().get_lanes()
+
+    async def get_lane(self, lane: str) -> LanePointer | None:
+        """One lane, or None."""
+        state = self._state()
+        return LanePointer(lane=lane, leaf_id=state.lanes[lane]) if lane in state.lanes else None
+
+    async def create_lane(self, lane: str, at: str | None) -> LaneMove:
+        """Create a lane at an entry (or the root)."""
+        item: LaneMove = await self._commit(
+            lambda st, now: st.prepare_lane(lane, at, now, create=True)
+        )
+        return item
+
+    async def move_lane(self, lane: str, to: str | None) -> LaneMove:
+        """Move a lane's leaf."""
+        item: LaneMove = await self._commit(
+            lambda st, now: st.prepare_lane(lane, to, now, create=False)
+        )
+        return item
+
+    async def append_entry(self, entry: Entry, lane: str) -> StoredEntry:
+        """Append an entry at the lane's leaf."""
+        item: StoredEntry = await self._commit(lambda st, now: st.prepare_entry(entry, lane, now))
+        return item
+
+    async def append_entry_if_missing(self, entry: Entry, lane: str) -> tuple[StoredEntry, bool]:
+        """Append unless the id exists with equal content."""
+
+        def prepare(st: SessionState, now: int) -> tuple[StoredEntry | None, StoredEntry]:
+            existing = st.existing_entry(entry)
+            if existing is not None:
+                return None, existing
+            item = st.prepare_entry(entry, lane, now)
+            return item, item
+
+        new, stored = await self._commit(prepare)
+        return stored, new is not None
+
+    async def append_record(self, record: Record) -> StoredRecord:
+        """Append a record (operation starts are conditional)."""
+        item: StoredRecord = await self._commit(lambda st, now: st.prepare_record(record, now))
+        return item
+
+    async def set_name(self, name: str) -> FactSet:
+        """Set the session name."""
+        item: FactSet = await self._commit(
+            lambda st, now: st.prepare_fact(NameFact(name=name), now)
+        )
+        return item
+
+    async def set_label(self, target_id: str, label: str | None) -> FactSet:
+        """Set or clear an entry's label."""
+        fact = LabelFact(target_id=target_id, label=label)
+        item: FactSet = await self._commit(lambda st, now: st.prepare_fact(fact, now))
+        return item
+
+    async def get_entry(self, entry_id: str) -> StoredEntry | None:
+        """Point lookup."""
+        return self._state().entries.get(entry_id)
+
+    async def find_entries(self, query: EntryQuery | None = None) -> tuple[StoredEntry, ...]:
+        """Session-wide entry query."""
+        return self._state().find_entries(query or EntryQuery())
+
+    async def find_entries_on_branch(self, query: BranchQuery) -> tuple[StoredEntry, ...]:
+        """Path query."""
+        return self._state().find_entries_on_branch(query)
+
+    async def find_records(self, query: RecordQuery | None = None) -> tuple[StoredRecord, ...]:
+        """Record query."""
+        return self._state().find_records(query or RecordQuery())
+
+    async def find_open_operations(
+        self, lane: str, *, limit: int | None = None
+    ) -> tuple[StoredRecord, ...]:
+        """Open operations of a lane, newest first."""
+        if limit is not None and limit < 1:
+            raise SessionError("invalid_query", f"limit must be positive, got {limit}")
+        return self._state().find_open_operations(lane, limit)
+
+    async def read_operation_records(self, lane: str, run_id: str) -> tuple[StoredRecord, ...]:
+        """Records of the lane since an operation's start."""
+        return self._state().read_operation_records(lane, run_id)
+
+    async def read_lane_entries(self, lane: str, *, after: str | None) -> tuple[StoredEntry, ...]:
+        """The lane's path back to an anchor."""
+        return self._state().read_lane_entries(lane, after)
+
+    async def get_log(self, *, after_seq: int = 0, limit: int | None = None) -> tuple[LogItem, ...]:
+        """Log items after a seq."""
+        EntryQuery(after_seq=after_seq, limit=limit)
+        return self._state().get_log(after_seq, limit)
+
+    async def get_name(self) -> str | None:
+        """Newest session name."""
+        return self._state().name
+
+    async def get_label(self, target_id: str) -> str | None:
+        """Newest label of an entry."""
+        return self._state().labels.get(target_id)
+
+    async def get_stats(self) -> SessionStats:
+        """Running counters."""
+        return self._state().stats
+
+    async def close(self) -> None:
+        """Close this storage."""
+        self._closed = True
+
+
+class JsonlSessionRepo:
+    """Sessions as JSONL files in one directory."""
+
+    def __init__(
+        self,
+        directory: str | os.PathLike[str],
+        *,
+        fsync: FsyncPolicy = "never",
+        clock: Clock | None = None,
+        ids: IdGenerator | None = None,
+    ) -> None:
+        if fsync not in ("never", "always"):
+            raise SessionError("invalid_query", f"fsync must be 'never' or 'always', got {fsync!r}")
+        self.directory = Path(directory)
+        self.fsync: FsyncPolicy = fsync
+        self.clock = clock or SystemClock()
+        self._ids = ids or Uuid7Ids(self.clock)
+        self.writers: dict[str, _Writer] = {}
+        self.closed = False
+        self._executor = ThreadPoolExecutor(max_workers=1, thread_name_prefix="jsonl-store")
+
+    async def run(self, fn: Any, *args: Any) -> Any:
+        """Run blocking file work on the repository's I/O thread (in submission order)."""
+        if self.closed:
+            raise SessionError("closed", "repository is closed")
+        return await asyncio.get_running_loop().run_in_executor(self._executor, fn, *args)
+
+    def _paths(self, session_id: str) -> tuple[Path, Path]:
+        check_session_id(session_id)
+        return self.directory / f"{session_id}.jsonl", self.directory / f"{session_id}.lock"
+
+    async def create(
+        self,
+        session_id: str | None = None,
+        *,
+        metadata: Mapping[str, JsonValue] | None = None,
+        parent_session_id: str | None = None,
+    ) -> SessionMetadata:
+        """Create an empty session file."""
+        session_id = session_id if session_id is not None else self._ids.next()
+        data, _ = self._paths(session_id)
+        meta = new_metadata(session_id, self.clock.now_ms(), metadata, parent_session_id)
+        await self.run(_publish, self.directory, data, [_header(meta)], self.fsync == "always")
+        return meta
+
+    async def open(
+        self, session_id: str, *, lease: WriterLease | None = None
+    ) -> JsonlSessionStorage:
+        """Open a session (for writing with a current lease)."""
+        data, _ = self._paths(session_id)
+        if lease is None:
+            writer = self.writers.get(session_id)
+            if writer is not None and writer.state is not None:
+                return JsonlSessionStorage(self, session_id, writer.state, None)
+            state = await self.run(_load, data, False)
+            return JsonlSessionStorage(self, session_id, state, None)
+        if lease.session_id != session_id:
+            raise SessionError("invalid_query", "the lease is for another session")
+        writer = self.writers.get(session_id)
+        if writer is None or writer.lease.token != lease.token:
+            raise LeaseLost(f"writer lease {lease.token} on {session_id!r} is not current")
+        if writer.state is None:
+            writer.state = await self.run(_load, data, True)
+            writer.data_fd = await self.run(_open_append, data)
+        return JsonlSessionStorage(self, session_id, writer.state, lease)
+
+    async def list(self) -> tuple[SessionMetadata, ...]:
+        """Every session's metadata (reads each file's header and name facts)."""
+        metas: list[SessionMetadata] = await self.run(_list, self.directory)
+        return tuple(sorted(metas, key=lambda m: (m.created_at, m.id)))
+
+    async def delete(self, session_id: str, *, lease: WriterLease | None = None) -> bool:
+        """Delete a session unless another writer holds it."""
+        data, lock = self._paths(session_id)
+        writer = self.writers.get(session_id)
+        if writer is not None:
+            if lease is None or lease.token != writer.lease.token:
+                raise LeaseHeld(
+                    f"session {session_id!r} is held by {writer.lease.owner!r}",
+                    owner=writer.lease.owner,
+                    expires_at_ms=None,
+                )
+            await self._drop_writer(session_id)
+        deleted: bool = await self.run(_delete, data, lock)
+        return deleted
+
+    async def acquire_lease(self, session_id: str, *, owner: str, ttl_ms: int) -> WriterLease:
+        """Take the session's file lock and a new fencing token."""
+        check_ttl(ttl_ms, owner)
+        data, lock = self._paths(session_id)
+        current = self.writers.get(session_id)
+        if current is not None:
+            if current.lease.owner != owner:
+                raise LeaseHeld(
+                    f"session {session_id!r} is held by {current.lease.owner!r}",
+                    owner=current.lease.owner,
+                    expires_at_ms=None,
+                )
+            token = await self.run(_bump_fence, current.lock_fd, owner)
+            lease = current.lease.model_copy(update={"token": token})
+            # Superseding keeps the file and state: the same process is the only writer.
+            current.lease = lease
+            return lease
+        fd, token = await self.run(_lock, data, lock, owner, session_id)
+        lease = WriterLease(
+            session_id=session_id, owner=owner, token=token, ttl_ms=None, expires_at_ms=None
+        )
+        self.writers[session_id] = _Writer(lease=lease, lock_fd=fd)
+        return lease
+
+    async def renew_lease(self, lease: WriterLease) -> WriterLease:
+        """An OS lock does not lapse: renewing only confirms the lease is current."""
+        writer = self.writers.get(lease.session_id)
+        if writer is None or writer.lease.token != lease.token:
+            raise LeaseLost(f"writer lease {lease.token} on {lease.session_id!r} is not current")
+        return lease
+
+    async def release_lease(self, lease: WriterLease) -> bool:
+        """Unlock the session if `lease` is current."""
+        writer = self.writers.get(lease.session_id)
+        if writer is None or writer.lease.token != lease.token:
+            return False
+        await self._drop_writer(lease.session_id)
+        return True
+
+    async def _drop_writer(self, session_id: str) -> None:
+        writer = self.writers.pop(session_id)
+        async with writer.write_lock:
+            await self.run(_close_fds, writer.data_fd, writer.lock_fd)
+
+    async def import_session(
+        self, metadata: SessionMetadata, items: Iterable[LogItem]
+    ) -> SessionMetadata:
+        """Create a session file holding an exported log."""
+        data, _ = self._paths(metadata.id)
+        state = replay_log(metadata, items)
+        lines = [_header(state.metadata)] + [encode_log_item(item) for item in state.log]
+        await self.run(_publish, self.directory, data, lines, self.fsync == "always")
+        return state.metadata
+
+    async def close(self) -> None:
+        """Release every lock this repository holds and stop its I/O thread."""
+        if self.closed:
+            return
+        for session_id in list(self.writers):
+            await self._drop_writer(session_id)
+        self.closed = True
+        self._executor.shutdown(wait=True)
+
+
+# -- blocking file work, run on the repository's I/O thread ---------------------------------
+
+
+def _header(meta: SessionMetadata) -> str:
+    payload = meta.model_dump(mode="json", exclude={"name"})
+    return json.dumps(
+        {"kind": "header", "format": _FORMAT, "metadata": payload}, ensure_ascii=False
+    )
+
+
+def _fsync_dir(directory: Path) -> None:
+    fd = os.open(directory, os.O_RDONLY)
+    try:
+        os.fsync(fd)
+    finally:
+        os.close(fd)
+
+
+def _publish(directory: Path, path: Path, lines: list[str], fsync_dir: bool) -> None:
+    """Write a complete file under a temporary name and link it into place (exclusive create)."""
+    directory.mkdir(parents=True, exist_ok=True)
+    tmp = path.with_name(f".{path.name}.{os.getpid()}.tmp")
+    with open(tmp, "wb") as handle:
+        handle.write(("\n".join(lines) + "\n").encode())
+        handle.flush()
+        os.fsync(handle.fileno())
+    try:
+        os.link(tmp, path)
+    except FileExistsError:
+        raise SessionError("already_exists", f"session {path.stem!r} already exists") from None
+    finally:
+        tmp.unlink(missing_ok=True)
+    if fsync_dir:
+        _fsync_dir(directory)
+
+
+def _append_line(fd: int, line: bytes, fsync: bool) -> None:
+    written = os.write(fd, line)
+    if written != len(line):  # a short write is a torn line: refuse to go on
+        raise SessionError("storage", f"short write ({written} of {len(line)} bytes)")
+    if fsync:
+        os.fsync(fd)
+
+
+def _open_append(path: Path) -> int:
+    return os.open(path, os.O_WRONLY | os.O_APPEND)
+
+
+def _load(path: Path, writer: bool) -> SessionState:
+    """Replay a session file; a writer truncates a torn final line."""
+    try:
+        raw = path.read_bytes()
+    except FileNotFoundError:
+        raise SessionError("not_found", f"session {path.stem!r} does not exist") from None
+    lines = raw.split(b"\n")
+    torn = lines.pop()  # b"" when the file ends with a newline
+    if not lines:
+        raise StoreCorrupted(f"{path} has no complete header line", location=f"{path}:1")
+    meta = _parse_header(lines[0], path)
+    state = SessionState(meta)
+    good_end = len(lines[0]) + 1
+    for number, line in enumerate(lines[1:], start=2):
+        location = f"{path}:{number}"
+        try:
+            item = log_item_adapter.validate_json(line)
+        except ValidationError as exc:
+            if number == len(lines) and not torn:
+                torn = line  # a malformed final line is an append that died mid-write
+                break
+            raise StoreCorrupted(
+                f"malformed line {location}: {exc.errors()[:1]}", location=location
+            ) from exc
+        try:
+            state.check_replay(item)
+        except SessionError as exc:
+            raise StoreCorrupted(f"inconsistent line {location}: {exc}", location=location) from exc
+        state.apply(item)
+        good_end += len(line) + 1
+    if torn and writer:
+        with open(path, "r+b") as handle:
+            handle.truncate(good_end)
+            handle.flush()
+            os.fsync(handle.fileno())
+    return state
+
+
+def _parse_header(line: bytes, path: Path) -> SessionMetadata:
+    location = f"{path}:1"
+    try:
+        header = json.loads(line)
+        if header.get("kind") != "header" or header.get("format") != _FORMAT:
+            raise ValueError(f"not a {_FORMAT} header")
+        return SessionMetadata.model_validate(header["metadata"])
+    except (ValueError, KeyError, TypeError, AttributeError) as exc:
+        raise StoreCorrupted(f"bad header in {location}: {exc}", location=location) from exc
+
+
+def _list(directory: Path) -> list[SessionMetadata]:
+    metas: list[SessionMetadata] = []
+    if not directory.exists():
+        return metas
+    for path in sorted(directory.glob("*.jsonl")):
+        name: str | None = None
+        with open(path, "rb") as handle:
+            first = handle.readline()
+            if not first.endswith(b"\n"):
+                continue  # being published
+            meta = _parse_header(first.rstrip(b"\n"), path)
+            for line in handle:
+                if line.startswith(b'{"kind":"fact"') and b'"fact":"name"' in line:
+                    with contextlib.suppress(ValueError):
+                        name = json.loads(line)["fact"]["name"]
+        metas.append(meta.model_copy(update={"name": name}))
+    return metas
+
+
+def _lock(data: Path, lock: Path, owner: str, session_id: str) -> tuple[int, int]:
+    if not data.exists():
+        raise SessionError("not_found", f"session {session_id!r} does not exist")
+    fd = os.open(lock, os.O_RDWR | os.O_CREAT, 0o644)
+    try:
+        fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+    except BlockingIOError:
+        holder = _read_lock(fd).get("owner", "another process")
+        os.close(fd)
+        raise LeaseHeld(
+            f"session {session_id!r} is locked by {holder!r}", owner=str(holder), expires_at_ms=None
+        ) from None
+    try:
+        return fd, _bump_fence(fd, owner)
+    except BaseException:
+        os.close(fd)
+        raise
+
+
+def _read_lock(fd: int) -> dict[str, Any]:
+    os.lseek(fd, 0, os.SEEK_SET)
+    raw = os.read(fd, 4096)
+    try:
+        value = json.loads(raw) if raw.strip() else {}
+    except ValueError:
+        value = {}
+    return value if isinstance(value, dict) else {}
+
+
+def _bump_fence(fd: int, owner: str) -> int:
+    token = int(_read_lock(fd).get("fence", 0)) + 1
+    payload = json.dumps({"fence": token, "owner": owner, "pid": os.getpid()}).encode()
+    os.ftruncate(fd, 0)
+    os.pwrite(fd, payload, 0)
+    os.fsync(fd)
+    return token
+
+
+def _close_fds(*fds: int | None) -> None:
+    for fd in fds:
+        if fd is not None:
+            os.close(fd)  # closing the lock file's descriptor releases the flock
+
+
+def _delete(data: Path, lock: Path) -> bool:
+    if not data.exists():
+        return False
+    fd = os.open(lock, os.O_RDWR | os.O_CREAT, 0o644)
+    try:
+        try:
+            fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        except BlockingIOError:
+            holder = _read_lock(fd).get("owner", "another process")
+            raise LeaseHeld(
+                f"session {data.stem!r} is locked by {holder!r}",
+                owner=str(holder),
+                expires_at_ms=None,
+            ) from None
+        data.unlink()
+        lock.unlink(missing_ok=True)
+        return True
+    finally:
+        os.close(fd)

@@ -1,0 +1,22 @@
+-- Delete every key of a session. ARGV: the caller's lease token ('' = none), now.
+local now = clock(ARGV[2])
+if redis.call('EXISTS', meta) == 0 then return 0 end
+local l = redis.call('HMGET', base .. 'lease', 'owner', 'token', 'expires')
+if l[1] and tonumber(l[3]) > now and l[2] ~= ARGV[1] then
+  return err('lease_held', l[3] .. '\t' .. l[1])
+end
+local keys = {meta, base .. 'lease', base .. 'lanes', base .. 'ep', base .. 'en', base .. 'eseq',
+  base .. 'rid', base .. 'log', base .. 'labels', base .. 'ctypes'}
+for _, t in ipairs({'message', 'model_change', 'thinking_level_change', 'active_tools_change',
+                    'compaction', 'branch_summary', 'custom'}) do
+  keys[#keys + 1] = base .. 'et:' .. t
+end
+for _, lane in ipairs(redis.call('HKEYS', base .. 'lanes')) do
+  keys[#keys + 1] = base .. 'lr:' .. lane
+  keys[#keys + 1] = base .. 'open:' .. lane
+end
+for _, c in ipairs(redis.call('SMEMBERS', base .. 'ctypes')) do
+  keys[#keys + 1] = base .. 'ec:' .. c
+end
+for i = 1, #keys, 500 do redis.call('UNLINK', unpack(keys, i, math.min(i + 499, #keys))) end
+return 1

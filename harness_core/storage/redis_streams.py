@@ -1,0 +1,913 @@
+"""The Redis Streams backend: the distributed default (any number of processes, one writer each).
+
+Keys of session S (prefix P) all carry the hash tag ``{S}`` so that one session lives in one
+Redis Cluster slot: ``P:{S}:meta`` (metadata, the seq allocator, the fence counter, running
+stats), ``:lease``, ``:lanes`` (lane -> leaf), ``:ep``/``:en`` (entry payloads and tree nodes),
+``:eseq``/``:et:<type>``/``:ec:<custom_type>`` (entry indexes), ``:rid`` (record ids),
+``:lr:<lane>`` (one stream per lane: the lane's records, stream id = seq, for bounded restore),
+``:open:<lane>`` (open operations), ``:log`` (the session stream: one item per mutation, stream
+id = seq) and ``:labels``. ``P:sessions`` lists the sessions.
+
+Each mutation is one Lua script call that checks the writer's fencing token, allocates `seq`,
+appends to the session log stream and updates every projection; Redis runs it atomically.
+redis-py's automatic retries are off (a retried write whose reply was lost could apply
+twice); a write whose reply is lost raises ``SessionError("storage")``: its outcome is unknown
+and the caller must reopen. Writes from one repository are pipelined on one connection, so
+they commit and resolve in submission order.
+
+Durability is the server's AOF setting (Redis 7.0 has no WAITAOF): ``appendonly yes`` with
+``appendfsync always`` loses no acknowledged write even on power loss; ``everysec`` may lose
+up to about a second of acknowledged writes on power loss, none on a process crash.
+"""
+
+from __future__ import annotations
+
+import asyncio
+from collections.abc import Callable, Iterable, Mapping, Sequence
+from typing import Any, Protocol, cast
+
+import redis.asyncio as aioredis
+from redis.asyncio.retry import Retry
+from redis.backoff import NoBackoff
+from redis.exceptions import NoScriptError, RedisError, ResponseError
+
+from harness_core.clock import Clock
+from harness_core.errors import LeaseHeld, LeaseLost, SessionError
+from harness_core.frozen import JsonValue
+from harness_core.ids import IdGenerator, Uuid7Ids
+from harness_core.session.codec import (
+    decode,
+    decode_entry,
+    decode_record,
+    encode,
+    encode_entry,
+    encode_fact,
+    encode_record,
+    fact_adapter,
+)
+from harness_core.session.entries import CustomEntry, Entry
+from harness_core.session.records import OperationFinished, Record, Usage
+from harness_core.session.types import (
+    BranchQuery,
+    EntryQuery,
+    Fact,
+    FactSet,
+    LabelFact,
+    LaneMove,
+    LanePointer,
+    LogItem,
+    NameFact,
+    RecordQuery,
+    SessionMetadata,
+    SessionStats,
+    StoredEntry,
+    StoredRecord,
+    WriterLease,
+)
+from harness_core.storage._branch import BranchNode, BranchScan, PathScan, SinceScan
+from harness_core.storage._leases import check_ttl
+from harness_core.storage._rules import check_lane_name, check_session_id, stats_from_counters
+from harness_core.storage._state import new_metadata, record_matches, replay_log
+from harness_core.storage.redis_lua import SCRIPTS
+
+__all__ = ["RedisSessionRepo", "RedisSessionStorage"]
+
+_WALK_BATCH = 256
+_READ_BATCH = 512
+_STAT_FIELDS = (
+    "seq", "n_entries", "n_messages", "n_records", "u_input", "u_output", "u_cache_read",
+    "u_cache_write", "u_total_tokens", "c_input", "c_output", "c_cache_read", "c_cache_write",
+    "c_total",
+)  # fmt: skip
+
+
+Stream = list[tuple[str, dict[str, str]]]
+
+
+class _Pipe(Protocol):
+    """The pipeline calls this backend makes (replies are decoded strings)."""
+
+    def xrange(self, name: str, min: str, max: str) -> Any: ...
+    def hexists(self, name: str, key: str) -> Any: ...
+    def hget(self, name: str, key: str) -> Any: ...
+    def hmget(self, name: str, keys: list[str]) -> Any: ...
+    def evalsha(self, sha: str, numkeys: int, *keys_and_args: str | int) -> Any: ...
+    async def execute(self, raise_on_error: bool = True) -> list[Any]: ...
+
+
+class _Client(Protocol):
+    """The subset of redis-py's asyncio client this backend uses, typed for ``decode_responses``.
+
+    redis-py's own annotations cover sync and async, bytes and str at once; this Protocol states
+    what the calls return here so the rest of the module is checked.
+    """
+
+    async def hget(self, name: str, key: str) -> str | None: ...
+    async def hgetall(self, name: str) -> dict[str, str]: ...
+    async def hexists(self, name: str, key: str) -> bool: ...
+    async def hmget(self, name: str, keys: list[str]) -> list[str | None]: ...
+    async def hdel(self, name: str, *keys: str) -> int: ...
+    async def zadd(self, name: str, mapping: Mapping[str, float], nx: bool = False) -> int: ...
+    async def zrem(self, name: str, *values: str) -> int: ...
+    async def zrange(self, name: str, start: int, end: int) -> list[str]: ...
+    async def zrevrange(
+        self, name: str, start: int, end: int, withscores: bool = False
+    ) -> list[Any]: ...
+    async def zrangebyscore(
+        self, name: str, min: str, max: str, start: int | None = None, num: int | None = None
+    ) -> list[str]: ...
+    async def zrevrangebyscore(
+        self, name: str, max: str, min: str, start: int | None = None, num: int | None = None
+    ) -> list[str]: ...
+    async def xrange(self, name: str, min: str, max: str, count: int | None = None) -> Stream: ...
+    async def xrevrange(
+        self, name: str, max: str, min: str, count: int | None = None
+    ) -> Stream: ...
+    async def evalsha(self, sha: str, numkeys: int, *keys_and_args: str | int) -> Any: ...
+    async def script_load(self, script: str) -> str: ...
+    async def time(self) -> tuple[int, int]: ...
+    async def aclose(self) -> None: ...
+    def pipeline(self, transaction: bool = True) -> _Pipe: ...
+
+
+def _session_error(exc: ResponseError) -> SessionError:
+    text = str(exc)
+    if not text.startswith("GW "):
+        return SessionError("storage", f"redis refused the command: {text}")
+    code, _, message = text[3:].partition(" ")
+    if code == "lease_held":
+        expires, _, owner = message.partition("\t")
+        return LeaseHeld(
+            f"session is held by {owner!r} until {expires}",
+            owner=owner,
+            expires_at_ms=int(float(expires)),
+        )
+    if code == "lease_lost":
+        return LeaseLost(message)
+    return SessionError(code, message)  # type: ignore[arg-type]
+
+
+class _Scripts:
+    """Loads the Lua scripts once and runs them by sha, reloading after a server restart."""
+
+    def __init__(self) -> None:
+        self.sources = SCRIPTS
+        self.shas: dict[str, str] = {}
+
+    async def load(self, client: _Client) -> None:
+        for name, source in self.sources.items():
+            self.shas[name] = await client.script_load(source)
+
+
+class _WritePipe:
+    """Sends queued script calls in pipelines on one connection; replies resolve in order."""
+
+    def __init__(self, repo: RedisSessionRepo) -> None:
+        self._repo = repo
+        self._queue: list[tuple[str, tuple[str, ...], asyncio.Future[Any]]] = []
+        self._flusher: asyncio.Task[None] | None = None
+
+    async def call(self, script: str, key: str, args: tuple[str, ...]) -> Any:
+        future: asyncio.Future[Any] = asyncio.get_running_loop().create_future()
+        self._queue.append((key, (script, *args), future))
+        if self._flusher is None or self._flusher.done():
+            self._flusher = asyncio.get_running_loop().create_task(self._flush())
+        return await future
+
+    async def _flush(self) -> None:
+        while self._queue:
+            batch, self._queue = self._queue, []
+            try:
+                replies = await self._send(batch)
+            except RedisError as exc:
+                error = SessionError("storage", f"redis write failed, outcome unknown: {exc}")
+                for _, _, future in batch:
+                    if not future.done():
+                        future.set_exception(error)
+                continue
+            for (_, _, future), reply in zip(batch, replies, strict=True):
+                if future.done():
+                    continue
+                if isinstance(reply, ResponseError):
+                    future.set_exception(_session_error(reply))
+                elif isinstance(reply, Exception):
+                    future.set_exception(SessionError("storage", f"redis write failed: {reply}"))
+                else:
+                    future.set_result(reply)
+
+    async def _send(
+        self, batch: list[tuple[str, tuple[str, ...], asyncio.Future[Any]]]
+    ) -> list[Any]:
+        repo = self._repo
+        for attempt in (1, 2):
+            pipe = repo.writer.pipeline(transaction=False)
+            for key, (script, *args), _ in batch:
+                pipe.evalsha(repo.scripts.shas[script], 1, key, *args)
+            replies: list[Any] = await pipe.execute(raise_on_error=False)
+            # NOSCRIPT means the script did not run (the server lost its script cache): reload
+            # and resend those calls only; nothing ran twice.
+            missing = [i for i, r in enumerate(replies) if isinstance(r, NoScriptError)]
+            if not missing or attempt == 2:
+                return replies
+            await repo.scripts.load(repo.writer)
+            retry = [batch[i] for i in missing]
+            retried = await self._send(retry)
+            for i, reply in zip(missing, retried, strict=True):
+                replies[i] = reply
+            return replies
+        raise AssertionError("unreachable")
+
+    async def drain(self) -> None:
+        if self._flusher is not None:
+            await asyncio.shield(self._flusher)
+
+
+def _node(node: str) -> tuple[int, int, str | None, str | None, str, str | None]:
+    seq, ts, parent, lane, type_, custom = node.split("\t", 5)
+    return int(seq), int(ts), parent or None, lane or None, type_, custom or None
+
+
+class RedisSessionStorage:
+    """One session in Redis."""
+
+    def __init__(self, repo: RedisSessionRepo, session_id: str, lease: WriterLease | None) -> None:
+        self._repo = repo
+        self._sid = session_id
+        self._lease = lease
+        self._closed = False
+        self._base = repo.key(session_id, "")
+        self._meta = self._base + "meta"
+        self._where = f"redis session {session_id!r}"
+
+    @property
+    def session_id(self) -> str:
+        """The session's id."""
+        return self._sid
+
+    @property
+    def lease(self) -> WriterLease | None:
+        """The writer lease this storage was opened with; None when read-only."""
+        return self._lease
+
+    def _client(self) -> _Client:
+        if self._closed:
+            raise SessionError("closed", f"storage of session {self._sid!r} is closed")
+        return self._repo.reader()
+
+    async def _read(self, fn: Callable[[_Client], Any]) -> Any:
+        client = self._client()
+        try:
+            return await fn(client)
+        except ResponseError as exc:
+            raise _session_error(exc) from exc
+        except RedisError as exc:
+            raise SessionError("storage", f"redis read failed: {exc}") from exc
+
+    async def _mutate(self, op: str, *args: str) -> list[Any]:
+        self._client()
+        if self._lease is None:
+            raise SessionError("read_only", f"session {self._sid!r} was opened without a lease")
+        reply: list[Any] = await self._repo.pipe.call(
+            "mutate", self._meta, (op, str(self._lease.token), self._repo.now_arg(), *args)
+        )
+        return reply
+
+    # -- metadata and lanes ----------------------------------------------------------------
+
+    async def get_metadata(self) -> SessionMetadata:
+        """Return the session's metadata with its newest name."""
+        metas = await self._read(lambda c: self._repo.read_metas(c, [self._sid]))
+        if not metas:
+            raise SessionError("not_found", f"session {self._sid!r} does not exist")
+        meta: SessionMetadata = metas[0]
+        return meta
+
+    async def get_lanes(self) -> tuple[LanePointer, ...]:
+        """Every lane, sorted by name."""
+        lanes: dict[str, str] = await self._read(lambda c: c.hgetall(self._base + "lanes"))
+        return tuple(LanePointer(lane=lane, leaf_id=lanes[lane] or None) for lane in sorted(lanes))
+
+    async def get_lane(self, lane: str) -> LanePointer | None:
+        """One lane, or None."""
+        leaf = await self._read(lambda c: c.hget(self._base + "lanes", lane))
+        return None if leaf is None else LanePointer(lane=lane, leaf_id=leaf or None)
+
+    async def _lane(self, lane: str, leaf: str | None, created: bool) -> LaneMove:
+        check_lane_name(lane)
+        reply = await self._mutate("lane", lane, leaf or "", "1" if created else "0")
+        return LaneMove(
+            seq=reply[1], timestamp=int(reply[2]), lane=lane, leaf_id=leaf, created=created
+        )
+
+    async def create_lane(self, lane: str, at: str | None) -> LaneMove:
+        """Create a lane at an entry (or the root)."""
+        return await self._lane(lane, at, True)
+
+    async def move_lane(self, lane: str, to: str | None) -> LaneMove:
+        """Move a lane's leaf."""
+        return await self._lane(lane, to, False)
+
+    # -- writes -------------------------------------------------------------------------------
+
+    async def _append(self, entry: Entry, lane: str, if_missing: bool) -> tuple[StoredEntry, bool]:
+        payload = encode_entry(entry)
+        check_lane_name(lane)
+        custom = entry.custom_type if isinstance(entry, CustomEntry) else ""
+        reply = await self._mutate(
+            "entry", lane, entry.id, entry.type, custom, payload, "1" if if_missing else "0"
+        )
+        if reply[0] == "existing":
+            seq, ts, parent, stored_lane, _, _ = _node(reply[1])
+            stored = StoredEntry(
+                seq=seq, timestamp=ts, lane=stored_lane, parent_id=parent, entry=entry
+            )
+            return stored, False
+        seq, ts, parent, _, _, _ = _node(reply[3])
+        return StoredEntry(seq=seq, timestamp=ts, lane=lane, parent_id=parent, entry=entry), True
+
+    async def append_entry(self, entry: Entry, lane: str) -> StoredEntry:
+        """Append an entry at the lane's leaf."""
+        stored, _ = await self._append(entry, lane, False)
+        return stored
+
+    async def append_entry_if_missing(self, entry: Entry, lane: str) -> tuple[StoredEntry, bool]:
+        """Append unless the id exists with equal content."""
+        return await self._append(entry, lane, True)
+
+    async def append_record(self, record: Record) -> StoredRecord:
+        """Append a record (operation starts are conditional, inside the script)."""
+        payload = encode_record(record)
+        reply = await self._mutate("record", *_record_args(record, payload))
+        return StoredRecord(seq=reply[1], timestamp=int(reply[2]), record=record)
+
+    async def _fact(self, fact: Fact) -> FactSet:
+        payload = encode_fact(fact)
+        reply = await self._mutate("fact", *_fact_args(fact, payload))
+        return FactSet(seq=reply[1], timestamp=int(reply[2]), fact=fact)
+
+    async def set_name(self, name: str) -> FactSet:
+        """Set the session name."""
+        return await self._fact(NameFact(name=name))
+
+    async def set_label(self, target_id: str, label: str | None) -> FactSet:
+        """Set or clear an entry's label."""
+        return await self._fact(LabelFact(target_id=target_id, label=label))
+
+    # -- entry reads ----------------------------------------------------------------------------
+
+    async def _entries(self, client: _Client, ids: Sequence[str]) -> list[StoredEntry | None]:
+        out: list[StoredEntry | None] = []
+        for start in range(0, len(ids), _READ_BATCH):
+            chunk = list(ids[start : start + _READ_BATCH])
+            flat = await client.evalsha(
+                self._repo.scripts.shas["read_entries"], 1, self._meta, *chunk
+            )
+            for payload, node in zip(flat[::2], flat[1::2], strict=True):
+                if payload is None or node is None:
+                    out.append(None)
+                    continue
+                seq, ts, parent, lane, _, _ = _node(node)
+                entry = decode_entry(payload, self._where)
+                out.append(
+                    StoredEntry(seq=seq, timestamp=ts, lane=lane, parent_id=parent, entry=entry)
+                )
+        return out
+
+    async def get_entry(self, entry_id: str) -> StoredEntry | None:
+        """Point lookup."""
+        found: list[StoredEntry | None] = await self._read(lambda c: self._entries(c, [entry_id]))
+        return found[0]
+
+    async def find_entries(self, query: EntryQuery | None = None) -> tuple[StoredEntry, ...]:
+        """Session-wide entry query from the sorted-set indexes."""
+        q = query or EntryQuery()
+        if q.custom_type is not None:
+            index = self._base + "ec:" + q.custom_type
+        elif q.type is not None:
+            index = self._base + "et:" + q.type
+        else:
+            index = self._base + "eseq"
+        low = f"({q.after_seq}" if q.after_seq is not None else "-inf"
+        high = f"({q.before_seq}" if q.before_seq is not None else "+inf"
+
+        async def run(c: _Client) -> list[StoredEntry | None]:
+            if q.order == "oldest_first":
+                ids = await c.zrangebyscore(
+                    index, low, high, start=0 if q.limit else None, num=q.limit
+                )
+            else:
+                ids = await c.zrevrangebyscore(
+                    index, high, low, start=0 if q.limit else None, num=q.limit
+                )
+            return await self._entries(c, ids)
+
+        return tuple(e for e in await self._read(run) if e is not None)
+
+    async def _scan(self, client: _Client, start: str, scan: PathScan) -> list[StoredEntry]:
+        """Walk the path server-side, a batch per call, until the scan has what it needs."""
+        cursor: str | None = start
+        while cursor is not None:
+            flat = await client.evalsha(
+                self._repo.scripts.shas["walk"], 1, self._meta, cursor, _WALK_BATCH
+            )
+            parent: str | None = None
+            wanted = True
+            for entry_id, raw in zip(flat[::2], flat[1::2], strict=True):
+                seq, _, parent, _, type_, custom = _node(raw)
+                wanted = scan.feed(BranchNode(entry_id, parent, seq, type_, custom))
+                if not wanted:
+                    break
+            # A short batch ended at the root; a full one continues from its last node's parent.
+            cursor = parent if wanted and len(flat) == 2 * _WALK_BATCH else None
+        selected = scan.result()
+        found = await self._entries(client, [node.id for node in selected])
+        return [entry for entry in found if entry is not None]
+
+    async def find_entries_on_branch(self, query: BranchQuery) -> tuple[StoredEntry, ...]:
+        """Path query: the walk runs server-side in batches."""
+
+        async def run(c: _Client) -> list[StoredEntry]:
+            if query.stop_at_id is not None and not await c.hexists(
+                self._base + "en", query.stop_at_id
+            ):
+                raise SessionError("not_found", f"entry {query.stop_at_id!r} does not exist")
+            return await self._scan(c, query.start, BranchScan(query))
+
+        return tuple(await self._read(run))
+
+    async def read_lane_entries(self, lane: str, *, after: str | None) -> tuple[StoredEntry, ...]:
+        """The lane's path back to an anchor."""
+
+        async def run(c: _Client) -> list[StoredEntry]:
+            leaf = await c.hget(self._base + "lanes", lane)
+            if leaf is None:
+                raise SessionError("unknown_lane", f"lane {lane!r} does not exist")
+            after_seq = 0
+            if after is not None:
+                node = await c.hget(self._base + "en", after)
+                if node is None:
+                    raise SessionError("not_found", f"entry {after!r} does not exist")
+                after_seq = _node(node)[0]
+            if not leaf:
+                if after is not None:
+                    raise SessionError(
+                        "invalid_query", f"entry {after!r} is not on the lane's path"
+                    )
+                return []
+            return await self._scan(c, leaf, SinceScan(after, after_seq))
+
+        return tuple(await self._read(run))
+
+    # -- record reads ---------------------------------------------------------------------------
+
+    async def _lane_records(
+        self, c: _Client, lane: str, low: str, high: str, *, newest_first: bool, count: int
+    ) -> list[StoredRecord]:
+        key = self._base + "lr:" + lane
+        if newest_first:
+            rows = await c.xrevrange(key, high, low, count=count)
+        else:
+            rows = await c.xrange(key, low, high, count=count)
+        return [self._record(stream_id, fields) for stream_id, fields in rows]
+
+    def _record(self, stream_id: str, fields: Mapping[str, str]) -> StoredRecord:
+        seq = int(stream_id.split("-", 1)[0])
+        return StoredRecord(
+            seq=seq, timestamp=int(fields["t"]), record=decode_record(fields["d"], self._where)
+        )
+
+    async def _records_at(
+        self, c: _Client, located: Sequence[tuple[int, str]]
+    ) -> list[StoredRecord]:
+        if not located:
+            return []
+        pipe = c.pipeline(transaction=False)
+        for seq, lane in located:
+            pipe.xrange(self._base + "lr:" + lane, f"{seq}-0", f"{seq}-0")
+        rows = await pipe.execute()
+        return [self._record(*found[0]) for found in rows if found]
+
+    async def find_records(self, query: RecordQuery | None = None) -> tuple[StoredRecord, ...]:
+        """Record query: a lane's stream when the lane is given, the session log otherwise."""
+        q = query or RecordQuery()
+        newest = q.order == "newest_first"
+        kept: list[StoredRecord] = []
+
+        async def run(c: _Client) -> None:
+            low_seq = (q.after_seq or 0) + 1
+            low, high = f"{low_seq}-0", "+"
+            while True:
+                if q.lane is not None:
+                    batch = await self._lane_records(
+                        c, q.lane, low, high, newest_first=newest, count=_READ_BATCH
+                    )
+                    positions = [r.seq for r in batch]
+                else:
+                    key = self._base + "log"
+                    rows = await (
+                        c.xrevrange(key, high, low, count=_READ_BATCH)
+                        if newest
+                        else c.xrange(key, low, high, count=_READ_BATCH)
+                    )
+                    positions = [int(stream_id.split("-", 1)[0]) for stream_id, _ in rows]
+                    located = [
+                        (int(stream_id.split("-", 1)[0]), fields["lane"])
+                        for stream_id, fields in rows
+                        if fields["k"] == "r"
+                    ]
+                    batch = await self._records_at(c, located)
+                for record in batch:
+                    if record_matches(q, record):
+                        kept.append(record)
+                        if q.limit is not None and len(kept) >= q.limit:
+                            return
+                if len(positions) < _READ_BATCH:
+                    return
+                if newest:
+                    high = f"({positions[-1]}-0"
+                else:
+                    low = f"({positions[-1]}-0"
+
+        await self._read(run)
+        return tuple(kept)
+
+    async def find_open_operations(
+        self, lane: str, *, limit: int | None = None
+    ) -> tuple[StoredRecord, ...]:
+        """Open operations of a lane, newest first (from the projection)."""
+        if limit is not None and limit < 1:
+            raise SessionError("invalid_query", f"limit must be positive, got {limit}")
+
+        async def run(c: _Client) -> list[StoredRecord]:
+            opened = await c.zrevrange(
+                self._base + "open:" + lane, 0, -1 if limit is None else limit - 1, withscores=True
+            )
+            return await self._records_at(c, [(int(score), lane) for _, score in opened])
+
+        return tuple(await self._read(run))
+
+    async def read_operation_records(self, lane: str, run_id: str) -> tuple[StoredRecord, ...]:
+        """Records of the lane since an operation's start (one stream range)."""
+
+        async def run(c: _Client) -> list[StoredRecord]:
+            pipe = c.pipeline(transaction=False)
+            pipe.hexists(self._base + "lanes", lane)
+            pipe.hget(self._base + "rid", run_id)
+            exists, located = await pipe.execute()
+            if not exists:
+                raise SessionError("unknown_lane", f"lane {lane!r} does not exist")
+            if located is None:
+                raise SessionError("not_found", f"lane {lane!r} has no operation {run_id!r}")
+            seq, rtype, owner = located.split("\t", 2)
+            if rtype != "operation_started" or owner != lane:
+                raise SessionError("not_found", f"lane {lane!r} has no operation {run_id!r}")
+            records: list[StoredRecord] = []
+            low = f"{seq}-0"
+            while True:
+                batch = await self._lane_records(
+                    c, lane, low, "+", newest_first=False, count=_READ_BATCH
+                )
+                records.extend(batch)
+                if len(batch) < _READ_BATCH:
+                    return records
+                low = f"({batch[-1].seq}-0"
+
+        return tuple(await self._read(run))
+
+    # -- log, facts, stats ------------------------------------------------------------------------
+
+    async def get_log(self, *, after_seq: int = 0, limit: int | None = None) -> tuple[LogItem, ...]:
+        """Log items after a seq, resolved from the session stream."""
+        EntryQuery(after_seq=after_seq, limit=limit)
+        items: list[LogItem] = []
+
+        async def run(c: _Client) -> None:
+            low = f"{after_seq + 1}-0"
+            while limit is None or len(items) < limit:
+                want = _READ_BATCH if limit is None else min(_READ_BATCH, limit - len(items))
+                rows = await c.xrange(self._base + "log", low, "+", count=want)
+                entry_ids = [fields["id"] for _, fields in rows if fields["k"] == "e"]
+                located = [
+                    (int(sid.split("-", 1)[0]), fields["lane"])
+                    for sid, fields in rows
+                    if fields["k"] == "r"
+                ]
+                entries = {e.id: e for e in await self._entries(c, entry_ids) if e is not None}
+                records = {r.seq: r for r in await self._records_at(c, located)}
+                for stream_id, fields in rows:
+                    seq, ts = int(stream_id.split("-", 1)[0]), int(fields["t"])
+                    kind = fields["k"]
+                    if kind == "e":
+                        items.append(entries[fields["id"]])
+                    elif kind == "r":
+                        items.append(records[seq])
+                    elif kind == "l":
+                        items.append(
+                            LaneMove(
+                                seq=seq,
+                                timestamp=ts,
+                                lane=fields["lane"],
+                                leaf_id=fields["leaf"] or None,
+                                created=fields["c"] == "1",
+                            )
+                        )
+                    else:
+                        items.append(
+                            FactSet(
+                                seq=seq,
+                                timestamp=ts,
+                                fact=decode(fact_adapter, fields["d"], self._where),
+                            )
+                        )
+                if len(rows) < want:
+                    return
+                low = f"({rows[-1][0]}"
+
+        await self._read(run)
+        return tuple(items)
+
+    async def get_name(self) -> str | None:
+        """Newest session name."""
+        name: str | None = await self._read(lambda c: c.hget(self._meta, "name"))
+        return name
+
+    async def get_label(self, target_id: str) -> str | None:
+        """Newest label of an entry."""
+        label: str | None = await self._read(lambda c: c.hget(self._base + "labels", target_id))
+        return label
+
+    async def get_stats(self) -> SessionStats:
+        """Running counters."""
+        values = await self._read(lambda c: c.hmget(self._meta, list(_STAT_FIELDS)))
+        if values[0] is None:
+            raise SessionError("not_found", f"session {self._sid!r} does not exist")
+        return stats_from_counters(values)
+
+    async def close(self) -> None:
+        """Close this storage."""
+        self._closed = True
+
+
+def _record_args(record: Record, payload: str) -> tuple[str, ...]:
+    run_id = record.run_id if isinstance(record, OperationFinished) else ""
+    args: tuple[str, ...] = (record.lane, record.id, record.type, run_id, payload)
+    if isinstance(record, Usage):
+        u = record.usage
+        c = u.cost
+        args += tuple(
+            str(v) for v in (u.input, u.output, u.cache_read, u.cache_write, u.total_tokens)
+        )
+        args += tuple(
+            repr(float(v)) for v in (c.input, c.output, c.cache_read, c.cache_write, c.total)
+        )
+    return args
+
+
+def _fact_args(fact: Fact, payload: str) -> tuple[str, ...]:
+    if isinstance(fact, NameFact):
+        return (payload, "name", fact.name)
+    return (payload, "label", fact.target_id, fact.label or "", "1" if fact.label is None else "0")
+
+
+class RedisSessionRepo:
+    """Sessions in a Redis server (7.0 or newer)."""
+
+    def __init__(
+        self,
+        url: str = "redis://127.0.0.1:6379/0",
+        *,
+        prefix: str = "gw",
+        clock: Clock | None = None,
+        ids: IdGenerator | None = None,
+        socket_timeout: float = 10.0,
+    ) -> None:
+        self.prefix = prefix
+        self.clock = clock
+        self._ids = ids or Uuid7Ids(clock)
+        options: dict[str, Any] = {
+            "decode_responses": True,
+            "socket_timeout": socket_timeout,
+            "socket_connect_timeout": socket_timeout,
+            "retry": Retry(NoBackoff(), 0),
+            "protocol": 2,
+        }
+        self.writer = cast(
+            _Client, aioredis.Redis.from_url(url, single_connection_client=True, **options)
+        )
+        self._reader = cast(_Client, aioredis.Redis.from_url(url, **options))
+        self.scripts = _Scripts()
+        self.pipe = _WritePipe(self)
+        self._loaded = False
+        self.closed = False
+
+    def key(self, session_id: str, name: str) -> str:
+        """A key of a session: ``<prefix>:{<session_id>}:<name>``."""
+        return f"{self.prefix}:{{{session_id}}}:{name}"
+
+    def now_arg(self) -> str:
+        """The time scripts use: the injected clock, or '' for the server's clock."""
+        return "" if self.clock is None else str(self.clock.now_ms())
+
+    def reader(self) -> _Client:
+        """The client for reads (writes go through the ordered write pipe)."""
+        if self.closed:
+            raise SessionError("closed", "repository is closed")
+        return self._reader
+
+    async def _ready(self) -> None:
+        if self.closed:
+            raise SessionError("closed", "repository is closed")
+        if not self._loaded:
+            try:
+                await self.scripts.load(self._reader)
+            except RedisError as exc:
+                raise SessionError("storage", f"cannot reach redis: {exc}") from exc
+            self._loaded = True
+
+    async def _script(self, name: str, session_id: str, *args: str) -> Any:
+        await self._ready()
+        try:
+            return await self._reader.evalsha(
+                self.scripts.shas[name], 1, self.key(session_id, "meta"), *args
+            )
+        except NoScriptError:
+            await self.scripts.load(self._reader)
+            return await self._reader.evalsha(
+                self.scripts.shas[name], 1, self.key(session_id, "meta"), *args
+            )
+        except ResponseError as exc:
+            raise _session_error(exc) from exc
+        except RedisError as exc:
+            raise SessionError("storage", f"redis call failed, outcome unknown: {exc}") from exc
+
+    async def read_metas(
+        self, client: _Client, session_ids: Sequence[str]
+    ) -> list[SessionMetadata]:
+        """Metadata of the given sessions (skipping missing ones and unfinished imports)."""
+        pipe = client.pipeline(transaction=False)
+        for session_id in session_ids:
+            pipe.hmget(
+                self.key(session_id, "meta"),
+                ["id", "created_at", "parent", "metadata", "name", "importing"],
+            )
+        metas: list[SessionMetadata] = []
+        for row in await pipe.execute():
+            sid, created, parent, metadata, name, importing = row
+            if sid is None or importing == "1":
+                continue
+            meta = SessionMetadata.model_validate_json(metadata)
+            metas.append(
+                meta.model_copy(
+                    update={
+                        "id": sid,
+                        "created_at": int(created),
+                        "parent_session_id": parent or None,
+                        "name": name,
+                    }
+                )
+            )
+        return metas
+
+    async def create(
+        self,
+        session_id: str | None = None,
+        *,
+        metadata: Mapping[str, JsonValue] | None = None,
+        parent_session_id: str | None = None,
+        importing: bool = False,
+    ) -> SessionMetadata:
+        """Create an empty session."""
+        await self._ready()
+        session_id = session_id if session_id is not None else self._ids.next()
+        check_session_id(session_id)
+        now = self.clock.now_ms() if self.clock is not None else await self._server_ms()
+        meta = new_metadata(session_id, now, metadata, parent_session_id)
+        await self._create(meta, importing=importing)
+        return meta
+
+    async def _server_ms(self) -> int:
+        seconds, micros = await self._reader.time()
+        return int(seconds) * 1000 + int(micros) // 1000
+
+    async def _create(self, meta: SessionMetadata, *, importing: bool) -> None:
+        # Index first: a crash between the two leaves a listed id without a session (skipped by
+        # list), never a session missing from the list.
+        try:
+            await self._reader.zadd(f"{self.prefix}:sessions", {meta.id: meta.created_at}, nx=True)
+        except RedisError as exc:
+            raise SessionError("storage", f"redis call failed: {exc}") from exc
+        body = encode(meta.model_copy(update={"name": None}), "session metadata")
+        await self._script(
+            "create",
+            meta.id,
+            meta.id,
+            str(meta.created_at),
+            meta.parent_session_id or "",
+            body,
+            "1" if importing else "0",
+        )
+
+    async def open(
+        self, session_id: str, *, lease: WriterLease | None = None
+    ) -> RedisSessionStorage:
+        """Open a session (for writing with a current lease)."""
+        await self._ready()
+        check_session_id(session_id)
+        if lease is not None and lease.session_id != session_id:
+            raise SessionError("invalid_query", "the lease is for another session")
+        if not await self.read_metas(self._reader, [session_id]):
+            raise SessionError("not_found", f"session {session_id!r} does not exist")
+        if lease is not None:
+            await self._script("check_lease", session_id, str(lease.token), self.now_arg())
+        return RedisSessionStorage(self, session_id, lease)
+
+    async def list(self) -> tuple[SessionMetadata, ...]:
+        """Every session's metadata."""
+        await self._ready()
+        ids = await self._reader.zrange(f"{self.prefix}:sessions", 0, -1)
+        metas = await self.read_metas(self._reader, ids)
+        return tuple(sorted(metas, key=lambda m: (m.created_at, m.id)))
+
+    async def delete(self, session_id: str, *, lease: WriterLease | None = None) -> bool:
+        """Delete a session unless another writer holds it."""
+        check_session_id(session_id)
+        deleted = await self._script(
+            "delete", session_id, "" if lease is None else str(lease.token), self.now_arg()
+        )
+        await self._reader.zrem(f"{self.prefix}:sessions", session_id)
+        return bool(deleted)
+
+    async def acquire_lease(self, session_id: str, *, owner: str, ttl_ms: int) -> WriterLease:
+        """Acquire the session's writer lease."""
+        check_ttl(ttl_ms, owner)
+        check_session_id(session_id)
+        token, expires = await self._script(
+            "acquire", session_id, owner, str(ttl_ms), self.now_arg()
+        )
+        return WriterLease(
+            session_id=session_id,
+            owner=owner,
+            token=int(token),
+            ttl_ms=ttl_ms,
+            expires_at_ms=int(expires),
+        )
+
+    async def renew_lease(self, lease: WriterLease) -> WriterLease:
+        """Extend a current lease."""
+        expires = await self._script("renew", lease.session_id, str(lease.token), self.now_arg())
+        return lease.model_copy(update={"expires_at_ms": int(expires)})
+
+    async def release_lease(self, lease: WriterLease) -> bool:
+        """Release a lease if it is current."""
+        return bool(await self._script("release", lease.session_id, str(lease.token)))
+
+    async def import_session(
+        self, metadata: SessionMetadata, items: Iterable[LogItem]
+    ) -> SessionMetadata:
+        """Create a session from an exported log (invisible until the last item is stored)."""
+        await self._ready()
+        check_session_id(metadata.id)
+        state = replay_log(metadata, items)
+        await self._create(state.metadata, importing=True)
+        meta_key = self.key(metadata.id, "meta")
+        for start in range(0, len(state.log), _READ_BATCH):
+            calls = [_import_args(item) for item in state.log[start : start + _READ_BATCH]]
+            replies = await asyncio.gather(
+                *(self.pipe.call("mutate", meta_key, args) for args in calls)
+            )
+            del replies
+        await self._reader.hdel(meta_key, "importing")
+        return state.metadata
+
+    async def close(self) -> None:
+        """Close both connections."""
+        if self.closed:
+            return
+        await self.pipe.drain()
+        self.closed = True
+        await self.writer.aclose()
+        await self._reader.aclose()
+
+
+def _import_args(item: LogItem) -> tuple[str, ...]:
+    ts = str(item.timestamp)
+    if isinstance(item, StoredEntry):
+        entry = item.entry
+        custom = entry.custom_type if isinstance(entry, CustomEntry) else ""
+        return (
+            "entry",
+            "",
+            ts,
+            item.lane or "",
+            entry.id,
+            entry.type,
+            custom,
+            encode_entry(entry),
+            "0",
+            item.parent_id or "",
+        )
+    if isinstance(item, StoredRecord):
+        return ("record", "", ts, *_record_args(item.record, encode_record(item.record)))
+    if isinstance(item, LaneMove):
+        return ("lane", "", ts, item.lane, item.leaf_id or "", "1" if item.created else "0")
+    return ("fact", "", ts, *_fact_args(item.fact, encode_fact(item.fact)))

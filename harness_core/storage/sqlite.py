@@ -1,0 +1,953 @@
+"""The SQLite backend: the embedded default. One database file holds many sessions.
+
+Every mutation is one ``BEGIN IMMEDIATE`` transaction that checks the writer's fencing token
+against `writer_leases`, allocates `seq` from the session row, writes the item and updates the
+projections (lane leaves, open operations, names, labels, running stats), so a write either
+happened completely or not at all. WAL mode; ``synchronous=NORMAL`` by default (a process crash
+loses nothing acknowledged; power loss may lose the last transactions) or ``FULL`` (nothing
+acknowledged is lost, slower). All SQLite calls run on one thread per repository, in
+submission order, so concurrent writes from many lanes resolve in commit order.
+
+Restore reads are index seeks plus bounded scans: open operations come from their own table,
+an operation's records from ``(session_id, lane, seq)``, a lane's own entries from primary-key
+lookups along parent links; none of them touches other lanes' traffic or older history.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import sqlite3
+from collections.abc import Callable, Iterable, Iterator, Mapping
+from concurrent.futures import ThreadPoolExecutor
+from importlib import resources
+from pathlib import Path
+from typing import Any, Literal, TypeVar
+
+from harness_core.clock import Clock, SystemClock
+from harness_core.errors import SessionError
+from harness_core.frozen import JsonValue
+from harness_core.ids import IdGenerator, Uuid7Ids
+from harness_core.messages import TokenUsage
+from harness_core.session.codec import (
+    decode,
+    decode_entry,
+    decode_record,
+    encode,
+    encode_entry,
+    encode_fact,
+    encode_record,
+    fact_adapter,
+)
+from harness_core.session.entries import CustomEntry, Entry, MessageEntry
+from harness_core.session.records import OperationFinished, OperationStarted, Record, Usage
+from harness_core.session.types import (
+    BranchQuery,
+    EntryQuery,
+    Fact,
+    FactSet,
+    LabelFact,
+    LaneMove,
+    LanePointer,
+    LogItem,
+    NameFact,
+    RecordQuery,
+    SessionMetadata,
+    SessionStats,
+    StoredEntry,
+    StoredRecord,
+    WriterLease,
+)
+from harness_core.storage._branch import BranchNode, BranchScan, SinceScan, drive
+from harness_core.storage._leases import LeaseRow, check_acquire, check_current, check_ttl
+from harness_core.storage._rules import check_lane_name, check_session_id, stats_from_counters
+from harness_core.storage._state import new_metadata, replay_log
+
+__all__ = ["SqliteSessionRepo", "SqliteSessionStorage", "Synchronous"]
+
+Synchronous = Literal["normal", "full"]
+SCHEMA_VERSION = 1
+_T = TypeVar("_T")
+
+_STAT_COLUMNS = (
+    "n_entries", "n_messages", "n_records", "u_input", "u_output", "u_cache_read",
+    "u_cache_write", "u_total_tokens", "c_input", "c_output", "c_cache_read", "c_cache_write",
+    "c_total",
+)  # fmt: skip
+
+
+def _stats_delta(item: LogItem) -> tuple[float, ...]:
+    entries = messages = records = 0
+    usage = TokenUsage()
+    if isinstance(item, StoredEntry):
+        entries = 1
+        messages = int(isinstance(item.entry, MessageEntry))
+    elif isinstance(item, StoredRecord):
+        records = 1
+        if isinstance(item.record, Usage):
+            usage = item.record.usage
+    cost = usage.cost
+    return (
+        entries, messages, records, usage.input, usage.output, usage.cache_read,
+        usage.cache_write, usage.total_tokens, cost.input, cost.output, cost.cache_read,
+        cost.cache_write, cost.total,
+    )  # fmt: skip
+
+
+_SESSION_TABLES = (
+    "entries", "records", "lanes", "open_operations", "lane_moves", "facts", "labels",
+    "writer_leases", "sessions",
+)  # fmt: skip
+
+
+@contextlib.contextmanager
+def _transaction(conn: sqlite3.Connection) -> Iterator[None]:
+    """One ``BEGIN IMMEDIATE`` transaction: committed on success, rolled back on any error."""
+    conn.execute("BEGIN IMMEDIATE")
+    try:
+        yield
+    except BaseException:
+        conn.execute("ROLLBACK")
+        raise
+    conn.execute("COMMIT")
+
+
+class _Tx:
+    """One write transaction of one session, on the I/O thread."""
+
+    def __init__(self, conn: sqlite3.Connection, session_id: str, last_seq: int) -> None:
+        self.conn = conn
+        self.sid = session_id
+        self.seq = last_seq
+        self.deltas: list[tuple[float, ...]] = []
+
+    @property
+    def next_seq(self) -> int:
+        return self.seq + 1
+
+    def one(self, sql: str, *args: Any) -> Any:
+        return self.conn.execute(sql, (self.sid, *args)).fetchone()
+
+    def lane_leaf(self, lane: str) -> str | None:
+        check_lane_name(lane)
+        row = self.one("SELECT leaf_id FROM lanes WHERE session_id=? AND lane=?", lane)
+        if row is None:
+            raise SessionError("unknown_lane", f"lane {lane!r} does not exist")
+        leaf: str | None = row[0]
+        return leaf
+
+    def require_unused(self, item_id: str) -> None:
+        if self.one("SELECT 1 FROM entries WHERE session_id=? AND id=?", item_id) or self.one(
+            "SELECT 1 FROM records WHERE session_id=? AND id=?", item_id
+        ):
+            raise SessionError("already_exists", f"id {item_id!r} is already used in this session")
+
+    def require_target(self, target: str | None) -> None:
+        if target is not None and not self.one(
+            "SELECT 1 FROM entries WHERE session_id=? AND id=?", target
+        ):
+            raise SessionError("not_found", f"entry {target!r} does not exist")
+
+    def apply(self, item: LogItem, payload: str | None = None) -> None:
+        """Write a checked item and its projections (`payload` is its canonical encoding)."""
+        c, sid = self.conn, self.sid
+        if isinstance(item, StoredEntry):
+            entry = item.entry
+            custom = entry.custom_type if isinstance(entry, CustomEntry) else None
+            c.execute(
+                "INSERT INTO entries VALUES (?,?,?,?,?,?,?,?,?)",
+                (sid, entry.id, item.seq, item.timestamp, item.lane, item.parent_id, entry.type,
+                 custom, payload or encode_entry(entry)),
+            )  # fmt: skip
+            if item.lane is not None:
+                c.execute(
+                    "UPDATE lanes SET leaf_id=? WHERE session_id=? AND lane=?",
+                    (entry.id, sid, item.lane),
+                )
+        elif isinstance(item, StoredRecord):
+            record = item.record
+            run_id = (
+                record.id
+                if isinstance(record, OperationStarted)
+                else getattr(record, "run_id", None)
+            )
+            kind = record.intent.kind if isinstance(record, OperationStarted) else None
+            c.execute(
+                "INSERT INTO records VALUES (?,?,?,?,?,?,?,?,?)",
+                (sid, item.seq, record.id, record.lane, run_id, record.type, kind, item.timestamp,
+                 payload or encode_record(record)),
+            )  # fmt: skip
+            if isinstance(record, OperationStarted):
+                c.execute(
+                    "INSERT INTO open_operations VALUES (?,?,?,?)",
+                    (sid, record.lane, item.seq, record.id),
+                )
+            elif isinstance(record, OperationFinished):
+                c.execute(
+                    "DELETE FROM open_operations WHERE session_id=? AND lane=? AND run_id=?",
+                    (sid, record.lane, record.run_id),
+                )
+        elif isinstance(item, LaneMove):
+            c.execute(
+                "INSERT INTO lane_moves VALUES (?,?,?,?,?,?)",
+                (sid, item.seq, item.timestamp, item.lane, item.leaf_id, int(item.created)),
+            )
+            c.execute("INSERT OR REPLACE INTO lanes VALUES (?,?,?)", (sid, item.lane, item.leaf_id))
+        else:
+            fact = item.fact
+            c.execute(
+                "INSERT INTO facts VALUES (?,?,?,?)",
+                (sid, item.seq, item.timestamp, payload or encode_fact(fact)),
+            )
+            if isinstance(fact, NameFact):
+                c.execute("UPDATE sessions SET name=? WHERE session_id=?", (fact.name, sid))
+            elif fact.label is None:
+                c.execute(
+                    "DELETE FROM labels WHERE session_id=? AND target_id=?", (sid, fact.target_id)
+                )
+            else:
+                c.execute(
+                    "INSERT OR REPLACE INTO labels VALUES (?,?,?)",
+                    (sid, fact.target_id, fact.label),
+                )
+        self.seq = item.seq
+        self.deltas.append(_stats_delta(item))
+
+    def finish(self, lease: LeaseRow | None, now: int) -> None:
+        if not self.deltas:
+            return
+        totals = (
+            [sum(column) for column in zip(*self.deltas, strict=True)]
+            if len(self.deltas) > 1
+            else list(self.deltas[0])
+        )
+        assignments = ", ".join(f"{col}={col}+?" for col in _STAT_COLUMNS)
+        self.conn.execute(
+            f"UPDATE sessions SET last_seq=?, {assignments} WHERE session_id=?",
+            (self.seq, *totals, self.sid),
+        )
+        if lease is not None:  # a write renews the writer's lease
+            self.conn.execute(
+                "UPDATE writer_leases SET expires_at_ms=? WHERE session_id=?",
+                (now + lease.ttl_ms, self.sid),
+            )
+
+
+class _Db:
+    """The connection and everything that runs on the I/O thread."""
+
+    def __init__(self, path: Path, synchronous: Synchronous, busy_timeout_ms: int) -> None:
+        if str(path) != ":memory:":
+            path.parent.mkdir(parents=True, exist_ok=True)
+        self.conn = sqlite3.connect(path, isolation_level=None)
+        self.conn.execute(f"PRAGMA busy_timeout={int(busy_timeout_ms)}")
+        self.conn.execute("PRAGMA journal_mode=WAL")
+        self.conn.execute(f"PRAGMA synchronous={'FULL' if synchronous == 'full' else 'NORMAL'}")
+        schema = resources.files("harness_core.storage").joinpath("sqlite_schema.sql").read_text()
+        self.conn.executescript(schema)  # every statement is CREATE ... IF NOT EXISTS
+        with _transaction(self.conn):
+            row = self.conn.execute("SELECT version FROM schema_version").fetchone()
+            if row is None:
+                self.conn.execute("INSERT INTO schema_version VALUES (?)", (SCHEMA_VERSION,))
+            elif row[0] != SCHEMA_VERSION:
+                raise SessionError(
+                    "storage", f"{path} has schema version {row[0]}, expected {SCHEMA_VERSION}"
+                )
+
+    def read(self, fn: Callable[[sqlite3.Connection], _T]) -> _T:
+        """Run reads in one transaction (a consistent snapshot)."""
+        self.conn.execute("BEGIN")
+        try:
+            return fn(self.conn)
+        finally:
+            self.conn.execute("COMMIT")
+
+    def write(
+        self,
+        session_id: str,
+        lease: WriterLease | None,
+        now: int,
+        fn: Callable[[_Tx], _T],
+        *,
+        check_lease: bool = True,
+    ) -> _T:
+        """Run one mutation in one immediate transaction, checking the writer's token first."""
+        conn = self.conn
+        with _transaction(conn):
+            row = conn.execute(
+                "SELECT last_seq FROM sessions WHERE session_id=?", (session_id,)
+            ).fetchone()
+            if row is None:
+                raise SessionError("not_found", f"session {session_id!r} does not exist")
+            current = self.lease_row(session_id)
+            if check_lease:
+                if lease is None:
+                    raise SessionError(
+                        "read_only", f"session {session_id!r} was opened without a lease"
+                    )
+                check_current(current, lease, now)
+            tx = _Tx(conn, session_id, row[0])
+            result = fn(tx)
+            tx.finish(current if check_lease else None, now)
+            return result
+
+    def lease_row(self, session_id: str) -> LeaseRow | None:
+        row = self.conn.execute(
+            "SELECT owner, token, ttl_ms, expires_at_ms FROM writer_leases WHERE session_id=?",
+            (session_id,),
+        ).fetchone()
+        return LeaseRow(*row) if row else None
+
+    def close(self) -> None:
+        self.conn.close()
+
+
+def _entry_from_row(row: tuple[Any, ...], location: str) -> StoredEntry:
+    seq, timestamp, lane, parent_id, payload = row
+    return StoredEntry(
+        seq=seq,
+        timestamp=timestamp,
+        lane=lane,
+        parent_id=parent_id,
+        entry=decode_entry(payload, location),
+    )
+
+
+def _record_from_row(row: tuple[Any, ...], location: str) -> StoredRecord:
+    seq, timestamp, payload = row
+    return StoredRecord(seq=seq, timestamp=timestamp, record=decode_record(payload, location))
+
+
+_ENTRY_COLS = "seq, timestamp, lane, parent_id, payload"
+_LOG_SQL = """
+SELECT seq, 'e', timestamp, lane, parent_id, payload, NULL FROM entries
+ WHERE session_id=? AND seq>?
+UNION ALL SELECT seq, 'r', timestamp, NULL, NULL, payload, NULL FROM records
+ WHERE session_id=? AND seq>?
+UNION ALL SELECT seq, 'l', timestamp, lane, leaf_id, NULL, created FROM lane_moves
+ WHERE session_id=? AND seq>?
+UNION ALL SELECT seq, 'f', timestamp, NULL, NULL, payload, NULL FROM facts
+ WHERE session_id=? AND seq>?
+ORDER BY seq LIMIT ?
+"""
+_WALK_SQL = (
+    "SELECT id, type, custom_type, seq, timestamp, lane, parent_id, payload FROM entries "
+    "WHERE session_id=? AND id=?"
+)
+_RECORD_COLS = "seq, timestamp, payload"
+
+
+class SqliteSessionStorage:
+    """One session in a SQLite database."""
+
+    def __init__(self, repo: SqliteSessionRepo, session_id: str, lease: WriterLease | None) -> None:
+        self._repo = repo
+        self._sid = session_id
+        self._lease = lease
+        self._closed = False
+        self._where = f"sqlite session {session_id!r}"
+
+    @property
+    def session_id(self) -> str:
+        """The session's id."""
+        return self._sid
+
+    @property
+    def lease(self) -> WriterLease | None:
+        """The writer lease this storage was opened with; None when read-only."""
+        return self._lease
+
+    async def _read(self, fn: Callable[[sqlite3.Connection], _T]) -> _T:
+        if self._closed:
+            raise SessionError("closed", f"storage of session {self._sid!r} is closed")
+        return await self._repo.call(lambda db: db.read(fn))
+
+    async def _write(self, fn: Callable[[_Tx], _T]) -> _T:
+        if self._closed:
+            raise SessionError("closed", f"storage of session {self._sid!r} is closed")
+        now = self._repo.clock.now_ms()
+        return await self._repo.call(lambda db: db.write(self._sid, self._lease, now, fn))
+
+    async def get_metadata(self) -> SessionMetadata:
+        """Return the session's metadata with its newest name."""
+        metas = await self._read(lambda c: _metadata(c, self._sid))
+        if not metas:
+            raise SessionError("not_found", f"session {self._sid!r} does not exist")
+        return metas[0]
+
+    async def get_lanes(self) -> tuple[LanePointer, ...]:
+        """Every lane, sorted by name."""
+        rows = await self._read(
+            lambda c: c.execute(
+                "SELECT lane, leaf_id FROM lanes WHERE session_id=? ORDER BY lane", (self._sid,)
+            ).fetchall()
+        )
+        return tuple(LanePointer(lane=lane, leaf_id=leaf) for lane, leaf in rows)
+
+    async def get_lane(self, lane: str) -> LanePointer | None:
+        """One lane, or None."""
+        row = await self._read(
+            lambda c: c.execute(
+                "SELECT leaf_id FROM lanes WHERE session_id=? AND lane=?", (self._sid, lane)
+            ).fetchone()
+        )
+        return None if row is None else LanePointer(lane=lane, leaf_id=row[0])
+
+    def _lane_move(
+        self, lane: str, leaf_id: str | None, *, create: bool
+    ) -> Callable[[_Tx], LaneMove]:
+        check_lane_name(lane)
+
+        def op(tx: _Tx) -> LaneMove:
+            exists = tx.one("SELECT 1 FROM lanes WHERE session_id=? AND lane=?", lane) is not None
+            if create and exists:
+                raise SessionError("already_exists", f"lane {lane!r} already exists")
+            if not create and not exists:
+                raise SessionError("unknown_lane", f"lane {lane!r} does not exist")
+            tx.require_target(leaf_id)
+            item = LaneMove(
+                seq=tx.next_seq,
+                timestamp=self._repo.clock.now_ms(),
+                lane=lane,
+                leaf_id=leaf_id,
+                created=create,
+            )
+            tx.apply(item)
+            return item
+
+        return op
+
+    async def create_lane(self, lane: str, at: str | None) -> LaneMove:
+        """Create a lane at an entry (or the root)."""
+        return await self._write(self._lane_move(lane, at, create=True))
+
+    async def move_lane(self, lane: str, to: str | None) -> LaneMove:
+        """Move a lane's leaf."""
+        return await self._write(self._lane_move(lane, to, create=False))
+
+    def _append(self, entry: Entry, lane: str, payload: str) -> Callable[[_Tx], StoredEntry]:
+        def op(tx: _Tx) -> StoredEntry:
+            parent = tx.lane_leaf(lane)
+            tx.require_unused(entry.id)
+            item = StoredEntry(
+                seq=tx.next_seq,
+                timestamp=self._repo.clock.now_ms(),
+                lane=lane,
+                parent_id=parent,
+                entry=entry,
+            )
+            tx.apply(item, payload)
+            return item
+
+        return op
+
+    async def append_entry(self, entry: Entry, lane: str) -> StoredEntry:
+        """Append an entry at the lane's leaf."""
+        payload = encode_entry(entry)
+        return await self._write(self._append(entry, lane, payload))
+
+    async def append_entry_if_missing(self, entry: Entry, lane: str) -> tuple[StoredEntry, bool]:
+        """Append unless the id exists with equal content."""
+        payload = encode_entry(entry)
+        append = self._append(entry, lane, payload)
+
+        def op(tx: _Tx) -> tuple[StoredEntry, bool]:
+            row = tx.one(f"SELECT {_ENTRY_COLS} FROM entries WHERE session_id=? AND id=?", entry.id)
+            if row is not None:
+                if row[-1] != payload:
+                    raise SessionError(
+                        "content_mismatch",
+                        f"entry {entry.id!r} exists with different content "
+                        "(provisioned-id corruption)",
+                    )
+                return _entry_from_row(row, self._where), False
+            return append(tx), True
+
+        return await self._write(op)
+
+    async def append_record(self, record: Record) -> StoredRecord:
+        """Append a record (operation starts are conditional)."""
+        payload = encode_record(record)
+
+        def op(tx: _Tx) -> StoredRecord:
+            tx.lane_leaf(record.lane)
+            tx.require_unused(record.id)
+            if isinstance(record, OperationStarted):
+                busy = tx.one(
+                    "SELECT run_id FROM open_operations WHERE session_id=? AND lane=? "
+                    "ORDER BY seq DESC LIMIT 1",
+                    record.lane,
+                )
+                if busy is not None:
+                    raise SessionError(
+                        "lane_busy", f"lane {record.lane!r} already has open operation {busy[0]!r}"
+                    )
+            item = StoredRecord(seq=tx.next_seq, timestamp=self._repo.clock.now_ms(), record=record)
+            tx.apply(item, payload)
+            return item
+
+        return await self._write(op)
+
+    async def _set_fact(self, fact: Fact) -> FactSet:
+        payload = encode_fact(fact)
+
+        def op(tx: _Tx) -> FactSet:
+            if isinstance(fact, LabelFact):
+                tx.require_target(fact.target_id)
+            item = FactSet(seq=tx.next_seq, timestamp=self._repo.clock.now_ms(), fact=fact)
+            tx.apply(item, payload)
+            return item
+
+        return await self._write(op)
+
+    async def set_name(self, name: str) -> FactSet:
+        """Set the session name."""
+        return await self._set_fact(NameFact(name=name))
+
+    async def set_label(self, target_id: str, label: str | None) -> FactSet:
+        """Set or clear an entry's label."""
+        return await self._set_fact(LabelFact(target_id=target_id, label=label))
+
+    async def get_entry(self, entry_id: str) -> StoredEntry | None:
+        """Point lookup."""
+        row = await self._read(
+            lambda c: c.execute(
+                f"SELECT {_ENTRY_COLS} FROM entries WHERE session_id=? AND id=?",
+                (self._sid, entry_id),
+            ).fetchone()
+        )
+        return None if row is None else _entry_from_row(row, self._where)
+
+    async def find_entries(self, query: EntryQuery | None = None) -> tuple[StoredEntry, ...]:
+        """Session-wide entry query."""
+        q = query or EntryQuery()
+        sql = [f"SELECT {_ENTRY_COLS} FROM entries WHERE session_id=?"]
+        args: list[Any] = [self._sid]
+        if q.custom_type is not None:
+            sql.append("AND custom_type=?")
+            args.append(q.custom_type)
+        elif q.type is not None:
+            sql.append("AND type=?")
+            args.append(q.type)
+        _window(sql, args, q.after_seq, q.before_seq, q.order, q.limit)
+        rows = await self._read(lambda c: c.execute(" ".join(sql), args).fetchall())
+        return tuple(_entry_from_row(row, self._where) for row in rows)
+
+    async def find_entries_on_branch(self, query: BranchQuery) -> tuple[StoredEntry, ...]:
+        """Path query: parent-link point lookups from `start`."""
+
+        def run(c: sqlite3.Connection) -> tuple[StoredEntry, ...]:
+            if query.stop_at_id is not None and not _exists(c, self._sid, query.stop_at_id):
+                raise SessionError("not_found", f"entry {query.stop_at_id!r} does not exist")
+            rows: dict[str, tuple[Any, ...]] = {}
+            nodes = drive(BranchScan(query), _walk(c, self._sid, query.start, rows))
+            return tuple(_entry_from_row(rows[node.id], self._where) for node in nodes)
+
+        return await self._read(run)
+
+    async def find_records(self, query: RecordQuery | None = None) -> tuple[StoredRecord, ...]:
+        """Record query."""
+        q = query or RecordQuery()
+        sql = [f"SELECT {_RECORD_COLS} FROM records WHERE session_id=?"]
+        args: list[Any] = [self._sid]
+        for column, value in (
+            ("lane", q.lane),
+            ("type", q.type),
+            ("run_id", q.run_id),
+            ("op_kind", q.operation_kind),
+        ):
+            if value is not None:
+                sql.append(f"AND {column}=?")
+                args.append(value)
+        _window(sql, args, q.after_seq, None, q.order, q.limit)
+        rows = await self._read(lambda c: c.execute(" ".join(sql), args).fetchall())
+        return tuple(_record_from_row(row, self._where) for row in rows)
+
+    async def find_open_operations(
+        self, lane: str, *, limit: int | None = None
+    ) -> tuple[StoredRecord, ...]:
+        """Open operations of a lane, newest first (from the projection)."""
+        if limit is not None and limit < 1:
+            raise SessionError("invalid_query", f"limit must be positive, got {limit}")
+        rows = await self._read(
+            lambda c: c.execute(
+                "SELECT r.seq, r.timestamp, r.payload FROM open_operations o JOIN records r "
+                "ON r.session_id=o.session_id AND r.seq=o.seq WHERE o.session_id=? AND o.lane=? "
+                "ORDER BY o.seq DESC LIMIT ?",
+                (self._sid, lane, -1 if limit is None else limit),
+            ).fetchall()
+        )
+        return tuple(_record_from_row(row, self._where) for row in rows)
+
+    async def read_operation_records(self, lane: str, run_id: str) -> tuple[StoredRecord, ...]:
+        """Records of the lane since an operation's start."""
+
+        def run(c: sqlite3.Connection) -> tuple[StoredRecord, ...]:
+            _require_lane(c, self._sid, lane)
+            start = c.execute(
+                "SELECT seq FROM records WHERE session_id=? AND id=? AND lane=? "
+                "AND type='operation_started'",
+                (self._sid, run_id, lane),
+            ).fetchone()
+            if start is None:
+                raise SessionError("not_found", f"lane {lane!r} has no operation {run_id!r}")
+            rows = c.execute(
+                f"SELECT {_RECORD_COLS} FROM records "
+                "WHERE session_id=? AND lane=? AND seq>=? ORDER BY seq",
+                (self._sid, lane, start[0]),
+            ).fetchall()
+            return tuple(_record_from_row(row, self._where) for row in rows)
+
+        return await self._read(run)
+
+    async def read_lane_entries(self, lane: str, *, after: str | None) -> tuple[StoredEntry, ...]:
+        """The lane's path back to an anchor."""
+
+        def run(c: sqlite3.Connection) -> tuple[StoredEntry, ...]:
+            leaf = _require_lane(c, self._sid, lane)
+            after_seq = 0
+            if after is not None:
+                row = c.execute(
+                    "SELECT seq FROM entries WHERE session_id=? AND id=?", (self._sid, after)
+                ).fetchone()
+                if row is None:
+                    raise SessionError("not_found", f"entry {after!r} does not exist")
+                after_seq = row[0]
+            if leaf is None:
+                if after is not None:
+                    raise SessionError(
+                        "invalid_query", f"entry {after!r} is not on the lane's path"
+                    )
+                return ()
+            rows: dict[str, tuple[Any, ...]] = {}
+            nodes = drive(SinceScan(after, after_seq), _walk(c, self._sid, leaf, rows))
+            return tuple(_entry_from_row(rows[node.id], self._where) for node in nodes)
+
+        return await self._read(run)
+
+    async def get_log(self, *, after_seq: int = 0, limit: int | None = None) -> tuple[LogItem, ...]:
+        """Log items after a seq, merged from the four tables."""
+        EntryQuery(after_seq=after_seq, limit=limit)
+        args = (self._sid, after_seq) * 4 + (-1 if limit is None else limit,)
+        rows = await self._read(lambda c: c.execute(_LOG_SQL, args).fetchall())
+        return tuple(self._log_item(row) for row in rows)
+
+    def _log_item(self, row: tuple[Any, ...]) -> LogItem:
+        seq, kind, timestamp, lane, other, payload, created = row
+        if kind == "e":
+            return _entry_from_row((seq, timestamp, lane, other, payload), self._where)
+        if kind == "r":
+            return _record_from_row((seq, timestamp, payload), self._where)
+        if kind == "l":
+            return LaneMove(
+                seq=seq, timestamp=timestamp, lane=lane, leaf_id=other, created=bool(created)
+            )
+        return FactSet(
+            seq=seq, timestamp=timestamp, fact=decode(fact_adapter, payload, self._where)
+        )
+
+    async def get_name(self) -> str | None:
+        """Newest session name."""
+        return (await self.get_metadata()).name
+
+    async def get_label(self, target_id: str) -> str | None:
+        """Newest label of an entry."""
+        row = await self._read(
+            lambda c: c.execute(
+                "SELECT label FROM labels WHERE session_id=? AND target_id=?",
+                (self._sid, target_id),
+            ).fetchone()
+        )
+        return None if row is None else str(row[0])
+
+    async def get_stats(self) -> SessionStats:
+        """Running counters."""
+        row = await self._read(
+            lambda c: c.execute(
+                f"SELECT last_seq, {', '.join(_STAT_COLUMNS)} FROM sessions WHERE session_id=?",
+                (self._sid,),
+            ).fetchone()
+        )
+        if row is None:
+            raise SessionError("not_found", f"session {self._sid!r} does not exist")
+        return stats_from_counters(row)
+
+    async def close(self) -> None:
+        """Close this storage."""
+        self._closed = True
+
+
+def _window(
+    sql: list[str],
+    args: list[Any],
+    after: int | None,
+    before: int | None,
+    order: str,
+    limit: int | None,
+) -> None:
+    if after is not None:
+        sql.append("AND seq>?")
+        args.append(after)
+    if before is not None:
+        sql.append("AND seq<?")
+        args.append(before)
+    sql.append("ORDER BY seq " + ("ASC" if order == "oldest_first" else "DESC"))
+    if limit is not None:
+        sql.append("LIMIT ?")
+        args.append(limit)
+
+
+def _exists(c: sqlite3.Connection, sid: str, entry_id: str) -> bool:
+    return (
+        c.execute("SELECT 1 FROM entries WHERE session_id=? AND id=?", (sid, entry_id)).fetchone()
+        is not None
+    )
+
+
+def _require_lane(c: sqlite3.Connection, sid: str, lane: str) -> str | None:
+    row = c.execute(
+        "SELECT leaf_id FROM lanes WHERE session_id=? AND lane=?", (sid, lane)
+    ).fetchone()
+    if row is None:
+        raise SessionError("unknown_lane", f"lane {lane!r} does not exist")
+    leaf: str | None = row[0]
+    return leaf
+
+
+def _walk(
+    c: sqlite3.Connection, sid: str, start: str, rows: dict[str, tuple[Any, ...]]
+) -> Iterator[BranchNode]:
+    sql = _WALK_SQL
+    row = c.execute(sql, (sid, start)).fetchone()
+    if row is None:
+        raise SessionError("not_found", f"entry {start!r} does not exist")
+    while row is not None:
+        entry_id, type_, custom, seq, timestamp, lane, parent, payload = row
+        rows[entry_id] = (seq, timestamp, lane, parent, payload)
+        yield BranchNode(entry_id, parent, seq, type_, custom)
+        row = None if parent is None else c.execute(sql, (sid, parent)).fetchone()
+
+
+def _metadata(c: sqlite3.Connection, session_id: str | None) -> list[SessionMetadata]:
+    sql = "SELECT session_id, created_at, parent_session_id, metadata, name FROM sessions"
+    rows = (
+        c.execute(sql + " WHERE session_id=?", (session_id,)).fetchall()
+        if session_id is not None
+        else c.execute(sql + " ORDER BY created_at, session_id").fetchall()
+    )
+    return [
+        SessionMetadata.model_validate_json(meta).model_copy(
+            update={"id": sid, "created_at": created, "parent_session_id": parent, "name": name}
+        )
+        for sid, created, parent, meta, name in rows
+    ]
+
+
+class SqliteSessionRepo:
+    """Sessions in one SQLite database file."""
+
+    def __init__(
+        self,
+        path: str | Path,
+        *,
+        synchronous: Synchronous = "normal",
+        clock: Clock | None = None,
+        ids: IdGenerator | None = None,
+        busy_timeout_ms: int = 10_000,
+    ) -> None:
+        if synchronous not in ("normal", "full"):
+            raise SessionError(
+                "invalid_query", f"synchronous must be 'normal' or 'full', got {synchronous!r}"
+            )
+        self.path = Path(path)
+        self.clock = clock or SystemClock()
+        self._ids = ids or Uuid7Ids(self.clock)
+        self._synchronous: Synchronous = synchronous
+        self._busy_timeout_ms = busy_timeout_ms
+        self._executor = ThreadPoolExecutor(max_workers=1, thread_name_prefix="sqlite-store")
+        self._db: _Db | None = None
+        self.closed = False
+
+    async def call(self, fn: Callable[[_Db], _T]) -> _T:
+        """Run `fn` with the connection on the repository's thread (FIFO)."""
+        if self.closed:
+            raise SessionError("closed", "repository is closed")
+
+        def run() -> _T:
+            if self._db is None:
+                self._db = _Db(self.path, self._synchronous, self._busy_timeout_ms)
+            try:
+                return fn(self._db)
+            except sqlite3.Error as exc:
+                raise SessionError("storage", f"sqlite error on {self.path}: {exc}") from exc
+
+        return await asyncio.get_running_loop().run_in_executor(self._executor, run)
+
+    async def create(
+        self,
+        session_id: str | None = None,
+        *,
+        metadata: Mapping[str, JsonValue] | None = None,
+        parent_session_id: str | None = None,
+    ) -> SessionMetadata:
+        """Create an empty session."""
+        session_id = session_id if session_id is not None else self._ids.next()
+        check_session_id(session_id)
+        meta = new_metadata(session_id, self.clock.now_ms(), metadata, parent_session_id)
+
+        def run(db: _Db) -> None:
+            with _transaction(db.conn):
+                _insert_session(db.conn, meta)
+
+        await self.call(run)
+        return meta
+
+    async def open(
+        self, session_id: str, *, lease: WriterLease | None = None
+    ) -> SqliteSessionStorage:
+        """Open a session (for writing with a current lease)."""
+        check_session_id(session_id)
+        if lease is not None and lease.session_id != session_id:
+            raise SessionError("invalid_query", "the lease is for another session")
+        now = self.clock.now_ms()
+
+        def check(db: _Db) -> None:
+            if not _metadata(db.conn, session_id):
+                raise SessionError("not_found", f"session {session_id!r} does not exist")
+            if lease is not None:
+                check_current(db.lease_row(session_id), lease, now)
+
+        await self.call(lambda db: db.read(lambda _: check(db)))
+        return SqliteSessionStorage(self, session_id, lease)
+
+    async def list(self) -> tuple[SessionMetadata, ...]:
+        """Every session's metadata."""
+        return tuple(await self.call(lambda db: db.read(lambda c: _metadata(c, None))))
+
+    async def delete(self, session_id: str, *, lease: WriterLease | None = None) -> bool:
+        """Delete a session unless another writer holds it."""
+        check_session_id(session_id)
+        now = self.clock.now_ms()
+
+        def run(db: _Db) -> bool:
+            with _transaction(db.conn):
+                if not _metadata(db.conn, session_id):
+                    return False
+                current = db.lease_row(session_id)
+                held = current is not None and current.live(now)
+                if held and (lease is None or lease.token != current.token):  # type: ignore[union-attr]
+                    check_acquire(session_id, current, "\x00delete", now)
+                for table in _SESSION_TABLES:
+                    db.conn.execute(f"DELETE FROM {table} WHERE session_id=?", (session_id,))
+                return True
+
+        return await self.call(run)
+
+    async def acquire_lease(self, session_id: str, *, owner: str, ttl_ms: int) -> WriterLease:
+        """Acquire the session's writer lease (a new, larger fencing token)."""
+        check_ttl(ttl_ms, owner)
+        check_session_id(session_id)
+        now = self.clock.now_ms()
+
+        def run(db: _Db) -> int:
+            with _transaction(db.conn):
+                row = db.conn.execute(
+                    "SELECT fence FROM sessions WHERE session_id=?", (session_id,)
+                ).fetchone()
+                if row is None:
+                    raise SessionError("not_found", f"session {session_id!r} does not exist")
+                check_acquire(session_id, db.lease_row(session_id), owner, now)
+                token = int(row[0]) + 1
+                db.conn.execute(
+                    "UPDATE sessions SET fence=? WHERE session_id=?", (token, session_id)
+                )
+                db.conn.execute(
+                    "INSERT OR REPLACE INTO writer_leases VALUES (?,?,?,?,?)",
+                    (session_id, owner, token, ttl_ms, now + ttl_ms),
+                )
+                return token
+
+        token = await self.call(run)
+        return WriterLease(
+            session_id=session_id,
+            owner=owner,
+            token=token,
+            ttl_ms=ttl_ms,
+            expires_at_ms=now + ttl_ms,
+        )
+
+    async def renew_lease(self, lease: WriterLease) -> WriterLease:
+        """Extend a current lease by its ttl."""
+        now = self.clock.now_ms()
+
+        def run(db: _Db) -> int:
+            with _transaction(db.conn):
+                current = db.lease_row(lease.session_id)
+                check_current(current, lease, now)
+                assert current is not None
+                db.conn.execute(
+                    "UPDATE writer_leases SET expires_at_ms=? WHERE session_id=?",
+                    (now + current.ttl_ms, lease.session_id),
+                )
+                return now + current.ttl_ms
+
+        expires = await self.call(run)
+        return lease.model_copy(update={"expires_at_ms": expires})
+
+    async def release_lease(self, lease: WriterLease) -> bool:
+        """Release a lease if it is current."""
+
+        def run(db: _Db) -> bool:
+            cursor = db.conn.execute(
+                "DELETE FROM writer_leases WHERE session_id=? AND token=?",
+                (lease.session_id, lease.token),
+            )
+            return cursor.rowcount == 1
+
+        return await self.call(run)
+
+    async def import_session(
+        self, metadata: SessionMetadata, items: Iterable[LogItem]
+    ) -> SessionMetadata:
+        """Create a session from an exported log, in one transaction."""
+        check_session_id(metadata.id)
+        state = replay_log(metadata, items)
+        meta = state.metadata
+
+        def run(db: _Db) -> None:
+            with _transaction(db.conn):
+                _insert_session(db.conn, meta)
+                tx = _Tx(db.conn, meta.id, 0)
+                for item in state.log:
+                    tx.apply(item)
+                tx.finish(None, 0)
+
+        await self.call(run)
+        return meta
+
+    async def close(self) -> None:
+        """Close the connection and the I/O thread."""
+        if self.closed:
+            return
+        self.closed = True
+
+        def shut() -> None:
+            if self._db is not None:
+                self._db.close()
+                self._db = None
+
+        await asyncio.get_running_loop().run_in_executor(self._executor, shut)
+        self._executor.shutdown(wait=True)
+
+
+def _insert_session(conn: sqlite3.Connection, meta: SessionMetadata) -> None:
+    metadata_json = encode(meta.model_copy(update={"name": None}), "session metadata")
+    try:
+        conn.execute(
+            "INSERT INTO sessions (session_id, created_at, parent_session_id, metadata) "
+            "VALUES (?,?,?,?)",
+            (meta.id, meta.created_at, meta.parent_session_id, metadata_json),
+        )
+    except sqlite3.IntegrityError:
+        raise SessionError("already_exists", f"session {meta.id!r} already exists") from None
+    conn.execute("INSERT INTO lanes VALUES (?,?,?)", (meta.id, "main", None))
