@@ -119,7 +119,8 @@ class SessionStorage(Protocol):
         written (wherever that entry sits in the tree).
 
         Raises:
-            SessionError: ``content_mismatch`` if the id exists with different content (that is
+            SessionError: ``unknown_lane`` (checked first, even for a no-op),
+                ``content_mismatch`` if the id exists with different content (that is
                 corruption, never repaired), ``already_exists`` if the id is a record's, and the
                 errors of `append_entry`.
         """

@@ -104,13 +104,15 @@ class SessionState:
             seq=self.next_seq, timestamp=now, lane=lane, parent_id=parent, entry=entry
         )
 
-    def existing_entry(self, entry: Entry) -> StoredEntry | None:
+    def existing_entry(self, entry: Entry, lane: str) -> StoredEntry | None:
         """For append-if-missing: the stored entry with `entry.id`, if its content is equal.
 
-        Raises ``SessionError("content_mismatch")`` if the id holds different content, and
-        ``SessionError("already_exists")`` if the id is a record's.
+        Raises ``SessionError("unknown_lane")`` first if `lane` does not exist (even when the
+        append would be a no-op), ``SessionError("content_mismatch")`` if the id holds different
+        content, and ``SessionError("already_exists")`` if the id is a record's.
         """
         payload = encode_entry(entry)
+        self._require_lane(lane)
         existing = self.entries.get(entry.id)
         if existing is None:
             if entry.id in self.record_ids:

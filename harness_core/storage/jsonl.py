@@ -168,7 +168,7 @@ class JsonlSessionStorage:
         """Append unless the id exists with equal content."""
 
         def prepare(st: SessionState, now: int) -> tuple[StoredEntry | None, StoredEntry]:
-            existing = st.existing_entry(entry)
+            existing = st.existing_entry(entry, lane)
             if existing is not None:
                 return None, existing
             item = st.prepare_entry(entry, lane, now)

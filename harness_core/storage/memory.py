@@ -128,7 +128,7 @@ class MemorySessionStorage:
     async def append_entry_if_missing(self, entry: Entry, lane: str) -> tuple[StoredEntry, bool]:
         """Append unless the id exists with equal content."""
         state, now = self._writable()
-        existing = state.existing_entry(entry)
+        existing = state.existing_entry(entry, lane)
         if existing is not None:
             return existing, False
         item = state.prepare_entry(entry, lane, now)

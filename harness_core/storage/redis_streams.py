@@ -681,6 +681,8 @@ class RedisSessionRepo:
         ids: IdGenerator | None = None,
         socket_timeout: float = 10.0,
     ) -> None:
+        if not prefix or any(ch in prefix for ch in "{} \t\r\n"):
+            raise SessionError("invalid_query", f"invalid redis key prefix {prefix!r}")
         self.prefix = prefix
         self.clock = clock
         self._ids = ids or Uuid7Ids(clock)

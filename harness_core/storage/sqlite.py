@@ -452,6 +452,7 @@ class SqliteSessionStorage:
         append = self._append(entry, lane, payload)
 
         def op(tx: _Tx) -> tuple[StoredEntry, bool]:
+            tx.lane_leaf(lane)  # an unknown lane is an error even when the append is a no-op
             row = tx.one(f"SELECT {_ENTRY_COLS} FROM entries WHERE session_id=? AND id=?", entry.id)
             if row is not None:
                 if row[-1] != payload:

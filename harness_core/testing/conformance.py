@@ -244,6 +244,9 @@ async def append_if_missing_is_idempotent_and_detects_corruption(fx: BackendFixt
         custom_entry("x", data={"k": [1, 2]}), "main"
     )
     assert not appended_again and again == first
+    await _expect(
+        s.append_entry_if_missing(custom_entry("x", data={"k": [1, 2]}), "nope"), "unknown_lane"
+    )
     assert (await s.get_stats()).last_seq == 3
     await _expect(
         s.append_entry_if_missing(custom_entry("x", data={"k": [2, 1]}), "main"), "content_mismatch"

@@ -1,0 +1,122 @@
+"""Redis-only behaviour: one slot per session, script cache loss, imports, server-time leases."""
+
+from __future__ import annotations
+
+import asyncio
+
+import pytest
+import redis
+from redis.crc import key_slot
+
+from harness_core.errors import LeaseLost, SessionError
+from harness_core.session.types import SessionMetadata
+from harness_core.storage.redis_streams import RedisSessionRepo
+from harness_core.testing import ManualClock
+from harness_core.testing.builders import custom_entry, operation_started, user_entry
+
+
+@pytest.fixture
+async def repo(redis_server, redis_prefix):
+    repo = RedisSessionRepo(redis_server.url, prefix=redis_prefix, clock=ManualClock())
+    yield repo
+    await repo.close()
+
+
+async def _writer(repo: RedisSessionRepo, session_id: str = "s1"):
+    await repo.create(session_id)
+    lease = await repo.acquire_lease(session_id, owner="w", ttl_ms=60_000)
+    return await repo.open(session_id, lease=lease)
+
+
+async def test_every_key_of_a_session_is_in_one_cluster_slot(
+    repo, redis_server, redis_prefix
+) -> None:
+    storage = await _writer(repo)
+    await storage.append_entry(user_entry("a"), "main")
+    await storage.create_lane("slack:C1:1.2", "a")
+    await storage.append_entry(custom_entry("c", "note"), "slack:C1:1.2")
+    await storage.append_record(operation_started("r", lane="slack:C1:1.2"))
+    await storage.set_label("a", "x")
+    client = redis.Redis(port=redis_server.port, decode_responses=True)
+    keys = [k for k in client.scan_iter(f"{redis_prefix}:*") if k != f"{redis_prefix}:sessions"]
+    client.close()
+    assert len(keys) >= 10
+    assert all("{s1}" in key for key in keys)
+    assert {key_slot(key.encode()) for key in keys} == {key_slot(b"{s1}")}
+
+
+async def test_a_flushed_script_cache_is_reloaded_and_the_write_applies_once(
+    repo, redis_server
+) -> None:
+    storage = await _writer(repo)
+    await storage.append_entry(user_entry("a"), "main")
+    redis.Redis(port=redis_server.port).script_flush()
+    stored = await storage.append_entry(user_entry("b"), "main")
+    assert (stored.seq, stored.parent_id) == (2, "a")
+    assert [item.seq for item in await storage.get_log()] == [1, 2]
+
+
+def test_client_retries_are_off_for_writes(repo) -> None:
+    # A retried write whose reply was lost could apply twice.
+    retry = repo.writer.get_retry()
+    assert retry is not None and retry.get_retries() == 0
+
+
+async def test_an_unfinished_import_is_invisible_and_deletable(repo) -> None:
+    await repo.create("partial", importing=True)
+    assert [m.id for m in await repo.list()] == []
+    with pytest.raises(SessionError) as caught:
+        await repo.open("partial")
+    assert caught.value.code == "not_found"
+    with pytest.raises(SessionError) as caught:
+        await repo.acquire_lease("partial", owner="w", ttl_ms=1000)
+    assert caught.value.code == "not_found"
+    assert await repo.delete("partial") is True
+    await repo.import_session(SessionMetadata(id="partial", created_at=1), [])
+    assert [m.id for m in await repo.list()] == ["partial"]
+
+
+async def test_server_time_leases_expire_without_a_client_clock(redis_server, redis_prefix) -> None:
+    first = RedisSessionRepo(redis_server.url, prefix=redis_prefix)
+    second = RedisSessionRepo(redis_server.url, prefix=redis_prefix)
+    try:
+        await first.create("s1")
+        lease = await first.acquire_lease("s1", owner="A", ttl_ms=150)
+        storage = await first.open("s1", lease=lease)
+        await storage.append_entry(user_entry("a"), "main")
+        await asyncio.sleep(0.4)  # wait out the ttl on the server's clock
+        taken = await second.acquire_lease("s1", owner="B", ttl_ms=60_000)
+        assert taken.token == lease.token + 1
+        with pytest.raises(LeaseLost):
+            await storage.append_entry(user_entry("late"), "main")
+        with pytest.raises(LeaseLost):
+            await first.renew_lease(lease)
+        b = await second.open("s1", lease=taken)
+        assert (await b.append_entry(user_entry("b"), "main")).parent_id == "a"
+    finally:
+        await first.close()
+        await second.close()
+
+
+async def test_many_lanes_pipelined_from_two_repositories_keep_one_sequence(
+    repo, redis_server, redis_prefix
+) -> None:
+    storage = await _writer(repo)
+    for lane in range(16):
+        await storage.create_lane(f"l{lane}", None)
+    results = await asyncio.gather(
+        *(
+            storage.append_entry(user_entry(f"e{lane}-{i}"), f"l{lane}")
+            for i in range(20)
+            for lane in range(16)
+        )
+    )
+    assert sorted(r.seq for r in results) == list(range(17, 17 + 320))
+    reader = RedisSessionRepo(redis_server.url, prefix=redis_prefix)
+    try:
+        view = await reader.open("s1")
+        for lane in range(16):
+            entries = await view.read_lane_entries(f"l{lane}", after=None)
+            assert [e.id for e in entries] == [f"e{lane}-{i}" for i in range(20)]
+    finally:
+        await reader.close()

@@ -1,0 +1,114 @@
+"""Import direction and the ban on ambient time, ids, randomness and environment in harness_core."""
+
+from __future__ import annotations
+
+import ast
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+
+ROOT = Path(__file__).resolve().parent.parent
+PACKAGES = ("harness_core", "adapters", "gateway", "config")
+ALLOWED = {
+    "harness_core": set(),
+    "adapters": {"harness_core"},
+    "config": set(),
+    "gateway": {"adapters", "harness_core", "config"},
+}
+# The only harness_core modules allowed to read the wall clock, sleep or mint ids/randomness.
+AMBIENT_MODULES = {"harness_core/clock.py", "harness_core/ids.py", "harness_core/testing/clock.py"}
+BANNED_CALLS = {
+    ("time", "time"), ("time", "time_ns"), ("time", "monotonic"), ("time", "monotonic_ns"),
+    ("time", "sleep"), ("time", "perf_counter"), ("datetime", "now"), ("datetime", "utcnow"),
+    ("datetime", "today"), ("date", "today"), ("asyncio", "sleep"), ("os", "getenv"),
+    ("os", "environ"), ("os", "urandom"), ("uuid", "uuid1"), ("uuid", "uuid4"), ("uuid", "uuid7"),
+}  # fmt: skip
+BANNED_MODULES = {"random", "secrets", "uuid"}
+
+
+def _sources(package: str) -> Iterator[Path]:
+    yield from sorted((ROOT / package).rglob("*.py"))
+
+
+def _imports(tree: ast.AST) -> Iterator[tuple[str, int]]:
+    for node in ast.walk(tree):
+        if isinstance(node, ast.Import):
+            for alias in node.names:
+                yield alias.name, node.lineno
+        elif isinstance(node, ast.ImportFrom) and node.module and node.level == 0:
+            yield node.module, node.lineno
+
+
+@pytest.mark.parametrize("package", PACKAGES)
+def test_imports_point_one_way(package: str) -> None:
+    forbidden = set(PACKAGES) - ALLOWED[package] - {package}
+    violations = [
+        f"{path.relative_to(ROOT)}:{line} imports {name}"
+        for path in _sources(package)
+        for name, line in _imports(ast.parse(path.read_text()))
+        if name.split(".")[0] in forbidden
+    ]
+    assert violations == []
+
+
+def test_private_modules_stay_inside_their_package() -> None:
+    violations = []
+    for package in PACKAGES:
+        for path in _sources(package):
+            for name, line in _imports(ast.parse(path.read_text())):
+                parts = name.split(".")
+                if (
+                    parts[0] in PACKAGES
+                    and parts[0] != package
+                    and any(p.startswith("_") for p in parts)
+                ):
+                    violations.append(f"{path.relative_to(ROOT)}:{line} imports private {name}")
+    assert violations == []
+
+
+def _ambient_violations(source: str, relative: str) -> list[str]:
+    tree = ast.parse(source)
+    found = [
+        f"{relative}:{line} imports {name}"
+        for name, line in _imports(tree)
+        if name.split(".")[0] in BANNED_MODULES
+    ]
+    for node in ast.walk(tree):
+        if isinstance(node, ast.Attribute) and isinstance(node.value, ast.Name):
+            if (node.value.id, node.attr) in BANNED_CALLS:
+                found.append(f"{relative}:{node.lineno} uses {node.value.id}.{node.attr}")
+        elif isinstance(node, ast.ImportFrom) and node.module in {
+            "time",
+            "datetime",
+            "os",
+            "asyncio",
+        }:
+            for alias in node.names:
+                if (node.module, alias.name) in BANNED_CALLS:
+                    found.append(f"{relative}:{node.lineno} imports {node.module}.{alias.name}")
+    return found
+
+
+def test_harness_core_reads_no_ambient_clock_ids_randomness_or_environment() -> None:
+    violations = []
+    for path in _sources("harness_core"):
+        relative = str(path.relative_to(ROOT))
+        if relative not in AMBIENT_MODULES:
+            violations += _ambient_violations(path.read_text(), relative)
+    assert violations == []
+
+
+def test_the_ambient_check_catches_each_kind_of_violation() -> None:
+    source = (
+        "import uuid\nimport time\nfrom os import environ\nfrom random import choice\n"
+        "x = time.time()\nimport asyncio\nasync def f():\n    await asyncio.sleep(1)\n"
+    )
+    found = sorted(_ambient_violations(source, "m.py"))
+    assert found == [
+        "m.py:1 imports uuid",
+        "m.py:3 imports os.environ",
+        "m.py:4 imports random",
+        "m.py:5 uses time.time",
+        "m.py:8 uses asyncio.sleep",
+    ]
