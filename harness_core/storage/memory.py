@@ -86,9 +86,9 @@ class MemorySessionStorage:
         self._session.state.apply(item)
         current = self._session.lease
         assert current is not None
-        self._session.lease = LeaseRow(
-            current.owner, current.token, current.ttl_ms, now + current.ttl_ms
-        )
+        expires = current.renewed_by_write(now)
+        if expires is not None:
+            self._session.lease = LeaseRow(current.owner, current.token, current.ttl_ms, expires)
 
     async def get_metadata(self) -> SessionMetadata:
         """Return the session's metadata with its newest name."""

@@ -64,6 +64,7 @@ from harness_core.session.types import (
     StoredRecord,
     WriterLease,
 )
+from harness_core.storage._batch import WriteQueue
 from harness_core.storage._branch import BranchNode, BranchScan, PathScan, SinceScan
 from harness_core.storage._leases import check_ttl
 from harness_core.storage._rules import check_lane_name, check_session_id, stats_from_counters
@@ -159,67 +160,46 @@ class _Scripts:
             self.shas[name] = await client.script_load(source)
 
 
-class _WritePipe:
-    """Sends queued script calls in pipelines on one connection; replies resolve in order."""
+_Call = tuple[str, str, tuple[str, ...]]
+"""A queued script call: script name, the session's meta key, the arguments."""
 
-    def __init__(self, repo: RedisSessionRepo) -> None:
-        self._repo = repo
-        self._queue: list[tuple[str, tuple[str, ...], asyncio.Future[Any]]] = []
-        self._flusher: asyncio.Task[None] | None = None
 
-    async def call(self, script: str, key: str, args: tuple[str, ...]) -> Any:
-        future: asyncio.Future[Any] = asyncio.get_running_loop().create_future()
-        self._queue.append((key, (script, *args), future))
-        if self._flusher is None or self._flusher.done():
-            self._flusher = asyncio.get_running_loop().create_task(self._flush())
-        return await future
-
-    async def _flush(self) -> None:
-        while self._queue:
-            batch, self._queue = self._queue, []
-            try:
-                replies = await self._send(batch)
-            except RedisError as exc:
-                error = SessionError("storage", f"redis write failed, outcome unknown: {exc}")
-                for _, _, future in batch:
-                    if not future.done():
-                        future.set_exception(error)
-                continue
-            for (_, _, future), reply in zip(batch, replies, strict=True):
-                if future.done():
-                    continue
-                if isinstance(reply, ResponseError):
-                    future.set_exception(_session_error(reply))
-                elif isinstance(reply, Exception):
-                    future.set_exception(SessionError("storage", f"redis write failed: {reply}"))
-                else:
-                    future.set_result(reply)
-
-    async def _send(
-        self, batch: list[tuple[str, tuple[str, ...], asyncio.Future[Any]]]
-    ) -> list[Any]:
-        repo = self._repo
-        for attempt in (1, 2):
-            pipe = repo.writer.pipeline(transaction=False)
-            for key, (script, *args), _ in batch:
-                pipe.evalsha(repo.scripts.shas[script], 1, key, *args)
-            replies: list[Any] = await pipe.execute(raise_on_error=False)
-            # NOSCRIPT means the script did not run (the server lost its script cache): reload
-            # and resend those calls only; nothing ran twice.
-            missing = [i for i, r in enumerate(replies) if isinstance(r, NoScriptError)]
-            if not missing or attempt == 2:
-                return replies
+async def _send_writes(repo: RedisSessionRepo, calls: Sequence[_Call]) -> list[Any]:
+    """Send queued script calls (pipelined when several); map each reply or error."""
+    try:
+        replies = await _execute(repo, calls)
+        # NOSCRIPT means the script did not run (the server lost its script cache after a
+        # restart): reload and resend exactly those calls; nothing runs twice.
+        missing = [i for i, reply in enumerate(replies) if isinstance(reply, NoScriptError)]
+        if missing:
             await repo.scripts.load(repo.writer)
-            retry = [batch[i] for i in missing]
-            retried = await self._send(retry)
-            for i, reply in zip(missing, retried, strict=True):
+            again = await _execute(repo, [calls[i] for i in missing])
+            for i, reply in zip(missing, again, strict=True):
                 replies[i] = reply
-            return replies
-        raise AssertionError("unreachable")
+    except RedisError as exc:
+        raise SessionError("storage", f"redis write failed, outcome unknown: {exc}") from exc
+    return [
+        _session_error(reply)
+        if isinstance(reply, ResponseError)
+        else SessionError("storage", f"redis write failed: {reply}")
+        if isinstance(reply, Exception)
+        else reply
+        for reply in replies
+    ]
 
-    async def drain(self) -> None:
-        if self._flusher is not None:
-            await asyncio.shield(self._flusher)
+
+async def _execute(repo: RedisSessionRepo, calls: Sequence[_Call]) -> list[Any]:
+    shas = repo.scripts.shas
+    if len(calls) == 1:  # a lone write skips the pipeline machinery
+        script, key, args = calls[0]
+        try:
+            return [await repo.writer.evalsha(shas[script], 1, key, *args)]
+        except ResponseError as exc:
+            return [exc]
+    pipe = repo.writer.pipeline(transaction=False)
+    for script, key, args in calls:
+        pipe.evalsha(shas[script], 1, key, *args)
+    return await pipe.execute(raise_on_error=False)
 
 
 def _node(node: str) -> tuple[int, int, str | None, str | None, str, str | None]:
@@ -267,8 +247,8 @@ class RedisSessionStorage:
         self._client()
         if self._lease is None:
             raise SessionError("read_only", f"session {self._sid!r} was opened without a lease")
-        reply: list[Any] = await self._repo.pipe.call(
-            "mutate", self._meta, (op, str(self._lease.token), self._repo.now_arg(), *args)
+        reply: list[Any] = await self._repo.writes.submit(
+            ("mutate", self._meta, (op, str(self._lease.token), self._repo.now_arg(), *args))
         )
         return reply
 
@@ -379,29 +359,35 @@ class RedisSessionStorage:
         return found[0]
 
     async def find_entries(self, query: EntryQuery | None = None) -> tuple[StoredEntry, ...]:
-        """Session-wide entry query from the sorted-set indexes."""
+        """Session-wide entry query: the seq index (or a custom type's), filtered in batches."""
         q = query or EntryQuery()
-        if q.custom_type is not None:
-            index = self._base + "ec:" + q.custom_type
-        elif q.type is not None:
-            index = self._base + "et:" + q.type
-        else:
-            index = self._base + "eseq"
-        low = f"({q.after_seq}" if q.after_seq is not None else "-inf"
-        high = f"({q.before_seq}" if q.before_seq is not None else "+inf"
+        index = self._base + ("eseq" if q.custom_type is None else "ec:" + q.custom_type)
+        newest = q.order == "newest_first"
+        kept: list[StoredEntry] = []
 
-        async def run(c: _Client) -> list[StoredEntry | None]:
-            if q.order == "oldest_first":
-                ids = await c.zrangebyscore(
-                    index, low, high, start=0 if q.limit else None, num=q.limit
-                )
-            else:
-                ids = await c.zrevrangebyscore(
-                    index, high, low, start=0 if q.limit else None, num=q.limit
-                )
-            return await self._entries(c, ids)
+        async def run(c: _Client) -> None:
+            low = f"({q.after_seq}" if q.after_seq is not None else "-inf"
+            high = f"({q.before_seq}" if q.before_seq is not None else "+inf"
+            while True:
+                if newest:
+                    ids = await c.zrevrangebyscore(index, high, low, start=0, num=_READ_BATCH)
+                else:
+                    ids = await c.zrangebyscore(index, low, high, start=0, num=_READ_BATCH)
+                batch = [e for e in await self._entries(c, ids) if e is not None]
+                for stored in batch:
+                    if q.type is None or stored.type == q.type:
+                        kept.append(stored)
+                        if q.limit is not None and len(kept) >= q.limit:
+                            return
+                if len(ids) < _READ_BATCH or not batch:
+                    return
+                if newest:
+                    high = f"({batch[-1].seq}"
+                else:
+                    low = f"({batch[-1].seq}"
 
-        return tuple(e for e in await self._read(run) if e is not None)
+        await self._read(run)
+        return tuple(kept)
 
     async def _scan(self, client: _Client, start: str, scan: PathScan) -> list[StoredEntry]:
         """Walk the path server-side, a batch per call, until the scan has what it needs."""
@@ -698,7 +684,7 @@ class RedisSessionRepo:
         )
         self._reader = cast(_Client, aioredis.Redis.from_url(url, **options))
         self.scripts = _Scripts()
-        self.pipe = _WritePipe(self)
+        self.writes: WriteQueue[_Call] = WriteQueue(lambda calls: _send_writes(self, calls))
         self._loaded = False
         self.closed = False
 
@@ -874,10 +860,9 @@ class RedisSessionRepo:
         meta_key = self.key(metadata.id, "meta")
         for start in range(0, len(state.log), _READ_BATCH):
             calls = [_import_args(item) for item in state.log[start : start + _READ_BATCH]]
-            replies = await asyncio.gather(
-                *(self.pipe.call("mutate", meta_key, args) for args in calls)
+            await asyncio.gather(
+                *(self.writes.submit(("mutate", meta_key, args)) for args in calls)
             )
-            del replies
         await self._reader.hdel(meta_key, "importing")
         return state.metadata
 
@@ -885,7 +870,7 @@ class RedisSessionRepo:
         """Close both connections."""
         if self.closed:
             return
-        await self.pipe.drain()
+        await self.writes.drain()
         self.closed = True
         await self.writer.aclose()
         await self._reader.aclose()

@@ -18,7 +18,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import sqlite3
-from collections.abc import Callable, Iterable, Iterator, Mapping
+from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
 from concurrent.futures import ThreadPoolExecutor
 from importlib import resources
 from pathlib import Path
@@ -58,6 +58,7 @@ from harness_core.session.types import (
     StoredRecord,
     WriterLease,
 )
+from harness_core.storage._batch import WriteQueue
 from harness_core.storage._branch import BranchNode, BranchScan, SinceScan, drive
 from harness_core.storage._leases import LeaseRow, check_acquire, check_current, check_ttl
 from harness_core.storage._rules import check_lane_name, check_session_id, stats_from_counters
@@ -112,13 +113,25 @@ def _transaction(conn: sqlite3.Connection) -> Iterator[None]:
     conn.execute("COMMIT")
 
 
-class _Tx:
-    """One write transaction of one session, on the I/O thread."""
+_Op = tuple[str, "WriterLease | None", int, Callable[["_Tx"], Any]]
+"""A queued mutation: session id, the writer's lease, the time, and the work on a `_Tx`."""
 
-    def __init__(self, conn: sqlite3.Connection, session_id: str, last_seq: int) -> None:
+
+class _Tx:
+    """The writes of one session within one transaction, on the I/O thread."""
+
+    def __init__(
+        self,
+        conn: sqlite3.Connection,
+        session_id: str,
+        last_seq: int,
+        counters: Sequence[float] = (0,) * len(_STAT_COLUMNS),
+    ) -> None:
         self.conn = conn
         self.sid = session_id
         self.seq = last_seq
+        self.counters = counters
+        self.now = 0
         self.deltas: list[tuple[float, ...]] = []
 
     @property
@@ -137,9 +150,7 @@ class _Tx:
         return leaf
 
     def require_unused(self, item_id: str) -> None:
-        if self.one("SELECT 1 FROM entries WHERE session_id=? AND id=?", item_id) or self.one(
-            "SELECT 1 FROM records WHERE session_id=? AND id=?", item_id
-        ):
+        if self.conn.execute(_USED_SQL, (self.sid, item_id, self.sid, item_id)).fetchone():
             raise SessionError("already_exists", f"id {item_id!r} is already used in this session")
 
     def require_target(self, target: str | None) -> None:
@@ -216,20 +227,14 @@ class _Tx:
     def finish(self, lease: LeaseRow | None, now: int) -> None:
         if not self.deltas:
             return
-        totals = (
-            [sum(column) for column in zip(*self.deltas, strict=True)]
-            if len(self.deltas) > 1
-            else list(self.deltas[0])
-        )
-        assignments = ", ".join(f"{col}={col}+?" for col in _STAT_COLUMNS)
-        self.conn.execute(
-            f"UPDATE sessions SET last_seq=?, {assignments} WHERE session_id=?",
-            (self.seq, *totals, self.sid),
-        )
-        if lease is not None:  # a write renews the writer's lease
+        totals = list(self.counters)
+        for delta in self.deltas:  # one addition per write, in order: sums match the reference
+            totals = [total + d for total, d in zip(totals, delta, strict=True)]
+        self.conn.execute(_UPDATE_STATS_SQL, (self.seq, *totals, self.sid))
+        expires = None if lease is None else lease.renewed_by_write(now)
+        if expires is not None:
             self.conn.execute(
-                "UPDATE writer_leases SET expires_at_ms=? WHERE session_id=?",
-                (now + lease.ttl_ms, self.sid),
+                "UPDATE writer_leases SET expires_at_ms=? WHERE session_id=?", (expires, self.sid)
             )
 
 
@@ -262,34 +267,55 @@ class _Db:
         finally:
             self.conn.execute("COMMIT")
 
-    def write(
-        self,
-        session_id: str,
-        lease: WriterLease | None,
-        now: int,
-        fn: Callable[[_Tx], _T],
-        *,
-        check_lease: bool = True,
-    ) -> _T:
-        """Run one mutation in one immediate transaction, checking the writer's token first."""
+    def write_batch(self, ops: Sequence[_Op]) -> list[Any]:
+        """Run queued mutations in one transaction (group commit); one result or error each.
+
+        Every mutation runs in its own savepoint after its writer's token is checked, so a
+        refused one (a `SessionError`) leaves no trace while the others commit. Any other
+        failure rolls the whole transaction back and raises: none of them happened.
+        """
         conn = self.conn
+        results: list[Any] = []
+        sessions: dict[str, tuple[_Tx, LeaseRow | None]] = {}
+        # A lone write needs no savepoint: its refusal rolls the whole transaction back.
+        alone = len(ops) == 1
         with _transaction(conn):
-            row = conn.execute(
-                "SELECT last_seq FROM sessions WHERE session_id=?", (session_id,)
-            ).fetchone()
-            if row is None:
-                raise SessionError("not_found", f"session {session_id!r} does not exist")
-            current = self.lease_row(session_id)
-            if check_lease:
-                if lease is None:
-                    raise SessionError(
-                        "read_only", f"session {session_id!r} was opened without a lease"
-                    )
-                check_current(current, lease, now)
-            tx = _Tx(conn, session_id, row[0])
-            result = fn(tx)
-            tx.finish(current if check_lease else None, now)
-            return result
+            for session_id, lease, now, fn in ops:
+                if not alone:
+                    conn.execute("SAVEPOINT op")
+                tx: _Tx | None = None
+                mark = (0, 0)
+                try:
+                    if session_id not in sessions:
+                        row = conn.execute(_SESSION_AND_LEASE_SQL, (session_id,)).fetchone()
+                        if row is None:
+                            raise SessionError(
+                                "not_found", f"session {session_id!r} does not exist"
+                            )
+                        counters, lease_cols = row[1 : 1 + len(_STAT_COLUMNS)], row[-4:]
+                        current = LeaseRow(*lease_cols) if lease_cols[0] is not None else None
+                        sessions[session_id] = (_Tx(conn, session_id, row[0], counters), current)
+                    tx, current = sessions[session_id]
+                    if lease is None:
+                        raise SessionError(
+                            "read_only", f"session {session_id!r} was opened without a lease"
+                        )
+                    check_current(current, lease, now)
+                    mark = (tx.seq, len(tx.deltas))
+                    results.append(fn(tx))
+                    tx.now = max(tx.now, now)
+                except SessionError as exc:
+                    if alone:
+                        raise
+                    conn.execute("ROLLBACK TO op")
+                    if tx is not None:
+                        tx.seq, tx.deltas[mark[1] :] = mark[0], []
+                    results.append(exc)
+                if not alone:
+                    conn.execute("RELEASE op")
+            for tx, current in sessions.values():
+                tx.finish(current, tx.now)
+        return results
 
     def lease_row(self, session_id: str) -> LeaseRow | None:
         row = self.conn.execute(
@@ -319,6 +345,19 @@ def _record_from_row(row: tuple[Any, ...], location: str) -> StoredRecord:
 
 
 _ENTRY_COLS = "seq, timestamp, lane, parent_id, payload"
+_SESSION_AND_LEASE_SQL = (
+    f"SELECT s.last_seq, {', '.join('s.' + c for c in _STAT_COLUMNS)}, "
+    "l.owner, l.token, l.ttl_ms, l.expires_at_ms FROM sessions s "
+    "LEFT JOIN writer_leases l ON l.session_id = s.session_id WHERE s.session_id=?"
+)
+_UPDATE_STATS_SQL = (
+    f"UPDATE sessions SET last_seq=?, {', '.join(c + '=?' for c in _STAT_COLUMNS)} "
+    "WHERE session_id=?"
+)
+_USED_SQL = (
+    "SELECT 1 FROM entries WHERE session_id=? AND id=? "
+    "UNION ALL SELECT 1 FROM records WHERE session_id=? AND id=? LIMIT 1"
+)
 _LOG_SQL = """
 SELECT seq, 'e', timestamp, lane, parent_id, payload, NULL FROM entries
  WHERE session_id=? AND seq>?
@@ -365,8 +404,10 @@ class SqliteSessionStorage:
     async def _write(self, fn: Callable[[_Tx], _T]) -> _T:
         if self._closed:
             raise SessionError("closed", f"storage of session {self._sid!r} is closed")
-        now = self._repo.clock.now_ms()
-        return await self._repo.call(lambda db: db.write(self._sid, self._lease, now, fn))
+        result: _T = await self._repo.writes.submit(
+            (self._sid, self._lease, self._repo.clock.now_ms(), fn)
+        )
+        return result
 
     async def get_metadata(self) -> SessionMetadata:
         """Return the session's metadata with its newest name."""
@@ -767,6 +808,9 @@ class SqliteSessionRepo:
         self._busy_timeout_ms = busy_timeout_ms
         self._executor = ThreadPoolExecutor(max_workers=1, thread_name_prefix="sqlite-store")
         self._db: _Db | None = None
+        self.writes: WriteQueue[_Op] = WriteQueue(
+            lambda ops: self.call(lambda db: db.write_batch(ops))
+        )
         self.closed = False
 
     async def call(self, fn: Callable[[_Db], _T]) -> _T:
@@ -930,6 +974,7 @@ class SqliteSessionRepo:
         """Close the connection and the I/O thread."""
         if self.closed:
             return
+        await self.writes.drain()
         self.closed = True
 
         def shut() -> None:

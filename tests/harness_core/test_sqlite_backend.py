@@ -69,7 +69,7 @@ async def test_restore_reads_are_index_seeks(tmp_path) -> None:
     )
     assert "SCAN" not in open_ops
     point = _plan(path, "SELECT parent_id FROM entries WHERE session_id=? AND id=?", ("s1", "x"))
-    assert "USING PRIMARY KEY" in point
+    assert "USING INDEX entries_by_id" in point
 
 
 async def test_a_database_of_another_schema_version_is_refused(tmp_path) -> None:

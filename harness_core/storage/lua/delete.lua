@@ -7,10 +7,6 @@ if l[1] and tonumber(l[3]) > now and l[2] ~= ARGV[1] then
 end
 local keys = {meta, base .. 'lease', base .. 'lanes', base .. 'ep', base .. 'en', base .. 'eseq',
   base .. 'rid', base .. 'log', base .. 'labels', base .. 'ctypes'}
-for _, t in ipairs({'message', 'model_change', 'thinking_level_change', 'active_tools_change',
-                    'compaction', 'branch_summary', 'custom'}) do
-  keys[#keys + 1] = base .. 'et:' .. t
-end
 for _, lane in ipairs(redis.call('HKEYS', base .. 'lanes')) do
   keys[#keys + 1] = base .. 'lr:' .. lane
   keys[#keys + 1] = base .. 'open:' .. lane

@@ -4,10 +4,10 @@
 -- server's clock; an import passes the item's timestamp), ARGV[4..] the op's arguments.
 local op, token = ARGV[1], ARGV[2]
 local now = clock(ARGV[3])
-local m = redis.call('HMGET', meta, 'seq', 'importing')
+local m = redis.call('HMGET', meta, 'seq', 'importing', 'n_entries', 'n_messages', 'n_records')
 if not m[1] then return err('not_found', 'session does not exist') end
 local trusted = token == ''
-local ttl = nil
+local ttl, expires = nil, nil
 if trusted then
   if m[2] ~= '1' then return err('invalid_query', 'unfenced writes are only for imports') end
 else
@@ -19,13 +19,14 @@ else
   if tonumber(l[2]) <= now then
     return err('lease_lost', 'writer lease ' .. token .. ' expired at ' .. l[2])
   end
-  ttl = tonumber(l[3])
+  ttl, expires = tonumber(l[3]), tonumber(l[2])
 end
 local seq = tonumber(m[1]) + 1
 local sid = seq .. '-0'
 local ts = string.format('%d', now)
 local result
 
+local counts = {n_entries = tonumber(m[3]), n_messages = tonumber(m[4]), n_records = tonumber(m[5])}
 local function used(id)
   return redis.call('HEXISTS', base .. 'ep', id) == 1 or redis.call('HEXISTS', base .. 'rid', id) == 1
 end
@@ -46,21 +47,22 @@ if op == 'entry' then
       return err('content_mismatch',
         'entry ' .. id .. ' exists with different content (provisioned-id corruption)')
     end
-    if used(id) then return err('already_exists', 'id ' .. id .. ' is already used in this session') end
+    if existing or redis.call('HEXISTS', base .. 'rid', id) == 1 then
+      return err('already_exists', 'id ' .. id .. ' is already used in this session')
+    end
   end
   local node = table.concat({seq, ts, parent, lane, etype, custom}, '\t')
   redis.call('HSET', base .. 'ep', id, payload)
   redis.call('HSET', base .. 'en', id, node)
   redis.call('ZADD', base .. 'eseq', seq, id)
-  redis.call('ZADD', base .. 'et:' .. etype, seq, id)
   if custom ~= '' then
     redis.call('ZADD', base .. 'ec:' .. custom, seq, id)
     redis.call('SADD', base .. 'ctypes', custom)
   end
   if lane ~= '' then redis.call('HSET', base .. 'lanes', lane, id) end
   redis.call('XADD', base .. 'log', sid, 'k', 'e', 'id', id, 't', ts)
-  redis.call('HINCRBY', meta, 'n_entries', 1)
-  if etype == 'message' then redis.call('HINCRBY', meta, 'n_messages', 1) end
+  counts.n_entries = counts.n_entries + 1
+  if etype == 'message' then counts.n_messages = counts.n_messages + 1 end
   result = {'ok', node}
 
 elseif op == 'record' then
@@ -87,7 +89,7 @@ elseif op == 'record' then
     redis.call('ZREM', base .. 'open:' .. lane, finished)
   end
   redis.call('XADD', base .. 'log', sid, 'k', 'r', 'lane', lane, 't', ts)
-  redis.call('HINCRBY', meta, 'n_records', 1)
+  counts.n_records = counts.n_records + 1
   if ARGV[9] then
     local ints = {'u_input', 'u_output', 'u_cache_read', 'u_cache_write', 'u_total_tokens'}
     local floats = {'c_input', 'c_output', 'c_cache_read', 'c_cache_write', 'c_total'}
@@ -141,9 +143,12 @@ else
   return err('invalid_query', 'unknown op ' .. op)
 end
 
-redis.call('HSET', meta, 'seq', seq)
--- a write renews its writer's lease
-if ttl then redis.call('HSET', base .. 'lease', 'expires', string.format('%d', now + ttl)) end
+redis.call('HSET', meta, 'seq', seq, 'n_entries', counts.n_entries, 'n_messages', counts.n_messages,
+  'n_records', counts.n_records)
+-- a write renews its writer's lease once less than half of the ttl is left
+if ttl and 2 * (expires - now) < ttl then
+  redis.call('HSET', base .. 'lease', 'expires', string.format('%d', now + ttl))
+end
 table.insert(result, 2, seq)
 table.insert(result, 3, ts)
 return result

@@ -1,0 +1,62 @@
+"""Group commit: writes queued while one batch is in flight go out together, in order.
+
+Used by the SQLite backend (one transaction per batch) and the Redis backend (one pipeline per
+batch). Submission order is commit order is resolution order. A caller that stops waiting does
+not withdraw its write: it was submitted, so it commits (or fails) with its batch.
+"""
+
+from __future__ import annotations
+
+import asyncio
+from collections.abc import Awaitable, Callable, Sequence
+from typing import Any, Generic, TypeVar
+
+__all__ = ["WriteQueue"]
+
+_Op = TypeVar("_Op")
+
+
+class WriteQueue(Generic[_Op]):
+    """Batches submitted operations and sends each batch with `send`.
+
+    `send` returns one result per operation, an exception instance standing for that
+    operation's failure; if `send` itself raises, every operation of the batch fails with it.
+    """
+
+    def __init__(self, send: Callable[[Sequence[_Op]], Awaitable[Sequence[Any]]]) -> None:
+        self._send = send
+        self._queue: list[tuple[_Op, asyncio.Future[Any]]] = []
+        self._flusher: asyncio.Task[None] | None = None
+
+    async def submit(self, op: _Op) -> Any:
+        """Queue `op`, and return its result once its batch was sent."""
+        future: asyncio.Future[Any] = asyncio.get_running_loop().create_future()
+        self._queue.append((op, future))
+        if self._flusher is None or self._flusher.done():
+            self._flusher = asyncio.get_running_loop().create_task(self._flush())
+        return await future
+
+    async def _flush(self) -> None:
+        while self._queue:
+            batch, self._queue = self._queue, []
+            try:
+                results = await self._send([op for op, _ in batch])
+            except BaseException as exc:  # every write of the batch shares the failure
+                for _, future in batch:
+                    if not future.done():
+                        future.set_exception(exc)
+                if not isinstance(exc, Exception):
+                    raise
+                continue
+            for (_, future), result in zip(batch, results, strict=True):
+                if future.done():
+                    continue
+                if isinstance(result, BaseException):
+                    future.set_exception(result)
+                else:
+                    future.set_result(result)
+
+    async def drain(self) -> None:
+        """Wait until every submitted operation was sent."""
+        while self._flusher is not None and not self._flusher.done():
+            await asyncio.shield(self._flusher)
