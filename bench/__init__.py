@@ -1,0 +1,1 @@
+"""Benchmarks: scripts that print medians and ratios (run them with the project installed)."""

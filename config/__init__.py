@@ -1,1 +1,5 @@
-"""config package."""
+"""Configuration: pydantic-settings models, loaded once by the entry point and passed down."""
+
+from config.settings import Settings, UnknownSetting, load_settings
+
+__all__ = ["Settings", "UnknownSetting", "load_settings"]

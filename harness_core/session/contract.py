@@ -16,7 +16,9 @@ reference. Rules that hold for every method:
 * **Immutable reads.** Everything returned is frozen; mutating it is impossible.
 * **One writer.** Writes need a storage opened with a current `WriterLease`; each write carries
   its fencing token and the backend refuses it with `LeaseLost` once the lease expired, was
-  released or was taken over. A storage opened without a lease is read-only.
+  released or was taken over. A write that finds less than half of the ttl left renews the
+  lease (a steadily writing writer keeps it; across longer silences it must `renew_lease`).
+  A storage opened without a lease is read-only.
 * **Ids.** Entry and record ids share one per-session namespace and are unique in it.
 * Errors are `SessionError` with a closed `code` (see `harness_core.errors`).
 """

@@ -877,6 +877,14 @@ async def writes_and_renewals_keep_a_lease_alive(fx: BackendFixture) -> None:
     fx.clock.advance(TTL + 1)
     await _expect(s.append_entry(user_entry("expired"), "main"), "lease_lost")
     await _expect(fx.repo.renew_lease(lease), "lease_lost")
+    # A write renews only once less than half the ttl is left: one early in a fresh lease
+    # leaves its expiry alone (so a writer must heartbeat across long silences).
+    fresh = await fx.repo.acquire_lease("s1", owner="A", ttl_ms=TTL)
+    s = await fx.repo.open("s1", lease=fresh)
+    fx.clock.advance(TTL * 3 // 10)
+    await s.append_entry(user_entry("early"), "main")
+    fx.clock.advance(TTL * 7 // 10 + 1)
+    await _expect(s.append_entry(user_entry("past-expiry"), "main"), "lease_lost")
 
 
 @_case("single writer")

@@ -4,6 +4,7 @@ reopen, and find every acknowledged write in a valid prefix."""
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import os
 import random
 import signal
@@ -45,7 +46,8 @@ async def _run_and_kill(url: str, owner: str, acks: int, acked: dict[str, int]) 
                     acked[item_id] = int(seq)
                     seen += 1
     finally:
-        os.kill(process.pid, signal.SIGKILL)
+        with contextlib.suppress(ProcessLookupError):  # it may have died on its own (reported above)
+            os.kill(process.pid, signal.SIGKILL)
         # Whatever it printed before dying was acknowledged too.
         rest, _ = await process.communicate()
         for line in rest.decode().splitlines():

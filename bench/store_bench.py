@@ -1,0 +1,318 @@
+"""Session store benchmark: append throughput, bytes per entry, restore reads vs history size.
+
+    python bench/store_bench.py                  # every backend, starts its own redis-server
+    python bench/store_bench.py --quick          # smaller sizes, for a smoke run
+    python bench/store_bench.py --backends sqlite,redis --redis-url redis://127.0.0.1:6379/0
+
+Appends are 1 KB user messages; "1 lane" awaits each append before the next (a lane's writes
+are sequential), "16 lanes" runs 16 such writers at once. Restore reads are what restoring a
+lane with an open operation costs: find_open_operations + read_operation_records +
+read_lane_entries back to the operation's anchor, on a session whose total history is 1,000 or
+100,000 entries (90% in other lanes, 10% earlier in the same lane). Figures are medians of
+several trials; the ratio 100k/1k is what shows whether restore depends on history.
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import os
+import platform
+import shutil
+import sqlite3
+import statistics
+import subprocess
+import tempfile
+import time
+from collections.abc import Callable
+from pathlib import Path
+
+import redis
+
+from harness_core.messages import TokenUsage, user_message
+from harness_core.session.contract import SessionRepo
+from harness_core.session.entries import MessageEntry
+from harness_core.session.records import OperationStarted, RunIntent, StepAttempt, Usage
+from harness_core.session.types import LaneMove, LogItem, SessionMetadata, StoredEntry, StoredRecord
+from harness_core.storage.jsonl import JsonlSessionRepo
+from harness_core.storage.memory import MemorySessionRepo
+from harness_core.storage.redis_streams import RedisSessionRepo
+from harness_core.storage.sqlite import SqliteSessionRepo
+
+TEXT = "x" * 1000
+OWN_ENTRIES = 20
+OTHER_LANES = 8
+
+
+class Backend:
+    def __init__(
+        self,
+        name: str,
+        make: Callable[[str], SessionRepo],
+        size: Callable[[str, int], float | None],
+    ) -> None:
+        self.name, self.make, self.size = name, make, size
+
+
+async def _writer(repo: SessionRepo, session_id: str, lanes: int):
+    await repo.create(session_id)
+    lease = await repo.acquire_lease(session_id, owner="bench", ttl_ms=3_600_000)
+    storage = await repo.open(session_id, lease=lease)
+    for lane in range(lanes):
+        await storage.create_lane(f"l{lane}", None)
+    return storage
+
+
+async def appends_per_second(
+    backend: Backend, workdir: str, n: int, lanes: int, trial: int
+) -> tuple[float, float | None]:
+    repo = backend.make(workdir)
+    session_id = f"append-{lanes}-{trial}"
+    storage = await _writer(repo, session_id, lanes)
+    entries = [
+        MessageEntry(id=f"{session_id}-e{i:07d}", message=user_message(TEXT)) for i in range(n)
+    ]
+
+    async def lane(index: int) -> None:
+        for entry in entries[index::lanes]:
+            await storage.append_entry(entry, f"l{index}")
+
+    start = time.perf_counter()
+    await asyncio.gather(*(lane(i) for i in range(lanes)))
+    elapsed = time.perf_counter() - start
+    await repo.close()
+    size = backend.size(session_id, n) if lanes == 1 and trial == 0 else None
+    return n / elapsed, size
+
+
+def history(session_id: str, total: int) -> tuple[list[LogItem], str, str]:
+    """A valid log: `total` entries, 90% on other lanes, then the target lane's open run."""
+    items: list[LogItem] = []
+    leaves: dict[str, str | None] = {}
+
+    def add(item: LogItem) -> None:
+        items.append(item)
+
+    def entry(lane: str, entry_id: str) -> None:
+        add(
+            StoredEntry(
+                seq=len(items) + 1,
+                timestamp=1,
+                lane=lane,
+                parent_id=leaves[lane],
+                entry=MessageEntry(id=entry_id, message=user_message(TEXT)),
+            )
+        )
+        leaves[lane] = entry_id
+
+    for lane in ["target", *(f"o{i}" for i in range(OTHER_LANES))]:
+        add(LaneMove(seq=len(items) + 1, timestamp=1, lane=lane, leaf_id=None, created=True))
+        leaves[lane] = None
+    before = total // 10
+    for i in range(total - before - OWN_ENTRIES):
+        lane = f"o{i % OTHER_LANES}"
+        entry(lane, f"{session_id}-{lane}-{i}")
+        if i % 10 == 0:
+            add(
+                StoredRecord(
+                    seq=len(items) + 1,
+                    timestamp=1,
+                    record=Usage(
+                        id=f"{session_id}-u{i}",
+                        lane=lane,
+                        cause="adjustment",
+                        usage=TokenUsage(input=1),
+                    ),
+                )
+            )
+    for i in range(before):
+        entry("target", f"{session_id}-old{i}")
+    anchor = leaves["target"]
+    assert anchor is not None
+    run_id = f"{session_id}-run"
+    add(
+        StoredRecord(
+            seq=len(items) + 1,
+            timestamp=1,
+            record=OperationStarted(
+                id=run_id,
+                lane="target",
+                source_leaf_id=anchor,
+                intent=RunIntent(original_prompt=(), initial_messages=()),
+            ),
+        )
+    )
+    for i in range(OWN_ENTRIES):
+        add(
+            StoredRecord(
+                seq=len(items) + 1,
+                timestamp=1,
+                record=StepAttempt(
+                    id=f"{session_id}-a{i}",
+                    lane="target",
+                    run_id=run_id,
+                    step="assistant",
+                    attempt=1,
+                    result_entry_id=f"{session_id}-own{i}",
+                ),
+            )
+        )
+        entry("target", f"{session_id}-own{i}")
+    return items, run_id, anchor
+
+
+async def restore_read_ms(backend: Backend, workdir: str, total: int, reads: int) -> float:
+    repo = backend.make(workdir)
+    session_id = f"restore-{total}"
+    items, run_id, anchor = history(session_id, total)
+    await repo.import_session(SessionMetadata(id=session_id, created_at=1), items)
+    storage = await repo.open(session_id)
+    samples = []
+    for _ in range(reads):
+        start = time.perf_counter()
+        (operation,) = await storage.find_open_operations("target", limit=2)
+        records = await storage.read_operation_records("target", operation.id)
+        own = await storage.read_lane_entries("target", after=anchor)
+        samples.append(time.perf_counter() - start)
+        assert (
+            operation.id == run_id and len(records) == OWN_ENTRIES + 1 and len(own) == OWN_ENTRIES
+        )
+    await repo.close()
+    return statistics.median(samples) * 1000
+
+
+def _redis_url(args: argparse.Namespace, workdir: str) -> tuple[str, Callable[[], None]]:
+    if args.redis_url:
+        return args.redis_url, lambda: None
+    port = _free_port()
+    directory = Path(workdir) / "redis"
+    directory.mkdir()
+    process = subprocess.Popen(
+        ["redis-server", "--port", str(port), "--bind", "127.0.0.1", "--dir", str(directory), "--save", "",
+         "--appendonly", "yes", "--appendfsync", args.appendfsync, "--logfile", str(directory / "log")],
+        stdout=subprocess.DEVNULL,
+    )  # fmt: skip
+    client = redis.Redis(port=port)
+    for _ in range(200):
+        try:
+            client.ping()
+            break
+        except redis.exceptions.ConnectionError:
+            time.sleep(0.02)
+    client.close()
+
+    def stop() -> None:
+        process.terminate()
+        process.wait()
+
+    return f"redis://127.0.0.1:{port}/0", stop
+
+
+def _free_port() -> int:
+    import socket
+
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        return int(sock.getsockname()[1])
+
+
+def backends(args: argparse.Namespace, workdir: str) -> tuple[list[Backend], Callable[[], None]]:
+    url, stop = _redis_url(args, workdir)
+    prefix = f"bench{os.getpid()}"
+
+    def redis_size(session_id: str, n: int) -> float:
+        client = redis.Redis.from_url(url)
+        total = sum(
+            client.memory_usage(key) or 0
+            for key in client.scan_iter(f"{prefix}:{{{session_id}}}:*")
+        )
+        client.close()
+        return total / n
+
+    def sqlite_size(session_id: str, n: int) -> float:
+        path = Path(workdir) / "bench.db"
+        conn = sqlite3.connect(path)
+        conn.execute("PRAGMA wal_checkpoint(TRUNCATE)")
+        used = conn.execute(
+            "SELECT SUM(pgsize) FROM dbstat WHERE name IN (SELECT name FROM sqlite_master)"
+        ).fetchone()
+        conn.close()
+        return float(used[0]) / n if used and used[0] else path.stat().st_size / n
+
+    made = {
+        "memory": Backend("memory", lambda d: _memory, lambda s, n: None),
+        "jsonl": Backend(
+            "jsonl",
+            lambda d: JsonlSessionRepo(Path(d) / "jsonl"),
+            lambda s, n: (Path(workdir) / "jsonl" / f"{s}.jsonl").stat().st_size / n,
+        ),
+        "sqlite": Backend("sqlite", lambda d: SqliteSessionRepo(Path(d) / "bench.db"), sqlite_size),
+        "redis": Backend("redis", lambda d: RedisSessionRepo(url, prefix=prefix), redis_size),
+    }
+    return [made[name] for name in args.backends.split(",")], stop
+
+
+class _NoCloseMemory(MemorySessionRepo):
+    async def close(self) -> None:  # one shared in-process repository for the whole run
+        return None
+
+
+_memory = _NoCloseMemory()
+
+
+async def main() -> None:
+    parser = argparse.ArgumentParser(
+        description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
+    )
+    parser.add_argument("--backends", default="memory,jsonl,sqlite,redis")
+    parser.add_argument("--appends", type=int, default=4000)
+    parser.add_argument("--trials", type=int, default=3)
+    parser.add_argument("--histories", default="1000,100000")
+    parser.add_argument("--reads", type=int, default=200)
+    parser.add_argument("--redis-url", default="")
+    parser.add_argument("--appendfsync", default="everysec", choices=["everysec", "always"])
+    parser.add_argument("--quick", action="store_true", help="small sizes for a smoke run")
+    args = parser.parse_args()
+    if args.quick:
+        args.appends, args.trials, args.histories, args.reads = 400, 1, "1000,10000", 30
+    histories = [int(h) for h in args.histories.split(",")]
+    workdir = tempfile.mkdtemp(prefix="store-bench-")
+    chosen, stop = backends(args, workdir)
+    print(f"# store_bench on {platform.platform()}, {os.cpu_count()} CPUs, Python {platform.python_version()}, "
+          f"SQLite {sqlite3.sqlite_version}, redis-server AOF appendfsync={args.appendfsync}")  # fmt: skip
+    print(
+        f"# {args.appends} appends x {args.trials} trials (median); restore reads: median of {args.reads}"
+    )
+    header = ["backend", "appends/s 1 lane", "appends/s 16 lanes", "bytes/entry"]
+    header += [f"restore ms @{h:,}" for h in histories] + [
+        f"ratio {histories[-1]:,}/{histories[0]:,}"
+    ]
+    print(" | ".join(header))
+    try:
+        for backend in chosen:
+            one = [
+                await appends_per_second(backend, workdir, args.appends, 1, t)
+                for t in range(args.trials)
+            ]
+            many = [
+                await appends_per_second(backend, workdir, args.appends, 16, t)
+                for t in range(args.trials)
+            ]
+            size = one[0][1]
+            reads = [await restore_read_ms(backend, workdir, h, args.reads) for h in histories]
+            row = [
+                backend.name,
+                f"{statistics.median(r for r, _ in one):,.0f}",
+                f"{statistics.median(r for r, _ in many):,.0f}",
+                "n/a" if size is None else f"{size:,.0f}",
+                *(f"{ms:.3f}" for ms in reads),
+                f"{reads[-1] / reads[0]:.2f}",
+            ]
+            print(" | ".join(row), flush=True)
+    finally:
+        stop()
+        shutil.rmtree(workdir, ignore_errors=True)
+
+
+if __name__ == "__main__":
+    asyncio.run(main())
