@@ -2,4 +2,4 @@
 
 from config.settings import Settings, UnknownSetting, load_settings
 
-__all__ = ["Settings", "UnknownSetting", "load_settings"]
+__all__ = ["load_settings", "Settings", "UnknownSetting"]

@@ -28,9 +28,9 @@ __all__ = [
     "ToolCallPart",
     "ToolOutcome",
     "ToolResultMessage",
+    "user_message",
     "UserContent",
     "UserMessage",
-    "user_message",
 ]
 
 

@@ -3,4 +3,9 @@
 from harness_core.testing.clock import ManualClock
 from harness_core.testing.conformance import BackendFixture, ConformanceCase, conformance_cases
 
-__all__ = ["BackendFixture", "ConformanceCase", "ManualClock", "conformance_cases"]
+__all__ = [
+    "BackendFixture",
+    "conformance_cases",
+    "ConformanceCase",
+    "ManualClock",
+]

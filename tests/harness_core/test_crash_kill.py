@@ -46,7 +46,9 @@ async def _run_and_kill(url: str, owner: str, acks: int, acked: dict[str, int]) 
                     acked[item_id] = int(seq)
                     seen += 1
     finally:
-        with contextlib.suppress(ProcessLookupError):  # it may have died on its own (reported above)
+        with contextlib.suppress(
+            ProcessLookupError
+        ):  # it may have died on its own (reported above)
             os.kill(process.pid, signal.SIGKILL)
         # Whatever it printed before dying was acknowledged too.
         rest, _ = await process.communicate()
