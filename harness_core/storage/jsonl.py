@@ -19,11 +19,11 @@ import contextlib
 import fcntl
 import json
 import os
-from collections.abc import Iterable, Mapping
+from collections.abc import Callable, Iterable, Mapping
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, Literal
+from typing import Any, Literal, TypeVar
 
 from pydantic import ValidationError
 
@@ -35,26 +35,24 @@ from harness_core.session.codec import encode_log_item, log_item_adapter
 from harness_core.session.entries import Entry
 from harness_core.session.records import Record
 from harness_core.session.types import (
-    BranchQuery,
-    EntryQuery,
     FactSet,
     LabelFact,
     LaneMove,
-    LanePointer,
     LogItem,
     NameFact,
-    RecordQuery,
     SessionMetadata,
-    SessionStats,
     StoredEntry,
     StoredRecord,
     WriterLease,
 )
 from harness_core.storage._leases import check_ttl
+from harness_core.storage._local import LocalReads
 from harness_core.storage._rules import check_session_id
 from harness_core.storage._state import SessionState, new_metadata, replay_log
 
 __all__ = ["FsyncPolicy", "JsonlSessionRepo", "JsonlSessionStorage"]
+
+_Item = TypeVar("_Item", StoredEntry, StoredRecord, LaneMove, FactSet)
 
 FsyncPolicy = Literal["never", "always"]
 _FORMAT = "durable-gateway/session-jsonl/1"
@@ -71,7 +69,7 @@ class _Writer:
     write_lock: asyncio.Lock = field(default_factory=asyncio.Lock)
 
 
-class JsonlSessionStorage:
+class JsonlSessionStorage(LocalReads):
     """One session stored as a JSONL file."""
 
     def __init__(
@@ -116,133 +114,53 @@ class JsonlSessionStorage:
             )
         return writer
 
-    async def _commit(self, prepare: Any) -> Any:
-        writer = self._writer()
-        async with writer.write_lock:
-            writer = self._writer()  # the lease may have gone while waiting for the lock
-            state = self._state()
-            result = prepare(state, self._repo.clock.now_ms())
-            item = result[0] if isinstance(result, tuple) else result
-            if item is None:  # append-if-missing found the entry
-                return result
-            line = (encode_log_item(item) + "\n").encode()
-            assert writer.data_fd is not None
-            await self._repo.run(_append_line, writer.data_fd, line, self._repo.fsync == "always")
-            state.apply(item)
-            return result
+    async def _commit(self, prepare: Callable[[SessionState, int], _Item]) -> _Item:
+        async with self._writer().write_lock:
+            return await self._commit_locked(prepare)
 
-    async def get_metadata(self) -> SessionMetadata:
-        """Return the session's metadata with its newest name."""
+    async def _commit_locked(self, prepare: Callable[[SessionState, int], _Item]) -> _Item:
+        writer = self._writer()  # the lease may have gone while this waited for the lock
         state = self._state()
-        return state.metadata.model_copy(update={"name": state.name})
-
-    async def get_lanes(self) -> tuple[LanePointer, ...]:
-        """Every lane, sorted by name."""
-        return self._state().get_lanes()
-
-    async def get_lane(self, lane: str) -> LanePointer | None:
-        """One lane, or None."""
-        state = self._state()
-        return LanePointer(lane=lane, leaf_id=state.lanes[lane]) if lane in state.lanes else None
+        item = prepare(state, self._repo.clock.now_ms())
+        line = (encode_log_item(item) + "\n").encode()
+        assert writer.data_fd is not None
+        await self._repo.run(_append_line, writer.data_fd, line, self._repo.fsync == "always")
+        state.apply(item)
+        return item
 
     async def create_lane(self, lane: str, at: str | None) -> LaneMove:
         """Create a lane at an entry (or the root)."""
-        item: LaneMove = await self._commit(
-            lambda st, now: st.prepare_lane(lane, at, now, create=True)
-        )
-        return item
+        return await self._commit(lambda st, now: st.prepare_lane(lane, at, now, create=True))
 
     async def move_lane(self, lane: str, to: str | None) -> LaneMove:
         """Move a lane's leaf."""
-        item: LaneMove = await self._commit(
-            lambda st, now: st.prepare_lane(lane, to, now, create=False)
-        )
-        return item
+        return await self._commit(lambda st, now: st.prepare_lane(lane, to, now, create=False))
 
     async def append_entry(self, entry: Entry, lane: str) -> StoredEntry:
         """Append an entry at the lane's leaf."""
-        item: StoredEntry = await self._commit(lambda st, now: st.prepare_entry(entry, lane, now))
-        return item
+        return await self._commit(lambda st, now: st.prepare_entry(entry, lane, now))
 
     async def append_entry_if_missing(self, entry: Entry, lane: str) -> tuple[StoredEntry, bool]:
         """Append unless the id exists with equal content."""
-
-        def prepare(st: SessionState, now: int) -> tuple[StoredEntry | None, StoredEntry]:
-            existing = st.existing_entry(entry, lane)
+        async with self._writer().write_lock:
+            existing = self._state().existing_entry(entry, lane)
             if existing is not None:
-                return None, existing
-            item = st.prepare_entry(entry, lane, now)
-            return item, item
-
-        new, stored = await self._commit(prepare)
-        return stored, new is not None
+                return existing, False
+            stored = await self._commit_locked(lambda st, now: st.prepare_entry(entry, lane, now))
+            return stored, True
 
     async def append_record(self, record: Record) -> StoredRecord:
         """Append a record (operation starts are conditional)."""
-        item: StoredRecord = await self._commit(lambda st, now: st.prepare_record(record, now))
-        return item
+        return await self._commit(lambda st, now: st.prepare_record(record, now))
 
     async def set_name(self, name: str) -> FactSet:
         """Set the session name."""
-        item: FactSet = await self._commit(
-            lambda st, now: st.prepare_fact(NameFact(name=name), now)
-        )
-        return item
+        return await self._commit(lambda st, now: st.prepare_fact(NameFact(name=name), now))
 
     async def set_label(self, target_id: str, label: str | None) -> FactSet:
         """Set or clear an entry's label."""
         fact = LabelFact(target_id=target_id, label=label)
-        item: FactSet = await self._commit(lambda st, now: st.prepare_fact(fact, now))
-        return item
-
-    async def get_entry(self, entry_id: str) -> StoredEntry | None:
-        """Point lookup."""
-        return self._state().entries.get(entry_id)
-
-    async def find_entries(self, query: EntryQuery | None = None) -> tuple[StoredEntry, ...]:
-        """Session-wide entry query."""
-        return self._state().find_entries(query or EntryQuery())
-
-    async def find_entries_on_branch(self, query: BranchQuery) -> tuple[StoredEntry, ...]:
-        """Path query."""
-        return self._state().find_entries_on_branch(query)
-
-    async def find_records(self, query: RecordQuery | None = None) -> tuple[StoredRecord, ...]:
-        """Record query."""
-        return self._state().find_records(query or RecordQuery())
-
-    async def find_open_operations(
-        self, lane: str, *, limit: int | None = None
-    ) -> tuple[StoredRecord, ...]:
-        """Open operations of a lane, newest first."""
-        if limit is not None and limit < 1:
-            raise SessionError("invalid_query", f"limit must be positive, got {limit}")
-        return self._state().find_open_operations(lane, limit)
-
-    async def read_operation_records(self, lane: str, run_id: str) -> tuple[StoredRecord, ...]:
-        """Records of the lane since an operation's start."""
-        return self._state().read_operation_records(lane, run_id)
-
-    async def read_lane_entries(self, lane: str, *, after: str | None) -> tuple[StoredEntry, ...]:
-        """The lane's path back to an anchor."""
-        return self._state().read_lane_entries(lane, after)
-
-    async def get_log(self, *, after_seq: int = 0, limit: int | None = None) -> tuple[LogItem, ...]:
-        """Log items after a seq."""
-        EntryQuery(after_seq=after_seq, limit=limit)
-        return self._state().get_log(after_seq, limit)
-
-    async def get_name(self) -> str | None:
-        """Newest session name."""
-        return self._state().name
-
-    async def get_label(self, target_id: str) -> str | None:
-        """Newest label of an entry."""
-        return self._state().labels.get(target_id)
-
-    async def get_stats(self) -> SessionStats:
-        """Running counters."""
-        return self._state().stats
+        return await self._commit(lambda st, now: st.prepare_fact(fact, now))
 
     async def close(self) -> None:
         """Close this storage."""

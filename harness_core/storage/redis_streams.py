@@ -762,7 +762,6 @@ class RedisSessionRepo:
         *,
         metadata: Mapping[str, JsonValue] | None = None,
         parent_session_id: str | None = None,
-        importing: bool = False,
     ) -> SessionMetadata:
         """Create an empty session."""
         await self._ready()
@@ -770,7 +769,7 @@ class RedisSessionRepo:
         check_session_id(session_id)
         now = self.clock.now_ms() if self.clock is not None else await self._server_ms()
         meta = new_metadata(session_id, now, metadata, parent_session_id)
-        await self._create(meta, importing=importing)
+        await self._create(meta, importing=False)
         return meta
 
     async def _server_ms(self) -> int:
