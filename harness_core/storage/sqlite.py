@@ -113,8 +113,8 @@ def _transaction(conn: sqlite3.Connection) -> Iterator[None]:
     conn.execute("COMMIT")
 
 
-_Op = tuple[str, "WriterLease | None", int, Callable[["_Tx"], Any]]
-"""A queued mutation: session id, the writer's lease, the time, and the work on a `_Tx`."""
+_Op = tuple[str, "WriterLease | None", Callable[["_Tx"], Any]]
+"""A queued mutation: session id, the writer's lease, and the work on a `_Tx`."""
 
 
 class _Tx:
@@ -125,13 +125,15 @@ class _Tx:
         conn: sqlite3.Connection,
         session_id: str,
         last_seq: int,
+        now: int,
         counters: Sequence[float] = (0,) * len(_STAT_COLUMNS),
     ) -> None:
         self.conn = conn
         self.sid = session_id
         self.seq = last_seq
+        self.now = now
+        """When this transaction runs: the time checked against leases and given to items."""
         self.counters = counters
-        self.now = 0
         self.deltas: list[tuple[float, ...]] = []
 
     @property
@@ -224,14 +226,14 @@ class _Tx:
         self.seq = item.seq
         self.deltas.append(_stats_delta(item))
 
-    def finish(self, lease: LeaseRow | None, now: int) -> None:
+    def finish(self, lease: LeaseRow | None) -> None:
         if not self.deltas:
             return
         totals = list(self.counters)
         for delta in self.deltas:  # one addition per write, in order: sums match the reference
             totals = [total + d for total, d in zip(totals, delta, strict=True)]
         self.conn.execute(_UPDATE_STATS_SQL, (self.seq, *totals, self.sid))
-        expires = None if lease is None else lease.renewed_by_write(now)
+        expires = None if lease is None else lease.renewed_by_write(self.now)
         if expires is not None:
             self.conn.execute(
                 "UPDATE writer_leases SET expires_at_ms=? WHERE session_id=?", (expires, self.sid)
@@ -267,7 +269,7 @@ class _Db:
         finally:
             self.conn.execute("COMMIT")
 
-    def write_batch(self, ops: Sequence[_Op]) -> list[Any]:
+    def write_batch(self, ops: Sequence[_Op], now: int) -> list[Any]:
         """Run queued mutations in one transaction (group commit); one result or error each.
 
         Every mutation runs in its own savepoint after its writer's token is checked, so a
@@ -280,7 +282,7 @@ class _Db:
         # A lone write needs no savepoint: its refusal rolls the whole transaction back.
         alone = len(ops) == 1
         with _transaction(conn):
-            for session_id, lease, now, fn in ops:
+            for session_id, lease, fn in ops:
                 if not alone:
                     conn.execute("SAVEPOINT op")
                 tx: _Tx | None = None
@@ -294,7 +296,8 @@ class _Db:
                             )
                         counters, lease_cols = row[1 : 1 + len(_STAT_COLUMNS)], row[-4:]
                         current = LeaseRow(*lease_cols) if lease_cols[0] is not None else None
-                        sessions[session_id] = (_Tx(conn, session_id, row[0], counters), current)
+                        tx = _Tx(conn, session_id, row[0], now, counters)
+                        sessions[session_id] = (tx, current)
                     tx, current = sessions[session_id]
                     if lease is None:
                         raise SessionError(
@@ -303,7 +306,6 @@ class _Db:
                     check_current(current, lease, now)
                     mark = (tx.seq, len(tx.deltas))
                     results.append(fn(tx))
-                    tx.now = max(tx.now, now)
                 except SessionError as exc:
                     if alone:
                         raise
@@ -314,7 +316,7 @@ class _Db:
                 if not alone:
                     conn.execute("RELEASE op")
             for tx, current in sessions.values():
-                tx.finish(current, tx.now)
+                tx.finish(current)
         return results
 
     def lease_row(self, session_id: str) -> LeaseRow | None:
@@ -404,9 +406,7 @@ class SqliteSessionStorage:
     async def _write(self, fn: Callable[[_Tx], _T]) -> _T:
         if self._closed:
             raise SessionError("closed", f"storage of session {self._sid!r} is closed")
-        result: _T = await self._repo.writes.submit(
-            (self._sid, self._lease, self._repo.clock.now_ms(), fn)
-        )
+        result: _T = await self._repo.writes.submit((self._sid, self._lease, fn))
         return result
 
     async def get_metadata(self) -> SessionMetadata:
@@ -448,7 +448,7 @@ class SqliteSessionStorage:
             tx.require_target(leaf_id)
             item = LaneMove(
                 seq=tx.next_seq,
-                timestamp=self._repo.clock.now_ms(),
+                timestamp=tx.now,
                 lane=lane,
                 leaf_id=leaf_id,
                 created=create,
@@ -472,7 +472,7 @@ class SqliteSessionStorage:
             tx.require_unused(entry.id)
             item = StoredEntry(
                 seq=tx.next_seq,
-                timestamp=self._repo.clock.now_ms(),
+                timestamp=tx.now,
                 lane=lane,
                 parent_id=parent,
                 entry=entry,
@@ -524,7 +524,7 @@ class SqliteSessionStorage:
                     raise SessionError(
                         "lane_busy", f"lane {record.lane!r} already has open operation {busy[0]!r}"
                     )
-            item = StoredRecord(seq=tx.next_seq, timestamp=self._repo.clock.now_ms(), record=record)
+            item = StoredRecord(seq=tx.next_seq, timestamp=tx.now, record=record)
             tx.apply(item, payload)
             return item
 
@@ -536,7 +536,7 @@ class SqliteSessionStorage:
         def op(tx: _Tx) -> FactSet:
             if isinstance(fact, LabelFact):
                 tx.require_target(fact.target_id)
-            item = FactSet(seq=tx.next_seq, timestamp=self._repo.clock.now_ms(), fact=fact)
+            item = FactSet(seq=tx.next_seq, timestamp=tx.now, fact=fact)
             tx.apply(item, payload)
             return item
 
@@ -809,7 +809,8 @@ class SqliteSessionRepo:
         self._executor = ThreadPoolExecutor(max_workers=1, thread_name_prefix="sqlite-store")
         self._db: _Db | None = None
         self.writes: WriteQueue[_Op] = WriteQueue(
-            lambda ops: self.call(lambda db: db.write_batch(ops))
+            # the clock is read on the I/O thread, right before the batch's transaction
+            lambda ops: self.call(lambda db: db.write_batch(ops, self.clock.now_ms()))
         )
         self.closed = False
 
@@ -962,10 +963,10 @@ class SqliteSessionRepo:
         def run(db: _Db) -> None:
             with _transaction(db.conn):
                 _insert_session(db.conn, meta)
-                tx = _Tx(db.conn, meta.id, 0)
+                tx = _Tx(db.conn, meta.id, 0, 0)
                 for item in state.log:
                     tx.apply(item)
-                tx.finish(None, 0)
+                tx.finish(None)
 
         await self.call(run)
         return meta
