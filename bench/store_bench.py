@@ -38,6 +38,7 @@ from harness_core.storage.jsonl import JsonlSessionRepo
 from harness_core.storage.memory import MemorySessionRepo
 from harness_core.storage.redis_streams import RedisSessionRepo
 from harness_core.storage.sqlite import SqliteSessionRepo
+from harness_core.testing.builders import TEST_CONFIGURATION
 
 TEXT = "x" * 1000
 OWN_ENTRIES = 20
@@ -139,6 +140,7 @@ def history(session_id: str, total: int) -> tuple[list[LogItem], str, str]:
                 lane="target",
                 source_leaf_id=anchor,
                 intent=RunIntent(original_prompt=(), initial_messages=()),
+                configuration=TEST_CONFIGURATION,
             ),
         )
     )

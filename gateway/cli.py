@@ -13,6 +13,7 @@ from harness_core.messages import AssistantMessage, TextPart, TokenUsage, user_m
 from harness_core.session.contract import SessionRepo, SessionStorage
 from harness_core.session.entries import MessageEntry
 from harness_core.session.records import (
+    LaneConfiguration,
     OperationFinished,
     OperationStarted,
     RunIntent,
@@ -72,6 +73,7 @@ async def _converse(
         lane=lane,
         source_leaf_id=lane_now.leaf_id if lane_now else None,
         intent=RunIntent(original_prompt=(prompt.message,), initial_messages=(prompt,)),
+        configuration=LaneConfiguration(provider="scripted", model_id="demo"),
     )
     await storage.append_record(run)
     await storage.append_entry(prompt, lane)

@@ -21,6 +21,8 @@ __all__ = [
     "Cost",
     "DeferredHandle",
     "ImagePart",
+    "ModelError",
+    "ModelErrorKind",
     "StopReason",
     "TextPart",
     "ThinkingPart",
@@ -123,6 +125,32 @@ ToolOutcome = Literal["ok", "error", "blocked", "denied", "interrupted"]
 denied by an approver, or was interrupted with an unknown outcome (it may have happened)."""
 
 
+ModelErrorKind = Literal[
+    "rate_limit",
+    "overloaded",
+    "server",
+    "network",
+    "timeout",
+    "context_overflow",
+    "auth",
+    "invalid_request",
+    "content_filter",
+    "expired",
+    "unknown",
+]
+
+
+class ModelError(Frozen):
+    """A provider failure, carried in the assistant message that reports it."""
+
+    kind: ModelErrorKind
+    message: str
+    retryable: bool = False
+    """Whether the same request may succeed if sent again (rate limits, 5xx, network)."""
+    retry_after_ms: int | None = None
+    """The provider's hint for when to retry, if it gave one."""
+
+
 class DeferredHandle(Frozen):
     """A provider-side request still running (a background response or a batch)."""
 
@@ -155,7 +183,8 @@ class AssistantMessage(Frozen):
     model: str | None = None
     usage: TokenUsage | None = None
     """Display snapshot of the request that produced this message."""
-    error_message: str | None = None
+    error: ModelError | None = None
+    """What went wrong, when `stop_reason` is ``"error"`` (errors are in-band, never raised)."""
     raw_stop_reason: str | None = None
     """The provider's own stop reason, for diagnostics only."""
     deferred: DeferredHandle | None = None

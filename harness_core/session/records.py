@@ -21,6 +21,7 @@ __all__ = [
     "AbortRequested",
     "CompactionIntent",
     "CompactionReason",
+    "LaneConfiguration",
     "LaneName",
     "NavigationIntent",
     "OperationError",
@@ -116,6 +117,16 @@ OperationIntent = Annotated[
 ]
 
 
+class LaneConfiguration(Frozen):
+    """A lane's effective model, thinking level and active tools."""
+
+    provider: str
+    model_id: str
+    thinking_level: str = "off"
+    active_tools: tuple[str, ...] | None = None
+    """Names of the tools the model may call; None means every registered tool."""
+
+
 class OperationStarted(_RecordBase):
     """The acceptance boundary of an operation; its id is the run id."""
 
@@ -123,6 +134,9 @@ class OperationStarted(_RecordBase):
     source_leaf_id: Id | None
     """The lane's leaf at acceptance."""
     intent: OperationIntent
+    configuration: LaneConfiguration
+    """The lane's effective configuration at acceptance, so restore never walks the lane's
+    history to find it (changes during the operation are entries the operation appended)."""
 
 
 class AbortRequested(_RecordBase):

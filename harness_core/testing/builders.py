@@ -13,6 +13,7 @@ from harness_core.messages import (
 from harness_core.session.entries import CustomEntry, MessageEntry
 from harness_core.session.records import (
     CompactionIntent,
+    LaneConfiguration,
     NavigationIntent,
     OperationFinished,
     OperationKind,
@@ -21,7 +22,10 @@ from harness_core.session.records import (
     StepAttempt,
 )
 
+TEST_CONFIGURATION = LaneConfiguration(provider="scripted", model_id="test")
+
 __all__ = [
+    "TEST_CONFIGURATION",
     "assistant_entry",
     "custom_entry",
     "operation_finished",
@@ -82,7 +86,13 @@ def operation_started(
         intent = CompactionIntent(result_entry_id=f"{run_id}-result")
     else:
         intent = NavigationIntent(target_id=None)
-    return OperationStarted(id=run_id, lane=lane, source_leaf_id=source_leaf_id, intent=intent)
+    return OperationStarted(
+        id=run_id,
+        lane=lane,
+        source_leaf_id=source_leaf_id,
+        intent=intent,
+        configuration=TEST_CONFIGURATION,
+    )
 
 
 def operation_finished(

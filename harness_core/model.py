@@ -1,0 +1,142 @@
+"""The model boundary: one request in, one settled assistant message out (errors in-band).
+
+`ModelClient` is what the harness calls; the pydantic-ai implementation and `ScriptedModel`
+(tests, benchmarks, the no-key demo) implement it. Classification helpers decide what the
+harness does with a settled message: retry it, compact and retry, or accept it.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from typing import Protocol, runtime_checkable
+
+from pydantic import Field
+
+from harness_core._model import Frozen
+from harness_core.frozen import FrozenJsonObject
+from harness_core.messages import AgentMessage, AssistantMessage, DeferredHandle
+from harness_core.session.records import StepKind
+
+__all__ = [
+    "ModelClient",
+    "ModelInfo",
+    "ModelRef",
+    "ModelRequest",
+    "ToolDefinition",
+    "is_context_overflow",
+    "is_recoverable_length",
+    "is_retryable",
+]
+
+
+class ModelRef(Frozen):
+    """Which model: a provider and the provider's model id."""
+
+    provider: str
+    model_id: str
+
+    def __str__(self) -> str:
+        return f"{self.provider}:{self.model_id}"
+
+
+class ModelInfo(Frozen):
+    """What the harness needs to know about a model to plan requests."""
+
+    context_window: int
+    """Tokens the model accepts in one request, prompt and output together."""
+    max_output_tokens: int
+    """The model's own output cap (the intended maximum unless the caller sets a lower one)."""
+
+
+class ToolDefinition(Frozen):
+    """A tool as the model sees it."""
+
+    name: str
+    description: str
+    parameters: FrozenJsonObject = Field(default_factory=dict)
+    """JSON schema of the arguments."""
+
+
+class ModelRequest(Frozen):
+    """One provider request, fully described (the harness builds it, the client sends it)."""
+
+    model: ModelRef
+    system_prompt: str | None = None
+    messages: tuple[AgentMessage, ...]
+    tools: tuple[ToolDefinition, ...] = ()
+    thinking_level: str = "off"
+    max_output_tokens: int | None = None
+    """The caller's cap, if any; the model's own cap applies otherwise."""
+    deferred: bool = False
+    """Ask for a background request: the client may answer with ``stop_reason="deferred"``."""
+    step: StepKind = "assistant"
+    attempt: int = 1
+
+
+@runtime_checkable
+class ModelClient(Protocol):
+    """Sends requests to model providers.
+
+    Never raises for provider failures: they come back as an assistant message with
+    ``stop_reason="error"`` and a `ModelError`.
+    """
+
+    def model_info(self, model: ModelRef) -> ModelInfo | None:
+        """Limits of a model, or None if this client cannot serve it (a missing identity)."""
+        ...
+
+    async def request(
+        self,
+        request: ModelRequest,
+        on_update: Callable[[AssistantMessage], None] | None = None,
+    ) -> AssistantMessage:
+        """Send one request and return the settled message.
+
+        `on_update` receives partial messages while streaming (progress only). Cancelling the
+        awaiting task abandons the request; the harness then records ``stop_reason="aborted"``.
+        """
+        ...
+
+    async def fetch_deferred(self, handle: DeferredHandle) -> AssistantMessage:
+        """Check a deferred request once.
+
+        Returns the same handle again (still pending), the result, or an error message
+        (expired, unknown, consumed).
+        """
+        ...
+
+    async def cancel_deferred(self, handle: DeferredHandle) -> None:
+        """Best-effort cancellation of a deferred request."""
+        ...
+
+
+def is_retryable(message: AssistantMessage) -> bool:
+    """Whether a settled message is a failure the same request may not hit again."""
+    error = message.error
+    return (
+        message.stop_reason == "error"
+        and error is not None
+        and error.retryable
+        and error.kind != "context_overflow"
+    )
+
+
+def is_context_overflow(message: AssistantMessage, info: ModelInfo | None) -> bool:
+    """An overflow: the provider said the prompt did not fit, or it silently exceeded the window."""
+    if message.stop_reason == "error":
+        return message.error is not None and message.error.kind == "context_overflow"
+    usage = message.usage
+    return info is not None and usage is not None and usage.input > info.context_window
+
+
+def is_recoverable_length(message: AssistantMessage, desired_max_output: int) -> bool:
+    """A ``length`` stop below the intended output cap: context pressure, which compaction helps.
+
+    Reaching the intended cap (reasoning included) is a genuine output limit; stopping below it
+    means the prompt left too little room or the provider truncated. No context-percentage
+    heuristics.
+    """
+    if message.stop_reason != "length":
+        return False
+    output = message.usage.output if message.usage is not None else 0
+    return not (desired_max_output > 0 and output >= desired_max_output)

@@ -1,0 +1,175 @@
+"""Expected rejections of harness operations, returned as values: `Ok(value)` or `Err(rejection)`.
+
+A rejection means the call did not create or accept the requested work. While the harness is
+open and writable every accepted operation resolves `Ok`, including aborted, failed and
+suspended ones; defects and a dead harness raise (`HarnessFault`, `HarnessClosed`).
+"""
+
+from __future__ import annotations
+
+from dataclasses import asdict, dataclass
+from typing import Any, ClassVar, Generic, Literal, TypeAlias, TypeVar
+
+__all__ = [
+    "Closed",
+    "Err",
+    "InvalidLane",
+    "InvalidMessage",
+    "LaneBusy",
+    "LaneExists",
+    "MissingIdentities",
+    "NoActiveOperation",
+    "NoActiveRun",
+    "NothingToCompact",
+    "NothingToResume",
+    "Ok",
+    "Rejection",
+    "Result",
+    "UnknownQueueItem",
+    "UnknownTarget",
+]
+
+_T = TypeVar("_T", covariant=True)
+_E = TypeVar("_E", covariant=True)
+
+
+@dataclass(frozen=True, slots=True)
+class Ok(Generic[_T]):
+    """The call succeeded with `value`."""
+
+    value: _T
+
+    @property
+    def ok(self) -> Literal[True]:
+        """Always True."""
+        return True
+
+
+@dataclass(frozen=True, slots=True)
+class Err(Generic[_E]):
+    """The call was rejected; `error` says why and nothing was created or accepted."""
+
+    error: _E
+
+    @property
+    def ok(self) -> Literal[False]:
+        """Always False."""
+        return False
+
+
+Result: TypeAlias = Ok[_T] | Err[_E]
+
+
+@dataclass(frozen=True, kw_only=True, slots=True)
+class Rejection:
+    """Base of the tagged rejections; `tag` names the class in the transport form."""
+
+    tag: ClassVar[str] = "Rejection"
+    message: str
+
+    def to_json(self) -> dict[str, Any]:
+        """The transport form: ``{"_tag": ..., "message": ..., **payload}``."""
+        return {"_tag": self.tag, **asdict(self)}
+
+
+@dataclass(frozen=True, kw_only=True, slots=True)
+class LaneBusy(Rejection):
+    """The lane already runs an operation."""
+
+    tag: ClassVar[str] = "LaneBusy"
+    lane: str
+    operation_id: str
+    operation_kind: Literal["run", "compaction", "navigation"]
+
+
+@dataclass(frozen=True, kw_only=True, slots=True)
+class MissingIdentities(Rejection):
+    """Resuming needs tools or models this harness does not have."""
+
+    tag: ClassVar[str] = "MissingIdentities"
+    lane: str
+    tools: tuple[str, ...]
+    models: tuple[str, ...]
+
+
+@dataclass(frozen=True, kw_only=True, slots=True)
+class NoActiveRun(Rejection):
+    """Queued input needs an active run that is not aborting."""
+
+    tag: ClassVar[str] = "NoActiveRun"
+    lane: str
+
+
+@dataclass(frozen=True, kw_only=True, slots=True)
+class NoActiveOperation(Rejection):
+    """There is nothing to abort."""
+
+    tag: ClassVar[str] = "NoActiveOperation"
+    lane: str
+
+
+@dataclass(frozen=True, kw_only=True, slots=True)
+class NothingToResume(Rejection):
+    """The lane has no open operation."""
+
+    tag: ClassVar[str] = "NothingToResume"
+    lane: str
+
+
+@dataclass(frozen=True, kw_only=True, slots=True)
+class InvalidMessage(Rejection):
+    """The input cannot become a user message (or is otherwise malformed)."""
+
+    tag: ClassVar[str] = "InvalidMessage"
+    lane: str
+    reason: str
+
+
+@dataclass(frozen=True, kw_only=True, slots=True)
+class UnknownTarget(Rejection):
+    """The entry named as a target does not exist."""
+
+    tag: ClassVar[str] = "UnknownTarget"
+    target_id: str | None
+
+
+@dataclass(frozen=True, kw_only=True, slots=True)
+class UnknownQueueItem(Rejection):
+    """No queued item has that id."""
+
+    tag: ClassVar[str] = "UnknownQueueItem"
+    lane: str
+    entry_id: str
+
+
+@dataclass(frozen=True, kw_only=True, slots=True)
+class LaneExists(Rejection):
+    """A lane with that name exists (lanes are never renamed or deleted)."""
+
+    tag: ClassVar[str] = "LaneExists"
+    lane: str
+
+
+@dataclass(frozen=True, kw_only=True, slots=True)
+class InvalidLane(Rejection):
+    """The lane name breaks the naming rules."""
+
+    tag: ClassVar[str] = "InvalidLane"
+    lane: str
+    reason: str
+
+
+@dataclass(frozen=True, kw_only=True, slots=True)
+class NothingToCompact(Rejection):
+    """The lane's context has nothing a compaction could summarize."""
+
+    tag: ClassVar[str] = "NothingToCompact"
+    lane: str
+
+
+@dataclass(frozen=True, kw_only=True, slots=True)
+class Closed(Rejection):
+    """The harness was closed."""
+
+    tag: ClassVar[str] = "Closed"
+    message: str = "the harness is closed"

@@ -1,0 +1,139 @@
+"""Tools: what the model may call, how a call runs, and the identity that makes it idempotent.
+
+A tool declares `replay`: ``"never"`` (the default: an interrupted call is reported to the model
+as "interrupted, may have happened") or ``"safe"`` (recovery may run it again). Every call gets an
+idempotency key derived from its durable invocation identity (session, assistant entry, tool
+index), so a tool can make its own external effect idempotent (for example as an HTTP
+``Idempotency-Key``).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import hashlib
+from collections.abc import Awaitable, Callable, Mapping
+from dataclasses import dataclass, field
+from typing import Any, Literal
+
+from pydantic import BaseModel, ValidationError
+
+from harness_core._model import Frozen
+from harness_core.frozen import FrozenJson, thaw_json
+from harness_core.messages import TextPart, TokenUsage, ToolCallPart, UserContent
+from harness_core.model import ToolDefinition
+
+__all__ = [
+    "PreparedToolCall",
+    "Tool",
+    "ToolArgumentsError",
+    "ToolContext",
+    "ToolOutput",
+    "idempotency_key",
+]
+
+Replay = Literal["never", "safe"]
+
+
+class ToolOutput(Frozen):
+    """What a tool returns.
+
+    `terminate` asks the run not to call the model again for this batch; it takes effect only
+    when every result of the batch says so.
+    """
+
+    content: tuple[UserContent, ...] = ()
+    details: FrozenJson = None
+    is_error: bool = False
+    usage: TokenUsage | None = None
+    terminate: bool = False
+
+    @classmethod
+    def text(cls, text: str, *, is_error: bool = False) -> ToolOutput:
+        """A one-part text result."""
+        return cls(content=(TextPart(text=text),), is_error=is_error)
+
+
+@dataclass(frozen=True, kw_only=True, slots=True)
+class ToolContext:
+    """What a running tool may know about its call."""
+
+    session_id: str
+    lane: str
+    run_id: str
+    tool_call_id: str
+    tool_name: str
+    idempotency_key: str
+    """Stable across every replay of this call: derive external idempotency from it."""
+    abort: asyncio.Event = field(default_factory=asyncio.Event)
+    """Set when the run is aborted; a long tool should stop and return early."""
+
+
+class ToolArgumentsError(ValueError):
+    """The model's arguments do not fit the tool's schema; the message is fed back to the model."""
+
+
+ToolExecute = Callable[[Any, ToolContext], Awaitable[ToolOutput | str]]
+
+
+@dataclass(frozen=True, kw_only=True)
+class Tool:
+    """A tool the harness can run.
+
+    `execute(args, ctx)` receives the arguments validated by `args_model` (an instance of it) or,
+    without a model, a plain dict. Returning a string is shorthand for a text result; raising is
+    an error result (a tool never crashes the run).
+    """
+
+    name: str
+    description: str
+    execute: ToolExecute
+    args_model: type[BaseModel] | None = None
+    parameters: Mapping[str, Any] | None = None
+    """JSON schema of the arguments; derived from `args_model` when not given."""
+    replay: Replay = "never"
+    execution_mode: Literal["parallel", "sequential"] = "parallel"
+    requires_approval: bool = False
+    timeout_seconds: float | None = None
+
+    def definition(self) -> ToolDefinition:
+        """How the model sees this tool."""
+        schema: Mapping[str, Any]
+        if self.parameters is not None:
+            schema = self.parameters
+        elif self.args_model is not None:
+            schema = self.args_model.model_json_schema()
+        else:
+            schema = {"type": "object", "properties": {}}
+        return ToolDefinition(name=self.name, description=self.description, parameters=dict(schema))
+
+    def parse(self, args: Mapping[str, Any]) -> Any:
+        """Validate arguments; raises `ToolArgumentsError` with a message for the model."""
+        plain = thaw_json(args)
+        if self.args_model is None:
+            return plain
+        try:
+            return self.args_model.model_validate(plain)
+        except ValidationError as exc:
+            problems = "; ".join(
+                f"{'.'.join(str(p) for p in error['loc']) or '(arguments)'}: {error['msg']}"
+                for error in exc.errors(include_url=False)
+            )
+            raise ToolArgumentsError(f"invalid arguments for {self.name}: {problems}") from exc
+
+
+@dataclass(frozen=True, kw_only=True, slots=True)
+class PreparedToolCall:
+    """A call that passed validation and `before_tool`: ready to run (phase 2)."""
+
+    tool_index: int
+    call: ToolCallPart
+    tool: Tool
+    args: Mapping[str, Any]
+    """The effective arguments (after `before_tool`), as persisted in `tool_started`."""
+    context: ToolContext
+
+
+def idempotency_key(session_id: str, assistant_entry_id: str, tool_index: int) -> str:
+    """The stable key of one tool invocation (the same on every replay after a crash)."""
+    digest = hashlib.sha256(f"{session_id}\x00{assistant_entry_id}\x00{tool_index}".encode())
+    return "call_" + digest.hexdigest()[:40]
