@@ -1,0 +1,153 @@
+"""Provider context: from a lane's entries to the messages a request carries, and its size.
+
+Context is the lane's path from its newest compaction to its leaf, projected: messages as they
+are (deferred placeholders dropped), a compaction as its summary plus its retained tail, a
+branch summary as a note, custom entries only through a projector. Compaction planning and
+token estimates live here too; all of it is pure.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Mapping, Sequence
+
+from harness_core.messages import (
+    AgentMessage,
+    AssistantMessage,
+    TextPart,
+    ToolCallPart,
+    ToolResultMessage,
+    UserMessage,
+)
+from harness_core.session.entries import (
+    BranchSummaryEntry,
+    CompactionEntry,
+    CustomEntry,
+    Entry,
+    MessageEntry,
+)
+
+__all__ = [
+    "EntryProjector",
+    "estimate_tokens",
+    "heal_tool_results",
+    "message_text",
+    "plan_compaction",
+    "project",
+    "summary_request_text",
+]
+
+EntryProjector = Callable[[CustomEntry], Sequence[AgentMessage]]
+
+SUMMARY_PREFIX = "Summary of the earlier conversation:\n"
+BRANCH_PREFIX = "Summary of a branch this conversation left:\n"
+INTERRUPTED_TEXT = "No result was recorded for this tool call."
+
+
+def message_text(message: AgentMessage) -> str:
+    """The plain text of a message (tool calls rendered as their name and arguments)."""
+    parts: list[str] = []
+    for part in message.content:
+        if isinstance(part, TextPart):
+            parts.append(part.text)
+        elif isinstance(part, ToolCallPart):
+            parts.append(f"[call {part.name} {dict(part.arguments)}]")
+    return "\n".join(parts)
+
+
+def project(
+    entries: Sequence[Entry], projectors: Mapping[str, EntryProjector] | None = None
+) -> tuple[AgentMessage, ...]:
+    """Project context entries (oldest first) into provider messages."""
+    messages: list[AgentMessage] = []
+    for entry in entries:
+        if isinstance(entry, MessageEntry):
+            message = entry.message
+            if isinstance(message, AssistantMessage) and message.stop_reason == "deferred":
+                continue  # a placeholder for a pending request: nothing for the model
+            messages.append(message)
+        elif isinstance(entry, CompactionEntry):
+            messages.append(UserMessage(content=(TextPart(text=SUMMARY_PREFIX + entry.summary),)))
+            messages.extend(entry.retained_tail)
+        elif isinstance(entry, BranchSummaryEntry):
+            messages.append(UserMessage(content=(TextPart(text=BRANCH_PREFIX + entry.summary),)))
+        elif isinstance(entry, CustomEntry) and projectors and entry.custom_type in projectors:
+            messages.extend(projectors[entry.custom_type](entry))
+    return heal_tool_results(messages)
+
+
+def heal_tool_results(messages: Sequence[AgentMessage]) -> tuple[AgentMessage, ...]:
+    """Give every tool call a result before the conversation moves on.
+
+    Providers reject a tool call without a result; a fork or a branch cut mid-batch can leave
+    one. The synthetic result says no result was recorded; it is never persisted.
+    """
+    healed: list[AgentMessage] = []
+    open_calls: list[ToolCallPart] = []
+
+    def close_open() -> None:
+        for call in open_calls:
+            healed.append(
+                ToolResultMessage(
+                    tool_call_id=call.id,
+                    tool_name=call.name,
+                    content=(TextPart(text=INTERRUPTED_TEXT),),
+                    outcome="interrupted",
+                )
+            )
+        open_calls.clear()
+
+    for message in messages:
+        if isinstance(message, ToolResultMessage):
+            open_calls[:] = [c for c in open_calls if c.id != message.tool_call_id]
+        else:
+            close_open()
+        healed.append(message)
+        if isinstance(message, AssistantMessage):
+            open_calls.extend(p for p in message.content if isinstance(p, ToolCallPart))
+    close_open()
+    return tuple(healed)
+
+
+def estimate_tokens(messages: Sequence[AgentMessage], system_prompt: str | None = None) -> int:
+    """A deterministic size estimate: four characters a token plus a small per-message overhead."""
+    chars = len(system_prompt or "")
+    for message in messages:
+        chars += len(message_text(message)) + 16
+    return chars // 4 + 1
+
+
+def plan_compaction(
+    messages: Sequence[AgentMessage], keep_recent_tokens: int
+) -> tuple[tuple[AgentMessage, ...], tuple[AgentMessage, ...]]:
+    """Split context into (to summarize, retained tail).
+
+    The tail keeps the newest messages within `keep_recent_tokens`, and always starts at a user
+    message so a tool call is never separated from its result. Nothing to summarize means the
+    first part is empty.
+    """
+    cut = len(messages)
+    budget = keep_recent_tokens
+    for index in range(len(messages) - 1, -1, -1):
+        budget -= estimate_tokens([messages[index]])
+        if budget < 0:
+            break
+        if isinstance(messages[index], UserMessage):
+            cut = index
+    if cut == len(messages):
+        # even the newest turn does not fit: keep from its last user message anyway
+        cut = next(
+            (i for i in range(len(messages) - 1, -1, -1) if isinstance(messages[i], UserMessage)), 0
+        )
+    return tuple(messages[:cut]), tuple(messages[cut:])
+
+
+def summary_request_text(to_summarize: Sequence[AgentMessage], instructions: str | None) -> str:
+    """The user message asking a model to summarize a transcript."""
+    lines = [f"{message.role}: {message_text(message)}" for message in to_summarize]
+    ask = (
+        "Summarize the conversation below so that it can replace it: keep decisions, facts, open "
+        "questions, names and numbers; drop pleasantries."
+    )
+    if instructions:
+        ask += f"\nAdditional instructions: {instructions}"
+    return ask + "\n\n<conversation>\n" + "\n".join(lines) + "\n</conversation>"

@@ -1,0 +1,444 @@
+"""Events: passive, ordered notifications of what happened; they never change execution.
+
+Events announcing durable facts fire after the commit (what an event reports is already
+queryable). Payloads are JSON-safe and carry final, post-hook values. A listener that raises is
+isolated and reported as `handler_error`. Events are not persisted or replayed: a reconnecting
+client takes a new snapshot with `watch()`.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from typing import Annotated, Any, Literal
+
+from pydantic import Field
+
+from harness_core._model import Frozen
+from harness_core.frozen import FrozenJson, FrozenJsonObject
+from harness_core.messages import (
+    AgentMessage,
+    AssistantMessage,
+    DeferredHandle,
+    TokenUsage,
+    ToolResultMessage,
+)
+from harness_core.session.entries import Entry
+from harness_core.session.records import CompactionReason, OperationError, Usage
+
+__all__ = [
+    "CompactionEnd",
+    "CompactionStart",
+    "ConfigUpdate",
+    "EntryAdded",
+    "Event",
+    "EventBus",
+    "FactUpdate",
+    "Fault",
+    "HandlerError",
+    "LaneCreated",
+    "MessageEnd",
+    "MessageStart",
+    "MessageUpdate",
+    "NavigationEnd",
+    "NavigationStart",
+    "QueueUpdate",
+    "QueuedItem",
+    "RetryEnd",
+    "RetryScheduled",
+    "RetryStart",
+    "RunAbort",
+    "RunEnd",
+    "RunResume",
+    "RunStart",
+    "RunSuspend",
+    "ToolEnd",
+    "ToolStart",
+    "ToolUpdate",
+    "TurnEnd",
+    "TurnStart",
+    "UsageEvent",
+    "WritePending",
+]
+
+
+class _Event(Frozen):
+    lane: str | None = None
+
+
+class RunStart(_Event):
+    """A run was accepted."""
+
+    type: Literal["run_start"] = "run_start"
+    run_id: str
+
+
+class RunResume(_Event):
+    """`resume()` continues an open operation."""
+
+    type: Literal["run_resume"] = "run_resume"
+    run_id: str
+    recovery: bool = True
+
+
+class RunSuspend(_Event):
+    """The lane parked (a deferred request or an approval)."""
+
+    type: Literal["run_suspend"] = "run_suspend"
+    run_id: str
+    deferred: DeferredHandle | None = None
+    reason: Literal["deferred", "approval"] = "deferred"
+
+
+class RunAbort(_Event):
+    """An abort was accepted; the cleared queue payloads are returned."""
+
+    type: Literal["run_abort"] = "run_abort"
+    run_id: str
+    steer: tuple[AgentMessage, ...] = ()
+    follow_up: tuple[AgentMessage, ...] = ()
+
+
+class RunEnd(_Event):
+    """A run finished."""
+
+    type: Literal["run_end"] = "run_end"
+    run_id: str
+    outcome: Literal["completed", "aborted", "failed"]
+    leaf_id: str | None
+    final_entry_id: str | None = None
+    error: OperationError | None = None
+
+
+class Fault(_Event):
+    """The harness faulted (harness-wide)."""
+
+    type: Literal["fault"] = "fault"
+    message: str
+
+
+class HandlerError(_Event):
+    """A hook handler or event listener raised; it was isolated."""
+
+    type: Literal["handler_error"] = "handler_error"
+    kind: Literal["hook", "event"]
+    name: str
+    error: str
+
+
+class TurnStart(_Event):
+    """An assistant turn began."""
+
+    type: Literal["turn_start"] = "turn_start"
+    run_id: str
+    turn_id: str
+
+
+class TurnEnd(_Event):
+    """An assistant turn and its tool batch ended."""
+
+    type: Literal["turn_end"] = "turn_end"
+    run_id: str
+    turn_id: str
+    message: AssistantMessage
+    tool_results: tuple[ToolResultMessage, ...] = ()
+
+
+class RetryScheduled(_Event):
+    """A failed attempt will be retried after a delay."""
+
+    type: Literal["retry_scheduled"] = "retry_scheduled"
+    run_id: str
+    step: str
+    attempt: int
+    max_attempts: int
+    delay_ms: int
+    error_message: str
+
+
+class RetryStart(_Event):
+    """A retry attempt starts."""
+
+    type: Literal["retry_start"] = "retry_start"
+    run_id: str
+    step: str
+    attempt: int
+
+
+class RetryEnd(_Event):
+    """Retrying resolved, either way."""
+
+    type: Literal["retry_end"] = "retry_end"
+    run_id: str
+    step: str
+    attempt: int
+    success: bool
+    final_error: str | None = None
+
+
+class MessageStart(_Event):
+    """A message is about to enter the tree."""
+
+    type: Literal["message_start"] = "message_start"
+    run_id: str | None = None
+    message: AgentMessage
+
+
+class MessageUpdate(_Event):
+    """A streaming assistant message progressed."""
+
+    type: Literal["message_update"] = "message_update"
+    run_id: str
+    message: AssistantMessage
+
+
+class MessageEnd(_Event):
+    """A message was committed."""
+
+    type: Literal["message_end"] = "message_end"
+    run_id: str | None = None
+    message: AgentMessage
+    entry_id: str
+
+
+class ToolStart(_Event):
+    """A tool call started (effective arguments)."""
+
+    type: Literal["tool_start"] = "tool_start"
+    run_id: str
+    turn_id: str | None = None
+    tool_call_id: str
+    tool_name: str
+    args: FrozenJsonObject
+
+
+class ToolUpdate(_Event):
+    """A running tool reported progress."""
+
+    type: Literal["tool_update"] = "tool_update"
+    run_id: str
+    tool_call_id: str
+    tool_name: str
+    partial: FrozenJson = None
+
+
+class ToolEnd(_Event):
+    """A tool call's result was committed."""
+
+    type: Literal["tool_end"] = "tool_end"
+    run_id: str
+    turn_id: str | None = None
+    tool_call_id: str
+    tool_name: str
+    result: ToolResultMessage
+    terminate: bool = False
+
+
+class EntryAdded(_Event):
+    """A non-message entry was committed."""
+
+    type: Literal["entry_added"] = "entry_added"
+    entry: Entry
+
+
+class WritePending(_Event):
+    """A write was accepted and will apply at the next checkpoint."""
+
+    type: Literal["write_pending"] = "write_pending"
+    run_id: str
+    entry_id: str
+    entry: Entry
+
+
+class QueuedItem(Frozen):
+    """One queued input."""
+
+    entry_id: str
+    message: AgentMessage
+
+
+class QueueUpdate(_Event):
+    """The lane's queues changed."""
+
+    type: Literal["queue_update"] = "queue_update"
+    steer: tuple[QueuedItem, ...] = ()
+    follow_up: tuple[QueuedItem, ...] = ()
+    next_run: tuple[QueuedItem, ...] = ()
+
+
+class FactUpdate(_Event):
+    """A global fact was set."""
+
+    type: Literal["fact_update"] = "fact_update"
+    fact: Literal["name", "label"]
+    name: str | None = None
+    target_id: str | None = None
+    label: str | None = None
+
+
+class ConfigUpdate(_Event):
+    """A lane's configuration changed; re-read it through the getters."""
+
+    type: Literal["config_update"] = "config_update"
+    property: str
+    value: FrozenJson = None
+
+
+class CompactionStart(_Event):
+    """A compaction began."""
+
+    type: Literal["compaction_start"] = "compaction_start"
+    run_id: str
+    reason: CompactionReason
+    recovery: bool = False
+
+
+class CompactionEnd(_Event):
+    """A compaction ended."""
+
+    type: Literal["compaction_end"] = "compaction_end"
+    run_id: str
+    reason: CompactionReason
+    outcome: Literal["completed", "declined", "aborted", "failed"]
+    entry_id: str | None = None
+    from_hook: bool = False
+    error: OperationError | None = None
+
+
+class NavigationStart(_Event):
+    """A navigation began."""
+
+    type: Literal["navigation_start"] = "navigation_start"
+    run_id: str
+    target_id: str | None
+    recovery: bool = False
+
+
+class NavigationEnd(_Event):
+    """A navigation ended."""
+
+    type: Literal["navigation_end"] = "navigation_end"
+    run_id: str
+    outcome: Literal["completed", "declined", "aborted", "failed"]
+    old_leaf_id: str | None
+    new_leaf_id: str | None
+    summary_entry_id: str | None = None
+    error: OperationError | None = None
+
+
+class LaneCreated(_Event):
+    """A lane was created."""
+
+    type: Literal["lane_created"] = "lane_created"
+    at: str | None
+
+
+class UsageEvent(_Event):
+    """A usage record was committed; `totals` is the session's ledger sum."""
+
+    type: Literal["usage"] = "usage"
+    record: Usage
+    totals: TokenUsage
+
+
+Event = Annotated[
+    RunStart
+    | RunResume
+    | RunSuspend
+    | RunAbort
+    | RunEnd
+    | Fault
+    | HandlerError
+    | TurnStart
+    | TurnEnd
+    | RetryScheduled
+    | RetryStart
+    | RetryEnd
+    | MessageStart
+    | MessageUpdate
+    | MessageEnd
+    | ToolStart
+    | ToolUpdate
+    | ToolEnd
+    | EntryAdded
+    | WritePending
+    | QueueUpdate
+    | FactUpdate
+    | ConfigUpdate
+    | CompactionStart
+    | CompactionEnd
+    | NavigationStart
+    | NavigationEnd
+    | LaneCreated
+    | UsageEvent,
+    Field(discriminator="type"),
+]
+"""Every event the harness emits."""
+
+Listener = Callable[[Any], None]
+_GLOBAL = ("fault", "usage", "handler_error")
+
+
+@dataclass(eq=False, slots=True)
+class _Watcher:
+    lane: str | None
+    buffer: list[Any] = field(default_factory=list)
+    listener: Listener | None = None
+
+
+@dataclass(slots=True)
+class EventBus:
+    """Delivers events in emission order to listeners and watchers, isolating their failures."""
+
+    _listeners: list[tuple[str | None, Listener]] = field(default_factory=list)
+    _watchers: list[_Watcher] = field(default_factory=list)
+    report: Callable[[str, BaseException], None] | None = None
+
+    def on(self, event_type: str | None, listener: Listener) -> Callable[[], None]:
+        """Listen to one event type (or every event with None), live only; returns `off`."""
+        item = (event_type, listener)
+        self._listeners.append(item)
+        return lambda: self._listeners.remove(item) if item in self._listeners else None
+
+    def watch(self, lane: str | None) -> _Watcher:
+        """Start buffering a lane's events (None: every event) from this instant."""
+        watcher = _Watcher(lane=lane)
+        self._watchers.append(watcher)
+        return watcher
+
+    def start(self, watcher: _Watcher, listener: Listener) -> None:
+        """Flush the watcher's buffer in order into `listener`, then deliver live."""
+        while watcher.buffer:
+            self._deliver(listener, watcher.buffer.pop(0), "watch")
+        watcher.listener = listener
+
+    def unwatch(self, watcher: _Watcher) -> None:
+        """Drop a watcher and its buffer."""
+        if watcher in self._watchers:
+            self._watchers.remove(watcher)
+
+    def emit(self, event: Any) -> None:
+        """Deliver an event to every matching listener and watcher, in order."""
+        for event_type, listener in list(self._listeners):
+            if event_type is None or event_type == event.type:
+                self._deliver(listener, event, event.type)
+        for watcher in list(self._watchers):
+            if (
+                watcher.lane is not None
+                and event.lane != watcher.lane
+                and event.type not in _GLOBAL
+            ):
+                continue
+            if watcher.listener is None:
+                watcher.buffer.append(event)
+            else:
+                self._deliver(watcher.listener, event, event.type)
+
+    def _deliver(self, listener: Listener, event: Any, name: str) -> None:
+        try:
+            listener(event)
+        except Exception as exc:
+            if event.type == "handler_error":
+                return  # a listener failing on handler_error goes nowhere (no recursion)
+            if self.report is not None:
+                self.report(name, exc)

@@ -1,0 +1,848 @@
+"""`AgentHarness` and `AgentLane`: the public surface of the durable runtime.
+
+`AgentHarness.create()` restores every lane read-only and reports the operations a crash (or a
+deferred request) left open; `lane.resume()` continues one, never starting a new one. The
+harness is also lane ``main``. Expected rejections are `Err` values; a storage failure faults
+the whole harness (`HarnessFault` from every call until reopened) and `close()` makes in-flight
+calls raise `HarnessClosed` while their durable operations stay resumable.
+"""
+
+from __future__ import annotations
+
+import asyncio
+from collections.abc import Sequence
+from dataclasses import dataclass
+from typing import Any, Literal, TypeAlias, TypeVar
+
+from harness_core.clock import SystemClock
+from harness_core.context import plan_compaction
+from harness_core.effects import AutomaticEffects
+from harness_core.errors import (
+    HarnessClosed,
+    HarnessFault,
+    HarnessNotImplemented,
+    SessionError,
+)
+from harness_core.events import (
+    ConfigUpdate,
+    EventBus,
+    LaneCreated,
+    Listener,
+    RunAbort,
+    RunResume,
+)
+from harness_core.frozen import JsonValue
+from harness_core.hooks import BeforeResumeEvent, BeforeRunEvent, Hooks, run_hook
+from harness_core.ids import Uuid7Ids
+from harness_core.lane import AbortAccepted, HarnessRuntime, LaneRuntime, config_entry
+from harness_core.messages import AgentMessage, DeferredHandle, TextPart, TokenUsage, UserMessage
+from harness_core.model import ModelRef
+from harness_core.options import AgentHarnessOptions
+from harness_core.procedures import Outcome, Procedures
+from harness_core.restore import restore_lane
+from harness_core.result import (
+    Closed,
+    Err,
+    InvalidLane,
+    InvalidMessage,
+    LaneBusy,
+    LaneExists,
+    MissingIdentities,
+    NoActiveOperation,
+    NoActiveRun,
+    NothingToCompact,
+    NothingToResume,
+    Ok,
+    Result,
+    UnknownQueueItem,
+    UnknownTarget,
+)
+from harness_core.session.contract import SessionStorage
+from harness_core.session.entries import CustomEntry, Entry, MessageEntry
+from harness_core.session.records import (
+    CompactionIntent,
+    NavigationIntent,
+    OperationKind,
+    RunIntent,
+    Usage,
+)
+from harness_core.session.types import (
+    BranchQuery,
+    EntryQuery,
+    LabelFact,
+    NameFact,
+    SessionStats,
+    StoredEntry,
+)
+from harness_core.state import LaneState, OperationState, RecordLogCorruption
+from harness_core.storage._rules import check_lane_name
+from harness_core.tools import Tool
+
+__all__ = [
+    "AgentHarness",
+    "AgentLane",
+    "LaneInfo",
+    "LaneSnapshot",
+    "PromptInput",
+    "SessionTree",
+    "SuspendedOperation",
+    "Watch",
+]
+
+PromptInput: TypeAlias = str | UserMessage | Sequence[UserMessage]
+"""A prompt: text (one user message), a user message, or several in order."""
+
+_T = TypeVar("_T")
+
+
+@dataclass(frozen=True, kw_only=True, slots=True)
+class SuspendedOperation:
+    """An operation `create()` found open, and why.
+
+    `reason` is ``crash`` (a process died mid-operation) or ``deferred`` (a background model
+    request is pending). A non-empty `missing_tools` or `missing_models` means `resume()` will
+    refuse until the harness has them (abort still works).
+    """
+
+    lane: str
+    kind: OperationKind
+    id: str
+    started_at: int
+    reason: Literal["crash", "deferred", "approval"]
+    prompt: tuple[AgentMessage, ...] = ()
+    deferred: DeferredHandle | None = None
+    aborting: bool = False
+    missing_tools: tuple[str, ...] = ()
+    missing_models: tuple[str, ...] = ()
+
+
+@dataclass(frozen=True, kw_only=True, slots=True)
+class LaneInfo:
+    """A lane and what it is doing."""
+
+    name: str
+    leaf_id: str | None
+    operation_id: str | None = None
+    operation_kind: OperationKind | None = None
+    status: Literal["idle", "running", "suspended", "aborting"] = "idle"
+
+
+@dataclass(frozen=True, kw_only=True, slots=True)
+class LaneSnapshot:
+    """A lane at one instant: its transcript (context window), operation and queues."""
+
+    lane: str
+    leaf_id: str | None
+    transcript: tuple[StoredEntry, ...]
+    status: Literal["idle", "running", "suspended", "aborting"]
+    operation_id: str | None
+    steer: tuple[Entry, ...]
+    follow_up: tuple[Entry, ...]
+    next_run: tuple[Entry, ...]
+    pending_writes: tuple[Entry, ...]
+    faulted: bool
+
+
+class Watch:
+    """A snapshot plus the events after it, with no gap: call `start(listener)` when ready."""
+
+    def __init__(self, bus: EventBus, watcher: Any, snapshot: LaneSnapshot) -> None:
+        self.snapshot = snapshot
+        self._bus = bus
+        self._watcher = watcher
+
+    def start(self, listener: Listener) -> None:
+        """Deliver the buffered events in order, then live ones."""
+        self._bus.start(self._watcher, listener)
+
+    def unsubscribe(self) -> None:
+        """Stop delivery and drop the buffer."""
+        self._bus.unwatch(self._watcher)
+
+
+def _normalize(lane: str, value: PromptInput) -> Result[tuple[UserMessage, ...], InvalidMessage]:
+    if isinstance(value, str):
+        return Ok((UserMessage(content=(TextPart(text=value),)),))
+    messages: tuple[Any, ...] = (value,) if isinstance(value, UserMessage) else tuple(value)
+    if not messages:
+        return Err(
+            InvalidMessage(message="a prompt needs at least one message", lane=lane, reason="empty")
+        )
+    for message in messages:
+        if not isinstance(message, UserMessage):
+            return Err(
+                InvalidMessage(
+                    message=f"only user messages can be prompted or queued, got {type(message).__name__}",
+                    lane=lane,
+                    reason="not a user message",
+                )
+            )
+    return Ok(messages)
+
+
+class SessionTree:
+    """A lane's view of the session tree: reads default to the lane's leaf, writes append to it."""
+
+    def __init__(self, lane: AgentLane) -> None:
+        self._lane = lane
+
+    async def get_leaf_id(self) -> str | None:
+        """The lane's leaf."""
+        return self._lane._runtime().state.leaf_id
+
+    async def get_entry(self, entry_id: str) -> StoredEntry | None:
+        """Point lookup (committed entries only: a deferred write is not there until applied)."""
+        return await self._lane._harness._storage().get_entry(entry_id)
+
+    async def find_entries(self, query: EntryQuery | None = None) -> tuple[StoredEntry, ...]:
+        """Session-wide query over every branch."""
+        return await self._lane._harness._storage().find_entries(query)
+
+    async def find_entries_on_branch(
+        self, query: BranchQuery | None = None
+    ) -> tuple[StoredEntry, ...]:
+        """Path query; `start` defaults to the lane's leaf (an empty lane has an empty path)."""
+        leaf = self._lane._runtime().state.leaf_id
+        if query is None or not query.start:
+            if leaf is None:
+                return ()
+            query = BranchQuery(start=leaf) if query is None else _with_start(query, leaf)
+        return await self._lane._harness._storage().find_entries_on_branch(query)
+
+    async def get_name(self) -> str | None:
+        """The session's name."""
+        return await self._lane._harness._storage().get_name()
+
+    async def set_name(self, name: str) -> None:
+        """Set the session's name (a global fact, applied at once)."""
+        await self._lane._runtime().commit_fact(NameFact(name=name))
+
+    async def get_label(self, target_id: str) -> str | None:
+        """An entry's label."""
+        return await self._lane._harness._storage().get_label(target_id)
+
+    async def set_label(self, target_id: str, label: str | None) -> None:
+        """Label an entry (None clears)."""
+        await self._lane._runtime().commit_fact(LabelFact(target_id=target_id, label=label))
+
+    async def get_stats(self) -> SessionStats:
+        """The session's running counters."""
+        return await self._lane._harness._storage().get_stats()
+
+    async def append_message(self, message: AgentMessage) -> str:
+        """Append a message to the lane: deferred to the next checkpoint while a run is open."""
+        runtime = self._lane._runtime()
+        return await runtime.write(MessageEntry(id=runtime.runtime.ids.next(), message=message))
+
+    async def append_custom_entry(self, custom_type: str, data: JsonValue = None) -> str:
+        """Append application data to the lane (deferred while a run is open)."""
+        runtime = self._lane._runtime()
+        return await runtime.write(
+            CustomEntry(id=runtime.runtime.ids.next(), custom_type=custom_type, data=data)
+        )
+
+
+def _with_start(query: BranchQuery, start: str) -> BranchQuery:
+    from dataclasses import replace
+
+    return replace(query, start=start)
+
+
+class AgentLane:
+    """One lane: a stateless facade bound to a name (identity is the name, not the object)."""
+
+    def __init__(self, harness: AgentHarness, name: str) -> None:
+        self._harness = harness
+        self._name = name
+        self.session = SessionTree(self)
+
+    @property
+    def name(self) -> str:
+        """The lane's name."""
+        return self._name
+
+    def _runtime(self) -> LaneRuntime:
+        runtime = self._harness._rt
+        runtime.check()
+        return runtime.lanes[self._name]
+
+    def _closed(self) -> Err[Closed] | None:
+        runtime = self._harness._rt
+        if runtime.fault is not None:
+            raise runtime.fault
+        return Err(Closed()) if runtime.closed else None
+
+    async def get_leaf_id(self) -> str | None:
+        """The lane's leaf."""
+        return self._runtime().state.leaf_id
+
+    # -- operations ----------------------------------------------------------------------------
+
+    async def prompt(
+        self, value: PromptInput
+    ) -> Result[Outcome, LaneBusy | InvalidMessage | Closed]:
+        """Start a run with this input and wait for it to finish (or suspend)."""
+        if (closed := self._closed()) is not None:
+            return closed
+        normalized = _normalize(self._name, value)
+        if isinstance(normalized, Err):
+            return normalized
+        runtime = self._harness._rt
+        lane = self._runtime()
+        messages, override, resume_data = await run_hook(
+            runtime.hooks,
+            "before_run",
+            BeforeRunEvent(
+                lane=self._name,
+                prompt=normalized.value,
+                system_prompt=runtime.system_prompt(self._name),
+            ),
+            lambda name, exc: runtime.report("hook", name, exc),
+        )
+        entries = tuple(
+            MessageEntry(id=runtime.ids.next(), message=m) for m in (*normalized.value, *messages)
+        )
+
+        def intent(state: LaneState) -> RunIntent:
+            return RunIntent(
+                original_prompt=normalized.value,
+                initial_messages=(*state.pending_next_run, *entries),
+                system_prompt_override=override,
+                resume_data=resume_data or None,
+            )
+
+        accepted = await lane.accept(intent, lambda: self._harness._execute(lane, resumed=False))
+        if isinstance(accepted, Err):
+            return accepted
+        return Ok(await self._harness._wait(accepted.value[1]))
+
+    async def resume(
+        self,
+    ) -> Result[Outcome, LaneBusy | NothingToResume | MissingIdentities | Closed]:
+        """Continue this lane's open operation from its durable state (never starts a new one)."""
+        if (closed := self._closed()) is not None:
+            return closed
+        lane = self._runtime()
+        harness = self._harness
+
+        async def admit() -> Result[
+            asyncio.Task[Outcome], LaneBusy | NothingToResume | MissingIdentities
+        ]:
+            op = lane.state.operation
+            if op is None:
+                return Err(
+                    NothingToResume(
+                        message=f"lane {self._name!r} has no open operation", lane=self._name
+                    )
+                )
+            if lane.task is not None:
+                return lane.busy(op)
+            tools, models = harness._missing(op)
+            if tools or models:
+                return Err(
+                    MissingIdentities(
+                        message=f"resuming {op.id!r} needs tools {list(tools)} and models {list(models)}",
+                        lane=self._name,
+                        tools=tools,
+                        models=models,
+                    )
+                )
+            lane.ready_for(op.id)
+            return Ok(lane.occupy(harness._execute(lane, resumed=True)))
+
+        admitted = await lane.job(admit)
+        if isinstance(admitted, Err):
+            return admitted
+        return Ok(await harness._wait(admitted.value))
+
+    async def abort(self) -> Result[AbortAccepted, NoActiveOperation | Closed]:
+        """Abort the open operation: durable on return; reconciliation runs in the background."""
+        if (closed := self._closed()) is not None:
+            return closed
+        lane = self._runtime()
+        result = await lane.abort()
+        if isinstance(result, Ok):
+            accepted = result.value
+            steer = tuple(e.message for e in accepted.steer if isinstance(e, MessageEntry))
+            follow_up = tuple(e.message for e in accepted.follow_up if isinstance(e, MessageEntry))
+            self._harness._rt.events.emit(
+                RunAbort(lane=self._name, run_id=accepted.run_id, steer=steer, follow_up=follow_up)
+            )
+
+            async def reconcile() -> None:
+                if lane.task is None and lane.state.operation is not None:
+                    lane.occupy(self._harness._execute(lane, resumed=True))
+
+            await lane.job(reconcile)  # a suspended operation has no procedure to notice the abort
+        return result
+
+    async def compact(
+        self, custom_instructions: str | None = None
+    ) -> Result[Outcome, LaneBusy | NothingToCompact | Closed]:
+        """Summarize the lane's older context into a compaction entry (its own operation)."""
+        if (closed := self._closed()) is not None:
+            return closed
+        lane = self._runtime()
+        runtime = self._harness._rt
+        messages = await lane.context_messages()
+        to_summarize, _ = plan_compaction(messages, runtime.options.compaction.keep_recent_tokens)
+        if not to_summarize:
+            return Err(
+                NothingToCompact(
+                    message=f"lane {self._name!r} has nothing to compact", lane=self._name
+                )
+            )
+        result_id = runtime.ids.next()
+        accepted = await lane.accept(
+            lambda state: CompactionIntent(
+                custom_instructions=custom_instructions, result_entry_id=result_id
+            ),
+            lambda: self._harness._execute(lane, resumed=False),
+        )
+        if isinstance(accepted, Err):
+            return accepted
+        return Ok(await self._harness._wait(accepted.value[1]))
+
+    async def navigate_tree(
+        self,
+        target_id: str | None,
+        *,
+        summarize: bool = False,
+        label: str | None = None,
+        custom_instructions: str | None = None,
+    ) -> Result[Outcome, LaneBusy | UnknownTarget | Closed]:
+        """Move the lane's leaf to `target_id` (None: the root), optionally summarizing the branch
+        it leaves and labelling the target.
+        """
+        if (closed := self._closed()) is not None:
+            return closed
+        lane = self._runtime()
+        runtime = self._harness._rt
+        if target_id is not None and await runtime.storage.get_entry(target_id) is None:
+            return Err(
+                UnknownTarget(message=f"entry {target_id!r} does not exist", target_id=target_id)
+            )
+        if target_id == lane.state.leaf_id:
+            return Err(
+                UnknownTarget(
+                    message=f"lane {self._name!r} is already at {target_id!r}", target_id=target_id
+                )
+            )
+        summary_id = runtime.ids.next() if summarize else None
+        accepted = await lane.accept(
+            lambda state: NavigationIntent(
+                target_id=target_id, summarize=summarize, custom_instructions=custom_instructions,
+                label=label, summary_entry_id=summary_id,
+            ),
+            lambda: self._harness._execute(lane, resumed=False),
+        )  # fmt: skip
+        if isinstance(accepted, Err):
+            return accepted
+        return Ok(await self._harness._wait(accepted.value[1]))
+
+    # -- queues --------------------------------------------------------------------------------
+
+    async def _enqueue(
+        self, queue: Literal["steer", "follow_up", "next_run"], value: PromptInput
+    ) -> Result[str, NoActiveRun | InvalidMessage | Closed]:
+        if (closed := self._closed()) is not None:
+            return closed
+        normalized = _normalize(self._name, value)
+        if isinstance(normalized, Err):
+            return normalized
+        if len(normalized.value) != 1:
+            return Err(
+                InvalidMessage(
+                    message="queue one message at a time",
+                    lane=self._name,
+                    reason="several messages",
+                )
+            )
+        runtime = self._harness._rt
+        return await self._runtime().enqueue(
+            queue, MessageEntry(id=runtime.ids.next(), message=normalized.value[0])
+        )
+
+    async def steer(self, value: PromptInput) -> Result[str, NoActiveRun | InvalidMessage | Closed]:
+        """Correct the current run: seen at its next checkpoint. Returns the item's entry id."""
+        return await self._enqueue("steer", value)
+
+    async def follow_up(
+        self, value: PromptInput
+    ) -> Result[str, NoActiveRun | InvalidMessage | Closed]:
+        """Add work the run takes up when it would otherwise stop."""
+        return await self._enqueue("follow_up", value)
+
+    async def next_run(
+        self, value: PromptInput
+    ) -> Result[str, NoActiveRun | InvalidMessage | Closed]:
+        """Seed the lane's next run (always accepted; survives an abort)."""
+        return await self._enqueue("next_run", value)
+
+    async def cancel_queued(
+        self, entry_id: str
+    ) -> Result[
+        Literal["cancelled", "already_consumed", "already_cleared"], UnknownQueueItem | Closed
+    ]:
+        """Retract a queued item if it is still pending."""
+        if (closed := self._closed()) is not None:
+            return closed
+        return await self._runtime().cancel_queued(entry_id)
+
+    async def record_usage(
+        self, usage: TokenUsage, *, entry_id: str | None = None, details: JsonValue = None
+    ) -> Result[None, Closed]:
+        """Append a usage adjustment (negative values are legal)."""
+        if (closed := self._closed()) is not None:
+            return closed
+        runtime = self._harness._rt
+        lane = self._runtime()
+        run_id = lane.state.operation.id if lane.state.operation else None
+        await lane.commit_record(
+            Usage(
+                id=runtime.ids.next(),
+                lane=self._name,
+                cause="adjustment",
+                usage=usage,
+                run_id=run_id,
+                entry_id=entry_id,
+                details=details,
+            )
+        )
+        return Ok(None)
+
+    async def wait_for_idle(self) -> None:
+        """Wait until no procedure executes on this lane (a suspended operation counts as idle)."""
+        await self._runtime().wait_settled()
+
+    # -- configuration ---------------------------------------------------------------------------
+
+    async def get_model(self) -> ModelRef:
+        """The lane's effective model."""
+        config = await self._runtime().configuration()
+        return ModelRef(provider=config.provider, model_id=config.model_id)
+
+    async def get_thinking_level(self) -> str:
+        """The lane's effective thinking level."""
+        return (await self._runtime().configuration()).thinking_level
+
+    async def get_active_tools(self) -> tuple[str, ...]:
+        """The names of the tools the lane's model may call."""
+        config = await self._runtime().configuration()
+        if config.active_tools is None:
+            return tuple(self._harness._rt.tools)
+        return config.active_tools
+
+    async def _configure(self, prop: str, changes: dict[str, Any], value: JsonValue) -> None:
+        lane = self._runtime()
+        await lane.write(config_entry(self._harness._rt, changes))
+        self._harness._rt.events.emit(ConfigUpdate(lane=self._name, property=prop, value=value))
+
+    async def set_model(self, model: ModelRef) -> None:
+        """Use `model` on this lane from the next request (deferred while a run is open)."""
+        await self._configure("model", {"model": model}, str(model))
+
+    async def set_thinking_level(self, level: str) -> None:
+        """Set the lane's thinking level."""
+        await self._configure("thinking_level", {"thinking_level": level}, level)
+
+    async def set_active_tools(self, names: Sequence[str]) -> None:
+        """Set the tools the lane's model may call."""
+        await self._configure("active_tools", {"active_tools": tuple(names)}, list(names))
+
+    # -- observation ---------------------------------------------------------------------------
+
+    async def watch(self) -> Watch:
+        """A snapshot of the lane and, once started, every later event of it (no gap)."""
+        lane = self._runtime()
+        bus = self._harness._rt.events
+        watcher = bus.watch(self._name)  # buffer from this instant, then take the snapshot
+        transcript = tuple(await lane.context_entries())
+        op = lane.state.operation
+        return Watch(
+            bus, watcher, _snapshot(lane, transcript, op, self._harness._rt.fault is not None)
+        )
+
+    # -- manual drive (the gate lands with the crash matrix) -------------------------------------
+
+    async def peek_action(self) -> Any:
+        """The next parked effect (manual drive)."""
+        raise HarnessNotImplemented("AgentLane.peek_action")
+
+    async def execute_action(self) -> Any:
+        """Release the parked effect (manual drive)."""
+        raise HarnessNotImplemented("AgentLane.execute_action")
+
+    async def run_to_completion(self) -> None:
+        """Release effects until the operation settles (manual drive)."""
+        raise HarnessNotImplemented("AgentLane.run_to_completion")
+
+
+def _status(
+    lane: LaneRuntime, op: OperationState | None
+) -> Literal["idle", "running", "suspended", "aborting"]:
+    if op is None:
+        return "idle"
+    if op.aborting:
+        return "aborting"
+    return "running" if lane.task is not None else "suspended"
+
+
+def _snapshot(
+    lane: LaneRuntime, transcript: tuple[StoredEntry, ...], op: OperationState | None, faulted: bool
+) -> LaneSnapshot:
+    return LaneSnapshot(
+        lane=lane.name,
+        leaf_id=lane.state.leaf_id,
+        transcript=transcript,
+        status=_status(lane, op),
+        operation_id=op.id if op else None,
+        steer=op.pending_steer if op else (),
+        follow_up=op.pending_follow_up if op else (),
+        next_run=lane.state.pending_next_run,
+        pending_writes=op.pending_writes if op else (),
+        faulted=faulted,
+    )
+
+
+class AgentHarness(AgentLane):
+    """The durable agent runtime over one session; also lane ``main``."""
+
+    def __init__(self, runtime: HarnessRuntime) -> None:
+        self._rt = runtime
+        super().__init__(self, "main")
+
+    @classmethod
+    async def create(
+        cls, options: AgentHarnessOptions
+    ) -> tuple[AgentHarness, list[SuspendedOperation]]:
+        """Open a harness: restore every lane (bounded reads, no writes, no effects).
+
+        Returns the harness and one `SuspendedOperation` per lane with an open operation.
+
+        Raises:
+            RecordLogCorruption: a lane's log is a state no single writer can produce.
+            HarnessNotImplemented: ``drive="manual"`` (it lands with the crash matrix).
+        """
+        if options.drive == "manual":
+            raise HarnessNotImplemented("AgentHarnessOptions.drive='manual'")
+        clock = options.clock or SystemClock()
+        bus = EventBus()
+        runtime = HarnessRuntime(
+            options=options,
+            storage=options.storage,
+            ids=options.ids or Uuid7Ids(clock),
+            clock=clock,
+            model=options.model_client,
+            hooks=Hooks(),
+            events=bus,
+            tools={tool.name: tool for tool in options.tools},
+        )
+        bus.report = lambda name, exc: runtime.report("event", name, exc)
+        harness = cls(runtime)
+        runtime.usage_totals = (await options.storage.get_stats()).usage
+        pointers = await options.storage.get_lanes()
+        states = await asyncio.gather(*(restore_lane(options.storage, p.lane) for p in pointers))
+        suspended: list[SuspendedOperation] = []
+        for state in states:
+            runtime.lanes[state.lane] = LaneRuntime(runtime, state.lane, state)
+            if state.operation is not None:
+                suspended.append(harness._suspended(state.lane, state.operation))
+        return harness, suspended
+
+    # -- lanes -------------------------------------------------------------------------------------
+
+    @property
+    def hooks(self) -> Hooks:
+        """Harness-wide hook registrations."""
+        return self._rt.hooks
+
+    @property
+    def events(self) -> EventBus:
+        """Harness-wide event listeners (live only)."""
+        return self._rt.events
+
+    def lane(self, name: str) -> AgentLane | None:
+        """The lane called `name`, or None (lookup only; never creates)."""
+        self._rt.check()
+        return AgentLane(self, name) if name in self._rt.lanes else None
+
+    async def create_lane(
+        self, name: str, at: str | None
+    ) -> Result[AgentLane, LaneExists | InvalidLane | UnknownTarget | Closed]:
+        """Create a lane with its leaf at entry `at` (None: the root); copies nothing."""
+        if (closed := self._closed()) is not None:
+            return closed
+        runtime = self._rt
+        try:
+            check_lane_name(name)
+        except SessionError as exc:
+            return Err(InvalidLane(message=str(exc), lane=name, reason="name"))
+        if name in runtime.lanes:
+            return Err(LaneExists(message=f"lane {name!r} exists", lane=name))
+        if at is not None and await runtime.storage.get_entry(at) is None:
+            return Err(UnknownTarget(message=f"entry {at!r} does not exist", target_id=at))
+        try:
+            await runtime.write(lambda s: s.create_lane(name, at))
+        except HarnessFault as fault:
+            cause = fault.__cause__
+            if isinstance(cause, SessionError) and cause.code == "already_exists":
+                raise  # another writer created it: the single-writer rule was broken
+            raise
+        runtime.lanes[name] = LaneRuntime(runtime, name, LaneState(lane=name, leaf_id=at))
+        runtime.events.emit(LaneCreated(lane=name, at=at))
+        return Ok(AgentLane(self, name))
+
+    async def lanes(self) -> list[LaneInfo]:
+        """Every lane with its status (``main`` always among them)."""
+        runtime = self._rt
+        runtime.check()
+        infos = []
+        for name in sorted(runtime.lanes):
+            lane = runtime.lanes[name]
+            op = lane.state.operation
+            infos.append(
+                LaneInfo(
+                    name=name,
+                    leaf_id=lane.state.leaf_id,
+                    operation_id=op.id if op else None,
+                    operation_kind=op.kind if op else None,
+                    status=_status(lane, op),
+                )
+            )
+        return infos
+
+    def get_tools(self) -> tuple[Tool, ...]:
+        """The registered tools."""
+        return tuple(self._rt.tools.values())
+
+    def set_tools(self, tools: Sequence[Tool]) -> None:
+        """Replace the tool registry (code, never persisted; lanes keep their active names)."""
+        self._rt.tools = {tool.name: tool for tool in tools}
+        self._rt.events.emit(ConfigUpdate(property="tools"))
+
+    async def close(self) -> None:
+        """Stop: in-flight calls raise `HarnessClosed`; open operations stay resumable.
+
+        The writer lease belongs to whoever opened the storage: release it after this returns.
+        """
+        runtime = self._rt
+        if runtime.closed:
+            return
+        runtime.closed = True
+        for lane in runtime.lanes.values():
+            lane.abort_signal.set()  # in-flight model requests settle at once
+        tasks = list(runtime.tasks)
+        for task in tasks:
+            task.cancel()
+        await asyncio.gather(*tasks, return_exceptions=True)
+
+    # -- internals -----------------------------------------------------------------------------
+
+    def _storage(self) -> SessionStorage:
+        self._rt.check()
+        return self._rt.storage
+
+    def _suspended(self, lane: str, op: OperationState) -> SuspendedOperation:
+        tools, models = self._missing(op)
+        intent = op.intent
+        return SuspendedOperation(
+            lane=lane,
+            kind=op.kind,
+            id=op.id,
+            started_at=op.started_at,
+            reason="deferred" if op.deferred is not None else "crash",
+            prompt=intent.original_prompt if isinstance(intent, RunIntent) else (),
+            deferred=op.deferred,
+            aborting=op.aborting,
+            missing_tools=tools,
+            missing_models=models,
+        )
+
+    def _missing(self, op: OperationState) -> tuple[tuple[str, ...], tuple[str, ...]]:
+        """Tools named by unresolved calls and models the operation needs that this harness lacks."""
+        runtime = self._rt
+        tools: list[str] = []
+        if op.tool_batch is not None and not op.tool_batch.truncated:
+            for call in op.tool_batch.calls:
+                if (
+                    not call.result_exists
+                    and call.call.name not in runtime.tools
+                    and call.call.name not in tools
+                ):
+                    tools.append(call.call.name)
+        models: list[str] = []
+        config = op.configuration
+        needs_model = (
+            op.kind == "run"
+            or (isinstance(op.intent, NavigationIntent) and op.intent.summarize)
+            or op.kind == "compaction"
+        )
+        model = ModelRef(provider=config.provider, model_id=config.model_id)
+        if needs_model and not op.aborting and runtime.model.model_info(model) is None:
+            models.append(str(model))
+        return tuple(tools), tuple(models)
+
+    async def _execute(self, lane: LaneRuntime, *, resumed: bool) -> Outcome:
+        """Run the lane's open operation to its end (or suspension), then self-check."""
+        runtime = self._rt
+        op = lane.operation
+        procedures = Procedures(lane, AutomaticEffects(lane))
+        try:
+            if resumed:
+                await self._before_resume(lane, op, procedures)
+            if op.kind == "run":
+                outcome = await procedures.run()
+            elif op.kind == "compaction":
+                outcome = await procedures.compaction()
+            else:
+                outcome = await procedures.navigation()
+        except (HarnessFault, HarnessClosed, asyncio.CancelledError):
+            raise
+        except BaseException as exc:
+            raise runtime.faulted(exc) from exc
+        if runtime.options.self_check:
+            await self._self_check(lane)
+        return outcome
+
+    async def _before_resume(
+        self, lane: LaneRuntime, op: OperationState, procedures: Procedures
+    ) -> None:
+        intent = op.intent
+        event = BeforeResumeEvent(
+            lane=lane.name,
+            run_id=op.id,
+            kind=op.kind,
+            prompt=intent.original_prompt if isinstance(intent, RunIntent) else (),
+            system_prompt_override=intent.system_prompt_override
+            if isinstance(intent, RunIntent)
+            else None,
+            resume_data=intent.resume_data if isinstance(intent, RunIntent) else None,
+        )
+        await procedures.fx.run_hook("before_resume", event)
+        self._rt.events.emit(RunResume(lane=lane.name, run_id=op.id))
+
+    async def _self_check(self, lane: LaneRuntime) -> None:
+        """The fixed point: the state recomputed from storage must equal the live state."""
+        runtime = self._rt
+        if runtime.fault is not None or runtime.closed:
+            return
+        try:
+            stored = await restore_lane(runtime.storage, lane.name)
+        except BaseException as exc:
+            raise runtime.faulted(exc) from exc
+        if stored != lane.state:
+            raise runtime.faulted(
+                RecordLogCorruption(
+                    "drift", f"lane {lane.name!r}: live {lane.state!r} != stored {stored!r}"
+                )
+            )
+
+    async def _wait(self, task: asyncio.Task[_T]) -> _T:
+        """Wait for a procedure the harness owns; closing the harness raises `HarnessClosed`."""
+        try:
+            return await asyncio.shield(task)
+        except asyncio.CancelledError:
+            if task.cancelled() and self._rt.closed:
+                raise HarnessClosed() from None
+            raise

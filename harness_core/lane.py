@@ -1,0 +1,798 @@
+"""The per-lane runtime: the mutation line, the live `LaneState`, commits and surface jobs.
+
+Every state-dependent decision on a lane runs as one *job* on its mutation line (a FIFO lock):
+validate against the live state, make at most one durable write, update the state with the
+same `advance` restore uses. Provider requests, tools, hooks and sleeps never run inside a job,
+so every race on a lane has exactly two histories. Jobs are shielded: a cancelled caller never
+leaves a committed write without its state update.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+from collections.abc import Awaitable, Callable
+from dataclasses import dataclass, field, replace
+from typing import TYPE_CHECKING, Any, Literal, TypeVar
+
+from harness_core.clock import Clock
+from harness_core.context import project
+from harness_core.errors import HarnessClosed, HarnessError, HarnessFault
+from harness_core.events import (
+    EntryAdded,
+    EventBus,
+    FactUpdate,
+    Fault,
+    HandlerError,
+    MessageEnd,
+    NavigationStart,
+    QueuedItem,
+    QueueUpdate,
+    RunStart,
+    UsageEvent,
+    WritePending,
+)
+from harness_core.hooks import HookName, Hooks, run_hook
+from harness_core.ids import IdGenerator
+from harness_core.messages import (
+    AssistantMessage,
+    DeferredHandle,
+    ModelError,
+    TokenUsage,
+    UserMessage,
+)
+from harness_core.model import ModelClient, ModelRequest
+from harness_core.options import AgentHarnessOptions
+from harness_core.result import (
+    Err,
+    LaneBusy,
+    NoActiveOperation,
+    NoActiveRun,
+    Ok,
+    Result,
+    UnknownQueueItem,
+)
+from harness_core.session.contract import SessionStorage
+from harness_core.session.entries import (
+    ActiveToolsChangeEntry,
+    CompactionEntry,
+    Entry,
+    MessageEntry,
+    ModelChangeEntry,
+    ThinkingLevelChangeEntry,
+)
+from harness_core.session.records import (
+    AbortRequested,
+    LaneConfiguration,
+    NavigationIntent,
+    OperationError,
+    OperationFinished,
+    OperationIntent,
+    OperationOutcome,
+    OperationStarted,
+    QueueCancelled,
+    QueueEnqueued,
+    QueueName,
+    Record,
+    Usage,
+    WriteDeferred,
+)
+from harness_core.session.types import (
+    BranchQuery,
+    Fact,
+    NameFact,
+    RecordQuery,
+    StoredEntry,
+    StoredRecord,
+)
+from harness_core.state import LaneState, OperationState, advance, has_pending_work
+from harness_core.tools import PreparedToolCall, Tool, ToolOutput
+
+if TYPE_CHECKING:
+    from harness_core.effects import FinishResult
+
+__all__ = ["AbortAccepted", "HarnessRuntime", "LaneRuntime", "config_entry", "user_entry"]
+
+_T = TypeVar("_T")
+
+
+@dataclass(frozen=True, kw_only=True, slots=True)
+class AbortAccepted:
+    """An accepted abort: the run it stops and the queued input it cleared."""
+
+    run_id: str
+    steer: tuple[Entry, ...] = ()
+    follow_up: tuple[Entry, ...] = ()
+
+
+@dataclass(eq=False)
+class HarnessRuntime:
+    """What every lane shares: storage, capabilities, policies, the fault and close state."""
+
+    options: AgentHarnessOptions
+    storage: SessionStorage
+    ids: IdGenerator
+    clock: Clock
+    model: ModelClient
+    hooks: Hooks
+    events: EventBus
+    tools: dict[str, Tool] = field(default_factory=dict)
+    lanes: dict[str, LaneRuntime] = field(default_factory=dict)
+    usage_totals: TokenUsage = field(default_factory=TokenUsage)
+    closed: bool = False
+    fault: HarnessFault | None = None
+    tasks: set[asyncio.Task[Any]] = field(default_factory=set)
+
+    @property
+    def session_id(self) -> str:
+        """The session's id."""
+        return self.storage.session_id
+
+    def check(self) -> None:
+        """Raise the harness's fault, or `HarnessClosed`, if it cannot act any more."""
+        if self.fault is not None:
+            raise self.fault
+        if self.closed:
+            raise HarnessClosed()
+
+    def faulted(self, cause: BaseException) -> HarnessFault:
+        """Fault the whole harness (once); every later call raises the same `HarnessFault`."""
+        if self.fault is None:
+            fault = HarnessFault(f"the harness faulted: {cause}")
+            fault.__cause__ = cause
+            self.fault = fault
+            self.events.emit(Fault(message=str(cause)))
+            for lane in self.lanes.values():
+                lane.abort_signal.set()  # stop in-flight effects: nothing more will commit
+        return self.fault
+
+    async def write(self, fn: Callable[[SessionStorage], Awaitable[_T]]) -> _T:
+        """Run one storage write; any failure faults the harness (the store stays a valid prefix)."""
+        self.check()
+        try:
+            return await fn(self.storage)
+        except BaseException as exc:
+            raise self.faulted(exc) from exc
+
+    def report(self, kind: Literal["hook", "event"], name: str, error: BaseException) -> None:
+        """Report an isolated handler failure."""
+        self.events.emit(
+            HandlerError(kind=kind, name=name, error=f"{type(error).__name__}: {error}")
+        )
+
+    def spawn(self, coro: Awaitable[_T]) -> asyncio.Task[_T]:
+        """Run a procedure as a task the harness owns (callers only wait for it)."""
+        task: asyncio.Task[_T] = asyncio.ensure_future(coro)
+        self.tasks.add(task)
+        task.add_done_callback(self.tasks.discard)
+        return task
+
+    def system_prompt(self, lane: str) -> str | None:
+        """The system prompt of a request on `lane` (evaluated per request)."""
+        prompt = self.options.system_prompt
+        return prompt(lane) if callable(prompt) else prompt
+
+    def default_configuration(self) -> LaneConfiguration:
+        """The configuration of a lane whose path sets nothing."""
+        options = self.options
+        return LaneConfiguration(
+            provider=options.model.provider,
+            model_id=options.model.model_id,
+            thinking_level=options.thinking_level,
+            active_tools=options.active_tools,
+        )
+
+
+class LaneRuntime:
+    """One lane of a harness: its mutation line, live state and execution slot."""
+
+    def __init__(self, runtime: HarnessRuntime, name: str, state: LaneState) -> None:
+        self.runtime = runtime
+        self.name = name
+        self.state = state
+        self.task: asyncio.Task[Any] | None = None
+        """The procedure executing this lane's operation, if any (the execution slot)."""
+        self.abort_signal = asyncio.Event()
+        self.last_finished: OperationState | None = None
+        self._line = asyncio.Lock()
+        self._context: list[StoredEntry] | None = None
+        self._idle_config: tuple[str | None, LaneConfiguration] | None = None
+        self._settled = asyncio.Event()
+        self._settled.set()
+
+    # -- the mutation line -------------------------------------------------------------------
+
+    async def job(self, fn: Callable[[], Awaitable[_T]]) -> _T:
+        """Run `fn` alone on this lane's line, shielded from the caller's cancellation."""
+
+        async def locked() -> _T:
+            async with self._line:
+                self.runtime.check()
+                return await fn()
+
+        return await asyncio.shield(locked())
+
+    @property
+    def operation(self) -> OperationState:
+        """The open operation (a procedure only runs while one is open)."""
+        op = self.state.operation
+        if op is None:
+            raise HarnessError(f"lane {self.name!r} has no open operation")
+        return op
+
+    # -- commits (inside a job) --------------------------------------------------------------
+
+    async def _append(self, entry: Entry, run_id: str | None = None) -> StoredEntry:
+        stored = await self.runtime.write(lambda s: s.append_entry(entry, self.name))
+        self._after_entry(stored, run_id)
+        return stored
+
+    def _after_entry(self, stored: StoredEntry, run_id: str | None) -> None:
+        self.state = advance(self.state, stored)
+        entry = stored.entry
+        if self._context is not None:
+            if isinstance(entry, CompactionEntry):
+                self._context = [stored]
+            else:
+                self._context.append(stored)
+        if self._idle_config is not None and isinstance(
+            entry, (ModelChangeEntry, ThinkingLevelChangeEntry, ActiveToolsChangeEntry)
+        ):
+            self._idle_config = None
+        if isinstance(entry, MessageEntry):
+            self.runtime.events.emit(
+                MessageEnd(lane=self.name, run_id=run_id, message=entry.message, entry_id=stored.id)
+            )
+        else:
+            self.runtime.events.emit(EntryAdded(lane=self.name, entry=entry))
+
+    async def _record(self, record: Record) -> StoredRecord:
+        stored = await self.runtime.write(lambda s: s.append_record(record))
+        self.state = advance(self.state, stored)
+        if isinstance(record, Usage):
+            runtime = self.runtime
+            runtime.usage_totals = runtime.usage_totals + record.usage
+            runtime.events.emit(
+                UsageEvent(lane=self.name, record=record, totals=runtime.usage_totals)
+            )
+        return stored
+
+    def _run_id(self) -> str | None:
+        return self.state.operation.id if self.state.operation else None
+
+    async def commit_entry(self, entry: Entry) -> StoredEntry:
+        """Append an entry (a job)."""
+        return await self.job(lambda: self._append(entry, self._run_id()))
+
+    async def commit_entry_if_missing(self, entry: Entry) -> StoredEntry:
+        """Append unless the provisioned id exists with equal content (a job)."""
+
+        async def run() -> StoredEntry:
+            stored, appended = await self.runtime.write(
+                lambda s: s.append_entry_if_missing(entry, self.name)
+            )
+            if appended:
+                self._after_entry(stored, self._run_id())
+            return stored
+
+        return await self.job(run)
+
+    async def commit_record(self, record: Record) -> StoredRecord:
+        """Append a record (a job)."""
+        return await self.job(lambda: self._record(record))
+
+    async def commit_move(self, to: str | None) -> None:
+        """Move the lane's leaf (a job)."""
+
+        async def run() -> None:
+            await self.runtime.write(lambda s: s.move_lane(self.name, to))
+            self.state = replace(self.state, leaf_id=to)
+            self._context = None
+            self._idle_config = None
+
+        await self.job(run)
+
+    async def commit_fact(self, fact: Fact) -> None:
+        """Set a global fact (a job)."""
+
+        async def run() -> None:
+            if isinstance(fact, NameFact):
+                await self.runtime.write(lambda s: s.set_name(fact.name))
+                self.runtime.events.emit(FactUpdate(lane=self.name, fact="name", name=fact.name))
+            else:
+                await self.runtime.write(lambda s: s.set_label(fact.target_id, fact.label))
+                self.runtime.events.emit(
+                    FactUpdate(
+                        lane=self.name, fact="label", target_id=fact.target_id, label=fact.label
+                    )
+                )
+
+        await self.job(run)
+
+    # -- conditional commits (procedure side) ------------------------------------------------
+
+    async def try_finish_run(
+        self, run_id: str, outcome: Literal["completed", "failed"], error: OperationError | None
+    ) -> FinishResult:
+        """Finish the run unless something is pending or an abort was accepted."""
+
+        async def run() -> FinishResult:
+            op = self.state.operation
+            if op is None or op.id != run_id or op.aborting or has_pending_work(op):
+                return "continue"
+            await self._finish(op, outcome, error)
+            return "finished"
+
+        return await self.job(run)
+
+    async def finish_operation(
+        self, run_id: str, outcome: OperationOutcome, error: OperationError | None
+    ) -> FinishResult:
+        """Close an operation unless an abort (or, closing an abort, a pending write) preempts."""
+
+        async def run() -> FinishResult:
+            op = self.state.operation
+            if op is None or op.id != run_id:
+                return "continue"
+            if outcome != "aborted" and op.aborting:
+                return "continue"
+            if outcome == "aborted" and op.pending_writes:
+                return "continue"
+            await self._finish(op, outcome, error)
+            return "finished"
+
+        return await self.job(run)
+
+    async def _finish(
+        self, op: OperationState, outcome: OperationOutcome, error: OperationError | None
+    ) -> None:
+        record = OperationFinished(
+            id=self.runtime.ids.next(), lane=self.name, run_id=op.id, outcome=outcome, error=error
+        )
+        await self._record(record)
+        self.last_finished = op
+
+    async def commit_run_end_follow_up(
+        self, run_id: str, item: Entry
+    ) -> Literal["committed", "dropped"]:
+        """Queue a follow-up from `before_run_end` if the run is active and not aborting."""
+
+        async def run() -> Literal["committed", "dropped"]:
+            op = self.state.operation
+            if op is None or op.id != run_id or op.aborting:
+                return "dropped"
+            await self._record(
+                QueueEnqueued(
+                    id=self.runtime.ids.next(),
+                    lane=self.name,
+                    queue="follow_up",
+                    run_id=run_id,
+                    target=item,
+                )
+            )
+            self._emit_queues()
+            return "committed"
+
+        return await self.job(run)
+
+    async def consume_queue_item(
+        self, run_id: str, queue: QueueName, entry_id: str
+    ) -> Literal["consumed", "skipped"]:
+        """Append a queued item's entry at this checkpoint if it is still pending."""
+
+        async def run() -> Literal["consumed", "skipped"]:
+            op = self.state.operation
+            if op is None or op.id != run_id or op.aborting:
+                return "skipped"
+            pending = op.pending_steer if queue == "steer" else op.pending_follow_up
+            item = next((e for e in pending if e.id == entry_id), None)
+            if item is None:
+                return "skipped"
+            await self._append(item, run_id)
+            self._emit_queues()
+            return "consumed"
+
+        return await self.job(run)
+
+    async def apply_pending_write(
+        self, run_id: str, entry_id: str
+    ) -> Literal["applied", "skipped"]:
+        """Apply an accepted write at this checkpoint (also while aborting)."""
+
+        async def run() -> Literal["applied", "skipped"]:
+            op = self.state.operation
+            if op is None or op.id != run_id:
+                return "skipped"
+            item = next((e for e in op.pending_writes if e.id == entry_id), None)
+            if item is None:
+                return "skipped"
+            await self._append(item, run_id)
+            return "applied"
+
+        return await self.job(run)
+
+    # -- external effects --------------------------------------------------------------------
+
+    async def _until_aborted(self, work: Awaitable[_T]) -> _T | None:
+        """Run `work`, abandoning it (None) if the lane's abort signal fires first."""
+        task = asyncio.ensure_future(work)
+        stop = asyncio.ensure_future(self.abort_signal.wait())
+        try:
+            await asyncio.wait({task, stop}, return_when=asyncio.FIRST_COMPLETED)
+        finally:
+            stop.cancel()
+        if task.done():
+            return task.result()
+        task.cancel()
+        with contextlib.suppress(asyncio.CancelledError, Exception):
+            await task
+        return None
+
+    async def stream_assistant(self, request: ModelRequest) -> AssistantMessage:
+        """One provider request; an abort (or close) settles it as ``stop_reason="aborted"``."""
+        self.runtime.check()
+        try:
+            message = await self._until_aborted(self.runtime.model.request(request))
+        except Exception as exc:  # a client that raised instead of answering in band
+            return AssistantMessage(
+                stop_reason="error",
+                error=ModelError(
+                    kind="unknown", message=f"{type(exc).__name__}: {exc}", retryable=True
+                ),
+                usage=TokenUsage(),
+            )
+        self.runtime.check()
+        if message is None:
+            return AssistantMessage(stop_reason="aborted", usage=TokenUsage())
+        return message
+
+    async def execute_tool(self, prepared: PreparedToolCall) -> ToolOutput:
+        """Run a tool; it settles even if the run is aborted (the tool sees `ctx.abort`)."""
+        self.runtime.check()
+        tool = prepared.tool
+        try:
+            args = tool.parse(prepared.args)
+            work = tool.execute(args, prepared.context)
+            raw = await (
+                asyncio.wait_for(work, tool.timeout_seconds) if tool.timeout_seconds else work
+            )
+        except TimeoutError:
+            return ToolOutput.text(
+                f"{tool.name} timed out after {tool.timeout_seconds} s", is_error=True
+            )
+        except Exception as exc:
+            return ToolOutput.text(
+                f"{tool.name} failed: {type(exc).__name__}: {exc}", is_error=True
+            )
+        return ToolOutput.text(raw) if isinstance(raw, str) else raw
+
+    async def fetch_deferred(self, handle: DeferredHandle) -> AssistantMessage:
+        """Check a deferred request once; a raised failure becomes an error message."""
+        self.runtime.check()
+        try:
+            message = await self._until_aborted(self.runtime.model.fetch_deferred(handle))
+        except Exception as exc:
+            return AssistantMessage(
+                stop_reason="error",
+                error=ModelError(kind="unknown", message=f"deferred fetch failed: {exc}"),
+                usage=TokenUsage(),
+            )
+        return (
+            message
+            if message is not None
+            else AssistantMessage(stop_reason="aborted", usage=TokenUsage())
+        )
+
+    async def cancel_deferred(self, handle: DeferredHandle) -> None:
+        """Best effort: a failure is reported, not raised."""
+        try:
+            await self.runtime.model.cancel_deferred(handle)
+        except Exception as exc:
+            self.runtime.report("hook", "cancel_deferred", exc)
+
+    async def run_hook(self, name: HookName, event: Any) -> Any:
+        """Run a hook's handlers; a failing handler is isolated and reported."""
+        self.runtime.check()
+        return await run_hook(
+            self.runtime.hooks,
+            name,
+            event,
+            lambda hook, exc: self.runtime.report("hook", hook, exc),
+        )
+
+    async def sleep(self, seconds: float) -> Literal["elapsed", "aborted"]:
+        """Back off; an abort ends the wait."""
+        self.runtime.check()
+        async def wait() -> bool:
+            await self.runtime.clock.sleep(seconds)
+            return True
+
+        waited = await self._until_aborted(wait())
+        return "elapsed" if waited else "aborted"
+
+    # -- reads ---------------------------------------------------------------------------------
+
+    async def context_entries(self) -> list[StoredEntry]:
+        """The lane's context window: its path from the newest compaction to the leaf."""
+        if self._context is None:
+            leaf = self.state.leaf_id
+            if leaf is None:
+                self._context = []
+            else:
+                window = await self.runtime.storage.find_entries_on_branch(
+                    BranchQuery(start=leaf, stop_at_type="compaction")
+                )
+                self._context = list(reversed(window))
+        return list(self._context)
+
+    async def context_messages(self) -> tuple[Any, ...]:
+        """The provider messages of the current context window."""
+        entries = await self.context_entries()
+        return project([e.entry for e in entries], self.runtime.options.entry_projectors)
+
+    async def configuration(self) -> LaneConfiguration:
+        """The lane's effective configuration: the open operation's, or the path's at the leaf."""
+        op = self.state.operation
+        if op is not None:
+            return op.configuration
+        leaf = self.state.leaf_id
+        if self._idle_config is not None and self._idle_config[0] == leaf:
+            return self._idle_config[1]
+        config = self.runtime.default_configuration()
+        if leaf is not None:
+            storage = self.runtime.storage
+            for entry_type in ("model_change", "thinking_level_change", "active_tools_change"):
+                found = await storage.find_entries_on_branch(
+                    BranchQuery(start=leaf, type=entry_type, limit=1)
+                )
+                if found:
+                    entry = found[0].entry
+                    if isinstance(entry, ModelChangeEntry):
+                        config = config.model_copy(
+                            update={"provider": entry.provider, "model_id": entry.model_id}
+                        )
+                    elif isinstance(entry, ThinkingLevelChangeEntry):
+                        config = config.model_copy(update={"thinking_level": entry.thinking_level})
+                    elif isinstance(entry, ActiveToolsChangeEntry):
+                        config = config.model_copy(update={"active_tools": entry.active_tool_names})
+        self._idle_config = (leaf, config)
+        return config
+
+    def _emit_queues(self) -> None:
+        op = self.state.operation
+
+        def items(entries: tuple[Entry, ...]) -> tuple[QueuedItem, ...]:
+            return tuple(
+                QueuedItem(entry_id=e.id, message=e.message)
+                for e in entries
+                if isinstance(e, MessageEntry)
+            )
+
+        self.runtime.events.emit(
+            QueueUpdate(
+                lane=self.name,
+                steer=items(op.pending_steer) if op else (),
+                follow_up=items(op.pending_follow_up) if op else (),
+                next_run=items(self.state.pending_next_run),
+            )
+        )
+
+    # -- surface jobs ------------------------------------------------------------------------
+
+    def busy(self, op: OperationState) -> Err[LaneBusy]:
+        """The rejection for a second operation on this lane."""
+        return Err(
+            LaneBusy(
+                message=f"lane {self.name!r} is busy with {op.kind} {op.id!r}",
+                lane=self.name,
+                operation_id=op.id,
+                operation_kind=op.kind,
+            )
+        )
+
+    async def accept(
+        self,
+        build_intent: Callable[[LaneState], OperationIntent],
+        start: Callable[[], Awaitable[Any]],
+    ) -> Result[tuple[OperationState, asyncio.Task[Any]], LaneBusy]:
+        """Accept an operation on an idle lane and start its procedure, in one job.
+
+        `build_intent` sees the state (run acceptance captures the pending next-run items); the
+        procedure task takes the lane's execution slot before the job ends, so no second
+        acceptance or resume can slip in.
+        """
+
+        async def run() -> Result[tuple[OperationState, asyncio.Task[Any]], LaneBusy]:
+            op = self.state.operation
+            if op is not None:
+                return self.busy(op)
+            intent = build_intent(self.state)
+            record = OperationStarted(
+                id=self.runtime.ids.next(),
+                lane=self.name,
+                source_leaf_id=self.state.leaf_id,
+                intent=intent,
+                configuration=await self.configuration(),
+            )
+            await self._record(record)
+            if intent.kind == "run":
+                self.runtime.events.emit(RunStart(lane=self.name, run_id=record.id))
+            elif isinstance(intent, NavigationIntent):
+                self.runtime.events.emit(
+                    NavigationStart(lane=self.name, run_id=record.id, target_id=intent.target_id)
+                )
+            self.abort_signal.clear()
+            task = self.occupy(start())
+            return Ok((self.operation, task))
+
+        return await self.job(run)
+
+    def occupy(self, procedure: Awaitable[_T]) -> asyncio.Task[_T]:
+        """Take the execution slot with a procedure task."""
+        self._settled.clear()
+        task = self.runtime.spawn(procedure)
+        self.task = task
+
+        def release(done: asyncio.Task[Any]) -> None:
+            if self.task is done:
+                self.task = None
+                self._settled.set()
+
+        task.add_done_callback(release)
+        return task
+
+    async def enqueue(self, queue: QueueName, entry: Entry) -> Result[str, NoActiveRun]:
+        """Accept queued input: steering and follow-ups need an active, non-aborting run."""
+
+        async def run() -> Result[str, NoActiveRun]:
+            op = self.state.operation
+            run_id: str | None = None
+            if queue != "next_run":
+                if op is None or op.kind != "run" or op.aborting:
+                    return Err(
+                        NoActiveRun(message=f"lane {self.name!r} has no active run", lane=self.name)
+                    )
+                run_id = op.id
+            await self._record(
+                QueueEnqueued(
+                    id=self.runtime.ids.next(),
+                    lane=self.name,
+                    queue=queue,
+                    run_id=run_id,
+                    target=entry,
+                )
+            )
+            self._emit_queues()
+            return Ok(entry.id)
+
+        return await self.job(run)
+
+    async def cancel_queued(
+        self, entry_id: str
+    ) -> Result[Literal["cancelled", "already_consumed", "already_cleared"], UnknownQueueItem]:
+        """Retract a queued item if it is still pending."""
+
+        async def run() -> Result[
+            Literal["cancelled", "already_consumed", "already_cleared"], UnknownQueueItem
+        ]:
+            op = self.state.operation
+            pending: list[tuple[str | None, tuple[Entry, ...]]] = [(None, self.state.pending_next_run)]
+            if op is not None:
+                pending += [(op.id, op.pending_steer), (op.id, op.pending_follow_up)]
+            for run_id, items in pending:
+                if any(e.id == entry_id for e in items):
+                    await self._record(
+                        QueueCancelled(
+                            id=self.runtime.ids.next(),
+                            lane=self.name,
+                            run_id=run_id,
+                            entry_id=entry_id,
+                        )
+                    )
+                    self._emit_queues()
+                    return Ok("cancelled")
+            storage = self.runtime.storage
+            if await storage.get_entry(entry_id) is not None:
+                return Ok("already_consumed")
+            enqueued = await storage.find_records(RecordQuery(lane=self.name, type="queue_enqueued"))
+            if any(isinstance(r.record, QueueEnqueued) and r.record.target.id == entry_id for r in enqueued):
+                return Ok("already_cleared")
+            return Err(
+                UnknownQueueItem(
+                    message=f"no queued item {entry_id!r}", lane=self.name, entry_id=entry_id
+                )
+            )
+
+        return await self.job(run)
+
+    async def write(self, entry: Entry) -> str:
+        """A lane-view write: deferred while a run is open, waits out a structural operation,
+        appended directly on an idle lane. Returns the entry's id once durably accepted.
+        """
+        while True:
+            waiting: asyncio.Task[Any] | None = None
+
+            async def run() -> str | None:
+                nonlocal waiting
+                op = self.state.operation
+                if op is None:
+                    await self._append(entry)
+                    return entry.id
+                if op.kind == "run":
+                    await self._record(
+                        WriteDeferred(
+                            id=self.runtime.ids.next(), lane=self.name, run_id=op.id, target=entry
+                        )
+                    )
+                    self.runtime.events.emit(
+                        WritePending(lane=self.name, run_id=op.id, entry_id=entry.id, entry=entry)
+                    )
+                    return entry.id
+                waiting = self.task
+                return None
+
+            result = await self.job(run)
+            if result is not None:
+                return result
+            await self.wait_settled()
+            if (
+                waiting is None
+                and self.state.operation is not None
+                and self.state.operation.kind != "run"
+            ):
+                # a suspended structural operation: nothing will close it until someone resumes it
+                raise HarnessError(
+                    f"lane {self.name!r} has an unfinished {self.state.operation.kind}; resume or abort it first"
+                )
+
+    async def abort(self) -> Result[AbortAccepted, NoActiveOperation]:
+        """Accept an abort: durable on return; reconciliation continues in the background."""
+
+        async def run() -> Result[AbortAccepted, NoActiveOperation]:
+            op = self.state.operation
+            if op is None:
+                return Err(
+                    NoActiveOperation(
+                        message=f"lane {self.name!r} has nothing to abort", lane=self.name
+                    )
+                )
+            if op.aborting:  # idempotent: one marker per operation
+                return Ok(AbortAccepted(run_id=op.id))
+            accepted = AbortAccepted(
+                run_id=op.id, steer=op.pending_steer, follow_up=op.pending_follow_up
+            )
+            await self._record(
+                AbortRequested(id=self.runtime.ids.next(), lane=self.name, run_id=op.id)
+            )
+            self.abort_signal.set()
+            self._emit_queues()
+            return Ok(accepted)
+
+        return await self.job(run)
+
+    async def wait_settled(self) -> None:
+        """Wait until no procedure executes on this lane."""
+        while not self._settled.is_set():
+            await self._settled.wait()
+
+    def ready_for(self, op_id: str) -> None:
+        """Clear a stale abort signal before a procedure of `op_id` starts (resume)."""
+        op = self.state.operation
+        if op is not None and op.id == op_id and not op.aborting:
+            self.abort_signal.clear()
+
+
+def user_entry(runtime: HarnessRuntime, message: UserMessage) -> MessageEntry:
+    """A provisioned message entry for user input."""
+    return MessageEntry(id=runtime.ids.next(), message=message)
+
+
+def config_entry(runtime: HarnessRuntime, changes: dict[str, Any]) -> Entry:
+    """The entry that records one configuration change."""
+    entry_id = runtime.ids.next()
+    if "model" in changes:
+        model = changes["model"]
+        return ModelChangeEntry(id=entry_id, provider=model.provider, model_id=model.model_id)
+    if "thinking_level" in changes:
+        return ThinkingLevelChangeEntry(id=entry_id, thinking_level=changes["thinking_level"])
+    return ActiveToolsChangeEntry(id=entry_id, active_tool_names=tuple(changes["active_tools"]))

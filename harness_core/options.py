@@ -1,0 +1,87 @@
+"""The harness's options and policies (runtime capabilities: rebuilt on every `create()`)."""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Mapping, Sequence
+from dataclasses import dataclass, field
+from typing import Literal
+
+from harness_core.clock import Clock
+from harness_core.context import EntryProjector
+from harness_core.hooks import RequestOptions
+from harness_core.ids import IdGenerator
+from harness_core.model import ModelClient, ModelRef
+from harness_core.session.contract import SessionStorage
+from harness_core.tools import Tool
+
+__all__ = ["AgentHarnessOptions", "CompactionSettings", "QueueMode", "RetryPolicy"]
+
+QueueMode = Literal["all", "one_at_a_time"]
+"""How many queued items a checkpoint consumes."""
+
+
+@dataclass(frozen=True, kw_only=True, slots=True)
+class RetryPolicy:
+    """Step attempts and backoff. The attempt count is durable: restarts never reset it."""
+
+    max_attempts: int = 3
+    """Attempts per step, the first included."""
+    initial_delay_ms: int = 1_000
+    multiplier: float = 2.0
+    max_delay_ms: int = 60_000
+
+    def delay_ms(self, attempt: int, retry_after_ms: int | None = None) -> int:
+        """Backoff after failed attempt `attempt` (1-based); a provider hint wins if larger."""
+        delay = min(
+            self.max_delay_ms, int(self.initial_delay_ms * self.multiplier ** (attempt - 1))
+        )
+        return max(delay, min(retry_after_ms or 0, self.max_delay_ms))
+
+
+@dataclass(frozen=True, kw_only=True, slots=True)
+class CompactionSettings:
+    """When and how much to compact."""
+
+    enabled: bool = True
+    """Compact automatically when the next request would not fit."""
+    reserve_tokens: int = 16_384
+    """Room kept free in the context window for the answer."""
+    keep_recent_tokens: int = 20_000
+    """Roughly how much recent context survives verbatim."""
+
+
+SystemPrompt = str | Callable[[str], str] | None
+"""A fixed system prompt, or a function of the lane name evaluated per request."""
+
+
+@dataclass(kw_only=True)
+class AgentHarnessOptions:
+    """Everything `AgentHarness.create()` needs.
+
+    Args:
+        storage: the session, opened with a writer lease.
+        model_client: sends model requests.
+        model: the model of lanes whose path never set one.
+        tools: the tool registry (code; rebuilt each time, never persisted).
+        active_tools: tool names lanes may use unless their path says otherwise (None: all).
+    """
+
+    storage: SessionStorage
+    model_client: ModelClient
+    model: ModelRef
+    thinking_level: str = "off"
+    active_tools: tuple[str, ...] | None = None
+    tools: Sequence[Tool] = ()
+    system_prompt: SystemPrompt = None
+    retry: RetryPolicy = field(default_factory=RetryPolicy)
+    compaction: CompactionSettings = field(default_factory=CompactionSettings)
+    steering_mode: QueueMode = "all"
+    follow_up_mode: QueueMode = "all"
+    tool_execution: Literal["parallel", "sequential"] = "parallel"
+    request_options: RequestOptions = field(default_factory=RequestOptions)
+    entry_projectors: Mapping[str, EntryProjector] = field(default_factory=dict)
+    ids: IdGenerator | None = None
+    clock: Clock | None = None
+    self_check: bool = True
+    """Recompute a lane's state from storage after every operation and compare (drift faults)."""
+    drive: Literal["automatic", "manual"] = "automatic"

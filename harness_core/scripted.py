@@ -1,0 +1,189 @@
+"""`ScriptedModel`: a deterministic `ModelClient` for tests, benchmarks and the no-key demo.
+
+It is not a language model. It answers each request with the next scripted reply (or from a
+responder function when the script runs out) and records every request and fetch it receives.
+"""
+
+from __future__ import annotations
+
+import itertools
+from collections.abc import Callable, Iterable, Mapping
+from typing import Any
+
+from harness_core.context import estimate_tokens, message_text
+from harness_core.frozen import JsonValue
+from harness_core.messages import (
+    AssistantMessage,
+    DeferredHandle,
+    ModelError,
+    ModelErrorKind,
+    TextPart,
+    TokenUsage,
+    ToolCallPart,
+    UserMessage,
+)
+from harness_core.model import ModelInfo, ModelRef, ModelRequest
+
+__all__ = [
+    "Reply",
+    "ScriptedModel",
+    "deferred",
+    "echo_responder",
+    "error",
+    "length",
+    "text",
+    "tool_call",
+    "tool_calls",
+]
+
+Reply = AssistantMessage | Callable[[ModelRequest], AssistantMessage]
+
+_call_ids = itertools.count(1)
+
+
+def text(content: str, *, output_tokens: int | None = None) -> AssistantMessage:
+    """A plain answer."""
+    usage = TokenUsage(output=output_tokens if output_tokens is not None else len(content) // 4 + 1)
+    return AssistantMessage(content=(TextPart(text=content),), stop_reason="stop", usage=usage)
+
+
+def tool_call(
+    name: str, arguments: Mapping[str, JsonValue] | None = None, *, call_id: str | None = None
+) -> AssistantMessage:
+    """An answer that calls one tool."""
+    return tool_calls((name, arguments or {}, call_id))
+
+
+def tool_calls(*calls: tuple[str, Mapping[str, JsonValue], str | None]) -> AssistantMessage:
+    """An answer that calls several tools, in order: (name, arguments, call id or None)."""
+    parts = tuple(
+        ToolCallPart(id=call_id or f"call-{next(_call_ids)}", name=name, arguments=dict(arguments))
+        for name, arguments, call_id in calls
+    )
+    return AssistantMessage(
+        content=parts, stop_reason="tool_use", usage=TokenUsage(output=10 * len(parts))
+    )
+
+
+def error(
+    kind: ModelErrorKind = "server", *, retryable: bool = True, message: str = "scripted failure"
+) -> AssistantMessage:
+    """A provider failure, in band."""
+    return AssistantMessage(
+        stop_reason="error",
+        error=ModelError(kind=kind, message=message, retryable=retryable),
+        usage=TokenUsage(),
+    )
+
+
+def length(content: str, *, output_tokens: int) -> AssistantMessage:
+    """An answer cut off at `output_tokens` (compare with the request's intended cap)."""
+    return AssistantMessage(
+        content=(TextPart(text=content),),
+        stop_reason="length",
+        usage=TokenUsage(output=output_tokens),
+    )
+
+
+def deferred(
+    handle_id: str, *, provider: str = "scripted", model: str = "test"
+) -> AssistantMessage:
+    """An answer that says the request continues in the background."""
+    return AssistantMessage(
+        stop_reason="deferred",
+        deferred=DeferredHandle(provider=provider, model=model, id=handle_id),
+        usage=TokenUsage(),
+    )
+
+
+def echo_responder(request: ModelRequest) -> AssistantMessage:
+    """The demo's stand-in for a model: it repeats the newest user message back."""
+    newest = next((m for m in reversed(request.messages) if isinstance(m, UserMessage)), None)
+    said = message_text(newest) if newest else ""
+    if request.step != "assistant":
+        return text(f"(summary of {len(request.messages)} messages)")
+    return text(f"You said: {said}" if said else "Hello.")
+
+
+class ScriptedModel:
+    """A `ModelClient` that replays a script and records what it was asked.
+
+    Args:
+        script: replies in order, each an `AssistantMessage` or a function of the request.
+        responder: answers once the script is exhausted; without one, an exhausted script
+            answers with a non-retryable error (a test asking more than it scripted fails loudly).
+        fetches: outcomes of `fetch_deferred`, in order (the same deferred message = pending).
+        info: limits reported for every model (or a mapping by ``provider:model_id``).
+    """
+
+    def __init__(
+        self,
+        script: Iterable[Reply] = (),
+        *,
+        responder: Callable[[ModelRequest], AssistantMessage] | None = None,
+        fetches: Iterable[AssistantMessage] = (),
+        info: ModelInfo | Mapping[str, ModelInfo] = ModelInfo(
+            context_window=128_000, max_output_tokens=8_192
+        ),
+        known_models: Iterable[str] | None = None,
+    ) -> None:
+        self.script: list[Reply] = list(script)
+        self.fetch_script: list[AssistantMessage] = list(fetches)
+        self.responder = responder
+        self.info = info
+        self.known_models = set(known_models) if known_models is not None else None
+        self.requests: list[ModelRequest] = []
+        self.fetches: list[DeferredHandle] = []
+        self.cancels: list[DeferredHandle] = []
+
+    def model_info(self, model: ModelRef) -> ModelInfo | None:
+        """The scripted limits (None for a model outside `known_models`)."""
+        if self.known_models is not None and str(model) not in self.known_models:
+            return None
+        if isinstance(self.info, ModelInfo):
+            return self.info
+        return self.info.get(str(model))
+
+    async def request(
+        self, request: ModelRequest, on_update: Callable[[AssistantMessage], None] | None = None
+    ) -> AssistantMessage:
+        """Answer with the next scripted reply."""
+        self.requests.append(request)
+        if self.script:
+            reply = self.script.pop(0)
+            message = reply(request) if callable(reply) else reply
+        elif self.responder is not None:
+            message = self.responder(request)
+        else:
+            message = error(
+                "invalid_request", retryable=False, message="ScriptedModel: the script is exhausted"
+            )
+        message = self._complete(message, request)
+        if on_update is not None and message.content:
+            on_update(message)
+        return message
+
+    def _complete(self, message: AssistantMessage, request: ModelRequest) -> AssistantMessage:
+        usage = message.usage or TokenUsage()
+        if usage.input == 0 and message.stop_reason != "error":
+            prompt = estimate_tokens(request.messages, request.system_prompt)
+            usage = usage.model_copy(
+                update={"input": prompt, "total_tokens": prompt + usage.output}
+            )
+        updates: dict[str, Any] = {
+            "usage": usage,
+            "provider": message.provider or request.model.provider,
+        }
+        updates["model"] = message.model or request.model.model_id
+        return message.model_copy(update=updates)
+
+    async def fetch_deferred(self, handle: DeferredHandle) -> AssistantMessage:
+        """The next scripted fetch outcome (pending when none is left)."""
+        self.fetches.append(handle)
+        if self.fetch_script:
+            return self.fetch_script.pop(0)
+        return AssistantMessage(stop_reason="deferred", deferred=handle, usage=TokenUsage())
+
+    async def cancel_deferred(self, handle: DeferredHandle) -> None:
+        """Record the cancellation."""
+        self.cancels.append(handle)

@@ -1,0 +1,498 @@
+"""Lane state and its one transition function, used live and by restore alike.
+
+`LaneState` is everything a lane's orchestration decides from: its leaf, its open operation
+(unfinished step, tool batch, pending queues and writes, deferred handle, ...) and its pending
+next-run items. It is *defined* as the fold of the lane's committed records and own entries
+through `advance`: the live runtime applies `advance` to each item it commits, and restore
+applies it to the bounded reads. The fixed-point self-check compares the two; a mismatch is
+writer/reducer drift. Everything here is pure: no I/O, no clock, no ids.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, replace
+from typing import Literal
+
+from harness_core.errors import HarnessError
+from harness_core.messages import AssistantMessage, DeferredHandle, ToolCallPart, ToolResultMessage
+from harness_core.session.entries import (
+    ActiveToolsChangeEntry,
+    BranchSummaryEntry,
+    CompactionEntry,
+    Entry,
+    MessageEntry,
+    ModelChangeEntry,
+    ThinkingLevelChangeEntry,
+)
+from harness_core.session.records import (
+    AbortRequested,
+    CompactionIntent,
+    CompactionReason,
+    LaneConfiguration,
+    NavigationIntent,
+    OperationFinished,
+    OperationIntent,
+    OperationKind,
+    OperationStarted,
+    QueueCancelled,
+    QueueEnqueued,
+    RunIntent,
+    StepAttempt,
+    StepKind,
+    ToolStarted,
+    Usage,
+    WriteDeferred,
+)
+from harness_core.session.types import StoredEntry, StoredRecord
+
+__all__ = [
+    "CorruptionReason",
+    "LaneState",
+    "NewestOwn",
+    "OperationState",
+    "RecordLogCorruption",
+    "StepState",
+    "ToolBatchState",
+    "ToolCallState",
+    "advance",
+    "has_pending_work",
+    "idle_lane",
+    "needs_assistant",
+]
+
+CorruptionReason = Literal[
+    "multiple_open_operations",
+    "unknown_operation",
+    "attempts_not_consecutive",
+    "compaction_reason",
+    "queue_after_abort",
+    "cancel_unknown_item",
+    "structural_step_mismatch",
+    "tool_identity_mismatch",
+    "duplicate_tool_start",
+    "content_mismatch",
+    "branch_summary_in_run",
+    "leaf_mismatch",
+    "drift",
+]
+"""Why a lane's durable log is impossible for a single writer (never repaired, never continued)."""
+
+
+class RecordLogCorruption(HarnessError):
+    """A lane's records and entries contradict each other; restore rejects instead of repairing."""
+
+    def __init__(self, reason: CorruptionReason, message: str) -> None:
+        super().__init__(f"{reason}: {message}")
+        self.reason: CorruptionReason = reason
+
+
+@dataclass(frozen=True, slots=True)
+class StepState:
+    """An unfinished step: its newest attempt's result entry does not exist yet."""
+
+    kind: StepKind
+    attempts: int
+    """The durable attempt count (the newest attempt's number)."""
+    result_entry_id: str
+    compaction_reason: CompactionReason | None = None
+
+
+@dataclass(frozen=True, slots=True)
+class ToolCallState:
+    """One call of a tool batch, in source order."""
+
+    tool_index: int
+    call: ToolCallPart
+    started: ToolStarted | None = None
+    result_entry_id: str | None = None
+    terminate: bool = False
+
+    @property
+    def result_exists(self) -> bool:
+        """Whether the call's result entry was appended."""
+        return self.result_entry_id is not None
+
+
+@dataclass(frozen=True, slots=True)
+class ToolBatchState:
+    """The tool calls of the newest assistant message that has any."""
+
+    assistant_entry_id: str
+    calls: tuple[ToolCallState, ...]
+    truncated: bool
+    """The assistant message stopped with ``length``: its calls never execute."""
+
+    @property
+    def unresolved(self) -> bool:
+        """Whether some call has no result yet."""
+        return any(not call.result_exists for call in self.calls)
+
+    @property
+    def terminate(self) -> bool:
+        """Whether every result asked the run not to call the model again."""
+        return bool(self.calls) and all(call.terminate for call in self.calls)
+
+
+@dataclass(frozen=True, slots=True)
+class NewestOwn:
+    """The newest message the operation appended (deferred writes excluded)."""
+
+    entry_id: str
+    role: Literal["user", "assistant", "tool_result"]
+    stop_reason: str | None = None
+    failure: Literal["step", "deferred_fetch"] | None = None
+    """Set when this is an error message a step or a deferred fetch produced: the terminal-failure
+    marker (recovery never completes such a run)."""
+
+
+@dataclass(frozen=True, slots=True)
+class OperationState:
+    """The open operation of a lane."""
+
+    id: str
+    kind: OperationKind
+    intent: OperationIntent
+    source_leaf_id: str | None
+    started_at: int
+    configuration: LaneConfiguration
+    aborting: bool = False
+    step: StepState | None = None
+    last_attempt_result_id: str | None = None
+    tool_batch: ToolBatchState | None = None
+    started_calls: frozenset[tuple[str, int]] = frozenset()
+    missing_initial: tuple[Entry, ...] = ()
+    pending_steer: tuple[Entry, ...] = ()
+    pending_follow_up: tuple[Entry, ...] = ()
+    pending_writes: tuple[Entry, ...] = ()
+    deferred: DeferredHandle | None = None
+    deferred_entry_id: str | None = None
+    last_conversational_seq: int = 0
+    last_overflow_compaction_seq: int = 0
+    newest_own: NewestOwn | None = None
+    last_assistant_entry_id: str | None = None
+    result_written: bool = False
+    """Structural operations: the compaction entry (or the branch summary) exists."""
+
+    @property
+    def overflow_recovery_used(self) -> bool:
+        """An overflow compaction is newer than the newest consumed conversational input."""
+        return self.last_overflow_compaction_seq > self.last_conversational_seq
+
+    @property
+    def terminal_failure(self) -> bool:
+        """The newest own message is a step- or fetch-produced error."""
+        return self.newest_own is not None and self.newest_own.failure is not None
+
+
+@dataclass(frozen=True, slots=True)
+class LaneState:
+    """Everything a lane's orchestration decides from."""
+
+    lane: str
+    leaf_id: str | None
+    operation: OperationState | None = None
+    pending_next_run: tuple[Entry, ...] = ()
+
+
+def idle_lane(lane: str, leaf_id: str | None) -> LaneState:
+    """The state of a lane with nothing open and nothing queued."""
+    return LaneState(lane=lane, leaf_id=leaf_id)
+
+
+def needs_assistant(op: OperationState) -> bool:
+    """Whether the next checkpoint must call the model.
+
+    True when the newest own message is user input or a tool result, except that a completed
+    batch whose every result asked to terminate does not force another turn by itself.
+    """
+    newest = op.newest_own
+    if newest is None or op.terminal_failure:
+        return False
+    if newest.role == "user":
+        return True
+    if newest.role == "tool_result":
+        batch = op.tool_batch
+        return batch is None or batch.unresolved or not batch.terminate
+    return False
+
+
+def has_pending_work(op: OperationState) -> bool:
+    """Whether a run may not finish yet."""
+    return bool(op.pending_writes or op.pending_steer or op.pending_follow_up) or needs_assistant(
+        op
+    )
+
+
+def _corrupt(reason: CorruptionReason, message: str) -> RecordLogCorruption:
+    return RecordLogCorruption(reason, message)
+
+
+def _without(items: tuple[Entry, ...], entry_id: str) -> tuple[Entry, ...]:
+    return tuple(item for item in items if item.id != entry_id)
+
+
+def _find(items: tuple[Entry, ...], entry_id: str) -> Entry | None:
+    return next((item for item in items if item.id == entry_id), None)
+
+
+def _start(state: LaneState, stored: StoredRecord, record: OperationStarted) -> LaneState:
+    if state.operation is not None:
+        raise _corrupt(
+            "multiple_open_operations",
+            f"lane {state.lane!r} starts {record.id!r} while {state.operation.id!r} is open",
+        )
+    intent = record.intent
+    op = OperationState(
+        id=record.id,
+        kind=intent.kind,
+        intent=intent,
+        source_leaf_id=record.source_leaf_id,
+        started_at=stored.timestamp,
+        configuration=record.configuration,
+    )
+    pending_next_run = state.pending_next_run
+    if isinstance(intent, RunIntent):
+        captured = {entry.id for entry in intent.initial_messages}
+        op = replace(op, missing_initial=intent.initial_messages)
+        pending_next_run = tuple(e for e in pending_next_run if e.id not in captured)
+    return replace(state, operation=op, pending_next_run=pending_next_run)
+
+
+def _step(op: OperationState, stored: StoredRecord, record: StepAttempt) -> OperationState:
+    if op.kind == "run" and record.step == "branch_summary":
+        raise _corrupt("branch_summary_in_run", f"run {op.id!r} has a branch-summary step")
+    if (record.step == "compaction") != (record.compaction_reason is not None):
+        raise _corrupt(
+            "compaction_reason",
+            f"attempt {record.id!r}: compaction_reason is required on compaction steps only",
+        )
+    current = op.step
+    continuing = current is not None and current.kind == record.step and record.attempt > 1
+    if record.attempt != 1 and not (
+        continuing and current and record.attempt == current.attempts + 1
+    ):
+        raise _corrupt(
+            "attempts_not_consecutive",
+            f"attempt {record.attempt} of a {record.step} step in {op.id!r} does not follow "
+            f"{current.attempts if current else 'no attempt'}",
+        )
+    if continuing and current is not None:
+        structural = record.step != "assistant"
+        if structural and record.result_entry_id != current.result_entry_id:
+            raise _corrupt("structural_step_mismatch", f"attempts of one {record.step} step differ")
+        if record.compaction_reason != current.compaction_reason:
+            raise _corrupt("structural_step_mismatch", "attempts of one step differ in reason")
+    step = StepState(
+        kind=record.step,
+        attempts=record.attempt,
+        result_entry_id=record.result_entry_id,
+        compaction_reason=record.compaction_reason,
+    )
+    overflow_seq = op.last_overflow_compaction_seq
+    if record.compaction_reason == "overflow":
+        overflow_seq = stored.seq
+    return replace(
+        op,
+        step=step,
+        last_attempt_result_id=record.result_entry_id,
+        last_overflow_compaction_seq=overflow_seq,
+    )
+
+
+def _tool_started(op: OperationState, record: ToolStarted) -> OperationState:
+    batch = op.tool_batch
+    key = (record.assistant_entry_id, record.tool_index)
+    if key in op.started_calls:
+        raise _corrupt("duplicate_tool_start", f"two tool_started for {key} in {op.id!r}")
+    if (
+        batch is None
+        or batch.assistant_entry_id != record.assistant_entry_id
+        or not 0 <= record.tool_index < len(batch.calls)
+        or batch.calls[record.tool_index].call.id != record.tool_call_id
+        or batch.calls[record.tool_index].call.name != record.tool_name
+    ):
+        raise _corrupt(
+            "tool_identity_mismatch",
+            f"tool_started {record.id!r} does not name call {record.tool_index} "
+            f"({record.tool_call_id}, {record.tool_name}) of entry {record.assistant_entry_id!r}",
+        )
+    calls = list(batch.calls)
+    calls[record.tool_index] = replace(calls[record.tool_index], started=record)
+    return replace(
+        op, tool_batch=replace(batch, calls=tuple(calls)), started_calls=op.started_calls | {key}
+    )
+
+
+def _record(state: LaneState, stored: StoredRecord) -> LaneState:
+    record = stored.record
+    if isinstance(record, OperationStarted):
+        return _start(state, stored, record)
+    if isinstance(record, Usage):
+        return state  # the ledger is invisible to orchestration
+    if isinstance(record, QueueEnqueued) and record.queue == "next_run":
+        return replace(state, pending_next_run=(*state.pending_next_run, record.target))
+    if isinstance(record, QueueCancelled) and record.run_id is None:
+        if _find(state.pending_next_run, record.entry_id) is None:
+            raise _corrupt(
+                "cancel_unknown_item", f"{record.id!r} cancels {record.entry_id!r}, not pending"
+            )
+        return replace(state, pending_next_run=_without(state.pending_next_run, record.entry_id))
+    op = state.operation
+    run_id = getattr(record, "run_id", None)
+    if op is None or run_id != op.id:
+        raise _corrupt(
+            "unknown_operation",
+            f"record {record.id!r} ({record.type}) names {run_id!r}, not the open operation "
+            f"{op.id if op else None!r}",
+        )
+    if isinstance(record, OperationFinished):
+        return replace(state, operation=None)
+    if isinstance(record, AbortRequested):
+        return replace(
+            state, operation=replace(op, aborting=True, pending_steer=(), pending_follow_up=())
+        )
+    if isinstance(record, StepAttempt):
+        return replace(state, operation=_step(op, stored, record))
+    if isinstance(record, ToolStarted):
+        return replace(state, operation=_tool_started(op, record))
+    if isinstance(record, QueueEnqueued):
+        if op.aborting:
+            raise _corrupt("queue_after_abort", f"{record.id!r} queues input after the abort")
+        if record.queue == "steer":
+            return replace(
+                state, operation=replace(op, pending_steer=(*op.pending_steer, record.target))
+            )
+        return replace(
+            state, operation=replace(op, pending_follow_up=(*op.pending_follow_up, record.target))
+        )
+    if isinstance(record, QueueCancelled):
+        if _find(op.pending_steer, record.entry_id) is not None:
+            op = replace(op, pending_steer=_without(op.pending_steer, record.entry_id))
+        elif _find(op.pending_follow_up, record.entry_id) is not None:
+            op = replace(op, pending_follow_up=_without(op.pending_follow_up, record.entry_id))
+        else:
+            raise _corrupt(
+                "cancel_unknown_item", f"{record.id!r} cancels {record.entry_id!r}, not pending"
+            )
+        return replace(state, operation=op)
+    assert isinstance(record, WriteDeferred)
+    return replace(state, operation=replace(op, pending_writes=(*op.pending_writes, record.target)))
+
+
+def _check_same(expected: Entry, entry: Entry) -> None:
+    if expected != entry:
+        raise _corrupt(
+            "content_mismatch", f"entry {entry.id!r} differs from its provisioned payload"
+        )
+
+
+def _configure(config: LaneConfiguration, entry: Entry) -> LaneConfiguration:
+    if isinstance(entry, ModelChangeEntry):
+        return replace_config(config, provider=entry.provider, model_id=entry.model_id)
+    if isinstance(entry, ThinkingLevelChangeEntry):
+        return replace_config(config, thinking_level=entry.thinking_level)
+    if isinstance(entry, ActiveToolsChangeEntry):
+        return replace_config(config, active_tools=entry.active_tool_names)
+    return config
+
+
+def replace_config(config: LaneConfiguration, **changes: object) -> LaneConfiguration:
+    """A configuration with some fields changed."""
+    return LaneConfiguration(**{**dict(config), **changes})
+
+
+def _message(
+    op: OperationState, stored: StoredEntry, message_entry: MessageEntry, conversational: bool
+) -> OperationState:
+    message = message_entry.message
+    entry_id = stored.id
+    failure: Literal["step", "deferred_fetch"] | None = None
+    if op.deferred is not None and not conversational:
+        # the redemption of a deferred request: its successor message
+        if isinstance(message, AssistantMessage) and message.stop_reason == "error":
+            failure = "deferred_fetch"
+        op = replace(op, deferred=None, deferred_entry_id=None)
+    if op.step is not None and entry_id == op.step.result_entry_id:
+        if isinstance(message, AssistantMessage) and message.stop_reason == "error":
+            failure = "step"
+        op = replace(op, step=None)
+    if isinstance(message, AssistantMessage):
+        op = replace(op, last_assistant_entry_id=entry_id)
+        if message.stop_reason == "deferred" and message.deferred is not None:
+            op = replace(op, deferred=message.deferred, deferred_entry_id=entry_id)
+        parts = tuple(part for part in message.content if isinstance(part, ToolCallPart))
+        if parts:
+            batch = ToolBatchState(
+                assistant_entry_id=entry_id,
+                calls=tuple(ToolCallState(tool_index=i, call=part) for i, part in enumerate(parts)),
+                truncated=message.stop_reason == "length",
+            )
+            op = replace(op, tool_batch=batch)
+    elif isinstance(message, ToolResultMessage) and op.tool_batch is not None:
+        batch = op.tool_batch
+        calls = list(batch.calls)
+        for index, call in enumerate(calls):
+            if call.call.id == message.tool_call_id and not call.result_exists:
+                calls[index] = replace(
+                    call, result_entry_id=entry_id, terminate=message_entry.terminate
+                )
+                break
+        op = replace(op, tool_batch=replace(batch, calls=tuple(calls)))
+    if conversational:
+        op = replace(op, last_conversational_seq=stored.seq)
+    stop_reason = message.stop_reason if isinstance(message, AssistantMessage) else None
+    newest = NewestOwn(
+        entry_id=entry_id, role=message.role, stop_reason=stop_reason, failure=failure
+    )
+    return replace(op, newest_own=newest)
+
+
+def _entry(state: LaneState, stored: StoredEntry) -> LaneState:
+    entry = stored.entry
+    state = replace(state, leaf_id=stored.id)
+    op = state.operation
+    if op is None:
+        return state
+    op = replace(op, configuration=_configure(op.configuration, entry))
+    expected = _find(op.pending_writes, stored.id)
+    if expected is not None:
+        # An accepted write applied at a checkpoint: a fact, never the next turn's trigger.
+        _check_same(expected, entry)
+        return replace(
+            state, operation=replace(op, pending_writes=_without(op.pending_writes, stored.id))
+        )
+    conversational = False
+    for items in (op.missing_initial, op.pending_steer, op.pending_follow_up):
+        expected = _find(items, stored.id)
+        if expected is not None:
+            _check_same(expected, entry)
+            op = replace(
+                op,
+                missing_initial=_without(op.missing_initial, stored.id),
+                pending_steer=_without(op.pending_steer, stored.id),
+                pending_follow_up=_without(op.pending_follow_up, stored.id),
+            )
+            conversational = isinstance(entry, MessageEntry) and entry.message.role == "user"
+            break
+    if isinstance(entry, MessageEntry):
+        op = _message(op, stored, entry, conversational)
+    elif isinstance(entry, (CompactionEntry, BranchSummaryEntry)):
+        if op.step is not None and stored.id == op.step.result_entry_id:
+            op = replace(op, step=None)
+        intent = op.intent
+        if (isinstance(intent, CompactionIntent) and stored.id == intent.result_entry_id) or (
+            isinstance(intent, NavigationIntent) and stored.id == intent.summary_entry_id
+        ):
+            op = replace(op, result_written=True)
+    return replace(state, operation=op)
+
+
+def advance(state: LaneState, item: StoredEntry | StoredRecord) -> LaneState:
+    """The lane's state after one more of its committed items (a record, or an own entry).
+
+    Raises:
+        RecordLogCorruption: the item contradicts the state (see `CorruptionReason`).
+    """
+    if isinstance(item, StoredRecord):
+        return _record(state, item)
+    return _entry(state, item)
