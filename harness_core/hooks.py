@@ -32,6 +32,7 @@ __all__ = [
     "BeforeRequestEvent",
     "BeforeResumeEvent",
     "BeforeRunEndEvent",
+    "BeforeRunEndResult",
     "BeforeRunEvent",
     "BeforeRunResult",
     "BeforeToolEvent",
@@ -110,6 +111,13 @@ class BeforeRunEndEvent:
     lane: str
     run_id: str
     messages: tuple[AgentMessage, ...]
+
+
+@dataclass(frozen=True, kw_only=True, slots=True)
+class BeforeRunEndResult:
+    """A follow-up that continues the same run (dropped if an abort wins meanwhile)."""
+
+    follow_up: str | None = None
 
 
 @dataclass(frozen=True, kw_only=True, slots=True)

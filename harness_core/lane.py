@@ -503,6 +503,7 @@ class LaneRuntime:
     async def sleep(self, seconds: float) -> Literal["elapsed", "aborted"]:
         """Back off; an abort ends the wait."""
         self.runtime.check()
+
         async def wait() -> bool:
             await self.runtime.clock.sleep(seconds)
             return True
@@ -676,7 +677,9 @@ class LaneRuntime:
             Literal["cancelled", "already_consumed", "already_cleared"], UnknownQueueItem
         ]:
             op = self.state.operation
-            pending: list[tuple[str | None, tuple[Entry, ...]]] = [(None, self.state.pending_next_run)]
+            pending: list[tuple[str | None, tuple[Entry, ...]]] = [
+                (None, self.state.pending_next_run)
+            ]
             if op is not None:
                 pending += [(op.id, op.pending_steer), (op.id, op.pending_follow_up)]
             for run_id, items in pending:
@@ -694,8 +697,13 @@ class LaneRuntime:
             storage = self.runtime.storage
             if await storage.get_entry(entry_id) is not None:
                 return Ok("already_consumed")
-            enqueued = await storage.find_records(RecordQuery(lane=self.name, type="queue_enqueued"))
-            if any(isinstance(r.record, QueueEnqueued) and r.record.target.id == entry_id for r in enqueued):
+            enqueued = await storage.find_records(
+                RecordQuery(lane=self.name, type="queue_enqueued")
+            )
+            if any(
+                isinstance(r.record, QueueEnqueued) and r.record.target.id == entry_id
+                for r in enqueued
+            ):
                 return Ok("already_cleared")
             return Err(
                 UnknownQueueItem(

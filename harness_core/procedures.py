@@ -361,6 +361,17 @@ class Procedures:
 
     async def _handle_run_failed(self, error: OperationError) -> Outcome:
         fx = self.fx
+        op = self.op
+        if not op.terminal_failure and not op.aborting:
+            # Make the failure durable before draining, so recovery never completes this run
+            # (overflow with nothing to compact, an exhausted compaction: no entry said so yet).
+            step = op.step
+            marker_id = (
+                step.result_entry_id
+                if step is not None and step.kind == "assistant"
+                else self._id()
+            )
+            await fx.append_entry(_give_up(marker_id, error))
         try:
             while True:
                 op = self.op
@@ -601,10 +612,14 @@ class Procedures:
     # -- compaction ----------------------------------------------------------------------------
 
     async def _preparation(self) -> CompactionPreparation:
+        entries = await self.lane.context_entries()
         messages = await self.lane.context_messages()
         to_summarize, tail = plan_compaction(
             messages, self.rt.options.compaction.keep_recent_tokens
         )
+        if entries and isinstance(entries[0].entry, CompactionEntry) and len(to_summarize) <= 1:
+            # only the newest summary would be summarized again: it cannot get smaller
+            to_summarize, tail = (), tuple(messages)
         return CompactionPreparation(
             to_summarize=to_summarize,
             retained_tail=tail,

@@ -141,8 +141,8 @@ class NewestOwn:
     role: Literal["user", "assistant", "tool_result"]
     stop_reason: str | None = None
     failure: Literal["step", "deferred_fetch"] | None = None
-    """Set when this is an error message a step or a deferred fetch produced: the terminal-failure
-    marker (recovery never completes such a run)."""
+    """Set when this is an assistant error (from a step, a deferred fetch, or a failure the run
+    recorded): the terminal-failure marker. Recovery never completes such a run."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -407,14 +407,17 @@ def _message(
     message = message_entry.message
     entry_id = stored.id
     failure: Literal["step", "deferred_fetch"] | None = None
+    is_error = isinstance(message, AssistantMessage) and message.stop_reason == "error"
+    if is_error:
+        # Only the harness appends assistant errors on a lane (deferred writes are handled
+        # before this): a failed step, a give-up, a failed redemption, a failure marker.
+        failure = "step"
     if op.deferred is not None and not conversational:
         # the redemption of a deferred request: its successor message
-        if isinstance(message, AssistantMessage) and message.stop_reason == "error":
+        if is_error:
             failure = "deferred_fetch"
         op = replace(op, deferred=None, deferred_entry_id=None)
     if op.step is not None and entry_id == op.step.result_entry_id:
-        if isinstance(message, AssistantMessage) and message.stop_reason == "error":
-            failure = "step"
         op = replace(op, step=None)
     if isinstance(message, AssistantMessage):
         op = replace(op, last_assistant_entry_id=entry_id)

@@ -1,7 +1,7 @@
 from __future__ import annotations
 
 import itertools
-from collections.abc import Iterator
+from collections.abc import AsyncIterator, Iterator
 
 import pytest
 
@@ -18,6 +18,15 @@ def redis_server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[RedisServ
     server = RedisServer(tmp_path_factory.mktemp("redis")).start()
     yield server
     server.stop()
+
+
+@pytest.fixture(autouse=True)
+async def _close_kit_repos() -> AsyncIterator[None]:
+    yield
+    from tests.support.harness_kit import OPEN_REPOS
+
+    while OPEN_REPOS:
+        await OPEN_REPOS.pop().close()
 
 
 @pytest.fixture

@@ -1,0 +1,201 @@
+"""Builds harnesses over real backends for runtime tests, with a write-recording storage."""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from harness_core.harness import AgentHarness, SuspendedOperation
+from harness_core.ids import SequentialIds
+from harness_core.model import ModelRef
+from harness_core.options import AgentHarnessOptions, RetryPolicy
+from harness_core.scripted import Reply, ScriptedModel
+from harness_core.session.contract import SessionRepo, SessionStorage
+from harness_core.session.entries import Entry
+from harness_core.session.records import Record
+from harness_core.session.types import StoredEntry, StoredRecord
+from harness_core.storage.memory import MemorySessionRepo
+from harness_core.storage.sqlite import SqliteSessionRepo
+from harness_core.testing import ManualClock
+from harness_core.tools import Tool
+
+MODEL = ModelRef(provider="scripted", model_id="test")
+OPEN_REPOS: list[SessionRepo] = []
+"""Repositories opened by kits; the test fixture closes them after each test."""
+
+
+class RecordingStorage:
+    """A storage that forwards everything and logs each write as (kind, detail)."""
+
+    def __init__(self, inner: SessionStorage, log: list[tuple[str, str]]) -> None:
+        self._inner = inner
+        self.writes = log
+
+    def __getattr__(self, name: str) -> Any:
+        return getattr(self._inner, name)
+
+    async def append_entry(self, entry: Entry, lane: str) -> StoredEntry:
+        stored = await self._inner.append_entry(entry, lane)
+        self.writes.append(("E", _entry_detail(entry)))
+        return stored
+
+    async def append_entry_if_missing(self, entry: Entry, lane: str) -> tuple[StoredEntry, bool]:
+        stored, appended = await self._inner.append_entry_if_missing(entry, lane)
+        if appended:
+            self.writes.append(("E", _entry_detail(entry)))
+        return stored, appended
+
+    async def append_record(self, record: Record) -> StoredRecord:
+        stored = await self._inner.append_record(record)
+        detail = record.type
+        if record.type == "step_attempt":
+            detail += f":{record.step}:{record.attempt}"  # type: ignore[union-attr]
+        elif record.type == "operation_finished":
+            detail += f":{record.outcome}"  # type: ignore[union-attr]
+        elif record.type == "usage":
+            detail += f":{record.cause}"  # type: ignore[union-attr]
+        elif record.type == "queue_enqueued":
+            detail += f":{record.queue}"  # type: ignore[union-attr]
+        self.writes.append(("R", detail))
+        return stored
+
+    async def move_lane(self, lane: str, to: str | None) -> Any:
+        result = await self._inner.move_lane(lane, to)
+        self.writes.append(("L", lane))
+        return result
+
+    async def set_name(self, name: str) -> Any:
+        result = await self._inner.set_name(name)
+        self.writes.append(("G", "name"))
+        return result
+
+    async def set_label(self, target_id: str, label: str | None) -> Any:
+        result = await self._inner.set_label(target_id, label)
+        self.writes.append(("G", "label"))
+        return result
+
+    async def create_lane(self, lane: str, at: str | None) -> Any:
+        result = await self._inner.create_lane(lane, at)
+        self.writes.append(("L", f"create {lane}"))
+        return result
+
+
+def _entry_detail(entry: Entry) -> str:
+    if entry.type == "message":
+        message = entry.message  # type: ignore[union-attr]
+        detail = f"message:{message.role}"
+        if message.role == "assistant":
+            detail += f":{message.stop_reason}"
+        elif message.role == "tool_result":
+            detail += f":{message.outcome}"
+        return detail
+    return entry.type
+
+
+@dataclass
+class Kit:
+    """A harness over a real backend, its scripted model, and the write log."""
+
+    backend: str
+    repo: SessionRepo
+    storage: SessionStorage
+    model: ScriptedModel
+    clock: ManualClock
+    harness: AgentHarness
+    suspended: list[SuspendedOperation]
+    writes: list[tuple[str, str]] = field(default_factory=list)
+    tools: Sequence[Tool] = ()
+    options: dict[str, Any] = field(default_factory=dict)
+
+    async def reopen(self, *, script: Sequence[Reply] | None = None, **changes: Any) -> Kit:
+        """A new harness over the same session, as a restarted process would open it.
+
+        The old harness is dropped without closing (a crash); the new one takes the lease over.
+        """
+        lease = await self.repo.acquire_lease("s", owner="w", ttl_ms=10**9)
+        storage = await self.repo.open("s", lease=lease)
+        model = self.model if script is None else ScriptedModel(script)
+        options = {**self.options, **changes}
+        tools = options.pop("tools", self.tools)
+        writes: list[tuple[str, str]] = []
+        harness, suspended = await AgentHarness.create(
+            _options(RecordingStorage(storage, writes), model, self.clock, tools, options)
+        )
+        record_hooks(harness, writes)
+        return Kit(
+            self.backend,
+            self.repo,
+            storage,
+            model,
+            self.clock,
+            harness,
+            suspended,
+            writes,
+            tools,
+            options,
+        )
+
+
+def _options(
+    storage: Any,
+    model: ScriptedModel,
+    clock: ManualClock,
+    tools: Sequence[Tool],
+    extra: dict[str, Any],
+) -> AgentHarnessOptions:
+    settings: dict[str, Any] = {
+        "storage": storage,
+        "model_client": model,
+        "model": MODEL,
+        "tools": tools,
+        "clock": clock,
+        "ids": SequentialIds("id-"),
+        "retry": RetryPolicy(max_attempts=3, initial_delay_ms=0),
+        **extra,
+    }
+    return AgentHarnessOptions(**settings)
+
+
+HOOK_NAMES = (
+    "before_run", "before_resume", "before_run_end", "transform_context", "before_request",
+    "before_payload", "after_response", "before_tool", "after_tool", "before_compaction",
+    "before_navigation",
+)  # fmt: skip
+
+
+def record_hooks(harness: AgentHarness, log: list[tuple[str, str]]) -> None:
+    """Log every hook invocation as ("H", name) in the same list as the writes."""
+    for name in HOOK_NAMES:
+
+        async def handler(event: Any, name: str = name) -> None:
+            log.append(("H", name))
+
+        harness.hooks.on(name, handler, id="recorder")  # type: ignore[arg-type]
+
+
+async def make_kit(
+    backend: str,
+    tmp_path: Path,
+    script: Sequence[Reply] = (),
+    tools: Sequence[Tool] = (),
+    **options: Any,
+) -> Kit:
+    clock = ManualClock()
+    repo: SessionRepo = (
+        MemorySessionRepo(clock=clock)
+        if backend == "memory"
+        else SqliteSessionRepo(tmp_path / "kit.db", clock=clock)
+    )
+    OPEN_REPOS.append(repo)
+    await repo.create("s")
+    lease = await repo.acquire_lease("s", owner="w", ttl_ms=10**9)
+    storage = await repo.open("s", lease=lease)
+    model = ScriptedModel(script)
+    writes: list[tuple[str, str]] = []
+    harness, suspended = await AgentHarness.create(
+        _options(RecordingStorage(storage, writes), model, clock, tools, options)
+    )
+    record_hooks(harness, writes)
+    return Kit(backend, repo, storage, model, clock, harness, suspended, writes, tools, options)
