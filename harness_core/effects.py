@@ -1,5 +1,7 @@
-"""The one effects boundary: every durable write, model call, tool run, hook and sleep of a
-procedure goes through an `Effects` object, and nothing else.
+"""The one effects boundary of a procedure: its writes, model calls, tools, hooks and sleeps.
+
+Every durable write, model call, tool run, hook and sleep of a procedure goes through an
+`Effects` object, and nothing else.
 
 The method list is the complete catalog of crash sites: stopping before or after any call is
 one of the durable states recovery handles. `AutomaticEffects` passes straight through to the

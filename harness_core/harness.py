@@ -172,7 +172,8 @@ def _normalize(lane: str, value: PromptInput) -> Result[tuple[UserMessage, ...],
         if not isinstance(message, UserMessage):
             return Err(
                 InvalidMessage(
-                    message=f"only user messages can be prompted or queued, got {type(message).__name__}",
+                    message="only user messages can be prompted or queued, "
+                    f"got {type(message).__name__}",
                     lane=lane,
                     reason="not a user message",
                 )
@@ -341,7 +342,8 @@ class AgentLane:
             if tools or models:
                 return Err(
                     MissingIdentities(
-                        message=f"resuming {op.id!r} needs tools {list(tools)} and models {list(models)}",
+                        message=f"resuming {op.id!r} needs tools {list(tools)} "
+                        f"and models {list(models)}",
                         lane=self._name,
                         tools=tools,
                         models=models,
@@ -411,8 +413,9 @@ class AgentLane:
         label: str | None = None,
         custom_instructions: str | None = None,
     ) -> Result[Outcome, LaneBusy | UnknownTarget | Closed]:
-        """Move the lane's leaf to `target_id` (None: the root), optionally summarizing the branch
-        it leaves and labelling the target.
+        """Move the lane's leaf to `target_id` (None: the root).
+
+        Optionally summarizes the branch it leaves and labels the target.
         """
         if (closed := self._closed()) is not None:
             return closed
@@ -760,7 +763,7 @@ class AgentHarness(AgentLane):
         )
 
     def _missing(self, op: OperationState) -> tuple[tuple[str, ...], tuple[str, ...]]:
-        """Tools named by unresolved calls and models the operation needs that this harness lacks."""
+        """Tools of unresolved calls and models the operation needs that this harness lacks."""
         runtime = self._rt
         tools: list[str] = []
         if op.tool_batch is not None and not op.tool_batch.truncated:

@@ -147,7 +147,7 @@ class HarnessRuntime:
         return self.fault
 
     async def write(self, fn: Callable[[SessionStorage], Awaitable[_T]]) -> _T:
-        """Run one storage write; any failure faults the harness (the store stays a valid prefix)."""
+        """Run one storage write; any failure faults the harness (the store stays a prefix)."""
         self.check()
         try:
             return await fn(self.storage)
@@ -714,8 +714,10 @@ class LaneRuntime:
         return await self.job(run)
 
     async def write(self, entry: Entry) -> str:
-        """A lane-view write: deferred while a run is open, waits out a structural operation,
-        appended directly on an idle lane. Returns the entry's id once durably accepted.
+        """A lane-view write; returns the entry's id once durably accepted.
+
+        Deferred while a run is open, waits out a structural operation, appended directly on an
+        idle lane.
         """
         while True:
             waiting: asyncio.Task[Any] | None = None
@@ -750,7 +752,8 @@ class LaneRuntime:
             ):
                 # a suspended structural operation: nothing will close it until someone resumes it
                 raise HarnessError(
-                    f"lane {self.name!r} has an unfinished {self.state.operation.kind}; resume or abort it first"
+                    f"lane {self.name!r} has an unfinished {self.state.operation.kind}; "
+                    "resume or abort it first"
                 )
 
     async def abort(self) -> Result[AbortAccepted, NoActiveOperation]:

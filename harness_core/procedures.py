@@ -188,6 +188,7 @@ class Procedures:
 
     @property
     def op(self) -> OperationState:
+        """The operation this procedure drives."""
         return self.lane.operation
 
     def _id(self) -> str:
@@ -480,10 +481,15 @@ class Procedures:
         name = self.lane.name
         self._emit(
             RetryScheduled(
-                lane=name, run_id=self.op.id, step=step, attempt=attempt, max_attempts=retry.max_attempts,
-                delay_ms=delay, error_message=error.message if error else "",
+                lane=name,
+                run_id=self.op.id,
+                step=step,
+                attempt=attempt,
+                max_attempts=retry.max_attempts,
+                delay_ms=delay,
+                error_message=error.message if error else "",
             )
-        )  # fmt: skip
+        )
         await self.fx.sleep(delay / 1000)
         self._emit(RetryStart(lane=name, run_id=self.op.id, step=step, attempt=attempt + 1))
 
@@ -577,10 +583,15 @@ class Procedures:
             options = await self._request_options(kind, attempt)
             await fx.append_record(
                 StepAttempt(
-                    id=self._id(), lane=self.lane.name, run_id=self.op.id, step=kind, attempt=attempt,
-                    result_entry_id=result_id, compaction_reason=reason,
+                    id=self._id(),
+                    lane=self.lane.name,
+                    run_id=self.op.id,
+                    step=kind,
+                    attempt=attempt,
+                    result_entry_id=result_id,
+                    compaction_reason=reason,
                 )
-            )  # fmt: skip
+            )
             request = ModelRequest(
                 model=self._model(),
                 system_prompt=SUMMARY_SYSTEM,
@@ -867,10 +878,14 @@ class Procedures:
             outcome = await self._finish_structural("completed")
             self._emit(
                 NavigationEnd(
-                    lane=self.lane.name, run_id=op.id, outcome="completed", old_leaf_id=old_leaf,
-                    new_leaf_id=self.lane.state.leaf_id, summary_entry_id=intent.summary_entry_id if intent.summarize else None,
+                    lane=self.lane.name,
+                    run_id=op.id,
+                    outcome="completed",
+                    old_leaf_id=old_leaf,
+                    new_leaf_id=self.lane.state.leaf_id,
+                    summary_entry_id=intent.summary_entry_id if intent.summarize else None,
                 )
-            )  # fmt: skip
+            )
             return outcome
         except (_Aborted, _RunFailed, _Park) as signal:
             return await self._structural_signal(signal)
@@ -924,9 +939,11 @@ class Procedures:
 
     async def _structural_signal(self, signal: BaseException) -> Outcome:
         op = self.op
-        if isinstance(signal, _RunFailed):
-            if await self.fx.finish_operation(op.id, "failed", signal.error) == "finished":
-                return self._structural_outcome(op, "failed", signal.error)
+        if (
+            isinstance(signal, _RunFailed)
+            and await self.fx.finish_operation(op.id, "failed", signal.error) == "finished"
+        ):
+            return self._structural_outcome(op, "failed", signal.error)
         return await self._finish_structural("aborted")
 
     # -- abort ----------------------------------------------------------------------------------
@@ -994,8 +1011,10 @@ class Procedures:
     async def _prepare(
         self, call: ToolCallState, assistant_entry_id: str
     ) -> PreparedToolCall | MessageEntry:
-        """Phase 1 and the durability point: a prepared call (its `tool_started` written) or the
-        error result of a call that will not run (no `tool_started`: nothing started).
+        """Phase 1 and the durability point of one call.
+
+        Returns a prepared call (its `tool_started` written) or the error result of a call that
+        will not run (no `tool_started`: nothing started).
         """
         active = {tool.name: tool for tool in self._active_tools()}
         tool = active.get(call.call.name)
@@ -1031,10 +1050,17 @@ class Procedures:
             return self._synthetic(call, self._id(), "error", ABORTED_CALL)
         result_id = self._id()
         started = ToolStarted(
-            id=self._id(), lane=self.lane.name, run_id=self.op.id, assistant_entry_id=assistant_entry_id,
-            tool_index=call.tool_index, tool_call_id=call.call.id, tool_name=tool.name, effective_args=dict(args),
-            result_entry_id=result_id, replay=tool.replay,
-        )  # fmt: skip
+            id=self._id(),
+            lane=self.lane.name,
+            run_id=self.op.id,
+            assistant_entry_id=assistant_entry_id,
+            tool_index=call.tool_index,
+            tool_call_id=call.call.id,
+            tool_name=tool.name,
+            effective_args=dict(args),
+            result_entry_id=result_id,
+            replay=tool.replay,
+        )
         await self.fx.append_record(started)
         self._emit(
             ToolStart(
@@ -1196,9 +1222,12 @@ class Procedures:
                 started.replay == "safe" and tool is not None and tool.replay == "safe"
             ):  # X3/X4: safe AND safe
                 prepared = PreparedToolCall(
-                    tool_index=call.tool_index, call=call.call, tool=tool, args=started.effective_args,
+                    tool_index=call.tool_index,
+                    call=call.call,
+                    tool=tool,
+                    args=started.effective_args,
                     context=self._context(call, current.assistant_entry_id),
-                )  # fmt: skip
+                )
                 output = await self.fx.execute_tool(prepared)
                 await self._finalize(prepared, output, started.result_entry_id)
             else:

@@ -38,6 +38,9 @@ __all__ = [
 
 Reply = AssistantMessage | Callable[[ModelRequest], AssistantMessage]
 
+DEFAULT_INFO = ModelInfo(context_window=128_000, max_output_tokens=8_192)
+"""The limits a `ScriptedModel` reports unless told otherwise."""
+
 _call_ids = itertools.count(1)
 
 
@@ -122,9 +125,7 @@ class ScriptedModel:
         *,
         responder: Callable[[ModelRequest], AssistantMessage] | None = None,
         fetches: Iterable[AssistantMessage] = (),
-        info: ModelInfo | Mapping[str, ModelInfo] = ModelInfo(
-            context_window=128_000, max_output_tokens=8_192
-        ),
+        info: ModelInfo | Mapping[str, ModelInfo] = DEFAULT_INFO,
         known_models: Iterable[str] | None = None,
     ) -> None:
         self.script: list[Reply] = list(script)

@@ -3,16 +3,20 @@ hooks (H) for each canonical scenario, and the append-only-context check on ever
 
 from __future__ import annotations
 
+from collections.abc import Awaitable, Callable
+from typing import Any
+
 import pytest
 
-from harness_core.hooks import BeforeRunEndEvent
+from harness_core.context import message_text
+from harness_core.hooks import BeforeRunEndEvent, BeforeRunEndResult
 from harness_core.messages import UserMessage
 from harness_core.model import ModelRequest
+from harness_core.options import CompactionSettings
 from harness_core.result import Ok
 from harness_core.scripted import deferred, error, length, text, tool_call
-from harness_core.session.entries import CompactionEntry, MessageEntry
-from harness_core.options import CompactionSettings
-from harness_core.tools import Tool
+from harness_core.session.entries import CompactionEntry
+from harness_core.tools import Tool, ToolContext
 from tests.support.harness_kit import Kit, make_kit
 
 BACKENDS = ["memory", "sqlite"]
@@ -21,7 +25,7 @@ REQUEST_HOOKS = [("H", "before_request"), ("H", "transform_context")]
 
 
 def step(attempt: int = 1) -> list[tuple[str, str]]:
-    """One assistant attempt: before_request, step_attempt, transform_context, after_response, usage."""
+    """One assistant attempt: the hooks and records around one model call."""
     return [
         ("H", "before_request"),
         ("R", f"step_attempt:assistant:{attempt}"),
@@ -51,7 +55,7 @@ def assert_append_only(kit: Kit) -> None:
         previous = request
 
 
-async def echo(args, ctx):  # type: ignore[no-untyped-def]
+async def echo(args: Any, ctx: ToolContext) -> str:
     return f"echo {args}"
 
 
@@ -137,10 +141,10 @@ def after_tool_call(kit: Kit) -> list[tuple[str, str]]:
     return kit.writes[index + 1 :]
 
 
-def tool_that(action):  # type: ignore[no-untyped-def]
+def tool_that(action: Callable[[ToolContext], Awaitable[None]]) -> Tool:
     """A tool whose execution runs `action(ctx)` (which may call the lane surface)."""
 
-    async def execute(args, ctx):  # type: ignore[no-untyped-def]
+    async def execute(args: Any, ctx: ToolContext) -> str:
         await action(ctx)
         return "tool done"
 
@@ -150,7 +154,7 @@ def tool_that(action):  # type: ignore[no-untyped-def]
 async def test_steering_while_a_tool_runs(backend, tmp_path) -> None:
     holder: dict[str, Kit] = {}
 
-    async def steer(ctx):  # type: ignore[no-untyped-def]
+    async def steer(ctx: ToolContext) -> None:
         assert isinstance(await holder["kit"].harness.steer("focus on the tests"), Ok)
 
     kit = await make_kit(
@@ -171,14 +175,14 @@ async def test_steering_while_a_tool_runs(backend, tmp_path) -> None:
         ("R", "operation_finished:completed"),
     ]
     last = kit.model.requests[-1].messages
-    assert isinstance(last[-1], UserMessage) and last[-1].content[0].text == "focus on the tests"  # type: ignore[union-attr]
+    assert isinstance(last[-1], UserMessage) and message_text(last[-1]) == "focus on the tests"
     assert_append_only(kit)
 
 
 async def test_queue_cancellation(backend, tmp_path) -> None:
     holder: dict[str, Kit] = {}
 
-    async def steer_then_cancel(ctx):  # type: ignore[no-untyped-def]
+    async def steer_then_cancel(ctx: ToolContext) -> None:
         harness = holder["kit"].harness
         queued = await harness.steer("never mind")
         assert isinstance(queued, Ok)
@@ -198,7 +202,7 @@ async def test_queue_cancellation(backend, tmp_path) -> None:
 async def test_deferred_write_mid_turn(backend, tmp_path) -> None:
     holder: dict[str, Kit] = {}
 
-    async def write(ctx):  # type: ignore[no-untyped-def]
+    async def write(ctx: ToolContext) -> None:
         await holder["kit"].harness.session.append_custom_entry("note", {"from": "tool"})
 
     kit = await make_kit(
@@ -220,7 +224,7 @@ async def test_deferred_write_mid_turn(backend, tmp_path) -> None:
 async def test_abort_during_a_tool(backend, tmp_path) -> None:
     holder: dict[str, Kit] = {}
 
-    async def abort(ctx):  # type: ignore[no-untyped-def]
+    async def abort(ctx: ToolContext) -> None:
         result = await holder["kit"].harness.abort()
         assert isinstance(result, Ok)
         assert ctx.abort.is_set()
@@ -244,9 +248,7 @@ async def test_follow_up_from_before_run_end(backend, tmp_path) -> None:
     kit = await make_kit(backend, tmp_path, [text("first"), text("second")])
     asked: list[int] = []
 
-    async def once_more(event: BeforeRunEndEvent):  # type: ignore[no-untyped-def]
-        from harness_core.hooks import BeforeRunEndResult
-
+    async def once_more(event: BeforeRunEndEvent) -> BeforeRunEndResult | None:
         if not asked:
             asked.append(1)
             return BeforeRunEndResult(follow_up="and then?")
@@ -330,7 +332,7 @@ async def test_auto_compaction_at_a_checkpoint(backend, tmp_path) -> None:
     from harness_core.model import ModelInfo
     from harness_core.options import CompactionSettings
 
-    async def big(args, ctx):  # type: ignore[no-untyped-def]
+    async def big(args: Any, ctx: ToolContext) -> str:
         return "x" * 1200
 
     kit = await make_kit(
@@ -357,9 +359,9 @@ async def test_auto_compaction_at_a_checkpoint(backend, tmp_path) -> None:
         ("R", "operation_finished:completed"),
     ]
     compacted = kit.model.requests[-1].messages
-    assert (
-        compacted[0].content[0].text.startswith("Summary of the earlier conversation:\nthe summary")
-    )  # type: ignore[union-attr]
+    assert message_text(compacted[0]).startswith(
+        "Summary of the earlier conversation:\nthe summary"
+    )
     assert "first question" not in str(compacted)
     assert_append_only(kit)
 

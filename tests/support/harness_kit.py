@@ -9,12 +9,19 @@ from typing import Any
 
 from harness_core.harness import AgentHarness, SuspendedOperation
 from harness_core.ids import SequentialIds
+from harness_core.messages import AssistantMessage, ToolResultMessage
 from harness_core.model import ModelRef
 from harness_core.options import AgentHarnessOptions, RetryPolicy
 from harness_core.scripted import Reply, ScriptedModel
 from harness_core.session.contract import SessionRepo, SessionStorage
-from harness_core.session.entries import Entry
-from harness_core.session.records import Record
+from harness_core.session.entries import Entry, MessageEntry
+from harness_core.session.records import (
+    OperationFinished,
+    QueueEnqueued,
+    Record,
+    StepAttempt,
+    Usage,
+)
 from harness_core.session.types import StoredEntry, StoredRecord
 from harness_core.storage.memory import MemorySessionRepo
 from harness_core.storage.sqlite import SqliteSessionRepo
@@ -49,15 +56,15 @@ class RecordingStorage:
 
     async def append_record(self, record: Record) -> StoredRecord:
         stored = await self._inner.append_record(record)
-        detail = record.type
-        if record.type == "step_attempt":
-            detail += f":{record.step}:{record.attempt}"  # type: ignore[union-attr]
-        elif record.type == "operation_finished":
-            detail += f":{record.outcome}"  # type: ignore[union-attr]
-        elif record.type == "usage":
-            detail += f":{record.cause}"  # type: ignore[union-attr]
-        elif record.type == "queue_enqueued":
-            detail += f":{record.queue}"  # type: ignore[union-attr]
+        detail: str = record.type
+        if isinstance(record, StepAttempt):
+            detail += f":{record.step}:{record.attempt}"
+        elif isinstance(record, OperationFinished):
+            detail += f":{record.outcome}"
+        elif isinstance(record, Usage):
+            detail += f":{record.cause}"
+        elif isinstance(record, QueueEnqueued):
+            detail += f":{record.queue}"
         self.writes.append(("R", detail))
         return stored
 
@@ -83,12 +90,12 @@ class RecordingStorage:
 
 
 def _entry_detail(entry: Entry) -> str:
-    if entry.type == "message":
-        message = entry.message  # type: ignore[union-attr]
+    if isinstance(entry, MessageEntry):
+        message = entry.message
         detail = f"message:{message.role}"
-        if message.role == "assistant":
+        if isinstance(message, AssistantMessage):
             detail += f":{message.stop_reason}"
-        elif message.role == "tool_result":
+        elif isinstance(message, ToolResultMessage):
             detail += f":{message.outcome}"
         return detail
     return entry.type

@@ -1,0 +1,483 @@
+"""Tier A: every durable prefix of every canonical trajectory, restored and resumed, twice.
+
+Each scenario runs live once; its log is the trajectory. Every prefix of that log is a state a
+crash can leave (a write either happened or not). Each prefix is imported into a fresh session
+on a real backend, the harness is created (restore: bounded reads, no writes) and every
+suspended operation is resumed. After recovery the invariants must hold: the log reduces,
+every operation is closed (or parked on a deferred request), every accepted input is in the
+tree exactly once, no ``replay="never"`` tool ran again, and a second recovery finds nothing to
+do. Recovery from the same prefix is deterministic, and a recovery cut at any of its own
+writes recovers again (half-completed recovery is safe).
+"""
+
+from __future__ import annotations
+
+import tempfile
+from collections import Counter
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from harness_core.context import message_text
+from harness_core.harness import AgentHarness
+from harness_core.hooks import BeforeRunEndResult
+from harness_core.ids import SequentialIds
+from harness_core.messages import AssistantMessage, ToolResultMessage, UserMessage
+from harness_core.model import ModelInfo, ModelRequest
+from harness_core.options import AgentHarnessOptions, CompactionSettings, RetryPolicy
+from harness_core.restore import restore_lane
+from harness_core.result import Err, Ok
+from harness_core.scripted import ScriptedModel, deferred, error, length, text, tool_calls
+from harness_core.session.contract import SessionRepo, SessionStorage
+from harness_core.session.entries import MessageEntry
+from harness_core.session.records import (
+    OperationFinished,
+    OperationStarted,
+    QueueCancelled,
+    QueueEnqueued,
+    ToolStarted,
+)
+from harness_core.session.types import LogItem, SessionMetadata, StoredEntry, StoredRecord
+from harness_core.storage.memory import MemorySessionRepo
+from harness_core.storage.sqlite import SqliteSessionRepo
+from harness_core.testing import ManualClock
+from harness_core.tools import Tool, idempotency_key
+from tests.support.harness_kit import MODEL
+
+# -- scenarios --------------------------------------------------------------------------------
+
+
+def turn_index(request: ModelRequest) -> int:
+    """How many assistant messages follow the newest user message (0: the first answer)."""
+    count = 0
+    for message in reversed(request.messages):
+        if isinstance(message, UserMessage):
+            break
+        if isinstance(message, AssistantMessage):
+            count += 1
+    return count
+
+
+def scripted_turns(
+    *turns: AssistantMessage | Callable[[ModelRequest], AssistantMessage],
+) -> Callable[[ModelRequest], AssistantMessage]:
+    """A responder: answer n after the newest user input is `turns[n]`; summaries are fixed."""
+
+    def respond(request: ModelRequest) -> AssistantMessage:
+        if request.step != "assistant":
+            return text("a summary")
+        index = min(turn_index(request), len(turns) - 1)
+        reply = turns[index]
+        return reply(request) if callable(reply) else reply
+
+    return respond
+
+
+@dataclass
+class Counters:
+    executions: Counter[str] = field(default_factory=Counter)
+    """Runs per tool name."""
+    invocations: Counter[str] = field(default_factory=Counter)
+    """Runs per invocation (idempotency key)."""
+
+
+def make_tools(
+    counters: Counters, *, replay: dict[str, str], actions: dict[str, Any] | None = None
+) -> list[Tool]:
+    tools = []
+    for name, declared in replay.items():
+
+        async def execute(args: Any, ctx: Any, name: str = name) -> str:
+            counters.executions[name] += 1
+            counters.invocations[ctx.idempotency_key] += 1
+            action = (actions or {}).get(name)
+            if action is not None:
+                await action(ctx)
+            return f"{name} ran with {args}"
+
+        tools.append(Tool(name=name, description=name, execute=execute, replay=declared))  # type: ignore[arg-type]
+    return tools
+
+
+@dataclass
+class Scenario:
+    """One trajectory: how to drive it live, and what the model and tools do."""
+
+    name: str
+    responder: Callable[[ModelRequest], AssistantMessage]
+    replay: dict[str, str] = field(default_factory=dict)
+    drive: Callable[[AgentHarness], Any] | None = None
+    actions: Callable[[dict[str, AgentHarness]], dict[str, Any]] | None = None
+    fetches: Sequence[AssistantMessage] = ()
+    options: dict[str, Any] = field(default_factory=dict)
+    info: ModelInfo | None = None
+
+
+async def prompt(harness: AgentHarness, text_: str = "please help") -> None:
+    result = await harness.prompt(text_)
+    assert isinstance(result, Ok), result
+
+
+def calls(*specs: tuple[str, str]) -> AssistantMessage:
+    return tool_calls(*((name, {"n": i}, call_id) for i, (name, call_id) in enumerate(specs)))
+
+
+def retry_then(answer: AssistantMessage) -> Callable[[ModelRequest], AssistantMessage]:
+    return lambda request: error("server") if request.attempt == 1 else answer
+
+
+async def two_prompts(harness: AgentHarness) -> None:
+    await prompt(harness, "first question " + "q" * 120)
+    await prompt(harness, "second question")
+
+
+SMALL_CONTEXT = {"compaction": CompactionSettings(reserve_tokens=60, keep_recent_tokens=10)}
+
+
+async def deferred_then_ready(harness: AgentHarness) -> None:
+    result = await harness.prompt("take your time")
+    assert isinstance(result, Ok) and result.value.kind == "suspended"
+    assert isinstance(await harness.resume(), Ok)
+
+
+def steer_actions(harnesses: dict[str, AgentHarness]) -> dict[str, Any]:
+    steered: list[str] = []
+
+    async def steer(ctx: Any) -> None:
+        if not steered:  # the model calls the tool again after the steer; steer only once
+            steered.append("yes")
+            result = await harnesses["h"].steer("also check the tests")
+            assert isinstance(result, Ok), result
+
+    return {"act": steer}
+
+
+def write_actions(harnesses: dict[str, AgentHarness]) -> dict[str, Any]:
+    async def write(ctx: Any) -> None:
+        await harnesses["h"].session.append_custom_entry("note", {"seen": True})
+
+    return {"act": write}
+
+
+def abort_actions(harnesses: dict[str, AgentHarness]) -> dict[str, Any]:
+    async def abort(ctx: Any) -> None:
+        await harnesses["h"].abort()
+
+    return {"act": abort}
+
+
+async def follow_up_drive(harness: AgentHarness) -> None:
+    fired: list[int] = []
+
+    async def once(event: Any) -> BeforeRunEndResult | None:
+        if fired:
+            return None
+        fired.append(1)
+        return BeforeRunEndResult(follow_up="one more thing")
+
+    harness.hooks.on("before_run_end", once)
+    await prompt(harness)
+
+
+async def manual_compaction_drive(harness: AgentHarness) -> None:
+    await two_prompts(harness)
+    result = await harness.compact()
+    assert isinstance(result, Ok) and result.value.kind == "completed", result
+
+
+async def navigation_drive(harness: AgentHarness) -> None:
+    first = await harness.prompt("first")
+    assert isinstance(first, Ok)
+    await prompt(harness, "second")
+    result = await harness.navigate_tree(first.value.final_entry_id, summarize=True, label="here")
+    assert isinstance(result, Ok) and result.value.kind == "completed", result
+
+
+SCENARIOS = [
+    Scenario(
+        "one tool, never", scripted_turns(calls(("echo", "c1")), text("done")), {"echo": "never"}
+    ),
+    Scenario(
+        "one tool, safe", scripted_turns(calls(("echo", "c1")), text("done")), {"echo": "safe"}
+    ),
+    Scenario(
+        "parallel batch: safe, never, safe",
+        scripted_turns(calls(("a", "c1"), ("b", "c2"), ("c", "c3")), text("done")),
+        {"a": "safe", "b": "never", "c": "safe"},
+    ),
+    Scenario(
+        "sequential batch: never, safe",
+        scripted_turns(calls(("a", "c1"), ("b", "c2")), text("done")),
+        {"a": "never", "b": "safe"},
+        options={"tool_execution": "sequential"},
+    ),
+    Scenario("retry then answer", scripted_turns(retry_then(text("done")))),
+    Scenario("terminal error", scripted_turns(error("invalid_request", retryable=False))),
+    Scenario(
+        "steering during a tool",
+        scripted_turns(calls(("act", "c1")), text("done")),
+        {"act": "never"},
+        actions=steer_actions,
+    ),
+    Scenario(
+        "deferred write mid-turn",
+        scripted_turns(calls(("act", "c1")), text("done")),
+        {"act": "never"},
+        actions=write_actions,
+    ),
+    Scenario(
+        "abort during a tool",
+        scripted_turns(calls(("act", "c1")), text("done")),
+        {"act": "never"},
+        actions=abort_actions,
+    ),
+    Scenario(
+        "follow-up at the finish boundary", scripted_turns(text("done")), drive=follow_up_drive
+    ),
+    Scenario(
+        "truncated tool batch",
+        scripted_turns(
+            tool_calls(("echo", {}, "c1")).model_copy(update={"stop_reason": "length"}),
+            text("done"),
+        ),
+        {"echo": "never"},
+        info=ModelInfo(context_window=100_000, max_output_tokens=10),
+    ),
+    Scenario(
+        "overflow, compaction, retry",
+        scripted_turns(
+            lambda r: (
+                length("cut", output_tokens=1)
+                if not message_text(r.messages[0]).startswith("Summary") and len(r.messages) > 2
+                else text("answer")
+            )
+        ),
+        drive=two_prompts,
+        options={"compaction": CompactionSettings(keep_recent_tokens=10)},
+        info=ModelInfo(context_window=100_000, max_output_tokens=100),
+    ),
+    Scenario(
+        "auto compaction at a checkpoint",
+        scripted_turns(text("an answer " + "a" * 120)),
+        drive=two_prompts,
+        options=SMALL_CONTEXT,
+        info=ModelInfo(context_window=160, max_output_tokens=50),
+    ),
+    Scenario(
+        "manual compaction",
+        scripted_turns(text("answer")),
+        drive=manual_compaction_drive,
+        options={"compaction": CompactionSettings(keep_recent_tokens=10)},
+    ),
+    Scenario(
+        "navigation with summary and label", scripted_turns(text("answer")), drive=navigation_drive
+    ),
+    Scenario(
+        "deferred request",
+        scripted_turns(deferred("job-1")),
+        drive=deferred_then_ready,
+        fetches=(text("ready now"),),
+    ),
+]
+
+
+# -- running ----------------------------------------------------------------------------------
+
+
+@dataclass
+class Run:
+    repo: SessionRepo
+    storage: SessionStorage
+    harness: AgentHarness
+    counters: Counters
+    model: ScriptedModel
+
+
+async def open_run(scenario: Scenario, repo: SessionRepo, ids: str, *, create: bool) -> Run:
+    if create:
+        await repo.create("s")
+    lease = await repo.acquire_lease("s", owner="w", ttl_ms=10**9)
+    storage = await repo.open("s", lease=lease)
+    counters = Counters()
+    holder: dict[str, AgentHarness] = {}
+    actions = scenario.actions(holder) if scenario.actions else None
+    model = ScriptedModel(responder=scenario.responder, fetches=scenario.fetches)
+    if scenario.info is not None:
+        model.info = scenario.info
+    options = AgentHarnessOptions(
+        storage=storage,
+        model_client=model,
+        model=MODEL,
+        tools=make_tools(counters, replay=scenario.replay, actions=actions),
+        clock=ManualClock(),
+        ids=SequentialIds(ids),
+        retry=RetryPolicy(max_attempts=3, initial_delay_ms=0),
+        **scenario.options,
+    )
+    harness, _ = await AgentHarness.create(options)
+    holder["h"] = harness
+    return Run(repo, storage, harness, counters, model)
+
+
+async def trajectory(scenario: Scenario) -> tuple[LogItem, ...]:
+    repo = MemorySessionRepo(clock=ManualClock())
+    run = await open_run(scenario, repo, "live-", create=True)
+    if scenario.drive is not None:
+        await scenario.drive(run.harness)
+    else:
+        await prompt(run.harness)
+    log = await run.storage.get_log()
+    await repo.close()
+    return log
+
+
+def new_repo(backend: str, directory: Path) -> SessionRepo:
+    clock = ManualClock()
+    return (
+        MemorySessionRepo(clock=clock)
+        if backend == "memory"
+        else SqliteSessionRepo(directory / "r.db", clock=clock)
+    )
+
+
+async def recover(
+    scenario: Scenario, backend: str, prefix: Sequence[LogItem], ids: str
+) -> tuple[tuple[LogItem, ...], Counters, Run]:
+    repo = new_repo(backend, Path(tempfile.mkdtemp(prefix="recovery-")))
+    await repo.import_session(SessionMetadata(id="s", created_at=1), prefix)
+    run = await open_run(scenario, repo, ids, create=False)
+    for lane in await run.harness.lanes():
+        if lane.status != "idle":
+            handle = run.harness.lane(lane.name)
+            assert handle is not None
+            result = await handle.resume()
+            assert isinstance(result, Ok), result
+    return await run.storage.get_log(), run.counters, run
+
+
+def check_invariants(prefix: Sequence[LogItem], log: Sequence[LogItem], counters: Counters) -> None:
+    records = [item.record for item in log if isinstance(item, StoredRecord)]
+    entries = {item.id: item for item in log if isinstance(item, StoredEntry)}
+    started = [r for r in records if isinstance(r, OperationStarted)]
+    finished = Counter(r.run_id for r in records if isinstance(r, OperationFinished))
+    for op in started:
+        assert finished[op.id] <= 1, f"{op.id} finished twice"
+    open_ops = [op for op in started if finished[op.id] == 0]
+    for op in open_ops:  # only a parked deferred request may stay open
+        newest = [
+            e for e in entries.values() if isinstance(e.entry, MessageEntry) and e.lane == op.lane
+        ][-1]
+        message = newest.entry.message  # type: ignore[union-attr]
+        assert isinstance(message, AssistantMessage) and message.stop_reason == "deferred", (
+            f"{op.id} left open"
+        )
+    # every accepted input exactly once (ids are unique, so: present when it must be)
+    for op in started:
+        if op.intent.kind == "run":
+            for initial in op.intent.initial_messages:
+                assert initial.id in entries, f"initial message {initial.id} lost"
+    cancelled = {r.entry_id for r in records if isinstance(r, QueueCancelled)}
+    aborted_runs = {r.run_id for r in records if r.type == "abort_requested"}
+    for record in records:
+        if isinstance(record, QueueEnqueued) and record.queue != "next_run":
+            killed = record.run_id in aborted_runs
+            if record.target.id not in cancelled and not killed:
+                assert record.target.id in entries, f"queued input {record.target.id} lost"
+    # a never-replayed tool that had started before the crash never runs again
+    prefix_started = {
+        r.record.result_entry_id: r.record
+        for r in prefix
+        if isinstance(r, StoredRecord) and isinstance(r.record, ToolStarted)
+    }
+    prefix_entries = {item.id for item in prefix if isinstance(item, StoredEntry)}
+    for result_id, start in prefix_started.items():
+        if result_id not in prefix_entries and start.replay == "never":
+            key = idempotency_key("s", start.assistant_entry_id, start.tool_index)
+            assert counters.invocations[key] == 0, f"{start.tool_name} ran again after a crash"
+            result = entries[result_id].entry
+            assert isinstance(result, MessageEntry) and isinstance(
+                result.message, ToolResultMessage
+            )
+            assert result.message.outcome == "interrupted"
+
+
+def parked_deferred(log: Sequence[LogItem]) -> bool:
+    """Whether an operation is still open (allowed only for a parked deferred request)."""
+    records = [item.record for item in log if isinstance(item, StoredRecord)]
+    finished = {r.run_id for r in records if isinstance(r, OperationFinished)}
+    return any(isinstance(r, OperationStarted) and r.id not in finished for r in records)
+
+
+def shape(log: Sequence[LogItem]) -> list[str]:
+    return [f"{item.kind}:{getattr(item, 'type', getattr(item, 'lane', ''))}" for item in log]
+
+
+async def check_prefix(
+    scenario: Scenario, backend: str, prefix: Sequence[LogItem], half_completed: bool
+) -> int:
+    log, counters, run = await recover(scenario, backend, prefix, "r1-")
+    check_invariants(prefix, log, counters)
+    # recovery is read-only until resume, and a second recovery finds nothing more to do
+    for lane in await run.harness.lanes():
+        assert await restore_lane(run.storage, lane.name) == run.harness._rt.lanes[lane.name].state
+    await run.repo.close()
+    again, counters_again, run_again = await recover(scenario, backend, log, "r2-")
+    if not parked_deferred(log):  # a parked deferred request is fetched again on every resume
+        assert shape(again) == shape(log), "a second recovery changed a recovered log"
+    assert sum(counters_again.executions.values()) == 0
+    await run_again.repo.close()
+    # deterministic: the same prefix recovers to the same log
+    same, _, run_same = await recover(scenario, backend, prefix, "r1-")
+    assert same == log
+    await run_same.repo.close()
+    checked = 1
+    if half_completed:
+        for cut in range(len(prefix) + 1, len(log)):
+            partial, partial_counters, run_partial = await recover(
+                scenario, backend, log[:cut], "r3-"
+            )
+            check_invariants(log[:cut], partial, partial_counters)
+            await run_partial.repo.close()
+            checked += 1
+    return checked
+
+
+@pytest.mark.parametrize("backend", ["memory", "sqlite"])
+@pytest.mark.parametrize("scenario", SCENARIOS, ids=[s.name for s in SCENARIOS])
+async def test_every_prefix_recovers(scenario: Scenario, backend: str) -> None:
+    log = await trajectory(scenario)
+    assert log, "the scenario wrote nothing"
+    checked = 0
+    for k in range(1, len(log) + 1):
+        checked += await check_prefix(
+            scenario, backend, log[:k], half_completed=backend == "memory"
+        )
+    assert checked >= len(log)
+
+
+async def test_create_is_read_only_and_reports_suspended_operations() -> None:
+    scenario = SCENARIOS[0]
+    log = await trajectory(scenario)
+    cut = (
+        next(
+            i
+            for i, item in enumerate(log)
+            if isinstance(item, StoredRecord) and item.type == "tool_started"
+        )
+        + 1
+    )
+    repo = MemorySessionRepo(clock=ManualClock())
+    await repo.import_session(SessionMetadata(id="s", created_at=1), log[:cut])
+    run = await open_run(scenario, repo, "r-", create=False)
+    assert await run.storage.get_log() == tuple(log[:cut]), "create() wrote something"
+    assert run.model.requests == [] and sum(run.counters.executions.values()) == 0
+    lanes = await run.harness.lanes()
+    assert [(lane.name, lane.status) for lane in lanes] == [("main", "suspended")]
+    idle = await run.harness.create_lane("other", None)
+    assert isinstance(idle, Ok)
+    nothing = await idle.value.resume()
+    assert isinstance(nothing, Err) and nothing.error.tag == "NothingToResume"
+    await repo.close()
