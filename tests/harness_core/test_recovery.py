@@ -23,7 +23,7 @@ import pytest
 
 from harness_core.context import message_text
 from harness_core.harness import AgentHarness
-from harness_core.hooks import BeforeRunEndResult
+from harness_core.hooks import BeforeRequestEvent, BeforeRunEndResult
 from harness_core.ids import SequentialIds
 from harness_core.messages import AssistantMessage, ToolResultMessage, UserMessage
 from harness_core.model import ModelInfo, ModelRequest
@@ -114,6 +114,8 @@ class Scenario:
     fetches: Sequence[AssistantMessage] = ()
     options: dict[str, Any] = field(default_factory=dict)
     info: ModelInfo | None = None
+    recovery_replay: dict[str, str] | None = None
+    """The tools' declarations when recovering (a deploy may change them); default: `replay`."""
 
 
 async def prompt(harness: AgentHarness, text_: str = "please help") -> None:
@@ -196,6 +198,29 @@ async def navigation_drive(harness: AgentHarness) -> None:
     assert isinstance(result, Ok) and result.value.kind == "completed", result
 
 
+async def abort_deferred(harness: AgentHarness) -> None:
+    result = await harness.prompt("take your time")
+    assert isinstance(result, Ok) and result.value.kind == "suspended"
+    aborted = await harness.abort()
+    assert isinstance(aborted, Ok), aborted
+    await harness.wait_for_idle()
+
+
+async def steer_during_retry(harness: AgentHarness) -> None:
+    steered: list[int] = []
+
+    async def steer(event: BeforeRequestEvent) -> None:
+        if event.attempt == 2 and not steered:
+            steered.append(1)
+            assert isinstance(await harness.steer("and check the tests"), Ok)
+
+    harness.hooks.on("before_request", steer)
+    await prompt(harness)
+
+
+FOUR_DECLARATIONS = {"a": "safe", "b": "safe", "c": "never", "d": "never"}
+"""Live declarations; recovery sees a, b, c, d as safe, never, safe, never: all four pairs."""
+
 SCENARIOS = [
     Scenario(
         "one tool, never", scripted_turns(calls(("echo", "c1")), text("done")), {"echo": "never"}
@@ -214,7 +239,26 @@ SCENARIOS = [
         {"a": "never", "b": "safe"},
         options={"tool_execution": "sequential"},
     ),
+    Scenario(
+        "parallel batch, every declaration pair",
+        scripted_turns(calls(("a", "c1"), ("b", "c2"), ("c", "c3"), ("d", "c4")), text("done")),
+        FOUR_DECLARATIONS,
+        recovery_replay={"a": "safe", "b": "never", "c": "safe", "d": "never"},
+    ),
+    Scenario(
+        "sequential batch, every declaration pair",
+        scripted_turns(calls(("a", "c1"), ("b", "c2"), ("c", "c3"), ("d", "c4")), text("done")),
+        FOUR_DECLARATIONS,
+        recovery_replay={"a": "safe", "b": "never", "c": "safe", "d": "never"},
+        options={"tool_execution": "sequential"},
+    ),
     Scenario("retry then answer", scripted_turns(retry_then(text("done")))),
+    Scenario(
+        "steering during a retry",
+        scripted_turns(retry_then(calls(("echo", "c1"))), text("done")),
+        {"echo": "never"},
+        drive=steer_during_retry,
+    ),
     Scenario("terminal error", scripted_turns(error("invalid_request", retryable=False))),
     Scenario(
         "steering during a tool",
@@ -276,6 +320,9 @@ SCENARIOS = [
         "navigation with summary and label", scripted_turns(text("answer")), drive=navigation_drive
     ),
     Scenario(
+        "abort a suspended deferred lane", scripted_turns(deferred("job-1")), drive=abort_deferred
+    ),
+    Scenario(
         "deferred request",
         scripted_turns(deferred("job-1")),
         drive=deferred_then_ready,
@@ -311,7 +358,11 @@ async def open_run(scenario: Scenario, repo: SessionRepo, ids: str, *, create: b
         storage=storage,
         model_client=model,
         model=MODEL,
-        tools=make_tools(counters, replay=scenario.replay, actions=actions),
+        tools=make_tools(
+            counters,
+            replay=scenario.replay if create else (scenario.recovery_replay or scenario.replay),
+            actions=actions,
+        ),
         clock=ManualClock(),
         ids=SequentialIds(ids),
         retry=RetryPolicy(max_attempts=3, initial_delay_ms=0),
@@ -358,7 +409,13 @@ async def recover(
     return await run.storage.get_log(), run.counters, run
 
 
-def check_invariants(prefix: Sequence[LogItem], log: Sequence[LogItem], counters: Counters) -> None:
+def check_invariants(
+    prefix: Sequence[LogItem],
+    log: Sequence[LogItem],
+    counters: Counters,
+    declarations: dict[str, str],
+) -> set[tuple[str, str, str]]:
+    """Assert the recovery invariants; returns the (started, current, action) replay cases seen."""
     records = [item.record for item in log if isinstance(item, StoredRecord)]
     entries = {item.id: item for item in log if isinstance(item, StoredEntry)}
     started = [r for r in records if isinstance(r, OperationStarted)]
@@ -386,22 +443,36 @@ def check_invariants(prefix: Sequence[LogItem], log: Sequence[LogItem], counters
             killed = record.run_id in aborted_runs
             if record.target.id not in cancelled and not killed:
                 assert record.target.id in entries, f"queued input {record.target.id} lost"
-    # a never-replayed tool that had started before the crash never runs again
+    # X3/X4: a started call without a result replays iff both declarations are safe (the AND
+    # rule) and no abort was accepted; otherwise it never runs again and reads "interrupted"
     prefix_started = {
         r.record.result_entry_id: r.record
         for r in prefix
         if isinstance(r, StoredRecord) and isinstance(r.record, ToolStarted)
     }
     prefix_entries = {item.id for item in prefix if isinstance(item, StoredEntry)}
+    prefix_aborted = {
+        item.record.run_id
+        for item in prefix
+        if isinstance(item, StoredRecord) and item.record.type == "abort_requested"
+    }
+    seen: set[tuple[str, str, str]] = set()
     for result_id, start in prefix_started.items():
-        if result_id not in prefix_entries and start.replay == "never":
-            key = idempotency_key("s", start.assistant_entry_id, start.tool_index)
+        if result_id in prefix_entries:
+            continue
+        key = idempotency_key("s", start.assistant_entry_id, start.tool_index)
+        current = declarations.get(start.tool_name, "never")
+        result = entries[result_id].entry
+        assert isinstance(result, MessageEntry) and isinstance(result.message, ToolResultMessage)
+        if start.replay == "safe" and current == "safe" and start.run_id not in prefix_aborted:
+            assert counters.invocations[key] == 1, f"{start.tool_name} was not replayed once"
+            assert result.message.outcome != "interrupted"
+            seen.add((start.replay, current, "replayed"))
+        else:
             assert counters.invocations[key] == 0, f"{start.tool_name} ran again after a crash"
-            result = entries[result_id].entry
-            assert isinstance(result, MessageEntry) and isinstance(
-                result.message, ToolResultMessage
-            )
             assert result.message.outcome == "interrupted"
+            seen.add((start.replay, current, "interrupted"))
+    return seen
 
 
 def parked_deferred(log: Sequence[LogItem]) -> bool:
@@ -417,9 +488,10 @@ def shape(log: Sequence[LogItem]) -> list[str]:
 
 async def check_prefix(
     scenario: Scenario, backend: str, prefix: Sequence[LogItem], half_completed: bool
-) -> int:
+) -> tuple[int, set[tuple[str, str, str]]]:
+    declarations = scenario.recovery_replay or scenario.replay
     log, counters, run = await recover(scenario, backend, prefix, "r1-")
-    check_invariants(prefix, log, counters)
+    seen = check_invariants(prefix, log, counters, declarations)
     # recovery is read-only until resume, and a second recovery finds nothing more to do
     for lane in await run.harness.lanes():
         assert await restore_lane(run.storage, lane.name) == run.harness._rt.lanes[lane.name].state
@@ -439,10 +511,10 @@ async def check_prefix(
             partial, partial_counters, run_partial = await recover(
                 scenario, backend, log[:cut], "r3-"
             )
-            check_invariants(log[:cut], partial, partial_counters)
+            seen |= check_invariants(log[:cut], partial, partial_counters, declarations)
             await run_partial.repo.close()
             checked += 1
-    return checked
+    return checked, seen
 
 
 @pytest.mark.parametrize("backend", ["memory", "sqlite"])
@@ -451,11 +523,21 @@ async def test_every_prefix_recovers(scenario: Scenario, backend: str) -> None:
     log = await trajectory(scenario)
     assert log, "the scenario wrote nothing"
     checked = 0
+    seen: set[tuple[str, str, str]] = set()
     for k in range(1, len(log) + 1):
-        checked += await check_prefix(
+        count, cases = await check_prefix(
             scenario, backend, log[:k], half_completed=backend == "memory"
         )
+        checked += count
+        seen |= cases
     assert checked >= len(log)
+    if scenario.recovery_replay is not None:  # every declaration pair met a crash at X3/X4
+        assert seen == {
+            ("safe", "safe", "replayed"),
+            ("safe", "never", "interrupted"),
+            ("never", "safe", "interrupted"),
+            ("never", "never", "interrupted"),
+        }
 
 
 async def test_create_is_read_only_and_reports_suspended_operations() -> None:
@@ -481,3 +563,30 @@ async def test_create_is_read_only_and_reports_suspended_operations() -> None:
     nothing = await idle.value.resume()
     assert isinstance(nothing, Err) and nothing.error.tag == "NothingToResume"
     await repo.close()
+
+
+async def test_steering_accepted_during_an_interrupted_retry_waits_for_the_step() -> None:
+    """Reference §6.4: the unfinished step resumes first; the checkpoint consumes the steer."""
+    scenario = next(s for s in SCENARIOS if s.name == "steering during a retry")
+    log = await trajectory(scenario)
+    cut = next(
+        i for i, item in enumerate(log) if item.kind == "record" and item.type == "queue_enqueued"
+    )
+    recovered, _, run = await recover(scenario, "memory", log[: cut + 1], "r-")
+    await run.repo.close()
+    after = recovered[cut + 1 :]
+    kinds = [
+        item.record.type if isinstance(item, StoredRecord) else item.entry.message.role  # type: ignore[union-attr]
+        for item in after[:5]
+    ]
+    assert kinds == ["step_attempt", "usage", "assistant", "tool_started", "tool_result"]
+    first_attempt = after[0]
+    assert isinstance(first_attempt, StoredRecord) and first_attempt.record.attempt == 2  # type: ignore[union-attr]
+    user = [
+        item
+        for item in after
+        if isinstance(item, StoredEntry)
+        and isinstance(item.entry, MessageEntry)
+        and isinstance(item.entry.message, UserMessage)
+    ]
+    assert [message_text(u.entry.message) for u in user] == ["and check the tests"]  # type: ignore[union-attr]
