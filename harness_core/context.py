@@ -27,12 +27,14 @@ from harness_core.session.entries import (
 )
 
 __all__ = [
+    "ContextWindow",
     "EntryProjector",
     "estimate_tokens",
     "heal_tool_results",
     "message_text",
     "plan_compaction",
     "project",
+    "project_entry",
     "summary_request_text",
 ]
 
@@ -54,25 +56,33 @@ def message_text(message: AgentMessage) -> str:
     return "\n".join(parts)
 
 
+def project_entry(
+    entry: Entry, projectors: Mapping[str, EntryProjector] | None = None
+) -> Sequence[AgentMessage]:
+    """The provider messages of one context entry (none for most non-message entries)."""
+    if isinstance(entry, MessageEntry):
+        message = entry.message
+        if isinstance(message, AssistantMessage) and message.stop_reason == "deferred":
+            return ()  # a placeholder for a pending request: nothing for the model
+        return (message,)
+    if isinstance(entry, CompactionEntry):
+        summary = UserMessage(content=(TextPart(text=SUMMARY_PREFIX + entry.summary),))
+        return (summary, *entry.retained_tail)
+    if isinstance(entry, BranchSummaryEntry):
+        return (UserMessage(content=(TextPart(text=BRANCH_PREFIX + entry.summary),)),)
+    if isinstance(entry, CustomEntry) and projectors and entry.custom_type in projectors:
+        return tuple(projectors[entry.custom_type](entry))
+    return ()
+
+
 def project(
     entries: Sequence[Entry], projectors: Mapping[str, EntryProjector] | None = None
 ) -> tuple[AgentMessage, ...]:
     """Project context entries (oldest first) into provider messages."""
-    messages: list[AgentMessage] = []
+    window = ContextWindow(projectors)
     for entry in entries:
-        if isinstance(entry, MessageEntry):
-            message = entry.message
-            if isinstance(message, AssistantMessage) and message.stop_reason == "deferred":
-                continue  # a placeholder for a pending request: nothing for the model
-            messages.append(message)
-        elif isinstance(entry, CompactionEntry):
-            messages.append(UserMessage(content=(TextPart(text=SUMMARY_PREFIX + entry.summary),)))
-            messages.extend(entry.retained_tail)
-        elif isinstance(entry, BranchSummaryEntry):
-            messages.append(UserMessage(content=(TextPart(text=BRANCH_PREFIX + entry.summary),)))
-        elif isinstance(entry, CustomEntry) and projectors and entry.custom_type in projectors:
-            messages.extend(projectors[entry.custom_type](entry))
-    return heal_tool_results(messages)
+        window.add(entry)
+    return window.messages()
 
 
 def heal_tool_results(messages: Sequence[AgentMessage]) -> tuple[AgentMessage, ...]:
@@ -81,38 +91,80 @@ def heal_tool_results(messages: Sequence[AgentMessage]) -> tuple[AgentMessage, .
     Providers reject a tool call without a result; a fork or a branch cut mid-batch can leave
     one. The synthetic result says no result was recorded; it is never persisted.
     """
-    healed: list[AgentMessage] = []
-    open_calls: list[ToolCallPart] = []
-
-    def close_open() -> None:
-        for call in open_calls:
-            healed.append(
-                ToolResultMessage(
-                    tool_call_id=call.id,
-                    tool_name=call.name,
-                    content=(TextPart(text=INTERRUPTED_TEXT),),
-                    outcome="interrupted",
-                )
-            )
-        open_calls.clear()
-
+    window = ContextWindow()
     for message in messages:
+        window.add_message(message)
+    return window.messages()
+
+
+def _interrupted(call: ToolCallPart) -> ToolResultMessage:
+    return ToolResultMessage(
+        tool_call_id=call.id,
+        tool_name=call.name,
+        content=(TextPart(text=INTERRUPTED_TEXT),),
+        outcome="interrupted",
+    )
+
+
+def _chars(message: AgentMessage) -> int:
+    return len(message_text(message)) + 16
+
+
+class ContextWindow:
+    """A lane's projected, healed context, maintained one entry at a time.
+
+    Appending costs the size of the entry and the size estimate is a running sum, so a turn's
+    cost does not grow with the lane's history (only `messages()` copies the list, once per
+    change).
+    """
+
+    def __init__(self, projectors: Mapping[str, EntryProjector] | None = None) -> None:
+        self._projectors = projectors
+        self._messages: list[AgentMessage] = []
+        self._open: list[ToolCallPart] = []
+        self._chars = 0
+        self._view: tuple[AgentMessage, ...] | None = None
+
+    def add(self, entry: Entry) -> None:
+        """Append one context entry (oldest first)."""
+        for message in project_entry(entry, self._projectors):
+            self.add_message(message)
+
+    def add_message(self, message: AgentMessage) -> None:
+        """Append one provider message, closing tool calls the conversation moved past."""
         if isinstance(message, ToolResultMessage):
-            open_calls[:] = [c for c in open_calls if c.id != message.tool_call_id]
+            self._open = [call for call in self._open if call.id != message.tool_call_id]
         else:
-            close_open()
-        healed.append(message)
+            for call in self._open:
+                self._append(_interrupted(call))
+            self._open = []
+        self._append(message)
         if isinstance(message, AssistantMessage):
-            open_calls.extend(p for p in message.content if isinstance(p, ToolCallPart))
-    close_open()
-    return tuple(healed)
+            self._open.extend(p for p in message.content if isinstance(p, ToolCallPart))
+
+    def _append(self, message: AgentMessage) -> None:
+        self._messages.append(message)
+        self._chars += _chars(message)
+        self._view = None
+
+    def messages(self) -> tuple[AgentMessage, ...]:
+        """The messages a request carries (calls still open get an interrupted result)."""
+        if self._view is None:
+            closing = [_interrupted(call) for call in self._open]
+            self._view = (*self._messages, *closing)
+        return self._view
+
+    def tokens(self, system_prompt: str | None = None) -> int:
+        """`estimate_tokens(self.messages(), system_prompt)`, without walking the messages."""
+        closing = sum(_chars(_interrupted(call)) for call in self._open)
+        return (len(system_prompt or "") + self._chars + closing) // 4 + 1
 
 
 def estimate_tokens(messages: Sequence[AgentMessage], system_prompt: str | None = None) -> int:
     """A deterministic size estimate: four characters a token plus a small per-message overhead."""
     chars = len(system_prompt or "")
     for message in messages:
-        chars += len(message_text(message)) + 16
+        chars += _chars(message)
     return chars // 4 + 1
 
 

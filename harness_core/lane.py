@@ -16,7 +16,7 @@ from dataclasses import dataclass, field, replace
 from typing import TYPE_CHECKING, Any, Literal, TypeVar
 
 from harness_core.clock import Clock
-from harness_core.context import project
+from harness_core.context import ContextWindow
 from harness_core.errors import HarnessClosed, HarnessError, HarnessFault
 from harness_core.events import (
     EntryAdded,
@@ -35,6 +35,7 @@ from harness_core.events import (
 from harness_core.hooks import HookName, Hooks, run_hook
 from harness_core.ids import IdGenerator
 from harness_core.messages import (
+    AgentMessage,
     AssistantMessage,
     DeferredHandle,
     ModelError,
@@ -85,7 +86,7 @@ from harness_core.session.types import (
     StoredEntry,
     StoredRecord,
 )
-from harness_core.state import LaneState, OperationState, advance, has_pending_work
+from harness_core.state import LaneState, OperationState, advance, configure, has_pending_work
 from harness_core.tools import PreparedToolCall, Tool, ToolOutput
 
 if TYPE_CHECKING:
@@ -196,6 +197,8 @@ class LaneRuntime:
         self.last_finished: OperationState | None = None
         self._line = asyncio.Lock()
         self._context: list[StoredEntry] | None = None
+        self._window: ContextWindow | None = None
+        """The projection of `_context`, kept in step with it."""
         self._idle_config: tuple[str | None, LaneConfiguration] | None = None
         self._settled = asyncio.Event()
         self._settled.set()
@@ -233,12 +236,14 @@ class LaneRuntime:
         if self._context is not None:
             if isinstance(entry, CompactionEntry):
                 self._context = [stored]
+                self._window = ContextWindow(self.runtime.options.entry_projectors)
             else:
                 self._context.append(stored)
-        if self._idle_config is not None and isinstance(
-            entry, (ModelChangeEntry, ThinkingLevelChangeEntry, ActiveToolsChangeEntry)
-        ):
-            self._idle_config = None
+            if self._window is not None:
+                self._window.add(entry)
+        if self._idle_config is not None and self._idle_config[0] == stored.parent_id:
+            # the cached configuration follows the lane's own appends (no path walk)
+            self._idle_config = (stored.id, configure(self._idle_config[1], entry))
         if isinstance(entry, MessageEntry):
             self.runtime.events.emit(
                 MessageEnd(lane=self.name, run_id=run_id, message=entry.message, entry_id=stored.id)
@@ -288,6 +293,7 @@ class LaneRuntime:
             await self.runtime.write(lambda s: s.move_lane(self.name, to))
             self.state = replace(self.state, leaf_id=to)
             self._context = None
+            self._window = None
             self._idle_config = None
 
         await self.job(run)
@@ -351,6 +357,9 @@ class LaneRuntime:
         )
         await self._record(record)
         self.last_finished = op
+        if op.kind != "navigation":
+            # a run or compaction stays on its path: its final configuration is the leaf's
+            self._idle_config = (self.state.leaf_id, op.configuration)
 
     async def commit_run_end_follow_up(
         self, run_id: str, item: Entry
@@ -526,10 +535,21 @@ class LaneRuntime:
                 self._context = list(reversed(window))
         return list(self._context)
 
-    async def context_messages(self) -> tuple[Any, ...]:
+    async def _context_window(self) -> ContextWindow:
+        if self._context is None or self._window is None:
+            entries = await self.context_entries()
+            self._window = ContextWindow(self.runtime.options.entry_projectors)
+            for stored in entries:
+                self._window.add(stored.entry)
+        return self._window
+
+    async def context_messages(self) -> tuple[AgentMessage, ...]:
         """The provider messages of the current context window."""
-        entries = await self.context_entries()
-        return project([e.entry for e in entries], self.runtime.options.entry_projectors)
+        return (await self._context_window()).messages()
+
+    async def context_tokens(self, system_prompt: str | None) -> int:
+        """The estimated size of a request carrying the context window and `system_prompt`."""
+        return (await self._context_window()).tokens(system_prompt)
 
     async def configuration(self) -> LaneConfiguration:
         """The lane's effective configuration: the open operation's, or the path's at the leaf."""

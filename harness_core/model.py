@@ -71,6 +71,8 @@ class ModelRequest(Frozen):
     """Ask for a background request: the client may answer with ``stop_reason="deferred"``."""
     step: StepKind = "assistant"
     attempt: int = 1
+    estimated_input_tokens: int | None = None
+    """The harness's size estimate of `system_prompt` + `messages` (None: not computed)."""
 
 
 @runtime_checkable

@@ -11,7 +11,7 @@ from __future__ import annotations
 
 import asyncio
 from dataclasses import dataclass
-from typing import Literal
+from typing import Any, Literal
 
 from harness_core.context import (
     estimate_tokens,
@@ -426,24 +426,34 @@ class Procedures:
         return [tools[name] for name in names if name in tools]
 
     async def _assistant_request(self, options: RequestOptions, attempt: int) -> ModelRequest:
-        messages = await self.lane.context_messages()
+        context = await self.lane.context_messages()
         event = await self.fx.run_hook(
-            "transform_context", TransformContextEvent(lane=self.lane.name, messages=messages)
+            "transform_context", TransformContextEvent(lane=self.lane.name, messages=context)
         )
-        if isinstance(event, TransformContextEvent):
-            messages = event.messages
+        messages = event.messages if isinstance(event, TransformContextEvent) else context
+        system_prompt = self._system_prompt()
+        tokens = (
+            await self.lane.context_tokens(system_prompt)
+            if messages is context
+            else estimate_tokens(messages, system_prompt)
+        )
         config = self.op.configuration
-        return ModelRequest(
-            model=self._model(),
-            system_prompt=self._system_prompt(),
-            messages=messages,
-            tools=tuple(tool.definition() for tool in self._active_tools()),
-            thinking_level=config.thinking_level,
-            max_output_tokens=options.max_output_tokens,
-            deferred=options.deferred,
-            step="assistant",
-            attempt=attempt,
-        )
+        fields: dict[str, Any] = {
+            "model": self._model(),
+            "system_prompt": system_prompt,
+            "estimated_input_tokens": tokens,
+            "messages": messages,
+            "tools": tuple(tool.definition() for tool in self._active_tools()),
+            "thinking_level": config.thinking_level,
+            "max_output_tokens": options.max_output_tokens,
+            "deferred": options.deferred,
+            "step": "assistant",
+            "attempt": attempt,
+        }
+        if messages is context:
+            # built from validated parts: skip re-validating a context that grows with the lane
+            return ModelRequest.model_construct(**fields)
+        return ModelRequest(**fields)
 
     async def _settle(self, message: AssistantMessage) -> AssistantMessage:
         result = await self.fx.run_hook(
@@ -644,11 +654,8 @@ class Procedures:
         info = self.rt.model.model_info(self._model())
         if info is None:
             return False
-        messages = await self.lane.context_messages()
-        return (
-            estimate_tokens(messages, self._system_prompt())
-            > info.context_window - settings.reserve_tokens
-        )
+        tokens = await self.lane.context_tokens(self._system_prompt())
+        return tokens > info.context_window - settings.reserve_tokens
 
     async def _auto_compact(self, reason: CompactionReason) -> None:
         """Compact inside a run (no operation of its own)."""

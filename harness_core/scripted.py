@@ -167,7 +167,9 @@ class ScriptedModel:
     def _complete(self, message: AssistantMessage, request: ModelRequest) -> AssistantMessage:
         usage = message.usage or TokenUsage()
         if usage.input == 0 and message.stop_reason != "error":
-            prompt = estimate_tokens(request.messages, request.system_prompt)
+            prompt = request.estimated_input_tokens
+            if prompt is None:
+                prompt = estimate_tokens(request.messages, request.system_prompt)
             usage = usage.model_copy(
                 update={"input": prompt, "total_tokens": prompt + usage.output}
             )

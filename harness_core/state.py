@@ -55,6 +55,7 @@ __all__ = [
     "ToolBatchState",
     "ToolCallState",
     "advance",
+    "configure",
     "has_pending_work",
     "idle_lane",
     "needs_assistant",
@@ -386,7 +387,8 @@ def _check_same(expected: Entry, entry: Entry) -> None:
         )
 
 
-def _configure(config: LaneConfiguration, entry: Entry) -> LaneConfiguration:
+def configure(config: LaneConfiguration, entry: Entry) -> LaneConfiguration:
+    """The configuration after `entry` on the path (unchanged unless it is a config entry)."""
     if isinstance(entry, ModelChangeEntry):
         return replace_config(config, provider=entry.provider, model_id=entry.model_id)
     if isinstance(entry, ThinkingLevelChangeEntry):
@@ -456,7 +458,7 @@ def _entry(state: LaneState, stored: StoredEntry) -> LaneState:
     op = state.operation
     if op is None:
         return state
-    op = replace(op, configuration=_configure(op.configuration, entry))
+    op = replace(op, configuration=configure(op.configuration, entry))
     expected = _find(op.pending_writes, stored.id)
     if expected is not None:
         # An accepted write applied at a checkpoint: a fact, never the next turn's trigger.

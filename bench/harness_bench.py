@@ -1,0 +1,278 @@
+"""Harness benchmark: prompt throughput per backend, per-turn cost vs history, restore time.
+
+    python bench/harness_bench.py                  # every backend, starts its own redis-server
+    python bench/harness_bench.py --quick          # smaller sizes, for a smoke run
+    python bench/harness_bench.py --backends memory,sqlite
+
+Every prompt is one run of two turns with `ScriptedModel`: the model calls one tool, the tool
+answers, the model replies with ~200 characters. That is 8 durable writes (operation_started,
+the user message, two step_attempt + usage pairs, tool_started, the tool result, the answer and
+operation_finished: 10 items in all, the ledger included) and the fixed-point self-check at the
+end. "prompts/s" runs one lane; "16 lanes" runs 16 lanes of the same session at once.
+
+Per-turn cost is the median time of a prompt once the lane already holds 10, 100 or 1,000
+prompts of history; the ratio 1000/10 shows whether a turn's cost depends on history (it must
+not: the context is cached per lane and writes never read the history).
+
+Restore builds a session of 50 lanes x 200 prompts with 5 lanes suspended mid-tool (on the
+memory backend, then imported into each backend), and times `AgentHarness.create()`: its reads
+are bounded per lane, so it grows with lanes, not with history.
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import os
+import platform
+import shutil
+import statistics
+import tempfile
+import time
+from typing import Any
+
+from bench.store_bench import backends
+from harness_core.harness import AgentHarness
+from harness_core.ids import SequentialIds
+from harness_core.messages import AssistantMessage, ToolResultMessage
+from harness_core.model import ModelRef, ModelRequest
+from harness_core.options import AgentHarnessOptions
+from harness_core.result import Ok
+from harness_core.scripted import ScriptedModel, text, tool_call
+from harness_core.session.contract import SessionRepo, SessionStorage
+from harness_core.session.types import LogItem, SessionMetadata
+from harness_core.storage.memory import MemorySessionRepo
+from harness_core.tools import Tool, ToolContext
+
+MODEL = ModelRef(provider="scripted", model_id="bench")
+ANSWER = ("The change is in place and the tests pass; " * 5)[:200]
+
+
+def respond(request: ModelRequest) -> AssistantMessage:
+    """Call the tool after a user message; answer after its result."""
+    if isinstance(request.messages[-1], ToolResultMessage):
+        return text(ANSWER)
+    return tool_call("lookup", {"query": "status"})
+
+
+class BenchModel(ScriptedModel):
+    """`ScriptedModel` that forgets requests (a long bench would otherwise hold them all)."""
+
+    async def request(self, request: ModelRequest, *args: Any, **kwargs: Any) -> AssistantMessage:
+        reply = await super().request(request, *args, **kwargs)
+        self.requests.clear()
+        return reply
+
+
+async def lookup(args: Any, ctx: ToolContext) -> str:
+    return "all green"
+
+
+class Hang:
+    """A tool that never returns (leaves its lane suspended mid-tool); counts who got there."""
+
+    def __init__(self, expected: int) -> None:
+        self.expected = expected
+        self.entered = 0
+        self.all_entered = asyncio.Event()
+
+    async def __call__(self, args: Any, ctx: ToolContext) -> str:
+        self.entered += 1
+        if self.entered == self.expected:
+            self.all_entered.set()
+        await asyncio.Event().wait()
+        return "unreachable"
+
+
+async def open_harness(
+    repo: SessionRepo, session_id: str, *, create: bool, tool: Any = lookup
+) -> tuple[AgentHarness, SessionStorage, float]:
+    if create:
+        await repo.create(session_id)
+    lease = await repo.acquire_lease(session_id, owner="bench", ttl_ms=3_600_000)
+    storage = await repo.open(session_id, lease=lease)
+    options = AgentHarnessOptions(
+        storage=storage,
+        model_client=BenchModel(responder=respond),
+        model=MODEL,
+        tools=[Tool(name="lookup", description="look something up", execute=tool, replay="never")],
+        ids=SequentialIds(f"{session_id}-"),
+    )
+    started = time.perf_counter()
+    harness, _ = await AgentHarness.create(options)
+    return harness, storage, time.perf_counter() - started
+
+
+async def prompt(lane: Any) -> None:
+    result = await lane.prompt("check the build")
+    assert isinstance(result, Ok) and result.value.kind == "completed", result
+
+
+async def prompts_per_second(repo: SessionRepo, tag: str, n: int, lanes: int) -> float:
+    harness, _, _ = await open_harness(repo, f"rate-{tag}-{lanes}", create=True)
+    handles: list[Any] = [harness]
+    for i in range(1, lanes):
+        created = await harness.create_lane(f"l{i}", None)
+        assert isinstance(created, Ok)
+        handles.append(created.value)
+
+    async def drive(lane: Any) -> None:
+        for _ in range(n // lanes):
+            await prompt(lane)
+
+    started = time.perf_counter()
+    await asyncio.gather(*(drive(lane) for lane in handles))
+    elapsed = time.perf_counter() - started
+    await harness.close()
+    return (n // lanes) * lanes / elapsed
+
+
+async def per_turn_ms(
+    repo: SessionRepo, tag: str, histories: list[int], sample: int
+) -> list[float]:
+    harness, _, _ = await open_harness(repo, f"growth-{tag}", create=True)
+    done = 0
+    medians = []
+    for target in histories:
+        while done < target:
+            await prompt(harness)
+            done += 1
+        samples = []
+        for _ in range(sample):
+            started = time.perf_counter()
+            await prompt(harness)
+            samples.append(time.perf_counter() - started)
+            done += 1
+        medians.append(statistics.median(samples) * 1000)
+    await harness.close()
+    return medians
+
+
+async def build_restore_log(lanes: int, prompts: int, suspended: int) -> tuple[LogItem, ...]:
+    repo = MemorySessionRepo()
+    hang = Hang(suspended)
+
+    async def tool(args: Any, ctx: ToolContext) -> str:
+        if args.get("query") == "hang":
+            return await hang(args, ctx)
+        return "all green"
+
+    harness, storage, _ = await open_harness(repo, "restore", create=True, tool=tool)
+    handles: list[Any] = [harness]
+    for i in range(1, lanes):
+        created = await harness.create_lane(f"l{i:02d}", None)
+        assert isinstance(created, Ok)
+        handles.append(created.value)
+
+    async def drive(lane: Any) -> None:
+        for _ in range(prompts):
+            await prompt(lane)
+
+    await asyncio.gather(*(drive(lane) for lane in handles))
+    model = harness._rt.model
+    assert isinstance(model, ScriptedModel)
+    model.responder = lambda request: (
+        text(ANSWER)
+        if isinstance(request.messages[-1], ToolResultMessage)
+        else tool_call("lookup", {"query": "hang"})
+    )
+    stuck = [asyncio.create_task(handles[i].prompt("and one more")) for i in range(suspended)]
+    await hang.all_entered.wait()  # each stuck lane's tool_started is durable
+    log = await storage.get_log()
+    await harness.close()
+    for task in stuck:
+        task.cancel()
+    await asyncio.gather(*stuck, return_exceptions=True)
+    return log
+
+
+async def restore_ms(
+    repo: SessionRepo, tag: str, log: tuple[LogItem, ...], trials: int
+) -> tuple[float, int]:
+    session_id = f"restored-{tag}"
+    await repo.import_session(SessionMetadata(id=session_id, created_at=1), log)
+    samples = []
+    suspended = 0
+    for _ in range(trials):
+        lease = await repo.acquire_lease(session_id, owner="bench", ttl_ms=3_600_000)
+        storage = await repo.open(session_id, lease=lease)
+        options = AgentHarnessOptions(
+            storage=storage,
+            model_client=BenchModel(responder=respond),
+            model=MODEL,
+            tools=[Tool(name="lookup", description="", execute=lookup, replay="never")],
+        )
+        started = time.perf_counter()
+        harness, found = await AgentHarness.create(options)
+        samples.append(time.perf_counter() - started)
+        suspended = len(found)
+        await harness.close()
+    return statistics.median(samples) * 1000, suspended
+
+
+async def main() -> None:
+    parser = argparse.ArgumentParser(
+        description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
+    )
+    parser.add_argument("--backends", default="memory,jsonl,sqlite,redis")
+    parser.add_argument("--prompts", type=int, default=400)
+    parser.add_argument("--histories", default="10,100,1000")
+    parser.add_argument("--sample", type=int, default=30)
+    parser.add_argument("--restore", default="50x200x5", help="lanes x prompts x suspended")
+    parser.add_argument("--trials", type=int, default=3)
+    parser.add_argument("--redis-url", default="")
+    parser.add_argument("--appendfsync", default="everysec", choices=["everysec", "always"])
+    parser.add_argument("--quick", action="store_true", help="small sizes for a smoke run")
+    args = parser.parse_args()
+    if args.quick:
+        args.prompts, args.histories, args.sample, args.restore, args.trials = (
+            64, "10,100", 10, "10x20x2", 1,
+        )  # fmt: skip
+    histories = [int(h) for h in args.histories.split(",")]
+    lanes, prompts, stuck = (int(x) for x in args.restore.split("x"))
+    workdir = tempfile.mkdtemp(prefix="harness-bench-")
+    chosen, stop = backends(args, workdir)
+    print(
+        f"# harness_bench on {platform.platform()}, {os.cpu_count()} CPUs, "
+        f"Python {platform.python_version()}, redis AOF appendfsync={args.appendfsync}"
+    )
+    print(
+        f"# {args.prompts} prompts (2 turns each); per-turn cost: median of {args.sample} prompts "
+        f"at each history; restore: {lanes} lanes x {prompts} prompts, {stuck} suspended mid-tool, "
+        f"median of {args.trials}"
+    )
+    started = time.perf_counter()
+    log = await build_restore_log(lanes, prompts, stuck)
+    print(
+        f"# restore session: {len(log):,} log items, built in {time.perf_counter() - started:.1f} s"
+    )
+    header = ["backend", "prompts/s 1 lane", "prompts/s 16 lanes"]
+    header += [f"ms/prompt @{h:,}" for h in histories]
+    header += [f"ratio {histories[-1]:,}/{histories[0]:,}", "restore ms", "suspended found"]
+    print(" | ".join(header))
+    try:
+        for index, backend in enumerate(chosen):
+            repo = backend.make(workdir)
+            tag = f"{index}"
+            one = await prompts_per_second(repo, tag, args.prompts, 1)
+            many = await prompts_per_second(repo, tag, args.prompts, 16)
+            growth = await per_turn_ms(repo, tag, histories, args.sample)
+            restored, found = await restore_ms(repo, tag, log, args.trials)
+            await repo.close()
+            row = [
+                backend.name,
+                f"{one:,.0f}",
+                f"{many:,.0f}",
+                *(f"{ms:.2f}" for ms in growth),
+                f"{growth[-1] / growth[0]:.2f}",
+                f"{restored:,.0f}",
+                f"{found}",
+            ]
+            print(" | ".join(row), flush=True)
+    finally:
+        stop()
+        shutil.rmtree(workdir, ignore_errors=True)
+
+
+if __name__ == "__main__":
+    asyncio.run(main())
