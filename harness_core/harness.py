@@ -28,7 +28,6 @@ from harness_core.events import (
     EventBus,
     LaneCreated,
     Listener,
-    RunAbort,
     RunResume,
 )
 from harness_core.frozen import JsonValue
@@ -362,14 +361,8 @@ class AgentLane:
         if (closed := self._closed()) is not None:
             return closed
         lane = self._runtime()
-        result = await lane.abort()
+        result = await lane.abort()  # emits `run_abort` when it writes the marker
         if isinstance(result, Ok):
-            accepted = result.value
-            steer = tuple(e.message for e in accepted.steer if isinstance(e, MessageEntry))
-            follow_up = tuple(e.message for e in accepted.follow_up if isinstance(e, MessageEntry))
-            self._harness._rt.events.emit(
-                RunAbort(lane=self._name, run_id=accepted.run_id, steer=steer, follow_up=follow_up)
-            )
 
             async def reconcile() -> None:
                 if lane.task is None and lane.state.operation is not None:
@@ -386,7 +379,14 @@ class AgentLane:
             return closed
         lane = self._runtime()
         runtime = self._harness._rt
-        messages = await lane.context_messages()
+
+        async def check() -> tuple[OperationState | None, tuple[AgentMessage, ...]]:
+            # one job: no commit races the cold read, and a busy lane says so first
+            return lane.state.operation, await lane.context_messages()
+
+        busy, messages = await lane.job(check)
+        if busy is not None:
+            return lane.busy(busy)
         to_summarize, _ = plan_compaction(messages, runtime.options.compaction.keep_recent_tokens)
         if not to_summarize:
             return Err(
@@ -424,6 +424,13 @@ class AgentLane:
         if target_id is not None and await runtime.storage.get_entry(target_id) is None:
             return Err(
                 UnknownTarget(message=f"entry {target_id!r} does not exist", target_id=target_id)
+            )
+        if target_id is None and label is not None:
+            return Err(
+                UnknownTarget(
+                    message="the root is not an entry: a label needs a target entry",
+                    target_id=None,
+                )
             )
         if target_id == lane.state.leaf_id:
             return Err(
@@ -558,13 +565,23 @@ class AgentLane:
     async def watch(self) -> Watch:
         """A snapshot of the lane and, once started, every later event of it (no gap)."""
         lane = self._runtime()
-        bus = self._harness._rt.events
-        watcher = bus.watch(self._name)  # buffer from this instant, then take the snapshot
-        transcript = tuple(await lane.context_entries())
-        op = lane.state.operation
-        return Watch(
-            bus, watcher, _snapshot(lane, transcript, op, self._harness._rt.fault is not None)
-        )
+        runtime = self._harness._rt
+        bus = runtime.events
+
+        async def take() -> Watch:
+            # On the mutation line, so no commit of this lane lands between the start of the
+            # buffer and the snapshot read: otherwise an entry could be both in the transcript
+            # and announced after it, and a cold context cache would be filled without it.
+            watcher = bus.watch(self._name)  # buffer from this instant, then take the snapshot
+            try:
+                transcript = tuple(await lane.context_entries())
+            except BaseException:
+                bus.unwatch(watcher)
+                raise
+            op = lane.state.operation
+            return Watch(bus, watcher, _snapshot(lane, transcript, op, runtime.fault is not None))
+
+        return await lane.job(take)
 
     # -- manual drive (the gate lands with the crash matrix) -------------------------------------
 
@@ -721,6 +738,7 @@ class AgentHarness(AgentLane):
 
     def set_tools(self, tools: Sequence[Tool]) -> None:
         """Replace the tool registry (code, never persisted; lanes keep their active names)."""
+        self._rt.check()
         self._rt.tools = {tool.name: tool for tool in tools}
         self._rt.events.emit(ConfigUpdate(property="tools"))
 

@@ -25,9 +25,12 @@ from harness_core.events import (
     Fault,
     HandlerError,
     MessageEnd,
+    MessageStart,
+    MessageUpdate,
     NavigationStart,
     QueuedItem,
     QueueUpdate,
+    RunAbort,
     RunStart,
     UsageEvent,
     WritePending,
@@ -198,6 +201,8 @@ class LaneRuntime:
         self._line = asyncio.Lock()
         self._context: list[StoredEntry] | None = None
         self._window: ContextWindow | None = None
+        self._streaming = False
+        """A `message_start` for the assistant message in flight was emitted (streaming)."""
         """The projection of `_context`, kept in step with it."""
         self._idle_config: tuple[str | None, LaneConfiguration] | None = None
         self._settled = asyncio.Event()
@@ -245,7 +250,11 @@ class LaneRuntime:
             # the cached configuration follows the lane's own appends (no path walk)
             self._idle_config = (stored.id, configure(self._idle_config[1], entry))
         if isinstance(entry, MessageEntry):
-            self.runtime.events.emit(
+            events = self.runtime.events
+            if not (self._streaming and isinstance(entry.message, AssistantMessage)):
+                events.emit(MessageStart(lane=self.name, run_id=run_id, message=entry.message))
+            self._streaming = False
+            events.emit(
                 MessageEnd(lane=self.name, run_id=run_id, message=entry.message, entry_id=stored.id)
             )
         else:
@@ -440,8 +449,18 @@ class LaneRuntime:
     async def stream_assistant(self, request: ModelRequest) -> AssistantMessage:
         """One provider request; an abort (or close) settles it as ``stop_reason="aborted"``."""
         self.runtime.check()
+        run_id = self._run_id()
+        events = self.runtime.events
+
+        def progress(partial: AssistantMessage) -> None:
+            if not self._streaming:
+                self._streaming = True
+                events.emit(MessageStart(lane=self.name, run_id=run_id, message=partial))
+            events.emit(MessageUpdate(lane=self.name, run_id=run_id or "", message=partial))
+
+        self._streaming = False  # a retried attempt streams (and starts) again
         try:
-            message = await self._until_aborted(self.runtime.model.request(request))
+            message = await self._until_aborted(self.runtime.model.request(request, progress))
         except Exception as exc:  # a client that raised instead of answering in band
             return AssistantMessage(
                 stop_reason="error",
@@ -795,6 +814,14 @@ class LaneRuntime:
             await self._record(
                 AbortRequested(id=self.runtime.ids.next(), lane=self.name, run_id=op.id)
             )
+            self.runtime.events.emit(
+                RunAbort(
+                    lane=self.name,
+                    run_id=op.id,
+                    steer=_messages(op.pending_steer),
+                    follow_up=_messages(op.pending_follow_up),
+                )
+            )
             self.abort_signal.set()
             self._emit_queues()
             return Ok(accepted)
@@ -811,6 +838,10 @@ class LaneRuntime:
         op = self.state.operation
         if op is not None and op.id == op_id and not op.aborting:
             self.abort_signal.clear()
+
+
+def _messages(entries: tuple[Entry, ...]) -> tuple[AgentMessage, ...]:
+    return tuple(e.message for e in entries if isinstance(e, MessageEntry))
 
 
 def user_entry(runtime: HarnessRuntime, message: UserMessage) -> MessageEntry:

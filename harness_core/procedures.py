@@ -10,6 +10,7 @@ signals (`RunFailed`, `Park`, `Aborted`, `Overflow`) never leave this module.
 from __future__ import annotations
 
 import asyncio
+from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any, Literal
 
@@ -32,9 +33,11 @@ from harness_core.events import (
     RunSuspend,
     ToolEnd,
     ToolStart,
+    ToolUpdate,
     TurnEnd,
     TurnStart,
 )
+from harness_core.frozen import FrozenJson
 from harness_core.hooks import (
     AfterResponseEvent,
     AfterToolEvent,
@@ -1013,7 +1016,24 @@ class Procedures:
                 self.rt.session_id, assistant_entry_id, call.tool_index
             ),
             abort=self.lane.abort_signal,
+            on_update=self._tool_progress(call),
         )
+
+    def _tool_progress(self, call: ToolCallState) -> Callable[[FrozenJson], None]:
+        lane, run_id = self.lane.name, self.op.id
+
+        def report(partial: FrozenJson) -> None:
+            self._emit(
+                ToolUpdate(
+                    lane=lane,
+                    run_id=run_id,
+                    tool_call_id=call.call.id,
+                    tool_name=call.call.name,
+                    partial=partial,
+                )
+            )
+
+        return report
 
     async def _prepare(
         self, call: ToolCallState, assistant_entry_id: str

@@ -18,7 +18,7 @@ from typing import Any, Literal
 from pydantic import BaseModel, ValidationError
 
 from harness_core._model import Frozen
-from harness_core.frozen import FrozenJson, thaw_json
+from harness_core.frozen import FrozenJson, freeze_json, thaw_json
 from harness_core.messages import TextPart, TokenUsage, ToolCallPart, UserContent
 from harness_core.model import ToolDefinition
 
@@ -66,6 +66,12 @@ class ToolContext:
     """Stable across every replay of this call: derive external idempotency from it."""
     abort: asyncio.Event = field(default_factory=asyncio.Event)
     """Set when the run is aborted; a long tool should stop and return early."""
+    on_update: Callable[[FrozenJson], None] | None = None
+
+    def update(self, partial: Any) -> None:
+        """Report progress (any JSON value): a live `tool_update` event, never persisted."""
+        if self.on_update is not None:
+            self.on_update(freeze_json(partial))
 
 
 class ToolArgumentsError(ValueError):

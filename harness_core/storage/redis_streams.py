@@ -82,6 +82,17 @@ _STAT_FIELDS = (
 )  # fmt: skip
 
 
+def _may_match(query: RecordQuery, payload: str) -> bool:
+    """A cheap necessary condition on a record's canonical JSON before decoding it.
+
+    Payloads are pydantic's compact JSON (no spaces), so a record of type T contains
+    ``"type":"T"``;
+    a payload without it cannot match a type filter (one with it may still not: nested
+    entries have types too, so `record_matches` decides).
+    """
+    return query.type is None or f'"type":"{query.type}"' in payload
+
+
 Stream = list[tuple[str, dict[str, str]]]
 
 
@@ -482,18 +493,29 @@ class RedisSessionStorage:
         async def run(c: _Client) -> None:
             low_seq = (q.after_seq or 0) + 1
             low, high = f"{low_seq}-0", "+"
+            # A limited query usually matches near where it starts (the newest run start of a
+            # lane): read small batches first and grow, so its cost does not track history.
+            count = _READ_BATCH if q.limit is None else min(_READ_BATCH, max(16, 4 * q.limit))
             while True:
                 if q.lane is not None:
-                    batch = await self._lane_records(
-                        c, q.lane, low, high, newest_first=newest, count=_READ_BATCH
+                    key = self._base + "lr:" + q.lane
+                    lane_rows = await (
+                        c.xrevrange(key, high, low, count=count)
+                        if newest
+                        else c.xrange(key, low, high, count=count)
                     )
-                    positions = [r.seq for r in batch]
+                    positions = [int(stream_id.split("-", 1)[0]) for stream_id, _ in lane_rows]
+                    batch = [
+                        self._record(stream_id, fields)
+                        for stream_id, fields in lane_rows
+                        if _may_match(q, fields["d"])
+                    ]
                 else:
                     key = self._base + "log"
                     rows = await (
-                        c.xrevrange(key, high, low, count=_READ_BATCH)
+                        c.xrevrange(key, high, low, count=count)
                         if newest
-                        else c.xrange(key, low, high, count=_READ_BATCH)
+                        else c.xrange(key, low, high, count=count)
                     )
                     positions = [int(stream_id.split("-", 1)[0]) for stream_id, _ in rows]
                     located = [
@@ -507,8 +529,9 @@ class RedisSessionStorage:
                         kept.append(record)
                         if q.limit is not None and len(kept) >= q.limit:
                             return
-                if len(positions) < _READ_BATCH:
+                if len(positions) < count:
                     return
+                count = min(_READ_BATCH, count * 4)
                 if newest:
                     high = f"({positions[-1]}-0"
                 else:

@@ -18,7 +18,7 @@ from harness_core.messages import (
     UserMessage,
 )
 from harness_core.model import ModelRef
-from harness_core.result import Ok
+from harness_core.result import Err, Ok
 from harness_core.scripted import text
 from harness_core.session.entries import CompactionEntry, Entry, MessageEntry
 from tests.support.harness_kit import make_kit
@@ -107,3 +107,14 @@ async def test_cached_configuration_matches_a_fresh_walk(backend: str, tmp_path:
     fresh = await (await kit.reopen()).harness._rt.lanes["main"].configuration()
     assert cached == fresh
     assert (fresh.model_id, fresh.thinking_level) == ("other", "high")
+
+
+async def test_navigation_to_the_root_refuses_a_label(tmp_path: Path) -> None:
+    kit = await make_kit("memory", tmp_path, [text("one")])
+    assert isinstance(await kit.harness.prompt("first"), Ok)
+    before = len(await kit.storage.get_log())
+    refused = await kit.harness.navigate_tree(None, label="start")
+    assert isinstance(refused, Err) and refused.error.tag == "UnknownTarget"
+    assert len(await kit.storage.get_log()) == before  # nothing written, nothing dropped silently
+    moved = await kit.harness.navigate_tree(None)
+    assert isinstance(moved, Ok) and await kit.harness.get_leaf_id() is None

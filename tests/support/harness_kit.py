@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import itertools
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -29,6 +30,7 @@ from harness_core.testing import ManualClock
 from harness_core.tools import Tool
 
 MODEL = ModelRef(provider="scripted", model_id="test")
+_REOPENS = itertools.count(1)
 OPEN_REPOS: list[SessionRepo] = []
 """Repositories opened by kits; the test fixture closes them after each test."""
 
@@ -115,6 +117,8 @@ class Kit:
     writes: list[tuple[str, str]] = field(default_factory=list)
     tools: Sequence[Tool] = ()
     options: dict[str, Any] = field(default_factory=dict)
+    recording: RecordingStorage | None = None
+    """The write-recording wrapper the harness writes through (tests may patch its methods)."""
 
     async def reopen(self, *, script: Sequence[Reply] | None = None, **changes: Any) -> Kit:
         """A new harness over the same session, as a restarted process would open it.
@@ -127,8 +131,10 @@ class Kit:
         options = {**self.options, **changes}
         tools = options.pop("tools", self.tools)
         writes: list[tuple[str, str]] = []
+        recording = RecordingStorage(storage, writes)
+        fresh_ids = {"ids": SequentialIds(f"reopen{next(_REOPENS)}-")}  # no clash with the dead
         harness, suspended = await AgentHarness.create(
-            _options(RecordingStorage(storage, writes), model, self.clock, tools, options)
+            _options(recording, model, self.clock, tools, {**fresh_ids, **options})
         )
         record_hooks(harness, writes)
         return Kit(
@@ -142,6 +148,7 @@ class Kit:
             writes,
             tools,
             options,
+            recording,
         )
 
 
@@ -201,8 +208,11 @@ async def make_kit(
     storage = await repo.open("s", lease=lease)
     model = ScriptedModel(script)
     writes: list[tuple[str, str]] = []
+    recording = RecordingStorage(storage, writes)
     harness, suspended = await AgentHarness.create(
-        _options(RecordingStorage(storage, writes), model, clock, tools, options)
+        _options(recording, model, clock, tools, options)
     )
     record_hooks(harness, writes)
-    return Kit(backend, repo, storage, model, clock, harness, suspended, writes, tools, options)
+    return Kit(
+        backend, repo, storage, model, clock, harness, suspended, writes, tools, options, recording
+    )
