@@ -10,9 +10,10 @@ the user message, two step_attempt + usage pairs, tool_started, the tool result,
 operation_finished: 10 items in all, the ledger included) and the fixed-point self-check at the
 end. "prompts/s" runs one lane; "16 lanes" runs 16 lanes of the same session at once.
 
-Per-turn cost is the median time of a prompt once the lane already holds 10, 100 or 1,000
-prompts of history; the ratio 1000/10 shows whether a turn's cost depends on history (it must
-not: the context is cached per lane and writes never read the history).
+Per-turn cost is the median time of a prompt on lanes that already hold 10, 100 or 1,000
+prompts of history (one session, the lanes taking turns so noise hits each alike); the ratio
+1000/10 shows whether a turn's cost depends on history (it must not: the context is cached per
+lane and writes never read the history).
 
 Restore builds a session of 50 lanes x 200 prompts with 5 lanes suspended mid-tool (on the
 memory backend, then imported into each backend), and times `AgentHarness.create()`: its reads
@@ -130,22 +131,30 @@ async def prompts_per_second(repo: SessionRepo, tag: str, n: int, lanes: int) ->
 async def per_turn_ms(
     repo: SessionRepo, tag: str, histories: list[int], sample: int
 ) -> list[float]:
+    """Median prompt time on lanes holding each history size, measured round-robin.
+
+    The lanes share one session and take turns, so machine noise hits every size alike.
+    """
     harness, _, _ = await open_harness(repo, f"growth-{tag}", create=True)
-    done = 0
-    medians = []
-    for target in histories:
-        while done < target:
-            await prompt(harness)
-            done += 1
-        samples = []
-        for _ in range(sample):
+    lanes: list[Any] = []
+    for size in histories:
+        created = await harness.create_lane(f"h{size}", None)
+        assert isinstance(created, Ok)
+        lanes.append(created.value)
+
+    async def fill(lane: Any, size: int) -> None:
+        for _ in range(size):
+            await prompt(lane)
+
+    await asyncio.gather(*(fill(lane, size) for lane, size in zip(lanes, histories, strict=True)))
+    samples: list[list[float]] = [[] for _ in histories]
+    for _ in range(sample):
+        for index, lane in enumerate(lanes):
             started = time.perf_counter()
-            await prompt(harness)
-            samples.append(time.perf_counter() - started)
-            done += 1
-        medians.append(statistics.median(samples) * 1000)
+            await prompt(lane)
+            samples[index].append(time.perf_counter() - started)
     await harness.close()
-    return medians
+    return [statistics.median(times) * 1000 for times in samples]
 
 
 async def build_restore_log(lanes: int, prompts: int, suspended: int) -> tuple[LogItem, ...]:
@@ -194,18 +203,9 @@ async def restore_ms(
     samples = []
     suspended = 0
     for _ in range(trials):
-        lease = await repo.acquire_lease(session_id, owner="bench", ttl_ms=3_600_000)
-        storage = await repo.open(session_id, lease=lease)
-        options = AgentHarnessOptions(
-            storage=storage,
-            model_client=BenchModel(responder=respond),
-            model=MODEL,
-            tools=[Tool(name="lookup", description="", execute=lookup, replay="never")],
-        )
-        started = time.perf_counter()
-        harness, found = await AgentHarness.create(options)
-        samples.append(time.perf_counter() - started)
-        suspended = len(found)
+        harness, _, elapsed = await open_harness(repo, session_id, create=False)
+        samples.append(elapsed)
+        suspended = len([lane for lane in await harness.lanes() if lane.status == "suspended"])
         await harness.close()
     return statistics.median(samples) * 1000, suspended
 

@@ -82,6 +82,15 @@ _STAT_FIELDS = (
 )  # fmt: skip
 
 
+async def _stream_range(
+    c: _Client, key: str, low: str, high: str, newest_first: bool, count: int
+) -> Any:
+    """One page of a stream between two ids, in the asked order."""
+    if newest_first:
+        return await c.xrevrange(key, high, low, count=count)
+    return await c.xrange(key, low, high, count=count)
+
+
 def _may_match(query: RecordQuery, payload: str) -> bool:
     """A cheap necessary condition on a record's canonical JSON before decoding it.
 
@@ -498,11 +507,8 @@ class RedisSessionStorage:
             count = _READ_BATCH if q.limit is None else min(_READ_BATCH, max(16, 4 * q.limit))
             while True:
                 if q.lane is not None:
-                    key = self._base + "lr:" + q.lane
-                    lane_rows = await (
-                        c.xrevrange(key, high, low, count=count)
-                        if newest
-                        else c.xrange(key, low, high, count=count)
+                    lane_rows = await _stream_range(
+                        c, self._base + "lr:" + q.lane, low, high, newest, count
                     )
                     positions = [int(stream_id.split("-", 1)[0]) for stream_id, _ in lane_rows]
                     batch = [
@@ -511,12 +517,7 @@ class RedisSessionStorage:
                         if _may_match(q, fields["d"])
                     ]
                 else:
-                    key = self._base + "log"
-                    rows = await (
-                        c.xrevrange(key, high, low, count=count)
-                        if newest
-                        else c.xrange(key, low, high, count=count)
-                    )
+                    rows = await _stream_range(c, self._base + "log", low, high, newest, count)
                     positions = [int(stream_id.split("-", 1)[0]) for stream_id, _ in rows]
                     located = [
                         (int(stream_id.split("-", 1)[0]), fields["lane"])
