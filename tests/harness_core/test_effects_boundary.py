@@ -1,0 +1,64 @@
+"""Nothing a procedure does bypasses `Effects`: each await is an effect, a read or its own step.
+
+The crash matrix (next issue) enumerates crash sites from the `Effects` calls alone, so an
+awaited write, model call, tool run, hook or sleep that went around it would be a crash site
+nobody tests. This reads `procedures.py` and names every await that is none of those.
+"""
+
+from __future__ import annotations
+
+import ast
+import inspect
+import re
+
+from harness_core import procedures
+from harness_core.effects import Effects
+
+READS = {
+    "self.lane.context_entries",
+    "self.lane.context_messages",
+    "self.lane.context_tokens",
+    "self.rt.storage.get_entry",
+    "storage.find_entries_on_branch",
+}
+"""Reads of committed state: not effects (a crash around a read changes nothing durable)."""
+
+
+def dotted(node: ast.expr) -> str:
+    if isinstance(node, ast.Name):
+        return node.id
+    if isinstance(node, ast.Attribute):
+        return f"{dotted(node.value)}.{node.attr}"
+    return "<expr>"
+
+
+def awaited_calls() -> list[tuple[int, str]]:
+    tree = ast.parse(inspect.getsource(procedures))
+    found = []
+    for node in ast.walk(tree):
+        if isinstance(node, ast.Await) and isinstance(node.value, ast.Call):
+            call = node.value
+            if dotted(call.func) == "asyncio.gather":  # concurrent effects: check each one
+                inner = [n for arg in call.args for n in ast.walk(arg) if isinstance(n, ast.Call)]
+                found += [(node.lineno, dotted(n.func)) for n in inner]
+            else:
+                found.append((node.lineno, dotted(call.func)))
+    return found
+
+
+def test_every_await_in_a_procedure_is_an_effect_a_read_or_a_procedure_step() -> None:
+    effects = {name for name, _ in inspect.getmembers(Effects) if not name.startswith("_")}
+    outside = []
+    for line, name in awaited_calls():
+        head, _, method = name.rpartition(".")
+        if head in ("fx", "self.fx") and method in effects:
+            continue
+        if name in READS or re.fullmatch(r"self\.[a-z_]+", name):
+            continue  # a read, or one of the procedure's own steps
+        outside.append(f"procedures.py:{line}: await {name}(...)")
+    assert outside == []
+
+
+def test_the_check_sees_effects_at_all() -> None:
+    names = {name for _, name in awaited_calls()}
+    assert {"fx.append_record", "self.fx.execute_tool", "fx.stream_assistant"} <= names
