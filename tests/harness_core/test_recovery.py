@@ -164,6 +164,25 @@ def write_actions(harnesses: dict[str, AgentHarness]) -> dict[str, Any]:
     return {"act": write}
 
 
+def steer_cancel_actions(harnesses: dict[str, AgentHarness]) -> dict[str, Any]:
+    async def steer_then_cancel(ctx: Any) -> None:
+        harness = harnesses["h"]
+        steered = await harness.steer("never mind this")
+        assert isinstance(steered, Ok)
+        cancelled = await harness.cancel_queued(steered.value)
+        assert isinstance(cancelled, Ok) and cancelled.value == "cancelled"
+
+    return {"act": steer_then_cancel}
+
+
+def config_actions(harnesses: dict[str, AgentHarness]) -> dict[str, Any]:
+    async def reconfigure(ctx: Any) -> None:
+        await harnesses["h"].set_thinking_level("high")
+        await harnesses["h"].set_active_tools(["act"])
+
+    return {"act": reconfigure}
+
+
 def abort_actions(harnesses: dict[str, AgentHarness]) -> dict[str, Any]:
     async def abort(ctx: Any) -> None:
         await harnesses["h"].abort()
@@ -253,6 +272,19 @@ SCENARIOS = [
         options={"tool_execution": "sequential"},
     ),
     Scenario("retry then answer", scripted_turns(retry_then(text("done")))),
+    Scenario("retries exhausted", scripted_turns(error("server"))),
+    Scenario(
+        "steer, then cancel it",
+        scripted_turns(calls(("act", "c1")), text("done")),
+        {"act": "never"},
+        actions=steer_cancel_actions,
+    ),
+    Scenario(
+        "config setters mid-run",
+        scripted_turns(calls(("act", "c1")), text("done")),
+        {"act": "never"},
+        actions=config_actions,
+    ),
     Scenario(
         "steering during a retry",
         scripted_turns(retry_then(calls(("echo", "c1"))), text("done")),
