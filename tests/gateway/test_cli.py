@@ -8,21 +8,26 @@ from config import Settings
 from gateway.cli import main
 
 
-def test_the_demo_crashes_one_lane_and_restores_it(tmp_path, capsys) -> None:
+def test_the_demo_crashes_one_lane_mid_tool_and_recovers_it(tmp_path, capsys) -> None:
     store = f"sqlite:///{tmp_path}/gw.db"
     assert main(["demo", "--store", store], settings=Settings()) == 0
     out = capsys.readouterr().out
-    assert "email:<demo-thread@example.com>: SUSPENDED (crash) in run m1-run" in out
-    assert "slack:C0DEMO:1764489600.000100: idle at s1-reply" in out
-    assert "stats   3 entries, 6 records, 59 tokens" in out
+    crash_log = out.split("process 2")[0]
+    assert crash_log.rstrip().endswith("tool_started       send_email")  # died mid-tool
+    assert "email:<demo-thread@example.com>: SUSPENDED (crash) run" in out
+    assert "slack:C0DEMO:1764489600.000100: idle" in out
+    assert "resume email:<demo-thread@example.com>: completed" in out
+    assert "It may or may not have happened" in out  # the never-replayed send was not repeated
+    assert "cannot confirm it went out" in out
     session_id = out.split("session ")[1].split()[0]
 
     assert main(["store", "--store", store], settings=Settings()) == 0
     assert session_id in capsys.readouterr().out
     assert main(["store", session_id, "--store", store], settings=Settings()) == 0
     shown = capsys.readouterr().out
-    assert "lane email:<demo-thread@example.com>" in shown and "(open operation)" in shown
-    assert "operation_finished" in shown
+    assert "lane email:<demo-thread@example.com>" in shown and "(idle)" in shown
+    assert "(open operation)" not in shown
+    assert shown.count("operation_finished") == 2
 
 
 def test_the_default_store_comes_from_settings(tmp_path, capsys) -> None:
