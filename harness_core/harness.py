@@ -16,11 +16,11 @@ from typing import Any, Literal, TypeAlias, TypeVar
 
 from harness_core.clock import SystemClock
 from harness_core.context import plan_compaction
-from harness_core.effects import AutomaticEffects
+from harness_core.effects import AutomaticEffects, Effects
 from harness_core.errors import (
     HarnessClosed,
+    HarnessError,
     HarnessFault,
-    HarnessNotImplemented,
     SessionError,
 )
 from harness_core.events import (
@@ -31,6 +31,7 @@ from harness_core.events import (
     RunResume,
 )
 from harness_core.frozen import JsonValue
+from harness_core.gate import ActionInfo, Gate, GatedEffects
 from harness_core.hooks import BeforeResumeEvent, BeforeRunEvent, Hooks, run_hook
 from harness_core.ids import Uuid7Ids
 from harness_core.lane import AbortAccepted, HarnessRuntime, LaneRuntime, config_entry
@@ -366,7 +367,8 @@ class AgentLane:
 
             async def reconcile() -> None:
                 if lane.task is None and lane.state.operation is not None:
-                    lane.occupy(self._harness._execute(lane, resumed=True))
+                    # reconciliation of a suspended operation: not a resume (no before_resume)
+                    lane.occupy(self._harness._execute(lane, resumed=False))
 
             await lane.job(reconcile)  # a suspended operation has no procedure to notice the abort
         return result
@@ -583,19 +585,32 @@ class AgentLane:
 
         return await lane.job(take)
 
-    # -- manual drive (the gate lands with the crash matrix) -------------------------------------
+    # -- manual drive ----------------------------------------------------------------------------
 
-    async def peek_action(self) -> Any:
-        """The next parked effect (manual drive)."""
-        raise HarnessNotImplemented("AgentLane.peek_action")
+    def _gate(self) -> Gate:
+        gate = self._runtime().gate
+        if gate is None:
+            raise HarnessError("manual drive controls need AgentHarnessOptions(drive='manual')")
+        return gate
 
-    async def execute_action(self) -> Any:
-        """Release the parked effect (manual drive)."""
-        raise HarnessNotImplemented("AgentLane.execute_action")
+    async def peek_action(self) -> ActionInfo | None:
+        """The lane's next parked effect, once its procedure reaches one (None: nothing to drive).
+
+        No side effect: calling it again returns the same action until `execute_action()`.
+        """
+        return await self._gate().peek()
+
+    async def execute_action(self) -> ActionInfo | None:
+        """Release exactly the action `peek_action()` shows; return the next one (None: settled).
+
+        Returns once the released effect settled, parked a nested action, or the operation
+        settled. Never releases two actions.
+        """
+        return await self._gate().execute()
 
     async def run_to_completion(self) -> None:
-        """Release effects until the operation settles (manual drive)."""
-        raise HarnessNotImplemented("AgentLane.run_to_completion")
+        """Release actions until the lane's procedure settles (finished or suspended)."""
+        await self._gate().run_to_completion()
 
 
 def _status(
@@ -642,10 +657,7 @@ class AgentHarness(AgentLane):
 
         Raises:
             RecordLogCorruption: a lane's log is a state no single writer can produce.
-            HarnessNotImplemented: ``drive="manual"`` (it lands with the crash matrix).
         """
-        if options.drive == "manual":
-            raise HarnessNotImplemented("AgentHarnessOptions.drive='manual'")
         clock = options.clock or SystemClock()
         bus = EventBus()
         runtime = HarnessRuntime(
@@ -752,6 +764,8 @@ class AgentHarness(AgentLane):
             return
         runtime.closed = True
         for lane in runtime.lanes.values():
+            if lane.gate is not None:
+                lane.gate.close()  # parked effects never run: the durable prefix is final
             lane.abort_signal.set()  # in-flight model requests settle at once
         tasks = list(runtime.tasks)
         for task in tasks:
@@ -808,7 +822,10 @@ class AgentHarness(AgentLane):
         """Run the lane's open operation to its end (or suspension), then self-check."""
         runtime = self._rt
         op = lane.operation
-        procedures = Procedures(lane, AutomaticEffects(lane))
+        fx: Effects = AutomaticEffects(lane)
+        if lane.gate is not None:
+            fx = GatedEffects(fx, lane.gate)
+        procedures = Procedures(lane, fx)
         try:
             if resumed:
                 await self._before_resume(lane, op, procedures)

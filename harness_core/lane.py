@@ -35,6 +35,7 @@ from harness_core.events import (
     UsageEvent,
     WritePending,
 )
+from harness_core.gate import Gate
 from harness_core.hooks import HookName, Hooks, run_hook
 from harness_core.ids import IdGenerator
 from harness_core.messages import (
@@ -206,6 +207,10 @@ class LaneRuntime:
         """The projection of `_context`, kept in step with it."""
         self._idle_config: tuple[str | None, LaneConfiguration] | None = None
         self._settled = asyncio.Event()
+        self.gate: Gate | None = (
+            Gate(lambda: self.task is not None) if runtime.options.drive == "manual" else None
+        )
+        """Manual drive: where this lane's effects park (None in automatic drive)."""
         self._settled.set()
 
     # -- the mutation line -------------------------------------------------------------------
@@ -672,11 +677,15 @@ class LaneRuntime:
         self._settled.clear()
         task = self.runtime.spawn(procedure)
         self.task = task
+        if self.gate is not None:
+            self.gate.wake()
 
         def release(done: asyncio.Task[Any]) -> None:
             if self.task is done:
                 self.task = None
                 self._settled.set()
+                if self.gate is not None:
+                    self.gate.wake()
 
         task.add_done_callback(release)
         return task

@@ -375,12 +375,20 @@ class Run:
     model: ScriptedModel
 
 
-async def open_run(scenario: Scenario, repo: SessionRepo, ids: str, *, create: bool) -> Run:
+async def open_run(
+    scenario: Scenario,
+    repo: SessionRepo,
+    ids: str,
+    *,
+    create: bool,
+    drive: str = "automatic",
+    counters: Counters | None = None,
+) -> Run:
     if create:
         await repo.create("s")
     lease = await repo.acquire_lease("s", owner="w", ttl_ms=10**9)
     storage = await repo.open("s", lease=lease)
-    counters = Counters()
+    counters = counters or Counters()
     holder: dict[str, AgentHarness] = {}
     actions = scenario.actions(holder) if scenario.actions else None
     model = ScriptedModel(responder=scenario.responder, fetches=scenario.fetches)
@@ -398,6 +406,7 @@ async def open_run(scenario: Scenario, repo: SessionRepo, ids: str, *, create: b
         clock=ManualClock(),
         ids=SequentialIds(ids),
         retry=RetryPolicy(max_attempts=3, initial_delay_ms=0),
+        drive=drive,  # type: ignore[arg-type]
         **scenario.options,
     )
     harness, _ = await AgentHarness.create(options)
