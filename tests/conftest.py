@@ -33,3 +33,24 @@ async def _close_kit_repos() -> AsyncIterator[None]:
 def redis_prefix(worker_id: str = "w") -> str:
     """A key prefix no other test uses."""
     return f"t{next(_prefixes)}"
+
+
+def pytest_terminal_summary(terminalreporter: pytest.TerminalReporter) -> None:
+    """Say how much of the crash matrix and the race catalog this run covered."""
+    from tests.support.matrix_coverage import CRASH_POINTS, RACE_ORDERS
+
+    if CRASH_POINTS:
+        backends = sorted({backend for backend, _ in CRASH_POINTS})
+        names = list(dict.fromkeys(name for _, name in CRASH_POINTS))
+        terminalreporter.section("crash matrix: crash points per trajectory")
+        header = f"  {'trajectory':<45} " + " ".join(f"{b:>7}" for b in backends)
+        terminalreporter.write_line(header)
+        for name in names:
+            row = " ".join(f"{CRASH_POINTS.get((b, name), 0):>7}" for b in backends)
+            terminalreporter.write_line(f"  {name:<45} {row}")
+        total = sum(CRASH_POINTS.values())
+        terminalreporter.write_line(f"  {total} crash points, each restored and resumed twice")
+    if RACE_ORDERS:
+        terminalreporter.section("race catalog: orders tested per row")
+        for row in sorted(RACE_ORDERS, key=lambda r: int(r.split()[0])):
+            terminalreporter.write_line(f"  {row}: {', '.join(sorted(RACE_ORDERS[row]))}")
