@@ -188,6 +188,9 @@ class HarnessRuntime:
         )
 
 
+NOT_RUN_ABORTED = "This tool call did not run: the run was aborted before it started."
+
+
 class LaneRuntime:
     """One lane of a harness: its mutation line, live state and execution slot."""
 
@@ -464,6 +467,8 @@ class LaneRuntime:
             events.emit(MessageUpdate(lane=self.name, run_id=run_id or "", message=partial))
 
         self._streaming = False  # a retried attempt streams (and starts) again
+        if self.abort_signal.is_set():  # aborted before the request went out: never send it
+            return AssistantMessage(stop_reason="aborted", usage=TokenUsage())
         try:
             message = await self._until_aborted(self.runtime.model.request(request, progress))
         except Exception as exc:  # a client that raised instead of answering in band
@@ -480,9 +485,14 @@ class LaneRuntime:
         return message
 
     async def execute_tool(self, prepared: PreparedToolCall) -> ToolOutput:
-        """Run a tool; it settles even if the run is aborted (the tool sees `ctx.abort`)."""
+        """Run a tool; it settles even if the run is aborted (the tool sees `ctx.abort`).
+
+        A call whose run was aborted before it started does not start: its result says so.
+        """
         self.runtime.check()
         tool = prepared.tool
+        if self.abort_signal.is_set():
+            return ToolOutput.text(NOT_RUN_ABORTED, is_error=True)
         try:
             args = tool.parse(prepared.args)
             work = tool.execute(args, prepared.context)
