@@ -30,17 +30,8 @@ from harness_core.storage.memory import MemorySessionRepo
 from harness_core.storage.redis_streams import RedisSessionRepo
 from harness_core.storage.sqlite import SqliteSessionRepo
 from harness_core.testing import ManualClock
-from tests.harness_core.test_recovery import (
-    SCENARIOS,
-    Counters,
-    Run,
-    Scenario,
-    check_invariants,
-    open_run,
-    parked_deferred,
-    prompt,
-    shape,
-)
+from harness_core.testing.invariants import Counters, check_invariants, parked_deferred, shape
+from tests.harness_core.test_recovery import SCENARIOS, Run, Scenario, open_run, prompt
 from tests.support.manual import drive
 from tests.support.matrix_coverage import CRASH_POINTS
 from tests.support.redis_server import RedisServer

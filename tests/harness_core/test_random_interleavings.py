@@ -30,8 +30,8 @@ from harness_core.scripted import ScriptedModel, text, tool_calls
 from harness_core.session.types import LogItem, StoredEntry
 from harness_core.storage.memory import MemorySessionRepo
 from harness_core.testing import ManualClock
+from harness_core.testing.invariants import Counters, check_invariants, parked_deferred, shape
 from harness_core.tools import Tool, ToolContext
-from tests.harness_core.test_recovery import Counters, check_invariants, parked_deferred, shape
 from tests.support.harness_kit import MODEL
 from tests.support.manual import started
 

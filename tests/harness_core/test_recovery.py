@@ -13,7 +13,6 @@ writes recovers again (half-completed recovery is safe).
 from __future__ import annotations
 
 import tempfile
-from collections import Counter
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -25,7 +24,7 @@ from harness_core.context import message_text
 from harness_core.harness import AgentHarness
 from harness_core.hooks import BeforeRequestEvent, BeforeRunEndResult
 from harness_core.ids import SequentialIds
-from harness_core.messages import AssistantMessage, ToolResultMessage, UserMessage
+from harness_core.messages import AssistantMessage, UserMessage
 from harness_core.model import ModelInfo, ModelRequest
 from harness_core.options import AgentHarnessOptions, CompactionSettings, RetryPolicy
 from harness_core.restore import restore_lane
@@ -33,18 +32,12 @@ from harness_core.result import Err, Ok
 from harness_core.scripted import ScriptedModel, deferred, error, length, text, tool_calls
 from harness_core.session.contract import SessionRepo, SessionStorage
 from harness_core.session.entries import MessageEntry
-from harness_core.session.records import (
-    OperationFinished,
-    OperationStarted,
-    QueueCancelled,
-    QueueEnqueued,
-    ToolStarted,
-)
 from harness_core.session.types import LogItem, SessionMetadata, StoredEntry, StoredRecord
 from harness_core.storage.memory import MemorySessionRepo
 from harness_core.storage.sqlite import SqliteSessionRepo
 from harness_core.testing import ManualClock
-from harness_core.tools import Tool, idempotency_key
+from harness_core.testing.invariants import Counters, check_invariants, parked_deferred, shape
+from harness_core.tools import Tool
 from tests.support.harness_kit import MODEL
 
 # -- scenarios --------------------------------------------------------------------------------
@@ -74,14 +67,6 @@ def scripted_turns(
         return reply(request) if callable(reply) else reply
 
     return respond
-
-
-@dataclass
-class Counters:
-    executions: Counter[str] = field(default_factory=Counter)
-    """Runs per tool name."""
-    invocations: Counter[str] = field(default_factory=Counter)
-    """Runs per invocation (idempotency key)."""
 
 
 def make_tools(
@@ -448,83 +433,6 @@ async def recover(
             result = await handle.resume()
             assert isinstance(result, Ok), result
     return await run.storage.get_log(), run.counters, run
-
-
-def check_invariants(
-    prefix: Sequence[LogItem],
-    log: Sequence[LogItem],
-    counters: Counters,
-    declarations: dict[str, str],
-) -> set[tuple[str, str, str]]:
-    """Assert the recovery invariants; returns the (started, current, action) replay cases seen."""
-    records = [item.record for item in log if isinstance(item, StoredRecord)]
-    entries = {item.id: item for item in log if isinstance(item, StoredEntry)}
-    started = [r for r in records if isinstance(r, OperationStarted)]
-    finished = Counter(r.run_id for r in records if isinstance(r, OperationFinished))
-    for op in started:
-        assert finished[op.id] <= 1, f"{op.id} finished twice"
-    open_ops = [op for op in started if finished[op.id] == 0]
-    for op in open_ops:  # only a parked deferred request may stay open
-        newest = [
-            e for e in entries.values() if isinstance(e.entry, MessageEntry) and e.lane == op.lane
-        ][-1]
-        message = newest.entry.message  # type: ignore[union-attr]
-        assert isinstance(message, AssistantMessage) and message.stop_reason == "deferred", (
-            f"{op.id} left open"
-        )
-    # every accepted input exactly once (ids are unique, so: present when it must be)
-    for op in started:
-        if op.intent.kind == "run":
-            for initial in op.intent.initial_messages:
-                assert initial.id in entries, f"initial message {initial.id} lost"
-    cancelled = {r.entry_id for r in records if isinstance(r, QueueCancelled)}
-    aborted_runs = {r.run_id for r in records if r.type == "abort_requested"}
-    for record in records:
-        if isinstance(record, QueueEnqueued) and record.queue != "next_run":
-            killed = record.run_id in aborted_runs
-            if record.target.id not in cancelled and not killed:
-                assert record.target.id in entries, f"queued input {record.target.id} lost"
-    # X3/X4: a started call without a result replays iff both declarations are safe (the AND
-    # rule) and no abort was accepted; otherwise it never runs again and reads "interrupted"
-    prefix_started = {
-        r.record.result_entry_id: r.record
-        for r in prefix
-        if isinstance(r, StoredRecord) and isinstance(r.record, ToolStarted)
-    }
-    prefix_entries = {item.id for item in prefix if isinstance(item, StoredEntry)}
-    prefix_aborted = {
-        item.record.run_id
-        for item in prefix
-        if isinstance(item, StoredRecord) and item.record.type == "abort_requested"
-    }
-    seen: set[tuple[str, str, str]] = set()
-    for result_id, start in prefix_started.items():
-        if result_id in prefix_entries:
-            continue
-        key = idempotency_key("s", start.assistant_entry_id, start.tool_index)
-        current = declarations.get(start.tool_name, "never")
-        result = entries[result_id].entry
-        assert isinstance(result, MessageEntry) and isinstance(result.message, ToolResultMessage)
-        if start.replay == "safe" and current == "safe" and start.run_id not in prefix_aborted:
-            assert counters.invocations[key] == 1, f"{start.tool_name} was not replayed once"
-            assert result.message.outcome != "interrupted"
-            seen.add((start.replay, current, "replayed"))
-        else:
-            assert counters.invocations[key] == 0, f"{start.tool_name} ran again after a crash"
-            assert result.message.outcome == "interrupted"
-            seen.add((start.replay, current, "interrupted"))
-    return seen
-
-
-def parked_deferred(log: Sequence[LogItem]) -> bool:
-    """Whether an operation is still open (allowed only for a parked deferred request)."""
-    records = [item.record for item in log if isinstance(item, StoredRecord)]
-    finished = {r.run_id for r in records if isinstance(r, OperationFinished)}
-    return any(isinstance(r, OperationStarted) and r.id not in finished for r in records)
-
-
-def shape(log: Sequence[LogItem]) -> list[str]:
-    return [f"{item.kind}:{getattr(item, 'type', getattr(item, 'lane', ''))}" for item in log]
 
 
 async def check_prefix(

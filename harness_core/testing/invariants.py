@@ -1,0 +1,122 @@
+"""Recovery invariants: what must hold after any crash and recovery (for tests and soaks).
+
+Plain asserts, so pytest shows the values; `Counters` count tool runs the way the checks read
+them (per tool name and per invocation idempotency key).
+"""
+
+from __future__ import annotations
+
+from collections import Counter
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass, field
+
+from harness_core.messages import AssistantMessage, ToolResultMessage
+from harness_core.session.entries import MessageEntry
+from harness_core.session.records import (
+    OperationFinished,
+    OperationStarted,
+    QueueCancelled,
+    QueueEnqueued,
+    ToolStarted,
+)
+from harness_core.session.types import LogItem, StoredEntry, StoredRecord
+from harness_core.tools import idempotency_key
+
+__all__ = ["Counters", "check_invariants", "parked_deferred", "shape"]
+
+
+@dataclass
+class Counters:
+    """Tool runs seen by a harness's tools."""
+
+    executions: Counter[str] = field(default_factory=Counter)
+    """Runs per tool name."""
+    invocations: Counter[str] = field(default_factory=Counter)
+    """Runs per invocation (idempotency key)."""
+
+
+def check_invariants(
+    prefix: Sequence[LogItem],
+    log: Sequence[LogItem],
+    counters: Counters,
+    declarations: Mapping[str, str],
+    session_id: str = "s",
+) -> set[tuple[str, str, str]]:
+    """Assert what must hold after a recovery from `prefix` produced `log`.
+
+    Every operation finished at most once and none is left open (but a parked deferred
+    request); every accepted input (initial messages, steering and follow-ups not cancelled or
+    killed by an abort) is in the tree; a call started before the crash without a result was
+    replayed once iff it was and is declared ``safe`` and no abort was accepted, and otherwise
+    never ran again and reads "interrupted". `counters` are the recovery's tool runs. Returns
+    the (started, current, action) replay cases seen.
+    """
+    records = [item.record for item in log if isinstance(item, StoredRecord)]
+    entries = {item.id: item for item in log if isinstance(item, StoredEntry)}
+    started = [r for r in records if isinstance(r, OperationStarted)]
+    finished = Counter(r.run_id for r in records if isinstance(r, OperationFinished))
+    for op in started:
+        assert finished[op.id] <= 1, f"{op.id} finished twice"
+    open_ops = [op for op in started if finished[op.id] == 0]
+    for op in open_ops:  # only a parked deferred request may stay open
+        newest = [
+            e for e in entries.values() if isinstance(e.entry, MessageEntry) and e.lane == op.lane
+        ][-1]
+        message = newest.entry.message  # type: ignore[union-attr]
+        assert isinstance(message, AssistantMessage), f"{op.id} left open"
+        assert message.stop_reason == "deferred", f"{op.id} left open"
+    # every accepted input exactly once (ids are unique, so: present when it must be)
+    for op in started:
+        if op.intent.kind == "run":
+            for initial in op.intent.initial_messages:
+                assert initial.id in entries, f"initial message {initial.id} lost"
+    cancelled = {r.entry_id for r in records if isinstance(r, QueueCancelled)}
+    aborted_runs = {r.run_id for r in records if r.type == "abort_requested"}
+    for record in records:
+        if isinstance(record, QueueEnqueued) and record.queue != "next_run":
+            killed = record.run_id in aborted_runs
+            if record.target.id not in cancelled and not killed:
+                assert record.target.id in entries, f"queued input {record.target.id} lost"
+    # X3/X4: a started call without a result replays iff both declarations are safe (the AND
+    # rule) and no abort was accepted; otherwise it never runs again and reads "interrupted"
+    prefix_started = {
+        r.record.result_entry_id: r.record
+        for r in prefix
+        if isinstance(r, StoredRecord) and isinstance(r.record, ToolStarted)
+    }
+    prefix_entries = {item.id for item in prefix if isinstance(item, StoredEntry)}
+    prefix_aborted = {
+        item.record.run_id
+        for item in prefix
+        if isinstance(item, StoredRecord) and item.record.type == "abort_requested"
+    }
+    seen: set[tuple[str, str, str]] = set()
+    for result_id, start in prefix_started.items():
+        if result_id in prefix_entries:
+            continue
+        key = idempotency_key(session_id, start.assistant_entry_id, start.tool_index)
+        current = declarations.get(start.tool_name, "never")
+        result = entries[result_id].entry
+        assert isinstance(result, MessageEntry)
+        assert isinstance(result.message, ToolResultMessage)
+        if start.replay == "safe" and current == "safe" and start.run_id not in prefix_aborted:
+            assert counters.invocations[key] == 1, f"{start.tool_name} was not replayed once"
+            assert result.message.outcome != "interrupted"
+            seen.add((start.replay, current, "replayed"))
+        else:
+            assert counters.invocations[key] == 0, f"{start.tool_name} ran again after a crash"
+            assert result.message.outcome == "interrupted"
+            seen.add((start.replay, current, "interrupted"))
+    return seen
+
+
+def parked_deferred(log: Sequence[LogItem]) -> bool:
+    """Whether an operation is still open (allowed only for a parked deferred request)."""
+    records = [item.record for item in log if isinstance(item, StoredRecord)]
+    finished = {r.run_id for r in records if isinstance(r, OperationFinished)}
+    return any(isinstance(r, OperationStarted) and r.id not in finished for r in records)
+
+
+def shape(log: Sequence[LogItem]) -> list[str]:
+    """The kinds of a log's items (``record:usage``, ``entry:message``...), for comparisons."""
+    return [f"{item.kind}:{getattr(item, 'type', getattr(item, 'lane', ''))}" for item in log]
