@@ -181,3 +181,33 @@ async def test_manual_and_automatic_drive_write_the_same_log(
         logs.append(await run.storage.get_log())
         await repo.close()
     assert logs[0] == logs[1]
+
+
+async def test_stopping_before_any_action_leaves_exactly_the_released_prefix(
+    backend: str, tmp_path: Path
+) -> None:
+    """Gate invariant 4, at every action of a trajectory: close before it, compare the log."""
+    from tests.harness_core.test_recovery import new_repo
+
+    scenario = SCENARIOS[0]  # one tool, replay="never"
+    reference = new_repo(backend, tmp_path / "reference")
+    run = await open_run(scenario, reference, "live-", create=True, drive="manual")
+    running = await started(run.harness, prompt(run.harness))
+    after_each: list[tuple[Any, ...]] = []  # the log while parked before action k
+    while await run.harness.peek_action() is not None:
+        after_each.append(tuple(await run.storage.get_log()))
+        await run.harness.execute_action()
+    await running
+    await reference.close()
+    assert len(after_each) > 10
+    for k in range(len(after_each)):
+        repo = new_repo(backend, tmp_path / f"cut{k}")
+        cut = await open_run(scenario, repo, "live-", create=True, drive="manual")
+        running = await started(cut.harness, prompt(cut.harness))
+        for _ in range(k):
+            await cut.harness.execute_action()
+        await cut.harness.close()
+        with pytest.raises(HarnessClosed):
+            await running
+        assert await cut.storage.get_log() == after_each[k], f"stopped before action {k}"
+        await repo.close()

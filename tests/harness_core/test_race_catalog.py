@@ -20,7 +20,7 @@ from harness_core.hooks import BeforeRunEndEvent, BeforeRunEndResult
 from harness_core.messages import UserMessage
 from harness_core.model import ModelRef
 from harness_core.result import Err, Ok
-from harness_core.scripted import text, tool_call
+from harness_core.scripted import ScriptedModel, text, tool_call
 from harness_core.session.entries import CustomEntry, MessageEntry
 from harness_core.session.records import (
     AbortRequested,
@@ -398,7 +398,7 @@ async def test_10_abort_vs_in_flight_tool(backend: str, tmp_path: Path, order: s
     assert isinstance(outcome, Ok) and outcome.value.kind == "aborted"
     results = [s for s in said(await log(kit)) if s not in ("go",)]
     assert sum(expected in s for s in results) == 1  # one result for the call, from the procedure
-    covered("10 abort vs in-flight effect", order)
+    covered("10 abort vs in-flight effect (tool)", order)
 
 
 # -- 11: cross-lane writes -------------------------------------------------------------------------
@@ -460,3 +460,47 @@ async def test_12_cancel_vs_consumption(backend: str, tmp_path: Path, order: str
     ]
     assert ("never mind" in seen) == (order == "effect first")
     covered("12 cancel_queued vs consumption", order)
+
+
+class SlowModel(ScriptedModel):
+    """A scripted model whose requests wait for `release` (to abort one in flight)."""
+
+    def __init__(self) -> None:
+        super().__init__([text("answer")])
+        self.in_flight = asyncio.Event()
+        self.release = asyncio.Event()
+        self.sent = 0
+
+    async def request(self, request: Any, on_update: Any = None) -> Any:
+        self.sent += 1
+        self.in_flight.set()
+        await self.release.wait()
+        return await super().request(request, on_update)
+
+
+@pytest.mark.parametrize("order", ORDERS)
+async def test_10_abort_vs_in_flight_model_request(
+    backend: str, tmp_path: Path, order: str
+) -> None:
+    kit = await manual(backend, tmp_path, [])
+    model = SlowModel()
+    kit.harness._rt.model = model  # the same harness, a model whose request can be held
+    running = await started(kit.harness, kit.harness.prompt("go"))
+    await until(kit.harness, kind("stream_assistant"))
+    if order == "surface first":  # aborted while parked: the request is never sent
+        assert isinstance(await kit.harness.abort(), Ok)
+        await kit.harness.run_to_completion()
+        assert model.sent == 0
+    else:  # aborted while in flight: the request is abandoned, its answer never committed
+        releasing = asyncio.ensure_future(kit.harness.execute_action())
+        await model.in_flight.wait()
+        assert isinstance(await kit.harness.abort(), Ok)
+        await releasing
+        await kit.harness.run_to_completion()
+        assert model.sent == 1
+    outcome = await running
+    assert isinstance(outcome, Ok) and outcome.value.kind == "aborted"
+    items = await log(kit)
+    assert "answer" not in said(items)
+    assert [r.outcome for r in records(items, OperationFinished)] == ["aborted"]
+    covered("10 abort vs in-flight effect (model request)", order)
