@@ -18,7 +18,7 @@ import time
 from pathlib import Path
 
 from bench.store_bench import _redis_url
-from harness_core.testing.kill_soak import soak
+from tests.support.kill_soak import soak
 
 ROOT = Path(__file__).resolve().parents[1]
 

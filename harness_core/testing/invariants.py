@@ -10,7 +10,10 @@ from collections import Counter
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 
+from harness_core.harness import AgentHarness
 from harness_core.messages import AssistantMessage, ToolResultMessage
+from harness_core.restore import restore_lane
+from harness_core.result import Ok
 from harness_core.session.entries import MessageEntry
 from harness_core.session.records import (
     OperationFinished,
@@ -22,7 +25,14 @@ from harness_core.session.records import (
 from harness_core.session.types import LogItem, StoredEntry, StoredRecord
 from harness_core.tools import idempotency_key
 
-__all__ = ["Counters", "check_invariants", "parked_deferred", "shape"]
+__all__ = [
+    "Counters",
+    "assert_fixed_point",
+    "check_invariants",
+    "parked_deferred",
+    "resume_all",
+    "shape",
+]
 
 
 @dataclass
@@ -120,3 +130,20 @@ def parked_deferred(log: Sequence[LogItem]) -> bool:
 def shape(log: Sequence[LogItem]) -> list[str]:
     """The kinds of a log's items (``record:usage``, ``entry:message``...), for comparisons."""
     return [f"{item.kind}:{getattr(item, 'type', getattr(item, 'lane', ''))}" for item in log]
+
+
+async def resume_all(harness: AgentHarness) -> None:
+    """Resume every lane a restore found with an open operation, as a restarted process does."""
+    for info in await harness.lanes():
+        if info.status != "idle":
+            lane = harness.lane(info.name)
+            assert lane is not None
+            result = await lane.resume()
+            assert isinstance(result, Ok), result
+
+
+async def assert_fixed_point(harness: AgentHarness) -> None:
+    """Every lane's live state equals a fresh reduction of the store (checked from outside)."""
+    runtime = harness._rt
+    for info in await harness.lanes():
+        assert await restore_lane(runtime.storage, info.name) == runtime.lanes[info.name].state

@@ -23,14 +23,20 @@ import pytest
 import redis
 
 from harness_core.gate import ActionInfo
-from harness_core.restore import restore_lane
 from harness_core.session.contract import SessionRepo
 from harness_core.session.types import LogItem, SessionMetadata
 from harness_core.storage.memory import MemorySessionRepo
 from harness_core.storage.redis_streams import RedisSessionRepo
 from harness_core.storage.sqlite import SqliteSessionRepo
 from harness_core.testing import ManualClock
-from harness_core.testing.invariants import Counters, check_invariants, parked_deferred, shape
+from harness_core.testing.invariants import (
+    Counters,
+    assert_fixed_point,
+    check_invariants,
+    parked_deferred,
+    resume_all,
+    shape,
+)
 from tests.harness_core.test_recovery import SCENARIOS, Run, Scenario, open_run, prompt
 from tests.support.manual import drive
 from tests.support.matrix_coverage import CRASH_POINTS
@@ -150,14 +156,8 @@ async def recover(
     scenario: Scenario, repo: SessionRepo, ids: str
 ) -> tuple[tuple[LogItem, ...], Counters, Run]:
     run = await open_run(scenario, repo, ids, create=False)
-    for lane in await run.harness.lanes():
-        if lane.status != "idle":
-            handle = run.harness.lane(lane.name)
-            assert handle is not None
-            result = await handle.resume()
-            assert result.__class__.__name__ == "Ok", result
-    for lane in await run.harness.lanes():  # the fixed point, checked from outside
-        assert await restore_lane(run.storage, lane.name) == run.harness._rt.lanes[lane.name].state
+    await resume_all(run.harness)
+    await assert_fixed_point(run.harness)
     return await run.storage.get_log(), run.counters, run
 
 

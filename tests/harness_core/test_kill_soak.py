@@ -1,6 +1,6 @@
 """Real process death of a running agent: SIGKILL at random moments on SQLite and Redis.
 
-`harness_core.testing.kill_soak` runs the agent in a subprocess (two lanes, a never-replayed
+`tests.support.kill_soak` runs the agent in a subprocess (two lanes, a never-replayed
 `charge` tool, a safe `lookup`, steering), kills it at random points and checks every recovery
 against the state the kill left; no `charge` may ever happen twice. `bench/kill_soak.py` runs
 the same with many more kills.
@@ -12,7 +12,7 @@ from pathlib import Path
 
 import pytest
 
-from harness_core.testing.kill_soak import soak
+from tests.support.kill_soak import soak
 from tests.support.redis_server import RedisServer
 
 ROOT = Path(__file__).resolve().parents[2]

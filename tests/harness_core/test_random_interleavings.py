@@ -24,13 +24,19 @@ from harness_core.ids import SequentialIds
 from harness_core.messages import AssistantMessage, ToolResultMessage, UserMessage
 from harness_core.model import ModelRequest
 from harness_core.options import AgentHarnessOptions, RetryPolicy
-from harness_core.restore import restore_lane
 from harness_core.result import Ok
 from harness_core.scripted import ScriptedModel, text, tool_calls
 from harness_core.session.types import LogItem, StoredEntry
 from harness_core.storage.memory import MemorySessionRepo
 from harness_core.testing import ManualClock
-from harness_core.testing.invariants import Counters, check_invariants, parked_deferred, shape
+from harness_core.testing.invariants import (
+    Counters,
+    assert_fixed_point,
+    check_invariants,
+    parked_deferred,
+    resume_all,
+    shape,
+)
 from harness_core.tools import Tool, ToolContext
 from tests.support.harness_kit import MODEL
 from tests.support.manual import started
@@ -120,13 +126,8 @@ async def recover(
 ) -> tuple[tuple[LogItem, ...], Counters]:
     counters = Counters()
     harness, storage = await open_harness(repo, counters, calls, ids, "automatic")
-    for lane in await harness.lanes():
-        if lane.status != "idle":
-            handle = harness.lane(lane.name)
-            assert handle is not None
-            assert isinstance(await handle.resume(), Ok)
-    for lane in await harness.lanes():
-        assert await restore_lane(storage, lane.name) == harness._rt.lanes[lane.name].state
+    await resume_all(harness)
+    await assert_fixed_point(harness)
     log = await storage.get_log()
     await harness.close()
     return log, counters

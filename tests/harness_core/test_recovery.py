@@ -36,7 +36,13 @@ from harness_core.session.types import LogItem, SessionMetadata, StoredEntry, St
 from harness_core.storage.memory import MemorySessionRepo
 from harness_core.storage.sqlite import SqliteSessionRepo
 from harness_core.testing import ManualClock
-from harness_core.testing.invariants import Counters, check_invariants, parked_deferred, shape
+from harness_core.testing.invariants import (
+    Counters,
+    check_invariants,
+    parked_deferred,
+    resume_all,
+    shape,
+)
 from harness_core.tools import Tool
 from tests.support.harness_kit import MODEL
 
@@ -426,12 +432,7 @@ async def recover(
     repo = new_repo(backend, Path(tempfile.mkdtemp(prefix="recovery-")))
     await repo.import_session(SessionMetadata(id="s", created_at=1), prefix)
     run = await open_run(scenario, repo, ids, create=False)
-    for lane in await run.harness.lanes():
-        if lane.status != "idle":
-            handle = run.harness.lane(lane.name)
-            assert handle is not None
-            result = await handle.resume()
-            assert isinstance(result, Ok), result
+    await resume_all(run.harness)
     return await run.storage.get_log(), run.counters, run
 
 

@@ -1,6 +1,6 @@
 """Real process death: an agent process SIGKILLed at random moments, recovered, checked.
 
-The child (``python -m harness_core.testing.kill_soak child URL EFFECTS``) resumes whatever a
+The child (``python -m tests.support.kill_soak child URL EFFECTS``) resumes whatever a
 predecessor left open, then runs prompts on two lanes forever: the model calls ``charge``
 (``replay="never"``: an external effect that must not happen twice) and ``lookup``
 (``replay="safe"``), and lane ``a`` is steered mid-run. Each tool appends a line to the
@@ -31,14 +31,18 @@ from harness_core.harness import AgentHarness
 from harness_core.messages import AssistantMessage, ToolResultMessage, UserMessage
 from harness_core.model import ModelRef, ModelRequest
 from harness_core.options import AgentHarnessOptions, RetryPolicy
-from harness_core.restore import restore_lane
 from harness_core.result import Ok
 from harness_core.scripted import ScriptedModel, text, tool_calls
 from harness_core.session.contract import SessionRepo, SessionStorage
 from harness_core.session.records import OperationFinished, OperationStarted
 from harness_core.session.types import LogItem, StoredRecord
 from harness_core.storage import open_repo
-from harness_core.testing.invariants import Counters, check_invariants
+from harness_core.testing.invariants import (
+    Counters,
+    assert_fixed_point,
+    check_invariants,
+    resume_all,
+)
 from harness_core.tools import Tool, ToolContext
 
 __all__ = ["SESSION", "SoakReport", "soak"]
@@ -100,20 +104,11 @@ async def _open(repo: SessionRepo, effects: Path, who: str) -> tuple[AgentHarnes
     return harness, storage
 
 
-async def _resume_all(harness: AgentHarness) -> None:
-    for info in await harness.lanes():
-        if info.status != "idle":
-            lane = harness.lane(info.name)
-            assert lane is not None
-            result = await lane.resume()
-            assert isinstance(result, Ok), result
-
-
 async def child(url: str, effects: Path) -> None:
     """The agent process: recover, then prompt two lanes forever (until killed)."""
     repo = open_repo(url)
     harness, _ = await _open(repo, effects, f"child-{os.getpid()}")
-    await _resume_all(harness)
+    await resume_all(harness)
     lanes = []
     for name in ("a", "b"):
         lane = harness.lane(name)
@@ -174,7 +169,7 @@ def _counters(lines: Sequence[tuple[str, str]]) -> Counters:
 
 async def _kill_child(url: str, effects: Path, wait_lines: int, cwd: Path) -> None:
     process = await asyncio.create_subprocess_exec(
-        sys.executable, "-m", "harness_core.testing.kill_soak", "child", url, str(effects),
+        sys.executable, "-m", "tests.support.kill_soak", "child", url, str(effects),
         cwd=cwd, stdout=asyncio.subprocess.PIPE, stderr=asyncio.subprocess.PIPE,
     )  # fmt: skip
     assert process.stdout is not None
@@ -198,9 +193,8 @@ async def _recover_here(url: str, effects: Path) -> tuple[LogItem, ...]:
     repo = open_repo(url)
     try:
         harness, storage = await _open(repo, effects, "recovery")
-        await _resume_all(harness)
-        for info in await harness.lanes():  # the fixed point, from outside
-            assert await restore_lane(storage, info.name) == harness._rt.lanes[info.name].state
+        await resume_all(harness)
+        await assert_fixed_point(harness)
         log = await storage.get_log()
         await harness.close()
         return log
