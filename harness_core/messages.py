@@ -121,8 +121,9 @@ StopReason = Literal["stop", "length", "tool_use", "error", "aborted", "deferred
 """Why a settled assistant message ended; errors are in-band, never exceptions."""
 
 ToolOutcome = Literal["ok", "error", "blocked", "denied", "interrupted"]
-"""How a tool call ended: ran fine, ran and failed, was blocked or invalid before running, was
-denied by an approver, or was interrupted with an unknown outcome (it may have happened)."""
+"""How a tool call ended: ran fine; failed (it raised, timed out, or could not run: an unknown
+tool or invalid arguments); was blocked by a `before_tool` hook; was denied by an approver; or
+was interrupted with an unknown outcome (it may have happened)."""
 
 
 ModelErrorKind = Literal[

@@ -11,6 +11,8 @@ from __future__ import annotations
 
 import asyncio
 import hashlib
+import inspect
+import typing
 from collections.abc import Awaitable, Callable, Mapping
 from dataclasses import dataclass, field
 from typing import Any, Literal
@@ -25,6 +27,7 @@ from harness_core.model import ToolDefinition
 __all__ = [
     "PreparedToolCall",
     "Tool",
+    "tool",
     "ToolArgumentsError",
     "ToolContext",
     "ToolOutput",
@@ -143,3 +146,55 @@ def idempotency_key(session_id: str, assistant_entry_id: str, tool_index: int) -
     """The stable key of one tool invocation (the same on every replay after a crash)."""
     digest = hashlib.sha256(f"{session_id}\x00{assistant_entry_id}\x00{tool_index}".encode())
     return "call_" + digest.hexdigest()[:40]
+
+
+def tool(
+    *,
+    name: str | None = None,
+    description: str | None = None,
+    replay: Replay = "never",
+    requires_approval: bool = False,
+    timeout_seconds: float | None = None,
+    execution_mode: Literal["parallel", "sequential"] = "parallel",
+) -> Callable[[ToolExecute], Tool]:
+    """Declare a tool from an async function ``(args, ctx) -> str | ToolOutput``.
+
+    The arguments model is the annotation of the first parameter (a pydantic model; a plain
+    ``dict`` means free-form JSON), the name defaults to the function's and the description to
+    its docstring. ``replay`` defaults to ``"never"``: say ``"safe"`` only for calls that may run
+    twice (reads, or effects made idempotent with ``ctx.idempotency_key``).
+
+    Example::
+
+        class Deploy(BaseModel):
+            build: int
+
+        @tool(requires_approval=True, timeout_seconds=60)
+        async def deploy(args: Deploy, ctx: ToolContext) -> str:
+            "Deploy a build to production."  # the docstring becomes the description
+            ...
+    """
+
+    def build(execute: ToolExecute) -> Tool:
+        hints = typing.get_type_hints(execute)
+        parameters = list(inspect.signature(execute).parameters)
+        annotation = hints.get(parameters[0]) if parameters else None
+        args_model = (
+            annotation
+            if isinstance(annotation, type) and issubclass(annotation, BaseModel)
+            else None
+        )
+        doc = inspect.getdoc(execute) or ""
+        tool_name = name or execute.__name__
+        return Tool(
+            name=tool_name,
+            description=description or doc or tool_name,
+            execute=execute,
+            args_model=args_model,
+            replay=replay,
+            requires_approval=requires_approval,
+            timeout_seconds=timeout_seconds,
+            execution_mode=execution_mode,
+        )
+
+    return build

@@ -1,0 +1,261 @@
+"""Conversion between the project's messages and pydantic-ai's, both ways.
+
+Used at the model boundary (`PydanticAIModel`) and for portable state (`HarnessState`), whose
+messages can be written as pydantic-ai `ModelMessagesTypeAdapter` JSON and read back. The
+mapping is lossless for what the project keeps: text, images, thinking (with signatures), tool
+calls, tool results with their outcome, stop reasons and usage.
+"""
+
+from __future__ import annotations
+
+import base64
+from collections.abc import Sequence
+from typing import Any
+
+from pydantic_ai import messages as pai
+
+from harness_core.frozen import thaw_json
+from harness_core.messages import (
+    AgentMessage,
+    AssistantContent,
+    AssistantMessage,
+    Cost,
+    ImagePart,
+    StopReason,
+    TextPart,
+    ThinkingPart,
+    TokenUsage,
+    ToolCallPart,
+    ToolOutcome,
+    ToolResultMessage,
+    UserContent,
+    UserMessage,
+)
+
+__all__ = [
+    "from_model_messages",
+    "from_model_response",
+    "message_json",
+    "messages_from_json",
+    "to_model_messages",
+    "token_usage",
+]
+
+_OUTCOME_TO_PAI: dict[ToolOutcome, str] = {
+    "ok": "success",
+    "error": "failed",
+    "blocked": "failed",
+    "denied": "denied",
+    "interrupted": "interrupted",
+}
+_OUTCOME_FROM_PAI: dict[str, ToolOutcome] = {
+    "success": "ok",
+    "failed": "error",
+    "denied": "denied",
+    "interrupted": "interrupted",
+    "retried": "error",
+}
+
+
+def _user_content(part: UserContent) -> str | pai.BinaryContent:
+    if isinstance(part, TextPart):
+        return part.text
+    return pai.BinaryContent(data=base64.b64decode(part.data), media_type=part.media_type)
+
+
+def _result_text(message: ToolResultMessage) -> str:
+    return "\n".join(p.text for p in message.content if isinstance(p, TextPart))
+
+
+def _assistant_parts(message: AssistantMessage) -> list[pai.ModelResponsePart]:
+    parts: list[pai.ModelResponsePart] = []
+    for part in message.content:
+        if isinstance(part, TextPart):
+            parts.append(pai.TextPart(content=part.text))
+        elif isinstance(part, ThinkingPart):
+            parts.append(pai.ThinkingPart(content=part.thinking, signature=part.signature))
+        else:
+            parts.append(
+                pai.ToolCallPart(
+                    tool_name=part.name, args=thaw_json(part.arguments), tool_call_id=part.id
+                )
+            )
+    return parts
+
+
+def to_model_messages(
+    messages: Sequence[AgentMessage], system_prompt: str | None = None
+) -> list[pai.ModelMessage]:
+    """The pydantic-ai history for a context.
+
+    User input and tool results become requests (consecutive ones share one request), assistant
+    messages become responses; the system prompt opens the first request.
+    """
+    history: list[pai.ModelMessage] = []
+    pending: list[pai.ModelRequestPart] = []
+    if system_prompt:
+        pending.append(pai.SystemPromptPart(content=system_prompt))
+
+    def flush() -> None:
+        if pending:
+            history.append(pai.ModelRequest(parts=list(pending)))
+            pending.clear()
+
+    for message in messages:
+        if isinstance(message, UserMessage):
+            contents = [_user_content(p) for p in message.content]
+            content: Any = (
+                contents[0] if len(contents) == 1 and isinstance(contents[0], str) else contents
+            )
+            pending.append(pai.UserPromptPart(content=content))
+        elif isinstance(message, ToolResultMessage):
+            pending.append(
+                pai.ToolReturnPart(
+                    tool_name=message.tool_name,
+                    content=_result_text(message),
+                    tool_call_id=message.tool_call_id,
+                    outcome=_OUTCOME_TO_PAI[message.outcome],  # type: ignore[arg-type]
+                )
+            )
+        else:
+            flush()
+            history.append(
+                pai.ModelResponse(
+                    parts=_assistant_parts(message),
+                    model_name=message.model,
+                    provider_name=message.provider,
+                    finish_reason=_finish_reason(message.stop_reason),
+                    usage=_request_usage(message.usage),
+                )
+            )
+    flush()
+    return history
+
+
+def _finish_reason(stop: StopReason) -> pai.FinishReason | None:
+    return {"stop": "stop", "length": "length", "tool_use": "tool_call", "error": "error"}.get(stop)  # type: ignore[return-value]
+
+
+def _request_usage(usage: TokenUsage | None) -> Any:
+    from pydantic_ai.usage import RequestUsage
+
+    if usage is None:
+        return RequestUsage()
+    return RequestUsage(
+        input_tokens=usage.input,
+        output_tokens=usage.output,
+        cache_read_tokens=usage.cache_read,
+        cache_write_tokens=usage.cache_write,
+    )
+
+
+def token_usage(usage: Any, cost: float | None = None) -> TokenUsage:
+    """A pydantic-ai `RequestUsage` as the ledger's `TokenUsage` (cost in dollars if known)."""
+    total = usage.input_tokens + usage.output_tokens
+    return TokenUsage(
+        input=usage.input_tokens,
+        output=usage.output_tokens,
+        cache_read=usage.cache_read_tokens,
+        cache_write=usage.cache_write_tokens,
+        total_tokens=total,
+        cost=Cost(total=cost) if cost is not None else Cost(),
+    )
+
+
+def _stop_reason(response: pai.ModelResponse, has_calls: bool) -> StopReason:
+    reason = response.finish_reason
+    if reason == "length":
+        return "length"
+    if reason == "tool_call" or (has_calls and reason in (None, "stop")):
+        return "tool_use"
+    if reason in ("error", "content_filter"):
+        return "error"
+    return "stop"
+
+
+def from_model_response(
+    response: pai.ModelResponse, provider: str | None = None
+) -> AssistantMessage:
+    """A settled pydantic-ai response as an `AssistantMessage` (suspension is the caller's)."""
+    content: list[AssistantContent] = []
+    for part in response.parts:
+        if isinstance(part, pai.TextPart):
+            if part.content:
+                content.append(TextPart(text=part.content))
+        elif isinstance(part, pai.ThinkingPart):
+            content.append(ThinkingPart(thinking=part.content, signature=part.signature))
+        elif isinstance(part, pai.ToolCallPart):
+            content.append(
+                ToolCallPart(
+                    id=part.tool_call_id, name=part.tool_name, arguments=part.args_as_dict()
+                )
+            )
+    has_calls = any(isinstance(p, ToolCallPart) for p in content)
+    stop = _stop_reason(response, has_calls)
+    details = response.provider_details or {}
+    raw = details.get("finish_reason")
+    error = None
+    if stop == "error":
+        from harness_core.messages import ModelError
+
+        kind = "content_filter" if response.finish_reason == "content_filter" else "unknown"
+        error = ModelError(kind=kind, message=f"the provider ended the response: {raw or kind}")
+    return AssistantMessage(
+        content=tuple(content),
+        stop_reason=stop,
+        provider=provider or response.provider_name,
+        model=response.model_name,
+        usage=token_usage(response.usage),
+        error=error,
+        raw_stop_reason=str(raw) if raw is not None else response.finish_reason,
+    )
+
+
+def from_model_messages(
+    history: Sequence[pai.ModelMessage],
+) -> tuple[str | None, tuple[AgentMessage, ...]]:
+    """The project's messages (and the system prompt, if any) of a pydantic-ai history."""
+    system: list[str] = []
+    messages: list[AgentMessage] = []
+    for item in history:
+        if isinstance(item, pai.ModelResponse):
+            messages.append(from_model_response(item))
+            continue
+        for part in item.parts:
+            if isinstance(part, pai.SystemPromptPart):
+                system.append(part.content)
+            elif isinstance(part, pai.UserPromptPart):
+                messages.append(UserMessage(content=_from_user_content(part.content)))
+            elif isinstance(part, pai.ToolReturnPart):
+                messages.append(
+                    ToolResultMessage(
+                        tool_call_id=part.tool_call_id,
+                        tool_name=part.tool_name,
+                        content=(TextPart(text=part.model_response_str()),),
+                        outcome=_OUTCOME_FROM_PAI.get(part.outcome, "ok"),
+                    )
+                )
+    return ("\n\n".join(system) or None), tuple(messages)
+
+
+def _from_user_content(content: Any) -> tuple[UserContent, ...]:
+    items = [content] if isinstance(content, str) else list(content)
+    parts: list[UserContent] = []
+    for item in items:
+        if isinstance(item, str):
+            parts.append(TextPart(text=item))
+        elif isinstance(item, pai.BinaryContent):
+            parts.append(
+                ImagePart(media_type=item.media_type, data=base64.b64encode(item.data).decode())
+            )
+    return tuple(parts)
+
+
+def message_json(messages: Sequence[AgentMessage], system_prompt: str | None = None) -> bytes:
+    """The messages as pydantic-ai `ModelMessagesTypeAdapter` JSON."""
+    return pai.ModelMessagesTypeAdapter.dump_json(to_model_messages(messages, system_prompt))
+
+
+def messages_from_json(data: bytes | str) -> tuple[str | None, tuple[AgentMessage, ...]]:
+    """Read pydantic-ai `ModelMessagesTypeAdapter` JSON back into the project's messages."""
+    return from_model_messages(pai.ModelMessagesTypeAdapter.validate_json(data))

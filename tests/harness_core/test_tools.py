@@ -1,0 +1,123 @@
+"""Declaring tools: the decorator, argument validation fed back to the model, timeouts, keys."""
+
+from __future__ import annotations
+
+import asyncio
+from pathlib import Path
+from typing import Any
+
+import pytest
+from pydantic import BaseModel, Field
+
+from harness_core.context import message_text
+from harness_core.messages import ToolResultMessage
+from harness_core.result import Ok
+from harness_core.scripted import text, tool_call
+from harness_core.session.records import ToolStarted
+from harness_core.session.types import RecordQuery
+from harness_core.tools import Tool, ToolContext, tool
+from tests.support.harness_kit import make_kit
+
+pytestmark = pytest.mark.parametrize("backend", ["memory", "sqlite"])
+
+
+class Deploy(BaseModel):
+    build: int = Field(description="the build number")
+    region: str = "eu"
+
+
+def deploy_tool(runs: list[tuple[Deploy, str]]) -> Tool:
+    @tool(requires_approval=False, timeout_seconds=5)
+    async def deploy(args: Deploy, ctx: ToolContext) -> str:
+        """Deploy a build to production."""
+        runs.append((args, ctx.idempotency_key))
+        return f"deployed {args.build} to {args.region}"
+
+    return deploy
+
+
+async def test_the_decorator_declares_a_tool(backend: str, tmp_path: Path) -> None:
+    declared = deploy_tool([])
+    assert (declared.name, declared.description) == ("deploy", "Deploy a build to production.")
+    assert declared.args_model is Deploy and declared.replay == "never"
+    assert declared.timeout_seconds == 5 and not declared.requires_approval
+    schema: Any = declared.definition().parameters
+    assert schema["properties"]["build"]["type"] == "integer"
+    assert list(schema["required"]) == ["build"]
+
+    @tool(name="lookup", replay="safe", requires_approval=True)
+    async def free_form(args: dict[str, object], ctx: ToolContext) -> str:
+        return "ok"
+
+    assert (free_form.name, free_form.replay, free_form.requires_approval) == (
+        "lookup",
+        "safe",
+        True,
+    )
+    assert free_form.args_model is None and free_form.description == "lookup"
+
+
+async def test_validated_arguments_reach_the_tool(backend: str, tmp_path: Path) -> None:
+    runs: list[tuple[Deploy, str]] = []
+    kit = await make_kit(
+        backend, tmp_path, [tool_call("deploy", {"build": 42}), text("done")],
+        tools=[deploy_tool(runs)],
+    )  # fmt: skip
+    assert isinstance(await kit.harness.prompt("ship it"), Ok)
+    assert [(args.build, args.region) for args, _ in runs] == [(42, "eu")]
+
+
+async def test_invalid_arguments_go_back_to_the_model_and_nothing_starts(
+    backend: str, tmp_path: Path
+) -> None:
+    runs: list[tuple[Deploy, str]] = []
+    kit = await make_kit(
+        backend, tmp_path, [tool_call("deploy", {"build": "forty-two"}), text("sorry")],
+        tools=[deploy_tool(runs)],
+    )  # fmt: skip
+    assert isinstance(await kit.harness.prompt("ship it"), Ok)
+    assert runs == []
+    assert await kit.storage.find_records(RecordQuery(type="tool_started")) == ()
+    result = kit.model.requests[-1].messages[-1]
+    assert isinstance(result, ToolResultMessage) and result.outcome == "error"
+    assert "invalid arguments for deploy: build:" in message_text(result)
+
+
+async def test_a_tool_that_overruns_its_timeout_is_an_error_result(
+    backend: str, tmp_path: Path
+) -> None:
+    @tool(timeout_seconds=0.05)
+    async def hang(args: dict[str, object], ctx: ToolContext) -> str:
+        await asyncio.Event().wait()
+        return "never"
+
+    kit = await make_kit(backend, tmp_path, [tool_call("hang"), text("gave up")], tools=[hang])
+    assert isinstance(await kit.harness.prompt("go"), Ok)
+    result = kit.model.requests[-1].messages[-1]
+    assert isinstance(result, ToolResultMessage) and result.outcome == "error"
+    assert "hang timed out after 0.05 s" in message_text(result)
+
+
+async def test_the_idempotency_key_survives_a_crash_and_replay(
+    backend: str, tmp_path: Path
+) -> None:
+    keys: list[str] = []
+    first_run = asyncio.Event()
+
+    @tool(replay="safe")
+    async def charge(args: dict[str, object], ctx: ToolContext) -> str:
+        keys.append(ctx.idempotency_key)
+        if len(keys) == 1:
+            first_run.set()
+            await asyncio.Event().wait()  # the process dies while the effect is in flight
+        return "charged"
+
+    kit = await make_kit(backend, tmp_path, [tool_call("charge")], tools=[charge])
+    running = asyncio.ensure_future(kit.harness.prompt("pay"))
+    await first_run.wait()
+    reopened = await kit.reopen(script=[text("paid")])
+    assert isinstance(await reopened.harness.resume(), Ok)
+    running.cancel()
+    started = await kit.storage.find_records(RecordQuery(type="tool_started"))
+    assert len(started) == 1 and isinstance(started[0].record, ToolStarted)
+    assert len(keys) == 2 and keys[0] == keys[1]  # the same key on the replay
