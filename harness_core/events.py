@@ -24,9 +24,16 @@ from harness_core.messages import (
     ToolResultMessage,
 )
 from harness_core.session.entries import Entry
-from harness_core.session.records import CompactionReason, OperationError, Usage
+from harness_core.session.records import (
+    ApprovalDecided,
+    CompactionReason,
+    OperationError,
+    PendingApproval,
+    Usage,
+)
 
 __all__ = [
+    "ApprovalDecision",
     "CompactionEnd",
     "CompactionStart",
     "ConfigUpdate",
@@ -88,6 +95,16 @@ class RunSuspend(_Event):
     run_id: str
     deferred: DeferredHandle | None = None
     reason: Literal["deferred", "approval"] = "deferred"
+    approvals: tuple[PendingApproval, ...] = ()
+    """The calls waiting for a decision (reason ``approval``)."""
+
+
+class ApprovalDecision(_Event):
+    """A decision batch was recorded; the decided calls run (or are denied) next."""
+
+    type: Literal["approval_decided"] = "approval_decided"
+    run_id: str
+    record: ApprovalDecided
 
 
 class RunAbort(_Event):
@@ -370,7 +387,8 @@ Event = Annotated[
     | NavigationStart
     | NavigationEnd
     | LaneCreated
-    | UsageEvent,
+    | UsageEvent
+    | ApprovalDecision,
     Field(discriminator="type"),
 ]
 """Every event the harness emits."""

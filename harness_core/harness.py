@@ -14,6 +14,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any, Literal, TypeAlias, TypeVar
 
+from harness_core.approvals import mismatch
 from harness_core.clock import SystemClock
 from harness_core.context import plan_compaction
 from harness_core.effects import AutomaticEffects, Effects
@@ -38,10 +39,12 @@ from harness_core.lane import AbortAccepted, HarnessRuntime, LaneRuntime, config
 from harness_core.messages import AgentMessage, DeferredHandle, TextPart, TokenUsage, UserMessage
 from harness_core.model import ModelRef
 from harness_core.options import AgentHarnessOptions
-from harness_core.procedures import Outcome, Procedures
+from harness_core.procedures import Outcome, Procedures, ToolRecovery
 from harness_core.restore import restore_lane
 from harness_core.result import (
     Closed,
+    DecisionsMismatch,
+    DecisionsRequired,
     Err,
     InvalidLane,
     InvalidMessage,
@@ -60,9 +63,13 @@ from harness_core.result import (
 from harness_core.session.contract import SessionStorage
 from harness_core.session.entries import CustomEntry, Entry, MessageEntry
 from harness_core.session.records import (
+    ApprovalDecided,
+    ApprovalDecision,
     CompactionIntent,
     NavigationIntent,
+    OperationFinished,
     OperationKind,
+    PendingApproval,
     RunIntent,
     Usage,
 )
@@ -71,12 +78,13 @@ from harness_core.session.types import (
     EntryQuery,
     LabelFact,
     NameFact,
+    RecordQuery,
     SessionStats,
     StoredEntry,
 )
 from harness_core.state import LaneState, OperationState, RecordLogCorruption
 from harness_core.storage._rules import check_lane_name
-from harness_core.tools import Tool
+from harness_core.tools import Tool, ToolArgumentsError
 
 __all__ = [
     "AgentHarness",
@@ -114,6 +122,8 @@ class SuspendedOperation:
     aborting: bool = False
     missing_tools: tuple[str, ...] = ()
     missing_models: tuple[str, ...] = ()
+    pending_approvals: tuple[PendingApproval, ...] = ()
+    """Reason ``approval``: the calls to decide (`resume(decisions=...)`)."""
 
 
 @dataclass(frozen=True, kw_only=True, slots=True)
@@ -319,15 +329,37 @@ class AgentLane:
 
     async def resume(
         self,
-    ) -> Result[Outcome, LaneBusy | NothingToResume | MissingIdentities | Closed]:
-        """Continue this lane's open operation from its durable state (never starts a new one)."""
+        decisions: Sequence[ApprovalDecision] | None = None,
+        *,
+        decided_by: str | None = None,
+        idempotency_key: str | None = None,
+        tool_recovery: ToolRecovery = "declared",
+    ) -> Result[
+        Outcome,
+        LaneBusy
+        | NothingToResume
+        | MissingIdentities
+        | DecisionsRequired
+        | DecisionsMismatch
+        | Closed,
+    ]:
+        """Continue this lane's open operation from its durable state (never starts a new one).
+
+        An operation suspended for approval needs `decisions` covering exactly its pending calls;
+        the batch is recorded (with `decided_by` and `idempotency_key`) before anything runs, and
+        the same key later returns the same result. `tool_recovery` says what happens to a call
+        that started before a crash and has no result (see `ToolRecovery`).
+        """
         if (closed := self._closed()) is not None:
             return closed
         lane = self._runtime()
         harness = self._harness
+        runtime = harness._rt
+        key = idempotency_key or (runtime.ids.next() if decisions is not None else None)
 
         async def admit() -> Result[
-            asyncio.Task[Outcome], LaneBusy | NothingToResume | MissingIdentities
+            asyncio.Task[Outcome],
+            LaneBusy | NothingToResume | MissingIdentities | DecisionsRequired | DecisionsMismatch,
         ]:
             op = lane.state.operation
             if op is None:
@@ -336,6 +368,14 @@ class AgentLane:
                         message=f"lane {self._name!r} has no open operation", lane=self._name
                     )
                 )
+            approval = op.approval
+            same_key = (
+                approval is not None
+                and approval.decided is not None
+                and approval.decided.idempotency_key == key
+            )
+            if same_key and lane.task is not None:
+                return Ok(lane.task)  # the same decision, already running: its result
             if lane.task is not None:
                 return lane.busy(op)
             tools, models = harness._missing(op)
@@ -349,11 +389,43 @@ class AgentLane:
                         models=models,
                     )
                 )
+            waiting = approval is not None and approval.waiting and not op.aborting
+            if decisions is None and waiting and approval is not None:
+                return Err(
+                    DecisionsRequired(
+                        message=f"{op.id!r} waits for decisions on "
+                        f"{[p.tool_call_id for p in approval.requested.calls]}",
+                        lane=self._name,
+                        operation_id=op.id,
+                        pending=approval.requested.calls,
+                    )
+                )
+            if decisions is not None and not same_key:
+                refused = harness._check_decisions(self._name, op, decisions)
+                if refused is not None:
+                    return refused
+                assert key is not None
+                await lane.decide(
+                    ApprovalDecided(
+                        id=runtime.ids.next(),
+                        lane=self._name,
+                        run_id=op.id,
+                        idempotency_key=key,
+                        decided_by=decided_by,
+                        decisions=tuple(decisions),
+                    )
+                )
             lane.ready_for(op.id)
-            return Ok(lane.occupy(harness._execute(lane, resumed=True)))
+            return Ok(
+                lane.occupy(harness._execute(lane, resumed=True, tool_recovery=tool_recovery))
+            )
 
         admitted = await lane.job(admit)
         if isinstance(admitted, Err):
+            if isinstance(admitted.error, NothingToResume) and key and idempotency_key:
+                replayed = await harness._decided_before(lane, idempotency_key)
+                if replayed is not None:
+                    return Ok(replayed)
             return admitted
         return Ok(await harness._wait(admitted.value))
 
@@ -781,18 +853,97 @@ class AgentHarness(AgentLane):
     def _suspended(self, lane: str, op: OperationState) -> SuspendedOperation:
         tools, models = self._missing(op)
         intent = op.intent
+        approval = op.approval
+        waiting = approval is not None and approval.waiting and not op.aborting
+        reason: Literal["crash", "deferred", "approval"] = (
+            "approval" if waiting else "deferred" if op.deferred is not None else "crash"
+        )
         return SuspendedOperation(
             lane=lane,
             kind=op.kind,
             id=op.id,
             started_at=op.started_at,
-            reason="deferred" if op.deferred is not None else "crash",
+            reason=reason,
             prompt=intent.original_prompt if isinstance(intent, RunIntent) else (),
             deferred=op.deferred,
             aborting=op.aborting,
             missing_tools=tools,
             missing_models=models,
+            pending_approvals=approval.requested.calls if waiting and approval else (),
         )
+
+    def _check_decisions(
+        self, lane: str, op: OperationState, decisions: Sequence[ApprovalDecision]
+    ) -> Err[DecisionsMismatch] | None:
+        """Why a decision batch cannot be recorded for `op` now, or None if it can."""
+        approval = op.approval
+        if approval is None or op.aborting:
+            return Err(
+                DecisionsMismatch(
+                    message=f"{op.id!r} is not waiting for approval decisions",
+                    lane=lane,
+                    unexpected=tuple(d.tool_call_id for d in decisions),
+                    reason="not_waiting",
+                )
+            )
+        if not approval.waiting:
+            return Err(
+                DecisionsMismatch(
+                    message=f"{op.id!r} was already decided (with another idempotency key)",
+                    lane=lane,
+                    reason="already_decided",
+                )
+            )
+        missing, unexpected, duplicated = mismatch(approval.requested.calls, decisions)
+        if missing or unexpected or duplicated:
+            return Err(
+                DecisionsMismatch(
+                    message=f"decide exactly {[p.tool_call_id for p in approval.requested.calls]}"
+                    f": missing {list(missing)}, unexpected {list(unexpected)}, "
+                    f"duplicated {list(duplicated)}",
+                    lane=lane,
+                    missing=missing,
+                    unexpected=unexpected,
+                    reason="duplicate" if duplicated else "coverage",
+                )
+            )
+        for decision in decisions:
+            pending = next(
+                p for p in approval.requested.calls if p.tool_call_id == decision.tool_call_id
+            )
+            tool = self._rt.tools.get(pending.tool_name)
+            if decision.override_args is not None and tool is not None:
+                try:
+                    tool.parse(decision.override_args)
+                except ToolArgumentsError as exc:
+                    return Err(
+                        DecisionsMismatch(message=str(exc), lane=lane, reason="invalid_arguments")
+                    )
+        return None
+
+    async def _decided_before(self, lane: LaneRuntime, key: str) -> Outcome | None:
+        """The outcome of a finished operation whose approval was decided with `key`."""
+        storage = self._rt.storage
+        for stored in await storage.find_records(
+            RecordQuery(lane=lane.name, type="approval_decided", limit=64)
+        ):
+            record = stored.record
+            if isinstance(record, ApprovalDecided) and record.idempotency_key == key:
+                finished = await storage.find_records(
+                    RecordQuery(lane=lane.name, type="operation_finished", run_id=record.run_id)
+                )
+                if not finished:
+                    return None
+                end = finished[0].record
+                assert isinstance(end, OperationFinished)
+                return Outcome(
+                    operation="run",
+                    run_id=record.run_id,
+                    kind=end.outcome,
+                    leaf_id=lane.state.leaf_id,
+                    error=end.error,
+                )
+        return None
 
     def _missing(self, op: OperationState) -> tuple[tuple[str, ...], tuple[str, ...]]:
         """Tools of unresolved calls and models the operation needs that this harness lacks."""
@@ -818,14 +969,16 @@ class AgentHarness(AgentLane):
             models.append(str(model))
         return tuple(tools), tuple(models)
 
-    async def _execute(self, lane: LaneRuntime, *, resumed: bool) -> Outcome:
+    async def _execute(
+        self, lane: LaneRuntime, *, resumed: bool, tool_recovery: ToolRecovery = "declared"
+    ) -> Outcome:
         """Run the lane's open operation to its end (or suspension), then self-check."""
         runtime = self._rt
         op = lane.operation
         fx: Effects = AutomaticEffects(lane)
         if lane.gate is not None:
             fx = GatedEffects(fx, lane.gate)
-        procedures = Procedures(lane, fx)
+        procedures = Procedures(lane, fx, tool_recovery)
         try:
             if resumed:
                 await self._before_resume(lane, op, procedures)

@@ -19,6 +19,7 @@ from harness_core.clock import Clock
 from harness_core.context import ContextWindow
 from harness_core.errors import HarnessClosed, HarnessError, HarnessFault
 from harness_core.events import (
+    ApprovalDecision,
     EntryAdded,
     EventBus,
     FactUpdate,
@@ -68,6 +69,7 @@ from harness_core.session.entries import (
 )
 from harness_core.session.records import (
     AbortRequested,
+    ApprovalDecided,
     LaneConfiguration,
     NavigationIntent,
     OperationError,
@@ -302,6 +304,16 @@ class LaneRuntime:
     async def commit_record(self, record: Record) -> StoredRecord:
         """Append a record (a job)."""
         return await self.job(lambda: self._record(record))
+
+    async def decide(self, record: ApprovalDecided) -> None:
+        """Record an approval decision batch, inside the job that admitted it.
+
+        Not a job of its own: checking the wait and recording its decisions are one job.
+        """
+        await self._record(record)
+        self.runtime.events.emit(
+            ApprovalDecision(lane=self.name, run_id=record.run_id, record=record)
+        )
 
     async def commit_move(self, to: str | None) -> None:
         """Move the lane's leaf (a job)."""

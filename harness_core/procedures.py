@@ -14,6 +14,7 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any, Literal
 
+from harness_core.approvals import args_digest
 from harness_core.context import (
     estimate_tokens,
     message_text,
@@ -37,7 +38,7 @@ from harness_core.events import (
     TurnEnd,
     TurnStart,
 )
-from harness_core.frozen import FrozenJson
+from harness_core.frozen import FrozenJson, FrozenJsonObject
 from harness_core.hooks import (
     AfterResponseEvent,
     AfterToolEvent,
@@ -75,10 +76,13 @@ from harness_core.model import (
 )
 from harness_core.session.entries import BranchSummaryEntry, CompactionEntry, Entry, MessageEntry
 from harness_core.session.records import (
+    ApprovalDecision,
+    ApprovalRequested,
     CompactionIntent,
     CompactionReason,
     NavigationIntent,
     OperationError,
+    PendingApproval,
     RunIntent,
     StepAttempt,
     StepKind,
@@ -102,7 +106,7 @@ from harness_core.tools import (
     idempotency_key,
 )
 
-__all__ = ["Outcome", "Procedures"]
+__all__ = ["Outcome", "Procedures", "ToolRecovery"]
 
 SUMMARY_SYSTEM = "You write faithful, compact summaries of conversations for an AI assistant."
 INTERRUPTED = (
@@ -132,6 +136,29 @@ class Outcome:
     error: OperationError | None = None
     deferred: DeferredHandle | None = None
     entry_id: str | None = None
+    pending_approvals: tuple[PendingApproval, ...] = ()
+    """Suspended for approval: the calls waiting for a decision."""
+
+
+ToolRecovery = Literal["declared", "never", "always"]
+"""How `resume()` treats a tool call that started before a crash and has no result:
+``declared`` replays it only if the tool was and is declared ``replay="safe"``; ``never`` reports
+every such call interrupted; ``always`` replays every one whose tool still exists. Recorded and
+already-interrupted results are never reopened, and a tool that requires approval is replayed
+only after a new approval."""
+
+
+@dataclass(frozen=True, slots=True)
+class _NeedsApproval:
+    call: ToolCallState
+    args: FrozenJsonObject
+    started: bool = False
+
+
+class _AwaitApproval(Exception):
+    def __init__(self, calls: tuple[PendingApproval, ...]) -> None:
+        super().__init__("awaiting approval")
+        self.calls = calls
 
 
 class _RunFailed(Exception):
@@ -184,10 +211,13 @@ def _tool_calls(message: AssistantMessage) -> tuple[ToolCallPart, ...]:
 class Procedures:
     """The procedures of one lane's open operation, acting through `fx`."""
 
-    def __init__(self, lane: LaneRuntime, fx: Effects) -> None:
+    def __init__(
+        self, lane: LaneRuntime, fx: Effects, tool_recovery: ToolRecovery = "declared"
+    ) -> None:
         self.lane = lane
         self.fx = fx
         self.rt = lane.runtime
+        self.tool_recovery = tool_recovery
 
     @property
     def op(self) -> OperationState:
@@ -232,10 +262,20 @@ class Procedures:
                     OperationError(code="failed", message="the run failed")
                 )
             return await self._driver_loop()
-        except (_Park, _Aborted, _RunFailed) as signal:
+        except (_Park, _Aborted, _RunFailed, _AwaitApproval) as signal:
             return await self._handle_signal(signal)
 
     async def _handle_signal(self, signal: BaseException) -> Outcome:
+        if isinstance(signal, _AwaitApproval):
+            op = self.op
+            return Outcome(
+                operation="run",
+                run_id=op.id,
+                kind="suspended",
+                leaf_id=self.lane.state.leaf_id,
+                final_entry_id=op.last_assistant_entry_id,
+                pending_approvals=signal.calls,
+            )
         if isinstance(signal, _Park):
             op = self.op
             return Outcome(
@@ -1037,11 +1077,11 @@ class Procedures:
 
     async def _prepare(
         self, call: ToolCallState, assistant_entry_id: str
-    ) -> PreparedToolCall | MessageEntry:
+    ) -> PreparedToolCall | MessageEntry | _NeedsApproval:
         """Phase 1 and the durability point of one call.
 
-        Returns a prepared call (its `tool_started` written) or the error result of a call that
-        will not run (no `tool_started`: nothing started).
+        Returns a prepared call (its `tool_started` written), the result of a call that will not
+        run (no `tool_started`: nothing started), or a call that waits for a person's decision.
         """
         active = {tool.name: tool for tool in self._active_tools()}
         tool = active.get(call.call.name)
@@ -1049,8 +1089,16 @@ class Procedures:
             return self._synthetic(
                 call, self._id(), "error", f"There is no tool named {call.call.name!r}."
             )
+        approval = self.op.approval
+        decision = approval.decision(call.call.id) if approval is not None else None
+        args = call.call.arguments
+        if decision is not None and approval is not None:
+            if not decision.approved:
+                return self._denied(call, self._id(), decision)
+            pending = next(p for p in approval.requested.calls if p.tool_call_id == call.call.id)
+            args = decision.override_args if decision.override_args is not None else pending.args
         try:
-            tool.parse(call.call.arguments)
+            tool.parse(args)
         except ToolArgumentsError as exc:
             return self._synthetic(call, self._id(), "error", str(exc))
         hook = await self.fx.run_hook(
@@ -1060,19 +1108,24 @@ class Procedures:
                 run_id=self.op.id,
                 tool_call_id=call.call.id,
                 tool_name=tool.name,
-                args=call.call.arguments,
+                args=args,
             ),
         )
-        args = call.call.arguments
         if isinstance(hook, BeforeToolResult):
             if hook.block is not None:
                 return self._synthetic(call, self._id(), "blocked", hook.block)
+            if hook.args is not None and decision is not None and hook.args != args:
+                return self._synthetic(
+                    call, self._id(), "blocked", "A hook changed the arguments after approval."
+                )
             if hook.args is not None:
                 try:
                     tool.parse(hook.args)
                 except ToolArgumentsError as exc:
                     return self._synthetic(call, self._id(), "error", str(exc))
                 args = hook.args
+        if tool.requires_approval and decision is None:
+            return _NeedsApproval(call, args)
         if self.op.aborting:
             return self._synthetic(call, self._id(), "error", ABORTED_CALL)
         result_id = self._id()
@@ -1184,13 +1237,19 @@ class Procedures:
             for c in batch.calls
         )
         results: list[ToolResultMessage] = []
+        waiting: list[_NeedsApproval] = []
         if sequential:
             for call in batch.calls:
                 if self.op.aborting:
                     break
-                results.append(await self._single_call(call, assistant_id))
+                done = await self._single_call(call, assistant_id)
+                if isinstance(done, _NeedsApproval):
+                    waiting.append(done)
+                else:
+                    results.append(done)
+            await self._request_approval(waiting)
             return tuple(results)
-        prepared: list[PreparedToolCall | MessageEntry] = []
+        prepared: list[PreparedToolCall | MessageEntry | _NeedsApproval] = []
         for call in batch.calls:
             if self.op.aborting:
                 break
@@ -1203,16 +1262,53 @@ class Procedures:
                 results.append(
                     await self._finalize(item, by_index[item.tool_index], self._result_id(item))
                 )
+            elif isinstance(item, _NeedsApproval):
+                waiting.append(item)
             else:
                 results.append(await self._immediate(item))
+        await self._request_approval(waiting)
         return tuple(results)
 
-    async def _single_call(self, call: ToolCallState, assistant_id: str) -> ToolResultMessage:
+    async def _single_call(
+        self, call: ToolCallState, assistant_id: str
+    ) -> ToolResultMessage | _NeedsApproval:
         prepared = await self._prepare(call, assistant_id)
+        if isinstance(prepared, _NeedsApproval):
+            return prepared
         if isinstance(prepared, MessageEntry):
             return await self._immediate(prepared)
         output = await self.fx.execute_tool(prepared)
         return await self._finalize(prepared, output, self._result_id(prepared))
+
+    async def _request_approval(self, waiting: list[_NeedsApproval]) -> None:
+        """Suspend the run until a person decides the waiting calls (their batch is settled)."""
+        if not waiting or self.op.aborting:
+            return
+        batch = self.op.tool_batch
+        assert batch is not None
+        calls = tuple(
+            PendingApproval(
+                tool_call_id=item.call.call.id,
+                tool_index=item.call.tool_index,
+                tool_name=item.call.call.name,
+                args=item.args,
+                args_digest=args_digest(item.args),
+                started=item.started,
+            )
+            for item in waiting
+        )
+        record = ApprovalRequested(
+            id=self._id(),
+            lane=self.lane.name,
+            run_id=self.op.id,
+            assistant_entry_id=batch.assistant_entry_id,
+            calls=calls,
+        )
+        await self.fx.append_record(record)
+        self._emit(
+            RunSuspend(lane=self.lane.name, run_id=self.op.id, reason="approval", approvals=calls)
+        )
+        raise _AwaitApproval(calls)
 
     async def _truncated(self, calls: tuple[ToolCallState, ...]) -> tuple[ToolResultMessage, ...]:
         results = []
@@ -1232,6 +1328,7 @@ class Procedures:
         if batch.truncated:
             await self._truncated(batch.calls)
             return
+        waiting: list[_NeedsApproval] = []
         for index in range(len(batch.calls)):
             if self.op.aborting:
                 return
@@ -1242,12 +1339,22 @@ class Procedures:
                 continue  # X5: done
             started = call.started
             if started is None:
-                await self._single_call(call, current.assistant_entry_id)  # X1/X2: the full path
+                done = await self._single_call(call, current.assistant_entry_id)  # X1/X2
+                if isinstance(done, _NeedsApproval):
+                    waiting.append(done)
                 continue
             tool = self.rt.tools.get(started.tool_name)
-            if (
-                started.replay == "safe" and tool is not None and tool.replay == "safe"
-            ):  # X3/X4: safe AND safe
+            if tool is not None and self._replays(started, tool) and tool.requires_approval:
+                decision = self._replay_decision(call)  # an earlier approval does not count
+                if decision is None:
+                    waiting.append(_NeedsApproval(call, started.effective_args, started=True))
+                    continue
+                if not decision.approved:
+                    await self.fx.append_entry_if_missing(
+                        self._denied(call, started.result_entry_id, decision)
+                    )
+                    continue
+            if tool is not None and self._replays(started, tool):  # X3/X4: replay
                 prepared = PreparedToolCall(
                     tool_index=call.tool_index,
                     call=call.call,
@@ -1261,6 +1368,32 @@ class Procedures:
                 await self.fx.append_entry_if_missing(
                     self._synthetic(call, started.result_entry_id, "interrupted", INTERRUPTED)
                 )
+        await self._request_approval(waiting)
+
+    def _replays(self, started: ToolStarted, tool: Tool) -> bool:
+        """Whether a started call without a result runs again, under this resume's policy."""
+        if self.tool_recovery == "never":
+            return False
+        if self.tool_recovery == "always":
+            return True
+        return started.replay == "safe" and tool.replay == "safe"
+
+    def _replay_decision(self, call: ToolCallState) -> ApprovalDecision | None:
+        """A decision made for replaying this started call (not the one that first ran it)."""
+        approval = self.op.approval
+        if approval is None or not any(
+            p.tool_call_id == call.call.id and p.started for p in approval.requested.calls
+        ):
+            return None
+        return approval.decision(call.call.id)
+
+    def _denied(
+        self, call: ToolCallState, entry_id: str, decision: ApprovalDecision
+    ) -> MessageEntry:
+        decided = self.op.approval.decided if self.op.approval else None
+        by = f" by {decided.decided_by}" if decided and decided.decided_by else ""
+        reason = f": {decision.reason}" if decision.reason else "."
+        return self._synthetic(call, entry_id, "denied", f"This tool call was denied{by}{reason}")
 
     # -- deferred ---------------------------------------------------------------------------------
 

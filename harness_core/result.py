@@ -12,6 +12,8 @@ from typing import Any, ClassVar, Generic, Literal, TypeAlias, TypeVar
 
 __all__ = [
     "Closed",
+    "DecisionsMismatch",
+    "DecisionsRequired",
     "Err",
     "InvalidLane",
     "InvalidMessage",
@@ -173,3 +175,27 @@ class Closed(Rejection):
 
     tag: ClassVar[str] = "Closed"
     message: str = "the harness is closed"
+
+
+@dataclass(frozen=True, kw_only=True, slots=True)
+class DecisionsRequired(Rejection):
+    """The operation waits for approval decisions: resume it with `decisions` for these calls."""
+
+    tag: ClassVar[str] = "DecisionsRequired"
+    lane: str
+    operation_id: str
+    pending: tuple[Any, ...]
+    """The `PendingApproval`s (call id, tool, arguments, digest)."""
+
+
+@dataclass(frozen=True, kw_only=True, slots=True)
+class DecisionsMismatch(Rejection):
+    """A decision batch that does not decide exactly the pending calls, or came too late."""
+
+    tag: ClassVar[str] = "DecisionsMismatch"
+    lane: str
+    missing: tuple[str, ...] = ()
+    unexpected: tuple[str, ...] = ()
+    reason: Literal[
+        "coverage", "duplicate", "invalid_arguments", "already_decided", "not_waiting"
+    ] = "coverage"

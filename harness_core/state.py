@@ -26,6 +26,9 @@ from harness_core.session.entries import (
 )
 from harness_core.session.records import (
     AbortRequested,
+    ApprovalDecided,
+    ApprovalDecision,
+    ApprovalRequested,
     CompactionIntent,
     CompactionReason,
     LaneConfiguration,
@@ -46,6 +49,7 @@ from harness_core.session.records import (
 from harness_core.session.types import StoredEntry, StoredRecord
 
 __all__ = [
+    "ApprovalState",
     "CorruptionReason",
     "LaneState",
     "NewestOwn",
@@ -74,6 +78,7 @@ CorruptionReason = Literal[
     "content_mismatch",
     "branch_summary_in_run",
     "leaf_mismatch",
+    "approval_mismatch",
     "drift",
 ]
 """Why a lane's durable log is impossible for a single writer (never repaired, never continued)."""
@@ -135,6 +140,25 @@ class ToolBatchState:
 
 
 @dataclass(frozen=True, slots=True)
+class ApprovalState:
+    """The newest approval wait of the current tool batch, and its decisions once made."""
+
+    requested: ApprovalRequested
+    decided: ApprovalDecided | None = None
+
+    @property
+    def waiting(self) -> bool:
+        """Whether the run is suspended until a person decides."""
+        return self.decided is None
+
+    def decision(self, tool_call_id: str) -> ApprovalDecision | None:
+        """The decision on one call, if made."""
+        if self.decided is None:
+            return None
+        return next((d for d in self.decided.decisions if d.tool_call_id == tool_call_id), None)
+
+
+@dataclass(frozen=True, slots=True)
 class NewestOwn:
     """The newest message the operation appended (deferred writes excluded)."""
 
@@ -173,6 +197,8 @@ class OperationState:
     last_assistant_entry_id: str | None = None
     result_written: bool = False
     """Structural operations: the compaction entry (or the branch summary) exists."""
+    approval: ApprovalState | None = None
+    """The current tool batch's approval wait (DESIGN §4.6)."""
 
     @property
     def overflow_recovery_used(self) -> bool:
@@ -376,8 +402,49 @@ def _record(state: LaneState, stored: StoredRecord) -> LaneState:
                 "cancel_unknown_item", f"{record.id!r} cancels {record.entry_id!r}, not pending"
             )
         return replace(state, operation=op)
+    if isinstance(record, ApprovalRequested):
+        return replace(state, operation=_approval_requested(op, record))
+    if isinstance(record, ApprovalDecided):
+        return replace(state, operation=_approval_decided(op, record))
     assert isinstance(record, WriteDeferred)
     return replace(state, operation=replace(op, pending_writes=(*op.pending_writes, record.target)))
+
+
+def _approval_requested(op: OperationState, record: ApprovalRequested) -> OperationState:
+    batch = op.tool_batch
+    waiting = op.approval is not None and op.approval.waiting
+    if op.kind != "run" or op.aborting or batch is None or waiting:
+        raise _corrupt(
+            "approval_mismatch", f"{record.id!r} requests approval where none can be pending"
+        )
+    if batch.assistant_entry_id != record.assistant_entry_id:
+        raise _corrupt("approval_mismatch", f"{record.id!r} names another tool batch")
+    for pending in record.calls:
+        index = pending.tool_index
+        if (
+            not 0 <= index < len(batch.calls)
+            or batch.calls[index].call.id != pending.tool_call_id
+            or batch.calls[index].call.name != pending.tool_name
+            or batch.calls[index].result_exists
+        ):
+            raise _corrupt(
+                "approval_mismatch", f"{record.id!r}: {pending.tool_call_id} is not an open call"
+            )
+    return replace(op, approval=ApprovalState(requested=record))
+
+
+def _approval_decided(op: OperationState, record: ApprovalDecided) -> OperationState:
+    approval = op.approval
+    if approval is None or not approval.waiting or op.aborting:
+        raise _corrupt("approval_mismatch", f"{record.id!r} decides no pending approval")
+    pending = {call.tool_call_id for call in approval.requested.calls}
+    decided = [decision.tool_call_id for decision in record.decisions]
+    if sorted(decided) != sorted(pending):
+        raise _corrupt(
+            "approval_mismatch",
+            f"{record.id!r} decides {decided}, the wait lists {sorted(pending)}",
+        )
+    return replace(op, approval=replace(approval, decided=record))
 
 
 def _check_same(expected: Entry, entry: Entry) -> None:
@@ -432,7 +499,7 @@ def _message(
                 calls=tuple(ToolCallState(tool_index=i, call=part) for i, part in enumerate(parts)),
                 truncated=message.stop_reason == "length",
             )
-            op = replace(op, tool_batch=batch)
+            op = replace(op, tool_batch=batch, approval=None)
     elif isinstance(message, ToolResultMessage) and op.tool_batch is not None:
         batch = op.tool_batch
         calls = list(batch.calls)

@@ -26,6 +26,8 @@ from harness_core.session.entries import (
 )
 from harness_core.session.records import (
     AbortRequested,
+    ApprovalDecided,
+    ApprovalRequested,
     OperationFinished,
     OperationStarted,
     QueueCancelled,
@@ -75,6 +77,8 @@ RECORD_TYPES: tuple[type[BaseModel], ...] = (
     QueueCancelled,
     WriteDeferred,
     Usage,
+    ApprovalRequested,
+    ApprovalDecided,
 )
 
 entry_adapter: TypeAdapter[Entry] = TypeAdapter(Entry)
@@ -101,7 +105,7 @@ def encode_entry(entry: Entry) -> str:
 
 
 def encode_record(record: Record) -> str:
-    """Encode a record; anything that is not one of the nine record types is refused."""
+    """Encode a record; anything that is not one of the record types is refused."""
     if not isinstance(record, RECORD_TYPES):
         raise SessionError("invalid_payload", f"not a record: {type(record).__name__}")
     return encode(record, f"record {record.id!r}")

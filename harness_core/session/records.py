@@ -1,4 +1,7 @@
-"""Lane op-log records: the nine record types that let a new process continue a lane's work.
+"""Lane op-log records: the record types that let a new process continue a lane's work.
+
+The reference's nine, plus the two approval records of DESIGN §4.6 (`ApprovalRequested`,
+`ApprovalDecided`).
 
 Records never enter the tree or model context. Each belongs to exactly one lane; records of an
 operation carry `run_id`, the id of its `OperationStarted` record. Shapes are checked here; the
@@ -19,6 +22,9 @@ from harness_core.session.entries import Entry, Id
 
 __all__ = [
     "AbortRequested",
+    "ApprovalDecided",
+    "ApprovalDecision",
+    "ApprovalRequested",
     "CompactionIntent",
     "CompactionReason",
     "LaneConfiguration",
@@ -30,6 +36,7 @@ __all__ = [
     "OperationKind",
     "OperationOutcome",
     "OperationStarted",
+    "PendingApproval",
     "QueueCancelled",
     "QueueEnqueued",
     "QueueName",
@@ -60,6 +67,8 @@ RecordType = Literal[
     "queue_cancelled",
     "write_deferred",
     "usage",
+    "approval_requested",
+    "approval_decided",
 ]
 OperationKind = Literal["run", "compaction", "navigation"]
 OperationOutcome = Literal["completed", "aborted", "failed", "declined"]
@@ -260,6 +269,56 @@ class Usage(_RecordBase):
         return self
 
 
+class PendingApproval(Frozen):
+    """A tool call waiting for a person's decision."""
+
+    tool_call_id: str
+    tool_index: Annotated[int, Field(ge=0)]
+    tool_name: str
+    args: FrozenJsonObject
+    """The arguments the approver sees (after `before_tool` hooks)."""
+    args_digest: str
+    """SHA-256 of the canonical JSON of `args`: what a decision approves."""
+    started: bool = False
+    """A replay of a call that had started before a crash (its outcome is unknown)."""
+
+
+class ApprovalRequested(_RecordBase):
+    """The run suspends until every listed call of its newest tool batch is decided."""
+
+    type: Literal["approval_requested"] = "approval_requested"
+    run_id: Id
+    assistant_entry_id: Id
+    calls: Annotated[tuple[PendingApproval, ...], Field(min_length=1)]
+
+
+class ApprovalDecision(Frozen):
+    """One call's decision: approve (optionally with replacement arguments) or deny."""
+
+    tool_call_id: str
+    approved: bool
+    override_args: FrozenJsonObject | None = None
+    reason: str | None = None
+    """Why it was denied (shown to the model), or a note on the approval."""
+
+    @model_validator(mode="after")
+    def _override_only_when_approved(self) -> Self:
+        if self.override_args is not None and not self.approved:
+            raise ValueError("override_args only make sense for an approval")
+        return self
+
+
+class ApprovalDecided(_RecordBase):
+    """A whole decision batch, durable before any decided call runs."""
+
+    type: Literal["approval_decided"] = "approval_decided"
+    run_id: Id
+    idempotency_key: str
+    """The decider's key: the same key replays the same result."""
+    decided_by: str | None = None
+    decisions: Annotated[tuple[ApprovalDecision, ...], Field(min_length=1)]
+
+
 Record = Annotated[
     OperationStarted
     | AbortRequested
@@ -269,7 +328,9 @@ Record = Annotated[
     | QueueEnqueued
     | QueueCancelled
     | WriteDeferred
-    | Usage,
+    | Usage
+    | ApprovalRequested
+    | ApprovalDecided,
     Field(discriminator="type"),
 ]
 """Any lane op-log record, as written (storage adds `seq` and `timestamp` in `StoredRecord`)."""

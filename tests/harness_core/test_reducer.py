@@ -13,6 +13,8 @@ from harness_core.restore import restore_lane
 from harness_core.session.entries import Entry, MessageEntry
 from harness_core.session.records import (
     AbortRequested,
+    ApprovalDecided,
+    ApprovalDecision,
     CompactionIntent,
     LaneConfiguration,
     OperationFinished,
@@ -166,6 +168,21 @@ ROWS: dict[CorruptionReason, Callable[[], LaneSlice]] = {
     "content_mismatch": lambda: Trace().record(run()).entry(user("u1", "something else")).slice(),
     "branch_summary_in_run": lambda: running().record(attempt(1, "b1", "branch_summary")).slice(),
     "leaf_mismatch": lambda: running().slice(leaf="elsewhere"),
+    "approval_mismatch": lambda: (
+        running()
+        .record(attempt(1))
+        .entry(assistant("a1", ("c1", "echo")))
+        .record(
+            ApprovalDecided(
+                id="d",
+                lane=LANE,
+                run_id="op1",
+                idempotency_key="k",
+                decisions=(ApprovalDecision(tool_call_id="c1", approved=True),),
+            )
+        )
+        .slice()
+    ),
 }
 
 
