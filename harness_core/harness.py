@@ -376,6 +376,10 @@ class AgentLane:
             )
             if same_key and lane.task is not None:
                 return Ok(lane.task)  # the same decision, already running: its result
+            if decisions is not None and not same_key:
+                refused = harness._check_decisions(self._name, op, decisions)
+                if refused is not None:
+                    return refused  # before busy: a late or conflicting batch says so
             if lane.task is not None:
                 return lane.busy(op)
             tools, models = harness._missing(op)
@@ -401,9 +405,6 @@ class AgentLane:
                     )
                 )
             if decisions is not None and not same_key:
-                refused = harness._check_decisions(self._name, op, decisions)
-                if refused is not None:
-                    return refused
                 assert key is not None
                 await lane.decide(
                     ApprovalDecided(

@@ -52,5 +52,10 @@ def pytest_terminal_summary(terminalreporter: pytest.TerminalReporter) -> None:
         terminalreporter.write_line(f"  {total} crash points, each restored and resumed twice")
     if RACE_ORDERS:
         terminalreporter.section("race catalog: orders tested per row")
-        for row in sorted(RACE_ORDERS, key=lambda r: int(r.split()[0])):
+
+        def number(row: str) -> tuple[int, str]:
+            head = row.split()[0]
+            return (int(head), row) if head.isdigit() else (100, row)
+
+        for row in sorted(RACE_ORDERS, key=number):
             terminalreporter.write_line(f"  {row}: {', '.join(sorted(RACE_ORDERS[row]))}")

@@ -7,7 +7,7 @@ them (per tool name and per invocation idempotency key).
 from __future__ import annotations
 
 from collections import Counter
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 
 from harness_core.harness import AgentHarness
@@ -16,8 +16,10 @@ from harness_core.restore import restore_lane
 from harness_core.result import Ok
 from harness_core.session.entries import MessageEntry
 from harness_core.session.records import (
+    ApprovalDecision,
     OperationFinished,
     OperationStarted,
+    PendingApproval,
     QueueCancelled,
     QueueEnqueued,
     ToolStarted,
@@ -27,6 +29,7 @@ from harness_core.tools import idempotency_key
 
 __all__ = [
     "Counters",
+    "Decide",
     "assert_fixed_point",
     "check_invariants",
     "parked_deferred",
@@ -132,14 +135,35 @@ def shape(log: Sequence[LogItem]) -> list[str]:
     return [f"{item.kind}:{getattr(item, 'type', getattr(item, 'lane', ''))}" for item in log]
 
 
-async def resume_all(harness: AgentHarness) -> None:
-    """Resume every lane a restore found with an open operation, as a restarted process does."""
+Decide = Callable[[tuple[PendingApproval, ...]], Sequence[ApprovalDecision]]
+"""How a recovering operator decides a wait found on restore."""
+
+
+async def resume_all(harness: AgentHarness, decide: Decide | None = None) -> None:
+    """Resume every lane a restore found with an open operation, as a restarted process does.
+
+    A lane waiting for approval is decided with `decide` (under a fixed idempotency key, so a
+    repeated recovery replays the same decision) and resumed again if the decision leads to a
+    new wait.
+    """
     for info in await harness.lanes():
-        if info.status != "idle":
-            lane = harness.lane(info.name)
-            assert lane is not None
-            result = await lane.resume()
-            assert isinstance(result, Ok), result
+        if info.status == "idle":
+            continue
+        lane = harness.lane(info.name)
+        assert lane is not None
+        result = await lane.resume()
+        for round_ in range(8):
+            if isinstance(result, Ok) and not result.value.pending_approvals:
+                break
+            pending = (
+                result.value.pending_approvals
+                if isinstance(result, Ok)
+                else getattr(result.error, "pending", ())
+            )
+            assert decide is not None, result
+            assert pending, result
+            result = await lane.resume(decide(pending), idempotency_key=f"recovery-{round_}")
+        assert isinstance(result, Ok), result
 
 
 async def assert_fixed_point(harness: AgentHarness) -> None:

@@ -13,6 +13,7 @@ from typing import Any
 
 import pytest
 
+from harness_core.approvals import approve, deny
 from harness_core.context import message_text
 from harness_core.gate import ActionInfo
 from harness_core.harness import AgentLane
@@ -24,6 +25,7 @@ from harness_core.scripted import ScriptedModel, text, tool_call
 from harness_core.session.entries import CustomEntry, MessageEntry
 from harness_core.session.records import (
     AbortRequested,
+    ApprovalDecided,
     OperationFinished,
     OperationStarted,
     QueueEnqueued,
@@ -504,3 +506,80 @@ async def test_10_abort_vs_in_flight_model_request(
     assert "answer" not in said(items)
     assert [r.outcome for r in records(items, OperationFinished)] == ["aborted"]
     covered("10 abort vs in-flight effect (model request)", order)
+
+
+# -- approvals: decision vs abort, decision vs decision --------------------------------------------
+
+
+def approval_tools(runs: list[str]) -> list[Tool]:
+    async def deploy(args: Any, ctx: ToolContext) -> str:
+        runs.append(ctx.tool_call_id)
+        return "deployed"
+
+    return [Tool(name="deploy", description="deploys", execute=deploy, requires_approval=True)]
+
+
+async def waiting(kit: Kit) -> None:
+    """Drive the prompt until its run waits for approval."""
+    running = await started(kit.harness, kit.harness.prompt("ship it"))
+    await kit.harness.run_to_completion()
+    outcome = await running
+    assert isinstance(outcome, Ok) and outcome.value.pending_approvals
+
+
+@pytest.mark.parametrize("order", ORDERS)
+async def test_a1_decision_vs_abort(backend: str, tmp_path: Path, order: str) -> None:
+    runs: list[str] = []
+    kit = await manual(
+        backend, tmp_path, [tool_call("deploy", call_id="c1")], tools=approval_tools(runs)
+    )
+    await waiting(kit)
+    if order == "surface first":  # the abort closes the wait: the decision comes too late
+        assert isinstance(await kit.harness.abort(), Ok)
+        late = await kit.harness.resume([approve("c1")], idempotency_key="k")
+        assert isinstance(late, Err) and late.error.tag in ("DecisionsMismatch", "NothingToResume")
+        await kit.harness.run_to_completion()
+        assert records(await log(kit), ApprovalDecided) == []
+    else:  # decided first: the abort lands before the approved call starts, which never runs
+        deciding = await started(
+            kit.harness,
+            kit.harness.resume([approve("c1")], idempotency_key="k"),
+            "approval_decided",
+        )
+        await until(kit.harness, kind("hook", name="before_tool"))
+        assert len(records(await log(kit), ApprovalDecided)) == 1
+        assert isinstance(await kit.harness.abort(), Ok)
+        await kit.harness.run_to_completion()
+        outcome = await deciding
+        assert isinstance(outcome, Ok) and outcome.value.kind == "aborted"
+    assert runs == []
+    assert [r.outcome for r in records(await log(kit), OperationFinished)] == ["aborted"]
+    covered("A1 approval decision vs abort", order)
+
+
+@pytest.mark.parametrize("order", ["same key", "different key"])
+async def test_a2_decision_vs_decision(backend: str, tmp_path: Path, order: str) -> None:
+    runs: list[str] = []
+    kit = await manual(
+        backend, tmp_path, [tool_call("deploy", call_id="c1"), text("done")],
+        tools=approval_tools(runs),
+    )  # fmt: skip
+    await waiting(kit)
+    first = await started(
+        kit.harness, kit.harness.resume([approve("c1")], idempotency_key="k1"), "approval_decided"
+    )
+    await until(kit.harness, kind("hook", name="before_tool"))
+    second_key = "k1" if order == "same key" else "k2"
+    second = asyncio.ensure_future(
+        kit.harness.resume([deny("c1", "no")], idempotency_key=second_key)
+    )
+    await asyncio.sleep(0)
+    await kit.harness.run_to_completion()
+    won, other = await first, await second
+    assert isinstance(won, Ok) and won.value.kind == "completed"
+    if order == "same key":  # the same click twice: the same result, one record
+        assert isinstance(other, Ok) and other.value == won.value
+    else:  # a different batch for a decided wait is refused
+        assert isinstance(other, Err) and getattr(other.error, "reason", "") == "already_decided"
+    assert runs == ["c1"] and len(records(await log(kit), ApprovalDecided)) == 1
+    covered("A2 approval decision vs decision", "both orders: " + order)

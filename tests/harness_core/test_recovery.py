@@ -20,6 +20,7 @@ from typing import Any
 
 import pytest
 
+from harness_core.approvals import approve, deny
 from harness_core.context import message_text
 from harness_core.harness import AgentHarness
 from harness_core.hooks import BeforeRequestEvent, BeforeRunEndResult
@@ -32,12 +33,14 @@ from harness_core.result import Err, Ok
 from harness_core.scripted import ScriptedModel, deferred, error, length, text, tool_calls
 from harness_core.session.contract import SessionRepo, SessionStorage
 from harness_core.session.entries import MessageEntry
+from harness_core.session.records import ApprovalDecision, PendingApproval
 from harness_core.session.types import LogItem, SessionMetadata, StoredEntry, StoredRecord
 from harness_core.storage.memory import MemorySessionRepo
 from harness_core.storage.sqlite import SqliteSessionRepo
 from harness_core.testing import ManualClock
 from harness_core.testing.invariants import (
     Counters,
+    Decide,
     check_invariants,
     parked_deferred,
     resume_all,
@@ -76,7 +79,11 @@ def scripted_turns(
 
 
 def make_tools(
-    counters: Counters, *, replay: dict[str, str], actions: dict[str, Any] | None = None
+    counters: Counters,
+    *,
+    replay: dict[str, str],
+    actions: dict[str, Any] | None = None,
+    approval: frozenset[str] = frozenset(),
 ) -> list[Tool]:
     tools = []
     for name, declared in replay.items():
@@ -89,7 +96,15 @@ def make_tools(
                 await action(ctx)
             return f"{name} ran with {args}"
 
-        tools.append(Tool(name=name, description=name, execute=execute, replay=declared))  # type: ignore[arg-type]
+        tools.append(
+            Tool(
+                name=name,
+                description=name,
+                execute=execute,
+                replay=declared,  # type: ignore[arg-type]
+                requires_approval=name in approval,
+            )
+        )
     return tools
 
 
@@ -107,6 +122,10 @@ class Scenario:
     info: ModelInfo | None = None
     recovery_replay: dict[str, str] | None = None
     """The tools' declarations when recovering (a deploy may change them); default: `replay`."""
+    approval: frozenset[str] = frozenset()
+    """Tools that require approval."""
+    decide: Decide | None = None
+    """How recovery decides an approval wait it finds."""
 
 
 async def prompt(harness: AgentHarness, text_: str = "please help") -> None:
@@ -231,6 +250,51 @@ async def steer_during_retry(harness: AgentHarness) -> None:
 FOUR_DECLARATIONS = {"a": "safe", "b": "safe", "c": "never", "d": "never"}
 """Live declarations; recovery sees a, b, c, d as safe, never, safe, never: all four pairs."""
 
+
+def approve_all(pending: tuple[PendingApproval, ...]) -> list[ApprovalDecision]:
+    return [approve(p.tool_call_id) for p in pending]
+
+
+def deny_all(pending: tuple[PendingApproval, ...]) -> list[ApprovalDecision]:
+    return [deny(p.tool_call_id, "not now") for p in pending]
+
+
+def override_all(pending: tuple[PendingApproval, ...]) -> list[ApprovalDecision]:
+    return [approve(p.tool_call_id, args={"n": 99}) for p in pending]
+
+
+def decide_after_wait(
+    decide: Decide, *, steer: str | None = None, abort: bool = False
+) -> Callable[[AgentHarness], Any]:
+    """Drive: prompt, find the run waiting for approval, then steer / abort / decide."""
+
+    async def run(harness: AgentHarness) -> None:
+        result = await harness.prompt("ship it")
+        assert isinstance(result, Ok) and result.value.kind == "suspended", result
+        pending = result.value.pending_approvals
+        assert pending, "the run should wait for approval"
+        if steer is not None:
+            assert isinstance(await harness.steer(steer), Ok)
+        if abort:
+            assert isinstance(await harness.abort(), Ok)
+            await harness.wait_for_idle()
+            return
+        kind = "suspended"
+        for round_ in range(4):  # a steered run may call the tool (and wait) again
+            decided = await harness.resume(
+                decide(pending), decided_by="U_OPS", idempotency_key=f"k{round_}"
+            )
+            assert isinstance(decided, Ok), decided
+            pending, kind = decided.value.pending_approvals, decided.value.kind
+            if not pending:
+                break
+        assert kind == "completed"
+
+    return run
+
+
+APPROVAL = frozenset({"deploy"})
+
 SCENARIOS = [
     Scenario(
         "one tool, never", scripted_turns(calls(("echo", "c1")), text("done")), {"echo": "never"}
@@ -346,6 +410,46 @@ SCENARIOS = [
         "abort a suspended deferred lane", scripted_turns(deferred("job-1")), drive=abort_deferred
     ),
     Scenario(
+        "approval: approve",
+        scripted_turns(calls(("deploy", "c1")), text("done")),
+        {"deploy": "never"},
+        drive=decide_after_wait(approve_all),
+        approval=APPROVAL,
+        decide=approve_all,
+    ),
+    Scenario(
+        "approval: deny",
+        scripted_turns(calls(("deploy", "c1")), text("done")),
+        {"deploy": "never"},
+        drive=decide_after_wait(deny_all),
+        approval=APPROVAL,
+        decide=deny_all,
+    ),
+    Scenario(
+        "approval: mixed batch, override arguments",
+        scripted_turns(calls(("lookup", "c1"), ("deploy", "c2")), text("done")),
+        {"lookup": "safe", "deploy": "safe"},
+        drive=decide_after_wait(override_all),
+        approval=APPROVAL,
+        decide=override_all,
+    ),
+    Scenario(
+        "approval: steered while waiting",
+        scripted_turns(calls(("deploy", "c1")), text("done")),
+        {"deploy": "never"},
+        drive=decide_after_wait(approve_all, steer="and tell ops"),
+        approval=APPROVAL,
+        decide=approve_all,
+    ),
+    Scenario(
+        "approval: aborted while waiting",
+        scripted_turns(calls(("deploy", "c1")), text("done")),
+        {"deploy": "never"},
+        drive=decide_after_wait(approve_all, abort=True),
+        approval=APPROVAL,
+        decide=approve_all,
+    ),
+    Scenario(
         "deferred request",
         scripted_turns(deferred("job-1")),
         drive=deferred_then_ready,
@@ -393,6 +497,7 @@ async def open_run(
             counters,
             replay=scenario.replay if create else (scenario.recovery_replay or scenario.replay),
             actions=actions,
+            approval=scenario.approval,
         ),
         clock=ManualClock(),
         ids=SequentialIds(ids),
@@ -432,7 +537,7 @@ async def recover(
     repo = new_repo(backend, Path(tempfile.mkdtemp(prefix="recovery-")))
     await repo.import_session(SessionMetadata(id="s", created_at=1), prefix)
     run = await open_run(scenario, repo, ids, create=False)
-    await resume_all(run.harness)
+    await resume_all(run.harness, scenario.decide)
     return await run.storage.get_log(), run.counters, run
 
 

@@ -47,10 +47,12 @@ async def drive(
             await asyncio.sleep(0)  # let the work reach its next call
 
 
-async def started(harness: AgentHarness, work: Awaitable[_T]) -> asyncio.Future[_T]:
-    """Start `work` (a prompt) and return once its run was accepted (it is then parked)."""
+async def started(
+    harness: AgentHarness, work: Awaitable[_T], event: str = "run_start"
+) -> asyncio.Future[_T]:
+    """Start `work` and return once `event` fired (a prompt's run was accepted) or it ended."""
     accepted = asyncio.Event()
-    off = harness.events.on("run_start", lambda event: accepted.set())
+    off = harness.events.on(event, lambda _: accepted.set())
     task = asyncio.ensure_future(work)
     try:
         waiting = asyncio.ensure_future(accepted.wait())
