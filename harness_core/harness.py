@@ -31,7 +31,7 @@ from harness_core.events import (
     Listener,
     RunResume,
 )
-from harness_core.frozen import JsonValue
+from harness_core.frozen import FrozenJson, JsonValue
 from harness_core.gate import ActionInfo, Gate, GatedEffects
 from harness_core.hooks import BeforeResumeEvent, BeforeRunEvent, Hooks, run_hook
 from harness_core.ids import Uuid7Ids
@@ -39,6 +39,12 @@ from harness_core.lane import AbortAccepted, HarnessRuntime, LaneRuntime, config
 from harness_core.messages import AgentMessage, DeferredHandle, TextPart, TokenUsage, UserMessage
 from harness_core.model import ModelRef
 from harness_core.options import AgentHarnessOptions
+from harness_core.portable import (
+    CapabilityState,
+    HarnessState,
+    capabilities_of,
+    capability_entry,
+)
 from harness_core.procedures import Outcome, Procedures, ToolRecovery
 from harness_core.restore import restore_lane
 from harness_core.result import (
@@ -658,6 +664,36 @@ class AgentLane:
 
         return await lane.job(take)
 
+    # -- portable state ----------------------------------------------------------------------------
+
+    async def export_state(self, thread_id: str | None = None) -> HarnessState:
+        """The lane's conversation (its context window) and capability data, as portable state.
+
+        Reads committed entries only; `thread_id` defaults to the lane's name.
+        """
+        lane = self._runtime()
+        messages = await lane.context_messages()
+        leaf = lane.state.leaf_id
+        path: tuple[StoredEntry, ...] = ()
+        if leaf is not None:
+            path = await self._harness._storage().find_entries_on_branch(
+                BranchQuery(start=leaf, type="custom")
+            )
+        capabilities = capabilities_of([stored.entry for stored in reversed(path)])
+        return HarnessState(
+            thread_id=thread_id or self._name, messages=messages, capabilities=capabilities
+        )
+
+    async def set_capability(self, namespace: str, state: CapabilityState) -> str:
+        """Record a capability's data on the lane (deferred while a run is open)."""
+        lane = self._runtime()
+        return await lane.write(capability_entry(lane.runtime.ids.next(), namespace, state))
+
+    async def get_capability(self, namespace: str, version: str) -> FrozenJson:
+        """A capability's newest data on the lane's path, if its version matches exactly."""
+        state = (await self.export_state()).capabilities.get(namespace)
+        return state.data if state is not None and state.version == version else None
+
     # -- manual drive ----------------------------------------------------------------------------
 
     def _gate(self) -> Gate:
@@ -816,6 +852,25 @@ class AgentHarness(AgentLane):
                 )
             )
         return infos
+
+    async def import_state(
+        self, name: str, state: HarnessState
+    ) -> Result[AgentLane, LaneExists | InvalidLane | UnknownTarget | Closed]:
+        """Start a new lane from portable state: its messages, then its capability data.
+
+        Each item is one durable append; a crash midway leaves a lane holding a prefix (import
+        into a fresh lane again). Environment state is an observation and is not imported.
+        """
+        created = await self.create_lane(name, None)
+        if isinstance(created, Err):
+            return created
+        lane = created.value
+        runtime = self._rt
+        for message in state.messages:
+            await lane._runtime().write(MessageEntry(id=runtime.ids.next(), message=message))
+        for namespace, capability in state.capabilities.items():
+            await lane.set_capability(namespace, capability)
+        return Ok(lane)
 
     def get_tools(self) -> tuple[Tool, ...]:
         """The registered tools."""

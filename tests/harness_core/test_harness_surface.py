@@ -44,6 +44,7 @@ from harness_core.messages import (
 )
 from harness_core.model import ModelRef, ModelRequest
 from harness_core.options import AgentHarnessOptions, CompactionSettings
+from harness_core.portable import CapabilityState, HarnessState
 from harness_core.restore import restore_lane
 from harness_core.result import Err, Ok
 from harness_core.scripted import deferred, text, tool_call
@@ -327,6 +328,23 @@ async def _watch(kit: Kit, lane: AgentLane) -> None:
     watch.unsubscribe()
 
 
+async def _export_state(kit: Kit, lane: AgentLane) -> None:
+    state = await lane.export_state()
+    assert (state.thread_id, state.messages, dict(state.capabilities)) == (lane.name, (), {})
+
+
+async def _set_capability(kit: Kit, lane: AgentLane) -> None:
+    await lane.set_capability("acme.counter", CapabilityState(version="1", data={"n": 1}))
+    assert (await lane.export_state()).capabilities["acme.counter"].data == {"n": 1}
+
+
+async def _get_capability(kit: Kit, lane: AgentLane) -> None:
+    assert await lane.get_capability("acme.counter", "1") is None
+    await lane.set_capability("acme.counter", CapabilityState(version="2", data=[1]))
+    assert await lane.get_capability("acme.counter", "1") is None  # the version must match
+    assert await lane.get_capability("acme.counter", "2") == (1,)
+
+
 def _manual_only(name: str) -> LaneCall:
     """Drive controls are a programmer error in automatic drive (test_manual_drive.py has more)."""
 
@@ -359,6 +377,9 @@ LANE_CALLS: dict[str, LaneCall] = {
     "get_active_tools": _get_active_tools,
     "set_active_tools": _set_active_tools,
     "watch": _watch,
+    "export_state": _export_state,
+    "set_capability": _set_capability,
+    "get_capability": _get_capability,
     "peek_action": _manual_only("peek_action"),
     "execute_action": _manual_only("execute_action"),
     "run_to_completion": _manual_only("run_to_completion"),
@@ -427,6 +448,13 @@ async def _lanes(kit: Kit) -> None:
     ]
 
 
+async def _import_state(kit: Kit) -> None:
+    state = HarnessState(thread_id="t-1", messages=(user_message("hello"),))
+    lane = ok(await kit.harness.import_state("imported", state))
+    assert (await lane.export_state("t-1")).messages == state.messages
+    err(await kit.harness.import_state("imported", state), "LaneExists")
+
+
 async def _get_tools(kit: Kit) -> None:
     assert [tool.name for tool in kit.harness.get_tools()] == ["act"]
 
@@ -456,6 +484,7 @@ HARNESS_CALLS: dict[str, HarnessCall] = {
     "events": _events,
     "lane": _lane,
     "create_lane": _create_lane,
+    "import_state": _import_state,
     "lanes": _lanes,
     "get_tools": _get_tools,
     "set_tools": _set_tools,

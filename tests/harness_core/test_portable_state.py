@@ -1,0 +1,91 @@
+"""Portable state: export a lane, JSON round trip, fork, import, pydantic-ai JSON."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+from pydantic import ValidationError
+
+from harness_core.portable import CapabilityState, HarnessState
+from harness_core.result import Ok
+from harness_core.scripted import text, tool_call
+from harness_core.tools import Tool, ToolContext
+from tests.support.harness_kit import Kit, make_kit
+
+pytestmark = pytest.mark.parametrize("backend", ["memory", "sqlite"])
+
+
+async def lookup(args: object, ctx: ToolContext) -> str:
+    return "green"
+
+
+async def conversation_kit(backend: str, tmp_path: Path) -> Kit:
+    kit = await make_kit(
+        backend,
+        tmp_path,
+        [tool_call("lookup", call_id="c1"), text("all green"), text("second answer")],
+        tools=[Tool(name="lookup", description="look", execute=lookup, replay="safe")],
+    )
+    assert isinstance(await kit.harness.prompt("status?"), Ok)
+    await kit.harness.set_capability("acme.counter", CapabilityState(version="1", data={"n": 2}))
+    await kit.harness.set_capability("acme.counter", CapabilityState(version="1", data={"n": 3}))
+    await kit.harness.set_capability("other.plugin", CapabilityState(version="7", data="opaque"))
+    return kit
+
+
+async def test_export_round_trip_and_import(backend: str, tmp_path: Path) -> None:
+    kit = await conversation_kit(backend, tmp_path)
+    state = await kit.harness.export_state("thread-1")
+    assert [m.role for m in state.messages] == ["user", "assistant", "tool_result", "assistant"]
+    assert {k: (v.version, v.data) for k, v in state.capabilities.items()} == {
+        "acme.counter": ("1", {"n": 3}),  # the newest data per namespace
+        "other.plugin": ("7", "opaque"),  # unknown namespaces survive
+    }
+    again = HarnessState.from_json(state.to_json())
+    assert again == state
+    imported = await kit.harness.import_state("copy", again)
+    assert isinstance(imported, Ok)
+    copy = imported.value
+    exported = await copy.export_state("thread-1")
+    assert exported == state
+    # the imported lane continues the conversation with its own history
+    assert isinstance(await copy.prompt("and now?"), Ok)
+    request = kit.model.requests[-1]
+    assert [m.role for m in request.messages][:4] == [
+        "user",
+        "assistant",
+        "tool_result",
+        "assistant",
+    ]
+
+
+async def test_fork_needs_a_new_identity_and_drops_environment(
+    backend: str, tmp_path: Path
+) -> None:
+    state = HarnessState(thread_id="t-1", environment={"sandbox": {"cwd": "/work"}})
+    with pytest.raises(ValueError, match="new thread id"):
+        state.fork("t-1")
+    forked = state.fork("t-2")
+    assert (forked.thread_id, dict(forked.environment)) == ("t-2", {})
+    assert forked.messages == state.messages and state.environment  # the original is untouched
+
+
+async def test_invalid_state_is_refused(backend: str, tmp_path: Path) -> None:
+    good = HarnessState(thread_id="t-1").to_json()
+    with pytest.raises(ValidationError):
+        HarnessState.from_json(good.replace('"schema_version":"1"', '"schema_version":"2"'))
+    with pytest.raises(ValidationError):
+        HarnessState(thread_id="")
+    with pytest.raises(ValidationError):
+        HarnessState(thread_id="t", capabilities={"": CapabilityState(version="1")})
+
+
+async def test_messages_as_pydantic_ai_json_and_back(backend: str, tmp_path: Path) -> None:
+    kit = await conversation_kit(backend, tmp_path)
+    state = await kit.harness.export_state("thread-1")
+    blob = state.model_messages_json()
+    back = HarnessState.from_model_messages_json("thread-1", blob, capabilities=state.capabilities)
+    assert [(m.role, m.content) for m in back.messages] == [
+        (m.role, m.content) for m in state.messages
+    ]
