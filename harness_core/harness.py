@@ -90,6 +90,7 @@ from harness_core.session.types import (
 )
 from harness_core.state import LaneState, OperationState, RecordLogCorruption
 from harness_core.storage._rules import check_lane_name
+from harness_core.telemetry import Telemetry
 from harness_core.tools import Tool, ToolArgumentsError
 
 __all__ = [
@@ -1035,6 +1036,16 @@ class AgentHarness(AgentLane):
         if lane.gate is not None:
             fx = GatedEffects(fx, lane.gate)
         procedures = Procedures(lane, fx, tool_recovery)
+        procedures.span = span = procedures.telemetry.start(
+            "harness.operation",
+            None,
+            {
+                "harness.lane": lane.name,
+                "harness.run_id": op.id,
+                "harness.operation": op.kind,
+                "harness.resumed": resumed,
+            },
+        )
         try:
             if resumed:
                 await self._before_resume(lane, op, procedures)
@@ -1044,10 +1055,17 @@ class AgentHarness(AgentLane):
                 outcome = await procedures.compaction()
             else:
                 outcome = await procedures.navigation()
-        except (HarnessFault, HarnessClosed, asyncio.CancelledError):
+        except (HarnessFault, HarnessClosed, asyncio.CancelledError) as exc:
+            Telemetry.end(span, {"harness.outcome": "interrupted"}, error=type(exc).__name__)
             raise
         except BaseException as exc:
+            Telemetry.end(span, {"harness.outcome": "fault"}, error=type(exc).__name__)
             raise runtime.faulted(exc) from exc
+        Telemetry.end(
+            span,
+            {"harness.outcome": outcome.kind},
+            error=outcome.error.code if outcome.error is not None else None,
+        )
         if runtime.options.self_check:
             await self._self_check(lane)
         return outcome

@@ -6,6 +6,9 @@ from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Literal
 
+from opentelemetry.context import Context
+from opentelemetry.trace import Tracer
+
 from harness_core.clock import Clock
 from harness_core.context import EntryProjector
 from harness_core.hooks import RequestOptions
@@ -85,3 +88,7 @@ class AgentHarnessOptions:
     self_check: bool = True
     """Recompute a lane's state from storage after every operation and compare (drift faults)."""
     drive: Literal["automatic", "manual"] = "automatic"
+    tracer: Tracer | None = None
+    """OpenTelemetry tracer for operation, step, request and tool spans (None: no telemetry)."""
+    trace_parent: Context | None = None
+    """The parent context of operation spans (for example the span of the incoming message)."""

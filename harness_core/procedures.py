@@ -14,6 +14,8 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any, Literal
 
+from opentelemetry.trace import INVALID_SPAN, Span
+
 from harness_core.approvals import args_digest
 from harness_core.context import (
     estimate_tokens,
@@ -97,6 +99,7 @@ from harness_core.state import (
     has_pending_work,
     needs_assistant,
 )
+from harness_core.telemetry import Telemetry
 from harness_core.tools import (
     PreparedToolCall,
     Tool,
@@ -218,6 +221,9 @@ class Procedures:
         self.fx = fx
         self.rt = lane.runtime
         self.tool_recovery = tool_recovery
+        self.telemetry = Telemetry(self.rt.options.tracer, self.rt.options.trace_parent)
+        self.span: Span = INVALID_SPAN
+        """The operation's span (the parent of its step and tool spans)."""
 
     @property
     def op(self) -> OperationState:
@@ -547,6 +553,43 @@ class Procedures:
         self._emit(RetryStart(lane=name, run_id=self.op.id, step=step, attempt=attempt + 1))
 
     async def _assistant_step(self) -> tuple[StoredEntry, AssistantMessage]:
+        span = self.telemetry.start("harness.step", self.span, self._step_attributes("assistant"))
+        try:
+            stored, final = await self._assistant_attempts(span)
+        except BaseException as exc:
+            Telemetry.end(span, {}, error=type(exc).__name__.strip("_").lower())
+            raise
+        Telemetry.end(span, {"harness.stop_reason": final.stop_reason})
+        return stored, final
+
+    def _step_attributes(self, kind: str) -> dict[str, str | int]:
+        return {"harness.lane": self.lane.name, "harness.run_id": self.op.id, "harness.step": kind}
+
+    async def _stream(self, request: ModelRequest, step: Span) -> AssistantMessage:
+        """One provider request, in its own span (identifiers and counts only)."""
+        span = self.telemetry.start(
+            "harness.model_request",
+            step,
+            {
+                "gen_ai.system": request.model.provider,
+                "gen_ai.request.model": request.model.model_id,
+                "harness.attempt": request.attempt,
+            },
+        )
+        final = await self._settle(await self.fx.stream_assistant(request))
+        usage = final.usage or TokenUsage()
+        Telemetry.end(
+            span,
+            {
+                "gen_ai.response.finish_reasons": final.stop_reason,
+                "gen_ai.usage.input_tokens": usage.input,
+                "gen_ai.usage.output_tokens": usage.output,
+            },
+            error=final.error.kind if final.error is not None else None,
+        )
+        return final
+
+    async def _assistant_attempts(self, step_span: Span) -> tuple[StoredEntry, AssistantMessage]:
         fx = self.fx
         retried = False
         while True:
@@ -586,7 +629,7 @@ class Procedures:
                 )
             )
             request = await self._assistant_request(options, attempt)
-            final = await self._settle(await fx.stream_assistant(request))
+            final = await self._stream(request, step_span)
             await fx.append_record(
                 self._usage("assistant", result_id, attempt, final)
             )  # the ledger first
@@ -621,6 +664,23 @@ class Procedures:
         self, kind: StepKind, reason: CompactionReason | None, result_id: str, text: str
     ) -> tuple[str, TokenUsage | None]:
         """Generate a summary (compaction or branch summary) under one provisioned result id."""
+        span = self.telemetry.start("harness.step", self.span, self._step_attributes(kind))
+        try:
+            summary = await self._summary_attempts(kind, reason, result_id, text, span)
+        except BaseException as exc:
+            Telemetry.end(span, {}, error=type(exc).__name__.strip("_").lower())
+            raise
+        Telemetry.end(span, {})
+        return summary
+
+    async def _summary_attempts(
+        self,
+        kind: StepKind,
+        reason: CompactionReason | None,
+        result_id: str,
+        text: str,
+        step_span: Span,
+    ) -> tuple[str, TokenUsage | None]:
         fx = self.fx
         while True:
             if self.op.aborting:
@@ -655,7 +715,7 @@ class Procedures:
                 step=kind,
                 attempt=attempt,
             )
-            final = await self._settle(await fx.stream_assistant(request))
+            final = await self._stream(request, step_span)
             cause: Literal["compaction", "branch_summary"] = (
                 "compaction" if kind == "compaction" else "branch_summary"
             )
@@ -1255,7 +1315,7 @@ class Procedures:
                 break
             prepared.append(await self._prepare(call, assistant_id))
         runnable = [p for p in prepared if isinstance(p, PreparedToolCall)]
-        outputs = await asyncio.gather(*(self.fx.execute_tool(p) for p in runnable))
+        outputs = await asyncio.gather(*(self._execute_tool(p) for p in runnable))
         by_index = {p.tool_index: output for p, output in zip(runnable, outputs, strict=True)}
         for item in prepared:  # finalize in source order, after every execution settled
             if isinstance(item, PreparedToolCall):
@@ -1277,8 +1337,30 @@ class Procedures:
             return prepared
         if isinstance(prepared, MessageEntry):
             return await self._immediate(prepared)
-        output = await self.fx.execute_tool(prepared)
+        output = await self._execute_tool(prepared)
         return await self._finalize(prepared, output, self._result_id(prepared))
+
+    async def _execute_tool(self, prepared: PreparedToolCall, replay: bool = False) -> ToolOutput:
+        """Run one call, in its own span (the tool's name and outcome; never its data)."""
+        span = self.telemetry.start(
+            "harness.tool",
+            self.span,
+            {
+                "harness.lane": self.lane.name,
+                "harness.run_id": self.op.id,
+                "harness.tool.name": prepared.tool.name,
+                "harness.tool.call_id": prepared.call.id,
+                "harness.tool.replay": prepared.tool.replay,
+                "harness.tool.replayed": replay,
+            },
+        )
+        output = await self.fx.execute_tool(prepared)
+        Telemetry.end(
+            span,
+            {"harness.tool.outcome": "error" if output.is_error else "ok"},
+            error="tool_error" if output.is_error else None,
+        )
+        return output
 
     async def _request_approval(self, waiting: list[_NeedsApproval]) -> None:
         """Suspend the run until a person decides the waiting calls (their batch is settled)."""
@@ -1362,7 +1444,7 @@ class Procedures:
                     args=started.effective_args,
                     context=self._context(call, current.assistant_entry_id),
                 )
-                output = await self.fx.execute_tool(prepared)
+                output = await self._execute_tool(prepared, replay=True)
                 await self._finalize(prepared, output, started.result_entry_id)
             else:
                 await self.fx.append_entry_if_missing(

@@ -1,0 +1,44 @@
+"""Telemetry: OpenTelemetry spans for operations, steps, provider requests and tool calls.
+
+Parents are passed explicitly (a span's parent is given when it starts; nothing is attached to
+an ambient context), so concurrent lanes never mix their traces. Attributes carry identifiers,
+kinds, counts and outcomes only: never a prompt, a completion, tool arguments or output, or a
+credential. Without a tracer every call is a no-op on a non-recording span.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+
+from opentelemetry import trace
+from opentelemetry.context import Context
+from opentelemetry.trace import Span, Status, StatusCode, Tracer
+
+__all__ = ["Attributes", "Telemetry"]
+
+Attributes = Mapping[str, str | int | float | bool]
+
+
+class Telemetry:
+    """Starts spans under explicit parents (the options' `trace_parent` for operations)."""
+
+    def __init__(self, tracer: Tracer | None, parent: Context | None = None) -> None:
+        self._tracer = tracer
+        self._parent = parent
+
+    def start(self, name: str, parent: Span | None, attributes: Attributes) -> Span:
+        """A started span: a child of `parent`, or of the configured parent context."""
+        if self._tracer is None:
+            return trace.INVALID_SPAN
+        context = trace.set_span_in_context(parent) if parent is not None else self._parent
+        return self._tracer.start_span(name, context=context, attributes=dict(attributes))
+
+    @staticmethod
+    def end(span: Span, attributes: Attributes, *, error: str | None = None) -> None:
+        """Record the outcome and end the span (`error` is a kind, never a message)."""
+        for key, value in attributes.items():
+            span.set_attribute(key, value)
+        if error is not None:
+            span.set_attribute("error.type", error)
+            span.set_status(Status(StatusCode.ERROR))
+        span.end()

@@ -1,0 +1,100 @@
+"""Telemetry: the span tree of a run, with explicit parents, and no content in any attribute."""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any
+
+import pytest
+from opentelemetry import trace
+from opentelemetry.sdk.trace import ReadableSpan, TracerProvider
+from opentelemetry.sdk.trace.export import SimpleSpanProcessor
+from opentelemetry.sdk.trace.export.in_memory_span_exporter import InMemorySpanExporter
+
+from harness_core.result import Ok
+from harness_core.scripted import error, text, tool_calls
+from harness_core.tools import Tool, ToolContext
+from tests.support.harness_kit import make_kit
+
+SECRETS = [
+    "SECRET-PROMPT",
+    "SECRET-COMPLETION",
+    "SECRET-ARG",
+    "SECRET-OUTPUT",
+    "SECRET-SYSTEM",
+    "sk-live-SECRET-KEY",
+]
+
+
+@pytest.fixture
+def exporter() -> InMemorySpanExporter:
+    return InMemorySpanExporter()
+
+
+def tracer_for(exporter: InMemorySpanExporter) -> trace.Tracer:
+    provider = TracerProvider()
+    provider.add_span_processor(SimpleSpanProcessor(exporter))
+    return provider.get_tracer("test")
+
+
+def by_name(spans: tuple[ReadableSpan, ...], name: str) -> list[ReadableSpan]:
+    return [s for s in spans if s.name == name]
+
+
+@pytest.mark.parametrize("backend", ["memory", "sqlite"])
+async def test_a_run_is_one_span_tree_without_content(
+    backend: str, tmp_path: Path, exporter: InMemorySpanExporter
+) -> None:
+    async def secret_tool(args: Any, ctx: ToolContext) -> str:
+        return "SECRET-OUTPUT with the sk-live-SECRET-KEY token"
+
+    tracer = tracer_for(exporter)
+    parent = tracer.start_span("incoming slack message")
+    kit = await make_kit(
+        backend,
+        tmp_path,
+        [
+            error("server"),  # a retried attempt: two request spans in the first step
+            tool_calls(("vault", {"query": "SECRET-ARG"}, "c1")),
+            text("SECRET-COMPLETION"),
+        ],
+        tools=[Tool(name="vault", description="reads", execute=secret_tool)],
+        tracer=tracer,
+        trace_parent=trace.set_span_in_context(parent),
+        system_prompt="SECRET-SYSTEM",
+    )
+    assert isinstance(await kit.harness.prompt("SECRET-PROMPT please"), Ok)
+    parent.end()
+    spans = exporter.get_finished_spans()
+    (operation,) = by_name(spans, "harness.operation")
+    steps = by_name(spans, "harness.step")
+    requests = by_name(spans, "harness.model_request")
+    (tool,) = by_name(spans, "harness.tool")
+    assert len(steps) == 2 and len(requests) == 3
+    # the parent chain: message -> operation -> step -> request; operation -> tool
+    assert (
+        operation.parent is not None
+        and operation.parent.span_id == parent.get_span_context().span_id
+    )
+    op_id = operation.context.span_id
+    assert all(s.parent is not None and s.parent.span_id == op_id for s in [*steps, tool])
+    step_ids = {s.context.span_id for s in steps}
+    assert all(r.parent is not None and r.parent.span_id in step_ids for r in requests)
+    assert {s.context.trace_id for s in spans} == {parent.get_span_context().trace_id}
+    assert operation.attributes is not None
+    assert operation.attributes["harness.outcome"] == "completed"
+    failed = [r for r in requests if r.attributes and r.attributes.get("error.type") == "server"]
+    assert len(failed) == 1
+    assert tool.attributes is not None and tool.attributes["harness.tool.name"] == "vault"
+    # nothing a person wrote, a model said, or a tool saw or returned; no credentials
+    for span in spans:
+        for key, value in (span.attributes or {}).items():
+            for secret in SECRETS:
+                assert secret not in str(value), f"{span.name}.{key} leaks {secret}"
+        assert all(secret not in span.name for secret in SECRETS)
+
+
+async def test_without_a_tracer_nothing_is_recorded(tmp_path: Path) -> None:
+    kit = await make_kit("memory", tmp_path, [text("hi")])
+    assert kit.harness._rt.options.tracer is None
+    assert isinstance(await kit.harness.prompt("hello"), Ok)  # no-op spans, no errors
