@@ -5,7 +5,7 @@ from __future__ import annotations
 import os
 from collections.abc import Mapping
 
-from pydantic import Field
+from pydantic import Field, SecretStr
 from pydantic_settings import BaseSettings, SettingsConfigDict
 
 __all__ = ["Settings", "UnknownSetting", "load_settings"]
@@ -26,6 +26,22 @@ class Settings(BaseSettings):
         default="sqlite:///.gateway/gateway.db",
         description="Where sessions live: sqlite:///file.db (embedded default), "
         "redis://host:port/db (distributed), jsonl:///dir or memory://.",
+    )
+    model: str = Field(
+        default="scripted:echo",
+        description="The model, as provider:model_id: openai:gpt-4.1-mini, "
+        "openai-responses:gpt-5 (background requests), anthropic:claude-sonnet-4-5, "
+        "openai-compatible:<model> (with model_base_url: vLLM, Ollama, OpenRouter...), "
+        "or scripted:echo (no key needed: repeats the message back).",
+    )
+    model_api_key: SecretStr | None = Field(
+        default=None, description="The provider's API key (never logged or stored)."
+    )
+    model_base_url: str | None = Field(
+        default=None, description="Base URL of an OpenAI-compatible or proxy endpoint."
+    )
+    model_max_output_tokens: int | None = Field(
+        default=None, gt=0, description="Cap on a model answer's tokens (default: the model's)."
     )
 
 

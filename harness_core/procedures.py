@@ -1491,7 +1491,12 @@ class Procedures:
         if self.op.aborting:
             raise _Aborted()
         if final.stop_reason == "deferred":
-            if final.deferred != handle:
+            same = final.deferred is not None and (
+                final.deferred.provider,
+                final.deferred.model,
+                final.deferred.id,
+            ) == (handle.provider, handle.model, handle.id)
+            if not same:  # its data may change between polls (status), never its identity
                 raise HarnessError(
                     "the provider returned a different deferred handle for a pending request"
                 )

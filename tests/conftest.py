@@ -7,6 +7,12 @@ import pytest
 
 pytest.register_assert_rewrite("harness_core.testing")
 
+import pydantic_ai.models  # noqa: E402
+
+# No test may reach a real model provider; tests that talk to the local fake LLM server opt in
+# with `tests.support.fake_llm.allow_model_requests()`.
+pydantic_ai.models.ALLOW_MODEL_REQUESTS = False
+
 from tests.support.redis_server import RedisServer  # noqa: E402
 
 _prefixes = itertools.count()

@@ -61,4 +61,4 @@ def test_every_await_in_a_procedure_is_an_effect_a_read_or_a_procedure_step() ->
 
 def test_the_check_sees_effects_at_all() -> None:
     names = {name for _, name in awaited_calls()}
-    assert {"fx.append_record", "self.fx.execute_tool", "fx.stream_assistant"} <= names
+    assert {"fx.append_record", "self.fx.execute_tool", "self.fx.stream_assistant"} <= names
