@@ -8,7 +8,9 @@ import sys
 from collections.abc import Sequence
 
 from config import Settings
+from gateway.ask import ask
 from gateway.demo import demo, describe
+from gateway.models import ModelConfigError
 from harness_core.errors import HarnessError
 from harness_core.session.contract import SessionRepo
 from harness_core.storage import open_repo
@@ -49,6 +51,8 @@ async def _run(args: argparse.Namespace, settings: Settings) -> int:
             out.append(f"inspect it again: gateway store show {session_id} --store {url}")
         elif args.command == "store":
             await show(repo, args.session, out)
+        elif args.command == "ask":
+            return await ask(repo, settings, args.lane, " ".join(args.question), out)
         else:
             print(_NOT_YET, file=sys.stderr)
             return 2
@@ -73,6 +77,12 @@ def main(argv: Sequence[str] | None = None, settings: Settings | None = None) ->
     store.add_argument("--store", dest="store", default=argparse.SUPPRESS)
     demo_parser = commands.choices["demo"]
     demo_parser.add_argument("--store", dest="store", default=argparse.SUPPRESS)
+    ask_parser = commands.add_parser(
+        "ask", help="ask the configured model (GATEWAY_MODEL; scripted:echo by default)"
+    )
+    ask_parser.add_argument("question", nargs="+")
+    ask_parser.add_argument("--lane", default="cli:default", help="the lane (conversation) to use")
+    ask_parser.add_argument("--store", dest="store", default=argparse.SUPPRESS)
     commands.add_parser("serve", help="run the gateway service (not implemented yet)")
     args = parser.parse_args(argv)
     if settings is None:
@@ -81,6 +91,6 @@ def main(argv: Sequence[str] | None = None, settings: Settings | None = None) ->
         settings = load_settings()
     try:
         return asyncio.run(_run(args, settings))
-    except HarnessError as exc:
+    except (HarnessError, ModelConfigError) as exc:
         print(f"gateway: {exc}", file=sys.stderr)
         return 1

@@ -12,20 +12,24 @@ from config import Settings
 from harness_core.model import ModelClient, ModelRef
 from harness_core.scripted import ScriptedModel, echo_responder
 
-__all__ = ["PROVIDERS", "model_from_settings"]
+__all__ = ["PROVIDERS", "ModelConfigError", "model_from_settings"]
 
 PROVIDERS = ("openai", "openai-responses", "anthropic", "openai-compatible", "scripted")
+
+
+class ModelConfigError(ValueError):
+    """``GATEWAY_MODEL`` does not name a model this gateway can use."""
 
 
 def model_from_settings(settings: Settings) -> tuple[ModelClient, ModelRef]:
     """The client and default model named by ``GATEWAY_MODEL``.
 
     Raises:
-        ValueError: an unknown provider or a malformed model name.
+        ModelConfigError: an unknown provider or a malformed model name.
     """
     provider, _, model_id = settings.model.partition(":")
     if provider not in PROVIDERS or not model_id:
-        raise ValueError(
+        raise ModelConfigError(
             f"GATEWAY_MODEL={settings.model!r}: expected provider:model_id with a provider "
             f"among {', '.join(PROVIDERS)}"
         )

@@ -76,6 +76,15 @@ class PydanticAIModel:
                 self._models[ref] = None
         return self._models[ref]
 
+    async def aclose(self) -> None:
+        """Close the HTTP clients of the models this client built (call once, when done)."""
+        for model in self._models.values():
+            client = getattr(model, "client", None)
+            close = getattr(client, "close", None)
+            if close is not None:
+                await close()
+        self._models.clear()
+
     def model_info(self, model: ModelRef) -> ModelInfo | None:
         """Limits of `model`, or None when this client cannot serve it."""
         if self._model(model) is None:
