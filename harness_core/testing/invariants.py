@@ -12,6 +12,7 @@ from dataclasses import dataclass, field
 
 from harness_core.harness import AgentHarness
 from harness_core.messages import AssistantMessage, ToolResultMessage
+from harness_core.procedures import ToolRecovery
 from harness_core.restore import restore_lane
 from harness_core.result import Ok
 from harness_core.session.entries import MessageEntry
@@ -54,13 +55,15 @@ def check_invariants(
     counters: Counters,
     declarations: Mapping[str, str],
     session_id: str = "s",
+    policy: str = "declared",
 ) -> set[tuple[str, str, str]]:
     """Assert what must hold after a recovery from `prefix` produced `log`.
 
     Every operation finished at most once and none is left open (but a parked deferred
     request); every accepted input (initial messages, steering and follow-ups not cancelled or
     killed by an abort) is in the tree; a call started before the crash without a result was
-    replayed once iff it was and is declared ``safe`` and no abort was accepted, and otherwise
+    replayed once iff `policy` allows it (``declared``: it was and is declared ``safe``;
+    ``never``; ``always``: the tool still exists) and no abort was accepted, and otherwise
     never ran again and reads "interrupted". `counters` are the recovery's tool runs. Returns
     the (started, current, action) replay cases seen.
     """
@@ -112,7 +115,12 @@ def check_invariants(
         result = entries[result_id].entry
         assert isinstance(result, MessageEntry)
         assert isinstance(result.message, ToolResultMessage)
-        if start.replay == "safe" and current == "safe" and start.run_id not in prefix_aborted:
+        replays = {
+            "declared": start.replay == "safe" and current == "safe",
+            "never": False,
+            "always": start.tool_name in declarations,
+        }[policy]
+        if replays and start.run_id not in prefix_aborted:
             assert counters.invocations[key] == 1, f"{start.tool_name} was not replayed once"
             assert result.message.outcome != "interrupted"
             seen.add((start.replay, current, "replayed"))
@@ -139,7 +147,9 @@ Decide = Callable[[tuple[PendingApproval, ...]], Sequence[ApprovalDecision]]
 """How a recovering operator decides a wait found on restore."""
 
 
-async def resume_all(harness: AgentHarness, decide: Decide | None = None) -> None:
+async def resume_all(
+    harness: AgentHarness, decide: Decide | None = None, tool_recovery: ToolRecovery = "declared"
+) -> None:
     """Resume every lane a restore found with an open operation, as a restarted process does.
 
     A lane waiting for approval is decided with `decide` (under a fixed idempotency key, so a
@@ -151,7 +161,7 @@ async def resume_all(harness: AgentHarness, decide: Decide | None = None) -> Non
             continue
         lane = harness.lane(info.name)
         assert lane is not None
-        result = await lane.resume()
+        result = await lane.resume(tool_recovery=tool_recovery)
         for round_ in range(8):
             if isinstance(result, Ok) and not result.value.pending_approvals:
                 break
@@ -162,7 +172,9 @@ async def resume_all(harness: AgentHarness, decide: Decide | None = None) -> Non
             )
             assert decide is not None, result
             assert pending, result
-            result = await lane.resume(decide(pending), idempotency_key=f"recovery-{round_}")
+            result = await lane.resume(
+                decide(pending), idempotency_key=f"recovery-{round_}", tool_recovery=tool_recovery
+            )
         assert isinstance(result, Ok), result
 
 

@@ -28,6 +28,7 @@ from harness_core.ids import SequentialIds
 from harness_core.messages import AssistantMessage, UserMessage
 from harness_core.model import ModelInfo, ModelRequest
 from harness_core.options import AgentHarnessOptions, CompactionSettings, RetryPolicy
+from harness_core.procedures import ToolRecovery
 from harness_core.restore import restore_lane
 from harness_core.result import Err, Ok
 from harness_core.scripted import ScriptedModel, deferred, error, length, text, tool_calls
@@ -532,12 +533,16 @@ def new_repo(backend: str, directory: Path) -> SessionRepo:
 
 
 async def recover(
-    scenario: Scenario, backend: str, prefix: Sequence[LogItem], ids: str
+    scenario: Scenario,
+    backend: str,
+    prefix: Sequence[LogItem],
+    ids: str,
+    policy: ToolRecovery = "declared",
 ) -> tuple[tuple[LogItem, ...], Counters, Run]:
     repo = new_repo(backend, Path(tempfile.mkdtemp(prefix="recovery-")))
     await repo.import_session(SessionMetadata(id="s", created_at=1), prefix)
     run = await open_run(scenario, repo, ids, create=False)
-    await resume_all(run.harness, scenario.decide)
+    await resume_all(run.harness, scenario.decide, policy)
     return await run.storage.get_log(), run.counters, run
 
 
@@ -645,3 +650,31 @@ async def test_steering_accepted_during_an_interrupted_retry_waits_for_the_step(
         and isinstance(item.entry.message, UserMessage)
     ]
     assert [message_text(u.entry.message) for u in user] == ["and check the tests"]  # type: ignore[union-attr]
+
+
+POLICY_SCENARIOS = [s for s in SCENARIOS if "every declaration pair" in s.name]
+
+
+@pytest.mark.parametrize("policy", ["declared", "never", "always"])
+@pytest.mark.parametrize("scenario", POLICY_SCENARIOS, ids=[s.name for s in POLICY_SCENARIOS])
+async def test_every_policy_at_every_batch_position(scenario: Scenario, policy: str) -> None:
+    """`tool_recovery` x each declaration pair (a..d) x each position: crash at every prefix."""
+    log = await trajectory(scenario)
+    declarations = scenario.recovery_replay or scenario.replay
+    seen: set[tuple[str, str, str]] = set()
+    for k in range(1, len(log) + 1):
+        recovered, counters, run = await recover(
+            scenario,
+            "memory",
+            log[:k],
+            "p-",
+            policy,  # type: ignore[arg-type]
+        )
+        seen |= check_invariants(log[:k], recovered, counters, declarations, policy=policy)
+        await run.repo.close()
+    actions = {action for _, _, action in seen}
+    expected = {"declared": {"replayed", "interrupted"}, "never": {"interrupted"}}
+    assert actions == expected.get(policy, {"replayed"})
+    assert {(started, current) for started, current, _ in seen} == {
+        ("safe", "safe"), ("safe", "never"), ("never", "safe"), ("never", "never")
+    }  # fmt: skip
