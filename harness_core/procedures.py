@@ -272,25 +272,17 @@ class Procedures:
             return await self._handle_signal(signal)
 
     async def _handle_signal(self, signal: BaseException) -> Outcome:
-        if isinstance(signal, _AwaitApproval):
+        if isinstance(signal, (_AwaitApproval, _Park)):
             op = self.op
+            parked = isinstance(signal, _Park)
             return Outcome(
                 operation="run",
                 run_id=op.id,
                 kind="suspended",
                 leaf_id=self.lane.state.leaf_id,
-                final_entry_id=op.last_assistant_entry_id,
-                pending_approvals=signal.calls,
-            )
-        if isinstance(signal, _Park):
-            op = self.op
-            return Outcome(
-                operation="run",
-                run_id=op.id,
-                kind="suspended",
-                leaf_id=self.lane.state.leaf_id,
-                final_entry_id=op.deferred_entry_id,
-                deferred=signal.handle,
+                final_entry_id=op.deferred_entry_id if parked else op.last_assistant_entry_id,
+                deferred=signal.handle if isinstance(signal, _Park) else None,
+                pending_approvals=signal.calls if isinstance(signal, _AwaitApproval) else (),
             )
         if isinstance(signal, _Aborted):
             return await self._abort_path()
