@@ -11,7 +11,7 @@ from __future__ import annotations
 
 import asyncio
 from collections.abc import Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import Any, Literal, TypeAlias, TypeVar
 
 from harness_core.approvals import mismatch
@@ -261,8 +261,6 @@ class SessionTree:
 
 
 def _with_start(query: BranchQuery, start: str) -> BranchQuery:
-    from dataclasses import replace
-
     return replace(query, start=start)
 
 
@@ -672,18 +670,21 @@ class AgentLane:
 
         Reads committed entries only; `thread_id` defaults to the lane's name.
         """
-        lane = self._runtime()
-        messages = await lane.context_messages()
-        leaf = lane.state.leaf_id
-        path: tuple[StoredEntry, ...] = ()
-        if leaf is not None:
-            path = await self._harness._storage().find_entries_on_branch(
-                BranchQuery(start=leaf, type="custom")
-            )
-        capabilities = capabilities_of([stored.entry for stored in reversed(path)])
+        messages = await self._runtime().context_messages()
         return HarnessState(
-            thread_id=thread_id or self._name, messages=messages, capabilities=capabilities
+            thread_id=thread_id or self._name,
+            messages=messages,
+            capabilities=await self._capabilities(),
         )
+
+    async def _capabilities(self) -> dict[str, CapabilityState]:
+        leaf = self._runtime().state.leaf_id
+        if leaf is None:
+            return {}
+        path = await self._harness._storage().find_entries_on_branch(
+            BranchQuery(start=leaf, type="custom")
+        )
+        return capabilities_of([stored.entry for stored in reversed(path)])
 
     async def set_capability(self, namespace: str, state: CapabilityState) -> str:
         """Record a capability's data on the lane (deferred while a run is open)."""
@@ -692,7 +693,7 @@ class AgentLane:
 
     async def get_capability(self, namespace: str, version: str) -> FrozenJson:
         """A capability's newest data on the lane's path, if its version matches exactly."""
-        state = (await self.export_state()).capabilities.get(namespace)
+        state = (await self._capabilities()).get(namespace)
         return state.data if state is not None and state.version == version else None
 
     # -- manual drive ----------------------------------------------------------------------------
@@ -824,13 +825,7 @@ class AgentHarness(AgentLane):
             return Err(LaneExists(message=f"lane {name!r} exists", lane=name))
         if at is not None and await runtime.storage.get_entry(at) is None:
             return Err(UnknownTarget(message=f"entry {at!r} does not exist", target_id=at))
-        try:
-            await runtime.write(lambda s: s.create_lane(name, at))
-        except HarnessFault as fault:
-            cause = fault.__cause__
-            if isinstance(cause, SessionError) and cause.code == "already_exists":
-                raise  # another writer created it: the single-writer rule was broken
-            raise
+        await runtime.write(lambda s: s.create_lane(name, at))  # a refusal faults the harness
         runtime.lanes[name] = LaneRuntime(runtime, name, LaneState(lane=name, leaf_id=at))
         runtime.events.emit(LaneCreated(lane=name, at=at))
         return Ok(AgentLane(self, name))
