@@ -45,7 +45,6 @@ from harness_core.messages import (
     DeferredHandle,
     ModelError,
     TokenUsage,
-    UserMessage,
 )
 from harness_core.model import ModelClient, ModelRequest
 from harness_core.options import AgentHarnessOptions
@@ -98,7 +97,7 @@ from harness_core.tools import PreparedToolCall, Tool, ToolOutput
 if TYPE_CHECKING:
     from harness_core.effects import FinishResult
 
-__all__ = ["AbortAccepted", "HarnessRuntime", "LaneRuntime", "config_entry", "user_entry"]
+__all__ = ["AbortAccepted", "HarnessRuntime", "LaneRuntime", "config_entry"]
 
 _T = TypeVar("_T")
 
@@ -873,11 +872,6 @@ class LaneRuntime:
 
 def _messages(entries: tuple[Entry, ...]) -> tuple[AgentMessage, ...]:
     return tuple(e.message for e in entries if isinstance(e, MessageEntry))
-
-
-def user_entry(runtime: HarnessRuntime, message: UserMessage) -> MessageEntry:
-    """A provisioned message entry for user input."""
-    return MessageEntry(id=runtime.ids.next(), message=message)
 
 
 def config_entry(runtime: HarnessRuntime, changes: dict[str, Any]) -> Entry:

@@ -18,6 +18,7 @@ from harness_core.messages import AgentMessage, AssistantMessage, DeferredHandle
 from harness_core.session.records import StepKind
 
 __all__ = [
+    "DEFAULT_INFO",
     "ModelClient",
     "ModelInfo",
     "ModelRef",
@@ -46,6 +47,10 @@ class ModelInfo(Frozen):
     """Tokens the model accepts in one request, prompt and output together."""
     max_output_tokens: int
     """The model's own output cap (the intended maximum unless the caller sets a lower one)."""
+
+
+DEFAULT_INFO = ModelInfo(context_window=128_000, max_output_tokens=8_192)
+"""Limits assumed for a model nobody described (clients take per-model overrides)."""
 
 
 class ToolDefinition(Frozen):

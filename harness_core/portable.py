@@ -18,7 +18,7 @@ from pydantic import Field, StringConstraints, model_validator
 from harness_core._model import Frozen
 from harness_core.frozen import FrozenDict, FrozenJson
 from harness_core.messages import AgentMessage
-from harness_core.session.entries import CustomEntry, Entry, MessageEntry
+from harness_core.session.entries import CustomEntry, Entry
 
 __all__ = [
     "CAPABILITY_PREFIX",
@@ -117,8 +117,3 @@ def capabilities_of(path: Sequence[Entry]) -> dict[str, CapabilityState]:
                     version=data["version"], data=data.get("data")
                 )
     return found
-
-
-def messages_of(path: Sequence[Entry]) -> tuple[AgentMessage, ...]:
-    """The messages along a path (oldest first)."""
-    return tuple(entry.message for entry in path if isinstance(entry, MessageEntry))

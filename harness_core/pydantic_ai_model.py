@@ -20,6 +20,7 @@ from pydantic_ai.models import Model, ModelRequestParameters
 from pydantic_ai.settings import ModelSettings
 from pydantic_ai.tools import ToolDefinition as PaiToolDefinition
 
+from harness_core.frozen import thaw_json
 from harness_core.messages import (
     AssistantMessage,
     DeferredHandle,
@@ -27,7 +28,7 @@ from harness_core.messages import (
     ModelErrorKind,
     TokenUsage,
 )
-from harness_core.model import ModelInfo, ModelRef, ModelRequest
+from harness_core.model import DEFAULT_INFO, ModelInfo, ModelRef, ModelRequest
 from harness_core.pydantic_ai_messages import from_model_response, to_model_messages
 
 __all__ = ["DEFAULT_INFO", "ModelResolver", "PydanticAIModel"]
@@ -35,8 +36,6 @@ __all__ = ["DEFAULT_INFO", "ModelResolver", "PydanticAIModel"]
 ModelResolver = Callable[[ModelRef], Model | None]
 """Builds the pydantic-ai model for a reference, or None if this deployment cannot serve it."""
 
-DEFAULT_INFO = ModelInfo(context_window=128_000, max_output_tokens=8_192)
-"""Limits assumed for a model `info` does not list (override per model)."""
 
 _THINKING = {"off": False, "minimal": "minimal", "low": "low", "medium": "medium", "high": "high"}
 
@@ -217,16 +216,8 @@ def _suspended_response(handle: DeferredHandle) -> pai.ModelResponse | None:
     data = handle.data
     if not isinstance(data, Mapping) or "response" not in data:
         return None
-    restored = pai.ModelMessagesTypeAdapter.validate_python([_thaw(data["response"])])[0]
+    restored = pai.ModelMessagesTypeAdapter.validate_python([thaw_json(data["response"])])[0]
     return restored if isinstance(restored, pai.ModelResponse) else None
-
-
-def _thaw(value: Any) -> Any:
-    if isinstance(value, Mapping):
-        return {k: _thaw(v) for k, v in value.items()}
-    if isinstance(value, (list, tuple)):
-        return [_thaw(v) for v in value]
-    return value
 
 
 def _cost(response: pai.ModelResponse) -> float | None:

@@ -22,7 +22,7 @@ from harness_core.messages import (
     ToolCallPart,
     UserMessage,
 )
-from harness_core.model import ModelInfo, ModelRef, ModelRequest
+from harness_core.model import DEFAULT_INFO, ModelInfo, ModelRef, ModelRequest
 
 __all__ = [
     "Reply",
@@ -38,8 +38,6 @@ __all__ = [
 
 Reply = AssistantMessage | Callable[[ModelRequest], AssistantMessage]
 
-DEFAULT_INFO = ModelInfo(context_window=128_000, max_output_tokens=8_192)
-"""The limits a `ScriptedModel` reports unless told otherwise."""
 
 _call_ids = itertools.count(1)
 
