@@ -31,7 +31,7 @@ from harness_core.messages import (
 from harness_core.model import DEFAULT_INFO, ModelInfo, ModelRef, ModelRequest
 from harness_core.pydantic_ai_messages import from_model_response, to_model_messages
 
-__all__ = ["DEFAULT_INFO", "ModelResolver", "PydanticAIModel"]
+__all__ = ["ModelResolver", "PydanticAIModel"]
 
 ModelResolver = Callable[[ModelRef], Model | None]
 """Builds the pydantic-ai model for a reference, or None if this deployment cannot serve it."""

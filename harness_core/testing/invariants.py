@@ -36,6 +36,7 @@ __all__ = [
     "parked_deferred",
     "resume_all",
     "shape",
+    "tool_of",
 ]
 
 
@@ -129,6 +130,16 @@ def check_invariants(
             assert result.message.outcome == "interrupted"
             seen.add((start.replay, current, "interrupted"))
     return seen
+
+
+def tool_of(log: Sequence[LogItem], key: str, session_id: str = "s") -> str | None:
+    """The tool of the invocation whose idempotency key is `key` (None: no such start)."""
+    for item in log:
+        if isinstance(item, StoredRecord) and isinstance(item.record, ToolStarted):
+            record = item.record
+            if key == idempotency_key(session_id, record.assistant_entry_id, record.tool_index):
+                return record.tool_name
+    return None
 
 
 def parked_deferred(log: Sequence[LogItem]) -> bool:
