@@ -109,13 +109,19 @@ async def prompt(lane: Any) -> None:
     assert isinstance(result, Ok) and result.value.kind == "completed", result
 
 
-async def prompts_per_second(repo: SessionRepo, tag: str, n: int, lanes: int) -> float:
-    harness, _, _ = await open_harness(repo, f"rate-{tag}-{lanes}", create=True)
+async def with_lanes(harness: AgentHarness, count: int) -> list[Any]:
+    """The harness (lane ``main``) and `count - 1` more lanes."""
     handles: list[Any] = [harness]
-    for i in range(1, lanes):
-        created = await harness.create_lane(f"l{i}", None)
+    for i in range(1, count):
+        created = await harness.create_lane(f"l{i:02d}", None)
         assert isinstance(created, Ok)
         handles.append(created.value)
+    return handles
+
+
+async def prompts_per_second(repo: SessionRepo, tag: str, n: int, lanes: int) -> float:
+    harness, _, _ = await open_harness(repo, f"rate-{tag}-{lanes}", create=True)
+    handles = await with_lanes(harness, lanes)
 
     async def drive(lane: Any) -> None:
         for _ in range(n // lanes):
@@ -167,11 +173,7 @@ async def build_restore_log(lanes: int, prompts: int, suspended: int) -> tuple[L
         return "all green"
 
     harness, storage, _ = await open_harness(repo, "restore", create=True, tool=tool)
-    handles: list[Any] = [harness]
-    for i in range(1, lanes):
-        created = await harness.create_lane(f"l{i:02d}", None)
-        assert isinstance(created, Ok)
-        handles.append(created.value)
+    handles = await with_lanes(harness, lanes)
 
     async def drive(lane: Any) -> None:
         for _ in range(prompts):
