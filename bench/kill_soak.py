@@ -17,7 +17,7 @@ import tempfile
 import time
 from pathlib import Path
 
-from bench.store_bench import _redis_url
+from bench.store_bench import redis_url
 from tests.support.kill_soak import soak
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -34,14 +34,14 @@ async def main() -> None:
     parser.add_argument("--appendfsync", default="everysec", choices=["everysec", "always"])
     args = parser.parse_args()
     workdir = Path(tempfile.mkdtemp(prefix="kill-soak-"))
-    redis_url, stop = _redis_url(args, str(workdir))
+    server_url, stop = redis_url(args, str(workdir))
     print("backend | kills | mid-operation | recoveries checked | charges | seconds")
     try:
         for backend in args.backends.split(","):
             url = (
                 f"sqlite:///{workdir}/soak.db"
                 if backend == "sqlite"
-                else redis_url + "?prefix=soak"
+                else server_url + "?prefix=soak"
             )
             started = time.perf_counter()
             report = await soak(

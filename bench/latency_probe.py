@@ -8,15 +8,15 @@ A lane awaits each durable write before the next, so its appends/s can never bea
 
 from __future__ import annotations
 
+import argparse
 import asyncio
 import shutil
 import statistics
-import subprocess
 import tempfile
 import time
 from concurrent.futures import ThreadPoolExecutor
 
-import redis
+from bench.store_bench import redis_url
 
 N = 3000
 
@@ -47,31 +47,16 @@ async def redis_ping_us(port: int) -> float:
 
 def main() -> None:
     directory = tempfile.mkdtemp(prefix="latency-")
-    with __import__("socket").socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        port = sock.getsockname()[1]
-    server = subprocess.Popen(
-        ["redis-server", "--port", str(port), "--dir", directory, "--save", ""],
-        stdout=subprocess.DEVNULL,
-    )
+    url, stop = redis_url(argparse.Namespace(redis_url="", appendfsync="everysec"), directory)
     try:
-        client = redis.Redis(port=port)
-        for _ in range(200):
-            try:
-                client.ping()
-                break
-            except redis.exceptions.ConnectionError:
-                time.sleep(0.02)
-        client.close()
         hop = asyncio.run(executor_round_trip_us())
-        ping = asyncio.run(redis_ping_us(port))
+        ping = asyncio.run(redis_ping_us(int(url.rsplit(":", 1)[1].split("/")[0])))
         print(f"executor round trip: median {hop:.0f} us -> at most {1e6 / hop:,.0f} hops/s")
         print(
             f"asyncio PING to a local redis-server: median {ping:.0f} us -> at most {1e6 / ping:,.0f}/s"
         )
     finally:
-        server.terminate()
-        server.wait()
+        stop()
         shutil.rmtree(directory, ignore_errors=True)
 
 

@@ -183,7 +183,7 @@ async def restore_read_ms(backend: Backend, workdir: str, total: int, reads: int
     return statistics.median(samples) * 1000
 
 
-def _redis_url(args: argparse.Namespace, workdir: str) -> tuple[str, Callable[[], None]]:
+def redis_url(args: argparse.Namespace, workdir: str) -> tuple[str, Callable[[], None]]:
     if args.redis_url:
         return args.redis_url, lambda: None
     port = _free_port()
@@ -219,7 +219,7 @@ def _free_port() -> int:
 
 
 def backends(args: argparse.Namespace, workdir: str) -> tuple[list[Backend], Callable[[], None]]:
-    url, stop = _redis_url(args, workdir)
+    url, stop = redis_url(args, workdir)
     prefix = f"bench{os.getpid()}"
 
     def redis_size(session_id: str, n: int) -> float:
