@@ -135,10 +135,14 @@ class Fault(_Event):
 
 
 class HandlerError(_Event):
-    """A hook handler or event listener raised; it was isolated."""
+    """Code outside the harness misbehaved and was isolated.
+
+    A hook handler or event listener raised (``hook``, ``event``), or a provider (``model``)
+    or a tool (``tool``) returned a value that is not valid durable data, such as a NaN cost.
+    """
 
     type: Literal["handler_error"] = "handler_error"
-    kind: Literal["hook", "event"]
+    kind: Literal["hook", "event", "model", "tool"]
     name: str
     error: str
 

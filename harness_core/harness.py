@@ -14,6 +14,9 @@ from collections.abc import Sequence
 from dataclasses import dataclass, replace
 from typing import Any, Literal, TypeAlias, TypeVar
 
+from pydantic import ValidationError
+
+from harness_core._model import invalid_reason, revalidated
 from harness_core.approvals import mismatch
 from harness_core.clock import SystemClock
 from harness_core.context import plan_compaction
@@ -31,7 +34,7 @@ from harness_core.events import (
     Listener,
     RunResume,
 )
-from harness_core.frozen import FrozenJson, JsonValue
+from harness_core.frozen import FrozenJson, JsonValue, freeze_json
 from harness_core.gate import ActionInfo, Gate, GatedEffects
 from harness_core.hooks import BeforeResumeEvent, BeforeRunEvent, Hooks, run_hook
 from harness_core.ids import Uuid7Ids
@@ -54,6 +57,7 @@ from harness_core.result import (
     Err,
     InvalidLane,
     InvalidMessage,
+    InvalidUsage,
     LaneBusy,
     LaneExists,
     MissingIdentities,
@@ -185,6 +189,7 @@ def _normalize(lane: str, value: PromptInput) -> Result[tuple[UserMessage, ...],
         return Err(
             InvalidMessage(message="a prompt needs at least one message", lane=lane, reason="empty")
         )
+    checked = []
     for message in messages:
         if not isinstance(message, UserMessage):
             return Err(
@@ -195,7 +200,17 @@ def _normalize(lane: str, value: PromptInput) -> Result[tuple[UserMessage, ...],
                     reason="not a user message",
                 )
             )
-    return Ok(messages)
+        try:
+            checked.append(revalidated(message))  # built by the caller, maybe unvalidated
+        except ValidationError as exc:
+            return Err(
+                InvalidMessage(
+                    message=f"invalid user message: {invalid_reason(exc)}",
+                    lane=lane,
+                    reason="invalid",
+                )
+            )
+    return Ok(tuple(checked))
 
 
 class SessionTree:
@@ -581,10 +596,16 @@ class AgentLane:
 
     async def record_usage(
         self, usage: TokenUsage, *, entry_id: str | None = None, details: JsonValue = None
-    ) -> Result[None, Closed]:
-        """Append a usage adjustment (negative values are legal)."""
+    ) -> Result[None, InvalidUsage | Closed]:
+        """Append a usage adjustment (negative values are legal; NaN and infinities are not)."""
         if (closed := self._closed()) is not None:
             return closed
+        try:
+            usage = revalidated(usage)
+            details = freeze_json(details)
+        except (ValidationError, ValueError) as exc:
+            reason = invalid_reason(exc) if isinstance(exc, ValidationError) else str(exc)
+            return Err(InvalidUsage(message=f"invalid usage adjustment: {reason}", lane=self._name))
         runtime = self._harness._rt
         lane = self._runtime()
         run_id = lane.state.operation.id if lane.state.operation else None

@@ -15,6 +15,9 @@ from collections.abc import Awaitable, Callable
 from dataclasses import dataclass, field, replace
 from typing import TYPE_CHECKING, Any, Literal, TypeVar
 
+from pydantic import ValidationError
+
+from harness_core._model import invalid_reason, revalidated
 from harness_core.clock import Clock
 from harness_core.context import ContextWindow
 from harness_core.errors import HarnessClosed, HarnessError, HarnessFault
@@ -160,11 +163,12 @@ class HarnessRuntime:
         except BaseException as exc:
             raise self.faulted(exc) from exc
 
-    def report(self, kind: Literal["hook", "event"], name: str, error: BaseException) -> None:
-        """Report an isolated handler failure."""
-        self.events.emit(
-            HandlerError(kind=kind, name=name, error=f"{type(error).__name__}: {error}")
-        )
+    def report(
+        self, kind: Literal["hook", "event", "model", "tool"], name: str, error: BaseException | str
+    ) -> None:
+        """Report an isolated failure of code outside the harness."""
+        text = error if isinstance(error, str) else f"{type(error).__name__}: {error}"
+        self.events.emit(HandlerError(kind=kind, name=name, error=text))
 
     def spawn(self, coro: Awaitable[_T]) -> asyncio.Task[_T]:
         """Run a procedure as a task the harness owns (callers only wait for it)."""
@@ -493,7 +497,34 @@ class LaneRuntime:
         self.runtime.check()
         if message is None:
             return AssistantMessage(stop_reason="aborted", usage=TokenUsage())
-        return message
+        return self.checked_response(message, str(request.model))
+
+    def checked_response(self, message: AssistantMessage, source: str) -> AssistantMessage:
+        """A provider's (or hook's) message, valid before it can reach a record or an entry.
+
+        A message whose only invalid part is its usage (a NaN cost) keeps its content with the
+        usage zeroed, and the loss is reported; any other invalid message becomes a retryable
+        error, so a provider's bad number never faults the lane's store.
+        """
+        try:
+            return revalidated(message)
+        except ValidationError as exc:
+            reason = invalid_reason(exc)
+        try:
+            kept = revalidated(message.model_copy(update={"usage": TokenUsage()}))
+        except ValidationError:
+            self.runtime.report("model", source, f"invalid message ({reason})")
+            return AssistantMessage(
+                stop_reason="error",
+                error=ModelError(
+                    kind="unknown",
+                    message=f"the provider returned an invalid message ({reason})",
+                    retryable=True,
+                ),
+                usage=TokenUsage(),
+            )
+        self.runtime.report("model", source, f"invalid usage dropped ({reason})")
+        return kept
 
     async def execute_tool(self, prepared: PreparedToolCall) -> ToolOutput:
         """Run a tool; it settles even if the run is aborted (the tool sees `ctx.abort`).
@@ -518,7 +549,24 @@ class LaneRuntime:
             return ToolOutput.text(
                 f"{tool.name} failed: {type(exc).__name__}: {exc}", is_error=True
             )
-        return ToolOutput.text(raw) if isinstance(raw, str) else raw
+        returned: object = raw  # typed, but a tool is foreign code
+        if isinstance(returned, str):
+            return ToolOutput.text(returned)
+        if not isinstance(returned, ToolOutput):
+            return ToolOutput.text(
+                f"{tool.name} returned {type(returned).__name__}, not text or a ToolOutput",
+                is_error=True,
+            )
+        return self.checked_output(returned, tool.name)
+
+    def checked_output(self, output: ToolOutput, tool_name: str) -> ToolOutput:
+        """A tool's (or hook's) output, valid before it can reach a record or an entry."""
+        try:
+            return revalidated(output)
+        except ValidationError as exc:
+            reason = invalid_reason(exc)
+        self.runtime.report("tool", tool_name, f"invalid output ({reason})")
+        return ToolOutput.text(f"{tool_name} returned an invalid result ({reason})", is_error=True)
 
     async def fetch_deferred(self, handle: DeferredHandle) -> AssistantMessage:
         """Check a deferred request once; a raised failure becomes an error message."""
@@ -531,11 +579,9 @@ class LaneRuntime:
                 error=ModelError(kind="unknown", message=f"deferred fetch failed: {exc}"),
                 usage=TokenUsage(),
             )
-        return (
-            message
-            if message is not None
-            else AssistantMessage(stop_reason="aborted", usage=TokenUsage())
-        )
+        if message is None:
+            return AssistantMessage(stop_reason="aborted", usage=TokenUsage())
+        return self.checked_response(message, f"{handle.provider}:{handle.model}")
 
     async def cancel_deferred(self, handle: DeferredHandle) -> None:
         """Best effort: a failure is reported, not raised."""

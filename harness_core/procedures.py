@@ -15,7 +15,9 @@ from dataclasses import dataclass
 from typing import Any, Literal
 
 from opentelemetry.trace import INVALID_SPAN, Span
+from pydantic import ValidationError
 
+from harness_core._model import invalid_reason, revalidated
 from harness_core.approvals import args_digest
 from harness_core.context import (
     estimate_tokens,
@@ -24,7 +26,6 @@ from harness_core.context import (
     summary_request_text,
 )
 from harness_core.effects import Effects
-from harness_core.errors import HarnessError
 from harness_core.events import (
     CompactionEnd,
     CompactionStart,
@@ -40,7 +41,7 @@ from harness_core.events import (
     TurnEnd,
     TurnStart,
 )
-from harness_core.frozen import FrozenJson, FrozenJsonObject
+from harness_core.frozen import FrozenJson, FrozenJsonObject, freeze_json
 from harness_core.hooks import (
     AfterResponseEvent,
     AfterToolEvent,
@@ -500,7 +501,9 @@ class Procedures:
         result = await self.fx.run_hook(
             "after_response", AfterResponseEvent(lane=self.lane.name, message=message)
         )
-        return result.message if isinstance(result, AfterResponseEvent) else message
+        if isinstance(result, AfterResponseEvent) and result.message is not message:
+            return self.lane.checked_response(result.message, "after_response")
+        return message
 
     def _usage(
         self,
@@ -522,7 +525,9 @@ class Procedures:
 
     def _recoverable_overflow(self, message: AssistantMessage, options: RequestOptions) -> bool:
         info = self.rt.model.model_info(self._model())
-        desired = options.max_output_tokens or (info.max_output_tokens if info else 0)
+        # the intended cap is the lower of the caller's and the model's own (D31)
+        caps = [cap for cap in (options.max_output_tokens, info and info.max_output_tokens) if cap]
+        desired = min(caps) if caps else 0
         return is_context_overflow(message, info) or is_recoverable_length(message, desired)
 
     async def _backoff(self, step: StepKind, attempt: int, message: AssistantMessage) -> None:
@@ -713,8 +718,15 @@ class Procedures:
             )
             await fx.append_record(self._usage(cause, result_id, attempt, final))
             if final.stop_reason == "deferred":
-                raise HarnessError(
-                    f"a {kind} step got a deferred answer (summary requests are never deferred)"
+                # a provider anomaly fails this operation; the session's other lanes go on
+                if final.deferred is not None:
+                    await fx.cancel_deferred(final.deferred)
+                raise _RunFailed(
+                    OperationError(
+                        code="provider_anomaly",
+                        message=f"a {kind} request got a deferred answer "
+                        "(summary requests are never deferred)",
+                    )
                 )
             if final.stop_reason == "aborted":
                 raise _Aborted()
@@ -781,7 +793,12 @@ class Procedures:
                 if reason == "overflow":
                     raise _RunFailed(_truncation())
                 return
-            if isinstance(hook, BeforeCompactionResult) and hook.compaction is not None:
+            supplied = (
+                self._checked_summary("before_compaction", hook.compaction)
+                if isinstance(hook, BeforeCompactionResult)
+                else None
+            )
+            if supplied is not None:
                 if reason == "overflow":  # the once-per-input guard must count it
                     await fx.append_record(
                         StepAttempt(
@@ -794,11 +811,9 @@ class Procedures:
                             compaction_reason=reason,
                         )
                     )
-                await self._hook_usage(result_id, hook.compaction)
+                await self._hook_usage(result_id, supplied)
                 await fx.append_entry_if_missing(
-                    self._compaction_entry(
-                        result_id, hook.compaction.summary, prep, hook.compaction
-                    )
+                    self._compaction_entry(result_id, supplied.summary, prep, supplied)
                 )
                 self._emit(
                     CompactionEnd(
@@ -822,6 +837,19 @@ class Procedures:
                 lane=name, run_id=op.id, reason=reason, outcome="completed", entry_id=result_id
             )
         )
+
+    def _checked_summary(self, hook: str, supplied: SummaryResult | None) -> SummaryResult | None:
+        """A hook-supplied summary that can be stored, or None (reported) if it cannot."""
+        if supplied is None:
+            return None
+        try:
+            usage = revalidated(supplied.usage) if supplied.usage is not None else None
+            details = freeze_json(supplied.details)
+        except (ValidationError, ValueError) as exc:
+            reason = invalid_reason(exc) if isinstance(exc, ValidationError) else str(exc)
+            self.rt.report("hook", hook, f"invalid summary ignored ({reason})")
+            return None
+        return SummaryResult(summary=str(supplied.summary), details=details, usage=usage)
 
     async def _hook_usage(self, entry_id: str, supplied: SummaryResult) -> None:
         if supplied.usage is not None:
@@ -881,8 +909,9 @@ class Procedures:
                     )
                     if isinstance(hook, BeforeCompactionResult) and hook.decline:
                         return await self._finish_structural("declined")
-                    if isinstance(hook, BeforeCompactionResult) and hook.compaction is not None:
-                        supplied = hook.compaction
+                    if isinstance(hook, BeforeCompactionResult):
+                        supplied = self._checked_summary("before_compaction", hook.compaction)
+                    if supplied is not None:
                         await self._hook_usage(intent.result_entry_id, supplied)
                 if supplied is not None:
                     entry = self._compaction_entry(
@@ -948,8 +977,9 @@ class Procedures:
                     )
                     if isinstance(hook, BeforeNavigationResult) and hook.decline:
                         return await self._finish_structural("declined")
-                    if isinstance(hook, BeforeNavigationResult) and hook.summary is not None:
-                        summary = hook.summary
+                    if isinstance(hook, BeforeNavigationResult):
+                        summary = self._checked_summary("before_navigation", hook.summary)
+                    if summary is not None:
                         assert intent.summary_entry_id is not None
                         await self._hook_usage(intent.summary_entry_id, summary)
                 if summary is None:
@@ -1226,8 +1256,8 @@ class Procedures:
             output=output,
         )
         patched = await fx.run_hook("after_tool", event)
-        if isinstance(patched, ToolOutput):
-            output = patched
+        if isinstance(patched, ToolOutput) and patched is not output:
+            output = self.lane.checked_output(patched, call.name)
         if output.usage is not None:
             await fx.append_record(
                 Usage(
@@ -1489,8 +1519,13 @@ class Procedures:
                 final.deferred.id,
             ) == (handle.provider, handle.model, handle.id)
             if not same:  # its data may change between polls (status), never its identity
-                raise HarnessError(
-                    "the provider returned a different deferred handle for a pending request"
+                await fx.cancel_deferred(handle)  # a provider anomaly fails this run only
+                raise _RunFailed(
+                    OperationError(
+                        code="provider_anomaly",
+                        message="the provider returned a different deferred handle "
+                        "for a pending request",
+                    )
                 )
             self._emit(RunSuspend(lane=self.lane.name, run_id=self.op.id, deferred=handle))
             raise _Park(handle)

@@ -17,6 +17,7 @@ __all__ = [
     "Err",
     "InvalidLane",
     "InvalidMessage",
+    "InvalidUsage",
     "LaneBusy",
     "LaneExists",
     "MissingIdentities",
@@ -125,6 +126,14 @@ class InvalidMessage(Rejection):
     tag: ClassVar[str] = "InvalidMessage"
     lane: str
     reason: str
+
+
+@dataclass(frozen=True, kw_only=True, slots=True)
+class InvalidUsage(Rejection):
+    """A usage adjustment that is not valid durable data (a NaN or infinite number)."""
+
+    tag: ClassVar[str] = "InvalidUsage"
+    lane: str
 
 
 @dataclass(frozen=True, kw_only=True, slots=True)
