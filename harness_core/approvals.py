@@ -1,10 +1,12 @@
 """Approvals: building decisions, the digest an approval refers to, and checking a decision batch.
 
 A call to a tool declared ``requires_approval`` does not run until a person decides. The run
-suspends (reason ``approval``) with the pending calls; `lane.resume(decisions=...)` must decide
-exactly those calls, and the whole batch becomes one durable `ApprovalDecided` record before any
-of them runs. Denied calls get a ``denied`` result the model reads. An approval is never
-permission to replay a call whose outcome became unknown in a crash: that needs a new decision.
+suspends (reason ``approval``) with the pending calls; `lane.resume(decisions, wait_id=...)`
+must name the wait it answers (the `ApprovalRequested` id) and decide exactly its calls, each
+bound to the digest of the arguments the decider saw; the whole batch becomes one durable
+`ApprovalDecided` record before any of them runs. Denied calls get a ``denied`` result the model
+reads. An approval is never permission to replay a call whose outcome became unknown in a
+crash: that needs a new decision.
 """
 
 from __future__ import annotations
@@ -17,7 +19,7 @@ from typing import Any
 from harness_core.frozen import thaw_json
 from harness_core.session.records import ApprovalDecision, PendingApproval
 
-__all__ = ["approve", "args_digest", "deny", "mismatch"]
+__all__ = ["approve", "args_digest", "deny", "mismatch", "stale"]
 
 
 def args_digest(args: Mapping[str, Any]) -> str:
@@ -26,18 +28,43 @@ def args_digest(args: Mapping[str, Any]) -> str:
     return "sha256:" + hashlib.sha256(canonical.encode()).hexdigest()
 
 
+def _target(call: PendingApproval | str, digest: str | None) -> tuple[str, str]:
+    if isinstance(call, PendingApproval):
+        if digest is not None and digest != call.args_digest:
+            raise ValueError(
+                f"args_digest {digest!r} is not the digest of call {call.tool_call_id}"
+            )
+        return call.tool_call_id, call.args_digest
+    if digest is None:
+        raise ValueError(
+            f"deciding call {call!r} needs the args_digest of the arguments the decider saw"
+        )
+    return call, digest
+
+
 def approve(
-    tool_call_id: str, *, args: Mapping[str, Any] | None = None, note: str | None = None
+    call: PendingApproval | str,
+    *,
+    args_digest: str | None = None,
+    args: Mapping[str, Any] | None = None,
+    note: str | None = None,
 ) -> ApprovalDecision:
-    """Approve one pending call, optionally replacing its arguments (validated again)."""
+    """Approve one pending call, optionally replacing its arguments (validated again).
+
+    Pass the `PendingApproval` itself, or its call id with the `args_digest` the decider saw.
+    """
+    call_id, digest = _target(call, args_digest)
     return ApprovalDecision(
-        tool_call_id=tool_call_id, approved=True, override_args=args, reason=note
+        tool_call_id=call_id, args_digest=digest, approved=True, override_args=args, reason=note
     )
 
 
-def deny(tool_call_id: str, reason: str) -> ApprovalDecision:
+def deny(
+    call: PendingApproval | str, reason: str, *, args_digest: str | None = None
+) -> ApprovalDecision:
     """Deny one pending call; the model sees `reason`."""
-    return ApprovalDecision(tool_call_id=tool_call_id, approved=False, reason=reason)
+    call_id, digest = _target(call, args_digest)
+    return ApprovalDecision(tool_call_id=call_id, args_digest=digest, approved=False, reason=reason)
 
 
 def mismatch(
@@ -50,3 +77,15 @@ def mismatch(
     missing = tuple(i for i in wanted if i not in given)
     unexpected = tuple(sorted({i for i in given if i not in wanted}))
     return missing, unexpected, duplicated
+
+
+def stale(
+    pending: Iterable[PendingApproval], decisions: Iterable[ApprovalDecision]
+) -> tuple[str, ...]:
+    """Call ids whose decision approves or denies other arguments than the wait's."""
+    digests = {p.tool_call_id: p.args_digest for p in pending}
+    return tuple(
+        d.tool_call_id
+        for d in decisions
+        if digests.get(d.tool_call_id, d.args_digest) != d.args_digest
+    )

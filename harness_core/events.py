@@ -97,6 +97,8 @@ class RunSuspend(_Event):
     reason: Literal["deferred", "approval"] = "deferred"
     approvals: tuple[PendingApproval, ...] = ()
     """The calls waiting for a decision (reason ``approval``)."""
+    wait_id: str | None = None
+    """The wait a decision batch must name (reason ``approval``)."""
 
 
 class ApprovalDecision(_Event):
@@ -128,7 +130,7 @@ class RunEnd(_Event):
 
 
 class Fault(_Event):
-    """The harness faulted (harness-wide)."""
+    """The harness faulted (harness-wide, `lane` None), or one lane cannot be restored."""
 
     type: Literal["fault"] = "fault"
     message: str

@@ -17,7 +17,7 @@ from typing import Any, Literal, TypeAlias, TypeVar
 from pydantic import ValidationError
 
 from harness_core._model import invalid_reason, revalidated
-from harness_core.approvals import mismatch
+from harness_core.approvals import mismatch, stale
 from harness_core.clock import SystemClock
 from harness_core.context import plan_compaction
 from harness_core.effects import AutomaticEffects, Effects
@@ -30,6 +30,7 @@ from harness_core.errors import (
 from harness_core.events import (
     ConfigUpdate,
     EventBus,
+    Fault,
     LaneCreated,
     Listener,
     RunResume,
@@ -60,6 +61,7 @@ from harness_core.result import (
     InvalidUsage,
     LaneBusy,
     LaneExists,
+    LaneStuck,
     MissingIdentities,
     NoActiveOperation,
     NoActiveRun,
@@ -69,6 +71,7 @@ from harness_core.result import (
     Result,
     UnknownQueueItem,
     UnknownTarget,
+    WaitSuperseded,
 )
 from harness_core.session.contract import SessionStorage
 from harness_core.session.entries import CustomEntry, Entry, MessageEntry
@@ -77,8 +80,10 @@ from harness_core.session.records import (
     ApprovalDecision,
     CompactionIntent,
     NavigationIntent,
+    OperationError,
     OperationFinished,
     OperationKind,
+    OperationOutcome,
     PendingApproval,
     RunIntent,
     Usage,
@@ -102,8 +107,10 @@ __all__ = [
     "AgentLane",
     "LaneInfo",
     "LaneSnapshot",
+    "LaneStatus",
     "PromptInput",
     "SessionTree",
+    "SuspendReason",
     "SuspendedOperation",
     "Watch",
 ]
@@ -114,38 +121,65 @@ PromptInput: TypeAlias = str | UserMessage | Sequence[UserMessage]
 _T = TypeVar("_T")
 
 
+SuspendReason: TypeAlias = Literal["crash", "deferred", "approval"]
+"""Why an open operation is not executing: a process died mid-operation (``crash``), a background
+model request is pending (``deferred``), or calls wait for a person's decision (``approval``)."""
+
+LaneStatus: TypeAlias = Literal[
+    "idle", "running", "suspended", "aborting", "failed", "stuck", "faulted"
+]
+"""What a lane is doing: nothing (``idle``; ``failed`` when its newest operation failed), an
+operation executes (``running``, ``aborting``) or waits (``suspended``; ``stuck`` when a crash
+interrupted it `max_attempts` times), or its durable log cannot be restored (``faulted``)."""
+
+
 @dataclass(frozen=True, kw_only=True, slots=True)
 class SuspendedOperation:
     """An operation `create()` found open, and why.
 
-    `reason` is ``crash`` (a process died mid-operation) or ``deferred`` (a background model
-    request is pending). A non-empty `missing_tools` or `missing_models` means `resume()` will
-    refuse until the harness has them (abort still works).
+    A non-empty `missing_tools` or `missing_models` means `resume()` will refuse until the
+    harness has them (abort still works). `stuck` means it was interrupted `attempts` times
+    (`max_attempts`): `resume()` refuses unless told to `unstick`.
     """
 
     lane: str
     kind: OperationKind
     id: str
     started_at: int
-    reason: Literal["crash", "deferred", "approval"]
+    reason: SuspendReason
     prompt: tuple[AgentMessage, ...] = ()
     deferred: DeferredHandle | None = None
     aborting: bool = False
     missing_tools: tuple[str, ...] = ()
     missing_models: tuple[str, ...] = ()
     pending_approvals: tuple[PendingApproval, ...] = ()
-    """Reason ``approval``: the calls to decide (`resume(decisions=...)`)."""
+    """Reason ``approval``: the calls to decide (`resume(decisions, wait_id=...)`)."""
+    wait_id: str | None = None
+    """Reason ``approval``: the wait the decisions must name."""
+    attempts: int = 1
+    """Executions of the operation begun in its current budget (the interrupted one included)."""
+    stuck: bool = False
 
 
 @dataclass(frozen=True, kw_only=True, slots=True)
 class LaneInfo:
-    """A lane and what it is doing."""
+    """A lane and what it is doing (see `LaneStatus`)."""
 
     name: str
     leaf_id: str | None
     operation_id: str | None = None
     operation_kind: OperationKind | None = None
-    status: Literal["idle", "running", "suspended", "aborting"] = "idle"
+    status: LaneStatus = "idle"
+    suspended: SuspendReason | None = None
+    """Why the open operation waits (statuses ``suspended`` and ``stuck``)."""
+    attempts: int = 0
+    """Executions of the open operation begun in its current budget (0 when idle)."""
+    last_outcome: OperationOutcome | None = None
+    """How the lane's newest finished operation ended."""
+    error: OperationError | None = None
+    """Why it failed (status ``failed``)."""
+    fault: str | None = None
+    """Why the lane cannot be restored (status ``faulted``)."""
 
 
 @dataclass(frozen=True, kw_only=True, slots=True)
@@ -155,7 +189,7 @@ class LaneSnapshot:
     lane: str
     leaf_id: str | None
     transcript: tuple[StoredEntry, ...]
-    status: Literal["idle", "running", "suspended", "aborting"]
+    status: LaneStatus
     operation_id: str | None
     steer: tuple[Entry, ...]
     follow_up: tuple[Entry, ...]
@@ -295,13 +329,21 @@ class AgentLane:
     def _runtime(self) -> LaneRuntime:
         runtime = self._harness._rt
         runtime.check()
-        return runtime.lanes[self._name]
+        lane = runtime.lanes[self._name]
+        if lane.fault is not None:
+            raise lane.fault
+        return lane
 
     def _closed(self) -> Err[Closed] | None:
         runtime = self._harness._rt
         if runtime.fault is not None:
             raise runtime.fault
-        return Err(Closed()) if runtime.closed else None
+        if runtime.closed:
+            return Err(Closed())
+        lane = runtime.lanes.get(self._name)
+        if lane is not None and lane.fault is not None:
+            raise lane.fault
+        return None
 
     async def get_leaf_id(self) -> str | None:
         """The lane's leaf."""
@@ -351,9 +393,11 @@ class AgentLane:
         self,
         decisions: Sequence[ApprovalDecision] | None = None,
         *,
+        wait_id: str | None = None,
         decided_by: str | None = None,
         idempotency_key: str | None = None,
         tool_recovery: ToolRecovery = "declared",
+        unstick: bool = False,
     ) -> Result[
         Outcome,
         LaneBusy
@@ -361,14 +405,19 @@ class AgentLane:
         | MissingIdentities
         | DecisionsRequired
         | DecisionsMismatch
+        | WaitSuperseded
+        | LaneStuck
         | Closed,
     ]:
         """Continue this lane's open operation from its durable state (never starts a new one).
 
-        An operation suspended for approval needs `decisions` covering exactly its pending calls;
-        the batch is recorded (with `decided_by` and `idempotency_key`) before anything runs, and
-        the same key later returns the same result. `tool_recovery` says what happens to a call
-        that started before a crash and has no result (see `ToolRecovery`).
+        An operation suspended for approval needs `decisions` covering exactly its pending calls
+        and naming the wait they answer (`wait_id`, from the suspension); the batch is recorded
+        (with `decided_by` and `idempotency_key`) before anything runs, and the same key later
+        returns the same result. `tool_recovery` says what happens to a call that started before
+        a crash and has no result (see `ToolRecovery`). Each resume after a crash is a counted
+        attempt; after `max_attempts` the lane is stuck and only `unstick=True` (a fresh budget,
+        after fixing the cause) resumes it.
         """
         if (closed := self._closed()) is not None:
             return closed
@@ -379,10 +428,24 @@ class AgentLane:
 
         async def admit() -> Result[
             asyncio.Task[Outcome],
-            LaneBusy | NothingToResume | MissingIdentities | DecisionsRequired | DecisionsMismatch,
+            LaneBusy
+            | NothingToResume
+            | MissingIdentities
+            | DecisionsRequired
+            | DecisionsMismatch
+            | WaitSuperseded
+            | LaneStuck,
         ]:
             op = lane.state.operation
             if op is None:
+                if decisions is not None and wait_id is not None:
+                    return Err(
+                        WaitSuperseded(
+                            message=f"lane {self._name!r} no longer waits for {wait_id!r}",
+                            lane=self._name,
+                            wait_id=wait_id,
+                        )
+                    )
                 return Err(
                     NothingToResume(
                         message=f"lane {self._name!r} has no open operation", lane=self._name
@@ -397,7 +460,7 @@ class AgentLane:
             if same_key and lane.task is not None:
                 return Ok(lane.task)  # the same decision, already running: its result
             if decisions is not None and not same_key:
-                refused = harness._check_decisions(self._name, op, decisions)
+                refused = harness._check_decisions(self._name, op, decisions, wait_id)
                 if refused is not None:
                     return refused  # before busy: a late or conflicting batch says so
             if lane.task is not None:
@@ -418,24 +481,34 @@ class AgentLane:
                 return Err(
                     DecisionsRequired(
                         message=f"{op.id!r} waits for decisions on "
-                        f"{[p.tool_call_id for p in approval.requested.calls]}",
+                        f"{[p.tool_call_id for p in approval.requested.calls]} "
+                        f"(wait {approval.requested.id!r})",
                         lane=self._name,
                         operation_id=op.id,
                         pending=approval.requested.calls,
+                        wait_id=approval.requested.id,
                     )
                 )
             if decisions is not None and not same_key:
                 assert key is not None
+                assert approval is not None
                 await lane.decide(
                     ApprovalDecided(
                         id=runtime.ids.next(),
                         lane=self._name,
                         run_id=op.id,
+                        wait_id=approval.requested.id,
                         idempotency_key=key,
                         decided_by=decided_by,
                         decisions=tuple(decisions),
                     )
                 )
+            elif _reason(op) == "crash":
+                stuck = harness._stuck(lane.name, op)
+                if stuck is not None and not unstick:
+                    return Err(stuck)
+                # one more execution of an interrupted operation: counted before it starts
+                await lane.count_attempt(op, unstick=unstick)
             lane.ready_for(op.id)
             return Ok(
                 lane.occupy(harness._execute(lane, resumed=True, tool_recovery=tool_recovery))
@@ -443,7 +516,8 @@ class AgentLane:
 
         admitted = await lane.job(admit)
         if isinstance(admitted, Err):
-            if isinstance(admitted.error, NothingToResume) and key and idempotency_key:
+            replayable = isinstance(admitted.error, (NothingToResume, WaitSuperseded))
+            if replayable and key and idempotency_key:
                 replayed = await harness._decided_before(lane, idempotency_key)
                 if replayed is not None:
                     return Ok(replayed)
@@ -745,14 +819,44 @@ class AgentLane:
         await self._gate().run_to_completion()
 
 
-def _status(
-    lane: LaneRuntime, op: OperationState | None
-) -> Literal["idle", "running", "suspended", "aborting"]:
+def _reason(op: OperationState) -> SuspendReason:
+    """Why an open operation that is not executing waits."""
+    approval = op.approval
+    if approval is not None and approval.waiting and not op.aborting:
+        return "approval"
+    return "deferred" if op.deferred is not None else "crash"
+
+
+def _last_activity(op: OperationState) -> str:
+    """What an interrupted operation was doing, in words an operator can act on."""
+    batch = op.tool_batch
+    running = [
+        call.started.tool_name
+        for call in (batch.calls if batch is not None else ())
+        if call.started is not None and not call.result_exists
+    ]
+    if running:
+        return f"running tool {', '.join(repr(name) for name in running)}"
+    step = op.step
+    if step is not None:
+        return f"waiting for a {step.kind} model request (attempt {step.attempts})"
+    if op.missing_initial:
+        return "recording its input"
+    return "between steps"
+
+
+def _status(lane: LaneRuntime, op: OperationState | None) -> LaneStatus:
+    if lane.fault is not None:
+        return "faulted"
     if op is None:
-        return "idle"
+        last = lane.state.last_finished
+        return "failed" if last is not None and last.outcome == "failed" else "idle"
     if op.aborting:
         return "aborting"
-    return "running" if lane.task is not None else "suspended"
+    if lane.task is not None:
+        return "running"
+    stuck = _reason(op) == "crash" and op.attempts >= lane.runtime.options.max_attempts
+    return "stuck" if stuck else "suspended"
 
 
 def _snapshot(
@@ -785,10 +889,10 @@ class AgentHarness(AgentLane):
     ) -> tuple[AgentHarness, list[SuspendedOperation]]:
         """Open a harness: restore every lane (bounded reads, no writes, no effects).
 
-        Returns the harness and one `SuspendedOperation` per lane with an open operation.
-
-        Raises:
-            RecordLogCorruption: a lane's log is a state no single writer can produce.
+        Returns the harness and one `SuspendedOperation` per lane with an open operation. A lane
+        whose log is a state no single writer can produce (`RecordLogCorruption`) is restored
+        *faulted*: `lanes()` reports it with the reason, every call on it raises `HarnessFault`,
+        and the session's other lanes work normally.
         """
         clock = options.clock or SystemClock()
         bus = EventBus()
@@ -806,9 +910,21 @@ class AgentHarness(AgentLane):
         harness = cls(runtime)
         runtime.usage_totals = (await options.storage.get_stats()).usage
         pointers = await options.storage.get_lanes()
-        states = await asyncio.gather(*(restore_lane(options.storage, p.lane) for p in pointers))
+        states = await asyncio.gather(
+            *(restore_lane(options.storage, p.lane) for p in pointers), return_exceptions=True
+        )
         suspended: list[SuspendedOperation] = []
-        for state in states:
+        for pointer, state in zip(pointers, states, strict=True):
+            if isinstance(state, RecordLogCorruption):
+                # one lane's impossible log faults that lane, not the session's other threads
+                lane = LaneRuntime(runtime, pointer.lane, LaneState(pointer.lane, pointer.leaf_id))
+                lane.fault = HarnessFault(f"lane {pointer.lane!r} cannot be restored: {state}")
+                lane.fault.__cause__ = state
+                runtime.lanes[pointer.lane] = lane
+                runtime.events.emit(Fault(message=str(lane.fault), lane=pointer.lane))
+                continue
+            if isinstance(state, BaseException):
+                raise state
             runtime.lanes[state.lane] = LaneRuntime(runtime, state.lane, state)
             if state.operation is not None:
                 suspended.append(harness._suspended(state.lane, state.operation))
@@ -859,13 +975,20 @@ class AgentHarness(AgentLane):
         for name in sorted(runtime.lanes):
             lane = runtime.lanes[name]
             op = lane.state.operation
+            last = lane.state.last_finished
+            status = _status(lane, op)
             infos.append(
                 LaneInfo(
                     name=name,
                     leaf_id=lane.state.leaf_id,
                     operation_id=op.id if op else None,
                     operation_kind=op.kind if op else None,
-                    status=_status(lane, op),
+                    status=status,
+                    suspended=_reason(op) if op and status in ("suspended", "stuck") else None,
+                    attempts=op.attempts if op else 0,
+                    last_outcome=last.outcome if last else None,
+                    error=last.error if last and status == "failed" else None,
+                    fault=str(lane.fault.__cause__) if lane.fault is not None else None,
                 )
             )
         return infos
@@ -927,10 +1050,8 @@ class AgentHarness(AgentLane):
         tools, models = self._missing(op)
         intent = op.intent
         approval = op.approval
-        waiting = approval is not None and approval.waiting and not op.aborting
-        reason: Literal["crash", "deferred", "approval"] = (
-            "approval" if waiting else "deferred" if op.deferred is not None else "crash"
-        )
+        reason = _reason(op)
+        waiting = reason == "approval" and approval is not None
         return SuspendedOperation(
             lane=lane,
             kind=op.kind,
@@ -943,13 +1064,56 @@ class AgentHarness(AgentLane):
             missing_tools=tools,
             missing_models=models,
             pending_approvals=approval.requested.calls if waiting and approval else (),
+            wait_id=approval.requested.id if waiting and approval else None,
+            attempts=op.attempts,
+            stuck=self._stuck(lane, op) is not None,
+        )
+
+    def _stuck(self, lane: str, op: OperationState) -> LaneStuck | None:
+        """Why an interrupted operation may not run again without an operator, or None."""
+        limit = self._rt.options.max_attempts
+        if _reason(op) != "crash" or op.aborting or op.attempts < limit:
+            return None
+        activity = _last_activity(op)
+        return LaneStuck(
+            message=f"{op.kind} {op.id!r} on lane {lane!r} was interrupted {op.attempts} times "
+            f"(max_attempts={limit}); it was last {activity}. Fix the cause, then resume with "
+            "unstick=True or abort it.",
+            lane=lane,
+            operation_id=op.id,
+            attempts=op.attempts,
+            max_attempts=limit,
+            last_activity=activity,
         )
 
     def _check_decisions(
-        self, lane: str, op: OperationState, decisions: Sequence[ApprovalDecision]
-    ) -> Err[DecisionsMismatch] | None:
+        self,
+        lane: str,
+        op: OperationState,
+        decisions: Sequence[ApprovalDecision],
+        wait_id: str | None,
+    ) -> Err[DecisionsMismatch | WaitSuperseded] | None:
         """Why a decision batch cannot be recorded for `op` now, or None if it can."""
         approval = op.approval
+        if wait_id is None:
+            return Err(
+                DecisionsMismatch(
+                    message="a decision batch must name the wait it answers (wait_id)",
+                    lane=lane,
+                    reason="unbound",
+                )
+            )
+        current = approval.requested.id if approval is not None and not op.aborting else None
+        if wait_id != current:
+            return Err(
+                WaitSuperseded(
+                    message=f"lane {lane!r} does not wait for {wait_id!r}"
+                    + (f" (it waits for {current!r})" if current else ""),
+                    lane=lane,
+                    wait_id=wait_id,
+                    current_wait_id=current if approval and approval.waiting else None,
+                )
+            )
         if approval is None or op.aborting:
             return Err(
                 DecisionsMismatch(
@@ -968,6 +1132,17 @@ class AgentHarness(AgentLane):
                 )
             )
         missing, unexpected, duplicated = mismatch(approval.requested.calls, decisions)
+        changed = stale(approval.requested.calls, decisions)
+        if changed and not (missing or unexpected or duplicated):
+            return Err(
+                DecisionsMismatch(
+                    message=f"the decisions on {list(changed)} are for other arguments than "
+                    "the pending calls' (compare args_digest)",
+                    lane=lane,
+                    unexpected=changed,
+                    reason="stale_arguments",
+                )
+            )
         if missing or unexpected or duplicated:
             return Err(
                 DecisionsMismatch(

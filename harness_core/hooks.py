@@ -1,11 +1,16 @@
 """Hooks: handlers that can change execution, registered harness-wide, run in registration order.
 
-Eleven hooks (`HookName`). Every event carries the lane; a handler scopes itself. Handlers run
+Ten hooks (`HookName`). Every event carries the lane; a handler scopes itself. Handlers run
 sequentially: each transformation sees the previous one's output. A handler that raises is
 skipped and reported (a `handler_error` event); the run goes on, except for `before_tool`,
 which fails closed: a policy handler that crashed must not let a tool through. `before_run` and
 `before_resume` handlers need a stable `id` (the run stores each `before_run` handler's
 `resume_data` under it, and hands it back to the `before_resume` handler with the same id).
+
+The seed's eleventh hook, ``before_payload`` (the provider's wire payload), is refused at
+registration with `HarnessNotImplemented`: pydantic-ai builds that payload inside its own request
+call, so the runtime has no point where such a handler could run. `before_request` changes a
+request's options and `transform_context` its messages.
 """
 
 from __future__ import annotations
@@ -14,6 +19,7 @@ from collections.abc import Awaitable, Callable, Mapping, Sequence
 from dataclasses import dataclass, field, replace
 from typing import Any, Literal
 
+from harness_core.errors import HarnessNotImplemented
 from harness_core.frozen import JsonValue
 from harness_core.messages import AgentMessage, AssistantMessage, TokenUsage, UserContent
 from harness_core.model import ModelRef
@@ -52,7 +58,6 @@ HookName = Literal[
     "before_run_end",
     "transform_context",
     "before_request",
-    "before_payload",
     "after_response",
     "before_tool",
     "after_tool",
@@ -60,6 +65,12 @@ HookName = Literal[
     "before_navigation",
 ]
 _NEEDS_ID = ("before_run", "before_resume")
+_REFUSED = {
+    "before_payload": "the provider wire payload is built inside pydantic-ai's request call, "
+    "where no hook can run: change request options with before_request, or the messages "
+    "with transform_context",
+}
+"""Hooks of the seed's catalog this runtime cannot run, with what to use instead."""
 
 
 @dataclass(frozen=True, kw_only=True, slots=True)
@@ -269,7 +280,13 @@ class Hooks:
 
         Raises:
             HookError: `before_run`/`before_resume` without an id, or a duplicate id.
+            HarnessNotImplemented: a hook this runtime cannot run (``before_payload``): a
+                handler that is accepted and never called would be a silent stub.
         """
+        if (instead := _REFUSED.get(name)) is not None:
+            refused = HarnessNotImplemented(f"hooks.on({name!r})")
+            refused.add_note(instead)
+            raise refused
         registrations = self._by_name.setdefault(name, [])
         if name in _NEEDS_ID and not id:
             raise HookError(f"{name} handlers need a stable id")
@@ -334,7 +351,7 @@ async def run_hook(hooks: Hooks, name: HookName, event: Any, report: ErrorReport
                 current = _chain(name, current, result)
         return current
     last_result = None
-    for _, handler in registrations:  # before_run_end, before_payload: the last answer wins
+    for _, handler in registrations:  # before_run_end: the last answer wins
         try:
             result = await handler(event)
         except Exception as exc:

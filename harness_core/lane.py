@@ -78,6 +78,7 @@ from harness_core.session.records import (
     OperationFinished,
     OperationIntent,
     OperationOutcome,
+    OperationResumed,
     OperationStarted,
     QueueCancelled,
     QueueEnqueued,
@@ -207,6 +208,8 @@ class LaneRuntime:
         """The procedure executing this lane's operation, if any (the execution slot)."""
         self.abort_signal = asyncio.Event()
         self.last_finished: OperationState | None = None
+        self.fault: HarnessFault | None = None
+        """Set when the lane's durable log cannot be restored: every call on it raises this."""
         self._line = asyncio.Lock()
         self._context: list[StoredEntry] | None = None
         self._window: ContextWindow | None = None
@@ -318,6 +321,18 @@ class LaneRuntime:
             ApprovalDecision(lane=self.name, run_id=record.run_id, record=record)
         )
 
+    async def count_attempt(self, op: OperationState, *, unstick: bool) -> None:
+        """Record one more execution of an interrupted operation, inside the admitting job."""
+        await self._record(
+            OperationResumed(
+                id=self.runtime.ids.next(),
+                lane=self.name,
+                run_id=op.id,
+                attempt=1 if unstick else op.attempts + 1,
+                unstick=unstick,
+            )
+        )
+
     async def commit_move(self, to: str | None) -> None:
         """Move the lane's leaf (a job)."""
 
@@ -385,7 +400,13 @@ class LaneRuntime:
         self, op: OperationState, outcome: OperationOutcome, error: OperationError | None
     ) -> None:
         record = OperationFinished(
-            id=self.runtime.ids.next(), lane=self.name, run_id=op.id, outcome=outcome, error=error
+            id=self.runtime.ids.next(),
+            lane=self.name,
+            run_id=op.id,
+            outcome=outcome,
+            error=error,
+            final_entry_id=op.last_assistant_entry_id if op.kind == "run" else None,
+            leaf_id=self.state.leaf_id,
         )
         await self._record(record)
         self.last_finished = op

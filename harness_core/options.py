@@ -77,6 +77,9 @@ class AgentHarnessOptions:
     tools: Sequence[Tool] = ()
     system_prompt: SystemPrompt = None
     retry: RetryPolicy = field(default_factory=RetryPolicy)
+    max_attempts: int = 3
+    """Executions of one operation (its first, plus each resume after a crash) before its lane
+    is parked stuck; per-request retries are `retry.max_attempts`."""
     compaction: CompactionSettings = field(default_factory=CompactionSettings)
     steering_mode: QueueMode = "all"
     follow_up_mode: QueueMode = "all"

@@ -142,6 +142,8 @@ class Outcome:
     entry_id: str | None = None
     pending_approvals: tuple[PendingApproval, ...] = ()
     """Suspended for approval: the calls waiting for a decision."""
+    wait_id: str | None = None
+    """Suspended for approval: the wait a decision batch must name (`resume(wait_id=...)`)."""
 
 
 ToolRecovery = Literal["declared", "never", "always"]
@@ -160,9 +162,9 @@ class _NeedsApproval:
 
 
 class _AwaitApproval(Exception):
-    def __init__(self, calls: tuple[PendingApproval, ...]) -> None:
+    def __init__(self, wait: ApprovalRequested) -> None:
         super().__init__("awaiting approval")
-        self.calls = calls
+        self.wait = wait
 
 
 class _RunFailed(Exception):
@@ -283,7 +285,8 @@ class Procedures:
                 leaf_id=self.lane.state.leaf_id,
                 final_entry_id=op.deferred_entry_id if parked else op.last_assistant_entry_id,
                 deferred=signal.handle if isinstance(signal, _Park) else None,
-                pending_approvals=signal.calls if isinstance(signal, _AwaitApproval) else (),
+                pending_approvals=signal.wait.calls if isinstance(signal, _AwaitApproval) else (),
+                wait_id=signal.wait.id if isinstance(signal, _AwaitApproval) else None,
             )
         if isinstance(signal, _Aborted):
             return await self._abort_path()
@@ -1407,12 +1410,19 @@ class Procedures:
             run_id=self.op.id,
             assistant_entry_id=batch.assistant_entry_id,
             calls=calls,
+            leaf_id=self.lane.state.leaf_id,
         )
         await self.fx.append_record(record)
         self._emit(
-            RunSuspend(lane=self.lane.name, run_id=self.op.id, reason="approval", approvals=calls)
+            RunSuspend(
+                lane=self.lane.name,
+                run_id=self.op.id,
+                reason="approval",
+                approvals=calls,
+                wait_id=record.id,
+            )
         )
-        raise _AwaitApproval(calls)
+        raise _AwaitApproval(record)
 
     async def _truncated(self, calls: tuple[ToolCallState, ...]) -> tuple[ToolResultMessage, ...]:
         results = []

@@ -8,9 +8,15 @@ from __future__ import annotations
 
 from dataclasses import dataclass, replace
 
-from harness_core.session.records import NavigationIntent
+from harness_core.session.records import NavigationIntent, OperationFinished
 from harness_core.session.types import StoredEntry, StoredRecord
-from harness_core.state import LaneState, RecordLogCorruption, advance, idle_lane
+from harness_core.state import (
+    FinishedOperation,
+    LaneState,
+    RecordLogCorruption,
+    advance,
+    idle_lane,
+)
 
 __all__ = ["LaneSlice", "reduce_lane"]
 
@@ -26,6 +32,8 @@ class LaneSlice:
     lane: str
     leaf_id: str | None
     items: tuple[StoredEntry | StoredRecord, ...]
+    last_finished: StoredRecord | None = None
+    """The lane's newest `OperationFinished` (how its last operation ended), if any."""
 
 
 def reduce_lane(lane_slice: LaneSlice) -> LaneState:
@@ -35,6 +43,19 @@ def reduce_lane(lane_slice: LaneSlice) -> LaneState:
         RecordLogCorruption: the slice is a state no single writer can produce.
     """
     state = idle_lane(lane_slice.lane, None)
+    finished = lane_slice.last_finished
+    if finished is not None:
+        record = finished.record
+        if not isinstance(record, OperationFinished):
+            raise RecordLogCorruption(
+                "unknown_operation", f"{finished.id!r} is not an operation_finished record"
+            )
+        state = replace(
+            state,
+            last_finished=FinishedOperation(
+                run_id=record.run_id, outcome=record.outcome, error=record.error
+            ),
+        )
     own_leaf: str | None = None
     for item in sorted(lane_slice.items, key=lambda i: i.seq):
         if isinstance(item, StoredEntry):

@@ -55,8 +55,14 @@ async def read_lane_slice(storage: SessionStorage, lane: str) -> LaneSlice:
             items[record.seq] = record
         for entry in await _own_entries(storage, lane, start, pointer.leaf_id):
             items[entry.seq] = entry
+    finished = await storage.find_records(
+        RecordQuery(lane=lane, type="operation_finished", limit=1)
+    )
     return LaneSlice(
-        lane=lane, leaf_id=pointer.leaf_id, items=tuple(items[s] for s in sorted(items))
+        lane=lane,
+        leaf_id=pointer.leaf_id,
+        items=tuple(items[s] for s in sorted(items)),
+        last_finished=finished[0] if finished else None,
     )
 
 

@@ -20,6 +20,7 @@ __all__ = [
     "InvalidUsage",
     "LaneBusy",
     "LaneExists",
+    "LaneStuck",
     "MissingIdentities",
     "NoActiveOperation",
     "NoActiveRun",
@@ -30,6 +31,7 @@ __all__ = [
     "Result",
     "UnknownQueueItem",
     "UnknownTarget",
+    "WaitSuperseded",
 ]
 
 _T = TypeVar("_T", covariant=True)
@@ -195,6 +197,8 @@ class DecisionsRequired(Rejection):
     operation_id: str
     pending: tuple[Any, ...]
     """The `PendingApproval`s (call id, tool, arguments, digest)."""
+    wait_id: str
+    """The wait the decisions must name."""
 
 
 @dataclass(frozen=True, kw_only=True, slots=True)
@@ -206,5 +210,49 @@ class DecisionsMismatch(Rejection):
     missing: tuple[str, ...] = ()
     unexpected: tuple[str, ...] = ()
     reason: Literal[
-        "coverage", "duplicate", "invalid_arguments", "already_decided", "not_waiting"
+        "coverage",
+        "duplicate",
+        "invalid_arguments",
+        "already_decided",
+        "not_waiting",
+        "unbound",
+        "stale_arguments",
+        "key_reused",
     ] = "coverage"
+    """``coverage``/``duplicate``: not exactly the pending calls; ``invalid_arguments``: override
+    arguments the tool refuses; ``already_decided``: another batch decided this wait;
+    ``not_waiting``: the operation waits for no decision; ``unbound``: the batch names no wait;
+    ``stale_arguments``: a decision's digest is not the pending call's (the decider saw other
+    arguments); ``key_reused``: the idempotency key was used for a different batch."""
+
+
+@dataclass(frozen=True, kw_only=True, slots=True)
+class WaitSuperseded(Rejection):
+    """The decisions answer an approval wait that is not the lane's open one any more.
+
+    The lane moved on (the run was decided, resumed, finished or aborted, or waits again for a
+    later batch): an answer to an old wait never decides a newer one. Nothing was written.
+    """
+
+    tag: ClassVar[str] = "WaitSuperseded"
+    lane: str
+    wait_id: str
+    """The wait the decisions named."""
+    current_wait_id: str | None = None
+    """The lane's open wait, if it has one."""
+
+
+@dataclass(frozen=True, kw_only=True, slots=True)
+class LaneStuck(Rejection):
+    """The operation was interrupted `attempts` times: it is parked until an operator acts.
+
+    Fix the cause, then `resume(unstick=True)` (a fresh attempt budget) or `abort()`.
+    """
+
+    tag: ClassVar[str] = "LaneStuck"
+    lane: str
+    operation_id: str
+    attempts: int
+    max_attempts: int
+    last_activity: str
+    """What the operation was doing when it was last interrupted (a tool, a model request)."""

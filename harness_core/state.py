@@ -33,9 +33,12 @@ from harness_core.session.records import (
     CompactionReason,
     LaneConfiguration,
     NavigationIntent,
+    OperationError,
     OperationFinished,
     OperationIntent,
     OperationKind,
+    OperationOutcome,
+    OperationResumed,
     OperationStarted,
     QueueCancelled,
     QueueEnqueued,
@@ -51,6 +54,7 @@ from harness_core.session.types import StoredEntry, StoredRecord
 __all__ = [
     "ApprovalState",
     "CorruptionReason",
+    "FinishedOperation",
     "LaneState",
     "NewestOwn",
     "OperationState",
@@ -199,6 +203,9 @@ class OperationState:
     """Structural operations: the compaction entry (or the branch summary) exists."""
     approval: ApprovalState | None = None
     """The current tool batch's approval wait (DESIGN §4.6)."""
+    attempts: int = 1
+    """Executions of this operation begun in its current budget: the first is 1, each resume
+    after a crash adds one (`OperationResumed`), an operator's `unstick` starts again at 1."""
 
     @property
     def overflow_recovery_used(self) -> bool:
@@ -212,6 +219,15 @@ class OperationState:
 
 
 @dataclass(frozen=True, slots=True)
+class FinishedOperation:
+    """How the lane's newest finished operation ended (what an operator sees on an idle lane)."""
+
+    run_id: str
+    outcome: OperationOutcome
+    error: OperationError | None = None
+
+
+@dataclass(frozen=True, slots=True)
 class LaneState:
     """Everything a lane's orchestration decides from."""
 
@@ -219,6 +235,8 @@ class LaneState:
     leaf_id: str | None
     operation: OperationState | None = None
     pending_next_run: tuple[Entry, ...] = ()
+    last_finished: FinishedOperation | None = None
+    """The newest `OperationFinished` of the lane (restore reads it with one bounded query)."""
 
 
 def idle_lane(lane: str, leaf_id: str | None) -> LaneState:
@@ -373,7 +391,16 @@ def _record(state: LaneState, stored: StoredRecord) -> LaneState:
             f"{op.id if op else None!r}",
         )
     if isinstance(record, OperationFinished):
-        return replace(state, operation=None)
+        finished = FinishedOperation(run_id=op.id, outcome=record.outcome, error=record.error)
+        return replace(state, operation=None, last_finished=finished)
+    if isinstance(record, OperationResumed):
+        expected = 1 if record.unstick else op.attempts + 1
+        if record.attempt != expected:
+            raise _corrupt(
+                "attempts_not_consecutive",
+                f"{record.id!r} resumes {op.id!r} as attempt {record.attempt}, expected {expected}",
+            )
+        return replace(state, operation=replace(op, attempts=record.attempt))
     if isinstance(record, AbortRequested):
         return replace(
             state, operation=replace(op, aborting=True, pending_steer=(), pending_follow_up=())
@@ -437,12 +464,18 @@ def _approval_decided(op: OperationState, record: ApprovalDecided) -> OperationS
     approval = op.approval
     if approval is None or not approval.waiting or op.aborting:
         raise _corrupt("approval_mismatch", f"{record.id!r} decides no pending approval")
-    pending = {call.tool_call_id for call in approval.requested.calls}
-    decided = [decision.tool_call_id for decision in record.decisions]
-    if sorted(decided) != sorted(pending):
+    if record.wait_id != approval.requested.id:
         raise _corrupt(
             "approval_mismatch",
-            f"{record.id!r} decides {decided}, the wait lists {sorted(pending)}",
+            f"{record.id!r} answers wait {record.wait_id!r}, not {approval.requested.id!r}",
+        )
+    pending = {call.tool_call_id: call.args_digest for call in approval.requested.calls}
+    decided = {decision.tool_call_id: decision.args_digest for decision in record.decisions}
+    if len(decided) != len(record.decisions) or decided != pending:
+        raise _corrupt(
+            "approval_mismatch",
+            f"{record.id!r} decides {sorted(decided)}, the wait lists {sorted(pending)} "
+            "(ids and argument digests must match)",
         )
     return replace(op, approval=replace(approval, decided=record))
 

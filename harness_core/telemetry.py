@@ -1,9 +1,11 @@
 """Telemetry: OpenTelemetry spans for operations, steps, provider requests and tool calls.
 
 Parents are passed explicitly (a span's parent is given when it starts; nothing is attached to
-an ambient context), so concurrent lanes never mix their traces. Attributes carry identifiers,
-kinds, counts and outcomes only: never a prompt, a completion, tool arguments or output, or a
-credential. Without a tracer every call is a no-op on a non-recording span.
+the ambient context, and the ambient context is never read): a span with neither a parent span
+nor a configured `trace_parent` is a root, even when the caller has an active span, so
+concurrent lanes never mix their traces. Attributes carry identifiers, kinds, counts and
+outcomes only: never a prompt, a completion, tool arguments or output, or a credential.
+Without a tracer every call is a no-op on a non-recording span.
 """
 
 from __future__ import annotations
@@ -24,13 +26,23 @@ class Telemetry:
 
     def __init__(self, tracer: Tracer | None, parent: Context | None = None) -> None:
         self._tracer = tracer
-        self._parent = parent
+        # OpenTelemetry reads `context=None` as "the current context": an empty one is a root.
+        self._parent = parent if parent is not None else Context()
 
     def start(self, name: str, parent: Span | None, attributes: Attributes) -> Span:
-        """A started span: a child of `parent`, or of the configured parent context."""
+        """A started span: a child of `parent`, else of the configured parent context, else a root.
+
+        Args:
+            name: the span name.
+            parent: the parent span (an operation for steps and tools, a step for requests).
+            attributes: identifiers, kinds and counts only (see the module doc).
+        """
         if self._tracer is None:
             return trace.INVALID_SPAN
-        context = trace.set_span_in_context(parent) if parent is not None else self._parent
+        context = (
+            # on an empty context too: the ambient one's other values (baggage) stay out
+            trace.set_span_in_context(parent, Context()) if parent is not None else self._parent
+        )
         return self._tracer.start_span(name, context=context, attributes=dict(attributes))
 
     @staticmethod

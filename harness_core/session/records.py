@@ -1,7 +1,8 @@
 """Lane op-log records: the record types that let a new process continue a lane's work.
 
 The reference's nine, plus the two approval records of DESIGN §4.6 (`ApprovalRequested`,
-`ApprovalDecided`).
+`ApprovalDecided`) and `OperationResumed`, which counts the executions of an operation that
+crashes interrupted (a lane whose operation keeps crashing its process is parked stuck).
 
 Records never enter the tree or model context. Each belongs to exactly one lane; records of an
 operation carry `run_id`, the id of its `OperationStarted` record. Shapes are checked here; the
@@ -35,6 +36,7 @@ __all__ = [
     "OperationIntent",
     "OperationKind",
     "OperationOutcome",
+    "OperationResumed",
     "OperationStarted",
     "PendingApproval",
     "QueueCancelled",
@@ -69,6 +71,7 @@ RecordType = Literal[
     "usage",
     "approval_requested",
     "approval_decided",
+    "operation_resumed",
 ]
 OperationKind = Literal["run", "compaction", "navigation"]
 OperationOutcome = Literal["completed", "aborted", "failed", "declined"]
@@ -169,6 +172,26 @@ class OperationFinished(_RecordBase):
     run_id: Id
     outcome: OperationOutcome
     error: OperationError | None = None
+    final_entry_id: Id | None = None
+    """A run's newest assistant message at its end (what it answered); informational."""
+    leaf_id: Id | None = None
+    """The lane's leaf at the end; informational (an outcome can be rebuilt from the record)."""
+
+
+class OperationResumed(_RecordBase):
+    """An execution of an operation that a crash (or a closed process) interrupted begins.
+
+    The operation's first execution is attempt 1; each resume after a crash counts one more, so
+    an operation that keeps killing its process leaves a trace instead of re-running invisibly.
+    At the harness's ``max_attempts`` the lane is parked stuck until an operator resumes it with
+    `unstick`, which starts a fresh budget (attempt 1 again).
+    """
+
+    type: Literal["operation_resumed"] = "operation_resumed"
+    run_id: Id
+    attempt: Annotated[int, Field(ge=1)]
+    unstick: bool = False
+    """An explicit override past the attempt budget (then `attempt` is 1)."""
 
 
 class StepAttempt(_RecordBase):
@@ -284,18 +307,30 @@ class PendingApproval(Frozen):
 
 
 class ApprovalRequested(_RecordBase):
-    """The run suspends until every listed call of its newest tool batch is decided."""
+    """The run suspends until every listed call of its newest tool batch is decided.
+
+    Its `id` identifies this wait: a decision batch names it, so an answer to an earlier wait of
+    the same run (or of another run whose calls reuse the ids) can never decide this one.
+    """
 
     type: Literal["approval_requested"] = "approval_requested"
     run_id: Id
     assistant_entry_id: Id
     calls: Annotated[tuple[PendingApproval, ...], Field(min_length=1)]
+    leaf_id: Id | None = None
+    """The lane's leaf when the run suspended; informational."""
 
 
 class ApprovalDecision(Frozen):
-    """One call's decision: approve (optionally with replacement arguments) or deny."""
+    """One call's decision: approve (optionally with replacement arguments) or deny.
+
+    It is bound to the arguments the decider saw (`args_digest`): a decision for other arguments
+    decides nothing.
+    """
 
     tool_call_id: str
+    args_digest: str
+    """The `PendingApproval.args_digest` of the call decided."""
     approved: bool
     override_args: FrozenJsonObject | None = None
     reason: str | None = None
@@ -313,6 +348,8 @@ class ApprovalDecided(_RecordBase):
 
     type: Literal["approval_decided"] = "approval_decided"
     run_id: Id
+    wait_id: Id
+    """The `ApprovalRequested` this batch answers."""
     idempotency_key: str
     """The decider's key: the same key replays the same result."""
     decided_by: str | None = None
@@ -330,7 +367,8 @@ Record = Annotated[
     | WriteDeferred
     | Usage
     | ApprovalRequested
-    | ApprovalDecided,
+    | ApprovalDecided
+    | OperationResumed,
     Field(discriminator="type"),
 ]
 """Any lane op-log record, as written (storage adds `seq` and `timestamp` in `StoredRecord`)."""

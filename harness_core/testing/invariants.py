@@ -168,23 +168,26 @@ async def resume_all(
     new wait.
     """
     for info in await harness.lanes():
-        if info.status == "idle":
+        if info.operation_id is None:
             continue
         lane = harness.lane(info.name)
         assert lane is not None
         result = await lane.resume(tool_recovery=tool_recovery)
-        for round_ in range(8):
+        for _ in range(8):
             if isinstance(result, Ok) and not result.value.pending_approvals:
                 break
-            pending = (
-                result.value.pending_approvals
-                if isinstance(result, Ok)
-                else getattr(result.error, "pending", ())
-            )
+            if isinstance(result, Ok):
+                pending, wait_id = result.value.pending_approvals, result.value.wait_id
+            else:
+                pending = getattr(result.error, "pending", ())
+                wait_id = getattr(result.error, "wait_id", None)
             assert decide is not None, result
             assert pending, result
             result = await lane.resume(
-                decide(pending), idempotency_key=f"recovery-{round_}", tool_recovery=tool_recovery
+                decide(pending),
+                wait_id=wait_id,
+                idempotency_key=f"recovery-{wait_id}",
+                tool_recovery=tool_recovery,
             )
         assert isinstance(result, Ok), result
 

@@ -12,9 +12,16 @@ from pydantic import BaseModel
 from harness_core.approvals import approve, args_digest, deny
 from harness_core.context import message_text
 from harness_core.messages import ToolResultMessage
+from harness_core.procedures import Outcome
 from harness_core.result import Err, Ok
 from harness_core.scripted import text, tool_calls
-from harness_core.session.records import ApprovalDecided, ApprovalRequested, ToolStarted
+from harness_core.session.records import (
+    ApprovalDecided,
+    ApprovalDecision,
+    ApprovalRequested,
+    PendingApproval,
+    ToolStarted,
+)
 from harness_core.session.types import LogItem, StoredEntry, StoredRecord
 from harness_core.tools import Tool, ToolContext, tool
 from tests.support.harness_kit import Kit, make_kit
@@ -62,12 +69,32 @@ def items(log: tuple[LogItem, ...], kind: str) -> list[Any]:
     return [i for i in log if isinstance(i, StoredRecord) and i.type == kind]
 
 
+WAITS: dict[int, Outcome] = {}
+"""The suspension each waiting kit's harness returned (by harness identity)."""
+
+
 async def waiting_kit(backend: str, tmp_path: Path, effects: Effects, *script: Any) -> Kit:
     kit = await make_kit(backend, tmp_path, [MIXED, *script], tools=effects.tools())
     outcome = await kit.harness.prompt("ship 42")
     assert isinstance(outcome, Ok) and outcome.value.kind == "suspended"
     assert [p.tool_call_id for p in outcome.value.pending_approvals] == ["c2"]
+    assert outcome.value.wait_id is not None
+    WAITS[id(kit.harness)] = outcome.value
     return kit
+
+
+def wait_of(kit: Kit) -> Outcome:
+    return WAITS[id(kit.harness)]
+
+
+def c2(kit: Kit) -> PendingApproval:
+    """The waiting deploy call, as the approver saw it."""
+    return wait_of(kit).pending_approvals[0]
+
+
+async def decide(kit: Kit, *decisions: ApprovalDecision, **kwargs: Any) -> Any:
+    """Resume the kit's run with `decisions` for the wait it suspended on."""
+    return await kit.harness.resume(list(decisions), wait_id=wait_of(kit).wait_id, **kwargs)
 
 
 async def test_an_approval_call_waits_until_the_rest_of_its_batch_settled(
@@ -98,12 +125,16 @@ async def test_resume_needs_exactly_the_pending_decisions(backend: str, tmp_path
     before = len(await kit.storage.get_log())
     required = refused(await kit.harness.resume(), "DecisionsRequired")
     assert [p.tool_call_id for p in required.pending] == ["c2"]
-    wrong = refused(await kit.harness.resume([approve("c9")]), "DecisionsMismatch")
+    assert required.wait_id == wait_of(kit).wait_id
+    digest = c2(kit).args_digest
+    wrong = refused(await decide(kit, approve("c9", args_digest=digest)), "DecisionsMismatch")
     assert (wrong.missing, wrong.unexpected) == (("c2",), ("c9",))
-    twice = await kit.harness.resume([approve("c2"), deny("c2", "no")])
+    twice = await decide(kit, approve(c2(kit)), deny(c2(kit), "no"))
     assert refused(twice, "DecisionsMismatch").reason == "duplicate"
-    bad = await kit.harness.resume([approve("c2", args={"build": "latest"})])
+    bad = await decide(kit, approve(c2(kit), args={"build": "latest"}))
     assert refused(bad, "DecisionsMismatch").reason == "invalid_arguments"
+    unbound = await kit.harness.resume([approve(c2(kit))])
+    assert refused(unbound, "DecisionsMismatch").reason == "unbound"
     assert len(await kit.storage.get_log()) == before  # refusals write nothing
     busy = await kit.harness.prompt("something else")
     assert isinstance(busy, Err) and busy.error.tag == "LaneBusy"  # the wait holds the lane
@@ -114,7 +145,7 @@ async def test_an_approved_call_runs_after_its_durable_decision(
 ) -> None:
     effects = Effects()
     kit = await waiting_kit(backend, tmp_path, effects, text("done"))
-    resumed = await kit.harness.resume([approve("c2")], decided_by="U_ALICE", idempotency_key="k1")
+    resumed = await decide(kit, approve(c2(kit)), decided_by="U_ALICE", idempotency_key="k1")
     assert isinstance(resumed, Ok) and resumed.value.kind == "completed"
     assert effects.deployed == [42] and effects.looked == 1
     log = await kit.storage.get_log()
@@ -131,7 +162,7 @@ async def test_an_approved_call_runs_after_its_durable_decision(
 async def test_approve_with_override_arguments(backend: str, tmp_path: Path) -> None:
     effects = Effects()
     kit = await waiting_kit(backend, tmp_path, effects, text("done"))
-    resumed = await kit.harness.resume([approve("c2", args={"build": 43})])
+    resumed = await decide(kit, approve(c2(kit), args={"build": 43}))
     assert isinstance(resumed, Ok)
     assert effects.deployed == [43]
     start = next(
@@ -147,7 +178,7 @@ async def test_a_denied_call_gets_a_denied_result_the_model_reads(
 ) -> None:
     effects = Effects()
     kit = await waiting_kit(backend, tmp_path, effects, text("ok, not deploying"))
-    resumed = await kit.harness.resume([deny("c2", "not on a Friday")], decided_by="U_BOB")
+    resumed = await decide(kit, deny(c2(kit), "not on a Friday"), decided_by="U_BOB")
     assert isinstance(resumed, Ok) and resumed.value.kind == "completed"
     assert effects.deployed == []
     result = kit.model.requests[-1].messages[-1]
@@ -160,13 +191,13 @@ async def test_a_denied_call_gets_a_denied_result_the_model_reads(
 async def test_the_same_key_replays_the_same_result(backend: str, tmp_path: Path) -> None:
     effects = Effects()
     kit = await waiting_kit(backend, tmp_path, effects, text("done"))
-    first = await kit.harness.resume([approve("c2")], idempotency_key="click-1")
-    again = await kit.harness.resume([approve("c2")], idempotency_key="click-1")
+    first = await decide(kit, approve(c2(kit)), idempotency_key="click-1")
+    again = await decide(kit, approve(c2(kit)), idempotency_key="click-1")
     assert isinstance(first, Ok) and isinstance(again, Ok)
     assert (again.value.run_id, again.value.kind) == (first.value.run_id, "completed")
     assert effects.deployed == [42]
-    other = await kit.harness.resume([deny("c2", "changed my mind")], idempotency_key="click-2")
-    assert isinstance(other, Err) and other.error.tag == "NothingToResume"
+    other = await decide(kit, deny(c2(kit), "changed my mind"), idempotency_key="click-2")
+    assert isinstance(other, Err) and other.error.tag == "WaitSuperseded"
 
 
 async def test_new_input_queues_and_never_closes_the_wait(backend: str, tmp_path: Path) -> None:
@@ -176,7 +207,7 @@ async def test_new_input_queues_and_never_closes_the_wait(backend: str, tmp_path
     assert isinstance(steered, Ok)
     lanes = await kit.harness.lanes()
     assert lanes[0].status == "suspended"
-    resumed = await kit.harness.resume([approve("c2")])
+    resumed = await decide(kit, approve(c2(kit)))
     assert isinstance(resumed, Ok) and resumed.value.kind == "completed"
     seen = [message_text(m) for m in kit.model.requests[-1].messages]
     assert seen.index("deployed 42") < seen.index("also tell ops")  # after the batch
@@ -190,8 +221,8 @@ async def test_abort_closes_the_wait(backend: str, tmp_path: Path) -> None:
     assert effects.deployed == []
     log = await kit.storage.get_log()
     assert [r.record.outcome for r in items(log, "operation_finished")] == ["aborted"]
-    late = await kit.harness.resume([approve("c2")])
-    assert isinstance(late, Err) and late.error.tag == "NothingToResume"
+    late = await decide(kit, approve(c2(kit)))
+    assert isinstance(late, Err) and late.error.tag == "WaitSuperseded"
 
 
 async def test_a_restarted_process_sees_the_wait_and_takes_decisions(
@@ -203,7 +234,10 @@ async def test_a_restarted_process_sees_the_wait_and_takes_decisions(
     (suspended,) = reopened.suspended
     assert suspended.reason == "approval"
     assert [p.tool_call_id for p in suspended.pending_approvals] == ["c2"]
-    resumed = await reopened.harness.resume([approve("c2")])
+    assert suspended.wait_id == wait_of(kit).wait_id
+    resumed = await reopened.harness.resume(
+        [approve(suspended.pending_approvals[0])], wait_id=suspended.wait_id
+    )
     assert isinstance(resumed, Ok) and resumed.value.kind == "completed"
     assert effects.deployed == [42]
 
@@ -218,13 +252,15 @@ async def test_a_crash_after_the_decision_runs_the_call_once(backend: str, tmp_p
             await gate.wait()  # the process "dies" here: decided, not started
 
     kit.harness.hooks.on("before_tool", stop_before_deploying)
-    running = asyncio.ensure_future(kit.harness.resume([approve("c2")], idempotency_key="k"))
+    running = asyncio.ensure_future(decide(kit, approve(c2(kit)), idempotency_key="k"))
     for _ in range(100):
         await asyncio.sleep(0)
     assert len(items(await kit.storage.get_log(), "approval_decided")) == 1
     reopened = await kit.reopen(script=[text("done")], tools=effects.tools())
     assert reopened.suspended[0].reason == "crash"  # decided: no longer waiting
-    other = await reopened.harness.resume([deny("c2", "too late")], idempotency_key="k2")
+    other = await reopened.harness.resume(
+        [deny(c2(kit), "too late")], wait_id=wait_of(kit).wait_id, idempotency_key="k2"
+    )
     assert refused(other, "DecisionsMismatch").reason == "already_decided"
     resumed = await reopened.harness.resume()
     assert isinstance(resumed, Ok) and resumed.value.kind == "completed"
@@ -284,14 +320,92 @@ async def test_an_old_approval_is_never_replay_permission(backend: str, tmp_path
         return "unreachable"
 
     kit.harness.set_tools([Tool(**{**deploy.__dict__, "execute": dying}), tools[1]])
-    running = asyncio.ensure_future(kit.harness.resume([approve("c2")]))
+    running = asyncio.ensure_future(decide(kit, approve(c2(kit))))
     await started.wait()
     reopened = await kit.reopen(script=[text("done")], tools=effects.tools(deploy_replay="safe"))
     waiting = await reopened.harness.resume(tool_recovery="always")
     assert isinstance(waiting, Ok) and waiting.value.kind == "suspended"  # a new approval first
     (pending,) = waiting.value.pending_approvals
     assert pending.started and pending.tool_call_id == "c2"
-    resumed = await reopened.harness.resume([approve("c2")])
+    assert waiting.value.wait_id != wait_of(kit).wait_id  # a new wait
+    stale = await reopened.harness.resume([approve(c2(kit))], wait_id=wait_of(kit).wait_id)
+    assert refused(stale, "WaitSuperseded").current_wait_id == waiting.value.wait_id
+    resumed = await reopened.harness.resume([approve(pending)], wait_id=waiting.value.wait_id)
     assert isinstance(resumed, Ok) and resumed.value.kind == "completed"
     assert effects.deployed == [42, 42]  # replayed, after the second approval only
     running.cancel()
+
+
+async def test_an_answer_to_an_earlier_wait_never_decides_a_later_one(
+    backend: str, tmp_path: Path
+) -> None:
+    """The audit's case: the model calls deploy(42) as c1, it is approved and runs; the model
+    then calls deploy(666) reusing the id c1. The first Approve, replayed or forwarded, must not
+    approve the second wait: the batch names its wait and each decision its arguments."""
+    effects = Effects()
+    first = tool_calls(("deploy", {"build": 42}, "c1"))
+    second = tool_calls(("deploy", {"build": 666}, "c1"))
+    kit = await make_kit(backend, tmp_path, [first, second, text("done")], tools=effects.tools())
+    waiting = await kit.harness.prompt("ship 42")
+    assert isinstance(waiting, Ok) and waiting.value.wait_id is not None
+    (old,) = waiting.value.pending_approvals
+    again = await kit.harness.resume([approve(old)], wait_id=waiting.value.wait_id)
+    assert isinstance(again, Ok) and again.value.kind == "suspended"
+    (new,) = again.value.pending_approvals
+    assert (new.tool_call_id, dict(new.args)) == ("c1", {"build": 666})
+    assert effects.deployed == [42]
+    before = len(await kit.storage.get_log())
+
+    replayed = await kit.harness.resume([approve(old)], wait_id=waiting.value.wait_id)
+    superseded = refused(replayed, "WaitSuperseded")
+    assert (superseded.wait_id, superseded.current_wait_id) == (
+        waiting.value.wait_id,
+        again.value.wait_id,
+    )
+    forwarded = await kit.harness.resume([approve(old)], wait_id=again.value.wait_id)
+    assert refused(forwarded, "DecisionsMismatch").reason == "stale_arguments"
+    assert len(await kit.storage.get_log()) == before and effects.deployed == [42]
+
+    decided = await kit.harness.resume([deny(new, "not 666")], wait_id=again.value.wait_id)
+    assert isinstance(decided, Ok) and decided.value.kind == "completed"
+    assert effects.deployed == [42]
+
+
+async def test_a_decision_needs_the_digest_of_the_arguments_it_decides(
+    backend: str, tmp_path: Path
+) -> None:
+    with pytest.raises(ValueError, match="args_digest"):
+        approve("c2")
+    with pytest.raises(ValueError, match="args_digest"):
+        deny("c2", "no")
+    effects = Effects()
+    kit = await waiting_kit(backend, tmp_path, effects)
+    other = args_digest({"build": 43})
+    wrong = await decide(kit, approve("c2", args_digest=other))
+    assert refused(wrong, "DecisionsMismatch").reason == "stale_arguments"
+    right = await decide(kit, approve("c2", args_digest=c2(kit).args_digest))
+    assert isinstance(right, Ok) and effects.deployed == [42]
+
+
+async def test_the_reducer_refuses_a_decision_record_for_another_wait_or_other_arguments(
+    backend: str, tmp_path: Path
+) -> None:
+    """Another writer (or version) that recorded a decision for the wrong wait or arguments
+    left a log no correct writer produces: the lane restores faulted, the others work."""
+    effects = Effects()
+    kit = await waiting_kit(backend, tmp_path, effects)
+    await kit.storage.append_record(
+        ApprovalDecided(
+            id="forged",
+            lane="main",
+            run_id=wait_of(kit).run_id,
+            wait_id="not-the-wait",
+            idempotency_key="k",
+            decisions=(approve(c2(kit)),),
+        )
+    )
+    reopened = await kit.reopen(tools=effects.tools())
+    (info,) = await reopened.harness.lanes()
+    assert info.status == "faulted" and info.fault is not None
+    assert "approval_mismatch" in info.fault and "not-the-wait" in info.fault
+    assert effects.deployed == []

@@ -20,6 +20,7 @@ from harness_core.harness import AgentLane
 from harness_core.hooks import BeforeRunEndEvent, BeforeRunEndResult
 from harness_core.messages import UserMessage
 from harness_core.model import ModelRef
+from harness_core.procedures import Outcome
 from harness_core.result import Err, Ok
 from harness_core.scripted import ScriptedModel, text, tool_call
 from harness_core.session.entries import CustomEntry, MessageEntry
@@ -519,12 +520,13 @@ def approval_tools(runs: list[str]) -> list[Tool]:
     return [Tool(name="deploy", description="deploys", execute=deploy, requires_approval=True)]
 
 
-async def waiting(kit: Kit) -> None:
-    """Drive the prompt until its run waits for approval."""
+async def waiting(kit: Kit) -> Outcome:
+    """Drive the prompt until its run waits for approval; the suspension."""
     running = await started(kit.harness, kit.harness.prompt("ship it"))
     await kit.harness.run_to_completion()
     outcome = await running
     assert isinstance(outcome, Ok) and outcome.value.pending_approvals
+    return outcome.value
 
 
 @pytest.mark.parametrize("order", ORDERS)
@@ -533,17 +535,20 @@ async def test_a1_decision_vs_abort(backend: str, tmp_path: Path, order: str) ->
     kit = await manual(
         backend, tmp_path, [tool_call("deploy", call_id="c1")], tools=approval_tools(runs)
     )
-    await waiting(kit)
+    wait = await waiting(kit)
+    (pending,) = wait.pending_approvals
     if order == "surface first":  # the abort closes the wait: the decision comes too late
         assert isinstance(await kit.harness.abort(), Ok)
-        late = await kit.harness.resume([approve("c1")], idempotency_key="k")
-        assert isinstance(late, Err) and late.error.tag in ("DecisionsMismatch", "NothingToResume")
+        late = await kit.harness.resume(
+            [approve(pending)], wait_id=wait.wait_id, idempotency_key="k"
+        )
+        assert isinstance(late, Err) and late.error.tag == "WaitSuperseded"
         await kit.harness.run_to_completion()
         assert records(await log(kit), ApprovalDecided) == []
     else:  # decided first: the abort lands before the approved call starts, which never runs
         deciding = await started(
             kit.harness,
-            kit.harness.resume([approve("c1")], idempotency_key="k"),
+            kit.harness.resume([approve(pending)], wait_id=wait.wait_id, idempotency_key="k"),
             "approval_decided",
         )
         await until(kit.harness, kind("hook", name="before_tool"))
@@ -564,15 +569,21 @@ async def test_a2_decision_vs_decision(backend: str, tmp_path: Path, order: str)
         backend, tmp_path, [tool_call("deploy", call_id="c1"), text("done")],
         tools=approval_tools(runs),
     )  # fmt: skip
-    await waiting(kit)
+    wait = await waiting(kit)
+    (pending,) = wait.pending_approvals
     first = await started(
-        kit.harness, kit.harness.resume([approve("c1")], idempotency_key="k1"), "approval_decided"
+        kit.harness,
+        kit.harness.resume([approve(pending)], wait_id=wait.wait_id, idempotency_key="k1"),
+        "approval_decided",
     )
     await until(kit.harness, kind("hook", name="before_tool"))
-    second_key = "k1" if order == "same key" else "k2"
-    second = asyncio.ensure_future(
-        kit.harness.resume([deny("c1", "no")], idempotency_key=second_key)
-    )
+    if order == "same key":  # the same click again (a double click, a Slack retry)
+        again = kit.harness.resume([approve(pending)], wait_id=wait.wait_id, idempotency_key="k1")
+    else:
+        again = kit.harness.resume(
+            [deny(pending, "no")], wait_id=wait.wait_id, idempotency_key="k2"
+        )
+    second = asyncio.ensure_future(again)
     await asyncio.sleep(0)
     await kit.harness.run_to_completion()
     won, other = await first, await second

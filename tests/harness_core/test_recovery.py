@@ -253,15 +253,15 @@ FOUR_DECLARATIONS = {"a": "safe", "b": "safe", "c": "never", "d": "never"}
 
 
 def approve_all(pending: tuple[PendingApproval, ...]) -> list[ApprovalDecision]:
-    return [approve(p.tool_call_id) for p in pending]
+    return [approve(p) for p in pending]
 
 
 def deny_all(pending: tuple[PendingApproval, ...]) -> list[ApprovalDecision]:
-    return [deny(p.tool_call_id, "not now") for p in pending]
+    return [deny(p, "not now") for p in pending]
 
 
 def override_all(pending: tuple[PendingApproval, ...]) -> list[ApprovalDecision]:
-    return [approve(p.tool_call_id, args={"n": 99}) for p in pending]
+    return [approve(p, args={"n": 99}) for p in pending]
 
 
 def decide_after_wait(
@@ -272,7 +272,7 @@ def decide_after_wait(
     async def run(harness: AgentHarness) -> None:
         result = await harness.prompt("ship it")
         assert isinstance(result, Ok) and result.value.kind == "suspended", result
-        pending = result.value.pending_approvals
+        pending, wait_id = result.value.pending_approvals, result.value.wait_id
         assert pending, "the run should wait for approval"
         if steer is not None:
             assert isinstance(await harness.steer(steer), Ok)
@@ -283,10 +283,11 @@ def decide_after_wait(
         kind = "suspended"
         for round_ in range(4):  # a steered run may call the tool (and wait) again
             decided = await harness.resume(
-                decide(pending), decided_by="U_OPS", idempotency_key=f"k{round_}"
+                decide(pending), wait_id=wait_id, decided_by="U_OPS", idempotency_key=f"k{round_}"
             )
             assert isinstance(decided, Ok), decided
             pending, kind = decided.value.pending_approvals, decided.value.kind
+            wait_id = decided.value.wait_id
             if not pending:
                 break
         assert kind == "completed"
@@ -637,9 +638,17 @@ async def test_steering_accepted_during_an_interrupted_retry_waits_for_the_step(
     after = recovered[cut + 1 :]
     kinds = [
         item.record.type if isinstance(item, StoredRecord) else item.entry.message.role  # type: ignore[union-attr]
-        for item in after[:5]
+        for item in after[:6]
     ]
-    assert kinds == ["step_attempt", "usage", "assistant", "tool_started", "tool_result"]
+    assert kinds == [
+        "operation_resumed",  # the recovery is the run's second execution, counted first
+        "step_attempt",
+        "usage",
+        "assistant",
+        "tool_started",
+        "tool_result",
+    ]
+    after = after[1:]
     first_attempt = after[0]
     assert isinstance(first_attempt, StoredRecord) and first_attempt.record.attempt == 2  # type: ignore[union-attr]
     user = [

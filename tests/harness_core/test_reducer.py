@@ -177,8 +177,9 @@ ROWS: dict[CorruptionReason, Callable[[], LaneSlice]] = {
                 id="d",
                 lane=LANE,
                 run_id="op1",
+                wait_id="w",
                 idempotency_key="k",
-                decisions=(ApprovalDecision(tool_call_id="c1", approved=True),),
+                decisions=(ApprovalDecision(tool_call_id="c1", args_digest="x", approved=True),),
             )
         )
         .slice()

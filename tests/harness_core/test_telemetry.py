@@ -98,3 +98,44 @@ async def test_without_a_tracer_a_run_still_works(tmp_path: Path) -> None:
     kit = await make_kit("memory", tmp_path, [text("hi")])
     assert kit.harness._rt.options.tracer is None
     assert isinstance(await kit.harness.prompt("hello"), Ok)  # no-op spans, no errors
+
+
+@pytest.mark.parametrize("explicit_parent", [False, True])
+async def test_an_ambient_span_never_adopts_a_run(
+    explicit_parent: bool, tmp_path: Path, exporter: InMemorySpanExporter
+) -> None:
+    # D46: parents are explicit. A caller's active span (a web request, a queue consumer) must
+    # not adopt the run: every lane started under one ambient span would share its trace.
+    # Without `trace_parent` the run is a root; with one, a child of it and only of it.
+    async def probe(args: Any, ctx: ToolContext) -> str:
+        return "probed"
+
+    tracer = tracer_for(exporter)
+    chosen = tracer.start_span("incoming email")
+    kit = await make_kit(
+        "memory",
+        tmp_path,
+        [tool_calls(("probe", {}, "c1")), text("done")],
+        tools=[Tool(name="probe", description="probes", execute=probe)],
+        tracer=tracer,
+        trace_parent=trace.set_span_in_context(chosen) if explicit_parent else None,
+    )
+    with tracer.start_as_current_span("ambient") as ambient:
+        assert isinstance(await kit.harness.prompt("hello"), Ok)
+    chosen.end()
+    spans = exporter.get_finished_spans()
+    (operation,) = by_name(spans, "harness.operation")
+    if explicit_parent:
+        assert operation.parent is not None
+        assert operation.parent.span_id == chosen.get_span_context().span_id
+    else:
+        assert operation.parent is None, "the operation attached to the ambient span"
+    assert operation.context.trace_id != ambient.get_span_context().trace_id
+    # the rest of the run stays one tree under the operation: two steps, two requests, one tool
+    harness = [s for s in spans if s.name.startswith("harness.")]
+    assert len(harness) == 6
+    assert {s.context.trace_id for s in harness} == {operation.context.trace_id}
+    op_id = operation.context.span_id
+    children = [*by_name(spans, "harness.step"), *by_name(spans, "harness.tool")]
+    assert len(children) == 3
+    assert all(s.parent is not None and s.parent.span_id == op_id for s in children)

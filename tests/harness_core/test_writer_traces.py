@@ -1,22 +1,35 @@
 """Tier B: the exact order of durable writes (E entries, R records, L lane moves, G facts) and
-hooks (H) for each canonical scenario, and the append-only-context check on every request."""
+hooks (H) for each canonical scenario (approvals included), and in every scenario the
+append-only-context check over all of its requests (`assert_append_only`)."""
 
 from __future__ import annotations
 
-from collections.abc import Awaitable, Callable
+from collections.abc import Awaitable, Callable, Sequence
+from pathlib import Path
 from typing import Any
 
 import pytest
+from pydantic import BaseModel
 
-from harness_core.context import message_text
-from harness_core.hooks import BeforeRunEndEvent, BeforeRunEndResult
-from harness_core.messages import UserMessage
+from harness_core.approvals import approve, deny
+from harness_core.context import message_text, project, project_entry
+from harness_core.harness import SuspendedOperation
+from harness_core.hooks import BeforeRunEndEvent, BeforeRunEndResult, TransformContextEvent
+from harness_core.messages import AgentMessage, UserMessage, user_message
 from harness_core.model import ModelRequest
 from harness_core.options import CompactionSettings
+from harness_core.procedures import Outcome
 from harness_core.result import Ok
-from harness_core.scripted import deferred, error, length, text, tool_call
+from harness_core.scripted import deferred, error, length, text, tool_call, tool_calls
 from harness_core.session.entries import CompactionEntry
-from harness_core.tools import Tool, ToolContext
+from harness_core.session.records import (
+    ApprovalDecided,
+    PendingApproval,
+    StepAttempt,
+    ToolStarted,
+)
+from harness_core.session.types import BranchQuery, LaneMove, LogItem, StoredEntry, StoredRecord
+from harness_core.tools import Tool, ToolContext, tool
 from tests.support.harness_kit import Kit, make_kit
 
 BACKENDS = ["memory", "sqlite"]
@@ -35,24 +48,84 @@ def step(attempt: int = 1) -> list[tuple[str, str]]:
     ]
 
 
-def assert_append_only(kit: Kit) -> None:
-    """Within a run, each request's messages extend the previous request's as an exact prefix,
-    except across a compaction (requests for summaries are not conversation requests)."""
-    previous: ModelRequest | None = None
-    for request in kit.model.requests:
+async def assert_append_only(kit: Kit, requests: Sequence[ModelRequest] | None = None) -> None:
+    """The provider context only grows at its tail (DESIGN §2.7), checked exactly.
+
+    Each model request is matched, in order, to its durable `step_attempt` record (so the
+    scenario must not run two lanes' steps at once), which names its lane and run. On a lane,
+    each assistant request starts with every message of the lane's previous assistant request:
+    within a run and across runs, across a retry (which resends exactly the same messages) and
+    across an approval wait, a deferred request or a crash and resume. The two sanctioned
+    exceptions rebuild the context, and the next request must start with exactly what they
+    left: a compaction (its summary and retained tail) and a navigation (the durable context at
+    the lane's new leaf). Within a run the system prompt never changes.
+
+    Args:
+        kit: the scenario's harness, store and model.
+        requests: every request of the session in order, when the scenario used several models
+            (a restarted process with its own script); default: the kit's model's.
+    """
+    sent = list(kit.model.requests if requests is None else requests)
+    log = await kit.storage.get_log()
+    attempts = [
+        (item.seq, item.record)
+        for item in log
+        if isinstance(item, StoredRecord) and isinstance(item.record, StepAttempt)
+    ]
+    assert [(r.step, r.attempt) for r in sent] == [(a.step, a.attempt) for _, a in attempts], (
+        "every request follows its own step_attempt record, in order"
+    )
+    newest: dict[str, tuple[int, StepAttempt, ModelRequest]] = {}
+    for (seq, attempt), request in zip(attempts, sent, strict=True):
         if request.step != "assistant":
-            previous = None  # a summary request, then a compacted context
+            continue  # a summary request: its messages are not the conversation's
+        before = newest.get(attempt.lane)
+        newest[attempt.lane] = (seq, attempt, request)
+        if before is None:
             continue
-        if previous is not None and not any(
-            isinstance(m, UserMessage)
-            and m.content
-            and getattr(m.content[0], "text", "").startswith("Summary of")
-            for m in request.messages[:1]
-        ):
-            assert request.messages[: len(previous.messages)] == previous.messages, (
-                "context changed before the tail"
-            )
-        previous = request
+        before_seq, before_attempt, previous = before
+        between = [item for item in log if before_seq < item.seq < seq]
+        rebuilt = await _rebuilt_context(kit, between, attempt.lane)
+        if rebuilt is not None:
+            assert request.messages[: len(rebuilt)] == rebuilt, "not the rebuilt context"
+            continue
+        assert request.messages[: len(previous.messages)] == previous.messages, (
+            f"request {attempt.step}:{attempt.attempt} of {attempt.run_id} changed the context "
+            "before its tail"
+        )
+        if attempt.attempt > 1:
+            assert request.messages == previous.messages, "a retry resends the same context"
+        if attempt.run_id == before_attempt.run_id:
+            assert request.system_prompt == previous.system_prompt
+
+
+async def _rebuilt_context(
+    kit: Kit, between: Sequence[LogItem], lane: str
+) -> tuple[AgentMessage, ...] | None:
+    """The head of the lane's context if a compaction or a navigation rebuilt it, else None."""
+    rebuilt = [
+        item
+        for item in between
+        if (isinstance(item, LaneMove) and item.lane == lane)
+        or (
+            isinstance(item, StoredEntry)
+            and item.lane == lane
+            and isinstance(item.entry, CompactionEntry)
+        )
+    ]
+    if not rebuilt:
+        return None
+    last = rebuilt[-1]
+    if isinstance(last, StoredEntry):
+        return tuple(project_entry(last.entry))  # the summary, then the retained tail
+    assert isinstance(last, LaneMove)
+    if last.leaf_id is None:
+        return ()
+    # the path to the new leaf, from its newest compaction (a summary entry follows it, if any)
+    path = await kit.storage.find_entries_on_branch(
+        BranchQuery(start=last.leaf_id, stop_at_type="compaction")
+    )
+    return project([stored.entry for stored in reversed(path)])
 
 
 async def echo(args: Any, ctx: ToolContext) -> str:
@@ -65,6 +138,27 @@ ECHO = Tool(name="echo", description="echo", execute=echo)
 @pytest.fixture(params=BACKENDS)
 def backend(request: pytest.FixtureRequest) -> str:
     return str(request.param)
+
+
+@pytest.mark.parametrize("rewrite", ["drop_the_oldest", "a_fake_summary_head"])
+async def test_the_append_only_check_sees_a_rewritten_head(backend, tmp_path, rewrite) -> None:
+    # The check itself: a transform_context handler that rewrites the head of the second
+    # request breaks the provider's cache; a head that merely looks like a summary is no excuse.
+    kit = await make_kit(
+        backend, tmp_path, [tool_call("echo", {"x": 1}), text("done")], tools=[ECHO]
+    )
+
+    async def rewrite_second(event: TransformContextEvent) -> tuple[AgentMessage, ...] | None:
+        if not kit.model.requests:
+            return None
+        if rewrite == "drop_the_oldest":
+            return event.messages[1:]
+        return (user_message("Summary of the earlier conversation:\nnothing"), *event.messages[1:])
+
+    kit.harness.hooks.on("transform_context", rewrite_second)
+    assert isinstance(await kit.harness.prompt("fix the bug"), Ok)
+    with pytest.raises(AssertionError, match="changed the context before its tail"):
+        await assert_append_only(kit)
 
 
 async def test_one_tool_run(backend, tmp_path) -> None:
@@ -88,7 +182,7 @@ async def test_one_tool_run(backend, tmp_path) -> None:
         ("H", "before_run_end"),
         ("R", "operation_finished:completed"),
     ]
-    assert_append_only(kit)
+    await assert_append_only(kit)
 
 
 async def test_retry_then_success(backend, tmp_path) -> None:
@@ -105,6 +199,7 @@ async def test_retry_then_success(backend, tmp_path) -> None:
         ("H", "before_run_end"),
         ("R", "operation_finished:completed"),
     ]
+    await assert_append_only(kit)
 
 
 async def test_retries_exhausted_give_up(backend, tmp_path) -> None:
@@ -122,6 +217,7 @@ async def test_retries_exhausted_give_up(backend, tmp_path) -> None:
         ("E", "message:assistant:error"),  # the give-up entry fulfills attempt 3's id
         ("R", "operation_finished:failed"),
     ]
+    await assert_append_only(kit)
 
 
 async def test_terminal_error(backend, tmp_path) -> None:
@@ -133,6 +229,7 @@ async def test_terminal_error(backend, tmp_path) -> None:
         ("E", "message:assistant:error"),
         ("R", "operation_finished:failed"),
     ]
+    await assert_append_only(kit)
 
 
 def after_tool_call(kit: Kit) -> list[tuple[str, str]]:
@@ -176,7 +273,7 @@ async def test_steering_while_a_tool_runs(backend, tmp_path) -> None:
     ]
     last = kit.model.requests[-1].messages
     assert isinstance(last[-1], UserMessage) and message_text(last[-1]) == "focus on the tests"
-    assert_append_only(kit)
+    await assert_append_only(kit)
 
 
 async def test_queue_cancellation(backend, tmp_path) -> None:
@@ -197,6 +294,7 @@ async def test_queue_cancellation(backend, tmp_path) -> None:
     assert ("R", "queue_enqueued:steer") in kit.writes and ("R", "queue_cancelled") in kit.writes
     assert kit.writes.count(("E", "message:user")) == 1  # the model never saw it
     assert all("never mind" not in str(r.messages) for r in kit.model.requests)
+    await assert_append_only(kit)
 
 
 async def test_deferred_write_mid_turn(backend, tmp_path) -> None:
@@ -218,7 +316,7 @@ async def test_deferred_write_mid_turn(backend, tmp_path) -> None:
         ("E", "message:tool_result:ok"),
         ("E", "custom"),  # applied at the checkpoint: a tail append
     ]
-    assert_append_only(kit)
+    await assert_append_only(kit)
 
 
 async def test_abort_during_a_tool(backend, tmp_path) -> None:
@@ -242,6 +340,7 @@ async def test_abort_during_a_tool(backend, tmp_path) -> None:
         ("E", "message:assistant:aborted"),  # the abort closure
         ("R", "operation_finished:aborted"),
     ]
+    await assert_append_only(kit)
 
 
 async def test_follow_up_from_before_run_end(backend, tmp_path) -> None:
@@ -269,6 +368,7 @@ async def test_follow_up_from_before_run_end(backend, tmp_path) -> None:
         ][-9:]
     )
     assert kit.writes.count(("H", "before_run_end")) == 2
+    await assert_append_only(kit)
 
 
 async def test_deferred_request_suspends_and_redeems(backend, tmp_path) -> None:
@@ -297,6 +397,7 @@ async def test_deferred_request_suspends_and_redeems(backend, tmp_path) -> None:
         ("R", "operation_finished:completed"),
     ]
     assert len(kit.model.fetches) == 2 and len(kit.model.requests) == 1
+    await assert_append_only(kit)
 
 
 async def test_deferred_terminal_failure(backend, tmp_path) -> None:
@@ -312,6 +413,7 @@ async def test_deferred_terminal_failure(backend, tmp_path) -> None:
         ("R", "operation_finished:failed"),
     ]
     assert len(kit.model.requests) == 1, "no automatic replacement request"
+    await assert_append_only(kit)
 
 
 def summary_step(kind: str, attempt: int = 1) -> list[tuple[str, str]]:
@@ -363,7 +465,7 @@ async def test_auto_compaction_at_a_checkpoint(backend, tmp_path) -> None:
         "Summary of the earlier conversation:\nthe summary"
     )
     assert "first question" not in str(compacted)
-    assert_append_only(kit)
+    await assert_append_only(kit)
 
 
 async def test_overflow_compacts_once_then_retries(backend, tmp_path) -> None:
@@ -392,6 +494,7 @@ async def test_overflow_compacts_once_then_retries(backend, tmp_path) -> None:
         ("H", "before_run_end"),
         ("R", "operation_finished:completed"),
     ]
+    await assert_append_only(kit)
 
 
 async def test_length_twice_gives_up_after_one_recovery(backend, tmp_path) -> None:
@@ -419,6 +522,7 @@ async def test_length_twice_gives_up_after_one_recovery(backend, tmp_path) -> No
         ("R", "operation_finished:failed"),
     ]
     assert kit.writes.count(("E", "compaction")) == 1
+    await assert_append_only(kit)
 
 
 async def test_genuine_length_is_kept(backend, tmp_path) -> None:
@@ -429,6 +533,7 @@ async def test_genuine_length_is_kept(backend, tmp_path) -> None:
     result = await kit.harness.prompt("write a lot")
     assert isinstance(result, Ok) and result.value.kind == "completed"
     assert ("E", "message:assistant:length") in kit.writes
+    await assert_append_only(kit)
 
 
 async def test_manual_compaction(backend, tmp_path) -> None:
@@ -454,10 +559,13 @@ async def test_manual_compaction(backend, tmp_path) -> None:
     assert stored is not None and isinstance(stored.entry, CompactionEntry)
     assert stored.entry.summary == "summary"
     assert "keep the numbers" in str(kit.model.requests[-1].messages)
+    await assert_append_only(kit)
 
 
 async def test_navigation_moves_first_then_summary_and_label(backend, tmp_path) -> None:
-    kit = await make_kit(backend, tmp_path, [text("a1"), text("a2"), text("what we did")])
+    kit = await make_kit(
+        backend, tmp_path, [text("a1"), text("a2"), text("what we did"), text("a3")]
+    )
     first = await kit.harness.prompt("q1")
     assert isinstance(first, Ok)
     target = first.value.final_entry_id
@@ -480,3 +588,233 @@ async def test_navigation_moves_first_then_summary_and_label(backend, tmp_path) 
     stored = await kit.storage.get_entry(leaf)  # type: ignore[arg-type]
     assert stored is not None and stored.parent_id == target
     assert "q2" in str(kit.model.requests[-1].messages)  # the summary covered the abandoned branch
+    assert isinstance(await kit.harness.prompt("q3"), Ok)  # on the new branch: a rebuilt context
+    assert [message_text(m) for m in kit.model.requests[-1].messages] == [
+        "q1",
+        "a1",
+        "Summary of a branch this conversation left:\nwhat we did",
+        "q3",
+    ]
+    await assert_append_only(kit)
+
+
+# -- approvals (D43): the wait, the durable decision, then the normal tool path ----------------
+
+
+class Deploy(BaseModel):
+    build: int
+
+
+def approval_tools(deployed: list[int]) -> list[Tool]:
+    """`deploy` needs a person's approval; `lookup` is a safe read."""
+
+    @tool(requires_approval=True)
+    async def deploy(args: Deploy, ctx: ToolContext) -> str:
+        """Deploy a build."""
+        deployed.append(args.build)
+        return f"deployed {args.build}"
+
+    @tool(replay="safe")
+    async def lookup(args: dict[str, Any], ctx: ToolContext) -> str:
+        """Look something up."""
+        return "green"
+
+    return [deploy, lookup]
+
+
+RUN_START = [("H", "before_run"), ("R", "operation_started"), ("E", "message:user")]
+RUN_END = [
+    *step(),
+    ("E", "message:assistant:stop"),
+    ("H", "before_run_end"),
+    ("R", "operation_finished:completed"),
+]
+
+
+async def waiting_for_approval(
+    backend: str, tmp_path: Path, deployed: list[int], *calls: tuple[str, dict[str, Any], str]
+) -> tuple[Kit, Outcome]:
+    """A run whose tool batch `calls` stopped at the approval wait, and its suspension."""
+    kit = await make_kit(
+        backend, tmp_path, [tool_calls(*calls), text("done")], tools=approval_tools(deployed)
+    )
+    outcome = await kit.harness.prompt("ship it")
+    assert isinstance(outcome, Ok) and outcome.value.kind == "suspended"
+    assert outcome.value.wait_id is not None
+    return kit, outcome.value
+
+
+def pending(wait: Outcome | SuspendedOperation, call_id: str) -> PendingApproval:
+    """A waiting call as the approver saw it (its arguments digest binds the decision)."""
+    return next(p for p in wait.pending_approvals if p.tool_call_id == call_id)
+
+
+async def decided(kit: Kit) -> ApprovalDecided:
+    (record,) = [
+        item.record
+        for item in await kit.storage.get_log()
+        if isinstance(item, StoredRecord) and isinstance(item.record, ApprovalDecided)
+    ]
+    return record
+
+
+async def test_approval_approved(backend, tmp_path) -> None:
+    deployed: list[int] = []
+    kit, wait = await waiting_for_approval(
+        backend, tmp_path, deployed, ("lookup", {}, "c1"), ("deploy", {"build": 42}, "c2")
+    )
+    assert kit.writes == [
+        *RUN_START,
+        *step(),
+        ("E", "message:assistant:tool_use"),
+        ("H", "before_tool"),  # lookup: runs at once
+        ("R", "tool_started"),
+        ("H", "before_tool"),  # deploy: its effective arguments go into the wait, it does not start
+        ("H", "after_tool"),
+        ("E", "message:tool_result:ok"),
+        ("R", "approval_requested"),  # once the rest of the batch settled
+    ]
+    kit.writes.clear()
+    resumed = await kit.harness.resume(
+        [approve(pending(wait, "c2"))],
+        wait_id=wait.wait_id,
+        idempotency_key="click-1",
+        decided_by="U_ALICE",
+    )
+    assert isinstance(resumed, Ok) and resumed.value.kind == "completed"
+    assert kit.writes == [
+        ("R", "approval_decided"),  # durable before anything runs
+        ("H", "before_resume"),
+        ("H", "before_tool"),  # the normal tool path: policy checked again
+        ("R", "tool_started"),
+        ("H", "after_tool"),
+        ("E", "message:tool_result:ok"),
+        *RUN_END,
+    ]
+    record = await decided(kit)
+    assert (record.idempotency_key, record.decided_by) == ("click-1", "U_ALICE")
+    assert deployed == [42]
+    await assert_append_only(kit)
+
+
+async def test_approval_denied(backend, tmp_path) -> None:
+    deployed: list[int] = []
+    kit, wait = await waiting_for_approval(
+        backend, tmp_path, deployed, ("deploy", {"build": 42}, "c1")
+    )
+    assert kit.writes == [
+        *RUN_START,
+        *step(),
+        ("E", "message:assistant:tool_use"),
+        ("H", "before_tool"),
+        ("R", "approval_requested"),  # nothing else in the batch: the wait follows at once
+    ]
+    kit.writes.clear()
+    resumed = await kit.harness.resume(
+        [deny(pending(wait, "c1"), "not on a Friday")],
+        wait_id=wait.wait_id,
+        idempotency_key="click-1",
+        decided_by="U_BOB",
+    )
+    assert isinstance(resumed, Ok) and resumed.value.kind == "completed"
+    assert kit.writes == [
+        ("R", "approval_decided"),
+        ("H", "before_resume"),
+        ("E", "message:tool_result:denied"),  # no before_tool, no tool_started: it never runs
+        *RUN_END,
+    ]
+    assert deployed == []
+    result = kit.model.requests[-1].messages[-1]
+    assert message_text(result) == "This tool call was denied by U_BOB: not on a Friday"
+    await assert_append_only(kit)
+
+
+async def test_approval_mixed_batch_with_override_arguments(backend, tmp_path) -> None:
+    deployed: list[int] = []
+    kit, wait = await waiting_for_approval(
+        backend,
+        tmp_path,
+        deployed,
+        ("deploy", {"build": 42}, "c1"),
+        ("lookup", {}, "c2"),
+        ("deploy", {"build": 7}, "c3"),
+    )
+    assert kit.writes == [
+        *RUN_START,
+        *step(),
+        ("E", "message:assistant:tool_use"),
+        ("H", "before_tool"),  # c1 waits
+        ("H", "before_tool"),  # c2 runs
+        ("R", "tool_started"),
+        ("H", "before_tool"),  # c3 waits
+        ("H", "after_tool"),
+        ("E", "message:tool_result:ok"),
+        ("R", "approval_requested"),  # one wait for both
+    ]
+    kit.writes.clear()
+    resumed = await kit.harness.resume(
+        [
+            deny(pending(wait, "c3"), "not that one"),
+            approve(pending(wait, "c1"), args={"build": 43}),
+        ],
+        wait_id=wait.wait_id,
+        idempotency_key="click-1",
+        decided_by="U_ALICE",
+    )
+    assert isinstance(resumed, Ok) and resumed.value.kind == "completed"
+    assert kit.writes == [
+        ("R", "approval_decided"),  # the whole batch, one record
+        ("H", "before_resume"),
+        ("H", "before_tool"),  # c1 with the approver's arguments
+        ("R", "tool_started"),
+        ("H", "after_tool"),
+        ("E", "message:tool_result:ok"),
+        ("E", "message:tool_result:denied"),  # c3: in call order, after c1
+        *RUN_END,
+    ]
+    assert deployed == [43]
+    starts = [
+        item.record
+        for item in await kit.storage.get_log()
+        if isinstance(item, StoredRecord) and isinstance(item.record, ToolStarted)
+    ]
+    assert [(s.tool_call_id, dict(s.effective_args)) for s in starts] == [
+        ("c2", {}),
+        ("c1", {"build": 43}),
+    ]
+    record = await decided(kit)
+    assert [(d.tool_call_id, d.approved) for d in record.decisions] == [
+        ("c3", False),
+        ("c1", True),
+    ]
+    await assert_append_only(kit)
+
+
+async def test_approval_decided_by_a_restarted_process(backend, tmp_path) -> None:
+    deployed: list[int] = []
+    kit, wait = await waiting_for_approval(
+        backend, tmp_path, deployed, ("deploy", {"build": 42}, "c1")
+    )
+    reopened = await kit.reopen(script=[text("done")], tools=approval_tools(deployed))
+    (restored,) = reopened.suspended
+    assert (restored.reason, restored.wait_id) == ("approval", wait.wait_id)
+    assert restored.pending_approvals == wait.pending_approvals
+    resumed = await reopened.harness.resume(
+        [approve(pending(restored, "c1"))],
+        wait_id=restored.wait_id,
+        idempotency_key="click-1",
+        decided_by="U_ALICE",
+    )
+    assert isinstance(resumed, Ok) and resumed.value.kind == "completed"
+    assert reopened.writes == [
+        ("R", "approval_decided"),
+        ("H", "before_resume"),
+        ("H", "before_tool"),
+        ("R", "tool_started"),
+        ("H", "after_tool"),
+        ("E", "message:tool_result:ok"),
+        *RUN_END,
+    ]
+    assert deployed == [42]
+    # the restarted process rebuilt the context from the store: still the same prefix
+    await assert_append_only(reopened, [*kit.model.requests, *reopened.model.requests])

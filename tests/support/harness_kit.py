@@ -6,9 +6,10 @@ import itertools
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import Any, get_args
 
 from harness_core.harness import AgentHarness, SuspendedOperation
+from harness_core.hooks import HookName
 from harness_core.ids import SequentialIds
 from harness_core.messages import AssistantMessage, ToolResultMessage
 from harness_core.model import ModelRef
@@ -172,11 +173,8 @@ def _options(
     return AgentHarnessOptions(**settings)
 
 
-HOOK_NAMES = (
-    "before_run", "before_resume", "before_run_end", "transform_context", "before_request",
-    "before_payload", "after_response", "before_tool", "after_tool", "before_compaction",
-    "before_navigation",
-)  # fmt: skip
+HOOK_NAMES: tuple[HookName, ...] = get_args(HookName)
+"""Every hook the runtime runs (``before_payload`` is refused at registration)."""
 
 
 def record_hooks(harness: AgentHarness, log: list[tuple[str, str]]) -> None:
@@ -186,7 +184,7 @@ def record_hooks(harness: AgentHarness, log: list[tuple[str, str]]) -> None:
         async def handler(event: Any, name: str = name) -> None:
             log.append(("H", name))
 
-        harness.hooks.on(name, handler, id="recorder")  # type: ignore[arg-type]
+        harness.hooks.on(name, handler, id="recorder")
 
 
 async def make_kit(
