@@ -34,6 +34,7 @@ from harness_core.session.records import (
 
 __all__ = [
     "ApprovalDecision",
+    "AuthorityLost",
     "CompactionEnd",
     "CompactionStart",
     "ConfigUpdate",
@@ -44,6 +45,7 @@ __all__ = [
     "Fault",
     "HandlerError",
     "LaneCreated",
+    "LeaseRenewalFailed",
     "MessageEnd",
     "MessageStart",
     "MessageUpdate",
@@ -133,6 +135,25 @@ class Fault(_Event):
     """The harness faulted (harness-wide, `lane` None), or one lane cannot be restored."""
 
     type: Literal["fault"] = "fault"
+    message: str
+
+
+class LeaseRenewalFailed(_Event):
+    """A renewal of the session's writer lease failed (the store did not answer); retried."""
+
+    type: Literal["lease_renewal_failed"] = "lease_renewal_failed"
+    error: str
+    expires_at_ms: int
+    """When the lease lapses unless a retry succeeds (this process's clock)."""
+
+
+class AuthorityLost(_Event):
+    """The session's writer lease is gone (expired or taken over): the harness stops and faults.
+
+    Another process may own the session now; reopen it (acquire the lease, `create()`) to go on.
+    """
+
+    type: Literal["lease_lost"] = "lease_lost"
     message: str
 
 
@@ -372,6 +393,8 @@ Event = Annotated[
     | RunEnd
     | Fault
     | HandlerError
+    | LeaseRenewalFailed
+    | AuthorityLost
     | TurnStart
     | TurnEnd
     | RetryScheduled

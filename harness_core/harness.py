@@ -25,13 +25,16 @@ from harness_core.errors import (
     HarnessClosed,
     HarnessError,
     HarnessFault,
+    LeaseLost,
     SessionError,
 )
 from harness_core.events import (
+    AuthorityLost,
     ConfigUpdate,
     EventBus,
     Fault,
     LaneCreated,
+    LeaseRenewalFailed,
     Listener,
     RunResume,
 )
@@ -40,6 +43,7 @@ from harness_core.gate import ActionInfo, Gate, GatedEffects
 from harness_core.hooks import BeforeResumeEvent, BeforeRunEvent, Hooks, run_hook
 from harness_core.ids import Uuid7Ids
 from harness_core.lane import AbortAccepted, HarnessRuntime, LaneRuntime, config_entry
+from harness_core.lease import LeaseKeeper
 from harness_core.messages import AgentMessage, DeferredHandle, TextPart, TokenUsage, UserMessage
 from harness_core.model import ModelRef
 from harness_core.options import AgentHarnessOptions
@@ -819,6 +823,19 @@ class AgentLane:
         await self._gate().run_to_completion()
 
 
+def _lease_lost(runtime: HarnessRuntime, error: LeaseLost) -> None:
+    runtime.events.emit(AuthorityLost(message=str(error)))
+    runtime.faulted(error)
+
+
+def _renewal_failed(runtime: HarnessRuntime, error: BaseException) -> None:
+    keeper = runtime.keeper
+    expires = keeper.expires_at_ms if keeper is not None else None
+    runtime.events.emit(
+        LeaseRenewalFailed(error=f"{type(error).__name__}: {error}", expires_at_ms=expires or 0)
+    )
+
+
 def _reason(op: OperationState) -> SuspendReason:
     """Why an open operation that is not executing waits."""
     approval = op.approval
@@ -907,6 +924,13 @@ class AgentHarness(AgentLane):
             tools={tool.name: tool for tool in options.tools},
         )
         bus.report = lambda name, exc: runtime.report("event", name, exc)
+        runtime.keeper = LeaseKeeper(
+            options.storage,
+            clock,
+            busy=runtime.busy,
+            on_lost=lambda exc: _lease_lost(runtime, exc),
+            on_error=lambda exc: _renewal_failed(runtime, exc),
+        )
         harness = cls(runtime)
         runtime.usage_totals = (await options.storage.get_stats()).usage
         pointers = await options.storage.get_lanes()
@@ -1039,6 +1063,8 @@ class AgentHarness(AgentLane):
         for task in tasks:
             task.cancel()
         await asyncio.gather(*tasks, return_exceptions=True)
+        if runtime.keeper is not None:
+            await runtime.keeper.stop()
 
     # -- internals -----------------------------------------------------------------------------
 

@@ -42,6 +42,7 @@ from harness_core.events import (
 from harness_core.gate import Gate
 from harness_core.hooks import HookName, Hooks, run_hook
 from harness_core.ids import IdGenerator
+from harness_core.lease import LeaseKeeper
 from harness_core.messages import (
     AgentMessage,
     AssistantMessage,
@@ -132,6 +133,18 @@ class HarnessRuntime:
     closed: bool = False
     fault: HarnessFault | None = None
     tasks: set[asyncio.Task[Any]] = field(default_factory=set)
+    keeper: LeaseKeeper | None = None
+    """Renews the writer lease while lanes have work (set by `AgentHarness.create`)."""
+
+    def busy(self) -> bool:
+        """Whether some lane's procedure executes."""
+        return any(lane.task is not None for lane in self.lanes.values())
+
+    async def authority(self) -> None:
+        """Wait until a new model request or tool run may start (see `LeaseKeeper`)."""
+        if self.keeper is not None:
+            await self.keeper.authority()
+        self.check()
 
     @property
     def session_id(self) -> str:
@@ -503,6 +516,7 @@ class LaneRuntime:
             events.emit(MessageUpdate(lane=self.name, run_id=run_id or "", message=partial))
 
         self._streaming = False  # a retried attempt streams (and starts) again
+        await self.runtime.authority()  # never start a paid call on a lapsing lease
         if self.abort_signal.is_set():  # aborted before the request went out: never send it
             return AssistantMessage(stop_reason="aborted", usage=TokenUsage())
         try:
@@ -554,6 +568,7 @@ class LaneRuntime:
         """
         self.runtime.check()
         tool = prepared.tool
+        await self.runtime.authority()
         if self.abort_signal.is_set():
             return ToolOutput.text(NOT_RUN_ABORTED, is_error=True)
         try:
@@ -591,7 +606,7 @@ class LaneRuntime:
 
     async def fetch_deferred(self, handle: DeferredHandle) -> AssistantMessage:
         """Check a deferred request once; a raised failure becomes an error message."""
-        self.runtime.check()
+        await self.runtime.authority()
         try:
             message = await self._until_aborted(self.runtime.model.fetch_deferred(handle))
         except Exception as exc:
@@ -765,6 +780,8 @@ class LaneRuntime:
         self._settled.clear()
         task = self.runtime.spawn(procedure)
         self.task = task
+        if self.runtime.keeper is not None:
+            self.runtime.keeper.wake()
         if self.gate is not None:
             self.gate.wake()
 

@@ -267,9 +267,7 @@ class Procedures:
                     "branch_summary_in_run", f"run {self.op.id!r} has a branch-summary step"
                 )
             if self.op.terminal_failure:
-                return await self._handle_run_failed(
-                    OperationError(code="failed", message="the run failed")
-                )
+                return await self._handle_run_failed(await self._recorded_failure())
             return await self._driver_loop()
         except (_Park, _Aborted, _RunFailed, _AwaitApproval) as signal:
             return await self._handle_signal(signal)
@@ -404,6 +402,16 @@ class Procedures:
             return await self._handle_run_failed(_truncation())
         await self._auto_compact("overflow")
         return None
+
+    async def _recorded_failure(self) -> OperationError:
+        """The error of the run's durable failure marker (a recovery ends as the live run would)."""
+        newest = self.op.newest_own
+        stored = await self.rt.storage.get_entry(newest.entry_id) if newest else None
+        if stored is not None and isinstance(stored.entry, MessageEntry):
+            message = stored.entry.message
+            if isinstance(message, AssistantMessage) and message.error is not None:
+                return _message_error(message)
+        return OperationError(code="failed", message="the run failed")
 
     async def _handle_run_failed(self, error: OperationError) -> Outcome:
         fx = self.fx
@@ -966,7 +974,9 @@ class Procedures:
         try:
             if op.aborting:
                 return await self._finish_structural("aborted")
-            moved = self.lane.state.leaf_id == intent.target_id
+            # the move is the commit point: after it the leaf is the target, or the branch
+            # summary appended below it
+            moved = self.lane.state.leaf_id == intent.target_id or op.result_written
             summary: SummaryResult | None = None
             abandoned: tuple[Entry, ...] = ()
             if intent.summarize and not op.result_written:

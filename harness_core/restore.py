@@ -76,7 +76,16 @@ async def _own_entries(
         if leaf_id == start.source_leaf_id:
             return ()
         return await storage.read_lane_entries(lane, after=intent.target_id)
-    return await storage.read_lane_entries(lane, after=start.source_leaf_id)
+    try:
+        return await storage.read_lane_entries(lane, after=start.source_leaf_id)
+    except SessionError as exc:
+        if exc.code != "invalid_query":
+            raise
+        # the anchor is not on the lane's path: the lane was moved off its open operation
+        raise RecordLogCorruption(
+            "leaf_mismatch",
+            f"lane {lane!r} is at {leaf_id!r}, off the path of its open operation {start.id!r}",
+        ) from exc
 
 
 async def restore_lane(storage: SessionStorage, lane: str) -> LaneState:
