@@ -14,7 +14,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass, replace
 from typing import Any, Literal, TypeAlias, TypeVar
 
-from pydantic import ValidationError
+from pydantic import TypeAdapter, ValidationError
 
 from harness_core._model import invalid_reason, revalidated
 from harness_core.approvals import mismatch, stale
@@ -42,9 +42,23 @@ from harness_core.frozen import FrozenJson, JsonValue, freeze_json
 from harness_core.gate import ActionInfo, Gate, GatedEffects
 from harness_core.hooks import BeforeResumeEvent, BeforeRunEvent, Hooks, run_hook
 from harness_core.ids import Uuid7Ids
-from harness_core.lane import AbortAccepted, HarnessRuntime, LaneRuntime, config_entry
+from harness_core.lane import (
+    AbortAccepted,
+    HarnessRuntime,
+    LaneRuntime,
+    Prior,
+    config_entry,
+    decision_id,
+)
 from harness_core.lease import LeaseKeeper
-from harness_core.messages import AgentMessage, DeferredHandle, TextPart, TokenUsage, UserMessage
+from harness_core.messages import (
+    AgentMessage,
+    AssistantMessage,
+    DeferredHandle,
+    TextPart,
+    TokenUsage,
+    UserMessage,
+)
 from harness_core.model import ModelRef
 from harness_core.options import AgentHarnessOptions
 from harness_core.portable import (
@@ -56,6 +70,7 @@ from harness_core.portable import (
 from harness_core.procedures import Outcome, Procedures, ToolRecovery
 from harness_core.restore import restore_lane
 from harness_core.result import (
+    AlreadyAccepted,
     Closed,
     DecisionsMismatch,
     DecisionsRequired,
@@ -78,17 +93,20 @@ from harness_core.result import (
     WaitSuperseded,
 )
 from harness_core.session.contract import SessionStorage
-from harness_core.session.entries import CustomEntry, Entry, MessageEntry
+from harness_core.session.entries import CustomEntry, Entry, Id, MessageEntry
 from harness_core.session.records import (
     ApprovalDecided,
     ApprovalDecision,
+    ApprovalRequested,
     CompactionIntent,
     NavigationIntent,
     OperationError,
     OperationFinished,
     OperationKind,
     OperationOutcome,
+    OperationStarted,
     PendingApproval,
+    QueueEnqueued,
     RunIntent,
     Usage,
 )
@@ -100,6 +118,7 @@ from harness_core.session.types import (
     RecordQuery,
     SessionStats,
     StoredEntry,
+    StoredRecord,
 )
 from harness_core.state import LaneState, OperationState, RecordLogCorruption
 from harness_core.storage._rules import check_lane_name
@@ -118,6 +137,8 @@ __all__ = [
     "SuspendedOperation",
     "Watch",
 ]
+
+_ENTRY_ID: TypeAdapter[str] = TypeAdapter(Id)
 
 PromptInput: TypeAlias = str | UserMessage | Sequence[UserMessage]
 """A prompt: text (one user message), a user message, or several in order."""
@@ -219,7 +240,26 @@ class Watch:
         self._bus.unwatch(self._watcher)
 
 
-def _normalize(lane: str, value: PromptInput) -> Result[tuple[UserMessage, ...], InvalidMessage]:
+def _normalize(
+    lane: str, value: PromptInput, entry_id: str | None = None
+) -> Result[tuple[UserMessage, ...], InvalidMessage]:
+    if entry_id is not None:
+        try:
+            _ENTRY_ID.validate_python(entry_id)
+        except ValidationError:
+            return Err(
+                InvalidMessage(
+                    message=f"entry id {entry_id!r} must be 1-256 characters without whitespace",
+                    lane=lane,
+                    reason="entry_id",
+                )
+            )
+        if not isinstance(value, str | UserMessage) and len(value) != 1:
+            return Err(
+                InvalidMessage(
+                    message="a chosen entry_id names one message", lane=lane, reason="entry_id"
+                )
+            )
     if isinstance(value, str):
         return Ok((UserMessage(content=(TextPart(text=value),)),))
     messages: tuple[Any, ...] = (value,) if isinstance(value, UserMessage) else tuple(value)
@@ -313,6 +353,28 @@ class SessionTree:
         )
 
 
+def _accepted_input(prior: Prior, entry_id: str) -> AgentMessage | None:
+    """The message an earlier acceptance recorded under `entry_id` (None: not an input)."""
+    record = prior.record.record if prior.record is not None else None
+    if isinstance(record, OperationStarted) and isinstance(record.intent, RunIntent):
+        entry = next((e for e in record.intent.initial_messages if e.id == entry_id), None)
+    elif isinstance(record, QueueEnqueued):
+        entry = record.target if record.target.id == entry_id else None
+    else:
+        entry = None
+    return entry.message if isinstance(entry, MessageEntry) else None
+
+
+def _conflict(lane: str, entry_id: str) -> Err[InvalidMessage]:
+    return Err(
+        InvalidMessage(
+            message=f"entry id {entry_id!r} was used before for other content",
+            lane=lane,
+            reason="entry_id_conflict",
+        )
+    )
+
+
 def _with_start(query: BranchQuery, start: str) -> BranchQuery:
     return replace(query, start=start)
 
@@ -356,16 +418,26 @@ class AgentLane:
     # -- operations ----------------------------------------------------------------------------
 
     async def prompt(
-        self, value: PromptInput
-    ) -> Result[Outcome, LaneBusy | InvalidMessage | Closed]:
-        """Start a run with this input and wait for it to finish (or suspend)."""
+        self, value: PromptInput, *, entry_id: str | None = None
+    ) -> Result[Outcome, LaneBusy | InvalidMessage | AlreadyAccepted | Closed]:
+        """Start a run with this input and wait for it to finish (or suspend).
+
+        `entry_id` chooses the user message's entry id (the gateway derives it from the inbound
+        message), making the call idempotent: if that input was accepted before, nothing is
+        written and the result is the original one (the run's first stop: its outcome, or its
+        suspension), or `AlreadyAccepted` if it was queued instead; the same id with other
+        content is `InvalidMessage(reason="entry_id_conflict")`.
+        """
         if (closed := self._closed()) is not None:
             return closed
-        normalized = _normalize(self._name, value)
+        normalized = _normalize(self._name, value, entry_id)
         if isinstance(normalized, Err):
             return normalized
         runtime = self._harness._rt
         lane = self._runtime()
+        prior = await lane.prior(entry_id)  # before the hooks: a repeat must change nothing
+        if prior is not None and entry_id is not None:
+            return await self._harness._prompted_before(lane, prior, entry_id, normalized.value[0])
         messages, override, resume_data = await run_hook(
             runtime.hooks,
             "before_run",
@@ -376,8 +448,10 @@ class AgentLane:
             ),
             lambda name, exc: runtime.report("hook", name, exc),
         )
-        entries = tuple(
-            MessageEntry(id=runtime.ids.next(), message=m) for m in (*normalized.value, *messages)
+        ids = [entry_id or runtime.ids.next(), *(runtime.ids.next() for _ in normalized.value[1:])]
+        entries = (
+            *(MessageEntry(id=i, message=m) for i, m in zip(ids, normalized.value, strict=True)),
+            *(MessageEntry(id=runtime.ids.next(), message=m) for m in messages),
         )
 
         def intent(state: LaneState) -> RunIntent:
@@ -388,7 +462,14 @@ class AgentLane:
                 resume_data=resume_data or None,
             )
 
-        accepted = await lane.accept(intent, lambda: self._harness._execute(lane, resumed=False))
+        accepted = await lane.accept(
+            intent, lambda: self._harness._execute(lane, resumed=False), input_id=entry_id
+        )
+        if isinstance(accepted, Prior):  # a concurrent submission of the same input won
+            assert entry_id is not None
+            return await self._harness._prompted_before(
+                lane, accepted, entry_id, normalized.value[0]
+            )
         if isinstance(accepted, Err):
             return accepted
         return Ok(await self._harness._wait(accepted.value[1]))
@@ -429,6 +510,11 @@ class AgentLane:
         harness = self._harness
         runtime = harness._rt
         key = idempotency_key or (runtime.ids.next() if decisions is not None else None)
+        if decisions is not None and idempotency_key is not None:
+            # a replayed key is looked up before anything about the lane's state is judged
+            found = await runtime.storage.get_record(decision_id(self._name, idempotency_key))
+            if found is not None:
+                return await harness._replayed_decision(lane, found, decisions, wait_id)
 
         async def admit() -> Result[
             asyncio.Task[Outcome],
@@ -498,7 +584,7 @@ class AgentLane:
                 assert approval is not None
                 await lane.decide(
                     ApprovalDecided(
-                        id=runtime.ids.next(),
+                        id=decision_id(self._name, key),
                         lane=self._name,
                         run_id=op.id,
                         wait_id=approval.requested.id,
@@ -520,11 +606,11 @@ class AgentLane:
 
         admitted = await lane.job(admit)
         if isinstance(admitted, Err):
-            replayable = isinstance(admitted.error, (NothingToResume, WaitSuperseded))
-            if replayable and key and idempotency_key:
-                replayed = await harness._decided_before(lane, idempotency_key)
-                if replayed is not None:
-                    return Ok(replayed)
+            if decisions is not None and idempotency_key is not None:
+                # the same batch, recorded by a concurrent call since the lookup above
+                found = await runtime.storage.get_record(decision_id(self._name, idempotency_key))
+                if found is not None:
+                    return await harness._replayed_decision(lane, found, decisions, wait_id)
             return admitted
         return Ok(await harness._wait(admitted.value))
 
@@ -574,6 +660,7 @@ class AgentLane:
             ),
             lambda: self._harness._execute(lane, resumed=False),
         )
+        assert not isinstance(accepted, Prior)  # no caller-chosen id
         if isinstance(accepted, Err):
             return accepted
         return Ok(await self._harness._wait(accepted.value[1]))
@@ -619,6 +706,7 @@ class AgentLane:
             ),
             lambda: self._harness._execute(lane, resumed=False),
         )  # fmt: skip
+        assert not isinstance(accepted, Prior)  # no caller-chosen id
         if isinstance(accepted, Err):
             return accepted
         return Ok(await self._harness._wait(accepted.value[1]))
@@ -626,11 +714,14 @@ class AgentLane:
     # -- queues --------------------------------------------------------------------------------
 
     async def _enqueue(
-        self, queue: Literal["steer", "follow_up", "next_run"], value: PromptInput
+        self,
+        queue: Literal["steer", "follow_up", "next_run"],
+        value: PromptInput,
+        entry_id: str | None,
     ) -> Result[str, NoActiveRun | InvalidMessage | Closed]:
         if (closed := self._closed()) is not None:
             return closed
-        normalized = _normalize(self._name, value)
+        normalized = _normalize(self._name, value, entry_id)
         if isinstance(normalized, Err):
             return normalized
         if len(normalized.value) != 1:
@@ -642,25 +733,42 @@ class AgentLane:
                 )
             )
         runtime = self._harness._rt
-        return await self._runtime().enqueue(
-            queue, MessageEntry(id=runtime.ids.next(), message=normalized.value[0])
+        message = normalized.value[0]
+        enqueued = await self._runtime().enqueue(
+            queue,
+            MessageEntry(id=entry_id or runtime.ids.next(), message=message),
+            chosen=entry_id is not None,
         )
+        if isinstance(enqueued, Prior):
+            assert entry_id is not None
+            if _accepted_input(enqueued, entry_id) != message:
+                return _conflict(self._name, entry_id)
+            return Ok(entry_id)  # accepted before (as this or another kind of input)
+        return enqueued
 
-    async def steer(self, value: PromptInput) -> Result[str, NoActiveRun | InvalidMessage | Closed]:
-        """Correct the current run: seen at its next checkpoint. Returns the item's entry id."""
-        return await self._enqueue("steer", value)
+    async def steer(
+        self, value: PromptInput, *, entry_id: str | None = None
+    ) -> Result[str, NoActiveRun | InvalidMessage | Closed]:
+        """Correct the current run: seen at its next checkpoint. Returns the item's entry id.
+
+        `entry_id` chooses the entry's id: an input accepted before (by any method) is not
+        queued again and its id is returned; other content under that id is
+        `InvalidMessage(reason="entry_id_conflict")`. The same holds for `follow_up` and
+        `next_run`.
+        """
+        return await self._enqueue("steer", value, entry_id)
 
     async def follow_up(
-        self, value: PromptInput
+        self, value: PromptInput, *, entry_id: str | None = None
     ) -> Result[str, NoActiveRun | InvalidMessage | Closed]:
-        """Add work the run takes up when it would otherwise stop."""
-        return await self._enqueue("follow_up", value)
+        """Add work the run takes up when it would otherwise stop (see `steer` for `entry_id`)."""
+        return await self._enqueue("follow_up", value, entry_id)
 
     async def next_run(
-        self, value: PromptInput
+        self, value: PromptInput, *, entry_id: str | None = None
     ) -> Result[str, NoActiveRun | InvalidMessage | Closed]:
-        """Seed the lane's next run (always accepted; survives an abort)."""
-        return await self._enqueue("next_run", value)
+        """Seed the lane's next run (always accepted; survives an abort; see `steer`)."""
+        return await self._enqueue("next_run", value, entry_id)
 
     async def cancel_queued(
         self, entry_id: str
@@ -699,6 +807,19 @@ class AgentLane:
             )
         )
         return Ok(None)
+
+    async def get_usage(self, entry_id: str | None = None) -> TokenUsage:
+        """The lane's cost ledger: the sum of its usage records (failed attempts included).
+
+        With `entry_id`, the effective cost of that entry instead: every lane's usage records
+        bound to it (the responses that produced it, retries, adjustments). Both are bounded
+        reads (running projections), for operator pages and budgets.
+        """
+        storage = self._harness._storage()
+        self._runtime()
+        if entry_id is not None:
+            return await storage.get_usage(entry_id=entry_id)
+        return await storage.get_usage(lane=self._name)
 
     async def wait_for_idle(self) -> None:
         """Wait until no procedure executes on this lane (a suspended operation counts as idle)."""
@@ -1195,29 +1316,119 @@ class AgentHarness(AgentLane):
                     )
         return None
 
-    async def _decided_before(self, lane: LaneRuntime, key: str) -> Outcome | None:
-        """The outcome of a finished operation whose approval was decided with `key`."""
-        storage = self._rt.storage
-        for stored in await storage.find_records(
-            RecordQuery(lane=lane.name, type="approval_decided", limit=64)
+    async def _prompted_before(
+        self, lane: LaneRuntime, prior: Prior, entry_id: str, message: UserMessage
+    ) -> Result[Outcome, InvalidMessage | AlreadyAccepted]:
+        """The original result of a prompt whose caller-chosen input was accepted before."""
+        found = prior.record
+        record = found.record if found is not None else None
+        if (
+            found is None
+            or record is None
+            or record.lane != lane.name
+            or _accepted_input(prior, entry_id) != message
         ):
-            record = stored.record
-            if isinstance(record, ApprovalDecided) and record.idempotency_key == key:
-                finished = await storage.find_records(
-                    RecordQuery(lane=lane.name, type="operation_finished", run_id=record.run_id)
+            return _conflict(lane.name, entry_id)
+        if isinstance(record, QueueEnqueued):
+            return Err(
+                AlreadyAccepted(
+                    message=f"input {entry_id!r} was queued ({record.queue}) before",
+                    lane=lane.name,
+                    entry_id=entry_id,
+                    queue=record.queue,
+                    run_id=record.run_id,
                 )
-                if not finished:
-                    return None
-                end = finished[0].record
-                assert isinstance(end, OperationFinished)
+            )
+        return Ok(await self._first_stop(lane, record.id, found.seq))
+
+    async def _replayed_decision(
+        self,
+        lane: LaneRuntime,
+        found: StoredRecord,
+        decisions: Sequence[ApprovalDecision],
+        wait_id: str | None,
+    ) -> Result[Outcome, DecisionsMismatch]:
+        """The original result of a decision batch whose idempotency key was used before."""
+        record = found.record
+        same = (
+            isinstance(record, ApprovalDecided)
+            and record.lane == lane.name
+            and record.wait_id == wait_id
+            and record.decisions == tuple(decisions)
+        )
+        if not same or not isinstance(record, ApprovalDecided):
+            return Err(
+                DecisionsMismatch(
+                    message="this idempotency key was used for a different decision batch",
+                    lane=lane.name,
+                    reason="key_reused",
+                )
+            )
+        return Ok(await self._first_stop(lane, record.run_id, found.seq))
+
+    async def _first_stop(self, lane: LaneRuntime, run_id: str, after_seq: int) -> Outcome:
+        """How run `run_id` first stopped after `after_seq`.
+
+        That is what the call that wrote at `after_seq` returned: a later approval wait or the
+        run's end, rebuilt from the records however much history came after; while the run has
+        not stopped since, its live result or its suspension.
+        """
+        storage = self._rt.storage
+        waits = await storage.find_records(
+            RecordQuery(
+                lane=lane.name,
+                type="approval_requested",
+                run_id=run_id,
+                after_seq=after_seq,
+                order="oldest_first",
+                limit=1,
+            )
+        )
+        ends = await storage.find_records(
+            RecordQuery(lane=lane.name, type="operation_finished", run_id=run_id, limit=1)
+        )
+        stops = sorted((*waits, *ends), key=lambda stored: stored.seq)
+        if stops:
+            stop = stops[0].record
+            if isinstance(stop, ApprovalRequested):
                 return Outcome(
                     operation="run",
-                    run_id=record.run_id,
-                    kind=end.outcome,
-                    leaf_id=lane.state.leaf_id,
-                    error=end.error,
+                    run_id=run_id,
+                    kind="suspended",
+                    leaf_id=stop.leaf_id,
+                    final_entry_id=stop.assistant_entry_id,
+                    pending_approvals=stop.calls,
+                    wait_id=stop.id,
                 )
-        return None
+            assert isinstance(stop, OperationFinished)
+            final: AssistantMessage | None = None
+            if stop.final_entry_id is not None:
+                stored = await storage.get_entry(stop.final_entry_id)
+                message = stored.entry.message if stored is not None else None  # type: ignore[union-attr]
+                final = message if isinstance(message, AssistantMessage) else None
+            kind = stop.outcome if stop.outcome != "declined" else "completed"
+            return Outcome(
+                operation="run",
+                run_id=run_id,
+                kind=kind,
+                leaf_id=stop.leaf_id,
+                final_entry_id=stop.final_entry_id,
+                final_message=final,
+                error=stop.error,
+            )
+        op = lane.state.operation
+        assert op is not None, "an open run without a stop"
+        assert op.id == run_id, "an open run without a stop"
+        if lane.task is not None:
+            return await self._wait(lane.task)  # still executing: its own result
+        return Outcome(  # suspended by a crash or a deferred request: resume() continues it
+            operation="run",
+            run_id=run_id,
+            kind="suspended",
+            leaf_id=lane.state.leaf_id,
+            final_entry_id=op.deferred_entry_id or op.last_assistant_entry_id,
+            deferred=op.deferred,
+        )
 
     def _missing(self, op: OperationState) -> tuple[tuple[str, ...], tuple[str, ...]]:
         """Tools of unresolved calls and models the operation needs that this harness lacks."""

@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import hashlib
 from collections.abc import Awaitable, Callable
 from dataclasses import dataclass, field, replace
 from typing import TYPE_CHECKING, Any, Literal, TypeVar
@@ -102,7 +103,15 @@ from harness_core.tools import PreparedToolCall, Tool, ToolOutput
 if TYPE_CHECKING:
     from harness_core.effects import FinishResult
 
-__all__ = ["AbortAccepted", "HarnessRuntime", "LaneRuntime", "config_entry"]
+__all__ = [
+    "AbortAccepted",
+    "HarnessRuntime",
+    "LaneRuntime",
+    "Prior",
+    "accept_id",
+    "config_entry",
+    "decision_id",
+]
 
 _T = TypeVar("_T")
 
@@ -114,6 +123,34 @@ class AbortAccepted:
     run_id: str
     steer: tuple[Entry, ...] = ()
     follow_up: tuple[Entry, ...] = ()
+
+
+def accept_id(entry_id: str) -> str:
+    """The id of the record that accepts the caller-chosen input `entry_id` (prompt or queue).
+
+    Derived, so a second submission of the same input is a point lookup (`get_record`), and the
+    store itself refuses a second acceptance (the id exists).
+    """
+    return "accept-" + hashlib.sha256(entry_id.encode()).hexdigest()[:40]
+
+
+def decision_id(lane: str, idempotency_key: str) -> str:
+    """The id of the `ApprovalDecided` record made with `idempotency_key` on `lane`.
+
+    Derived, so a replayed key is a point lookup however much history came after it.
+    """
+    digest = hashlib.sha256(f"{lane}\x00{idempotency_key}".encode()).hexdigest()
+    return "decision-" + digest[:40]
+
+
+@dataclass(frozen=True, slots=True)
+class Prior:
+    """A caller-chosen input id seen before.
+
+    `record` accepted it; None means the id is an entry's that no acceptance made (unusable).
+    """
+
+    record: StoredRecord | None
 
 
 @dataclass(eq=False)
@@ -738,25 +775,41 @@ class LaneRuntime:
             )
         )
 
+    async def prior(self, entry_id: str | None) -> Prior | None:
+        """How a caller-chosen input id was used before, or None if it is new (two reads)."""
+        if entry_id is None:
+            return None
+        storage = self.runtime.storage
+        found = await storage.get_record(accept_id(entry_id))
+        if found is not None:
+            return Prior(found)
+        return Prior(None) if await storage.get_entry(entry_id) is not None else None
+
     async def accept(
         self,
         build_intent: Callable[[LaneState], OperationIntent],
         start: Callable[[], Awaitable[Any]],
-    ) -> Result[tuple[OperationState, asyncio.Task[Any]], LaneBusy]:
+        *,
+        input_id: str | None = None,
+    ) -> Result[tuple[OperationState, asyncio.Task[Any]], LaneBusy] | Prior:
         """Accept an operation on an idle lane and start its procedure, in one job.
 
         `build_intent` sees the state (run acceptance captures the pending next-run items); the
         procedure task takes the lane's execution slot before the job ends, so no second
-        acceptance or resume can slip in.
+        acceptance or resume can slip in. With `input_id` (a run's caller-chosen prompt id) the
+        run's id is derived from it, and an input accepted before is returned as `Prior`.
         """
 
-        async def run() -> Result[tuple[OperationState, asyncio.Task[Any]], LaneBusy]:
+        async def run() -> Result[tuple[OperationState, asyncio.Task[Any]], LaneBusy] | Prior:
+            prior = await self.prior(input_id)
+            if prior is not None:
+                return prior
             op = self.state.operation
             if op is not None:
                 return self.busy(op)
             intent = build_intent(self.state)
             record = OperationStarted(
-                id=self.runtime.ids.next(),
+                id=accept_id(input_id) if input_id is not None else self.runtime.ids.next(),
                 lane=self.name,
                 source_leaf_id=self.state.leaf_id,
                 intent=intent,
@@ -795,10 +848,19 @@ class LaneRuntime:
         task.add_done_callback(release)
         return task
 
-    async def enqueue(self, queue: QueueName, entry: Entry) -> Result[str, NoActiveRun]:
-        """Accept queued input: steering and follow-ups need an active, non-aborting run."""
+    async def enqueue(
+        self, queue: QueueName, entry: Entry, *, chosen: bool = False
+    ) -> Result[str, NoActiveRun] | Prior:
+        """Accept queued input: steering and follow-ups need an active, non-aborting run.
 
-        async def run() -> Result[str, NoActiveRun]:
+        With `chosen` (the caller chose the entry's id) the record's id is derived from it and
+        an input accepted before is returned as `Prior`.
+        """
+
+        async def run() -> Result[str, NoActiveRun] | Prior:
+            prior = await self.prior(entry.id if chosen else None)
+            if prior is not None:
+                return prior
             op = self.state.operation
             run_id: str | None = None
             if queue != "next_run":
@@ -809,7 +871,7 @@ class LaneRuntime:
                 run_id = op.id
             await self._record(
                 QueueEnqueued(
-                    id=self.runtime.ids.next(),
+                    id=accept_id(entry.id) if chosen else self.runtime.ids.next(),
                     lane=self.name,
                     queue=queue,
                     run_id=run_id,

@@ -11,6 +11,7 @@ from dataclasses import asdict, dataclass
 from typing import Any, ClassVar, Generic, Literal, TypeAlias, TypeVar
 
 __all__ = [
+    "AlreadyAccepted",
     "Closed",
     "DecisionsMismatch",
     "DecisionsRequired",
@@ -256,3 +257,18 @@ class LaneStuck(Rejection):
     max_attempts: int
     last_activity: str
     """What the operation was doing when it was last interrupted (a tool, a model request)."""
+
+
+@dataclass(frozen=True, kw_only=True, slots=True)
+class AlreadyAccepted(Rejection):
+    """This input (its caller-chosen entry id) was accepted before, as queued input.
+
+    `prompt()` of an input that an earlier `prompt()` accepted returns that run's outcome
+    instead; this says the earlier acceptance was a queue item (`queue`, in run `run_id`).
+    """
+
+    tag: ClassVar[str] = "AlreadyAccepted"
+    lane: str
+    entry_id: str
+    queue: str
+    run_id: str | None = None

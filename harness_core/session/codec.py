@@ -3,17 +3,22 @@
 Encodings are canonical (field order is fixed by the models and JSON object keys are sorted
 when values are frozen), so two payloads are equal iff their encodings are equal; backends
 that cannot compare models (a Redis script) compare encodings. Encoding is also the last gate
-before a write: anything that cannot be encoded raises ``SessionError("invalid_payload")``
-before a backend touches durable state. Decoding failures raise `StoreCorrupted`.
+before a write: anything that cannot be encoded, or would not decode back to what was given,
+raises ``SessionError("invalid_payload")`` before a backend touches durable state. That covers
+values that skipped validation (``model_copy(update=...)`` does): a NaN or an infinity, which
+pydantic's JSON encoder would silently write as ``null``, and usage amounts that the backends'
+running sums cannot hold exactly. Decoding failures raise `StoreCorrupted`.
 """
 
 from __future__ import annotations
 
+import json
 from typing import Any, TypeVar
 
 from pydantic import BaseModel, TypeAdapter, ValidationError
 
 from harness_core.errors import SessionError, StoreCorrupted
+from harness_core.messages import TokenUsage
 from harness_core.session.entries import (
     ActiveToolsChangeEntry,
     BranchSummaryEntry,
@@ -29,6 +34,7 @@ from harness_core.session.records import (
     ApprovalDecided,
     ApprovalRequested,
     OperationFinished,
+    OperationResumed,
     OperationStarted,
     QueueCancelled,
     QueueEnqueued,
@@ -42,7 +48,9 @@ from harness_core.session.types import Fact, FactSet, LabelFact, LogItem, NameFa
 
 __all__ = [
     "ENTRY_TYPES",
+    "MAX_TOKENS",
     "RECORD_TYPES",
+    "check_usage_amount",
     "decode",
     "decode_entry",
     "decode_log_item",
@@ -79,6 +87,7 @@ RECORD_TYPES: tuple[type[BaseModel], ...] = (
     Usage,
     ApprovalRequested,
     ApprovalDecided,
+    OperationResumed,
 )
 
 entry_adapter: TypeAdapter[Entry] = TypeAdapter(Entry)
@@ -89,12 +98,38 @@ log_item_adapter: TypeAdapter[LogItem] = TypeAdapter(LogItem)
 _T = TypeVar("_T")
 
 
+MAX_TOKENS = 2**53 - 1
+"""The largest token count (and running token sum) a usage record may carry, either sign.
+
+Every backend sums exactly up to here, including Redis, whose scripts compute in doubles."""
+
+
+def _not_json(value: object) -> None:
+    return None  # the encoding above already refused what JSON cannot hold; only floats matter
+
+
 def encode(value: BaseModel, what: str = "payload") -> str:
     """Encode a durable model as canonical JSON, or raise ``SessionError("invalid_payload")``."""
     try:
-        return value.model_dump_json()
+        encoded = value.model_dump_json()
     except Exception as exc:  # pydantic wraps encoder failures (lone surrogates, ...) variously
         raise SessionError("invalid_payload", f"{what} is not JSON-serializable: {exc}") from exc
+    try:
+        # pydantic writes NaN and infinities as null; the stdlib encoder refuses them instead
+        json.dumps(value.model_dump(), allow_nan=False, default=_not_json)
+    except ValueError as exc:
+        raise SessionError("invalid_payload", f"{what} holds a non-finite number") from exc
+    return encoded
+
+
+def check_usage_amount(usage: TokenUsage, what: str) -> None:
+    """Refuse token counts beyond ±`MAX_TOKENS` (costs are finite once encoded)."""
+    for name in ("input", "output", "cache_read", "cache_write", "total_tokens"):
+        count = getattr(usage, name)
+        if not -MAX_TOKENS <= count <= MAX_TOKENS:
+            raise SessionError(
+                "invalid_payload", f"{what}: {name}={count} is beyond ±{MAX_TOKENS} tokens"
+            )
 
 
 def encode_entry(entry: Entry) -> str:
@@ -108,7 +143,10 @@ def encode_record(record: Record) -> str:
     """Encode a record; anything that is not one of the record types is refused."""
     if not isinstance(record, RECORD_TYPES):
         raise SessionError("invalid_payload", f"not a record: {type(record).__name__}")
-    return encode(record, f"record {record.id!r}")
+    encoded = encode(record, f"record {record.id!r}")
+    if isinstance(record, Usage):
+        check_usage_amount(record.usage, f"record {record.id!r}")
+    return encoded
 
 
 def encode_fact(fact: Fact) -> str:

@@ -12,13 +12,17 @@ reference. Rules that hold for every method:
   returns. A write that raises left no trace; a write that raises ``SessionError("storage")``
   has an unknown outcome (the caller must treat the session as faulted and reopen it).
 * **Checked before written.** Every payload is validated (pydantic models, canonical JSON) before
-  any durable change, so all backends accept exactly the same values.
+  any durable change, so all backends accept exactly the same values. A payload the codec cannot
+  encode exactly (a NaN or an infinity, however it got past validation; a token count beyond
+  ±2**53-1; a usage record that would take a running usage sum out of that range or to an
+  infinite cost) is refused with ``SessionError("invalid_payload")`` and leaves no trace.
 * **Immutable reads.** Everything returned is frozen; mutating it is impossible.
 * **One writer.** Writes need a storage opened with a current `WriterLease`; each write carries
   its fencing token and the backend refuses it with `LeaseLost` once the lease expired, was
   released or was taken over. A write that finds less than half of the ttl left renews the
   lease (a steadily writing writer keeps it; across longer silences it must `renew_lease`).
-  A storage opened without a lease is read-only.
+  A storage opened without a lease is read-only. Lease times are on the backend's lease clock:
+  the injected `Clock` (memory, SQLite), Redis's server ``TIME`` unless a clock was injected.
 * **Ids.** Entry and record ids share one per-session namespace and are unique in it.
 * Errors are `SessionError` with a closed `code` (see `harness_core.errors`).
 """
@@ -29,6 +33,7 @@ from collections.abc import Iterable, Mapping
 from typing import Protocol, runtime_checkable
 
 from harness_core.frozen import JsonValue
+from harness_core.messages import TokenUsage
 from harness_core.session.entries import Entry
 from harness_core.session.records import Record
 from harness_core.session.types import (
@@ -65,7 +70,28 @@ class SessionStorage(Protocol):
 
     @property
     def lease(self) -> WriterLease | None:
-        """The writer lease this storage was opened with; None when read-only."""
+        """The writer lease this storage writes with; None when read-only.
+
+        Its `expires_at_ms` is the newest expiry this storage knows: the one it was opened
+        with, moved forward by every `renew_lease` and by every write that renewed the lease
+        (past half-life). It is on the backend's lease clock (see the module docstring), which
+        for Redis without an injected clock is the server's, not this process's. None for an OS
+        file lock (JSONL), which lasts as long as the process holds it.
+        """
+        ...
+
+    async def renew_lease(self) -> WriterLease:
+        """Extend this storage's lease by its ttl; return it with its new expiry (also `lease`).
+
+        A lease keeper calls this while work that writes nothing is in flight (a long model or
+        tool call). It delegates to the repository's `SessionRepo.renew_lease`. An OS file lock
+        (JSONL) has no expiry: while it is held, the lease comes back unchanged.
+
+        Raises:
+            LeaseLost: the lease expired, was released or was superseded (`lease` keeps the
+                last known expiry).
+            SessionError: ``read_only`` for a storage opened without a lease; ``closed``.
+        """
         ...
 
     async def get_metadata(self) -> SessionMetadata:
@@ -160,6 +186,15 @@ class SessionStorage(Protocol):
         """Point lookup of a committed entry."""
         ...
 
+    async def get_record(self, record_id: str) -> StoredRecord | None:
+        """Point lookup of a committed record by its id; None if no record has it.
+
+        Entry and record ids share one namespace, so an entry's id finds no record. O(1): a
+        derived id (an idempotency key's decision, an input's acceptance) is a lookup, however
+        much history the session holds.
+        """
+        ...
+
     async def find_entries(self, query: EntryQuery | None = None) -> tuple[StoredEntry, ...]:
         """Query entries of every branch in seq order (see `EntryQuery`)."""
         ...
@@ -176,7 +211,15 @@ class SessionStorage(Protocol):
         ...
 
     async def find_records(self, query: RecordQuery | None = None) -> tuple[StoredRecord, ...]:
-        """Query records (see `RecordQuery`). Lane-scoped queries read only that lane's records."""
+        """Query records (see `RecordQuery`).
+
+        Lane-scoped queries read only that lane's records; with a `type` (and an
+        `operation_kind`) only the lane's records of that type (and kind), from an index kept in
+        seq order. So "the lane's newest ``operation_finished``" (``limit=1``), "its newest run
+        start" and "its queue records after seq N" cost what they return, whatever else the lane
+        or the session holds. A `run_id` narrows to that operation's records on memory, JSONL and
+        SQLite; elsewhere (Redis) it filters the narrowest of the other indexes.
+        """
         ...
 
     async def find_open_operations(
@@ -239,6 +282,27 @@ class SessionStorage(Protocol):
 
     async def get_stats(self) -> SessionStats:
         """Return the running counters (O(1)): last seq, entries, messages, records, usage sum."""
+        ...
+
+    async def get_usage(
+        self, *, entry_id: str | None = None, lane: str | None = None
+    ) -> TokenUsage:
+        """Return the usage sum of one entry or of one lane; exactly one must be given.
+
+        `entry_id`: the effective cost of an entry, the sum of every lane's `Usage` records
+        whose `entry_id` is it (base records and adjustments alike), in seq order. The id need
+        not be an entry: a failed attempt's provisioned id never materializes, and its usage is
+        still its own (an id nothing was billed to sums to zero).
+        `lane`: the sum of the lane's `Usage` records, in seq order. The session's sum is
+        `get_stats().usage`.
+
+        Both are running projections kept at every write (O(1) to read), so float sums are the
+        same on every backend: each adds the records in seq order, starting from zero.
+
+        Raises:
+            SessionError: ``invalid_query`` unless exactly one of them is given;
+                ``unknown_lane`` for a lane that does not exist.
+        """
         ...
 
     async def close(self) -> None:

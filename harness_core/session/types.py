@@ -177,8 +177,10 @@ class WriterLease(Frozen):
     """Monotonic per session: a takeover always gets a larger token."""
     ttl_ms: Annotated[int, Field(ge=1)] | None
     expires_at_ms: _Ms | None
-    """When the lease lapses unless renewed (a write past half-life renews it too); None for an
-    OS file lock, which lasts as long as the holding process."""
+    """When the lease lapses unless renewed (a write past half-life renews it too), on the
+    backend's lease clock: the injected `Clock` for memory and SQLite, the Redis server's
+    ``TIME`` unless a clock was injected. None for an OS file lock (JSONL), which lasts as long
+    as the holding process."""
 
 
 def _invalid(message: str) -> SessionError:

@@ -5,6 +5,7 @@ from __future__ import annotations
 from abc import ABC, abstractmethod
 
 from harness_core.errors import SessionError
+from harness_core.messages import TokenUsage
 from harness_core.session.types import (
     BranchQuery,
     EntryQuery,
@@ -45,6 +46,10 @@ class LocalReads(ABC):
     async def get_entry(self, entry_id: str) -> StoredEntry | None:
         """Point lookup."""
         return self._state().entries.get(entry_id)
+
+    async def get_record(self, record_id: str) -> StoredRecord | None:
+        """Point lookup."""
+        return self._state().record_ids.get(record_id)
 
     async def find_entries(self, query: EntryQuery | None = None) -> tuple[StoredEntry, ...]:
         """Session-wide entry query."""
@@ -90,3 +95,9 @@ class LocalReads(ABC):
     async def get_stats(self) -> SessionStats:
         """Running counters."""
         return self._state().stats
+
+    async def get_usage(
+        self, *, entry_id: str | None = None, lane: str | None = None
+    ) -> TokenUsage:
+        """The usage sum of an entry or of a lane (a running projection)."""
+        return self._state().get_usage(entry_id, lane)

@@ -1,17 +1,29 @@
-"""Checks every backend applies to caller-supplied names, and the running-stats arithmetic."""
+"""Checks every backend applies to caller-supplied names, and the running-sums arithmetic."""
 
 from __future__ import annotations
 
 import re
 from collections.abc import Sequence
 
+from pydantic import ValidationError
+
 from harness_core.errors import SessionError
 from harness_core.messages import Cost, TokenUsage
+from harness_core.session.codec import MAX_TOKENS
 from harness_core.session.entries import MessageEntry
 from harness_core.session.records import Usage
 from harness_core.session.types import LogItem, SessionStats, StoredEntry, StoredRecord
 
-__all__ = ["apply_stats", "check_lane_name", "check_session_id", "stats_from_counters"]
+__all__ = [
+    "USAGE_FIELDS",
+    "add_usage",
+    "apply_stats",
+    "check_lane_name",
+    "check_session_id",
+    "stats_from_counters",
+    "usage_from_values",
+    "usage_values",
+]
 
 _LANE = re.compile(r"^[^\x00-\x1f\x7f]{1,512}$")
 _SESSION = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._:@+=-]{0,199}$")
@@ -51,17 +63,26 @@ def apply_stats(stats: SessionStats, item: LogItem) -> SessionStats:
     )
 
 
-def stats_from_counters(counters: Sequence[str | int | float]) -> SessionStats:
-    """Build stats from stored counters.
+USAGE_FIELDS = ("input", "output", "cache_read", "cache_write", "total_tokens")
+"""The token counts of a `TokenUsage`, in the order every stored form keeps them (the five cost
+amounts follow in the same order, with ``total`` for ``total_tokens``)."""
 
-    The order is: last seq, entries, messages, records, the five token counts (input, output,
-    cache read, cache write, total) and the five cost amounts in the same order.
-    """
-    last, entries, messages, records, *rest = counters
-    t_in, t_out, t_read, t_write, t_total = (int(v) for v in rest[:5])
-    c_in, c_out, c_read, c_write, c_total = (float(v) for v in rest[5:])
+
+def usage_values(usage: TokenUsage) -> tuple[int | float, ...]:
+    """The five token counts, then the five cost amounts."""
+    cost = usage.cost
+    return (
+        *(getattr(usage, name) for name in USAGE_FIELDS),
+        cost.input, cost.output, cost.cache_read, cost.cache_write, cost.total,
+    )  # fmt: skip
+
+
+def usage_from_values(values: Sequence[str | int | float]) -> TokenUsage:
+    """The inverse of `usage_values` (stored counters may be strings)."""
+    t_in, t_out, t_read, t_write, t_total = (int(v) for v in values[:5])
+    c_in, c_out, c_read, c_write, c_total = (float(v) for v in values[5:10])
     cost = Cost(input=c_in, output=c_out, cache_read=c_read, cache_write=c_write, total=c_total)
-    usage = TokenUsage(
+    return TokenUsage(
         input=t_in,
         output=t_out,
         cache_read=t_read,
@@ -69,6 +90,34 @@ def stats_from_counters(counters: Sequence[str | int | float]) -> SessionStats:
         total_tokens=t_total,
         cost=cost,
     )
+
+
+def add_usage(total: TokenUsage, delta: TokenUsage, what: str) -> TokenUsage:
+    """`total + delta`, or ``SessionError("invalid_payload")`` if the sum leaves the range.
+
+    Every running sum (the session's, a lane's, an entry's) must stay readable and exact on
+    every backend: token sums within ±`MAX_TOKENS`, cost sums finite. A write that would take
+    one out of range is refused as a whole, so no sum is ever poisoned.
+    """
+    try:
+        result = total + delta
+    except ValidationError:  # a cost sum overflowed to an infinity
+        result = None
+    if result is None or not all(
+        -MAX_TOKENS <= getattr(result, name) <= MAX_TOKENS for name in USAGE_FIELDS
+    ):
+        raise SessionError("invalid_payload", f"the usage sum of {what} would leave the range")
+    return result
+
+
+def stats_from_counters(counters: Sequence[str | int | float]) -> SessionStats:
+    """Build stats from stored counters.
+
+    The order is: last seq, entries, messages, records, the five token counts (input, output,
+    cache read, cache write, total) and the five cost amounts in the same order.
+    """
+    last, entries, messages, records, *rest = counters
+    usage = usage_from_values(rest)
     return SessionStats(
         last_seq=int(last),
         entries=int(entries),

@@ -3,6 +3,9 @@
 The memory backend is this state behind a lock; the JSONL backend replays its file into it and
 appends a line before applying each mutation; `import_session` on every backend replays the
 imported log into one first, so a malformed log is refused before any backend is touched.
+
+Records are indexed the way queries narrow them (by lane, by lane and type, by type, by run), each
+index a seq-ordered list, so a query reads only the records of its narrowest index.
 """
 
 from __future__ import annotations
@@ -12,9 +15,10 @@ from collections.abc import Iterable, Iterator, Mapping
 
 from harness_core.errors import SessionError
 from harness_core.frozen import JsonValue
-from harness_core.session.codec import encode_entry, encode_fact, encode_record
+from harness_core.messages import TokenUsage
+from harness_core.session.codec import encode, encode_entry, encode_fact, encode_record
 from harness_core.session.entries import CustomEntry, Entry
-from harness_core.session.records import OperationFinished, OperationStarted, Record
+from harness_core.session.records import OperationFinished, OperationStarted, Record, Usage
 from harness_core.session.types import (
     BranchQuery,
     EntryQuery,
@@ -32,9 +36,28 @@ from harness_core.session.types import (
     StoredRecord,
 )
 from harness_core.storage._branch import BranchNode, BranchScan, SinceScan, drive, entry_matches
-from harness_core.storage._rules import apply_stats, check_lane_name
+from harness_core.storage._rules import add_usage, apply_stats, check_lane_name
 
-__all__ = ["SessionState", "new_metadata", "record_matches", "replay_log"]
+__all__ = ["SessionState", "new_metadata", "record_matches", "record_run_id", "replay_log"]
+
+_Key = tuple[str | None, str, str | None]
+"""An index of records: (lane or None for every lane, type, operation kind or None)."""
+
+
+def record_run_id(record: Record) -> str | None:
+    """The run a record belongs to: an operation start's own id, else its `run_id` field."""
+    if isinstance(record, OperationStarted):
+        return record.id
+    run_id: str | None = getattr(record, "run_id", None)
+    return run_id
+
+
+def _index_keys(record: Record) -> list[_Key]:
+    keys: list[_Key] = [(record.lane, record.type, None), (None, record.type, None)]
+    if isinstance(record, OperationStarted):
+        kind = record.intent.kind
+        keys += [(record.lane, record.type, kind), (None, record.type, kind)]
+    return keys
 
 
 def record_matches(query: RecordQuery, stored: StoredRecord) -> bool:
@@ -68,6 +91,10 @@ class SessionState:
         self.records: list[StoredRecord] = []
         self.record_ids: dict[str, StoredRecord] = {}
         self.lane_records: dict[str, list[StoredRecord]] = {}
+        self.typed_records: dict[_Key, list[StoredRecord]] = {}
+        self.run_records: dict[str, list[StoredRecord]] = {}
+        self.lane_usage: dict[str, TokenUsage] = {}
+        self.entry_usage: dict[str, TokenUsage] = {}
         self.lanes: dict[str, str | None] = {"main": None}
         self.open_ops: dict[str, list[StoredRecord]] = {}
         self.name: str | None = None
@@ -125,11 +152,22 @@ class SessionState:
             )
         return existing
 
+    def _check_usage(self, record: Record) -> None:
+        """Refuse a usage record that would take a running sum out of range (see `add_usage`)."""
+        if not isinstance(record, Usage):
+            return
+        add_usage(self.stats.usage, record.usage, "the session")
+        add_usage(self.lane_usage.get(record.lane, TokenUsage()), record.usage, "the lane")
+        if record.entry_id is not None:
+            entry_sum = self.entry_usage.get(record.entry_id, TokenUsage())
+            add_usage(entry_sum, record.usage, f"entry {record.entry_id!r}")
+
     def prepare_record(self, record: Record, now: int) -> StoredRecord:
         """Check a record append (including the open-operation condition) and return its item."""
         encode_record(record)
         self._require_lane(record.lane)
         self._require_unused_id(record.id)
+        self._check_usage(record)
         if isinstance(record, OperationStarted):
             open_ops = self.open_ops.get(record.lane)
             if open_ops:
@@ -178,6 +216,7 @@ class SessionState:
                 encode_record(item.record)
                 self._require_lane(item.record.lane)
                 self._require_unused_id(item.id)
+                self._check_usage(item.record)
             elif isinstance(item, LaneMove):
                 check_lane_name(item.lane)
                 if item.created and item.lane in self.lanes:
@@ -207,6 +246,18 @@ class SessionState:
             self.records.append(item)
             self.record_ids[record.id] = item
             self.lane_records.setdefault(record.lane, []).append(item)
+            for key in _index_keys(record):
+                self.typed_records.setdefault(key, []).append(item)
+            run_id = record_run_id(record)
+            if run_id is not None:
+                self.run_records.setdefault(run_id, []).append(item)
+            if isinstance(record, Usage):
+                usage = record.usage
+                lane_sum = self.lane_usage.get(record.lane, TokenUsage())
+                self.lane_usage[record.lane] = add_usage(lane_sum, usage, "the lane")
+                if record.entry_id is not None:
+                    entry_sum = self.entry_usage.get(record.entry_id, TokenUsage())
+                    self.entry_usage[record.entry_id] = add_usage(entry_sum, usage, "the entry")
             if isinstance(record, OperationStarted):
                 self.open_ops.setdefault(record.lane, []).append(item)
             elif isinstance(record, OperationFinished):
@@ -278,8 +329,17 @@ class SessionState:
         return tuple(self.entries[node.id] for node in nodes)
 
     def find_records(self, query: RecordQuery) -> tuple[StoredRecord, ...]:
-        """Record query."""
-        pool = self.records if query.lane is None else self.lane_records.get(query.lane, [])
+        """Record query: the narrowest index holding every match, filtered by the rest."""
+        pool: list[StoredRecord]
+        if query.run_id is not None:
+            pool = self.run_records.get(query.run_id, [])
+        elif query.type is not None:
+            key = (query.lane, query.type, query.operation_kind)
+            pool = self.typed_records.get(key, [])
+        elif query.lane is not None:
+            pool = self.lane_records.get(query.lane, [])
+        else:
+            pool = self.records
         if query.after_seq is not None:
             pool = pool[bisect.bisect_right(pool, query.after_seq, key=lambda r: r.seq) :]
         ordered = pool if query.order == "oldest_first" else reversed(pool)
@@ -304,6 +364,17 @@ class SessionState:
             raise SessionError("not_found", f"lane {lane!r} has no operation {run_id!r}")
         pool = self.lane_records[lane]
         return tuple(pool[bisect.bisect_left(pool, start.seq, key=lambda r: r.seq) :])
+
+    def get_usage(self, entry_id: str | None, lane: str | None) -> TokenUsage:
+        """The usage sum of an entry or of a lane (exactly one of them)."""
+        if (entry_id is None) == (lane is None):
+            raise SessionError("invalid_query", "get_usage takes exactly one of entry_id, lane")
+        if lane is not None:
+            if lane not in self.lanes:
+                raise SessionError("unknown_lane", f"lane {lane!r} does not exist")
+            return self.lane_usage.get(lane, TokenUsage())
+        assert entry_id is not None
+        return self.entry_usage.get(entry_id, TokenUsage())
 
     def get_log(self, after_seq: int, limit: int | None) -> tuple[LogItem, ...]:
         """Log items with seq > after_seq, oldest first."""
@@ -331,6 +402,7 @@ def new_metadata(
 
 def replay_log(metadata: SessionMetadata, items: Iterable[LogItem]) -> SessionState:
     """Check and apply an exported log to a fresh state (the common first step of every import)."""
+    encode(metadata, "session metadata")  # it may have skipped validation (model_copy)
     state = SessionState(metadata.model_copy(update={"name": None}))
     for item in items:
         state.check_replay(item)

@@ -6,10 +6,12 @@ writer lock (an OS ``flock``, refused to every other open file, in this process 
 and the last fencing token handed out.
 
 Durability: a write returns after its line was handed to the OS (``fsync="never"``: survives a
-process crash) or after ``fsync(2)`` (``fsync="always"``: survives power loss). Opening a file
-whose final line is torn (no newline, or not decodable) ignores that line, and a writer open
-truncates it: it was never acknowledged. A malformed line anywhere else refuses the open with
-`StoreCorrupted` naming the file and line; nothing is repaired silently.
+process crash) or after ``fsync(2)`` (``fsync="always"``: survives power loss). A line is
+written whole, newline included, before its write returns, so only a final line without its
+newline (a torn tail) can be a write that was never acknowledged: opening ignores it, and a
+writer open truncates it. Any malformed newline-terminated line, the final one included, may
+be an acknowledged write: it refuses the open (reader or writer) with `StoreCorrupted` naming
+the file and line; nothing is repaired silently.
 """
 
 from __future__ import annotations
@@ -92,7 +94,7 @@ class JsonlSessionStorage(LocalReads):
 
     @property
     def lease(self) -> WriterLease | None:
-        """The writer lease this storage was opened with; None when read-only."""
+        """The writer lease (an OS lock: no expiry); None when read-only."""
         return self._lease
 
     def _state(self) -> SessionState:
@@ -161,6 +163,15 @@ class JsonlSessionStorage(LocalReads):
         """Set or clear an entry's label."""
         fact = LabelFact(target_id=target_id, label=label)
         return await self._commit(lambda st, now: st.prepare_fact(fact, now))
+
+    async def renew_lease(self) -> WriterLease:
+        """An OS lock does not lapse: confirm it is still held and return the lease unchanged."""
+        self._state()
+        if self._lease is None:
+            raise SessionError(
+                "read_only", f"session {self._session_id!r} was opened without a lease"
+            )
+        return await self._repo.renew_lease(self._lease)
 
     async def close(self) -> None:
         """Close this storage."""
@@ -366,7 +377,7 @@ def _open_append(path: Path) -> int:
 
 
 def _load(path: Path, writer: bool) -> SessionState:
-    """Replay a session file; a writer truncates a torn final line."""
+    """Replay a session file; a writer truncates a torn tail (a final line without newline)."""
     try:
         raw = path.read_bytes()
     except FileNotFoundError:
@@ -383,9 +394,6 @@ def _load(path: Path, writer: bool) -> SessionState:
         try:
             item = log_item_adapter.validate_json(line)
         except ValidationError as exc:
-            if number == len(lines) and not torn:
-                torn = line  # a malformed final line is an append that died mid-write
-                break
             raise StoreCorrupted(
                 f"malformed line {location}: {exc.errors()[:1]}", location=location
             ) from exc
@@ -426,6 +434,8 @@ def _list(directory: Path) -> list[SessionMetadata]:
                 continue  # being published
             meta = _parse_header(first.rstrip(b"\n"), path)
             for line in handle:
+                if not line.endswith(b"\n"):
+                    break  # a torn tail was never acknowledged
                 if line.startswith(b'{"kind":"fact"') and b'"fact":"name"' in line:
                     with contextlib.suppress(ValueError):
                         name = json.loads(line)["fact"]["name"]

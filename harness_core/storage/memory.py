@@ -58,7 +58,7 @@ class MemorySessionStorage(LocalReads):
 
     @property
     def lease(self) -> WriterLease | None:
-        """The writer lease this storage was opened with; None when read-only."""
+        """The writer lease, with the newest expiry this storage set; None when read-only."""
         return self._lease
 
     def _state(self) -> SessionState:
@@ -85,6 +85,18 @@ class MemorySessionStorage(LocalReads):
         expires = current.renewed_by_write(now)
         if expires is not None:
             self._session.lease = LeaseRow(current.owner, current.token, current.ttl_ms, expires)
+            assert self._lease is not None
+            self._lease = self._lease.model_copy(update={"expires_at_ms": expires})
+
+    async def renew_lease(self) -> WriterLease:
+        """Extend this storage's lease by its ttl."""
+        self._state()
+        if self._lease is None:
+            raise SessionError(
+                "read_only", f"session {self.session_id!r} was opened without a lease"
+            )
+        self._lease = await self._repo.renew_lease(self._lease)
+        return self._lease
 
     async def create_lane(self, lane: str, at: str | None) -> LaneMove:
         """Create a lane at an entry (or the root)."""

@@ -3,10 +3,16 @@
 Keys of session S (prefix P) all carry the hash tag ``{S}`` so that one session lives in one
 Redis Cluster slot: ``P:{S}:meta`` (metadata, the seq allocator, the fence counter, running
 stats), ``:lease``, ``:lanes`` (lane -> leaf), ``:ep``/``:en`` (entry payloads and tree nodes),
-``:eseq``/``:et:<type>``/``:ec:<custom_type>`` (entry indexes), ``:rid`` (record ids),
-``:lr:<lane>`` (one stream per lane: the lane's records, stream id = seq, for bounded restore),
-``:open:<lane>`` (open operations), ``:log`` (the session stream: one item per mutation, stream
-id = seq) and ``:labels``. ``P:sessions`` lists the sessions.
+``:eseq``/``:ec:<custom_type>`` (entry indexes), ``:rid`` (record ids), ``:lr:<lane>`` (one
+stream per lane: the lane's records, stream id = seq, for bounded restore), ``:lt:<type>:<lane>``
+and ``:lt:operation_started.<kind>:<lane>`` (per lane and record type or operation kind: the
+seqs of those records, so "the lane's newest operation_finished" or "its queue records since
+seq N" is one short range read), ``:runs`` (every record of a run: one sorted set read by lex
+range, members ``<run> TAB <seq, 16 digits> TAB <lane>``), ``:open:<lane>`` (open operations),
+``:ul``/``:ue`` (running usage sums per lane and per entry id), ``:log`` (the session stream:
+one item per mutation, stream id = seq) and ``:labels``. ``P:sessions`` lists the sessions.
+The meta field ``layout`` says which layout a session has; `open` upgrades a session of an older
+one in one script.
 
 Each mutation is one Lua script call that checks the writer's fencing token, allocates `seq`,
 appends to the session log stream and updates every projection; Redis runs it atomically.
@@ -24,7 +30,7 @@ from __future__ import annotations
 
 import asyncio
 from collections.abc import Callable, Iterable, Mapping, Sequence
-from typing import Any, Protocol, cast
+from typing import Any, Protocol, cast, get_args
 
 import redis.asyncio as aioredis
 from redis.asyncio.retry import Retry
@@ -32,9 +38,10 @@ from redis.backoff import NoBackoff
 from redis.exceptions import NoScriptError, RedisError, ResponseError
 
 from harness_core.clock import Clock
-from harness_core.errors import LeaseHeld, LeaseLost, SessionError
+from harness_core.errors import LeaseHeld, LeaseLost, SessionError, StoreCorrupted
 from harness_core.frozen import JsonValue
 from harness_core.ids import IdGenerator, Uuid7Ids
+from harness_core.messages import TokenUsage
 from harness_core.session.codec import (
     decode,
     decode_entry,
@@ -46,7 +53,13 @@ from harness_core.session.codec import (
     fact_adapter,
 )
 from harness_core.session.entries import CustomEntry, Entry
-from harness_core.session.records import OperationFinished, Record, Usage
+from harness_core.session.records import (
+    OperationKind,
+    OperationStarted,
+    Record,
+    RecordType,
+    Usage,
+)
 from harness_core.session.types import (
     BranchQuery,
     EntryQuery,
@@ -67,14 +80,26 @@ from harness_core.session.types import (
 from harness_core.storage._batch import WriteQueue
 from harness_core.storage._branch import BranchNode, BranchScan, PathScan, SinceScan
 from harness_core.storage._leases import check_ttl
-from harness_core.storage._rules import check_lane_name, check_session_id, stats_from_counters
-from harness_core.storage._state import new_metadata, record_matches, replay_log
+from harness_core.storage._rules import (
+    check_lane_name,
+    check_session_id,
+    stats_from_counters,
+    usage_from_values,
+    usage_values,
+)
+from harness_core.storage._state import new_metadata, record_matches, record_run_id, replay_log
 from harness_core.storage.redis_lua import SCRIPTS
 
 __all__ = ["RedisSessionRepo", "RedisSessionStorage"]
 
+_LAYOUT = "2"
 _WALK_BATCH = 256
 _READ_BATCH = 512
+_TYPE_INDEXES = (
+    *get_args(RecordType),
+    *(f"operation_started.{kind}" for kind in get_args(OperationKind)),
+)
+"""The name of every per-lane type index (what `delete` removes for each lane)."""
 _STAT_FIELDS = (
     "seq", "n_entries", "n_messages", "n_records", "u_input", "u_output", "u_cache_read",
     "u_cache_write", "u_total_tokens", "c_input", "c_output", "c_cache_read", "c_cache_write",
@@ -89,17 +114,6 @@ async def _stream_range(
     if newest_first:
         return await c.xrevrange(key, high, low, count=count)
     return await c.xrange(key, low, high, count=count)
-
-
-def _may_match(query: RecordQuery, payload: str) -> bool:
-    """A cheap necessary condition on a record's canonical JSON before decoding it.
-
-    Payloads are pydantic's compact JSON (no spaces), so a record of type T contains
-    ``"type":"T"``;
-    a payload without it cannot match a type filter (one with it may still not: nested
-    entries have types too, so `record_matches` decides).
-    """
-    return query.type is None or f'"type":"{query.type}"' in payload
 
 
 Stream = list[tuple[str, dict[str, str]]]
@@ -140,6 +154,12 @@ class _Client(Protocol):
     async def zrevrangebyscore(
         self, name: str, max: str, min: str, start: int | None = None, num: int | None = None
     ) -> list[str]: ...
+    async def zrangebylex(
+        self, name: str, min: str, max: str, start: int | None = None, num: int | None = None
+    ) -> list[str]: ...
+    async def zrevrangebylex(
+        self, name: str, max: str, min: str, start: int | None = None, num: int | None = None
+    ) -> list[str]: ...
     async def xrange(self, name: str, min: str, max: str, count: int | None = None) -> Stream: ...
     async def xrevrange(
         self, name: str, max: str, min: str, count: int | None = None
@@ -165,6 +185,8 @@ def _session_error(exc: ResponseError) -> SessionError:
         )
     if code == "lease_lost":
         return LeaseLost(message)
+    if code == "corrupt":
+        return StoreCorrupted(message, location="redis")
     return SessionError(code, message)  # type: ignore[arg-type]
 
 
@@ -246,7 +268,15 @@ class RedisSessionStorage:
 
     @property
     def lease(self) -> WriterLease | None:
-        """The writer lease this storage was opened with; None when read-only."""
+        """The writer lease, with the newest expiry this storage set; None when read-only."""
+        return self._lease
+
+    async def renew_lease(self) -> WriterLease:
+        """Extend this storage's lease by its ttl (on the server's clock unless one is injected)."""
+        self._client()
+        if self._lease is None:
+            raise SessionError("read_only", f"session {self._sid!r} was opened without a lease")
+        self._lease = await self._repo.renew_lease(self._lease)
         return self._lease
 
     def _client(self) -> _Client:
@@ -270,6 +300,8 @@ class RedisSessionStorage:
         reply: list[Any] = await self._repo.writes.submit(
             ("mutate", self._meta, (op, str(self._lease.token), self._repo.now_arg(), *args))
         )
+        if reply[0] == "ok" and reply[3]:  # the write renewed the lease
+            self._lease = self._lease.model_copy(update={"expires_at_ms": int(reply[3])})
         return reply
 
     # -- metadata and lanes ----------------------------------------------------------------
@@ -322,7 +354,7 @@ class RedisSessionStorage:
                 seq=seq, timestamp=ts, lane=stored_lane, parent_id=parent, entry=entry
             )
             return stored, False
-        seq, ts, parent, _, _, _ = _node(reply[3])
+        seq, ts, parent, _, _, _ = _node(reply[4])
         return StoredEntry(seq=seq, timestamp=ts, lane=lane, parent_id=parent, entry=entry), True
 
     async def append_entry(self, entry: Entry, lane: str) -> StoredEntry:
@@ -377,6 +409,19 @@ class RedisSessionStorage:
         """Point lookup."""
         found: list[StoredEntry | None] = await self._read(lambda c: self._entries(c, [entry_id]))
         return found[0]
+
+    async def get_record(self, record_id: str) -> StoredRecord | None:
+        """Point lookup: the id index gives the record's seq and lane, its lane stream the rest."""
+
+        async def run(c: _Client) -> list[StoredRecord]:
+            located = await c.hget(self._base + "rid", record_id)
+            if located is None:
+                return []
+            seq, _, lane = located.split("\t", 2)
+            return await self._records_at(c, [(int(seq), lane)])
+
+        found: list[StoredRecord] = await self._read(run)
+        return found[0] if found else None
 
     async def find_entries(self, query: EntryQuery | None = None) -> tuple[StoredEntry, ...]:
         """Session-wide entry query: the seq index (or a custom type's), filtered in batches."""
@@ -493,50 +538,71 @@ class RedisSessionStorage:
         rows = await pipe.execute()
         return [self._record(*found[0]) for found in rows if found]
 
-    async def find_records(self, query: RecordQuery | None = None) -> tuple[StoredRecord, ...]:
-        """Record query: a lane's stream when the lane is given, the session log otherwise."""
-        q = query or RecordQuery()
+    async def _record_page(
+        self, c: _Client, q: RecordQuery, after: int, before: int | None, count: int
+    ) -> tuple[list[int], list[StoredRecord]]:
+        """Up to `count` records of `q`'s narrowest index with after < seq < before, in order.
+
+        Returns the seqs read (to move the window) and the records (some may not match `q`).
+        The narrowest index: the run index for a run, the lane's type (or kind) index for a lane
+        and a type, the lane's stream for a lane, else the session log.
+        """
         newest = q.order == "newest_first"
+        located: list[tuple[int, str]]
+        if q.run_id is not None:
+            key, prefix = self._base + "runs", q.run_id + "\t"
+            low = f"({prefix}{after:016d}"
+            high = f"({prefix}{before:016d}" if before is not None else f"({prefix}:"
+            if newest:
+                members = await c.zrevrangebylex(key, high, low, start=0, num=count)
+            else:
+                members = await c.zrangebylex(key, low, high, start=0, num=count)
+            located = [(int(seq), lane) for _, seq, lane in (m.split("\t", 2) for m in members)]
+            return [seq for seq, _ in located], await self._records_at(c, located)
+        low_id, high_id = f"({after}-0", "+" if before is None else f"({before}-0"
+        if q.lane is not None and q.type is not None:
+            index = self._base + _type_index(q.type, q.operation_kind, q.lane)
+            rows = await _stream_range(c, index, low_id, high_id, newest, count)
+            seqs = [int(stream_id.split("-", 1)[0]) for stream_id, _ in rows]
+            return seqs, await self._records_at(c, [(seq, q.lane) for seq in seqs])
+        if q.lane is not None:
+            key = self._base + "lr:" + q.lane
+            rows = await _stream_range(c, key, low_id, high_id, newest, count)
+            seqs = [int(stream_id.split("-", 1)[0]) for stream_id, _ in rows]
+            return seqs, [self._record(stream_id, fields) for stream_id, fields in rows]
+        rows = await _stream_range(c, self._base + "log", low_id, high_id, newest, count)
+        seqs = [int(stream_id.split("-", 1)[0]) for stream_id, _ in rows]
+        located = [
+            (int(stream_id.split("-", 1)[0]), fields["lane"])
+            for stream_id, fields in rows
+            if fields["k"] == "r"
+        ]
+        return seqs, await self._records_at(c, located)
+
+    async def find_records(self, query: RecordQuery | None = None) -> tuple[StoredRecord, ...]:
+        """Record query: pages of the narrowest index (see `_record_page`), filtered."""
+        q = query or RecordQuery()
         kept: list[StoredRecord] = []
 
         async def run(c: _Client) -> None:
-            low_seq = (q.after_seq or 0) + 1
-            low, high = f"{low_seq}-0", "+"
+            after, before = q.after_seq or 0, None
             # A limited query usually matches near where it starts (the newest run start of a
             # lane): read small batches first and grow, so its cost does not track history.
             count = _READ_BATCH if q.limit is None else min(_READ_BATCH, max(16, 4 * q.limit))
             while True:
-                if q.lane is not None:
-                    lane_rows = await _stream_range(
-                        c, self._base + "lr:" + q.lane, low, high, newest, count
-                    )
-                    positions = [int(stream_id.split("-", 1)[0]) for stream_id, _ in lane_rows]
-                    batch = [
-                        self._record(stream_id, fields)
-                        for stream_id, fields in lane_rows
-                        if _may_match(q, fields["d"])
-                    ]
-                else:
-                    rows = await _stream_range(c, self._base + "log", low, high, newest, count)
-                    positions = [int(stream_id.split("-", 1)[0]) for stream_id, _ in rows]
-                    located = [
-                        (int(stream_id.split("-", 1)[0]), fields["lane"])
-                        for stream_id, fields in rows
-                        if fields["k"] == "r"
-                    ]
-                    batch = await self._records_at(c, located)
+                seqs, batch = await self._record_page(c, q, after, before, count)
                 for record in batch:
                     if record_matches(q, record):
                         kept.append(record)
                         if q.limit is not None and len(kept) >= q.limit:
                             return
-                if len(positions) < count:
+                if len(seqs) < count:
                     return
                 count = min(_READ_BATCH, count * 4)
-                if newest:
-                    high = f"({positions[-1]}-0"
+                if q.order == "newest_first":
+                    before = seqs[-1]
                 else:
-                    low = f"({positions[-1]}-0"
+                    after = seqs[-1]
 
         await self._read(run)
         return tuple(kept)
@@ -646,6 +712,28 @@ class RedisSessionStorage:
         label: str | None = await self._read(lambda c: c.hget(self._base + "labels", target_id))
         return label
 
+    async def get_usage(
+        self, *, entry_id: str | None = None, lane: str | None = None
+    ) -> TokenUsage:
+        """The usage sum of an entry or of a lane (one hash field)."""
+        if (entry_id is None) == (lane is None):
+            raise SessionError("invalid_query", "get_usage takes exactly one of entry_id, lane")
+
+        async def run(c: _Client) -> str | None:
+            if entry_id is not None:
+                return await c.hget(self._base + "ue", entry_id)
+            assert lane is not None
+            pipe = c.pipeline(transaction=False)
+            pipe.hexists(self._base + "lanes", lane)
+            pipe.hget(self._base + "ul", lane)
+            exists, packed = await pipe.execute()
+            if not exists:
+                raise SessionError("unknown_lane", f"lane {lane!r} does not exist")
+            return cast(str | None, packed)
+
+        packed = await self._read(run)
+        return TokenUsage() if packed is None else usage_from_values(packed.split(" "))
+
     async def get_stats(self) -> SessionStats:
         """Running counters."""
         values = await self._read(lambda c: c.hmget(self._meta, list(_STAT_FIELDS)))
@@ -658,18 +746,20 @@ class RedisSessionStorage:
         self._closed = True
 
 
+def _type_index(record_type: str, kind: str | None, lane: str) -> str:
+    """The key suffix of a lane's index of one record type (or operation kind)."""
+    return f"lt:{record_type}.{kind}:{lane}" if kind else f"lt:{record_type}:{lane}"
+
+
 def _record_args(record: Record, payload: str) -> tuple[str, ...]:
-    run_id = record.run_id if isinstance(record, OperationFinished) else ""
-    args: tuple[str, ...] = (record.lane, record.id, record.type, run_id, payload)
+    run = record_run_id(record) or ""
+    kind = record.intent.kind if isinstance(record, OperationStarted) else ""
+    args: tuple[str, ...] = (record.lane, record.id, record.type, run, payload, kind)
     if isinstance(record, Usage):
-        u = record.usage
-        c = u.cost
-        args += tuple(
-            str(v) for v in (u.input, u.output, u.cache_read, u.cache_write, u.total_tokens)
-        )
-        args += tuple(
-            repr(float(v)) for v in (c.input, c.output, c.cache_read, c.cache_write, c.total)
-        )
+        # repr() of a float reads back exactly (tonumber in the script parses it with strtod)
+        amounts = usage_values(record.usage)
+        args += (record.entry_id or "", *(str(v) for v in amounts[:5]))
+        args += tuple(repr(float(v)) for v in amounts[5:])
     return args
 
 
@@ -828,6 +918,8 @@ class RedisSessionRepo:
             raise SessionError("invalid_query", "the lease is for another session")
         if not await self.read_metas(self._reader, [session_id]):
             raise SessionError("not_found", f"session {session_id!r} does not exist")
+        if await self._reader.hget(self.key(session_id, "meta"), "layout") != _LAYOUT:
+            await self._script("upgrade", session_id)
         if lease is not None:
             await self._script("check_lease", session_id, str(lease.token), self.now_arg())
         return RedisSessionStorage(self, session_id, lease)
@@ -843,7 +935,11 @@ class RedisSessionRepo:
         """Delete a session unless another writer holds it."""
         check_session_id(session_id)
         deleted = await self._script(
-            "delete", session_id, "" if lease is None else str(lease.token), self.now_arg()
+            "delete",
+            session_id,
+            "" if lease is None else str(lease.token),
+            self.now_arg(),
+            *_TYPE_INDEXES,
         )
         await self._reader.zrem(f"{self.prefix}:sessions", session_id)
         return bool(deleted)

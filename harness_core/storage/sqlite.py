@@ -9,8 +9,14 @@ acknowledged is lost, slower). All SQLite calls run on one thread per repository
 submission order, so concurrent writes from many lanes resolve in commit order.
 
 Restore reads are index seeks plus bounded scans: open operations come from their own table,
-an operation's records from ``(session_id, lane, seq)``, a lane's own entries from primary-key
-lookups along parent links; none of them touches other lanes' traffic or older history.
+an operation's records from ``(session_id, lane, seq)``, a lane's records of one type (or
+operation kind) from ``(session_id, lane, type, seq)``, a lane's own entries from primary-key
+lookups along parent links; none of them touches other lanes' traffic or older history. Usage
+sums per lane and per entry are running projections (`usage_sums`), like the session's.
+
+Schema version 2 (this module) changed the type indexes and added `usage_sums`; a version-1
+database is upgraded in place on first use (one transaction), and a version-2 database refuses
+older code, which would not maintain the sums.
 """
 
 from __future__ import annotations
@@ -20,6 +26,7 @@ import contextlib
 import sqlite3
 from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
 from concurrent.futures import ThreadPoolExecutor
+from dataclasses import dataclass
 from importlib import resources
 from pathlib import Path
 from typing import Any, Literal, TypeVar
@@ -61,43 +68,36 @@ from harness_core.session.types import (
 from harness_core.storage._batch import WriteQueue
 from harness_core.storage._branch import BranchNode, BranchScan, SinceScan, drive
 from harness_core.storage._leases import LeaseRow, check_acquire, check_current, check_ttl
-from harness_core.storage._rules import check_lane_name, check_session_id, stats_from_counters
-from harness_core.storage._state import new_metadata, replay_log
+from harness_core.storage._rules import (
+    add_usage,
+    check_lane_name,
+    check_session_id,
+    stats_from_counters,
+    usage_from_values,
+    usage_values,
+)
+from harness_core.storage._state import new_metadata, record_run_id, replay_log
 
 __all__ = ["SqliteSessionRepo", "SqliteSessionStorage", "Synchronous"]
 
 Synchronous = Literal["normal", "full"]
-SCHEMA_VERSION = 1
+SCHEMA_VERSION = 2
 _T = TypeVar("_T")
 
-_STAT_COLUMNS = (
-    "n_entries", "n_messages", "n_records", "u_input", "u_output", "u_cache_read",
-    "u_cache_write", "u_total_tokens", "c_input", "c_output", "c_cache_read", "c_cache_write",
-    "c_total",
+_USAGE_COLUMNS = (
+    "u_input", "u_output", "u_cache_read", "u_cache_write", "u_total_tokens", "c_input",
+    "c_output", "c_cache_read", "c_cache_write", "c_total",
 )  # fmt: skip
-
-
-def _stats_delta(item: LogItem) -> tuple[float, ...]:
-    entries = messages = records = 0
-    usage = TokenUsage()
-    if isinstance(item, StoredEntry):
-        entries = 1
-        messages = int(isinstance(item.entry, MessageEntry))
-    elif isinstance(item, StoredRecord):
-        records = 1
-        if isinstance(item.record, Usage):
-            usage = item.record.usage
-    cost = usage.cost
-    return (
-        entries, messages, records, usage.input, usage.output, usage.cache_read,
-        usage.cache_write, usage.total_tokens, cost.input, cost.output, cost.cache_read,
-        cost.cache_write, cost.total,
-    )  # fmt: skip
+_STAT_COLUMNS = ("n_entries", "n_messages", "n_records", *_USAGE_COLUMNS)
+_USAGE_SUM_SQL = (
+    f"SELECT {', '.join(_USAGE_COLUMNS)} FROM usage_sums WHERE session_id=? AND scope=? AND key=?"
+)
+_PUT_USAGE_SUM_SQL = f"INSERT OR REPLACE INTO usage_sums VALUES (?,?,?,{','.join('?' * 10)})"
 
 
 _SESSION_TABLES = (
     "entries", "records", "lanes", "open_operations", "lane_moves", "facts", "labels",
-    "writer_leases", "sessions",
+    "usage_sums", "writer_leases", "sessions",
 )  # fmt: skip
 
 
@@ -133,8 +133,9 @@ class _Tx:
         self.seq = last_seq
         self.now = now
         """When this transaction runs: the time checked against leases and given to items."""
-        self.counters = counters
-        self.deltas: list[tuple[float, ...]] = []
+        self.counters = list(counters)
+        """The session's running counters after the writes so far (written by `finish`)."""
+        self.wrote = False
 
     @property
     def next_seq(self) -> int:
@@ -179,16 +180,13 @@ class _Tx:
                 )
         elif isinstance(item, StoredRecord):
             record = item.record
-            run_id = (
-                record.id
-                if isinstance(record, OperationStarted)
-                else getattr(record, "run_id", None)
-            )
             kind = record.intent.kind if isinstance(record, OperationStarted) else None
+            if isinstance(record, Usage):  # first: a sum out of range refuses the write
+                self.add_usage(record)
             c.execute(
                 "INSERT INTO records VALUES (?,?,?,?,?,?,?,?,?)",
-                (sid, item.seq, record.id, record.lane, run_id, record.type, kind, item.timestamp,
-                 payload or encode_record(record)),
+                (sid, item.seq, record.id, record.lane, record_run_id(record), record.type, kind,
+                 item.timestamp, payload or encode_record(record)),
             )  # fmt: skip
             if isinstance(record, OperationStarted):
                 c.execute(
@@ -224,20 +222,79 @@ class _Tx:
                     (sid, fact.target_id, fact.label),
                 )
         self.seq = item.seq
-        self.deltas.append(_stats_delta(item))
+        self.wrote = True
+        if isinstance(item, StoredEntry):
+            self.counters[0] += 1
+            self.counters[1] += isinstance(item.entry, MessageEntry)
+        elif isinstance(item, StoredRecord):
+            self.counters[2] += 1
 
-    def finish(self, lease: LeaseRow | None) -> None:
-        if not self.deltas:
-            return
-        totals = list(self.counters)
-        for delta in self.deltas:  # one addition per write, in order: sums match the reference
-            totals = [total + d for total, d in zip(totals, delta, strict=True)]
-        self.conn.execute(_UPDATE_STATS_SQL, (self.seq, *totals, self.sid))
+    def add_usage(self, record: Usage) -> None:
+        """Add a usage record to the session's, its lane's and its entry's running sums.
+
+        Each sum gets one addition per record, in seq order, as in the memory reference.
+        Raises ``SessionError("invalid_payload")`` (before anything changed) if a sum would
+        leave its range.
+        """
+        session = add_usage(usage_from_values(self.counters[3:]), record.usage, "the session")
+        scopes = [("lane", record.lane)]
+        if record.entry_id is not None:
+            scopes.append(("entry", record.entry_id))
+        sums = []
+        for scope, key in scopes:
+            row = self.conn.execute(_USAGE_SUM_SQL, (self.sid, scope, key)).fetchone()
+            current = TokenUsage() if row is None else usage_from_values(row)
+            sums.append((scope, key, add_usage(current, record.usage, f"{scope} {key!r}")))
+        for scope, key, total in sums:
+            self.conn.execute(_PUT_USAGE_SUM_SQL, (self.sid, scope, key, *usage_values(total)))
+        self.counters[3:] = usage_values(session)
+
+    def finish(self, lease: LeaseRow | None) -> int | None:
+        """Store the counters and renew the lease if past half-life; return its new expiry."""
+        if not self.wrote:
+            return None
+        self.conn.execute(_UPDATE_STATS_SQL, (self.seq, *self.counters, self.sid))
         expires = None if lease is None else lease.renewed_by_write(self.now)
         if expires is not None:
             self.conn.execute(
                 "UPDATE writer_leases SET expires_at_ms=? WHERE session_id=?", (expires, self.sid)
             )
+        return expires
+
+
+@dataclass(frozen=True, slots=True)
+class _Written:
+    """A committed mutation's result, and the lease expiry its batch set (None: unchanged)."""
+
+    value: Any
+    lease_expires_at_ms: int | None
+
+
+def _upgrade_from_1(conn: sqlite3.Connection, path: Path) -> None:
+    """Schema 1 -> 2, inside the caller's transaction: new type indexes, usage sums backfilled.
+
+    The sums are rebuilt from the stored usage records in seq order, each one addition per
+    record as a write would have done, so they equal what version 2 would have kept.
+    """
+    conn.execute("DROP INDEX IF EXISTS records_by_lane_type")
+    conn.execute("DROP INDEX IF EXISTS records_by_type")
+    conn.execute("DELETE FROM usage_sums")
+    sums: dict[tuple[str, str, str], TokenUsage] = {}
+    rows = conn.execute(
+        "SELECT session_id, seq, payload FROM records WHERE type='usage' ORDER BY session_id, seq"
+    )
+    for sid, seq, payload in rows:
+        record = decode_record(payload, f"{path}: session {sid!r} seq {seq}")
+        assert isinstance(record, Usage)
+        keys = [(sid, "lane", record.lane)]
+        if record.entry_id is not None:
+            keys.append((sid, "entry", record.entry_id))
+        for key in keys:
+            sums[key] = add_usage(sums.get(key, TokenUsage()), record.usage, f"{key}")
+    conn.executemany(
+        _PUT_USAGE_SUM_SQL, [(*key, *usage_values(total)) for key, total in sums.items()]
+    )
+    conn.execute("UPDATE schema_version SET version=?", (SCHEMA_VERSION,))
 
 
 class _Db:
@@ -256,6 +313,8 @@ class _Db:
             row = self.conn.execute("SELECT version FROM schema_version").fetchone()
             if row is None:
                 self.conn.execute("INSERT INTO schema_version VALUES (?)", (SCHEMA_VERSION,))
+            elif row[0] == 1:
+                _upgrade_from_1(self.conn, path)
             elif row[0] != SCHEMA_VERSION:
                 raise SessionError(
                     "storage", f"{path} has schema version {row[0]}, expected {SCHEMA_VERSION}"
@@ -274,10 +333,12 @@ class _Db:
 
         Every mutation runs in its own savepoint after its writer's token is checked, so a
         refused one (a `SessionError`) leaves no trace while the others commit. Any other
-        failure rolls the whole transaction back and raises: none of them happened.
+        failure rolls the whole transaction back and raises: none of them happened. A result
+        is a `_Written` (the value and the lease expiry the batch set, if it renewed).
         """
         conn = self.conn
         results: list[Any] = []
+        written: list[tuple[int, str]] = []
         sessions: dict[str, tuple[_Tx, LeaseRow | None]] = {}
         # A lone write needs no savepoint: its refusal rolls the whole transaction back.
         alone = len(ops) == 1
@@ -286,7 +347,7 @@ class _Db:
                 if not alone:
                     conn.execute("SAVEPOINT op")
                 tx: _Tx | None = None
-                mark = (0, 0)
+                mark: tuple[int, list[float], bool] | None = None
                 try:
                     if session_id not in sessions:
                         row = conn.execute(_SESSION_AND_LEASE_SQL, (session_id,)).fetchone()
@@ -304,19 +365,23 @@ class _Db:
                             "read_only", f"session {session_id!r} was opened without a lease"
                         )
                     check_current(current, lease, now)
-                    mark = (tx.seq, len(tx.deltas))
+                    mark = (tx.seq, list(tx.counters), tx.wrote)
+                    written.append((len(results), session_id))
                     results.append(fn(tx))
                 except SessionError as exc:
                     if alone:
                         raise
                     conn.execute("ROLLBACK TO op")
-                    if tx is not None:
-                        tx.seq, tx.deltas[mark[1] :] = mark[0], []
+                    if tx is not None and mark is not None:
+                        tx.seq, tx.counters, tx.wrote = mark
+                    if written and written[-1][0] == len(results):
+                        written.pop()
                     results.append(exc)
                 if not alone:
                     conn.execute("RELEASE op")
-            for tx, current in sessions.values():
-                tx.finish(current)
+            renewed = {sid: tx.finish(current) for sid, (tx, current) in sessions.items()}
+        for index, session_id in written:
+            results[index] = _Written(results[index], renewed[session_id])
         return results
 
     def lease_row(self, session_id: str) -> LeaseRow | None:
@@ -395,7 +460,7 @@ class SqliteSessionStorage:
 
     @property
     def lease(self) -> WriterLease | None:
-        """The writer lease this storage was opened with; None when read-only."""
+        """The writer lease, with the newest expiry this storage set; None when read-only."""
         return self._lease
 
     async def _read(self, fn: Callable[[sqlite3.Connection], _T]) -> _T:
@@ -406,8 +471,20 @@ class SqliteSessionStorage:
     async def _write(self, fn: Callable[[_Tx], _T]) -> _T:
         if self._closed:
             raise SessionError("closed", f"storage of session {self._sid!r} is closed")
-        result: _T = await self._repo.writes.submit((self._sid, self._lease, fn))
+        done: _Written = await self._repo.writes.submit((self._sid, self._lease, fn))
+        if done.lease_expires_at_ms is not None and self._lease is not None:
+            self._lease = self._lease.model_copy(update={"expires_at_ms": done.lease_expires_at_ms})
+        result: _T = done.value
         return result
+
+    async def renew_lease(self) -> WriterLease:
+        """Extend this storage's lease by its ttl."""
+        if self._closed:
+            raise SessionError("closed", f"storage of session {self._sid!r} is closed")
+        if self._lease is None:
+            raise SessionError("read_only", f"session {self._sid!r} was opened without a lease")
+        self._lease = await self._repo.renew_lease(self._lease)
+        return self._lease
 
     async def get_metadata(self) -> SessionMetadata:
         """Return the session's metadata with its newest name."""
@@ -560,6 +637,16 @@ class SqliteSessionStorage:
         )
         return None if row is None else _entry_from_row(row, self._where)
 
+    async def get_record(self, record_id: str) -> StoredRecord | None:
+        """Point lookup (the id index)."""
+        row = await self._read(
+            lambda c: c.execute(
+                f"SELECT {_RECORD_COLS} FROM records WHERE session_id=? AND id=?",
+                (self._sid, record_id),
+            ).fetchone()
+        )
+        return None if row is None else _record_from_row(row, self._where)
+
     async def find_entries(self, query: EntryQuery | None = None) -> tuple[StoredEntry, ...]:
         """Session-wide entry query."""
         q = query or EntryQuery()
@@ -588,15 +675,18 @@ class SqliteSessionStorage:
         return await self._read(run)
 
     async def find_records(self, query: RecordQuery | None = None) -> tuple[StoredRecord, ...]:
-        """Record query."""
+        """Record query: one index range in seq order (by run, kind, type or lane), filtered."""
         q = query or RecordQuery()
         sql = [f"SELECT {_RECORD_COLS} FROM records WHERE session_id=?"]
         args: list[Any] = [self._sid]
+        # Only operation starts have a kind, so a kind implies its type; and a run's records are
+        # few, so with a run id the other terms are marked (unary +) as filters, not seeks.
+        by_run = "+" if q.run_id is not None else ""
         for column, value in (
-            ("lane", q.lane),
-            ("type", q.type),
             ("run_id", q.run_id),
-            ("op_kind", q.operation_kind),
+            (f"{by_run}lane", q.lane),
+            (f"{by_run}type", q.type if q.operation_kind is None else None),
+            (f"{by_run}op_kind", q.operation_kind),
         ):
             if value is not None:
                 sql.append(f"AND {column}=?")
@@ -701,6 +791,22 @@ class SqliteSessionStorage:
             ).fetchone()
         )
         return None if row is None else str(row[0])
+
+    async def get_usage(
+        self, *, entry_id: str | None = None, lane: str | None = None
+    ) -> TokenUsage:
+        """The usage sum of an entry or of a lane (one primary-key read)."""
+        if (entry_id is None) == (lane is None):
+            raise SessionError("invalid_query", "get_usage takes exactly one of entry_id, lane")
+
+        def run(c: sqlite3.Connection) -> TokenUsage:
+            if lane is not None:
+                _require_lane(c, self._sid, lane)
+            scope, key = ("lane", lane) if lane is not None else ("entry", entry_id)
+            row = c.execute(_USAGE_SUM_SQL, (self._sid, scope, key)).fetchone()
+            return TokenUsage() if row is None else usage_from_values(row)
+
+        return await self._read(run)
 
     async def get_stats(self) -> SessionStats:
         """Running counters."""

@@ -57,9 +57,36 @@ CREATE TABLE IF NOT EXISTS records (
 CREATE UNIQUE INDEX IF NOT EXISTS records_by_seq ON records (session_id, seq);
 CREATE UNIQUE INDEX IF NOT EXISTS records_by_id ON records (session_id, id);
 CREATE INDEX IF NOT EXISTS records_by_lane ON records (session_id, lane, seq);
-CREATE INDEX IF NOT EXISTS records_by_lane_type ON records (session_id, lane, type, op_kind, seq);
-CREATE INDEX IF NOT EXISTS records_by_type ON records (session_id, type, op_kind, seq);
+-- A type (or an operation kind) filter is an equality on the column right before seq, so a
+-- lane's records of one type are one range in seq order: "the newest operation_finished" and
+-- "queue records since seq N" are seeks, whatever else the lane holds (schema version 2; version
+-- 1 had op_kind between type and seq, which made type-only filters scan the lane row by row).
+CREATE INDEX IF NOT EXISTS lane_records_of_type ON records (session_id, lane, type, seq);
+CREATE INDEX IF NOT EXISTS lane_records_of_kind ON records (session_id, lane, op_kind, seq)
+    WHERE op_kind IS NOT NULL;
+CREATE INDEX IF NOT EXISTS records_of_type ON records (session_id, type, seq);
+CREATE INDEX IF NOT EXISTS records_of_kind ON records (session_id, op_kind, seq)
+    WHERE op_kind IS NOT NULL;
 CREATE INDEX IF NOT EXISTS records_by_run ON records (session_id, run_id, seq);
+
+-- Running usage sums per lane and per entry id (the sum of the usage records bound to it),
+-- maintained at every usage write in seq order like the session's sums in `sessions`.
+CREATE TABLE IF NOT EXISTS usage_sums (
+    session_id     TEXT NOT NULL,
+    scope          TEXT NOT NULL,  -- 'lane' or 'entry'
+    key            TEXT NOT NULL,  -- the lane name or the entry id
+    u_input        INTEGER NOT NULL,
+    u_output       INTEGER NOT NULL,
+    u_cache_read   INTEGER NOT NULL,
+    u_cache_write  INTEGER NOT NULL,
+    u_total_tokens INTEGER NOT NULL,
+    c_input        REAL NOT NULL,
+    c_output       REAL NOT NULL,
+    c_cache_read   REAL NOT NULL,
+    c_cache_write  REAL NOT NULL,
+    c_total        REAL NOT NULL,
+    PRIMARY KEY (session_id, scope, key)
+) WITHOUT ROWID;
 
 CREATE TABLE IF NOT EXISTS lanes (
     session_id TEXT NOT NULL,

@@ -24,7 +24,13 @@ from harness_core.session.entries import (
     MessageEntry,
     ModelChangeEntry,
 )
-from harness_core.session.records import AbortRequested, QueueCancelled, QueueEnqueued, Usage
+from harness_core.session.records import (
+    AbortRequested,
+    OperationKind,
+    QueueCancelled,
+    QueueEnqueued,
+    Usage,
+)
 from harness_core.session.types import (
     BranchQuery,
     EntryQuery,
@@ -50,6 +56,8 @@ from harness_core.testing.clock import ManualClock
 __all__ = ["BackendFixture", "ConformanceCase", "conformance_cases"]
 
 TTL = 30_000
+NAN = float("nan")
+INF = float("inf")
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -256,6 +264,20 @@ async def append_if_missing_is_idempotent_and_detects_corruption(fx: BackendFixt
     await _expect(s.append_entry_if_missing(custom_entry("run1"), "main"), "already_exists")
     assert (await s.get_stats()).last_seq == 4
     assert (await s.get_lane("main")) == LanePointer(lane="main", leaf_id="b")
+
+
+@_case("ids")
+async def records_are_found_by_id(fx: BackendFixture) -> None:
+    s = await _writer(fx)
+    await s.append_entry(user_entry("e"), "main")
+    await s.create_lane("t1", None)
+    start = await s.append_record(operation_started("run", lane="t1"))
+    await s.append_record(step_attempt("att", "run", 1, "x", lane="t1"))
+    assert await s.get_record("run") == start
+    assert await s.get_record("e") is None, "an entry's id names no record"
+    assert await s.get_record("missing") is None
+    reader = await fx.repo.open("s1")
+    assert await reader.get_record("att") == (await s.find_records(RecordQuery(lane="t1")))[0]
 
 
 @_case("ids")
@@ -502,6 +524,65 @@ async def find_records_filters_by_lane_type_run_kind_and_seq(fx: BackendFixture)
 
 
 @_case("queries")
+async def lane_and_type_queries_answer_from_their_own_index(fx: BackendFixture) -> None:
+    s = await _writer(fx)
+    await s.create_lane("t1", None)  # 1
+    assert await s.find_records(RecordQuery(lane="t1", type="operation_finished", limit=1)) == ()
+    for n in range(3):  # 2-7: finished compactions and navigations
+        kind: OperationKind = "compaction" if n % 2 else "navigation"
+        await s.append_record(operation_started(f"op{n}", lane="t1", kind=kind))
+        await s.append_record(operation_finished(f"op{n}-fin", f"op{n}", lane="t1"))
+    await s.append_record(operation_started("run", lane="t1"))  # 8
+    await s.append_record(operation_finished("run-fin", "run", lane="t1", outcome="failed"))  # 9
+    for n in range(3):  # 10-15
+        await s.append_record(
+            Usage(id=f"adj{n}", lane="t1", cause="adjustment", usage=_usage(1, 0))
+        )
+        await s.append_record(
+            QueueEnqueued(id=f"nr{n}", lane="t1", queue="next_run", target=user_entry(f"q{n}"))
+        )
+    await s.append_record(QueueCancelled(id="qc", lane="t1", entry_id="q1"))  # 16
+    await s.append_record(operation_started("main-run"))  # 17
+    await s.append_record(operation_finished("main-fin", "main-run"))  # 18
+    find = s.find_records
+    newest_finished = await find(RecordQuery(lane="t1", type="operation_finished", limit=1))
+    assert _ids(newest_finished) == ["run-fin"] and newest_finished[0].seq == 9
+    assert _ids(
+        await find(RecordQuery(lane="t1", type="operation_started", operation_kind="run", limit=1))
+    ) == ["run"]
+    assert _ids(
+        await find(
+            RecordQuery(
+                lane="t1",
+                type="operation_started",
+                operation_kind="compaction",
+                order="oldest_first",
+            )
+        )
+    ) == ["op1"]
+    assert _ids(await find(RecordQuery(lane="t1", type="operation_started", after_seq=3))) == [
+        "run",
+        "op2",
+        "op1",
+    ]
+    assert _ids(
+        await find(RecordQuery(lane="t1", type="queue_enqueued", after_seq=9, order="oldest_first"))
+    ) == ["nr0", "nr1", "nr2"]
+    assert _ids(await find(RecordQuery(lane="t1", type="queue_enqueued", after_seq=13))) == ["nr2"]
+    assert _ids(await find(RecordQuery(lane="t1", type="queue_cancelled", after_seq=9))) == ["qc"]
+    assert _ids(
+        await find(RecordQuery(lane="t1", type="operation_finished", run_id="op1", limit=1))
+    ) == ["op1-fin"]
+    assert _ids(await find(RecordQuery(lane="main", type="operation_finished"))) == ["main-fin"]
+    assert _ids(await find(RecordQuery(type="operation_finished", limit=2))) == [
+        "main-fin",
+        "run-fin",
+    ]
+    assert await find(RecordQuery(lane="t1", type="write_deferred")) == ()
+    assert await find(RecordQuery(lane="nobody", type="usage")) == ()
+
+
+@_case("queries")
 async def invalid_queries_are_refused(fx: BackendFixture) -> None:
     s = await _writer(fx)
     for build in (
@@ -599,6 +680,66 @@ async def stats_are_running_sums_across_lanes(fx: BackendFixture) -> None:
     assert stats.usage.cost.input == 0.25 + 0.1 + -0.05
 
 
+@_case("usage")
+async def usage_of_an_entry_and_of_a_lane_are_sums_of_their_records(fx: BackendFixture) -> None:
+    s = await _writer(fx)
+    await s.append_entry(user_entry("u"), "main")
+    await s.create_lane("t1", "u")
+    await s.create_lane("t2", "u")
+    amounts = [(0.1, 3), (0.2, 4), (0.7, -2), (1e-17, 5), (0.3, 1)]
+    written: list[Usage] = []
+    for n, (cost, tokens) in enumerate(amounts):
+        lane = ("main", "t1", "t2")[n % 3]
+        entry = "a" if n != 3 else None
+        cause = "assistant" if n == 0 else "adjustment"
+        record = Usage(
+            id=f"u{n}",
+            lane=lane,
+            cause=cause,
+            run_id="r" if cause == "assistant" else None,
+            entry_id=entry,
+            attempt=1 if cause == "assistant" else None,
+            stop_reason="stop" if cause == "assistant" else None,
+            usage=_usage(tokens, cost),
+        )
+        await s.append_record(record)
+        written.append(record)
+    await s.append_record(
+        Usage(id="other", lane="t1", cause="adjustment", entry_id="b", usage=_usage(7, 0.5))
+    )
+
+    def total(records: list[Usage]) -> TokenUsage:
+        out = TokenUsage()
+        for record in records:  # seq order: float sums depend on it
+            out = out + record.usage
+        return out
+
+    expected_a = total([r for r in written if r.entry_id == "a"])
+    assert await s.get_usage(entry_id="a") == expected_a
+    assert expected_a.cost.total == ((0.1 + 0.2) + 0.7) + 0.3  # every lane's records, in order
+    assert await s.get_usage(entry_id="b") == _usage(7, 0.5)
+    assert await s.get_usage(entry_id="never-written") == TokenUsage()
+    for lane in ("main", "t1", "t2"):
+        expected = total([r for r in written if r.lane == lane])
+        if lane == "t1":
+            expected = expected + _usage(7, 0.5)
+        assert await s.get_usage(lane=lane) == expected, lane
+    await s.create_lane("t3", None)
+    assert await s.get_usage(lane="t3") == TokenUsage()
+    await _expect(s.get_usage(lane="nope"), "unknown_lane")
+    await _expect(s.get_usage(), "invalid_query")
+    await _expect(s.get_usage(entry_id="a", lane="main"), "invalid_query")
+    answers = [await s.get_usage(entry_id="a"), await s.get_usage(lane="t1")]
+    imported = await fx.repo.import_session(
+        (await s.get_metadata()).model_copy(update={"id": "copy"}), await s.get_log()
+    )
+    copy = await fx.repo.open(imported.id)
+    assert [await copy.get_usage(entry_id="a"), await copy.get_usage(lane="t1")] == answers
+    assert s.lease is not None and await fx.repo.release_lease(s.lease)
+    reader = await (await fx.reopen()).open("s1")
+    assert [await reader.get_usage(entry_id="a"), await reader.get_usage(lane="t1")] == answers
+
+
 # -- payloads and immutability ---------------------------------------------------------------
 
 
@@ -639,6 +780,103 @@ async def non_json_payloads_are_refused_before_any_write(fx: BackendFixture) -> 
     assert await s.get_lane("main") == LanePointer(lane="main", leaf_id=None)
     ok = await s.append_entry(custom_entry("ok", data={"v": [1, 2.5, None, True, "é"]}), "main")
     assert ok.seq == 1
+
+
+def _unchecked_usage(record_id: str, **cost: float) -> Usage:
+    """A usage record whose cost was set with `model_copy`, which skips validation.
+
+    A provider's cost can reach the store this way; the store's codec is then the last gate.
+    """
+    bad = Cost().model_copy(update=cost)
+    usage = TokenUsage(input=1, total_tokens=1).model_copy(update={"cost": bad})
+    return Usage(id=record_id, lane="main", cause="adjustment", usage=usage)
+
+
+@_case("payloads")
+async def non_finite_numbers_are_refused_before_any_write(fx: BackendFixture) -> None:
+    s = await _writer(fx)
+    await s.append_entry(user_entry("a"), "main")
+    await s.append_record(Usage(id="ok1", lane="main", cause="adjustment", usage=_usage(1, 0.5)))
+    before = (await s.get_log(), await s.get_stats(), await s.get_usage(lane="main"))
+    nan_usage = TokenUsage().model_copy(update={"cost": Cost().model_copy(update={"total": NAN})})
+    refused: list[Callable[[], Awaitable[object]]] = [
+        lambda: s.append_record(_unchecked_usage("u-nan", total=NAN)),
+        lambda: s.append_record(_unchecked_usage("u-inf", input=INF, total=INF)),
+        lambda: s.append_record(_unchecked_usage("u-ninf", cache_read=-INF)),
+        lambda: s.append_entry(assistant_entry("e-nan", usage=nan_usage), "main"),
+        lambda: s.append_entry_if_missing(assistant_entry("e-nan2", usage=nan_usage), "main"),
+        lambda: s.append_entry(
+            custom_entry("c-inf").model_copy(update={"data": {"v": INF}}), "main"
+        ),
+        lambda: s.append_record(
+            Usage(
+                id="u-tokens",
+                lane="main",
+                cause="adjustment",
+                usage=TokenUsage(input=2**63, total_tokens=1),
+            )
+        ),
+    ]
+    for attempt in refused:
+        await _expect(attempt(), "invalid_payload")
+    log = await s.get_log()
+    copy = (await s.get_metadata()).model_copy(update={"id": "copy"})
+    bad_meta = copy.model_copy(update={"metadata": {"v": NAN}})
+    await _expect(fx.repo.import_session(bad_meta, log), "invalid_payload")
+    bad_item = StoredRecord(seq=3, timestamp=1, record=_unchecked_usage("u-log", total=INF))
+    await _expect(fx.repo.import_session(copy, [*log, bad_item]), "invalid_payload")
+    await _expect(fx.repo.open("copy"), "not_found")
+    after = (await s.get_log(), await s.get_stats(), await s.get_usage(lane="main"))
+    assert after == before, "a refused payload left a trace"
+    assert await s.get_usage(entry_id="e-nan") == TokenUsage()
+    nxt = await s.append_record(
+        Usage(id="ok2", lane="main", cause="adjustment", usage=_usage(1, 0.25))
+    )
+    assert nxt.seq == 3, "a refused write consumed a seq"
+    assert s.lease is not None and await fx.repo.release_lease(s.lease)
+    repo = await fx.reopen()
+    reader = await repo.open("s1")
+    assert [item.seq for item in await reader.get_log()] == [1, 2, 3]
+    assert (await reader.get_stats()).usage == _usage(1, 0.5) + _usage(1, 0.25)
+    # what restore reads of the lane still answers
+    assert await reader.find_open_operations("main", limit=2) == ()
+    usage = await reader.find_records(RecordQuery(lane="main", type="usage"))
+    assert _ids(usage) == ["ok2", "ok1"]
+    assert _ids(await reader.read_lane_entries("main", after=None)) == ["a"]
+    lease = await repo.acquire_lease("s1", owner="w2", ttl_ms=TTL)
+    writer = await repo.open("s1", lease=lease)
+    assert (await writer.append_entry(user_entry("b"), "main")).seq == 4
+
+
+@_case("payloads")
+async def usage_sums_stay_in_range(fx: BackendFixture) -> None:
+    s = await _writer(fx)
+    await s.create_lane("t1", None)
+    top = 2**53 - 1  # the largest token count every backend sums exactly (a Lua double)
+
+    def usage(
+        record_id: str, lane: str, tokens: int, cost: float, entry: str | None = None
+    ) -> Usage:
+        amount = TokenUsage(input=tokens, cost=Cost(total=cost))
+        return Usage(id=record_id, lane=lane, cause="adjustment", entry_id=entry, usage=amount)
+
+    async def refused(record: Usage) -> None:
+        stats = await s.get_stats()
+        await _expect(s.append_record(record), "invalid_payload")
+        assert await s.get_stats() == stats
+
+    await s.append_record(usage("u1", "main", top, 1.5e308))
+    await refused(usage("session-cost", "t1", 0, 1.5e308))
+    await refused(usage("session-tokens", "t1", 1, 0.0))
+    await s.append_record(usage("u2", "t1", -top, -1.5e308, entry="x"))
+    assert (await s.get_stats()).usage == TokenUsage()
+    await refused(usage("lane-cost", "main", 0, 1.5e308))
+    await refused(usage("lane-tokens", "main", 1, 0.0))
+    await refused(usage("entry-cost", "main", 0, -1.5e308, entry="x"))
+    await refused(usage("entry-tokens", "main", -1, 0.0, entry="x"))
+    assert await s.get_usage(lane="main") == TokenUsage(input=top, cost=Cost(total=1.5e308))
+    assert await s.get_usage(entry_id="x") == TokenUsage(input=-top, cost=Cost(total=-1.5e308))
+    assert (await s.get_stats()).last_seq == 3
 
 
 @_case("payloads")
@@ -885,6 +1123,37 @@ async def writes_and_renewals_keep_a_lease_alive(fx: BackendFixture) -> None:
     await s.append_entry(user_entry("early"), "main")
     fx.clock.advance(TTL * 7 // 10 + 1)
     await _expect(s.append_entry(user_entry("past-expiry"), "main"), "lease_lost")
+
+
+@_case("single writer")
+async def a_storage_renews_its_own_lease(fx: BackendFixture) -> None:
+    await fx.repo.create("s1")
+    lease = await fx.repo.acquire_lease("s1", owner="A", ttl_ms=TTL)
+    s = await fx.repo.open("s1", lease=lease)
+    reader = await fx.repo.open("s1")
+    await _expect(reader.renew_lease(), "read_only")
+    if not fx.leases_expire:  # an OS lock: confirmed while held, unchanged
+        assert await s.renew_lease() == lease and s.lease == lease
+        assert await fx.repo.release_lease(lease)
+        await _expect(s.renew_lease(), "lease_lost")
+        return
+    fx.clock.advance(TTL // 10)
+    renewed = await s.renew_lease()
+    assert renewed == lease.model_copy(update={"expires_at_ms": fx.clock.now_ms() + TTL})
+    assert s.lease == renewed
+    fx.clock.advance(TTL * 9 // 10)  # past the first expiry: the renewal held
+    await s.append_entry(user_entry("a"), "main")
+    # that write found less than half of the ttl left: it renewed, and the storage knows
+    assert s.lease == lease.model_copy(update={"expires_at_ms": fx.clock.now_ms() + TTL})
+    fx.clock.advance(TTL // 10)
+    known = s.lease
+    await s.append_entry(user_entry("b"), "main")  # more than half left: no renewal
+    assert s.lease == known
+    await fx.repo.acquire_lease("s1", owner="A", ttl_ms=TTL)  # superseded
+    await _expect(s.renew_lease(), "lease_lost")
+    assert s.lease == known
+    await s.close()
+    await _expect(s.renew_lease(), "closed")
 
 
 @_case("single writer")

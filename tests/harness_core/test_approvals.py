@@ -409,3 +409,60 @@ async def test_the_reducer_refuses_a_decision_record_for_another_wait_or_other_a
     assert info.status == "faulted" and info.fault is not None
     assert "approval_mismatch" in info.fault and "not-the-wait" in info.fault
     assert effects.deployed == []
+
+
+async def test_a_replayed_key_returns_the_original_result_however_much_came_after(
+    backend: str, tmp_path: Path
+) -> None:
+    """A double click an hour later: after the run finished, after 70 more decided waits (the
+    old lookup searched the newest 64), the same key returns the first result, final message
+    included."""
+    effects = Effects()
+    later = [tool_calls(("deploy", {"build": 100 + n}, f"d{n}")) for n in range(70)]
+    script: list[Any] = [text("deployed 42")]
+    for call in later:
+        script += [call, text("ok")]
+    kit = await waiting_kit(backend, tmp_path, effects, *script)
+    first = await decide(kit, approve(c2(kit)), idempotency_key="click-1", decided_by="U_A")
+    assert isinstance(first, Ok) and first.value.kind == "completed"
+    assert first.value.final_message is not None
+    for n in range(70):
+        waiting = await kit.harness.prompt(f"ship {n}")
+        assert isinstance(waiting, Ok) and waiting.value.wait_id is not None
+        (pending,) = waiting.value.pending_approvals
+        done = await kit.harness.resume(
+            [approve(pending)], wait_id=waiting.value.wait_id, idempotency_key=f"k{n}"
+        )
+        assert isinstance(done, Ok) and done.value.kind == "completed"
+    size = len(await kit.storage.get_log())
+    replayed = await decide(kit, approve(c2(kit)), idempotency_key="click-1", decided_by="U_A")
+    assert isinstance(replayed, Ok) and replayed.value == first.value
+    assert len(await kit.storage.get_log()) == size and effects.deployed.count(42) == 1
+
+
+async def test_a_replayed_key_after_a_newer_wait_returns_that_suspension(
+    backend: str, tmp_path: Path
+) -> None:
+    effects = Effects()
+    second = tool_calls(("deploy", {"build": 43}, "c3"))
+    kit = await waiting_kit(backend, tmp_path, effects, second, text("done"))
+    first = await decide(kit, approve(c2(kit)), idempotency_key="click-1")
+    assert isinstance(first, Ok) and first.value.kind == "suspended"  # waits for c3 now
+    assert first.value.wait_id != wait_of(kit).wait_id
+    replayed = await decide(kit, approve(c2(kit)), idempotency_key="click-1")
+    assert isinstance(replayed, Ok) and replayed.value == first.value
+    (pending,) = first.value.pending_approvals
+    done = await kit.harness.resume([approve(pending)], wait_id=first.value.wait_id)
+    assert isinstance(done, Ok) and done.value.kind == "completed"
+    still = await decide(kit, approve(c2(kit)), idempotency_key="click-1")
+    assert isinstance(still, Ok) and still.value == first.value
+    assert effects.deployed == [42, 43]
+
+
+async def test_a_key_reused_for_another_batch_is_refused(backend: str, tmp_path: Path) -> None:
+    effects = Effects()
+    kit = await waiting_kit(backend, tmp_path, effects, text("done"))
+    assert isinstance(await decide(kit, approve(c2(kit)), idempotency_key="k"), Ok)
+    other = await decide(kit, deny(c2(kit), "no"), idempotency_key="k")
+    assert refused(other, "DecisionsMismatch").reason == "key_reused"
+    assert effects.deployed == [42]

@@ -82,9 +82,11 @@ async def _apply(storage: SessionStorage, step: tuple[Any, ...], n: int) -> Any:
             step_attempt(f"att{n}", step[2], 1, f"res{n}", lane=step[1])
         )
     if kind == "usage":
-        usage = TokenUsage(input=step[2], total_tokens=step[2], cost=Cost(total=step[2] / 10))
+        # tenths are inexact doubles: every sum must add them in the reference's order
+        cost = Cost(input=step[2] / 10, total=step[2] / 10 + 0.07)
+        usage = TokenUsage(input=step[2], total_tokens=step[2], cost=cost)
         return await storage.append_record(
-            Usage(id=f"u{n}", lane=step[1], cause="adjustment", usage=usage)
+            Usage(id=f"u{n}", lane=step[1], cause="adjustment", entry_id=step[3], usage=usage)
         )
     if kind == "queue":
         record = QueueEnqueued(
@@ -135,7 +137,24 @@ async def _observe(storage: SessionStorage) -> list[Any]:
             BranchQuery(start=entry_id, stop_at_id="x1", after_seq=2),
         ):
             seen.append(await _outcome(storage.find_entries_on_branch(query_b)))
+    for entry_id in (*IDS, "elsewhere"):
+        seen.append(await storage.get_usage(entry_id=entry_id))
+    for n in range(12):  # record ids are derived from the step number (see _apply)
+        for record_id in (f"fin{n}", f"att{n}", f"u{n}", f"q{n}"):
+            seen.append(await storage.get_record(record_id))
+    for record_id in (*RUNS, *IDS):
+        seen.append(await storage.get_record(record_id))
     for name in LANES:
+        seen.append(await _outcome(storage.get_usage(lane=name)))
+        for query_t in (
+            RecordQuery(lane=name, type="operation_finished", limit=1),
+            RecordQuery(lane=name, type="operation_started", operation_kind="run", limit=1),
+            RecordQuery(lane=name, type="operation_started", after_seq=4),
+            RecordQuery(lane=name, type="queue_enqueued", after_seq=3, order="oldest_first"),
+            RecordQuery(lane=name, type="usage", run_id="r0"),
+            RecordQuery(lane=name, type="step_attempt", run_id="r1", order="oldest_first"),
+        ):
+            seen.append(await _outcome(storage.find_records(query_t)))
         seen.append(await _outcome(storage.find_open_operations(name, limit=2)))
         for anchor in (None, "x0", "x3"):
             seen.append(await _outcome(storage.read_lane_entries(name, after=anchor)))
@@ -248,9 +267,13 @@ class _Parity(RuleBasedStateMachine):
     def step(self, lane: str, run_id: str) -> None:
         self._both(("step", lane, run_id))
 
-    @rule(lane=lanes, amount=st.integers(-3, 9))
-    def usage(self, lane: str, amount: int) -> None:
-        self._both(("usage", lane, amount))
+    @rule(
+        lane=lanes,
+        amount=st.integers(-3, 9),
+        entry_id=st.none() | st.sampled_from([*IDS, "elsewhere"]),
+    )
+    def usage(self, lane: str, amount: int, entry_id: str | None) -> None:
+        self._both(("usage", lane, amount, entry_id))
 
     @rule(lane=lanes, entry_id=st.sampled_from(IDS) | entries)
     def queue(self, lane: str, entry_id: str) -> None:

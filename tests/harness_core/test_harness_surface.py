@@ -281,6 +281,13 @@ async def _record_usage(kit: Kit, lane: AgentLane) -> None:
     assert [(u.lane, u.cause, u.usage.input) for u in usage] == [(lane.name, "adjustment", -5)]
 
 
+async def _get_usage(kit: Kit, lane: AgentLane) -> None:
+    assert await lane.get_usage() == TokenUsage()
+    assert ok(await lane.record_usage(TokenUsage(output=4), entry_id="e1")) is None
+    assert (await lane.get_usage()).output == 4
+    assert (await lane.get_usage("e1")).output == 4
+
+
 async def _wait_for_idle(kit: Kit, lane: AgentLane) -> None:
     async with asyncio.timeout(5):
         await lane.wait_for_idle()
@@ -369,6 +376,7 @@ LANE_CALLS: dict[str, LaneCall] = {
     "next_run": _next_run,
     "cancel_queued": _cancel_queued,
     "record_usage": _record_usage,
+    "get_usage": _get_usage,
     "wait_for_idle": _wait_for_idle,
     "get_model": _get_model,
     "set_model": _set_model,

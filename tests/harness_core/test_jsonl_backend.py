@@ -42,9 +42,9 @@ async def _ids(directory: Path) -> list[str]:
     [
         b'{"kind":"entry","seq":4,"timestamp":1,"la',  # died mid-line
         b'{"kind":"fact","seq":4,"timestamp":1,"fact":{"fact":"name","name":"x"}}',  # no newline
-        b"\x00\x00\x00\x00\n",  # garbage final line (e.g. zeroed blocks after power loss)
+        b"\x00\x00\x00\x00",  # zeroed blocks after power loss, no newline
     ],
-    ids=["half line", "complete but unterminated", "garbage with newline"],
+    ids=["half line", "complete but unterminated", "zeroed tail"],
 )
 async def test_a_torn_final_line_is_ignored_and_truncated_by_a_writer(tmp_path, tail) -> None:
     path = await _session_with_three_entries(tmp_path)
@@ -62,6 +62,44 @@ async def test_a_torn_final_line_is_ignored_and_truncated_by_a_writer(tmp_path, 
     assert (stored.seq, stored.parent_id) == (4, "c")
     await repo.close()
     assert await _ids(tmp_path) == ["a", "b", "c", "d"]
+
+
+@pytest.mark.parametrize("writer", [False, True], ids=["reader", "writer"])
+@pytest.mark.parametrize(
+    "tail",
+    [
+        b"\x00\x00\x00\x00\n",
+        b'{"kind":"entry","seq":4,"timestamp":1,"la\n',
+        b"\n",
+        b'{"kind":"fact","seq":4,"timestamp":1,"fact":{"fact":"name","name":1}}\n',
+    ],
+    ids=["garbage", "cut then terminated", "empty line", "undecodable item"],
+)
+async def test_a_complete_malformed_final_line_refuses_to_open(tmp_path, writer, tail) -> None:
+    # A newline-terminated line was a whole write: it may have been acknowledged, so dropping it
+    # could lose an acknowledged write. Only a tail without its newline was never acknowledged.
+    path = await _session_with_three_entries(tmp_path)
+    path.write_bytes(path.read_bytes() + tail)
+    before = path.read_bytes()
+    repo = JsonlSessionRepo(tmp_path)
+    lease = await repo.acquire_lease("s1", owner="w", ttl_ms=1000) if writer else None
+    with pytest.raises(StoreCorrupted) as caught:
+        await repo.open("s1", lease=lease)
+    assert caught.value.location == f"{path}:5"
+    assert f"{path}:5" in str(caught.value)
+    assert path.read_bytes() == before, "corruption is never repaired silently"
+    await repo.close()
+
+
+async def test_a_listing_ignores_an_unterminated_name_fact(tmp_path) -> None:
+    path = await _session_with_three_entries(tmp_path)
+    fact = b'{"kind":"fact","seq":4,"timestamp":1,"fact":{"fact":"name","name":"torn"}}'
+    path.write_bytes(path.read_bytes() + fact)
+    repo = JsonlSessionRepo(tmp_path)
+    assert [m.name for m in await repo.list()] == [None], "the name was never acknowledged"
+    path.write_bytes(path.read_bytes() + b"\n")
+    assert [m.name for m in await repo.list()] == ["torn"]
+    await repo.close()
 
 
 @pytest.mark.parametrize("writer", [False, True], ids=["reader", "writer"])

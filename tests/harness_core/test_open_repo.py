@@ -71,3 +71,74 @@ def test_bad_urls_say_what_is_accepted(url: str, fragment: str) -> None:
         open_repo(url)
     assert caught.value.code == "invalid_query"
     assert fragment in str(caught.value)
+
+
+ACCEPTED = ("memory://", "jsonl:///", "sqlite:///", "redis://host:port/db")
+
+
+@pytest.mark.parametrize(
+    "url",
+    [
+        "sqlite:///?synchronous=full",
+        "sqlite:///",
+        "sqlite:////",
+        "sqlite:///data/",
+        "sqlite:///existing-dir",
+        "sqlite:///a-file/gw.db",
+        "sqlite:",
+        "sqlite:relative.db",
+        "sqlite://host/x.db",
+        "jsonl:///?fsync=always",
+        "jsonl:///",
+        "jsonl:////",
+        "jsonl:///a-file",
+        "jsonl://sessions",
+        "redis://host:notaport/0",
+        "redis://host:0/0",
+        "redis://host:65536/0",
+        "redis://host:6379/zero",
+        "redis://host:6379/-1",
+        "redis://host:6379/0/extra",
+        "redis://host:6379/0?db=1",
+        "redis:///0",
+        "memory://somewhere",
+        "memory:///x",
+        "",
+        "gw.db",
+        "/var/lib/gw.db",
+        "file:///tmp/gw.db",
+        "postgres://localhost/db",
+    ],
+)
+def test_malformed_urls_are_refused_creating_nothing(url: str, tmp_path, monkeypatch) -> None:
+    monkeypatch.chdir(tmp_path)
+    (tmp_path / "existing-dir").mkdir()
+    (tmp_path / "a-file").write_text("not a directory")
+    before = sorted(p.name for p in tmp_path.iterdir())
+    with pytest.raises(SessionError) as caught:
+        open_repo(url)
+    assert caught.value.code == "invalid_query"
+    for form in ACCEPTED:
+        assert form in str(caught.value), f"{url!r}: the message must name {form!r}"
+    assert sorted(p.name for p in tmp_path.iterdir()) == before, "a refused URL created a file"
+
+
+@pytest.mark.parametrize(
+    "url",
+    [
+        "redis://localhost",
+        "redis://localhost:6380",
+        "redis://:secret@localhost:6379/2",
+        "rediss://user:secret@cache.example.com:6380/0?prefix=gw2",
+        "sqlite:///:memory:",
+        "sqlite:///data/gw.db",
+        "jsonl:///sessions/",
+    ],
+)
+async def test_well_formed_urls_are_accepted_without_creating_anything(
+    url: str, tmp_path, monkeypatch
+) -> None:
+    monkeypatch.chdir(tmp_path)
+    repo = open_repo(url)
+    assert list(tmp_path.iterdir()) == [], "opening a repository creates nothing until used"
+    await repo.close()

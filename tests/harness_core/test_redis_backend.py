@@ -9,10 +9,17 @@ import redis
 from redis.crc import key_slot
 
 from harness_core.errors import LeaseLost, SessionError
-from harness_core.session.types import SessionMetadata
+from harness_core.messages import Cost, TokenUsage
+from harness_core.session.records import QueueEnqueued, Usage
+from harness_core.session.types import RecordQuery, SessionMetadata
 from harness_core.storage.redis_streams import RedisSessionRepo
 from harness_core.testing import ManualClock
-from harness_core.testing.builders import custom_entry, operation_started, user_entry
+from harness_core.testing.builders import (
+    custom_entry,
+    operation_finished,
+    operation_started,
+    user_entry,
+)
 
 
 @pytest.fixture
@@ -121,3 +128,70 @@ async def test_many_lanes_pipelined_from_two_repositories_keep_one_sequence(
             assert [e.id for e in entries] == [f"e{lane}-{i}" for i in range(20)]
     finally:
         await reader.close()
+
+
+async def _mixed_history(storage) -> None:
+    await storage.create_lane("t1", None)
+    await storage.append_record(operation_started("cmp", lane="t1", kind="compaction"))
+    await storage.append_record(operation_finished("cmp-fin", "cmp", lane="t1"))
+    for n, (lane, entry_id, cost) in enumerate(
+        [("main", "a", 0.1), ("t1", "a", 0.2), ("t1", None, 0.7), ("main", "b", 0.3)]
+    ):
+        amount = TokenUsage(input=n + 1, cost=Cost(total=cost))
+        usage = Usage(id=f"u{n}", lane=lane, cause="adjustment", entry_id=entry_id, usage=amount)
+        await storage.append_record(usage)
+    await storage.append_record(
+        QueueEnqueued(id="q", lane="t1", queue="next_run", target=user_entry("x"))
+    )
+
+
+async def _answers(storage) -> list[object]:
+    queries = [
+        RecordQuery(lane="t1", type="operation_finished", limit=1),
+        RecordQuery(lane="t1", type="operation_started", operation_kind="compaction"),
+        RecordQuery(lane="t1", type="queue_enqueued", after_seq=2),
+        RecordQuery(lane="main", type="usage", order="oldest_first"),
+    ]
+    return [
+        *[await storage.find_records(query) for query in queries],
+        await storage.get_usage(entry_id="a"),
+        await storage.get_usage(entry_id="b"),
+        await storage.get_usage(lane="main"),
+        await storage.get_usage(lane="t1"),
+        await storage.get_stats(),
+    ]
+
+
+async def test_a_session_of_the_first_layout_is_upgraded_on_open(
+    repo, redis_server, redis_prefix
+) -> None:
+    storage = await _writer(repo)
+    await _mixed_history(storage)
+    expected = await _answers(storage)
+    client = redis.Redis(port=redis_server.port, decode_responses=True)
+    # what layout 1 left: no type indexes, no lane or entry usage sums, no layout mark
+    derived = [k for k in client.scan_iter(f"{redis_prefix}:{{s1}}:*") if ":lt:" in k]
+    assert len(derived) >= 5
+    client.delete(*derived, f"{redis_prefix}:{{s1}}:ul", f"{redis_prefix}:{{s1}}:ue")
+    client.hdel(f"{redis_prefix}:{{s1}}:meta", "layout")
+    reader = await repo.open("s1")
+    assert await _answers(reader) == expected
+    assert client.hget(f"{redis_prefix}:{{s1}}:meta", "layout") == "2"
+    lease = await repo.acquire_lease("s1", owner="w", ttl_ms=60_000)
+    writer = await repo.open("s1", lease=lease)
+    await writer.append_record(operation_finished("late", "cmp", lane="t1"))
+    finished = await writer.find_records(RecordQuery(lane="t1", type="operation_finished"))
+    assert [r.id for r in finished] == ["late", "cmp-fin"]
+    client.close()
+
+
+async def test_delete_removes_every_key_of_the_session(repo, redis_server, redis_prefix) -> None:
+    storage = await _writer(repo)
+    await _mixed_history(storage)
+    await storage.append_entry(custom_entry("c", "note"), "t1")
+    client = redis.Redis(port=redis_server.port, decode_responses=True)
+    assert any(":lt:" in k for k in client.scan_iter(f"{redis_prefix}:{{s1}}:*"))
+    assert storage.lease is not None
+    assert await repo.delete("s1", lease=storage.lease) is True
+    assert list(client.scan_iter(f"{redis_prefix}:{{s1}}:*")) == []
+    client.close()

@@ -340,6 +340,18 @@ async def _lane_record_usage(f: Fresh) -> None:
     assert [(u.cause, u.usage.input) for u in usage] == [("adjustment", -5)]
 
 
+@probe("AgentLane.get_usage")
+async def _lane_get_usage(f: Fresh) -> None:
+    await prompt(f.side, "asked")
+    spent = await f.side.get_usage()
+    stored = await f.kit.storage.find_records(RecordQuery(lane="side", type="usage"))
+    usage = [r.record for r in stored if isinstance(r.record, Usage)]
+    assert spent.output == sum(u.usage.output for u in usage) > 0
+    (record,) = usage
+    assert record.entry_id is not None
+    assert (await f.side.get_usage(record.entry_id)).output == record.usage.output
+
+
 @probe("AgentLane.wait_for_idle")
 async def _lane_wait_for_idle(f: Fresh) -> None:
     gate = Gate()

@@ -3,13 +3,17 @@
 from __future__ import annotations
 
 import sqlite3
+from typing import Any
 
 import pytest
 
 from harness_core.errors import LeaseHeld, LeaseLost, SessionError
+from harness_core.messages import Cost, TokenUsage
+from harness_core.session.records import QueueEnqueued, Usage
+from harness_core.session.types import RecordQuery
 from harness_core.storage.sqlite import SqliteSessionRepo
 from harness_core.testing import ManualClock
-from harness_core.testing.builders import operation_started, user_entry
+from harness_core.testing.builders import operation_finished, operation_started, user_entry
 
 
 async def test_two_connections_are_fenced_inside_the_transaction(tmp_path) -> None:
@@ -70,6 +74,108 @@ async def test_restore_reads_are_index_seeks(tmp_path) -> None:
     assert "SCAN" not in open_ops
     point = _plan(path, "SELECT parent_id FROM entries WHERE session_id=? AND id=?", ("s1", "x"))
     assert "USING INDEX entries_by_id" in point
+
+
+async def test_record_queries_of_a_type_kind_or_run_are_index_seeks(tmp_path) -> None:
+    # Each filter is an equality of the index, right before seq: a seek, not a row-by-row filter
+    # of the lane's records (which the plan would show as a shorter index constraint).
+    repo = SqliteSessionRepo(tmp_path / "s.db")
+    await repo.create("s1")
+    lease = await repo.acquire_lease("s1", owner="A", ttl_ms=60_000)
+    storage = await repo.open("s1", lease=lease)
+    await storage.append_record(operation_started("run"))
+    await storage.append_record(operation_finished("fin", "run"))
+    expected = {
+        RecordQuery(lane="main", type="operation_finished", limit=1): (
+            "lane_records_of_type (session_id=? AND lane=? AND type=?)"
+        ),
+        RecordQuery(lane="main", type="operation_started", operation_kind="run", limit=1): (
+            "lane_records_of_kind (session_id=? AND lane=? AND op_kind=?)"
+        ),
+        RecordQuery(lane="main", type="queue_enqueued", after_seq=7, order="oldest_first"): (
+            "lane_records_of_type (session_id=? AND lane=? AND type=? AND seq>?)"
+        ),
+        RecordQuery(lane="main", type="operation_finished", run_id="run", limit=1): (
+            "records_by_run (session_id=? AND run_id=?)"
+        ),
+        RecordQuery(
+            type="usage", after_seq=3
+        ): "records_of_type (session_id=? AND type=? AND seq>?)",
+        RecordQuery(type="operation_started", operation_kind="compaction"): (
+            "records_of_kind (session_id=? AND op_kind=?)"
+        ),
+    }
+    plans: list[str] = []
+    for query in expected:
+        executed: list[str] = []
+
+        def trace(db: Any, log: list[str] = executed) -> None:
+            db.conn.set_trace_callback(log.append)
+
+        await repo.call(trace)
+        await storage.find_records(query)
+        await repo.call(lambda db: db.conn.set_trace_callback(None))
+        (sql,) = [sql for sql in executed if "FROM records" in sql]
+        plans.append(_plan(tmp_path / "s.db", sql, ()))
+    await repo.close()
+    for (query, index), plan in zip(expected.items(), plans, strict=True):
+        assert plan == f"SEARCH records USING INDEX {index}", (query, plan)
+
+
+async def test_a_version_1_database_is_upgraded_in_place(tmp_path) -> None:
+    path = tmp_path / "s.db"
+    repo = SqliteSessionRepo(path)
+    await repo.create("s1")
+    lease = await repo.acquire_lease("s1", owner="A", ttl_ms=60_000)
+    storage = await repo.open("s1", lease=lease)
+    await storage.create_lane("t1", None)
+    for n, (lane, entry_id, cost) in enumerate(
+        [("main", "a", 0.1), ("t1", "a", 0.2), ("t1", None, 0.7), ("main", "b", 0.3)]
+    ):
+        amount = TokenUsage(input=n + 1, cost=Cost(total=cost))
+        usage = Usage(id=f"u{n}", lane=lane, cause="adjustment", entry_id=entry_id, usage=amount)
+        await storage.append_record(usage)
+    await storage.append_record(
+        QueueEnqueued(id="q", lane="t1", queue="next_run", target=user_entry("x"))
+    )
+    answers = [
+        await storage.get_usage(entry_id="a"),
+        await storage.get_usage(entry_id="b"),
+        await storage.get_usage(lane="main"),
+        await storage.get_usage(lane="t1"),
+        await storage.get_stats(),
+    ]
+    await repo.close()
+    conn = sqlite3.connect(path)  # what version 1 left: its indexes, no usage sums
+    conn.executescript(
+        """
+        DROP INDEX lane_records_of_type; DROP INDEX lane_records_of_kind;
+        DROP INDEX records_of_type; DROP INDEX records_of_kind; DROP TABLE usage_sums;
+        CREATE INDEX records_by_lane_type ON records (session_id, lane, type, op_kind, seq);
+        CREATE INDEX records_by_type ON records (session_id, type, op_kind, seq);
+        UPDATE schema_version SET version = 1;
+        """
+    )
+    conn.commit()
+    conn.close()
+    repo = SqliteSessionRepo(path)
+    reader = await repo.open("s1")
+    assert [
+        await reader.get_usage(entry_id="a"),
+        await reader.get_usage(entry_id="b"),
+        await reader.get_usage(lane="main"),
+        await reader.get_usage(lane="t1"),
+        await reader.get_stats(),
+    ] == answers
+    assert answers[0] == TokenUsage(input=1 + 2, cost=Cost(total=0.1 + 0.2))
+    queued = await reader.find_records(RecordQuery(lane="t1", type="queue_enqueued"))
+    assert [r.id for r in queued] == ["q"]
+    await repo.close()
+    conn = sqlite3.connect(path)
+    indexes = {row[0] for row in conn.execute("SELECT name FROM sqlite_master WHERE type='index'")}
+    assert conn.execute("SELECT version FROM schema_version").fetchone() == (2,)
+    conn.close()
+    assert "records_by_lane_type" not in indexes and "lane_records_of_type" in indexes
 
 
 async def test_a_database_of_another_schema_version_is_refused(tmp_path) -> None:

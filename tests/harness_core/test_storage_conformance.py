@@ -3,11 +3,14 @@
 from __future__ import annotations
 
 from collections.abc import AsyncIterator, Callable
-from typing import Any
+from typing import Any, get_args
 
 import pytest
 
+from harness_core.session.codec import ENTRY_TYPES, RECORD_TYPES
 from harness_core.session.contract import SessionRepo
+from harness_core.session.entries import Entry
+from harness_core.session.records import Record
 from harness_core.storage.jsonl import JsonlSessionRepo
 from harness_core.storage.memory import MemorySessionRepo
 from harness_core.storage.redis_streams import RedisSessionRepo
@@ -60,3 +63,9 @@ CASES = conformance_cases()
 @pytest.mark.parametrize("case", CASES, ids=[c.id for c in CASES])
 async def test_conformance(backend: BackendFixture, case) -> None:
     await case.run(backend)
+
+
+def test_the_codec_knows_every_entry_and_record_type() -> None:
+    # encode_entry/encode_record refuse anything else: a type missing here could not be written
+    assert set(ENTRY_TYPES) == set(get_args(get_args(Entry)[0]))
+    assert set(RECORD_TYPES) == set(get_args(get_args(Record)[0]))

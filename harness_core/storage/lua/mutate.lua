@@ -66,9 +66,10 @@ if op == 'entry' then
   result = {'ok', node}
 
 elseif op == 'record' then
-  -- lane, id, type, run_id of an operation_finished ('' otherwise), payload, then for usage
-  -- records 5 token and 5 cost deltas
-  local lane, id, rtype, finished, payload = ARGV[4], ARGV[5], ARGV[6], ARGV[7], ARGV[8]
+  -- lane, id, type, the record's run (an operation start's own id, else its run_id; '' = none),
+  -- payload, the operation kind of an operation_started ('' otherwise), then for usage records
+  -- the entry id ('' = none) and 5 token and 5 cost amounts
+  local lane, id, rtype, run, payload, kind = ARGV[4], ARGV[5], ARGV[6], ARGV[7], ARGV[8], ARGV[9]
   if not trusted then
     if redis.call('HEXISTS', base .. 'lanes', lane) == 0 then
       return err('unknown_lane', 'lane ' .. lane .. ' does not exist')
@@ -81,24 +82,47 @@ elseif op == 'record' then
       end
     end
   end
+  -- usage: every running sum (session, lane, entry) is computed and checked before any write,
+  -- one addition per record in seq order, so the sums equal the reference's
+  local sums = nil
+  if ARGV[11] then
+    local amounts = {}
+    for i = 1, 10 do amounts[i] = tonumber(ARGV[10 + i]) end
+    local entry = ARGV[10]
+    local stored = redis.call('HMGET', meta, unpack(USAGE_FIELDS))
+    local current = {}
+    for i = 1, 10 do current[i] = tonumber(stored[i]) end
+    local session = usage_add(current, amounts)
+    local lane_sum = usage_add(usage_unpack(redis.call('HGET', base .. 'ul', lane)), amounts)
+    local entry_sum = nil
+    if entry ~= '' then
+      entry_sum = usage_add(usage_unpack(redis.call('HGET', base .. 'ue', entry)), amounts)
+    end
+    if not session or not lane_sum or (entry ~= '' and not entry_sum) then
+      return err('invalid_payload', 'usage record ' .. id .. ' would take a usage sum out of range')
+    end
+    sums = {session = session, lane = lane_sum, entry = entry_sum, entry_id = entry}
+  end
   redis.call('XADD', base .. 'lr:' .. lane, sid, 't', ts, 'd', payload)
+  redis.call('XADD', type_index(rtype, nil, lane), sid, 'r', '')
+  if kind ~= '' then redis.call('XADD', type_index(rtype, kind, lane), sid, 'r', '') end
+  if run ~= '' then redis.call('ZADD', base .. 'runs', 0, run_member(run, seq, lane)) end
   redis.call('HSET', base .. 'rid', id, table.concat({seq, rtype, lane}, '\t'))
   if rtype == 'operation_started' then
     redis.call('ZADD', base .. 'open:' .. lane, seq, id)
   elseif rtype == 'operation_finished' then
-    redis.call('ZREM', base .. 'open:' .. lane, finished)
+    redis.call('ZREM', base .. 'open:' .. lane, run)
   end
   redis.call('XADD', base .. 'log', sid, 'k', 'r', 'lane', lane, 't', ts)
   counts.n_records = counts.n_records + 1
-  if ARGV[9] then
-    local ints = {'u_input', 'u_output', 'u_cache_read', 'u_cache_write', 'u_total_tokens'}
-    local floats = {'c_input', 'c_output', 'c_cache_read', 'c_cache_write', 'c_total'}
-    for i = 1, 5 do redis.call('HINCRBY', meta, ints[i], ARGV[8 + i]) end
-    for i = 1, 5 do
-      -- exact IEEE double sums printed to round-trip (HINCRBYFLOAT adds in long double)
-      local sum = tonumber(redis.call('HGET', meta, floats[i])) + tonumber(ARGV[13 + i])
-      redis.call('HSET', meta, floats[i], string.format('%.17g', sum))
+  if sums then
+    local fields = {}
+    for i = 1, 10 do
+      fields[2 * i - 1], fields[2 * i] = USAGE_FIELDS[i], usage_format(i, sums.session[i])
     end
+    redis.call('HSET', meta, unpack(fields))
+    redis.call('HSET', base .. 'ul', lane, usage_pack(sums.lane))
+    if sums.entry then redis.call('HSET', base .. 'ue', sums.entry_id, usage_pack(sums.entry)) end
   end
   result = {'ok'}
 
@@ -146,9 +170,13 @@ end
 redis.call('HSET', meta, 'seq', seq, 'n_entries', counts.n_entries, 'n_messages', counts.n_messages,
   'n_records', counts.n_records)
 -- a write renews its writer's lease once less than half of the ttl is left
+local renewed = ''
 if ttl and 2 * (expires - now) < ttl then
-  redis.call('HSET', base .. 'lease', 'expires', string.format('%d', now + ttl))
+  renewed = string.format('%d', now + ttl)
+  redis.call('HSET', base .. 'lease', 'expires', renewed)
 end
+-- {status, seq, timestamp, the lease's new expiry ('' = unchanged), op-specific values...}
 table.insert(result, 2, seq)
 table.insert(result, 3, ts)
+table.insert(result, 4, renewed)
 return result
