@@ -842,6 +842,9 @@ class LaneRuntime:
             if self.task is done:
                 self.task = None
                 self._settled.set()
+                keeper = self.runtime.keeper
+                if keeper is not None and not self.runtime.busy():
+                    keeper.idle()
                 if self.gate is not None:
                     self.gate.wake()
 

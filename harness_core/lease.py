@@ -55,6 +55,7 @@ class LeaseKeeper:
         self._expires = lease.expires_at_ms if lease is not None else None
         self._lost: LeaseLost | None = None
         self._changed = asyncio.Event()
+        self._idle = asyncio.Event()
         self._task: asyncio.Task[None] | None = None
         self.renewals = 0
         """Confirmed renewals (for tests and metrics)."""
@@ -72,8 +73,13 @@ class LeaseKeeper:
         """Work started: make sure the renewal loop runs."""
         if self._ttl is None or self._lost is not None:
             return
+        self._idle.clear()
         if self._task is None or self._task.done():
             self._task = asyncio.ensure_future(self._loop())
+
+    def idle(self) -> None:
+        """No lane works any more: the loop stops at once (never inside a renewal)."""
+        self._idle.set()
 
     async def authority(self) -> None:
         """Return when a new paid call may start; raise `LeaseLost` once it never may.
@@ -117,7 +123,7 @@ class LeaseKeeper:
                 return
             renew_at = expires - ttl // 2
             if now < renew_at:
-                await self._clock.sleep((renew_at - now) / 1000)
+                await self._pause(renew_at - now)
                 continue
             sent = now
             try:
@@ -128,12 +134,22 @@ class LeaseKeeper:
             except Exception as exc:  # unreachable store: retry until the lease runs out
                 self._on_error(exc)
                 self._signal()
-                await self._clock.sleep(max(ttl // RETRY_FRACTION, 1) / 1000)
+                await self._pause(max(ttl // RETRY_FRACTION, 1))
                 continue
             reported = renewed.expires_at_ms if renewed.expires_at_ms is not None else sent + ttl
             self._expires = max(expires, min(reported, sent + ttl))
             self.renewals += 1
             self._signal()
+
+    async def _pause(self, ms: int) -> None:
+        """Sleep `ms` on the injected clock, or less if the harness goes idle."""
+        sleeping = asyncio.ensure_future(self._clock.sleep(ms / 1000))
+        idle = asyncio.ensure_future(self._idle.wait())
+        try:
+            await asyncio.wait({sleeping, idle}, return_when=asyncio.FIRST_COMPLETED)
+        finally:
+            sleeping.cancel()
+            idle.cancel()
 
     def _lose(self, error: LeaseLost) -> None:
         if self._lost is None:

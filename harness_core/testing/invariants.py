@@ -159,20 +159,25 @@ Decide = Callable[[tuple[PendingApproval, ...]], Sequence[ApprovalDecision]]
 
 
 async def resume_all(
-    harness: AgentHarness, decide: Decide | None = None, tool_recovery: ToolRecovery = "declared"
+    harness: AgentHarness,
+    decide: Decide | None = None,
+    tool_recovery: ToolRecovery = "declared",
+    *,
+    unstick: bool = False,
 ) -> None:
     """Resume every lane a restore found with an open operation, as a restarted process does.
 
     A lane waiting for approval is decided with `decide` (under a fixed idempotency key, so a
     repeated recovery replays the same decision) and resumed again if the decision leads to a
-    new wait.
+    new wait. With `unstick`, a stuck lane is resumed past its attempt budget (an operator's
+    decision).
     """
     for info in await harness.lanes():
         if info.operation_id is None:
             continue
         lane = harness.lane(info.name)
         assert lane is not None
-        result = await lane.resume(tool_recovery=tool_recovery)
+        result = await lane.resume(tool_recovery=tool_recovery, unstick=unstick)
         for _ in range(8):
             if isinstance(result, Ok) and not result.value.pending_approvals:
                 break

@@ -246,15 +246,16 @@ async def test_a_crash_after_the_decision_runs_the_call_once(backend: str, tmp_p
     effects = Effects()
     kit = await waiting_kit(backend, tmp_path, effects)
     gate = asyncio.Event()
+    reached = asyncio.Event()
 
     async def stop_before_deploying(event: Any) -> None:
         if event.tool_name == "deploy":
+            reached.set()
             await gate.wait()  # the process "dies" here: decided, not started
 
     kit.harness.hooks.on("before_tool", stop_before_deploying)
     running = asyncio.ensure_future(decide(kit, approve(c2(kit)), idempotency_key="k"))
-    for _ in range(100):
-        await asyncio.sleep(0)
+    await reached.wait()
     assert len(items(await kit.storage.get_log(), "approval_decided")) == 1
     reopened = await kit.reopen(script=[text("done")], tools=effects.tools())
     assert reopened.suspended[0].reason == "crash"  # decided: no longer waiting

@@ -157,7 +157,7 @@ async def recover(
     scenario: Scenario, repo: SessionRepo, ids: str
 ) -> tuple[tuple[LogItem, ...], Counters, Run]:
     run = await open_run(scenario, repo, ids, create=False)
-    await resume_all(run.harness, scenario.decide)
+    await resume_all(run.harness, scenario.decide, unstick=scenario.unstick)
     await assert_fixed_point(run.harness)
     return await run.storage.get_log(), run.counters, run
 

@@ -28,6 +28,7 @@ from harness_core.session.records import (
     AbortRequested,
     ApprovalDecided,
     OperationFinished,
+    OperationResumed,
     OperationStarted,
     QueueEnqueued,
     RunIntent,
@@ -594,3 +595,119 @@ async def test_a2_decision_vs_decision(backend: str, tmp_path: Path, order: str)
         assert isinstance(other, Err) and getattr(other.error, "reason", "") == "already_decided"
     assert runs == ["c1"] and len(records(await log(kit), ApprovalDecided)) == 1
     covered("A2 approval decision vs decision", "both orders: " + order)
+
+
+# -- approval identity: an answer to the previous wait vs the run reaching the next one --------
+
+
+@pytest.mark.parametrize("order", ORDERS)
+async def test_a3_stale_decision_vs_the_next_wait(backend: str, tmp_path: Path, order: str) -> None:
+    """The first Approve, sent again with another key, races the run to its second wait (the
+    model called deploy again, reusing the call id with other arguments). Before the second
+    wait it is a second decision of a decided wait; after it, an answer to a superseded wait.
+    Either way nothing is written and the second call waits for its own decision."""
+    runs: list[str] = []
+    script = [tool_call("deploy", call_id="c1"), tool_call("deploy", {"n": 2}, call_id="c1")]
+    kit = await manual(backend, tmp_path, [*script, text("done")], tools=approval_tools(runs))
+    first = await waiting(kit)
+    (old,) = first.pending_approvals
+    deciding = await started(
+        kit.harness,
+        kit.harness.resume([approve(old)], wait_id=first.wait_id, idempotency_key="k1"),
+        "approval_decided",
+    )
+    await until(kit.harness, kind("append_record", record_type="approval_requested"))
+    stale = kit.harness.resume([approve(old)], wait_id=first.wait_id, idempotency_key="k2")
+    if order == "surface first":  # the second wait is not recorded yet: no wait is open
+        before = await log(kit)
+        refused = await stale
+        assert isinstance(refused, Err) and refused.error.tag == "WaitSuperseded"
+        assert refused.error.current_wait_id is None  # type: ignore[union-attr]
+        assert await log(kit) == before
+        await kit.harness.run_to_completion()
+    else:
+        await kit.harness.run_to_completion()
+        before = await log(kit)
+        refused = await stale
+        assert isinstance(refused, Err) and refused.error.tag == "WaitSuperseded"
+        assert await log(kit) == before
+    second = await deciding
+    assert isinstance(second, Ok)
+    if order == "effect first":
+        assert refused.error.current_wait_id == second.value.wait_id  # type: ignore[union-attr]
+    assert isinstance(second, Ok) and second.value.kind == "suspended"
+    assert second.value.wait_id != first.wait_id and runs == ["c1"]
+    (new,) = second.value.pending_approvals
+    assert dict(new.args) == {"n": 2}
+    covered("A3 stale decision vs the next wait", order)
+
+
+# -- attempts: a counted resume vs abort ----------------------------------------------------------
+
+
+@pytest.mark.parametrize("order", ORDERS)
+async def test_a4_counted_resume_vs_abort(backend: str, tmp_path: Path, order: str) -> None:
+    """A crash left a run open; the new process's resume (an attempt, counted durably first)
+    races an operator's abort. Abort first: the resume runs the abort path. Resume first: the
+    attempt is recorded, then the abort lands before the replayed tool starts."""
+    gated = Gated()
+    tool = Tool(name="work", description="work", execute=gated, replay="safe")
+    kit = await make_kit(backend, tmp_path, [tool_call("work", call_id="c1")], tools=[tool])
+    running = asyncio.ensure_future(kit.harness.prompt("go"))
+    await gated.running.wait()  # the process dies here, mid-tool
+    reopened = await kit.reopen(script=[text("unreachable")], tools=[tool], drive="manual")
+    gated.running.clear()
+    lane = reopened.harness
+    if order == "surface first":
+        assert isinstance(await lane.abort(), Ok)
+        resuming = asyncio.ensure_future(lane.resume())
+    else:
+        resuming = asyncio.ensure_future(lane.resume())
+        for _ in range(10_000):  # admitted (the attempt recorded) once the lane runs
+            if (await lane.lanes())[0].status == "running":
+                break
+            await asyncio.sleep(0)
+        await until(lane, kind("execute_tool"))
+        assert isinstance(await lane.abort(), Ok)
+    await lane.run_to_completion()
+    items = await log(reopened)
+    assert [r.attempt for r in records(items, OperationResumed)] == (
+        [] if order == "surface first" else [2]
+    )
+    assert [r.outcome for r in records(items, OperationFinished)] == ["aborted"]
+    assert gated.runs == 1  # the replay never started
+    outcome = await resuming
+    if order == "surface first":  # the abort already reconciles: nothing to resume
+        assert isinstance(outcome, Err) or outcome.value.kind == "aborted"
+    else:
+        assert isinstance(outcome, Ok) and outcome.value.kind == "aborted"
+    running.cancel()
+    covered("A4 counted resume vs abort", order)
+
+
+# -- chosen ids: the same inbound message submitted twice -----------------------------------------
+
+
+@pytest.mark.parametrize("order", ORDERS)
+async def test_a5_the_same_input_submitted_twice(backend: str, tmp_path: Path, order: str) -> None:
+    """A Slack retry delivers the same message while its first delivery is being accepted (or
+    right after). One run, one user message; the second submission returns the first result."""
+    kit = await manual(backend, tmp_path, [text("the answer")])
+    if order == "surface first":  # both submitted before the first acceptance commits
+        accepted = asyncio.Event()
+        kit.harness.events.on("run_start", lambda _: accepted.set())
+        first = asyncio.ensure_future(kit.harness.prompt("hello", entry_id="slack:C1:1.0"))
+        second = asyncio.ensure_future(kit.harness.prompt("hello", entry_id="slack:C1:1.0"))
+        await accepted.wait()
+    else:
+        first = asyncio.ensure_future(
+            await started(kit.harness, kit.harness.prompt("hello", entry_id="slack:C1:1.0"))
+        )
+        await until(kit.harness, kind("stream_assistant"))
+        second = asyncio.ensure_future(kit.harness.prompt("hello", entry_id="slack:C1:1.0"))
+    await kit.harness.run_to_completion()
+    one, two = await first, await second
+    assert isinstance(one, Ok) and isinstance(two, Ok) and one.value == two.value
+    items = await log(kit)
+    assert len(records(items, OperationStarted)) == 1 and said(items) == ["hello", "the answer"]
+    covered("A5 same input submitted twice", order)

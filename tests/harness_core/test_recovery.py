@@ -12,6 +12,7 @@ writes recovers again (half-completed recovery is safe).
 
 from __future__ import annotations
 
+import asyncio
 import tempfile
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
@@ -127,6 +128,11 @@ class Scenario:
     """Tools that require approval."""
     decide: Decide | None = None
     """How recovery decides an approval wait it finds."""
+    interrupted: bool = False
+    """A previous process died while the first tool of the run ran; the live trajectory starts
+    by restoring that state (so it holds the counted resume, `operation_resumed`)."""
+    unstick: bool = False
+    """Recovery resumes stuck lanes past their attempt budget (as an operator would)."""
 
 
 async def prompt(harness: AgentHarness, text_: str = "please help") -> None:
@@ -140,6 +146,16 @@ def calls(*specs: tuple[str, str]) -> AssistantMessage:
 
 def retry_then(answer: AssistantMessage) -> Callable[[ModelRequest], AssistantMessage]:
     return lambda request: error("server") if request.attempt == 1 else answer
+
+
+def resume_drive(unstick: bool = False) -> Callable[[AgentHarness], Any]:
+    """Drive: continue the run a previous process left (a counted attempt)."""
+
+    async def run(harness: AgentHarness) -> None:
+        result = await harness.resume(unstick=unstick)
+        assert isinstance(result, Ok) and result.value.kind == "completed", result
+
+    return run
 
 
 async def two_prompts(harness: AgentHarness) -> None:
@@ -457,6 +473,33 @@ SCENARIOS = [
         drive=deferred_then_ready,
         fetches=(text("ready now"),),
     ),
+    Scenario(
+        "approval: a second wait reuses the call id",
+        scripted_turns(
+            calls(("deploy", "c1")), tool_calls(("deploy", {"n": 7}, "c1")), text("done")
+        ),
+        {"deploy": "never"},
+        drive=decide_after_wait(approve_all),
+        approval=APPROVAL,
+        decide=approve_all,
+    ),
+    Scenario(
+        "resumed after a crash, counted",
+        scripted_turns(calls(("act", "c1")), text("done")),
+        {"act": "safe"},
+        drive=resume_drive(),
+        options={"max_attempts": 5},  # recoveries of recoveries stay under the budget
+        interrupted=True,
+    ),
+    Scenario(
+        "stuck, then unstuck",
+        scripted_turns(calls(("act", "c1")), text("done")),
+        {"act": "safe"},
+        drive=resume_drive(unstick=True),
+        options={"max_attempts": 1},
+        interrupted=True,
+        unstick=True,
+    ),
 ]
 
 
@@ -483,6 +526,8 @@ async def open_run(
 ) -> Run:
     if create:
         await repo.create("s")
+        if scenario.interrupted:
+            await die_in_first_tool(scenario, repo)
     lease = await repo.acquire_lease("s", owner="w", ttl_ms=10**9)
     storage = await repo.open("s", lease=lease)
     counters = counters or Counters()
@@ -510,6 +555,35 @@ async def open_run(
     harness, _ = await AgentHarness.create(options)
     holder["h"] = harness
     return Run(repo, storage, harness, counters, model)
+
+
+async def die_in_first_tool(scenario: Scenario, repo: SessionRepo) -> None:
+    """A previous process: prompt, and die while the first tool runs (nothing after it lands)."""
+    lease = await repo.acquire_lease("s", owner="dead", ttl_ms=10**9)
+    storage = await repo.open("s", lease=lease)
+    started = asyncio.Event()
+
+    async def hang(ctx: Any) -> None:
+        started.set()
+        await asyncio.Event().wait()
+
+    options = AgentHarnessOptions(
+        storage=storage,
+        model_client=ScriptedModel(responder=scenario.responder),
+        model=MODEL,
+        tools=make_tools(
+            Counters(), replay=scenario.replay, actions=dict.fromkeys(scenario.replay, hang)
+        ),
+        clock=ManualClock(),
+        ids=SequentialIds("dead-"),
+        **scenario.options,
+    )
+    harness, _ = await AgentHarness.create(options)
+    running = asyncio.ensure_future(harness.prompt("please help"))
+    await started.wait()
+    await harness.close()  # the process dies: the run stays open, its tool started
+    await asyncio.gather(running, return_exceptions=True)
+    await repo.release_lease(lease)
 
 
 async def trajectory(scenario: Scenario) -> tuple[LogItem, ...]:
@@ -543,7 +617,7 @@ async def recover(
     repo = new_repo(backend, Path(tempfile.mkdtemp(prefix="recovery-")))
     await repo.import_session(SessionMetadata(id="s", created_at=1), prefix)
     run = await open_run(scenario, repo, ids, create=False)
-    await resume_all(run.harness, scenario.decide, policy)
+    await resume_all(run.harness, scenario.decide, policy, unstick=scenario.unstick)
     return await run.storage.get_log(), run.counters, run
 
 
