@@ -41,6 +41,22 @@ async def show(repo: SessionRepo, session_id: str | None, out: list[str]) -> Non
         out.append(f"  {item.seq:>3} {describe(item)}")
 
 
+def _session_of(target: Sequence[str]) -> str | None:
+    """`list` / nothing lists sessions; `show SESSION` (or just `SESSION`) shows one."""
+    words = list(target)
+    if words in ([], ["list"]):
+        return None
+    if len(words) == 2 and words[0] == "show":
+        return words[1]
+    if len(words) == 1 and words[0] != "show":
+        return words[0]
+    raise CliError("usage: gateway store [list | show SESSION] [--store URL]")
+
+
+class CliError(Exception):
+    """A command line that names no valid action (reported as one line, status 2)."""
+
+
 async def _run(args: argparse.Namespace, settings: Settings) -> int:
     url = args.store or settings.store_url
     repo = open_repo(url)
@@ -50,7 +66,7 @@ async def _run(args: argparse.Namespace, settings: Settings) -> int:
             session_id = await demo(repo, url, out)
             out.append(f"inspect it again: gateway store show {session_id} --store {url}")
         elif args.command == "store":
-            await show(repo, args.session, out)
+            await show(repo, _session_of(args.target), out)
         elif args.command == "ask":
             return await ask(repo, settings, args.lane, " ".join(args.question), out)
         else:
@@ -72,8 +88,12 @@ def main(argv: Sequence[str] | None = None, settings: Settings | None = None) ->
     )
     commands = parser.add_subparsers(dest="command", required=True)
     commands.add_parser("demo", help="run two threads, crash one mid-tool, recover it")
-    store = commands.add_parser("store", help="list sessions, or show one session's lanes and log")
-    store.add_argument("session", nargs="?")
+    store = commands.add_parser(
+        "store",
+        help="list sessions, or show one session's lanes and log",
+        usage="gateway store [list | show SESSION] [--store URL]",
+    )
+    store.add_argument("target", nargs="*", help="list (the default), or show SESSION")
     store.add_argument("--store", dest="store", default=argparse.SUPPRESS)
     demo_parser = commands.choices["demo"]
     demo_parser.add_argument("--store", dest="store", default=argparse.SUPPRESS)
@@ -94,3 +114,6 @@ def main(argv: Sequence[str] | None = None, settings: Settings | None = None) ->
     except (HarnessError, ModelConfigError) as exc:
         print(f"gateway: {exc}", file=sys.stderr)
         return 1
+    except CliError as exc:
+        print(f"gateway: {exc}", file=sys.stderr)
+        return 2

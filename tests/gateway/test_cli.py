@@ -56,3 +56,19 @@ def test_an_unknown_session_is_a_clear_error(tmp_path, capsys) -> None:
 def test_a_command_is_required() -> None:
     with pytest.raises(SystemExit):
         main([], settings=Settings())
+
+
+def test_store_list_and_show_as_the_readme_and_the_demo_say(tmp_path, capsys) -> None:
+    store = f"sqlite:///{tmp_path}/gw.db"
+    assert main(["demo", "--store", store], settings=Settings()) == 0
+    hint = capsys.readouterr().out.strip().splitlines()[-1]
+    assert hint.startswith("inspect it again: gateway store show ")
+    command = hint.removeprefix("inspect it again: gateway ").split()
+    assert main(command, settings=Settings()) == 0  # the demo's own hint works
+    shown = capsys.readouterr().out
+    assert "lane main" in shown and "operation_finished" in shown
+    assert main(["store", "list", "--store", store], settings=Settings()) == 0
+    listed = capsys.readouterr().out.strip().splitlines()
+    assert len(listed) == 1 and listed[0].split()[0] == command[2]
+    assert main(["store", "show", "--store", store], settings=Settings()) == 2
+    assert "usage: gateway store" in capsys.readouterr().err
