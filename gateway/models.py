@@ -9,8 +9,8 @@ from __future__ import annotations
 from typing import Any
 
 from config import Settings
-from harness_core.model import ModelClient, ModelRef
-from harness_core.scripted import ScriptedModel, echo_responder
+from harness_core.models import ModelClient, ModelRef
+from harness_core.models.scripted import ScriptedModel, echo_responder
 
 __all__ = ["PROVIDERS", "ModelConfigError", "model_from_settings"]
 
@@ -36,7 +36,7 @@ def model_from_settings(settings: Settings) -> tuple[ModelClient, ModelRef]:
     ref = ModelRef(provider=provider, model_id=model_id)
     if provider == "scripted":
         return ScriptedModel(responder=echo_responder), ref
-    from harness_core.pydantic_ai_model import PydanticAIModel
+    from harness_core.models.pydantic_ai import PydanticAIModel
 
     key = settings.model_api_key.get_secret_value() if settings.model_api_key else None
     base_url = settings.model_base_url

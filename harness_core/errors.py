@@ -7,12 +7,13 @@ Tree::
     │   ├── LeaseHeld                 another writer holds the session's writer lease
     │   ├── LeaseLost                 this writer's lease expired, was released or was taken over
     │   └── StoreCorrupted            durable data is not a valid prefix; never repaired silently
+    ├── RecordLogCorruption(reason)   a lane's log is a state no single writer can produce
     ├── HarnessFault                  a write failed or an invariant broke; the harness is dead
     ├── HarnessClosed                 the harness was closed while the call was in flight
     └── HarnessNotImplemented         the public method exists but its work has not landed yet
 
 Expected rejections of public harness operations are not exceptions: they are returned as
-`Err(...)` values (see `harness_core.result`, built with the runtime).
+`Err(...)` values (see `harness_core.result`).
 """
 
 from __future__ import annotations
@@ -20,12 +21,14 @@ from __future__ import annotations
 from typing import Literal
 
 __all__ = [
+    "CorruptionReason",
     "HarnessClosed",
     "HarnessError",
     "HarnessFault",
     "HarnessNotImplemented",
     "LeaseHeld",
     "LeaseLost",
+    "RecordLogCorruption",
     "SessionError",
     "SessionErrorCode",
     "StoreCorrupted",
@@ -131,3 +134,30 @@ class HarnessNotImplemented(HarnessError):
     def __init__(self, member: str) -> None:
         super().__init__(f"{member} is not implemented yet")
         self.member = member
+
+
+CorruptionReason = Literal[
+    "multiple_open_operations",
+    "unknown_operation",
+    "attempts_not_consecutive",
+    "compaction_reason",
+    "queue_after_abort",
+    "cancel_unknown_item",
+    "structural_step_mismatch",
+    "tool_identity_mismatch",
+    "duplicate_tool_start",
+    "content_mismatch",
+    "branch_summary_in_run",
+    "leaf_mismatch",
+    "approval_mismatch",
+    "drift",
+]
+"""Why a lane's durable log is impossible for a single writer (never repaired, never continued)."""
+
+
+class RecordLogCorruption(HarnessError):
+    """A lane's records and entries contradict each other; restore rejects instead of repairing."""
+
+    def __init__(self, reason: CorruptionReason, message: str) -> None:
+        super().__init__(f"{reason}: {message}")
+        self.reason: CorruptionReason = reason

@@ -14,8 +14,7 @@ from typing import Annotated, Any, Literal
 
 from pydantic import Field
 
-from harness_core._model import Frozen
-from harness_core.frozen import FrozenJson, FrozenJsonObject
+from harness_core.frozen import Frozen, FrozenJson, FrozenJsonObject
 from harness_core.messages import (
     AgentMessage,
     AssistantMessage,

@@ -1,4 +1,7 @@
-"""Immutable JSON values: the one check that a payload is JSON, and the frozen containers it yields.
+"""Immutability: the base of every durable model, and frozen JSON values.
+
+`Frozen` is the base of every durable pydantic type (frozen, closed, finite floats only);
+`revalidated` checks again a value that skipped validation.
 
 Every free-form payload the session stores (custom entry data, tool arguments, details,
 metadata) passes through `freeze_json` when its model is built, so a value that JSONL, SQLite
@@ -11,11 +14,21 @@ from __future__ import annotations
 
 import math
 from collections.abc import Mapping, Sequence
-from typing import TYPE_CHECKING, Annotated, Any, NoReturn, TypeAlias
+from typing import TYPE_CHECKING, Annotated, Any, NoReturn, TypeAlias, TypeVar
 
-from pydantic import PlainValidator
+from pydantic import BaseModel, ConfigDict, PlainValidator, ValidationError
 
-__all__ = ["FrozenDict", "FrozenJson", "FrozenJsonObject", "JsonValue", "freeze_json", "thaw_json"]
+__all__ = [
+    "Frozen",
+    "FrozenDict",
+    "FrozenJson",
+    "FrozenJsonObject",
+    "JsonValue",
+    "freeze_json",
+    "invalid_reason",
+    "revalidated",
+    "thaw_json",
+]
 
 JsonValue: TypeAlias = (
     bool | int | float | str | Sequence["JsonValue"] | Mapping[str, "JsonValue"] | None
@@ -107,3 +120,33 @@ else:
     # all the checking, and serialization infers plain dicts and lists from the frozen values.
     FrozenJson = Annotated[Any, PlainValidator(freeze_json)]
     FrozenJsonObject = Annotated[Any, PlainValidator(_freeze_object)]
+
+
+_M = TypeVar("_M", bound=BaseModel)
+
+
+class Frozen(BaseModel):
+    """Immutable, closed to unknown fields, finite floats only: the base of every durable type."""
+
+    model_config = ConfigDict(frozen=True, extra="forbid", allow_inf_nan=False)
+
+
+def revalidated(value: _M) -> _M:
+    """`value` checked again from its fields.
+
+    A model built with `model_copy(update=...)` or `model_construct`, or nested into another
+    model as an instance, skipped validation: a provider's cost can be NaN that way. Values
+    that come from outside the harness (providers, tools, hooks, callers) pass here before
+    they can reach a record or an entry.
+
+    Raises:
+        ValidationError: the value is not valid.
+    """
+    return type(value).model_validate(value.model_dump())
+
+
+def invalid_reason(error: ValidationError) -> str:
+    """One line naming the first invalid field (never the value: it may be content)."""
+    first = error.errors()[0]
+    where = ".".join(str(part) for part in first["loc"]) or "value"
+    return f"{where}: {first['msg']}"

@@ -16,16 +16,30 @@ from typing import Any, Literal, TypeAlias, TypeVar
 
 from pydantic import TypeAdapter, ValidationError
 
-from harness_core._model import invalid_reason, revalidated
+from harness_core._runtime.context import plan_compaction
+from harness_core._runtime.effects import AutomaticEffects, Effects
+from harness_core._runtime.gate import ActionInfo, Gate, GatedEffects
+from harness_core._runtime.lane import (
+    AbortAccepted,
+    HarnessRuntime,
+    LaneRuntime,
+    Prior,
+    config_entry,
+    decision_id,
+)
+from harness_core._runtime.lease import LeaseKeeper
+from harness_core._runtime.procedures import Outcome, Procedures, ToolRecovery
+from harness_core._runtime.reduction import LaneState, OperationState
+from harness_core._runtime.restore import restore_lane
+from harness_core._runtime.telemetry import Telemetry
 from harness_core.approvals import mismatch, stale
 from harness_core.clock import SystemClock
-from harness_core.context import plan_compaction
-from harness_core.effects import AutomaticEffects, Effects
 from harness_core.errors import (
     HarnessClosed,
     HarnessError,
     HarnessFault,
     LeaseLost,
+    RecordLogCorruption,
     SessionError,
 )
 from harness_core.events import (
@@ -38,19 +52,9 @@ from harness_core.events import (
     Listener,
     RunResume,
 )
-from harness_core.frozen import FrozenJson, JsonValue, freeze_json
-from harness_core.gate import ActionInfo, Gate, GatedEffects
+from harness_core.frozen import FrozenJson, JsonValue, freeze_json, invalid_reason, revalidated
 from harness_core.hooks import BeforeResumeEvent, BeforeRunEvent, Hooks, run_hook
 from harness_core.ids import Uuid7Ids
-from harness_core.lane import (
-    AbortAccepted,
-    HarnessRuntime,
-    LaneRuntime,
-    Prior,
-    config_entry,
-    decision_id,
-)
-from harness_core.lease import LeaseKeeper
 from harness_core.messages import (
     AgentMessage,
     AssistantMessage,
@@ -59,7 +63,7 @@ from harness_core.messages import (
     TokenUsage,
     UserMessage,
 )
-from harness_core.model import ModelRef
+from harness_core.models import ModelRef
 from harness_core.options import AgentHarnessOptions
 from harness_core.portable import (
     CapabilityState,
@@ -67,8 +71,6 @@ from harness_core.portable import (
     capabilities_of,
     capability_entry,
 )
-from harness_core.procedures import Outcome, Procedures, ToolRecovery
-from harness_core.restore import restore_lane
 from harness_core.result import (
     AlreadyAccepted,
     Closed,
@@ -120,9 +122,7 @@ from harness_core.session.types import (
     StoredEntry,
     StoredRecord,
 )
-from harness_core.state import LaneState, OperationState, RecordLogCorruption
 from harness_core.storage._rules import check_lane_name
-from harness_core.telemetry import Telemetry
 from harness_core.tools import Tool, ToolArgumentsError
 
 __all__ = [

@@ -22,7 +22,7 @@ from typing import Any, Literal
 from harness_core.errors import HarnessNotImplemented
 from harness_core.frozen import JsonValue
 from harness_core.messages import AgentMessage, AssistantMessage, TokenUsage, UserContent
-from harness_core.model import ModelRef
+from harness_core.models import ModelRef
 from harness_core.session.entries import Entry
 from harness_core.session.records import CompactionReason, OperationKind, StepKind
 from harness_core.tools import ToolOutput

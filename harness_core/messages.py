@@ -11,8 +11,7 @@ from typing import Annotated, Literal, Self
 
 from pydantic import Field, model_validator
 
-from harness_core._model import Frozen
-from harness_core.frozen import FrozenJson, FrozenJsonObject
+from harness_core.frozen import Frozen, FrozenJson, FrozenJsonObject
 
 __all__ = [
     "AgentMessage",
@@ -21,6 +20,7 @@ __all__ = [
     "Cost",
     "DeferredHandle",
     "ImagePart",
+    "message_text",
     "ModelError",
     "ModelErrorKind",
     "StopReason",
@@ -229,3 +229,14 @@ def user_message(
 ) -> UserMessage:
     """Build a user message of one text part."""
     return UserMessage(content=(TextPart(text=text),), sender=sender, timestamp=timestamp)
+
+
+def message_text(message: AgentMessage) -> str:
+    """The plain text of a message (tool calls rendered as their name and arguments)."""
+    parts: list[str] = []
+    for part in message.content:
+        if isinstance(part, TextPart):
+            parts.append(part.text)
+        elif isinstance(part, ToolCallPart):
+            parts.append(f"[call {part.name} {dict(part.arguments)}]")
+    return "\n".join(parts)

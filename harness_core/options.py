@@ -10,14 +10,24 @@ from opentelemetry.context import Context
 from opentelemetry.trace import Tracer
 
 from harness_core.clock import Clock
-from harness_core.context import EntryProjector
 from harness_core.hooks import RequestOptions
 from harness_core.ids import IdGenerator
-from harness_core.model import ModelClient, ModelRef
+from harness_core.messages import AgentMessage
+from harness_core.models import ModelClient, ModelRef
 from harness_core.session.contract import SessionStorage
+from harness_core.session.entries import CustomEntry
 from harness_core.tools import Tool
 
-__all__ = ["AgentHarnessOptions", "CompactionSettings", "QueueMode", "RetryPolicy"]
+__all__ = [
+    "AgentHarnessOptions",
+    "CompactionSettings",
+    "EntryProjector",
+    "QueueMode",
+    "RetryPolicy",
+]
+
+EntryProjector = Callable[[CustomEntry], Sequence[AgentMessage]]
+"""Turns a custom entry of one type into the messages the model sees for it (none: unseen)."""
 
 QueueMode = Literal["all", "one_at_a_time"]
 """How many queued items a checkpoint consumes."""

@@ -15,8 +15,7 @@ from typing import Annotated, Any, Literal, Self
 
 from pydantic import Field, StringConstraints, model_validator
 
-from harness_core._model import Frozen
-from harness_core.frozen import FrozenDict, FrozenJson
+from harness_core.frozen import Frozen, FrozenDict, FrozenJson
 from harness_core.messages import AgentMessage
 from harness_core.session.entries import CustomEntry, Entry
 
@@ -76,7 +75,7 @@ class HarnessState(Frozen):
 
     def model_messages_json(self) -> bytes:
         """The messages as pydantic-ai `ModelMessagesTypeAdapter` JSON."""
-        from harness_core.pydantic_ai_messages import message_json
+        from harness_core.models.conversion import message_json
 
         return message_json(self.messages)
 
@@ -91,7 +90,7 @@ class HarnessState(Frozen):
 
         System prompts are dropped: the importing harness's own system prompt applies.
         """
-        from harness_core.pydantic_ai_messages import messages_from_json
+        from harness_core.models.conversion import messages_from_json
 
         _, messages = messages_from_json(data)
         return cls(thread_id=thread_id, messages=messages, capabilities=capabilities or {})

@@ -19,10 +19,9 @@ from typing import Any, Literal
 
 from pydantic import BaseModel, ValidationError
 
-from harness_core._model import Frozen
-from harness_core.frozen import FrozenJson, freeze_json, thaw_json
+from harness_core.frozen import Frozen, FrozenJson, freeze_json, thaw_json
 from harness_core.messages import TextPart, TokenUsage, ToolCallPart, UserContent
-from harness_core.model import ToolDefinition
+from harness_core.models import ToolDefinition
 
 __all__ = [
     "PreparedToolCall",

@@ -11,8 +11,7 @@ from typing import Annotated, Literal, Self, TypeAlias
 
 from pydantic import Field, StringConstraints, model_validator
 
-from harness_core._model import Frozen
-from harness_core.frozen import FrozenJson
+from harness_core.frozen import Frozen, FrozenJson
 from harness_core.messages import AgentMessage, TokenUsage, ToolResultMessage
 
 __all__ = [

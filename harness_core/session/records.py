@@ -16,8 +16,7 @@ from typing import Annotated, Literal, Self, TypeAlias
 
 from pydantic import Field, StringConstraints, model_validator
 
-from harness_core._model import Frozen
-from harness_core.frozen import FrozenJson, FrozenJsonObject
+from harness_core.frozen import Frozen, FrozenJson, FrozenJsonObject
 from harness_core.messages import AgentMessage, StopReason, TokenUsage
 from harness_core.session.entries import Entry, Id
 

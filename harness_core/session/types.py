@@ -7,9 +7,8 @@ from typing import Annotated, Literal, TypeAlias
 
 from pydantic import Field, StringConstraints
 
-from harness_core._model import Frozen
 from harness_core.errors import SessionError
-from harness_core.frozen import FrozenJsonObject
+from harness_core.frozen import Frozen, FrozenJsonObject
 from harness_core.messages import TokenUsage
 from harness_core.session.entries import Entry, EntryType, Id
 from harness_core.session.records import LaneName, OperationKind, Record, RecordType

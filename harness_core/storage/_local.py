@@ -17,7 +17,7 @@ from harness_core.session.types import (
     StoredEntry,
     StoredRecord,
 )
-from harness_core.storage._state import SessionState
+from harness_core.storage._projections import SessionState
 
 __all__ = ["LocalReads"]
 

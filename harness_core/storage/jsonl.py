@@ -49,8 +49,8 @@ from harness_core.session.types import (
 )
 from harness_core.storage._leases import check_ttl
 from harness_core.storage._local import LocalReads
+from harness_core.storage._projections import SessionState, new_metadata, replay_log
 from harness_core.storage._rules import check_session_id
-from harness_core.storage._state import SessionState, new_metadata, replay_log
 
 __all__ = ["FsyncPolicy", "JsonlSessionRepo", "JsonlSessionStorage"]
 

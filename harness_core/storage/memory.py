@@ -27,8 +27,8 @@ from harness_core.session.types import (
 )
 from harness_core.storage._leases import LeaseRow, check_acquire, check_current, check_ttl
 from harness_core.storage._local import LocalReads
+from harness_core.storage._projections import SessionState, new_metadata, replay_log
 from harness_core.storage._rules import check_session_id
-from harness_core.storage._state import SessionState, new_metadata, replay_log
 
 __all__ = ["MemorySessionRepo", "MemorySessionStorage"]
 

@@ -80,6 +80,12 @@ from harness_core.session.types import (
 from harness_core.storage._batch import WriteQueue
 from harness_core.storage._branch import BranchNode, BranchScan, PathScan, SinceScan
 from harness_core.storage._leases import check_ttl
+from harness_core.storage._projections import (
+    new_metadata,
+    record_matches,
+    record_run_id,
+    replay_log,
+)
 from harness_core.storage._rules import (
     check_lane_name,
     check_session_id,
@@ -87,7 +93,6 @@ from harness_core.storage._rules import (
     usage_from_values,
     usage_values,
 )
-from harness_core.storage._state import new_metadata, record_matches, record_run_id, replay_log
 from harness_core.storage.redis_lua import SCRIPTS
 
 __all__ = ["RedisSessionRepo", "RedisSessionStorage"]

@@ -68,6 +68,7 @@ from harness_core.session.types import (
 from harness_core.storage._batch import WriteQueue
 from harness_core.storage._branch import BranchNode, BranchScan, SinceScan, drive
 from harness_core.storage._leases import LeaseRow, check_acquire, check_current, check_ttl
+from harness_core.storage._projections import new_metadata, record_run_id, replay_log
 from harness_core.storage._rules import (
     add_usage,
     check_lane_name,
@@ -76,7 +77,6 @@ from harness_core.storage._rules import (
     usage_from_values,
     usage_values,
 )
-from harness_core.storage._state import new_metadata, record_run_id, replay_log
 
 __all__ = ["SqliteSessionRepo", "SqliteSessionStorage", "Synchronous"]
 

@@ -10,10 +10,10 @@ from collections import Counter
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 
+from harness_core._runtime.procedures import ToolRecovery
+from harness_core._runtime.restore import restore_lane
 from harness_core.harness import AgentHarness
 from harness_core.messages import AssistantMessage, ToolResultMessage
-from harness_core.procedures import ToolRecovery
-from harness_core.restore import restore_lane
 from harness_core.result import Ok
 from harness_core.session.entries import MessageEntry
 from harness_core.session.records import (

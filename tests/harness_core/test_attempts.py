@@ -11,8 +11,8 @@ from typing import Any
 import pytest
 
 from harness_core.errors import HarnessFault
+from harness_core.models.scripted import deferred, error, text, tool_calls
 from harness_core.result import Err, Ok
-from harness_core.scripted import deferred, error, text, tool_calls
 from harness_core.session.records import OperationResumed, QueueCancelled
 from harness_core.session.types import StoredRecord
 from harness_core.tools import Tool, ToolContext

@@ -9,13 +9,12 @@ from typing import Any
 
 import pytest
 
-from harness_core.context import message_text
 from harness_core.events import HandlerError
 from harness_core.hooks import BeforeCompactionResult, SummaryResult
-from harness_core.messages import AssistantMessage, Cost, TextPart, TokenUsage
+from harness_core.messages import AssistantMessage, Cost, TextPart, TokenUsage, message_text
+from harness_core.models.scripted import deferred, text, tool_call
 from harness_core.options import CompactionSettings
 from harness_core.result import Err, Ok
-from harness_core.scripted import deferred, text, tool_call
 from harness_core.session.entries import CompactionEntry
 from harness_core.session.records import OperationFinished, Usage
 from harness_core.session.types import StoredEntry, StoredRecord

@@ -18,8 +18,8 @@ from typing import Any, Literal
 import pytest
 import redis
 
+from harness_core._runtime.restore import read_lane_slice
 from harness_core.messages import Cost, TokenUsage
-from harness_core.restore import read_lane_slice
 from harness_core.session.contract import SessionRepo, SessionStorage
 from harness_core.session.records import Record, Usage
 from harness_core.session.types import (

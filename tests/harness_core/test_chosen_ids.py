@@ -10,10 +10,9 @@ from typing import Any
 
 import pytest
 
-from harness_core.context import message_text
-from harness_core.messages import UserMessage, user_message
+from harness_core.messages import UserMessage, message_text, user_message
+from harness_core.models.scripted import text, tool_call
 from harness_core.result import Err, Ok
-from harness_core.scripted import text, tool_call
 from harness_core.session.entries import MessageEntry
 from harness_core.session.types import StoredEntry, StoredRecord
 from harness_core.tools import Tool, ToolContext

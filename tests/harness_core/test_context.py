@@ -8,7 +8,7 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from harness_core.context import ContextWindow, estimate_tokens, heal_tool_results, project
+from harness_core._runtime.context import ContextWindow, estimate_tokens, heal_tool_results, project
 from harness_core.messages import (
     AgentMessage,
     AssistantMessage,
@@ -17,9 +17,9 @@ from harness_core.messages import (
     ToolResultMessage,
     UserMessage,
 )
-from harness_core.model import ModelRef
+from harness_core.models import ModelRef
+from harness_core.models.scripted import text
 from harness_core.result import Err, Ok
-from harness_core.scripted import text
 from harness_core.session.entries import CompactionEntry, Entry, MessageEntry
 from tests.support.harness_kit import make_kit
 

@@ -22,7 +22,7 @@ from pathlib import Path
 import pytest
 import redis
 
-from harness_core.gate import ActionInfo
+from harness_core._runtime.gate import ActionInfo
 from harness_core.session.contract import SessionRepo
 from harness_core.session.types import LogItem, SessionMetadata
 from harness_core.storage.memory import MemorySessionRepo

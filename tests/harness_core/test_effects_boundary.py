@@ -11,8 +11,8 @@ import ast
 import inspect
 import re
 
-from harness_core import procedures
-from harness_core.effects import Effects
+from harness_core._runtime import procedures
+from harness_core._runtime.effects import Effects
 
 READS = {
     "self.lane.context_entries",

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import asyncio
 
-from harness_core.gate import ActionInfo, Gate
+from harness_core._runtime.gate import ActionInfo, Gate
 
 
 async def test_a_nested_effect_parks_as_its_own_action() -> None:

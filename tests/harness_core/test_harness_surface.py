@@ -18,8 +18,14 @@ from typing import Any, TypeVar
 import pytest
 from pydantic import BaseModel
 
-from harness_core.context import message_text
-from harness_core.errors import HarnessClosed, HarnessError, HarnessFault, SessionError
+from harness_core._runtime.restore import restore_lane
+from harness_core.errors import (
+    HarnessClosed,
+    HarnessError,
+    HarnessFault,
+    RecordLogCorruption,
+    SessionError,
+)
 from harness_core.events import EventBus
 from harness_core.harness import AgentHarness, AgentLane, LaneInfo, SessionTree, Watch
 from harness_core.hooks import (
@@ -40,14 +46,14 @@ from harness_core.messages import (
     AssistantMessage,
     TokenUsage,
     ToolResultMessage,
+    message_text,
     user_message,
 )
-from harness_core.model import ModelRef, ModelRequest
+from harness_core.models import ModelRef, ModelRequest
+from harness_core.models.scripted import deferred, text, tool_call
 from harness_core.options import AgentHarnessOptions, CompactionSettings
 from harness_core.portable import CapabilityState, HarnessState
-from harness_core.restore import restore_lane
 from harness_core.result import Err, Ok
-from harness_core.scripted import deferred, text, tool_call
 from harness_core.session.entries import (
     CustomEntry,
     Entry,
@@ -68,7 +74,6 @@ from harness_core.session.records import (
     WriteDeferred,
 )
 from harness_core.session.types import BranchQuery, EntryQuery, RecordQuery, StoredEntry
-from harness_core.state import RecordLogCorruption
 from harness_core.tools import Tool, ToolContext
 from tests.support.harness_kit import MODEL, Kit, make_kit
 

@@ -12,9 +12,9 @@ from harness_core.errors import HarnessFault, LeaseLost, SessionError
 from harness_core.events import AuthorityLost, LeaseRenewalFailed
 from harness_core.harness import AgentHarness
 from harness_core.ids import SequentialIds
+from harness_core.models.scripted import ScriptedModel, text, tool_call
 from harness_core.options import AgentHarnessOptions
 from harness_core.result import Ok
-from harness_core.scripted import ScriptedModel, text, tool_call
 from harness_core.session.types import WriterLease
 from harness_core.storage.memory import MemorySessionRepo
 from harness_core.testing import ManualClock

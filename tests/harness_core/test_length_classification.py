@@ -6,12 +6,12 @@ from pathlib import Path
 
 import pytest
 
-from harness_core.context import message_text
 from harness_core.hooks import RequestOptions
-from harness_core.model import ModelInfo
+from harness_core.messages import message_text
+from harness_core.models import ModelInfo
+from harness_core.models.scripted import length, text
 from harness_core.options import CompactionSettings
 from harness_core.result import Ok
-from harness_core.scripted import length, text
 from tests.support.harness_kit import make_kit
 
 pytestmark = pytest.mark.parametrize("backend", ["memory", "sqlite"])

@@ -9,8 +9,8 @@ from typing import Any
 import pytest
 
 from harness_core.errors import HarnessClosed, HarnessError
+from harness_core.models.scripted import deferred, text, tool_call, tool_calls
 from harness_core.result import Ok
-from harness_core.scripted import deferred, text, tool_call, tool_calls
 from harness_core.tools import Tool, ToolContext
 from tests.harness_core.test_recovery import SCENARIOS, Scenario, open_run, prompt
 from tests.support.harness_kit import Kit, make_kit

@@ -7,9 +7,9 @@ from pathlib import Path
 import pytest
 from pydantic import ValidationError
 
+from harness_core.models.scripted import text, tool_call
 from harness_core.portable import CapabilityState, HarnessState
 from harness_core.result import Ok
-from harness_core.scripted import text, tool_call
 from harness_core.tools import Tool, ToolContext
 from tests.support.harness_kit import Kit, make_kit
 

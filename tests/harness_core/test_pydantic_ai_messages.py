@@ -17,7 +17,7 @@ from harness_core.messages import (
     ToolResultMessage,
     UserMessage,
 )
-from harness_core.pydantic_ai_messages import (
+from harness_core.models.conversion import (
     message_json,
     messages_from_json,
     to_model_messages,

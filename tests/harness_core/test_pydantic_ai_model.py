@@ -15,10 +15,10 @@ from typing import Any
 import pytest
 from pydantic_ai.models import Model
 
-from harness_core.context import message_text
 from harness_core.hooks import RequestOptions
-from harness_core.model import ModelRef, ModelRequest
-from harness_core.pydantic_ai_model import PydanticAIModel
+from harness_core.messages import message_text
+from harness_core.models import ModelRef, ModelRequest
+from harness_core.models.pydantic_ai import PydanticAIModel
 from harness_core.result import Ok
 from harness_core.session.types import RecordQuery
 from harness_core.tools import ToolContext, tool

@@ -22,10 +22,10 @@ from harness_core.errors import HarnessClosed
 from harness_core.harness import AgentHarness
 from harness_core.ids import SequentialIds
 from harness_core.messages import AssistantMessage, ToolResultMessage, UserMessage
-from harness_core.model import ModelRequest
+from harness_core.models import ModelRequest
+from harness_core.models.scripted import ScriptedModel, text, tool_calls
 from harness_core.options import AgentHarnessOptions, RetryPolicy
 from harness_core.result import Ok
-from harness_core.scripted import ScriptedModel, text, tool_calls
 from harness_core.session.types import LogItem, StoredEntry
 from harness_core.storage.memory import MemorySessionRepo
 from harness_core.testing import ManualClock

@@ -21,18 +21,17 @@ from typing import Any
 
 import pytest
 
+from harness_core._runtime.procedures import ToolRecovery
+from harness_core._runtime.restore import restore_lane
 from harness_core.approvals import approve, deny
-from harness_core.context import message_text
 from harness_core.harness import AgentHarness
 from harness_core.hooks import BeforeRequestEvent, BeforeRunEndResult
 from harness_core.ids import SequentialIds
-from harness_core.messages import AssistantMessage, UserMessage
-from harness_core.model import ModelInfo, ModelRequest
+from harness_core.messages import AssistantMessage, UserMessage, message_text
+from harness_core.models import ModelInfo, ModelRequest
+from harness_core.models.scripted import ScriptedModel, deferred, error, length, text, tool_calls
 from harness_core.options import AgentHarnessOptions, CompactionSettings, RetryPolicy
-from harness_core.procedures import ToolRecovery
-from harness_core.restore import restore_lane
 from harness_core.result import Err, Ok
-from harness_core.scripted import ScriptedModel, deferred, error, length, text, tool_calls
 from harness_core.session.contract import SessionRepo, SessionStorage
 from harness_core.session.entries import MessageEntry
 from harness_core.session.records import ApprovalDecision, PendingApproval

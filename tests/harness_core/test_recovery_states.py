@@ -28,18 +28,17 @@ from typing import Any
 
 import pytest
 
+from harness_core._runtime.procedures import ToolRecovery
+from harness_core._runtime.restore import restore_lane
 from harness_core.approvals import approve, args_digest, deny
-from harness_core.context import message_text
-from harness_core.errors import HarnessFault
+from harness_core.errors import CorruptionReason, HarnessFault, RecordLogCorruption
 from harness_core.harness import AgentHarness, AgentLane, SuspendedOperation
 from harness_core.ids import SequentialIds
-from harness_core.messages import AssistantMessage, DeferredHandle, TextPart
-from harness_core.model import DEFAULT_INFO, ModelInfo
+from harness_core.messages import AssistantMessage, DeferredHandle, TextPart, message_text
+from harness_core.models import DEFAULT_INFO, ModelInfo
+from harness_core.models.scripted import ScriptedModel, deferred, error, length, text, tool_calls
 from harness_core.options import AgentHarnessOptions, CompactionSettings, RetryPolicy
-from harness_core.procedures import ToolRecovery
-from harness_core.restore import restore_lane
 from harness_core.result import Err, Ok
-from harness_core.scripted import ScriptedModel, deferred, error, length, text, tool_calls
 from harness_core.session.contract import SessionRepo, SessionStorage
 from harness_core.session.entries import BranchSummaryEntry, MessageEntry, ThinkingLevelChangeEntry
 from harness_core.session.records import ApprovalDecision, OperationStarted
@@ -49,7 +48,6 @@ from harness_core.session.types import (
     StoredRecord,
     WriterLease,
 )
-from harness_core.state import CorruptionReason, RecordLogCorruption
 from harness_core.storage.memory import MemorySessionRepo
 from harness_core.storage.sqlite import SqliteSessionRepo
 from harness_core.testing import ManualClock

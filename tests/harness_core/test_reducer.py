@@ -7,9 +7,10 @@ from collections.abc import Callable
 
 import pytest
 
+from harness_core._runtime.reduction import LaneSlice, reduce_lane
+from harness_core._runtime.restore import restore_lane
+from harness_core.errors import CorruptionReason, RecordLogCorruption
 from harness_core.messages import AssistantMessage, TextPart, ToolCallPart, UserMessage
-from harness_core.reducer import LaneSlice, reduce_lane
-from harness_core.restore import restore_lane
 from harness_core.session.entries import Entry, MessageEntry
 from harness_core.session.records import (
     AbortRequested,
@@ -27,7 +28,6 @@ from harness_core.session.records import (
     ToolStarted,
 )
 from harness_core.session.types import SessionMetadata, StoredEntry, StoredRecord
-from harness_core.state import CorruptionReason, RecordLogCorruption
 from harness_core.storage.memory import MemorySessionRepo
 from harness_core.testing import ManualClock
 from tests.harness_core.test_recovery import SCENARIOS, trajectory

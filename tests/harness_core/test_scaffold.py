@@ -24,18 +24,17 @@ from typing import Any, get_args
 
 import pytest
 
-from harness_core.context import message_text
+from harness_core._runtime.procedures import Outcome
 from harness_core.errors import HarnessClosed, HarnessError, HarnessNotImplemented
 from harness_core.events import EventBus, FactUpdate
 from harness_core.harness import AgentHarness, AgentLane, SessionTree, Watch
 from harness_core.hooks import BeforeRequestEvent, HookError, HookName, Hooks, RequestOptions
-from harness_core.messages import AgentMessage, TokenUsage, user_message
-from harness_core.model import ModelRef
+from harness_core.messages import AgentMessage, TokenUsage, message_text, user_message
+from harness_core.models import ModelRef
+from harness_core.models.scripted import deferred, echo_responder, text, tool_call
 from harness_core.options import CompactionSettings
 from harness_core.portable import CapabilityState, HarnessState
-from harness_core.procedures import Outcome
 from harness_core.result import Err, Ok
-from harness_core.scripted import deferred, echo_responder, text, tool_call
 from harness_core.session.entries import CompactionEntry, CustomEntry, MessageEntry
 from harness_core.session.records import OperationFinished, Usage
 from harness_core.session.types import BranchQuery, EntryQuery, RecordQuery

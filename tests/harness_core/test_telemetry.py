@@ -11,8 +11,8 @@ from opentelemetry.sdk.trace import ReadableSpan, TracerProvider
 from opentelemetry.sdk.trace.export import SimpleSpanProcessor
 from opentelemetry.sdk.trace.export.in_memory_span_exporter import InMemorySpanExporter
 
+from harness_core.models.scripted import error, text, tool_calls
 from harness_core.result import Ok
-from harness_core.scripted import error, text, tool_calls
 from harness_core.tools import Tool, ToolContext
 from tests.support.harness_kit import make_kit
 

@@ -9,10 +9,9 @@ from typing import Any
 import pytest
 from pydantic import BaseModel, Field
 
-from harness_core.context import message_text
-from harness_core.messages import ToolResultMessage
+from harness_core.messages import ToolResultMessage, message_text
+from harness_core.models.scripted import text, tool_call
 from harness_core.result import Ok
-from harness_core.scripted import text, tool_call
 from harness_core.session.records import ToolStarted
 from harness_core.session.types import RecordQuery
 from harness_core.tools import Tool, ToolContext, tool

@@ -7,8 +7,8 @@ from pathlib import Path
 import pytest
 
 from harness_core.messages import TokenUsage
+from harness_core.models.scripted import error, text
 from harness_core.result import Ok
-from harness_core.scripted import error, text
 from harness_core.session.records import Usage
 from harness_core.session.types import StoredRecord
 from tests.support.harness_kit import make_kit

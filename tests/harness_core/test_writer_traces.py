@@ -11,16 +11,16 @@ from typing import Any
 import pytest
 from pydantic import BaseModel
 
+from harness_core._runtime.context import project, project_entry
+from harness_core._runtime.procedures import Outcome
 from harness_core.approvals import approve, deny
-from harness_core.context import message_text, project, project_entry
 from harness_core.harness import SuspendedOperation
 from harness_core.hooks import BeforeRunEndEvent, BeforeRunEndResult, TransformContextEvent
-from harness_core.messages import AgentMessage, UserMessage, user_message
-from harness_core.model import ModelRequest
+from harness_core.messages import AgentMessage, UserMessage, message_text, user_message
+from harness_core.models import ModelRequest
+from harness_core.models.scripted import deferred, error, length, text, tool_call, tool_calls
 from harness_core.options import CompactionSettings
-from harness_core.procedures import Outcome
 from harness_core.result import Ok
-from harness_core.scripted import deferred, error, length, text, tool_call, tool_calls
 from harness_core.session.entries import CompactionEntry
 from harness_core.session.records import (
     ApprovalDecided,
@@ -431,7 +431,7 @@ async def two_turns(kit: Kit) -> None:
 
 
 async def test_auto_compaction_at_a_checkpoint(backend, tmp_path) -> None:
-    from harness_core.model import ModelInfo
+    from harness_core.models import ModelInfo
     from harness_core.options import CompactionSettings
 
     async def big(args: Any, ctx: ToolContext) -> str:
@@ -469,7 +469,7 @@ async def test_auto_compaction_at_a_checkpoint(backend, tmp_path) -> None:
 
 
 async def test_overflow_compacts_once_then_retries(backend, tmp_path) -> None:
-    from harness_core.model import ModelInfo
+    from harness_core.models import ModelInfo
 
     kit = await make_kit(
         backend,
@@ -498,7 +498,7 @@ async def test_overflow_compacts_once_then_retries(backend, tmp_path) -> None:
 
 
 async def test_length_twice_gives_up_after_one_recovery(backend, tmp_path) -> None:
-    from harness_core.model import ModelInfo
+    from harness_core.models import ModelInfo
 
     kit = await make_kit(
         backend,
@@ -526,7 +526,7 @@ async def test_length_twice_gives_up_after_one_recovery(backend, tmp_path) -> No
 
 
 async def test_genuine_length_is_kept(backend, tmp_path) -> None:
-    from harness_core.model import ModelInfo
+    from harness_core.models import ModelInfo
 
     kit = await make_kit(backend, tmp_path, [length("all of it", output_tokens=1_000)])
     kit.model.info = ModelInfo(context_window=100_000, max_output_tokens=1_000)

@@ -12,9 +12,9 @@ from harness_core.harness import AgentHarness, SuspendedOperation
 from harness_core.hooks import HookName
 from harness_core.ids import SequentialIds
 from harness_core.messages import AssistantMessage, ToolResultMessage
-from harness_core.model import ModelRef
+from harness_core.models import ModelRef
+from harness_core.models.scripted import Reply, ScriptedModel
 from harness_core.options import AgentHarnessOptions, RetryPolicy
-from harness_core.scripted import Reply, ScriptedModel
 from harness_core.session.contract import SessionRepo, SessionStorage
 from harness_core.session.entries import Entry, MessageEntry
 from harness_core.session.records import (

@@ -6,7 +6,7 @@ import asyncio
 from collections.abc import Awaitable, Callable
 from typing import Any, TypeVar
 
-from harness_core.gate import ActionInfo
+from harness_core._runtime.gate import ActionInfo
 from harness_core.harness import AgentHarness
 
 _T = TypeVar("_T")

@@ -7,12 +7,11 @@ appended. Nothing here scans another lane's traffic or the session's older histo
 
 from __future__ import annotations
 
-from harness_core.errors import SessionError
-from harness_core.reducer import LaneSlice, reduce_lane
+from harness_core._runtime.reduction import LaneSlice, LaneState, reduce_lane
+from harness_core.errors import RecordLogCorruption, SessionError
 from harness_core.session.contract import SessionStorage
 from harness_core.session.records import NavigationIntent, OperationStarted
 from harness_core.session.types import RecordQuery, StoredEntry, StoredRecord
-from harness_core.state import LaneState, RecordLogCorruption
 
 __all__ = ["read_lane_slice", "restore_lane"]
 

@@ -12,8 +12,7 @@ from typing import Protocol, runtime_checkable
 
 from pydantic import Field
 
-from harness_core._model import Frozen
-from harness_core.frozen import FrozenJsonObject
+from harness_core.frozen import Frozen, FrozenJsonObject
 from harness_core.messages import AgentMessage, AssistantMessage, DeferredHandle
 from harness_core.session.records import StepKind
 

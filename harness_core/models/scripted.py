@@ -10,7 +10,7 @@ import itertools
 from collections.abc import Callable, Iterable, Mapping
 from typing import Any
 
-from harness_core.context import estimate_tokens, message_text
+from harness_core._runtime.context import estimate_tokens
 from harness_core.frozen import JsonValue
 from harness_core.messages import (
     AssistantMessage,
@@ -21,8 +21,9 @@ from harness_core.messages import (
     TokenUsage,
     ToolCallPart,
     UserMessage,
+    message_text,
 )
-from harness_core.model import DEFAULT_INFO, ModelInfo, ModelRef, ModelRequest
+from harness_core.models import DEFAULT_INFO, ModelInfo, ModelRef, ModelRequest
 
 __all__ = [
     "Reply",

@@ -8,7 +8,7 @@ token estimates live here too; all of it is pure.
 
 from __future__ import annotations
 
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Mapping, Sequence
 
 from harness_core.messages import (
     AgentMessage,
@@ -17,7 +17,9 @@ from harness_core.messages import (
     ToolCallPart,
     ToolResultMessage,
     UserMessage,
+    message_text,
 )
+from harness_core.options import EntryProjector
 from harness_core.session.entries import (
     BranchSummaryEntry,
     CompactionEntry,
@@ -28,32 +30,17 @@ from harness_core.session.entries import (
 
 __all__ = [
     "ContextWindow",
-    "EntryProjector",
     "estimate_tokens",
     "heal_tool_results",
-    "message_text",
     "plan_compaction",
     "project",
     "project_entry",
     "summary_request_text",
 ]
 
-EntryProjector = Callable[[CustomEntry], Sequence[AgentMessage]]
-
 SUMMARY_PREFIX = "Summary of the earlier conversation:\n"
 BRANCH_PREFIX = "Summary of a branch this conversation left:\n"
 INTERRUPTED_TEXT = "No result was recorded for this tool call."
-
-
-def message_text(message: AgentMessage) -> str:
-    """The plain text of a message (tool calls rendered as their name and arguments)."""
-    parts: list[str] = []
-    for part in message.content:
-        if isinstance(part, TextPart):
-            parts.append(part.text)
-        elif isinstance(part, ToolCallPart):
-            parts.append(f"[call {part.name} {dict(part.arguments)}]")
-    return "\n".join(parts)
 
 
 def project_entry(

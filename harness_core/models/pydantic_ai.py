@@ -28,8 +28,8 @@ from harness_core.messages import (
     ModelErrorKind,
     TokenUsage,
 )
-from harness_core.model import DEFAULT_INFO, ModelInfo, ModelRef, ModelRequest
-from harness_core.pydantic_ai_messages import from_model_response, to_model_messages
+from harness_core.models import DEFAULT_INFO, ModelInfo, ModelRef, ModelRequest
+from harness_core.models.conversion import from_model_response, to_model_messages
 
 __all__ = ["ModelResolver", "PydanticAIModel"]
 

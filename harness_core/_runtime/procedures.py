@@ -17,15 +17,18 @@ from typing import Any, Literal
 from opentelemetry.trace import INVALID_SPAN, Span
 from pydantic import ValidationError
 
-from harness_core._model import invalid_reason, revalidated
-from harness_core.approvals import args_digest
-from harness_core.context import (
-    estimate_tokens,
-    message_text,
-    plan_compaction,
-    summary_request_text,
+from harness_core._runtime.context import estimate_tokens, plan_compaction, summary_request_text
+from harness_core._runtime.effects import Effects
+from harness_core._runtime.lane import LaneRuntime
+from harness_core._runtime.reduction import (
+    OperationState,
+    ToolCallState,
+    has_pending_work,
+    needs_assistant,
 )
-from harness_core.effects import Effects
+from harness_core._runtime.telemetry import Telemetry
+from harness_core.approvals import args_digest
+from harness_core.errors import RecordLogCorruption
 from harness_core.events import (
     CompactionEnd,
     CompactionStart,
@@ -41,7 +44,13 @@ from harness_core.events import (
     TurnEnd,
     TurnStart,
 )
-from harness_core.frozen import FrozenJson, FrozenJsonObject, freeze_json
+from harness_core.frozen import (
+    FrozenJson,
+    FrozenJsonObject,
+    freeze_json,
+    invalid_reason,
+    revalidated,
+)
 from harness_core.hooks import (
     AfterResponseEvent,
     AfterToolEvent,
@@ -58,7 +67,6 @@ from harness_core.hooks import (
     SummaryResult,
     TransformContextEvent,
 )
-from harness_core.lane import LaneRuntime
 from harness_core.messages import (
     AssistantMessage,
     DeferredHandle,
@@ -69,8 +77,9 @@ from harness_core.messages import (
     ToolOutcome,
     ToolResultMessage,
     UserMessage,
+    message_text,
 )
-from harness_core.model import (
+from harness_core.models import (
     ModelRef,
     ModelRequest,
     is_context_overflow,
@@ -93,14 +102,6 @@ from harness_core.session.records import (
     Usage,
 )
 from harness_core.session.types import LabelFact, StoredEntry
-from harness_core.state import (
-    OperationState,
-    RecordLogCorruption,
-    ToolCallState,
-    has_pending_work,
-    needs_assistant,
-)
-from harness_core.telemetry import Telemetry
 from harness_core.tools import (
     PreparedToolCall,
     Tool,

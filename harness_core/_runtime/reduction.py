@@ -1,4 +1,4 @@
-"""Lane state and its one transition function, used live and by restore alike.
+"""The reduction: lane state, its one transition function, and the fold of a restored slice.
 
 `LaneState` is everything a lane's orchestration decides from: its leaf, its open operation
 (unfinished step, tool batch, pending queues and writes, deferred handle, ...) and its pending
@@ -13,7 +13,7 @@ from __future__ import annotations
 from dataclasses import dataclass, replace
 from typing import Literal
 
-from harness_core.errors import HarnessError
+from harness_core.errors import CorruptionReason, RecordLogCorruption
 from harness_core.messages import AssistantMessage, DeferredHandle, ToolCallPart, ToolResultMessage
 from harness_core.session.entries import (
     ActiveToolsChangeEntry,
@@ -53,12 +53,11 @@ from harness_core.session.types import StoredEntry, StoredRecord
 
 __all__ = [
     "ApprovalState",
-    "CorruptionReason",
+    "LaneSlice",
     "FinishedOperation",
     "LaneState",
     "NewestOwn",
     "OperationState",
-    "RecordLogCorruption",
     "StepState",
     "ToolBatchState",
     "ToolCallState",
@@ -67,33 +66,8 @@ __all__ = [
     "has_pending_work",
     "idle_lane",
     "needs_assistant",
+    "reduce_lane",
 ]
-
-CorruptionReason = Literal[
-    "multiple_open_operations",
-    "unknown_operation",
-    "attempts_not_consecutive",
-    "compaction_reason",
-    "queue_after_abort",
-    "cancel_unknown_item",
-    "structural_step_mismatch",
-    "tool_identity_mismatch",
-    "duplicate_tool_start",
-    "content_mismatch",
-    "branch_summary_in_run",
-    "leaf_mismatch",
-    "approval_mismatch",
-    "drift",
-]
-"""Why a lane's durable log is impossible for a single writer (never repaired, never continued)."""
-
-
-class RecordLogCorruption(HarnessError):
-    """A lane's records and entries contradict each other; restore rejects instead of repairing."""
-
-    def __init__(self, reason: CorruptionReason, message: str) -> None:
-        super().__init__(f"{reason}: {message}")
-        self.reason: CorruptionReason = reason
 
 
 @dataclass(frozen=True, slots=True)
@@ -601,3 +575,57 @@ def advance(state: LaneState, item: StoredEntry | StoredRecord) -> LaneState:
     if isinstance(item, StoredRecord):
         return _record(state, item)
     return _entry(state, item)
+
+
+@dataclass(frozen=True, slots=True)
+class LaneSlice:
+    """What restore reads of one lane: its leaf and a bounded, seq-ordered list of items.
+
+    `items` holds the next-run queue records since the lane's newest run start (older ones were
+    captured by that run), then the open operation's records and the entries it appended.
+    """
+
+    lane: str
+    leaf_id: str | None
+    items: tuple[StoredEntry | StoredRecord, ...]
+    last_finished: StoredRecord | None = None
+    """The lane's newest `OperationFinished` (how its last operation ended), if any."""
+
+
+def reduce_lane(lane_slice: LaneSlice) -> LaneState:
+    """Fold a slice into the lane's state.
+
+    Raises:
+        RecordLogCorruption: the slice is a state no single writer can produce.
+    """
+    state = idle_lane(lane_slice.lane, None)
+    finished = lane_slice.last_finished
+    if finished is not None:
+        record = finished.record
+        if not isinstance(record, OperationFinished):
+            raise RecordLogCorruption(
+                "unknown_operation", f"{finished.id!r} is not an operation_finished record"
+            )
+        state = replace(
+            state,
+            last_finished=FinishedOperation(
+                run_id=record.run_id, outcome=record.outcome, error=record.error
+            ),
+        )
+    own_leaf: str | None = None
+    for item in sorted(lane_slice.items, key=lambda i: i.seq):
+        if isinstance(item, StoredEntry):
+            own_leaf = item.id
+        state = advance(state, item)
+    op = state.operation
+    if op is not None:
+        allowed: set[str | None] = {own_leaf} if own_leaf is not None else {op.source_leaf_id}
+        if isinstance(op.intent, NavigationIntent) and own_leaf is None:
+            allowed.add(op.intent.target_id)
+        if lane_slice.leaf_id not in allowed:
+            raise RecordLogCorruption(
+                "leaf_mismatch",
+                f"lane {lane_slice.lane!r} is at {lane_slice.leaf_id!r} but its open operation "
+                f"{op.id!r} left it at {sorted(map(str, allowed))}",
+            )
+    return replace(state, leaf_id=lane_slice.leaf_id)

@@ -18,9 +18,17 @@ from typing import TYPE_CHECKING, Any, Literal, TypeVar
 
 from pydantic import ValidationError
 
-from harness_core._model import invalid_reason, revalidated
+from harness_core._runtime.context import ContextWindow
+from harness_core._runtime.gate import Gate
+from harness_core._runtime.lease import LeaseKeeper
+from harness_core._runtime.reduction import (
+    LaneState,
+    OperationState,
+    advance,
+    configure,
+    has_pending_work,
+)
 from harness_core.clock import Clock
-from harness_core.context import ContextWindow
 from harness_core.errors import HarnessClosed, HarnessError, HarnessFault
 from harness_core.events import (
     ApprovalDecision,
@@ -40,10 +48,9 @@ from harness_core.events import (
     UsageEvent,
     WritePending,
 )
-from harness_core.gate import Gate
+from harness_core.frozen import invalid_reason, revalidated
 from harness_core.hooks import HookName, Hooks, run_hook
 from harness_core.ids import IdGenerator
-from harness_core.lease import LeaseKeeper
 from harness_core.messages import (
     AgentMessage,
     AssistantMessage,
@@ -51,7 +58,7 @@ from harness_core.messages import (
     ModelError,
     TokenUsage,
 )
-from harness_core.model import ModelClient, ModelRequest
+from harness_core.models import ModelClient, ModelRequest
 from harness_core.options import AgentHarnessOptions
 from harness_core.result import (
     Err,
@@ -97,11 +104,10 @@ from harness_core.session.types import (
     StoredEntry,
     StoredRecord,
 )
-from harness_core.state import LaneState, OperationState, advance, configure, has_pending_work
 from harness_core.tools import PreparedToolCall, Tool, ToolOutput
 
 if TYPE_CHECKING:
-    from harness_core.effects import FinishResult
+    from harness_core._runtime.effects import FinishResult
 
 __all__ = [
     "AbortAccepted",

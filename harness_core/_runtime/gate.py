@@ -15,12 +15,12 @@ from collections.abc import Awaitable, Callable
 from dataclasses import dataclass, field
 from typing import Any, Literal, TypeVar
 
-from harness_core.effects import Effects, FinishResult
+from harness_core._runtime.effects import Effects, FinishResult
 from harness_core.errors import HarnessClosed, HarnessError
 from harness_core.frozen import FrozenDict, JsonValue, freeze_json
 from harness_core.hooks import HookName
 from harness_core.messages import AssistantMessage, DeferredHandle
-from harness_core.model import ModelRequest
+from harness_core.models import ModelRequest
 from harness_core.session.entries import Entry
 from harness_core.session.records import OperationError, OperationOutcome, QueueName, Record
 from harness_core.session.types import Fact, StoredEntry, StoredRecord

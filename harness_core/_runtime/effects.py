@@ -14,14 +14,14 @@ from typing import TYPE_CHECKING, Any, Literal, Protocol
 
 from harness_core.hooks import HookName
 from harness_core.messages import AssistantMessage, DeferredHandle
-from harness_core.model import ModelRequest
+from harness_core.models import ModelRequest
 from harness_core.session.entries import Entry
 from harness_core.session.records import OperationError, OperationOutcome, QueueName, Record
 from harness_core.session.types import Fact, StoredEntry, StoredRecord
 from harness_core.tools import PreparedToolCall, ToolOutput
 
 if TYPE_CHECKING:
-    from harness_core.lane import LaneRuntime
+    from harness_core._runtime.lane import LaneRuntime
 
 __all__ = ["AutomaticEffects", "Effects", "FinishResult"]
 
