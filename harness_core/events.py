@@ -32,7 +32,7 @@ from harness_core.session.records import (
 )
 
 __all__ = [
-    "ApprovalDecision",
+    "ApprovalDecidedEvent",
     "AuthorityLost",
     "CompactionEnd",
     "CompactionStart",
@@ -102,7 +102,7 @@ class RunSuspend(_Event):
     """The wait a decision batch must name (reason ``approval``)."""
 
 
-class ApprovalDecision(_Event):
+class ApprovalDecidedEvent(_Event):
     """A decision batch was recorded; the decided calls run (or are denied) next."""
 
     type: Literal["approval_decided"] = "approval_decided"
@@ -416,7 +416,7 @@ Event = Annotated[
     | NavigationEnd
     | LaneCreated
     | UsageEvent
-    | ApprovalDecision,
+    | ApprovalDecidedEvent,
     Field(discriminator="type"),
 ]
 """Every event the harness emits."""

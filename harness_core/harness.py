@@ -17,7 +17,7 @@ from typing import Any, Literal, TypeAlias, TypeVar
 from pydantic import TypeAdapter, ValidationError
 
 from harness_core._runtime.context import plan_compaction
-from harness_core._runtime.effects import AutomaticEffects, Effects
+from harness_core._runtime.effects import Effects
 from harness_core._runtime.gate import ActionInfo, Gate, GatedEffects
 from harness_core._runtime.lane import (
     AbortAccepted,
@@ -326,7 +326,7 @@ class SessionTree:
 
     async def set_name(self, name: str) -> None:
         """Set the session's name (a global fact, applied at once)."""
-        await self._lane._runtime().commit_fact(NameFact(name=name))
+        await self._lane._runtime().set_fact(NameFact(name=name))
 
     async def get_label(self, target_id: str) -> str | None:
         """An entry's label."""
@@ -334,7 +334,7 @@ class SessionTree:
 
     async def set_label(self, target_id: str, label: str | None) -> None:
         """Label an entry (None clears)."""
-        await self._lane._runtime().commit_fact(LabelFact(target_id=target_id, label=label))
+        await self._lane._runtime().set_fact(LabelFact(target_id=target_id, label=label))
 
     async def get_stats(self) -> SessionStats:
         """The session's running counters."""
@@ -795,7 +795,7 @@ class AgentLane:
         runtime = self._harness._rt
         lane = self._runtime()
         run_id = lane.state.operation.id if lane.state.operation else None
-        await lane.commit_record(
+        await lane.append_record(
             Usage(
                 id=runtime.ids.next(),
                 lane=self._name,
@@ -1460,7 +1460,7 @@ class AgentHarness(AgentLane):
         """Run the lane's open operation to its end (or suspension), then self-check."""
         runtime = self._rt
         op = lane.operation
-        fx: Effects = AutomaticEffects(lane)
+        fx: Effects = lane
         if lane.gate is not None:
             fx = GatedEffects(fx, lane.gate)
         procedures = Procedures(lane, fx, tool_recovery)

@@ -4,13 +4,13 @@ Every durable write, model call, tool run, hook and sleep of a procedure goes th
 `Effects` object, and nothing else.
 
 The method list is the complete catalog of crash sites: stopping before or after any call is
-one of the durable states recovery handles. `AutomaticEffects` passes straight through to the
-lane runtime; manual drive wraps it in a gate that parks before each call.
+one of the durable states recovery handles. The lane runtime (`LaneRuntime`) is the
+production `Effects`; manual drive wraps it in a gate that parks before each call.
 """
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING, Any, Literal, Protocol
+from typing import Any, Literal, Protocol
 
 from harness_core.hooks import HookName
 from harness_core.messages import AssistantMessage, DeferredHandle
@@ -20,10 +20,7 @@ from harness_core.session.records import OperationError, OperationOutcome, Queue
 from harness_core.session.types import Fact, StoredEntry, StoredRecord
 from harness_core.tools import PreparedToolCall, ToolOutput
 
-if TYPE_CHECKING:
-    from harness_core._runtime.lane import LaneRuntime
-
-__all__ = ["AutomaticEffects", "Effects", "FinishResult"]
+__all__ = ["Effects", "FinishResult"]
 
 FinishResult = Literal["finished", "continue"]
 
@@ -107,87 +104,3 @@ class Effects(Protocol):
     async def sleep(self, seconds: float) -> Literal["elapsed", "aborted"]:
         """Wait (retry backoff); an abort ends the wait early."""
         ...
-
-
-class AutomaticEffects:
-    """Effects that pass straight through to the lane runtime (production drive)."""
-
-    def __init__(self, lane: LaneRuntime) -> None:
-        self._lane = lane
-
-    async def append_entry(self, entry: Entry) -> StoredEntry:
-        """See `Effects.append_entry`."""
-        return await self._lane.commit_entry(entry)
-
-    async def append_entry_if_missing(self, entry: Entry) -> StoredEntry:
-        """See `Effects.append_entry_if_missing`."""
-        return await self._lane.commit_entry_if_missing(entry)
-
-    async def append_record(self, record: Record) -> StoredRecord:
-        """See `Effects.append_record`."""
-        return await self._lane.commit_record(record)
-
-    async def move_lane(self, to: str | None) -> None:
-        """See `Effects.move_lane`."""
-        await self._lane.commit_move(to)
-
-    async def set_fact(self, fact: Fact) -> None:
-        """See `Effects.set_fact`."""
-        await self._lane.commit_fact(fact)
-
-    async def try_finish_run(
-        self,
-        run_id: str,
-        outcome: Literal["completed", "failed"],
-        error: OperationError | None = None,
-    ) -> FinishResult:
-        """See `Effects.try_finish_run`."""
-        return await self._lane.try_finish_run(run_id, outcome, error)
-
-    async def finish_operation(
-        self, run_id: str, outcome: OperationOutcome, error: OperationError | None = None
-    ) -> FinishResult:
-        """See `Effects.finish_operation`."""
-        return await self._lane.finish_operation(run_id, outcome, error)
-
-    async def commit_run_end_follow_up(
-        self, run_id: str, item: Entry
-    ) -> Literal["committed", "dropped"]:
-        """See `Effects.commit_run_end_follow_up`."""
-        return await self._lane.commit_run_end_follow_up(run_id, item)
-
-    async def consume_queue_item(
-        self, run_id: str, queue: QueueName, entry_id: str
-    ) -> Literal["consumed", "skipped"]:
-        """See `Effects.consume_queue_item`."""
-        return await self._lane.consume_queue_item(run_id, queue, entry_id)
-
-    async def apply_pending_write(
-        self, run_id: str, entry_id: str
-    ) -> Literal["applied", "skipped"]:
-        """See `Effects.apply_pending_write`."""
-        return await self._lane.apply_pending_write(run_id, entry_id)
-
-    async def stream_assistant(self, request: ModelRequest) -> AssistantMessage:
-        """See `Effects.stream_assistant`."""
-        return await self._lane.stream_assistant(request)
-
-    async def execute_tool(self, prepared: PreparedToolCall) -> ToolOutput:
-        """See `Effects.execute_tool`."""
-        return await self._lane.execute_tool(prepared)
-
-    async def fetch_deferred(self, handle: DeferredHandle) -> AssistantMessage:
-        """See `Effects.fetch_deferred`."""
-        return await self._lane.fetch_deferred(handle)
-
-    async def cancel_deferred(self, handle: DeferredHandle) -> None:
-        """See `Effects.cancel_deferred`."""
-        await self._lane.cancel_deferred(handle)
-
-    async def run_hook(self, name: HookName, event: Any) -> Any:
-        """See `Effects.run_hook`."""
-        return await self._lane.run_hook(name, event)
-
-    async def sleep(self, seconds: float) -> Literal["elapsed", "aborted"]:
-        """See `Effects.sleep`."""
-        return await self._lane.sleep(seconds)

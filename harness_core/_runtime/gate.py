@@ -32,21 +32,23 @@ _T = TypeVar("_T")
 
 ActionKind = Literal[
     "append_entry",
+    "append_entry_if_missing",
     "append_record",
     "move_lane",
     "set_fact",
     "try_finish_run",
     "finish_operation",
-    "commit_follow_up",
+    "commit_run_end_follow_up",
     "consume_queue_item",
     "apply_pending_write",
     "stream_assistant",
     "execute_tool",
     "fetch_deferred",
     "cancel_deferred",
-    "hook",
+    "run_hook",
     "sleep",
 ]
+"""One per `Effects` method, named as the method is (the one name of each effect)."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -170,7 +172,7 @@ class GatedEffects:
 
     async def append_entry_if_missing(self, entry: Entry) -> StoredEntry:
         """See `Effects.append_entry_if_missing`."""
-        info = _info("append_entry", entry_type=entry.type, entry_id=entry.id, if_missing=True)
+        info = _info("append_entry_if_missing", entry_type=entry.type, entry_id=entry.id)
         return await self._gate.through(info, lambda: self._inner.append_entry_if_missing(entry))
 
     async def append_record(self, record: Record) -> StoredRecord:
@@ -213,7 +215,7 @@ class GatedEffects:
     ) -> Literal["committed", "dropped"]:
         """See `Effects.commit_run_end_follow_up`."""
         return await self._gate.through(
-            _info("commit_follow_up", entry_id=item.id),
+            _info("commit_run_end_follow_up", entry_id=item.id),
             lambda: self._inner.commit_run_end_follow_up(run_id, item),
         )
 
@@ -258,7 +260,7 @@ class GatedEffects:
     async def run_hook(self, name: HookName, event: Any) -> Any:
         """See `Effects.run_hook`."""
         return await self._gate.through(
-            _info("hook", name=name), lambda: self._inner.run_hook(name, event)
+            _info("run_hook", name=name), lambda: self._inner.run_hook(name, event)
         )
 
     async def sleep(self, seconds: float) -> Literal["elapsed", "aborted"]:

@@ -31,7 +31,7 @@ from harness_core._runtime.reduction import (
 from harness_core.clock import Clock
 from harness_core.errors import HarnessClosed, HarnessError, HarnessFault
 from harness_core.events import (
-    ApprovalDecision,
+    ApprovalDecidedEvent,
     EntryAdded,
     EventBus,
     FactUpdate,
@@ -346,11 +346,11 @@ class LaneRuntime:
     def _run_id(self) -> str | None:
         return self.state.operation.id if self.state.operation else None
 
-    async def commit_entry(self, entry: Entry) -> StoredEntry:
+    async def append_entry(self, entry: Entry) -> StoredEntry:
         """Append an entry (a job)."""
         return await self.job(lambda: self._append(entry, self._run_id()))
 
-    async def commit_entry_if_missing(self, entry: Entry) -> StoredEntry:
+    async def append_entry_if_missing(self, entry: Entry) -> StoredEntry:
         """Append unless the provisioned id exists with equal content (a job)."""
 
         async def run() -> StoredEntry:
@@ -363,7 +363,7 @@ class LaneRuntime:
 
         return await self.job(run)
 
-    async def commit_record(self, record: Record) -> StoredRecord:
+    async def append_record(self, record: Record) -> StoredRecord:
         """Append a record (a job)."""
         return await self.job(lambda: self._record(record))
 
@@ -374,7 +374,7 @@ class LaneRuntime:
         """
         await self._record(record)
         self.runtime.events.emit(
-            ApprovalDecision(lane=self.name, run_id=record.run_id, record=record)
+            ApprovalDecidedEvent(lane=self.name, run_id=record.run_id, record=record)
         )
 
     async def count_attempt(self, op: OperationState, *, unstick: bool) -> None:
@@ -389,7 +389,7 @@ class LaneRuntime:
             )
         )
 
-    async def commit_move(self, to: str | None) -> None:
+    async def move_lane(self, to: str | None) -> None:
         """Move the lane's leaf (a job)."""
 
         async def run() -> None:
@@ -401,7 +401,7 @@ class LaneRuntime:
 
         await self.job(run)
 
-    async def commit_fact(self, fact: Fact) -> None:
+    async def set_fact(self, fact: Fact) -> None:
         """Set a global fact (a job)."""
 
         async def run() -> None:
@@ -421,7 +421,10 @@ class LaneRuntime:
     # -- conditional commits (procedure side) ------------------------------------------------
 
     async def try_finish_run(
-        self, run_id: str, outcome: Literal["completed", "failed"], error: OperationError | None
+        self,
+        run_id: str,
+        outcome: Literal["completed", "failed"],
+        error: OperationError | None = None,
     ) -> FinishResult:
         """Finish the run unless something is pending or an abort was accepted."""
 
@@ -435,7 +438,7 @@ class LaneRuntime:
         return await self.job(run)
 
     async def finish_operation(
-        self, run_id: str, outcome: OperationOutcome, error: OperationError | None
+        self, run_id: str, outcome: OperationOutcome, error: OperationError | None = None
     ) -> FinishResult:
         """Close an operation unless an abort (or, closing an abort, a pending write) preempts."""
 

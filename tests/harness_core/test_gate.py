@@ -19,14 +19,14 @@ async def test_a_nested_effect_parks_as_its_own_action() -> None:
 
     async def outer() -> str:
         order.append("outer started")
-        got = await gate.through(ActionInfo("hook"), inner)
+        got = await gate.through(ActionInfo("run_hook"), inner)
         order.append("outer done")
         return f"outer({got})"
 
     task = asyncio.ensure_future(gate.through(ActionInfo("stream_assistant"), outer))
     assert (await gate.peek()) == ActionInfo("stream_assistant")
     nested = await gate.execute()  # returns when the outer call parks the inner one
-    assert nested == ActionInfo("hook") and order == ["outer started"]
+    assert nested == ActionInfo("run_hook") and order == ["outer started"]
     busy_after = asyncio.ensure_future(gate.execute())
     await asyncio.sleep(0)
     assert await task == "outer(inner)"

@@ -71,14 +71,15 @@ async def test_execute_releases_exactly_the_peeked_action(backend: str, tmp_path
         writes = len(kit.writes)
         await kit.harness.execute_action()
         new = kit.writes[writes:]
-        if action.kind in ("append_entry", "append_record"):
+        if action.kind in ("append_entry", "append_entry_if_missing", "append_record"):
             # the released write, and only it (hooks are recorded as ("H", name))
             assert [w for w in new if w[0] in "ER"] and len([w for w in new if w[0] in "ER"]) == 1
-        elif action.kind == "hook":
+        elif action.kind == "run_hook":
             assert new == [("H", action.detail["name"])]
         seen.append(action.kind)
     assert isinstance(await running, Ok)
-    assert seen[:2] == ["append_entry", "hook"]  # the prompt's user message, then before_request
+    # the prompt's user message (an intent's entry, so if missing), then before_request
+    assert seen[:2] == ["append_entry_if_missing", "run_hook"]
 
 
 async def test_parallel_tools_park_separately_in_source_order(backend: str, tmp_path: Path) -> None:
@@ -94,7 +95,7 @@ async def test_parallel_tools_park_separately_in_source_order(backend: str, tmp_
     # phase 1 writes every tool_started before any execution; results land after all settle
     first_run = labels.index("execute_tool:a")
     assert labels[:first_run].count("append_record:tool_started") == 3
-    assert labels[labels.index("execute_tool:c") :].count("append_entry:message") >= 3
+    assert labels[labels.index("execute_tool:c") :].count("append_entry_if_missing:message") >= 3
 
 
 async def test_the_surface_is_not_gated(backend: str, tmp_path: Path) -> None:

@@ -254,7 +254,7 @@ async def test_6_abort_vs_run_end_follow_up(backend: str, tmp_path: Path, order:
 
     kit.harness.hooks.on("before_run_end", once)
     running = await started(kit.harness, kit.harness.prompt("go"))
-    await until(kit.harness, kind("commit_follow_up"))
+    await until(kit.harness, kind("commit_run_end_follow_up"))
     if order == "effect first":
         await kit.harness.execute_action()  # committed
         aborted = await kit.harness.abort()
@@ -551,7 +551,7 @@ async def test_a1_decision_vs_abort(backend: str, tmp_path: Path, order: str) ->
             kit.harness.resume([approve(pending)], wait_id=wait.wait_id, idempotency_key="k"),
             "approval_decided",
         )
-        await until(kit.harness, kind("hook", name="before_tool"))
+        await until(kit.harness, kind("run_hook", name="before_tool"))
         assert len(records(await log(kit), ApprovalDecided)) == 1
         assert isinstance(await kit.harness.abort(), Ok)
         await kit.harness.run_to_completion()
@@ -576,7 +576,7 @@ async def test_a2_decision_vs_decision(backend: str, tmp_path: Path, order: str)
         kit.harness.resume([approve(pending)], wait_id=wait.wait_id, idempotency_key="k1"),
         "approval_decided",
     )
-    await until(kit.harness, kind("hook", name="before_tool"))
+    await until(kit.harness, kind("run_hook", name="before_tool"))
     if order == "same key":  # the same click again (a double click, a Slack retry)
         again = kit.harness.resume([approve(pending)], wait_id=wait.wait_id, idempotency_key="k1")
     else:
