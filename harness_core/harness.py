@@ -28,7 +28,7 @@ from harness_core._runtime.lane import (
     decision_id,
 )
 from harness_core._runtime.lease import LeaseKeeper
-from harness_core._runtime.procedures import Outcome, Procedures, ToolRecovery
+from harness_core._runtime.procedures import Procedures
 from harness_core._runtime.reduction import LaneState, OperationState
 from harness_core._runtime.restore import restore_lane
 from harness_core._runtime.telemetry import Telemetry
@@ -89,6 +89,7 @@ from harness_core.result import (
     NothingToCompact,
     NothingToResume,
     Ok,
+    Outcome,
     Result,
     UnknownQueueItem,
     UnknownTarget,
@@ -96,6 +97,7 @@ from harness_core.result import (
 )
 from harness_core.session.contract import SessionStorage
 from harness_core.session.entries import CustomEntry, Entry, Id, MessageEntry
+from harness_core.session.names import check_lane_name
 from harness_core.session.records import (
     ApprovalDecided,
     ApprovalDecision,
@@ -122,8 +124,7 @@ from harness_core.session.types import (
     StoredEntry,
     StoredRecord,
 )
-from harness_core.storage._rules import check_lane_name
-from harness_core.tools import Tool, ToolArgumentsError
+from harness_core.tools import Tool, ToolArgumentsError, ToolRecovery
 
 __all__ = [
     "AgentHarness",

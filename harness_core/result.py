@@ -10,6 +10,9 @@ from __future__ import annotations
 from dataclasses import asdict, dataclass
 from typing import Any, ClassVar, Generic, Literal, TypeAlias, TypeVar
 
+from harness_core.messages import AssistantMessage, DeferredHandle
+from harness_core.session.records import OperationError, PendingApproval
+
 __all__ = [
     "AlreadyAccepted",
     "Closed",
@@ -28,6 +31,7 @@ __all__ = [
     "NothingToCompact",
     "NothingToResume",
     "Ok",
+    "Outcome",
     "Rejection",
     "Result",
     "UnknownQueueItem",
@@ -272,3 +276,28 @@ class AlreadyAccepted(Rejection):
     entry_id: str
     queue: str
     run_id: str | None = None
+
+
+@dataclass(frozen=True, kw_only=True, slots=True)
+class Outcome:
+    """How an accepted operation ended (or that it suspended).
+
+    `kind` is ``completed``, ``aborted``, ``failed``, ``declined`` (structural operations a hook
+    vetoed) or ``suspended`` (the operation stays open: a deferred request). `final_entry_id` and
+    `final_message` name a run's newest assistant message; `entry_id` a structural operation's
+    result entry (compaction or branch summary).
+    """
+
+    operation: Literal["run", "compaction", "navigation"]
+    run_id: str
+    kind: Literal["completed", "aborted", "failed", "declined", "suspended"]
+    leaf_id: str | None
+    final_entry_id: str | None = None
+    final_message: AssistantMessage | None = None
+    error: OperationError | None = None
+    deferred: DeferredHandle | None = None
+    entry_id: str | None = None
+    pending_approvals: tuple[PendingApproval, ...] = ()
+    """Suspended for approval: the calls waiting for a decision."""
+    wait_id: str | None = None
+    """Suspended for approval: the wait a decision batch must name (`resume(wait_id=...)`)."""

@@ -24,13 +24,15 @@ from harness_core.messages import TextPart, TokenUsage, ToolCallPart, UserConten
 from harness_core.models import ToolDefinition
 
 __all__ = [
+    "idempotency_key",
     "PreparedToolCall",
+    "Replay",
     "Tool",
     "tool",
     "ToolArgumentsError",
     "ToolContext",
     "ToolOutput",
-    "idempotency_key",
+    "ToolRecovery",
 ]
 
 Replay = Literal["never", "safe"]
@@ -197,3 +199,11 @@ def tool(
         )
 
     return build
+
+
+ToolRecovery = Literal["declared", "never", "always"]
+"""How `resume()` treats a tool call that started before a crash and has no result:
+``declared`` replays it only if the tool was and is declared ``replay="safe"``; ``never`` reports
+every such call interrupted; ``always`` replays every one whose tool still exists. Recorded and
+already-interrupted results are never reopened, and a tool that requires approval is replayed
+only after a new approval."""

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 from collections.abc import Mapping, Sequence
 
+from harness_core import texts
 from harness_core.messages import (
     AgentMessage,
     AssistantMessage,
@@ -38,10 +39,6 @@ __all__ = [
     "summary_request_text",
 ]
 
-SUMMARY_PREFIX = "Summary of the earlier conversation:\n"
-BRANCH_PREFIX = "Summary of a branch this conversation left:\n"
-INTERRUPTED_TEXT = "No result was recorded for this tool call."
-
 
 def project_entry(
     entry: Entry, projectors: Mapping[str, EntryProjector] | None = None
@@ -53,10 +50,10 @@ def project_entry(
             return ()  # a placeholder for a pending request: nothing for the model
         return (message,)
     if isinstance(entry, CompactionEntry):
-        summary = UserMessage(content=(TextPart(text=SUMMARY_PREFIX + entry.summary),))
+        summary = UserMessage(content=(TextPart(text=texts.SUMMARY_PREFIX + entry.summary),))
         return (summary, *entry.retained_tail)
     if isinstance(entry, BranchSummaryEntry):
-        return (UserMessage(content=(TextPart(text=BRANCH_PREFIX + entry.summary),)),)
+        return (UserMessage(content=(TextPart(text=texts.BRANCH_SUMMARY_PREFIX + entry.summary),)),)
     if isinstance(entry, CustomEntry) and projectors and entry.custom_type in projectors:
         return tuple(projectors[entry.custom_type](entry))
     return ()
@@ -88,7 +85,7 @@ def _interrupted(call: ToolCallPart) -> ToolResultMessage:
     return ToolResultMessage(
         tool_call_id=call.id,
         tool_name=call.name,
-        content=(TextPart(text=INTERRUPTED_TEXT),),
+        content=(TextPart(text=texts.NO_RESULT),),
         outcome="interrupted",
     )
 

@@ -18,6 +18,7 @@ from typing import TYPE_CHECKING, Any, Literal, TypeVar
 
 from pydantic import ValidationError
 
+from harness_core import texts
 from harness_core._runtime.context import ContextWindow
 from harness_core._runtime.gate import Gate
 from harness_core._runtime.lease import LeaseKeeper
@@ -248,9 +249,6 @@ class HarnessRuntime:
             thinking_level=options.thinking_level,
             active_tools=options.active_tools,
         )
-
-
-NOT_RUN_ABORTED = "This tool call did not run: the run was aborted before it started."
 
 
 class LaneRuntime:
@@ -616,7 +614,7 @@ class LaneRuntime:
         tool = prepared.tool
         await self.runtime.authority()
         if self.abort_signal.is_set():
-            return ToolOutput.text(NOT_RUN_ABORTED, is_error=True)
+            return ToolOutput.text(texts.NOT_RUN_ABORTED, is_error=True)
         try:
             args = tool.parse(prepared.args)
             work = tool.execute(args, prepared.context)
@@ -625,12 +623,10 @@ class LaneRuntime:
             )
         except TimeoutError:
             return ToolOutput.text(
-                f"{tool.name} timed out after {tool.timeout_seconds} s", is_error=True
+                texts.tool_timed_out(tool.name, tool.timeout_seconds or 0), is_error=True
             )
         except Exception as exc:
-            return ToolOutput.text(
-                f"{tool.name} failed: {type(exc).__name__}: {exc}", is_error=True
-            )
+            return ToolOutput.text(texts.tool_failed(tool.name, exc), is_error=True)
         returned: object = raw  # typed, but a tool is foreign code
         if isinstance(returned, str):
             return ToolOutput.text(returned)
@@ -648,7 +644,7 @@ class LaneRuntime:
         except ValidationError as exc:
             reason = invalid_reason(exc)
         self.runtime.report("tool", tool_name, f"invalid output ({reason})")
-        return ToolOutput.text(f"{tool_name} returned an invalid result ({reason})", is_error=True)
+        return ToolOutput.text(texts.invalid_result(tool_name, reason), is_error=True)
 
     async def fetch_deferred(self, handle: DeferredHandle) -> AssistantMessage:
         """Check a deferred request once; a raised failure becomes an error message."""

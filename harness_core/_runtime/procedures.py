@@ -17,6 +17,7 @@ from typing import Any, Literal
 from opentelemetry.trace import INVALID_SPAN, Span
 from pydantic import ValidationError
 
+from harness_core import texts
 from harness_core._runtime.context import estimate_tokens, plan_compaction, summary_request_text
 from harness_core._runtime.effects import Effects
 from harness_core._runtime.lane import LaneRuntime
@@ -86,6 +87,7 @@ from harness_core.models import (
     is_recoverable_length,
     is_retryable,
 )
+from harness_core.result import Outcome
 from harness_core.session.entries import BranchSummaryEntry, CompactionEntry, Entry, MessageEntry
 from harness_core.session.records import (
     ApprovalDecision,
@@ -108,51 +110,11 @@ from harness_core.tools import (
     ToolArgumentsError,
     ToolContext,
     ToolOutput,
+    ToolRecovery,
     idempotency_key,
 )
 
-__all__ = ["Outcome", "Procedures", "ToolRecovery"]
-
-SUMMARY_SYSTEM = "You write faithful, compact summaries of conversations for an AI assistant."
-INTERRUPTED = (
-    "This tool call was interrupted before its result was recorded. It may or may not have "
-    "happened; check before repeating it."
-)
-ABORTED_CALL = "This tool call did not run: the run was aborted."
-TRUNCATED_CALL = "This tool call did not run: the response was truncated before completion."
-
-
-@dataclass(frozen=True, kw_only=True, slots=True)
-class Outcome:
-    """How an accepted operation ended (or that it suspended).
-
-    `kind` is ``completed``, ``aborted``, ``failed``, ``declined`` (structural operations a hook
-    vetoed) or ``suspended`` (the operation stays open: a deferred request). `final_entry_id` and
-    `final_message` name a run's newest assistant message; `entry_id` a structural operation's
-    result entry (compaction or branch summary).
-    """
-
-    operation: Literal["run", "compaction", "navigation"]
-    run_id: str
-    kind: Literal["completed", "aborted", "failed", "declined", "suspended"]
-    leaf_id: str | None
-    final_entry_id: str | None = None
-    final_message: AssistantMessage | None = None
-    error: OperationError | None = None
-    deferred: DeferredHandle | None = None
-    entry_id: str | None = None
-    pending_approvals: tuple[PendingApproval, ...] = ()
-    """Suspended for approval: the calls waiting for a decision."""
-    wait_id: str | None = None
-    """Suspended for approval: the wait a decision batch must name (`resume(wait_id=...)`)."""
-
-
-ToolRecovery = Literal["declared", "never", "always"]
-"""How `resume()` treats a tool call that started before a crash and has no result:
-``declared`` replays it only if the tool was and is declared ``replay="safe"``; ``never`` reports
-every such call interrupted; ``always`` replays every one whose tool still exists. Recorded and
-already-interrupted results are never reopened, and a tool that requires approval is replayed
-only after a new approval."""
+__all__ = ["Procedures"]
 
 
 @dataclass(frozen=True, slots=True)
@@ -716,7 +678,7 @@ class Procedures:
             )
             request = ModelRequest(
                 model=self._model(),
-                system_prompt=SUMMARY_SYSTEM,
+                system_prompt=texts.SUMMARY_SYSTEM,
                 messages=(UserMessage(content=(TextPart(text=text),)),),
                 thinking_level=self.op.configuration.thinking_level,
                 max_output_tokens=options.max_output_tokens,
@@ -1108,19 +1070,21 @@ class Procedures:
                 if call.started is not None:
                     await fx.append_entry_if_missing(
                         self._synthetic(
-                            call, call.started.result_entry_id, "interrupted", INTERRUPTED
+                            call, call.started.result_entry_id, "interrupted", texts.INTERRUPTED
                         )
                     )
                 else:
                     await fx.append_entry_if_missing(
-                        self._synthetic(call, self._id(), "error", ABORTED_CALL)
+                        self._synthetic(call, self._id(), "error", texts.ABORTED_CALL)
                     )
             for write in self.op.pending_writes:
                 await fx.apply_pending_write(op.id, write.id)
             newest = self.op.newest_own
             if newest is None or newest.role != "assistant" or newest.stop_reason != "aborted":
                 closure = AssistantMessage(
-                    content=(TextPart(text="(aborted)"),), stop_reason="aborted", usage=TokenUsage()
+                    content=(TextPart(text=texts.ABORTED_CLOSURE),),
+                    stop_reason="aborted",
+                    usage=TokenUsage(),
                 )
                 await fx.append_entry_if_missing(MessageEntry(id=self._id(), message=closure))
             if await fx.finish_operation(op.id, "aborted") == "finished":
@@ -1182,9 +1146,7 @@ class Procedures:
         active = {tool.name: tool for tool in self._active_tools()}
         tool = active.get(call.call.name)
         if tool is None:
-            return self._synthetic(
-                call, self._id(), "error", f"There is no tool named {call.call.name!r}."
-            )
+            return self._synthetic(call, self._id(), "error", texts.no_such_tool(call.call.name))
         approval = self.op.approval
         decision = approval.decision(call.call.id) if approval is not None else None
         args = call.call.arguments
@@ -1211,9 +1173,7 @@ class Procedures:
             if hook.block is not None:
                 return self._synthetic(call, self._id(), "blocked", hook.block)
             if hook.args is not None and decision is not None and hook.args != args:
-                return self._synthetic(
-                    call, self._id(), "blocked", "A hook changed the arguments after approval."
-                )
+                return self._synthetic(call, self._id(), "blocked", texts.CHANGED_AFTER_APPROVAL)
             if hook.args is not None:
                 try:
                     tool.parse(hook.args)
@@ -1223,7 +1183,7 @@ class Procedures:
         if tool.requires_approval and decision is None:
             return _NeedsApproval(call, args)
         if self.op.aborting:
-            return self._synthetic(call, self._id(), "error", ABORTED_CALL)
+            return self._synthetic(call, self._id(), "error", texts.ABORTED_CALL)
         result_id = self._id()
         started = ToolStarted(
             id=self._id(),
@@ -1441,7 +1401,7 @@ class Procedures:
             if not call.result_exists:
                 results.append(
                     await self._immediate(
-                        self._synthetic(call, self._id(), "error", TRUNCATED_CALL)
+                        self._synthetic(call, self._id(), "error", texts.TRUNCATED_CALL)
                     )
                 )
         return tuple(results)
@@ -1491,7 +1451,7 @@ class Procedures:
                 await self._finalize(prepared, output, started.result_entry_id)
             else:
                 await self.fx.append_entry_if_missing(
-                    self._synthetic(call, started.result_entry_id, "interrupted", INTERRUPTED)
+                    self._synthetic(call, started.result_entry_id, "interrupted", texts.INTERRUPTED)
                 )
         await self._request_approval(waiting)
 
@@ -1516,9 +1476,8 @@ class Procedures:
         self, call: ToolCallState, entry_id: str, decision: ApprovalDecision
     ) -> MessageEntry:
         decided = self.op.approval.decided if self.op.approval else None
-        by = f" by {decided.decided_by}" if decided and decided.decided_by else ""
-        reason = f": {decision.reason}" if decision.reason else "."
-        return self._synthetic(call, entry_id, "denied", f"This tool call was denied{by}{reason}")
+        text = texts.denied(decided.decided_by if decided else None, decision.reason)
+        return self._synthetic(call, entry_id, "denied", text)
 
     # -- deferred ---------------------------------------------------------------------------------
 

@@ -18,6 +18,7 @@ from harness_core.frozen import JsonValue
 from harness_core.messages import TokenUsage
 from harness_core.session.codec import encode, encode_entry, encode_fact, encode_record
 from harness_core.session.entries import CustomEntry, Entry
+from harness_core.session.names import check_lane_name
 from harness_core.session.records import OperationFinished, OperationStarted, Record, Usage
 from harness_core.session.types import (
     BranchQuery,
@@ -36,7 +37,7 @@ from harness_core.session.types import (
     StoredRecord,
 )
 from harness_core.storage._branch import BranchNode, BranchScan, SinceScan, drive, entry_matches
-from harness_core.storage._rules import add_usage, apply_stats, check_lane_name
+from harness_core.storage._rules import add_usage, apply_stats
 
 __all__ = ["SessionState", "new_metadata", "record_matches", "record_run_id", "replay_log"]
 

@@ -1,8 +1,7 @@
-"""Checks every backend applies to caller-supplied names, and the running-sums arithmetic."""
+"""The running-sums arithmetic every backend applies (stats and usage projections)."""
 
 from __future__ import annotations
 
-import re
 from collections.abc import Sequence
 
 from pydantic import ValidationError
@@ -18,33 +17,10 @@ __all__ = [
     "USAGE_FIELDS",
     "add_usage",
     "apply_stats",
-    "check_lane_name",
-    "check_session_id",
     "stats_from_counters",
     "usage_from_values",
     "usage_values",
 ]
-
-_LANE = re.compile(r"^[^\x00-\x1f\x7f]{1,512}$")
-_SESSION = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._:@+=-]{0,199}$")
-
-
-def check_lane_name(lane: str) -> None:
-    """Raise ``SessionError("invalid_lane")`` unless `lane` is 1-512 characters without controls."""
-    if not isinstance(lane, str) or not _LANE.match(lane):
-        raise SessionError(
-            "invalid_lane", f"invalid lane name {lane!r}: 1-512 characters, no control characters"
-        )
-
-
-def check_session_id(session_id: str) -> None:
-    """Raise ``SessionError("invalid_session_id")`` unless the id fits files and Redis keys."""
-    if not isinstance(session_id, str) or not _SESSION.match(session_id):
-        raise SessionError(
-            "invalid_session_id",
-            f"invalid session id {session_id!r}: 1-200 of letters, digits and . _ : @ + = -, "
-            "starting with a letter or digit",
-        )
 
 
 def apply_stats(stats: SessionStats, item: LogItem) -> SessionStats:

@@ -35,6 +35,7 @@ from harness_core.frozen import JsonValue
 from harness_core.ids import IdGenerator, Uuid7Ids
 from harness_core.session.codec import encode_log_item, log_item_adapter
 from harness_core.session.entries import Entry
+from harness_core.session.names import check_session_id
 from harness_core.session.records import Record
 from harness_core.session.types import (
     FactSet,
@@ -50,7 +51,6 @@ from harness_core.session.types import (
 from harness_core.storage._leases import check_ttl
 from harness_core.storage._local import LocalReads
 from harness_core.storage._projections import SessionState, new_metadata, replay_log
-from harness_core.storage._rules import check_session_id
 
 __all__ = ["FsyncPolicy", "JsonlSessionRepo", "JsonlSessionStorage"]
 

@@ -13,6 +13,7 @@ from harness_core.errors import SessionError
 from harness_core.frozen import JsonValue
 from harness_core.ids import IdGenerator, Uuid7Ids
 from harness_core.session.entries import Entry
+from harness_core.session.names import check_session_id
 from harness_core.session.records import Record
 from harness_core.session.types import (
     FactSet,
@@ -28,7 +29,6 @@ from harness_core.session.types import (
 from harness_core.storage._leases import LeaseRow, check_acquire, check_current, check_ttl
 from harness_core.storage._local import LocalReads
 from harness_core.storage._projections import SessionState, new_metadata, replay_log
-from harness_core.storage._rules import check_session_id
 
 __all__ = ["MemorySessionRepo", "MemorySessionStorage"]
 

@@ -53,6 +53,7 @@ from harness_core.session.codec import (
     fact_adapter,
 )
 from harness_core.session.entries import CustomEntry, Entry
+from harness_core.session.names import check_lane_name, check_session_id
 from harness_core.session.records import (
     OperationKind,
     OperationStarted,
@@ -86,13 +87,7 @@ from harness_core.storage._projections import (
     record_run_id,
     replay_log,
 )
-from harness_core.storage._rules import (
-    check_lane_name,
-    check_session_id,
-    stats_from_counters,
-    usage_from_values,
-    usage_values,
-)
+from harness_core.storage._rules import stats_from_counters, usage_from_values, usage_values
 from harness_core.storage.redis_lua import SCRIPTS
 
 __all__ = ["RedisSessionRepo", "RedisSessionStorage"]

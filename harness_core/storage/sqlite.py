@@ -47,6 +47,7 @@ from harness_core.session.codec import (
     fact_adapter,
 )
 from harness_core.session.entries import CustomEntry, Entry, MessageEntry
+from harness_core.session.names import check_lane_name, check_session_id
 from harness_core.session.records import OperationFinished, OperationStarted, Record, Usage
 from harness_core.session.types import (
     BranchQuery,
@@ -71,8 +72,6 @@ from harness_core.storage._leases import LeaseRow, check_acquire, check_current,
 from harness_core.storage._projections import new_metadata, record_run_id, replay_log
 from harness_core.storage._rules import (
     add_usage,
-    check_lane_name,
-    check_session_id,
     stats_from_counters,
     usage_from_values,
     usage_values,

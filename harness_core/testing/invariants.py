@@ -10,7 +10,6 @@ from collections import Counter
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 
-from harness_core._runtime.procedures import ToolRecovery
 from harness_core._runtime.restore import restore_lane
 from harness_core.harness import AgentHarness
 from harness_core.messages import AssistantMessage, ToolResultMessage
@@ -26,7 +25,7 @@ from harness_core.session.records import (
     ToolStarted,
 )
 from harness_core.session.types import LogItem, StoredEntry, StoredRecord
-from harness_core.tools import idempotency_key
+from harness_core.tools import ToolRecovery, idempotency_key
 
 __all__ = [
     "Counters",

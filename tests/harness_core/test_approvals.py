@@ -9,11 +9,10 @@ from typing import Any
 import pytest
 from pydantic import BaseModel
 
-from harness_core._runtime.procedures import Outcome
 from harness_core.approvals import approve, args_digest, deny
 from harness_core.messages import ToolResultMessage, message_text
 from harness_core.models.scripted import text, tool_calls
-from harness_core.result import Err, Ok
+from harness_core.result import Err, Ok, Outcome
 from harness_core.session.records import (
     ApprovalDecided,
     ApprovalDecision,

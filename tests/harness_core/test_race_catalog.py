@@ -14,14 +14,13 @@ from typing import Any
 import pytest
 
 from harness_core._runtime.gate import ActionInfo
-from harness_core._runtime.procedures import Outcome
 from harness_core.approvals import approve, deny
 from harness_core.harness import AgentLane
 from harness_core.hooks import BeforeRunEndEvent, BeforeRunEndResult
 from harness_core.messages import UserMessage, message_text
 from harness_core.models import ModelRef
 from harness_core.models.scripted import ScriptedModel, text, tool_call
-from harness_core.result import Err, Ok
+from harness_core.result import Err, Ok, Outcome
 from harness_core.session.entries import CustomEntry, MessageEntry
 from harness_core.session.records import (
     AbortRequested,

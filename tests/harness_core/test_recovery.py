@@ -21,7 +21,6 @@ from typing import Any
 
 import pytest
 
-from harness_core._runtime.procedures import ToolRecovery
 from harness_core._runtime.restore import restore_lane
 from harness_core.approvals import approve, deny
 from harness_core.harness import AgentHarness
@@ -47,7 +46,7 @@ from harness_core.testing.invariants import (
     resume_all,
     shape,
 )
-from harness_core.tools import Tool
+from harness_core.tools import Tool, ToolRecovery
 from tests.support.harness_kit import MODEL
 
 # -- scenarios --------------------------------------------------------------------------------

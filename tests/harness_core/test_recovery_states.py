@@ -28,7 +28,6 @@ from typing import Any
 
 import pytest
 
-from harness_core._runtime.procedures import ToolRecovery
 from harness_core._runtime.restore import restore_lane
 from harness_core.approvals import approve, args_digest, deny
 from harness_core.errors import CorruptionReason, HarnessFault, RecordLogCorruption
@@ -52,7 +51,7 @@ from harness_core.storage.memory import MemorySessionRepo
 from harness_core.storage.sqlite import SqliteSessionRepo
 from harness_core.testing import ManualClock
 from harness_core.testing.invariants import Counters, check_invariants
-from harness_core.tools import Tool
+from harness_core.tools import Tool, ToolRecovery
 from tests.support.crash_states import (
     Prefill,
     assistant_error,

@@ -24,7 +24,6 @@ from typing import Any, get_args
 
 import pytest
 
-from harness_core._runtime.procedures import Outcome
 from harness_core.errors import HarnessClosed, HarnessError, HarnessNotImplemented
 from harness_core.events import EventBus, FactUpdate
 from harness_core.harness import AgentHarness, AgentLane, SessionTree, Watch
@@ -34,7 +33,7 @@ from harness_core.models import ModelRef
 from harness_core.models.scripted import deferred, echo_responder, text, tool_call
 from harness_core.options import CompactionSettings
 from harness_core.portable import CapabilityState, HarnessState
-from harness_core.result import Err, Ok
+from harness_core.result import Err, Ok, Outcome
 from harness_core.session.entries import CompactionEntry, CustomEntry, MessageEntry
 from harness_core.session.records import OperationFinished, Usage
 from harness_core.session.types import BranchQuery, EntryQuery, RecordQuery

@@ -12,7 +12,6 @@ import pytest
 from pydantic import BaseModel
 
 from harness_core._runtime.context import project, project_entry
-from harness_core._runtime.procedures import Outcome
 from harness_core.approvals import approve, deny
 from harness_core.harness import SuspendedOperation
 from harness_core.hooks import BeforeRunEndEvent, BeforeRunEndResult, TransformContextEvent
@@ -20,7 +19,7 @@ from harness_core.messages import AgentMessage, UserMessage, message_text, user_
 from harness_core.models import ModelRequest
 from harness_core.models.scripted import deferred, error, length, text, tool_call, tool_calls
 from harness_core.options import CompactionSettings
-from harness_core.result import Ok
+from harness_core.result import Ok, Outcome
 from harness_core.session.entries import CompactionEntry
 from harness_core.session.records import (
     ApprovalDecided,

@@ -1,0 +1,86 @@
+"""What the model reads from the harness itself: synthetic tool results, summary framing, closures.
+
+These words are part of the contract: a model (and the person reading the thread) learns from
+them what happened to a call it made. `INTERRUPTED` in particular is the harness's one way of
+saying "this may or may not have happened": it is what a `replay="never"` call that a crash
+interrupted returns, and the README quotes it.
+"""
+
+from __future__ import annotations
+
+__all__ = [
+    "ABORTED_CALL",
+    "ABORTED_CLOSURE",
+    "BRANCH_SUMMARY_PREFIX",
+    "CHANGED_AFTER_APPROVAL",
+    "INTERRUPTED",
+    "NO_RESULT",
+    "NOT_RUN_ABORTED",
+    "SUMMARY_PREFIX",
+    "SUMMARY_SYSTEM",
+    "TRUNCATED_CALL",
+    "denied",
+    "invalid_result",
+    "no_such_tool",
+    "tool_failed",
+    "tool_timed_out",
+]
+
+INTERRUPTED = (
+    "This tool call was interrupted before its result was recorded. It may or may not have "
+    "happened; check before repeating it."
+)
+"""A started call whose outcome a crash made unknown (never replayed unless safe)."""
+
+ABORTED_CALL = "This tool call did not run: the run was aborted."
+"""A call of an aborted run that never started."""
+
+NOT_RUN_ABORTED = "This tool call did not run: the run was aborted before it started."
+"""A call released after its run's abort landed (it is not started)."""
+
+TRUNCATED_CALL = "This tool call did not run: the response was truncated before completion."
+"""A call of a response cut off by ``length`` (its arguments may be incomplete)."""
+
+CHANGED_AFTER_APPROVAL = "A hook changed the arguments after approval."
+"""An approved call whose `before_tool` hook changed the approved arguments (blocked)."""
+
+NO_RESULT = "No result was recorded for this tool call."
+"""Shown for a call without any result in a context (healing a log from another writer)."""
+
+ABORTED_CLOSURE = "(aborted)"
+"""The assistant message that closes an aborted run."""
+
+SUMMARY_SYSTEM = "You write faithful, compact summaries of conversations for an AI assistant."
+"""The system prompt of summary requests (compaction and branch summaries)."""
+
+SUMMARY_PREFIX = "Summary of the earlier conversation:\n"
+"""How a compaction's summary opens the context that replaces what it summarized."""
+
+BRANCH_SUMMARY_PREFIX = "Summary of a branch this conversation left:\n"
+"""How a branch summary appears in the context after a navigation."""
+
+
+def no_such_tool(name: str) -> str:
+    """A call of a tool the lane may not (or cannot) call."""
+    return f"There is no tool named {name!r}."
+
+
+def denied(decided_by: str | None, reason: str | None) -> str:
+    """A call an approver denied, with who and why when known."""
+    by = f" by {decided_by}" if decided_by else ""
+    return f"This tool call was denied{by}{f': {reason}' if reason else '.'}"
+
+
+def tool_failed(tool: str, error: BaseException) -> str:
+    """A tool that raised."""
+    return f"{tool} failed: {type(error).__name__}: {error}"
+
+
+def tool_timed_out(tool: str, seconds: float) -> str:
+    """A tool that outlived its `timeout_seconds`."""
+    return f"{tool} timed out after {seconds} s"
+
+
+def invalid_result(tool: str, reason: str) -> str:
+    """A tool whose output is not valid durable data (a NaN usage, say)."""
+    return f"{tool} returned an invalid result ({reason})"
