@@ -1465,7 +1465,7 @@ class AgentHarness(AgentLane):
         if lane.gate is not None:
             fx = GatedEffects(fx, lane.gate)
         procedures = Procedures(lane, fx, tool_recovery)
-        procedures.span = span = procedures.telemetry.start(
+        procedures.ctx.span = span = procedures.ctx.telemetry.start(
             "harness.operation",
             None,
             {
@@ -1477,13 +1477,8 @@ class AgentHarness(AgentLane):
         )
         try:
             if resumed:
-                await self._before_resume(lane, op, procedures)
-            if op.kind == "run":
-                outcome = await procedures.run()
-            elif op.kind == "compaction":
-                outcome = await procedures.compaction()
-            else:
-                outcome = await procedures.navigation()
+                await self._before_resume(lane, op, fx)
+            outcome = await procedures.execute()
         except (HarnessFault, HarnessClosed, asyncio.CancelledError) as exc:
             Telemetry.end(span, {"harness.outcome": "interrupted"}, error=type(exc).__name__)
             raise
@@ -1499,9 +1494,7 @@ class AgentHarness(AgentLane):
             await self._self_check(lane)
         return outcome
 
-    async def _before_resume(
-        self, lane: LaneRuntime, op: OperationState, procedures: Procedures
-    ) -> None:
+    async def _before_resume(self, lane: LaneRuntime, op: OperationState, fx: Effects) -> None:
         intent = op.intent
         event = BeforeResumeEvent(
             lane=lane.name,
@@ -1513,7 +1506,7 @@ class AgentHarness(AgentLane):
             else None,
             resume_data=intent.resume_data if isinstance(intent, RunIntent) else None,
         )
-        await procedures.fx.run_hook("before_resume", event)
+        await fx.run_hook("before_resume", event)
         self._rt.events.emit(RunResume(lane=lane.name, run_id=op.id))
 
     async def _self_check(self, lane: LaneRuntime) -> None:
