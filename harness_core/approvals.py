@@ -13,13 +13,20 @@ from __future__ import annotations
 
 import hashlib
 import json
-from collections.abc import Iterable, Mapping
+from collections.abc import Iterable, Mapping, Sequence
 from typing import Any
 
 from harness_core.frozen import thaw_json
-from harness_core.session.records import ApprovalDecision, PendingApproval
+from harness_core.result import DecisionsMismatch, WaitSuperseded
+from harness_core.session.records import (
+    ApprovalDecided,
+    ApprovalDecision,
+    ApprovalRequested,
+    PendingApproval,
+)
+from harness_core.tools import Tool, ToolArgumentsError
 
-__all__ = ["approve", "args_digest", "deny", "mismatch", "stale"]
+__all__ = ["approve", "args_digest", "check_decisions", "deny", "mismatch", "stale"]
 
 
 def args_digest(args: Mapping[str, Any]) -> str:
@@ -89,3 +96,73 @@ def stale(
         for d in decisions
         if digests.get(d.tool_call_id, d.args_digest) != d.args_digest
     )
+
+
+def check_decisions(
+    lane: str,
+    requested: ApprovalRequested | None,
+    decided: ApprovalDecided | None,
+    aborting: bool,
+    decisions: Sequence[ApprovalDecision],
+    wait_id: str | None,
+    tools: Mapping[str, Tool],
+) -> DecisionsMismatch | WaitSuperseded | None:
+    """Why a decision batch may not be recorded against a lane's wait now (None: it may).
+
+    The admission rules, in order: the batch names a wait (`unbound`); that wait is the lane's
+    open one (`WaitSuperseded`, with the current wait); nobody decided it yet
+    (`already_decided`); each decision is for the arguments the wait holds
+    (`stale_arguments`); the batch decides exactly its calls (`coverage`, `duplicate`); override
+    arguments are valid for the current tool (`invalid_arguments`). `requested` and `decided`
+    are the lane's current wait and its decisions, if any.
+    """
+    if wait_id is None:
+        return DecisionsMismatch(
+            message="a decision batch must name the wait it answers (wait_id)",
+            lane=lane,
+            reason="unbound",
+        )
+    current = requested.id if requested is not None and not aborting else None
+    if wait_id != current:
+        return WaitSuperseded(
+            message=f"lane {lane!r} does not wait for {wait_id!r}"
+            + (f" (it waits for {current!r})" if current else ""),
+            lane=lane,
+            wait_id=wait_id,
+            current_wait_id=current if decided is None else None,
+        )
+    assert requested is not None
+    if decided is not None:
+        return DecisionsMismatch(
+            message=f"{requested.run_id!r} was already decided (with another idempotency key)",
+            lane=lane,
+            reason="already_decided",
+        )
+    missing, unexpected, duplicated = mismatch(requested.calls, decisions)
+    changed = stale(requested.calls, decisions)
+    if changed and not (missing or unexpected or duplicated):
+        return DecisionsMismatch(
+            message=f"the decisions on {list(changed)} are for other arguments than the "
+            "pending calls' (compare args_digest)",
+            lane=lane,
+            unexpected=changed,
+            reason="stale_arguments",
+        )
+    if missing or unexpected or duplicated:
+        return DecisionsMismatch(
+            message=f"decide exactly {[p.tool_call_id for p in requested.calls]}: missing "
+            f"{list(missing)}, unexpected {list(unexpected)}, duplicated {list(duplicated)}",
+            lane=lane,
+            missing=missing,
+            unexpected=unexpected,
+            reason="duplicate" if duplicated else "coverage",
+        )
+    for decision in decisions:
+        pending = next(p for p in requested.calls if p.tool_call_id == decision.tool_call_id)
+        tool = tools.get(pending.tool_name)
+        if decision.override_args is not None and tool is not None:
+            try:
+                tool.parse(decision.override_args)
+            except ToolArgumentsError as exc:
+                return DecisionsMismatch(message=str(exc), lane=lane, reason="invalid_arguments")
+    return None

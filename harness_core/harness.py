@@ -32,7 +32,7 @@ from harness_core._runtime.procedures import Procedures
 from harness_core._runtime.reduction import LaneState, OperationState
 from harness_core._runtime.restore import restore_lane
 from harness_core._runtime.telemetry import Telemetry
-from harness_core.approvals import mismatch, stale
+from harness_core.approvals import check_decisions
 from harness_core.clock import SystemClock
 from harness_core.errors import (
     HarnessClosed,
@@ -124,7 +124,7 @@ from harness_core.session.types import (
     StoredEntry,
     StoredRecord,
 )
-from harness_core.tools import Tool, ToolArgumentsError, ToolRecovery
+from harness_core.tools import Tool, ToolRecovery
 
 __all__ = [
     "AgentHarness",
@@ -239,6 +239,18 @@ class Watch:
     def unsubscribe(self) -> None:
         """Stop delivery and drop the buffer."""
         self._bus.unwatch(self._watcher)
+
+
+@dataclass(frozen=True, kw_only=True, slots=True)
+class _ResumeRequest:
+    """What a `resume()` call asks for (judged in the lane's job)."""
+
+    decisions: tuple[ApprovalDecision, ...] | None
+    wait_id: str | None
+    key: str | None
+    decided_by: str | None
+    tool_recovery: ToolRecovery
+    unstick: bool
 
 
 def _normalize(
@@ -517,95 +529,15 @@ class AgentLane:
             if found is not None:
                 return await harness._replayed_decision(lane, found, decisions, wait_id)
 
-        async def admit() -> Result[
-            asyncio.Task[Outcome],
-            LaneBusy
-            | NothingToResume
-            | MissingIdentities
-            | DecisionsRequired
-            | DecisionsMismatch
-            | WaitSuperseded
-            | LaneStuck,
-        ]:
-            op = lane.state.operation
-            if op is None:
-                if decisions is not None and wait_id is not None:
-                    return Err(
-                        WaitSuperseded(
-                            message=f"lane {self._name!r} no longer waits for {wait_id!r}",
-                            lane=self._name,
-                            wait_id=wait_id,
-                        )
-                    )
-                return Err(
-                    NothingToResume(
-                        message=f"lane {self._name!r} has no open operation", lane=self._name
-                    )
-                )
-            approval = op.approval
-            same_key = (
-                approval is not None
-                and approval.decided is not None
-                and approval.decided.idempotency_key == key
-            )
-            if same_key and lane.task is not None:
-                return Ok(lane.task)  # the same decision, already running: its result
-            if decisions is not None and not same_key:
-                refused = harness._check_decisions(self._name, op, decisions, wait_id)
-                if refused is not None:
-                    return refused  # before busy: a late or conflicting batch says so
-            if lane.task is not None:
-                return lane.busy(op)
-            tools, models = harness._missing(op)
-            if tools or models:
-                return Err(
-                    MissingIdentities(
-                        message=f"resuming {op.id!r} needs tools {list(tools)} "
-                        f"and models {list(models)}",
-                        lane=self._name,
-                        tools=tools,
-                        models=models,
-                    )
-                )
-            waiting = approval is not None and approval.waiting and not op.aborting
-            if decisions is None and waiting and approval is not None:
-                return Err(
-                    DecisionsRequired(
-                        message=f"{op.id!r} waits for decisions on "
-                        f"{[p.tool_call_id for p in approval.requested.calls]} "
-                        f"(wait {approval.requested.id!r})",
-                        lane=self._name,
-                        operation_id=op.id,
-                        pending=approval.requested.calls,
-                        wait_id=approval.requested.id,
-                    )
-                )
-            if decisions is not None and not same_key:
-                assert key is not None
-                assert approval is not None
-                await lane.decide(
-                    ApprovalDecided(
-                        id=decision_id(self._name, key),
-                        lane=self._name,
-                        run_id=op.id,
-                        wait_id=approval.requested.id,
-                        idempotency_key=key,
-                        decided_by=decided_by,
-                        decisions=tuple(decisions),
-                    )
-                )
-            elif _reason(op) == "crash":
-                stuck = harness._stuck(lane.name, op)
-                if stuck is not None and not unstick:
-                    return Err(stuck)
-                # one more execution of an interrupted operation: counted before it starts
-                await lane.count_attempt(op, unstick=unstick)
-            lane.ready_for(op.id)
-            return Ok(
-                lane.occupy(harness._execute(lane, resumed=True, tool_recovery=tool_recovery))
-            )
-
-        admitted = await lane.job(admit)
+        request = _ResumeRequest(
+            decisions=tuple(decisions) if decisions is not None else None,
+            wait_id=wait_id,
+            key=key,
+            decided_by=decided_by,
+            tool_recovery=tool_recovery,
+            unstick=unstick,
+        )
+        admitted = await lane.job(lambda: harness._admit_resume(lane, request))
         if isinstance(admitted, Err):
             if decisions is not None and idempotency_key is not None:
                 # the same batch, recorded by a concurrent call since the lookup above
@@ -1234,88 +1166,103 @@ class AgentHarness(AgentLane):
             last_activity=activity,
         )
 
-    def _check_decisions(
-        self,
-        lane: str,
-        op: OperationState,
-        decisions: Sequence[ApprovalDecision],
-        wait_id: str | None,
-    ) -> Err[DecisionsMismatch | WaitSuperseded] | None:
-        """Why a decision batch cannot be recorded for `op` now, or None if it can."""
-        approval = op.approval
-        if wait_id is None:
-            return Err(
-                DecisionsMismatch(
-                    message="a decision batch must name the wait it answers (wait_id)",
-                    lane=lane,
-                    reason="unbound",
-                )
-            )
-        current = approval.requested.id if approval is not None and not op.aborting else None
-        if wait_id != current:
-            return Err(
-                WaitSuperseded(
-                    message=f"lane {lane!r} does not wait for {wait_id!r}"
-                    + (f" (it waits for {current!r})" if current else ""),
-                    lane=lane,
-                    wait_id=wait_id,
-                    current_wait_id=current if approval and approval.waiting else None,
-                )
-            )
-        if approval is None or op.aborting:
-            return Err(
-                DecisionsMismatch(
-                    message=f"{op.id!r} is not waiting for approval decisions",
-                    lane=lane,
-                    unexpected=tuple(d.tool_call_id for d in decisions),
-                    reason="not_waiting",
-                )
-            )
-        if not approval.waiting:
-            return Err(
-                DecisionsMismatch(
-                    message=f"{op.id!r} was already decided (with another idempotency key)",
-                    lane=lane,
-                    reason="already_decided",
-                )
-            )
-        missing, unexpected, duplicated = mismatch(approval.requested.calls, decisions)
-        changed = stale(approval.requested.calls, decisions)
-        if changed and not (missing or unexpected or duplicated):
-            return Err(
-                DecisionsMismatch(
-                    message=f"the decisions on {list(changed)} are for other arguments than "
-                    "the pending calls' (compare args_digest)",
-                    lane=lane,
-                    unexpected=changed,
-                    reason="stale_arguments",
-                )
-            )
-        if missing or unexpected or duplicated:
-            return Err(
-                DecisionsMismatch(
-                    message=f"decide exactly {[p.tool_call_id for p in approval.requested.calls]}"
-                    f": missing {list(missing)}, unexpected {list(unexpected)}, "
-                    f"duplicated {list(duplicated)}",
-                    lane=lane,
-                    missing=missing,
-                    unexpected=unexpected,
-                    reason="duplicate" if duplicated else "coverage",
-                )
-            )
-        for decision in decisions:
-            pending = next(
-                p for p in approval.requested.calls if p.tool_call_id == decision.tool_call_id
-            )
-            tool = self._rt.tools.get(pending.tool_name)
-            if decision.override_args is not None and tool is not None:
-                try:
-                    tool.parse(decision.override_args)
-                except ToolArgumentsError as exc:
-                    return Err(
-                        DecisionsMismatch(message=str(exc), lane=lane, reason="invalid_arguments")
+    async def _admit_resume(
+        self, lane: LaneRuntime, request: _ResumeRequest
+    ) -> Result[
+        asyncio.Task[Outcome],
+        LaneBusy
+        | NothingToResume
+        | MissingIdentities
+        | DecisionsRequired
+        | DecisionsMismatch
+        | WaitSuperseded
+        | LaneStuck,
+    ]:
+        """Admit a resume in the lane's job: judge it, make its one durable write, start it.
+
+        The write is the decision batch (an approval wait) or the counted attempt (a crash);
+        a deferred poll writes nothing before it starts.
+        """
+        name = lane.name
+        op = lane.state.operation
+        decisions = request.decisions
+        if op is None:
+            if decisions is not None and request.wait_id is not None:
+                return Err(
+                    WaitSuperseded(
+                        message=f"lane {name!r} no longer waits for {request.wait_id!r}",
+                        lane=name,
+                        wait_id=request.wait_id,
                     )
-        return None
+                )
+            return Err(NothingToResume(message=f"lane {name!r} has no open operation", lane=name))
+        approval = op.approval
+        decided = approval.decided if approval is not None else None
+        same_key = decided is not None and decided.idempotency_key == request.key
+        if same_key and lane.task is not None:
+            return Ok(lane.task)  # the same decision, already running: its result
+        if decisions is not None and not same_key:
+            refused = check_decisions(
+                name,
+                approval.requested if approval is not None else None,
+                decided,
+                op.aborting,
+                decisions,
+                request.wait_id,
+                self._rt.tools,
+            )
+            if refused is not None:
+                return Err(refused)  # before busy: a late or conflicting batch says so
+        if lane.task is not None:
+            return lane.busy(op)
+        tools, models = self._missing(op)
+        if tools or models:
+            return Err(
+                MissingIdentities(
+                    message=f"resuming {op.id!r} needs tools {list(tools)} "
+                    f"and models {list(models)}",
+                    lane=name,
+                    tools=tools,
+                    models=models,
+                )
+            )
+        reason = _reason(op)
+        if decisions is None and reason == "approval" and approval is not None:
+            return Err(
+                DecisionsRequired(
+                    message=f"{op.id!r} waits for decisions on "
+                    f"{[p.tool_call_id for p in approval.requested.calls]} "
+                    f"(wait {approval.requested.id!r})",
+                    lane=name,
+                    operation_id=op.id,
+                    pending=approval.requested.calls,
+                    wait_id=approval.requested.id,
+                )
+            )
+        if decisions is not None and not same_key:
+            assert request.key is not None
+            assert approval is not None
+            await lane.decide(
+                ApprovalDecided(
+                    id=decision_id(name, request.key),
+                    lane=name,
+                    run_id=op.id,
+                    wait_id=approval.requested.id,
+                    idempotency_key=request.key,
+                    decided_by=request.decided_by,
+                    decisions=decisions,
+                )
+            )
+        elif reason == "crash":
+            stuck = self._stuck(name, op)
+            if stuck is not None and not request.unstick:
+                return Err(stuck)
+            # one more execution of an interrupted operation: counted before it starts
+            await lane.count_attempt(op, unstick=request.unstick)
+        lane.ready_for(op.id)
+        return Ok(
+            lane.occupy(self._execute(lane, resumed=True, tool_recovery=request.tool_recovery))
+        )
 
     async def _prompted_before(
         self, lane: LaneRuntime, prior: Prior, entry_id: str, message: UserMessage
