@@ -9,13 +9,15 @@ from __future__ import annotations
 
 from config import Settings
 from gateway.models import model_from_settings
-from harness_core.errors import SessionError
-from harness_core.harness import AgentHarness
-from harness_core.hooks import RequestOptions
-from harness_core.messages import message_text
-from harness_core.options import AgentHarnessOptions
-from harness_core.result import Ok
-from harness_core.session.contract import SessionRepo
+from harness_core import (
+    AgentHarness,
+    AgentHarnessOptions,
+    Ok,
+    RequestOptions,
+    SessionError,
+    SessionRepo,
+    message_text,
+)
 
 __all__ = ["SESSION", "ask"]
 

@@ -11,9 +11,11 @@ from config import Settings
 from gateway.ask import ask
 from gateway.demo import demo, describe
 from gateway.models import ModelConfigError
-from harness_core.errors import HarnessError
-from harness_core.session.contract import SessionRepo
-from harness_core.storage import open_repo
+from harness_core import (
+    HarnessError,
+    SessionRepo,
+    open_repo,
+)
 
 __all__ = ["main"]
 

@@ -11,17 +11,26 @@ from __future__ import annotations
 import asyncio
 from typing import Any
 
-from harness_core.harness import AgentHarness, SuspendedOperation
-from harness_core.messages import AssistantMessage, ToolResultMessage, UserMessage, message_text
-from harness_core.models import ModelRef, ModelRequest
-from harness_core.models.scripted import ScriptedModel, text, tool_call
-from harness_core.options import AgentHarnessOptions
-from harness_core.result import Ok
-from harness_core.session.contract import SessionRepo
+from harness_core import (
+    AgentHarness,
+    AgentHarnessOptions,
+    AssistantMessage,
+    ModelRef,
+    ModelRequest,
+    Ok,
+    ScriptedModel,
+    SessionRepo,
+    SuspendedOperation,
+    Tool,
+    ToolContext,
+    ToolResultMessage,
+    UserMessage,
+    message_text,
+)
+from harness_core.models.scripted import text, tool_call
 from harness_core.session.entries import MessageEntry
 from harness_core.session.records import OperationStarted
 from harness_core.session.types import LogItem, StoredEntry, StoredRecord
-from harness_core.tools import Tool, ToolContext
 
 __all__ = ["EMAIL_LANE", "SLACK_LANE", "demo"]
 

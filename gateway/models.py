@@ -9,8 +9,12 @@ from __future__ import annotations
 from typing import Any
 
 from config import Settings
-from harness_core.models import ModelClient, ModelRef
-from harness_core.models.scripted import ScriptedModel, echo_responder
+from harness_core import (
+    ModelClient,
+    ModelRef,
+    ScriptedModel,
+)
+from harness_core.models.scripted import echo_responder
 
 __all__ = ["PROVIDERS", "ModelConfigError", "model_from_settings"]
 

@@ -19,14 +19,7 @@ from pydantic import TypeAdapter, ValidationError
 from harness_core._runtime.context import plan_compaction
 from harness_core._runtime.effects import Effects
 from harness_core._runtime.gate import ActionInfo, Gate, GatedEffects
-from harness_core._runtime.lane import (
-    AbortAccepted,
-    HarnessRuntime,
-    LaneRuntime,
-    Prior,
-    config_entry,
-    decision_id,
-)
+from harness_core._runtime.lane import HarnessRuntime, LaneRuntime, Prior, config_entry, decision_id
 from harness_core._runtime.lease import LeaseKeeper
 from harness_core._runtime.procedures import Procedures
 from harness_core._runtime.reduction import LaneState, OperationState
@@ -72,6 +65,7 @@ from harness_core.portable import (
     capability_entry,
 )
 from harness_core.result import (
+    AbortAccepted,
     AlreadyAccepted,
     Closed,
     DecisionsMismatch,

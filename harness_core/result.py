@@ -11,9 +11,11 @@ from dataclasses import asdict, dataclass
 from typing import Any, ClassVar, Generic, Literal, TypeAlias, TypeVar
 
 from harness_core.messages import AssistantMessage, DeferredHandle
+from harness_core.session.entries import Entry
 from harness_core.session.records import OperationError, PendingApproval
 
 __all__ = [
+    "AbortAccepted",
     "AlreadyAccepted",
     "Closed",
     "DecisionsMismatch",
@@ -301,3 +303,12 @@ class Outcome:
     """Suspended for approval: the calls waiting for a decision."""
     wait_id: str | None = None
     """Suspended for approval: the wait a decision batch must name (`resume(wait_id=...)`)."""
+
+
+@dataclass(frozen=True, kw_only=True, slots=True)
+class AbortAccepted:
+    """An accepted abort: the run it stops and the queued input it cleared."""
+
+    run_id: str
+    steer: tuple[Entry, ...] = ()
+    follow_up: tuple[Entry, ...] = ()

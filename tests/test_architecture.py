@@ -112,3 +112,84 @@ def test_the_ambient_check_catches_each_kind_of_violation() -> None:
         "m.py:5 uses time.time",
         "m.py:8 uses asyncio.sleep",
     ]
+
+
+def _module_name(path: Path) -> str:
+    parts = list(path.relative_to(ROOT).with_suffix("").parts)
+    if parts[-1] == "__init__":
+        parts.pop()
+    return ".".join(parts)
+
+
+def _eager_imports(tree: ast.Module) -> Iterator[ast.ImportFrom | ast.Import]:
+    """Module-level imports that run at import time (not under TYPE_CHECKING, not in a def)."""
+    pending: list[ast.stmt] = list(tree.body)
+    while pending:
+        node = pending.pop()
+        if isinstance(node, (ast.Import, ast.ImportFrom)):
+            yield node
+        elif isinstance(node, ast.If):
+            guard = ast.unparse(node.test)
+            if "TYPE_CHECKING" not in guard:
+                pending += node.body + node.orelse
+        elif isinstance(node, ast.Try):
+            pending += node.body + node.orelse + node.finalbody
+            for handler in node.handlers:
+                pending += handler.body
+
+
+def import_graph(package: str) -> dict[str, set[str]]:
+    """Which modules of `package` each of its modules imports when it is imported."""
+    modules = {_module_name(path): path for path in _sources(package)}
+    graph: dict[str, set[str]] = {name: set() for name in modules}
+    for name, path in modules.items():
+        for node in _eager_imports(ast.parse(path.read_text())):
+            targets = (
+                [alias.name for alias in node.names]
+                if isinstance(node, ast.Import)
+                else [f"{node.module}.{alias.name}" for alias in node.names] + [node.module or ""]
+            )
+            for target in targets:
+                if target in modules and target != name:
+                    graph[name].add(target)
+    # `from harness_core.x import y` names a module x.y when y is a submodule, else module x
+    for name in graph:
+        graph[name] = {t for t in graph[name] if not any(t + "." in o for o in graph[name])}
+    return graph
+
+
+def cycles(graph: dict[str, set[str]]) -> list[list[str]]:
+    """The import circles of a graph (each once, from its smallest module)."""
+    found: list[list[str]] = []
+
+    def walk(start: str, node: str, path: list[str]) -> None:
+        for nxt in sorted(graph[node]):
+            if nxt == start:
+                found.append([*path, start])
+            elif nxt not in path and nxt > start:
+                walk(start, nxt, [*path, nxt])
+
+    for start in sorted(graph):
+        walk(start, start, [start])
+    return found
+
+
+def test_no_import_circle_inside_harness_core() -> None:
+    graph = import_graph("harness_core")
+    graph.pop("harness_core")  # the public surface imports everything; nothing imports it back
+    assert cycles(graph) == []
+
+
+def test_the_circle_check_sees_a_circle() -> None:
+    assert cycles({"a": {"b"}, "b": {"c"}, "c": {"a"}, "d": {"a"}}) == [["a", "b", "c", "a"]]
+
+
+def test_gateway_and_adapters_use_the_engine_only_through_the_public_surface() -> None:
+    violations = [
+        f"{path.relative_to(ROOT)}:{line} imports {name}"
+        for package in ("gateway", "adapters")
+        for path in _sources(package)
+        for name, line in _imports(ast.parse(path.read_text()))
+        if name.startswith("harness_core._runtime")
+    ]
+    assert violations == []

@@ -62,6 +62,7 @@ from harness_core.messages import (
 from harness_core.models import ModelClient, ModelRequest
 from harness_core.options import AgentHarnessOptions
 from harness_core.result import (
+    AbortAccepted,
     Err,
     LaneBusy,
     NoActiveOperation,
@@ -111,7 +112,6 @@ if TYPE_CHECKING:
     from harness_core._runtime.effects import FinishResult
 
 __all__ = [
-    "AbortAccepted",
     "HarnessRuntime",
     "LaneRuntime",
     "Prior",
@@ -121,15 +121,6 @@ __all__ = [
 ]
 
 _T = TypeVar("_T")
-
-
-@dataclass(frozen=True, kw_only=True, slots=True)
-class AbortAccepted:
-    """An accepted abort: the run it stops and the queued input it cleared."""
-
-    run_id: str
-    steer: tuple[Entry, ...] = ()
-    follow_up: tuple[Entry, ...] = ()
 
 
 def accept_id(entry_id: str) -> str:
