@@ -150,7 +150,7 @@ from harness_core.hooks import (
 # -- events ---------------------------------------------------------------------------------------
 from harness_core.events import (
     ApprovalDecidedEvent,
-    AuthorityLost,
+    LeaseLostEvent,
     CompactionEnd,
     CompactionStart,
     ConfigUpdate,
@@ -254,7 +254,6 @@ __all__ = [
     "args_digest",
     "AssistantContent",
     "AssistantMessage",
-    "AuthorityLost",
     "BeforeCompactionEvent",
     "BeforeCompactionResult",
     "BeforeNavigationEvent",
@@ -317,6 +316,7 @@ __all__ = [
     "LaneStuck",
     "LeaseHeld",
     "LeaseLost",
+    "LeaseLostEvent",
     "LeaseRenewalFailed",
     "message_text",
     "MessageEnd",

@@ -10,7 +10,7 @@ from __future__ import annotations
 
 from collections.abc import Callable
 from dataclasses import dataclass, field
-from typing import Annotated, Any, Literal
+from typing import Annotated, Any, Literal, overload
 
 from pydantic import Field
 
@@ -33,7 +33,6 @@ from harness_core.session.records import (
 
 __all__ = [
     "ApprovalDecidedEvent",
-    "AuthorityLost",
     "CompactionEnd",
     "CompactionStart",
     "ConfigUpdate",
@@ -44,14 +43,15 @@ __all__ = [
     "Fault",
     "HandlerError",
     "LaneCreated",
+    "LeaseLostEvent",
     "LeaseRenewalFailed",
     "MessageEnd",
     "MessageStart",
     "MessageUpdate",
     "NavigationEnd",
     "NavigationStart",
-    "QueueUpdate",
     "QueuedItem",
+    "QueueUpdate",
     "RetryEnd",
     "RetryScheduled",
     "RetryStart",
@@ -146,7 +146,7 @@ class LeaseRenewalFailed(_Event):
     """When the lease lapses unless a retry succeeds (this process's clock)."""
 
 
-class AuthorityLost(_Event):
+class LeaseLostEvent(_Event):
     """The session's writer lease is gone (expired or taken over): the harness stops and faults.
 
     Another process may own the session now; reopen it (acquire the lease, `create()`) to go on.
@@ -393,7 +393,7 @@ Event = Annotated[
     | Fault
     | HandlerError
     | LeaseRenewalFailed
-    | AuthorityLost
+    | LeaseLostEvent
     | TurnStart
     | TurnEnd
     | RetryScheduled
@@ -421,7 +421,7 @@ Event = Annotated[
 ]
 """Every event the harness emits."""
 
-Listener = Callable[[Any], None]
+Listener = Callable[[Any], object]
 _GLOBAL = ("fault", "usage", "handler_error")
 
 
@@ -440,8 +440,152 @@ class EventBus:
     _watchers: list[_Watcher] = field(default_factory=list)
     report: Callable[[str, BaseException], None] | None = None
 
-    def on(self, event_type: str | None, listener: Listener) -> Callable[[], None]:
-        """Listen to one event type (or every event with None), live only; returns `off`."""
+    @overload
+    def on(
+        self, event_type: Literal["run_start"], listener: Callable[[RunStart], object]
+    ) -> Callable[[], None]: ...
+    @overload
+    def on(
+        self, event_type: Literal["run_resume"], listener: Callable[[RunResume], object]
+    ) -> Callable[[], None]: ...
+    @overload
+    def on(
+        self, event_type: Literal["run_suspend"], listener: Callable[[RunSuspend], object]
+    ) -> Callable[[], None]: ...
+    @overload
+    def on(
+        self, event_type: Literal["run_abort"], listener: Callable[[RunAbort], object]
+    ) -> Callable[[], None]: ...
+    @overload
+    def on(
+        self, event_type: Literal["run_end"], listener: Callable[[RunEnd], object]
+    ) -> Callable[[], None]: ...
+    @overload
+    def on(
+        self, event_type: Literal["fault"], listener: Callable[[Fault], object]
+    ) -> Callable[[], None]: ...
+    @overload
+    def on(
+        self, event_type: Literal["handler_error"], listener: Callable[[HandlerError], object]
+    ) -> Callable[[], None]: ...
+    @overload
+    def on(
+        self,
+        event_type: Literal["lease_renewal_failed"],
+        listener: Callable[[LeaseRenewalFailed], object],
+    ) -> Callable[[], None]: ...
+    @overload
+    def on(
+        self, event_type: Literal["lease_lost"], listener: Callable[[LeaseLostEvent], object]
+    ) -> Callable[[], None]: ...
+    @overload
+    def on(
+        self, event_type: Literal["turn_start"], listener: Callable[[TurnStart], object]
+    ) -> Callable[[], None]: ...
+    @overload
+    def on(
+        self, event_type: Literal["turn_end"], listener: Callable[[TurnEnd], object]
+    ) -> Callable[[], None]: ...
+    @overload
+    def on(
+        self, event_type: Literal["retry_scheduled"], listener: Callable[[RetryScheduled], object]
+    ) -> Callable[[], None]: ...
+    @overload
+    def on(
+        self, event_type: Literal["retry_start"], listener: Callable[[RetryStart], object]
+    ) -> Callable[[], None]: ...
+    @overload
+    def on(
+        self, event_type: Literal["retry_end"], listener: Callable[[RetryEnd], object]
+    ) -> Callable[[], None]: ...
+    @overload
+    def on(
+        self, event_type: Literal["message_start"], listener: Callable[[MessageStart], object]
+    ) -> Callable[[], None]: ...
+    @overload
+    def on(
+        self, event_type: Literal["message_update"], listener: Callable[[MessageUpdate], object]
+    ) -> Callable[[], None]: ...
+    @overload
+    def on(
+        self, event_type: Literal["message_end"], listener: Callable[[MessageEnd], object]
+    ) -> Callable[[], None]: ...
+    @overload
+    def on(
+        self, event_type: Literal["tool_start"], listener: Callable[[ToolStart], object]
+    ) -> Callable[[], None]: ...
+    @overload
+    def on(
+        self, event_type: Literal["tool_update"], listener: Callable[[ToolUpdate], object]
+    ) -> Callable[[], None]: ...
+    @overload
+    def on(
+        self, event_type: Literal["tool_end"], listener: Callable[[ToolEnd], object]
+    ) -> Callable[[], None]: ...
+    @overload
+    def on(
+        self, event_type: Literal["entry_added"], listener: Callable[[EntryAdded], object]
+    ) -> Callable[[], None]: ...
+    @overload
+    def on(
+        self, event_type: Literal["write_pending"], listener: Callable[[WritePending], object]
+    ) -> Callable[[], None]: ...
+    @overload
+    def on(
+        self, event_type: Literal["queue_update"], listener: Callable[[QueueUpdate], object]
+    ) -> Callable[[], None]: ...
+    @overload
+    def on(
+        self, event_type: Literal["fact_update"], listener: Callable[[FactUpdate], object]
+    ) -> Callable[[], None]: ...
+    @overload
+    def on(
+        self, event_type: Literal["config_update"], listener: Callable[[ConfigUpdate], object]
+    ) -> Callable[[], None]: ...
+    @overload
+    def on(
+        self, event_type: Literal["compaction_start"], listener: Callable[[CompactionStart], object]
+    ) -> Callable[[], None]: ...
+    @overload
+    def on(
+        self, event_type: Literal["compaction_end"], listener: Callable[[CompactionEnd], object]
+    ) -> Callable[[], None]: ...
+    @overload
+    def on(
+        self, event_type: Literal["navigation_start"], listener: Callable[[NavigationStart], object]
+    ) -> Callable[[], None]: ...
+    @overload
+    def on(
+        self, event_type: Literal["navigation_end"], listener: Callable[[NavigationEnd], object]
+    ) -> Callable[[], None]: ...
+    @overload
+    def on(
+        self, event_type: Literal["lane_created"], listener: Callable[[LaneCreated], object]
+    ) -> Callable[[], None]: ...
+    @overload
+    def on(
+        self, event_type: Literal["usage"], listener: Callable[[UsageEvent], object]
+    ) -> Callable[[], None]: ...
+    @overload
+    def on(
+        self,
+        event_type: Literal["approval_decided"],
+        listener: Callable[[ApprovalDecidedEvent], object],
+    ) -> Callable[[], None]: ...
+    @overload
+    def on(self, event_type: None, listener: Callable[[Event], object]) -> Callable[[], None]: ...
+    def on(self, event_type: str | None, listener: Callable[[Any], object]) -> Callable[[], None]:
+        """Listen to one event type (or every event with None), live only; returns `off`.
+
+        Typed per event type: a listener for ``"tool_end"`` takes a `ToolEnd`. A type name
+        computed at run time goes through `on_any`.
+        """
+        return self.on_any(event_type, listener)
+
+    def on_any(
+        self, event_type: str | None, listener: Callable[[Any], object]
+    ) -> Callable[[], None]:
+        """`on` for a type name computed at run time (no per-type check); returns `off`."""
         item = (event_type, listener)
         self._listeners.append(item)
         return lambda: self._listeners.remove(item) if item in self._listeners else None

@@ -36,11 +36,11 @@ from harness_core.errors import (
     SessionError,
 )
 from harness_core.events import (
-    AuthorityLost,
     ConfigUpdate,
     EventBus,
     Fault,
     LaneCreated,
+    LeaseLostEvent,
     LeaseRenewalFailed,
     Listener,
     RunResume,
@@ -872,7 +872,7 @@ class AgentLane:
 
 
 def _lease_lost(runtime: HarnessRuntime, error: LeaseLost) -> None:
-    runtime.events.emit(AuthorityLost(message=str(error)))
+    runtime.events.emit(LeaseLostEvent(message=str(error)))
     runtime.faulted(error)
 
 

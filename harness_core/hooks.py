@@ -17,7 +17,7 @@ from __future__ import annotations
 
 from collections.abc import Awaitable, Callable, Mapping, Sequence
 from dataclasses import dataclass, field, replace
-from typing import Any, Literal
+from typing import Any, Literal, get_args, overload
 
 from harness_core.errors import HarnessNotImplemented
 from harness_core.frozen import JsonValue
@@ -275,18 +275,115 @@ class Hooks:
 
     _by_name: dict[str, list[_Registration]] = field(default_factory=dict)
 
-    def on(self, name: HookName, handler: Handler, *, id: str | None = None) -> Callable[[], None]:
+    @overload
+    def on(
+        self,
+        name: Literal["before_run"],
+        handler: Callable[[BeforeRunEvent], Awaitable[BeforeRunResult | None]],
+        *,
+        id: str | None = None,
+    ) -> Callable[[], None]: ...
+    @overload
+    def on(
+        self,
+        name: Literal["before_resume"],
+        handler: Callable[[BeforeResumeEvent], Awaitable[None]],
+        *,
+        id: str | None = None,
+    ) -> Callable[[], None]: ...
+    @overload
+    def on(
+        self,
+        name: Literal["before_run_end"],
+        handler: Callable[[BeforeRunEndEvent], Awaitable[BeforeRunEndResult | None]],
+        *,
+        id: str | None = None,
+    ) -> Callable[[], None]: ...
+    @overload
+    def on(
+        self,
+        name: Literal["transform_context"],
+        handler: Callable[[TransformContextEvent], Awaitable[Sequence[AgentMessage] | None]],
+        *,
+        id: str | None = None,
+    ) -> Callable[[], None]: ...
+    @overload
+    def on(
+        self,
+        name: Literal["before_request"],
+        handler: Callable[[BeforeRequestEvent], Awaitable[RequestOptions | None]],
+        *,
+        id: str | None = None,
+    ) -> Callable[[], None]: ...
+    @overload
+    def on(
+        self,
+        name: Literal["after_response"],
+        handler: Callable[[AfterResponseEvent], Awaitable[AssistantMessage | None]],
+        *,
+        id: str | None = None,
+    ) -> Callable[[], None]: ...
+    @overload
+    def on(
+        self,
+        name: Literal["before_tool"],
+        handler: Callable[[BeforeToolEvent], Awaitable[BeforeToolResult | None]],
+        *,
+        id: str | None = None,
+    ) -> Callable[[], None]: ...
+    @overload
+    def on(
+        self,
+        name: Literal["after_tool"],
+        handler: Callable[[AfterToolEvent], Awaitable[AfterToolPatch | None]],
+        *,
+        id: str | None = None,
+    ) -> Callable[[], None]: ...
+    @overload
+    def on(
+        self,
+        name: Literal["before_compaction"],
+        handler: Callable[[BeforeCompactionEvent], Awaitable[BeforeCompactionResult | None]],
+        *,
+        id: str | None = None,
+    ) -> Callable[[], None]: ...
+    @overload
+    def on(
+        self,
+        name: Literal["before_navigation"],
+        handler: Callable[[BeforeNavigationEvent], Awaitable[BeforeNavigationResult | None]],
+        *,
+        id: str | None = None,
+    ) -> Callable[[], None]: ...
+    def on(self, name: str, handler: Handler, *, id: str | None = None) -> Callable[[], None]:
         """Register `handler` for `name`; returns a function that unregisters it.
+
+        Typed per hook: a ``before_tool`` handler takes a `BeforeToolEvent` and returns a
+        `BeforeToolResult` or None. A hook name computed at run time goes through `on_any`.
 
         Raises:
             HookError: `before_run`/`before_resume` without an id, or a duplicate id.
             HarnessNotImplemented: a hook this runtime cannot run (``before_payload``): a
                 handler that is accepted and never called would be a silent stub.
         """
+        return self.on_any(name, handler, id=id)
+
+    def on_any(self, name: str, handler: Handler, *, id: str | None = None) -> Callable[[], None]:
+        """`on` for a hook name computed at run time (no per-hook check of the handler).
+
+        Raises:
+            HookError: an unknown hook name (a handler that could never run), a missing or
+                duplicate id.
+            HarnessNotImplemented: ``before_payload``.
+        """
         if (instead := _REFUSED.get(name)) is not None:
             refused = HarnessNotImplemented(f"hooks.on({name!r})")
             refused.add_note(instead)
             raise refused
+        if name not in get_args(HookName):
+            raise HookError(
+                f"there is no hook {name!r} (the hooks: {', '.join(get_args(HookName))})"
+            )
         registrations = self._by_name.setdefault(name, [])
         if name in _NEEDS_ID and not id:
             raise HookError(f"{name} handlers need a stable id")

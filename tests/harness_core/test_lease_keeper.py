@@ -8,11 +8,12 @@ from typing import Any
 
 import pytest
 
+from harness_core import ScriptedModel
 from harness_core.errors import HarnessFault, LeaseLost, SessionError
-from harness_core.events import AuthorityLost, LeaseRenewalFailed
+from harness_core.events import LeaseLostEvent, LeaseRenewalFailed
 from harness_core.harness import AgentHarness
 from harness_core.ids import SequentialIds
-from harness_core.models.scripted import ScriptedModel, text, tool_call
+from harness_core.models.scripted import text, tool_call
 from harness_core.options import AgentHarnessOptions
 from harness_core.result import Ok
 from harness_core.session.types import WriterLease
@@ -98,7 +99,7 @@ async def test_a_tool_longer_than_the_lease_keeps_its_lease_and_its_result() -> 
     renewals = harness._rt.keeper.renewals
     await setup.advance(3 * TTL)  # idle: nothing to keep alive
     assert harness._rt.keeper.renewals == renewals
-    assert not [e for e in setup.events if isinstance(e, (AuthorityLost, LeaseRenewalFailed))]
+    assert not [e for e in setup.events if isinstance(e, (LeaseLostEvent, LeaseRenewalFailed))]
 
 
 async def test_no_paid_call_starts_while_an_unconfirmed_lease_has_under_a_third_left() -> None:
@@ -128,7 +129,7 @@ async def test_a_lost_lease_is_an_event_and_a_fault_and_nothing_more_starts() ->
     await setup.tool_started.wait()
     assert await setup.repo.release_lease(setup.lease)  # an operator (or a takeover) took it
     await setup.advance(TTL // 2 + 1_000)  # the renewal at half-life finds it gone
-    lost = [e for e in setup.events if isinstance(e, AuthorityLost)]
+    lost = [e for e in setup.events if isinstance(e, LeaseLostEvent)]
     assert len(lost) == 1
     with pytest.raises(HarnessFault) as caught:
         await running
