@@ -33,14 +33,15 @@ import time
 from typing import Any
 
 from bench.store_bench import backends
+from harness_core import ScriptedModel, SessionRepo
 from harness_core.harness import AgentHarness
 from harness_core.ids import SequentialIds
 from harness_core.messages import AssistantMessage, ToolResultMessage
 from harness_core.models import ModelRef, ModelRequest
-from harness_core.models.scripted import ScriptedModel, text, tool_call
+from harness_core.models.scripted import text, tool_call
 from harness_core.options import AgentHarnessOptions
 from harness_core.result import Ok
-from harness_core.session.contract import SessionRepo, SessionStorage
+from harness_core.session.contract import SessionStorage
 from harness_core.session.types import LogItem, SessionMetadata
 from harness_core.storage.memory import MemorySessionRepo
 from harness_core.tools import Tool, ToolContext

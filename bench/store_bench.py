@@ -38,9 +38,9 @@ from typing import Literal
 
 import redis
 
+from harness_core import SessionRepo
 from harness_core._runtime.restore import read_lane_slice
 from harness_core.messages import Cost, TokenUsage, user_message
-from harness_core.session.contract import SessionRepo
 from harness_core.session.entries import MessageEntry
 from harness_core.session.records import (
     OperationStarted,

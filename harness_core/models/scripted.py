@@ -2,11 +2,16 @@
 
 It is not a language model. It answers each request with the next scripted reply (or from a
 responder function when the script runs out) and records every request and fetch it receives.
+
+Tool-call ids: `tool_call` and `tool_calls` take an explicit call id, or leave it to the model. A
+call without one is numbered by the `ScriptedModel` that answers with it, in the order that model
+answers: ``call-1``, ``call-2``, ... So ids are unique across one model's answers (and within
+each message) and depend only on what that model answered, never on other models or on which
+tests ran before. Two answers share an id only when the script says so (an explicit id).
 """
 
 from __future__ import annotations
 
-import itertools
 from collections.abc import Callable, Iterable, Mapping
 from typing import Any
 
@@ -40,7 +45,8 @@ __all__ = [
 Reply = AssistantMessage | Callable[[ModelRequest], AssistantMessage]
 
 
-_call_ids = itertools.count(1)
+_UNNUMBERED = "call-?"
+"""The id prefix of a scripted call the answering model has not numbered yet (``call-?1``...)."""
 
 
 def text(content: str, *, output_tokens: int | None = None) -> AssistantMessage:
@@ -57,10 +63,14 @@ def tool_call(
 
 
 def tool_calls(*calls: tuple[str, Mapping[str, JsonValue], str | None]) -> AssistantMessage:
-    """An answer that calls several tools, in order: (name, arguments, call id or None)."""
+    """An answer that calls several tools, in order: (name, arguments, call id or None).
+
+    A call without an id gets one from the `ScriptedModel` that answers with this message
+    (``call-<n>``: its n-th numbered call); until then it holds a placeholder.
+    """
     parts = tuple(
-        ToolCallPart(id=call_id or f"call-{next(_call_ids)}", name=name, arguments=dict(arguments))
-        for name, arguments, call_id in calls
+        ToolCallPart(id=call_id or f"{_UNNUMBERED}{position}", name=name, arguments=dict(arguments))
+        for position, (name, arguments, call_id) in enumerate(calls, 1)
     )
     return AssistantMessage(
         content=parts, stop_reason="tool_use", usage=TokenUsage(output=10 * len(parts))
@@ -135,6 +145,8 @@ class ScriptedModel:
         self.requests: list[ModelRequest] = []
         self.fetches: list[DeferredHandle] = []
         self.cancels: list[DeferredHandle] = []
+        self.numbered_calls = 0
+        """How many tool calls this model has numbered (the last id it gave is ``call-<n>``)."""
 
     def model_info(self, model: ModelRef) -> ModelInfo | None:
         """The scripted limits (None for a model outside `known_models`)."""
@@ -158,10 +170,25 @@ class ScriptedModel:
             message = error(
                 "invalid_request", retryable=False, message="ScriptedModel: the script is exhausted"
             )
-        message = self._complete(message, request)
+        message = self._complete(self._number_calls(message), request)
         if on_update is not None and message.content:
             on_update(message)
         return message
+
+    def _number_calls(self, message: AssistantMessage) -> AssistantMessage:
+        """Give each call without a scripted id the next ``call-<n>`` of this model."""
+        if not any(
+            isinstance(part, ToolCallPart) and part.id.startswith(_UNNUMBERED)
+            for part in message.content
+        ):
+            return message
+        content = []
+        for part in message.content:
+            if isinstance(part, ToolCallPart) and part.id.startswith(_UNNUMBERED):
+                self.numbered_calls += 1
+                part = part.model_copy(update={"id": f"call-{self.numbered_calls}"})
+            content.append(part)
+        return message.model_copy(update={"content": tuple(content)})
 
     def _complete(self, message: AssistantMessage, request: ModelRequest) -> AssistantMessage:
         usage = message.usage or TokenUsage()
@@ -183,7 +210,7 @@ class ScriptedModel:
         """The next scripted fetch outcome (pending when none is left)."""
         self.fetches.append(handle)
         if self.fetch_script:
-            return self.fetch_script.pop(0)
+            return self._number_calls(self.fetch_script.pop(0))
         return AssistantMessage(stop_reason="deferred", deferred=handle, usage=TokenUsage())
 
     async def cancel_deferred(self, handle: DeferredHandle) -> None:

@@ -9,9 +9,9 @@ from __future__ import annotations
 
 import asyncio
 import itertools
-from collections.abc import Awaitable, Callable
+from collections.abc import Awaitable, Callable, Mapping
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, TypeVar
 
 from pydantic import ValidationError
 
@@ -89,6 +89,7 @@ class ConformanceCase:
 
 
 _CASES: list[ConformanceCase] = []
+_P = TypeVar("_P")
 
 
 def _case(group: str) -> Callable[[Callable[[BackendFixture], Awaitable[None]]], Any]:
@@ -97,6 +98,28 @@ def _case(group: str) -> Callable[[Callable[[BackendFixture], Awaitable[None]]],
         return fn
 
     return register
+
+
+def _cases(
+    group: str, params: Mapping[str, _P]
+) -> Callable[[Callable[[BackendFixture, _P], Awaitable[None]]], Any]:
+    """One case per rule: ``name/label`` runs ``fn(fixture, params[label])``."""
+
+    def register(fn: Callable[[BackendFixture, _P], Awaitable[None]]) -> Any:
+        for label, param in params.items():
+            _CASES.append(ConformanceCase(group, f"{fn.__name__}/{label}", _bind(fn, param)))
+        return fn
+
+    return register
+
+
+def _bind(
+    fn: Callable[[BackendFixture, _P], Awaitable[None]], param: _P
+) -> Callable[[BackendFixture], Awaitable[None]]:
+    async def run(fx: BackendFixture) -> None:
+        await fn(fx, param)
+
+    return run
 
 
 def conformance_cases() -> tuple[ConformanceCase, ...]:
@@ -523,8 +546,8 @@ async def find_records_filters_by_lane_type_run_kind_and_seq(fx: BackendFixture)
     assert await find(RecordQuery(lane="nobody")) == ()
 
 
-@_case("queries")
-async def lane_and_type_queries_answer_from_their_own_index(fx: BackendFixture) -> None:
+async def _indexed_fixture(fx: BackendFixture) -> SessionStorage:
+    """Lane ``t1`` holding records of every indexed kind (seqs in the comments); ``main`` a run."""
     s = await _writer(fx)
     await s.create_lane("t1", None)  # 1
     assert await s.find_records(RecordQuery(lane="t1", type="operation_finished", limit=1)) == ()
@@ -544,42 +567,67 @@ async def lane_and_type_queries_answer_from_their_own_index(fx: BackendFixture) 
     await s.append_record(QueueCancelled(id="qc", lane="t1", entry_id="q1"))  # 16
     await s.append_record(operation_started("main-run"))  # 17
     await s.append_record(operation_finished("main-fin", "main-run"))  # 18
-    find = s.find_records
-    newest_finished = await find(RecordQuery(lane="t1", type="operation_finished", limit=1))
-    assert _ids(newest_finished) == ["run-fin"] and newest_finished[0].seq == 9
-    assert _ids(
-        await find(RecordQuery(lane="t1", type="operation_started", operation_kind="run", limit=1))
-    ) == ["run"]
-    assert _ids(
-        await find(
-            RecordQuery(
-                lane="t1",
-                type="operation_started",
-                operation_kind="compaction",
-                order="oldest_first",
-            )
-        )
-    ) == ["op1"]
-    assert _ids(await find(RecordQuery(lane="t1", type="operation_started", after_seq=3))) == [
-        "run",
-        "op2",
-        "op1",
-    ]
-    assert _ids(
-        await find(RecordQuery(lane="t1", type="queue_enqueued", after_seq=9, order="oldest_first"))
-    ) == ["nr0", "nr1", "nr2"]
-    assert _ids(await find(RecordQuery(lane="t1", type="queue_enqueued", after_seq=13))) == ["nr2"]
-    assert _ids(await find(RecordQuery(lane="t1", type="queue_cancelled", after_seq=9))) == ["qc"]
-    assert _ids(
-        await find(RecordQuery(lane="t1", type="operation_finished", run_id="op1", limit=1))
-    ) == ["op1-fin"]
-    assert _ids(await find(RecordQuery(lane="main", type="operation_finished"))) == ["main-fin"]
-    assert _ids(await find(RecordQuery(type="operation_finished", limit=2))) == [
-        "main-fin",
-        "run-fin",
-    ]
-    assert await find(RecordQuery(lane="t1", type="write_deferred")) == ()
-    assert await find(RecordQuery(lane="nobody", type="usage")) == ()
+    return s
+
+
+_INDEXED_QUERIES: dict[str, tuple[RecordQuery, list[str]]] = {
+    "a lane's newest finish": (
+        RecordQuery(lane="t1", type="operation_finished", limit=1),
+        ["run-fin"],
+    ),
+    "a lane's newest run start": (
+        RecordQuery(lane="t1", type="operation_started", operation_kind="run", limit=1),
+        ["run"],
+    ),
+    "a lane's compaction starts, oldest first": (
+        RecordQuery(
+            lane="t1", type="operation_started", operation_kind="compaction", order="oldest_first"
+        ),
+        ["op1"],
+    ),
+    "a lane's starts after a seq": (
+        RecordQuery(lane="t1", type="operation_started", after_seq=3),
+        ["run", "op2", "op1"],
+    ),
+    "a lane's queue items after a seq, oldest first": (
+        RecordQuery(lane="t1", type="queue_enqueued", after_seq=9, order="oldest_first"),
+        ["nr0", "nr1", "nr2"],
+    ),
+    "a lane's queue items after a later seq": (
+        RecordQuery(lane="t1", type="queue_enqueued", after_seq=13),
+        ["nr2"],
+    ),
+    "a lane's cancellations after a seq": (
+        RecordQuery(lane="t1", type="queue_cancelled", after_seq=9),
+        ["qc"],
+    ),
+    "a run's finish": (
+        RecordQuery(lane="t1", type="operation_finished", run_id="op1", limit=1),
+        ["op1-fin"],
+    ),
+    "another lane's finishes": (
+        RecordQuery(lane="main", type="operation_finished"),
+        ["main-fin"],
+    ),
+    "the session's newest finishes": (
+        RecordQuery(type="operation_finished", limit=2),
+        ["main-fin", "run-fin"],
+    ),
+    "a type the lane never wrote": (RecordQuery(lane="t1", type="write_deferred"), []),
+    "a lane that does not exist": (RecordQuery(lane="nobody", type="usage"), []),
+}
+
+
+@_cases("queries", _INDEXED_QUERIES)
+async def lane_and_type_queries_answer_from_their_own_index(
+    fx: BackendFixture, query_and_ids: tuple[RecordQuery, list[str]]
+) -> None:
+    query, expected = query_and_ids
+    s = await _indexed_fixture(fx)
+    found = await s.find_records(query)
+    assert _ids(found) == expected
+    seqs = {item.id: item.seq for item in await s.get_log() if isinstance(item, StoredRecord)}
+    assert [item.seq for item in found] == [seqs[record_id] for record_id in expected]
 
 
 @_case("queries")
@@ -792,39 +840,62 @@ def _unchecked_usage(record_id: str, **cost: float) -> Usage:
     return Usage(id=record_id, lane="main", cause="adjustment", usage=usage)
 
 
-@_case("payloads")
-async def non_finite_numbers_are_refused_before_any_write(fx: BackendFixture) -> None:
+_NAN_USAGE = TokenUsage().model_copy(update={"cost": Cost().model_copy(update={"total": NAN})})
+
+_Refusal = Callable[[BackendFixture, SessionStorage], Awaitable[object]]
+
+
+async def _import_nan_metadata(fx: BackendFixture, s: SessionStorage) -> object:
+    copy = (await s.get_metadata()).model_copy(update={"id": "copy", "metadata": {"v": NAN}})
+    return await fx.repo.import_session(copy, await s.get_log())
+
+
+async def _import_an_infinite_item(fx: BackendFixture, s: SessionStorage) -> object:
+    log = await s.get_log()
+    copy = (await s.get_metadata()).model_copy(update={"id": "copy"})
+    bad_item = StoredRecord(seq=3, timestamp=1, record=_unchecked_usage("u-log", total=INF))
+    return await fx.repo.import_session(copy, [*log, bad_item])
+
+
+_NON_FINITE: dict[str, _Refusal] = {
+    "NaN cost": lambda fx, s: s.append_record(_unchecked_usage("u-nan", total=NAN)),
+    "infinite tokens and cost": lambda fx, s: s.append_record(
+        _unchecked_usage("u-inf", input=INF, total=INF)
+    ),
+    "negative infinite cost": lambda fx, s: s.append_record(
+        _unchecked_usage("u-ninf", cache_read=-INF)
+    ),
+    "an entry's NaN usage": lambda fx, s: s.append_entry(
+        assistant_entry("e-nan", usage=_NAN_USAGE), "main"
+    ),
+    "an entry's NaN usage, if missing": lambda fx, s: s.append_entry_if_missing(
+        assistant_entry("e-nan2", usage=_NAN_USAGE), "main"
+    ),
+    "infinite custom data": lambda fx, s: s.append_entry(
+        custom_entry("c-inf").model_copy(update={"data": {"v": INF}}), "main"
+    ),
+    "tokens beyond 64 bits": lambda fx, s: s.append_record(
+        Usage(
+            id="u-tokens",
+            lane="main",
+            cause="adjustment",
+            usage=TokenUsage(input=2**63, total_tokens=1),
+        )
+    ),
+    "imported NaN metadata": _import_nan_metadata,
+    "an imported infinite log item": _import_an_infinite_item,
+}
+
+
+@_cases("payloads", _NON_FINITE)
+async def non_finite_numbers_are_refused_before_any_write(
+    fx: BackendFixture, refused: _Refusal
+) -> None:
     s = await _writer(fx)
     await s.append_entry(user_entry("a"), "main")
     await s.append_record(Usage(id="ok1", lane="main", cause="adjustment", usage=_usage(1, 0.5)))
     before = (await s.get_log(), await s.get_stats(), await s.get_usage(lane="main"))
-    nan_usage = TokenUsage().model_copy(update={"cost": Cost().model_copy(update={"total": NAN})})
-    refused: list[Callable[[], Awaitable[object]]] = [
-        lambda: s.append_record(_unchecked_usage("u-nan", total=NAN)),
-        lambda: s.append_record(_unchecked_usage("u-inf", input=INF, total=INF)),
-        lambda: s.append_record(_unchecked_usage("u-ninf", cache_read=-INF)),
-        lambda: s.append_entry(assistant_entry("e-nan", usage=nan_usage), "main"),
-        lambda: s.append_entry_if_missing(assistant_entry("e-nan2", usage=nan_usage), "main"),
-        lambda: s.append_entry(
-            custom_entry("c-inf").model_copy(update={"data": {"v": INF}}), "main"
-        ),
-        lambda: s.append_record(
-            Usage(
-                id="u-tokens",
-                lane="main",
-                cause="adjustment",
-                usage=TokenUsage(input=2**63, total_tokens=1),
-            )
-        ),
-    ]
-    for attempt in refused:
-        await _expect(attempt(), "invalid_payload")
-    log = await s.get_log()
-    copy = (await s.get_metadata()).model_copy(update={"id": "copy"})
-    bad_meta = copy.model_copy(update={"metadata": {"v": NAN}})
-    await _expect(fx.repo.import_session(bad_meta, log), "invalid_payload")
-    bad_item = StoredRecord(seq=3, timestamp=1, record=_unchecked_usage("u-log", total=INF))
-    await _expect(fx.repo.import_session(copy, [*log, bad_item]), "invalid_payload")
+    await _expect(refused(fx, s), "invalid_payload")
     await _expect(fx.repo.open("copy"), "not_found")
     after = (await s.get_log(), await s.get_stats(), await s.get_usage(lane="main"))
     assert after == before, "a refused payload left a trace"

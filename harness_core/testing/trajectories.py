@@ -217,7 +217,8 @@ def resume_drive(unstick: bool = False) -> Drive:
 
     async def run(harness: AgentHarness) -> None:
         result = await harness.resume(unstick=unstick)
-        assert isinstance(result, Ok) and result.value.kind == "completed", result
+        assert isinstance(result, Ok), result
+        assert result.value.kind == "completed", result
 
     return run
 
@@ -237,7 +238,8 @@ SMALL_CONTEXT: dict[str, Any] = {
 async def deferred_then_ready(harness: AgentHarness) -> None:
     """Drive: a prompt the model defers, then a resume that redeems it."""
     result = await harness.prompt("take your time")
-    assert isinstance(result, Ok) and result.value.kind == "suspended"
+    assert isinstance(result, Ok)
+    assert result.value.kind == "suspended"
     assert isinstance(await harness.resume(), Ok)
 
 
@@ -271,7 +273,8 @@ def steer_cancel_actions(harnesses: dict[str, AgentHarness]) -> dict[str, ToolAc
         steered = await harness.steer("never mind this")
         assert isinstance(steered, Ok)
         cancelled = await harness.cancel_queued(steered.value)
-        assert isinstance(cancelled, Ok) and cancelled.value == "cancelled"
+        assert isinstance(cancelled, Ok)
+        assert cancelled.value == "cancelled"
 
     return {"act": steer_then_cancel}
 
@@ -313,7 +316,8 @@ async def manual_compaction_drive(harness: AgentHarness) -> None:
     """Drive: two prompts, then a manual compaction."""
     await two_prompts(harness)
     result = await harness.compact()
-    assert isinstance(result, Ok) and result.value.kind == "completed", result
+    assert isinstance(result, Ok), result
+    assert result.value.kind == "completed", result
 
 
 async def navigation_drive(harness: AgentHarness) -> None:
@@ -322,13 +326,15 @@ async def navigation_drive(harness: AgentHarness) -> None:
     assert isinstance(first, Ok)
     await prompt(harness, "second")
     result = await harness.navigate_tree(first.value.final_entry_id, summarize=True, label="here")
-    assert isinstance(result, Ok) and result.value.kind == "completed", result
+    assert isinstance(result, Ok), result
+    assert result.value.kind == "completed", result
 
 
 async def abort_deferred(harness: AgentHarness) -> None:
     """Drive: a prompt the model defers, then an abort of the suspended lane."""
     result = await harness.prompt("take your time")
-    assert isinstance(result, Ok) and result.value.kind == "suspended"
+    assert isinstance(result, Ok)
+    assert result.value.kind == "suspended"
     aborted = await harness.abort()
     assert isinstance(aborted, Ok), aborted
     await harness.wait_for_idle()
@@ -371,7 +377,8 @@ def decide_after_wait(decide: Decide, *, steer: str | None = None, abort: bool =
 
     async def run(harness: AgentHarness) -> None:
         result = await harness.prompt("ship it")
-        assert isinstance(result, Ok) and result.value.kind == "suspended", result
+        assert isinstance(result, Ok), result
+        assert result.value.kind == "suspended", result
         pending, wait_id = result.value.pending_approvals, result.value.wait_id
         assert pending, "the run should wait for approval"
         if steer is not None:

@@ -24,8 +24,6 @@ from harness_core.session.types import LogItem, StoredEntry, StoredRecord
 from harness_core.tools import Tool, ToolContext, tool
 from tests.support.harness_kit import Kit, make_kit
 
-pytestmark = pytest.mark.parametrize("backend", ["memory", "sqlite"])
-
 
 class Deploy(BaseModel):
     build: int

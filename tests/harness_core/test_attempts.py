@@ -18,8 +18,6 @@ from harness_core.session.types import StoredRecord
 from harness_core.tools import Tool, ToolContext
 from tests.support.harness_kit import Kit, make_kit
 
-pytestmark = pytest.mark.parametrize("backend", ["memory", "sqlite"])
-
 
 class CrashingTool:
     """A ``replay="safe"`` tool that 'kills its process' (hangs forever) the first `n` times."""

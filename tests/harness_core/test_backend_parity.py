@@ -28,9 +28,10 @@ from hypothesis.stateful import (
     run_state_machine_as_test,
 )
 
+from harness_core import SessionRepo
 from harness_core.errors import SessionError
 from harness_core.messages import Cost, TokenUsage
-from harness_core.session.contract import SessionRepo, SessionStorage
+from harness_core.session.contract import SessionStorage
 from harness_core.session.entries import CompactionEntry, Entry, ModelChangeEntry
 from harness_core.session.records import QueueEnqueued, Usage
 from harness_core.session.types import BranchQuery, EntryQuery, RecordQuery
@@ -304,7 +305,7 @@ class _Parity(RuleBasedStateMachine):
             self.cleanup()
 
 
-@pytest.mark.parametrize("backend", ["jsonl", "sqlite", "redis"])
+@pytest.mark.backends("jsonl", "sqlite", "redis")
 def test_backends_match_the_memory_reference(backend: str, request: pytest.FixtureRequest) -> None:
     machine = type(
         f"Parity_{backend}", (_Parity,), {"make": staticmethod(_factory(backend, request))}

@@ -7,8 +7,6 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Any
 
-import pytest
-
 from harness_core.events import HandlerError
 from harness_core.hooks import BeforeCompactionResult, SummaryResult
 from harness_core.messages import AssistantMessage, Cost, TextPart, TokenUsage, message_text
@@ -20,8 +18,6 @@ from harness_core.session.records import OperationFinished, Usage
 from harness_core.session.types import StoredEntry, StoredRecord
 from harness_core.tools import Tool, ToolContext, ToolOutput
 from tests.support.harness_kit import Kit, make_kit
-
-pytestmark = pytest.mark.parametrize("backend", ["memory", "sqlite"])
 
 NAN = float("nan")
 

@@ -18,9 +18,10 @@ from typing import Any, Literal
 import pytest
 import redis
 
+from harness_core import SessionRepo
 from harness_core._runtime.restore import read_lane_slice
 from harness_core.messages import Cost, TokenUsage
-from harness_core.session.contract import SessionRepo, SessionStorage
+from harness_core.session.contract import SessionStorage
 from harness_core.session.records import Record, Usage
 from harness_core.session.types import (
     LaneMove,
@@ -30,9 +31,6 @@ from harness_core.session.types import (
     StoredEntry,
     StoredRecord,
 )
-from harness_core.storage.jsonl import JsonlSessionRepo
-from harness_core.storage.memory import MemorySessionRepo
-from harness_core.storage.redis_streams import RedisSessionRepo
 from harness_core.storage.sqlite import SqliteSessionRepo
 from harness_core.testing.builders import (
     operation_finished,
@@ -40,6 +38,9 @@ from harness_core.testing.builders import (
     step_attempt,
     user_entry,
 )
+from tests.support.backends import ALL_BACKENDS, new_repo
+
+pytestmark = pytest.mark.backends(*ALL_BACKENDS)
 
 FEW, MANY = 40, 1200
 Shape = Literal["open run", "compactions only", "usage, no run", "after last run"]
@@ -115,20 +116,17 @@ class Meter:
         return calls, await self._backend_work() - before
 
 
-@pytest.fixture(params=["memory", "jsonl", "sqlite", "redis"])
+@pytest.fixture
 async def backend(
     request: pytest.FixtureRequest, tmp_path: Path
 ) -> AsyncIterator[tuple[SessionRepo, Meter]]:
+    """A repository of the backend the test runs on (see conftest.py) and its work meter."""
     name = request.param
-    repo: SessionRepo
+    server = request.getfixturevalue("redis_server") if name == "redis" else None
+    prefix = request.getfixturevalue("redis_prefix") if name == "redis" else None
+    repo = new_repo(name, tmp_path, redis=server, prefix=prefix)
     work: Callable[[], Awaitable[int]]
-    if name == "memory":
-        repo = MemorySessionRepo()
-    elif name == "jsonl":
-        repo = JsonlSessionRepo(tmp_path)
-    elif name == "sqlite":
-        sqlite_repo = SqliteSessionRepo(tmp_path / "s.db")
-        repo = sqlite_repo
+    if isinstance(repo, SqliteSessionRepo):
         await repo.list()  # opens the connection
         steps = [0]
 
@@ -136,17 +134,13 @@ async def backend(
             steps[0] += 1
             return 0
 
-        await sqlite_repo.call(lambda db: db.conn.set_progress_handler(count_steps, 1))
-    else:
-        server = request.getfixturevalue("redis_server")
-        repo = RedisSessionRepo(server.url, prefix=request.getfixturevalue("redis_prefix"))
-        stats = redis.Redis(port=server.port)
-    if name == "sqlite":
+        await repo.call(lambda db: db.conn.set_progress_handler(count_steps, 1))
 
         async def work() -> int:
             return steps[0]
 
-    elif name == "redis":
+    elif server is not None:
+        stats = redis.Redis(port=server.port)
 
         async def work() -> int:
             return int(stats.info("stats")["total_net_output_bytes"])

@@ -8,8 +8,6 @@ import asyncio
 from pathlib import Path
 from typing import Any
 
-import pytest
-
 from harness_core.messages import UserMessage, message_text, user_message
 from harness_core.models.scripted import text, tool_call
 from harness_core.result import Err, Ok
@@ -17,8 +15,6 @@ from harness_core.session.entries import MessageEntry
 from harness_core.session.types import StoredEntry, StoredRecord
 from harness_core.tools import Tool, ToolContext
 from tests.support.harness_kit import Kit, make_kit
-
-pytestmark = pytest.mark.parametrize("backend", ["memory", "sqlite"])
 
 SLACK = "slack:C1:1719432.0021"
 

@@ -4,7 +4,6 @@ from __future__ import annotations
 
 from pathlib import Path
 
-import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
@@ -95,7 +94,6 @@ def test_entries_project_one_at_a_time() -> None:
     assert [m.role for m in project(entries)] == ["user", "assistant", "user", "user"]
 
 
-@pytest.mark.parametrize("backend", ["memory", "sqlite"])
 async def test_cached_configuration_matches_a_fresh_walk(backend: str, tmp_path: Path) -> None:
     kit = await make_kit(backend, tmp_path, [text("one"), text("two"), text("three")])
     other = ModelRef(provider="scripted", model_id="other")

@@ -22,8 +22,8 @@ from pathlib import Path
 import pytest
 import redis
 
+from harness_core import SessionRepo
 from harness_core._runtime.gate import ActionInfo
-from harness_core.session.contract import SessionRepo
 from harness_core.session.types import LogItem, SessionMetadata
 from harness_core.storage.memory import MemorySessionRepo
 from harness_core.storage.redis_streams import RedisSessionRepo
@@ -38,12 +38,13 @@ from harness_core.testing.invariants import (
     shape,
     tool_of,
 )
-from tests.harness_core.test_recovery import SCENARIOS, Run, Scenario, open_run, prompt
+from harness_core.testing.trajectories import SCENARIOS, Run, Scenario, open_run, prompt
+from tests.support.backends import new_repo
 from tests.support.manual import drive
 from tests.support.matrix_coverage import CRASH_POINTS
 from tests.support.redis_server import RedisServer
 
-BACKENDS = ["memory", "sqlite", "redis"]
+pytestmark = pytest.mark.backends("memory", "sqlite", "redis")
 _copies = itertools.count()
 
 
@@ -58,14 +59,13 @@ class Backend:
 
     def fresh(self) -> SessionRepo:
         n = next(_copies)
-        repo: SessionRepo
-        if self.name == "memory":
-            repo = MemorySessionRepo(clock=ManualClock())
-        elif self.name == "sqlite":
-            repo = SqliteSessionRepo(self.directory / f"db{n}.sqlite", clock=ManualClock())
-        else:
-            assert self.server is not None
-            repo = RedisSessionRepo(self.server.url, prefix=f"cm{n}", clock=ManualClock())
+        repo = new_repo(
+            self.name,
+            self.directory / f"db{n}",
+            clock=ManualClock(),
+            redis=self.server,
+            prefix=f"cm{n}",
+        )
         self.repos.append(repo)
         return repo
 
@@ -136,8 +136,9 @@ def _remove_database(path: Path) -> None:
         Path(f"{path}{suffix}").unlink(missing_ok=True)
 
 
-@pytest.fixture(params=BACKENDS)
+@pytest.fixture
 async def backend(request: pytest.FixtureRequest, tmp_path: Path) -> AsyncIterator[Backend]:
+    """Repositories of the backend the test runs on (see conftest.py), and their snapshots."""
     server = request.getfixturevalue("redis_server") if request.param == "redis" else None
     made = Backend(request.param, tmp_path, server)
     yield made

@@ -20,7 +20,7 @@ KILLS = 20
 
 
 @pytest.mark.slow
-@pytest.mark.parametrize("backend", ["sqlite", "redis"])
+@pytest.mark.backends("sqlite", "redis")
 async def test_an_agent_killed_at_random_moments_recovers_every_time(
     backend: str, tmp_path: Path, request: pytest.FixtureRequest
 ) -> None:

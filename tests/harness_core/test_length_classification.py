@@ -4,8 +4,6 @@ from __future__ import annotations
 
 from pathlib import Path
 
-import pytest
-
 from harness_core.hooks import RequestOptions
 from harness_core.messages import message_text
 from harness_core.models import ModelInfo
@@ -13,8 +11,6 @@ from harness_core.models.scripted import length, text
 from harness_core.options import CompactionSettings
 from harness_core.result import Ok
 from tests.support.harness_kit import make_kit
-
-pytestmark = pytest.mark.parametrize("backend", ["memory", "sqlite"])
 
 MODEL_CAP = ModelInfo(context_window=100_000, max_output_tokens=1_000)
 

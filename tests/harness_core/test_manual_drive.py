@@ -11,12 +11,12 @@ import pytest
 from harness_core.errors import HarnessClosed, HarnessError
 from harness_core.models.scripted import deferred, text, tool_call, tool_calls
 from harness_core.result import Ok
+from harness_core.testing import ManualClock
+from harness_core.testing.trajectories import SCENARIOS, Scenario, open_run, prompt
 from harness_core.tools import Tool, ToolContext
-from tests.harness_core.test_recovery import SCENARIOS, Scenario, open_run, prompt
+from tests.support.backends import new_repo
 from tests.support.harness_kit import Kit, make_kit
 from tests.support.manual import drive, kinds, started
-
-pytestmark = pytest.mark.parametrize("backend", ["memory", "sqlite"])
 
 
 def counting_tool(name: str, runs: list[str]) -> Tool:
@@ -168,11 +168,9 @@ async def test_abort_on_a_suspended_lane_parks_at_its_first_action(
 async def test_manual_and_automatic_drive_write_the_same_log(
     scenario: Scenario, backend: str, tmp_path: Path
 ) -> None:
-    from tests.harness_core.test_recovery import new_repo
-
     logs = []
     for mode in ("automatic", "manual"):
-        repo = new_repo(backend, tmp_path / mode)
+        repo = new_repo(backend, tmp_path / mode, clock=ManualClock())
         run = await open_run(scenario, repo, "live-", create=True, drive=mode)
         work = scenario.drive(run.harness) if scenario.drive else prompt(run.harness)
         if mode == "manual":
@@ -188,10 +186,8 @@ async def test_stopping_before_any_action_leaves_exactly_the_released_prefix(
     backend: str, tmp_path: Path
 ) -> None:
     """Gate invariant 4, at every action of a trajectory: close before it, compare the log."""
-    from tests.harness_core.test_recovery import new_repo
-
     scenario = SCENARIOS[0]  # one tool, replay="never"
-    reference = new_repo(backend, tmp_path / "reference")
+    reference = new_repo(backend, tmp_path / "reference", clock=ManualClock())
     run = await open_run(scenario, reference, "live-", create=True, drive="manual")
     running = await started(run.harness, prompt(run.harness))
     after_each: list[tuple[Any, ...]] = []  # the log while parked before action k
@@ -202,7 +198,7 @@ async def test_stopping_before_any_action_leaves_exactly_the_released_prefix(
     await reference.close()
     assert len(after_each) > 10
     for k in range(len(after_each)):
-        repo = new_repo(backend, tmp_path / f"cut{k}")
+        repo = new_repo(backend, tmp_path / f"cut{k}", clock=ManualClock())
         cut = await open_run(scenario, repo, "live-", create=True, drive="manual")
         running = await started(cut.harness, prompt(cut.harness))
         for _ in range(k):

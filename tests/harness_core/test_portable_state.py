@@ -13,8 +13,6 @@ from harness_core.result import Ok
 from harness_core.tools import Tool, ToolContext
 from tests.support.harness_kit import Kit, make_kit
 
-pytestmark = pytest.mark.parametrize("backend", ["memory", "sqlite"])
-
 
 async def lookup(args: object, ctx: ToolContext) -> str:
     return "green"

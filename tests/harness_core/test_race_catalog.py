@@ -13,13 +13,14 @@ from typing import Any
 
 import pytest
 
+from harness_core import ScriptedModel
 from harness_core._runtime.gate import ActionInfo
 from harness_core.approvals import approve, deny
 from harness_core.harness import AgentLane
 from harness_core.hooks import BeforeRunEndEvent, BeforeRunEndResult
 from harness_core.messages import UserMessage, message_text
 from harness_core.models import ModelRef
-from harness_core.models.scripted import ScriptedModel, text, tool_call
+from harness_core.models.scripted import text, tool_call
 from harness_core.result import Err, Ok, Outcome
 from harness_core.session.entries import CustomEntry, MessageEntry
 from harness_core.session.records import (
@@ -37,8 +38,6 @@ from harness_core.tools import Tool, ToolContext
 from tests.support.harness_kit import Kit, make_kit
 from tests.support.manual import started
 from tests.support.matrix_coverage import RACE_ORDERS
-
-pytestmark = pytest.mark.parametrize("backend", ["memory", "sqlite"])
 
 ORDERS = ["surface first", "effect first"]
 """Surface first: the lane call lands before the parked action is released; effect first: after."""

@@ -18,12 +18,13 @@ from typing import Any
 from hypothesis import HealthCheck, example, given, settings
 from hypothesis import strategies as st
 
+from harness_core import ScriptedModel
 from harness_core.errors import HarnessClosed
 from harness_core.harness import AgentHarness
 from harness_core.ids import SequentialIds
 from harness_core.messages import AssistantMessage, ToolResultMessage, UserMessage
 from harness_core.models import ModelRequest
-from harness_core.models.scripted import ScriptedModel, text, tool_calls
+from harness_core.models.scripted import text, tool_calls
 from harness_core.options import AgentHarnessOptions, RetryPolicy
 from harness_core.result import Ok
 from harness_core.session.types import LogItem, StoredEntry

@@ -28,6 +28,7 @@ from typing import Any
 
 import pytest
 
+from harness_core import ScriptedModel, SessionRepo
 from harness_core._runtime.restore import restore_lane
 from harness_core.approvals import approve, args_digest, deny
 from harness_core.errors import CorruptionReason, HarnessFault, RecordLogCorruption
@@ -35,10 +36,10 @@ from harness_core.harness import AgentHarness, AgentLane, SuspendedOperation
 from harness_core.ids import SequentialIds
 from harness_core.messages import AssistantMessage, DeferredHandle, TextPart, message_text
 from harness_core.models import DEFAULT_INFO, ModelInfo
-from harness_core.models.scripted import ScriptedModel, deferred, error, length, text, tool_calls
+from harness_core.models.scripted import deferred, error, length, text, tool_calls
 from harness_core.options import AgentHarnessOptions, CompactionSettings, RetryPolicy
 from harness_core.result import Err, Ok
-from harness_core.session.contract import SessionRepo, SessionStorage
+from harness_core.session.contract import SessionStorage
 from harness_core.session.entries import BranchSummaryEntry, MessageEntry, ThinkingLevelChangeEntry
 from harness_core.session.records import ApprovalDecision, OperationStarted
 from harness_core.session.types import (
@@ -47,11 +48,10 @@ from harness_core.session.types import (
     StoredRecord,
     WriterLease,
 )
-from harness_core.storage.memory import MemorySessionRepo
-from harness_core.storage.sqlite import SqliteSessionRepo
 from harness_core.testing import ManualClock
 from harness_core.testing.invariants import Counters, check_invariants
 from harness_core.tools import Tool, ToolRecovery
+from tests.support.backends import new_repo
 from tests.support.crash_states import (
     Prefill,
     assistant_error,
@@ -1979,13 +1979,6 @@ CASES = [
 # -- running a case -------------------------------------------------------------------------------
 
 
-def new_repo(backend: str, directory: Path) -> SessionRepo:
-    clock = ManualClock()
-    if backend == "memory":
-        return MemorySessionRepo(clock=clock)
-    return SqliteSessionRepo(directory / "r.db", clock=clock)
-
-
 async def prefill(case: Case, repo: SessionRepo) -> tuple[LogItem, ...]:
     """Write the case's state into session ``s`` (via a scratch session when it is edited)."""
     session = "scratch" if case.edit else "s"
@@ -2160,10 +2153,9 @@ def params() -> list[Any]:
     ]
 
 
-@pytest.mark.parametrize("backend", ["memory", "sqlite"])
 @pytest.mark.parametrize("case", params())
 async def test_hand_built_state_recovers_twice(case: Case, backend: str, tmp_path: Path) -> None:
-    repo = new_repo(backend, tmp_path)
+    repo = new_repo(backend, tmp_path, clock=ManualClock())
     try:
         prefix = await prefill(case, repo)
         if case.corrupt is not None:

@@ -30,7 +30,7 @@ from harness_core.session.records import (
 from harness_core.session.types import SessionMetadata, StoredEntry, StoredRecord
 from harness_core.storage.memory import MemorySessionRepo
 from harness_core.testing import ManualClock
-from tests.harness_core.test_recovery import SCENARIOS, trajectory
+from harness_core.testing.trajectories import SCENARIOS, Scenario, trajectory
 
 CONFIG = LaneConfiguration(provider="scripted", model_id="test")
 LANE = "main"
@@ -189,7 +189,7 @@ ROWS: dict[CorruptionReason, Callable[[], LaneSlice]] = {
 
 def test_the_table_has_a_row_per_reason_the_reduction_can_find() -> None:
     # `drift` is the self-check's (the live state disagrees with a fresh reduction): see
-    # test_harness_surface.py::test_drift_faults_the_harness
+    # test_surface_self_check.py::test_drift_faults_the_harness
     assert set(ROWS) == set(CorruptionReason.__args__) - {"drift"}  # type: ignore[attr-defined]
 
 
@@ -227,8 +227,8 @@ def test_items_out_of_order_reduce_by_seq() -> None:
 
 
 @pytest.mark.parametrize("scenario", SCENARIOS, ids=[s.name for s in SCENARIOS])
-async def test_every_prefix_of_every_canonical_trace_reduces(scenario: object) -> None:
-    log = await trajectory(scenario)  # type: ignore[arg-type]
+async def test_every_prefix_of_every_canonical_trace_reduces(scenario: Scenario) -> None:
+    log = await trajectory(scenario)
     for k in range(len(log) + 1):
         repo = MemorySessionRepo(clock=ManualClock())
         await repo.import_session(SessionMetadata(id="s", created_at=1), log[:k])

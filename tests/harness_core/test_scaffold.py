@@ -33,13 +33,14 @@ from harness_core.models import ModelRef
 from harness_core.models.scripted import deferred, echo_responder, text, tool_call
 from harness_core.options import CompactionSettings
 from harness_core.portable import CapabilityState, HarnessState
-from harness_core.result import Err, Ok, Outcome
+from harness_core.result import Ok, Outcome
 from harness_core.session.entries import CompactionEntry, CustomEntry, MessageEntry
 from harness_core.session.records import OperationFinished, Usage
 from harness_core.session.types import BranchQuery, EntryQuery, RecordQuery
 from harness_core.tools import Tool, ToolContext
 from tests.support.harness_kit import MODEL, Kit, make_kit
 from tests.support.manual import started
+from tests.support.surface import err, ok
 
 OTHER_MODEL = ModelRef(provider="scripted", model_id="other")
 
@@ -85,16 +86,6 @@ async def fresh(tmp_path: Path) -> Fresh:
 
 
 # -- helpers ------------------------------------------------------------------------------------
-
-
-def ok(result: Any) -> Any:
-    assert isinstance(result, Ok), result
-    return result.value
-
-
-def err(result: Any, tag: str) -> Any:
-    assert isinstance(result, Err) and result.error.tag == tag, result
-    return result.error
 
 
 def said(message: AgentMessage | None) -> str:
@@ -762,7 +753,7 @@ def _check_refusal_note(exc: HarnessNotImplemented) -> None:
 
 TABLE["Hooks.on[before_payload]"] = Unfinished(
     # The runtime never holds a provider's wire payload (pydantic-ai builds it): refused.
-    lambda f: f.harness.hooks.on("before_payload", _noop),  # type: ignore[arg-type]
+    lambda f: f.harness.hooks.on_any("before_payload", _noop),
     _check_refusal_note,
 )
 
@@ -785,6 +776,22 @@ async def _hooks_registrations(f: Fresh) -> None:
     assert list(hooks.registrations("after_tool")) == []
 
 
+@probe("Hooks.on_any")
+async def _hooks_on_any(f: Fresh) -> None:
+    seen: list[str] = []
+
+    async def record(event: Any) -> None:
+        seen.append(event.tool_name)
+
+    name = "before" + "_tool"  # computed at run time: the untyped registration
+    f.harness.hooks.on_any(name, record)
+    with pytest.raises(HookError, match="there is no hook 'before_tools'"):
+        f.harness.hooks.on_any(name + "s", record)  # a typo would be a handler that never runs
+    f.kit.model.script[:] = [tool_call("act", call_id="c1"), text("done")]
+    await prompt(f.side, "act")
+    assert seen == ["act"]
+
+
 # EventBus -------------------------------------------------------------------------------------
 
 
@@ -799,6 +806,16 @@ async def _bus_on(f: Fresh) -> None:
     await f.side.session.set_name("two")
     assert [e.name for e in facts] == ["one"]
     assert [e.name for e in everything if isinstance(e, FactUpdate)] == ["one", "two"]
+
+
+@probe("EventBus.on_any")
+async def _bus_on_any(f: Fresh) -> None:
+    facts: list[Any] = []
+    off = f.harness.events.on_any("fact" + "_update", facts.append)
+    await f.side.session.set_name("one")
+    off()
+    await f.side.session.set_name("two")
+    assert [e.name for e in facts] == ["one"]
 
 
 @probe("EventBus.watch", "EventBus.start", "EventBus.unwatch")

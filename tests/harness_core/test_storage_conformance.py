@@ -2,55 +2,50 @@
 
 from __future__ import annotations
 
-from collections.abc import AsyncIterator, Callable
-from typing import Any, get_args
+from collections.abc import AsyncIterator
+from pathlib import Path
+from typing import get_args
 
 import pytest
 
+from harness_core import SessionRepo
 from harness_core.session.codec import ENTRY_TYPES, RECORD_TYPES
-from harness_core.session.contract import SessionRepo
 from harness_core.session.entries import Entry
 from harness_core.session.records import Record
-from harness_core.storage.jsonl import JsonlSessionRepo
 from harness_core.storage.memory import MemorySessionRepo
-from harness_core.storage.redis_streams import RedisSessionRepo
-from harness_core.storage.sqlite import SqliteSessionRepo
 from harness_core.testing import BackendFixture, ManualClock, conformance_cases
+from tests.support.backends import ALL_BACKENDS, new_repo
 
-BACKENDS = ["memory", "jsonl", "sqlite", "redis"]
-
-
-def _make_repo(name: str, request: pytest.FixtureRequest, clock: ManualClock) -> Callable[[], Any]:
-    if name == "memory":
-        shared = MemorySessionRepo(clock=clock)
-        return lambda: shared
-    tmp_path = request.getfixturevalue("tmp_path")
-    if name == "jsonl":
-        return lambda: JsonlSessionRepo(tmp_path / "sessions", clock=clock)
-    if name == "sqlite":
-        return lambda: SqliteSessionRepo(tmp_path / "store.db", clock=clock)
-    server = request.getfixturevalue("redis_server")
-    prefix = request.getfixturevalue("redis_prefix")
-    return lambda: RedisSessionRepo(server.url, prefix=prefix, clock=clock)
+pytestmark = pytest.mark.backends(*ALL_BACKENDS)
 
 
-@pytest.fixture(params=BACKENDS)
-async def backend(request: pytest.FixtureRequest) -> AsyncIterator[BackendFixture]:
+@pytest.fixture
+async def backend(request: pytest.FixtureRequest, tmp_path: Path) -> AsyncIterator[BackendFixture]:
+    """The conformance fixture of the backend the test runs on (see conftest.py)."""
+    name = request.param
     clock = ManualClock()
-    make = _make_repo(request.param, request, clock)
+    redis = request.getfixturevalue("redis_server") if name == "redis" else None
+    prefix = request.getfixturevalue("redis_prefix") if name == "redis" else None
+    memory = MemorySessionRepo(clock=clock) if name == "memory" else None
+
+    def make() -> SessionRepo:
+        if memory is not None:
+            return memory  # memory lives as long as its repository: reopening keeps it
+        return new_repo(name, tmp_path / "store", clock=clock, redis=redis, prefix=prefix)
+
     repos: list[SessionRepo] = [make()]
 
     async def reopen() -> SessionRepo:
-        if request.param != "memory":  # memory lives as long as its repository
+        if memory is None:
             await repos[-1].close()
         repos.append(make())
         return repos[-1]
 
     yield BackendFixture(
-        name=request.param,
+        name=name,
         repo=repos[0],
         clock=clock,
-        leases_expire=request.param != "jsonl",
+        leases_expire=name != "jsonl",
         reopen=reopen,
     )
     for repo in repos:

@@ -41,10 +41,11 @@ def by_name(spans: tuple[ReadableSpan, ...], name: str) -> list[ReadableSpan]:
     return [s for s in spans if s.name == name]
 
 
-@pytest.mark.parametrize("backend", ["memory", "sqlite"])
-async def test_a_run_is_one_span_tree_without_content(
+async def traced_run(
     backend: str, tmp_path: Path, exporter: InMemorySpanExporter
-) -> None:
+) -> tuple[tuple[ReadableSpan, ...], trace.Span]:
+    """A run under an incoming span, with a retried request and a tool: its spans and parent."""
+
     async def secret_tool(args: Any, ctx: ToolContext) -> str:
         return "SECRET-OUTPUT with the sk-live-SECRET-KEY token"
 
@@ -65,7 +66,13 @@ async def test_a_run_is_one_span_tree_without_content(
     )
     assert isinstance(await kit.harness.prompt("SECRET-PROMPT please"), Ok)
     parent.end()
-    spans = exporter.get_finished_spans()
+    return exporter.get_finished_spans(), parent
+
+
+async def test_a_run_is_one_span_tree(
+    backend: str, tmp_path: Path, exporter: InMemorySpanExporter
+) -> None:
+    spans, parent = await traced_run(backend, tmp_path, exporter)
     (operation,) = by_name(spans, "harness.operation")
     steps = by_name(spans, "harness.step")
     requests = by_name(spans, "harness.model_request")
@@ -86,7 +93,14 @@ async def test_a_run_is_one_span_tree_without_content(
     failed = [r for r in requests if r.attributes and r.attributes.get("error.type") == "server"]
     assert len(failed) == 1
     assert tool.attributes is not None and tool.attributes["harness.tool.name"] == "vault"
+
+
+async def test_no_span_carries_content(
+    backend: str, tmp_path: Path, exporter: InMemorySpanExporter
+) -> None:
     # nothing a person wrote, a model said, or a tool saw or returned; no credentials
+    spans, _ = await traced_run(backend, tmp_path, exporter)
+    assert spans
     for span in spans:
         for key, value in (span.attributes or {}).items():
             for secret in SECRETS:

@@ -6,7 +6,6 @@ import asyncio
 from pathlib import Path
 from typing import Any
 
-import pytest
 from pydantic import BaseModel, Field
 
 from harness_core.messages import ToolResultMessage, message_text
@@ -16,8 +15,6 @@ from harness_core.session.records import ToolStarted
 from harness_core.session.types import RecordQuery
 from harness_core.tools import Tool, ToolContext, tool
 from tests.support.harness_kit import make_kit
-
-pytestmark = pytest.mark.parametrize("backend", ["memory", "sqlite"])
 
 
 class Deploy(BaseModel):

@@ -4,16 +4,12 @@ from __future__ import annotations
 
 from pathlib import Path
 
-import pytest
-
 from harness_core.messages import TokenUsage
 from harness_core.models.scripted import error, text
 from harness_core.result import Ok
 from harness_core.session.records import Usage
 from harness_core.session.types import StoredRecord
 from tests.support.harness_kit import make_kit
-
-pytestmark = pytest.mark.parametrize("backend", ["memory", "sqlite"])
 
 
 async def test_an_entrys_cost_and_a_lanes_ledger_are_bounded_sums(

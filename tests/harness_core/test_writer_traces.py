@@ -31,8 +31,6 @@ from harness_core.session.types import BranchQuery, LaneMove, LogItem, StoredEnt
 from harness_core.tools import Tool, ToolContext, tool
 from tests.support.harness_kit import Kit, make_kit
 
-BACKENDS = ["memory", "sqlite"]
-
 REQUEST_HOOKS = [("H", "before_request"), ("H", "transform_context")]
 
 
@@ -132,11 +130,6 @@ async def echo(args: Any, ctx: ToolContext) -> str:
 
 
 ECHO = Tool(name="echo", description="echo", execute=echo)
-
-
-@pytest.fixture(params=BACKENDS)
-def backend(request: pytest.FixtureRequest) -> str:
-    return str(request.param)
 
 
 @pytest.mark.parametrize("rewrite", ["drop_the_oldest", "a_fake_summary_head"])

@@ -3,19 +3,19 @@
 from __future__ import annotations
 
 import itertools
-from collections.abc import Sequence
+from collections.abc import Iterator, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, get_args
 
+from harness_core import ScriptedModel, SessionRepo
 from harness_core.harness import AgentHarness, SuspendedOperation
 from harness_core.hooks import HookName
 from harness_core.ids import SequentialIds
 from harness_core.messages import AssistantMessage, ToolResultMessage
-from harness_core.models import ModelRef
-from harness_core.models.scripted import Reply, ScriptedModel
+from harness_core.models.scripted import Reply
 from harness_core.options import AgentHarnessOptions, RetryPolicy
-from harness_core.session.contract import SessionRepo, SessionStorage
+from harness_core.session.contract import SessionStorage
 from harness_core.session.entries import Entry, MessageEntry
 from harness_core.session.records import (
     OperationFinished,
@@ -25,13 +25,11 @@ from harness_core.session.records import (
     Usage,
 )
 from harness_core.session.types import StoredEntry, StoredRecord
-from harness_core.storage.memory import MemorySessionRepo
-from harness_core.storage.sqlite import SqliteSessionRepo
 from harness_core.testing import ManualClock
+from harness_core.testing.trajectories import MODEL as MODEL  # every kit runs this model
 from harness_core.tools import Tool
+from tests.support.backends import new_repo
 
-MODEL = ModelRef(provider="scripted", model_id="test")
-_REOPENS = itertools.count(1)
 OPEN_REPOS: list[SessionRepo] = []
 """Repositories opened by kits; the test fixture closes them after each test."""
 
@@ -120,6 +118,8 @@ class Kit:
     options: dict[str, Any] = field(default_factory=dict)
     recording: RecordingStorage | None = None
     """The write-recording wrapper the harness writes through (tests may patch its methods)."""
+    reopens: Iterator[int] = field(default_factory=lambda: itertools.count(1))
+    """Numbers the reopens of this session (shared by every kit reopened from this one)."""
 
     async def reopen(self, *, script: Sequence[Reply] | None = None, **changes: Any) -> Kit:
         """A new harness over the same session, as a restarted process would open it.
@@ -133,7 +133,7 @@ class Kit:
         tools = options.pop("tools", self.tools)
         writes: list[tuple[str, str]] = []
         recording = RecordingStorage(storage, writes)
-        fresh_ids = {"ids": SequentialIds(f"reopen{next(_REOPENS)}-")}  # no clash with the dead
+        fresh_ids = {"ids": SequentialIds(f"reopen{next(self.reopens)}-")}  # no clash with the dead
         harness, suspended = await AgentHarness.create(
             _options(recording, model, self.clock, tools, {**fresh_ids, **options})
         )
@@ -150,6 +150,7 @@ class Kit:
             tools,
             options,
             recording,
+            self.reopens,
         )
 
 
@@ -195,11 +196,7 @@ async def make_kit(
     **options: Any,
 ) -> Kit:
     clock = ManualClock()
-    repo: SessionRepo = (
-        MemorySessionRepo(clock=clock)
-        if backend == "memory"
-        else SqliteSessionRepo(tmp_path / "kit.db", clock=clock)
-    )
+    repo = new_repo(backend, tmp_path, clock=clock)
     OPEN_REPOS.append(repo)
     await repo.create("s")
     lease = await repo.acquire_lease("s", owner="w", ttl_ms=10**9)

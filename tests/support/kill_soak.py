@@ -26,14 +26,15 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from harness_core import ScriptedModel, SessionRepo
 from harness_core.errors import SessionError
 from harness_core.harness import AgentHarness
 from harness_core.messages import AssistantMessage, ToolResultMessage, UserMessage
 from harness_core.models import ModelRef, ModelRequest
-from harness_core.models.scripted import ScriptedModel, text, tool_calls
+from harness_core.models.scripted import text, tool_calls
 from harness_core.options import AgentHarnessOptions, RetryPolicy
 from harness_core.result import Ok
-from harness_core.session.contract import SessionRepo, SessionStorage
+from harness_core.session.contract import SessionStorage
 from harness_core.session.records import OperationFinished, OperationStarted
 from harness_core.session.types import LogItem, StoredRecord
 from harness_core.storage import open_repo

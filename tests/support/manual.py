@@ -52,7 +52,7 @@ async def started(
 ) -> asyncio.Future[_T]:
     """Start `work` and return once `event` fired (a prompt's run was accepted) or it ended."""
     accepted = asyncio.Event()
-    off = harness.events.on(event, lambda _: accepted.set())
+    off = harness.events.on_any(event, lambda _: accepted.set())
     task = asyncio.ensure_future(work)
     try:
         waiting = asyncio.ensure_future(accepted.wait())

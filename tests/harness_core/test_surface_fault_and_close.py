@@ -1,0 +1,193 @@
+"""Fault and close: a failed storage write faults the harness (every later call raises the same
+fault; a reopen resumes), and `close()` during a run (Err(Closed) or HarnessClosed, no write,
+the run resumable by a new harness).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Awaitable, Callable
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from harness_core.errors import HarnessClosed, HarnessFault, SessionError
+from harness_core.harness import AgentHarness, AgentLane
+from harness_core.messages import TokenUsage
+from harness_core.models.scripted import text, tool_call
+from harness_core.session.records import OperationFinished, Record
+from harness_core.tools import Tool, ToolContext
+from tests.support.harness_kit import Kit, make_kit
+from tests.support.surface import Waiter, collect, err, in_flight, log_size, ok, records_of, reopen
+
+# -- a failed write faults the harness ----------------------------------------------------------
+
+
+@dataclass
+class Faulted:
+    """A harness whose run failed to write `tool_started` (the storage raised `failure`)."""
+
+    kit: Kit
+    fault: HarnessFault
+    failure: SessionError
+    faults: list[Any]
+    """The ``fault`` events emitted."""
+    calls: list[str]
+    """The run ids the tool ran for."""
+
+
+async def faulted(backend: str, tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Faulted:
+    calls: list[str] = []
+
+    async def execute(args: Any, ctx: ToolContext) -> str:
+        calls.append(ctx.run_id)
+        return "ran"
+
+    tool = Tool(name="echo", description="echo", execute=execute)
+    kit = await make_kit(backend, tmp_path, [tool_call("echo")], tools=[tool])
+    recording = kit.recording
+    assert recording is not None
+    append_record = recording.append_record
+    failure = SessionError("storage", "disk full")
+
+    async def failing(record: Record) -> Any:
+        if record.type == "tool_started":
+            raise failure
+        return await append_record(record)
+
+    monkeypatch.setattr(recording, "append_record", failing)
+    faults = collect(kit, "fault")
+    with pytest.raises(HarnessFault) as caught:
+        await kit.harness.prompt("go")
+    return Faulted(kit, caught.value, failure, faults, calls)
+
+
+async def test_a_storage_write_failure_faults_the_harness(backend, tmp_path, monkeypatch) -> None:
+    run = await faulted(backend, tmp_path, monkeypatch)
+    assert run.fault.__cause__ is run.failure
+    assert [e.message for e in run.faults] == ["disk full"]
+    assert run.calls == []  # the durability point failed: the tool never started
+
+
+async def _lane_main(harness: AgentHarness) -> Any:
+    return harness.lane("main")  # not a coroutine itself: raises at the call
+
+
+CALLS_AFTER_A_FAULT: dict[str, Callable[[AgentHarness], Awaitable[Any]]] = {
+    "prompt": lambda harness: harness.prompt("again"),
+    "steer": lambda harness: harness.steer("x"),
+    "abort": lambda harness: harness.abort(),
+    "get_model": lambda harness: harness.get_model(),
+    "lanes": lambda harness: harness.lanes(),
+    "watch": lambda harness: harness.watch(),
+    "session.get_entry": lambda harness: harness.session.get_entry("x"),
+    "lane": _lane_main,
+}
+
+
+@pytest.mark.parametrize("member", list(CALLS_AFTER_A_FAULT))
+async def test_after_a_fault_every_call_raises_the_same_fault(
+    member: str, backend, tmp_path, monkeypatch
+) -> None:
+    run = await faulted(backend, tmp_path, monkeypatch)
+    with pytest.raises(HarnessFault) as again:
+        await CALLS_AFTER_A_FAULT[member](run.kit.harness)
+    assert again.value is run.fault
+
+
+async def test_after_a_fault_a_reopen_resumes_the_run(backend, tmp_path, monkeypatch) -> None:
+    run = await faulted(backend, tmp_path, monkeypatch)
+    # the store is a valid prefix: a new process restores it and resume completes the run
+    fresh_kit = await reopen(run.kit, "r-", script=[text("recovered")])
+    [suspended] = fresh_kit.suspended
+    assert (suspended.reason, suspended.missing_tools) == ("crash", ())
+    outcome = ok(await fresh_kit.harness.resume())
+    assert outcome.kind == "completed" and outcome.run_id == suspended.id
+    assert run.calls == [suspended.id]  # no tool_started existed: the call ran in full, once
+    assert [r.outcome for r in await records_of(fresh_kit, OperationFinished)] == ["completed"]
+
+
+# -- close during a run -------------------------------------------------------------------------
+
+
+@dataclass
+class Closed:
+    """A harness closed while its run's tool was in flight (and a side lane)."""
+
+    kit: Kit
+    side: AgentLane
+    waiter: Waiter
+    before: int
+    """The log's size when the harness was closed."""
+
+
+async def closed_mid_run(backend: str, tmp_path: Path) -> Closed:
+    waiter = Waiter()
+    kit = await make_kit(backend, tmp_path, [tool_call("wait")], tools=[waiter.tool])
+    side = ok(await kit.harness.create_lane("side", None))
+    task = await in_flight(kit, waiter)
+    before = await log_size(kit)
+    await kit.harness.close()
+    with pytest.raises(HarnessClosed):
+        await task
+    return Closed(kit, side, waiter, before)
+
+
+async def test_close_during_a_run(backend, tmp_path) -> None:
+    closed = await closed_mid_run(backend, tmp_path)  # the run's caller saw HarnessClosed
+    await closed.kit.harness.close()  # a second close is a no-op
+    assert await log_size(closed.kit) == closed.before, "closing wrote nothing"
+    # the operation stays open and resumable by a new harness
+    fresh_kit = await reopen(closed.kit, "r-", script=[text("recovered")])
+    [suspended] = fresh_kit.suspended
+    assert (suspended.lane, suspended.reason) == ("main", "crash")
+    assert ok(await fresh_kit.harness.resume()).kind == "completed"
+    assert closed.waiter.calls == 1
+
+
+ClosedCall = Callable[[AgentHarness, AgentLane], Awaitable[Any]]
+
+RESULT_CALLS_AFTER_CLOSE: dict[str, ClosedCall] = {
+    "prompt": lambda harness, side: harness.prompt("x"),
+    "resume": lambda harness, side: harness.resume(),
+    "abort": lambda harness, side: harness.abort(),
+    "compact": lambda harness, side: harness.compact(),
+    "navigate_tree": lambda harness, side: harness.navigate_tree(None),
+    "steer": lambda harness, side: harness.steer("x"),
+    "follow_up": lambda harness, side: harness.follow_up("x"),
+    "next_run": lambda harness, side: harness.next_run("x"),
+    "cancel_queued": lambda harness, side: harness.cancel_queued("x"),
+    "record_usage": lambda harness, side: harness.record_usage(TokenUsage()),
+    "create_lane": lambda harness, side: harness.create_lane("third", None),
+    "side.prompt": lambda harness, side: side.prompt("x"),
+}
+
+
+@pytest.mark.parametrize("member", list(RESULT_CALLS_AFTER_CLOSE))
+async def test_after_close_result_returning_calls_resolve_err_closed(
+    member: str, backend, tmp_path
+) -> None:
+    closed = await closed_mid_run(backend, tmp_path)
+    err(await RESULT_CALLS_AFTER_CLOSE[member](closed.kit.harness, closed.side), "Closed")
+    assert await log_size(closed.kit) == closed.before
+
+
+RAISING_CALLS_AFTER_CLOSE: dict[str, ClosedCall] = {
+    "get_model": lambda harness, side: harness.get_model(),
+    "get_leaf_id": lambda harness, side: harness.get_leaf_id(),
+    "set_thinking_level": lambda harness, side: harness.set_thinking_level("high"),
+    "wait_for_idle": lambda harness, side: harness.wait_for_idle(),
+    "watch": lambda harness, side: harness.watch(),
+    "lanes": lambda harness, side: harness.lanes(),
+    "session.get_entry": lambda harness, side: harness.session.get_entry("x"),
+    "side.get_active_tools": lambda harness, side: side.get_active_tools(),
+}
+
+
+@pytest.mark.parametrize("member", list(RAISING_CALLS_AFTER_CLOSE))
+async def test_after_close_other_calls_raise_harness_closed(member: str, backend, tmp_path) -> None:
+    closed = await closed_mid_run(backend, tmp_path)
+    with pytest.raises(HarnessClosed):
+        await RAISING_CALLS_AFTER_CLOSE[member](closed.kit.harness, closed.side)
+    assert await log_size(closed.kit) == closed.before
