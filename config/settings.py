@@ -4,11 +4,28 @@ from __future__ import annotations
 
 import os
 from collections.abc import Mapping
+from typing import Literal
 
-from pydantic import Field, SecretStr
+from pydantic import BaseModel, ConfigDict, Field, SecretStr
 from pydantic_settings import BaseSettings, SettingsConfigDict
 
-__all__ = ["Settings", "UnknownSetting", "load_settings"]
+__all__ = ["BusyPolicy", "LogLevel", "Route", "Settings", "UnknownSetting", "load_settings"]
+
+
+BusyPolicy = Literal["steer", "follow_up", "next_run"]
+LogLevel = Literal["debug", "info", "warning", "error"]
+
+
+class Route(BaseModel):
+    """Threads of a channel's space go to a session (several spaces may share one session)."""
+
+    model_config = ConfigDict(frozen=True, extra="forbid")
+
+    channel: str = Field(description="web, slack, email...")
+    space: str = Field(
+        default="*", description="A web space, a Slack channel id, an email address; * for all."
+    )
+    session: str = Field(description="The session the threads become lanes of.")
 
 
 class Settings(BaseSettings):
@@ -43,6 +60,63 @@ class Settings(BaseSettings):
     model_max_output_tokens: int | None = Field(
         default=None, gt=0, description="Cap on a model answer's tokens (default: the model's)."
     )
+    redis_url: str | None = Field(
+        default=None,
+        description="A Redis server (redis://host:port/db, rediss:// for TLS): store and broker "
+        "both live there unless store_url/broker_url say otherwise; several `gateway serve` "
+        "processes share it.",
+    )
+    broker_url: str | None = Field(
+        default=None,
+        description="Where the inbox, outbox and audit trail live: sqlite:///file.db or "
+        "redis://... (default: redis_url, else sqlite:///.gateway/broker.db).",
+    )
+    host: str = Field(default="127.0.0.1", description="The HTTP server's address.")
+    port: int = Field(default=8787, ge=1, le=65535, description="The HTTP server's port.")
+    routes: tuple[Route, ...] = Field(
+        default=(),
+        description="Channel -> session bindings, first match wins; a thread whose space no "
+        "route names goes to the session `<channel>-<space>`.",
+    )
+    busy_policy: BusyPolicy = Field(
+        default="steer",
+        description="What a message does to a lane that is busy: steer the running operation "
+        "(seen at its next checkpoint), follow_up (taken when it would stop) or next_run.",
+    )
+    worker_slots: int = Field(
+        default=4, ge=1, le=128, description="Sessions one process works on at once."
+    )
+    lease_seconds: float = Field(
+        default=30.0, ge=3, le=300, description="A session's writer lease (takeover after it)."
+    )
+    renew_seconds: float = Field(
+        default=5.0, gt=0, description="How often a working session's lease is renewed."
+    )
+    max_attempts: int = Field(
+        default=3,
+        ge=1,
+        le=20,
+        description="Interrupted executions of one operation before its lane is parked stuck.",
+    )
+    drain_seconds: float = Field(
+        default=10.0,
+        gt=0,
+        le=300,
+        description="On SIGTERM: how long running steps get to reach a checkpoint.",
+    )
+    inbox_dedupe_seconds: float = Field(
+        default=86_400.0, ge=60, description="How long a message id is remembered (dedupe)."
+    )
+    outbox_max_attempts: int = Field(
+        default=12, ge=1, le=100, description="Delivery attempts before a dead letter."
+    )
+    outbox_lease_seconds: float = Field(
+        default=60.0, gt=0, description="How long one delivery attempt may take."
+    )
+    outbox_max_delay_seconds: float = Field(
+        default=3600.0, gt=0, description="The longest wait between delivery attempts."
+    )
+    log_level: LogLevel = Field(default="info", description="debug, info, warning or error.")
 
 
 class UnknownSetting(ValueError):

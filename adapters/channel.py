@@ -1,0 +1,279 @@
+"""The channel seam: what Slack, email and the web channel exchange with the gateway.
+
+An adapter turns its channel's events into `Inbound` messages (and `DecisionInbound` button
+clicks) and hands them to the gateway's `InboundSink`, which returns only once the message is in
+the durable inbox: the adapter acknowledges its channel (HTTP 200 to Slack, marking an email
+handled, 202 to a web client) **after** that, never before, so nothing accepted is lost. The
+gateway hands back replies as `Outbound`; `deliver` sends one and `reconcile` says whether an
+earlier attempt whose outcome is unknown (a timeout, a reset after sending) actually arrived,
+so a retry never posts twice.
+
+A thread is a lane: `ThreadRef.lane` is the lane name (`web:<thread>`, `slack:<channel>:<ts>`,
+`email:<root Message-ID>`); `ThreadRef.space` is what routing binds to a session (a web space,
+a Slack channel, the bot's email address).
+"""
+
+from __future__ import annotations
+
+from typing import Literal, Protocol, runtime_checkable
+
+from pydantic import Field
+
+from harness_core.frozen import Frozen, FrozenJsonObject
+
+__all__ = [
+    "Acceptance",
+    "ApprovalView",
+    "Attachment",
+    "Author",
+    "ChannelAdapter",
+    "DecisionInbound",
+    "DecisionItem",
+    "DeliveryError",
+    "DeliveryReceipt",
+    "Inbound",
+    "InboundSink",
+    "NotRouted",
+    "OutboundKind",
+    "Outbound",
+    "PendingCall",
+    "Reconciled",
+    "ThreadRef",
+    "Unavailable",
+]
+
+
+class ThreadRef(Frozen):
+    """A conversation in a channel: one lane of one session."""
+
+    channel: str
+    """The adapter's name: ``web``, ``slack``, ``email`` (or a test's)."""
+    space: str
+    """What routing binds to a session: a web space, a Slack channel id, the bot's address."""
+    thread: str
+    """The thread's identity within its channel: a web thread id, ``<channel>:<thread_ts>``
+    for Slack, the root ``Message-ID`` for email."""
+
+    @property
+    def lane(self) -> str:
+        """The lane name of this thread (a permanent key: the same thread, the same lane)."""
+        return f"{self.channel}:{self.thread}"
+
+
+class Author(Frozen):
+    """Who wrote a message, as the channel identifies them."""
+
+    id: str
+    name: str | None = None
+    is_bot: bool = False
+
+
+class Attachment(Frozen):
+    """An attachment's metadata (its content is not carried through the inbox)."""
+
+    name: str
+    media_type: str
+    size: int = Field(ge=0)
+    """Bytes."""
+    ref: str | None = None
+    """Where the channel keeps it (a URL or an id), if anywhere."""
+
+
+class Inbound(Frozen):
+    """A message in a thread, as an adapter hands it to the gateway."""
+
+    thread: ThreadRef
+    message_id: str = Field(min_length=1, max_length=512)
+    """The channel's identity of this message (Slack ``channel:ts``, an email ``Message-ID``,
+    a web client's message id): the inbox deduplicates on it, and the lane's user-message entry
+    id derives from it, so the same message is never accepted twice."""
+    author: Author
+    text: str
+    attachments: tuple[Attachment, ...] = ()
+    received_at_ms: int
+    reply_context: FrozenJsonObject = Field(default_factory=dict)
+    """What a reply in this thread needs besides the `ThreadRef` (email: the ``Message-ID`` and
+    ``References`` to answer, the subject and recipients; Slack: nothing more). Opaque to the
+    gateway; the newest one of a lane is handed back with its replies."""
+
+    @property
+    def dedupe_key(self) -> str:
+        """The inbox's key for this message: channel, space and message id."""
+        return f"{self.thread.channel}:{self.thread.space}:{self.message_id}"
+
+
+class DecisionItem(Frozen):
+    """One call's decision from a channel (an Approve or Deny button)."""
+
+    tool_call_id: str
+    args_digest: str
+    approved: bool
+    reason: str | None = None
+
+
+class DecisionInbound(Frozen):
+    """A person decided an approval request in a channel (one click: one or more calls)."""
+
+    thread: ThreadRef
+    run_id: str
+    wait_id: str
+    decisions: tuple[DecisionItem, ...] = Field(min_length=1)
+    decided_by: Author
+    idempotency_key: str = Field(min_length=1)
+    """The channel's identity of the click (Slack's action ``trigger_id``...): a retried or
+    double-clicked button is the same decision."""
+    received_at_ms: int
+
+
+class Acceptance(Frozen):
+    """The gateway holds an inbound message durably: the adapter may acknowledge it now."""
+
+    item_id: str
+    session: str
+    lane: str
+    duplicate: bool = False
+    """The message was accepted before (a channel retry): acknowledge it, do nothing else."""
+
+
+class NotRouted(Exception):
+    """No binding routes this thread's space to a session (the adapter refuses it, clearly)."""
+
+
+class Unavailable(Exception):
+    """The gateway cannot hold the message durably now: do not acknowledge; the channel retries."""
+
+
+class InboundSink(Protocol):
+    """The gateway side of the seam: adapters hand it what arrives."""
+
+    async def accept(self, inbound: Inbound) -> Acceptance:
+        """Hold `inbound` durably (inbox), deduplicated by its `dedupe_key`; then return.
+
+        Raises:
+            NotRouted: no session is bound to the thread's space.
+            Unavailable: the inbox could not be written; the adapter must not acknowledge.
+        """
+        ...
+
+    async def decide(self, decision: DecisionInbound) -> Acceptance:
+        """Hold a decision durably; the worker holding the session applies it to the lane.
+
+        Raises:
+            NotRouted, Unavailable: as `accept`.
+        """
+        ...
+
+
+class PendingCall(Frozen):
+    """A call waiting for a decision, as an approval request shows it."""
+
+    tool_call_id: str
+    tool_name: str
+    args: FrozenJsonObject
+    args_digest: str
+
+
+class ApprovalView(Frozen):
+    """What an approval request renders: the wait it belongs to and its calls."""
+
+    session: str
+    run_id: str
+    wait_id: str
+    calls: tuple[PendingCall, ...]
+
+
+OutboundKind = Literal["reply", "approval_request", "failure_notice"]
+
+
+class Outbound(Frozen):
+    """A message the gateway sends into a thread; `delivery_id` derives from what caused it."""
+
+    delivery_id: str
+    """Stable across retries and re-enqueues (from the operation: ``reply:<run id>``...)."""
+    thread: ThreadRef
+    kind: OutboundKind
+    text: str
+    """Markdown; the adapter converts it to its channel's format and splits it at its limits."""
+    approval: ApprovalView | None = None
+    """For ``approval_request``: the buttons to render."""
+    reply_context: FrozenJsonObject = Field(default_factory=dict)
+    """The newest `Inbound.reply_context` of the thread."""
+
+
+class DeliveryReceipt(Frozen):
+    """A delivered message: what the channel calls the parts it posted."""
+
+    delivery_id: str
+    channel_message_ids: tuple[str, ...] = ()
+    delivered_at_ms: int
+
+
+Reconciled = Literal["delivered", "absent", "unknown"]
+"""Whether an earlier attempt of a delivery reached the channel: it did (do not send again), it
+did not (send), or the channel cannot tell now (retry later)."""
+
+
+class DeliveryError(Exception):
+    """A delivery that did not (certainly) happen.
+
+    `reason` is short and secret-free (it is stored with the delivery and shown to operators).
+    `unknown_outcome` means the send may have reached the channel (a timeout after sending): the
+    next attempt reconciles first. `permanent` means retrying cannot help (a thread that no
+    longer exists): the delivery becomes a dead letter at once. `retry_after_s` is the channel's
+    own hint (Slack's ``Retry-After``).
+    """
+
+    def __init__(
+        self,
+        reason: str,
+        *,
+        unknown_outcome: bool = False,
+        permanent: bool = False,
+        retry_after_s: float | None = None,
+    ) -> None:
+        super().__init__(reason)
+        self.reason = reason
+        self.unknown_outcome = unknown_outcome
+        self.permanent = permanent
+        self.retry_after_s = retry_after_s
+
+
+@runtime_checkable
+class ChannelAdapter(Protocol):
+    """One channel (the contract every adapter meets; its tests run against a real peer).
+
+    Inbound: between `start` and `stop` the adapter receives its channel's events and hands each
+    message to the sink (`accept`) and each button click to `decide`, acknowledging the channel
+    only after the sink returned. It ignores its own bot's messages.
+
+    Outbound: `deliver` renders an `Outbound` by its kind (a reply; an approval request with
+    Approve/Deny controls carrying the wait and the argument digests; a short failure notice),
+    converts Markdown, splits at the channel's limits, and posts into the thread; every part it
+    posts carries the `delivery_id` where the channel allows (Slack metadata, an email's
+    ``Message-ID``) so `reconcile` can find it.
+    """
+
+    @property
+    def name(self) -> str:
+        """The channel's name (``ThreadRef.channel`` of its threads)."""
+        ...
+
+    async def start(self, sink: InboundSink) -> None:
+        """Begin receiving (open sockets, IMAP IDLE...); returns once running."""
+        ...
+
+    async def stop(self) -> None:
+        """Stop receiving and release connections (idempotent)."""
+        ...
+
+    async def deliver(self, outbound: Outbound) -> DeliveryReceipt:
+        """Send `outbound` into its thread.
+
+        Raises:
+            DeliveryError: it was not delivered, or its outcome is unknown.
+        """
+        ...
+
+    async def reconcile(self, outbound: Outbound) -> Reconciled:
+        """Whether an earlier attempt of `outbound` (same `delivery_id`) reached the thread."""
+        ...

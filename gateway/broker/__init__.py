@@ -1,0 +1,1 @@
+"""The broker: the inbox, the outbox, per-thread state and the audit trail (see `contract`)."""

@@ -1,0 +1,345 @@
+"""The broker contract: the inbox, the outbox, per-thread state and the audit trail (docstrings are spec).
+
+The store holds sessions; the broker holds what moves between the channels and the sessions.
+Two implementations meet this contract and pass one conformance suite: Redis (streams, consumer
+groups, Lua where a step must be atomic; any number of `gateway serve` processes share it) and
+SQLite (one file, the embedded default). Rules for every method:
+
+* **Durable on return.** A write is durable (to the backend's configured level) when its call
+  returns; a write that raises left no trace.
+* **Idempotent by identity.** Inbox items are deduplicated by their `dedupe_key` (kept at least
+  `dedupe_ttl_ms` after they were appended), deliveries by their `delivery_id` (kept until
+  purged after settling); a repeat changes nothing and returns what exists.
+* **Nothing silently dropped.** An item leaves the inbox only by `ack` (accepted into its lane)
+  or `reject` (never acceptable: kept, with its reason, for operators); a delivery leaves the
+  outbox only as delivered, dead (with a reason) or discarded by an operator.
+* **Times are milliseconds on the injected clock** (`now_ms` arguments where a caller decides
+  time; the broker's own clock otherwise).
+* **Keys are hash-tagged** (Redis): everything of one session shares the tag `{<session>}`, and
+  the shared queues are sharded under their own tags, so the broker runs on Redis Cluster.
+"""
+
+from __future__ import annotations
+
+from typing import Literal, Protocol, runtime_checkable
+
+from pydantic import Field
+
+from harness_core.frozen import Frozen, FrozenJsonObject
+
+__all__ = [
+    "Audit",
+    "AuditEvent",
+    "Backlog",
+    "Broker",
+    "ClaimedDelivery",
+    "Delivery",
+    "DeliveryStatus",
+    "Inbox",
+    "InboxAppend",
+    "InboxItem",
+    "InboxItemKind",
+    "NewAuditEvent",
+    "NewInboxItem",
+    "Outbox",
+    "SessionTicket",
+    "ThreadState",
+    "Threads",
+]
+
+InboxItemKind = Literal["message", "decision"]
+
+
+class NewInboxItem(Frozen):
+    """What an adapter's message (or button click) becomes in the inbox."""
+
+    session: str
+    lane: str
+    dedupe_key: str = Field(min_length=1, max_length=1024)
+    kind: InboxItemKind
+    payload: FrozenJsonObject
+    """The `Inbound` (or `DecisionInbound`) as JSON."""
+
+
+class InboxItem(NewInboxItem):
+    """An item of a session's inbox."""
+
+    id: str
+    """Assigned by the broker; a session's items sort by it in append order."""
+    appended_at_ms: int
+
+
+class InboxAppend(Frozen):
+    """The result of `Inbox.append`: the item, and whether it existed already."""
+
+    item: InboxItem
+    duplicate: bool = False
+
+
+class SessionTicket(Frozen):
+    """A session handed to one worker (until `done`, or until it expires)."""
+
+    session: str
+    ticket: str
+    """Opaque: what `done` needs to release it."""
+
+
+class Backlog(Frozen):
+    """How much waits, and for how long (for metrics and health)."""
+
+    pending: int
+    oldest_age_ms: int = 0
+    dead: int = 0
+    """Outbox: dead letters kept; inbox: rejected items kept."""
+
+
+@runtime_checkable
+class Inbox(Protocol):
+    """Messages that arrived, by session, until a worker accepted them into their lanes."""
+
+    async def append(self, item: NewInboxItem) -> InboxAppend:
+        """Hold `item` durably and mark its session ready.
+
+        A `dedupe_key` appended before (within the dedupe window) returns that item with
+        ``duplicate=True`` and changes nothing, whatever its state now (pending or acked).
+        """
+        ...
+
+    async def pending(self, session: str, *, limit: int = 100) -> tuple[InboxItem, ...]:
+        """The session's items neither acked nor rejected, oldest first, up to `limit`."""
+        ...
+
+    async def ack(self, session: str, item_id: str) -> None:
+        """The item was accepted into its lane (idempotent; unknown ids are ignored)."""
+        ...
+
+    async def reject(self, session: str, item_id: str, reason: str) -> None:
+        """The item can never be accepted (malformed, unroutable): keep it with `reason`."""
+        ...
+
+    async def take_session(self, worker: str, *, wait_ms: int = 0) -> SessionTicket | None:
+        """A session with pending items for `worker`, waiting up to `wait_ms` for one.
+
+        A session is handed to one worker at a time; a ticket neither `done` nor renewed within
+        the broker's visibility timeout is handed out again (its worker died). This is a
+        scheduling hint, not the lock: the store's writer lease decides who writes a session.
+        """
+        ...
+
+    async def done(self, ticket: SessionTicket) -> None:
+        """The worker is through with the session for now (idempotent).
+
+        If the session has pending items (they arrived meanwhile, or the worker could not take
+        the store's lease), it is ready again for any worker.
+        """
+        ...
+
+    async def backlog(self) -> Backlog:
+        """Pending items over all sessions and the age of the oldest; rejected items kept."""
+        ...
+
+
+DeliveryStatus = Literal["pending", "delivered", "dead", "discarded"]
+
+
+class Delivery(Frozen):
+    """One outbound message and its delivery state."""
+
+    id: str
+    """The delivery id (from what caused the message: ``reply:<run id>``...)."""
+    session: str
+    lane: str
+    outbound: FrozenJsonObject
+    """The `Outbound` as JSON."""
+    status: DeliveryStatus = "pending"
+    attempts: int = 0
+    """Claims so far (each claim counts one, settled or not)."""
+    due_at_ms: int
+    unknown_outcome: bool = False
+    """The last attempt may have reached the channel: the next one reconciles first."""
+    last_error: str | None = None
+    """Secret-free: a short reason or an exception's type name."""
+    created_at_ms: int
+    settled_at_ms: int | None = None
+
+
+class ClaimedDelivery(Frozen):
+    """A delivery leased to one deliverer (it settles it while its lease holds)."""
+
+    delivery: Delivery
+    token: str
+    lease_expires_at_ms: int
+
+
+@runtime_checkable
+class Outbox(Protocol):
+    """Replies waiting to be delivered, retried on a schedule, then dead letters."""
+
+    async def enqueue(
+        self, delivery_id: str, session: str, lane: str, outbound: FrozenJsonObject, *, now_ms: int
+    ) -> bool:
+        """Hold a delivery, due now; False (and no change) if `delivery_id` exists already."""
+        ...
+
+    async def claim(
+        self, worker: str, *, now_ms: int, limit: int, lease_ms: int
+    ) -> tuple[ClaimedDelivery, ...]:
+        """Lease up to `limit` pending deliveries due at `now_ms` and not leased (or whose lease
+        lapsed); each claim counts one attempt. Oldest due first."""
+        ...
+
+    async def settle_delivered(self, claimed: ClaimedDelivery, *, now_ms: int) -> bool:
+        """Mark delivered; False (no change) if the claim's lease was lost to another claim."""
+        ...
+
+    async def settle_retry(
+        self,
+        claimed: ClaimedDelivery,
+        *,
+        due_at_ms: int,
+        reason: str,
+        unknown_outcome: bool,
+        now_ms: int,
+    ) -> bool:
+        """Due again at `due_at_ms` (the caller computes the schedule); False if superseded."""
+        ...
+
+    async def settle_dead(self, claimed: ClaimedDelivery, *, reason: str, now_ms: int) -> bool:
+        """A dead letter, kept with `reason`; False if superseded."""
+        ...
+
+    async def get(self, delivery_id: str) -> Delivery | None:
+        """One delivery, whatever its status."""
+        ...
+
+    async def list(
+        self, status: DeliveryStatus, *, after: str | None = None, limit: int = 100
+    ) -> tuple[Delivery, ...]:
+        """Deliveries of one status, ordered by id, after the cursor `after`."""
+        ...
+
+    async def redeliver(self, delivery_id: str, *, now_ms: int) -> Delivery | None:
+        """A dead letter back to pending, due now, with a fresh attempt budget (same id).
+
+        None if there is no such delivery; a delivery that is not dead is returned unchanged.
+        """
+        ...
+
+    async def discard(self, delivery_id: str, *, now_ms: int) -> Delivery | None:
+        """An operator gives up on a dead or pending delivery (kept as discarded)."""
+        ...
+
+    async def backlog(self, *, now_ms: int) -> Backlog:
+        """Pending deliveries, the age of the oldest due one, and dead letters kept."""
+        ...
+
+    async def wait(self, timeout_ms: int) -> None:
+        """Return when something may be due (an enqueue, a retry's time) or after the timeout."""
+        ...
+
+
+class ThreadState(Frozen):
+    """What the gateway keeps per lane beside the store: where and how to reply."""
+
+    session: str
+    lane: str
+    thread: FrozenJsonObject
+    """The `ThreadRef` as JSON."""
+    reply_context: FrozenJsonObject = Field(default_factory=dict)
+    """The newest inbound message's reply context."""
+    replied_through: int = 0
+    """The store seq through which the lane's finished operations have their replies enqueued."""
+
+
+@runtime_checkable
+class Threads(Protocol):
+    """Per-lane routing state: the newest reply context and how far replies were enqueued."""
+
+    async def remember(
+        self, session: str, lane: str, thread: FrozenJsonObject, reply_context: FrozenJsonObject
+    ) -> None:
+        """Record the lane's thread and newest reply context (creating its state if new)."""
+        ...
+
+    async def get(self, session: str, lane: str) -> ThreadState | None:
+        """One lane's state."""
+        ...
+
+    async def list(self, session: str) -> tuple[ThreadState, ...]:
+        """Every lane of a session that has state, by lane name."""
+        ...
+
+    async def mark_replied(self, session: str, lane: str, seq: int) -> None:
+        """Replies are enqueued through `seq` (never lowers the mark)."""
+        ...
+
+
+class NewAuditEvent(Frozen):
+    """Something a worker, the deliverer or an operator did (never message content or secrets)."""
+
+    actor: str
+    """``worker:<id>``, ``deliverer:<id>``, ``operator:<name>``."""
+    action: str
+    session: str | None = None
+    lane: str | None = None
+    target: str | None = None
+    """What it acted on: a run id, a delivery id, an inbox item id."""
+    outcome: str
+    details: FrozenJsonObject = Field(default_factory=dict)
+
+
+class AuditEvent(NewAuditEvent):
+    """A recorded audit event."""
+
+    id: str
+    """Assigned by the broker; events sort by it in record order."""
+    at_ms: int
+
+
+@runtime_checkable
+class Audit(Protocol):
+    """An append-only trail of what workers, deliverers and operators did."""
+
+    async def record(self, event: NewAuditEvent) -> AuditEvent:
+        """Append an event."""
+        ...
+
+    async def list(
+        self,
+        *,
+        session: str | None = None,
+        lane: str | None = None,
+        after: str | None = None,
+        limit: int = 100,
+    ) -> tuple[AuditEvent, ...]:
+        """Events in record order after the cursor `after`, narrowed by session and lane."""
+        ...
+
+
+@runtime_checkable
+class Broker(Protocol):
+    """The four parts over one backend."""
+
+    @property
+    def inbox(self) -> Inbox:
+        """The inbox."""
+        ...
+
+    @property
+    def outbox(self) -> Outbox:
+        """The outbox."""
+        ...
+
+    @property
+    def threads(self) -> Threads:
+        """Per-lane thread state."""
+        ...
+
+    @property
+    def audit(self) -> Audit:
+        """The audit trail."""
+        ...
+
+    async def close(self) -> None:
+        """Release connections (idempotent)."""
+        ...
