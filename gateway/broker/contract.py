@@ -1,4 +1,4 @@
-"""The broker contract: the inbox, the outbox, per-thread state and the audit trail (docstrings are spec).
+"""The broker contract (docstrings are spec): the inbox, the outbox, thread state, the audit trail.
 
 The store holds sessions; the broker holds what moves between the channels and the sessions.
 Two implementations meet this contract and pass one conformance suite: Redis (streams, consumer
@@ -184,8 +184,10 @@ class Outbox(Protocol):
     async def claim(
         self, worker: str, *, now_ms: int, limit: int, lease_ms: int
     ) -> tuple[ClaimedDelivery, ...]:
-        """Lease up to `limit` pending deliveries due at `now_ms` and not leased (or whose lease
-        lapsed); each claim counts one attempt. Oldest due first."""
+        """Lease up to `limit` due, pending deliveries that no live lease holds, oldest due first.
+
+        Each claim counts one attempt (a lease that lapses unsettled still counted).
+        """
         ...
 
     async def settle_delivered(self, claimed: ClaimedDelivery, *, now_ms: int) -> bool:
