@@ -10,7 +10,7 @@ calls raise `HarnessClosed` while their durable operations stay resumable.
 from __future__ import annotations
 
 import asyncio
-from collections.abc import Sequence
+from collections.abc import Awaitable, Callable, Sequence
 from dataclasses import dataclass, replace
 from typing import Any, Literal, TypeAlias, TypeVar
 
@@ -128,6 +128,7 @@ __all__ = [
     "LaneStatus",
     "PromptInput",
     "SessionTree",
+    "Started",
     "SuspendReason",
     "SuspendedOperation",
     "Watch",
@@ -179,6 +180,18 @@ class SuspendedOperation:
     attempts: int = 1
     """Executions of the operation begun in its current budget (the interrupted one included)."""
     stuck: bool = False
+
+
+@dataclass(frozen=True, kw_only=True, slots=True)
+class Started:
+    """A run durably accepted (or, for a repeated input, the run that accepted it first)."""
+
+    run_id: str
+    _wait: Callable[[], Awaitable[Outcome]]
+
+    async def outcome(self) -> Outcome:
+        """How the run first stops: its end, or its suspension (approval, deferred, close)."""
+        return await self._wait()
 
 
 @dataclass(frozen=True, kw_only=True, slots=True)
@@ -435,6 +448,19 @@ class AgentLane:
         suspension), or `AlreadyAccepted` if it was queued instead; the same id with other
         content is `InvalidMessage(reason="entry_id_conflict")`.
         """
+        started = await self.start(value, entry_id=entry_id)
+        if isinstance(started, Err):
+            return started
+        return Ok(await started.value.outcome())
+
+    async def start(
+        self, value: PromptInput, *, entry_id: str | None = None
+    ) -> Result[Started, LaneBusy | InvalidMessage | AlreadyAccepted | Closed]:
+        """`prompt`, returning as soon as the run is durably accepted.
+
+        A service acknowledges its inbound message then; `await started.outcome()` says how the
+        run stops. A repeated input returns the run that accepted it first.
+        """
         if (closed := self._closed()) is not None:
             return closed
         normalized = _normalize(self._name, value, entry_id)
@@ -444,7 +470,7 @@ class AgentLane:
         lane = self._runtime()
         prior = await lane.prior(entry_id)  # before the hooks: a repeat must change nothing
         if prior is not None and entry_id is not None:
-            return await self._harness._prompted_before(lane, prior, entry_id, normalized.value[0])
+            return self._harness._prompted_before(lane, prior, entry_id, normalized.value[0])
         messages, override, resume_data = await run_hook(
             runtime.hooks,
             "before_run",
@@ -474,12 +500,11 @@ class AgentLane:
         )
         if isinstance(accepted, Prior):  # a concurrent submission of the same input won
             assert entry_id is not None
-            return await self._harness._prompted_before(
-                lane, accepted, entry_id, normalized.value[0]
-            )
+            return self._harness._prompted_before(lane, accepted, entry_id, normalized.value[0])
         if isinstance(accepted, Err):
             return accepted
-        return Ok(await self._harness._wait(accepted.value[1]))
+        op, task = accepted.value
+        return Ok(Started(run_id=op.id, _wait=lambda: self._harness._wait(task)))
 
     async def resume(
         self,
@@ -978,6 +1003,7 @@ class AgentHarness(AgentLane):
             busy=runtime.busy,
             on_lost=lambda exc: _lease_lost(runtime, exc),
             on_error=lambda exc: _renewal_failed(runtime, exc),
+            renew_every_ms=options.lease_renew_ms,
         )
         harness = cls(runtime)
         runtime.usage_totals = (await options.storage.get_stats()).usage
@@ -1258,10 +1284,10 @@ class AgentHarness(AgentLane):
             lane.occupy(self._execute(lane, resumed=True, tool_recovery=request.tool_recovery))
         )
 
-    async def _prompted_before(
+    def _prompted_before(
         self, lane: LaneRuntime, prior: Prior, entry_id: str, message: UserMessage
-    ) -> Result[Outcome, InvalidMessage | AlreadyAccepted]:
-        """The original result of a prompt whose caller-chosen input was accepted before."""
+    ) -> Result[Started, InvalidMessage | AlreadyAccepted]:
+        """The original acceptance of a prompt whose caller-chosen input was accepted before."""
         found = prior.record
         record = found.record if found is not None else None
         if (
@@ -1281,7 +1307,8 @@ class AgentHarness(AgentLane):
                     run_id=record.run_id,
                 )
             )
-        return Ok(await self._first_stop(lane, record.id, found.seq))
+        seq = found.seq
+        return Ok(Started(run_id=record.id, _wait=lambda: self._first_stop(lane, record.id, seq)))
 
     async def _replayed_decision(
         self,

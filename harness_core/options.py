@@ -87,6 +87,9 @@ class AgentHarnessOptions:
     tools: Sequence[Tool] = ()
     system_prompt: SystemPrompt = None
     retry: RetryPolicy = field(default_factory=RetryPolicy)
+    lease_renew_ms: int | None = None
+    """While lanes work, renew the writer lease this long after the last confirmed renewal
+    (None: at half-life). A service sets it below a third of the lease (a13n §6.4)."""
     max_attempts: int = 3
     """Executions of one operation (its first, plus each resume after a crash) before its lane
     is parked stuck; per-request retries are `retry.max_attempts`."""

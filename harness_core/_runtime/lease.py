@@ -3,10 +3,11 @@
 A model request or a tool can run longer than the lease's ttl without writing anything, and a
 write after the lease lapsed is refused (`LeaseLost`): without renewal, every long call would
 fault the harness. While any lane has work the keeper renews at half-life on the injected
-clock. It also guards authority (a13n §6.4): when no renewal has been confirmed and less than a
-third of the lease remains, new model requests and tool runs wait until a renewal confirms,
-and once the lease is past its expiry they never start; the loss becomes a `lease_lost` event
-and faults the harness (another process may own the session now).
+clock (or every `renew_every_ms`: the service's setting). It guards authority (a13n §6.4): when
+no renewal has been confirmed and less than a third of the lease remains, new model requests
+and tool runs wait until a renewal confirms, and once the lease is past its expiry they never
+start; the loss becomes a `lease_lost` event and faults the harness (another process may own the
+session now).
 
 Expiries are compared on this process's clock. The backend reports expiries on its own lease
 clock (Redis: the server's); the keeper takes the earlier of that and "renewal sent + ttl"
@@ -44,6 +45,7 @@ class LeaseKeeper:
         busy: Callable[[], bool],
         on_lost: Callable[[LeaseLost], None],
         on_error: Callable[[BaseException], None],
+        renew_every_ms: int | None = None,
     ) -> None:
         self._storage = storage
         self._clock = clock
@@ -52,6 +54,8 @@ class LeaseKeeper:
         self._on_error = on_error
         lease = storage.lease
         self._ttl = lease.ttl_ms if lease is not None and lease.expires_at_ms else None
+        self._every = renew_every_ms if renew_every_ms is not None else (self._ttl or 0) // 2
+        """Renew once this much of the lease has passed since the last confirmation."""
         self._expires = lease.expires_at_ms if lease is not None else None
         self._lost: LeaseLost | None = None
         self._changed = asyncio.Event()
@@ -121,7 +125,7 @@ class LeaseKeeper:
             if now >= expires:
                 self._lose(LeaseLost(f"the writer lease expired at {expires} without renewal"))
                 return
-            renew_at = expires - ttl // 2
+            renew_at = expires - ttl + self._every
             if now < renew_at:
                 await self._pause(renew_at - now)
                 continue

@@ -217,6 +217,17 @@ async def _lane_prompt(f: Fresh) -> None:
     assert last_request_texts(f) == ["hello"]
 
 
+@probe("AgentLane.start")
+async def _lane_start(f: Fresh) -> None:
+    started = ok(await f.side.start("hello", entry_id="m1"))
+    records = await f.kit.storage.find_records(RecordQuery(lane="side", type="operation_started"))
+    assert [r.id for r in records] == [started.run_id]  # durable before the run's end
+    outcome = await started.outcome()
+    assert (outcome.run_id, outcome.kind) == (started.run_id, "completed")
+    again = ok(await f.side.start("hello", entry_id="m1"))  # the same input: the same run
+    assert again.run_id == started.run_id and await again.outcome() == outcome
+
+
 @probe("AgentLane.resume")
 async def _lane_resume(f: Fresh) -> None:
     err(await f.side.resume(), "NothingToResume")

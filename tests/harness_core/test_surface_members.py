@@ -60,6 +60,12 @@ async def _prompt(kit: Kit, lane: AgentLane) -> None:
     assert await lane.get_leaf_id() == outcome.leaf_id == outcome.final_entry_id
 
 
+async def _start(kit: Kit, lane: AgentLane) -> None:
+    started = ok(await lane.start("hello"))
+    outcome = await started.outcome()
+    assert (outcome.run_id, outcome.kind) == (started.run_id, "completed")
+
+
 async def _resume(kit: Kit, lane: AgentLane) -> None:
     assert err(await lane.resume(), "NothingToResume").lane == lane.name
 
@@ -192,6 +198,7 @@ LANE_CALLS: dict[str, LaneCall] = {
     "session": _session,
     "get_leaf_id": _get_leaf_id,
     "prompt": _prompt,
+    "start": _start,
     "resume": _resume,
     "abort": _abort,
     "compact": _compact,
