@@ -1,5 +1,30 @@
-"""Configuration: pydantic-settings models, loaded once by the entry point and passed down."""
+"""Configuration: the service's settings, read once by the entry point and passed down.
 
-from config.settings import Settings, UnknownSetting, load_settings
+`load_settings` reads ``GATEWAY_*`` variables, a ``.env`` file and a TOML file (strongest first)
+into a checked, frozen `Settings`; every bad input is one `SettingsError` line.
+"""
 
-__all__ = ["load_settings", "Settings", "UnknownSetting"]
+from config.loader import SettingsError, UnknownSetting, format_settings_error, load_settings
+from config.settings import (
+    DEFAULT_BROKER_URL,
+    DEFAULT_STORE_URL,
+    DEFAULT_WEB_URL,
+    BusyPolicy,
+    LogLevel,
+    Route,
+    Settings,
+)
+
+__all__ = [
+    "BusyPolicy",
+    "DEFAULT_BROKER_URL",
+    "DEFAULT_STORE_URL",
+    "DEFAULT_WEB_URL",
+    "format_settings_error",
+    "load_settings",
+    "LogLevel",
+    "Route",
+    "Settings",
+    "SettingsError",
+    "UnknownSetting",
+]

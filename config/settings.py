@@ -1,19 +1,86 @@
-"""The service's settings, read from ``GATEWAY_*`` environment variables (and a ``.env`` file)."""
+"""The service's settings: one frozen model, the checks between its fields, and routing.
+
+`load_settings` (``config/loader.py``) reads them from ``GATEWAY_*`` variables, a ``.env`` file
+and a TOML file. Building ``Settings(...)`` directly reads nothing (tests do that) and applies the
+same checks, so every `Settings` the service holds is consistent.
+"""
 
 from __future__ import annotations
 
-import os
-from collections.abc import Mapping
-from typing import Literal
+import hashlib
+import ipaddress
+import re
+from typing import Any, Literal, get_args, get_origin
+from urllib.parse import urlsplit
 
-from pydantic import BaseModel, ConfigDict, Field, SecretStr
-from pydantic_settings import BaseSettings, SettingsConfigDict
+from pydantic import (
+    BaseModel,
+    ConfigDict,
+    Field,
+    SecretStr,
+    ValidationInfo,
+    field_validator,
+    model_validator,
+)
 
-__all__ = ["BusyPolicy", "LogLevel", "Route", "Settings", "UnknownSetting", "load_settings"]
+__all__ = [
+    "BusyPolicy",
+    "DEFAULT_BROKER_URL",
+    "DEFAULT_STORE_URL",
+    "DEFAULT_WEB_URL",
+    "LogLevel",
+    "Route",
+    "SESSION_ID_RULE",
+    "Settings",
+    "accepted",
+    "default_session",
+    "is_session_id",
+]
 
 
 BusyPolicy = Literal["steer", "follow_up", "next_run"]
 LogLevel = Literal["debug", "info", "warning", "error"]
+
+DEFAULT_STORE_URL = "sqlite:///.gateway/gateway.db"
+DEFAULT_BROKER_URL = "sqlite:///.gateway/broker.db"
+DEFAULT_WEB_URL = "sqlite:///.gateway/web.db"
+
+# The store's session id rule (decision D16, harness_core.session.names.check_session_id),
+# repeated here because config imports nothing of ours; a test keeps the two in step.
+_SESSION_ID = re.compile(r"[A-Za-z0-9][A-Za-z0-9._:@+=-]{0,199}")
+_SESSION_ID_CHAR = re.compile(r"[^A-Za-z0-9._:@+=-]")
+SESSION_ID_RULE = "1-200 of letters, digits and . _ : @ + = -, starting with a letter or digit"
+_CHANNEL = re.compile(r"[a-z][a-z0-9_-]{0,31}")
+_SPACE = re.compile(r"[^\s\x00-\x1f\x7f]{1,256}")
+_HOSTNAME = re.compile(r"[A-Za-z0-9]([A-Za-z0-9.-]{0,251}[A-Za-z0-9])?")
+
+_STORE_SCHEMES = ("sqlite", "redis", "rediss", "jsonl", "memory")
+_BROKER_SCHEMES = ("sqlite", "redis", "rediss")
+_WEB_SCHEMES = ("sqlite", "redis", "rediss", "memory")
+_REDIS_SCHEMES = ("redis", "rediss")
+_LOCAL_SCHEMES = ("sqlite", "jsonl")
+
+
+def is_session_id(text: str) -> bool:
+    """Whether `text` is a valid session id (the store's rule D16)."""
+    return _SESSION_ID.fullmatch(text) is not None
+
+
+def default_session(channel: str, space: str) -> str:
+    """The session of a space no route names: ``<channel>-<space>``, made a valid session id.
+
+    Characters a session id cannot hold become ``-``; when that changed anything (or the name
+    is too long) a hash of the original is appended, so two different spaces never share a
+    session by accident (``web:a b`` and ``web:a-b`` stay apart).
+    """
+    raw = f"{channel}-{space}"
+    clean = _SESSION_ID_CHAR.sub("-", raw)
+    if not clean[:1].isascii() or not clean[:1].isalnum():
+        clean = "s" + clean
+    if clean == raw and is_session_id(clean):
+        return clean
+    digest = hashlib.sha256(raw.encode("utf-8", "surrogatepass")).hexdigest()[:12]
+    return f"{clean[: 200 - 13]}-{digest}"
 
 
 class Route(BaseModel):
@@ -27,25 +94,70 @@ class Route(BaseModel):
     )
     session: str = Field(description="The session the threads become lanes of.")
 
+    @field_validator("channel")
+    @classmethod
+    def _channel(cls, value: str) -> str:
+        if not _CHANNEL.fullmatch(value):
+            raise ValueError("expected a channel name: 1-32 of a-z, 0-9, _ and -, from a letter")
+        return value
 
-class Settings(BaseSettings):
-    """Everything the gateway reads from its environment.
+    @field_validator("space")
+    @classmethod
+    def _space(cls, value: str) -> str:
+        if not _SPACE.fullmatch(value):
+            raise ValueError("expected a space: 1-256 characters, no spaces or controls; * for all")
+        return value
 
-    `load_settings` refuses unknown ``GATEWAY_*`` variables, so a typo fails at start-up
-    instead of being ignored. Tests build `Settings(...)` directly.
+    @field_validator("session")
+    @classmethod
+    def _session(cls, value: str) -> str:
+        if not is_session_id(value):
+            raise ValueError(f"expected a session id: {SESSION_ID_RULE}")
+        return value
+
+    def matches(self, channel: str, space: str) -> bool:
+        """Whether this route takes threads of `space` in `channel`."""
+        return self.channel == channel and self.space in ("*", space)
+
+
+class _Relation(ValueError):
+    """Settings that are each valid but do not work together (each check names its fields)."""
+
+    def __init__(self, fields: tuple[str, ...], rule: str) -> None:
+        super().__init__(f"{', '.join(fields)}: {rule}")
+        self.fields = fields
+        self.rule = rule
+
+
+class _Relations(ValueError):
+    """Every relation check that failed (raised once by the model; the loader expands it)."""
+
+    def __init__(self, relations: list[_Relation]) -> None:
+        super().__init__("; ".join(str(relation) for relation in relations))
+        self.relations = relations
+
+
+class Settings(BaseModel):
+    """Everything the gateway reads from its environment, checked as a whole.
+
+    Fields are checked one by one (bounds, URL schemes, routes) and then together: a lease
+    survives one failed renewal (3 x renew_seconds < lease_seconds), the drain fits the shutdown
+    (drain_seconds < shutdown_seconds) and a delivery attempt with its reconciliation fits the
+    outbox lease (2 x delivery_timeout_seconds < outbox_lease_seconds). `warnings()` lists what
+    is allowed but worth a line in the log.
     """
 
-    model_config = SettingsConfigDict(
-        env_prefix="GATEWAY_", env_file=".env", extra="forbid", frozen=True
-    )
+    model_config = ConfigDict(frozen=True, extra="forbid", allow_inf_nan=False)
 
     store_url: str = Field(
-        default="sqlite:///.gateway/gateway.db",
+        default=DEFAULT_STORE_URL,
         description="Where sessions live: sqlite:///file.db (embedded default), "
-        "redis://host:port/db (distributed), jsonl:///dir or memory://.",
+        "redis://host:port/db (distributed), jsonl:///dir or memory:// "
+        "(default: redis_url when that is set).",
     )
     model: str = Field(
         default="scripted:echo",
+        min_length=1,
         description="The model, as provider:model_id: openai:gpt-4.1-mini, "
         "openai-responses:gpt-5 (background requests), anthropic:claude-sonnet-4-5, "
         "openai-compatible:<model> (with model_base_url: vLLM, Ollama, OpenRouter...), "
@@ -58,7 +170,10 @@ class Settings(BaseSettings):
         default=None, description="Base URL of an OpenAI-compatible or proxy endpoint."
     )
     model_max_output_tokens: int | None = Field(
-        default=None, gt=0, description="Cap on a model answer's tokens (default: the model's)."
+        default=None,
+        gt=0,
+        le=1_000_000,
+        description="Cap on a model answer's tokens (default: the model's).",
     )
     redis_url: str | None = Field(
         default=None,
@@ -69,14 +184,19 @@ class Settings(BaseSettings):
     broker_url: str | None = Field(
         default=None,
         description="Where the inbox, outbox and audit trail live: sqlite:///file.db or "
-        "redis://... (default: redis_url, else sqlite:///.gateway/broker.db).",
+        f"redis://... (default: redis_url, else {DEFAULT_BROKER_URL}).",
+    )
+    web_url: str | None = Field(
+        default=None,
+        description="Where the web channel keeps its threads: sqlite:///file.db, redis://... "
+        f"or memory:// (default: redis_url, else {DEFAULT_WEB_URL}).",
     )
     host: str = Field(default="127.0.0.1", description="The HTTP server's address.")
     port: int = Field(default=8787, ge=1, le=65535, description="The HTTP server's port.")
     routes: tuple[Route, ...] = Field(
         default=(),
-        description="Channel -> session bindings, first match wins; a thread whose space no "
-        "route names goes to the session `<channel>-<space>`.",
+        description="Channel -> session bindings, first match wins, space * matches any space; "
+        "a thread whose space no route names goes to the session `<channel>-<space>`.",
     )
     busy_policy: BusyPolicy = Field(
         default="steer",
@@ -90,7 +210,10 @@ class Settings(BaseSettings):
         default=30.0, ge=3, le=300, description="A session's writer lease (takeover after it)."
     )
     renew_seconds: float = Field(
-        default=5.0, gt=0, description="How often a working session's lease is renewed."
+        default=5.0,
+        gt=0,
+        le=100,
+        description="How often a working session's lease is renewed (3 x this < lease_seconds).",
     )
     max_attempts: int = Field(
         default=3,
@@ -102,51 +225,290 @@ class Settings(BaseSettings):
         default=10.0,
         gt=0,
         le=300,
-        description="On SIGTERM: how long running steps get to reach a checkpoint.",
+        description="On SIGTERM: how long running steps get to reach a checkpoint "
+        "(< shutdown_seconds).",
+    )
+    shutdown_seconds: float = Field(
+        default=15.0,
+        gt=0,
+        le=600,
+        description="On SIGTERM: the longest the process takes to stop, drain included.",
     )
     inbox_dedupe_seconds: float = Field(
-        default=86_400.0, ge=60, description="How long a message id is remembered (dedupe)."
+        default=86_400.0,
+        ge=60,
+        le=2_592_000,
+        description="How long a message id is remembered (dedupe).",
+    )
+    delivery_timeout_seconds: float = Field(
+        default=10.0,
+        gt=0,
+        le=300,
+        description="How long one call to a channel (a post, a reconcile) may take before its "
+        "outcome is unknown (2 x this < outbox_lease_seconds).",
     )
     outbox_max_attempts: int = Field(
         default=12, ge=1, le=100, description="Delivery attempts before a dead letter."
     )
     outbox_lease_seconds: float = Field(
-        default=60.0, gt=0, description="How long one delivery attempt may take."
+        default=60.0, gt=0, le=3600, description="How long one delivery attempt may take."
     )
     outbox_max_delay_seconds: float = Field(
-        default=3600.0, gt=0, description="The longest wait between delivery attempts."
+        default=3600.0,
+        ge=1,
+        le=86_400,
+        description="The longest wait between delivery attempts.",
     )
-    log_level: LogLevel = Field(default="info", description="debug, info, warning or error.")
-
-
-class UnknownSetting(ValueError):
-    """A ``GATEWAY_*`` variable names no setting (most likely a typo)."""
-
-
-def load_settings(environ: Mapping[str, str] | None = None) -> Settings:
-    """Read the settings from the environment (called once, by the entry point only).
-
-    Raises:
-        UnknownSetting: a ``GATEWAY_*`` variable names no setting.
-        pydantic.ValidationError: a setting has an invalid value.
-    """
-    env = os.environ if environ is None else environ
-    known = {f"GATEWAY_{name}".upper() for name in Settings.model_fields}
-    unknown = sorted(
-        key for key in env if key.upper().startswith("GATEWAY_") and key.upper() not in known
+    log_level: LogLevel = Field(default="info", description="The least severe log lines written.")
+    plugin: str | None = Field(
+        default=None,
+        pattern=r"^[A-Za-z_][A-Za-z0-9_]*(\.[A-Za-z_][A-Za-z0-9_]*)*$",
+        description="A Python module that defines the agent: tools() -> the tools, and "
+        "optionally model() -> (client, model) and adapters(settings, clock) -> extra channels.",
     )
-    if unknown:
-        raise UnknownSetting(
-            f"unknown setting(s) {', '.join(unknown)}; known: {', '.join(sorted(known))}"
-        )
-    if environ is None:
-        return Settings()
-    return Settings.model_validate(_lowered(environ))
+
+    @field_validator("*", mode="before")
+    @classmethod
+    def _no_booleans(cls, value: Any, info: ValidationInfo) -> Any:
+        # pydantic reads true as 1; a TOML `worker_slots = true` is a mistake, not one slot.
+        if isinstance(value, bool) and info.field_name is not None:
+            raise ValueError(f"expected {accepted(info.field_name)}, not true or false")
+        return value
+
+    @field_validator("store_url")
+    @classmethod
+    def _store_url(cls, value: str) -> str:
+        return _check_url(value, _STORE_SCHEMES, accepted("store_url"))
+
+    @field_validator("broker_url")
+    @classmethod
+    def _broker_url(cls, value: str | None) -> str | None:
+        return None if value is None else _check_url(value, _BROKER_SCHEMES, accepted("broker_url"))
+
+    @field_validator("web_url")
+    @classmethod
+    def _web_url(cls, value: str | None) -> str | None:
+        return None if value is None else _check_url(value, _WEB_SCHEMES, accepted("web_url"))
+
+    @field_validator("redis_url")
+    @classmethod
+    def _redis_url(cls, value: str | None) -> str | None:
+        return None if value is None else _check_url(value, _REDIS_SCHEMES, accepted("redis_url"))
+
+    @field_validator("model_base_url")
+    @classmethod
+    def _model_base_url(cls, value: str | None) -> str | None:
+        if value is not None:
+            _check_url(value, ("http", "https"), accepted("model_base_url"))
+            if not urlsplit(value).netloc:
+                raise ValueError(f"expected {accepted('model_base_url')}")
+        return value
+
+    @field_validator("model_api_key")
+    @classmethod
+    def _model_api_key(cls, value: SecretStr | None) -> SecretStr | None:
+        if value is not None and not value.get_secret_value().strip():
+            raise ValueError(f"expected {accepted('model_api_key')}")
+        return value
+
+    @field_validator("host")
+    @classmethod
+    def _host(cls, value: str) -> str:
+        if _ip(value) is None and not _HOSTNAME.fullmatch(value):
+            raise ValueError(f"expected {accepted('host')}")
+        return value
+
+    @field_validator("routes")
+    @classmethod
+    def _routes(cls, routes: tuple[Route, ...]) -> tuple[Route, ...]:
+        for later, route in enumerate(routes):
+            for earlier, first in enumerate(routes[:later]):
+                if first.channel != route.channel or first.space not in ("*", route.space):
+                    continue
+                binds = f"{route.channel} space {route.space}"
+                if first.space == route.space:
+                    raise ValueError(
+                        f"routes[{earlier}] and routes[{later}] both bind {binds}: the first "
+                        f"match wins, so routes[{later}] would never apply"
+                    )
+                raise ValueError(
+                    f"routes[{later}] ({binds}) comes after routes[{earlier}] "
+                    f"({route.channel} space *), which takes every space first: put specific "
+                    "spaces before *"
+                )
+        return routes
+
+    @model_validator(mode="after")
+    def _relations(self) -> Settings:
+        problems = [
+            _Relation(
+                ("renew_seconds", "lease_seconds"),
+                "3 x renew_seconds must be less than lease_seconds, so a lease survives one "
+                "failed renewal",
+            )
+            if 3 * self.renew_seconds >= self.lease_seconds
+            else None,
+            _Relation(
+                ("drain_seconds", "shutdown_seconds"),
+                "drain_seconds must be less than shutdown_seconds, so the drain ends before "
+                "the process is stopped",
+            )
+            if self.drain_seconds >= self.shutdown_seconds
+            else None,
+            _Relation(
+                ("delivery_timeout_seconds", "outbox_lease_seconds"),
+                "2 x delivery_timeout_seconds must be less than outbox_lease_seconds, so a "
+                "delivery and its reconciliation end before another deliverer may take it",
+            )
+            if 2 * self.delivery_timeout_seconds >= self.outbox_lease_seconds
+            else None,
+        ]
+        failed = [problem for problem in problems if problem is not None]
+        if failed:
+            raise _Relations(failed)
+        return self
+
+    def replace(self, **changes: Any) -> Settings:
+        """A copy with `changes` (a command-line flag over a setting), checked like any.
+
+        Unlike ``model_copy(update=...)`` it validates, and unlike validating ``model_dump()``
+        it keeps which settings were set explicitly (what `effective_store_url` reads).
+        """
+        return Settings.model_validate({**self.model_dump(exclude_unset=True), **changes})
+
+    @property
+    def effective_store_url(self) -> str:
+        """The store: store_url when set explicitly, else redis_url when set, else the default."""
+        if "store_url" in self.model_fields_set or self.redis_url is None:
+            return self.store_url
+        return self.redis_url
+
+    @property
+    def effective_broker_url(self) -> str:
+        """The broker: broker_url when set, else redis_url when set, else SQLite under .gateway."""
+        return self.broker_url or self.redis_url or DEFAULT_BROKER_URL
+
+    @property
+    def effective_web_url(self) -> str:
+        """The web channel's mailbox: web_url when set, else redis_url, else SQLite."""
+        return self.web_url or self.redis_url or DEFAULT_WEB_URL
+
+    def route_for(self, channel: str, space: str) -> str:
+        """The session a thread of `space` in `channel` belongs to.
+
+        The first route whose channel is `channel` and whose space is `space` or ``*`` wins;
+        with none, the session is `default_session(channel, space)` (``slack-C123``).
+        """
+        for route in self.routes:
+            if route.matches(channel, space):
+                return route.session
+        return default_session(channel, space)
+
+    def warnings(self) -> tuple[str, ...]:
+        """What these settings allow but an operator should know (one line each, to log)."""
+        found: list[str] = []
+        address = _ip(self.host)
+        if not (self.host == "localhost" or (address is not None and address.is_loopback)):
+            found.append(
+                f"host={self.host} is not a loopback address: the web channel has no "
+                f"authentication, so anyone who reaches port {self.port} can talk to the agent "
+                "(bind 127.0.0.1, or put an authenticating proxy in front)"
+            )
+        if _scheme(self.effective_broker_url) in _REDIS_SCHEMES:
+            local = [
+                f"the {part} ({_scheme(url)})"
+                for part, url in (
+                    ("store", self.effective_store_url),
+                    ("web channel", self.effective_web_url),
+                )
+                if _scheme(url) in _LOCAL_SCHEMES
+            ]
+            if local:
+                found.append(
+                    f"the broker is Redis but {' and '.join(local)} "
+                    f"{'are local files' if len(local) > 1 else 'is a local file'}: every "
+                    "`gateway serve` sharing the broker must run on this machine"
+                )
+        if _scheme(self.effective_store_url) == "memory":
+            found.append(
+                "the store is memory://: sessions are lost when the process stops, while the "
+                "broker keeps their messages and replies"
+            )
+        return tuple(found)
 
 
-def _lowered(environ: Mapping[str, str]) -> dict[str, str]:
-    return {
-        key[len("GATEWAY_") :].lower(): value
-        for key, value in environ.items()
-        if key.upper().startswith("GATEWAY_")
+def accepted(name: str) -> str:
+    """What setting `name` accepts, in words (for error messages and the example files)."""
+    if name in _ACCEPTED:
+        return _ACCEPTED[name]
+    field = Settings.model_fields[name]
+    annotation = field.annotation
+    if get_origin(annotation) is Literal:
+        return "one of " + ", ".join(str(choice) for choice in get_args(annotation))
+    kinds = (annotation, *get_args(annotation))
+    if int in kinds:
+        kind = "an integer"
+    elif float in kinds:
+        kind = "a number of seconds" if name.endswith("_seconds") else "a number"
+    else:
+        return "text"
+    bounds = {
+        attr: getattr(bound, attr)
+        for bound in field.metadata
+        for attr in ("ge", "gt", "le", "lt")
+        if getattr(bound, attr, None) is not None
     }
+    if "ge" in bounds and "le" in bounds:
+        return f"{kind} from {number(bounds['ge'])} to {number(bounds['le'])}"
+    limits = " and ".join(f"{_BOUNDS[attr]} {number(value)}" for attr, value in bounds.items())
+    return f"{kind} {limits}" if limits else kind
+
+
+_BOUNDS = {"ge": "at least", "gt": "above", "le": "at most", "lt": "below"}
+
+
+def default_text(name: str) -> str:
+    """Setting `name`'s default as a person writes it (``unset`` when it has none)."""
+    default = Settings.model_fields[name].default
+    if default is None:
+        return "unset"
+    if default == ():
+        return "none"
+    return number(default) if isinstance(default, float | int) else str(default)
+
+
+def number(value: float) -> str:
+    """`value` as a person writes it: 30, 0.5, 86400 (no exponent, no trailing .0)."""
+    return str(int(value)) if float(value).is_integer() else f"{value:g}"
+
+
+_ACCEPTED = {
+    "store_url": "a store URL: sqlite:///file.db, redis://host:port/db (rediss:// for TLS), "
+    "jsonl:///dir or memory://",
+    "broker_url": "a broker URL: sqlite:///file.db or redis://host:port/db (rediss:// for TLS)",
+    "web_url": "sqlite:///file.db, redis://host:port/db (rediss:// for TLS) or memory://",
+    "redis_url": "a Redis URL: redis://host:port/db or rediss://host:port/db",
+    "model": "provider:model_id, e.g. openai:gpt-4.1-mini or scripted:echo",
+    "model_api_key": "the provider's key (not empty)",
+    "model_base_url": "an http:// or https:// URL",
+    "host": "an IP address or a host name (no scheme, no port)",
+    "routes": 'a list of routes {"channel", "space", "session"}: JSON in GATEWAY_ROUTES, '
+    "[[routes]] tables in TOML",
+}
+
+
+def _check_url(value: str, schemes: tuple[str, ...], wanted: str) -> str:
+    if _scheme(value) not in schemes or not value.partition("://")[1]:
+        raise ValueError(f"expected {wanted}")
+    return value
+
+
+def _scheme(url: str) -> str:
+    return url.partition("://")[0].lower()
+
+
+def _ip(text: str) -> ipaddress.IPv4Address | ipaddress.IPv6Address | None:
+    try:
+        return ipaddress.ip_address(text)
+    except ValueError:
+        return None

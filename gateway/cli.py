@@ -1,4 +1,4 @@
-"""The ``gateway`` command: the embedded demo and store inspection (the service comes later)."""
+"""The ``gateway`` command: the service (`serve`), the crash demo, store inspection, `ask`."""
 
 from __future__ import annotations
 
@@ -7,7 +7,9 @@ import asyncio
 import sys
 from collections.abc import Sequence
 
-from config import Settings
+from pydantic import ValidationError
+
+from config import Settings, SettingsError, format_settings_error, load_settings
 from gateway.ask import ask
 from gateway.demo import demo, describe
 from gateway.models import ModelConfigError
@@ -18,11 +20,6 @@ from harness_core import (
 )
 
 __all__ = ["main"]
-
-_NOT_YET = (
-    "gateway serve: not implemented yet (the service lands with the gateway issues); "
-    "try `gateway demo`"
-)
 
 
 async def show(repo: SessionRepo, session_id: str | None, out: list[str]) -> None:
@@ -60,7 +57,11 @@ class CliError(Exception):
 
 
 async def _run(args: argparse.Namespace, settings: Settings) -> int:
-    url = args.store or settings.store_url
+    if args.command == "serve":
+        from gateway.serve import serve
+
+        return await serve(settings)
+    url = args.store or settings.effective_store_url
     repo = open_repo(url)
     out: list[str] = []
     try:
@@ -69,11 +70,8 @@ async def _run(args: argparse.Namespace, settings: Settings) -> int:
             out.append(f"inspect it again: gateway store show {session_id} --store {url}")
         elif args.command == "store":
             await show(repo, _session_of(args.target), out)
-        elif args.command == "ask":
-            return await ask(repo, settings, args.lane, " ".join(args.question), out)
         else:
-            print(_NOT_YET, file=sys.stderr)
-            return 2
+            return await ask(repo, settings, args.lane, " ".join(args.question), out)
     finally:
         await repo.close()
         print("\n".join(out))
@@ -105,12 +103,29 @@ def main(argv: Sequence[str] | None = None, settings: Settings | None = None) ->
     ask_parser.add_argument("question", nargs="+")
     ask_parser.add_argument("--lane", default="cli:default", help="the lane (conversation) to use")
     ask_parser.add_argument("--store", dest="store", default=argparse.SUPPRESS)
-    commands.add_parser("serve", help="run the gateway service (not implemented yet)")
+    serve_parser = commands.add_parser(
+        "serve", help="run the service: the web channel, workers and deliverer (embedded default)"
+    )
+    serve_parser.add_argument("--config", help="a TOML settings file (the environment wins)")
+    serve_parser.add_argument("--host", help="listen address (default: GATEWAY_HOST or 127.0.0.1)")
+    serve_parser.add_argument("--port", type=int, help="listen port (default: 8787)")
+    serve_parser.add_argument(
+        "--log-level", choices=("debug", "info", "warning", "error"), help="log verbosity"
+    )
     args = parser.parse_args(argv)
-    if settings is None:
-        from config import load_settings
-
-        settings = load_settings()
+    try:
+        if settings is None:
+            settings = load_settings(config_file=getattr(args, "config", None))
+        overrides = {
+            name: value
+            for name in ("host", "port", "log_level")
+            if (value := getattr(args, name, None)) is not None
+        }
+        if overrides:
+            settings = settings.replace(**overrides)
+    except (SettingsError, ValidationError) as exc:
+        print(f"gateway: {format_settings_error(exc)}", file=sys.stderr)
+        return 2
     try:
         return asyncio.run(_run(args, settings))
     except (HarnessError, ModelConfigError) as exc:
@@ -119,3 +134,5 @@ def main(argv: Sequence[str] | None = None, settings: Settings | None = None) ->
     except CliError as exc:
         print(f"gateway: {exc}", file=sys.stderr)
         return 2
+    except KeyboardInterrupt:
+        return 130

@@ -13,6 +13,7 @@ import pydantic_ai.models  # noqa: E402
 # with `tests.support.fake_llm.allow_model_requests()`.
 pydantic_ai.models.ALLOW_MODEL_REQUESTS = False
 
+from tests.support.redis_cluster import LocalRedisCluster  # noqa: E402
 from tests.support.redis_server import RedisServer  # noqa: E402
 
 _prefixes = itertools.count()
@@ -24,6 +25,14 @@ def redis_server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[RedisServ
     server = RedisServer(tmp_path_factory.mktemp("redis")).start()
     yield server
     server.stop()
+
+
+@pytest.fixture(scope="session")
+def redis_cluster(tmp_path_factory: pytest.TempPathFactory) -> Iterator[LocalRedisCluster]:
+    """One local 3-master Redis Cluster for the whole run (started on first use)."""
+    cluster = LocalRedisCluster(tmp_path_factory.mktemp("redis-cluster")).start()
+    yield cluster
+    cluster.stop()
 
 
 @pytest.fixture(autouse=True)

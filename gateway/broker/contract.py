@@ -32,6 +32,8 @@ __all__ = [
     "AuditEvent",
     "Backlog",
     "Broker",
+    "BrokerError",
+    "BrokerErrorCode",
     "ClaimedDelivery",
     "Delivery",
     "DeliveryStatus",
@@ -39,6 +41,7 @@ __all__ = [
     "InboxAppend",
     "InboxItem",
     "InboxItemKind",
+    "InboxStatus",
     "NewAuditEvent",
     "NewInboxItem",
     "Outbox",
@@ -48,6 +51,21 @@ __all__ = [
 ]
 
 InboxItemKind = Literal["message", "decision"]
+InboxStatus = Literal["pending", "acked", "rejected"]
+
+BrokerErrorCode = Literal[
+    "invalid_url",  # a broker URL was refused (before anything was created or contacted)
+    "closed",  # the broker was closed
+    "storage",  # the backend failed (I/O, connection); a write's outcome may be unknown
+]
+
+
+class BrokerError(Exception):
+    """The broker could not be opened or used; `code` says why."""
+
+    def __init__(self, code: BrokerErrorCode, message: str) -> None:
+        super().__init__(message)
+        self.code: BrokerErrorCode = code
 
 
 class NewInboxItem(Frozen):
@@ -65,8 +83,12 @@ class InboxItem(NewInboxItem):
     """An item of a session's inbox."""
 
     id: str
-    """Assigned by the broker; a session's items sort by it in append order."""
+    """Assigned by the broker; a session's items sort by it (as strings) in append order."""
     appended_at_ms: int
+    status: InboxStatus = "pending"
+    """As of the call that returned the item (a duplicate `append` shows what became of it)."""
+    reason: str | None = None
+    """Why it was rejected (None unless ``status == "rejected"``)."""
 
 
 class InboxAppend(Frozen):
@@ -110,11 +132,17 @@ class Inbox(Protocol):
         ...
 
     async def ack(self, session: str, item_id: str) -> None:
-        """The item was accepted into its lane (idempotent; unknown ids are ignored)."""
+        """The item was accepted into its lane (idempotent; unknown ids are ignored).
+
+        An item settles once: the first `ack` or `reject` wins, later calls change nothing.
+        """
         ...
 
     async def reject(self, session: str, item_id: str, reason: str) -> None:
-        """The item can never be accepted (malformed, unroutable): keep it with `reason`."""
+        """The item can never be accepted (malformed, unroutable): keep it with `reason`.
+
+        Idempotent like `ack` (the first settlement and its reason stay); unknown ids are ignored.
+        """
         ...
 
     async def take_session(self, worker: str, *, wait_ms: int = 0) -> SessionTicket | None:
@@ -126,9 +154,18 @@ class Inbox(Protocol):
         """
         ...
 
+    async def renew(self, ticket: SessionTicket) -> bool:
+        """Keep the session for another visibility timeout (a worker still working on it).
+
+        False (and no change) if the ticket is no longer the session's: `done` was called, or
+        it expired and the session was handed to another worker.
+        """
+        ...
+
     async def done(self, ticket: SessionTicket) -> None:
         """The worker is through with the session for now (idempotent).
 
+        A ticket that is no longer the session's (expired and handed out again) changes nothing.
         If the session has pending items (they arrived meanwhile, or the worker could not take
         the store's lease), it is ready again for any worker.
         """
@@ -272,7 +309,10 @@ class Threads(Protocol):
         ...
 
     async def mark_replied(self, session: str, lane: str, seq: int) -> None:
-        """Replies are enqueued through `seq` (never lowers the mark)."""
+        """Replies are enqueued through `seq` (never lowers the mark).
+
+        A lane without state is ignored (`remember` creates it).
+        """
         ...
 
 
@@ -314,7 +354,10 @@ class Audit(Protocol):
         after: str | None = None,
         limit: int = 100,
     ) -> tuple[AuditEvent, ...]:
-        """Events in record order after the cursor `after`, narrowed by session and lane."""
+        """Events in record order after the cursor `after`, narrowed by session and lane.
+
+        `after` is an event's id; ids sort (as strings) in record order.
+        """
         ...
 
 

@@ -1,28 +1,329 @@
-"""Settings: defaults, environment, and refusal of unknown GATEWAY_* variables."""
+"""The settings model: bounds, the checks between fields, routing, effective URLs, warnings."""
 
 from __future__ import annotations
 
 import pytest
+from hypothesis import given
+from hypothesis import strategies as st
+from pydantic import SecretStr, ValidationError
 
-from config import Settings, UnknownSetting, load_settings
-
-
-def test_the_embedded_default_store() -> None:
-    assert load_settings({}).store_url == "sqlite:///.gateway/gateway.db"
-
-
-def test_the_store_comes_from_the_environment() -> None:
-    settings = load_settings({"GATEWAY_STORE_URL": "redis://cache:6379/2", "PATH": "/bin"})
-    assert settings == Settings(store_url="redis://cache:6379/2")
-
-
-def test_a_misspelt_variable_is_an_error_naming_it() -> None:
-    with pytest.raises(UnknownSetting) as caught:
-        load_settings({"GATEWAY_STORE_ULR": "sqlite:///x.db"})
-    assert "GATEWAY_STORE_ULR" in str(caught.value)
-    assert "GATEWAY_STORE_URL" in str(caught.value)
+from config import (
+    DEFAULT_BROKER_URL,
+    DEFAULT_STORE_URL,
+    DEFAULT_WEB_URL,
+    Route,
+    Settings,
+    format_settings_error,
+)
+from config.settings import default_session, is_session_id
+from harness_core import SessionError
+from harness_core.session.names import check_session_id
 
 
-def test_the_process_environment_is_read(monkeypatch) -> None:
-    monkeypatch.setenv("GATEWAY_STORE_URL", "memory://")
-    assert load_settings().store_url == "memory://"
+def _refusal(**values: object) -> str:
+    with pytest.raises(ValidationError) as caught:
+        Settings.model_validate(values)
+    line = format_settings_error(caught.value)
+    assert "\n" not in line
+    return line
+
+
+def test_the_defaults_are_consistent_and_embedded() -> None:
+    settings = Settings()
+    assert settings.effective_store_url == DEFAULT_STORE_URL
+    assert settings.effective_broker_url == DEFAULT_BROKER_URL
+    assert settings.effective_web_url == DEFAULT_WEB_URL
+    assert settings.shutdown_seconds == 15
+    assert settings.warnings() == ()
+
+
+# --- the checks between settings ---------------------------------------------------------
+
+
+@pytest.mark.parametrize(
+    ("values", "names", "rule"),
+    [
+        ({"renew_seconds": 10}, ("renew_seconds=10", "lease_seconds=30"), "3 x renew_seconds"),
+        ({"lease_seconds": 15}, ("renew_seconds=5", "lease_seconds=15"), "one failed renewal"),
+        ({"drain_seconds": 15}, ("drain_seconds=15", "shutdown_seconds=15"), "drain_seconds"),
+        ({"shutdown_seconds": 5}, ("drain_seconds=10", "shutdown_seconds=5"), "shutdown"),
+        (
+            {"delivery_timeout_seconds": 30},
+            ("delivery_timeout_seconds=30", "outbox_lease_seconds=60"),
+            "2 x delivery_timeout_seconds",
+        ),
+    ],
+)
+def test_settings_that_do_not_work_together_are_refused(
+    values: dict[str, object], names: tuple[str, ...], rule: str
+) -> None:
+    line = _refusal(**values)
+    assert all(name in line for name in names), line
+    assert rule in line
+
+
+def test_every_failed_check_is_reported() -> None:
+    with pytest.raises(ValidationError) as caught:
+        Settings(renew_seconds=20, drain_seconds=20)
+    line = format_settings_error(caught.value)
+    assert "renew_seconds=20 (given) and lease_seconds=30 (default)" in line
+    assert line.endswith("(and 1 more problem)")
+
+
+def test_settings_just_inside_the_checks_are_accepted() -> None:
+    Settings(lease_seconds=3, renew_seconds=0.99, drain_seconds=14.9, delivery_timeout_seconds=29)
+
+
+@pytest.mark.parametrize(
+    ("field", "value", "accepted"),
+    [
+        ("lease_seconds", float("nan"), "a number of seconds from 3 to 300"),
+        ("lease_seconds", float("inf"), "a number of seconds from 3 to 300"),
+        ("renew_seconds", 0, "above 0 and at most 100"),
+        ("renew_seconds", -1, "above 0"),
+        ("worker_slots", 10**30, "an integer from 1 to 128"),
+        ("worker_slots", True, "an integer from 1 to 128, not true or false"),
+        ("port", 0, "an integer from 1 to 65535"),
+        ("port", 8787.5, "an integer from 1 to 65535"),
+        ("inbox_dedupe_seconds", 1e300, "from 60 to 2592000"),
+        ("outbox_max_delay_seconds", 0.5, "from 1 to 86400"),
+        ("model_max_output_tokens", 0, "above 0 and at most 1000000"),
+        ("busy_policy", "Steer", "one of steer, follow_up, next_run"),
+        ("log_level", "trace", "one of debug, info, warning, error"),
+        ("store_url", "postgres://db/x", "a store URL"),
+        ("store_url", "", "a store URL"),
+        ("store_url", ".gateway/gateway.db", "a store URL"),
+        ("broker_url", "jsonl:///x", "a broker URL"),
+        ("redis_url", "sqlite:///x.db", "a Redis URL"),
+        ("web_url", "jsonl:///x", "sqlite:///file.db, redis://"),
+        ("model_base_url", "localhost:11434", "an http:// or https:// URL"),
+        ("model_base_url", "http://", "an http:// or https:// URL"),
+        ("host", "http://0.0.0.0", "an IP address or a host name"),
+        ("host", "", "an IP address or a host name"),
+        ("host", "127.0.0.1:8787", "an IP address or a host name"),
+        ("model", "", "provider:model_id"),
+        ("routes", "slack", "a list of routes"),
+    ],
+)
+def test_a_bad_value_is_one_line_naming_the_setting_the_value_and_what_is_accepted(
+    field: str, value: object, accepted: str
+) -> None:
+    line = _refusal(**{field: value})
+    assert line.startswith(f"{field}="), line
+    assert accepted in line
+
+
+def test_a_secret_is_never_echoed() -> None:
+    line = _refusal(model_api_key="   ")
+    assert line == "model_api_key=<hidden> (given): expected the provider's key (not empty)"
+    settings = Settings(model_api_key=SecretStr("sk-SECRET"), port=8788)
+    assert "sk-SECRET" not in repr(settings)
+    assert "sk-SECRET" not in str(settings.model_dump())
+
+
+def test_an_unknown_field_is_refused() -> None:
+    line = _refusal(lease_secs=3)
+    assert line.startswith("unknown setting lease_secs (given); did you mean lease_seconds?")
+
+
+def test_settings_are_frozen() -> None:
+    with pytest.raises(ValidationError):
+        Settings().port = 1  # type: ignore[misc]
+
+
+def test_hosts_that_are_accepted() -> None:
+    for host in ("127.0.0.1", "::1", "::", "0.0.0.0", "localhost", "gw.internal", "10.0.0.7"):
+        assert Settings(host=host).host == host
+
+
+# --- effective URLs ------------------------------------------------------------------------
+
+
+def test_redis_url_puts_store_broker_and_web_channel_on_redis() -> None:
+    settings = Settings(redis_url="redis://cache:6379/0")
+    assert settings.effective_store_url == "redis://cache:6379/0"
+    assert settings.effective_broker_url == "redis://cache:6379/0"
+    assert settings.effective_web_url == "redis://cache:6379/0"
+    assert settings.warnings() == ()
+
+
+def test_explicit_urls_win_over_redis_url() -> None:
+    settings = Settings(
+        redis_url="redis://cache:6379/0",
+        store_url="redis://store:6379/1",
+        broker_url="sqlite:///b.db",
+        web_url="memory://",
+    )
+    assert settings.effective_store_url == "redis://store:6379/1"
+    assert settings.effective_broker_url == "sqlite:///b.db"
+    assert settings.effective_web_url == "memory://"
+
+
+def test_an_explicit_store_url_wins_even_when_it_equals_the_default() -> None:
+    settings = Settings(redis_url="redis://cache:6379/0", store_url=DEFAULT_STORE_URL)
+    assert settings.effective_store_url == DEFAULT_STORE_URL
+    assert settings.effective_broker_url == "redis://cache:6379/0"
+
+
+def test_replace_checks_the_change_and_keeps_what_was_set_explicitly() -> None:
+    settings = Settings(redis_url="redis://cache:6379/0", model_api_key=SecretStr("sk-x"))
+    changed = settings.replace(log_level="debug")
+    assert changed.log_level == "debug"
+    assert changed.effective_store_url == "redis://cache:6379/0"
+    assert changed.model_api_key == SecretStr("sk-x")
+    assert settings.replace(store_url="memory://").effective_store_url == "memory://"
+    with pytest.raises(ValidationError):
+        settings.replace(renew_seconds=20)
+
+
+# --- warnings ------------------------------------------------------------------------------
+
+
+def test_a_public_address_is_a_warning_not_an_error() -> None:
+    (warning,) = Settings(host="0.0.0.0").warnings()
+    assert warning.startswith("host=0.0.0.0 is not a loopback address")
+    assert Settings(host="localhost").warnings() == ()
+    assert Settings(host="::1").warnings() == ()
+
+
+def test_a_redis_broker_with_local_files_warns_they_bind_processes_to_one_machine() -> None:
+    (warning,) = Settings(
+        redis_url="redis://cache:6379/0", store_url="sqlite:///gw.db", web_url="sqlite:///w.db"
+    ).warnings()
+    assert "the store (sqlite) and the web channel (sqlite) are local files" in warning
+
+
+def test_a_memory_store_warns_that_sessions_do_not_survive() -> None:
+    (warning,) = Settings(store_url="memory://").warnings()
+    assert warning.startswith("the store is memory://")
+
+
+# --- routes --------------------------------------------------------------------------------
+
+
+def _routes(*triples: tuple[str, str, str]) -> tuple[Route, ...]:
+    return tuple(Route(channel=c, space=s, session=n) for c, s, n in triples)
+
+
+def test_first_matching_route_wins_and_star_matches_any_space() -> None:
+    settings = Settings(
+        routes=_routes(
+            ("slack", "C123", "ops"),
+            ("email", "ops@example.com", "ops"),
+            ("slack", "*", "chatter"),
+        )
+    )
+    assert settings.route_for("slack", "C123") == "ops"
+    assert settings.route_for("email", "ops@example.com") == "ops"
+    assert settings.route_for("slack", "C999") == "chatter"
+    assert settings.route_for("email", "other@example.com") == "email-other@example.com"
+    assert settings.route_for("web", "C123") == "web-C123"
+
+
+def test_a_route_space_defaults_to_every_space() -> None:
+    assert Route(channel="web", session="web").space == "*"
+
+
+def test_two_routes_for_one_channel_and_space_are_refused() -> None:
+    line = _refusal(
+        routes=[
+            {"channel": "slack", "space": "C1", "session": "a"},
+            {"channel": "email", "space": "C1", "session": "b"},
+            {"channel": "slack", "space": "C1", "session": "c"},
+        ]
+    )
+    assert "routes[0] and routes[2] both bind slack space C1" in line
+
+
+def test_a_route_after_a_star_route_of_its_channel_is_refused() -> None:
+    line = _refusal(
+        routes=[
+            {"channel": "slack", "session": "all"},
+            {"channel": "slack", "space": "C1", "session": "ops"},
+        ]
+    )
+    assert "routes[1] (slack space C1) comes after routes[0] (slack space *)" in line
+
+
+@pytest.mark.parametrize(
+    ("route", "path", "accepted"),
+    [
+        (
+            {"channel": "slack", "space": "C1", "session": "bad id"},
+            "routes[0].session",
+            "a session id",
+        ),
+        (
+            {"channel": "slack", "space": "C1", "session": "-ops"},
+            "routes[0].session",
+            "a session id",
+        ),
+        ({"channel": "slack", "space": "C1", "session": "x" * 201}, "routes[0].session", "1-200"),
+        ({"channel": "Slack", "space": "C1", "session": "ops"}, "routes[0].channel", "a channel"),
+        ({"channel": "slack:x", "space": "C1", "session": "ops"}, "routes[0].channel", "a channel"),
+        ({"channel": "slack", "space": "", "session": "ops"}, "routes[0].space", "a space"),
+        ({"channel": "slack", "space": "a b", "session": "ops"}, "routes[0].space", "a space"),
+        ({"channel": "slack", "space": "C1", "session": 5}, "routes[0].session", "text"),
+    ],
+)
+def test_a_bad_route_names_its_field(route: dict[str, object], path: str, accepted: str) -> None:
+    line = _refusal(routes=[route])
+    assert line.startswith(f"{path}="), line
+    assert accepted in line
+
+
+def test_a_route_with_an_unknown_or_missing_key_is_refused() -> None:
+    assert _refusal(routes=[{"channel": "slack", "sesion": "ops"}]).startswith(
+        "routes[0].session is missing"
+    )
+    with pytest.raises(ValidationError) as caught:
+        Settings(routes=[{"channel": "slack", "session": "ops", "sesion": "x"}])
+    assert format_settings_error(caught.value).startswith("unknown key routes[0].sesion (given)")
+
+
+@pytest.mark.parametrize(
+    ("channel", "space", "session"),
+    [
+        ("slack", "C123", "slack-C123"),
+        ("email", "ops@example.com", "email-ops@example.com"),
+        ("web", "team.a", "web-team.a"),
+    ],
+)
+def test_an_unrouted_space_gets_its_own_session(channel: str, space: str, session: str) -> None:
+    assert Settings().route_for(channel, space) == session
+
+
+def test_sanitized_sessions_of_different_spaces_stay_apart() -> None:
+    first, second = default_session("web", "a b"), default_session("web", "a-b")
+    assert first != second
+    assert first.startswith("web-a-b-")
+    long = default_session("web", "x" * 500)
+    assert len(long) == 200
+    assert long != default_session("web", "x" * 499)
+
+
+@given(st.text(max_size=300), st.text(max_size=300))
+def test_every_default_session_is_a_valid_session_id(channel: str, space: str) -> None:
+    session = default_session(channel, space)
+    check_session_id(session)
+    assert default_session(channel, space) == session
+
+
+@given(st.text(alphabet=st.characters(codec="utf-8"), max_size=210))
+def test_the_session_id_rule_is_the_stores(text: str) -> None:
+    try:
+        check_session_id(text)
+        store_accepts = True
+    except SessionError:
+        store_accepts = False
+    assert is_session_id(text) == store_accepts
+
+
+@pytest.mark.parametrize("text", ["a", "A.b_c:d@e+f=g-h", "9" * 200, "9" * 201, "-a", "", "a b"])
+def test_the_session_id_rule_at_its_edges(text: str) -> None:
+    try:
+        check_session_id(text)
+        store_accepts = True
+    except SessionError:
+        store_accepts = False
+    assert is_session_id(text) == store_accepts

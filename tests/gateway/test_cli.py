@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import socket
+
 import pytest
 
 from config import Settings
@@ -36,9 +38,20 @@ def test_the_default_store_comes_from_settings(tmp_path, capsys) -> None:
     capsys.readouterr()
 
 
-def test_serve_says_it_is_not_there_yet(capsys) -> None:
-    assert main(["serve"], settings=Settings(store_url="memory://")) == 2
-    assert "not implemented yet" in capsys.readouterr().err
+def test_serve_on_a_taken_port_is_one_clear_line(tmp_path, capsys) -> None:
+    with socket.socket() as taken:
+        taken.bind(("127.0.0.1", 0))
+        taken.listen()
+        port = taken.getsockname()[1]
+        settings = Settings(
+            store_url=f"sqlite:///{tmp_path}/s.db",
+            broker_url=f"sqlite:///{tmp_path}/b.db",
+            web_url=f"sqlite:///{tmp_path}/w.db",
+        )
+        assert main(["serve", "--port", str(port)], settings=settings) == 2
+    err = capsys.readouterr().err.strip().splitlines()
+    assert err[-1].startswith(f"gateway: cannot listen on 127.0.0.1:{port}")
+    assert "Traceback" not in "\n".join(err)
 
 
 def test_a_bad_store_url_is_a_clear_error(capsys) -> None:

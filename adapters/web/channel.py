@@ -1,0 +1,790 @@
+"""`WebChannel`: the local channel (HTTP JSON, Server-Sent Events and a plain page).
+
+Threads are identified by id within a space (``default`` unless a request names another); the
+lane of thread T is ``web:T``. Messages people post are handed to the gateway's sink and
+acknowledged (202) only after it returned; they are then kept in the thread's mailbox with the
+replies the gateway delivers, so a thread reads back in order and a reconnecting event stream
+(``Last-Event-ID``) misses nothing.
+
+Endpoints (under the router's prefix, ``/web`` by default; ``space`` is a query parameter of
+the GETs and a body field of the POSTs):
+
+* ``POST /web/threads/{thread}/messages`` ``{"text", "client_message_id"?, "author"?,
+  "space"?}`` -> 202 ``{"item_id", "session", "lane", "duplicate", "message_id", ...}``.
+* ``POST /web/threads/{thread}/decisions`` ``{"run_id", "wait_id", "decisions": [
+  {"tool_call_id", "args_digest", "approved", "reason"?}], "author"?, "idempotency_key"?,
+  "space"?}`` -> 202 (an Approve or Deny click).
+* ``GET /web/threads/{thread}?after=&limit=`` -> the thread's items, oldest first.
+* ``GET /web/threads/{thread}/events?after=&kinds=`` -> ``text/event-stream``: every item after
+  ``after`` (or after the ``Last-Event-ID`` header), then each new one as it is appended; the
+  event id is the item's ``seq``, the data the item as JSON; a comment every `keepalive_s`.
+* ``GET /web/threads?space=`` -> the space's threads; ``GET /web/threads/{thread}/page`` and
+  ``GET /web/`` -> HTML.
+
+Every refusal is one JSON envelope ``{"error": {"code", "message"}}``: 400 for a malformed
+request, 403 ``cross_site``, 404 ``not_routed``, 413 ``too_large``, 415 (a body that is not
+``application/json``), 503 ``unavailable`` with ``Retry-After``. The channel has no
+authentication of its own: bind it to a trusted interface. POSTs must be ``application/json``
+and not cross-site (``Sec-Fetch-Site``), so a web page a person visits cannot post or approve
+through their browser.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import hashlib
+import json
+import logging
+from collections.abc import AsyncIterator, Mapping
+from dataclasses import dataclass
+from typing import Any, Literal, get_args
+
+from fastapi import APIRouter, Request
+from fastapi.responses import (
+    HTMLResponse,
+    JSONResponse,
+    RedirectResponse,
+    Response,
+    StreamingResponse,
+)
+from pydantic import BaseModel, ConfigDict, Field, ValidationError
+
+from adapters.channel import (
+    Acceptance,
+    Author,
+    DecisionInbound,
+    DecisionItem,
+    DeliveryError,
+    DeliveryReceipt,
+    Inbound,
+    InboundSink,
+    NotRouted,
+    Outbound,
+    Reconciled,
+    ThreadRef,
+    Unavailable,
+)
+from adapters.web.mailbox import (
+    DEFAULT_MAILBOX_URL,
+    MailboxError,
+    MailboxUnavailable,
+    NewWebItem,
+    WebDecision,
+    WebItem,
+    WebItemKind,
+    WebMailbox,
+    check_name,
+    open_mailbox,
+)
+from adapters.web.page import content_security_policy, index_page, thread_page
+from harness_core import Clock, IdGenerator, SystemClock, Uuid7Ids
+
+__all__ = ["WebChannel", "WebLimits"]
+
+log = logging.getLogger("adapters.web")
+
+_ID_CHARS = "letters, digits, '.', '_', ':', '@' and '-'"
+_CLIENT_ID = r"^[A-Za-z0-9._:@-]{1,200}$"
+_KINDS: tuple[str, ...] = get_args(WebItemKind)
+_UNION_TAGS = frozenset({"str", "_AuthorIn"})
+"""How pydantic names the branches of ``str | _AuthorIn`` in an error's location."""
+
+
+@dataclass(frozen=True)
+class WebLimits:
+    """What the web channel accepts and how it paces its streams."""
+
+    max_text_chars: int = 32_000
+    """The longest message text (characters)."""
+    max_body_bytes: int = 256 * 1024
+    """The largest request body (bytes), refused before it is parsed."""
+    max_page: int = 500
+    """The most items one ``GET`` returns."""
+    keepalive_s: float = 15.0
+    """How often an idle event stream sends a comment (and re-checks the mailbox)."""
+    retry_after_s: int = 2
+    """``Retry-After`` of a 503."""
+    reconnect_ms: int = 2000
+    """The ``retry:`` an event stream tells browsers to wait before reconnecting."""
+
+
+class _Refused(Exception):
+    """A request refused with one status and one envelope."""
+
+    def __init__(
+        self, status: int, code: str, message: str, headers: Mapping[str, str] | None = None
+    ) -> None:
+        super().__init__(message)
+        self.status = status
+        self.code = code
+        self.message = message
+        self.headers = dict(headers or {})
+
+    def response(self) -> JSONResponse:
+        return JSONResponse(
+            {"error": {"code": self.code, "message": self.message}},
+            status_code=self.status,
+            headers={**self.headers, "Cache-Control": "no-store"},
+        )
+
+
+class _AuthorIn(BaseModel):
+    model_config = ConfigDict(extra="forbid", strict=True)
+
+    id: str = Field(min_length=1, max_length=100)
+    name: str | None = Field(default=None, max_length=100)
+
+
+class _MessageIn(BaseModel):
+    model_config = ConfigDict(extra="forbid", strict=True)
+
+    text: str
+    client_message_id: str | None = Field(default=None, pattern=_CLIENT_ID)
+    author: str | _AuthorIn | None = None
+    space: str = "default"
+
+
+class _DecisionItemIn(BaseModel):
+    model_config = ConfigDict(extra="forbid", strict=True)
+
+    tool_call_id: str = Field(min_length=1, max_length=200)
+    args_digest: str = Field(min_length=1, max_length=200)
+    approved: bool
+    reason: str | None = Field(default=None, max_length=1000)
+
+
+class _DecisionIn(BaseModel):
+    model_config = ConfigDict(extra="forbid", strict=True)
+
+    run_id: str = Field(min_length=1, max_length=200)
+    wait_id: str = Field(min_length=1, max_length=200)
+    decisions: list[_DecisionItemIn] = Field(min_length=1, max_length=100)
+    author: str | _AuthorIn | None = None
+    idempotency_key: str | None = Field(default=None, pattern=_CLIENT_ID)
+    space: str = "default"
+
+
+def _refusal(exc: ValidationError) -> _Refused:
+    """The clearest 400 for a body that does not fit: its most specific error, named plainly."""
+    errors = exc.errors()
+    if any(e["type"] == "string_unicode" for e in errors):
+        return _Refused(400, "invalid_text", "a string is not valid Unicode text")
+    first = max(errors, key=lambda e: len(e["loc"]))  # in a union, the branch that got furthest
+    parts = [p for p in first["loc"] if not (isinstance(p, str) and p in _UNION_TAGS)]
+    where = ".".join(str(part) for part in parts) or "body"
+    if first["type"] == "extra_forbidden":
+        message = f"unknown field {where!r}"
+    elif first["type"] == "missing":
+        message = f"{where!r} is required"
+    elif first["type"] == "string_pattern_mismatch":
+        message = f"{where!r} must be 1-200 characters of {_ID_CHARS}"
+    else:
+        message = f"{where!r}: {first['msg']}"
+    return _Refused(400, "invalid_request", message)
+
+
+def _check_text(value: str, what: str) -> None:
+    """Refuse what no backend should store: NUL characters and unpaired surrogates."""
+    if "\x00" in value:
+        raise _Refused(400, "invalid_text", f"{what} must not contain NUL characters")
+    try:
+        value.encode("utf-8")
+    except UnicodeEncodeError:
+        raise _Refused(400, "invalid_text", f"{what} is not valid Unicode text") from None
+
+
+def _name(value: str, what: str) -> str:
+    try:
+        return check_name(value, what)
+    except ValueError as exc:
+        raise _Refused(400, f"invalid_{what}", str(exc)) from None
+
+
+def _author(value: str | _AuthorIn | None) -> Author:
+    if value is None or value == "":
+        return Author(id="anonymous")
+    if isinstance(value, str):
+        if len(value) > 100:
+            raise _Refused(400, "invalid_request", "'author' is longer than 100 characters")
+        _check_text(value, "'author'")
+        return Author(id=value, name=value)
+    _check_text(value.id, "'author.id'")
+    _check_text(value.name or "", "'author.name'")
+    return Author(id=value.id, name=value.name)
+
+
+class WebChannel:
+    """The web channel: a `ChannelAdapter` named ``web`` whose `router` the service mounts.
+
+    `mailbox` is a `WebMailbox` or a URL for `open_mailbox` (default: SQLite in
+    ``.gateway/web.db``, created on first use); either way the channel owns it. `stop` stops
+    receiving (posts are refused with 503, open event streams end) but keeps delivering, so a
+    draining deliverer still reaches the threads; `close` (after the deliverer stopped) also
+    closes the mailbox. A closed channel opened from a URL reopens it on the next `start`.
+    """
+
+    def __init__(
+        self,
+        mailbox: WebMailbox | str = DEFAULT_MAILBOX_URL,
+        *,
+        clock: Clock | None = None,
+        ids: IdGenerator | None = None,
+        limits: WebLimits | None = None,
+        prefix: str = "/web",
+    ) -> None:
+        self._url = mailbox if isinstance(mailbox, str) else None
+        self.mailbox: WebMailbox = open_mailbox(mailbox) if isinstance(mailbox, str) else mailbox
+        self.clock = clock or SystemClock()
+        self.ids = ids or Uuid7Ids(self.clock)
+        self.limits = limits or WebLimits()
+        self._sink: InboundSink | None = None
+        self._stopping = asyncio.Event()
+        self._closed = False
+        self.delivered = 0
+        """Deliveries stored (first attempts of their delivery id)."""
+        self.repeated = 0
+        """Deliveries whose id the thread held already (stored once, counted here)."""
+        self.router = self._build_router(prefix)
+
+    @property
+    def name(self) -> str:
+        """``web``."""
+        return "web"
+
+    async def start(self, sink: InboundSink) -> None:
+        """Accept posts into `sink` from now on.
+
+        Raises:
+            RuntimeError: the channel was closed and its mailbox was given, not a URL.
+        """
+        if self._closed:
+            if self._url is None:
+                raise RuntimeError("this web channel was closed with its mailbox")
+            self.mailbox = open_mailbox(self._url)
+            self._closed = False
+        self._stopping = asyncio.Event()
+        self._sink = sink
+
+    async def stop(self) -> None:
+        """Stop receiving: refuse posts (503) and end open event streams (idempotent).
+
+        Deliveries, reconciliation and reads keep working until `close`.
+        """
+        self._sink = None
+        self._stopping.set()
+
+    async def close(self) -> None:
+        """Stop, and close the mailbox (idempotent)."""
+        await self.stop()
+        if not self._closed:
+            self._closed = True
+            await self.mailbox.close()
+
+    # -- outbound ------------------------------------------------------------------------------
+
+    async def deliver(self, outbound: Outbound) -> DeliveryReceipt:
+        """Store the reply in its thread's mailbox, once per delivery id, and wake its streams.
+
+        Raises:
+            DeliveryError: permanent for a thread this channel cannot hold; retryable (with
+                ``unknown_outcome`` when the write's reply was lost) when the mailbox fails.
+        """
+        ref = outbound.thread
+        if ref.channel != self.name:
+            raise DeliveryError(f"not a web thread: channel {ref.channel!r}", permanent=True)
+        try:
+            check_name(ref.space, "space")
+            check_name(ref.thread, "thread")
+            item = NewWebItem(
+                kind=outbound.kind,
+                id=outbound.delivery_id,
+                text=outbound.text,
+                approval=outbound.approval,
+                at_ms=self.clock.now_ms(),
+            )
+        except ValidationError as exc:  # short and free of the reply's text
+            where = ".".join(str(part) for part in exc.errors()[0]["loc"])
+            raise DeliveryError(
+                f"not a deliverable web reply: bad {where}", permanent=True
+            ) from None
+        except ValueError as exc:
+            raise DeliveryError(f"not a deliverable web reply: {exc}", permanent=True) from None
+        try:
+            appended = await self.mailbox.append(ref.space, ref.thread, item)
+        except MailboxUnavailable as exc:
+            raise DeliveryError(
+                f"web mailbox unavailable ({exc.reason.split(':', 1)[0]})",
+                unknown_outcome=exc.unknown_outcome,
+            ) from exc
+        except MailboxError as exc:
+            raise DeliveryError(f"web mailbox refused the reply: {exc}") from exc
+        if appended.created:
+            self.delivered += 1
+        else:
+            self.repeated += 1
+        stored = appended.item
+        log.info(
+            "web delivered",
+            extra={
+                "delivery_id": outbound.delivery_id,
+                "lane": ref.lane,
+                "seq": stored.seq,
+                "repeated": not appended.created,
+            },
+        )
+        return DeliveryReceipt(
+            delivery_id=outbound.delivery_id,
+            channel_message_ids=(f"{ref.space}/{ref.thread}#{stored.seq}",),
+            delivered_at_ms=stored.at_ms,
+        )
+
+    async def reconcile(self, outbound: Outbound) -> Reconciled:
+        """``delivered`` if the thread holds the delivery id, ``absent`` if not."""
+        ref = outbound.thread
+        try:
+            found = await self.mailbox.find(
+                ref.space, ref.thread, outbound.kind, outbound.delivery_id
+            )
+        except MailboxError:
+            return "unknown"
+        return "absent" if found is None else "delivered"
+
+    # -- inbound -------------------------------------------------------------------------------
+
+    def _sink_or_refuse(self) -> InboundSink:
+        if self._sink is None:
+            raise _Refused(
+                503,
+                "unavailable",
+                "the web channel is not running; retry later",
+                {"Retry-After": str(self.limits.retry_after_s)},
+            )
+        return self._sink
+
+    async def _body(self, request: Request) -> Any:
+        # A cross-site page cannot send application/json without a CORS preflight (which this
+        # router never grants), nor hide that it is cross-site from a modern browser: a visited
+        # web page cannot post messages or approve a call through a person's browser.
+        fetch_site = request.headers.get("sec-fetch-site")
+        if fetch_site is not None and fetch_site not in ("same-origin", "none"):
+            raise _Refused(403, "cross_site", "cross-site requests are refused")
+        media_type = request.headers.get("content-type", "").split(";", 1)[0].strip().lower()
+        if media_type != "application/json":
+            raise _Refused(
+                415, "unsupported_media_type", "the request body must be application/json"
+            )
+        limit = self.limits.max_body_bytes
+        declared = request.headers.get("content-length")
+        if declared is not None and declared.isdigit() and int(declared) > limit:
+            raise _Refused(413, "too_large", f"the request body exceeds {limit} bytes")
+        chunks: list[bytes] = []
+        size = 0
+        async for chunk in request.stream():
+            size += len(chunk)
+            if size > limit:
+                raise _Refused(413, "too_large", f"the request body exceeds {limit} bytes")
+            chunks.append(chunk)
+        try:
+            body = json.loads(b"".join(chunks))
+        except (ValueError, RecursionError):
+            raise _Refused(400, "invalid_json", "the request body is not valid JSON") from None
+        if not isinstance(body, dict):
+            raise _Refused(400, "invalid_request", "the request body must be a JSON object")
+        return body
+
+    async def _accept(self, sink: InboundSink, call: Any, what: Any) -> Acceptance:
+        try:
+            acceptance: Acceptance = await call(what)
+        except NotRouted as exc:
+            raise _Refused(404, "not_routed", str(exc) or "no session serves this space") from None
+        except Unavailable as exc:
+            raise _Refused(
+                503,
+                "unavailable",
+                str(exc) or "the gateway cannot hold the message now; retry",
+                {"Retry-After": str(self.limits.retry_after_s)},
+            ) from None
+        return acceptance
+
+    async def _record(self, ref: ThreadRef, item: NewWebItem) -> WebItem | None:
+        try:
+            return (await self.mailbox.append(ref.space, ref.thread, item)).item
+        except MailboxError as exc:
+            log.warning(
+                "web mailbox could not record an accepted item",
+                extra={"lane": ref.lane, "kind": item.kind, "error": type(exc).__name__},
+            )
+            return None
+
+    async def post_message(self, thread: str, request: Request) -> Response:
+        """``POST /threads/{thread}/messages``."""
+        _name(thread, "thread")
+        raw = await self._body(request)
+        try:
+            body = _MessageIn.model_validate(raw)
+        except ValidationError as exc:
+            raise _refusal(exc) from None
+        space = _name(body.space, "space")
+        if not body.text.strip():
+            raise _Refused(400, "empty_text", "'text' is empty")
+        if len(body.text) > self.limits.max_text_chars:
+            raise _Refused(
+                400,
+                "text_too_long",
+                f"'text' has {len(body.text)} characters; at most "
+                f"{self.limits.max_text_chars} are accepted",
+            )
+        _check_text(body.text, "'text'")
+        author = _author(body.author)
+        sink = self._sink_or_refuse()
+        now = self.clock.now_ms()
+        ref = ThreadRef(channel=self.name, space=space, thread=thread)
+        inbound = Inbound(
+            thread=ref,
+            message_id=body.client_message_id or f"web-{self.ids.next()}",
+            author=author,
+            text=body.text,
+            received_at_ms=now,
+        )
+        acceptance = await self._accept(sink, sink.accept, inbound)
+        item = NewWebItem(
+            kind="message", id=inbound.message_id, text=body.text, author=author, at_ms=now
+        )
+        recorded = await self._record(ref, item)
+        return JSONResponse(
+            {
+                **acceptance.model_dump(mode="json"),
+                "message_id": inbound.message_id,
+                "space": space,
+                "thread": thread,
+                "seq": None if recorded is None else recorded.seq,
+            },
+            status_code=202,
+        )
+
+    async def post_decision(self, thread: str, request: Request) -> Response:
+        """``POST /threads/{thread}/decisions``: an Approve or Deny click."""
+        _name(thread, "thread")
+        raw = await self._body(request)
+        try:
+            body = _DecisionIn.model_validate(raw)
+        except ValidationError as exc:
+            raise _refusal(exc) from None
+        space = _name(body.space, "space")
+        for value in (body.run_id, body.wait_id):
+            _check_text(value, "an id")
+        for d in body.decisions:
+            _check_text(d.tool_call_id + d.args_digest + (d.reason or ""), "a decision")
+        ids = [d.tool_call_id for d in body.decisions]
+        if len(set(ids)) != len(ids):
+            raise _Refused(400, "invalid_request", "a call is decided twice in one click")
+        author = _author(body.author)
+        sink = self._sink_or_refuse()
+        decisions = tuple(
+            DecisionItem(
+                tool_call_id=d.tool_call_id,
+                args_digest=d.args_digest,
+                approved=d.approved,
+                reason=d.reason,
+            )
+            for d in body.decisions
+        )
+        key = body.idempotency_key or _decision_key(space, thread, body, decisions)
+        ref = ThreadRef(channel=self.name, space=space, thread=thread)
+        now = self.clock.now_ms()
+        decision = DecisionInbound(
+            thread=ref,
+            run_id=body.run_id,
+            wait_id=body.wait_id,
+            decisions=decisions,
+            decided_by=author,
+            idempotency_key=key,
+            received_at_ms=now,
+        )
+        acceptance = await self._accept(sink, sink.decide, decision)
+        item = NewWebItem(
+            kind="decision",
+            id=key,
+            author=author,
+            decision=WebDecision(run_id=body.run_id, wait_id=body.wait_id, decisions=decisions),
+            at_ms=now,
+        )
+        recorded = await self._record(ref, item)
+        return JSONResponse(
+            {
+                **acceptance.model_dump(mode="json"),
+                "idempotency_key": key,
+                "space": space,
+                "thread": thread,
+                "seq": None if recorded is None else recorded.seq,
+            },
+            status_code=202,
+        )
+
+    # -- reading -------------------------------------------------------------------------------
+
+    def _space(self, request: Request) -> str:
+        return _name(request.query_params.get("space") or "default", "space")
+
+    @staticmethod
+    def _int(request: Request, name: str, default: int, low: int, high: int) -> int:
+        raw = request.query_params.get(name)
+        if raw is None or raw == "":
+            return default
+        if not raw.isdigit() or not low <= int(raw) <= high:
+            raise _Refused(
+                400, "invalid_request", f"{name!r} must be a whole number from {low} to {high}"
+            )
+        return int(raw)
+
+    async def _mailbox_call(self, call: Any) -> Any:
+        try:
+            return await call
+        except MailboxError:
+            raise _Refused(
+                503,
+                "unavailable",
+                "the web mailbox is unavailable; retry",
+                {"Retry-After": str(self.limits.retry_after_s)},
+            ) from None
+
+    async def get_thread(self, thread: str, request: Request) -> Response:
+        """``GET /threads/{thread}``: the thread's items after ``after``, oldest first."""
+        _name(thread, "thread")
+        space = self._space(request)
+        after = self._int(request, "after", 0, 0, 2**53)
+        limit = self._int(request, "limit", self.limits.max_page, 1, self.limits.max_page)
+        items: tuple[WebItem, ...] = await self._mailbox_call(
+            self.mailbox.read(space, thread, after=after, limit=limit)
+        )
+        return JSONResponse(
+            {
+                "space": space,
+                "thread": thread,
+                "lane": ThreadRef(channel=self.name, space=space, thread=thread).lane,
+                "items": [item.model_dump(mode="json") for item in items],
+                "next_after": items[-1].seq if items else after,
+            },
+            headers={"Cache-Control": "no-store"},
+        )
+
+    async def list_threads(self, request: Request) -> Response:
+        """``GET /threads``: the space's threads, most recently updated first."""
+        space = self._space(request)
+        limit = self._int(request, "limit", 100, 1, self.limits.max_page)
+        threads = await self._mailbox_call(self.mailbox.threads(space, limit=limit))
+        return JSONResponse(
+            {"space": space, "threads": [t.model_dump(mode="json") for t in threads]},
+            headers={"Cache-Control": "no-store"},
+        )
+
+    async def events(self, thread: str, request: Request) -> Response:
+        """``GET /threads/{thread}/events``: Server-Sent Events of the thread's items."""
+        _name(thread, "thread")
+        space = self._space(request)
+        resume = request.headers.get("last-event-id")
+        if resume is not None and resume.strip() != "":
+            resume = resume.strip()
+            if not resume.isdigit() or int(resume) > 2**53:
+                raise _Refused(400, "invalid_request", "'Last-Event-ID' must be a seq number")
+            after = int(resume)
+        else:
+            after = self._int(request, "after", 0, 0, 2**53)
+        kinds = _kinds(request.query_params.get("kinds"))
+        page = self.limits.max_page
+        first: tuple[WebItem, ...] = await self._mailbox_call(
+            self.mailbox.read(space, thread, after=after, limit=page)
+        )
+        return StreamingResponse(
+            self._stream(space, thread, after, first, kinds),
+            media_type="text/event-stream",
+            headers={
+                "Cache-Control": "no-store",
+                "X-Accel-Buffering": "no",
+                "X-Content-Type-Options": "nosniff",
+            },
+        )
+
+    async def _stream(
+        self,
+        space: str,
+        thread: str,
+        after: int,
+        first: tuple[WebItem, ...],
+        kinds: frozenset[str] | None,
+    ) -> AsyncIterator[str]:
+        stopping = self._stopping
+        yield f"retry: {self.limits.reconnect_ms}\n\n"
+        items = first
+        cursor = after
+        while True:
+            for item in items:
+                cursor = item.seq
+                if kinds is None or item.kind in kinds:
+                    data = json.dumps(item.model_dump(mode="json"), separators=(",", ":"))
+                    yield f"id: {item.seq}\ndata: {data}\n\n"
+            found = await self._next(space, thread, cursor, stopping)
+            if found is None:
+                return  # stopping, or the mailbox failed: the client reconnects and resumes
+            items = found
+            if not items:
+                yield ": keepalive\n\n"
+
+    async def _next(
+        self, space: str, thread: str, after: int, stopping: asyncio.Event
+    ) -> tuple[WebItem, ...] | None:
+        """The items after `after` once there are any (none after the keepalive interval).
+
+        None when the channel stops or the mailbox fails.
+        """
+        if stopping.is_set():
+            return None
+        waiting = asyncio.ensure_future(
+            self.mailbox.wait(
+                space,
+                thread,
+                after=after,
+                timeout_s=self.limits.keepalive_s,
+                limit=self.limits.max_page,
+            )
+        )
+        waiting.add_done_callback(_retrieve)
+        stopped = asyncio.ensure_future(stopping.wait())
+        try:
+            await asyncio.wait({waiting, stopped}, return_when=asyncio.FIRST_COMPLETED)
+        finally:
+            stopped.cancel()
+            if not waiting.done():
+                waiting.cancel()
+        if not waiting.done() or waiting.cancelled():
+            return None
+        try:
+            return waiting.result()
+        except MailboxError as exc:
+            log.warning("web event stream ended", extra={"error": type(exc).__name__})
+            return None
+
+    # -- pages ---------------------------------------------------------------------------------
+
+    async def page(self, thread: str, request: Request) -> Response:
+        """``GET /threads/{thread}/page``: the thread's page."""
+        _name(thread, "thread")
+        space = self._space(request)
+        return HTMLResponse(
+            thread_page(space=space, thread=thread, max_text_chars=self.limits.max_text_chars),
+            headers=_page_headers(script=True),
+        )
+
+    async def index(self, request: Request) -> Response:
+        """``GET /``: the space's threads and a form to open one."""
+        space = self._space(request)
+        threads = await self._mailbox_call(self.mailbox.threads(space, limit=200))
+        suggestion = "t-" + self.ids.next().replace("-", "")[-10:]
+        return HTMLResponse(
+            index_page(
+                space=space,
+                threads=[(t.thread, t.updated_at_ms) for t in threads],
+                suggestion=suggestion,
+            ),
+            headers=_page_headers(script=False),
+        )
+
+    async def open_thread(self, request: Request) -> Response:
+        """``GET /open?thread=&space=``: the index form's target, a redirect to the page."""
+        thread = _name(request.query_params.get("thread") or "", "thread")
+        space = self._space(request)
+        return RedirectResponse(f"threads/{thread}/page?space={space}", status_code=303)
+
+    # -- the router ----------------------------------------------------------------------------
+
+    def _build_router(self, prefix: str) -> APIRouter:
+        router = APIRouter(prefix=prefix, tags=["web channel"])
+
+        def route(
+            path: str,
+            method: Literal["GET", "POST"],
+            handler: Any,
+            *,
+            with_thread: bool,
+            status: int = 200,
+        ) -> None:
+            if with_thread:
+
+                async def endpoint_thread(thread: str, request: Request) -> Response:
+                    try:
+                        response: Response = await handler(thread, request)
+                    except _Refused as refused:
+                        return refused.response()
+                    return response
+
+                endpoint: Any = endpoint_thread
+            else:
+
+                async def endpoint_plain(request: Request) -> Response:
+                    try:
+                        response: Response = await handler(request)
+                    except _Refused as refused:
+                        return refused.response()
+                    return response
+
+                endpoint = endpoint_plain
+            router.add_api_route(
+                path,
+                endpoint,
+                methods=[method],
+                status_code=status,
+                name=f"web.{handler.__name__}",
+                summary=(handler.__doc__ or "").split("\n")[0],
+                response_class=Response,
+            )
+
+        route("/", "GET", self.index, with_thread=False)
+        route("/open", "GET", self.open_thread, with_thread=False)
+        route("/threads", "GET", self.list_threads, with_thread=False)
+        route("/threads/{thread}", "GET", self.get_thread, with_thread=True)
+        route("/threads/{thread}/messages", "POST", self.post_message, with_thread=True, status=202)
+        route(
+            "/threads/{thread}/decisions", "POST", self.post_decision, with_thread=True, status=202
+        )
+        route("/threads/{thread}/events", "GET", self.events, with_thread=True)
+        route("/threads/{thread}/page", "GET", self.page, with_thread=True)
+        return router
+
+
+def _retrieve(task: asyncio.Future[Any]) -> None:
+    """Mark a waiter's outcome as seen (a cancelled stream does not read it)."""
+    if not task.cancelled():
+        task.exception()
+
+
+def _kinds(raw: str | None) -> frozenset[str] | None:
+    if raw is None or raw.strip() == "":
+        return None
+    kinds = frozenset(k.strip() for k in raw.split(",") if k.strip())
+    unknown = sorted(kinds - set(_KINDS))
+    if unknown:
+        raise _Refused(
+            400, "invalid_request", f"unknown kind(s) {unknown}; known: {', '.join(_KINDS)}"
+        )
+    return kinds
+
+
+def _decision_key(
+    space: str, thread: str, body: _DecisionIn, decisions: tuple[DecisionItem, ...]
+) -> str:
+    """The same click (same wait, same choices) always has the same key: a double click is one."""
+    canonical = json.dumps(
+        [space, thread, body.run_id, body.wait_id, [d.model_dump() for d in decisions]],
+        sort_keys=True,
+        separators=(",", ":"),
+    )
+    return "web-" + hashlib.sha256(canonical.encode()).hexdigest()[:40]
+
+
+def _page_headers(*, script: bool) -> dict[str, str]:
+    return {
+        "Content-Security-Policy": content_security_policy(script=script),
+        "X-Content-Type-Options": "nosniff",
+        "Referrer-Policy": "no-referrer",
+        "Cache-Control": "no-store",
+    }

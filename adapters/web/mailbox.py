@@ -1,0 +1,362 @@
+"""The web channel's mailbox: every thread's messages and replies, in order, durably.
+
+A thread (a space and a thread id) holds items numbered 1, 2, 3... by the mailbox: the
+messages people posted, the replies the gateway delivered (plain replies, approval requests,
+failure notices) and the decisions people sent. Each item has an identity (the client's
+message id, the delivery id, the decision's idempotency key): appending an identity the thread
+already holds changes nothing and returns the item it holds, so delivering the same reply twice
+stores it once, and `find` answers whether a delivery arrived (`reconcile`).
+
+`wait` returns the items after a sequence number as soon as there are any: what the Server-Sent
+Events stream and a reconnecting client (``Last-Event-ID``) read.
+
+Backends (`open_mailbox(url)`):
+
+* ``memory://`` - this process only (tests).
+* ``sqlite:///.gateway/web.db`` (three slashes: relative; four: absolute) - one file, one
+  process (the embedded default); a second process on the same file sees new items within a
+  second (polling), not at once.
+* ``redis://host:6379/0`` (``rediss://`` for TLS) ``[?prefix=gww]`` - any number of processes:
+  a client connected to one sees what another delivered at once (`XREAD BLOCK`);
+  ``redis+cluster://host:port`` (``rediss+cluster://``) for a Redis Cluster.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import re
+from collections.abc import Iterator
+from typing import Literal, Protocol, runtime_checkable
+from urllib.parse import parse_qs, urlsplit, urlunsplit
+
+from pydantic import Field
+
+from adapters.channel import ApprovalView, Author, DecisionItem
+from harness_core.frozen import Frozen
+
+__all__ = [
+    "DEFAULT_MAILBOX_URL",
+    "MailboxError",
+    "MailboxUnavailable",
+    "MemoryMailbox",
+    "NewWebItem",
+    "WebAppend",
+    "WebDecision",
+    "WebItem",
+    "WebItemKind",
+    "WebMailbox",
+    "WebThread",
+    "check_name",
+    "open_mailbox",
+]
+
+DEFAULT_MAILBOX_URL = "sqlite:///.gateway/web.db"
+ACCEPTED_URLS = (
+    "accepted web mailbox URLs: memory://; sqlite:///relative.db or sqlite:////absolute.db; "
+    "redis://host:port/db or rediss://host:port/db [?prefix=name]; "
+    "redis+cluster://host:port or rediss+cluster://host:port [?prefix=name]"
+)
+NAME = re.compile(r"(?!\.+$)[A-Za-z0-9._-]{1,200}")
+"""A thread id or a space: 1-200 characters of letters, digits, ``.``, ``_`` and ``-``, not
+only dots (``.`` and ``..`` would be path segments in the page's links)."""
+
+WebItemKind = Literal["message", "reply", "approval_request", "failure_notice", "decision"]
+_FAMILY = {
+    "message": "m",
+    "reply": "d",
+    "approval_request": "d",
+    "failure_notice": "d",
+    "decision": "x",
+}
+"""Identities are unique per family: a message id, a delivery id (whatever its kind), a click."""
+
+
+def check_name(value: str, what: str) -> str:
+    """`value` if it is a valid thread id or space, else ValueError naming the rule."""
+    if not NAME.fullmatch(value):
+        raise ValueError(f"{what} must be 1-200 characters of letters, digits, '.', '_' and '-'")
+    return value
+
+
+class MailboxError(Exception):
+    """The mailbox could not do what was asked (a malformed URL, a corrupt item)."""
+
+
+class MailboxUnavailable(MailboxError):
+    """The backend did not answer (I/O error, connection lost, timeout).
+
+    `unknown_outcome` is set when a write may have happened anyway (its reply was lost).
+    """
+
+    def __init__(self, reason: str, *, unknown_outcome: bool = False) -> None:
+        super().__init__(reason)
+        self.reason = reason
+        self.unknown_outcome = unknown_outcome
+
+
+class WebDecision(Frozen):
+    """A decision a person sent from the page (what the thread shows under the request)."""
+
+    run_id: str
+    wait_id: str
+    decisions: tuple[DecisionItem, ...] = Field(min_length=1)
+
+
+class NewWebItem(Frozen):
+    """An item to append to a thread."""
+
+    kind: WebItemKind
+    id: str = Field(min_length=1, max_length=1024)
+    """The message id, the delivery id or the decision's idempotency key."""
+    text: str = ""
+    """Markdown as written (never interpreted as HTML)."""
+    author: Author | None = None
+    approval: ApprovalView | None = None
+    """For ``approval_request``: the calls and the wait the buttons answer."""
+    decision: WebDecision | None = None
+    """For ``decision``."""
+    at_ms: int
+    """When it was appended (the first time), on the channel's clock."""
+
+    @property
+    def key(self) -> str:
+        """The identity the thread deduplicates on (``m:<id>``, ``d:<id>`` or ``x:<id>``)."""
+        return item_key(self.kind, self.id)
+
+
+class WebItem(NewWebItem):
+    """An item of a thread."""
+
+    seq: int = Field(ge=1)
+    """Its place in the thread (1, 2, 3...): the Server-Sent Events id."""
+
+
+def item_key(kind: WebItemKind, identity: str) -> str:
+    """The dedupe key of an item of `kind` with `identity`."""
+    return f"{_FAMILY[kind]}:{identity}"
+
+
+class WebAppend(Frozen):
+    """What `append` did: the thread's item for that identity, and whether it is new."""
+
+    item: WebItem
+    created: bool
+
+
+class WebThread(Frozen):
+    """A thread of a space, for listings."""
+
+    space: str
+    thread: str
+    updated_at_ms: int
+
+
+@runtime_checkable
+class WebMailbox(Protocol):
+    """The durable threads of the web channel (every method may raise `MailboxUnavailable`)."""
+
+    async def append(self, space: str, thread: str, item: NewWebItem) -> WebAppend:
+        """Append `item` unless the thread holds its identity; durable on return."""
+        ...
+
+    async def find(
+        self, space: str, thread: str, kind: WebItemKind, identity: str
+    ) -> WebItem | None:
+        """The thread's item of that family and identity, if any."""
+        ...
+
+    async def read(
+        self, space: str, thread: str, *, after: int = 0, limit: int = 100
+    ) -> tuple[WebItem, ...]:
+        """The thread's items with ``seq > after``, oldest first, up to `limit`."""
+        ...
+
+    async def wait(
+        self, space: str, thread: str, *, after: int, timeout_s: float, limit: int = 100
+    ) -> tuple[WebItem, ...]:
+        """Like `read`, but if there is nothing yet, wait up to `timeout_s` for something."""
+        ...
+
+    async def threads(self, space: str, *, limit: int = 100) -> tuple[WebThread, ...]:
+        """The space's threads, most recently updated first (ties: thread id descending)."""
+        ...
+
+    async def close(self) -> None:
+        """Release connections and files (idempotent); waiters return."""
+        ...
+
+
+class Signals:
+    """In-process wake-ups per thread: appenders `notify`, waiters `listen`."""
+
+    def __init__(self) -> None:
+        self._listeners: dict[tuple[str, str], set[asyncio.Event]] = {}
+        self.closed = False
+
+    def notify(self, space: str, thread: str) -> None:
+        """Wake every waiter of the thread."""
+        for event in self._listeners.get((space, thread), ()):
+            event.set()
+
+    def close(self) -> None:
+        """Wake every waiter (the mailbox is closing)."""
+        self.closed = True
+        for events in self._listeners.values():
+            for event in events:
+                event.set()
+
+    @contextlib.contextmanager
+    def listen(self, space: str, thread: str) -> Iterator[asyncio.Event]:
+        """An event set when the thread changes (register before reading: nothing is missed)."""
+        event = asyncio.Event()
+        listeners = self._listeners.setdefault((space, thread), set())
+        listeners.add(event)
+        try:
+            yield event
+        finally:
+            listeners.discard(event)
+            if not listeners:
+                self._listeners.pop((space, thread), None)
+
+
+async def wait_with_signals(
+    mailbox: WebMailbox,
+    signals: Signals,
+    space: str,
+    thread: str,
+    *,
+    after: int,
+    timeout_s: float,
+    limit: int,
+    poll_s: float | None,
+) -> tuple[WebItem, ...]:
+    """`WebMailbox.wait` for backends that wake their own process (and poll for others)."""
+    loop = asyncio.get_running_loop()
+    deadline = loop.time() + max(0.0, timeout_s)
+    with signals.listen(space, thread) as event:
+        while not signals.closed:
+            items = await mailbox.read(space, thread, after=after, limit=limit)
+            remaining = deadline - loop.time()
+            if items or remaining <= 0:
+                return items
+            step = remaining if poll_s is None else min(remaining, poll_s)
+            with contextlib.suppress(TimeoutError):
+                async with asyncio.timeout(step):
+                    await event.wait()
+            event.clear()
+    return ()
+
+
+class MemoryMailbox:
+    """Threads in this process's memory (tests; nothing survives the process)."""
+
+    def __init__(self) -> None:
+        self._items: dict[tuple[str, str], list[WebItem]] = {}
+        self._keys: dict[tuple[str, str], dict[str, WebItem]] = {}
+        self._updated: dict[tuple[str, str], int] = {}
+        self._signals = Signals()
+
+    async def append(self, space: str, thread: str, item: NewWebItem) -> WebAppend:
+        """Append `item` unless the thread holds its identity."""
+        key = (check_name(space, "space"), check_name(thread, "thread"))
+        known = self._keys.setdefault(key, {})
+        existing = known.get(item.key)
+        if existing is not None:
+            return WebAppend(item=existing, created=False)
+        items = self._items.setdefault(key, [])
+        stored = WebItem(**item.model_dump(), seq=len(items) + 1)
+        items.append(stored)
+        known[item.key] = stored
+        self._updated[key] = item.at_ms
+        self._signals.notify(space, thread)
+        return WebAppend(item=stored, created=True)
+
+    async def find(
+        self, space: str, thread: str, kind: WebItemKind, identity: str
+    ) -> WebItem | None:
+        """The thread's item of that family and identity, if any."""
+        return self._keys.get((space, thread), {}).get(item_key(kind, identity))
+
+    async def read(
+        self, space: str, thread: str, *, after: int = 0, limit: int = 100
+    ) -> tuple[WebItem, ...]:
+        """The thread's items after `after`, oldest first."""
+        items = self._items.get((space, thread), [])
+        return tuple(items[max(0, after) : max(0, after) + max(0, limit)])
+
+    async def wait(
+        self, space: str, thread: str, *, after: int, timeout_s: float, limit: int = 100
+    ) -> tuple[WebItem, ...]:
+        """The items after `after`, waiting up to `timeout_s` for one."""
+        return await wait_with_signals(
+            self, self._signals, space, thread, after=after, timeout_s=timeout_s, limit=limit,
+            poll_s=None,
+        )  # fmt: skip
+
+    async def threads(self, space: str, *, limit: int = 100) -> tuple[WebThread, ...]:
+        """The space's threads, most recently updated first."""
+        found = [
+            WebThread(space=s, thread=t, updated_at_ms=at)
+            for (s, t), at in self._updated.items()
+            if s == space
+        ]
+        found.sort(key=lambda t: (t.updated_at_ms, t.thread), reverse=True)
+        return tuple(found[: max(0, limit)])
+
+    async def close(self) -> None:
+        """Wake waiters (the items stay: a closed memory mailbox is still readable)."""
+        self._signals.close()
+
+
+def _refuse(url: str, why: str | None) -> MailboxError:
+    what = f"web mailbox URL {url!r}: {why}" if why else f"unsupported web mailbox URL {url!r}"
+    return MailboxError(f"{what}; {ACCEPTED_URLS}")
+
+
+def open_mailbox(url: str = DEFAULT_MAILBOX_URL) -> WebMailbox:
+    """The mailbox a URL names (see the module docstring); nothing is created or contacted yet.
+
+    Raises:
+        MailboxError: an unknown scheme, a malformed path or server, or an unknown option.
+    """
+    scheme, separator, rest = url.partition("://")
+    if not separator:
+        raise _refuse(url, None)
+    parts = urlsplit(url)
+    query = parse_qs(parts.query, keep_blank_values=True)
+    if scheme == "memory":
+        if rest:
+            raise _refuse(url, "memory:// takes no host, path or option")
+        return MemoryMailbox()
+    if scheme == "sqlite":
+        if query:
+            raise _refuse(url, f"unknown option(s) {sorted(query)}")
+        location = rest.split("?", 1)[0]
+        if not location.startswith("/") or len(location) < 2 or location.endswith("/"):
+            raise _refuse(url, "expected sqlite:///relative.db or sqlite:////absolute.db")
+        from adapters.web.sqlite import SqliteMailbox
+
+        return SqliteMailbox(location[1:])
+    if scheme in ("redis", "rediss", "redis+cluster", "rediss+cluster"):
+        unknown = sorted(set(query) - {"prefix"})
+        if unknown:
+            raise _refuse(url, f"unknown option(s) {unknown} (known: ['prefix'])")
+        prefix = query.get("prefix", ["gww"])[-1]
+        if not re.fullmatch(r"[^{}\s:]+", prefix):
+            raise _refuse(url, f"invalid key prefix {prefix!r} (no braces, colons or spaces)")
+        try:
+            port = parts.port
+        except ValueError:
+            raise _refuse(url, "the port must be a number from 1 to 65535") from None
+        if not parts.hostname or (port is not None and not 1 <= port <= 65535):
+            raise _refuse(url, "a host (and a port from 1 to 65535) is required")
+        base, _, cluster = scheme.partition("+")
+        if parts.fragment or not re.fullmatch(r"/?" if cluster else r"/?|/\d+", parts.path):
+            why = "a cluster URL has no path" if cluster else "the path must be empty or a db"
+            raise _refuse(url, why)
+        from adapters.web.redis import RedisMailbox
+
+        server = urlunsplit((base, parts.netloc, parts.path, "", ""))
+        return RedisMailbox(server, prefix=prefix, cluster=bool(cluster))
+    raise _refuse(url, None)

@@ -1,0 +1,298 @@
+"""The web channel's pages: a thread (a form and a live Server-Sent Events view) and a list.
+
+Plain HTML, one inline style and one inline script each, no build step and no external assets.
+Every text from a message or a reply is shown with ``textContent`` (Markdown as written, never
+interpreted as HTML), and a Content-Security-Policy allows only these exact inline script and
+style blocks (by hash) and requests to this origin, so even a bug that put reply text into the
+markup could not run a script.
+"""
+
+from __future__ import annotations
+
+import base64
+import hashlib
+import html
+import json
+
+__all__ = ["content_security_policy", "index_page", "thread_page"]
+
+_STYLE = """
+:root { color-scheme: light dark; --line: #8884; --soft: #8881; --accent: #3b6fd8; }
+* { box-sizing: border-box; }
+body { font: 15px/1.45 system-ui, sans-serif; margin: 0 auto; max-width: 52rem; padding: 1rem; }
+header { display: flex; gap: 1rem; align-items: baseline; flex-wrap: wrap; }
+h1 { font-size: 1.15rem; margin: 0; word-break: break-all; }
+.status { font-size: .85rem; opacity: .7; }
+.items { display: flex; flex-direction: column; gap: .6rem; margin: 1rem 0; }
+.item { border: 1px solid var(--line); border-radius: .5rem; padding: .5rem .75rem; }
+.item.message { background: var(--soft); margin-left: 3rem; }
+.item.reply { margin-right: 3rem; }
+.item.failure_notice { border-color: #d33; margin-right: 3rem; }
+.item.approval_request { border-color: #d90; margin-right: 3rem; }
+.item.decision { font-size: .85rem; opacity: .8; border-style: dashed; }
+.meta { font-size: .8rem; opacity: .7; margin-bottom: .25rem; }
+.text { white-space: pre-wrap; overflow-wrap: anywhere; }
+.label { font-weight: 600; margin-right: .4rem; }
+.call { border-top: 1px solid var(--line); margin-top: .5rem; padding-top: .5rem; }
+.call pre { margin: .25rem 0; white-space: pre-wrap; overflow-wrap: anywhere; font-size: .85rem; }
+.controls { display: flex; gap: .5rem; flex-wrap: wrap; align-items: center; margin-top: .5rem; }
+.decided { font-size: .85rem; margin-top: .4rem; font-weight: 600; }
+form.compose { display: grid; gap: .5rem; grid-template-columns: 1fr auto; }
+form.compose textarea { grid-column: 1 / -1; min-height: 5rem; font: inherit; padding: .5rem; }
+button { font: inherit; padding: .3rem .8rem; cursor: pointer; }
+.error { color: #d33; grid-column: 1 / -1; min-height: 1.2em; }
+ul.threads { padding-left: 1.2rem; }
+""".strip()
+
+_THREAD_SCRIPT = """
+(() => {
+  "use strict";
+  const cfg = JSON.parse(document.getElementById("config").textContent);
+  const space = "space=" + encodeURIComponent(cfg.space);
+  const list = document.getElementById("items");
+  const status = document.getElementById("status");
+  const form = document.getElementById("compose");
+  const textBox = document.getElementById("text");
+  const authorBox = document.getElementById("author");
+  const error = document.getElementById("error");
+  const seen = new Set();
+  const waits = new Map();
+  const decided = new Map();
+  let pending = null;
+  authorBox.value = localStorage.getItem("web-author") || "";
+
+  function el(tag, cls, text) {
+    const node = document.createElement(tag);
+    if (cls) node.className = cls;
+    if (text !== undefined && text !== null) node.textContent = String(text);
+    return node;
+  }
+  function newId() {
+    if (window.crypto && crypto.randomUUID) return crypto.randomUUID();
+    return Date.now().toString(36) + "-" + Math.random().toString(36).slice(2);
+  }
+  function when(ms) { return new Date(ms).toLocaleString(); }
+  function who(author) { return author ? (author.name || author.id) : "someone"; }
+  async function send(path, body) {
+    let response;
+    try {
+      response = await fetch(path, {
+        method: "POST",
+        headers: {"Content-Type": "application/json"},
+        body: JSON.stringify(body),
+      });
+    } catch (e) {
+      return "network error: not sent; send again (nothing is posted twice)";
+    }
+    if (response.ok) return null;
+    let message = "HTTP " + response.status;
+    try { message = (await response.json()).error.message; } catch (e) { /* keep it */ }
+    return message;
+  }
+  function markDecided(waitId) {
+    const box = waits.get(waitId);
+    const item = decided.get(waitId);
+    if (!box || !item || box.dataset.decided) return;
+    box.dataset.decided = "1";
+    const verdicts = item.decision.decisions.map((d) => d.approved ? "approved" : "denied");
+    const all = verdicts.every((v) => v === verdicts[0]) ? verdicts[0] : verdicts.join(", ");
+    box.querySelectorAll("button, input").forEach((b) => { b.disabled = true; });
+    box.appendChild(el("div", "decided", "Decision sent by " + who(item.author) + ": " + all));
+  }
+  function approvalControls(box, item) {
+    const view = item.approval;
+    const choices = new Map();
+    for (const call of view.calls) {
+      const row = el("div", "call");
+      row.appendChild(el("span", "label", call.tool_name));
+      row.appendChild(el("pre", "", JSON.stringify(call.args, null, 2)));
+      if (view.calls.length > 1) {
+        const pick = el("div", "controls");
+        for (const verdict of ["approve", "deny"]) {
+          const label = el("label");
+          const radio = el("input");
+          radio.type = "radio";
+          radio.name = item.seq + ":" + call.tool_call_id;
+          radio.addEventListener("change", () => choices.set(call.tool_call_id, verdict));
+          label.appendChild(radio);
+          label.appendChild(document.createTextNode(" " + verdict));
+          pick.appendChild(label);
+        }
+        row.appendChild(pick);
+      }
+      box.appendChild(row);
+    }
+    const controls = el("div", "controls");
+    const reason = el("input");
+    reason.placeholder = "reason (optional)";
+    const note = el("span", "error");
+    async function decide(verdictOf) {
+      const decisions = view.calls.map((call) => ({
+        tool_call_id: call.tool_call_id,
+        args_digest: call.args_digest,
+        approved: verdictOf(call) === "approve",
+        reason: reason.value || null,
+      }));
+      controls.querySelectorAll("button").forEach((b) => { b.disabled = true; });
+      const failed = await send("decisions", {
+        space: cfg.space, run_id: view.run_id, wait_id: view.wait_id, decisions,
+        author: authorBox.value || null,
+      });
+      note.textContent = failed || "";
+      if (failed) controls.querySelectorAll("button").forEach((b) => { b.disabled = false; });
+    }
+    const many = view.calls.length > 1;
+    const approve = el("button", "", many ? "Approve all" : "Approve");
+    approve.type = "button";
+    approve.addEventListener("click", () => decide(() => "approve"));
+    const deny = el("button", "", many ? "Deny all" : "Deny");
+    deny.type = "button";
+    deny.addEventListener("click", () => decide(() => "deny"));
+    controls.append(approve, deny);
+    if (many) {
+      const chosen = el("button", "", "Send choices");
+      chosen.type = "button";
+      chosen.addEventListener("click", () => {
+        if (view.calls.some((c) => !choices.has(c.tool_call_id))) {
+          note.textContent = "choose approve or deny for every call";
+          return;
+        }
+        decide((call) => choices.get(call.tool_call_id));
+      });
+      controls.appendChild(chosen);
+    }
+    controls.append(reason, note);
+    box.appendChild(controls);
+    waits.set(view.wait_id, box);
+  }
+  function render(item) {
+    if (seen.has(item.seq)) return;
+    seen.add(item.seq);
+    const box = el("div", "item " + item.kind);
+    const labels = {
+      message: who(item.author), reply: "assistant", approval_request: "approval needed",
+      failure_notice: "failed", decision: "decision",
+    };
+    box.appendChild(el("div", "meta", labels[item.kind] + " \\u00b7 " + when(item.at_ms)));
+    if (item.kind === "decision") {
+      const verdicts = item.decision.decisions.map((d) => d.approved ? "approve" : "deny");
+      box.appendChild(el("div", "text", who(item.author) + ": " + verdicts.join(", ")));
+      decided.set(item.decision.wait_id, item);
+      list.appendChild(box);
+      markDecided(item.decision.wait_id);
+      return;
+    }
+    box.appendChild(el("div", "text", item.text));
+    if (item.kind === "approval_request" && item.approval) approvalControls(box, item);
+    list.appendChild(box);
+    if (item.approval) markDecided(item.approval.wait_id);
+    box.scrollIntoView({block: "end"});
+  }
+
+  const events = new EventSource("events?" + space + "&after=0");
+  events.onopen = () => { status.textContent = "live"; };
+  events.onerror = () => { status.textContent = "reconnecting..."; };
+  events.onmessage = (event) => render(JSON.parse(event.data));
+
+  form.addEventListener("submit", async (event) => {
+    event.preventDefault();
+    const text = textBox.value;
+    if (!text.trim()) { error.textContent = "write something first"; return; }
+    if (!pending || pending.text !== text) pending = {id: newId(), text};
+    localStorage.setItem("web-author", authorBox.value);
+    const failed = await send("messages", {
+      text, client_message_id: pending.id, author: authorBox.value || null, space: cfg.space,
+    });
+    error.textContent = failed || "";
+    if (!failed) { pending = null; textBox.value = ""; }
+  });
+  textBox.addEventListener("keydown", (event) => {
+    if (event.key === "Enter" && (event.ctrlKey || event.metaKey)) form.requestSubmit();
+  });
+})();
+""".strip()
+
+
+def _digest(source: str) -> str:
+    return "'sha256-" + base64.b64encode(hashlib.sha256(source.encode()).digest()).decode() + "'"
+
+
+def content_security_policy(*, script: bool) -> str:
+    """The page's policy: only its own inline style (and script) and requests to this origin."""
+    scripts = _digest(_THREAD_SCRIPT) if script else "'none'"
+    return (
+        f"default-src 'none'; script-src {scripts}; style-src {_digest(_STYLE)}; "
+        "connect-src 'self'; img-src 'self'; form-action 'self'; base-uri 'none'; "
+        "frame-ancestors 'none'"
+    )
+
+
+def _json_for_html(value: object) -> str:
+    """JSON safe inside a ``<script type="application/json">`` block."""
+    return json.dumps(value).replace("<", "\\u003c").replace(">", "\\u003e").replace("&", "\\u0026")
+
+
+def thread_page(*, space: str, thread: str, max_text_chars: int) -> str:
+    """The page of one thread (everything it shows arrives through its event stream)."""
+    title = html.escape(f"{thread}" if space == "default" else f"{space} / {thread}")
+    config = _json_for_html({"space": space, "thread": thread})
+    back = html.escape(f"../../?space={space}", quote=True)
+    json_link = html.escape(f"../{thread}?space={space}", quote=True)
+    return f"""<!doctype html>
+<html lang="en">
+<head>
+<meta charset="utf-8">
+<meta name="viewport" content="width=device-width, initial-scale=1">
+<title>{title} - web thread</title>
+<style>{_STYLE}</style>
+</head>
+<body>
+<header><a href="{back}">threads</a><h1>{title}</h1>
+<span class="status" id="status">connecting...</span></header>
+<noscript>This page needs JavaScript; the thread is also at
+<a href="{json_link}">its JSON</a>.</noscript>
+<main class="items" id="items" aria-live="polite"></main>
+<form class="compose" id="compose">
+<textarea id="text" name="text" maxlength="{max_text_chars}"
+ placeholder="Message (Ctrl+Enter sends)" aria-label="message"></textarea>
+<input id="author" name="author" maxlength="100" placeholder="your name (optional)"
+ aria-label="your name">
+<button type="submit">Send</button>
+<div class="error" id="error" role="alert"></div>
+</form>
+<script type="application/json" id="config">{config}</script>
+<script>{_THREAD_SCRIPT}</script>
+</body>
+</html>
+"""
+
+
+def index_page(*, space: str, threads: list[tuple[str, int]], suggestion: str) -> str:
+    """The list of a space's threads (newest first) and a form to open one."""
+    rows = "\n".join(
+        f'<li><a href="threads/{html.escape(t, quote=True)}/page?space='
+        f'{html.escape(space, quote=True)}">{html.escape(t)}</a></li>'
+        for t, _ in threads
+    )
+    body = f'<ul class="threads">\n{rows}\n</ul>' if rows else "<p>No threads yet.</p>"
+    esc_space = html.escape(space, quote=True)
+    return f"""<!doctype html>
+<html lang="en">
+<head>
+<meta charset="utf-8">
+<meta name="viewport" content="width=device-width, initial-scale=1">
+<title>web threads - {esc_space}</title>
+<style>{_STYLE}</style>
+</head>
+<body>
+<header><h1>Web threads</h1><span class="status">space {esc_space}</span></header>
+<form class="compose" method="get" action="open">
+<input name="thread" value="{html.escape(suggestion, quote=True)}" required
+ pattern="[A-Za-z0-9._\\-]{{1,200}}" aria-label="thread id">
+<input type="hidden" name="space" value="{esc_space}">
+<button type="submit">Open thread</button>
+</form>
+{body}
+</body>
+</html>
+"""

@@ -1,0 +1,250 @@
+"""The web mailbox in Redis: shared by every `gateway serve` process, on one server or a cluster.
+
+Keys (prefix P, default ``gww``), hash-tagged per thread so one thread lives in one cluster slot:
+
+* ``P:{<space>:<thread>}:items`` - a stream, one entry per item, entry id ``<seq>-0``, field
+  ``b`` the item as JSON (without its seq, which is the entry id).
+* ``P:{<space>:<thread>}:keys`` - a hash: item identity -> seq, and ``#`` -> the last seq.
+* ``P:{index:<space>}:threads`` - a sorted set: thread -> last update (ms), for listings;
+  written before the item, so every thread with items is listed.
+
+An append is one Lua script (look the identity up; else take the next seq, ``XADD``, record the
+identity), atomic on the server. redis-py's automatic retries are off, as for the store: a write
+whose reply was lost raises `MailboxUnavailable` with ``unknown_outcome`` (retrying it is safe:
+the identity makes the second append a no-op). Waiters block in ``XREAD BLOCK`` on the thread's
+stream, each on its own connection, so a client connected to one process sees at once what
+another process delivered.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+from collections.abc import Mapping
+from typing import Any, Protocol, cast
+
+import redis.asyncio as aioredis
+from redis.asyncio.cluster import RedisCluster
+from redis.asyncio.retry import Retry
+from redis.backoff import NoBackoff
+from redis.exceptions import RedisError
+
+from adapters.web.mailbox import (
+    MailboxError,
+    MailboxUnavailable,
+    NewWebItem,
+    WebAppend,
+    WebItem,
+    WebItemKind,
+    WebThread,
+    check_name,
+    item_key,
+)
+
+__all__ = ["RedisMailbox"]
+
+_APPEND = """
+local seq = redis.call('HGET', KEYS[2], ARGV[1])
+if seq then
+  local found = redis.call('XRANGE', KEYS[1], seq .. '-0', seq .. '-0')
+  if #found == 0 then
+    return redis.error_reply('GWW corrupt: ' .. ARGV[1] .. ' names a missing item ' .. seq)
+  end
+  return {0, tonumber(seq), found[1][2][2]}
+end
+seq = redis.call('HINCRBY', KEYS[2], '#', 1)
+redis.call('XADD', KEYS[1], seq .. '-0', 'b', ARGV[2])
+redis.call('HSET', KEYS[2], ARGV[1], seq)
+return {1, seq, ARGV[2]}
+"""
+
+_MAX_BLOCK_S = 30.0
+_CLUSTER_MAX_CONNECTIONS = 10_000
+
+Stream = list[tuple[str, dict[str, str]]]
+
+
+class _Script(Protocol):
+    async def __call__(self, keys: list[str], args: list[str]) -> Any: ...
+
+
+class _Client(Protocol):
+    """The calls this mailbox makes, typed for ``decode_responses`` (replies are strings)."""
+
+    async def zadd(self, name: str, mapping: Mapping[str, float], gt: bool = False) -> int: ...
+    async def zrevrange(
+        self, name: str, start: int, end: int, withscores: bool = False
+    ) -> list[tuple[str, float]]: ...
+    async def hget(self, name: str, key: str) -> str | None: ...
+    async def xrange(self, name: str, min: str, max: str, count: int | None = None) -> Stream: ...
+    async def xread(
+        self, streams: Mapping[str, str], count: int | None = None, block: int | None = None
+    ) -> list[tuple[str, Stream]]: ...
+    def register_script(self, script: str) -> _Script: ...
+    async def initialize(self) -> object: ...
+    async def aclose(self) -> None: ...
+
+
+def _item(entry_id: str, fields: dict[str, str]) -> WebItem:
+    seq = int(entry_id.split("-", 1)[0])
+    return WebItem.model_validate({**json.loads(fields["b"]), "seq": seq})
+
+
+class RedisMailbox:
+    """Threads in Redis (7.0 or newer); `cluster`: a Redis Cluster through one startup node.
+
+    Every script and every command touches keys of one slot, so a cluster needs nothing else.
+    """
+
+    def __init__(
+        self,
+        url: str = "redis://127.0.0.1:6379/0",
+        *,
+        prefix: str = "gww",
+        cluster: bool = False,
+        socket_timeout: float = 10.0,
+    ) -> None:
+        if not prefix or any(ch in prefix for ch in "{}: \t\r\n"):
+            raise MailboxError(f"invalid redis key prefix {prefix!r}")
+        self.prefix = prefix
+        options: dict[str, Any] = {
+            "decode_responses": True,
+            "socket_connect_timeout": socket_timeout,
+            "retry": Retry(NoBackoff(), 0),
+            "protocol": 2,
+        }
+        connect: Any = RedisCluster.from_url if cluster else aioredis.Redis.from_url
+        if cluster:  # redis-py's cluster client raises, rather than waits, past its pool size
+            options["max_connections"] = _CLUSTER_MAX_CONNECTIONS
+        self.cluster = cluster
+        self._client = cast(_Client, connect(url, socket_timeout=socket_timeout, **options))
+        # waiters hold a connection each while blocked: their own pool, a longer read timeout
+        self._blocking = cast(
+            _Client, connect(url, socket_timeout=_MAX_BLOCK_S + socket_timeout, **options)
+        )
+        self._append = self._client.register_script(_APPEND)
+        self._initialized = not cluster
+        self._initializing = asyncio.Lock()
+        self._closed = False
+
+    def thread_key(self, space: str, thread: str, name: str) -> str:
+        """A key of a thread: ``<prefix>:{<space>:<thread>}:<name>``."""
+        return f"{self.prefix}:{{{space}:{thread}}}:{name}"
+
+    def index_key(self, space: str) -> str:
+        """The sorted set listing a space's threads."""
+        return f"{self.prefix}:{{index:{space}}}:threads"
+
+    async def _ready(self) -> None:
+        if self._closed:
+            raise MailboxUnavailable("the web mailbox is closed")
+        if self._initialized:
+            return
+        # redis-py's cluster client fails commands that race its first topology discovery
+        async with self._initializing:
+            if not self._initialized:
+                try:
+                    await self._client.initialize()
+                    await self._blocking.initialize()
+                except RedisError as exc:
+                    raise MailboxUnavailable(f"redis: {type(exc).__name__}: {exc}") from exc
+                self._initialized = True
+
+    async def append(self, space: str, thread: str, item: NewWebItem) -> WebAppend:
+        """Append `item` unless the thread holds its identity (one script)."""
+        check_name(space, "space")
+        check_name(thread, "thread")
+        await self._ready()
+        keys = [self.thread_key(space, thread, "items"), self.thread_key(space, thread, "keys")]
+        try:
+            await self._client.zadd(self.index_key(space), {thread: item.at_ms}, gt=True)
+            reply = await self._append(keys=keys, args=[item.key, item.model_dump_json()])
+        except RedisError as exc:
+            raise MailboxUnavailable(
+                f"redis: {type(exc).__name__}: {exc}", unknown_outcome=True
+            ) from exc
+        created, seq, body = cast(list[Any], reply)
+        stored = WebItem.model_validate({**json.loads(body), "seq": int(seq)})
+        return WebAppend(item=stored, created=bool(created))
+
+    async def find(
+        self, space: str, thread: str, kind: WebItemKind, identity: str
+    ) -> WebItem | None:
+        """The thread's item of that family and identity, if any."""
+        await self._ready()
+        try:
+            seq = await self._client.hget(
+                self.thread_key(space, thread, "keys"), item_key(kind, identity)
+            )
+            if seq is None:
+                return None
+            found = await self._client.xrange(
+                self.thread_key(space, thread, "items"), f"{seq}-0", f"{seq}-0"
+            )
+        except RedisError as exc:
+            raise MailboxUnavailable(f"redis: {type(exc).__name__}: {exc}") from exc
+        if not found:
+            raise MailboxError(f"web mailbox: {identity!r} names a missing item {seq}")
+        entry_id, fields = found[0]
+        return _item(entry_id, fields)
+
+    async def read(
+        self, space: str, thread: str, *, after: int = 0, limit: int = 100
+    ) -> tuple[WebItem, ...]:
+        """The thread's items after `after`, oldest first."""
+        await self._ready()
+        if limit <= 0:
+            return ()
+        try:
+            found = await self._client.xrange(
+                self.thread_key(space, thread, "items"), f"({max(0, after)}-0", "+", count=limit
+            )
+        except RedisError as exc:
+            raise MailboxUnavailable(f"redis: {type(exc).__name__}: {exc}") from exc
+        return tuple(_item(entry_id, fields) for entry_id, fields in found)
+
+    async def wait(
+        self, space: str, thread: str, *, after: int, timeout_s: float, limit: int = 100
+    ) -> tuple[WebItem, ...]:
+        """The items after `after`, blocking in ``XREAD`` up to `timeout_s` (at most 30 s)."""
+        await self._ready()
+        block_ms = round(min(max(0.0, timeout_s), _MAX_BLOCK_S) * 1000)
+        if block_ms <= 0 or limit <= 0:
+            return await self.read(space, thread, after=after, limit=limit)
+        key = self.thread_key(space, thread, "items")
+        try:
+            reply = await self._blocking.xread(
+                {key: f"{max(0, after)}-0"}, count=limit, block=block_ms
+            )
+        except RedisError as exc:
+            if self._closed:
+                return ()
+            raise MailboxUnavailable(f"redis: {type(exc).__name__}: {exc}") from exc
+        if not reply:
+            return ()
+        _, entries = reply[0]
+        return tuple(_item(entry_id, fields) for entry_id, fields in entries)
+
+    async def threads(self, space: str, *, limit: int = 100) -> tuple[WebThread, ...]:
+        """The space's threads, most recently updated first."""
+        await self._ready()
+        if limit <= 0:
+            return ()
+        try:
+            rows = await self._client.zrevrange(
+                self.index_key(space), 0, limit - 1, withscores=True
+            )
+        except RedisError as exc:
+            raise MailboxUnavailable(f"redis: {type(exc).__name__}: {exc}") from exc
+        return tuple(
+            WebThread(space=space, thread=thread, updated_at_ms=int(score))
+            for thread, score in rows
+        )
+
+    async def close(self) -> None:
+        """Close both connection pools (idempotent); blocked waiters return."""
+        if self._closed:
+            return
+        self._closed = True
+        await self._blocking.aclose()
+        await self._client.aclose()

@@ -1,0 +1,998 @@
+"""The SQLite broker: the embedded default (one file, one process).
+
+Like the store's SQLite backend (D13): stdlib `sqlite3`, one connection on one thread per
+broker, WAL, ``synchronous=NORMAL`` by default (``full`` fsyncs every commit). Every mutation is
+a function run on that thread; mutations queued while a transaction is in flight join the next
+one (group commit), each in its own savepoint, so a failed one leaves no trace while the others
+commit. A call returns once its transaction committed.
+
+Tables: `inbox` (one row per item, its dedupe key unique), `session_claims` (a row per session
+that may have pending items: ready since ``available_at_ms``, or handed to ``owner`` under
+``ticket`` until ``available_at_ms``), `outbox` (one row per delivery with its lease), `threads`
+and `audit`. Inbox and audit ids are the rows' AUTOINCREMENT numbers as 16-digit strings, so
+they sort as strings in append order and are never reused.
+
+SQLite serves one process, so `take_session(wait_ms=...)` and `Outbox.wait` wake early on an
+`asyncio.Event` set by this broker's own writes; they also re-read at least every
+`poll_interval_ms` (a write by another process on the same file, an operator's CLI) and when the
+next claim expiry or due time comes. Waits run on the injected clock.
+
+Retention (lazy, at most once per `purge_interval_ms`, bounded per pass; `purge()` runs a full
+pass): an acked item is deleted once its dedupe window passed; a pending or rejected item keeps
+its key as long as it is kept. Delivered and discarded deliveries go `settled_retention_ms`
+after settling, dead letters `dead_retention_ms` after (None keeps them); pending deliveries are
+never purged.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import json
+import sqlite3
+from collections.abc import Awaitable, Callable, Sequence
+from concurrent.futures import ThreadPoolExecutor
+from pathlib import Path
+from typing import Any, Literal, TypeVar
+
+from gateway.broker.contract import (
+    Audit,
+    AuditEvent,
+    Backlog,
+    BrokerError,
+    ClaimedDelivery,
+    Delivery,
+    DeliveryStatus,
+    Inbox,
+    InboxAppend,
+    InboxItem,
+    NewAuditEvent,
+    NewInboxItem,
+    Outbox,
+    SessionTicket,
+    Threads,
+    ThreadState,
+)
+from harness_core import Clock, IdGenerator, SystemClock, Uuid7Ids
+from harness_core.frozen import FrozenJsonObject
+
+__all__ = ["SqliteBroker", "Synchronous"]
+
+Synchronous = Literal["normal", "full"]
+SCHEMA_VERSION = 1
+ID_DIGITS = 16
+_T = TypeVar("_T")
+_Op = Callable[[sqlite3.Connection, int], Any]
+"""A queued mutation: runs on the I/O thread with the connection and the batch's clock time."""
+
+_SCHEMA = """
+CREATE TABLE IF NOT EXISTS broker_schema (version INTEGER NOT NULL);
+CREATE TABLE IF NOT EXISTS inbox (
+    id INTEGER PRIMARY KEY AUTOINCREMENT,
+    session TEXT NOT NULL,
+    lane TEXT NOT NULL,
+    dedupe_key TEXT NOT NULL UNIQUE,
+    kind TEXT NOT NULL,
+    payload TEXT NOT NULL,
+    appended_at_ms INTEGER NOT NULL,
+    status TEXT NOT NULL DEFAULT 'pending',
+    reason TEXT,
+    settled_at_ms INTEGER,
+    dedupe_until_ms INTEGER NOT NULL
+);
+CREATE INDEX IF NOT EXISTS inbox_pending ON inbox (session, id) WHERE status = 'pending';
+CREATE INDEX IF NOT EXISTS inbox_pending_age ON inbox (appended_at_ms) WHERE status = 'pending';
+CREATE INDEX IF NOT EXISTS inbox_rejected ON inbox (id) WHERE status = 'rejected';
+CREATE INDEX IF NOT EXISTS inbox_acked ON inbox (dedupe_until_ms) WHERE status = 'acked';
+CREATE TABLE IF NOT EXISTS session_claims (
+    session TEXT PRIMARY KEY,
+    available_at_ms INTEGER NOT NULL,
+    owner TEXT,
+    ticket TEXT,
+    claimed_at_ms INTEGER
+) WITHOUT ROWID;
+CREATE INDEX IF NOT EXISTS claims_by_time ON session_claims (available_at_ms, session);
+CREATE TABLE IF NOT EXISTS outbox (
+    id TEXT PRIMARY KEY,
+    session TEXT NOT NULL,
+    lane TEXT NOT NULL,
+    outbound TEXT NOT NULL,
+    status TEXT NOT NULL DEFAULT 'pending',
+    attempts INTEGER NOT NULL DEFAULT 0,
+    due_at_ms INTEGER NOT NULL,
+    unknown_outcome INTEGER NOT NULL DEFAULT 0,
+    last_error TEXT,
+    created_at_ms INTEGER NOT NULL,
+    settled_at_ms INTEGER,
+    lease_owner TEXT,
+    lease_token TEXT,
+    lease_expires_at_ms INTEGER
+);
+CREATE INDEX IF NOT EXISTS outbox_due ON outbox (due_at_ms, id) WHERE status = 'pending';
+CREATE INDEX IF NOT EXISTS outbox_leases ON outbox (lease_expires_at_ms)
+    WHERE status = 'pending' AND lease_token IS NOT NULL;
+CREATE INDEX IF NOT EXISTS outbox_by_status ON outbox (status, id);
+CREATE INDEX IF NOT EXISTS outbox_settled ON outbox (status, settled_at_ms)
+    WHERE status <> 'pending';
+CREATE TABLE IF NOT EXISTS threads (
+    session TEXT NOT NULL,
+    lane TEXT NOT NULL,
+    thread TEXT NOT NULL,
+    reply_context TEXT NOT NULL,
+    replied_through INTEGER NOT NULL DEFAULT 0,
+    PRIMARY KEY (session, lane)
+) WITHOUT ROWID;
+CREATE TABLE IF NOT EXISTS audit (
+    id INTEGER PRIMARY KEY AUTOINCREMENT,
+    at_ms INTEGER NOT NULL,
+    actor TEXT NOT NULL,
+    action TEXT NOT NULL,
+    session TEXT,
+    lane TEXT,
+    target TEXT,
+    outcome TEXT NOT NULL,
+    details TEXT NOT NULL
+);
+CREATE INDEX IF NOT EXISTS audit_by_session ON audit (session, id);
+CREATE INDEX IF NOT EXISTS audit_by_lane ON audit (lane, id);
+"""
+
+_INBOX_COLUMNS = "id, session, lane, dedupe_key, kind, payload, appended_at_ms, status, reason"
+_OUTBOX_COLUMNS = (
+    "id, session, lane, outbound, status, attempts, due_at_ms, unknown_outcome, last_error, "
+    "created_at_ms, settled_at_ms"
+)
+_AUDIT_COLUMNS = "id, at_ms, actor, action, session, lane, target, outcome, details"
+_CLEAR_LEASE = "lease_owner = NULL, lease_token = NULL, lease_expires_at_ms = NULL"
+_PURGE_BATCH = 1000
+
+
+def _json(value: FrozenJsonObject) -> str:
+    return json.dumps(value, separators=(",", ":"), ensure_ascii=False)
+
+
+def _format_id(number: int) -> str:
+    return f"{number:0{ID_DIGITS}d}"
+
+
+def _parse_id(text: str) -> int | None:
+    """The row number of an id this broker issued (None: not one of ours)."""
+    if len(text) == ID_DIGITS and text.isascii() and text.isdigit():
+        return int(text)
+    return None
+
+
+def _first_id_after(cursor: str) -> int:
+    """The smallest row number whose id sorts after `cursor` as a string (any string works)."""
+    low, high = 0, 10**ID_DIGITS  # ids of equal length: string order is number order
+    while low < high:
+        middle = (low + high) // 2
+        if _format_id(middle) > cursor:
+            high = middle
+        else:
+            low = middle + 1
+    return low
+
+
+def _item(row: Sequence[Any]) -> InboxItem:
+    number, session, lane, key, kind, payload, appended_at, status, reason = row
+    return InboxItem(
+        id=_format_id(number),
+        session=session,
+        lane=lane,
+        dedupe_key=key,
+        kind=kind,
+        payload=json.loads(payload),
+        appended_at_ms=appended_at,
+        status=status,
+        reason=reason,
+    )
+
+
+def _delivery(row: Sequence[Any]) -> Delivery:
+    (id_, session, lane, outbound, status, attempts, due, unknown, error, created, settled) = row
+    return Delivery(
+        id=id_,
+        session=session,
+        lane=lane,
+        outbound=json.loads(outbound),
+        status=status,
+        attempts=attempts,
+        due_at_ms=due,
+        unknown_outcome=bool(unknown),
+        last_error=error,
+        created_at_ms=created,
+        settled_at_ms=settled,
+    )
+
+
+def _event(row: Sequence[Any]) -> AuditEvent:
+    number, at_ms, actor, action, session, lane, target, outcome, details = row
+    return AuditEvent(
+        id=_format_id(number),
+        at_ms=at_ms,
+        actor=actor,
+        action=action,
+        session=session,
+        lane=lane,
+        target=target,
+        outcome=outcome,
+        details=json.loads(details),
+    )
+
+
+def _has_pending(conn: sqlite3.Connection, session: str) -> bool:
+    row = conn.execute(
+        "SELECT 1 FROM inbox WHERE session = ? AND status = 'pending' LIMIT 1", (session,)
+    ).fetchone()
+    return row is not None
+
+
+class _Db:
+    """The connection; everything here runs on the broker's I/O thread."""
+
+    def __init__(self, path: Path, synchronous: Synchronous, busy_timeout_ms: int) -> None:
+        path.parent.mkdir(parents=True, exist_ok=True)
+        self.conn = sqlite3.connect(path, isolation_level=None)
+        self.conn.execute(f"PRAGMA busy_timeout={int(busy_timeout_ms)}")
+        self.conn.execute("PRAGMA journal_mode=WAL")
+        self.conn.execute(f"PRAGMA synchronous={'FULL' if synchronous == 'full' else 'NORMAL'}")
+        self.conn.executescript(_SCHEMA)  # every statement is CREATE ... IF NOT EXISTS
+        self.conn.execute("BEGIN IMMEDIATE")
+        try:
+            row = self.conn.execute("SELECT version FROM broker_schema").fetchone()
+            if row is None:
+                self.conn.execute("INSERT INTO broker_schema VALUES (?)", (SCHEMA_VERSION,))
+            elif row[0] != SCHEMA_VERSION:
+                raise BrokerError(
+                    "storage", f"{path} has broker schema {row[0]}, expected {SCHEMA_VERSION}"
+                )
+        except BaseException:
+            self.conn.execute("ROLLBACK")
+            self.conn.close()
+            raise
+        self.conn.execute("COMMIT")
+
+    def read(self, fn: Callable[[sqlite3.Connection], _T]) -> _T:
+        """Run reads in one transaction (a consistent snapshot)."""
+        self.conn.execute("BEGIN")
+        try:
+            return fn(self.conn)
+        finally:
+            self.conn.execute("COMMIT")
+
+    def write_batch(self, ops: Sequence[_Op], now: int) -> list[Any]:
+        """Run queued mutations in one transaction (group commit); one result or error each.
+
+        Each mutation of a batch runs in its own savepoint: one that raises is rolled back and
+        its exception is its result, while the others commit. If the commit fails, none of them
+        happened and the error is raised for all.
+        """
+        conn = self.conn
+        results: list[Any] = []
+        conn.execute("BEGIN IMMEDIATE")
+        try:
+            if len(ops) == 1:
+                results.append(ops[0](conn, now))
+            else:
+                for op in ops:
+                    conn.execute("SAVEPOINT op")
+                    try:
+                        results.append(op(conn, now))
+                    except Exception as exc:
+                        conn.execute("ROLLBACK TO op")
+                        results.append(exc)
+                    conn.execute("RELEASE op")
+            conn.execute("COMMIT")
+        except BaseException:
+            with contextlib.suppress(sqlite3.Error):
+                conn.execute("ROLLBACK")
+            raise
+        return results
+
+    def close(self) -> None:
+        self.conn.close()
+
+
+class _WriteQueue:
+    """Group commit: writes submitted while a batch is in flight go out together, in order.
+
+    A caller that stops waiting does not withdraw its write: it was submitted, so it commits
+    (or fails) with its batch.
+    """
+
+    def __init__(self, send: Callable[[Sequence[_Op]], Awaitable[Sequence[Any]]]) -> None:
+        self._send = send
+        self._queue: list[tuple[_Op, asyncio.Future[Any]]] = []
+        self._flusher: asyncio.Task[None] | None = None
+
+    async def submit(self, op: _Op) -> Any:
+        loop = asyncio.get_running_loop()
+        future: asyncio.Future[Any] = loop.create_future()
+        self._queue.append((op, future))
+        if self._flusher is None or self._flusher.done():
+            self._flusher = loop.create_task(self._flush())
+        return await future
+
+    async def _flush(self) -> None:
+        while self._queue:
+            batch, self._queue = self._queue, []
+            try:
+                results = await self._send([op for op, _ in batch])
+            except BaseException as exc:  # every write of the batch shares the failure
+                for _, future in batch:
+                    if not future.done():
+                        future.set_exception(exc)
+                if not isinstance(exc, Exception):
+                    raise
+                continue
+            for (_, future), result in zip(batch, results, strict=True):
+                if future.done():
+                    continue
+                if isinstance(result, BaseException):
+                    future.set_exception(result)
+                else:
+                    future.set_result(result)
+
+    async def drain(self) -> None:
+        while self._flusher is not None and not self._flusher.done():
+            await asyncio.shield(self._flusher)
+
+
+class _Signal:
+    """An in-process wake-up: `wait` returns once `fire` was called after `arm` handed it out."""
+
+    def __init__(self) -> None:
+        self._event = asyncio.Event()
+
+    def arm(self) -> asyncio.Event:
+        """The event the next `fire` sets (take it before reading, wait on it after)."""
+        return self._event
+
+    def fire(self) -> None:
+        self._event.set()
+        self._event = asyncio.Event()
+
+
+class SqliteBroker:
+    """Inbox, outbox, thread state and audit trail in one SQLite file.
+
+    Nothing is created until the first call. `clock` times items, claims, dedupe windows and
+    waits; `ids` mints session tickets and delivery lease tokens.
+    """
+
+    def __init__(
+        self,
+        path: str | Path,
+        *,
+        synchronous: Synchronous = "normal",
+        clock: Clock | None = None,
+        ids: IdGenerator | None = None,
+        visibility_timeout_ms: int = 30_000,
+        dedupe_ttl_ms: int = 86_400_000,
+        settled_retention_ms: int = 86_400_000,
+        dead_retention_ms: int | None = 14 * 86_400_000,
+        purge_interval_ms: int = 60_000,
+        poll_interval_ms: int = 1_000,
+        busy_timeout_ms: int = 10_000,
+    ) -> None:
+        if synchronous not in ("normal", "full"):
+            raise ValueError(f"synchronous must be 'normal' or 'full', got {synchronous!r}")
+        for name, value in (
+            ("visibility_timeout_ms", visibility_timeout_ms),
+            ("dedupe_ttl_ms", dedupe_ttl_ms),
+            ("poll_interval_ms", poll_interval_ms),
+        ):
+            if value <= 0:
+                raise ValueError(f"{name} must be positive, got {value}")
+        self.path = Path(path)
+        self.clock: Clock = clock or SystemClock()
+        self.ids: IdGenerator = ids or Uuid7Ids(self.clock)
+        self.visibility_timeout_ms = visibility_timeout_ms
+        self.dedupe_ttl_ms = dedupe_ttl_ms
+        self.settled_retention_ms = settled_retention_ms
+        self.dead_retention_ms = dead_retention_ms
+        self.purge_interval_ms = purge_interval_ms
+        self.poll_interval_ms = poll_interval_ms
+        self._synchronous: Synchronous = synchronous
+        self._busy_timeout_ms = busy_timeout_ms
+        self._executor = ThreadPoolExecutor(max_workers=1, thread_name_prefix="sqlite-broker")
+        self._db: _Db | None = None
+        self._writes = _WriteQueue(
+            # the clock is read on the I/O thread, right before the batch's transaction
+            lambda ops: self._call(lambda db: db.write_batch(ops, self.clock.now_ms()))
+        )
+        self._next_inbox_purge_ms = 0
+        self._next_outbox_purge_ms = 0
+        self.sessions_ready = _Signal()
+        self.deliveries_due = _Signal()
+        self.closed = False
+        self._inbox = _Inbox(self)
+        self._outbox = _Outbox(self)
+        self._threads = _Threads(self)
+        self._audit = _Audit(self)
+
+    @property
+    def inbox(self) -> Inbox:
+        """The inbox."""
+        return self._inbox
+
+    @property
+    def outbox(self) -> Outbox:
+        """The outbox."""
+        return self._outbox
+
+    @property
+    def threads(self) -> Threads:
+        """Per-lane thread state."""
+        return self._threads
+
+    @property
+    def audit(self) -> Audit:
+        """The audit trail."""
+        return self._audit
+
+    async def _call(self, fn: Callable[[_Db], _T]) -> _T:
+        """Run `fn` with the connection on the broker's thread (FIFO)."""
+        if self.closed:
+            raise BrokerError("closed", "the broker is closed")
+
+        def run() -> _T:
+            try:
+                if self._db is None:
+                    self._db = _Db(self.path, self._synchronous, self._busy_timeout_ms)
+                return fn(self._db)
+            except sqlite3.Error as exc:
+                raise BrokerError("storage", f"sqlite error on {self.path}: {exc}") from exc
+
+        return await asyncio.get_running_loop().run_in_executor(self._executor, run)
+
+    async def read(self, fn: Callable[[sqlite3.Connection], _T]) -> _T:
+        """Run reads on the broker's thread, in one snapshot."""
+        return await self._call(lambda db: db.read(fn))
+
+    async def write(self, op: Callable[[sqlite3.Connection, int], _T]) -> _T:
+        """Run a mutation in the next group-committed transaction; return once committed."""
+        if self.closed:
+            raise BrokerError("closed", "the broker is closed")
+        try:
+            result: _T = await self._writes.submit(op)
+        except sqlite3.Error as exc:
+            raise BrokerError("storage", f"sqlite error on {self.path}: {exc}") from exc
+        return result
+
+    async def sleep_until(
+        self, signal: asyncio.Event, wake_at_ms: int | None, deadline_ms: int
+    ) -> None:
+        """Sleep on the clock until `signal`, `wake_at_ms`, `deadline_ms` or the poll interval."""
+        now = self.clock.now_ms()
+        until = deadline_ms if wake_at_ms is None else min(deadline_ms, wake_at_ms)
+        delay = max(0, min(until - now, self.poll_interval_ms))
+        sleeper = asyncio.ensure_future(self.clock.sleep(delay / 1000))
+        waker = asyncio.ensure_future(signal.wait())
+        try:
+            await asyncio.wait({sleeper, waker}, return_when=asyncio.FIRST_COMPLETED)
+        finally:
+            sleeper.cancel()
+            waker.cancel()
+
+    def purge_inbox(self, conn: sqlite3.Connection, now: int, limit: int) -> int:
+        """Delete up to `limit` acked items whose dedupe window passed (on the I/O thread)."""
+        cursor = conn.execute(
+            "DELETE FROM inbox WHERE id IN (SELECT id FROM inbox WHERE status = 'acked' "
+            "AND dedupe_until_ms <= ? ORDER BY dedupe_until_ms LIMIT ?)",
+            (now, limit),
+        )
+        return cursor.rowcount
+
+    def purge_outbox(self, conn: sqlite3.Connection, now: int, limit: int) -> int:
+        """Delete up to `limit` settled deliveries past their retention (on the I/O thread)."""
+        done = 0
+        cutoffs: list[tuple[str, int]] = [
+            ("delivered", now - self.settled_retention_ms),
+            ("discarded", now - self.settled_retention_ms),
+        ]
+        if self.dead_retention_ms is not None:
+            cutoffs.append(("dead", now - self.dead_retention_ms))
+        for status, cutoff in cutoffs:
+            cursor = conn.execute(
+                "DELETE FROM outbox WHERE id IN (SELECT id FROM outbox WHERE status = ? "
+                "AND settled_at_ms <= ? ORDER BY settled_at_ms LIMIT ?)",
+                (status, cutoff, limit - done),
+            )
+            done += cursor.rowcount
+            if done >= limit:
+                break
+        return done
+
+    def lazy_purge_inbox(self, conn: sqlite3.Connection, now: int) -> None:
+        """`purge_inbox` a batch if the purge interval passed since the last one."""
+        if now >= self._next_inbox_purge_ms:
+            self._next_inbox_purge_ms = now + self.purge_interval_ms
+            self.purge_inbox(conn, now, _PURGE_BATCH)
+
+    def lazy_purge_outbox(self, conn: sqlite3.Connection, now: int) -> None:
+        """`purge_outbox` a batch if the purge interval passed since the last one."""
+        if now >= self._next_outbox_purge_ms:
+            self._next_outbox_purge_ms = now + self.purge_interval_ms
+            self.purge_outbox(conn, now, _PURGE_BATCH)
+
+    async def purge(self, *, now_ms: int | None = None) -> int:
+        """Delete everything past its retention now (see the module docstring); the count."""
+        total = 0
+        while True:
+            at = self.clock.now_ms() if now_ms is None else now_ms
+
+            def op(conn: sqlite3.Connection, _: int, at: int = at) -> int:
+                return self.purge_inbox(conn, at, _PURGE_BATCH) + self.purge_outbox(
+                    conn, at, _PURGE_BATCH
+                )
+
+            deleted = await self.write(op)
+            total += deleted
+            if deleted < _PURGE_BATCH:
+                return total
+
+    async def close(self) -> None:
+        """Finish queued writes, close the connection and the I/O thread (idempotent)."""
+        if self.closed:
+            return
+        await self._writes.drain()
+        self.closed = True
+        self.sessions_ready.fire()  # waiters see `closed` and return
+        self.deliveries_due.fire()
+
+        def shut() -> None:
+            if self._db is not None:
+                self._db.close()
+                self._db = None
+
+        await asyncio.get_running_loop().run_in_executor(self._executor, shut)
+        self._executor.shutdown(wait=True)
+
+
+class _Inbox:
+    def __init__(self, broker: SqliteBroker) -> None:
+        self._b = broker
+
+    async def append(self, item: NewInboxItem) -> InboxAppend:
+        payload = _json(item.payload)
+        ttl = self._b.dedupe_ttl_ms
+
+        def op(conn: sqlite3.Connection, now: int) -> tuple[tuple[Any, ...], bool]:
+            self._b.lazy_purge_inbox(conn, now)
+            row = conn.execute(
+                f"SELECT {_INBOX_COLUMNS}, dedupe_until_ms FROM inbox WHERE dedupe_key = ?",
+                (item.dedupe_key,),
+            ).fetchone()
+            if row is not None:
+                if row[7] != "acked" or row[9] > now:
+                    return row[:9], True
+                conn.execute("DELETE FROM inbox WHERE id = ?", (row[0],))  # window passed
+            cursor = conn.execute(
+                "INSERT INTO inbox (session, lane, dedupe_key, kind, payload, appended_at_ms, "
+                "dedupe_until_ms) VALUES (?, ?, ?, ?, ?, ?, ?)",
+                (item.session, item.lane, item.dedupe_key, item.kind, payload, now, now + ttl),
+            )
+            conn.execute(
+                "INSERT OR IGNORE INTO session_claims (session, available_at_ms) VALUES (?, ?)",
+                (item.session, now),
+            )
+            new = (cursor.lastrowid, item.session, item.lane, item.dedupe_key, item.kind)
+            return (*new, payload, now, "pending", None), False
+
+        row, duplicate = await self._b.write(op)
+        if not duplicate:
+            self._b.sessions_ready.fire()
+        return InboxAppend(item=_item(row), duplicate=duplicate)
+
+    async def pending(self, session: str, *, limit: int = 100) -> tuple[InboxItem, ...]:
+        rows = await self._b.read(
+            lambda c: c.execute(
+                f"SELECT {_INBOX_COLUMNS} FROM inbox WHERE session = ? AND status = 'pending' "
+                "ORDER BY id LIMIT ?",
+                (session, max(limit, 0)),
+            ).fetchall()
+        )
+        return tuple(_item(row) for row in rows)
+
+    async def _settle(self, session: str, item_id: str, status: str, reason: str | None) -> None:
+        number = _parse_id(item_id)
+        if number is None:
+            return
+
+        def op(conn: sqlite3.Connection, now: int) -> None:
+            conn.execute(
+                "UPDATE inbox SET status = ?, reason = ?, settled_at_ms = ? "
+                "WHERE id = ? AND session = ? AND status = 'pending'",
+                (status, reason, now, number, session),
+            )
+
+        await self._b.write(op)
+
+    async def ack(self, session: str, item_id: str) -> None:
+        await self._settle(session, item_id, "acked", None)
+
+    async def reject(self, session: str, item_id: str, reason: str) -> None:
+        await self._settle(session, item_id, "rejected", reason)
+
+    async def take_session(self, worker: str, *, wait_ms: int = 0) -> SessionTicket | None:
+        b = self._b
+        deadline = b.clock.now_ms() + max(wait_ms, 0)
+        visibility = b.visibility_timeout_ms
+        while True:
+            signal = b.sessions_ready.arm()
+            ticket = b.ids.next()
+
+            def op(
+                conn: sqlite3.Connection, now: int, ticket: str = ticket
+            ) -> tuple[str | None, int | None]:
+                while True:
+                    row = conn.execute(
+                        "SELECT session, available_at_ms FROM session_claims "
+                        "ORDER BY available_at_ms, session LIMIT 1"
+                    ).fetchone()
+                    if row is None:
+                        return None, None
+                    session, available_at = row
+                    if available_at > now:
+                        return None, available_at  # the next claim to expire
+                    if not _has_pending(conn, session):
+                        conn.execute("DELETE FROM session_claims WHERE session = ?", (session,))
+                        continue
+                    conn.execute(
+                        "UPDATE session_claims SET owner = ?, ticket = ?, available_at_ms = ?, "
+                        "claimed_at_ms = ? WHERE session = ?",
+                        (worker, ticket, now + visibility, now, session),
+                    )
+                    return session, None
+
+            if b.closed:
+                return None
+            session, next_at = await b.write(op)
+            if session is not None:
+                return SessionTicket(session=session, ticket=ticket)
+            if b.closed or b.clock.now_ms() >= deadline:
+                return None
+            await b.sleep_until(signal, next_at, deadline)
+
+    async def renew(self, ticket: SessionTicket) -> bool:
+        visibility = self._b.visibility_timeout_ms
+
+        def op(conn: sqlite3.Connection, now: int) -> bool:
+            cursor = conn.execute(
+                "UPDATE session_claims SET available_at_ms = ? WHERE session = ? AND ticket = ?",
+                (now + visibility, ticket.session, ticket.ticket),
+            )
+            return cursor.rowcount == 1
+
+        result: bool = await self._b.write(op)
+        return result
+
+    async def done(self, ticket: SessionTicket) -> None:
+        def op(conn: sqlite3.Connection, now: int) -> bool:
+            row = conn.execute(
+                "SELECT ticket FROM session_claims WHERE session = ?", (ticket.session,)
+            ).fetchone()
+            if row is None or row[0] != ticket.ticket:
+                return False
+            if _has_pending(conn, ticket.session):
+                conn.execute(
+                    "UPDATE session_claims SET owner = NULL, ticket = NULL, available_at_ms = ?, "
+                    "claimed_at_ms = NULL WHERE session = ?",
+                    (now, ticket.session),
+                )
+                return True
+            conn.execute("DELETE FROM session_claims WHERE session = ?", (ticket.session,))
+            return False
+
+        if await self._b.write(op):
+            self._b.sessions_ready.fire()
+
+    async def backlog(self) -> Backlog:
+        def run(c: sqlite3.Connection) -> tuple[int, int | None, int]:
+            pending, oldest = c.execute(
+                "SELECT COUNT(*), MIN(appended_at_ms) FROM inbox WHERE status = 'pending'"
+            ).fetchone()
+            (rejected,) = c.execute(
+                "SELECT COUNT(*) FROM inbox WHERE status = 'rejected'"
+            ).fetchone()
+            return pending, oldest, rejected
+
+        pending, oldest, rejected = await self._b.read(run)
+        age = 0 if oldest is None else max(0, self._b.clock.now_ms() - oldest)
+        return Backlog(pending=pending, oldest_age_ms=age, dead=rejected)
+
+
+class _Outbox:
+    def __init__(self, broker: SqliteBroker) -> None:
+        self._b = broker
+
+    async def enqueue(
+        self, delivery_id: str, session: str, lane: str, outbound: FrozenJsonObject, *, now_ms: int
+    ) -> bool:
+        body = _json(outbound)
+
+        def op(conn: sqlite3.Connection, _: int) -> bool:
+            cursor = conn.execute(
+                "INSERT OR IGNORE INTO outbox (id, session, lane, outbound, due_at_ms, "
+                "created_at_ms) VALUES (?, ?, ?, ?, ?, ?)",
+                (delivery_id, session, lane, body, now_ms, now_ms),
+            )
+            return cursor.rowcount == 1
+
+        created: bool = await self._b.write(op)
+        if created:
+            self._b.deliveries_due.fire()
+        return created
+
+    async def claim(
+        self, worker: str, *, now_ms: int, limit: int, lease_ms: int
+    ) -> tuple[ClaimedDelivery, ...]:
+        if lease_ms <= 0:
+            raise ValueError(f"lease_ms must be positive, got {lease_ms}")
+        if limit <= 0:
+            return ()
+        expires = now_ms + lease_ms
+        b = self._b
+
+        def op(conn: sqlite3.Connection, _: int) -> list[tuple[tuple[Any, ...], str]]:
+            b.lazy_purge_outbox(conn, now_ms)
+            ids = [
+                row[0]
+                for row in conn.execute(
+                    "SELECT id FROM outbox WHERE status = 'pending' AND due_at_ms <= ? AND "
+                    "(lease_expires_at_ms IS NULL OR lease_expires_at_ms <= ?) "
+                    "ORDER BY due_at_ms, id LIMIT ?",
+                    (now_ms, now_ms, limit),
+                )
+            ]
+            claimed = []
+            for delivery_id in ids:
+                token = b.ids.next()
+                conn.execute(
+                    "UPDATE outbox SET attempts = attempts + 1, lease_owner = ?, lease_token = ?, "
+                    "lease_expires_at_ms = ? WHERE id = ?",
+                    (worker, token, expires, delivery_id),
+                )
+                row = conn.execute(
+                    f"SELECT {_OUTBOX_COLUMNS} FROM outbox WHERE id = ?", (delivery_id,)
+                ).fetchone()
+                claimed.append((row, token))
+            return claimed
+
+        rows = await b.write(op)
+        return tuple(
+            ClaimedDelivery(delivery=_delivery(row), token=token, lease_expires_at_ms=expires)
+            for row, token in rows
+        )
+
+    async def _settle(self, claimed: ClaimedDelivery, sql: str, *args: Any) -> bool:
+        def op(conn: sqlite3.Connection, _: int) -> bool:
+            cursor = conn.execute(
+                f"UPDATE outbox SET {sql}, {_CLEAR_LEASE} "
+                "WHERE id = ? AND status = 'pending' AND lease_token = ?",
+                (*args, claimed.delivery.id, claimed.token),
+            )
+            return cursor.rowcount == 1
+
+        settled: bool = await self._b.write(op)
+        return settled
+
+    async def settle_delivered(self, claimed: ClaimedDelivery, *, now_ms: int) -> bool:
+        return await self._settle(claimed, "status = 'delivered', settled_at_ms = ?", now_ms)
+
+    async def settle_retry(
+        self,
+        claimed: ClaimedDelivery,
+        *,
+        due_at_ms: int,
+        reason: str,
+        unknown_outcome: bool,
+        now_ms: int,
+    ) -> bool:
+        settled = await self._settle(
+            claimed,
+            "due_at_ms = ?, last_error = ?, unknown_outcome = ?",
+            due_at_ms,
+            reason,
+            int(unknown_outcome),
+        )
+        if settled:
+            self._b.deliveries_due.fire()
+        return settled
+
+    async def settle_dead(self, claimed: ClaimedDelivery, *, reason: str, now_ms: int) -> bool:
+        return await self._settle(
+            claimed, "status = 'dead', last_error = ?, settled_at_ms = ?", reason, now_ms
+        )
+
+    async def get(self, delivery_id: str) -> Delivery | None:
+        row = await self._b.read(
+            lambda c: c.execute(
+                f"SELECT {_OUTBOX_COLUMNS} FROM outbox WHERE id = ?", (delivery_id,)
+            ).fetchone()
+        )
+        return None if row is None else _delivery(row)
+
+    async def list(
+        self, status: DeliveryStatus, *, after: str | None = None, limit: int = 100
+    ) -> tuple[Delivery, ...]:
+        rows = await self._b.read(
+            lambda c: c.execute(
+                f"SELECT {_OUTBOX_COLUMNS} FROM outbox WHERE status = ? AND id > ? "
+                "ORDER BY id LIMIT ?",
+                (status, after or "", max(limit, 0)),
+            ).fetchall()
+        )
+        return tuple(_delivery(row) for row in rows)
+
+    async def _operate(self, delivery_id: str, sql: str, when: str, *args: Any) -> Delivery | None:
+        """Change a delivery if its status is one of `when`; return it as it is after."""
+
+        def op(conn: sqlite3.Connection, _: int) -> tuple[Any, ...] | None:
+            conn.execute(
+                f"UPDATE outbox SET {sql}, {_CLEAR_LEASE} WHERE id = ? AND status IN ({when})",
+                (*args, delivery_id),
+            )
+            row: tuple[Any, ...] | None = conn.execute(
+                f"SELECT {_OUTBOX_COLUMNS} FROM outbox WHERE id = ?", (delivery_id,)
+            ).fetchone()
+            return row
+
+        row = await self._b.write(op)
+        return None if row is None else _delivery(row)
+
+    async def redeliver(self, delivery_id: str, *, now_ms: int) -> Delivery | None:
+        delivery = await self._operate(
+            delivery_id,
+            "status = 'pending', attempts = 0, due_at_ms = ?, settled_at_ms = NULL",
+            "'dead'",
+            now_ms,
+        )
+        if delivery is not None and delivery.status == "pending":
+            self._b.deliveries_due.fire()
+        return delivery
+
+    async def discard(self, delivery_id: str, *, now_ms: int) -> Delivery | None:
+        return await self._operate(
+            delivery_id, "status = 'discarded', settled_at_ms = ?", "'dead', 'pending'", now_ms
+        )
+
+    async def backlog(self, *, now_ms: int) -> Backlog:
+        def run(c: sqlite3.Connection) -> tuple[int, int | None, int]:
+            (pending,) = c.execute(
+                "SELECT COUNT(*) FROM outbox WHERE status = 'pending'"
+            ).fetchone()
+            (oldest,) = c.execute(
+                "SELECT MIN(due_at_ms) FROM outbox WHERE status = 'pending' AND due_at_ms <= ?",
+                (now_ms,),
+            ).fetchone()
+            (dead,) = c.execute("SELECT COUNT(*) FROM outbox WHERE status = 'dead'").fetchone()
+            return pending, oldest, dead
+
+        pending, oldest, dead = await self._b.read(run)
+        age = 0 if oldest is None else now_ms - oldest
+        return Backlog(pending=pending, oldest_age_ms=age, dead=dead)
+
+    async def wait(self, timeout_ms: int) -> None:
+        b = self._b
+        deadline = b.clock.now_ms() + max(timeout_ms, 0)
+
+        def next_due(c: sqlite3.Connection) -> int | None:
+            """When the first pending delivery can be claimed (due, and no live lease)."""
+            (free,) = c.execute(
+                "SELECT MIN(due_at_ms) FROM outbox WHERE status = 'pending' AND lease_token IS NULL"
+            ).fetchone()
+            (leased,) = c.execute(
+                "SELECT MIN(MAX(due_at_ms, lease_expires_at_ms)) FROM outbox "
+                "WHERE status = 'pending' AND lease_token IS NOT NULL"
+            ).fetchone()
+            times = [t for t in (free, leased) if t is not None]
+            return min(times) if times else None
+
+        while not b.closed:
+            signal = b.deliveries_due.arm()
+            due = await b.read(next_due)
+            now = b.clock.now_ms()
+            if (due is not None and due <= now) or now >= deadline:
+                return
+            await b.sleep_until(signal, due, deadline)
+
+
+class _Threads:
+    def __init__(self, broker: SqliteBroker) -> None:
+        self._b = broker
+
+    async def remember(
+        self, session: str, lane: str, thread: FrozenJsonObject, reply_context: FrozenJsonObject
+    ) -> None:
+        args = (session, lane, _json(thread), _json(reply_context))
+
+        def op(conn: sqlite3.Connection, _: int) -> None:
+            conn.execute(
+                "INSERT INTO threads (session, lane, thread, reply_context) VALUES (?, ?, ?, ?) "
+                "ON CONFLICT (session, lane) DO UPDATE SET thread = excluded.thread, "
+                "reply_context = excluded.reply_context",
+                args,
+            )
+
+        await self._b.write(op)
+
+    async def get(self, session: str, lane: str) -> ThreadState | None:
+        rows = await self._select("session = ? AND lane = ?", session, lane)
+        return rows[0] if rows else None
+
+    async def list(self, session: str) -> tuple[ThreadState, ...]:
+        return await self._select("session = ? ORDER BY lane", session)
+
+    async def _select(self, where: str, *args: Any) -> tuple[ThreadState, ...]:
+        rows = await self._b.read(
+            lambda c: c.execute(
+                "SELECT session, lane, thread, reply_context, replied_through FROM threads "
+                f"WHERE {where}",
+                args,
+            ).fetchall()
+        )
+        return tuple(
+            ThreadState(
+                session=session,
+                lane=lane,
+                thread=json.loads(thread),
+                reply_context=json.loads(context),
+                replied_through=through,
+            )
+            for session, lane, thread, context, through in rows
+        )
+
+    async def mark_replied(self, session: str, lane: str, seq: int) -> None:
+        def op(conn: sqlite3.Connection, _: int) -> None:
+            conn.execute(
+                "UPDATE threads SET replied_through = MAX(replied_through, ?) "
+                "WHERE session = ? AND lane = ?",
+                (seq, session, lane),
+            )
+
+        await self._b.write(op)
+
+
+class _Audit:
+    def __init__(self, broker: SqliteBroker) -> None:
+        self._b = broker
+
+    async def record(self, event: NewAuditEvent) -> AuditEvent:
+        details = _json(event.details)
+
+        def op(conn: sqlite3.Connection, now: int) -> tuple[int, int]:
+            cursor = conn.execute(
+                "INSERT INTO audit (at_ms, actor, action, session, lane, target, outcome, "
+                "details) VALUES (?, ?, ?, ?, ?, ?, ?, ?)",
+                (now, event.actor, event.action, event.session, event.lane, event.target,
+                 event.outcome, details),
+            )  # fmt: skip
+            assert cursor.lastrowid is not None
+            return cursor.lastrowid, now
+
+        number, at_ms = await self._b.write(op)
+        return AuditEvent(**event.model_dump(), id=_format_id(number), at_ms=at_ms)
+
+    async def list(
+        self,
+        *,
+        session: str | None = None,
+        lane: str | None = None,
+        after: str | None = None,
+        limit: int = 100,
+    ) -> tuple[AuditEvent, ...]:
+        where = ["id >= ?"]
+        args: list[Any] = [0 if after is None else _first_id_after(after)]
+        if session is not None:
+            where.append("session = ?")
+            args.append(session)
+        if lane is not None:
+            where.append("lane = ?")
+            args.append(lane)
+        args.append(max(limit, 0))
+        sql = f"SELECT {_AUDIT_COLUMNS} FROM audit WHERE {' AND '.join(where)} ORDER BY id LIMIT ?"
+        rows = await self._b.read(lambda c: c.execute(sql, args).fetchall())
+        return tuple(_event(row) for row in rows)

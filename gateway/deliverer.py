@@ -1,0 +1,234 @@
+"""The deliverer: sends due replies through their adapters; retries, reconciles, dead-letters.
+
+Delivery is at least once towards the channel, and made effectively once by the adapters: every
+attempt whose outcome is unknown (a timeout, an adapter saying so) is reconciled before the next
+send, so a reply that arrived is never posted again. Failures are retried on a13n's schedule,
+``min(cap, 2^attempts) x U(0.8, 1.0)`` seconds (the channel's own ``Retry-After`` wins when
+longer), until `max_attempts`; then the delivery is a dead letter with a secret-free reason.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import logging
+import random
+from collections.abc import Mapping
+from dataclasses import dataclass
+
+from pydantic import ValidationError
+
+from adapters.channel import ChannelAdapter, DeliveryError, Outbound
+from gateway.broker.contract import Broker, ClaimedDelivery, NewAuditEvent
+from gateway.logs import event
+from harness_core import Clock
+
+__all__ = ["Deliverer", "DelivererConfig", "retry_delay_ms"]
+
+log = logging.getLogger("gateway.deliverer")
+
+
+@dataclass(frozen=True, kw_only=True, slots=True)
+class DelivererConfig:
+    """How replies are delivered (from the settings)."""
+
+    deliverer_id: str
+    max_attempts: int = 12
+    lease_ms: int = 60_000
+    """How long one attempt may take (the adapter call times out at half of it)."""
+    max_delay_ms: int = 3_600_000
+    batch: int = 32
+    parallel: int = 8
+    idle_wait_ms: int = 1_000
+
+
+def retry_delay_ms(attempts: int, *, cap_ms: int, rng: random.Random) -> int:
+    """a13n's schedule after `attempts` claims: ``min(cap, 2^attempts s) x U(0.8, 1.0)``."""
+    base = min(cap_ms, 1000 * 2 ** min(attempts, 16))
+    return int(base * rng.uniform(0.8, 1.0))
+
+
+class Deliverer:
+    """Claims due deliveries and settles each one."""
+
+    def __init__(
+        self,
+        config: DelivererConfig,
+        broker: Broker,
+        adapters: Mapping[str, ChannelAdapter],
+        clock: Clock,
+        rng: random.Random | None = None,
+    ) -> None:
+        self.config = config
+        self._broker = broker
+        self._adapters = adapters
+        self._clock = clock
+        self._rng = rng or random.Random()  # jitter, not security
+        self._stopping = asyncio.Event()
+        self._task: asyncio.Task[None] | None = None
+        self._running: set[asyncio.Task[None]] = set()
+
+    @property
+    def actor(self) -> str:
+        """This deliverer in the audit trail."""
+        return f"deliverer:{self.config.deliverer_id}"
+
+    def start(self) -> None:
+        """Start delivering (returns at once)."""
+        self._task = asyncio.ensure_future(self._loop())
+
+    async def stop(self, seconds: float) -> None:
+        """Claim nothing more; let attempts in flight settle for up to `seconds`."""
+        self._stopping.set()
+        if self._task is not None:
+            with contextlib.suppress(TimeoutError):
+                await asyncio.wait_for(asyncio.shield(self._task), timeout=seconds)
+            self._task.cancel()
+            await asyncio.gather(self._task, return_exceptions=True)
+
+    async def _loop(self) -> None:
+        config = self.config
+        slots = asyncio.Semaphore(config.parallel)
+        try:
+            while not self._stopping.is_set():
+                try:
+                    claimed = await self._broker.outbox.claim(
+                        config.deliverer_id,
+                        now_ms=self._clock.now_ms(),
+                        limit=min(config.batch, config.parallel),
+                        lease_ms=config.lease_ms,
+                    )
+                except Exception as exc:
+                    log.warning(event("claim failed", error=type(exc).__name__))
+                    await self._wait(config.idle_wait_ms)
+                    continue
+                if not claimed:
+                    await self._wait(config.idle_wait_ms)
+                    continue
+                for item in claimed:
+                    await slots.acquire()
+                    task = asyncio.ensure_future(self._attempt(item))
+                    self._running.add(task)
+
+                    def settled(done: asyncio.Task[None]) -> None:
+                        self._running.discard(done)
+                        slots.release()
+
+                    task.add_done_callback(settled)
+            if self._running:
+                await asyncio.gather(*self._running, return_exceptions=True)
+        except asyncio.CancelledError:
+            for task in self._running:
+                task.cancel()
+            raise
+
+    async def _wait(self, ms: int) -> None:
+        waiting = asyncio.ensure_future(self._broker.outbox.wait(ms))
+        stopping = asyncio.ensure_future(self._stopping.wait())
+        try:
+            await asyncio.wait({waiting, stopping}, return_when=asyncio.FIRST_COMPLETED)
+        finally:
+            waiting.cancel()
+            stopping.cancel()
+            await asyncio.gather(waiting, stopping, return_exceptions=True)
+
+    async def _attempt(self, claimed: ClaimedDelivery) -> None:
+        delivery = claimed.delivery
+        try:
+            outbound = Outbound.model_validate(dict(delivery.outbound))
+        except ValidationError:
+            await self._dead(claimed, "malformed outbound")
+            return
+        adapter = self._adapters.get(outbound.thread.channel)
+        if adapter is None:
+            await self._retry(claimed, f"no adapter for {outbound.thread.channel}", False)
+            return
+        timeout = self.config.lease_ms / 2000
+        if delivery.unknown_outcome:  # an earlier attempt may have arrived: look before sending
+            try:
+                found = await asyncio.wait_for(adapter.reconcile(outbound), timeout=timeout)
+            except Exception as exc:
+                found = "unknown"
+                log.info(event("reconcile failed", delivery=delivery.id, error=type(exc).__name__))
+            if found == "delivered":
+                await self._delivered(claimed, reconciled=True)
+                return
+            if found == "unknown":
+                await self._retry(claimed, "reconcile: unknown", True)
+                return
+        try:
+            await asyncio.wait_for(adapter.deliver(outbound), timeout=timeout)
+        except DeliveryError as exc:
+            if exc.permanent:
+                await self._dead(claimed, exc.reason)
+            else:
+                await self._retry(claimed, exc.reason, exc.unknown_outcome, exc.retry_after_s)
+            return
+        except TimeoutError:
+            await self._retry(claimed, "timeout", True)  # it may have gone out
+            return
+        except Exception as exc:
+            await self._retry(claimed, type(exc).__name__, True)
+            return
+        await self._delivered(claimed, reconciled=False)
+
+    async def _delivered(self, claimed: ClaimedDelivery, *, reconciled: bool) -> None:
+        settled = await self._broker.outbox.settle_delivered(claimed, now_ms=self._clock.now_ms())
+        log.info(
+            event(
+                "delivered",
+                delivery=claimed.delivery.id,
+                attempts=claimed.delivery.attempts,
+                reconciled=reconciled,
+                settled=settled,
+            )
+        )
+
+    async def _retry(
+        self,
+        claimed: ClaimedDelivery,
+        reason: str,
+        unknown_outcome: bool,
+        retry_after_s: float | None = None,
+    ) -> None:
+        delivery = claimed.delivery
+        if delivery.attempts >= self.config.max_attempts:
+            await self._dead(claimed, reason)
+            return
+        delay = retry_delay_ms(delivery.attempts, cap_ms=self.config.max_delay_ms, rng=self._rng)
+        if retry_after_s is not None:
+            delay = max(delay, int(retry_after_s * 1000))
+        now = self._clock.now_ms()
+        await self._broker.outbox.settle_retry(
+            claimed,
+            due_at_ms=now + delay,
+            reason=reason,
+            unknown_outcome=unknown_outcome or delivery.unknown_outcome,
+            now_ms=now,
+        )
+        log.info(
+            event(
+                "delivery failed",
+                delivery=delivery.id,
+                attempts=delivery.attempts,
+                reason=reason,
+                retry_in_ms=delay,
+            )
+        )
+
+    async def _dead(self, claimed: ClaimedDelivery, reason: str) -> None:
+        delivery = claimed.delivery
+        await self._broker.outbox.settle_dead(claimed, reason=reason, now_ms=self._clock.now_ms())
+        log.warning(event("delivery dead", delivery=delivery.id, reason=reason))
+        with contextlib.suppress(Exception):
+            await self._broker.audit.record(
+                NewAuditEvent(
+                    actor=self.actor,
+                    action="dead letter",
+                    session=delivery.session,
+                    lane=delivery.lane,
+                    target=delivery.id,
+                    outcome="dead",
+                    details={"reason": reason, "attempts": delivery.attempts},
+                )
+            )

@@ -1,0 +1,61 @@
+"""Structured logs: one JSON object per line, identifiers and outcomes only (never content, keys).
+
+Callers log `event("message accepted", session=..., lane=...)`; the formatter adds the time,
+level and logger. Message text, tool data and credentials never go into a log line: the fields
+are ids, kinds, counts and short secret-free reasons.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import sys
+from typing import Any
+
+__all__ = ["JsonFormatter", "configure", "event"]
+
+
+class _Event(str):
+    """A log message carrying structured fields (still a readable string)."""
+
+    fields: dict[str, Any]
+
+    def __new__(cls, name: str, fields: dict[str, Any]) -> _Event:
+        made = super().__new__(cls, name)
+        made.fields = fields
+        return made
+
+
+def event(name: str, **fields: Any) -> str:
+    """A log message `name` with fields (ids, kinds, counts; nothing a user wrote)."""
+    return _Event(name, {k: v for k, v in fields.items() if v is not None})
+
+
+class JsonFormatter(logging.Formatter):
+    """Formats a record as one JSON line."""
+
+    def format(self, record: logging.LogRecord) -> str:
+        """The record as ``{"ts", "level", "logger", "event", ...fields}``."""
+        payload: dict[str, Any] = {
+            "ts": round(record.created, 3),
+            "level": record.levelname.lower(),
+            "logger": record.name,
+            "event": str(record.msg),
+        }
+        fields = getattr(record.msg, "fields", None)
+        if fields:
+            payload.update(fields)
+        if record.exc_info and record.exc_info[0] is not None:
+            payload["error"] = record.exc_info[0].__name__  # the type only: messages may carry data
+        return json.dumps(payload, default=str, separators=(",", ":"))
+
+
+def configure(level: str) -> None:
+    """Send every ``gateway`` and ``adapters`` log line to stderr as JSON, at `level`."""
+    handler = logging.StreamHandler(sys.stderr)
+    handler.setFormatter(JsonFormatter())
+    for name in ("gateway", "adapters"):
+        logger = logging.getLogger(name)
+        logger.handlers[:] = [handler]
+        logger.setLevel(level.upper())
+        logger.propagate = False

@@ -1,0 +1,76 @@
+"""The agent plugin: a Python module (``GATEWAY_PLUGIN``) that defines the agent the service runs.
+
+A plugin module may define, all optional:
+
+* ``tools() -> Sequence[Tool]``: the tools the agent can call (with their replay and approval
+  declarations);
+* ``model() -> tuple[ModelClient, ModelRef]``: a model client of its own (default: the one
+  ``GATEWAY_MODEL`` names);
+* ``adapters(settings, clock) -> Sequence[ChannelAdapter]``: channels besides the built-in ones
+  (a channel of the same name replaces the built-in one).
+"""
+
+from __future__ import annotations
+
+import importlib
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass
+from typing import Any
+
+from adapters.channel import ChannelAdapter
+from config import Settings
+from harness_core import Clock, ModelClient, ModelRef, Tool
+
+__all__ = ["Plugin", "PluginError", "load_plugin"]
+
+
+class PluginError(ValueError):
+    """The plugin cannot be imported or does not define what it says (one clear line)."""
+
+
+@dataclass(frozen=True, kw_only=True, slots=True)
+class Plugin:
+    """What a plugin module provides."""
+
+    name: str
+    tools: Sequence[Tool] = ()
+    model: tuple[ModelClient, ModelRef] | None = None
+    adapters: Callable[[Settings, Clock], Sequence[ChannelAdapter]] | None = None
+
+
+def load_plugin(name: str | None) -> Plugin:
+    """Import the plugin module `name` (None: no plugin).
+
+    Raises:
+        PluginError: the module cannot be imported, or a function returns the wrong thing.
+    """
+    if name is None:
+        return Plugin(name="")
+    try:
+        module = importlib.import_module(name)
+    except Exception as exc:
+        raise PluginError(
+            f"GATEWAY_PLUGIN={name}: cannot import it ({type(exc).__name__}: {exc})"
+        ) from exc
+    tools = _call(module, name, "tools", ())
+    if not all(isinstance(tool, Tool) for tool in tools):
+        raise PluginError(f"GATEWAY_PLUGIN={name}: tools() must return Tool objects")
+    model = _call(module, name, "model", None)
+    if model is not None and not (
+        isinstance(model, tuple) and len(model) == 2 and isinstance(model[1], ModelRef)
+    ):
+        raise PluginError(f"GATEWAY_PLUGIN={name}: model() must return (client, ModelRef)")
+    adapters = getattr(module, "adapters", None)
+    return Plugin(name=name, tools=tuple(tools), model=model, adapters=adapters)
+
+
+def _call(module: Any, name: str, function: str, default: Any) -> Any:
+    made = getattr(module, function, None)
+    if made is None:
+        return default
+    try:
+        return made()
+    except Exception as exc:
+        raise PluginError(
+            f"GATEWAY_PLUGIN={name}: {function}() failed ({type(exc).__name__}: {exc})"
+        ) from exc

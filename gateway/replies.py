@@ -1,0 +1,158 @@
+"""Replies: what a lane's finished operations and approval waits send back into its thread.
+
+After each operation the worker scans the lane's records after its *replied-through* mark (kept
+per lane by the broker) for runs that finished and approval waits that began, and enqueues one
+outbound message for each under a delivery id derived from what caused it. Enqueueing is
+idempotent by that id and the mark only moves after the enqueue, so a crash anywhere in between
+repeats the scan and loses no reply, and never sends one twice; the scan reads only the records
+after the mark (bounded by what happened since the last reply).
+"""
+
+from __future__ import annotations
+
+import hashlib
+from dataclasses import dataclass
+
+from adapters.channel import ApprovalView, Outbound, OutboundKind, PendingCall, ThreadRef
+from gateway.broker.contract import Broker, ThreadState
+from harness_core import (
+    AssistantMessage,
+    OperationError,
+    SessionStorage,
+    message_text,
+)
+from harness_core.session.entries import MessageEntry
+from harness_core.session.records import (
+    ApprovalRequested,
+    OperationFinished,
+    OperationStarted,
+    RunIntent,
+)
+from harness_core.session.types import RecordQuery, StoredRecord
+
+__all__ = ["Reply", "delivery_id", "enqueue_replies", "entry_id_of", "failure_text"]
+
+NO_ANSWER = "(The run ended without a text answer.)"
+
+
+def delivery_id(session: str, kind: OutboundKind, cause: str) -> str:
+    """The delivery id of a reply: stable for what caused it, whoever enqueues it, however often."""
+    return f"{kind}:{session}:{cause}"
+
+
+def entry_id_of(dedupe_key: str) -> str:
+    """The lane's user-message entry id for an inbound message (the same message, the same id)."""
+    return "in-" + hashlib.sha256(dedupe_key.encode()).hexdigest()[:40]
+
+
+def failure_text(error: OperationError | None) -> str:
+    """A short failure notice: what kind of failure, never provider or tool internals."""
+    code = error.code if error is not None else "failed"
+    return f"Sorry, I could not finish this ({code}). You can ask again; an operator can retry it."
+
+
+@dataclass(frozen=True, slots=True)
+class Reply:
+    """One reply found by a scan: its seq (for the mark) and the outbound message."""
+
+    seq: int
+    outbound: Outbound
+
+
+async def enqueue_replies(
+    broker: Broker, storage: SessionStorage, state: ThreadState, *, now_ms: int
+) -> list[Reply]:
+    """Enqueue the replies of `state`'s lane after its mark; returns what was found (in order).
+
+    Runs only: compactions and navigations answer nobody. A completed run replies with its final
+    text, a failed one with a short notice, an aborted one with nothing; an approval wait sends
+    an approval request.
+    """
+    lane = state.lane
+    after = state.replied_through
+    found: list[StoredRecord] = []
+    for record_type in ("operation_finished", "approval_requested"):
+        found += await storage.find_records(
+            RecordQuery(lane=lane, type=record_type, after_seq=after, order="oldest_first")
+        )
+    replies: list[Reply] = []
+    thread = ThreadRef.model_validate(dict(state.thread))
+    for stored in sorted(found, key=lambda item: item.seq):
+        outbound = await _outbound(storage, state, thread, stored)
+        if outbound is not None:
+            replies.append(Reply(stored.seq, outbound))
+    for reply in replies:
+        await broker.outbox.enqueue(
+            reply.outbound.delivery_id,
+            state.session,
+            lane,
+            reply.outbound.model_dump(mode="json"),
+            now_ms=now_ms,
+        )
+    if found:
+        await broker.threads.mark_replied(state.session, lane, max(s.seq for s in found))
+    return replies
+
+
+async def _outbound(
+    storage: SessionStorage, state: ThreadState, thread: ThreadRef, stored: StoredRecord
+) -> Outbound | None:
+    record = stored.record
+    session = state.session
+    context = state.reply_context
+    if isinstance(record, ApprovalRequested):
+        calls = tuple(
+            PendingCall(
+                tool_call_id=call.tool_call_id,
+                tool_name=call.tool_name,
+                args=call.args,
+                args_digest=call.args_digest,
+            )
+            for call in record.calls
+        )
+        names = ", ".join(sorted({call.tool_name for call in calls}))
+        return Outbound(
+            delivery_id=delivery_id(session, "approval_request", record.id),
+            thread=thread,
+            kind="approval_request",
+            text=f"Approval needed before I run {names}.",
+            approval=ApprovalView(
+                session=session, run_id=record.run_id, wait_id=record.id, calls=calls
+            ),
+            reply_context=context,
+        )
+    if not isinstance(record, OperationFinished):
+        return None
+    started = await storage.get_record(record.run_id)
+    if started is None or not isinstance(started.record, OperationStarted):
+        return None
+    if not isinstance(started.record.intent, RunIntent):
+        return None  # compaction and navigation answer nobody
+    if record.outcome == "failed":
+        return Outbound(
+            delivery_id=delivery_id(session, "failure_notice", record.run_id),
+            thread=thread,
+            kind="failure_notice",
+            text=failure_text(record.error),
+            reply_context=context,
+        )
+    if record.outcome != "completed":
+        return None  # aborted: whoever aborted it knows
+    return Outbound(
+        delivery_id=delivery_id(session, "reply", record.run_id),
+        thread=thread,
+        kind="reply",
+        text=await _final_text(storage, record.final_entry_id),
+        reply_context=context,
+    )
+
+
+async def _final_text(storage: SessionStorage, entry_id: str | None) -> str:
+    if entry_id is None:
+        return NO_ANSWER
+    stored = await storage.get_entry(entry_id)
+    if stored is None or not isinstance(stored.entry, MessageEntry):
+        return NO_ANSWER
+    message = stored.entry.message
+    text = message_text(message).strip() if isinstance(message, AssistantMessage) else ""
+    return text or NO_ANSWER

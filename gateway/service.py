@@ -1,0 +1,208 @@
+"""The service: the composition root that wires store, broker, adapters, workers and deliverer.
+
+Only this module names concrete backends and adapters. `Service.start()` opens everything and
+starts receiving, working and delivering; `Service.stop()` drains: it stops taking sessions and
+claiming deliveries, gives running steps `drain_seconds` to finish, then releases leases and
+closes. `gateway serve` runs one `Service` under uvicorn; tests and benchmarks run several.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import logging
+import os
+import random
+import socket
+from collections.abc import Sequence
+from dataclasses import dataclass, field
+from typing import Any
+
+from fastapi import FastAPI
+
+from adapters.channel import ChannelAdapter
+from config import Settings
+from gateway.app import build_app
+from gateway.broker import open_broker
+from gateway.broker.contract import Broker
+from gateway.deliverer import Deliverer, DelivererConfig
+from gateway.intake import Intake
+from gateway.logs import event
+from gateway.models import model_from_settings
+from gateway.plugin import load_plugin
+from gateway.worker import Worker, WorkerConfig
+from harness_core import (
+    AgentHarnessOptions,
+    Clock,
+    ModelClient,
+    ModelRef,
+    RequestOptions,
+    SessionRepo,
+    SessionStorage,
+    SystemClock,
+    Tool,
+    open_repo,
+)
+
+__all__ = ["Service", "ServiceParts", "default_worker_id"]
+
+log = logging.getLogger("gateway.service")
+
+
+def default_worker_id() -> str:
+    """A worker id that is new per process incarnation (a restarted process never shares one)."""
+    return f"{socket.gethostname()}-{os.getpid()}-{random.getrandbits(32):08x}"
+
+
+@dataclass(kw_only=True)
+class ServiceParts:
+    """What a service is made of; every field may be given (tests, benchmarks) or built."""
+
+    repo: SessionRepo | None = None
+    broker: Broker | None = None
+    adapters: Sequence[ChannelAdapter] | None = None
+    model_client: ModelClient | None = None
+    model: ModelRef | None = None
+    tools: Sequence[Tool] = ()
+    clock: Clock = field(default_factory=SystemClock)
+    rng: random.Random | None = None
+    worker_id: str | None = None
+
+
+class Service:
+    """One gateway process: intake, workers and a deliverer over one store and one broker."""
+
+    def __init__(self, settings: Settings, parts: ServiceParts | None = None) -> None:
+        self.settings = settings
+        self.parts = parts or ServiceParts()
+        self.worker_id = self.parts.worker_id or default_worker_id()
+        self.repo: SessionRepo | None = None
+        self.broker: Broker | None = None
+        self.adapters: dict[str, ChannelAdapter] = {}
+        self.intake: Intake | None = None
+        self.worker: Worker | None = None
+        self.deliverer: Deliverer | None = None
+        self.app: FastAPI | None = None
+        self._owned: list[Any] = []
+
+    async def start(self) -> None:
+        """Open the store and broker, start the adapters, the workers and the deliverer."""
+        settings = self.settings
+        parts = self.parts
+        clock = parts.clock
+        self.repo = parts.repo or self._own(open_repo(settings.effective_store_url, clock=clock))
+        self.broker = parts.broker or self._own(
+            open_broker(settings.effective_broker_url, clock=clock)
+        )
+        plugin = load_plugin(settings.plugin)
+        if parts.model_client is not None:
+            client = parts.model_client
+            model = parts.model or ModelRef(provider="scripted", model_id="echo")
+        elif plugin.model is not None:
+            client, model = plugin.model
+        else:
+            client, model = model_from_settings(settings)
+        tools = tuple(parts.tools) or tuple(plugin.tools)
+        if parts.adapters is not None:
+            adapters = list(parts.adapters)
+        else:
+            extra = list(plugin.adapters(settings, clock)) if plugin.adapters else []
+            named = {adapter.name for adapter in extra}
+            adapters = [a for a in self._default_adapters() if a.name not in named] + extra
+        self.adapters = {adapter.name: adapter for adapter in adapters}
+        self.intake = Intake(self.broker, settings.route_for)
+
+        def options(storage: SessionStorage) -> AgentHarnessOptions:
+            return AgentHarnessOptions(
+                storage=storage,
+                model_client=client,
+                model=model,
+                tools=tools,
+                clock=clock,
+                max_attempts=settings.max_attempts,
+                lease_renew_ms=int(settings.renew_seconds * 1000),
+                request_options=RequestOptions(max_output_tokens=settings.model_max_output_tokens),
+            )
+
+        self.worker = Worker(
+            WorkerConfig(
+                worker_id=self.worker_id,
+                slots=settings.worker_slots,
+                lease_ms=int(settings.lease_seconds * 1000),
+                busy_policy=settings.busy_policy,
+            ),
+            self.repo,
+            self.broker,
+            options,
+            clock,
+        )
+        self.deliverer = Deliverer(
+            DelivererConfig(
+                deliverer_id=self.worker_id,
+                max_attempts=settings.outbox_max_attempts,
+                lease_ms=int(settings.outbox_lease_seconds * 1000),
+                max_delay_ms=int(settings.outbox_max_delay_seconds * 1000),
+            ),
+            self.broker,
+            self.adapters,
+            clock,
+            parts.rng,
+        )
+        routers = [r for a in adapters if (r := getattr(a, "router", None)) is not None]
+        self.app = build_app(routers, self._ready)
+        for adapter in adapters:
+            await adapter.start(self.intake)
+        self.worker.start()
+        self.deliverer.start()
+        log.info(event("service started", worker=self.worker_id, adapters=sorted(self.adapters)))
+
+    def _own(self, thing: Any) -> Any:
+        self._owned.append(thing)
+        return thing
+
+    def _default_adapters(self) -> list[ChannelAdapter]:
+        from adapters.web import WebChannel, open_mailbox
+
+        return [WebChannel(open_mailbox(self.settings.effective_web_url), clock=self.parts.clock)]
+
+    async def _ready(self) -> dict[str, str]:
+        checks: dict[str, str] = {}
+        try:
+            assert self.broker is not None
+            await asyncio.wait_for(self.broker.outbox.backlog(now_ms=self.parts.clock.now_ms()), 2)
+            checks["broker"] = "ok"
+        except Exception as exc:
+            checks["broker"] = type(exc).__name__
+        try:
+            assert self.repo is not None
+            await asyncio.wait_for(self.repo.list(), 2)
+            checks["store"] = "ok"
+        except Exception as exc:
+            checks["store"] = type(exc).__name__
+        return checks
+
+    async def stop(self, drain_seconds: float | None = None) -> None:
+        """Drain and close: no new sessions or deliveries; running work gets `drain_seconds`."""
+        drain = self.settings.drain_seconds if drain_seconds is None else drain_seconds
+        log.info(event("draining", worker=self.worker_id, seconds=drain))
+        for adapter in self.adapters.values():
+            with contextlib.suppress(Exception):
+                await adapter.stop()
+        if self.worker is not None:
+            self.worker.stop_taking()
+        jobs = []
+        if self.worker is not None:
+            jobs.append(self.worker.drain(drain))
+        if self.deliverer is not None:
+            jobs.append(self.deliverer.stop(drain))
+        await asyncio.gather(*jobs, return_exceptions=True)
+        for adapter in self.adapters.values():
+            close = getattr(adapter, "close", None)
+            if close is not None:
+                with contextlib.suppress(Exception):
+                    await close()
+        for thing in reversed(self._owned):
+            with contextlib.suppress(Exception):
+                await thing.close()
+        self._owned.clear()
+        log.info(event("stopped", worker=self.worker_id))

@@ -1,0 +1,452 @@
+"""Workers: take a session with pending messages, hold its writer lease, feed its lanes, reply.
+
+A worker process runs `slots` session loops. Each takes a session from the inbox (a ticket),
+acquires the store's fenced writer lease for it (another process holding it wins: the ticket is
+given back), restores the harness (lanes a crash interrupted resume: a counted attempt; stuck
+lanes wait for an operator), enqueues the replies a crash may have left unsent, then accepts the
+session's pending messages into their lanes: a new thread creates its lane; the user message's
+entry id derives from the message's identity, so a message processed twice is accepted once; a
+busy lane gets the configured queue. A message is acknowledged in the inbox only after the lane
+accepted it durably. When no lane works and nothing is pending, the harness closes, the lease is
+released and the ticket returned.
+
+A worker that dies leaves its ticket unreturned and its lease unrenewed: after the visibility
+timeout another worker takes the session, waits out the lease, and continues every lane from
+its last durable point.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import logging
+from collections.abc import Awaitable, Callable
+from dataclasses import dataclass, field
+from typing import Any
+
+from pydantic import ValidationError
+
+from adapters.channel import DecisionInbound, Inbound
+from gateway.broker.contract import Broker, InboxItem, SessionTicket
+from gateway.logs import event
+from gateway.replies import enqueue_replies, entry_id_of
+from harness_core import (
+    AgentHarness,
+    AgentHarnessOptions,
+    AgentLane,
+    ApprovalDecision,
+    Clock,
+    Err,
+    HarnessClosed,
+    HarnessFault,
+    LeaseHeld,
+    Ok,
+    SessionError,
+    SessionRepo,
+    SessionStorage,
+    ToolRecovery,
+)
+
+__all__ = ["Worker", "WorkerConfig"]
+
+log = logging.getLogger("gateway.worker")
+
+OptionsFactory = Callable[[SessionStorage], AgentHarnessOptions]
+"""The harness options of a session (the model, tools and policies are the service's)."""
+
+
+@dataclass(frozen=True, kw_only=True, slots=True)
+class WorkerConfig:
+    """How a worker process works (from the settings)."""
+
+    worker_id: str
+    slots: int = 4
+    lease_ms: int = 30_000
+    busy_policy: str = "steer"
+    tool_recovery: ToolRecovery = "declared"
+    take_wait_ms: int = 1_000
+    """How long a free slot waits for a ready session before looking again."""
+    poll_ms: int = 50
+    """While a session works: how often its inbox is checked for new messages."""
+    deferred_poll_ms: int = 2_000
+    """How often a lane parked on a background model request is polled."""
+
+
+@dataclass(eq=False)
+class _Session:
+    """One session in a worker's hands."""
+
+    ticket: SessionTicket
+    harness: AgentHarness
+    storage: SessionStorage
+    tasks: dict[asyncio.Task[Any], str] = field(default_factory=dict)
+    """Running lane work (a run, a resume, a decision) and its lane."""
+    in_flight: set[str] = field(default_factory=set)
+    """Inbox items whose work runs (acknowledged when it has been accepted)."""
+    woken: asyncio.Event = field(default_factory=asyncio.Event)
+    closing: bool = False
+
+
+class Worker:
+    """The session loops of one process."""
+
+    def __init__(
+        self,
+        config: WorkerConfig,
+        repo: SessionRepo,
+        broker: Broker,
+        options: OptionsFactory,
+        clock: Clock,
+    ) -> None:
+        self.config = config
+        self._repo = repo
+        self._broker = broker
+        self._options = options
+        self._clock = clock
+        self._stopping = asyncio.Event()
+        self._slots: list[asyncio.Task[None]] = []
+        self.active: dict[str, _Session] = {}
+        """Sessions in this process's hands, by id."""
+
+    @property
+    def actor(self) -> str:
+        """This worker in the audit trail."""
+        return f"worker:{self.config.worker_id}"
+
+    def start(self) -> None:
+        """Start the slots (returns at once)."""
+        self._slots = [asyncio.ensure_future(self._slot(n)) for n in range(self.config.slots)]
+
+    def stop_taking(self) -> None:
+        """Drain: take no new session; the ones in hand finish what runs."""
+        self._stopping.set()
+
+    async def drain(self, seconds: float) -> None:
+        """Stop taking sessions, let running work finish for up to `seconds`, then close.
+
+        Work still running at the deadline is cancelled: its operations stay open and the next
+        worker resumes them (after the lease lapses, or at once if this process released it).
+        """
+        self.stop_taking()
+        with contextlib.suppress(TimeoutError):
+            await asyncio.wait_for(
+                asyncio.gather(*self._slots, return_exceptions=True), timeout=seconds
+            )
+        for task in self._slots:
+            task.cancel()
+        await asyncio.gather(*self._slots, return_exceptions=True)
+
+    async def _slot(self, number: int) -> None:
+        while not self._stopping.is_set():
+            try:
+                ticket = await self._broker.inbox.take_session(
+                    self.config.worker_id, wait_ms=self.config.take_wait_ms
+                )
+            except Exception as exc:  # the broker is down: wait and try again, never crash
+                log.warning(event("take failed", slot=number, error=type(exc).__name__))
+                await self._pause(1.0)
+                continue
+            if ticket is None:
+                continue
+            try:
+                returned = await self._serve(ticket)
+            except asyncio.CancelledError:
+                raise
+            except Exception as exc:
+                log.error(event("session failed", session=ticket.session, error=type(exc).__name__))
+                returned = False  # the ticket lapses: another worker takes the session over
+            if returned:
+                with contextlib.suppress(Exception):
+                    await self._broker.inbox.done(ticket)
+
+    async def _pause(self, seconds: float) -> None:
+        with contextlib.suppress(TimeoutError):
+            await asyncio.wait_for(self._stopping.wait(), timeout=seconds)
+
+    # -- one session -------------------------------------------------------------------------
+
+    async def _serve(self, ticket: SessionTicket) -> bool:
+        """Work on a session until it is idle; False if the ticket must lapse (a fault)."""
+        session_id = ticket.session
+        lease = await self._lease(session_id)
+        if lease is None:
+            return True  # another process works on it: it sees the new messages
+        storage = await self._repo.open(session_id, lease=lease)
+        harness, suspended = await AgentHarness.create(self._options(storage))
+        session = _Session(ticket=ticket, harness=harness, storage=storage)
+        self.active[session_id] = session
+        log.info(event("session taken", session=session_id, suspended=len(suspended)))
+        faulted = False
+        try:
+            for op in suspended:
+                lane = harness.lane(op.lane)
+                if lane is None:
+                    continue
+                if op.stuck:
+                    log.warning(event("lane stuck", session=session_id, lane=op.lane))
+                    continue
+                if op.reason == "crash" or op.reason == "deferred":
+                    self._track(session, op.lane, self._resume(lane))
+            await self._reply_all(session)
+            await self._work(session)
+        except (HarnessFault, HarnessClosed) as exc:
+            faulted = True
+            log.error(event("session faulted", session=session_id, error=type(exc).__name__))
+        finally:
+            session.closing = True
+            self.active.pop(session_id, None)
+            for task in session.tasks:
+                task.cancel()
+            await asyncio.gather(*session.tasks, return_exceptions=True)
+            await harness.close()
+            await storage.close()
+            if not faulted:
+                with contextlib.suppress(Exception):
+                    await self._repo.release_lease(lease)
+            log.info(event("session released", session=session_id, faulted=faulted))
+        return not faulted
+
+    async def _lease(self, session_id: str) -> Any:
+        ttl = self.config.lease_ms
+        owner = self.config.worker_id
+        try:
+            return await self._repo.acquire_lease(session_id, owner=owner, ttl_ms=ttl)
+        except LeaseHeld:
+            return None
+        except SessionError as exc:
+            if exc.code != "not_found":
+                raise
+        with contextlib.suppress(SessionError):  # a new session: the first message creates it
+            await self._repo.create(session_id)
+        try:
+            return await self._repo.acquire_lease(session_id, owner=owner, ttl_ms=ttl)
+        except LeaseHeld:
+            return None
+
+    async def _work(self, session: _Session) -> None:
+        """Accept pending messages and wait for lane work until nothing is left to do."""
+        config = self.config
+        renewed = self._clock.now_ms()
+        while True:
+            if self._clock.now_ms() - renewed >= config.lease_ms // 3:
+                if not await self._broker.inbox.renew(session.ticket):
+                    log.warning(event("ticket lapsed", session=session.ticket.session))
+                renewed = self._clock.now_ms()
+            items = [
+                item
+                for item in await self._broker.inbox.pending(session.ticket.session, limit=64)
+                if item.id not in session.in_flight
+            ]
+            for item in items:
+                await self._apply(session, item)
+            if not session.tasks and not items:
+                if self._stopping.is_set() or not await self._parked_deferred(session):
+                    return
+                await self._pause(config.deferred_poll_ms / 1000)
+                continue
+            session.woken.clear()
+            with contextlib.suppress(TimeoutError):
+                await asyncio.wait_for(session.woken.wait(), timeout=config.poll_ms / 1000)
+
+    async def _parked_deferred(self, session: _Session) -> bool:
+        """Poll lanes parked on a background model request (True if one stays parked)."""
+        parked = False
+        for info in await session.harness.lanes():
+            if info.status == "suspended" and info.suspended == "deferred":
+                lane = session.harness.lane(info.name)
+                if lane is not None:
+                    parked = True
+                    self._track(session, info.name, self._resume(lane))
+        return parked
+
+    def _track(self, session: _Session, lane: str, work: Awaitable[Any]) -> asyncio.Task[Any]:
+        """Run lane work in the background; when it ends, enqueue the lane's new replies."""
+
+        async def then_reply() -> None:
+            try:
+                await work
+            except (HarnessClosed, HarnessFault):
+                raise
+            except Exception as exc:
+                log.error(event("lane work failed", lane=lane, error=type(exc).__name__))
+            if not session.closing:
+                await self._reply(session, lane)
+
+        task: asyncio.Task[Any] = asyncio.ensure_future(then_reply())
+        session.tasks[task] = lane
+
+        def finished(done: asyncio.Task[Any]) -> None:
+            session.tasks.pop(done, None)
+            session.woken.set()
+
+        task.add_done_callback(finished)
+        return task
+
+    async def _resume(self, lane: AgentLane) -> None:
+        result = await lane.resume(tool_recovery=self.config.tool_recovery)
+        if isinstance(result, Err):
+            log.info(event("resume refused", lane=lane.name, reason=result.error.tag))
+
+    async def _reply_all(self, session: _Session) -> None:
+        for state in await self._broker.threads.list(session.ticket.session):
+            await enqueue_replies(self._broker, session.storage, state, now_ms=self._clock.now_ms())
+
+    async def _reply(self, session: _Session, lane: str) -> None:
+        try:
+            state = await self._broker.threads.get(session.ticket.session, lane)
+            if state is not None:
+                replies = await enqueue_replies(
+                    self._broker, session.storage, state, now_ms=self._clock.now_ms()
+                )
+                for reply in replies:
+                    log.info(
+                        event(
+                            "reply enqueued",
+                            session=state.session,
+                            lane=lane,
+                            delivery=reply.outbound.delivery_id,
+                            kind=reply.outbound.kind,
+                        )
+                    )
+        except Exception as exc:  # the next scan (another operation, a takeover) enqueues it
+            log.warning(event("reply scan failed", lane=lane, error=type(exc).__name__))
+
+    # -- one inbox item --------------------------------------------------------------------
+
+    async def _apply(self, session: _Session, item: InboxItem) -> None:
+        inbox = self._broker.inbox
+        try:
+            if item.kind == "decision":
+                decision = DecisionInbound.model_validate(dict(item.payload))
+            else:
+                inbound = Inbound.model_validate(dict(item.payload))
+        except ValidationError as exc:
+            await inbox.reject(item.session, item.id, f"malformed {item.kind}: {exc.error_count()}")
+            return
+        lane = await self._lane(session, item.lane)
+        if lane is None:
+            await inbox.reject(item.session, item.id, "the lane cannot be created")
+            return
+        if item.kind == "decision":
+            session.in_flight.add(item.id)
+            self._track(session, item.lane, self._decide(session, item, lane, decision))
+            return
+        await self._message(session, item, lane, inbound)
+
+    async def _lane(self, session: _Session, name: str) -> AgentLane | None:
+        harness = session.harness
+        lane = harness.lane(name)
+        if lane is not None:
+            return lane
+        created = await harness.create_lane(name, None)
+        if isinstance(created, Ok):
+            return created.value
+        return harness.lane(name)  # created meanwhile (LaneExists), or invalid (None)
+
+    async def _message(
+        self, session: _Session, item: InboxItem, lane: AgentLane, inbound: Inbound
+    ) -> None:
+        inbox = self._broker.inbox
+        text = _text_of(inbound)
+        entry_id = entry_id_of(item.dedupe_key)
+        busy = any(
+            info.name == lane.name and info.operation_id is not None
+            for info in await session.harness.lanes()
+        )
+        if not busy:
+            started = await lane.start(text, entry_id=entry_id)
+            if isinstance(started, Ok):
+                self._track(session, lane.name, started.value.outcome())
+                await inbox.ack(item.session, item.id)
+                return
+            if started.error.tag == "AlreadyAccepted":
+                await inbox.ack(item.session, item.id)
+                return
+            if started.error.tag != "LaneBusy":
+                await inbox.reject(item.session, item.id, started.error.tag)
+                return
+        queued = await self._queue(lane, text, entry_id)
+        if queued is None:
+            await inbox.ack(item.session, item.id)
+        else:
+            await inbox.reject(item.session, item.id, queued)
+
+    async def _queue(self, lane: AgentLane, text: str, entry_id: str) -> str | None:
+        """Queue input on a busy lane by the policy; the refusal's tag if it cannot be."""
+        policy = self.config.busy_policy
+        if policy in ("steer", "follow_up"):
+            queue = lane.steer if policy == "steer" else lane.follow_up
+            result = await queue(text, entry_id=entry_id)
+            if isinstance(result, Ok):
+                return None
+            if result.error.tag != "NoActiveRun":  # a compaction or navigation holds the lane
+                return result.error.tag
+        result = await lane.next_run(text, entry_id=entry_id)
+        return None if isinstance(result, Ok) else result.error.tag
+
+    async def _decide(
+        self, session: _Session, item: InboxItem, lane: AgentLane, decision: DecisionInbound
+    ) -> None:
+        try:
+            result = await lane.resume(
+                [
+                    ApprovalDecision(
+                        tool_call_id=d.tool_call_id,
+                        args_digest=d.args_digest,
+                        approved=d.approved,
+                        reason=d.reason,
+                    )
+                    for d in decision.decisions
+                ],
+                wait_id=decision.wait_id,
+                decided_by=decision.decided_by.id,
+                idempotency_key=decision.idempotency_key,
+                tool_recovery=self.config.tool_recovery,
+            )
+            outcome = "applied" if isinstance(result, Ok) else result.error.tag
+            await self._broker.audit.record(
+                _audit(
+                    self.actor,
+                    "approval decided",
+                    session.ticket.session,
+                    lane.name,
+                    decision.wait_id,
+                    outcome,
+                    {"decided_by": decision.decided_by.id},
+                )
+            )
+            await self._broker.inbox.ack(item.session, item.id)
+        finally:
+            session.in_flight.discard(item.id)
+
+
+def _text_of(inbound: Inbound) -> str:
+    """The user message for an inbound message: its text, then its attachments' metadata."""
+    lines = [inbound.text] if inbound.text else []
+    for attachment in inbound.attachments:
+        lines.append(
+            f"[attachment: {attachment.name} ({attachment.media_type}, {attachment.size} bytes)]"
+        )
+    return "\n".join(lines) or "(empty message)"
+
+
+def _audit(
+    actor: str,
+    action: str,
+    session: str,
+    lane: str,
+    target: str,
+    outcome: str,
+    details: dict[str, Any],
+) -> Any:
+    from gateway.broker.contract import NewAuditEvent
+
+    return NewAuditEvent(
+        actor=actor,
+        action=action,
+        session=session,
+        lane=lane,
+        target=target,
+        outcome=outcome,
+        details=details,
+    )

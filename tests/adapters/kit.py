@@ -1,0 +1,288 @@
+"""What the adapter tests share: a test sink, a real HTTP server, an SSE reader, a cluster."""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import json
+import shutil
+import socket
+import subprocess
+import time
+from collections.abc import AsyncIterator, Callable
+from dataclasses import dataclass, field
+from functools import partial
+from pathlib import Path
+
+import httpx
+import uvicorn
+from fastapi import FastAPI
+
+from adapters.channel import (
+    Acceptance,
+    DecisionInbound,
+    Inbound,
+    NotRouted,
+    Outbound,
+    ThreadRef,
+    Unavailable,
+)
+from tests.support.redis_server import free_port
+
+
+class TestSink:
+    """An `InboundSink` like the gateway's: routes spaces to sessions, dedupes by key.
+
+    `error` makes every call raise it; `gate` (an event) holds every call until it is set.
+    """
+
+    __test__ = False
+
+    def __init__(self, routes: dict[str, str] | None = None) -> None:
+        self.routes = {"default": "s1"} if routes is None else routes
+        self.accepted: dict[str, Acceptance] = {}
+        self.inbound: list[Inbound] = []
+        self.decisions: list[DecisionInbound] = []
+        self.error: Exception | None = None
+        self.gate: asyncio.Event | None = None
+
+    async def _hold(self, space: str, lane: str, key: str) -> Acceptance:
+        if self.gate is not None:
+            await self.gate.wait()
+        if self.error is not None:
+            raise self.error
+        session = self.routes.get(space)
+        if session is None:
+            raise NotRouted(f"no session serves space {space!r}")
+        known = self.accepted.get(key)
+        if known is not None:
+            return known.model_copy(update={"duplicate": True})
+        acceptance = Acceptance(
+            item_id=f"item-{len(self.accepted) + 1}", session=session, lane=lane
+        )
+        self.accepted[key] = acceptance
+        return acceptance
+
+    async def accept(self, inbound: Inbound) -> Acceptance:
+        self.inbound.append(inbound)
+        return await self._hold(inbound.thread.space, inbound.thread.lane, inbound.dedupe_key)
+
+    async def decide(self, decision: DecisionInbound) -> Acceptance:
+        self.decisions.append(decision)
+        ref = decision.thread
+        return await self._hold(ref.space, ref.lane, f"decision:{decision.idempotency_key}")
+
+
+def unavailable() -> Unavailable:
+    return Unavailable("inbox is down")
+
+
+def outbound(
+    thread: str = "t1",
+    delivery_id: str = "reply:run-1",
+    *,
+    text: str = "hello",
+    kind: str = "reply",
+    space: str = "default",
+    channel: str = "web",
+    **extra: object,
+) -> Outbound:
+    return Outbound.model_validate(
+        {
+            "delivery_id": delivery_id,
+            "thread": ThreadRef(channel=channel, space=space, thread=thread),
+            "kind": kind,
+            "text": text,
+            **extra,
+        }
+    )
+
+
+@dataclass
+class Server:
+    """A real uvicorn server on a free port (streaming responses need a real one)."""
+
+    app: FastAPI
+    port: int = field(default_factory=free_port)
+
+    @property
+    def url(self) -> str:
+        return f"http://127.0.0.1:{self.port}"
+
+
+@contextlib.asynccontextmanager
+async def serve(app: FastAPI) -> AsyncIterator[Server]:
+    server = Server(app)
+    config = uvicorn.Config(
+        app,
+        host="127.0.0.1",
+        port=server.port,
+        log_level="warning",
+        lifespan="off",
+        ws="none",
+        timeout_graceful_shutdown=2,
+    )
+    running = uvicorn.Server(config)
+    task = asyncio.create_task(running.serve())
+    try:
+        async with asyncio.timeout(10):
+            while not running.started:
+                if task.done():
+                    task.result()
+                await asyncio.sleep(0.01)
+        yield server
+    finally:
+        running.should_exit = True
+        await task
+
+
+@dataclass
+class Event:
+    id: str | None
+    data: str | None
+    comment: str | None = None
+
+    def item(self) -> dict[str, object]:
+        assert self.data is not None
+        value = json.loads(self.data)
+        assert isinstance(value, dict)
+        return value
+
+
+class EventReader:
+    """Reads a ``text/event-stream`` response event by event (comments included)."""
+
+    def __init__(self, response: httpx.Response) -> None:
+        self.response = response
+        self.lines = response.aiter_lines()
+        self.retry: int | None = None
+
+    async def next(self, timeout_s: float = 5.0) -> Event:
+        event_id: str | None = None
+        data: list[str] = []
+        async with asyncio.timeout(timeout_s):
+            while True:
+                line = await anext(self.lines)
+                if line == "":
+                    if data or event_id is not None:
+                        return Event(event_id, "\n".join(data) if data else None)
+                    continue
+                if line.startswith(":"):
+                    return Event(None, None, comment=line[1:].strip())
+                name, _, value = line.partition(":")
+                value = value.removeprefix(" ")
+                if name == "id":
+                    event_id = value
+                elif name == "data":
+                    data.append(value)
+                elif name == "retry":
+                    self.retry = int(value)
+
+    async def next_item(self, timeout_s: float = 5.0) -> tuple[int, dict[str, object]]:
+        """The next event that carries an item (keepalive comments skipped)."""
+        async with asyncio.timeout(timeout_s):
+            while True:
+                event = await self.next(timeout_s)
+                if event.data is not None:
+                    assert event.id is not None
+                    return int(event.id), event.item()
+
+    async def end(self, timeout_s: float = 5.0) -> None:
+        """Wait for the server to end the stream."""
+        async with asyncio.timeout(timeout_s):
+            async for _ in self.lines:
+                pass
+
+
+def _port_is_free(port: int) -> bool:
+    with socket.socket() as sock:
+        try:
+            sock.bind(("127.0.0.1", port))
+        except OSError:
+            return False
+        return True
+
+
+def _cluster_port() -> int:
+    """A free port whose cluster bus port (+10000) is free too (so at most 55535)."""
+    for _ in range(1000):
+        port = free_port()
+        if port <= 55535 and _port_is_free(port + 10000):
+            return port
+    raise RuntimeError("no free port for a cluster node")
+
+
+class RedisClusterServers:
+    """Three redis-server masters joined into a Redis Cluster (``redis-cli --cluster create``)."""
+
+    def __init__(self, directory: Path, masters: int = 3) -> None:
+        self.directory = directory
+        self.ports = [_cluster_port() for _ in range(masters)]
+        self.processes: list[subprocess.Popen[bytes]] = []
+
+    @property
+    def url(self) -> str:
+        return f"redis+cluster://127.0.0.1:{self.ports[0]}"
+
+    def start(self) -> RedisClusterServers:
+        try:
+            return self._start()
+        except BaseException:
+            self.stop()
+            raise
+
+    def _start(self) -> RedisClusterServers:
+        binary = shutil.which("redis-server")
+        cli = shutil.which("redis-cli")
+        if binary is None or cli is None:
+            raise RuntimeError("redis-server and redis-cli are needed (apt-get install redis)")
+        for port in self.ports:
+            home = self.directory / str(port)
+            home.mkdir(parents=True, exist_ok=True)
+            args = [
+                binary, "--port", str(port), "--bind", "127.0.0.1", "--dir", str(home),
+                "--save", "", "--appendonly", "no", "--cluster-enabled", "yes",
+                "--cluster-config-file", "nodes.conf", "--cluster-node-timeout", "2000",
+                "--logfile", str(home / "redis.log"),
+            ]  # fmt: skip
+            self.processes.append(
+                subprocess.Popen(args, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+            )
+        for port in self.ports:
+            self._until(partial(self._answers, cli, port, ("ping",), "PONG"))
+        nodes = [f"127.0.0.1:{port}" for port in self.ports]
+        subprocess.run(
+            [cli, "--cluster", "create", *nodes, "--cluster-replicas", "0", "--cluster-yes"],
+            check=True,
+            capture_output=True,
+            timeout=30,
+        )
+        for port in self.ports:
+            self._until(partial(self._answers, cli, port, ("cluster", "info"), "cluster_state:ok"))
+        return self
+
+    @staticmethod
+    def _answers(cli: str, port: int, command: tuple[str, ...], expected: str) -> bool:
+        result = subprocess.run(
+            [cli, "-p", str(port), *command], capture_output=True, text=True, timeout=5
+        )
+        return expected in result.stdout
+
+    @staticmethod
+    def _until(check: Callable[[], bool], timeout_s: float = 20) -> None:
+        deadline = time.monotonic() + timeout_s
+        while not check():
+            if time.monotonic() > deadline:
+                raise RuntimeError("the redis cluster did not come up")
+            time.sleep(0.05)
+
+    def stop(self) -> None:
+        for process in self.processes:
+            if process.poll() is None:
+                process.terminate()
+        for process in self.processes:
+            try:
+                process.wait(timeout=10)
+            except subprocess.TimeoutExpired:
+                process.kill()
+                process.wait()

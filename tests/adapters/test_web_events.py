@@ -1,0 +1,223 @@
+"""The web channel's Server-Sent Events, over a real HTTP server (uvicorn on a free port)."""
+
+from __future__ import annotations
+
+import asyncio
+from collections.abc import AsyncIterator
+from pathlib import Path
+
+import httpx
+import pytest
+from fastapi import FastAPI
+
+from adapters.web import WebChannel, WebLimits, WebMailbox
+from adapters.web.redis import RedisMailbox
+from harness_core.testing import ManualClock
+from tests.adapters.kit import EventReader, Server, TestSink, outbound, serve
+from tests.support.redis_server import RedisServer
+
+
+@pytest.fixture
+async def server(app: FastAPI) -> AsyncIterator[Server]:
+    async with serve(app) as running:
+        yield running
+
+
+@pytest.fixture
+async def http(server: Server) -> AsyncIterator[httpx.AsyncClient]:
+    async with httpx.AsyncClient(base_url=server.url, timeout=10) as client:
+        yield client
+
+
+async def test_a_reply_delivered_after_the_client_connected_arrives(
+    http: httpx.AsyncClient, channel: WebChannel
+) -> None:
+    async with http.stream("GET", "/web/threads/t1/events") as response:
+        assert response.status_code == 200
+        assert response.headers["content-type"].startswith("text/event-stream")
+        assert response.headers["cache-control"] == "no-store"
+        events = EventReader(response)
+        posted = await http.post(
+            "/web/threads/t1/messages", json={"text": "hi", "client_message_id": "m-1"}
+        )
+        assert posted.status_code == 202
+        seq, item = await events.next_item()
+        assert (seq, item["kind"], item["id"]) == (1, "message", "m-1")
+        await channel.deliver(outbound("t1", "reply:run-1", text="line one\nline two"))
+        seq, item = await events.next_item()
+        assert (seq, item["kind"], item["text"]) == (2, "reply", "line one\nline two")
+        assert events.retry == 2000
+
+
+async def test_history_is_sent_first_then_live_items(
+    http: httpx.AsyncClient, channel: WebChannel
+) -> None:
+    for n in range(1, 4):
+        await channel.deliver(outbound("t1", f"reply:{n}", text=f"r{n}"))
+    async with http.stream("GET", "/web/threads/t1/events") as response:
+        events = EventReader(response)
+        assert [(await events.next_item())[0] for _ in range(3)] == [1, 2, 3]
+        await channel.deliver(outbound("t1", "reply:4"))
+        assert (await events.next_item())[0] == 4
+
+
+async def test_last_event_id_resumes_without_missing_anything(
+    http: httpx.AsyncClient, channel: WebChannel
+) -> None:
+    await channel.deliver(outbound("t1", "reply:1"))
+    async with http.stream("GET", "/web/threads/t1/events") as response:
+        events = EventReader(response)
+        last, _ = await events.next_item()
+    # disconnected: replies delivered meanwhile are not lost
+    await channel.deliver(outbound("t1", "reply:2"))
+    await channel.deliver(outbound("t1", "reply:3"))
+    headers = {"Last-Event-ID": str(last)}
+    async with http.stream("GET", "/web/threads/t1/events?after=0", headers=headers) as response:
+        events = EventReader(response)  # the header wins over the page's first `after`
+        resumed = [(await events.next_item())[1]["id"] for _ in range(2)]
+        assert resumed == ["reply:2", "reply:3"]
+        await channel.deliver(outbound("t1", "reply:4"))
+        assert (await events.next_item())[1]["id"] == "reply:4"
+
+
+async def test_after_starts_the_stream_later(http: httpx.AsyncClient, channel: WebChannel) -> None:
+    for n in range(1, 4):
+        await channel.deliver(outbound("t1", f"reply:{n}"))
+    async with http.stream("GET", "/web/threads/t1/events?after=2") as response:
+        assert (await EventReader(response).next_item())[0] == 3
+
+
+async def test_kinds_filter_the_stream_but_ids_still_resume(
+    http: httpx.AsyncClient, channel: WebChannel
+) -> None:
+    await http.post("/web/threads/t1/messages", json={"text": "q"})
+    await channel.deliver(outbound("t1", "reply:1"))
+    url = "/web/threads/t1/events?kinds=reply,failure_notice"
+    async with http.stream("GET", url) as response:
+        events = EventReader(response)
+        seq, item = await events.next_item()
+        assert (seq, item["kind"]) == (2, "reply")
+        await http.post("/web/threads/t1/messages", json={"text": "q2"})
+        await channel.deliver(outbound("t1", "notice:2", kind="failure_notice"))
+        seq, item = await events.next_item()
+        assert (seq, item["kind"]) == (4, "failure_notice")
+    status = (await http.get("/web/threads/t1/events?kinds=reply,nonsense")).status_code
+    assert status == 400
+
+
+async def test_an_idle_stream_sends_keepalives(http: httpx.AsyncClient) -> None:
+    async with http.stream("GET", "/web/threads/t1/events") as response:
+        events = EventReader(response)
+        event = await events.next(timeout_s=3)
+        assert event.comment == "keepalive"
+
+
+async def test_a_bad_last_event_id_is_400(http: httpx.AsyncClient) -> None:
+    response = await http.get("/web/threads/t1/events", headers={"Last-Event-ID": "abc"})
+    assert response.status_code == 400
+    assert response.json()["error"]["code"] == "invalid_request"
+
+
+async def test_stopping_the_channel_ends_open_streams(
+    http: httpx.AsyncClient, channel: WebChannel
+) -> None:
+    async with http.stream("GET", "/web/threads/t1/events") as response:
+        events = EventReader(response)
+        await events.next(timeout_s=3)  # connected (a keepalive)
+        await channel.stop()
+        await events.end()
+
+
+async def test_many_clients_each_get_every_reply(
+    http: httpx.AsyncClient, channel: WebChannel
+) -> None:
+    async def listen() -> list[str]:
+        async with http.stream("GET", "/web/threads/t1/events") as response:
+            events = EventReader(response)
+            return [str((await events.next_item())[1]["id"]) for _ in range(3)]
+
+    listeners = [asyncio.create_task(listen()) for _ in range(5)]
+    await asyncio.sleep(0.2)
+    for n in range(3):
+        await channel.deliver(outbound("t1", f"reply:{n}"))
+        await channel.deliver(outbound("t1", f"reply:{n}"))  # a repeat is not sent again
+    async with asyncio.timeout(10):
+        results = await asyncio.gather(*listeners)
+    assert results == [["reply:0", "reply:1", "reply:2"]] * 5
+
+
+async def test_a_disconnecting_client_does_not_disturb_the_channel(
+    http: httpx.AsyncClient, channel: WebChannel
+) -> None:
+    await channel.deliver(outbound("t1", "reply:1"))
+    for _ in range(10):
+        async with http.stream("GET", "/web/threads/t1/events") as response:
+            assert (await EventReader(response).next_item())[1]["id"] == "reply:1"
+    await channel.deliver(outbound("t1", "reply:2"))
+    async with http.stream("GET", "/web/threads/t1/events?after=1") as response:
+        assert (await EventReader(response).next_item())[1]["id"] == "reply:2"
+
+
+@pytest.mark.parametrize("backend", ["sqlite", "redis", "redis-cluster"])
+async def test_streams_on_durable_mailboxes(
+    backend: str, request: pytest.FixtureRequest, tmp_path: Path, sink: TestSink
+) -> None:
+    from tests.adapters.conftest import open_test_mailbox
+
+    mailbox: WebMailbox = await open_test_mailbox(backend, request, tmp_path)
+    web = WebChannel(mailbox, clock=ManualClock(), limits=WebLimits(keepalive_s=0.5))
+    await web.start(sink)
+    app = FastAPI()
+    app.include_router(web.router)
+    try:
+        async with serve(app) as running, httpx.AsyncClient(base_url=running.url) as http:
+            await web.deliver(outbound("t1", "reply:1"))
+            async with http.stream("GET", "/web/threads/t1/events") as response:
+                events = EventReader(response)
+                assert (await events.next_item())[0] == 1
+                await web.deliver(outbound("t1", "reply:2"))
+                assert (await events.next_item())[0] == 2
+    finally:
+        await web.close()
+
+
+async def test_a_client_of_process_a_sees_a_reply_delivered_by_process_b(
+    redis_server: RedisServer, redis_prefix: str, sink: TestSink
+) -> None:
+    """Two channels, two mailboxes, two HTTP servers on one Redis: two `gateway serve`s."""
+    channels = [
+        WebChannel(
+            RedisMailbox(redis_server.url, prefix=redis_prefix),
+            clock=ManualClock(),
+            limits=WebLimits(keepalive_s=5),
+        )
+        for _ in range(2)
+    ]
+    apps = []
+    for web in channels:
+        await web.start(sink)
+        app = FastAPI()
+        app.include_router(web.router)
+        apps.append(app)
+    process_a, process_b = channels
+    try:
+        async with (
+            serve(apps[0]) as server_a,
+            serve(apps[1]) as server_b,
+            httpx.AsyncClient(base_url=server_a.url) as client_a,
+            httpx.AsyncClient(base_url=server_b.url) as client_b,
+            client_a.stream("GET", "/web/threads/t1/events") as response,
+        ):
+            events = EventReader(response)
+            await client_b.post("/web/threads/t1/messages", json={"text": "via b"})
+            assert (await events.next_item(timeout_s=3))[1]["text"] == "via b"
+            loop = asyncio.get_running_loop()
+            sent = loop.time()
+            await process_b.deliver(outbound("t1", "reply:run-1", text="from b"))
+            seq, item = await events.next_item(timeout_s=3)
+            assert (seq, item["text"]) == (2, "from b")
+            assert loop.time() - sent < 2  # pushed, well before the 5 s keepalive
+            assert await process_a.reconcile(outbound("t1", "reply:run-1")) == "delivered"
+    finally:
+        for web in channels:
+            await web.close()

@@ -1,0 +1,644 @@
+"""The web channel through its real HTTP API (FastAPI app, httpx over ASGI) with a test sink."""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import re
+import shutil
+import subprocess
+from collections.abc import AsyncIterator
+from pathlib import Path
+
+import httpx
+import pytest
+from fastapi import FastAPI
+
+from adapters.channel import (
+    ApprovalView,
+    ChannelAdapter,
+    DeliveryError,
+    PendingCall,
+    Unavailable,
+)
+from adapters.web import MailboxUnavailable, MemoryMailbox, WebChannel, WebMailbox
+from adapters.web.page import _STYLE, _THREAD_SCRIPT
+from adapters.web.sqlite import SqliteMailbox
+from harness_core import SequentialIds
+from harness_core.testing import ManualClock
+from tests.adapters.kit import TestSink, outbound
+
+URL = "/web/threads/t1/messages"
+
+
+def error(response: httpx.Response) -> tuple[int, str]:
+    body = response.json()
+    assert set(body) == {"error"} and set(body["error"]) == {"code", "message"}
+    assert body["error"]["message"]
+    return response.status_code, body["error"]["code"]
+
+
+def approval(wait_id: str = "wait-1", calls: int = 1) -> ApprovalView:
+    return ApprovalView(
+        session="s1",
+        run_id="run-1",
+        wait_id=wait_id,
+        calls=tuple(
+            PendingCall(
+                tool_call_id=f"c{n}",
+                tool_name="deploy",
+                args={"build": n},
+                args_digest=f"digest-{n}",
+            )
+            for n in range(1, calls + 1)
+        ),
+    )
+
+
+def test_web_channel_is_a_channel_adapter(channel: WebChannel) -> None:
+    assert isinstance(channel, ChannelAdapter)
+    assert channel.name == "web"
+
+
+# -- posting messages ---------------------------------------------------------------------------
+
+
+async def test_a_post_becomes_an_inbound_and_is_acknowledged_with_the_acceptance(
+    client: httpx.AsyncClient, sink: TestSink, clock: ManualClock
+) -> None:
+    response = await client.post(
+        URL, json={"text": "hello", "client_message_id": "m-1", "author": "ann"}
+    )
+    assert response.status_code == 202
+    assert response.json() == {
+        "item_id": "item-1",
+        "session": "s1",
+        "lane": "web:t1",
+        "duplicate": False,
+        "message_id": "m-1",
+        "space": "default",
+        "thread": "t1",
+        "seq": 1,
+    }
+    [inbound] = sink.inbound
+    assert inbound.thread.channel == "web" and inbound.thread.space == "default"
+    assert inbound.thread.lane == "web:t1"
+    assert (inbound.message_id, inbound.text) == ("m-1", "hello")
+    assert inbound.author.id == "ann" and inbound.author.name == "ann"
+    assert not inbound.author.is_bot
+    assert inbound.received_at_ms == clock.now_ms()
+    assert inbound.dedupe_key == "web:default:m-1"
+
+
+async def test_the_post_is_acknowledged_only_after_the_sink_returned(
+    client: httpx.AsyncClient, sink: TestSink, channel: WebChannel
+) -> None:
+    sink.gate = asyncio.Event()
+    posting = asyncio.create_task(client.post(URL, json={"text": "hello"}))
+    for _ in range(20):
+        await asyncio.sleep(0.01)
+    assert sink.inbound and not posting.done()
+    assert await channel.mailbox.read("default", "t1") == ()  # nothing shown before acceptance
+    sink.gate.set()
+    assert (await posting).status_code == 202
+    assert len(await channel.mailbox.read("default", "t1")) == 1
+
+
+async def test_a_message_id_is_generated_when_the_client_sends_none(
+    client: httpx.AsyncClient, sink: TestSink
+) -> None:
+    first = await client.post(URL, json={"text": "one"})
+    second = await client.post(URL, json={"text": "one"})
+    assert first.json()["message_id"] == "web-id-1"
+    assert second.json()["message_id"] == "web-id-2"
+    assert [i.message_id for i in sink.inbound] == ["web-id-1", "web-id-2"]
+
+
+async def test_a_repeated_client_message_id_is_the_same_message(
+    client: httpx.AsyncClient, sink: TestSink
+) -> None:
+    """A client's retry: the sink sees the same dedupe key and answers duplicate."""
+    first = await client.post(URL, json={"text": "hello", "client_message_id": "m-1"})
+    again = await client.post(URL, json={"text": "hello", "client_message_id": "m-1"})
+    assert again.status_code == 202
+    assert again.json()["duplicate"] is True
+    assert again.json()["item_id"] == first.json()["item_id"]
+    assert [i.dedupe_key for i in sink.inbound] == ["web:default:m-1"] * 2
+    thread = (await client.get("/web/threads/t1")).json()
+    assert [i["id"] for i in thread["items"]] == ["m-1"]  # kept once
+
+
+async def test_the_same_client_id_in_another_space_is_another_message(
+    client: httpx.AsyncClient, sink: TestSink
+) -> None:
+    sink.routes["team"] = "s2"
+    await client.post(URL, json={"text": "a", "client_message_id": "m-1"})
+    other = await client.post(URL, json={"text": "a", "client_message_id": "m-1", "space": "team"})
+    assert other.json()["duplicate"] is False and other.json()["session"] == "s2"
+
+
+async def test_author_forms(client: httpx.AsyncClient, sink: TestSink) -> None:
+    await client.post(URL, json={"text": "a"})
+    await client.post(URL, json={"text": "b", "author": {"id": "u-7", "name": "Ann"}})
+    await client.post(URL, json={"text": "c", "author": None})
+    assert [(i.author.id, i.author.name) for i in sink.inbound] == [
+        ("anonymous", None),
+        ("u-7", "Ann"),
+        ("anonymous", None),
+    ]
+
+
+@pytest.mark.parametrize(
+    ("body", "status", "code"),
+    [
+        (b"", 400, "invalid_json"),
+        (b"{", 400, "invalid_json"),
+        (b"\xff\xfe{}", 400, "invalid_json"),
+        (b"[" * 5000 + b"]" * 5000, 400, "invalid_json"),
+        (b"[]", 400, "invalid_request"),
+        (b'"text"', 400, "invalid_request"),
+        (b"{}", 400, "invalid_request"),
+        (b'{"text": ""}', 400, "empty_text"),
+        (b'{"text": "  \\n\\t "}', 400, "empty_text"),
+        (b'{"text": 5}', 400, "invalid_request"),
+        (b'{"text": null}', 400, "invalid_request"),
+        (b'{"text": ["a"]}', 400, "invalid_request"),
+        (b'{"text": "hi", "txt": "typo"}', 400, "invalid_request"),
+        (b'{"text": "a\\u0000b"}', 400, "invalid_text"),
+        (b'{"text": "\\ud800"}', 400, "invalid_text"),
+        (b'{"text": "hi", "client_message_id": ""}', 400, "invalid_request"),
+        (b'{"text": "hi", "client_message_id": "has space"}', 400, "invalid_request"),
+        (b'{"text": "hi", "client_message_id": 7}', 400, "invalid_request"),
+        (b'{"text": "hi", "space": "a/b"}', 400, "invalid_space"),
+        (b'{"text": "hi", "space": ""}', 400, "invalid_space"),
+        (b'{"text": "hi", "author": {"name": "no id"}}', 400, "invalid_request"),
+        (b'{"text": "hi", "author": {"id": "x", "is_bot": true}}', 400, "invalid_request"),
+        (b'{"text": "hi", "author": 12}', 400, "invalid_request"),
+        (b'{"text": "hi", "author": "' + b"a" * 101 + b'"}', 400, "invalid_request"),
+        (b'{"text": "hi", "author": "a\\u0000"}', 400, "invalid_text"),
+        (b'{"text": "hi", "author": {"id": "\\udfff"}}', 400, "invalid_text"),
+        (b'{"text": "hi", "space": "' + b"s" * 201 + b'"}', 400, "invalid_space"),
+        (b'{"text": "hi", "space": null}', 400, "invalid_request"),
+    ],
+)
+async def test_hostile_bodies_are_refused_clearly(
+    client: httpx.AsyncClient, sink: TestSink, body: bytes, status: int, code: str
+) -> None:
+    response = await client.post(URL, content=body, headers={"content-type": "application/json"})
+    assert error(response) == (status, code)
+    assert sink.inbound == []
+
+
+async def test_huge_text_is_refused(client: httpx.AsyncClient, sink: TestSink) -> None:
+    response = await client.post(URL, json={"text": "x" * 1001})
+    assert error(response) == (400, "text_too_long")
+    assert "1000" in response.json()["error"]["message"]
+    assert (await client.post(URL, json={"text": "x" * 1000})).status_code == 202
+    assert (await client.post(URL, json={"text": "\U0001f600" * 1000})).status_code == 202
+
+
+async def test_a_huge_body_is_refused_before_it_is_read(
+    client: httpx.AsyncClient, sink: TestSink
+) -> None:
+    response = await client.post(URL, json={"text": "x" * 20_000})
+    assert error(response) == (413, "too_large")
+
+    async def chunks() -> AsyncIterator[bytes]:  # no Content-Length: capped while streaming
+        for _ in range(100):
+            yield b" " * 1000
+
+    json_type = {"content-type": "application/json"}
+    streamed = await client.post(URL, content=chunks(), headers=json_type)
+    assert error(streamed) == (413, "too_large")
+    assert sink.inbound == []
+
+
+@pytest.mark.parametrize(
+    ("content_type", "status"),
+    [
+        ("text/plain", 415),  # what a cross-site <form enctype="text/plain"> sends
+        ("application/x-www-form-urlencoded", 415),
+        ("multipart/form-data; boundary=x", 415),
+        ("", 415),
+        ("application/json; charset=utf-8", 202),
+        ("Application/JSON", 202),
+    ],
+)
+async def test_posts_must_be_json(
+    client: httpx.AsyncClient, sink: TestSink, content_type: str, status: int
+) -> None:
+    body = json.dumps({"text": "hi"}).encode()
+    for path in (URL, "/web/threads/t1/decisions"):
+        payload = body if path == URL else json.dumps(decision_body()).encode()
+        response = await client.post(path, content=payload, headers={"content-type": content_type})
+        assert response.status_code == status
+        if status == 415:
+            assert error(response) == (415, "unsupported_media_type")
+    if status == 415:
+        assert sink.inbound == [] and sink.decisions == []
+
+
+@pytest.mark.parametrize(
+    ("site", "status"),
+    [("cross-site", 403), ("same-site", 403), ("same-origin", 202), ("none", 202)],
+)
+async def test_cross_site_posts_are_refused(
+    client: httpx.AsyncClient, sink: TestSink, site: str, status: int
+) -> None:
+    """A page on another site (another port of localhost is same-site) cannot post or approve."""
+    headers = {"sec-fetch-site": site}
+    message = await client.post(URL, json={"text": "hi"}, headers=headers)
+    decision = await client.post("/web/threads/t1/decisions", json=decision_body(), headers=headers)
+    assert (message.status_code, decision.status_code) == (status, status)
+    if status == 403:
+        assert error(message) == (403, "cross_site")
+        assert sink.inbound == [] and sink.decisions == []
+
+
+@pytest.mark.parametrize(
+    "thread", ["bad%20id", "a" * 201, "...", "t%00", "%F0%9F%98%80", "a%7Bb%7D", "a:b"]
+)
+async def test_bad_thread_ids_are_refused(
+    client: httpx.AsyncClient, sink: TestSink, thread: str
+) -> None:
+    response = await client.post(f"/web/threads/{thread}/messages", json={"text": "hi"})
+    assert error(response) == (400, "invalid_thread")
+    assert error(await client.get(f"/web/threads/{thread}")) == (400, "invalid_thread")
+    assert sink.inbound == []
+
+
+async def test_valid_thread_ids(client: httpx.AsyncClient) -> None:
+    for thread in ("a", "A-b_c.d", "0" * 200, ".a", "-"):
+        assert (await client.post(f"/web/threads/{thread}/messages", json={"text": "x"})).is_success
+
+
+async def test_an_unrouted_space_is_404_and_nothing_is_kept(
+    client: httpx.AsyncClient, sink: TestSink
+) -> None:
+    response = await client.post(URL, json={"text": "hi", "space": "nowhere"})
+    assert error(response) == (404, "not_routed")
+    assert "nowhere" in response.json()["error"]["message"]
+    assert (await client.get("/web/threads/t1?space=nowhere")).json()["items"] == []
+
+
+async def test_an_unavailable_gateway_is_503_with_retry_after(
+    client: httpx.AsyncClient, sink: TestSink
+) -> None:
+    sink.error = Unavailable("inbox is down")
+    response = await client.post(URL, json={"text": "hi", "client_message_id": "m-1"})
+    assert error(response) == (503, "unavailable")
+    assert response.headers["retry-after"] == "2"
+    assert (await client.get("/web/threads/t1")).json()["items"] == []  # not shown: not accepted
+    sink.error = None
+    retried = await client.post(URL, json={"text": "hi", "client_message_id": "m-1"})
+    assert retried.status_code == 202 and retried.json()["duplicate"] is False
+
+
+async def test_a_channel_that_is_not_running_refuses_posts_with_503(
+    client: httpx.AsyncClient, channel: WebChannel, sink: TestSink
+) -> None:
+    await channel.stop()
+    response = await client.post(URL, json={"text": "hi"})
+    assert error(response) == (503, "unavailable")
+    assert "retry-after" in response.headers
+    await channel.start(sink)
+    assert (await client.post(URL, json={"text": "hi"})).status_code == 202
+
+
+async def test_a_stopped_channel_still_delivers_and_reads(
+    client: httpx.AsyncClient, channel: WebChannel
+) -> None:
+    """The service stops adapters first, then drains its deliverer: replies still land."""
+    await channel.stop()
+    await channel.deliver(outbound("t1", "reply:run-1"))
+    assert await channel.reconcile(outbound("t1", "reply:run-1")) == "delivered"
+    assert len((await client.get("/web/threads/t1")).json()["items"]) == 1
+
+
+async def test_closing_closes_the_mailbox(tmp_path: Path, sink: TestSink) -> None:
+    web = WebChannel(SqliteMailbox(tmp_path / "web.db"), clock=ManualClock())
+    await web.start(sink)
+    await web.deliver(outbound("t1", "reply:1"))
+    await web.close()
+    with pytest.raises(DeliveryError) as caught:
+        await web.deliver(outbound("t1", "reply:2"))
+    assert not caught.value.permanent
+    await web.close()  # idempotent
+    with pytest.raises(RuntimeError, match="closed"):
+        await web.start(sink)
+
+
+async def test_a_channel_opened_from_a_url_reopens_after_closing(
+    tmp_path: Path, sink: TestSink
+) -> None:
+    web = WebChannel(f"sqlite:///{tmp_path}/web.db", clock=ManualClock())
+    assert not (tmp_path / "web.db").exists()  # nothing is created before it is used
+    await web.start(sink)
+    await web.deliver(outbound("t1", "reply:1"))
+    await web.close()
+    await web.start(sink)
+    assert [i.id for i in await web.mailbox.read("default", "t1")] == ["reply:1"]
+    await web.close()
+
+
+async def test_an_accepted_message_is_still_acknowledged_when_the_mailbox_fails(
+    clock: ManualClock, sink: TestSink
+) -> None:
+    """The acceptance is what 202 promises; the thread view heals on the client's retry."""
+
+    class Flaky(MemoryMailbox):
+        broken = True
+
+        async def append(self, space, thread, item):
+            if self.broken:
+                raise MailboxUnavailable("down")
+            return await super().append(space, thread, item)
+
+    mailbox = Flaky()
+    web = WebChannel(mailbox, clock=clock, ids=SequentialIds())
+    await web.start(sink)
+    app = FastAPI()
+    app.include_router(web.router)
+    async with httpx.AsyncClient(transport=httpx.ASGITransport(app=app), base_url="http://x") as c:
+        first = await c.post(URL, json={"text": "hi", "client_message_id": "m-1"})
+        assert first.status_code == 202 and first.json()["seq"] is None
+        mailbox.broken = False
+        again = await c.post(URL, json={"text": "hi", "client_message_id": "m-1"})
+        assert again.json()["duplicate"] is True and again.json()["seq"] == 1
+
+
+# -- reading a thread ---------------------------------------------------------------------------
+
+
+async def test_a_thread_reads_back_messages_and_replies_in_order(
+    client: httpx.AsyncClient, channel: WebChannel, clock: ManualClock
+) -> None:
+    await client.post(URL, json={"text": "question", "client_message_id": "m-1", "author": "ann"})
+    clock.advance(10)
+    await channel.deliver(outbound("t1", "reply:run-1", text="answer"))
+    clock.advance(10)
+    await channel.deliver(outbound("t1", "notice:run-2", kind="failure_notice", text="failed"))
+    body = (await client.get("/web/threads/t1")).json()
+    assert body["lane"] == "web:t1" and body["next_after"] == 3
+    assert [(i["seq"], i["kind"], i["id"], i["text"]) for i in body["items"]] == [
+        (1, "message", "m-1", "question"),
+        (2, "reply", "reply:run-1", "answer"),
+        (3, "failure_notice", "notice:run-2", "failed"),
+    ]
+    assert body["items"][0]["author"] == {"id": "ann", "name": "ann", "is_bot": False}
+    page = (await client.get("/web/threads/t1?after=1&limit=1")).json()
+    assert [i["seq"] for i in page["items"]] == [2] and page["next_after"] == 2
+    empty = (await client.get("/web/threads/t1?after=3")).json()
+    assert empty["items"] == [] and empty["next_after"] == 3
+
+
+@pytest.mark.parametrize("query", ["after=-1", "after=x", "limit=0", "limit=501", "space=a%20b"])
+async def test_bad_query_parameters_are_400(client: httpx.AsyncClient, query: str) -> None:
+    status, _ = error(await client.get(f"/web/threads/t1?{query}"))
+    assert status == 400
+
+
+async def test_threads_are_listed(client: httpx.AsyncClient, clock: ManualClock) -> None:
+    await client.post("/web/threads/first/messages", json={"text": "a"})
+    clock.advance(5)
+    await client.post("/web/threads/second/messages", json={"text": "b"})
+    listed = (await client.get("/web/threads")).json()
+    assert [t["thread"] for t in listed["threads"]] == ["second", "first"]
+    assert (await client.get("/web/threads?space=other")).json()["threads"] == []
+
+
+async def test_an_unavailable_mailbox_is_503_on_reads(clock: ManualClock, sink: TestSink) -> None:
+    class Down(MemoryMailbox):
+        async def read(self, space, thread, *, after=0, limit=100):
+            raise MailboxUnavailable("down")
+
+    web = WebChannel(Down(), clock=clock)
+    app = FastAPI()
+    app.include_router(web.router)
+    async with httpx.AsyncClient(transport=httpx.ASGITransport(app=app), base_url="http://x") as c:
+        response = await c.get("/web/threads/t1")
+        assert error(response) == (503, "unavailable") and "retry-after" in response.headers
+        assert error(await c.get("/web/threads/t1/events")) == (503, "unavailable")
+
+
+# -- decisions ----------------------------------------------------------------------------------
+
+
+def decision_body(**overrides: object) -> dict[str, object]:
+    body: dict[str, object] = {
+        "run_id": "run-1",
+        "wait_id": "wait-1",
+        "decisions": [{"tool_call_id": "c1", "args_digest": "digest-1", "approved": True}],
+        "author": "ann",
+    }
+    return {**body, **overrides}
+
+
+async def test_a_click_becomes_a_decision(client: httpx.AsyncClient, sink: TestSink) -> None:
+    response = await client.post("/web/threads/t1/decisions", json=decision_body())
+    assert response.status_code == 202
+    assert response.json()["lane"] == "web:t1" and response.json()["seq"] == 1
+    [decision] = sink.decisions
+    assert (decision.run_id, decision.wait_id) == ("run-1", "wait-1")
+    assert decision.decided_by.id == "ann"
+    [item] = decision.decisions
+    assert (item.tool_call_id, item.args_digest, item.approved) == ("c1", "digest-1", True)
+    assert decision.idempotency_key == response.json()["idempotency_key"]
+    shown = (await client.get("/web/threads/t1")).json()["items"]
+    assert shown[0]["kind"] == "decision" and shown[0]["decision"]["wait_id"] == "wait-1"
+
+
+async def test_a_double_click_is_one_decision(client: httpx.AsyncClient, sink: TestSink) -> None:
+    first = await client.post("/web/threads/t1/decisions", json=decision_body())
+    second = await client.post("/web/threads/t1/decisions", json=decision_body())
+    assert second.json()["duplicate"] is True
+    assert sink.decisions[0].idempotency_key == sink.decisions[1].idempotency_key
+    assert first.json()["idempotency_key"].startswith("web-")
+    deny = decision_body(
+        decisions=[{"tool_call_id": "c1", "args_digest": "digest-1", "approved": False}]
+    )
+    other = await client.post("/web/threads/t1/decisions", json=deny)
+    assert other.json()["idempotency_key"] != first.json()["idempotency_key"]
+    assert len((await client.get("/web/threads/t1")).json()["items"]) == 2
+
+
+async def test_a_client_idempotency_key_is_used(client: httpx.AsyncClient, sink: TestSink) -> None:
+    await client.post("/web/threads/t1/decisions", json=decision_body(idempotency_key="click-9"))
+    assert sink.decisions[0].idempotency_key == "click-9"
+
+
+@pytest.mark.parametrize(
+    ("override", "code"),
+    [
+        ({"decisions": []}, "invalid_request"),
+        ({"decisions": [{"tool_call_id": "c1", "approved": True}]}, "invalid_request"),
+        ({"run_id": ""}, "invalid_request"),
+        ({"wait_id": None}, "invalid_request"),
+        (
+            {"decisions": [{"tool_call_id": "c1", "args_digest": "d", "approved": "yes"}]},
+            "invalid_request",
+        ),
+        (
+            {
+                "decisions": [
+                    {"tool_call_id": "c1", "args_digest": "d", "approved": True},
+                    {"tool_call_id": "c1", "args_digest": "d", "approved": False},
+                ]
+            },
+            "invalid_request",
+        ),
+        ({"space": "../x"}, "invalid_space"),
+        ({"extra": 1}, "invalid_request"),
+    ],
+)
+async def test_malformed_decisions_are_refused(
+    client: httpx.AsyncClient, sink: TestSink, override: dict[str, object], code: str
+) -> None:
+    response = await client.post("/web/threads/t1/decisions", json=decision_body(**override))
+    assert error(response) == (400, code)
+    assert sink.decisions == []
+
+
+async def test_decisions_map_sink_errors(client: httpx.AsyncClient, sink: TestSink) -> None:
+    sink.error = Unavailable("down")
+    assert error(await client.post("/web/threads/t1/decisions", json=decision_body())) == (
+        503,
+        "unavailable",
+    )
+    sink.error = None
+    response = await client.post("/web/threads/t1/decisions", json=decision_body(space="x"))
+    assert error(response) == (404, "not_routed")
+
+
+# -- delivering ---------------------------------------------------------------------------------
+
+
+async def test_delivering_twice_stores_once(channel: WebChannel, clock: ManualClock) -> None:
+    first = await channel.deliver(outbound("t1", "reply:run-1", text="answer"))
+    clock.advance(1000)
+    again = await channel.deliver(outbound("t1", "reply:run-1", text="answer"))
+    assert first == again  # the same receipt: the first delivery's
+    assert first.channel_message_ids == ("default/t1#1",)
+    assert len(await channel.mailbox.read("default", "t1")) == 1
+    assert (channel.delivered, channel.repeated) == (1, 1)
+
+
+async def test_reconcile_answers_from_the_mailbox(channel: WebChannel) -> None:
+    sent = outbound("t1", "reply:run-1")
+    assert await channel.reconcile(sent) == "absent"
+    await channel.deliver(sent)
+    assert await channel.reconcile(sent) == "delivered"
+    assert await channel.reconcile(outbound("t2", "reply:run-1")) == "absent"
+
+
+async def test_reconcile_is_unknown_when_the_mailbox_cannot_answer(clock: ManualClock) -> None:
+    class Down(MemoryMailbox):
+        async def find(self, space, thread, kind, identity):
+            raise MailboxUnavailable("down")
+
+    assert await WebChannel(Down(), clock=clock).reconcile(outbound()) == "unknown"
+
+
+async def test_an_approval_request_keeps_its_wait_and_digests(channel: WebChannel) -> None:
+    view = approval(calls=2)
+    await channel.deliver(
+        outbound("t1", "approval:wait-1", kind="approval_request", text="May I?", approval=view)
+    )
+    [item] = await channel.mailbox.read("default", "t1")
+    assert item.kind == "approval_request" and item.approval == view
+
+
+async def test_deliveries_the_web_cannot_hold_are_permanent_errors(channel: WebChannel) -> None:
+    with pytest.raises(DeliveryError) as slack:
+        await channel.deliver(outbound(channel="slack"))
+    assert slack.value.permanent
+    with pytest.raises(DeliveryError) as bad:
+        await channel.deliver(outbound("not a thread id"))
+    assert bad.value.permanent
+    with pytest.raises(DeliveryError) as long_id:
+        await channel.deliver(outbound("t1", "x" * 2000, text="secret-ish reply text"))
+    assert long_id.value.permanent
+    assert long_id.value.reason == "not a deliverable web reply: bad id"
+
+
+@pytest.mark.parametrize("unknown", [False, True])
+async def test_a_mailbox_failure_is_a_retryable_delivery_error(
+    clock: ManualClock, unknown: bool
+) -> None:
+    class Down(MemoryMailbox):
+        async def append(self, space, thread, item):
+            raise MailboxUnavailable("sqlite: OperationalError: disk I/O", unknown_outcome=unknown)
+
+    with pytest.raises(DeliveryError) as caught:
+        await WebChannel(Down(), clock=clock).deliver(outbound())
+    assert not caught.value.permanent
+    assert caught.value.unknown_outcome is unknown
+    assert caught.value.reason == "web mailbox unavailable (sqlite)"
+
+
+async def test_deliveries_on_every_mailbox_backend(mailbox: WebMailbox) -> None:
+    web = WebChannel(mailbox, clock=ManualClock())
+    sent = outbound("t1", "reply:run-1", text="answer")
+    assert await web.reconcile(sent) == "absent"
+    receipt = await web.deliver(sent)
+    assert await web.deliver(sent) == receipt
+    assert await web.reconcile(sent) == "delivered"
+    assert [i.text for i in await mailbox.read("default", "t1")] == ["answer"]
+
+
+# -- pages --------------------------------------------------------------------------------------
+
+
+async def test_the_thread_page_is_plain_html_with_a_strict_policy(
+    client: httpx.AsyncClient, channel: WebChannel
+) -> None:
+    await channel.deliver(outbound("t1", "reply:x", text="<script>alert('reply')</script>"))
+    response = await client.get("/web/threads/t1/page")
+    assert response.status_code == 200
+    assert response.headers["content-type"].startswith("text/html")
+    page = response.text
+    assert "alert('reply')" not in page  # replies arrive as data, shown with textContent
+    assert "innerHTML" not in page and "insertAdjacentHTML" not in page
+    assert not re.search(r"(src|href)=\"(https?:)?//", page)  # no external assets
+    policy = response.headers["content-security-policy"]
+    assert "default-src 'none'" in policy and "connect-src 'self'" in policy
+    assert "'unsafe-inline'" not in policy
+    assert page.count("<script>") == 1 and _THREAD_SCRIPT in page and _STYLE in page
+    assert 'EventSource("events?' in page
+    config = re.search(r'<script type="application/json" id="config">(.*?)</script>', page)
+    assert config is not None
+    assert json.loads(config.group(1)) == {"space": "default", "thread": "t1"}
+
+
+async def test_the_policy_hashes_match_the_inline_blocks(client: httpx.AsyncClient) -> None:
+    import base64
+    import hashlib
+
+    policy = (await client.get("/web/threads/t1/page")).headers["content-security-policy"]
+    for block in (_THREAD_SCRIPT, _STYLE):
+        digest = base64.b64encode(hashlib.sha256(block.encode()).digest()).decode()
+        assert f"'sha256-{digest}'" in policy
+
+
+async def test_the_index_lists_threads_and_opens_one(
+    client: httpx.AsyncClient, clock: ManualClock
+) -> None:
+    await client.post("/web/threads/alpha/messages", json={"text": "a"})
+    index = await client.get("/web/")
+    assert index.status_code == 200 and "<script" not in index.text
+    assert 'href="threads/alpha/page?space=default"' in index.text
+    assert "script-src 'none'" in index.headers["content-security-policy"]
+    opened = await client.get("/web/open?thread=beta&space=default")
+    assert opened.status_code == 303
+    assert opened.headers["location"] == "threads/beta/page?space=default"
+    assert error(await client.get("/web/open?thread=b%20ad")) == (400, "invalid_thread")
+
+
+@pytest.mark.skipif(shutil.which("node") is None, reason="node is not installed")
+def test_the_page_script_parses(tmp_path: Path) -> None:
+    script = tmp_path / "page.js"
+    script.write_text(_THREAD_SCRIPT)
+    result = subprocess.run(
+        ["node", "--check", str(script)], capture_output=True, text=True, check=False
+    )
+    assert result.returncode == 0, result.stderr

@@ -1,0 +1,87 @@
+"""The example files name every setting, are what the model generates, and load as they are."""
+
+from __future__ import annotations
+
+import re
+from pathlib import Path
+
+import pytest
+
+from config import Route, Settings, load_settings
+from config.examples import EXAMPLE_FILES, env_example, main, toml_example
+
+ROOT = Path(__file__).resolve().parents[2]
+FIELDS = set(Settings.model_fields)
+
+
+def _uncommented(text: str) -> str:
+    """The file with every setting line switched on (prose lines start with "# ")."""
+    return "\n".join(
+        line[1:] if line.startswith("#") and not line.startswith("# ") else line
+        for line in text.splitlines()
+    )
+
+
+def test_the_env_example_names_exactly_the_settings() -> None:
+    text = (ROOT / ".env.example").read_text()
+    names = re.findall(r"^#GATEWAY_([A-Z0-9_]+)=", text, flags=re.MULTILINE)
+    assert sorted(name.lower() for name in names) == sorted(FIELDS)
+
+
+def test_the_toml_example_names_exactly_the_settings() -> None:
+    text = (ROOT / "gateway.example.toml").read_text()
+    keys = set(re.findall(r"^#([a-z_]+) = ", text, flags=re.MULTILINE))
+    tables = set(re.findall(r"^#\[\[([a-z_]+)\]\]$", text, flags=re.MULTILINE))
+    route_keys = set(Route.model_fields)
+    assert (keys - route_keys) | tables == FIELDS
+
+
+@pytest.mark.parametrize(
+    ("name", "generate"), [(".env.example", env_example), ("gateway.example.toml", toml_example)]
+)
+def test_the_examples_are_generated_from_the_model(name: str, generate) -> None:
+    assert (ROOT / name).read_text() == generate(), (
+        f"{name} is stale: run `.venv/bin/python -m config.examples`"
+    )
+
+
+def test_every_setting_says_its_default_and_what_it_accepts() -> None:
+    text = env_example()
+    for name in FIELDS:
+        block = text.split(f"#GATEWAY_{name.upper()}=")[0].rsplit("\n\n", 1)[-1]
+        assert "Accepts " in block, name
+        assert "efault" in block, name
+
+
+def test_the_env_example_switched_on_loads(tmp_path: Path) -> None:
+    dotenv = tmp_path / ".env"
+    dotenv.write_text(_uncommented(env_example()))
+    settings = load_settings({}, env_file=dotenv)
+    assert settings.redis_url == "redis://localhost:6379/0"
+    assert settings.route_for("email", "ops@example.com") == "ops"
+    assert settings.route_for("web", "anything") == "web"
+
+
+def test_the_toml_example_switched_on_loads_to_the_same_settings(tmp_path: Path) -> None:
+    dotenv = tmp_path / ".env"
+    dotenv.write_text(_uncommented(env_example()))
+    config = tmp_path / "gateway.toml"
+    config.write_text(_uncommented(toml_example()))
+    assert load_settings({}, config_file=config) == load_settings({}, env_file=dotenv)
+
+
+def test_the_examples_as_shipped_change_nothing(tmp_path: Path) -> None:
+    config = tmp_path / "gateway.toml"
+    config.write_text(toml_example())
+    dotenv = tmp_path / ".env"
+    dotenv.write_text(env_example())
+    assert load_settings({}, config_file=config, env_file=dotenv) == Settings()
+
+
+def test_main_writes_both_files(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    assert main([str(tmp_path)]) == 0
+    assert [(tmp_path / name).read_text() for name in EXAMPLE_FILES] == [
+        env_example(),
+        toml_example(),
+    ]
+    assert capsys.readouterr().out.count("wrote ") == 2
