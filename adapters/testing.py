@@ -27,7 +27,7 @@ from collections import Counter
 from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Literal
+from typing import Any, Literal
 
 from adapters.channel import (
     Acceptance,
@@ -110,6 +110,11 @@ class RecordingChannel:
     def name(self) -> str:
         """The channel's name (``fake`` unless given)."""
         return self._name
+
+    @property
+    def router(self) -> Any:
+        """The wrapped adapter's HTTP routes, if it has any (the service mounts them)."""
+        return getattr(self.inner, "router", None)
 
     # -- faults --------------------------------------------------------------------------------
 

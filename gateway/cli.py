@@ -11,8 +11,10 @@ from pydantic import ValidationError
 
 from config import Settings, SettingsError, format_settings_error, load_settings
 from gateway.ask import ask
+from gateway.broker import BrokerError
 from gateway.demo import demo, describe
 from gateway.models import ModelConfigError
+from gateway.plugin import PluginError
 from harness_core import (
     HarnessError,
     SessionRepo,
@@ -128,7 +130,7 @@ def main(argv: Sequence[str] | None = None, settings: Settings | None = None) ->
         return 2
     try:
         return asyncio.run(_run(args, settings))
-    except (HarnessError, ModelConfigError) as exc:
+    except (HarnessError, ModelConfigError, PluginError, BrokerError) as exc:
         print(f"gateway: {exc}", file=sys.stderr)
         return 1
     except CliError as exc:

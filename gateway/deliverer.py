@@ -35,7 +35,9 @@ class DelivererConfig:
     deliverer_id: str
     max_attempts: int = 12
     lease_ms: int = 60_000
-    """How long one attempt may take (the adapter call times out at half of it)."""
+    """How long a claimed delivery stays this deliverer's (then another may claim it)."""
+    timeout_ms: int = 10_000
+    """How long one adapter call may take before its outcome is unknown (< lease_ms / 2)."""
     max_delay_ms: int = 3_600_000
     batch: int = 32
     parallel: int = 8
@@ -78,7 +80,11 @@ class Deliverer:
         self._task = asyncio.ensure_future(self._loop())
 
     async def stop(self, seconds: float) -> None:
-        """Claim nothing more; let attempts in flight settle for up to `seconds`."""
+        """Drain: deliver what is due now (claiming until nothing is), for up to `seconds`.
+
+        Attempts still running at the deadline are cancelled; their claims lapse and another
+        deliverer (or this one, restarted) reconciles them before sending again.
+        """
         self._stopping.set()
         if self._task is not None:
             with contextlib.suppress(TimeoutError):
@@ -90,7 +96,7 @@ class Deliverer:
         config = self.config
         slots = asyncio.Semaphore(config.parallel)
         try:
-            while not self._stopping.is_set():
+            while True:
                 try:
                     claimed = await self._broker.outbox.claim(
                         config.deliverer_id,
@@ -100,9 +106,13 @@ class Deliverer:
                     )
                 except Exception as exc:
                     log.warning(event("claim failed", error=type(exc).__name__))
+                    if self._stopping.is_set():
+                        break
                     await self._wait(config.idle_wait_ms)
                     continue
                 if not claimed:
+                    if self._stopping.is_set():
+                        break
                     await self._wait(config.idle_wait_ms)
                     continue
                 for item in claimed:
@@ -143,7 +153,7 @@ class Deliverer:
         if adapter is None:
             await self._retry(claimed, f"no adapter for {outbound.thread.channel}", False)
             return
-        timeout = self.config.lease_ms / 2000
+        timeout = self.config.timeout_ms / 1000
         if delivery.unknown_outcome:  # an earlier attempt may have arrived: look before sending
             try:
                 found = await asyncio.wait_for(adapter.reconcile(outbound), timeout=timeout)

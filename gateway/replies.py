@@ -30,9 +30,21 @@ from harness_core.session.records import (
 )
 from harness_core.session.types import RecordQuery, StoredRecord
 
-__all__ = ["Reply", "delivery_id", "enqueue_replies", "entry_id_of", "failure_text"]
+__all__ = [
+    "STUCK_TEXT",
+    "Reply",
+    "delivery_id",
+    "enqueue_replies",
+    "enqueue_stuck_notice",
+    "entry_id_of",
+    "failure_text",
+]
 
 NO_ANSWER = "(The run ended without a text answer.)"
+STUCK_TEXT = (
+    "Sorry, this conversation is stuck: my work on it was interrupted too many times. "
+    "An operator has to look at it before I continue."
+)
 
 
 def delivery_id(session: str, kind: OutboundKind, cause: str) -> str:
@@ -156,3 +168,26 @@ async def _final_text(storage: SessionStorage, entry_id: str | None) -> str:
     message = stored.entry.message
     text = message_text(message).strip() if isinstance(message, AssistantMessage) else ""
     return text or NO_ANSWER
+
+
+async def enqueue_stuck_notice(
+    broker: Broker, state: ThreadState, operation_id: str, attempts: int, *, now_ms: int
+) -> Outbound:
+    """Tell the thread its lane is parked stuck (once per operation and attempt count)."""
+    outbound = Outbound(
+        delivery_id=delivery_id(
+            state.session, "failure_notice", f"{operation_id}:stuck:{attempts}"
+        ),
+        thread=ThreadRef.model_validate(dict(state.thread)),
+        kind="failure_notice",
+        text=STUCK_TEXT,
+        reply_context=state.reply_context,
+    )
+    await broker.outbox.enqueue(
+        outbound.delivery_id,
+        state.session,
+        state.lane,
+        outbound.model_dump(mode="json"),
+        now_ms=now_ms,
+    )
+    return outbound

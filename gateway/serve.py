@@ -99,8 +99,8 @@ async def serve(settings: Settings) -> int:
     print(banner(settings), file=sys.stderr, flush=True)
     try:
         await server.serve()
-        await service.stop()
-    except asyncio.CancelledError:
+        await asyncio.wait_for(service.stop(), timeout=settings.shutdown_seconds)
+    except (asyncio.CancelledError, TimeoutError):
         log.warning(event("stopped without draining"))
         return 1
     finally:

@@ -14,6 +14,7 @@ import logging
 import os
 import random
 import socket
+import time
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 from typing import Any
@@ -47,6 +48,9 @@ from harness_core import (
 __all__ = ["Service", "ServiceParts", "default_worker_id"]
 
 log = logging.getLogger("gateway.service")
+
+_DELIVERY_DRAIN_MIN_S = 2.0
+"""The deliverer's drain gets at least this long, so replies of steps that just ended go out."""
 
 
 def default_worker_id() -> str:
@@ -92,7 +96,12 @@ class Service:
         clock = parts.clock
         self.repo = parts.repo or self._own(open_repo(settings.effective_store_url, clock=clock))
         self.broker = parts.broker or self._own(
-            open_broker(settings.effective_broker_url, clock=clock)
+            open_broker(
+                settings.effective_broker_url,
+                clock=clock,
+                visibility_timeout_ms=int(settings.lease_seconds * 1000),
+                dedupe_ttl_ms=int(settings.inbox_dedupe_seconds * 1000),
+            )
         )
         plugin = load_plugin(settings.plugin)
         if parts.model_client is not None:
@@ -141,6 +150,7 @@ class Service:
                 deliverer_id=self.worker_id,
                 max_attempts=settings.outbox_max_attempts,
                 lease_ms=int(settings.outbox_lease_seconds * 1000),
+                timeout_ms=int(settings.delivery_timeout_seconds * 1000),
                 max_delay_ms=int(settings.outbox_max_delay_seconds * 1000),
             ),
             self.broker,
@@ -188,14 +198,14 @@ class Service:
         for adapter in self.adapters.values():
             with contextlib.suppress(Exception):
                 await adapter.stop()
+        # Workers first: what their last steps reply is then delivered by the deliverer's drain.
+        deadline = time.monotonic() + drain
         if self.worker is not None:
-            self.worker.stop_taking()
-        jobs = []
-        if self.worker is not None:
-            jobs.append(self.worker.drain(drain))
+            with contextlib.suppress(Exception):
+                await self.worker.drain(drain)
         if self.deliverer is not None:
-            jobs.append(self.deliverer.stop(drain))
-        await asyncio.gather(*jobs, return_exceptions=True)
+            with contextlib.suppress(Exception):
+                await self.deliverer.stop(max(deadline - time.monotonic(), _DELIVERY_DRAIN_MIN_S))
         for adapter in self.adapters.values():
             close = getattr(adapter, "close", None)
             if close is not None:

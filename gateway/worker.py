@@ -29,7 +29,7 @@ from pydantic import ValidationError
 from adapters.channel import DecisionInbound, Inbound
 from gateway.broker.contract import Broker, InboxItem, SessionTicket
 from gateway.logs import event
-from gateway.replies import enqueue_replies, entry_id_of
+from gateway.replies import enqueue_replies, enqueue_stuck_notice, entry_id_of
 from harness_core import (
     AgentHarness,
     AgentHarnessOptions,
@@ -184,6 +184,7 @@ class Worker:
                     continue
                 if op.stuck:
                     log.warning(event("lane stuck", session=session_id, lane=op.lane))
+                    await self._stuck_notice(session, op.lane, op.id, op.attempts)
                     continue
                 if op.reason == "crash" or op.reason == "deferred":
                     self._track(session, op.lane, self._resume(lane))
@@ -286,6 +287,13 @@ class Worker:
         result = await lane.resume(tool_recovery=self.config.tool_recovery)
         if isinstance(result, Err):
             log.info(event("resume refused", lane=lane.name, reason=result.error.tag))
+
+    async def _stuck_notice(self, session: _Session, lane: str, op_id: str, attempts: int) -> None:
+        state = await self._broker.threads.get(session.ticket.session, lane)
+        if state is not None:
+            await enqueue_stuck_notice(
+                self._broker, state, op_id, attempts, now_ms=self._clock.now_ms()
+            )
 
     async def _reply_all(self, session: _Session) -> None:
         for state in await self._broker.threads.list(session.ticket.session):

@@ -24,7 +24,7 @@ from urllib.parse import parse_qs, urlsplit, urlunsplit
 from gateway.broker.contract import Broker, BrokerError
 from harness_core import Clock, IdGenerator
 
-__all__ = ["ACCEPTED_BROKER_URLS", "open_broker"]
+__all__ = ["ACCEPTED_BROKER_URLS", "BrokerError", "open_broker"]
 
 ACCEPTED_BROKER_URLS = (
     "accepted broker URLs: sqlite:///relative.db or sqlite:////absolute.db "

@@ -1,0 +1,218 @@
+"""The deliverer against a real broker and a channel that fails on demand, under a manual clock.
+
+The retry schedule is asserted exactly: the deliverer's jitter comes from a seeded random, and a
+replica of it says what every delay must be.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import random
+from collections.abc import AsyncIterator, Callable
+from typing import Any
+
+import pytest
+
+from adapters.channel import Outbound, ThreadRef
+from adapters.testing import RecordingChannel
+from gateway.broker import open_broker
+from gateway.broker.contract import Broker, Delivery
+from gateway.deliverer import Deliverer, DelivererConfig, retry_delay_ms
+from harness_core.testing import ManualClock
+
+SEED = 7
+CAP_MS = 3_600_000
+
+
+class Rig:
+    def __init__(self, broker: Broker, clock: ManualClock, fake: RecordingChannel) -> None:
+        self.broker = broker
+        self.clock = clock
+        self.fake = fake
+        self.deliverer: Deliverer | None = None
+
+    def start(self, **config: Any) -> Deliverer:
+        settings: dict[str, Any] = {"deliverer_id": "d1", "idle_wait_ms": 10, **config}
+        self.deliverer = Deliverer(
+            DelivererConfig(**settings),
+            self.broker,
+            {"fake": self.fake},
+            self.clock,
+            random.Random(SEED),
+        )
+        self.deliverer.start()
+        return self.deliverer
+
+    async def enqueue(self, delivery_id: str = "reply:s:run-1") -> Outbound:
+        outbound = Outbound(
+            delivery_id=delivery_id,
+            thread=ThreadRef(channel="fake", space="default", thread="t1"),
+            kind="reply",
+            text="hi",
+        )
+        await self.broker.outbox.enqueue(
+            delivery_id,
+            "s",
+            "fake:t1",
+            outbound.model_dump(mode="json"),
+            now_ms=self.clock.now_ms(),
+        )
+        return outbound
+
+    async def until(
+        self, delivery_id: str, ready: Callable[[Delivery], bool], timeout_s: float = 10.0
+    ) -> Delivery:
+        deadline = asyncio.get_running_loop().time() + timeout_s
+        while True:
+            found = await self.broker.outbox.get(delivery_id)
+            if found is not None and ready(found):
+                return found
+            assert asyncio.get_running_loop().time() < deadline, f"{delivery_id}: {found}"
+            await asyncio.sleep(0.005)
+
+
+@pytest.fixture(params=["sqlite", "redis"])
+async def rig(request: pytest.FixtureRequest, tmp_path: Any) -> AsyncIterator[Rig]:
+    clock = ManualClock()
+    if request.param == "sqlite":
+        url = f"sqlite:///{tmp_path}/broker.db"
+    else:
+        server = request.getfixturevalue("redis_server")
+        url = f"{server.url}?prefix={request.getfixturevalue('redis_prefix')}"
+    broker = open_broker(url, clock=clock)
+    made = Rig(broker, clock, RecordingChannel(clock=clock))
+    yield made
+    if made.deliverer is not None:
+        await made.deliverer.stop(1)
+    await broker.close()
+
+
+def _failed(attempts: int) -> Callable[[Delivery], bool]:
+    return lambda d: d.attempts == attempts and d.status == "pending" and d.last_error is not None
+
+
+def _schedule(attempts: int) -> list[int]:
+    """The delays a deliverer seeded with SEED waits after its first `attempts` failures."""
+    rng = random.Random(SEED)
+    return [retry_delay_ms(n, cap_ms=CAP_MS, rng=rng) for n in range(1, attempts + 1)]
+
+
+async def test_a_channel_that_fails_three_times_is_retried_on_the_schedule(rig: Rig) -> None:
+    rig.fake.fail_next(3)
+    await rig.enqueue()
+    rig.start()
+    expected = _schedule(3)
+    for n, delay in enumerate(expected, 1):
+        failed = await rig.until("reply:s:run-1", _failed(n))
+        assert failed.due_at_ms - rig.clock.now_ms() == delay
+        assert 0.8 * 1000 * 2**n <= delay <= 1000 * 2**n
+        rig.clock.advance(delay - 1)
+        await asyncio.sleep(0.05)
+        assert (await rig.broker.outbox.get("reply:s:run-1")).attempts == n  # type: ignore[union-attr]
+        rig.clock.advance(1)
+    done = await rig.until("reply:s:run-1", lambda d: d.status == "delivered")
+    assert done.attempts == 4
+    assert rig.fake.count("reply:s:run-1") == 1
+    assert len(rig.fake.attempts) == 4
+
+
+async def test_a_channel_that_always_fails_makes_a_dead_letter(rig: Rig) -> None:
+    rig.fake.fail_always(reason="channel down")
+    await rig.enqueue()
+    rig.start(max_attempts=4)
+    for delay in _schedule(3):
+        await rig.until("reply:s:run-1", lambda d: d.due_at_ms > rig.clock.now_ms())
+        rig.clock.advance(delay)
+    dead = await rig.until("reply:s:run-1", lambda d: d.status == "dead")
+    assert dead.attempts == 4 and dead.last_error == "channel down"
+    assert rig.fake.count("reply:s:run-1") == 0
+    [audit] = await rig.broker.audit.list(session="s")
+    assert audit.action == "dead letter" and audit.target == "reply:s:run-1"
+    assert audit.details["attempts"] == 4
+
+
+async def test_a_permanent_failure_is_a_dead_letter_at_once(rig: Rig) -> None:
+    rig.fake.fail_next(1, permanent=True, reason="channel_not_found")
+    await rig.enqueue()
+    rig.start()
+    dead = await rig.until("reply:s:run-1", lambda d: d.status == "dead")
+    assert dead.attempts == 1 and dead.last_error == "channel_not_found"
+
+
+async def test_the_channels_retry_after_wins_when_longer(rig: Rig) -> None:
+    rig.fake.fail_next(1, retry_after_s=30)
+    await rig.enqueue()
+    rig.start()
+    failed = await rig.until("reply:s:run-1", lambda d: d.last_error is not None)
+    assert failed.due_at_ms - rig.clock.now_ms() == 30_000
+
+
+async def test_a_lost_acknowledgement_is_reconciled_not_resent(rig: Rig) -> None:
+    rig.fake.lose_ack_next(1)
+    await rig.enqueue()
+    rig.start()
+    unknown = await rig.until("reply:s:run-1", lambda d: d.unknown_outcome)
+    assert unknown.status == "pending"
+    rig.clock.advance(unknown.due_at_ms - rig.clock.now_ms())
+    done = await rig.until("reply:s:run-1", lambda d: d.status == "delivered")
+    assert done.attempts == 2
+    assert rig.fake.count("reply:s:run-1") == 1  # at the sink once
+    assert len(rig.fake.attempts) == 1  # and sent once: the second attempt only looked
+    assert rig.fake.reconciled == [("reply:s:run-1", "delivered")]
+
+
+async def test_a_send_that_hangs_past_its_timeout_is_reconciled(rig: Rig) -> None:
+    rig.fake.hang_next(1, after_send=True)
+    await rig.enqueue()
+    rig.start(timeout_ms=100)
+    unknown = await rig.until("reply:s:run-1", lambda d: d.unknown_outcome)
+    assert unknown.last_error == "timeout"
+    rig.clock.advance(unknown.due_at_ms - rig.clock.now_ms())
+    await rig.until("reply:s:run-1", lambda d: d.status == "delivered")
+    assert rig.fake.count("reply:s:run-1") == 1 and len(rig.fake.attempts) == 1
+
+
+async def test_an_unanswerable_reconcile_retries_without_sending(rig: Rig) -> None:
+    rig.fake.lose_ack_next(1)
+    rig.fake.reconcile_unknown_next(1)
+    await rig.enqueue()
+    rig.start()
+    first = await rig.until("reply:s:run-1", lambda d: d.unknown_outcome)
+    rig.clock.advance(first.due_at_ms - rig.clock.now_ms())
+    second = await rig.until(
+        "reply:s:run-1",
+        lambda d: d.attempts == 2 and d.last_error is not None and d.due_at_ms > rig.clock.now_ms(),
+    )
+    assert second.last_error == "reconcile: unknown" and second.unknown_outcome
+    assert len(rig.fake.attempts) == 1
+    rig.clock.advance(second.due_at_ms - rig.clock.now_ms())
+    await rig.until("reply:s:run-1", lambda d: d.status == "delivered")
+    assert rig.fake.count("reply:s:run-1") == 1 and len(rig.fake.attempts) == 1
+
+
+async def test_a_dead_letter_redelivered_goes_out_once(rig: Rig) -> None:
+    rig.fake.fail_next(1, permanent=True)
+    await rig.enqueue()
+    rig.start()
+    await rig.until("reply:s:run-1", lambda d: d.status == "dead")
+    again = await rig.broker.outbox.redeliver("reply:s:run-1", now_ms=rig.clock.now_ms())
+    assert again is not None and again.status == "pending"
+    await rig.until("reply:s:run-1", lambda d: d.status == "delivered")
+    assert rig.fake.count("reply:s:run-1") == 1
+
+
+async def test_stop_delivers_what_is_due_then_stops(rig: Rig) -> None:
+    deliverer = rig.start()
+    await asyncio.sleep(0.05)
+    for n in range(5):
+        await rig.enqueue(f"reply:s:run-{n}")
+    await deliverer.stop(5)
+    assert sorted(rig.fake.counts()) == [f"reply:s:run-{n}" for n in range(5)]
+
+
+def test_the_delay_is_capped_and_jittered_down_only() -> None:
+    rng = random.Random(1)
+    delays = [retry_delay_ms(30, cap_ms=CAP_MS, rng=rng) for _ in range(200)]
+    assert all(0.8 * CAP_MS <= d <= CAP_MS for d in delays)
+    assert len(set(delays)) > 100
+    assert retry_delay_ms(1, cap_ms=CAP_MS, rng=random.Random(1)) <= 2000

@@ -1,0 +1,221 @@
+"""The service end to end: messages in through the web channel's HTTP API, replies out.
+
+Each test runs a whole `Service` (store, broker, workers, deliverer, the real web channel wrapped
+by a recording sink) on every broker/store backend, and talks to it over HTTP (ASGI).
+"""
+
+from __future__ import annotations
+
+import asyncio
+from collections.abc import AsyncIterator
+from typing import Any
+
+import httpx
+import pytest
+
+from adapters.testing import RecordingChannel
+from adapters.web import WebChannel, open_mailbox
+from config import Settings
+from gateway.service import Service, ServiceParts
+from harness_core import UserMessage, message_text
+from harness_core.session.entries import MessageEntry
+
+
+AGENT = "tests.support.gateway_agent"
+
+
+class Gateway:
+    """A running service and an HTTP client for its web channel."""
+
+    def __init__(self, service: Service, fake: RecordingChannel, http: httpx.AsyncClient) -> None:
+        self.service = service
+        self.fake = fake
+        self.http = http
+
+    async def post(self, thread: str, text: str, **body: Any) -> dict[str, Any]:
+        response = await self.http.post(
+            f"/web/threads/{thread}/messages", json={"text": text, **body}
+        )
+        assert response.status_code == 202, response.text
+        accepted: dict[str, Any] = response.json()
+        return accepted
+
+    async def items(self, thread: str) -> list[dict[str, Any]]:
+        response = await self.http.get(f"/web/threads/{thread}")
+        assert response.status_code == 200, response.text
+        items: list[dict[str, Any]] = response.json()["items"]
+        return items
+
+    async def answers(
+        self, thread: str, count: int, timeout_s: float = 15.0
+    ) -> list[dict[str, Any]]:
+        """Wait until `thread` has `count` items from the agent; return them."""
+        deadline = asyncio.get_running_loop().time() + timeout_s
+        while True:
+            found = [i for i in await self.items(thread) if i["kind"] != "message"]
+            found = [i for i in found if i["kind"] != "decision"]
+            if len(found) >= count:
+                return found
+            assert asyncio.get_running_loop().time() < deadline, f"{thread}: {found}"
+            await asyncio.sleep(0.02)
+
+    async def user_texts(self, session: str, lane: str) -> list[str]:
+        """The user messages the lane's log holds (read without a lease)."""
+        assert self.service.repo is not None
+        storage = await self.service.repo.open(session)
+        try:
+            return [
+                message_text(stored.entry.message)
+                for stored in await storage.read_lane_entries(lane, after=None)
+                if isinstance(stored.entry, MessageEntry)
+                and isinstance(stored.entry.message, UserMessage)
+            ]
+        finally:
+            await storage.close()
+
+
+def _urls(backend: str, request: pytest.FixtureRequest, tmp_path: Any) -> dict[str, str]:
+    if backend == "sqlite":
+        return {
+            "store_url": f"sqlite:///{tmp_path}/store.db",
+            "broker_url": f"sqlite:///{tmp_path}/broker.db",
+            "web_url": f"sqlite:///{tmp_path}/web.db",
+        }
+    server = request.getfixturevalue("redis_server")
+    prefix = request.getfixturevalue("redis_prefix")
+    return {
+        "store_url": f"{server.url}?prefix={prefix}s",
+        "broker_url": f"{server.url}?prefix={prefix}b",
+        "web_url": f"{server.url}?prefix={prefix}w",
+    }
+
+
+@pytest.fixture(params=["sqlite", "redis"])
+async def gateway(request: pytest.FixtureRequest, tmp_path: Any) -> AsyncIterator[Gateway]:
+    settings = Settings(
+        **_urls(request.param, request, tmp_path),
+        plugin=AGENT,
+        lease_seconds=6,
+        renew_seconds=1,
+        worker_slots=4,
+    )
+    web = WebChannel(open_mailbox(settings.effective_web_url))
+    fake = RecordingChannel(inner=web)
+    service = Service(settings, ServiceParts(adapters=[fake]))
+    await service.start()
+    assert service.app is not None
+    transport = httpx.ASGITransport(app=service.app)
+    async with httpx.AsyncClient(transport=transport, base_url="http://gateway") as http:
+        yield Gateway(service, fake, http)
+    await service.stop(drain_seconds=2)
+
+
+async def test_a_message_goes_in_and_its_reply_comes_out(gateway: Gateway) -> None:
+    accepted = await gateway.post("hello", "hello there")
+    assert accepted["lane"] == "web:hello" and accepted["duplicate"] is False
+    [reply] = await gateway.answers("hello", 1)
+    assert reply["kind"] == "reply" and reply["text"] == "You said: hello there"
+    assert gateway.fake.duplicates() == {}
+    health = await gateway.http.get("/readyz")
+    assert health.status_code == 200, health.text
+
+
+async def test_a_redelivered_message_is_one_user_entry_and_one_reply(gateway: Gateway) -> None:
+    first = await gateway.post("dup", "only once", client_message_id="m-1")
+    again = await gateway.post("dup", "only once", client_message_id="m-1")
+    assert again["duplicate"] is True and again["item_id"] == first["item_id"]
+    [reply] = await gateway.answers("dup", 1)
+    await asyncio.sleep(0.3)  # room for a wrong second reply
+    assert [i["kind"] for i in await gateway.items("dup") if i["kind"] != "message"] == ["reply"]
+    assert reply["text"] == "You said: only once"
+    assert await gateway.user_texts(first["session"], "web:dup") == ["only once"]
+    assert gateway.fake.duplicates() == {}
+
+
+async def test_a_message_to_a_busy_lane_steers_its_run(gateway: Gateway) -> None:
+    await gateway.post("busy", "/slow 800")
+    await _until_running(gateway, "web:busy")
+    await gateway.post("busy", "and also this")
+    [reply] = await gateway.answers("busy", 1)
+    assert reply["text"] == "You said: and also this"  # the steered message reached the run
+    await asyncio.sleep(0.3)
+    assert len([i for i in await gateway.items("busy") if i["kind"] == "reply"]) == 1
+
+
+async def test_an_approval_is_asked_in_the_thread_and_the_decision_answers(
+    gateway: Gateway,
+) -> None:
+    await gateway.post("ops", "/deploy prod")
+    [asked] = await gateway.answers("ops", 1)
+    assert asked["kind"] == "approval_request"
+    approval = asked["approval"]
+    [call] = approval["calls"]
+    assert call["tool_name"] == "deploy" and call["args"] == {"target": "prod"}
+    body = {
+        "run_id": approval["run_id"],
+        "wait_id": approval["wait_id"],
+        "decisions": [
+            {
+                "tool_call_id": call["tool_call_id"],
+                "args_digest": call["args_digest"],
+                "approved": True,
+            }
+        ],
+        "idempotency_key": "click-1",
+    }
+    for _ in range(2):  # a double click is one decision
+        response = await gateway.http.post("/web/threads/ops/decisions", json=body)
+        assert response.status_code == 202, response.text
+    answers = await gateway.answers("ops", 2)
+    assert answers[1]["kind"] == "reply" and answers[1]["text"] == "Done: deployed prod"
+    await asyncio.sleep(0.3)
+    assert len(await gateway.answers("ops", 2)) == 2
+    assert gateway.fake.duplicates() == {}
+
+
+async def test_a_denied_call_is_answered_without_running_it(gateway: Gateway) -> None:
+    await gateway.post("deny", "/deploy prod")
+    [asked] = await gateway.answers("deny", 1)
+    approval = asked["approval"]
+    [call] = approval["calls"]
+    response = await gateway.http.post(
+        "/web/threads/deny/decisions",
+        json={
+            "run_id": approval["run_id"],
+            "wait_id": approval["wait_id"],
+            "decisions": [
+                {
+                    "tool_call_id": call["tool_call_id"],
+                    "args_digest": call["args_digest"],
+                    "approved": False,
+                    "reason": "not today",
+                }
+            ],
+        },
+    )
+    assert response.status_code == 202, response.text
+    answers = await gateway.answers("deny", 2)
+    assert answers[1]["kind"] == "reply"
+    assert "deployed" not in answers[1]["text"]
+
+
+async def test_threads_are_lanes_of_one_session_and_work_side_by_side(gateway: Gateway) -> None:
+    accepted = await asyncio.gather(*(gateway.post(f"t{n}", f"message {n}") for n in range(12)))
+    assert len({a["session"] for a in accepted}) == 1
+    for n in range(12):
+        [reply] = await gateway.answers(f"t{n}", 1)
+        assert reply["text"] == f"You said: message {n}"
+    assert gateway.fake.duplicates() == {}
+
+
+async def _until_running(gateway: Gateway, lane: str, timeout_s: float = 10.0) -> None:
+    """Wait until a worker holds `lane` with an operation open."""
+    deadline = asyncio.get_running_loop().time() + timeout_s
+    assert gateway.service.worker is not None
+    while True:
+        for session in list(gateway.service.worker.active.values()):
+            for info in await session.harness.lanes():
+                if info.name == lane and info.operation_id is not None:
+                    return
+        assert asyncio.get_running_loop().time() < deadline, f"{lane} never ran"
+        await asyncio.sleep(0.01)

@@ -1,0 +1,123 @@
+"""A gateway plugin for tests: a scripted agent with tools that count, wait, ask and kill.
+
+The model answers by the newest user message:
+
+* ``/charge <n>``: calls ``charge`` (``replay="never"``), which appends one line to the
+  effects ledger (``GATEWAY_TEST_EFFECTS``, a JSONL file; the test counts repeats there);
+* ``/deploy <target>``: calls ``deploy``, which requires approval;
+* ``/slow <ms>``: calls ``slow`` (safe to repeat), which sleeps, keeping the lane busy;
+* ``/poison``: calls ``poison``, which kills the process (``os._exit``) whenever it runs;
+* anything else: echoed back (``You said: ...``), after seeing every steered message.
+
+After a tool result it answers ``Done: <result>``. With ``GATEWAY_TEST_LEDGER`` set, the web
+channel is wrapped by a `RecordingChannel` that appends every delivery to that file, so several
+processes count their deliveries at one sink.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import fcntl
+import json
+import os
+from collections.abc import Sequence
+from typing import Any
+
+from adapters.channel import ChannelAdapter
+from adapters.testing import RecordingChannel
+from adapters.web import WebChannel, open_mailbox
+from config import Settings
+from harness_core import (
+    AssistantMessage,
+    Clock,
+    ModelRef,
+    ModelRequest,
+    ScriptedModel,
+    Tool,
+    ToolContext,
+    ToolResultMessage,
+    UserMessage,
+    message_text,
+)
+from harness_core.models.scripted import text, tool_call
+
+MODEL = ModelRef(provider="scripted", model_id="gateway-test")
+
+
+def respond(request: ModelRequest) -> AssistantMessage:
+    """The scripted agent (see the module docstring)."""
+    if request.step != "assistant":
+        return text(f"(summary of {len(request.messages)} messages)")
+    last = request.messages[-1]
+    if isinstance(last, ToolResultMessage):
+        return text(f"Done: {message_text(last)}")
+    users = [m for m in request.messages if isinstance(m, UserMessage)]
+    said = message_text(users[-1]) if users else ""
+    word, _, rest = said.partition(" ")
+    if word == "/charge":
+        return tool_call("charge", {"amount": rest.strip() or "1"})
+    if word == "/deploy":
+        return tool_call("deploy", {"target": rest.strip() or "prod"})
+    if word == "/slow":
+        return tool_call("slow", {"ms": int(rest.strip() or "200")})
+    if word == "/poison":
+        return tool_call("poison", {})
+    return text(f"You said: {said}")
+
+
+def _append(path: str, line: dict[str, Any]) -> None:
+    with open(path, "a", encoding="utf-8") as ledger:
+        fcntl.flock(ledger, fcntl.LOCK_EX)
+        ledger.write(json.dumps(line) + "\n")
+        ledger.flush()
+        os.fsync(ledger.fileno())
+
+
+async def charge(args: Any, ctx: ToolContext) -> str:
+    path = os.environ.get("GATEWAY_TEST_EFFECTS")
+    if path:
+        _append(path, {"key": ctx.idempotency_key, "lane": ctx.lane, "call": ctx.tool_call_id})
+    return f"charged {args['amount']}"
+
+
+async def deploy(args: Any, ctx: ToolContext) -> str:
+    return f"deployed {args['target']}"
+
+
+async def slow(args: Any, ctx: ToolContext) -> str:
+    await asyncio.sleep(int(args["ms"]) / 1000)
+    return f"slept {args['ms']} ms"
+
+
+async def poison(args: Any, ctx: ToolContext) -> str:
+    os._exit(9)
+
+
+def tools() -> list[Tool]:
+    """The agent's tools."""
+    return [
+        Tool(name="charge", description="Charge a card.", execute=charge, replay="never"),
+        Tool(
+            name="deploy",
+            description="Deploy a target.",
+            execute=deploy,
+            replay="never",
+            requires_approval=True,
+        ),
+        Tool(name="slow", description="Wait a while.", execute=slow, replay="safe"),
+        Tool(name="poison", description="Crash the process.", execute=poison, replay="never"),
+    ]
+
+
+def model() -> tuple[ScriptedModel, ModelRef]:
+    """The scripted model."""
+    return ScriptedModel(responder=respond), MODEL
+
+
+def adapters(settings: Settings, clock: Clock) -> Sequence[ChannelAdapter]:
+    """The web channel, counted at a shared ledger when ``GATEWAY_TEST_LEDGER`` is set."""
+    ledger = os.environ.get("GATEWAY_TEST_LEDGER")
+    if not ledger:
+        return []
+    web = WebChannel(open_mailbox(settings.effective_web_url), clock=clock)
+    return [RecordingChannel(clock=clock, ledger=ledger, inner=web)]
