@@ -22,7 +22,7 @@ import contextlib
 import logging
 from collections.abc import Awaitable, Callable
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, Final, Literal
 
 from pydantic import ValidationError
 
@@ -50,6 +50,11 @@ from harness_core import (
 __all__ = ["Worker", "WorkerConfig"]
 
 log = logging.getLogger("gateway.worker")
+
+_LAPSE: Final = "lapse"
+"""`_serve`'s answer when the session's ticket must lapse (see `Inbox.take_session`)."""
+_LEASE_MARGIN_MS = 100
+"""Look again this long after another holder's lease should have lapsed."""
 
 OptionsFactory = Callable[[SessionStorage], AgentHarnessOptions]
 """The harness options of a session (the model, tools and policies are the service's)."""
@@ -149,15 +154,15 @@ class Worker:
             if ticket is None:
                 continue
             try:
-                returned = await self._serve(ticket)
+                again = await self._serve(ticket)
             except asyncio.CancelledError:
                 raise
             except Exception as exc:
                 log.error(event("session failed", session=ticket.session, error=type(exc).__name__))
-                returned = False  # the ticket lapses: another worker takes the session over
-            if returned:
+                again = _LAPSE
+            if again != _LAPSE:
                 with contextlib.suppress(Exception):
-                    await self._broker.inbox.done(ticket)
+                    await self._broker.inbox.done(ticket, again_in_ms=again)
 
     async def _pause(self, seconds: float) -> None:
         with contextlib.suppress(TimeoutError):
@@ -165,18 +170,24 @@ class Worker:
 
     # -- one session -------------------------------------------------------------------------
 
-    async def _serve(self, ticket: SessionTicket) -> bool:
-        """Work on a session until it is idle; False if the ticket must lapse (a fault)."""
+    async def _serve(self, ticket: SessionTicket) -> int | None | Literal["lapse"]:
+        """Work on a session until it is idle; how its ticket ends (see `Inbox.done`).
+
+        None: through with it; a delay: hand it out again then (work is left: an operation
+        a drain interrupted, or a lease another process holds); `_LAPSE`: let the ticket lapse
+        (a fault: another worker takes over after the visibility timeout).
+        """
         session_id = ticket.session
         lease = await self._lease(session_id)
-        if lease is None:
-            return True  # another process works on it: it sees the new messages
+        if isinstance(lease, int):
+            return lease  # another process holds the store's lease: look again when it lapses
         storage = await self._repo.open(session_id, lease=lease)
         harness, suspended = await AgentHarness.create(self._options(storage))
         session = _Session(ticket=ticket, harness=harness, storage=storage)
         self.active[session_id] = session
         log.info(event("session taken", session=session_id, suspended=len(suspended)))
         faulted = False
+        interrupted = False
         try:
             for op in suspended:
                 lane = harness.lane(op.lane)
@@ -196,6 +207,7 @@ class Worker:
         finally:
             session.closing = True
             self.active.pop(session_id, None)
+            interrupted = bool(session.tasks)  # a drain's deadline: operations stay open
             for task in session.tasks:
                 task.cancel()
             await asyncio.gather(*session.tasks, return_exceptions=True)
@@ -205,15 +217,18 @@ class Worker:
                 with contextlib.suppress(Exception):
                     await self._repo.release_lease(lease)
             log.info(event("session released", session=session_id, faulted=faulted))
-        return not faulted
+        if faulted:
+            return _LAPSE
+        return 0 if interrupted else None
 
     async def _lease(self, session_id: str) -> Any:
+        """The session's writer lease, or in how many ms to look again (another holds it)."""
         ttl = self.config.lease_ms
         owner = self.config.worker_id
         try:
             return await self._repo.acquire_lease(session_id, owner=owner, ttl_ms=ttl)
-        except LeaseHeld:
-            return None
+        except LeaseHeld as held:
+            return self._held(session_id, held)
         except SessionError as exc:
             if exc.code != "not_found":
                 raise
@@ -221,8 +236,14 @@ class Worker:
             await self._repo.create(session_id)
         try:
             return await self._repo.acquire_lease(session_id, owner=owner, ttl_ms=ttl)
-        except LeaseHeld:
-            return None
+        except LeaseHeld as held:
+            return self._held(session_id, held)
+
+    def _held(self, session_id: str, held: LeaseHeld) -> int:
+        log.info(event("lease held", session=session_id, holder=held.owner))
+        if held.expires_at_ms is None:
+            return self.config.lease_ms
+        return max(held.expires_at_ms - self._clock.now_ms(), 0) + _LEASE_MARGIN_MS
 
     async def _work(self, session: _Session) -> None:
         """Accept pending messages and wait for lane work until nothing is left to do."""

@@ -385,6 +385,44 @@ async def a_ticket_not_done_within_the_visibility_timeout_is_handed_out_again(
 
 
 @_case("sessions")
+async def a_lapsed_ticket_hands_the_session_out_again_with_nothing_pending(
+    fx: BrokerFixture,
+) -> None:
+    inbox = fx.broker.inbox
+    item = (await inbox.append(_new("a"))).item
+    first = await inbox.take_session("w1")
+    assert first is not None
+    await inbox.ack("s1", item.id)  # accepted; then the worker dies mid-operation
+    fx.clock.advance(fx.visibility_timeout_ms + 1)
+    second = await inbox.take_session("w2")
+    assert second is not None and second.session == "s1"  # to resume what it left open
+    await inbox.done(second)
+    assert await inbox.take_session("w3") is None
+
+
+@_case("sessions")
+async def done_with_again_in_ms_hands_the_session_out_again_later(fx: BrokerFixture) -> None:
+    inbox = fx.broker.inbox
+    item = (await inbox.append(_new("a"))).item
+    first = await inbox.take_session("w1")
+    assert first is not None
+    await inbox.ack("s1", item.id)
+    await inbox.done(first, again_in_ms=1_000)
+    assert await inbox.renew(first) is False
+    assert await inbox.take_session("w2") is None
+    fx.clock.advance(1_000)
+    second = await inbox.take_session("w2")
+    assert second is not None and second.session == "s1"
+    await inbox.done(first, again_in_ms=0)  # the old ticket changes nothing
+    assert await inbox.take_session("w3") is None
+    await inbox.done(second, again_in_ms=0)
+    third = await inbox.take_session("w3")
+    assert third is not None and third.session == "s1"
+    await inbox.done(third)
+    assert await inbox.take_session("w4") is None
+
+
+@_case("sessions")
 async def renew_keeps_the_session_for_another_timeout(fx: BrokerFixture) -> None:
     inbox = fx.broker.inbox
     await inbox.append(_new("a"))
@@ -585,6 +623,24 @@ async def claim_counts_attempts_and_leases_until_the_lease_lapses(fx: BrokerFixt
     assert second[0].delivery.attempts == 2  # the lapsed claim still counted
     assert second[0].token != first.token
     assert second[0].lease_expires_at_ms == now + 2 * LEASE + 1
+
+
+@_case("outbox")
+async def a_claim_that_takes_over_a_lapsed_lease_marks_the_outcome_unknown(
+    fx: BrokerFixture,
+) -> None:
+    outbox = fx.broker.outbox
+    now = fx.clock.now_ms()
+    await outbox.enqueue("reply:r1", "s1", "web:t1", {"text": "hi"}, now_ms=now)
+    first = await _claim_one(outbox, now)
+    assert first.delivery.unknown_outcome is False
+    [second] = await outbox.claim("d2", now_ms=now + LEASE + 1, limit=5, lease_ms=LEASE)
+    assert second.delivery.unknown_outcome is True  # the lapsed attempt may have sent it
+    await outbox.settle_retry(
+        second, due_at_ms=now + LEASE + 2, reason="boom", unknown_outcome=False, now_ms=now
+    )
+    [third] = await outbox.claim("d3", now_ms=now + LEASE + 2, limit=5, lease_ms=LEASE)
+    assert third.delivery.unknown_outcome is False  # a settled failure is known
 
 
 @_case("outbox")

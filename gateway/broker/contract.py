@@ -149,8 +149,9 @@ class Inbox(Protocol):
         """A session with pending items for `worker`, waiting up to `wait_ms` for one.
 
         A session is handed to one worker at a time; a ticket neither `done` nor renewed within
-        the broker's visibility timeout is handed out again (its worker died). This is a
-        scheduling hint, not the lock: the store's writer lease decides who writes a session.
+        the broker's visibility timeout is handed out again, pending items or not (its worker
+        died, maybe mid-operation: the next one resumes it). This is a scheduling hint, not the
+        lock: the store's writer lease decides who writes a session.
         """
         ...
 
@@ -162,12 +163,14 @@ class Inbox(Protocol):
         """
         ...
 
-    async def done(self, ticket: SessionTicket) -> None:
+    async def done(self, ticket: SessionTicket, *, again_in_ms: int | None = None) -> None:
         """The worker is through with the session for now (idempotent).
 
         A ticket that is no longer the session's (expired and handed out again) changes nothing.
-        If the session has pending items (they arrived meanwhile, or the worker could not take
-        the store's lease), it is ready again for any worker.
+        If the session has pending items (they arrived meanwhile), it is ready again for any
+        worker. With `again_in_ms` the session is handed out again after that delay even with
+        nothing pending: its work is not through (a drain left an operation open, or another
+        process still holds the store's lease).
         """
         ...
 
@@ -223,7 +226,9 @@ class Outbox(Protocol):
     ) -> tuple[ClaimedDelivery, ...]:
         """Lease up to `limit` due, pending deliveries that no live lease holds, oldest due first.
 
-        Each claim counts one attempt (a lease that lapses unsettled still counted).
+        Each claim counts one attempt (a lease that lapses unsettled still counted). A claim
+        that takes over a lapsed lease returns the delivery with ``unknown_outcome`` set: the
+        lapsed attempt may have reached the channel, so the next one reconciles first.
         """
         ...
 

@@ -629,15 +629,17 @@ class _Inbox:
             ) -> tuple[str | None, int | None]:
                 while True:
                     row = conn.execute(
-                        "SELECT session, available_at_ms FROM session_claims "
+                        "SELECT session, available_at_ms, ticket FROM session_claims "
                         "ORDER BY available_at_ms, session LIMIT 1"
                     ).fetchone()
                     if row is None:
                         return None, None
-                    session, available_at = row
+                    session, available_at, lapsed = row
                     if available_at > now:
                         return None, available_at  # the next claim to expire
-                    if not _has_pending(conn, session):
+                    # a lapsed ticket: its worker died or deferred the session, so it is handed
+                    # out again with nothing pending (an operation may be left open)
+                    if lapsed is None and not _has_pending(conn, session):
                         conn.execute("DELETE FROM session_claims WHERE session = ?", (session,))
                         continue
                     conn.execute(
@@ -669,13 +671,20 @@ class _Inbox:
         result: bool = await self._b.write(op)
         return result
 
-    async def done(self, ticket: SessionTicket) -> None:
+    async def done(self, ticket: SessionTicket, *, again_in_ms: int | None = None) -> None:
         def op(conn: sqlite3.Connection, now: int) -> bool:
             row = conn.execute(
                 "SELECT ticket FROM session_claims WHERE session = ?", (ticket.session,)
             ).fetchone()
             if row is None or row[0] != ticket.ticket:
                 return False
+            if again_in_ms is not None:  # the ticket lapses then, as if its worker had died
+                conn.execute(
+                    "UPDATE session_claims SET owner = NULL, ticket = '', available_at_ms = ? "
+                    "WHERE session = ?",
+                    (now + max(again_in_ms, 0), ticket.session),
+                )
+                return again_in_ms <= 0
             if _has_pending(conn, ticket.session):
                 conn.execute(
                     "UPDATE session_claims SET owner = NULL, ticket = NULL, available_at_ms = ?, "
@@ -752,7 +761,8 @@ class _Outbox:
                 token = b.ids.next()
                 conn.execute(
                     "UPDATE outbox SET attempts = attempts + 1, lease_owner = ?, lease_token = ?, "
-                    "lease_expires_at_ms = ? WHERE id = ?",
+                    "lease_expires_at_ms = ?, unknown_outcome = CASE WHEN lease_token IS NULL "
+                    "THEN unknown_outcome ELSE 1 END WHERE id = ?",
                     (worker, token, expires, delivery_id),
                 )
                 row = conn.execute(

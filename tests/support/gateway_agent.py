@@ -6,7 +6,8 @@ The model answers by the newest user message:
   effects ledger (``GATEWAY_TEST_EFFECTS``, a JSONL file; the test counts repeats there);
 * ``/deploy <target>``: calls ``deploy``, which requires approval;
 * ``/slow <ms>``: calls ``slow`` (safe to repeat), which sleeps, keeping the lane busy;
-* ``/poison``: calls ``poison``, which kills the process (``os._exit``) whenever it runs;
+* ``/poison``: calls ``poison`` (safe to repeat, so every resume runs it again), which kills
+  the process (``os._exit``) whenever it runs;
 * anything else: echoed back (``You said: ...``), after seeing every steered message.
 
 After a tool result it answers ``Done: <result>``. With ``GATEWAY_TEST_LEDGER`` set, the web
@@ -105,7 +106,7 @@ def tools() -> list[Tool]:
             requires_approval=True,
         ),
         Tool(name="slow", description="Wait a while.", execute=slow, replay="safe"),
-        Tool(name="poison", description="Crash the process.", execute=poison, replay="never"),
+        Tool(name="poison", description="Crash the process.", execute=poison, replay="safe"),
     ]
 
 
