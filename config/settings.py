@@ -54,10 +54,10 @@ _CHANNEL = re.compile(r"[a-z][a-z0-9_-]{0,31}")
 _SPACE = re.compile(r"[^\s\x00-\x1f\x7f]{1,256}")
 _HOSTNAME = re.compile(r"[A-Za-z0-9]([A-Za-z0-9.-]{0,251}[A-Za-z0-9])?")
 
-_STORE_SCHEMES = ("sqlite", "redis", "rediss", "jsonl", "memory")
-_BROKER_SCHEMES = ("sqlite", "redis", "rediss")
-_WEB_SCHEMES = ("sqlite", "redis", "rediss", "memory")
-_REDIS_SCHEMES = ("redis", "rediss")
+_REDIS_SCHEMES = ("redis", "rediss", "redis+cluster", "rediss+cluster")
+_STORE_SCHEMES = ("sqlite", *_REDIS_SCHEMES, "jsonl", "memory")
+_BROKER_SCHEMES = ("sqlite", *_REDIS_SCHEMES)
+_WEB_SCHEMES = ("sqlite", *_REDIS_SCHEMES, "memory")
 _LOCAL_SCHEMES = ("sqlite", "jsonl")
 
 

@@ -170,7 +170,7 @@ class Worker:
 
     # -- one session -------------------------------------------------------------------------
 
-    async def _serve(self, ticket: SessionTicket) -> int | None | Literal["lapse"]:
+    async def _serve(self, ticket: SessionTicket) -> int | Literal["lapse"] | None:
         """Work on a session until it is idle; how its ticket ends (see `Inbox.done`).
 
         None: through with it; a delay: hand it out again then (work is left: an operation
@@ -375,43 +375,46 @@ class Worker:
     async def _message(
         self, session: _Session, item: InboxItem, lane: AgentLane, inbound: Inbound
     ) -> None:
+        """Start a run with the message, or queue it on the busy lane by the policy.
+
+        A message is acknowledged only once the lane holds it; one that cannot be placed yet
+        (the lane is busy under ``next_run``, or a compaction holds it) stays pending and is
+        tried again at the next look, so a lane that goes idle meanwhile never strands it.
+        """
         inbox = self._broker.inbox
         text = _text_of(inbound)
         entry_id = entry_id_of(item.dedupe_key)
-        busy = any(
-            info.name == lane.name and info.operation_id is not None
+        policy = self.config.busy_policy
+        for _ in range(3):  # the lane may go idle or busy between two calls
+            if not await self._busy(session, lane.name):
+                started = await lane.start(text, entry_id=entry_id)
+                if isinstance(started, Ok):
+                    self._track(session, lane.name, started.value.outcome())
+                    await inbox.ack(item.session, item.id)
+                    return
+                if started.error.tag == "AlreadyAccepted":
+                    await inbox.ack(item.session, item.id)
+                    return
+                if started.error.tag != "LaneBusy":
+                    await inbox.reject(item.session, item.id, started.error.tag)
+                    return
+            if policy == "next_run":
+                return  # stays pending: it starts the lane's next run
+            queue = lane.steer if policy == "steer" else lane.follow_up
+            queued = await queue(text, entry_id=entry_id)
+            if isinstance(queued, Ok):
+                await inbox.ack(item.session, item.id)
+                return
+            if queued.error.tag != "NoActiveRun":
+                await inbox.reject(item.session, item.id, queued.error.tag)
+                return
+        # still racing, or a compaction holds the lane: pending until the next look
+
+    async def _busy(self, session: _Session, lane: str) -> bool:
+        return any(
+            info.name == lane and info.operation_id is not None
             for info in await session.harness.lanes()
         )
-        if not busy:
-            started = await lane.start(text, entry_id=entry_id)
-            if isinstance(started, Ok):
-                self._track(session, lane.name, started.value.outcome())
-                await inbox.ack(item.session, item.id)
-                return
-            if started.error.tag == "AlreadyAccepted":
-                await inbox.ack(item.session, item.id)
-                return
-            if started.error.tag != "LaneBusy":
-                await inbox.reject(item.session, item.id, started.error.tag)
-                return
-        queued = await self._queue(lane, text, entry_id)
-        if queued is None:
-            await inbox.ack(item.session, item.id)
-        else:
-            await inbox.reject(item.session, item.id, queued)
-
-    async def _queue(self, lane: AgentLane, text: str, entry_id: str) -> str | None:
-        """Queue input on a busy lane by the policy; the refusal's tag if it cannot be."""
-        policy = self.config.busy_policy
-        if policy in ("steer", "follow_up"):
-            queue = lane.steer if policy == "steer" else lane.follow_up
-            result = await queue(text, entry_id=entry_id)
-            if isinstance(result, Ok):
-                return None
-            if result.error.tag != "NoActiveRun":  # a compaction or navigation holds the lane
-                return result.error.tag
-        result = await lane.next_run(text, entry_id=entry_id)
-        return None if isinstance(result, Ok) else result.error.tag
 
     async def _decide(
         self, session: _Session, item: InboxItem, lane: AgentLane, decision: DecisionInbound

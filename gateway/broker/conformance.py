@@ -395,7 +395,8 @@ async def a_lapsed_ticket_hands_the_session_out_again_with_nothing_pending(
     await inbox.ack("s1", item.id)  # accepted; then the worker dies mid-operation
     fx.clock.advance(fx.visibility_timeout_ms + 1)
     second = await inbox.take_session("w2")
-    assert second is not None and second.session == "s1"  # to resume what it left open
+    assert second is not None
+    assert second.session == "s1"
     await inbox.done(second)
     assert await inbox.take_session("w3") is None
 
@@ -412,12 +413,14 @@ async def done_with_again_in_ms_hands_the_session_out_again_later(fx: BrokerFixt
     assert await inbox.take_session("w2") is None
     fx.clock.advance(1_000)
     second = await inbox.take_session("w2")
-    assert second is not None and second.session == "s1"
+    assert second is not None
+    assert second.session == "s1"
     await inbox.done(first, again_in_ms=0)  # the old ticket changes nothing
     assert await inbox.take_session("w3") is None
     await inbox.done(second, again_in_ms=0)
     third = await inbox.take_session("w3")
-    assert third is not None and third.session == "s1"
+    assert third is not None
+    assert third.session == "s1"
     await inbox.done(third)
     assert await inbox.take_session("w4") is None
 

@@ -10,6 +10,9 @@ absolute one):
   ``?synchronous=full`` to fsync every commit (default ``normal``: survives a process crash).
 * ``redis://host:6379/0`` (or ``rediss://`` for TLS) - the distributed default;
   ``?prefix=gw`` sets the key prefix (default ``gw``).
+* ``redis+cluster://host:6379`` (or ``rediss+cluster://``) - the same on a Redis Cluster, through
+  one startup node (the path is empty or ``/0``: a cluster has database 0 only); ``?prefix=``
+  as for ``redis://``.
 
 Anything else (an empty path, a path naming the wrong kind of thing, a bad port or database
 number, an unknown option) is refused with ``SessionError("invalid_query")`` naming these forms,
@@ -35,7 +38,8 @@ __all__ = ["open_repo"]
 ACCEPTED_URLS = (
     "accepted store URLs: memory://; jsonl:///relative/dir or jsonl:////absolute/dir "
     "[?fsync=never|always]; sqlite:///relative.db or sqlite:////absolute.db "
-    "[?synchronous=normal|full]; redis://host:port/db or rediss://host:port/db [?prefix=name]"
+    "[?synchronous=normal|full]; redis://host:port/db or rediss://host:port/db [?prefix=name]; "
+    "redis+cluster://host:port or rediss+cluster://host:port [?prefix=name]"
 )
 _PREFIX = re.compile(r"^[^{}\s]+$")
 
@@ -87,8 +91,11 @@ def _options(url: str, allowed: dict[str, tuple[str, ...]]) -> dict[str, str]:
     return options
 
 
-def _redis_server(url: str) -> str:
-    """The server part of a ``redis``/``rediss`` URL, refused unless host, port and db are sane."""
+def _redis_server(url: str, base: str, *, cluster: bool) -> str:
+    """The server part of a redis URL, as a `base` URL, refused unless host, port and db are sane.
+
+    `base` is ``redis`` or ``rediss``; a cluster's database is 0 (an empty path or ``/0``).
+    """
     parts = urlsplit(url)
     try:
         port = parts.port
@@ -98,9 +105,11 @@ def _redis_server(url: str) -> str:
         raise _refuse(url, "the port must be a number from 1 to 65535")
     if not parts.hostname:
         raise _refuse(url, "a host is required")
+    if cluster and (parts.fragment or not re.fullmatch(r"/?|/0", parts.path)):
+        raise _refuse(url, "a Redis Cluster has database 0 only: the path must be empty or /0")
     if parts.fragment or not re.fullmatch(r"/?|/\d+", parts.path):
         raise _refuse(url, "the path must be empty or a database number, like /0")
-    return urlunsplit((parts.scheme, parts.netloc, parts.path, "", ""))
+    return urlunsplit((base, parts.netloc, parts.path, "", ""))
 
 
 def open_repo(
@@ -141,12 +150,14 @@ def open_repo(
         return SqliteSessionRepo(
             path, synchronous="full" if full else "normal", clock=clock, ids=ids
         )
-    if scheme in ("redis", "rediss"):
+    if scheme in ("redis", "rediss", "redis+cluster", "rediss+cluster"):
         from harness_core.storage.redis_streams import RedisSessionRepo
 
-        server = _redis_server(url)
+        base, _, variant = scheme.partition("+")
+        cluster = variant == "cluster"
+        server = _redis_server(url, base, cluster=cluster)
         prefix = _options(url, {"prefix": ()}).get("prefix") or "gw"
         if not _PREFIX.match(prefix):
             raise _refuse(url, f"invalid redis key prefix {prefix!r} (no braces or spaces)")
-        return RedisSessionRepo(server, prefix=prefix, clock=clock, ids=ids)
+        return RedisSessionRepo(server, prefix=prefix, cluster=cluster, clock=clock, ids=ids)
     raise _refuse(url, None)

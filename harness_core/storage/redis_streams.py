@@ -21,6 +21,15 @@ twice); a write whose reply is lost raises ``SessionError("storage")``: its outc
 and the caller must reopen. Writes from one repository are pipelined on one connection, so
 they commit and resolve in submission order.
 
+On a Redis Cluster (``cluster=True``; ``redis+cluster://`` in `open_repo`) the same scripts run
+unchanged: every script and every command touches keys of one slot, the session's, and the
+session index ``P:sessions`` is read and written by commands of its own, never inside a script.
+redis-py's cluster pipeline refuses ``EVALSHA``, so a batch of writes runs each session's
+writes one after the other, in submission order, and different sessions' concurrently: one
+session's writes still commit in submission order (writes to different sessions, which may
+live on different nodes, have no common order). A write whose outcome is unknown stops its
+session's rest of the batch (those fail unsent), so no later write commits after it.
+
 Durability is the server's AOF setting (Redis 7.0 has no WAITAOF): ``appendonly yes`` with
 ``appendfsync always`` loses no acknowledged write even on power loss; ``everysec`` may lose
 up to about a second of acknowledged writes on power loss, none on a process crash.
@@ -33,6 +42,7 @@ from collections.abc import Callable, Iterable, Mapping, Sequence
 from typing import Any, Protocol, cast, get_args
 
 import redis.asyncio as aioredis
+from redis.asyncio.cluster import RedisCluster
 from redis.asyncio.retry import Retry
 from redis.backoff import NoBackoff
 from redis.exceptions import NoScriptError, RedisError, ResponseError
@@ -93,6 +103,8 @@ from harness_core.storage.redis_lua import SCRIPTS
 __all__ = ["RedisSessionRepo", "RedisSessionStorage"]
 
 _LAYOUT = "2"
+_CLUSTER_MAX_CONNECTIONS = 10_000
+"""Per node: redis-py's cluster client raises MaxConnectionsError past it rather than wait."""
 _WALK_BATCH = 256
 _READ_BATCH = 512
 _TYPE_INDEXES = (
@@ -167,6 +179,7 @@ class _Client(Protocol):
     async def evalsha(self, sha: str, numkeys: int, *keys_and_args: str | int) -> Any: ...
     async def script_load(self, script: str) -> str: ...
     async def time(self) -> tuple[int, int]: ...
+    async def initialize(self) -> object: ...
     async def aclose(self) -> None: ...
     def pipeline(self, transaction: bool = True) -> _Pipe: ...
 
@@ -201,6 +214,18 @@ class _Scripts:
         for name, source in self.sources.items():
             self.shas[name] = await client.script_load(source)
 
+    async def run(self, client: _Client, name: str, key: str, *args: str | int) -> Any:
+        """Run script `name` on `key`'s session; NOSCRIPT (it did not run): load, run again.
+
+        A server or a cluster node that restarted or took over a failed master has an empty
+        script cache; on a cluster `load` loads every master's.
+        """
+        try:
+            return await client.evalsha(self.shas[name], 1, key, *args)
+        except NoScriptError:
+            await self.load(client)
+            return await client.evalsha(self.shas[name], 1, key, *args)
+
 
 _Call = tuple[str, str, tuple[str, ...]]
 """A queued script call: script name, the session's meta key, the arguments."""
@@ -221,7 +246,9 @@ async def _send_writes(repo: RedisSessionRepo, calls: Sequence[_Call]) -> list[A
     except RedisError as exc:
         raise SessionError("storage", f"redis write failed, outcome unknown: {exc}") from exc
     return [
-        _session_error(reply)
+        reply
+        if isinstance(reply, SessionError)
+        else _session_error(reply)
         if isinstance(reply, ResponseError)
         else SessionError("storage", f"redis write failed: {reply}")
         if isinstance(reply, Exception)
@@ -231,6 +258,8 @@ async def _send_writes(repo: RedisSessionRepo, calls: Sequence[_Call]) -> list[A
 
 
 async def _execute(repo: RedisSessionRepo, calls: Sequence[_Call]) -> list[Any]:
+    if repo.cluster:
+        return await _execute_per_session(repo, calls)
     shas = repo.scripts.shas
     if len(calls) == 1:  # a lone write skips the pipeline machinery
         script, key, args = calls[0]
@@ -242,6 +271,39 @@ async def _execute(repo: RedisSessionRepo, calls: Sequence[_Call]) -> list[Any]:
     for script, key, args in calls:
         pipe.evalsha(shas[script], 1, key, *args)
     return await pipe.execute(raise_on_error=False)
+
+
+async def _execute_per_session(repo: RedisSessionRepo, calls: Sequence[_Call]) -> list[Any]:
+    """Cluster: each session's calls one after the other, in order; sessions concurrently.
+
+    redis-py's cluster pipeline refuses EVALSHA, and concurrent calls of one session could take
+    different pooled connections and commit out of order. A call whose outcome is unknown (a
+    connection failure) stops its session's rest of the batch: they fail unsent.
+    """
+    replies: list[Any] = [None] * len(calls)
+    sessions: dict[str, list[int]] = {}
+    for index, (_, key, _) in enumerate(calls):
+        sessions.setdefault(key, []).append(index)
+
+    async def run(indexes: list[int]) -> None:
+        for position, index in enumerate(indexes):
+            script, key, args = calls[index]
+            try:
+                replies[index] = await repo.scripts.run(repo.writer, script, key, *args)
+            except ResponseError as exc:
+                replies[index] = exc
+            except RedisError as exc:
+                replies[index] = SessionError(
+                    "storage", f"redis write failed, outcome unknown: {exc}"
+                )
+                for later in indexes[position + 1 :]:
+                    replies[later] = SessionError(
+                        "storage", f"redis write not sent: an earlier write failed: {exc}"
+                    )
+                return
+
+    await asyncio.gather(*(run(indexes) for indexes in sessions.values()))
+    return replies
 
 
 def _node(node: str) -> tuple[int, int, str | None, str | None, str, str | None]:
@@ -391,9 +453,7 @@ class RedisSessionStorage:
         out: list[StoredEntry | None] = []
         for start in range(0, len(ids), _READ_BATCH):
             chunk = list(ids[start : start + _READ_BATCH])
-            flat = await client.evalsha(
-                self._repo.scripts.shas["read_entries"], 1, self._meta, *chunk
-            )
+            flat = await self._repo.scripts.run(client, "read_entries", self._meta, *chunk)
             for payload, node in zip(flat[::2], flat[1::2], strict=True):
                 if payload is None or node is None:
                     out.append(None)
@@ -458,9 +518,7 @@ class RedisSessionStorage:
         """Walk the path server-side, a batch per call, until the scan has what it needs."""
         cursor: str | None = start
         while cursor is not None:
-            flat = await client.evalsha(
-                self._repo.scripts.shas["walk"], 1, self._meta, cursor, _WALK_BATCH
-            )
+            flat = await self._repo.scripts.run(client, "walk", self._meta, cursor, _WALK_BATCH)
             parent: str | None = None
             wanted = True
             for entry_id, raw in zip(flat[::2], flat[1::2], strict=True):
@@ -770,13 +828,17 @@ def _fact_args(fact: Fact, payload: str) -> tuple[str, ...]:
 
 
 class RedisSessionRepo:
-    """Sessions in a Redis server (7.0 or newer)."""
+    """Sessions in a Redis server (7.0 or newer); `cluster`: a Redis Cluster through `url`'s node.
+
+    `url` is a ``redis://`` or ``rediss://`` URL (of one startup node for a cluster, database 0).
+    """
 
     def __init__(
         self,
         url: str = "redis://127.0.0.1:6379/0",
         *,
         prefix: str = "gw",
+        cluster: bool = False,
         clock: Clock | None = None,
         ids: IdGenerator | None = None,
         socket_timeout: float = 10.0,
@@ -793,13 +855,23 @@ class RedisSessionRepo:
             "retry": Retry(NoBackoff(), 0),
             "protocol": 2,
         }
-        self.writer = cast(
-            _Client, aioredis.Redis.from_url(url, single_connection_client=True, **options)
-        )
-        self._reader = cast(_Client, aioredis.Redis.from_url(url, **options))
+        self.cluster = cluster
+        if cluster:
+            # one client: writes keep their order per session (see _execute_per_session)
+            self._reader = cast(
+                _Client,
+                RedisCluster.from_url(url, max_connections=_CLUSTER_MAX_CONNECTIONS, **options),
+            )
+            self.writer = self._reader
+        else:
+            self.writer = cast(
+                _Client, aioredis.Redis.from_url(url, single_connection_client=True, **options)
+            )
+            self._reader = cast(_Client, aioredis.Redis.from_url(url, **options))
         self.scripts = _Scripts()
         self.writes: WriteQueue[_Call] = WriteQueue(lambda calls: _send_writes(self, calls))
         self._loaded = False
+        self._loading = asyncio.Lock()
         self.closed = False
 
     def key(self, session_id: str, name: str) -> str:
@@ -819,24 +891,23 @@ class RedisSessionRepo:
     async def _ready(self) -> None:
         if self.closed:
             raise SessionError("closed", "repository is closed")
-        if not self._loaded:
-            try:
-                await self.scripts.load(self._reader)
-            except RedisError as exc:
-                raise SessionError("storage", f"cannot reach redis: {exc}") from exc
-            self._loaded = True
+        if self._loaded:
+            return
+        # redis-py's cluster client fails commands that race its first topology discovery
+        async with self._loading:
+            if not self._loaded:
+                try:
+                    if self.cluster:
+                        await self._reader.initialize()
+                    await self.scripts.load(self._reader)
+                except RedisError as exc:
+                    raise SessionError("storage", f"cannot reach redis: {exc}") from exc
+                self._loaded = True
 
     async def _script(self, name: str, session_id: str, *args: str) -> Any:
         await self._ready()
         try:
-            return await self._reader.evalsha(
-                self.scripts.shas[name], 1, self.key(session_id, "meta"), *args
-            )
-        except NoScriptError:
-            await self.scripts.load(self._reader)
-            return await self._reader.evalsha(
-                self.scripts.shas[name], 1, self.key(session_id, "meta"), *args
-            )
+            return await self.scripts.run(self._reader, name, self.key(session_id, "meta"), *args)
         except ResponseError as exc:
             raise _session_error(exc) from exc
         except RedisError as exc:
@@ -991,7 +1062,8 @@ class RedisSessionRepo:
             return
         await self.writes.drain()
         self.closed = True
-        await self.writer.aclose()
+        if self.writer is not self._reader:
+            await self.writer.aclose()
         await self._reader.aclose()
 
 

@@ -147,6 +147,19 @@ def test_redis_url_puts_store_broker_and_web_channel_on_redis() -> None:
     assert settings.warnings() == ()
 
 
+@pytest.mark.parametrize("url", ["redis+cluster://cache:7000", "rediss+cluster://cache:7000/0"])
+def test_a_cluster_redis_url_puts_store_broker_and_web_channel_on_the_cluster(url: str) -> None:
+    settings = Settings(redis_url=url)
+    assert settings.effective_store_url == url
+    assert settings.effective_broker_url == url
+    assert settings.effective_web_url == url
+    assert settings.warnings() == ()
+    explicit = Settings(store_url=url, broker_url=url, web_url=url)
+    assert (explicit.store_url, explicit.broker_url, explicit.web_url) == (url, url, url)
+    (warning,) = Settings(redis_url=url, store_url="sqlite:///gw.db").warnings()
+    assert "the broker is Redis but the store (sqlite) is a local file" in warning
+
+
 def test_explicit_urls_win_over_redis_url() -> None:
     settings = Settings(
         redis_url="redis://cache:6379/0",

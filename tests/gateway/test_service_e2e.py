@@ -20,7 +20,6 @@ from gateway.service import Service, ServiceParts
 from harness_core import UserMessage, message_text
 from harness_core.session.entries import MessageEntry
 
-
 AGENT = "tests.support.gateway_agent"
 
 

@@ -1,4 +1,4 @@
-"""Runs the one storage conformance suite against every backend."""
+"""Runs the one storage conformance suite against every backend, and Redis on a cluster."""
 
 from __future__ import annotations
 
@@ -14,9 +14,9 @@ from harness_core.session.entries import Entry
 from harness_core.session.records import Record
 from harness_core.storage.memory import MemorySessionRepo
 from harness_core.testing import BackendFixture, ManualClock, conformance_cases
-from tests.support.backends import ALL_BACKENDS, new_repo
+from tests.support.backends import CONFORMANCE_BACKENDS, new_repo
 
-pytestmark = pytest.mark.backends(*ALL_BACKENDS)
+pytestmark = pytest.mark.backends(*CONFORMANCE_BACKENDS)
 
 
 @pytest.fixture
@@ -25,13 +25,17 @@ async def backend(request: pytest.FixtureRequest, tmp_path: Path) -> AsyncIterat
     name = request.param
     clock = ManualClock()
     redis = request.getfixturevalue("redis_server") if name == "redis" else None
-    prefix = request.getfixturevalue("redis_prefix") if name == "redis" else None
+    cluster = request.getfixturevalue("redis_cluster") if name == "redis-cluster" else None
+    uses_redis = name in ("redis", "redis-cluster")
+    prefix = request.getfixturevalue("redis_prefix") if uses_redis else None
     memory = MemorySessionRepo(clock=clock) if name == "memory" else None
 
     def make() -> SessionRepo:
         if memory is not None:
             return memory  # memory lives as long as its repository: reopening keeps it
-        return new_repo(name, tmp_path / "store", clock=clock, redis=redis, prefix=prefix)
+        return new_repo(
+            name, tmp_path / "store", clock=clock, redis=redis, cluster=cluster, prefix=prefix
+        )
 
     repos: list[SessionRepo] = [make()]
 

@@ -3,14 +3,14 @@
 The model answers by the newest user message:
 
 * ``/charge <n>``: calls ``charge`` (``replay="never"``), which appends one line to the
-  effects ledger (``GATEWAY_TEST_EFFECTS``, a JSONL file; the test counts repeats there);
+  effects ledger (``AGENT_TEST_EFFECTS``, a JSONL file; the test counts repeats there);
 * ``/deploy <target>``: calls ``deploy``, which requires approval;
 * ``/slow <ms>``: calls ``slow`` (safe to repeat), which sleeps, keeping the lane busy;
 * ``/poison``: calls ``poison`` (safe to repeat, so every resume runs it again), which kills
   the process (``os._exit``) whenever it runs;
 * anything else: echoed back (``You said: ...``), after seeing every steered message.
 
-After a tool result it answers ``Done: <result>``. With ``GATEWAY_TEST_LEDGER`` set, the web
+After a tool result it answers ``Done: <result>``. With ``AGENT_TEST_LEDGER`` set, the web
 channel is wrapped by a `RecordingChannel` that appends every delivery to that file, so several
 processes count their deliveries at one sink.
 """
@@ -75,7 +75,7 @@ def _append(path: str, line: dict[str, Any]) -> None:
 
 
 async def charge(args: Any, ctx: ToolContext) -> str:
-    path = os.environ.get("GATEWAY_TEST_EFFECTS")
+    path = os.environ.get("AGENT_TEST_EFFECTS")
     if path:
         _append(path, {"key": ctx.idempotency_key, "lane": ctx.lane, "call": ctx.tool_call_id})
     return f"charged {args['amount']}"
@@ -116,8 +116,8 @@ def model() -> tuple[ScriptedModel, ModelRef]:
 
 
 def adapters(settings: Settings, clock: Clock) -> Sequence[ChannelAdapter]:
-    """The web channel, counted at a shared ledger when ``GATEWAY_TEST_LEDGER`` is set."""
-    ledger = os.environ.get("GATEWAY_TEST_LEDGER")
+    """The web channel, counted at a shared ledger when ``AGENT_TEST_LEDGER`` is set."""
+    ledger = os.environ.get("AGENT_TEST_LEDGER")
     if not ledger:
         return []
     web = WebChannel(open_mailbox(settings.effective_web_url), clock=clock)
