@@ -483,11 +483,14 @@ def number(value: float) -> str:
 
 
 _ACCEPTED = {
-    "store_url": "a store URL: sqlite:///file.db, redis://host:port/db (rediss:// for TLS), "
-    "jsonl:///dir or memory://",
-    "broker_url": "a broker URL: sqlite:///file.db or redis://host:port/db (rediss:// for TLS)",
-    "web_url": "sqlite:///file.db, redis://host:port/db (rediss:// for TLS) or memory://",
-    "redis_url": "a Redis URL: redis://host:port/db or rediss://host:port/db",
+    "store_url": "a store URL: sqlite:///file.db, redis://host:port/db (rediss:// for TLS, "
+    "redis+cluster://host:port for a Redis Cluster), jsonl:///dir or memory://",
+    "broker_url": "a broker URL: sqlite:///file.db or redis://host:port/db (rediss:// for TLS, "
+    "redis+cluster://host:port for a Redis Cluster)",
+    "web_url": "sqlite:///file.db, redis://host:port/db (rediss:// for TLS, "
+    "redis+cluster://host:port for a Redis Cluster) or memory://",
+    "redis_url": "a Redis URL: redis://host:port/db, rediss://host:port/db, or "
+    "redis+cluster://host:port (rediss+cluster:// for TLS) for a Redis Cluster",
     "model": "provider:model_id, e.g. openai:gpt-4.1-mini or scripted:echo",
     "model_api_key": "the provider's key (not empty)",
     "model_base_url": "an http:// or https:// URL",

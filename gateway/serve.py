@@ -27,13 +27,12 @@ __all__ = ["serve"]
 log = logging.getLogger("gateway.serve")
 
 
-def banner(settings: Settings) -> str:
+def banner(settings: Settings, model: str) -> str:
     """What a person needs to talk to the service right away."""
     base = f"http://{settings.host}:{settings.port}"
     return "\n".join(
         [
-            f"gateway: serving on {base} (model {settings.model}, store "
-            f"{settings.effective_store_url})",
+            f"gateway: serving on {base} (model {model}, store {settings.effective_store_url})",
             f"  open {base}/web/threads/hello/page and write, or:",
             f"  curl -s -X POST {base}/web/threads/hello/messages "
             "-H 'content-type: application/json' -d '{\"text\": \"hello\"}'",
@@ -96,7 +95,9 @@ async def serve(settings: Settings) -> int:
     loop = asyncio.get_running_loop()
     for number in (signal.SIGTERM, signal.SIGINT):
         loop.add_signal_handler(number, on_signal)
-    print(banner(settings), file=sys.stderr, flush=True)
+    model = service.model
+    shown = settings.model if model is None else f"{model.provider}:{model.model_id}"
+    print(banner(settings, shown), file=sys.stderr, flush=True)
     try:
         await server.serve()
         await asyncio.wait_for(service.stop(), timeout=settings.shutdown_seconds)

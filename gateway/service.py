@@ -87,6 +87,8 @@ class Service:
         self.worker: Worker | None = None
         self.deliverer: Deliverer | None = None
         self.app: FastAPI | None = None
+        self.model: ModelRef | None = None
+        """The lanes' default model (from the plugin or ``GATEWAY_MODEL``), once started."""
         self._owned: list[Any] = []
 
     async def start(self) -> None:
@@ -111,6 +113,7 @@ class Service:
             client, model = plugin.model
         else:
             client, model = model_from_settings(settings)
+        self.model = model
         tools = tuple(parts.tools) or tuple(plugin.tools)
         if parts.adapters is not None:
             adapters = list(parts.adapters)

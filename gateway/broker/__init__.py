@@ -7,7 +7,9 @@ slashes and a relative path, four for an absolute one):
   process (the embedded default); ``?synchronous=full`` to fsync every commit (default
   ``normal``: survives a process crash).
 * ``redis://host:6379/0`` (or ``rediss://`` for TLS) - shared by any number of processes;
-  ``?prefix=gwb`` sets the key prefix (default ``gwb``).
+  ``?prefix=gwb`` sets the key prefix (default ``gwb``). ``redis+cluster://host:7000`` (or
+  ``rediss+cluster://``) - the same on a Redis Cluster (every key hash-tagged by session or
+  shard).
 
 Anything else (an unknown scheme, an empty path, a path naming a directory, a bad port or
 database number, an unknown option) is refused with ``BrokerError("invalid_url")`` naming these
@@ -28,7 +30,8 @@ __all__ = ["ACCEPTED_BROKER_URLS", "BrokerError", "open_broker"]
 
 ACCEPTED_BROKER_URLS = (
     "accepted broker URLs: sqlite:///relative.db or sqlite:////absolute.db "
-    "[?synchronous=normal|full]; redis://host:port/db or rediss://host:port/db [?prefix=name]"
+    "[?synchronous=normal|full]; redis://host:port/db or rediss://host:port/db, or "
+    "redis+cluster://host:port (rediss+cluster:// for TLS) [?prefix=name]"
 )
 _PREFIX = re.compile(r"^[^{}\s]+$")
 
@@ -127,8 +130,10 @@ def open_broker(
 
         full = options.get("synchronous") == "full"
         return SqliteBroker(path, synchronous="full" if full else "normal", clock=clock, **settings)
-    if scheme in ("redis", "rediss"):
+    if scheme in ("redis", "rediss", "redis+cluster", "rediss+cluster"):
         server = _redis_server(url)
+        if scheme.endswith("+cluster") and urlsplit(url).path not in ("", "/", "/0"):
+            raise _refuse(url, "a Redis Cluster has only database 0")
         prefix = _options(url, {"prefix": ()}).get("prefix") or "gwb"
         if not _PREFIX.match(prefix):
             raise _refuse(url, f"invalid key prefix {prefix!r} (no braces or spaces)")

@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from collections.abc import AsyncIterator, Iterator
+from collections.abc import AsyncIterator
 from pathlib import Path
 
 import httpx
@@ -14,18 +14,11 @@ from adapters.web.redis import RedisMailbox
 from adapters.web.sqlite import SqliteMailbox
 from harness_core import SequentialIds
 from harness_core.testing import ManualClock
-from tests.adapters.kit import RedisClusterServers, TestSink
+from tests.adapters.kit import TestSink
+from tests.support.redis_cluster import LocalRedisCluster
 from tests.support.redis_server import RedisServer
 
 MAILBOXES = ("memory", "sqlite", "redis", "redis-cluster")
-
-
-@pytest.fixture(scope="session")
-def redis_cluster(tmp_path_factory: pytest.TempPathFactory) -> Iterator[RedisClusterServers]:
-    """A 3-master Redis Cluster for the whole run (tests isolate themselves with prefixes)."""
-    cluster = RedisClusterServers(tmp_path_factory.mktemp("redis-cluster")).start()
-    yield cluster
-    cluster.stop()
 
 
 async def open_test_mailbox(
@@ -37,7 +30,7 @@ async def open_test_mailbox(
         return SqliteMailbox(tmp_path / "web.db", poll_s=0.05)
     prefix: str = request.getfixturevalue("redis_prefix")
     if kind == "redis-cluster":
-        cluster: RedisClusterServers = request.getfixturevalue("redis_cluster")
+        cluster: LocalRedisCluster = request.getfixturevalue("redis_cluster")
         mailbox = open_mailbox(f"{cluster.url}?prefix={prefix}")
         assert isinstance(mailbox, RedisMailbox) and mailbox.cluster
         return mailbox

@@ -1,18 +1,12 @@
-"""What the adapter tests share: a test sink, a real HTTP server, an SSE reader, a cluster."""
+"""What the adapter tests share: a test sink, a real HTTP server, an SSE reader."""
 
 from __future__ import annotations
 
 import asyncio
 import contextlib
 import json
-import shutil
-import socket
-import subprocess
-import time
-from collections.abc import AsyncIterator, Callable
+from collections.abc import AsyncIterator
 from dataclasses import dataclass, field
-from functools import partial
-from pathlib import Path
 
 import httpx
 import uvicorn
@@ -192,97 +186,3 @@ class EventReader:
         async with asyncio.timeout(timeout_s):
             async for _ in self.lines:
                 pass
-
-
-def _port_is_free(port: int) -> bool:
-    with socket.socket() as sock:
-        try:
-            sock.bind(("127.0.0.1", port))
-        except OSError:
-            return False
-        return True
-
-
-def _cluster_port() -> int:
-    """A free port whose cluster bus port (+10000) is free too (so at most 55535)."""
-    for _ in range(1000):
-        port = free_port()
-        if port <= 55535 and _port_is_free(port + 10000):
-            return port
-    raise RuntimeError("no free port for a cluster node")
-
-
-class RedisClusterServers:
-    """Three redis-server masters joined into a Redis Cluster (``redis-cli --cluster create``)."""
-
-    def __init__(self, directory: Path, masters: int = 3) -> None:
-        self.directory = directory
-        self.ports = [_cluster_port() for _ in range(masters)]
-        self.processes: list[subprocess.Popen[bytes]] = []
-
-    @property
-    def url(self) -> str:
-        return f"redis+cluster://127.0.0.1:{self.ports[0]}"
-
-    def start(self) -> RedisClusterServers:
-        try:
-            return self._start()
-        except BaseException:
-            self.stop()
-            raise
-
-    def _start(self) -> RedisClusterServers:
-        binary = shutil.which("redis-server")
-        cli = shutil.which("redis-cli")
-        if binary is None or cli is None:
-            raise RuntimeError("redis-server and redis-cli are needed (apt-get install redis)")
-        for port in self.ports:
-            home = self.directory / str(port)
-            home.mkdir(parents=True, exist_ok=True)
-            args = [
-                binary, "--port", str(port), "--bind", "127.0.0.1", "--dir", str(home),
-                "--save", "", "--appendonly", "no", "--cluster-enabled", "yes",
-                "--cluster-config-file", "nodes.conf", "--cluster-node-timeout", "2000",
-                "--logfile", str(home / "redis.log"),
-            ]  # fmt: skip
-            self.processes.append(
-                subprocess.Popen(args, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
-            )
-        for port in self.ports:
-            self._until(partial(self._answers, cli, port, ("ping",), "PONG"))
-        nodes = [f"127.0.0.1:{port}" for port in self.ports]
-        subprocess.run(
-            [cli, "--cluster", "create", *nodes, "--cluster-replicas", "0", "--cluster-yes"],
-            check=True,
-            capture_output=True,
-            timeout=30,
-        )
-        for port in self.ports:
-            self._until(partial(self._answers, cli, port, ("cluster", "info"), "cluster_state:ok"))
-        return self
-
-    @staticmethod
-    def _answers(cli: str, port: int, command: tuple[str, ...], expected: str) -> bool:
-        result = subprocess.run(
-            [cli, "-p", str(port), *command], capture_output=True, text=True, timeout=5
-        )
-        return expected in result.stdout
-
-    @staticmethod
-    def _until(check: Callable[[], bool], timeout_s: float = 20) -> None:
-        deadline = time.monotonic() + timeout_s
-        while not check():
-            if time.monotonic() > deadline:
-                raise RuntimeError("the redis cluster did not come up")
-            time.sleep(0.05)
-
-    def stop(self) -> None:
-        for process in self.processes:
-            if process.poll() is None:
-                process.terminate()
-        for process in self.processes:
-            try:
-                process.wait(timeout=10)
-            except subprocess.TimeoutExpired:
-                process.kill()
-                process.wait()

@@ -1,7 +1,8 @@
 """The service end to end: messages in through the web channel's HTTP API, replies out.
 
 Each test runs a whole `Service` (store, broker, workers, deliverer, the real web channel wrapped
-by a recording sink) on every broker/store backend, and talks to it over HTTP (ASGI).
+by a recording sink) on SQLite, on one Redis and on a local 3-master Redis Cluster (store, broker
+and web channel all on it), and talks to it over HTTP (ASGI).
 """
 
 from __future__ import annotations
@@ -80,16 +81,20 @@ def _urls(backend: str, request: pytest.FixtureRequest, tmp_path: Any) -> dict[s
             "broker_url": f"sqlite:///{tmp_path}/broker.db",
             "web_url": f"sqlite:///{tmp_path}/web.db",
         }
-    server = request.getfixturevalue("redis_server")
     prefix = request.getfixturevalue("redis_prefix")
+    if backend == "redis-cluster":
+        cluster = request.getfixturevalue("redis_cluster")
+        url = cluster.url
+    else:
+        url = request.getfixturevalue("redis_server").url
     return {
-        "store_url": f"{server.url}?prefix={prefix}s",
-        "broker_url": f"{server.url}?prefix={prefix}b",
-        "web_url": f"{server.url}?prefix={prefix}w",
+        "store_url": f"{url}?prefix={prefix}s",
+        "broker_url": f"{url}?prefix={prefix}b",
+        "web_url": f"{url}?prefix={prefix}w",
     }
 
 
-@pytest.fixture(params=["sqlite", "redis"])
+@pytest.fixture(params=["sqlite", "redis", "redis-cluster"])
 async def gateway(request: pytest.FixtureRequest, tmp_path: Any) -> AsyncIterator[Gateway]:
     settings = Settings(
         **_urls(request.param, request, tmp_path),

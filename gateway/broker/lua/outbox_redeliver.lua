@@ -1,0 +1,14 @@
+-- A dead letter back to pending, due now, attempts reset; anything else unchanged.
+-- KEYS: delivery, due, pend, list:dead, list:pending, deadat. ARGV: now, id.
+-- Returns the delivery's fields, or nil if there is none.
+if redis.call('EXISTS', KEYS[1]) == 0 then return false end
+if redis.call('HGET', KEYS[1], 'st') == 'dead' then
+  redis.call('HSET', KEYS[1], 'st', 'pending', 'n', 0, 'due', ARGV[1])
+  redis.call('HDEL', KEYS[1], 'set', 'tok', 'lx')
+  redis.call('ZREM', KEYS[4], ARGV[2])
+  redis.call('ZREM', KEYS[6], ARGV[2])
+  redis.call('ZADD', KEYS[5], 0, ARGV[2])
+  redis.call('ZADD', KEYS[2], ARGV[1], ARGV[2])
+  redis.call('ZADD', KEYS[3], ARGV[1], ARGV[2])
+end
+return redis.call('HGETALL', KEYS[1])

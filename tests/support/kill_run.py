@@ -1,0 +1,366 @@
+"""The kill run: gateway processes SIGKILLed and restarted while messages pour in; then counts.
+
+`kill_run` starts `processes` real `gateway serve` processes on one store and broker (Redis, or
+SQLite for one process), posts `messages` messages over `threads` web threads (spread over
+several spaces, so over several sessions) through their HTTP API - a client that retries with
+the same message id on any error, as a channel would - and SIGKILLs one process every few
+seconds, restarting it. When everything has settled it counts, from the store, the channel's
+sink (a ledger every process appends its deliveries to) and the effects ledger of the
+``replay="never"`` tool:
+
+* lost / duplicated messages: an accepted message with no user entry, or more than one;
+* lost / duplicate replies: a finished run with no delivery at the sink, or delivered twice;
+* repeated effects: a ``charge`` call that ran twice.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import random
+import time
+from collections import Counter
+from collections.abc import Mapping
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import httpx
+
+from adapters.channel import OutboundKind
+from config.settings import default_session
+from gateway.broker import open_broker
+from gateway.replies import delivery_id
+from harness_core import UserMessage, message_text, open_repo
+from harness_core.session.entries import MessageEntry
+from harness_core.session.records import OperationFinished, OperationStarted, RunIntent
+from harness_core.session.types import RecordQuery
+from tests.support.gateway_process import GatewayProcess
+
+AGENT = "tests.support.gateway_agent"
+
+
+@dataclass
+class KillRunCounts:
+    """What a kill run found (all the "lost", "duplicate" and "repeated" counts must be 0)."""
+
+    processes: int = 0
+    threads: int = 0
+    sessions: int = 0
+    messages: int = 0
+    accepted: int = 0
+    kills: int = 0
+    operations: int = 0
+    replies_delivered: int = 0
+    charges: int = 0
+    lost_messages: int = 0
+    duplicate_messages: int = 0
+    lost_replies: int = 0
+    duplicate_replies: int = 0
+    repeated_effects: int = 0
+    open_operations: int = 0
+    seconds: float = 0.0
+    problems: list[str] = field(default_factory=list)
+
+    def line(self) -> str:
+        """The counts on one line."""
+        return (
+            f"{self.processes} processes, {self.threads} threads in {self.sessions} sessions, "
+            f"{self.messages} messages ({self.accepted} accepted), {self.kills} SIGKILLs, "
+            f"{self.seconds:.0f} s: {self.operations} runs, {self.replies_delivered} replies, "
+            f"{self.charges} charges; lost messages {self.lost_messages}, duplicate messages "
+            f"{self.duplicate_messages}, lost replies {self.lost_replies}, duplicate replies "
+            f"{self.duplicate_replies}, repeated never-effects {self.repeated_effects}, "
+            f"open operations {self.open_operations}"
+        )
+
+    @property
+    def clean(self) -> bool:
+        """Nothing lost, duplicated, repeated or left open."""
+        return not (
+            self.lost_messages
+            or self.duplicate_messages
+            or self.lost_replies
+            or self.duplicate_replies
+            or self.repeated_effects
+            or self.open_operations
+            or self.accepted != self.messages
+        )
+
+
+@dataclass(frozen=True)
+class _Message:
+    number: int
+    space: str
+    thread: str
+    text: str
+
+    @property
+    def client_id(self) -> str:
+        return f"c{self.number}"
+
+
+def _messages(count: int, threads: int, spaces: int) -> list[_Message]:
+    made = []
+    for number in range(count):
+        thread = number % threads
+        if number % 10 == 3:
+            text = f"/charge {number}"  # a replay="never" effect, counted
+        elif number % 10 == 6:
+            text = f"/slow {number % 7 * 100 + 200}"  # a run long enough for a kill to hit
+        else:
+            text = f"m{number}"
+        made.append(_Message(number, f"s{thread % spaces}", f"t{thread}", text))
+    return made
+
+
+async def kill_run(
+    directory: Path,
+    urls: Mapping[str, str],
+    *,
+    processes: int,
+    threads: int,
+    messages: int,
+    spaces: int = 20,
+    kill_every_s: tuple[float, float] = (2.0, 4.0),
+    send_seconds: float = 40.0,
+    send_concurrency: int = 24,
+    settle_timeout_s: float = 180.0,
+    seed: int = 1,
+) -> KillRunCounts:
+    """Run it (see the module docstring); the counts."""
+    rng = random.Random(seed)
+    ledger = directory / "deliveries.jsonl"
+    effects = directory / "effects.jsonl"
+    settings = {
+        **urls,
+        "plugin": AGENT,
+        "lease_seconds": "3",
+        "renew_seconds": "0.5",
+        "max_attempts": "20",
+        "outbox_lease_seconds": "4",
+        "delivery_timeout_seconds": "1.5",
+        "worker_slots": "8",
+        "log_level": "warning",
+    }
+    env = {"AGENT_TEST_LEDGER": str(ledger), "AGENT_TEST_EFFECTS": str(effects)}
+    gateways = [
+        GatewayProcess(f"gw{n}", directory, settings, extra_env=env) for n in range(processes)
+    ]
+    counts = KillRunCounts(processes=processes, threads=threads, messages=messages)
+    began = time.monotonic()
+    for gateway in gateways:
+        gateway.start(wait_ready_s=0)
+    for gateway in gateways:
+        await asyncio.to_thread(gateway.wait_ready, 30.0)
+    plan = _messages(messages, threads, min(spaces, threads))
+    accepted: dict[str, dict[str, Any]] = {}
+    sending = asyncio.Event()
+    try:
+        async with httpx.AsyncClient(timeout=10.0) as http:
+            killer = asyncio.ensure_future(_killer(gateways, rng, kill_every_s, sending, counts))
+            await _send_all(http, gateways, plan, accepted, send_concurrency, send_seconds, rng)
+            sending.set()
+            await killer
+        for gateway in gateways:
+            if not gateway.alive:
+                await asyncio.to_thread(gateway.restart)
+        await _settle(urls, settle_timeout_s, gateways)
+    finally:
+        for gateway in gateways:
+            await asyncio.to_thread(gateway.stop)
+    counts.accepted = len(accepted)
+    await _count(urls, plan, accepted, ledger, effects, counts)
+    counts.seconds = time.monotonic() - began
+    return counts
+
+
+async def _send_all(
+    http: httpx.AsyncClient,
+    gateways: list[GatewayProcess],
+    plan: list[_Message],
+    accepted: dict[str, dict[str, Any]],
+    concurrency: int,
+    seconds: float,
+    rng: random.Random,
+) -> None:
+    """Send every message, spread evenly over `seconds` (so the killer hits a busy system)."""
+    slots = asyncio.Semaphore(concurrency)
+    loop = asyncio.get_running_loop()
+    began = loop.time()
+    interval = seconds / max(len(plan), 1)
+    # messages of one thread go in order; threads go side by side
+    by_thread: dict[str, list[_Message]] = {}
+    for message in plan:
+        by_thread.setdefault(f"{message.space}/{message.thread}", []).append(message)
+
+    async def thread_worker(queue: list[_Message]) -> None:
+        for message in queue:
+            await asyncio.sleep(max(0.0, began + message.number * interval - loop.time()))
+            async with slots:
+                accepted[message.client_id] = await _send(http, gateways, message, rng)
+
+    await asyncio.gather(*(thread_worker(queue) for queue in by_thread.values()))
+
+
+async def _send(
+    http: httpx.AsyncClient, gateways: list[GatewayProcess], message: _Message, rng: random.Random
+) -> dict[str, Any]:
+    """Post until some process accepts it (a retry repeats the message id: a duplicate)."""
+    body = {"text": message.text, "client_message_id": message.client_id, "space": message.space}
+    deadline = time.monotonic() + 120
+    while True:
+        live = [g for g in gateways if g.alive] or gateways
+        gateway = rng.choice(live)
+        try:
+            response = await http.post(
+                f"{gateway.url}/web/threads/{message.thread}/messages", json=body
+            )
+            if response.status_code == 202:
+                answer: dict[str, Any] = response.json()
+                return answer
+        except httpx.HTTPError:
+            pass
+        if time.monotonic() > deadline:
+            raise RuntimeError(f"message {message.client_id} was never accepted")
+        await asyncio.sleep(0.05)
+
+
+async def _killer(
+    gateways: list[GatewayProcess],
+    rng: random.Random,
+    every_s: tuple[float, float],
+    sending: asyncio.Event,
+    counts: KillRunCounts,
+) -> None:
+    while not sending.is_set():
+        try:
+            await asyncio.wait_for(sending.wait(), timeout=rng.uniform(*every_s))
+            return
+        except TimeoutError:
+            pass
+        victim = rng.choice([g for g in gateways if g.alive] or gateways)
+        await asyncio.to_thread(victim.kill)
+        counts.kills += 1
+        await asyncio.sleep(rng.uniform(0.1, 0.6))
+        await asyncio.to_thread(victim.restart)
+
+
+async def _settle(
+    urls: Mapping[str, str], timeout_s: float, gateways: list[GatewayProcess]
+) -> None:
+    """Wait until nothing is pending in the inbox or outbox and no operation is open."""
+    broker = open_broker(urls["broker_url"])
+    repo = open_repo(urls["store_url"])
+    deadline = time.monotonic() + timeout_s
+    try:
+        quiet_since: float | None = None
+        while True:
+            inbox = await broker.inbox.backlog()
+            outbox = await broker.outbox.backlog(now_ms=int(time.time() * 1000))
+            open_ops = await _open_operations(repo)
+            if inbox.pending == 0 and outbox.pending == 0 and open_ops == 0:
+                quiet_since = quiet_since or time.monotonic()
+                if time.monotonic() - quiet_since > 1.0:  # and stays so
+                    return
+            else:
+                quiet_since = None
+            if time.monotonic() > deadline:
+                tails = "\n".join(f"--- {g.name}\n{g.tail(15)}" for g in gateways)
+                raise RuntimeError(
+                    f"not settled after {timeout_s}s: inbox {inbox.pending}, outbox "
+                    f"{outbox.pending}, open operations {open_ops}\n{tails}"
+                )
+            await asyncio.sleep(0.25)
+    finally:
+        await broker.close()
+        await repo.close()
+
+
+async def _open_operations(repo: Any) -> int:
+    count = 0
+    for meta in await repo.list():
+        storage = await repo.open(meta.id)
+        try:
+            for pointer in await storage.get_lanes():
+                count += len(await storage.find_open_operations(pointer.lane, limit=10))
+        finally:
+            await storage.close()
+    return count
+
+
+def _jsonl(path: Path) -> list[dict[str, Any]]:
+    if not path.exists():
+        return []
+    lines = []
+    for raw in path.read_text().splitlines():
+        try:
+            lines.append(json.loads(raw))
+        except ValueError:
+            continue  # a torn last line of a killed process: it was not acknowledged
+    return lines
+
+
+async def _count(
+    urls: Mapping[str, str],
+    plan: list[_Message],
+    accepted: dict[str, dict[str, Any]],
+    ledger: Path,
+    effects: Path,
+    counts: KillRunCounts,
+) -> None:
+    deliveries = Counter(str(line["delivery_id"]) for line in _jsonl(ledger))
+    counts.duplicate_replies = sum(n - 1 for n in deliveries.values() if n > 1)
+    charged = Counter(str(line["key"]) for line in _jsonl(effects))
+    counts.charges = len(charged)
+    counts.repeated_effects = sum(n - 1 for n in charged.values() if n > 1)
+    expected: dict[tuple[str, str], Counter[str]] = {}
+    for message in plan:
+        if message.client_id in accepted:
+            session = default_session("web", message.space)
+            lane = f"web:{message.thread}"
+            expected.setdefault((session, lane), Counter())[message.text] += 1
+    counts.sessions = len({session for session, _ in expected})
+    repo = open_repo(urls["store_url"])
+    try:
+        counts.open_operations = await _open_operations(repo)
+        for (session, lane), texts in sorted(expected.items()):
+            storage = await repo.open(session)
+            try:
+                found = Counter(
+                    message_text(stored.entry.message)
+                    for stored in await storage.read_lane_entries(lane, after=None)
+                    if isinstance(stored.entry, MessageEntry)
+                    and isinstance(stored.entry.message, UserMessage)
+                )
+                for text, wanted in texts.items():
+                    got = found.get(text, 0)
+                    if got < wanted:
+                        counts.lost_messages += wanted - got
+                        counts.problems.append(f"{session} {lane}: {text!r} missing")
+                    elif got > wanted:
+                        counts.duplicate_messages += got - wanted
+                        counts.problems.append(f"{session} {lane}: {text!r} x{got}")
+                for stored in await storage.find_records(
+                    RecordQuery(lane=lane, type="operation_finished")
+                ):
+                    finished = stored.record
+                    assert isinstance(finished, OperationFinished)
+                    started = await storage.get_record(finished.run_id)
+                    if started is None or not isinstance(started.record, OperationStarted):
+                        continue
+                    if not isinstance(started.record.intent, RunIntent):
+                        continue
+                    counts.operations += 1
+                    kind: OutboundKind = (
+                        "reply" if finished.outcome == "completed" else "failure_notice"
+                    )
+                    if deliveries[delivery_id(session, kind, finished.run_id)] == 0:
+                        counts.lost_replies += 1
+                        counts.problems.append(f"{session} {lane}: no reply to {finished.run_id}")
+                    else:
+                        counts.replies_delivered += 1
+            finally:
+                await storage.close()
+    finally:
+        await repo.close()
