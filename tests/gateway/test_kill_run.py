@@ -33,6 +33,7 @@ async def test_three_processes_on_redis_killed_every_few_seconds(
     counts = await kill_run(tmp_path, urls, processes=3, threads=200, messages=2000)
     _report(capsys, "kill run, 3 processes on Redis", counts.line())
     assert counts.kills >= 3
+    assert counts.resumed > 0  # kills hit running operations, which were resumed
     assert counts.clean, (counts.line(), counts.problems[:20])
     assert counts.operations > 0 and counts.replies_delivered == counts.operations
     assert counts.charges > 0

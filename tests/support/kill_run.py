@@ -51,6 +51,8 @@ class KillRunCounts:
     accepted: int = 0
     kills: int = 0
     operations: int = 0
+    resumed: int = 0
+    """Operations a kill interrupted and another incarnation resumed (``operation_resumed``)."""
     replies_delivered: int = 0
     charges: int = 0
     lost_messages: int = 0
@@ -67,7 +69,8 @@ class KillRunCounts:
         return (
             f"{self.processes} processes, {self.threads} threads in {self.sessions} sessions, "
             f"{self.messages} messages ({self.accepted} accepted), {self.kills} SIGKILLs, "
-            f"{self.seconds:.0f} s: {self.operations} runs, {self.replies_delivered} replies, "
+            f"{self.seconds:.0f} s: {self.operations} runs ({self.resumed} resumed after a kill), "
+            f"{self.replies_delivered} replies, "
             f"{self.charges} charges; lost messages {self.lost_messages}, duplicate messages "
             f"{self.duplicate_messages}, lost replies {self.lost_replies}, duplicate replies "
             f"{self.duplicate_replies}, repeated never-effects {self.repeated_effects}, "
@@ -341,6 +344,9 @@ async def _count(
                     elif got > wanted:
                         counts.duplicate_messages += got - wanted
                         counts.problems.append(f"{session} {lane}: {text!r} x{got}")
+                counts.resumed += len(
+                    await storage.find_records(RecordQuery(lane=lane, type="operation_resumed"))
+                )
                 for stored in await storage.find_records(
                     RecordQuery(lane=lane, type="operation_finished")
                 ):
