@@ -31,9 +31,11 @@ from harness_core.session.records import (
 from harness_core.session.types import RecordQuery, StoredRecord
 
 __all__ = [
+    "REFUSED_TEXT",
     "STUCK_TEXT",
     "Reply",
     "delivery_id",
+    "enqueue_refusal_notice",
     "enqueue_replies",
     "enqueue_stuck_notice",
     "entry_id_of",
@@ -41,6 +43,7 @@ __all__ = [
 ]
 
 NO_ANSWER = "(The run ended without a text answer.)"
+REFUSED_TEXT = "Sorry, I could not take that message. Please send it again in other words."
 STUCK_TEXT = (
     "Sorry, this conversation is stuck: my work on it was interrupted too many times. "
     "An operator has to look at it before I continue."
@@ -170,17 +173,29 @@ async def _final_text(storage: SessionStorage, entry_id: str | None) -> str:
     return text or NO_ANSWER
 
 
+async def enqueue_refusal_notice(
+    broker: Broker, state: ThreadState, item_id: str, *, now_ms: int
+) -> Outbound:
+    """Tell the thread a message of it was refused (once per inbox item)."""
+    return await _notice(broker, state, f"refused:{item_id}", REFUSED_TEXT, now_ms=now_ms)
+
+
 async def enqueue_stuck_notice(
     broker: Broker, state: ThreadState, operation_id: str, attempts: int, *, now_ms: int
 ) -> Outbound:
     """Tell the thread its lane is parked stuck (once per operation and attempt count)."""
+    cause = f"{operation_id}:stuck:{attempts}"
+    return await _notice(broker, state, cause, STUCK_TEXT, now_ms=now_ms)
+
+
+async def _notice(
+    broker: Broker, state: ThreadState, cause: str, text: str, *, now_ms: int
+) -> Outbound:
     outbound = Outbound(
-        delivery_id=delivery_id(
-            state.session, "failure_notice", f"{operation_id}:stuck:{attempts}"
-        ),
+        delivery_id=delivery_id(state.session, "failure_notice", cause),
         thread=ThreadRef.model_validate(dict(state.thread)),
         kind="failure_notice",
-        text=STUCK_TEXT,
+        text=text,
         reply_context=state.reply_context,
     )
     await broker.outbox.enqueue(

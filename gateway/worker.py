@@ -29,7 +29,12 @@ from pydantic import ValidationError
 from adapters.channel import DecisionInbound, Inbound
 from gateway.broker.contract import Broker, InboxItem, SessionTicket
 from gateway.logs import event
-from gateway.replies import enqueue_replies, enqueue_stuck_notice, entry_id_of
+from gateway.replies import (
+    enqueue_refusal_notice,
+    enqueue_replies,
+    enqueue_stuck_notice,
+    entry_id_of,
+)
 from harness_core import (
     AgentHarness,
     AgentHarnessOptions,
@@ -343,18 +348,17 @@ class Worker:
     # -- one inbox item --------------------------------------------------------------------
 
     async def _apply(self, session: _Session, item: InboxItem) -> None:
-        inbox = self._broker.inbox
         try:
             if item.kind == "decision":
                 decision = DecisionInbound.model_validate(dict(item.payload))
             else:
                 inbound = Inbound.model_validate(dict(item.payload))
         except ValidationError as exc:
-            await inbox.reject(item.session, item.id, f"malformed {item.kind}: {exc.error_count()}")
+            await self._refuse(item, f"malformed {item.kind}: {exc.error_count()} errors")
             return
         lane = await self._lane(session, item.lane)
         if lane is None:
-            await inbox.reject(item.session, item.id, "the lane cannot be created")
+            await self._refuse(item, "the lane cannot be created")
             return
         if item.kind == "decision":
             session.in_flight.add(item.id)
@@ -396,7 +400,7 @@ class Worker:
                     await inbox.ack(item.session, item.id)
                     return
                 if started.error.tag != "LaneBusy":
-                    await inbox.reject(item.session, item.id, started.error.tag)
+                    await self._refuse(item, started.error.tag)
                     return
             if policy == "next_run":
                 return  # stays pending: it starts the lane's next run
@@ -406,9 +410,17 @@ class Worker:
                 await inbox.ack(item.session, item.id)
                 return
             if queued.error.tag != "NoActiveRun":
-                await inbox.reject(item.session, item.id, queued.error.tag)
+                await self._refuse(item, queued.error.tag)
                 return
         # still racing, or a compaction holds the lane: pending until the next look
+
+    async def _refuse(self, item: InboxItem, reason: str) -> None:
+        """Reject an item the lane cannot take, and tell its thread (never silently dropped)."""
+        await self._broker.inbox.reject(item.session, item.id, reason)
+        log.warning(event("message refused", session=item.session, item=item.id, reason=reason))
+        state = await self._broker.threads.get(item.session, item.lane)
+        if state is not None:
+            await enqueue_refusal_notice(self._broker, state, item.id, now_ms=self._clock.now_ms())
 
     async def _busy(self, session: _Session, lane: str) -> bool:
         return any(

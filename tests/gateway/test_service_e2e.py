@@ -17,6 +17,8 @@ import pytest
 from adapters.testing import RecordingChannel
 from adapters.web import WebChannel, open_mailbox
 from config import Settings
+from gateway.broker.contract import NewInboxItem
+from gateway.replies import REFUSED_TEXT
 from gateway.service import Service, ServiceParts
 from harness_core import UserMessage, message_text
 from harness_core.session.entries import MessageEntry
@@ -210,6 +212,31 @@ async def test_threads_are_lanes_of_one_session_and_work_side_by_side(gateway: G
         [reply] = await gateway.answers(f"t{n}", 1)
         assert reply["text"] == f"You said: message {n}"
     assert gateway.fake.duplicates() == {}
+
+
+async def test_a_message_the_lane_cannot_take_is_refused_and_the_thread_told(
+    gateway: Gateway,
+) -> None:
+    await gateway.post("odd", "first")  # the thread exists: the intake remembered it
+    await gateway.answers("odd", 1)
+    broker = gateway.service.broker
+    assert broker is not None
+    broken = NewInboxItem(
+        session="web-default",
+        lane="web:odd",
+        dedupe_key="web:default:odd:broken",
+        kind="message",
+        payload={"not": "an inbound message"},
+    )
+    await broker.inbox.append(broken)
+    answers = await gateway.answers("odd", 2)
+    assert answers[1]["kind"] == "failure_notice"
+    assert answers[1]["text"] == REFUSED_TEXT
+    again = await broker.inbox.append(broken)  # the same key: the item as it is now
+    assert again.duplicate
+    assert again.item.status == "rejected"
+    assert again.item.reason is not None
+    assert again.item.reason.startswith("malformed message")
 
 
 async def _until_running(gateway: Gateway, lane: str, timeout_s: float = 10.0) -> None:
