@@ -330,4 +330,8 @@ def _show(value: Any) -> str:
 
 
 def _cut(text: str) -> str:
+    text = _USERINFO.sub(r"\1***@", text)  # a URL's password is a secret too
     return text if len(text) <= _SHOWN else text[: _SHOWN - 3] + "..."
+
+
+_USERINFO = re.compile(r"(://[^/@\s:]*:)[^/@\s]*@")

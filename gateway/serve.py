@@ -15,6 +15,7 @@ import signal
 import socket
 import sys
 from collections.abc import Iterator
+from urllib.parse import urlsplit, urlunsplit
 
 import uvicorn
 
@@ -32,7 +33,7 @@ def banner(settings: Settings, model: str) -> str:
     base = f"http://{settings.host}:{settings.port}"
     return "\n".join(
         [
-            f"gateway: serving on {base} (model {model}, store {settings.effective_store_url})",
+            f"gateway: serving on {base} (model {model}, store {_safe(settings.effective_store_url)})",
             f"  open {base}/web/threads/hello/page and write, or:",
             f"  curl -s -X POST {base}/web/threads/hello/messages "
             "-H 'content-type: application/json' -d '{\"text\": \"hello\"}'",
@@ -48,6 +49,15 @@ class _Server(uvicorn.Server):
     @contextlib.contextmanager
     def capture_signals(self) -> Iterator[None]:
         yield  # `serve` installs the handlers (uvicorn re-raises the signal when it returns)
+
+
+def _safe(url: str) -> str:
+    """`url` without a password (``redis://:secret@host`` -> ``redis://:***@host``)."""
+    parts = urlsplit(url)
+    if parts.password is None:
+        return url
+    netloc = parts.netloc.replace(f":{parts.password}@", ":***@", 1)
+    return urlunsplit(parts._replace(netloc=netloc))
 
 
 def _listening(host: str, port: int) -> str | None:
@@ -71,6 +81,13 @@ async def serve(settings: Settings) -> int:
     service = Service(settings)
     await service.start()
     assert service.app is not None
+    failed = {part: why for part, why in (await service.readiness()).items() if why != "ok"}
+    if failed:  # fail fast: a supervisor restarts us, and the operator sees why at once
+        await service.stop(drain_seconds=0.1)
+        for part, why in sorted(failed.items()):
+            url = settings.effective_store_url if part == "store" else settings.effective_broker_url
+            print(f"gateway: the {part} at {_safe(url)} does not answer ({why})", file=sys.stderr)
+        return 1
     server = _Server(
         uvicorn.Config(
             service.app,

@@ -162,7 +162,7 @@ class Service:
             parts.rng,
         )
         routers = [r for a in adapters if (r := getattr(a, "router", None)) is not None]
-        self.app = build_app(routers, self._ready)
+        self.app = build_app(routers, self.readiness)
         for adapter in adapters:
             await adapter.start(self.intake)
         self.worker.start()
@@ -178,7 +178,8 @@ class Service:
 
         return [WebChannel(open_mailbox(self.settings.effective_web_url), clock=self.parts.clock)]
 
-    async def _ready(self) -> dict[str, str]:
+    async def readiness(self) -> dict[str, str]:
+        """``ok`` or the error's type name for the broker and the store (``/readyz``)."""
         checks: dict[str, str] = {}
         try:
             assert self.broker is not None

@@ -54,6 +54,20 @@ def test_a_misspelt_variable_is_an_error_naming_it() -> None:
     assert "GATEWAY_STORE_URL" in str(caught.value)
 
 
+@pytest.mark.parametrize(
+    ("name", "url"),
+    [
+        ("GATEWAY_STORE_URL", "postgres://user:hunter2@db/x"),
+        ("GATEWAY_REDIS_URL", "redis+x://:hunter2@cache/0"),
+        ("GATEWAY_BROKER_URL", "mysql://u:hunter2@h/b"),
+    ],
+)
+def test_a_refused_url_never_shows_its_password(name: str, url: str) -> None:
+    error = _refusal({name: url})
+    assert "hunter2" not in str(error)
+    assert ":***@" in str(error)
+
+
 def test_the_process_environment_is_read(monkeypatch, tmp_path: Path) -> None:
     monkeypatch.chdir(tmp_path)
     monkeypatch.setenv("GATEWAY_STORE_URL", "memory://")

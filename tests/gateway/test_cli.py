@@ -85,3 +85,28 @@ def test_store_list_and_show_as_the_readme_and_the_demo_say(tmp_path, capsys) ->
     assert len(listed) == 1 and listed[0].split()[0] == command[2]
     assert main(["store", "show", "--store", store], settings=Settings()) == 2
     assert "usage: gateway store" in capsys.readouterr().err
+
+
+def test_serve_with_a_broker_that_does_not_answer_stops_with_one_line(tmp_path, capsys) -> None:
+    with socket.socket() as closed:
+        closed.bind(("127.0.0.1", 0))
+        port = closed.getsockname()[1]  # nothing listens there
+    settings = Settings(
+        store_url=f"sqlite:///{tmp_path}/s.db",
+        broker_url=f"redis://:hunter2@127.0.0.1:{port}/0",
+        web_url=f"sqlite:///{tmp_path}/w.db",
+    )
+    assert main(["serve", "--port", str(_free_port())], settings=settings) == 1
+    err = capsys.readouterr().err
+    refusal = [line for line in err.splitlines() if line.startswith("gateway: the broker")]
+    assert refusal == [
+        f"gateway: the broker at redis://:***@127.0.0.1:{port}/0 does not answer (BrokerError)"
+    ]
+    assert "hunter2" not in err
+    assert "Traceback" not in err
+
+
+def _free_port() -> int:
+    with socket.socket() as free:
+        free.bind(("127.0.0.1", 0))
+        return int(free.getsockname()[1])
