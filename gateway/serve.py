@@ -33,7 +33,8 @@ def banner(settings: Settings, model: str) -> str:
     base = f"http://{settings.host}:{settings.port}"
     return "\n".join(
         [
-            f"gateway: serving on {base} (model {model}, store {_safe(settings.effective_store_url)})",
+            f"gateway: serving on {base} (model {model}, "
+            f"store {_safe(settings.effective_store_url)})",
             f"  open {base}/web/threads/hello/page and write, or:",
             f"  curl -s -X POST {base}/web/threads/hello/messages "
             "-H 'content-type: application/json' -d '{\"text\": \"hello\"}'",

@@ -30,7 +30,7 @@ import asyncio
 import contextlib
 import json
 import sqlite3
-from collections.abc import Awaitable, Callable, Sequence
+from collections.abc import Callable, Sequence
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 from typing import Any, Literal, TypeVar
@@ -55,6 +55,7 @@ from gateway.broker.contract import (
 )
 from harness_core import Clock, IdGenerator, SystemClock, Uuid7Ids
 from harness_core.frozen import FrozenJsonObject
+from harness_core.storage import WriteQueue
 
 __all__ = ["SqliteBroker", "Synchronous"]
 
@@ -294,51 +295,6 @@ class _Db:
         self.conn.close()
 
 
-class _WriteQueue:
-    """Group commit: writes submitted while a batch is in flight go out together, in order.
-
-    A caller that stops waiting does not withdraw its write: it was submitted, so it commits
-    (or fails) with its batch.
-    """
-
-    def __init__(self, send: Callable[[Sequence[_Op]], Awaitable[Sequence[Any]]]) -> None:
-        self._send = send
-        self._queue: list[tuple[_Op, asyncio.Future[Any]]] = []
-        self._flusher: asyncio.Task[None] | None = None
-
-    async def submit(self, op: _Op) -> Any:
-        loop = asyncio.get_running_loop()
-        future: asyncio.Future[Any] = loop.create_future()
-        self._queue.append((op, future))
-        if self._flusher is None or self._flusher.done():
-            self._flusher = loop.create_task(self._flush())
-        return await future
-
-    async def _flush(self) -> None:
-        while self._queue:
-            batch, self._queue = self._queue, []
-            try:
-                results = await self._send([op for op, _ in batch])
-            except BaseException as exc:  # every write of the batch shares the failure
-                for _, future in batch:
-                    if not future.done():
-                        future.set_exception(exc)
-                if not isinstance(exc, Exception):
-                    raise
-                continue
-            for (_, future), result in zip(batch, results, strict=True):
-                if future.done():
-                    continue
-                if isinstance(result, BaseException):
-                    future.set_exception(result)
-                else:
-                    future.set_result(result)
-
-    async def drain(self) -> None:
-        while self._flusher is not None and not self._flusher.done():
-            await asyncio.shield(self._flusher)
-
-
 class _Signal:
     """An in-process wake-up: `wait` returns once `fire` was called after `arm` handed it out."""
 
@@ -398,7 +354,7 @@ class SqliteBroker:
         self._busy_timeout_ms = busy_timeout_ms
         self._executor = ThreadPoolExecutor(max_workers=1, thread_name_prefix="sqlite-broker")
         self._db: _Db | None = None
-        self._writes = _WriteQueue(
+        self._writes = WriteQueue[_Op](
             # the clock is read on the I/O thread, right before the batch's transaction
             lambda ops: self._call(lambda db: db.write_batch(ops, self.clock.now_ms()))
         )

@@ -29,11 +29,12 @@ from urllib.parse import parse_qs, urlsplit, urlunsplit
 from harness_core.clock import Clock
 from harness_core.errors import SessionError
 from harness_core.ids import IdGenerator
+from harness_core.storage._batch import WriteQueue
 
 if TYPE_CHECKING:
     from harness_core.session.contract import SessionRepo
 
-__all__ = ["open_repo"]
+__all__ = ["WriteQueue", "open_repo"]
 
 ACCEPTED_URLS = (
     "accepted store URLs: memory://; jsonl:///relative/dir or jsonl:////absolute/dir "
