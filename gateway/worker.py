@@ -201,7 +201,10 @@ class Worker:
                 if op.stuck:
                     log.warning(event("lane stuck", session=session_id, lane=op.lane))
                     await self._stuck_notice(session, op.lane, op.id, op.attempts)
+                    await self._record(session_id, op.lane, "lane stuck", op.id, op.attempts)
                     continue
+                if op.reason == "crash":
+                    await self._record(session_id, op.lane, "took over", op.id, op.attempts)
                 if op.reason == "crash" or op.reason == "deferred":
                     self._track(session, op.lane, self._resume(lane))
             await self._reply_all(session)
@@ -313,6 +316,15 @@ class Worker:
         result = await lane.resume(tool_recovery=self.config.tool_recovery)
         if isinstance(result, Err):
             log.info(event("resume refused", lane=lane.name, reason=result.error.tag))
+
+    async def _record(
+        self, session_id: str, lane: str, action: str, op_id: str, attempts: int
+    ) -> None:
+        """An audit event for operators (best effort: the log has the facts too)."""
+        with contextlib.suppress(Exception):
+            await self._broker.audit.record(
+                _audit(self.actor, action, session_id, lane, op_id, "ok", {"attempts": attempts})
+            )
 
     async def _stuck_notice(self, session: _Session, lane: str, op_id: str, attempts: int) -> None:
         state = await self._broker.threads.get(session.ticket.session, lane)

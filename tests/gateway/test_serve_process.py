@@ -11,6 +11,7 @@ import httpx
 import pytest
 
 from adapters.web import open_mailbox
+from gateway.broker import open_broker
 from gateway.replies import STUCK_TEXT
 from harness_core import open_repo
 from tests.support.gateway_process import GatewayProcess
@@ -136,3 +137,10 @@ async def test_a_poison_message_parks_its_lane_stuck_and_other_lanes_carry_on(
     assert 1 <= deaths <= 2  # killed by its tool, at most max_attempts times
     assert [a.kind for a in bad] == ["failure_notice"] and bad[0].text == STUCK_TEXT
     assert [a.text for a in good] == ["You said: hello", "You said: still there?"]
+    broker = open_broker(settings["broker_url"])
+    try:
+        trail = await broker.audit.list(lane="web:bad")
+    finally:
+        await broker.close()
+    actions = [e.action for e in trail]
+    assert "took over" in actions and actions[-1] == "lane stuck"  # what an operator reads
