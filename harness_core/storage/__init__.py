@@ -34,7 +34,7 @@ from harness_core.storage._batch import WriteQueue
 if TYPE_CHECKING:
     from harness_core.session.contract import SessionRepo
 
-__all__ = ["WriteQueue", "open_repo"]
+__all__ = ["open_repo", "WriteQueue"]
 
 ACCEPTED_URLS = (
     "accepted store URLs: memory://; jsonl:///relative/dir or jsonl:////absolute/dir "
