@@ -38,7 +38,13 @@ _SAMPLES: dict[str, Any] = {
         {"channel": "email", "space": "ops@example.com", "session": "ops"},
         {"channel": "web", "space": "*", "session": "web"},
     ],
+    "slack_bot_token": "xoxb-...",
+    "slack_signing_secret": "...",
+    "slack_app_token": "xapp-...",
+    "slack_approvers": {"C0123456789": ["U0123456789", "S0123456789"], "*": ["U0987654321"]},
 }
+_JSON = ("routes", "slack_approvers")
+"""Settings whose variable holds JSON (and TOML tables)."""
 _WIDTH = 100
 
 
@@ -57,8 +63,8 @@ def env_example() -> str:
     ]
     for name in Settings.model_fields:
         value = _sample(name)
-        text = json.dumps(value, separators=(",", ":")) if name == "routes" else _text(value)
-        quoted = f"'{text}'" if name == "routes" else text
+        text = json.dumps(value, separators=(",", ":")) if name in _JSON else _text(value)
+        quoted = f"'{text}'" if name in _JSON else text
         lines += ["", *_about(name), f"#{ENV_PREFIX}{name.upper()}={quoted}"]
     return "\n".join(lines) + "\n"
 
@@ -75,12 +81,16 @@ def toml_example() -> str:
             "relative to the current directory, not to this file."
         ),
     ]
-    tables = [name for name in Settings.model_fields if name == "routes"]
+    tables = [name for name in Settings.model_fields if name in _JSON]
     for name in [name for name in Settings.model_fields if name not in tables]:
         lines += ["", *_about(name), f"#{name} = {_toml(_sample(name))}"]
     for name in tables:  # TOML: tables come after every plain key
         lines += ["", *_about(name)]
-        for index, table in enumerate(_sample(name)):
+        sample = _sample(name)
+        if isinstance(sample, dict):
+            lines += [f"#[{name}]", *(f"#{_key(k)} = {_toml(v)}" for k, v in sample.items())]
+            continue
+        for index, table in enumerate(sample):
             lines += [""] if index else []
             lines += [f"#[[{name}]]", *(f"#{key} = {_toml(item)}" for key, item in table.items())]
     return "\n".join(lines) + "\n"
@@ -120,8 +130,13 @@ def _prose(text: str) -> list[str]:
 
 
 def _sample(name: str) -> Any:
-    default = Settings.model_fields[name].default
-    return _SAMPLES[name] if default is None or default == () else default
+    default = Settings.model_fields[name].get_default(call_default_factory=True)
+    return _SAMPLES[name] if default is None or default in ((), {}) else default
+
+
+def _key(key: str) -> str:
+    """A TOML key: bare when it can be, else quoted (``"*"``)."""
+    return key if key.replace("_", "").replace("-", "").isalnum() else json.dumps(key)
 
 
 def _text(value: Any) -> str:
@@ -132,8 +147,8 @@ def _text(value: Any) -> str:
 
 
 def _toml(value: Any) -> str:
-    if isinstance(value, str):
-        return json.dumps(value)  # a TOML basic string for the ASCII text used here
+    if isinstance(value, str | list):
+        return json.dumps(value)  # TOML basic strings and arrays, for the ASCII text used here
     return _text(value)
 
 

@@ -34,9 +34,15 @@ __all__ = [
 ]
 
 ENV_PREFIX = "GATEWAY_"
-_JSON_FIELDS = frozenset({"routes"})  # complex values: JSON in a variable, tables in TOML
-_SECRET_FIELDS = frozenset({"model_api_key"})
+_JSON_FIELDS = frozenset({"routes", "slack_approvers"})  # JSON in a variable, tables in TOML
+_SECRET_FIELDS = frozenset(
+    {"model_api_key", "slack_bot_token", "slack_app_token", "slack_signing_secret"}
+)
 _ROUTES_EXAMPLE = '[{"channel":"slack","space":"C123","session":"ops"}]'
+_JSON_EXAMPLES = {
+    "routes": f"a JSON list of routes, like {_ROUTES_EXAMPLE}",
+    "slack_approvers": 'a JSON object of channel -> approvers, like {"C0123": ["U0456", "S0789"]}',
+}
 _ROUTE_KEYS = "a route has channel, session and (optional, * by default) space"
 _SHOWN = 80
 
@@ -225,8 +231,8 @@ def _from_variables(
                 values[name] = _Value(json.loads(raw), origin)
             except json.JSONDecodeError as exc:
                 problems.append(
-                    f"{origin} is not JSON ({exc.msg} at character {exc.pos + 1}): expected a "
-                    f"JSON list of routes, like {_ROUTES_EXAMPLE}"
+                    f"{origin} is not JSON ({exc.msg} at character {exc.pos + 1}): expected "
+                    f"{_JSON_EXAMPLES[name]}"
                 )
         else:
             values[name] = _Value(raw, origin)
@@ -311,7 +317,13 @@ def _relation(fields: tuple[str, ...], rule: str, given: Any, values: Mapping[st
             if source
             else ("given" if isinstance(given, Mapping) and field in given else "default")
         )
-        parts.append(f"{field}={_plain(value)} ({origin})")
+        if value is None:
+            shown = "unset"
+        elif field in _SECRET_FIELDS:
+            shown = "<hidden>"
+        else:
+            shown = _plain(value)
+        parts.append(f"{field}={shown} ({origin})")
     return f"{' and '.join(parts)}: {rule}"
 
 

@@ -52,6 +52,9 @@ _SESSION_ID_CHAR = re.compile(r"[^A-Za-z0-9._:@+=-]")
 SESSION_ID_RULE = "1-200 of letters, digits and . _ : @ + = -, starting with a letter or digit"
 _CHANNEL = re.compile(r"[a-z][a-z0-9_-]{0,31}")
 _SPACE = re.compile(r"[^\s\x00-\x1f\x7f]{1,256}")
+_SLACK_CHANNEL = re.compile(r"[CDG][A-Z0-9]{2,30}")
+_SLACK_APPROVER = re.compile(r"[UWS][A-Z0-9]{2,30}")
+_SLACK_TOKEN_PREFIX = {"slack_bot_token": "xoxb-", "slack_app_token": "xapp-"}
 _HOSTNAME = re.compile(r"[A-Za-z0-9]([A-Za-z0-9.-]{0,251}[A-Za-z0-9])?")
 
 _REDIS_SCHEMES = ("redis", "rediss", "redis+cluster", "rediss+cluster")
@@ -267,6 +270,35 @@ class Settings(BaseModel):
         "optionally model() -> (client, model) and adapters(settings, clock) -> extra channels.",
     )
 
+    slack_bot_token: SecretStr | None = Field(
+        default=None,
+        description="The Slack app's bot token (xoxb-...): setting it turns the Slack channel on.",
+    )
+    slack_signing_secret: SecretStr | None = Field(
+        default=None,
+        description="The Slack app's signing secret: HTTP mode (events and buttons at "
+        "/slack/events, every request's signature checked).",
+    )
+    slack_app_token: SecretStr | None = Field(
+        default=None,
+        description="An app-level token (xapp-..., connections:write): Socket Mode instead of "
+        "HTTP (no public URL needed).",
+    )
+    slack_api_url: str = Field(
+        default="https://slack.com/api/",
+        description="The Slack Web API's base URL (tests point it at a local fake).",
+    )
+    slack_approvers: dict[str, tuple[str, ...]] = Field(
+        default_factory=dict,
+        description="Who may press Approve/Deny, by Slack channel id (* for every channel): "
+        "user ids (U...) and user group ids (S...). Nobody may approve in a channel not listed.",
+    )
+    slack_working_reaction: str = Field(
+        default="eyes",
+        pattern=r"^[a-z0-9_+'-]{0,64}$",
+        description="The reaction put on a message while the agent works on it (empty: none).",
+    )
+
     @field_validator("*", mode="before")
     @classmethod
     def _no_booleans(cls, value: Any, info: ValidationInfo) -> Any:
@@ -311,6 +343,39 @@ class Settings(BaseModel):
             raise ValueError(f"expected {accepted('model_api_key')}")
         return value
 
+    @field_validator("slack_bot_token", "slack_app_token", "slack_signing_secret")
+    @classmethod
+    def _slack_secret(cls, value: SecretStr | None, info: ValidationInfo) -> SecretStr | None:
+        if value is None:
+            return value
+        secret = value.get_secret_value()
+        prefix = _SLACK_TOKEN_PREFIX.get(str(info.field_name), "")
+        if not secret.strip() or not secret.startswith(prefix) or any(c.isspace() for c in secret):
+            raise ValueError(f"expected {accepted(str(info.field_name))}")
+        return value
+
+    @field_validator("slack_api_url")
+    @classmethod
+    def _slack_api_url(cls, value: str) -> str:
+        _check_url(value, ("http", "https"), accepted("slack_api_url"))
+        if not urlsplit(value).netloc:
+            raise ValueError(f"expected {accepted('slack_api_url')}")
+        return value if value.endswith("/") else value + "/"
+
+    @field_validator("slack_approvers")
+    @classmethod
+    def _slack_approvers(cls, value: dict[str, tuple[str, ...]]) -> dict[str, tuple[str, ...]]:
+        for channel, people in value.items():
+            if channel != "*" and not _SLACK_CHANNEL.fullmatch(channel):
+                raise ValueError(f"{channel!r} is not a Slack channel id (like C0123ABCD) or *")
+            for who in people:
+                if not _SLACK_APPROVER.fullmatch(who):
+                    raise ValueError(
+                        f"{who!r} (for {channel}) is not a Slack user id (U..., W...) or user "
+                        "group id (S...)"
+                    )
+        return value
+
     @field_validator("host")
     @classmethod
     def _host(cls, value: str) -> str:
@@ -340,7 +405,7 @@ class Settings(BaseModel):
 
     @model_validator(mode="after")
     def _relations(self) -> Settings:
-        problems = [
+        problems: list[_Relation | None] = [
             _Relation(
                 ("renew_seconds", "lease_seconds"),
                 "3 x renew_seconds must be less than lease_seconds, so a lease survives one "
@@ -363,6 +428,26 @@ class Settings(BaseModel):
             if 2 * self.delivery_timeout_seconds >= self.outbox_lease_seconds
             else None,
         ]
+        if self.slack_bot_token is not None and (
+            self.slack_signing_secret is None and self.slack_app_token is None
+        ):
+            problems.append(
+                _Relation(
+                    ("slack_bot_token", "slack_signing_secret", "slack_app_token"),
+                    "the Slack channel needs slack_signing_secret (HTTP mode) or "
+                    "slack_app_token (Socket Mode)",
+                )
+            )
+        if self.slack_bot_token is None and (
+            self.slack_signing_secret is not None or self.slack_app_token is not None
+        ):
+            problems.append(
+                _Relation(
+                    ("slack_bot_token",),
+                    "slack_signing_secret or slack_app_token is set but slack_bot_token is "
+                    "not: the Slack channel needs its bot token (xoxb-...)",
+                )
+            )
         failed = [problem for problem in problems if problem is not None]
         if failed:
             raise _Relations(failed)
@@ -469,10 +554,10 @@ _BOUNDS = {"ge": "at least", "gt": "above", "le": "at most", "lt": "below"}
 
 def default_text(name: str) -> str:
     """Setting `name`'s default as a person writes it (``unset`` when it has none)."""
-    default = Settings.model_fields[name].default
+    default = Settings.model_fields[name].get_default(call_default_factory=True)
     if default is None:
         return "unset"
-    if default == ():
+    if default in ((), {}):
         return "none"
     return number(default) if isinstance(default, float | int) else str(default)
 
@@ -497,6 +582,13 @@ _ACCEPTED = {
     "host": "an IP address or a host name (no scheme, no port)",
     "routes": 'a list of routes {"channel", "space", "session"}: JSON in GATEWAY_ROUTES, '
     "[[routes]] tables in TOML",
+    "slack_bot_token": "a bot token (xoxb-...)",
+    "slack_app_token": "an app-level token (xapp-...)",
+    "slack_signing_secret": "the app's signing secret (not empty)",
+    "slack_api_url": "an http:// or https:// URL",
+    "slack_approvers": 'channel id -> user and user group ids: JSON like {"C0123": ["U0456", '
+    '"S0789"], "*": ["U0999"]} in GATEWAY_SLACK_APPROVERS, a [slack_approvers] table in TOML',
+    "slack_working_reaction": "a reaction name like eyes or hourglass_flowing_sand, or empty",
 }
 
 

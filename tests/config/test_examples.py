@@ -31,7 +31,7 @@ def test_the_env_example_names_exactly_the_settings() -> None:
 def test_the_toml_example_names_exactly_the_settings() -> None:
     text = (ROOT / "gateway.example.toml").read_text()
     keys = set(re.findall(r"^#([a-z_]+) = ", text, flags=re.MULTILINE))
-    tables = set(re.findall(r"^#\[\[([a-z_]+)\]\]$", text, flags=re.MULTILINE))
+    tables = set(re.findall(r"^#\[\[?([a-z_]+)\]\]?$", text, flags=re.MULTILINE))
     route_keys = set(Route.model_fields)
     assert (keys - route_keys) | tables == FIELDS
 
