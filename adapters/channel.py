@@ -27,12 +27,14 @@ __all__ = [
     "Attachment",
     "Author",
     "ChannelAdapter",
+    "ContextMessage",
     "DecisionInbound",
     "DecisionItem",
     "DeliveryError",
     "DeliveryReceipt",
     "Inbound",
     "InboundSink",
+    "KnownThread",
     "NotRouted",
     "OutboundKind",
     "Outbound",
@@ -79,6 +81,13 @@ class Attachment(Frozen):
     """Where the channel keeps it (a URL or an id), if anywhere."""
 
 
+class ContextMessage(Frozen):
+    """An earlier message of a thread, shown to a lane that starts in the middle of it."""
+
+    author: Author
+    text: str
+
+
 class Inbound(Frozen):
     """A message in a thread, as an adapter hands it to the gateway."""
 
@@ -95,6 +104,10 @@ class Inbound(Frozen):
     """What a reply in this thread needs besides the `ThreadRef` (email: the ``Message-ID`` and
     ``References`` to answer, the subject and recipients; Slack: nothing more). Opaque to the
     gateway; the newest one of a lane is handed back with its replies."""
+    context: tuple[ContextMessage, ...] = ()
+    """The thread's earlier messages, oldest first, when the bot is called into a conversation
+    that began without it (Slack: the thread before the first mention). The lane sees them
+    with this message only if the message starts it (a lane holding entries has its own)."""
 
     @property
     def dedupe_key(self) -> str:
@@ -133,6 +146,18 @@ class Acceptance(Frozen):
     lane: str
     duplicate: bool = False
     """The message was accepted before (a channel retry): acknowledge it, do nothing else."""
+    first: DecisionInbound | None = None
+    """For a duplicate decision: the one accepted first for the same idempotency key (who
+    decided, and how), so a second clicker can be told."""
+
+
+class KnownThread(Frozen):
+    """A thread a lane already holds (a message of it was accepted), as the gateway knows it."""
+
+    thread: ThreadRef
+    session: str
+    reply_context: FrozenJsonObject = Field(default_factory=dict)
+    """The newest `Inbound.reply_context` accepted in the thread."""
 
 
 class NotRouted(Exception):
@@ -158,8 +183,28 @@ class InboundSink(Protocol):
     async def decide(self, decision: DecisionInbound) -> Acceptance:
         """Hold a decision durably; the worker holding the session applies it to the lane.
 
+        The first decision for an idempotency key wins: a later one with the same key is a
+        duplicate, and `Acceptance.first` is the decision that won.
+
         Raises:
             NotRouted, Unavailable: as `accept`.
+        """
+        ...
+
+    async def known(self, thread: ThreadRef) -> KnownThread | None:
+        """The thread if a lane already holds it, else None (a thread the bot is not in).
+
+        Raises:
+            NotRouted: no session is bound to the thread's space.
+            Unavailable: the gateway cannot tell now.
+        """
+        ...
+
+    async def threads(self, channel: str, space: str) -> tuple[KnownThread, ...]:
+        """Every thread of `space` in `channel` a lane holds (for a backfill after downtime).
+
+        Raises:
+            NotRouted, Unavailable: as `known`.
         """
         ...
 

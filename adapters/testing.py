@@ -34,6 +34,7 @@ from adapters.channel import (
     Attachment,
     Author,
     ChannelAdapter,
+    ContextMessage,
     DecisionInbound,
     DecisionItem,
     DeliveryError,
@@ -333,6 +334,7 @@ class RecordingChannel:
         space: str | None = None,
         attachments: Sequence[Attachment] = (),
         reply_context: dict[str, object] | None = None,
+        context: Sequence[ContextMessage] = (),
     ) -> Acceptance:
         """Hand a message to the sink, as the channel would on an event; return its acceptance.
 
@@ -348,6 +350,7 @@ class RecordingChannel:
             attachments=tuple(attachments),
             received_at_ms=self.clock.now_ms(),
             reply_context=reply_context or {},
+            context=tuple(context),
         )
         return await self._accept(inbound)
 

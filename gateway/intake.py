@@ -11,15 +11,18 @@ from __future__ import annotations
 import logging
 from collections.abc import Callable
 
+from pydantic import ValidationError
+
 from adapters.channel import (
     Acceptance,
     DecisionInbound,
     Inbound,
+    KnownThread,
     NotRouted,
     ThreadRef,
     Unavailable,
 )
-from gateway.broker.contract import Broker, NewInboxItem
+from gateway.broker.contract import Broker, NewInboxItem, ThreadState
 from gateway.logs import event
 from harness_core.session.names import check_lane_name, check_session_id
 
@@ -100,7 +103,59 @@ class Intake:
         except Exception as exc:
             log.warning(event("inbox unavailable", error=type(exc).__name__))
             raise Unavailable(f"the inbox is unavailable ({type(exc).__name__})") from exc
-        log.info(event("decision accepted", session=session, lane=lane, item=appended.item.id))
-        return Acceptance(
-            item_id=appended.item.id, session=session, lane=lane, duplicate=appended.duplicate
+        log.info(
+            event(
+                "decision accepted",
+                session=session,
+                lane=lane,
+                item=appended.item.id,
+                duplicate=appended.duplicate,
+            )
         )
+        first = None
+        if appended.duplicate:
+            try:
+                first = DecisionInbound.model_validate(dict(appended.item.payload))
+            except ValidationError:  # not a decision under that key: say nothing about it
+                first = None
+        return Acceptance(
+            item_id=appended.item.id,
+            session=session,
+            lane=lane,
+            duplicate=appended.duplicate,
+            first=first,
+        )
+
+    async def known(self, thread: ThreadRef) -> KnownThread | None:
+        """See `InboundSink.known`."""
+        session = self._session_of(thread)
+        try:
+            state = await self._broker.threads.get(session, thread.lane)
+        except Exception as exc:
+            raise Unavailable(f"the broker is unavailable ({type(exc).__name__})") from exc
+        return None if state is None else _known(state)
+
+    async def threads(self, channel: str, space: str) -> tuple[KnownThread, ...]:
+        """See `InboundSink.threads`."""
+        probe = ThreadRef(channel=channel, space=space, thread="-")
+        session = self._session_of(probe)
+        try:
+            states = await self._broker.threads.list(session)
+        except Exception as exc:
+            raise Unavailable(f"the broker is unavailable ({type(exc).__name__})") from exc
+        found = (_known(state) for state in states)
+        return tuple(
+            known
+            for known in found
+            if known is not None
+            and known.thread.channel == channel
+            and known.thread.space == space
+        )
+
+
+def _known(state: ThreadState) -> KnownThread | None:
+    try:
+        thread = ThreadRef.model_validate(dict(state.thread))
+    except ValidationError:
+        return None
+    return KnownThread(thread=thread, session=state.session, reply_context=state.reply_context)

@@ -398,7 +398,7 @@ class Worker:
         tried again at the next look, so a lane that goes idle meanwhile never strands it.
         """
         inbox = self._broker.inbox
-        text = _text_of(inbound)
+        text = _text_of(inbound, with_context=await self._fresh(session, lane.name))
         entry_id = entry_id_of(item.dedupe_key)
         policy = self.config.busy_policy
         for _ in range(3):  # the lane may go idle or busy between two calls
@@ -433,6 +433,13 @@ class Worker:
         state = await self._broker.threads.get(item.session, item.lane)
         if state is not None:
             await enqueue_refusal_notice(self._broker, state, item.id, now_ms=self._clock.now_ms())
+
+    async def _fresh(self, session: _Session, lane: str) -> bool:
+        """Whether the lane holds no entry yet (a thread's context goes into its first message)."""
+        return any(
+            info.name == lane and info.leaf_id is None and info.operation_id is None
+            for info in await session.harness.lanes()
+        )
 
     async def _busy(self, session: _Session, lane: str) -> bool:
         return any(
@@ -476,9 +483,22 @@ class Worker:
             session.in_flight.discard(item.id)
 
 
-def _text_of(inbound: Inbound) -> str:
-    """The user message for an inbound message: its text, then its attachments' metadata."""
-    lines = [inbound.text] if inbound.text else []
+def _text_of(inbound: Inbound, *, with_context: bool = False) -> str:
+    """The user message for an inbound message: its text, then its attachments' metadata.
+
+    `with_context` (the message starts its lane): the thread's earlier messages come first, one
+    per line with their author, so the model reads the conversation it was called into.
+    """
+    lines = []
+    if with_context and inbound.context:
+        lines.append("Earlier in this thread:")
+        for earlier in inbound.context:
+            who = earlier.author.name or earlier.author.id
+            lines.append(f"{who}: {earlier.text}")
+        lines.append("")
+        lines.append("The message to you:")
+    if inbound.text:
+        lines.append(inbound.text)
     for attachment in inbound.attachments:
         lines.append(
             f"[attachment: {attachment.name} ({attachment.media_type}, {attachment.size} bytes)]"

@@ -453,7 +453,7 @@ class WebChannel:
         recorded = await self._record(ref, item)
         return JSONResponse(
             {
-                **acceptance.model_dump(mode="json"),
+                **acceptance.model_dump(mode="json", exclude={"first"}),
                 "message_id": inbound.message_id,
                 "space": space,
                 "thread": thread,
@@ -512,7 +512,7 @@ class WebChannel:
         recorded = await self._record(ref, item)
         return JSONResponse(
             {
-                **acceptance.model_dump(mode="json"),
+                **acceptance.model_dump(mode="json", exclude_none=True),
                 "idempotency_key": key,
                 "space": space,
                 "thread": thread,

@@ -16,6 +16,7 @@ from adapters.channel import (
     Acceptance,
     DecisionInbound,
     Inbound,
+    KnownThread,
     NotRouted,
     Outbound,
     ThreadRef,
@@ -65,6 +66,20 @@ class TestSink:
         self.decisions.append(decision)
         ref = decision.thread
         return await self._hold(ref.space, ref.lane, f"decision:{decision.idempotency_key}")
+
+    async def known(self, thread: ThreadRef) -> KnownThread | None:
+        found = [m for m in self.inbound if m.thread == thread]
+        if not found:
+            return None
+        session = self.routes.get(thread.space, "s1")
+        return KnownThread(thread=thread, session=session, reply_context=found[-1].reply_context)
+
+    async def threads(self, channel: str, space: str) -> tuple[KnownThread, ...]:
+        refs = dict.fromkeys(
+            m.thread for m in self.inbound if (m.thread.channel, m.thread.space) == (channel, space)
+        )
+        found = [await self.known(ref) for ref in refs]
+        return tuple(known for known in found if known is not None)
 
 
 def unavailable() -> Unavailable:

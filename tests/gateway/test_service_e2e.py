@@ -14,6 +14,7 @@ from typing import Any
 import httpx
 import pytest
 
+from adapters.channel import Author, ContextMessage, DecisionItem
 from adapters.testing import RecordingChannel
 from adapters.web import WebChannel, open_mailbox
 from config import Settings
@@ -250,3 +251,55 @@ async def _until_running(gateway: Gateway, lane: str, timeout_s: float = 10.0) -
                     return
         assert asyncio.get_running_loop().time() < deadline, f"{lane} never ran"
         await asyncio.sleep(0.01)
+
+
+async def test_a_thread_joined_midway_gives_its_first_message_the_context(
+    gateway: Gateway,
+) -> None:
+    earlier = [
+        ContextMessage(author=Author(id="U1", name="ann"), text="the build is red"),
+        ContextMessage(author=Author(id="U2"), text="since this morning"),
+    ]
+    first = await gateway.fake.send("mid", "what broke?", context=earlier)
+    await gateway.answers("mid", 1)
+    await gateway.fake.send("mid", "and now?", context=earlier)  # the lane has its own history
+    await gateway.answers("mid", 2)
+    texts = await gateway.user_texts(first.session, "web:mid")
+    assert texts == [
+        "Earlier in this thread:\nann: the build is red\nU2: since this morning\n\n"
+        "The message to you:\nwhat broke?",
+        "and now?",
+    ]
+
+
+async def test_the_intake_knows_the_threads_it_holds(gateway: Gateway) -> None:
+    intake = gateway.service.intake
+    assert intake is not None
+    ref = gateway.fake.thread_ref("known", "default")
+    assert await intake.known(ref) is None
+    await gateway.post("known", "hi", space="default")
+    known = await intake.known(ref)
+    assert known is not None and known.thread == ref and known.session == "web-default"
+    assert [k.thread.thread for k in await intake.threads("web", "default")] == ["known"]
+    assert await intake.threads("web", "elsewhere") == ()
+
+
+async def test_a_second_decision_under_the_same_key_learns_the_first(gateway: Gateway) -> None:
+    ref = gateway.fake.thread_ref("race", "default")
+    await gateway.post("race", "hello", space="default")
+    accepted = []
+    for who, approved in (("ann", True), ("bob", False)):
+        accepted.append(
+            await gateway.fake.decide(
+                ref,
+                run_id="r1",
+                wait_id="w1",
+                decisions=[DecisionItem(tool_call_id="c1", args_digest="d", approved=approved)],
+                idempotency_key="wait:w1",
+                decided_by=who,
+            )
+        )
+    assert accepted[0].duplicate is False and accepted[0].first is None
+    assert accepted[1].duplicate is True and accepted[1].first is not None
+    assert accepted[1].first.decided_by.id == "ann"
+    assert accepted[1].first.decisions[0].approved is True
