@@ -23,6 +23,7 @@ from harness_core.frozen import Frozen, FrozenJsonObject
 
 __all__ = [
     "Acceptance",
+    "AdapterStartError",
     "ApprovalView",
     "Attachment",
     "Author",
@@ -158,6 +159,10 @@ class KnownThread(Frozen):
     session: str
     reply_context: FrozenJsonObject = Field(default_factory=dict)
     """The newest `Inbound.reply_context` accepted in the thread."""
+
+
+class AdapterStartError(Exception):
+    """An adapter cannot start (a credential its channel refuses); ``str()`` is one line."""
 
 
 class NotRouted(Exception):
@@ -304,7 +309,12 @@ class ChannelAdapter(Protocol):
         ...
 
     async def start(self, sink: InboundSink) -> None:
-        """Begin receiving (open sockets, IMAP IDLE...); returns once running."""
+        """Begin receiving (open sockets, IMAP IDLE...); returns once running.
+
+        Raises:
+            AdapterStartError: the channel refuses this adapter's credentials (a channel that is
+                only unreachable is not an error: the adapter keeps trying).
+        """
         ...
 
     async def stop(self) -> None:

@@ -52,8 +52,8 @@ _SESSION_ID_CHAR = re.compile(r"[^A-Za-z0-9._:@+=-]")
 SESSION_ID_RULE = "1-200 of letters, digits and . _ : @ + = -, starting with a letter or digit"
 _CHANNEL = re.compile(r"[a-z][a-z0-9_-]{0,31}")
 _SPACE = re.compile(r"[^\s\x00-\x1f\x7f]{1,256}")
-_SLACK_CHANNEL = re.compile(r"[CDG][A-Z0-9]{2,30}")
-_SLACK_APPROVER = re.compile(r"[UWS][A-Z0-9]{2,30}")
+_SLACK_CHANNEL = re.compile(r"[CDG][A-Z0-9]{1,30}")
+_SLACK_APPROVER = re.compile(r"[UWS][A-Z0-9]{1,30}")
 _SLACK_TOKEN_PREFIX = {"slack_bot_token": "xoxb-", "slack_app_token": "xapp-"}
 _HOSTNAME = re.compile(r"[A-Za-z0-9]([A-Za-z0-9.-]{0,251}[A-Za-z0-9])?")
 

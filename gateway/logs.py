@@ -31,6 +31,11 @@ def event(name: str, **fields: Any) -> str:
     return _Event(name, {k: v for k, v in fields.items() if v is not None})
 
 
+_RECORD_ATTRIBUTES = frozenset(
+    {*logging.LogRecord("", 0, "", 0, "", None, None).__dict__, "message", "asctime", "taskName"}
+)
+
+
 class JsonFormatter(logging.Formatter):
     """Formats a record as one JSON line."""
 
@@ -45,6 +50,9 @@ class JsonFormatter(logging.Formatter):
         fields = getattr(record.msg, "fields", None)
         if fields:
             payload.update(fields)
+        for key, value in record.__dict__.items():  # `extra=` fields (what adapters log)
+            if key not in _RECORD_ATTRIBUTES and key not in payload:
+                payload[key] = value
         if record.exc_info and record.exc_info[0] is not None:
             payload["error"] = record.exc_info[0].__name__  # the type only: messages may carry data
         return json.dumps(payload, default=str, separators=(",", ":"))

@@ -19,6 +19,7 @@ from urllib.parse import urlsplit, urlunsplit
 
 import uvicorn
 
+from adapters.channel import AdapterStartError
 from config import Settings
 from gateway.logs import configure, event
 from gateway.service import Service
@@ -80,7 +81,11 @@ async def serve(settings: Settings) -> int:
         print(f"gateway: {refused}", file=sys.stderr)
         return 2
     service = Service(settings)
-    await service.start()
+    try:
+        await service.start()
+    except AdapterStartError as exc:
+        print(f"gateway: {exc}", file=sys.stderr)
+        return 1
     assert service.app is not None
     failed = {part: why for part, why in (await service.readiness()).items() if why != "ok"}
     if failed:  # fail fast: a supervisor restarts us, and the operator sees why at once

@@ -20,6 +20,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from fastapi import FastAPI
+from pydantic import SecretStr
 
 from adapters.channel import ChannelAdapter
 from config import Settings
@@ -163,8 +164,12 @@ class Service:
         )
         routers = [r for a in adapters if (r := getattr(a, "router", None)) is not None]
         self.app = build_app(routers, self.readiness)
-        for adapter in adapters:
-            await adapter.start(self.intake)
+        try:
+            for adapter in adapters:
+                await adapter.start(self.intake)
+        except BaseException:
+            await self.stop(drain_seconds=0.1)
+            raise
         self.worker.start()
         self.deliverer.start()
         log.info(event("service started", worker=self.worker_id, adapters=sorted(self.adapters)))
@@ -176,7 +181,30 @@ class Service:
     def _default_adapters(self) -> list[ChannelAdapter]:
         from adapters.web import WebChannel, open_mailbox
 
-        return [WebChannel(open_mailbox(self.settings.effective_web_url), clock=self.parts.clock)]
+        settings = self.settings
+        clock = self.parts.clock
+        adapters: list[ChannelAdapter] = [
+            WebChannel(open_mailbox(settings.effective_web_url), clock=clock)
+        ]
+        if settings.slack_bot_token is not None:
+            from adapters.slack import SlackChannel
+
+            def secret(value: SecretStr | None) -> str | None:
+                return None if value is None else value.get_secret_value()
+
+            adapters.append(
+                SlackChannel(
+                    bot_token=settings.slack_bot_token.get_secret_value(),
+                    signing_secret=secret(settings.slack_signing_secret),
+                    app_token=secret(settings.slack_app_token),
+                    api_url=settings.slack_api_url,
+                    approvers=settings.slack_approvers,
+                    working_reaction=settings.slack_working_reaction,
+                    clock=clock,
+                    call_timeout_s=settings.delivery_timeout_seconds,
+                )
+            )
+        return adapters
 
     async def readiness(self) -> dict[str, str]:
         """``ok`` or the error's type name for the broker and the store (``/readyz``)."""

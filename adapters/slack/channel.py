@@ -1,0 +1,786 @@
+"""The Slack channel: slack-bolt receives (HTTP or Socket Mode), the Web API posts and finds.
+
+Inbound: bolt runs with ``process_before_response`` so that an event is acknowledged only when
+its listener returned, which is after the message is in the durable inbox; a listener that
+cannot reach the inbox raises, bolt answers 500 (HTTP) or sends no ack (Socket Mode), and Slack
+delivers the event again. Which messages are taken, as which thread, is `events.classify`.
+
+Outbound: every message the bot posts carries its delivery id (and its part number) in Slack
+message metadata, so `reconcile` finds what an attempt with an unknown outcome posted by
+reading the thread from the newest user message on. The Web API client retries nothing by
+itself (slack_sdk's default re-sends a post whose answer was lost: a duplicate); the outbox
+retries, after reconciling. A reply longer than a message is split into parts; a retry posts
+only the parts that are missing.
+
+Approvals: Approve records the decision at once; Deny opens a dialog for a reason first. Only
+the approvers configured for the channel may decide (others are told so, privately, and nothing
+is recorded); the first decision for a wait wins (a double click or a second approver learns who
+decided); the request message is then updated to show who decided and when.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import json
+import logging
+import re
+from collections import OrderedDict
+from collections.abc import Awaitable, Callable, Mapping, Sequence
+from typing import Any
+
+import aiohttp
+from fastapi import APIRouter, Request, Response
+from fastapi.responses import JSONResponse
+from slack_bolt.adapter.fastapi.async_handler import AsyncSlackRequestHandler
+from slack_bolt.adapter.socket_mode.async_handler import AsyncSocketModeHandler
+from slack_bolt.async_app import AsyncApp
+from slack_sdk.errors import SlackApiError
+from slack_sdk.signature import SignatureVerifier
+from slack_sdk.web.async_client import AsyncWebClient
+
+from adapters.channel import (
+    Acceptance,
+    AdapterStartError,
+    Author,
+    ContextMessage,
+    DecisionInbound,
+    DecisionItem,
+    DeliveryError,
+    DeliveryReceipt,
+    Inbound,
+    InboundSink,
+    NotRouted,
+    Outbound,
+    Reconciled,
+    ThreadRef,
+    Unavailable,
+)
+from adapters.slack.events import CHANNEL, classify, clean_text, slack_thread, split_thread
+from adapters.slack.render import (
+    DecisionTarget,
+    approval_blocks,
+    decided_blocks,
+    decode_decision_value,
+    deny_reason_modal,
+    failure_blocks,
+    fallback_text,
+    split_text,
+    to_mrkdwn,
+)
+from harness_core import Clock, SystemClock
+
+__all__ = ["SlackChannel", "SlackStartError"]
+
+log = logging.getLogger("adapters.slack")
+
+METADATA_TYPE = "gateway_delivery"
+"""The Slack message metadata event type of everything the bot posts."""
+_PART_LIMIT = 3_000
+"""Characters per posted part (a section block's limit)."""
+_PERMANENT = frozenset(
+    {
+        "channel_not_found",
+        "not_in_channel",
+        "is_archived",
+        "thread_not_found",
+        "msg_too_long",
+        "invalid_blocks",
+        "invalid_metadata_format",
+        "restricted_action",
+        "cannot_reply_to_message",
+    }
+)
+"""Slack errors that a retry cannot fix (the delivery becomes a dead letter at once)."""
+_BAD_TOKEN = frozenset({"invalid_auth", "not_authed", "account_inactive", "token_revoked"})
+_MAX_BODY = 1_000_000
+_SEEN_EVENTS = 10_000
+_HISTORY_TIMEOUT_S = 1.5
+_GROUP_TTL_MS = 60_000
+_SCAN_PAGES = 10
+
+
+class SlackStartError(AdapterStartError):
+    """The Slack channel cannot start (a token Slack refuses); the message is one line."""
+
+
+class SlackChannel:
+    """The Slack channel adapter (a `ChannelAdapter`; see the module docstring)."""
+
+    name = CHANNEL
+
+    def __init__(
+        self,
+        *,
+        bot_token: str,
+        signing_secret: str | None = None,
+        app_token: str | None = None,
+        api_url: str = "https://slack.com/api/",
+        approvers: Mapping[str, Sequence[str]] | None = None,
+        working_reaction: str = "eyes",
+        clock: Clock | None = None,
+        call_timeout_s: float = 10.0,
+        context_messages: int = 50,
+    ) -> None:
+        if signing_secret is None and app_token is None:
+            raise ValueError(
+                "Slack needs a signing secret (HTTP mode) or an app token (Socket Mode)"
+            )
+        self.clock = clock or SystemClock()
+        self.approvers = {channel: tuple(people) for channel, people in (approvers or {}).items()}
+        self.working_reaction = working_reaction
+        self.context_messages = context_messages
+        self.socket_mode = app_token is not None
+        self.client = AsyncWebClient(
+            token=bot_token, base_url=api_url, timeout=int(call_timeout_s), retry_handlers=[]
+        )
+        self.app = AsyncApp(
+            client=self.client,
+            signing_secret=signing_secret or "",
+            process_before_response=True,
+            request_verification_enabled=not self.socket_mode,
+            ssl_check_enabled=False,
+            url_verification_enabled=True,
+        )
+        self._verifier = SignatureVerifier(signing_secret) if signing_secret else None
+        self._app_token = app_token
+        self._socket: AsyncSocketModeHandler | None = None
+        self._sink: InboundSink | None = None
+        self._bot_user_id: str | None = None
+        self._bot_id: str | None = None
+        self._seen: OrderedDict[str, None] = OrderedDict()
+        self._partial: dict[str, set[int]] = {}
+        self._groups: dict[str, tuple[int, frozenset[str]]] = {}
+        self._tasks: set[asyncio.Task[Any]] = set()
+        self._register()
+        self.router: APIRouter | None = None if self.socket_mode else self._http_router()
+
+    # -- lifecycle -------------------------------------------------------------------------------
+
+    async def start(self, sink: InboundSink) -> None:
+        """Check the bot token (auth.test), then receive: HTTP routes, or a Socket Mode link.
+
+        Raises:
+            SlackStartError: Slack refuses the token (a network failure is logged instead: the
+                channel starts and bolt asks again on the first event).
+        """
+        self._sink = sink
+        try:
+            identity = await self.client.auth_test()
+            self._bot_user_id = identity.get("user_id")
+            self._bot_id = identity.get("bot_id")
+        except SlackApiError as exc:
+            error = exc.response.get("error")
+            if error in _BAD_TOKEN:
+                raise SlackStartError(f"Slack refuses the bot token ({error})") from None
+            log.warning("slack auth.test failed", extra={"error": str(error)})
+        except (aiohttp.ClientError, TimeoutError) as exc:
+            log.warning("slack unreachable at start", extra={"error": type(exc).__name__})
+        if self.socket_mode:
+            self._socket = AsyncSocketModeHandler(self.app, self._app_token)
+            await self._socket.connect_async()  # type: ignore[no-untyped-call]
+        log.info("slack started", extra={"mode": "socket" if self.socket_mode else "http"})
+
+    async def stop(self) -> None:
+        """Stop receiving (close the Socket Mode link); idempotent."""
+        socket, self._socket = self._socket, None
+        if socket is not None:
+            with contextlib.suppress(Exception):
+                await socket.close_async()  # type: ignore[no-untyped-call]
+
+    async def close(self) -> None:
+        """Stop, let best-effort follow-ups (reactions, message updates) end, close the client."""
+        await self.stop()
+        if self._tasks:
+            await asyncio.wait(set(self._tasks), timeout=2.0)
+        for task in list(self._tasks):
+            task.cancel()
+        self._sink = None
+
+    # -- inbound: HTTP -----------------------------------------------------------------------
+
+    def _http_router(self) -> APIRouter:
+        handler = AsyncSlackRequestHandler(self.app)
+        router = APIRouter()
+
+        @router.post("/slack/events", include_in_schema=False)
+        async def slack_events(request: Request) -> Response:
+            """Events and interactivity (one URL): signature first, then the shape, then bolt."""
+            body = await request.body()
+            if len(body) > _MAX_BODY:
+                return _refusal(413, "the request is too large")
+            if not self._signed(request, body):
+                return _refusal(401, "invalid or stale signature")
+            if _parse(body, request.headers.get("content-type", "")) is None:
+                return _refusal(400, "malformed Slack request")
+            return await handler.handle(request)
+
+        return router
+
+    def _signed(self, request: Request, body: bytes) -> bool:
+        timestamp = request.headers.get("x-slack-request-timestamp", "")
+        signature = request.headers.get("x-slack-signature", "")
+        if self._verifier is None or not timestamp.isdigit() or len(timestamp) > 12:
+            return False
+        return self._verifier.is_valid(body=body, timestamp=timestamp, signature=signature)
+
+    # -- inbound: listeners ----------------------------------------------------------------------
+
+    def _register(self) -> None:
+        app = self.app
+        app.event("app_mention")(self._on_mention)
+        app.event("message")(self._on_message)
+        app.event(re.compile(r".+"))(self._on_other_event)
+        app.action("approve")(self._on_approve)
+        app.action("deny")(self._on_deny)
+        app.view("deny_reason")(self._on_deny_reason)
+
+    async def _on_mention(self, event: dict[str, Any], body: dict[str, Any]) -> None:
+        await self._on_event("app_mention", event, body)
+
+    async def _on_message(self, event: dict[str, Any], body: dict[str, Any]) -> None:
+        await self._on_event("message", event, body)
+
+    async def _on_other_event(self, body: dict[str, Any]) -> None:
+        kind = body.get("event", {}).get("type") if isinstance(body.get("event"), dict) else None
+        log.info("slack event ignored", extra={"type": str(kind)})
+
+    async def _on_event(self, kind: Any, event: dict[str, Any], body: dict[str, Any]) -> None:
+        event_id = body.get("event_id")
+        if isinstance(event_id, str) and event_id in self._seen:
+            return  # a retry of an event already held (the inbox would say duplicate too)
+        classified = classify(
+            kind,
+            event,
+            bot_user_id=self._bot_user_id or "",
+            bot_id=self._bot_id,
+            now_ms=self.clock.now_ms(),
+        )
+        inbound = classified.inbound
+        if classified.take == "ignore" or inbound is None:
+            log.debug("slack event not taken", extra={"reason": classified.reason})
+            return
+        sink = self._sink_or_fail()
+        try:
+            if classified.take == "if_known" and await sink.known(inbound.thread) is None:
+                log.debug("slack event not taken", extra={"reason": "thread without the bot"})
+                return
+            if classified.joined_midway and await sink.known(inbound.thread) is None:
+                inbound = inbound.model_copy(update={"context": await self._history(inbound)})
+            acceptance = await sink.accept(inbound)
+        except NotRouted as exc:
+            log.warning("slack message not routed", extra={"reason": str(exc)})
+            return
+        if isinstance(event_id, str):
+            self._remember(event_id)
+        if not acceptance.duplicate and self.working_reaction:
+            channel, ts = str(event["channel"]), str(event["ts"])
+            self._spawn(self._react(channel, ts, add=True))
+
+    def _remember(self, event_id: str) -> None:
+        self._seen[event_id] = None
+        while len(self._seen) > _SEEN_EVENTS:
+            self._seen.popitem(last=False)
+
+    async def _history(self, inbound: Inbound) -> tuple[ContextMessage, ...]:
+        """The thread before `inbound` (for a lane that starts in its middle); () if unknown."""
+        channel, root = split_thread(inbound.thread)
+        ts = str(inbound.reply_context.get("ts", ""))
+        try:
+            answer = await asyncio.wait_for(
+                self.client.conversations_replies(
+                    channel=channel, ts=root or ts, latest=ts, inclusive=False, limit=200
+                ),
+                timeout=_HISTORY_TIMEOUT_S,
+            )
+        except (SlackApiError, aiohttp.ClientError, TimeoutError) as exc:
+            log.warning("slack thread history unavailable", extra={"error": type(exc).__name__})
+            return ()
+        earlier = []
+        for message in answer.get("messages") or []:
+            if not isinstance(message, dict) or message.get("ts") == ts:
+                continue
+            if message.get("bot_id") or message.get("subtype") not in (None, "thread_broadcast"):
+                continue
+            text = clean_text(str(message.get("text") or ""), self._bot_user_id or "")
+            if text:
+                earlier.append(
+                    ContextMessage(author=Author(id=str(message.get("user"))), text=text)
+                )
+        return tuple(earlier[-self.context_messages :])
+
+    # -- approvals -------------------------------------------------------------------------
+
+    async def _on_approve(
+        self, ack: Callable[..., Awaitable[Any]], body: dict[str, Any], action: dict[str, Any]
+    ) -> None:
+        click = _Click.of(body)
+        if click is None:
+            await ack()
+            return
+        target = await self._target(click, str(action.get("value", "")))
+        if target is None or not await self._may_decide(click):
+            await ack()
+            return
+        acceptance = await self._decide(click, target, approved=True, reason=None)
+        await ack()
+        if acceptance is not None:
+            self._spawn(self._after_decision(click, acceptance, approved=True, reason=None))
+
+    async def _on_deny(
+        self,
+        ack: Callable[..., Awaitable[Any]],
+        body: dict[str, Any],
+        action: dict[str, Any],
+    ) -> None:
+        click = _Click.of(body)
+        await ack()
+        if click is None:
+            return
+        value = str(action.get("value", ""))
+        if await self._target(click, value) is None or not await self._may_decide(click):
+            return
+        metadata = json.dumps(
+            {"v": value, "c": click.channel, "m": click.message_ts, "t": click.thread_ts},
+            separators=(",", ":"),
+        )
+        try:
+            await self.client.views_open(
+                trigger_id=str(body.get("trigger_id", "")), view=deny_reason_modal(metadata)
+            )
+        except (SlackApiError, aiohttp.ClientError, TimeoutError, ValueError) as exc:
+            log.warning("slack deny dialog failed", extra={"error": type(exc).__name__})
+            await self._tell(click, "Sorry, the Deny dialog could not open. Please try again.")
+
+    async def _on_deny_reason(
+        self, ack: Callable[..., Awaitable[Any]], body: dict[str, Any], view: dict[str, Any]
+    ) -> None:
+        try:
+            metadata = json.loads(str(view.get("private_metadata", "")))
+            value = str(metadata["v"])
+            user = body["user"]
+            click = _Click(
+                user=str(user["id"]),
+                user_name=user.get("name"),
+                channel=str(metadata["c"]),
+                message_ts=str(metadata["m"]),
+                thread_ts=None if metadata.get("t") is None else str(metadata["t"]),
+            )
+        except (ValueError, KeyError, TypeError):
+            await ack()
+            log.warning("slack deny dialog malformed")
+            return
+        reason = _reason_of(view)
+        target = await self._target(click, value)
+        if target is None or not await self._may_decide(click):
+            await ack()
+            return
+        acceptance = await self._decide(click, target, approved=False, reason=reason)
+        await ack()
+        if acceptance is not None:
+            self._spawn(self._after_decision(click, acceptance, approved=False, reason=reason))
+
+    async def _target(self, click: _Click, value: str) -> DecisionTarget | None:
+        try:
+            return decode_decision_value(value)
+        except ValueError as exc:
+            log.warning("slack decision malformed", extra={"reason": str(exc)[:200]})
+            await self._tell(click, "Sorry, this button cannot be read. Nothing was recorded.")
+            return None
+
+    async def _may_decide(self, click: _Click) -> bool:
+        """Whether the clicker is an approver here; if not, they are told so, privately."""
+        allowed = self.approvers.get(click.channel, ()) + self.approvers.get("*", ())
+        if click.user in allowed:
+            return True
+        for group in (who for who in allowed if who.startswith("S")):
+            if click.user in await self._group_members(group):
+                return True
+        log.info("slack decision refused", extra={"user": click.user, "channel": click.channel})
+        if allowed:
+            people = ", ".join(
+                f"<!subteam^{w}>" if w.startswith("S") else f"<@{w}>" for w in allowed
+            )
+            await self._tell(
+                click, f"Only approvers can decide this ({people}). Nothing was recorded."
+            )
+        else:
+            await self._tell(
+                click,
+                "Nobody may approve in this channel yet: an operator has to name the approvers "
+                "(GATEWAY_SLACK_APPROVERS). Nothing was recorded.",
+            )
+        return False
+
+    async def _group_members(self, group: str) -> frozenset[str]:
+        now = self.clock.now_ms()
+        cached = self._groups.get(group)
+        if cached is not None and now - cached[0] < _GROUP_TTL_MS:
+            return cached[1]
+        try:
+            answer = await self.client.usergroups_users_list(usergroup=group)
+            members = frozenset(str(u) for u in answer.get("users") or [])
+        except (SlackApiError, aiohttp.ClientError, TimeoutError) as exc:
+            log.warning(
+                "slack user group unavailable", extra={"group": group, "error": type(exc).__name__}
+            )
+            return cached[1] if cached is not None else frozenset()
+        self._groups[group] = (now, members)
+        return members
+
+    async def _decide(
+        self, click: _Click, target: DecisionTarget, *, approved: bool, reason: str | None
+    ) -> Acceptance | None:
+        """Hold the decision durably (raises Unavailable: Slack then shows the click failed)."""
+        decision = DecisionInbound(
+            thread=slack_thread(click.channel, click.thread_ts),
+            run_id=target.run_id,
+            wait_id=target.wait_id,
+            decisions=tuple(
+                DecisionItem(
+                    tool_call_id=call_id, args_digest=digest, approved=approved, reason=reason
+                )
+                for call_id, digest in target.calls
+            ),
+            decided_by=Author(id=click.user, name=click.user_name),
+            idempotency_key=f"slack:{target.wait_id}",
+            received_at_ms=self.clock.now_ms(),
+        )
+        try:
+            return await self._sink_or_fail().decide(decision)
+        except NotRouted as exc:
+            log.warning("slack decision not routed", extra={"reason": str(exc)})
+            await self._tell(
+                click, "Sorry, this thread is not served any more. Nothing was recorded."
+            )
+            return None
+
+    async def _after_decision(
+        self, click: _Click, acceptance: Acceptance, *, approved: bool, reason: str | None
+    ) -> None:
+        first = acceptance.first if acceptance.duplicate else None
+        if first is not None:
+            approved = all(item.approved for item in first.decisions)
+            reason = next((item.reason for item in first.decisions if item.reason), None)
+            if first.decided_by.id != click.user:
+                verb = "approved" if approved else "denied"
+                await self._tell(
+                    click, f"<@{first.decided_by.id}> already {verb} this. Nothing was changed."
+                )
+        decided_by = first.decided_by.id if first is not None else click.user
+        decided_at = first.received_at_ms if first is not None else self.clock.now_ms()
+        try:
+            message = await self._message(click.channel, click.message_ts, click.thread_ts)
+            text = _request_text(message)
+            await self.client.chat_update(
+                channel=click.channel,
+                ts=click.message_ts,
+                text=fallback_text(text),
+                blocks=decided_blocks(
+                    text,
+                    approved=approved,
+                    decided_by=decided_by,
+                    decided_at_ms=decided_at,
+                    reason=reason,
+                ),
+            )
+        except (SlackApiError, aiohttp.ClientError, TimeoutError) as exc:
+            log.warning("slack approval update failed", extra={"error": type(exc).__name__})
+
+    async def _message(self, channel: str, ts: str, thread_ts: str | None) -> dict[str, Any]:
+        """One message of a channel (the approval request, to rewrite it without buttons)."""
+        if thread_ts is not None:
+            answer = await self.client.conversations_replies(
+                channel=channel, ts=thread_ts, latest=ts, oldest=ts, inclusive=True, limit=1
+            )
+        else:
+            answer = await self.client.conversations_history(
+                channel=channel, latest=ts, oldest=ts, inclusive=True, limit=1
+            )
+        for message in answer.get("messages") or []:
+            if isinstance(message, dict) and message.get("ts") == ts:
+                return message
+        return {}
+
+    async def _tell(self, click: _Click, text: str) -> None:
+        """A private note to the clicker in the thread (best effort)."""
+        try:
+            await self.client.chat_postEphemeral(
+                channel=click.channel,
+                user=click.user,
+                text=text,
+                thread_ts=click.thread_ts,
+            )
+        except (SlackApiError, aiohttp.ClientError, TimeoutError) as exc:
+            log.warning("slack ephemeral failed", extra={"error": type(exc).__name__})
+
+    # -- outbound -------------------------------------------------------------------------------
+
+    def _parts(self, outbound: Outbound) -> list[tuple[str, list[dict[str, Any]] | None]]:
+        """What a delivery posts: (text, blocks) per message, in order."""
+        if outbound.kind == "approval_request" and outbound.approval is not None:
+            intro = to_mrkdwn(outbound.text)
+            return [(fallback_text(intro), approval_blocks(outbound.approval, intro=intro))]
+        if outbound.kind == "failure_notice":
+            return [(fallback_text(to_mrkdwn(outbound.text)), failure_blocks(outbound.text))]
+        parts = split_text(to_mrkdwn(outbound.text), _PART_LIMIT) or ["(no text)"]
+        return [(part, None) for part in parts]
+
+    async def deliver(self, outbound: Outbound) -> DeliveryReceipt:
+        """Post the delivery's parts into its thread (those not already there).
+
+        Raises:
+            DeliveryError: see the module docstring; once a part is posted, any later failure
+                has an unknown outcome (the retry reconciles and posts only what is missing).
+        """
+        channel, thread_ts = self._where(outbound.thread)
+        parts = self._parts(outbound)
+        there = self._partial.pop(outbound.delivery_id, set())
+        posted: list[str] = []
+        for number, (text, blocks) in enumerate(parts):
+            if number in there:
+                continue
+            metadata = {
+                "event_type": METADATA_TYPE,
+                "event_payload": {
+                    "delivery_id": outbound.delivery_id,
+                    "part": number,
+                    "parts": len(parts),
+                },
+            }
+            posted.append(
+                await self._post(
+                    channel, thread_ts, text, blocks, metadata, after_post=bool(posted)
+                )
+            )
+        if self.working_reaction and outbound.reply_context.get("ts"):
+            self._spawn(self._react(channel, str(outbound.reply_context["ts"]), add=False))
+        return DeliveryReceipt(
+            delivery_id=outbound.delivery_id,
+            channel_message_ids=tuple(f"{channel}:{ts}" for ts in posted),
+            delivered_at_ms=self.clock.now_ms(),
+        )
+
+    def _where(self, thread: ThreadRef) -> tuple[str, str | None]:
+        try:
+            return split_thread(thread)
+        except ValueError:
+            raise DeliveryError("not a Slack thread", permanent=True) from None
+
+    async def _post(
+        self,
+        channel: str,
+        thread_ts: str | None,
+        text: str,
+        blocks: list[dict[str, Any]] | None,
+        metadata: dict[str, Any],
+        *,
+        after_post: bool,
+    ) -> str:
+        where: dict[str, Any] = {"thread_ts": thread_ts} if thread_ts else {}
+        if blocks is not None:
+            where["blocks"] = blocks
+        try:
+            answer = await self.client.chat_postMessage(
+                channel=channel,
+                text=text,
+                metadata=metadata,
+                unfurl_links=False,
+                unfurl_media=False,
+                **where,
+            )
+        except SlackApiError as exc:
+            raise _delivery_error(exc, after_post=after_post) from None
+        except aiohttp.ClientConnectorError:
+            raise DeliveryError("Slack unreachable", unknown_outcome=after_post) from None
+        except (aiohttp.ClientError, TimeoutError):
+            raise DeliveryError("no answer from Slack", unknown_outcome=True) from None
+        return str(answer.get("ts"))
+
+    async def reconcile(self, outbound: Outbound) -> Reconciled:
+        """Look in the thread, from the newest user message on, for the delivery's parts."""
+        channel, thread_ts = self._where(outbound.thread)
+        wanted = len(self._parts(outbound))
+        oldest = str(outbound.reply_context.get("ts") or "0")
+        try:
+            found = await self._posted_parts(channel, thread_ts, oldest, outbound.delivery_id)
+        except (SlackApiError, aiohttp.ClientError, TimeoutError) as exc:
+            log.info("slack reconcile failed", extra={"error": type(exc).__name__})
+            return "unknown"
+        if found >= set(range(wanted)):
+            return "delivered"
+        if found:
+            self._partial[outbound.delivery_id] = found
+        return "absent"
+
+    async def _posted_parts(
+        self, channel: str, thread_ts: str | None, oldest: str, delivery_id: str
+    ) -> set[int]:
+        found: set[int] = set()
+        cursor: str | None = None
+        for _ in range(_SCAN_PAGES):
+            page: dict[str, Any] = {"cursor": cursor} if cursor else {}
+            if thread_ts is not None:
+                answer = await self.client.conversations_replies(
+                    channel=channel,
+                    ts=thread_ts,
+                    oldest=oldest,
+                    include_all_metadata=True,
+                    limit=200,
+                    **page,
+                )
+            else:
+                answer = await self.client.conversations_history(
+                    channel=channel, oldest=oldest, include_all_metadata=True, limit=200, **page
+                )
+            for message in answer.get("messages") or []:
+                number = _part_of(message, delivery_id)
+                if number is not None:
+                    found.add(number)
+            cursor = (answer.get("response_metadata") or {}).get("next_cursor") or None
+            if not cursor:
+                break
+        return found
+
+    # -- small helpers ---------------------------------------------------------------------
+
+    async def _react(self, channel: str, ts: str, *, add: bool) -> None:
+        call = self.client.reactions_add if add else self.client.reactions_remove
+        try:
+            await call(channel=channel, timestamp=ts, name=self.working_reaction)
+        except (SlackApiError, aiohttp.ClientError, TimeoutError) as exc:
+            # already_reacted / no_reaction are normal (a retry, a steered message)
+            log.debug("slack reaction skipped", extra={"error": type(exc).__name__})
+
+    def _spawn(self, work: Awaitable[Any]) -> None:
+        task = asyncio.ensure_future(work)
+        self._tasks.add(task)
+        task.add_done_callback(self._tasks.discard)
+
+    def _sink_or_fail(self) -> InboundSink:
+        if self._sink is None:
+            raise Unavailable("the Slack channel is not started")
+        return self._sink
+
+
+class _Click:
+    """Who clicked which approval message, where."""
+
+    def __init__(
+        self,
+        *,
+        user: str,
+        user_name: str | None,
+        channel: str,
+        message_ts: str,
+        thread_ts: str | None,
+    ) -> None:
+        self.user = user
+        self.user_name = user_name
+        self.channel = channel
+        self.message_ts = message_ts
+        self.thread_ts = thread_ts
+
+    @classmethod
+    def of(cls, body: Mapping[str, Any]) -> _Click | None:
+        """The click of a ``block_actions`` payload (None when a part is missing)."""
+        try:
+            user = body["user"]
+            message = body.get("message") or {}
+            container = body.get("container") or {}
+            channel = (body.get("channel") or {}).get("id") or container.get("channel_id")
+            ts = message.get("ts") or container.get("message_ts")
+            if not channel or not ts:
+                return None
+            thread_ts = message.get("thread_ts") or container.get("thread_ts")
+            return cls(
+                user=str(user["id"]),
+                user_name=user.get("name") or user.get("username"),
+                channel=str(channel),
+                message_ts=str(ts),
+                thread_ts=None if thread_ts is None else str(thread_ts),
+            )
+        except (KeyError, TypeError, AttributeError):
+            return None
+
+
+def _request_text(message: Mapping[str, Any]) -> str:
+    """The approval request's words (its section blocks), without its buttons."""
+    texts = []
+    for block in message.get("blocks") or []:
+        if isinstance(block, dict) and block.get("type") == "section":
+            text = block.get("text")
+            if isinstance(text, dict) and isinstance(text.get("text"), str):
+                texts.append(text["text"])
+    return "\n\n".join(texts) or str(message.get("text") or "Approval request")
+
+
+def _reason_of(view: Mapping[str, Any]) -> str | None:
+    try:
+        value = view["state"]["values"]["reason"]["reason"].get("value")
+    except (KeyError, TypeError, AttributeError):
+        return None
+    return value.strip()[:500] or None if isinstance(value, str) else None
+
+
+def _part_of(message: Any, delivery_id: str) -> int | None:
+    if not isinstance(message, dict):
+        return None
+    metadata = message.get("metadata")
+    if not isinstance(metadata, dict) or metadata.get("event_type") != METADATA_TYPE:
+        return None
+    payload = metadata.get("event_payload")
+    if not isinstance(payload, dict) or payload.get("delivery_id") != delivery_id:
+        return None
+    part = payload.get("part")
+    return part if isinstance(part, int) else None
+
+
+def _delivery_error(exc: SlackApiError, *, after_post: bool) -> DeliveryError:
+    response = exc.response
+    status = getattr(response, "status_code", 200)
+    error = str(response.get("error") or f"HTTP {status}")
+    if status == 429:
+        retry = response.headers.get("Retry-After") or response.headers.get("retry-after")
+        try:
+            seconds = float(retry) if retry is not None else 1.0
+        except ValueError:
+            seconds = 1.0
+        return DeliveryError(
+            "rate limited by Slack", retry_after_s=seconds, unknown_outcome=after_post
+        )
+    if error in _PERMANENT:
+        return DeliveryError(f"Slack: {error}", permanent=True)
+    # A server error may come after Slack acted; a refusal (ok: false) did not post anything.
+    return DeliveryError(f"Slack: {error}", unknown_outcome=after_post or status >= 500)
+
+
+def _parse(body: bytes, content_type: str) -> dict[str, Any] | None:
+    """The request's JSON (events) or its ``payload`` form field (interactivity); None if bad."""
+    try:
+        text = body.decode("utf-8")
+        if content_type.startswith("application/json"):
+            parsed = json.loads(text)
+        elif content_type.startswith("application/x-www-form-urlencoded"):
+            from urllib.parse import parse_qs
+
+            form = parse_qs(text, strict_parsing=False)
+            if "payload" in form:
+                parsed = json.loads(form["payload"][0])
+            elif "command" in form or "ssl_check" in form:
+                parsed = {key: values[0] for key, values in form.items()}
+            else:
+                return None
+        else:
+            return None
+    except (UnicodeDecodeError, ValueError):
+        return None
+    if not isinstance(parsed, dict) or not isinstance(parsed.get("type", ""), str):
+        return None
+    if parsed.get("type") == "event_callback" and not isinstance(parsed.get("event"), dict):
+        return None
+    return parsed
+
+
+def _refusal(status: int, message: str) -> JSONResponse:
+    return JSONResponse({"error": message}, status_code=status)
