@@ -22,7 +22,7 @@ from tests.support.fake_slack import FakeSlack, Message, event_envelope, form_bo
 
 AGENT = "tests.support.gateway_agent"
 SECRET = "test-signing-secret"
-APPROVER = "U9"
+APPROVER = "U0AAA9"
 
 
 class Rig:
@@ -163,3 +163,206 @@ async def test_forged_stale_and_malformed_requests_store_nothing(rig: Rig) -> No
     backlog = await broker.inbox.backlog()
     assert backlog.pending == 0
     assert rig.fake.bot_messages() == []
+
+
+async def _approval(rig: Rig, text: str = "/deploy prod") -> tuple[dict[str, Any], Message]:
+    """A mention asking for a deploy; its thread's approval request (with buttons)."""
+    event = rig.fake.mention_event("C1", text)
+    await rig.event(event)
+    [asked] = await rig.bot_replies("C1", event["ts"], 1)
+    assert asked.blocks is not None
+    assert any(b.get("type") == "actions" for b in asked.blocks), asked.blocks
+    assert _delivery_of(asked).startswith("approval_request:slack-C1:")
+    return event, asked
+
+
+def _buttons(message: Message) -> list[str]:
+    return [
+        element["action_id"]
+        for block in message.blocks or []
+        if block.get("type") == "actions"
+        for element in block.get("elements", [])
+    ]
+
+
+async def _until(check: Any, timeout_s: float = 10.0) -> None:
+    deadline = asyncio.get_running_loop().time() + timeout_s
+    while not check():
+        assert asyncio.get_running_loop().time() < deadline
+        await asyncio.sleep(0.02)
+
+
+async def test_an_approver_approves_from_the_button_and_the_run_goes_on(rig: Rig) -> None:
+    event, asked = await _approval(rig)
+    assert "deploy" in json.dumps(asked.blocks) and "prod" in json.dumps(asked.blocks)
+    assert _buttons(asked) == ["approve", "deny"]
+    click = rig.fake.block_actions_payload("C1", asked.ts, "approve", user=APPROVER)
+    response = await rig.click(click)
+    assert response.status_code == 200, response.text
+    again = await rig.click(click)  # a double click (or Slack's retry): one decision
+    assert again.status_code == 200
+    replies = await rig.bot_replies("C1", event["ts"], 2)
+    assert replies[1].text == "Done: deployed prod"
+    await _until(lambda: _buttons(rig.fake.message("C1", asked.ts)) == [])
+    updated = json.dumps(rig.fake.message("C1", asked.ts).blocks)
+    assert f"<@{APPROVER}>" in updated and "Approved" in updated
+    await asyncio.sleep(0.3)
+    assert len([m for m in rig.fake.thread("C1", event["ts"]) if m.bot_id]) == 2
+
+
+async def test_someone_else_is_told_privately_and_nothing_is_recorded(rig: Rig) -> None:
+    event, asked = await _approval(rig)
+    response = await rig.click(
+        rig.fake.block_actions_payload("C1", asked.ts, "approve", user="U0AAA7")
+    )
+    assert response.status_code == 200
+    await _until(lambda: any(e.user == "U0AAA7" for e in rig.fake.ephemerals))
+    [note] = [e for e in rig.fake.ephemerals if e.user == "U0AAA7"]
+    assert "Only approvers" in note.text and f"<@{APPROVER}>" in note.text
+    await asyncio.sleep(0.3)
+    assert _buttons(rig.fake.message("C1", asked.ts)) == ["approve", "deny"]
+    assert len([m for m in rig.fake.thread("C1", event["ts"]) if m.bot_id]) == 1
+    broker = rig.service.broker
+    assert broker is not None
+    events = await broker.audit.list(session="slack-C1")
+    assert not [e for e in events if e.action == "approval decided"]
+
+
+async def test_deny_asks_a_reason_and_the_run_is_answered_without_the_tool(rig: Rig) -> None:
+    event, asked = await _approval(rig)
+    response = await rig.click(
+        rig.fake.block_actions_payload("C1", asked.ts, "deny", user=APPROVER)
+    )
+    assert response.status_code == 200
+    await rig.fake.wait_for_call("views.open")
+    [view_id] = list(rig.fake.views)
+    submit = rig.fake.view_submission_payload(
+        view_id,
+        values={"reason": {"reason": {"type": "plain_text_input", "value": "not on a Friday"}}},
+        user=APPROVER,
+    )
+    response = await rig.click(submit)
+    assert response.status_code == 200, response.text
+    replies = await rig.bot_replies("C1", event["ts"], 2)
+    assert "deployed" not in replies[1].text
+    await _until(lambda: _buttons(rig.fake.message("C1", asked.ts)) == [])
+    updated = json.dumps(rig.fake.message("C1", asked.ts).blocks)
+    assert "Denied" in updated and "not on a Friday" in updated
+
+
+async def test_two_approvers_racing_make_one_decision_and_the_loser_learns_who(
+    rig: Rig,
+) -> None:
+    event, asked = await _approval(rig)
+    adapter: Any = rig.service.adapters["slack"]
+    adapter.approvers["C1"] = (APPROVER, "S1")  # U8 may decide through a user group
+    rig.fake.usergroups["S1"] = ["U0AAA8"]
+    await rig.click(rig.fake.block_actions_payload("C1", asked.ts, "deny", user="U0AAA8"))
+    await rig.fake.wait_for_call("views.open")
+    [view_id] = list(rig.fake.views)
+    approve = rig.fake.block_actions_payload("C1", asked.ts, "approve", user=APPROVER)
+    deny = rig.fake.view_submission_payload(view_id, values={}, user="U0AAA8")
+    answers = await asyncio.gather(rig.click(approve), rig.click(deny))
+    assert [a.status_code for a in answers] == [200, 200]
+    replies = await rig.bot_replies("C1", event["ts"], 2)
+    await _until(lambda: len(rig.fake.ephemerals) >= 1)
+    [note] = rig.fake.ephemerals
+    winner = APPROVER if note.user == "U0AAA8" else "U0AAA8"
+    verb = "approved" if winner == APPROVER else "denied"
+    assert note.text.startswith(f"<@{winner}> already {verb}")
+    assert (replies[1].text == "Done: deployed prod") is (winner == APPROVER)
+    await _until(lambda: _buttons(rig.fake.message("C1", asked.ts)) == [])
+    assert f"<@{winner}>" in json.dumps(rig.fake.message("C1", asked.ts).blocks)
+    await asyncio.sleep(0.3)
+    assert len([m for m in rig.fake.thread("C1", event["ts"]) if m.bot_id]) == 2
+
+
+async def test_a_post_whose_answer_was_lost_is_found_not_posted_again(rig: Rig) -> None:
+    rig.fake.lose_response("chat.postMessage")
+    event = rig.fake.mention_event("C1", "lost answer")
+    await rig.event(event)
+    [reply] = await rig.bot_replies("C1", event["ts"], 1)
+    assert reply.text == "You said: lost answer"
+    await rig.fake.wait_for_call("conversations.replies")  # the retry reconciled first
+    await asyncio.sleep(0.5)
+    assert len([m for m in rig.fake.thread("C1", event["ts"]) if m.bot_id]) == 1
+    broker = rig.service.broker
+    assert broker is not None
+    delivery = await broker.outbox.get(_delivery_of(reply))
+    assert delivery is not None and delivery.status == "delivered"
+
+
+async def test_a_rate_limited_post_waits_as_slack_asks(rig: Rig) -> None:
+    rig.fake.rate_limit("chat.postMessage", retry_after=1)
+    event = rig.fake.mention_event("C1", "slow down")
+    await rig.event(event)
+    [reply] = await rig.bot_replies("C1", event["ts"], 1)
+    posts = rig.fake.calls_to("chat.postMessage")
+    assert len(posts) == 2
+    assert posts[1].time - posts[0].time >= 0.95  # Retry-After: 1
+    assert reply.text == "You said: slow down"
+
+
+async def test_a_dm_is_one_conversation_answered_at_the_top(rig: Rig) -> None:
+    rig.fake.add_channel("D1")
+    first = rig.fake.post_user_message("D1", "hi in private")
+    assert (await rig.event(first)).status_code == 200
+    await _until(lambda: len(rig.fake.bot_messages("D1")) == 1)
+    second = rig.fake.post_user_message("D1", "and again")
+    await rig.event(second)
+    await _until(lambda: len(rig.fake.bot_messages("D1")) == 2)
+    answers = rig.fake.bot_messages("D1")
+    assert [m.text for m in answers] == ["You said: hi in private", "You said: and again"]
+    assert all(m.thread_ts is None for m in answers)
+    texts = await rig.user_texts("slack:D1:dm", session="slack-D1")
+    assert texts == ["hi in private", "and again"]
+
+
+async def test_a_mention_midway_gives_the_agent_the_thread_so_far(rig: Rig) -> None:
+    root = rig.fake.post_user_message("C1", "the build is red", user="U0ANN")
+    rig.fake.post_user_message("C1", "since this morning", user="U0BOB", thread_ts=root["ts"])
+    mention = rig.fake.mention_event("C1", "what broke?", user="U0ANN", thread_ts=root["ts"])
+    await rig.event(mention)
+    await rig.bot_replies("C1", root["ts"], 1)
+    [first] = await rig.user_texts(f"slack:C1:{root['ts']}")
+    assert first == (
+        "Earlier in this thread:\nU0ANN: the build is red\nU0BOB: since this morning\n\n"
+        "The message to you:\nwhat broke?"
+    )
+
+
+async def test_edits_deletions_and_other_events_are_acknowledged_not_taken(rig: Rig) -> None:
+    mention = rig.fake.mention_event("C1", "original")
+    await rig.event(mention)
+    await rig.bot_replies("C1", mention["ts"], 1)
+    edit = rig.fake.edit_user_message("C1", mention["ts"], "edited")
+    deletion = rig.fake.delete_user_message("C1", mention["ts"])
+    other = {"type": "reaction_added", "user": "U1", "reaction": "tada", "item": {}}
+    for event in (edit, deletion, other):
+        assert (await rig.event(event)).status_code == 200, event["type"]
+    await asyncio.sleep(0.3)
+    assert await rig.user_texts(f"slack:C1:{mention['ts']}") == ["original"]
+
+
+async def test_a_message_being_worked_on_wears_the_reaction_until_answered(rig: Rig) -> None:
+    event = rig.fake.mention_event("C1", "/slow 600")
+    await rig.event(event)
+    await _until(lambda: "eyes" in rig.fake.message("C1", event["ts"]).reactions)
+    await rig.bot_replies("C1", event["ts"], 1)
+    await _until(lambda: "eyes" not in rig.fake.message("C1", event["ts"]).reactions)
+
+
+async def test_a_long_answer_is_split_and_a_partial_post_is_completed_not_repeated(
+    rig: Rig,
+) -> None:
+    words = " ".join(f"word{n}" for n in range(1_400))  # about 10,000 characters
+    rig.fake.lose_response("chat.postMessage")  # the first part is posted, its answer lost
+    event = rig.fake.mention_event("C1", words)
+    await rig.event(event)
+    parts = await rig.bot_replies("C1", event["ts"], 4, timeout_s=15)
+    await asyncio.sleep(0.5)
+    parts = [m for m in rig.fake.thread("C1", event["ts"]) if m.bot_id]
+    assert all(len(m.text) <= 3_000 for m in parts)
+    numbers = [m.metadata["event_payload"]["part"] for m in parts if m.metadata]
+    assert sorted(numbers) == list(range(len(parts)))  # each part once
+    assert " ".join(m.text for m in parts).split() == f"You said: {words}".split()
