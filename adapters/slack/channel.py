@@ -98,6 +98,7 @@ _SEEN_EVENTS = 10_000
 _HISTORY_TIMEOUT_S = 1.5
 _GROUP_TTL_MS = 60_000
 _SCAN_PAGES = 10
+_PING = re.compile(r"<!(here|channel|everyone)(?:\|[^>]*)?>")
 
 
 class SlackStartError(AdapterStartError):
@@ -343,6 +344,7 @@ class SlackChannel:
         metadata = json.dumps(
             {"v": value, "c": click.channel, "m": click.message_ts, "t": click.thread_ts},
             separators=(",", ":"),
+            ensure_ascii=False,
         )
         try:
             await self.client.views_open(
@@ -518,12 +520,13 @@ class SlackChannel:
 
     def _parts(self, outbound: Outbound) -> list[tuple[str, list[dict[str, Any]] | None]]:
         """What a delivery posts: (text, blocks) per message, in order."""
+        text = _defused(outbound.text)
         if outbound.kind == "approval_request" and outbound.approval is not None:
-            intro = to_mrkdwn(outbound.text)
+            intro = to_mrkdwn(text)
             return [(fallback_text(intro), approval_blocks(outbound.approval, intro=intro))]
         if outbound.kind == "failure_notice":
-            return [(fallback_text(to_mrkdwn(outbound.text)), failure_blocks(outbound.text))]
-        parts = split_text(to_mrkdwn(outbound.text), _PART_LIMIT) or ["(no text)"]
+            return [(fallback_text(to_mrkdwn(text)), failure_blocks(text))]
+        parts = split_text(to_mrkdwn(text), _PART_LIMIT) or ["(no text)"]
         return [(part, None) for part in parts]
 
     async def deliver(self, outbound: Outbound) -> DeliveryReceipt:
@@ -702,6 +705,11 @@ class _Click:
             )
         except (KeyError, TypeError, AttributeError):
             return None
+
+
+def _defused(text: str) -> str:
+    """`text` without channel-wide pings: a model (or a prompt injection) must not page a room."""
+    return _PING.sub(lambda found: "@" + found.group(1), text)
 
 
 def _request_text(message: Mapping[str, Any]) -> str:

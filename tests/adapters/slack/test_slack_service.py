@@ -14,6 +14,7 @@ from typing import Any
 import httpx
 import pytest
 
+from adapters.channel import Unavailable
 from config import Settings
 from gateway.service import Service
 from harness_core import UserMessage, message_text
@@ -366,3 +367,82 @@ async def test_a_long_answer_is_split_and_a_partial_post_is_completed_not_repeat
     numbers = [m.metadata["event_payload"]["part"] for m in parts if m.metadata]
     assert sorted(numbers) == list(range(len(parts)))  # each part once
     assert " ".join(m.text for m in parts).split() == f"You said: {words}".split()
+
+
+@pytest.fixture
+async def socket_rig(tmp_path: Any) -> AsyncIterator[Rig]:
+    async with FakeSlack() as fake:
+        settings = Settings(
+            store_url=f"sqlite:///{tmp_path}/store.db",
+            broker_url=f"sqlite:///{tmp_path}/broker.db",
+            web_url=f"sqlite:///{tmp_path}/web.db",
+            plugin=AGENT,
+            lease_seconds=6,
+            renew_seconds=1,
+            slack_bot_token=fake.bot_token,
+            slack_app_token=fake.app_token,
+            slack_api_url=fake.api_url,
+            slack_approvers={"C1": (APPROVER,)},
+        )
+        service = Service(settings)
+        await service.start()
+        assert service.app is not None
+        transport = httpx.ASGITransport(app=service.app)
+        async with httpx.AsyncClient(transport=transport, base_url="http://gateway") as http:
+            yield Rig(service, fake, http)
+        await service.stop(drain_seconds=2)
+
+
+async def test_socket_mode_acks_after_the_inbox_and_replies_in_the_thread(
+    socket_rig: Rig,
+) -> None:
+    rig = socket_rig
+    assert (await rig.http.post("/slack/events", content=b"{}")).status_code == 404  # no URL
+    event = rig.fake.mention_event("C1", "over the socket")
+    envelope = await rig.fake.send_event(event)
+    assert (await rig.fake.wait_ack(envelope)) == {"envelope_id": envelope}
+    [reply] = await rig.bot_replies("C1", event["ts"], 1)
+    assert reply.text == "You said: over the socket"
+    await rig.fake.disconnect_socket()  # Slack drops the link: the adapter opens a new one
+    await rig.fake.wait_connected(1)
+    follow = rig.fake.post_user_message("C1", "after the reconnect", thread_ts=event["ts"])
+    await rig.fake.wait_ack(await rig.fake.send_event(follow))
+    replies = await rig.bot_replies("C1", event["ts"], 2)
+    assert replies[1].text == "You said: after the reconnect"
+
+
+async def test_socket_mode_approval_click(socket_rig: Rig) -> None:
+    rig = socket_rig
+    event = rig.fake.mention_event("C1", "/deploy prod")
+    await rig.fake.wait_ack(await rig.fake.send_event(event))
+    [asked] = await rig.bot_replies("C1", event["ts"], 1)
+    click = rig.fake.block_actions_payload("C1", asked.ts, "approve", user=APPROVER)
+    await rig.fake.wait_ack(await rig.fake.send_interactive(click))
+    replies = await rig.bot_replies("C1", event["ts"], 2)
+    assert replies[1].text == "Done: deployed prod"
+
+
+async def test_an_event_the_inbox_cannot_hold_is_not_acknowledged(
+    rig: Rig, socket_rig: Rig, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    for each in (rig, socket_rig):
+        intake = each.service.intake
+        assert intake is not None
+
+        async def down(inbound: Any) -> Any:
+            raise Unavailable("the inbox is down")
+
+        monkeypatch.setattr(intake, "accept", down)
+    response = await rig.event(rig.fake.mention_event("C1", "not now"))
+    assert response.status_code == 500  # Slack delivers it again
+    envelope = await socket_rig.fake.send_event(socket_rig.fake.mention_event("C1", "not now"))
+    await asyncio.sleep(0.5)
+    assert envelope not in socket_rig.fake.acks  # Slack delivers it again
+
+
+async def test_the_agent_cannot_ping_the_whole_channel(rig: Rig) -> None:
+    event = rig.fake.mention_event("C1", "<!channel> wake up <!here|here> and <!everyone>")
+    await rig.event(event)
+    [reply] = await rig.bot_replies("C1", event["ts"], 1)
+    assert "<!" not in reply.text
+    assert "@channel" in reply.text and "@here" in reply.text and "@everyone" in reply.text
