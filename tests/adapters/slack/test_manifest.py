@@ -6,7 +6,7 @@ from __future__ import annotations
 
 import json
 import re
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Sequence
 from pathlib import Path
 from typing import Any
 
@@ -86,8 +86,10 @@ async def slack() -> AsyncIterator[SlackChannel]:
 
 async def _dispatch(slack: SlackChannel, event: dict[str, Any]) -> Any:
     raw = json.dumps(event_envelope(event))
-    headers = {k.lower(): [v] for k, v in signed_headers(raw, "s").items()}
-    headers["content-type"] = ["application/json"]
+    headers: dict[str, str | Sequence[str]] = {
+        k.lower(): v for k, v in signed_headers(raw, "s").items()
+    }
+    headers["content-type"] = "application/json"
     return await slack.app.async_dispatch(AsyncBoltRequest(body=raw, headers=headers))
 
 
