@@ -293,6 +293,13 @@ class Settings(BaseModel):
         description="Who may press Approve/Deny, by Slack channel id (* for every channel): "
         "user ids (U...) and user group ids (S...). Nobody may approve in a channel not listed.",
     )
+    slack_backfill_hours: float = Field(
+        default=24.0,
+        ge=0,
+        le=720,
+        description="On start and on every Socket Mode reconnect, messages posted meanwhile in "
+        "threads active this many hours are taken in (0: none).",
+    )
     slack_working_reaction: str = Field(
         default="eyes",
         pattern=r"^[a-z0-9_+'-]{0,64}$",

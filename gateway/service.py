@@ -202,6 +202,7 @@ class Service:
                     working_reaction=settings.slack_working_reaction,
                     clock=clock,
                     call_timeout_s=settings.delivery_timeout_seconds,
+                    backfill_hours=settings.slack_backfill_hours,
                 )
             )
         return adapters

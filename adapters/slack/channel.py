@@ -122,6 +122,8 @@ class SlackChannel:
         clock: Clock | None = None,
         call_timeout_s: float = 10.0,
         context_messages: int = 50,
+        backfill_hours: float = 24.0,
+        late_after_s: float = 60.0,
     ) -> None:
         if signing_secret is None and app_token is None:
             raise ValueError(
@@ -131,6 +133,11 @@ class SlackChannel:
         self.approvers = {channel: tuple(people) for channel, people in (approvers or {}).items()}
         self.working_reaction = working_reaction
         self.context_messages = context_messages
+        self.backfill_hours = backfill_hours
+        self.late_after_s = late_after_s
+        self.backfilled = 0
+        """Messages taken in by backfills (for tests and logs)."""
+        self._backfilling: asyncio.Task[None] | None = None
         self.socket_mode = app_token is not None
         self.client = AsyncWebClient(
             token=bot_token, base_url=api_url, timeout=int(call_timeout_s), retry_handlers=[]
@@ -179,8 +186,102 @@ class SlackChannel:
             log.warning("slack unreachable at start", extra={"error": type(exc).__name__})
         if self.socket_mode:
             self._socket = AsyncSocketModeHandler(self.app, self._app_token)
+            self._socket.client.message_listeners.append(self._on_socket_message)
             await self._socket.connect_async()  # type: ignore[no-untyped-call]
+        else:
+            self._start_backfill()
         log.info("slack started", extra={"mode": "socket" if self.socket_mode else "http"})
+
+    async def _on_socket_message(self, _client: Any, message: dict[str, Any], _raw: Any) -> None:
+        if message.get("type") == "hello":  # connected, or connected again after a drop
+            self._start_backfill()
+
+    # -- backfill -------------------------------------------------------------------------
+
+    def _start_backfill(self) -> None:
+        if self.backfill_hours > 0 and (self._backfilling is None or self._backfilling.done()):
+            self._backfilling = asyncio.ensure_future(self._backfill())
+            self._tasks.add(self._backfilling)
+            self._backfilling.add_done_callback(self._tasks.discard)
+
+    async def _backfill(self) -> None:
+        """Take in what was posted in the bot's recent threads while no process listened.
+
+        For every conversation the bot is in, the threads a lane holds whose newest accepted
+        message is younger than `backfill_hours` are read from that message on; each later
+        message is handed to the sink like a live event (the inbox deduplicates, so several
+        processes backfilling at once, or an event arriving meanwhile, take it once). They are
+        taken in the order they were posted: under the default busy policy (steer) they join
+        one run, which answers the thread as it now stands.
+        """
+        sink = self._sink
+        if sink is None:
+            return
+        horizon = self.clock.now_ms() / 1000 - self.backfill_hours * 3600
+        taken = 0
+        try:
+            for channel in await self._conversations():
+                try:
+                    threads = await sink.threads(CHANNEL, channel)
+                except NotRouted:
+                    continue
+                for known in threads:
+                    last = str(known.reply_context.get("ts") or "")
+                    if _ts_seconds(last) >= horizon:
+                        taken += await self._backfill_thread(sink, known.thread, last)
+        except (SlackApiError, aiohttp.ClientError, TimeoutError, Unavailable) as exc:
+            log.warning("slack backfill stopped", extra={"error": type(exc).__name__})
+        self.backfilled += taken
+        log.info("slack backfill done", extra={"taken": taken})
+
+    async def _conversations(self) -> list[str]:
+        found: list[str] = []
+        cursor: str | None = None
+        for _ in range(_SCAN_PAGES):
+            answer = await self.client.users_conversations(
+                types="public_channel,private_channel,im,mpim",
+                exclude_archived=True,
+                limit=200,
+                **({"cursor": cursor} if cursor else {}),
+            )
+            found += [str(c["id"]) for c in answer.get("channels") or [] if c.get("id")]
+            cursor = (answer.get("response_metadata") or {}).get("next_cursor") or None
+            if not cursor:
+                break
+        return found
+
+    async def _backfill_thread(self, sink: InboundSink, thread: ThreadRef, last: str) -> int:
+        channel, root = split_thread(thread)
+        if root is not None:
+            answer = await self.client.conversations_replies(
+                channel=channel, ts=root, oldest=last, limit=200
+            )
+        else:
+            answer = await self.client.conversations_history(
+                channel=channel, oldest=last, limit=200
+            )
+        messages = [m for m in answer.get("messages") or [] if isinstance(m, dict)]
+        taken = 0
+        for message in sorted(messages, key=lambda m: _ts_seconds(str(m.get("ts")))):
+            if _ts_seconds(str(message.get("ts"))) <= _ts_seconds(last):
+                continue
+            event = {**message, "channel": channel}
+            if channel.startswith("D"):
+                event["channel_type"] = "im"
+            classified = classify(
+                "message",
+                event,
+                bot_user_id=self._bot_user_id or "",
+                bot_id=self._bot_id,
+                now_ms=self.clock.now_ms(),
+            )
+            if classified.take == "ignore" or classified.inbound is None:
+                continue
+            if classified.inbound.thread != thread:
+                continue  # a DM's threaded reply seen from its top level: its own lane
+            acceptance = await sink.accept(classified.inbound)
+            taken += not acceptance.duplicate
+        return taken
 
     async def stop(self) -> None:
         """Stop receiving (close the Socket Mode link); idempotent."""
@@ -539,6 +640,10 @@ class SlackChannel:
         channel, thread_ts = self._where(outbound.thread)
         parts = self._parts(outbound)
         there = self._partial.pop(outbound.delivery_id, set())
+        if outbound.kind == "reply" and 0 not in there:
+            note = await self._superseded_note(channel, thread_ts, outbound)
+            if note:
+                parts[0] = (f"{note}\n{parts[0][0]}", parts[0][1])
         posted: list[str] = []
         for number, (text, blocks) in enumerate(parts):
             if number in there:
@@ -563,6 +668,45 @@ class SlackChannel:
             channel_message_ids=tuple(f"{channel}:{ts}" for ts in posted),
             delivered_at_ms=self.clock.now_ms(),
         )
+
+    async def _superseded_note(
+        self, channel: str, thread_ts: str | None, outbound: Outbound
+    ) -> str | None:
+        """A line saying which message a late reply answers, when the thread has moved on.
+
+        A reply goes out late when the service was down or Slack refused it for a while. If
+        people wrote in the thread after the message it answers, it is not posted as if it
+        were the answer to the newest one: it opens with a link to its question. (The newer
+        messages get their own answer: they are in the inbox.)
+        """
+        asked = str(outbound.reply_context.get("ts") or "")
+        if _ts_seconds(asked) <= 0 or self.clock.now_ms() / 1000 - _ts_seconds(asked) < (
+            self.late_after_s
+        ):
+            return None
+        try:
+            if thread_ts is not None:
+                answer = await self.client.conversations_replies(
+                    channel=channel, ts=thread_ts, oldest=asked, limit=50
+                )
+            else:
+                answer = await self.client.conversations_history(
+                    channel=channel, oldest=asked, limit=50
+                )
+            newer = [
+                m
+                for m in answer.get("messages") or []
+                if isinstance(m, dict)
+                and _ts_seconds(str(m.get("ts"))) > _ts_seconds(asked)
+                and not m.get("bot_id")
+            ]
+            if not newer:
+                return None
+            link = await self.client.chat_getPermalink(channel=channel, message_ts=asked)
+            return f"_Re: <{link['permalink']}|this earlier message>_"
+        except (SlackApiError, aiohttp.ClientError, TimeoutError, KeyError, TypeError) as exc:
+            log.info("slack late-reply check failed", extra={"error": type(exc).__name__})
+            return None
 
     def _where(self, thread: ThreadRef) -> tuple[str, str | None]:
         try:
@@ -705,6 +849,14 @@ class _Click:
             )
         except (KeyError, TypeError, AttributeError):
             return None
+
+
+def _ts_seconds(ts: str) -> float:
+    """A Slack ``ts`` as seconds since the epoch (0 for anything that is not one)."""
+    try:
+        return float(ts) if re.fullmatch(r"\d{1,12}\.\d{1,9}", ts) else 0.0
+    except ValueError:
+        return 0.0
 
 
 def _defused(text: str) -> str:

@@ -436,6 +436,7 @@ class FakeSlack:
             "reactions.remove": self._reactions_remove,
             "usergroups.users.list": self._usergroups_users_list,
             "users.info": self._users_info,
+            "users.conversations": self._users_conversations,
             "views.open": self._views_open,
             "apps.connections.open": self._apps_connections_open,
         }
@@ -1238,6 +1239,25 @@ class FakeSlack:
             "response_metadata": {"next_cursor": cursor},
         }
 
+    def _users_conversations(self, params: Json) -> Json:
+        """The conversations the bot is in (all of the fake's), by ``types``, paged by id."""
+        types = set((_opt_str(params, "types") or "public_channel").split(","))
+        kinds = {"channel": "public_channel", "group": "private_channel", "im": "im"}
+        chosen = [
+            c
+            for c in sorted(self.channels.values(), key=lambda c: c.id)
+            if kinds.get(c.channel_type, "public_channel") in types
+        ]
+        limit = _int(params, "limit", self.default_limit)
+        start = int(_opt_str(params, "cursor") or 0)
+        page = chosen[start : start + limit]
+        cursor = str(start + limit) if start + limit < len(chosen) else ""
+        return {
+            "ok": True,
+            "channels": [{"id": c.id, "name": c.name, "is_member": True} for c in page],
+            "response_metadata": {"next_cursor": cursor},
+        }
+
     def _conversations_info(self, params: Json) -> Json:
         conversation = self._channel_param(params)
         kind = conversation.channel_type
@@ -1333,7 +1353,8 @@ class FakeSlack:
     # ---- internals
 
     def _next_ts(self) -> str:
-        self._last_ts_us += _TS_STEP_US
+        # Slack's ts is the posting time (unique per channel): now, or just after the last one.
+        self._last_ts_us = max(self._last_ts_us + _TS_STEP_US, int(time.time() * 1_000_000))
         return _format_ts(self._last_ts_us)
 
     def _trigger_id(self) -> str:

@@ -35,6 +35,8 @@ METHOD_SCOPES: dict[str, set[str]] = {
     "reactions_remove": {"reactions:write"},
     "usergroups_users_list": {"usergroups:read"},
     "views_open": set(),
+    "chat_getPermalink": set(),
+    "users_conversations": {"channels:read", "groups:read", "im:read", "mpim:read"},
 }
 EVENT_SCOPES = {
     "app_mention": {"app_mentions:read"},

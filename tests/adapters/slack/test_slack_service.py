@@ -284,13 +284,22 @@ async def test_a_post_whose_answer_was_lost_is_found_not_posted_again(rig: Rig) 
     await rig.event(event)
     [reply] = await rig.bot_replies("C1", event["ts"], 1)
     assert reply.text == "You said: lost answer"
-    await rig.fake.wait_for_call("conversations.replies")  # the retry reconciled first
-    await asyncio.sleep(0.5)
-    assert len([m for m in rig.fake.thread("C1", event["ts"]) if m.bot_id]) == 1
     broker = rig.service.broker
     assert broker is not None
-    delivery = await broker.outbox.get(_delivery_of(reply))
+    for _ in range(500):
+        delivery = await broker.outbox.get(_delivery_of(reply))
+        if delivery is not None and delivery.status == "delivered":
+            break
+        await asyncio.sleep(0.02)
     assert delivery is not None and delivery.status == "delivered"
+    looked = [
+        c
+        for c in rig.fake.calls_to("conversations.replies")
+        if c.params.get("include_all_metadata")
+    ]
+    assert looked  # the retry reconciled (read the thread's metadata) before posting
+    await asyncio.sleep(0.3)
+    assert len([m for m in rig.fake.thread("C1", event["ts"]) if m.bot_id]) == 1
 
 
 async def test_a_rate_limited_post_waits_as_slack_asks(rig: Rig) -> None:
@@ -446,3 +455,48 @@ async def test_the_agent_cannot_ping_the_whole_channel(rig: Rig) -> None:
     [reply] = await rig.bot_replies("C1", event["ts"], 1)
     assert "<!" not in reply.text
     assert "@channel" in reply.text and "@here" in reply.text and "@everyone" in reply.text
+
+
+async def test_messages_posted_while_down_are_backfilled_after_a_restart(rig: Rig) -> None:
+    mention = rig.fake.mention_event("C1", "before the restart")
+    await rig.event(mention)
+    await rig.bot_replies("C1", mention["ts"], 1)
+    await rig.service.stop(drain_seconds=1)
+    root = mention["ts"]
+    rig.fake.post_user_message("C1", "while you were away", thread_ts=root)
+    rig.fake.post_user_message("C1", "<@UBOT> still there?", thread_ts=root)
+    rig.fake.post_user_message(
+        "C1", "unrelated", thread_ts=rig.fake.post_user_message("C1", "x")["ts"]
+    )
+    rig.service = Service(rig.service.settings)
+    await rig.service.start()
+    assert rig.service.app is not None
+    rig.http._transport = httpx.ASGITransport(app=rig.service.app)
+    adapter: Any = rig.service.adapters["slack"]
+    await _until(lambda: adapter.backfilled == 2)
+    replies = await rig.bot_replies("C1", root, 2)
+    assert "still there?" in replies[-1].text
+    texts = await rig.user_texts(f"slack:C1:{root}")
+    assert texts[:1] == ["before the restart"]
+    assert sorted(texts[1:]) == ["still there?", "while you were away"]
+    again = rig.fake.post_user_message("C1", "live again", thread_ts=root)
+    await rig.event(again)  # a live event of a message the backfill could also see: once
+    await _until(lambda: len([m for m in rig.fake.thread("C1", root) if m.bot_id]) >= 3)
+    assert (await rig.user_texts(f"slack:C1:{root}")).count("live again") == 1
+
+
+async def test_a_late_reply_in_a_thread_that_moved_on_links_its_question(rig: Rig) -> None:
+    adapter: Any = rig.service.adapters["slack"]
+    adapter.late_after_s = 0.0
+    rig.fake.fail("chat.postMessage", error="internal_error")  # refused: retried in ~2 s
+    event = rig.fake.mention_event("C1", "first question")
+    await rig.event(event)
+    await rig.fake.wait_for_call("chat.postMessage")
+    rig.fake.post_user_message("C1", "a newer message", thread_ts=event["ts"])
+    [reply] = await rig.bot_replies("C1", event["ts"], 1)
+    assert reply.text.startswith("_Re: <https://test.slack.com/archives/C1/p")
+    assert reply.text.endswith("You said: first question")
+    on_time = rig.fake.mention_event("C1", "second question")
+    await rig.event(on_time)
+    [plain] = await rig.bot_replies("C1", on_time["ts"], 1)
+    assert plain.text == "You said: second question"  # nothing newer in its thread
