@@ -5,8 +5,9 @@ SQLite for one process), posts `messages` messages over `threads` web threads (s
 several spaces, so over several sessions) through their HTTP API - a client that retries with
 the same message id on any error, as a channel would - and SIGKILLs one process every few
 seconds, restarting it. When everything has settled it counts, from the store, the channel's
-sink (a ledger every process appends its deliveries to) and the effects ledger of the
-``replay="never"`` tool:
+sink (a ledger every process appends its deliveries to; with ``channel="slack"``, the local fake
+Slack's threads, the messages being signed events posted to ``/slack/events`` as Slack would,
+retried on any failure) and the effects ledger of the ``replay="never"`` tool:
 
 * lost / duplicated messages: an accepted message with no user entry, or more than one;
 * lost / duplicate replies: a finished run with no delivery at the sink, or delivered twice;
@@ -35,9 +36,11 @@ from harness_core import UserMessage, message_text, open_repo
 from harness_core.session.entries import MessageEntry
 from harness_core.session.records import OperationFinished, OperationStarted, RunIntent
 from harness_core.session.types import RecordQuery
+from tests.support.fake_slack import FakeSlack, event_envelope, signed_headers
 from tests.support.gateway_process import GatewayProcess
 
 AGENT = "tests.support.gateway_agent"
+SLACK_SECRET = "kill-run-signing-secret"
 
 
 @dataclass
@@ -130,8 +133,10 @@ async def kill_run(
     send_concurrency: int = 24,
     settle_timeout_s: float = 180.0,
     seed: int = 1,
+    slack: FakeSlack | None = None,
 ) -> KillRunCounts:
-    """Run it (see the module docstring); the counts."""
+    """Run it (see the module docstring); the counts. With `slack` (a started fake whose
+    channels are ``C0``... one per space) the messages come in as Slack events."""
     rng = random.Random(seed)
     ledger = directory / "deliveries.jsonl"
     effects = directory / "effects.jsonl"
@@ -146,7 +151,15 @@ async def kill_run(
         "worker_slots": "8",
         "log_level": "warning",
     }
-    env = {"AGENT_TEST_LEDGER": str(ledger), "AGENT_TEST_EFFECTS": str(effects)}
+    env = {"AGENT_TEST_EFFECTS": str(effects)}
+    if slack is None:
+        env["AGENT_TEST_LEDGER"] = str(ledger)
+    else:
+        settings |= {
+            "slack_bot_token": slack.bot_token,
+            "slack_signing_secret": SLACK_SECRET,
+            "slack_api_url": slack.api_url,
+        }
     gateways = [
         GatewayProcess(f"gw{n}", directory, settings, extra_env=env) for n in range(processes)
     ]
@@ -162,7 +175,12 @@ async def kill_run(
     try:
         async with httpx.AsyncClient(timeout=10.0) as http:
             killer = asyncio.ensure_future(_killer(gateways, rng, kill_every_s, sending, counts))
-            await _send_all(http, gateways, plan, accepted, send_concurrency, send_seconds, rng)
+            send = (
+                _WebSender(http, gateways, rng)
+                if slack is None
+                else _SlackSender(http, gateways, rng, slack)
+            )
+            await _send_all(send, plan, accepted, send_concurrency, send_seconds)
             sending.set()
             await killer
         for gateway in gateways:
@@ -173,19 +191,25 @@ async def kill_run(
         for gateway in gateways:
             await asyncio.to_thread(gateway.stop)
     counts.accepted = len(accepted)
-    await _count(urls, plan, accepted, ledger, effects, counts)
+    if slack is None:
+        delivered = [(str(line["delivery_id"]), 0) for line in _jsonl(ledger)]
+    else:
+        delivered = [
+            (str(m.metadata["event_payload"]["delivery_id"]), m.metadata["event_payload"]["part"])
+            for m in slack.bot_messages()
+            if m.metadata
+        ]
+    await _count(urls, plan, accepted, delivered, effects, counts)
     counts.seconds = time.monotonic() - began
     return counts
 
 
 async def _send_all(
-    http: httpx.AsyncClient,
-    gateways: list[GatewayProcess],
+    send: _WebSender | _SlackSender,
     plan: list[_Message],
     accepted: dict[str, dict[str, Any]],
     concurrency: int,
     seconds: float,
-    rng: random.Random,
 ) -> None:
     """Send every message, spread evenly over `seconds` (so the killer hits a busy system)."""
     slots = asyncio.Semaphore(concurrency)
@@ -201,32 +225,99 @@ async def _send_all(
         for message in queue:
             await asyncio.sleep(max(0.0, began + message.number * interval - loop.time()))
             async with slots:
-                accepted[message.client_id] = await _send(http, gateways, message, rng)
+                accepted[message.client_id] = await send(message)
 
     await asyncio.gather(*(thread_worker(queue) for queue in by_thread.values()))
 
 
-async def _send(
-    http: httpx.AsyncClient, gateways: list[GatewayProcess], message: _Message, rng: random.Random
-) -> dict[str, Any]:
-    """Post until some process accepts it (a retry repeats the message id: a duplicate)."""
-    body = {"text": message.text, "client_message_id": message.client_id, "space": message.space}
-    deadline = time.monotonic() + 120
-    while True:
-        live = [g for g in gateways if g.alive] or gateways
-        gateway = rng.choice(live)
-        try:
-            response = await http.post(
-                f"{gateway.url}/web/threads/{message.thread}/messages", json=body
-            )
-            if response.status_code == 202:
-                answer: dict[str, Any] = response.json()
-                return answer
-        except httpx.HTTPError:
-            pass
-        if time.monotonic() > deadline:
-            raise RuntimeError(f"message {message.client_id} was never accepted")
-        await asyncio.sleep(0.05)
+class _WebSender:
+    """Posts a message to the web channel of some live process until one accepts it."""
+
+    def __init__(
+        self, http: httpx.AsyncClient, gateways: list[GatewayProcess], rng: random.Random
+    ) -> None:
+        self.http = http
+        self.gateways = gateways
+        self.rng = rng
+
+    async def __call__(self, message: _Message) -> dict[str, Any]:
+        """Post until accepted (a retry repeats the message id: a duplicate); the acceptance."""
+        body = {
+            "text": message.text,
+            "client_message_id": message.client_id,
+            "space": message.space,
+        }
+        deadline = time.monotonic() + 120
+        while True:
+            gateway = self.rng.choice([g for g in self.gateways if g.alive] or self.gateways)
+            try:
+                response = await self.http.post(
+                    f"{gateway.url}/web/threads/{message.thread}/messages", json=body
+                )
+                if response.status_code == 202:
+                    answer: dict[str, Any] = response.json()
+                    return answer
+            except httpx.HTTPError:
+                pass
+            if time.monotonic() > deadline:
+                raise RuntimeError(f"message {message.client_id} was never accepted")
+            await asyncio.sleep(0.05)
+
+
+class _SlackSender(_WebSender):
+    """Posts a message as Slack does: into the fake workspace, then a signed event, retried.
+
+    A thread's first message mentions the bot at the top of channel ``C<space>`` and arrives
+    twice (``app_mention`` and ``message``, as Slack sends both); the others are replies in
+    its thread. Each event is retried with its own ``event_id`` until some process answers 200.
+    """
+
+    def __init__(
+        self,
+        http: httpx.AsyncClient,
+        gateways: list[GatewayProcess],
+        rng: random.Random,
+        slack: FakeSlack,
+    ) -> None:
+        super().__init__(http, gateways, rng)
+        self.slack = slack
+        self.roots: dict[str, str] = {}
+
+    async def __call__(self, message: _Message) -> dict[str, Any]:
+        channel = "C" + message.space.removeprefix("s")
+        key = f"{message.space}/{message.thread}"
+        if key not in self.roots:
+            mention = self.slack.mention_event(channel, message.text)
+            self.roots[key] = mention["ts"]
+            events = [mention, self.slack.message_event(channel, mention["ts"])]
+        else:
+            events = [
+                self.slack.post_user_message(channel, message.text, thread_ts=self.roots[key])
+            ]
+        for event in events:
+            await self._post(event, message)
+        return {
+            "session": default_session("slack", channel),
+            "lane": f"slack:{channel}:{self.roots[key]}",
+        }
+
+    async def _post(self, event: dict[str, Any], message: _Message) -> None:
+        raw = json.dumps(event_envelope(event))
+        deadline = time.monotonic() + 120
+        while True:
+            gateway = self.rng.choice([g for g in self.gateways if g.alive] or self.gateways)
+            headers = {"content-type": "application/json", **signed_headers(raw, SLACK_SECRET)}
+            try:
+                response = await self.http.post(
+                    f"{gateway.url}/slack/events", content=raw.encode(), headers=headers
+                )
+                if response.status_code == 200:
+                    return
+            except httpx.HTTPError:
+                pass
+            if time.monotonic() > deadline:
+                raise RuntimeError(f"message {message.client_id} was never accepted")
+            await asyncio.sleep(0.05)
 
 
 async def _killer(
@@ -308,20 +399,21 @@ async def _count(
     urls: Mapping[str, str],
     plan: list[_Message],
     accepted: dict[str, dict[str, Any]],
-    ledger: Path,
+    delivered: list[tuple[str, int]],
     effects: Path,
     counts: KillRunCounts,
 ) -> None:
-    deliveries = Counter(str(line["delivery_id"]) for line in _jsonl(ledger))
-    counts.duplicate_replies = sum(n - 1 for n in deliveries.values() if n > 1)
+    parts = Counter(delivered)
+    counts.duplicate_replies = sum(n - 1 for n in parts.values() if n > 1)
+    deliveries = Counter(delivery for delivery, _ in parts)
     charged = Counter(str(line["key"]) for line in _jsonl(effects))
     counts.charges = len(charged)
     counts.repeated_effects = sum(n - 1 for n in charged.values() if n > 1)
     expected: dict[tuple[str, str], Counter[str]] = {}
     for message in plan:
-        if message.client_id in accepted:
-            session = default_session("web", message.space)
-            lane = f"web:{message.thread}"
+        acceptance = accepted.get(message.client_id)
+        if acceptance is not None:
+            session, lane = str(acceptance["session"]), str(acceptance["lane"])
             expected.setdefault((session, lane), Counter())[message.text] += 1
     counts.sessions = len({session for session, _ in expected})
     repo = open_repo(urls["store_url"])

@@ -1,0 +1,48 @@
+"""The kill run with Slack as the channel: signed events in, posts out, processes SIGKILLed.
+
+Three `gateway serve` processes on one Redis take Slack events (each thread's first message a
+mention that arrives twice, the rest replies in its thread; every event retried until some
+process answers 200, as Slack retries) while one of them is SIGKILLed every few seconds and
+restarted. At the end every accepted message is one user entry, every run's reply is in its
+Slack thread exactly once (counted at the fake Slack, by the delivery id in each post's
+metadata), and no ``replay="never"`` tool ran twice.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+
+from tests.support.fake_slack import FakeSlack
+from tests.support.kill_run import kill_run
+from tests.support.redis_server import RedisServer
+
+
+@pytest.mark.timeout(600)
+async def test_three_processes_on_redis_with_slack_killed_every_few_seconds(
+    tmp_path: Path, redis_server: RedisServer, redis_prefix: str, capsys: pytest.CaptureFixture[str]
+) -> None:
+    urls = {
+        "store_url": f"{redis_server.url}?prefix={redis_prefix}s",
+        "broker_url": f"{redis_server.url}?prefix={redis_prefix}b",
+        "web_url": f"{redis_server.url}?prefix={redis_prefix}w",
+    }
+    spaces = 10
+    async with FakeSlack(channels=[f"C{n}" for n in range(spaces)]) as slack:
+        counts = await kill_run(
+            tmp_path,
+            urls,
+            processes=3,
+            threads=100,
+            messages=800,
+            spaces=spaces,
+            send_seconds=25,
+            slack=slack,
+        )
+    with capsys.disabled():
+        print(f"\nkill run, 3 processes on Redis, Slack channel: {counts.line()}")
+    assert counts.kills >= 3
+    assert counts.clean, (counts.line(), counts.problems[:20])
+    assert counts.operations > 0 and counts.replies_delivered == counts.operations
+    assert counts.charges > 0
