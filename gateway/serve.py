@@ -40,9 +40,18 @@ def banner(settings: Settings, model: str) -> str:
             f"  curl -s -X POST {base}/web/threads/hello/messages "
             "-H 'content-type: application/json' -d '{\"text\": \"hello\"}'",
             f"  curl -s {base}/web/threads/hello",
+            *_slack_line(settings, base),
             "  Ctrl-C drains and stops.",
         ]
     )
+
+
+def _slack_line(settings: Settings, base: str) -> list[str]:
+    if settings.slack_bot_token is None:
+        return []
+    if settings.slack_app_token is not None:
+        return ["  Slack: Socket Mode (mention the bot in a channel it was invited to)"]
+    return [f"  Slack: HTTP mode, events and buttons at {base}/slack/events"]
 
 
 class _Server(uvicorn.Server):

@@ -139,11 +139,17 @@ class SlackChannel:
         """Messages taken in by backfills (for tests and logs)."""
         self._backfilling: asyncio.Task[None] | None = None
         self.socket_mode = app_token is not None
+        # slack-sdk and bolt log through ours: one JSON line per event, no tracebacks, no tokens
         self.client = AsyncWebClient(
-            token=bot_token, base_url=api_url, timeout=int(call_timeout_s), retry_handlers=[]
+            token=bot_token,
+            base_url=api_url,
+            timeout=int(call_timeout_s),
+            retry_handlers=[],
+            logger=logging.getLogger("adapters.slack.sdk"),
         )
         self.app = AsyncApp(
             client=self.client,
+            logger=logging.getLogger("adapters.slack.bolt"),
             signing_secret=signing_secret or "",
             process_before_response=True,
             request_verification_enabled=not self.socket_mode,
@@ -187,7 +193,9 @@ class SlackChannel:
         if self.socket_mode:
             self._socket = AsyncSocketModeHandler(self.app, self._app_token)
             self._socket.client.message_listeners.append(self._on_socket_message)
-            await self._socket.connect_async()  # type: ignore[no-untyped-call]
+            # In the background: slack-sdk retries an unreachable Slack forever, and the rest
+            # of the service (web channel, workers, deliveries) must not wait for it.
+            self._spawn(self._socket.connect_async())  # type: ignore[no-untyped-call]
         else:
             self._start_backfill()
         log.info("slack started", extra={"mode": "socket" if self.socket_mode else "http"})
@@ -287,6 +295,8 @@ class SlackChannel:
         """Stop receiving (close the Socket Mode link); idempotent."""
         socket, self._socket = self._socket, None
         if socket is not None:
+            for task in list(self._tasks):  # a connect still retrying
+                task.cancel()
             with contextlib.suppress(Exception):
                 await socket.close_async()  # type: ignore[no-untyped-call]
 

@@ -16,10 +16,12 @@ import pytest
 
 from adapters.channel import Unavailable
 from config import Settings
+from gateway.serve import serve
 from gateway.service import Service
 from harness_core import UserMessage, message_text
 from harness_core.session.entries import MessageEntry
 from tests.support.fake_slack import FakeSlack, Message, event_envelope, form_body, signed_headers
+from tests.support.redis_server import free_port
 
 AGENT = "tests.support.gateway_agent"
 SECRET = "test-signing-secret"
@@ -500,3 +502,42 @@ async def test_a_late_reply_in_a_thread_that_moved_on_links_its_question(rig: Ri
     await rig.event(on_time)
     [plain] = await rig.bot_replies("C1", on_time["ts"], 1)
     assert plain.text == "You said: second question"  # nothing newer in its thread
+
+
+async def test_a_bot_token_slack_refuses_stops_serve_with_one_line(
+    tmp_path: Any, capsys: pytest.CaptureFixture[str]
+) -> None:
+    async with FakeSlack() as fake:
+        settings = Settings(
+            store_url=f"sqlite:///{tmp_path}/store.db",
+            broker_url=f"sqlite:///{tmp_path}/broker.db",
+            web_url=f"sqlite:///{tmp_path}/web.db",
+            slack_bot_token="xoxb-revoked-secretpart",
+            slack_signing_secret=SECRET,
+            slack_api_url=fake.api_url,
+        )
+        assert await serve(settings.replace(port=free_port())) == 1
+    err = capsys.readouterr().err
+    assert "gateway: Slack refuses the bot token (invalid_auth)" in err.splitlines()
+    assert "Traceback" not in err and "secretpart" not in err
+
+
+async def test_an_unreachable_slack_does_not_hold_up_the_service(tmp_path: Any) -> None:
+    settings = Settings(
+        store_url=f"sqlite:///{tmp_path}/store.db",
+        broker_url=f"sqlite:///{tmp_path}/broker.db",
+        web_url=f"sqlite:///{tmp_path}/web.db",
+        slack_bot_token="xoxb-test",
+        slack_app_token="xapp-test",
+        slack_api_url=f"http://127.0.0.1:{free_port()}/api/",  # nothing listens
+    )
+    service = Service(settings)
+    await asyncio.wait_for(service.start(), timeout=10)  # Socket Mode keeps trying meanwhile
+    try:
+        assert service.app is not None
+        transport = httpx.ASGITransport(app=service.app)
+        async with httpx.AsyncClient(transport=transport, base_url="http://gateway") as http:
+            posted = await http.post("/web/threads/t/messages", json={"text": "still here"})
+            assert posted.status_code == 202
+    finally:
+        await asyncio.wait_for(service.stop(drain_seconds=1), timeout=15)
