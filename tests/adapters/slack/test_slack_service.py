@@ -541,3 +541,20 @@ async def test_an_unreachable_slack_does_not_hold_up_the_service(tmp_path: Any) 
             assert posted.status_code == 202
     finally:
         await asyncio.wait_for(service.stop(drain_seconds=1), timeout=15)
+
+
+async def test_malformed_clicks_are_refused_or_ignored_and_record_nothing(rig: Rig) -> None:
+    for raw in ("payload=%7Bnot-json", "nothing=here", "payload=%5B%5D"):
+        response = await rig.signed(raw, "application/x-www-form-urlencoded")
+        assert response.status_code == 400, raw
+    event, asked = await _approval(rig)
+    forged = rig.fake.block_actions_payload(
+        "C1", asked.ts, "approve", user=APPROVER, value='{"v":1,"s":"x"}'
+    )
+    forged["actions"][0]["value"] = "not a decision"
+    assert (await rig.click(forged)).status_code == 200
+    await _until(lambda: len(rig.fake.ephemerals) == 1)
+    assert "cannot be read" in rig.fake.ephemerals[0].text
+    await asyncio.sleep(0.3)
+    assert _buttons(rig.fake.message("C1", asked.ts)) == ["approve", "deny"]
+    assert len([m for m in rig.fake.thread("C1", event["ts"]) if m.bot_id]) == 1
