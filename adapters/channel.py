@@ -213,6 +213,22 @@ class InboundSink(Protocol):
         """
         ...
 
+    async def get_mark(self, name: str) -> str | None:
+        """A durable mark the adapter keeps (an IMAP mailbox's watermark); None if never set.
+
+        Raises:
+            Unavailable: the gateway cannot tell now.
+        """
+        ...
+
+    async def put_mark(self, name: str, value: str, *, expect: str | None) -> bool:
+        """Set a mark if it holds `expect` (None: unset): a compare-and-set; whether it did.
+
+        Raises:
+            Unavailable: the mark could not be written.
+        """
+        ...
+
 
 class PendingCall(Frozen):
     """A call waiting for a decision, as an approval request shows it."""

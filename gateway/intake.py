@@ -147,10 +147,22 @@ class Intake:
         return tuple(
             known
             for known in found
-            if known is not None
-            and known.thread.channel == channel
-            and known.thread.space == space
+            if known is not None and known.thread.channel == channel and known.thread.space == space
         )
+
+    async def get_mark(self, name: str) -> str | None:
+        """See `InboundSink.get_mark`."""
+        try:
+            return await self._broker.marks.get(name)
+        except Exception as exc:
+            raise Unavailable(f"the broker is unavailable ({type(exc).__name__})") from exc
+
+    async def put_mark(self, name: str, value: str, *, expect: str | None) -> bool:
+        """See `InboundSink.put_mark`."""
+        try:
+            return await self._broker.marks.put(name, value, expect=expect)
+        except Exception as exc:
+            raise Unavailable(f"the broker is unavailable ({type(exc).__name__})") from exc
 
 
 def _known(state: ThreadState) -> KnownThread | None:

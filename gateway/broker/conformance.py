@@ -25,6 +25,7 @@ from gateway.broker.contract import (
     ClaimedDelivery,
     Inbox,
     InboxItem,
+    Marks,
     NewAuditEvent,
     NewInboxItem,
     Outbox,
@@ -196,6 +197,7 @@ async def parts_meet_their_protocols_and_close_is_idempotent(fx: BrokerFixture) 
     assert isinstance(b.outbox, Outbox)
     assert isinstance(b.threads, Threads)
     assert isinstance(b.audit, Audit)
+    assert isinstance(b.marks, Marks)
     await b.close()
     await b.close()
 
@@ -920,6 +922,36 @@ async def mark_replied_never_lowers_the_mark(fx: BrokerFixture) -> None:
         assert state.replied_through == want
     await threads.mark_replied("s1", "web:unknown", 5)  # no state: ignored
     assert await threads.get("s1", "web:unknown") is None
+
+
+# ---------------------------------------------------------------------------------------------
+# marks
+
+
+@_case("marks")
+async def a_mark_is_set_only_from_the_value_expected(fx: BrokerFixture) -> None:
+    marks = fx.broker.marks
+    name = "email:bot@example.test:INBOX"
+    assert await marks.get(name) is None
+    assert not await marks.put(name, "7:10", expect="7:9")  # not set yet
+    assert await marks.put(name, "7:10", expect=None)
+    assert not await marks.put(name, "7:11", expect=None)  # set meanwhile
+    assert not await marks.put(name, "7:11", expect="7:9")
+    assert await marks.put(name, "7:12", expect="7:10")
+    assert await marks.get(name) == "7:12"
+    assert await marks.get("email:other") is None
+    await fx.broker.close()
+    other = await fx.open_another()
+    assert await other.marks.get(name) == "7:12"
+
+
+@_case("marks")
+async def racing_puts_from_one_value_let_exactly_one_win(fx: BrokerFixture) -> None:
+    marks = fx.broker.marks
+    await marks.put("m", "0", expect=None)
+    won = await asyncio.gather(*(marks.put("m", str(n), expect="0") for n in range(1, 9)))
+    assert sum(won) == 1
+    assert await marks.get("m") == str(won.index(True) + 1)
 
 
 # ---------------------------------------------------------------------------------------------

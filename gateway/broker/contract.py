@@ -42,6 +42,7 @@ __all__ = [
     "InboxItem",
     "InboxItemKind",
     "InboxStatus",
+    "Marks",
     "NewAuditEvent",
     "NewInboxItem",
     "Outbox",
@@ -367,8 +368,25 @@ class Audit(Protocol):
 
 
 @runtime_checkable
+class Marks(Protocol):
+    """Small durable values channels keep between processes (an IMAP mailbox's watermark).
+
+    Names are the adapter's (``email:<address>:<folder>``); values are short text. `put` is a
+    compare-and-set, so processes that advance one mark concurrently never move it back.
+    """
+
+    async def get(self, name: str) -> str | None:
+        """The mark's value, or None when it was never set."""
+        ...
+
+    async def put(self, name: str, value: str, *, expect: str | None) -> bool:
+        """Set `name` to `value` if it holds `expect` now (None: it is unset); whether it did."""
+        ...
+
+
+@runtime_checkable
 class Broker(Protocol):
-    """The four parts over one backend."""
+    """The five parts over one backend."""
 
     @property
     def inbox(self) -> Inbox:
@@ -388,6 +406,11 @@ class Broker(Protocol):
     @property
     def audit(self) -> Audit:
         """The audit trail."""
+        ...
+
+    @property
+    def marks(self) -> Marks:
+        """Channels' durable marks."""
         ...
 
     async def close(self) -> None:

@@ -65,6 +65,7 @@ from gateway.broker.contract import (
     InboxAppend,
     InboxItem,
     InboxStatus,
+    Marks,
     NewAuditEvent,
     NewInboxItem,
     Outbox,
@@ -96,6 +97,7 @@ _SCRIPTS = (
     "outbox_discard",
     "outbox_purge",
     "threads_mark",
+    "marks_put",
     "audit_record",
     "audit_index",
 )
@@ -207,6 +209,7 @@ class _Client(Protocol):
     async def xgroup_delconsumer(self, name: str, groupname: str, consumername: str) -> int: ...
     async def sadd(self, name: str, *values: str) -> int: ...
     async def hset(self, name: str, mapping: Mapping[str, str]) -> int: ...
+    async def hget(self, name: str, key: str) -> str | None: ...
     async def hmget(self, name: str, keys: list[str]) -> list[str | None]: ...
     async def hgetall(self, name: str) -> dict[str, str]: ...
     async def zrangebyscore(
@@ -1326,6 +1329,26 @@ class _RedisThreads:
         await self._c.eval("threads_mark", [self._c.skey(session, "threads")], [lane, seq])
 
 
+class _RedisMarks:
+    def __init__(self, core: _Core) -> None:
+        self._c = core
+
+    @property
+    def _key(self) -> str:
+        return f"{self._c.prefix}:{{marks}}:marks"
+
+    async def get(self, name: str) -> str | None:
+        c = self._c
+        await c.ready()
+        async with c.guard("read"):
+            value = await c.client.hget(self._key, name)
+        return None if value is None else str(value)
+
+    async def put(self, name: str, value: str, *, expect: str | None) -> bool:
+        args = [name, value, "" if expect is None else expect, "0" if expect is None else "1"]
+        return bool(await self._c.eval("marks_put", [self._key], args))
+
+
 def _thread(
     session: str, lane: str, thread: str, context: str | None, replied: str | None
 ) -> ThreadState:
@@ -1463,6 +1486,7 @@ class RedisBroker:
         self._outbox = _RedisOutbox(self._core, settled_retention_ms, dead_retention_ms)
         self._threads = _RedisThreads(self._core)
         self._audit = _RedisAudit(self._core, audit_max_events, audit_max_events_per_session)
+        self._marks = _RedisMarks(self._core)
 
     @property
     def cluster(self) -> bool:
@@ -1488,6 +1512,11 @@ class RedisBroker:
     def audit(self) -> Audit:
         """The audit trail."""
         return self._audit
+
+    @property
+    def marks(self) -> Marks:
+        """Channels' durable marks."""
+        return self._marks
 
     async def sweep(self) -> int:
         """Signal every session whose ready signal may have been lost (see `_RedisInbox.sweep`)."""

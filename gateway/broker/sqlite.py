@@ -46,6 +46,7 @@ from gateway.broker.contract import (
     Inbox,
     InboxAppend,
     InboxItem,
+    Marks,
     NewAuditEvent,
     NewInboxItem,
     Outbox,
@@ -122,6 +123,10 @@ CREATE TABLE IF NOT EXISTS threads (
     reply_context TEXT NOT NULL,
     replied_through INTEGER NOT NULL DEFAULT 0,
     PRIMARY KEY (session, lane)
+) WITHOUT ROWID;
+CREATE TABLE IF NOT EXISTS marks (
+    name TEXT PRIMARY KEY,
+    value TEXT NOT NULL
 ) WITHOUT ROWID;
 CREATE TABLE IF NOT EXISTS audit (
     id INTEGER PRIMARY KEY AUTOINCREMENT,
@@ -367,6 +372,7 @@ class SqliteBroker:
         self._outbox = _Outbox(self)
         self._threads = _Threads(self)
         self._audit = _Audit(self)
+        self._marks = _Marks(self)
 
     @property
     def inbox(self) -> Inbox:
@@ -387,6 +393,11 @@ class SqliteBroker:
     def audit(self) -> Audit:
         """The audit trail."""
         return self._audit
+
+    @property
+    def marks(self) -> Marks:
+        """Channels' durable marks."""
+        return self._marks
 
     async def _call(self, fn: Callable[[_Db], _T]) -> _T:
         """Run `fn` with the connection on the broker's thread (FIFO)."""
@@ -920,6 +931,31 @@ class _Threads:
             )
 
         await self._b.write(op)
+
+
+class _Marks:
+    def __init__(self, broker: SqliteBroker) -> None:
+        self._b = broker
+
+    async def get(self, name: str) -> str | None:
+        rows = await self._b.read(
+            lambda c: c.execute("SELECT value FROM marks WHERE name = ?", (name,)).fetchall()
+        )
+        return str(rows[0][0]) if rows else None
+
+    async def put(self, name: str, value: str, *, expect: str | None) -> bool:
+        def op(conn: sqlite3.Connection, _: int) -> bool:
+            row = conn.execute("SELECT value FROM marks WHERE name = ?", (name,)).fetchone()
+            if (row[0] if row else None) != expect:
+                return False
+            conn.execute(
+                "INSERT INTO marks (name, value) VALUES (?, ?) "
+                "ON CONFLICT (name) DO UPDATE SET value = excluded.value",
+                (name, value),
+            )
+            return True
+
+        return await self._b.write(op)
 
 
 class _Audit:

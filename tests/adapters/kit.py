@@ -38,6 +38,7 @@ class TestSink:
         self.accepted: dict[str, Acceptance] = {}
         self.inbound: list[Inbound] = []
         self.decisions: list[DecisionInbound] = []
+        self.marks: dict[str, str] = {}
         self.error: Exception | None = None
         self.gate: asyncio.Event | None = None
 
@@ -80,6 +81,19 @@ class TestSink:
         )
         found = [await self.known(ref) for ref in refs]
         return tuple(known for known in found if known is not None)
+
+    async def get_mark(self, name: str) -> str | None:
+        if self.error is not None:
+            raise self.error
+        return self.marks.get(name)
+
+    async def put_mark(self, name: str, value: str, *, expect: str | None) -> bool:
+        if self.error is not None:
+            raise self.error
+        if self.marks.get(name) != expect:
+            return False
+        self.marks[name] = value
+        return True
 
 
 def unavailable() -> Unavailable:

@@ -303,3 +303,13 @@ async def test_a_second_decision_under_the_same_key_learns_the_first(gateway: Ga
     assert accepted[1].duplicate is True and accepted[1].first is not None
     assert accepted[1].first.decided_by.id == "ann"
     assert accepted[1].first.decisions[0].approved is True
+
+
+async def test_the_intake_keeps_an_adapters_marks(gateway: Gateway) -> None:
+    intake = gateway.service.intake
+    assert intake is not None
+    assert await intake.get_mark("email:bot:INBOX") is None
+    assert await intake.put_mark("email:bot:INBOX", "1:5", expect=None)
+    assert not await intake.put_mark("email:bot:INBOX", "1:6", expect=None)
+    assert await intake.put_mark("email:bot:INBOX", "1:6", expect="1:5")
+    assert await intake.get_mark("email:bot:INBOX") == "1:6"
