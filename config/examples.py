@@ -42,6 +42,15 @@ _SAMPLES: dict[str, Any] = {
     "slack_signing_secret": "...",
     "slack_app_token": "xapp-...",
     "slack_approvers": {"C0123456789": ["U0123456789", "S0123456789"], "*": ["U0987654321"]},
+    "email_address": "agent@example.com",
+    "email_imap_host": "imap.example.com",
+    "email_smtp_host": "smtp.example.com",
+    "email_username": "agent@example.com",
+    "email_password": "...",
+    "email_ca_file": "/etc/ssl/private-ca.pem",
+    "email_approvers": ["ops-lead@example.com"],
+    "email_link_secret": "a-random-secret-of-at-least-32-characters",
+    "public_url": "https://gateway.example.com",
 }
 _JSON = ("routes", "slack_approvers")
 """Settings whose variable holds JSON (and TOML tables)."""
@@ -140,9 +149,11 @@ def _key(key: str) -> str:
 
 
 def _text(value: Any) -> str:
-    """A value as a variable holds it (30, not 30.0)."""
+    """A value as a variable holds it (30, not 30.0; a list comma-separated)."""
     if isinstance(value, float | int) and not isinstance(value, bool):
         return number(value)
+    if isinstance(value, list | tuple):
+        return ",".join(str(item) for item in value)
     return str(value)
 
 

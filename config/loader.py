@@ -36,7 +36,14 @@ __all__ = [
 ENV_PREFIX = "GATEWAY_"
 _JSON_FIELDS = frozenset({"routes", "slack_approvers"})  # JSON in a variable, tables in TOML
 _SECRET_FIELDS = frozenset(
-    {"model_api_key", "slack_bot_token", "slack_app_token", "slack_signing_secret"}
+    {
+        "model_api_key",
+        "slack_bot_token",
+        "slack_app_token",
+        "slack_signing_secret",
+        "email_password",
+        "email_link_secret",
+    }
 )
 _ROUTES_EXAMPLE = '[{"channel":"slack","space":"C123","session":"ops"}]'
 _JSON_EXAMPLES = {

@@ -52,6 +52,7 @@ _SESSION_ID_CHAR = re.compile(r"[^A-Za-z0-9._:@+=-]")
 SESSION_ID_RULE = "1-200 of letters, digits and . _ : @ + = -, starting with a letter or digit"
 _CHANNEL = re.compile(r"[a-z][a-z0-9_-]{0,31}")
 _SPACE = re.compile(r"[^\s\x00-\x1f\x7f]{1,256}")
+_EMAIL = re.compile(r"[^@\s<>,;]{1,64}@[A-Za-z0-9]([A-Za-z0-9.-]{0,251}[A-Za-z0-9])?")
 _SLACK_CHANNEL = re.compile(r"[CDG][A-Z0-9]{1,30}")
 _SLACK_APPROVER = re.compile(r"[UWS][A-Z0-9]{1,30}")
 _SLACK_TOKEN_PREFIX = {"slack_bot_token": "xoxb-", "slack_app_token": "xapp-"}
@@ -306,6 +307,74 @@ class Settings(BaseModel):
         description="The reaction put on a message while the agent works on it (empty: none).",
     )
 
+    email_address: str | None = Field(
+        default=None,
+        description="The bot's email address: setting it (with the IMAP and SMTP hosts and the "
+        "password) turns the email channel on.",
+    )
+    email_name: str = Field(
+        default="Agent", min_length=1, max_length=100, description="The From name of replies."
+    )
+    email_imap_host: str | None = Field(default=None, description="The IMAP server.")
+    email_imap_port: int = Field(default=993, ge=1, le=65535, description="The IMAP port.")
+    email_imap_security: Literal["tls", "none"] = Field(
+        default="tls",
+        description="IMAP over TLS (IMAPS), or none (only to a loopback address).",
+    )
+    email_smtp_host: str | None = Field(default=None, description="The SMTP submission server.")
+    email_smtp_port: int = Field(default=587, ge=1, le=65535, description="The SMTP port.")
+    email_smtp_security: Literal["starttls", "tls", "none"] = Field(
+        default="starttls",
+        description="SMTP with STARTTLS (port 587), implicit TLS (465), or none (loopback only).",
+    )
+    email_username: str | None = Field(
+        default=None, description="The IMAP and SMTP login (default: email_address)."
+    )
+    email_password: SecretStr | None = Field(
+        default=None, description="The IMAP and SMTP password (never logged or stored)."
+    )
+    email_ca_file: str | None = Field(
+        default=None,
+        description="A CA bundle (PEM) to trust for IMAP and SMTP (a private server's CA).",
+    )
+    email_folder: str = Field(default="INBOX", min_length=1, description="The folder read.")
+    email_sent_folder: str = Field(
+        default="Sent", min_length=1, description="Where sent replies are filed (and looked for)."
+    )
+    email_max_message_bytes: int = Field(
+        default=10_000_000,
+        ge=10_000,
+        le=100_000_000,
+        description="Larger mail is skipped (logged and counted, never downloaded).",
+    )
+    email_poll_seconds: float = Field(
+        default=60.0,
+        ge=1,
+        le=3600,
+        description="How often the folder is checked when the server has no IDLE.",
+    )
+    email_replies_per_hour: int = Field(
+        default=20,
+        ge=1,
+        le=1000,
+        description="Replies one email thread may get per hour (a loop that slips through the "
+        "auto-reply checks stops here).",
+    )
+    email_approvers: tuple[str, ...] = Field(
+        default=(),
+        description="Addresses whose signed approval links work (comma-separated).",
+    )
+    email_link_secret: SecretStr | None = Field(
+        default=None,
+        description="The key that signs approval links in email (32+ characters); without it "
+        "an email approval request says to decide elsewhere.",
+    )
+    public_url: str | None = Field(
+        default=None,
+        description="The gateway's base URL as approvers reach it (for links in email), like "
+        "https://gateway.example.com.",
+    )
+
     @field_validator("*", mode="before")
     @classmethod
     def _no_booleans(cls, value: Any, info: ValidationInfo) -> Any:
@@ -359,6 +428,52 @@ class Settings(BaseModel):
         prefix = _SLACK_TOKEN_PREFIX.get(str(info.field_name), "")
         if not secret.strip() or not secret.startswith(prefix) or any(c.isspace() for c in secret):
             raise ValueError(f"expected {accepted(str(info.field_name))}")
+        return value
+
+    @field_validator("email_address")
+    @classmethod
+    def _email_address(cls, value: str | None) -> str | None:
+        if value is not None and not _EMAIL.fullmatch(value):
+            raise ValueError(f"expected {accepted('email_address')}")
+        return None if value is None else value.lower()
+
+    @field_validator("email_approvers", mode="before")
+    @classmethod
+    def _email_approvers_text(cls, value: Any) -> Any:
+        if isinstance(value, str):  # a variable: comma-separated
+            return tuple(part.strip() for part in value.split(",") if part.strip())
+        return value
+
+    @field_validator("email_approvers")
+    @classmethod
+    def _email_approvers(cls, value: tuple[str, ...]) -> tuple[str, ...]:
+        for address in value:
+            if not _EMAIL.fullmatch(address):
+                raise ValueError(f"{address!r} is not an email address")
+        return tuple(address.lower() for address in value)
+
+    @field_validator("email_imap_host", "email_smtp_host")
+    @classmethod
+    def _email_host(cls, value: str | None) -> str | None:
+        if value is not None and _ip(value) is None and not _HOSTNAME.fullmatch(value):
+            raise ValueError("expected an IP address or a host name (no scheme, no port)")
+        return value
+
+    @field_validator("email_link_secret")
+    @classmethod
+    def _email_link_secret(cls, value: SecretStr | None) -> SecretStr | None:
+        if value is not None and len(value.get_secret_value()) < 32:
+            raise ValueError("expected a secret of at least 32 characters")
+        return value
+
+    @field_validator("public_url")
+    @classmethod
+    def _public_url(cls, value: str | None) -> str | None:
+        if value is not None:
+            _check_url(value, ("http", "https"), accepted("public_url"))
+            if not urlsplit(value).netloc:
+                raise ValueError(f"expected {accepted('public_url')}")
+            return value.rstrip("/")
         return value
 
     @field_validator("slack_api_url")
@@ -455,6 +570,33 @@ class Settings(BaseModel):
                     "not: the Slack channel needs its bot token (xoxb-...)",
                 )
             )
+        if self.email_address is not None:
+            missing = [
+                name
+                for name in ("email_imap_host", "email_smtp_host", "email_password")
+                if getattr(self, name) is None
+            ]
+            if missing:
+                problems.append(
+                    _Relation(
+                        ("email_address", *missing),
+                        f"the email channel needs {', '.join(missing)} too",
+                    )
+                )
+        for security, host in (
+            ("email_imap_security", self.email_imap_host),
+            ("email_smtp_security", self.email_smtp_host),
+        ):
+            address = _ip(host) if host else None
+            loopback = host == "localhost" or (address is not None and address.is_loopback)
+            if getattr(self, security) == "none" and host is not None and not loopback:
+                problems.append(
+                    _Relation(
+                        (security, security.replace("security", "host")),
+                        "mail without TLS is allowed only to a loopback address (the password "
+                        "would cross the network in clear text)",
+                    )
+                )
         failed = [problem for problem in problems if problem is not None]
         if failed:
             raise _Relations(failed)
@@ -596,6 +738,13 @@ _ACCEPTED = {
     "slack_approvers": 'channel id -> user and user group ids: JSON like {"C0123": ["U0456", '
     '"S0789"], "*": ["U0999"]} in GATEWAY_SLACK_APPROVERS, a [slack_approvers] table in TOML',
     "slack_working_reaction": "a reaction name like eyes or hourglass_flowing_sand, or empty",
+    "email_address": "an email address like bot@example.com",
+    "email_password": "the mailbox password (not empty)",
+    "email_link_secret": "a random secret of 32+ characters",
+    "email_approvers": "addresses, comma-separated (a list in TOML)",
+    "public_url": "an http:// or https:// URL",
+    "email_imap_host": "an IP address or a host name",
+    "email_smtp_host": "an IP address or a host name",
 }
 
 

@@ -1,0 +1,69 @@
+"""The email settings: what turns the channel on, TLS except to loopback, secrets never shown."""
+
+from __future__ import annotations
+
+import pytest
+
+from config import SettingsError, load_settings
+
+PASSWORD = "mailbox-password-secretpart"
+ON = {
+    "GATEWAY_EMAIL_ADDRESS": "Agent@Example.com",
+    "GATEWAY_EMAIL_IMAP_HOST": "imap.example.com",
+    "GATEWAY_EMAIL_SMTP_HOST": "smtp.example.com",
+    "GATEWAY_EMAIL_PASSWORD": PASSWORD,
+}
+
+
+def _refusal(environ: dict[str, str]) -> str:
+    with pytest.raises(SettingsError) as caught:
+        load_settings(environ)
+    line = str(caught.value)
+    assert "\n" not in line and PASSWORD not in line
+    return line
+
+
+def test_the_email_channel_with_safe_defaults() -> None:
+    settings = load_settings(ON)
+    assert settings.email_address == "agent@example.com"
+    assert (settings.email_imap_port, settings.email_imap_security) == (993, "tls")
+    assert (settings.email_smtp_port, settings.email_smtp_security) == (587, "starttls")
+    assert settings.email_password is not None and PASSWORD not in repr(settings)
+
+
+def test_an_address_alone_names_what_is_missing() -> None:
+    line = _refusal({"GATEWAY_EMAIL_ADDRESS": "bot@example.com"})
+    assert "needs email_imap_host, email_smtp_host, email_password too" in line
+
+
+@pytest.mark.parametrize("kind", ["IMAP", "SMTP"])
+def test_clear_text_mail_only_to_loopback(kind: str) -> None:
+    line = _refusal({**ON, f"GATEWAY_EMAIL_{kind}_SECURITY": "none"})
+    assert "only to a loopback address" in line
+    loopback = {
+        **ON,
+        f"GATEWAY_EMAIL_{kind}_SECURITY": "none",
+        f"GATEWAY_EMAIL_{kind}_HOST": "127.0.0.1",
+    }
+    assert load_settings(loopback).email_address == "agent@example.com"
+
+
+@pytest.mark.parametrize(
+    ("variable", "value", "expected"),
+    [
+        ("GATEWAY_EMAIL_ADDRESS", "not-an-address", "expected an email address"),
+        ("GATEWAY_EMAIL_APPROVERS", "ok@example.com, nope", "'nope' is not an email address"),
+        ("GATEWAY_EMAIL_LINK_SECRET", "short", "at least 32 characters"),
+        ("GATEWAY_EMAIL_IMAP_HOST", "imaps://imap.example.com", "expected an IP address or a host"),
+        ("GATEWAY_PUBLIC_URL", "gateway.example.com", "expected an http:// or https:// URL"),
+    ],
+)
+def test_bad_email_values_are_one_line(variable: str, value: str, expected: str) -> None:
+    line = _refusal({**ON, variable: value})
+    assert expected in line
+    assert "short" not in line or variable != "GATEWAY_EMAIL_LINK_SECRET"
+
+
+def test_approvers_are_comma_separated_and_lowercased() -> None:
+    settings = load_settings({**ON, "GATEWAY_EMAIL_APPROVERS": "Ann@Example.com, bob@example.com"})
+    assert settings.email_approvers == ("ann@example.com", "bob@example.com")
