@@ -205,7 +205,39 @@ class Service:
                     backfill_hours=settings.slack_backfill_hours,
                 )
             )
+        if settings.email_address is not None:
+            adapters.append(self._email_channel())
         return adapters
+
+    def _email_channel(self) -> ChannelAdapter:
+        from adapters.email import EmailChannel
+
+        settings = self.settings
+        # the settings' relation checks guarantee these when email_address is set
+        assert settings.email_address is not None
+        assert settings.email_imap_host is not None
+        assert settings.email_smtp_host is not None
+        assert settings.email_password is not None
+        return EmailChannel(
+            address=settings.email_address,
+            display_name=settings.email_name,
+            imap_host=settings.email_imap_host,
+            imap_port=settings.email_imap_port,
+            imap_tls=settings.email_imap_security == "tls",
+            smtp_host=settings.email_smtp_host,
+            smtp_port=settings.email_smtp_port,
+            smtp_security=settings.email_smtp_security,
+            username=settings.email_username,
+            password=settings.email_password.get_secret_value(),
+            ca_file=settings.email_ca_file,
+            folder=settings.email_folder,
+            sent_folder=settings.email_sent_folder,
+            max_message_bytes=settings.email_max_message_bytes,
+            poll_seconds=settings.email_poll_seconds,
+            replies_per_hour=settings.email_replies_per_hour,
+            timeout_s=settings.delivery_timeout_seconds,
+            clock=self.parts.clock,
+        )
 
     async def readiness(self) -> dict[str, str]:
         """``ok`` or the error's type name for the broker and the store (``/readyz``)."""

@@ -1,0 +1,427 @@
+r"""The email channel: IMAP IDLE (or polling) in, SMTP out, a durable UID watermark between.
+
+Inbound: one receiving loop per process selects the folder, takes every message above the
+watermark (the broker mark ``email:<address>:<folder>`` = ``<UIDVALIDITY>:<last UID>``) in UID
+order, hands each to the inbox, then marks it ``\\Seen`` on the server and moves the mark (a
+compare-and-set: processes sharing the mailbox never move it back). A message is marked only
+after the inbox holds it, so a crash in between takes it again, and the inbox deduplicates it by
+its ``Message-ID``. On the first start (no mark) and after a UIDVALIDITY change the loop takes
+the folder's unseen messages instead (handled ones were marked ``\\Seen``; the inbox dedupes
+the rest by Message-ID). Mail that must not be answered (auto-replies, lists, bounces, our own)
+and mail that cannot be read (oversized, malformed) is marked and counted, never retried
+forever and never a stop for its neighbours. Any IMAP failure ends the connection; a new one
+is built after a backoff (tenacity: exponential with jitter, capped).
+
+Outbound: a reply threads (``In-Reply-To``, ``References``, ``Re:``) and carries a Message-ID
+derived from its delivery id, so `reconcile` looks for that id in the Sent folder and in the
+bot's own folder (every reply is Bcc'd to the bot) before a retry sends again. Refused
+recipients, refused logins and an exceeded per-thread reply rate are permanent: a dead letter
+with the reason, not an endless retry.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import ssl
+from collections import Counter, deque
+from collections.abc import Sequence
+from datetime import UTC, datetime
+from email.message import EmailMessage
+from email.utils import getaddresses
+from typing import Any
+
+import aiosmtplib
+from tenacity import (
+    AsyncRetrying,
+    RetryCallState,
+    retry_if_exception_type,
+    wait_exponential_jitter,
+)
+
+from adapters.channel import (
+    DeliveryError,
+    DeliveryReceipt,
+    InboundSink,
+    NotRouted,
+    Outbound,
+    Reconciled,
+    Unavailable,
+)
+from adapters.email.compose import compose_reply, reply_message_id
+from adapters.email.imap import ImapConnection, ImapError, ImapGone, ImapRefused
+from adapters.email.message import parse
+from harness_core import Clock, SystemClock
+
+__all__ = ["EmailChannel"]
+
+log = logging.getLogger("adapters.email")
+
+CHANNEL = "email"
+_HOUR_MS = 3_600_000
+
+
+class EmailChannel:
+    """The email channel adapter (a `ChannelAdapter`; see the module docstring)."""
+
+    name = CHANNEL
+
+    def __init__(
+        self,
+        *,
+        address: str,
+        display_name: str = "Agent",
+        imap_host: str,
+        imap_port: int = 993,
+        imap_tls: bool = True,
+        smtp_host: str,
+        smtp_port: int = 587,
+        smtp_security: str = "starttls",
+        username: str | None = None,
+        password: str,
+        ca_file: str | None = None,
+        folder: str = "INBOX",
+        sent_folder: str = "Sent",
+        max_message_bytes: int = 10_000_000,
+        poll_seconds: float = 60.0,
+        replies_per_hour: int = 20,
+        timeout_s: float = 30.0,
+        clock: Clock | None = None,
+        max_backoff_s: float = 60.0,
+    ) -> None:
+        self.address = address.lower()
+        self.domain = self.address.rsplit("@", 1)[1]
+        self.display_name = display_name
+        self.imap_host, self.imap_port, self.imap_tls = imap_host, imap_port, imap_tls
+        self.smtp_host, self.smtp_port, self.smtp_security = smtp_host, smtp_port, smtp_security
+        self.username = username or address
+        self._password = password
+        self.folder = folder
+        self.sent_folder = sent_folder
+        self.max_message_bytes = max_message_bytes
+        self.poll_seconds = poll_seconds
+        self.replies_per_hour = replies_per_hour
+        self.timeout_s = timeout_s
+        self.clock = clock or SystemClock()
+        self.max_backoff_s = max_backoff_s
+        self.ssl_context = ssl.create_default_context(cafile=ca_file) if ca_file else None
+        self.skipped: Counter[str] = Counter()
+        """Messages not taken, by reason (``auto_submitted``, ``oversized``...)."""
+        self.taken = 0
+        self.connections = 0
+        """IMAP connections opened by the receiving loop (a reconnect adds one)."""
+        self._sink: InboundSink | None = None
+        self._loop: asyncio.Task[None] | None = None
+        self._sent: dict[str, deque[int]] = {}
+        self._imap: ImapConnection | None = None
+
+    @property
+    def mark_name(self) -> str:
+        """The broker mark holding this mailbox's watermark."""
+        return f"email:{self.address}:{self.folder}"
+
+    # -- lifecycle -------------------------------------------------------------------------------
+
+    async def start(self, sink: InboundSink) -> None:
+        """Start the receiving loop in the background (an unreachable server is retried)."""
+        self._sink = sink
+        self._loop = asyncio.ensure_future(self._receive_supervised())
+        log.info("email started", extra={"address": self.address, "folder": self.folder})
+
+    async def stop(self) -> None:
+        """Stop receiving; idempotent."""
+        loop, self._loop = self._loop, None
+        if loop is not None:
+            loop.cancel()
+            await asyncio.gather(loop, return_exceptions=True)
+        imap, self._imap = self._imap, None
+        if imap is not None:
+            await imap.close()
+
+    async def close(self) -> None:
+        """Stop (the SMTP side holds no connection between sends)."""
+        await self.stop()
+        self._sink = None
+
+    # -- inbound ---------------------------------------------------------------------------------
+
+    async def _receive_supervised(self) -> None:
+        """Receive until stopped; a failure nobody foresaw is logged and receiving starts over."""
+        while True:
+            try:
+                await self._receive_forever()
+            except asyncio.CancelledError:
+                raise
+            except Exception as exc:
+                log.error("email receiving failed", extra={"error": type(exc).__name__})
+                await asyncio.sleep(self.max_backoff_s)
+
+    async def _receive_forever(self) -> None:
+        def waiting(state: RetryCallState) -> None:
+            error = state.outcome.exception() if state.outcome is not None else None
+            log.warning(
+                "email receiving paused",
+                extra={
+                    "error": type(error).__name__,
+                    "reason": str(error)[:200],
+                    "retry_in_s": round(state.upcoming_sleep, 1),
+                },
+            )
+
+        retrying = AsyncRetrying(
+            retry=retry_if_exception_type((ImapError, Unavailable, OSError, TimeoutError)),
+            wait=wait_exponential_jitter(multiplier=0.5, max=self.max_backoff_s),
+            before_sleep=waiting,
+            reraise=True,
+        )
+        async for attempt in retrying:
+            with attempt:
+                await self._receive_once()
+
+    async def _receive_once(self) -> None:
+        """One connection: select, take what is new, then wait for news and take it, forever."""
+        imap = ImapConnection(
+            self.imap_host,
+            self.imap_port,
+            tls=self.imap_tls,
+            ssl_context=self.ssl_context,
+            timeout_s=self.timeout_s,
+        )
+        self._imap = imap
+        self.connections += 1
+        try:
+            try:
+                await imap.open(self.username, self._password)
+            except ImapRefused as exc:
+                log.error("email login refused", extra={"reason": str(exc)})
+                raise
+            selected = await imap.select(self.folder)
+            while True:
+                await self._take_new(imap, selected.uidvalidity)
+                await imap.wait_for_news(self.poll_seconds)
+        except ImapGone as exc:
+            log.warning("email connection lost", extra={"reason": str(exc)})
+            raise
+        finally:
+            if self._imap is imap:
+                self._imap = None
+            await imap.close()
+
+    async def _take_new(self, imap: ImapConnection, uidvalidity: int) -> None:
+        sink = self._sink_or_fail()
+        mark = await sink.get_mark(self.mark_name)
+        validity, last = _split_mark(mark)
+        if mark is None or validity != uidvalidity:
+            if mark is not None:
+                log.warning(
+                    "email uidvalidity changed",
+                    extra={"was": validity, "now": uidvalidity, "folder": self.folder},
+                )
+            uids = await imap.unseen()  # handled mail is \Seen; the inbox dedupes the rest
+            last = 0
+        else:
+            uids = await imap.uids_after(last)
+        for uid in uids:
+            await self._take(imap, uid)
+            mark = await self._advance(sink, mark, f"{uidvalidity}:{max(uid, last)}")
+
+    async def _take(self, imap: ImapConnection, uid: int) -> None:
+        """Hand one message to the inbox (or skip it), then mark it handled on the server."""
+        sink = self._sink_or_fail()
+        size = await imap.size(uid)
+        if size is None:
+            return  # expunged meanwhile
+        if size > self.max_message_bytes:
+            self._skip(uid, "oversized")
+        else:
+            raw = await imap.fetch(uid)
+            if raw is None:
+                return
+            parsed = parse(
+                raw,
+                mailbox_address=self.address,
+                own_domain_ids=self.domain,
+                max_bytes=self.max_message_bytes,
+                now_ms=self.clock.now_ms(),
+            )
+            if parsed.inbound is None:
+                self._skip(uid, parsed.reason)
+            else:
+                try:
+                    acceptance = await sink.accept(parsed.inbound)
+                except NotRouted as exc:
+                    self._skip(uid, "not_routed")
+                    log.warning("email not routed", extra={"reason": str(exc)})
+                else:
+                    self.taken += not acceptance.duplicate
+                    log.info(
+                        "email taken",
+                        extra={
+                            "uid": uid,
+                            "lane": acceptance.lane,
+                            "duplicate": acceptance.duplicate,
+                        },
+                    )
+        await imap.mark_seen(uid)
+
+    def _skip(self, uid: int, reason: str) -> None:
+        self.skipped[reason] += 1
+        log.info("email skipped", extra={"uid": uid, "reason": reason})
+
+    async def _advance(self, sink: InboundSink, mark: str | None, value: str) -> str | None:
+        """Move the watermark to `value` unless another process moved it further."""
+        for _ in range(5):
+            if mark is not None and _split_mark(mark) >= _split_mark(value):
+                return mark
+            if await sink.put_mark(self.mark_name, value, expect=mark):
+                return value
+            mark = await sink.get_mark(self.mark_name)
+        return mark
+
+    # -- outbound ------------------------------------------------------------------------------
+
+    async def deliver(self, outbound: Outbound) -> DeliveryReceipt:
+        """Send the reply by SMTP, then file it in the Sent folder (best effort).
+
+        Raises:
+            DeliveryError: see the module docstring.
+        """
+        self._check_rate(outbound)
+        message = self._compose(outbound)
+        recipients = [*_recipients(message), self.address]  # Bcc self: reconcile finds it
+        try:
+            refused, _ = await aiosmtplib.send(
+                message,
+                sender=self.address,
+                recipients=recipients,
+                hostname=self.smtp_host,
+                port=self.smtp_port,
+                username=self.username,
+                password=self._password,
+                start_tls=self.smtp_security == "starttls",
+                use_tls=self.smtp_security == "tls",
+                tls_context=self.ssl_context,
+                timeout=self.timeout_s,
+            )
+        except aiosmtplib.SMTPRecipientsRefused as exc:
+            raise DeliveryError(_refused(exc.recipients), permanent=True) from None
+        except aiosmtplib.SMTPAuthenticationError as exc:
+            raise DeliveryError(f"SMTP login refused ({exc.code})", permanent=True) from None
+        except (aiosmtplib.SMTPConnectError, aiosmtplib.SMTPConnectTimeoutError):
+            raise DeliveryError("SMTP server unreachable") from None
+        except aiosmtplib.SMTPResponseException as exc:
+            permanent = 500 <= exc.code < 600
+            raise DeliveryError(f"SMTP refused ({exc.code})", permanent=permanent) from None
+        except (aiosmtplib.SMTPException, OSError, TimeoutError) as exc:
+            # the connection broke: the server may have taken the message before it did
+            raise DeliveryError(
+                f"SMTP: no answer ({type(exc).__name__})", unknown_outcome=True
+            ) from None
+        if refused:
+            log.warning("email recipients refused", extra={"count": len(refused)})
+        self._sent.setdefault(outbound.thread.lane, deque()).append(self.clock.now_ms())
+        await self._file_sent(message)
+        return DeliveryReceipt(
+            delivery_id=outbound.delivery_id,
+            channel_message_ids=(str(message["Message-ID"]),),
+            delivered_at_ms=self.clock.now_ms(),
+        )
+
+    def _compose(self, outbound: Outbound) -> EmailMessage:
+        try:
+            return compose_reply(
+                outbound,
+                from_address=self.address,
+                from_name=self.display_name,
+                domain=self.domain,
+                now=datetime.fromtimestamp(self.clock.now_ms() / 1000, tz=UTC),
+            )
+        except ValueError as exc:  # no one to answer (the thread's sender is the bot...)
+            raise DeliveryError(f"cannot compose the reply: {exc}", permanent=True) from None
+
+    def _check_rate(self, outbound: Outbound) -> None:
+        now = self.clock.now_ms()
+        sent = self._sent.setdefault(outbound.thread.lane, deque())
+        while sent and now - sent[0] > _HOUR_MS:
+            sent.popleft()
+        if len(sent) >= self.replies_per_hour:
+            raise DeliveryError(
+                f"reply rate limit: {len(sent)} replies to this thread within an hour",
+                permanent=True,
+            )
+
+    async def _file_sent(self, message: EmailMessage) -> None:
+        imap = await self._side_connection()
+        if imap is None:
+            return
+        try:
+            await imap.append(bytes(message), self.sent_folder)
+        except ImapError as exc:
+            log.warning("email sent copy not filed", extra={"reason": str(exc)})
+        finally:
+            await imap.close()
+
+    async def reconcile(self, outbound: Outbound) -> Reconciled:
+        """Whether a reply with this delivery's Message-ID is in the Sent folder or our folder."""
+        message_id = reply_message_id(outbound.delivery_id, self.domain)
+        imap = await self._side_connection()
+        if imap is None:
+            return "unknown"
+        try:
+            for folder in (self.sent_folder, self.folder):
+                try:
+                    await imap.select(folder)
+                except ImapGone:
+                    raise
+                except ImapError:
+                    continue  # no such folder
+                if await imap.find(message_id):
+                    return "delivered"
+            return "absent"
+        except ImapError as exc:
+            log.info("email reconcile failed", extra={"reason": str(exc)})
+            return "unknown"
+        finally:
+            await imap.close()
+
+    async def _side_connection(self) -> ImapConnection | None:
+        """A short-lived IMAP connection for writes and lookups (the loop's one is IDLE)."""
+        imap = ImapConnection(
+            self.imap_host,
+            self.imap_port,
+            tls=self.imap_tls,
+            ssl_context=self.ssl_context,
+            timeout_s=self.timeout_s,
+        )
+        try:
+            await imap.open(self.username, self._password)
+        except ImapError as exc:
+            log.warning("email side connection failed", extra={"reason": str(exc)})
+            await imap.close()
+            return None
+        return imap
+
+    def _sink_or_fail(self) -> InboundSink:
+        if self._sink is None:
+            raise Unavailable("the email channel is not started")
+        return self._sink
+
+
+def _split_mark(mark: str | None) -> tuple[int, int]:
+    if not mark:
+        return (0, 0)
+    validity, _, last = mark.partition(":")
+    try:
+        return (int(validity), int(last))
+    except ValueError:
+        return (0, 0)
+
+
+def _recipients(message: EmailMessage) -> list[str]:
+    pairs = getaddresses([str(v) for k in ("To", "Cc") for v in message.get_all(k, [])])
+    return [address.lower() for _, address in pairs if address]
+
+
+def _refused(recipients: Sequence[Any]) -> str:
+    codes = sorted({str(getattr(r, "code", "?")) for r in recipients})
+    return f"recipients refused ({', '.join(codes)})"

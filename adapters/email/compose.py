@@ -1,0 +1,782 @@
+"""Outbound email: the reply into a thread, its deterministic Message-ID, and approval links.
+
+Pure functions, no I/O. `compose_reply` turns an `Outbound` into an `EmailMessage` that every
+client threads with the conversation it answers:
+
+* ``In-Reply-To`` is the message answered; ``References`` is its ``References`` (or its
+  ``In-Reply-To``) followed by its ``Message-ID`` (RFC 5322 §3.6.4), at most
+  `MAX_REFERENCES` ids, keeping the first (the root: the lane) and the newest ones.
+* ``Subject`` is ``Re: `` and the normalized subject: prefixes never stack (Gmail groups a
+  reply only when the subject matches modulo ``Re:``/``Fwd:``).
+* Outlook: ``Thread-Topic`` is copied and ``Thread-Index`` gets one 5-byte child block
+  (MS-OXOMSG §2.2.1.3: delta code, the time since the conversation's header block, 4
+  bits random and 4 bits sequence, both taken from the delivery id so a retry composes the
+  same bytes) when the message answered had a valid one.
+* ``To`` is the author of the message answered; ``Cc`` is everyone else it was addressed to
+  (its ``To`` and ``Cc``) but the bot: reply-all, as a person answering in a thread does, so
+  no participant drops out of the conversation. An approval request goes to the author only:
+  its links are bearer credentials for whoever reads the mail. ``Reply-To`` is ignored on
+  purpose: it would let a message divert the agent's answer (and its tool output) to a
+  third party the thread never included.
+* ``Message-ID`` is `reply_message_id` of the delivery id: a retried send carries the same id,
+  so the adapter can find an earlier attempt in the Sent folder (`reconcile`), and the loop
+  guard recognizes the bot's own mail (`is_own_message_id`).
+* ``Auto-Submitted: auto-replied`` (RFC 3834) and ``X-Auto-Response-Suppress: All``
+  (Exchange): other automatons do not answer the bot.
+* The body is ``text/plain`` (UTF-8, the Markdown as written) with an HTML alternative
+  (`markdown_to_html`: paragraphs, emphasis, code, links, lists; everything else escaped).
+
+An approval request lists each pending call (its tool and its arguments as pretty JSON, cut
+at `MAX_ARGS_CHARS`) and links to approve or deny the whole batch. Replying "approve" decides
+nothing: anyone can put any sender address on an email. The links carry an `approval_token`:
+HMAC-SHA256 over the batch (session, run, wait, each call's id and argument digest), the
+approver's address, the decision and an expiry. The web handler that receives a link must
+show a confirmation page and decide only on its POST: mail scanners (Outlook Safe Links,
+gateways) open every link of a message they deliver.
+"""
+
+from __future__ import annotations
+
+import base64
+import binascii
+import hashlib
+import hmac
+import html
+import json
+import re
+from collections.abc import Iterable, Mapping
+from dataclasses import dataclass
+from datetime import UTC, datetime
+from email import policy
+from email.message import EmailMessage
+from email.utils import format_datetime, formataddr, getaddresses
+from typing import Any, Literal
+
+from adapters.channel import ApprovalView, Outbound
+from adapters.email.message import message_ids, normalize_subject
+from harness_core.frozen import thaw_json
+
+__all__ = [
+    "approval_token",
+    "ApprovalClaims",
+    "compose_reply",
+    "Decision",
+    "is_own_message_id",
+    "markdown_to_html",
+    "MAX_ARGS_CHARS",
+    "MAX_CALLS_SHOWN",
+    "MAX_CC",
+    "MAX_REFERENCES",
+    "MAX_TOKEN_CHARS",
+    "MIN_KEY_BYTES",
+    "reply_message_id",
+    "verify_approval_token",
+]
+
+MAX_REFERENCES = 20
+"""The most ids of a reply's ``References`` (the first and the newest are kept)."""
+MAX_CC = 20
+"""The most ``Cc`` recipients of a reply."""
+MAX_ARGS_CHARS = 2000
+"""The most characters of one call's arguments shown in an approval request."""
+MAX_CALLS_SHOWN = 50
+"""The most calls an approval request lists; a larger batch gets no links (decide it with an
+operator), so a link never decides a call its reader could not see."""
+MAX_TOKEN_CHARS = 8192
+"""The longest approval token accepted (and made)."""
+MIN_KEY_BYTES = 32
+"""The shortest HMAC key `approval_token` and `verify_approval_token` accept."""
+
+Decision = Literal["approve", "deny"]
+
+_OWN_ID = re.compile(r"<?dg\.([a-z2-7]{32})@([^<>\s@]+)>?")
+_DOMAIN = re.compile(r"[A-Za-z0-9](?:[A-Za-z0-9.-]{0,251}[A-Za-z0-9])?")
+_FILETIME_EPOCH = 116_444_736_000_000_000  # 1970-01-01 in 100 ns units since 1601-01-01
+_MAX_TEXT_CHARS = 200_000
+_LINE_BREAKS = re.compile(r"[\r\n\x00-\x08\x0b\x0c\x0e-\x1f\x7f]+")
+
+
+# --- Message-IDs -----------------------------------------------------------------------------
+
+
+def _domain(domain: str) -> str:
+    if not _DOMAIN.fullmatch(domain):
+        raise ValueError("not a domain name")
+    return domain.lower()
+
+
+def reply_message_id(delivery_id: str, domain: str) -> str:
+    """The ``Message-ID`` of a delivery's email: ``<dg.<32 base32 of sha256>@domain>``.
+
+    Deterministic (the same delivery id and domain give the same id, so a retried send can be
+    looked up), and free of the delivery id's own characters (``:``, spaces...).
+
+    Raises:
+        ValueError: `domain` is not a domain name.
+    """
+    domain = _domain(domain)
+    digest = hashlib.sha256(f"{domain}\n{delivery_id}".encode()).digest()
+    token = base64.b32encode(digest).decode("ascii").lower()[:32]
+    return f"<dg.{token}@{domain}>"
+
+
+def is_own_message_id(message_id: str, domain: str) -> bool:
+    """Whether `message_id` has the shape `reply_message_id` gives for `domain` (any case)."""
+    match = _OWN_ID.fullmatch(message_id.strip())
+    return match is not None and match.group(2).lower() == domain.strip().lower()
+
+
+# --- replies ---------------------------------------------------------------------------------
+
+
+def compose_reply(
+    outbound: Outbound,
+    *,
+    from_address: str,
+    from_name: str | None,
+    domain: str,
+    now: datetime,
+    approval_links: Mapping[str, str] | None = None,
+) -> EmailMessage:
+    """The email of `outbound`: a reply in its thread (see the module docstring).
+
+    Args:
+        outbound: What to send; its `reply_context` is the newest inbound message's (from
+            `adapters.email.message.parse`).
+        from_address: The bot's address.
+        from_name: The bot's display name, if any.
+        domain: The domain of the ``Message-ID`` (`reply_message_id`).
+        now: The ``Date`` (a naive datetime is taken as UTC).
+        approval_links: For an ``approval_request``: ``{"approve": url, "deny": url}`` (http or
+            https); without them the request says to decide it with an operator.
+
+    Returns:
+        The message, with the SMTP policy (CRLF line ends).
+
+    Raises:
+        ValueError: no recipient (the reply context names no valid sender, or only the bot),
+            an invalid `from_address` or `domain`, or malformed `approval_links`.
+    """
+    bot = _one_address(from_address)
+    if bot is None:
+        raise ValueError("from_address is not an email address")
+    context = outbound.reply_context
+    author = _pairs(context.get("from"))
+    if not author or author[0][1] == bot:
+        raise ValueError("no recipient: the reply context names no sender")
+    to = author[0]
+    cc: list[tuple[str, str]] = []
+    if outbound.kind != "approval_request":
+        seen = {bot, to[1]}
+        for pair in _pairs(context.get("to")) + _pairs(context.get("cc")):
+            if pair[1] not in seen and len(cc) < MAX_CC:
+                seen.add(pair[1])
+                cc.append(pair)
+    when = now if now.tzinfo is not None else now.replace(tzinfo=UTC)
+    message = EmailMessage(policy=policy.SMTP)
+    name = _line(from_name or "")
+    message["From"] = formataddr((name, bot)) if name else bot
+    message["To"] = formataddr(to)
+    if cc:
+        message["Cc"] = ", ".join(formataddr(pair) for pair in cc)
+    subject = normalize_subject(_line(_text(context.get("subject"))))
+    message["Subject"] = f"Re: {subject}" if subject else "Re:"
+    message["Date"] = format_datetime(when.astimezone(UTC), usegmt=True)
+    message["Message-ID"] = reply_message_id(outbound.delivery_id, domain)
+    parent = message_ids(_text(context.get("message_id")))[:1]
+    if parent:
+        message["In-Reply-To"] = parent[0]
+    references = _references(context.get("references"), parent)
+    if references:
+        message["References"] = " ".join(references)
+    topic = _line(_text(context.get("thread_topic")))
+    index = _child_thread_index(_text(context.get("thread_index")), when, outbound.delivery_id)
+    if topic or (index and subject):
+        message["Thread-Topic"] = topic or subject
+    if index:
+        message["Thread-Index"] = index
+    message["Auto-Submitted"] = "auto-replied"
+    message["X-Auto-Response-Suppress"] = "All"
+    plain, body_html = _render(outbound, approval_links)
+    page = _document(body_html)
+    # quoted-printable, not 8bit: the message never depends on the server's 8BITMIME
+    message.set_content(plain, subtype="plain", charset="utf-8", cte=_cte(plain))
+    message.add_alternative(page, subtype="html", charset="utf-8", cte=_cte(page))
+    return message
+
+
+def _cte(text: str) -> str:
+    """``7bit`` for short ASCII lines, else ``quoted-printable`` (never 8bit or long lines)."""
+    short = all(len(line) <= 998 for line in text.split("\n"))
+    return "7bit" if text.isascii() and short else "quoted-printable"
+
+
+def _text(value: Any) -> str:
+    return value if isinstance(value, str) else ""
+
+
+def _line(text: str) -> str:
+    """One header-safe line: no line breaks or control characters, single spaces."""
+    return " ".join(_LINE_BREAKS.sub(" ", text).split())[:998]
+
+
+def _one_address(value: str) -> str | None:
+    pairs = _pairs(value)
+    return pairs[0][1] if pairs else None
+
+
+def _pairs(value: Any) -> list[tuple[str, str]]:
+    """Valid ``(name, address)`` pairs of a header-like string or a list of them."""
+    items = (
+        [value]
+        if isinstance(value, str)
+        else list(value)
+        if isinstance(value, (list, tuple))
+        else []
+    )
+    texts = [_line(item) for item in items if isinstance(item, str)]
+    found: list[tuple[str, str]] = []
+    try:
+        pairs = getaddresses(texts)
+    except Exception:
+        return []
+    for name, address in pairs:
+        address = address.strip().lower()
+        local, at, host = address.rpartition("@")
+        if at and local and _DOMAIN.fullmatch(host) and not re.search(r"[\s<>,;]", local):
+            found.append((_line(name)[:200], address))
+    return found
+
+
+def _references(value: Any, parent: list[str]) -> list[str]:
+    items = (
+        [value]
+        if isinstance(value, str)
+        else list(value)
+        if isinstance(value, (list, tuple))
+        else []
+    )
+    chain: list[str] = []
+    for item in items:
+        if isinstance(item, str):
+            for found in message_ids(item):
+                if found not in chain:
+                    chain.append(found)
+    for found in parent:
+        if found in chain:
+            chain.remove(found)
+        chain.append(found)
+    if len(chain) > MAX_REFERENCES:
+        chain = chain[:1] + chain[-(MAX_REFERENCES - 1) :]
+    return chain
+
+
+def _child_thread_index(parent: str, now: datetime, delivery_id: str) -> str | None:
+    """The parent's Outlook conversation index with one child block appended, or None."""
+    if not parent or len(parent) > 2000:
+        return None
+    try:
+        raw = base64.b64decode(parent, validate=True)
+    except (binascii.Error, ValueError):
+        return None
+    if len(raw) < 22 or (len(raw) - 22) % 5 or raw[0] != 1:
+        return None
+    header_time = int.from_bytes(raw[1:6], "big") << 24
+    now_time = int(now.timestamp() * 10_000_000) + _FILETIME_EPOCH
+    delta = max(0, now_time - header_time)
+    if delta < 1 << 49:
+        code, bits = 0, (delta >> 18) & 0x7FFFFFFF
+    else:
+        code, bits = 1, (delta >> 23) & 0x7FFFFFFF
+    seed = hashlib.sha256(delivery_id.encode()).digest()[0]
+    block = (code << 39) | (bits << 8) | seed
+    return base64.b64encode(raw + block.to_bytes(5, "big")).decode("ascii")
+
+
+def _render(outbound: Outbound, links: Mapping[str, str] | None) -> tuple[str, str]:
+    """The plain text and the HTML fragment of `outbound`'s body."""
+    text = outbound.text.replace("\r\n", "\n").strip()
+    if len(text) > _MAX_TEXT_CHARS:
+        text = text[:_MAX_TEXT_CHARS] + "…"
+    if outbound.kind == "failure_notice":
+        text = text[:2000] or "Something went wrong: I could not finish this request."
+        return text + "\n", markdown_to_html(text)
+    if outbound.kind != "approval_request":
+        return text + "\n", markdown_to_html(text)
+    return _approval(text, outbound.approval, links)
+
+
+def _approval(
+    intro: str, view: ApprovalView | None, links: Mapping[str, str] | None
+) -> tuple[str, str]:
+    approve, deny = _links(links)
+    plain = [intro] if intro else []
+    rich = [markdown_to_html(intro)] if intro else []
+    calls = view.calls if view is not None else ()
+    shown = calls[:MAX_CALLS_SHOWN]
+    if calls:
+        count = f"{len(calls)} call{'' if len(calls) == 1 else 's'}"
+        plain.append(f"Waiting for a decision: {count}.")
+        rich.append(f"<p>Waiting for a decision: {count}.</p>")
+    for number, call in enumerate(shown, start=1):
+        args = _pretty_args(call.args)
+        name = _line(call.tool_name)[:200]
+        call_id = _line(call.tool_call_id)[:200]
+        plain.append(f"{number}. {name} (call {call_id})\n" + _indent(args))
+        rich.append(
+            f"<p>{number}. <strong>{html.escape(name)}</strong> "
+            f"(call <code>{html.escape(call_id)}</code>)</p>"
+            f"<pre><code>{html.escape(args)}</code></pre>"
+        )
+    hidden = len(calls) - len(shown)
+    if hidden:
+        more = f"…and {hidden} more call{'' if hidden == 1 else 's'}."
+        plain.append(more)
+        rich.append(f"<p>{html.escape(more)}</p>")
+    if approve and deny and calls and not hidden:
+        plain.append(f"Approve all of them:\n{approve}\n\nDeny all of them:\n{deny}")
+        plain.append(
+            "Each link is signed, bound to this request and to your address, and decides "
+            "once. Do not forward this email."
+        )
+        rich.append(
+            f'<p><a href="{html.escape(approve)}"><strong>Approve all</strong></a>'
+            f' &nbsp; <a href="{html.escape(deny)}"><strong>Deny all</strong></a></p>'
+            "<p>Each link is signed, bound to this request and to your address, and decides "
+            "once. Do not forward this email.</p>"
+        )
+    elif calls:
+        where = ""
+        if view is not None:
+            where = f" (run {_line(view.run_id)[:200]}, wait {_line(view.wait_id)[:200]})"
+        note = f"This request cannot be decided from email: ask an operator to decide it{where}."
+        plain.append(note)
+        rich.append(f"<p>{html.escape(note)}</p>")
+    warning = (
+        'Replying "approve" (or anything else) to this email does not approve: anyone can put '
+        "any sender address on an email, so a reply proves nothing about who wrote it. Only "
+        "the links decide."
+    )
+    plain.append(warning)
+    rich.append(f"<p>{html.escape(warning)}</p>")
+    return "\n\n".join(plain) + "\n", "\n".join(rich)
+
+
+def _links(links: Mapping[str, str] | None) -> tuple[str | None, str | None]:
+    if links is None:
+        return None, None
+    urls: list[str] = []
+    for key in ("approve", "deny"):
+        url = links.get(key)
+        if (
+            not isinstance(url, str)
+            or len(url) > MAX_TOKEN_CHARS + 1000
+            or not url.lower().startswith(("https://", "http://"))
+            or re.search(r"[\s\x00-\x1f\x7f<>\"]", url)
+        ):
+            raise ValueError(f"approval_links[{key!r}] is not an http(s) URL")
+        urls.append(url)
+    return urls[0], urls[1]
+
+
+def _pretty_args(args: Any) -> str:
+    try:
+        text = json.dumps(thaw_json(args), indent=2, ensure_ascii=False, sort_keys=True)
+    except (TypeError, ValueError):
+        text = repr(args)
+    if len(text) > MAX_ARGS_CHARS:
+        more = len(text) - MAX_ARGS_CHARS
+        text = text[:MAX_ARGS_CHARS] + f"\n…(truncated, {more} more characters)"
+    return text
+
+
+def _indent(text: str) -> str:
+    return "\n".join("    " + line for line in text.split("\n"))
+
+
+def _document(fragment: str) -> str:
+    return (
+        '<!DOCTYPE html>\n<html><head><meta charset="utf-8"></head>\n'
+        f"<body>\n{fragment}\n</body></html>\n"
+    )
+
+
+# --- Markdown to HTML ------------------------------------------------------------------------
+
+_FENCE = re.compile(r"^ {0,3}(`{3,}|~{3,})")
+_HEADING = re.compile(r"^ {0,3}#{1,6}\s+(.*?)(?:\s+#+)?\s*$")
+_RULE = re.compile(r"^ {0,3}([-*_])(?:\s*\1){2,}\s*$")
+_BULLET = re.compile(r"^\s{0,3}[-*+]\s+(.*)$")
+_NUMBERED = re.compile(r"^\s{0,3}(\d{1,9})[.)]\s+(.*)$")
+_QUOTE = re.compile(r"^ {0,3}>\s?(.*)$")
+_CODE_SPAN = re.compile(r"(`+)([^`\n](?:.{0,2000}?[^`\n])?)\1(?!`)")
+_LINK = re.compile(
+    r"\[([^\[\]\n]{1,500})\]\(\s*<?([^\s()<>]{1,2000})>?(?:\s+\"[^\"\n]{0,200}\")?\s*\)"
+    r"|(https?://[^\s<>\"'()\[\]]{1,2000})"
+)
+_STRONG = re.compile(
+    r"\*\*(?=\S)(.{1,1000}?)(?<=\S)\*\*|(?<![\w])__(?=\S)(.{1,1000}?)(?<=\S)__(?![\w])"
+)
+_EM = re.compile(
+    r"(?<![*\w])\*(?=[^\s*])(.{1,1000}?)(?<=[^\s*])\*(?![*\w])"
+    r"|(?<![\w])_(?=[^\s_])(.{1,1000}?)(?<=[^\s_])_(?![\w])"
+)
+
+
+def markdown_to_html(text: str) -> str:
+    """An HTML fragment of simple Markdown; every other character is escaped.
+
+    Paragraphs (a single line break is a ``<br>``), ``#`` headings (bold paragraphs), bullet
+    and numbered lists (flat), ``>`` quotes, fenced code blocks, rules, and inline
+    ``**bold**``, ``*italic*``, ```code```, ``[text](url)`` and bare ``https://`` links. Links
+    other than http, https and mailto are shown as text.
+    """
+    out: list[str] = []
+    paragraph: list[str] = []
+    items: list[str] = []
+    list_tag = ""
+    quote: list[str] = []
+
+    def flush() -> None:
+        nonlocal list_tag
+        if paragraph:
+            out.append("<p>" + "<br>\n".join(_inline(line) for line in paragraph) + "</p>")
+            paragraph.clear()
+        if items:
+            body = "".join(f"<li>{item}</li>" for item in items)
+            out.append(f"<{list_tag}>{body}</{list_tag}>")
+            items.clear()
+            list_tag = ""
+        if quote:
+            body = "<br>\n".join(_inline(line) for line in quote)
+            out.append(f"<blockquote>{body}</blockquote>")
+            quote.clear()
+
+    lines = text.replace("\r\n", "\n").replace("\r", "\n").split("\n")
+    index = 0
+    while index < len(lines):
+        line = lines[index]
+        index += 1
+        fence = _FENCE.match(line)
+        if fence:
+            flush()
+            marker = fence.group(1)
+            code: list[str] = []
+            while index < len(lines) and not lines[index].lstrip().startswith(marker):
+                code.append(lines[index])
+                index += 1
+            index += 1  # the closing fence (or the end)
+            out.append(f"<pre><code>{html.escape(chr(10).join(code), quote=False)}</code></pre>")
+            continue
+        if not line.strip():
+            flush()
+            continue
+        heading = _HEADING.match(line)
+        rule = _RULE.match(line)
+        bullet = _BULLET.match(line)
+        numbered = _NUMBERED.match(line)
+        quoted = _QUOTE.match(line)
+        if heading:
+            flush()
+            out.append(f"<p><strong>{_inline(heading.group(1))}</strong></p>")
+        elif rule:
+            flush()
+            out.append("<hr>")
+        elif bullet or numbered:
+            tag = "ul" if bullet else "ol"
+            if list_tag != tag or paragraph or quote:
+                flush()
+            list_tag = tag
+            content = bullet.group(1) if bullet else numbered.group(2) if numbered else ""
+            items.append(_inline(content))
+        elif quoted:
+            if paragraph or items:
+                flush()
+            quote.append(quoted.group(1))
+        elif items and line[:1].isspace():
+            items[-1] += "<br>" + _inline(line.strip())
+        else:
+            if items or quote:
+                flush()
+            paragraph.append(line.strip())
+    flush()
+    return "\n".join(out)
+
+
+def _inline(text: str) -> str:
+    """One line of Markdown as escaped HTML with code spans, links and emphasis."""
+    pieces: list[str] = []
+    position = 0
+    for match in _CODE_SPAN.finditer(text):
+        pieces.append(_links_and_emphasis(text[position : match.start()]))
+        pieces.append(f"<code>{html.escape(match.group(2).strip())}</code>")
+        position = match.end()
+    pieces.append(_links_and_emphasis(text[position:]))
+    return "".join(pieces)
+
+
+def _links_and_emphasis(text: str) -> str:
+    pieces: list[str] = []
+    position = 0
+    for match in _LINK.finditer(text):
+        pieces.append(_emphasis(html.escape(text[position : match.start()])))
+        label, url, bare = match.group(1), match.group(2), match.group(3)
+        trailing = ""
+        if bare:
+            stripped = bare.rstrip(".,;:!?")
+            trailing = bare[len(stripped) :]
+            label, url = stripped, stripped
+        if url.lower().startswith(("http://", "https://", "mailto:")):
+            shown = html.escape(label) if bare else _emphasis(html.escape(label))
+            pieces.append(f'<a href="{html.escape(url)}">{shown}</a>{html.escape(trailing)}')
+        else:
+            pieces.append(html.escape(match.group(0)))
+        position = match.end()
+    pieces.append(_emphasis(html.escape(text[position:])))
+    return "".join(pieces)
+
+
+def _emphasis(escaped: str) -> str:
+    escaped = _STRONG.sub(lambda m: f"<strong>{m.group(1) or m.group(2)}</strong>", escaped)
+    return _EM.sub(lambda m: f"<em>{m.group(1) or m.group(2)}</em>", escaped)
+
+
+# --- approval tokens -------------------------------------------------------------------------
+
+_MAC_CONTEXT = b"durable-gateway email approval token v1\n"
+_TOKEN = re.compile(r"([A-Za-z0-9_-]{1,8100})\.([A-Za-z0-9_-]{43})")
+_MAX_ID = 512
+_MAX_CALLS = 100
+_CLAIM_KEYS = frozenset({"v", "s", "r", "w", "c", "a", "d", "e", "t"})
+
+
+@dataclass(frozen=True, slots=True)
+class ApprovalClaims:
+    """What a valid approval token says: who decides what, for which batch, until when."""
+
+    session: str
+    run_id: str
+    wait_id: str
+    calls: tuple[tuple[str, str], ...]
+    """``(tool_call_id, args_digest)`` of every call of the batch, sorted."""
+    approver: str
+    """The address the link was sent to (lowercased)."""
+    decision: Decision
+    expires_at: int
+    """Unix seconds; the token is refused from then on."""
+    token_id: str
+    """Stable for the batch and the approver (the same for the approve and the deny link and
+    for a re-sent link): the caller's idempotency key, so one approver decides a batch once."""
+
+
+def approval_token(
+    *,
+    key: bytes,
+    session: str,
+    run_id: str,
+    wait_id: str,
+    calls: Iterable[tuple[str, str]],
+    approver: str,
+    decision: Decision,
+    expires_at: datetime,
+) -> str:
+    """A signed, URL-safe token for an approve or deny link (see `verify_approval_token`).
+
+    Args:
+        key: The HMAC key (at least 32 bytes; keep it secret).
+        session: The session of the batch.
+        run_id: The run waiting for the decision.
+        wait_id: The wait (the batch) the decision is for.
+        calls: ``(tool_call_id, args_digest)`` of every pending call of the batch.
+        approver: The address the link is sent to.
+        decision: ``approve`` or ``deny``.
+        expires_at: When the link stops working (a naive datetime is taken as UTC).
+
+    Returns:
+        ``<base64url claims>.<base64url HMAC-SHA256>``, at most `MAX_TOKEN_CHARS` characters.
+
+    Raises:
+        ValueError: a short key, an empty or oversized field, no calls, or a token too long.
+    """
+    _check_key(key)
+    when = expires_at if expires_at.tzinfo is not None else expires_at.replace(tzinfo=UTC)
+    claims = _claims(
+        session=session,
+        run_id=run_id,
+        wait_id=wait_id,
+        calls=tuple(calls),
+        approver=approver,
+        decision=decision,
+        expires_at=int(when.timestamp()),
+        token_id=None,
+    )
+    payload = _b64encode(
+        json.dumps(
+            {
+                "v": 1,
+                "s": claims.session,
+                "r": claims.run_id,
+                "w": claims.wait_id,
+                "c": [list(pair) for pair in claims.calls],
+                "a": claims.approver,
+                "d": claims.decision,
+                "e": claims.expires_at,
+                "t": claims.token_id,
+            },
+            separators=(",", ":"),
+            ensure_ascii=True,
+        ).encode("ascii")
+    )
+    token = f"{payload}.{_b64encode(_mac(key, payload))}"
+    if len(token) > MAX_TOKEN_CHARS:
+        raise ValueError("approval token too long (too many or too long calls)")
+    return token
+
+
+def verify_approval_token(token: str, *, key: bytes, now: datetime) -> ApprovalClaims:
+    """The claims of a token `approval_token` made with `key`, if it is intact and current.
+
+    The token is hostile input: its size and alphabet are checked first, then its signature
+    (constant-time), and only then is its content decoded, strictly (exact keys and types).
+    Single use is the caller's: use `ApprovalClaims.token_id` as the decision's idempotency
+    key.
+
+    Raises:
+        ValueError: ``malformed``, ``bad signature`` or ``expired`` (or a short key).
+    """
+    _check_key(key)
+    if not isinstance(token, str) or len(token) > MAX_TOKEN_CHARS:
+        raise ValueError("malformed")
+    match = _TOKEN.fullmatch(token)
+    if match is None:
+        raise ValueError("malformed")
+    payload, signature = match.group(1), match.group(2)
+    mac = _b64decode(signature)
+    if mac is None or not hmac.compare_digest(mac, _mac(key, payload)):
+        raise ValueError("bad signature")
+    claims = _decode_claims(payload)
+    when = now if now.tzinfo is not None else now.replace(tzinfo=UTC)
+    if when.timestamp() >= claims.expires_at:
+        raise ValueError("expired")
+    return claims
+
+
+def _check_key(key: bytes) -> None:
+    if not isinstance(key, bytes) or len(key) < MIN_KEY_BYTES:
+        raise ValueError(f"the approval key must be at least {MIN_KEY_BYTES} bytes")
+
+
+def _mac(key: bytes, payload: str) -> bytes:
+    return hmac.new(key, _MAC_CONTEXT + payload.encode("ascii"), hashlib.sha256).digest()
+
+
+def _b64encode(data: bytes) -> str:
+    return base64.urlsafe_b64encode(data).decode("ascii").rstrip("=")
+
+
+def _b64decode(text: str) -> bytes | None:
+    try:
+        data = base64.urlsafe_b64decode(text + "=" * (-len(text) % 4))
+    except (binascii.Error, ValueError):
+        return None
+    return data if _b64encode(data) == text else None  # one encoding per value
+
+
+def _token_id(
+    session: str, run_id: str, wait_id: str, calls: tuple[tuple[str, str], ...], approver: str
+) -> str:
+    canonical = json.dumps(
+        [session, run_id, wait_id, [list(pair) for pair in calls], approver],
+        separators=(",", ":"),
+        ensure_ascii=True,
+    )
+    digest = hashlib.sha256(canonical.encode("ascii")).digest()
+    return "at_" + base64.b32encode(digest).decode("ascii").lower()[:32]
+
+
+def _claims(
+    *,
+    session: Any,
+    run_id: Any,
+    wait_id: Any,
+    calls: Any,
+    approver: Any,
+    decision: Any,
+    expires_at: Any,
+    token_id: Any,
+) -> ApprovalClaims:
+    for value in (session, run_id, wait_id):
+        if not isinstance(value, str) or not 0 < len(value) <= _MAX_ID:
+            raise ValueError("malformed")
+    if not isinstance(calls, (tuple, list)) or not 0 < len(calls) <= _MAX_CALLS:
+        raise ValueError("malformed")
+    pairs: list[tuple[str, str]] = []
+    for pair in calls:
+        if not isinstance(pair, (tuple, list)) or len(pair) != 2:
+            raise ValueError("malformed")
+        call_id, digest = pair
+        for value in (call_id, digest):
+            if not isinstance(value, str) or not 0 < len(value) <= _MAX_ID:
+                raise ValueError("malformed")
+        pairs.append((call_id, digest))
+    ordered = tuple(sorted(set(pairs)))
+    if len(ordered) != len(pairs):
+        raise ValueError("malformed")
+    if not isinstance(approver, str) or not 0 < len(approver) <= 320 or "@" not in approver:
+        raise ValueError("malformed")
+    approver = approver.strip().lower()
+    if decision not in ("approve", "deny"):
+        raise ValueError("malformed")
+    if isinstance(expires_at, bool) or not isinstance(expires_at, int) or expires_at < 0:
+        raise ValueError("malformed")
+    expected = _token_id(session, run_id, wait_id, ordered, approver)
+    if token_id is not None and token_id != expected:
+        raise ValueError("malformed")
+    return ApprovalClaims(
+        session=session,
+        run_id=run_id,
+        wait_id=wait_id,
+        calls=ordered,
+        approver=approver,
+        decision=decision,
+        expires_at=expires_at,
+        token_id=expected,
+    )
+
+
+def _decode_claims(payload: str) -> ApprovalClaims:
+    data = _b64decode(payload)
+    if data is None:
+        raise ValueError("malformed")
+
+    def unique(pairs: list[tuple[str, Any]]) -> dict[str, Any]:
+        found = dict(pairs)
+        if len(found) != len(pairs):
+            raise ValueError("malformed")
+        return found
+
+    def no_constant(name: str) -> Any:
+        raise ValueError("malformed")
+
+    try:
+        claims = json.loads(
+            data.decode("ascii"), object_pairs_hook=unique, parse_constant=no_constant
+        )
+    except (UnicodeDecodeError, json.JSONDecodeError, RecursionError):
+        raise ValueError("malformed") from None
+    if not isinstance(claims, dict) or set(claims) != _CLAIM_KEYS:
+        raise ValueError("malformed")
+    if type(claims["v"]) is not int or claims["v"] != 1:
+        raise ValueError("malformed")
+    if not isinstance(claims["t"], str):
+        raise ValueError("malformed")
+    return _claims(
+        session=claims["s"],
+        run_id=claims["r"],
+        wait_id=claims["w"],
+        calls=claims["c"],
+        approver=claims["a"],
+        decision=claims["d"],
+        expires_at=claims["e"],
+        token_id=claims["t"],
+    )

@@ -1,0 +1,250 @@
+"""An IMAP connection with a timeout around every call and the replies parsed (aioimaplib).
+
+aioimaplib leaves several calls without a timeout (``uid("store")``, IDLE) and keeps waiting on
+a connection the server dropped; every call here is bounded, a ``BYE`` or a lost connection is
+`ImapGone`, and the caller builds a new connection (decision D92).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import re
+import ssl
+from collections.abc import Awaitable
+from dataclasses import dataclass
+from typing import Any, TypeVar
+
+import aioimaplib  # type: ignore[import-untyped]
+
+__all__ = ["ImapConnection", "ImapError", "ImapGone", "ImapRefused", "Selected"]
+
+_T = TypeVar("_T")
+_IDLE_S = 5 * 60
+"""IDLE is renewed this often (RFC 2177 allows 29 minutes; a shorter one notices a silently
+dropped connection sooner)."""
+
+
+class ImapError(Exception):
+    """An IMAP command failed; the message is short and secret-free."""
+
+
+class ImapGone(ImapError):
+    """The connection is lost (BYE, reset, a call that timed out): build a new one."""
+
+
+class ImapRefused(ImapError):
+    """The server refused the login (wrong credentials): retrying soon will not help."""
+
+
+@dataclass(frozen=True, slots=True)
+class Selected:
+    """A selected folder: its UIDVALIDITY and next UID."""
+
+    uidvalidity: int
+    uidnext: int
+
+
+class ImapConnection:
+    """One logged-in IMAP connection (one folder selected at a time)."""
+
+    def __init__(
+        self,
+        host: str,
+        port: int,
+        *,
+        tls: bool,
+        ssl_context: ssl.SSLContext | None,
+        timeout_s: float,
+    ) -> None:
+        self.host = host
+        self.port = port
+        self.tls = tls
+        self.ssl_context = ssl_context
+        self.timeout_s = timeout_s
+        self.lost = asyncio.Event()
+        self._imap: Any = None
+
+    async def open(self, username: str, password: str) -> None:
+        """Connect and log in.
+
+        Raises:
+            ImapRefused: the credentials were refused.
+            ImapGone: the server cannot be reached or does not answer.
+        """
+        try:
+            if self.tls:
+                self._imap = aioimaplib.IMAP4_SSL(
+                    self.host, self.port, timeout=self.timeout_s, ssl_context=self.ssl_context
+                )
+                # IMAP4_SSL takes no conn_lost_cb, but its protocol calls one if it is set
+                self._imap.protocol.conn_lost_cb = lambda _exc: self.lost.set()
+            else:
+                self._imap = aioimaplib.IMAP4(
+                    self.host,
+                    self.port,
+                    timeout=self.timeout_s,
+                    conn_lost_cb=lambda _exc: self.lost.set(),
+                )
+            await self._bounded(self._imap.wait_hello_from_server())
+        except (OSError, TimeoutError, aioimaplib.Abort) as exc:
+            raise ImapGone(f"cannot reach {self.host}:{self.port} ({type(exc).__name__})") from None
+        response = await self._bounded(self._imap.login(username, password))
+        if response.result != "OK":
+            raise ImapRefused(f"the IMAP server refused the login ({_first(response)})")
+
+    @property
+    def has_idle(self) -> bool:
+        """Whether the server offers IDLE."""
+        return self._imap is not None and self._imap.has_capability("IDLE")
+
+    async def select(self, folder: str) -> Selected:
+        """Select `folder`; its UIDVALIDITY and UIDNEXT."""
+        response = await self._ok(self._imap.select(_quote(folder)), f"select {folder}")
+        text = b" ".join(
+            bytes(line) for line in response.lines if isinstance(line, bytes | bytearray)
+        )
+        validity = re.search(rb"\[UIDVALIDITY (\d+)\]", text)
+        uidnext = re.search(rb"\[UIDNEXT (\d+)\]", text)
+        if validity is None:
+            raise ImapError(f"the server gave no UIDVALIDITY for {folder}")
+        return Selected(int(validity.group(1)), int(uidnext.group(1)) if uidnext else 0)
+
+    async def uids_after(self, last: int) -> list[int]:
+        """UIDs above `last` in the selected folder, ascending."""
+        response = await self._ok(self._imap.uid_search(f"UID {last + 1}:*"), "search")
+        return sorted(uid for uid in _numbers(response) if uid > last)  # n:* returns the max
+
+    async def unseen(self) -> list[int]:
+        """UIDs of the unseen messages of the selected folder, ascending."""
+        return sorted(_numbers(await self._ok(self._imap.uid_search("UNSEEN"), "search")))
+
+    async def find(self, message_id: str) -> list[int]:
+        """UIDs of the messages with this Message-ID header in the selected folder."""
+        response = await self._ok(
+            self._imap.uid_search("HEADER", "Message-ID", _quote(message_id)), "search"
+        )
+        return sorted(_numbers(response))
+
+    async def size(self, uid: int) -> int | None:
+        """The message's size in bytes (None: it is gone)."""
+        response = await self._ok(self._imap.uid("fetch", str(uid), "(RFC822.SIZE)"), "fetch")
+        for line in response.lines:
+            if isinstance(line, bytes | bytearray):
+                found = re.search(rb"RFC822\.SIZE (\d+)", bytes(line))
+                if found:
+                    return int(found.group(1))
+        return None
+
+    async def fetch(self, uid: int) -> bytes | None:
+        """The raw message (without setting the seen flag); None if it is gone."""
+        response = await self._ok(self._imap.uid("fetch", str(uid), "(BODY.PEEK[])"), "fetch")
+        for line in response.lines:
+            if isinstance(line, bytearray):
+                return bytes(line)
+        return None
+
+    async def mark_seen(self, uid: int) -> None:
+        """Set the seen flag: the message is handled (it is in the inbox, or was skipped)."""
+        await self._ok(self._imap.uid("store", str(uid), "+FLAGS.SILENT", r"(\Seen)"), "store")
+
+    async def append(self, raw: bytes, folder: str) -> None:
+        """File a message in `folder` (marked seen)."""
+        await self._ok(self._imap.append(raw, mailbox=_quote(folder), flags=r"(\Seen)"), "append")
+
+    async def wait_for_news(self, poll_s: float) -> None:
+        """Return when the selected folder may have changed: an IDLE push, or a poll interval.
+
+        Raises:
+            ImapGone: the server said BYE or the connection dropped meanwhile.
+        """
+        if not self.has_idle:
+            await asyncio.sleep(poll_s)
+            await self._ok(self._imap.noop(), "noop")
+            return
+        idle = await self._bounded(self._imap.idle_start(timeout=_IDLE_S))
+        try:
+            lines = await self._imap.wait_server_push(timeout=_IDLE_S)
+        finally:
+            if self._imap.has_pending_idle():
+                self._imap.idle_done()
+        if self.lost.is_set() or any(
+            isinstance(line, bytes | bytearray) and bytes(line).startswith(b"BYE")
+            for line in lines or []
+        ):
+            idle.cancel()
+            raise ImapGone("the server ended the connection")
+        await self._bounded(asyncio.shield(idle))
+
+    async def close(self) -> None:
+        """Log out (bounded) and drop the connection; never raises.
+
+        aioimaplib never closes its transport itself: after the logout this waits for the
+        server to close the connection, and closes the transport if it does not.
+        """
+        imap, self._imap = self._imap, None
+        if imap is None:
+            return
+        try:
+            if not self.lost.is_set():
+                await asyncio.wait_for(imap.logout(), timeout=min(self.timeout_s, 5))
+                await asyncio.wait_for(self.lost.wait(), timeout=2)
+        except Exception:  # a connection being dropped may fail in any way
+            pass
+        transport = getattr(getattr(imap, "protocol", None), "transport", None)
+        if transport is not None and not transport.is_closing():
+            transport.close()
+        for task in list(getattr(imap, "tasks", ())):
+            task.cancel()
+
+    async def _ok(self, call: Awaitable[Any], what: str) -> Any:
+        response = await self._bounded(call)
+        if response.result != "OK":
+            raise ImapError(f"{what} failed ({_first(response)})")
+        return response
+
+    async def _bounded(self, call: Awaitable[_T]) -> _T:
+        """`call` within the timeout, given up at once if the connection drops meanwhile.
+
+        (A BYE outside IDLE only fires the lost callback; the pending command would wait.)
+        """
+        if self.lost.is_set():
+            raise ImapGone("the connection is lost")
+        work = asyncio.ensure_future(call)
+        lost = asyncio.ensure_future(self.lost.wait())
+        try:
+            done, _ = await asyncio.wait(
+                {work, lost}, timeout=self.timeout_s, return_when=asyncio.FIRST_COMPLETED
+            )
+            if work in done:
+                try:
+                    return work.result()
+                except (OSError, aioimaplib.Abort) as exc:
+                    self.lost.set()
+                    raise ImapGone(f"the IMAP connection failed ({type(exc).__name__})") from None
+            self.lost.set()
+            why = "the server closed the connection" if lost in done else "no answer in time"
+            raise ImapGone(f"{why} (IMAP)")
+        finally:
+            for task in (work, lost):
+                if not task.done():
+                    task.cancel()
+
+
+def _numbers(response: Any) -> list[int]:
+    for line in response.lines:
+        if isinstance(line, bytes | bytearray) and re.fullmatch(rb"[\d ]*", bytes(line).strip()):
+            return [int(n) for n in bytes(line).split()]
+    return []
+
+
+def _first(response: Any) -> str:
+    for line in response.lines:
+        if isinstance(line, bytes | bytearray):
+            return bytes(line).decode("utf-8", "replace")[:120]
+    return str(response.result)
+
+
+def _quote(text: str) -> str:
+    """An IMAP quoted string (folder names and header values)."""
+    escaped = text.replace("\\", "\\\\").replace('"', '\\"')
+    return f'"{escaped}"'

@@ -1,0 +1,911 @@
+"""Inbound email to the channel seam: which messages the bot takes, as which thread and text.
+
+Pure functions, no I/O. `parse` reads one raw RFC 5322 message and says ``skip`` (with a short,
+secret-free reason tag) or ``take`` (with an `Inbound`). It never raises: whatever the bytes,
+the answer is a `Parsed`.
+
+The rules:
+
+* **Loop guard first** (`classify_automatic`, RFC 3834 and the de-facto headers): the bot's own
+  mail, bounces and delivery or read reports, auto-replies (out-of-office included), bulk and
+  list mail are skipped, so the bot never answers a machine.
+* **Thread**: the lane is ``email:<root Message-ID>``; the root is the first id of
+  ``References``, else the first id of ``In-Reply-To``, else the message's own id (a message
+  that references nothing starts a new lane). A broken or missing ``References`` with a
+  ``Re:`` subject is *not* matched to a thread by its subject: subjects are neither unique
+  ("Re: Deploy" names many conversations) nor authenticated (anyone can reuse one to push text
+  into a lane holding someone else's context and approvals), and Gmail itself needs a
+  reference besides the subject. Such a message starts its own lane.
+* **Ids** are kept in their ``<...>`` form exactly as written (a reply's ``References`` copies
+  them verbatim, so the same conversation always yields the same root). A message without a
+  usable ``Message-ID`` gets ``<sha256(From, Date, Subject, body)@no-message-id.invalid>``:
+  stable for the same bytes, and never a real id (``.invalid`` is reserved, RFC 2606).
+* **Text** is the new text of the message only: the plain part is preferred, else the HTML part
+  converted to text (links kept as ``text (url)``, ``<blockquote>`` as ``>`` lines); quoted
+  history (Gmail's "On ... wrote:", Outlook's "From: ... Sent: ..." blocks, German
+  "Am ... schrieb ...:" and "Von: ... Gesendet: ...", ``>`` lines) and a trailing signature
+  are stripped with mail-parser-reply. A forward (subject ``Fwd:``/``WG:``...) keeps its whole
+  text: the forwarded message is what the sender wants read. A message without new text that
+  starts a thread takes its subject as text; a reply without new text and without attachments
+  is skipped as ``empty``.
+* **Attachments** are metadata only (name, media type, decoded size); their content stays in
+  the mailbox. At most `MAX_ATTACHMENTS` are listed; no size limit applies to one attachment
+  (a large one is just listed with its size: the whole message is already bounded by
+  ``max_bytes``, and nothing is downloaded).
+"""
+
+from __future__ import annotations
+
+import codecs
+import hashlib
+import re
+from collections.abc import Collection, Iterator, Mapping
+from dataclasses import dataclass
+from email import policy
+from email.message import EmailMessage, Message
+from email.parser import BytesParser
+from email.utils import getaddresses
+from html.parser import HTMLParser
+from typing import Any, Literal
+
+from mailparser_reply import EmailMessage as ReplyParse  # type: ignore[import-untyped]
+
+from adapters.channel import Attachment, Author, Inbound, ThreadRef
+
+__all__ = [
+    "CHANNEL",
+    "classify_automatic",
+    "email_thread",
+    "html_to_text",
+    "MAX_ATTACHMENTS",
+    "MAX_TEXT_CHARS",
+    "message_ids",
+    "normalize_subject",
+    "parse",
+    "Parsed",
+]
+
+CHANNEL = "email"
+MAX_TEXT_CHARS = 40_000
+"""The most characters of an inbound message's text (cut beyond)."""
+MAX_ATTACHMENTS = 20
+"""The most attachments listed per message (further ones are not listed)."""
+
+_MAX_ID_CHARS = 250
+_MAX_REFERENCES = 50
+_MAX_RECIPIENTS = 50
+_MAX_HEADER_CHARS = 1000
+_MAX_NAME_CHARS = 200
+_MAX_THREAD_INDEX_CHARS = 2000
+_MAX_HTML_CHARS = 500_000
+_MAX_DEPTH = 20
+_MAX_LEAVES = 500
+# mail-parser-reply's expressions backtrack badly on long lines and long blank runs (measured:
+# minutes for 90,000 characters of "On " on one line): it only ever sees a bounded probe
+_PROBE_LINE_CHARS = 200
+_PROBE_CHARS = 16_000
+_REPLY_LANGUAGES = ("en", "de")
+_SYNTHETIC_ID_DOMAIN = "no-message-id.invalid"
+
+_ID = re.compile(r"<([!-;=?-~]{1,248})>")
+_BARE_ID = re.compile(r"[!-;=?-~]+@[!-;=?-~]+")
+_CONTROL = re.compile(r"[\x00-\x08\x0b\x0c\x0e-\x1f\x7f\ue000\ue001]")
+_SPACE = re.compile(r"\s+")
+_PREFIX = re.compile(
+    r"^\s*(?:\[[^\[\]]{0,80}\]\s*)*"
+    r"(re|fwd?|aw|wg|sv|vs|antw|antwort|tr|rv|enc|odp|doorst)"
+    r"\s*(?:\[\d{1,4}\]|\(\d{1,4}\))?\s*[:\uff1a]\s*",
+    re.IGNORECASE,
+)
+_FORWARD_PREFIXES = frozenset({"fw", "fwd", "wg", "tr", "rv", "enc", "doorst"})
+_BASE64 = re.compile(r"[A-Za-z0-9+/]+={0,2}")
+_PLACEHOLDER = re.compile("\ue000(\\d+)\ue001")
+
+
+@dataclass(frozen=True, slots=True)
+class Parsed:
+    """What to do with one raw message: skip it (and why) or take it as an `Inbound`."""
+
+    action: Literal["take", "skip"]
+    reason: str
+    """A short, secret-free tag for logs and counters: ``new`` or ``reply`` when taken; when
+    skipped ``oversized``, ``malformed``, ``undecodable``, ``empty``, ``no_sender``,
+    ``own_message``, ``bounce``, ``delivery_report``, ``auto_submitted``, ``auto_reply``,
+    ``auto_reply_suppressed``, ``bulk`` or ``list``."""
+    inbound: Inbound | None = None
+
+
+def email_thread(mailbox_address: str, root_message_id: str) -> ThreadRef:
+    """The thread of an email conversation: the bot's address and the root ``Message-ID``."""
+    return ThreadRef(channel=CHANNEL, space=mailbox_address.strip().lower(), thread=root_message_id)
+
+
+def message_ids(value: str | None) -> list[str]:
+    """The message ids of a ``References``/``In-Reply-To``/``Message-ID`` value, in order.
+
+    Each id keeps its angle brackets (``<local@domain>``) and its case. Bare ``local@domain``
+    tokens (written by broken mailers) are taken, bracketed, only when the value holds no
+    bracketed id. Ids with spaces, control or non-ASCII characters, or longer than 250
+    characters are not ids and are left out.
+    """
+    if not value:
+        return []
+    found = [f"<{m}>" for m in _ID.findall(value)]
+    if not found:
+        for token in re.split(r"[\s,;]+", value.strip()):
+            if len(token) <= _MAX_ID_CHARS - 2 and _BARE_ID.fullmatch(token):
+                found.append(f"<{token}>")
+    unique: list[str] = []
+    for item in found:
+        if item not in unique:
+            unique.append(item)
+    return unique
+
+
+def normalize_subject(subject: str) -> str:
+    """`subject` without its stack of reply and forward prefixes, for comparisons and replies.
+
+    Strips any run of ``Re:``, ``RE:``, ``Fwd:``, ``FW:``, ``AW:``, ``WG:``, ``SV:``, ``VS:``,
+    ``Antw:``, ``TR:``, ``RV:``, ``Enc:``... (any case, counted forms like ``Re[2]:``, a
+    full-width colon), and bracketed tags such as ``[EXTERNAL]`` only where a prefix follows
+    them: ``[EXTERNAL] Re: Deploy`` becomes ``Deploy`` (the tag a gateway adds to each reply
+    does not pile up), while ``[#1234] Printer`` keeps its tag (it is part of the subject, and
+    Gmail threads only replies whose subject matches). Whitespace runs become one space.
+    """
+    text = _SPACE.sub(" ", subject).strip()
+    for _ in range(100):
+        match = _PREFIX.match(text)
+        if match is None or match.end() == 0:
+            break
+        text = text[match.end() :]
+    return text.strip()
+
+
+def classify_automatic(
+    headers: Message | Mapping[str, str],
+    *,
+    mailbox_address: str | None = None,
+    own_domain_ids: str | Collection[str] = (),
+) -> str | None:
+    """Why a message must not be answered (a reason tag), or None for mail from a person.
+
+    In order (the first that applies names the reason):
+
+    * ``own_message``: ``From`` is `mailbox_address`, or the ``Message-ID`` is one the bot made
+      (`adapters.email.compose.reply_message_id` for one of `own_domain_ids`).
+    * ``bounce``: ``Content-Type: multipart/report; report-type=delivery-status`` (RFC 3464),
+      ``X-Failed-Recipients``, an empty ``Return-Path`` (``<>``), or a ``MAILER-DAEMON`` or
+      ``postmaster`` sender.
+    * ``delivery_report``: any other ``multipart/report`` (read receipts, RFC 8098 MDNs).
+    * ``auto_submitted``: ``Auto-Submitted`` present with a value other than ``no`` (RFC 3834;
+      Exchange's out-of-office replies carry ``auto-generated`` or ``auto-replied``), or
+      ``Precedence: auto_reply``.
+    * ``auto_reply``: ``X-Autoreply`` or ``X-Autorespond`` (vacation responders).
+    * ``auto_reply_suppressed``: ``X-Auto-Response-Suppress`` naming ``All``, ``OOF`` or
+      ``AutoReply``: the sender (Exchange out-of-office replies and rule-generated mail, and
+      notification systems) asks not to be auto-answered, and the bot's replies are automatic.
+      ``DR``/``NDR``/``RN``/``NRN`` alone only concern delivery and read reports: not flagged.
+    * ``bulk``: ``Precedence`` (or ``X-Precedence``) ``bulk`` or ``junk``.
+    * ``list``: ``Precedence: list`` or any ``List-*`` header of RFC 2369/2919 (``List-Id``,
+      ``List-Unsubscribe``, ``List-Post``...), or ``Mailing-List``/``X-Mailing-List``.
+
+    Headers that ordinary mail from people carries are deliberately not signals:
+    ``X-MS-Exchange-Generated-Message-Source`` and ``X-MS-Exchange-Inbox-Rules-Loop`` (Exchange
+    also stamps them on a person's message that an inbox rule redirects, e.g. a shared
+    mailbox forwarded to the bot), ``Thread-Index``/``Thread-Topic``, ``X-Mailer``,
+    ``Precedence: first-class``/``normal``, ``Auto-Submitted: no``, ``X-Loop`` (also stamped
+    by forwarding setups).
+
+    Args:
+        headers: A parsed message (any policy), or its headers as a mapping.
+        mailbox_address: The bot's address.
+        own_domain_ids: The domains the bot's ``Message-ID``s use (compose's ``domain``).
+
+    Returns:
+        The reason tag, or None.
+    """
+    msg = headers if isinstance(headers, Message) else _message_of(headers)
+    own = _own_reason(msg, mailbox_address, own_domain_ids)
+    if own:
+        return own
+    content_type = _safe_lower(lambda: msg.get_content_type())
+    if content_type == "multipart/report":
+        report_type = _param(msg, "report-type")
+        return "bounce" if report_type == "delivery-status" else "delivery_report"
+    if content_type == "message/delivery-status" or _header(msg, "X-Failed-Recipients"):
+        return "bounce"
+    return_path = _header(msg, "Return-Path")
+    if return_path is not None and return_path.strip(" <>") == "":
+        return "bounce"
+    sender = _first_address(msg, "From")
+    local = sender[1].rpartition("@")[0].lower() if sender else ""
+    if local in ("mailer-daemon", "postmaster"):
+        return "bounce"
+    auto = (_header(msg, "Auto-Submitted") or "").split(";")[0].strip().lower()
+    precedence = (_header(msg, "Precedence") or _header(msg, "X-Precedence") or "").lower()
+    precedence = precedence.split(";")[0].strip()
+    if (auto and auto != "no") or precedence == "auto_reply":
+        return "auto_submitted"
+    if _header(msg, "X-Autoreply") is not None or _header(msg, "X-Autorespond") is not None:
+        return "auto_reply"
+    suppress = set(re.split(r"[\s,;]+", (_header(msg, "X-Auto-Response-Suppress") or "").lower()))
+    if suppress & {"all", "oof", "autoreply"}:
+        return "auto_reply_suppressed"
+    if precedence in ("bulk", "junk"):
+        return "bulk"
+    if precedence == "list" or any(_header(msg, name) is not None for name in _LIST_HEADERS):
+        return "list"
+    return None
+
+
+_LIST_HEADERS = (
+    "List-Id",
+    "List-Unsubscribe",
+    "List-Unsubscribe-Post",
+    "List-Post",
+    "List-Help",
+    "List-Subscribe",
+    "List-Owner",
+    "List-Archive",
+    "Mailing-List",
+    "X-Mailing-List",
+)
+
+
+def parse(
+    raw: bytes,
+    *,
+    mailbox_address: str,
+    own_domain_ids: str | Collection[str],
+    max_bytes: int,
+    now_ms: int,
+) -> Parsed:
+    """Read one raw message: skip it (a reason tag) or take it as an `Inbound` (never raises).
+
+    Args:
+        raw: The message as fetched (``BODY[]``), RFC 5322 bytes.
+        mailbox_address: The bot's address (the thread's space, lowercased).
+        own_domain_ids: The domains of the ``Message-ID``s the bot makes (the loop guard
+            recognizes its own mail by them).
+        max_bytes: Larger messages are skipped as ``oversized`` before parsing.
+        now_ms: `Inbound.received_at_ms`.
+
+    Returns:
+        ``Parsed("take", "new"|"reply", inbound)`` or ``Parsed("skip", reason)``: see the module
+        docstring for the rules and `Parsed.reason` for the tags.
+    """
+    try:
+        return _parse(
+            bytes(raw),
+            mailbox_address=mailbox_address,
+            own_domain_ids=own_domain_ids,
+            max_bytes=max_bytes,
+            now_ms=now_ms,
+        )
+    except Exception:
+        return Parsed("skip", "malformed")
+
+
+def _parse(
+    raw: bytes,
+    *,
+    mailbox_address: str,
+    own_domain_ids: str | Collection[str],
+    max_bytes: int,
+    now_ms: int,
+) -> Parsed:
+    if len(raw) > max_bytes:
+        return Parsed("skip", "oversized")
+    msg = BytesParser(policy=policy.default).parsebytes(raw)
+    assert isinstance(msg, EmailMessage)
+    automatic = classify_automatic(
+        msg, mailbox_address=mailbox_address, own_domain_ids=own_domain_ids
+    )
+    if automatic:
+        return Parsed("skip", automatic)
+    sender = _first_address(msg, "From")
+    if sender is None:
+        return Parsed("skip", "no_sender")
+    name, address = sender
+    subject = _clip(_header(msg, "Subject") or "", _MAX_HEADER_CHARS)
+    own_ids = message_ids(_header(msg, "Message-ID"))
+    message_id = own_ids[0] if own_ids else _synthetic_id(raw)
+    references = message_ids(_header(msg, "References"))
+    in_reply_to = message_ids(_header(msg, "In-Reply-To"))
+    root = references[0] if references else in_reply_to[0] if in_reply_to else message_id
+    body = _body(msg)
+    if body.status == "undecodable":
+        return Parsed("skip", "undecodable")
+    attachments = _attachments(msg, body.part)
+    text = body.text
+    if text:
+        forward = _is_forward(subject)
+        text = _clip(text, MAX_TEXT_CHARS) if forward else _reply_text(text)
+    if not text and root == message_id:
+        text = normalize_subject(subject)
+    if not text and not attachments:
+        return Parsed("skip", "empty" if body.status == "found" else "malformed")
+    chain = references or in_reply_to[:1]
+    if len(chain) > _MAX_REFERENCES:
+        chain = chain[:1] + chain[-(_MAX_REFERENCES - 1) :]
+    context: dict[str, Any] = {
+        "message_id": message_id,
+        "from": _format_address(name, address),
+    }
+    if chain:
+        context["references"] = chain
+    if subject:
+        context["subject"] = subject
+    for key, header in (("to", "To"), ("cc", "Cc")):
+        found = _addresses(msg, header)
+        if found:
+            context[key] = [_format_address(*pair) for pair in found[:_MAX_RECIPIENTS]]
+    topic = _clip(_header(msg, "Thread-Topic") or "", _MAX_HEADER_CHARS)
+    if topic:
+        context["thread_topic"] = topic
+    index = (_header(msg, "Thread-Index") or "").strip()
+    if index and len(index) <= _MAX_THREAD_INDEX_CHARS and _BASE64.fullmatch(index):
+        context["thread_index"] = index
+    inbound = Inbound(
+        thread=email_thread(mailbox_address, root),
+        message_id=message_id,
+        author=Author(id=address, name=name or None),
+        text=text,
+        attachments=attachments,
+        received_at_ms=now_ms,
+        reply_context=context,
+    )
+    return Parsed("take", "new" if root == message_id else "reply", inbound)
+
+
+# --- headers ---------------------------------------------------------------------------------
+
+
+def _message_of(headers: Mapping[str, str]) -> Message:
+    msg = Message()
+    for key, value in headers.items():
+        msg[key] = value
+    return msg
+
+
+def _clean(text: str) -> str:
+    """`text` as valid Unicode without control characters (raw 8-bit header bytes as UTF-8)."""
+    if any("\udc80" <= char <= "\udcff" for char in text):
+        text = text.encode("utf-8", "surrogateescape").decode("utf-8", "replace")
+    text = text.encode("utf-8", "replace").decode("utf-8")  # any other lone surrogate
+    return _CONTROL.sub("", text)
+
+
+def _header(msg: Message, name: str) -> str | None:
+    """The first `name` header as one clean line, or None when absent (never raises)."""
+    try:
+        value: Any = msg.get(name)
+    except Exception:
+        value = None
+        try:
+            for key, raw in msg.raw_items():
+                if key.lower() == name.lower():
+                    value = raw
+                    break
+        except Exception:
+            return None
+    if value is None:
+        return None
+    try:
+        text = str(value)
+    except Exception:
+        return ""
+    return _SPACE.sub(" ", _clean(text)).strip()
+
+
+def _safe_lower(read: Any) -> str:
+    try:
+        return str(read()).strip().lower()
+    except Exception:
+        return ""
+
+
+def _addresses(msg: Message, name: str) -> list[tuple[str, str]]:
+    """The valid ``(display name, address)`` pairs of an address header, addresses lowercased."""
+    value = _header(msg, name)
+    if not value:
+        return []
+    try:
+        pairs = getaddresses([value])
+    except Exception:
+        return []
+    found: list[tuple[str, str]] = []
+    seen: set[str] = set()
+    for display, address in pairs:
+        address = address.strip().lower()
+        if _valid_address(address) and address not in seen:
+            seen.add(address)
+            found.append((_clip(display, _MAX_NAME_CHARS), address))
+    return found
+
+
+def _format_address(name: str, address: str) -> str:
+    """``Name <address>`` as readable text (non-ASCII names unencoded, specials quoted)."""
+    if not name:
+        return address
+    if re.search(r'[()<>\[\]:;@\\,."]', name):
+        name = '"' + name.replace("\\", "\\\\").replace('"', '\\"') + '"'
+    return f"{name} <{address}>"
+
+
+def _first_address(msg: Message, name: str) -> tuple[str, str] | None:
+    found = _addresses(msg, name)
+    return found[0] if found else None
+
+
+def _valid_address(address: str) -> bool:
+    local, at, domain = address.rpartition("@")
+    return (
+        bool(at and local and domain)
+        and len(address) <= 320
+        and re.fullmatch(r"[^\s<>()\[\],;:\"\\]+", domain) is not None
+        and not any(char.isspace() or char in "<>" for char in local)
+    )
+
+
+def _own_reason(
+    msg: Message, mailbox_address: str | None, own_domain_ids: str | Collection[str]
+) -> str | None:
+    sender = _first_address(msg, "From")
+    if mailbox_address and sender and sender[1] == mailbox_address.strip().lower():
+        return "own_message"
+    domains = [own_domain_ids] if isinstance(own_domain_ids, str) else list(own_domain_ids)
+    if domains:
+        # compose imports this module (subjects, ids): importing it here avoids a cycle
+        from adapters.email.compose import is_own_message_id
+
+        for message_id in message_ids(_header(msg, "Message-ID")):
+            if any(is_own_message_id(message_id, domain) for domain in domains):
+                return "own_message"
+    return None
+
+
+def _is_forward(subject: str) -> bool:
+    match = _PREFIX.match(_SPACE.sub(" ", subject))
+    return match is not None and match.group(1).lower() in _FORWARD_PREFIXES
+
+
+def _synthetic_id(raw: bytes) -> str:
+    """A stable id for a message without one: a digest of From, Date, Subject and the body."""
+    fields: dict[str, bytes] = {}
+    head, body = _split_head(raw)
+    for line in re.split(rb"\r?\n(?![ \t])", head):
+        key, sep, value = line.partition(b":")
+        name = key.strip().lower()
+        if sep and name in (b"from", b"date", b"subject") and name not in fields:
+            fields[name.decode("ascii", "replace")] = b" ".join(value.split())
+    digest = hashlib.sha256()
+    for name in ("from", "date", "subject"):
+        digest.update(fields.get(name, b"") + b"\n")
+    digest.update(body.replace(b"\r\n", b"\n"))
+    return f"<{digest.hexdigest()[:40]}@{_SYNTHETIC_ID_DOMAIN}>"
+
+
+def _split_head(raw: bytes) -> tuple[bytes, bytes]:
+    match = re.search(rb"\r?\n\r?\n", raw)
+    if match is None:
+        return raw, b""
+    return raw[: match.start()], raw[match.end() :]
+
+
+def _clip(text: str, limit: int) -> str:
+    return text if len(text) <= limit else text[: limit - 1] + "…"
+
+
+# --- body ------------------------------------------------------------------------------------
+
+
+@dataclass(frozen=True, slots=True)
+class _Body:
+    status: Literal["found", "none", "undecodable"]
+    text: str = ""
+    part: Message | None = None
+
+
+def _leaves(part: Message, depth: int = 0) -> Iterator[Message]:
+    """The non-multipart parts, depth-first, not descending into attached messages."""
+    if depth > _MAX_DEPTH:
+        return
+    if part.get_content_maintype() == "multipart":
+        payload = part.get_payload()
+        if isinstance(payload, list):
+            for sub in payload:
+                if isinstance(sub, Message):
+                    yield from _leaves(sub, depth + 1)
+        return
+    yield part
+
+
+def _is_attachment(part: Message) -> bool:
+    try:
+        disposition = (part.get_content_disposition() or "").lower()
+        return disposition == "attachment" or bool(part.get_filename())
+    except Exception:
+        return True
+
+
+def _body(msg: EmailMessage) -> _Body:
+    """The message's text: its plain part, else its HTML part as text."""
+    candidates: list[tuple[str, Message]] = []
+    for kind in ("plain", "html"):
+        part: Message | None
+        try:
+            part = msg.get_body(preferencelist=(kind,))
+        except Exception:
+            part = None
+        if part is not None:
+            candidates.append((kind, part))
+    if not candidates:
+        leaves = []
+        for count, leaf in enumerate(_leaves(msg)):
+            if count >= _MAX_LEAVES:
+                break
+            leaves.append(leaf)
+        for kind in ("plain", "html"):
+            for leaf in leaves:
+                if leaf.get_content_type() == f"text/{kind}" and not _is_attachment(leaf):
+                    candidates.append((kind, leaf))
+                    break
+    if not candidates:
+        return _Body("none")
+    undecodable = False
+    for kind, candidate in candidates:
+        decoded = _decode_part(candidate)
+        if decoded is None:
+            undecodable = True
+            continue
+        if kind == "html":
+            decoded = html_to_text(decoded[:_MAX_HTML_CHARS])
+        elif _param(candidate, "format") == "flowed":
+            delsp = _param(candidate, "delsp") == "yes"
+            decoded = _unflow(decoded, delsp=delsp)
+        text = _normalize_text(decoded)
+        if text.strip():
+            return _Body("found", text, candidate)
+    if undecodable:
+        return _Body("undecodable")
+    return _Body("found", "", candidates[0][1])
+
+
+def _param(part: Message, name: str) -> str:
+    """A Content-Type parameter, lowercased ("" when absent or unreadable)."""
+    try:
+        value = part.get_param(name)
+    except Exception:
+        return ""
+    if isinstance(value, tuple):
+        value = value[2]
+    return str(value or "").strip().lower()
+
+
+def _decode_part(part: Message) -> str | None:
+    """The part's text in its declared charset, else UTF-8 with replacements; None: garbage."""
+    payload = part.get_payload(decode=True)
+    if not isinstance(payload, bytes):
+        return ""
+    charset = part.get_content_charset()
+    codec: str | None = None
+    if charset:
+        try:
+            codec = codecs.lookup(charset).name
+            return payload.decode(codec)
+        except (LookupError, UnicodeError, ValueError, TypeError):
+            pass
+    else:
+        try:
+            return payload.decode("utf-8")
+        except UnicodeError:
+            pass
+    attempts = ["utf-8"] + ([codec] if codec and codec != "utf-8" else [])
+    for name in attempts:
+        try:
+            text = payload.decode(name, errors="replace")
+        except (LookupError, UnicodeError, ValueError, TypeError):
+            continue
+        if text.count("\ufffd") <= max(8, len(text) // 10):
+            return text
+    return None
+
+
+def _normalize_text(text: str) -> str:
+    text = text.replace("\r\n", "\n").replace("\r", "\n")
+    text = _clean(text.replace("\t", "    "))
+    return text
+
+
+def _unflow(text: str, *, delsp: bool) -> str:
+    """Join the soft line breaks of ``format=flowed`` text (RFC 3676)."""
+    lines: list[str] = []
+    buffer: str | None = None
+    buffer_depth = 0
+    for line in text.replace("\r\n", "\n").split("\n"):
+        depth = len(line) - len(line.lstrip(">"))
+        content = line[depth:]
+        if content.startswith(" "):
+            content = content[1:]  # space-stuffing
+        if buffer is not None and depth != buffer_depth:
+            lines.append(_quoted(buffer, buffer_depth))
+            buffer = None
+        flowed = content.endswith(" ") and content.rstrip() != "--"
+        if flowed:
+            piece = content[:-1] if delsp else content
+            buffer = piece if buffer is None else buffer + piece
+            buffer_depth = depth
+            continue
+        lines.append(_quoted(content if buffer is None else buffer + content, depth))
+        buffer = None
+    if buffer is not None:
+        lines.append(_quoted(buffer, buffer_depth))
+    return "\n".join(lines)
+
+
+def _quoted(text: str, depth: int) -> str:
+    return (">" * depth + " " + text) if depth else text
+
+
+# --- reply text ------------------------------------------------------------------------------
+
+
+def _reply_text(text: str) -> str:
+    """The new text of a message: without quoted history, ``>`` lines and a signature."""
+    lines = [line.strip() for line in text.split("\n")]
+    probe: list[str] = []
+    long_lines: dict[int, str] = {}
+    size = 0
+    blank = 0
+    complete = True
+    for line in lines:
+        if not line:
+            blank += 1
+            if blank > 1:
+                continue
+        else:
+            blank = 0
+        if len(line) > _PROBE_LINE_CHARS:
+            long_lines[len(long_lines)] = line
+            line = f"\ue000{len(long_lines) - 1}\ue001"
+        size += len(line) + 1
+        if size > _PROBE_CHARS:
+            complete = False
+            break
+        probe.append(line)
+    # keep_hyphen_lists: "- item" lines are a list, not the start of a "-Alice" signature
+    parsed = ReplyParse(
+        text="\n".join(probe), languages=list(_REPLY_LANGUAGES), keep_hyphen_lists=True
+    )
+    replies = parsed.read().replies
+    if not replies:
+        return ""
+    first = replies[0]
+    found_header = bool(first.headers) or len(replies) > 1
+    if not complete and not found_header:
+        # new text longer than the probe: keep it all, less the quoted lines
+        return _clip(_drop_quoted("\n".join(lines)), MAX_TEXT_CHARS)
+    content: str = first.content
+    if first.headers:
+        content = content.replace(first.headers, "", 1)
+    signature: str = first.signatures or ""
+    if signature and _plausible_signature(signature) and content.endswith(signature):
+        content = content[: -len(signature)]
+    restored = _PLACEHOLDER.sub(lambda m: long_lines.get(int(m.group(1)), ""), content)
+    return _clip(_drop_quoted(restored), MAX_TEXT_CHARS)
+
+
+def _drop_quoted(text: str) -> str:
+    kept = [line for line in text.split("\n") if not line.lstrip().startswith(">")]
+    return re.sub(r"\n{3,}", "\n\n", "\n".join(kept)).strip()
+
+
+def _plausible_signature(signature: str) -> bool:
+    """Whether a signature mail-parser-reply found is one, not a sentence starting "Thanks,".
+
+    Its first line must be a delimiter (``--``, ``__``), a "Sent from my ..." line, or a short
+    sign-off (at most six words, no digits) whose words after a comma are capitalized names:
+    "Thanks, Bob" is a signature; "Thanks, that worked. Now deploy 43" is text.
+    """
+    first = signature.split("\n", 1)[0].lstrip("> ").strip()
+    lowered = first.lower()
+    if first in ("--", "__") or lowered.startswith(
+        ("sent from my", "get outlook for", "gesendet von")
+    ):
+        return True
+    if len(first) > 60 or len(first.split()) > 6 or any(char.isdigit() for char in first):
+        return False
+    if first.rstrip(",.!").count(",") > 1 or first.endswith(("?", ":")):
+        return False
+    _, comma, rest = first.partition(",")
+    return not comma or all(word[:1].isupper() for word in rest.split())
+
+
+# --- HTML to text ----------------------------------------------------------------------------
+
+
+class _HtmlText(HTMLParser):
+    """HTML to plain text: paragraphs and lines, lists, ``text (url)`` links, ``>`` quotes."""
+
+    _SKIP = frozenset(
+        {"script", "style", "head", "title", "template", "noscript", "svg", "object", "iframe"}
+    )
+    _BLOCK = frozenset(
+        {
+            "p", "div", "section", "article", "header", "footer", "main", "aside", "nav",
+            "table", "tr", "ul", "ol", "h1", "h2", "h3", "h4", "h5", "h6", "pre", "dl", "dt",
+            "dd", "address", "center", "form", "fieldset", "hr", "blockquote", "figure",
+        }
+    )  # fmt: skip
+    _PARAGRAPH = frozenset({"p", "h1", "h2", "h3", "h4", "h5", "h6", "ul", "ol", "pre", "table"})
+
+    def __init__(self) -> None:
+        super().__init__(convert_charrefs=True)
+        self.lines: list[str] = []
+        self._line: list[str] = []
+        self._skip = 0
+        self._quote = 0
+        self._pre = 0
+        self._links: list[tuple[str | None, list[str]]] = []
+        self._lists: list[list[int]] = []
+
+    def handle_starttag(self, tag: str, attrs: list[tuple[str, str | None]]) -> None:
+        if tag in self._SKIP:
+            self._skip += 1
+            return
+        if self._skip:
+            return
+        if tag == "br":
+            self._break()
+        elif tag in self._BLOCK:
+            self._block(paragraph=tag in self._PARAGRAPH)
+        if tag == "blockquote":
+            self._quote += 1
+        elif tag == "pre":
+            self._pre += 1
+        elif tag in ("ul", "ol"):
+            self._lists.append([0 if tag == "ol" else -1])
+        elif tag == "li":
+            self._block(paragraph=False)
+            marker = "- "
+            if self._lists and self._lists[-1][0] >= 0:
+                self._lists[-1][0] += 1
+                marker = f"{self._lists[-1][0]}. "
+            self._emit(marker)
+        elif tag in ("td", "th") and self._line:
+            self._emit(" ")
+        elif tag == "a":
+            self._links.append((dict(attrs).get("href"), []))
+
+    def handle_endtag(self, tag: str) -> None:
+        if tag in self._SKIP:
+            self._skip = max(0, self._skip - 1)
+            return
+        if self._skip:
+            return
+        if tag == "a" and self._links:
+            href, text = self._links.pop()
+            url = _link_url(href)
+            shown = "".join(text).strip()
+            if url and url != shown and url.removeprefix("mailto:") != shown:
+                self._emit(f" ({url})" if shown else url)
+        elif tag in self._BLOCK or tag == "li":
+            self._block(paragraph=tag in self._PARAGRAPH)
+        if tag == "blockquote":
+            self._quote = max(0, self._quote - 1)
+        elif tag == "pre":
+            self._pre = max(0, self._pre - 1)
+        elif tag in ("ul", "ol") and self._lists:
+            self._lists.pop()
+
+    def handle_data(self, data: str) -> None:
+        if self._skip:
+            return
+        if self._pre:
+            for number, piece in enumerate(data.split("\n")):
+                if number:
+                    self._break()
+                self._emit(piece)
+            return
+        text = _SPACE.sub(" ", data)
+        if not self._line:
+            text = text.lstrip()
+        if text:
+            self._emit(text)
+
+    def _emit(self, text: str) -> None:
+        if not self._line and self._quote:
+            self._line.append("> " * self._quote)
+        self._line.append(text)
+        for _, link_text in self._links:
+            link_text.append(text)
+
+    def _break(self) -> None:
+        line = "".join(self._line).rstrip()
+        self._line = []
+        if line or (self.lines and self.lines[-1]):
+            self.lines.append(line)
+
+    def _block(self, *, paragraph: bool) -> None:
+        if self._line:
+            self._break()
+        if paragraph and self.lines and self.lines[-1]:
+            self.lines.append("")
+
+    def text(self) -> str:
+        """The text so far (call after `close`)."""
+        if self._line:
+            self._break()
+        return "\n".join(self.lines).strip()
+
+
+def _link_url(href: str | None) -> str | None:
+    if not href:
+        return None
+    url = "".join(href.split())
+    if len(url) > 2000 or not url.lower().startswith(("http://", "https://", "mailto:")):
+        return None
+    return url
+
+
+def html_to_text(html: str) -> str:
+    """Plain text of an HTML body (links as ``text (url)``, block quotes as ``>`` lines)."""
+    parser = _HtmlText()
+    try:
+        parser.feed(html)
+        parser.close()
+    except Exception:
+        pass  # keep what was read
+    return parser.text()
+
+
+def _attachments(msg: Message, body: Message | None) -> tuple[Attachment, ...]:
+    found: list[Attachment] = []
+    for count, part in enumerate(_leaves(msg)):
+        if count >= _MAX_LEAVES or len(found) >= MAX_ATTACHMENTS:
+            break
+        if part is body:
+            continue
+        try:
+            media_type = part.get_content_type()
+        except Exception:
+            media_type = "application/octet-stream"
+        inline_text = media_type in ("text/plain", "text/html") and not _is_attachment(part)
+        if inline_text:
+            continue  # an alternative or a continuation of the body, not a file
+        found.append(
+            Attachment(
+                name=_attachment_name(part, media_type, len(found)),
+                media_type=_clip(media_type, 200),
+                size=_part_size(part),
+            )
+        )
+    return tuple(found)
+
+
+def _attachment_name(part: Message, media_type: str, index: int) -> str:
+    try:
+        name = part.get_filename() or ""
+    except Exception:
+        name = ""
+    name = _clean(str(name)).replace("\\", "/").rsplit("/", 1)[-1].strip()
+    if not name:
+        name = "message.eml" if media_type == "message/rfc822" else f"attachment-{index + 1}"
+    return _clip(_SPACE.sub(" ", name), _MAX_NAME_CHARS)
+
+
+def _part_size(part: Message) -> int:
+    """The decoded size of a leaf part in bytes (computed from its encoded payload)."""
+    try:
+        payload = part.get_payload()
+        if isinstance(payload, list):
+            return sum(len(sub.as_bytes()) for sub in payload if isinstance(sub, Message))
+        encoded = str(payload)
+        if (part.get("Content-Transfer-Encoding") or "").strip().lower() == "base64":
+            letters = len(re.sub(r"[^A-Za-z0-9+/]", "", encoded))
+            return letters * 3 // 4
+        decoded = part.get_payload(decode=True)
+        return len(decoded) if isinstance(decoded, bytes) else len(encoded)
+    except Exception:
+        return 0

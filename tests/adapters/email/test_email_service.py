@@ -1,0 +1,241 @@
+"""Email end to end: the whole service against a real Dovecot and an aiosmtpd SMTP server.
+
+Mail is delivered into the bot's mailbox with ``dovecot-lda`` (as an MTA would); the gateway
+reads it over IMAP (IDLE), answers through SMTP (STARTTLS + AUTH), and the SMTP server delivers
+the reply into the sender's Dovecot mailbox, where the tests read it (and thread it with
+Dovecot's ``UID THREAD REFERENCES``).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import time
+from collections.abc import AsyncIterator, Callable
+from datetime import UTC, datetime
+from email.message import EmailMessage
+from email.utils import format_datetime, make_msgid
+from typing import Any
+
+import pytest
+
+from config import Settings
+from gateway.service import Service
+from harness_core import UserMessage, message_text
+from harness_core.session.entries import MessageEntry
+from tests.support.mail_servers import Dovecot, MailUser, SmtpServer
+
+AGENT = "tests.support.gateway_agent"
+
+
+class Mail:
+    """A running service with email on, its bot's mailbox and a person writing to it."""
+
+    def __init__(
+        self, service: Service, dovecot: Dovecot, smtp: SmtpServer, bot: MailUser, person: MailUser
+    ) -> None:
+        self.service = service
+        self.dovecot = dovecot
+        self.smtp = smtp
+        self.bot = bot
+        self.person = person
+
+    def write(
+        self,
+        text: str,
+        *,
+        subject: str = "Deploy window",
+        reply_to: EmailMessage | None = None,
+        headers: dict[str, str] | None = None,
+    ) -> EmailMessage:
+        """A mail from the person to the bot, delivered into the bot's INBOX."""
+        message = EmailMessage()
+        message["From"] = f"Person <{self.person.address}>"
+        message["To"] = self.bot.address
+        message["Date"] = format_datetime(datetime.now(UTC))
+        message["Message-ID"] = make_msgid(domain="example.test")
+        if reply_to is not None:
+            message["Subject"] = "Re: " + str(reply_to["Subject"]).removeprefix("Re: ")
+            message["In-Reply-To"] = str(reply_to["Message-ID"])
+            references = str(reply_to.get("References", "")).split()
+            message["References"] = " ".join([*references, str(reply_to["Message-ID"])])
+        else:
+            message["Subject"] = subject
+        for name, value in (headers or {}).items():
+            message[name] = value
+        message.set_content(text)
+        self.dovecot.deliver(self.bot, bytes(message), sender=self.person.address)
+        return message
+
+    async def replies(self, count: int, timeout_s: float = 15.0) -> list[EmailMessage]:
+        """Wait until the person's INBOX holds `count` mails from the bot; return them."""
+        deadline = time.monotonic() + timeout_s
+        while True:
+            found = [
+                m
+                for m in self.dovecot.parsed_messages(self.person)
+                if self.bot.address in str(m.get("From", ""))
+            ]
+            if len(found) >= count:
+                return found
+            assert time.monotonic() < deadline, [str(m["Subject"]) for m in found]
+            await asyncio.sleep(0.1)
+
+    async def user_texts(self, lane: str) -> list[str]:
+        assert self.service.repo is not None
+        session = f"email-{self.bot.address}"
+        storage = await self.service.repo.open(session)
+        try:
+            return [
+                message_text(stored.entry.message)
+                for stored in await storage.read_lane_entries(lane, after=None)
+                if isinstance(stored.entry, MessageEntry)
+                and isinstance(stored.entry.message, UserMessage)
+            ]
+        finally:
+            await storage.close()
+
+
+def _settings(tmp_path: Any, dovecot: Dovecot, smtp: SmtpServer, bot: MailUser) -> Settings:
+    assert smtp.tls_cert is not None
+    return Settings(
+        store_url=f"sqlite:///{tmp_path}/store.db",
+        broker_url=f"sqlite:///{tmp_path}/broker.db",
+        web_url=f"sqlite:///{tmp_path}/web.db",
+        plugin=AGENT,
+        lease_seconds=6,
+        renew_seconds=1,
+        email_address=bot.address,
+        email_imap_host="127.0.0.1",
+        email_imap_port=dovecot.port,
+        email_imap_security="none",
+        email_smtp_host="127.0.0.1",
+        email_smtp_port=smtp.port,
+        email_password=bot.password,
+        email_ca_file=str(smtp.cert_path),
+        routes=({"channel": "email", "space": bot.address, "session": f"email-{bot.address}"},),
+    )
+
+
+@pytest.fixture
+async def mail(tmp_path: Any, dovecot: Dovecot) -> AsyncIterator[Mail]:
+    bot = dovecot.fresh_user("bot")
+    person = dovecot.fresh_user("person")
+    with SmtpServer(dovecot, username=bot.address, password=bot.password) as smtp:
+        service = Service(_settings(tmp_path, dovecot, smtp, bot))
+        await service.start()
+        try:
+            yield Mail(service, dovecot, smtp, bot, person)
+        finally:
+            await service.stop(drain_seconds=2)
+
+
+def _text(message: EmailMessage) -> str:
+    body = message.get_body(("plain",))
+    assert body is not None
+    return str(body.get_content())
+
+
+def _adapter(mail: Mail) -> Any:
+    return mail.service.adapters["email"]
+
+
+async def _until(check: Callable[[], bool], timeout_s: float = 15.0) -> None:
+    deadline = time.monotonic() + timeout_s
+    while not check():
+        assert time.monotonic() < deadline
+        await asyncio.sleep(0.05)
+
+
+async def test_a_mail_is_answered_in_its_thread(mail: Mail) -> None:
+    asked = mail.write("what is our deploy window?")
+    [reply] = await mail.replies(1)
+    assert str(reply["Subject"]) == "Re: Deploy window"
+    assert str(reply["In-Reply-To"]) == str(asked["Message-ID"])
+    assert str(asked["Message-ID"]) in str(reply["References"])
+    assert str(reply["Auto-Submitted"]) == "auto-replied"
+    assert "You said: what is our deploy window?" in _text(reply)
+    # Dovecot threads them: the person's copy of the question is not there, so thread the
+    # reply with the bot's own copy (the bot Bccs itself)
+    assert await mail.user_texts(f"email:{asked['Message-ID']}") == ["what is our deploy window?"]
+
+
+async def test_a_reply_to_the_reply_continues_the_lane(mail: Mail) -> None:
+    asked = mail.write("first question")
+    [reply] = await mail.replies(1)
+    mail.write("a follow-up", reply_to=reply)
+    replies = await mail.replies(2)
+    assert str(replies[1]["Subject"]) == "Re: Deploy window"  # never "Re: Re:"
+    lane = f"email:{asked['Message-ID']}"
+    assert await mail.user_texts(lane) == ["first question", "a follow-up"]
+    threads = mail.dovecot.thread_references(mail.person)
+    assert len(threads) == 1 and len(threads[0]) == 2  # the two replies thread together
+
+
+@pytest.mark.parametrize(
+    ("kind", "headers"),
+    [
+        ("auto_submitted", {"Auto-Submitted": "auto-replied"}),
+        ("bulk", {"Precedence": "bulk"}),
+        ("list", {"List-Id": "<ops.lists.example.test>"}),
+    ],
+)
+async def test_automatic_mail_is_not_answered(
+    mail: Mail, kind: str, headers: dict[str, str]
+) -> None:
+    mail.write("I am out of office", headers=headers)
+    await _until(lambda: sum(_adapter(mail).skipped.values()) == 1)
+    await asyncio.sleep(0.5)
+    assert mail.dovecot.parsed_messages(mail.person) == []
+
+
+async def test_a_dropped_idle_connection_reconnects_and_misses_nothing(mail: Mail) -> None:
+    adapter = _adapter(mail)
+    mail.write("before the drop")
+    await mail.replies(1)
+    before = adapter.connections
+    assert mail.dovecot.kick(mail.bot)
+    mail.write("right after the drop", subject="Second")
+    await mail.replies(2)
+    assert adapter.connections > before
+
+
+async def test_a_restart_takes_no_mail_twice(mail: Mail, tmp_path: Any) -> None:
+    mail.write("one")
+    await mail.replies(1)
+    await mail.service.stop(drain_seconds=1)
+    mail.write("two", subject="While down")
+    mail.service = Service(mail.service.settings)
+    await mail.service.start()
+    await mail.replies(2)
+    await asyncio.sleep(1.0)
+    assert len(await mail.replies(2)) == 2
+
+
+async def test_an_unknown_send_outcome_is_reconciled_not_sent_twice(mail: Mail) -> None:
+    mail.smtp.lose_response_after_data()
+    mail.write("lost answer")
+    await mail.replies(1, timeout_s=20)
+    await asyncio.sleep(3.0)  # the retry reconciles (finds its Message-ID) instead of sending
+    assert len(await mail.replies(1)) == 1
+    assert len(mail.smtp.messages) == 1
+
+
+async def test_smtp_refusing_then_accepting_delivers_once(mail: Mail) -> None:
+    mail.smtp.refuse_next(code=451, message="4.3.0 try again later")
+    mail.write("temporary trouble")
+    await mail.replies(1, timeout_s=20)
+    await asyncio.sleep(1.0)
+    assert len(await mail.replies(1)) == 1
+
+
+async def test_oversized_and_malformed_mail_is_skipped_and_its_neighbours_answered(
+    mail: Mail,
+) -> None:
+    adapter = _adapter(mail)
+    adapter.max_message_bytes = 50_000
+    mail.dovecot.deliver(mail.bot, b"From: x@example.test\r\nSubject: big\r\n\r\n" + b"x" * 60_000)
+    mail.dovecot.deliver(mail.bot, b"\x00\xff not a mail at all \xfe")
+    mail.write("still answered")
+    [reply] = await mail.replies(1)
+    assert "still answered" in _text(reply)
+    await _until(lambda: adapter.skipped["oversized"] == 1)

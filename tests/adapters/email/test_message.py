@@ -1,0 +1,827 @@
+"""Inbound email: the loop guard, threads, reply text, charsets, attachments, hostile bytes."""
+
+from __future__ import annotations
+
+import time
+from email.message import EmailMessage
+
+import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from adapters.channel import Inbound
+from adapters.email.compose import reply_message_id
+from adapters.email.message import (
+    MAX_ATTACHMENTS,
+    MAX_TEXT_CHARS,
+    Parsed,
+    classify_automatic,
+    html_to_text,
+    message_ids,
+    normalize_subject,
+    parse,
+)
+
+BOT = "bot@gw.example"
+DOMAIN = "gw.example"
+LIMIT = 10_000_000
+BOT_REPLY_ID = reply_message_id("reply:run-1", DOMAIN)
+
+
+def read(raw: bytes | str, *, max_bytes: int = LIMIT) -> Parsed:
+    data = raw.encode("utf-8") if isinstance(raw, str) else raw
+    return parse(data, mailbox_address=BOT, own_domain_ids=(DOMAIN,), max_bytes=max_bytes, now_ms=7)
+
+
+def taken(raw: bytes | str) -> Inbound:
+    parsed = read(raw)
+    assert parsed.action == "take", parsed.reason
+    assert parsed.inbound is not None
+    return parsed.inbound
+
+
+# --- realistic messages ----------------------------------------------------------------------
+
+GMAIL_REPLY = f"""\
+Return-Path: <alice@gmail.com>
+Delivered-To: {BOT}
+Received: by mail-lf1-f41.google.com with SMTP id 2adb3069b0e04-5a1;
+        Mon, 30 Nov 2026 05:03:11 -0800 (PST)
+DKIM-Signature: v=1; a=rsa-sha256; c=relaxed/relaxed; d=gmail.com; s=20230601;
+ h=to:subject:message-id:date:from:in-reply-to:references:mime-version; bh=47DEQ=; b=dGVzdA==
+X-Gm-Message-State: AOJu0YwQ1
+X-Google-Smtp-Source: AGHT+IFq
+MIME-Version: 1.0
+References: <CAH+root=Q1@mail.gmail.com> {BOT_REPLY_ID}
+In-Reply-To: {BOT_REPLY_ID}
+From: Alice Example <Alice@Gmail.com>
+Date: Mon, 30 Nov 2026 14:03:00 +0100
+Message-ID: <CAH+reply=Z9@mail.gmail.com>
+Subject: Re: Deploy 42
+To: Deploy Bot <{BOT}>
+Cc: Carol <carol@example.com>
+Content-Type: multipart/alternative; boundary="000000000000a1b2c3"
+
+--000000000000a1b2c3
+Content-Type: text/plain; charset="UTF-8"
+
+Yes, approve it please.
+
+Thanks,
+Alice
+
+On Mon, Nov 30, 2026 at 2:00 PM Deploy Bot <{BOT}> wrote:
+
+> Should I deploy build 42?
+>
+> - it passed CI
+
+--000000000000a1b2c3
+Content-Type: text/html; charset="UTF-8"
+
+<div dir="ltr">Yes, approve it please.<div><br></div><div>Thanks,</div><div>Alice</div></div>\
+<br><div class="gmail_quote"><div dir="ltr" class="gmail_attr">On Mon, Nov 30, 2026 at 2:00 PM \
+Deploy Bot &lt;<a href="mailto:{BOT}">{BOT}</a>&gt; wrote:<br></div><blockquote \
+class="gmail_quote">Should I deploy build 42?</blockquote></div>
+
+--000000000000a1b2c3--
+"""
+
+OUTLOOK_REPLY = f"""\
+Received: from AM9PR07MB7.eurprd07.prod.outlook.com (2603:10a6:20b:3a0::9) by
+ AS8PR07MB8.eurprd07.prod.outlook.com with HTTPS; Mon, 30 Nov 2026 13:05:12 +0000
+From: Bob Smith <bob.smith@contoso.com>
+To: Deploy Bot <{BOT}>
+Subject: RE: Deploy 42
+Thread-Topic: Deploy 42
+Thread-Index: AQHbQ2p7xY0v1cdq3kSZ0kz9t6C0zQ==
+Date: Mon, 30 Nov 2026 13:05:11 +0000
+Message-ID: <AM9PR07MB7A1B2C3D4E5F@AM9PR07MB7.eurprd07.prod.outlook.com>
+References: <CAH+root=Q1@mail.gmail.com> {BOT_REPLY_ID}
+In-Reply-To: {BOT_REPLY_ID}
+Accept-Language: en-US
+Content-Language: en-US
+X-MS-Has-Attach:
+X-MS-TNEF-Correlator:
+x-ms-publictraffictype: Email
+x-ms-exchange-organization-authas: Internal
+X-MS-Exchange-CrossTenant-id: 72f988bf-86f1-41af-91ab-2d7cd011db47
+Content-Type: text/plain; charset="us-ascii"
+Content-Transfer-Encoding: quoted-printable
+MIME-Version: 1.0
+
+Deny - not today.
+
+Bob Smith
+Sent from my iPhone
+
+________________________________
+From: Deploy Bot <{BOT}>
+Sent: Monday, November 30, 2026 2:00 PM
+To: Bob Smith <bob.smith@contoso.com>
+Subject: Deploy 42
+
+Should I deploy build 42? This is a long line that Outlook would send encoded as quoted-pr=
+intable soft breaks.
+"""
+
+OUTLOOK_GERMAN_REPLY = """\
+From: =?iso-8859-1?Q?J=F6rg_M=FCller?= <joerg.mueller@firma.de>
+To: Deploy Bot <bot@gw.example>
+Subject: AW: Deploy 42
+Thread-Topic: Deploy 42
+Thread-Index: AQHbQ2p7xY0v1cdq3kSZ0kz9t6C0zbKf3Q2A
+Date: Mon, 30 Nov 2026 13:07:00 +0000
+Message-ID: <FR3P281MB1234ABCD@FR3P281MB1234.DEUP281.PROD.OUTLOOK.COM>
+References: <CAH+root=Q1@mail.gmail.com>
+In-Reply-To: <CAH+root=Q1@mail.gmail.com>
+Content-Language: de-DE
+X-MS-Has-Attach:
+Content-Type: text/plain; charset="iso-8859-1"
+Content-Transfer-Encoding: quoted-printable
+MIME-Version: 1.0
+
+Bitte nicht heute, erst n=E4chste Woche.
+
+Mit freundlichen Gr=FC=DFen
+J=F6rg M=FCller
+
+Von: Deploy Bot <bot@gw.example>
+Gesendet: Montag, 30. November 2026 14:00
+An: J=F6rg M=FCller <joerg.mueller@firma.de>
+Betreff: Deploy 42
+
+Soll ich Build 42 ausrollen?
+"""
+
+GMAIL_GERMAN_REPLY = f"""\
+From: Jana <jana@gmail.com>
+To: {BOT}
+Subject: Re: Deploy 42
+Date: Mon, 30 Nov 2026 14:09:00 +0100
+Message-ID: <CAH+de=1@mail.gmail.com>
+References: <CAH+root=Q1@mail.gmail.com>
+In-Reply-To: <CAH+root=Q1@mail.gmail.com>
+MIME-Version: 1.0
+Content-Type: text/plain; charset="UTF-8"
+Content-Transfer-Encoding: 8bit
+
+Ja, bitte ausrollen.
+
+Am Mo., 30. Nov. 2026 um 14:00 Uhr schrieb Deploy Bot <{BOT}>:
+
+> Soll ich Build 42 ausrollen?
+"""
+
+APPLE_MAIL_REPLY = f"""\
+Content-Type: text/plain;
+\tcharset=utf-8;
+\tformat=flowed;
+\tdelsp=yes
+Mime-Version: 1.0 (Mac OS X Mail 16.0 \\(3774.600.62\\))
+Subject: Re: Deploy 42
+From: Dana Lee <dana@icloud.com>
+In-Reply-To: {BOT_REPLY_ID}
+Date: Mon, 30 Nov 2026 14:11:00 +0100
+Content-Transfer-Encoding: 8bit
+Message-Id: <5F1C2D3E-AAAA-4BBB-8CCC-0123456789AB@icloud.com>
+References: <CAH+root=Q1@mail.gmail.com> {BOT_REPLY_ID}
+To: Deploy Bot <{BOT}>
+X-Mailer: Apple Mail (2.3774.600.62)
+
+Sounds good, go ahead with the rollout once the smoke tests are \x20
+green.
+
+Sent from my iPhone
+
+> On 30. Nov 2026, at 14:00, Deploy Bot <{BOT}> wrote:
+>=20
+> Should I deploy build 42?
+"""
+
+OUTLOOK_HTML_ONLY = f"""\
+From: Erin <erin@contoso.com>
+To: {BOT}
+Subject: RE: Deploy 42
+Date: Mon, 30 Nov 2026 13:15:00 +0000
+Message-ID: <AM0PR01MB9999@AM0PR01MB9999.eurprd01.prod.exchangelabs.com>
+References: <CAH+root=Q1@mail.gmail.com>
+In-Reply-To: <CAH+root=Q1@mail.gmail.com>
+MIME-Version: 1.0
+Content-Type: text/html; charset="utf-8"
+Content-Transfer-Encoding: 8bit
+
+<html><head><style>p {{ margin: 0 }}</style><script>alert(1)</script></head>
+<body><div class="elementToProof">Go ahead &amp; check the
+<a href="https://ci.example.com/build/42">build page</a> first.</div>
+<ul><li>step one</li><li>step two</li></ul>
+<hr style="display:inline-block;width:98%" tabindex="-1">
+<div id="divRplyFwdMsg" dir="ltr"><b>From:</b> Deploy Bot &lt;{BOT}&gt;<br>
+<b>Sent:</b> Monday, November 30, 2026 2:00 PM<br><b>To:</b> Erin &lt;erin@contoso.com&gt;<br>
+<b>Subject:</b> Deploy 42</div><div>Should I deploy build 42?</div></body></html>
+"""
+
+
+def test_gmail_reply_continues_the_lane_of_its_root() -> None:
+    inbound = taken(GMAIL_REPLY)
+    assert inbound.thread.channel == "email"
+    assert inbound.thread.space == BOT
+    assert inbound.thread.thread == "<CAH+root=Q1@mail.gmail.com>"
+    assert inbound.thread.lane == "email:<CAH+root=Q1@mail.gmail.com>"
+    assert inbound.message_id == "<CAH+reply=Z9@mail.gmail.com>"
+    assert inbound.author.id == "alice@gmail.com"
+    assert inbound.author.name == "Alice Example"
+    assert inbound.text == "Yes, approve it please."
+    assert inbound.received_at_ms == 7
+    context = dict(inbound.reply_context)
+    assert context == {
+        "message_id": "<CAH+reply=Z9@mail.gmail.com>",
+        "references": ("<CAH+root=Q1@mail.gmail.com>", BOT_REPLY_ID),
+        "subject": "Re: Deploy 42",
+        "from": "Alice Example <alice@gmail.com>",
+        "to": ("Deploy Bot <bot@gw.example>",),
+        "cc": ("Carol <carol@example.com>",),
+    }
+    assert read(GMAIL_REPLY).reason == "reply"
+
+
+REPLY_TEXTS = [
+    ("gmail", GMAIL_REPLY, "Yes, approve it please."),
+    ("outlook", OUTLOOK_REPLY, "Deny - not today.\n\nBob Smith"),
+    ("outlook-german", OUTLOOK_GERMAN_REPLY, "Bitte nicht heute, erst nächste Woche."),
+    ("gmail-german", GMAIL_GERMAN_REPLY, "Ja, bitte ausrollen."),
+    (
+        "apple-mail-flowed",
+        APPLE_MAIL_REPLY,
+        "Sounds good, go ahead with the rollout once the smoke tests are green.",
+    ),
+    (
+        "outlook-html-only",
+        OUTLOOK_HTML_ONLY,
+        "Go ahead & check the build page (https://ci.example.com/build/42) first.\n\n"
+        "- step one\n- step two",
+    ),
+]
+
+
+@pytest.mark.parametrize(
+    ("raw", "text"), [c[1:] for c in REPLY_TEXTS], ids=[c[0] for c in REPLY_TEXTS]
+)
+def test_reply_text_is_the_new_text_only(raw: str, text: str) -> None:
+    assert taken(raw).text == text
+
+
+def test_outlook_reply_keeps_its_conversation_headers() -> None:
+    inbound = taken(OUTLOOK_REPLY)
+    assert inbound.thread.thread == "<CAH+root=Q1@mail.gmail.com>"
+    assert inbound.reply_context["thread_topic"] == "Deploy 42"
+    assert inbound.reply_context["thread_index"] == "AQHbQ2p7xY0v1cdq3kSZ0kz9t6C0zQ=="
+    german = taken(OUTLOOK_GERMAN_REPLY)
+    assert german.author.name == "Jörg Müller"
+    assert german.author.id == "joerg.mueller@firma.de"
+    assert german.reply_context["from"] == "Jörg Müller <joerg.mueller@firma.de>"
+    assert german.reply_context["subject"] == "AW: Deploy 42"
+    junk = taken(plain("Hi", Thread_Index="not base64 at all!", From='"Smith, Bob" <b@x.example>'))
+    assert "thread_index" not in junk.reply_context
+    assert junk.reply_context["from"] == '"Smith, Bob" <b@x.example>'
+
+
+def gmail_html_only() -> str:
+    head, _, rest = GMAIL_REPLY.partition("Content-Type: multipart/alternative")
+    html = rest.split('Content-Type: text/html; charset="UTF-8"\n\n')[1].split("--0000")[0]
+    return head + 'Content-Type: text/html; charset="UTF-8"\n\n' + html
+
+
+def test_gmail_html_only_reply() -> None:
+    assert taken(gmail_html_only()).text == "Yes, approve it please."
+
+
+def plain(body: str, **headers: str) -> str:
+    base = {
+        "From": "Alice <alice@example.com>",
+        "To": BOT,
+        "Subject": "Deploy",
+        "Date": "Mon, 30 Nov 2026 14:00:00 +0000",
+        "Message-ID": "<m1@example.com>",
+    }
+    base.update({key.replace("_", "-"): value for key, value in headers.items()})
+    head = "".join(f"{key}: {value}\n" for key, value in base.items() if value)
+    return f"{head}MIME-Version: 1.0\nContent-Type: text/plain; charset=utf-8\n\n{body}"
+
+
+STRIPPING = [
+    ("signature-dashes", "Deploy it.\n\n-- \nAlice\nACME Corp", "Deploy it."),
+    ("sent-from", "Deploy it.\n\nSent from my iPhone", "Deploy it."),
+    ("gesendet-von", "Bitte ausrollen.\n\nGesendet von meinem iPhone", "Bitte ausrollen."),
+    ("best-regards", "Deploy it.\n\nBest regards,\nAlice Example", "Deploy it."),
+    (
+        "thanks-is-text",
+        "Please do:\n- deploy 42\n- restart web\n\nThanks, that worked last time.\nNext: logs",
+        "Please do:\n- deploy 42\n- restart web\n\nThanks, that worked last time.\nNext: logs",
+    ),
+    ("thanks-with-task", "Thanks, now deploy 43 please.", "Thanks, now deploy 43 please."),
+    (
+        "original-message",
+        "Fine by me.\n\n-----Original Message-----\nFrom: Bot\nSent: Monday\n\nShould I?",
+        "Fine by me.",
+    ),
+    ("bottom-posting", "On Mon, Alice wrote:\n> Should I deploy?\n\nYes, do it.", "Yes, do it."),
+    ("inline-quotes", "Yes.\n\n> Should I deploy?\n> Really?", "Yes."),
+]
+
+
+@pytest.mark.parametrize(
+    ("body", "text"), [c[1:] for c in STRIPPING], ids=[c[0] for c in STRIPPING]
+)
+def test_quotes_and_signatures_are_stripped(body: str, text: str) -> None:
+    assert taken(plain(body)).text == text
+
+
+def test_a_forward_keeps_the_forwarded_message() -> None:
+    body = (
+        "Can you look into this?\n\n---------- Forwarded message ---------\n"
+        "From: Monitoring <alerts@example.com>\nDate: Mon, Nov 30, 2026 at 1:00 PM\n"
+        "Subject: Disk full on web-3\nTo: <ops@example.com>\n\n/var is at 99%."
+    )
+    inbound = taken(plain(body, Subject="Fwd: Disk full on web-3"))
+    assert "Can you look into this?" in inbound.text
+    assert "/var is at 99%." in inbound.text
+
+
+def test_a_new_subject_starts_a_new_lane_even_with_re() -> None:
+    # no References, no In-Reply-To: the subject alone never joins a thread
+    inbound = taken(plain("Status?", Subject="Re: Deploy 42"))
+    assert inbound.thread.thread == "<m1@example.com>"
+    assert read(plain("Status?", Subject="Re: Deploy 42")).reason == "new"
+
+
+THREAD_ROOTS = [
+    ("references-first", {"References": "<a@x> <b@x> <c@x>", "In_Reply_To": "<c@x>"}, "<a@x>"),
+    ("in-reply-to-only", {"In_Reply_To": "<p@x>"}, "<p@x>"),
+    ("broken-references", {"References": "garbage (none)", "In_Reply_To": "<p@x>"}, "<p@x>"),
+    ("bare-references", {"References": "a@x b@x"}, "<a@x>"),
+    ("neither", {}, "<m1@example.com>"),
+    ("in-reply-to-comment", {"In_Reply_To": "<p@x> (Alice's message of Monday)"}, "<p@x>"),
+]
+
+
+@pytest.mark.parametrize(
+    ("headers", "root"), [c[1:] for c in THREAD_ROOTS], ids=[c[0] for c in THREAD_ROOTS]
+)
+def test_thread_root(headers: dict[str, str], root: str) -> None:
+    assert taken(plain("Hi", **headers)).thread.thread == root
+
+
+def test_message_ids_keep_their_brackets_and_case() -> None:
+    assert message_ids("<A@X.example>  <b@x>\r\n <A@X.example>") == ["<A@X.example>", "<b@x>"]
+    assert message_ids("no ids here") == []
+    assert message_ids("<with space@x>") == []
+    assert message_ids(None) == []
+    assert taken(plain("Hi", Message_ID="bare@x.example")).message_id == "<bare@x.example>"
+
+
+def test_a_message_without_message_id_gets_a_stable_digest() -> None:
+    first = taken(plain("Hi there", Message_ID=""))
+    again = taken(plain("Hi there", Message_ID=""))
+    other = taken(plain("Hi again", Message_ID=""))
+    assert first.message_id == again.message_id
+    assert first.message_id != other.message_id
+    assert first.message_id.startswith("<") and first.message_id.endswith("@no-message-id.invalid>")
+    assert first.thread.thread == first.message_id
+    assert first.reply_context["message_id"] == first.message_id
+
+
+def test_a_subject_only_message_starting_a_thread_takes_its_subject() -> None:
+    assert taken(plain("", Subject="Deploy 42 to staging")).text == "Deploy 42 to staging"
+    assert read(plain("> quoted only", In_Reply_To="<p@x>")).reason == "empty"
+
+
+@pytest.mark.parametrize(
+    ("subject", "normalized"),
+    [
+        ("Re: Deploy", "Deploy"),
+        ("RE: Re: re:Deploy", "Deploy"),
+        ("AW: WG: Deploy", "Deploy"),
+        ("Fwd: FW: Deploy", "Deploy"),
+        ("SV: Antw: Antwort: Deploy", "Deploy"),
+        ("Re[2]: Re(3): Deploy", "Deploy"),
+        ("Re : Deploy", "Deploy"),
+        ("Re\uff1a Deploy", "Deploy"),
+        ("[EXTERNAL] Re: Deploy", "Deploy"),
+        ("RE: [EXTERNAL] Re: Deploy", "Deploy"),
+        ("[#1234] Printer broken", "[#1234] Printer broken"),
+        ("Re: [#1234] Printer broken", "[#1234] Printer broken"),
+        ("Regarding the deploy", "Regarding the deploy"),
+        ("Re:", ""),
+        ("  Re:   lots   of   space ", "lots of space"),
+    ],
+)
+def test_normalize_subject(subject: str, normalized: str) -> None:
+    assert normalize_subject(subject) == normalized
+
+
+# --- charsets ----------------------------------------------------------------------------------
+
+
+def test_iso_8859_1_body() -> None:
+    raw = (
+        "From: =?ISO-8859-1?Q?Andr=E9?= <andre@example.fr>\nTo: bot@gw.example\n"
+        "Subject: =?ISO-8859-1?Q?D=E9ploiement?=\nMessage-ID: <fr1@example.fr>\n"
+        "MIME-Version: 1.0\nContent-Type: text/plain; charset=ISO-8859-1\n"
+        "Content-Transfer-Encoding: 8bit\n\n"
+    ).encode("ascii") + "Déploie la version 42, s'il te plaît.\n".encode("latin-1")
+    inbound = taken(raw)
+    assert inbound.text == "Déploie la version 42, s'il te plaît."
+    assert inbound.author.name == "André"
+    assert inbound.reply_context["subject"] == "Déploiement"
+
+
+def test_unknown_charset_falls_back_to_utf8() -> None:
+    raw = (
+        b"From: a@example.com\nTo: bot@gw.example\nSubject: x\nMessage-ID: <c1@x>\n"
+        b"Content-Type: text/plain; charset=x-no-such-charset\n\n"
+    ) + "Grüße aus Köln".encode()
+    assert taken(raw).text == "Grüße aus Köln"
+
+
+def test_a_wrong_charset_keeps_the_text_with_replacements() -> None:
+    raw = (
+        b"From: a@example.com\nTo: bot@gw.example\nSubject: x\nMessage-ID: <c2@x>\n"
+        b"Content-Type: text/plain; charset=utf-8\n\n"
+    ) + "Déploie la version 42 maintenant".encode("latin-1")
+    assert taken(raw).text == "D\ufffdploie la version 42 maintenant"
+
+
+def test_binary_garbage_is_undecodable() -> None:
+    garbage = bytes(range(128, 256)) * 8
+    raw = (
+        b"From: a@example.com\nTo: bot@gw.example\nSubject: x\nMessage-ID: <c3@x>\n"
+        b"Content-Type: text/plain; charset=utf-8\n\n"
+    ) + garbage
+    assert read(raw) == Parsed("skip", "undecodable")
+
+
+def test_raw_utf8_headers_are_read() -> None:
+    raw = (
+        "From: Zoë Ünal <zoe@example.com>\nTo: bot@gw.example\nSubject: Größe\n"
+        "Message-ID: <u1@x>\nContent-Type: text/plain; charset=utf-8\n\nHallo"
+    ).encode()
+    inbound = taken(raw)
+    assert inbound.author.name == "Zoë Ünal"
+    assert inbound.reply_context["subject"] == "Größe"
+
+
+# --- structure, attachments and limits ---------------------------------------------------------
+
+
+def nested_mixed() -> EmailMessage:
+    msg = EmailMessage()
+    msg["From"] = "Frank <frank@example.com>"
+    msg["To"] = BOT
+    msg["Subject"] = "Logs for the failed deploy"
+    msg["Message-ID"] = "<nested@example.com>"
+    msg.set_content("See the attached logs.\n")
+    msg.add_alternative('<p>See the attached logs.<img src="cid:logo"></p>', subtype="html")
+    html_part = msg.get_body(preferencelist=("html",))
+    assert isinstance(html_part, EmailMessage)
+    html_part.add_related(
+        b"\x89PNG" + b"\0" * 96, "image", "png", cid="<logo>", filename="logo.png"
+    )
+    msg.add_attachment(b"%PDF-1.7" + b"\0" * 1992, "application", "pdf", filename="report.pdf")
+    inner = EmailMessage()
+    inner.add_attachment(b"a,b\n1,2\n", "text", "csv", filename="C:\\temp\\data.csv")
+    forwarded = EmailMessage()
+    forwarded["Subject"] = "original"
+    forwarded.set_content("forwarded body\n")
+    inner.add_attachment(forwarded)
+    msg.attach(inner)
+    return msg
+
+
+def test_nested_multipart_lists_attachments_as_metadata() -> None:
+    inbound = taken(nested_mixed().as_bytes())
+    assert inbound.text == "See the attached logs."
+    named = [(a.name, a.media_type, a.size) for a in inbound.attachments]
+    assert named[:3] == [
+        ("logo.png", "image/png", 100),
+        ("report.pdf", "application/pdf", 2000),
+        ("data.csv", "text/csv", 8),
+    ]
+    assert named[3][0:2] == ("message.eml", "message/rfc822")
+    assert named[3][2] > 0
+    assert all(a.ref is None for a in inbound.attachments)
+
+
+def test_attachments_beyond_the_limit_are_not_listed() -> None:
+    msg = EmailMessage()
+    msg["From"] = "a@example.com"
+    msg["To"] = BOT
+    msg["Message-ID"] = "<many@x>"
+    msg.set_content("files")
+    for number in range(MAX_ATTACHMENTS + 5):
+        msg.add_attachment(b"x" * 10, "application", "octet-stream", filename=f"f{number}.bin")
+    assert len(taken(msg.as_bytes()).attachments) == MAX_ATTACHMENTS
+
+
+def test_attachment_only_message_is_taken_with_subject() -> None:
+    msg = EmailMessage()
+    msg["From"] = "a@example.com"
+    msg["To"] = BOT
+    msg["Subject"] = "scan"
+    msg["Message-ID"] = "<scan@x>"
+    msg.set_content(b"%PDF", maintype="application", subtype="pdf", filename="scan.pdf")
+    inbound = taken(msg.as_bytes())
+    assert inbound.text == "scan"
+    assert [a.name for a in inbound.attachments] == ["scan.pdf"]
+
+
+def test_a_message_over_the_limit_is_skipped_unparsed() -> None:
+    raw = plain("x").encode() + b"y" * 10_000_001
+    assert read(raw) == Parsed("skip", "oversized")
+    assert read(plain("small"), max_bytes=10).reason == "oversized"
+
+
+def test_long_text_is_cut() -> None:
+    body = "word " * 20_000
+    assert len(taken(plain(body)).text) == MAX_TEXT_CHARS
+
+
+@pytest.mark.parametrize(
+    "body",
+    ["On " * 30_000, "\n" * 100_000 + "x", "Am " * 30_000 + "schrieb", "x\n\n" * 20_000],
+    ids=["on-line", "blank-lines", "am-line", "many-lines"],
+)
+def test_reply_stripping_stays_fast_on_hostile_text(body: str) -> None:
+    started = time.perf_counter()
+    read(plain(body))
+    assert time.perf_counter() - started < 2.0
+
+
+def test_malformed_mime_is_skipped_only_without_text() -> None:
+    no_text = (
+        "From: a@example.com\nTo: bot@gw.example\nMessage-ID: <mm@x>\nMIME-Version: 1.0\n"
+        'Content-Type: multipart/mixed; boundary="b"\n\n--b\nContent-Type: multipart/alternative'
+        "\n\n--b--\n"
+    )
+    assert read(no_text) == Parsed("skip", "malformed")
+    no_boundary = (
+        "From: a@example.com\nTo: bot@gw.example\nMessage-ID: <mb@x>\nMIME-Version: 1.0\n"
+        "Content-Type: multipart/mixed\n\nplain words without a boundary\n"
+    )
+    assert read(no_boundary).action in ("take", "skip")  # never raises
+    broken_base64 = (
+        "From: a@example.com\nTo: bot@gw.example\nMessage-ID: <b64@x>\nMIME-Version: 1.0\n"
+        "Content-Type: text/plain; charset=utf-8\nContent-Transfer-Encoding: base64\n\n"
+        "SGVsbG8gd29ybGQ*!\n"
+    )
+    assert taken(broken_base64).text.startswith("Hello")
+
+
+@pytest.mark.parametrize(
+    ("raw", "reason"),
+    [
+        (b"", "no_sender"),
+        (b"To: bot@gw.example\n\nhello", "no_sender"),
+        (b"From: not an address\nTo: bot@gw.example\n\nhello", "no_sender"),
+        (b"\xff\xfe\x00garbage", "no_sender"),
+    ],
+)
+def test_no_sender(raw: bytes, reason: str) -> None:
+    assert read(raw) == Parsed("skip", reason)
+
+
+@settings(max_examples=150, deadline=None)
+@given(st.binary(max_size=3000))
+def test_parse_never_raises_on_arbitrary_bytes(raw: bytes) -> None:
+    assert read(raw).action in ("take", "skip")
+
+
+HEADER_LINES = [
+    "From: a@example.com",
+    "From: =?utf-8?b?////?= <@>",
+    "To: bot@gw.example",
+    "Message-ID: <x@y>",
+    "References: <<<>>> <a@b",
+    "In-Reply-To: (comment",
+    "Subject: =?x-bad?q?=ZZ?=",
+    "Content-Type: multipart/mixed; boundary=b",
+    "Content-Type: text/plain; charset=utf-7",
+    "Content-Type: text/html; charset=\u00ff",
+    "Content-Transfer-Encoding: base64",
+    "Content-Transfer-Encoding: quoted-printable",
+    "Content-Disposition: attachment; filename*=utf-8''%FF%FE",
+    "Thread-Index: ####",
+    "--b",
+    "--b--",
+    "",
+]
+
+
+@settings(max_examples=150, deadline=None)
+@given(
+    st.lists(st.sampled_from(HEADER_LINES), max_size=14),
+    st.text(max_size=300),
+)
+def test_parse_never_raises_on_mime_shaped_input(lines: list[str], body: str) -> None:
+    raw = (
+        "\n".join(lines).encode("utf-8", "surrogatepass")
+        + b"\n\n"
+        + body.encode("utf-8", "replace")
+    )
+    assert read(raw).action in ("take", "skip")
+
+
+def test_html_to_text() -> None:
+    html = (
+        "<p>Hello <b>world</b>&nbsp;&amp; <a href='https://x.example/a?b=1&amp;c=2'>docs</a>"
+        " <a href='javascript:alert(1)'>bad</a> <a href='https://same.example'>https://same.example</a>"
+        "</p><blockquote><p>quoted</p></blockquote><ol><li>one</li><li>two</li></ol>"
+        "<style>.x{}</style><pre>a  b\n c</pre>"
+    )
+    assert html_to_text(html) == (
+        "Hello world & docs (https://x.example/a?b=1&c=2) bad https://same.example\n\n"
+        "> quoted\n\n1. one\n2. two\n\na  b\n c"
+    )
+
+
+# --- the loop guard ----------------------------------------------------------------------------
+
+GMAIL_HEADERS = {
+    "Return-Path": "<alice@gmail.com>",
+    "From": "Alice <alice@gmail.com>",
+    "To": BOT,
+    "Subject": "Deploy",
+    "Message-ID": "<CAH+x@mail.gmail.com>",
+    "DKIM-Signature": "v=1; a=rsa-sha256; d=gmail.com; s=20230601; b=abc",
+    "X-Gm-Message-State": "AOJu0Yw",
+    "X-Google-Smtp-Source": "AGHT+IF",
+    "Content-Type": 'multipart/alternative; boundary="0000"',
+}
+OUTLOOK_HEADERS = {
+    "From": "Bob <bob@contoso.com>",
+    "To": BOT,
+    "Subject": "RE: Deploy",
+    "Thread-Topic": "Deploy",
+    "Thread-Index": "AQHbQ2p7xY0v1cdq3kSZ0kz9t6C0zQ==",
+    "Message-ID": "<AM9PR07MB7@AM9PR07MB7.eurprd07.prod.outlook.com>",
+    "X-MS-Has-Attach": "",
+    "X-MS-TNEF-Correlator": "",
+    "X-MS-Exchange-Organization-AuthAs": "Internal",
+    "X-MS-Exchange-CrossTenant-id": "72f988bf-86f1-41af-91ab-2d7cd011db47",
+    "Content-Type": 'text/plain; charset="us-ascii"',
+}
+APPLE_HEADERS = {
+    "From": "Dana <dana@icloud.com>",
+    "To": BOT,
+    "Subject": "Re: Deploy",
+    "Message-Id": "<5F1C2D3E-AAAA@icloud.com>",
+    "Mime-Version": "1.0 (Mac OS X Mail 16.0 \\(3774.600.62\\))",
+    "X-Mailer": "Apple Mail (2.3774.600.62)",
+    "Content-Type": "text/plain; charset=utf-8; format=flowed",
+}
+REDIRECTED_BY_RULE = {
+    **OUTLOOK_HEADERS,
+    "X-MS-Exchange-Inbox-Rules-Loop": "shared@contoso.com",
+    "X-MS-Exchange-Generated-Message-Source": "Mailbox Rules Agent",
+}
+
+AUTOMATIC = [
+    ("gmail", GMAIL_HEADERS, None),
+    ("outlook", OUTLOOK_HEADERS, None),
+    ("apple-mail", APPLE_HEADERS, None),
+    ("redirected-by-inbox-rule", REDIRECTED_BY_RULE, None),
+    ("auto-submitted-no", {**GMAIL_HEADERS, "Auto-Submitted": "no"}, None),
+    ("precedence-first-class", {**GMAIL_HEADERS, "Precedence": "first-class"}, None),
+    ("suppress-reports-only", {**OUTLOOK_HEADERS, "X-Auto-Response-Suppress": "DR, RN"}, None),
+    ("own-address", {**GMAIL_HEADERS, "From": f"Deploy Bot <{BOT.upper()}>"}, "own_message"),
+    ("own-message-id", {**GMAIL_HEADERS, "Message-ID": BOT_REPLY_ID}, "own_message"),
+    (
+        "dsn-bounce",
+        {
+            "Return-Path": "<>",
+            "From": "Mail Delivery Subsystem <MAILER-DAEMON@mx.example.com>",
+            "To": BOT,
+            "Subject": "Undelivered Mail Returned to Sender",
+            "Auto-Submitted": "auto-replied",
+            "Content-Type": 'multipart/report; report-type=delivery-status; boundary="B1"',
+        },
+        "bounce",
+    ),
+    ("null-return-path", {**GMAIL_HEADERS, "Return-Path": "<>"}, "bounce"),
+    ("postmaster", {**GMAIL_HEADERS, "From": "postmaster@contoso.com"}, "bounce"),
+    ("failed-recipients", {**GMAIL_HEADERS, "X-Failed-Recipients": "x@y"}, "bounce"),
+    (
+        "read-receipt",
+        {
+            **OUTLOOK_HEADERS,
+            "Subject": "Read: Deploy",
+            "Content-Type": "multipart/report; report-type=disposition-notification; boundary=b",
+        },
+        "delivery_report",
+    ),
+    (
+        "exchange-out-of-office",
+        {
+            "From": "Carol Jones <carol@contoso.com>",
+            "To": BOT,
+            "Subject": "Automatic reply: Deploy 42",
+            "Thread-Topic": "Deploy 42",
+            "X-MS-Has-Attach": "",
+            "X-Auto-Response-Suppress": "All",
+            "X-MS-Exchange-Inbox-Rules-Loop": "carol@contoso.com",
+            "auto-submitted": "auto-generated",
+            "x-ms-exchange-generated-message-source": "Mailbox Rules Agent",
+            "Content-Type": 'text/plain; charset="us-ascii"',
+        },
+        "auto_submitted",
+    ),
+    (
+        "legacy-exchange-out-of-office",
+        {
+            "From": "Carol Jones <carol@contoso.com>",
+            "Subject": "Out of Office: Deploy 42",
+            "X-Auto-Response-Suppress": "All",
+            "X-MS-Exchange-Inbox-Rules-Loop": "carol@contoso.com",
+        },
+        "auto_reply_suppressed",
+    ),
+    (
+        "gmail-vacation",
+        {**GMAIL_HEADERS, "Subject": "Re: Deploy", "Auto-Submitted": "auto-replied"},
+        "auto_submitted",
+    ),
+    (
+        "notification",
+        {**GMAIL_HEADERS, "Auto-Submitted": "auto-generated; owner=x"},
+        "auto_submitted",
+    ),
+    ("precedence-auto-reply", {**GMAIL_HEADERS, "Precedence": "auto_reply"}, "auto_submitted"),
+    ("x-autoreply", {**GMAIL_HEADERS, "X-Autoreply": "yes"}, "auto_reply"),
+    ("x-autorespond", {**GMAIL_HEADERS, "X-Autorespond": "Vacation"}, "auto_reply"),
+    ("precedence-bulk", {**GMAIL_HEADERS, "Precedence": "bulk"}, "bulk"),
+    ("precedence-junk", {**GMAIL_HEADERS, "Precedence": "junk"}, "bulk"),
+    (
+        "google-group",
+        {
+            **GMAIL_HEADERS,
+            "List-Id": "<ops.example.com>",
+            "List-Post": "<mailto:ops@example.com>",
+            "Mailing-list": "list ops@example.com; contact ops+owners@example.com",
+        },
+        "list",
+    ),
+    (
+        "newsletter",
+        {**GMAIL_HEADERS, "List-Unsubscribe": "<https://news.example.com/u?id=1>"},
+        "list",
+    ),
+    ("precedence-list", {**GMAIL_HEADERS, "Precedence": "list"}, "list"),
+]
+
+
+@pytest.mark.parametrize(
+    ("headers", "reason"), [c[1:] for c in AUTOMATIC], ids=[c[0] for c in AUTOMATIC]
+)
+def test_loop_guard(headers: dict[str, str], reason: str | None) -> None:
+    assert classify_automatic(headers, mailbox_address=BOT, own_domain_ids=DOMAIN) == reason
+
+
+def test_parse_skips_a_multipart_report_bounce() -> None:
+    raw = f"""\
+Return-Path: <>
+Received: by mx.example.com (Postfix) id 4F1; Mon, 30 Nov 2026 13:00:02 +0000 (UTC)
+Date: Mon, 30 Nov 2026 13:00:02 +0000 (UTC)
+From: MAILER-DAEMON@mx.example.com (Mail Delivery System)
+Subject: Undelivered Mail Returned to Sender
+To: {BOT}
+Auto-Submitted: auto-replied
+MIME-Version: 1.0
+Content-Type: multipart/report; report-type=delivery-status; boundary="4F1.1764507602/mx"
+Message-Id: <20261130130002.4F1@mx.example.com>
+
+--4F1.1764507602/mx
+Content-Description: Notification
+Content-Type: text/plain; charset=us-ascii
+
+I'm sorry to have to inform you that your message could not be delivered.
+
+--4F1.1764507602/mx
+Content-Description: Delivery report
+Content-Type: message/delivery-status
+
+Reporting-MTA: dns; mx.example.com
+Final-Recipient: rfc822; nobody@example.com
+Action: failed
+Status: 5.1.1
+
+--4F1.1764507602/mx--
+"""
+    assert read(raw) == Parsed("skip", "bounce")
+
+
+def test_parse_skips_the_bots_own_mail() -> None:
+    assert read(plain("hi", From=f"Bot <{BOT}>")) == Parsed("skip", "own_message")
+    assert read(plain("hi", Message_ID=BOT_REPLY_ID)) == Parsed("skip", "own_message")
+    # another domain's id of the same shape is someone else's
+    other = reply_message_id("reply:run-1", "elsewhere.example")
+    assert read(plain("hi", Message_ID=other)).action == "take"
