@@ -237,6 +237,11 @@ class Service:
             replies_per_hour=settings.email_replies_per_hour,
             timeout_s=settings.delivery_timeout_seconds,
             clock=self.parts.clock,
+            approvers=settings.email_approvers,
+            link_secret=None
+            if settings.email_link_secret is None
+            else settings.email_link_secret.get_secret_value(),
+            public_url=settings.public_url,
         )
 
     async def readiness(self) -> dict[str, str]:

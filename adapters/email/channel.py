@@ -22,16 +22,20 @@ with the reason, not an endless retry.
 from __future__ import annotations
 
 import asyncio
+import hashlib
+import hmac
 import logging
 import ssl
 from collections import Counter, deque
 from collections.abc import Sequence
-from datetime import UTC, datetime
+from datetime import UTC, datetime, timedelta
 from email.message import EmailMessage
-from email.utils import getaddresses
+from email.utils import getaddresses, parseaddr
 from typing import Any
+from urllib.parse import urlencode
 
 import aiosmtplib
+from fastapi import APIRouter
 from tenacity import (
     AsyncRetrying,
     RetryCallState,
@@ -48,7 +52,8 @@ from adapters.channel import (
     Reconciled,
     Unavailable,
 )
-from adapters.email.compose import compose_reply, reply_message_id
+from adapters.email.approvals import approval_router
+from adapters.email.compose import approval_token, compose_reply, reply_message_id
 from adapters.email.imap import ImapConnection, ImapError, ImapGone, ImapRefused
 from adapters.email.message import parse
 from harness_core import Clock, SystemClock
@@ -88,6 +93,10 @@ class EmailChannel:
         timeout_s: float = 30.0,
         clock: Clock | None = None,
         max_backoff_s: float = 60.0,
+        approvers: Sequence[str] = (),
+        link_secret: str | None = None,
+        public_url: str | None = None,
+        link_days: float = 30.0,
     ) -> None:
         self.address = address.lower()
         self.domain = self.address.rsplit("@", 1)[1]
@@ -114,6 +123,13 @@ class EmailChannel:
         self._loop: asyncio.Task[None] | None = None
         self._sent: dict[str, deque[int]] = {}
         self._imap: ImapConnection | None = None
+        self.approvers = frozenset(a.lower() for a in approvers)
+        self.link_key = link_secret.encode() if link_secret else None
+        self.public_url = public_url.rstrip("/") if public_url else None
+        self.link_days = link_days
+        self.router: APIRouter | None = (
+            approval_router(self) if self.link_key and self.public_url else None
+        )
 
     @property
     def mark_name(self) -> str:
@@ -328,16 +344,55 @@ class EmailChannel:
         )
 
     def _compose(self, outbound: Outbound) -> EmailMessage:
+        now = datetime.fromtimestamp(self.clock.now_ms() / 1000, tz=UTC)
         try:
             return compose_reply(
                 outbound,
                 from_address=self.address,
                 from_name=self.display_name,
                 domain=self.domain,
-                now=datetime.fromtimestamp(self.clock.now_ms() / 1000, tz=UTC),
+                now=now,
+                approval_links=self._approval_links(outbound, now),
             )
         except ValueError as exc:  # no one to answer (the thread's sender is the bot...)
             raise DeliveryError(f"cannot compose the reply: {exc}", permanent=True) from None
+
+    def _approval_links(self, outbound: Outbound, now: datetime) -> dict[str, str] | None:
+        """Signed approve/deny links, when the thread's author is an approver (else none).
+
+        The approval request goes to the author alone; a link works only for the pending
+        batch it names, only from an approver, and once (decision D93).
+        """
+        view = outbound.approval
+        if outbound.kind != "approval_request" or view is None:
+            return None
+        if self.link_key is None or self.public_url is None:
+            return None
+        author = parseaddr(str(outbound.reply_context.get("from") or ""))[1].lower()
+        if author not in self.approvers:
+            return None
+        links = {}
+        for decision in ("approve", "deny"):
+            token = approval_token(
+                key=self.link_key,
+                session=view.session,
+                run_id=view.run_id,
+                wait_id=view.wait_id,
+                calls=[(c.tool_call_id, c.args_digest) for c in view.calls],
+                approver=author,
+                decision=decision,
+                expires_at=now + timedelta(days=self.link_days),
+            )
+            lane = outbound.thread.lane
+            query = urlencode({"lane": lane, "sig": self.lane_signature(token, lane)})
+            links[decision] = f"{self.public_url}/email/approvals/{token}?{query}"
+        return links
+
+    def lane_signature(self, token: str, lane: str) -> str:
+        """Binds a link's lane to its token (the token names the batch, the lane routes it)."""
+        assert self.link_key is not None
+        mac = hmac.new(self.link_key, f"lane\n{token}\n{lane}".encode(), hashlib.sha256)
+        return mac.hexdigest()[:32]
 
     def _check_rate(self, outbound: Outbound) -> None:
         now = self.clock.now_ms()
@@ -400,6 +455,11 @@ class EmailChannel:
             await imap.close()
             return None
         return imap
+
+    @property
+    def sink(self) -> InboundSink | None:
+        """Where decisions from approval links go (None until started)."""
+        return self._sink
 
     def _sink_or_fail(self) -> InboundSink:
         if self._sink is None:

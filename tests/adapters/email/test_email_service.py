@@ -9,6 +9,7 @@ Dovecot's ``UID THREAD REFERENCES``).
 from __future__ import annotations
 
 import asyncio
+import re
 import time
 from collections.abc import AsyncIterator, Callable
 from datetime import UTC, datetime
@@ -16,6 +17,7 @@ from email.message import EmailMessage
 from email.utils import format_datetime, make_msgid
 from typing import Any
 
+import httpx
 import pytest
 
 from config import Settings
@@ -239,3 +241,64 @@ async def test_oversized_and_malformed_mail_is_skipped_and_its_neighbours_answer
     [reply] = await mail.replies(1)
     assert "still answered" in _text(reply)
     await _until(lambda: adapter.skipped["oversized"] == 1)
+
+
+SECRET = "a-link-secret-of-at-least-32-characters!"
+
+
+@pytest.fixture
+async def approving(tmp_path: Any, dovecot: Dovecot) -> AsyncIterator[Mail]:
+    """Email on, with the person as an approver and signed links."""
+    bot = dovecot.fresh_user("bot")
+    person = dovecot.fresh_user("approver")
+    with SmtpServer(dovecot, username=bot.address, password=bot.password) as smtp:
+        settings = _settings(tmp_path, dovecot, smtp, bot).replace(
+            email_approvers=(person.address,),
+            email_link_secret=SECRET,
+            public_url="https://gateway.example.test",
+        )
+        service = Service(settings)
+        await service.start()
+        try:
+            yield Mail(service, dovecot, smtp, bot, person)
+        finally:
+            await service.stop(drain_seconds=2)
+
+
+def _links(message: EmailMessage) -> dict[str, str]:
+    found = re.findall(r"https://gateway\.example\.test(/email/approvals/\S+)", _text(message))
+    return {("approve" if n == 0 else "deny"): path for n, path in enumerate(found[:2])}
+
+
+async def test_an_approver_decides_from_the_signed_link_once(approving: Mail) -> None:
+    mail = approving
+    mail.write("/deploy prod")
+    [asked] = await mail.replies(1)
+    assert 'Replying "approve"' in _text(asked)
+    links = _links(asked)
+    assert set(links) == {"approve", "deny"}
+    assert mail.service.app is not None
+    transport = httpx.ASGITransport(app=mail.service.app)
+    async with httpx.AsyncClient(transport=transport, base_url="https://gateway") as http:
+        page = await http.get(links["approve"])  # what a mail scanner does: decides nothing
+        assert page.status_code == 200 and "<form" in page.text
+        await asyncio.sleep(0.5)
+        assert len(await mail.replies(1)) == 1
+        decided = await http.post(links["approve"])
+        assert decided.status_code == 200, decided.text
+        replies = await mail.replies(2)
+        assert "Done: deployed prod" in _text(replies[1])
+        again = await http.post(links["deny"])  # the same batch again: refused, says who
+        assert again.status_code == 409 and "already approved" in again.text
+        path, _, query = links["approve"].partition("?")
+        tampered = path[:-3] + ("AAA" if not path.endswith("AAA") else "BBB") + "?" + query
+        assert (await http.post(tampered)).status_code == 400
+        other_lane = path + "?" + query.replace("lane=email", "lane=email%3Cx%40y%3E")
+        assert (await http.post(other_lane)).status_code == 400
+
+
+async def test_an_author_who_is_not_an_approver_gets_no_links(mail: Mail) -> None:
+    mail.write("/deploy prod")
+    [asked] = await mail.replies(1)
+    assert _links(asked) == {}
+    assert "deploy" in _text(asked)
