@@ -302,3 +302,36 @@ async def test_an_author_who_is_not_an_approver_gets_no_links(mail: Mail) -> Non
     [asked] = await mail.replies(1)
     assert _links(asked) == {}
     assert "deploy" in _text(asked)
+
+
+async def test_a_uidvalidity_change_resyncs_by_message_id(mail: Mail) -> None:
+    mail.write("before the change")
+    await mail.replies(1)
+    await mail.service.stop(drain_seconds=1)
+    # the worst case: a taken message is unseen again (as if the \Seen never reached the
+    # server), and the folder's UIDs were renumbered
+    mail.dovecot.doveadm(
+        "flags", "remove", "-u", mail.bot.address, "\\Seen", "mailbox", "INBOX", "all"
+    )
+    mail.dovecot.set_uidvalidity(mail.bot)
+    mail.write("after the change", subject="New subject")
+    mail.service = Service(mail.service.settings)
+    await mail.service.start()
+    replies = await mail.replies(2)
+    await asyncio.sleep(1.5)
+    assert len(await mail.replies(2)) == 2  # the first mail was recognized: not answered again
+    assert "after the change" in _text(replies[1])
+    adapter = _adapter(mail)
+    mark = await adapter.sink.get_mark(adapter.mark_name)
+    assert mark.split(":")[0] == str(mail.dovecot.mailbox_status(mail.bot)["uidvalidity"])
+
+
+async def test_a_changed_uidvalidity_while_idling_reconnects(mail: Mail) -> None:
+    mail.write("first")
+    await mail.replies(1)
+    adapter = _adapter(mail)
+    before = adapter.connections
+    mail.dovecot.set_uidvalidity(mail.bot)
+    mail.write("second", subject="Another")
+    await mail.replies(2)
+    assert adapter.connections > before
