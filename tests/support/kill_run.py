@@ -21,14 +21,17 @@ import json
 import random
 import time
 from collections import Counter
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
+from email.message import EmailMessage
+from email.utils import make_msgid
 from pathlib import Path
 from typing import Any
 
 import httpx
 
 from adapters.channel import OutboundKind
+from adapters.email.compose import reply_message_id
 from config.settings import default_session
 from gateway.broker import open_broker
 from gateway.replies import delivery_id
@@ -38,6 +41,7 @@ from harness_core.session.records import OperationFinished, OperationStarted, Ru
 from harness_core.session.types import RecordQuery
 from tests.support.fake_slack import FakeSlack, event_envelope, signed_headers
 from tests.support.gateway_process import GatewayProcess
+from tests.support.mail_servers import Dovecot, MailUser, SmtpServer
 
 AGENT = "tests.support.gateway_agent"
 SLACK_SECRET = "kill-run-signing-secret"
@@ -134,6 +138,7 @@ async def kill_run(
     settle_timeout_s: float = 180.0,
     seed: int = 1,
     slack: FakeSlack | None = None,
+    email: EmailRig | None = None,
 ) -> KillRunCounts:
     """Run it (see the module docstring); the counts. With `slack` (a started fake whose
     channels are ``C0``... one per space) the messages come in as Slack events."""
@@ -152,7 +157,9 @@ async def kill_run(
         "log_level": "warning",
     }
     env = {"AGENT_TEST_EFFECTS": str(effects)}
-    if slack is None:
+    if email is not None:
+        settings |= email.settings()
+    elif slack is None:
         env["AGENT_TEST_LEDGER"] = str(ledger)
     else:
         settings |= {
@@ -175,23 +182,29 @@ async def kill_run(
     try:
         async with httpx.AsyncClient(timeout=10.0) as http:
             killer = asyncio.ensure_future(_killer(gateways, rng, kill_every_s, sending, counts))
-            send = (
-                _WebSender(http, gateways, rng)
-                if slack is None
-                else _SlackSender(http, gateways, rng, slack)
-            )
+            send: _WebSender | _SlackSender | _EmailSender
+            if email is not None:
+                send = _EmailSender(http, gateways, rng, email)
+            elif slack is not None:
+                send = _SlackSender(http, gateways, rng, slack)
+            else:
+                send = _WebSender(http, gateways, rng)
             await _send_all(send, plan, accepted, send_concurrency, send_seconds)
             sending.set()
             await killer
         for gateway in gateways:
             if not gateway.alive:
                 await asyncio.to_thread(gateway.restart)
-        await _settle(urls, settle_timeout_s, gateways)
+        await _settle(urls, settle_timeout_s, gateways, email)
     finally:
         for gateway in gateways:
             await asyncio.to_thread(gateway.stop)
     counts.accepted = len(accepted)
-    if slack is None:
+    key: Callable[[str], str] = str
+    if email is not None:
+        delivered = [(str(m.message["Message-ID"]), 0) for m in email.smtp.messages]
+        key = email.message_id_of
+    elif slack is None:
         delivered = [(str(line["delivery_id"]), 0) for line in _jsonl(ledger)]
     else:
         delivered = [
@@ -199,7 +212,7 @@ async def kill_run(
             for m in slack.bot_messages()
             if m.metadata
         ]
-    await _count(urls, plan, accepted, delivered, effects, counts)
+    await _count(urls, plan, accepted, delivered, effects, counts, key)
     counts.seconds = time.monotonic() - began
     return counts
 
@@ -320,6 +333,71 @@ class _SlackSender(_WebSender):
             await asyncio.sleep(0.05)
 
 
+@dataclass
+class EmailRig:
+    """The mail servers of an email kill run: the bot's mailbox, a person, the SMTP sink."""
+
+    dovecot: Dovecot
+    smtp: SmtpServer
+    bot: MailUser
+    person: MailUser
+
+    def settings(self) -> dict[str, str]:
+        return {
+            "email_address": self.bot.address,
+            "email_imap_host": "127.0.0.1",
+            "email_imap_port": str(self.dovecot.port),
+            "email_imap_security": "none",
+            "email_smtp_host": "127.0.0.1",
+            "email_smtp_port": str(self.smtp.port),
+            "email_password": self.bot.password,
+            "email_ca_file": str(self.smtp.cert_path),
+        }
+
+    def message_id_of(self, delivery: str) -> str:
+        return reply_message_id(delivery, self.bot.address.rsplit("@", 1)[1])
+
+    def unread(self) -> int:
+        return int(self.dovecot.mailbox_status(self.bot)["unseen"])
+
+
+class _EmailSender(_WebSender):
+    """Delivers each message into the bot's mailbox (as an MTA would) with threading headers.
+
+    A thread's first message starts it (a new subject); the others reply to that first one.
+    """
+
+    def __init__(
+        self,
+        http: httpx.AsyncClient,
+        gateways: list[GatewayProcess],
+        rng: random.Random,
+        email: EmailRig,
+    ) -> None:
+        super().__init__(http, gateways, rng)
+        self.email = email
+        self.roots: dict[str, str] = {}
+
+    async def __call__(self, message: _Message) -> dict[str, Any]:
+        key = f"{message.space}/{message.thread}"
+        mail = EmailMessage()
+        mail["From"] = self.email.person.address
+        mail["To"] = self.email.bot.address
+        mail["Message-ID"] = make_msgid(f"c{message.number}", domain="example.test")
+        mail["Subject"] = f"Thread {key}"
+        root = self.roots.setdefault(key, str(mail["Message-ID"]))
+        if root != mail["Message-ID"]:
+            mail.replace_header("Subject", f"Re: Thread {key}")
+            mail["In-Reply-To"] = root
+            mail["References"] = root
+        mail.set_content(message.text)
+        await asyncio.to_thread(self.email.dovecot.deliver, self.email.bot, bytes(mail))
+        return {
+            "session": default_session("email", self.email.bot.address),
+            "lane": f"email:{root}",
+        }
+
+
 async def _killer(
     gateways: list[GatewayProcess],
     rng: random.Random,
@@ -341,9 +419,13 @@ async def _killer(
 
 
 async def _settle(
-    urls: Mapping[str, str], timeout_s: float, gateways: list[GatewayProcess]
+    urls: Mapping[str, str],
+    timeout_s: float,
+    gateways: list[GatewayProcess],
+    email: EmailRig | None = None,
 ) -> None:
-    """Wait until nothing is pending in the inbox or outbox and no operation is open."""
+    """Wait until nothing is pending in the inbox or outbox and no operation is open (and,
+    with email, no mail is left unread in the bot's mailbox)."""
     broker = open_broker(urls["broker_url"])
     repo = open_repo(urls["store_url"])
     deadline = time.monotonic() + timeout_s
@@ -353,7 +435,8 @@ async def _settle(
             inbox = await broker.inbox.backlog()
             outbox = await broker.outbox.backlog(now_ms=int(time.time() * 1000))
             open_ops = await _open_operations(repo)
-            if inbox.pending == 0 and outbox.pending == 0 and open_ops == 0:
+            unread = 0 if email is None else await asyncio.to_thread(email.unread)
+            if inbox.pending == 0 and outbox.pending == 0 and open_ops == 0 and unread == 0:
                 quiet_since = quiet_since or time.monotonic()
                 if time.monotonic() - quiet_since > 1.0:  # and stays so
                     return
@@ -402,6 +485,7 @@ async def _count(
     delivered: list[tuple[str, int]],
     effects: Path,
     counts: KillRunCounts,
+    key: Callable[[str], str] = str,
 ) -> None:
     parts = Counter(delivered)
     counts.duplicate_replies = sum(n - 1 for n in parts.values() if n > 1)
@@ -453,7 +537,7 @@ async def _count(
                     kind: OutboundKind = (
                         "reply" if finished.outcome == "completed" else "failure_notice"
                     )
-                    if deliveries[delivery_id(session, kind, finished.run_id)] == 0:
+                    if deliveries[key(delivery_id(session, kind, finished.run_id))] == 0:
                         counts.lost_replies += 1
                         counts.problems.append(f"{session} {lane}: no reply to {finished.run_id}")
                     else:

@@ -39,6 +39,7 @@ import functools
 import grp
 import imaplib
 import itertools
+import logging
 import os
 import pwd
 import re
@@ -845,6 +846,8 @@ class SmtpServer:
 
     def start(self) -> SmtpServer:
         """Bind and start answering (the server thread is up when this returns)."""
+        # aiosmtpd logs every AUTH as a deprecation warning: noise in every failing test's output
+        logging.getLogger("mail.log").setLevel(logging.ERROR)
         if self._controller is not None:
             raise MailServerError("the SMTP server is already running")
         tls_context = self.tls_cert.server_context() if self.tls_cert and self.tls else None
