@@ -410,7 +410,13 @@ class EmailChannel:
         if imap is None:
             return
         try:
-            await imap.append(bytes(message), self.sent_folder)
+            try:
+                await imap.append(bytes(message), self.sent_folder)
+            except ImapGone:
+                raise
+            except ImapError:  # most likely no such folder yet: create it, once
+                await imap.create(self.sent_folder)
+                await imap.append(bytes(message), self.sent_folder)
         except ImapError as exc:
             log.warning("email sent copy not filed", extra={"reason": str(exc)})
         finally:

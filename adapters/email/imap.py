@@ -151,6 +151,10 @@ class ImapConnection:
         """File a message in `folder` (marked seen)."""
         await self._ok(self._imap.append(raw, mailbox=_quote(folder), flags=r"(\Seen)"), "append")
 
+    async def create(self, folder: str) -> None:
+        """Create `folder` (an error if it exists)."""
+        await self._ok(self._imap.create(_quote(folder)), f"create {folder}")
+
     async def wait_for_news(self, poll_s: float) -> None:
         """Return when the selected folder may have changed: an IDLE push, or a poll interval.
 
