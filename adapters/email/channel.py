@@ -334,7 +334,11 @@ class EmailChannel:
                 f"SMTP: no answer ({type(exc).__name__})", unknown_outcome=True
             ) from None
         if refused:
+            people = {address.lower() for address in recipients if address != self.address}
             log.warning("email recipients refused", extra={"count": len(refused)})
+            if people <= {str(address).lower() for address in refused}:
+                # only our own Bcc copy went out: nobody the reply is for received it
+                raise DeliveryError(_refused(list(refused.values())), permanent=True)
         self._sent.setdefault(outbound.thread.lane, deque()).append(self.clock.now_ms())
         await self._file_sent(message)
         return DeliveryReceipt(

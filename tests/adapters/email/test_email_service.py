@@ -335,3 +335,55 @@ async def test_a_changed_uidvalidity_while_idling_reconnects(mail: Mail) -> None
     mail.write("second", subject="Another")
     await mail.replies(2)
     assert adapter.connections > before
+
+
+async def _dead_letters(mail: Mail, count: int, timeout_s: float = 15.0) -> list[Any]:
+    broker = mail.service.broker
+    assert broker is not None
+    deadline = time.monotonic() + timeout_s
+    while True:
+        dead = await broker.outbox.list(status="dead")
+        if len(dead) >= count:
+            return list(dead)
+        assert time.monotonic() < deadline, dead
+        await asyncio.sleep(0.1)
+
+
+async def test_a_refused_recipient_is_a_dead_letter_with_the_reason(mail: Mail) -> None:
+    mail.smtp.refuse_recipient(mail.person.address, code=550)
+    mail.write("to a closed mailbox")
+    [dead] = await _dead_letters(mail, 1)
+    assert dead.last_error == "recipients refused (550)"
+    assert dead.attempts == 1  # not retried
+
+
+async def test_a_refused_smtp_login_is_a_dead_letter_not_an_endless_retry(mail: Mail) -> None:
+    mail.smtp.fail_auth()
+    mail.write("while the password is wrong")
+    [dead] = await _dead_letters(mail, 1)
+    assert dead.last_error is not None and dead.last_error.startswith("SMTP login refused")
+    assert dead.attempts == 1
+
+
+async def test_a_thread_over_its_reply_limit_stops_being_answered(mail: Mail) -> None:
+    _adapter(mail).replies_per_hour = 1
+    asked = mail.write("first")
+    [reply] = await mail.replies(1)
+    mail.write("second", reply_to=reply)
+    [dead] = await _dead_letters(mail, 1)
+    assert dead.last_error.startswith("reply rate limit")
+    assert len(await mail.replies(1)) == 1
+    assert await mail.user_texts(f"email:{asked['Message-ID']}") == ["first", "second"]
+
+
+async def test_a_server_without_idle_is_polled(mail: Mail, monkeypatch: pytest.MonkeyPatch) -> None:
+    from adapters.email.imap import ImapConnection
+
+    monkeypatch.setattr(ImapConnection, "has_idle", property(lambda self: False))
+    adapter = _adapter(mail)
+    adapter.poll_seconds = 0.3
+    mail.dovecot.kick(mail.bot)  # the next connection polls
+    await asyncio.sleep(0.5)
+    mail.write("polled, not pushed")
+    [reply] = await mail.replies(1)
+    assert "polled, not pushed" in _text(reply)
