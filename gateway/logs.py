@@ -58,9 +58,25 @@ class JsonFormatter(logging.Formatter):
         return json.dumps(payload, default=str, separators=(",", ":"))
 
 
+class _Stderr(logging.StreamHandler):  # type: ignore[type-arg]
+    """Writes to whatever ``sys.stderr`` is when a line is logged (not when configured).
+
+    A handler holding the stream it was given keeps writing to it after it is replaced and
+    closed (a test's captured stderr): every later line is then a logging error.
+    """
+
+    @property
+    def stream(self) -> Any:
+        return sys.stderr
+
+    @stream.setter
+    def stream(self, _value: Any) -> None:
+        pass
+
+
 def configure(level: str) -> None:
     """Send every ``gateway`` and ``adapters`` log line to stderr as JSON, at `level`."""
-    handler = logging.StreamHandler(sys.stderr)
+    handler = _Stderr()
     handler.setFormatter(JsonFormatter())
     for name in ("gateway", "adapters"):
         logger = logging.getLogger(name)
