@@ -113,6 +113,8 @@ class EmailChannel:
         self.timeout_s = timeout_s
         self.clock = clock or SystemClock()
         self.max_backoff_s = max_backoff_s
+        self.recheck_s = 1.0
+        """How long `reconcile` waits before looking a second time."""
         self.ssl_context = ssl.create_default_context(cafile=ca_file) if ca_file else None
         self.skipped: Counter[str] = Counter()
         """Messages not taken, by reason (``auto_submitted``, ``oversized``...)."""
@@ -304,7 +306,9 @@ class EmailChannel:
         """
         self._check_rate(outbound)
         message = self._compose(outbound)
-        recipients = [*_recipients(message), self.address]  # Bcc self: reconcile finds it
+        # Bcc ourselves, first: servers that deliver in order file our copy before anyone's,
+        # so a reply someone received is one `reconcile` can find
+        recipients = [self.address, *_recipients(message)]
         try:
             refused, _ = await aiosmtplib.send(
                 message,
@@ -433,15 +437,18 @@ class EmailChannel:
         if imap is None:
             return "unknown"
         try:
-            for folder in (self.sent_folder, self.folder):
-                try:
-                    await imap.select(folder)
-                except ImapGone:
-                    raise
-                except ImapError:
-                    continue  # no such folder
-                if await imap.find(message_id):
-                    return "delivered"
+            for look in range(2):
+                if look:  # a copy the server took may still be on its way to our folder
+                    await asyncio.sleep(self.recheck_s)
+                for folder in (self.sent_folder, self.folder):
+                    try:
+                        await imap.select(folder)
+                    except ImapGone:
+                        raise
+                    except ImapError:
+                        continue  # no such folder
+                    if await imap.find(message_id):
+                        return "delivered"
             return "absent"
         except ImapError as exc:
             log.info("email reconcile failed", extra={"reason": str(exc)})

@@ -202,7 +202,7 @@ async def kill_run(
     counts.accepted = len(accepted)
     key: Callable[[str], str] = str
     if email is not None:
-        delivered = [(str(m.message["Message-ID"]), 0) for m in email.smtp.messages]
+        delivered = await asyncio.to_thread(email.replies)
         key = email.message_id_of
     elif slack is None:
         delivered = [(str(line["delivery_id"]), 0) for line in _jsonl(ledger)]
@@ -352,7 +352,15 @@ class EmailRig:
             "email_smtp_port": str(self.smtp.port),
             "email_password": self.bot.password,
             "email_ca_file": str(self.smtp.cert_path),
+            # a send is SMTP plus a local delivery per recipient (dovecot-lda): on a loaded
+            # 2-core machine it takes longer than a post to a fake
+            "delivery_timeout_seconds": "5",
+            "outbox_lease_seconds": "12",
         }
+
+    def replies(self) -> list[tuple[str, int]]:
+        """The replies in the person's mailbox (what a person sees), by Message-ID."""
+        return [(str(m["Message-ID"]), 0) for m in self.dovecot.parsed_messages(self.person)]
 
     def message_id_of(self, delivery: str) -> str:
         return reply_message_id(delivery, self.bot.address.rsplit("@", 1)[1])
@@ -500,6 +508,12 @@ async def _count(
             session, lane = str(acceptance["session"]), str(acceptance["lane"])
             expected.setdefault((session, lane), Counter())[message.text] += 1
     counts.sessions = len({session for session, _ in expected})
+    broker = open_broker(urls["broker_url"])
+    try:  # a reply that went to the dead letters says why here
+        for dead in await broker.outbox.list("dead", limit=20):
+            counts.problems.append(f"dead letter {dead.id}: {dead.last_error}")
+    finally:
+        await broker.close()
     repo = open_repo(urls["store_url"])
     try:
         counts.open_operations = await _open_operations(repo)

@@ -753,22 +753,32 @@ class _Handler:
             return refusal
         delivered: list[str] = []
         if owner.dovecot is not None:
+            dovecot = owner.dovecot
             loop = asyncio.get_running_loop()
-            for rcpt in envelope.rcpt_tos:
-                if not owner.dovecot.has_user(rcpt):
-                    continue
-                deliver = functools.partial(owner.dovecot.deliver, rcpt, raw, sender=sender)
-                try:
-                    # dovecot-lda is a subprocess; keep the server loop free meanwhile.
-                    await loop.run_in_executor(None, deliver)
-                except MailServerError as error:
-                    failed = dataclasses.replace(
-                        seen, outcome="delivery_failed", delivered_to=tuple(delivered)
-                    )
-                    owner._record(failed)
-                    first_line = str(error).splitlines()[0]
-                    return f"451 4.3.0 Local delivery failed: {first_line}"[:500]
-                delivered.append(rcpt)
+
+            async def deliver_all() -> str | None:
+                for rcpt in envelope.rcpt_tos:
+                    if not dovecot.has_user(rcpt):
+                        continue
+                    deliver = functools.partial(dovecot.deliver, rcpt, raw, sender=sender)
+                    try:
+                        # dovecot-lda is a subprocess; keep the server loop free meanwhile.
+                        await loop.run_in_executor(None, deliver)
+                    except MailServerError as error:
+                        failed = dataclasses.replace(
+                            seen, outcome="delivery_failed", delivered_to=tuple(delivered)
+                        )
+                        owner._record(failed)
+                        first_line = str(error).splitlines()[0]
+                        return f"451 4.3.0 Local delivery failed: {first_line}"[:500]
+                    delivered.append(rcpt)
+                return None
+
+            # Like a real MTA once it has the final dot: every recipient gets the message even
+            # if the client hangs up meanwhile (aiosmtpd cancels the handler when it does).
+            refused = await asyncio.shield(deliver_all())
+            if refused is not None:
+                return refused
         if owner._take_lose_response():
             owner._record(
                 dataclasses.replace(seen, outcome="response_lost", delivered_to=tuple(delivered))

@@ -3,8 +3,8 @@
 Three `gateway serve` processes on one Redis all read the bot's mailbox (IMAP IDLE) while one of
 them is SIGKILLed every few seconds and restarted; mail is delivered by ``dovecot-lda`` (each
 thread's first mail a new subject, the rest replies to it). At the end every delivered mail is
-one user entry, every run's reply went through SMTP exactly once (counted at the SMTP server by
-the Message-ID derived from the delivery id), and no ``replay="never"`` tool ran twice.
+one user entry, every run's reply is in the person's mailbox exactly once (counted there by the
+Message-ID derived from the delivery id), and no ``replay="never"`` tool ran twice.
 """
 
 from __future__ import annotations
