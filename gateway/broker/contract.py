@@ -34,6 +34,7 @@ __all__ = [
     "Broker",
     "BrokerError",
     "BrokerErrorCode",
+    "BrokerParts",
     "ClaimedDelivery",
     "Delivery",
     "DeliveryStatus",
@@ -416,3 +417,38 @@ class Broker(Protocol):
     async def close(self) -> None:
         """Release connections (idempotent)."""
         ...
+
+
+class BrokerParts:
+    """The five parts a backend holds, as the `Broker` Protocol's properties (shared code)."""
+
+    _inbox: Inbox
+    _outbox: Outbox
+    _threads: Threads
+    _audit: Audit
+    _marks: Marks
+
+    @property
+    def inbox(self) -> Inbox:
+        """The inbox."""
+        return self._inbox
+
+    @property
+    def outbox(self) -> Outbox:
+        """The outbox."""
+        return self._outbox
+
+    @property
+    def threads(self) -> Threads:
+        """Per-lane thread state."""
+        return self._threads
+
+    @property
+    def audit(self) -> Audit:
+        """The audit trail."""
+        return self._audit
+
+    @property
+    def marks(self) -> Marks:
+        """Channels' durable marks."""
+        return self._marks

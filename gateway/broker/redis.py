@@ -54,23 +54,19 @@ from redis.backoff import NoBackoff
 from redis.exceptions import NoScriptError, RedisError, ResponseError
 
 from gateway.broker.contract import (
-    Audit,
     AuditEvent,
     Backlog,
     BrokerError,
+    BrokerParts,
     ClaimedDelivery,
     Delivery,
     DeliveryStatus,
-    Inbox,
     InboxAppend,
     InboxItem,
     InboxStatus,
-    Marks,
     NewAuditEvent,
     NewInboxItem,
-    Outbox,
     SessionTicket,
-    Threads,
     ThreadState,
 )
 from harness_core import Clock, IdGenerator, SystemClock, Uuid7Ids
@@ -1427,7 +1423,7 @@ def _event(event_id: str, body: str) -> AuditEvent:
     return AuditEvent(id=event_id, **data)
 
 
-class RedisBroker:
+class RedisBroker(BrokerParts):
     """Inbox, outbox, thread state and audit trail in Redis (7.0 or newer, or a Redis Cluster).
 
     Nothing is contacted until the first call. `clock` times items, claims and waits; `ids`
@@ -1439,6 +1435,9 @@ class RedisBroker:
     session's index the newest `audit_max_events_per_session`. `shards` spreads the shared
     queues over that many hash tags: every process sharing the data must use the same number.
     """
+
+    _inbox: _RedisInbox
+    _outbox: _RedisOutbox
 
     def __init__(
         self,
@@ -1492,31 +1491,6 @@ class RedisBroker:
     def cluster(self) -> bool:
         """Whether this broker talks to a Redis Cluster."""
         return self._core.cluster
-
-    @property
-    def inbox(self) -> Inbox:
-        """The inbox."""
-        return self._inbox
-
-    @property
-    def outbox(self) -> Outbox:
-        """The outbox."""
-        return self._outbox
-
-    @property
-    def threads(self) -> Threads:
-        """Per-lane thread state."""
-        return self._threads
-
-    @property
-    def audit(self) -> Audit:
-        """The audit trail."""
-        return self._audit
-
-    @property
-    def marks(self) -> Marks:
-        """Channels' durable marks."""
-        return self._marks
 
     async def sweep(self) -> int:
         """Signal every session whose ready signal may have been lost (see `_RedisInbox.sweep`)."""

@@ -36,22 +36,18 @@ from pathlib import Path
 from typing import Any, Literal, TypeVar
 
 from gateway.broker.contract import (
-    Audit,
     AuditEvent,
     Backlog,
     BrokerError,
+    BrokerParts,
     ClaimedDelivery,
     Delivery,
     DeliveryStatus,
-    Inbox,
     InboxAppend,
     InboxItem,
-    Marks,
     NewAuditEvent,
     NewInboxItem,
-    Outbox,
     SessionTicket,
-    Threads,
     ThreadState,
 )
 from harness_core import Clock, IdGenerator, SystemClock, Uuid7Ids
@@ -315,7 +311,7 @@ class _Signal:
         self._event = asyncio.Event()
 
 
-class SqliteBroker:
+class SqliteBroker(BrokerParts):
     """Inbox, outbox, thread state and audit trail in one SQLite file.
 
     Nothing is created until the first call. `clock` times items, claims, dedupe windows and
@@ -373,31 +369,6 @@ class SqliteBroker:
         self._threads = _Threads(self)
         self._audit = _Audit(self)
         self._marks = _Marks(self)
-
-    @property
-    def inbox(self) -> Inbox:
-        """The inbox."""
-        return self._inbox
-
-    @property
-    def outbox(self) -> Outbox:
-        """The outbox."""
-        return self._outbox
-
-    @property
-    def threads(self) -> Threads:
-        """Per-lane thread state."""
-        return self._threads
-
-    @property
-    def audit(self) -> Audit:
-        """The audit trail."""
-        return self._audit
-
-    @property
-    def marks(self) -> Marks:
-        """Channels' durable marks."""
-        return self._marks
 
     async def _call(self, fn: Callable[[_Db], _T]) -> _T:
         """Run `fn` with the connection on the broker's thread (FIFO)."""

@@ -7,6 +7,7 @@ local fake of the Slack Web API (`tests.support.fake_slack`), where the tests re
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import json
 from collections.abc import AsyncIterator
 from typing import Any
@@ -76,9 +77,11 @@ class Rig:
             await storage.close()
 
 
-@pytest.fixture
-async def rig(tmp_path: Any) -> AsyncIterator[Rig]:
+@contextlib.asynccontextmanager
+async def _running(tmp_path: Any, *, socket_mode: bool) -> AsyncIterator[Rig]:
+    """The service with Slack on (HTTP mode, or Socket Mode) against a fresh fake Slack."""
     async with FakeSlack() as fake:
+        mode = {"slack_app_token": fake.app_token} if socket_mode else {}
         settings = Settings(
             store_url=f"sqlite:///{tmp_path}/store.db",
             broker_url=f"sqlite:///{tmp_path}/broker.db",
@@ -87,9 +90,10 @@ async def rig(tmp_path: Any) -> AsyncIterator[Rig]:
             lease_seconds=6,
             renew_seconds=1,
             slack_bot_token=fake.bot_token,
-            slack_signing_secret=SECRET,
+            slack_signing_secret=None if socket_mode else SECRET,
             slack_api_url=fake.api_url,
             slack_approvers={"C1": (APPROVER,)},
+            **mode,
         )
         service = Service(settings)
         await service.start()
@@ -98,6 +102,12 @@ async def rig(tmp_path: Any) -> AsyncIterator[Rig]:
         async with httpx.AsyncClient(transport=transport, base_url="http://gateway") as http:
             yield Rig(service, fake, http)
         await service.stop(drain_seconds=2)
+
+
+@pytest.fixture
+async def rig(tmp_path: Any) -> AsyncIterator[Rig]:
+    async with _running(tmp_path / "http", socket_mode=False) as running:
+        yield running
 
 
 def _delivery_of(message: Message) -> str:
@@ -382,26 +392,8 @@ async def test_a_long_answer_is_split_and_a_partial_post_is_completed_not_repeat
 
 @pytest.fixture
 async def socket_rig(tmp_path: Any) -> AsyncIterator[Rig]:
-    async with FakeSlack() as fake:
-        settings = Settings(
-            store_url=f"sqlite:///{tmp_path}/store.db",
-            broker_url=f"sqlite:///{tmp_path}/broker.db",
-            web_url=f"sqlite:///{tmp_path}/web.db",
-            plugin=AGENT,
-            lease_seconds=6,
-            renew_seconds=1,
-            slack_bot_token=fake.bot_token,
-            slack_app_token=fake.app_token,
-            slack_api_url=fake.api_url,
-            slack_approvers={"C1": (APPROVER,)},
-        )
-        service = Service(settings)
-        await service.start()
-        assert service.app is not None
-        transport = httpx.ASGITransport(app=service.app)
-        async with httpx.AsyncClient(transport=transport, base_url="http://gateway") as http:
-            yield Rig(service, fake, http)
-        await service.stop(drain_seconds=2)
+    async with _running(tmp_path / "socket", socket_mode=True) as running:
+        yield running
 
 
 async def test_socket_mode_acks_after_the_inbox_and_replies_in_the_thread(
