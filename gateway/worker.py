@@ -398,8 +398,13 @@ class Worker:
         tried again at the next look, so a lane that goes idle meanwhile never strands it.
         """
         inbox = self._broker.inbox
-        text = _text_of(inbound, with_context=await self._fresh(session, lane.name))
         entry_id = entry_id_of(item.dedupe_key)
+        if inbound.context and await session.storage.get_entry(entry_id) is not None:
+            # taken before a crash: its text had the context (the lane was new then); built
+            # again now it would not, and differ from the entry the lane holds
+            await inbox.ack(item.session, item.id)
+            return
+        text = _text_of(inbound, with_context=await self._fresh(session, lane.name))
         policy = self.config.busy_policy
         for _ in range(3):  # the lane may go idle or busy between two calls
             if not await self._busy(session, lane.name):
