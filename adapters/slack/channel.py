@@ -347,11 +347,24 @@ class SlackChannel:
         app.action("deny")(self._on_deny)
         app.view("deny_reason")(self._on_deny_reason)
 
-    async def _on_mention(self, event: dict[str, Any], body: dict[str, Any]) -> None:
+    async def _on_mention(
+        self, event: dict[str, Any], body: dict[str, Any], context: dict[str, Any]
+    ) -> None:
+        self._learn_identity(context)
         await self._on_event("app_mention", event, body)
 
-    async def _on_message(self, event: dict[str, Any], body: dict[str, Any]) -> None:
+    async def _on_message(
+        self, event: dict[str, Any], body: dict[str, Any], context: dict[str, Any]
+    ) -> None:
+        self._learn_identity(context)
         await self._on_event("message", event, body)
+
+    def _learn_identity(self, context: Mapping[str, Any]) -> None:
+        """The bot's ids from bolt (its auth.test) when ours at start failed: without them
+        any user's mention would read as one of the bot."""
+        if self._bot_user_id is None and context.get("bot_user_id"):
+            self._bot_user_id = str(context["bot_user_id"])
+            self._bot_id = context.get("bot_id") or self._bot_id
 
     async def _on_other_event(self, body: dict[str, Any]) -> None:
         kind = body.get("event", {}).get("type") if isinstance(body.get("event"), dict) else None
@@ -668,7 +681,7 @@ class SlackChannel:
             }
             posted.append(
                 await self._post(
-                    channel, thread_ts, text, blocks, metadata, after_post=bool(posted)
+                    channel, thread_ts, text, blocks, metadata, after_post=bool(posted or there)
                 )
             )
         if self.working_reaction and outbound.reply_context.get("ts"):

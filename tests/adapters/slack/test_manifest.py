@@ -111,3 +111,21 @@ async def test_every_subscribed_event_is_acknowledged(slack: SlackChannel, event
 async def test_an_event_type_nobody_subscribed_is_still_acknowledged(slack: SlackChannel) -> None:
     response = await _dispatch(slack, {"type": "team_join", "user": {"id": "U1"}})
     assert response.status == 200
+
+
+async def test_a_failed_identity_check_at_start_does_not_take_others_mentions() -> None:
+    async with FakeSlack() as fake:
+        fake.fail("auth.test", error="internal_error")  # our check at start fails; bolt's works
+        sink = TestSink(routes={"C1": "s1"})
+        channel = SlackChannel(bot_token=fake.bot_token, signing_secret="s", api_url=fake.api_url)
+        await channel.start(sink)
+        try:
+            other = {"type": "message", "channel": "C1", "user": "U1", "ts": "1.01"}
+            response = await _dispatch(channel, {**other, "text": "<@U0OTHER> hi"})
+            assert response.status == 200
+            assert sink.inbound == []  # a mention of someone else is not for the bot
+            mention = {**other, "ts": "1.02", "text": f"<@{fake.bot_user_id}> hi"}
+            assert (await _dispatch(channel, mention)).status == 200
+            assert [m.text for m in sink.inbound] == ["hi"]
+        finally:
+            await channel.close()
