@@ -131,7 +131,8 @@ def _signed(channel: EmailChannel, token: str, lane: str, sig: str) -> bool:
         expected = channel.lane_signature(token, lane)
     except (ValueError, UnicodeError):
         return False
-    return hmac.compare_digest(expected, sig)
+    # bytes: compare_digest refuses str with non-ASCII characters (a hostile query string)
+    return hmac.compare_digest(expected.encode(), sig.encode("utf-8", "replace"))
 
 
 def _page(status: int, title: str, body: str) -> HTMLResponse:

@@ -289,8 +289,9 @@ class EmailChannel:
     async def _advance(self, sink: InboundSink, mark: str | None, value: str) -> str | None:
         """Move the watermark to `value` unless another process moved it further."""
         for _ in range(5):
-            if mark is not None and _split_mark(mark) >= _split_mark(value):
-                return mark
+            have, want = _split_mark(mark), _split_mark(value)
+            if mark is not None and have[0] == want[0] and have[1] >= want[1]:
+                return mark  # another process got further in the same UIDVALIDITY
             if await sink.put_mark(self.mark_name, value, expect=mark):
                 return value
             mark = await sink.get_mark(self.mark_name)
@@ -381,16 +382,19 @@ class EmailChannel:
             return None
         links = {}
         for decision in ("approve", "deny"):
-            token = approval_token(
-                key=self.link_key,
-                session=view.session,
-                run_id=view.run_id,
-                wait_id=view.wait_id,
-                calls=[(c.tool_call_id, c.args_digest) for c in view.calls],
-                approver=author,
-                decision=decision,
-                expires_at=now + timedelta(days=self.link_days),
-            )
+            try:
+                token = approval_token(
+                    key=self.link_key,
+                    session=view.session,
+                    run_id=view.run_id,
+                    wait_id=view.wait_id,
+                    calls=[(c.tool_call_id, c.args_digest) for c in view.calls],
+                    approver=author,
+                    decision=decision,
+                    expires_at=now + timedelta(days=self.link_days),
+                )
+            except ValueError:  # a batch too large for a link: the request goes out without
+                return None  # links (it says to decide elsewhere), never as a dead letter
             lane = outbound.thread.lane
             query = urlencode({"lane": lane, "sig": self.lane_signature(token, lane)})
             links[decision] = f"{self.public_url}/email/approvals/{token}?{query}"

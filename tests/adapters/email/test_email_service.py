@@ -295,6 +295,8 @@ async def test_an_approver_decides_from_the_signed_link_once(approving: Mail) ->
         assert (await http.post(tampered)).status_code == 400
         other_lane = path + "?" + query.replace("lane=email", "lane=email%3Cx%40y%3E")
         assert (await http.post(other_lane)).status_code == 400
+        non_ascii = path + "?" + query.replace("sig=", "sig=%C3%A9")
+        assert (await http.post(non_ascii)).status_code == 400
 
 
 async def test_an_author_who_is_not_an_approver_gets_no_links(mail: Mail) -> None:
