@@ -15,7 +15,6 @@ import signal
 import socket
 import sys
 from collections.abc import Iterator
-from urllib.parse import urlsplit, urlunsplit
 
 import uvicorn
 
@@ -23,6 +22,7 @@ from adapters.channel import AdapterStartError
 from config import Settings
 from gateway.logs import configure, event
 from gateway.service import Service
+from harness_core.storage.urls import without_password
 
 __all__ = ["serve"]
 
@@ -35,7 +35,7 @@ def banner(settings: Settings, model: str) -> str:
     return "\n".join(
         [
             f"gateway: serving on {base} (model {model}, "
-            f"store {_safe(settings.effective_store_url)})",
+            f"store {without_password(settings.effective_store_url)})",
             f"  open {base}/web/threads/hello/page and write, or:",
             f"  curl -s -X POST {base}/web/threads/hello/messages "
             "-H 'content-type: application/json' -d '{\"text\": \"hello\"}'",
@@ -60,15 +60,6 @@ class _Server(uvicorn.Server):
     @contextlib.contextmanager
     def capture_signals(self) -> Iterator[None]:
         yield  # `serve` installs the handlers (uvicorn re-raises the signal when it returns)
-
-
-def _safe(url: str) -> str:
-    """`url` without a password (``redis://:secret@host`` -> ``redis://:***@host``)."""
-    parts = urlsplit(url)
-    if parts.password is None:
-        return url
-    netloc = parts.netloc.replace(f":{parts.password}@", ":***@", 1)
-    return urlunsplit(parts._replace(netloc=netloc))
 
 
 def _listening(host: str, port: int) -> str | None:
@@ -101,7 +92,10 @@ async def serve(settings: Settings) -> int:
         await service.stop(drain_seconds=0.1)
         for part, why in sorted(failed.items()):
             url = settings.effective_store_url if part == "store" else settings.effective_broker_url
-            print(f"gateway: the {part} at {_safe(url)} does not answer ({why})", file=sys.stderr)
+            print(
+                f"gateway: the {part} at {without_password(url)} does not answer ({why})",
+                file=sys.stderr,
+            )
         return 1
     server = _Server(
         uvicorn.Config(

@@ -360,8 +360,10 @@ class SlackChannel:
         await self._on_event("message", event, body)
 
     def _learn_identity(self, context: Mapping[str, Any]) -> None:
-        """The bot's ids from bolt (its auth.test) when ours at start failed: without them
-        any user's mention would read as one of the bot."""
+        """The bot's ids from bolt's own auth.test, when ours at start failed.
+
+        Without them any user's mention would read as a mention of the bot.
+        """
         if self._bot_user_id is None and context.get("bot_user_id"):
             self._bot_user_id = str(context["bot_user_id"])
             self._bot_id = context.get("bot_id") or self._bot_id

@@ -22,7 +22,7 @@ from typing import Any
 
 from gateway.broker.contract import Broker, BrokerError
 from harness_core import Clock, IdGenerator
-from harness_core.storage.urls import UrlRules
+from harness_core.storage.urls import UrlRules, without_password
 
 __all__ = ["ACCEPTED_BROKER_URLS", "BrokerError", "open_broker"]
 
@@ -34,7 +34,8 @@ ACCEPTED_BROKER_URLS = (
 
 
 def _refuse(url: str, why: str | None) -> BrokerError:
-    what = f"broker URL {url!r}: {why}" if why else f"unsupported broker URL {url!r}"
+    shown = without_password(url)  # errors are printed and logged
+    what = f"broker URL {shown!r}: {why}" if why else f"unsupported broker URL {shown!r}"
     return BrokerError("invalid_url", f"{what}; {ACCEPTED_BROKER_URLS}")
 
 

@@ -71,6 +71,7 @@ from gateway.broker.contract import (
 )
 from harness_core import Clock, IdGenerator, SystemClock, Uuid7Ids
 from harness_core.frozen import FrozenJsonObject
+from harness_core.storage.urls import without_password
 
 __all__ = ["SCRIPTS", "RedisBroker"]
 
@@ -265,7 +266,7 @@ def _check_session(session: str) -> None:
 def _connect(url: str, cluster: bool | None, socket_timeout: float) -> tuple[_Client, bool]:
     scheme, separator, rest = url.partition("://")
     if not separator:
-        raise BrokerError("invalid_url", f"not a redis URL: {url!r}")
+        raise BrokerError("invalid_url", f"not a redis URL: {without_password(url)!r}")
     base, _, variant = scheme.partition("+")
     if variant and variant != "cluster":
         raise BrokerError("invalid_url", f"unknown redis URL scheme {scheme!r}")
@@ -285,7 +286,9 @@ def _connect(url: str, cluster: bool | None, socket_timeout: float) -> tuple[_Cl
             return cast(_Client, RedisCluster.from_url(target, **options)), True
         return cast(_Client, aioredis.Redis.from_url(target, **options)), False
     except (ValueError, TypeError, RedisError) as exc:
-        raise BrokerError("invalid_url", f"redis URL {url!r}: {exc}") from exc
+        raise BrokerError(
+            "invalid_url", f"redis URL {without_password(url)!r}: {type(exc).__name__}"
+        ) from exc
 
 
 async def _first(*waits: Awaitable[Any]) -> None:

@@ -27,7 +27,7 @@ from harness_core.clock import Clock
 from harness_core.errors import SessionError
 from harness_core.ids import IdGenerator
 from harness_core.storage._batch import WriteQueue
-from harness_core.storage.urls import UrlRules
+from harness_core.storage.urls import UrlRules, without_password
 
 if TYPE_CHECKING:
     from harness_core.session.contract import SessionRepo
@@ -43,7 +43,8 @@ ACCEPTED_URLS = (
 
 
 def _refuse(url: str, why: str | None) -> SessionError:
-    what = f"store URL {url!r}: {why}" if why else f"unsupported store URL {url!r}"
+    shown = without_password(url)  # errors are printed and logged
+    what = f"store URL {shown!r}: {why}" if why else f"unsupported store URL {shown!r}"
     return SessionError("invalid_query", f"{what}; {ACCEPTED_URLS}")
 
 

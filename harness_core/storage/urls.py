@@ -11,12 +11,25 @@ from collections.abc import Callable
 from pathlib import Path
 from urllib.parse import parse_qs, urlsplit, urlunsplit
 
-__all__ = ["Refuse", "UrlRules"]
+__all__ = ["Refuse", "UrlRules", "without_password"]
 
 Refuse = Callable[[str, str | None], Exception]
 """(url, why) -> the error an opener raises for a URL it refuses."""
 
 _PREFIX = re.compile(r"^[^{}\s]+$")
+
+
+def without_password(url: str) -> str:
+    """`url` with its password shown as ``***`` (for messages and logs; unparsable: unchanged)."""
+    try:
+        parts = urlsplit(url)
+        password = parts.password
+    except ValueError:
+        return url
+    if not password:
+        return url
+    netloc = parts.netloc.replace(f":{password}@", ":***@", 1)
+    return urlunsplit(parts._replace(netloc=netloc))
 
 
 class UrlRules:

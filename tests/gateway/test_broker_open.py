@@ -79,3 +79,14 @@ def test_a_path_naming_a_directory_or_under_a_file_is_refused(tmp_path: Path) ->
         with pytest.raises(BrokerError, match="directory") as caught:
             open_broker(url)
         assert caught.value.code == "invalid_url"
+
+
+def test_a_refused_broker_url_never_shows_its_password() -> None:
+    from gateway.broker import BrokerError as Refused
+    from gateway.broker import open_broker as open_it
+
+    for url in ("redis://:hunter2@localhost:99999/0", "rediss://u:hunter2@h/0?prefix=a{b}"):
+        with pytest.raises(Refused) as caught:
+            open_it(url)
+        assert "hunter2" not in str(caught.value)
+        assert ":***@" in str(caught.value)

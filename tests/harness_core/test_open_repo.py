@@ -142,3 +142,14 @@ async def test_well_formed_urls_are_accepted_without_creating_anything(
     repo = open_repo(url)
     assert list(tmp_path.iterdir()) == [], "opening a repository creates nothing until used"
     await repo.close()
+
+
+def test_a_refused_url_never_shows_its_password() -> None:
+    from harness_core import open_repo as open_store
+    from harness_core.errors import SessionError as StoreError
+
+    for url in ("redis://:hunter2@localhost:99999/0", "redis://u:hunter2@localhost/0?bad=1"):
+        with pytest.raises(StoreError) as caught:
+            open_store(url)
+        assert "hunter2" not in str(caught.value)
+        assert ":***@" in str(caught.value)
