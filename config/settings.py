@@ -459,6 +459,13 @@ class Settings(BaseModel):
             raise ValueError("expected an IP address or a host name (no scheme, no port)")
         return value
 
+    @field_validator("email_password")
+    @classmethod
+    def _email_password(cls, value: SecretStr | None) -> SecretStr | None:
+        if value is not None and not value.get_secret_value().strip():
+            raise ValueError(f"expected {accepted('email_password')}")
+        return value
+
     @field_validator("email_link_secret")
     @classmethod
     def _email_link_secret(cls, value: SecretStr | None) -> SecretStr | None:

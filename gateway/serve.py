@@ -41,9 +41,16 @@ def banner(settings: Settings, model: str) -> str:
             "-H 'content-type: application/json' -d '{\"text\": \"hello\"}'",
             f"  curl -s {base}/web/threads/hello",
             *_slack_line(settings, base),
+            *_email_line(settings),
             "  Ctrl-C drains and stops.",
         ]
     )
+
+
+def _email_line(settings: Settings) -> list[str]:
+    if settings.email_address is None:
+        return []
+    return [f"  Email: answering mail to {settings.email_address} ({settings.email_imap_host})"]
 
 
 def _slack_line(settings: Settings, base: str) -> list[str]:

@@ -67,3 +67,12 @@ def test_bad_email_values_are_one_line(variable: str, value: str, expected: str)
 def test_approvers_are_comma_separated_and_lowercased() -> None:
     settings = load_settings({**ON, "GATEWAY_EMAIL_APPROVERS": "Ann@Example.com, bob@example.com"})
     assert settings.email_approvers == ("ann@example.com", "bob@example.com")
+
+
+def test_a_blank_password_from_a_file_is_refused(tmp_path) -> None:
+    toml = tmp_path / "gateway.toml"
+    toml.write_text('email_password = "   "\n', encoding="utf-8")
+    with pytest.raises(SettingsError) as caught:
+        load_settings({}, config_file=toml)
+    assert "email_password=<hidden>" in str(caught.value)
+    assert "expected the mailbox password (not empty)" in str(caught.value)
