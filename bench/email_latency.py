@@ -26,15 +26,11 @@ ROOT = Path(__file__).resolve().parents[1]
 if str(ROOT) not in sys.path:  # `python bench/email_latency.py` as well as `-m bench....`
     sys.path.insert(0, str(ROOT))
 
+from bench.gateway_bench import pct  # noqa: E402
 from config import Settings  # noqa: E402
 from gateway.logs import configure  # noqa: E402
 from gateway.service import Service  # noqa: E402
 from tests.support.mail_servers import Dovecot, SmtpServer  # noqa: E402
-
-
-def pct(values: list[float], q: float) -> float:
-    ordered = sorted(values)
-    return ordered[min(len(ordered) - 1, round(q * (len(ordered) - 1)))]
 
 
 async def run(mails: int) -> list[float]:
@@ -87,6 +83,8 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--mails", type=int, default=30)
     args = parser.parse_args()
+    if args.mails < 1:
+        parser.error("--mails: at least 1")
     configure("warning")
     latencies = asyncio.run(run(args.mails))
     print(

@@ -404,7 +404,8 @@ class Worker:
             # again now it would not, and differ from the entry the lane holds
             await inbox.ack(item.session, item.id)
             return
-        text = _text_of(inbound, with_context=await self._fresh(session, lane.name))
+        fresh = bool(inbound.context) and await self._fresh(session, lane.name)
+        text = _text_of(inbound, with_context=fresh)
         policy = self.config.busy_policy
         for _ in range(3):  # the lane may go idle or busy between two calls
             if not await self._busy(session, lane.name):

@@ -98,7 +98,7 @@ _SEEN_EVENTS = 10_000
 _HISTORY_TIMEOUT_S = 1.5
 _GROUP_TTL_MS = 60_000
 _SCAN_PAGES = 10
-_PING = re.compile(r"<!(here|channel|everyone)(?:\|[^>]*)?>")
+_PING = re.compile(r"<!(here|channel|everyone|subteam\^[A-Z0-9]+)(?:\|[^>]*)?>")
 
 
 class SlackStartError(AdapterStartError):
@@ -618,8 +618,9 @@ class SlackChannel:
     async def _message(self, channel: str, ts: str, thread_ts: str | None) -> dict[str, Any]:
         """One message of a channel (the approval request, to rewrite it without buttons)."""
         if thread_ts is not None:
+            # Slack lists a thread's parent first whatever the window: room for it and ours
             answer = await self.client.conversations_replies(
-                channel=channel, ts=thread_ts, latest=ts, oldest=ts, inclusive=True, limit=1
+                channel=channel, ts=thread_ts, latest=ts, oldest=ts, inclusive=True, limit=2
             )
         else:
             answer = await self.client.conversations_history(
@@ -885,8 +886,8 @@ def _ts_seconds(ts: str) -> float:
 
 
 def _defused(text: str) -> str:
-    """`text` without channel-wide pings: a model (or a prompt injection) must not page a room."""
-    return _PING.sub(lambda found: "@" + found.group(1), text)
+    """`text` without pings of a room or a user group (a model must not page people)."""
+    return _PING.sub(lambda found: "@" + found.group(1).replace("subteam^", ""), text)
 
 
 def _request_text(message: Mapping[str, Any]) -> str:

@@ -442,11 +442,13 @@ async def test_an_event_the_inbox_cannot_hold_is_not_acknowledged(
 
 
 async def test_the_agent_cannot_ping_the_whole_channel(rig: Rig) -> None:
-    event = rig.fake.mention_event("C1", "<!channel> wake up <!here|here> and <!everyone>")
+    text = "<!channel> wake up <!here|here> and <!everyone>, <!subteam^S0OPS|@ops>"
+    event = rig.fake.mention_event("C1", text)
     await rig.event(event)
     [reply] = await rig.bot_replies("C1", event["ts"], 1)
     assert "<!" not in reply.text
     assert "@channel" in reply.text and "@here" in reply.text and "@everyone" in reply.text
+    assert "@S0OPS" in reply.text
 
 
 async def test_messages_posted_while_down_are_backfilled_after_a_restart(rig: Rig) -> None:
