@@ -307,6 +307,8 @@ class Worker:
 
         def finished(done: asyncio.Task[Any]) -> None:
             session.tasks.pop(done, None)
+            if not done.cancelled():
+                done.exception()  # a fault is the session's to report, not asyncio's
             session.woken.set()
 
         task.add_done_callback(finished)
