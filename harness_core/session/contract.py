@@ -42,6 +42,7 @@ from harness_core.session.types import (
     FactSet,
     LaneMove,
     LanePointer,
+    LeaseHolder,
     LogItem,
     RecordQuery,
     SessionMetadata,
@@ -375,6 +376,14 @@ class SessionRepo(Protocol):
 
     async def release_lease(self, lease: WriterLease) -> bool:
         """Give the lease up if it is still current; False (and no change) if it was not."""
+        ...
+
+    async def lease_holder(self, session_id: str) -> LeaseHolder | None:
+        """Who holds the session's live writer lease, or None (none, lapsed or released).
+
+        A read: it takes nothing and changes nothing (an operator's view of which sessions a
+        worker is executing). The answer may be stale the moment it returns.
+        """
         ...
 
     async def import_session(

@@ -21,6 +21,7 @@ __all__ = [
     "LabelFact",
     "LaneMove",
     "LanePointer",
+    "LeaseHolder",
     "LogItem",
     "NameFact",
     "Order",
@@ -180,6 +181,14 @@ class WriterLease(Frozen):
     backend's lease clock: the injected `Clock` for memory and SQLite, the Redis server's
     ``TIME`` unless a clock was injected. None for an OS file lock (JSONL), which lasts as long
     as the holding process."""
+
+
+class LeaseHolder(Frozen):
+    """Who holds a session's live writer lease (read without taking it)."""
+
+    owner: str
+    expires_at_ms: _Ms | None
+    """On the backend's lease clock (see `WriterLease`); None for an OS file lock."""
 
 
 def _invalid(message: str) -> SessionError:

@@ -41,6 +41,7 @@ from harness_core.session.types import (
     FactSet,
     LabelFact,
     LaneMove,
+    LeaseHolder,
     LogItem,
     NameFact,
     SessionMetadata,
@@ -288,6 +289,15 @@ class JsonlSessionRepo:
         self.writers[session_id] = _Writer(lease=lease, lock_fd=fd)
         return lease
 
+    async def lease_holder(self, session_id: str) -> LeaseHolder | None:
+        """Who holds the session's file lock (this process, or another one)."""
+        writer = self.writers.get(session_id)
+        if writer is not None:
+            return LeaseHolder(owner=writer.lease.owner, expires_at_ms=None)
+        _, lock = self._paths(session_id)
+        owner: str | None = await self.run(_lock_holder, lock)
+        return None if owner is None else LeaseHolder(owner=owner, expires_at_ms=None)
+
     async def renew_lease(self, lease: WriterLease) -> WriterLease:
         """An OS lock does not lapse: renewing only confirms the lease is current."""
         writer = self.writers.get(lease.session_id)
@@ -460,6 +470,23 @@ def _lock(data: Path, lock: Path, owner: str, session_id: str) -> tuple[int, int
     except BaseException:
         os.close(fd)
         raise
+
+
+def _lock_holder(lock: Path) -> str | None:
+    """The owner named in a lock file another process holds locked (None: not locked)."""
+    try:
+        fd = os.open(lock, os.O_RDONLY)
+    except FileNotFoundError:
+        return None
+    try:
+        try:
+            fcntl.flock(fd, fcntl.LOCK_SH | fcntl.LOCK_NB)
+        except BlockingIOError:
+            return str(_read_lock(fd).get("owner", "another process"))
+        fcntl.flock(fd, fcntl.LOCK_UN)
+        return None
+    finally:
+        os.close(fd)
 
 
 def _read_lock(fd: int) -> dict[str, Any]:

@@ -19,6 +19,7 @@ from harness_core.session.types import (
     FactSet,
     LabelFact,
     LaneMove,
+    LeaseHolder,
     LogItem,
     NameFact,
     SessionMetadata,
@@ -240,6 +241,14 @@ class MemorySessionRepo:
             ttl_ms=ttl_ms,
             expires_at_ms=now + ttl_ms,
         )
+
+    async def lease_holder(self, session_id: str) -> LeaseHolder | None:
+        """Who holds the live lease (None: nobody)."""
+        session = self.sessions.get(session_id)
+        lease = session.lease if session is not None else None
+        if lease is None or not lease.live(self.clock.now_ms()):
+            return None
+        return LeaseHolder(owner=lease.owner, expires_at_ms=lease.expires_at_ms)
 
     async def renew_lease(self, lease: WriterLease) -> WriterLease:
         """Extend a current lease."""

@@ -79,6 +79,7 @@ from harness_core.session.types import (
     LabelFact,
     LaneMove,
     LanePointer,
+    LeaseHolder,
     LogItem,
     NameFact,
     RecordQuery,
@@ -1029,6 +1030,27 @@ class RedisSessionRepo:
             ttl_ms=ttl_ms,
             expires_at_ms=int(expires),
         )
+
+    async def lease_holder(self, session_id: str) -> LeaseHolder | None:
+        """Who holds the live lease (None: nobody), on the lease clock (server ``TIME``)."""
+        await self._ready()
+        check_session_id(session_id)
+        try:
+            owner, expires = await self._reader.hmget(
+                self.key(session_id, "lease"), ["owner", "expires"]
+            )
+            if owner is None or expires is None:
+                return None
+            if self.clock is not None:
+                now = self.clock.now_ms()
+            else:
+                seconds, micros = await self._reader.time()
+                now = int(seconds) * 1000 + int(micros) // 1000
+        except RedisError as exc:
+            raise SessionError("storage", f"redis call failed: {exc}") from exc
+        if int(expires) <= now:
+            return None
+        return LeaseHolder(owner=str(owner), expires_at_ms=int(expires))
 
     async def renew_lease(self, lease: WriterLease) -> WriterLease:
         """Extend a current lease."""

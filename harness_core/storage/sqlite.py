@@ -57,6 +57,7 @@ from harness_core.session.types import (
     LabelFact,
     LaneMove,
     LanePointer,
+    LeaseHolder,
     LogItem,
     NameFact,
     RecordQuery,
@@ -1026,6 +1027,14 @@ class SqliteSessionRepo:
             ttl_ms=ttl_ms,
             expires_at_ms=now + ttl_ms,
         )
+
+    async def lease_holder(self, session_id: str) -> LeaseHolder | None:
+        """Who holds the live lease (None: nobody)."""
+        now = self.clock.now_ms()
+        row = await self.call(lambda db: db.lease_row(session_id))
+        if row is None or not row.live(now):
+            return None
+        return LeaseHolder(owner=row.owner, expires_at_ms=row.expires_at_ms)
 
     async def renew_lease(self, lease: WriterLease) -> WriterLease:
         """Extend a current lease by its ttl."""

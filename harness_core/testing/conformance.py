@@ -1153,6 +1153,28 @@ async def a_taken_over_writer_can_never_write_again(fx: BackendFixture) -> None:
 
 
 @_case("single writer")
+async def the_lease_holder_is_read_without_taking_it(fx: BackendFixture) -> None:
+    repo = fx.repo
+    await repo.create("s1")
+    assert await repo.lease_holder("s1") is None
+    assert await repo.lease_holder("missing") is None
+    lease = await repo.acquire_lease("s1", owner="A", ttl_ms=TTL)
+    holder = await repo.lease_holder("s1")
+    assert holder is not None and holder.owner == "A"
+    assert holder.expires_at_ms == lease.expires_at_ms
+    reader = await repo.open("s1")
+    assert await reader.get_lanes() is not None  # a reader opens beside the holder
+    again = await repo.lease_holder("s1")
+    assert again is not None and again.owner == "A"  # reading took nothing
+    if fx.leases_expire:
+        fx.clock.advance(TTL + 1)
+        assert await repo.lease_holder("s1") is None  # lapsed
+        lease = await repo.acquire_lease("s1", owner="B", ttl_ms=TTL)
+    assert await repo.release_lease(lease) is True
+    assert await repo.lease_holder("s1") is None
+
+
+@_case("single writer")
 async def same_owner_reacquiring_supersedes_its_old_token(fx: BackendFixture) -> None:
     await fx.repo.create("s1")
     old = await fx.repo.acquire_lease("s1", owner="A", ttl_ms=TTL)

@@ -214,3 +214,20 @@ async def test_fsync_always_writes_are_readable(tmp_path) -> None:
     await storage.append_entry(user_entry("a"), "main")
     await repo.close()
     assert await _ids(tmp_path) == ["a"]
+
+
+async def test_the_lease_holder_of_a_lock_another_repo_holds(tmp_path: Path) -> None:
+    """The lock file names its holder: a second repository (another process) reads it."""
+    holder_repo = JsonlSessionRepo(tmp_path, clock=ManualClock())
+    other = JsonlSessionRepo(tmp_path, clock=ManualClock())
+    try:
+        await holder_repo.create("s1")
+        assert await other.lease_holder("s1") is None
+        lease = await holder_repo.acquire_lease("s1", owner="worker-a", ttl_ms=1000)
+        seen = await other.lease_holder("s1")
+        assert seen is not None and seen.owner == "worker-a" and seen.expires_at_ms is None
+        assert await holder_repo.release_lease(lease)
+        assert await other.lease_holder("s1") is None
+    finally:
+        await holder_repo.close()
+        await other.close()
