@@ -43,6 +43,7 @@ _SECRET_FIELDS = frozenset(
         "slack_signing_secret",
         "email_password",
         "email_link_secret",
+        "ops_tokens",
     }
 )
 _ROUTES_EXAMPLE = '[{"channel":"slack","space":"C123","session":"ops"}]'

@@ -34,6 +34,7 @@ __all__ = [
     "Settings",
     "accepted",
     "default_session",
+    "is_loopback",
     "is_session_id",
 ]
 
@@ -56,6 +57,7 @@ _EMAIL = re.compile(r"[^@\s<>,;]{1,64}@[A-Za-z0-9]([A-Za-z0-9.-]{0,251}[A-Za-z0-
 _SLACK_CHANNEL = re.compile(r"[CDG][A-Z0-9]{1,30}")
 _SLACK_APPROVER = re.compile(r"[UWS][A-Z0-9]{1,30}")
 _SLACK_TOKEN_PREFIX = {"slack_bot_token": "xoxb-", "slack_app_token": "xapp-"}
+_OPS_NAME = re.compile(r"[a-z0-9._-]{1,64}")
 _HOSTNAME = re.compile(r"[A-Za-z0-9]([A-Za-z0-9.-]{0,251}[A-Za-z0-9])?")
 
 _REDIS_SCHEMES = ("redis", "rediss", "redis+cluster", "rediss+cluster")
@@ -374,6 +376,14 @@ class Settings(BaseModel):
         description="The gateway's base URL as approvers reach it (for links in email), like "
         "https://gateway.example.com.",
     )
+    ops_tokens: tuple[SecretStr, ...] = Field(
+        default=(),
+        description="Bearer tokens of the operator API and the /ops page, comma-separated, each "
+        "name:role:secret with role operator (may act) or viewer (reads only) and a secret of "
+        "24+ characters; the name is who the audit trail says acted. With none, `gateway serve` "
+        "on a loopback address makes an operator token at first start (.gateway/ops-token) and "
+        "prints a sign-in link; binding beyond loopback needs tokens.",
+    )
 
     @field_validator("*", mode="before")
     @classmethod
@@ -505,6 +515,38 @@ class Settings(BaseModel):
                     )
         return value
 
+    @field_validator("ops_tokens", mode="before")
+    @classmethod
+    def _ops_tokens_text(cls, value: Any) -> Any:
+        if isinstance(value, str):  # a variable: comma-separated
+            return tuple(part.strip() for part in value.split(",") if part.strip())
+        return value
+
+    @field_validator("ops_tokens")
+    @classmethod
+    def _ops_tokens(cls, value: tuple[SecretStr, ...]) -> tuple[SecretStr, ...]:
+        names: set[str] = set()
+        secrets: set[str] = set()
+        for position, token in enumerate(value):
+            parts = token.get_secret_value().split(":", 2)
+            where = f"token {position + 1}"
+            if len(parts) != 3:
+                raise ValueError(f"{where}: expected name:role:secret")
+            name, role, secret = parts
+            if not _OPS_NAME.fullmatch(name):
+                raise ValueError(f"{where}: the name must be 1-64 of a-z 0-9 . _ -")
+            if role not in ("operator", "viewer"):
+                raise ValueError(f"{where} ({name}): the role must be operator or viewer")
+            if len(secret) < 24 or not secret.isprintable() or " " in secret:
+                raise ValueError(
+                    f"{where} ({name}): the secret must be 24+ printable characters, no spaces"
+                )
+            if name in names or secret in secrets:
+                raise ValueError(f"{where} ({name}): names and secrets must be unique")
+            names.add(name)
+            secrets.add(secret)
+        return value
+
     @field_validator("host")
     @classmethod
     def _host(cls, value: str) -> str:
@@ -575,6 +617,14 @@ class Settings(BaseModel):
                     ("slack_bot_token",),
                     "slack_signing_secret or slack_app_token is set but slack_bot_token is "
                     "not: the Slack channel needs its bot token (xoxb-...)",
+                )
+            )
+        if not self.ops_tokens and not is_loopback(self.host):
+            problems.append(
+                _Relation(
+                    ("host", "ops_tokens"),
+                    f"host={self.host} is not a loopback address: set ops_tokens, so the "
+                    "operator API is never reachable without authentication",
                 )
             )
         if self.email_address is not None:
@@ -770,3 +820,9 @@ def _ip(text: str) -> ipaddress.IPv4Address | ipaddress.IPv6Address | None:
         return ipaddress.ip_address(text)
     except ValueError:
         return None
+
+
+def is_loopback(host: str) -> bool:
+    """Whether `host` is ``localhost`` or a loopback address (only this machine reaches it)."""
+    address = _ip(host)
+    return host == "localhost" or (address is not None and address.is_loopback)

@@ -1,4 +1,4 @@
-"""The HTTP app: health, readiness, and the routes adapters bring (the web channel, Slack later)."""
+"""The HTTP app: health, readiness, the operator API and the routes adapters bring."""
 
 from __future__ import annotations
 
@@ -6,7 +6,9 @@ from collections.abc import Awaitable, Callable, Sequence
 from typing import Any
 
 from fastapi import FastAPI
-from fastapi.responses import JSONResponse
+from fastapi.responses import JSONResponse, RedirectResponse
+
+from gateway.ops.errors import API_PREFIX, install_errors
 
 __all__ = ["build_app"]
 
@@ -17,7 +19,19 @@ def build_app(routers: Sequence[Any], ready: Callable[[], Awaitable[dict[str, st
     ``/healthz``: the process answers. ``/readyz``: its store and broker answer (503 naming the
     failing part otherwise).
     """
-    app = FastAPI(title="durable-gateway", docs_url=None, redoc_url=None, openapi_url=None)
+    app = FastAPI(
+        title="durable-gateway",
+        summary="The operator API of a durable LLM agent gateway (and the channels' routes).",
+        version="1",
+        docs_url=None,  # Swagger UI loads from a CDN: the schema is served, the UI is not
+        redoc_url=None,
+        openapi_url=f"{API_PREFIX}/openapi.json",
+    )
+    install_errors(app)
+
+    @app.get("/", include_in_schema=False)
+    async def home() -> RedirectResponse:
+        return RedirectResponse("/web/", status_code=307)  # the web channel's threads
 
     @app.get("/healthz")
     async def healthz() -> dict[str, str]:

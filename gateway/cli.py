@@ -82,6 +82,11 @@ async def _run(args: argparse.Namespace, settings: Settings) -> int:
 
 def main(argv: Sequence[str] | None = None, settings: Settings | None = None) -> int:
     """Run the ``gateway`` command; returns the exit status."""
+    words = list(sys.argv[1:] if argv is None else argv)
+    if words[:1] == ["ops"]:  # the operator client has its own parser (gateway ops --help)
+        from gateway.ops.cli import main as ops_main
+
+        return ops_main(words[1:], settings)
     parser = argparse.ArgumentParser(
         prog="gateway", description="A durable LLM agent gateway for Slack and email."
     )
@@ -105,6 +110,11 @@ def main(argv: Sequence[str] | None = None, settings: Settings | None = None) ->
     ask_parser.add_argument("question", nargs="+")
     ask_parser.add_argument("--lane", default="cli:default", help="the lane (conversation) to use")
     ask_parser.add_argument("--store", dest="store", default=argparse.SUPPRESS)
+    commands.add_parser(
+        "ops",
+        help="operate a running gateway over its API: lanes, timelines, resume, approve "
+        "(gateway ops --help)",
+    )
     serve_parser = commands.add_parser(
         "serve", help="run the service: the web channel, workers and deliverer (embedded default)"
     )

@@ -15,6 +15,7 @@ import signal
 import socket
 import sys
 from collections.abc import Iterator
+from pathlib import Path
 
 import uvicorn
 
@@ -29,13 +30,16 @@ __all__ = ["serve"]
 log = logging.getLogger("gateway.serve")
 
 
-def banner(settings: Settings, model: str) -> str:
+def banner(
+    settings: Settings, model: str, sign_in: str | None = None, kept: Path | None = None
+) -> str:
     """What a person needs to talk to the service right away."""
     base = f"http://{settings.host}:{settings.port}"
     return "\n".join(
         [
             f"gateway: serving on {base} (model {model}, "
             f"store {without_password(settings.effective_store_url)})",
+            *_ops_line(base, sign_in, kept),
             f"  open {base}/web/threads/hello/page and write, or:",
             f"  curl -s -X POST {base}/web/threads/hello/messages "
             "-H 'content-type: application/json' -d '{\"text\": \"hello\"}'",
@@ -45,6 +49,13 @@ def banner(settings: Settings, model: str) -> str:
             "  Ctrl-C drains and stops.",
         ]
     )
+
+
+def _ops_line(base: str, sign_in: str | None, kept: Path | None) -> list[str]:
+    if sign_in is None:
+        return [f"  operators: {base}/ops (sign in with an ops token)"]
+    where = f"kept in {kept}" if kept else "new at every start: not saved"
+    return [f"  operators: {base}/ops#token={sign_in}  (the operator token, {where})"]
 
 
 def _email_line(settings: Settings) -> list[str]:
@@ -130,7 +141,8 @@ async def serve(settings: Settings) -> int:
         loop.add_signal_handler(number, on_signal)
     model = service.model
     shown = settings.model if model is None else f"{model.provider}:{model.model_id}"
-    print(banner(settings, shown), file=sys.stderr, flush=True)
+    sign_in = service.ops_sign_in
+    print(banner(settings, shown, sign_in, service.ops_token_file), file=sys.stderr, flush=True)
     try:
         await server.serve()
         await asyncio.wait_for(service.stop(), timeout=settings.shutdown_seconds)

@@ -17,6 +17,7 @@ import socket
 import time
 from collections.abc import Sequence
 from dataclasses import dataclass, field
+from pathlib import Path
 from typing import Any
 
 from fastapi import FastAPI
@@ -31,6 +32,8 @@ from gateway.deliverer import Deliverer, DelivererConfig
 from gateway.intake import Intake
 from gateway.logs import event
 from gateway.models import model_from_settings
+from gateway.ops.api import OpsApi
+from gateway.ops.auth import OpsAuth, local_token, parse_tokens, token_file
 from gateway.plugin import load_plugin
 from gateway.worker import Worker, WorkerConfig
 from harness_core import (
@@ -88,6 +91,9 @@ class Service:
         self.worker: Worker | None = None
         self.deliverer: Deliverer | None = None
         self.app: FastAPI | None = None
+        self.ops_sign_in: str | None = None
+        self.ops_token_file: Path | None = None
+        """The operator token made at first start (no tokens configured), for the sign-in link."""
         self.model: ModelRef | None = None
         """The lanes' default model (from the plugin or ``GATEWAY_MODEL``), once started."""
         self._owned: list[Any] = []
@@ -163,7 +169,14 @@ class Service:
             parts.rng,
         )
         routers = [r for a in adapters if (r := getattr(a, "router", None)) is not None]
-        self.app = build_app(routers, self.readiness)
+        ops = OpsApi(
+            self.repo,
+            self.broker,
+            self._ops_auth(),
+            clock,
+            max_attempts=settings.max_attempts,
+        )
+        self.app = build_app([*ops.routers, *routers], self.readiness)
         try:
             for adapter in adapters:
                 await adapter.start(self.intake)
@@ -173,6 +186,17 @@ class Service:
         self.worker.start()
         self.deliverer.start()
         log.info(event("service started", worker=self.worker_id, adapters=sorted(self.adapters)))
+
+    def _ops_auth(self) -> OpsAuth:
+        """The configured tokens; with none (loopback only), the local token made at first start."""
+        settings = self.settings
+        if settings.ops_tokens:
+            return OpsAuth(parse_tokens([t.get_secret_value() for t in settings.ops_tokens]))
+        path = token_file(settings.effective_store_url)
+        token, kept = local_token(path)
+        self.ops_sign_in = token
+        self.ops_token_file = path if kept else None
+        return OpsAuth([("local", "operator", token)])
 
     def _own(self, thing: Any) -> Any:
         self._owned.append(thing)

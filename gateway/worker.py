@@ -29,6 +29,8 @@ from pydantic import ValidationError
 from adapters.channel import DecisionInbound, Inbound
 from gateway.broker.contract import Broker, InboxItem, SessionTicket
 from gateway.logs import event
+from gateway.ops.actions import OperatorAction
+from gateway.ops.carry import carry_out
 from gateway.replies import (
     enqueue_refusal_notice,
     enqueue_replies,
@@ -365,6 +367,8 @@ class Worker:
         try:
             if item.kind == "decision":
                 decision = DecisionInbound.model_validate(dict(item.payload))
+            elif item.kind == "operator":
+                action = OperatorAction.model_validate(dict(item.payload))
             else:
                 inbound = Inbound.model_validate(dict(item.payload))
         except ValidationError as exc:
@@ -377,6 +381,10 @@ class Worker:
         if item.kind == "decision":
             session.in_flight.add(item.id)
             self._track(session, item.lane, self._decide(session, item, lane, decision))
+            return
+        if item.kind == "operator":
+            session.in_flight.add(item.id)
+            self._track(session, item.lane, self._operate(session, item, lane, action))
             return
         await self._message(session, item, lane, inbound)
 
@@ -454,6 +462,15 @@ class Worker:
             info.name == lane and info.operation_id is not None
             for info in await session.harness.lanes()
         )
+
+    async def _operate(
+        self, session: _Session, item: InboxItem, lane: AgentLane, action: OperatorAction
+    ) -> None:
+        try:
+            await carry_out(action, lane, session.storage, self._broker, self._clock)
+            await self._broker.inbox.ack(item.session, item.id)
+        finally:
+            session.in_flight.discard(item.id)
 
     async def _decide(
         self, session: _Session, item: InboxItem, lane: AgentLane, decision: DecisionInbound

@@ -52,7 +52,7 @@ __all__ = [
     "Threads",
 ]
 
-InboxItemKind = Literal["message", "decision"]
+InboxItemKind = Literal["message", "decision", "operator"]
 InboxStatus = Literal["pending", "acked", "rejected"]
 
 BrokerErrorCode = Literal[

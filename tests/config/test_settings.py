@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import re
+
 import pytest
 from hypothesis import given
 from hypothesis import strategies as st
@@ -131,9 +133,42 @@ def test_settings_are_frozen() -> None:
         Settings().port = 1  # type: ignore[misc]
 
 
+TOKENS = ("alice:operator:a-secret-of-twenty-four-chars",)
+
+
 def test_hosts_that_are_accepted() -> None:
-    for host in ("127.0.0.1", "::1", "::", "0.0.0.0", "localhost", "gw.internal", "10.0.0.7"):
+    for host in ("127.0.0.1", "::1", "localhost"):
         assert Settings(host=host).host == host
+    for host in ("::", "0.0.0.0", "gw.internal", "10.0.0.7"):  # beyond loopback: tokens needed
+        assert Settings(host=host, ops_tokens=TOKENS).host == host
+        with pytest.raises(ValidationError, match="set ops_tokens"):
+            Settings(host=host)
+
+
+@pytest.mark.parametrize(
+    ("tokens", "message"),
+    [
+        ("alice:operator", "expected name:role:secret"),
+        ("Alice:operator:a-secret-of-twenty-four-chars", "the name must be"),
+        ("alice:admin:a-secret-of-twenty-four-chars", "the role must be operator or viewer"),
+        ("alice:viewer:short", "24+ printable characters"),
+        ("a:viewer:a-secret-of-twenty-four-chars,a:operator:another-secret-of-24-chars",
+         "unique"),
+    ],
+)  # fmt: skip
+def test_ops_tokens_are_checked_without_showing_the_secret(tokens: str, message: str) -> None:
+    with pytest.raises(ValidationError, match=re.escape(message)) as caught:
+        Settings(ops_tokens=tokens)
+    shown = format_settings_error(caught.value)  # what a person sees
+    assert message in shown and "twenty-four" not in shown and "short" not in shown
+
+
+def test_ops_tokens_from_text() -> None:
+    settings = Settings(
+        ops_tokens="a:viewer:a-secret-of-twenty-four-chars , b:operator:" + "x" * 30
+    )
+    assert [t.get_secret_value().split(":")[0] for t in settings.ops_tokens] == ["a", "b"]
+    assert "a-secret" not in repr(settings)
 
 
 # --- effective URLs ------------------------------------------------------------------------
@@ -193,7 +228,7 @@ def test_replace_checks_the_change_and_keeps_what_was_set_explicitly() -> None:
 
 
 def test_a_public_address_is_a_warning_not_an_error() -> None:
-    (warning,) = Settings(host="0.0.0.0").warnings()
+    (warning,) = Settings(host="0.0.0.0", ops_tokens=TOKENS).warnings()
     assert warning.startswith("host=0.0.0.0 is not a loopback address")
     assert Settings(host="localhost").warnings() == ()
     assert Settings(host="::1").warnings() == ()

@@ -8,6 +8,10 @@ The model answers by the newest user message:
 * ``/slow <ms>``: calls ``slow`` (safe to repeat), which sleeps, keeping the lane busy;
 * ``/poison``: calls ``poison`` (safe to repeat, so every resume runs it again), which kills
   the process (``os._exit``) whenever it runs;
+* ``/charge-then-poison``: calls ``charge`` then ``poison`` in one (sequential) batch: the
+  charge is done once, then every attempt dies until an operator resumes with
+  ``tool_recovery=never``;
+* ``/fail``: the model fails for good (an authentication error): the run fails;
 * anything else: echoed back (``You said: ...``), after seeing every steered message.
 
 After a tool result it answers ``Done: <result>``. With ``AGENT_TEST_LEDGER`` set, the web
@@ -40,7 +44,7 @@ from harness_core import (
     UserMessage,
     message_text,
 )
-from harness_core.models.scripted import text, tool_call
+from harness_core.models.scripted import error, text, tool_call, tool_calls
 
 MODEL = ModelRef(provider="scripted", model_id="gateway-test")
 
@@ -63,6 +67,10 @@ def respond(request: ModelRequest) -> AssistantMessage:
         return tool_call("slow", {"ms": int(rest.strip() or "200")})
     if word == "/poison":
         return tool_call("poison", {})
+    if word == "/fail":
+        return error("auth", retryable=False, message="the key was refused")
+    if word == "/charge-then-poison":
+        return tool_calls(("charge", {"amount": "5"}, None), ("poison", {}, None))
     return text(f"You said: {said}")
 
 
@@ -106,7 +114,13 @@ def tools() -> list[Tool]:
             requires_approval=True,
         ),
         Tool(name="slow", description="Wait a while.", execute=slow, replay="safe"),
-        Tool(name="poison", description="Crash the process.", execute=poison, replay="safe"),
+        Tool(
+            name="poison",
+            description="Crash the process.",
+            execute=poison,
+            replay="safe",
+            execution_mode="sequential",  # after the calls before it in its batch
+        ),
     ]
 
 

@@ -1,0 +1,139 @@
+"""Who calls the operator API: bearer tokens with a name and a role, compared in constant time.
+
+Two roles: ``viewer`` reads, ``operator`` reads and acts. A token's name is who the audit
+trail says acted. With no tokens configured, a loopback-only service makes one operator token
+at first start and keeps it in a file beside the embedded store (as Jupyter does), so a
+newcomer signs in to ``/ops`` from the printed link without configuring anything.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import hmac
+import os
+import secrets
+from collections.abc import Sequence
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Literal
+
+from fastapi import Request
+
+from gateway.ops.errors import ApiError
+
+__all__ = [
+    "LOCAL_TOKEN_FILE",
+    "OpsAuth",
+    "Principal",
+    "Role",
+    "local_token",
+    "parse_tokens",
+    "token_file",
+]
+
+Role = Literal["viewer", "operator"]
+LOCAL_TOKEN_FILE = Path(".gateway/ops-token")
+
+
+@dataclass(frozen=True, slots=True)
+class Principal:
+    """An authenticated caller."""
+
+    name: str
+    role: Role
+
+    @property
+    def actor(self) -> str:
+        """How the audit trail names this caller."""
+        return f"operator:{self.name}"
+
+
+@dataclass(frozen=True, slots=True)
+class _Token:
+    principal: Principal
+    digest: bytes
+
+
+def parse_tokens(entries: Sequence[str]) -> list[tuple[str, Role, str]]:
+    """``name:role:secret`` entries (checked by the settings) as (name, role, secret)."""
+    parsed: list[tuple[str, Role, str]] = []
+    for entry in entries:
+        name, role, secret = entry.split(":", 2)
+        parsed.append((name, "operator" if role == "operator" else "viewer", secret))
+    return parsed
+
+
+class OpsAuth:
+    """Checks bearer tokens against the configured ones."""
+
+    def __init__(self, tokens: Sequence[tuple[str, Role, str]]) -> None:
+        if not tokens:
+            raise ValueError("the operator API needs at least one token")
+        self._tokens = [
+            _Token(Principal(name, role), hashlib.sha256(secret.encode()).digest())
+            for name, role, secret in tokens
+        ]
+
+    def principal(self, request: Request) -> Principal:
+        """The caller, or `ApiError` 401 (no token, or not one of ours)."""
+        header = request.headers.get("authorization", "")
+        scheme, _, given = header.partition(" ")
+        if scheme.lower() != "bearer" or not given.strip():
+            raise ApiError(401, "unauthenticated", "send Authorization: Bearer <token>")
+        digest = hashlib.sha256(given.strip().encode()).digest()
+        found: Principal | None = None
+        for token in self._tokens:  # every token is compared: the time says nothing
+            if hmac.compare_digest(token.digest, digest):
+                found = token.principal
+        if found is None:
+            raise ApiError(401, "unauthenticated", "the token is not valid")
+        return found
+
+    def require(self, request: Request, role: Role) -> Principal:
+        """The caller, if its role allows `role` (operators may also view)."""
+        return self.allow(self.principal(request), role)
+
+    def allow(self, principal: Principal, role: Role) -> Principal:
+        """`principal`, if its role allows `role`; `ApiError` 403 otherwise."""
+        if role == "operator" and principal.role != "operator":
+            raise ApiError(
+                403, "forbidden", f"{principal.name} is a viewer: acting needs an operator token"
+            )
+        return principal
+
+
+def token_file(store_url: str) -> Path | None:
+    """Where the local token is kept: beside an embedded store (None for memory://)."""
+    scheme, _, rest = store_url.partition("?")[0].partition("://")
+    if scheme == "memory":
+        return None
+    if scheme in ("sqlite", "jsonl"):
+        location = Path(rest[1:] if rest.startswith("/") else rest).expanduser()
+        folder = location.parent if scheme == "sqlite" else location
+        return folder / LOCAL_TOKEN_FILE.name
+    return LOCAL_TOKEN_FILE
+
+
+def local_token(path: Path | None) -> tuple[str, bool]:
+    """The embedded service's operator token, made at first start; (token, kept on disk).
+
+    Kept in `path` (mode 0600) so it survives restarts; with no path, or where it cannot be
+    written (a read-only directory), the token lives as long as the process.
+    """
+    if path is None:
+        return secrets.token_urlsafe(32), False
+    try:
+        text = path.read_text(encoding="ascii").strip()
+        if len(text) >= 24:
+            return text, True
+    except (OSError, UnicodeDecodeError):
+        pass
+    token = secrets.token_urlsafe(32)
+    try:
+        path.parent.mkdir(parents=True, exist_ok=True)
+        descriptor = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
+        with os.fdopen(descriptor, "w", encoding="ascii") as handle:
+            handle.write(token + "\n")
+    except OSError:
+        return token, False
+    return token, True

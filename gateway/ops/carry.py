@@ -1,0 +1,199 @@
+"""Carrying out an operator action inside the worker that holds the lane's session.
+
+The worker calls `carry_out` for an ``operator`` inbox item. The action's newest result is
+kept as a broker mark (``running`` while it works, then ``done`` or ``refused``) and every
+final result goes into the audit trail. A result that is already final makes a redelivered
+item a no-op; one left ``running`` by a worker that died is closed as interrupted (the lane
+itself continues by its crash recovery, never by running the action twice).
+"""
+
+from __future__ import annotations
+
+import logging
+from typing import Any
+
+from gateway.broker.contract import Broker, NewAuditEvent
+from gateway.logs import event
+from gateway.ops.actions import ActionResult, ActionStatus, OperatorAction, result_mark
+from harness_core import (
+    AgentLane,
+    ApprovalDecision,
+    Clock,
+    Err,
+    Ok,
+    Outcome,
+    SessionStorage,
+    UserMessage,
+)
+from harness_core.session import MessageEntry
+
+__all__ = ["carry_out", "read_result"]
+
+log = logging.getLogger("gateway.ops")
+
+
+async def read_result(broker: Broker, action_id: str) -> ActionResult | None:
+    """An action's newest result, or None if no worker has taken it yet."""
+    raw = await broker.marks.get(result_mark(action_id))
+    return None if raw is None else ActionResult.model_validate_json(raw)
+
+
+async def carry_out(
+    action: OperatorAction,
+    lane: AgentLane,
+    storage: SessionStorage,
+    broker: Broker,
+    clock: Clock,
+) -> ActionResult:
+    """Do `action` on `lane` (once), keeping its result and auditing it."""
+    mark = result_mark(action.id)
+    raw = await broker.marks.get(mark)
+    earlier = None if raw is None else ActionResult.model_validate_json(raw)
+    if earlier is not None and earlier.status in ("done", "refused"):
+        return earlier
+    if earlier is not None and earlier.status == "running":
+        final = _result(action, clock, "done", outcome="interrupted")
+        note = "the worker stopped while it ran; the lane continues by its crash recovery"
+        await _settle(action, broker, raw, final, note)
+        return final
+    running = _result(action, clock, "running")
+    if not await broker.marks.put(mark, running.model_dump_json(), expect=raw):
+        return await carry_out(action, lane, storage, broker, clock)  # another took it first
+    try:
+        final = await _do(action, lane, storage, clock)
+    except Exception as exc:
+        final = _result(
+            action, clock, "refused", error={"code": "failed", "message": type(exc).__name__}
+        )
+        log.error(event("operator action failed", action=action.id, error=type(exc).__name__))
+    await _settle(action, broker, running.model_dump_json(), final, None)
+    return final
+
+
+async def _do(
+    action: OperatorAction, lane: AgentLane, storage: SessionStorage, clock: Clock
+) -> ActionResult:
+    kind = action.kind
+    if kind == "abort":
+        aborted = await lane.abort()
+        if isinstance(aborted, Err):
+            return _refused(action, clock, aborted.error)
+        return _result(action, clock, "done", outcome="aborted")
+    if kind in ("resume", "unstick"):
+        resumed = await lane.resume(tool_recovery=action.tool_recovery, unstick=action.unstick)
+        return _ended(action, clock, resumed)
+    if kind == "decide":
+        decided = await lane.resume(
+            [
+                ApprovalDecision(
+                    tool_call_id=d.tool_call_id,
+                    args_digest=d.args_digest,
+                    approved=d.approved,
+                    reason=d.reason,
+                )
+                for d in action.decisions
+            ],
+            wait_id=action.wait_id,
+            decided_by=action.actor,
+            idempotency_key=action.id,
+            tool_recovery=action.tool_recovery,
+        )
+        return _ended(action, clock, decided)
+    return await _rerun(action, lane, storage, clock)
+
+
+async def _rerun(
+    action: OperatorAction, lane: AgentLane, storage: SessionStorage, clock: Clock
+) -> ActionResult:
+    """Move the lane to just before a user message and run that message again."""
+    assert action.entry_id is not None
+    stored = await storage.get_entry(action.entry_id)
+    entry = stored.entry if stored is not None else None
+    if (
+        stored is None
+        or not isinstance(entry, MessageEntry)
+        or not isinstance(entry.message, UserMessage)
+    ):
+        return _result(
+            action,
+            clock,
+            "refused",
+            error={"code": "not_a_user_message", "message": "rerun needs a user message entry"},
+        )
+    moved = await lane.navigate_tree(stored.parent_id)
+    if isinstance(moved, Err):
+        return _refused(action, clock, moved.error)
+    started = await lane.start(entry.message, entry_id=f"rerun-{action.id[4:]}")
+    if isinstance(started, Err):
+        return _refused(action, clock, started.error)
+    outcome = await started.value.outcome()
+    return _result(action, clock, "done", outcome=outcome.kind, run_id=outcome.run_id)
+
+
+def _ended(action: OperatorAction, clock: Clock, result: Any) -> ActionResult:
+    if isinstance(result, Ok):
+        outcome: Outcome = result.value
+        return _result(action, clock, "done", outcome=outcome.kind, run_id=outcome.run_id)
+    return _refused(action, clock, result.error)
+
+
+def _refused(action: OperatorAction, clock: Clock, rejection: Any) -> ActionResult:
+    return _result(
+        action,
+        clock,
+        "refused",
+        error={"code": str(rejection.tag), "message": str(rejection.message)},
+    )
+
+
+def _result(
+    action: OperatorAction,
+    clock: Clock,
+    status: ActionStatus,
+    *,
+    outcome: str | None = None,
+    error: dict[str, str] | None = None,
+    run_id: str | None = None,
+) -> ActionResult:
+    return ActionResult(
+        id=action.id,
+        kind=action.kind,
+        session=action.session,
+        lane=action.lane,
+        status=status,
+        outcome=outcome,
+        error=error,
+        run_id=run_id,
+        at_ms=clock.now_ms(),
+    )
+
+
+async def _settle(
+    action: OperatorAction, broker: Broker, was: str | None, final: ActionResult, note: str | None
+) -> None:
+    await broker.marks.put(result_mark(action.id), final.model_dump_json(), expect=was)
+    details: dict[str, Any] = {"kind": action.kind, "idempotency_key": action.idempotency_key}
+    if action.kind in ("resume", "unstick", "decide"):
+        details["tool_recovery"] = action.tool_recovery
+    if action.unstick:
+        details["unstick"] = True
+    if action.entry_id is not None:
+        details["entry_id"] = action.entry_id
+    if final.error is not None:
+        details["error"] = dict(final.error)
+    if final.run_id is not None:
+        details["run_id"] = final.run_id
+    if note is not None:
+        details["note"] = note
+    await broker.audit.record(
+        NewAuditEvent(
+            actor=action.actor,
+            action=action.kind,
+            session=action.session,
+            lane=action.lane,
+            target=action.id,
+            outcome=final.outcome or final.status,
+            details=details,
+        )
+    )
+    log.info(event("operator action", action=action.id, kind=action.kind, status=final.status))

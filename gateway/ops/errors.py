@@ -1,0 +1,137 @@
+"""The operator API's error envelope and request ids.
+
+Every response of the app carries ``X-Request-Id`` (the caller's, when it sent a sane one);
+every error under ``/api/v1`` is ``{"error": {"code", "message", "details", "request_id"}}``
+with the codes of the a13n service: ``invalid_argument`` 400, ``unauthenticated`` 401,
+``forbidden`` 403, ``not_found`` 404 (unknown routes and methods too), ``conflict`` 409
+(``details.reason``), ``precondition_required`` 428, ``internal`` 500, ``unavailable`` 503.
+"""
+
+from __future__ import annotations
+
+import logging
+import re
+import secrets
+from collections.abc import Awaitable, Callable
+from typing import Any
+
+from fastapi import FastAPI, Request
+from fastapi.exception_handlers import (
+    http_exception_handler,
+    request_validation_exception_handler,
+)
+from fastapi.exceptions import RequestValidationError
+from fastapi.responses import JSONResponse, Response
+from starlette.exceptions import HTTPException as StarletteHTTPException
+
+from gateway.logs import event
+
+__all__ = ["API_PREFIX", "ApiError", "envelope", "install_errors", "request_id"]
+
+log = logging.getLogger("gateway.ops")
+
+API_PREFIX = "/api/v1"
+_REQUEST_ID = re.compile(r"[A-Za-z0-9._:-]{8,128}")
+_STATUS_CODES = {
+    400: "invalid_argument",
+    401: "unauthenticated",
+    403: "forbidden",
+    404: "not_found",
+    405: "not_found",
+    409: "conflict",
+    413: "payload_too_large",
+    415: "invalid_argument",
+    422: "invalid_argument",
+    428: "precondition_required",
+    503: "unavailable",
+}
+
+
+class ApiError(Exception):
+    """A refusal with its status, code, message and details (the envelope's fields)."""
+
+    def __init__(
+        self, status: int, code: str, message: str, details: dict[str, Any] | None = None
+    ) -> None:
+        super().__init__(message)
+        self.status = status
+        self.code = code
+        self.message = message
+        self.details = details or {}
+
+
+def request_id(request: Request) -> str:
+    """This request's id (set by the middleware)."""
+    value = getattr(request.state, "request_id", None)
+    return value if isinstance(value, str) else "unknown"
+
+
+def envelope(request: Request, error: ApiError) -> JSONResponse:
+    """The error as the API returns it."""
+    rid = request_id(request)
+    body = {
+        "error": {
+            "code": error.code,
+            "message": error.message,
+            "details": error.details,
+            "request_id": rid,
+        }
+    }
+    headers = {"X-Request-Id": rid}
+    if error.status == 401:
+        headers["WWW-Authenticate"] = 'Bearer realm="gateway"'
+    return JSONResponse(body, status_code=error.status, headers=headers)
+
+
+def _in_api(request: Request) -> bool:
+    return request.url.path == API_PREFIX or request.url.path.startswith(API_PREFIX + "/")
+
+
+def install_errors(app: FastAPI) -> None:
+    """Request ids on every response; the envelope for every error under the API prefix."""
+
+    @app.middleware("http")
+    async def with_request_id(
+        request: Request, call_next: Callable[[Request], Awaitable[Response]]
+    ) -> Response:
+        given = request.headers.get("x-request-id", "")
+        rid = given if _REQUEST_ID.fullmatch(given) else "req_" + secrets.token_hex(8)
+        request.state.request_id = rid
+        try:
+            response = await call_next(request)
+        except Exception as exc:  # never a traceback to the caller; the log has the type
+            log.error(event("request failed", request_id=rid, error=type(exc).__name__))
+            if not _in_api(request):
+                raise
+            response = envelope(request, ApiError(500, "internal", "internal error"))
+        response.headers["X-Request-Id"] = rid
+        return response
+
+    @app.exception_handler(ApiError)
+    async def api_error(request: Request, exc: ApiError) -> Response:
+        return envelope(request, exc)
+
+    @app.exception_handler(RequestValidationError)
+    async def invalid(request: Request, exc: RequestValidationError) -> Response:
+        fields = [
+            {
+                "field": ".".join(str(part) for part in error.get("loc", ()) if part != "body"),
+                "reason": str(error.get("msg", "invalid")),
+            }
+            for error in exc.errors()[:20]
+        ]
+        if not _in_api(request):
+            return await request_validation_exception_handler(request, exc)
+        return envelope(
+            request,
+            ApiError(400, "invalid_argument", "the request is not valid", {"fields": fields}),
+        )
+
+    @app.exception_handler(StarletteHTTPException)
+    async def http_error(request: Request, exc: StarletteHTTPException) -> Response:
+        if not _in_api(request):
+            return await http_exception_handler(request, exc)
+        code = _STATUS_CODES.get(exc.status_code, "internal")
+        status = 404 if exc.status_code == 405 else exc.status_code
+        message = "no such route" if status == 404 else str(exc.detail)
+        return envelope(request, ApiError(status, code, message))

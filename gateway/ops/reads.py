@@ -1,0 +1,269 @@
+"""What the operator API reads: sessions, lanes and their status, timelines, usage, backlog.
+
+Everything is read from the store and the broker without taking anything: storages are opened
+read-only, the session's lease is only looked at (who executes it now), and a lane's status
+comes from `inspect_lane`, the same fold restore uses.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import json
+from collections.abc import AsyncIterator
+from typing import Any
+
+from gateway.broker.contract import Broker
+from gateway.ops.errors import ApiError
+from gateway.ops.views import (
+    InterruptedCallView,
+    LaneView,
+    PendingCallView,
+    TimelineItem,
+    UsageItem,
+    lane_id,
+)
+from harness_core import (
+    LaneInspection,
+    SessionError,
+    SessionRepo,
+    SessionStorage,
+    ToolRecovery,
+    inspect_lane,
+    recovery_of,
+)
+from harness_core.session import LaneMove, MessageEntry, RecordQuery, StoredEntry, StoredRecord
+from harness_core.session.records import ToolStarted, Usage
+
+__all__ = ["allowed_actions", "lane_view", "read_only", "timeline_page", "usage_page"]
+
+_POLICIES: tuple[ToolRecovery, ...] = ("declared", "never", "always")
+_SCAN = 500
+"""Log items read per round while a lane's page is filled."""
+
+
+@contextlib.asynccontextmanager
+async def read_only(repo: SessionRepo, session: str) -> AsyncIterator[SessionStorage]:
+    """The session opened without a lease; `ApiError` 404 when it does not exist."""
+    try:
+        storage = await repo.open(session)
+    except SessionError as exc:
+        if exc.code in ("not_found", "invalid_query"):
+            raise ApiError(404, "not_found", f"no session {session!r}") from exc
+        raise
+    try:
+        yield storage
+    finally:
+        await storage.close()
+
+
+def allowed_actions(seen: LaneInspection) -> list[str]:
+    """The actions a lane's status allows now (what the page offers)."""
+    status = seen.info.status
+    reason = seen.info.suspended
+    actions: list[str] = []
+    if status == "stuck":
+        actions += ["resume", "unstick", "abort"]  # resume unsticks: a fresh attempt budget
+    elif status == "suspended" and reason == "approval":
+        actions += ["decide", "abort"]
+    elif status == "suspended":
+        actions += ["resume", "abort"]
+    elif status in ("running", "aborting"):
+        actions += ["abort"] if status == "running" else []
+    elif status in ("idle", "failed"):
+        actions += ["rerun"] + (["retry"] if status == "failed" else [])
+    return actions
+
+
+async def lane_view(
+    storage: SessionStorage,
+    broker: Broker,
+    session: str,
+    lane: str,
+    *,
+    max_attempts: int,
+    held_by: str | None,
+) -> LaneView:
+    """One lane as an operator sees it; `ApiError` 404 for a lane the session lacks."""
+    try:
+        seen = await inspect_lane(
+            storage, lane, max_attempts=max_attempts, executing=held_by is not None
+        )
+    except SessionError as exc:
+        if exc.code == "unknown_lane":
+            raise ApiError(404, "not_found", f"no lane {lane!r} in session {session!r}") from exc
+        raise
+    info = seen.info
+    state = await broker.threads.get(session, lane)
+    return LaneView(
+        id=lane_id(session, lane),
+        session=session,
+        lane=lane,
+        status=info.status,
+        leaf_id=info.leaf_id,
+        suspended=info.suspended,
+        attempts=info.attempts,
+        max_attempts=max_attempts,
+        operation_id=info.operation_id,
+        operation_kind=info.operation_kind,
+        activity=seen.activity,
+        last_outcome=info.last_outcome,
+        error=info.error.model_dump(mode="json") if info.error is not None else None,
+        fault=info.fault,
+        wait_id=seen.wait_id,
+        pending_approvals=[
+            PendingCallView(
+                tool_call_id=p.tool_call_id,
+                tool_name=p.tool_name,
+                arguments=dict(p.args),
+                args_digest=p.args_digest,
+            )
+            for p in seen.pending_approvals
+        ],
+        interrupted_calls=[
+            InterruptedCallView(
+                tool_call_id=call.tool_call_id,
+                tool_name=call.tool_name,
+                replay=call.replay,
+                on_resume={policy: recovery_of(call, policy) for policy in _POLICIES},
+            )
+            for call in seen.interrupted_calls
+        ],
+        queued=seen.queued,
+        thread=dict(state.thread) if state is not None else None,
+        held_by=held_by,
+        actions=allowed_actions(seen),
+    )
+
+
+async def timeline_page(
+    storage: SessionStorage, lane: str, *, after: int, limit: int
+) -> tuple[list[TimelineItem], int | None]:
+    """The lane's entries, records and moves after seq `after`, oldest first; the next cursor."""
+    items: list[TimelineItem] = []
+    cursor = after
+    while True:
+        page = await storage.get_log(after_seq=cursor, limit=_SCAN)
+        for item in page:
+            cursor = item.seq
+            view = _timeline_item(item, lane)
+            if view is not None:
+                items.append(view)
+                if len(items) == limit:
+                    return items, cursor  # more may follow
+        if len(page) < _SCAN:
+            return items, None
+
+
+def _timeline_item(item: Any, lane: str) -> TimelineItem | None:
+    if isinstance(item, StoredEntry):
+        if item.lane != lane:
+            return None
+        entry = item.entry
+        return TimelineItem(
+            seq=item.seq,
+            at_ms=item.timestamp,
+            kind="entry",
+            type=entry.type,
+            id=entry.id,
+            summary=_entry_summary(entry),
+            data=entry.model_dump(mode="json"),
+        )
+    if isinstance(item, StoredRecord):
+        record = item.record
+        if getattr(record, "lane", None) != lane:
+            return None
+        return TimelineItem(
+            seq=item.seq,
+            at_ms=item.timestamp,
+            kind="record",
+            type=record.type,
+            id=record.id,
+            run_id=getattr(record, "run_id", None),
+            summary=_record_summary(record),
+            data=record.model_dump(mode="json"),
+        )
+    if isinstance(item, LaneMove) and item.lane == lane:
+        return TimelineItem(
+            seq=item.seq,
+            at_ms=item.timestamp,
+            kind="move",
+            type="lane_move",
+            summary=f"lane moved to {item.leaf_id or 'the root'}",
+            data=item.model_dump(mode="json"),
+        )
+    return None
+
+
+def _entry_summary(entry: Any) -> str:
+    if isinstance(entry, MessageEntry):
+        message = entry.message
+        role = message.role
+        texts: list[str] = []
+        for part in getattr(message, "content", ()):
+            kind = getattr(part, "type", "")
+            if kind == "text":
+                texts.append(part.text)
+            elif kind == "tool_call":
+                texts.append(f"calls {part.name}({_short(part.arguments)})")
+        name = getattr(message, "tool_name", None)
+        head = f"{role} ({name})" if name else role
+        stop = getattr(message, "stop_reason", None)
+        tail = f" [{stop}]" if stop not in (None, "stop", "tool_use") else ""
+        return _clip(f"{head}: {' '.join(texts) or '(no text)'}{tail}")
+    return _clip(f"{entry.type}")
+
+
+def _record_summary(record: Any) -> str:
+    if isinstance(record, ToolStarted):
+        return _clip(
+            f"tool {record.tool_name} started (replay={record.replay}) "
+            f"args {_short(record.effective_args)}"
+        )
+    if isinstance(record, Usage):
+        usage = record.usage
+        return _clip(
+            f"usage {record.cause}: {usage.input} in / {usage.output} out"
+            + (f" ({record.stop_reason})" if record.stop_reason else "")
+        )
+    outcome = getattr(record, "outcome", None)
+    error = getattr(record, "error", None)
+    text = record.type.replace("_", " ")
+    if outcome:
+        text += f": {outcome}"
+    if error is not None:
+        text += f" ({getattr(error, 'code', '')}: {getattr(error, 'message', '')})"
+    return _clip(text)
+
+
+def _short(value: Any) -> str:
+    return _clip(json.dumps(value, default=str, separators=(",", ":")), 120)
+
+
+def _clip(text: str, size: int = 300) -> str:
+    return text if len(text) <= size else text[: size - 1] + "…"
+
+
+async def usage_page(
+    storage: SessionStorage, lane: str, *, after: int, limit: int
+) -> tuple[list[UsageItem], int | None]:
+    """The lane's cost ledger (failed attempts included) after seq `after`, oldest first."""
+    records = await storage.find_records(
+        RecordQuery(lane=lane, type="usage", after_seq=after, order="oldest_first", limit=limit)
+    )
+    items = []
+    for stored in records:
+        record = stored.record
+        assert isinstance(record, Usage)
+        items.append(
+            UsageItem(
+                seq=stored.seq,
+                at_ms=stored.timestamp,
+                cause=record.cause,
+                run_id=record.run_id,
+                entry_id=record.entry_id,
+                attempt=record.attempt,
+                stop_reason=record.stop_reason,
+                usage=record.usage.model_dump(mode="json"),
+            )
+        )
+    return items, (items[-1].seq if len(items) == limit else None)

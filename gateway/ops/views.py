@@ -1,0 +1,246 @@
+"""What the operator API returns: response models (they are its OpenAPI schema)."""
+
+from __future__ import annotations
+
+import base64
+import binascii
+from typing import Any, Generic, Literal, TypeVar
+
+from pydantic import BaseModel, ConfigDict, Field
+
+from gateway.ops.errors import ApiError
+
+__all__ = [
+    "ActionRequest",
+    "AuditView",
+    "BacklogView",
+    "CallDecision",
+    "DecisionsRequest",
+    "DeliveryView",
+    "InterruptedCallView",
+    "LaneView",
+    "Page",
+    "PendingCallView",
+    "RerunRequest",
+    "SessionView",
+    "TimelineItem",
+    "UsageItem",
+    "decode_cursor",
+    "encode_cursor",
+    "lane_id",
+    "lane_of",
+]
+
+_T = TypeVar("_T")
+
+
+class _View(BaseModel):
+    model_config = ConfigDict(frozen=True)
+
+
+class Page(_View, Generic[_T]):
+    """A page of a collection; pass `next_cursor` as `cursor` for the next one (null: the end)."""
+
+    items: list[_T]
+    next_cursor: str | None = None
+
+
+class SessionView(_View):
+    """A session of the store."""
+
+    id: str
+    name: str | None = None
+    created_at_ms: int
+    lanes: int
+    held_by: str | None = None
+    """The worker executing it now (its store lease), if any."""
+
+
+class PendingCallView(_View):
+    """A tool call waiting for a decision."""
+
+    tool_call_id: str
+    tool_name: str
+    arguments: dict[str, Any]
+    args_digest: str
+
+
+class InterruptedCallView(_View):
+    """A tool call that started and has no result."""
+
+    tool_call_id: str
+    tool_name: str
+    replay: str
+    """The declaration it started under: ``safe`` or ``never``."""
+    on_resume: dict[str, str]
+    """What a resume does to it, by `tool_recovery` (declared, never, always)."""
+
+
+class LaneView(_View):
+    """A lane, its status and what an operator may do with it."""
+
+    id: str
+    """Opaque: the session and lane, for the lane's routes."""
+    session: str
+    lane: str
+    status: str
+    """idle, running, suspended, aborting, failed, stuck or faulted."""
+    leaf_id: str | None = None
+    suspended: str | None = None
+    """Why an open operation waits: crash, deferred or approval."""
+    attempts: int = 0
+    max_attempts: int
+    operation_id: str | None = None
+    operation_kind: str | None = None
+    activity: str | None = None
+    last_outcome: str | None = None
+    error: dict[str, Any] | None = None
+    fault: str | None = None
+    wait_id: str | None = None
+    pending_approvals: list[PendingCallView] = Field(default_factory=list)
+    interrupted_calls: list[InterruptedCallView] = Field(default_factory=list)
+    queued: int = 0
+    thread: dict[str, Any] | None = None
+    """The channel thread the lane answers (channel, space, thread)."""
+    held_by: str | None = None
+    actions: list[str] = Field(default_factory=list)
+    """The actions its status allows now."""
+
+
+class TimelineItem(_View):
+    """An item of a lane's log: an entry, a record or a move."""
+
+    seq: int
+    at_ms: int
+    kind: Literal["entry", "record", "move"]
+    type: str
+    id: str | None = None
+    run_id: str | None = None
+    summary: str
+    """One line a person reads."""
+    data: dict[str, Any]
+    """The stored item as JSON (content included; the store holds no keys or secrets)."""
+
+
+class UsageItem(_View):
+    """One measurement of the cost ledger."""
+
+    seq: int
+    at_ms: int
+    cause: str
+    run_id: str | None = None
+    entry_id: str | None = None
+    attempt: int | None = None
+    stop_reason: str | None = None
+    usage: dict[str, Any]
+
+
+class BacklogView(_View):
+    """What waits in the inbox and the outbox."""
+
+    inbox_pending: int
+    inbox_oldest_age_ms: int
+    inbox_rejected: int
+    outbox_pending: int
+    outbox_oldest_age_ms: int
+    dead_letters: int
+
+
+class DeliveryView(_View):
+    """An outbound message and its delivery state."""
+
+    id: str
+    session: str
+    lane: str
+    status: str
+    attempts: int
+    last_error: str | None = None
+    unknown_outcome: bool = False
+    kind: str | None = None
+    text: str | None = None
+    created_at_ms: int
+    settled_at_ms: int | None = None
+
+
+class AuditView(_View):
+    """An event of the audit trail."""
+
+    id: str
+    at_ms: int
+    actor: str
+    action: str
+    session: str | None = None
+    lane: str | None = None
+    target: str | None = None
+    outcome: str
+    details: dict[str, Any]
+
+
+class ActionRequest(BaseModel):
+    """resume / unstick: what becomes of tool calls that started and have no result."""
+
+    model_config = ConfigDict(extra="forbid")
+    tool_recovery: Literal["declared", "never", "always"] = "declared"
+
+
+class RerunRequest(BaseModel):
+    """rewind: the user message to run again (the lane moves to just before it)."""
+
+    model_config = ConfigDict(extra="forbid")
+    entry_id: str = Field(min_length=1, max_length=256)
+
+
+class CallDecision(BaseModel):
+    """Approve or deny one call."""
+
+    model_config = ConfigDict(extra="forbid")
+    action: Literal["approve", "deny"]
+    reason: str | None = Field(default=None, max_length=4096)
+
+
+class DecisionsRequest(BaseModel):
+    """Decisions for exactly the pending calls of the wait `wait_id` names."""
+
+    model_config = ConfigDict(extra="forbid")
+    wait_id: str = Field(min_length=1, max_length=256)
+    approvals: dict[str, CallDecision] = Field(min_length=1, max_length=128)
+
+
+def lane_id(session: str, lane: str) -> str:
+    """The opaque, URL-safe id of a session's lane."""
+    raw = f"{session}\n{lane}".encode()
+    return "ln_" + base64.urlsafe_b64encode(raw).decode().rstrip("=")
+
+
+def lane_of(value: str) -> tuple[str, str]:
+    """(session, lane) of a lane id; `ApiError` 404 for one that is not ours."""
+    if value.startswith("ln_"):
+        body = value[3:]
+        try:
+            text = base64.urlsafe_b64decode(body + "=" * (-len(body) % 4)).decode()
+        except (binascii.Error, UnicodeDecodeError, ValueError):
+            text = ""
+        session, sep, lane = text.partition("\n")
+        if sep and session and lane:
+            return session, lane
+    raise ApiError(404, "not_found", f"no lane {value[:80]!r}")
+
+
+def encode_cursor(*parts: str) -> str:
+    """An opaque cursor of `parts` (see `decode_cursor`)."""
+    raw = "\n".join(parts).encode()
+    return base64.urlsafe_b64encode(raw).decode().rstrip("=")
+
+
+def decode_cursor(value: str | None, count: int) -> tuple[str, ...] | None:
+    """A cursor's parts; `ApiError` 400 ``invalid_cursor`` for one we did not make."""
+    if value is None or value == "":
+        return None
+    try:
+        text = base64.urlsafe_b64decode(value + "=" * (-len(value) % 4)).decode()
+    except (binascii.Error, UnicodeDecodeError, ValueError):
+        text = ""
+    parts = tuple(text.split("\n"))
+    if len(parts) != count or not all(parts):
+        raise ApiError(400, "invalid_cursor", "the cursor is not one this API returned")
+    return parts

@@ -1,0 +1,309 @@
+"""The operator API in a running service (SQLite and Redis): auth, envelope, reads and actions.
+
+Each test runs a whole `Service` with the test agent (tests/support/gateway_agent.py) and talks
+to it over ASGI: messages in through the web channel, the operator API under /api/v1.
+"""
+
+from __future__ import annotations
+
+import asyncio
+from collections.abc import AsyncIterator
+from typing import Any
+
+import httpx
+import pytest
+
+from config import Settings
+from gateway.broker.contract import Broker
+from gateway.service import Service
+from harness_core import SessionRepo
+
+AGENT = "tests.support.gateway_agent"
+OPERATOR = "operator-secret-abcdefghijklmnop"
+VIEWER = "viewer-secret-abcdefghijklmnopqr"
+AS_OPERATOR = {"Authorization": f"Bearer {OPERATOR}"}
+AS_VIEWER = {"Authorization": f"Bearer {VIEWER}"}
+
+
+class Ops:
+    """A service and clients for its web channel and its operator API."""
+
+    def __init__(self, service: Service, http: httpx.AsyncClient) -> None:
+        self.service = service
+        self.http = http
+
+    @property
+    def repo(self) -> SessionRepo:
+        assert self.service.repo is not None
+        return self.service.repo
+
+    @property
+    def broker(self) -> Broker:
+        assert self.service.broker is not None
+        return self.service.broker
+
+    async def post(self, thread: str, text: str) -> dict[str, Any]:
+        response = await self.http.post(f"/web/threads/{thread}/messages", json={"text": text})
+        assert response.status_code == 202, response.text
+        accepted: dict[str, Any] = response.json()
+        return accepted
+
+    async def answers(self, thread: str, count: int) -> list[dict[str, Any]]:
+        deadline = asyncio.get_running_loop().time() + 15
+        while True:
+            items = (await self.http.get(f"/web/threads/{thread}")).json()["items"]
+            found = [i for i in items if i["kind"] not in ("message", "decision")]
+            if len(found) >= count:
+                return found
+            assert asyncio.get_running_loop().time() < deadline, found
+            await asyncio.sleep(0.02)
+
+    async def get(self, path: str, headers: dict[str, str] = AS_VIEWER) -> Any:
+        response = await self.http.get(f"/api/v1{path}", headers=headers)
+        assert response.status_code == 200, response.text
+        return response.json()
+
+    async def act(
+        self,
+        path: str,
+        body: Any = None,
+        *,
+        key: str | None = None,
+        as_: dict[str, str] = AS_OPERATOR,
+    ) -> httpx.Response:
+        headers = dict(as_)
+        if key is not None:
+            headers["Idempotency-Key"] = key
+        return await self.http.post(f"/api/v1{path}", json=body, headers=headers)
+
+    async def lane(self, lane: str) -> dict[str, Any]:
+        [found] = [v for v in (await self.get("/lanes"))["items"] if v["lane"] == lane]
+        view: dict[str, Any] = found
+        return view
+
+    async def until_status(self, lane: str, *statuses: str) -> dict[str, Any]:
+        deadline = asyncio.get_running_loop().time() + 15
+        while True:
+            found = [v for v in (await self.get("/lanes"))["items"] if v["lane"] == lane]
+            if found and found[0]["status"] in statuses:
+                view: dict[str, Any] = found[0]
+                return view
+            assert asyncio.get_running_loop().time() < deadline, found
+            await asyncio.sleep(0.05)
+
+    async def log_size(self, session: str) -> int:
+        storage = await self.repo.open(session)
+        try:
+            return len(await storage.get_log())
+        finally:
+            await storage.close()
+
+
+def _urls(backend: str, request: pytest.FixtureRequest, tmp_path: Any) -> dict[str, str]:
+    if backend == "sqlite":
+        return {
+            "store_url": f"sqlite:///{tmp_path}/store.db",
+            "broker_url": f"sqlite:///{tmp_path}/broker.db",
+            "web_url": f"sqlite:///{tmp_path}/web.db",
+        }
+    prefix = request.getfixturevalue("redis_prefix")
+    url = request.getfixturevalue("redis_server").url
+    return {
+        "store_url": f"{url}?prefix={prefix}s",
+        "broker_url": f"{url}?prefix={prefix}b",
+        "web_url": f"{url}?prefix={prefix}w",
+    }
+
+
+@pytest.fixture(params=["sqlite", "redis"])
+async def ops(request: pytest.FixtureRequest, tmp_path: Any) -> AsyncIterator[Ops]:
+    settings = Settings(
+        **_urls(request.param, request, tmp_path),
+        plugin=AGENT,
+        lease_seconds=6,
+        renew_seconds=1,
+        ops_tokens=(f"alice:operator:{OPERATOR}", f"bob:viewer:{VIEWER}"),
+    )
+    service = Service(settings)
+    await service.start()
+    assert service.app is not None
+    transport = httpx.ASGITransport(app=service.app)
+    async with httpx.AsyncClient(transport=transport, base_url="http://gateway") as http:
+        yield Ops(service, http)
+    await service.stop(drain_seconds=2)
+
+
+async def test_every_route_needs_a_token_and_errors_have_one_envelope(ops: Ops) -> None:
+    schema = (await ops.http.get("/api/v1/openapi.json")).json()
+    routes = [
+        (method, path)
+        for path, methods in schema["paths"].items()
+        if path.startswith("/api/v1/")
+        for method in methods
+    ]
+    assert len(routes) >= 17
+    for method, path in routes:
+        concrete = path.replace("{lane_id}", "ln_x").replace("{action_id}", "a")
+        concrete = concrete.replace("{delivery_id}", "d")
+        for headers in ({}, {"Authorization": "Bearer not-a-token"}, {"Authorization": "Basic x"}):
+            response = await ops.http.request(method, concrete, headers=headers, json={})
+            assert response.status_code == 401, (method, path, response.text)
+            error = response.json()["error"]
+            assert error["code"] == "unauthenticated"
+            assert error["request_id"] == response.headers["x-request-id"]
+    missing = await ops.http.get("/api/v1/nowhere", headers=AS_VIEWER)
+    assert missing.status_code == 404 and missing.json()["error"]["code"] == "not_found"
+    wrong = await ops.http.delete("/api/v1/lanes", headers=AS_VIEWER)
+    assert wrong.status_code == 404 and wrong.json()["error"]["code"] == "not_found"
+    mine = await ops.http.get(
+        "/api/v1/lanes", headers={**AS_VIEWER, "X-Request-Id": "trace-123456"}
+    )
+    assert mine.headers["x-request-id"] == "trace-123456"
+    bad = await ops.http.get("/api/v1/lanes?limit=0", headers=AS_VIEWER)
+    assert bad.status_code == 400 and bad.json()["error"]["details"]["fields"][0]["field"]
+    cursor = await ops.http.get("/api/v1/lanes?cursor=%%%", headers=AS_VIEWER)
+    assert cursor.status_code == 400 and cursor.json()["error"]["code"] == "invalid_cursor"
+    status = await ops.http.get("/api/v1/lanes?status=sleeping", headers=AS_VIEWER)
+    assert status.status_code == 400 and "sleeping" in status.json()["error"]["message"]
+    unknown = await ops.http.get("/api/v1/lanes/ln_bm9wZQ", headers=AS_VIEWER)
+    assert unknown.status_code == 404, unknown.text
+    health = await ops.http.get("/healthz")  # outside the API: no token, a request id still
+    assert health.status_code == 200 and health.headers["x-request-id"]
+
+
+async def test_lanes_sessions_timeline_usage_and_backlog(ops: Ops) -> None:
+    first = await ops.post("one", "hello")
+    await ops.post("two", "/fail")
+    await ops.answers("one", 1)
+    await ops.answers("two", 1)
+    session = first["session"]
+    [listed] = (await ops.get("/sessions"))["items"]
+    assert listed["id"] == session and listed["lanes"] == 2
+    lanes = (await ops.get("/lanes"))["items"]
+    assert [(v["lane"], v["status"]) for v in lanes] == [("web:one", "idle"), ("web:two", "failed")]
+    assert lanes[1]["error"]["code"] and "retry" in lanes[1]["actions"]
+    assert lanes[0]["thread"]["channel"] == "web"
+    failed = (await ops.get("/lanes?status=failed"))["items"]
+    assert [v["lane"] for v in failed] == ["web:two"]
+    page = await ops.get("/lanes?limit=1")
+    assert len(page["items"]) == 1 and page["next_cursor"]
+    rest = await ops.get(f"/lanes?limit=1&cursor={page['next_cursor']}")
+    assert [v["lane"] for v in rest["items"]] == ["web:two"] and rest["next_cursor"] is None
+    lane_id = lanes[0]["id"]
+    assert (await ops.get(f"/lanes/{lane_id}"))["lane"] == "web:one"
+    timeline = (await ops.get(f"/lanes/{lane_id}/timeline"))["items"]
+    summaries = [item["summary"] for item in timeline]
+    assert "user: hello" in summaries and "assistant: You said: hello" in summaries
+    assert [i["seq"] for i in timeline] == sorted(i["seq"] for i in timeline)
+    short = await ops.get(f"/lanes/{lane_id}/timeline?limit=2")
+    more = await ops.get(f"/lanes/{lane_id}/timeline?cursor={short['next_cursor']}")
+    assert short["items"] + more["items"] == timeline
+    usage = await ops.get(f"/lanes/{lanes[1]['id']}/usage")
+    assert usage["items"] and usage["items"][0]["cause"] == "assistant"
+    assert usage["items"][0]["stop_reason"] == "error"  # the failed attempt is in the ledger
+    backlog = await ops.get("/backlog")
+    assert backlog["inbox_pending"] == 0 and backlog["dead_letters"] == 0
+
+
+async def test_approve_from_the_api_with_exact_coverage_and_idempotency(ops: Ops) -> None:
+    accepted = await ops.post("ship", "/deploy prod")
+    view = await ops.until_status("web:ship", "suspended")
+    assert view["suspended"] == "approval" and view["actions"] == ["decide", "abort"]
+    [call] = view["pending_approvals"]
+    assert (call["tool_name"], call["arguments"]) == ("deploy", {"target": "prod"})
+    path = f"/lanes/{view['id']}/decisions"
+    right = {"wait_id": view["wait_id"], "approvals": {call["tool_call_id"]: {"action": "approve"}}}
+    before = await ops.log_size(accepted["session"])
+
+    no_key = await ops.act(path, right)
+    assert no_key.status_code == 428, no_key.text
+    viewer = await ops.act(path, right, key="k-viewer", as_=AS_VIEWER)
+    assert viewer.status_code == 403 and viewer.json()["error"]["code"] == "forbidden"
+    wrong = {"wait_id": view["wait_id"], "approvals": {"call-x": {"action": "approve"}}}
+    coverage = await ops.act(path, wrong, key="k-wrong")
+    assert coverage.status_code == 400, coverage.text
+    details = coverage.json()["error"]["details"]
+    assert details["reason"] == "pending_coverage_mismatch"
+    assert (details["missing"], details["unexpected"]) == ([call["tool_call_id"]], ["call-x"])
+    stale = await ops.act(path, {**right, "wait_id": "an-old-wait"}, key="k-stale")
+    assert stale.status_code == 409
+    assert stale.json()["error"]["details"]["reason"] == "not_idle_waiting_head"
+    assert await ops.log_size(accepted["session"]) == before  # refusals stored nothing
+
+    decided = await ops.act(path, right, key="k-1")
+    assert decided.status_code == 200, decided.text
+    result = decided.json()
+    assert (result["status"], result["kind"], result["outcome"]) == ("done", "decide", "completed")
+    replay = await ops.act(path, right, key="k-1")
+    assert replay.status_code == 200 and replay.json() == result
+    reused = await ops.act(
+        path, {**right, "approvals": {call["tool_call_id"]: {"action": "deny"}}}, key="k-1"
+    )
+    assert reused.status_code == 409
+    assert reused.json()["error"]["details"]["reason"] == "idempotency_key_reused"
+    answers = await ops.answers("ship", 2)
+    assert answers[-1]["text"] == "Done: deployed prod"
+    polled = await ops.get(f"/actions/{result['id']}")
+    assert polled == result
+    [event] = [
+        e for e in (await ops.get("/audit?lane=web:ship"))["items"] if e["action"] == "decide"
+    ]
+    assert event["actor"] == "operator:alice" and event["outcome"] == "completed"
+
+
+async def test_abort_rewind_and_retry(ops: Ops) -> None:
+    await ops.post("work", "/slow 3000")
+    view = await ops.until_status("web:work", "running")
+    idle_refusal = None
+    aborted = await ops.act(f"/lanes/{view['id']}/abort", key="abort-1")
+    assert aborted.status_code == 200, aborted.text
+    assert aborted.json()["outcome"] == "aborted"
+    view = await ops.until_status("web:work", "idle", "failed")
+    idle_refusal = await ops.act(f"/lanes/{view['id']}/abort")
+    assert idle_refusal.status_code == 409, idle_refusal.text
+
+    await ops.post("again", "first question")
+    await ops.answers("again", 1)
+    await ops.post("again", "second question")
+    await ops.answers("again", 2)
+    view = await ops.lane("web:again")
+    timeline = (await ops.get(f"/lanes/{view['id']}/timeline"))["items"]
+    [first] = [i for i in timeline if i["summary"] == "user: first question"]
+    rewound = await ops.act(f"/lanes/{view['id']}/rewind", {"entry_id": first["id"]}, key="rw-1")
+    assert rewound.status_code == 200, rewound.text
+    assert rewound.json()["outcome"] == "completed"
+    answers = await ops.answers("again", 3)
+    assert answers[-1]["text"] == "You said: first question"
+    bad = await ops.act(f"/lanes/{view['id']}/rewind", {"entry_id": "no-such"}, key="rw-2")
+    assert bad.status_code == 409, bad.text
+
+    await ops.post("broken", "/fail")
+    failed = await ops.until_status("web:broken", "failed")
+    retried = await ops.act(f"/lanes/{failed['id']}/retry", key="retry-1")
+    assert retried.status_code == 200, retried.text
+    assert retried.json()["outcome"] == "failed"  # it fails again: the model still refuses
+    not_failed = await ops.act(f"/lanes/{(await ops.lane('web:again'))['id']}/retry")
+    assert not_failed.status_code == 409
+
+
+async def test_redeliver_and_discard_a_dead_letter(ops: Ops) -> None:
+    broker = ops.broker
+    now = ops.service.parts.clock.now_ms()
+    await broker.outbox.enqueue("dl-1", "web-default", "web:x", {"text": "hi"}, now_ms=now)
+    [claimed] = await broker.outbox.claim("t", now_ms=now, limit=1, lease_ms=60_000)
+    assert await broker.outbox.settle_dead(claimed, reason="HTTP 500", now_ms=now)
+    dead = (await ops.get("/deliveries"))["items"]
+    assert [(d["id"], d["last_error"]) for d in dead] == [("dl-1", "HTTP 500")]
+    assert (await ops.get("/backlog"))["dead_letters"] == 1
+    again = await ops.act("/deliveries/dl-1/redeliver")
+    assert again.status_code == 200 and again.json()["status"] == "pending"
+    twice = await ops.act("/deliveries/dl-1/redeliver")
+    assert twice.status_code == 409 and twice.json()["error"]["details"]["reason"] == "not_dead"
+    gone = await ops.act("/deliveries/dl-1/discard")
+    assert gone.status_code == 200 and gone.json()["status"] == "discarded"
+    assert (await ops.act("/deliveries/nope/discard")).status_code == 404
+    trail = (await ops.get("/audit"))["items"]
+    assert [(e["action"], e["target"]) for e in trail if e["actor"] == "operator:alice"] == [
+        ("redeliver", "dl-1"),
+        ("discard", "dl-1"),
+    ]
