@@ -6,6 +6,7 @@ import argparse
 import asyncio
 import sys
 from collections.abc import Sequence
+from pathlib import Path
 
 from pydantic import ValidationError
 
@@ -54,6 +55,15 @@ def _session_of(target: Sequence[str]) -> str | None:
     raise CliError("usage: gateway store [list | show SESSION] [--store URL]")
 
 
+def _missing_local_store(url: str) -> str | None:
+    """The path of a file or directory store that does not exist (reading must not create it)."""
+    scheme, _, rest = url.partition("?")[0].partition("://")
+    if scheme not in ("sqlite", "jsonl"):
+        return None
+    path = Path(rest[1:] if rest.startswith("/") else rest).expanduser()
+    return None if path.exists() else str(path)
+
+
 class CliError(Exception):
     """A command line that names no valid action (reported as one line, status 2)."""
 
@@ -64,6 +74,8 @@ async def _run(args: argparse.Namespace, settings: Settings) -> int:
 
         return await serve(settings)
     url = args.store or settings.effective_store_url
+    if args.command == "store" and (missing := _missing_local_store(url)) is not None:
+        raise CliError(f"no store at {missing} (gateway serve creates it; --store URL for another)")
     repo = open_repo(url)
     out: list[str] = []
     try:

@@ -30,6 +30,7 @@ from gateway.ops.actions import (
 from gateway.ops.auth import OpsAuth, Principal, Role
 from gateway.ops.carry import read_result
 from gateway.ops.errors import API_PREFIX, ApiError
+from gateway.ops.page import ops_page_router
 from gateway.ops.reads import lane_view, read_only, timeline_page, usage_page
 from gateway.ops.views import (
     ActionRequest,
@@ -88,7 +89,7 @@ class OpsApi:
         self.clock = clock
         self.max_attempts = max_attempts
         self.router = self._build()
-        self.routers = [self.router]
+        self.routers = [self.router, ops_page_router()]
         """Every router of the operator surface (the API; the /ops page joins it)."""
 
     # -- reads -----------------------------------------------------------------------------
@@ -105,9 +106,7 @@ class OpsApi:
         items = []
         for meta in metas[:limit]:
             async with read_only(self.repo, meta.id) as storage:
-                lanes = sum(
-                    1 for p in await storage.get_lanes() if p.lane != "main" or p.leaf_id
-                )
+                lanes = sum(1 for p in await storage.get_lanes() if p.lane != "main" or p.leaf_id)
             holder = await self.repo.lease_holder(meta.id)
             items.append(
                 SessionView(

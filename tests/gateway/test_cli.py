@@ -60,9 +60,10 @@ def test_a_bad_store_url_is_a_clear_error(capsys) -> None:
 
 
 def test_an_unknown_session_is_a_clear_error(tmp_path, capsys) -> None:
-    assert (
-        main(["store", "nope", "--store", f"sqlite:///{tmp_path}/gw.db"], settings=Settings()) == 1
-    )
+    store = f"sqlite:///{tmp_path}/gw.db"
+    assert main(["demo", "--store", store], settings=Settings()) == 0
+    capsys.readouterr()
+    assert main(["store", "nope", "--store", store], settings=Settings()) == 1
     assert "session 'nope' does not exist" in capsys.readouterr().err
 
 
@@ -110,3 +111,12 @@ def _free_port() -> int:
     with socket.socket() as free:
         free.bind(("127.0.0.1", 0))
         return int(free.getsockname()[1])
+
+
+@pytest.mark.parametrize("words", [["store"], ["store", "list"], ["store", "show", "s1"]])
+def test_reading_a_store_that_is_not_there_creates_nothing(tmp_path, capsys, words) -> None:
+    for url in (f"sqlite:///{tmp_path}/none/gw.db", f"jsonl:///{tmp_path}/none"):
+        assert main([*words, "--store", url], settings=Settings()) == 2
+        err = capsys.readouterr().err
+        assert err.startswith("gateway: no store at ") and err.count("\n") == 1
+    assert list(tmp_path.iterdir()) == []
