@@ -6,7 +6,7 @@ from collections.abc import Awaitable, Callable, Sequence
 from typing import Any
 
 from fastapi import FastAPI
-from fastapi.responses import JSONResponse, RedirectResponse
+from fastapi.responses import JSONResponse, RedirectResponse, Response
 
 from gateway.ops.errors import API_PREFIX, install_errors
 
@@ -32,6 +32,10 @@ def build_app(routers: Sequence[Any], ready: Callable[[], Awaitable[dict[str, st
     @app.get("/", include_in_schema=False)
     async def home() -> RedirectResponse:
         return RedirectResponse("/web/", status_code=307)  # the web channel's threads
+
+    @app.get("/favicon.ico", include_in_schema=False)
+    async def favicon() -> Response:
+        return Response(status_code=204)  # no icon, and no 404 in every browser console
 
     @app.get("/healthz")
     async def healthz() -> dict[str, str]:

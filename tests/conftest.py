@@ -7,6 +7,9 @@ import pytest
 
 pytest.register_assert_rewrite("harness_core.testing")
 
+# Headless Chromium fixtures (browser, page, console_errors) for the tests of the web pages.
+pytest_plugins = ["tests.support.browser"]
+
 import pydantic_ai.models  # noqa: E402
 
 # No test may reach a real model provider; tests that talk to the local fake LLM server opt in

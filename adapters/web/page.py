@@ -39,7 +39,9 @@ h1 { font-size: 1.15rem; margin: 0; word-break: break-all; }
 .decided { font-size: .85rem; margin-top: .4rem; font-weight: 600; }
 form.compose { display: grid; gap: .5rem; grid-template-columns: 1fr auto; }
 form.compose textarea { grid-column: 1 / -1; min-height: 5rem; font: inherit; padding: .5rem; }
-button { font: inherit; padding: .3rem .8rem; cursor: pointer; }
+button, input { font: inherit; padding: .3rem .8rem; }
+button { cursor: pointer; }
+.working { font-size: .85rem; opacity: .7; min-height: 1.2em; }
 .error { color: #d33; grid-column: 1 / -1; min-height: 1.2em; }
 ul.threads { padding-left: 1.2rem; }
 """.strip()
@@ -55,6 +57,8 @@ _THREAD_SCRIPT = """
   const textBox = document.getElementById("text");
   const authorBox = document.getElementById("author");
   const error = document.getElementById("error");
+  const working = document.getElementById("working");
+  const sendButton = form.querySelector("button[type=submit]");
   const seen = new Set();
   const waits = new Map();
   const decided = new Map();
@@ -180,8 +184,11 @@ _THREAD_SCRIPT = """
       decided.set(item.decision.wait_id, item);
       list.appendChild(box);
       markDecided(item.decision.wait_id);
+      working.textContent = "the agent is working on it...";
       return;
     }
+    // a message or a decision sets the agent to work; whatever it sends ends that
+    working.textContent = item.kind === "message" ? "the agent is working on it..." : "";
     box.appendChild(el("div", "text", item.text));
     if (item.kind === "approval_request" && item.approval) approvalControls(box, item);
     list.appendChild(box);
@@ -200,9 +207,13 @@ _THREAD_SCRIPT = """
     if (!text.trim()) { error.textContent = "write something first"; return; }
     if (!pending || pending.text !== text) pending = {id: newId(), text};
     localStorage.setItem("web-author", authorBox.value);
+    sendButton.disabled = true;
+    sendButton.textContent = "Sending...";
     const failed = await send("messages", {
       text, client_message_id: pending.id, author: authorBox.value || null, space: cfg.space,
     });
+    sendButton.disabled = false;
+    sendButton.textContent = "Send";
     error.textContent = failed || "";
     if (!failed) { pending = null; textBox.value = ""; }
   });
@@ -252,6 +263,7 @@ def thread_page(*, space: str, thread: str, max_text_chars: int) -> str:
 <noscript>This page needs JavaScript; the thread is also at
 <a href="{json_link}">its JSON</a>.</noscript>
 <main class="items" id="items" aria-live="polite"></main>
+<div class="working" id="working" role="status"></div>
 <form class="compose" id="compose">
 <textarea id="text" name="text" maxlength="{max_text_chars}"
  placeholder="Message (Ctrl+Enter sends)" aria-label="message"></textarea>

@@ -92,8 +92,7 @@ _SCRIPT = """
   function signOut(why) {
     sessionStorage.removeItem("ops-token");
     token = null;
-    $("app").hidden = true;
-    $("signin").hidden = false;
+    signedIn(false);
     $("signin-error").textContent = why || "";
   }
 
@@ -323,12 +322,18 @@ _SCRIPT = """
     if (!token) return;
     sessionStorage.setItem("ops-token", token);
     $("token").value = "";
-    $("signin").hidden = true;
-    $("app").hidden = false;
+    $("signin-error").textContent = "";
+    signedIn(true);
     refresh();
   });
   $("signout").addEventListener("click", () => signOut("signed out"));
-  if (token) { $("signin").hidden = true; $("app").hidden = false; refresh(); }
+  function signedIn(yes) {
+    $("signin").hidden = yes;
+    $("app").hidden = !yes;
+    $("signout").hidden = !yes;
+  }
+  signedIn(Boolean(token));
+  if (token) refresh();
   setInterval(refresh, 3000);
 })();
 """.strip()
@@ -368,7 +373,7 @@ _BODY = """
     <h2>Timeline</h2>
     <table><thead><tr><th>seq</th><th>time (UTC)</th><th>type</th><th>what</th></tr></thead>
     <tbody id="timeline"></tbody></table>
-    <h2>Operator actions</h2>
+    <h2>Audit trail (workers and operators)</h2>
     <table><thead><tr><th>time (UTC)</th><th>who</th><th>action</th><th>outcome</th>
     <th>details</th></tr></thead><tbody id="audit"></tbody></table>
   </section>

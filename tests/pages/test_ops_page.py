@@ -1,0 +1,146 @@
+"""The /ops page in headless Chromium: sign in from the printed link, find a stuck lane, resume it.
+
+A real `gateway serve` with no tokens configured makes its operator token at first start; the
+test opens the sign-in link (`/ops#token=...`) as a person would from the banner. A message
+makes the agent charge a card (``replay="never"``) and then run a tool that kills the process,
+until the lane is parked stuck. On the page the operator filters stuck lanes, opens the lane,
+reads what a resume with ``tool_recovery=never`` does, confirms, and sees the run complete; the
+timeline shows the interrupted call, and the card was charged once.
+
+With ``TEST_SCREENSHOTS=1`` it writes ``docs/screenshots/ops-stuck.png`` and
+``docs/screenshots/ops-resumed.png``.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import json
+import time
+from pathlib import Path
+
+import httpx
+import pytest
+from playwright.async_api import Dialog, Page, expect
+
+from adapters.web import open_mailbox
+from tests.support.browser import BROWSER_TESTS, screenshot
+from tests.support.gateway_process import GatewayProcess
+
+pytestmark = [pytest.mark.slow, BROWSER_TESTS, pytest.mark.timeout(120)]
+
+
+async def _answers(web_url: str, thread: str) -> int:
+    mailbox = open_mailbox(web_url)
+    try:
+        items = await mailbox.read("default", thread, after=0, limit=100)
+    finally:
+        await mailbox.close()
+    return sum(1 for item in items if item.kind not in ("message", "decision"))
+
+
+async def test_an_operator_resumes_a_stuck_lane_from_the_page(
+    tmp_path: Path, page: Page, console_errors: list[str]
+) -> None:
+    effects = tmp_path / "effects.jsonl"
+    settings = {
+        "store_url": f"sqlite:///{tmp_path}/store.db",
+        "broker_url": f"sqlite:///{tmp_path}/broker.db",
+        "web_url": f"sqlite:///{tmp_path}/web.db",
+        "plugin": "tests.support.gateway_agent",
+        "lease_seconds": "3",
+        "renew_seconds": "0.5",
+        "max_attempts": "2",
+    }
+    gateway = GatewayProcess(
+        "gw", tmp_path, settings, extra_env={"AGENT_TEST_EFFECTS": str(effects)}
+    ).start()
+    try:
+        [link] = [w for w in gateway.tail().split() if "/ops#token=" in w]
+        token = (tmp_path / "ops-token").read_text().strip()
+        assert link == f"{gateway.url}/ops#token={token}"  # the banner's sign-in link
+        async with httpx.AsyncClient(timeout=10) as http:
+            with contextlib.suppress(httpx.HTTPError):  # the tool may kill it before the 202
+                await http.post(
+                    f"{gateway.url}/web/threads/card/messages",
+                    json={"text": "/charge-then-poison"},
+                )
+        deadline = time.monotonic() + 90
+        while not await _answers(settings["web_url"], "card"):  # the stuck notice
+            assert time.monotonic() < deadline, gateway.tail()
+            if not gateway.alive:
+                gateway.restart(wait_ready_s=0)
+            await asyncio.sleep(0.1)
+        if not gateway.alive:
+            gateway.restart()
+        gateway.wait_ready()
+
+        await page.goto(link)
+        await expect(page.get_by_role("heading", name="Gateway operations")).to_be_visible()
+        assert "token" not in page.url  # the link's token left the address bar
+        await page.get_by_role("button", name="stuck", exact=True).click()
+        row = page.locator("#lanes tr", has_text="web:card")
+        await expect(row).to_have_count(1)
+        await expect(row.locator(".status")).to_have_text("stuck")
+        await row.click()
+        await expect(page.locator("#lane-title")).to_have_text("web-default / web:card")
+        await page.locator("#lane-actions select").select_option("never")
+        consequence = page.locator("#lane-actions .summary")
+        await expect(consequence).to_contain_text("poison")
+        await expect(consequence).to_contain_text("reported to the model as interrupted")
+        await screenshot(page, "ops-stuck")
+
+        asked: list[str] = []
+
+        async def accept(dialog: Dialog) -> None:
+            asked.append(dialog.message)
+            await dialog.accept()
+
+        page.on("dialog", accept)
+        await page.get_by_role("button", name="Resume (fresh attempt budget)").click()
+        await expect(page.locator("#lane-note")).to_contain_text("done (completed)", timeout=20_000)
+        assert asked and "interrupted" in asked[0]  # the consequence was shown before acting
+        await page.get_by_role("button", name="all", exact=True).click()
+        await expect(row.locator(".status")).to_have_text("idle")
+        timeline = page.locator("#timeline")
+        await expect(timeline).to_contain_text("interrupted")
+        await expect(page.locator("#audit")).to_contain_text("operator:local")
+        await screenshot(page, "ops-resumed")
+
+        await page.get_by_role("button", name="Sign out").click()
+        await expect(page.get_by_role("heading", name="Sign in")).to_be_visible()
+        deadline = time.monotonic() + 20
+        while await _answers(settings["web_url"], "card") < 2:  # the reply was delivered
+            assert time.monotonic() < deadline, gateway.tail()
+            await asyncio.sleep(0.1)
+    finally:
+        gateway.stop()
+    charges = [json.loads(line) for line in effects.read_text().splitlines()]
+    assert len(charges) == 1, charges  # the replay="never" tool ran once in total
+    assert console_errors == []
+
+
+async def test_without_a_token_the_page_asks_to_sign_in_and_refuses_a_wrong_one(
+    tmp_path: Path, page: Page, console_errors: list[str]
+) -> None:
+    settings = {
+        "store_url": f"sqlite:///{tmp_path}/store.db",
+        "broker_url": f"sqlite:///{tmp_path}/broker.db",
+        "web_url": f"sqlite:///{tmp_path}/web.db",
+    }
+    gateway = GatewayProcess("gw", tmp_path, settings).start()
+    try:
+        await page.goto(f"{gateway.url}/ops")
+        await expect(page.get_by_role("heading", name="Sign in")).to_be_visible()
+        await page.get_by_label("token").fill("not-the-token-at-all-0123456789")
+        await page.get_by_role("button", name="Sign in").click()
+        await expect(page.locator("#signin-error")).to_contain_text("sign in again")
+        token = (tmp_path / "ops-token").read_text().strip()
+        await page.get_by_label("token").fill(token)
+        await page.get_by_role("button", name="Sign in").click()
+        await expect(page.locator("#lanes-empty")).to_be_visible()
+        await expect(page.locator("#backlog")).to_contain_text("0 dead letters")
+    finally:
+        gateway.stop()
+    # the refused token's 401 is the only console error a browser reports for it
+    assert [e for e in console_errors if "401" not in e] == []

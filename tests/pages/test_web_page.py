@@ -1,0 +1,150 @@
+"""The web channel's pages in headless Chromium, used as a person would, against `gateway serve`.
+
+A real gateway process (SQLite store, broker and web mailbox in the test's directory; the scripted
+agent of `tests.support.gateway_agent`) serves ``/web/``. A person opens the thread list, opens a
+thread, writes in the composer and sees the agent's reply arrive live (Server-Sent Events); a
+message that makes the agent call ``deploy`` (a tool that requires approval) shows Approve and
+Deny buttons, and a click on one resumes the run. The browser's console must stay free of errors.
+
+With ``TEST_SCREENSHOTS=1`` the tests also write ``docs/screenshots/web-thread.png`` and
+``docs/screenshots/web-approval.png``.
+"""
+
+from __future__ import annotations
+
+import re
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+from playwright.async_api import Page, expect
+
+from tests.support.browser import BROWSER_TESTS, screenshot
+from tests.support.gateway_process import GatewayProcess
+
+pytestmark = [pytest.mark.slow, BROWSER_TESTS, pytest.mark.timeout(40)]
+
+AGENT = "tests.support.gateway_agent"
+
+
+def _errors(console_errors: list[str]) -> list[str]:
+    """The console errors (the app answers /favicon.ico with 204, so there is no 404 either)."""
+    return list(console_errors)
+
+
+@pytest.fixture
+def gateway(tmp_path: Path) -> Iterator[GatewayProcess]:
+    settings = {
+        "store_url": f"sqlite:///{tmp_path}/store.db",
+        "broker_url": f"sqlite:///{tmp_path}/broker.db",
+        "web_url": f"sqlite:///{tmp_path}/web.db",
+        "plugin": AGENT,
+        "lease_seconds": "6",
+        "renew_seconds": "1",
+    }
+    process = GatewayProcess("gw", tmp_path, settings).start()
+    try:
+        yield process
+    finally:
+        process.stop()
+
+
+async def _open_thread(page: Page, gateway: GatewayProcess, thread: str) -> None:
+    """From the thread list, open `thread` with the list's form, as a person would."""
+    await page.goto(f"{gateway.url}/web/")
+    await expect(page.get_by_role("heading", name="Web threads")).to_be_visible()
+    await page.get_by_label("thread id").fill(thread)
+    await page.get_by_role("button", name="Open thread").click()
+    await expect(page).to_have_url(re.compile(rf"/web/threads/{thread}/page\?space=default$"))
+    await expect(page.get_by_role("heading", name=thread)).to_be_visible()
+    await expect(page.locator("#status")).to_have_text("live")
+
+
+async def _send(page: Page, text: str, *, author: str = "Ann") -> None:
+    await page.get_by_label("your name").fill(author)
+    composer = page.get_by_label("message")
+    await composer.fill(text)
+    await page.get_by_role("button", name="Send").click()
+    await expect(composer).to_have_value("")  # accepted: the composer is cleared
+    await expect(page.locator("#error")).to_have_text("")
+
+
+async def test_a_message_typed_in_the_composer_gets_its_reply_live(
+    gateway: GatewayProcess, page: Page, console_errors: list[str]
+) -> None:
+    await _open_thread(page, gateway, "browser-hello")
+    await _send(page, "hello from Chromium")
+
+    message = page.locator(".item.message")
+    await expect(message).to_have_count(1)
+    await expect(message.locator(".text")).to_have_text("hello from Chromium")
+    await expect(message.locator(".meta")).to_contain_text("Ann")
+    reply = page.locator(".item.reply")
+    await expect(reply).to_have_count(1)
+    await expect(reply.locator(".text")).to_have_text("You said: hello from Chromium")
+    await expect(reply.locator(".meta")).to_contain_text("assistant")
+
+    # Ctrl+Enter sends too; the second reply arrives on the same live stream.
+    await page.get_by_label("message").fill("and a second one")
+    await page.get_by_label("message").press("Control+Enter")
+    await expect(reply).to_have_count(2)
+    await expect(reply.nth(1).locator(".text")).to_have_text("You said: and a second one")
+    await screenshot(page, "web-thread")
+
+    # The thread list now shows the thread; a reload of its page replays it from the store.
+    await page.get_by_role("link", name="threads").click()
+    await expect(page.get_by_role("link", name="browser-hello")).to_be_visible()
+    await page.get_by_role("link", name="browser-hello").click()
+    await expect(page.locator(".item.reply")).to_have_count(2)
+    await expect(page.locator(".item.message")).to_have_count(2)
+
+    assert _errors(console_errors) == []
+
+
+async def test_an_approval_request_is_approved_with_a_click(
+    gateway: GatewayProcess, page: Page, console_errors: list[str]
+) -> None:
+    await _open_thread(page, gateway, "browser-ops")
+    await _send(page, "/deploy prod")
+
+    asked = page.locator(".item.approval_request")
+    await expect(asked).to_have_count(1)
+    await expect(asked.locator(".meta")).to_contain_text("approval needed")
+    await expect(asked.locator(".call .label")).to_have_text("deploy")
+    await expect(asked.locator(".call pre")).to_contain_text('"target": "prod"')
+    approve = asked.get_by_role("button", name="Approve", exact=True)
+    deny = asked.get_by_role("button", name="Deny", exact=True)
+    await expect(approve).to_be_enabled()
+    await expect(deny).to_be_enabled()
+    await expect(page.locator(".item.reply")).to_have_count(0)  # the run waits for a person
+    await screenshot(page, "web-approval")
+
+    await approve.click()
+    await expect(asked.locator(".decided")).to_have_text("Decision sent by Ann: approved")
+    await expect(approve).to_be_disabled()
+    await expect(deny).to_be_disabled()
+    await expect(page.locator(".item.decision .text")).to_have_text("Ann: approve")
+    reply = page.locator(".item.reply")
+    await expect(reply).to_have_count(1)
+    await expect(reply.locator(".text")).to_have_text("Done: deployed prod")
+
+    assert _errors(console_errors) == []
+
+
+async def test_a_denied_call_does_not_run(
+    gateway: GatewayProcess, page: Page, console_errors: list[str]
+) -> None:
+    await _open_thread(page, gateway, "browser-deny")
+    await _send(page, "/deploy prod")
+
+    asked = page.locator(".item.approval_request")
+    await expect(asked).to_have_count(1)
+    await asked.get_by_placeholder("reason (optional)").fill("not on a Friday")
+    await asked.get_by_role("button", name="Deny", exact=True).click()
+    await expect(asked.locator(".decided")).to_have_text("Decision sent by Ann: denied")
+    answer = page.locator(".item.reply, .item.failure_notice")
+    await expect(answer).to_have_count(1)
+    await expect(answer).to_contain_text("not on a Friday")  # the reason reached the agent
+    await expect(answer).not_to_contain_text("deployed")
+
+    assert _errors(console_errors) == []
