@@ -17,7 +17,6 @@ from typing import Annotated, Any
 from fastapi import APIRouter, Depends, Header, Query, Request
 from fastapi.responses import JSONResponse
 
-from adapters.channel import DecisionItem
 from gateway.broker.contract import Broker, NewAuditEvent, NewInboxItem
 from gateway.ops.actions import (
     ActionKind,
@@ -29,6 +28,7 @@ from gateway.ops.actions import (
 )
 from gateway.ops.auth import OpsAuth, Principal, Role
 from gateway.ops.carry import read_result
+from gateway.ops.checks import check_allowed, decision_items, statuses
 from gateway.ops.errors import API_PREFIX, ApiError
 from gateway.ops.page import ops_page_router
 from gateway.ops.reads import lane_view, read_only, timeline_page, usage_page
@@ -53,7 +53,6 @@ from harness_core.session import OperationStarted, RecordQuery, RunIntent
 __all__ = ["OpsApi"]
 
 _KEY = r"^[!-~]{1,512}$"
-_STATUSES = ("idle", "running", "suspended", "aborting", "failed", "stuck", "faulted")
 _POLL_S = 0.05
 
 Limit = Annotated[int, Query(ge=1, le=100, description="Items per page (1-100).")]
@@ -133,7 +132,7 @@ class OpsApi:
     ) -> Page[LaneView]:
         """Lanes with their status, by session and name; filter by session and status."""
         self._who(request, "viewer")
-        wanted = _statuses(status, stuck)
+        wanted = statuses(status, stuck)
         after = decode_cursor(cursor, 2)
         metas = sorted(await self.repo.list(), key=lambda m: m.id)
         items: list[LaneView] = []
@@ -416,7 +415,7 @@ class OpsApi:
                 )
             return await self._answer_when_done(action_id, wait, replay=True)
         view = await self._lane(session, lane)
-        _check_allowed(view, "retry" if retry else kind)
+        check_allowed(view, "retry" if retry else kind)
         action = OperatorAction(
             id=action_id,
             kind=kind,
@@ -430,7 +429,7 @@ class OpsApi:
             if kind == "rerun"
             else None,
             wait_id=decisions.wait_id if decisions else None,
-            decisions=_decision_items(view, decisions) if decisions else (),
+            decisions=decision_items(view, decisions) if decisions else (),
             idempotency_key=key or action_id,
             requested_at_ms=self.clock.now_ms(),
         )
@@ -583,79 +582,6 @@ def _seq(after: tuple[str, ...] | None) -> int:
     if not after[0].isdigit():
         raise ApiError(400, "invalid_cursor", "the cursor is not one this API returned")
     return int(after[0])
-
-
-def _statuses(status: str | None, stuck: bool) -> frozenset[str] | None:
-    wanted = {part.strip() for part in (status or "").split(",") if part.strip()}
-    if stuck:
-        wanted.add("stuck")
-    unknown = sorted(wanted - set(_STATUSES))
-    if unknown:
-        raise ApiError(
-            400,
-            "invalid_argument",
-            f"unknown status {', '.join(unknown)}; known: {', '.join(_STATUSES)}",
-            {"field": "status"},
-        )
-    return frozenset(wanted) or None
-
-
-_NEEDS = {
-    "resume": "suspended by a crash or a background request, or stuck",
-    "unstick": "stuck",
-    "abort": "running or suspended",
-    "rerun": "idle or failed",
-    "retry": "failed",
-    "decide": "suspended for approval",
-}
-
-
-def _check_allowed(view: LaneView, kind: str) -> None:
-    """409 unless the lane's status allows `kind` (refused before anything is stored)."""
-    if kind not in view.actions:
-        reason = "not_idle_waiting_head" if kind == "decide" else f"lane_{view.status}"
-        raise ApiError(
-            409,
-            "conflict",
-            f"{kind} needs a lane {_NEEDS[kind]}; this one is {view.status}"
-            + (f" ({view.suspended})" if view.suspended else ""),
-            {"reason": reason, "status": view.status},
-        )
-
-
-def _decision_items(view: LaneView, body: DecisionsRequest) -> tuple[DecisionItem, ...]:
-    """The decisions, bound to the pending calls' arguments; 409/400 when they do not fit."""
-    if view.status != "suspended" or view.suspended != "approval" or view.wait_id != body.wait_id:
-        raise ApiError(
-            409,
-            "conflict",
-            "the lane is not waiting on that approval (it was decided, aborted or superseded)",
-            {"reason": "not_idle_waiting_head", "wait_id": view.wait_id},
-        )
-    pending = {call.tool_call_id: call for call in view.pending_approvals}
-    missing = sorted(set(pending) - set(body.approvals))
-    unexpected = sorted(set(body.approvals) - set(pending))
-    if missing or unexpected:
-        raise ApiError(
-            400,
-            "invalid_argument",
-            "the decisions must cover exactly the pending calls",
-            {
-                "reason": "pending_coverage_mismatch",
-                "field": "approvals",
-                "missing": missing,
-                "unexpected": unexpected,
-            },
-        )
-    return tuple(
-        DecisionItem(
-            tool_call_id=call_id,
-            args_digest=pending[call_id].args_digest,
-            approved=choice.action == "approve",
-            reason=choice.reason,
-        )
-        for call_id, choice in sorted(body.approvals.items())
-    )
 
 
 def _answer(result: ActionResult, *, replay: bool) -> JSONResponse:

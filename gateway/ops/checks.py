@@ -1,0 +1,89 @@
+"""The operator API's judgement of a request against a lane, before anything is stored.
+
+A refusal here is the API's answer (409 when the lane's status does not allow the action, 400
+when decisions do not cover exactly the pending calls); nothing reaches the inbox.
+"""
+
+from __future__ import annotations
+
+from adapters.channel import DecisionItem
+from gateway.ops.errors import ApiError
+from gateway.ops.views import DecisionsRequest, LaneView
+
+__all__ = ["STATUSES", "check_allowed", "decision_items", "statuses"]
+
+STATUSES = ("idle", "running", "suspended", "aborting", "failed", "stuck", "faulted")
+
+
+def statuses(status: str | None, stuck: bool) -> frozenset[str] | None:
+    """The statuses a lane filter names (None: any); 400 for one that does not exist."""
+    wanted = {part.strip() for part in (status or "").split(",") if part.strip()}
+    if stuck:
+        wanted.add("stuck")
+    unknown = sorted(wanted - set(STATUSES))
+    if unknown:
+        raise ApiError(
+            400,
+            "invalid_argument",
+            f"unknown status {', '.join(unknown)}; known: {', '.join(STATUSES)}",
+            {"field": "status"},
+        )
+    return frozenset(wanted) or None
+
+
+_NEEDS = {
+    "resume": "suspended by a crash or a background request, or stuck",
+    "unstick": "stuck",
+    "abort": "running or suspended",
+    "rerun": "idle or failed",
+    "retry": "failed",
+    "decide": "suspended for approval",
+}
+
+
+def check_allowed(view: LaneView, kind: str) -> None:
+    """409 unless the lane's status allows `kind` (refused before anything is stored)."""
+    if kind not in view.actions:
+        reason = "not_idle_waiting_head" if kind == "decide" else f"lane_{view.status}"
+        raise ApiError(
+            409,
+            "conflict",
+            f"{kind} needs a lane {_NEEDS[kind]}; this one is {view.status}"
+            + (f" ({view.suspended})" if view.suspended else ""),
+            {"reason": reason, "status": view.status},
+        )
+
+
+def decision_items(view: LaneView, body: DecisionsRequest) -> tuple[DecisionItem, ...]:
+    """The decisions, bound to the pending calls' arguments; 409/400 when they do not fit."""
+    if view.status != "suspended" or view.suspended != "approval" or view.wait_id != body.wait_id:
+        raise ApiError(
+            409,
+            "conflict",
+            "the lane is not waiting on that approval (it was decided, aborted or superseded)",
+            {"reason": "not_idle_waiting_head", "wait_id": view.wait_id},
+        )
+    pending = {call.tool_call_id: call for call in view.pending_approvals}
+    missing = sorted(set(pending) - set(body.approvals))
+    unexpected = sorted(set(body.approvals) - set(pending))
+    if missing or unexpected:
+        raise ApiError(
+            400,
+            "invalid_argument",
+            "the decisions must cover exactly the pending calls",
+            {
+                "reason": "pending_coverage_mismatch",
+                "field": "approvals",
+                "missing": missing,
+                "unexpected": unexpected,
+            },
+        )
+    return tuple(
+        DecisionItem(
+            tool_call_id=call_id,
+            args_digest=pending[call_id].args_digest,
+            approved=choice.action == "approve",
+            reason=choice.reason,
+        )
+        for call_id, choice in sorted(body.approvals.items())
+    )
