@@ -34,6 +34,8 @@ __all__ = [
 ]
 
 ENV_PREFIX = "GATEWAY_"
+CLIENT_VARIABLES = frozenset({"GATEWAY_OPS_URL", "GATEWAY_OPS_TOKEN"})
+"""Read by `gateway ops` (the client), not settings of the service: never an unknown setting."""
 _JSON_FIELDS = frozenset({"routes", "slack_approvers"})  # JSON in a variable, tables in TOML
 _SECRET_FIELDS = frozenset(
     {
@@ -218,7 +220,7 @@ def _from_variables(
     values: dict[str, _Value] = {}
     seen: dict[str, str] = {}
     for key, raw, where in variables:
-        if not key.upper().startswith(ENV_PREFIX):
+        if not key.upper().startswith(ENV_PREFIX) or key.upper() in CLIENT_VARIABLES:
             continue
         name = key[len(ENV_PREFIX) :].lower()
         origin = f"{key} in {where}"

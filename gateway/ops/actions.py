@@ -30,7 +30,7 @@ __all__ = [
     "result_mark",
 ]
 
-ActionKind = Literal["resume", "unstick", "abort", "rerun", "decide"]
+ActionKind = Literal["resume", "unstick", "abort", "rewind", "retry", "decide"]
 ActionStatus = Literal["pending", "running", "done", "refused"]
 
 
@@ -47,7 +47,7 @@ class OperatorAction(Frozen):
     unstick: bool = False
     """A fresh attempt budget (``unstick``, or ``resume`` of a stuck lane)."""
     entry_id: str | None = None
-    """``rerun``: the user message to run again (the lane moves to just before it)."""
+    """``rewind``/``retry``: the user message to run again (the lane moves to just before it)."""
     wait_id: str | None = None
     """``decide``: the approval wait the decisions answer."""
     decisions: tuple[DecisionItem, ...] = ()

@@ -123,6 +123,7 @@ class OpsApi:
         self,
         request: Request,
         session: Annotated[str | None, Query(max_length=200)] = None,
+        lane: Annotated[str | None, Query(max_length=1024, description="A lane name.")] = None,
         status: Annotated[
             str | None, Query(max_length=200, description="Comma-separated statuses.")
         ] = None,
@@ -146,6 +147,8 @@ class OpsApi:
             async with read_only(self.repo, meta.id) as storage:
                 names = sorted(p.lane for p in await storage.get_lanes())
                 for name in names:
+                    if lane is not None and name != lane:
+                        continue
                     if after is not None and (meta.id, name) <= (after[0], after[1]):
                         continue
                     view = await lane_view(
@@ -260,13 +263,21 @@ class OpsApi:
         more = len(items) == limit
         return Page(items=items, next_cursor=encode_cursor(items[-1].id) if more else None)
 
+    async def delivery(self, request: Request, delivery_id: str) -> DeliveryView:
+        """One delivery, whatever its status."""
+        self._who(request, "viewer")
+        found = await self.broker.outbox.get(delivery_id)
+        if found is None:
+            raise ApiError(404, "not_found", f"no delivery {delivery_id[:80]!r}")
+        return _delivery(found)
+
     async def action(self, request: Request, action_id: str) -> JSONResponse:
         """Where an action stands."""
         self._who(request, "viewer")
         result = await read_result(self.broker, action_id)
         if result is None:
             raise ApiError(404, "not_found", f"no action {action_id[:80]!r}")
-        return _answer(result, replay=False)
+        return JSONResponse(json.loads(result.model_dump_json()))  # refused is a state here
 
     # -- actions ---------------------------------------------------------------------------
 
@@ -318,7 +329,7 @@ class OpsApi:
     ) -> JSONResponse:
         """Move the lane to just before a user message and run it again (the old branch stays)."""
         return await self._act(
-            request, lane_id, "rerun", idempotency_key, wait, entry_id=body.entry_id
+            request, lane_id, "rewind", idempotency_key, wait, entry_id=body.entry_id
         )
 
     async def retry(
@@ -329,7 +340,7 @@ class OpsApi:
         wait: Wait = 10.0,
     ) -> JSONResponse:
         """Run a failed run again from its first message (the failed branch stays)."""
-        return await self._act(request, lane_id, "rerun", idempotency_key, wait, retry=True)
+        return await self._act(request, lane_id, "retry", idempotency_key, wait)
 
     async def decide(
         self,
@@ -386,13 +397,12 @@ class OpsApi:
         *,
         tool_recovery: ToolRecovery = "declared",
         entry_id: str | None = None,
-        retry: bool = False,
         decisions: DecisionsRequest | None = None,
     ) -> JSONResponse:
         who = self._who(request, "operator")
         session, lane = lane_of(lane_ref)
         asked = {
-            "kind": "retry" if retry else kind,
+            "kind": kind,
             "session": session,
             "lane": lane,
             "tool_recovery": tool_recovery,
@@ -415,7 +425,7 @@ class OpsApi:
                 )
             return await self._answer_when_done(action_id, wait, replay=True)
         view = await self._lane(session, lane)
-        check_allowed(view, "retry" if retry else kind)
+        check_allowed(view, kind)
         action = OperatorAction(
             id=action_id,
             kind=kind,
@@ -425,8 +435,8 @@ class OpsApi:
             tool_recovery=tool_recovery,
             # the operator saw what a resume does to a stuck lane: a fresh attempt budget
             unstick=kind == "unstick" or (kind == "resume" and view.status == "stuck"),
-            entry_id=await self._rerun_target(session, view, entry_id, retry)
-            if kind == "rerun"
+            entry_id=await self._rerun_target(session, view, entry_id, kind == "retry")
+            if kind in ("rewind", "retry")
             else None,
             wait_id=decisions.wait_id if decisions else None,
             decisions=decision_items(view, decisions) if decisions else (),
@@ -556,6 +566,7 @@ class OpsApi:
         get("/audit", response_model=Page[AuditView])(self.audit)
         get("/backlog", response_model=BacklogView)(self.backlog)
         get("/deliveries", response_model=Page[DeliveryView])(self.deliveries)
+        get("/deliveries/{delivery_id}", response_model=DeliveryView)(self.delivery)
         get("/actions/{action_id}", response_model=ActionResult)(self.action)
         for name in ("resume", "unstick", "abort", "rewind", "retry"):
             post(f"/lanes/{{lane_id}}/{name}", response_model=ActionResult)(getattr(self, name))

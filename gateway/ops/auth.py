@@ -103,15 +103,17 @@ class OpsAuth:
 
 
 def token_file(store_url: str) -> Path | None:
-    """Where the local token is kept: beside an embedded store (None for memory://)."""
+    """Where the local token is kept: beside a file store (sqlite, jsonl); None for the others.
+
+    A Redis deployment runs several processes that must share their tokens: it configures
+    ``GATEWAY_OPS_TOKENS`` (without them each process makes a token of its own for its life).
+    """
     scheme, _, rest = store_url.partition("?")[0].partition("://")
-    if scheme == "memory":
+    if scheme not in ("sqlite", "jsonl"):
         return None
-    if scheme in ("sqlite", "jsonl"):
-        location = Path(rest[1:] if rest.startswith("/") else rest).expanduser()
-        folder = location.parent if scheme == "sqlite" else location
-        return folder / LOCAL_TOKEN_FILE.name
-    return LOCAL_TOKEN_FILE
+    location = Path(rest[1:] if rest.startswith("/") else rest).expanduser()
+    folder = location.parent if scheme == "sqlite" else location
+    return folder / LOCAL_TOKEN_FILE.name
 
 
 def local_token(path: Path | None) -> tuple[str, bool]:

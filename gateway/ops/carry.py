@@ -118,7 +118,7 @@ async def _rerun(
             action,
             clock,
             "refused",
-            error={"code": "not_a_user_message", "message": "rerun needs a user message entry"},
+            error={"code": "not_a_user_message", "message": "a rewind needs a user message entry"},
         )
     moved = await lane.navigate_tree(stored.parent_id)
     if isinstance(moved, Err):

@@ -35,7 +35,7 @@ _NEEDS = {
     "resume": "suspended by a crash or a background request, or stuck",
     "unstick": "stuck",
     "abort": "running or suspended",
-    "rerun": "idle or failed",
+    "rewind": "idle or failed",
     "retry": "failed",
     "decide": "suspended for approval",
 }

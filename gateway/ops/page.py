@@ -246,7 +246,7 @@ _SCRIPT = """
       cell(row, when(item.at_ms), "mono");
       cell(row, item.type);
       const summary = cell(row, item.summary, "summary");
-      if (item.kind === "entry" && item.type === "message" && lane.actions.includes("rerun") &&
+      if (item.kind === "entry" && item.type === "message" && lane.actions.includes("rewind") &&
           item.summary.startsWith("user:")) {
         summary.appendChild(el("span", "", " "));
         summary.appendChild(actionButton("Rewind here", () => {

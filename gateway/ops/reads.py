@@ -70,7 +70,7 @@ def allowed_actions(seen: LaneInspection) -> list[str]:
     elif status in ("running", "aborting"):
         actions += ["abort"] if status == "running" else []
     elif status in ("idle", "failed"):
-        actions += ["rerun"] + (["retry"] if status == "failed" else [])
+        actions += ["rewind"] + (["retry"] if status == "failed" else [])
     return actions
 
 

@@ -81,6 +81,12 @@ def test_an_unknown_variable_far_from_any_setting_lists_them_all() -> None:
     assert "GATEWAY_WORKER_SLOTS" in str(error)
 
 
+def test_the_ops_clients_variables_are_not_settings_and_not_refused() -> None:
+    """`gateway ops` reads GATEWAY_OPS_URL and GATEWAY_OPS_TOKEN; the service ignores them."""
+    env = {"GATEWAY_OPS_URL": "http://127.0.0.1:1", "GATEWAY_OPS_TOKEN": "x", "GATEWAY_PORT": "9"}
+    assert load_settings(env).port == 9
+
+
 def test_variable_names_are_case_insensitive_but_one_setting_is_set_once() -> None:
     assert load_settings({"gateway_port": "9000"}).port == 9000
     error = _refusal({"GATEWAY_PORT": "9000", "gateway_port": "9001"})

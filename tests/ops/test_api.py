@@ -185,6 +185,8 @@ async def test_lanes_sessions_timeline_usage_and_backlog(ops: Ops) -> None:
     assert lanes[0]["thread"]["channel"] == "web"
     failed = (await ops.get("/lanes?status=failed"))["items"]
     assert [v["lane"] for v in failed] == ["web:two"]
+    named = (await ops.get("/lanes?lane=web:one"))["items"]
+    assert [v["lane"] for v in named] == ["web:one"]
     page = await ops.get("/lanes?limit=1")
     assert len(page["items"]) == 1 and page["next_cursor"]
     rest = await ops.get(f"/lanes?limit=1&cursor={page['next_cursor']}")
@@ -295,6 +297,7 @@ async def test_redeliver_and_discard_a_dead_letter(ops: Ops) -> None:
     dead = (await ops.get("/deliveries"))["items"]
     assert [(d["id"], d["last_error"]) for d in dead] == [("dl-1", "HTTP 500")]
     assert (await ops.get("/backlog"))["dead_letters"] == 1
+    assert (await ops.get("/deliveries/dl-1"))["status"] == "dead"
     again = await ops.act("/deliveries/dl-1/redeliver")
     assert again.status_code == 200 and again.json()["status"] == "pending"
     twice = await ops.act("/deliveries/dl-1/redeliver")

@@ -1,0 +1,485 @@
+"""`gateway ops`: the operator API from the terminal, against a real `gateway serve` process.
+
+One process (tokens for alice the operator and bob the viewer, the test agent of
+tests/support/gateway_agent.py) serves the module; each test writes in its own web threads and
+runs the command in-process (`main`, output captured) or as ``python -m gateway ops`` when what
+matters is the process: no traceback, a closed pipe, Ctrl-C, nothing written to disk. The local
+token file and a stuck lane get a process of their own (no tokens configured, one attempt).
+"""
+
+from __future__ import annotations
+
+import contextlib
+import json
+import os
+import re
+import signal
+import socket
+import subprocess
+import sys
+import time
+from collections.abc import Iterator
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import httpx
+import pytest
+
+from config import Settings
+from gateway.ops.cli import main
+from tests.support.gateway_process import ROOT, GatewayProcess
+from tests.support.redis_server import free_port
+
+AGENT = "tests.support.gateway_agent"
+OPERATOR = "cli-operator-secret-0123456789"
+VIEWER = "cli-viewer-secret-0123456789ab"
+LANE_HEADERS = ["SESSION", "LANE", "STATUS", "WHY", "ATTEMPTS", "ACTIVITY"]
+
+
+class Gateway:
+    """The module's `gateway serve` and what the tests do with it beside the command."""
+
+    def __init__(self, process: GatewayProcess) -> None:
+        self.process = process
+        self.url = process.url
+
+    def post(self, thread: str, text: str, space: str | None = None) -> dict[str, Any]:
+        body = {"text": text, **({"space": space} if space else {})}
+        response = httpx.post(f"{self.url}/web/threads/{thread}/messages", json=body, timeout=10)
+        assert response.status_code == 202, response.text
+        accepted: dict[str, Any] = response.json()
+        return accepted
+
+    def answers(self, thread: str, count: int) -> list[dict[str, Any]]:
+        return _answers(self.url, thread, count)
+
+    def lane(self, lane: str, *statuses: str) -> dict[str, Any]:
+        return _until_status(self.url, VIEWER, lane, *statuses)
+
+
+def _answers(url: str, thread: str, count: int) -> list[dict[str, Any]]:
+    deadline = time.monotonic() + 20
+    while True:
+        items = httpx.get(f"{url}/web/threads/{thread}", timeout=10).json()["items"]
+        found = [i for i in items if i["kind"] not in ("message", "decision")]
+        if len(found) >= count:
+            return found
+        assert time.monotonic() < deadline, found
+        time.sleep(0.05)
+
+
+def _until_status(url: str, token: str, lane: str, *statuses: str) -> dict[str, Any]:
+    deadline = time.monotonic() + 20
+    while True:
+        listed = httpx.get(
+            f"{url}/api/v1/lanes", headers={"Authorization": f"Bearer {token}"}, timeout=10
+        ).json()["items"]
+        found = [v for v in listed if v["lane"] == lane]
+        if found and found[0]["status"] in statuses:
+            view: dict[str, Any] = found[0]
+            return view
+        assert time.monotonic() < deadline, found
+        time.sleep(0.05)
+
+
+@dataclass
+class Ran:
+    code: int
+    out: str
+    err: str
+
+
+@pytest.fixture(scope="module")
+def gateway(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Gateway]:
+    directory = tmp_path_factory.mktemp("ops-cli")
+    settings = {
+        "store_url": f"sqlite:///{directory}/store.db",
+        "broker_url": f"sqlite:///{directory}/broker.db",
+        "web_url": f"sqlite:///{directory}/web.db",
+        "plugin": AGENT,
+        "ops_tokens": f"alice:operator:{OPERATOR},bob:viewer:{VIEWER}",
+    }
+    process = GatewayProcess("gw", directory, settings).start()
+    try:
+        yield Gateway(process)
+    finally:
+        process.stop()
+    assert "Traceback" not in process.tail(400)
+
+
+@pytest.fixture
+def ops(gateway: Gateway, capsys: pytest.CaptureFixture[str]) -> Any:
+    """`ops(*words, token=...)`: the command in-process against the module's gateway."""
+
+    def run(*words: str, token: str = OPERATOR) -> Ran:
+        code = main(["--url", gateway.url, "--token", token, *words], None)
+        out, err = capsys.readouterr()
+        return Ran(code, out, err)
+
+    return run
+
+
+def _one_line(text: str) -> str:
+    assert text.endswith("\n") and text.count("\n") == 1, text
+    assert "Traceback" not in text
+    return text
+
+
+def _process_env(**extra: str) -> dict[str, str]:
+    env = {k: v for k, v in os.environ.items() if not k.startswith("GATEWAY_")}
+    return {**env, "PYTHONPATH": str(ROOT), **extra}
+
+
+def _gateway_ops(*words: str, cwd: Path, **env: str) -> subprocess.CompletedProcess[str]:
+    return subprocess.run(
+        [sys.executable, "-m", "gateway", "ops", *words],
+        cwd=cwd,
+        env=_process_env(**env),
+        capture_output=True,
+        text=True,
+        timeout=60,
+    )
+
+
+# -- reads -----------------------------------------------------------------------------------
+
+
+def test_lanes_as_a_table_as_json_and_filtered(gateway: Gateway, ops: Any) -> None:
+    gateway.post("t-one", "hello")
+    gateway.post("t-two", "/fail")
+    gateway.lane("web:t-one", "idle")
+    gateway.lane("web:t-two", "failed")
+
+    ran = ops("lanes")
+    assert ran.code == 0 and ran.err == "", ran
+    header, *rows = ran.out.splitlines()
+    assert header.split() == LANE_HEADERS
+    [one] = [row for row in rows if " web:t-one " in row]
+    [two] = [row for row in rows if " web:t-two " in row]
+    # the columns line up under their headers
+    assert one[header.index("STATUS") :].startswith("idle ")
+    assert two[header.index("STATUS") :].startswith("failed ")
+    assert two[header.index("WHY") :].startswith("auth: the key was refused")
+    assert two.startswith("web-default ")
+
+    listed = ops("lanes", "--json")
+    assert listed.code == 0
+    page = json.loads(listed.out)
+    assert page["next_cursor"] is None
+    views = {v["lane"]: v for v in page["items"]}
+    assert views["web:t-two"]["status"] == "failed" and views["web:t-two"]["id"].startswith("ln_")
+
+    failed = ops("lanes", "--status", "failed")
+    rows = [row.split() for row in failed.out.splitlines()[1:]]
+    assert ["web:t-two", "failed"] in [row[1:3] for row in rows]
+    assert {row[2] for row in rows} == {"failed"}
+    stuck = ops("lanes", "--stuck")  # none is stuck here (the stuck one has its own test)
+    assert (stuck.code, stuck.out, stuck.err) == (0, "", "no lanes match\n")
+    unknown = ops("lanes", "--status", "sleeping")
+    assert unknown.code == 1 and "sleeping" in _one_line(unknown.err)  # the API's word
+
+    shown = ops("lane", "web:t-two")
+    assert shown.code == 0
+    assert re.search(r"^status +failed$", shown.out, re.M), shown.out
+    assert re.search(r"^error +auth: the key was refused$", shown.out, re.M)
+    assert re.search(r"^actions +rewind, retry$", shown.out, re.M)
+
+
+def test_timeline_of_a_lane_by_name_id_or_session_and_name(gateway: Gateway, ops: Any) -> None:
+    accepted = gateway.post("tl", "hello\x1b[31m timeline")
+    gateway.answers("tl", 1)
+    gateway.post("tl", "again", space="elsewhere")  # web:tl in a second session too
+    gateway.answers("tl", 1)
+    session = accepted["session"]
+    _until_status(gateway.url, VIEWER, "web:tl", "idle")
+
+    ambiguous = ops("timeline", "web:tl")
+    assert ambiguous.code == 2
+    assert "2 sessions" in _one_line(ambiguous.err) and f"{session}/web:tl" in ambiguous.err
+
+    ran = ops("timeline", f"{session}/web:tl")
+    assert ran.code == 0, ran
+    header, *rows = ran.out.splitlines()
+    assert header.split() == ["SEQ", "TIME", "TYPE", "SUMMARY"]
+    assert all(re.match(r"\d+ +\d\d:\d\d:\d\d +\w+ +\S", row) for row in rows), rows
+    summaries = [row[header.index("SUMMARY") :] for row in rows]
+    assert "user: hello\\x1b[31m timeline" in summaries  # an escape is shown, not obeyed
+    assert "assistant: You said: hello\\x1b[31m timeline" in summaries
+
+    short = ops("timeline", f"{session}/web:tl", "--limit", "2", "--json")
+    page = json.loads(short.out)
+    assert len(page["items"]) == 2 and page["next_cursor"]
+    lane_id = json.loads(ops("lane", f"{session}/web:tl", "--json").out)["id"]
+    by_id = ops("timeline", lane_id, "--limit", "3")
+    assert by_id.code == 0 and len(by_id.out.splitlines()) == 4
+    assert "--limit" in by_id.err  # it says there is more
+
+    missing = ops("timeline", "web:no-such-thread")
+    assert missing.code == 1 and "no lane 'web:no-such-thread'" in _one_line(missing.err)
+    usage = ops("usage", f"{session}/web:tl")
+    assert usage.code == 0 and usage.out.splitlines()[-1].startswith("total: ")
+
+
+# -- actions ---------------------------------------------------------------------------------
+
+
+def test_approve_all_completes_a_suspended_approval(gateway: Gateway, ops: Any) -> None:
+    gateway.post("ship", "/deploy prod")
+    view = gateway.lane("web:ship", "suspended")
+    [call] = view["pending_approvals"]
+
+    shown = ops("lane", "web:ship")
+    assert f'{call["tool_call_id"]} deploy({{"target":"prod"}})' in shown.out
+
+    unnamed = ops("approve", "web:ship", "--call", "call-x")
+    assert unnamed.code == 1
+    line = _one_line(unnamed.err)
+    assert "not pending: call-x" in line and call["tool_call_id"] in line and "--all" in line
+
+    no_reason = ops("deny", "web:ship", "--all")
+    assert no_reason.code == 2 and "--reason" in no_reason.err  # argparse's own usage error
+
+    viewer = ops("approve", "web:ship", "--all", token=VIEWER)
+    assert viewer.code == 1 and "operator" in _one_line(viewer.err)
+    assert gateway.lane("web:ship", "suspended")["wait_id"] == view["wait_id"]  # nothing done
+
+    approved = ops("approve", "web:ship", "--all", "--reason", "ship it")
+    assert approved.code == 0, approved
+    found = re.fullmatch(r"approved web:ship: completed \(action (act_\w+)\)\n", approved.out)
+    assert found, approved.out
+    answers = gateway.answers("ship", 2)
+    assert answers[-1]["text"] == "Done: deployed prod"
+
+    polled = ops("action", found.group(1))
+    assert polled.code == 0
+    assert polled.out == f"{found.group(1)}: decide web-default/web:ship: done, completed\n"
+    trail = ops("audit", "--lane", "web:ship")
+    [event] = [row for row in trail.out.splitlines() if " decide " in row]
+    assert "operator:alice" in event and event.endswith("completed")
+
+    gateway.post("ship-no", "/deploy moon")
+    [moon] = gateway.lane("web:ship-no", "suspended")["pending_approvals"]
+    denied = ops("deny", "web:ship-no", "--call", moon["tool_call_id"], "--reason", "not the moon")
+    assert denied.code == 0 and denied.out.startswith("denied web:ship-no: "), denied
+
+
+def test_actions_need_yes_without_a_terminal_and_replay_their_key(
+    gateway: Gateway, ops: Any
+) -> None:
+    gateway.post("busy", "/slow 2500")
+    gateway.lane("web:busy", "running")
+
+    unconfirmed = ops("abort", "web:busy")
+    assert unconfirmed.code == 2 and "--yes" in _one_line(unconfirmed.err)
+    assert gateway.lane("web:busy", "running")
+    resume = ops("resume", "web:busy")  # resume is not for a running lane: the gateway says so
+    assert resume.code == 1 and "(conflict, lane_running)" in _one_line(resume.err)
+
+    aborted = ops("abort", "web:busy", "--yes", "--idempotency-key", "cli-test-abort-1")
+    assert aborted.code == 0, aborted
+    assert re.fullmatch(r"aborted web:busy: aborted \(action act_\w+\)\n", aborted.out)
+    assert "is running" in aborted.err and "running tool 'slow'" in aborted.err
+    again = ops("abort", "web:busy", "--yes", "--idempotency-key", "cli-test-abort-1")
+    assert again.code == 0 and again.out == aborted.out  # the first result, replayed
+    gateway.lane("web:busy", "idle", "failed")
+    idle = ops("abort", "web:busy", "--yes")
+    assert idle.code == 1 and "(conflict, lane_" in _one_line(idle.err)
+
+    gateway.post("broken", "/fail")
+    gateway.lane("web:broken", "failed")
+    retried = ops("retry", "web:broken", "--yes", "--json")
+    assert retried.code == 0
+    result = json.loads(retried.out)
+    assert (result["kind"], result["status"], result["outcome"]) == ("retry", "done", "failed")
+
+
+def test_an_action_still_running_says_how_to_check_on_it(gateway: Gateway, ops: Any) -> None:
+    gateway.post("later", "/slow 1500")
+    gateway.lane("web:later", "idle")
+    timeline = json.loads(ops("timeline", "web:later", "--json").out)["items"]
+    [message] = [i for i in timeline if i["summary"] == "user: /slow 1500"]
+
+    ran = ops("--timeout", "1", "rewind", "web:later", message["id"], "--yes")
+    assert ran.code == 0, ran
+    found = re.fullmatch(
+        r"rewind web:later: still running; check with: gateway ops action (act_\w+)\n", ran.out
+    )
+    assert found, ran.out
+    deadline = time.monotonic() + 20
+    while (polled := ops("action", found.group(1))).out.endswith(("pending\n", "running\n")):
+        assert time.monotonic() < deadline, polled
+        time.sleep(0.1)
+    assert polled.out.endswith(": rewind web-default/web:later: done, completed\n"), polled
+
+
+# -- errors ----------------------------------------------------------------------------------
+
+
+def test_a_wrong_token_and_an_unreachable_gateway_are_one_line(
+    gateway: Gateway, ops: Any, capsys: pytest.CaptureFixture[str]
+) -> None:
+    wrong = ops("lanes", token="not-the-token")
+    assert wrong.code == 1 and wrong.out == ""
+    line = _one_line(wrong.err)
+    assert line.startswith("gateway ops: the token from --token was refused")
+    assert "--token" in line and "GATEWAY_OPS_TOKEN" in line
+
+    nowhere = f"http://127.0.0.1:{free_port()}"
+    assert main(["--url", nowhere, "--token", OPERATOR, "lanes"], None) == 3
+    out, err = capsys.readouterr()
+    assert out == "" and _one_line(err).startswith(
+        f"gateway ops: cannot reach the gateway at {nowhere} ("
+    )
+    assert err.endswith("): is gateway serve running?\n")
+
+
+def test_a_real_process_prints_no_traceback_and_writes_nothing(
+    gateway: Gateway, tmp_path: Path
+) -> None:
+    gateway.post("proc", "hello")
+    gateway.lane("web:proc", "idle")
+    # a wildcard host means this machine; GATEWAY_OPS_TOKEN is the client's, not a setting
+    ran = _gateway_ops(
+        "lanes",
+        cwd=tmp_path,
+        GATEWAY_HOST="0.0.0.0",
+        GATEWAY_PORT=str(gateway.process.port),
+        GATEWAY_OPS_TOKENS=f"alice:operator:{OPERATOR}",
+        GATEWAY_OPS_TOKEN=VIEWER,
+    )
+    assert ran.returncode == 0 and ran.stderr == "", ran
+    assert ran.stdout.split("\n")[0].split() == LANE_HEADERS and " web:proc " in ran.stdout
+    acting = _gateway_ops(
+        "abort", "web:proc", "--yes", cwd=tmp_path, GATEWAY_OPS_URL=gateway.url,
+        GATEWAY_OPS_TOKEN=VIEWER,
+    )  # fmt: skip
+    assert acting.returncode == 1 and "operator" in _one_line(acting.stderr)
+    wrong = _gateway_ops("--url", gateway.url, "--token", "nope", "backlog", cwd=tmp_path)
+    assert wrong.returncode == 1 and "GATEWAY_OPS_TOKEN" in _one_line(wrong.stderr)
+    nowhere = _gateway_ops("--url", f"http://127.0.0.1:{free_port()}", "sessions", cwd=tmp_path)
+    assert nowhere.returncode == 3 and "is gateway serve running?" in _one_line(nowhere.stderr)
+    assert list(tmp_path.iterdir()) == []  # reads write nothing: no store, no token file
+
+
+def test_a_closed_pipe_ends_quietly(gateway: Gateway, tmp_path: Path) -> None:
+    gateway.post("pipe", "hello")
+    gateway.lane("web:pipe", "idle")
+    process = subprocess.Popen(
+        [sys.executable, "-m", "gateway", "ops", "--url", gateway.url, "timeline", "web:pipe"],
+        cwd=tmp_path,
+        env=_process_env(GATEWAY_OPS_TOKEN=VIEWER),
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+    )
+    assert process.stdout is not None and process.stderr is not None
+    process.stdout.close()  # the reader is gone before anything is written (| head -0)
+    with process.stderr:
+        err = process.stderr.read()
+    assert process.wait(timeout=60) == 0
+    assert err == b""
+
+
+def test_ctrl_c_exits_130_without_a_traceback(tmp_path: Path) -> None:
+    with socket.socket() as silent:  # accepts the connection and never answers
+        silent.bind(("127.0.0.1", 0))
+        silent.listen()
+        silent.settimeout(30)
+        url = f"http://127.0.0.1:{silent.getsockname()[1]}"
+        process = subprocess.Popen(
+            [sys.executable, "-m", "gateway", "ops", "--url", url, "--token", "t", "lanes"],
+            cwd=tmp_path,
+            env=_process_env(),
+            stdout=subprocess.PIPE,
+            stderr=subprocess.PIPE,
+        )
+        connection, _ = silent.accept()
+        with connection:
+            connection.recv(4096)  # the request: the command now waits for the answer
+            process.send_signal(signal.SIGINT)
+            out, err = process.communicate(timeout=30)
+    assert process.returncode == 130
+    assert out == b"" and b"Traceback" not in err and err.count(b"\n") <= 1
+
+
+# -- the local token file, a stuck lane -----------------------------------------------------
+
+
+class _Terminal:
+    """A stdin that is a terminal, answering `answer`."""
+
+    def __init__(self, answer: str) -> None:
+        self.answer = answer
+
+    def isatty(self) -> bool:
+        return True
+
+    def readline(self) -> str:
+        return self.answer
+
+
+@pytest.mark.timeout(90)
+def test_the_local_token_file_and_a_stuck_lane_resumed(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.delenv("GATEWAY_OPS_URL", raising=False)
+    monkeypatch.delenv("GATEWAY_OPS_TOKEN", raising=False)
+    urls = {
+        "store_url": f"sqlite:///{tmp_path}/store.db",
+        "broker_url": f"sqlite:///{tmp_path}/broker.db",
+        "web_url": f"sqlite:///{tmp_path}/web.db",
+    }
+    process = GatewayProcess(
+        "gw", tmp_path, {**urls, "plugin": AGENT, "max_attempts": "1", "lease_seconds": "3",
+                         "renew_seconds": "0.5"},
+    ).start()  # fmt: skip
+    settings = Settings(**urls, host="127.0.0.1", port=process.port)
+
+    def ops(*words: str) -> Ran:
+        code = main(list(words), settings)
+        out, err = capsys.readouterr()
+        return Ran(code, out, err)
+
+    try:
+        token = (tmp_path / "ops-token").read_text().strip()  # no ops_tokens: the local one
+        # the poison tool kills the process, maybe before the 202 leaves it
+        with contextlib.suppress(httpx.TransportError):
+            httpx.post(f"{process.url}/web/threads/p/messages", json={"text": "/poison"})
+        assert process.process is not None
+        process.process.wait(timeout=20)
+        process.restart()  # one attempt was the budget: the lane is parked stuck
+        _until_status(process.url, token, "web:p", "stuck")
+
+        stuck = ops("lanes", "--stuck")
+        assert stuck.code == 0, stuck
+        header, row = stuck.out.splitlines()
+        assert header.split() == LANE_HEADERS
+        assert row.split()[:5] == ["web-default", "web:p", "stuck", "crash", "1/1"]
+        assert row.endswith("running tool 'poison'")
+
+        no_terminal = ops("resume", "web:p", "--tool-recovery", "never")
+        assert no_terminal.code == 2 and "--yes" in _one_line(no_terminal.err)
+        monkeypatch.setattr(sys, "stdin", _Terminal("n\n"))
+        declined = ops("resume", "web:p", "--tool-recovery", "never")
+        assert declined.code == 1 and declined.out == ""
+        assert "poison call-1 (started replay=safe): reported to the model as interrupted" in (
+            declined.err
+        )
+        assert "is stuck (crash), attempt 1 of 1" in declined.err
+        assert "Proceed? [y/N] gateway ops: not confirmed: nothing was done\n" in declined.err
+        assert _until_status(process.url, token, "web:p", "stuck")
+
+        monkeypatch.setattr(sys, "stdin", _Terminal("y\n"))
+        resumed = ops("resume", "web:p", "--tool-recovery", "never")
+        assert resumed.code == 0, resumed
+        assert re.fullmatch(r"resumed web:p: completed \(action act_\w+\)\n", resumed.out)
+        assert "fresh attempt budget" in resumed.err
+        deadline = time.monotonic() + 20
+        while not any(a["text"].startswith("Done:") for a in _answers(process.url, "p", 1)):
+            assert time.monotonic() < deadline, _answers(process.url, "p", 1)
+            time.sleep(0.05)
+        trail = ops("audit", "--lane", "web:p", "--json")
+        [event] = [e for e in json.loads(trail.out)["items"] if e["action"] == "resume"]
+        assert event["actor"] == "operator:local" and event["details"]["tool_recovery"] == "never"
+    finally:
+        process.stop()
