@@ -13,6 +13,7 @@ import asyncio
 import contextlib
 import logging
 import random
+import time
 from collections.abc import Mapping
 from dataclasses import dataclass
 
@@ -21,6 +22,7 @@ from pydantic import ValidationError
 from adapters.channel import ChannelAdapter, DeliveryError, Outbound
 from gateway.broker.contract import Broker, ClaimedDelivery, NewAuditEvent
 from gateway.logs import event
+from gateway.metrics import Metrics
 from harness_core import Clock
 
 __all__ = ["Deliverer", "DelivererConfig", "retry_delay_ms"]
@@ -60,8 +62,10 @@ class Deliverer:
         adapters: Mapping[str, ChannelAdapter],
         clock: Clock,
         rng: random.Random | None = None,
+        metrics: Metrics | None = None,
     ) -> None:
         self.config = config
+        self._metrics = metrics
         self._broker = broker
         self._adapters = adapters
         self._clock = clock
@@ -143,6 +147,14 @@ class Deliverer:
             await asyncio.gather(waiting, stopping, return_exceptions=True)
 
     async def _attempt(self, claimed: ClaimedDelivery) -> None:
+        began = time.monotonic()
+        try:
+            await self._try(claimed)
+        finally:
+            if self._metrics is not None:
+                self._metrics.delivery_time(time.monotonic() - began)
+
+    async def _try(self, claimed: ClaimedDelivery) -> None:
         delivery = claimed.delivery
         try:
             outbound = Outbound.model_validate(dict(delivery.outbound))
@@ -184,6 +196,7 @@ class Deliverer:
 
     async def _delivered(self, claimed: ClaimedDelivery, *, reconciled: bool) -> None:
         settled = await self._broker.outbox.settle_delivered(claimed, now_ms=self._clock.now_ms())
+        self._count(claimed, "reconciled" if reconciled else "delivered")
         log.info(
             event(
                 "delivered",
@@ -216,6 +229,7 @@ class Deliverer:
             unknown_outcome=unknown_outcome or delivery.unknown_outcome,
             now_ms=now,
         )
+        self._count(claimed, "retry")
         log.info(
             event(
                 "delivery failed",
@@ -229,6 +243,7 @@ class Deliverer:
     async def _dead(self, claimed: ClaimedDelivery, reason: str) -> None:
         delivery = claimed.delivery
         await self._broker.outbox.settle_dead(claimed, reason=reason, now_ms=self._clock.now_ms())
+        self._count(claimed, "dead")
         log.warning(event("delivery dead", delivery=delivery.id, reason=reason))
         with contextlib.suppress(Exception):
             await self._broker.audit.record(
@@ -242,3 +257,9 @@ class Deliverer:
                     details={"reason": reason, "attempts": delivery.attempts},
                 )
             )
+
+    def _count(self, claimed: ClaimedDelivery, outcome: str) -> None:
+        if self._metrics is not None:
+            thread = claimed.delivery.outbound.get("thread")
+            channel = thread.get("channel") if isinstance(thread, Mapping) else None
+            self._metrics.delivery(channel, outcome)

@@ -31,10 +31,12 @@ from gateway.broker.contract import Broker
 from gateway.deliverer import Deliverer, DelivererConfig
 from gateway.intake import Intake
 from gateway.logs import event
+from gateway.metrics import Metrics
 from gateway.models import model_from_settings
 from gateway.ops.api import OpsApi
 from gateway.ops.auth import OpsAuth, local_token, parse_tokens, token_file
 from gateway.plugin import load_plugin
+from gateway.telemetry import flush_tracing, install_tracing
 from gateway.worker import Worker, WorkerConfig
 from harness_core import (
     AgentHarnessOptions,
@@ -90,6 +92,8 @@ class Service:
         self.intake: Intake | None = None
         self.worker: Worker | None = None
         self.deliverer: Deliverer | None = None
+        self.metrics: Metrics | None = None
+        """The service's Prometheus metrics (``/metrics``), once started."""
         self.app: FastAPI | None = None
         self.ops_sign_in: str | None = None
         self.ops_token_file: Path | None = None
@@ -130,6 +134,14 @@ class Service:
             adapters = [a for a in self._default_adapters() if a.name not in named] + extra
         self.adapters = {adapter.name: adapter for adapter in adapters}
         self.intake = Intake(self.broker, settings.route_for)
+        self.metrics = Metrics(
+            self.repo,
+            self.broker,
+            clock,
+            max_attempts=settings.max_attempts,
+            channels=self.adapters,
+        )
+        tracer = install_tracing()
 
         def options(storage: SessionStorage) -> AgentHarnessOptions:
             return AgentHarnessOptions(
@@ -141,6 +153,7 @@ class Service:
                 max_attempts=settings.max_attempts,
                 lease_renew_ms=int(settings.renew_seconds * 1000),
                 request_options=RequestOptions(max_output_tokens=settings.model_max_output_tokens),
+                tracer=tracer,
             )
 
         self.worker = Worker(
@@ -154,6 +167,7 @@ class Service:
             self.broker,
             options,
             clock,
+            self.metrics,
         )
         self.deliverer = Deliverer(
             DelivererConfig(
@@ -167,6 +181,7 @@ class Service:
             self.adapters,
             clock,
             parts.rng,
+            self.metrics,
         )
         routers = [r for a in adapters if (r := getattr(a, "router", None)) is not None]
         ops = OpsApi(
@@ -176,7 +191,7 @@ class Service:
             clock,
             max_attempts=settings.max_attempts,
         )
-        self.app = build_app([*ops.routers, *routers], self.readiness)
+        self.app = build_app([*ops.routers, self.metrics.router, *routers], self.readiness)
         try:
             for adapter in adapters:
                 await adapter.start(self.intake)
@@ -309,4 +324,6 @@ class Service:
             with contextlib.suppress(Exception):
                 await thing.close()
         self._owned.clear()
+        with contextlib.suppress(Exception):  # the spans of the last steps reach the collector
+            await asyncio.to_thread(flush_tracing)
         log.info(event("stopped", worker=self.worker_id))

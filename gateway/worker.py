@@ -29,6 +29,7 @@ from pydantic import ValidationError
 from adapters.channel import DecisionInbound, Inbound
 from gateway.broker.contract import Broker, InboxItem, SessionTicket
 from gateway.logs import event
+from gateway.metrics import Metrics
 from gateway.ops.actions import OperatorAction
 from gateway.ops.carry import carry_out
 from gateway.replies import (
@@ -109,8 +110,10 @@ class Worker:
         broker: Broker,
         options: OptionsFactory,
         clock: Clock,
+        metrics: Metrics | None = None,
     ) -> None:
         self.config = config
+        self._metrics = metrics
         self._repo = repo
         self._broker = broker
         self._options = options
@@ -190,6 +193,7 @@ class Worker:
             return lease  # another process holds the store's lease: look again when it lapses
         storage = await self._repo.open(session_id, lease=lease)
         harness, suspended = await AgentHarness.create(self._options(storage))
+        unwatch = self._metrics.watch(harness) if self._metrics is not None else None
         session = _Session(ticket=ticket, harness=harness, storage=storage)
         self.active[session_id] = session
         log.info(event("session taken", session=session_id, suspended=len(suspended)))
@@ -207,6 +211,8 @@ class Worker:
                     continue
                 if op.reason == "crash":
                     await self._record(session_id, op.lane, "took over", op.id, op.attempts)
+                    if self._metrics is not None:
+                        self._metrics.takeover()
                 if op.reason == "crash" or op.reason == "deferred":
                     self._track(session, op.lane, self._resume(lane))
             await self._reply_all(session)
@@ -221,6 +227,8 @@ class Worker:
             for task in session.tasks:
                 task.cancel()
             await asyncio.gather(*session.tasks, return_exceptions=True)
+            if unwatch is not None:
+                unwatch()
             await harness.close()
             await storage.close()
             if not faulted:
@@ -423,6 +431,7 @@ class Worker:
                 if isinstance(started, Ok):
                     self._track(session, lane.name, started.value.outcome())
                     await inbox.ack(item.session, item.id)
+                    self._accepted(inbound)
                     return
                 if started.error.tag == "AlreadyAccepted":
                     await inbox.ack(item.session, item.id)
@@ -436,11 +445,16 @@ class Worker:
             queued = await queue(text, entry_id=entry_id)
             if isinstance(queued, Ok):
                 await inbox.ack(item.session, item.id)
+                self._accepted(inbound)
                 return
             if queued.error.tag != "NoActiveRun":
                 await self._refuse(item, queued.error.tag)
                 return
         # still racing, or a compaction holds the lane: pending until the next look
+
+    def _accepted(self, inbound: Inbound) -> None:
+        if self._metrics is not None:
+            self._metrics.message_accepted(inbound.thread.channel)
 
     async def _refuse(self, item: InboxItem, reason: str) -> None:
         """Reject an item the lane cannot take, and tell its thread (never silently dropped)."""

@@ -291,6 +291,15 @@ def _connect(url: str, cluster: bool | None, socket_timeout: float) -> tuple[_Cl
         ) from exc
 
 
+async def _sleep_until(clock: Clock, at_ms: int) -> None:
+    """Sleep until `at_ms` on `clock`, measured when the sleep starts.
+
+    Measured then, not when it was asked for: the two are separate steps of the loop, and a
+    clock that moved between them (a test's manual clock) would otherwise be slept past.
+    """
+    await clock.sleep(max(at_ms - clock.now_ms(), 0) / 1000)
+
+
 async def _first(*waits: Awaitable[Any]) -> None:
     """Return when the first of `waits` ends (the others are cancelled)."""
     tasks = [asyncio.ensure_future(w) for w in waits]
@@ -699,7 +708,7 @@ class _RedisInbox:
             # wake on a ring, at the next claim expiry, and at least every poll interval (the
             # full scan, the XAUTOCLAIM backstop and the sweep run on their own schedules)
             bound = min(deadline, now + _POLL_MS, self._recover_at)
-            await _first(bell.after(since), c.clock.sleep((bound - now) / 1000))
+            await _first(bell.after(since), _sleep_until(c.clock, bound))
         return None
 
     async def _scan(self, worker: str, since: tuple[int, int]) -> SessionTicket | None:
@@ -1242,7 +1251,7 @@ class _RedisOutbox:
         bound = min([deadline, *times])
         if bound <= now:
             return
-        await _first(c.outbox_bell.after(since), c.clock.sleep((bound - now) / 1000))
+        await _first(c.outbox_bell.after(since), _sleep_until(c.clock, bound))
 
     async def purge(self, *, now_ms: int) -> int:
         """Delete settled deliveries past their retention; returns how many."""

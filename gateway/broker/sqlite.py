@@ -399,14 +399,18 @@ class SqliteBroker(BrokerParts):
             raise BrokerError("storage", f"sqlite error on {self.path}: {exc}") from exc
         return result
 
+    async def _sleep_to(self, at_ms: int) -> None:
+        # measured when the sleep starts: a clock moved in between is not slept past
+        await self.clock.sleep(max(at_ms - self.clock.now_ms(), 0) / 1000)
+
     async def sleep_until(
         self, signal: asyncio.Event, wake_at_ms: int | None, deadline_ms: int
     ) -> None:
         """Sleep on the clock until `signal`, `wake_at_ms`, `deadline_ms` or the poll interval."""
         now = self.clock.now_ms()
         until = deadline_ms if wake_at_ms is None else min(deadline_ms, wake_at_ms)
-        delay = max(0, min(until - now, self.poll_interval_ms))
-        sleeper = asyncio.ensure_future(self.clock.sleep(delay / 1000))
+        wake = now + max(0, min(until - now, self.poll_interval_ms))
+        sleeper = asyncio.ensure_future(self._sleep_to(wake))
         waker = asyncio.ensure_future(signal.wait())
         try:
             await asyncio.wait({sleeper, waker}, return_when=asyncio.FIRST_COMPLETED)

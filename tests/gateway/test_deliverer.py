@@ -87,8 +87,15 @@ async def rig(request: pytest.FixtureRequest, tmp_path: Any) -> AsyncIterator[Ri
     await broker.close()
 
 
-def _failed(attempts: int) -> Callable[[Delivery], bool]:
-    return lambda d: d.attempts == attempts and d.status == "pending" and d.last_error is not None
+def _failed(attempts: int, now_ms: Callable[[], int]) -> Callable[[Delivery], bool]:
+    """Attempt `attempts` failed and was settled: due again later. A delivery claimed for that
+    attempt and not settled yet shows the same count and the previous error, but is due now."""
+    return lambda d: (
+        d.attempts == attempts
+        and d.status == "pending"
+        and d.last_error is not None
+        and d.due_at_ms > now_ms()
+    )
 
 
 def _schedule(attempts: int) -> list[int]:
@@ -103,7 +110,7 @@ async def test_a_channel_that_fails_three_times_is_retried_on_the_schedule(rig: 
     rig.start()
     expected = _schedule(3)
     for n, delay in enumerate(expected, 1):
-        failed = await rig.until("reply:s:run-1", _failed(n))
+        failed = await rig.until("reply:s:run-1", _failed(n, rig.clock.now_ms))
         assert failed.due_at_ms - rig.clock.now_ms() == delay
         assert 0.8 * 1000 * 2**n <= delay <= 1000 * 2**n
         rig.clock.advance(delay - 1)

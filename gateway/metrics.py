@@ -1,0 +1,382 @@
+"""Prometheus metrics: ``GET /metrics`` in the text format, over the service's own registry.
+
+Each `Metrics` has its own `CollectorRegistry` (never the process-global one: tests and
+benchmarks run several services in one process). Three kinds of numbers:
+
+* **Read at scrape time**, cached so a scrape storm reads the backends at most once per period:
+  the broker's backlogs (every `broker_ttl_s`, 5 s) and the lanes' statuses from the store
+  (every `lanes_ttl_s`, 15 s; each lane folded by `inspect_lane`, read-only and without a lease,
+  like the operator API; at most `max_lanes` lanes, then ``gateway_lanes_truncated`` is 1).
+  These are the shared state of every process over the store and broker.
+* **Counted in this process** as it works: takeovers, accepted messages, operations and their
+  durations (from the harness's events), model tokens and cost (from its usage events, failed
+  attempts included), delivery attempts and their durations.
+* ``gateway_metrics_read_errors_total``: scrape-time reads that failed (the previous values
+  are kept and served).
+
+``/metrics`` takes no token, the convention for Prometheus scrapers: the service binds loopback
+unless operator tokens are configured, and what it serves is safe to expose. The page holds
+counts, ages and durations only, labelled by bounded vocabularies (status, kind, outcome, the
+configured channel names): no message content, no secrets, no session, lane or thread names,
+no user ids. A label value that is not one of the vocabulary (a channel no adapter serves) is
+counted as ``other``.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import logging
+import time
+from collections.abc import Callable, Iterable
+from typing import Any, Final
+
+from fastapi import APIRouter, Response
+from prometheus_client import (
+    CONTENT_TYPE_LATEST,
+    CollectorRegistry,
+    Counter,
+    Gauge,
+    Histogram,
+    generate_latest,
+)
+
+from gateway.broker.contract import Broker
+from gateway.logs import event
+from harness_core import (
+    AgentHarness,
+    Clock,
+    CompactionEnd,
+    CompactionStart,
+    NavigationEnd,
+    NavigationStart,
+    RunEnd,
+    RunStart,
+    RunSuspend,
+    SessionError,
+    SessionRepo,
+    UsageEvent,
+    inspect_lane,
+)
+
+__all__ = ["LANE_STATUSES", "Metrics"]
+
+log = logging.getLogger("gateway.metrics")
+
+LANE_STATUSES: Final = ("idle", "running", "suspended", "aborting", "failed", "stuck", "faulted")
+"""Every value of ``gateway_lanes{status}`` (each is served, 0 when no lane has it)."""
+_OUTCOMES: Final = {
+    "run": ("completed", "aborted", "failed"),
+    "compaction": ("completed", "declined", "aborted", "failed"),
+    "navigation": ("completed", "declined", "aborted", "failed"),
+}
+_DELIVERY_OUTCOMES: Final = ("delivered", "reconciled", "retry", "dead")
+_TOKEN_KINDS: Final = ("input", "output", "cache_read", "cache_write")
+_OTHER: Final = "other"
+_OPERATION_BUCKETS: Final = (0.1, 0.25, 0.5, 1, 2.5, 5, 10, 30, 60, 120, 300, 600, 1800)
+_DELIVERY_BUCKETS: Final = (0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10, 30)
+
+
+class Metrics:
+    """The service's metrics: one registry, its counters, and the scrape-time reads."""
+
+    def __init__(
+        self,
+        repo: SessionRepo,
+        broker: Broker,
+        clock: Clock,
+        *,
+        max_attempts: int,
+        channels: Iterable[str] = (),
+        broker_ttl_s: float = 5.0,
+        lanes_ttl_s: float = 15.0,
+        max_lanes: int = 10_000,
+    ) -> None:
+        self._repo = repo
+        self._broker = broker
+        self._clock = clock
+        self._max_attempts = max_attempts
+        self.channels = frozenset(channels)
+        """The label values ``channel`` takes (the adapters' names); any other is ``other``."""
+        self.broker_ttl_s = broker_ttl_s
+        self.lanes_ttl_s = lanes_ttl_s
+        self.max_lanes = max_lanes
+        self._broker_read_at: float | None = None
+        self._lanes_read_at: float | None = None
+        self._reading = asyncio.Lock()
+        self.registry = CollectorRegistry(auto_describe=True)
+        registry = self.registry
+
+        def gauge(name: str, doc: str, labels: tuple[str, ...] = ()) -> Gauge:
+            return Gauge(name, doc, labels, registry=registry)
+
+        self.inbox_backlog = gauge("gateway_inbox_backlog", "Inbox items waiting for a lane.")
+        self.inbox_oldest_age = gauge(
+            "gateway_inbox_oldest_age_seconds", "Age of the oldest inbox item waiting."
+        )
+        self.inbox_rejected = gauge(
+            "gateway_inbox_rejected", "Inbox items rejected (never acceptable), kept."
+        )
+        self.outbox_backlog = gauge("gateway_outbox_backlog", "Deliveries pending.")
+        self.outbox_oldest_age = gauge(
+            "gateway_outbox_oldest_age_seconds", "Age of the oldest due delivery pending."
+        )
+        self.dead_letters = gauge("gateway_dead_letters", "Dead letters kept in the outbox.")
+        self.lanes = gauge("gateway_lanes", "Lanes by status (read from the store).", ("status",))
+        self.stuck_lanes = gauge(
+            "gateway_stuck_lanes", "Lanes interrupted too often: waiting for an operator."
+        )
+        self.lanes_truncated = gauge(
+            "gateway_lanes_truncated", "1 when the lane count stopped at the limit (partial)."
+        )
+        self.read_errors = Counter(
+            "gateway_metrics_read_errors",
+            "Scrape-time reads that failed (the previous values are served).",
+            ("source",),
+            registry=registry,
+        )
+        self.takeovers = Counter(
+            "gateway_takeovers",
+            "Lane operations this process resumed after a crash.",
+            registry=registry,
+        )
+        self.messages_accepted = Counter(
+            "gateway_messages_accepted",
+            "Inbound messages accepted into their lanes by this process.",
+            ("channel",),
+            registry=registry,
+        )
+        self.deliveries = Counter(
+            "gateway_deliveries",
+            "Delivery attempts by outcome (reconciled: an earlier attempt had arrived).",
+            ("channel", "outcome"),
+            registry=registry,
+        )
+        self.delivery_seconds = Histogram(
+            "gateway_delivery_seconds",
+            "Duration of one delivery attempt (reconciling and sending).",
+            buckets=_DELIVERY_BUCKETS,
+            registry=registry,
+        )
+        self.tokens = Counter(
+            "gateway_model_tokens",
+            "Model tokens used (every request, failed attempts included).",
+            ("kind",),
+            registry=registry,
+        )
+        self.cost = Counter(
+            "gateway_model_cost",
+            "Model cost in US dollars (every request, failed attempts included).",
+            registry=registry,
+        )
+        self.operations = Counter(
+            "gateway_operations",
+            "Lane operations that ended in this process, by kind and outcome.",
+            ("kind", "outcome"),
+            registry=registry,
+        )
+        self.suspensions = Counter(
+            "gateway_suspensions",
+            "Runs that parked (an approval, a background model request).",
+            ("reason",),
+            registry=registry,
+        )
+        self.operation_seconds = Histogram(
+            "gateway_operation_seconds",
+            "Execution of an operation in this process: start or resume to end or suspension.",
+            ("kind",),
+            buckets=_OPERATION_BUCKETS,
+            registry=registry,
+        )
+        # every bounded label value is served from the first scrape on (stable series)
+        for status in LANE_STATUSES:
+            self.lanes.labels(status)
+        for kind, outcomes in _OUTCOMES.items():
+            self.operation_seconds.labels(kind)
+            for outcome in outcomes:
+                self.operations.labels(kind, outcome)
+        for token_kind in _TOKEN_KINDS:
+            self.tokens.labels(token_kind)
+        for reason in ("approval", "deferred"):
+            self.suspensions.labels(reason)
+        for source in ("broker", "store"):
+            self.read_errors.labels(source)
+        for channel in sorted(self.channels):
+            self.messages_accepted.labels(channel)
+            for outcome in _DELIVERY_OUTCOMES:
+                self.deliveries.labels(channel, outcome)
+        self.router = self._build()
+
+    # -- counted as it happens -------------------------------------------------------------
+
+    def channel(self, name: object) -> str:
+        """The ``channel`` label of a channel name (``other`` unless an adapter serves it)."""
+        return name if isinstance(name, str) and name in self.channels else _OTHER
+
+    def takeover(self) -> None:
+        """A lane operation interrupted by a crash is resumed by this process."""
+        self.takeovers.inc()
+
+    def message_accepted(self, channel: str) -> None:
+        """An inbound message was accepted into its lane."""
+        self.messages_accepted.labels(self.channel(channel)).inc()
+
+    def delivery(self, channel: object, outcome: str) -> None:
+        """A delivery attempt settled: delivered, reconciled, retry or dead."""
+        self.deliveries.labels(self.channel(channel), outcome).inc()
+
+    def delivery_time(self, seconds: float) -> None:
+        """A delivery attempt took `seconds` (settling included)."""
+        self.delivery_seconds.observe(seconds)
+
+    def watch(self, harness: AgentHarness) -> Callable[[], None]:
+        """Count a session's operations, durations and usage from its harness's events.
+
+        Returns the function that stops watching (call it before the harness closes). The
+        durations are those of this process: from a run's start (or resume) to its end (or
+        suspension); a run that another process resumes is timed there from its resume.
+        """
+        started: dict[str, float] = {}
+
+        def begin(event: Any) -> None:
+            if isinstance(event, CompactionStart) and event.reason != "manual":
+                return  # compacting inside a run: part of the run
+            if isinstance(event, (RunStart, NavigationStart)):
+                started[event.run_id] = time.monotonic()
+            else:
+                started.setdefault(event.run_id, time.monotonic())
+
+        def end(event: Any) -> None:
+            kind: str
+            if isinstance(event, (RunEnd, RunSuspend)):
+                kind = "run"
+            elif isinstance(event, NavigationEnd):
+                kind = "navigation"
+            elif isinstance(event, CompactionEnd) and event.reason == "manual":
+                kind = "compaction"
+            else:
+                return  # compacting inside a run
+            began = started.pop(event.run_id, None)
+            if began is not None:
+                self.operation_seconds.labels(kind).observe(time.monotonic() - began)
+            if isinstance(event, RunSuspend):
+                self.suspensions.labels(event.reason).inc()
+            elif event.outcome in _OUTCOMES[kind]:
+                self.operations.labels(kind, event.outcome).inc()
+
+        def usage(event: UsageEvent) -> None:
+            used = event.record.usage
+            for token_kind in _TOKEN_KINDS:
+                count = getattr(used, token_kind)
+                if count > 0:  # adjustments may be negative: a counter only rises
+                    self.tokens.labels(token_kind).inc(count)
+            cost = used.cost
+            total = cost.total or (cost.input + cost.output + cost.cache_read + cost.cache_write)
+            if total > 0:
+                self.cost.inc(total)
+
+        events = harness.events
+        offs = [
+            *(
+                events.on_any(name, begin)
+                for name in ("run_start", "run_resume", "compaction_start", "navigation_start")
+            ),
+            *(
+                events.on_any(name, end)
+                for name in ("run_end", "run_suspend", "compaction_end", "navigation_end")
+            ),
+            events.on_any("usage", usage),
+        ]
+
+        def off() -> None:
+            for stop in offs:
+                stop()
+            started.clear()
+
+        return off
+
+    # -- read at scrape time ---------------------------------------------------------------
+
+    async def refresh(self) -> None:
+        """Read the broker and the store again where their cached values are too old."""
+        async with self._reading:  # a scrape storm waits for one read
+            now = time.monotonic()
+            if self._broker_read_at is None or now - self._broker_read_at >= self.broker_ttl_s:
+                await self._read_broker()
+                self._broker_read_at = time.monotonic()
+            if self._lanes_read_at is None or now - self._lanes_read_at >= self.lanes_ttl_s:
+                await self._read_lanes()
+                self._lanes_read_at = time.monotonic()
+
+    async def _read_broker(self) -> None:
+        try:
+            inbox = await self._broker.inbox.backlog()
+            outbox = await self._broker.outbox.backlog(now_ms=self._clock.now_ms())
+        except Exception as exc:
+            self.read_errors.labels("broker").inc()
+            log.warning(event("metrics read failed", source="broker", error=type(exc).__name__))
+            return
+        self.inbox_backlog.set(inbox.pending)
+        self.inbox_oldest_age.set(inbox.oldest_age_ms / 1000)
+        self.inbox_rejected.set(inbox.dead)
+        self.outbox_backlog.set(outbox.pending)
+        self.outbox_oldest_age.set(outbox.oldest_age_ms / 1000)
+        self.dead_letters.set(outbox.dead)
+
+    async def _read_lanes(self) -> None:
+        try:
+            counts, truncated = await self._count_lanes()
+        except Exception as exc:
+            self.read_errors.labels("store").inc()
+            log.warning(event("metrics read failed", source="store", error=type(exc).__name__))
+            return
+        for status in LANE_STATUSES:
+            self.lanes.labels(status).set(counts.get(status, 0))
+        self.stuck_lanes.set(counts.get("stuck", 0))
+        self.lanes_truncated.set(1 if truncated else 0)
+
+    async def _count_lanes(self) -> tuple[dict[str, int], bool]:
+        """Lanes by status over every session (at most `max_lanes`; True if it stopped there)."""
+        counts: dict[str, int] = {}
+        seen = 0
+        for meta in await self._repo.list():
+            holder = await self._repo.lease_holder(meta.id)
+            try:
+                storage = await self._repo.open(meta.id)  # read-only: no lease taken
+            except SessionError as exc:
+                if exc.code == "not_found":
+                    continue  # deleted since the listing
+                raise
+            try:
+                for pointer in await storage.get_lanes():
+                    if seen >= self.max_lanes:
+                        return counts, True
+                    seen += 1
+                    seen_lane = await inspect_lane(
+                        storage,
+                        pointer.lane,
+                        max_attempts=self._max_attempts,
+                        executing=holder is not None,
+                    )
+                    info = seen_lane.info
+                    if info.name == "main" and info.status == "idle" and info.leaf_id is None:
+                        continue  # the harness's default lane, which threads never use
+                    counts[info.status] = counts.get(info.status, 0) + 1
+            finally:
+                with contextlib.suppress(Exception):
+                    await storage.close()
+        return counts, False
+
+    async def text(self) -> bytes:
+        """The Prometheus text exposition, read again where it is due."""
+        await self.refresh()
+        return generate_latest(self.registry)
+
+    def _build(self) -> APIRouter:
+        router = APIRouter()
+
+        @router.get("/metrics", include_in_schema=False)
+        async def metrics() -> Response:
+            return Response(await self.text(), media_type=CONTENT_TYPE_LATEST)
+
+        return router
