@@ -437,9 +437,18 @@ UNION ALL SELECT seq, 'f', timestamp, NULL, NULL, payload, NULL FROM facts
 ORDER BY seq LIMIT ?
 """
 _WALK_SQL = (
-    "SELECT id, type, custom_type, seq, timestamp, lane, parent_id, payload FROM entries "
-    "WHERE session_id=? AND id=?"
+    "WITH RECURSIVE path(id, type, custom_type, seq, timestamp, lane, parent_id, payload, depth)"
+    " AS (SELECT id, type, custom_type, seq, timestamp, lane, parent_id, payload, 0 FROM entries"
+    " WHERE session_id=?1 AND id=?2"
+    " UNION ALL SELECT e.id, e.type, e.custom_type, e.seq, e.timestamp, e.lane, e.parent_id,"
+    " e.payload, path.depth + 1 FROM path JOIN entries e ON e.session_id=?1 AND e.id=path.parent_id"
+    " WHERE path.depth + 1 < ?3)"
+    " SELECT id, type, custom_type, seq, timestamp, lane, parent_id, payload FROM path"
+    " ORDER BY depth"
 )
+"""Up to ?3 entries of a path from ?2 toward the root, in one statement (a recursive CTE)."""
+_WALK_BATCH = (32, 256, 2048)
+"""Entries per walk statement: a short first read (most scans stop early), then longer ones."""
 _RECORD_COLS = "seq, timestamp, payload"
 
 
@@ -865,15 +874,18 @@ def _require_lane(c: sqlite3.Connection, sid: str, lane: str) -> str | None:
 def _walk(
     c: sqlite3.Connection, sid: str, start: str, rows: dict[str, tuple[Any, ...]]
 ) -> Iterator[BranchNode]:
-    sql = _WALK_SQL
-    row = c.execute(sql, (sid, start)).fetchone()
-    if row is None:
-        raise SessionError("not_found", f"entry {start!r} does not exist")
-    while row is not None:
-        entry_id, type_, custom, seq, timestamp, lane, parent, payload = row
-        rows[entry_id] = (seq, timestamp, lane, parent, payload)
-        yield BranchNode(entry_id, parent, seq, type_, custom)
-        row = None if parent is None else c.execute(sql, (sid, parent)).fetchone()
+    at: str | None = start
+    batch = 0
+    while at is not None:
+        size = _WALK_BATCH[min(batch, len(_WALK_BATCH) - 1)]
+        found = c.execute(_WALK_SQL, (sid, at, size)).fetchall()
+        if not found and batch == 0:
+            raise SessionError("not_found", f"entry {at!r} does not exist")
+        for entry_id, type_, custom, seq, timestamp, lane, parent, payload in found:
+            rows[entry_id] = (seq, timestamp, lane, parent, payload)
+            yield BranchNode(entry_id, parent, seq, type_, custom)
+        at = found[-1][6] if found and len(found) == size else None
+        batch += 1
 
 
 def _metadata(c: sqlite3.Connection, session_id: str | None) -> list[SessionMetadata]:
