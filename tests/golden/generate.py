@@ -135,10 +135,9 @@ class Process:
         self.toolbox.hang.update(call_ids)
         task = asyncio.ensure_future(work)
         self.pending.append(task)
-        for _ in range(10_000):
-            if set(call_ids) <= set(self.toolbox.hung) or task.done():
-                break
-            await asyncio.sleep(0)
+        async with asyncio.timeout(10):  # a store's thread may be slow on a loaded machine
+            while not (set(call_ids) <= set(self.toolbox.hung) or task.done()):
+                await asyncio.sleep(0.001)
         assert not task.done(), f"{call_ids} never hung: {task.result()}"
         assert set(call_ids) <= set(self.toolbox.hung), self.toolbox.hung
         self.toolbox.hung.clear()
