@@ -28,23 +28,29 @@ import os
 import platform
 import shutil
 import statistics
+import sys
 import tempfile
 import time
+from pathlib import Path
 from typing import Any
 
-from bench.store_bench import backends
-from harness_core import ScriptedModel, SessionRepo
-from harness_core.harness import AgentHarness
-from harness_core.ids import SequentialIds
-from harness_core.messages import AssistantMessage, ToolResultMessage
-from harness_core.models import ModelRef, ModelRequest
-from harness_core.models.scripted import text, tool_call
-from harness_core.options import AgentHarnessOptions
-from harness_core.result import Ok
-from harness_core.session.contract import SessionStorage
-from harness_core.session.types import LogItem, SessionMetadata
-from harness_core.storage.memory import MemorySessionRepo
-from harness_core.tools import Tool, ToolContext
+ROOT = Path(__file__).resolve().parents[1]
+if str(ROOT) not in sys.path:  # `python bench/harness_bench.py` as well as `-m bench....`
+    sys.path.insert(0, str(ROOT))
+
+from bench.store_bench import backends  # noqa: E402
+from harness_core import ScriptedModel, SessionRepo  # noqa: E402
+from harness_core.harness import AgentHarness  # noqa: E402
+from harness_core.ids import SequentialIds  # noqa: E402
+from harness_core.messages import AssistantMessage, ToolResultMessage  # noqa: E402
+from harness_core.models import ModelRef, ModelRequest  # noqa: E402
+from harness_core.models.scripted import text, tool_call  # noqa: E402
+from harness_core.options import AgentHarnessOptions  # noqa: E402
+from harness_core.result import Ok  # noqa: E402
+from harness_core.session.contract import SessionStorage  # noqa: E402
+from harness_core.session.types import LogItem, SessionMetadata  # noqa: E402
+from harness_core.storage.memory import MemorySessionRepo  # noqa: E402
+from harness_core.tools import Tool, ToolContext  # noqa: E402
 
 MODEL = ModelRef(provider="scripted", model_id="bench")
 ANSWER = ("The change is in place and the tests pass; " * 5)[:200]

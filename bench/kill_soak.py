@@ -13,14 +13,17 @@ from __future__ import annotations
 import argparse
 import asyncio
 import shutil
+import sys
 import tempfile
 import time
 from pathlib import Path
 
-from bench.store_bench import redis_url
-from tests.support.kill_soak import soak
-
 ROOT = Path(__file__).resolve().parents[1]
+if str(ROOT) not in sys.path:  # `python bench/kill_soak.py` as well as `-m bench.kill_soak`
+    sys.path.insert(0, str(ROOT))
+
+from bench.store_bench import redis_url  # noqa: E402 (after the path fix above)
+from tests.support.kill_soak import soak  # noqa: E402
 
 
 async def main() -> None:
