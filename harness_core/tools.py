@@ -10,8 +10,10 @@ index), so a tool can make its own external effect idempotent (for example as an
 from __future__ import annotations
 
 import asyncio
+import functools
 import hashlib
 import inspect
+import json
 import typing
 from collections.abc import Awaitable, Callable, Mapping
 from dataclasses import dataclass, field
@@ -111,7 +113,7 @@ class Tool:
         if self.parameters is not None:
             schema = self.parameters
         elif self.args_model is not None:
-            schema = self.args_model.model_json_schema()
+            schema = _schema_of(self.args_model)
         else:
             schema = {"type": "object", "properties": {}}
         return ToolDefinition(name=self.name, description=self.description, parameters=dict(schema))
@@ -129,6 +131,19 @@ class Tool:
                 for error in exc.errors(include_url=False)
             )
             raise ToolArgumentsError(f"invalid arguments for {self.name}: {problems}") from exc
+
+
+def _schema_of(model: type[BaseModel]) -> Mapping[str, Any]:
+    """An arguments model's JSON schema (a fresh copy: the caller may keep or change it)."""
+    parsed: Mapping[str, Any] = json.loads(_schema_text(model))
+    return parsed
+
+
+@functools.lru_cache(maxsize=256)
+def _schema_text(model: type[BaseModel]) -> str:
+    # made once per model class: every model request lists every tool, and generating a
+    # schema costs about a millisecond (a class does not change)
+    return json.dumps(model.model_json_schema())
 
 
 @dataclass(frozen=True, kw_only=True, slots=True)
