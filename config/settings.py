@@ -181,6 +181,14 @@ class Settings(BaseModel):
         le=1_000_000,
         description="Cap on a model answer's tokens (default: the model's).",
     )
+    model_timeout_seconds: float = Field(
+        default=300.0,
+        gt=0,
+        le=3600,
+        description="How long one model request may wait for the provider (for its answer, or "
+        "between two streamed chunks) before it fails as timed out; a timed-out request is "
+        "retried like other transient failures.",
+    )
     redis_url: str | None = Field(
         default=None,
         description="A Redis server (redis://host:port/db, rediss:// for TLS): store and broker "

@@ -1,17 +1,27 @@
-"""The ``gateway`` command: the service (`serve`), the crash demo, store inspection, `ask`."""
+"""The ``gateway`` command: the service (`serve`), the crash demo, store inspection, `ask`.
+
+Whatever goes wrong is one line on stderr, ``gateway: ...``, and a non-zero exit status, never
+a traceback: 2 for a command line or settings that cannot work, 1 for a failure (the store,
+the model, the session held by another process), 130 for Ctrl-C. Output cut short by its
+reader (``gateway store show S | head -1``) ends quietly, with status 141 as a shell reports
+for ``cat`` there. ``GATEWAY_LOG_LEVEL=debug`` adds the traceback of an unexpected error.
+"""
 
 from __future__ import annotations
 
 import argparse
 import asyncio
+import os
+import sqlite3
 import sys
+import traceback
 from collections.abc import Sequence
 from pathlib import Path
 
 from pydantic import ValidationError
 
 from config import Settings, SettingsError, format_settings_error, load_settings
-from gateway.ask import ask
+from gateway.ask import AskFailed, ask
 from gateway.broker import BrokerError
 from gateway.demo import demo, describe
 from gateway.models import ModelConfigError
@@ -21,8 +31,14 @@ from harness_core import (
     SessionRepo,
     open_repo,
 )
+from harness_core.storage.urls import without_password
 
 __all__ = ["main"]
+
+INTERRUPTED = 130
+"""Ctrl-C (128 + SIGINT), as shells report it."""
+OUTPUT_CLOSED = 141
+"""The reader of our output went away (128 + SIGPIPE), as shells report it for ``cat``."""
 
 
 async def show(repo: SessionRepo, session_id: str | None, out: list[str]) -> None:
@@ -65,7 +81,15 @@ def _missing_local_store(url: str) -> str | None:
 
 
 class CliError(Exception):
-    """A command line that names no valid action (reported as one line, status 2)."""
+    """A command that cannot be done: one line on stderr, and `status` (2: the command line)."""
+
+    def __init__(self, message: str, status: int = 2) -> None:
+        super().__init__(message)
+        self.status = status
+
+
+class _OutputClosed(Exception):
+    """Writing to stdout failed because its reader is gone (a closed pipe)."""
 
 
 async def _run(args: argparse.Namespace, settings: Settings) -> int:
@@ -86,10 +110,48 @@ async def _run(args: argparse.Namespace, settings: Settings) -> int:
             await show(repo, _session_of(args.target), out)
         else:
             return await ask(repo, settings, args.lane, " ".join(args.question), out)
+    except (sqlite3.Error, OSError) as exc:  # the backend could not open the store
+        raise CliError(
+            f"cannot use the store {without_password(url)}: {_store_problem(exc)}", status=1
+        ) from exc
     finally:
         await repo.close()
-        print("\n".join(out))
+        _write(out)
     return 0
+
+
+def _store_problem(exc: sqlite3.Error | OSError) -> str:
+    """What SQLite or the file system said, and what it most likely means."""
+    if isinstance(exc, OSError):
+        where = f": {exc.filename}" if exc.filename else ""
+        return f"{exc.strerror or exc}{where}"
+    said = str(exc)
+    hint = {
+        "file is not a database": "damaged, or not a SQLite file",
+        "attempt to write a readonly database": "the file cannot be written",
+        "unable to open database file": "its directory cannot be written, or is no directory",
+        "disk I/O error": "the disk is full or failing, or the file cannot be written",
+    }.get(said)
+    return f"{said} ({hint})" if hint else said
+
+
+def _write(out: list[str]) -> None:
+    if not out:
+        return
+    try:
+        print("\n".join(out), flush=True)
+    except BrokenPipeError:
+        raise _OutputClosed from None
+
+
+def _discard_stdout() -> None:
+    """Point stdout at /dev/null, so the interpreter's last flush does not fail again."""
+    try:
+        devnull = os.open(os.devnull, os.O_WRONLY)
+        os.dup2(devnull, sys.stdout.fileno())
+        os.close(devnull)
+    except (OSError, ValueError):  # no real file descriptor (captured in tests)
+        pass
 
 
 def main(argv: Sequence[str] | None = None, settings: Settings | None = None) -> int:
@@ -153,10 +215,20 @@ def main(argv: Sequence[str] | None = None, settings: Settings | None = None) ->
     try:
         return asyncio.run(_run(args, settings))
     except (HarnessError, ModelConfigError, PluginError, BrokerError) as exc:
-        print(f"gateway: {exc}", file=sys.stderr)
-        return 1
-    except CliError as exc:
-        print(f"gateway: {exc}", file=sys.stderr)
-        return 2
-    except KeyboardInterrupt:
-        return 130
+        return _fail(str(exc), 1)
+    except (CliError, AskFailed) as exc:
+        return _fail(str(exc), exc.status)
+    except (KeyboardInterrupt, asyncio.CancelledError):
+        return _fail("interrupted", INTERRUPTED)
+    except (_OutputClosed, BrokenPipeError):
+        _discard_stdout()
+        return OUTPUT_CLOSED
+    except Exception as exc:  # a defect: still one line (the traceback with log_level debug)
+        if settings.log_level == "debug":
+            traceback.print_exc()
+        return _fail(f"unexpected error: {type(exc).__name__}: {exc}", 1)
+
+
+def _fail(message: str, status: int) -> int:
+    print(f"gateway: {' '.join(message.split())}", file=sys.stderr)
+    return status

@@ -136,7 +136,7 @@ class Process:
         task = asyncio.ensure_future(work)
         self.pending.append(task)
         async with asyncio.timeout(10):  # a store's thread may be slow on a loaded machine
-            while not (set(call_ids) <= set(self.toolbox.hung) or task.done()):
+            while not (set(call_ids) <= set(self.toolbox.hung) or task.done()):  # noqa: ASYNC110
                 await asyncio.sleep(0.001)
         assert not task.done(), f"{call_ids} never hung: {task.result()}"
         assert set(call_ids) <= set(self.toolbox.hung), self.toolbox.hung

@@ -660,9 +660,10 @@ async def test_a4_counted_resume_vs_abort(backend: str, tmp_path: Path, order: s
         resuming = asyncio.ensure_future(lane.resume())
     else:
         resuming = asyncio.ensure_future(lane.resume())
-        async with asyncio.timeout(10):  # admitted (the attempt recorded), then parked
-            while (await lane.lanes())[0].status != "running" or not await lane.peek_action():
-                await asyncio.sleep(0.001)  # the store's thread may be slow on a loaded machine
+        # admitted (the attempt recorded), then parked; the store's thread may be slow
+        async with asyncio.timeout(10):
+            while (await lane.lanes())[0].status != "running" or not await lane.peek_action():  # noqa: ASYNC110
+                await asyncio.sleep(0.001)
         await until(lane, kind("execute_tool"))
         assert isinstance(await lane.abort(), Ok)
     await lane.run_to_completion()

@@ -1,0 +1,497 @@
+"""The `gateway` command used the way a hostile (or unlucky) user uses it.
+
+Whatever goes wrong is one line on stderr and a non-zero status, never a traceback: settings
+that are no settings, stores that cannot be opened or written, a corrupt database, a reader
+that closes the pipe, Ctrl-C in the middle of a run (which aborts the run: the store shows it
+finished, not open), two `ask` processes on one session (the second waits its turn, or says
+who holds the session), and a model that fails (the line says why: no key, the connection
+refused, what the provider answered, or no answer within the timeout).
+
+The real-process cases run ``python -m gateway`` with a clean ``GATEWAY_*`` environment, in a
+directory of their own (no ``.env`` is read), against the local fake LLM server.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import ctypes
+import os
+import random
+import signal
+import socket
+import subprocess
+import sys
+from collections.abc import AsyncIterator, Callable
+from pathlib import Path
+
+import pytest
+from pydantic import SecretStr
+
+from config import Settings
+from gateway import ask as ask_module
+from gateway.cli import main, show
+from harness_core.storage import open_repo
+from tests.support.fake_llm import FakeLLM, allow_model_requests
+
+ROOT = Path(__file__).resolve().parents[2]
+WAIT = 60.0
+"""The longest any one process of these tests may take (a hung process fails the test)."""
+
+
+def one_line(err: str) -> str:
+    """The single line on stderr (anything more, or a traceback, fails)."""
+    assert "Traceback" not in err, err
+    lines = err.splitlines()
+    assert len(lines) == 1, err
+    assert lines[0].startswith("gateway: "), err
+    return lines[0]
+
+
+def environment(**settings: str) -> dict[str, str]:
+    """This process's environment without any GATEWAY_* or provider key, plus `settings`."""
+    env = {
+        key: value
+        for key, value in os.environ.items()
+        if not key.startswith("GATEWAY_") and key not in ("OPENAI_API_KEY", "ANTHROPIC_API_KEY")
+    }
+    env.update({f"GATEWAY_{key.upper()}": value for key, value in settings.items()})
+    env["PYTHONPATH"] = str(ROOT)
+    return env
+
+
+def _default_sigint() -> None:
+    # a child of a shell that ignores SIGINT (a background job) would ignore Ctrl-C as well
+    signal.signal(signal.SIGINT, signal.SIG_DFL)
+
+
+_SPAWNED: list[asyncio.subprocess.Process] = []
+
+
+@pytest.fixture(autouse=True)
+async def _no_process_outlives_its_test() -> AsyncIterator[None]:
+    yield
+    while _SPAWNED:
+        process = _SPAWNED.pop()
+        if process.returncode is None:
+            process.kill()
+            await process.wait()
+
+
+async def start(cwd: Path, *args: str, **settings: str) -> asyncio.subprocess.Process:
+    process = await asyncio.create_subprocess_exec(
+        sys.executable,
+        "-m",
+        "gateway",
+        *args,
+        cwd=cwd,
+        env=environment(**settings),
+        stdout=asyncio.subprocess.PIPE,
+        stderr=asyncio.subprocess.PIPE,
+        preexec_fn=_default_sigint,
+    )
+    _SPAWNED.append(process)
+    return process
+
+
+async def finish(process: asyncio.subprocess.Process) -> tuple[int, str, str]:
+    out, err = await asyncio.wait_for(process.communicate(), WAIT)
+    assert process.returncode is not None
+    return process.returncode, out.decode(), err.decode()
+
+
+async def gateway(cwd: Path, *args: str, **settings: str) -> tuple[int, str, str]:
+    return await finish(await start(cwd, *args, **settings))
+
+
+async def store_show(url: str) -> str:
+    """What `gateway store show cli --store URL` prints."""
+    repo = open_repo(url)
+    out: list[str] = []
+    try:
+        await show(repo, "cli", out)
+    finally:
+        await repo.close()
+    return "\n".join(out)
+
+
+def has_open(pid: int, path: Path) -> bool:
+    """Whether process `pid` has `path` open (Linux: its /proc/PID/fd links)."""
+    try:
+        return any(os.path.realpath(fd) == str(path) for fd in Path(f"/proc/{pid}/fd").iterdir())
+    except OSError:  # a descriptor closed while listed
+        return False
+
+
+async def opened(process: asyncio.subprocess.Process, path: Path) -> None:
+    """Wait until `process` has `path` open (it reached the store: past its imports)."""
+    for _ in range(int(WAIT / 0.05)):
+        assert process.returncode is None
+        if has_open(process.pid, path):
+            return
+        await asyncio.sleep(0.05)
+    raise AssertionError(f"{path} was never opened")
+
+
+def closed_port() -> int:
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        return int(sock.getsockname()[1])  # nothing listens there once it is closed
+
+
+@pytest.fixture
+async def fake() -> AsyncIterator[FakeLLM]:
+    async with FakeLLM() as server:
+        yield server
+
+
+# --- settings --------------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize(
+    ("variable", "value", "said"),
+    [
+        ("GATEWAY_NOPE", "1", "gateway: unknown setting GATEWAY_NOPE in the environment"),
+        ("GATEWAY_MODEL_TIMEOUT_SECONDS", "soon", "gateway: model_timeout_seconds='soon'"),
+        ("GATEWAY_PORT", "99999", "gateway: port='99999' (GATEWAY_PORT in the environment)"),
+    ],
+)
+def test_a_setting_that_cannot_work_is_one_line(
+    tmp_path: Path,
+    monkeypatch: pytest.MonkeyPatch,
+    capsys: pytest.CaptureFixture[str],
+    variable: str,
+    value: str,
+    said: str,
+) -> None:
+    monkeypatch.chdir(tmp_path)
+    monkeypatch.setenv(variable, value)
+    assert main(["store", "list"]) == 2
+    assert one_line(capsys.readouterr().err).startswith(said)
+
+
+# --- the store -------------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize("command", [["ask", "hi"], ["demo"]])
+def test_a_store_where_nothing_can_be_written_is_one_line(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str], command: list[str]
+) -> None:
+    assert main([*command, "--store", "sqlite:////proc/x.db"], settings=Settings()) == 1
+    line = one_line(capsys.readouterr().err)
+    assert line.startswith("gateway: cannot use the store sqlite:////proc/x.db: ")
+    assert "unable to open database file" in line
+
+
+def test_a_store_under_a_file_is_one_line(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    (tmp_path / "file").write_text("not a directory")
+    for url in (f"sqlite:///{tmp_path}/file/gw.db", f"jsonl:///{tmp_path}/file/sessions"):
+        assert main(["ask", "--store", url, "hi"], settings=Settings()) == 1
+        assert f"{tmp_path}/file is not a directory" in one_line(capsys.readouterr().err)
+
+
+@pytest.mark.parametrize("command", [["store"], ["store", "show", "cli"], ["ask", "hi"], ["demo"]])
+def test_a_corrupt_database_is_one_line(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str], command: list[str]
+) -> None:
+    (tmp_path / "gw.db").write_bytes(random.Random(13).randbytes(8192))
+    url = f"sqlite:///{tmp_path}/gw.db"
+    assert main([*command, "--store", url], settings=Settings()) == 1
+    assert one_line(capsys.readouterr().err) == (
+        f"gateway: cannot use the store {url}: file is not a database "
+        "(damaged, or not a SQLite file)"
+    )
+
+
+def _without_root_powers() -> Callable[[], None] | None:
+    """For a child process: drop the capabilities that let root write a read-only file."""
+    if os.geteuid() != 0:
+        return None
+    libc = ctypes.CDLL(None, use_errno=True)
+
+    def drop() -> None:
+        for capability in (1, 2):  # CAP_DAC_OVERRIDE, CAP_DAC_READ_SEARCH
+            if libc.prctl(24, capability, 0, 0, 0) != 0:  # PR_CAPBSET_DROP
+                raise OSError(ctypes.get_errno(), "prctl(PR_CAPBSET_DROP)")
+
+    return drop
+
+
+def test_a_read_only_database_is_one_line(tmp_path: Path) -> None:
+    store = tmp_path / "store"
+    store.mkdir()
+    url = f"sqlite:///{store}/gw.db"
+    assert main(["ask", "--store", url, "hello"], settings=Settings()) == 0
+    drop = _without_root_powers()
+    (store / "gw.db").chmod(0o444)
+    store.chmod(0o555)
+    try:
+        try:
+            probe = subprocess.run(
+                ["touch", str(store / "probe")],
+                preexec_fn=drop,
+                stderr=subprocess.DEVNULL,
+                check=False,
+            )
+        except subprocess.SubprocessError:
+            pytest.skip("cannot drop root's file capabilities here")
+        if probe.returncode == 0:
+            pytest.skip("this user writes read-only files anyway")
+        done = subprocess.run(
+            [sys.executable, "-m", "gateway", "ask", "--store", url, "again"],
+            cwd=tmp_path,
+            env=environment(),
+            capture_output=True,
+            text=True,
+            timeout=WAIT,
+            preexec_fn=drop,
+            check=False,
+        )
+    finally:
+        store.chmod(0o755)
+    assert done.returncode == 1, done
+    assert one_line(done.stderr) == (
+        f"gateway: cannot use the store {url}: attempt to write a readonly database "
+        "(the file cannot be written)"
+    )
+
+
+async def test_a_reader_that_closes_the_pipe_ends_it_quietly(tmp_path: Path) -> None:
+    url = f"sqlite:///{tmp_path}/gw.db"
+    repo = open_repo(url)
+    try:
+        assert await ask_module.ask(repo, Settings(), "cli:default", "hello", []) == 0
+    finally:
+        await repo.close()
+    # `gateway store show cli | head -0`: the reader is gone before the first line is written
+    read, write = os.pipe()
+    os.close(read)
+    try:
+        process = await asyncio.create_subprocess_exec(
+            sys.executable,
+            *("-m", "gateway", "store", "show", "cli", "--store", url),
+            cwd=tmp_path,
+            env=environment(),
+            stdout=write,
+            stderr=asyncio.subprocess.PIPE,
+        )
+    finally:
+        os.close(write)
+    _, err = await asyncio.wait_for(process.communicate(), WAIT)
+    assert process.returncode == 141  # as a shell reports `cat` killed by SIGPIPE
+    assert err.decode() == ""  # like `cat`, nothing to say: the reader chose to stop
+
+
+# --- Ctrl-C and two processes ----------------------------------------------------------------
+
+
+async def test_ctrl_c_aborts_the_running_ask_and_the_store_shows_it_finished(
+    tmp_path: Path, fake: FakeLLM
+) -> None:
+    url = f"sqlite:///{tmp_path}/gw.db"
+    fake.hang()
+    asking = await start(
+        tmp_path,
+        *("ask", "--store", url, "what is our deploy window?"),
+        model="openai:test-model",
+        model_api_key="sk-test",
+        model_base_url=fake.openai_base_url,
+    )
+    await asyncio.wait_for(fake.wait_for_requests(1), WAIT)  # the model call is in flight
+    asking.send_signal(signal.SIGINT)
+    code, out, err = await finish(asking)
+    assert code == 130
+    assert one_line(err) == "gateway: interrupted: the run on lane cli:default was aborted"
+    assert out == ""
+
+    shown = await store_show(url)
+    assert "lane cli:default" in shown and "(idle)" in shown
+    assert "(open operation)" not in shown
+    assert "abort_requested" in shown
+    assert shown.rstrip().endswith("operation_finished aborted")
+
+
+async def test_ctrl_c_twice_stops_at_once_still_in_one_line(tmp_path: Path, fake: FakeLLM) -> None:
+    url = f"sqlite:///{tmp_path}/gw.db"
+    fake.hang()
+    asking = await start(
+        tmp_path,
+        *("ask", "--store", url, "what is our deploy window?"),
+        model="openai:test-model",
+        model_api_key="sk-test",
+        model_base_url=fake.openai_base_url,
+    )
+    await asyncio.wait_for(fake.wait_for_requests(1), WAIT)
+    asking.send_signal(signal.SIGINT)
+    await asyncio.sleep(0.002)
+    asking.send_signal(signal.SIGINT)  # while the first is handled: no KeyboardInterrupt mid-write
+    code, out, err = await finish(asking)
+    assert (code, out) == (130, "")
+    assert one_line(err) in (
+        "gateway: interrupted: the run on lane cli:default was aborted",  # one signal, merged
+        "gateway: interrupted twice: stopped without waiting for the run on lane cli:default to "
+        "end (if it stays open, the next `gateway ask --lane cli:default` resumes it)",
+    )
+    assert "lane cli:default" in await store_show(url)
+
+
+async def test_a_second_ask_waits_for_the_first_and_neither_faults(
+    tmp_path: Path, fake: FakeLLM
+) -> None:
+    url = f"sqlite:///{tmp_path}/gw.db"
+    fake.hang()
+    first = await start(
+        tmp_path,
+        *("ask", "--store", url, "--lane", "cli:slow", "first"),
+        model="openai:test-model",
+        model_api_key="sk-test",
+        model_base_url=fake.openai_base_url,
+    )
+    await asyncio.wait_for(fake.wait_for_requests(1), WAIT)  # it holds the session now
+    second = await start(tmp_path, "ask", "--store", url, "second")  # scripted:echo
+    await opened(second, tmp_path / "gw.db")
+    await asyncio.sleep(0.5)  # the second is waiting for the session's lease
+    assert second.returncode is None
+    first.send_signal(signal.SIGINT)
+    code, _, err = await finish(first)
+    assert (code, one_line(err)) == (
+        130,
+        "gateway: interrupted: the run on lane cli:slow was aborted",
+    )
+    code, out, err = await finish(second)
+    assert (code, err) == (0, "")
+    assert out.splitlines()[0] == "You said: second"
+
+    shown = await store_show(url)
+    assert "(open operation)" not in shown
+    assert "operation_resumed" not in shown  # the second never took the first's run over
+    finished = [line.split()[-1] for line in shown.splitlines() if "operation_finished" in line]
+    assert finished == ["aborted", "completed"]
+
+
+async def test_ctrl_c_while_waiting_for_the_session_is_one_line(tmp_path: Path) -> None:
+    url = f"sqlite:///{tmp_path}/gw.db"
+    repo = open_repo(url)
+    try:
+        await repo.create("cli")
+        await repo.acquire_lease("cli", owner="someone else", ttl_ms=60_000)
+        waiting = await start(tmp_path, "ask", "--store", url, "hi")
+        await opened(waiting, tmp_path / "gw.db")
+        await asyncio.sleep(0.5)  # waiting for the session's lease
+        assert waiting.returncode is None
+        waiting.send_signal(signal.SIGINT)
+        code, out, err = await finish(waiting)
+    finally:
+        await repo.close()
+    assert (code, out, one_line(err)) == (130, "", "gateway: interrupted")
+
+
+async def test_a_session_held_too_long_says_who_holds_it(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.setattr(ask_module, "LEASE_WAIT_SECONDS", 0.3)
+    url = f"sqlite:///{tmp_path}/gw.db"
+    repo = open_repo(url)
+    try:
+        await repo.create("cli")
+        await repo.acquire_lease("cli", owner="gateway ask (pid 4242 on elsewhere)", ttl_ms=60_000)
+        out: list[str] = []
+        with pytest.raises(ask_module.AskFailed) as failed:
+            await ask_module.ask(repo, Settings(), "cli:default", "hi", out)
+    finally:
+        await repo.close()
+    said = str(failed.value)
+    assert failed.value.status == 1
+    assert said.startswith(
+        "session 'cli' is in use by gateway ask (pid 4242 on elsewhere), its lease running until "
+    )
+    assert said.endswith("unless renewed; waited 0.3 s: try again when it is done")
+
+
+# --- the model -------------------------------------------------------------------------------
+
+
+def test_a_model_without_its_key_is_one_line_before_anything_is_written(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+) -> None:
+    monkeypatch.delenv("OPENAI_API_KEY", raising=False)
+    url = f"sqlite:///{tmp_path}/gw.db"
+    assert main(["ask", "--store", url, "hi"], settings=Settings(model="openai:gpt-4.1-mini")) == 1
+    assert one_line(capsys.readouterr().err) == (
+        "gateway: GATEWAY_MODEL='openai:gpt-4.1-mini' needs an API key: set "
+        "GATEWAY_MODEL_API_KEY (or OPENAI_API_KEY)"
+    )
+    assert not (tmp_path / "gw.db").exists()
+
+
+async def test_a_model_failure_says_its_real_cause(tmp_path: Path) -> None:
+    """Connection refused, HTTP 401 and 500, and a provider that never answers (in parallel).
+
+    The line on stderr is ``gateway: `` and the `AskFailed` message (see the Ctrl-C tests).
+    """
+    async with FakeLLM() as refusing, FakeLLM() as failing, FakeLLM() as hanging:
+        refusing.fail(status=401)
+        for _ in range(3):
+            failing.fail(status=500)
+            hanging.hang()
+        port = closed_port()
+        cases: dict[str, tuple[Settings, str]] = {
+            "refused": (
+                Settings(
+                    model="openai-compatible:x",
+                    model_api_key=SecretStr("dummy"),
+                    model_base_url=f"http://127.0.0.1:{port}/v1",
+                ),
+                "the model failed 3 times; the last error: ModelConnectionError: cannot "
+                f"connect to http://127.0.0.1:{port}/v1 (Connection refused)",
+            ),
+            "401": (
+                Settings(
+                    model="openai:test-model",
+                    model_api_key=SecretStr("sk-wrong"),
+                    model_base_url=refusing.openai_base_url,
+                ),
+                "the run failed: ModelAuthenticationError: HTTP 401 from "
+                f"{refusing.openai_base_url} for model test-model: Incorrect API key provided "
+                "(scripted by FakeLLM).",
+            ),
+            "500": (
+                Settings(
+                    model="anthropic:test-model",
+                    model_api_key=SecretStr("sk-test"),
+                    model_base_url=failing.anthropic_base_url,
+                ),
+                "the model failed 3 times; the last error: ModelServerError: HTTP 500 from "
+                f"{failing.anthropic_base_url} for model test-model: The server had an error "
+                "while processing your request (scripted by FakeLLM).",
+            ),
+            "hang": (
+                Settings(
+                    model="openai:test-model",
+                    model_api_key=SecretStr("sk-test"),
+                    model_base_url=hanging.openai_base_url,
+                    model_timeout_seconds=0.5,
+                ),
+                "the model failed 3 times; the last error: ModelTimeoutError: no answer from "
+                f"{hanging.openai_base_url} within 0.5 s (GATEWAY_MODEL_TIMEOUT_SECONDS)",
+            ),
+        }
+
+        async def failure(name: str, settings: Settings) -> tuple[str, int, str]:
+            repo = open_repo(f"sqlite:///{tmp_path}/{name}.db")
+            try:
+                await ask_module.ask(repo, settings, "cli:default", "hi", [])
+            except ask_module.AskFailed as exc:
+                return name, exc.status, str(exc)
+            finally:
+                await repo.close()
+            return name, 0, "answered"
+
+        with allow_model_requests():
+            said = await asyncio.gather(
+                *(failure(name, settings) for name, (settings, _) in cases.items())
+            )
+    assert said == [(name, 1, line) for name, (_, line) in cases.items()]
+    assert len(refusing.requests) == 1  # a refused key is not retried
+    assert len(failing.requests) == len(hanging.requests) == 3
