@@ -42,7 +42,7 @@ from gateway.ops.views import (
     Page,
     RerunRequest,
     SessionView,
-    TimelineItem,
+    TimelinePage,
     decode_cursor,
     encode_cursor,
     lane_of,
@@ -185,15 +185,28 @@ class OpsApi:
         lane_id: str,
         limit: Annotated[int, Query(ge=1, le=500)] = 100,
         cursor: Cursor = None,
-    ) -> Page[TimelineItem]:
-        """The lane's entries, records and moves, oldest first (content included)."""
+    ) -> TimelinePage:
+        """The lane's entries, records and moves, oldest first (content included).
+
+        The first page also carries the lane's audit events: who did what to it, and how it
+        ended (takeovers, stuck, operator actions).
+        """
         self._who(request, "viewer")
         session, lane = lane_of(lane_id)
         after = decode_cursor(cursor, 1)
         async with read_only(self.repo, session) as storage:
             await self._known(storage, session, lane)
             items, last = await timeline_page(storage, lane, after=_seq(after), limit=limit)
-        return Page(items=items, next_cursor=encode_cursor(str(last)) if last else None)
+        audit = (
+            await self.broker.audit.list(session=session, lane=lane, limit=200)
+            if after is None
+            else ()
+        )
+        return TimelinePage(
+            items=items,
+            next_cursor=encode_cursor(str(last)) if last else None,
+            audit=[AuditView.model_validate(e.model_dump(mode="json")) for e in audit],
+        )
 
     async def usage(
         self, request: Request, lane_id: str, limit: Limit = 100, cursor: Cursor = None
@@ -561,7 +574,7 @@ class OpsApi:
         get("/sessions", response_model=Page[SessionView])(self.sessions)
         get("/lanes", response_model=Page[LaneView])(self.lanes)
         get("/lanes/{lane_id}", response_model=LaneView)(self.lane)
-        get("/lanes/{lane_id}/timeline", response_model=Page[TimelineItem])(self.timeline)
+        get("/lanes/{lane_id}/timeline", response_model=TimelinePage)(self.timeline)
         get("/lanes/{lane_id}/usage")(self.usage)
         get("/audit", response_model=Page[AuditView])(self.audit)
         get("/backlog", response_model=BacklogView)(self.backlog)

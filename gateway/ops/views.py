@@ -24,6 +24,7 @@ __all__ = [
     "RerunRequest",
     "SessionView",
     "TimelineItem",
+    "TimelinePage",
     "UsageItem",
     "decode_cursor",
     "encode_cursor",
@@ -174,6 +175,13 @@ class AuditView(_View):
     target: str | None = None
     outcome: str
     details: dict[str, Any]
+
+
+class TimelinePage(Page[TimelineItem]):
+    """A page of a lane's log, and (on the first page) what workers and operators did to it."""
+
+    audit: list[AuditView] = Field(default_factory=list)
+    """The lane's audit events in record order (the first 200): takeovers, stuck, actions."""
 
 
 class ActionRequest(BaseModel):

@@ -114,6 +114,9 @@ async def test_a_stuck_lane_is_resumed_with_tool_recovery_never(tmp_path: Path) 
         timeline = _api(gateway, "GET", f"/lanes/{lane['id']}/timeline?limit=500", VIEWER)
         summaries = [item["summary"] for item in timeline.json()["items"]]
         assert any("poison" in s and "interrupted" in s.lower() for s in summaries), summaries
+        lane_trail = [(e["actor"], e["action"]) for e in timeline.json()["audit"]]
+        assert ("operator:alice", "resume") in lane_trail  # the action shows in the timeline
+        assert any(action == "lane stuck" for _, action in lane_trail)
         trail = _api(gateway, "GET", "/audit?lane=web:card", VIEWER).json()["items"]
         mine = [e for e in trail if e["actor"] == "operator:alice"]
         assert [(e["action"], e["outcome"]) for e in mine] == [("resume", "completed")]
