@@ -11,7 +11,6 @@ import asyncio
 import random
 from collections.abc import AsyncIterator, Awaitable, Callable
 from pathlib import Path
-from typing import Any
 
 import httpx
 import pytest
@@ -21,12 +20,12 @@ from adapters.channel import Outbound, ThreadRef
 from adapters.testing import RecordingChannel
 from config import Settings
 from gateway.broker import open_broker
-from gateway.broker.contract import Broker
 from gateway.deliverer import Deliverer, DelivererConfig
 from gateway.metrics import LANE_STATUSES, Metrics
 from gateway.service import Service
-from harness_core import SessionRepo, TokenUsage, open_repo
+from harness_core import TokenUsage, open_repo
 from harness_core.testing import ManualClock
+from tests.support.service_rig import ServiceRig
 
 AGENT = "tests.support.gateway_agent"
 OPERATOR = "operator-secret-abcdefghijklmnop"
@@ -35,12 +34,11 @@ AS_OPERATOR = {"Authorization": f"Bearer {OPERATOR}"}
 Samples = dict[tuple[str, frozenset[tuple[str, str]]], float]
 
 
-class Running:
+class Running(ServiceRig):
     """A started service and an HTTP client for its app."""
 
     def __init__(self, service: Service, http: httpx.AsyncClient) -> None:
-        self.service = service
-        self.http = http
+        super().__init__(service, http)
         self.stopped = False
 
     async def stop(self, drain_seconds: float = 2) -> None:
@@ -48,32 +46,6 @@ class Running:
             self.stopped = True
             await self.http.aclose()
             await self.service.stop(drain_seconds=drain_seconds)
-
-    @property
-    def repo(self) -> SessionRepo:
-        assert self.service.repo is not None
-        return self.service.repo
-
-    @property
-    def broker(self) -> Broker:
-        assert self.service.broker is not None
-        return self.service.broker
-
-    async def post(self, thread: str, text: str) -> dict[str, Any]:
-        response = await self.http.post(f"/web/threads/{thread}/messages", json={"text": text})
-        assert response.status_code == 202, response.text
-        accepted: dict[str, Any] = response.json()
-        return accepted
-
-    async def answers(self, thread: str, count: int) -> list[dict[str, Any]]:
-        deadline = asyncio.get_running_loop().time() + 15
-        while True:
-            items = (await self.http.get(f"/web/threads/{thread}")).json()["items"]
-            found = [i for i in items if i["kind"] not in ("message", "decision")]
-            if len(found) >= count:
-                return found
-            assert asyncio.get_running_loop().time() < deadline, found
-            await asyncio.sleep(0.02)
 
     async def scrape(self) -> str:
         response = await self.http.get("/metrics")  # no token: the scrapers' convention

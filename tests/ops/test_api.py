@@ -14,9 +14,8 @@ import httpx
 import pytest
 
 from config import Settings
-from gateway.broker.contract import Broker
 from gateway.service import Service
-from harness_core import SessionRepo
+from tests.support.service_rig import ServiceRig
 
 AGENT = "tests.support.gateway_agent"
 OPERATOR = "operator-secret-abcdefghijklmnop"
@@ -25,38 +24,8 @@ AS_OPERATOR = {"Authorization": f"Bearer {OPERATOR}"}
 AS_VIEWER = {"Authorization": f"Bearer {VIEWER}"}
 
 
-class Ops:
+class Ops(ServiceRig):
     """A service and clients for its web channel and its operator API."""
-
-    def __init__(self, service: Service, http: httpx.AsyncClient) -> None:
-        self.service = service
-        self.http = http
-
-    @property
-    def repo(self) -> SessionRepo:
-        assert self.service.repo is not None
-        return self.service.repo
-
-    @property
-    def broker(self) -> Broker:
-        assert self.service.broker is not None
-        return self.service.broker
-
-    async def post(self, thread: str, text: str) -> dict[str, Any]:
-        response = await self.http.post(f"/web/threads/{thread}/messages", json={"text": text})
-        assert response.status_code == 202, response.text
-        accepted: dict[str, Any] = response.json()
-        return accepted
-
-    async def answers(self, thread: str, count: int) -> list[dict[str, Any]]:
-        deadline = asyncio.get_running_loop().time() + 15
-        while True:
-            items = (await self.http.get(f"/web/threads/{thread}")).json()["items"]
-            found = [i for i in items if i["kind"] not in ("message", "decision")]
-            if len(found) >= count:
-                return found
-            assert asyncio.get_running_loop().time() < deadline, found
-            await asyncio.sleep(0.02)
 
     async def get(self, path: str, headers: dict[str, str] = AS_VIEWER) -> Any:
         response = await self.http.get(f"/api/v1{path}", headers=headers)
