@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import asyncio
 import json
+import secrets
 from typing import Annotated, Any
 
 from fastapi import APIRouter, Depends, Header, Query, Request
@@ -436,7 +437,7 @@ class OpsApi:
                     "this Idempotency-Key was used for another request",
                     {"reason": "idempotency_key_reused"},
                 )
-            return await self._answer_when_done(action_id, wait, replay=True)
+            return await self._answer_when_done(action_id, wait)
         view = await self._lane(session, lane)
         check_allowed(view, kind)
         action = OperatorAction(
@@ -457,7 +458,7 @@ class OpsApi:
             requested_at_ms=self.clock.now_ms(),
         )
         if not await self.broker.marks.put(digest_mark, digest, expect=None):
-            return await self._answer_when_done(action_id, wait, replay=True)  # a racing twin
+            return await self._answer_when_done(action_id, wait)  # a racing twin
         pending = ActionResult(
             id=action_id, kind=kind, session=session, lane=lane, status="pending",
             at_ms=self.clock.now_ms(),
@@ -472,9 +473,9 @@ class OpsApi:
                 payload=action.model_dump(mode="json"),
             )
         )
-        return await self._answer_when_done(action_id, wait, replay=False)
+        return await self._answer_when_done(action_id, wait)
 
-    async def _answer_when_done(self, action_id: str, wait: float, *, replay: bool) -> JSONResponse:
+    async def _answer_when_done(self, action_id: str, wait: float) -> JSONResponse:
         deadline = asyncio.get_running_loop().time() + wait
         while True:
             result = await read_result(self.broker, action_id)
@@ -484,7 +485,7 @@ class OpsApi:
             await asyncio.sleep(_POLL_S)
         if result is None:
             raise ApiError(503, "unavailable", "the action's state could not be read")
-        return _answer(result, replay=replay)
+        return _answer(result)
 
     async def _rerun_target(
         self, session: str, view: LaneView, entry_id: str | None, retry: bool
@@ -590,8 +591,6 @@ class OpsApi:
 
 
 def _nonce() -> str:
-    import secrets
-
     return secrets.token_hex(8)
 
 
@@ -608,28 +607,18 @@ def _seq(after: tuple[str, ...] | None) -> int:
     return int(after[0])
 
 
-def _answer(result: ActionResult, *, replay: bool) -> JSONResponse:
+def _answer(result: ActionResult) -> JSONResponse:
     """200 with a final result, 202 while pending or running, 409 if the worker refused it.
 
     A refusal means the lane changed between the API's check and the worker's action; a
     replayed key answers the same way as the first call did.
     """
-    location = {"Location": f"{API_PREFIX}/actions/{result.id}"}
     body = json.loads(result.model_dump_json())
     if result.status == "refused":
         error = dict(result.error or {})
-        return JSONResponse(
-            {
-                "error": {
-                    "code": "conflict",
-                    "message": str(error.get("message", "refused")),
-                    "details": {"reason": error.get("code"), "action": body},
-                    "request_id": "",
-                }
-            },
-            status_code=409,
-            headers=location,
-        )
+        message = str(error.get("message", "refused"))
+        raise ApiError(409, "conflict", message, {"reason": error.get("code"), "action": body})
+    location = {"Location": f"{API_PREFIX}/actions/{result.id}"}
     return JSONResponse(body, status_code=200 if result.status == "done" else 202, headers=location)
 
 

@@ -247,6 +247,7 @@ async def test_abort_rewind_and_retry(ops: Ops) -> None:
     assert answers[-1]["text"] == "You said: first question"
     bad = await ops.act(f"/lanes/{view['id']}/rewind", {"entry_id": "no-such"}, key="rw-2")
     assert bad.status_code == 409, bad.text
+    assert bad.json()["error"]["request_id"] == bad.headers["x-request-id"]  # a worker's refusal
 
     await ops.post("broken", "/fail")
     failed = await ops.until_status("web:broken", "failed")
