@@ -29,7 +29,7 @@ import contextlib
 import logging
 import time
 from collections.abc import Callable, Iterable
-from typing import Any, Final
+from typing import Any, Final, get_args
 
 from fastapi import APIRouter, Response
 from prometheus_client import (
@@ -43,11 +43,13 @@ from prometheus_client import (
 
 from gateway.broker.contract import Broker
 from gateway.logs import event
+from gateway.ops.reads import unused_main
 from harness_core import (
     AgentHarness,
     Clock,
     CompactionEnd,
     CompactionStart,
+    LaneStatus,
     NavigationEnd,
     NavigationStart,
     RunEnd,
@@ -63,7 +65,7 @@ __all__ = ["LANE_STATUSES", "Metrics"]
 
 log = logging.getLogger("gateway.metrics")
 
-LANE_STATUSES: Final = ("idle", "running", "suspended", "aborting", "failed", "stuck", "faulted")
+LANE_STATUSES: Final = get_args(LaneStatus)
 """Every value of ``gateway_lanes{status}`` (each is served, 0 when no lane has it)."""
 _OUTCOMES: Final = {
     "run": ("completed", "aborted", "failed"),
@@ -359,8 +361,8 @@ class Metrics:
                         executing=holder is not None,
                     )
                     info = seen_lane.info
-                    if info.name == "main" and info.status == "idle" and info.leaf_id is None:
-                        continue  # the harness's default lane, which threads never use
+                    if unused_main(info.name, info.status, info.leaf_id):
+                        continue
                     counts[info.status] = counts.get(info.status, 0) + 1
             finally:
                 with contextlib.suppress(Exception):

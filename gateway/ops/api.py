@@ -32,7 +32,7 @@ from gateway.ops.carry import read_result
 from gateway.ops.checks import check_allowed, decision_items, statuses
 from gateway.ops.errors import API_PREFIX, ApiError
 from gateway.ops.page import ops_page_router
-from gateway.ops.reads import lane_view, read_only, timeline_page, usage_page
+from gateway.ops.reads import lane_view, read_only, timeline_page, unused_main, usage_page
 from gateway.ops.views import (
     ActionRequest,
     AuditView,
@@ -106,7 +106,8 @@ class OpsApi:
         items = []
         for meta in metas[:limit]:
             async with read_only(self.repo, meta.id) as storage:
-                lanes = sum(1 for p in await storage.get_lanes() if p.lane != "main" or p.leaf_id)
+                pointers = await storage.get_lanes()
+                lanes = sum(1 for p in pointers if not unused_main(p.lane, "idle", p.leaf_id))
             holder = await self.repo.lease_holder(meta.id)
             items.append(
                 SessionView(
@@ -162,7 +163,7 @@ class OpsApi:
                     )
                     if wanted is not None and view.status not in wanted:
                         continue
-                    if _unused_main(view):
+                    if unused_main(view.lane, view.status, view.leaf_id):
                         continue
                     if len(items) == limit:
                         more = True
@@ -592,11 +593,6 @@ class OpsApi:
 
 def _nonce() -> str:
     return secrets.token_hex(8)
-
-
-def _unused_main(view: LaneView) -> bool:
-    """The harness's default lane, which channel threads never use: not worth a row."""
-    return view.lane == "main" and view.status == "idle" and view.leaf_id is None
 
 
 def _seq(after: tuple[str, ...] | None) -> int:

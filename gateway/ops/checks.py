@@ -6,13 +6,16 @@ when decisions do not cover exactly the pending calls); nothing reaches the inbo
 
 from __future__ import annotations
 
+from typing import get_args
+
 from adapters.channel import DecisionItem
 from gateway.ops.errors import ApiError
 from gateway.ops.views import DecisionsRequest, LaneView
+from harness_core import LaneStatus
 
 __all__ = ["STATUSES", "check_allowed", "decision_items", "statuses"]
 
-STATUSES = ("idle", "running", "suspended", "aborting", "failed", "stuck", "faulted")
+STATUSES: tuple[str, ...] = get_args(LaneStatus)
 
 
 def statuses(status: str | None, stuck: bool) -> frozenset[str] | None:

@@ -34,7 +34,14 @@ from harness_core import (
 from harness_core.session import LaneMove, MessageEntry, RecordQuery, StoredEntry, StoredRecord
 from harness_core.session.records import ToolStarted, Usage
 
-__all__ = ["allowed_actions", "lane_view", "read_only", "timeline_page", "usage_page"]
+__all__ = [
+    "allowed_actions",
+    "lane_view",
+    "read_only",
+    "timeline_page",
+    "unused_main",
+    "usage_page",
+]
 
 _POLICIES: tuple[ToolRecovery, ...] = ("declared", "never", "always")
 _SCAN = 500
@@ -56,6 +63,11 @@ async def read_only(repo: SessionRepo, session: str) -> AsyncIterator[SessionSto
         await storage.close()
 
 
+def unused_main(lane: str, status: str, leaf_id: str | None) -> bool:
+    """The harness's default lane, which channel threads never use: not worth a row or a count."""
+    return lane == "main" and status == "idle" and leaf_id is None
+
+
 def allowed_actions(seen: LaneInspection) -> list[str]:
     """The actions a lane's status allows now (what the page offers)."""
     status = seen.info.status
@@ -67,8 +79,8 @@ def allowed_actions(seen: LaneInspection) -> list[str]:
         actions += ["decide", "abort"]
     elif status == "suspended":
         actions += ["resume", "abort"]
-    elif status in ("running", "aborting"):
-        actions += ["abort"] if status == "running" else []
+    elif status == "running":
+        actions += ["abort"]
     elif status in ("idle", "failed"):
         actions += ["rewind"] + (["retry"] if status == "failed" else [])
     return actions
