@@ -851,13 +851,8 @@ class AgentLane:
         )
 
     async def _capabilities(self) -> dict[str, CapabilityState]:
-        leaf = self._runtime().state.leaf_id
-        if leaf is None:
-            return {}
-        path = await self._harness._storage().find_entries_on_branch(
-            BranchQuery(start=leaf, type="custom")
-        )
-        return capabilities_of([stored.entry for stored in reversed(path)])
+        path = await self._runtime().path_entries_of_type("custom")
+        return capabilities_of([stored.entry for stored in path])
 
     async def set_capability(self, namespace: str, state: CapabilityState) -> str:
         """Record a capability's data on the lane (deferred while a run is open)."""

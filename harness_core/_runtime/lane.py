@@ -72,10 +72,12 @@ from harness_core.result import (
     UnknownQueueItem,
 )
 from harness_core.session.contract import SessionStorage
+from harness_core.session.durability import deferred_durability
 from harness_core.session.entries import (
     ActiveToolsChangeEntry,
     CompactionEntry,
     Entry,
+    EntryType,
     MessageEntry,
     ModelChangeEntry,
     ThinkingLevelChangeEntry,
@@ -209,6 +211,17 @@ class HarnessRuntime:
         self.check()
         try:
             return await fn(self.storage)
+        except BaseException as exc:
+            raise self.faulted(exc) from exc
+
+    async def durable(self) -> None:
+        """Make every write so far durable before an effect may depend on it (a barrier).
+
+        Inside a procedure writes are deferred (`deferred_durability`): the writes between two
+        effects commit together here. A failure faults the harness like a failed write.
+        """
+        try:
+            await self.storage.sync()
         except BaseException as exc:
             raise self.faulted(exc) from exc
 
@@ -551,6 +564,7 @@ class LaneRuntime:
             events.emit(MessageUpdate(lane=self.name, run_id=run_id or "", message=partial))
 
         self._streaming = False  # a retried attempt streams (and starts) again
+        await self.runtime.durable()  # the request's intent (its step attempt) first
         await self.runtime.authority()  # never start a paid call on a lapsing lease
         if self.abort_signal.is_set():  # aborted before the request went out: never send it
             return AssistantMessage(stop_reason="aborted", usage=TokenUsage())
@@ -603,6 +617,7 @@ class LaneRuntime:
         """
         self.runtime.check()
         tool = prepared.tool
+        await self.runtime.durable()  # the call's intent first
         await self.runtime.authority()
         if self.abort_signal.is_set():
             return ToolOutput.text(texts.NOT_RUN_ABORTED, is_error=True)
@@ -639,6 +654,7 @@ class LaneRuntime:
 
     async def fetch_deferred(self, handle: DeferredHandle) -> AssistantMessage:
         """Check a deferred request once; a raised failure becomes an error message."""
+        await self.runtime.durable()
         await self.runtime.authority()
         try:
             message = await self._until_aborted(self.runtime.model.fetch_deferred(handle))
@@ -654,6 +670,7 @@ class LaneRuntime:
 
     async def cancel_deferred(self, handle: DeferredHandle) -> None:
         """Best effort: a failure is reported, not raised."""
+        await self.runtime.durable()
         try:
             await self.runtime.model.cancel_deferred(handle)
         except Exception as exc:
@@ -662,6 +679,8 @@ class LaneRuntime:
     async def run_hook(self, name: HookName, event: Any) -> Any:
         """Run a hook's handlers; a failing handler is isolated and reported."""
         self.runtime.check()
+        if self.runtime.hooks.registrations(name):
+            await self.runtime.durable()  # a handler is foreign code: it may act on what it sees
         return await run_hook(
             self.runtime.hooks,
             name,
@@ -672,6 +691,7 @@ class LaneRuntime:
     async def sleep(self, seconds: float) -> Literal["elapsed", "aborted"]:
         """Back off; an abort ends the wait."""
         self.runtime.check()
+        await self.runtime.durable()  # never hold deferred writes (and SQLite's lock) across a wait
 
         async def wait() -> bool:
             await self.runtime.clock.sleep(seconds)
@@ -684,6 +704,10 @@ class LaneRuntime:
 
     async def context_entries(self) -> list[StoredEntry]:
         """The lane's context window: its path from the newest compaction to the leaf."""
+        if self._context is not None and (self._context[-1].id if self._context else None) != (
+            self.state.leaf_id
+        ):  # kept in step with the lane's own appends; anything else reloads it
+            self._context = self._window = None
         if self._context is None:
             leaf = self.state.leaf_id
             if leaf is None:
@@ -719,25 +743,43 @@ class LaneRuntime:
         leaf = self.state.leaf_id
         if self._idle_config is not None and self._idle_config[0] == leaf:
             return self._idle_config[1]
+        # The context window (which the next request loads anyway) is the path from the newest
+        # compaction; only a path with a compaction needs a walk, of its older part.
+        context = await self.context_entries()
         config = self.runtime.default_configuration()
-        if leaf is not None:
-            storage = self.runtime.storage
-            for entry_type in ("model_change", "thinking_level_change", "active_tools_change"):
-                found = await storage.find_entries_on_branch(
-                    BranchQuery(start=leaf, type=entry_type, limit=1)
-                )
-                if found:
-                    entry = found[0].entry
-                    if isinstance(entry, ModelChangeEntry):
-                        config = config.model_copy(
-                            update={"provider": entry.provider, "model_id": entry.model_id}
-                        )
-                    elif isinstance(entry, ThinkingLevelChangeEntry):
-                        config = config.model_copy(update={"thinking_level": entry.thinking_level})
-                    elif isinstance(entry, ActiveToolsChangeEntry):
-                        config = config.model_copy(update={"active_tools": entry.active_tool_names})
+        if context and context[0].parent_id is not None:
+            config = await self._configuration_at(context[0].parent_id, config)
+        for stored in context:
+            config = configure(config, stored.entry)
         self._idle_config = (leaf, config)
         return config
+
+    async def _configuration_at(
+        self, entry_id: str, config: LaneConfiguration
+    ) -> LaneConfiguration:
+        """`config` with the newest configuration entries of the path ending at `entry_id`."""
+        storage = self.runtime.storage
+        for entry_type in ("model_change", "thinking_level_change", "active_tools_change"):
+            found = await storage.find_entries_on_branch(
+                BranchQuery(start=entry_id, type=entry_type, limit=1)
+            )
+            if found:
+                config = configure(config, found[0].entry)
+        return config
+
+    async def path_entries_of_type(self, entry_type: EntryType) -> list[StoredEntry]:
+        """The entries of `entry_type` on the lane's whole path, oldest first.
+
+        From the context window, plus a walk of the path's older part when a compaction
+        starts the window.
+        """
+        context = await self.context_entries()
+        older: tuple[StoredEntry, ...] = ()
+        if context and context[0].parent_id is not None:
+            older = await self.runtime.storage.find_entries_on_branch(
+                BranchQuery(start=context[0].parent_id, type=entry_type)
+            )
+        return [*reversed(older), *(s for s in context if s.entry.type == entry_type)]
 
     def _emit_queues(self) -> None:
         op = self.state.operation
@@ -825,9 +867,17 @@ class LaneRuntime:
         return await self.job(run)
 
     def occupy(self, procedure: Awaitable[_T]) -> asyncio.Task[_T]:
-        """Take the execution slot with a procedure task."""
+        """Take the execution slot with a procedure task.
+
+        In automatic drive the procedure's writes are deferred (`deferred_durability`): those
+        no effect separates commit together at the next barrier (`HarnessRuntime.durable`,
+        before every model request, tool run, hook handler, deferred-request call and sleep)
+        and when the procedure ends, before its outcome reaches anyone. Manual drive keeps
+        every write durable on return: its gate parks before each effect, and a parked
+        procedure must not hold a transaction open.
+        """
         self._settled.clear()
-        task = self.runtime.spawn(procedure)
+        task = self.runtime.spawn(procedure if self.gate is not None else self._batched(procedure))
         self.task = task
         if self.runtime.keeper is not None:
             self.runtime.keeper.wake()
@@ -846,6 +896,18 @@ class LaneRuntime:
 
         task.add_done_callback(release)
         return task
+
+    async def _batched(self, procedure: Awaitable[_T]) -> _T:
+        with deferred_durability():
+            try:
+                result = await procedure
+            except BaseException:
+                # what it wrote stays a valid prefix; keep it (a failure here is the harness's)
+                with contextlib.suppress(Exception):
+                    await self.runtime.storage.sync()
+                raise
+        await self.runtime.durable()
+        return result
 
     async def enqueue(
         self, queue: QueueName, entry: Entry, *, chosen: bool = False

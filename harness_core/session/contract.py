@@ -11,6 +11,9 @@ reference. Rules that hold for every method:
 * **Durable on return.** A write is durable (to the backend's configured level) when its call
   returns. A write that raises left no trace; a write that raises ``SessionError("storage")``
   has an unknown outcome (the caller must treat the session as faulted and reopen it).
+  The one exception: inside `harness_core.session.durability.deferred_durability()` a backend
+  may return a write once it is applied (visible to this storage's reads) and make it durable
+  at the next `sync()`; a crash then loses a suffix of those writes, never one in the middle.
 * **Checked before written.** Every payload is validated (pydantic models, canonical JSON) before
   any durable change, so all backends accept exactly the same values. A payload the codec cannot
   encode exactly (a NaN or an infinity, however it got past validation; a token count beyond
@@ -303,6 +306,19 @@ class SessionStorage(Protocol):
         Raises:
             SessionError: ``invalid_query`` unless exactly one of them is given;
                 ``unknown_lane`` for a lane that does not exist.
+        """
+        ...
+
+    async def sync(self) -> None:
+        """Make every write this storage returned durable; return at once when all already are.
+
+        Only writes made inside `deferred_durability()` can be pending (see that module). A
+        backend that never defers (it commits every write on return) does nothing here.
+
+        Raises:
+            SessionError: ``storage`` if deferred writes were lost before they became durable
+                (a failure in their shared transaction): the session must be reopened, exactly
+                as after a write that raised it.
         """
         ...
 

@@ -34,6 +34,7 @@ from harness_core.errors import LeaseHeld, LeaseLost, SessionError, StoreCorrupt
 from harness_core.frozen import JsonValue
 from harness_core.ids import IdGenerator, Uuid7Ids
 from harness_core.session.codec import encode_log_item, log_item_adapter
+from harness_core.session.durability import durability_deferred
 from harness_core.session.entries import Entry
 from harness_core.session.names import check_session_id
 from harness_core.session.records import Record
@@ -70,6 +71,8 @@ class _Writer:
     state: SessionState | None = None
     data_fd: int | None = None
     write_lock: asyncio.Lock = field(default_factory=asyncio.Lock)
+    unsynced: bool = False
+    """Lines were written with their fsync deferred (``fsync="always"``, deferred durability)."""
 
 
 class JsonlSessionStorage(LocalReads):
@@ -127,9 +130,24 @@ class JsonlSessionStorage(LocalReads):
         item = prepare(state, self._repo.clock.now_ms())
         line = (encode_log_item(item) + "\n").encode()
         assert writer.data_fd is not None
-        await self._repo.run(_append_line, writer.data_fd, line, self._repo.fsync == "always")
+        fsync = self._repo.fsync == "always"
+        deferred = fsync and durability_deferred()
+        # one fsync makes every earlier line durable too: a deferred line waits for `sync`
+        await self._repo.run(_append_line, writer.data_fd, line, fsync and not deferred)
+        writer.unsynced = deferred
         state.apply(item)
         return item
+
+    async def sync(self) -> None:
+        """Fsync the lines whose fsync was deferred (``fsync="always"`` only)."""
+        writer = self._repo.writers.get(self._session_id)
+        self._state()
+        if writer is None or not writer.unsynced or writer.data_fd is None:
+            return
+        async with writer.write_lock:
+            if writer.unsynced and writer.data_fd is not None:
+                await self._repo.run(os.fsync, writer.data_fd)
+                writer.unsynced = False
 
     async def create_lane(self, lane: str, at: str | None) -> LaneMove:
         """Create a lane at an entry (or the root)."""

@@ -151,6 +151,10 @@ class MemorySessionStorage(LocalReads):
         self._commit(item, now)
         return item
 
+    async def sync(self) -> None:
+        """Nothing to do: a memory write is as durable as it gets when it returns."""
+        self._state()
+
     async def close(self) -> None:
         """Close this storage."""
         self._closed = True

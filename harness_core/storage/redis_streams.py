@@ -800,6 +800,15 @@ class RedisSessionStorage:
             raise SessionError("not_found", f"session {self._sid!r} does not exist")
         return stats_from_counters(values)
 
+    async def sync(self) -> None:
+        """Nothing to do: every write is one script call, applied by the server on return.
+
+        (With ``appendfsync everysec`` the server's own durability lags by up to a second,
+        for every write alike; deferring here would only add latency.)
+        """
+        if self._closed:
+            raise SessionError("closed", f"storage of session {self._sid!r} is closed")
+
     async def close(self) -> None:
         """Close this storage."""
         self._closed = True

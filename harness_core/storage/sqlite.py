@@ -46,6 +46,7 @@ from harness_core.session.codec import (
     encode_record,
     fact_adapter,
 )
+from harness_core.session.durability import durability_deferred
 from harness_core.session.entries import CustomEntry, Entry, MessageEntry
 from harness_core.session.names import check_lane_name, check_session_id
 from harness_core.session.records import OperationFinished, OperationStarted, Record, Usage
@@ -113,8 +114,9 @@ def _transaction(conn: sqlite3.Connection) -> Iterator[None]:
     conn.execute("COMMIT")
 
 
-_Op = tuple[str, "WriterLease | None", Callable[["_Tx"], Any]]
-"""A queued mutation: session id, the writer's lease, and the work on a `_Tx`."""
+_Op = tuple[str, "WriterLease | None", Callable[["_Tx"], Any], bool]
+"""A queued mutation: session id, the writer's lease, the work on a `_Tx`, and whether its
+commit may wait for `sync` (deferred durability)."""
 
 
 class _Tx:
@@ -309,6 +311,12 @@ class _Db:
         self.conn.execute(f"PRAGMA synchronous={'FULL' if synchronous == 'full' else 'NORMAL'}")
         schema = resources.files("harness_core.storage").joinpath("sqlite_schema.sql").read_text()
         self.conn.executescript(schema)  # every statement is CREATE ... IF NOT EXISTS
+        self.in_tx = False
+        """A write transaction holding deferred writes is open (see `write_batch`)."""
+        self.pending: set[str] = set()
+        """Sessions with deferred writes in the open transaction."""
+        self.lost: set[str] = set()
+        """Sessions whose deferred writes were rolled back: their next `sync` raises."""
         with _transaction(self.conn):
             row = self.conn.execute("SELECT version FROM schema_version").fetchone()
             if row is None:
@@ -321,7 +329,13 @@ class _Db:
                 )
 
     def read(self, fn: Callable[[sqlite3.Connection], _T]) -> _T:
-        """Run reads in one transaction (a consistent snapshot)."""
+        """Run reads in one transaction (a consistent snapshot).
+
+        Inside an open transaction of deferred writes the reads run in it: a storage sees its
+        own writes, as with every other backend.
+        """
+        if self.in_tx:
+            return fn(self.conn)
         self.conn.execute("BEGIN")
         try:
             return fn(self.conn)
@@ -333,17 +347,29 @@ class _Db:
 
         Every mutation runs in its own savepoint after its writer's token is checked, so a
         refused one (a `SessionError`) leaves no trace while the others commit. Any other
-        failure rolls the whole transaction back and raises: none of them happened. A result
-        is a `_Written` (the value and the lease expiry the batch set, if it renewed).
+        failure rolls the whole transaction back and raises: none of them happened (nor did
+        the deferred writes the transaction held: their sessions' next `sync` raises). A
+        result is a `_Written` (the value and the lease expiry the batch set, if it renewed).
+
+        When every mutation of the batch is deferred, the transaction stays open: the next
+        batch continues it, and `commit` (a `sync`, a durable write, any other use of the
+        connection) commits them all at once: one commit, one fsync under ``FULL``. While it is
+        open this connection holds the database's write lock, so it is open only between
+        writes that no effect separates.
         """
         conn = self.conn
         results: list[Any] = []
         written: list[tuple[int, str]] = []
         sessions: dict[str, tuple[_Tx, LeaseRow | None]] = {}
-        # A lone write needs no savepoint: its refusal rolls the whole transaction back.
-        alone = len(ops) == 1
-        with _transaction(conn):
-            for session_id, lease, fn in ops:
+        # A lone write in a transaction of its own needs no savepoint: its refusal rolls the
+        # whole transaction back.
+        alone = len(ops) == 1 and not self.in_tx
+        deferred = all(op[3] for op in ops)
+        if not self.in_tx:
+            conn.execute("BEGIN IMMEDIATE")
+            self.in_tx = True
+        try:
+            for session_id, lease, fn, _ in ops:
                 if not alone:
                     conn.execute("SAVEPOINT op")
                 tx: _Tx | None = None
@@ -380,9 +406,45 @@ class _Db:
                 if not alone:
                     conn.execute("RELEASE op")
             renewed = {sid: tx.finish(current) for sid, (tx, current) in sessions.items()}
+        except BaseException:
+            self.rollback()
+            raise
+        if deferred:
+            self.pending.update(sid for _, sid in written)
+        else:
+            self.commit()
         for index, session_id in written:
             results[index] = _Written(results[index], renewed[session_id])
         return results
+
+    def commit(self) -> None:
+        """Commit the open transaction, if any (its deferred writes become durable)."""
+        if not self.in_tx:
+            return
+        try:
+            self.conn.execute("COMMIT")
+        except BaseException:
+            self.rollback()
+            raise
+        self.in_tx = False
+        self.pending.clear()
+
+    def rollback(self) -> None:
+        """Roll the open transaction back; sessions with deferred writes in it lose them."""
+        with contextlib.suppress(sqlite3.Error):
+            self.conn.execute("ROLLBACK")
+        self.in_tx = False
+        self.lost.update(self.pending)
+        self.pending.clear()
+
+    def sync(self, session_id: str) -> None:
+        """Commit the open transaction; raise if `session_id`'s deferred writes were lost."""
+        if session_id in self.lost:
+            self.lost.discard(session_id)
+            raise SessionError(
+                "storage", f"deferred writes of session {session_id!r} were rolled back"
+            )
+        self.commit()
 
     def lease_row(self, session_id: str) -> LeaseRow | None:
         row = self.conn.execute(
@@ -392,6 +454,8 @@ class _Db:
         return LeaseRow(*row) if row else None
 
     def close(self) -> None:
+        with contextlib.suppress(sqlite3.Error):
+            self.commit()  # deferred writes were applied and acknowledged: keep them
         self.conn.close()
 
 
@@ -475,12 +539,13 @@ class SqliteSessionStorage:
     async def _read(self, fn: Callable[[sqlite3.Connection], _T]) -> _T:
         if self._closed:
             raise SessionError("closed", f"storage of session {self._sid!r} is closed")
-        return await self._repo.call(lambda db: db.read(fn))
+        return await self._repo.call(lambda db: db.read(fn), keep_open=True)
 
     async def _write(self, fn: Callable[[_Tx], _T]) -> _T:
         if self._closed:
             raise SessionError("closed", f"storage of session {self._sid!r} is closed")
-        done: _Written = await self._repo.writes.submit((self._sid, self._lease, fn))
+        op = (self._sid, self._lease, fn, durability_deferred())
+        done: _Written = await self._repo.writes.submit(op)
         if done.lease_expires_at_ms is not None and self._lease is not None:
             self._lease = self._lease.model_copy(update={"expires_at_ms": done.lease_expires_at_ms})
         result: _T = done.value
@@ -494,6 +559,12 @@ class SqliteSessionStorage:
             raise SessionError("read_only", f"session {self._sid!r} was opened without a lease")
         self._lease = await self._repo.renew_lease(self._lease)
         return self._lease
+
+    async def sync(self) -> None:
+        """Commit this repository's open transaction of deferred writes (one commit for all)."""
+        if self._closed:
+            raise SessionError("closed", f"storage of session {self._sid!r} is closed")
+        await self._repo.sync(self._sid)
 
     async def get_metadata(self) -> SessionMetadata:
         """Return the session's metadata with its newest name."""
@@ -928,12 +999,18 @@ class SqliteSessionRepo:
         self._db: _Db | None = None
         self.writes: WriteQueue[_Op] = WriteQueue(
             # the clock is read on the I/O thread, right before the batch's transaction
-            lambda ops: self.call(lambda db: db.write_batch(ops, self.clock.now_ms()))
+            lambda ops: self.call(
+                lambda db: db.write_batch(ops, self.clock.now_ms()), keep_open=True
+            )
         )
         self.closed = False
 
-    async def call(self, fn: Callable[[_Db], _T]) -> _T:
-        """Run `fn` with the connection on the repository's thread (FIFO)."""
+    async def call(self, fn: Callable[[_Db], _T], *, keep_open: bool = False) -> _T:
+        """Run `fn` with the connection on the repository's thread (FIFO).
+
+        An open transaction of deferred writes is committed first unless `keep_open` (the
+        reads and writes that run inside it).
+        """
         if self.closed:
             raise SessionError("closed", "repository is closed")
 
@@ -941,11 +1018,20 @@ class SqliteSessionRepo:
             if self._db is None:
                 self._db = _Db(self.path, self._synchronous, self._busy_timeout_ms)
             try:
+                if not keep_open:
+                    self._db.commit()
                 return fn(self._db)
             except sqlite3.Error as exc:
                 raise SessionError("storage", f"sqlite error on {self.path}: {exc}") from exc
 
         return await asyncio.get_running_loop().run_in_executor(self._executor, run)
+
+    async def sync(self, session_id: str) -> None:
+        """Make `session_id`'s deferred writes durable (see `SqliteSessionStorage.sync`)."""
+        db = self._db
+        if db is None or (not db.in_tx and session_id not in db.lost):
+            return  # read on the loop thread: a returned deferred write already set `in_tx`
+        await self.call(lambda db: db.sync(session_id), keep_open=True)
 
     async def create(
         self,

@@ -1,0 +1,247 @@
+"""Batched commits: the writes no effect separates commit together, and no effect runs early.
+
+A procedure's writes are deferred (`deferred_durability`); `HarnessRuntime.durable` commits them
+before every model request, tool run, hook handler and sleep, and before an outcome returns.
+Proven here on SQLite against a second connection, which sees only what was committed: at every
+effect it sees everything the harness had written. A process killed inside a batch loses the
+batch's writes and nothing an effect depended on; a batch lost in a shared transaction faults
+its session instead of letting it act on writes that are gone.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import signal
+import sqlite3
+import sys
+from pathlib import Path
+from typing import Any
+
+import pytest
+from pydantic import BaseModel
+
+import harness_core as hc
+from harness_core.errors import SessionError
+from harness_core.session.contract import SessionStorage
+from harness_core.session.durability import deferred_durability
+from harness_core.storage.sqlite import SqliteSessionRepo
+from harness_core.testing.builders import custom_entry
+from tests.support.batch_kill import open_harness
+
+ROOT = Path(__file__).resolve().parents[2]
+
+pytestmark = pytest.mark.backends("sqlite")
+
+
+class SeqTracker:
+    """A storage that remembers the newest seq any write returned (what the harness wrote)."""
+
+    def __init__(self, inner: SessionStorage) -> None:
+        self._inner = inner
+        self.newest = 0
+        self.writes = 0
+
+    def __getattr__(self, name: str) -> Any:
+        attr = getattr(self._inner, name)
+        if not name.startswith(("append_", "move_lane", "create_lane", "set_")):
+            return attr
+
+        async def tracked(*args: Any, **kwargs: Any) -> Any:
+            result = await attr(*args, **kwargs)
+            stored = result[0] if isinstance(result, tuple) else result
+            self.newest = max(self.newest, stored.seq)
+            self.writes += 1
+            return result
+
+        return tracked
+
+
+def committed_seq(path: Path) -> int:
+    """The newest seq another connection can see: what is committed."""
+    conn = sqlite3.connect(path)
+    try:
+        row = conn.execute("SELECT last_seq FROM sessions WHERE session_id='s'").fetchone()
+        return int(row[0])
+    finally:
+        conn.close()
+
+
+class LookupArgs(BaseModel):
+    item: str
+
+
+@pytest.mark.parametrize("synchronous", ["normal", "full"])
+async def test_every_effect_sees_everything_written_before_it_committed(
+    backend: str, tmp_path: Path, synchronous: str
+) -> None:
+    path = tmp_path / "store.db"
+    repo = SqliteSessionRepo(path, synchronous=synchronous)  # type: ignore[arg-type]
+    await repo.create("s")
+    lease = await repo.acquire_lease("s", owner="t", ttl_ms=60_000)
+    tracker = SeqTracker(await repo.open("s", lease=lease))
+    seen: list[tuple[str, int, int]] = []
+
+    def look(effect: str) -> None:
+        seen.append((effect, tracker.newest, committed_seq(path)))
+
+    def respond(request: hc.ModelRequest) -> hc.AssistantMessage:
+        look("model")
+        if isinstance(request.messages[-1], hc.ToolResultMessage):
+            return hc.scripted.text("done")
+        return hc.scripted.tool_call("lookup", {"item": "a"}, call_id=f"c{len(seen)}")
+
+    async def lookup(args: LookupArgs, ctx: hc.ToolContext) -> str:
+        look("tool")
+        return "found " + args.item
+
+    options = hc.AgentHarnessOptions(
+        storage=tracker,
+        model_client=hc.ScriptedModel(responder=respond),
+        model=hc.ModelRef(provider="scripted", model_id="m"),
+        tools=[hc.Tool(name="lookup", description="d", execute=lookup, args_model=LookupArgs)],
+    )
+    harness, _ = await hc.AgentHarness.create(options)
+
+    async def after_tool(event: Any) -> None:
+        look("hook")
+
+    harness.hooks.on("after_tool", after_tool)
+    statements: list[str] = []
+    await repo.call(lambda db: db.conn.set_trace_callback(statements.append))
+    for turn in range(3):
+        writes_before = tracker.writes
+        result = await harness.prompt(f"turn {turn}")
+        assert isinstance(result, hc.Ok) and result.value.kind == "completed", result
+        look("outcome")
+        commits = sum(s == "COMMIT" for s in statements)
+        statements.clear()
+        # 11 writes per turn; committed at 4 barriers and the operation's end (+ its start)
+        assert tracker.writes - writes_before == 11
+        assert commits <= 5, commits
+    await repo.call(lambda db: db.conn.set_trace_callback(None))
+    assert {effect for effect, _, _ in seen} == {"model", "tool", "hook", "outcome"}
+    for effect, written, committed in seen:
+        assert committed == written, f"{effect} ran with writes {committed + 1}..{written} open"
+    await harness.close()
+    await repo.close()
+
+
+async def test_a_batch_lost_in_a_shared_transaction_faults_its_session(
+    backend: str, tmp_path: Path
+) -> None:
+    path = tmp_path / "store.db"
+    repo = SqliteSessionRepo(path)
+    await repo.create("a")
+    await repo.create("b")
+    lease_a = await repo.acquire_lease("a", owner="t", ttl_ms=60_000)
+    lease_b = await repo.acquire_lease("b", owner="t", ttl_ms=60_000)
+    a = await repo.open("a", lease=lease_a)
+    with deferred_durability():
+        stored = await a.append_entry(custom_entry("kept-in-memory-only"), "main")
+    assert (await a.get_entry(stored.id)) is not None  # visible to its own reads
+
+    def boom(tx: Any) -> None:
+        raise sqlite3.OperationalError("disk I/O error")
+
+    # another session's write fails in the transaction that holds a's deferred write
+    with pytest.raises(SessionError) as failed:
+        await repo.writes.submit(("b", lease_b, boom, False))
+    assert failed.value.code == "storage"
+    with pytest.raises(SessionError) as lost:
+        await a.sync()
+    assert lost.value.code == "storage"
+    await repo.close()
+    reopened = SqliteSessionRepo(path)
+    storage = await reopened.open("a")
+    assert await storage.get_entry(stored.id) is None
+    assert (await storage.get_stats()).entries == 0
+    await reopened.close()
+
+
+async def test_a_harness_whose_batch_was_lost_faults_before_the_tool_runs(
+    backend: str, tmp_path: Path
+) -> None:
+    path = tmp_path / "store.db"
+    repo = SqliteSessionRepo(path)
+    await repo.create("s")
+    await repo.create("other")
+    lease = await repo.acquire_lease("s", owner="t", ttl_ms=60_000)
+    other = await repo.acquire_lease("other", owner="t", ttl_ms=60_000)
+    ran: list[str] = []
+
+    def boom(tx: Any) -> None:
+        raise sqlite3.OperationalError("disk I/O error")
+
+    async def fail_shared_transaction(message: Any) -> None:
+        # right after the assistant's tool call was written (deferred), before the tool's
+        # barrier: another session's failing write rolls the shared transaction back
+        if message.message.role == "assistant":
+            with pytest.raises(SessionError):
+                await repo.writes.submit(("other", other, boom, False))
+
+    async def lookup(args: LookupArgs, ctx: hc.ToolContext) -> str:
+        ran.append(args.item)
+        return "found"
+
+    options = hc.AgentHarnessOptions(
+        storage=await repo.open("s", lease=lease),
+        model_client=hc.ScriptedModel(
+            [hc.scripted.tool_call("lookup", {"item": "a"}, call_id="c1"), hc.scripted.text("ok")]
+        ),
+        model=hc.ModelRef(provider="scripted", model_id="m"),
+        tools=[hc.Tool(name="lookup", description="d", execute=lookup, args_model=LookupArgs)],
+    )
+    harness, _ = await hc.AgentHarness.create(options)
+    pending: list[asyncio.Task[None]] = []
+    harness.events.on(
+        "message_end",
+        lambda event: pending.append(asyncio.ensure_future(fail_shared_transaction(event))),
+    )
+    with pytest.raises(hc.HarnessFault):
+        await harness.prompt("go")
+    await asyncio.gather(*pending)
+    assert ran == []  # the tool's intent was lost: the tool never started
+    await repo.close()
+
+
+async def test_a_kill_inside_a_batch_loses_only_what_nothing_acted_on(
+    backend: str, tmp_path: Path
+) -> None:
+    path = tmp_path / "store.db"
+    marks = tmp_path / "tool-runs"
+    process = await asyncio.create_subprocess_exec(
+        sys.executable, "-m", "tests.support.batch_kill", str(path), str(marks),
+        cwd=ROOT, stdout=asyncio.subprocess.PIPE, stderr=asyncio.subprocess.PIPE,
+    )  # fmt: skip
+    out, err = await asyncio.wait_for(process.communicate(), 60)
+    assert process.returncode == -signal.SIGKILL, err.decode()[-2000:]
+    assert b"KILLING" in out
+    assert not marks.exists()  # it died after the model answered, before the tool's barrier
+
+    repo = SqliteSessionRepo(path, synchronous="full")
+    reader = await repo.open("s")
+    kinds = [
+        getattr(item, "record", getattr(item, "entry", None)) for item in await reader.get_log()
+    ]
+    types = [getattr(k, "type", None) for k in kinds]
+    # the batch after the model call (usage, the assistant's tool call, the tool intent) is gone;
+    # the step attempt before the call (its intent) is there
+    assert types[-1] == "step_attempt", types
+    assert "tool_started" not in types
+
+    async with asyncio.timeout(30):  # the dead process's lease lapses
+        while True:
+            try:
+                lease = await repo.acquire_lease("s", owner="recovery", ttl_ms=60_000)
+                break
+            except hc.LeaseHeld:
+                await asyncio.sleep(0.2)
+    harness, suspended = await open_harness(await repo.open("s", lease=lease), marks)
+    assert len(suspended) == 1
+    lane = harness.lane("main")
+    assert lane is not None
+    result = await lane.resume()
+    assert isinstance(result, hc.Ok) and result.value.kind == "completed", result
+    assert marks.read_text().splitlines() == ["ran"]  # once, after the recovery
+    await harness.close()
+    await repo.close()
