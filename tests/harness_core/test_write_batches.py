@@ -11,6 +11,7 @@ its session instead of letting it act on writes that are gone.
 from __future__ import annotations
 
 import asyncio
+import os
 import signal
 import sqlite3
 import sys
@@ -24,6 +25,7 @@ import harness_core as hc
 from harness_core.errors import SessionError
 from harness_core.session.contract import SessionStorage
 from harness_core.session.durability import deferred_durability
+from harness_core.storage.jsonl import JsonlSessionRepo
 from harness_core.storage.sqlite import SqliteSessionRepo
 from harness_core.testing.builders import custom_entry
 from tests.support.batch_kill import open_harness
@@ -238,10 +240,53 @@ async def test_a_kill_inside_a_batch_loses_only_what_nothing_acted_on(
                 await asyncio.sleep(0.2)
     harness, suspended = await open_harness(await repo.open("s", lease=lease), marks)
     assert len(suspended) == 1
-    lane = harness.lane("main")
+    lane = await harness.lane("main")
     assert lane is not None
     result = await lane.resume()
     assert isinstance(result, hc.Ok) and result.value.kind == "completed", result
     assert marks.read_text().splitlines() == ["ran"]  # once, after the recovery
+    await harness.close()
+    await repo.close()
+
+
+@pytest.mark.backends("jsonl")
+async def test_jsonl_fsyncs_once_per_batch(
+    backend: str, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    fsynced: list[int] = []
+    real_fsync = os.fsync
+
+    def counted(fd: int) -> None:
+        fsynced.append(fd)
+        real_fsync(fd)
+
+    monkeypatch.setattr(os, "fsync", counted)
+    repo = JsonlSessionRepo(tmp_path, fsync="always")
+    await repo.create("s")
+    lease = await repo.acquire_lease("s", owner="t", ttl_ms=60_000)
+    tracker = SeqTracker(await repo.open("s", lease=lease))
+    calls = iter(range(100))
+
+    def respond(request: hc.ModelRequest) -> hc.AssistantMessage:
+        if isinstance(request.messages[-1], hc.ToolResultMessage):
+            return hc.scripted.text("done")
+        return hc.scripted.tool_call("lookup", {"item": "a"}, call_id=f"c{next(calls)}")
+
+    async def lookup(args: LookupArgs, ctx: hc.ToolContext) -> str:
+        return "found"
+
+    harness, _ = await hc.AgentHarness.create(
+        hc.AgentHarnessOptions(
+            storage=tracker,
+            model_client=hc.ScriptedModel(responder=respond),
+            model=hc.ModelRef(provider="scripted", model_id="m"),
+            tools=[hc.Tool(name="lookup", description="d", execute=lookup, args_model=LookupArgs)],
+        )
+    )
+    fsynced.clear()
+    result = await harness.prompt("go")
+    assert isinstance(result, hc.Ok) and result.value.kind == "completed", result
+    assert tracker.writes == 11
+    assert len(fsynced) <= 5, fsynced  # one per batch, not one per line
     await harness.close()
     await repo.close()
