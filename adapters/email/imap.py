@@ -8,6 +8,7 @@ a connection the server dropped; every call here is bounded, a ``BYE`` or a lost
 from __future__ import annotations
 
 import asyncio
+import inspect
 import re
 import ssl
 from collections.abc import Awaitable
@@ -212,6 +213,8 @@ class ImapConnection:
         (A BYE outside IDLE only fires the lost callback; the pending command would wait.)
         """
         if self.lost.is_set():
+            if inspect.iscoroutine(call):
+                call.close()  # never started: no "coroutine was never awaited" on a dead link
             raise ImapGone("the connection is lost")
         work = asyncio.ensure_future(call)
         lost = asyncio.ensure_future(self.lost.wait())
