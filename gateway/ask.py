@@ -121,11 +121,11 @@ async def _ask(
         try:
             harness.events.on("retry_scheduled", retries.append)
             for op in suspended:
-                lane = harness.lane(op.lane)
+                lane = await harness.lane(op.lane)
                 if lane is not None and op.lane == lane_name:
                     out.append(f"(resuming an interrupted {op.kind} first)")
                     await _until_done(lane, lane.resume(), ctrl_c)
-            lane = harness.lane(lane_name)
+            lane = await harness.lane(lane_name)
             if lane is None:
                 created = await harness.create_lane(lane_name, None)
                 if not isinstance(created, Ok):

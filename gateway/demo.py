@@ -166,7 +166,7 @@ async def demo(repo: SessionRepo, url: str, out: list[str]) -> str:
         if info.status == "idle":
             out.append(f"  {info.name}: idle")
     for op in suspended:
-        lane = harness.lane(op.lane)
+        lane = await harness.lane(op.lane)
         assert lane is not None
         resumed = await lane.resume()
         assert isinstance(resumed, Ok)

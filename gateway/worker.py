@@ -201,7 +201,7 @@ class Worker:
         interrupted = False
         try:
             for op in suspended:
-                lane = harness.lane(op.lane)
+                lane = await harness.lane(op.lane)
                 if lane is None:
                     continue
                 if op.stuck:
@@ -291,9 +291,9 @@ class Worker:
     async def _parked_deferred(self, session: _Session) -> bool:
         """Poll lanes parked on a background model request (True if one stays parked)."""
         parked = False
-        for info in await session.harness.lanes():
+        for info in await session.harness.lanes(open_only=True):  # in memory: no reads
             if info.status == "suspended" and info.suspended == "deferred":
-                lane = session.harness.lane(info.name)
+                lane = await session.harness.lane(info.name)
                 if lane is not None:
                     parked = True
                     self._track(session, info.name, self._resume(lane))
@@ -398,13 +398,13 @@ class Worker:
 
     async def _lane(self, session: _Session, name: str) -> AgentLane | None:
         harness = session.harness
-        lane = harness.lane(name)
+        lane = await harness.lane(name)
         if lane is not None:
             return lane
         created = await harness.create_lane(name, None)
         if isinstance(created, Ok):
             return created.value
-        return harness.lane(name)  # created meanwhile (LaneExists), or invalid (None)
+        return await harness.lane(name)  # created meanwhile (LaneExists), or invalid (None)
 
     async def _message(
         self, session: _Session, item: InboxItem, lane: AgentLane, inbound: Inbound
@@ -422,11 +422,11 @@ class Worker:
             # again now it would not, and differ from the entry the lane holds
             await inbox.ack(item.session, item.id)
             return
-        fresh = bool(inbound.context) and await self._fresh(session, lane.name)
+        fresh = bool(inbound.context) and await self._fresh(lane)
         text = _text_of(inbound, with_context=fresh)
         policy = self.config.busy_policy
         for _ in range(3):  # the lane may go idle or busy between two calls
-            if not await self._busy(session, lane.name):
+            if not await self._busy(lane):
                 started = await lane.start(text, entry_id=entry_id)
                 if isinstance(started, Ok):
                     self._track(session, lane.name, started.value.outcome())
@@ -464,18 +464,13 @@ class Worker:
         if state is not None:
             await enqueue_refusal_notice(self._broker, state, item.id, now_ms=self._clock.now_ms())
 
-    async def _fresh(self, session: _Session, lane: str) -> bool:
+    async def _fresh(self, lane: AgentLane) -> bool:
         """Whether the lane holds no entry yet (a thread's context goes into its first message)."""
-        return any(
-            info.name == lane and info.leaf_id is None and info.operation_id is None
-            for info in await session.harness.lanes()
-        )
+        info = await lane.info()  # this lane's status only: a session may hold thousands
+        return info.leaf_id is None and info.operation_id is None
 
-    async def _busy(self, session: _Session, lane: str) -> bool:
-        return any(
-            info.name == lane and info.operation_id is not None
-            for info in await session.harness.lanes()
-        )
+    async def _busy(self, lane: AgentLane) -> bool:
+        return (await lane.info()).operation_id is not None
 
     async def _operate(
         self, session: _Session, item: InboxItem, lane: AgentLane, action: OperatorAction

@@ -11,6 +11,8 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import functools
+import inspect
 from collections.abc import Awaitable, Callable, Sequence
 from dataclasses import dataclass, replace
 from typing import Any, Literal, TypeAlias, TypeVar
@@ -21,6 +23,7 @@ from harness_core._runtime.context import plan_compaction
 from harness_core._runtime.effects import Effects
 from harness_core._runtime.gate import ActionInfo, Gate, GatedEffects
 from harness_core._runtime.lane import HarnessRuntime, LaneRuntime, Prior, config_entry, decision_id
+from harness_core._runtime.lane_table import LaneTable
 from harness_core._runtime.lease import LeaseKeeper
 from harness_core._runtime.procedures import Procedures
 from harness_core._runtime.reduction import LaneState, OperationState
@@ -39,7 +42,6 @@ from harness_core.errors import (
 from harness_core.events import (
     ConfigUpdate,
     EventBus,
-    Fault,
     LaneCreated,
     LeaseLostEvent,
     LeaseRenewalFailed,
@@ -141,6 +143,9 @@ PromptInput: TypeAlias = str | UserMessage | Sequence[UserMessage]
 """A prompt: text (one user message), a user message, or several in order."""
 
 _T = TypeVar("_T")
+
+_LISTING_BATCH = 64
+"""Lanes read from storage at once by `lanes()` (bounded concurrency on big sessions)."""
 
 
 SuspendReason: TypeAlias = Literal["crash", "deferred", "approval"]
@@ -312,15 +317,47 @@ def _normalize(
     return Ok(tuple(checked))
 
 
+_F = TypeVar("_F", bound=Callable[..., Awaitable[Any]])
+_C = TypeVar("_C", bound=type)
+
+
+def _pinned(method: _F) -> _F:
+    """Keep the lane loaded for the whole call (see `LaneTable.pinned`)."""
+
+    @functools.wraps(method)
+    async def call(self: Any, *args: Any, **kwargs: Any) -> Any:
+        harness, name = self._pin_target()
+        with harness._table.pinned(name):
+            return await method(self, *args, **kwargs)
+
+    return call  # type: ignore[return-value]
+
+
+def _pinning(cls: _C) -> _C:
+    """Pin the lane during every public coroutine method of a lane facade.
+
+    A call may hold its lane's runtime across awaits (hooks, storage reads); were the lane
+    dropped from memory meanwhile, a reload would make a second mutation line for it.
+    """
+    for name, member in list(vars(cls).items()):
+        if not name.startswith("_") and inspect.iscoroutinefunction(member):
+            setattr(cls, name, _pinned(member))
+    return cls
+
+
+@_pinning
 class SessionTree:
     """A lane's view of the session tree: reads default to the lane's leaf, writes append to it."""
 
     def __init__(self, lane: AgentLane) -> None:
         self._lane = lane
 
+    def _pin_target(self) -> tuple[AgentHarness, str]:
+        return self._lane._harness, self._lane._name
+
     async def get_leaf_id(self) -> str | None:
         """The lane's leaf."""
-        return self._lane._runtime().state.leaf_id
+        return (await self._lane._lane_rt()).state.leaf_id
 
     async def get_entry(self, entry_id: str) -> StoredEntry | None:
         """Point lookup (committed entries only: a deferred write is not there until applied)."""
@@ -334,7 +371,7 @@ class SessionTree:
         self, query: BranchQuery | None = None
     ) -> tuple[StoredEntry, ...]:
         """Path query; `start` defaults to the lane's leaf (an empty lane has an empty path)."""
-        leaf = self._lane._runtime().state.leaf_id
+        leaf = (await self._lane._lane_rt()).state.leaf_id
         if query is None or not query.start:
             if leaf is None:
                 return ()
@@ -347,7 +384,7 @@ class SessionTree:
 
     async def set_name(self, name: str) -> None:
         """Set the session's name (a global fact, applied at once)."""
-        await self._lane._runtime().set_fact(NameFact(name=name))
+        await (await self._lane._lane_rt()).set_fact(NameFact(name=name))
 
     async def get_label(self, target_id: str) -> str | None:
         """An entry's label."""
@@ -355,7 +392,7 @@ class SessionTree:
 
     async def set_label(self, target_id: str, label: str | None) -> None:
         """Label an entry (None clears)."""
-        await self._lane._runtime().set_fact(LabelFact(target_id=target_id, label=label))
+        await (await self._lane._lane_rt()).set_fact(LabelFact(target_id=target_id, label=label))
 
     async def get_stats(self) -> SessionStats:
         """The session's running counters."""
@@ -363,12 +400,12 @@ class SessionTree:
 
     async def append_message(self, message: AgentMessage) -> str:
         """Append a message to the lane: deferred to the next checkpoint while a run is open."""
-        runtime = self._lane._runtime()
+        runtime = await self._lane._lane_rt()
         return await runtime.write(MessageEntry(id=runtime.runtime.ids.next(), message=message))
 
     async def append_custom_entry(self, custom_type: str, data: JsonValue = None) -> str:
         """Append application data to the lane (deferred while a run is open)."""
-        runtime = self._lane._runtime()
+        runtime = await self._lane._lane_rt()
         return await runtime.write(
             CustomEntry(id=runtime.runtime.ids.next(), custom_type=custom_type, data=data)
         )
@@ -400,6 +437,7 @@ def _with_start(query: BranchQuery, start: str) -> BranchQuery:
     return replace(query, start=start)
 
 
+@_pinning
 class AgentLane:
     """One lane: a stateless facade bound to a name (identity is the name, not the object)."""
 
@@ -413,10 +451,16 @@ class AgentLane:
         """The lane's name."""
         return self._name
 
-    def _runtime(self) -> LaneRuntime:
+    def _pin_target(self) -> tuple[AgentHarness, str]:
+        return self._harness, self._name
+
+    async def _lane_rt(self) -> LaneRuntime:
+        """The lane's runtime, restored from storage on first use (see `LaneTable`)."""
         runtime = self._harness._rt
         runtime.check()
-        lane = runtime.lanes[self._name]
+        lane = await self._harness._table.get(self._name)
+        if lane is None:
+            raise HarnessError(f"lane {self._name!r} does not exist")
         if lane.fault is not None:
             raise lane.fault
         return lane
@@ -434,7 +478,18 @@ class AgentLane:
 
     async def get_leaf_id(self) -> str | None:
         """The lane's leaf."""
-        return self._runtime().state.leaf_id
+        return (await self._lane_rt()).state.leaf_id
+
+    async def info(self) -> LaneInfo:
+        """The lane and what it is doing, as `AgentHarness.lanes()` lists it (one lane's reads).
+
+        A faulted lane reports its fault here rather than raising it.
+        """
+        self._harness._rt.check()
+        lane = await self._harness._table.get(self._name)
+        if lane is None:
+            raise HarnessError(f"lane {self._name!r} does not exist")
+        return _live_info(lane)
 
     # -- operations ----------------------------------------------------------------------------
 
@@ -468,7 +523,7 @@ class AgentLane:
         if isinstance(normalized, Err):
             return normalized
         runtime = self._harness._rt
-        lane = self._runtime()
+        lane = await self._lane_rt()
         prior = await lane.prior(entry_id)  # before the hooks: a repeat must change nothing
         if prior is not None and entry_id is not None:
             return self._harness._prompted_before(lane, prior, entry_id, normalized.value[0])
@@ -539,7 +594,7 @@ class AgentLane:
         """
         if (closed := self._closed()) is not None:
             return closed
-        lane = self._runtime()
+        lane = await self._lane_rt()
         harness = self._harness
         runtime = harness._rt
         key = idempotency_key or (runtime.ids.next() if decisions is not None else None)
@@ -571,7 +626,7 @@ class AgentLane:
         """Abort the open operation: durable on return; reconciliation runs in the background."""
         if (closed := self._closed()) is not None:
             return closed
-        lane = self._runtime()
+        lane = await self._lane_rt()
         result = await lane.abort()  # emits `run_abort` when it writes the marker
         if isinstance(result, Ok):
 
@@ -589,7 +644,7 @@ class AgentLane:
         """Summarize the lane's older context into a compaction entry (its own operation)."""
         if (closed := self._closed()) is not None:
             return closed
-        lane = self._runtime()
+        lane = await self._lane_rt()
         runtime = self._harness._rt
 
         async def check() -> tuple[OperationState | None, tuple[AgentMessage, ...]]:
@@ -632,7 +687,7 @@ class AgentLane:
         """
         if (closed := self._closed()) is not None:
             return closed
-        lane = self._runtime()
+        lane = await self._lane_rt()
         runtime = self._harness._rt
         if target_id is not None and await runtime.storage.get_entry(target_id) is None:
             return Err(
@@ -687,7 +742,7 @@ class AgentLane:
             )
         runtime = self._harness._rt
         message = normalized.value[0]
-        enqueued = await self._runtime().enqueue(
+        enqueued = await (await self._lane_rt()).enqueue(
             queue,
             MessageEntry(id=entry_id or runtime.ids.next(), message=message),
             chosen=entry_id is not None,
@@ -731,7 +786,7 @@ class AgentLane:
         """Retract a queued item if it is still pending."""
         if (closed := self._closed()) is not None:
             return closed
-        return await self._runtime().cancel_queued(entry_id)
+        return await (await self._lane_rt()).cancel_queued(entry_id)
 
     async def record_usage(
         self, usage: TokenUsage, *, entry_id: str | None = None, details: JsonValue = None
@@ -746,7 +801,7 @@ class AgentLane:
             reason = invalid_reason(exc) if isinstance(exc, ValidationError) else str(exc)
             return Err(InvalidUsage(message=f"invalid usage adjustment: {reason}", lane=self._name))
         runtime = self._harness._rt
-        lane = self._runtime()
+        lane = await self._lane_rt()
         run_id = lane.state.operation.id if lane.state.operation else None
         await lane.append_record(
             Usage(
@@ -769,35 +824,35 @@ class AgentLane:
         reads (running projections), for operator pages and budgets.
         """
         storage = self._harness._storage()
-        self._runtime()
+        await self._lane_rt()
         if entry_id is not None:
             return await storage.get_usage(entry_id=entry_id)
         return await storage.get_usage(lane=self._name)
 
     async def wait_for_idle(self) -> None:
         """Wait until no procedure executes on this lane (a suspended operation counts as idle)."""
-        await self._runtime().wait_settled()
+        await (await self._lane_rt()).wait_settled()
 
     # -- configuration ---------------------------------------------------------------------------
 
     async def get_model(self) -> ModelRef:
         """The lane's effective model."""
-        config = await self._runtime().configuration()
+        config = await (await self._lane_rt()).configuration()
         return ModelRef(provider=config.provider, model_id=config.model_id)
 
     async def get_thinking_level(self) -> str:
         """The lane's effective thinking level."""
-        return (await self._runtime().configuration()).thinking_level
+        return (await (await self._lane_rt()).configuration()).thinking_level
 
     async def get_active_tools(self) -> tuple[str, ...]:
         """The names of the tools the lane's model may call."""
-        config = await self._runtime().configuration()
+        config = await (await self._lane_rt()).configuration()
         if config.active_tools is None:
             return tuple(self._harness._rt.tools)
         return config.active_tools
 
     async def _configure(self, prop: str, changes: dict[str, Any], value: JsonValue) -> None:
-        lane = self._runtime()
+        lane = await self._lane_rt()
         await lane.write(config_entry(self._harness._rt, changes))
         self._harness._rt.events.emit(ConfigUpdate(lane=self._name, property=prop, value=value))
 
@@ -817,7 +872,7 @@ class AgentLane:
 
     async def watch(self) -> Watch:
         """A snapshot of the lane and, once started, every later event of it (no gap)."""
-        lane = self._runtime()
+        lane = await self._lane_rt()
         runtime = self._harness._rt
         bus = runtime.events
 
@@ -843,7 +898,7 @@ class AgentLane:
 
         Reads committed entries only; `thread_id` defaults to the lane's name.
         """
-        messages = await self._runtime().context_messages()
+        messages = await (await self._lane_rt()).context_messages()
         return HarnessState(
             thread_id=thread_id or self._name,
             messages=messages,
@@ -851,12 +906,12 @@ class AgentLane:
         )
 
     async def _capabilities(self) -> dict[str, CapabilityState]:
-        path = await self._runtime().path_entries_of_type("custom")
+        path = await (await self._lane_rt()).path_entries_of_type("custom")
         return capabilities_of([stored.entry for stored in path])
 
     async def set_capability(self, namespace: str, state: CapabilityState) -> str:
         """Record a capability's data on the lane (deferred while a run is open)."""
-        lane = self._runtime()
+        lane = await self._lane_rt()
         return await lane.write(capability_entry(lane.runtime.ids.next(), namespace, state))
 
     async def get_capability(self, namespace: str, version: str) -> FrozenJson:
@@ -866,8 +921,8 @@ class AgentLane:
 
     # -- manual drive ----------------------------------------------------------------------------
 
-    def _gate(self) -> Gate:
-        gate = self._runtime().gate
+    async def _gate(self) -> Gate:
+        gate = (await self._lane_rt()).gate
         if gate is None:
             raise HarnessError("manual drive controls need AgentHarnessOptions(drive='manual')")
         return gate
@@ -877,7 +932,7 @@ class AgentLane:
 
         No side effect: calling it again returns the same action until `execute_action()`.
         """
-        return await self._gate().peek()
+        return await (await self._gate()).peek()
 
     async def execute_action(self) -> ActionInfo | None:
         """Release exactly the action `peek_action()` shows; return the next one (None: settled).
@@ -885,11 +940,11 @@ class AgentLane:
         Returns once the released effect settled, parked a nested action, or the operation
         settled. Never releases two actions.
         """
-        return await self._gate().execute()
+        return await (await self._gate()).execute()
 
     async def run_to_completion(self) -> None:
         """Release actions until the lane's procedure settles (finished or suspended)."""
-        await self._gate().run_to_completion()
+        await (await self._gate()).run_to_completion()
 
 
 def _lease_lost(runtime: HarnessRuntime, error: LeaseLost) -> None:
@@ -932,17 +987,60 @@ def _last_activity(op: OperationState) -> str:
 
 
 def _status(lane: LaneRuntime, op: OperationState | None) -> LaneStatus:
-    if lane.fault is not None:
+    return _status_of(
+        lane.state,
+        op,
+        faulted=lane.fault is not None,
+        running=lane.task is not None,
+        max_attempts=lane.runtime.options.max_attempts,
+    )
+
+
+def _status_of(
+    state: LaneState, op: OperationState | None, *, faulted: bool, running: bool, max_attempts: int
+) -> LaneStatus:
+    if faulted:
         return "faulted"
     if op is None:
-        last = lane.state.last_finished
+        last = state.last_finished
         return "failed" if last is not None and last.outcome == "failed" else "idle"
     if op.aborting:
         return "aborting"
-    if lane.task is not None:
+    if running:
         return "running"
-    stuck = _reason(op) == "crash" and op.attempts >= lane.runtime.options.max_attempts
+    stuck = _reason(op) == "crash" and op.attempts >= max_attempts
     return "stuck" if stuck else "suspended"
+
+
+def _info(
+    state: LaneState, *, fault: HarnessFault | None, running: bool, max_attempts: int
+) -> LaneInfo:
+    op = state.operation
+    last = state.last_finished
+    status = _status_of(
+        state, op, faulted=fault is not None, running=running, max_attempts=max_attempts
+    )
+    return LaneInfo(
+        name=state.lane,
+        leaf_id=state.leaf_id,
+        operation_id=op.id if op else None,
+        operation_kind=op.kind if op else None,
+        status=status,
+        suspended=_reason(op) if op and status in ("suspended", "stuck") else None,
+        attempts=op.attempts if op else 0,
+        last_outcome=last.outcome if last else None,
+        error=last.error if last and status == "failed" else None,
+        fault=str(fault.__cause__) if fault is not None else None,
+    )
+
+
+def _live_info(lane: LaneRuntime) -> LaneInfo:
+    return _info(
+        lane.state,
+        fault=lane.fault,
+        running=lane.task is not None,
+        max_attempts=lane.runtime.options.max_attempts,
+    )
 
 
 def _snapshot(
@@ -967,18 +1065,22 @@ class AgentHarness(AgentLane):
 
     def __init__(self, runtime: HarnessRuntime) -> None:
         self._rt = runtime
+        self._table = LaneTable(runtime, runtime.options.max_idle_lanes)
         super().__init__(self, "main")
 
     @classmethod
     async def create(
         cls, options: AgentHarnessOptions
     ) -> tuple[AgentHarness, list[SuspendedOperation]]:
-        """Open a harness: restore every lane (bounded reads, no writes, no effects).
+        """Open a harness: restore the lanes with an open operation (bounded reads, no writes).
 
-        Returns the harness and one `SuspendedOperation` per lane with an open operation. A lane
-        whose log is a state no single writer can produce (`RecordLogCorruption`) is restored
-        *faulted*: `lanes()` reports it with the reason, every call on it raises `HarnessFault`,
-        and the session's other lanes work normally.
+        Returns the harness and one `SuspendedOperation` per lane with an open operation. Its
+        cost follows the open operations, not the session's lanes: they are found with one
+        read of the open-operation projection, and every other lane is restored on its first
+        use (see `AgentHarnessOptions.max_idle_lanes`). A lane whose log is a state no single
+        writer can produce (`RecordLogCorruption`) is restored *faulted* (here, or at its first
+        use for an idle lane): `lanes()` reports it with the reason, every call on it raises
+        `HarnessFault`, and the session's other lanes work normally.
         """
         clock = options.clock or SystemClock()
         bus = EventBus()
@@ -1003,25 +1105,23 @@ class AgentHarness(AgentLane):
         )
         harness = cls(runtime)
         runtime.usage_totals = (await options.storage.get_stats()).usage
-        pointers = await options.storage.get_lanes()
+        opened = await options.storage.find_open_operations(None)
+        names = sorted({"main", *(stored.record.lane for stored in opened)})
         states = await asyncio.gather(
-            *(restore_lane(options.storage, p.lane) for p in pointers), return_exceptions=True
+            *(restore_lane(options.storage, name) for name in names), return_exceptions=True
         )
         suspended: list[SuspendedOperation] = []
-        for pointer, state in zip(pointers, states, strict=True):
+        for name, state in zip(names, states, strict=True):
             if isinstance(state, RecordLogCorruption):
-                # one lane's impossible log faults that lane, not the session's other threads
-                lane = LaneRuntime(runtime, pointer.lane, LaneState(pointer.lane, pointer.leaf_id))
-                lane.fault = HarnessFault(f"lane {pointer.lane!r} cannot be restored: {state}")
-                lane.fault.__cause__ = state
-                runtime.lanes[pointer.lane] = lane
-                runtime.events.emit(Fault(message=str(lane.fault), lane=pointer.lane))
+                pointer = await options.storage.get_lane(name)
+                leaf = pointer.leaf_id if pointer is not None else None
+                runtime.lanes[name] = harness._table.faulted(name, leaf, state)
                 continue
             if isinstance(state, BaseException):
                 raise state
-            runtime.lanes[state.lane] = LaneRuntime(runtime, state.lane, state)
+            runtime.lanes[name] = LaneRuntime(runtime, name, state)
             if state.operation is not None:
-                suspended.append(harness._suspended(state.lane, state.operation))
+                suspended.append(harness._suspended(name, state.operation))
         return harness, suspended
 
     # -- lanes -------------------------------------------------------------------------------------
@@ -1036,10 +1136,16 @@ class AgentHarness(AgentLane):
         """Harness-wide event listeners (live only)."""
         return self._rt.events
 
-    def lane(self, name: str) -> AgentLane | None:
-        """The lane called `name`, or None (lookup only; never creates)."""
+    async def lane(self, name: str) -> AgentLane | None:
+        """The lane called `name`, or None (lookup only; never creates).
+
+        A lane not in memory is restored from storage here (a few bounded reads; concurrent
+        lookups of one lane restore it once); a lane in memory costs no read.
+        """
         self._rt.check()
-        return AgentLane(self, name) if name in self._rt.lanes else None
+        found = await self._table.get(name)
+        self._rt.check()
+        return AgentLane(self, name) if found is not None else None
 
     async def create_lane(
         self, name: str, at: str | None
@@ -1052,40 +1158,57 @@ class AgentHarness(AgentLane):
             check_lane_name(name)
         except SessionError as exc:
             return Err(InvalidLane(message=str(exc), lane=name, reason="name"))
-        if name in runtime.lanes:
-            return Err(LaneExists(message=f"lane {name!r} exists", lane=name))
-        if at is not None and await runtime.storage.get_entry(at) is None:
-            return Err(UnknownTarget(message=f"entry {at!r} does not exist", target_id=at))
-        await runtime.write(lambda s: s.create_lane(name, at))  # a refusal faults the harness
-        runtime.lanes[name] = LaneRuntime(runtime, name, LaneState(lane=name, leaf_id=at))
+        table = self._table
+        # under the name's load lock: no first use of the name restores it meanwhile
+        async with table.exclusive(name):
+            if table.loaded(name) is not None or await runtime.storage.get_lane(name) is not None:
+                return Err(LaneExists(message=f"lane {name!r} exists", lane=name))
+            if at is not None and await runtime.storage.get_entry(at) is None:
+                return Err(UnknownTarget(message=f"entry {at!r} does not exist", target_id=at))
+            await runtime.write(lambda s: s.create_lane(name, at))  # a refusal faults the harness
+            table.insert(LaneRuntime(runtime, name, LaneState(lane=name, leaf_id=at)))
         runtime.events.emit(LaneCreated(lane=name, at=at))
         return Ok(AgentLane(self, name))
 
-    async def lanes(self) -> list[LaneInfo]:
-        """Every lane with its status (``main`` always among them)."""
+    async def lanes(self, *, open_only: bool = False) -> list[LaneInfo]:
+        """Every lane with its status (``main`` always among them), sorted by name.
+
+        Lanes not in memory are read from storage for the listing (bounded reads per lane, not
+        kept loaded), so its cost grows with the session's lanes; a lane's own status is
+        `lane.info()`. With `open_only`, only the lanes with an open operation (and faulted
+        lanes found so far): they are always in memory, so that listing reads nothing.
+        """
         runtime = self._rt
         runtime.check()
-        infos = []
-        for name in sorted(runtime.lanes):
-            lane = runtime.lanes[name]
-            op = lane.state.operation
-            last = lane.state.last_finished
-            status = _status(lane, op)
-            infos.append(
-                LaneInfo(
-                    name=name,
-                    leaf_id=lane.state.leaf_id,
-                    operation_id=op.id if op else None,
-                    operation_kind=op.kind if op else None,
-                    status=status,
-                    suspended=_reason(op) if op and status in ("suspended", "stuck") else None,
-                    attempts=op.attempts if op else 0,
-                    last_outcome=last.outcome if last else None,
-                    error=last.error if last and status == "failed" else None,
-                    fault=str(lane.fault.__cause__) if lane.fault is not None else None,
-                )
+        options = runtime.options
+        # what is in memory now: a lane dropped while the others are read keeps this view
+        infos = {name: _live_info(lane) for name, lane in runtime.lanes.items()}
+        if open_only:
+            return [
+                infos[name]
+                for name in sorted(infos)
+                if infos[name].operation_id is not None or infos[name].status == "faulted"
+            ]
+        unloaded = [p.lane for p in await runtime.storage.get_lanes() if p.lane not in infos]
+        for start in range(0, len(unloaded), _LISTING_BATCH):
+            batch = unloaded[start : start + _LISTING_BATCH]
+            states = await asyncio.gather(
+                *(restore_lane(runtime.storage, name) for name in batch), return_exceptions=True
             )
-        return infos
+            for name, state in zip(batch, states, strict=True):
+                if isinstance(state, RecordLogCorruption):
+                    lane = await self._table.get(name)  # loaded faulted, reported once
+                    if lane is not None:
+                        infos[name] = _live_info(lane)
+                elif isinstance(state, BaseException):
+                    raise state
+                else:
+                    infos[name] = _info(
+                        state, fault=None, running=False, max_attempts=options.max_attempts
+                    )
+        runtime.check()
+        infos.update((name, _live_info(lane)) for name, lane in runtime.lanes.items())
+        return [infos[name] for name in sorted(infos)]
 
     async def import_state(
         self, name: str, state: HarnessState
@@ -1100,10 +1223,12 @@ class AgentHarness(AgentLane):
             return created
         lane = created.value
         runtime = self._rt
-        for message in state.messages:
-            await lane._runtime().write(MessageEntry(id=runtime.ids.next(), message=message))
-        for namespace, capability in state.capabilities.items():
-            await lane.set_capability(namespace, capability)
+        with self._table.pinned(name):
+            for message in state.messages:
+                lane_rt = await lane._lane_rt()
+                await lane_rt.write(MessageEntry(id=runtime.ids.next(), message=message))
+            for namespace, capability in state.capabilities.items():
+                await lane.set_capability(namespace, capability)
         return Ok(lane)
 
     def get_tools(self) -> tuple[Tool, ...]:

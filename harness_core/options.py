@@ -93,6 +93,13 @@ class AgentHarnessOptions:
     max_attempts: int = 3
     """Executions of one operation (its first, plus each resume after a crash) before its lane
     is parked stuck; per-request retries are `retry.max_attempts`."""
+    max_idle_lanes: int = 256
+    """Idle lanes kept in memory, least recently used dropped first (at least 0). A session can
+    hold many thousands of lanes (a Slack channel's threads): only lanes with an open operation
+    are restored at `create()`, any other lane is read on its first use, and an idle lane (no
+    open operation, nothing executing, no call in flight) is dropped beyond this many and read
+    again when next used. Reloading costs a lane's bounded restore reads (a few queries); the
+    default keeps a busy channel's recent threads warm in ~4 MiB."""
     compaction: CompactionSettings = field(default_factory=CompactionSettings)
     steering_mode: QueueMode = "all"
     follow_up_mode: QueueMode = "all"

@@ -227,7 +227,7 @@ class SessionStorage(Protocol):
         ...
 
     async def find_open_operations(
-        self, lane: str, *, limit: int | None = None
+        self, lane: str | None, *, limit: int | None = None
     ) -> tuple[StoredRecord, ...]:
         """Return the lane's unfinished `OperationStarted` records, newest first.
 
@@ -235,6 +235,11 @@ class SessionStorage(Protocol):
         corruption. A log written through this contract can never have two (the conditional
         write refuses), but an imported or replayed log can, and then both are returned.
         Answered from a projection; cost does not depend on history.
+
+        With `lane` None: every lane's unfinished operation starts, newest first (by seq) across
+        the session, up to `limit` in all. Cost is proportional to the open operations returned,
+        never to the session's lanes or history: this is how a harness finds the lanes it must
+        restore at open without listing every lane. An unknown `lane` has none (empty).
 
         Raises:
             SessionError: ``invalid_query`` for a limit below 1.

@@ -64,9 +64,9 @@ class LocalReads(ABC):
         return self._state().find_records(query or RecordQuery())
 
     async def find_open_operations(
-        self, lane: str, *, limit: int | None = None
+        self, lane: str | None, *, limit: int | None = None
     ) -> tuple[StoredRecord, ...]:
-        """Open operations of a lane, newest first."""
+        """Open operations of a lane (None: of the session), newest first."""
         if limit is not None and limit < 1:
             raise SessionError("invalid_query", f"limit must be positive, got {limit}")
         return self._state().find_open_operations(lane, limit)

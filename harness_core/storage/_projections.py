@@ -263,7 +263,11 @@ class SessionState:
                 self.open_ops.setdefault(record.lane, []).append(item)
             elif isinstance(record, OperationFinished):
                 open_ops = self.open_ops.get(record.lane, [])
-                self.open_ops[record.lane] = [op for op in open_ops if op.id != record.run_id]
+                still = [op for op in open_ops if op.id != record.run_id]
+                if still:
+                    self.open_ops[record.lane] = still
+                else:  # only lanes with open operations stay keyed: a session-wide read is short
+                    self.open_ops.pop(record.lane, None)
         elif isinstance(item, LaneMove):
             self.lanes[item.lane] = item.leaf_id
         else:
@@ -352,9 +356,16 @@ class SessionState:
                     break
         return tuple(kept)
 
-    def find_open_operations(self, lane: str, limit: int | None) -> tuple[StoredRecord, ...]:
-        """Unfinished operation starts of a lane, newest first."""
-        ops = list(reversed(self.open_ops.get(lane, [])))
+    def find_open_operations(self, lane: str | None, limit: int | None) -> tuple[StoredRecord, ...]:
+        """Unfinished operation starts of a lane (None: of every lane), newest first."""
+        if lane is None:
+            ops = sorted(
+                (op for lane_ops in self.open_ops.values() for op in lane_ops),
+                key=lambda op: op.seq,
+                reverse=True,
+            )
+        else:
+            ops = list(reversed(self.open_ops.get(lane, [])))
         return tuple(ops if limit is None else ops[:limit])
 
     def read_operation_records(self, lane: str, run_id: str) -> tuple[StoredRecord, ...]:

@@ -8,7 +8,8 @@ stream per lane: the lane's records, stream id = seq, for bounded restore), ``:l
 and ``:lt:operation_started.<kind>:<lane>`` (per lane and record type or operation kind: the
 seqs of those records, so "the lane's newest operation_finished" or "its queue records since
 seq N" is one short range read), ``:runs`` (every record of a run: one sorted set read by lex
-range, members ``<run> TAB <seq, 16 digits> TAB <lane>``), ``:open:<lane>`` (open operations),
+range, members ``<run> TAB <seq, 16 digits> TAB <lane>``), ``:open:<lane>`` and ``:opens`` (open
+operations of the lane and of the session: run ids scored by seq),
 ``:ul``/``:ue`` (running usage sums per lane and per entry id), ``:log`` (the session stream:
 one item per mutation, stream id = seq) and ``:labels``. ``P:sessions`` lists the sessions.
 The meta field ``layout`` says which layout a session has; `open` upgrades a session of an older
@@ -103,7 +104,7 @@ from harness_core.storage.redis_lua import SCRIPTS
 
 __all__ = ["RedisSessionRepo", "RedisSessionStorage"]
 
-_LAYOUT = "2"
+_LAYOUT = "3"
 _CLUSTER_MAX_CONNECTIONS = 10_000
 """Per node: redis-py's cluster client raises MaxConnectionsError past it rather than wait."""
 _WALK_BATCH = 256
@@ -667,13 +668,21 @@ class RedisSessionStorage:
         return tuple(kept)
 
     async def find_open_operations(
-        self, lane: str, *, limit: int | None = None
+        self, lane: str | None, *, limit: int | None = None
     ) -> tuple[StoredRecord, ...]:
-        """Open operations of a lane, newest first (from the projection)."""
+        """Open operations of a lane (None: of the session), newest first (the projection)."""
         if limit is not None and limit < 1:
             raise SessionError("invalid_query", f"limit must be positive, got {limit}")
 
         async def run(c: _Client) -> list[StoredRecord]:
+            if lane is None:
+                opened = await c.zrevrange(
+                    self._base + "opens", 0, -1 if limit is None else limit - 1
+                )
+                located = await c.hmget(self._base + "rid", opened) if opened else []
+                # rid values are "<seq> TAB <type> TAB <lane>"
+                found = [value.split("\t", 2) for value in located if value is not None]
+                return await self._records_at(c, [(int(seq), owner) for seq, _, owner in found])
             opened = await c.zrevrange(
                 self._base + "open:" + lane, 0, -1 if limit is None else limit - 1, withscores=True
             )

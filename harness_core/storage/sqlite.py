@@ -776,17 +776,21 @@ class SqliteSessionStorage:
         return tuple(_record_from_row(row, self._where) for row in rows)
 
     async def find_open_operations(
-        self, lane: str, *, limit: int | None = None
+        self, lane: str | None, *, limit: int | None = None
     ) -> tuple[StoredRecord, ...]:
-        """Open operations of a lane, newest first (from the projection)."""
+        """Open operations of a lane (None: of the session), newest first (the projection)."""
         if limit is not None and limit < 1:
             raise SessionError("invalid_query", f"limit must be positive, got {limit}")
+        # The projection holds open operations only, so the session-wide form reads its
+        # (session_id, ...) key prefix: as many rows as are open, whatever the lane count.
+        by_lane = "" if lane is None else " AND o.lane=?"
+        args = (self._sid,) if lane is None else (self._sid, lane)
         rows = await self._read(
             lambda c: c.execute(
                 "SELECT r.seq, r.timestamp, r.payload FROM open_operations o JOIN records r "
-                "ON r.session_id=o.session_id AND r.seq=o.seq WHERE o.session_id=? AND o.lane=? "
+                f"ON r.session_id=o.session_id AND r.seq=o.seq WHERE o.session_id=?{by_lane} "
                 "ORDER BY o.seq DESC LIMIT ?",
-                (self._sid, lane, -1 if limit is None else limit),
+                (*args, -1 if limit is None else limit),
             ).fetchall()
         )
         return tuple(_record_from_row(row, self._where) for row in rows)

@@ -374,6 +374,47 @@ async def imported_corruption_exposes_two_open_operations(fx: BackendFixture) ->
     assert await writer.find_open_operations("main", limit=2) == (first,)
 
 
+@_case("operations")
+async def session_wide_open_operations_span_lanes_newest_first(fx: BackendFixture) -> None:
+    s = await _writer(fx)
+    assert await s.find_open_operations(None) == ()
+    for lane in ("t1", "t2", "t3"):
+        await s.create_lane(lane, None)
+    on_main = await s.append_record(operation_started("run-main"))
+    await s.append_record(operation_started("run-t2", lane="t2"))
+    on_t1 = await s.append_record(operation_started("run-t1", lane="t1", kind="compaction"))
+    await s.append_record(operation_finished("fin-t2", "run-t2", lane="t2"))
+    assert await s.find_open_operations(None) == (on_t1, on_main)
+    assert await s.find_open_operations(None, limit=1) == (on_t1,)
+    assert await s.find_open_operations("t3") == ()
+    assert await s.find_open_operations("nope") == ()  # an unknown lane has none
+    await _expect(s.find_open_operations(None, limit=0), "invalid_query")
+    await s.append_record(operation_finished("fin-main", "run-main"))
+    assert await s.find_open_operations(None, limit=5) == (on_t1,)
+    reader = await fx.repo.open("s1")  # the projection is durable, not the writer's memory
+    assert await reader.find_open_operations(None) == (on_t1,)
+
+
+@_case("operations")
+async def session_wide_open_operations_of_an_imported_log(fx: BackendFixture) -> None:
+    source = await _writer(fx, "source")
+    await source.create_lane("t1", None)
+    first = await source.append_record(operation_started("run1"))
+    await source.append_record(operation_finished("fin1", "run1"))
+    log = list(await source.get_log())
+    # Replace main's finish by a second start (a log no single writer produces): both stay open.
+    second = StoredRecord(seq=3, timestamp=first.timestamp, record=operation_started("run2"))
+    other = StoredRecord(
+        seq=4, timestamp=first.timestamp, record=operation_started("run3", lane="t1")
+    )
+    await fx.repo.import_session(
+        SessionMetadata(id="forged", created_at=1), [log[0], log[1], second, other]
+    )
+    reader = await fx.repo.open("forged")
+    assert await reader.find_open_operations(None) == (other, second, first)
+    assert await reader.find_open_operations(None, limit=2) == (other, second)
+
+
 # -- bounded restore reads -------------------------------------------------------------------
 
 

@@ -315,7 +315,7 @@ async def counted_and_stuck(session_id: str) -> tuple[SessionMetadata, list[LogI
     p = await Process.start(session_id, clock, 2, crashed, meta)
     assert [op.attempts for op in p.suspended] == [1, 1]
     for lane, ledger in (("ops:counted", "call-c-ledger"), ("ops:stuck", "call-s-ledger")):
-        resumed = p.harness.lane(lane)
+        resumed = await p.harness.lane(lane)
         assert resumed is not None
         order = 1001 if lane == "ops:counted" else 2002
         p.script({"tool_calls": [["lookup", {"q": f"ledger order {order}"}, ledger]]})
@@ -324,7 +324,7 @@ async def counted_and_stuck(session_id: str) -> tuple[SessionMetadata, list[LogI
 
     # process 3: only the stuck lane resumes (attempt 3); the safe lookup replays and hangs again
     p = await Process.start(session_id, clock, 3, crashed, meta)
-    resumed = p.harness.lane("ops:stuck")
+    resumed = await p.harness.lane("ops:stuck")
     assert resumed is not None
     await p.until_hung(resumed.resume(), "call-s-ledger")
     return meta, await p.crash()

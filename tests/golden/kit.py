@@ -316,7 +316,7 @@ class Checker:
         lanes = await self.harness.lanes()
         state: dict[str, Any] = {}
         for info in lanes:
-            lane = self.harness.lane(info.name)
+            lane = await self.harness.lane(info.name)
             assert lane is not None
             if info.status == "faulted":
                 try:
@@ -363,7 +363,7 @@ class Checker:
         self.model.fetch_script = [reply(spec) for spec in step.get("fetches", ())]
         self.model.requests.clear()
         runs_before = len(self.toolbox.runs)
-        lane = self.harness.lane(step["lane"])
+        lane = await self.harness.lane(step["lane"])
         assert lane is not None, f"no lane {step['lane']!r}"
         args = dict(step.get("args", {}))
         result: Any

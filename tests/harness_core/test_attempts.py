@@ -173,7 +173,7 @@ async def test_a_lane_whose_log_is_impossible_is_faulted_and_the_others_keep_wor
     assert broken.status == "faulted" and broken.fault is not None
     assert "cancel_unknown_item" in broken.fault
     assert infos["main"].status == "idle"
-    faulted = reopened.harness.lane("slack:C1:1.0")
+    faulted = await reopened.harness.lane("slack:C1:1.0")
     assert faulted is not None
     with pytest.raises(HarnessFault):
         await faulted.prompt("hello")

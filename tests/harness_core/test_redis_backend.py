@@ -176,7 +176,7 @@ async def test_a_session_of_the_first_layout_is_upgraded_on_open(
     client.hdel(f"{redis_prefix}:{{s1}}:meta", "layout")
     reader = await repo.open("s1")
     assert await _answers(reader) == expected
-    assert client.hget(f"{redis_prefix}:{{s1}}:meta", "layout") == "2"
+    assert client.hget(f"{redis_prefix}:{{s1}}:meta", "layout") == "3"
     lease = await repo.acquire_lease("s1", owner="w", ttl_ms=60_000)
     writer = await repo.open("s1", lease=lease)
     await writer.append_record(operation_finished("late", "cmp", lane="t1"))

@@ -182,7 +182,7 @@ def probe(*keys: str) -> Callable[[ProbeFn], ProbeFn]:
 @probe("AgentLane.name")
 async def _lane_name(f: Fresh) -> None:
     assert (f.side.name, f.harness.name) == ("side", "main")
-    looked_up = f.harness.lane("side")
+    looked_up = await f.harness.lane("side")
     assert looked_up is not None and looked_up.name == "side"
 
 
@@ -194,6 +194,17 @@ async def _lane_session(f: Fresh) -> None:
     assert await f.harness.get_leaf_id() is None  # the view writes to its own lane only
     stored = await f.kit.storage.get_entry(entry_id)
     assert stored is not None and stored.lane == "side"
+
+
+@probe("AgentLane.info")
+async def _lane_info(f: Fresh) -> None:
+    assert (await f.side.info()).status == "idle"
+    assert (await f.side.info()).leaf_id is None
+    outcome = await prompt(f.side, "hi")
+    info = await f.side.info()
+    assert (info.name, info.last_outcome) == ("side", "completed")
+    assert info.leaf_id == outcome.final_entry_id
+    assert info in await f.harness.lanes()  # what the listing says of it
 
 
 @probe("AgentLane.get_leaf_id")
@@ -529,11 +540,11 @@ async def _harness_events(f: Fresh) -> None:
 
 @probe("AgentHarness.lane")
 async def _harness_lane(f: Fresh) -> None:
-    lane = f.harness.lane("side")
+    lane = await f.harness.lane("side")
     assert lane is not None and lane.name == "side"
     entry_id = await lane.session.append_custom_entry("note")
     assert await f.side.get_leaf_id() == entry_id  # a facade: the same lane, not a copy
-    assert f.harness.lane("nope") is None
+    assert await f.harness.lane("nope") is None
     assert [info.name for info in await f.harness.lanes()] == ["main", "side"]  # never creates
 
 

@@ -71,7 +71,7 @@ async def test_a_storage_write_failure_faults_the_harness(backend, tmp_path, mon
 
 
 async def _lane_main(harness: AgentHarness) -> Any:
-    return harness.lane("main")  # not a coroutine itself: raises at the call
+    return await harness.lane("main")
 
 
 CALLS_AFTER_A_FAULT: dict[str, Callable[[AgentHarness], Awaitable[Any]]] = {
@@ -80,6 +80,7 @@ CALLS_AFTER_A_FAULT: dict[str, Callable[[AgentHarness], Awaitable[Any]]] = {
     "abort": lambda harness: harness.abort(),
     "get_model": lambda harness: harness.get_model(),
     "lanes": lambda harness: harness.lanes(),
+    "info": lambda harness: harness.info(),
     "watch": lambda harness: harness.watch(),
     "session.get_entry": lambda harness: harness.session.get_entry("x"),
     "lane": _lane_main,
@@ -180,6 +181,7 @@ RAISING_CALLS_AFTER_CLOSE: dict[str, ClosedCall] = {
     "wait_for_idle": lambda harness, side: harness.wait_for_idle(),
     "watch": lambda harness, side: harness.watch(),
     "lanes": lambda harness, side: harness.lanes(),
+    "side.info": lambda harness, side: side.info(),
     "session.get_entry": lambda harness, side: harness.session.get_entry("x"),
     "side.get_active_tools": lambda harness, side: side.get_active_tools(),
 }

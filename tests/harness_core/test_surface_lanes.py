@@ -68,7 +68,7 @@ async def test_create_lane_rejections(backend, tmp_path) -> None:
     thread = ok(await harness.create_lane("thread", outcome.leaf_id))
     assert await thread.get_leaf_id() == outcome.leaf_id  # copies nothing: it points there
     err(await harness.create_lane("thread", None), "LaneExists")
-    assert harness.lane("thread") is not None and harness.lane("missing") is None
+    assert await harness.lane("thread") is not None and await harness.lane("missing") is None
     created = [r for r in await kit.storage.get_lanes()]
     assert sorted(p.lane for p in created) == ["main", "thread"]
     # a lane's first run sees the branch it was created on

@@ -53,6 +53,12 @@ async def _get_leaf_id(kit: Kit, lane: AgentLane) -> None:
     assert await lane.get_leaf_id() is None
 
 
+async def _info(kit: Kit, lane: AgentLane) -> None:
+    info = await lane.info()
+    assert (info.name, info.status) == (lane.name, "idle")
+    assert info.leaf_id is None and info.operation_id is None
+
+
 async def _prompt(kit: Kit, lane: AgentLane) -> None:
     outcome = ok(await lane.prompt("hello"))
     assert outcome.kind == "completed" and outcome.operation == "run"
@@ -197,6 +203,7 @@ LANE_CALLS: dict[str, LaneCall] = {
     "name": _name,
     "session": _session,
     "get_leaf_id": _get_leaf_id,
+    "info": _info,
     "prompt": _prompt,
     "start": _start,
     "resume": _resume,
@@ -265,16 +272,16 @@ async def _events(kit: Kit) -> None:
 
 
 async def _lane(kit: Kit) -> None:
-    main = kit.harness.lane("main")
+    main = await kit.harness.lane("main")
     assert main is not None and main.name == "main"
-    assert kit.harness.lane("nope") is None
+    assert await kit.harness.lane("nope") is None
     assert [info.name for info in await kit.harness.lanes()] == ["main", "side"]  # never creates
 
 
 async def _create_lane(kit: Kit) -> None:
     lane = ok(await kit.harness.create_lane("other", None))
     assert isinstance(lane, AgentLane) and lane.name == "other"
-    assert kit.harness.lane("other") is not None
+    assert await kit.harness.lane("other") is not None
 
 
 async def _lanes(kit: Kit) -> None:

@@ -112,7 +112,7 @@ async def child(url: str, effects: Path) -> None:
     await resume_all(harness)
     lanes = []
     for name in ("a", "b"):
-        lane = harness.lane(name)
+        lane = await harness.lane(name)
         if lane is None:
             created = await harness.create_lane(name, None)
             assert isinstance(created, Ok)

@@ -30,7 +30,7 @@ async def drive(
     while True:
         moved = False
         for info in await harness.lanes():
-            lane = harness.lane(info.name)
+            lane = await harness.lane(info.name)
             assert lane is not None
             action = await lane.peek_action()
             if action is None:

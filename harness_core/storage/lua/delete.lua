@@ -8,7 +8,7 @@ if l[1] and tonumber(l[3]) > now and l[2] ~= ARGV[1] then
 end
 local keys = {meta, base .. 'lease', base .. 'lanes', base .. 'ep', base .. 'en', base .. 'eseq',
   base .. 'rid', base .. 'log', base .. 'labels', base .. 'ctypes', base .. 'ul', base .. 'ue',
-  base .. 'runs'}
+  base .. 'runs', base .. 'opens'}
 for _, lane in ipairs(redis.call('HKEYS', base .. 'lanes')) do
   keys[#keys + 1] = base .. 'lr:' .. lane
   keys[#keys + 1] = base .. 'open:' .. lane

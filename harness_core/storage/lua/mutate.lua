@@ -110,8 +110,10 @@ elseif op == 'record' then
   redis.call('HSET', base .. 'rid', id, table.concat({seq, rtype, lane}, '\t'))
   if rtype == 'operation_started' then
     redis.call('ZADD', base .. 'open:' .. lane, seq, id)
+    redis.call('ZADD', base .. 'opens', seq, id)
   elseif rtype == 'operation_finished' then
     redis.call('ZREM', base .. 'open:' .. lane, run)
+    redis.call('ZREM', base .. 'opens', run)
   end
   redis.call('XADD', base .. 'log', sid, 'k', 'r', 'lane', lane, 't', ts)
   counts.n_records = counts.n_records + 1

@@ -9,7 +9,7 @@ local function clock(arg)
   return tonumber(t[1]) * 1000 + math.floor(tonumber(t[2]) / 1000)
 end
 -- The session layout these scripts keep (meta field 'layout'); older sessions are upgraded.
-local LAYOUT = '2'
+local LAYOUT = '3'
 -- A usage amount: 5 token counts, then 5 cost amounts (input, output, cache read, cache write,
 -- total). Token sums stay within +-(2^53 - 1), where doubles are exact; cost sums stay finite.
 local MAX_TOKENS = 9007199254740991
