@@ -128,22 +128,32 @@ async def test_every_effect_sees_everything_written_before_it_committed(
     await repo.close()
 
 
+async def two_sessions(
+    path: Path, first: str, second: str
+) -> tuple[SqliteSessionRepo, hc.WriterLease, hc.WriterLease]:
+    """A SQLite store with two sessions, each with a writer lease (one shared transaction)."""
+    repo = SqliteSessionRepo(path)
+    leases = []
+    for session in (first, second):
+        await repo.create(session)
+        leases.append(await repo.acquire_lease(session, owner="t", ttl_ms=60_000))
+    return repo, leases[0], leases[1]
+
+
+def boom(tx: Any) -> None:
+    """A write that fails the way a full disk does (not a refusal: the transaction rolls back)."""
+    raise sqlite3.OperationalError("disk I/O error")
+
+
 async def test_a_batch_lost_in_a_shared_transaction_faults_its_session(
     backend: str, tmp_path: Path
 ) -> None:
     path = tmp_path / "store.db"
-    repo = SqliteSessionRepo(path)
-    await repo.create("a")
-    await repo.create("b")
-    lease_a = await repo.acquire_lease("a", owner="t", ttl_ms=60_000)
-    lease_b = await repo.acquire_lease("b", owner="t", ttl_ms=60_000)
+    repo, lease_a, lease_b = await two_sessions(path, "a", "b")
     a = await repo.open("a", lease=lease_a)
     with deferred_durability():
         stored = await a.append_entry(custom_entry("kept-in-memory-only"), "main")
     assert (await a.get_entry(stored.id)) is not None  # visible to its own reads
-
-    def boom(tx: Any) -> None:
-        raise sqlite3.OperationalError("disk I/O error")
 
     # another session's write fails in the transaction that holds a's deferred write
     with pytest.raises(SessionError) as failed:
@@ -163,16 +173,8 @@ async def test_a_batch_lost_in_a_shared_transaction_faults_its_session(
 async def test_a_harness_whose_batch_was_lost_faults_before_the_tool_runs(
     backend: str, tmp_path: Path
 ) -> None:
-    path = tmp_path / "store.db"
-    repo = SqliteSessionRepo(path)
-    await repo.create("s")
-    await repo.create("other")
-    lease = await repo.acquire_lease("s", owner="t", ttl_ms=60_000)
-    other = await repo.acquire_lease("other", owner="t", ttl_ms=60_000)
+    repo, lease, other = await two_sessions(tmp_path / "store.db", "s", "other")
     ran: list[str] = []
-
-    def boom(tx: Any) -> None:
-        raise sqlite3.OperationalError("disk I/O error")
 
     async def fail_shared_transaction(message: Any) -> None:
         # right after the assistant's tool call was written (deferred), before the tool's
