@@ -185,6 +185,28 @@ async def test_a_session_of_the_first_layout_is_upgraded_on_open(
     client.close()
 
 
+async def test_a_session_of_layout_2_gets_its_session_wide_open_index_on_open(
+    repo, redis_server, redis_prefix
+) -> None:
+    storage = await _writer(repo)
+    await storage.create_lane("t1", None)
+    await storage.create_lane("t2", None)
+    await storage.append_record(operation_started("open-1", lane="t1"))
+    await storage.append_record(operation_started("done", lane="t2"))
+    await storage.append_record(operation_finished("done-fin", "done", lane="t2"))
+    await storage.append_record(operation_started("open-2", lane="t2"))
+    client = redis.Redis(port=redis_server.port, decode_responses=True)
+    # what layout 2 left: per-lane open sets only
+    assert client.delete(f"{redis_prefix}:{{s1}}:opens") == 1
+    client.hset(f"{redis_prefix}:{{s1}}:meta", "layout", "2")
+    reader = await repo.open("s1")
+    assert [r.id for r in await reader.find_open_operations(None)] == ["open-2", "open-1"]
+    assert client.hget(f"{redis_prefix}:{{s1}}:meta", "layout") == "3"
+    await storage.append_record(operation_finished("open-1-fin", "open-1", lane="t1"))
+    assert [r.id for r in await reader.find_open_operations(None)] == ["open-2"]
+    client.close()
+
+
 async def test_delete_removes_every_key_of_the_session(repo, redis_server, redis_prefix) -> None:
     storage = await _writer(repo)
     await _mixed_history(storage)
