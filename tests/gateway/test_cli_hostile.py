@@ -122,6 +122,21 @@ def has_open(pid: int, path: Path) -> bool:
         return False
 
 
+async def ask_in_flight(tmp_path: Path, fake: FakeLLM, *args: str) -> asyncio.subprocess.Process:
+    """`gateway ask ARGS` against a model that never answers, once its request is in flight."""
+    fake.hang()
+    asking = await start(
+        tmp_path,
+        "ask",
+        *args,
+        model="openai:test-model",
+        model_api_key="sk-test",
+        model_base_url=fake.openai_base_url,
+    )
+    await asyncio.wait_for(fake.wait_for_requests(1), WAIT)
+    return asking
+
+
 async def opened(process: asyncio.subprocess.Process, path: Path) -> None:
     """Wait until `process` has `path` open (it reached the store: past its imports)."""
     for _ in range(int(WAIT / 0.05)):
@@ -290,15 +305,9 @@ async def test_ctrl_c_aborts_the_running_ask_and_the_store_shows_it_finished(
     tmp_path: Path, fake: FakeLLM
 ) -> None:
     url = f"sqlite:///{tmp_path}/gw.db"
-    fake.hang()
-    asking = await start(
-        tmp_path,
-        *("ask", "--store", url, "what is our deploy window?"),
-        model="openai:test-model",
-        model_api_key="sk-test",
-        model_base_url=fake.openai_base_url,
-    )
-    await asyncio.wait_for(fake.wait_for_requests(1), WAIT)  # the model call is in flight
+    asking = await ask_in_flight(
+        tmp_path, fake, "--store", url, "what is our deploy window?"
+    )  # the model call is in flight
     asking.send_signal(signal.SIGINT)
     code, out, err = await finish(asking)
     assert code == 130
@@ -314,15 +323,7 @@ async def test_ctrl_c_aborts_the_running_ask_and_the_store_shows_it_finished(
 
 async def test_ctrl_c_twice_stops_at_once_still_in_one_line(tmp_path: Path, fake: FakeLLM) -> None:
     url = f"sqlite:///{tmp_path}/gw.db"
-    fake.hang()
-    asking = await start(
-        tmp_path,
-        *("ask", "--store", url, "what is our deploy window?"),
-        model="openai:test-model",
-        model_api_key="sk-test",
-        model_base_url=fake.openai_base_url,
-    )
-    await asyncio.wait_for(fake.wait_for_requests(1), WAIT)
+    asking = await ask_in_flight(tmp_path, fake, "--store", url, "what is our deploy window?")
     asking.send_signal(signal.SIGINT)
     await asyncio.sleep(0.002)
     asking.send_signal(signal.SIGINT)  # while the first is handled: no KeyboardInterrupt mid-write
@@ -340,15 +341,9 @@ async def test_a_second_ask_waits_for_the_first_and_neither_faults(
     tmp_path: Path, fake: FakeLLM
 ) -> None:
     url = f"sqlite:///{tmp_path}/gw.db"
-    fake.hang()
-    first = await start(
-        tmp_path,
-        *("ask", "--store", url, "--lane", "cli:slow", "first"),
-        model="openai:test-model",
-        model_api_key="sk-test",
-        model_base_url=fake.openai_base_url,
-    )
-    await asyncio.wait_for(fake.wait_for_requests(1), WAIT)  # it holds the session now
+    first = await ask_in_flight(
+        tmp_path, fake, "--store", url, "--lane", "cli:slow", "first"
+    )  # it holds the session now
     second = await start(tmp_path, "ask", "--store", url, "second")  # scripted:echo
     await opened(second, tmp_path / "gw.db")
     await asyncio.sleep(0.5)  # the second is waiting for the session's lease
