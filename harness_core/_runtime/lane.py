@@ -704,10 +704,10 @@ class LaneRuntime:
 
     async def context_entries(self) -> list[StoredEntry]:
         """The lane's context window: its path from the newest compaction to the leaf."""
-        if self._context is not None and (self._context[-1].id if self._context else None) != (
-            self.state.leaf_id
-        ):  # kept in step with the lane's own appends; anything else reloads it
-            self._context = self._window = None
+        if self._context is not None:
+            tail = self._context[-1].id if self._context else None
+            if tail != self.state.leaf_id:  # kept in step with the lane's own appends only
+                self._context = self._window = None
         if self._context is None:
             leaf = self.state.leaf_id
             if leaf is None:
