@@ -156,10 +156,10 @@ async def demo(repo: SessionRepo, url: str, out: list[str]) -> str:
     async def send_email(args: Any, ctx: ToolContext) -> str:
         raise AssertionError("a started replay='never' tool must not run again")
 
-    # process 2: restores every lane (bounded reads, no writes), then resumes what was open
+    # process 2: restores the open lanes (bounded reads, no writes), then resumes them
     lease, storage, harness, suspended = await _open(repo, meta.id, "gateway-2", send_email)
     out.append("")
-    out.append("process 2 restores every lane (bounded reads, no writes):")
+    out.append("process 2 restores the lanes with open work (bounded reads, no writes):")
     for op in suspended:
         out.append(_suspended(op))
     for info in await harness.lanes():
