@@ -113,8 +113,15 @@ def main(argv: list[str] | None = None) -> int:
     """Write both example files into the directory named by the first argument (or ``.``)."""
     args = sys.argv[1:] if argv is None else argv
     target = Path(args[0] if args else ".")
+    if not target.is_dir():
+        print(f"config.examples: {target} is not a directory", file=sys.stderr)
+        return 2
     for name, text in zip(EXAMPLE_FILES, (env_example(), toml_example()), strict=True):
-        (target / name).write_text(text, encoding="utf-8")
+        try:
+            (target / name).write_text(text, encoding="utf-8")
+        except OSError as exc:
+            print(f"config.examples: cannot write {target / name}: {exc.strerror}", file=sys.stderr)
+            return 1
         print(f"wrote {target / name}")
     return 0
 

@@ -85,3 +85,17 @@ def test_main_writes_both_files(tmp_path: Path, capsys: pytest.CaptureFixture[st
         toml_example(),
     ]
     assert capsys.readouterr().out.count("wrote ") == 2
+
+
+def test_a_missing_or_unwritable_directory_is_one_line_not_a_traceback(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    assert main([str(tmp_path / "nowhere")]) == 2
+    assert (
+        capsys.readouterr().err == f"config.examples: {tmp_path / 'nowhere'} is not a directory\n"
+    )
+    (tmp_path / EXAMPLE_FILES[0]).mkdir()  # a directory where the file must go
+    assert main([str(tmp_path)]) == 1
+    err = capsys.readouterr().err
+    assert err.startswith(f"config.examples: cannot write {tmp_path / EXAMPLE_FILES[0]}: ")
+    assert err.count("\n") == 1
