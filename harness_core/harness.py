@@ -1,10 +1,11 @@
 """`AgentHarness` and `AgentLane`: the public surface of the durable runtime.
 
 `AgentHarness.create()` restores the lanes with open operations read-only (every other lane
-loads on first use) and reports the operations a crash (or a deferred request) left open; `lane.resume()` continues one, never starting a new one. The
-harness is also lane ``main``. Expected rejections are `Err` values; a storage failure faults
-the whole harness (`HarnessFault` from every call until reopened) and `close()` makes in-flight
-calls raise `HarnessClosed` while their durable operations stay resumable.
+loads on first use) and reports the operations a crash (or a deferred request) left open;
+`lane.resume()` continues one, never starting a new one. The harness is also lane ``main``.
+Expected rejections are `Err` values; a storage failure faults the whole harness
+(`HarnessFault` from every call until reopened) and `close()` makes in-flight calls raise
+`HarnessClosed` while their durable operations stay resumable.
 """
 
 from __future__ import annotations
