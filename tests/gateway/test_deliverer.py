@@ -8,8 +8,8 @@ from __future__ import annotations
 
 import asyncio
 import random
-from collections.abc import AsyncIterator, Callable
-from typing import Any
+from collections.abc import AsyncIterator, Awaitable, Callable, Sequence
+from typing import Any, TypeVar
 
 import pytest
 
@@ -22,6 +22,7 @@ from harness_core.testing import ManualClock
 
 SEED = 7
 CAP_MS = 3_600_000
+T = TypeVar("T")
 
 
 class Rig:
@@ -98,6 +99,17 @@ def _failed(attempts: int, now_ms: Callable[[], int]) -> Callable[[Delivery], bo
     )
 
 
+async def _eventually(
+    read: Callable[[], Awaitable[Sequence[T]]], timeout_s: float = 10.0
+) -> Sequence[T]:
+    """What `read` returns once it is not empty."""
+    deadline = asyncio.get_running_loop().time() + timeout_s
+    while not (found := await read()):
+        assert asyncio.get_running_loop().time() < deadline, "still empty"
+        await asyncio.sleep(0.005)
+    return found
+
+
 def _schedule(attempts: int) -> list[int]:
     """The delays a deliverer seeded with SEED waits after its first `attempts` failures."""
     rng = random.Random(SEED)
@@ -133,7 +145,8 @@ async def test_a_channel_that_always_fails_makes_a_dead_letter(rig: Rig) -> None
     dead = await rig.until("reply:s:run-1", lambda d: d.status == "dead")
     assert dead.attempts == 4 and dead.last_error == "channel down"
     assert rig.fake.count("reply:s:run-1") == 0
-    [audit] = await rig.broker.audit.list(session="s")
+    # The audit event is written after the delivery is settled dead, so it may trail the status.
+    [audit] = await _eventually(lambda: rig.broker.audit.list(session="s"))
     assert audit.action == "dead letter" and audit.target == "reply:s:run-1"
     assert audit.details["attempts"] == 4
 
