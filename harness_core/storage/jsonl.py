@@ -34,6 +34,7 @@ from harness_core.errors import LeaseHeld, LeaseLost, SessionError, StoreCorrupt
 from harness_core.frozen import JsonValue
 from harness_core.ids import IdGenerator, Uuid7Ids
 from harness_core.session.codec import encode_log_item, log_item_adapter
+from harness_core.session.collector import collector_paused
 from harness_core.session.durability import durability_deferred
 from harness_core.session.entries import Entry
 from harness_core.session.names import check_session_id
@@ -417,6 +418,18 @@ def _load(path: Path, writer: bool) -> SessionState:
     meta = _parse_header(lines[0], path)
     state = SessionState(meta)
     good_end = len(lines[0]) + 1
+    with collector_paused(len(lines)):
+        good_end = _replay(path, lines, state, good_end)
+    if torn and writer:
+        with open(path, "r+b") as handle:
+            handle.truncate(good_end)
+            handle.flush()
+            os.fsync(handle.fileno())
+    return state
+
+
+def _replay(path: Path, lines: list[bytes], state: SessionState, good_end: int) -> int:
+    """Apply the log lines after the header to `state`; return the end of the last good one."""
     for number, line in enumerate(lines[1:], start=2):
         location = f"{path}:{number}"
         try:
@@ -431,12 +444,7 @@ def _load(path: Path, writer: bool) -> SessionState:
             raise StoreCorrupted(f"inconsistent line {location}: {exc}", location=location) from exc
         state.apply(item)
         good_end += len(line) + 1
-    if torn and writer:
-        with open(path, "r+b") as handle:
-            handle.truncate(good_end)
-            handle.flush()
-            os.fsync(handle.fileno())
-    return state
+    return good_end
 
 
 def _parse_header(line: bytes, path: Path) -> SessionMetadata:

@@ -63,6 +63,7 @@ from harness_core.session.codec import (
     encode_record,
     fact_adapter,
 )
+from harness_core.session.collector import collector_paused
 from harness_core.session.entries import CustomEntry, Entry
 from harness_core.session.names import check_lane_name, check_session_id
 from harness_core.session.records import (
@@ -456,15 +457,16 @@ class RedisSessionStorage:
         for start in range(0, len(ids), _READ_BATCH):
             chunk = list(ids[start : start + _READ_BATCH])
             flat = await self._repo.scripts.run(client, "read_entries", self._meta, *chunk)
-            for payload, node in zip(flat[::2], flat[1::2], strict=True):
-                if payload is None or node is None:
-                    out.append(None)
-                    continue
-                seq, ts, parent, lane, _, _ = _node(node)
-                entry = decode_entry(payload, self._where)
-                out.append(
-                    StoredEntry(seq=seq, timestamp=ts, lane=lane, parent_id=parent, entry=entry)
-                )
+            with collector_paused(len(chunk)):  # never across an await: the loop runs on
+                for payload, node in zip(flat[::2], flat[1::2], strict=True):
+                    if payload is None or node is None:
+                        out.append(None)
+                        continue
+                    seq, ts, parent, lane, _, _ = _node(node)
+                    entry = decode_entry(payload, self._where)
+                    out.append(
+                        StoredEntry(seq=seq, timestamp=ts, lane=lane, parent_id=parent, entry=entry)
+                    )
         return out
 
     async def get_entry(self, entry_id: str) -> StoredEntry | None:

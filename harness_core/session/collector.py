@@ -1,0 +1,52 @@
+"""Pausing Python's cyclic garbage collector while a large batch of stored data is decoded.
+
+Decoding thousands of entries (a long lane's context window, a JSONL log replayed on open)
+allocates tens of thousands of objects that all live on. CPython's collector is triggered by
+allocation counts, so it traverses the growing batch again and again while it is built: on a
+4,000-entry window that is half of the decode time (measured: 104 -> 53 ms). Nothing a decode
+allocates forms a reference cycle, so pausing the collector for the batch frees nothing later
+and holds no garbage longer; the objects are traversed once, by the next collection after it.
+
+The pause is process-wide state shared by every thread, so it nests by count: the first batch
+to start disables the collector (only if it was enabled) and the last one to finish enables
+it again. An application that disabled the collector before a batch keeps it disabled.
+"""
+
+from __future__ import annotations
+
+import gc
+import threading
+from collections.abc import Iterator
+from contextlib import contextmanager
+
+__all__ = ["PAUSE_AT", "collector_paused"]
+
+PAUSE_AT = 256
+"""Batches smaller than this decode with the collector as it is: too few objects to matter."""
+
+_lock = threading.Lock()
+_depth = 0
+_disabled_by_us = False
+
+
+@contextmanager
+def collector_paused(size: int) -> Iterator[None]:
+    """Run the block with the cyclic collector paused when `size` items are about to be decoded."""
+    global _depth, _disabled_by_us
+    if size < PAUSE_AT:
+        yield
+        return
+    with _lock:
+        if _depth == 0:
+            _disabled_by_us = gc.isenabled()
+            if _disabled_by_us:
+                gc.disable()
+        _depth += 1
+    try:
+        yield
+    finally:
+        with _lock:
+            _depth -= 1
+            if _depth == 0 and _disabled_by_us:
+                _disabled_by_us = False
+                gc.enable()
