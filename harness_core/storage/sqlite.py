@@ -14,6 +14,12 @@ operation kind) from ``(session_id, lane, type, seq)``, a lane's own entries fro
 lookups along parent links; none of them touches other lanes' traffic or older history. Usage
 sums per lane and per entry are running projections (`usage_sums`), like the session's.
 
+A new database gets 1 KiB pages (`PAGE_SIZE`; SQLite's default is 4 KiB). A commit writes
+every page it dirtied to the WAL in full, and a turn's small appends dirty a page of each index
+they touch: with 1 KiB pages a turn writes about a third of the bytes (276 -> 102 KiB measured)
+at the same turn time, and a 4,000-entry path reads about 20% slower. An existing database keeps
+the page size it was created with.
+
 Schema version 2 (this module) changed the type indexes and added `usage_sums`; a version-1
 database is upgraded in place on first use (one transaction), and a version-2 database refuses
 older code, which would not maintain the sums.
@@ -46,6 +52,7 @@ from harness_core.session.codec import (
     encode_record,
     fact_adapter,
 )
+from harness_core.session.collector import collector_paused
 from harness_core.session.durability import durability_deferred
 from harness_core.session.entries import CustomEntry, Entry, MessageEntry
 from harness_core.session.names import check_lane_name, check_session_id
@@ -83,6 +90,9 @@ __all__ = ["SqliteSessionRepo", "SqliteSessionStorage", "Synchronous"]
 
 Synchronous = Literal["normal", "full"]
 SCHEMA_VERSION = 2
+PAGE_SIZE = 1024
+"""The page size of a database this backend creates (see the module docstring)."""
+_PAGE_SIZES = frozenset(2**n for n in range(9, 17))
 _T = TypeVar("_T")
 
 _USAGE_COLUMNS = (
@@ -302,11 +312,15 @@ def _upgrade_from_1(conn: sqlite3.Connection, path: Path) -> None:
 class _Db:
     """The connection and everything that runs on the I/O thread."""
 
-    def __init__(self, path: Path, synchronous: Synchronous, busy_timeout_ms: int) -> None:
+    def __init__(
+        self, path: Path, synchronous: Synchronous, busy_timeout_ms: int, page_size: int
+    ) -> None:
         if str(path) != ":memory:":
             path.parent.mkdir(parents=True, exist_ok=True)
         self.conn = sqlite3.connect(path, isolation_level=None)
         self.conn.execute(f"PRAGMA busy_timeout={int(busy_timeout_ms)}")
+        # Before anything writes the header (WAL mode does); a no-op on an existing database.
+        self.conn.execute(f"PRAGMA page_size={int(page_size)}")
         self.conn.execute("PRAGMA journal_mode=WAL")
         self.conn.execute(f"PRAGMA synchronous={'FULL' if synchronous == 'full' else 'NORMAL'}")
         schema = resources.files("harness_core.storage").joinpath("sqlite_schema.sql").read_text()
@@ -740,7 +754,8 @@ class SqliteSessionStorage:
             args.append(q.type)
         _window(sql, args, q.after_seq, q.before_seq, q.order, q.limit)
         rows = await self._read(lambda c: c.execute(" ".join(sql), args).fetchall())
-        return tuple(_entry_from_row(row, self._where) for row in rows)
+        with collector_paused(len(rows)):
+            return tuple(_entry_from_row(row, self._where) for row in rows)
 
     async def find_entries_on_branch(self, query: BranchQuery) -> tuple[StoredEntry, ...]:
         """Path query: parent-link point lookups from `start`."""
@@ -750,7 +765,8 @@ class SqliteSessionStorage:
                 raise SessionError("not_found", f"entry {query.stop_at_id!r} does not exist")
             rows: dict[str, tuple[Any, ...]] = {}
             nodes = drive(BranchScan(query), _walk(c, self._sid, query.start, rows))
-            return tuple(_entry_from_row(rows[node.id], self._where) for node in nodes)
+            with collector_paused(len(nodes)):
+                return tuple(_entry_from_row(rows[node.id], self._where) for node in nodes)
 
         return await self._read(run)
 
@@ -773,7 +789,8 @@ class SqliteSessionStorage:
                 args.append(value)
         _window(sql, args, q.after_seq, None, q.order, q.limit)
         rows = await self._read(lambda c: c.execute(" ".join(sql), args).fetchall())
-        return tuple(_record_from_row(row, self._where) for row in rows)
+        with collector_paused(len(rows)):
+            return tuple(_record_from_row(row, self._where) for row in rows)
 
     async def find_open_operations(
         self, lane: str | None, *, limit: int | None = None
@@ -989,11 +1006,18 @@ class SqliteSessionRepo:
         clock: Clock | None = None,
         ids: IdGenerator | None = None,
         busy_timeout_ms: int = 10_000,
+        page_size: int = PAGE_SIZE,
     ) -> None:
         if synchronous not in ("normal", "full"):
             raise SessionError(
                 "invalid_query", f"synchronous must be 'normal' or 'full', got {synchronous!r}"
             )
+        if page_size not in _PAGE_SIZES:
+            raise SessionError(
+                "invalid_query",
+                f"page_size must be a power of two from 512 to 65536, got {page_size!r}",
+            )
+        self._page_size = page_size
         self.path = Path(path)
         self.clock = clock or SystemClock()
         self._ids = ids or Uuid7Ids(self.clock)
@@ -1020,7 +1044,7 @@ class SqliteSessionRepo:
 
         def run() -> _T:
             if self._db is None:
-                self._db = _Db(self.path, self._synchronous, self._busy_timeout_ms)
+                self._db = _Db(self.path, self._synchronous, self._busy_timeout_ms, self._page_size)
             try:
                 if not keep_open:
                     self._db.commit()

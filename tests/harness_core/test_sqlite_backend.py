@@ -10,8 +10,8 @@ import pytest
 from harness_core.errors import LeaseHeld, LeaseLost, SessionError
 from harness_core.messages import Cost, TokenUsage
 from harness_core.session.records import QueueEnqueued, Usage
-from harness_core.session.types import RecordQuery
-from harness_core.storage.sqlite import SqliteSessionRepo
+from harness_core.session.types import BranchQuery, RecordQuery
+from harness_core.storage.sqlite import PAGE_SIZE, SqliteSessionRepo
 from harness_core.testing import ManualClock
 from harness_core.testing.builders import operation_finished, operation_started, user_entry
 
@@ -191,3 +191,51 @@ async def test_a_database_of_another_schema_version_is_refused(tmp_path) -> None
         await repo.list()
     assert caught.value.code == "storage" and "schema version 99" in str(caught.value)
     await repo.close()
+
+
+def _page_size(path) -> int:
+    conn = sqlite3.connect(path)
+    try:
+        size: int = conn.execute("PRAGMA page_size").fetchone()[0]
+        return size
+    finally:
+        conn.close()
+
+
+async def _write_and_read(repo: SqliteSessionRepo, session: str) -> list[str]:
+    await repo.create(session)
+    lease = await repo.acquire_lease(session, owner="A", ttl_ms=60_000)
+    storage = await repo.open(session, lease=lease)
+    await storage.append_entry(user_entry(f"{session}-1"), "main")
+    await storage.append_entry(user_entry(f"{session}-2"), "main")
+    leaf = await storage.get_lane("main")
+    assert leaf is not None and leaf.leaf_id is not None
+    path = await storage.find_entries_on_branch(BranchQuery(start=leaf.leaf_id))
+    return [stored.entry.id for stored in path]
+
+
+async def test_a_new_database_gets_small_pages_and_an_old_one_keeps_its_own(tmp_path) -> None:
+    repo = SqliteSessionRepo(tmp_path / "new.db")
+    assert await _write_and_read(repo, "s1") == ["s1-2", "s1-1"]
+    await repo.close()
+    assert _page_size(tmp_path / "new.db") == PAGE_SIZE == 1024
+    old = sqlite3.connect(tmp_path / "old.db")  # made by SQLite's default, as older code did
+    old.execute("PRAGMA journal_mode=WAL")
+    old.close()
+    assert _page_size(tmp_path / "old.db") == 4096
+    repo = SqliteSessionRepo(tmp_path / "old.db")
+    assert await _write_and_read(repo, "s1") == ["s1-2", "s1-1"]
+    await repo.close()
+    assert _page_size(tmp_path / "old.db") == 4096
+    repo = SqliteSessionRepo(tmp_path / "chosen.db", page_size=4096)
+    assert await _write_and_read(repo, "s1") == ["s1-2", "s1-1"]
+    await repo.close()
+    assert _page_size(tmp_path / "chosen.db") == 4096
+
+
+@pytest.mark.parametrize("size", [0, 100, 1000, 131072, -1024])
+def test_a_page_size_that_sqlite_cannot_use_is_refused(tmp_path, size: int) -> None:
+    with pytest.raises(SessionError, match="power of two") as caught:
+        SqliteSessionRepo(tmp_path / "s.db", page_size=size)
+    assert caught.value.code == "invalid_query"
+    assert not (tmp_path / "s.db").exists()
