@@ -1259,6 +1259,8 @@ class AgentHarness(AgentLane):
         for task in tasks:
             task.cancel()
         await asyncio.gather(*tasks, return_exceptions=True)
+        for lane in runtime.lanes.values():
+            lane.drop_caches()
         if runtime.keeper is not None:
             await runtime.keeper.stop()
 

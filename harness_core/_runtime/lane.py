@@ -397,11 +397,20 @@ class LaneRuntime:
         async def run() -> None:
             await self.runtime.write(lambda s: s.move_lane(self.name, to))
             self.state = replace(self.state, leaf_id=to)
-            self._context = None
-            self._window = None
-            self._idle_config = None
+            self.drop_caches()
 
         await self.job(run)
+
+    def drop_caches(self) -> None:
+        """Forget the context window and configuration read from storage (read again on use).
+
+        Called when the leaf moves, and when the lane leaves memory (eviction, the harness's
+        close): the runtime's objects refer to each other, so without this a dropped lane's
+        decoded window (thousands of objects on a long lane) would wait for a full collection.
+        """
+        self._context = None
+        self._window = None
+        self._idle_config = None
 
     async def set_fact(self, fact: Fact) -> None:
         """Set a global fact (a job)."""

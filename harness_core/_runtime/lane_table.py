@@ -99,15 +99,22 @@ class LaneTable:
         Then drop idle lanes over the limit, least recently used first.
         """
         self._rt.lanes[lane.name] = lane
-        self._trim()
+        self._trim(counted=lane.name)
 
-    def _trim(self) -> None:
+    def _trim(self, counted: str | None = None) -> None:
+        """Drop idle lanes over the limit, oldest use first.
+
+        `counted` (the lane being inserted, still under its load lock) counts as idle but
+        stays: it is the newest use.
+        """
         lanes = self._rt.lanes
         if len(lanes) <= self._max_idle + 1:
             return  # cheap common case: cannot be over the limit
-        idle = [other for other in lanes.values() if self._droppable(other)]
+        idle = [o for o in lanes.values() if o.name == counted or self._droppable(o)]
         for other in idle[: max(0, len(idle) - self._max_idle)]:
-            del lanes[other.name]
+            if other.name != counted:
+                del lanes[other.name]
+                other.drop_caches()
 
     def _droppable(self, lane: LaneRuntime) -> bool:
         return (

@@ -8,6 +8,8 @@ read) is observed, not assumed.
 from __future__ import annotations
 
 import asyncio
+import gc
+import weakref
 from collections.abc import AsyncIterator, Awaitable
 from pathlib import Path
 from typing import Any
@@ -169,6 +171,35 @@ async def test_idle_lanes_are_dropped_beyond_the_limit_and_reload_equal(
     assert harness._rt.lanes["t01"].state == states["t01"]
     assert await restore_lane(reads, "t01") == states["t01"]
     assert ok(await reloaded.prompt("after reload")).kind == "completed"
+
+
+async def _window_of(harness: AgentHarness, name: str) -> weakref.ref[Any]:
+    """A weak reference to the first message of lane `name`'s context window, as read."""
+    lane = await harness.lane(name)
+    assert lane is not None
+    messages = (await lane.export_state()).messages
+    assert messages == (await lane.export_state()).messages  # the same cached window
+    return weakref.ref(messages[0])
+
+
+@pytest.mark.backends("sqlite", "redis")  # memory and JSONL keep the entries themselves
+async def test_a_dropped_lane_and_a_closed_harness_free_their_window_without_a_collection(
+    repo: SessionRepo,
+) -> None:
+    await _session(repo)
+    harness, _, _ = await _open(repo, "p2", max_idle_lanes=2)
+    evicted = await _window_of(harness, "t01")
+    closed = await _window_of(harness, "t02")
+    assert evicted() is not None and closed() is not None  # held by the lanes' caches
+    gc.disable()  # only reference counting frees anything now
+    try:
+        assert await harness.lane("t04") is not None  # t01 is the least recently used
+        assert "t01" not in harness._rt.lanes and "t02" in harness._rt.lanes
+        assert evicted() is None
+        await harness.close()
+        assert closed() is None
+    finally:
+        gc.enable()
 
 
 async def test_a_lane_in_use_is_not_dropped(repo: SessionRepo) -> None:
