@@ -43,6 +43,8 @@ peer/ours ratios, not the absolute figures (a shared VM moves by tens of percent
   peer's is its steady turn, ours loads the lane's context (cached from then on). The flatness
   row divides the figure at the largest H by the one at the smallest, per side. The peer's added
   checkpoint rows are deleted afterwards and ours runs on a copy, so each repetition sees H.
+  Before each of these timed operations both sides collect garbage, untimed (`settle`): a
+  full collection owed to the previous one must not land in the next.
 """
 
 from __future__ import annotations
@@ -51,6 +53,7 @@ import argparse
 import asyncio
 import contextlib
 import functools
+import gc
 import json
 import os
 import platform
@@ -154,6 +157,16 @@ def io_counters() -> tuple[int, int]:
             key, _, value = line.partition(":")
             fields[key] = int(value)
     return fields["wchar"], fields["syscw"]
+
+
+def settle() -> None:
+    """Collect garbage before a timed section (untimed), as `timeit` keeps the collector out.
+
+    The resume sections time several one-off operations in a row in one process; without this,
+    a full collection owed to the previous (larger) one lands in whichever is timed next, on
+    either side.
+    """
+    gc.collect()
 
 
 def median(xs: Sequence[float]) -> float:
@@ -309,6 +322,7 @@ def peer_resume(p: dict[str, Any]) -> dict[str, Any]:
     conn.close()
 
     def restore(h: int) -> float:
+        settle()
         t0 = perf()
         conn = peer.connect(path)
         snapshot = peer.app(conn).get_state(cfg(thread_of(h, hmax)))
@@ -326,6 +340,7 @@ def peer_resume(p: dict[str, Any]) -> dict[str, Any]:
         marks = last_rowids(path)
         conn = peer.connect(path)
         app = peer.app(conn)
+        settle()
         t0 = perf()
         peer.check(app.invoke(peer.turn_input(h + 1), cfg(thread_of(h, hmax))), h + 1)
         t1 = perf()
@@ -556,6 +571,7 @@ async def ours_resume(p: dict[str, Any]) -> dict[str, Any]:
             await ours_close(repo, lease, harness)
 
     async def restore(h: int) -> tuple[float, float, float]:
+        settle()
         t0 = perf()
         repo, lease, harness = await ours_open(url, thread_of(h, hmax), create=False)
         t1 = perf()
@@ -574,6 +590,7 @@ async def ours_resume(p: dict[str, Any]) -> dict[str, Any]:
     for h in p["first_turn_hist"]:
         copy_db(path, scratch)  # the next repetition sees H turns again
         repo, lease, harness = await ours_open(ours_url(scratch), thread_of(h, hmax), create=False)
+        settle()
         t0 = perf()
         await ours_turn(harness, h + 1)
         t1 = perf()
