@@ -178,7 +178,7 @@ async def _window_of(harness: AgentHarness, name: str) -> weakref.ref[Any]:
     lane = await harness.lane(name)
     assert lane is not None
     messages = (await lane.export_state()).messages
-    assert messages == (await lane.export_state()).messages  # the same cached window
+    assert messages[0] is (await lane.export_state()).messages[0]  # the same cached window
     return weakref.ref(messages[0])
 
 
