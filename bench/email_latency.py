@@ -30,7 +30,14 @@ from bench.gateway_bench import pct  # noqa: E402
 from config import Settings  # noqa: E402
 from gateway.logs import configure  # noqa: E402
 from gateway.service import Service  # noqa: E402
-from tests.support.mail_servers import Dovecot, SmtpServer  # noqa: E402
+
+try:  # the mail servers of the tests: they need the test extras (aiosmtpd)
+    from tests.support.mail_servers import Dovecot, SmtpServer
+except ImportError as missing:
+    sys.exit(
+        f"email_latency: {missing.name} is missing: install the test extras first "
+        "(scripts/test does, or .venv/bin/pip install -e '.[test]')"
+    )
 
 
 async def run(mails: int) -> list[float]:
