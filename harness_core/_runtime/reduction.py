@@ -49,7 +49,7 @@ from harness_core.session.records import (
     Usage,
     WriteDeferred,
 )
-from harness_core.session.types import StoredEntry, StoredRecord
+from harness_core.session.types import LaneSlice, StoredEntry, StoredRecord
 
 __all__ = [
     "ApprovalState",
@@ -575,21 +575,6 @@ def advance(state: LaneState, item: StoredEntry | StoredRecord) -> LaneState:
     if isinstance(item, StoredRecord):
         return _record(state, item)
     return _entry(state, item)
-
-
-@dataclass(frozen=True, slots=True)
-class LaneSlice:
-    """What restore reads of one lane: its leaf and a bounded, seq-ordered list of items.
-
-    `items` holds the next-run queue records since the lane's newest run start (older ones were
-    captured by that run), then the open operation's records and the entries it appended.
-    """
-
-    lane: str
-    leaf_id: str | None
-    items: tuple[StoredEntry | StoredRecord, ...]
-    last_finished: StoredRecord | None = None
-    """The lane's newest `OperationFinished` (how its last operation ended), if any."""
 
 
 def reduce_lane(lane_slice: LaneSlice) -> LaneState:

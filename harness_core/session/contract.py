@@ -45,6 +45,7 @@ from harness_core.session.types import (
     FactSet,
     LaneMove,
     LanePointer,
+    LaneSlice,
     LeaseHolder,
     LogItem,
     RecordQuery,
@@ -270,6 +271,25 @@ class SessionStorage(Protocol):
         Raises:
             SessionError: ``unknown_lane``; ``not_found`` if `after` is not an entry;
                 ``invalid_query`` if `after` is not on the lane's path.
+        """
+        ...
+
+    async def read_lane_slice(self, lane: str) -> LaneSlice:
+        """Bounded restore read: everything reducing `lane` to its state needs, in one call.
+
+        The slice holds the lane's leaf; its newest `operation_finished`; and, in seq order,
+        the next-run queue records (those without a run id) since the lane's newest run start
+        and before its open operation, then the open operation's records
+        (`read_operation_records`) and the entries it appended (`read_lane_entries` from the
+        leaf it started from, or from a navigation's target once the lane moved). It equals
+        what those separate reads compose; a backend answers it in as few round trips as it
+        can (SQLite: one transaction, Redis: one script call, plus the path walk when an
+        operation is open). Cost is proportional to the items returned, never to history.
+
+        Raises:
+            SessionError: ``unknown_lane``.
+            RecordLogCorruption: ``multiple_open_operations`` (two open operations) or
+                ``leaf_mismatch`` (the lane was moved off its open operation's path).
         """
         ...
 

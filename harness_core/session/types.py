@@ -21,6 +21,7 @@ __all__ = [
     "LabelFact",
     "LaneMove",
     "LanePointer",
+    "LaneSlice",
     "LeaseHolder",
     "LogItem",
     "NameFact",
@@ -202,6 +203,21 @@ def _check_window(limit: int | None, after_seq: int | None, before_seq: int | No
         raise _invalid(f"after_seq must not be negative, got {after_seq}")
     if before_seq is not None and before_seq < 1:
         raise _invalid(f"before_seq must be positive, got {before_seq}")
+
+
+@dataclass(frozen=True, slots=True)
+class LaneSlice:
+    """What restore reads of one lane: its leaf and a bounded, seq-ordered list of items.
+
+    `items` holds the next-run queue records since the lane's newest run start (older ones were
+    captured by that run), then the open operation's records and the entries it appended.
+    """
+
+    lane: str
+    leaf_id: str | None
+    items: tuple[StoredEntry | StoredRecord, ...]
+    last_finished: StoredRecord | None = None
+    """The lane's newest `OperationFinished` (how its last operation ended), if any."""
 
 
 @dataclass(frozen=True, kw_only=True, slots=True)

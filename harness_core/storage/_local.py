@@ -3,13 +3,16 @@
 from __future__ import annotations
 
 from abc import ABC, abstractmethod
+from typing import cast
 
 from harness_core.errors import SessionError
 from harness_core.messages import TokenUsage
+from harness_core.session.contract import SessionStorage
 from harness_core.session.types import (
     BranchQuery,
     EntryQuery,
     LanePointer,
+    LaneSlice,
     LogItem,
     RecordQuery,
     SessionMetadata,
@@ -18,6 +21,7 @@ from harness_core.session.types import (
     StoredRecord,
 )
 from harness_core.storage._projections import SessionState
+from harness_core.storage._slice import compose_lane_slice
 
 __all__ = ["LocalReads"]
 
@@ -78,6 +82,10 @@ class LocalReads(ABC):
     async def read_lane_entries(self, lane: str, *, after: str | None) -> tuple[StoredEntry, ...]:
         """The lane's path back to an anchor."""
         return self._state().read_lane_entries(lane, after)
+
+    async def read_lane_slice(self, lane: str) -> LaneSlice:
+        """The restore read, composed of the reads above."""
+        return await compose_lane_slice(cast(SessionStorage, self), lane)
 
     async def get_log(self, *, after_seq: int = 0, limit: int | None = None) -> tuple[LogItem, ...]:
         """Log items after a seq."""

@@ -21,6 +21,7 @@ _NAMES = (
     "delete",
     "walk",
     "read_entries",
+    "lane_slice",
     "upgrade",
 )
 

@@ -81,6 +81,7 @@ from harness_core.session.types import (
     LabelFact,
     LaneMove,
     LanePointer,
+    LaneSlice,
     LeaseHolder,
     LogItem,
     NameFact,
@@ -101,6 +102,11 @@ from harness_core.storage._projections import (
     replay_log,
 )
 from harness_core.storage._rules import stats_from_counters, usage_from_values, usage_values
+from harness_core.storage._slice import (
+    appended_entries,
+    assemble_lane_slice,
+    single_open_operation,
+)
 from harness_core.storage.redis_lua import SCRIPTS
 
 __all__ = ["RedisSessionRepo", "RedisSessionStorage"]
@@ -719,6 +725,34 @@ class RedisSessionStorage:
                 low = f"({batch[-1].seq}-0"
 
         return tuple(await self._read(run))
+
+    def _flat_records(self, flat: Sequence[str]) -> list[StoredRecord]:
+        """Records from a script's flat ``seq, timestamp, payload`` list."""
+        with collector_paused(len(flat) // 3):
+            return [
+                StoredRecord(
+                    seq=int(seq), timestamp=int(ts), record=decode_record(payload, self._where)
+                )
+                for seq, ts, payload in zip(flat[::3], flat[1::3], flat[2::3], strict=True)
+            ]
+
+    async def read_lane_slice(self, lane: str) -> LaneSlice:
+        """The restore read: one script call, then the path walk when an operation is open."""
+
+        async def run(c: _Client) -> list[Any]:
+            reply: list[Any] = await self._repo.scripts.run(c, "lane_slice", self._meta, lane)
+            return reply
+
+        leaf, *parts = await self._read(run)
+        opened, queued, operation, finished = (self._flat_records(part) for part in parts)
+        leaf_id = leaf or None
+        start = single_open_operation(lane, opened)
+        entries: tuple[StoredEntry, ...] = ()
+        if start is not None:
+            entries = await appended_entries(self, lane, start, leaf_id)
+        return assemble_lane_slice(
+            lane, leaf_id, opened, queued, operation, entries, finished[0] if finished else None
+        )
 
     # -- log, facts, stats ------------------------------------------------------------------------
 

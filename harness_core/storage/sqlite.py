@@ -65,6 +65,7 @@ from harness_core.session.types import (
     LabelFact,
     LaneMove,
     LanePointer,
+    LaneSlice,
     LeaseHolder,
     LogItem,
     NameFact,
@@ -84,6 +85,13 @@ from harness_core.storage._rules import (
     stats_from_counters,
     usage_from_values,
     usage_values,
+)
+from harness_core.storage._slice import (
+    QUEUE_TYPES,
+    assemble_lane_slice,
+    entries_anchor,
+    leaf_mismatch,
+    single_open_operation,
 )
 
 __all__ = ["SqliteSessionRepo", "SqliteSessionStorage", "Synchronous"]
@@ -772,23 +780,8 @@ class SqliteSessionStorage:
 
     async def find_records(self, query: RecordQuery | None = None) -> tuple[StoredRecord, ...]:
         """Record query: one index range in seq order (by run, kind, type or lane), filtered."""
-        q = query or RecordQuery()
-        sql = [f"SELECT {_RECORD_COLS} FROM records WHERE session_id=?"]
-        args: list[Any] = [self._sid]
-        # Only operation starts have a kind, so a kind implies its type; and a run's records are
-        # few, so with a run id the other terms are marked (unary +) as filters, not seeks.
-        by_run = "+" if q.run_id is not None else ""
-        for column, value in (
-            ("run_id", q.run_id),
-            (f"{by_run}lane", q.lane),
-            (f"{by_run}type", q.type if q.operation_kind is None else None),
-            (f"{by_run}op_kind", q.operation_kind),
-        ):
-            if value is not None:
-                sql.append(f"AND {column}=?")
-                args.append(value)
-        _window(sql, args, q.after_seq, None, q.order, q.limit)
-        rows = await self._read(lambda c: c.execute(" ".join(sql), args).fetchall())
+        sql, args = _records_sql(self._sid, query or RecordQuery())
+        rows = await self._read(lambda c: c.execute(sql, args).fetchall())
         with collector_paused(len(rows)):
             return tuple(_record_from_row(row, self._where) for row in rows)
 
@@ -798,18 +791,7 @@ class SqliteSessionStorage:
         """Open operations of a lane (None: of the session), newest first (the projection)."""
         if limit is not None and limit < 1:
             raise SessionError("invalid_query", f"limit must be positive, got {limit}")
-        # The projection holds open operations only, so the session-wide form reads its
-        # (session_id, ...) key prefix: as many rows as are open, whatever the lane count.
-        by_lane = "" if lane is None else " AND o.lane=?"
-        args = (self._sid,) if lane is None else (self._sid, lane)
-        rows = await self._read(
-            lambda c: c.execute(
-                "SELECT r.seq, r.timestamp, r.payload FROM open_operations o JOIN records r "
-                f"ON r.session_id=o.session_id AND r.seq=o.seq WHERE o.session_id=?{by_lane} "
-                "ORDER BY o.seq DESC LIMIT ?",
-                (*args, -1 if limit is None else limit),
-            ).fetchall()
-        )
+        rows = await self._read(lambda c: _open_rows(c, self._sid, lane, limit))
         return tuple(_record_from_row(row, self._where) for row in rows)
 
     async def read_operation_records(self, lane: str, run_id: str) -> tuple[StoredRecord, ...]:
@@ -824,38 +806,87 @@ class SqliteSessionStorage:
             ).fetchone()
             if start is None:
                 raise SessionError("not_found", f"lane {lane!r} has no operation {run_id!r}")
-            rows = c.execute(
-                f"SELECT {_RECORD_COLS} FROM records "
-                "WHERE session_id=? AND lane=? AND seq>=? ORDER BY seq",
-                (self._sid, lane, start[0]),
-            ).fetchall()
-            return tuple(_record_from_row(row, self._where) for row in rows)
+            return self._records_since(c, lane, start[0])
 
         return await self._read(run)
 
+    def _records_since(
+        self, c: sqlite3.Connection, lane: str, seq: int
+    ) -> tuple[StoredRecord, ...]:
+        rows = c.execute(
+            f"SELECT {_RECORD_COLS} FROM records "
+            "WHERE session_id=? AND lane=? AND seq>=? ORDER BY seq",
+            (self._sid, lane, seq),
+        ).fetchall()
+        return tuple(_record_from_row(row, self._where) for row in rows)
+
     async def read_lane_entries(self, lane: str, *, after: str | None) -> tuple[StoredEntry, ...]:
         """The lane's path back to an anchor."""
+        return await self._read(
+            lambda c: self._lane_entries(c, lane, _require_lane(c, self._sid, lane), after)
+        )
 
-        def run(c: sqlite3.Connection) -> tuple[StoredEntry, ...]:
-            leaf = _require_lane(c, self._sid, lane)
-            after_seq = 0
+    def _lane_entries(
+        self, c: sqlite3.Connection, lane: str, leaf: str | None, after: str | None
+    ) -> tuple[StoredEntry, ...]:
+        after_seq = 0
+        if after is not None:
+            row = c.execute(
+                "SELECT seq FROM entries WHERE session_id=? AND id=?", (self._sid, after)
+            ).fetchone()
+            if row is None:
+                raise SessionError("not_found", f"entry {after!r} does not exist")
+            after_seq = row[0]
+        if leaf is None:
             if after is not None:
-                row = c.execute(
-                    "SELECT seq FROM entries WHERE session_id=? AND id=?", (self._sid, after)
-                ).fetchone()
-                if row is None:
-                    raise SessionError("not_found", f"entry {after!r} does not exist")
-                after_seq = row[0]
-            if leaf is None:
-                if after is not None:
-                    raise SessionError(
-                        "invalid_query", f"entry {after!r} is not on the lane's path"
-                    )
-                return ()
-            rows: dict[str, tuple[Any, ...]] = {}
-            nodes = drive(SinceScan(after, after_seq), _walk(c, self._sid, leaf, rows))
-            return tuple(_entry_from_row(rows[node.id], self._where) for node in nodes)
+                raise SessionError("invalid_query", f"entry {after!r} is not on the lane's path")
+            return ()
+        rows: dict[str, tuple[Any, ...]] = {}
+        nodes = drive(SinceScan(after, after_seq), _walk(c, self._sid, leaf, rows))
+        return tuple(_entry_from_row(rows[node.id], self._where) for node in nodes)
 
+    async def read_lane_slice(self, lane: str) -> LaneSlice:
+        """The restore read: the same reads as `compose_lane_slice`, in one transaction."""
+
+        def records(c: sqlite3.Connection, query: RecordQuery) -> list[StoredRecord]:
+            return [
+                _record_from_row(row, self._where) for row in c.execute(*_records_sql(sid, query))
+            ]
+
+        def run(c: sqlite3.Connection) -> LaneSlice:
+            leaf = _require_lane(c, sid, lane)
+            opened = [_record_from_row(row, self._where) for row in _open_rows(c, sid, lane, 2)]
+            start = single_open_operation(lane, opened)
+            newest_run = records(
+                c,
+                RecordQuery(lane=lane, type="operation_started", operation_kind="run", limit=1),
+            )
+            after = newest_run[0].seq if newest_run else 0
+            queued: list[StoredRecord] = []
+            for record_type in QUEUE_TYPES:
+                queued += records(
+                    c,
+                    RecordQuery(lane=lane, type=record_type, after_seq=after, order="oldest_first"),
+                )
+            operation: tuple[StoredRecord, ...] = ()
+            entries: tuple[StoredEntry, ...] = ()
+            if start is not None:
+                operation = self._records_since(c, lane, opened[0].seq)
+                appended, anchor = entries_anchor(start, leaf)
+                if appended:
+                    try:
+                        entries = self._lane_entries(c, lane, leaf, anchor)
+                    except SessionError as exc:
+                        corruption = leaf_mismatch(lane, leaf, start, exc)
+                        if corruption is None:
+                            raise
+                        raise corruption from exc
+            finished = records(c, RecordQuery(lane=lane, type="operation_finished", limit=1))
+            return assemble_lane_slice(
+                lane, leaf, opened, queued, operation, entries, finished[0] if finished else None
+            )
+
+        sid = self._sid
         return await self._read(run)
 
     async def get_log(self, *, after_seq: int = 0, limit: int | None = None) -> tuple[LogItem, ...]:
@@ -924,6 +955,45 @@ class SqliteSessionStorage:
     async def close(self) -> None:
         """Close this storage."""
         self._closed = True
+
+
+def _records_sql(sid: str, q: RecordQuery) -> tuple[str, list[Any]]:
+    """One index range in seq order (by run, kind, type or lane), filtered."""
+    sql = [f"SELECT {_RECORD_COLS} FROM records WHERE session_id=?"]
+    args: list[Any] = [sid]
+    # Only operation starts have a kind, so a kind implies its type; and a run's records are
+    # few, so with a run id the other terms are marked (unary +) as filters, not seeks.
+    by_run = "+" if q.run_id is not None else ""
+    for column, value in (
+        ("run_id", q.run_id),
+        (f"{by_run}lane", q.lane),
+        (f"{by_run}type", q.type if q.operation_kind is None else None),
+        (f"{by_run}op_kind", q.operation_kind),
+    ):
+        if value is not None:
+            sql.append(f"AND {column}=?")
+            args.append(value)
+    _window(sql, args, q.after_seq, None, q.order, q.limit)
+    return " ".join(sql), args
+
+
+def _open_rows(
+    c: sqlite3.Connection, sid: str, lane: str | None, limit: int | None
+) -> list[tuple[Any, ...]]:
+    """The open-operation projection's starts, newest first.
+
+    The projection holds open operations only, so the session-wide form reads its
+    (session_id, ...) key prefix: as many rows as are open, whatever the lane count.
+    """
+    by_lane = "" if lane is None else " AND o.lane=?"
+    args = (sid,) if lane is None else (sid, lane)
+    rows: list[tuple[Any, ...]] = c.execute(
+        "SELECT r.seq, r.timestamp, r.payload FROM open_operations o JOIN records r "
+        f"ON r.session_id=o.session_id AND r.seq=o.seq WHERE o.session_id=?{by_lane} "
+        "ORDER BY o.seq DESC LIMIT ?",
+        (*args, -1 if limit is None else limit),
+    ).fetchall()
+    return rows
 
 
 def _window(

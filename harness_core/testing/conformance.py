@@ -15,7 +15,7 @@ from typing import Any, TypeVar
 
 from pydantic import ValidationError
 
-from harness_core.errors import LeaseHeld, LeaseLost, SessionError
+from harness_core.errors import LeaseHeld, LeaseLost, RecordLogCorruption, SessionError
 from harness_core.messages import Cost, TextPart, TokenUsage, UserMessage
 from harness_core.session.contract import SessionRepo, SessionStorage
 from harness_core.session.entries import (
@@ -26,6 +26,7 @@ from harness_core.session.entries import (
 )
 from harness_core.session.records import (
     AbortRequested,
+    NavigationIntent,
     OperationKind,
     QueueCancelled,
     QueueEnqueued,
@@ -37,11 +38,13 @@ from harness_core.session.types import (
     FactSet,
     LaneMove,
     LanePointer,
+    LaneSlice,
     RecordQuery,
     SessionMetadata,
     StoredEntry,
     StoredRecord,
 )
+from harness_core.storage._slice import compose_lane_slice
 from harness_core.testing.builders import (
     assistant_entry,
     custom_entry,
@@ -463,6 +466,99 @@ async def lane_entries_run_from_the_leaf_back_to_the_anchor(fx: BackendFixture) 
     await s.create_lane("empty", None)
     assert await s.read_lane_entries("empty", after=None) == ()
     await _expect(s.read_lane_entries("empty", after="h0"), "invalid_query")
+
+
+async def _slice(s: SessionStorage, lane: str) -> LaneSlice:
+    """The lane's slice, checked against the same reads made one by one."""
+    found = await s.read_lane_slice(lane)
+    assert found == await compose_lane_slice(s, lane)
+    return found
+
+
+def _next_run(record_id: str, lane: str, run_id: str | None = None) -> QueueEnqueued:
+    return QueueEnqueued(
+        id=record_id, lane=lane, queue="next_run", run_id=run_id, target=user_entry(record_id)
+    )
+
+
+@_case("restore reads")
+async def lane_slice_holds_the_open_operation_and_the_queue_since_the_newest_run(
+    fx: BackendFixture,
+) -> None:
+    s = await _writer(fx)
+    await s.create_lane("t1", None)
+    await s.append_entry(user_entry("h0"), "t1")
+    await s.append_record(_next_run("q0", "t1"))  # captured by r1
+    await s.append_record(operation_started("r1", lane="t1", source_leaf_id="h0"))
+    f1 = await s.append_record(operation_finished("f1", "r1", lane="t1"))
+    slice_idle = await _slice(s, "t1")
+    assert (slice_idle.leaf_id, slice_idle.items, slice_idle.last_finished) == ("h0", (), f1)
+    q1 = await s.append_record(_next_run("q1", "t1"))
+    c1 = await s.append_record(QueueCancelled(id="c1", lane="t1", entry_id="q1"))
+    assert (await _slice(s, "t1")).items == (q1, c1)  # waiting for the next run
+    r2 = await s.append_record(operation_started("r2", lane="t1", source_leaf_id="h0"))
+    await s.append_record(operation_started("noise", lane="main"))
+    await s.append_entry(user_entry("m0"), "main")
+    x1 = await s.append_entry(user_entry("x1"), "t1")
+    q2 = await s.append_record(_next_run("q2", "t1"))  # for the run after r2
+    q3 = await s.append_record(_next_run("q3", "t1", run_id="r2"))  # steering r2
+    att = await s.append_record(step_attempt("att", "r2", 1, "a1", lane="t1"))
+    x2 = await s.append_entry(user_entry("x2"), "t1")
+    suspended = await _slice(s, "t1")
+    assert suspended.items == (r2, x1, q2, q3, att, x2)
+    assert (suspended.leaf_id, suspended.last_finished) == ("x2", f1)
+    await s.create_lane("empty", None)
+    assert await _slice(s, "empty") == LaneSlice(lane="empty", leaf_id=None, items=())
+    await _expect(s.read_lane_slice("nope"), "unknown_lane")
+    reader = await fx.repo.open("s1")  # a reader sees the same
+    assert await reader.read_lane_slice("t1") == suspended
+
+
+@_case("restore reads")
+async def lane_slice_of_a_navigation_follows_the_move(fx: BackendFixture) -> None:
+    s = await _writer(fx)
+    await s.create_lane("t1", None)
+    await s.append_entry(user_entry("n0"), "t1")
+    await s.append_entry(user_entry("n1"), "t1")
+    nav = await s.append_record(
+        operation_started("nav", lane="t1", kind="navigation", source_leaf_id="n1").model_copy(
+            update={"intent": NavigationIntent(target_id="n0")}
+        )
+    )
+    assert (await _slice(s, "t1")).items == (nav,)  # not moved yet: nothing appended
+    await s.move_lane("t1", "n0")
+    n2 = await s.append_entry(user_entry("n2"), "t1")
+    assert (await _slice(s, "t1")).items == (nav, n2)
+
+
+@_case("restore reads")
+async def lane_slice_refuses_a_lane_off_its_operation_or_with_two(fx: BackendFixture) -> None:
+    s = await _writer(fx)
+    await s.append_entry(user_entry("h0"), "main")
+    await s.create_lane("t1", None)
+    await s.append_entry(user_entry("y0"), "t1")
+    await s.append_record(operation_started("r1", lane="t1", source_leaf_id="h0"))
+    for read in (s.read_lane_slice("t1"), compose_lane_slice(s, "t1")):
+        try:
+            await read
+        except RecordLogCorruption as exc:
+            assert exc.reason == "leaf_mismatch"
+        else:
+            raise AssertionError("a lane off its operation's path was read as a slice")
+    source = await _writer(fx, "source")
+    first = await source.append_record(operation_started("run1"))
+    await source.append_record(operation_finished("fin1", "run1"))
+    log = list(await source.get_log())
+    second = StoredRecord(seq=2, timestamp=first.timestamp, record=operation_started("run2"))
+    await fx.repo.import_session(SessionMetadata(id="forged", created_at=1), [log[0], second])
+    reader = await fx.repo.open("forged")
+    for read in (reader.read_lane_slice("main"), compose_lane_slice(reader, "main")):
+        try:
+            await read
+        except RecordLogCorruption as exc:
+            assert exc.reason == "multiple_open_operations"
+        else:
+            raise AssertionError("two open operations were read as a slice")
 
 
 # -- queries ---------------------------------------------------------------------------------

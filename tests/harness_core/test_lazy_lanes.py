@@ -62,7 +62,10 @@ class Reads:
 
 
 def _lane_of(name: str, args: tuple[Any, ...], kwargs: dict[str, Any]) -> str | None:
-    if name in ("get_lane", "read_operation_records", "read_lane_entries") and args:
+    if (
+        name in ("get_lane", "read_operation_records", "read_lane_entries", "read_lane_slice")
+        and args
+    ):
         return str(args[0])
     if name == "find_open_operations":
         lane = args[0] if args else kwargs.get("lane")
@@ -167,7 +170,7 @@ async def test_idle_lanes_are_dropped_beyond_the_limit_and_reload_equal(
     assert set(harness._rt.lanes) >= {"t18", "t19", "t20"}
     reads.calls.clear()
     reloaded = await harness.lane("t01")
-    assert reloaded is not None and ("get_lane", "t01") in reads.calls  # read again
+    assert reloaded is not None and ("read_lane_slice", "t01") in reads.calls  # read again
     assert harness._rt.lanes["t01"].state == states["t01"]
     assert await restore_lane(reads, "t01") == states["t01"]
     assert ok(await reloaded.prompt("after reload")).kind == "completed"
@@ -246,8 +249,7 @@ async def test_concurrent_first_uses_restore_a_lane_once(repo: SessionRepo, call
     }[calls]
     results = await asyncio.gather(*(call() for call in order))
     assert all(result is not None for result in results)
-    assert reads.calls.count(("get_lane", "t08")) == 1  # one restore
-    assert ("find_open_operations", "t08") in reads.calls
+    assert reads.calls.count(("read_lane_slice", "t08")) == 1  # one restore
 
 
 @pytest.mark.parametrize("first", ["create", "lookup"])

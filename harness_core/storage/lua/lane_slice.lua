@@ -1,0 +1,54 @@
+-- The restore read of one lane (SessionStorage.read_lane_slice). ARGV: lane.
+-- Returns {leaf, opened, queued, operation, finished}: the leaf id ('' at the root), then
+-- records as flat {seq, timestamp, payload, ...} lists: the lane's open operation starts
+-- (newest first, at most two), its next-run queue records since its newest run start (the
+-- caller keeps those without a run id from before the open operation), the records since the
+-- open operation's start (only when exactly one is open), and its newest operation_finished.
+-- Cost follows what it returns: every range is an index seek.
+local lane = ARGV[1]
+local leaf = redis.call('HGET', base .. 'lanes', lane)
+if not leaf then return err('unknown_lane', 'lane ' .. lane .. ' does not exist') end
+local records = base .. 'lr:' .. lane
+local function seq_of(stream_id) return string.match(stream_id, '^(%d+)') end
+local function add(out, row)
+  local fields, t, d = row[2], nil, nil
+  for i = 1, #fields, 2 do
+    if fields[i] == 't' then t = fields[i + 1] elseif fields[i] == 'd' then d = fields[i + 1] end
+  end
+  out[#out + 1] = seq_of(row[1])
+  out[#out + 1] = t
+  out[#out + 1] = d
+end
+local function add_at(out, seq)
+  local rows = redis.call('XRANGE', records, seq .. '-0', seq .. '-0')
+  if rows[1] then add(out, rows[1]) end
+end
+local function newest(index)
+  local rows = redis.call('XREVRANGE', index, '+', '-', 'COUNT', 1)
+  if rows[1] then return seq_of(rows[1][1]) end
+  return nil
+end
+
+local opened = {}
+local open = redis.call('ZREVRANGE', base .. 'open:' .. lane, 0, 1, 'WITHSCORES')
+for i = 2, #open, 2 do add_at(opened, string.format('%d', tonumber(open[i]))) end
+
+local queued = {}
+local run_seq = newest(type_index('operation_started', 'run', lane)) or '0'
+for _, rtype in ipairs({'queue_enqueued', 'queue_cancelled'}) do
+  for _, row in ipairs(redis.call('XRANGE', type_index(rtype, '', lane), '(' .. run_seq .. '-0', '+')) do
+    add_at(queued, seq_of(row[1]))
+  end
+end
+
+local operation = {}
+if #opened == 3 then
+  for _, row in ipairs(redis.call('XRANGE', records, opened[1] .. '-0', '+')) do
+    add(operation, row)
+  end
+end
+
+local finished = {}
+local last = newest(type_index('operation_finished', '', lane))
+if last then add_at(finished, last) end
+return {leaf, opened, queued, operation, finished}
