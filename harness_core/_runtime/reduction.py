@@ -480,8 +480,10 @@ def replace_config(config: LaneConfiguration, **changes: object) -> LaneConfigur
 def _message(
     op: OperationState, stored: StoredEntry, message_entry: MessageEntry, conversational: bool
 ) -> OperationState:
+    # The changes are gathered and applied at once: this runs for every entry a lane appends.
     message = message_entry.message
     entry_id = stored.id
+    changes: dict[str, object] = {}
     failure: Literal["step", "deferred_fetch"] | None = None
     is_error = isinstance(message, AssistantMessage) and message.stop_reason == "error"
     if is_error:
@@ -492,13 +494,13 @@ def _message(
         # the redemption of a deferred request: its successor message
         if is_error:
             failure = "deferred_fetch"
-        op = replace(op, deferred=None, deferred_entry_id=None)
+        changes.update(deferred=None, deferred_entry_id=None)
     if op.step is not None and entry_id == op.step.result_entry_id:
-        op = replace(op, step=None)
+        changes["step"] = None
     if isinstance(message, AssistantMessage):
-        op = replace(op, last_assistant_entry_id=entry_id)
+        changes["last_assistant_entry_id"] = entry_id
         if message.stop_reason == "deferred" and message.deferred is not None:
-            op = replace(op, deferred=message.deferred, deferred_entry_id=entry_id)
+            changes.update(deferred=message.deferred, deferred_entry_id=entry_id)
         parts = tuple(part for part in message.content if isinstance(part, ToolCallPart))
         if parts:
             batch = ToolBatchState(
@@ -506,7 +508,7 @@ def _message(
                 calls=tuple(ToolCallState(tool_index=i, call=part) for i, part in enumerate(parts)),
                 truncated=message.stop_reason == "length",
             )
-            op = replace(op, tool_batch=batch, approval=None)
+            changes.update(tool_batch=batch, approval=None)
     elif isinstance(message, ToolResultMessage) and op.tool_batch is not None:
         batch = op.tool_batch
         calls = list(batch.calls)
@@ -516,30 +518,30 @@ def _message(
                     call, result_entry_id=entry_id, terminate=message_entry.terminate
                 )
                 break
-        op = replace(op, tool_batch=replace(batch, calls=tuple(calls)))
+        changes["tool_batch"] = replace(batch, calls=tuple(calls))
     if conversational:
-        op = replace(op, last_conversational_seq=stored.seq)
+        changes["last_conversational_seq"] = stored.seq
     stop_reason = message.stop_reason if isinstance(message, AssistantMessage) else None
-    newest = NewestOwn(
+    changes["newest_own"] = NewestOwn(
         entry_id=entry_id, role=message.role, stop_reason=stop_reason, failure=failure
     )
-    return replace(op, newest_own=newest)
+    return replace(op, **changes)  # type: ignore[arg-type]
 
 
 def _entry(state: LaneState, stored: StoredEntry) -> LaneState:
     entry = stored.entry
-    state = replace(state, leaf_id=stored.id)
     op = state.operation
     if op is None:
-        return state
-    op = replace(op, configuration=configure(op.configuration, entry))
+        return replace(state, leaf_id=stored.id)
+    configuration = configure(op.configuration, entry)
+    if configuration is not op.configuration:
+        op = replace(op, configuration=configuration)
     expected = _find(op.pending_writes, stored.id)
     if expected is not None:
         # An accepted write applied at a checkpoint: a fact, never the next turn's trigger.
         _check_same(expected, entry)
-        return replace(
-            state, operation=replace(op, pending_writes=_without(op.pending_writes, stored.id))
-        )
+        op = replace(op, pending_writes=_without(op.pending_writes, stored.id))
+        return replace(state, leaf_id=stored.id, operation=op)
     conversational = False
     for items in (op.missing_initial, op.pending_steer, op.pending_follow_up):
         expected = _find(items, stored.id)
@@ -563,7 +565,7 @@ def _entry(state: LaneState, stored: StoredEntry) -> LaneState:
             isinstance(intent, NavigationIntent) and stored.id == intent.summary_entry_id
         ):
             op = replace(op, result_written=True)
-    return replace(state, operation=op)
+    return replace(state, leaf_id=stored.id, operation=op)
 
 
 def advance(state: LaneState, item: StoredEntry | StoredRecord) -> LaneState:
