@@ -14,7 +14,7 @@ several trials; the ratio 100k/1k is what shows whether restore depends on histo
 
 Lane shapes: the same restore read as `AgentHarness.create()` does per lane (`read_lane_slice`:
 open operations, the newest run start, next-run queue records, the open operation's records and
-entries) plus the newest `operation_finished` (a lane's last outcome), on a lane holding few or
+entries, the newest `operation_finished`: one storage call), on a lane holding few or
 many records of one shape: an open run (20 steps), only compactions and navigations, usage
 adjustments and no run, many records after its last (finished) run. Other lanes hold as much
 traffic again. The ratio many/few must stay near 1 for every shape.
@@ -52,7 +52,6 @@ from harness_core.session.records import (
 from harness_core.session.types import (
     LaneMove,
     LogItem,
-    RecordQuery,
     SessionMetadata,
     StoredEntry,
     StoredRecord,
@@ -286,7 +285,6 @@ async def lane_restore_ms(
     for _ in range(reads):
         start = time.perf_counter()
         lane_slice = await read_lane_slice(storage, "target")
-        await storage.find_records(RecordQuery(lane="target", type="operation_finished", limit=1))
         samples.append(time.perf_counter() - start)
     assert len(lane_slice.items) == (41 if shape == "open run" else 0), (shape, lane_slice)
     await repo.close()
