@@ -114,7 +114,10 @@ __all__ = ["RedisSessionRepo", "RedisSessionStorage"]
 _LAYOUT = "3"
 _CLUSTER_MAX_CONNECTIONS = 10_000
 """Per node: redis-py's cluster client raises MaxConnectionsError past it rather than wait."""
-_WALK_BATCH = 256
+_WALK_BATCHES = (256, 2048)
+"""Nodes per path-walk call: most scans stop within the first; a long path goes on in bigger."""
+_ENTRY_BATCH = 2048
+"""Entries per payload read (one script call; a few ms of the server's time at most)."""
 _READ_BATCH = 512
 _TYPE_INDEXES = (
     *get_args(RecordType),
@@ -460,8 +463,8 @@ class RedisSessionStorage:
 
     async def _entries(self, client: _Client, ids: Sequence[str]) -> list[StoredEntry | None]:
         out: list[StoredEntry | None] = []
-        for start in range(0, len(ids), _READ_BATCH):
-            chunk = list(ids[start : start + _READ_BATCH])
+        for start in range(0, len(ids), _ENTRY_BATCH):
+            chunk = list(ids[start : start + _ENTRY_BATCH])
             flat = await self._repo.scripts.run(client, "read_entries", self._meta, *chunk)
             with collector_paused(len(chunk)):  # never across an await: the loop runs on
                 for payload, node in zip(flat[::2], flat[1::2], strict=True):
@@ -527,8 +530,11 @@ class RedisSessionStorage:
     async def _scan(self, client: _Client, start: str, scan: PathScan) -> list[StoredEntry]:
         """Walk the path server-side, a batch per call, until the scan has what it needs."""
         cursor: str | None = start
+        calls = 0
         while cursor is not None:
-            flat = await self._repo.scripts.run(client, "walk", self._meta, cursor, _WALK_BATCH)
+            size = _WALK_BATCHES[min(calls, len(_WALK_BATCHES) - 1)]
+            calls += 1
+            flat = await self._repo.scripts.run(client, "walk", self._meta, cursor, size)
             parent: str | None = None
             wanted = True
             for entry_id, raw in zip(flat[::2], flat[1::2], strict=True):
@@ -537,7 +543,7 @@ class RedisSessionStorage:
                 if not wanted:
                     break
             # A short batch ended at the root; a full one continues from its last node's parent.
-            cursor = parent if wanted and len(flat) == 2 * _WALK_BATCH else None
+            cursor = parent if wanted and len(flat) == 2 * size else None
         selected = scan.result()
         found = await self._entries(client, [node.id for node in selected])
         return [entry for entry in found if entry is not None]

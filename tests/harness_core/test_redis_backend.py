@@ -8,10 +8,12 @@ import pytest
 import redis
 from redis.crc import key_slot
 
+from harness_core import SessionRepo, SessionStorage
 from harness_core.errors import LeaseLost, SessionError
 from harness_core.messages import Cost, TokenUsage
 from harness_core.session.records import QueueEnqueued, Usage
-from harness_core.session.types import RecordQuery, SessionMetadata
+from harness_core.session.types import BranchQuery, RecordQuery, SessionMetadata
+from harness_core.storage.memory import MemorySessionRepo
 from harness_core.storage.redis_streams import RedisSessionRepo
 from harness_core.testing import ManualClock
 from harness_core.testing.builders import (
@@ -29,7 +31,7 @@ async def repo(redis_server, redis_prefix):
     await repo.close()
 
 
-async def _writer(repo: RedisSessionRepo, session_id: str = "s1"):
+async def _writer(repo: SessionRepo, session_id: str = "s1") -> SessionStorage:
     await repo.create(session_id)
     lease = await repo.acquire_lease(session_id, owner="w", ttl_ms=60_000)
     return await repo.open(session_id, lease=lease)
@@ -217,3 +219,29 @@ async def test_delete_removes_every_key_of_the_session(repo, redis_server, redis
     assert await repo.delete("s1", lease=storage.lease) is True
     assert list(client.scan_iter(f"{redis_prefix}:{{s1}}:*")) == []
     client.close()
+
+
+async def test_a_path_longer_than_every_walk_batch_reads_back_like_memory(repo) -> None:
+    # 2,400 entries: the walk takes 256 nodes, then 2,048, then the rest; payloads 2,048 a call.
+    source = await _writer(MemorySessionRepo(), "long")
+    for i in range(2400):
+        await source.append_entry(user_entry(f"e{i:04d}"), "main")
+    await source.create_lane("t1", "e1000")
+    for i in range(3):
+        await source.append_entry(custom_entry(f"t{i}"), "t1")
+    await repo.import_session(SessionMetadata(id="long", created_at=1), await source.get_log())
+    stored = await repo.open("long")
+    leaf = "e2399"
+    for query in (
+        BranchQuery(start=leaf),
+        BranchQuery(start=leaf, order="oldest_first", after_seq=10),
+        BranchQuery(start=leaf, stop_at_id="e0040"),  # found in the third walk call
+        BranchQuery(start="t2", type="message", limit=5),
+    ):
+        assert await stored.find_entries_on_branch(query) == (
+            await source.find_entries_on_branch(query)
+        ), query
+    for lane, after in (("main", None), ("main", "e0040"), ("main", "e2200"), ("t1", "e1000")):
+        expected = await source.read_lane_entries(lane, after=after)
+        assert await stored.read_lane_entries(lane, after=after) == expected, (lane, after)
+    assert len(await stored.read_lane_entries("main", after=None)) == 2400
