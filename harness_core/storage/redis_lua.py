@@ -22,6 +22,7 @@ _NAMES = (
     "walk",
     "read_entries",
     "lane_slice",
+    "records_page",
     "upgrade",
 )
 

@@ -635,10 +635,11 @@ class RedisSessionStorage:
             return [seq for seq, _ in located], await self._records_at(c, located)
         low_id, high_id = f"({after}-0", "+" if before is None else f"({before}-0"
         if q.lane is not None and q.type is not None:
-            index = self._base + _type_index(q.type, q.operation_kind, q.lane)
-            rows = await _stream_range(c, index, low_id, high_id, newest, count)
-            seqs = [int(stream_id.split("-", 1)[0]) for stream_id, _ in rows]
-            return seqs, await self._records_at(c, [(seq, q.lane) for seq in seqs])
+            index = _type_index(q.type, q.operation_kind, q.lane)
+            seqs_read, flat = await self._repo.scripts.run(
+                c, "records_page", self._meta, index, q.lane, low_id, high_id, int(newest), count
+            )
+            return [int(seq) for seq in seqs_read], self._flat_records(flat)
         if q.lane is not None:
             key = self._base + "lr:" + q.lane
             rows = await _stream_range(c, key, low_id, high_id, newest, count)

@@ -9,20 +9,7 @@ local lane = ARGV[1]
 local leaf = redis.call('HGET', base .. 'lanes', lane)
 if not leaf then return err('unknown_lane', 'lane ' .. lane .. ' does not exist') end
 local records = base .. 'lr:' .. lane
-local function seq_of(stream_id) return string.match(stream_id, '^(%d+)') end
-local function add(out, row)
-  local fields, t, d = row[2], nil, nil
-  for i = 1, #fields, 2 do
-    if fields[i] == 't' then t = fields[i + 1] elseif fields[i] == 'd' then d = fields[i + 1] end
-  end
-  out[#out + 1] = seq_of(row[1])
-  out[#out + 1] = t
-  out[#out + 1] = d
-end
-local function add_at(out, seq)
-  local rows = redis.call('XRANGE', records, seq .. '-0', seq .. '-0')
-  if rows[1] then add(out, rows[1]) end
-end
+local function add_at(out, seq) put_record_at(out, records, seq) end
 local function newest(index)
   local rows = redis.call('XREVRANGE', index, '+', '-', 'COUNT', 1)
   if rows[1] then return seq_of(rows[1][1]) end
@@ -44,7 +31,7 @@ end
 local operation = {}
 if #opened == 3 then
   for _, row in ipairs(redis.call('XRANGE', records, opened[1] .. '-0', '+')) do
-    add(operation, row)
+    put_record(operation, row)
   end
 end
 
