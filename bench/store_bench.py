@@ -39,7 +39,6 @@ from typing import Literal
 import redis
 
 from harness_core import SessionRepo
-from harness_core._runtime.restore import read_lane_slice
 from harness_core.messages import Cost, TokenUsage, user_message
 from harness_core.session.entries import MessageEntry
 from harness_core.session.records import (
@@ -284,7 +283,7 @@ async def lane_restore_ms(
     samples = []
     for _ in range(reads):
         start = time.perf_counter()
-        lane_slice = await read_lane_slice(storage, "target")
+        lane_slice = await storage.read_lane_slice("target")
         samples.append(time.perf_counter() - start)
     assert len(lane_slice.items) == (41 if shape == "open run" else 0), (shape, lane_slice)
     await repo.close()

@@ -10,22 +10,16 @@ from __future__ import annotations
 
 from harness_core._runtime.reduction import LaneState, reduce_lane
 from harness_core.session.contract import SessionStorage
-from harness_core.session.types import LaneSlice
 
-__all__ = ["read_lane_slice", "restore_lane"]
-
-
-async def read_lane_slice(storage: SessionStorage, lane: str) -> LaneSlice:
-    """Read what reducing `lane` needs.
-
-    Raises:
-        RecordLogCorruption: the lane has two open operations, or is off its open operation's
-            path.
-        SessionError: ``unknown_lane``.
-    """
-    return await storage.read_lane_slice(lane)
+__all__ = ["restore_lane"]
 
 
 async def restore_lane(storage: SessionStorage, lane: str) -> LaneState:
-    """The lane's state, reduced from storage."""
+    """The lane's state, reduced from storage.
+
+    Raises:
+        RecordLogCorruption: the lane's records contradict each other (two open operations, a
+            lane off its open operation's path, or anything the reduction refuses).
+        SessionError: ``unknown_lane``.
+    """
     return reduce_lane(await storage.read_lane_slice(lane))

@@ -846,7 +846,11 @@ class SqliteSessionStorage:
         return tuple(_entry_from_row(rows[node.id], self._where) for node in nodes)
 
     async def read_lane_slice(self, lane: str) -> LaneSlice:
-        """The restore read: the same reads as `compose_lane_slice`, in one transaction."""
+        """The restore read: the same reads as `compose_lane_slice`, in one transaction.
+
+        Kept in step with it by the conformance suite, which compares the two on every shape.
+        """
+        sid = self._sid
 
         def records(c: sqlite3.Connection, query: RecordQuery) -> list[StoredRecord]:
             return [
@@ -886,7 +890,6 @@ class SqliteSessionStorage:
                 lane, leaf, opened, queued, operation, entries, finished[0] if finished else None
             )
 
-        sid = self._sid
         return await self._read(run)
 
     async def get_log(self, *, after_seq: int = 0, limit: int | None = None) -> tuple[LogItem, ...]:

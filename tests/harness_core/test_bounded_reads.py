@@ -20,7 +20,6 @@ import pytest
 import redis
 
 from harness_core import SessionRepo
-from harness_core._runtime.restore import read_lane_slice
 from harness_core.messages import Cost, TokenUsage
 from harness_core.session.contract import SessionStorage
 from harness_core.session.records import Record, Usage
@@ -156,7 +155,7 @@ async def backend(
 
 
 async def _restore_read(storage: SessionStorage) -> None:
-    await read_lane_slice(storage, "target")
+    await storage.read_lane_slice("target")
 
 
 @pytest.mark.parametrize("shape", SHAPES)
