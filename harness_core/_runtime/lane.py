@@ -14,6 +14,7 @@ import contextlib
 import hashlib
 from collections.abc import Awaitable, Callable
 from dataclasses import dataclass, field, replace
+from itertools import islice
 from typing import TYPE_CHECKING, Any, Literal, TypeVar
 
 from pydantic import ValidationError
@@ -727,6 +728,18 @@ class LaneRuntime:
                 )
                 self._context = list(reversed(window))
         return list(self._context)
+
+    async def entry(self, entry_id: str) -> StoredEntry | None:
+        """The stored entry `entry_id`: from the cached context when it holds it, else storage.
+
+        Entries never change once stored, so a cached copy is the stored one even when the
+        cache is behind the leaf. Callers ask for a run's newest entries, so the scan looks at
+        the newest few only: its cost stays flat however long the lane is.
+        """
+        for stored in islice(reversed(self._context or ()), 16):
+            if stored.id == entry_id:
+                return stored
+        return await self.runtime.storage.get_entry(entry_id)
 
     async def _context_window(self) -> ContextWindow:
         if self._context is None or self._window is None:

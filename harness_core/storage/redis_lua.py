@@ -1,4 +1,4 @@
-"""The Lua scripts of the Redis Streams backend (``lua/*.lua``); a mutation is one script call.
+"""The Lua scripts of the Redis Streams backend (``lua/*.lua``); a group commit is one call.
 
 Every script gets the session's ``meta`` key as KEYS[1] and derives the session's other keys
 from it: they all share the ``{session}`` hash tag, so they live in one Redis Cluster slot.

@@ -15,21 +15,21 @@ one item per mutation, stream id = seq) and ``:labels``. ``P:sessions`` lists th
 The meta field ``layout`` says which layout a session has; `open` upgrades a session of an older
 one in one script.
 
-Each mutation is one Lua script call that checks the writer's fencing token, allocates `seq`,
-appends to the session log stream and updates every projection; Redis runs it atomically.
+Mutations go through `lua/mutate.lua`, which checks each writer's fencing token, allocates
+`seq`, appends to the session log stream and updates every projection; Redis runs a call
+atomically. Writes queued while a call is in flight are group-committed: each session's are
+one call (a refused write in it leaves no trace, the others apply), different sessions' calls
+are pipelined on one connection, so writes commit and resolve in submission order.
 redis-py's automatic retries are off (a retried write whose reply was lost could apply
 twice); a write whose reply is lost raises ``SessionError("storage")``: its outcome is unknown
-and the caller must reopen. Writes from one repository are pipelined on one connection, so
-they commit and resolve in submission order.
+and the caller must reopen.
 
 On a Redis Cluster (``cluster=True``; ``redis+cluster://`` in `open_repo`) the same scripts run
 unchanged: every script and every command touches keys of one slot, the session's, and the
 session index ``P:sessions`` is read and written by commands of its own, never inside a script.
-redis-py's cluster pipeline refuses ``EVALSHA``, so a batch of writes runs each session's
-writes one after the other, in submission order, and different sessions' concurrently: one
-session's writes still commit in submission order (writes to different sessions, which may
-live on different nodes, have no common order). A write whose outcome is unknown stops its
-session's rest of the batch (those fail unsent), so no later write commits after it.
+redis-py's cluster pipeline refuses ``EVALSHA``, so the sessions' calls of a batch go
+concurrently; a session's writes are still one call, in submission order (writes to different
+sessions, which may live on different nodes, have no common order).
 
 Durability is the server's AOF setting (Redis 7.0 has no WAITAOF): ``appendonly yes`` with
 ``appendfsync always`` loses no acknowledged write even on power loss; ``everysec`` may lose
@@ -150,7 +150,7 @@ class _Pipe(Protocol):
     def hexists(self, name: str, key: str) -> Any: ...
     def hget(self, name: str, key: str) -> Any: ...
     def hmget(self, name: str, keys: list[str]) -> Any: ...
-    def evalsha(self, sha: str, numkeys: int, *keys_and_args: str | int) -> Any: ...
+    def evalsha(self, sha: str, numkeys: int, *keys_and_args: str | int | bytes) -> Any: ...
     async def execute(self, raise_on_error: bool = True) -> list[Any]: ...
 
 
@@ -188,7 +188,7 @@ class _Client(Protocol):
     async def xrevrange(
         self, name: str, max: str, min: str, count: int | None = None
     ) -> Stream: ...
-    async def evalsha(self, sha: str, numkeys: int, *keys_and_args: str | int) -> Any: ...
+    async def evalsha(self, sha: str, numkeys: int, *keys_and_args: str | int | bytes) -> Any: ...
     async def script_load(self, script: str) -> str: ...
     async def time(self) -> tuple[int, int]: ...
     async def initialize(self) -> object: ...
@@ -197,7 +197,11 @@ class _Client(Protocol):
 
 
 def _session_error(exc: ResponseError) -> SessionError:
-    text = str(exc)
+    return _refusal(str(exc))
+
+
+def _refusal(text: str) -> SessionError:
+    """The error a script's ``GW <code> <message>`` refusal (or any other error text) stands for."""
     if not text.startswith("GW "):
         return SessionError("storage", f"redis refused the command: {text}")
     code, _, message = text[3:].partition(" ")
@@ -226,7 +230,7 @@ class _Scripts:
         for name, source in self.sources.items():
             self.shas[name] = await client.script_load(source)
 
-    async def run(self, client: _Client, name: str, key: str, *args: str | int) -> Any:
+    async def run(self, client: _Client, name: str, key: str, *args: str | int | bytes) -> Any:
         """Run script `name` on `key`'s session; NOSCRIPT (it did not run): load, run again.
 
         A server or a cluster node that restarted or took over a failed master has an empty
@@ -239,12 +243,45 @@ class _Scripts:
             return await client.evalsha(self.shas[name], 1, key, *args)
 
 
-_Call = tuple[str, str, tuple[str, ...]]
-"""A queued script call: script name, the session's meta key, the arguments."""
+_Write = tuple[str, tuple[str, ...]]
+"""A queued mutation: its session's meta key, then its `mutate` arguments (op, token, now, ...)."""
+
+_Call = tuple[str, list[bytes]]
+"""One `mutate` script call: a session's meta key and its mutations, each framed as one argument."""
 
 
-async def _send_writes(repo: RedisSessionRepo, calls: Sequence[_Call]) -> list[Any]:
-    """Send queued script calls (pipelined when several); map each reply or error."""
+def _framed(args: Sequence[str]) -> bytes:
+    """One mutation's arguments as one script argument: ``<byte length>:<bytes>`` each.
+
+    redis-py packs every argument of a command on its own, at about a microsecond each; a
+    mutation has up to twenty.
+    """
+    parts: list[bytes] = []
+    for arg in args:
+        data = arg.encode()
+        parts.append(b"%d:" % len(data))
+        parts.append(data)
+    return b"".join(parts)
+
+
+async def _send_writes(repo: RedisSessionRepo, writes: Sequence[_Write]) -> list[Any]:
+    """Send queued mutations: one `mutate` call per session, in submission order; map replies.
+
+    A session's mutations of the batch are its group commit: one script call, which Redis runs
+    atomically. Different sessions' calls are pipelined (or, on a cluster, sent concurrently).
+    """
+    results: list[Any] = [None] * len(writes)
+    sessions: dict[str, list[int]] = {}
+    calls_args: dict[str, list[bytes]] = {}
+    for index, (key, args) in enumerate(writes):
+        try:
+            framed = _framed(args)
+        except UnicodeEncodeError as exc:  # a lone surrogate: this write alone is refused
+            results[index] = SessionError("invalid_payload", f"text redis cannot store: {exc}")
+            continue
+        sessions.setdefault(key, []).append(index)
+        calls_args.setdefault(key, []).append(framed)
+    calls: list[_Call] = list(calls_args.items())
     try:
         replies = await _execute(repo, calls)
         # NOSCRIPT means the script did not run (the server lost its script cache after a
@@ -257,64 +294,57 @@ async def _send_writes(repo: RedisSessionRepo, calls: Sequence[_Call]) -> list[A
                 replies[i] = reply
     except RedisError as exc:
         raise SessionError("storage", f"redis write failed, outcome unknown: {exc}") from exc
-    return [
-        reply
-        if isinstance(reply, SessionError)
-        else _session_error(reply)
-        if isinstance(reply, ResponseError)
-        else SessionError("storage", f"redis write failed: {reply}")
-        if isinstance(reply, Exception)
-        else reply
-        for reply in replies
-    ]
+    for indexes, reply in zip(sessions.values(), replies, strict=True):
+        if isinstance(reply, Exception):
+            failure = (
+                reply
+                if isinstance(reply, SessionError)
+                else _session_error(reply)
+                if isinstance(reply, ResponseError)
+                else SessionError("storage", f"redis write failed: {reply}")
+            )
+            for index in indexes:
+                results[index] = failure
+            continue
+        for index, one in zip(indexes, reply, strict=True):
+            results[index] = _refusal(one[1]) if one[0] == "error" else one
+    return results
 
 
 async def _execute(repo: RedisSessionRepo, calls: Sequence[_Call]) -> list[Any]:
     if repo.cluster:
         return await _execute_per_session(repo, calls)
-    shas = repo.scripts.shas
-    if len(calls) == 1:  # a lone write skips the pipeline machinery
-        script, key, args = calls[0]
+    sha = repo.scripts.shas["mutate"]
+    if len(calls) == 1:  # one session's writes skip the pipeline machinery
+        key, args = calls[0]
         try:
-            return [await repo.writer.evalsha(shas[script], 1, key, *args)]
+            return [await repo.writer.evalsha(sha, 1, key, *args)]
         except ResponseError as exc:
             return [exc]
     pipe = repo.writer.pipeline(transaction=False)
-    for script, key, args in calls:
-        pipe.evalsha(shas[script], 1, key, *args)
+    for key, args in calls:
+        pipe.evalsha(sha, 1, key, *args)
     return await pipe.execute(raise_on_error=False)
 
 
 async def _execute_per_session(repo: RedisSessionRepo, calls: Sequence[_Call]) -> list[Any]:
-    """Cluster: each session's calls one after the other, in order; sessions concurrently.
+    """Cluster: each session's call on its own, the sessions concurrently.
 
-    redis-py's cluster pipeline refuses EVALSHA, and concurrent calls of one session could take
-    different pooled connections and commit out of order. A call whose outcome is unknown (a
-    connection failure) stops its session's rest of the batch: they fail unsent.
+    redis-py's cluster pipeline refuses EVALSHA; a session's writes of the batch are one call,
+    so they still commit in submission order.
     """
     replies: list[Any] = [None] * len(calls)
-    sessions: dict[str, list[int]] = {}
-    for index, (_, key, _) in enumerate(calls):
-        sessions.setdefault(key, []).append(index)
 
-    async def run(indexes: list[int]) -> None:
-        for position, index in enumerate(indexes):
-            script, key, args = calls[index]
-            try:
-                replies[index] = await repo.scripts.run(repo.writer, script, key, *args)
-            except ResponseError as exc:
-                replies[index] = exc
-            except RedisError as exc:
-                replies[index] = SessionError(
-                    "storage", f"redis write failed, outcome unknown: {exc}"
-                )
-                for later in indexes[position + 1 :]:
-                    replies[later] = SessionError(
-                        "storage", f"redis write not sent: an earlier write failed: {exc}"
-                    )
-                return
+    async def run(index: int) -> None:
+        key, args = calls[index]
+        try:
+            replies[index] = await repo.scripts.run(repo.writer, "mutate", key, *args)
+        except ResponseError as exc:
+            replies[index] = exc
+        except RedisError as exc:
+            replies[index] = SessionError("storage", f"redis write failed, outcome unknown: {exc}")
 
-    await asyncio.gather(*(run(indexes) for indexes in sessions.values()))
+    await asyncio.gather(*(run(index) for index in range(len(calls))))
     return replies
 
 
@@ -372,7 +402,7 @@ class RedisSessionStorage:
         if self._lease is None:
             raise SessionError("read_only", f"session {self._sid!r} was opened without a lease")
         reply: list[Any] = await self._repo.writes.submit(
-            ("mutate", self._meta, (op, str(self._lease.token), self._repo.now_arg(), *args))
+            (self._meta, (op, str(self._lease.token), self._repo.now_arg(), *args))
         )
         if reply[0] == "ok" and reply[3]:  # the write renewed the lease
             self._lease = self._lease.model_copy(update={"expires_at_ms": int(reply[3])})
@@ -931,7 +961,7 @@ class RedisSessionRepo:
             )
             self._reader = cast(_Client, aioredis.Redis.from_url(url, **options))
         self.scripts = _Scripts()
-        self.writes: WriteQueue[_Call] = WriteQueue(lambda calls: _send_writes(self, calls))
+        self.writes: WriteQueue[_Write] = WriteQueue(lambda calls: _send_writes(self, calls))
         self._loaded = False
         self._loading = asyncio.Lock()
         self.closed = False
@@ -1133,9 +1163,7 @@ class RedisSessionRepo:
         meta_key = self.key(metadata.id, "meta")
         for start in range(0, len(state.log), _READ_BATCH):
             calls = [_import_args(item) for item in state.log[start : start + _READ_BATCH]]
-            await asyncio.gather(
-                *(self.writes.submit(("mutate", meta_key, args)) for args in calls)
-            )
+            await asyncio.gather(*(self.writes.submit((meta_key, args)) for args in calls))
         await self._reader.hdel(meta_key, "importing")
         return state.metadata
 

@@ -83,3 +83,24 @@ async def test_configuration_made_before_a_compaction_survives_a_restore(
     assert isinstance(await fresh.harness.prompt("third"), Ok)
     request = fresh.model.requests[-1]
     assert (request.model.model_id, request.thinking_level) == ("other", "high")
+
+
+async def test_a_runs_final_message_comes_from_the_lanes_context_not_a_read(
+    backend: str, tmp_path: Path
+) -> None:
+    kit = await make_kit(backend, tmp_path, [text("one"), text("two")])
+    assert isinstance(await kit.harness.prompt("first"), Ok)  # loads the context window
+    storage: Any = kit.storage
+    point_reads: list[str] = []
+    read = storage.get_entry
+
+    async def counted(entry_id: str) -> StoredEntry | None:
+        point_reads.append(entry_id)
+        return await read(entry_id)  # type: ignore[no-any-return]
+
+    storage.get_entry = counted
+    result = await kit.harness.prompt("second")
+    assert isinstance(result, Ok)
+    assert result.value.final_message is not None
+    assert result.value.final_message.content[0].text == "two"  # type: ignore[union-attr]
+    assert point_reads == []

@@ -132,6 +132,92 @@ async def test_many_lanes_pipelined_from_two_repositories_keep_one_sequence(
         await reader.close()
 
 
+def _evalsha_calls(redis_server) -> int:
+    client = redis.Redis(port=redis_server.port)
+    stats = client.info("commandstats").get("cmdstat_evalsha", {"calls": 0})
+    client.close()
+    return int(stats["calls"])
+
+
+async def test_a_sessions_writes_queued_together_commit_in_one_script_call(
+    repo, redis_server
+) -> None:
+    storage = await _writer(repo)
+    await storage.append_entry(user_entry("a"), "main")
+    before = _evalsha_calls(redis_server)
+    results = await asyncio.gather(
+        *(storage.append_record(QueueEnqueued(id=f"q{i}", lane="main", queue="steer",
+                                              target=user_entry(f"t{i}"))) for i in range(40))
+    )  # fmt: skip
+    assert _evalsha_calls(redis_server) - before == 1  # one group commit
+    assert [r.seq for r in results] == list(range(2, 42))
+    assert [item.seq for item in await storage.get_log()] == list(range(1, 42))
+
+
+async def test_a_refused_write_inside_a_batch_leaves_no_trace_and_the_rest_commit(
+    repo,
+) -> None:
+    storage = await _writer(repo)
+    results = await asyncio.gather(
+        storage.append_entry(user_entry("a"), "main"),
+        storage.append_entry(user_entry("x"), "nowhere"),
+        storage.append_entry(user_entry("a"), "main"),  # the id is taken by the first write
+        storage.append_record(operation_started("r", lane="main")),
+        storage.append_record(operation_started("r2", lane="main")),  # the lane is busy now
+        storage.append_entry(user_entry("b"), "main"),
+        return_exceptions=True,
+    )
+    codes = [r.code if isinstance(r, SessionError) else r.seq for r in results]  # type: ignore[union-attr]
+    assert codes == [1, "unknown_lane", "already_exists", 2, "lane_busy", 3]
+    assert [item.seq for item in await storage.get_log()] == [1, 2, 3]
+    stats = await storage.get_stats()
+    assert (stats.entries, stats.records) == (2, 1)
+    assert (await storage.get_entry("b")).parent_id == "a"  # type: ignore[union-attr]
+
+
+async def test_a_batch_renews_the_lease_and_a_superseded_writer_in_it_is_refused(
+    repo, redis_server, redis_prefix
+) -> None:
+    storage = await _writer(repo)
+    lease = storage.lease
+    assert lease is not None
+    repo.clock.advance(40_000)  # less than half of the 60 s ttl is left
+    old = await repo.open("s1", lease=lease)
+    await asyncio.gather(*(storage.append_entry(user_entry(f"e{i}"), "main") for i in range(3)))
+    renewed = storage.lease
+    assert renewed is not None and renewed.expires_at_ms == repo.clock.now_ms() + 60_000
+    # a newer writer takes the session over once the renewed lease has run out; the old
+    # writer's writes queued with the new one's are refused, the new one's commit
+    repo.clock.advance(60_001)
+    newer = await repo.acquire_lease("s1", owner="B", ttl_ms=60_000)
+    fresh = await repo.open("s1", lease=newer)
+    results = await asyncio.gather(
+        old.append_entry(user_entry("stale"), "main"),
+        fresh.append_entry(user_entry("f"), "main"),
+        old.append_entry(user_entry("stale2"), "main"),
+        return_exceptions=True,
+    )
+    assert isinstance(results[0], LeaseLost) and isinstance(results[2], LeaseLost)
+    assert results[1].parent_id == "e2"  # type: ignore[union-attr]
+    assert [item.seq for item in await fresh.get_log()] == [1, 2, 3, 4]
+
+
+async def test_a_write_redis_cannot_encode_fails_alone(repo) -> None:
+    # The codecs refuse lone surrogates before a write is queued; this guards the queue itself.
+    storage = await _writer(repo)
+    lease = storage.lease
+    assert lease is not None
+    bad = (repo.key("s1", "meta"), ("lane", str(lease.token), "", "x\ud800", "", "1"))
+    results = await asyncio.gather(
+        storage.append_entry(user_entry("a"), "main"),
+        repo.writes.submit(bad),
+        storage.append_entry(user_entry("b"), "main"),
+        return_exceptions=True,
+    )
+    assert isinstance(results[1], SessionError) and results[1].code == "invalid_payload"
+    assert [item.seq for item in await storage.get_log()] == [1, 2]
+
+
 async def _mixed_history(storage) -> None:
     await storage.create_lane("t1", None)
     await storage.append_record(operation_started("cmp", lane="t1", kind="compaction"))

@@ -166,7 +166,7 @@ class Run(Part):
         final_id = op.last_assistant_entry_id
         final: AssistantMessage | None = None
         if final_id is not None:
-            stored = await self.rt.storage.get_entry(final_id)
+            stored = await self.lane.entry(final_id)
             if stored is not None and isinstance(stored.entry, MessageEntry):
                 message = stored.entry.message
                 final = message if isinstance(message, AssistantMessage) else None
@@ -228,7 +228,7 @@ class Run(Part):
     async def _recorded_failure(self) -> OperationError:
         """The error of the run's durable failure marker (a recovery ends as the live run would)."""
         newest = self.op.newest_own
-        stored = await self.rt.storage.get_entry(newest.entry_id) if newest else None
+        stored = await self.lane.entry(newest.entry_id) if newest else None
         if stored is not None and isinstance(stored.entry, MessageEntry):
             message = stored.entry.message
             if isinstance(message, AssistantMessage) and message.error is not None:
