@@ -1,8 +1,9 @@
 """Group commit: writes queued while one batch is in flight go out together, in order.
 
 Used by the SQLite backend (one transaction per batch) and the Redis backend (one script call
-per session and batch, the sessions' calls pipelined). Submission order is commit order is resolution order. A caller that stops waiting does
-not withdraw its write: it was submitted, so it commits (or fails) with its batch.
+per session and batch, the sessions' calls pipelined). Submission order is commit order is
+resolution order. A caller that stops waiting does not withdraw its write: it was submitted, so
+it commits (or fails) with its batch.
 """
 
 from __future__ import annotations
