@@ -7,7 +7,7 @@
 Every prompt is one run of two turns with `ScriptedModel`: the model calls one tool, the tool
 answers, the model replies with ~200 characters. That is 11 writes (operation_started, the user
 message, two step_attempt + usage pairs, the tool call, tool_started, the tool result, the
-answer, operation_finished) in 5 commits (the writes no effect separates commit together) and
+answer, operation_finished) in 4 commits (the writes no effect separates commit together) and
 the fixed-point self-check.
 "prompts/s" runs one lane; "16 lanes" runs 16 lanes of the same session at once.
 

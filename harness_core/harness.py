@@ -94,6 +94,7 @@ from harness_core.result import (
     WaitSuperseded,
 )
 from harness_core.session.contract import SessionStorage
+from harness_core.session.durability import deferred_durability, durability_deferred
 from harness_core.session.entries import CustomEntry, Entry, Id, MessageEntry
 from harness_core.session.names import check_lane_name
 from harness_core.session.records import (
@@ -505,7 +506,14 @@ class AgentLane:
         suspension), or `AlreadyAccepted` if it was queued instead; the same id with other
         content is `InvalidMessage(reason="entry_id_conflict")`.
         """
-        started = await self.start(value, entry_id=entry_id)
+        if self._harness._rt.options.drive == "manual":  # every write is durable on return
+            started = await self.start(value, entry_id=entry_id)
+        else:
+            # Nobody hears of the acceptance before the outcome, so it may commit with the
+            # run's first batch, at the barrier before the model call (D112); a refusal wrote
+            # nothing, and the procedure syncs whatever it wrote before it ends.
+            with deferred_durability():
+                started = await self.start(value, entry_id=entry_id)
         if isinstance(started, Err):
             return started
         return Ok(await started.value.outcome())
@@ -527,6 +535,7 @@ class AgentLane:
         lane = await self._lane_rt()
         prior = await lane.prior(entry_id)  # before the hooks: a repeat must change nothing
         if prior is not None and entry_id is not None:
+            await self._durable_prior(runtime)
             return self._harness._prompted_before(lane, prior, entry_id, normalized.value[0])
         messages, override, resume_data = await run_hook(
             runtime.hooks,
@@ -557,11 +566,18 @@ class AgentLane:
         )
         if isinstance(accepted, Prior):  # a concurrent submission of the same input won
             assert entry_id is not None
+            await self._durable_prior(runtime)
             return self._harness._prompted_before(lane, accepted, entry_id, normalized.value[0])
         if isinstance(accepted, Err):
             return accepted
         op, task = accepted.value
         return Ok(Started(run_id=op.id, _wait=lambda: self._harness._wait(task)))
+
+    @staticmethod
+    async def _durable_prior(runtime: HarnessRuntime) -> None:
+        """The prior acceptance found may be a `prompt`'s, still deferred: make it durable."""
+        if not durability_deferred():
+            await runtime.durable()
 
     async def resume(
         self,

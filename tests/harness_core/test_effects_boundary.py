@@ -20,7 +20,7 @@ READS = {
     "self.lane.context_entries",
     "self.lane.context_messages",
     "self.lane.context_tokens",
-    "self.rt.storage.get_entry",
+    "self.lane.entry",
     "storage.find_entries_on_branch",
 }
 """Reads of committed state: not effects (a crash around a read changes nothing durable)."""

@@ -102,16 +102,17 @@ async def test_a_run_accepted_before_the_check_is_seen_by_it(backend, tmp_path) 
     paused, release = asyncio.Event(), asyncio.Event()
     recording = kit.recording
     assert recording is not None
-    get_entry = recording.get_entry
+    sync = recording.sync
 
-    async def pausing_get_entry(entry_id: str) -> Any:
+    async def pausing_sync() -> None:
+        # the procedure's last barrier, after its operation_finished, before the check
         finished = any(kind == "R" and d.startswith("operation_finished") for kind, d in kit.writes)
         if finished and not paused.is_set():
             paused.set()
             await release.wait()
-        return await get_entry(entry_id)
+        await sync()
 
-    recording.get_entry = pausing_get_entry  # type: ignore[attr-defined]
+    recording.sync = pausing_sync  # type: ignore[method-assign]
     first = asyncio.ensure_future(kit.harness.prompt("q1"))
     await asyncio.wait_for(paused.wait(), 5)
     ok(await kit.harness.prompt("q2"))
