@@ -112,7 +112,7 @@ async def test_a_run_accepted_before_the_check_is_seen_by_it(backend, tmp_path) 
             await release.wait()
         await sync()
 
-    recording.sync = pausing_sync  # type: ignore[method-assign]
+    recording.sync = pausing_sync  # type: ignore[attr-defined]
     first = asyncio.ensure_future(kit.harness.prompt("q1"))
     await asyncio.wait_for(paused.wait(), 5)
     ok(await kit.harness.prompt("q2"))

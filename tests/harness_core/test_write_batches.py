@@ -156,7 +156,7 @@ async def test_a_prompts_acceptance_commits_with_its_first_batch_and_a_repeat_ma
     lease = await repo.acquire_lease("s", owner="t", ttl_ms=60_000)
     held = HeldSync(await repo.open("s", lease=lease))
     options = hc.AgentHarnessOptions(
-        storage=held,  # type: ignore[arg-type]
+        storage=held,
         model_client=hc.ScriptedModel([hc.scripted.text("hi")]),
         model=hc.ModelRef(provider="scripted", model_id="m"),
     )
