@@ -302,6 +302,51 @@ async def test_a_kill_inside_a_batch_loses_only_what_nothing_acted_on(
     await repo.close()
 
 
+async def test_deferred_writes_into_an_open_transaction_skip_the_io_thread(
+    backend: str, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    repo = SqliteSessionRepo(tmp_path / "store.db", synchronous="full")
+    await repo.create("s")
+    lease = await repo.acquire_lease("s", owner="t", ttl_ms=60_000)
+    tracker = SeqTracker(await repo.open("s", lease=lease))
+    calls = iter(range(100))
+
+    def respond(request: hc.ModelRequest) -> hc.AssistantMessage:
+        if isinstance(request.messages[-1], hc.ToolResultMessage):
+            return hc.scripted.text("done")
+        return hc.scripted.tool_call("lookup", {"item": "a"}, call_id=f"c{next(calls)}")
+
+    async def lookup(args: LookupArgs, ctx: hc.ToolContext) -> str:
+        return "found"
+
+    harness, _ = await hc.AgentHarness.create(
+        hc.AgentHarnessOptions(
+            storage=tracker,
+            model_client=hc.ScriptedModel(responder=respond),
+            model=hc.ModelRef(provider="scripted", model_id="m"),
+            tools=[hc.Tool(name="lookup", description="d", execute=lookup, args_model=LookupArgs)],
+        )
+    )
+    assert isinstance(await harness.prompt("warm"), hc.Ok)
+    hops: list[object] = []
+    submit = repo._executor.submit
+
+    def counted(fn: Any, *args: Any) -> Any:
+        hops.append(fn)
+        return submit(fn, *args)
+
+    monkeypatch.setattr(repo._executor, "submit", counted)
+    writes_before = tracker.writes
+    result = await harness.prompt("go")
+    assert isinstance(result, hc.Ok) and result.value.kind == "completed"
+    assert tracker.writes - writes_before == 11
+    # each of the 4 batches: its first write opens the transaction on the I/O thread, the
+    # others join it inline; then its commit; and the self-check's one read
+    assert len(hops) <= 4 + 4 + 1, len(hops)
+    await harness.close()
+    await repo.close()
+
+
 @pytest.mark.backends("jsonl")
 async def test_jsonl_fsyncs_once_per_batch(
     backend: str, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
