@@ -98,6 +98,8 @@ async def _run(args: argparse.Namespace, settings: Settings) -> int:
 
         return await serve(settings)
     url = args.store or settings.effective_store_url
+    if args.command == "ask" and not " ".join(args.question).strip():
+        raise CliError("the question is empty (the web channel refuses empty text too)")
     if args.command == "store" and (missing := _missing_local_store(url)) is not None:
         raise CliError(f"no store at {missing} (gateway serve creates it; --store URL for another)")
     repo = open_repo(url)

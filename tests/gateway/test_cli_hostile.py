@@ -184,6 +184,18 @@ def test_a_setting_that_cannot_work_is_one_line(
     assert one_line(capsys.readouterr().err).startswith(said)
 
 
+@pytest.mark.parametrize("question", [[""], ["  ", "\t"]])
+def test_an_empty_question_is_one_line_and_writes_nothing(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str], question: list[str]
+) -> None:
+    store = tmp_path / "store.db"
+    assert main(["ask", *question, "--store", f"sqlite:///{store}"], settings=Settings()) == 2
+    assert one_line(capsys.readouterr().err) == (
+        "gateway: the question is empty (the web channel refuses empty text too)"
+    )
+    assert not store.exists()
+
+
 # --- the store -------------------------------------------------------------------------------
 
 
