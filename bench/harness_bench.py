@@ -9,7 +9,9 @@ answers, the model replies with ~200 characters. That is 11 writes (operation_st
 message, two step_attempt + usage pairs, the tool call, tool_started, the tool result, the
 answer, operation_finished) in 4 commits (the writes no effect separates commit together) and
 the fixed-point self-check.
-"prompts/s" runs one lane; "16 lanes" runs 16 lanes of the same session at once.
+"prompts/s" runs one lane; "16 lanes" runs 16 lanes of the same session at once. "CPU ms/prompt"
+is this process's CPU time (every thread; not redis-server's) per prompt with 16 lanes: on a
+shared machine whose speed drifts it moves less than the rates do.
 
 Per-turn cost is the median time of a prompt on lanes that already hold 10, 100 or 1,000
 prompts of history (one session, the lanes taking turns so noise hits each alike); the ratio
@@ -127,7 +129,10 @@ async def with_lanes(harness: AgentHarness, count: int) -> list[Any]:
     return handles
 
 
-async def prompts_per_second(repo: SessionRepo, tag: str, n: int, lanes: int) -> float:
+async def prompts_per_second(
+    repo: SessionRepo, tag: str, n: int, lanes: int
+) -> tuple[float, float]:
+    """Prompts per second, and this process's CPU milliseconds per prompt (every thread)."""
     harness, _, _ = await open_harness(repo, f"rate-{tag}-{lanes}", create=True)
     handles = await with_lanes(harness, lanes)
 
@@ -135,11 +140,12 @@ async def prompts_per_second(repo: SessionRepo, tag: str, n: int, lanes: int) ->
         for _ in range(n // lanes):
             await prompt(lane)
 
-    started = time.perf_counter()
+    started, cpu = time.perf_counter(), time.process_time()
     await asyncio.gather(*(drive(lane) for lane in handles))
-    elapsed = time.perf_counter() - started
+    elapsed, cpu = time.perf_counter() - started, time.process_time() - cpu
     await harness.close()
-    return (n // lanes) * lanes / elapsed
+    done = (n // lanes) * lanes
+    return done / elapsed, 1000 * cpu / done
 
 
 async def per_turn_ms(
@@ -256,7 +262,7 @@ async def main() -> None:
     print(
         f"# restore session: {len(log):,} log items, built in {time.perf_counter() - started:.1f} s"
     )
-    header = ["backend", "prompts/s 1 lane", "prompts/s 16 lanes"]
+    header = ["backend", "prompts/s 1 lane", "prompts/s 16 lanes", "CPU ms/prompt 16 lanes"]
     header += [f"ms/prompt @{h:,}" for h in histories]
     header += [f"ratio {histories[-1]:,}/{histories[0]:,}", "restore ms", "suspended found"]
     print(" | ".join(header))
@@ -264,8 +270,8 @@ async def main() -> None:
         for index, backend in enumerate(chosen):
             repo = backend.make(workdir)
             tag = f"{index}"
-            one = await prompts_per_second(repo, tag, args.prompts, 1)
-            many = await prompts_per_second(repo, tag, args.prompts, 16)
+            one, _ = await prompts_per_second(repo, tag, args.prompts, 1)
+            many, cpu = await prompts_per_second(repo, tag, args.prompts, 16)
             growth = await per_turn_ms(repo, tag, histories, args.sample)
             restored, found = await restore_ms(repo, tag, log, args.trials)
             await repo.close()
@@ -273,6 +279,7 @@ async def main() -> None:
                 backend.name,
                 f"{one:,.0f}",
                 f"{many:,.0f}",
+                f"{cpu:.2f}",
                 *(f"{ms:.2f}" for ms in growth),
                 f"{growth[-1] / growth[0]:.2f}",
                 f"{restored:,.0f}",
