@@ -10,8 +10,8 @@ message, two step_attempt + usage pairs, the tool call, tool_started, the tool r
 answer, operation_finished) in 4 commits (the writes no effect separates commit together) and
 the fixed-point self-check.
 "prompts/s" runs one lane; "16 lanes" runs 16 lanes of the same session at once. "CPU ms/prompt"
-is this process's CPU time (every thread; not redis-server's) per prompt with 16 lanes: on a
-shared machine whose speed drifts it moves less than the rates do.
+is this process's CPU time (every thread; not redis-server's) per prompt with 16 lanes: where it
+is well below 1000 / (prompts/s), the process was waiting (on fsync, on Redis), not computing.
 
 Per-turn cost is the median time of a prompt on lanes that already hold 10, 100 or 1,000
 prompts of history (one session, the lanes taking turns so noise hits each alike); the ratio
