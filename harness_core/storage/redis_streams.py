@@ -271,17 +271,17 @@ async def _send_writes(repo: RedisSessionRepo, writes: Sequence[_Write]) -> list
     atomically. Different sessions' calls are pipelined (or, on a cluster, sent concurrently).
     """
     results: list[Any] = [None] * len(writes)
-    sessions: dict[str, list[int]] = {}
-    calls_args: dict[str, list[bytes]] = {}
+    sessions: dict[str, tuple[list[int], list[bytes]]] = {}  # meta key -> write indexes, args
     for index, (key, args) in enumerate(writes):
         try:
             framed = _framed(args)
         except UnicodeEncodeError as exc:  # a lone surrogate: this write alone is refused
             results[index] = SessionError("invalid_payload", f"text redis cannot store: {exc}")
             continue
-        sessions.setdefault(key, []).append(index)
-        calls_args.setdefault(key, []).append(framed)
-    calls: list[_Call] = list(calls_args.items())
+        indexes, framed_args = sessions.setdefault(key, ([], []))
+        indexes.append(index)
+        framed_args.append(framed)
+    calls: list[_Call] = [(key, framed_args) for key, (_, framed_args) in sessions.items()]
     try:
         replies = await _execute(repo, calls)
         # NOSCRIPT means the script did not run (the server lost its script cache after a
@@ -294,7 +294,7 @@ async def _send_writes(repo: RedisSessionRepo, writes: Sequence[_Write]) -> list
                 replies[i] = reply
     except RedisError as exc:
         raise SessionError("storage", f"redis write failed, outcome unknown: {exc}") from exc
-    for indexes, reply in zip(sessions.values(), replies, strict=True):
+    for (indexes, _), reply in zip(sessions.values(), replies, strict=True):
         if isinstance(reply, Exception):
             failure = (
                 reply
