@@ -506,14 +506,13 @@ class AgentLane:
         suspension), or `AlreadyAccepted` if it was queued instead; the same id with other
         content is `InvalidMessage(reason="entry_id_conflict")`.
         """
-        if self._harness._rt.options.drive == "manual":  # every write is durable on return
+        # Nobody hears of the acceptance before the outcome, so it may commit with the run's
+        # first batch, at the barrier before the model call (D112); a refusal wrote nothing,
+        # and the procedure syncs whatever it wrote before it ends. Manual drive keeps every
+        # write durable on return.
+        manual = self._harness._rt.options.drive == "manual"
+        with contextlib.nullcontext() if manual else deferred_durability():
             started = await self.start(value, entry_id=entry_id)
-        else:
-            # Nobody hears of the acceptance before the outcome, so it may commit with the
-            # run's first batch, at the barrier before the model call (D112); a refusal wrote
-            # nothing, and the procedure syncs whatever it wrote before it ends.
-            with deferred_durability():
-                started = await self.start(value, entry_id=entry_id)
         if isinstance(started, Err):
             return started
         return Ok(await started.value.outcome())
