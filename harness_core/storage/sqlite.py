@@ -1125,9 +1125,12 @@ class SqliteSessionRepo:
             try:
                 return db.write_batch(ops, self.clock.now_ms())
             except sqlite3.Error as exc:
-                raise SessionError("storage", f"sqlite error on {self.path}: {exc}") from exc
+                raise self._failed(exc) from exc
         # the clock is read on the I/O thread, right before the batch's transaction
         return await self.call(lambda db: db.write_batch(ops, self.clock.now_ms()), keep_open=True)
+
+    def _failed(self, exc: sqlite3.Error) -> SessionError:
+        return SessionError("storage", f"sqlite error on {self.path}: {exc}")
 
     async def call(self, fn: Callable[[_Db], _T], *, keep_open: bool = False) -> _T:
         """Run `fn` with the connection on the repository's thread (FIFO).
@@ -1146,7 +1149,7 @@ class SqliteSessionRepo:
                     self._db.commit()
                 return fn(self._db)
             except sqlite3.Error as exc:
-                raise SessionError("storage", f"sqlite error on {self.path}: {exc}") from exc
+                raise self._failed(exc) from exc
 
         self._jobs += 1
         try:
