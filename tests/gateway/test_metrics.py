@@ -139,8 +139,11 @@ async def test_the_numbers_agree_with_what_happened(services: Start) -> None:
     for thread in (*texts, "thread-charlie-9", "thread-delta-10"):
         await gw.answers(thread, 1)  # the replies, the failure notice, the approval request
 
-    delivered = len(await gw.broker.outbox.list("delivered"))
-    assert delivered >= 4
+    # The page shows a reply before the deliverer records it delivered: wait for the record.
+    deadline = asyncio.get_running_loop().time() + 15
+    while (delivered := len(await gw.broker.outbox.list("delivered"))) < 4:
+        assert asyncio.get_running_loop().time() < deadline, delivered
+        await asyncio.sleep(0.02)
 
     def settled(s: Samples) -> bool:
         return (
