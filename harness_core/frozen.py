@@ -126,9 +126,16 @@ _M = TypeVar("_M", bound=BaseModel)
 
 
 class Frozen(BaseModel):
-    """Immutable, closed to unknown fields, finite floats only: the base of every durable type."""
+    """Immutable, closed to unknown fields, finite floats only: the base of every durable type.
 
-    model_config = ConfigDict(frozen=True, extra="forbid", allow_inf_nan=False)
+    A non-finite float can still get in past validation (`revalidated` says how); its JSON is
+    then the bare word ``NaN`` or ``Infinity``, which no JSON reader accepts, rather than a
+    silent ``null``, and the codec refuses to store it.
+    """
+
+    model_config = ConfigDict(
+        frozen=True, extra="forbid", allow_inf_nan=False, ser_json_inf_nan="constants"
+    )
 
 
 def revalidated(value: _M) -> _M:

@@ -104,21 +104,35 @@ MAX_TOKENS = 2**53 - 1
 Every backend sums exactly up to here, including Redis, whose scripts compute in doubles."""
 
 
-def _not_json(value: object) -> None:
-    return None  # the encoding above already refused what JSON cannot hold; only floats matter
+def _refuse_constant(name: str) -> None:
+    raise ValueError(name)
+
+
+def _holds_non_finite(encoded: str) -> bool:
+    """Whether JSON written with ``ser_json_inf_nan="constants"`` holds a NaN or an infinity.
+
+    Only called when the text contains one of those words, which a string value may as well.
+    """
+    try:
+        json.loads(encoded, parse_constant=_refuse_constant)
+    except ValueError:
+        return True
+    return False
 
 
 def encode(value: BaseModel, what: str = "payload") -> str:
-    """Encode a durable model as canonical JSON, or raise ``SessionError("invalid_payload")``."""
+    """Encode a durable model as canonical JSON, or raise ``SessionError("invalid_payload")``.
+
+    One serializer pass: every durable model writes NaN and infinities as the bare words
+    ``NaN`` and ``Infinity`` (`Frozen`'s ``ser_json_inf_nan``; never valid JSON), so only a
+    text containing one of them needs a second look.
+    """
     try:
         encoded = value.model_dump_json()
     except Exception as exc:  # pydantic wraps encoder failures (lone surrogates, ...) variously
         raise SessionError("invalid_payload", f"{what} is not JSON-serializable: {exc}") from exc
-    try:
-        # pydantic writes NaN and infinities as null; the stdlib encoder refuses them instead
-        json.dumps(value.model_dump(), allow_nan=False, default=_not_json)
-    except ValueError as exc:
-        raise SessionError("invalid_payload", f"{what} holds a non-finite number") from exc
+    if ("NaN" in encoded or "Infinity" in encoded) and _holds_non_finite(encoded):
+        raise SessionError("invalid_payload", f"{what} holds a non-finite number")
     return encoded
 
 

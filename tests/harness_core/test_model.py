@@ -11,7 +11,7 @@ from harness_core.errors import SessionError, StoreCorrupted
 from harness_core.frozen import FrozenDict, freeze_json, thaw_json
 from harness_core.ids import SequentialIds, Uuid7Ids
 from harness_core.messages import AssistantMessage, DeferredHandle, TokenUsage
-from harness_core.session.codec import decode_log_item, encode_entry
+from harness_core.session.codec import decode_entry, decode_log_item, encode_entry, encode_record
 from harness_core.session.records import StepAttempt, Usage
 from harness_core.testing import ManualClock
 from harness_core.testing.builders import custom_entry, user_entry
@@ -155,6 +155,21 @@ def test_the_codec_is_canonical_and_refuses_what_it_cannot_encode() -> None:
     assert caught.value.code == "invalid_payload"
     with pytest.raises(SessionError):
         encode_entry({"id": "x"})  # type: ignore[arg-type]
+
+
+@pytest.mark.parametrize("bad", [float("nan"), float("inf"), float("-inf")])
+def test_the_codec_refuses_a_non_finite_number_that_skipped_validation(bad: float) -> None:
+    usage = TokenUsage(output=1)
+    usage = usage.model_copy(update={"cost": usage.cost.model_copy(update={"total": bad})})
+    with pytest.raises(SessionError) as caught:
+        encode_record(Usage(id="u", lane="main", cause="adjustment", usage=usage))
+    assert caught.value.code == "invalid_payload"
+    assert "non-finite" in str(caught.value)
+
+
+def test_the_words_nan_and_infinity_in_text_are_stored_as_text() -> None:
+    entry = custom_entry("x", data={"note": "NaN", "more": "-Infinity and NaN"})
+    assert decode_entry(encode_entry(entry), "here") == entry
 
 
 def test_decoding_garbage_names_where_it_was() -> None:
