@@ -24,18 +24,39 @@ class WriteQueue(Generic[_Op]):
     operation's failure; if `send` itself raises, every operation of the batch fails with it.
     """
 
-    def __init__(self, send: Callable[[Sequence[_Op]], Awaitable[Sequence[Any]]]) -> None:
+    def __init__(
+        self,
+        send: Callable[[Sequence[_Op]], Awaitable[Sequence[Any]]],
+        inline: Callable[[Sequence[_Op]], Sequence[Any] | None] | None = None,
+    ) -> None:
         self._send = send
+        self._inline = inline
+        """Sends a batch at once, without waiting, or returns None when it cannot."""
         self._queue: list[tuple[_Op, asyncio.Future[Any]]] = []
         self._flusher: asyncio.Task[None] | None = None
 
     async def submit(self, op: _Op) -> Any:
-        """Queue `op`, and return its result once its batch was sent."""
+        """Queue `op`, and return its result once its batch was sent.
+
+        With nothing queued or in flight, an op that `inline` can send at once is sent in the
+        caller's task: its turn has come, and nothing it does waits, so no cancellation can
+        split it from its result (no future, no flusher task).
+        """
+        if self._inline is not None and not self._queue and not self._in_flight():
+            results = self._inline([op])
+            if results is not None:
+                (result,) = results
+                if isinstance(result, BaseException):
+                    raise result
+                return result
         future: asyncio.Future[Any] = asyncio.get_running_loop().create_future()
         self._queue.append((op, future))
-        if self._flusher is None or self._flusher.done():
+        if not self._in_flight():
             self._flusher = asyncio.get_running_loop().create_task(self._flush())
         return await future
+
+    def _in_flight(self) -> bool:
+        return self._flusher is not None and not self._flusher.done()
 
     async def _flush(self) -> None:
         while self._queue:
@@ -59,5 +80,5 @@ class WriteQueue(Generic[_Op]):
 
     async def drain(self) -> None:
         """Wait until every submitted operation was sent."""
-        while self._flusher is not None and not self._flusher.done():
+        while self._flusher is not None and self._in_flight():
             await asyncio.shield(self._flusher)

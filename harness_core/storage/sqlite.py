@@ -1102,30 +1102,31 @@ class SqliteSessionRepo:
         self._jobs = 0
         """Calls submitted to the I/O thread and not yet returned to the loop."""
         self._db: _Db | None = None
-        self.writes: WriteQueue[_Op] = WriteQueue(self._write)
+        self.writes: WriteQueue[_Op] = WriteQueue(self._write, self._inline)
         self.closed = False
 
-    async def _write(self, ops: Sequence[_Op]) -> list[Any]:
-        """Run a batch of writes on the I/O thread, or inline if it only adds deferred writes.
+    def _inline(self, ops: Sequence[_Op]) -> list[Any] | None:
+        """Run a batch that only adds deferred writes into the open transaction, on the loop.
 
-        Inline means into the open transaction of deferred writes, on the loop. Such a batch
-        does no I/O that waits (no commit, no fsync, no lock to take: the open transaction holds
-        it) and is a few statements, cheaper than the hop to the I/O thread and back, which a
-        single lane pays at every write. It runs on the loop only while the I/O thread has
-        nothing to do, so the connection is never used by both at once.
+        Such a batch does no I/O that waits (no commit, no fsync, no lock to take: the open
+        transaction holds it) and is a few statements, cheaper than the hop to the I/O thread
+        and back, which a single lane pays at every write. It runs on the loop only while the
+        I/O thread has nothing to do, so the connection is never used by both at once. None:
+        the batch needs the I/O thread.
         """
         db = self._db
-        if (
-            db is not None
-            and db.in_tx
-            and self._jobs == 0
-            and not self.closed
-            and all(op[3] for op in ops)
-        ):
-            try:
-                return db.write_batch(ops, self.clock.now_ms())
-            except sqlite3.Error as exc:
-                raise self._failed(exc) from exc
+        if db is None or not db.in_tx or self._jobs or self.closed or not all(op[3] for op in ops):
+            return None
+        try:
+            return db.write_batch(ops, self.clock.now_ms())
+        except sqlite3.Error as exc:
+            raise self._failed(exc) from exc
+
+    async def _write(self, ops: Sequence[_Op]) -> list[Any]:
+        """Run a batch of writes: inline when it can (`_inline`), else on the I/O thread."""
+        inline = self._inline(ops)
+        if inline is not None:
+            return inline
         # the clock is read on the I/O thread, right before the batch's transaction
         return await self.call(lambda db: db.write_batch(ops, self.clock.now_ms()), keep_open=True)
 

@@ -342,6 +342,14 @@ async def test_deferred_writes_into_an_open_transaction_skip_the_io_thread(
         return submit(fn, *args)
 
     monkeypatch.setattr(repo._executor, "submit", counted)
+    flushes: list[object] = []
+    flush = repo.writes._flush
+
+    def flush_counted() -> Any:
+        flushes.append(None)
+        return flush()
+
+    monkeypatch.setattr(repo.writes, "_flush", flush_counted)
     writes_before = tracker.writes
     result = await harness.prompt("go")
     assert isinstance(result, hc.Ok) and result.value.kind == "completed"
@@ -349,6 +357,8 @@ async def test_deferred_writes_into_an_open_transaction_skip_the_io_thread(
     # each of the 4 batches: its first write opens the transaction on the I/O thread, the
     # others join it inline; then its commit; and the self-check's one read
     assert len(hops) <= 4 + 4 + 1, len(hops)
+    # and the inline ones are run by their writer's task: no write queue task for them
+    assert len(flushes) <= 4, len(flushes)
     await harness.close()
     await repo.close()
 
