@@ -6,6 +6,12 @@ outbound message for each under a delivery id derived from what caused it. Enque
 idempotent by that id and the mark only moves after the enqueue, so a crash anywhere in between
 repeats the scan and loses no reply, and never sends one twice; the scan reads only the records
 after the mark (bounded by what happened since the last reply).
+
+A worker that takes a session first enqueues what its previous holder left unsent. The session's
+*replies watermark* (a broker mark, `replies_mark`) bounds that look: a worker that let the
+session go cleanly (every reply of its work enqueued, its lease still its own) set it to the
+store's last seq, so the next one looks only at the lanes with a finished run or an approval
+wait after it (`lanes_to_reply`), not at every thread the session ever had.
 """
 
 from __future__ import annotations
@@ -26,6 +32,7 @@ from harness_core.session.records import (
     ApprovalRequested,
     OperationFinished,
     OperationStarted,
+    RecordType,
     RunIntent,
 )
 from harness_core.session.types import RecordQuery, StoredRecord
@@ -40,6 +47,9 @@ __all__ = [
     "enqueue_stuck_notice",
     "entry_id_of",
     "failure_text",
+    "lanes_to_reply",
+    "replies_mark",
+    "watermark_of",
 ]
 
 NO_ANSWER = "(The run ended without a text answer.)"
@@ -66,6 +76,36 @@ def failure_text(error: OperationError | None) -> str:
     return f"Sorry, I could not finish this ({code}). You can ask again; an operator can retry it."
 
 
+_REPLIED_TYPES: tuple[RecordType, ...] = ("operation_finished", "approval_requested")
+"""The records a reply answers."""
+
+
+def replies_mark(session: str) -> str:
+    """The broker mark holding the session's replies watermark (a store seq, as text)."""
+    return f"replies:{session}"
+
+
+def watermark_of(raw: str | None) -> int | None:
+    """The seq a replies watermark holds; None when unset or not a seq (look at every lane)."""
+    if raw is None or not raw.isdigit() or len(raw) > 18:
+        return None
+    return int(raw)
+
+
+async def lanes_to_reply(storage: SessionStorage, after_seq: int) -> list[str]:
+    """The lanes with a finished run or an approval wait after `after_seq`, by name.
+
+    Two session-wide reads of one record type each, bounded by what happened since.
+    """
+    lanes: set[str] = set()
+    for record_type in _REPLIED_TYPES:
+        found = await storage.find_records(
+            RecordQuery(type=record_type, after_seq=after_seq, order="oldest_first")
+        )
+        lanes.update(stored.record.lane for stored in found)
+    return sorted(lanes)
+
+
 @dataclass(frozen=True, slots=True)
 class Reply:
     """One reply found by a scan: its seq (for the mark) and the outbound message."""
@@ -86,7 +126,7 @@ async def enqueue_replies(
     lane = state.lane
     after = state.replied_through
     found: list[StoredRecord] = []
-    for record_type in ("operation_finished", "approval_requested"):
+    for record_type in _REPLIED_TYPES:
         found += await storage.find_records(
             RecordQuery(lane=lane, type=record_type, after_seq=after, order="oldest_first")
         )

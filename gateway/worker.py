@@ -3,12 +3,13 @@
 A worker process runs `slots` session loops. Each takes a session from the inbox (a ticket),
 acquires the store's fenced writer lease for it (another process holding it wins: the ticket is
 given back), restores the harness (lanes a crash interrupted resume: a counted attempt; stuck
-lanes wait for an operator), enqueues the replies a crash may have left unsent, then accepts the
+lanes wait for an operator), enqueues the replies a crash may have left unsent (after the
+session's replies watermark: see `gateway.replies`), then accepts the
 session's pending messages into their lanes: a new thread creates its lane; the user message's
 entry id derives from the message's identity, so a message processed twice is accepted once; a
 busy lane gets the configured queue. A message is acknowledged in the inbox only after the lane
 accepted it durably. When no lane works and nothing is pending, the harness closes, the lease is
-released and the ticket returned.
+released (a clean release then moves the replies watermark) and the ticket returned.
 
 A worker that dies leaves its ticket unreturned and its lease unrenewed: after the visibility
 timeout another worker takes the session, waits out the lease, and continues every lane from
@@ -37,6 +38,9 @@ from gateway.replies import (
     enqueue_replies,
     enqueue_stuck_notice,
     entry_id_of,
+    lanes_to_reply,
+    replies_mark,
+    watermark_of,
 )
 from harness_core import (
     AgentHarness,
@@ -98,6 +102,10 @@ class _Session:
     """Inbox items whose work runs (acknowledged when it has been accepted)."""
     woken: asyncio.Event = field(default_factory=asyncio.Event)
     closing: bool = False
+    watermark: str | None = None
+    """The replies watermark as read at the take (what a clean release compares and sets)."""
+    replies_missed: bool = False
+    """A reply scan failed: the watermark must not move past what it would have found."""
 
 
 class Worker:
@@ -199,6 +207,8 @@ class Worker:
         log.info(event("session taken", session=session_id, suspended=len(suspended)))
         faulted = False
         interrupted = False
+        worked = False
+        last_seq: int | None = None
         try:
             for op in suspended:
                 lane = await harness.lane(op.lane)
@@ -217,6 +227,7 @@ class Worker:
                     self._track(session, op.lane, self._resume(lane))
             await self._reply_all(session)
             await self._work(session)
+            worked = True
         except (HarnessFault, HarnessClosed) as exc:
             faulted = True
             log.error(event("session faulted", session=session_id, error=type(exc).__name__))
@@ -230,10 +241,17 @@ class Worker:
             if unwatch is not None:
                 unwatch()
             await harness.close()
+            if worked and not interrupted and not session.replies_missed:
+                with contextlib.suppress(Exception):  # unread: the next take looks wider
+                    last_seq = (await storage.get_stats()).last_seq
             await storage.close()
             if not faulted:
+                released = False
                 with contextlib.suppress(Exception):
-                    await self._repo.release_lease(lease)
+                    released = await self._repo.release_lease(lease)
+                # only while the lease was still ours: nobody else wrote up to `last_seq`
+                if released and last_seq is not None:
+                    await self._advance_watermark(session, last_seq)
             log.info(event("session released", session=session_id, faulted=faulted))
         if faulted:
             return _LAPSE
@@ -346,8 +364,38 @@ class Worker:
             )
 
     async def _reply_all(self, session: _Session) -> None:
-        for state in await self._broker.threads.list(session.ticket.session):
+        """Enqueue what the session's previous holder left unsent.
+
+        After a clean release only the lanes with a reply-worthy record after the watermark
+        can owe one; without a watermark (never set, or unreadable) every thread is looked at.
+        """
+        session_id = session.ticket.session
+        threads = self._broker.threads
+        session.watermark = await self._broker.marks.get(replies_mark(session_id))
+        since = watermark_of(session.watermark)
+        if since is None:
+            states = list(await threads.list(session_id))
+        else:
+            states = []
+            for lane in await lanes_to_reply(session.storage, since):
+                state = await threads.get(session_id, lane)
+                if state is not None:
+                    states.append(state)
+        for state in states:
             await enqueue_replies(self._broker, session.storage, state, now_ms=self._clock.now_ms())
+
+    async def _advance_watermark(self, session: _Session, last_seq: int) -> None:
+        """Every reply through `last_seq` is enqueued: let the next take look after it only.
+
+        A compare-and-set against the value read at the take: a concurrent holder's newer
+        value wins (a stale worker never moves it), and it never moves back.
+        """
+        old = watermark_of(session.watermark)
+        if old is not None and old >= last_seq:
+            return
+        name = replies_mark(session.ticket.session)
+        with contextlib.suppress(Exception):  # best effort: without it the next take looks wider
+            await self._broker.marks.put(name, str(last_seq), expect=session.watermark)
 
     async def _reply(self, session: _Session, lane: str) -> None:
         try:
@@ -367,6 +415,7 @@ class Worker:
                         )
                     )
         except Exception as exc:  # the next scan (another operation, a takeover) enqueues it
+            session.replies_missed = True
             log.warning(event("reply scan failed", lane=lane, error=type(exc).__name__))
 
     # -- one inbox item --------------------------------------------------------------------
