@@ -19,7 +19,7 @@ from config import Settings
 from gateway.broker.contract import SessionTicket
 from gateway.replies import replies_mark, watermark_of
 from gateway.service import Service
-from gateway.worker import _Session
+from gateway.worker import Worker, _Session
 from harness_core import AgentHarness, Ok
 from tests.support.service_rig import ServiceRig
 
@@ -28,6 +28,11 @@ SESSION = "web-default"
 
 
 class Rig(ServiceRig):
+    @property
+    def worker(self) -> Worker:
+        assert self.service.worker is not None
+        return self.service.worker
+
     async def stop(self) -> None:
         await self.http.aclose()
         await self.service.stop(drain_seconds=2)
@@ -43,7 +48,7 @@ class Rig(ServiceRig):
         """Wait until the session is let go and its watermark is set; return the watermark."""
 
         async def check() -> int | None:
-            if SESSION in self.service.worker.active:
+            if SESSION in self.worker.active:
                 return None
             return watermark_of(await self.broker.marks.get(replies_mark(SESSION)))
 
@@ -121,7 +126,7 @@ async def test_a_reply_left_unsent_after_the_watermark_is_sent_at_the_next_take(
     # records are in the store after the watermark, its reply nowhere
     lease = await rig.repo.acquire_lease(SESSION, owner="crashed", ttl_ms=60_000)
     storage = await rig.repo.open(SESSION, lease=lease)
-    harness, _ = await AgentHarness.create(rig.service.worker._options(storage))
+    harness, _ = await AgentHarness.create(rig.worker._options(storage))
     lane = await harness.lane("web:thread-b")
     assert lane is not None
     result = await lane.prompt("left behind")
@@ -151,7 +156,7 @@ async def test_the_watermark_moves_only_from_the_value_its_take_read(rig: Rig) -
         storage=None,  # type: ignore[arg-type]
         watermark=str(first),
     )
-    await rig.service.worker._advance_watermark(stale, first + 10)
+    await rig.worker._advance_watermark(stale, first + 10)
     assert await marks.get(name) == str(first + 50)  # neither moved back nor overwritten
 
     newest = _Session(
@@ -160,7 +165,7 @@ async def test_the_watermark_moves_only_from_the_value_its_take_read(rig: Rig) -
         storage=None,  # type: ignore[arg-type]
         watermark=str(first + 50),
     )
-    await rig.service.worker._advance_watermark(newest, first + 20)
+    await rig.worker._advance_watermark(newest, first + 20)
     assert await marks.get(name) == str(first + 50)  # a lower seq never lowers it
 
 
