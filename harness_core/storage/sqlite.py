@@ -328,7 +328,8 @@ class _Db:
         # used from the repository's I/O thread and, for deferred writes into an open
         # transaction, from the event loop's, never both at once (`SqliteSessionRepo._write`)
         self.conn = sqlite3.connect(path, isolation_level=None, check_same_thread=False)
-        self.conn.execute(f"PRAGMA busy_timeout={int(busy_timeout_ms)}")
+        self.busy_timeout_ms = int(busy_timeout_ms)
+        self.conn.execute(f"PRAGMA busy_timeout={self.busy_timeout_ms}")
         # Before anything writes the header (WAL mode does); a no-op on an existing database.
         self.conn.execute(f"PRAGMA page_size={int(page_size)}")
         self.conn.execute("PRAGMA journal_mode=WAL")
@@ -440,6 +441,23 @@ class _Db:
         for index, session_id in written:
             results[index] = _Written(results[index], renewed[session_id])
         return results
+
+    def begin_unless_busy(self) -> bool:
+        """Open the write transaction if the lock is free this instant; whether it did.
+
+        Never waits (the busy timeout is zero meanwhile): where another connection holds the
+        write lock, the caller goes to the I/O thread, which waits the configured time.
+        """
+        conn = self.conn
+        conn.execute("PRAGMA busy_timeout=0")
+        try:
+            conn.execute("BEGIN IMMEDIATE")
+        except sqlite3.OperationalError:
+            return False
+        finally:
+            conn.execute(f"PRAGMA busy_timeout={self.busy_timeout_ms}")
+        self.in_tx = True
+        return True
 
     def commit(self) -> None:
         """Commit the open transaction, if any (its deferred writes become durable)."""
@@ -1106,18 +1124,21 @@ class SqliteSessionRepo:
         self.closed = False
 
     def _inline(self, ops: Sequence[_Op]) -> list[Any] | None:
-        """Run a batch that only adds deferred writes into the open transaction, on the loop.
+        """Run a batch of deferred writes on the loop: into the open transaction, or a new one.
 
-        Such a batch does no I/O that waits (no commit, no fsync, no lock to take: the open
-        transaction holds it) and is a few statements, cheaper than the hop to the I/O thread
-        and back, which a single lane pays at every write. It runs on the loop only while the
-        I/O thread has nothing to do, so the connection is never used by both at once. None:
-        the batch needs the I/O thread.
+        Such a batch does no I/O that waits (no commit, no fsync) and is a few statements,
+        cheaper than the hop to the I/O thread and back, which a single lane pays at every
+        write. A new transaction is opened here only if the write lock is free this instant
+        (`_Db.begin_unless_busy`); a lock another process holds is waited for on the I/O
+        thread. It runs on the loop only while the I/O thread has nothing to do, so the
+        connection is never used by both at once. None: the batch needs the I/O thread.
         """
         db = self._db
-        if db is None or not db.in_tx or self._jobs or self.closed or not all(op[3] for op in ops):
+        if db is None or self._jobs or self.closed or not all(op[3] for op in ops):
             return None
         try:
+            if not db.in_tx and not db.begin_unless_busy():
+                return None
             return db.write_batch(ops, self.clock.now_ms())
         except sqlite3.Error as exc:
             raise self._failed(exc) from exc

@@ -354,11 +354,38 @@ async def test_deferred_writes_into_an_open_transaction_skip_the_io_thread(
     result = await harness.prompt("go")
     assert isinstance(result, hc.Ok) and result.value.kind == "completed"
     assert tracker.writes - writes_before == 11
-    # each of the 4 batches: its first write opens the transaction on the I/O thread, the
-    # others join it inline; then its commit; and the self-check's one read
-    assert len(hops) <= 4 + 4 + 1, len(hops)
-    # and the inline ones are run by their writer's task: no write queue task for them
-    assert len(flushes) <= 4, len(flushes)
+    # every write runs on the loop, the first of each of the 4 batches opening its
+    # transaction there (the write lock is free: nothing else writes this database); the I/O
+    # thread commits the 4 batches and runs the self-check's one read
+    assert len(hops) <= 4 + 1, len(hops)
+    # and each write is run by its writer's task: no write queue task
+    assert flushes == [], len(flushes)
+    await harness.close()
+    await repo.close()
+
+
+async def test_a_write_lock_another_connection_holds_is_waited_for_off_the_loop(
+    backend: str, tmp_path: Path
+) -> None:
+    repo = SqliteSessionRepo(tmp_path / "store.db", synchronous="full")
+    harness, tracker = await tool_turns(repo)
+    assert isinstance(await harness.prompt("warm"), hc.Ok)
+    other = sqlite3.connect(tmp_path / "store.db", isolation_level=None)
+    other.execute("BEGIN IMMEDIATE")  # another process's writer, mid-transaction
+    before = tracker.writes
+    prompt = asyncio.ensure_future(harness.prompt("go"))
+    loop = asyncio.get_running_loop()
+    for _ in range(10):  # the loop keeps turning: nothing waits for the lock on it
+        started = loop.time()
+        await asyncio.sleep(0.02)
+        assert loop.time() - started < 0.5
+    assert not prompt.done()
+    assert tracker.writes == before  # the first write waits for the lock on the I/O thread
+    other.execute("ROLLBACK")
+    other.close()
+    result = await asyncio.wait_for(prompt, 10)
+    assert isinstance(result, hc.Ok) and result.value.kind == "completed", result
+    assert tracker.writes - before == 11
     await harness.close()
     await repo.close()
 
