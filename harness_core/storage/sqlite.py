@@ -5,8 +5,10 @@ against `writer_leases`, allocates `seq` from the session row, writes the item a
 projections (lane leaves, open operations, names, labels, running stats), so a write either
 happened completely or not at all. WAL mode; ``synchronous=NORMAL`` by default (a process crash
 loses nothing acknowledged; power loss may lose the last transactions) or ``FULL`` (nothing
-acknowledged is lost, slower). All SQLite calls run on one thread per repository, in
-submission order, so concurrent writes from many lanes resolve in commit order.
+acknowledged is lost, slower). All SQLite calls run one at a time in submission order, so
+concurrent writes from many lanes resolve in commit order: on one thread per repository, except
+deferred writes while that thread is idle, which run on the event loop (they never wait: D113,
+D115, D117); commits and reads always run on the thread.
 
 Restore reads are index seeks plus bounded scans: open operations come from their own table,
 an operation's records from ``(session_id, lane, seq)``, a lane's records of one type (or
