@@ -169,6 +169,29 @@ async def test_the_watermark_moves_only_from_the_value_its_take_read(rig: Rig) -
     assert await marks.get(name) == str(first + 50)  # a lower seq never lowers it
 
 
+async def test_a_release_that_finds_the_lease_gone_leaves_the_watermark(
+    rig: Rig, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    await rig.post("thread-a", "first")
+    await rig.answers("thread-a", 1)
+    first = await rig.released()
+    real = rig.repo.release_lease
+
+    async def lost(lease: Any) -> bool:
+        await real(lease)
+        return False  # as if another writer had taken the session meanwhile
+
+    monkeypatch.setattr(rig.repo, "release_lease", lost)
+    await rig.post("thread-a", "second")
+    await rig.answers("thread-a", 2)
+    # the session is taken again only once the previous holder returned its ticket, which it
+    # does after its release (and after any watermark move)
+    await rig.post("thread-a", "third")
+    await rig.answers("thread-a", 3)
+    assert await rig.last_seq() > first  # two runs wrote after the watermark
+    assert watermark_of(await rig.broker.marks.get(replies_mark(SESSION))) == first
+
+
 async def test_without_a_watermark_every_thread_is_looked_at(rig: Rig) -> None:
     await rig.post("thread-a", "first")
     await rig.post("thread-b", "first")
