@@ -87,7 +87,9 @@ def replies_mark(session: str) -> str:
 
 def watermark_of(raw: str | None) -> int | None:
     """The seq a replies watermark holds; None when unset or not a seq (look at every lane)."""
-    if raw is None or not raw.isdigit() or len(raw) > 18:
+    # ASCII digits only (str.isdigit also takes "²", which int() refuses); at most 18 of
+    # them: a seq, never a number too large for the backends' counters
+    if raw is None or not (raw.isascii() and raw.isdigit()) or len(raw) > 18:
         return None
     return int(raw)
 

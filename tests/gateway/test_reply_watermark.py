@@ -217,3 +217,5 @@ def test_a_watermark_is_a_seq_or_nothing() -> None:
     assert watermark_of("-3") is None
     assert watermark_of("1e3") is None
     assert watermark_of("9" * 40) is None
+    assert watermark_of("²") is None  # a digit to str.isdigit, not to int()
+    assert watermark_of("١٢") is None
