@@ -327,8 +327,8 @@ class _Db:
     ) -> None:
         if str(path) != ":memory:":
             path.parent.mkdir(parents=True, exist_ok=True)
-        # used from the repository's I/O thread and, for deferred writes into an open
-        # transaction, from the event loop's, never both at once (`SqliteSessionRepo._write`)
+        # used from the repository's I/O thread and, for deferred writes, from the event
+        # loop's, never both at once (`SqliteSessionRepo._inline`)
         self.conn = sqlite3.connect(path, isolation_level=None, check_same_thread=False)
         self.busy_timeout_ms = int(busy_timeout_ms)
         self.conn.execute(f"PRAGMA busy_timeout={self.busy_timeout_ms}")
@@ -382,7 +382,8 @@ class _Db:
         batch continues it, and `commit` (a `sync`, a durable write, any other use of the
         connection) commits them all at once: one commit, one fsync under ``FULL``. While it is
         open this connection holds the database's write lock, so it is open only between
-        writes that no effect separates.
+        writes that no effect separates, and never when it holds no deferred write (a batch
+        whose every write was refused ends it at once).
         """
         conn = self.conn
         results: list[Any] = []
@@ -438,7 +439,7 @@ class _Db:
             raise
         if deferred:
             self.pending.update(sid for _, sid in written)
-        else:
+        if not deferred or not self.pending:  # an empty transaction (all refused) holds no lock
             self.commit()
         for index, session_id in written:
             results[index] = _Written(results[index], renewed[session_id])

@@ -390,6 +390,23 @@ async def test_a_write_lock_another_connection_holds_is_waited_for_off_the_loop(
     await repo.close()
 
 
+async def test_a_refused_deferred_write_leaves_no_transaction_holding_the_lock(
+    backend: str, tmp_path: Path
+) -> None:
+    repo = SqliteSessionRepo(tmp_path / "store.db")
+    await repo.create("s")
+    lease = await repo.acquire_lease("s", owner="t", ttl_ms=60_000)
+    storage = await repo.open("s", lease=lease)
+    with deferred_durability(), pytest.raises(SessionError) as refused:
+        await storage.append_entry(custom_entry("x"), "no-such-lane")
+    assert refused.value.code == "unknown_lane"
+    other = sqlite3.connect(tmp_path / "store.db", isolation_level=None, timeout=0)
+    other.execute("BEGIN IMMEDIATE")  # another process can write: the lock was let go
+    other.execute("ROLLBACK")
+    other.close()
+    await repo.close()
+
+
 @pytest.mark.backends("jsonl")
 async def test_jsonl_fsyncs_once_per_batch(
     backend: str, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
