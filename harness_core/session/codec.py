@@ -13,7 +13,7 @@ running sums cannot hold exactly. Decoding failures raise `StoreCorrupted`.
 from __future__ import annotations
 
 import json
-from typing import Any, TypeVar
+from typing import Any, NoReturn, TypeVar
 
 from pydantic import BaseModel, TypeAdapter, ValidationError
 
@@ -104,7 +104,7 @@ MAX_TOKENS = 2**53 - 1
 Every backend sums exactly up to here, including Redis, whose scripts compute in doubles."""
 
 
-def _refuse_constant(name: str) -> None:
+def _refuse_constant(name: str) -> NoReturn:
     raise ValueError(name)
 
 

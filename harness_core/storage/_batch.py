@@ -80,5 +80,5 @@ class WriteQueue(Generic[_Op]):
 
     async def drain(self) -> None:
         """Wait until every submitted operation was sent."""
-        while self._flusher is not None and self._in_flight():
-            await asyncio.shield(self._flusher)
+        while (flusher := self._flusher) is not None and not flusher.done():
+            await asyncio.shield(flusher)
