@@ -4,7 +4,8 @@ Like the store's SQLite backend (D13): stdlib `sqlite3`, one connection on one t
 broker, WAL, ``synchronous=NORMAL`` by default (``full`` fsyncs every commit). Every mutation is
 a function run on that thread; mutations queued while a transaction is in flight join the next
 one (group commit), each in its own savepoint, so a failed one leaves no trace while the others
-commit. A call returns once its transaction committed.
+commit. A call returns once its transaction committed. Reads run on the event loop instead
+while that thread is idle, never waiting for a lock (D118).
 
 Tables: `inbox` (one row per item, its dedupe key unique), `session_claims` (a row per session
 that may have pending items: ready since ``available_at_ms``, or handed to ``owner`` under
@@ -33,7 +34,7 @@ import sqlite3
 from collections.abc import Callable, Sequence
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
-from typing import Any, Literal, TypeVar
+from typing import Any, Literal, TypeVar, cast
 
 from gateway.broker.contract import (
     AuditEvent,
@@ -53,6 +54,7 @@ from gateway.broker.contract import (
 from harness_core import Clock, IdGenerator, SystemClock, Uuid7Ids
 from harness_core.frozen import FrozenJsonObject
 from harness_core.storage import WriteQueue
+from harness_core.storage.sqlite_busy import BusyTimeout, is_busy
 
 __all__ = ["SqliteBroker", "Synchronous"]
 
@@ -231,12 +233,15 @@ def _has_pending(conn: sqlite3.Connection, session: str) -> bool:
 
 
 class _Db:
-    """The connection; everything here runs on the broker's I/O thread."""
+    """The connection: on the broker's I/O thread, and for reads on the loop while it is idle."""
 
     def __init__(self, path: Path, synchronous: Synchronous, busy_timeout_ms: int) -> None:
         path.parent.mkdir(parents=True, exist_ok=True)
-        self.conn = sqlite3.connect(path, isolation_level=None)
-        self.conn.execute(f"PRAGMA busy_timeout={int(busy_timeout_ms)}")
+        # used from the broker's I/O thread and, for reads, from the event loop's, never both
+        # at once (`SqliteBroker.read`)
+        self.conn = sqlite3.connect(path, isolation_level=None, check_same_thread=False)
+        self.busy = BusyTimeout(self.conn, busy_timeout_ms)
+        self.busy.waits(True)
         self.conn.execute("PRAGMA journal_mode=WAL")
         self.conn.execute(f"PRAGMA synchronous={'FULL' if synchronous == 'full' else 'NORMAL'}")
         self.conn.executescript(_SCHEMA)  # every statement is CREATE ... IF NOT EXISTS
@@ -262,6 +267,16 @@ class _Db:
             return fn(self.conn)
         finally:
             self.conn.execute("COMMIT")
+
+    def read_unless_busy(self, fn: Callable[[sqlite3.Connection], _T]) -> tuple[bool, _T | None]:
+        """`read` without waiting: (False, None) if another connection's lock stood in the way."""
+        self.busy.waits(False)
+        try:
+            return True, self.read(fn)
+        except sqlite3.OperationalError as exc:
+            if is_busy(exc):
+                return False, None
+            raise
 
     def write_batch(self, ops: Sequence[_Op], now: int) -> list[Any]:
         """Run queued mutations in one transaction (group commit); one result or error each.
@@ -355,6 +370,8 @@ class SqliteBroker(BrokerParts):
         self._busy_timeout_ms = busy_timeout_ms
         self._executor = ThreadPoolExecutor(max_workers=1, thread_name_prefix="sqlite-broker")
         self._db: _Db | None = None
+        self._jobs = 0
+        """Calls submitted to the I/O thread and not yet returned to the loop."""
         self._writes = WriteQueue[_Op](
             # the clock is read on the I/O thread, right before the batch's transaction
             lambda ops: self._call(lambda db: db.write_batch(ops, self.clock.now_ms()))
@@ -379,14 +396,33 @@ class SqliteBroker(BrokerParts):
             try:
                 if self._db is None:
                     self._db = _Db(self.path, self._synchronous, self._busy_timeout_ms)
+                self._db.busy.waits(True)
                 return fn(self._db)
             except sqlite3.Error as exc:
                 raise BrokerError("storage", f"sqlite error on {self.path}: {exc}") from exc
 
-        return await asyncio.get_running_loop().run_in_executor(self._executor, run)
+        self._jobs += 1
+        try:
+            return await asyncio.get_running_loop().run_in_executor(self._executor, run)
+        finally:
+            self._jobs -= 1
 
-    async def read(self, fn: Callable[[sqlite3.Connection], _T]) -> _T:
-        """Run reads on the broker's thread, in one snapshot."""
+    async def read(self, fn: Callable[[sqlite3.Connection], _T], *, whole: bool = False) -> _T:
+        """Run reads in one snapshot: on the loop while the broker's thread is idle, else there.
+
+        As the store's reads (D118): a read of a few rows costs less than the hop to the thread
+        and back; it never runs beside the thread's use of the connection, never waits for a
+        lock (met one: it runs on the thread, which waits), and `whole` (every thread of a
+        session) keeps an unbounded read on the thread.
+        """
+        db = self._db
+        if not whole and db is not None and not self._jobs and not self.closed:
+            try:
+                done, result = db.read_unless_busy(fn)
+            except sqlite3.Error as exc:
+                raise BrokerError("storage", f"sqlite error on {self.path}: {exc}") from exc
+            if done:
+                return cast(_T, result)
         return await self._call(lambda db: db.read(fn))
 
     async def write(self, op: Callable[[sqlite3.Connection, int], _T]) -> _T:
@@ -876,15 +912,16 @@ class _Threads:
         return rows[0] if rows else None
 
     async def list(self, session: str) -> tuple[ThreadState, ...]:
-        return await self._select("session = ? ORDER BY lane", session)
+        return await self._select("session = ? ORDER BY lane", session, whole=True)
 
-    async def _select(self, where: str, *args: Any) -> tuple[ThreadState, ...]:
+    async def _select(self, where: str, *args: Any, whole: bool = False) -> tuple[ThreadState, ...]:
         rows = await self._b.read(
             lambda c: c.execute(
                 "SELECT session, lane, thread, reply_context, replied_through FROM threads "
                 f"WHERE {where}",
                 args,
-            ).fetchall()
+            ).fetchall(),
+            whole=whole,
         )
         return tuple(
             ThreadState(

@@ -7,8 +7,8 @@ happened completely or not at all. WAL mode; ``synchronous=NORMAL`` by default (
 loses nothing acknowledged; power loss may lose the last transactions) or ``FULL`` (nothing
 acknowledged is lost, slower). All SQLite calls run one at a time in submission order, so
 concurrent writes from many lanes resolve in commit order: on one thread per repository, except
-deferred writes while that thread is idle, which run on the event loop (they never wait: D113,
-D115, D117); commits and reads always run on the thread.
+deferred writes and a storage's reads while that thread is idle, which run on the event loop
+(they never wait: D113, D115, D117, D118); commits always run on the thread.
 
 Restore reads are index seeks plus bounded scans: open operations come from their own table,
 an operation's records from ``(session_id, lane, seq)``, a lane's records of one type (or
@@ -31,13 +31,14 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import enum
 import sqlite3
 from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 from importlib import resources
 from pathlib import Path
-from typing import Any, Literal, TypeVar
+from typing import Any, Final, Literal, TypeVar
 
 from harness_core.clock import Clock, SystemClock
 from harness_core.errors import SessionError
@@ -95,6 +96,7 @@ from harness_core.storage._slice import (
     leaf_mismatch,
     single_open_operation,
 )
+from harness_core.storage.sqlite_busy import BusyTimeout, is_busy
 
 __all__ = ["SqliteSessionRepo", "SqliteSessionStorage", "Synchronous"]
 
@@ -284,6 +286,14 @@ class _Tx:
         return expires
 
 
+class _Busy(enum.Enum):
+    BUSY = "busy"
+
+
+BUSY: Final = _Busy.BUSY
+"""A read on the loop met another connection's lock: it runs again on the I/O thread."""
+
+
 @dataclass(frozen=True, slots=True)
 class _Written:
     """A committed mutation's result, and the lease expiry its batch set (None: unchanged)."""
@@ -330,8 +340,8 @@ class _Db:
         # used from the repository's I/O thread and, for deferred writes, from the event
         # loop's, never both at once (`SqliteSessionRepo._inline`)
         self.conn = sqlite3.connect(path, isolation_level=None, check_same_thread=False)
-        self.busy_timeout_ms = int(busy_timeout_ms)
-        self.conn.execute(f"PRAGMA busy_timeout={self.busy_timeout_ms}")
+        self.busy = BusyTimeout(self.conn, busy_timeout_ms)
+        self.busy.waits(True)
         # Before anything writes the header (WAL mode does); a no-op on an existing database.
         self.conn.execute(f"PRAGMA page_size={int(page_size)}")
         self.conn.execute("PRAGMA journal_mode=WAL")
@@ -369,6 +379,20 @@ class _Db:
         finally:
             self.conn.execute("COMMIT")
 
+    def read_unless_busy(self, fn: Callable[[sqlite3.Connection], _T]) -> _T | _Busy:
+        """`read` without waiting: `BUSY` if another connection's lock stood in the way.
+
+        A WAL reader waits only in rare moments (another connection recovering the WAL, or
+        restarting it); then the caller goes to the I/O thread, which waits the configured time.
+        """
+        self.busy.waits(False)
+        try:
+            return self.read(fn)
+        except sqlite3.OperationalError as exc:
+            if is_busy(exc):
+                return BUSY
+            raise
+
     def write_batch(self, ops: Sequence[_Op], now: int) -> list[Any]:
         """Run queued mutations in one transaction (group commit); one result or error each.
 
@@ -390,8 +414,10 @@ class _Db:
         written: list[tuple[int, str]] = []
         sessions: dict[str, tuple[_Tx, LeaseRow | None]] = {}
         # A lone write in a transaction of its own needs no savepoint: its refusal rolls the
-        # whole transaction back.
-        alone = len(ops) == 1 and not self.in_tx
+        # whole transaction back. An open transaction holding no deferred write holds nothing
+        # (one whose batch left nothing pending was committed), so it counts as its own: the
+        # first write of a batch opened on the loop (`begin_unless_busy`) is alone too.
+        alone = len(ops) == 1 and not self.pending
         deferred = all(op[3] for op in ops)
         if not self.in_tx:
             conn.execute("BEGIN IMMEDIATE")
@@ -448,17 +474,14 @@ class _Db:
     def begin_unless_busy(self) -> bool:
         """Open the write transaction if the lock is free this instant; whether it did.
 
-        Never waits (the busy timeout is zero meanwhile): where another connection holds the
+        Never waits (the busy timeout is zero on the loop): where another connection holds the
         write lock, the caller goes to the I/O thread, which waits the configured time.
         """
-        conn = self.conn
-        conn.execute("PRAGMA busy_timeout=0")
+        self.busy.waits(False)
         try:
-            conn.execute("BEGIN IMMEDIATE")
+            self.conn.execute("BEGIN IMMEDIATE")
         except sqlite3.OperationalError:
             return False
-        finally:
-            conn.execute(f"PRAGMA busy_timeout={self.busy_timeout_ms}")
         self.in_tx = True
         return True
 
@@ -492,16 +515,20 @@ class _Db:
         self.commit()
 
     def lease_row(self, session_id: str) -> LeaseRow | None:
-        row = self.conn.execute(
-            "SELECT owner, token, ttl_ms, expires_at_ms FROM writer_leases WHERE session_id=?",
-            (session_id,),
-        ).fetchone()
-        return LeaseRow(*row) if row else None
+        return _lease_row(self.conn, session_id)
 
     def close(self) -> None:
         with contextlib.suppress(sqlite3.Error):
             self.commit()  # deferred writes were applied and acknowledged: keep them
         self.conn.close()
+
+
+def _lease_row(c: sqlite3.Connection, session_id: str) -> LeaseRow | None:
+    row = c.execute(
+        "SELECT owner, token, ttl_ms, expires_at_ms FROM writer_leases WHERE session_id=?",
+        (session_id,),
+    ).fetchone()
+    return LeaseRow(*row) if row else None
 
 
 def _entry_from_row(row: tuple[Any, ...], location: str) -> StoredEntry:
@@ -581,10 +608,11 @@ class SqliteSessionStorage:
         """The writer lease, with the newest expiry this storage set; None when read-only."""
         return self._lease
 
-    async def _read(self, fn: Callable[[sqlite3.Connection], _T]) -> _T:
+    async def _read(self, fn: Callable[[sqlite3.Connection], _T], *, whole: bool = False) -> _T:
+        """Run a read; `whole`: of the whole session (unbounded), kept off the loop."""
         if self._closed:
             raise SessionError("closed", f"storage of session {self._sid!r} is closed")
-        return await self._repo.call(lambda db: db.read(fn), keep_open=True)
+        return await self._repo.read(fn, inline=not whole)
 
     async def _write(self, fn: Callable[[_Tx], _T]) -> _T:
         if self._closed:
@@ -623,7 +651,8 @@ class SqliteSessionStorage:
         rows = await self._read(
             lambda c: c.execute(
                 "SELECT lane, leaf_id FROM lanes WHERE session_id=? ORDER BY lane", (self._sid,)
-            ).fetchall()
+            ).fetchall(),
+            whole=True,  # a session may hold 100,000 lanes
         )
         return tuple(LanePointer(lane=lane, leaf_id=leaf) for lane, leaf in rows)
 
@@ -784,7 +813,9 @@ class SqliteSessionStorage:
             sql.append("AND type=?")
             args.append(q.type)
         _window(sql, args, q.after_seq, q.before_seq, q.order, q.limit)
-        rows = await self._read(lambda c: c.execute(" ".join(sql), args).fetchall())
+        rows = await self._read(
+            lambda c: c.execute(" ".join(sql), args).fetchall(), whole=q.limit is None
+        )
         with collector_paused(len(rows)):
             return tuple(_entry_from_row(row, self._where) for row in rows)
 
@@ -919,7 +950,7 @@ class SqliteSessionStorage:
         """Log items after a seq, merged from the four tables."""
         EntryQuery(after_seq=after_seq, limit=limit)
         args = (self._sid, after_seq) * 4 + (-1 if limit is None else limit,)
-        rows = await self._read(lambda c: c.execute(_LOG_SQL, args).fetchall())
+        rows = await self._read(lambda c: c.execute(_LOG_SQL, args).fetchall(), whole=limit is None)
         return tuple(self._log_item(row) for row in rows)
 
     def _log_item(self, row: tuple[Any, ...]) -> LogItem:
@@ -1146,6 +1177,25 @@ class SqliteSessionRepo:
         except sqlite3.Error as exc:
             raise self._failed(exc) from exc
 
+    async def read(self, fn: Callable[[sqlite3.Connection], _T], *, inline: bool = True) -> _T:
+        """Run reads in one snapshot: on the loop while the I/O thread is idle, else there.
+
+        A read of a few rows costs less than the hop to the I/O thread and back (D118). It
+        runs on the loop under the same rule as the deferred writes (`_inline`): only while
+        the thread has nothing to do, so the connection is never used by both at once; and it
+        never waits for a lock (`_Db.read_unless_busy`). `inline=False` keeps a read of a
+        whole session (a log export, a session-wide query) on the thread.
+        """
+        db = self._db
+        if inline and db is not None and not self._jobs and not self.closed:
+            try:
+                result = db.read_unless_busy(fn)
+            except sqlite3.Error as exc:
+                raise self._failed(exc) from exc
+            if not isinstance(result, _Busy):
+                return result
+        return await self.call(lambda db: db.read(fn), keep_open=True)
+
     async def _write(self, ops: Sequence[_Op]) -> list[Any]:
         """Run a batch of writes: inline when it can (`_inline`), else on the I/O thread."""
         inline = self._inline(ops)
@@ -1170,6 +1220,7 @@ class SqliteSessionRepo:
             if self._db is None:
                 self._db = _Db(self.path, self._synchronous, self._busy_timeout_ms, self._page_size)
             try:
+                self._db.busy.waits(True)
                 if not keep_open:
                     self._db.commit()
                 return fn(self._db)
@@ -1217,13 +1268,13 @@ class SqliteSessionRepo:
             raise SessionError("invalid_query", "the lease is for another session")
         now = self.clock.now_ms()
 
-        def check(db: _Db) -> None:
-            if not _metadata(db.conn, session_id):
+        def check(c: sqlite3.Connection) -> None:
+            if not _metadata(c, session_id):
                 raise SessionError("not_found", f"session {session_id!r} does not exist")
             if lease is not None:
-                check_current(db.lease_row(session_id), lease, now)
+                check_current(_lease_row(c, session_id), lease, now)
 
-        await self.call(lambda db: db.read(lambda _: check(db)))
+        await self.read(check)
         return SqliteSessionStorage(self, session_id, lease)
 
     async def list(self) -> tuple[SessionMetadata, ...]:

@@ -6,12 +6,14 @@ import asyncio
 import sqlite3
 from collections.abc import AsyncIterator, Callable
 from pathlib import Path
+from typing import Any
 
 import pytest
 
 from gateway.broker.contract import BrokerError, NewInboxItem
 from gateway.broker.sqlite import SqliteBroker
 from harness_core.testing import ManualClock
+from tests.support.sqlite_locks import LockedOnTheLoop
 
 DAY = 86_400_000
 
@@ -216,3 +218,71 @@ async def test_claims_are_recorded_with_their_owner(
     assert _rows(broker.path, "SELECT session, owner, available_at_ms FROM session_claims") == [
         ("s1", "worker-7", now + 5_000)
     ]
+
+
+def _count_hops(broker: SqliteBroker, monkeypatch: pytest.MonkeyPatch) -> list[object]:
+    hops: list[object] = []
+    submit = broker._executor.submit
+
+    def counted(fn: Any, *args: Any) -> Any:
+        hops.append(fn)
+        return submit(fn, *args)
+
+    monkeypatch.setattr(broker._executor, "submit", counted)
+    return hops
+
+
+async def test_reads_run_on_the_loop_while_the_thread_is_idle(
+    make: Callable[..., SqliteBroker], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    broker = make()
+    await broker.inbox.append(_item("a"))
+    hops = _count_hops(broker, monkeypatch)
+    assert [item.dedupe_key for item in await broker.inbox.pending("s1")] == ["a"]
+    assert await broker.marks.get("m") is None
+    assert await broker.threads.get("s1", "web:t") is None
+    assert hops == []  # the hop would cost more than these reads
+    assert await broker.threads.list("s1") == ()  # every thread of a session: on the thread
+    await broker.inbox.append(_item("b"))  # writes commit on the thread
+    assert len(hops) == 2
+
+
+async def test_a_read_while_the_thread_works_waits_its_turn_there(
+    make: Callable[..., SqliteBroker], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    broker = make()
+    await broker.inbox.append(_item("a"))
+    hops = _count_hops(broker, monkeypatch)
+    entered, release = asyncio.Event(), asyncio.Event()
+    loop = asyncio.get_running_loop()
+
+    def hold(db: Any) -> None:  # the thread is busy with a write
+        loop.call_soon_threadsafe(entered.set)
+        asyncio.run_coroutine_threadsafe(release.wait(), loop).result()
+
+    held = asyncio.ensure_future(broker._call(hold))
+    await entered.wait()
+    read = asyncio.ensure_future(broker.inbox.pending("s1"))
+    await asyncio.sleep(0.05)
+    assert not read.done()  # never beside the thread's use of the connection
+    assert len(hops) == 2
+    release.set()
+    await held
+    assert len(await read) == 1
+
+
+async def test_a_read_that_meets_another_connections_lock_runs_on_the_thread(
+    make: Callable[..., SqliteBroker], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    broker = make()
+    await broker.inbox.append(_item("a"))
+    hops = _count_hops(broker, monkeypatch)
+    db = broker._db
+    assert db is not None
+    locked = LockedOnTheLoop(db.conn)
+    monkeypatch.setattr(db, "conn", locked)
+    assert len(await broker.inbox.pending("s1")) == 1
+    assert len(hops) == 1  # refused on the loop, read on the thread (which may wait)
+    locked.locked = False
+    assert len(await broker.inbox.pending("s1")) == 1
+    assert len(hops) == 1

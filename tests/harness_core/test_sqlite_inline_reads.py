@@ -1,0 +1,106 @@
+"""SQLite reads on the event loop (D118): while the I/O thread is idle, never waiting.
+
+A storage's read runs on the loop when the repository's thread has nothing to do (the same rule
+as deferred writes), so the connection is never used by both at once; a read that meets another
+connection's lock goes to the thread, which waits for it while the loop keeps turning; a read
+of a whole session stays on the thread.
+"""
+
+from __future__ import annotations
+
+import asyncio
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from harness_core.session.types import EntryQuery
+from harness_core.storage.sqlite import SqliteSessionRepo, SqliteSessionStorage
+from harness_core.testing.builders import custom_entry
+from tests.support.sqlite_locks import LockedOnTheLoop
+
+pytestmark = pytest.mark.backends("sqlite")
+
+
+async def opened(tmp_path: Path) -> tuple[SqliteSessionRepo, SqliteSessionStorage]:
+    repo = SqliteSessionRepo(tmp_path / "store.db")
+    await repo.create("s")
+    lease = await repo.acquire_lease("s", owner="t", ttl_ms=60_000)
+    storage = await repo.open("s", lease=lease)
+    for n in range(3):
+        await storage.append_entry(custom_entry(f"e{n}"), "main")
+    return repo, storage
+
+
+def count_hops(repo: SqliteSessionRepo, monkeypatch: pytest.MonkeyPatch) -> list[object]:
+    hops: list[object] = []
+    submit = repo._executor.submit
+
+    def counted(fn: Any, *args: Any) -> Any:
+        hops.append(fn)
+        return submit(fn, *args)
+
+    monkeypatch.setattr(repo._executor, "submit", counted)
+    return hops
+
+
+async def test_bounded_reads_run_on_the_loop_while_the_thread_is_idle(
+    backend: str, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    repo, storage = await opened(tmp_path)
+    hops = count_hops(repo, monkeypatch)
+    stored = await storage.get_entry("e1")
+    assert stored is not None and stored.entry.id == "e1"
+    assert (await storage.get_stats()).entries == 3
+    assert (await storage.get_lane("main")) is not None
+    assert len(await storage.find_entries(EntryQuery(limit=2))) == 2
+    assert hops == []
+    # a whole session's reads stay on the thread
+    assert len(await storage.get_log()) >= 3
+    assert len(await storage.find_entries()) == 3
+    assert len(await storage.get_lanes()) == 1
+    assert len(hops) == 3
+    await repo.close()
+
+
+async def test_a_read_while_the_thread_works_waits_its_turn_there(
+    backend: str, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    repo, storage = await opened(tmp_path)
+    hops = count_hops(repo, monkeypatch)
+    entered, release = asyncio.Event(), asyncio.Event()
+    loop = asyncio.get_running_loop()
+
+    def hold(db: Any) -> None:  # the thread is busy (a commit, another read)
+        loop.call_soon_threadsafe(entered.set)
+        asyncio.run_coroutine_threadsafe(release.wait(), loop).result()
+
+    held = asyncio.ensure_future(repo.call(hold))
+    await entered.wait()
+    read = asyncio.ensure_future(storage.get_entry("e2"))
+    await asyncio.sleep(0.05)
+    assert not read.done()  # never beside the thread's use of the connection
+    assert len(hops) == 2
+    release.set()
+    await held
+    stored = await read
+    assert stored is not None and stored.entry.id == "e2"
+    await repo.close()
+
+
+async def test_a_read_that_meets_another_connections_lock_runs_on_the_thread(
+    backend: str, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    repo, storage = await opened(tmp_path)
+    hops = count_hops(repo, monkeypatch)
+    db = repo._db
+    assert db is not None
+    locked = LockedOnTheLoop(db.conn)
+    monkeypatch.setattr(db, "conn", locked)
+    stored = await storage.get_entry("e0")
+    assert stored is not None and stored.entry.id == "e0"
+    assert len(hops) == 1  # refused on the loop, read on the thread (which may wait)
+    locked.locked = False
+    assert (await storage.get_entry("e1")) is not None
+    assert len(hops) == 1  # the next read runs on the loop again
+    await repo.close()
