@@ -30,6 +30,9 @@ once it is idle for the visibility timeout), and a lost ready signal goes stale 
 visibility timeout (the next append, or the sweep that runs every few seconds, sends another).
 Claims, dedupe windows and waits run on the injected clock; the `XAUTOCLAIM` backstop on the
 server's. A shard read empty is not read again until its bell rings (or the next full scan).
+Likewise a deliverer looks only at the outbox shards where something may be claimable: those
+whose first due time or lease expiry has come, or which were rung (an enqueue, a retry, a
+redelivery) since it read them, and all of them every poll interval.
 
 redis-py's automatic retries are off (a retried write whose reply was lost could apply twice):
 a failed call raises ``BrokerError("storage")`` and its outcome is unknown. Durability is the
@@ -1034,6 +1037,14 @@ class _RedisOutbox:
         self._settled_retention_ms = settled_retention_ms
         self._dead_retention_ms = dead_retention_ms
         self._next_purge = 0
+        self._next: list[float | None] = [None] * core.shards
+        """Per shard: when something in it may next be claimable (its first due time or lease
+        expiry; inf: nothing), as `wait` read it; None: unknown (a claim changed it, or it
+        was never read)."""
+        self._read_at: list[tuple[int, int]] = [(0, 0)] * core.shards
+        """The outbox bell's position before each shard's `_next` was read."""
+        self._full_at = 0
+        """When `wait` last read every shard (a ring that was lost is found by the next one)."""
 
     def _k(self, delivery_id: str, *names: str) -> list[str]:
         shard = self._c.outbox_shard(delivery_id)
@@ -1048,9 +1059,33 @@ class _RedisOutbox:
             "outbox_enqueue", keys, [delivery_id, session, lane, _json(outbound), now_ms]
         )
         if new:
-            async with c.guard("wake"):
-                await c.outbox_bell.ring()
+            await self._ring(delivery_id)
         return bool(new)
+
+    async def _ring(self, delivery_id: str) -> None:
+        """Wake the deliverers: something in this delivery's shard may be due sooner."""
+        shard = self._c.outbox_shard(delivery_id)
+        self._next[shard] = None
+        async with self._c.guard("wake"):
+            await self._c.outbox_bell.ring(str(shard))
+
+    def _may_be_due(self, now_ms: int) -> list[int]:
+        """The shards a claim looks at: every one unless `wait`'s reading is fresh and heard.
+
+        A shard is skipped while its reading says nothing is claimable before a later time and
+        nothing was rung for it since (an enqueue, a retry, a redelivery ring it; a claim or a
+        settle only makes its reading early, which costs a look, never a miss). Without a
+        listener on the bell, or once a reading is older than the poll interval, all of them.
+        """
+        c = self._c
+        if not c.outbox_bell.listening or now_ms - self._full_at >= _POLL_MS:
+            return list(range(c.shards))
+        rung = c.outbox_bell.latest
+        return [
+            n
+            for n, at in enumerate(self._next)
+            if at is None or at <= now_ms or rung.get(str(n), (0, 0)) > self._read_at[n]
+        ]
 
     async def claim(
         self, worker: str, *, now_ms: int, limit: int, lease_ms: int
@@ -1060,6 +1095,9 @@ class _RedisOutbox:
             return ()
         await self._maybe_purge(now_ms)
         claimed: list[ClaimedDelivery] = []
+        shards = self._may_be_due(now_ms)
+        for n in shards:
+            self._next[n] = None  # this claim may change it: `wait` reads it again
         for _ in range(3):  # another deliverer may win some candidates: look again
             want = limit - len(claimed)
             peeks = await c.evals(
@@ -1069,7 +1107,7 @@ class _RedisOutbox:
                         [c.okey(n, "due"), c.okey(n, "leased"), c.okey(n, "pend")],
                         [now_ms, want],
                     )
-                    for n in range(c.shards)
+                    for n in shards
                 ]
             )
             candidates = sorted(
@@ -1129,8 +1167,7 @@ class _RedisOutbox:
         ]
         settled = bool(await self._c.eval("outbox_settle", keys, args))
         if settled and mode == "retry":
-            async with self._c.guard("wake"):
-                await self._c.outbox_bell.ring()
+            await self._ring(delivery_id)
         return settled
 
     async def settle_delivered(self, claimed: ClaimedDelivery, *, now_ms: int) -> bool:
@@ -1188,8 +1225,7 @@ class _RedisOutbox:
             return None
         delivery = _delivery(_pairs(flat))
         if delivery.status == "pending":
-            async with self._c.guard("wake"):
-                await self._c.outbox_bell.ring()
+            await self._ring(delivery_id)
         return delivery
 
     async def discard(self, delivery_id: str, *, now_ms: int) -> Delivery | None:
@@ -1238,20 +1274,30 @@ class _RedisOutbox:
         now = c.clock.now_ms()
         deadline = now + max(timeout_ms, 0)
         async with c.guard("wait"):
+            listening = c.outbox_bell.listening
             since = await c.outbox_bell.position()
+        # the shards a claim would look at (all of them now and then): read when each may
+        # next have something claimable
+        shards = self._may_be_due(now) if listening else list(range(c.shards))
 
         def build(pipe: _Pipe) -> None:
-            for n in range(c.shards):
+            for n in shards:
                 pipe.zrange(c.okey(n, "due"), 0, 0, withscores=True)
                 pipe.zrange(c.okey(n, "leased"), 0, 0, withscores=True)
 
         firsts = await c.reads(build)
-        times = [int(score) for rows in firsts for _, score in rows]
+        for i, n in enumerate(shards):
+            times = [float(score) for rows in firsts[2 * i : 2 * i + 2] for _, score in rows]
+            self._next[n] = min(times, default=float("inf"))
+            self._read_at[n] = since
+        if len(shards) == c.shards:
+            self._full_at = now
         now = c.clock.now_ms()
-        bound = min([deadline, *times])
+        known = [at for at in self._next if at is not None]
+        bound = min([deadline, *known]) if len(known) == c.shards else now
         if bound <= now:
             return
-        await _first(c.outbox_bell.after(since), _sleep_until(c.clock, bound))
+        await _first(c.outbox_bell.after(since), _sleep_until(c.clock, int(bound)))
 
     async def purge(self, *, now_ms: int) -> int:
         """Delete settled deliveries past their retention; returns how many."""

@@ -14,7 +14,13 @@ import redis
 from redis.crc import key_slot
 
 from gateway.broker.conformance import BrokerCase, BrokerFixture, broker_cases
-from gateway.broker.contract import Broker, BrokerError, NewAuditEvent, NewInboxItem
+from gateway.broker.contract import (
+    Broker,
+    BrokerError,
+    ClaimedDelivery,
+    NewAuditEvent,
+    NewInboxItem,
+)
 from gateway.broker.redis import RedisBroker
 from harness_core import SystemClock
 from harness_core.testing import ManualClock
@@ -484,3 +490,101 @@ async def test_a_session_deferred_by_one_process_is_taken_by_another_when_due(op
     assert again is not None
     assert again.session == "s1"
     assert 0.25 < took < 1.0, took
+
+
+# ---------------------------------------------------------------------------------------------
+# a deliverer looks only where something may be claimable
+
+
+def _count_peeks(broker: RedisBroker, monkeypatch: pytest.MonkeyPatch) -> list[int]:
+    """How many shards each claim peeked at (a list, one count per `evals` of peeks)."""
+    core = broker._core
+    evals = core.evals
+    counts: list[int] = []
+
+    async def counted(calls):
+        counts.append(sum(1 for name, _, _ in calls if name == "outbox_peek"))
+        return await evals(calls)
+
+    monkeypatch.setattr(core, "evals", counted)
+    return counts
+
+
+async def test_a_deliverer_peeks_only_at_the_shard_rung_by_an_enqueue(
+    open_redis, monkeypatch: pytest.MonkeyPatch
+):
+    deliverer = open_redis(clock=SystemClock())
+    other = open_redis(clock=SystemClock())  # another process enqueues
+    outbox = deliverer.outbox
+    peeks = _count_peeks(deliverer, monkeypatch)
+    now = SystemClock().now_ms()
+    assert await outbox.claim("d", now_ms=now, limit=8, lease_ms=60_000) == ()
+    assert peeks == [16]  # nothing known yet: every shard
+    waiting = asyncio.ensure_future(outbox.wait(5_000))  # reads when each shard may be due
+    await asyncio.sleep(0.1)
+    assert not waiting.done()
+    await other.outbox.enqueue("reply:x", "s1", "web:t1", {}, now_ms=SystemClock().now_ms())
+    await asyncio.wait_for(waiting, 5)  # the ring woke it
+    claimed = await outbox.claim("d", now_ms=SystemClock().now_ms(), limit=8, lease_ms=60_000)
+    assert [c.delivery.id for c in claimed] == ["reply:x"]
+    assert peeks[1:] == [1]  # only the rung shard
+    assert await outbox.claim("d", now_ms=SystemClock().now_ms(), limit=8, lease_ms=60_000) == ()
+    assert peeks[2:] == [1]  # the shard the last claim changed; the others are known empty
+
+
+async def test_a_retry_another_process_settles_is_claimed_when_due_not_at_its_lease_expiry(
+    open_redis,
+):
+    deliverer = open_redis(clock=SystemClock())
+    other = open_redis(clock=SystemClock())
+    clock = SystemClock()
+    await other.outbox.enqueue("reply:r", "s1", "web:t1", {}, now_ms=clock.now_ms())
+    (held,) = await other.outbox.claim("o", now_ms=clock.now_ms(), limit=1, lease_ms=60_000)
+    outbox = deliverer.outbox
+    assert await outbox.claim("d", now_ms=clock.now_ms(), limit=8, lease_ms=60_000) == ()
+    waiting = asyncio.ensure_future(outbox.wait(30_000))  # reads: the lease ends in 60 s
+    await asyncio.sleep(0.1)
+    assert not waiting.done()
+    loop = asyncio.get_running_loop()
+    started = loop.time()
+    await other.outbox.settle_retry(
+        held,
+        due_at_ms=clock.now_ms() + 300,
+        reason="x",
+        unknown_outcome=False,
+        now_ms=clock.now_ms(),
+    )
+    claimed: tuple[ClaimedDelivery, ...] = ()
+    while not claimed and loop.time() - started < 5:
+        await asyncio.wait_for(waiting, 5)
+        claimed = await outbox.claim("d", now_ms=clock.now_ms(), limit=8, lease_ms=60_000)
+        waiting = asyncio.ensure_future(outbox.wait(30_000))
+    waiting.cancel()
+    assert [c.delivery.id for c in claimed] == ["reply:r"]
+    assert 0.25 < loop.time() - started < 2.0
+
+
+async def test_an_enqueue_whose_ring_was_lost_is_found_by_the_next_full_look(
+    open_redis, monkeypatch: pytest.MonkeyPatch
+):
+    deliverer = open_redis(clock=SystemClock())
+    silent = open_redis(clock=SystemClock())
+
+    async def lost(hint: str = "") -> None:  # the wake-up never reached the server
+        return None
+
+    monkeypatch.setattr(silent._core.outbox_bell, "ring", lost)
+    clock = SystemClock()
+    outbox = deliverer.outbox
+    assert await outbox.claim("d", now_ms=clock.now_ms(), limit=8, lease_ms=60_000) == ()
+    await outbox.wait(0)  # every shard read: nothing anywhere
+    await silent.outbox.enqueue("reply:q", "s1", "web:t1", {}, now_ms=clock.now_ms())
+    loop = asyncio.get_running_loop()
+    started = loop.time()
+    claimed: tuple[ClaimedDelivery, ...] = ()
+    while not claimed and loop.time() - started < 5:  # a deliverer's loop, idle wait 200 ms
+        claimed = await outbox.claim("d", now_ms=clock.now_ms(), limit=8, lease_ms=60_000)
+        if not claimed:
+            await outbox.wait(200)
+    assert [c.delivery.id for c in claimed] == ["reply:q"]
+    assert loop.time() - started < 2.0  # within the poll interval (1 s) and a wait
