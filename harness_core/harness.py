@@ -1122,7 +1122,7 @@ class AgentHarness(AgentLane):
         harness = cls(runtime)
         runtime.usage_totals = (await options.storage.get_stats()).usage
         opened = await options.storage.find_open_operations(None)
-        names = sorted({"main", *(stored.record.lane for stored in opened)})
+        names = sorted({stored.record.lane for stored in opened})
         states = await asyncio.gather(
             *(restore_lane(options.storage, name) for name in names), return_exceptions=True
         )
