@@ -69,6 +69,10 @@ def _tools(effects: Path, who: str) -> list[Tool]:
     def effect(name: str) -> Any:
         async def run(args: Any, ctx: ToolContext) -> str:
             _record_effect(effects, name, ctx.idempotency_key, who)
+            # a tool takes a moment: with instant tools and model a turn is over so fast that
+            # kills land between operations as often as inside one (the soak wants inside:
+            # here, between an effect and its durable result)
+            await asyncio.sleep(0.002)
             return f"{name} done"
 
         return run
