@@ -1092,11 +1092,12 @@ class AgentHarness(AgentLane):
 
         Returns the harness and one `SuspendedOperation` per lane with an open operation. Its
         cost follows the open operations, not the session's lanes: they are found with one
-        read of the open-operation projection, and every other lane is restored on its first
-        use (see `AgentHarnessOptions.max_idle_lanes`). A lane whose log is a state no single
-        writer can produce (`RecordLogCorruption`) is restored *faulted* (here, or at its first
-        use for an idle lane): `lanes()` reports it with the reason, every call on it raises
-        `HarnessFault`, and the session's other lanes work normally.
+        read of the open-operation projection, and every other lane (``main``, the harness's
+        own, included) is restored on its first use (see `AgentHarnessOptions.max_idle_lanes`).
+        A lane whose log is a state no single writer can produce (`RecordLogCorruption`) is
+        restored *faulted* (here, or at its first use for an idle lane): `lanes()` reports it
+        with the reason, every call on it raises `HarnessFault`, and the session's other lanes
+        work normally.
         """
         clock = options.clock or SystemClock()
         bus = EventBus()
