@@ -523,6 +523,20 @@ class _Db:
         self.conn.close()
 
 
+def _read_committed(conn: sqlite3.Connection, fn: Callable[[sqlite3.Connection], _T]) -> _T | _Busy:
+    """Run reads in one snapshot of what is committed; `BUSY` if a lock stood in the way."""
+    try:
+        conn.execute("BEGIN")
+        try:
+            return fn(conn)
+        finally:
+            conn.execute("COMMIT")
+    except sqlite3.OperationalError as exc:
+        if is_busy(exc):
+            return BUSY
+        raise
+
+
 def _lease_row(c: sqlite3.Connection, session_id: str) -> LeaseRow | None:
     row = c.execute(
         "SELECT owner, token, ttl_ms, expires_at_ms FROM writer_leases WHERE session_id=?",
@@ -612,7 +626,7 @@ class SqliteSessionStorage:
         """Run a read; `whole`: of the whole session (unbounded), kept off the loop."""
         if self._closed:
             raise SessionError("closed", f"storage of session {self._sid!r} is closed")
-        return await self._repo.read(fn, inline=not whole)
+        return await self._repo.read(fn, inline=not whole, session=self._sid)
 
     async def _write(self, fn: Callable[[_Tx], _T]) -> _T:
         if self._closed:
@@ -1154,6 +1168,8 @@ class SqliteSessionRepo:
         self._jobs = 0
         """Calls submitted to the I/O thread and not yet returned to the loop."""
         self._db: _Db | None = None
+        self._reader: sqlite3.Connection | None = None
+        """A second connection, read-only and used only on the loop (`read`)."""
         self.writes: WriteQueue[_Op] = WriteQueue(self._write, self._inline)
         self.closed = False
 
@@ -1177,24 +1193,51 @@ class SqliteSessionRepo:
         except sqlite3.Error as exc:
             raise self._failed(exc) from exc
 
-    async def read(self, fn: Callable[[sqlite3.Connection], _T], *, inline: bool = True) -> _T:
-        """Run reads in one snapshot: on the loop while the I/O thread is idle, else there.
+    async def read(
+        self,
+        fn: Callable[[sqlite3.Connection], _T],
+        *,
+        inline: bool = True,
+        session: str | None = None,
+    ) -> _T:
+        """Run reads in one snapshot: on the loop when it can, else on the I/O thread.
 
-        A read of a few rows costs less than the hop to the I/O thread and back (D118). It
-        runs on the loop under the same rule as the deferred writes (`_inline`): only while
-        the thread has nothing to do, so the connection is never used by both at once; and it
-        never waits for a lock (`_Db.read_unless_busy`). `inline=False` keeps a read of a
-        whole session (a log export, a session-wide query) on the thread.
+        A read of a few rows costs less than the hop to the I/O thread and back (D118), and
+        more still when it would queue behind a commit's fsync there. While the thread is
+        idle the read runs on the loop on the connection itself, under the rule of the
+        deferred writes (`_inline`): never while the thread uses it. While the thread works, a
+        read of `session` runs on the loop on a second, read-only connection, if `session`
+        holds no deferred write in the open transaction: then what is committed is all that
+        was acknowledged, which is what that connection sees (D121). Neither ever waits for a
+        lock. `inline=False` keeps a read of a whole session (a log export, a session-wide
+        query) on the thread.
         """
         db = self._db
-        if inline and db is not None and not self._jobs and not self.closed:
+        if inline and db is not None and not self.closed:
             try:
-                result = db.read_unless_busy(fn)
+                if not self._jobs:
+                    result = db.read_unless_busy(fn)
+                elif session is not None and session not in db.pending and self._readable():
+                    result = _read_committed(self._reader_conn(), fn)
+                else:
+                    result = BUSY
             except sqlite3.Error as exc:
                 raise self._failed(exc) from exc
             if not isinstance(result, _Busy):
                 return result
         return await self.call(lambda db: db.read(fn), keep_open=True)
+
+    def _readable(self) -> bool:
+        """Whether a second connection sees this database (not so for ``:memory:``)."""
+        return str(self.path) != ":memory:"
+
+    def _reader_conn(self) -> sqlite3.Connection:
+        if self._reader is None:
+            conn = sqlite3.connect(self.path, isolation_level=None)
+            conn.execute("PRAGMA busy_timeout=0")  # on the loop: never waits
+            conn.execute("PRAGMA query_only=1")
+            self._reader = conn
+        return self._reader
 
     async def _write(self, ops: Sequence[_Op]) -> list[Any]:
         """Run a batch of writes: inline when it can (`_inline`), else on the I/O thread."""
@@ -1396,6 +1439,9 @@ class SqliteSessionRepo:
             return
         await self.writes.drain()
         self.closed = True
+        if self._reader is not None:
+            self._reader.close()
+            self._reader = None
 
         def shut() -> None:
             if self._db is not None:

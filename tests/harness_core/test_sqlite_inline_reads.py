@@ -14,6 +14,7 @@ from typing import Any
 
 import pytest
 
+from harness_core.session.durability import deferred_durability
 from harness_core.session.types import EntryQuery
 from harness_core.storage.sqlite import SqliteSessionRepo, SqliteSessionStorage
 from harness_core.testing.builders import custom_entry
@@ -63,28 +64,53 @@ async def test_bounded_reads_run_on_the_loop_while_the_thread_is_idle(
     await repo.close()
 
 
-async def test_a_read_while_the_thread_works_waits_its_turn_there(
+def hold_the_thread(repo: SqliteSessionRepo) -> tuple[asyncio.Future[None], asyncio.Event]:
+    """Keep the repository's I/O thread busy (as a commit's fsync would) until the event."""
+    entered, release = asyncio.Event(), asyncio.Event()
+    loop = asyncio.get_running_loop()
+
+    def hold(db: Any) -> None:
+        loop.call_soon_threadsafe(entered.set)
+        asyncio.run_coroutine_threadsafe(release.wait(), loop).result()
+
+    held = asyncio.ensure_future(repo.call(hold, keep_open=True))
+    return held, release
+
+
+async def test_a_read_while_the_thread_works_runs_on_the_reader_connection(
     backend: str, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     repo, storage = await opened(tmp_path)
     hops = count_hops(repo, monkeypatch)
-    entered, release = asyncio.Event(), asyncio.Event()
-    loop = asyncio.get_running_loop()
-
-    def hold(db: Any) -> None:  # the thread is busy (a commit, another read)
-        loop.call_soon_threadsafe(entered.set)
-        asyncio.run_coroutine_threadsafe(release.wait(), loop).result()
-
-    held = asyncio.ensure_future(repo.call(hold))
-    await entered.wait()
-    read = asyncio.ensure_future(storage.get_entry("e2"))
+    held, release = hold_the_thread(repo)
     await asyncio.sleep(0.05)
-    assert not read.done()  # never beside the thread's use of the connection
+    # the session holds no deferred write: what is committed is all that was acknowledged
+    stored = await asyncio.wait_for(storage.get_entry("e2"), 5)
+    assert stored is not None and stored.entry.id == "e2"
+    assert (await storage.get_stats()).entries == 3
+    assert len(hops) == 1  # only the held call: the reads did not queue behind it
+    release.set()
+    await held
+    await repo.close()
+
+
+async def test_a_read_of_a_session_with_deferred_writes_waits_for_the_thread(
+    backend: str, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    repo, storage = await opened(tmp_path)
+    with deferred_durability():  # acknowledged, in the open transaction, not committed
+        await storage.append_entry(custom_entry("e3"), "main")
+    hops = count_hops(repo, monkeypatch)
+    held, release = hold_the_thread(repo)
+    await asyncio.sleep(0.05)
+    read = asyncio.ensure_future(storage.get_entry("e3"))
+    await asyncio.sleep(0.05)
+    assert not read.done()  # a committed view would miss its own write: it waits its turn
     assert len(hops) == 2
     release.set()
     await held
     stored = await read
-    assert stored is not None and stored.entry.id == "e2"
+    assert stored is not None and stored.entry.id == "e3"  # a storage sees its own writes
     await repo.close()
 
 
