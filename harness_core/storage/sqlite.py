@@ -8,7 +8,9 @@ loses nothing acknowledged; power loss may lose the last transactions) or ``FULL
 acknowledged is lost, slower). All SQLite calls run one at a time in submission order, so
 concurrent writes from many lanes resolve in commit order: on one thread per repository, except
 deferred writes and a storage's reads while that thread is idle, which run on the event loop
-(they never wait: D113, D115, D117, D118); commits always run on the thread.
+(they never wait: D113, D115, D117, D118); commits always run on the thread. While it works, a
+read of a session holding no deferred write runs on the loop on a second, read-only connection
+(D121).
 
 Restore reads are index seeks plus bounded scans: open operations come from their own table,
 an operation's records from ``(session_id, lane, seq)``, a lane's records of one type (or
