@@ -6,14 +6,13 @@ import asyncio
 import sqlite3
 from collections.abc import AsyncIterator, Callable
 from pathlib import Path
-from typing import Any
 
 import pytest
 
 from gateway.broker.contract import BrokerError, NewInboxItem
 from gateway.broker.sqlite import SqliteBroker
 from harness_core.testing import ManualClock
-from tests.support.sqlite_locks import LockedOnTheLoop
+from tests.support.sqlite_threads import LockedOnTheLoop, count_hops, hold_the_thread
 
 DAY = 86_400_000
 
@@ -220,24 +219,12 @@ async def test_claims_are_recorded_with_their_owner(
     ]
 
 
-def _count_hops(broker: SqliteBroker, monkeypatch: pytest.MonkeyPatch) -> list[object]:
-    hops: list[object] = []
-    submit = broker._executor.submit
-
-    def counted(fn: Any, *args: Any) -> Any:
-        hops.append(fn)
-        return submit(fn, *args)
-
-    monkeypatch.setattr(broker._executor, "submit", counted)
-    return hops
-
-
 async def test_reads_run_on_the_loop_while_the_thread_is_idle(
     make: Callable[..., SqliteBroker], monkeypatch: pytest.MonkeyPatch
 ) -> None:
     broker = make()
     await broker.inbox.append(_item("a"))
-    hops = _count_hops(broker, monkeypatch)
+    hops = count_hops(broker._executor, monkeypatch)
     assert [item.dedupe_key for item in await broker.inbox.pending("s1")] == ["a"]
     assert await broker.marks.get("m") is None
     assert await broker.threads.get("s1", "web:t") is None
@@ -252,16 +239,8 @@ async def test_a_read_while_the_thread_works_waits_its_turn_there(
 ) -> None:
     broker = make()
     await broker.inbox.append(_item("a"))
-    hops = _count_hops(broker, monkeypatch)
-    entered, release = asyncio.Event(), asyncio.Event()
-    loop = asyncio.get_running_loop()
-
-    def hold(db: Any) -> None:  # the thread is busy with a write
-        loop.call_soon_threadsafe(entered.set)
-        asyncio.run_coroutine_threadsafe(release.wait(), loop).result()
-
-    held = asyncio.ensure_future(broker._call(hold))
-    await entered.wait()
+    hops = count_hops(broker._executor, monkeypatch)
+    held, release = await hold_the_thread(broker._call)  # busy with a write
     read = asyncio.ensure_future(broker.inbox.pending("s1"))
     await asyncio.sleep(0.05)
     assert not read.done()  # never beside the thread's use of the connection
@@ -276,7 +255,7 @@ async def test_a_read_that_meets_another_connections_lock_runs_on_the_thread(
 ) -> None:
     broker = make()
     await broker.inbox.append(_item("a"))
-    hops = _count_hops(broker, monkeypatch)
+    hops = count_hops(broker._executor, monkeypatch)
     db = broker._db
     assert db is not None
     locked = LockedOnTheLoop(db.conn)

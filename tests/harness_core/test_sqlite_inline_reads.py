@@ -10,7 +10,6 @@ from __future__ import annotations
 
 import asyncio
 from pathlib import Path
-from typing import Any
 
 import pytest
 
@@ -18,7 +17,7 @@ from harness_core.session.durability import deferred_durability
 from harness_core.session.types import EntryQuery
 from harness_core.storage.sqlite import SqliteSessionRepo, SqliteSessionStorage
 from harness_core.testing.builders import custom_entry
-from tests.support.sqlite_locks import LockedOnTheLoop
+from tests.support.sqlite_threads import LockedOnTheLoop, count_hops, hold_the_thread
 
 pytestmark = pytest.mark.backends("sqlite")
 
@@ -33,23 +32,11 @@ async def opened(tmp_path: Path) -> tuple[SqliteSessionRepo, SqliteSessionStorag
     return repo, storage
 
 
-def count_hops(repo: SqliteSessionRepo, monkeypatch: pytest.MonkeyPatch) -> list[object]:
-    hops: list[object] = []
-    submit = repo._executor.submit
-
-    def counted(fn: Any, *args: Any) -> Any:
-        hops.append(fn)
-        return submit(fn, *args)
-
-    monkeypatch.setattr(repo._executor, "submit", counted)
-    return hops
-
-
 async def test_bounded_reads_run_on_the_loop_while_the_thread_is_idle(
     backend: str, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     repo, storage = await opened(tmp_path)
-    hops = count_hops(repo, monkeypatch)
+    hops = count_hops(repo._executor, monkeypatch)
     stored = await storage.get_entry("e1")
     assert stored is not None and stored.entry.id == "e1"
     assert (await storage.get_stats()).entries == 3
@@ -64,26 +51,12 @@ async def test_bounded_reads_run_on_the_loop_while_the_thread_is_idle(
     await repo.close()
 
 
-def hold_the_thread(repo: SqliteSessionRepo) -> tuple[asyncio.Future[None], asyncio.Event]:
-    """Keep the repository's I/O thread busy (as a commit's fsync would) until the event."""
-    entered, release = asyncio.Event(), asyncio.Event()
-    loop = asyncio.get_running_loop()
-
-    def hold(db: Any) -> None:
-        loop.call_soon_threadsafe(entered.set)
-        asyncio.run_coroutine_threadsafe(release.wait(), loop).result()
-
-    held = asyncio.ensure_future(repo.call(hold, keep_open=True))
-    return held, release
-
-
 async def test_a_read_while_the_thread_works_runs_on_the_reader_connection(
     backend: str, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     repo, storage = await opened(tmp_path)
-    hops = count_hops(repo, monkeypatch)
-    held, release = hold_the_thread(repo)
-    await asyncio.sleep(0.05)
+    hops = count_hops(repo._executor, monkeypatch)
+    held, release = await hold_the_thread(lambda hold: repo.call(hold, keep_open=True))
     # the session holds no deferred write: what is committed is all that was acknowledged
     stored = await asyncio.wait_for(storage.get_entry("e2"), 5)
     assert stored is not None and stored.entry.id == "e2"
@@ -100,9 +73,8 @@ async def test_a_read_of_a_session_with_deferred_writes_waits_for_the_thread(
     repo, storage = await opened(tmp_path)
     with deferred_durability():  # acknowledged, in the open transaction, not committed
         await storage.append_entry(custom_entry("e3"), "main")
-    hops = count_hops(repo, monkeypatch)
-    held, release = hold_the_thread(repo)
-    await asyncio.sleep(0.05)
+    hops = count_hops(repo._executor, monkeypatch)
+    held, release = await hold_the_thread(lambda hold: repo.call(hold, keep_open=True))
     read = asyncio.ensure_future(storage.get_entry("e3"))
     await asyncio.sleep(0.05)
     assert not read.done()  # a committed view would miss its own write: it waits its turn
@@ -118,7 +90,7 @@ async def test_a_read_that_meets_another_connections_lock_runs_on_the_thread(
     backend: str, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     repo, storage = await opened(tmp_path)
-    hops = count_hops(repo, monkeypatch)
+    hops = count_hops(repo._executor, monkeypatch)
     db = repo._db
     assert db is not None
     locked = LockedOnTheLoop(db.conn)

@@ -29,6 +29,7 @@ from harness_core.storage.jsonl import JsonlSessionRepo
 from harness_core.storage.sqlite import SqliteSessionRepo
 from harness_core.testing.builders import custom_entry
 from tests.support.batch_kill import open_harness
+from tests.support.sqlite_threads import count_hops
 
 ROOT = Path(__file__).resolve().parents[2]
 
@@ -347,14 +348,7 @@ async def test_deferred_writes_into_an_open_transaction_skip_the_io_thread(
     repo = SqliteSessionRepo(tmp_path / "store.db", synchronous="full")
     harness, tracker = await tool_turns(repo)
     assert isinstance(await harness.prompt("warm"), hc.Ok)
-    hops: list[object] = []
-    submit = repo._executor.submit
-
-    def counted(fn: Any, *args: Any) -> Any:
-        hops.append(fn)
-        return submit(fn, *args)
-
-    monkeypatch.setattr(repo._executor, "submit", counted)
+    hops = count_hops(repo._executor, monkeypatch)
     flushes: list[object] = []
     flush = repo.writes._flush
 
