@@ -4,8 +4,9 @@ Like the store's SQLite backend (D13): stdlib `sqlite3`, one connection on one t
 broker, WAL, ``synchronous=NORMAL`` by default (``full`` fsyncs every commit). Every mutation is
 a function run on that thread; mutations queued while a transaction is in flight join the next
 one (group commit), each in its own savepoint, so a failed one leaves no trace while the others
-commit. A call returns once its transaction committed. Reads run on the event loop instead
-while that thread is idle, never waiting for a lock (D118).
+commit. A call returns once its transaction committed. Reads run on the event loop instead,
+never waiting for a lock: on that connection while the thread is idle (D118), else on a second,
+read-only one (D121).
 
 Tables: `inbox` (one row per item, its dedupe key unique), `session_claims` (a row per session
 that may have pending items: ready since ``available_at_ms``, or handed to ``owner`` under
@@ -54,7 +55,7 @@ from gateway.broker.contract import (
 from harness_core import Clock, IdGenerator, SystemClock, Uuid7Ids
 from harness_core.frozen import FrozenJsonObject
 from harness_core.storage import WriteQueue
-from harness_core.storage.sqlite_busy import BusyTimeout, is_busy
+from harness_core.storage.sqlite_busy import BusyTimeout, is_busy, open_reader, read_committed
 
 __all__ = ["SqliteBroker", "Synchronous"]
 
@@ -370,6 +371,8 @@ class SqliteBroker(BrokerParts):
         self._busy_timeout_ms = busy_timeout_ms
         self._executor = ThreadPoolExecutor(max_workers=1, thread_name_prefix="sqlite-broker")
         self._db: _Db | None = None
+        self._reader: sqlite3.Connection | None = None
+        """A second connection, read-only and used only on the loop (`read`)."""
         self._jobs = 0
         """Calls submitted to the I/O thread and not yet returned to the loop."""
         self._writes = WriteQueue[_Op](
@@ -408,17 +411,27 @@ class SqliteBroker(BrokerParts):
             self._jobs -= 1
 
     async def read(self, fn: Callable[[sqlite3.Connection], _T], *, whole: bool = False) -> _T:
-        """Run reads in one snapshot: on the loop while the broker's thread is idle, else there.
+        """Run reads in one snapshot: on the loop when it can, else on the broker's thread.
 
-        As the store's reads (D118): a read of a few rows costs less than the hop to the thread
-        and back; it never runs beside the thread's use of the connection, never waits for a
-        lock (met one: it runs on the thread, which waits), and `whole` (every thread of a
-        session) keeps an unbounded read on the thread.
+        As the store's reads (D118, D121): a read of a few rows costs less than the hop to the
+        thread and back. While the thread is idle it runs on the connection itself (never
+        beside the thread's use of it); while the thread works, on a second, read-only
+        connection: every mutation of this broker is committed before it returns, so what is
+        committed is all that was acknowledged. Neither waits for a lock (met one: the read
+        runs on the thread, which waits); `whole` (every thread of a session) keeps an
+        unbounded read on the thread.
         """
         db = self._db
-        if not whole and db is not None and not self._jobs and not self.closed:
+        if not whole and db is not None and not self.closed:
             try:
-                done, result = db.read_unless_busy(fn)
+                if not self._jobs:
+                    done, result = db.read_unless_busy(fn)
+                elif str(self.path) != ":memory:":  # a second connection would see another
+                    if self._reader is None:
+                        self._reader = open_reader(self.path)
+                    done, result = read_committed(self._reader, fn)
+                else:
+                    done, result = False, None
             except sqlite3.Error as exc:
                 raise BrokerError("storage", f"sqlite error on {self.path}: {exc}") from exc
             if done:
@@ -519,6 +532,9 @@ class SqliteBroker(BrokerParts):
         self.closed = True
         self.sessions_ready.fire()  # waiters see `closed` and return
         self.deliveries_due.fire()
+        if self._reader is not None:
+            self._reader.close()
+            self._reader = None
 
         def shut() -> None:
             if self._db is not None:

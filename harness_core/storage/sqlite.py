@@ -33,14 +33,13 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
-import enum
 import sqlite3
 from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 from importlib import resources
 from pathlib import Path
-from typing import Any, Final, Literal, TypeVar
+from typing import Any, Literal, TypeVar, cast
 
 from harness_core.clock import Clock, SystemClock
 from harness_core.errors import SessionError
@@ -98,7 +97,7 @@ from harness_core.storage._slice import (
     leaf_mismatch,
     single_open_operation,
 )
-from harness_core.storage.sqlite_busy import BusyTimeout, is_busy
+from harness_core.storage.sqlite_busy import BusyTimeout, is_busy, open_reader, read_committed
 
 __all__ = ["SqliteSessionRepo", "SqliteSessionStorage", "Synchronous"]
 
@@ -288,14 +287,6 @@ class _Tx:
         return expires
 
 
-class _Busy(enum.Enum):
-    BUSY = "busy"
-
-
-BUSY: Final = _Busy.BUSY
-"""A read on the loop met another connection's lock: it runs again on the I/O thread."""
-
-
 @dataclass(frozen=True, slots=True)
 class _Written:
     """A committed mutation's result, and the lease expiry its batch set (None: unchanged)."""
@@ -381,18 +372,18 @@ class _Db:
         finally:
             self.conn.execute("COMMIT")
 
-    def read_unless_busy(self, fn: Callable[[sqlite3.Connection], _T]) -> _T | _Busy:
-        """`read` without waiting: `BUSY` if another connection's lock stood in the way.
+    def read_unless_busy(self, fn: Callable[[sqlite3.Connection], _T]) -> tuple[bool, _T | None]:
+        """`read` without waiting: (False, None) if another connection's lock stood in the way.
 
         A WAL reader waits only in rare moments (another connection recovering the WAL, or
         restarting it); then the caller goes to the I/O thread, which waits the configured time.
         """
         self.busy.waits(False)
         try:
-            return self.read(fn)
+            return True, self.read(fn)
         except sqlite3.OperationalError as exc:
             if is_busy(exc):
-                return BUSY
+                return False, None
             raise
 
     def write_batch(self, ops: Sequence[_Op], now: int) -> list[Any]:
@@ -523,20 +514,6 @@ class _Db:
         with contextlib.suppress(sqlite3.Error):
             self.commit()  # deferred writes were applied and acknowledged: keep them
         self.conn.close()
-
-
-def _read_committed(conn: sqlite3.Connection, fn: Callable[[sqlite3.Connection], _T]) -> _T | _Busy:
-    """Run reads in one snapshot of what is committed; `BUSY` if a lock stood in the way."""
-    try:
-        conn.execute("BEGIN")
-        try:
-            return fn(conn)
-        finally:
-            conn.execute("COMMIT")
-    except sqlite3.OperationalError as exc:
-        if is_busy(exc):
-            return BUSY
-        raise
 
 
 def _lease_row(c: sqlite3.Connection, session_id: str) -> LeaseRow | None:
@@ -1218,28 +1195,22 @@ class SqliteSessionRepo:
         if inline and db is not None and not self.closed:
             try:
                 if not self._jobs:
-                    result = db.read_unless_busy(fn)
+                    done, result = db.read_unless_busy(fn)
                 elif session is not None and session not in db.pending and self._readable():
-                    result = _read_committed(self._reader_conn(), fn)
+                    if self._reader is None:
+                        self._reader = open_reader(self.path)
+                    done, result = read_committed(self._reader, fn)
                 else:
-                    result = BUSY
+                    done, result = False, None
+                if done:
+                    return cast(_T, result)
             except sqlite3.Error as exc:
                 raise self._failed(exc) from exc
-            if not isinstance(result, _Busy):
-                return result
         return await self.call(lambda db: db.read(fn), keep_open=True)
 
     def _readable(self) -> bool:
         """Whether a second connection sees this database (not so for ``:memory:``)."""
         return str(self.path) != ":memory:"
-
-    def _reader_conn(self) -> sqlite3.Connection:
-        if self._reader is None:
-            conn = sqlite3.connect(self.path, isolation_level=None)
-            conn.execute("PRAGMA busy_timeout=0")  # on the loop: never waits
-            conn.execute("PRAGMA query_only=1")
-            self._reader = conn
-        return self._reader
 
     async def _write(self, ops: Sequence[_Op]) -> list[Any]:
         """Run a batch of writes: inline when it can (`_inline`), else on the I/O thread."""

@@ -3,15 +3,20 @@
 A repository's connection runs on its I/O thread, where a statement may wait up to the busy
 timeout for another process's lock, and, while that thread is idle, on the event loop, where
 nothing may wait (D117, D118). `BusyTimeout` switches the timeout between the two; `is_busy`
-tells a refusal for a lock from any other error.
+tells a refusal for a lock from any other error. While the I/O thread works, reads of what is
+committed can run on the loop on a second connection (`open_reader`, `read_committed`: D121).
 """
 
 from __future__ import annotations
 
 import sqlite3
-from typing import Final
+from collections.abc import Callable
+from pathlib import Path
+from typing import Final, TypeVar
 
-__all__ = ["BusyTimeout", "is_busy"]
+__all__ = ["BusyTimeout", "is_busy", "open_reader", "read_committed"]
+
+_T = TypeVar("_T")
 
 _SQLITE_BUSY: Final = 5
 _SQLITE_LOCKED: Final = 6
@@ -41,3 +46,31 @@ class BusyTimeout:
         if self._now != ms:
             self._conn.execute(f"PRAGMA busy_timeout={ms}")
             self._now = ms
+
+
+def open_reader(path: Path) -> sqlite3.Connection:
+    """A read-only connection for the loop: it never waits for a lock, and cannot write."""
+    conn = sqlite3.connect(path, isolation_level=None)
+    conn.execute("PRAGMA busy_timeout=0")
+    conn.execute("PRAGMA query_only=1")
+    return conn
+
+
+def read_committed(
+    conn: sqlite3.Connection, fn: Callable[[sqlite3.Connection], _T]
+) -> tuple[bool, _T | None]:
+    """Run `fn` in one snapshot of what is committed, never waiting.
+
+    (True, its result), or (False, None) if another connection's lock stood in the way: the
+    caller reads on its I/O thread instead, which waits.
+    """
+    try:
+        conn.execute("BEGIN")
+        try:
+            return True, fn(conn)
+        finally:
+            conn.execute("COMMIT")
+    except sqlite3.OperationalError as exc:
+        if is_busy(exc):
+            return False, None
+        raise
