@@ -1293,8 +1293,8 @@ class _RedisOutbox:
         if len(shards) == c.shards:
             self._full_at = now
         now = c.clock.now_ms()
-        known = [at for at in self._next if at is not None]
-        bound = min([deadline, *known]) if len(known) == c.shards else now
+        # every shard is known now: those just read, and those `_may_be_due` left out
+        bound = min([deadline, *(at for at in self._next if at is not None)])
         if bound <= now:
             return
         await _first(c.outbox_bell.after(since), _sleep_until(c.clock, int(bound)))

@@ -55,7 +55,7 @@ from gateway.broker.contract import (
 from harness_core import Clock, IdGenerator, SystemClock, Uuid7Ids
 from harness_core.frozen import FrozenJsonObject
 from harness_core.storage import WriteQueue
-from harness_core.storage.sqlite_busy import BusyTimeout, is_busy, open_reader, read_committed
+from harness_core.storage.sqlite_busy import BusyTimeout, CommittedReader, unless_busy
 
 __all__ = ["SqliteBroker", "Synchronous"]
 
@@ -272,12 +272,7 @@ class _Db:
     def read_unless_busy(self, fn: Callable[[sqlite3.Connection], _T]) -> tuple[bool, _T | None]:
         """`read` without waiting: (False, None) if another connection's lock stood in the way."""
         self.busy.waits(False)
-        try:
-            return True, self.read(fn)
-        except sqlite3.OperationalError as exc:
-            if is_busy(exc):
-                return False, None
-            raise
+        return unless_busy(lambda: self.read(fn))
 
     def write_batch(self, ops: Sequence[_Op], now: int) -> list[Any]:
         """Run queued mutations in one transaction (group commit); one result or error each.
@@ -371,8 +366,8 @@ class SqliteBroker(BrokerParts):
         self._busy_timeout_ms = busy_timeout_ms
         self._executor = ThreadPoolExecutor(max_workers=1, thread_name_prefix="sqlite-broker")
         self._db: _Db | None = None
-        self._reader: sqlite3.Connection | None = None
-        """A second connection, read-only and used only on the loop (`read`)."""
+        self._reader = CommittedReader(self.path)
+        """Used only on the loop (`read`)."""
         self._jobs = 0
         """Calls submitted to the I/O thread and not yet returned to the loop."""
         self._writes = WriteQueue[_Op](
@@ -426,12 +421,8 @@ class SqliteBroker(BrokerParts):
             try:
                 if not self._jobs:
                     done, result = db.read_unless_busy(fn)
-                elif str(self.path) != ":memory:":  # a second connection would see another
-                    if self._reader is None:
-                        self._reader = open_reader(self.path)
-                    done, result = read_committed(self._reader, fn)
                 else:
-                    done, result = False, None
+                    done, result = self._reader.read(fn)
             except sqlite3.Error as exc:
                 raise BrokerError("storage", f"sqlite error on {self.path}: {exc}") from exc
             if done:
@@ -532,9 +523,7 @@ class SqliteBroker(BrokerParts):
         self.closed = True
         self.sessions_ready.fire()  # waiters see `closed` and return
         self.deliveries_due.fire()
-        if self._reader is not None:
-            self._reader.close()
-            self._reader = None
+        self._reader.close()
 
         def shut() -> None:
             if self._db is not None:

@@ -97,7 +97,7 @@ from harness_core.storage._slice import (
     leaf_mismatch,
     single_open_operation,
 )
-from harness_core.storage.sqlite_busy import BusyTimeout, is_busy, open_reader, read_committed
+from harness_core.storage.sqlite_busy import BusyTimeout, CommittedReader, unless_busy
 
 __all__ = ["SqliteSessionRepo", "SqliteSessionStorage", "Synchronous"]
 
@@ -379,12 +379,7 @@ class _Db:
         restarting it); then the caller goes to the I/O thread, which waits the configured time.
         """
         self.busy.waits(False)
-        try:
-            return True, self.read(fn)
-        except sqlite3.OperationalError as exc:
-            if is_busy(exc):
-                return False, None
-            raise
+        return unless_busy(lambda: self.read(fn))
 
     def write_batch(self, ops: Sequence[_Op], now: int) -> list[Any]:
         """Run queued mutations in one transaction (group commit); one result or error each.
@@ -1147,8 +1142,8 @@ class SqliteSessionRepo:
         self._jobs = 0
         """Calls submitted to the I/O thread and not yet returned to the loop."""
         self._db: _Db | None = None
-        self._reader: sqlite3.Connection | None = None
-        """A second connection, read-only and used only on the loop (`read`)."""
+        self._reader = CommittedReader(self.path)
+        """Used only on the loop (`read`)."""
         self.writes: WriteQueue[_Op] = WriteQueue(self._write, self._inline)
         self.closed = False
 
@@ -1196,10 +1191,8 @@ class SqliteSessionRepo:
             try:
                 if not self._jobs:
                     done, result = db.read_unless_busy(fn)
-                elif session is not None and session not in db.pending and self._readable():
-                    if self._reader is None:
-                        self._reader = open_reader(self.path)
-                    done, result = read_committed(self._reader, fn)
+                elif session is not None and session not in db.pending:
+                    done, result = self._reader.read(fn)
                 else:
                     done, result = False, None
                 if done:
@@ -1207,10 +1200,6 @@ class SqliteSessionRepo:
             except sqlite3.Error as exc:
                 raise self._failed(exc) from exc
         return await self.call(lambda db: db.read(fn), keep_open=True)
-
-    def _readable(self) -> bool:
-        """Whether a second connection sees this database (not so for ``:memory:``)."""
-        return str(self.path) != ":memory:"
 
     async def _write(self, ops: Sequence[_Op]) -> list[Any]:
         """Run a batch of writes: inline when it can (`_inline`), else on the I/O thread."""
@@ -1412,9 +1401,7 @@ class SqliteSessionRepo:
             return
         await self.writes.drain()
         self.closed = True
-        if self._reader is not None:
-            self._reader.close()
-            self._reader = None
+        self._reader.close()
 
         def shut() -> None:
             if self._db is not None:

@@ -4,7 +4,7 @@ A repository's connection runs on its I/O thread, where a statement may wait up 
 timeout for another process's lock, and, while that thread is idle, on the event loop, where
 nothing may wait (D117, D118). `BusyTimeout` switches the timeout between the two; `is_busy`
 tells a refusal for a lock from any other error. While the I/O thread works, reads of what is
-committed can run on the loop on a second connection (`open_reader`, `read_committed`: D121).
+committed can run on the loop on a second connection (`CommittedReader`: D121).
 """
 
 from __future__ import annotations
@@ -14,7 +14,7 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Final, TypeVar
 
-__all__ = ["BusyTimeout", "is_busy", "open_reader", "read_committed"]
+__all__ = ["BusyTimeout", "CommittedReader", "is_busy", "unless_busy"]
 
 _T = TypeVar("_T")
 
@@ -48,29 +48,52 @@ class BusyTimeout:
             self._now = ms
 
 
-def open_reader(path: Path) -> sqlite3.Connection:
-    """A read-only connection for the loop: it never waits for a lock, and cannot write."""
-    conn = sqlite3.connect(path, isolation_level=None)
-    conn.execute("PRAGMA busy_timeout=0")
-    conn.execute("PRAGMA query_only=1")
-    return conn
+def unless_busy(read: Callable[[], _T]) -> tuple[bool, _T | None]:
+    """Run `read`, never waiting: (True, its result) or (False, None).
 
-
-def read_committed(
-    conn: sqlite3.Connection, fn: Callable[[sqlite3.Connection], _T]
-) -> tuple[bool, _T | None]:
-    """Run `fn` in one snapshot of what is committed, never waiting.
-
-    (True, its result), or (False, None) if another connection's lock stood in the way: the
-    caller reads on its I/O thread instead, which waits.
+    (False, None) when another connection's lock stood in the way: the caller then reads on its
+    I/O thread, which waits.
     """
     try:
-        conn.execute("BEGIN")
-        try:
-            return True, fn(conn)
-        finally:
-            conn.execute("COMMIT")
+        return True, read()
     except sqlite3.OperationalError as exc:
         if is_busy(exc):
             return False, None
         raise
+
+
+class CommittedReader:
+    """A second, read-only connection for the loop: snapshots of what is committed (D121).
+
+    Opened on first use; it never waits for a lock and cannot write. An in-memory database has
+    none (a second connection would open another database): every read is refused.
+    """
+
+    def __init__(self, path: Path) -> None:
+        self._path = path
+        self._conn: sqlite3.Connection | None = None
+
+    def read(self, fn: Callable[[sqlite3.Connection], _T]) -> tuple[bool, _T | None]:
+        """`fn` in one snapshot, never waiting: as `unless_busy`."""
+        if str(self._path) == ":memory:":
+            return False, None
+        if self._conn is None:
+            self._conn = sqlite3.connect(self._path, isolation_level=None)
+            self._conn.execute("PRAGMA busy_timeout=0")
+            self._conn.execute("PRAGMA query_only=1")
+        conn = self._conn
+
+        def snapshot() -> _T:
+            conn.execute("BEGIN")
+            try:
+                return fn(conn)
+            finally:
+                conn.execute("COMMIT")
+
+        return unless_busy(snapshot)
+
+    def close(self) -> None:
+        """Close the connection (a later read opens it again)."""
+        if self._conn is not None:
+            self._conn.close()
+            self._conn = None
