@@ -1,9 +1,11 @@
-"""SQLite reads on the event loop (D118): while the I/O thread is idle, never waiting.
+"""SQLite reads on the event loop, never waiting (D118, D121).
 
 A storage's read runs on the loop when the repository's thread has nothing to do (the same rule
-as deferred writes), so the connection is never used by both at once; a read that meets another
-connection's lock goes to the thread, which waits for it while the loop keeps turning; a read
-of a whole session stays on the thread.
+as deferred writes), so the connection is never used by both at once; while the thread works,
+a read of a session holding no deferred write runs on a second, read-only connection, and one
+holding a deferred write waits its turn (it must see that write); a read that meets another
+connection's lock goes to the thread, which waits for it; a read of a whole session stays on
+the thread.
 """
 
 from __future__ import annotations

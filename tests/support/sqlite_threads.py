@@ -51,7 +51,7 @@ class LockedOnTheLoop:
 
     A WAL reader meets one only in rare moments (another connection recovering the WAL), which
     a test cannot bring about on demand: here every statement run on the loop's thread is
-    refused as SQLite refuses it then, until `lift`.
+    refused as SQLite refuses it then, until `locked` is set to False.
     """
 
     def __init__(self, conn: sqlite3.Connection) -> None:
