@@ -13,13 +13,14 @@ from harness_core.errors import SessionError
 
 __all__ = ["check_lane_name", "check_session_id"]
 
-_LANE = re.compile(r"^[^\x00-\x1f\x7f]{1,512}$")
-_SESSION = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._:@+=-]{0,199}$")
+# matched whole (`fullmatch`): a pattern ending in ``$`` would also take a trailing newline
+_LANE = re.compile(r"[^\x00-\x1f\x7f]{1,512}")
+_SESSION = re.compile(r"[A-Za-z0-9][A-Za-z0-9._:@+=-]{0,199}")
 
 
 def check_lane_name(lane: str) -> None:
     """Raise ``SessionError("invalid_lane")`` unless `lane` is 1-512 characters without controls."""
-    if not isinstance(lane, str) or not _LANE.match(lane):
+    if not isinstance(lane, str) or not _LANE.fullmatch(lane):
         raise SessionError(
             "invalid_lane", f"invalid lane name {lane!r}: 1-512 characters, no control characters"
         )
@@ -27,7 +28,7 @@ def check_lane_name(lane: str) -> None:
 
 def check_session_id(session_id: str) -> None:
     """Raise ``SessionError("invalid_session_id")`` unless the id fits files and Redis keys."""
-    if not isinstance(session_id, str) or not _SESSION.match(session_id):
+    if not isinstance(session_id, str) or not _SESSION.fullmatch(session_id):
         raise SessionError(
             "invalid_session_id",
             f"invalid session id {session_id!r}: 1-200 of letters, digits and . _ : @ + = -, "

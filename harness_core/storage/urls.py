@@ -16,7 +16,7 @@ __all__ = ["Refuse", "UrlRules", "without_password"]
 Refuse = Callable[[str, str | None], Exception]
 """(url, why) -> the error an opener raises for a URL it refuses."""
 
-_PREFIX = re.compile(r"^[^{}\s]+$")
+_PREFIX = re.compile(r"[^{}\s]+")  # matched whole: ``$`` would take a trailing newline
 
 
 def without_password(url: str) -> str:
@@ -111,6 +111,6 @@ class UrlRules:
     def prefix(self, url: str, default: str) -> str:
         """The ``?prefix=`` of a redis URL (no braces or spaces: they would break hash tags)."""
         prefix = self.options(url, {"prefix": ()}).get("prefix") or default
-        if not _PREFIX.match(prefix):
+        if not _PREFIX.fullmatch(prefix):
             raise self.refuse(url, f"invalid redis key prefix {prefix!r} (no braces or spaces)")
         return prefix

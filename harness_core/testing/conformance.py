@@ -248,6 +248,7 @@ async def lane_lifecycle_is_validated(fx: BackendFixture) -> None:
     await _expect(s.create_lane("t1", "missing"), "not_found")
     await _expect(s.create_lane("", None), "invalid_lane")
     await _expect(s.create_lane("bad\nname", None), "invalid_lane")
+    await _expect(s.create_lane("trailing\n", None), "invalid_lane")
     await _expect(s.move_lane("missing", None), "unknown_lane")
     await _expect(s.append_entry(user_entry("x"), "missing"), "unknown_lane")
     await _expect(s.append_record(operation_started("r", lane="missing")), "unknown_lane")

@@ -367,7 +367,9 @@ def test_the_session_id_rule_is_the_stores(text: str) -> None:
     assert is_session_id(text) == store_accepts
 
 
-@pytest.mark.parametrize("text", ["a", "A.b_c:d@e+f=g-h", "9" * 200, "9" * 201, "-a", "", "a b"])
+@pytest.mark.parametrize(
+    "text", ["a", "A.b_c:d@e+f=g-h", "9" * 200, "9" * 201, "-a", "", "a b", "0\n", "a\n"]
+)
 def test_the_session_id_rule_at_its_edges(text: str) -> None:
     try:
         check_session_id(text)

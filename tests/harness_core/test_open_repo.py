@@ -64,6 +64,7 @@ async def test_redis_with_prefix(redis_server, redis_prefix) -> None:
         ("sqlite:///x.db?journal=wal", "unknown option 'journal'"),
         ("memory://?x=1", "unknown option"),
         ("redis://localhost:6379/0?prefix=a{b}", "invalid redis key prefix"),
+        ("redis://localhost:6379/0?prefix=gw%0A", "invalid redis key prefix"),
     ],
 )
 def test_bad_urls_say_what_is_accepted(url: str, fragment: str) -> None:
