@@ -274,6 +274,14 @@ class Settings(BaseModel):
         description="The longest wait between delivery attempts.",
     )
     log_level: LogLevel = Field(default="info", description="The least severe log lines written.")
+    gc_young_threshold: int = Field(
+        default=20_000,
+        ge=0,
+        le=10_000_000,
+        description="Allocations between two collections of Python's youngest generation "
+        "(Python's own default is 700); the service also freezes what its start built. "
+        "0 leaves the collector as Python set it.",
+    )
     plugin: str | None = Field(
         default=None,
         pattern=r"^[A-Za-z_][A-Za-z0-9_]*(\.[A-Za-z_][A-Za-z0-9_]*)*$",

@@ -21,6 +21,7 @@ import uvicorn
 
 from adapters.channel import AdapterStartError
 from config import Settings
+from gateway.collector import tune_collector
 from gateway.logs import configure, event
 from gateway.service import Service
 from harness_core.storage.urls import without_password
@@ -143,6 +144,9 @@ async def serve(settings: Settings) -> int:
     shown = settings.model if model is None else f"{model.provider}:{model.model_id}"
     sign_in = service.ops_sign_in
     print(banner(settings, shown, sign_in, service.ops_token_file), file=sys.stderr, flush=True)
+    tuned = tune_collector(settings.gc_young_threshold)
+    if tuned is not None:
+        log.info(event("collector tuned", thresholds=list(tuned.thresholds), frozen=tuned.frozen))
     try:
         await server.serve()
         await asyncio.wait_for(service.stop(), timeout=settings.shutdown_seconds)

@@ -86,6 +86,8 @@ def test_settings_just_inside_the_checks_are_accepted() -> None:
         ("worker_slots", 10**30, "an integer from 1 to 128"),
         ("worker_slots", True, "an integer from 1 to 128, not true or false"),
         ("port", 0, "an integer from 1 to 65535"),
+        ("gc_young_threshold", -1, "an integer from 0 to 10000000"),
+        ("gc_young_threshold", 700.5, "an integer from 0 to 10000000"),
         ("port", 8787.5, "an integer from 1 to 65535"),
         ("inbox_dedupe_seconds", 1e300, "from 60 to 2592000"),
         ("outbox_max_delay_seconds", 0.5, "from 1 to 86400"),
