@@ -5,6 +5,7 @@ the run resumable by a new harness).
 
 from __future__ import annotations
 
+import asyncio
 from collections.abc import Awaitable, Callable
 from dataclasses import dataclass
 from pathlib import Path
@@ -193,3 +194,57 @@ async def test_after_close_other_calls_raise_harness_closed(member: str, backend
     with pytest.raises(HarnessClosed):
         await RAISING_CALLS_AFTER_CLOSE[member](closed.kit.harness, closed.side)
     assert await log_size(closed.kit) == closed.before
+
+
+# -- close while a write or a commit is in flight -----------------------------------------------
+
+
+async def _ran(args: Any, ctx: ToolContext) -> str:
+    return "ran"
+
+
+ECHO = Tool(name="echo", description="echo", execute=_ran)
+
+
+async def closed_during(
+    backend: str, tmp_path: Path, monkeypatch: pytest.MonkeyPatch, method: str
+) -> tuple[Kit, list[Any]]:
+    """Close the harness while its run's procedure waits in `method` (a slow disk)."""
+    kit = await make_kit(backend, tmp_path, [tool_call("echo"), text("done")], tools=[ECHO])
+    recording = kit.recording
+    assert recording is not None
+    original = getattr(recording, method)
+    entered, release = asyncio.Event(), asyncio.Event()
+
+    async def slow(*args: Any) -> Any:
+        blocks = method == "sync" or args[0].type == "tool_started"  # inside the procedure
+        if blocks and not entered.is_set():
+            entered.set()
+            await release.wait()
+        return await original(*args)
+
+    monkeypatch.setattr(recording, method, slow)
+    faults = collect(kit, "fault")
+    task = asyncio.create_task(kit.harness.prompt("go"))
+    async with asyncio.timeout(10):
+        await entered.wait()
+    await kit.harness.close()
+    release.set()
+    with pytest.raises(HarnessClosed):
+        await task
+    monkeypatch.setattr(recording, method, original)
+    return kit, faults
+
+
+@pytest.mark.parametrize("method", ["append_record", "sync"])
+async def test_closing_while_a_write_or_commit_is_in_flight_is_not_a_fault(
+    method: str, backend, tmp_path, monkeypatch
+) -> None:
+    kit, faults = await closed_during(backend, tmp_path, monkeypatch, method)
+    assert faults == []  # a close is not a storage failure
+    with pytest.raises(HarnessClosed):  # not HarnessFault
+        await kit.harness.get_model()
+    fresh_kit = await reopen(kit, "r-", script=[text("recovered")])
+    [suspended] = fresh_kit.suspended  # the operation stays open and resumable
+    outcome = ok(await fresh_kit.harness.resume())
+    assert (outcome.kind, outcome.run_id) == ("completed", suspended.id)
