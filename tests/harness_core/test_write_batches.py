@@ -240,20 +240,26 @@ async def test_a_harness_whose_batch_was_lost_faults_before_the_tool_runs(
 ) -> None:
     repo, lease, other = await two_sessions(tmp_path / "store.db", "s", "other")
     ran: list[str] = []
+    storage = await repo.open("s", lease=lease)
+    append_entry = storage.append_entry
 
-    async def fail_shared_transaction(message: Any) -> None:
-        # right after the assistant's tool call was written (deferred), before the tool's
-        # barrier: another session's failing write rolls the shared transaction back
-        if message.message.role == "assistant":
+    async def append_then_fail_the_shared_transaction(entry: Any, lane: str) -> Any:
+        stored = await append_entry(entry, lane)
+        if getattr(getattr(entry, "message", None), "role", None) == "assistant":
+            # right after the assistant's tool call was written (deferred), before the tool's
+            # barrier: another session's failing write rolls the shared transaction back
             with pytest.raises(SessionError):
                 await repo.writes.submit(("other", other, boom, False))
+        return stored
+
+    storage.append_entry = append_then_fail_the_shared_transaction  # type: ignore[method-assign]
 
     async def lookup(args: LookupArgs, ctx: hc.ToolContext) -> str:
         ran.append(args.item)
         return "found"
 
     options = hc.AgentHarnessOptions(
-        storage=await repo.open("s", lease=lease),
+        storage=storage,
         model_client=hc.ScriptedModel(
             [hc.scripted.tool_call("lookup", {"item": "a"}, call_id="c1"), hc.scripted.text("ok")]
         ),
@@ -261,14 +267,8 @@ async def test_a_harness_whose_batch_was_lost_faults_before_the_tool_runs(
         tools=[hc.Tool(name="lookup", description="d", execute=lookup, args_model=LookupArgs)],
     )
     harness, _ = await hc.AgentHarness.create(options)
-    pending: list[asyncio.Task[None]] = []
-    harness.events.on(
-        "message_end",
-        lambda event: pending.append(asyncio.ensure_future(fail_shared_transaction(event))),
-    )
     with pytest.raises(hc.HarnessFault):
         await harness.prompt("go")
-    await asyncio.gather(*pending)
     assert ran == []  # the tool's intent was lost: the tool never started
     await repo.close()
 
