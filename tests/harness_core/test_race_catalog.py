@@ -173,7 +173,7 @@ async def test_3_deferred_write_vs_run_finish(backend: str, tmp_path: Path, orde
     write = asyncio.ensure_future(kit.harness.session.append_custom_entry("note", {"n": 1}))
     if order == "surface first":  # the write is deferred before the run moves on
         async with asyncio.timeout(10):
-            while not records(await log(kit), WriteDeferred):
+            while not records(await log(kit), WriteDeferred):  # noqa: ASYNC110
                 await asyncio.sleep(0)
     await kit.harness.run_to_completion()
     entry_id = await write
