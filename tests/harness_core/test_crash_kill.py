@@ -50,9 +50,10 @@ async def _run_and_kill(url: str, owner: str, acks: int, acked: dict[str, int]) 
             ProcessLookupError
         ):  # it may have died on its own (reported above)
             os.kill(process.pid, signal.SIGKILL)
-        # Whatever it printed before dying was acknowledged too.
+        # Whatever it printed before dying was acknowledged too; a line the kill cut short
+        # (no newline yet) was not seen whole, so it counts as not acknowledged.
         rest, _ = await process.communicate()
-        for line in rest.decode().splitlines():
+        for line in rest.decode().split("\n")[:-1]:
             if line.startswith("ACK "):
                 _, _, item_id, seq = line.split()
                 acked[item_id] = int(seq)
