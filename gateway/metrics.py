@@ -37,7 +37,9 @@ from prometheus_client import (
     CollectorRegistry,
     Counter,
     Gauge,
+    GCCollector,
     Histogram,
+    ProcessCollector,
     generate_latest,
 )
 
@@ -108,6 +110,9 @@ class Metrics:
         self._reading = asyncio.Lock()
         self.registry = CollectorRegistry(auto_describe=True)
         registry = self.registry
+        # the process's CPU, memory and garbage collections (D122 tunes the collector)
+        ProcessCollector(registry=registry)
+        GCCollector(registry=registry)
 
         def gauge(name: str, doc: str, labels: tuple[str, ...] = ()) -> Gauge:
             return Gauge(name, doc, labels, registry=registry)

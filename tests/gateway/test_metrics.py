@@ -265,6 +265,9 @@ async def test_the_series_stay_the_same_as_threads_come_and_go(
         "gateway_operations",
         "gateway_operation_seconds",
         "gateway_delivery_seconds",
+        "process_cpu_seconds",
+        "process_resident_memory_bytes",
+        "python_gc_collections",
     }
 
 
