@@ -210,8 +210,8 @@ class HarnessRuntime:
     async def write(self, fn: Callable[[SessionStorage], Awaitable[_T]]) -> _T:
         """Run one storage write; any failure faults the harness (the store stays a prefix).
 
-        A cancellation is not a failure: only `close()` cancels a procedure, and whether the
-        interrupted write landed or not, the store is a prefix a new harness restores.
+        A cancellation is not a failure (`close()` cancelling a procedure, a caller giving up on
+        its `create_lane`): whether the write landed or not, the store is a valid prefix.
         """
         self.check()
         try:

@@ -248,3 +248,30 @@ async def test_closing_while_a_write_or_commit_is_in_flight_is_not_a_fault(
     [suspended] = fresh_kit.suspended  # the operation stays open and resumable
     outcome = ok(await fresh_kit.harness.resume())
     assert (outcome.kind, outcome.run_id) == ("completed", suspended.id)
+
+
+async def test_a_caller_cancelling_its_create_lane_mid_write_is_not_a_fault(
+    backend, tmp_path, monkeypatch
+) -> None:
+    kit = await make_kit(backend, tmp_path, [text("still here")])
+    recording = kit.recording
+    assert recording is not None
+    original, entered = recording.create_lane, asyncio.Event()
+
+    async def slow(*args: Any) -> Any:
+        entered.set()
+        await asyncio.Event().wait()  # a disk that never answers; the caller gives up
+        return await original(*args)
+
+    monkeypatch.setattr(recording, "create_lane", slow)
+    faults = collect(kit, "fault")
+    task = asyncio.create_task(kit.harness.create_lane("side", None))
+    async with asyncio.timeout(10):
+        await entered.wait()
+    task.cancel()
+    with pytest.raises(asyncio.CancelledError):
+        await task
+    monkeypatch.setattr(recording, "create_lane", original)
+    assert faults == []  # the write never landed: nothing failed, nothing to fault
+    assert ok(await kit.harness.create_lane("side", None)).name == "side"
+    assert ok(await kit.harness.prompt("go")).kind == "completed"
