@@ -23,7 +23,7 @@ from adapters.channel import AdapterStartError
 from config import Settings
 from gateway.collector import tune_collector
 from gateway.logs import configure, event
-from gateway.service import Service
+from gateway.service import Service, StartRefused
 from harness_core.storage.urls import without_password
 
 __all__ = ["serve"]
@@ -102,20 +102,11 @@ async def serve(settings: Settings) -> int:
     service = Service(settings)
     try:
         await service.start()
-    except AdapterStartError as exc:
-        print(f"gateway: {exc}", file=sys.stderr)
+    except (AdapterStartError, StartRefused) as exc:  # fail fast: a supervisor restarts us
+        for line in str(exc).splitlines():
+            print(f"gateway: {line}", file=sys.stderr)
         return 1
     assert service.app is not None
-    failed = {part: why for part, why in (await service.readiness()).items() if why != "ok"}
-    if failed:  # fail fast: a supervisor restarts us, and the operator sees why at once
-        await service.stop(drain_seconds=0.1)
-        for part, why in sorted(failed.items()):
-            url = settings.effective_store_url if part == "store" else settings.effective_broker_url
-            print(
-                f"gateway: the {part} at {without_password(url)} does not answer ({why})",
-                file=sys.stderr,
-            )
-        return 1
     server = _Server(
         uvicorn.Config(
             service.app,

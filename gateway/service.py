@@ -19,6 +19,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
+from urllib.parse import urlsplit
 
 from fastapi import FastAPI
 from pydantic import SecretStr
@@ -50,13 +51,21 @@ from harness_core import (
     Tool,
     open_repo,
 )
+from harness_core.storage.urls import without_password
 
-__all__ = ["Service", "ServiceParts", "default_worker_id"]
+__all__ = ["Service", "ServiceParts", "StartRefused", "default_worker_id"]
 
 log = logging.getLogger("gateway.service")
 
 _DELIVERY_DRAIN_MIN_S = 2.0
 """The deliverer's drain gets at least this long, so replies of steps that just ended go out."""
+
+
+_PROBE_TIMEOUT_S = 2.0
+
+
+class StartRefused(Exception):
+    """The store or the broker does not answer at start; the message is one line per part."""
 
 
 def default_worker_id() -> str:
@@ -116,6 +125,10 @@ class Service:
                 dedupe_ttl_ms=int(settings.inbox_dedupe_seconds * 1000),
             )
         )
+        failed = {part: why for part, why in (await self.probe()).items() if why is not None}
+        if failed:  # before any adapter or worker starts: nothing to drain, nothing half-begun
+            await self._close_owned()
+            raise StartRefused("\n".join(self._refusal(p, w) for p, w in sorted(failed.items())))
         plugin = load_plugin(settings.plugin)
         if parts.model_client is not None:
             client = parts.model_client
@@ -213,6 +226,12 @@ class Service:
         self.ops_token_file = path if kept else None
         return OpsAuth([("local", "operator", token)])
 
+    async def _close_owned(self) -> None:
+        for thing in reversed(self._owned):
+            with contextlib.suppress(Exception):
+                await thing.close()
+        self._owned.clear()
+
     def _own(self, thing: Any) -> Any:
         self._owned.append(thing)
         return thing
@@ -284,21 +303,49 @@ class Service:
         )
 
     async def readiness(self) -> dict[str, str]:
-        """``ok`` or the error's type name for the broker and the store (``/readyz``)."""
-        checks: dict[str, str] = {}
-        try:
-            assert self.broker is not None
-            await asyncio.wait_for(self.broker.outbox.backlog(now_ms=self.parts.clock.now_ms()), 2)
-            checks["broker"] = "ok"
-        except Exception as exc:
-            checks["broker"] = type(exc).__name__
-        try:
-            assert self.repo is not None
-            await asyncio.wait_for(self.repo.list(), 2)
-            checks["store"] = "ok"
-        except Exception as exc:
-            checks["store"] = type(exc).__name__
+        """``ok`` or the error's type name for the broker and the store (``/readyz``).
+
+        Only the type: ``/readyz`` answers anyone who can reach the port, and an error's text
+        may name hosts and paths.
+        """
+        return {
+            part: "ok" if exc is None else type(exc).__name__
+            for part, exc in (await self.probe()).items()
+        }
+
+    async def probe(self) -> dict[str, Exception | None]:
+        """Ask the broker and the store one cheap question each: None, or why one did not answer."""
+        assert self.broker is not None
+        assert self.repo is not None
+        broker, repo, now_ms = self.broker, self.repo, self.parts.clock.now_ms()
+        checks: dict[str, Exception | None] = {}
+        for part, ask in (
+            ("broker", lambda: broker.outbox.backlog(now_ms=now_ms)),
+            ("store", repo.list),
+        ):
+            try:
+                await asyncio.wait_for(ask(), _PROBE_TIMEOUT_S)
+                checks[part] = None
+            except Exception as exc:  # TimeoutError included: its text is empty, said in _refusal
+                checks[part] = exc
         return checks
+
+    def _refusal(self, part: str, why: Exception) -> str:
+        url = (
+            self.settings.effective_store_url
+            if part == "store"
+            else self.settings.effective_broker_url
+        )
+        shown = without_password(url)
+        detail = str(why) or (
+            f"no answer in {_PROBE_TIMEOUT_S:g} s" if isinstance(why, TimeoutError) else ""
+        )
+        password = urlsplit(url).password
+        if password:  # an error's text may quote the URL it was given
+            detail = detail.replace(password, "***")
+        detail = " ".join(detail.split())[:300]
+        reason = f"{type(why).__name__}: {detail}" if detail else type(why).__name__
+        return f"the {part} at {shown} does not answer ({reason})"
 
     async def stop(self, drain_seconds: float | None = None) -> None:
         """Drain and close: no new sessions or deliveries; running work gets `drain_seconds`."""
@@ -320,10 +367,7 @@ class Service:
             if close is not None:
                 with contextlib.suppress(Exception):
                     await close()
-        for thing in reversed(self._owned):
-            with contextlib.suppress(Exception):
-                await thing.close()
-        self._owned.clear()
+        await self._close_owned()
         with contextlib.suppress(Exception):  # the spans of the last steps reach the collector
             await asyncio.to_thread(flush_tracing)
         log.info(event("stopped", worker=self.worker_id))

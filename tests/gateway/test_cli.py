@@ -100,10 +100,30 @@ def test_serve_with_a_broker_that_does_not_answer_stops_with_one_line(tmp_path, 
     assert main(["serve", "--port", str(_free_port())], settings=settings) == 1
     err = capsys.readouterr().err
     refusal = [line for line in err.splitlines() if line.startswith("gateway: the broker")]
-    assert refusal == [
-        f"gateway: the broker at redis://:***@127.0.0.1:{port}/0 does not answer (BrokerError)"
-    ]
+    assert len(refusal) == 1
+    assert refusal[0].startswith(
+        f"gateway: the broker at redis://:***@127.0.0.1:{port}/0 does not answer (BrokerError: "
+    )
+    assert f"127.0.0.1:{port}" in refusal[0].split("(", 1)[1]  # why: which address refused
     assert "hunter2" not in err
+    assert "Traceback" not in err
+    assert "service started" not in err  # refused before any adapter or worker began
+
+
+def test_serve_with_a_store_directory_that_cannot_be_made_names_it(tmp_path, capsys) -> None:
+    # /proc refuses new directories (ENOENT) even to root: the failure comes at the first use
+    settings = Settings(
+        store_url="sqlite:////proc/gateway-test-nowhere/s.db",
+        broker_url=f"sqlite:///{tmp_path}/b.db",
+        web_url="memory://",
+    )
+    assert main(["serve", "--port", str(_free_port())], settings=settings) == 1
+    err = capsys.readouterr().err
+    refusal = [line for line in err.splitlines() if line.startswith("gateway: ")]
+    assert refusal == [
+        "gateway: the store at sqlite:////proc/gateway-test-nowhere/s.db does not answer "
+        "(FileNotFoundError: [Errno 2] No such file or directory: '/proc/gateway-test-nowhere')"
+    ]
     assert "Traceback" not in err
 
 
