@@ -4,15 +4,22 @@ A plugin module may define, all optional:
 
 * ``tools() -> Sequence[Tool]``: the tools the agent can call (with their replay and approval
   declarations);
-* ``model() -> tuple[ModelClient, ModelRef]``: a model client of its own (default: the one
-  ``GATEWAY_MODEL`` names);
+* ``model(settings) -> tuple[ModelClient, ModelRef] | None`` (or ``model()``): a model client of
+  its own; None, or no ``model``, means the one ``GATEWAY_MODEL`` names;
 * ``adapters(settings, clock) -> Sequence[ChannelAdapter]``: channels besides the built-in ones
   (a channel of the same name replaces the built-in one).
+
+The module is found like ``python -m`` finds one: in the current directory first, then among the
+installed packages, so ``GATEWAY_PLUGIN=agent`` loads ``./agent.py`` (``examples/agent.py`` is a
+worked example).
 """
 
 from __future__ import annotations
 
 import importlib
+import inspect
+import os
+import sys
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from typing import Any
@@ -38,16 +45,30 @@ class Plugin:
     adapters: Callable[[Settings, Clock], Sequence[ChannelAdapter]] | None = None
 
 
-def load_plugin(name: str | None) -> Plugin:
-    """Import the plugin module `name` (None: no plugin).
+def load_plugin(name: str | None, settings: Settings | None = None) -> Plugin:
+    """Import the plugin module `name` (None: no plugin), looking in the current directory first.
+
+    `settings` are handed to a ``model(settings)`` that takes them (default: `Settings()`).
 
     Raises:
         PluginError: the module cannot be imported, or a function returns the wrong thing.
     """
     if name is None:
         return Plugin(name="")
+    here = os.getcwd()
+    if here not in sys.path:
+        sys.path.insert(0, here)  # what `python -m` and uvicorn do: ./agent.py is `agent`
     try:
         module = importlib.import_module(name)
+    except ModuleNotFoundError as exc:
+        if exc.name is not None and f"{name}.".startswith(f"{exc.name}."):  # not its imports
+            raise PluginError(
+                f"GATEWAY_PLUGIN={name}: no module {exc.name!r} in {here} or the installed "
+                "packages (name a module like agent for ./agent.py, or pkg.agent)"
+            ) from exc
+        raise PluginError(
+            f"GATEWAY_PLUGIN={name}: cannot import it ({type(exc).__name__}: {exc})"
+        ) from exc
     except Exception as exc:
         raise PluginError(
             f"GATEWAY_PLUGIN={name}: cannot import it ({type(exc).__name__}: {exc})"
@@ -55,21 +76,26 @@ def load_plugin(name: str | None) -> Plugin:
     tools = _call(module, name, "tools", ())
     if not all(isinstance(tool, Tool) for tool in tools):
         raise PluginError(f"GATEWAY_PLUGIN={name}: tools() must return Tool objects")
-    model = _call(module, name, "model", None)
+    model = _call(module, name, "model", None, settings if settings is not None else Settings())
     if model is not None and not (
         isinstance(model, tuple) and len(model) == 2 and isinstance(model[1], ModelRef)
     ):
-        raise PluginError(f"GATEWAY_PLUGIN={name}: model() must return (client, ModelRef)")
+        raise PluginError(f"GATEWAY_PLUGIN={name}: model() must return (client, ModelRef) or None")
     adapters = getattr(module, "adapters", None)
     return Plugin(name=name, tools=tuple(tools), model=model, adapters=adapters)
 
 
-def _call(module: Any, name: str, function: str, default: Any) -> Any:
+def _call(module: Any, name: str, function: str, default: Any, *given: Any) -> Any:
+    """Call `module.function`, with `given` if it takes parameters (``model(settings)``)."""
     made = getattr(module, function, None)
     if made is None:
         return default
     try:
-        return made()
+        takes = len(inspect.signature(made).parameters)
+    except (TypeError, ValueError):
+        takes = 0
+    try:
+        return made(*given[:takes])
     except Exception as exc:
         raise PluginError(
             f"GATEWAY_PLUGIN={name}: {function}() failed ({type(exc).__name__}: {exc})"

@@ -129,7 +129,7 @@ class Service:
         if failed:  # before any adapter or worker starts: nothing to drain, nothing half-begun
             await self._close_owned()
             raise StartRefused("\n".join(self._refusal(p, w) for p, w in sorted(failed.items())))
-        plugin = load_plugin(settings.plugin)
+        plugin = load_plugin(settings.plugin, settings)
         if parts.model_client is not None:
             client = parts.model_client
             model = parts.model or ModelRef(provider="scripted", model_id="echo")

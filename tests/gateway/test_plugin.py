@@ -1,0 +1,201 @@
+"""The agent plugin: found in the current directory, told the settings, and the shipped example.
+
+The example (`examples/agent.py`) is what the README tells a newcomer to run, so it is driven
+here the way the README does: a whole `Service` with the web channel, a question that calls its
+safe tool, and a deploy that waits for the Approve button and then runs once.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import sys
+import textwrap
+from collections.abc import AsyncIterator, Iterator
+from pathlib import Path
+from typing import Any
+
+import httpx
+import pytest
+
+from adapters.web import WebChannel, open_mailbox
+from config import Settings
+from gateway.plugin import PluginError, load_plugin
+from gateway.service import Service, ServiceParts
+
+
+@pytest.fixture
+def workdir(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Iterator[Path]:
+    """A current directory of the test's own; modules imported from it are forgotten after."""
+    monkeypatch.chdir(tmp_path)
+    monkeypatch.setattr(sys, "path", list(sys.path))
+    before = set(sys.modules)
+    yield tmp_path
+    for name in set(sys.modules) - before:
+        del sys.modules[name]
+
+
+def _module(where: Path, name: str, source: str) -> None:
+    (where / f"{name}.py").write_text(textwrap.dedent(source))
+
+
+def test_a_plugin_in_the_current_directory_is_found(workdir: Path) -> None:
+    _module(
+        workdir,
+        "myagent_here",
+        """
+        from harness_core import Tool
+
+        async def ping(args, ctx):
+            return "pong"
+
+        def tools():
+            return [Tool(name="ping", description="Ping.", execute=ping, replay="safe")]
+        """,
+    )
+    plugin = load_plugin("myagent_here")
+    assert [tool.name for tool in plugin.tools] == ["ping"]
+    assert plugin.model is None
+
+
+def test_a_missing_plugin_names_where_it_was_looked_for(workdir: Path) -> None:
+    with pytest.raises(PluginError) as refused:
+        load_plugin("no_such_agent_module")
+    assert str(refused.value) == (
+        f"GATEWAY_PLUGIN=no_such_agent_module: no module 'no_such_agent_module' in {workdir} or "
+        "the installed packages (name a module like agent for ./agent.py, or pkg.agent)"
+    )
+
+
+def test_a_plugin_whose_own_import_fails_says_which(workdir: Path) -> None:
+    _module(workdir, "needs_a_dependency", "import not_installed_anywhere\n")
+    with pytest.raises(PluginError) as refused:
+        load_plugin("needs_a_dependency")
+    assert str(refused.value) == (
+        "GATEWAY_PLUGIN=needs_a_dependency: cannot import it "
+        "(ModuleNotFoundError: No module named 'not_installed_anywhere')"
+    )
+
+
+def test_model_is_given_the_settings_when_it_takes_them(workdir: Path) -> None:
+    _module(
+        workdir,
+        "picky_agent",
+        """
+        from harness_core import ModelRef, ScriptedModel
+
+        seen = []
+
+        def model(settings):
+            seen.append(settings.model)
+            if settings.model != "scripted:echo":
+                return None
+            return ScriptedModel(), ModelRef(provider="scripted", model_id="mine")
+        """,
+    )
+    mine = load_plugin("picky_agent", Settings())
+    assert mine.model is not None and mine.model[1].model_id == "mine"
+    configured = load_plugin("picky_agent", Settings(model="openai:gpt-4.1-mini"))
+    assert configured.model is None  # None: the model GATEWAY_MODEL names
+    assert sys.modules["picky_agent"].seen == ["scripted:echo", "openai:gpt-4.1-mini"]
+
+
+def test_a_model_without_parameters_still_works(workdir: Path) -> None:
+    _module(
+        workdir,
+        "plain_agent",
+        """
+        from harness_core import ModelRef, ScriptedModel
+
+        def model():
+            return ScriptedModel(), ModelRef(provider="scripted", model_id="plain")
+        """,
+    )
+    plugin = load_plugin("plain_agent", Settings())
+    assert plugin.model is not None and plugin.model[1].model_id == "plain"
+
+
+def test_a_model_returning_something_else_is_refused(workdir: Path) -> None:
+    _module(workdir, "odd_agent", "def model(settings):\n    return 'gpt'\n")
+    with pytest.raises(PluginError, match=r"model\(\) must return \(client, ModelRef\) or None"):
+        load_plugin("odd_agent", Settings())
+
+
+def test_the_example_uses_a_configured_model_instead_of_its_stand_in() -> None:
+    plugin = load_plugin("examples.agent", Settings(model="anthropic:claude-sonnet-4-5"))
+    assert plugin.model is None
+    assert {tool.name: (tool.replay, tool.requires_approval) for tool in plugin.tools} == {
+        "deploy_window": ("safe", False),
+        "deploy": ("never", True),
+    }
+
+
+@pytest.fixture
+async def example(tmp_path: Path) -> AsyncIterator[httpx.AsyncClient]:
+    settings = Settings(
+        store_url=f"sqlite:///{tmp_path}/store.db",
+        broker_url=f"sqlite:///{tmp_path}/broker.db",
+        web_url=f"sqlite:///{tmp_path}/web.db",
+        plugin="examples.agent",
+    )
+    web = WebChannel(open_mailbox(settings.effective_web_url))
+    service = Service(settings, ServiceParts(adapters=[web]))
+    await service.start()
+    assert service.app is not None
+    transport = httpx.ASGITransport(app=service.app)
+    async with httpx.AsyncClient(transport=transport, base_url="http://gateway") as http:
+        yield http
+    await service.stop(drain_seconds=2)
+
+
+async def _answers(http: httpx.AsyncClient, thread: str, count: int) -> list[dict[str, Any]]:
+    deadline = asyncio.get_running_loop().time() + 15
+    while True:
+        items = (await http.get(f"/web/threads/{thread}")).json()["items"]
+        found = [i for i in items if i["kind"] in ("reply", "approval_request")]
+        if len(found) >= count:
+            return found
+        assert asyncio.get_running_loop().time() < deadline, items
+        await asyncio.sleep(0.02)
+
+
+async def _post(http: httpx.AsyncClient, thread: str, text: str) -> None:
+    response = await http.post(f"/web/threads/{thread}/messages", json={"text": text})
+    assert response.status_code == 202, response.text
+
+
+async def test_the_example_answers_from_its_safe_tool(example: httpx.AsyncClient) -> None:
+    await _post(example, "window", "when is the deploy window?")
+    [reply] = await _answers(example, "window", 1)
+    assert reply["text"] == "Deploys are open Tuesday to Thursday, 10:00-16:00 UTC."
+
+
+async def test_the_example_deploys_once_after_approve(example: httpx.AsyncClient) -> None:
+    await _post(example, "ship", "deploy api")
+    [asked] = await _answers(example, "ship", 1)
+    assert asked["kind"] == "approval_request"
+    approval = asked["approval"]
+    [call] = approval["calls"]
+    assert call["tool_name"] == "deploy" and call["args"] == {"service": "api"}
+    decision = {
+        "run_id": approval["run_id"],
+        "wait_id": approval["wait_id"],
+        "decisions": [
+            {
+                "tool_call_id": call["tool_call_id"],
+                "args_digest": call["args_digest"],
+                "approved": True,
+            }
+        ],
+        "idempotency_key": "click-1",
+    }
+    response = await example.post("/web/threads/ship/decisions", json=decision)
+    assert response.status_code == 202, response.text
+    answers = await _answers(example, "ship", 2)
+    assert answers[1]["kind"] == "reply"
+    assert answers[1]["text"].startswith("api deployed (request ")
+
+
+async def test_the_example_echoes_anything_else(example: httpx.AsyncClient) -> None:
+    await _post(example, "chat", "hello")
+    [reply] = await _answers(example, "chat", 1)
+    assert reply["text"] == "You said: hello"
