@@ -9,6 +9,11 @@ aborts the running operation, so the store shows it finished, not open; a second
 without waiting for that (the operation stays open, and the next `ask` on the lane resumes it).
 Two `ask` processes on one store take turns: each holds the session's writer lease under its own
 name, and the second waits up to `LEASE_WAIT_SECONDS` for the first, then says who holds it.
+
+The agent is the service's: the plugin's tools and model (``GATEWAY_PLUGIN``) when one is set. A
+call that requires approval is put to the person at the terminal (`decide`); without one (input
+is not a terminal) `ask` stops, saying what waits, and the lane keeps waiting: the next `ask` on
+it in a terminal asks again before anything else.
 """
 
 from __future__ import annotations
@@ -16,34 +21,54 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import datetime
+import json
 import os
 import signal
 import socket
+import sys
+import threading
 import time
-from collections.abc import Coroutine, Iterator
+from collections.abc import Awaitable, Callable, Coroutine, Iterator, Sequence
 from typing import Any, TypeVar
 
 from config import Settings
 from config.settings import number
 from gateway.models import model_from_settings
+from gateway.plugin import load_plugin
 from harness_core import (
     AgentHarness,
     AgentHarnessOptions,
     AgentLane,
+    ApprovalDecision,
+    DecisionsRequired,
     LeaseHeld,
     ModelClient,
     ModelRef,
     Ok,
     Outcome,
+    PendingApproval,
     RequestOptions,
+    Result,
     RetryScheduled,
     SessionError,
     SessionRepo,
+    Tool,
     WriterLease,
+    approve,
+    deny,
     message_text,
 )
 
-__all__ = ["ABORT_WAIT_SECONDS", "LEASE_WAIT_SECONDS", "SESSION", "AskFailed", "ask"]
+__all__ = [
+    "ABORT_WAIT_SECONDS",
+    "DENIED_AT_THE_TERMINAL",
+    "LEASE_WAIT_SECONDS",
+    "SESSION",
+    "AskFailed",
+    "Decide",
+    "ask",
+    "terminal",
+]
 
 SESSION = "cli"
 LEASE_TTL_MS = 30_000
@@ -59,6 +84,12 @@ of the abort, a check of the lane) get to end while the store is still open."""
 INTERRUPTED = 130
 """The exit status of a command stopped by Ctrl-C (128 + SIGINT), as shells report it."""
 
+DENIED_AT_THE_TERMINAL = "denied at the terminal"
+"""The reason the model is given for a call the person at the terminal did not approve."""
+
+Decide = Callable[[PendingApproval], Awaitable[bool]]
+"""Asks a person about one pending call: True approves it, False denies it."""
+
 _R = TypeVar("_R")
 
 
@@ -71,24 +102,50 @@ class AskFailed(Exception):
 
 
 async def ask(
-    repo: SessionRepo, settings: Settings, lane_name: str, question: str, out: list[str]
+    repo: SessionRepo,
+    settings: Settings,
+    lane_name: str,
+    question: str,
+    out: list[str],
+    decide: Decide | None = None,
 ) -> int:
     """Ask `question` on lane `lane_name`; the answer goes to `out`, returns 0.
 
+    `decide` answers the calls that wait for approval (None: nobody can, so `ask` stops there).
+
     Raises:
-        AskFailed: the run failed (the model's real error), the session is held by another
-            process, or Ctrl-C aborted the run (status 130).
+        AskFailed: the run failed (the model's real error), waits for an approval nobody here
+            can give, the session is held by another process, or Ctrl-C aborted the run (130).
         ModelConfigError: ``GATEWAY_MODEL`` cannot be used (before anything is written).
+        PluginError: ``GATEWAY_PLUGIN`` cannot be loaded (before anything is written).
     """
-    client, model = model_from_settings(settings)
+    plugin = load_plugin(settings.plugin, settings)
+    client, model = plugin.model or model_from_settings(settings)
+    agent = _Agent(client, model, tuple(plugin.tools), decide)
     with _ctrl_c() as ctrl_c:
         try:
-            return await _ask(repo, settings, lane_name, question, out, client, model, ctrl_c)
+            return await _ask(repo, settings, lane_name, question, out, agent, ctrl_c)
         except asyncio.CancelledError:
             current = asyncio.current_task()
             if ctrl_c.count and current is not None and current.uncancel() == 0:
                 raise AskFailed("interrupted", INTERRUPTED) from None
             raise
+
+
+class _Agent:
+    """What `ask` runs: the model, the plugin's tools, and who decides approvals."""
+
+    def __init__(
+        self,
+        client: ModelClient,
+        model: ModelRef,
+        tools: Sequence[Tool],
+        decide: Decide | None,
+    ) -> None:
+        self.client = client
+        self.model = model
+        self.tools = tools
+        self.decide = decide
 
 
 async def _ask(
@@ -97,10 +154,10 @@ async def _ask(
     lane_name: str,
     question: str,
     out: list[str],
-    client: ModelClient,
-    model: ModelRef,
+    agent: _Agent,
     ctrl_c: _CtrlC,
 ) -> int:
+    client, model = agent.client, agent.model
     try:
         await repo.create(SESSION)
     except SessionError as exc:
@@ -115,6 +172,7 @@ async def _ask(
                 storage=storage,
                 model_client=client,
                 model=model,
+                tools=agent.tools,
                 request_options=RequestOptions(max_output_tokens=settings.model_max_output_tokens),
             )
         )
@@ -123,8 +181,16 @@ async def _ask(
             for op in suspended:
                 lane = await harness.lane(op.lane)
                 if lane is not None and op.lane == lane_name:
-                    out.append(f"(resuming an interrupted {op.kind} first)")
-                    await _until_done(lane, lane.resume(), ctrl_c)
+                    resumed = await _until_done(lane, lane.resume(), ctrl_c)
+                    waited = _waiting(resumed) is not None
+                    ended = await _decided(lane, resumed, agent.decide, ctrl_c)
+                    out.append(
+                        "(the run before waited for approval: decided first)"
+                        if waited
+                        else f"(resumed an interrupted {op.kind} first)"
+                    )
+                    if isinstance(ended, Ok) and ended.value.final_message is not None:
+                        out.append(message_text(ended.value.final_message))
             lane = await harness.lane(lane_name)
             if lane is None:
                 created = await harness.create_lane(lane_name, None)
@@ -132,7 +198,8 @@ async def _ask(
                     raise AskFailed(created.error.message)
                 lane = created.value
             retries.clear()
-            result = await _until_done(lane, lane.prompt(question), ctrl_c)
+            prompted = await _until_done(lane, lane.prompt(question), ctrl_c)
+            result = await _decided(lane, prompted, agent.decide, ctrl_c)
         finally:
             await harness.close()  # nothing of this process writes after its lease is released
             if ctrl_c.again.is_set():  # closed mid-operation: let its shielded steps end first
@@ -155,6 +222,80 @@ async def _ask(
     if usage is not None:
         out.append(f"({model}: {usage.input} tokens in, {usage.output} out)")
     return 0
+
+
+async def _decided(
+    lane: AgentLane, result: Result[Any, Any], decide: Decide | None, ctrl_c: _CtrlC
+) -> Result[Any, Any]:
+    """`result`, or once the lane waits for approval: what the run did after `decide` answered."""
+    while True:
+        waiting = _waiting(result)
+        if waiting is None:
+            return result
+        pending, wait_id = waiting
+        if decide is None:
+            calls = "; ".join(_call_text(call) for call in pending)
+            raise AskFailed(
+                f"the run on lane {lane.name} waits for approval of {calls}: nobody here can "
+                f"decide (input is not a terminal); `gateway ask --lane {lane.name}` in a "
+                "terminal asks again, and the lane keeps waiting until then"
+            )
+        decisions: list[ApprovalDecision] = []
+        for call in pending:
+            approved = await decide(call)
+            decisions.append(approve(call) if approved else deny(call, DENIED_AT_THE_TERMINAL))
+        resumed = lane.resume(decisions, wait_id=wait_id, decided_by="gateway ask (terminal)")
+        result = await _until_done(lane, resumed, ctrl_c)
+
+
+def terminal() -> Decide | None:
+    """Asks the person at the terminal about each call (y/N on stderr), or None without one."""
+    if not sys.stdin.isatty():
+        return None
+
+    async def decide(call: PendingApproval) -> bool:
+        answer = await _line(f"{_call_text(call)}\n  approve? [y/N] ")
+        return answer.strip().lower() in ("y", "yes")
+
+    return decide
+
+
+async def _line(prompt: str) -> str:
+    """One line from stdin, read by a daemon thread: Ctrl-C or the end never wait for Enter."""
+    loop = asyncio.get_running_loop()
+    read: asyncio.Future[str] = loop.create_future()
+
+    def settle(text: str) -> None:
+        if not read.done():
+            read.set_result(text)
+
+    def reader() -> None:
+        sys.stderr.write(prompt)
+        sys.stderr.flush()
+        text = sys.stdin.readline()  # "" at the end of input: not approved
+        with contextlib.suppress(RuntimeError):  # the loop ended while this waited
+            loop.call_soon_threadsafe(settle, text)
+
+    threading.Thread(target=reader, name="gateway-ask-input", daemon=True).start()
+    return await read
+
+
+def _waiting(result: Result[Any, Any]) -> tuple[tuple[PendingApproval, ...], str] | None:
+    """The calls `result` says wait for approval and the wait they answer, or None."""
+    if isinstance(result, Ok):
+        outcome = result.value
+        if isinstance(outcome, Outcome) and outcome.pending_approvals and outcome.wait_id:
+            return outcome.pending_approvals, outcome.wait_id
+        return None
+    if isinstance(result.error, DecisionsRequired):
+        return tuple(result.error.pending), result.error.wait_id
+    return None
+
+
+def _call_text(call: PendingApproval) -> str:
+    """A pending call as a person reads it: the tool and its arguments as JSON."""
+    args = json.dumps(call.model_dump(mode="json")["args"], ensure_ascii=False, sort_keys=True)
+    return f"{call.tool_name} {args}"
 
 
 def _why(outcome: Outcome, retries: list[RetryScheduled]) -> str:

@@ -21,7 +21,7 @@ from pathlib import Path
 from pydantic import ValidationError
 
 from config import Settings, SettingsError, format_settings_error, load_settings
-from gateway.ask import AskFailed, ask
+from gateway.ask import AskFailed, ask, terminal
 from gateway.broker import BrokerError
 from gateway.demo import demo, describe
 from gateway.models import ModelConfigError
@@ -111,7 +111,8 @@ async def _run(args: argparse.Namespace, settings: Settings) -> int:
         elif args.command == "store":
             await show(repo, _session_of(args.target), out)
         else:
-            return await ask(repo, settings, args.lane, " ".join(args.question), out)
+            question = " ".join(args.question)
+            return await ask(repo, settings, args.lane, question, out, terminal())
     except (sqlite3.Error, OSError) as exc:  # the backend could not open the store
         raise CliError(
             f"cannot use the store {without_password(url)}: {_store_problem(exc)}", status=1
@@ -181,7 +182,9 @@ def main(argv: Sequence[str] | None = None, settings: Settings | None = None) ->
     demo_parser = commands.choices["demo"]
     demo_parser.add_argument("--store", dest="store", default=argparse.SUPPRESS)
     ask_parser = commands.add_parser(
-        "ask", help="ask the configured model (GATEWAY_MODEL; scripted:echo by default)"
+        "ask",
+        help="ask the configured agent (GATEWAY_MODEL, scripted:echo by default, with "
+        "GATEWAY_PLUGIN's tools; a call that needs approval is put to you at the terminal)",
     )
     ask_parser.add_argument("question", nargs="+")
     ask_parser.add_argument("--lane", default="cli:default", help="the lane (conversation) to use")

@@ -2,16 +2,25 @@
 
 from __future__ import annotations
 
+import os
+import pty
+import select
+import subprocess
+import sys
+import time
 from collections.abc import AsyncIterator, Iterator
 from pathlib import Path
+from typing import Any
 
 import pytest
 from pydantic import SecretStr
 
 from config import Settings
-from gateway.ask import ask
+from gateway.ask import DENIED_AT_THE_TERMINAL, AskFailed, ask
 from gateway.cli import main
 from gateway.models import ModelConfigError, model_from_settings
+from harness_core import PendingApproval, ToolResultMessage, message_text
+from harness_core.session.entries import MessageEntry
 from harness_core.storage import open_repo
 from tests.support.fake_llm import FakeLLM, allow_model_requests
 
@@ -73,3 +82,116 @@ async def test_ask_a_real_provider_over_http(
     auth = sent.headers.get("authorization", "") + sent.headers.get("x-api-key", "")
     assert "sk-test-SECRET-KEY" in auth  # the key reached the provider ...
     assert b"sk-test-SECRET-KEY" not in stored_bytes(tmp_path)  # ... and never the store
+
+
+EXAMPLE = "examples.agent"
+ROOT = Path(__file__).resolve().parents[2]
+
+
+async def _ask(
+    store: str, question: str, decide: Any = None, lane: str = "cli:ship"
+) -> tuple[int | str, list[str]]:
+    """`ask` with the example plugin: (0 or the AskFailed line, what it printed)."""
+    repo = open_repo(store)
+    out: list[str] = []
+    try:
+        try:
+            status: int | str = await ask(
+                repo, Settings(plugin=EXAMPLE), lane, question, out, decide
+            )
+        except AskFailed as failed:
+            status = str(failed)
+    finally:
+        await repo.close()
+    return status, out
+
+
+async def _tool_results(store: str, lane: str) -> list[str]:
+    repo = open_repo(store)
+    try:
+        storage = await repo.open("cli")
+        try:
+            return [
+                message_text(stored.entry.message)
+                for stored in await storage.read_lane_entries(lane, after=None)
+                if isinstance(stored.entry, MessageEntry)
+                and isinstance(stored.entry.message, ToolResultMessage)
+            ]
+        finally:
+            await storage.close()
+    finally:
+        await repo.close()
+
+
+async def test_ask_runs_the_plugins_tools(tmp_path: Path) -> None:
+    status, out = await _ask(f"sqlite:///{tmp_path}/gw.db", "when is the deploy window?")
+    assert status == 0
+    assert out[0] == "Deploys are open Tuesday to Thursday, 10:00-16:00 UTC."
+
+
+async def test_an_approval_without_a_terminal_stops_and_the_lane_keeps_waiting(
+    tmp_path: Path,
+) -> None:
+    store = f"sqlite:///{tmp_path}/gw.db"
+    status, out = await _ask(store, "deploy api")
+    assert status == (
+        'the run on lane cli:ship waits for approval of deploy {"service": "api"}: nobody here '
+        "can decide (input is not a terminal); `gateway ask --lane cli:ship` in a terminal asks "
+        "again, and the lane keeps waiting until then"
+    )
+    assert out == []
+    status, _ = await _ask(store, "anything else?")  # still waiting: nothing new starts
+    assert isinstance(status, str) and "waits for approval of deploy" in status
+    assert await _tool_results(store, "cli:ship") == []  # the deploy never ran
+
+    asked: list[str] = []
+
+    async def yes(call: PendingApproval) -> bool:
+        asked.append(f"{call.tool_name} {dict(call.args)}")
+        return True
+
+    status, out = await _ask(store, "and now?", yes)
+    assert status == 0
+    assert asked == ["deploy {'service': 'api'}"]
+    assert out[0] == "(the run before waited for approval: decided first)"
+    assert out[1].startswith("api deployed (request ")
+    assert out[2] == "You said: and now?"
+    [result] = await _tool_results(store, "cli:ship")  # ran once, after the approval
+    assert result == out[1]
+
+
+async def test_a_call_denied_at_the_terminal_does_not_run(tmp_path: Path) -> None:
+    store = f"sqlite:///{tmp_path}/gw.db"
+
+    async def no(call: PendingApproval) -> bool:
+        return False
+
+    status, out = await _ask(store, "deploy api", no)
+    assert status == 0
+    assert DENIED_AT_THE_TERMINAL in out[0]
+    [result] = await _tool_results(store, "cli:ship")
+    assert "deployed" not in result and DENIED_AT_THE_TERMINAL in result
+
+
+def test_gateway_ask_puts_the_approval_to_the_person_at_the_terminal(tmp_path: Path) -> None:
+    store = f"sqlite:///{tmp_path}/gw.db"
+    env = {**os.environ, "GATEWAY_PLUGIN": EXAMPLE, "GATEWAY_STORE_URL": store}
+    command = [sys.executable, "-m", "gateway", "ask", "--lane", "cli:ship", "deploy web"]
+    terminal, tty = pty.openpty()
+    with subprocess.Popen(
+        command, cwd=ROOT, env=env, stdin=tty, stdout=subprocess.PIPE, stderr=tty
+    ) as proc:
+        os.close(tty)
+        shown = b""
+        deadline = time.monotonic() + 30
+        while b"approve? [y/N] " not in shown:
+            assert time.monotonic() < deadline, shown
+            ready, _, _ = select.select([terminal], [], [], 0.5)
+            if ready:
+                shown += os.read(terminal, 4096)
+        assert b'deploy {"service": "web"}' in shown
+        os.write(terminal, b"y\n")
+        printed, _ = proc.communicate(timeout=30)
+    os.close(terminal)
+    assert proc.returncode == 0, printed
+    assert printed.decode().splitlines()[0].startswith("web deployed (request ")
