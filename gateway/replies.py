@@ -44,6 +44,7 @@ __all__ = [
     "delivery_id",
     "enqueue_refusal_notice",
     "enqueue_replies",
+    "enqueue_stop_notice",
     "enqueue_stuck_notice",
     "entry_id_of",
     "failure_text",
@@ -230,13 +231,26 @@ async def enqueue_stuck_notice(
     return await _notice(broker, state, cause, STUCK_TEXT, now_ms=now_ms)
 
 
+async def enqueue_stop_notice(
+    broker: Broker, state: ThreadState, item_id: str, text: str, *, now_ms: int
+) -> Outbound:
+    """Answer a thread's ``stop`` (once per inbox item), as the bot's own message."""
+    return await _notice(broker, state, f"stop:{item_id}", text, now_ms=now_ms, kind="reply")
+
+
 async def _notice(
-    broker: Broker, state: ThreadState, cause: str, text: str, *, now_ms: int
+    broker: Broker,
+    state: ThreadState,
+    cause: str,
+    text: str,
+    *,
+    now_ms: int,
+    kind: OutboundKind = "failure_notice",
 ) -> Outbound:
     outbound = Outbound(
-        delivery_id=delivery_id(state.session, "failure_notice", cause),
+        delivery_id=delivery_id(state.session, kind, cause),
         thread=ThreadRef.model_validate(dict(state.thread)),
-        kind="failure_notice",
+        kind=kind,
         text=text,
         reply_context=state.reply_context,
     )

@@ -42,6 +42,7 @@ from gateway.replies import (
     replies_mark,
     watermark_of,
 )
+from gateway.stop import is_stop, stop
 from harness_core import (
     AgentHarness,
     AgentHarnessOptions,
@@ -464,6 +465,10 @@ class Worker:
         (the lane is busy under ``next_run``, or a compaction holds it) stays pending and is
         tried again at the next look, so a lane that goes idle meanwhile never strands it.
         """
+        if is_stop(inbound.text) and await stop(
+            self._broker, item, inbound, lane, now_ms=self._clock.now_ms()
+        ):
+            return  # the lane's open operation is aborted; its reply scan follows its end
         inbox = self._broker.inbox
         entry_id = entry_id_of(item.dedupe_key)
         if inbound.context and await session.storage.get_entry(entry_id) is not None:

@@ -149,6 +149,25 @@ async def test_a_message_to_a_busy_lane_steers_its_run(gateway: Gateway) -> None
     assert len([i for i in await gateway.items("busy") if i["kind"] == "reply"]) == 1
 
 
+async def test_stop_in_the_thread_aborts_the_running_turn(gateway: Gateway) -> None:
+    await gateway.post("halt", "/slow 4000")
+    await _until_running(gateway, "web:halt")
+    await gateway.post("halt", "and this too")  # steered: queued for the run's next checkpoint
+    await gateway.post("halt", "Stop!")
+    [answer] = await gateway.answers("halt", 1)
+    assert answer["kind"] == "reply"
+    assert answer["text"] == "Stopped. The 1 message sent while I was working went with it."
+    await asyncio.sleep(0.3)  # room for a wrong reply of the aborted run
+    assert [i["text"] for i in await gateway.answers("halt", 1)] == [answer["text"]]
+    assert await gateway.user_texts("web-default", "web:halt") == ["/slow 4000"]
+    # neither the steered message (dropped with the run, as the answer says) nor "Stop!" reached
+    # the model
+    await _until_idle(gateway, "web:halt")  # the aborted tool ends when its sleep does
+    await gateway.post("halt", "stop")  # the lane is idle now: an ordinary message
+    answers = await gateway.answers("halt", 2)
+    assert answers[1]["text"] == "You said: stop"
+
+
 async def test_an_approval_is_asked_in_the_thread_and_the_decision_answers(
     gateway: Gateway,
 ) -> None:
@@ -251,6 +270,23 @@ async def _until_running(gateway: Gateway, lane: str, timeout_s: float = 10.0) -
                     return
         assert asyncio.get_running_loop().time() < deadline, f"{lane} never ran"
         await asyncio.sleep(0.01)
+
+
+async def _until_idle(gateway: Gateway, lane: str, timeout_s: float = 15.0) -> None:
+    """Wait until no worker holds `lane` with an operation open."""
+    deadline = asyncio.get_running_loop().time() + timeout_s
+    assert gateway.service.worker is not None
+    while True:
+        infos = [
+            info
+            for session in list(gateway.service.worker.active.values())
+            for info in await session.harness.lanes()
+            if info.name == lane
+        ]
+        if all(info.operation_id is None for info in infos):
+            return
+        assert asyncio.get_running_loop().time() < deadline, f"{lane} never went idle"
+        await asyncio.sleep(0.02)
 
 
 async def test_a_thread_joined_midway_gives_its_first_message_the_context(
