@@ -98,6 +98,8 @@ _SEEN_EVENTS = 10_000
 _HISTORY_TIMEOUT_S = 1.5
 _GROUP_TTL_MS = 60_000
 _SCAN_PAGES = 10
+_WORKING_MAX = 20
+"""The newest messages of a thread that may wear the working reaction (a reply clears them)."""
 _PING = re.compile(r"<!(here|channel|everyone|subteam\^[A-Z0-9]+)(?:\|[^>]*)?>")
 
 
@@ -394,6 +396,8 @@ class SlackChannel:
                 return
             if classified.joined_midway and await sink.known(inbound.thread) is None:
                 inbound = inbound.model_copy(update={"context": await self._history(inbound)})
+            if self.working_reaction:
+                inbound = await self._with_working(sink, inbound)
             acceptance = await sink.accept(inbound)
         except NotRouted as exc:
             log.warning("slack message not routed", extra={"reason": str(exc)})
@@ -687,8 +691,8 @@ class SlackChannel:
                     channel, thread_ts, text, blocks, metadata, after_post=bool(posted or there)
                 )
             )
-        if self.working_reaction and outbound.reply_context.get("ts"):
-            self._spawn(self._react(channel, str(outbound.reply_context["ts"]), add=False))
+        if self.working_reaction:
+            self._spawn(self._answered(channel, outbound))
         return DeliveryReceipt(
             delivery_id=outbound.delivery_id,
             channel_message_ids=tuple(f"{channel}:{ts}" for ts in posted),
@@ -815,6 +819,59 @@ class SlackChannel:
                 break
         return found
 
+    # -- the working reaction -----------------------------------------------------------------
+
+    async def _with_working(self, sink: InboundSink, inbound: Inbound) -> Inbound:
+        """`inbound` naming every message of its thread that still wears the working reaction.
+
+        A message steered into a busy run wears it too, and the reply answers them all: the
+        list travels in the reply context (the newest one reaches the delivery) and is pruned
+        by the thread's answered mark, which deliveries advance.
+        """
+        ts = str(inbound.reply_context.get("ts") or "")
+        if not ts:
+            return inbound
+        try:
+            known = await sink.known(inbound.thread)
+            answered = await sink.get_mark(_answered_mark(inbound.thread.lane))
+        except Unavailable:
+            known, answered = None, None  # the accept below says so; the list is cosmetic
+        earlier = known.reply_context.get("working") if known is not None else None
+        kept = [
+            t
+            for t in (earlier if isinstance(earlier, (list, tuple)) else ())
+            if isinstance(t, str) and t != ts and _ts_key(t) > _ts_key(answered or "0")
+        ]
+        working = [*kept[-(_WORKING_MAX - 1) :], ts]
+        context = {**inbound.reply_context, "working": working}
+        return Inbound.model_validate({**inbound.model_dump(), "reply_context": context})
+
+    async def _answered(self, channel: str, outbound: Outbound) -> None:
+        """Take the working reaction off the messages a delivery answers, and remember them."""
+        listed = outbound.reply_context.get("working")
+        newest = outbound.reply_context.get("ts")
+        working = (
+            {str(t) for t in listed if isinstance(t, str)}
+            if isinstance(listed, (list, tuple))
+            else set()
+        )
+        if isinstance(newest, str) and newest:
+            working.add(newest)
+        if not working:
+            return
+        for ts in sorted(working, key=_ts_key):
+            await self._react(channel, ts, add=False)
+        mark, through = _answered_mark(outbound.thread.lane), max(working, key=_ts_key)
+        if self._sink is None:
+            return
+        with contextlib.suppress(Unavailable):
+            for _ in range(3):  # a compare-and-set: another process may answer the thread too
+                current = await self._sink.get_mark(mark)
+                if current is not None and _ts_key(current) >= _ts_key(through):
+                    return
+                if await self._sink.put_mark(mark, through, expect=current):
+                    return
+
     # -- small helpers ---------------------------------------------------------------------
 
     async def _react(self, channel: str, ts: str, *, add: bool) -> None:
@@ -834,6 +891,20 @@ class SlackChannel:
         if self._sink is None:
             raise Unavailable("the Slack channel is not started")
         return self._sink
+
+
+def _answered_mark(lane: str) -> str:
+    """The broker mark holding the newest message of a thread a delivery answered."""
+    return f"slack:answered:{lane}"
+
+
+def _ts_key(ts: str) -> tuple[int, int]:
+    """A Slack ts (``1700000000.000100``) as a sortable pair; anything else sorts first."""
+    seconds, _, fraction = ts.partition(".")
+    try:
+        return int(seconds), int(fraction.ljust(6, "0")[:6] or "0")
+    except ValueError:
+        return (-1, 0)
 
 
 class _Click:

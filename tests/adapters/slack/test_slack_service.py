@@ -554,3 +554,25 @@ async def test_malformed_clicks_are_refused_or_ignored_and_record_nothing(rig: R
     await asyncio.sleep(0.3)
     assert _buttons(rig.fake.message("C1", asked.ts)) == ["approve", "deny"]
     assert len([m for m in rig.fake.thread("C1", event["ts"]) if m.bot_id]) == 1
+
+
+async def test_every_message_a_reply_answers_loses_the_reaction(rig: Rig) -> None:
+    first = rig.fake.mention_event("C1", "/slow 800")
+    await rig.event(first)
+    await _until(lambda: "eyes" in rig.fake.message("C1", first["ts"]).reactions)
+    steered = rig.fake.mention_event("C1", "and this too", thread_ts=first["ts"])
+    await rig.event(steered)
+    await _until(lambda: "eyes" in rig.fake.message("C1", steered["ts"]).reactions)
+    await rig.bot_replies("C1", first["ts"], 1)
+    await _until(lambda: "eyes" not in rig.fake.message("C1", steered["ts"]).reactions)
+    await _until(lambda: "eyes" not in rig.fake.message("C1", first["ts"]).reactions)
+    # the next message of the thread: its answer takes the reaction off it alone (the two
+    # answered before are not asked again)
+    removals = len(rig.fake.calls_to("reactions.remove"))
+    later = rig.fake.mention_event("C1", "one more", thread_ts=first["ts"])
+    await rig.event(later)
+    await rig.bot_replies("C1", first["ts"], 2)
+    await _until(lambda: "eyes" not in rig.fake.message("C1", later["ts"]).reactions)
+    await asyncio.sleep(0.2)
+    asked = [c.params["timestamp"] for c in rig.fake.calls_to("reactions.remove")[removals:]]
+    assert asked == [later["ts"]]
