@@ -140,6 +140,15 @@ async def test_every_route_needs_a_token_and_errors_have_one_envelope(ops: Ops) 
     assert unknown.status_code == 404, unknown.text
     health = await ops.http.get("/healthz")  # outside the API: no token, a request id still
     assert health.status_code == 200 and health.headers["x-request-id"]
+    nowhere = await ops.http.get("/web/threads/a%2Fb/messages")  # outside: the channels' shape
+    assert nowhere.status_code == 404
+    assert nowhere.json() == {"error": {"code": "not_found", "message": "no such route"}}
+    wrong = await ops.http.delete("/healthz")
+    assert wrong.status_code == 405 and wrong.headers["allow"] == "GET"
+    assert wrong.json()["error"] == {
+        "code": "method_not_allowed",
+        "message": "DELETE is not allowed here",
+    }
 
 
 async def test_lanes_sessions_timeline_usage_and_backlog(ops: Ops) -> None:
