@@ -19,10 +19,10 @@ from config import Settings
 from gateway.ask import DENIED_AT_THE_TERMINAL, AskFailed, ask
 from gateway.cli import main
 from gateway.models import ModelConfigError, model_from_settings
-from harness_core import PendingApproval, ToolResultMessage, message_text
-from harness_core.session.entries import MessageEntry
+from harness_core import PendingApproval, ToolResultMessage
 from harness_core.storage import open_repo
 from tests.support.fake_llm import FakeLLM, allow_model_requests
+from tests.support.lane_reads import lane_texts
 
 
 @pytest.fixture
@@ -109,16 +109,7 @@ async def _ask(
 async def _tool_results(store: str, lane: str) -> list[str]:
     repo = open_repo(store)
     try:
-        storage = await repo.open("cli")
-        try:
-            return [
-                message_text(stored.entry.message)
-                for stored in await storage.read_lane_entries(lane, after=None)
-                if isinstance(stored.entry, MessageEntry)
-                and isinstance(stored.entry.message, ToolResultMessage)
-            ]
-        finally:
-            await storage.close()
+        return await lane_texts(repo, "cli", lane, ToolResultMessage)
     finally:
         await repo.close()
 

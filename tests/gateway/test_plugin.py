@@ -21,6 +21,7 @@ from adapters.web import WebChannel, open_mailbox
 from config import Settings
 from gateway.plugin import PluginError, load_plugin
 from gateway.service import Service, ServiceParts
+from tests.support.lane_reads import decision_body
 
 
 @pytest.fixture
@@ -176,18 +177,7 @@ async def test_the_example_deploys_once_after_approve(example: httpx.AsyncClient
     approval = asked["approval"]
     [call] = approval["calls"]
     assert call["tool_name"] == "deploy" and call["args"] == {"service": "api"}
-    decision = {
-        "run_id": approval["run_id"],
-        "wait_id": approval["wait_id"],
-        "decisions": [
-            {
-                "tool_call_id": call["tool_call_id"],
-                "args_digest": call["args_digest"],
-                "approved": True,
-            }
-        ],
-        "idempotency_key": "click-1",
-    }
+    decision = decision_body(approval, approved=True, key="click-1")
     response = await example.post("/web/threads/ship/decisions", json=decision)
     assert response.status_code == 202, response.text
     answers = await _answers(example, "ship", 2)

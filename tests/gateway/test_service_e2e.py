@@ -21,8 +21,7 @@ from config import Settings
 from gateway.broker.contract import NewInboxItem
 from gateway.replies import REFUSED_TEXT
 from gateway.service import Service, ServiceParts
-from harness_core import UserMessage, message_text
-from harness_core.session.entries import MessageEntry
+from tests.support.lane_reads import decision_body, lane_texts
 
 AGENT = "tests.support.gateway_agent"
 
@@ -65,16 +64,7 @@ class Gateway:
     async def user_texts(self, session: str, lane: str) -> list[str]:
         """The user messages the lane's log holds (read without a lease)."""
         assert self.service.repo is not None
-        storage = await self.service.repo.open(session)
-        try:
-            return [
-                message_text(stored.entry.message)
-                for stored in await storage.read_lane_entries(lane, after=None)
-                if isinstance(stored.entry, MessageEntry)
-                and isinstance(stored.entry.message, UserMessage)
-            ]
-        finally:
-            await storage.close()
+        return await lane_texts(self.service.repo, session, lane)
 
 
 def _urls(backend: str, request: pytest.FixtureRequest, tmp_path: Any) -> dict[str, str]:
@@ -177,18 +167,7 @@ async def test_an_approval_is_asked_in_the_thread_and_the_decision_answers(
     approval = asked["approval"]
     [call] = approval["calls"]
     assert call["tool_name"] == "deploy" and call["args"] == {"target": "prod"}
-    body = {
-        "run_id": approval["run_id"],
-        "wait_id": approval["wait_id"],
-        "decisions": [
-            {
-                "tool_call_id": call["tool_call_id"],
-                "args_digest": call["args_digest"],
-                "approved": True,
-            }
-        ],
-        "idempotency_key": "click-1",
-    }
+    body = decision_body(approval, approved=True, key="click-1")
     for _ in range(2):  # a double click is one decision
         response = await gateway.http.post("/web/threads/ops/decisions", json=body)
         assert response.status_code == 202, response.text

@@ -23,13 +23,11 @@ from harness_core import (
     Err,
     Ok,
     Tool,
-    UserMessage,
     approve,
-    message_text,
 )
 from harness_core.models.scripted import text, tool_call
-from harness_core.session.entries import MessageEntry
 from tests.support.harness_kit import Kit, make_kit
+from tests.support.lane_reads import lane_texts
 
 THREAD = ThreadRef(channel="web", space="default", thread="t1")
 
@@ -193,8 +191,4 @@ async def test_a_run_that_ends_before_the_abort_is_not_called_stopped(
 
 
 async def _user_texts(kit: Kit) -> list[str]:
-    return [
-        message_text(stored.entry.message)
-        for stored in await kit.storage.read_lane_entries("web:t1", after=None)
-        if isinstance(stored.entry, MessageEntry) and isinstance(stored.entry.message, UserMessage)
-    ]
+    return await lane_texts(kit.repo, "s", "web:t1")

@@ -22,8 +22,7 @@ import pytest
 
 from config import Settings
 from gateway.service import Service
-from harness_core import UserMessage, message_text
-from harness_core.session.entries import MessageEntry
+from tests.support.lane_reads import lane_texts
 from tests.support.mail_servers import Dovecot, MailUser, SmtpServer
 
 AGENT = "tests.support.gateway_agent"
@@ -85,16 +84,7 @@ class Mail:
     async def user_texts(self, lane: str) -> list[str]:
         assert self.service.repo is not None
         session = f"email-{self.bot.address}"
-        storage = await self.service.repo.open(session)
-        try:
-            return [
-                message_text(stored.entry.message)
-                for stored in await storage.read_lane_entries(lane, after=None)
-                if isinstance(stored.entry, MessageEntry)
-                and isinstance(stored.entry.message, UserMessage)
-            ]
-        finally:
-            await storage.close()
+        return await lane_texts(self.service.repo, session, lane)
 
 
 def _settings(tmp_path: Any, dovecot: Dovecot, smtp: SmtpServer, bot: MailUser) -> Settings:

@@ -19,9 +19,8 @@ from adapters.channel import Unavailable
 from config import Settings
 from gateway.serve import serve
 from gateway.service import Service
-from harness_core import UserMessage, message_text
-from harness_core.session.entries import MessageEntry
 from tests.support.fake_slack import FakeSlack, Message, event_envelope, form_body, signed_headers
+from tests.support.lane_reads import lane_texts
 from tests.support.redis_server import free_port
 
 AGENT = "tests.support.gateway_agent"
@@ -65,16 +64,7 @@ class Rig:
 
     async def user_texts(self, lane: str, session: str = "slack-C1") -> list[str]:
         assert self.service.repo is not None
-        storage = await self.service.repo.open(session)
-        try:
-            return [
-                message_text(stored.entry.message)
-                for stored in await storage.read_lane_entries(lane, after=None)
-                if isinstance(stored.entry, MessageEntry)
-                and isinstance(stored.entry.message, UserMessage)
-            ]
-        finally:
-            await storage.close()
+        return await lane_texts(self.service.repo, session, lane)
 
 
 @contextlib.asynccontextmanager
