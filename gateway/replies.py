@@ -38,10 +38,13 @@ from harness_core.session.records import (
 from harness_core.session.types import RecordQuery, StoredRecord
 
 __all__ = [
+    "LATE_DECISION_TEXT",
+    "MISMATCHED_DECISION_TEXT",
     "REFUSED_TEXT",
     "STUCK_TEXT",
     "Reply",
     "delivery_id",
+    "enqueue_decision_notice",
     "enqueue_refusal_notice",
     "enqueue_replies",
     "enqueue_stop_notice",
@@ -58,6 +61,16 @@ REFUSED_TEXT = "Sorry, I could not take that message. Please send it again in ot
 STUCK_TEXT = (
     "Sorry, this conversation is stuck: my work on it was interrupted too many times. "
     "An operator has to look at it before I continue."
+)
+
+
+LATE_DECISION_TEXT = (
+    "That decision changed nothing: the request it answers is no longer waiting (it was "
+    "stopped, or already decided). Nothing was run."
+)
+MISMATCHED_DECISION_TEXT = (
+    "That decision changed nothing: it does not name exactly the calls that wait for one. "
+    "Nothing was run."
 )
 
 
@@ -229,6 +242,13 @@ async def enqueue_stuck_notice(
     """Tell the thread its lane is parked stuck (once per operation and attempt count)."""
     cause = f"{operation_id}:stuck:{attempts}"
     return await _notice(broker, state, cause, STUCK_TEXT, now_ms=now_ms)
+
+
+async def enqueue_decision_notice(
+    broker: Broker, state: ThreadState, item_id: str, text: str, *, now_ms: int
+) -> Outbound:
+    """Tell the thread a decision of it could not be applied (once per inbox item)."""
+    return await _notice(broker, state, f"decision:{item_id}", text, now_ms=now_ms)
 
 
 async def enqueue_stop_notice(

@@ -34,6 +34,9 @@ from gateway.metrics import Metrics
 from gateway.ops.actions import OperatorAction
 from gateway.ops.carry import carry_out
 from gateway.replies import (
+    LATE_DECISION_TEXT,
+    MISMATCHED_DECISION_TEXT,
+    enqueue_decision_notice,
     enqueue_refusal_notice,
     enqueue_replies,
     enqueue_stuck_notice,
@@ -566,9 +569,26 @@ class Worker:
                     {"decided_by": decision.decided_by.id},
                 )
             )
+            told = None if isinstance(result, Ok) else _not_applied(result.error)
+            state = (
+                None if told is None else await self._broker.threads.get(item.session, lane.name)
+            )
+            if told is not None and state is not None:  # a click that did nothing is not silent
+                now_ms = self._clock.now_ms()
+                await enqueue_decision_notice(self._broker, state, item.id, told, now_ms=now_ms)
             await self._broker.inbox.ack(item.session, item.id)
         finally:
             session.in_flight.discard(item.id)
+
+
+def _not_applied(refusal: Any) -> str | None:
+    """What a thread is told when a decision from it could not be applied (None: nothing)."""
+    if refusal.tag in ("NothingToResume", "WaitSuperseded", "LaneBusy"):
+        return LATE_DECISION_TEXT  # stopped, decided, or decided and working again
+    if refusal.tag == "DecisionsMismatch":
+        late = getattr(refusal, "reason", None) == "already_decided"
+        return LATE_DECISION_TEXT if late else MISMATCHED_DECISION_TEXT
+    return None
 
 
 def _text_of(inbound: Inbound, *, with_context: bool = False) -> str:

@@ -19,7 +19,7 @@ from adapters.testing import RecordingChannel
 from adapters.web import WebChannel, open_mailbox
 from config import Settings
 from gateway.broker.contract import NewInboxItem
-from gateway.replies import REFUSED_TEXT
+from gateway.replies import LATE_DECISION_TEXT, MISMATCHED_DECISION_TEXT, REFUSED_TEXT
 from gateway.service import Service, ServiceParts
 from tests.support.lane_reads import decision_body, lane_texts
 
@@ -176,6 +176,42 @@ async def test_an_approval_is_asked_in_the_thread_and_the_decision_answers(
     await asyncio.sleep(0.3)
     assert len(await gateway.answers("ops", 2)) == 2
     assert gateway.fake.duplicates() == {}
+
+
+async def test_a_decision_that_changes_nothing_is_told_so(gateway: Gateway) -> None:
+    await gateway.post("late", "/deploy prod")
+    [asked] = await gateway.answers("late", 1)
+    await gateway.post("late", "stop")
+    answers = await gateway.answers("late", 2)
+    assert answers[1]["text"] == "Stopped."
+    clicked = decision_body(asked["approval"], approved=True, key="click-after-stop")
+    response = await gateway.http.post("/web/threads/late/decisions", json=clicked)
+    assert response.status_code == 202, response.text
+    answers = await gateway.answers("late", 3)
+    assert answers[2]["kind"] == "failure_notice" and answers[2]["text"] == LATE_DECISION_TEXT
+    await asyncio.sleep(0.3)
+    assert [a["kind"] for a in await gateway.answers("late", 3)].count("reply") == 1  # "Stopped."
+
+    await gateway.post("twice", "/deploy prod")  # two people decide the same request
+    [asked] = await gateway.answers("twice", 1)
+    first = decision_body(asked["approval"], approved=True, key="ann")
+    second = decision_body(asked["approval"], approved=False, key="bob")
+    for body in (first, second):
+        response = await gateway.http.post("/web/threads/twice/decisions", json=body)
+        assert response.status_code == 202, response.text
+    answers = await gateway.answers("twice", 3)
+    assert sorted(a["text"] for a in answers[1:]) == sorted(
+        ["Done: deployed prod", LATE_DECISION_TEXT]
+    )
+
+    await gateway.post("other", "/deploy prod")  # a decision for other arguments
+    [asked] = await gateway.answers("other", 1)
+    forged = decision_body(asked["approval"], approved=True, key="forged")
+    forged["decisions"][0]["args_digest"] = "sha256:" + "0" * 64
+    response = await gateway.http.post("/web/threads/other/decisions", json=forged)
+    assert response.status_code == 202, response.text
+    answers = await gateway.answers("other", 2)
+    assert answers[1]["text"] == MISMATCHED_DECISION_TEXT
 
 
 async def test_a_denied_call_is_answered_without_running_it(gateway: Gateway) -> None:
