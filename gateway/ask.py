@@ -242,7 +242,18 @@ async def _decided(
             )
         decisions: list[ApprovalDecision] = []
         for call in pending:
-            approved = await decide(call)
+            try:
+                approved = await decide(call)
+            except asyncio.CancelledError:
+                current = asyncio.current_task()
+                if not ctrl_c.count or current is None or current.uncancel() > 0:
+                    raise
+                sys.stderr.write("\n")  # the prompt's line is still open
+                raise AskFailed(
+                    f"interrupted: nothing was decided; the run on lane {lane.name} keeps "
+                    f"waiting for approval (`gateway ask --lane {lane.name}` asks again)",
+                    INTERRUPTED,
+                ) from None
             decisions.append(approve(call) if approved else deny(call, DENIED_AT_THE_TERMINAL))
         resumed = lane.resume(decisions, wait_id=wait_id, decided_by="gateway ask (terminal)")
         result = await _until_done(lane, resumed, ctrl_c)

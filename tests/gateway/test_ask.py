@@ -5,6 +5,7 @@ from __future__ import annotations
 import os
 import pty
 import select
+import signal
 import subprocess
 import sys
 import time
@@ -164,7 +165,11 @@ async def test_a_call_denied_at_the_terminal_does_not_run(tmp_path: Path) -> Non
     assert "deployed" not in result and DENIED_AT_THE_TERMINAL in result
 
 
-def test_gateway_ask_puts_the_approval_to_the_person_at_the_terminal(tmp_path: Path) -> None:
+def _at_the_prompt(tmp_path: Path, then: Any) -> tuple[int, str, str]:
+    """`gateway ask "deploy web"` on a pty: `then(proc, terminal)` once it asks y/N.
+
+    Returns the exit status, what it printed on stdout, and what the terminal showed.
+    """
     store = f"sqlite:///{tmp_path}/gw.db"
     env = {**os.environ, "GATEWAY_PLUGIN": EXAMPLE, "GATEWAY_STORE_URL": store}
     command = [sys.executable, "-m", "gateway", "ask", "--lane", "cli:ship", "deploy web"]
@@ -181,8 +186,35 @@ def test_gateway_ask_puts_the_approval_to_the_person_at_the_terminal(tmp_path: P
             if ready:
                 shown += os.read(terminal, 4096)
         assert b'deploy {"service": "web"}' in shown
-        os.write(terminal, b"y\n")
+        then(proc, terminal)
         printed, _ = proc.communicate(timeout=30)
+        while select.select([terminal], [], [], 0.2)[0]:
+            try:
+                shown += os.read(terminal, 4096)
+            except OSError:  # the other side is closed: all was read
+                break
     os.close(terminal)
-    assert proc.returncode == 0, printed
-    assert printed.decode().splitlines()[0].startswith("web deployed (request ")
+    return proc.returncode, printed.decode(), shown.decode()
+
+
+def test_gateway_ask_puts_the_approval_to_the_person_at_the_terminal(tmp_path: Path) -> None:
+    status, printed, _ = _at_the_prompt(tmp_path, lambda _, terminal: os.write(terminal, b"y\n"))
+    assert status == 0, printed
+    assert printed.splitlines()[0].startswith("web deployed (request ")
+
+
+async def test_ctrl_c_at_the_prompt_decides_nothing_and_the_lane_keeps_waiting(
+    tmp_path: Path,
+) -> None:
+    status, printed, shown = _at_the_prompt(
+        tmp_path, lambda proc, _: proc.send_signal(signal.SIGINT)
+    )
+    assert status == 130, shown
+    assert printed == ""
+    assert (
+        "gateway: interrupted: nothing was decided; the run on lane cli:ship keeps waiting for "
+        "approval (`gateway ask --lane cli:ship` asks again)"
+    ) in shown
+    assert await _tool_results(f"sqlite:///{tmp_path}/gw.db", "cli:ship") == []
+    later, _ = await _ask(f"sqlite:///{tmp_path}/gw.db", "and now?")
+    assert isinstance(later, str) and "waits for approval of deploy" in later
