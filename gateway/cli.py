@@ -45,7 +45,7 @@ async def show(repo: SessionRepo, session_id: str | None, out: list[str]) -> Non
     """List sessions, or print one session's lanes and log."""
     if session_id is None:
         for meta in await repo.list():
-            out.append(f"{meta.id}  {meta.name or ''}")
+            out.append(f"{meta.id}  {meta.name}" if meta.name else meta.id)
         return
     storage = await repo.open(session_id)
     for pointer in await storage.get_lanes():

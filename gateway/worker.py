@@ -471,6 +471,7 @@ class Worker:
         if is_stop(inbound.text) and await stop(
             self._broker, item, inbound, lane, now_ms=self._clock.now_ms()
         ):
+            self._accepted(inbound)
             return  # the lane's open operation is aborted; its reply scan follows its end
         inbox = self._broker.inbox
         entry_id = entry_id_of(item.dedupe_key)

@@ -86,6 +86,12 @@ def test_store_list_and_show_as_the_readme_and_the_demo_say(tmp_path, capsys) ->
     assert len(listed) == 1 and listed[0].split()[0] == command[2]
     assert main(["store", "show", "--store", store], settings=Settings()) == 2
     assert "usage: gateway store" in capsys.readouterr().err
+    assert main(["ask", "--store", store, "hi"], settings=Settings()) == 0  # session "cli"
+    capsys.readouterr()
+    assert main(["store", "list", "--store", store], settings=Settings()) == 0
+    listed = capsys.readouterr().out.splitlines()
+    assert "cli" in listed  # a session without a name is its id alone
+    assert all(line == line.rstrip() for line in listed)
 
 
 def test_serve_with_a_broker_that_does_not_answer_stops_with_one_line(tmp_path, capsys) -> None:

@@ -156,6 +156,8 @@ async def test_stop_in_the_thread_aborts_the_running_turn(gateway: Gateway) -> N
     await gateway.post("halt", "stop")  # the lane is idle now: an ordinary message
     answers = await gateway.answers("halt", 2)
     assert answers[1]["text"] == "You said: stop"
+    scraped = (await gateway.http.get("/metrics")).text
+    assert 'gateway_messages_accepted_total{channel="web"} 4.0' in scraped  # the stop counts
 
 
 async def test_an_approval_is_asked_in_the_thread_and_the_decision_answers(
