@@ -569,7 +569,7 @@ async def test_every_message_a_reply_answers_loses_the_reaction(rig: Rig) -> Non
 
 
 async def test_stop_in_a_slack_thread_stops_the_turn_and_clears_the_reactions(rig: Rig) -> None:
-    first = rig.fake.mention_event("C1", "/slow 1000")
+    first = rig.fake.mention_event("C1", "/slow 2500")
     await rig.event(first)
     await _until(lambda: "eyes" in rig.fake.message("C1", first["ts"]).reactions)
     stop = rig.fake.mention_event("C1", "stop", thread_ts=first["ts"])  # "<@UBOT> stop"
@@ -578,5 +578,5 @@ async def test_stop_in_a_slack_thread_stops_the_turn_and_clears_the_reactions(ri
     assert answer.text == "Stopped."
     for message in (first, stop):
         await _until(lambda m=message: "eyes" not in rig.fake.message("C1", m["ts"]).reactions)
-    await asyncio.sleep(1.2)  # the aborted tool's sleep ends: no answer of the stopped run
+    await asyncio.sleep(2.7)  # the aborted tool's sleep ends: no answer of the stopped run
     assert [m.text for m in rig.fake.thread("C1", first["ts"]) if m.bot_id] == ["Stopped."]
