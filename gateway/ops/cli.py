@@ -512,14 +512,39 @@ def _timeline(run: _Run) -> int:
     if run.wants_json:
         run.json(page)
         return OK
-    rows = [
-        [item.get("seq"), _time(item.get("at_ms")), item.get("type"), item.get("summary")]
-        for item in page["items"]
-    ]
+    more = bool(page.get("next_cursor"))
+    rows = _with_audit(page["items"], page.get("audit") or [], complete=not more)
     _table(run, ["SEQ", "TIME", "TYPE", "SUMMARY"], rows, "the lane's log is empty")
-    if page.get("next_cursor"):
-        run.note(f"(stopped at {len(rows)} items; there may be more: --limit N)")
+    if more:
+        run.note(f"(stopped at {len(page['items'])} items; there may be more: --limit N)")
     return OK
+
+
+def _with_audit(items: list[Any], audit: list[Any], *, complete: bool) -> list[list[Any]]:
+    """The log's rows in their order, each audit event before the first entry newer than it.
+
+    The log keeps its own order (a takeover by a machine whose clock differs must not reorder
+    it); audit rows have no seq and say who did what: ``stop requested by web:U1: stopped``.
+    Events newer than the last item follow it only when the log is `complete` (not cut short).
+    """
+    events = sorted(
+        (e for e in audit if isinstance(e, dict)), key=lambda e: (e.get("at_ms") or 0, e.get("id"))
+    )
+    rows: list[list[Any]] = []
+    for item in items:
+        while events and (events[0].get("at_ms") or 0) < (item.get("at_ms") or 0):
+            rows.append(_audit_row(events.pop(0)))
+        rows.append(
+            [item.get("seq"), _time(item.get("at_ms")), item.get("type"), item.get("summary")]
+        )
+    if complete:
+        rows.extend(_audit_row(e) for e in events)
+    return rows
+
+
+def _audit_row(event: dict[str, Any]) -> list[Any]:
+    said = f"{event.get('action')} by {event.get('actor')}: {event.get('outcome')}"
+    return ["-", _time(event.get("at_ms")), "audit", said]
 
 
 def _usage(run: _Run) -> int:

@@ -221,6 +221,27 @@ def test_timeline_of_a_lane_by_name_id_or_session_and_name(gateway: Gateway, ops
     assert usage.code == 0 and usage.out.splitlines()[-1].startswith("total: ")
 
 
+def test_timeline_shows_who_stopped_the_run_among_the_log(gateway: Gateway, ops: Any) -> None:
+    gateway.post("tl-stop", "/slow 3000")
+    gateway.lane("web:tl-stop", "running")
+    gateway.post("tl-stop", "stop")
+    [stopped] = gateway.answers("tl-stop", 1)
+    assert stopped["text"] == "Stopped."
+    view = gateway.lane("web:tl-stop", "idle")
+    ran = ops("timeline", f"{view['session']}/web:tl-stop")
+    assert ran.code == 0, ran
+    _, *rows = ran.out.splitlines()
+    types = [row.split()[2] for row in rows]
+    audited = [row for row in rows if row.split()[2] == "audit"]
+    assert len(audited) == 1
+    assert re.match(
+        r"- +\d\d:\d\d:\d\d +audit +stop requested by web:anonymous: stopped$", audited[0]
+    )
+    # among the log, by time: after the abort was written, before the run finished
+    assert types.index("abort_requested") < types.index("audit")
+    assert types.index("audit") < types.index("operation_finished")
+
+
 # -- actions ---------------------------------------------------------------------------------
 
 
