@@ -29,10 +29,11 @@ def workdir(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Iterator[Path]:
     """A current directory of the test's own; modules imported from it are forgotten after."""
     monkeypatch.chdir(tmp_path)
     monkeypatch.setattr(sys, "path", list(sys.path))
-    before = set(sys.modules)
     yield tmp_path
-    for name in set(sys.modules) - before:
-        del sys.modules[name]
+    # only the test's own modules: a library module imported meanwhile must stay the same object
+    for name, module in list(sys.modules.items()):
+        if str(getattr(module, "__file__", "") or "").startswith(str(tmp_path)):
+            del sys.modules[name]
 
 
 def _module(where: Path, name: str, source: str) -> None:
