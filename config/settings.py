@@ -273,6 +273,13 @@ class Settings(BaseModel):
         le=86_400,
         description="The longest wait between delivery attempts.",
     )
+    approval_remind_seconds: float = Field(
+        default=3600.0,
+        ge=0,
+        le=2_592_000,
+        description="How long an approval request waits before it is asked again in its thread "
+        "(then after twice that, four times...); 0: never.",
+    )
     log_level: LogLevel = Field(default="info", description="The least severe log lines written.")
     gc_young_threshold: int = Field(
         default=20_000,

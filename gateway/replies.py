@@ -43,6 +43,7 @@ __all__ = [
     "REFUSED_TEXT",
     "STUCK_TEXT",
     "Reply",
+    "approval_outbound",
     "delivery_id",
     "enqueue_decision_notice",
     "enqueue_refusal_notice",
@@ -172,26 +173,7 @@ async def _outbound(
     session = state.session
     context = state.reply_context
     if isinstance(record, ApprovalRequested):
-        calls = tuple(
-            PendingCall(
-                tool_call_id=call.tool_call_id,
-                tool_name=call.tool_name,
-                args=call.args,
-                args_digest=call.args_digest,
-            )
-            for call in record.calls
-        )
-        names = ", ".join(sorted({call.tool_name for call in calls}))
-        return Outbound(
-            delivery_id=delivery_id(session, "approval_request", record.id),
-            thread=thread,
-            kind="approval_request",
-            text=f"Approval needed before I run {names}.",
-            approval=ApprovalView(
-                session=session, run_id=record.run_id, wait_id=record.id, calls=calls
-            ),
-            reply_context=context,
-        )
+        return approval_outbound(state, thread, record)
     if not isinstance(record, OperationFinished):
         return None
     started = await storage.get_record(record.run_id)
@@ -215,6 +197,31 @@ async def _outbound(
         kind="reply",
         text=await _final_text(storage, record.final_entry_id),
         reply_context=context,
+    )
+
+
+def approval_outbound(state: ThreadState, thread: ThreadRef, record: ApprovalRequested) -> Outbound:
+    """The approval request a wait sends its thread (with the calls and their digests)."""
+    session = state.session
+    calls = tuple(
+        PendingCall(
+            tool_call_id=call.tool_call_id,
+            tool_name=call.tool_name,
+            args=call.args,
+            args_digest=call.args_digest,
+        )
+        for call in record.calls
+    )
+    names = ", ".join(sorted({call.tool_name for call in calls}))
+    return Outbound(
+        delivery_id=delivery_id(session, "approval_request", record.id),
+        thread=thread,
+        kind="approval_request",
+        text=f"Approval needed before I run {names}.",
+        approval=ApprovalView(
+            session=session, run_id=record.run_id, wait_id=record.id, calls=calls
+        ),
+        reply_context=state.reply_context,
     )
 
 

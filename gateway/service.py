@@ -37,6 +37,7 @@ from gateway.models import model_from_settings
 from gateway.ops.api import OpsApi
 from gateway.ops.auth import OpsAuth, local_token, parse_tokens, token_file
 from gateway.plugin import load_plugin
+from gateway.reminders import remind
 from gateway.telemetry import flush_tracing, install_tracing
 from gateway.worker import Worker, WorkerConfig
 from harness_core import (
@@ -62,6 +63,9 @@ _DELIVERY_DRAIN_MIN_S = 2.0
 
 
 _PROBE_TIMEOUT_S = 2.0
+_REMIND_SWEEP_MAX_S = 60.0
+"""Reminders are looked for at least this often (a quarter of the interval when shorter)."""
+_REMIND_SWEEP_MIN_S = 0.05
 
 
 class StartRefused(Exception):
@@ -110,6 +114,7 @@ class Service:
         self.model: ModelRef | None = None
         """The lanes' default model (from the plugin or ``GATEWAY_MODEL``), once started."""
         self._owned: list[Any] = []
+        self._reminders: asyncio.Task[None] | None = None
 
     async def start(self) -> None:
         """Open the store and broker, start the adapters, the workers and the deliverer."""
@@ -213,6 +218,8 @@ class Service:
             raise
         self.worker.start()
         self.deliverer.start()
+        if settings.approval_remind_seconds > 0:
+            self._reminders = asyncio.create_task(self._remind(), name="approval-reminders")
         log.info(event("service started", worker=self.worker_id, adapters=sorted(self.adapters)))
 
     def _ops_auth(self) -> OpsAuth:
@@ -225,6 +232,25 @@ class Service:
         self.ops_sign_in = token
         self.ops_token_file = path if kept else None
         return OpsAuth([("local", "operator", token)])
+
+    async def _remind(self) -> None:
+        """Sweep for approval requests that waited long (`gateway.reminders`) until stopped."""
+        assert self.repo is not None
+        assert self.broker is not None
+        every_s = self.settings.approval_remind_seconds
+        pause_s = min(_REMIND_SWEEP_MAX_S, max(every_s / 4, _REMIND_SWEEP_MIN_S))
+        while True:
+            await asyncio.sleep(pause_s)
+            try:
+                await remind(
+                    self.repo,
+                    self.broker,
+                    now_ms=self.parts.clock.now_ms(),
+                    interval_ms=int(every_s * 1000),
+                    max_attempts=self.settings.max_attempts,
+                )
+            except Exception as exc:  # the next sweep tries again; nothing is lost meanwhile
+                log.warning(event("approval reminders failed", error=type(exc).__name__))
 
     async def _close_owned(self) -> None:
         for thing in reversed(self._owned):
@@ -351,6 +377,11 @@ class Service:
         """Drain and close: no new sessions or deliveries; running work gets `drain_seconds`."""
         drain = self.settings.drain_seconds if drain_seconds is None else drain_seconds
         log.info(event("draining", worker=self.worker_id, seconds=drain))
+        if self._reminders is not None:
+            self._reminders.cancel()
+            with contextlib.suppress(asyncio.CancelledError, Exception):
+                await self._reminders
+            self._reminders = None
         for adapter in self.adapters.values():
             with contextlib.suppress(Exception):
                 await adapter.stop()
