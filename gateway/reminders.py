@@ -49,7 +49,9 @@ def reminder_text(requested_at_ms: int, now_ms: int, text: str) -> str:
 
 
 def _ago(ms: int) -> str:
-    minutes = max(1, ms // 60_000)
+    if ms < 60_000:
+        return f"{max(0, ms) // 1000} s"
+    minutes = ms // 60_000
     if minutes < 120:
         return f"{minutes} min"
     hours = minutes // 60

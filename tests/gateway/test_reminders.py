@@ -53,6 +53,7 @@ def test_a_reminder_says_since_when_and_how_long() -> None:
     said = reminder_text(1_796_256_000_000, 1_796_256_000_000 + 3 * 3_600_000, "Approve it?")
     assert said == "Still waiting since 2026-12-03 00:00 UTC (3 h). Approve it?"
     assert "(5 min)" in reminder_text(0, 5 * 60_000, "x")
+    assert "(4 s)" in reminder_text(0, 4_200, "x")
     assert "(2 days)" in reminder_text(0, 2 * 86_400_000, "x")
 
 
