@@ -23,7 +23,7 @@ from gateway.models import ModelConfigError, model_from_settings
 from harness_core import PendingApproval, ToolResultMessage
 from harness_core.storage import open_repo
 from tests.support.fake_llm import FakeLLM, allow_model_requests
-from tests.support.lane_reads import lane_texts
+from tests.support.gateway_rig import lane_texts
 
 
 @pytest.fixture

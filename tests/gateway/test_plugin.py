@@ -7,7 +7,6 @@ safe tool, and a deploy that waits for the Approve button and then runs once.
 
 from __future__ import annotations
 
-import asyncio
 import sys
 import textwrap
 from collections.abc import AsyncIterator, Iterator
@@ -17,11 +16,9 @@ from typing import Any
 import httpx
 import pytest
 
-from adapters.web import WebChannel, open_mailbox
 from config import Settings
 from gateway.plugin import PluginError, load_plugin
-from gateway.service import Service, ServiceParts
-from tests.support.lane_reads import decision_body
+from tests.support.gateway_rig import decision_body, serving, thread_items
 
 
 @pytest.fixture
@@ -139,25 +136,12 @@ async def example(tmp_path: Path) -> AsyncIterator[httpx.AsyncClient]:
         web_url=f"sqlite:///{tmp_path}/web.db",
         plugin="examples.agent",
     )
-    web = WebChannel(open_mailbox(settings.effective_web_url))
-    service = Service(settings, ServiceParts(adapters=[web]))
-    await service.start()
-    assert service.app is not None
-    transport = httpx.ASGITransport(app=service.app)
-    async with httpx.AsyncClient(transport=transport, base_url="http://gateway") as http:
+    async with serving(settings) as http:
         yield http
-    await service.stop(drain_seconds=2)
 
 
 async def _answers(http: httpx.AsyncClient, thread: str, count: int) -> list[dict[str, Any]]:
-    deadline = asyncio.get_running_loop().time() + 15
-    while True:
-        items = (await http.get(f"/web/threads/{thread}")).json()["items"]
-        found = [i for i in items if i["kind"] in ("reply", "approval_request")]
-        if len(found) >= count:
-            return found
-        assert asyncio.get_running_loop().time() < deadline, items
-        await asyncio.sleep(0.02)
+    return await thread_items(http, thread, ["reply", "approval_request"], count)
 
 
 async def _post(http: httpx.AsyncClient, thread: str, text: str) -> None:

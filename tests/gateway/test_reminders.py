@@ -16,16 +16,13 @@ import httpx
 import pytest
 
 from adapters.channel import ThreadRef
-from adapters.web import WebChannel, open_mailbox
 from config import Settings
 from gateway.broker import open_broker
 from gateway.broker.contract import Broker
 from gateway.reminders import due_reminder, remind, reminder_text
-from gateway.service import Service, ServiceParts
-from harness_core import Err, Ok, Tool, approve
-from harness_core.models.scripted import text, tool_call
-from tests.support.harness_kit import Kit, make_kit
-from tests.support.lane_reads import decision_body
+from harness_core import Err, Ok, approve
+from tests.support.gateway_rig import decision_body, serving, thread_items, waiting_for_approval
+from tests.support.harness_kit import Kit
 
 THREAD = ThreadRef(channel="web", space="default", thread="t1")
 INTERVAL_MS = 60_000
@@ -57,30 +54,18 @@ def test_a_reminder_says_since_when_and_how_long() -> None:
     assert "(2 days)" in reminder_text(0, 2 * 86_400_000, "x")
 
 
-async def _deploy(args: Any, ctx: Any) -> str:
-    return "deployed"
-
-
 @pytest.fixture
-async def broker(tmp_path: Path) -> AsyncIterator[Broker]:
-    opened = open_broker(f"sqlite:///{tmp_path}/broker.db")
-    yield opened
-    await opened.close()
+def broker(sqlite_broker: Broker) -> Broker:
+    return sqlite_broker
 
 
 async def _waiting(tmp_path: Path, broker: Broker) -> tuple[Kit, Any, str, int]:
     """A web lane whose run waits for approval; (kit, lane, wait id, requested at)."""
-    tools = [Tool(name="deploy", description="d", execute=_deploy, requires_approval=True)]
-    kit = await make_kit("sqlite", tmp_path, [tool_call("deploy", {}), text("done")], tools)
-    created = await kit.harness.create_lane(THREAD.lane, None)
-    assert isinstance(created, Ok)
-    lane = created.value
-    prompted = await lane.prompt("deploy please")
-    assert isinstance(prompted, Ok) and prompted.value.wait_id is not None
+    kit, lane, wait_id = await waiting_for_approval(tmp_path, THREAD.lane)
     await broker.threads.remember("s", THREAD.lane, THREAD.model_dump(mode="json"), {})
-    request = await kit.storage.get_record(prompted.value.wait_id)
+    request = await kit.storage.get_record(wait_id)
     assert request is not None
-    return kit, lane, prompted.value.wait_id, request.timestamp
+    return kit, lane, wait_id, request.timestamp
 
 
 async def _sweep(kit: Kit, broker: Broker, at_ms: int) -> list[Any]:
@@ -142,26 +127,12 @@ async def reminding(
             "web_url": f"{url}?prefix={prefix}w",
         }
     settings = Settings(**urls, plugin="tests.support.gateway_agent", approval_remind_seconds=0.4)
-    service = Service(
-        settings, ServiceParts(adapters=[WebChannel(open_mailbox(settings.effective_web_url))])
-    )
-    await service.start()
-    assert service.app is not None
-    transport = httpx.ASGITransport(app=service.app)
-    async with httpx.AsyncClient(transport=transport, base_url="http://gateway") as http:
+    async with serving(settings) as http:
         yield http
-    await service.stop(drain_seconds=2)
 
 
 async def _items(http: httpx.AsyncClient, kind: str, count: int) -> list[dict[str, Any]]:
-    deadline = asyncio.get_running_loop().time() + 15
-    while True:
-        items = (await http.get("/web/threads/ship")).json()["items"]
-        found = [item for item in items if item["kind"] == kind]
-        if len(found) >= count:
-            return found
-        assert asyncio.get_running_loop().time() < deadline, (kind, items)
-        await asyncio.sleep(0.05)
+    return await thread_items(http, "ship", [kind], count)
 
 
 async def test_a_reminder_reaches_the_thread_and_its_buttons_decide(

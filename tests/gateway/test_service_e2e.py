@@ -21,7 +21,7 @@ from config import Settings
 from gateway.broker.contract import NewInboxItem
 from gateway.replies import LATE_DECISION_TEXT, MISMATCHED_DECISION_TEXT, REFUSED_TEXT
 from gateway.service import Service, ServiceParts
-from tests.support.lane_reads import decision_body, lane_texts
+from tests.support.gateway_rig import decision_body, lane_texts
 
 AGENT = "tests.support.gateway_agent"
 

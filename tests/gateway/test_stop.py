@@ -7,14 +7,12 @@ waiting for approval, which stays open as long as the test needs. The service-le
 
 from __future__ import annotations
 
-from collections.abc import AsyncIterator
 from pathlib import Path
 from typing import Any
 
 import pytest
 
 from adapters.channel import Author, Inbound, ThreadRef
-from gateway.broker import open_broker
 from gateway.broker.contract import Broker, InboxItem, NewInboxItem
 from gateway.stop import NOTHING_TO_STOP_TEXT, STOPPED_TEXT, is_stop, stop
 from harness_core import (
@@ -22,12 +20,10 @@ from harness_core import (
     DecisionsRequired,
     Err,
     Ok,
-    Tool,
     approve,
 )
-from harness_core.models.scripted import text, tool_call
+from tests.support.gateway_rig import lane_texts, waiting_for_approval
 from tests.support.harness_kit import Kit, make_kit
-from tests.support.lane_reads import lane_texts
 
 THREAD = ThreadRef(channel="web", space="default", thread="t1")
 
@@ -51,28 +47,14 @@ def test_only_a_message_that_is_a_stop_word_is_a_stop(said: str, stops: bool) ->
     assert is_stop(said) is stops
 
 
-async def _deploy(args: Any, ctx: Any) -> str:
-    return "deployed"
-
-
 @pytest.fixture
-async def broker(tmp_path: Path) -> AsyncIterator[Broker]:
-    opened = open_broker(f"sqlite:///{tmp_path}/broker.db")
-    yield opened
-    await opened.close()
+def broker(sqlite_broker: Broker) -> Broker:
+    return sqlite_broker
 
 
 async def _waiting_lane(tmp_path: Path) -> tuple[Kit, AgentLane]:
     """A lane whose run waits for approval of `deploy`: an open operation."""
-    tools = [
-        Tool(name="deploy", description="d", execute=_deploy, requires_approval=True),
-    ]
-    kit = await make_kit("sqlite", tmp_path, [tool_call("deploy", {}), text("done")], tools)
-    created = await kit.harness.create_lane("web:t1", None)
-    assert isinstance(created, Ok)
-    lane = created.value
-    prompted = await lane.prompt("deploy please")
-    assert isinstance(prompted, Ok) and prompted.value.kind == "suspended"
+    kit, lane, _ = await waiting_for_approval(tmp_path, THREAD.lane)
     assert (await lane.info()).operation_id is not None
     return kit, lane
 

@@ -22,7 +22,7 @@ import pytest
 
 from config import Settings
 from gateway.service import Service
-from tests.support.lane_reads import lane_texts
+from tests.support.gateway_rig import lane_texts
 from tests.support.mail_servers import Dovecot, MailUser, SmtpServer
 
 AGENT = "tests.support.gateway_agent"

@@ -20,7 +20,7 @@ from config import Settings
 from gateway.serve import serve
 from gateway.service import Service
 from tests.support.fake_slack import FakeSlack, Message, event_envelope, form_body, signed_headers
-from tests.support.lane_reads import lane_texts
+from tests.support.gateway_rig import lane_texts
 from tests.support.redis_server import free_port
 
 AGENT = "tests.support.gateway_agent"
