@@ -79,6 +79,10 @@ async def remind(
             sent += await _remind_session(
                 storage, broker, meta.id, now_ms, interval_ms, max_attempts
             )
+        except Exception as exc:  # one session that cannot be read holds back no other
+            log.warning(
+                event("approval reminders failed", session=meta.id, error=type(exc).__name__)
+            )
         finally:
             with contextlib.suppress(Exception):
                 await storage.close()
@@ -96,41 +100,58 @@ async def _remind_session(
     sent: list[Outbound] = []
     for started in await storage.find_open_operations(None):
         lane = started.record.lane
-        seen = await inspect_lane(storage, lane, max_attempts=max_attempts)
-        if seen.info.suspended != "approval" or seen.wait_id is None:
-            continue
-        request = await storage.get_record(seen.wait_id)
-        if request is None or not isinstance(request.record, ApprovalRequested):
-            continue
-        number = due_reminder(now_ms - request.timestamp, interval_ms)
-        state = await broker.threads.get(session, lane)
-        if number is None or state is None:  # not yet, or a lane no channel answers (ask)
-            continue
-        thread = ThreadRef.model_validate(dict(state.thread))
-        asked = approval_outbound(state, thread, request.record)
-        outbound = asked.model_copy(
-            update={
-                "delivery_id": delivery_id(
-                    session, "approval_request", f"{request.record.id}:remind-{number}"
-                ),
-                "text": reminder_text(request.timestamp, now_ms, asked.text),
-            }
-        )
-        if await broker.outbox.enqueue(
-            outbound.delivery_id,
-            session,
-            lane,
-            outbound.model_dump(mode="json"),
-            now_ms=now_ms,
-        ):
-            log.info(
+        try:
+            reminded = await _remind_lane(
+                storage, broker, session, lane, now_ms, interval_ms, max_attempts
+            )
+        except Exception as exc:  # one lane that cannot be read holds back no other
+            log.warning(
                 event(
-                    "approval reminder",
-                    session=session,
-                    lane=lane,
-                    wait=request.record.id,
-                    reminder=number,
+                    "approval reminder failed", session=session, lane=lane, error=type(exc).__name__
                 )
             )
-            sent.append(outbound)
+            continue
+        if reminded is not None:
+            sent.append(reminded)
     return sent
+
+
+async def _remind_lane(
+    storage: SessionStorage,
+    broker: Broker,
+    session: str,
+    lane: str,
+    now_ms: int,
+    interval_ms: int,
+    max_attempts: int,
+) -> Outbound | None:
+    """The reminder enqueued for `lane` now, or None (not waiting, not due, or sent before)."""
+    seen = await inspect_lane(storage, lane, max_attempts=max_attempts)
+    if seen.info.suspended != "approval" or seen.wait_id is None:
+        return None
+    request = await storage.get_record(seen.wait_id)
+    if request is None or not isinstance(request.record, ApprovalRequested):
+        return None
+    number = due_reminder(now_ms - request.timestamp, interval_ms)
+    state = await broker.threads.get(session, lane)
+    if number is None or state is None:  # not yet, or a lane no channel answers (ask)
+        return None
+    thread = ThreadRef.model_validate(dict(state.thread))
+    asked = approval_outbound(state, thread, request.record)
+    outbound = asked.model_copy(
+        update={
+            "delivery_id": delivery_id(
+                session, "approval_request", f"{request.record.id}:remind-{number}"
+            ),
+            "text": reminder_text(request.timestamp, now_ms, asked.text),
+        }
+    )
+    payload = outbound.model_dump(mode="json")
+    if not await broker.outbox.enqueue(outbound.delivery_id, session, lane, payload, now_ms=now_ms):
+        return None
+    log.info(
+        event(
+            "approval reminder", session=session, lane=lane, wait=request.record.id, reminder=number
+        )
+    )
+    return outbound

@@ -20,9 +20,10 @@ from config import Settings
 from gateway.broker import open_broker
 from gateway.broker.contract import Broker
 from gateway.reminders import due_reminder, remind, reminder_text
-from harness_core import Err, Ok, approve
+from harness_core import Err, Ok, Tool, approve
+from harness_core.models.scripted import tool_call
 from tests.support.gateway_rig import decision_body, serving, thread_items, waiting_for_approval
-from tests.support.harness_kit import Kit
+from tests.support.harness_kit import Kit, make_kit
 
 THREAD = ThreadRef(channel="web", space="default", thread="t1")
 INTERVAL_MS = 60_000
@@ -151,3 +152,42 @@ async def test_a_reminder_reaches_the_thread_and_its_buttons_decide(
     requests = len(await _items(reminding, "approval_request", 2))
     await asyncio.sleep(1.0)  # two more intervals: a decided request is not asked again
     assert len(await _items(reminding, "approval_request", 2)) == requests
+
+
+class _ThreadsFailFor:
+    """The broker, except that one lane's thread state cannot be read (a fault injected)."""
+
+    def __init__(self, broker: Broker, lane: str) -> None:
+        self._broker = broker
+        self._lane = lane
+        self.outbox = broker.outbox
+        self.threads = self
+
+    async def get(self, session: str, lane: str) -> Any:
+        if lane == self._lane:
+            raise ConnectionError("the broker did not answer")
+        return await self._broker.threads.get(session, lane)
+
+
+async def test_a_lane_that_cannot_be_read_holds_back_no_other(
+    tmp_path: Path, broker: Broker
+) -> None:
+    tools = [Tool(name="deploy", description="d", execute=_never, requires_approval=True)]
+    script = [tool_call("deploy", {}), tool_call("deploy", {})]
+    kit = await make_kit("sqlite", tmp_path, script, tools)
+    for name in ("web:t1", "web:t2"):
+        created = await kit.harness.create_lane(name, None)
+        assert isinstance(created, Ok)
+        assert isinstance(await created.value.prompt("deploy please"), Ok)
+        thread = ThreadRef(channel="web", space="default", thread=name.removeprefix("web:"))
+        await broker.threads.remember("s", name, thread.model_dump(mode="json"), {})
+    failing: Any = _ThreadsFailFor(broker, "web:t1")
+    now = kit.clock.now_ms() + 10 * INTERVAL_MS
+    [reminded] = await remind(
+        kit.repo, failing, now_ms=now, interval_ms=INTERVAL_MS, max_attempts=3
+    )
+    assert reminded.thread.lane == "web:t2"
+
+
+async def _never(args: Any, ctx: Any) -> str:
+    raise AssertionError("an approval wait never runs its tool")
