@@ -93,15 +93,26 @@ _THREAD_SCRIPT = """
     try { message = (await response.json()).error.message; } catch (e) { /* keep it */ }
     return message;
   }
-  function markDecided(waitId) {
-    const box = waits.get(waitId);
-    const item = decided.get(waitId);
-    if (!box || !item || box.dataset.decided) return;
+  function close(box, said) {
     box.dataset.decided = "1";
+    box.querySelectorAll("button, input").forEach((b) => { b.disabled = true; });
+    box.appendChild(el("div", "decided", said));
+  }
+  function markDecided(waitId) {
+    // a request and its reminders share the wait: one decision closes every copy
+    const item = decided.get(waitId);
+    if (!item) return;
     const verdicts = item.decision.decisions.map((d) => d.approved ? "approved" : "denied");
     const all = verdicts.every((v) => v === verdicts[0]) ? verdicts[0] : verdicts.join(", ");
-    box.querySelectorAll("button, input").forEach((b) => { b.disabled = true; });
-    box.appendChild(el("div", "decided", "Decision sent by " + who(item.author) + ": " + all));
+    for (const box of waits.get(waitId) || []) {
+      if (!box.dataset.decided) close(box, "Decision sent by " + who(item.author) + ": " + all);
+    }
+  }
+  function closeWaiting() {
+    // a reply means the run that waited has ended (answered or stopped): nothing waits now
+    for (const boxes of waits.values()) {
+      for (const box of boxes) if (!box.dataset.decided) close(box, "No longer waiting.");
+    }
   }
   function approvalControls(box, item) {
     const view = item.approval;
@@ -167,7 +178,7 @@ _THREAD_SCRIPT = """
     }
     controls.append(reason, note);
     box.appendChild(controls);
-    waits.set(view.wait_id, box);
+    waits.set(view.wait_id, [...(waits.get(view.wait_id) || []), box]);
   }
   function render(item) {
     if (seen.has(item.seq)) return;
@@ -190,6 +201,7 @@ _THREAD_SCRIPT = """
     // a message or a decision sets the agent to work; whatever it sends ends that
     working.textContent = item.kind === "message" ? "the agent is working on it..." : "";
     box.appendChild(el("div", "text", item.text));
+    if (item.kind === "reply") closeWaiting();
     if (item.kind === "approval_request" && item.approval) approvalControls(box, item);
     list.appendChild(box);
     if (item.approval) markDecided(item.approval.wait_id);

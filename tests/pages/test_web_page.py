@@ -148,3 +148,52 @@ async def test_a_denied_call_does_not_run(
     await expect(answer).not_to_contain_text("deployed")
 
     assert _errors(console_errors) == []
+
+
+async def test_a_stopped_request_closes_its_buttons(
+    gateway: GatewayProcess, page: Page, console_errors: list[str]
+) -> None:
+    await _open_thread(page, gateway, "browser-stop")
+    await _send(page, "/deploy prod")
+    asked = page.locator(".item.approval_request")
+    await expect(asked).to_have_count(1)
+    await _send(page, "stop")
+    await expect(page.locator(".item.reply .text")).to_have_text("Stopped.")
+    await expect(asked.locator(".decided")).to_have_text("No longer waiting.")
+    await expect(asked.get_by_role("button", name="Approve", exact=True)).to_be_disabled()
+    await page.reload()  # the same from the thread's history
+    await expect(page.locator(".item.approval_request .decided")).to_have_text("No longer waiting.")
+
+    assert _errors(console_errors) == []
+
+
+@pytest.fixture
+def reminding_gateway(tmp_path: Path) -> Iterator[GatewayProcess]:
+    settings = {
+        "store_url": f"sqlite:///{tmp_path}/store.db",
+        "broker_url": f"sqlite:///{tmp_path}/broker.db",
+        "web_url": f"sqlite:///{tmp_path}/web.db",
+        "plugin": AGENT,
+        "approval_remind_seconds": "1",
+    }
+    process = GatewayProcess("gw", tmp_path, settings).start()
+    try:
+        yield process
+    finally:
+        process.stop()
+
+
+async def test_a_reminder_is_a_second_card_and_one_click_decides_both(
+    reminding_gateway: GatewayProcess, page: Page, console_errors: list[str]
+) -> None:
+    await _open_thread(page, reminding_gateway, "browser-remind")
+    await _send(page, "/deploy prod")
+    asked = page.locator(".item.approval_request")
+    await expect(asked.nth(1)).to_contain_text("Still waiting since")  # the reminder
+    await asked.nth(1).get_by_role("button", name="Approve", exact=True).click()
+    await expect(page.locator(".item.reply .text")).to_have_text("Done: deployed prod")
+    for card in (asked.nth(0), asked.nth(1)):  # every copy of the request is closed
+        await expect(card.locator(".decided")).to_have_text("Decision sent by Ann: approved")
+        await expect(card.get_by_role("button", name="Deny", exact=True)).to_be_disabled()
+
+    assert _errors(console_errors) == []
