@@ -136,6 +136,13 @@ class Metrics:
         self.lanes_truncated = gauge(
             "gateway_lanes_truncated", "1 when the lane count stopped at the limit (partial)."
         )
+        self.approvals_waiting = gauge(
+            "gateway_approvals_waiting", "Runs waiting for a person's approval (from the store)."
+        )
+        self.approval_oldest_wait = gauge(
+            "gateway_approval_oldest_wait_seconds",
+            "How long the longest-waiting approval request has waited (0: none waits).",
+        )
         self.read_errors = Counter(
             "gateway_metrics_read_errors",
             "Scrape-time reads that failed (the previous values are served).",
@@ -332,7 +339,7 @@ class Metrics:
 
     async def _read_lanes(self) -> None:
         try:
-            counts, truncated = await self._count_lanes()
+            counts, truncated, asked_at = await self._count_lanes()
         except Exception as exc:
             self.read_errors.labels("store").inc()
             log.warning(event("metrics read failed", source="store", error=type(exc).__name__))
@@ -341,10 +348,17 @@ class Metrics:
             self.lanes.labels(status).set(counts.get(status, 0))
         self.stuck_lanes.set(counts.get("stuck", 0))
         self.lanes_truncated.set(1 if truncated else 0)
+        self.approvals_waiting.set(len(asked_at))
+        oldest_ms = self._clock.now_ms() - min(asked_at) if asked_at else 0
+        self.approval_oldest_wait.set(max(0, oldest_ms) / 1000)
 
-    async def _count_lanes(self) -> tuple[dict[str, int], bool]:
-        """Lanes by status over every session (at most `max_lanes`; True if it stopped there)."""
+    async def _count_lanes(self) -> tuple[dict[str, int], bool, list[int]]:
+        """Lanes by status over every session, and when each waiting approval request was made.
+
+        At most `max_lanes` lanes are looked at; the flag is True if it stopped there.
+        """
         counts: dict[str, int] = {}
+        asked_at: list[int] = []
         seen = 0
         for meta in await self._repo.list():
             holder = await self._repo.lease_holder(meta.id)
@@ -357,7 +371,7 @@ class Metrics:
             try:
                 for pointer in await storage.get_lanes():
                     if seen >= self.max_lanes:
-                        return counts, True
+                        return counts, True, asked_at
                     seen += 1
                     seen_lane = await inspect_lane(
                         storage,
@@ -369,10 +383,14 @@ class Metrics:
                     if unused_main(info.name, info.status, info.leaf_id):
                         continue
                     counts[info.status] = counts.get(info.status, 0) + 1
+                    if info.suspended == "approval" and seen_lane.wait_id is not None:
+                        request = await storage.get_record(seen_lane.wait_id)
+                        if request is not None:
+                            asked_at.append(request.timestamp)
             finally:
                 with contextlib.suppress(Exception):
                     await storage.close()
-        return counts, False
+        return counts, False, asked_at
 
     async def text(self) -> bytes:
         """The Prometheus text exposition, read again where it is due."""

@@ -174,6 +174,8 @@ async def test_the_numbers_agree_with_what_happened(services: Start) -> None:
     }
     assert value(samples, "gateway_stuck_lanes") == 0
     assert value(samples, "gateway_lanes_truncated") == 0
+    assert value(samples, "gateway_approvals_waiting") == 1  # the deploy
+    assert value(samples, "gateway_approval_oldest_wait_seconds") > 0
 
     usage = await gw.session_usage(accepted[0]["session"])
     tokens = {
@@ -247,6 +249,8 @@ async def test_the_series_stay_the_same_as_threads_come_and_go(
     after = await gw.scrape()
     assert families(before) == families(after)
     assert set(parse(before)) == set(parse(after))  # the same series: no label per thread
+    assert value(parse(after), "gateway_approvals_waiting") == 0
+    assert value(parse(after), "gateway_approval_oldest_wait_seconds") == 0
     assert {name for name, _ in families(after)} >= {
         "gateway_inbox_backlog",
         "gateway_inbox_oldest_age_seconds",
@@ -257,6 +261,8 @@ async def test_the_series_stay_the_same_as_threads_come_and_go(
         "gateway_lanes",
         "gateway_stuck_lanes",
         "gateway_lanes_truncated",
+        "gateway_approvals_waiting",
+        "gateway_approval_oldest_wait_seconds",
         "gateway_takeovers",
         "gateway_messages_accepted",
         "gateway_deliveries",
