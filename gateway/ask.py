@@ -29,6 +29,7 @@ import sys
 import threading
 import time
 from collections.abc import Awaitable, Callable, Coroutine, Iterator, Sequence
+from dataclasses import dataclass
 from typing import Any, TypeVar
 
 from config import Settings
@@ -132,20 +133,14 @@ async def ask(
             raise
 
 
+@dataclass(frozen=True, slots=True)
 class _Agent:
     """What `ask` runs: the model, the plugin's tools, and who decides approvals."""
 
-    def __init__(
-        self,
-        client: ModelClient,
-        model: ModelRef,
-        tools: Sequence[Tool],
-        decide: Decide | None,
-    ) -> None:
-        self.client = client
-        self.model = model
-        self.tools = tools
-        self.decide = decide
+    client: ModelClient
+    model: ModelRef
+    tools: Sequence[Tool]
+    decide: Decide | None
 
 
 async def _ask(

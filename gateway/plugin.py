@@ -60,16 +60,13 @@ def load_plugin(name: str | None, settings: Settings | None = None) -> Plugin:
         sys.path.insert(0, here)  # what `python -m` and uvicorn do: ./agent.py is `agent`
     try:
         module = importlib.import_module(name)
-    except ModuleNotFoundError as exc:
-        if exc.name is not None and f"{name}.".startswith(f"{exc.name}."):  # not its imports
+    except Exception as exc:
+        missing = exc.name if isinstance(exc, ModuleNotFoundError) else None
+        if missing is not None and f"{name}.".startswith(f"{missing}."):  # not its imports
             raise PluginError(
-                f"GATEWAY_PLUGIN={name}: no module {exc.name!r} in {here} or the installed "
+                f"GATEWAY_PLUGIN={name}: no module {missing!r} in {here} or the installed "
                 "packages (name a module like agent for ./agent.py, or pkg.agent)"
             ) from exc
-        raise PluginError(
-            f"GATEWAY_PLUGIN={name}: cannot import it ({type(exc).__name__}: {exc})"
-        ) from exc
-    except Exception as exc:
         raise PluginError(
             f"GATEWAY_PLUGIN={name}: cannot import it ({type(exc).__name__}: {exc})"
         ) from exc

@@ -190,19 +190,13 @@ def install_errors(app: FastAPI) -> None:
     async def http_error(request: Request, exc: StarletteHTTPException) -> Response:
         if not _in_api(request):
             if exc.status_code in (404, 405):  # the channels' own error shape, not FastAPI's
-                missing = exc.status_code == 404
-                return JSONResponse(
-                    {
-                        "error": {
-                            "code": "not_found" if missing else "method_not_allowed",
-                            "message": "no such route"
-                            if missing
-                            else f"{request.method} is not allowed here",
-                        }
-                    },
-                    status_code=exc.status_code,
-                    headers=exc.headers,
+                code, message = (
+                    ("not_found", "no such route")
+                    if exc.status_code == 404
+                    else ("method_not_allowed", f"{request.method} is not allowed here")
                 )
+                body = {"error": {"code": code, "message": message}}
+                return JSONResponse(body, status_code=exc.status_code, headers=exc.headers)
             return await http_exception_handler(request, exc)
         code = _STATUS_CODES.get(exc.status_code, "internal")
         status = 404 if exc.status_code == 405 else exc.status_code
