@@ -50,6 +50,7 @@ from adapters.channel import (
     DeliveryReceipt,
     Inbound,
     InboundSink,
+    KnownThread,
     NotRouted,
     Outbound,
     Reconciled,
@@ -391,13 +392,15 @@ class SlackChannel:
             return
         sink = self._sink_or_fail()
         try:
-            if classified.take == "if_known" and await sink.known(inbound.thread) is None:
+            wanted = classified.take == "if_known" or classified.joined_midway
+            known = await sink.known(inbound.thread) if wanted or self.working_reaction else None
+            if classified.take == "if_known" and known is None:
                 log.debug("slack event not taken", extra={"reason": "thread without the bot"})
                 return
-            if classified.joined_midway and await sink.known(inbound.thread) is None:
+            if classified.joined_midway and known is None:
                 inbound = inbound.model_copy(update={"context": await self._history(inbound)})
             if self.working_reaction:
-                inbound = await self._with_working(sink, inbound)
+                inbound = await self._with_working(sink, inbound, known)
             acceptance = await sink.accept(inbound)
         except NotRouted as exc:
             log.warning("slack message not routed", extra={"reason": str(exc)})
@@ -821,7 +824,9 @@ class SlackChannel:
 
     # -- the working reaction -----------------------------------------------------------------
 
-    async def _with_working(self, sink: InboundSink, inbound: Inbound) -> Inbound:
+    async def _with_working(
+        self, sink: InboundSink, inbound: Inbound, known: KnownThread | None
+    ) -> Inbound:
         """`inbound` naming every message of its thread that still wears the working reaction.
 
         A message steered into a busy run wears it too, and the reply answers them all: the
@@ -832,10 +837,9 @@ class SlackChannel:
         if not ts:
             return inbound
         try:
-            known = await sink.known(inbound.thread)
             answered = await sink.get_mark(_answered_mark(inbound.thread.lane))
         except Unavailable:
-            known, answered = None, None  # the accept below says so; the list is cosmetic
+            answered = None  # the accept below says so; the list is cosmetic
         earlier = known.reply_context.get("working") if known is not None else None
         kept = [
             t
