@@ -276,15 +276,21 @@ async def test_a_message_the_lane_cannot_take_is_refused_and_the_thread_told(
     assert again.item.reason.startswith("malformed message")
 
 
+async def _open_operations(gateway: Gateway, lane: str) -> list[str | None]:
+    """The operation ids the workers' harnesses hold for `lane` (None: idle there)."""
+    assert gateway.service.worker is not None
+    return [
+        info.operation_id
+        for session in list(gateway.service.worker.active.values())
+        for info in await session.harness.lanes()
+        if info.name == lane
+    ]
+
+
 async def _until_running(gateway: Gateway, lane: str, timeout_s: float = 10.0) -> None:
     """Wait until a worker holds `lane` with an operation open."""
     deadline = asyncio.get_running_loop().time() + timeout_s
-    assert gateway.service.worker is not None
-    while True:
-        for session in list(gateway.service.worker.active.values()):
-            for info in await session.harness.lanes():
-                if info.name == lane and info.operation_id is not None:
-                    return
+    while not any(await _open_operations(gateway, lane)):
         assert asyncio.get_running_loop().time() < deadline, f"{lane} never ran"
         await asyncio.sleep(0.01)
 
@@ -292,16 +298,7 @@ async def _until_running(gateway: Gateway, lane: str, timeout_s: float = 10.0) -
 async def _until_idle(gateway: Gateway, lane: str, timeout_s: float = 15.0) -> None:
     """Wait until no worker holds `lane` with an operation open."""
     deadline = asyncio.get_running_loop().time() + timeout_s
-    assert gateway.service.worker is not None
-    while True:
-        infos = [
-            info
-            for session in list(gateway.service.worker.active.values())
-            for info in await session.harness.lanes()
-            if info.name == lane
-        ]
-        if all(info.operation_id is None for info in infos):
-            return
+    while any(await _open_operations(gateway, lane)):
         assert asyncio.get_running_loop().time() < deadline, f"{lane} never went idle"
         await asyncio.sleep(0.02)
 
