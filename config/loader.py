@@ -34,8 +34,9 @@ __all__ = [
 ]
 
 ENV_PREFIX = "GATEWAY_"
-CLIENT_VARIABLES = frozenset({"GATEWAY_OPS_URL", "GATEWAY_OPS_TOKEN"})
-"""Read by `gateway ops` (the client), not settings of the service: never an unknown setting."""
+CLIENT_VARIABLES = frozenset({"GATEWAY_OPS_URL", "GATEWAY_OPS_TOKEN", "GATEWAY_COMMAND"})
+"""Read by the command line (`gateway ops`'s address and token; the command hints name, which
+``scripts/run`` sets), not settings of the service: never an unknown setting."""
 _JSON_FIELDS = frozenset({"routes", "slack_approvers"})  # JSON in a variable, tables in TOML
 _SECRET_FIELDS = frozenset(
     {

@@ -34,6 +34,7 @@ from typing import Any, TypeVar
 
 from config import Settings
 from config.settings import number
+from gateway.invocation import command
 from gateway.models import model_from_settings
 from gateway.plugin import load_plugin
 from harness_core import (
@@ -113,6 +114,8 @@ async def ask(
     """Ask `question` on lane `lane_name`; the answer goes to `out`, returns 0.
 
     `decide` answers the calls that wait for approval (None: nobody can, so `ask` stops there).
+    An empty `question` only continues what the lane left open (a run waiting for approval, an
+    interrupted one): what `ask` tells a person to run when nobody could decide.
 
     Raises:
         AskFailed: the run failed (the model's real error), waits for an approval nobody here
@@ -179,13 +182,22 @@ async def _ask(
                     resumed = await _until_done(lane, lane.resume(), ctrl_c)
                     waited = _waiting(resumed) is not None
                     ended = await _decided(lane, resumed, agent.decide, ctrl_c)
+                    then = " first" if question else ""
                     out.append(
-                        "(the run before waited for approval: decided first)"
+                        f"(the run before waited for approval: decided{then})"
                         if waited
-                        else f"(resumed an interrupted {op.kind} first)"
+                        else f"(resumed an interrupted {op.kind}{then})"
                     )
                     if isinstance(ended, Ok) and ended.value.final_message is not None:
                         out.append(message_text(ended.value.final_message))
+                    if not question:
+                        return _continued(ended)
+            if not question:
+                raise AskFailed(
+                    f"nothing waits on lane {lane_name}: write the question "
+                    f"(`{command()} ask --lane {lane_name} TEXT...`)",
+                    2,
+                )
             lane = await harness.lane(lane_name)
             if lane is None:
                 created = await harness.create_lane(lane_name, None)
@@ -219,6 +231,16 @@ async def _ask(
     return 0
 
 
+def _continued(ended: Result[Any, Any]) -> int:
+    """0 when what the lane left open ended with an answer; why not, as `AskFailed`, otherwise."""
+    if not isinstance(ended, Ok):
+        raise AskFailed(ended.error.message)
+    outcome = ended.value
+    if outcome.kind != "completed" or outcome.final_message is None:
+        raise AskFailed(_why(outcome, []))
+    return 0
+
+
 async def _decided(
     lane: AgentLane, result: Result[Any, Any], decide: Decide | None, ctrl_c: _CtrlC
 ) -> Result[Any, Any]:
@@ -232,7 +254,7 @@ async def _decided(
             calls = "; ".join(_call_text(call) for call in pending)
             raise AskFailed(
                 f"the run on lane {lane.name} waits for approval of {calls}: nobody here can "
-                f"decide (input is not a terminal); `gateway ask --lane {lane.name}` in a "
+                f"decide (input is not a terminal); `{command()} ask --lane {lane.name}` in a "
                 "terminal asks again, and the lane keeps waiting until then"
             )
         decisions: list[ApprovalDecision] = []
@@ -246,7 +268,7 @@ async def _decided(
                 sys.stderr.write("\n")  # the prompt's line is still open
                 raise AskFailed(
                     f"interrupted: nothing was decided; the run on lane {lane.name} keeps "
-                    f"waiting for approval (`gateway ask --lane {lane.name}` asks again)",
+                    f"waiting for approval (`{command()} ask --lane {lane.name}` asks again)",
                     INTERRUPTED,
                 ) from None
             decisions.append(approve(call) if approved else deny(call, DENIED_AT_THE_TERMINAL))
@@ -405,7 +427,7 @@ async def _until_done(lane: AgentLane, call: Coroutine[Any, Any, _R], ctrl_c: _C
         await asyncio.wait({task, again}, timeout=remaining, return_when=asyncio.FIRST_COMPLETED)
     finally:
         again.cancel()
-    resumes = f"the next `gateway ask --lane {lane.name}` resumes it"
+    resumes = f"the next `{command()} ask --lane {lane.name}` resumes it"
     if not task.done() and ctrl_c.again.is_set():
         raise AskFailed(
             f"interrupted twice: stopped without waiting for the run on lane {lane.name} to "

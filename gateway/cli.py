@@ -24,6 +24,7 @@ from config import Settings, SettingsError, format_settings_error, load_settings
 from gateway.ask import AskFailed, ask, terminal
 from gateway.broker import BrokerError
 from gateway.demo import demo, describe
+from gateway.invocation import command
 from gateway.models import ModelConfigError
 from gateway.plugin import PluginError
 from harness_core import (
@@ -68,7 +69,7 @@ def _session_of(target: Sequence[str]) -> str | None:
         return words[1]
     if len(words) == 1 and words[0] != "show":
         return words[0]
-    raise CliError("usage: gateway store [list | show SESSION] [--store URL]")
+    raise CliError(f"usage: {command()} store [list | show SESSION] [--store URL]")
 
 
 def _missing_local_store(url: str) -> str | None:
@@ -98,16 +99,18 @@ async def _run(args: argparse.Namespace, settings: Settings) -> int:
 
         return await serve(settings)
     url = args.store or settings.effective_store_url
-    if args.command == "ask" and not " ".join(args.question).strip():
+    if args.command == "ask" and args.question and not " ".join(args.question).strip():
         raise CliError("the question is empty (the web channel refuses empty text too)")
     if args.command == "store" and (missing := _missing_local_store(url)) is not None:
-        raise CliError(f"no store at {missing} (gateway serve creates it; --store URL for another)")
+        raise CliError(
+            f"no store at {missing} ({command()} serve creates it; --store URL for another)"
+        )
     repo = open_repo(url)
     out: list[str] = []
     try:
         if args.command == "demo":
             session_id = await demo(repo, url, out)
-            out.append(f"inspect it again: gateway store show {session_id} --store {url}")
+            out.append(f"inspect it again: {command()} store show {session_id} --store {url}")
         elif args.command == "store":
             await show(repo, _session_of(args.target), out)
         else:
@@ -165,7 +168,7 @@ def main(argv: Sequence[str] | None = None, settings: Settings | None = None) ->
 
         return ops_main(words[1:], settings)
     parser = argparse.ArgumentParser(
-        prog="gateway", description="A durable LLM agent gateway for Slack and email."
+        prog=command(), description="A durable LLM agent gateway for Slack and email."
     )
     parser.add_argument(
         "--store", help="store URL (default: $GATEWAY_STORE_URL or sqlite:///.gateway/gateway.db)"
@@ -175,7 +178,7 @@ def main(argv: Sequence[str] | None = None, settings: Settings | None = None) ->
     store = commands.add_parser(
         "store",
         help="list sessions, or show one session's lanes and log",
-        usage="gateway store [list | show SESSION] [--store URL]",
+        usage=f"{command()} store [list | show SESSION] [--store URL]",
     )
     store.add_argument("target", nargs="*", help="list (the default), or show SESSION")
     store.add_argument("--store", dest="store", default=argparse.SUPPRESS)
@@ -186,13 +189,20 @@ def main(argv: Sequence[str] | None = None, settings: Settings | None = None) ->
         help="ask the configured agent (GATEWAY_MODEL, scripted:echo by default, with "
         "GATEWAY_PLUGIN's tools; a call that needs approval is put to you at the terminal)",
     )
-    ask_parser.add_argument("question", nargs="+")
+    ask_parser.add_argument(
+        "question",
+        nargs="*",
+        help="what to ask (none: only continue what the lane left open, such as a run "
+        "waiting for approval)",
+    )
     ask_parser.add_argument("--lane", default="cli:default", help="the lane (conversation) to use")
-    ask_parser.add_argument("--store", dest="store", default=argparse.SUPPRESS)
+    ask_parser.add_argument(
+        "--store", dest="store", default=argparse.SUPPRESS, help="store URL (as above)"
+    )
     commands.add_parser(
         "ops",
         help="operate a running gateway over its API: lanes, timelines, resume, approve "
-        "(gateway ops --help)",
+        f"({command()} ops --help)",
     )
     serve_parser = commands.add_parser(
         "serve", help="run the service: the web channel, workers and deliverer (embedded default)"

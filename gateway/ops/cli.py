@@ -34,6 +34,7 @@ from urllib.parse import quote
 import httpx
 
 from config import Settings, SettingsError, format_settings_error, load_settings
+from gateway.invocation import command as typed_command
 
 __all__ = ["main"]
 
@@ -338,8 +339,8 @@ class _Run:
             found = [v for v in listed if v.get("lane") == ref]
         if not found:
             raise OpsError(
-                f"no lane {_clean(ref)!r} (gateway ops lanes lists them; a lane is named by its "
-                "id, its name like web:hello, or SESSION/LANE)"
+                f"no lane {_clean(ref)!r} ({typed_command()} ops lanes lists them; a lane is named "
+                "by its id, its name like web:hello, or SESSION/LANE)"
             )
         if len(found) > 1:
             sessions = ", ".join(sorted(str(v.get("session")) for v in found))
@@ -962,7 +963,7 @@ def _parser() -> argparse.ArgumentParser:
     common = argparse.ArgumentParser(add_help=False)
     _global_options(common, defaults=False)
     parser = argparse.ArgumentParser(
-        prog="gateway ops",
+        prog=f"{typed_command()} ops",
         description="Operate a running gateway over its operator API: list lanes, read their "
         "timelines, resume, approve, abort. A LANE is its id (ln_...), its name (web:hello, "
         "slack:C1:123.4) or SESSION/LANE.",
