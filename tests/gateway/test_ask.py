@@ -152,6 +152,67 @@ async def test_an_approval_without_a_terminal_stops_and_the_lane_keeps_waiting(
     assert result == out[1]
 
 
+async def test_ask_without_a_question_only_continues_what_the_lane_left_open(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.delenv("GATEWAY_COMMAND", raising=False)
+    store = f"sqlite:///{tmp_path}/gw.db"
+    status, _ = await _ask(store, "deploy api")
+    assert isinstance(status, str) and "`gateway ask --lane cli:ship` in a terminal" in status
+
+    async def yes(call: PendingApproval) -> bool:
+        return True
+
+    status, out = await _ask(store, "", yes)  # what that hint runs, at a terminal
+    assert status == 0
+    assert out[0] == "(the run before waited for approval: decided)"
+    assert out[1].startswith("api deployed (request ")
+    assert len(out) == 2  # nothing new was asked
+    status, out = await _ask(store, "")
+    assert status == (
+        "nothing waits on lane cli:ship: write the question (`gateway ask --lane cli:ship TEXT...`)"
+    )
+    assert out == []
+
+
+@pytest.mark.parametrize(
+    ("typed", "named"),
+    [
+        (None, "gateway"),
+        ("scripts/run", "scripts/run"),
+        ("./scripts/run", "./scripts/run"),
+        ("  ", "gateway"),
+        ("scripts/run\nrm -rf /", "gateway"),  # a hint is one line, whatever the variable holds
+    ],
+)
+async def test_hints_name_the_command_as_it_was_typed(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, typed: str | None, named: str
+) -> None:
+    if typed is None:
+        monkeypatch.delenv("GATEWAY_COMMAND", raising=False)
+    else:
+        monkeypatch.setenv("GATEWAY_COMMAND", typed)
+    status, _ = await _ask(f"sqlite:///{tmp_path}/gw.db", "deploy api")
+    assert isinstance(status, str) and f"`{named} ask --lane cli:ship` in a terminal" in status
+
+
+def test_the_command_line_forms_of_ask(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.setenv("GATEWAY_COMMAND", "scripts/run")
+    store = f"sqlite:///{tmp_path}/gw.db"
+    assert main(["ask", "--store", store, "--lane", "cli:x"], settings=Settings()) == 2
+    assert capsys.readouterr().err == (
+        "gateway: nothing waits on lane cli:x: write the question "
+        "(`scripts/run ask --lane cli:x TEXT...`)\n"
+    )
+    assert main(["ask", "--store", store, "  "], settings=Settings()) == 2
+    assert "the question is empty" in capsys.readouterr().err
+    with pytest.raises(SystemExit):
+        main(["ask", "--help"], settings=Settings())
+    assert capsys.readouterr().out.startswith("usage: scripts/run ask ")
+
+
 async def test_a_call_denied_at_the_terminal_does_not_run(tmp_path: Path) -> None:
     store = f"sqlite:///{tmp_path}/gw.db"
 
