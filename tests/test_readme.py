@@ -193,6 +193,9 @@ BENCHES: dict[str, Bench] = {
     ".venv/bin/python bench/email_latency.py --mails 30": Bench(
         ".venv/bin/python bench/email_latency.py --mails 2", r"email: 2 mails"
     ),
+    ".venv/bin/python bench/email_latency.py --mails 2": Bench(
+        ".venv/bin/python bench/email_latency.py --mails 2", r"email: 2 mails"
+    ),
     ".venv/bin/python -m bench.kill_soak --kills 200": Bench(
         ".venv/bin/python -m bench.kill_soak --kills 2 --backends sqlite", r"sqlite \| 2 \|"
     ),
