@@ -12,7 +12,13 @@ from pathlib import Path
 import pytest
 
 from harness_core.hooks import RequestOptions
-from harness_core.messages import AssistantMessage, TextPart, TokenUsage, message_text
+from harness_core.messages import (
+    AssistantMessage,
+    StopReason,
+    TextPart,
+    TokenUsage,
+    message_text,
+)
 from harness_core.models import ModelInfo, is_recoverable_length
 from harness_core.models.scripted import length, text
 from harness_core.options import CompactionSettings
@@ -23,10 +29,10 @@ from tests.support.harness_kit import make_kit
 MODEL_CAP = ModelInfo(context_window=100_000, max_output_tokens=1_000)
 
 
-def stop(output: int, prompt: int, reason: str = "length") -> AssistantMessage:
+def stop(output: int, prompt: int, reason: StopReason = "length") -> AssistantMessage:
     return AssistantMessage(
         content=(TextPart(text="..."),),
-        stop_reason=reason,  # type: ignore[arg-type]
+        stop_reason=reason,
         usage=TokenUsage(input=prompt, output=output, total_tokens=prompt + output),
     )
 
