@@ -21,12 +21,14 @@ from pydantic_ai.models import Model
 
 from harness_core.messages import (
     AssistantMessage,
+    TextPart,
     ThinkingPart,
     ToolCallPart,
     ToolResultMessage,
+    UserMessage,
     message_text,
 )
-from harness_core.models import ModelRef
+from harness_core.models import ModelRef, ModelRequest
 from harness_core.models.pydantic_ai import PydanticAIModel
 from harness_core.result import Ok
 from harness_core.session.entries import MessageEntry
@@ -267,6 +269,8 @@ async def test_a_recorded_exchange_runs_the_tools_and_answers(
     kit.harness._rt.model = client  # the same harness, talking HTTP
     await kit.harness.set_model(ModelRef(provider=PROVIDER[exchange.api], model_id="m"))
     fake.replay(exchange.calls, exchange.answer)
+    partials: list[str] = []
+    kit.harness.events.on("message_update", lambda e: partials.append(message_text(e.message)))
 
     outcome = await kit.harness.prompt("deploy api and tell me how api and web are")
 
@@ -277,6 +281,8 @@ async def test_a_recorded_exchange_runs_the_tools_and_answers(
     assert final is not None and message_text(final).strip() == exchange.text
     assert "<think>" not in message_text(final) and "</think>" not in message_text(final)
     assert any(isinstance(p, ThinkingPart) for p in final.content) is exchange.thinking
+    assert bool(partials) is exchange.stream  # streamed answers show progress ...
+    assert not [p for p in partials if "think>" in p or "Okay" in p]  # ... never the thinking
 
     first, second = fake.requests
     sent = str(first.body["tools"])
@@ -319,6 +325,8 @@ async def test_the_providers_own_output_cap_keeps_what_came(
     kit.harness._rt.model = client
     await kit.harness.set_model(ModelRef(provider=PROVIDER[api], model_id="m"))
     fake.replay(replay)
+    partials: list[str] = []
+    kit.harness.events.on("message_update", lambda e: partials.append(message_text(e.message)))
 
     outcome = await kit.harness.prompt("hello")
 
@@ -328,5 +336,70 @@ async def test_the_providers_own_output_cap_keeps_what_came(
     assert final is not None and final.stop_reason == "length"
     assert (message_text(final) or None) == kept  # the thinking never becomes the answer
     assert any(isinstance(p, ThinkingPart) for p in final.content) is (kept is None)
+    assert not [p for p in partials if "think>" in p or "Hmm" in p]  # nor while it streamed
     usage = await kit.storage.find_records(RecordQuery(type="usage"))
     assert [u.record.usage.output for u in usage] == [100]  # type: ignore[union-attr]
+
+
+class Node(BaseModel):
+    """A recursive model: its schema refers to itself."""
+
+    name: str
+    children: list[Node] = Field(default_factory=list)
+
+
+class Cat(BaseModel):
+    kind: Literal["cat"] = "cat"
+    lives: int = 9
+
+
+class Dog(BaseModel):
+    kind: Literal["dog"] = "dog"
+    good: bool = True
+
+
+class Pet(BaseModel):
+    pet: Cat | Dog = Field(discriminator="kind")
+
+
+class Deep(BaseModel):
+    level: Deep | None = None
+    limits: dict[str, int] = Field(default_factory=dict)
+    priority: Literal[1, 2, 3] = 2
+    at: str | None = Field(default=None, json_schema_extra={"format": "date-time"})
+
+
+ARGS_SCHEMAS: dict[str, type[BaseModel]] = {
+    "nested, enum, optional, array": DeployArgs,
+    "recursive": Node,
+    "discriminated union": Pet,
+    "self-nesting, a map, an int enum, a format": Deep,
+}
+ANSWERS = {
+    "chat": "chat/answer.json",
+    "responses": "responses/answer.json",
+    "messages": "messages/answer.json",
+}
+
+
+@pytest.mark.parametrize("api", list(ANSWERS))
+@pytest.mark.parametrize("args", list(ARGS_SCHEMAS.values()), ids=list(ARGS_SCHEMAS))
+async def test_every_kind_of_args_schema_goes_out_unchanged_for_the_next_request(
+    fake: FakeLLM, api: str, args: type[BaseModel]
+) -> None:
+    tool = Tool(name="act", description="Act.", execute=deploy, args_model=args)
+    definition = tool.definition()
+    request = ModelRequest(
+        model=ModelRef(provider=PROVIDER[api], model_id="m"),
+        messages=(UserMessage(content=(TextPart(text="go"),)),),
+        tools=(definition,),
+    )
+    client = PydanticAIModel(lambda ref: BUILDERS[api](fake), stream=False)
+    fake.replay(ANSWERS[api], ANSWERS[api])
+    first = await client.request(request)
+    second = await client.request(request)  # the same frozen definition, sent again
+    fake.assert_drained()
+    assert (first.stop_reason, second.stop_reason) == ("stop", "stop"), (first.error, second.error)
+    sent = [r.body["tools"] for r in fake.requests]
+    assert sent[0] == sent[1]  # nothing was edited in place between the two
+    assert definition == tool.definition()  # nor in the stored definition
