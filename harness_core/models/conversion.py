@@ -186,6 +186,7 @@ def _stop_reason(response: pai.ModelResponse, has_calls: bool) -> StopReason:
 
 _THINK_OPEN = "<think>"
 _THINK_CLOSE = "</think>"
+_BREAKS = "\r\n"  # dropped after a closing tag (an indented answer keeps its indent)
 
 
 def _split_think(text: str) -> tuple[str | None, str]:
@@ -201,7 +202,7 @@ def _split_think(text: str) -> tuple[str | None, str]:
     end = body.find(_THINK_CLOSE)
     if end < 0:
         return body, ""
-    return body[:end], body[end + len(_THINK_CLOSE) :].lstrip()
+    return body[:end], body[end + len(_THINK_CLOSE) :].lstrip(_BREAKS)
 
 
 def _content(response: pai.ModelResponse) -> list[AssistantContent]:
@@ -213,7 +214,7 @@ def _content(response: pai.ModelResponse) -> list[AssistantContent]:
             if thinking is not None:
                 content.append(ThinkingPart(thinking=thinking))
             if not answered and content and isinstance(content[-1], ThinkingPart):
-                text = text.lstrip()  # the blank lines after a closing tag
+                text = text.lstrip(_BREAKS)  # the blank lines after a closing tag
             if text:
                 content.append(TextPart(text=text))
                 answered = True
@@ -225,7 +226,7 @@ def _content(response: pai.ModelResponse) -> list[AssistantContent]:
                 continue
             # a tagged block whose closing tag came glued to the answer's first words
             content.append(ThinkingPart(thinking=part.content[:end]))
-            rest = part.content[end + len(_THINK_CLOSE) :].lstrip()
+            rest = part.content[end + len(_THINK_CLOSE) :].lstrip(_BREAKS)
             if rest:
                 content.append(TextPart(text=rest))
                 answered = True
