@@ -16,7 +16,7 @@ To start your own agent, copy this file next to your configuration as ``agent.py
 
 from __future__ import annotations
 
-from typing import Any
+from typing import Literal
 
 from pydantic import BaseModel, Field
 
@@ -38,16 +38,28 @@ from harness_core.models.scripted import text, tool_call
 __all__ = ["model", "respond", "tools"]
 
 
+class WindowArgs(BaseModel):
+    """What ``deploy_window`` takes: the model sees this as the tool's JSON schema."""
+
+    environment: Literal["production", "staging"] = Field(
+        default="production", description="Which environment's deploy window."
+    )
+
+
 class DeployArgs(BaseModel):
-    """What ``deploy`` takes: the model sees this as the tool's JSON schema."""
+    """What ``deploy`` takes (the arguments a person approves)."""
 
     service: str = Field(
         min_length=1, max_length=100, description="The service to deploy, like api or web."
     )
+    environment: Literal["production", "staging"] = "production"
+    note: str | None = Field(default=None, max_length=500, description="Why, for the approver.")
 
 
-async def deploy_window(args: Any, ctx: ToolContext) -> str:
+async def deploy_window(args: WindowArgs, ctx: ToolContext) -> str:
     """A read: running it twice is harmless, so a crash mid-call simply runs it again."""
+    if args.environment == "staging":
+        return "Staging deploys are open at any time."
     return "Deploys are open Tuesday to Thursday, 10:00-16:00 UTC."
 
 
@@ -67,6 +79,7 @@ def tools() -> list[Tool]:
             name="deploy_window",
             description="When deploys to production are allowed.",
             execute=deploy_window,
+            args_model=WindowArgs,
             replay="safe",
         ),
         Tool(

@@ -37,6 +37,7 @@ from config.settings import number
 from gateway.invocation import command
 from gateway.models import model_from_settings
 from gateway.plugin import load_plugin
+from gateway.replies import answer_text
 from harness_core import (
     AgentHarness,
     AgentHarnessOptions,
@@ -58,7 +59,6 @@ from harness_core import (
     WriterLease,
     approve,
     deny,
-    message_text,
 )
 
 __all__ = [
@@ -189,7 +189,7 @@ async def _ask(
                         else f"(resumed an interrupted {op.kind}{then})"
                     )
                     if isinstance(ended, Ok) and ended.value.final_message is not None:
-                        out.append(message_text(ended.value.final_message))
+                        out.append(answer_text(ended.value.final_message))
                     if not question:
                         return _continued(ended)
             if not question:
@@ -224,7 +224,7 @@ async def _ask(
     final = outcome.final_message
     if outcome.kind != "completed" or final is None:
         raise AskFailed(_why(outcome, retries))
-    out.append(message_text(final))
+    out.append(answer_text(final))
     usage = final.usage
     if usage is not None:
         out.append(f"({model}: {usage.input} tokens in, {usage.output} out)")

@@ -125,6 +125,8 @@ def _explaining_models() -> Mapping[str, Any]:
     from pydantic_ai.settings import ModelSettings
     from pydantic_ai.tools import RunContext
 
+    from gateway.chat_usage import reporting_totals
+
     class Explaining(Model):
         async def request(
             self,
@@ -157,7 +159,7 @@ def _explaining_models() -> Mapping[str, Any]:
                 _explain(exc, self)
                 raise
 
-    class Chat(Explaining, OpenAIChatModel):
+    class Chat(Explaining, reporting_totals(OpenAIChatModel)):  # type: ignore[misc]
         pass
 
     class Responses(Explaining, OpenAIResponsesModel):

@@ -38,11 +38,14 @@ from harness_core.session.records import (
 from harness_core.session.types import RecordQuery, StoredRecord
 
 __all__ = [
+    "CUT_OFF_BEFORE_ANSWER",
+    "CUT_OFF_NOTE",
     "LATE_DECISION_TEXT",
     "MISMATCHED_DECISION_TEXT",
     "REFUSED_TEXT",
     "STUCK_TEXT",
     "Reply",
+    "answer_text",
     "approval_outbound",
     "delivery_id",
     "enqueue_decision_notice",
@@ -58,6 +61,9 @@ __all__ = [
 ]
 
 NO_ANSWER = "(The run ended without a text answer.)"
+CUT_OFF_NOTE = "(The answer was cut off at the model's output limit.)"
+"""Closes an answer that stopped at an output limit, on its own line, in every channel (D133)."""
+CUT_OFF_BEFORE_ANSWER = "(The model reached its output limit before it wrote an answer.)"
 REFUSED_TEXT = "Sorry, I could not take that message. Please send it again in other words."
 STUCK_TEXT = (
     "Sorry, this conversation is stuck: my work on it was interrupted too many times. "
@@ -232,7 +238,18 @@ async def _final_text(storage: SessionStorage, entry_id: str | None) -> str:
     if stored is None or not isinstance(stored.entry, MessageEntry):
         return NO_ANSWER
     message = stored.entry.message
-    text = message_text(message).strip() if isinstance(message, AssistantMessage) else ""
+    return answer_text(message) if isinstance(message, AssistantMessage) else NO_ANSWER
+
+
+def answer_text(message: AssistantMessage) -> str:
+    """What a person is shown of a run's final message, in every channel.
+
+    Its text (never its thinking); an answer that stopped at an output limit is delivered as it
+    came, with a line saying so (D133).
+    """
+    text = message_text(message).strip()
+    if message.stop_reason == "length":
+        return f"{text}\n\n{CUT_OFF_NOTE}" if text else CUT_OFF_BEFORE_ANSWER
     return text or NO_ANSWER
 
 

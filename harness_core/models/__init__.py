@@ -135,14 +135,25 @@ def is_context_overflow(message: AssistantMessage, info: ModelInfo | None) -> bo
     return info is not None and usage is not None and usage.input > info.context_window
 
 
-def is_recoverable_length(message: AssistantMessage, desired_max_output: int) -> bool:
-    """A ``length`` stop below the intended output cap: context pressure, which compaction helps.
+def is_recoverable_length(
+    message: AssistantMessage, desired_max_output: int, context_window: int | None = None
+) -> bool:
+    """A ``length`` stop that compaction can help: the prompt left too little room for the answer.
 
-    Reaching the intended cap (reasoning included) is a genuine output limit; stopping below it
-    means the prompt left too little room or the provider truncated. No context-percentage
-    heuristics.
+    Reaching the intended output cap (reasoning included) is a genuine output limit. Stopping
+    below it is context pressure only when the prompt left less room in `context_window` than
+    that cap (a request the provider clamped to what was left, a Qwen-style empty ``length`` at
+    a full window); with room to spare it is the provider's own output cap (its default
+    ``max_tokens``, a server's limit), which compaction cannot change: genuine too (D132).
+    Without a known window, any stop below the cap counts as pressure. No percentages.
     """
     if message.stop_reason != "length":
         return False
-    output = message.usage.output if message.usage is not None else 0
-    return not (desired_max_output > 0 and output >= desired_max_output)
+    usage = message.usage
+    output = usage.output if usage is not None else 0
+    if desired_max_output > 0 and output >= desired_max_output:
+        return False
+    if context_window is None or desired_max_output <= 0:
+        return True
+    prompt = usage.input if usage is not None else 0
+    return context_window - prompt < desired_max_output

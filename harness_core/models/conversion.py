@@ -4,6 +4,11 @@ Used at the model boundary (`PydanticAIModel`) and for portable state (`HarnessS
 messages can be written as pydantic-ai `ModelMessagesTypeAdapter` JSON and read back. The
 mapping is lossless for what the project keeps: text, images, thinking (with signatures), tool
 calls, tool results with their outcome, stop reasons and usage.
+
+Reasoning models that write their thinking into the answer's text between ``<think>`` and
+``</think>`` get it back as thinking, never as text (D134): pydantic-ai splits the tags only
+when each arrives as a delta of its own, so a leading block it left in the text (or a closing
+tag it left in the thinking) is split here, and an unterminated leading block is all thinking.
 """
 
 from __future__ import annotations
@@ -150,8 +155,14 @@ def _request_usage(usage: TokenUsage | None) -> Any:
 
 
 def token_usage(usage: Any, cost: float | None = None) -> TokenUsage:
-    """A pydantic-ai `RequestUsage` as the ledger's `TokenUsage` (cost in dollars if known)."""
-    total = usage.input_tokens + usage.output_tokens
+    """A pydantic-ai `RequestUsage` as the ledger's `TokenUsage` (cost in dollars if known).
+
+    The total is the provider's own when a model kept it in ``details["total_tokens"]`` (some
+    count thinking tokens there only, D135), else input + output.
+    """
+    reported = usage.details.get("total_tokens") if usage.details else None
+    counted = usage.input_tokens + usage.output_tokens
+    total = reported if isinstance(reported, int) and reported > 0 else counted
     return TokenUsage(
         input=usage.input_tokens,
         output=usage.output_tokens,
@@ -173,23 +184,66 @@ def _stop_reason(response: pai.ModelResponse, has_calls: bool) -> StopReason:
     return "stop"
 
 
-def from_model_response(
-    response: pai.ModelResponse, provider: str | None = None
-) -> AssistantMessage:
-    """A settled pydantic-ai response as an `AssistantMessage` (suspension is the caller's)."""
+_THINK_OPEN = "<think>"
+_THINK_CLOSE = "</think>"
+_BREAKS = "\r\n"  # dropped after a closing tag (an indented answer keeps its indent)
+
+
+def _split_think(text: str) -> tuple[str | None, str]:
+    """(thinking, answer) of a text that opens with a ``<think>`` block; (None, text) otherwise.
+
+    An unterminated block is all thinking: the model is still thinking (a partial message) or
+    was cut off before it answered.
+    """
+    stripped = text.lstrip()
+    if not stripped.startswith(_THINK_OPEN):
+        return None, text
+    body = stripped[len(_THINK_OPEN) :]
+    end = body.find(_THINK_CLOSE)
+    if end < 0:
+        return body, ""
+    return body[:end], body[end + len(_THINK_CLOSE) :].lstrip(_BREAKS)
+
+
+def _content(response: pai.ModelResponse) -> list[AssistantContent]:
     content: list[AssistantContent] = []
+    answered = False  # a text part came (only a leading block is thinking)
     for part in response.parts:
         if isinstance(part, pai.TextPart):
-            if part.content:
-                content.append(TextPart(text=part.content))
+            thinking, text = (None, part.content) if answered else _split_think(part.content)
+            if thinking is not None:
+                content.append(ThinkingPart(thinking=thinking))
+            if not answered and content and isinstance(content[-1], ThinkingPart):
+                text = text.lstrip(_BREAKS)  # the blank lines after a closing tag
+            if text:
+                content.append(TextPart(text=text))
+                answered = True
         elif isinstance(part, pai.ThinkingPart):
-            content.append(ThinkingPart(thinking=part.content, signature=part.signature))
+            tagged = part.id == "content" and part.signature is None  # from tags in the text
+            end = part.content.find(_THINK_CLOSE) if tagged else -1
+            if end < 0:
+                content.append(ThinkingPart(thinking=part.content, signature=part.signature))
+                continue
+            # a tagged block whose closing tag came glued to the answer's first words
+            content.append(ThinkingPart(thinking=part.content[:end]))
+            rest = part.content[end + len(_THINK_CLOSE) :].lstrip(_BREAKS)
+            if rest:
+                content.append(TextPart(text=rest))
+                answered = True
         elif isinstance(part, pai.ToolCallPart):
             content.append(
                 ToolCallPart(
                     id=part.tool_call_id, name=part.tool_name, arguments=part.args_as_dict()
                 )
             )
+    return content
+
+
+def from_model_response(
+    response: pai.ModelResponse, provider: str | None = None
+) -> AssistantMessage:
+    """A settled pydantic-ai response as an `AssistantMessage` (suspension is the caller's)."""
+    content = _content(response)
     has_calls = any(isinstance(p, ToolCallPart) for p in content)
     stop = _stop_reason(response, has_calls)
     details = response.provider_details or {}

@@ -116,7 +116,8 @@ class PydanticAIModel:
                 PaiToolDefinition(
                     name=tool.name,
                     description=tool.description,
-                    parameters_json_schema=dict(tool.parameters),
+                    # a deep, mutable copy: the providers' schema transformers edit it in place
+                    parameters_json_schema=thaw_json(tool.parameters),
                 )
                 for tool in request.tools
             ],

@@ -88,12 +88,18 @@ def error(
     )
 
 
-def length(content: str, *, output_tokens: int) -> AssistantMessage:
-    """An answer cut off at `output_tokens` (compare with the request's intended cap)."""
+def length(content: str, *, output_tokens: int, input_tokens: int = 0) -> AssistantMessage:
+    """An answer cut off at `output_tokens` (compare with the request's intended cap).
+
+    `input_tokens` is the prompt the provider reports (0: the request's estimate); a prompt that
+    leaves less room in the window than the intended cap makes the stop context pressure.
+    """
     return AssistantMessage(
         content=(TextPart(text=content),),
         stop_reason="length",
-        usage=TokenUsage(output=output_tokens),
+        usage=TokenUsage(
+            input=input_tokens, output=output_tokens, total_tokens=input_tokens + output_tokens
+        ),
     )
 
 

@@ -494,7 +494,7 @@ SCENARIOS = [
         "overflow, compaction, retry",
         scripted_turns(
             lambda r: (
-                length("cut", output_tokens=1)
+                length("cut", output_tokens=1, input_tokens=99_950)  # 50 left of a 100 cap
                 if not message_text(r.messages[0]).startswith("Summary") and len(r.messages) > 2
                 else text("answer")
             )

@@ -19,8 +19,14 @@ from adapters.testing import RecordingChannel
 from adapters.web import WebChannel, open_mailbox
 from config import Settings
 from gateway.broker.contract import NewInboxItem
-from gateway.replies import LATE_DECISION_TEXT, MISMATCHED_DECISION_TEXT, REFUSED_TEXT
+from gateway.replies import (
+    CUT_OFF_NOTE,
+    LATE_DECISION_TEXT,
+    MISMATCHED_DECISION_TEXT,
+    REFUSED_TEXT,
+)
 from gateway.service import Service, ServiceParts
+from tests.support.gateway_agent import CUT_OFF_ANSWER
 from tests.support.gateway_rig import decision_body, lane_texts
 
 AGENT = "tests.support.gateway_agent"
@@ -115,6 +121,14 @@ async def test_a_message_goes_in_and_its_reply_comes_out(gateway: Gateway) -> No
     assert gateway.fake.duplicates() == {}
     health = await gateway.http.get("/readyz")
     assert health.status_code == 200, health.text
+
+
+async def test_an_answer_cut_off_at_the_output_limit_is_delivered_and_says_so(
+    gateway: Gateway,
+) -> None:
+    await gateway.post("cut", "/cutoff")
+    [reply] = await gateway.answers("cut", 1)
+    assert reply["kind"] == "reply" and reply["text"] == f"{CUT_OFF_ANSWER}\n\n{CUT_OFF_NOTE}"
 
 
 async def test_a_redelivered_message_is_one_user_entry_and_one_reply(gateway: Gateway) -> None:

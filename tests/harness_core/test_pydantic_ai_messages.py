@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import base64
 
+import pytest
 from pydantic_ai import messages as pai
 
 from harness_core.messages import (
@@ -18,6 +19,7 @@ from harness_core.messages import (
     UserMessage,
 )
 from harness_core.models.conversion import (
+    from_model_response,
     message_json,
     messages_from_json,
     to_model_messages,
@@ -86,3 +88,59 @@ def test_a_json_round_trip_keeps_every_message() -> None:
     assert pai.ModelMessagesTypeAdapter.validate_json(blob)  # it is pydantic-ai's own format
     _, twice = messages_from_json(message_json(back, system))
     assert twice == back  # stable from the first trip on
+
+
+def _think(content: str, id: str | None = "content") -> pai.ThinkingPart:
+    return pai.ThinkingPart(content=content, id=id)
+
+
+# (case, pydantic-ai's parts, the thinking kept, the answer's text)
+THINK_CASES = [
+    ("a leading block", [pai.TextPart("<think>a</think>\n\nb")], ["a"], "b"),
+    ("blank space before the tag", [pai.TextPart(" \n<think>a</think>b")], ["a"], "b"),
+    ("unterminated: still thinking", [pai.TextPart("<think>a")], ["a"], ""),
+    ("only the opening tag so far", [pai.TextPart("<think>")], [""], ""),
+    ("a block and nothing after it", [pai.TextPart("<think>a</think>")], ["a"], ""),
+    (
+        "a tag later in the answer is text",
+        [pai.TextPart("b <think>a</think>")],
+        [],
+        "b <think>a</think>",
+    ),
+    (
+        "another tag name is text",
+        [pai.TextPart("<thinking>a</thinking>b")],
+        [],
+        "<thinking>a</thinking>b",
+    ),
+    (
+        "a second text part is text",
+        [pai.TextPart("b"), pai.TextPart("<think>a</think>")],
+        [],
+        "b<think>a</think>",
+    ),
+    ("</think> glued to the answer", [_think("a</think>\n\nb")], ["a"], "b"),
+    (
+        "a provider's reasoning field is kept whole",
+        [_think("a</think>b", "reasoning_content")],
+        ["a</think>b"],
+        "",
+    ),
+    (
+        "an indented answer keeps its indent",
+        [_think("a"), pai.TextPart("\n    code")],
+        ["a"],
+        "    code",
+    ),
+]
+
+
+@pytest.mark.parametrize(
+    ("parts", "thinking", "text"), [c[1:] for c in THINK_CASES], ids=[c[0] for c in THINK_CASES]
+)
+def test_think_tags_in_an_answer_are_thinking(
+    parts: list[pai.ModelResponsePart], thinking: list[str], text: str
+) -> None:
+    message = from_model_response(pai.ModelResponse(parts=parts))
+    assert [p.thinking for p in message.content if isinstance(p, ThinkingPart)] == thinking
+    assert "".join(p.text for p in message.content if isinstance(p, TextPart)) == text

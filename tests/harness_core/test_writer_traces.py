@@ -32,6 +32,8 @@ from harness_core.tools import Tool, ToolContext, tool
 from tests.support.harness_kit import Kit, make_kit
 
 REQUEST_HOOKS = [("H", "before_request"), ("H", "transform_context")]
+PRESSED = 99_500
+"""A reported prompt that leaves 500 of a 100,000 window: less than the 1,000 cap (D132)."""
 
 
 def step(attempt: int = 1) -> list[tuple[str, str]]:
@@ -466,7 +468,12 @@ async def test_overflow_compacts_once_then_retries(backend, tmp_path) -> None:
     kit = await make_kit(
         backend,
         tmp_path,
-        [text("first answer"), length("cut", output_tokens=3), text("summary"), text("fits now")],
+        [
+            text("first answer"),
+            length("cut", output_tokens=3, input_tokens=PRESSED),
+            text("summary"),
+            text("fits now"),
+        ],
         compaction=CompactionSettings(keep_recent_tokens=10),
     )
     kit.model.info = ModelInfo(context_window=100_000, max_output_tokens=1_000)
@@ -497,9 +504,9 @@ async def test_length_twice_gives_up_after_one_recovery(backend, tmp_path) -> No
         tmp_path,
         [
             text("first answer"),
-            length("cut", output_tokens=3),
+            length("cut", output_tokens=3, input_tokens=PRESSED),
             text("summary"),
-            length("cut again", output_tokens=2),
+            length("cut again", output_tokens=2, input_tokens=PRESSED),
         ],
         compaction=CompactionSettings(keep_recent_tokens=10),
     )

@@ -31,6 +31,13 @@ answers and :meth:`FakeLLM.assert_drained` checks nothing is left over and nothi
 
 Every request (any path) is recorded in :attr:`FakeLLM.requests` before it is answered.
 
+Recorded provider answers: ``fake.replay("chat/tool_call_stream.sse")`` queues a fixture from
+``tests/support/provider_replays/`` (the shapes of pydantic-ai's recorded real exchanges; that
+directory's README says which recording each follows). It is served byte for byte, an SSE stream
+event by event, and only to the endpoint and mode it was recorded for (its directory: ``chat``,
+``responses``, ``messages``; ``.sse`` streamed, ``.json`` not): anything else is answered ``500``
+and counted in ``unscripted``, so a test cannot pass on a shape it did not ask for.
+
 Background (Responses API) jobs: ``POST /v1/responses`` with ``"background": true`` takes the next
 reply, answers ``status: "queued"`` at once and keeps the job. Each ``GET`` counts a poll: the
 first ``reply.pending_polls`` polls answer ``"in_progress"``, the next one answers the terminal
@@ -65,6 +72,7 @@ import re
 from collections import deque
 from collections.abc import Awaitable, Iterator, Mapping, Sequence
 from dataclasses import dataclass
+from pathlib import Path
 from types import TracebackType
 from typing import TYPE_CHECKING, Any, Literal, Protocol, Self, TypeAlias
 
@@ -76,12 +84,14 @@ if TYPE_CHECKING:
     from pydantic_ai.settings import ModelSettings
 
 __all__ = [
+    "REPLAYS",
     "Api",
     "BackgroundJob",
     "Failure",
     "FakeLLM",
     "Finish",
     "Hang",
+    "Recorded",
     "RecordedRequest",
     "Reply",
     "Scripted",
@@ -99,6 +109,9 @@ Finish = Literal["stop", "length", "tool_calls"]
 
 Api = Literal["chat", "responses", "responses.retrieve", "responses.cancel", "messages", "unknown"]
 """Which endpoint a recorded request hit."""
+
+REPLAYS = Path(__file__).parent / "provider_replays"
+"""The recorded provider answers :meth:`FakeLLM.replay` serves."""
 
 CREATED = 1_700_000_000
 """The fixed ``created``/``created_at`` timestamp of every answer (deterministic)."""
@@ -242,7 +255,33 @@ class Hang:
     """What to answer once released; None answers a 503."""
 
 
-Scripted: TypeAlias = Reply | Failure | Hang
+@dataclass(frozen=True)
+class Recorded:
+    """A recorded provider answer served byte for byte (see :meth:`FakeLLM.replay`)."""
+
+    name: str
+    api: Api
+    stream: bool
+    body: bytes
+
+    @classmethod
+    def load(cls, name: str) -> Recorded:
+        """The fixture ``provider_replays/<name>``; its leading ``#`` lines say where it is from."""
+        path = REPLAYS / name
+        api = path.parent.name
+        if api not in ("chat", "responses", "messages") or path.suffix not in (".sse", ".json"):
+            raise ValueError(f"{name}: expected chat|responses|messages/<name>.sse|.json")
+        lines = path.read_bytes().splitlines(keepends=True)
+        while lines and lines[0].startswith(b"#"):
+            lines.pop(0)
+        return cls(name, api, path.suffix == ".sse", b"".join(lines))  # type: ignore[arg-type]
+
+    def events(self) -> list[bytes]:
+        """A stream's events, each with its blank line (an event is one network write)."""
+        return [event + b"\n\n" for event in self.body.split(b"\n\n") if event.strip()]
+
+
+Scripted: TypeAlias = Reply | Failure | Hang | Recorded
 
 
 @dataclass
@@ -432,6 +471,12 @@ class FakeLLM:
         self._queue.append(scripted)
         return scripted
 
+    def replay(self, *names: str) -> list[Recorded]:
+        """Queue recorded answers (``provider_replays/<api>/<name>``), in order."""
+        items = [Recorded.load(name) for name in names]
+        self._queue.extend(items)
+        return items
+
     def push(self, *items: Scripted) -> None:
         """Queue already built ``Reply`` / ``Failure`` / ``Hang`` items, in order."""
         self._queue.extend(items)
@@ -546,6 +591,8 @@ class FakeLLM:
                 ),
             )
         stream = recorded.stream
+        if isinstance(scripted, Recorded):
+            return await self._recorded(request, scripted, api, stream)
         if isinstance(scripted, Failure) and not (scripted.in_stream and stream):
             return _error_for(api, scripted)
         model = _model_of(body, scripted)
@@ -554,6 +601,31 @@ class FakeLLM:
         if api == "responses":
             return await self._responses(request, body, scripted, model, stream)
         return await self._messages(request, scripted, model, stream)
+
+    async def _recorded(
+        self, request: web.Request, recorded: Recorded, api: Api, stream: bool
+    ) -> web.StreamResponse:
+        if recorded.api != api or recorded.stream != stream:
+            self.unscripted += 1
+            mode = "streamed" if stream else "unstreamed"
+            return _error_for(
+                api,
+                Failure(
+                    500,
+                    f"FakeLLM: the replay {recorded.name} does not answer a {mode} {api} request",
+                    error_type="fake_llm_unscripted",
+                ),
+            )
+        if not stream:
+            return web.Response(body=recorded.body, content_type="application/json")
+        response = web.StreamResponse(
+            status=200, headers={"content-type": "text/event-stream", "cache-control": "no-cache"}
+        )
+        await response.prepare(request)
+        for event in recorded.events():
+            await response.write(event)
+        await response.write_eof()
+        return response
 
     # ---- OpenAI Chat Completions
 

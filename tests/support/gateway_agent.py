@@ -12,6 +12,8 @@ The model answers by the newest user message:
   charge is done once, then every attempt dies until an operator resumes with
   ``tool_recovery=never``;
 * ``/fail``: the model fails for good (an authentication error): the run fails;
+* ``/cutoff``: the answer stops at the provider's own output limit (``length`` after 100
+  tokens, no caller cap): delivered with the line that says so;
 * anything else: echoed back (``You said: ...``), after seeing every steered message.
 
 After a tool result it answers ``Done: <result>``. With ``AGENT_TEST_LEDGER`` set, the web
@@ -44,9 +46,10 @@ from harness_core import (
     UserMessage,
     message_text,
 )
-from harness_core.models.scripted import error, text, tool_call, tool_calls
+from harness_core.models.scripted import error, length, text, tool_call, tool_calls
 
 MODEL = ModelRef(provider="scripted", model_id="gateway-test")
+CUT_OFF_ANSWER = "Deploys are open Tuesday to Thursday, and the next"
 
 
 def respond(request: ModelRequest) -> AssistantMessage:
@@ -69,6 +72,8 @@ def respond(request: ModelRequest) -> AssistantMessage:
         return tool_call("poison", {})
     if word == "/fail":
         return error("auth", retryable=False, message="the key was refused")
+    if word == "/cutoff":
+        return length(CUT_OFF_ANSWER, output_tokens=100)
     if word == "/charge-then-poison":
         return tool_calls(("charge", {"amount": "5"}, None), ("poison", {}, None))
     return text(f"You said: {said}")

@@ -133,7 +133,8 @@ class Steps(Part):
         # the intended cap is the lower of the caller's and the model's own (D31)
         caps = [cap for cap in (options.max_output_tokens, info and info.max_output_tokens) if cap]
         desired = min(caps) if caps else 0
-        return is_context_overflow(message, info) or is_recoverable_length(message, desired)
+        window = info.context_window if info is not None else None
+        return is_context_overflow(message, info) or is_recoverable_length(message, desired, window)
 
     async def _backoff(self, step: StepKind, attempt: int, message: AssistantMessage) -> None:
         retry = self.rt.options.retry

@@ -21,7 +21,9 @@ import httpx
 import pytest
 
 from config import Settings
+from gateway.replies import CUT_OFF_NOTE
 from gateway.service import Service
+from tests.support.gateway_agent import CUT_OFF_ANSWER
 from tests.support.gateway_rig import lane_texts
 from tests.support.mail_servers import Dovecot, MailUser, SmtpServer
 
@@ -149,6 +151,12 @@ async def test_a_mail_is_answered_in_its_thread(mail: Mail) -> None:
     # Dovecot threads them: the person's copy of the question is not there, so thread the
     # reply with the bot's own copy (the bot Bccs itself)
     assert await mail.user_texts(f"email:{asked['Message-ID']}") == ["what is our deploy window?"]
+
+
+async def test_an_answer_cut_off_at_the_output_limit_says_so_in_the_mail(mail: Mail) -> None:
+    mail.write("/cutoff")
+    [reply] = await mail.replies(1)
+    assert f"{CUT_OFF_ANSWER}\n\n{CUT_OFF_NOTE}" in _text(reply).replace("\r\n", "\n")
 
 
 async def test_a_reply_to_the_reply_continues_the_lane(mail: Mail) -> None:

@@ -17,9 +17,11 @@ import pytest
 
 from adapters.channel import Unavailable
 from config import Settings
+from gateway.replies import CUT_OFF_NOTE
 from gateway.serve import serve
 from gateway.service import Service
 from tests.support.fake_slack import FakeSlack, Message, event_envelope, form_body, signed_headers
+from tests.support.gateway_agent import CUT_OFF_ANSWER
 from tests.support.gateway_rig import lane_texts
 from tests.support.redis_server import free_port
 
@@ -115,6 +117,13 @@ async def test_a_mention_is_answered_in_a_thread_under_it(rig: Rig) -> None:
     assert reply.thread_ts == event["ts"]
     assert _delivery_of(reply).startswith("reply:slack-C1:")
     assert await rig.user_texts(f"slack:C1:{event['ts']}") == ["hello there"]
+
+
+async def test_an_answer_cut_off_at_the_output_limit_says_so_in_the_thread(rig: Rig) -> None:
+    event = rig.fake.mention_event("C1", "/cutoff")
+    assert (await rig.event(event)).status_code == 200
+    [reply] = await rig.bot_replies("C1", event["ts"], 1)
+    assert reply.text == f"{CUT_OFF_ANSWER}\n\n{CUT_OFF_NOTE}"
 
 
 async def test_the_same_message_as_mention_message_and_retry_is_taken_once(rig: Rig) -> None:

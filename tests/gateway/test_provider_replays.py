@@ -1,0 +1,193 @@
+"""The configured model (``GATEWAY_MODEL``) against recorded real answers, with the example agent.
+
+`gateway ask` runs ``examples/agent.py`` (its tools take pydantic args models) on every provider
+the gateway can be configured with, served by `FakeLLM` the answers the providers recorded
+(``tests/support/provider_replays``): the tools' schemas go out, the call comes back and runs,
+the answer is printed. A provider's own output cap is delivered with a line saying it was cut
+off, and the usage total a provider reported is the one stored.
+"""
+
+from __future__ import annotations
+
+from collections.abc import AsyncIterator, Iterator
+from pathlib import Path
+
+import pytest
+from pydantic import BaseModel, Field, SecretStr
+
+from config import Settings
+from gateway.ask import ask
+from gateway.models import model_from_settings
+from gateway.replies import CUT_OFF_BEFORE_ANSWER, CUT_OFF_NOTE
+from harness_core import ToolResultMessage
+from harness_core.messages import TextPart, UserMessage
+from harness_core.models import ModelRequest, ToolDefinition
+from harness_core.models.pydantic_ai import PydanticAIModel
+from harness_core.session.types import RecordQuery
+from harness_core.storage import open_repo
+from tests.support.fake_llm import FakeLLM, allow_model_requests
+from tests.support.gateway_rig import lane_texts
+
+EXAMPLE = "examples.agent"
+
+
+class StatusArgs(BaseModel):
+    service: str
+    since_hours: int | None = Field(default=None, ge=1)
+
+
+STAGING = "Staging deploys are open at any time."
+CUT = "Hello! Deploys are open Tuesday to Thursday, and the next window"
+
+# provider -> (the tool call, the answer after its result, the answer's text)
+PROVIDERS = {
+    "openai": ("chat/deploy_window_call_stream.sse", "chat/answer_stream.sse", None),
+    "openai-responses": (
+        "responses/deploy_window_call_stream.sse",
+        "responses/answer_stream.sse",
+        None,
+    ),
+    "anthropic": (
+        "messages/deploy_window_call_stream.sse",
+        "messages/thinking_answer_stream.sse",
+        None,
+    ),
+    "openai-compatible": (
+        "chat/deploy_window_call_stream.sse",
+        "chat/think_tags_stream.sse",
+        "api is healthy.",
+    ),
+}
+
+
+@pytest.fixture
+async def fake() -> AsyncIterator[FakeLLM]:
+    async with FakeLLM() as server:
+        yield server
+
+
+@pytest.fixture(autouse=True)
+def _allowed() -> Iterator[None]:
+    with allow_model_requests():
+        yield
+
+
+def settings_for(tmp_path: Path, fake: FakeLLM, provider: str) -> Settings:
+    base = fake.anthropic_base_url if provider == "anthropic" else fake.openai_base_url
+    return Settings(
+        store_url=f"sqlite:///{tmp_path}/gw.db",
+        plugin=EXAMPLE,
+        model=f"{provider}:gpt-4o-mini",
+        model_api_key=SecretStr("sk-test"),
+        model_base_url=base,
+    )
+
+
+async def ask_once(settings: Settings, question: str) -> list[str]:
+    repo = open_repo(settings.store_url)
+    out: list[str] = []
+    try:
+        assert await ask(repo, settings, "cli:replay", question, out) == 0
+    finally:
+        await repo.close()
+    return out
+
+
+@pytest.mark.parametrize("provider", list(PROVIDERS))
+async def test_the_example_agent_calls_its_pydantic_args_tools(
+    tmp_path: Path, fake: FakeLLM, provider: str
+) -> None:
+    calls, answer, said = PROVIDERS[provider]
+    settings = settings_for(tmp_path, fake, provider)
+    fake.replay(calls, answer)
+
+    out = await ask_once(settings, "when can I deploy to staging?")
+
+    fake.assert_drained()
+    assert out[0] == (said or "Done: the tools answered.")
+    first, second = fake.requests
+    sent = str(first.body["tools"])
+    assert "deploy_window" in sent and "staging" in sent and "note" in sent  # both schemas
+    assert STAGING in str(second.body)  # the validated call ran; its result went back
+    repo = open_repo(settings.store_url)
+    try:
+        assert await lane_texts(repo, "cli", "cli:replay", ToolResultMessage) == [STAGING]
+    finally:
+        await repo.close()
+
+
+CUT_OFF = {
+    "openai": ("chat/length_answer_stream.sse", f"{CUT}\n\n{CUT_OFF_NOTE}"),
+    "openai-responses": ("responses/incomplete_stream.sse", f"{CUT}\n\n{CUT_OFF_NOTE}"),
+    "anthropic": ("messages/max_tokens_stream.sse", f"{CUT}\n\n{CUT_OFF_NOTE}"),
+    "openai-compatible": ("chat/length_in_think_stream.sse", CUT_OFF_BEFORE_ANSWER),
+}
+
+
+@pytest.mark.parametrize("provider", list(CUT_OFF))
+async def test_an_answer_cut_off_by_the_providers_cap_is_delivered_and_says_so(
+    tmp_path: Path, fake: FakeLLM, provider: str
+) -> None:
+    replay, shown = CUT_OFF[provider]
+    fake.replay(replay)
+    out = await ask_once(settings_for(tmp_path, fake, provider), "hello")
+    fake.assert_drained()  # no compaction, no retry
+    assert out[0] == shown
+    assert "<think>" not in out[0] and "Hmm" not in out[0]
+
+
+async def test_the_usage_total_a_provider_reports_is_stored(tmp_path: Path, fake: FakeLLM) -> None:
+    # Gemini's OpenAI-compatible endpoint: 35 in, 12 out, total 109 (its thinking); the call
+    # names a tool this agent does not have, so the model hears that and answers
+    settings = settings_for(tmp_path, fake, "openai-compatible")
+    fake.replay("chat/empty_tool_call_id_stream.sse", "chat/answer_stream.sse")
+    assert await ask_once(settings, "how is api?") == [
+        "Done: the tools answered.",
+        "(openai-compatible:gpt-4o-mini: 220 tokens in, 9 out)",
+    ]
+    repo = open_repo(settings.store_url)
+    try:
+        storage = await repo.open("cli")
+        found = await storage.find_records(RecordQuery(type="usage", order="oldest_first"))
+        await storage.close()
+    finally:
+        await repo.close()
+    assert [u.record.usage.total_tokens for u in found] == [109, 229]  # type: ignore[union-attr]
+
+
+@pytest.mark.parametrize(
+    "replay", ["chat/empty_tool_call_id.json", "chat/empty_tool_call_id_stream.sse"]
+)
+async def test_thinking_tokens_counted_only_in_the_total_are_kept(
+    fake: FakeLLM, replay: str
+) -> None:
+    # Gemini's OpenAI-compatible endpoint: 35 in, 12 out, total 109 (its thinking)
+    settings = Settings(
+        model="openai-compatible:gemini-2.5-pro",
+        model_api_key=SecretStr("sk-test"),
+        model_base_url=fake.openai_base_url,
+    )
+    client, ref = model_from_settings(settings)
+    assert isinstance(client, PydanticAIModel)
+    fake.replay(replay)
+    request = ModelRequest(
+        model=ref,
+        messages=(UserMessage(content=(TextPart(text="how is api?"),)),),
+        tools=(
+            ToolDefinition(
+                name="service_status",
+                description="status",
+                parameters=StatusArgs.model_json_schema(),
+            ),
+        ),
+    )
+    try:
+        message = await client.request(
+            request, (lambda _: None) if replay.endswith(".sse") else None
+        )
+    finally:
+        await client.aclose()
+    fake.assert_drained()
+    assert message.stop_reason == "tool_use", message.error
+    assert message.usage is not None
+    assert (message.usage.input, message.usage.output, message.usage.total_tokens) == (35, 12, 109)
