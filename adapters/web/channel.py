@@ -1,10 +1,11 @@
 """`WebChannel`: the local channel (HTTP JSON, Server-Sent Events and a plain page).
 
 Threads are identified by id within a space (``default`` unless a request names another); the
-lane of thread T is ``web:T``. Messages people post are handed to the gateway's sink and
-acknowledged (202) only after it returned; they are then kept in the thread's mailbox with the
-replies the gateway delivers, so a thread reads back in order and a reconnecting event stream
-(``Last-Event-ID``) misses nothing.
+lane of thread T is ``web:T``. A message people post is kept in the thread's mailbox, then
+handed to the gateway's sink, and acknowledged (202) only after both (a mailbox that cannot
+hold it refuses the post: 503; a sink that refuses it leaves a notice in the thread); a click
+is handed to the sink, then kept. The mailbox holds the replies the gateway delivers too, so a
+thread reads back in order and a reconnecting event stream (``Last-Event-ID``) misses nothing.
 
 Endpoints (under the router's prefix, ``/web`` by default; ``space`` is a query parameter of
 the GETs and a body field of the POSTs):
@@ -406,15 +407,37 @@ class WebChannel:
             ) from None
         return acceptance
 
-    async def _record(self, ref: ThreadRef, item: NewWebItem) -> WebItem | None:
+    def _unavailable(self, message: str) -> _Refused:
+        return _Refused(
+            503, "unavailable", message, {"Retry-After": str(self.limits.retry_after_s)}
+        )
+
+    async def _record(self, ref: ThreadRef, item: NewWebItem, what: str) -> WebItem:
+        """`item` in its thread, durably; 503 (one clear error) when the mailbox cannot hold it."""
         try:
             return (await self.mailbox.append(ref.space, ref.thread, item)).item
         except MailboxError as exc:
             log.warning(
-                "web mailbox could not record an accepted item",
+                "web mailbox could not record an item",
                 extra={"lane": ref.lane, "kind": item.kind, "error": type(exc).__name__},
             )
-            return None
+            raise self._unavailable(what) from None
+
+    async def _not_taken(self, ref: ThreadRef, message_id: str, why: str) -> None:
+        """Say in the thread that a message it shows was not taken (it is there, unanswered)."""
+        notice = NewWebItem(
+            kind="failure_notice",
+            id=f"not-taken:{message_id}",
+            text=f"This message was not taken: {why}. Send it again; it is taken once.",
+            at_ms=self.clock.now_ms(),
+        )
+        try:
+            await self.mailbox.append(ref.space, ref.thread, notice)
+        except MailboxError as exc:  # the 503 still says it; a retry heals the thread
+            log.warning(
+                "web mailbox could not record a notice",
+                extra={"lane": ref.lane, "error": type(exc).__name__},
+            )
 
     async def post_message(self, thread: str, request: Request) -> Response:
         """``POST /threads/{thread}/messages``."""
@@ -446,18 +469,28 @@ class WebChannel:
             text=body.text,
             received_at_ms=now,
         )
-        acceptance = await self._accept(sink, sink.accept, inbound)
+        # The thread first (D162): a message is answered only if the thread shows it, in front
+        # of its reply; a store that cannot hold it refuses the post before anything is taken.
         item = NewWebItem(
             kind="message", id=inbound.message_id, text=body.text, author=author, at_ms=now
         )
-        recorded = await self._record(ref, item)
+        recorded = await self._record(
+            ref,
+            item,
+            "the web channel's store is unavailable: the message was not taken; retry",
+        )
+        try:
+            acceptance = await self._accept(sink, sink.accept, inbound)
+        except _Refused as refused:
+            await self._not_taken(ref, inbound.message_id, refused.message)
+            raise
         return JSONResponse(
             {
                 **acceptance.model_dump(mode="json", exclude={"first"}),
                 "message_id": inbound.message_id,
                 "space": space,
                 "thread": thread,
-                "seq": None if recorded is None else recorded.seq,
+                "seq": recorded.seq,
             },
             status_code=202,
         )
@@ -509,14 +542,21 @@ class WebChannel:
             decision=WebDecision(run_id=body.run_id, wait_id=body.wait_id, decisions=decisions),
             at_ms=now,
         )
-        recorded = await self._record(ref, item)
+        # A decision's key makes a retry count once, so it is taken first and refused when
+        # the thread cannot show it (D162): sent again once the store is back, it shows.
+        recorded = await self._record(
+            ref,
+            item,
+            "the decision was taken, but the web channel's store is unavailable and the thread "
+            "does not show it; send it again once the store is back (it counts once)",
+        )
         return JSONResponse(
             {
                 **acceptance.model_dump(mode="json", exclude_none=True),
                 "idempotency_key": key,
                 "space": space,
                 "thread": thread,
-                "seq": None if recorded is None else recorded.seq,
+                "seq": recorded.seq,
             },
             status_code=202,
         )

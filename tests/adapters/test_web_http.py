@@ -22,6 +22,7 @@ from adapters.channel import (
     Unavailable,
 )
 from adapters.web import MailboxUnavailable, MemoryMailbox, WebChannel, WebMailbox
+from adapters.web.mailbox import MailboxError
 from adapters.web.page import _STYLE, _THREAD_SCRIPT
 from adapters.web.sqlite import SqliteMailbox
 from harness_core import SequentialIds
@@ -98,7 +99,8 @@ async def test_the_post_is_acknowledged_only_after_the_sink_returned(
     for _ in range(20):
         await asyncio.sleep(0.01)
     assert sink.inbound and not posting.done()
-    assert await channel.mailbox.read("default", "t1") == ()  # nothing shown before acceptance
+    # the thread holds it before the sink is asked (D162): its reply can only come after it
+    assert [i.kind for i in await channel.mailbox.read("default", "t1")] == ["message"]
     sink.gate.set()
     assert (await posting).status_code == 202
     assert len(await channel.mailbox.read("default", "t1")) == 1
@@ -272,26 +274,36 @@ async def test_valid_thread_ids(client: httpx.AsyncClient) -> None:
         assert (await client.post(f"/web/threads/{thread}/messages", json={"text": "x"})).is_success
 
 
-async def test_an_unrouted_space_is_404_and_nothing_is_kept(
+async def test_an_unrouted_space_is_404_and_the_thread_says_it_was_not_taken(
     client: httpx.AsyncClient, sink: TestSink
 ) -> None:
     response = await client.post(URL, json={"text": "hi", "space": "nowhere"})
     assert error(response) == (404, "not_routed")
     assert "nowhere" in response.json()["error"]["message"]
-    assert (await client.get("/web/threads/t1?space=nowhere")).json()["items"] == []
+    items = (await client.get("/web/threads/t1?space=nowhere")).json()["items"]
+    assert [i["kind"] for i in items] == ["message", "failure_notice"]  # shown, and not taken
+    assert "not taken" in items[1]["text"] and "nowhere" in items[1]["text"]
 
 
 async def test_an_unavailable_gateway_is_503_with_retry_after(
     client: httpx.AsyncClient, sink: TestSink
 ) -> None:
     sink.error = Unavailable("inbox is down")
-    response = await client.post(URL, json={"text": "hi", "client_message_id": "m-1"})
-    assert error(response) == (503, "unavailable")
-    assert response.headers["retry-after"] == "2"
-    assert (await client.get("/web/threads/t1")).json()["items"] == []  # not shown: not accepted
+    for _ in range(2):  # refused twice: one notice
+        response = await client.post(URL, json={"text": "hi", "client_message_id": "m-1"})
+        assert error(response) == (503, "unavailable")
+        assert response.headers["retry-after"] == "2"
+    items = (await client.get("/web/threads/t1")).json()["items"]
+    assert [(i["kind"], i["id"]) for i in items] == [
+        ("message", "m-1"),
+        ("failure_notice", "not-taken:m-1"),
+    ]
+    assert items[1]["text"].startswith("This message was not taken: inbox is down.")
     sink.error = None
     retried = await client.post(URL, json={"text": "hi", "client_message_id": "m-1"})
     assert retried.status_code == 202 and retried.json()["duplicate"] is False
+    assert retried.json()["seq"] == 1  # the message the thread shows, once
+    assert len((await client.get("/web/threads/t1")).json()["items"]) == 2
 
 
 async def test_a_channel_that_is_not_running_refuses_posts_with_503(
@@ -341,30 +353,71 @@ async def test_a_channel_opened_from_a_url_reopens_after_closing(
     await web.close()
 
 
-async def test_an_accepted_message_is_still_acknowledged_when_the_mailbox_fails(
-    clock: ManualClock, sink: TestSink
+class _BrokenMailbox(MemoryMailbox):
+    """A memory mailbox whose writes fail while `broken` (reads still answer)."""
+
+    def __init__(self, error: Exception) -> None:
+        super().__init__()
+        self.error = error
+        self.broken = True
+
+    async def append(self, space, thread, item):
+        if self.broken:
+            raise self.error
+        return await super().append(space, thread, item)
+
+
+# Every way the web channel's own store can fail a write: the post is refused, nothing is taken.
+STORE_FAILURES = [
+    MailboxUnavailable("sqlite: OperationalError: disk I/O error"),
+    MailboxUnavailable("redis: ConnectionError", unknown_outcome=True),
+    MailboxError("corrupt item"),
+]
+
+
+@pytest.mark.parametrize("failure", STORE_FAILURES, ids=lambda e: str(e).split(":")[0])
+async def test_a_message_the_store_cannot_hold_is_refused_and_not_taken(
+    clock: ManualClock, sink: TestSink, failure: Exception
 ) -> None:
-    """The acceptance is what 202 promises; the thread view heals on the client's retry."""
-
-    class Flaky(MemoryMailbox):
-        broken = True
-
-        async def append(self, space, thread, item):
-            if self.broken:
-                raise MailboxUnavailable("down")
-            return await super().append(space, thread, item)
-
-    mailbox = Flaky()
+    """Never a 202 for a message the thread does not show (D162): it is not half-accepted."""
+    mailbox = _BrokenMailbox(failure)
     web = WebChannel(mailbox, clock=clock, ids=SequentialIds())
     await web.start(sink)
     app = FastAPI()
     app.include_router(web.router)
     async with httpx.AsyncClient(transport=httpx.ASGITransport(app=app), base_url="http://x") as c:
-        first = await c.post(URL, json={"text": "hi", "client_message_id": "m-1"})
-        assert first.status_code == 202 and first.json()["seq"] is None
+        for body in ({"text": "hi", "client_message_id": "m-1"}, {"text": "no id"}):
+            first = await c.post(URL, json=body)
+            assert error(first) == (503, "unavailable")
+            assert "store is unavailable" in first.json()["error"]["message"]
+            assert first.headers["retry-after"] == "2"
+        assert sink.inbound == []  # nothing reached the gateway
         mailbox.broken = False
         again = await c.post(URL, json={"text": "hi", "client_message_id": "m-1"})
-        assert again.json()["duplicate"] is True and again.json()["seq"] == 1
+        assert again.status_code == 202 and again.json()["duplicate"] is False
+        assert again.json()["seq"] == 1
+    await web.close()
+
+
+async def test_a_decision_the_store_cannot_show_is_503_and_counts_once_when_sent_again(
+    clock: ManualClock, sink: TestSink
+) -> None:
+    """A click is taken first (its key makes a retry count once), then refused until shown."""
+    mailbox = _BrokenMailbox(MailboxUnavailable("down"))
+    web = WebChannel(mailbox, clock=clock, ids=SequentialIds())
+    await web.start(sink)
+    app = FastAPI()
+    app.include_router(web.router)
+    async with httpx.AsyncClient(transport=httpx.ASGITransport(app=app), base_url="http://x") as c:
+        first = await c.post("/web/threads/t1/decisions", json=decision_body())
+        assert error(first) == (503, "unavailable")
+        assert "send it again once the store is back" in first.json()["error"]["message"]
+        mailbox.broken = False
+        again = await c.post("/web/threads/t1/decisions", json=decision_body())
+        assert again.status_code == 202 and again.json()["duplicate"] is True
+        assert again.json()["seq"] == 1
+    assert len(sink.accepted) == 1
+    await web.close()
 
 
 # -- reading a thread ---------------------------------------------------------------------------
