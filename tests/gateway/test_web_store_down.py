@@ -17,6 +17,8 @@ import pytest
 
 from config import Settings
 from gateway.service import Service
+from harness_core import UserMessage, message_text
+from harness_core.session import MessageEntry, StoredEntry
 from tests.support.redis_server import RedisServer
 from tests.support.service_rig import ServiceRig
 
@@ -47,13 +49,15 @@ async def rig(tmp_path: Path) -> AsyncIterator[tuple[ServiceRig, RedisServer]]:
 
 
 async def _user_messages(rig: ServiceRig, session: str) -> list[str]:
+    """What the gateway took: the user messages in the session's log."""
     storage = await rig.repo.open(session)
     try:
         return [
-            item.entry.message.content[0].text
+            message_text(item.entry.message)
             for item in await storage.get_log()
-            if getattr(getattr(item, "entry", None), "type", None) == "message"
-            and item.entry.message.role == "user"
+            if isinstance(item, StoredEntry)
+            and isinstance(item.entry, MessageEntry)
+            and isinstance(item.entry.message, UserMessage)
         ]
     finally:
         await storage.close()
