@@ -50,7 +50,9 @@ DEFAULT_WEB_URL = "sqlite:///.gateway/web.db"
 # repeated here because config imports nothing of ours; a test keeps the two in step.
 _SESSION_ID = re.compile(r"[A-Za-z0-9][A-Za-z0-9._:@+=-]{0,199}")
 _SESSION_ID_CHAR = re.compile(r"[^A-Za-z0-9._:@+=-]")
-SESSION_ID_RULE = "1-200 of letters, digits and . _ : @ + = -, starting with a letter or digit"
+SESSION_ID_RULE = (
+    "1-200 of ASCII letters, digits and . _ : @ + = -, starting with a letter or digit"
+)
 _CHANNEL = re.compile(r"[a-z][a-z0-9_-]{0,31}")
 _SPACE = re.compile(r"[^\s\x00-\x1f\x7f]{1,256}")
 _EMAIL = re.compile(r"[^@\s<>,;]{1,64}@[A-Za-z0-9]([A-Za-z0-9.-]{0,251}[A-Za-z0-9])?")

@@ -75,6 +75,7 @@ from adapters.web.mailbox import (
     WebItemKind,
     WebMailbox,
     check_name,
+    normal_name,
     open_mailbox,
 )
 from adapters.web.page import content_security_policy, index_page, thread_page
@@ -84,7 +85,7 @@ __all__ = ["WebChannel", "WebLimits"]
 
 log = logging.getLogger("adapters.web")
 
-_ID_CHARS = "letters, digits, '.', '_', ':', '@' and '-'"
+_ID_CHARS = "ASCII letters, digits, '.', '_', ':', '@' and '-'"
 _CLIENT_ID = r"^[A-Za-z0-9._:@-]{1,200}$"
 _KINDS: tuple[str, ...] = get_args(WebItemKind)
 _UNION_TAGS = frozenset({"str", "_AuthorIn"})
@@ -196,7 +197,7 @@ def _check_text(value: str, what: str) -> None:
 
 def _name(value: str, what: str) -> str:
     try:
-        return check_name(value, what)
+        return normal_name(value, what)
     except ValueError as exc:
         raise _Refused(400, f"invalid_{what}", str(exc)) from None
 
@@ -441,7 +442,7 @@ class WebChannel:
 
     async def post_message(self, thread: str, request: Request) -> Response:
         """``POST /threads/{thread}/messages``."""
-        _name(thread, "thread")
+        thread = _name(thread, "thread")
         raw = await self._body(request)
         try:
             body = _MessageIn.model_validate(raw)
@@ -497,7 +498,7 @@ class WebChannel:
 
     async def post_decision(self, thread: str, request: Request) -> Response:
         """``POST /threads/{thread}/decisions``: an Approve or Deny click."""
-        _name(thread, "thread")
+        thread = _name(thread, "thread")
         raw = await self._body(request)
         try:
             body = _DecisionIn.model_validate(raw)
@@ -590,7 +591,7 @@ class WebChannel:
 
     async def get_thread(self, thread: str, request: Request) -> Response:
         """``GET /threads/{thread}``: the thread's items after ``after``, oldest first."""
-        _name(thread, "thread")
+        thread = _name(thread, "thread")
         space = self._space(request)
         after = self._int(request, "after", 0, 0, 2**53)
         limit = self._int(request, "limit", self.limits.max_page, 1, self.limits.max_page)
@@ -620,7 +621,7 @@ class WebChannel:
 
     async def events(self, thread: str, request: Request) -> Response:
         """``GET /threads/{thread}/events``: Server-Sent Events of the thread's items."""
-        _name(thread, "thread")
+        thread = _name(thread, "thread")
         space = self._space(request)
         resume = request.headers.get("last-event-id")
         if resume is not None and resume.strip() != "":
@@ -708,7 +709,7 @@ class WebChannel:
 
     async def page(self, thread: str, request: Request) -> Response:
         """``GET /threads/{thread}/page``: the thread's page."""
-        _name(thread, "thread")
+        thread = _name(thread, "thread")
         space = self._space(request)
         return HTMLResponse(
             thread_page(space=space, thread=thread, max_text_chars=self.limits.max_text_chars),
