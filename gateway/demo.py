@@ -17,9 +17,10 @@ import json
 import os
 import signal
 import sys
+import tempfile
 import time
 from dataclasses import dataclass
-from typing import Any
+from typing import IO, Any
 
 from harness_core import (
     AgentHarness,
@@ -184,12 +185,13 @@ async def demo(repo: SessionRepo, url: str, out: list[str]) -> DemoRun:
     meta = await repo.create(metadata={"purpose": "gateway demo"})
     job = json.dumps({"store": url, "session": meta.id})
 
-    first = await _child("crash", job)
-    try:
-        await _until_line(first, IN_TOOL, "process 1")
-    except BaseException:
-        await _reap(first)
-        raise
+    with tempfile.TemporaryFile() as errors:
+        first = await _child("crash", job, errors)
+        try:
+            await _until_line(first, IN_TOOL, "process 1", errors)
+        except BaseException:
+            await _reap(first)
+            raise
     first.send_signal(signal.SIGKILL)  # mid-tool: no close, no release, no last write
     crashed = await first.wait()
     storage = await repo.open(meta.id)  # read-only: what the kill left
@@ -205,15 +207,18 @@ async def demo(repo: SessionRepo, url: str, out: list[str]) -> DemoRun:
     finally:
         await storage.close()
 
-    second = await _child("resume", job)
-    try:
-        said, errors = await second.communicate()
-    except BaseException:  # interrupted: no child outlives the demo
-        await _reap(second)
-        raise
-    resumed = second.returncode if second.returncode is not None else -1
-    if resumed != 0:
-        raise DemoError(f"process 2 (pid {second.pid}) failed ({_ended(resumed)}): {_last(errors)}")
+    with tempfile.TemporaryFile() as errors:
+        second = await _child("resume", job, errors)
+        try:
+            said, _ = await second.communicate()
+        except BaseException:  # interrupted: no child outlives the demo
+            await _reap(second)
+            raise
+        resumed = second.returncode if second.returncode is not None else -1
+        if resumed != 0:
+            raise DemoError(
+                f"process 2 (pid {second.pid}) failed ({_ended(resumed)}): {_last(errors)}"
+            )
     out.append("")
     out.append(f"process 2 (pid {second.pid}) {said.decode().rstrip()}")
     return DemoRun(
@@ -225,7 +230,8 @@ async def demo(repo: SessionRepo, url: str, out: list[str]) -> DemoRun:
     )
 
 
-async def _child(half: str, job: str) -> asyncio.subprocess.Process:
+async def _child(half: str, job: str, errors: IO[bytes]) -> asyncio.subprocess.Process:
+    """One half in a process of its own; its stderr goes to `errors` (a pipe could fill up)."""
     child = await asyncio.create_subprocess_exec(
         sys.executable,
         "-m",
@@ -233,7 +239,7 @@ async def _child(half: str, job: str) -> asyncio.subprocess.Process:
         half,
         stdin=asyncio.subprocess.PIPE,
         stdout=asyncio.subprocess.PIPE,
-        stderr=asyncio.subprocess.PIPE,
+        stderr=errors,
     )
     assert child.stdin is not None
     child.stdin.write(job.encode() + b"\n")  # the store URL (a password in it stays off argv)
@@ -242,7 +248,9 @@ async def _child(half: str, job: str) -> asyncio.subprocess.Process:
     return child
 
 
-async def _until_line(child: asyncio.subprocess.Process, line: str, who: str) -> None:
+async def _until_line(
+    child: asyncio.subprocess.Process, line: str, who: str, errors: IO[bytes]
+) -> None:
     """Read `child`'s stdout until `line` (DemoError if it ends or hangs first)."""
     assert child.stdout is not None
     try:
@@ -256,7 +264,6 @@ async def _until_line(child: asyncio.subprocess.Process, line: str, who: str) ->
     except TimeoutError:
         raise DemoError(f"{who} (pid {child.pid}) did not reach its tool") from None
     status = await child.wait()
-    errors = await child.stderr.read() if child.stderr is not None else b""
     raise DemoError(f"{who} (pid {child.pid}) failed ({_ended(status)}): {_last(errors)}")
 
 
@@ -273,8 +280,11 @@ def _ended(status: int) -> str:
     return f"exit status {status}"
 
 
-def _last(errors: bytes) -> str:
-    lines = [line for line in errors.decode(errors="replace").splitlines() if line.strip()]
+def _last(errors: IO[bytes]) -> str:
+    """The last line a child wrote on its stderr."""
+    errors.seek(0)
+    said = errors.read().decode(errors="replace")
+    lines = [line for line in said.splitlines() if line.strip()]
     return lines[-1].strip() if lines else "no error output"
 
 
