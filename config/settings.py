@@ -50,7 +50,9 @@ DEFAULT_WEB_URL = "sqlite:///.gateway/web.db"
 # repeated here because config imports nothing of ours; a test keeps the two in step.
 _SESSION_ID = re.compile(r"[A-Za-z0-9][A-Za-z0-9._:@+=-]{0,199}")
 _SESSION_ID_CHAR = re.compile(r"[^A-Za-z0-9._:@+=-]")
-SESSION_ID_RULE = "1-200 of letters, digits and . _ : @ + = -, starting with a letter or digit"
+SESSION_ID_RULE = (
+    "1-200 of ASCII letters, digits and . _ : @ + = -, starting with a letter or digit"
+)
 _CHANNEL = re.compile(r"[a-z][a-z0-9_-]{0,31}")
 _SPACE = re.compile(r"[^\s\x00-\x1f\x7f]{1,256}")
 _EMAIL = re.compile(r"[^@\s<>,;]{1,64}@[A-Za-z0-9]([A-Za-z0-9.-]{0,251}[A-Za-z0-9])?")
@@ -58,6 +60,8 @@ _SLACK_CHANNEL = re.compile(r"[CDG][A-Z0-9]{1,30}")
 _SLACK_APPROVER = re.compile(r"[UWS][A-Z0-9]{1,30}")
 _SLACK_TOKEN_PREFIX = {"slack_bot_token": "xoxb-", "slack_app_token": "xapp-"}
 _OPS_NAME = re.compile(r"[a-z0-9._-]{1,64}")
+_MODULE = re.compile(r"[A-Za-z_][A-Za-z0-9_]*(\.[A-Za-z_][A-Za-z0-9_]*)*")
+"""A Python module's dotted name (what ``import`` takes)."""
 _HOSTNAME = re.compile(r"[A-Za-z0-9]([A-Za-z0-9.-]{0,251}[A-Za-z0-9])?")
 
 _REDIS_SCHEMES = ("redis", "rediss", "redis+cluster", "rediss+cluster")
@@ -291,9 +295,9 @@ class Settings(BaseModel):
     )
     plugin: str | None = Field(
         default=None,
-        pattern=r"^[A-Za-z_][A-Za-z0-9_]*(\.[A-Za-z_][A-Za-z0-9_]*)*$",
-        description="A Python module that defines the agent: tools() -> the tools, and "
-        "optionally model() -> (client, model) and adapters(settings, clock) -> extra channels.",
+        description="The Python module or file that defines the agent: tools() -> the tools, "
+        "and optionally model() -> (client, model) and adapters(settings, clock) -> extra "
+        "channels.",
     )
 
     slack_bot_token: SecretStr | None = Field(
@@ -415,6 +419,15 @@ class Settings(BaseModel):
         if isinstance(value, bool) and info.field_name is not None:
             raise ValueError(f"expected {accepted(info.field_name)}, not true or false")
         return value
+
+    @field_validator("plugin")
+    @classmethod
+    def _plugin(cls, value: str | None) -> str | None:
+        if value is None or _MODULE.fullmatch(value):
+            return value
+        if value.endswith(".py") and len(value) <= 4096 and value.isprintable():
+            return value  # a file: `load_plugin` says if it is not there
+        raise ValueError(f"expected {accepted('plugin')}")
 
     @field_validator("store_url")
     @classmethod
@@ -765,7 +778,7 @@ def accepted(name: str) -> str:
     elif float in kinds:
         kind = "a number of seconds" if name.endswith("_seconds") else "a number"
     else:
-        return "text"
+        return _text_rule(field.metadata)
     bounds = {
         attr: getattr(bound, attr)
         for bound in field.metadata
@@ -779,6 +792,19 @@ def accepted(name: str) -> str:
 
 
 _BOUNDS = {"ge": "at least", "gt": "above", "le": "at most", "lt": "below"}
+
+
+def _text_rule(metadata: list[Any]) -> str:
+    """Text, and how long it may be (``text of 1 to 100 characters``)."""
+    shortest = next((m.min_length for m in metadata if getattr(m, "min_length", None)), None)
+    longest = next((m.max_length for m in metadata if getattr(m, "max_length", None)), None)
+    if shortest is not None and longest is not None:
+        return f"text of {shortest} to {longest} characters"
+    if longest is not None:
+        return f"text of at most {longest} characters"
+    if shortest == 1:
+        return "text (not empty)"
+    return f"text of at least {shortest} characters" if shortest is not None else "text"
 
 
 def default_text(name: str) -> str:
@@ -818,6 +844,8 @@ _ACCEPTED = {
     "slack_approvers": 'channel id -> user and user group ids: JSON like {"C0123": ["U0456", '
     '"S0789"], "*": ["U0999"]} in GATEWAY_SLACK_APPROVERS, a [slack_approvers] table in TOML',
     "slack_working_reaction": "a reaction name like eyes or hourglass_flowing_sand, or empty",
+    "plugin": "a Python module like agent (./agent.py) or mypkg.agent, or the path of a .py "
+    "file like examples/agent.py",
     "email_address": "an email address like bot@example.com",
     "email_password": "the mailbox password (not empty)",
     "email_link_secret": "a random secret of 32+ characters",

@@ -23,7 +23,7 @@ from pydantic import ValidationError
 from config import Settings, SettingsError, format_settings_error, load_settings
 from gateway.ask import AskFailed, ask, terminal
 from gateway.broker import BrokerError
-from gateway.demo import demo, describe
+from gateway.demo import DemoError, demo, describe
 from gateway.invocation import command
 from gateway.models import ModelConfigError
 from gateway.plugin import PluginError
@@ -109,8 +109,8 @@ async def _run(args: argparse.Namespace, settings: Settings) -> int:
     out: list[str] = []
     try:
         if args.command == "demo":
-            session_id = await demo(repo, url, out)
-            out.append(f"inspect it again: {command()} store show {session_id} --store {url}")
+            run = await demo(repo, url, out)
+            out.append(f"inspect it again: {command()} store show {run.session} --store {url}")
         elif args.command == "store":
             await show(repo, _session_of(args.target), out)
         else:
@@ -229,7 +229,7 @@ def main(argv: Sequence[str] | None = None, settings: Settings | None = None) ->
         return 2
     try:
         return asyncio.run(_run(args, settings))
-    except (HarnessError, ModelConfigError, PluginError, BrokerError) as exc:
+    except (HarnessError, ModelConfigError, PluginError, BrokerError, DemoError) as exc:
         return _fail(str(exc), 1)
     except (CliError, AskFailed) as exc:
         return _fail(str(exc), exc.status)

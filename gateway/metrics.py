@@ -5,8 +5,9 @@ benchmarks run several services in one process). Three kinds of numbers:
 
 * **Read at scrape time**, cached so a scrape storm reads the backends at most once per period:
   the broker's backlogs (every `broker_ttl_s`, 5 s) and the lanes' statuses from the store
-  (every `lanes_ttl_s`, 15 s; each lane folded by `inspect_lane`, read-only and without a lease,
-  like the operator API; at most `max_lanes` lanes, then ``gateway_lanes_truncated`` is 1).
+  (every `lanes_ttl_s`, 15 s; each lane folded by `inspect_held`, read-only and without a lease,
+  like the operator API, so a running last attempt is not counted stuck; at most `max_lanes`
+  lanes, then ``gateway_lanes_truncated`` is 1).
   These are the shared state of every process over the store and broker.
 * **Counted in this process** as it works: takeovers, accepted messages, operations and their
   durations (from the harness's events), model tokens and cost (from its usage events, failed
@@ -45,7 +46,7 @@ from prometheus_client import (
 
 from gateway.broker.contract import Broker
 from gateway.logs import event
-from gateway.ops.reads import unused_main
+from gateway.ops.reads import inspect_held, unused_main
 from harness_core import (
     AgentHarness,
     Clock,
@@ -60,7 +61,6 @@ from harness_core import (
     SessionError,
     SessionRepo,
     UsageEvent,
-    inspect_lane,
 )
 
 __all__ = ["LANE_STATUSES", "Metrics"]
@@ -373,11 +373,13 @@ class Metrics:
                     if seen >= self.max_lanes:
                         return counts, True, asked_at
                     seen += 1
-                    seen_lane = await inspect_lane(
+                    seen_lane = await inspect_held(
                         storage,
+                        self._broker,
+                        meta.id,
                         pointer.lane,
                         max_attempts=self._max_attempts,
-                        executing=holder is not None,
+                        held=holder is not None,
                     )
                     info = seen_lane.info
                     if unused_main(info.name, info.status, info.leaf_id):

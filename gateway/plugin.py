@@ -11,17 +11,22 @@ A plugin module may define, all optional:
 
 The module is found like ``python -m`` finds one: in the current directory first, then among the
 installed packages, so ``GATEWAY_PLUGIN=agent`` loads ``./agent.py`` (``examples/agent.py`` is a
-worked example).
+worked example). A value ending in ``.py`` is a file, relative to the current directory
+(``GATEWAY_PLUGIN=examples/agent.py``): it is imported as the module its name says (``agent``)
+with its directory first on the import path, as ``python examples/agent.py`` would run it.
 """
 
 from __future__ import annotations
 
 import importlib
+import importlib.util
 import inspect
 import os
 import sys
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
+from pathlib import Path
+from types import ModuleType
 from typing import Any
 
 from adapters.channel import ChannelAdapter
@@ -59,13 +64,18 @@ def load_plugin(name: str | None, settings: Settings | None = None) -> Plugin:
     if here not in sys.path:
         sys.path.insert(0, here)  # what `python -m` and uvicorn do: ./agent.py is `agent`
     try:
-        module = importlib.import_module(name)
+        module = (
+            _from_file(name, Path(here)) if name.endswith(".py") else importlib.import_module(name)
+        )
+    except PluginError:
+        raise
     except Exception as exc:
         missing = exc.name if isinstance(exc, ModuleNotFoundError) else None
         if missing is not None and f"{name}.".startswith(f"{missing}."):  # not its imports
             raise PluginError(
                 f"GATEWAY_PLUGIN={name}: no module {missing!r} in {here} or the installed "
-                "packages (name a module like agent for ./agent.py, or pkg.agent)"
+                "packages (name a module like agent for ./agent.py or pkg.agent, or a file "
+                "like examples/agent.py)"
             ) from exc
         raise PluginError(
             f"GATEWAY_PLUGIN={name}: cannot import it ({type(exc).__name__}: {exc})"
@@ -80,6 +90,44 @@ def load_plugin(name: str | None, settings: Settings | None = None) -> Plugin:
         raise PluginError(f"GATEWAY_PLUGIN={name}: model() must return (client, ModelRef) or None")
     adapters = getattr(module, "adapters", None)
     return Plugin(name=name, tools=tuple(tools), model=model, adapters=adapters)
+
+
+def _from_file(name: str, here: Path) -> ModuleType:
+    """The module a ``.py`` file holds, imported under its file's name (once per file)."""
+    path = (here / Path(name).expanduser()).resolve()
+    if not path.is_file():
+        raise PluginError(
+            f"GATEWAY_PLUGIN={name}: no file {path} (a path is relative to {here}; or name "
+            "a module like agent for ./agent.py or pkg.agent)"
+        )
+    module_name = path.stem
+    if not module_name.isidentifier():
+        raise PluginError(
+            f"GATEWAY_PLUGIN={name}: {path.name} cannot be imported (a module's file name "
+            "is letters, digits and _, not starting with a digit): rename it"
+        )
+    loaded = sys.modules.get(module_name)
+    if loaded is not None:
+        if Path(getattr(loaded, "__file__", "") or "").resolve() == path:
+            return loaded
+        raise PluginError(
+            f"GATEWAY_PLUGIN={name}: a module named {module_name!r} is imported already "
+            f"(from {getattr(loaded, '__file__', None) or 'built in'}): rename {path.name}"
+        )
+    folder = str(path.parent)
+    if folder not in sys.path:
+        sys.path.insert(0, folder)  # its neighbours import as they would for `python <file>`
+    spec = importlib.util.spec_from_file_location(module_name, path)
+    if spec is None or spec.loader is None:  # not for a .py file; a defect if it happens
+        raise PluginError(f"GATEWAY_PLUGIN={name}: Python cannot load {path} as a module")
+    module = importlib.util.module_from_spec(spec)
+    sys.modules[module_name] = module  # pydantic models resolve their annotations through it
+    try:
+        spec.loader.exec_module(module)
+    except BaseException:
+        sys.modules.pop(module_name, None)
+        raise
+    return module
 
 
 def _call(module: Any, name: str, function: str, default: Any, *given: Any) -> Any:

@@ -33,6 +33,7 @@ from gateway.logs import event
 from gateway.metrics import Metrics
 from gateway.ops.actions import OperatorAction
 from gateway.ops.carry import carry_out
+from gateway.ops.reads import attempt_began, parked_mark
 from gateway.replies import (
     LATE_DECISION_TEXT,
     MISMATCHED_DECISION_TEXT,
@@ -220,6 +221,7 @@ class Worker:
                     continue
                 if op.stuck:
                     log.warning(event("lane stuck", session=session_id, lane=op.lane))
+                    await self._park(session, op.lane, op.id)
                     await self._stuck_notice(session, op.lane, op.id, op.attempts)
                     await self._record(session_id, op.lane, "lane stuck", op.id, op.attempts)
                     continue
@@ -359,6 +361,13 @@ class Worker:
             await self._broker.audit.record(
                 _audit(self.actor, action, session_id, lane, op_id, "ok", {"attempts": attempts})
             )
+
+    async def _park(self, session: _Session, lane: str, op_id: str) -> None:
+        """Tell operators the lane's last attempt is over (it is stuck, not running: D163)."""
+        session_id = session.ticket.session
+        with contextlib.suppress(Exception):  # unsaid, the lane reads as running while held
+            began = await attempt_began(session.storage, lane, op_id)
+            await self._broker.marks.put(parked_mark(session_id, began), "stuck", expect=None)
 
     async def _stuck_notice(self, session: _Session, lane: str, op_id: str, attempts: int) -> None:
         state = await self._broker.threads.get(session.ticket.session, lane)

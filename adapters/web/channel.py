@@ -1,10 +1,11 @@
 """`WebChannel`: the local channel (HTTP JSON, Server-Sent Events and a plain page).
 
 Threads are identified by id within a space (``default`` unless a request names another); the
-lane of thread T is ``web:T``. Messages people post are handed to the gateway's sink and
-acknowledged (202) only after it returned; they are then kept in the thread's mailbox with the
-replies the gateway delivers, so a thread reads back in order and a reconnecting event stream
-(``Last-Event-ID``) misses nothing.
+lane of thread T is ``web:T``. A message people post is kept in the thread's mailbox, then
+handed to the gateway's sink, and acknowledged (202) only after both (a mailbox that cannot
+hold it refuses the post: 503; a sink that refuses it leaves a notice in the thread); a click
+is handed to the sink, then kept. The mailbox holds the replies the gateway delivers too, so a
+thread reads back in order and a reconnecting event stream (``Last-Event-ID``) misses nothing.
 
 Endpoints (under the router's prefix, ``/web`` by default; ``space`` is a query parameter of
 the GETs and a body field of the POSTs):
@@ -74,6 +75,7 @@ from adapters.web.mailbox import (
     WebItemKind,
     WebMailbox,
     check_name,
+    normal_name,
     open_mailbox,
 )
 from adapters.web.page import content_security_policy, index_page, thread_page
@@ -83,7 +85,7 @@ __all__ = ["WebChannel", "WebLimits"]
 
 log = logging.getLogger("adapters.web")
 
-_ID_CHARS = "letters, digits, '.', '_', ':', '@' and '-'"
+_ID_CHARS = "ASCII letters, digits, '.', '_', ':', '@' and '-'"
 _CLIENT_ID = r"^[A-Za-z0-9._:@-]{1,200}$"
 _KINDS: tuple[str, ...] = get_args(WebItemKind)
 _UNION_TAGS = frozenset({"str", "_AuthorIn"})
@@ -195,7 +197,7 @@ def _check_text(value: str, what: str) -> None:
 
 def _name(value: str, what: str) -> str:
     try:
-        return check_name(value, what)
+        return normal_name(value, what)
     except ValueError as exc:
         raise _Refused(400, f"invalid_{what}", str(exc)) from None
 
@@ -406,19 +408,41 @@ class WebChannel:
             ) from None
         return acceptance
 
-    async def _record(self, ref: ThreadRef, item: NewWebItem) -> WebItem | None:
+    def _unavailable(self, message: str) -> _Refused:
+        return _Refused(
+            503, "unavailable", message, {"Retry-After": str(self.limits.retry_after_s)}
+        )
+
+    async def _record(self, ref: ThreadRef, item: NewWebItem, what: str) -> WebItem:
+        """`item` in its thread, durably; 503 (one clear error) when the mailbox cannot hold it."""
         try:
             return (await self.mailbox.append(ref.space, ref.thread, item)).item
         except MailboxError as exc:
             log.warning(
-                "web mailbox could not record an accepted item",
+                "web mailbox could not record an item",
                 extra={"lane": ref.lane, "kind": item.kind, "error": type(exc).__name__},
             )
-            return None
+            raise self._unavailable(what) from None
+
+    async def _not_taken(self, ref: ThreadRef, message_id: str, why: str) -> None:
+        """Say in the thread that a message it shows was not taken (it is there, unanswered)."""
+        notice = NewWebItem(
+            kind="failure_notice",
+            id=f"not-taken:{message_id}",
+            text=f"This message was not taken: {why}. Send it again; it is taken once.",
+            at_ms=self.clock.now_ms(),
+        )
+        try:
+            await self.mailbox.append(ref.space, ref.thread, notice)
+        except MailboxError as exc:  # the 503 still says it; a retry heals the thread
+            log.warning(
+                "web mailbox could not record a notice",
+                extra={"lane": ref.lane, "error": type(exc).__name__},
+            )
 
     async def post_message(self, thread: str, request: Request) -> Response:
         """``POST /threads/{thread}/messages``."""
-        _name(thread, "thread")
+        thread = _name(thread, "thread")
         raw = await self._body(request)
         try:
             body = _MessageIn.model_validate(raw)
@@ -446,25 +470,35 @@ class WebChannel:
             text=body.text,
             received_at_ms=now,
         )
-        acceptance = await self._accept(sink, sink.accept, inbound)
+        # The thread first (D162): a message is answered only if the thread shows it, in front
+        # of its reply; a store that cannot hold it refuses the post before anything is taken.
         item = NewWebItem(
             kind="message", id=inbound.message_id, text=body.text, author=author, at_ms=now
         )
-        recorded = await self._record(ref, item)
+        recorded = await self._record(
+            ref,
+            item,
+            "the web channel's store is unavailable: the message was not taken; retry",
+        )
+        try:
+            acceptance = await self._accept(sink, sink.accept, inbound)
+        except _Refused as refused:
+            await self._not_taken(ref, inbound.message_id, refused.message)
+            raise
         return JSONResponse(
             {
                 **acceptance.model_dump(mode="json", exclude={"first"}),
                 "message_id": inbound.message_id,
                 "space": space,
                 "thread": thread,
-                "seq": None if recorded is None else recorded.seq,
+                "seq": recorded.seq,
             },
             status_code=202,
         )
 
     async def post_decision(self, thread: str, request: Request) -> Response:
         """``POST /threads/{thread}/decisions``: an Approve or Deny click."""
-        _name(thread, "thread")
+        thread = _name(thread, "thread")
         raw = await self._body(request)
         try:
             body = _DecisionIn.model_validate(raw)
@@ -509,14 +543,21 @@ class WebChannel:
             decision=WebDecision(run_id=body.run_id, wait_id=body.wait_id, decisions=decisions),
             at_ms=now,
         )
-        recorded = await self._record(ref, item)
+        # A decision's key makes a retry count once, so it is taken first and refused when
+        # the thread cannot show it (D162): sent again once the store is back, it shows.
+        recorded = await self._record(
+            ref,
+            item,
+            "the decision was taken, but the web channel's store is unavailable and the thread "
+            "does not show it; send it again once the store is back (it counts once)",
+        )
         return JSONResponse(
             {
                 **acceptance.model_dump(mode="json", exclude_none=True),
                 "idempotency_key": key,
                 "space": space,
                 "thread": thread,
-                "seq": None if recorded is None else recorded.seq,
+                "seq": recorded.seq,
             },
             status_code=202,
         )
@@ -550,7 +591,7 @@ class WebChannel:
 
     async def get_thread(self, thread: str, request: Request) -> Response:
         """``GET /threads/{thread}``: the thread's items after ``after``, oldest first."""
-        _name(thread, "thread")
+        thread = _name(thread, "thread")
         space = self._space(request)
         after = self._int(request, "after", 0, 0, 2**53)
         limit = self._int(request, "limit", self.limits.max_page, 1, self.limits.max_page)
@@ -580,7 +621,7 @@ class WebChannel:
 
     async def events(self, thread: str, request: Request) -> Response:
         """``GET /threads/{thread}/events``: Server-Sent Events of the thread's items."""
-        _name(thread, "thread")
+        thread = _name(thread, "thread")
         space = self._space(request)
         resume = request.headers.get("last-event-id")
         if resume is not None and resume.strip() != "":
@@ -668,7 +709,7 @@ class WebChannel:
 
     async def page(self, thread: str, request: Request) -> Response:
         """``GET /threads/{thread}/page``: the thread's page."""
-        _name(thread, "thread")
+        thread = _name(thread, "thread")
         space = self._space(request)
         return HTMLResponse(
             thread_page(space=space, thread=thread, max_text_chars=self.limits.max_text_chars),

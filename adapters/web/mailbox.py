@@ -26,6 +26,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import re
+import unicodedata
 from collections.abc import Iterator
 from typing import Literal, Protocol, runtime_checkable
 from urllib.parse import parse_qs, urlsplit, urlunsplit
@@ -48,6 +49,7 @@ __all__ = [
     "WebMailbox",
     "WebThread",
     "check_name",
+    "normal_name",
     "open_mailbox",
 ]
 
@@ -57,9 +59,13 @@ ACCEPTED_URLS = (
     "redis://host:port/db or rediss://host:port/db [?prefix=name]; "
     "redis+cluster://host:port or rediss+cluster://host:port [?prefix=name]"
 )
-NAME = re.compile(r"(?!\.+$)[A-Za-z0-9._-]{1,200}")
-"""A thread id or a space: 1-200 characters of letters, digits, ``.``, ``_`` and ``-``, not
-only dots (``.`` and ``..`` would be path segments in the page's links)."""
+NAME_RULE = (
+    "1-200 letters (of any script), digits, '.', '_' and '-', not only dots, in Unicode's "
+    "composed form (NFC)"
+)
+"""A thread id or a space, in words (D165): ``.`` and ``..`` would be path segments in the
+page's links; combining marks (``é`` typed as ``e`` + accent) count after a letter or digit."""
+_NAME_PUNCTUATION = frozenset("._-")
 
 WebItemKind = Literal["message", "reply", "approval_request", "failure_notice", "decision"]
 _FAMILY = {
@@ -73,10 +79,36 @@ _FAMILY = {
 
 
 def check_name(value: str, what: str) -> str:
-    """`value` if it is a valid thread id or space, else ValueError naming the rule."""
-    if not NAME.fullmatch(value):
-        raise ValueError(f"{what} must be 1-200 characters of letters, digits, '.', '_' and '-'")
+    """`value` if it is a valid thread id or space (`NAME_RULE`), else ValueError naming the rule.
+
+    A name not in NFC is refused, not changed: the web channel normalizes what a person
+    typed before it asks (`normal_name`), so every backend keys a thread by one spelling.
+    """
+    if not _valid_name(value):
+        raise ValueError(f"{what} must be {NAME_RULE}")
     return value
+
+
+def normal_name(value: str, what: str) -> str:
+    """`value` in NFC, checked (`check_name`): ``é`` typed either way is one thread."""
+    return check_name(unicodedata.normalize("NFC", value), what)
+
+
+def _valid_name(value: str) -> bool:
+    if not 1 <= len(value) <= 200 or not value.strip("."):
+        return False
+    if not unicodedata.is_normalized("NFC", value):
+        return False
+    previous = ""
+    for char in value:
+        kind = unicodedata.category(char)
+        if kind[0] == "M":  # a combining mark belongs to the letter or digit before it
+            if not previous or previous in _NAME_PUNCTUATION:
+                return False
+        elif not (kind[0] == "L" or kind == "Nd" or char in _NAME_PUNCTUATION):
+            return False
+        previous = char
+    return True
 
 
 class MailboxError(Exception):

@@ -13,6 +13,9 @@ import base64
 import hashlib
 import html
 import json
+from urllib.parse import quote
+
+from adapters.web.mailbox import NAME_RULE
 
 __all__ = ["content_security_policy", "index_page", "thread_page"]
 
@@ -213,10 +216,26 @@ _THREAD_SCRIPT = """
   events.onerror = () => { status.textContent = "reconnecting..."; };
   events.onmessage = (event) => render(JSON.parse(event.data));
 
+  function tooLong(text) {
+    // counted as the server counts (code points), and said, never cut: nothing is lost
+    const size = [...text].length;
+    if (size <= cfg.max_text_chars) return null;
+    return "This message has " + size.toLocaleString("en") + " characters; at most " +
+      cfg.max_text_chars.toLocaleString("en") + " are accepted. Shorten it or send it in " +
+      "parts: nothing was sent.";
+  }
+  textBox.addEventListener("input", () => {
+    const said = tooLong(textBox.value);
+    if (said) { error.textContent = said; error.dataset.size = "1"; }
+    else if (error.dataset.size) { error.textContent = ""; delete error.dataset.size; }
+  });
+
   form.addEventListener("submit", async (event) => {
     event.preventDefault();
     const text = textBox.value;
     if (!text.trim()) { error.textContent = "write something first"; return; }
+    const over = tooLong(text);
+    if (over) { error.textContent = over; return; }
     if (!pending || pending.text !== text) pending = {id: newId(), text};
     localStorage.setItem("web-author", authorBox.value);
     sendButton.disabled = true;
@@ -258,7 +277,7 @@ def _json_for_html(value: object) -> str:
 def thread_page(*, space: str, thread: str, max_text_chars: int) -> str:
     """The page of one thread (everything it shows arrives through its event stream)."""
     title = html.escape(f"{thread}" if space == "default" else f"{space} / {thread}")
-    config = _json_for_html({"space": space, "thread": thread})
+    config = _json_for_html({"space": space, "thread": thread, "max_text_chars": max_text_chars})
     back = html.escape(f"../../?space={space}", quote=True)
     json_link = html.escape(f"../{thread}?space={space}", quote=True)
     return f"""<!doctype html>
@@ -277,7 +296,7 @@ def thread_page(*, space: str, thread: str, max_text_chars: int) -> str:
 <main class="items" id="items" aria-live="polite"></main>
 <div class="working" id="working" role="status"></div>
 <form class="compose" id="compose">
-<textarea id="text" name="text" maxlength="{max_text_chars}"
+<textarea id="text" name="text"
  placeholder="Message (Ctrl+Enter sends)" aria-label="message"></textarea>
 <input id="author" name="author" maxlength="100" placeholder="your name (optional)"
  aria-label="your name">
@@ -294,8 +313,8 @@ def thread_page(*, space: str, thread: str, max_text_chars: int) -> str:
 def index_page(*, space: str, threads: list[tuple[str, int]], suggestion: str) -> str:
     """The list of a space's threads (newest first) and a form to open one."""
     rows = "\n".join(
-        f'<li><a href="threads/{html.escape(t, quote=True)}/page?space='
-        f'{html.escape(space, quote=True)}">{html.escape(t)}</a></li>'
+        f'<li><a href="threads/{html.escape(quote(t, safe=""), quote=True)}/page?space='
+        f'{html.escape(quote(space, safe=""), quote=True)}">{html.escape(t)}</a></li>'
         for t, _ in threads
     )
     body = f'<ul class="threads">\n{rows}\n</ul>' if rows else "<p>No threads yet.</p>"
@@ -312,7 +331,8 @@ def index_page(*, space: str, threads: list[tuple[str, int]], suggestion: str) -
 <header><h1>Web threads</h1><span class="status">space {esc_space}</span></header>
 <form class="compose" method="get" action="open">
 <input name="thread" value="{html.escape(suggestion, quote=True)}" required
- pattern="[A-Za-z0-9._\\-]{{1,200}}" aria-label="thread id">
+ pattern="[\\p{{L}}\\p{{M}}\\p{{Nd}}._\\-]{{1,200}}" title="{html.escape(NAME_RULE, quote=True)}"
+ aria-label="thread id">
 <input type="hidden" name="space" value="{esc_space}">
 <button type="submit">Open thread</button>
 </form>

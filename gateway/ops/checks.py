@@ -48,11 +48,16 @@ def check_allowed(view: LaneView, kind: str) -> None:
     """409 unless the lane's status allows `kind` (refused before anything is stored)."""
     if kind not in view.actions:
         reason = "not_idle_waiting_head" if kind == "decide" else f"lane_{view.status}"
+        said = f" ({view.suspended})" if view.suspended else ""
+        if view.status == "running" and view.attempts:
+            said = (
+                f": attempt {view.attempts} of {view.max_attempts} runs in {view.held_by} "
+                "and may still end by itself"
+            )
         raise ApiError(
             409,
             "conflict",
-            f"{kind} needs a lane {_NEEDS[kind]}; this one is {view.status}"
-            + (f" ({view.suspended})" if view.suspended else ""),
+            f"{kind} needs a lane {_NEEDS[kind]}; this one is {view.status}{said}",
             {"reason": reason, "status": view.status},
         )
 

@@ -31,6 +31,6 @@ def check_session_id(session_id: str) -> None:
     if not isinstance(session_id, str) or not _SESSION.fullmatch(session_id):
         raise SessionError(
             "invalid_session_id",
-            f"invalid session id {session_id!r}: 1-200 of letters, digits and . _ : @ + = -, "
+            f"invalid session id {session_id!r}: 1-200 of ASCII letters, digits and . _ : @ + = -, "
             "starting with a letter or digit",
         )

@@ -38,7 +38,7 @@ __all__ = [
 SessionId: TypeAlias = Annotated[
     str, StringConstraints(pattern=r"^[A-Za-z0-9][A-Za-z0-9._:@+=-]{0,199}$")
 ]
-"""A session id: 1-200 characters of letters, digits and ``. _ : @ + = -``, not starting with
+"""A session id: 1-200 characters of ASCII letters, digits and ``. _ : @ + = -``, not starting with
 punctuation (it names files and Redis keys)."""
 
 Order = Literal["newest_first", "oldest_first"]

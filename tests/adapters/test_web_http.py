@@ -22,6 +22,7 @@ from adapters.channel import (
     Unavailable,
 )
 from adapters.web import MailboxUnavailable, MemoryMailbox, WebChannel, WebMailbox
+from adapters.web.mailbox import MailboxError
 from adapters.web.page import _STYLE, _THREAD_SCRIPT
 from adapters.web.sqlite import SqliteMailbox
 from harness_core import SequentialIds
@@ -98,7 +99,8 @@ async def test_the_post_is_acknowledged_only_after_the_sink_returned(
     for _ in range(20):
         await asyncio.sleep(0.01)
     assert sink.inbound and not posting.done()
-    assert await channel.mailbox.read("default", "t1") == ()  # nothing shown before acceptance
+    # the thread holds it before the sink is asked (D162): its reply can only come after it
+    assert [i.kind for i in await channel.mailbox.read("default", "t1")] == ["message"]
     sink.gate.set()
     assert (await posting).status_code == 202
     assert len(await channel.mailbox.read("default", "t1")) == 1
@@ -189,6 +191,19 @@ async def test_hostile_bodies_are_refused_clearly(
     assert sink.inbound == []
 
 
+async def test_a_client_id_outside_ascii_is_refused_by_a_rule_that_says_ascii(
+    client: httpx.AsyncClient, sink: TestSink
+) -> None:
+    response = await client.post(URL, json={"text": "hi", "client_message_id": "é-1"})
+    assert error(response) == (400, "invalid_request")
+    assert "ASCII letters, digits" in response.json()["error"]["message"]
+    decided = await client.post(
+        "/web/threads/t1/decisions", json=decision_body(idempotency_key="é-1")
+    )
+    assert "ASCII letters, digits" in decided.json()["error"]["message"]
+    assert sink.inbound == [] and sink.decisions == []
+
+
 async def test_huge_text_is_refused(client: httpx.AsyncClient, sink: TestSink) -> None:
     response = await client.post(URL, json={"text": "x" * 1001})
     assert error(response) == (400, "text_too_long")
@@ -255,43 +270,109 @@ async def test_cross_site_posts_are_refused(
         assert sink.inbound == [] and sink.decisions == []
 
 
-@pytest.mark.parametrize(
-    "thread", ["bad%20id", "a" * 201, "...", "t%00", "%F0%9F%98%80", "a%7Bb%7D", "a:b"]
-)
-async def test_bad_thread_ids_are_refused(
-    client: httpx.AsyncClient, sink: TestSink, thread: str
+# A thread id as sent in the URL, and the thread it names (None: refused with the rule).
+# The rule says "letters (of any script)" and means it (D165); one spelling per thread (NFC).
+THREAD_NAMES = [
+    ("a", "a"),
+    ("A-b_c.d", "A-b_c.d"),
+    ("0" * 200, "0" * 200),
+    (".a", ".a"),
+    ("-", "-"),
+    ("caf%C3%A9", "café"),  # é composed
+    ("cafe%CC%81", "café"),  # é typed as e + a combining accent: the same thread
+    ("%C3%A9" * 200, "é" * 200),
+    ("e%CC%81" * 200, "é" * 200),  # 400 code points as sent, 200 composed
+    ("%E6%97%A5%E6%9C%AC", "日本"),
+    ("%D0%BF%D1%80%D0%B8%D0%B2%D0%B5%D1%82", "привет"),
+    ("%E0%A4%B9%E0%A4%BF%E0%A4%A8%E0%A5%8D%E0%A4%A6%E0%A5%80", "हिन्दी"),  # marks after letters
+    ("%D9%A3%D9%A4", "٣٤"),  # Arabic-Indic digits
+    ("bad%20id", None),
+    ("a" * 201, None),
+    ("%C3%A9" * 201, None),
+    ("...", None),
+    ("t%00", None),
+    ("%F0%9F%98%80", None),  # an emoji is no letter
+    ("a%7Bb%7D", None),
+    ("a:b", None),
+    ("%CC%81a", None),  # a mark with nothing to mark
+    ("a-%CC%81", None),
+    ("a%E2%80%8Bb", None),  # zero-width space
+    ("%E2%80%AEabc", None),  # right-to-left override
+    ("%C2%B2", None),  # superscript two: a number, not a digit
+    ("%E2%85%AB", None),  # Roman numeral twelve
+    ("a%EF%BC%8Fb", None),  # fullwidth solidus
+    ("%ED%A0%80", None),  # a lone surrogate's bytes
+]
+
+
+@pytest.mark.parametrize(("sent", "thread"), THREAD_NAMES)
+async def test_thread_ids(
+    client: httpx.AsyncClient, sink: TestSink, sent: str, thread: str | None
 ) -> None:
-    response = await client.post(f"/web/threads/{thread}/messages", json={"text": "hi"})
-    assert error(response) == (400, "invalid_thread")
-    assert error(await client.get(f"/web/threads/{thread}")) == (400, "invalid_thread")
-    assert sink.inbound == []
+    posted = await client.post(f"/web/threads/{sent}/messages", json={"text": "hi"})
+    read = await client.get(f"/web/threads/{sent}")
+    if thread is None:
+        assert error(posted) == (400, "invalid_thread")
+        assert posted.json()["error"]["message"] == (
+            "thread must be 1-200 letters (of any script), digits, '.', '_' and '-', not only "
+            "dots, in Unicode's composed form (NFC)"
+        )
+        assert error(read) == (400, "invalid_thread")
+        assert sink.inbound == []
+        return
+    assert posted.status_code == 202, posted.text
+    assert posted.json()["thread"] == thread and posted.json()["lane"] == f"web:{thread}"
+    [inbound] = sink.inbound
+    assert inbound.thread.thread == thread
+    assert [i["text"] for i in read.json()["items"]] == ["hi"]
+    assert read.json()["thread"] == thread
 
 
-async def test_valid_thread_ids(client: httpx.AsyncClient) -> None:
-    for thread in ("a", "A-b_c.d", "0" * 200, ".a", "-"):
-        assert (await client.post(f"/web/threads/{thread}/messages", json={"text": "x"})).is_success
+@pytest.mark.parametrize(
+    ("space", "taken"), [("équipe", True), ("e\u0301quipe", True), ("a b", False)]
+)
+async def test_spaces_follow_the_same_rule(
+    client: httpx.AsyncClient, sink: TestSink, space: str, taken: bool
+) -> None:
+    sink.routes = {"équipe": "s-equipe"}
+    posted = await client.post(URL, json={"text": "hi", "space": space})
+    if not taken:
+        assert error(posted) == (400, "invalid_space")
+        return
+    assert posted.status_code == 202 and posted.json()["space"] == "équipe"
+    assert posted.json()["session"] == "s-equipe"
 
 
-async def test_an_unrouted_space_is_404_and_nothing_is_kept(
+async def test_an_unrouted_space_is_404_and_the_thread_says_it_was_not_taken(
     client: httpx.AsyncClient, sink: TestSink
 ) -> None:
     response = await client.post(URL, json={"text": "hi", "space": "nowhere"})
     assert error(response) == (404, "not_routed")
     assert "nowhere" in response.json()["error"]["message"]
-    assert (await client.get("/web/threads/t1?space=nowhere")).json()["items"] == []
+    items = (await client.get("/web/threads/t1?space=nowhere")).json()["items"]
+    assert [i["kind"] for i in items] == ["message", "failure_notice"]  # shown, and not taken
+    assert "not taken" in items[1]["text"] and "nowhere" in items[1]["text"]
 
 
 async def test_an_unavailable_gateway_is_503_with_retry_after(
     client: httpx.AsyncClient, sink: TestSink
 ) -> None:
     sink.error = Unavailable("inbox is down")
-    response = await client.post(URL, json={"text": "hi", "client_message_id": "m-1"})
-    assert error(response) == (503, "unavailable")
-    assert response.headers["retry-after"] == "2"
-    assert (await client.get("/web/threads/t1")).json()["items"] == []  # not shown: not accepted
+    for _ in range(2):  # refused twice: one notice
+        response = await client.post(URL, json={"text": "hi", "client_message_id": "m-1"})
+        assert error(response) == (503, "unavailable")
+        assert response.headers["retry-after"] == "2"
+    items = (await client.get("/web/threads/t1")).json()["items"]
+    assert [(i["kind"], i["id"]) for i in items] == [
+        ("message", "m-1"),
+        ("failure_notice", "not-taken:m-1"),
+    ]
+    assert items[1]["text"].startswith("This message was not taken: inbox is down.")
     sink.error = None
     retried = await client.post(URL, json={"text": "hi", "client_message_id": "m-1"})
     assert retried.status_code == 202 and retried.json()["duplicate"] is False
+    assert retried.json()["seq"] == 1  # the message the thread shows, once
+    assert len((await client.get("/web/threads/t1")).json()["items"]) == 2
 
 
 async def test_a_channel_that_is_not_running_refuses_posts_with_503(
@@ -341,30 +422,71 @@ async def test_a_channel_opened_from_a_url_reopens_after_closing(
     await web.close()
 
 
-async def test_an_accepted_message_is_still_acknowledged_when_the_mailbox_fails(
-    clock: ManualClock, sink: TestSink
+class _BrokenMailbox(MemoryMailbox):
+    """A memory mailbox whose writes fail while `broken` (reads still answer)."""
+
+    def __init__(self, error: Exception) -> None:
+        super().__init__()
+        self.error = error
+        self.broken = True
+
+    async def append(self, space, thread, item):
+        if self.broken:
+            raise self.error
+        return await super().append(space, thread, item)
+
+
+# Every way the web channel's own store can fail a write: the post is refused, nothing is taken.
+STORE_FAILURES = [
+    MailboxUnavailable("sqlite: OperationalError: disk I/O error"),
+    MailboxUnavailable("redis: ConnectionError", unknown_outcome=True),
+    MailboxError("corrupt item"),
+]
+
+
+@pytest.mark.parametrize("failure", STORE_FAILURES, ids=lambda e: str(e).split(":")[0])
+async def test_a_message_the_store_cannot_hold_is_refused_and_not_taken(
+    clock: ManualClock, sink: TestSink, failure: Exception
 ) -> None:
-    """The acceptance is what 202 promises; the thread view heals on the client's retry."""
-
-    class Flaky(MemoryMailbox):
-        broken = True
-
-        async def append(self, space, thread, item):
-            if self.broken:
-                raise MailboxUnavailable("down")
-            return await super().append(space, thread, item)
-
-    mailbox = Flaky()
+    """Never a 202 for a message the thread does not show (D162): it is not half-accepted."""
+    mailbox = _BrokenMailbox(failure)
     web = WebChannel(mailbox, clock=clock, ids=SequentialIds())
     await web.start(sink)
     app = FastAPI()
     app.include_router(web.router)
     async with httpx.AsyncClient(transport=httpx.ASGITransport(app=app), base_url="http://x") as c:
-        first = await c.post(URL, json={"text": "hi", "client_message_id": "m-1"})
-        assert first.status_code == 202 and first.json()["seq"] is None
+        for body in ({"text": "hi", "client_message_id": "m-1"}, {"text": "no id"}):
+            first = await c.post(URL, json=body)
+            assert error(first) == (503, "unavailable")
+            assert "store is unavailable" in first.json()["error"]["message"]
+            assert first.headers["retry-after"] == "2"
+        assert sink.inbound == []  # nothing reached the gateway
         mailbox.broken = False
         again = await c.post(URL, json={"text": "hi", "client_message_id": "m-1"})
-        assert again.json()["duplicate"] is True and again.json()["seq"] == 1
+        assert again.status_code == 202 and again.json()["duplicate"] is False
+        assert again.json()["seq"] == 1
+    await web.close()
+
+
+async def test_a_decision_the_store_cannot_show_is_503_and_counts_once_when_sent_again(
+    clock: ManualClock, sink: TestSink
+) -> None:
+    """A click is taken first (its key makes a retry count once), then refused until shown."""
+    mailbox = _BrokenMailbox(MailboxUnavailable("down"))
+    web = WebChannel(mailbox, clock=clock, ids=SequentialIds())
+    await web.start(sink)
+    app = FastAPI()
+    app.include_router(web.router)
+    async with httpx.AsyncClient(transport=httpx.ASGITransport(app=app), base_url="http://x") as c:
+        first = await c.post("/web/threads/t1/decisions", json=decision_body())
+        assert error(first) == (503, "unavailable")
+        assert "send it again once the store is back" in first.json()["error"]["message"]
+        mailbox.broken = False
+        again = await c.post("/web/threads/t1/decisions", json=decision_body())
+        assert again.status_code == 202 and again.json()["duplicate"] is True
+        assert again.json()["seq"] == 1
+    assert len(sink.accepted) == 1
+    await web.close()
 
 
 # -- reading a thread ---------------------------------------------------------------------------
@@ -607,7 +729,12 @@ async def test_the_thread_page_is_plain_html_with_a_strict_policy(
     assert 'EventSource("events?' in page
     config = re.search(r'<script type="application/json" id="config">(.*?)</script>', page)
     assert config is not None
-    assert json.loads(config.group(1)) == {"space": "default", "thread": "t1"}
+    assert json.loads(config.group(1)) == {
+        "space": "default",
+        "thread": "t1",
+        "max_text_chars": 1000,
+    }
+    assert "maxlength" not in page.split('id="text"')[1].split(">")[0]  # a paste is never cut
 
 
 async def test_the_policy_hashes_match_the_inline_blocks(client: httpx.AsyncClient) -> None:
@@ -624,14 +751,19 @@ async def test_the_index_lists_threads_and_opens_one(
     client: httpx.AsyncClient, clock: ManualClock
 ) -> None:
     await client.post("/web/threads/alpha/messages", json={"text": "a"})
+    await client.post("/web/threads/caf%C3%A9/messages", json={"text": "b"})
     index = await client.get("/web/")
     assert index.status_code == 200 and "<script" not in index.text
     assert 'href="threads/alpha/page?space=default"' in index.text
+    assert 'href="threads/caf%C3%A9/page?space=default">café</a>' in index.text
+    assert 'title="1-200 letters (of any script)' in index.text  # the form says the rule
     assert "script-src 'none'" in index.headers["content-security-policy"]
     opened = await client.get("/web/open?thread=beta&space=default")
     assert opened.status_code == 303
     assert opened.headers["location"] == "threads/beta/page?space=default"
     assert error(await client.get("/web/open?thread=b%20ad")) == (400, "invalid_thread")
+    accented = await client.get("/web/open?thread=cafe%CC%81&space=default")
+    assert accented.headers["location"] == "threads/caf%C3%A9/page?space=default"
 
 
 @pytest.mark.skipif(shutil.which("node") is None, reason="node is not installed")

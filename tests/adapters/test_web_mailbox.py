@@ -178,9 +178,19 @@ async def test_names_are_checked(mailbox: WebMailbox) -> None:
         ("default", ".."),
         ("..", "t"),
         ("default", "a:b"),
+        ("default", "cafe\u0301"),  # not composed: the channel composes before it asks
+        ("e\u0301quipe", "t"),
     ):
-        with pytest.raises(ValueError, match="1-200 characters"):
+        with pytest.raises(ValueError, match="1-200 letters"):
             await mailbox.append(space, thread, reply("d"))
+
+
+async def test_names_in_any_script_are_kept_on_every_backend(mailbox: WebMailbox) -> None:
+    for space, thread in (("équipe", "café"), ("default", "日本"), ("default", "हिन्दी")):
+        await mailbox.append(space, thread, reply(f"d-{thread}"))
+        [item] = await mailbox.read(space, thread)
+        assert item.id == f"d-{thread}"
+        assert thread in [t.thread for t in await mailbox.threads(space)]
 
 
 async def test_concurrent_appends_of_one_identity_store_one_item(mailbox: WebMailbox) -> None:

@@ -2,7 +2,11 @@
 
 from __future__ import annotations
 
+import os
+import re
 import socket
+import time
+from pathlib import Path
 
 import pytest
 
@@ -10,10 +14,34 @@ from config import Settings
 from gateway.cli import main
 
 
-def test_the_demo_crashes_one_lane_mid_tool_and_recovers_it(tmp_path, capsys) -> None:
-    store = f"sqlite:///{tmp_path}/gw.db"
+def _demo_store(backend: str, tmp_path: Path, request: pytest.FixtureRequest) -> str:
+    if backend == "sqlite":
+        return f"sqlite:///{tmp_path}/gw.db"
+    if backend == "jsonl":
+        return f"jsonl:///{tmp_path}/sessions"
+    server = request.getfixturevalue("redis_server")
+    return f"{server.url}?prefix={request.getfixturevalue('redis_prefix')}"
+
+
+@pytest.mark.parametrize("backend", ["sqlite", "jsonl", "redis"])
+def test_the_demo_kills_a_real_process_mid_tool_and_a_second_one_recovers(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str], request: pytest.FixtureRequest, backend: str
+) -> None:
+    store = _demo_store(backend, tmp_path, request)
+    began = time.monotonic()
     assert main(["demo", "--store", store], settings=Settings()) == 0
+    assert time.monotonic() - began < 30  # seconds, even on a loaded machine
     out = capsys.readouterr().out
+    killed = re.search(
+        r"^process 1 \(pid (\d+)\) answered the Slack thread, then was killed "
+        r"\(SIGKILL, exit status -9\) while sending an email:$",
+        out,
+        re.M,
+    )
+    took = re.search(r"^process 2 \(pid (\d+)\) took the session after [\d.]+ s", out, re.M)
+    assert killed and took, out
+    pids = {int(killed.group(1)), int(took.group(1)), os.getpid()}
+    assert len(pids) == 3  # two processes of their own, neither this one
     crash_log = out.split("process 2")[0]
     assert crash_log.rstrip().endswith("tool_started       send_email")  # died mid-tool
     assert "email:<demo-thread@example.com>: SUSPENDED (crash) run" in out
@@ -30,6 +58,16 @@ def test_the_demo_crashes_one_lane_mid_tool_and_recovers_it(tmp_path, capsys) ->
     assert "lane email:<demo-thread@example.com>" in shown and "(idle)" in shown
     assert "(open operation)" not in shown
     assert shown.count("operation_finished") == 2
+    assert shown.count("tool_started       send_email") == 1  # started once, never again
+
+
+@pytest.mark.parametrize("store", ["memory://"])
+def test_a_demo_on_a_store_of_one_process_is_one_line(
+    store: str, capsys: pytest.CaptureFixture[str]
+) -> None:
+    assert main(["demo", "--store", store], settings=Settings()) == 1
+    err = capsys.readouterr().err
+    assert err.count("\n") == 1 and "need a store both can open" in err
 
 
 def test_the_default_store_comes_from_settings(tmp_path, capsys) -> None:

@@ -15,8 +15,10 @@ from typing import Any
 
 import httpx
 import pytest
+from pydantic import ValidationError
 
-from config import Settings
+from config import Settings, format_settings_error
+from config.settings import accepted
 from gateway.plugin import PluginError, load_plugin
 from tests.support.gateway_rig import decision_body, serving, thread_items
 
@@ -61,7 +63,8 @@ def test_a_missing_plugin_names_where_it_was_looked_for(workdir: Path) -> None:
         load_plugin("no_such_agent_module")
     assert str(refused.value) == (
         f"GATEWAY_PLUGIN=no_such_agent_module: no module 'no_such_agent_module' in {workdir} or "
-        "the installed packages (name a module like agent for ./agent.py, or pkg.agent)"
+        "the installed packages (name a module like agent for ./agent.py or pkg.agent, or a "
+        "file like examples/agent.py)"
     )
 
 
@@ -117,6 +120,125 @@ def test_a_model_returning_something_else_is_refused(workdir: Path) -> None:
     _module(workdir, "odd_agent", "def model(settings):\n    return 'gpt'\n")
     with pytest.raises(PluginError, match=r"model\(\) must return \(client, ModelRef\) or None"):
         load_plugin("odd_agent", Settings())
+
+
+# -- GATEWAY_PLUGIN as a module name or a .py file ----------------------------------------
+
+ROOT = Path(__file__).resolve().parents[2]
+
+PING = """
+from harness_core import Tool
+
+async def ping(args, ctx):
+    return "pong"
+
+def tools():
+    return [Tool(name="ping", description="Ping.", execute=ping, replay="safe")]
+"""
+
+# What the setting takes (a module, or a .py file `load_plugin` looks for), and what it refuses
+# with one line saying what to write instead.
+PLUGIN_SETTINGS = [
+    ("agent", True),
+    ("mypkg.agent", True),
+    ("examples/agent.py", True),
+    ("./agent.py", True),
+    ("/opt/agents/agent.py", True),
+    ("../shared/my agent.py", True),
+    ("examples/agent", False),
+    ("agent.", False),
+    ("my-agent", False),
+    ("", False),
+    ("agent.py\n", False),
+    ("a/" * 2500 + "agent.py", False),
+]
+
+
+@pytest.mark.parametrize(("value", "taken"), PLUGIN_SETTINGS)
+def test_the_plugin_setting_takes_a_module_or_a_file(value: str, taken: bool) -> None:
+    if taken:
+        assert Settings(plugin=value).plugin == value
+        return
+    with pytest.raises(ValidationError) as refused:
+        Settings(plugin=value)
+    said = format_settings_error(refused.value)
+    assert (
+        "expected a Python module like agent (./agent.py) or mypkg.agent, or the path of a .py"
+        in (said)
+    )
+    assert "\n" not in said.strip()
+
+
+def test_every_constrained_text_setting_says_what_it_takes() -> None:
+    """No setting refuses a value with only "expected text" (what GATEWAY_PLUGIN=x.py said)."""
+    for name, field in Settings.model_fields.items():
+        rules = ("pattern", "min_length", "max_length")
+        if any(getattr(m, rule, None) is not None for m in field.metadata for rule in rules):
+            assert accepted(name) != "text", name
+
+
+# A file's path (relative to the current directory or absolute), and what loading it says.
+PLUGIN_FILES = [
+    ("agents/pinger.py", None),
+    ("./agents/pinger.py", None),
+    ("{workdir}/agents/pinger.py", None),
+    ("agents/missing.py", "GATEWAY_PLUGIN=agents/missing.py: no file {workdir}/agents/missing.py"),
+    ("agents/bad-name.py", "bad-name.py cannot be imported (a module's file name is letters"),
+    ("agents/json.py", "a module named 'json' is imported already"),
+    ("agents/broken.py", "cannot import it (ZeroDivisionError: division by zero)"),
+]
+
+
+@pytest.mark.parametrize(("value", "said"), PLUGIN_FILES)
+def test_a_plugin_file_is_loaded_by_its_path(workdir: Path, value: str, said: str | None) -> None:
+    folder = workdir / "agents"
+    folder.mkdir()
+    for name in ("pinger", "bad-name", "json"):
+        _module(folder, name, PING)
+    _module(folder, "broken", "1 / 0\n")
+    value = value.format(workdir=workdir)
+    if said is None:
+        plugin = load_plugin(value)
+        assert [tool.name for tool in plugin.tools] == ["ping"]
+        assert load_plugin(value).tools[0].execute is plugin.tools[0].execute  # imported once
+        return
+    with pytest.raises(PluginError) as refused:
+        load_plugin(value)
+    assert said.format(workdir=workdir) in str(refused.value)
+    assert "\n" not in str(refused.value)
+
+
+def test_a_plugin_file_imports_its_neighbours(workdir: Path) -> None:
+    folder = workdir / "elsewhere"
+    folder.mkdir()
+    _module(folder, "shared_helpers_mod", "ANSWER = 'pong from a neighbour'\n")
+    _module(
+        folder,
+        "with_neighbour",
+        """
+        from harness_core import Tool
+        from shared_helpers_mod import ANSWER
+
+        async def ping(args, ctx):
+            return ANSWER
+
+        def tools():
+            return [Tool(name="ping", description="Ping.", execute=ping, replay="safe")]
+        """,
+    )
+    assert [t.name for t in load_plugin("elsewhere/with_neighbour.py").tools] == ["ping"]
+
+
+def test_the_readme_example_loads_by_its_path(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.chdir(ROOT)
+    monkeypatch.setattr(sys, "path", list(sys.path))
+    monkeypatch.delitem(sys.modules, "agent", raising=False)
+    try:
+        plugin = load_plugin("examples/agent.py")
+        assert {tool.name for tool in plugin.tools} == {"deploy_window", "deploy"}
+        assert plugin.model is not None  # its scripted stand-in (GATEWAY_MODEL is scripted:echo)
+    finally:
+        sys.modules.pop("agent", None)
 
 
 def test_the_example_uses_a_configured_model_instead_of_its_stand_in() -> None:

@@ -197,3 +197,67 @@ async def test_a_reminder_is_a_second_card_and_one_click_decides_both(
         await expect(card.get_by_role("button", name="Deny", exact=True)).to_be_disabled()
 
     assert _errors(console_errors) == []
+
+
+# A paste into the composer, and whether the thread takes it: counted as the server counts
+# (characters, not UTF-16 units), and never cut without a word (D166).
+PASTES = [
+    ("x" * 33_000, False),
+    ("é" * 32_001, False),
+    ("😀" * 16_001, True),  # 32,002 UTF-16 units, 16,001 characters
+    ("x" * 32_000, True),
+]
+
+
+async def test_a_paste_over_the_limit_is_said_and_kept_not_cut(
+    gateway: GatewayProcess, page: Page, console_errors: list[str]
+) -> None:
+    await _open_thread(page, gateway, "browser-paste")
+    composer = page.get_by_label("message")
+    sent = 0
+    for text, taken in PASTES:
+        await composer.fill("")
+        await composer.focus()
+        await page.keyboard.insert_text(text)  # what a paste does: maxlength would cut it
+        assert await composer.evaluate("box => [...box.value].length") == len(text)
+        if not taken:
+            said = f"This message has {len(text):,} characters; at most 32,000 are accepted."
+            await expect(page.locator("#error")).to_contain_text(said)
+            await page.get_by_role("button", name="Send").click()
+            await expect(page.locator("#error")).to_contain_text("nothing was sent")
+            assert await composer.evaluate("box => [...box.value].length") == len(text)
+            continue
+        await expect(page.locator("#error")).to_have_text("")
+        await page.get_by_role("button", name="Send").click()
+        await expect(composer).to_have_value("")
+        sent += 1
+        await expect(page.locator(".item.reply")).to_have_count(sent)
+    messages = page.locator(".item.message .text")
+    await expect(messages).to_have_count(sent)
+    assert await messages.all_text_contents() == [text for text, taken in PASTES if taken]
+    assert _errors(console_errors) == []
+
+
+# What a person types into the thread list's form, and whether the page opens that thread.
+OPENED = [("café", True), ("हिन्दी", True), ("日本", True), ("a b", False), ("😀", False)]
+
+
+async def test_a_thread_named_in_any_script_opens_from_the_list(
+    gateway: GatewayProcess, page: Page, console_errors: list[str]
+) -> None:
+    await page.goto(f"{gateway.url}/web/")
+    box = page.get_by_label("thread id")
+    for name, valid in OPENED:
+        await box.fill(name)
+        assert await box.evaluate("input => input.checkValidity()") is valid, name
+    await box.fill("café")
+    await page.get_by_role("button", name="Open thread").click()
+    await expect(page).to_have_url(re.compile(r"/web/threads/caf%C3%A9/page\?space=default$"))
+    await expect(page.get_by_role("heading", name="café")).to_be_visible()
+    await expect(page.locator("#status")).to_have_text("live")
+    await _send(page, "bonjour")
+    await expect(page.locator(".item.reply .text")).to_have_text("You said: bonjour")
+    await page.get_by_role("link", name="threads").click()
+    await page.get_by_role("link", name="café").click()  # the list links to it, too
+    await expect(page.locator(".item.reply")).to_have_count(1)
+    assert _errors(console_errors) == []
