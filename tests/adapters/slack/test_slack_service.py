@@ -166,6 +166,39 @@ async def test_forged_stale_and_malformed_requests_store_nothing(rig: Rig) -> No
     assert rig.fake.bot_messages() == []
 
 
+_CLICK = form_body({"type": "block_actions", "actions": [{"action_id": "approve"}]})
+SSL_CHECKS: list[tuple[str, str, bool, int]] = [
+    # (body, content type, signed, status). Slack's own check comes unsigned (recorded in
+    # slackapi/bolt-js#1397: `ssl_check=1&token=...`, form-encoded, no signature headers).
+    ("ssl_check=1&token=xxx", "application/x-www-form-urlencoded", False, 200),
+    ("ssl_check=1&token=xxx", "application/x-www-form-urlencoded", True, 200),
+    ("token=xxx&ssl_check=1", "application/x-www-form-urlencoded; charset=utf-8", False, 200),
+    ("ssl_check=1", "application/x-www-form-urlencoded", False, 200),
+    (f"ssl_check=1&{_CLICK}", "application/x-www-form-urlencoded", False, 200),  # answered only
+    ("ssl_check=0&token=xxx", "application/x-www-form-urlencoded", False, 401),
+    ("ssl_check=true&token=xxx", "application/x-www-form-urlencoded", False, 401),
+    ("ssl_check=1&ssl_check=0", "application/x-www-form-urlencoded", False, 401),
+    ("ssl_check=1&token=xxx", "application/json", False, 401),
+    ('{"ssl_check": "1"}', "application/json", False, 401),
+]
+
+
+async def test_slacks_ssl_check_is_answered_and_does_nothing_else(rig: Rig) -> None:
+    for body, content_type, signed, status in SSL_CHECKS:
+        headers = {"content-type": content_type}
+        if signed:
+            headers.update(signed_headers(body, SECRET))
+        response = await rig.http.post("/slack/events", content=body.encode(), headers=headers)
+        assert response.status_code == status, (body, signed, response.text)
+        if status == 200:
+            assert response.content == b""
+    await asyncio.sleep(0.2)
+    broker = rig.service.broker
+    assert broker is not None
+    assert (await broker.inbox.backlog()).pending == 0
+    assert rig.fake.bot_messages() == [] and rig.fake.ephemerals == []
+
+
 async def _approval(rig: Rig, text: str = "/deploy prod") -> tuple[dict[str, Any], Message]:
     """A mention asking for a deploy; its thread's approval request (with buttons)."""
     event = rig.fake.mention_event("C1", text)
