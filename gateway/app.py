@@ -2,22 +2,30 @@
 
 from __future__ import annotations
 
-from collections.abc import Awaitable, Callable, Sequence
+from collections.abc import Awaitable, Callable, Mapping, Sequence
 from typing import Any
 
 from fastapi import FastAPI
 from fastapi.responses import JSONResponse, RedirectResponse, Response
 
+from gateway.guards import BodyLimit, HostGuard, HostRule
 from gateway.ops.errors import API_PREFIX, install_errors
 
 __all__ = ["build_app"]
 
 
-def build_app(routers: Sequence[Any], ready: Callable[[], Awaitable[dict[str, str]]]) -> FastAPI:
+def build_app(
+    routers: Sequence[Any],
+    ready: Callable[[], Awaitable[dict[str, str]]],
+    *,
+    hosts: HostRule,
+    body_limits: Mapping[str, int],
+) -> FastAPI:
     """The service's app with every adapter's router.
 
     ``/healthz``: the process answers. ``/readyz``: its store and broker answer (503 naming the
-    failing part otherwise).
+    failing part otherwise). Before any route: the request id, then the `hosts` rule, then the
+    bodies' bounds (`body_limits` by path prefix; see `gateway.guards`).
     """
     app = FastAPI(
         title="durable-gateway",
@@ -27,7 +35,9 @@ def build_app(routers: Sequence[Any], ready: Callable[[], Awaitable[dict[str, st
         redoc_url=None,
         openapi_url=f"{API_PREFIX}/openapi.json",
     )
-    install_errors(app)
+    app.add_middleware(BodyLimit, limits=body_limits)  # added first: innermost
+    app.add_middleware(HostGuard, rule=hosts)
+    install_errors(app)  # the request-id middleware, outside both
 
     @app.get("/", include_in_schema=False)
     async def home() -> RedirectResponse:

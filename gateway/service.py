@@ -30,6 +30,7 @@ from gateway.app import build_app
 from gateway.broker import open_broker
 from gateway.broker.contract import Broker
 from gateway.deliverer import Deliverer, DelivererConfig
+from gateway.guards import body_limits, host_rule
 from gateway.intake import Intake
 from gateway.logs import event
 from gateway.metrics import Metrics
@@ -201,7 +202,10 @@ class Service:
             parts.rng,
             self.metrics,
         )
+        # An adapter with HTTP routes has `router`, and may say how large its bodies are
+        # (`body_limits`: path prefix -> bytes; otherwise the edge's small default applies).
         routers = [r for a in adapters if (r := getattr(a, "router", None)) is not None]
+        declared = [b for a in adapters if (b := getattr(a, "body_limits", None)) is not None]
         ops = OpsApi(
             self.repo,
             self.broker,
@@ -209,7 +213,12 @@ class Service:
             clock,
             max_attempts=settings.max_attempts,
         )
-        self.app = build_app([*ops.routers, self.metrics.router, *routers], self.readiness)
+        self.app = build_app(
+            [*ops.routers, self.metrics.router, *routers],
+            self.readiness,
+            hosts=host_rule(settings),
+            body_limits=body_limits(declared),
+        )
         try:
             for adapter in adapters:
                 await adapter.start(self.intake)

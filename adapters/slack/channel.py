@@ -172,6 +172,8 @@ class SlackChannel:
         self._tasks: set[asyncio.Task[Any]] = set()
         self._register()
         self.router: APIRouter | None = None if self.socket_mode else self._http_router()
+        self.body_limits: dict[str, int] = {} if self.socket_mode else {"/slack/": _MAX_BODY}
+        """The bound of a request body at ``/slack/events`` (the app refuses more unread)."""
 
     # -- lifecycle -------------------------------------------------------------------------------
 

@@ -89,7 +89,7 @@ async def _running(tmp_path: Any, *, socket_mode: bool) -> AsyncIterator[Rig]:
         await service.start()
         assert service.app is not None
         transport = httpx.ASGITransport(app=service.app)
-        async with httpx.AsyncClient(transport=transport, base_url="http://gateway") as http:
+        async with httpx.AsyncClient(transport=transport, base_url="http://localhost") as http:
             yield Rig(service, fake, http)
         await service.stop(drain_seconds=2)
 
@@ -555,7 +555,7 @@ async def test_an_unreachable_slack_does_not_hold_up_the_service(tmp_path: Any) 
     try:
         assert service.app is not None
         transport = httpx.ASGITransport(app=service.app)
-        async with httpx.AsyncClient(transport=transport, base_url="http://gateway") as http:
+        async with httpx.AsyncClient(transport=transport, base_url="http://localhost") as http:
             posted = await http.post("/web/threads/t/messages", json={"text": "still here"})
             assert posted.status_code == 202
     finally:
