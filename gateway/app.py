@@ -10,6 +10,7 @@ from fastapi.responses import JSONResponse, RedirectResponse, Response
 
 from gateway.guards import BodyLimit, HostGuard, HostRule
 from gateway.ops.errors import API_PREFIX, install_errors
+from gateway.redact import RedactBodies, Redactor
 
 __all__ = ["build_app"]
 
@@ -20,12 +21,14 @@ def build_app(
     *,
     hosts: HostRule,
     body_limits: Mapping[str, int],
+    redactor: Redactor | None = None,
 ) -> FastAPI:
     """The service's app with every adapter's router.
 
     ``/healthz``: the process answers. ``/readyz``: its store and broker answer (503 naming the
     failing part otherwise). Before any route: the request id, then the `hosts` rule, then the
-    bodies' bounds (`body_limits` by path prefix; see `gateway.guards`).
+    bodies' bounds (`body_limits` by path prefix; see `gateway.guards`); every response body
+    passes through `redactor`.
     """
     app = FastAPI(
         title="durable-gateway",
@@ -35,7 +38,9 @@ def build_app(
         redoc_url=None,
         openapi_url=f"{API_PREFIX}/openapi.json",
     )
-    app.add_middleware(BodyLimit, limits=body_limits)  # added first: innermost
+    if redactor is not None:
+        app.add_middleware(RedactBodies, redactor=redactor)  # added first: innermost
+    app.add_middleware(BodyLimit, limits=body_limits)
     app.add_middleware(HostGuard, rule=hosts)
     install_errors(app)  # the request-id middleware, outside both
 

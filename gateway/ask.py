@@ -36,6 +36,7 @@ from config import Settings
 from config.settings import number
 from gateway.models import model_from_settings
 from gateway.plugin import load_plugin
+from gateway.redact import Redactor, redacting
 from harness_core import (
     AgentHarness,
     AgentHarnessOptions,
@@ -122,6 +123,7 @@ async def ask(
     """
     plugin = load_plugin(settings.plugin, settings)
     client, model = plugin.model or model_from_settings(settings)
+    client = redacting(client, Redactor.from_settings(settings))  # errors may quote the key
     agent = _Agent(client, model, tuple(plugin.tools), decide)
     with _ctrl_c() as ctrl_c:
         try:

@@ -15,7 +15,7 @@ import os
 import random
 import socket
 import time
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -32,12 +32,13 @@ from gateway.broker.contract import Broker
 from gateway.deliverer import Deliverer, DelivererConfig
 from gateway.guards import body_limits, host_rule
 from gateway.intake import Intake
-from gateway.logs import event
+from gateway.logs import event, redact_with
 from gateway.metrics import Metrics
 from gateway.models import model_from_settings
 from gateway.ops.api import OpsApi
 from gateway.ops.auth import OpsAuth, local_token, parse_tokens, token_file
 from gateway.plugin import load_plugin
+from gateway.redact import Redactor, redacting
 from gateway.reminders import remind
 from gateway.telemetry import flush_tracing, install_tracing
 from gateway.worker import Worker, WorkerConfig
@@ -116,12 +117,17 @@ class Service:
         """The lanes' default model (from the plugin or ``GATEWAY_MODEL``), once started."""
         self._owned: list[Any] = []
         self._reminders: asyncio.Task[None] | None = None
+        self.redactor = Redactor.from_settings(settings)
+        """Cleans every text this service stores, logs or answers of the configured secrets."""
+        self._unredact: Callable[[], None] | None = None
 
     async def start(self) -> None:
         """Open the store and broker, start the adapters, the workers and the deliverer."""
         settings = self.settings
         parts = self.parts
         clock = parts.clock
+        if self._unredact is None:
+            self._unredact = redact_with(self.redactor.redact)
         self.repo = parts.repo or self._own(open_repo(settings.effective_store_url, clock=clock))
         self.broker = parts.broker or self._own(
             open_broker(
@@ -143,6 +149,7 @@ class Service:
             client, model = plugin.model
         else:
             client, model = model_from_settings(settings)
+        client = redacting(client, self.redactor)  # a provider error may quote the key
         self.model = model
         tools = tuple(parts.tools) or tuple(plugin.tools)
         if parts.adapters is not None:
@@ -201,6 +208,7 @@ class Service:
             clock,
             parts.rng,
             self.metrics,
+            redact=self.redactor.redact,
         )
         # An adapter with HTTP routes has `router`, and may say how large its bodies are
         # (`body_limits`: path prefix -> bytes; otherwise the edge's small default applies).
@@ -218,6 +226,7 @@ class Service:
             self.readiness,
             hosts=host_rule(settings),
             body_limits=body_limits(declared),
+            redactor=self.redactor,
         )
         try:
             for adapter in adapters:
@@ -238,6 +247,7 @@ class Service:
             return OpsAuth(parse_tokens([t.get_secret_value() for t in settings.ops_tokens]))
         path = token_file(settings.effective_store_url)
         token, kept = local_token(path)
+        self.redactor.add(token)
         self.ops_sign_in = token
         self.ops_token_file = path if kept else None
         return OpsAuth([("local", "operator", token)])
@@ -411,3 +421,6 @@ class Service:
         with contextlib.suppress(Exception):  # the spans of the last steps reach the collector
             await asyncio.to_thread(flush_tracing)
         log.info(event("stopped", worker=self.worker_id))
+        if self._unredact is not None:
+            self._unredact()
+            self._unredact = None
