@@ -45,6 +45,7 @@ __all__ = [
 ]
 
 REDACTED = "[redacted]"
+_REDACTED_BYTES = REDACTED.encode()
 
 MIN_SECRET_CHARS = 8
 """Shorter secrets are not searched for: "pass" would be cut out of every "password"."""
@@ -53,8 +54,9 @@ _PROVIDER_KEYS = ("OPENAI_API_KEY", "ANTHROPIC_API_KEY")
 """What the providers' SDKs read when ``GATEWAY_MODEL_API_KEY`` is unset."""
 
 # The userinfo of a URL: no quote, backslash, comma or space either side, so a JSON line or an
-# HTML attribute it sits in stays intact.
-_URL_PASSWORD = r"([A-Za-z][A-Za-z0-9+.-]*://[^\s/@:\"'\\,<>]*:)[^\s/@\"'\\,<>]+@"
+# HTML attribute it sits in stays intact. It starts with a literal, which the regex engine
+# searches for quickly (a scheme first would be tried at every letter of a long body).
+_URL_PASSWORD = r"(://[^\s/@:\"'\\,<>]*:)[^\s/@\"'\\,<>]+@"
 _URL_PASSWORD_TEXT = re.compile(_URL_PASSWORD)
 _URL_PASSWORD_BYTES = re.compile(_URL_PASSWORD.encode())
 _TEXTUAL = ("text/", "application/json", "application/problem+json", "application/javascript")
@@ -89,8 +91,8 @@ class Redactor:
 
     def __init__(self, secrets: Iterable[str] = ()) -> None:
         self._secrets: set[str] = set()
-        self._text: re.Pattern[str] | None = None
-        self._bytes: re.Pattern[bytes] | None = None
+        self._text: tuple[str, ...] = ()
+        self._bytes: tuple[bytes, ...] = ()
         self.add(*secrets)
 
     @classmethod
@@ -126,25 +128,27 @@ class Redactor:
     def add(self, *secrets: str) -> None:
         """Redact `secrets` too from now on (the local operator token, made at start)."""
         self._secrets.update(s for s in secrets if len(s) >= MIN_SECRET_CHARS)
+        # longest first: a secret that holds another is replaced whole
         forms = sorted({form for s in self._secrets for form in _forms(s)}, key=len, reverse=True)
-        if forms:
-            self._text = re.compile("|".join(re.escape(form) for form in forms))
-            self._bytes = re.compile(b"|".join(re.escape(form.encode()) for form in forms))
+        self._text = tuple(forms)
+        self._bytes = tuple(form.encode() for form in forms)
 
     def redact(self, text: str) -> str:
         """`text` without any configured secret or URL password."""
-        if self._text is not None:
-            text = self._text.sub(REDACTED, text)
+        for form in self._text:  # a substring search per form: far faster than one alternation
+            if form in text:
+                text = text.replace(form, REDACTED)
         if "://" in text:
             text = _URL_PASSWORD_TEXT.sub(rf"\g<1>{REDACTED}@", text)
         return text
 
     def redact_bytes(self, data: bytes) -> bytes:
         """`redact` for UTF-8 bytes (a response body)."""
-        if self._bytes is not None:
-            data = self._bytes.sub(REDACTED.encode(), data)
+        for form in self._bytes:
+            if form in data:
+                data = data.replace(form, _REDACTED_BYTES)
         if b"://" in data:
-            data = _URL_PASSWORD_BYTES.sub(rb"\g<1>" + REDACTED.encode() + b"@", data)
+            data = _URL_PASSWORD_BYTES.sub(rb"\g<1>" + _REDACTED_BYTES + b"@", data)
         return data
 
 
