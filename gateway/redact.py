@@ -52,6 +52,9 @@ MIN_SECRET_CHARS = 8
 
 _PROVIDER_KEYS = ("OPENAI_API_KEY", "ANTHROPIC_API_KEY")
 """What the providers' SDKs read when ``GATEWAY_MODEL_API_KEY`` is unset."""
+_OTLP_HEADERS = ("OTEL_EXPORTER_OTLP_HEADERS", "OTEL_EXPORTER_OTLP_TRACES_HEADERS")
+"""``key=value,...`` the span exporter sends (an ``authorization`` among them)."""
+_OTLP_ENDPOINTS = ("OTEL_EXPORTER_OTLP_ENDPOINT", "OTEL_EXPORTER_OTLP_TRACES_ENDPOINT")
 
 # The userinfo of a URL: no quote, backslash, comma or space either side, so a JSON line or an
 # HTML attribute it sits in stays intact. It starts with a literal, which the regex engine
@@ -97,7 +100,11 @@ class Redactor:
 
     @classmethod
     def from_settings(cls, settings: Settings, environ: Mapping[str, str] = os.environ) -> Redactor:
-        """The secrets `settings` (and the provider key variables in `environ`) configure."""
+        """The secrets `settings` configure, and those `environ` holds for the libraries.
+
+        From `environ`: the providers' key variables and the span exporter's headers and
+        endpoint.
+        """
         found: list[str] = []
         for value in (
             settings.model_api_key,
@@ -123,6 +130,11 @@ class Redactor:
             if (password := url_password(url)) is not None:
                 found.append(password)
         found += [environ[name] for name in _PROVIDER_KEYS if environ.get(name)]
+        for name in _OTLP_HEADERS:
+            for pair in environ.get(name, "").split(","):
+                value = unquote(pair.partition("=")[2].strip())
+                found += [value, value.partition(" ")[2]]  # "Bearer x": the whole, and x
+        found += [p for name in _OTLP_ENDPOINTS if (p := url_password(environ.get(name)))]
         return cls(found)
 
     def add(self, *secrets: str) -> None:

@@ -219,9 +219,25 @@ def test_every_configured_secret_is_redacted_in_every_form(
             assert piece not in cleaned or len(piece) < 8, (text, cleaned)
 
 
-def test_the_key_a_providers_sdk_reads_from_the_environment_is_a_secret_too() -> None:
-    redactor = Redactor.from_settings(Settings(), environ={"OPENAI_API_KEY": "sk-from-env-0123"})
-    assert redactor.redact("bad key sk-from-env-0123") == f"bad key {REDACTED}"
+ENVIRONMENT: list[tuple[dict[str, str], str]] = [
+    # (variables the libraries read, a secret they hold)
+    ({"OPENAI_API_KEY": "sk-from-env-0123"}, "sk-from-env-0123"),
+    ({"ANTHROPIC_API_KEY": "sk-ant-from-env-0123"}, "sk-ant-from-env-0123"),
+    ({"OTEL_EXPORTER_OTLP_HEADERS": "x-team=a,api-key=otlp-key-0123"}, "otlp-key-0123"),
+    (
+        {"OTEL_EXPORTER_OTLP_TRACES_HEADERS": "Authorization=Bearer%20otlp-token-0123"},
+        "otlp-token-0123",
+    ),
+    ({"OTEL_EXPORTER_OTLP_ENDPOINT": "https://u:otlp-pass-0123@collector:4318"}, "otlp-pass-0123"),
+]
+
+
+@pytest.mark.parametrize(("environ", "secret"), ENVIRONMENT)
+def test_the_secrets_libraries_read_from_the_environment_are_secrets_too(
+    environ: dict[str, str], secret: str
+) -> None:
+    redactor = Redactor.from_settings(Settings(), environ=environ)
+    assert redactor.redact(f"refused {secret}") == f"refused {REDACTED}"
 
 
 TEXTS: list[tuple[str, str]] = [
