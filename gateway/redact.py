@@ -132,8 +132,8 @@ class Redactor:
         found += [environ[name] for name in _PROVIDER_KEYS if environ.get(name)]
         for name in _OTLP_HEADERS:
             for pair in environ.get(name, "").split(","):
-                value = unquote(pair.partition("=")[2].strip())
-                found += [value, value.partition(" ")[2]]  # "Bearer x": the whole, and x
+                header = unquote(pair.partition("=")[2].strip())
+                found += [header, header.partition(" ")[2]]  # "Bearer x": the whole, and x
         found += [p for name in _OTLP_ENDPOINTS if (p := url_password(environ.get(name)))]
         return cls(found)
 
