@@ -117,6 +117,11 @@ class RecordingChannel:
         """The wrapped adapter's HTTP routes, if it has any (the service mounts them)."""
         return getattr(self.inner, "router", None)
 
+    @property
+    def body_limits(self) -> Any:
+        """The wrapped adapter's body bounds by path prefix, if it declares any."""
+        return getattr(self.inner, "body_limits", None)
+
     # -- faults --------------------------------------------------------------------------------
 
     def fail_next(

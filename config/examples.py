@@ -51,6 +51,7 @@ _SAMPLES: dict[str, Any] = {
     "email_approvers": ["ops-lead@example.com"],
     "email_link_secret": "a-random-secret-of-at-least-32-characters",
     "public_url": "https://gateway.example.com",
+    "allowed_hosts": ["gateway.internal.example.com"],
     "ops_tokens": [
         "alice:operator:change-me-to-a-long-random-secret",
         "dashboard:viewer:change-me-to-another-long-secret",

@@ -403,6 +403,13 @@ class Settings(BaseModel):
         description="The gateway's base URL as approvers reach it (for links in email), like "
         "https://gateway.example.com.",
     )
+    allowed_hosts: tuple[str, ...] = Field(
+        default=(),
+        description="Host names the HTTP server answers to besides localhost, 127.0.0.1, [::1], "
+        "any address literal and public_url's host (comma-separated): a request naming another "
+        "host is refused 421, so a web page whose name was rebound to this machine cannot drive "
+        "the gateway (DNS rebinding).",
+    )
     ops_tokens: tuple[SecretStr, ...] = Field(
         default=(),
         description="Bearer tokens of the operator API and the /ops page, comma-separated, each "
@@ -528,6 +535,24 @@ class Settings(BaseModel):
                 raise ValueError(f"expected {accepted('public_url')}")
             return value.rstrip("/")
         return value
+
+    @field_validator("allowed_hosts", mode="before")
+    @classmethod
+    def _allowed_hosts_text(cls, value: Any) -> Any:
+        if isinstance(value, str):  # a variable: comma-separated
+            return tuple(part.strip() for part in value.split(",") if part.strip())
+        return value
+
+    @field_validator("allowed_hosts")
+    @classmethod
+    def _allowed_hosts(cls, value: tuple[str, ...]) -> tuple[str, ...]:
+        for host in value:
+            if _ip(host) is None and not _HOSTNAME.fullmatch(host):
+                raise ValueError(
+                    f"{host!r} is not a host name (no scheme, no port, no wildcard: "
+                    f"expected {accepted('allowed_hosts')})"
+                )
+        return tuple(host.lower() for host in value)
 
     @field_validator("slack_api_url")
     @classmethod
@@ -851,6 +876,7 @@ _ACCEPTED = {
     "email_link_secret": "a random secret of 32+ characters",
     "email_approvers": "addresses, comma-separated (a list in TOML)",
     "public_url": "an http:// or https:// URL",
+    "allowed_hosts": "host names like gateway.example.com, comma-separated (a list in TOML)",
     "email_imap_host": "an IP address or a host name",
     "email_smtp_host": "an IP address or a host name",
 }

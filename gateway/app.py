@@ -2,22 +2,33 @@
 
 from __future__ import annotations
 
-from collections.abc import Awaitable, Callable, Sequence
+from collections.abc import Awaitable, Callable, Mapping, Sequence
 from typing import Any
 
 from fastapi import FastAPI
 from fastapi.responses import JSONResponse, RedirectResponse, Response
 
+from gateway.guards import BodyLimit, HostGuard, HostRule
 from gateway.ops.errors import API_PREFIX, install_errors
+from gateway.redact import RedactBodies, Redactor
 
 __all__ = ["build_app"]
 
 
-def build_app(routers: Sequence[Any], ready: Callable[[], Awaitable[dict[str, str]]]) -> FastAPI:
+def build_app(
+    routers: Sequence[Any],
+    ready: Callable[[], Awaitable[dict[str, str]]],
+    *,
+    hosts: HostRule,
+    body_limits: Mapping[str, int],
+    redactor: Redactor | None = None,
+) -> FastAPI:
     """The service's app with every adapter's router.
 
     ``/healthz``: the process answers. ``/readyz``: its store and broker answer (503 naming the
-    failing part otherwise).
+    failing part otherwise). Before any route: the request id, then the `hosts` rule, then the
+    bodies' bounds (`body_limits` by path prefix; see `gateway.guards`); every response body
+    passes through `redactor`.
     """
     app = FastAPI(
         title="durable-gateway",
@@ -27,7 +38,11 @@ def build_app(routers: Sequence[Any], ready: Callable[[], Awaitable[dict[str, st
         redoc_url=None,
         openapi_url=f"{API_PREFIX}/openapi.json",
     )
-    install_errors(app)
+    if redactor is not None:
+        app.add_middleware(RedactBodies, redactor=redactor)  # added first: innermost
+    app.add_middleware(BodyLimit, limits=body_limits)
+    app.add_middleware(HostGuard, rule=hosts)
+    install_errors(app)  # the request-id middleware, outside both
 
     @app.get("/", include_in_schema=False)
     async def home() -> RedirectResponse:

@@ -37,6 +37,7 @@ from config.settings import number
 from gateway.invocation import command
 from gateway.models import model_from_settings
 from gateway.plugin import load_plugin
+from gateway.redact import Redactor, redacting
 from gateway.replies import answer_text
 from harness_core import (
     AgentHarness,
@@ -125,6 +126,7 @@ async def ask(
     """
     plugin = load_plugin(settings.plugin, settings)
     client, model = plugin.model or model_from_settings(settings)
+    client = redacting(client, Redactor.from_settings(settings))  # errors may quote the key
     agent = _Agent(client, model, tuple(plugin.tools), decide)
     with _ctrl_c() as ctrl_c:
         try:

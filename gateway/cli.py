@@ -27,6 +27,7 @@ from gateway.demo import DemoError, demo, describe
 from gateway.invocation import command
 from gateway.models import ModelConfigError
 from gateway.plugin import PluginError
+from gateway.redact import Redactor
 from harness_core import (
     HarnessError,
     SessionRepo,
@@ -122,7 +123,8 @@ async def _run(args: argparse.Namespace, settings: Settings) -> int:
         ) from exc
     finally:
         await repo.close()
-        _write(out)
+        redactor = Redactor.from_settings(settings)  # a record stored before redaction existed
+        _write([redactor.redact(line) for line in out])
     return 0
 
 
@@ -227,12 +229,13 @@ def main(argv: Sequence[str] | None = None, settings: Settings | None = None) ->
     except (SettingsError, ValidationError) as exc:
         print(f"gateway: {format_settings_error(exc)}", file=sys.stderr)
         return 2
+    redact = Redactor.from_settings(settings).redact
     try:
         return asyncio.run(_run(args, settings))
     except (HarnessError, ModelConfigError, PluginError, BrokerError, DemoError) as exc:
-        return _fail(str(exc), 1)
+        return _fail(redact(str(exc)), 1)
     except (CliError, AskFailed) as exc:
-        return _fail(str(exc), exc.status)
+        return _fail(redact(str(exc)), exc.status)
     except (KeyboardInterrupt, asyncio.CancelledError):
         return _fail("interrupted", INTERRUPTED)
     except (_OutputClosed, BrokenPipeError):
@@ -241,7 +244,7 @@ def main(argv: Sequence[str] | None = None, settings: Settings | None = None) ->
     except Exception as exc:  # a defect: still one line (the traceback with log_level debug)
         if settings.log_level == "debug":
             traceback.print_exc()
-        return _fail(f"unexpected error: {type(exc).__name__}: {exc}", 1)
+        return _fail(redact(f"unexpected error: {type(exc).__name__}: {exc}"), 1)
 
 
 def _fail(message: str, status: int) -> int:

@@ -14,7 +14,7 @@ import contextlib
 import logging
 import random
 import time
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 
 from pydantic import ValidationError
@@ -63,8 +63,11 @@ class Deliverer:
         clock: Clock,
         rng: random.Random | None = None,
         metrics: Metrics | None = None,
+        redact: Callable[[str], str] | None = None,
     ) -> None:
         self.config = config
+        self._redact = redact or (lambda text: text)
+        """Cleans a failure's reason before it is stored (a channel's error may quote a token)."""
         self._metrics = metrics
         self._broker = broker
         self._adapters = adapters
@@ -215,6 +218,7 @@ class Deliverer:
         retry_after_s: float | None = None,
     ) -> None:
         delivery = claimed.delivery
+        reason = self._redact(reason)
         if delivery.attempts >= self.config.max_attempts:
             await self._dead(claimed, reason)
             return
@@ -242,6 +246,7 @@ class Deliverer:
 
     async def _dead(self, claimed: ClaimedDelivery, reason: str) -> None:
         delivery = claimed.delivery
+        reason = self._redact(reason)
         await self._broker.outbox.settle_dead(claimed, reason=reason, now_ms=self._clock.now_ms())
         self._count(claimed, "dead")
         log.warning(event("delivery dead", delivery=delivery.id, reason=reason))

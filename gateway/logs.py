@@ -7,12 +7,32 @@ are ids, kinds, counts and short secret-free reasons.
 
 from __future__ import annotations
 
+import contextlib
 import json
 import logging
 import sys
+from collections.abc import Callable
 from typing import Any
 
-__all__ = ["JsonFormatter", "configure", "event"]
+__all__ = ["JsonFormatter", "configure", "event", "redact_with"]
+
+_redactors: list[Callable[[str], str]] = []
+"""What every line passes through before it is written (`redact_with`)."""
+
+
+def redact_with(redact: Callable[[str], str]) -> Callable[[], None]:
+    """Pass every line a `JsonFormatter` writes through `redact`; returns what stops it.
+
+    The service registers its `gateway.redact.Redactor` at start (configured secrets never
+    reach a log line, whoever logged it) and removes it at stop.
+    """
+    _redactors.append(redact)
+
+    def remove() -> None:
+        with contextlib.suppress(ValueError):
+            _redactors.remove(redact)
+
+    return remove
 
 
 class _Event(str):
@@ -55,7 +75,10 @@ class JsonFormatter(logging.Formatter):
                 payload[key] = value
         if record.exc_info and record.exc_info[0] is not None:
             payload["error"] = record.exc_info[0].__name__  # the type only: messages may carry data
-        return json.dumps(payload, default=str, separators=(",", ":"))
+        line = json.dumps(payload, default=str, separators=(",", ":"))
+        for redact in tuple(_redactors):
+            line = redact(line)
+        return line
 
 
 class _Stderr(logging.StreamHandler):  # type: ignore[type-arg]

@@ -15,7 +15,7 @@ import os
 import random
 import socket
 import time
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -30,13 +30,15 @@ from gateway.app import build_app
 from gateway.broker import open_broker
 from gateway.broker.contract import Broker
 from gateway.deliverer import Deliverer, DelivererConfig
+from gateway.guards import body_limits, host_rule
 from gateway.intake import Intake
-from gateway.logs import event
+from gateway.logs import event, redact_with
 from gateway.metrics import Metrics
 from gateway.models import model_from_settings
 from gateway.ops.api import OpsApi
 from gateway.ops.auth import OpsAuth, local_token, parse_tokens, token_file
 from gateway.plugin import load_plugin
+from gateway.redact import Redactor, redacting
 from gateway.reminders import remind
 from gateway.telemetry import flush_tracing, install_tracing
 from gateway.worker import Worker, WorkerConfig
@@ -115,12 +117,17 @@ class Service:
         """The lanes' default model (from the plugin or ``GATEWAY_MODEL``), once started."""
         self._owned: list[Any] = []
         self._reminders: asyncio.Task[None] | None = None
+        self.redactor = Redactor.from_settings(settings)
+        """Cleans every text this service stores, logs or answers of the configured secrets."""
+        self._unredact: Callable[[], None] | None = None
 
     async def start(self) -> None:
         """Open the store and broker, start the adapters, the workers and the deliverer."""
         settings = self.settings
         parts = self.parts
         clock = parts.clock
+        if self._unredact is None:
+            self._unredact = redact_with(self.redactor.redact)
         self.repo = parts.repo or self._own(open_repo(settings.effective_store_url, clock=clock))
         self.broker = parts.broker or self._own(
             open_broker(
@@ -142,6 +149,7 @@ class Service:
             client, model = plugin.model
         else:
             client, model = model_from_settings(settings)
+        client = redacting(client, self.redactor)  # a provider error may quote the key
         self.model = model
         tools = tuple(parts.tools) or tuple(plugin.tools)
         if parts.adapters is not None:
@@ -200,8 +208,12 @@ class Service:
             clock,
             parts.rng,
             self.metrics,
+            redact=self.redactor.redact,
         )
+        # An adapter with HTTP routes has `router`, and may say how large its bodies are
+        # (`body_limits`: path prefix -> bytes; otherwise the edge's small default applies).
         routers = [r for a in adapters if (r := getattr(a, "router", None)) is not None]
+        declared = [b for a in adapters if (b := getattr(a, "body_limits", None)) is not None]
         ops = OpsApi(
             self.repo,
             self.broker,
@@ -209,7 +221,13 @@ class Service:
             clock,
             max_attempts=settings.max_attempts,
         )
-        self.app = build_app([*ops.routers, self.metrics.router, *routers], self.readiness)
+        self.app = build_app(
+            [*ops.routers, self.metrics.router, *routers],
+            self.readiness,
+            hosts=host_rule(settings),
+            body_limits=body_limits(declared),
+            redactor=self.redactor,
+        )
         try:
             for adapter in adapters:
                 await adapter.start(self.intake)
@@ -229,6 +247,7 @@ class Service:
             return OpsAuth(parse_tokens([t.get_secret_value() for t in settings.ops_tokens]))
         path = token_file(settings.effective_store_url)
         token, kept = local_token(path)
+        self.redactor.add(token)
         self.ops_sign_in = token
         self.ops_token_file = path if kept else None
         return OpsAuth([("local", "operator", token)])
@@ -402,3 +421,6 @@ class Service:
         with contextlib.suppress(Exception):  # the spans of the last steps reach the collector
             await asyncio.to_thread(flush_tracing)
         log.info(event("stopped", worker=self.worker_id))
+        if self._unredact is not None:
+            self._unredact()
+            self._unredact = None

@@ -28,6 +28,7 @@ import re
 from collections import OrderedDict
 from collections.abc import Awaitable, Callable, Mapping, Sequence
 from typing import Any
+from urllib.parse import parse_qs
 
 import aiohttp
 from fastapi import APIRouter, Request, Response
@@ -171,6 +172,8 @@ class SlackChannel:
         self._tasks: set[asyncio.Task[Any]] = set()
         self._register()
         self.router: APIRouter | None = None if self.socket_mode else self._http_router()
+        self.body_limits: dict[str, int] = {} if self.socket_mode else {"/slack/": _MAX_BODY}
+        """The bound of a request body at ``/slack/events`` (the app refuses more unread)."""
 
     # -- lifecycle -------------------------------------------------------------------------------
 
@@ -324,6 +327,8 @@ class SlackChannel:
             body = await request.body()
             if len(body) > _MAX_BODY:
                 return _refusal(413, "the request is too large")
+            if _ssl_check(body, request.headers.get("content-type", "")):
+                return Response(status_code=200)  # Slack's certificate check: unsigned, empty
             if not self._signed(request, body):
                 return _refusal(401, "invalid or stale signature")
             if _parse(body, request.headers.get("content-type", "")) is None:
@@ -1016,6 +1021,22 @@ def _delivery_error(exc: SlackApiError, *, after_post: bool) -> DeliveryError:
     return DeliveryError(f"Slack: {error}", unknown_outcome=after_post or status >= 500)
 
 
+def _ssl_check(body: bytes, content_type: str) -> bool:
+    """Whether this is Slack's certificate check (``ssl_check=1``, form-encoded).
+
+    Slack sends it without a signature (recorded in slackapi/bolt-js#1397), and bolt answers it
+    before verifying one: it gets an empty 200 and nothing else, whatever else the form holds.
+    Exactly one ``ssl_check`` of exactly ``1`` (slackapi/bolt-js#2899).
+    """
+    if content_type.split(";", 1)[0].strip().lower() != "application/x-www-form-urlencoded":
+        return False
+    try:
+        form = parse_qs(body.decode("utf-8"), keep_blank_values=True)
+    except (UnicodeDecodeError, ValueError):
+        return False
+    return form.get("ssl_check") == ["1"]
+
+
 def _parse(body: bytes, content_type: str) -> dict[str, Any] | None:
     """The request's JSON (events) or its ``payload`` form field (interactivity); None if bad."""
     try:
@@ -1023,8 +1044,6 @@ def _parse(body: bytes, content_type: str) -> dict[str, Any] | None:
         if content_type.startswith("application/json"):
             parsed = json.loads(text)
         elif content_type.startswith("application/x-www-form-urlencoded"):
-            from urllib.parse import parse_qs
-
             form = parse_qs(text, strict_parsing=False)
             if "payload" in form:
                 parsed = json.loads(form["payload"][0])

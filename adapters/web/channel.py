@@ -27,7 +27,8 @@ request, 403 ``cross_site``, 404 ``not_routed``, 413 ``too_large``, 415 (a body 
 ``application/json``), 503 ``unavailable`` with ``Retry-After``. The channel has no
 authentication of its own: bind it to a trusted interface. POSTs must be ``application/json``
 and not cross-site (``Sec-Fetch-Site``), so a web page a person visits cannot post or approve
-through their browser.
+through their browser; a page whose name was rebound to this machine passes that check, so the
+gateway's app refuses any ``Host`` it does not serve before this router runs (`gateway.guards`).
 """
 
 from __future__ import annotations
@@ -247,6 +248,8 @@ class WebChannel:
         self.repeated = 0
         """Deliveries whose id the thread held already (stored once, counted here)."""
         self.router = self._build_router(prefix)
+        self.body_limits: dict[str, int] = {prefix + "/": self.limits.max_body_bytes}
+        """The bound of a request body under the router's prefix (the app refuses more unread)."""
 
     @property
     def name(self) -> str:

@@ -5,7 +5,8 @@ every error under ``/api/v1`` is ``{"error": {"code", "message", "details", "req
 with the codes of the a13n service: ``invalid_argument`` 400, ``unauthenticated`` 401,
 ``forbidden`` 403, ``not_found`` 404 (unknown routes and methods too), ``conflict`` 409
 (``details.reason``), ``length_required`` 411, ``payload_too_large`` 413 (bodies over
-`MAX_BODY_BYTES`), ``precondition_required`` 428, ``internal`` 500, ``unavailable`` 503.
+`MAX_BODY_BYTES`), ``unknown_host`` 421 (a ``Host`` the gateway does not serve),
+``precondition_required`` 428, ``internal`` 500, ``unavailable`` 503.
 """
 
 from __future__ import annotations
@@ -23,9 +24,7 @@ from fastapi.exception_handlers import (
 )
 from fastapi.exceptions import RequestValidationError
 from fastapi.responses import JSONResponse, Response
-from starlette.datastructures import Headers
 from starlette.exceptions import HTTPException as StarletteHTTPException
-from starlette.types import ASGIApp, Receive, Scope, Send
 
 from gateway.logs import event
 
@@ -33,7 +32,6 @@ __all__ = [
     "API_PREFIX",
     "MAX_BODY_BYTES",
     "ApiError",
-    "BodyLimit",
     "envelope",
     "install_errors",
     "request_id",
@@ -53,6 +51,7 @@ _STATUS_CODES = {
     411: "length_required",
     413: "payload_too_large",
     415: "invalid_argument",
+    421: "unknown_host",
     422: "invalid_argument",
     428: "precondition_required",
     503: "unavailable",
@@ -101,53 +100,15 @@ def _in_api(request: Request) -> bool:
 
 MAX_BODY_BYTES = 1024 * 1024
 """The largest request body the operator API reads (its largest request, a decision batch of
-a wide tool call, is a few KiB)."""
-
-
-class BodyLimit:
-    """Refuse an API request body before anything reads it: over the cap 413, unsized 411.
-
-    The size is the declared ``Content-Length`` (the HTTP server holds the body to it), so a
-    body of unknown length (``Transfer-Encoding: chunked``) is refused rather than read into
-    memory to find out. Every other path is left to its own limits (the channels have theirs).
-    """
-
-    def __init__(self, app: ASGIApp, limit: int = MAX_BODY_BYTES) -> None:
-        self.app = app
-        self.limit = limit
-
-    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
-        """Answer a refused API request at once; pass everything else on."""
-        path = scope.get("path", "") if scope["type"] == "http" else ""
-        if path == API_PREFIX or path.startswith(API_PREFIX + "/"):
-            refusal = self._refusal(Headers(scope=scope), scope.get("method", "GET"))
-            if refusal is not None:
-                request = Request(scope)
-                await envelope(request, refusal)(scope, receive, send)
-                return
-        await self.app(scope, receive, send)
-
-    def _refusal(self, headers: Headers, method: str) -> ApiError | None:
-        declared = headers.get("content-length")
-        if declared is None:
-            if "chunked" in headers.get("transfer-encoding", "").lower():
-                return ApiError(411, "length_required", "send the request body with its length")
-            return None
-        if not declared.isdigit():
-            return ApiError(400, "invalid_argument", "the Content-Length header is not a number")
-        if int(declared) > self.limit:
-            return ApiError(
-                413,
-                "payload_too_large",
-                f"the request body exceeds {self.limit} bytes",
-                {"limit_bytes": self.limit},
-            )
-        return None
+a wide tool call, is a few KiB); `gateway.guards.BodyLimit` refuses larger ones unread."""
 
 
 def install_errors(app: FastAPI) -> None:
-    """Request ids on every response; the envelope for every error under the API prefix."""
-    app.add_middleware(BodyLimit)  # inside the request-id middleware: its refusals get the id
+    """Request ids on every response; the envelope for every error under the API prefix.
+
+    The request-id middleware is added last, so it is the outermost: middleware added before
+    this call (the edge guards) answers inside it, with the request's id.
+    """
 
     @app.middleware("http")
     async def with_request_id(

@@ -16,6 +16,7 @@ from config import (
     Route,
     Settings,
     format_settings_error,
+    load_settings,
 )
 from config.settings import default_session, is_session_id
 from harness_core import SessionError
@@ -171,6 +172,34 @@ def test_ops_tokens_from_text() -> None:
     )
     assert [t.get_secret_value().split(":")[0] for t in settings.ops_tokens] == ["a", "b"]
     assert "a-secret" not in repr(settings)
+
+
+def test_allowed_hosts_from_text_and_lists() -> None:
+    assert Settings(allowed_hosts=" GW.example.com, 10.0.0.7 ,").allowed_hosts == (
+        "gw.example.com",
+        "10.0.0.7",
+    )
+    assert Settings(allowed_hosts=["a.example"]).allowed_hosts == ("a.example",)
+    assert load_settings({"GATEWAY_ALLOWED_HOSTS": "a.example,b.example"}).allowed_hosts == (
+        "a.example",
+        "b.example",
+    )
+
+
+@pytest.mark.parametrize(
+    "hosts",
+    [
+        "https://gw.example.com",
+        "gw.example.com:8443",
+        "*.example.com",
+        "gw example.com",
+        "gw.example.com/path",
+        "-gw.example.com",
+        "[::1]",
+    ],
+)
+def test_an_allowed_host_that_is_no_host_name_is_refused(hosts: str) -> None:
+    assert "is not a host name" in _refusal(allowed_hosts=hosts)
 
 
 # --- effective URLs ------------------------------------------------------------------------

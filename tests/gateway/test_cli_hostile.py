@@ -433,12 +433,19 @@ def test_a_model_without_its_key_is_one_line_before_anything_is_written(
 
 
 async def test_a_model_failure_says_its_real_cause(tmp_path: Path) -> None:
-    """Connection refused, HTTP 401 and 500, and a provider that never answers (in parallel).
+    """Connection refused, HTTP 401 (one quoting the key) and 500, and a provider that never
+    answers (in parallel).
 
     The line on stderr is ``gateway: `` and the `AskFailed` message (see the Ctrl-C tests).
     """
-    async with FakeLLM() as refusing, FakeLLM() as failing, FakeLLM() as hanging:
+    async with (
+        FakeLLM() as refusing,
+        FakeLLM() as echoing,
+        FakeLLM() as failing,
+        FakeLLM() as hanging,
+    ):
         refusing.fail(status=401)
+        echoing.fail(status=401, echo_key=True)
         for _ in range(3):
             failing.fail(status=500)
             hanging.hang()
@@ -462,6 +469,16 @@ async def test_a_model_failure_says_its_real_cause(tmp_path: Path) -> None:
                 "the run failed: ModelAuthenticationError: HTTP 401 from "
                 f"{refusing.openai_base_url} for model test-model: Incorrect API key provided "
                 "(scripted by FakeLLM).",
+            ),
+            "401 quoting the key": (
+                Settings(
+                    model="openai:test-model",
+                    model_api_key=SecretStr("sk-echoed-0123456789"),
+                    model_base_url=echoing.openai_base_url,
+                ),
+                "the run failed: ModelAuthenticationError: HTTP 401 from "
+                f"{echoing.openai_base_url} for model test-model: Incorrect API key provided "
+                "(scripted by FakeLLM): [redacted].",
             ),
             "500": (
                 Settings(

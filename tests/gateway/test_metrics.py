@@ -117,7 +117,7 @@ async def services(tmp_path: Path) -> AsyncIterator[Start]:
         if fresh_reads:
             service.metrics.broker_ttl_s = service.metrics.lanes_ttl_s = 0
         http = httpx.AsyncClient(
-            transport=httpx.ASGITransport(app=service.app), base_url="http://gateway"
+            transport=httpx.ASGITransport(app=service.app), base_url="http://localhost"
         )
         running.append(Running(service, http))
         return running[-1]

@@ -82,7 +82,7 @@ async def child(folder: str) -> None:
     assert trace.get_tracer_provider() is provider  # once per process
     assert service.app is not None
     transport = httpx.ASGITransport(app=service.app)
-    async with httpx.AsyncClient(transport=transport, base_url="http://gateway") as http:
+    async with httpx.AsyncClient(transport=transport, base_url="http://localhost") as http:
         posted = await http.post("/web/threads/t1/messages", json={"text": SAID})
         assert posted.status_code == 202, posted.text
         deadline = asyncio.get_running_loop().time() + 15

@@ -74,7 +74,9 @@ async def rig(tmp_path: Path) -> AsyncIterator[Rig]:
     service = Service(settings)
     await service.start()
     assert service.app is not None
-    http = httpx.AsyncClient(transport=httpx.ASGITransport(app=service.app), base_url="http://gw")
+    http = httpx.AsyncClient(
+        transport=httpx.ASGITransport(app=service.app), base_url="http://localhost"
+    )
     running = Rig(service, http)
     yield running
     await running.stop()

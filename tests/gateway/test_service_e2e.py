@@ -108,7 +108,7 @@ async def gateway(request: pytest.FixtureRequest, tmp_path: Any) -> AsyncIterato
     await service.start()
     assert service.app is not None
     transport = httpx.ASGITransport(app=service.app)
-    async with httpx.AsyncClient(transport=transport, base_url="http://gateway") as http:
+    async with httpx.AsyncClient(transport=transport, base_url="http://localhost") as http:
         yield Gateway(service, fake, http)
     await service.stop(drain_seconds=2)
 

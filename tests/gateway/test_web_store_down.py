@@ -41,7 +41,7 @@ async def rig(tmp_path: Path) -> AsyncIterator[tuple[ServiceRig, RedisServer]]:
     assert service.app is not None
     transport = httpx.ASGITransport(app=service.app)
     try:
-        async with httpx.AsyncClient(transport=transport, base_url="http://gateway") as http:
+        async with httpx.AsyncClient(transport=transport, base_url="http://localhost") as http:
             yield ServiceRig(service, http), web_redis
     finally:
         await service.stop(drain_seconds=2)

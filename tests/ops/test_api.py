@@ -99,7 +99,7 @@ async def ops(request: pytest.FixtureRequest, tmp_path: Any) -> AsyncIterator[Op
     await service.start()
     assert service.app is not None
     transport = httpx.ASGITransport(app=service.app)
-    async with httpx.AsyncClient(transport=transport, base_url="http://gateway") as http:
+    async with httpx.AsyncClient(transport=transport, base_url="http://localhost") as http:
         yield Ops(service, http)
     await service.stop(drain_seconds=2)
 

@@ -146,7 +146,7 @@ async def _service(settings: Settings) -> AsyncGenerator[_Rig, None]:
     assert service.app is not None
     transport = httpx.ASGITransport(app=service.app)
     try:
-        async with httpx.AsyncClient(transport=transport, base_url="http://gateway") as http:
+        async with httpx.AsyncClient(transport=transport, base_url="http://localhost") as http:
             yield _Rig(service, http)
     finally:
         await service.stop(drain_seconds=0.2)

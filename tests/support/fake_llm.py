@@ -71,7 +71,7 @@ import json
 import re
 from collections import deque
 from collections.abc import Awaitable, Iterator, Mapping, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from pathlib import Path
 from types import TracebackType
 from typing import TYPE_CHECKING, Any, Literal, Protocol, Self, TypeAlias
@@ -220,6 +220,9 @@ class Failure:
     """``retry-after`` header value; a 429 without one gets ``retry-after: 0``."""
     in_stream: bool = False
     """For a streamed request: answer 200, open the stream, then send the error as an event."""
+    echo_key: bool = False
+    """The message quotes the API key the request carried, whole (as some OpenAI-compatible
+    servers and proxies do in a 401), after `message` or the status's default."""
 
     def openai_type(self) -> str:
         return self.error_type or _OPENAI_ERROR_TYPES.get(self.status, "api_error")
@@ -465,9 +468,10 @@ class FakeLLM:
         code: str | None = None,
         retry_after: float | None = None,
         in_stream: bool = False,
+        echo_key: bool = False,
     ) -> Failure:
         """Queue an error answer (see :class:`Failure`)."""
-        scripted = Failure(status, message, error_type, code, retry_after, in_stream)
+        scripted = Failure(status, message, error_type, code, retry_after, in_stream, echo_key)
         self._queue.append(scripted)
         return scripted
 
@@ -591,6 +595,15 @@ class FakeLLM:
                 ),
             )
         stream = recorded.stream
+        if isinstance(scripted, Failure) and scripted.echo_key:
+            provider: Literal["openai", "anthropic"] = (
+                "anthropic" if api == "messages" else "openai"
+            )
+            key = recorded.headers.get("x-api-key") or recorded.headers.get(
+                "authorization", ""
+            ).removeprefix("Bearer ")
+            said = scripted.message_for(provider).rstrip(".")
+            scripted = replace(scripted, message=f"{said}: {key}.", echo_key=False)
         if isinstance(scripted, Recorded):
             return await self._recorded(request, scripted, api, stream)
         if isinstance(scripted, Failure) and not (scripted.in_stream and stream):

@@ -28,7 +28,7 @@ async def serving(settings: Settings) -> AsyncIterator[httpx.AsyncClient]:
     assert service.app is not None
     transport = httpx.ASGITransport(app=service.app)
     try:
-        async with httpx.AsyncClient(transport=transport, base_url="http://gateway") as http:
+        async with httpx.AsyncClient(transport=transport, base_url="http://localhost") as http:
             yield http
     finally:
         await service.stop(drain_seconds=2)

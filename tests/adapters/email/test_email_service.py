@@ -277,7 +277,9 @@ async def test_an_approver_decides_from_the_signed_link_once(approving: Mail) ->
     assert set(links) == {"approve", "deny"}
     assert mail.service.app is not None
     transport = httpx.ASGITransport(app=mail.service.app)
-    async with httpx.AsyncClient(transport=transport, base_url="https://gateway") as http:
+    async with httpx.AsyncClient(
+        transport=transport, base_url="https://gateway.example.test"
+    ) as http:
         page = await http.get(links["approve"])  # what a mail scanner does: decides nothing
         assert page.status_code == 200 and "<form" in page.text
         await asyncio.sleep(0.5)

@@ -91,7 +91,7 @@ async def _running(tmp_path: Any, *, socket_mode: bool) -> AsyncIterator[Rig]:
         await service.start()
         assert service.app is not None
         transport = httpx.ASGITransport(app=service.app)
-        async with httpx.AsyncClient(transport=transport, base_url="http://gateway") as http:
+        async with httpx.AsyncClient(transport=transport, base_url="http://localhost") as http:
             yield Rig(service, fake, http)
         await service.stop(drain_seconds=2)
 
@@ -173,6 +173,39 @@ async def test_forged_stale_and_malformed_requests_store_nothing(rig: Rig) -> No
     backlog = await broker.inbox.backlog()
     assert backlog.pending == 0
     assert rig.fake.bot_messages() == []
+
+
+_CLICK = form_body({"type": "block_actions", "actions": [{"action_id": "approve"}]})
+SSL_CHECKS: list[tuple[str, str, bool, int]] = [
+    # (body, content type, signed, status). Slack's own check comes unsigned (recorded in
+    # slackapi/bolt-js#1397: `ssl_check=1&token=...`, form-encoded, no signature headers).
+    ("ssl_check=1&token=xxx", "application/x-www-form-urlencoded", False, 200),
+    ("ssl_check=1&token=xxx", "application/x-www-form-urlencoded", True, 200),
+    ("token=xxx&ssl_check=1", "application/x-www-form-urlencoded; charset=utf-8", False, 200),
+    ("ssl_check=1", "application/x-www-form-urlencoded", False, 200),
+    (f"ssl_check=1&{_CLICK}", "application/x-www-form-urlencoded", False, 200),  # answered only
+    ("ssl_check=0&token=xxx", "application/x-www-form-urlencoded", False, 401),
+    ("ssl_check=true&token=xxx", "application/x-www-form-urlencoded", False, 401),
+    ("ssl_check=1&ssl_check=0", "application/x-www-form-urlencoded", False, 401),
+    ("ssl_check=1&token=xxx", "application/json", False, 401),
+    ('{"ssl_check": "1"}', "application/json", False, 401),
+]
+
+
+async def test_slacks_ssl_check_is_answered_and_does_nothing_else(rig: Rig) -> None:
+    for body, content_type, signed, status in SSL_CHECKS:
+        headers = {"content-type": content_type}
+        if signed:
+            headers.update(signed_headers(body, SECRET))
+        response = await rig.http.post("/slack/events", content=body.encode(), headers=headers)
+        assert response.status_code == status, (body, signed, response.text)
+        if status == 200:
+            assert response.content == b""
+    await asyncio.sleep(0.2)
+    broker = rig.service.broker
+    assert broker is not None
+    assert (await broker.inbox.backlog()).pending == 0
+    assert rig.fake.bot_messages() == [] and rig.fake.ephemerals == []
 
 
 async def _approval(rig: Rig, text: str = "/deploy prod") -> tuple[dict[str, Any], Message]:
@@ -531,7 +564,7 @@ async def test_an_unreachable_slack_does_not_hold_up_the_service(tmp_path: Any) 
     try:
         assert service.app is not None
         transport = httpx.ASGITransport(app=service.app)
-        async with httpx.AsyncClient(transport=transport, base_url="http://gateway") as http:
+        async with httpx.AsyncClient(transport=transport, base_url="http://localhost") as http:
             posted = await http.post("/web/threads/t/messages", json={"text": "still here"})
             assert posted.status_code == 202
     finally:

@@ -1,0 +1,349 @@
+"""The app's edge over real HTTP (uvicorn on a free port): the Host names it answers to and the
+bounds of request bodies, on every kind of route (pages, web channel, Slack, email approval
+links, the operator API, health).
+
+A whole `Service` runs with the web channel, Slack in HTTP mode (against the fake Slack API),
+email approval links (the mail servers are not reachable: the links' routes still answer) and
+operator tokens. Hostile cases are tables: the next one is one line.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import json
+import socket
+import time
+from collections.abc import AsyncIterator
+from dataclasses import dataclass
+from pathlib import Path
+
+import httpx
+import pytest
+
+from config import Settings
+from gateway.guards import DEFAULT_BODY_BYTES, HostGuard, HostRule, host_name
+from gateway.ops.errors import MAX_BODY_BYTES
+from gateway.service import Service
+from tests.adapters.kit import serve
+from tests.support.fake_slack import FakeSlack
+from tests.support.redis_server import free_port
+
+OPERATOR = "operator-secret-abcdefghijklmnop"
+AS_OPERATOR = {"Authorization": f"Bearer {OPERATOR}"}
+PUBLIC = "gateway.example.test"
+LISTED = "gw.internal.test"
+WEB_LIMIT = 256 * 1024
+SLACK_LIMIT = 1_000_000
+
+
+@dataclass
+class Edge:
+    service: Service
+    port: int
+
+    @property
+    def url(self) -> str:
+        return f"http://127.0.0.1:{self.port}"
+
+
+@pytest.fixture
+async def edge(tmp_path: Path) -> AsyncIterator[Edge]:
+    closed = free_port()  # the mail servers: nothing listens (the links' routes answer anyway)
+    async with FakeSlack() as slack:
+        settings = Settings(
+            store_url=f"sqlite:///{tmp_path}/store.db",
+            broker_url=f"sqlite:///{tmp_path}/broker.db",
+            web_url=f"sqlite:///{tmp_path}/web.db",
+            ops_tokens=(f"alice:operator:{OPERATOR}",),
+            public_url=f"https://{PUBLIC}",
+            allowed_hosts=(LISTED,),
+            slack_bot_token=slack.bot_token,
+            slack_signing_secret="slack-signing-secret",
+            slack_api_url=slack.api_url,
+            email_address="bot@example.test",
+            email_imap_host="127.0.0.1",
+            email_imap_port=closed,
+            email_imap_security="none",
+            email_smtp_host="127.0.0.1",
+            email_smtp_port=closed,
+            email_smtp_security="none",
+            email_password="mail-password",
+            email_approvers=("ann@example.test",),
+            email_link_secret="a-link-secret-of-at-least-32-characters",
+        )
+        service = Service(settings)
+        await service.start()
+        assert service.app is not None
+        try:
+            async with serve(service.app) as server:
+                yield Edge(service, server.port)
+        finally:
+            await service.stop(drain_seconds=1)
+
+
+JSON = {"content-type": "application/json"}
+ROUTES: list[tuple[str, str, dict[str, str], bytes]] = [
+    # (method, path, headers, body): one of every kind of route
+    ("GET", "/healthz", {}, b""),
+    ("GET", "/readyz", {}, b""),
+    ("GET", "/", {}, b""),
+    ("GET", "/web/", {}, b""),
+    ("GET", "/web/threads/t1/page", {}, b""),
+    ("GET", "/web/threads/t1", {}, b""),
+    ("POST", "/web/threads/t1/messages", JSON, b'{"text": "hello"}'),
+    ("POST", "/web/threads/t1/decisions", JSON, b'{"run_id": "r", "wait_id": "w"}'),
+    ("GET", "/email/approvals/token?lane=email:x&sig=y", {}, b""),
+    ("POST", "/email/approvals/token?lane=email:x&sig=y", {}, b""),
+    ("GET", "/ops", {}, b""),
+    ("GET", "/api/v1/lanes", AS_OPERATOR, b""),
+    ("POST", "/api/v1/lanes/ln_x/abort", {**AS_OPERATOR, **JSON}, b"{}"),
+    ("GET", "/metrics", {}, b""),
+    ("POST", "/slack/events", JSON, b"{}"),
+    ("GET", "/nowhere", {}, b""),
+]
+ALLOWED_HOSTS = [
+    "127.0.0.1:{port}",
+    "localhost:{port}",
+    "[::1]:{port}",
+    "LocalHost:{port}",
+    "localhost",
+    "127.0.0.1:8788",  # a published container port: the port is not compared
+    PUBLIC,
+    f"{PUBLIC}:443",
+    f"{LISTED}:8080",
+    "10.1.2.3:{port}",  # an address literal: no name to rebind
+    "[fe80::1]:{port}",
+]
+REFUSED_HOSTS = [
+    "evil.example",
+    "evil.example:{port}",
+    "localhost.evil.example:{port}",
+    "127.0.0.1.nip.io:{port}",
+    f"{PUBLIC}.evil.example",
+    f"evil.{PUBLIC}",
+    "localhost.:{port}",
+    "localhost:{port}@evil.example",
+    "localhost:port",
+    "localhost:{port}:1",
+    "[::1",
+    "::1",
+    "[not-an-address]:{port}",
+    "",
+    "localhost, evil.example",
+]
+
+
+async def test_only_the_gateways_own_host_names_are_answered(edge: Edge) -> None:
+    async with httpx.AsyncClient(base_url=edge.url, timeout=10) as http:
+        for host in REFUSED_HOSTS:
+            for method, path, headers, body in ROUTES:
+                named = {**headers, "Host": host.format(port=edge.port)}
+                response = await http.request(method, path, headers=named, content=body)
+                assert response.status_code == 421, (host, method, path, response.text)
+                error = response.json()["error"]
+                assert error["code"] == "unknown_host", (host, path)
+                if path.startswith("/api/v1"):
+                    assert error["request_id"] == response.headers["x-request-id"]
+        for host in ALLOWED_HOSTS:
+            for method, path, headers, body in ROUTES:
+                named = {**headers, "Host": host.format(port=edge.port)}
+                response = await http.request(method, path, headers=named, content=body)
+                assert response.status_code != 421, (host, method, path, response.text)
+            healthy = await http.get("/healthz", headers={"Host": host.format(port=edge.port)})
+            assert healthy.json() == {"status": "ok"}, host
+    assert await _stored_messages(edge) == 0  # no refused post reached the inbox
+
+
+async def _stored_messages(edge: Edge) -> int:
+    broker = edge.service.broker
+    assert broker is not None
+    backlog = await broker.inbox.backlog()
+    return backlog.pending
+
+
+RAW_HOSTS: list[tuple[bytes, int]] = [
+    # (the request's head, its status): what a client library would not send
+    (b"GET /healthz HTTP/1.0\r\n\r\n", 421),  # no Host at all
+    (b"GET /healthz HTTP/1.1\r\nHost: localhost\r\nHost: evil.example\r\n\r\n", 421),
+    (b"GET /healthz HTTP/1.1\r\nHost: evil.example\r\nHost: localhost\r\n\r\n", 421),
+    (b"GET /healthz HTTP/1.1\r\nHost: localhost\r\nConnection: close\r\n\r\n", 200),
+]
+
+
+async def test_a_missing_or_repeated_host_is_refused(edge: Edge) -> None:
+    for head, status in RAW_HOSTS:
+        answer = await asyncio.to_thread(_exchange, edge.port, head)
+        assert answer.status in (status, 400), (head, answer.head)  # 400: the server's own
+        if status == 200:
+            assert answer.status == 200
+
+
+async def test_two_host_headers_are_refused_by_the_guard_itself() -> None:
+    """The HTTP server refuses them already (400); the guard does not rely on it."""
+    from fastapi import FastAPI
+
+    guarded = HostGuard(FastAPI(), HostRule())
+    transport = httpx.ASGITransport(app=guarded)
+    async with httpx.AsyncClient(transport=transport, base_url="http://localhost") as http:
+        twice = [("Host", "localhost"), ("Host", "evil.example")]
+        assert (await http.get("/", headers=twice)).status_code == 421
+        assert (await http.get("/")).status_code == 404  # one Host: passed on
+
+
+def test_host_names_are_read_as_browsers_send_them() -> None:
+    assert host_name("LOCALHOST:8787") == "localhost"
+    assert host_name("[::1]:8787") == "::1"
+    assert host_name("[::1]") == "::1"
+    assert host_name("example.com:") == "example.com"
+    for malformed in ("", ":80", "[::1]x", "[::1]:8o", "a:1:2", "[zz]", "a:123456"):
+        assert host_name(malformed) is None, malformed
+
+
+# -- bodies --------------------------------------------------------------------------------------
+
+BOUNDS: list[tuple[str, str, dict[str, str], int]] = [
+    # (method, path, headers, bound): every route class
+    ("POST", "/slack/events", JSON, SLACK_LIMIT),
+    ("POST", "/web/threads/t1/messages", JSON, WEB_LIMIT),
+    ("POST", "/web/threads/t1/decisions", JSON, WEB_LIMIT),
+    ("POST", "/email/approvals/token?lane=email:x&sig=y", {}, DEFAULT_BODY_BYTES),
+    ("POST", "/api/v1/lanes/ln_x/abort", {**AS_OPERATOR, **JSON}, MAX_BODY_BYTES),
+    ("GET", "/healthz", {}, DEFAULT_BODY_BYTES),
+    ("GET", "/web/threads/t1/page", {}, WEB_LIMIT),
+    ("GET", "/ops", {}, DEFAULT_BODY_BYTES),
+    ("POST", "/somewhere/else", JSON, DEFAULT_BODY_BYTES),
+]
+
+
+def _head(method: str, path: str, headers: dict[str, str], framing: str) -> bytes:
+    lines = [f"{method} {path} HTTP/1.1", "Host: 127.0.0.1", framing]
+    lines += [f"{name}: {value}" for name, value in headers.items()]
+    return ("\r\n".join(lines) + "\r\n\r\n").encode()
+
+
+@dataclass
+class Answer:
+    status: int
+    head: str
+    body: bytes
+    closed: bool = False
+    took_s: float = 0.0
+    sent: int = 0
+
+
+def _read_answer(sock: socket.socket) -> Answer:
+    data = b""
+    while b"\r\n\r\n" not in data:
+        chunk = sock.recv(65536)
+        if not chunk:
+            break
+        data += chunk
+    head, _, body = data.partition(b"\r\n\r\n")
+    text = head.decode("latin-1")
+    length = next(
+        (
+            int(line.split(":", 1)[1])
+            for line in text.split("\r\n")
+            if line.lower().startswith("content-length:")
+        ),
+        None,
+    )
+    while length is not None and len(body) < length:
+        chunk = sock.recv(65536)
+        if not chunk:
+            break
+        body += chunk
+    status = int(text.split(" ", 2)[1]) if text.startswith("HTTP/") else 0
+    return Answer(status, text, body)
+
+
+def _exchange(port: int, head: bytes) -> Answer:
+    with socket.create_connection(("127.0.0.1", port), timeout=5) as sock:
+        sock.sendall(head)
+        return _read_answer(sock)
+
+
+def _closed(sock: socket.socket) -> bool:
+    """Whether the server closed the connection (after its answer)."""
+    sock.settimeout(5)
+    try:
+        return sock.recv(1) == b""
+    except ConnectionResetError:
+        return True
+
+
+def _declared_too_large(port: int, method: str, path: str, headers: dict[str, str]) -> Answer:
+    """Only the head, declaring 20 MB; the answer, whether the server closed, how long it took."""
+    with socket.create_connection(("127.0.0.1", port), timeout=5) as sock:
+        began = time.monotonic()
+        sock.sendall(_head(method, path, headers, "Content-Length: 20000000"))
+        answer = _read_answer(sock)  # not one byte of the body was sent
+        answer.closed = _closed(sock)
+        answer.took_s = time.monotonic() - began
+        return answer
+
+
+def _declared(port: int, method: str, path: str, headers: dict[str, str], size: int) -> Answer:
+    with socket.create_connection(("127.0.0.1", port), timeout=5) as sock:
+        sock.sendall(_head(method, path, headers, f"Content-Length: {size}"))
+        sock.sendall(b" " * size)
+        return _read_answer(sock)
+
+
+def _chunked(port: int, method: str, path: str, headers: dict[str, str], bound: int) -> Answer:
+    """A chunked body sent 16 KiB at a time until an answer comes (or 20 x the bound)."""
+    piece = 16 * 1024
+    with socket.create_connection(("127.0.0.1", port), timeout=5) as sock:
+        sock.sendall(_head(method, path, headers, "Transfer-Encoding: chunked"))
+        sent = 0
+        while sent < 20 * bound:
+            try:
+                sock.sendall(f"{piece:x}\r\n".encode() + b" " * piece + b"\r\n")
+            except (BrokenPipeError, ConnectionResetError):
+                break
+            sent += piece
+            sock.settimeout(0.005)
+            with contextlib.suppress(TimeoutError, BlockingIOError):
+                if sock.recv(1, socket.MSG_PEEK):
+                    break
+            sock.settimeout(5)
+        sock.settimeout(5)
+        answer = _read_answer(sock)
+        answer.sent = sent
+        return answer
+
+
+async def test_a_declared_body_over_the_bound_is_refused_before_it_is_sent(edge: Edge) -> None:
+    for method, path, headers, bound in BOUNDS:
+        answer = await asyncio.to_thread(_declared_too_large, edge.port, method, path, headers)
+        assert answer.status == 413, (path, answer.head)
+        error = json.loads(answer.body)["error"]
+        assert error["code"] in ("too_large", "payload_too_large"), path
+        assert str(bound) in error["message"], path
+        assert answer.closed and answer.took_s < 3, path
+        # exactly the bound is read, and answered by the route
+        exact = await asyncio.to_thread(_declared, edge.port, method, path, headers, bound)
+        assert exact.status != 413, path
+
+
+async def test_a_chunked_body_is_read_only_up_to_the_bound(edge: Edge) -> None:
+    """Sent slowly in chunks: the 413 comes once the bound is passed, the rest never read."""
+    for method, path, headers, bound in BOUNDS:
+        answer = await asyncio.to_thread(_chunked, edge.port, method, path, headers, bound)
+        if path.startswith("/api/v1"):
+            assert answer.status == 411, answer.head  # the operator API wants a length
+            continue
+        assert answer.status == 413, (path, answer.head)
+        assert json.loads(answer.body)["error"]["code"] == "too_large", path
+        assert answer.sent < bound + 4 * 1024 * 1024, path  # socket buffers bound what was sent
+
+
+async def test_a_chunked_body_within_the_bound_reaches_the_route(edge: Edge) -> None:
+    async def pieces() -> AsyncIterator[bytes]:
+        yield b'{"text": '
+        yield b'"in pieces"}'
+
+    async with httpx.AsyncClient(base_url=edge.url, timeout=10) as http:
+        response = await http.post("/web/threads/t1/messages", content=pieces(), headers=JSON)
+        assert response.status_code == 202, response.text
