@@ -36,12 +36,14 @@ The rules:
 
 from __future__ import annotations
 
+import base64
 import codecs
 import hashlib
 import re
 from collections.abc import Collection, Iterator, Mapping
 from dataclasses import dataclass
 from email import policy
+from email.header import decode_header
 from email.message import EmailMessage, Message
 from email.parser import BytesParser
 from email.utils import getaddresses
@@ -100,6 +102,7 @@ _PREFIX = re.compile(
 _FORWARD_PREFIXES = frozenset({"fw", "fwd", "wg", "tr", "rv", "enc", "doorst"})
 _BASE64 = re.compile(r"[A-Za-z0-9+/]+={0,2}")
 _PLACEHOLDER = re.compile("\ue000(\\d+)\ue001")
+_ENCODED_WORD = re.compile(r"=\?[^?\s]+\?[bBqQ]\?[^?\s]*\?=")
 
 
 @dataclass(frozen=True, slots=True)
@@ -377,7 +380,12 @@ def _clean(text: str) -> str:
 
 
 def _header(msg: Message, name: str) -> str | None:
-    """The first `name` header as one clean line, or None when absent (never raises)."""
+    """The first `name` header as one clean line, or None when absent (never raises).
+
+    Decoded, then cleaned: a header the parser refuses (an encoded word in a display name that
+    decodes to a line break) is read again with each such word decoded, cleaned and encoded
+    anew, so its structure stays what the sender wrote (D143).
+    """
     try:
         value: Any = msg.get(name)
     except Exception:
@@ -385,7 +393,7 @@ def _header(msg: Message, name: str) -> str | None:
         try:
             for key, raw in msg.raw_items():
                 if key.lower() == name.lower():
-                    value = raw
+                    value = _reparsed(name, str(raw))
                     break
         except Exception:
             return None
@@ -396,6 +404,38 @@ def _header(msg: Message, name: str) -> str | None:
     except Exception:
         return ""
     return _SPACE.sub(" ", _clean(text)).strip()
+
+
+def _reparsed(name: str, raw: str) -> Any:
+    """`raw` parsed as header `name` after `_defuse_word` (the defused text if it still fails)."""
+    defused = _ENCODED_WORD.sub(_defuse_word, raw)
+    try:
+        return policy.default.header_factory(name, defused)
+    except Exception:
+        return defused
+
+
+def _defuse_word(match: re.Match[str]) -> str:
+    """An encoded word as it was, or, if it decodes to control characters, one without them."""
+    word = match.group(0)
+    try:
+        text = "".join(
+            part.decode(_codec(charset), "replace") if isinstance(part, bytes) else part
+            for part, charset in decode_header(word)
+        )
+    except Exception:  # not decodable: what is left of it can be no structure either
+        return re.sub(r"[^\w.\- ]", "", word)
+    cleaned = _SPACE.sub(" ", _clean(text)).strip()
+    if cleaned == text:
+        return word
+    return f"=?utf-8?b?{base64.b64encode(cleaned.encode()).decode('ascii')}?="
+
+
+def _codec(charset: str | None) -> str:
+    try:
+        return codecs.lookup(charset or "ascii").name
+    except LookupError:
+        return "latin-1"  # an unknown charset: every byte still becomes a character
 
 
 def _safe_lower(read: Any) -> str:

@@ -9,6 +9,7 @@ Dovecot's ``UID THREAD REFERENCES``).
 from __future__ import annotations
 
 import asyncio
+import base64
 import re
 import time
 from collections.abc import AsyncIterator, Callable
@@ -379,3 +380,27 @@ async def test_a_server_without_idle_is_polled(mail: Mail, monkeypatch: pytest.M
     mail.write("polled, not pushed")
     [reply] = await mail.replies(1)
     assert "polled, not pushed" in _text(reply)
+
+
+async def test_a_display_name_that_decodes_to_a_line_break_is_answered_to_everyone(
+    mail: Mail,
+) -> None:
+    carl = mail.dovecot.fresh_user("carl")
+    evil = base64.b64encode(b"Person\r\nBcc: mallory@evil.example").decode()
+    raw = (
+        f"From: =?utf-8?b?{evil}?= <{mail.person.address}>\r\n"
+        f"To: {mail.bot.address}\r\n"
+        f"Cc: =?utf-8?q?Carl=0D=0AX-Injected:_yes?= <{carl.address}>\r\n"
+        f"Subject: Deploy window\r\nMessage-ID: <display-name-1@example.test>\r\n"
+        f"Date: {format_datetime(datetime.now(UTC))}\r\n\r\nwhat is our deploy window?\r\n"
+    ).encode()
+    mail.dovecot.deliver(mail.bot, raw, sender=mail.person.address)
+    [reply] = await mail.replies(1)  # before: a dead letter ("cannot compose the reply")
+    assert "You said: what is our deploy window?" in _text(reply)
+    [sent] = mail.smtp.messages
+    assert sorted(sent.rcpt_tos) == sorted([mail.bot.address, mail.person.address, carl.address])
+    head = sent.data.split(b"\r\n\r\n", 1)[0]
+    assert not re.search(rb"^(?:Bcc|X-Injected):", head, re.MULTILINE | re.IGNORECASE)
+    assert [str(m["Message-ID"]) for m in mail.dovecot.parsed_messages(carl)] == [
+        str(reply["Message-ID"])
+    ]
