@@ -655,11 +655,23 @@ def test_long_text_is_cut() -> None:
     assert len(taken(plain(body)).text) == MAX_TEXT_CHARS
 
 
-@pytest.mark.parametrize(
-    "body",
-    ["On " * 30_000, "\n" * 100_000 + "x", "Am " * 30_000 + "schrieb", "x\n\n" * 20_000],
-    ids=["on-line", "blank-lines", "am-line", "many-lines"],
-)
+HOSTILE_TEXT = [
+    ("on-line", "On " * 30_000),
+    ("blank-lines", "\n" * 100_000 + "x"),
+    ("am-line", "Am " * 30_000 + "schrieb"),
+    ("many-lines", "x\n\n" * 20_000),
+    ("from-lines", "From: a@b.example\n" * 5_000),
+    ("label-lines", "From: x\nTo: y\n" * 4_000),
+    ("attributions", "On 1.1.2026 10:00 a@b.example wrote:\n> q\n" * 3_000),
+    ("dash-lines", ("-" * 150 + "\n") * 3_000),
+    ("dashed-words", ("---- " + "a" * 150 + " ----\n") * 2_000),
+    ("wrapped-addresses", "x <\na@b.example> y:\n> q\n" * 3_000),
+    ("colon-quotes", ":\n>\n" * 20_000),
+    ("sent-from", "Sent from my iPhone\n" * 5_000),
+]
+
+
+@pytest.mark.parametrize("body", [c[1] for c in HOSTILE_TEXT], ids=[c[0] for c in HOSTILE_TEXT])
 def test_reply_stripping_stays_fast_on_hostile_text(body: str) -> None:
     started = time.perf_counter()
     read(plain(body))
