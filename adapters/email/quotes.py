@@ -31,9 +31,10 @@ and Swedish sign-offs (``Tak``, ``Kh``, ``/\w+`` cut "Take a backup", "Khan", "/
 from __future__ import annotations
 
 import re
+import warnings
 from typing import Any
 
-from bs4 import BeautifulSoup, Tag
+from bs4 import BeautifulSoup, MarkupResemblesLocatorWarning, Tag, XMLParsedAsHTMLWarning
 from mailparser_reply import EmailMessage as ReplyParse  # type: ignore[import-untyped]
 from mailparser_reply.constants import MAIL_LANGUAGES  # type: ignore[import-untyped]
 
@@ -66,7 +67,10 @@ def clean_html(html: str) -> str:
     if html.count("<") > _MAX_TAGS:
         return html
     try:
-        soup = BeautifulSoup(html, "html.parser")
+        with warnings.catch_warnings():  # a body that looks like a URL is still a body
+            warnings.simplefilter("ignore", MarkupResemblesLocatorWarning)
+            warnings.simplefilter("ignore", XMLParsedAsHTMLWarning)
+            soup = BeautifulSoup(html, "html.parser")
         marked = [(tag, _mark(tag)) for tag in soup.find_all(True)]
         for tag, mark in marked:
             if mark == "remove" and not tag.decomposed:

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import time
+import warnings
 from email.message import EmailMessage
 
 import pytest
@@ -410,6 +411,17 @@ def test_html_quotes_and_signatures_are_cut_before_the_text_is_taken(html: str, 
         "Content-Type: text/plain; charset=utf-8\n", ""
     )
     assert taken(raw + html).text == text
+
+
+@pytest.mark.parametrize("body", ["https://example.com/report", "report.html"])
+def test_an_html_body_that_looks_like_a_link_is_read_without_a_warning(body: str) -> None:
+    raw = plain("", Content_Type="text/html; charset=utf-8").replace(
+        "Content-Type: text/plain; charset=utf-8\n", ""
+    )
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        assert taken(raw + body).text == body
+    assert not caught
 
 
 def test_a_forward_keeps_its_html_quotes() -> None:
