@@ -226,6 +226,23 @@ class EmailChannel:
             await imap.close()
 
     async def _take_new(self, imap: ImapConnection, uidvalidity: int) -> None:
+        """Take batches until a search finds nothing and no new mail was announced meanwhile.
+
+        Mail that arrives while a batch is taken is announced (``EXISTS``) inside the response
+        to one of its commands, once: the server does not announce it again when IDLE starts,
+        so a batch is followed by another search before the loop idles (decision D138).
+        """
+        floor = 0  # taken by this loop: never again in it, even if the mark could not move
+        while True:
+            imap.take_news()  # what was announced so far, the next search sees
+            top = await self._take_batch(imap, uidvalidity, floor)
+            if top:
+                floor = top
+            elif not imap.take_news():
+                return
+
+    async def _take_batch(self, imap: ImapConnection, uidvalidity: int, floor: int) -> int:
+        """Take every message above the watermark and `floor`; the highest UID taken (or 0)."""
         sink = self._sink_or_fail()
         mark = await sink.get_mark(self.mark_name)
         validity, last = _split_mark(mark)
@@ -238,10 +255,12 @@ class EmailChannel:
             uids = await imap.unseen()  # handled mail is \Seen; the inbox dedupes the rest
             last = 0
         else:
-            uids = await imap.uids_after(last)
+            uids = await imap.uids_after(max(last, floor))
+        uids = [uid for uid in uids if uid > floor]
         for uid in uids:
             await self._take(imap, uid)
             mark = await self._advance(sink, mark, f"{uidvalidity}:{max(uid, last)}")
+        return uids[-1] if uids else 0
 
     async def _take(self, imap: ImapConnection, uid: int) -> None:
         """Hand one message to the inbox (or skip it), then mark it handled on the server."""

@@ -21,6 +21,10 @@ client threads with the conversation it answers:
 * ``Message-ID`` is `reply_message_id` of the delivery id: a retried send carries the same id,
   so the adapter can find an earlier attempt in the Sent folder (`reconcile`), and the loop
   guard recognizes the bot's own mail (`is_own_message_id`).
+* Every header value taken from the message answered (display names, subject, topic) is
+  decoded, then cleaned: no line break, no control character, and no encoded word left that a
+  reader would decode into one, so a name can neither inject a header nor make the reply
+  impossible to compose (a dead letter for everyone on the thread).
 * ``Auto-Submitted: auto-replied`` (RFC 3834) and ``X-Auto-Response-Suppress: All``
   (Exchange): other automatons do not answer the bot.
 * The body is ``text/plain`` (UTF-8, the Markdown as written) with an HTML alternative
@@ -48,6 +52,7 @@ from collections.abc import Iterable, Mapping
 from dataclasses import dataclass
 from datetime import UTC, datetime
 from email import policy
+from email.header import decode_header, make_header
 from email.message import EmailMessage
 from email.utils import format_datetime, formataddr, getaddresses
 from typing import Any, Literal
@@ -94,6 +99,7 @@ _DOMAIN = re.compile(r"[A-Za-z0-9](?:[A-Za-z0-9.-]{0,251}[A-Za-z0-9])?")
 _FILETIME_EPOCH = 116_444_736_000_000_000  # 1970-01-01 in 100 ns units since 1601-01-01
 _MAX_TEXT_CHARS = 200_000
 _LINE_BREAKS = re.compile(r"[\r\n\x00-\x08\x0b\x0c\x0e-\x1f\x7f]+")
+_ENCODED_WORD_START = re.compile(r"=\?[^?\s]*\?[bq]\?", re.IGNORECASE)
 
 
 # --- Message-IDs -----------------------------------------------------------------------------
@@ -174,12 +180,12 @@ def compose_reply(
                 cc.append(pair)
     when = now if now.tzinfo is not None else now.replace(tzinfo=UTC)
     message = EmailMessage(policy=policy.SMTP)
-    name = _line(from_name or "")
+    name = _header_text(from_name or "")
     message["From"] = formataddr((name, bot)) if name else bot
     message["To"] = formataddr(to)
     if cc:
         message["Cc"] = ", ".join(formataddr(pair) for pair in cc)
-    subject = normalize_subject(_line(_text(context.get("subject"))))
+    subject = normalize_subject(_header_text(_text(context.get("subject"))))
     message["Subject"] = f"Re: {subject}" if subject else "Re:"
     message["Date"] = format_datetime(when.astimezone(UTC), usegmt=True)
     message["Message-ID"] = reply_message_id(outbound.delivery_id, domain)
@@ -189,7 +195,7 @@ def compose_reply(
     references = _references(context.get("references"), parent)
     if references:
         message["References"] = " ".join(references)
-    topic = _line(_text(context.get("thread_topic")))
+    topic = _header_text(_text(context.get("thread_topic")))
     index = _child_thread_index(_text(context.get("thread_index")), when, outbound.delivery_id)
     if topic or (index and subject):
         message["Thread-Topic"] = topic or subject
@@ -220,6 +226,35 @@ def _line(text: str) -> str:
     return " ".join(_LINE_BREAKS.sub(" ", text).split())[:998]
 
 
+def _header_text(text: str) -> str:
+    """`text` for a header: decoded, then cleaned, so no reader decodes it into anything else.
+
+    The message's policy decodes the encoded words (RFC 2047) of a value it is given, and a
+    word that decodes to a line break would become a line of its own (an injected header) or
+    make the address header refuse the value (the reply a dead letter). So encoded words are
+    decoded here first and the result cleaned (`_line`), again until nothing changes (a word
+    can decode to another word); an encoded-word opening still left is broken ("= ?"): what
+    a reader decodes is exactly what was cleaned. (D143)
+    """
+    for _ in range(5):
+        cleaned = _line(_decoded_words(text))
+        if cleaned == text:
+            break
+        text = cleaned
+    else:
+        text = _line(text)
+    return _ENCODED_WORD_START.sub(lambda match: "= " + match.group(0)[1:], text)
+
+
+def _decoded_words(text: str) -> str:
+    if "=?" not in text:
+        return text
+    try:
+        return str(make_header(decode_header(text)))
+    except Exception:  # an unknown charset, a broken word: left as written (and broken above)
+        return text
+
+
 def _one_address(value: str) -> str | None:
     pairs = _pairs(value)
     return pairs[0][1] if pairs else None
@@ -244,7 +279,7 @@ def _pairs(value: Any) -> list[tuple[str, str]]:
         address = address.strip().lower()
         local, at, host = address.rpartition("@")
         if at and local and _DOMAIN.fullmatch(host) and not re.search(r"[\s<>,;]", local):
-            found.append((_line(name)[:200], address))
+            found.append((_header_text(name)[:200], address))
     return found
 
 

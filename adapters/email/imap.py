@@ -3,6 +3,11 @@
 aioimaplib leaves several calls without a timeout (``uid("store")``, IDLE) and keeps waiting on
 a connection the server dropped; every call here is bounded, a ``BYE`` or a lost connection is
 `ImapGone`, and the caller builds a new connection (decision D92).
+
+aioimaplib also drops the untagged ``* n EXISTS`` a server sends inside the response to another
+command (a ``UID STORE``, ``UID FETCH`` or ``UID SEARCH``: only IDLE and NOOP collect them), and
+the server announces new mail once: this connection notes every ``EXISTS`` it is told, whatever
+the command, and `take_news` says whether one came (decision D138).
 """
 
 from __future__ import annotations
@@ -20,6 +25,7 @@ import aioimaplib  # type: ignore[import-untyped]
 __all__ = ["ImapConnection", "ImapError", "ImapGone", "ImapRefused", "Selected"]
 
 _T = TypeVar("_T")
+_EXISTS = re.compile(rb"\*\s+\d+\s+EXISTS\b", re.IGNORECASE)
 _IDLE_S = 5 * 60
 """IDLE is renewed this often (RFC 2177 allows 29 minutes; a shorter one notices a silently
 dropped connection sooner)."""
@@ -64,6 +70,7 @@ class ImapConnection:
         self.timeout_s = timeout_s
         self.lost = asyncio.Event()
         self._imap: Any = None
+        self._news = False
 
     async def open(self, username: str, password: str) -> None:
         """Connect and log in.
@@ -86,12 +93,42 @@ class ImapConnection:
                     timeout=self.timeout_s,
                     conn_lost_cb=lambda _exc: self.lost.set(),
                 )
+            self._watch_untagged(self._imap.protocol)
             await self._bounded(self._imap.wait_hello_from_server())
         except (OSError, TimeoutError, aioimaplib.Abort) as exc:
             raise ImapGone(f"cannot reach {self.host}:{self.port} ({type(exc).__name__})") from None
         response = await self._bounded(self._imap.login(username, password))
         if response.result != "OK":
             raise ImapRefused(f"the IMAP server refused the login ({_first(response)})")
+
+    def _watch_untagged(self, protocol: Any) -> None:
+        """Note every untagged ``EXISTS``, then let aioimaplib handle (or drop) the line.
+
+        aioimaplib hands an untagged response to the pending sync command (IDLE, SELECT...),
+        else to a pending command of the same name, else to a pending NOOP, else drops it: the
+        ``EXISTS`` that new mail causes during a ``UID STORE`` is dropped, and the server, having
+        announced it, says nothing more when IDLE starts. Its protocol offers no hook for these
+        lines, so this wraps the one method every untagged line goes through, on this connection
+        only.
+        """
+        handle = protocol._untagged_response
+
+        def untagged(line: bytes) -> Any:
+            if _EXISTS.match(line):
+                self._news = True
+            return handle(line)
+
+        protocol._untagged_response = untagged
+
+    def take_news(self) -> bool:
+        """Whether the server announced messages (``EXISTS``) since the last call; resets."""
+        news, self._news = self._news, False
+        return news
+
+    @property
+    def idling(self) -> bool:
+        """Whether an IDLE command is in progress on this connection."""
+        return self._imap is not None and bool(self._imap.has_pending_idle())
 
     @property
     def has_idle(self) -> bool:

@@ -6,6 +6,7 @@ import base64
 import hashlib
 import hmac
 import json
+import re
 from datetime import UTC, datetime, timedelta
 from email import message_from_bytes, policy
 from email.message import EmailMessage
@@ -577,3 +578,80 @@ def test_token_inputs_are_checked() -> None:
         token(decision="maybe")
     with pytest.raises(ValueError, match="too long"):
         token(calls=[(f"call_{n}_{'x' * 90}", "d" * 64) for n in range(60)])
+
+
+# --- hostile display names and headers: decoded, then cleaned, never injected -----------------
+
+
+def _word(text: str) -> str:
+    """`text` as one RFC 2047 encoded word (base64)."""
+    return f"=?utf-8?b?{base64.b64encode(text.encode()).decode()}?="
+
+
+INJECT = "\r\nBcc: mallory@evil.example"
+# (id, header of the inbound mail, its hostile part): From and Cc get it as the display name of
+# eve@example.test and ann@example.test, Subject and Thread-Topic as their value
+HOSTILE_HEADERS = [
+    ("q-word-crlf", "From", "=?utf-8?q?Eve=0D=0ABcc=3A_mallory=40evil=2Eexample?="),
+    ("q-word-crlf-raw-specials", "From", "=?utf-8?q?Eve=0D=0ABcc:_mallory@evil.example?="),
+    ("b-word-crlf", "Cc", _word("Ann" + INJECT)),
+    ("b-word-lf", "Cc", _word("Ann\nX-Injected: yes")),
+    ("b-word-cr", "From", _word("Eve\rX-Injected: yes")),
+    ("word-in-quotes", "From", '"' + _word("Eve" + INJECT) + '"'),
+    ("word-beside-text", "Cc", "Ann " + _word(INJECT) + " Smith"),
+    ("double-encoded", "Cc", _word(_word("Ann" + INJECT))),
+    ("triple-encoded", "From", _word(_word(_word("Eve" + INJECT)))),
+    ("nul-and-vertical-tab", "From", _word("Eve\x00\x0b")),
+    ("unicode-line-separator", "Cc", _word("Ann\u2028Bcc: mallory@evil.example")),
+    ("next-line-control", "Cc", _word("Ann\x85Bcc: mallory@evil.example")),
+    ("comma-and-address", "Cc", _word("Ann, mallory@evil.example")),
+    ("angle-address", "From", _word("Eve <mallory@evil.example>")),
+    ("unknown-charset", "From", "=?x-unknown?q?Eve=0D=0ABcc:_m@evil.example?="),
+    ("long-name", "From", _word("E" * 300 + INJECT)),
+    ("subject-crlf", "Subject", _word("Deploy" + INJECT)),
+    ("subject-double-encoded", "Subject", _word(_word("Deploy" + INJECT))),
+    ("topic-double-encoded", "Thread-Topic", _word(_word("Deploy" + INJECT))),
+]
+REPLY_HEADERS = {
+    "From", "To", "Cc", "Subject", "Date", "Message-ID", "In-Reply-To", "References",
+    "Thread-Topic", "Thread-Index", "Auto-Submitted", "X-Auto-Response-Suppress",
+    "MIME-Version", "Content-Type",
+}  # fmt: skip
+
+
+def _hostile(header: str, value: str) -> bytes:
+    fields = {
+        "From": f"{value} <eve@example.test>" if header == "From" else "Eve <eve@example.test>",
+        "To": BOT,
+        "Cc": f"{value} <ann@example.test>" if header == "Cc" else "Ann <ann@example.test>",
+        "Subject": value if header == "Subject" else "Deploy",
+        "Thread-Topic": value if header == "Thread-Topic" else "Deploy",
+        "Thread-Index": "AQHbQ2p7xY0v1cdq3kSZ0kz9t6C0zQ==",
+        "Message-ID": "<hostile-1@example.test>",
+    }
+    head = "".join(f"{key}: {text}\r\n" for key, text in fields.items())
+    return f"{head}MIME-Version: 1.0\r\nContent-Type: text/plain\r\n\r\nPlease deploy.\r\n".encode()
+
+
+@pytest.mark.parametrize(
+    ("header", "value"), [c[1:] for c in HOSTILE_HEADERS], ids=[c[0] for c in HOSTILE_HEADERS]
+)
+def test_a_hostile_header_is_decoded_then_cleaned_and_the_reply_goes_to_everyone(
+    header: str, value: str
+) -> None:
+    inbound = parsed(_hostile(header, value))
+    assert inbound.author.id == "eve@example.test"
+    assert not any(c in (inbound.author.name or "") for c in "\r\n\x00\x85\u2028")
+    message = compose(outbound(inbound.reply_context))  # no ValueError: no dead letter
+    wire = bytes(message)
+    back = message_from_bytes(wire, policy=policy.default)
+    names = [key for key, _ in back.items()]
+    assert set(names) <= REPLY_HEADERS and len(names) == len(set(names)), names
+    assert [a.addr_spec for a in back["To"].addresses] == ["eve@example.test"]
+    assert [a.addr_spec for a in back["Cc"].addresses] == ["ann@example.test"]
+    for key in ("From", "To", "Cc", "Subject", "Thread-Topic"):
+        shown = str(back[key])
+        assert not any(c in shown for c in "\r\n\x00\x0b\x85\u2028"), (key, shown)
+        assert "=?" not in shown.replace("= ?", ""), (key, shown)  # decoded once: nothing left
+    head = wire.split(b"\r\n\r\n", 1)[0]
+    assert not re.search(rb"^(?:Bcc|X-Injected):", head, re.MULTILINE | re.IGNORECASE)

@@ -9,6 +9,7 @@ Dovecot's ``UID THREAD REFERENCES``).
 from __future__ import annotations
 
 import asyncio
+import base64
 import re
 import time
 from collections.abc import AsyncIterator, Callable
@@ -171,18 +172,29 @@ async def test_a_reply_to_the_reply_continues_the_lane(mail: Mail) -> None:
     assert len(threads) == 1 and len(threads[0]) == 2  # the two replies thread together
 
 
+# (reason, headers, subject): the last ones carry no RFC 3834 header
+AUTOMATIC = [
+    ("auto_submitted", {"Auto-Submitted": "auto-replied"}, "Re: Deploy window"),
+    ("bulk", {"Precedence": "bulk"}, "Deploy window"),
+    ("list", {"List-Id": "<ops.lists.example.test>"}, "Deploy window"),
+    ("auto_submitted", {"Precedence": "auto_reply"}, "Re: Deploy window"),
+    ("auto_reply", {"X-Apple-Action": "VACATION"}, "Re: Deploy window"),
+    ("auto_reply", {"X-Autoreply": "yes"}, "Re: Deploy window"),
+    ("auto_reply", {"X-Autorespond": "Vacation"}, "Re: Deploy window"),
+    ("auto_reply", {}, "Auto reply: Deploy window"),
+    ("auto_reply", {}, "Automatische Antwort: Deploy window"),
+]
+
+
 @pytest.mark.parametrize(
-    ("kind", "headers"),
-    [
-        ("auto_submitted", {"Auto-Submitted": "auto-replied"}),
-        ("bulk", {"Precedence": "bulk"}),
-        ("list", {"List-Id": "<ops.lists.example.test>"}),
-    ],
+    ("kind", "headers", "subject"),
+    AUTOMATIC,
+    ids=[next(iter(c[1]), c[2].split(":")[0]) for c in AUTOMATIC],
 )
 async def test_automatic_mail_is_not_answered(
-    mail: Mail, kind: str, headers: dict[str, str]
+    mail: Mail, kind: str, headers: dict[str, str], subject: str
 ) -> None:
-    mail.write("I am out of office", headers=headers)
+    mail.write("I am out of office", subject=subject, headers=headers)
     await _until(lambda: _adapter(mail).skipped[kind] == 1)
     await asyncio.sleep(0.5)
     assert mail.dovecot.parsed_messages(mail.person) == []
@@ -389,3 +401,27 @@ async def test_a_server_without_idle_is_polled(mail: Mail, monkeypatch: pytest.M
     mail.write("polled, not pushed")
     [reply] = await mail.replies(1)
     assert "polled, not pushed" in _text(reply)
+
+
+async def test_a_display_name_that_decodes_to_a_line_break_is_answered_to_everyone(
+    mail: Mail,
+) -> None:
+    carl = mail.dovecot.fresh_user("carl")
+    evil = base64.b64encode(b"Person\r\nBcc: mallory@evil.example").decode()
+    raw = (
+        f"From: =?utf-8?b?{evil}?= <{mail.person.address}>\r\n"
+        f"To: {mail.bot.address}\r\n"
+        f"Cc: =?utf-8?q?Carl=0D=0AX-Injected:_yes?= <{carl.address}>\r\n"
+        f"Subject: Deploy window\r\nMessage-ID: <display-name-1@example.test>\r\n"
+        f"Date: {format_datetime(datetime.now(UTC))}\r\n\r\nwhat is our deploy window?\r\n"
+    ).encode()
+    mail.dovecot.deliver(mail.bot, raw, sender=mail.person.address)
+    [reply] = await mail.replies(1)  # before: a dead letter ("cannot compose the reply")
+    assert "You said: what is our deploy window?" in _text(reply)
+    [sent] = mail.smtp.messages
+    assert sorted(sent.rcpt_tos) == sorted([mail.bot.address, mail.person.address, carl.address])
+    head = sent.data.split(b"\r\n\r\n", 1)[0]
+    assert not re.search(rb"^(?:Bcc|X-Injected):", head, re.MULTILINE | re.IGNORECASE)
+    assert [str(m["Message-ID"]) for m in mail.dovecot.parsed_messages(carl)] == [
+        str(reply["Message-ID"])
+    ]
