@@ -36,6 +36,7 @@ from gateway.ops.carry import carry_out
 from gateway.replies import (
     LATE_DECISION_TEXT,
     MISMATCHED_DECISION_TEXT,
+    NO_WAIT_DECISION_TEXT,
     enqueue_decision_notice,
     enqueue_refusal_notice,
     enqueue_replies,
@@ -62,6 +63,8 @@ from harness_core import (
     SessionStorage,
     ToolRecovery,
 )
+from harness_core.events import ApprovalDecidedEvent
+from harness_core.session.records import ApprovalRequested
 
 __all__ = ["Worker", "WorkerConfig"]
 
@@ -207,6 +210,8 @@ class Worker:
         harness, suspended = await AgentHarness.create(self._options(storage))
         unwatch = self._metrics.watch(harness) if self._metrics is not None else None
         session = _Session(ticket=ticket, harness=harness, storage=storage)
+        # a decided wait is closed at once on every copy of its request, not when its run ends
+        unlisten = harness.events.on("approval_decided", lambda e: self._decided(session, e))
         self.active[session_id] = session
         log.info(event("session taken", session=session_id, suspended=len(suspended)))
         faulted = False
@@ -242,6 +247,7 @@ class Worker:
             for task in session.tasks:
                 task.cancel()
             await asyncio.gather(*session.tasks, return_exceptions=True)
+            unlisten()
             if unwatch is not None:
                 unwatch()
             await harness.close()
@@ -346,6 +352,11 @@ class Worker:
         task.add_done_callback(finished)
         return task
 
+    def _decided(self, session: _Session, decided: ApprovalDecidedEvent) -> None:
+        """A wait was decided (from any channel, a reminder, an operator): enqueue its close."""
+        if decided.lane is not None and not session.closing:
+            self._track(session, decided.lane, asyncio.sleep(0))  # then the lane's reply scan
+
     async def _resume(self, lane: AgentLane) -> None:
         result = await lane.resume(tool_recovery=self.config.tool_recovery)
         if isinstance(result, Err):
@@ -435,13 +446,18 @@ class Worker:
         except ValidationError as exc:
             await self._refuse(item, f"malformed {item.kind}: {exc.error_count()} errors")
             return
+        if item.kind == "decision":
+            # a decision never creates a lane: one for a thread without a lane changes nothing
+            existing = await session.harness.lane(item.lane)
+            if existing is None:
+                await self._decision_refused(item, NO_WAIT_DECISION_TEXT, "no lane")
+                return
+            session.in_flight.add(item.id)
+            self._track(session, item.lane, self._decide(session, item, existing, decision))
+            return
         lane = await self._lane(session, item.lane)
         if lane is None:
             await self._refuse(item, "the lane cannot be created")
-            return
-        if item.kind == "decision":
-            session.in_flight.add(item.id)
-            self._track(session, item.lane, self._decide(session, item, lane, decision))
             return
         if item.kind == "operator":
             session.in_flight.add(item.id)
@@ -472,7 +488,10 @@ class Worker:
             self._broker, item, inbound, lane, now_ms=self._clock.now_ms()
         ):
             self._accepted(inbound)
-            return  # the lane's open operation is aborted; its reply scan follows its end
+            # the open operation is aborted: a run that was working replies when its task ends,
+            # one that waited for approval has no task, and its request's copies need closing
+            self._track(session, lane.name, asyncio.sleep(0))
+            return
         inbox = self._broker.inbox
         entry_id = entry_id_of(item.dedupe_key)
         if inbound.context and await session.storage.get_entry(entry_id) is not None:
@@ -539,10 +558,39 @@ class Worker:
         finally:
             session.in_flight.discard(item.id)
 
+    async def _decision_refused(self, item: InboxItem, told: str, reason: str) -> None:
+        """Reject a decision that cannot apply, and tell its thread (if the thread is known)."""
+        await self._broker.inbox.reject(item.session, item.id, reason)
+        log.info(event("decision refused", session=item.session, item=item.id, reason=reason))
+        state = await self._broker.threads.get(item.session, item.lane)
+        if state is not None:
+            now_ms = self._clock.now_ms()
+            await enqueue_decision_notice(self._broker, state, item.id, told, now_ms=now_ms)
+
+    async def _misnamed(
+        self, session: _Session, item: InboxItem, decision: DecisionInbound
+    ) -> str | None:
+        """Why a decision names something its lane does not hold (None: its ids agree).
+
+        The lane's admission rules check the wait, the calls and their digests; the run and the
+        session a click names are checked here (the intake did too, without the lease).
+        """
+        stored = await session.storage.get_record(decision.wait_id)
+        wait = stored.record if stored is not None else None
+        if not isinstance(wait, ApprovalRequested) or wait.lane != item.lane:
+            return NO_WAIT_DECISION_TEXT  # a made-up wait is not one that stopped waiting
+        if wait.run_id != decision.run_id or decision.session not in (None, item.session):
+            return MISMATCHED_DECISION_TEXT
+        return None
+
     async def _decide(
         self, session: _Session, item: InboxItem, lane: AgentLane, decision: DecisionInbound
     ) -> None:
         try:
+            misnamed = await self._misnamed(session, item, decision)
+            if misnamed is not None:
+                await self._decision_refused(item, misnamed, "misnamed")
+                return
             result = await lane.resume(
                 [
                     ApprovalDecision(
@@ -555,7 +603,7 @@ class Worker:
                 ],
                 wait_id=decision.wait_id,
                 decided_by=decision.decided_by.id,
-                idempotency_key=decision.idempotency_key,
+                idempotency_key=decision.slot,
                 tool_recovery=self.config.tool_recovery,
             )
             outcome = "applied" if isinstance(result, Ok) else result.error.tag
