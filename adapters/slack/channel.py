@@ -598,7 +598,10 @@ class SlackChannel:
         except DecisionRefused as refused:
             log.info("slack decision refused", extra={"reason": refused.code})
             closed = refused.closed
-            await self._tell(click, refused.message if closed is None else _closed_tell(closed))
+            # told after the ack (Slack wants one within 3 s): nothing was recorded either way
+            self._spawn(
+                self._tell(click, refused.message if closed is None else _closed_tell(closed))
+            )
             return None
         except NotRouted as exc:
             log.warning("slack decision not routed", extra={"reason": str(exc)})
