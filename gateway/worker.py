@@ -113,6 +113,10 @@ class _Session:
     """The replies watermark as read at the take (what a clean release compares and sets)."""
     replies_missed: bool = False
     """A reply scan failed: the watermark must not move past what it would have found."""
+    deciding: dict[str, asyncio.Lock] = field(default_factory=dict)
+    """Per lane: held by the decision being judged, so decisions meet the lane in inbox order."""
+    judged: dict[str, Callable[[], None]] = field(default_factory=dict)
+    """Per lane: releases `deciding` once the lane recorded a decision (the run goes on)."""
 
 
 class Worker:
@@ -354,7 +358,12 @@ class Worker:
 
     def _decided(self, session: _Session, decided: ApprovalDecidedEvent) -> None:
         """A wait was decided (from any channel, a reminder, an operator): enqueue its close."""
-        if decided.lane is not None and not session.closing:
+        if decided.lane is None:
+            return
+        release = session.judged.pop(decided.lane, None)
+        if release is not None:  # the next decision may meet the lane now (and be told it is late)
+            release()
+        if not session.closing:
             self._track(session, decided.lane, asyncio.sleep(0))  # then the lane's reply scan
 
     async def _resume(self, lane: AgentLane) -> None:
@@ -586,6 +595,23 @@ class Worker:
     async def _decide(
         self, session: _Session, item: InboxItem, lane: AgentLane, decision: DecisionInbound
     ) -> None:
+        """Apply a decision to its lane, after the decisions accepted before it were judged.
+
+        `resume` returns when the resumed run stops (minutes, maybe): the lane's next decision
+        waits only until this one is recorded (`ApprovalDecidedEvent`) or refused, so the first
+        decision accepted is the first the lane judges, on every backend.
+        """
+        gate = session.deciding.setdefault(lane.name, asyncio.Lock())
+        await gate.acquire()
+        released = False
+
+        def release() -> None:
+            nonlocal released
+            if not released:
+                released = True
+                gate.release()
+
+        session.judged[lane.name] = release
         try:
             misnamed = await self._misnamed(session, item, decision)
             if misnamed is not None:
@@ -627,6 +653,9 @@ class Worker:
                 await enqueue_decision_notice(self._broker, state, item.id, told, now_ms=now_ms)
             await self._broker.inbox.ack(item.session, item.id)
         finally:
+            if session.judged.get(lane.name) is release:
+                del session.judged[lane.name]
+            release()
             session.in_flight.discard(item.id)
 
 
