@@ -109,13 +109,9 @@ async def closure(
     return ApprovalClosed(**base, outcome="ended", at_ms=end.timestamp)
 
 
-def described(closed: ApprovalClosed, who: str | None = None) -> str:
-    """How it ended, in a few words: ``approved by ann at 2025-01-02 10:30 UTC``.
-
-    `who` is the decider as the channel shows them (default: `ApprovalClosed.by` as it is).
-    """
-    who = who if who is not None else closed.by
-    by = f" by {who}" if who else ""
+def described(closed: ApprovalClosed) -> str:
+    """How it ended, in a few words: ``approved by ann at 2025-01-02 10:30 UTC``."""
+    by = f" by {closed.by}" if closed.by else ""
     at = datetime.datetime.fromtimestamp(closed.at_ms / 1000, tz=datetime.UTC)
     when = f" at {at:%Y-%m-%d %H:%M} UTC"
     if closed.outcome == "approved":

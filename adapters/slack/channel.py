@@ -824,8 +824,8 @@ class SlackChannel:
                 "event_type": METADATA_TYPE,
                 "event_payload": {"delivery_id": outbound.delivery_id, "part": 0, "parts": 1},
             }
-            text = f"{to_mrkdwn(_defused(outbound.text))}"
-            ts = await self._post(channel, thread_ts, text, None, metadata, after_post=False)
+            # said as Slack says it on a copy (a decider's id as a mention), in a message of its own
+            ts = await self._post(channel, thread_ts, note, None, metadata, after_post=False)
             updated.append(f"{channel}:{ts}")
         return DeliveryReceipt(
             delivery_id=outbound.delivery_id,

@@ -738,3 +738,24 @@ async def test_socket_mode_backfills_what_was_posted_while_the_link_was_down(
     await asyncio.sleep(0.3)
     texts = await rig.user_texts(f"slack:C1:{event['ts']}")
     assert texts.count("sent while the link was down") == 1
+
+
+async def test_a_request_slack_refused_is_closed_by_a_message_of_its_own(rig: Rig) -> None:
+    rig.fake.fail("chat.postMessage", error="invalid_blocks")  # the request: a dead letter
+    event = rig.fake.mention_event("C1", "/deploy prod")
+    await rig.event(event)
+    broker = rig.service.broker
+    assert broker is not None
+    await _until(lambda: rig.fake.calls_to("chat.postMessage") != [])
+    for _ in range(200):
+        dead = await broker.outbox.list("dead")
+        if dead:
+            break
+        await asyncio.sleep(0.02)
+    assert [d.id.startswith("approval_request:") for d in dead] == [True]
+    await _decide_from_the_api(rig, [])
+    replies = await rig.bot_replies("C1", event["ts"], 2)
+    assert replies[0].text.startswith("✅ Approved by operator:alice at ")  # said, once
+    assert replies[1].text == "Done: deployed prod"
+    await asyncio.sleep(0.3)
+    assert len([m for m in rig.fake.thread("C1", event["ts"]) if m.bot_id]) == 2
