@@ -15,6 +15,8 @@ a Slack channel, the bot's email address).
 
 from __future__ import annotations
 
+import hashlib
+import json
 from typing import Literal, Protocol, runtime_checkable
 
 from pydantic import Field
@@ -24,6 +26,7 @@ from harness_core.frozen import Frozen, FrozenJsonObject
 __all__ = [
     "Acceptance",
     "AdapterStartError",
+    "ApprovalClosed",
     "ApprovalView",
     "Attachment",
     "Author",
@@ -31,6 +34,7 @@ __all__ = [
     "ContextMessage",
     "DecisionInbound",
     "DecisionItem",
+    "DecisionRefused",
     "DeliveryError",
     "DeliveryReceipt",
     "Inbound",
@@ -43,6 +47,7 @@ __all__ = [
     "Reconciled",
     "ThreadRef",
     "Unavailable",
+    "is_copy_of",
 ]
 
 
@@ -134,9 +139,48 @@ class DecisionInbound(Frozen):
     decisions: tuple[DecisionItem, ...] = Field(min_length=1)
     decided_by: Author
     idempotency_key: str = Field(min_length=1)
-    """The channel's identity of the click (Slack's action ``trigger_id``...): a retried or
-    double-clicked button is the same decision."""
+    """The channel's identity of the click (Slack's ``slack:<wait>``, a web client's key...): a
+    retried or double-clicked button is the same decision."""
     received_at_ms: int
+    session: str | None = None
+    """The session the request named, when the channel carries it back (Slack's button value,
+    an email link): checked against the session the thread routes to."""
+
+    @property
+    def slot(self) -> str:
+        """The decision's identity: its key bound to the wait, the run and the exact batch.
+
+        The inbox deduplicates on it and the lane records the decision under it, so a click
+        naming other calls or digests under the same key never takes the genuine click's slot,
+        and a key reused for another wait is another decision. Who decided and how are not part
+        of it: two approvers deciding the same request share a slot, and the second learns who
+        took it (`Acceptance.first`).
+        """
+        calls = sorted((d.tool_call_id, d.args_digest) for d in self.decisions)
+        canonical = json.dumps(
+            [self.idempotency_key, self.wait_id, self.run_id, calls], separators=(",", ":")
+        )
+        return "d-" + hashlib.sha256(canonical.encode()).hexdigest()[:40]
+
+
+class DecisionRefused(Exception):
+    """A decision that can change nothing: nothing was stored, and `str()` tells the person why.
+
+    `code` is ``no_wait`` (nothing waits for a decision under that id in this thread),
+    ``mismatch`` (it names another run, session, calls or arguments than the request's) or
+    ``closed`` (the request is no longer waiting: `closed` says how and who closed it).
+    """
+
+    def __init__(
+        self,
+        code: Literal["no_wait", "mismatch", "closed"],
+        message: str,
+        closed: ApprovalClosed | None = None,
+    ) -> None:
+        super().__init__(message)
+        self.code = code
+        self.message = message
+        self.closed = closed
 
 
 class Acceptance(Frozen):
@@ -188,10 +232,13 @@ class InboundSink(Protocol):
     async def decide(self, decision: DecisionInbound) -> Acceptance:
         """Hold a decision durably; the worker holding the session applies it to the lane.
 
-        The first decision for an idempotency key wins: a later one with the same key is a
-        duplicate, and `Acceptance.first` is the decision that won.
+        The decision is checked against the request it names first (the thread's wait, its
+        run, session, calls and digests, still open): one that can change nothing is refused
+        and stores nothing. The first decision for an idempotency key wins: a later one with
+        the same key is a duplicate, and `Acceptance.first` is the decision that won.
 
         Raises:
+            DecisionRefused: the decision can change nothing (say `str(exc)` to the decider).
             NotRouted, Unavailable: as `accept`.
         """
         ...
@@ -248,7 +295,33 @@ class ApprovalView(Frozen):
     calls: tuple[PendingCall, ...]
 
 
-OutboundKind = Literal["reply", "approval_request", "failure_notice"]
+class ApprovalClosed(Frozen):
+    """An approval request that no longer waits: what closes every posted copy of it."""
+
+    session: str
+    run_id: str
+    wait_id: str
+    request_delivery_id: str
+    """The request's delivery id; its reminders' are this plus ``:remind-<n>`` (`is_copy_of`)."""
+    requested_at_ms: int
+    """When the request was made (a channel looks for its copies from then on)."""
+    outcome: Literal["approved", "denied", "decided", "stopped", "ended"]
+    """``decided``: some calls approved, some denied; ``ended``: the run ended otherwise."""
+    by: str | None = None
+    """Who closed it (a channel user id, ``operator:<name>``...), when known."""
+    at_ms: int
+    reason: str | None = None
+    """A denial's reason, if one was given."""
+
+
+def is_copy_of(delivery_id: str, request_delivery_id: str) -> bool:
+    """Whether `delivery_id` posted the request `request_delivery_id` (itself or a reminder)."""
+    return delivery_id == request_delivery_id or delivery_id.startswith(
+        request_delivery_id + ":remind-"
+    )
+
+
+OutboundKind = Literal["reply", "approval_request", "failure_notice", "approval_closed"]
 
 
 class Outbound(Frozen):
@@ -262,6 +335,9 @@ class Outbound(Frozen):
     """Markdown; the adapter converts it to its channel's format and splits it at its limits."""
     approval: ApprovalView | None = None
     """For ``approval_request``: the buttons to render."""
+    closed: ApprovalClosed | None = None
+    """For ``approval_closed``: the request whose posted copies no longer wait (a channel that
+    can edit what it posted closes each copy; one that cannot says so in the thread)."""
     reply_context: FrozenJsonObject = Field(default_factory=dict)
     """The newest `Inbound.reply_context` of the thread."""
 
@@ -313,10 +389,12 @@ class ChannelAdapter(Protocol):
     only after the sink returned. It ignores its own bot's messages.
 
     Outbound: `deliver` renders an `Outbound` by its kind (a reply; an approval request with
-    Approve/Deny controls carrying the wait and the argument digests; a short failure notice),
-    converts Markdown, splits at the channel's limits, and posts into the thread; every part it
-    posts carries the `delivery_id` where the channel allows (Slack metadata, an email's
-    ``Message-ID``) so `reconcile` can find it.
+    Approve/Deny controls carrying the wait and the argument digests; a short failure notice;
+    the close of an approval request, which edits every posted copy of it to say who closed it,
+    or says so in the thread where the channel cannot edit), converts Markdown, splits at the
+    channel's limits, and posts into the thread; every part it posts carries the `delivery_id`
+    where the channel allows (Slack metadata, an email's ``Message-ID``) so `reconcile` can
+    find it.
     """
 
     @property

@@ -5,6 +5,11 @@ attempt whose outcome is unknown (a timeout, an adapter saying so) is reconciled
 send, so a reply that arrived is never posted again. Failures are retried on a13n's schedule,
 ``min(cap, 2^attempts) x U(0.8, 1.0)`` seconds (the channel's own ``Retry-After`` wins when
 longer), until `max_attempts`; then the delivery is a dead letter with a secret-free reason.
+
+Approval requests and their closes are ordered here, since deliveries run in parallel: a copy
+of a request (the request or a reminder) whose close is already enqueued is not posted (its
+buttons could change nothing), and a close waits while a copy of its request is still pending
+(so the copy is there to be closed when the close runs).
 """
 
 from __future__ import annotations
@@ -19,8 +24,9 @@ from dataclasses import dataclass
 
 from pydantic import ValidationError
 
-from adapters.channel import ChannelAdapter, DeliveryError, Outbound
+from adapters.channel import ChannelAdapter, DeliveryError, Outbound, is_copy_of
 from gateway.broker.contract import Broker, ClaimedDelivery, NewAuditEvent
+from gateway.closes import close_delivery_id
 from gateway.logs import event
 from gateway.metrics import Metrics
 from harness_core import Clock
@@ -168,6 +174,8 @@ class Deliverer:
         if adapter is None:
             await self._retry(claimed, f"no adapter for {outbound.thread.channel}", False)
             return
+        if await self._held_back(claimed, outbound):
+            return
         timeout = self.config.timeout_ms / 1000
         if delivery.unknown_outcome:  # an earlier attempt may have arrived: look before sending
             try:
@@ -196,6 +204,34 @@ class Deliverer:
             await self._retry(claimed, type(exc).__name__, True)
             return
         await self._delivered(claimed, reconciled=False)
+
+    async def _held_back(self, claimed: ClaimedDelivery, outbound: Outbound) -> bool:
+        """Hold back what approval requests and their closes must not send yet.
+
+        A request copy closed before it was posted is settled unsent; a close whose request
+        still has a copy pending is retried later. True when it did either.
+        """
+        outbox = self._broker.outbox
+        view = outbound.approval
+        if outbound.kind == "approval_request" and view is not None:
+            if await outbox.get(close_delivery_id(view.session, view.wait_id)) is None:
+                return False
+            await outbox.settle_delivered(claimed, now_ms=self._clock.now_ms())
+            self._count(claimed, "skipped")
+            log.info(event("request closed before it was posted", delivery=claimed.delivery.id))
+            return True
+        closed = outbound.closed
+        if outbound.kind != "approval_closed" or closed is None:
+            return False
+        base = closed.request_delivery_id
+        first = await outbox.get(base)
+        pending = first is not None and first.status == "pending"
+        if not pending:
+            later = await outbox.list("pending", after=base, limit=50)
+            pending = any(is_copy_of(d.id, base) for d in later)
+        if pending:
+            await self._retry(claimed, "a copy of the request is still being posted", False)
+        return pending
 
     async def _delivered(self, claimed: ClaimedDelivery, *, reconciled: bool) -> None:
         settled = await self._broker.outbox.settle_delivered(claimed, now_ms=self._clock.now_ms())

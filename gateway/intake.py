@@ -2,8 +2,10 @@
 
 An adapter calls `accept` (or `decide`); the thread is routed to its session, the lane's reply
 context is remembered, and the item is appended to the session's inbox, deduplicated by the
-message's identity. Only then does the call return, and only then may the adapter acknowledge
-its channel: nothing it acknowledged can be lost.
+message's identity. A decision is first judged against the request it names
+(`gateway.decisions`): one that can change nothing is refused and stores nothing. Only then
+does the call return, and only then may the adapter acknowledge its channel: nothing it
+acknowledged can be lost.
 """
 
 from __future__ import annotations
@@ -16,6 +18,7 @@ from pydantic import ValidationError
 from adapters.channel import (
     Acceptance,
     DecisionInbound,
+    DecisionRefused,
     Inbound,
     KnownThread,
     NotRouted,
@@ -23,7 +26,9 @@ from adapters.channel import (
     Unavailable,
 )
 from gateway.broker.contract import Broker, NewInboxItem, ThreadState
+from gateway.decisions import judge
 from gateway.logs import event
+from harness_core import SessionRepo
 from harness_core.session.names import check_lane_name, check_session_id
 
 __all__ = ["Intake"]
@@ -34,10 +39,17 @@ log = logging.getLogger("gateway.intake")
 class Intake:
     """Routes inbound messages to sessions and holds them in the inbox (an `InboundSink`)."""
 
-    def __init__(self, broker: Broker, route: Callable[[str, str], str | None]) -> None:
+    def __init__(
+        self,
+        broker: Broker,
+        route: Callable[[str, str], str | None],
+        repo: SessionRepo | None = None,
+    ) -> None:
         self._broker = broker
         self._route = route
         """(channel, space) -> the session id, or None when nothing is bound."""
+        self._repo = repo
+        """Where decisions are judged before they are held (None: held unjudged, for tests)."""
 
     def _session_of(self, thread: ThreadRef) -> str:
         session = self._route(thread.channel, thread.space)
@@ -90,12 +102,18 @@ class Intake:
         """See `InboundSink.decide`."""
         session = self._session_of(decision.thread)
         lane = decision.thread.lane
+        if self._repo is not None:
+            try:
+                await judge(self._repo, self._broker, session, decision)
+            except DecisionRefused as refused:
+                log.info(event("decision refused", session=session, lane=lane, reason=refused.code))
+                raise
         try:
             appended = await self._broker.inbox.append(
                 NewInboxItem(
                     session=session,
                     lane=lane,
-                    dedupe_key=f"decision:{lane}:{decision.idempotency_key}",
+                    dedupe_key=f"decision:{lane}:{decision.slot}",
                     kind="decision",
                     payload=decision.model_dump(mode="json"),
                 )

@@ -236,7 +236,7 @@ class Metrics:
         self.messages_accepted.labels(self.channel(channel)).inc()
 
     def delivery(self, channel: object, outcome: str) -> None:
-        """A delivery attempt settled: delivered, reconciled, retry or dead."""
+        """A delivery attempt settled: delivered, reconciled, skipped, retry or dead."""
         self.deliveries.labels(self.channel(channel), outcome).inc()
 
     def delivery_time(self, seconds: float) -> None:

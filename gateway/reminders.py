@@ -9,7 +9,7 @@ the newest reminder due is sent (a gateway that was down for a day does not send
 missed), and its delivery id (``approval_request:<session>:<wait>:remind-<n>``) makes every
 process and every sweep enqueue it once. A request that was decided, or whose run was stopped,
 is no longer open and gets none. A decision from a reminder is the same decision: it names the
-same wait, and the first one wins.
+same wait, and the first one wins; when the wait ends, every copy is closed (`gateway.closes`).
 """
 
 from __future__ import annotations

@@ -1,11 +1,12 @@
 """Replies: what a lane's finished operations and approval waits send back into its thread.
 
 After each operation the worker scans the lane's records after its *replied-through* mark (kept
-per lane by the broker) for runs that finished and approval waits that began, and enqueues one
-outbound message for each under a delivery id derived from what caused it. Enqueueing is
-idempotent by that id and the mark only moves after the enqueue, so a crash anywhere in between
-repeats the scan and loses no reply, and never sends one twice; the scan reads only the records
-after the mark (bounded by what happened since the last reply).
+per lane by the broker) for runs that finished, approval waits that began and waits that were
+decided, and enqueues an outbound message for each under a delivery id derived from what caused
+it (a wait that ended, by a decision or with its run, gets its close: `gateway.closes`).
+Enqueueing is idempotent by that id and the mark only moves after the enqueue, so a crash
+anywhere in between repeats the scan and loses no reply, and never sends one twice; the scan
+reads only the records after the mark (bounded by what happened since the last reply).
 
 A worker that takes a session first enqueues what its previous holder left unsent. The session's
 *replies watermark* (a broker mark, `replies_mark`) bounds that look: a worker that let the
@@ -21,6 +22,7 @@ from dataclasses import dataclass
 
 from adapters.channel import ApprovalView, Outbound, OutboundKind, PendingCall, ThreadRef
 from gateway.broker.contract import Broker, ThreadState
+from gateway.closes import close_outbound, closure, request_delivery_id
 from harness_core import (
     AssistantMessage,
     OperationError,
@@ -29,6 +31,7 @@ from harness_core import (
 )
 from harness_core.session.entries import MessageEntry
 from harness_core.session.records import (
+    ApprovalDecided,
     ApprovalRequested,
     OperationFinished,
     OperationStarted,
@@ -42,6 +45,7 @@ __all__ = [
     "CUT_OFF_NOTE",
     "LATE_DECISION_TEXT",
     "MISMATCHED_DECISION_TEXT",
+    "NO_WAIT_DECISION_TEXT",
     "REFUSED_TEXT",
     "STUCK_TEXT",
     "Reply",
@@ -79,6 +83,10 @@ MISMATCHED_DECISION_TEXT = (
     "That decision changed nothing: it does not name exactly the calls that wait for one. "
     "Nothing was run."
 )
+NO_WAIT_DECISION_TEXT = (
+    "That decision changed nothing: nothing in this thread waits for a decision under the "
+    "request it names. Nothing was run."
+)
 
 
 def delivery_id(session: str, kind: OutboundKind, cause: str) -> str:
@@ -97,8 +105,12 @@ def failure_text(error: OperationError | None) -> str:
     return f"Sorry, I could not finish this ({code}). You can ask again; an operator can retry it."
 
 
-_REPLIED_TYPES: tuple[RecordType, ...] = ("operation_finished", "approval_requested")
-"""The records a reply answers."""
+_REPLIED_TYPES: tuple[RecordType, ...] = (
+    "operation_finished",
+    "approval_requested",
+    "approval_decided",
+)
+"""The records a reply answers (a decided wait: its close)."""
 
 
 def replies_mark(session: str) -> str:
@@ -116,9 +128,9 @@ def watermark_of(raw: str | None) -> int | None:
 
 
 async def lanes_to_reply(storage: SessionStorage, after_seq: int) -> list[str]:
-    """The lanes with a finished run or an approval wait after `after_seq`, by name.
+    """The lanes with a finished run, an approval wait or a decision after `after_seq`, by name.
 
-    Two session-wide reads of one record type each, bounded by what happened since.
+    Session-wide reads of one record type each, bounded by what happened since.
     """
     lanes: set[str] = set()
     for record_type in _REPLIED_TYPES:
@@ -144,7 +156,7 @@ async def enqueue_replies(
 
     Runs only: compactions and navigations answer nobody. A completed run replies with its final
     text, a failed one with a short notice, an aborted one with nothing; an approval wait sends
-    an approval request.
+    an approval request; a wait that ended (decided, or its run aborted or failed) its close.
     """
     lane = state.lane
     after = state.replied_through
@@ -159,6 +171,8 @@ async def enqueue_replies(
         outbound = await _outbound(storage, state, thread, stored)
         if outbound is not None:
             replies.append(Reply(stored.seq, outbound))
+        for closed in await _closes(storage, broker, state, thread, stored):
+            replies.append(Reply(stored.seq, closed))
     for reply in replies:
         await broker.outbox.enqueue(
             reply.outbound.delivery_id,
@@ -170,6 +184,39 @@ async def enqueue_replies(
     if found:
         await broker.threads.mark_replied(state.session, lane, max(s.seq for s in found))
     return replies
+
+
+async def _closes(
+    storage: SessionStorage,
+    broker: Broker,
+    state: ThreadState,
+    thread: ThreadRef,
+    stored: StoredRecord,
+) -> list[Outbound]:
+    """The closes a record causes: its wait's (a decision), or its run's open waits' (an end).
+
+    A completed run decided all its waits (each closed by its decision): only an aborted or
+    failed one can leave a wait open, so only those cost a read of the run's waits.
+    """
+    record = stored.record
+    if isinstance(record, ApprovalDecided):
+        waits = [found] if (found := await storage.get_record(record.wait_id)) else []
+    elif isinstance(record, OperationFinished) and record.outcome != "completed":
+        waits = list(
+            await storage.find_records(
+                RecordQuery(lane=state.lane, type="approval_requested", run_id=record.run_id)
+            )
+        )
+    else:
+        return []
+    closes = []
+    for wait in waits:
+        if not isinstance(wait.record, ApprovalRequested):
+            continue
+        closed = await closure(storage, broker, state.session, wait)
+        if closed is not None:
+            closes.append(close_outbound(state, thread, wait.record, closed))
+    return closes
 
 
 async def _outbound(
@@ -220,7 +267,7 @@ def approval_outbound(state: ThreadState, thread: ThreadRef, record: ApprovalReq
     )
     names = ", ".join(sorted({call.tool_name for call in calls}))
     return Outbound(
-        delivery_id=delivery_id(session, "approval_request", record.id),
+        delivery_id=request_delivery_id(session, record.id),
         thread=thread,
         kind="approval_request",
         text=f"Approval needed before I run {names}.",

@@ -159,7 +159,7 @@ class Service:
             named = {adapter.name for adapter in extra}
             adapters = [a for a in self._default_adapters() if a.name not in named] + extra
         self.adapters = {adapter.name: adapter for adapter in adapters}
-        self.intake = Intake(self.broker, settings.route_for)
+        self.intake = Intake(self.broker, settings.route_for, self.repo)
         self.metrics = Metrics(
             self.repo,
             self.broker,

@@ -18,6 +18,7 @@ from __future__ import annotations
 
 from adapters.channel import Inbound
 from gateway.broker.contract import Broker, InboxItem, NewAuditEvent
+from gateway.closes import note_abort
 from gateway.replies import enqueue_stop_notice
 from harness_core import AgentLane, Ok
 
@@ -55,6 +56,7 @@ async def stop(
             said = await marks.get(name)  # a process that took the session before us was here
     if said is None or said == _STOPPING:
         redelivered = said == _STOPPING
+        await note_abort(broker, item.session, lane, inbound.author.id)  # who closed a request
         aborted = await lane.abort()
         if isinstance(aborted, Ok):
             dropped = len(aborted.value.steer) + len(aborted.value.follow_up)

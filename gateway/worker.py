@@ -37,6 +37,7 @@ from gateway.ops.reads import attempt_began, parked_mark
 from gateway.replies import (
     LATE_DECISION_TEXT,
     MISMATCHED_DECISION_TEXT,
+    NO_WAIT_DECISION_TEXT,
     enqueue_decision_notice,
     enqueue_refusal_notice,
     enqueue_replies,
@@ -63,6 +64,8 @@ from harness_core import (
     SessionStorage,
     ToolRecovery,
 )
+from harness_core.events import ApprovalDecidedEvent
+from harness_core.session.records import ApprovalRequested
 
 __all__ = ["Worker", "WorkerConfig"]
 
@@ -111,6 +114,10 @@ class _Session:
     """The replies watermark as read at the take (what a clean release compares and sets)."""
     replies_missed: bool = False
     """A reply scan failed: the watermark must not move past what it would have found."""
+    deciding: dict[str, asyncio.Lock] = field(default_factory=dict)
+    """Per lane: held by the decision being judged, so decisions meet the lane in inbox order."""
+    judged: dict[str, Callable[[], None]] = field(default_factory=dict)
+    """Per lane: releases `deciding` once the lane recorded a decision (the run goes on)."""
 
 
 class Worker:
@@ -208,6 +215,8 @@ class Worker:
         harness, suspended = await AgentHarness.create(self._options(storage))
         unwatch = self._metrics.watch(harness) if self._metrics is not None else None
         session = _Session(ticket=ticket, harness=harness, storage=storage)
+        # a decided wait is closed at once on every copy of its request, not when its run ends
+        unlisten = harness.events.on("approval_decided", lambda e: self._decided(session, e))
         self.active[session_id] = session
         log.info(event("session taken", session=session_id, suspended=len(suspended)))
         faulted = False
@@ -244,6 +253,7 @@ class Worker:
             for task in session.tasks:
                 task.cancel()
             await asyncio.gather(*session.tasks, return_exceptions=True)
+            unlisten()
             if unwatch is not None:
                 unwatch()
             await harness.close()
@@ -348,6 +358,16 @@ class Worker:
         task.add_done_callback(finished)
         return task
 
+    def _decided(self, session: _Session, decided: ApprovalDecidedEvent) -> None:
+        """A wait was decided (from any channel, a reminder, an operator): enqueue its close."""
+        if decided.lane is None:
+            return
+        release = session.judged.pop(decided.lane, None)
+        if release is not None:  # the next decision may meet the lane now (and be told it is late)
+            release()
+        if not session.closing:
+            self._track(session, decided.lane, asyncio.sleep(0))  # then the lane's reply scan
+
     async def _resume(self, lane: AgentLane) -> None:
         result = await lane.resume(tool_recovery=self.config.tool_recovery)
         if isinstance(result, Err):
@@ -444,13 +464,18 @@ class Worker:
         except ValidationError as exc:
             await self._refuse(item, f"malformed {item.kind}: {exc.error_count()} errors")
             return
+        if item.kind == "decision":
+            # a decision never creates a lane: one for a thread without a lane changes nothing
+            existing = await session.harness.lane(item.lane)
+            if existing is None:
+                await self._decision_refused(item, NO_WAIT_DECISION_TEXT, "no lane")
+                return
+            session.in_flight.add(item.id)
+            self._track(session, item.lane, self._decide(session, item, existing, decision))
+            return
         lane = await self._lane(session, item.lane)
         if lane is None:
             await self._refuse(item, "the lane cannot be created")
-            return
-        if item.kind == "decision":
-            session.in_flight.add(item.id)
-            self._track(session, item.lane, self._decide(session, item, lane, decision))
             return
         if item.kind == "operator":
             session.in_flight.add(item.id)
@@ -481,7 +506,10 @@ class Worker:
             self._broker, item, inbound, lane, now_ms=self._clock.now_ms()
         ):
             self._accepted(inbound)
-            return  # the lane's open operation is aborted; its reply scan follows its end
+            # the open operation is aborted: a run that was working replies when its task ends,
+            # one that waited for approval has no task, and its request's copies need closing
+            self._track(session, lane.name, asyncio.sleep(0))
+            return
         inbox = self._broker.inbox
         entry_id = entry_id_of(item.dedupe_key)
         if inbound.context and await session.storage.get_entry(entry_id) is not None:
@@ -548,10 +576,56 @@ class Worker:
         finally:
             session.in_flight.discard(item.id)
 
+    async def _decision_refused(self, item: InboxItem, told: str, reason: str) -> None:
+        """Reject a decision that cannot apply, and tell its thread (if the thread is known)."""
+        await self._broker.inbox.reject(item.session, item.id, reason)
+        log.info(event("decision refused", session=item.session, item=item.id, reason=reason))
+        state = await self._broker.threads.get(item.session, item.lane)
+        if state is not None:
+            now_ms = self._clock.now_ms()
+            await enqueue_decision_notice(self._broker, state, item.id, told, now_ms=now_ms)
+
+    async def _misnamed(
+        self, session: _Session, item: InboxItem, decision: DecisionInbound
+    ) -> str | None:
+        """Why a decision names something its lane does not hold (None: its ids agree).
+
+        The lane's admission rules check the wait, the calls and their digests; the run and the
+        session a click names are checked here (the intake did too, without the lease).
+        """
+        stored = await session.storage.get_record(decision.wait_id)
+        wait = stored.record if stored is not None else None
+        if not isinstance(wait, ApprovalRequested) or wait.lane != item.lane:
+            return NO_WAIT_DECISION_TEXT  # a made-up wait is not one that stopped waiting
+        if wait.run_id != decision.run_id or decision.session not in (None, item.session):
+            return MISMATCHED_DECISION_TEXT
+        return None
+
     async def _decide(
         self, session: _Session, item: InboxItem, lane: AgentLane, decision: DecisionInbound
     ) -> None:
+        """Apply a decision to its lane, after the decisions accepted before it were judged.
+
+        `resume` returns when the resumed run stops (minutes, maybe): the lane's next decision
+        waits only until this one is recorded (`ApprovalDecidedEvent`) or refused, so the first
+        decision accepted is the first the lane judges, on every backend.
+        """
+        gate = session.deciding.setdefault(lane.name, asyncio.Lock())
+        await gate.acquire()
+        released = False
+
+        def release() -> None:
+            nonlocal released
+            if not released:
+                released = True
+                gate.release()
+
+        session.judged[lane.name] = release
         try:
+            misnamed = await self._misnamed(session, item, decision)
+            if misnamed is not None:
+                await self._decision_refused(item, misnamed, "misnamed")
+                return
             result = await lane.resume(
                 [
                     ApprovalDecision(
@@ -564,7 +638,7 @@ class Worker:
                 ],
                 wait_id=decision.wait_id,
                 decided_by=decision.decided_by.id,
-                idempotency_key=decision.idempotency_key,
+                idempotency_key=decision.slot,
                 tool_recovery=self.config.tool_recovery,
             )
             outcome = "applied" if isinstance(result, Ok) else result.error.tag
@@ -588,6 +662,9 @@ class Worker:
                 await enqueue_decision_notice(self._broker, state, item.id, told, now_ms=now_ms)
             await self._broker.inbox.ack(item.session, item.id)
         finally:
+            if session.judged.get(lane.name) is release:
+                del session.judged[lane.name]
+            release()
             session.in_flight.discard(item.id)
 
 

@@ -4,7 +4,9 @@ A link names one pending batch, one approver and approve or deny, signed (`compo
 and its lane is bound to the token by a second signature. GET only shows what would be decided
 (mail scanners open every link in a message: a GET must never decide); the page's button POSTs.
 The decision's idempotency key is the wait: the first decision for a batch wins, and the same
-link (or another approver's) used again is answered 409 with who decided.
+link (or another approver's) used again is answered 409 with who decided; so is a link whose
+request no longer waits (decided elsewhere, stopped), and one whose batch or session the gateway
+does not hold is answered 409 saying so (`DecisionRefused`): nothing is recorded.
 """
 
 from __future__ import annotations
@@ -21,6 +23,7 @@ from adapters.channel import (
     Author,
     DecisionInbound,
     DecisionItem,
+    DecisionRefused,
     NotRouted,
     ThreadRef,
     Unavailable,
@@ -78,12 +81,16 @@ def approval_router(channel: EmailChannel) -> APIRouter:
             decided_by=Author(id=checked.approver),
             idempotency_key=f"email:{checked.wait_id}",
             received_at_ms=channel.clock.now_ms(),
+            session=checked.session,
         )
         sink = channel.sink
         if sink is None:
             return _page(503, "Try again", "<p>The gateway is starting or stopping.</p>")
         try:
             acceptance = await sink.decide(decision)
+        except DecisionRefused as refused:
+            title = "Already decided" if refused.code == "closed" else "Nothing to decide"
+            return _page(409, title, f"<p>{html.escape(refused.message)}</p>")
         except NotRouted:
             return _page(404, "Not found", "<p>This conversation is not served here.</p>")
         except Unavailable:

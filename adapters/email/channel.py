@@ -324,6 +324,10 @@ class EmailChannel:
         Raises:
             DeliveryError: see the module docstring.
         """
+        if _closed_by_asker(outbound):  # they closed it from their own link: they know
+            return DeliveryReceipt(
+                delivery_id=outbound.delivery_id, delivered_at_ms=self.clock.now_ms()
+            )
         self._check_rate(outbound)
         message = self._compose(outbound)
         # Bcc ourselves, first: servers that deliver in order file our copy before anyone's,
@@ -525,3 +529,17 @@ def _recipients(message: EmailMessage) -> list[str]:
 def _refused(recipients: Sequence[Any]) -> str:
     codes = sorted({str(getattr(r, "code", "?")) for r in recipients})
     return f"recipients refused ({', '.join(codes)})"
+
+
+def _closed_by_asker(outbound: Outbound) -> bool:
+    """A close of a request its recipient decided (the thread learns it from the answer).
+
+    Mail cannot be edited: a closed request's links stay in the mailbox, so the close is a short
+    reply to the person the request went to, unless that person closed it themselves (from its
+    links, or by a ``stop``, which is answered anyway).
+    """
+    closed = outbound.closed
+    if outbound.kind != "approval_closed" or closed is None or closed.by is None:
+        return False
+    asker = parseaddr(str(outbound.reply_context.get("from") or ""))[1].lower()
+    return bool(asker) and closed.by.lower() == asker

@@ -172,7 +172,7 @@ def compose_reply(
         raise ValueError("no recipient: the reply context names no sender")
     to = author[0]
     cc: list[tuple[str, str]] = []
-    if outbound.kind != "approval_request":
+    if outbound.kind not in ("approval_request", "approval_closed"):  # those go to the asker
         seen = {bot, to[1]}
         for pair in _pairs(context.get("to")) + _pairs(context.get("cc")):
             if pair[1] not in seen and len(cc) < MAX_CC:

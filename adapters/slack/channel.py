@@ -14,8 +14,11 @@ only the parts that are missing.
 
 Approvals: Approve records the decision at once; Deny opens a dialog for a reason first. Only
 the approvers configured for the channel may decide (others are told so, privately, and nothing
-is recorded); the first decision for a wait wins (a double click or a second approver learns who
-decided); the request message is then updated to show who decided and when.
+is recorded); a click the gateway refuses (no such request, another batch, no longer waiting)
+is told why, privately; the first decision for a wait wins (a double click or a second approver
+learns who decided). When the wait ends, however it ends, the gateway delivers its close, and
+every copy of the request in the thread (the request and its reminders) is rewritten without
+buttons to say how it closed, by whom and when.
 """
 
 from __future__ import annotations
@@ -43,10 +46,12 @@ from slack_sdk.web.async_client import AsyncWebClient
 from adapters.channel import (
     Acceptance,
     AdapterStartError,
+    ApprovalClosed,
     Author,
     ContextMessage,
     DecisionInbound,
     DecisionItem,
+    DecisionRefused,
     DeliveryError,
     DeliveryReceipt,
     Inbound,
@@ -57,16 +62,19 @@ from adapters.channel import (
     Reconciled,
     ThreadRef,
     Unavailable,
+    is_copy_of,
 )
 from adapters.slack.events import CHANNEL, classify, clean_text, slack_thread, split_thread
 from adapters.slack.render import (
     DecisionTarget,
     approval_blocks,
-    decided_blocks,
+    close_note,
+    closed_blocks,
     decode_decision_value,
     deny_reason_modal,
     failure_blocks,
     fallback_text,
+    mention,
     split_text,
     to_mrkdwn,
 )
@@ -100,6 +108,9 @@ _SEEN_EVENTS = 10_000
 _HISTORY_TIMEOUT_S = 1.5
 _GROUP_TTL_MS = 60_000
 _SCAN_PAGES = 10
+_CLOSE_LOOKBACK_S = 600
+"""A close looks for the request's copies from this long before the request was made (clocks
+differ: ours stamps the request, Slack stamps the message)."""
 _WORKING_MAX = 20
 """The newest messages of a thread that may wear the working reaction (a reply clears them)."""
 _PING = re.compile(r"<!(here|channel|everyone|subteam\^[A-Z0-9]+)(?:\|[^>]*)?>")
@@ -585,9 +596,18 @@ class SlackChannel:
             decided_by=Author(id=click.user, name=click.user_name),
             idempotency_key=f"slack:{target.wait_id}",
             received_at_ms=self.clock.now_ms(),
+            session=target.session,
         )
         try:
             return await self._sink_or_fail().decide(decision)
+        except DecisionRefused as refused:
+            log.info("slack decision refused", extra={"reason": refused.code})
+            closed = refused.closed
+            # told after the ack (Slack wants one within 3 s): nothing was recorded either way
+            self._spawn(
+                self._tell(click, refused.message if closed is None else _closed_tell(closed))
+            )
+            return None
         except NotRouted as exc:
             log.warning("slack decision not routed", extra={"reason": str(exc)})
             await self._tell(
@@ -598,34 +618,17 @@ class SlackChannel:
     async def _after_decision(
         self, click: _Click, acceptance: Acceptance, *, approved: bool, reason: str | None
     ) -> None:
+        """Tell a second clicker who took the decision.
+
+        The request's copies are rewritten by its close once the decision is applied: never
+        here, where it is not applied yet (it may still lose to another one).
+        """
         first = acceptance.first if acceptance.duplicate else None
-        if first is not None:
-            approved = all(item.approved for item in first.decisions)
-            reason = next((item.reason for item in first.decisions if item.reason), None)
-            if first.decided_by.id != click.user:
-                verb = "approved" if approved else "denied"
-                await self._tell(
-                    click, f"<@{first.decided_by.id}> already {verb} this. Nothing was changed."
-                )
-        decided_by = first.decided_by.id if first is not None else click.user
-        decided_at = first.received_at_ms if first is not None else self.clock.now_ms()
-        try:
-            message = await self._message(click.channel, click.message_ts, click.thread_ts)
-            text = _request_text(message)
-            await self.client.chat_update(
-                channel=click.channel,
-                ts=click.message_ts,
-                text=fallback_text(text),
-                blocks=decided_blocks(
-                    text,
-                    approved=approved,
-                    decided_by=decided_by,
-                    decided_at_ms=decided_at,
-                    reason=reason,
-                ),
+        if first is not None and first.decided_by.id != click.user:
+            verb = "approved" if all(item.approved for item in first.decisions) else "denied"
+            await self._tell(
+                click, f"<@{first.decided_by.id}> already {verb} this. Nothing was changed."
             )
-        except (SlackApiError, aiohttp.ClientError, TimeoutError) as exc:
-            log.warning("slack approval update failed", extra={"error": type(exc).__name__})
 
     async def _message(self, channel: str, ts: str, thread_ts: str | None) -> dict[str, Any]:
         """One message of a channel (the approval request, to rewrite it without buttons)."""
@@ -675,6 +678,8 @@ class SlackChannel:
             DeliveryError: see the module docstring; once a part is posted, any later failure
                 has an unknown outcome (the retry reconciles and posts only what is missing).
         """
+        if outbound.kind == "approval_closed":
+            return await self._close(outbound)
         channel, thread_ts = self._where(outbound.thread)
         parts = self._parts(outbound)
         there = self._partial.pop(outbound.delivery_id, set())
@@ -782,8 +787,100 @@ class SlackChannel:
             raise DeliveryError("no answer from Slack", unknown_outcome=True) from None
         return str(answer.get("ts"))
 
+    async def _close(self, outbound: Outbound) -> DeliveryReceipt:
+        """Rewrite every copy of a closed request in its thread (the request, its reminders).
+
+        Each copy keeps its words and loses its buttons, under a line saying how the request
+        closed, by whom and when. Doing it again rewrites the same copies. A thread with no copy
+        (the request was never posted: closed first, or refused by Slack) gets the close as a
+        message of its own, once.
+
+        Raises:
+            DeliveryError: Slack could not be read or refused an update (retried).
+        """
+        closed = outbound.closed
+        if closed is None:
+            raise DeliveryError("a close without the request it closes", permanent=True)
+        channel, thread_ts = self._where(outbound.thread)
+        oldest = f"{max(closed.requested_at_ms / 1000 - _CLOSE_LOOKBACK_S, 0):.6f}"
+        note = close_note(closed.outcome, by=closed.by, at_ms=closed.at_ms, reason=closed.reason)
+        updated: list[str] = []
+        try:
+            copies, noted = await self._copies(channel, thread_ts, oldest, outbound, closed)
+            for message in copies:
+                text = _request_text(message)
+                try:
+                    await self.client.chat_update(
+                        channel=channel,
+                        ts=str(message["ts"]),
+                        text=fallback_text(text),
+                        blocks=closed_blocks(text, note),
+                    )
+                except SlackApiError as exc:
+                    if exc.response.get("error") != "message_not_found":  # deleted: nothing left
+                        raise
+                updated.append(f"{channel}:{message['ts']}")
+        except SlackApiError as exc:
+            raise _delivery_error(exc, after_post=False) from None
+        except (aiohttp.ClientError, TimeoutError):
+            raise DeliveryError("no answer from Slack") from None
+        if not copies and not noted:
+            metadata = {
+                "event_type": METADATA_TYPE,
+                "event_payload": {"delivery_id": outbound.delivery_id, "part": 0, "parts": 1},
+            }
+            # said as Slack says it on a copy (a decider's id as a mention), in a message of its own
+            ts = await self._post(channel, thread_ts, note, None, metadata, after_post=False)
+            updated.append(f"{channel}:{ts}")
+        return DeliveryReceipt(
+            delivery_id=outbound.delivery_id,
+            channel_message_ids=tuple(updated),
+            delivered_at_ms=self.clock.now_ms(),
+        )
+
+    async def _copies(
+        self,
+        channel: str,
+        thread_ts: str | None,
+        oldest: str,
+        outbound: Outbound,
+        closed: ApprovalClosed,
+    ) -> tuple[list[dict[str, Any]], bool]:
+        """The thread's copies of the closed request, and whether the close was posted already."""
+        copies: list[dict[str, Any]] = []
+        noted = False
+        cursor: str | None = None
+        for _ in range(_SCAN_PAGES):
+            page: dict[str, Any] = {"cursor": cursor} if cursor else {}
+            if thread_ts is not None:
+                answer = await self.client.conversations_replies(
+                    channel=channel,
+                    ts=thread_ts,
+                    oldest=oldest,
+                    include_all_metadata=True,
+                    limit=200,
+                    **page,
+                )
+            else:
+                answer = await self.client.conversations_history(
+                    channel=channel, oldest=oldest, include_all_metadata=True, limit=200, **page
+                )
+            for message in answer.get("messages") or []:
+                delivery = _delivery_of(message)
+                if delivery is None or not message.get("ts"):
+                    continue
+                if is_copy_of(delivery, closed.request_delivery_id):
+                    copies.append(message)
+                noted = noted or delivery == outbound.delivery_id
+            cursor = (answer.get("response_metadata") or {}).get("next_cursor") or None
+            if not cursor:
+                break
+        return copies, noted
+
     async def reconcile(self, outbound: Outbound) -> Reconciled:
         """Look in the thread, from the newest user message on, for the delivery's parts."""
+        if outbound.kind == "approval_closed":
+            return "absent"  # closing again rewrites the same copies (and posts no second note)
         channel, thread_ts = self._where(outbound.thread)
         wanted = len(self._parts(outbound))
         oldest = str(outbound.reply_context.get("ts") or "0")
@@ -989,17 +1086,41 @@ def _reason_of(view: Mapping[str, Any]) -> str | None:
     return value.strip()[:500] or None if isinstance(value, str) else None
 
 
-def _part_of(message: Any, delivery_id: str) -> int | None:
+def _payload_of(message: Any) -> dict[str, Any] | None:
+    """The gateway's metadata payload of a message the bot posted (None for any other)."""
     if not isinstance(message, dict):
         return None
     metadata = message.get("metadata")
     if not isinstance(metadata, dict) or metadata.get("event_type") != METADATA_TYPE:
         return None
     payload = metadata.get("event_payload")
-    if not isinstance(payload, dict) or payload.get("delivery_id") != delivery_id:
+    return payload if isinstance(payload, dict) else None
+
+
+def _delivery_of(message: Any) -> str | None:
+    payload = _payload_of(message)
+    delivery = payload.get("delivery_id") if payload is not None else None
+    return delivery if isinstance(delivery, str) else None
+
+
+def _part_of(message: Any, delivery_id: str) -> int | None:
+    payload = _payload_of(message)
+    if payload is None or payload.get("delivery_id") != delivery_id:
         return None
     part = payload.get("part")
     return part if isinstance(part, int) else None
+
+
+def _closed_tell(closed: ApprovalClosed) -> str:
+    """What a clicker is told, privately, about a request that closed before their click."""
+    who = mention(closed.by) if closed.by else "someone"
+    if closed.outcome in ("approved", "denied"):
+        return f"{who} already {closed.outcome} this. Nothing was changed."
+    if closed.outcome == "decided":
+        return f"{who} already decided this. Nothing was changed."
+    if closed.outcome == "stopped":
+        return f"This request was stopped{' by ' + who if closed.by else ''}. Nothing was changed."
+    return "This request is no longer waiting: its run ended. Nothing was changed."
 
 
 def _delivery_error(exc: SlackApiError, *, after_post: bool) -> DeliveryError:

@@ -47,12 +47,15 @@ __all__ = [
     "REASON_LIMIT",
     "SECTION_TEXT_LIMIT",
     "approval_blocks",
+    "close_note",
+    "closed_blocks",
     "decided_blocks",
     "decode_decision_value",
     "deny_reason_modal",
     "encode_decision_value",
     "failure_blocks",
     "fallback_text",
+    "mention",
     "split_text",
     "to_mrkdwn",
 ]
@@ -1008,7 +1011,7 @@ def approval_blocks(view: ApprovalView, *, intro: str, max_arg_chars: int = 1500
     return blocks
 
 
-def _who(decided_by: str) -> str:
+def mention(decided_by: str) -> str:
     """A Slack user id as a mention; anything else (an operator's name) as escaped text."""
     if re.fullmatch(r"[UW][A-Z0-9]{2,}", decided_by):
         return f"<@{decided_by}>"
@@ -1045,6 +1048,47 @@ def decided_blocks(
     Returns:
         The blocks, for ``chat.update(blocks=...)``; at most 50.
     """
+    outcome: Literal["approved", "denied"] = "approved" if approved else "denied"
+    return closed_blocks(
+        view_text, close_note(outcome, by=decided_by, at_ms=decided_at_ms, reason=reason)
+    )
+
+
+def close_note(
+    outcome: Literal["approved", "denied", "decided", "stopped", "ended"],
+    *,
+    by: str | None,
+    at_ms: int,
+    reason: str | None = None,
+) -> str:
+    """One mrkdwn line saying how an approval request closed, who closed it and when."""
+    who = f" by {mention(by)}" if by else ""
+    when = f" at {_when(at_ms)}"
+    if outcome == "approved":
+        note = f"✅ Approved{who}{when}"
+    elif outcome == "denied":
+        note = f"❌ Denied{who}{when}"
+    elif outcome == "decided":
+        note = f"☑️ Decided{who}{when}: some calls approved, some denied"
+    elif outcome == "stopped":
+        note = f"⏹️ Closed: stopped{who}{when}"
+    else:
+        note = f"⏹️ Closed{when}: the run ended"
+    if reason is not None and reason.strip():
+        note += f" — reason: {_escape(_shorten(' '.join(reason.split()), REASON_LIMIT))}"
+    return note
+
+
+def closed_blocks(view_text: str, note: str) -> list[Block]:
+    """An approval request that no longer waits: its text, no buttons, then `note`.
+
+    Args:
+        view_text: The request's mrkdwn as posted (split over sections at 3,000 characters).
+        note: How it closed (`close_note`).
+
+    Returns:
+        The blocks, for ``chat.update(blocks=...)``; at most 50.
+    """
     parts = split_text(view_text)
     if len(parts) > MAX_BLOCKS - 1:
         omitted = len(parts) - (MAX_BLOCKS - 2)
@@ -1052,10 +1096,6 @@ def decided_blocks(
         blocks = [_section(part) for part in parts] + [_context(f"…({omitted} more parts)")]
     else:
         blocks = [_section(part) for part in parts]
-    verdict = "✅ Approved" if approved else "❌ Denied"
-    note = f"{verdict} by {_who(decided_by)} at {_when(decided_at_ms)}"
-    if reason is not None and reason.strip():
-        note += f" — reason: {_escape(_shorten(' '.join(reason.split()), REASON_LIMIT))}"
     blocks.append(_context(note))
     return blocks
 

@@ -23,8 +23,10 @@ the GETs and a body field of the POSTs):
   ``GET /web/`` -> HTML.
 
 Every refusal is one JSON envelope ``{"error": {"code", "message"}}``: 400 for a malformed
-request, 403 ``cross_site``, 404 ``not_routed``, 413 ``too_large``, 415 (a body that is not
-``application/json``), 503 ``unavailable`` with ``Retry-After``. The channel has no
+request, 403 ``cross_site``, 404 ``not_routed``, 409 for a decision that can change nothing
+(``no_such_request``, ``not_the_request``, ``no_longer_waiting``: nothing is stored), 413
+``too_large``, 415 (a body that is not ``application/json``), 503 ``unavailable`` with
+``Retry-After``. The channel has no
 authentication of its own: bind it to a trusted interface. POSTs must be ``application/json``
 and not cross-site (``Sec-Fetch-Site``), so a web page a person visits cannot post or approve
 through their browser; a page whose name was rebound to this machine passes that check, so the
@@ -56,6 +58,7 @@ from adapters.channel import (
     Author,
     DecisionInbound,
     DecisionItem,
+    DecisionRefused,
     DeliveryError,
     DeliveryReceipt,
     Inbound,
@@ -89,6 +92,12 @@ log = logging.getLogger("adapters.web")
 _ID_CHARS = "ASCII letters, digits, '.', '_', ':', '@' and '-'"
 _CLIENT_ID = r"^[A-Za-z0-9._:@-]{1,200}$"
 _KINDS: tuple[str, ...] = get_args(WebItemKind)
+_REFUSED_DECISION = {
+    "no_wait": "no_such_request",
+    "mismatch": "not_the_request",
+    "closed": "no_longer_waiting",
+}
+"""The 409 codes of a decision that can change nothing (`DecisionRefused.code`)."""
 _UNION_TAGS = frozenset({"str", "_AuthorIn"})
 """How pydantic names the branches of ``str | _AuthorIn`` in an error's location."""
 
@@ -305,6 +314,7 @@ class WebChannel:
                 id=outbound.delivery_id,
                 text=outbound.text,
                 approval=outbound.approval,
+                closed=outbound.closed,
                 at_ms=self.clock.now_ms(),
             )
         except ValidationError as exc:  # short and free of the reply's text
@@ -402,6 +412,8 @@ class WebChannel:
             acceptance: Acceptance = await call(what)
         except NotRouted as exc:
             raise _Refused(404, "not_routed", str(exc) or "no session serves this space") from None
+        except DecisionRefused as exc:  # it could change nothing: nothing was stored
+            raise _Refused(409, _REFUSED_DECISION[exc.code], exc.message) from None
         except Unavailable as exc:
             raise _Refused(
                 503,

@@ -33,7 +33,7 @@ from urllib.parse import parse_qs, urlsplit, urlunsplit
 
 from pydantic import Field
 
-from adapters.channel import ApprovalView, Author, DecisionItem
+from adapters.channel import ApprovalClosed, ApprovalView, Author, DecisionItem
 from harness_core.frozen import Frozen
 
 __all__ = [
@@ -67,12 +67,15 @@ NAME_RULE = (
 page's links; combining marks (``é`` typed as ``e`` + accent) count after a letter or digit."""
 _NAME_PUNCTUATION = frozenset("._-")
 
-WebItemKind = Literal["message", "reply", "approval_request", "failure_notice", "decision"]
+WebItemKind = Literal[
+    "message", "reply", "approval_request", "failure_notice", "decision", "approval_closed"
+]
 _FAMILY = {
     "message": "m",
     "reply": "d",
     "approval_request": "d",
     "failure_notice": "d",
+    "approval_closed": "d",
     "decision": "x",
 }
 """Identities are unique per family: a message id, a delivery id (whatever its kind), a click."""
@@ -148,6 +151,8 @@ class NewWebItem(Frozen):
     """For ``approval_request``: the calls and the wait the buttons answer."""
     decision: WebDecision | None = None
     """For ``decision``."""
+    closed: ApprovalClosed | None = None
+    """For ``approval_closed``: the request that no longer waits (the page closes its cards)."""
     at_ms: int
     """When it was appended (the first time), on the channel's clock."""
 

@@ -65,6 +65,7 @@ _THREAD_SCRIPT = """
   const seen = new Set();
   const waits = new Map();
   const decided = new Map();
+  const closedWaits = new Map();
   let pending = null;
   authorBox.value = localStorage.getItem("web-author") || "";
 
@@ -80,7 +81,10 @@ _THREAD_SCRIPT = """
   }
   function when(ms) { return new Date(ms).toLocaleString(); }
   function who(author) { return author ? (author.name || author.id) : "someone"; }
+  let refusal = "";
   async function send(path, body) {
+    // null when sent; else what to say (and `refusal`: the error code, if the gateway gave one)
+    refusal = "";
     let response;
     try {
       response = await fetch(path, {
@@ -93,13 +97,27 @@ _THREAD_SCRIPT = """
     }
     if (response.ok) return null;
     let message = "HTTP " + response.status;
-    try { message = (await response.json()).error.message; } catch (e) { /* keep it */ }
+    try {
+      const error = (await response.json()).error;
+      message = error.message;
+      refusal = error.code;
+    } catch (e) { /* keep it */ }
     return message;
   }
   function close(box, said) {
+    // a card says one thing: the gateway's close replaces what the page guessed before it
     box.dataset.decided = "1";
     box.querySelectorAll("button, input").forEach((b) => { b.disabled = true; });
-    box.appendChild(el("div", "decided", said));
+    let note = box.querySelector(".decided");
+    if (!note) { note = el("div", "decided"); box.appendChild(note); }
+    note.textContent = said;
+  }
+  function closeWait(waitId) {
+    // the gateway says how a request closed (decided anywhere, stopped, aborted): every card
+    const said = closedWaits.get(waitId);
+    if (said === undefined) return false;
+    for (const box of waits.get(waitId) || []) close(box, said);
+    return true;
   }
   function markDecided(waitId) {
     // a request and its reminders share the wait: one decision closes every copy
@@ -156,6 +174,11 @@ _THREAD_SCRIPT = """
         space: cfg.space, run_id: view.run_id, wait_id: view.wait_id, decisions,
         author: authorBox.value || null,
       });
+      if (failed && refusal === "no_longer_waiting") {
+        closedWaits.set(view.wait_id, failed);  // it closed before the click: say how, here
+        closeWait(view.wait_id);
+        return;
+      }
       note.textContent = failed || "";
       if (failed) controls.querySelectorAll("button").forEach((b) => { b.disabled = false; });
     }
@@ -189,7 +212,7 @@ _THREAD_SCRIPT = """
     const box = el("div", "item " + item.kind);
     const labels = {
       message: who(item.author), reply: "assistant", approval_request: "approval needed",
-      failure_notice: "failed", decision: "decision",
+      failure_notice: "failed", decision: "decision", approval_closed: "approval closed",
     };
     box.appendChild(el("div", "meta", labels[item.kind] + " \\u00b7 " + when(item.at_ms)));
     if (item.kind === "decision") {
@@ -201,13 +224,22 @@ _THREAD_SCRIPT = """
       working.textContent = "the agent is working on it...";
       return;
     }
+    if (item.kind === "approval_closed") {
+      const waitId = item.closed ? item.closed.wait_id : "";
+      closedWaits.set(waitId, item.text);
+      closeWait(waitId);
+      if ((waits.get(waitId) || []).length) return;  // its cards say it
+      box.appendChild(el("div", "text", item.text));  // no card of it here: say it once
+      list.appendChild(box);
+      return;
+    }
     // a message or a decision sets the agent to work; whatever it sends ends that
     working.textContent = item.kind === "message" ? "the agent is working on it..." : "";
     box.appendChild(el("div", "text", item.text));
     if (item.kind === "reply") closeWaiting();
     if (item.kind === "approval_request" && item.approval) approvalControls(box, item);
     list.appendChild(box);
-    if (item.approval) markDecided(item.approval.wait_id);
+    if (item.approval && !closeWait(item.approval.wait_id)) markDecided(item.approval.wait_id);
     box.scrollIntoView({block: "end"});
   }
 

@@ -13,6 +13,7 @@ import logging
 from typing import Any
 
 from gateway.broker.contract import Broker, NewAuditEvent
+from gateway.closes import note_abort
 from gateway.logs import event
 from gateway.ops.actions import ActionResult, ActionStatus, OperatorAction, result_mark
 from harness_core import (
@@ -60,7 +61,7 @@ async def carry_out(
     if not await broker.marks.put(mark, running.model_dump_json(), expect=raw):
         return await carry_out(action, lane, storage, broker, clock)  # another took it first
     try:
-        final = await _do(action, lane, storage, clock)
+        final = await _do(action, lane, storage, broker, clock)
     except Exception as exc:
         final = _result(
             action, clock, "refused", error={"code": "failed", "message": type(exc).__name__}
@@ -71,10 +72,11 @@ async def carry_out(
 
 
 async def _do(
-    action: OperatorAction, lane: AgentLane, storage: SessionStorage, clock: Clock
+    action: OperatorAction, lane: AgentLane, storage: SessionStorage, broker: Broker, clock: Clock
 ) -> ActionResult:
     kind = action.kind
     if kind == "abort":
+        await note_abort(broker, action.session, lane, action.actor)  # who closed a request
         aborted = await lane.abort()
         if isinstance(aborted, Err):
             return _refused(action, clock, aborted.error)

@@ -13,7 +13,7 @@ from typing import Any, TypeVar
 
 import pytest
 
-from adapters.channel import Outbound, ThreadRef
+from adapters.channel import ApprovalClosed, ApprovalView, Outbound, ThreadRef
 from adapters.testing import RecordingChannel
 from gateway.broker import open_broker
 from gateway.broker.contract import Broker, Delivery
@@ -236,3 +236,70 @@ def test_the_delay_is_capped_and_jittered_down_only() -> None:
     assert all(0.8 * CAP_MS <= d <= CAP_MS for d in delays)
     assert len(set(delays)) > 100
     assert retry_delay_ms(1, cap_ms=CAP_MS, rng=random.Random(1)) <= 2000
+
+
+def _request_and_close(rig: Rig) -> tuple[Outbound, Outbound]:
+    """An approval request (wait w1) and its close, as the reply scan enqueues them."""
+    thread = ThreadRef(channel="fake", space="default", thread="t1")
+    view = ApprovalView(session="s", run_id="r1", wait_id="w1", calls=())
+    request = Outbound(
+        delivery_id="approval_request:s:w1",
+        thread=thread,
+        kind="approval_request",
+        text="May I?",
+        approval=view,
+    )
+    closed = ApprovalClosed(
+        session="s",
+        run_id="r1",
+        wait_id="w1",
+        request_delivery_id=request.delivery_id,
+        requested_at_ms=0,
+        outcome="approved",
+        by="ann",
+        at_ms=1,
+    )
+    close = Outbound(
+        delivery_id="approval_closed:s:w1",
+        thread=thread,
+        kind="approval_closed",
+        text="closed",
+        closed=closed,
+    )
+    return request, close
+
+
+async def _put(rig: Rig, outbound: Outbound) -> None:
+    payload = outbound.model_dump(mode="json")
+    now = rig.clock.now_ms()
+    await rig.broker.outbox.enqueue(outbound.delivery_id, "s", "fake:t1", payload, now_ms=now)
+
+
+async def test_a_request_closed_before_it_was_posted_is_never_posted(rig: Rig) -> None:
+    request, close = _request_and_close(rig)
+    reminder = request.model_copy(update={"delivery_id": request.delivery_id + ":remind-3"})
+    for outbound in (close, request, reminder):
+        await _put(rig, outbound)
+    rig.start()
+    for copy in (request, reminder):
+        await rig.until(copy.delivery_id, lambda d: d.status == "delivered")
+        assert rig.fake.count(copy.delivery_id) == 0  # settled unsent: its buttons would lie
+    for _ in range(20):  # the close may have waited for them: let its retry come due
+        rig.clock.advance(2_000)
+        found = await rig.broker.outbox.get(close.delivery_id)
+        if found is not None and found.status == "delivered":
+            break
+        await asyncio.sleep(0.05)
+    assert rig.fake.count(close.delivery_id) == 1
+
+
+async def test_a_close_waits_while_a_copy_of_its_request_is_pending(rig: Rig) -> None:
+    request, close = _request_and_close(rig)
+    rig.fake.fail_next(1)
+    await _put(rig, request)
+    rig.start()
+    await rig.until(request.delivery_id, _failed(1, rig.clock.now_ms))  # pending, retrying
+    await _put(rig, close)
+    held = await rig.until(close.delivery_id, _failed(1, rig.clock.now_ms))
+    assert held.last_error == "a copy of the request is still being posted"
+    assert rig.fake.count(close.delivery_id) == 0

@@ -32,7 +32,7 @@ async def _answers(web_url: str, thread: str) -> list[Any]:
         items = await mailbox.read("default", thread, after=0, limit=100)
     finally:
         await mailbox.close()
-    return [item for item in items if item.kind not in ("message", "decision")]
+    return [item for item in items if item.kind not in ("message", "decision", "approval_closed")]
 
 
 def _api(gateway: GatewayProcess, method: str, path: str, token: str, **kw: Any) -> httpx.Response:

@@ -16,6 +16,7 @@ import re
 from collections.abc import Iterator
 from pathlib import Path
 
+import httpx
 import pytest
 from playwright.async_api import Page, expect
 
@@ -120,13 +121,19 @@ async def test_an_approval_request_is_approved_with_a_click(
     await screenshot(page, "web-approval")
 
     await approve.click()
-    await expect(asked.locator(".decided")).to_have_text("Decision sent by Ann: approved")
+    # the page's own guess at once, then what the gateway recorded (who, and when)
+    await expect(asked.locator(".decided")).to_contain_text(
+        re.compile(r"Decision sent by Ann: approved|closed: approved by Ann")
+    )
     await expect(approve).to_be_disabled()
     await expect(deny).to_be_disabled()
     await expect(page.locator(".item.decision .text")).to_have_text("Ann: approve")
     reply = page.locator(".item.reply")
     await expect(reply).to_have_count(1)
     await expect(reply.locator(".text")).to_have_text("Done: deployed prod")
+    await expect(asked.locator(".decided")).to_contain_text(
+        "The approval request for deploy is closed: approved by Ann at "
+    )
 
     assert _errors(console_errors) == []
 
@@ -141,7 +148,9 @@ async def test_a_denied_call_does_not_run(
     await expect(asked).to_have_count(1)
     await asked.get_by_placeholder("reason (optional)").fill("not on a Friday")
     await asked.get_by_role("button", name="Deny", exact=True).click()
-    await expect(asked.locator(".decided")).to_have_text("Decision sent by Ann: denied")
+    await expect(asked.locator(".decided")).to_contain_text(
+        re.compile(r"Decision sent by Ann: denied|closed: denied by Ann")
+    )
     answer = page.locator(".item.reply, .item.failure_notice")
     await expect(answer).to_have_count(1)
     await expect(answer).to_contain_text("not on a Friday")  # the reason reached the agent
@@ -159,10 +168,12 @@ async def test_a_stopped_request_closes_its_buttons(
     await expect(asked).to_have_count(1)
     await _send(page, "stop")
     await expect(page.locator(".item.reply .text")).to_have_text("Stopped.")
-    await expect(asked.locator(".decided")).to_have_text("No longer waiting.")
+    await expect(asked.locator(".decided")).to_contain_text("closed: stopped by Ann at ")
     await expect(asked.get_by_role("button", name="Approve", exact=True)).to_be_disabled()
     await page.reload()  # the same from the thread's history
-    await expect(page.locator(".item.approval_request .decided")).to_have_text("No longer waiting.")
+    await expect(page.locator(".item.approval_request .decided")).to_contain_text(
+        "closed: stopped by Ann at "
+    )
 
     assert _errors(console_errors) == []
 
@@ -193,7 +204,7 @@ async def test_a_reminder_is_a_second_card_and_one_click_decides_both(
     await asked.nth(1).get_by_role("button", name="Approve", exact=True).click()
     await expect(page.locator(".item.reply .text")).to_have_text("Done: deployed prod")
     for card in (asked.nth(0), asked.nth(1)):  # every copy of the request is closed
-        await expect(card.locator(".decided")).to_have_text("Decision sent by Ann: approved")
+        await expect(card.locator(".decided")).to_contain_text("closed: approved by Ann at ")
         await expect(card.get_by_role("button", name="Deny", exact=True)).to_be_disabled()
 
     assert _errors(console_errors) == []
@@ -260,4 +271,55 @@ async def test_a_thread_named_in_any_script_opens_from_the_list(
     await page.get_by_role("link", name="threads").click()
     await page.get_by_role("link", name="café").click()  # the list links to it, too
     await expect(page.locator(".item.reply")).to_have_count(1)
+    assert _errors(console_errors) == []
+
+
+OPERATOR = "operator-secret-abcdefghijklmnop"
+
+
+@pytest.fixture
+def operated_gateway(tmp_path: Path) -> Iterator[GatewayProcess]:
+    settings = {
+        "store_url": f"sqlite:///{tmp_path}/store.db",
+        "broker_url": f"sqlite:///{tmp_path}/broker.db",
+        "web_url": f"sqlite:///{tmp_path}/web.db",
+        "plugin": AGENT,
+        "ops_tokens": f"alice:operator:{OPERATOR}",
+    }
+    process = GatewayProcess("gw", tmp_path, settings).start()
+    try:
+        yield process
+    finally:
+        process.stop()
+
+
+async def test_a_card_decided_from_the_api_says_what_and_by_whom(
+    operated_gateway: GatewayProcess, page: Page, console_errors: list[str]
+) -> None:
+    await _open_thread(page, operated_gateway, "browser-api")
+    await _send(page, "/deploy prod")
+    asked = page.locator(".item.approval_request")
+    await expect(asked).to_have_count(1)
+    headers = {"Authorization": f"Bearer {OPERATOR}", "Idempotency-Key": "page-api-1"}
+    async with httpx.AsyncClient(base_url=f"{operated_gateway.url}/api/v1") as api:
+        lanes = (await api.get("/lanes", headers=headers)).json()["items"]
+        [lane] = [v for v in lanes if v["lane"] == "web:browser-api"]
+        [call] = lane["pending_approvals"]
+        body = {
+            "wait_id": lane["wait_id"],
+            "approvals": {call["tool_call_id"]: {"action": "approve"}},
+        }
+        decided = await api.post(f"/lanes/{lane['id']}/decisions", json=body, headers=headers)
+        assert decided.status_code == 200, decided.text
+    await expect(page.locator(".item.reply .text")).to_have_text("Done: deployed prod")
+    await expect(asked.locator(".decided")).to_contain_text(
+        "The approval request for deploy is closed: approved by operator:alice at "
+    )
+    await expect(asked.get_by_role("button", name="Approve", exact=True)).to_be_disabled()
+    await page.reload()  # the same from the thread's history
+    await expect(page.locator(".item.approval_request .decided")).to_contain_text(
+        "approved by operator:alice"
+    )
+    await expect(page.locator(".item.approval_closed")).to_have_count(0)  # its card says it
+
     assert _errors(console_errors) == []

@@ -47,7 +47,9 @@ class ServiceRig:
         deadline = asyncio.get_running_loop().time() + 15
         while True:
             items = (await self.http.get(f"/web/threads/{thread}")).json()["items"]
-            found = [i for i in items if i["kind"] not in ("message", "decision")]
+            found = [
+                i for i in items if i["kind"] not in ("message", "decision", "approval_closed")
+            ]
             if len(found) >= count:
                 return found
             assert asyncio.get_running_loop().time() < deadline, found

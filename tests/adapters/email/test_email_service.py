@@ -254,6 +254,7 @@ async def test_oversized_and_malformed_mail_is_skipped_and_its_neighbours_answer
 
 
 SECRET = "a-link-secret-of-at-least-32-characters!"
+OPERATOR = "operator-secret-abcdefghijklmnop"
 
 
 @pytest.fixture
@@ -266,6 +267,7 @@ async def approving(tmp_path: Any, dovecot: Dovecot) -> AsyncIterator[Mail]:
             email_approvers=(person.address,),
             email_link_secret=SECRET,
             public_url="https://gateway.example.test",
+            ops_tokens=(f"alice:operator:{OPERATOR}",),
         )
         service = Service(settings)
         await service.start()
@@ -309,6 +311,34 @@ async def test_an_approver_decides_from_the_signed_link_once(approving: Mail) ->
         assert (await http.post(other_lane)).status_code == 400
         non_ascii = path + "?" + query.replace("sig=", "sig=%C3%A9")
         assert (await http.post(non_ascii)).status_code == 400
+
+
+async def test_a_request_closed_elsewhere_is_said_in_the_thread_and_its_links_refused(
+    approving: Mail,
+) -> None:
+    mail = approving
+    mail.write("/deploy prod")
+    [asked] = await mail.replies(1)
+    links = _links(asked)
+    assert mail.service.app is not None
+    transport = httpx.ASGITransport(app=mail.service.app)
+    async with httpx.AsyncClient(transport=transport, base_url="https://gateway") as http:
+        headers = {"Authorization": f"Bearer {OPERATOR}", "Idempotency-Key": "mail-abort"}
+        lanes = (await http.get("/api/v1/lanes", headers=headers)).json()["items"]
+        [lane] = [v for v in lanes if v["suspended"] == "approval"]
+        aborted = await http.post(f"/api/v1/lanes/{lane['id']}/abort", headers=headers)
+        assert aborted.status_code == 200, aborted.text
+        replies = await mail.replies(2)  # mail cannot be edited: the close is said in the thread
+        closed = replies[1]
+        assert "The approval request for deploy is closed: stopped by operator:alice" in _text(
+            closed
+        )
+        assert str(closed["In-Reply-To"]) == str(asked["In-Reply-To"])  # in the same thread
+        assert not closed.get_all("Cc")  # to the person the request went to, alone
+        late = await http.post(links["approve"])
+        assert late.status_code == 409 and "stopped by operator:alice" in late.text
+        await asyncio.sleep(0.5)
+        assert len(await mail.replies(2)) == 2  # the refused click sent nothing
 
 
 async def test_an_author_who_is_not_an_approver_gets_no_links(mail: Mail) -> None:

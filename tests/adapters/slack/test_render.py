@@ -21,6 +21,8 @@ from adapters.slack.render import (
     Block,
     DecisionTarget,
     approval_blocks,
+    close_note,
+    closed_blocks,
     decided_blocks,
     decode_decision_value,
     deny_reason_modal,
@@ -530,3 +532,48 @@ def test_failure_blocks() -> None:
     ]
     (block,) = failure_blocks("x " * 5000)
     assert len(block["elements"][0]["text"]) <= SECTION_TEXT_LIMIT
+
+
+AT = 1_796_256_000_000  # 2026-12-03 00:00 UTC
+
+
+@pytest.mark.parametrize(
+    ("outcome", "by", "reason", "note"),
+    [
+        ("approved", "U0AAA9", None, "✅ Approved by <@U0AAA9> at 2026-12-03 00:00 UTC"),
+        (
+            "denied",
+            "U0AAA9",
+            "not  today",
+            "❌ Denied by <@U0AAA9> at 2026-12-03 00:00 UTC — reason: not today",
+        ),
+        (
+            "approved",
+            "operator:alice",
+            None,
+            "✅ Approved by operator:alice at 2026-12-03 00:00 UTC",
+        ),
+        (
+            "decided",
+            "U0AAA9",
+            None,
+            "☑️ Decided by <@U0AAA9> at 2026-12-03 00:00 UTC: some calls approved, some denied",
+        ),
+        ("stopped", "U0AAA7", None, "⏹️ Closed: stopped by <@U0AAA7> at 2026-12-03 00:00 UTC"),
+        ("stopped", None, None, "⏹️ Closed: stopped at 2026-12-03 00:00 UTC"),
+        ("ended", None, None, "⏹️ Closed at 2026-12-03 00:00 UTC: the run ended"),
+        (
+            "approved",
+            "<!channel> & co",
+            None,
+            "✅ Approved by &lt;!channel&gt; &amp; co at 2026-12-03 00:00 UTC",
+        ),
+    ],
+)
+def test_a_closed_request_says_how_who_and_when(
+    outcome: Any, by: str | None, reason: str | None, note: str
+) -> None:
+    assert close_note(outcome, by=by, at_ms=AT, reason=reason) == note
+    blocks = closed_blocks("*deploy* prod", note)
+    assert [b["type"] for b in blocks] == ["section", "context"]  # its words, no buttons
+    assert blocks[-1]["elements"][0]["text"] == note

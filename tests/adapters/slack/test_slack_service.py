@@ -9,7 +9,8 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import json
-from collections.abc import AsyncIterator
+import time
+from collections.abc import AsyncIterator, Callable
 from typing import Any
 
 import httpx
@@ -17,6 +18,7 @@ import pytest
 
 from adapters.channel import Unavailable
 from config import Settings
+from gateway.reminders import remind
 from gateway.replies import CUT_OFF_NOTE
 from gateway.serve import serve
 from gateway.service import Service
@@ -28,6 +30,7 @@ from tests.support.redis_server import free_port
 AGENT = "tests.support.gateway_agent"
 SECRET = "test-signing-secret"
 APPROVER = "U0AAA9"
+OPERATOR = "operator-secret-abcdefghijklmnop"
 
 
 class Rig:
@@ -85,6 +88,7 @@ async def _running(tmp_path: Any, *, socket_mode: bool) -> AsyncIterator[Rig]:
             slack_signing_secret=None if socket_mode else SECRET,
             slack_api_url=fake.api_url,
             slack_approvers={"C1": (APPROVER,)},
+            ops_tokens=(f"alice:operator:{OPERATOR}",),
             **mode,
         )
         service = Service(settings)
@@ -622,3 +626,178 @@ async def test_stop_in_a_slack_thread_stops_the_turn_and_clears_the_reactions(ri
         await _until(lambda m=message: "eyes" not in rig.fake.message("C1", m["ts"]).reactions)
     await asyncio.sleep(2.7)  # the aborted tool's sleep ends: no answer of the stopped run
     assert [m.text for m in rig.fake.thread("C1", first["ts"]) if m.bot_id] == ["Stopped."]
+
+
+def _value(message: Message) -> str:
+    """The decision value the message's Approve button carries."""
+    [value] = [
+        element["value"]
+        for block in message.blocks or []
+        if block.get("type") == "actions"
+        for element in block.get("elements", [])
+        if element.get("action_id") == "approve"
+    ]
+    return str(value)
+
+
+def _forge(value: str, change: Callable[[dict[str, Any]], Any]) -> str:
+    data = json.loads(value)
+    change(data)
+    return json.dumps(data, separators=(",", ":"))
+
+
+FORGED_CLICKS: list[Any] = [
+    pytest.param(
+        lambda v: v["c"][0].__setitem__(1, "sha256:" + "0" * 64), "does not match", id="digest"
+    ),
+    pytest.param(lambda v: v.update(r="r-other"), "does not match", id="another run"),
+    pytest.param(lambda v: v.update(s="slack-C2"), "does not match", id="another session"),
+    pytest.param(lambda v: v["c"].append(["call-extra", "sha256:x"]), "does not match", id="extra"),
+    pytest.param(lambda v: v["c"][0].__setitem__(0, "call-x"), "does not match", id="another call"),
+    pytest.param(lambda v: v.update(w="w-made-up"), "Nothing waits", id="a made-up wait"),
+]
+
+
+@pytest.mark.parametrize(("change", "told"), FORGED_CLICKS)
+async def test_a_signed_click_naming_another_batch_is_refused_and_the_genuine_one_decides(
+    rig: Rig, change: Callable[[dict[str, Any]], Any], told: str
+) -> None:
+    event, asked = await _approval(rig)
+    forged = _forge(_value(asked), change)
+    click = rig.fake.block_actions_payload("C1", asked.ts, "approve", user=APPROVER, value=forged)
+    assert (await rig.click(click)).status_code == 200
+    await _until(lambda: len(rig.fake.ephemerals) == 1)
+    assert told in rig.fake.ephemerals[0].text and rig.fake.ephemerals[0].user == APPROVER
+    assert _buttons(rig.fake.message("C1", asked.ts)) == ["approve", "deny"]
+    genuine = rig.fake.block_actions_payload("C1", asked.ts, "approve", user=APPROVER)
+    assert (await rig.click(genuine)).status_code == 200
+    replies = await rig.bot_replies("C1", event["ts"], 2)
+    assert replies[1].text == "Done: deployed prod"
+    await asyncio.sleep(0.3)
+    assert len([m for m in rig.fake.thread("C1", event["ts"]) if m.bot_id]) == 2
+
+
+async def _remind(rig: Rig) -> None:
+    """Post a reminder of every waiting request now (a sweep whose interval has passed)."""
+    service = rig.service
+    assert service.repo is not None and service.broker is not None
+    sent = await remind(
+        service.repo,
+        service.broker,
+        now_ms=int(time.time() * 1000),
+        interval_ms=1,
+        max_attempts=3,
+    )
+    assert len(sent) == 1
+
+
+async def _click_the_reminder(rig: Rig, copies: list[Message]) -> None:
+    click = rig.fake.block_actions_payload("C1", copies[1].ts, "approve", user=APPROVER)
+    assert (await rig.click(click)).status_code == 200
+
+
+async def _decide_from_the_api(rig: Rig, copies: list[Message]) -> None:
+    await _operate(rig, "decisions")
+
+
+async def _abort_from_the_api(rig: Rig, copies: list[Message]) -> None:
+    await _operate(rig, "abort")
+
+
+async def _operate(rig: Rig, action: str) -> None:
+    headers = {"Authorization": f"Bearer {OPERATOR}", "Idempotency-Key": f"key-{action}"}
+    lanes = (await rig.http.get("/api/v1/lanes", headers=headers)).json()["items"]
+    [lane] = [v for v in lanes if v["suspended"] == "approval"]
+    body = None
+    if action == "decisions":
+        [call] = lane["pending_approvals"]
+        approvals = {call["tool_call_id"]: {"action": "approve"}}
+        body = {"wait_id": lane["wait_id"], "approvals": approvals}
+    response = await rig.http.post(
+        f"/api/v1/lanes/{lane['id']}/{action}", json=body, headers=headers
+    )
+    assert response.status_code == 200, response.text
+
+
+async def _stop_in_the_thread(rig: Rig, copies: list[Message]) -> None:
+    stop = rig.fake.mention_event("C1", "stop", user="U0AAA7", thread_ts=copies[0].thread_ts)
+    await rig.event(stop)
+
+
+@pytest.mark.parametrize(
+    ("close", "said", "late_told"),
+    [
+        # the approver clicking their own decision again is the same decision: nothing to say
+        pytest.param(
+            _click_the_reminder, f"Approved by <@{APPROVER}>", False, id="a reminder's button"
+        ),
+        pytest.param(_decide_from_the_api, "Approved by operator:alice", True, id="API decision"),
+        pytest.param(_abort_from_the_api, "stopped by operator:alice", True, id="API abort"),
+        pytest.param(_stop_in_the_thread, "stopped by <@U0AAA7>", True, id="a stop in the thread"),
+    ],
+)
+async def test_every_copy_of_a_request_closes_however_its_wait_ends(
+    rig: Rig, close: Callable[[Rig, list[Message]], Any], said: str, late_told: bool
+) -> None:
+    event, asked = await _approval(rig)
+    await _remind(rig)
+    copies = await rig.bot_replies("C1", event["ts"], 2)
+    assert [_buttons(m) for m in copies] == [["approve", "deny"]] * 2
+    assert _delivery_of(copies[1]).startswith(_delivery_of(asked) + ":remind-")
+    value = _value(copies[0])  # what a client that has not refreshed still shows
+    await close(rig, copies)
+    for copy in copies:
+        await _until(lambda c=copy: _buttons(rig.fake.message("C1", c.ts)) == [])
+        assert said in json.dumps(rig.fake.message("C1", copy.ts).blocks, ensure_ascii=False)
+        assert "Still waiting" in copy.text or copy.ts == asked.ts  # its words are kept
+    late = rig.fake.block_actions_payload("C1", copies[0].ts, "approve", user=APPROVER, value=value)
+    assert (await rig.click(late)).status_code == 200  # an old view of it: nothing posted
+    if late_told:
+        await _until(lambda: any("Nothing was changed" in e.text for e in rig.fake.ephemerals))
+    await asyncio.sleep(0.3)
+    bots = [m for m in rig.fake.thread("C1", event["ts"]) if m.bot_id]
+    assert all("That decision changed nothing" not in m.text for m in bots)
+
+
+async def test_socket_mode_backfills_what_was_posted_while_the_link_was_down(
+    socket_rig: Rig,
+) -> None:
+    rig = socket_rig
+    adapter: Any = rig.service.adapters["slack"]
+    event = rig.fake.mention_event("C1", "before the drop")
+    await rig.fake.wait_ack(await rig.fake.send_event(event))
+    await rig.bot_replies("C1", event["ts"], 1)
+    await _until(lambda: adapter._backfilling is None or adapter._backfilling.done())
+    before = adapter.backfilled
+    await rig.fake.disconnect_socket()  # Slack drops the link; the next hello backfills
+    missed = rig.fake.post_user_message("C1", "sent while the link was down", thread_ts=event["ts"])
+    await rig.fake.wait_connected(2)
+    replies = await rig.bot_replies("C1", event["ts"], 2)
+    assert replies[1].text == "You said: sent while the link was down"
+    assert adapter.backfilled == before + 1
+    again = await rig.fake.send_event(missed)  # Slack's own late delivery of it: taken once
+    await rig.fake.wait_ack(again)
+    await asyncio.sleep(0.3)
+    texts = await rig.user_texts(f"slack:C1:{event['ts']}")
+    assert texts.count("sent while the link was down") == 1
+
+
+async def test_a_request_slack_refused_is_closed_by_a_message_of_its_own(rig: Rig) -> None:
+    rig.fake.fail("chat.postMessage", error="invalid_blocks")  # the request: a dead letter
+    event = rig.fake.mention_event("C1", "/deploy prod")
+    await rig.event(event)
+    broker = rig.service.broker
+    assert broker is not None
+    await _until(lambda: rig.fake.calls_to("chat.postMessage") != [])
+    for _ in range(200):
+        dead = await broker.outbox.list("dead")
+        if dead:
+            break
+        await asyncio.sleep(0.02)
+    assert [d.id.startswith("approval_request:") for d in dead] == [True]
+    await _decide_from_the_api(rig, [])
+    replies = await rig.bot_replies("C1", event["ts"], 2)
+    assert replies[0].text.startswith("✅ Approved by operator:alice at ")  # said, once
+    assert replies[1].text == "Done: deployed prod"
+    await asyncio.sleep(0.3)
+    assert len([m for m in rig.fake.thread("C1", event["ts"]) if m.bot_id]) == 2
