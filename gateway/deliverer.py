@@ -23,11 +23,15 @@ from adapters.channel import ChannelAdapter, DeliveryError, Outbound
 from gateway.broker.contract import Broker, ClaimedDelivery, NewAuditEvent
 from gateway.logs import event
 from gateway.metrics import Metrics
+from gateway.waits import until_done
 from harness_core import Clock
 
 __all__ = ["Deliverer", "DelivererConfig", "retry_delay_ms"]
 
 log = logging.getLogger("gateway.deliverer")
+
+_HAND_BACK_S = 1.0
+"""How long handing a cut attempt's delivery back may take (else its claim lapses as ever)."""
 
 
 @dataclass(frozen=True, kw_only=True, slots=True)
@@ -83,18 +87,18 @@ class Deliverer:
         """Start delivering (returns at once)."""
         self._task = asyncio.ensure_future(self._loop())
 
-    async def stop(self, seconds: float) -> None:
+    async def stop(self, seconds: float, *, cut: asyncio.Event | None = None) -> None:
         """Drain: deliver what is due now (claiming until nothing is), for up to `seconds`.
 
-        Attempts still running at the deadline are cancelled; their claims lapse and another
-        deliverer (or this one, restarted) reconciles them before sending again.
+        Attempts still running at the deadline (or once `cut` is set) are cancelled and their
+        deliveries handed back, due now with their outcome unknown: the next deliverer (this
+        process's successor, or another) reconciles each before sending it again.
         """
         self._stopping.set()
         if self._task is not None:
-            with contextlib.suppress(TimeoutError):
-                await asyncio.wait_for(asyncio.shield(self._task), timeout=seconds)
+            await until_done([self._task], seconds, cut)
             self._task.cancel()
-            await asyncio.gather(self._task, return_exceptions=True)
+            await until_done([self._task], _HAND_BACK_S * 2)
 
     async def _loop(self) -> None:
         config = self.config
@@ -134,6 +138,7 @@ class Deliverer:
         except asyncio.CancelledError:
             for task in self._running:
                 task.cancel()
+            await until_done(self._running, _HAND_BACK_S * 1.5)  # they hand their claims back
             raise
 
     async def _wait(self, ms: int) -> None:
@@ -150,6 +155,9 @@ class Deliverer:
         began = time.monotonic()
         try:
             await self._try(claimed)
+        except asyncio.CancelledError:
+            await self._hand_back(claimed)
+            raise
         finally:
             if self._metrics is not None:
                 self._metrics.delivery_time(time.monotonic() - began)
@@ -193,6 +201,15 @@ class Deliverer:
             await self._retry(claimed, type(exc).__name__, True)
             return
         await self._delivered(claimed, reconciled=False)
+
+    async def _hand_back(self, claimed: ClaimedDelivery) -> None:
+        """A stop cut the attempt: due again now, outcome unknown (best effort, bounded)."""
+        now = self._clock.now_ms()
+        retry = self._broker.outbox.settle_retry(
+            claimed, due_at_ms=now, reason="cut by a stop", unknown_outcome=True, now_ms=now
+        )
+        with contextlib.suppress(Exception):
+            await asyncio.wait_for(retry, timeout=_HAND_BACK_S)
 
     async def _delivered(self, claimed: ClaimedDelivery, *, reconciled: bool) -> None:
         settled = await self._broker.outbox.settle_delivered(claimed, now_ms=self._clock.now_ms())
