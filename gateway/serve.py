@@ -92,12 +92,16 @@ class _Server(uvicorn.Server):
 
     async def startup(self, sockets: list[socket.socket] | None = None) -> None:
         """Listen, then say so: a script that waits for the banner can connect at once."""
-        await super().startup(sockets)
+        try:
+            await super().startup(sockets)
+        except SystemExit:  # it could not listen (uvicorn logged why): `serve` stops, exits 1
+            self.should_exit = True
+            return
         if self.started:
             self._listening()
 
 
-def _listening(host: str, port: int) -> str | None:
+def _cannot_listen(host: str, port: int) -> str | None:
     """Why `host:port` cannot be listened on, or None if it can."""
     try:
         with socket.create_server((host, port), reuse_port=False):
@@ -110,6 +114,7 @@ def _listening(host: str, port: int) -> str | None:
 class _Signals:
     """SIGTERM and SIGINT: the first drains, the second cuts the drain, a third exits at once."""
 
+    settings: Settings
     drain: asyncio.Event = field(default_factory=asyncio.Event)
     cut: asyncio.Event = field(default_factory=asyncio.Event)
     received: list[int] = field(default_factory=list)
@@ -121,9 +126,22 @@ class _Signals:
         elif len(self.received) == 2:
             self.cut.set()
         else:  # the stop does not end (a store that does not answer): leave now
-            print(f"gateway: stopped ({_name(number)} a third time): nothing released",
-                  file=sys.stderr, flush=True)  # fmt: skip
+            print(
+                f"gateway: stopped at once ({_name(number)} a third time): "
+                f"{_unreleased(self.settings)}",
+                file=sys.stderr,
+                flush=True,
+            )
             os._exit(128 + number)
+
+
+def _unreleased(settings: Settings) -> str:
+    """What happens to sessions this process stops holding without releasing them."""
+    return (
+        "a start on this machine takes the sessions still held at once (this process is gone); "
+        f"one elsewhere waits up to {settings.lease_seconds:g} s (GATEWAY_LEASE_SECONDS) for "
+        "their leases to run out"
+    )
 
 
 def _name(number: int) -> str:
@@ -139,7 +157,7 @@ async def serve(settings: Settings) -> int:
     configure(settings.log_level)
     for warning in settings.warnings():
         log.warning(event("setting warning", detail=warning))
-    refused = _listening(settings.host, settings.port)
+    refused = _cannot_listen(settings.host, settings.port)
     if refused is not None:
         print(f"gateway: {refused}", file=sys.stderr)
         return 2
@@ -175,7 +193,7 @@ async def serve(settings: Settings) -> int:
         ),
         listening,
     )
-    signals = _Signals()
+    signals = _Signals(settings)
     loop = asyncio.get_running_loop()
     for number in (signal.SIGTERM, signal.SIGINT):
         loop.add_signal_handler(number, signals.on, number)
@@ -209,14 +227,14 @@ async def _run(settings: Settings, service: Service, server: _Server, signals: _
         log.warning(event("stopped without draining", seconds=budget))
         print(
             f"gateway: stopped after {budget:g} s (GATEWAY_SHUTDOWN_SECONDS) before everything "
-            f"was released: the next start waits up to {settings.lease_seconds:g} s "
-            "(GATEWAY_LEASE_SECONDS) for the sessions still held",
+            f"was released: {_unreleased(settings)}",
             file=sys.stderr,
             flush=True,
         )
         return 1
     if not server.started:
-        return 1  # it could not listen (uvicorn logged why)
+        print(f"gateway: cannot listen on {settings.host}:{settings.port}", file=sys.stderr)
+        return 1
     if len(signals.received) > 1:
         print(
             f"gateway: stopped at once (second {_name(signals.received[1])}): running work was "
