@@ -151,6 +151,8 @@ HANG_UPS: dict[str, tuple[bytes, bytes]] = {
     ),
     "mid-headers": (b"POST /web/threads/x/messages HTTP/1.1\r\nContent-Le", b""),
     "an event stream": (b"GET /web/threads/x/events HTTP/1.1\r\n", b""),
+    "TLS to the plain port": (b"\x16\x03\x01\x02\x00\x01\x00\x01\xfc\x03\x03", b""),
+    "not HTTP": (b"HELLO gateway\r\n", b""),
 }
 
 
@@ -237,8 +239,8 @@ async def test_the_next_process_resumes_what_a_drain_cut_at_once(
 # -- item 14: Ctrl-C twice, and a holder that died ---------------------------------------------
 
 
-def _ctrl_c_twice(gateway: GatewayProcess) -> tuple[int, str]:
-    """Start `gateway` on a terminal, let it run a step, press Ctrl-C twice: (status, output)."""
+def _signalled_twice(gateway: GatewayProcess, signals: tuple[int, int]) -> tuple[int, str]:
+    """Start `gateway` on a terminal, let it run a step, signal it twice: (status, output)."""
     terminal, tty = pty.openpty()
     with subprocess.Popen(
         [sys.executable, "-m", "gateway", "serve", "--port", str(gateway.port)],
@@ -268,25 +270,37 @@ def _ctrl_c_twice(gateway: GatewayProcess) -> tuple[int, str]:
             assert time.monotonic() < deadline, shown
             read(0.05)
         read(0.4)  # the model step, then the tool starts
-        proc.send_signal(signal.SIGINT)  # drains: the step would get 10 s
+        proc.send_signal(signals[0])  # drains: the step would get 10 s
         read(0.3)
-        proc.send_signal(signal.SIGINT)  # cuts it
+        proc.send_signal(signals[1])  # cuts it
         status = proc.wait(timeout=5)
         read(0.5)
     os.close(terminal)
     return status, shown.decode(errors="replace").replace("\r\n", "\n")
 
 
-async def test_ctrl_c_twice_exits_130_with_one_line_and_the_next_start_resumes_at_once(
-    tmp_path: Path,
+# the two signals -> exit status, the one line's start
+TWICE = {
+    "ctrl-c twice": ((signal.SIGINT, signal.SIGINT), 130, "(second Ctrl-C)"),
+    "sigterm twice": ((signal.SIGTERM, signal.SIGTERM), 143, "(second SIGTERM)"),
+    "sigterm, then ctrl-c": ((signal.SIGTERM, signal.SIGINT), 130, "(second Ctrl-C)"),
+}
+
+
+@pytest.mark.parametrize("case", TWICE, ids=list(TWICE))
+async def test_a_second_signal_exits_at_once_with_one_line_and_the_next_start_resumes_at_once(
+    tmp_path: Path, case: str
 ) -> None:
+    signals, expected, said = TWICE[case]
     settings = _sqlite(tmp_path)  # drain 10 s, lease 30 s: the defaults
     gateway = GatewayProcess("gw", tmp_path, settings)
-    status, text = await asyncio.to_thread(_ctrl_c_twice, gateway)
-    assert status == 130, text
+    status, text = await asyncio.to_thread(_signalled_twice, gateway, signals)
+    assert status == expected, text
     assert "Traceback" not in text
     [line] = not_json(text)
-    assert line.startswith("gateway: stopped at once (second Ctrl-C)"), text
+    assert line.startswith(f"gateway: stopped at once {said}: running work was cut"), text
+    if case != "ctrl-c twice":
+        return  # the next start is the same as after Ctrl-C twice
     gateway.restart()
     try:
         answers = await _answered_within(gateway, settings["web_url"], "long", NEXT_PROCESS_S)
