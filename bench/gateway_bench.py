@@ -4,6 +4,7 @@
     python bench/gateway_bench.py --quick            # small sizes: a smoke run
     python bench/gateway_bench.py --only redis2 --messages 20000 --slots 16
     python bench/gateway_bench.py --only takeover --lease 3 --kills 5
+    python bench/gateway_bench.py --only drain --drain-leases 30,60
     python bench/gateway_bench.py --only sqlite --profile /tmp/prof   # cProfile every process
 
 Setups: ``sqlite`` (one process; store, broker and web mailbox each a SQLite file), ``redis1``
@@ -40,6 +41,13 @@ the whole machine ("others": whatever else runs on it, which skews wall-clock fi
 shared machine); Redis commands per reply (``INFO commandstats``, counting the commands Lua
 scripts run, minus the bench's own); session takes per reply (the store's lease fence counter:
 each take of a session acquires its writer lease once).
+
+Drain (Redis, one process, then the next; for each lease length in `--drain-leases`): one
+`/slow` step (the test agent's tool, `--drain-step-ms`) in each of `--slots` sessions, so the
+process holds every one of them mid-step; SIGTERM with a drain shorter than the step (the
+drain cuts it), then start the next process and time each session's reply from that start and
+from its readiness. The step runs again after the resume, so a reply comes at least a step
+after the session was taken; the lease is what a hand-over that releases nothing would wait.
 
 Takeover (Redis, two processes, lease `--lease` s, renew `--renew` s): under a background load
 through the survivor, SIGKILL the other process, read from the store which sessions it held
@@ -85,7 +93,7 @@ from harness_core.session.types import RecordQuery  # noqa: E402
 from tests.support.gateway_process import GatewayProcess  # noqa: E402
 from tests.support.redis_server import RedisServer  # noqa: E402
 
-SETUPS = ("sqlite", "redis1", "redis2", "takeover")
+SETUPS = ("sqlite", "redis1", "redis2", "takeover", "drain")
 STORE_PREFIX = "gw"
 """The store's default Redis key prefix (``gw:{<session>}:meta``, ``...:lease``)."""
 _SUM_COUNTERS = """
@@ -888,6 +896,88 @@ async def run_takeover(
     return results
 
 
+# -- drain ---------------------------------------------------------------------------------------
+
+
+@dataclass
+class Drain:
+    lease_s: float
+    sessions: int
+    """Sessions the drained process held mid-step at the SIGTERM."""
+    stop_s: float
+    """SIGTERM -> the drained process exited."""
+    ready_s: float
+    """The next process's start -> its /readyz."""
+    from_start_s: list[float]
+    """Each held session's reply, from the next process's start."""
+    unanswered: int
+
+
+async def run_drain(
+    args: argparse.Namespace, workdir: Path, server: RedisServer, layout: Layout, lease_s: float
+) -> Drain:
+    where = backends("redis", workdir, server)
+    settings = gateway_settings(
+        args,
+        where.settings,
+        plugin="tests.support.gateway_agent",
+        lease_seconds=f"{lease_s:g}",
+        renew_seconds=f"{min(5.0, lease_s / 4):g}",
+        drain_seconds=f"{args.drain_seconds:g}",
+    )
+    cluster = await start_cluster(f"drain{lease_s:g}", 1, workdir, where, settings, layout)
+    [drained] = cluster.gateways
+    probes = layout.probes[: args.slots]  # one step per slot: every one is held at once
+    try:
+        assert drained.process is not None
+        pid = drained.process.pid
+        link = Http(drained.port)
+        for space, thread in probes:
+            body = {"text": f"/slow {args.drain_step_ms}", "space": space}
+            status, answer = await link.request("POST", f"/web/threads/{thread}/messages", body)
+            if status != 202:
+                raise RuntimeError(f"POST refused: {status} {answer}")
+        link.close()
+        deadline = time.monotonic() + 30
+        while len(await held_by(cluster, pid, wall_ms())) < len(probes):
+            if time.monotonic() > deadline:
+                raise RuntimeError(f"the steps did not start:\n{drained.tail()}")
+            await asyncio.sleep(0.02)
+        await asyncio.sleep(0.3)  # the tools run
+        held = await held_by(cluster, pid, wall_ms())
+        began = time.monotonic()
+        status = await asyncio.to_thread(drained.terminate)
+        stop_s = time.monotonic() - began
+        if status != 0:
+            raise RuntimeError(f"the drain exited {status}:\n{drained.tail()}")
+        started_ms = wall_ms()
+        drained.start(wait_ready_s=0)  # the next process (same port, a new incarnation)
+        await asyncio.to_thread(drained.wait_ready, 60.0)
+        ready_s = (wall_ms() - started_ms) / 1000
+        answered: dict[tuple[str, str], float] = {}
+        limit = time.monotonic() + lease_s + args.drain_step_ms / 1000 + 30
+        while len(answered) < len(probes) and time.monotonic() < limit:
+            for space, thread in probes:
+                if (space, thread) in answered:
+                    continue
+                items = await cluster.mailbox.read(space, thread, after=0, limit=50)
+                replies = [i for i in items if i.kind in ("reply", "failure_notice")]
+                if replies:
+                    answered[(space, thread)] = (replies[0].at_ms - started_ms) / 1000
+            await asyncio.sleep(0.05)
+        mine = [answered[p] for p in probes if f"web-{p[0]}" in held and p in answered]
+        return Drain(
+            lease_s=lease_s,
+            sessions=len(held),
+            stop_s=stop_s,
+            ready_s=ready_s,
+            from_start_s=mine,
+            unanswered=len(probes) - len(answered),
+        )
+    finally:
+        await cluster.close()
+
+
 # -- the report ------------------------------------------------------------------------------------
 
 
@@ -981,6 +1071,34 @@ def print_takeover(results: list[Takeover], lease_s: float) -> None:
     )
 
 
+def print_drain(results: list[Drain], args: argparse.Namespace) -> None:
+    if not results:
+        return
+    nan = float("nan")
+    step_s = args.drain_step_ms / 1000
+    print()
+    print(
+        f"drain (redis; SIGTERM, GATEWAY_DRAIN_SECONDS={args.drain_seconds:g} cuts a "
+        f"{step_s:g} s step in each held session, then the next process starts; s):"
+    )
+    print(
+        "lease | sessions held | stop took | next ready after its start | their replies from "
+        "its start: p50 / max | from its readiness: max | max minus the step | unanswered"
+    )
+    for d in results:
+        worst = max(d.from_start_s, default=nan)
+        print(
+            f"{d.lease_s:>5g} | {d.sessions:>13} | {d.stop_s:>9.2f} | {d.ready_s:>26.2f} | "
+            f"{pct(d.from_start_s, 0.5):>29.2f} / {worst:>5.2f} | {worst - d.ready_s:>24.2f} | "
+            f"{worst - d.ready_s - step_s:>18.2f} | {d.unanswered:>10}"
+        )
+    worst = max((max(d.from_start_s, default=0.0) for d in results), default=0.0)
+    print(
+        f"worst: answered {worst:.2f} s after the next process started (goal: <= 5 s), "
+        "whatever the lease"
+    )
+
+
 def print_settings(args: argparse.Namespace, layout: Layout) -> None:
     rate = f"{args.rate:g}/s" if args.rate else "half the saturated rate"
     aof = f"yes, appendfsync {args.appendfsync}" if args.aof else "no"
@@ -1031,6 +1149,9 @@ def parse(argv: Sequence[str] | None = None) -> argparse.Namespace:
     add("--kills", type=int, help="takeover trials; 3 (--quick: 1)")
     add("--takeover-rate", type=float, default=40.0, help="takeover: background msg/s")
     add("--takeover-warm", type=float, default=2.0, help="takeover: load before the kill, s")
+    add("--drain-leases", default="30,60", help="drain: GATEWAY_LEASE_SECONDS values, s")
+    add("--drain-seconds", type=float, default=0.5, help="drain: GATEWAY_DRAIN_SECONDS")
+    add("--drain-step-ms", type=int, default=1500, help="drain: the step the drain cuts")
     add("--profile", default="", help="a directory: run the processes under cProfile")
     add("--profile-top", type=int, default=25, help="functions shown per profile")
     add("--keep", action="store_true", help="keep the work directory (logs)")
@@ -1062,6 +1183,7 @@ async def main(argv: Sequence[str] | None = None) -> None:
     server: RedisServer | None = None
     results: list[Result] = []
     takeovers: list[Takeover] = []
+    drains: list[Drain] = []
     try:
         if any(s != "sqlite" for s in chosen):
             server = RedisServer(
@@ -1079,11 +1201,21 @@ async def main(argv: Sequence[str] | None = None) -> None:
             if setup == "takeover":
                 assert server is not None
                 takeovers = await run_takeover(args, directory, server, layout)
+            elif setup == "drain":
+                assert server is not None
+                for lease in (float(x) for x in args.drain_leases.split(",") if x):
+                    where = directory / f"lease{lease:g}"
+                    where.mkdir()
+                    client = aioredis.Redis(port=server.port)
+                    await client.flushall()
+                    await client.aclose()
+                    drains.append(await run_drain(args, where, server, layout, lease))
             else:
                 results.append(await run_setup(args, setup, directory, server, layout))
             print(f"{setup}: done in {time.monotonic() - began:.1f} s", flush=True)
         print_results(results)
         print_takeover(takeovers, args.lease)
+        print_drain(drains, args)
     finally:
         if server is not None:
             server.stop()

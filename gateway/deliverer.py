@@ -29,11 +29,15 @@ from gateway.broker.contract import Broker, ClaimedDelivery, NewAuditEvent
 from gateway.closes import close_delivery_id
 from gateway.logs import event
 from gateway.metrics import Metrics
+from gateway.waits import until_done
 from harness_core import Clock
 
 __all__ = ["Deliverer", "DelivererConfig", "retry_delay_ms"]
 
 log = logging.getLogger("gateway.deliverer")
+
+_HAND_BACK_S = 1.0
+"""How long handing a cut attempt's delivery back may take (else its claim lapses as ever)."""
 
 
 @dataclass(frozen=True, kw_only=True, slots=True)
@@ -92,18 +96,18 @@ class Deliverer:
         """Start delivering (returns at once)."""
         self._task = asyncio.ensure_future(self._loop())
 
-    async def stop(self, seconds: float) -> None:
+    async def stop(self, seconds: float, *, cut: asyncio.Event | None = None) -> None:
         """Drain: deliver what is due now (claiming until nothing is), for up to `seconds`.
 
-        Attempts still running at the deadline are cancelled; their claims lapse and another
-        deliverer (or this one, restarted) reconciles them before sending again.
+        Attempts still running at the deadline (or once `cut` is set) are cancelled and their
+        deliveries handed back, due now with their outcome unknown: the next deliverer (this
+        process's successor, or another) reconciles each before sending it again.
         """
         self._stopping.set()
         if self._task is not None:
-            with contextlib.suppress(TimeoutError):
-                await asyncio.wait_for(asyncio.shield(self._task), timeout=seconds)
+            await until_done([self._task], seconds, cut)
             self._task.cancel()
-            await asyncio.gather(self._task, return_exceptions=True)
+            await until_done([self._task], _HAND_BACK_S * 2)
 
     async def _loop(self) -> None:
         config = self.config
@@ -143,6 +147,7 @@ class Deliverer:
         except asyncio.CancelledError:
             for task in self._running:
                 task.cancel()
+            await until_done(self._running, _HAND_BACK_S * 1.5)  # they hand their claims back
             raise
 
     async def _wait(self, ms: int) -> None:
@@ -159,6 +164,9 @@ class Deliverer:
         began = time.monotonic()
         try:
             await self._try(claimed)
+        except asyncio.CancelledError:
+            await self._hand_back(claimed)
+            raise
         finally:
             if self._metrics is not None:
                 self._metrics.delivery_time(time.monotonic() - began)
@@ -232,6 +240,15 @@ class Deliverer:
         if pending:
             await self._retry(claimed, "a copy of the request is still being posted", False)
         return pending
+
+    async def _hand_back(self, claimed: ClaimedDelivery) -> None:
+        """A stop cut the attempt: due again now, outcome unknown (best effort, bounded)."""
+        now = self._clock.now_ms()
+        retry = self._broker.outbox.settle_retry(
+            claimed, due_at_ms=now, reason="cut by a stop", unknown_outcome=True, now_ms=now
+        )
+        with contextlib.suppress(Exception):
+            await asyncio.wait_for(retry, timeout=_HAND_BACK_S)
 
     async def _delivered(self, claimed: ClaimedDelivery, *, reconciled: bool) -> None:
         settled = await self._broker.outbox.settle_delivered(claimed, now_ms=self._clock.now_ms())

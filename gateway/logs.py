@@ -11,6 +11,7 @@ import contextlib
 import json
 import logging
 import sys
+import threading
 from collections.abc import Callable
 from typing import Any
 
@@ -97,12 +98,39 @@ class _Stderr(logging.StreamHandler):  # type: ignore[type-arg]
         pass
 
 
+LIBRARY_LEVEL = logging.WARNING
+"""The least severe line written from a logger outside ``gateway`` and ``adapters`` (uvicorn,
+asyncio, redis-py, slack-bolt...): their info and debug lines may quote requests and bodies."""
+
+
 def configure(level: str) -> None:
-    """Send every ``gateway`` and ``adapters`` log line to stderr as JSON, at `level`."""
+    """Send every log line of the process to stderr as JSON (libraries' from warning up).
+
+    ``gateway`` and ``adapters`` log at `level`; every other logger (uvicorn's, asyncio's, the
+    libraries') at warning or above, whatever `level` is. One handler on the root logger, so no
+    library's line reaches stderr in its own format (a logger without handlers would otherwise
+    fall back to Python's last-resort handler: plain text, tracebacks in full). Warnings go
+    through it too, and so does an exception a thread did not catch: one line with its type.
+    """
     handler = _Stderr()
     handler.setFormatter(JsonFormatter())
+    root = logging.getLogger()
+    root.handlers[:] = [handler]
+    root.setLevel(max(LIBRARY_LEVEL, logging.getLevelNamesMapping()[level.upper()]))
     for name in ("gateway", "adapters"):
         logger = logging.getLogger(name)
-        logger.handlers[:] = [handler]
+        logger.handlers.clear()
         logger.setLevel(level.upper())
-        logger.propagate = False
+        logger.propagate = True
+    logging.captureWarnings(True)
+    threading.excepthook = _thread_failed
+
+
+def _thread_failed(failed: threading.ExceptHookArgs) -> None:
+    """An exception no thread caught: one JSON line (its type), not a traceback on stderr."""
+    if failed.exc_type is SystemExit:
+        return
+    thread = failed.thread.name if failed.thread is not None else None
+    logging.getLogger("gateway.threads").error(
+        event("thread failed", thread=thread, error=failed.exc_type.__name__)
+    )

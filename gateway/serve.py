@@ -1,9 +1,12 @@
 """`gateway serve`: one process runs the HTTP app, the workers and the deliverer until a signal.
 
-SIGTERM or SIGINT (Ctrl-C) drains: the server stops accepting connections, the workers stop
-taking sessions and give running steps `drain_seconds` to finish, the deliverer settles what is
-in flight, then leases are released and everything closes. A second signal during the drain
-stops at once (what was running stays resumable by the next process).
+The banner is printed once the socket listens. SIGTERM or SIGINT (Ctrl-C) drains: the server
+stops accepting connections and the channels stop receiving (open event streams end), the
+workers stop taking sessions and give running steps `drain_seconds` to finish, the deliverer
+settles what is in flight, then leases and tickets are released and everything closes, all
+within `shutdown_seconds`. A second signal cuts the drain: running work stops where it is, its
+sessions are released (the next process resumes them at once) and the process exits with 128 +
+the signal (130 for Ctrl-C). A third exits at once.
 """
 
 from __future__ import annotations
@@ -11,10 +14,12 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import logging
+import os
 import signal
 import socket
 import sys
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
+from dataclasses import dataclass, field
 from pathlib import Path
 
 import uvicorn
@@ -24,6 +29,7 @@ from config import Settings
 from gateway.collector import tune_collector
 from gateway.logs import configure, event
 from gateway.service import Service, StartRefused
+from gateway.waits import until_done
 from harness_core.storage.urls import without_password
 
 __all__ = ["serve"]
@@ -74,14 +80,28 @@ def _slack_line(settings: Settings, base: str) -> list[str]:
 
 
 class _Server(uvicorn.Server):
-    """uvicorn without its own signal handling: the service drains, then the process exits."""
+    """uvicorn without its own signal handling, saying when its socket listens."""
+
+    def __init__(self, config: uvicorn.Config, listening: Callable[[], None]) -> None:
+        super().__init__(config)
+        self._listening = listening
 
     @contextlib.contextmanager
     def capture_signals(self) -> Iterator[None]:
         yield  # `serve` installs the handlers (uvicorn re-raises the signal when it returns)
 
+    async def startup(self, sockets: list[socket.socket] | None = None) -> None:
+        """Listen, then say so: a script that waits for the banner can connect at once."""
+        try:
+            await super().startup(sockets)
+        except SystemExit:  # it could not listen (uvicorn logged why): `serve` stops, exits 1
+            self.should_exit = True
+            return
+        if self.started:
+            self._listening()
 
-def _listening(host: str, port: int) -> str | None:
+
+def _cannot_listen(host: str, port: int) -> str | None:
     """Why `host:port` cannot be listened on, or None if it can."""
     try:
         with socket.create_server((host, port), reuse_port=False):
@@ -90,12 +110,54 @@ def _listening(host: str, port: int) -> str | None:
         return f"cannot listen on {host}:{port} ({exc.strerror or exc})"
 
 
+@dataclass
+class _Signals:
+    """SIGTERM and SIGINT: the first drains, the second cuts the drain, a third exits at once."""
+
+    settings: Settings
+    drain: asyncio.Event = field(default_factory=asyncio.Event)
+    cut: asyncio.Event = field(default_factory=asyncio.Event)
+    received: list[int] = field(default_factory=list)
+
+    def on(self, number: int) -> None:
+        self.received.append(number)
+        if len(self.received) == 1:
+            self.drain.set()
+        elif len(self.received) == 2:
+            self.cut.set()
+        else:  # the stop does not end (a store that does not answer): leave now
+            print(
+                f"gateway: stopped at once ({_name(number)} a third time): "
+                f"{_unreleased(self.settings)}",
+                file=sys.stderr,
+                flush=True,
+            )
+            os._exit(128 + number)
+
+
+def _unreleased(settings: Settings) -> str:
+    """What happens to sessions this process stops holding without releasing them."""
+    return (
+        "a start on this machine takes the sessions still held at once (this process is gone); "
+        f"one elsewhere waits up to {settings.lease_seconds:g} s (GATEWAY_LEASE_SECONDS) for "
+        "their leases to run out"
+    )
+
+
+def _name(number: int) -> str:
+    return "Ctrl-C" if number == signal.SIGINT else signal.Signals(number).name
+
+
 async def serve(settings: Settings) -> int:
-    """Run the service until SIGTERM/SIGINT; returns the exit status."""
+    """Run the service until SIGTERM/SIGINT; returns the exit status.
+
+    0 after a drain; 128 + the signal's number after a second signal cut the drain (130 for a
+    second Ctrl-C); 1 if the stop did not end within ``GATEWAY_SHUTDOWN_SECONDS``.
+    """
     configure(settings.log_level)
     for warning in settings.warnings():
         log.warning(event("setting warning", detail=warning))
-    refused = _listening(settings.host, settings.port)
+    refused = _cannot_listen(settings.host, settings.port)
     if refused is not None:
         print(f"gateway: {refused}", file=sys.stderr)
         return 2
@@ -107,6 +169,18 @@ async def serve(settings: Settings) -> int:
             print(f"gateway: {line}", file=sys.stderr)
         return 1
     assert service.app is not None
+    model = service.model
+    shown = settings.model if model is None else f"{model.provider}:{model.model_id}"
+
+    def listening() -> None:
+        text = banner(settings, shown, service.ops_sign_in, service.ops_token_file)
+        print(text, file=sys.stderr, flush=True)
+        tuned = tune_collector(settings.gc_young_threshold)
+        if tuned is not None:
+            log.info(
+                event("collector tuned", thresholds=list(tuned.thresholds), frozen=tuned.frozen)
+            )
+
     server = _Server(
         uvicorn.Config(
             service.app,
@@ -116,35 +190,63 @@ async def serve(settings: Settings) -> int:
             access_log=False,
             lifespan="off",
             timeout_graceful_shutdown=int(settings.drain_seconds),
-        )
+        ),
+        listening,
     )
-    signals = 0
-    stopping = asyncio.current_task()
-
-    def on_signal() -> None:
-        nonlocal signals
-        signals += 1
-        server.should_exit = True  # the first: drain
-        if signals > 1 and stopping is not None:
-            stopping.cancel()  # the second: stop now (open work stays resumable)
-
+    signals = _Signals(settings)
     loop = asyncio.get_running_loop()
     for number in (signal.SIGTERM, signal.SIGINT):
-        loop.add_signal_handler(number, on_signal)
-    model = service.model
-    shown = settings.model if model is None else f"{model.provider}:{model.model_id}"
-    sign_in = service.ops_sign_in
-    print(banner(settings, shown, sign_in, service.ops_token_file), file=sys.stderr, flush=True)
-    tuned = tune_collector(settings.gc_young_threshold)
-    if tuned is not None:
-        log.info(event("collector tuned", thresholds=list(tuned.thresholds), frozen=tuned.frozen))
+        loop.add_signal_handler(number, signals.on, number)
     try:
-        await server.serve()
-        await asyncio.wait_for(service.stop(), timeout=settings.shutdown_seconds)
-    except (asyncio.CancelledError, TimeoutError):
-        log.warning(event("stopped without draining"))
-        return 1
+        return await _run(settings, service, server, signals)
     finally:
         for number in (signal.SIGTERM, signal.SIGINT):
             loop.remove_signal_handler(number)
-    return 0 if server.started else 1
+
+
+async def _run(settings: Settings, service: Service, server: _Server, signals: _Signals) -> int:
+    """Serve until the first signal, then stop within ``GATEWAY_SHUTDOWN_SECONDS``.
+
+    The stop begins at once, beside uvicorn's: the adapters stop receiving (the web channel's
+    event streams end, so no open page holds the server), workers drain, replies go out.
+    """
+    serving = asyncio.ensure_future(server.serve())
+    draining = asyncio.ensure_future(signals.drain.wait())
+    await asyncio.wait({serving, draining}, return_when=asyncio.FIRST_COMPLETED)
+    draining.cancel()
+    budget = settings.shutdown_seconds
+    server.should_exit = True
+    stopping = asyncio.ensure_future(service.stop(cut=signals.cut, within=budget))
+    forcing = asyncio.ensure_future(_force_after(signals.cut, server))
+    ended = await until_done([serving, stopping], budget)
+    forcing.cancel()
+    if not ended:
+        for task in (serving, stopping):
+            task.cancel()
+        await until_done([serving, stopping], 1.0)
+        log.warning(event("stopped without draining", seconds=budget))
+        print(
+            f"gateway: stopped after {budget:g} s (GATEWAY_SHUTDOWN_SECONDS) before everything "
+            f"was released: {_unreleased(settings)}",
+            file=sys.stderr,
+            flush=True,
+        )
+        return 1
+    if not server.started:
+        print(f"gateway: cannot listen on {settings.host}:{settings.port}", file=sys.stderr)
+        return 1
+    if len(signals.received) > 1:
+        print(
+            f"gateway: stopped at once (second {_name(signals.received[1])}): running work was "
+            "cut and released; the next start resumes it at once",
+            file=sys.stderr,
+            flush=True,
+        )
+        return 128 + signals.received[1]
+    return 0
+
+
+async def _force_after(cut: asyncio.Event, server: _Server) -> None:
+    """A second signal: uvicorn stops waiting for open connections."""
+    await cut.wait()
+    server.force_exit = True

@@ -11,9 +11,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import logging
-import os
 import random
-import socket
 import time
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
@@ -31,6 +29,7 @@ from gateway.broker import open_broker
 from gateway.broker.contract import Broker
 from gateway.deliverer import Deliverer, DelivererConfig
 from gateway.guards import body_limits, host_rule
+from gateway.incarnation import gone, new_worker_id
 from gateway.intake import Intake
 from gateway.logs import event, redact_with
 from gateway.metrics import Metrics
@@ -64,6 +63,9 @@ _DELIVERY_DRAIN_MIN_S = 2.0
 """The deliverer's drain gets at least this long, so replies of steps that just ended go out."""
 
 
+_CLOSE_RESERVE_S = 0.5
+"""What a bounded stop keeps after the drain: cut work releases its sessions, things close."""
+
 _PROBE_TIMEOUT_S = 2.0
 _REMIND_SWEEP_MAX_S = 60.0
 """Reminders are looked for at least this often (a quarter of the interval when shorter)."""
@@ -75,8 +77,8 @@ class StartRefused(Exception):
 
 
 def default_worker_id() -> str:
-    """A worker id that is new per process incarnation (a restarted process never shares one)."""
-    return f"{socket.gethostname()}-{os.getpid()}-{random.getrandbits(32):08x}"
+    """A worker id that is new per process incarnation and names it (`gateway.incarnation`)."""
+    return new_worker_id()
 
 
 @dataclass(kw_only=True)
@@ -234,6 +236,7 @@ class Service:
         except BaseException:
             await self.stop(drain_seconds=0.1)
             raise
+        await self._hand_back_gone()
         self.worker.start()
         self.deliverer.start()
         if settings.approval_remind_seconds > 0:
@@ -251,6 +254,52 @@ class Service:
         self.ops_sign_in = token
         self.ops_token_file = path if kept else None
         return OpsAuth([("local", "operator", token)])
+
+    async def _hand_back_gone(self) -> None:
+        """Hand back the tickets of workers whose process is gone; say who else holds some.
+
+        A process that died (SIGKILL, a crash, a second Ctrl-C that could not release) left
+        its tickets taken and its leases held until they run out (`GATEWAY_LEASE_SECONDS`).
+        One of this machine and pid namespace whose process no longer runs is known gone
+        (`gateway.incarnation`): its sessions are handed back now, and the worker that takes
+        each takes over its lease at once (D159). Any other holder is alive, or unknown: its
+        sessions wait until its tickets lapse, which the log says.
+        """
+        assert self.broker is not None
+        try:
+            held = await self.broker.inbox.held()
+        except Exception as exc:  # the broker answered the probe: a later take retries anyway
+            log.warning(event("ticket holders unread", error=type(exc).__name__))
+            return
+        now_ms = self.parts.clock.now_ms()
+        by_worker: dict[str, list[int]] = {}
+        for ticket in held:
+            by_worker.setdefault(ticket.worker, []).append(ticket.expires_at_ms)
+        for worker, expiries in sorted(by_worker.items()):
+            if worker == self.worker_id:
+                continue
+            if gone(worker):
+                with contextlib.suppress(Exception):
+                    released = await self.broker.inbox.release(worker)
+                    log.warning(
+                        event(
+                            "sessions of a stopped process taken over",
+                            holder=worker,
+                            sessions=len(released),
+                            why="its process no longer runs on this machine",
+                        )
+                    )
+                continue
+            log.info(
+                event(
+                    "sessions held by another process",
+                    holder=worker,
+                    sessions=len(expiries),
+                    wait_s=round(max(max(expiries) - now_ms, 0) / 1000, 1),
+                    why="it may still work on them; if it stopped without releasing them, "
+                    "they are taken when its tickets run out",
+                )
+            )
 
     async def _remind(self) -> None:
         """Sweep for approval requests that waited long (`gateway.reminders`) until stopped."""
@@ -392,26 +441,45 @@ class Service:
         reason = f"{type(why).__name__}: {detail}" if detail else type(why).__name__
         return f"the {part} at {shown} does not answer ({reason})"
 
-    async def stop(self, drain_seconds: float | None = None) -> None:
-        """Drain and close: no new sessions or deliveries; running work gets `drain_seconds`."""
+    async def stop(
+        self,
+        drain_seconds: float | None = None,
+        *,
+        cut: asyncio.Event | None = None,
+        within: float | None = None,
+    ) -> None:
+        """Drain and close: no new sessions or deliveries; running work gets `drain_seconds`.
+
+        Setting `cut` (a second signal) ends the drain at once. Work still running then is cut:
+        its operations stay open, and its sessions' leases and tickets are released, so the
+        next process resumes them at once. `within`: the seconds the whole stop may take (the
+        drain is shortened to leave time to release and close).
+        """
+        began = time.monotonic()
         drain = self.settings.drain_seconds if drain_seconds is None else drain_seconds
+        end = began + within if within is not None else None
+        if end is not None:
+            drain = max(min(drain, end - began - _CLOSE_RESERVE_S), 0.0)
         log.info(event("draining", worker=self.worker_id, seconds=drain))
         if self._reminders is not None:
             self._reminders.cancel()
             with contextlib.suppress(asyncio.CancelledError, Exception):
                 await self._reminders
             self._reminders = None
-        for adapter in self.adapters.values():
+        for adapter in self.adapters.values():  # the web channel's event streams end here
             with contextlib.suppress(Exception):
                 await adapter.stop()
         # Workers first: what their last steps reply is then delivered by the deliverer's drain.
-        deadline = time.monotonic() + drain
+        deadline = began + drain
         if self.worker is not None:
             with contextlib.suppress(Exception):
-                await self.worker.drain(drain)
+                await self.worker.drain(drain, cut=cut)
         if self.deliverer is not None:
+            seconds = max(deadline - time.monotonic(), _DELIVERY_DRAIN_MIN_S)
+            if end is not None:
+                seconds = min(seconds, max(end - time.monotonic() - _CLOSE_RESERVE_S / 2, 0.1))
             with contextlib.suppress(Exception):
-                await self.deliverer.stop(max(deadline - time.monotonic(), _DELIVERY_DRAIN_MIN_S))
+                await self.deliverer.stop(seconds, cut=cut)
         for adapter in self.adapters.values():
             close = getattr(adapter, "close", None)
             if close is not None:

@@ -29,6 +29,7 @@ from pydantic import ValidationError
 
 from adapters.channel import DecisionInbound, Inbound
 from gateway.broker.contract import Broker, InboxItem, SessionTicket
+from gateway.incarnation import gone
 from gateway.logs import event
 from gateway.metrics import Metrics
 from gateway.ops.actions import OperatorAction
@@ -48,6 +49,7 @@ from gateway.replies import (
     watermark_of,
 )
 from gateway.stop import is_stop, stop
+from gateway.waits import until_done
 from harness_core import (
     AgentHarness,
     AgentHarnessOptions,
@@ -75,6 +77,9 @@ _LAPSE: Final = "lapse"
 """`_serve`'s answer when the session's ticket must lapse (see `Inbox.take_session`)."""
 _LEASE_MARGIN_MS = 100
 """Look again this long after another holder's lease should have lapsed."""
+_CUT_GRACE_S = 3.0
+"""How long cut sessions get to end their loops (cancel lane work, release) before their slot
+is cancelled."""
 
 OptionsFactory = Callable[[SessionStorage], AgentHarnessOptions]
 """The harness options of a session (the model, tools and policies are the service's)."""
@@ -139,6 +144,8 @@ class Worker:
         self._options = options
         self._clock = clock
         self._stopping = asyncio.Event()
+        self._cutting = asyncio.Event()
+        """A drain's deadline came: every session in hand ends its loop now."""
         self._slots: list[asyncio.Task[None]] = []
         self.active: dict[str, _Session] = {}
         """Sessions in this process's hands, by id."""
@@ -156,20 +163,28 @@ class Worker:
         """Drain: take no new session; the ones in hand finish what runs."""
         self._stopping.set()
 
-    async def drain(self, seconds: float) -> None:
+    async def drain(self, seconds: float, *, cut: asyncio.Event | None = None) -> None:
         """Stop taking sessions, let running work finish for up to `seconds`, then close.
 
-        Work still running at the deadline is cancelled: its operations stay open and the next
-        worker resumes them (after the lease lapses, or at once if this process released it).
+        Work still running at the deadline (or once `cut` is set) is cut: its operations stay
+        open, and its sessions' leases and tickets are released, so the next worker resumes
+        them at once instead of after the lease runs out (D157).
         """
         self.stop_taking()
-        with contextlib.suppress(TimeoutError):
-            await asyncio.wait_for(
-                asyncio.gather(*self._slots, return_exceptions=True), timeout=seconds
-            )
-        for task in self._slots:
+        await until_done(self._slots, seconds, cut)
+        if not all(task.done() for task in self._slots):
+            self._cutting.set()
+            for session in self.active.values():
+                session.woken.set()
+            await until_done(self._slots, _CUT_GRACE_S)
+        for task in self._slots:  # a slot that did not end in the grace: its lease lapses
             task.cancel()
-        await asyncio.gather(*self._slots, return_exceptions=True)
+        await until_done(self._slots, _CUT_GRACE_S)
+        # Whatever was cut where (a take, a restore): no ticket of this worker stays taken.
+        with contextlib.suppress(Exception):
+            released = await self._broker.inbox.release(self.config.worker_id)
+            if released:
+                log.info(event("sessions handed back", sessions=len(released)))
 
     async def _slot(self, number: int) -> None:
         while not self._stopping.is_set():
@@ -183,6 +198,10 @@ class Worker:
                 continue
             if ticket is None:
                 continue
+            if self._stopping.is_set():  # taken as the drain began: hand it straight back
+                with contextlib.suppress(Exception):
+                    await self._broker.inbox.done(ticket, again_in_ms=0)
+                break
             try:
                 again = await self._serve(ticket)
             except asyncio.CancelledError:
@@ -211,8 +230,18 @@ class Worker:
         lease = await self._lease(session_id)
         if isinstance(lease, int):
             return lease  # another process holds the store's lease: look again when it lapses
-        storage = await self._repo.open(session_id, lease=lease)
-        harness, suspended = await AgentHarness.create(self._options(storage))
+        try:
+            storage = await self._repo.open(session_id, lease=lease)
+        except BaseException:
+            await self._release(lease)
+            raise
+        try:
+            harness, suspended = await AgentHarness.create(self._options(storage))
+        except BaseException:  # a restore cut by a stop, or failed: nothing was done yet
+            with contextlib.suppress(Exception):
+                await storage.close()
+            await self._release(lease)
+            raise
         unwatch = self._metrics.watch(harness) if self._metrics is not None else None
         session = _Session(ticket=ticket, harness=harness, storage=storage)
         # a decided wait is closed at once on every copy of its request, not when its run ends
@@ -262,9 +291,7 @@ class Worker:
                     last_seq = (await storage.get_stats()).last_seq
             await storage.close()
             if not faulted:
-                released = False
-                with contextlib.suppress(Exception):
-                    released = await self._repo.release_lease(lease)
+                released = await self._release(lease)
                 # only while the lease was still ours: nobody else wrote up to `last_seq`
                 if released and last_seq is not None:
                     await self._advance_watermark(session, last_seq)
@@ -273,35 +300,76 @@ class Worker:
             return _LAPSE
         return 0 if interrupted else None
 
+    async def _release(self, lease: Any) -> bool:
+        """Give the session's lease up (False: it was no longer ours, or the store failed)."""
+        with contextlib.suppress(Exception):
+            released: bool = await self._repo.release_lease(lease)
+            return released
+        return False
+
     async def _lease(self, session_id: str) -> Any:
         """The session's writer lease, or in how many ms to look again (another holds it)."""
-        ttl = self.config.lease_ms
-        owner = self.config.worker_id
         try:
-            return await self._repo.acquire_lease(session_id, owner=owner, ttl_ms=ttl)
+            return await self._acquire(session_id)
         except LeaseHeld as held:
-            return self._held(session_id, held)
+            return await self._held(session_id, held)
         except SessionError as exc:
             if exc.code != "not_found":
                 raise
         with contextlib.suppress(SessionError):  # a new session: the first message creates it
             await self._repo.create(session_id)
         try:
-            return await self._repo.acquire_lease(session_id, owner=owner, ttl_ms=ttl)
+            return await self._acquire(session_id)
         except LeaseHeld as held:
-            return self._held(session_id, held)
+            return await self._held(session_id, held)
 
-    def _held(self, session_id: str, held: LeaseHeld) -> int:
-        log.info(event("lease held", session=session_id, holder=held.owner))
-        if held.expires_at_ms is None:
-            return self.config.lease_ms
-        return max(held.expires_at_ms - self._clock.now_ms(), 0) + _LEASE_MARGIN_MS
+    async def _acquire(self, session_id: str, owner: str | None = None) -> Any:
+        return await self._repo.acquire_lease(
+            session_id, owner=owner or self.config.worker_id, ttl_ms=self.config.lease_ms
+        )
+
+    async def _held(self, session_id: str, held: LeaseHeld) -> Any:
+        """The lease after all (its holder is gone), or in how many ms to look again."""
+        if held.expires_at_ms is not None and gone(held.owner):
+            # Its process no longer runs (D159): supersede its token as that owner (a restarted
+            # owner may; its writes are refused from now on), give that up, take it as us.
+            try:
+                await self._release(await self._acquire(session_id, held.owner))
+                lease = await self._acquire(session_id)
+            except LeaseHeld as again:  # another worker was quicker: its lease is live
+                held = again
+            else:
+                log.warning(
+                    event(
+                        "lease taken over",
+                        session=session_id,
+                        holder=held.owner,
+                        why="its process no longer runs on this machine",
+                    )
+                )
+                return lease
+        wait_ms = (
+            self.config.lease_ms
+            if held.expires_at_ms is None
+            else max(held.expires_at_ms - self._clock.now_ms(), 0) + _LEASE_MARGIN_MS
+        )
+        log.warning(
+            event(
+                "session held by another process",
+                session=session_id,
+                holder=held.owner,
+                wait_s=round(wait_ms / 1000, 1),
+                why="it works on the session, or stopped without releasing it: its lease "
+                "runs out then unless renewed",
+            )
+        )
+        return wait_ms
 
     async def _work(self, session: _Session) -> None:
         """Accept pending messages and wait for lane work until nothing is left to do."""
         config = self.config
         renewed = self._clock.now_ms()
-        while True:
+        while not self._cutting.is_set():
             if self._clock.now_ms() - renewed >= config.lease_ms // 3:
                 if not await self._broker.inbox.renew(session.ticket):
                     log.warning(event("ticket lapsed", session=session.ticket.session))

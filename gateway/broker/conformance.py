@@ -541,6 +541,75 @@ async def take_session_wakes_when_a_ticket_expires(fx: BrokerFixture) -> None:
 
 
 @_case("sessions")
+async def held_lists_live_tickets_by_session_with_their_worker_and_expiry(
+    fx: BrokerFixture,
+) -> None:
+    inbox = fx.broker.inbox
+    assert await inbox.held() == ()
+    for n, session in enumerate(("s2", "s1", "s3", "s4")):
+        await inbox.append(_new(f"k{n}", session=session))
+    taken = {}
+    for worker in ("w1", "w2", "w1", "w3"):
+        ticket = await inbox.take_session(worker)
+        assert ticket is not None
+        taken[ticket.session] = (worker, ticket)
+    began = fx.clock.now_ms()
+    await inbox.done(taken["s3"][1])  # through with it: not held
+    await inbox.done(taken["s4"][1], again_in_ms=5_000)  # deferred: held by nobody
+    held = await inbox.held()
+    assert [(h.session, h.worker) for h in held] == [
+        (s, taken[s][0]) for s in sorted(taken) if s not in ("s3", "s4")
+    ]
+    assert {h.expires_at_ms for h in held} == {began + fx.visibility_timeout_ms}
+    fx.clock.advance(fx.visibility_timeout_ms + 1)  # lapsed: not held
+    assert await (await fx.open_another()).inbox.held() == ()
+
+
+@_cases("sessions", {"pending": True, "nothing_pending": False})
+async def release_hands_a_workers_sessions_to_the_next_take_at_once(
+    fx: BrokerFixture, pending: bool
+) -> None:
+    inbox = fx.broker.inbox
+    items = [(await inbox.append(_new(f"k{n}", session=f"s{n}"))).item for n in range(3)]
+    mine = [await inbox.take_session("gone"), await inbox.take_session("gone")]
+    other = await inbox.take_session("alive")
+    assert other is not None
+    assert all(t is not None for t in mine)
+    if not pending:  # accepted; then the worker is cut mid-operation (work is left)
+        for item in items:
+            await inbox.ack(item.session, item.id)
+    another = await fx.open_another()  # the next process
+    assert await another.inbox.take_session("next") is None
+    released = await another.inbox.release("gone")
+    assert released == tuple(sorted(t.session for t in mine if t is not None))
+    assert await another.inbox.release("gone") == ()  # idempotent
+    assert await another.inbox.release("nobody") == ()
+    again = [await another.inbox.take_session("next") for _ in range(3)]
+    assert sorted(t.session for t in again if t is not None) == list(released)
+    assert again[-1] is None  # the other worker's session stays its own
+    for ticket in mine:
+        assert ticket is not None
+        assert await inbox.renew(ticket) is False  # the released tickets are no longer theirs
+        await inbox.done(ticket)  # ... and cannot release the next holder
+    assert await inbox.renew(other) is True
+    assert sorted(h.worker for h in await inbox.held()) == ["alive", "next", "next"]
+
+
+@_case("sessions")
+async def release_wakes_a_waiting_take(fx: BrokerFixture) -> None:
+    inbox = fx.broker.inbox
+    item = (await inbox.append(_new("a"))).item
+    assert await inbox.take_session("gone") is not None
+    await inbox.ack("s1", item.id)
+    task = asyncio.ensure_future(inbox.take_session("next", wait_ms=60_000))
+    await _still_waiting(task)
+    assert await inbox.release("gone") == ("s1",)
+    ticket = await _soon(task)
+    assert ticket is not None
+    assert ticket.session == "s1"
+
+
+@_case("sessions")
 async def workers_taking_concurrently_never_share_a_session(fx: BrokerFixture) -> None:
     sessions = [f"s{n}" for n in range(16)]
     for n, session in enumerate(sessions):

@@ -49,6 +49,7 @@ __all__ = [
     "Outbox",
     "SessionTicket",
     "ThreadState",
+    "TicketHeld",
     "Threads",
 ]
 
@@ -106,6 +107,16 @@ class SessionTicket(Frozen):
     session: str
     ticket: str
     """Opaque: what `done` needs to release it."""
+
+
+class TicketHeld(Frozen):
+    """A session a worker holds a live ticket of (see `Inbox.held`)."""
+
+    session: str
+    worker: str
+    """The worker that took it (its id, as given to `take_session`)."""
+    expires_at_ms: int
+    """When the ticket lapses unless renewed (the broker's clock)."""
 
 
 class Backlog(Frozen):
@@ -173,6 +184,25 @@ class Inbox(Protocol):
         worker. With `again_in_ms` the session is handed out again after that delay even with
         nothing pending: its work is not through (a drain left an operation open, or another
         process still holds the store's lease).
+        """
+        ...
+
+    async def held(self) -> tuple[TicketHeld, ...]:
+        """Every live ticket: which worker holds which session until when, by session.
+
+        A read (it may be stale the moment it returns). A ticket `done` deferred with
+        `again_in_ms` is held by nobody and not listed; nor is one that lapsed.
+        """
+        ...
+
+    async def release(self, worker: str) -> tuple[str, ...]:
+        """Hand back every ticket `worker` holds: its sessions are ready for any worker at once.
+
+        For a worker that is through before its work is (a drain cut it: an operation is left
+        open) and for one found gone (its process died): the next `take_session` hands each
+        session out, pending items or not, instead of after the visibility timeout. The
+        released tickets are no longer the sessions' (`renew` is False, `done` changes
+        nothing). Returns the sessions handed back, sorted; other workers' tickets are untouched.
         """
         ...
 

@@ -71,6 +71,7 @@ from gateway.broker.contract import (
     NewInboxItem,
     SessionTicket,
     ThreadState,
+    TicketHeld,
 )
 from harness_core import Clock, IdGenerator, SystemClock, Uuid7Ids
 from harness_core.frozen import FrozenJsonObject
@@ -139,6 +140,7 @@ class _Pipe(Protocol):
     def xrevrange(self, name: str, max: str, min: str, count: int | None = None) -> Any: ...
     def hlen(self, name: str) -> Any: ...
     def hgetall(self, name: str) -> Any: ...
+    def hmget(self, name: str, keys: Sequence[str]) -> Any: ...
     def smembers(self, name: str) -> Any: ...
     def zcard(self, name: str) -> Any: ...
     def zrange(self, name: str, start: int, end: int, withscores: bool = False) -> Any: ...
@@ -960,6 +962,50 @@ class _RedisInbox:
                 ack=entry if outcome == 1 else "",
                 unindex=f"{token} {entry} {ticket.session}" if outcome == 1 else "",
             )
+
+    async def _tickets(self) -> list[tuple[str, str, str, str, int]]:
+        """Every indexed claim that is its session's: (session, token, entry, worker, expiry).
+
+        A claim whose index entry a crash lost is not found here (it lapses and is recovered
+        by `XAUTOCLAIM`, as ever).
+        """
+        c = self._c
+        indexed = await c.reads(
+            lambda pipe: [pipe.zrange(c.rkey(shard, "claims"), 0, -1) for shard in range(c.shards)]
+        )
+        members = [str(member).split(" ", 2) for rows in indexed for member in rows]
+        members = [m for m in members if len(m) == 3]
+        found: list[tuple[str, str, str, str, int]] = []
+        for start in range(0, len(members), _BATCH):
+            batch = members[start : start + _BATCH]
+
+            def build(pipe: _Pipe, batch: list[list[str]] = batch) -> None:
+                for _, _, session in batch:
+                    pipe.hmget(c.skey(session, "claim"), ["token", "worker", "exp"])
+
+            for (token, entry, session), (held_token, worker, exp) in zip(
+                batch, await c.reads(build), strict=True
+            ):
+                if held_token == token and worker and exp:
+                    found.append((session, token, entry, str(worker), int(exp)))
+        return sorted(found)
+
+    async def held(self) -> tuple[TicketHeld, ...]:
+        now = self._c.clock.now_ms()
+        return tuple(
+            TicketHeld(session=session, worker=worker, expires_at_ms=exp)
+            for session, _, _, worker, exp in await self._tickets()
+            if exp > now
+        )
+
+    async def release(self, worker: str) -> tuple[str, ...]:
+        released = []
+        for session, token, entry, holder, _ in await self._tickets():
+            if holder == worker:  # `done` checks the token again, atomically
+                ticket = SessionTicket(session=session, ticket=f"{token} {entry} {holder}")
+                await self.done(ticket, again_in_ms=0)
+                released.append(session)
+        return tuple(released)
 
     async def backlog(self) -> Backlog:
         c = self._c

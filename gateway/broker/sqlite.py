@@ -51,6 +51,7 @@ from gateway.broker.contract import (
     NewInboxItem,
     SessionTicket,
     ThreadState,
+    TicketHeld,
 )
 from harness_core import Clock, IdGenerator, SystemClock, Uuid7Ids
 from harness_core.frozen import FrozenJsonObject
@@ -680,6 +681,39 @@ class _Inbox:
 
         if await self._b.write(op):
             self._b.sessions_ready.fire()
+
+    async def held(self) -> tuple[TicketHeld, ...]:
+        now = self._b.clock.now_ms()
+        rows = await self._b.read(
+            lambda c: c.execute(
+                "SELECT session, owner, available_at_ms FROM session_claims "
+                "WHERE owner IS NOT NULL AND available_at_ms > ? ORDER BY session",
+                (now,),
+            ).fetchall()
+        )
+        return tuple(TicketHeld(session=s, worker=w, expires_at_ms=at) for s, w, at in rows)
+
+    async def release(self, worker: str) -> tuple[str, ...]:
+        def op(conn: sqlite3.Connection, now: int) -> tuple[str, ...]:
+            sessions = tuple(
+                row[0]
+                for row in conn.execute(
+                    "SELECT session FROM session_claims WHERE owner = ? ORDER BY session",
+                    (worker,),
+                )
+            )
+            # as `done(again_in_ms=0)`: held by nobody, handed out now, pending items or not
+            conn.execute(
+                "UPDATE session_claims SET owner = NULL, ticket = '', available_at_ms = ? "
+                "WHERE owner = ?",
+                (now, worker),
+            )
+            return sessions
+
+        released: tuple[str, ...] = await self._b.write(op)
+        if released:
+            self._b.sessions_ready.fire()
+        return released
 
     async def backlog(self) -> Backlog:
         def run(c: sqlite3.Connection) -> tuple[int, int | None, int]:

@@ -25,6 +25,7 @@ from fastapi.exception_handlers import (
 from fastapi.exceptions import RequestValidationError
 from fastapi.responses import JSONResponse, Response
 from starlette.exceptions import HTTPException as StarletteHTTPException
+from starlette.requests import ClientDisconnect
 
 from gateway.logs import event
 
@@ -119,6 +120,9 @@ def install_errors(app: FastAPI) -> None:
         request.state.request_id = rid
         try:
             response = await call_next(request)
+        except ClientDisconnect:  # the client hung up mid-request: nobody to answer
+            log.info(event("client disconnected", request_id=rid))
+            return Response(status_code=400)  # never sent: uvicorn drops it
         except Exception as exc:  # never a traceback to the caller; the log has the type
             log.error(event("request failed", request_id=rid, error=type(exc).__name__))
             if not _in_api(request):

@@ -47,7 +47,7 @@ async def rig(tmp_path: Any) -> AsyncIterator[ServiceRig]:
     await service.start()
     assert service.app is not None
     transport = httpx.ASGITransport(app=service.app)
-    async with httpx.AsyncClient(transport=transport, base_url="http://gateway") as http:
+    async with httpx.AsyncClient(transport=transport, base_url="http://localhost") as http:
         yield ServiceRig(service, http)
     await service.stop(drain_seconds=2)
 

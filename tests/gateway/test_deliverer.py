@@ -303,3 +303,24 @@ async def test_a_close_waits_while_a_copy_of_its_request_is_pending(rig: Rig) ->
     held = await rig.until(close.delivery_id, _failed(1, rig.clock.now_ms))
     assert held.last_error == "a copy of the request is still being posted"
     assert rig.fake.count(close.delivery_id) == 0
+
+
+@pytest.mark.parametrize("after_send", [False, True], ids=["before_sending", "after_sending"])
+async def test_an_attempt_a_stop_cuts_is_handed_back_due_now_its_outcome_unknown(
+    rig: Rig, after_send: bool
+) -> None:
+    rig.fake.hang_next(1, after_send=after_send)
+    await rig.enqueue()
+    deliverer = rig.start(lease_ms=60_000, timeout_ms=20_000)
+    await rig.fake.wait_until(lambda: rig.fake.hanging > 0)
+    cut = asyncio.Event()
+    cut.set()  # a second signal: no drain
+    await deliverer.stop(5, cut=cut)
+    handed = await rig.broker.outbox.get("reply:s:run-1")
+    assert handed is not None
+    assert (handed.status, handed.unknown_outcome, handed.attempts) == ("pending", True, 1)
+    assert handed.due_at_ms <= rig.clock.now_ms() and handed.last_error == "cut by a stop"
+    rig.deliverer = None
+    rig.start(deliverer_id="d2")  # the next process: at once, not after the 60 s lease
+    await rig.until("reply:s:run-1", lambda d: d.status == "delivered")
+    assert rig.fake.count("reply:s:run-1") == 1  # reconciled first when it had gone out

@@ -6,6 +6,8 @@ import io
 import json
 import logging
 import sys
+import threading
+import warnings
 
 import pytest
 
@@ -14,14 +16,23 @@ from gateway.logs import configure, event
 
 @pytest.fixture
 def restore_loggers():
+    names = ("gateway", "adapters", "")
     saved = {
-        name: (logging.getLogger(name).handlers[:], logging.getLogger(name).propagate)
-        for name in ("gateway", "adapters")
+        name: (
+            logging.getLogger(name).handlers[:],
+            logging.getLogger(name).propagate,
+            logging.getLogger(name).level,
+        )
+        for name in names
     }
+    hook = threading.excepthook
     yield
-    for name, (handlers, propagate) in saved.items():
+    for name, (handlers, propagate, level) in saved.items():
         logging.getLogger(name).handlers[:] = handlers
         logging.getLogger(name).propagate = propagate
+        logging.getLogger(name).setLevel(level)
+    threading.excepthook = hook
+    logging.captureWarnings(False)
 
 
 def test_lines_are_json_with_event_and_extra_fields(restore_loggers, monkeypatch) -> None:
@@ -46,3 +57,50 @@ def test_a_replaced_and_closed_stderr_is_not_written_to(restore_loggers, monkeyp
     monkeypatch.setattr(sys, "stderr", second)
     logging.getLogger("gateway.x").info(event("after", n=1))
     assert json.loads(second.getvalue())["event"] == "after"
+
+
+def test_every_logger_of_the_process_writes_json_lines(restore_loggers, monkeypatch) -> None:
+    stderr = io.StringIO()
+    monkeypatch.setattr(sys, "stderr", stderr)
+    configure("info")
+    try:
+        raise ConnectionResetError("the peer said: secret")
+    except ConnectionResetError:
+        logging.getLogger("uvicorn.error").exception("Exception in ASGI application")
+    logging.getLogger("asyncio").error("Task exception was never retrieved\nfuture: <Task>")
+    logging.getLogger("uvicorn.error").info("Started server process [%d]", 1)  # under warning
+    logging.getLogger("redis").debug("a command, with its arguments")
+    with warnings.catch_warnings():
+        warnings.simplefilter("always")
+        warnings.warn("old API", DeprecationWarning, stacklevel=1)
+    thread = threading.Thread(target=lambda: 1 / 0, name="io")
+    thread.start()
+    thread.join()
+    lines = [json.loads(line) for line in stderr.getvalue().splitlines()]
+    assert [(x["logger"], x["level"], x.get("error")) for x in lines] == [
+        ("uvicorn.error", "error", "ConnectionResetError"),
+        ("asyncio", "error", None),
+        ("py.warnings", "warning", None),
+        ("gateway.threads", "error", "ZeroDivisionError"),
+    ]
+    assert "Traceback" not in stderr.getvalue() and "secret" not in stderr.getvalue()
+
+
+@pytest.mark.parametrize("level", ["debug", "info", "warning", "error"])
+def test_the_level_is_ours_libraries_log_from_warning_up(
+    restore_loggers, monkeypatch, level: str
+) -> None:
+    stderr = io.StringIO()
+    monkeypatch.setattr(sys, "stderr", stderr)
+    configure(level)
+    for name in ("gateway.worker", "adapters.web", "slack_bolt", "uvicorn.error"):
+        for severity in ("debug", "info", "warning", "error"):
+            getattr(logging.getLogger(name), severity)(event(severity))
+    written = {(x["logger"], x["event"]) for x in map(json.loads, stderr.getvalue().splitlines())}
+    order = ["debug", "info", "warning", "error"]
+    ours = order[order.index(level) :]
+    theirs = order[max(order.index(level), order.index("warning")) :]
+    assert written == {
+        *((name, s) for name in ("gateway.worker", "adapters.web") for s in ours),
+        *((name, s) for name in ("slack_bolt", "uvicorn.error") for s in theirs),
+    }

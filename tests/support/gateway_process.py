@@ -8,6 +8,7 @@ writes its logs to a file per incarnation, for a failing test to show.
 
 from __future__ import annotations
 
+import json
 import os
 import signal
 import subprocess
@@ -140,3 +141,26 @@ class GatewayProcess:
         """Whatever state it is in: gone afterwards."""
         if self.alive:
             self.terminate(timeout_s=20.0)
+
+
+def not_json(output: str) -> list[str]:
+    """The lines of a process's stderr that are neither JSON log lines nor the banner.
+
+    The banner is ``gateway: serving on ...`` and the indented lines after it.
+    """
+    found: list[str] = []
+    in_banner = False
+    for line in output.splitlines():
+        if line.startswith("gateway: serving on "):
+            in_banner = True
+            continue
+        if in_banner and line.startswith("  ") and not line.lstrip().startswith("File "):
+            continue
+        in_banner = False
+        try:
+            parsed = json.loads(line)
+        except ValueError:
+            parsed = None
+        if not isinstance(parsed, dict) or "event" not in parsed:
+            found.append(line)
+    return found

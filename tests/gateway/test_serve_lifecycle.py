@@ -1,0 +1,326 @@
+"""`gateway serve`'s life as a process: the banner, hang-ups, drains, Ctrl-C twice, a kill.
+
+Each test runs real processes. What is asserted is what a person or a script sees: the exit
+status, stderr (JSON log lines and the banner, never a traceback) and how soon the next process
+answers a session the previous one held, with the lease at its default length (30 s).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import os
+import pty
+import select
+import signal
+import socket
+import subprocess
+import sys
+import time
+from pathlib import Path
+from typing import Any
+
+import httpx
+import pytest
+
+from adapters.web import open_mailbox
+from tests.support.gateway_process import ROOT, GatewayProcess, not_json
+from tests.support.redis_server import RedisServer
+
+AGENT = "tests.support.gateway_agent"
+NEXT_PROCESS_S = 5.0
+"""The next process answers a session the previous one held within this of being ready
+(whatever the lease: it is left at its default, 30 s)."""
+
+
+def _sqlite(tmp_path: Path, **more: str) -> dict[str, str]:
+    return {
+        "store_url": f"sqlite:///{tmp_path}/store.db",
+        "broker_url": f"sqlite:///{tmp_path}/broker.db",
+        "web_url": f"sqlite:///{tmp_path}/web.db",
+        "plugin": AGENT,
+        **more,
+    }
+
+
+def _post(gateway: GatewayProcess, thread: str, text: str) -> None:
+    response = httpx.post(
+        f"{gateway.url}/web/threads/{thread}/messages", json={"text": text}, timeout=10
+    )
+    assert response.status_code == 202, response.text
+
+
+async def _answers(web_url: str, thread: str) -> list[Any]:
+    mailbox = open_mailbox(web_url)
+    try:
+        items = await mailbox.read("default", thread, after=0, limit=100)
+    finally:
+        await mailbox.close()
+    return [item for item in items if item.kind not in ("message", "decision")]
+
+
+async def _answered_within(
+    gateway: GatewayProcess, web_url: str, thread: str, seconds: float
+) -> list[Any]:
+    """The thread's answers, once there are any; fails after `seconds`."""
+    deadline = time.monotonic() + seconds
+    while not (answers := await _answers(web_url, thread)):
+        assert time.monotonic() < deadline, f"no answer in {seconds} s:\n{gateway.tail(60)}"
+        await asyncio.sleep(0.05)
+    return answers
+
+
+async def _running_tool(gateway: GatewayProcess) -> None:
+    """Wait until the worker runs a tool (the lane's step is in flight)."""
+    deadline = time.monotonic() + 10
+    while '"session taken"' not in gateway.log_path.read_text():
+        assert time.monotonic() < deadline, gateway.tail()
+        await asyncio.sleep(0.02)
+    await asyncio.sleep(0.4)  # the model step, then the tool starts
+
+
+def _log(gateway: GatewayProcess) -> list[dict[str, Any]]:
+    lines = gateway.log_path.read_text().splitlines()
+    return [json.loads(line) for line in lines if line.startswith("{")]
+
+
+# -- item 15: "serving on" means serving -----------------------------------------------------
+
+
+def test_a_script_that_connects_when_the_banner_appears_is_served(tmp_path: Path) -> None:
+    env = {
+        **os.environ,
+        "PYTHONPATH": str(ROOT),
+        **{f"GATEWAY_{k.upper()}": v for k, v in _sqlite(tmp_path).items()},
+    }
+    env.pop("GATEWAY_CONFIG", None)
+    for attempt in range(3):
+        port = _free_port()
+        with subprocess.Popen(
+            [sys.executable, "-m", "gateway", "serve", "--port", str(port)],
+            cwd=tmp_path,
+            env=env,
+            stdout=subprocess.DEVNULL,
+            stderr=subprocess.PIPE,
+        ) as proc:
+            assert proc.stderr is not None
+            for raw in proc.stderr:
+                if raw.startswith(b"gateway: serving on "):
+                    break
+            else:
+                pytest.fail("no banner")
+            with socket.create_connection(("127.0.0.1", port), timeout=5) as link:  # at once
+                link.sendall(b"GET /healthz HTTP/1.1\r\nHost: 127.0.0.1\r\n\r\n")
+                assert link.recv(100).startswith(b"HTTP/1.1 200 "), attempt
+            proc.send_signal(signal.SIGTERM)
+            proc.stderr.read()
+            assert proc.wait(timeout=20) == 0
+
+
+def _free_port() -> int:
+    with socket.socket() as probe:
+        probe.bind(("127.0.0.1", 0))
+        port: int = probe.getsockname()[1]
+        return port
+
+
+# -- item 8: no traceback from outside ----------------------------------------------------------
+
+_BODY = b'{"text": "he'
+HANG_UPS: dict[str, tuple[bytes, bytes]] = {
+    # (head, what is sent of the rest) then the client closes (or resets) the connection
+    "a web message, mid-body": (
+        b"POST /web/threads/x/messages HTTP/1.1\r\nContent-Type: application/json\r\n"
+        b"Content-Length: 1000\r\n",
+        _BODY,
+    ),
+    "a web decision, mid-body": (
+        b"POST /web/threads/x/decisions HTTP/1.1\r\nContent-Type: application/json\r\n"
+        b"Content-Length: 1000\r\n",
+        _BODY,
+    ),
+    "a web message, mid-chunk": (
+        b"POST /web/threads/x/messages HTTP/1.1\r\nContent-Type: application/json\r\n"
+        b"Transfer-Encoding: chunked\r\n",
+        b"400\r\n" + _BODY,
+    ),
+    "an operator action, mid-body": (
+        b"POST /api/v1/lanes/web-default/web%3Ax/abort HTTP/1.1\r\n"
+        b"Content-Type: application/json\r\nContent-Length: 1000\r\n",
+        _BODY,
+    ),
+    "mid-headers": (b"POST /web/threads/x/messages HTTP/1.1\r\nContent-Le", b""),
+    "an event stream": (b"GET /web/threads/x/events HTTP/1.1\r\n", b""),
+    "TLS to the plain port": (b"\x16\x03\x01\x02\x00\x01\x00\x01\xfc\x03\x03", b""),
+    "not HTTP": (b"HELLO gateway\r\n", b""),
+}
+
+
+@pytest.mark.parametrize("reset", [False, True], ids=["closed", "reset"])
+async def test_a_client_that_hangs_up_leaves_json_lines_only(tmp_path: Path, reset: bool) -> None:
+    gateway = GatewayProcess("gw", tmp_path, _sqlite(tmp_path)).start()
+    try:
+        for head, rest in HANG_UPS.values():
+            with socket.create_connection(("127.0.0.1", gateway.port)) as link:
+                complete = head.endswith(b"\r\n")
+                host = f"Host: 127.0.0.1:{gateway.port}\r\n\r\n".encode() if complete else b""
+                link.sendall(head + host + rest)
+                await asyncio.sleep(0.3)  # the app reads what came, and waits for more
+                if reset:
+                    link.setsockopt(socket.SOL_SOCKET, socket.SO_LINGER, b"\1\0\0\0\0\0\0\0")
+        await asyncio.sleep(0.3)
+        assert gateway.terminate() == 0
+    finally:
+        gateway.stop()
+    log = gateway.log_path.read_text()
+    assert not_json(log) == [], log
+    hung_up = [line for line in _log(gateway) if line["event"] == "client disconnected"]
+    assert len(hung_up) >= 2  # the two bodies the web channel was reading
+    assert {line["level"] for line in hung_up} == {"info"}
+    assert not [line for line in _log(gateway) if line["level"] == "error"], log
+
+
+# -- item 13: the shutdown setting bounds the whole stop ---------------------------------------
+
+
+async def test_an_open_event_stream_ends_when_the_drain_begins(tmp_path: Path) -> None:
+    settings = _sqlite(tmp_path, drain_seconds="2", shutdown_seconds="3")
+    gateway = GatewayProcess("gw", tmp_path, settings).start()
+    try:
+        _post(gateway, "slow", "/slow 10000")  # outlasts the drain: it is cut
+        streams = [socket.create_connection(("127.0.0.1", gateway.port)) for _ in range(3)]
+        get = f"GET /web/threads/slow/events HTTP/1.1\r\nHost: 127.0.0.1:{gateway.port}\r\n\r\n"
+        for link in streams:  # a thread page left open (three tabs)
+            link.sendall(get.encode())
+        await _running_tool(gateway)
+        began = time.monotonic()
+        status = gateway.terminate()
+        took = time.monotonic() - began
+        for link in streams:
+            link.settimeout(1)
+            received = b""
+            while chunk := link.recv(4096):
+                received += chunk
+            assert received.endswith(b"0\r\n\r\n")  # the stream ended (last chunk), not cut
+            link.close()
+    finally:
+        gateway.stop()
+    assert status == 0
+    assert 1.8 < took < 3.0, gateway.tail()  # the step had its drain, the stop its bound
+    assert not_json(gateway.log_path.read_text()) == []
+
+
+# -- item 12: a drain hands its work over at once ---------------------------------------------
+
+
+@pytest.mark.parametrize("backend", ["sqlite", "redis"])
+async def test_the_next_process_resumes_what_a_drain_cut_at_once(
+    tmp_path: Path, request: pytest.FixtureRequest, backend: str
+) -> None:
+    settings = _sqlite(tmp_path, drain_seconds="0.5", shutdown_seconds="5")
+    if backend == "redis":
+        server: RedisServer = request.getfixturevalue("redis_server")
+        prefix: str = request.getfixturevalue("redis_prefix")
+        for part in ("store", "broker", "web"):
+            settings[f"{part}_url"] = f"{server.url}?prefix={prefix}{part[0]}"
+    gateway = GatewayProcess("gw", tmp_path, settings).start()
+    try:
+        _post(gateway, "long", "/slow 1500")
+        await _running_tool(gateway)
+        assert gateway.terminate() == 0  # the drain cut the step
+        assert await _answers(settings["web_url"], "long") == []
+        gateway.restart()
+        answers = await _answered_within(gateway, settings["web_url"], "long", NEXT_PROCESS_S)
+    finally:
+        gateway.stop()
+    assert [a.text for a in answers] == ["Done: slept 1500 ms"]
+
+
+# -- item 14: Ctrl-C twice, and a holder that died ---------------------------------------------
+
+
+def _signalled_twice(gateway: GatewayProcess, signals: tuple[int, int]) -> tuple[int, str]:
+    """Start `gateway` on a terminal, let it run a step, signal it twice: (status, output)."""
+    terminal, tty = pty.openpty()
+    with subprocess.Popen(
+        [sys.executable, "-m", "gateway", "serve", "--port", str(gateway.port)],
+        cwd=gateway.directory,
+        env={**gateway.env, "PYTHONPATH": str(ROOT)},
+        stdin=tty,
+        stdout=tty,
+        stderr=tty,
+    ) as proc:
+        os.close(tty)
+        shown = b""
+
+        def read(seconds: float) -> None:
+            nonlocal shown
+            until = time.monotonic() + seconds
+            while time.monotonic() < until:
+                if select.select([terminal], [], [], 0.05)[0]:
+                    try:
+                        shown += os.read(terminal, 65536)
+                    except OSError:  # the other side is closed: all was read
+                        return
+
+        gateway.wait_ready()
+        _post(gateway, "long", "/slow 1500")
+        deadline = time.monotonic() + 10
+        while b'"session taken"' not in shown:
+            assert time.monotonic() < deadline, shown
+            read(0.05)
+        read(0.4)  # the model step, then the tool starts
+        proc.send_signal(signals[0])  # drains: the step would get 10 s
+        read(0.3)
+        proc.send_signal(signals[1])  # cuts it
+        status = proc.wait(timeout=5)
+        read(0.5)
+    os.close(terminal)
+    return status, shown.decode(errors="replace").replace("\r\n", "\n")
+
+
+# the two signals -> exit status, the one line's start
+TWICE = {
+    "ctrl-c twice": ((signal.SIGINT, signal.SIGINT), 130, "(second Ctrl-C)"),
+    "sigterm twice": ((signal.SIGTERM, signal.SIGTERM), 143, "(second SIGTERM)"),
+    "sigterm, then ctrl-c": ((signal.SIGTERM, signal.SIGINT), 130, "(second Ctrl-C)"),
+}
+
+
+@pytest.mark.parametrize("case", TWICE, ids=list(TWICE))
+async def test_a_second_signal_exits_at_once_with_one_line_and_the_next_start_resumes_at_once(
+    tmp_path: Path, case: str
+) -> None:
+    signals, expected, said = TWICE[case]
+    settings = _sqlite(tmp_path)  # drain 10 s, lease 30 s: the defaults
+    gateway = GatewayProcess("gw", tmp_path, settings)
+    status, text = await asyncio.to_thread(_signalled_twice, gateway, signals)
+    assert status == expected, text
+    assert "Traceback" not in text
+    [line] = not_json(text)
+    assert line.startswith(f"gateway: stopped at once {said}: running work was cut"), text
+    if case != "ctrl-c twice":
+        return  # the next start is the same as after Ctrl-C twice
+    gateway.restart()
+    try:
+        answers = await _answered_within(gateway, settings["web_url"], "long", NEXT_PROCESS_S)
+    finally:
+        gateway.stop()
+    assert [a.text for a in answers] == ["Done: slept 1500 ms"]
+
+
+async def test_a_holder_killed_on_this_machine_is_taken_over_at_once(tmp_path: Path) -> None:
+    settings = _sqlite(tmp_path)  # lease 30 s
+    gateway = GatewayProcess("gw", tmp_path, settings).start()
+    try:
+        _post(gateway, "long", "/slow 1500")
+        await _running_tool(gateway)
+        gateway.kill()  # releases nothing
+        gateway.restart()
+        answers = await _answered_within(gateway, settings["web_url"], "long", NEXT_PROCESS_S)
+    finally:
+        gateway.stop()
+    assert [a.text for a in answers] == ["Done: slept 1500 ms"]
+    said = {line["event"]: line for line in _log(gateway)}
+    assert said["sessions of a stopped process taken over"]["sessions"] == 1
+    assert said["lease taken over"]["why"] == "its process no longer runs on this machine"
