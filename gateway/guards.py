@@ -26,6 +26,7 @@ from urllib.parse import urlsplit
 from fastapi import Request
 from fastapi.responses import JSONResponse
 from starlette.datastructures import Headers
+from starlette.requests import ClientDisconnect
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
 from config import Settings
@@ -248,8 +249,8 @@ class BodyLimit:
         except _TooLarge:
             await self._too_large(scope, receive, send, limit)
             return
-        if first is None:
-            return  # the client went away while sending
+        if first is None:  # the client went away while sending: nobody to answer
+            raise ClientDisconnect  # what the request-id middleware logs as one info line
         await self.app(scope, _replaying(first, receive), send)
 
     async def _too_large(self, scope: Scope, receive: Receive, send: Send, limit: int) -> None:

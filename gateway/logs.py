@@ -117,11 +117,15 @@ def configure(level: str) -> None:
     root = logging.getLogger()
     root.handlers[:] = [handler]
     root.setLevel(max(LIBRARY_LEVEL, logging.getLevelNamesMapping()[level.upper()]))
+    # A library that set up its own handlers or levels (uvicorn's default dictConfig, run once in
+    # this process) would otherwise keep printing its own format, or below warning.
+    for existing in list(logging.root.manager.loggerDict.values()):
+        if isinstance(existing, logging.Logger):
+            existing.handlers.clear()
+            existing.setLevel(logging.NOTSET)
+            existing.propagate = True
     for name in ("gateway", "adapters"):
-        logger = logging.getLogger(name)
-        logger.handlers.clear()
-        logger.setLevel(level.upper())
-        logger.propagate = True
+        logging.getLogger(name).setLevel(level.upper())
     logging.captureWarnings(True)
     threading.excepthook = _thread_failed
 

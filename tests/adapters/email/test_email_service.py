@@ -322,7 +322,9 @@ async def test_a_request_closed_elsewhere_is_said_in_the_thread_and_its_links_re
     links = _links(asked)
     assert mail.service.app is not None
     transport = httpx.ASGITransport(app=mail.service.app)
-    async with httpx.AsyncClient(transport=transport, base_url="https://gateway") as http:
+    async with httpx.AsyncClient(
+        transport=transport, base_url="https://gateway.example.test"
+    ) as http:
         headers = {"Authorization": f"Bearer {OPERATOR}", "Idempotency-Key": "mail-abort"}
         lanes = (await http.get("/api/v1/lanes", headers=headers)).json()["items"]
         [lane] = [v for v in lanes if v["suspended"] == "approval"]
