@@ -2,8 +2,9 @@
 
 An adapter calls `accept` (or `decide`); the thread is routed to its session, the lane's reply
 context is remembered, and the item is appended to the session's inbox, deduplicated by the
-message's identity. Only then does the call return, and only then may the adapter acknowledge
-its channel: nothing it acknowledged can be lost.
+message's identity (a message the channel cut is also answered with a notice saying so, in the
+outbox, before the call returns). Only then does the call return, and only then may the adapter
+acknowledge its channel: nothing it acknowledged can be lost.
 """
 
 from __future__ import annotations
@@ -23,6 +24,7 @@ from adapters.channel import (
     Unavailable,
 )
 from gateway.broker.contract import Broker, NewInboxItem, ThreadState
+from gateway.cuts import enqueue_cut_notice
 from gateway.logs import event
 from harness_core.session.names import check_lane_name, check_session_id
 
@@ -70,6 +72,8 @@ class Intake:
                     payload=inbound.model_dump(mode="json"),
                 )
             )
+            # a duplicate too: the first accept may have ended between the two writes
+            await enqueue_cut_notice(self._broker, inbound, session, appended.item.id)
         except Exception as exc:  # the inbox could not hold it: the channel must retry
             log.warning(event("inbox unavailable", error=type(exc).__name__))
             raise Unavailable(f"the inbox is unavailable ({type(exc).__name__})") from exc

@@ -29,6 +29,7 @@ from pydantic import ValidationError
 
 from adapters.channel import DecisionInbound, Inbound
 from gateway.broker.contract import Broker, InboxItem, SessionTicket
+from gateway.cuts import agent_notes
 from gateway.logs import event
 from gateway.metrics import Metrics
 from gateway.ops.actions import OperatorAction
@@ -621,6 +622,7 @@ def _text_of(inbound: Inbound, *, with_context: bool = False) -> str:
         lines.append(
             f"[attachment: {attachment.name} ({attachment.media_type}, {attachment.size} bytes)]"
         )
+    lines += agent_notes(inbound)  # what the channel left out (D169)
     return "\n".join(lines) or "(empty message)"
 
 

@@ -22,6 +22,7 @@ with the reason, not an endless retry.
 from __future__ import annotations
 
 import asyncio
+import functools
 import hashlib
 import hmac
 import logging
@@ -55,7 +56,7 @@ from adapters.channel import (
 from adapters.email.approvals import approval_router
 from adapters.email.compose import approval_token, compose_reply, reply_message_id
 from adapters.email.imap import ImapConnection, ImapError, ImapGone, ImapRefused
-from adapters.email.message import parse
+from adapters.email.message import parse, parse_head
 from harness_core import Clock, SystemClock
 
 __all__ = ["EmailChannel"]
@@ -268,37 +269,38 @@ class EmailChannel:
         size = await imap.size(uid)
         if size is None:
             return  # expunged meanwhile
-        if size > self.max_message_bytes:
-            self._skip(uid, "oversized")
+        oversized = size > self.max_message_bytes
+        # a message too large to read is taken from its header: its sender is told (D169)
+        raw = await (imap.fetch_header(uid) if oversized else imap.fetch(uid))
+        if raw is None:
+            return
+        read = functools.partial(parse_head, size=size) if oversized else parse
+        parsed = read(
+            raw,
+            mailbox_address=self.address,
+            own_domain_ids=self.domain,
+            max_bytes=self.max_message_bytes,
+            now_ms=self.clock.now_ms(),
+        )
+        if parsed.inbound is None:
+            self._skip(uid, parsed.reason)
         else:
-            raw = await imap.fetch(uid)
-            if raw is None:
-                return
-            parsed = parse(
-                raw,
-                mailbox_address=self.address,
-                own_domain_ids=self.domain,
-                max_bytes=self.max_message_bytes,
-                now_ms=self.clock.now_ms(),
-            )
-            if parsed.inbound is None:
-                self._skip(uid, parsed.reason)
+            try:
+                acceptance = await sink.accept(parsed.inbound)
+            except NotRouted as exc:
+                self._skip(uid, "not_routed")
+                log.warning("email not routed", extra={"reason": str(exc)})
             else:
-                try:
-                    acceptance = await sink.accept(parsed.inbound)
-                except NotRouted as exc:
-                    self._skip(uid, "not_routed")
-                    log.warning("email not routed", extra={"reason": str(exc)})
-                else:
-                    self.taken += not acceptance.duplicate
-                    log.info(
-                        "email taken",
-                        extra={
-                            "uid": uid,
-                            "lane": acceptance.lane,
-                            "duplicate": acceptance.duplicate,
-                        },
-                    )
+                self.taken += not acceptance.duplicate
+                log.info(
+                    "email taken",
+                    extra={
+                        "uid": uid,
+                        "lane": acceptance.lane,
+                        "duplicate": acceptance.duplicate,
+                        "oversized": oversized,
+                    },
+                )
         await imap.mark_seen(uid)
 
     def _skip(self, uid: int, reason: str) -> None:

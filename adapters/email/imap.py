@@ -181,6 +181,14 @@ class ImapConnection:
                 return bytes(line)
         return None
 
+    async def fetch_header(self, uid: int) -> bytes | None:
+        """The message's header only (a message too large to fetch); None if it is gone."""
+        response = await self._ok(self._imap.uid("fetch", str(uid), "(BODY.PEEK[HEADER])"), "fetch")
+        for line in response.lines:
+            if isinstance(line, bytearray):
+                return bytes(line)
+        return None
+
     async def mark_seen(self, uid: int) -> None:
         """Set the seen flag: the message is handled (it is in the inbox, or was skipped)."""
         await self._ok(self._imap.uid("store", str(uid), "+FLAGS.SILENT", r"(\Seen)"), "store")

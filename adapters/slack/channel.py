@@ -699,7 +699,7 @@ class SlackChannel:
                     channel, thread_ts, text, blocks, metadata, after_post=bool(posted or there)
                 )
             )
-        if self.working_reaction:
+        if self.working_reaction and outbound.answers:  # a notice on arrival answers nothing
             self._spawn(self._answered(channel, outbound))
         return DeliveryReceipt(
             delivery_id=outbound.delivery_id,

@@ -622,3 +622,61 @@ async def test_stop_in_a_slack_thread_stops_the_turn_and_clears_the_reactions(ri
         await _until(lambda m=message: "eyes" not in rig.fake.message("C1", m["ts"]).reactions)
     await asyncio.sleep(2.7)  # the aborted tool's sleep ends: no answer of the stopped run
     assert [m.text for m in rig.fake.thread("C1", first["ts"]) if m.bot_id] == ["Stopped."]
+
+
+# (case, the text as Slack sends it, the text the person typed, (kept, total) or None). The
+# limit counts the characters the person typed: Slack's escapes are read back first (D169).
+_LIMIT = 40_000
+TEXT_CUTS: list[tuple[str, str, str, tuple[int, int] | None]] = [
+    ("just-under", "a" * (_LIMIT - 1), "a" * (_LIMIT - 1), None),
+    ("at", "a" * _LIMIT, "a" * _LIMIT, None),
+    ("just-over", "a" * (_LIMIT + 1), "a" * (_LIMIT + 1), (_LIMIT, _LIMIT + 1)),
+    ("far-over", "word " * 12_000, ("word " * 12_000).strip(), (_LIMIT, 59_999)),
+    ("accented-at", "é" * _LIMIT, "é" * _LIMIT, None),  # 80,000 bytes: characters count
+    ("emoji-over", "😀" * (_LIMIT + 1), "😀" * (_LIMIT + 1), (_LIMIT, _LIMIT + 1)),
+    # an accent written as a letter and a combining mark that straddles the limit: both go
+    (
+        "combining-at-the-limit",
+        "x" + "e\u0301" * 20_000,
+        "x" + "e\u0301" * 20_000,
+        (39_999, 40_001),
+    ),
+    ("escapes-under", "&lt;" * 10_001, "<" * 10_001, None),  # 40,004 as sent, 10,001 typed
+    ("escapes-over", "&amp;" * (_LIMIT + 1), "&" * (_LIMIT + 1), (_LIMIT, _LIMIT + 1)),
+]
+
+
+@pytest.mark.parametrize(
+    ("sent", "typed", "cut"), [c[1:] for c in TEXT_CUTS], ids=[c[0] for c in TEXT_CUTS]
+)
+async def test_a_message_over_the_limit_is_cut_and_said_once_in_the_thread(
+    rig: Rig, sent: str, typed: str, cut: tuple[int, int] | None
+) -> None:
+    event = rig.fake.mention_event("C1", sent)
+    message = rig.fake.message_event("C1", event["ts"])
+    assert (await rig.event(event, event_id="Ev1")).status_code == 200
+    assert (await rig.event(message, event_id="Ev2")).status_code == 200  # the same message
+    assert (await rig.event(event, event_id="Ev1")).status_code == 200  # Slack's retry
+    lane = f"slack:C1:{event['ts']}"
+    await _until(lambda: any(_delivery_of(m).startswith("reply:") for m in _bot(rig, event)))
+    await _until(lambda: "eyes" not in rig.fake.message("C1", event["ts"]).reactions)
+    await asyncio.sleep(0.3)  # room for a wrong second notice
+    notices = [m for m in _bot(rig, event) if ":cut:" in _delivery_of(m)]
+    [got] = await rig.user_texts(lane)
+    if cut is None:
+        assert got == typed
+        assert notices == []
+        return
+    kept, total = cut
+    note = f"[This message was cut: you have its first {kept:,} of {total:,} characters."
+    assert got == f"{typed[:kept]}\n{note} The sender has been told.]"
+    [notice] = notices
+    assert f"I read only its first {kept:,} of {total:,} characters" in notice.text
+    assert notice.thread_ts == event["ts"]
+    # the notice answers nothing: the reply alone takes the working reaction off
+    removed = [c.params["timestamp"] for c in rig.fake.calls_to("reactions.remove")]
+    assert removed == [event["ts"]]
+
+
+def _bot(rig: Rig, event: dict[str, Any]) -> list[Message]:
+    return [m for m in rig.fake.thread("C1", event["ts"]) if m.bot_id]
