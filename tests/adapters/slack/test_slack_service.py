@@ -680,3 +680,27 @@ async def test_a_message_over_the_limit_is_cut_and_said_once_in_the_thread(
 
 def _bot(rig: Rig, event: dict[str, Any]) -> list[Message]:
     return [m for m in rig.fake.thread("C1", event["ts"]) if m.bot_id]
+
+
+async def test_a_cut_notice_the_outbox_could_not_hold_is_sent_on_slacks_retry_once(
+    rig: Rig, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    broker = rig.service.broker
+    assert broker is not None
+    enqueue = broker.outbox.enqueue
+    failed: list[str] = []
+
+    async def down_once(delivery_id: str, *args: Any, **kwargs: Any) -> bool:
+        if ":cut:" in delivery_id and not failed:  # the message is in the inbox, not its notice
+            failed.append(delivery_id)
+            raise ConnectionError("the broker went away")
+        return await enqueue(delivery_id, *args, **kwargs)
+
+    monkeypatch.setattr(broker.outbox, "enqueue", down_once)
+    event = rig.fake.mention_event("C1", "a" * (_LIMIT + 1))
+    assert (await rig.event(event, event_id="Ev1")).status_code == 500  # Slack sends it again
+    assert (await rig.event(event, event_id="Ev1")).status_code == 200
+    await _until(lambda: any(_delivery_of(m).startswith("reply:") for m in _bot(rig, event)))
+    await asyncio.sleep(0.3)
+    assert failed and [":cut:" in _delivery_of(m) for m in _bot(rig, event)].count(True) == 1
+    assert len(await rig.user_texts(f"slack:C1:{event['ts']}")) == 1
