@@ -55,9 +55,9 @@ from adapters.channel import (
 )
 from adapters.email.approvals import approval_router
 from adapters.email.compose import approval_token, compose_reply, reply_message_id
-from adapters.email.failures import connection_failure
-from adapters.email.imap import ImapConnection, ImapError, ImapGone, ImapRefused
+from adapters.email.imap import CA_HINT, ImapConnection, ImapError, ImapGone, ImapRefused
 from adapters.email.message import parse, parse_head
+from adapters.failures import connection_failure
 from harness_core import Clock, SystemClock
 
 __all__ = ["EmailChannel"]
@@ -424,6 +424,7 @@ class EmailChannel:
             port=self.smtp_port,
             timeout_s=self.timeout_s,
             phase=phase,
+            ca_hint=CA_HINT,
         )
 
     def _compose(self, outbound: Outbound) -> EmailMessage:

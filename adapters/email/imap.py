@@ -22,9 +22,12 @@ from typing import Any, TypeVar
 
 import aioimaplib  # type: ignore[import-untyped]
 
-from adapters.email.failures import connection_failure
+from adapters.failures import connection_failure
 
-__all__ = ["ImapConnection", "ImapError", "ImapGone", "ImapRefused", "Selected"]
+__all__ = ["CA_HINT", "ImapConnection", "ImapError", "ImapGone", "ImapRefused", "Selected"]
+
+CA_HINT = "a private CA goes in GATEWAY_EMAIL_CA_FILE"
+"""Closes the words of a mail server's certificate nobody trusts (IMAP and SMTP alike)."""
 
 _T = TypeVar("_T")
 _EXISTS = re.compile(rb"\*\s+\d+\s+EXISTS\b", re.IGNORECASE)
@@ -122,6 +125,7 @@ class ImapConnection:
             port=self.port,
             timeout_s=self.timeout_s,
             phase=phase,
+            ca_hint=CA_HINT,
         )
 
     def _watch_untagged(self, protocol: Any) -> None:

@@ -28,7 +28,7 @@ import re
 from collections import OrderedDict
 from collections.abc import Awaitable, Callable, Mapping, Sequence
 from typing import Any
-from urllib.parse import parse_qs
+from urllib.parse import parse_qs, urlsplit
 
 import aiohttp
 from fastapi import APIRouter, Request, Response
@@ -58,6 +58,7 @@ from adapters.channel import (
     ThreadRef,
     Unavailable,
 )
+from adapters.failures import connection_failure
 from adapters.slack.events import CHANNEL, classify, clean_text, slack_thread, split_thread
 from adapters.slack.render import (
     DecisionTarget,
@@ -94,7 +95,9 @@ _PERMANENT = frozenset(
     }
 )
 """Slack errors that a retry cannot fix (the delivery becomes a dead letter at once)."""
-_BAD_TOKEN = frozenset({"invalid_auth", "not_authed", "account_inactive", "token_revoked"})
+_BAD_TOKEN = frozenset(
+    {"invalid_auth", "not_authed", "account_inactive", "token_revoked", "not_allowed_token_type"}
+)
 _MAX_BODY = 1_000_000
 _SEEN_EVENTS = 10_000
 _HISTORY_TIMEOUT_S = 1.5
@@ -143,11 +146,13 @@ class SlackChannel:
         """Messages taken in by backfills (for tests and logs)."""
         self._backfilling: asyncio.Task[None] | None = None
         self.socket_mode = app_token is not None
+        self.api_url = api_url
+        self.call_timeout_s = int(call_timeout_s)  # what the Web API client takes
         # slack-sdk and bolt log through ours: one JSON line per event, no tracebacks, no tokens
         self.client = AsyncWebClient(
             token=bot_token,
             base_url=api_url,
-            timeout=int(call_timeout_s),
+            timeout=self.call_timeout_s,
             retry_handlers=[],
             logger=logging.getLogger("adapters.slack.sdk"),
         )
@@ -181,8 +186,9 @@ class SlackChannel:
         """Check the bot token (auth.test), then receive: HTTP routes, or a Socket Mode link.
 
         Raises:
-            SlackStartError: Slack refuses the token (a network failure is logged instead: the
-                channel starts and bolt asks again on the first event).
+            SlackStartError: Slack refuses the bot token, or the app token (Socket Mode). A
+                network failure is logged instead, in words naming the API's host (D172): the
+                channel starts and bolt asks again on the first event.
         """
         self._sink = sink
         try:
@@ -193,9 +199,13 @@ class SlackChannel:
             error = exc.response.get("error")
             if error in _BAD_TOKEN:
                 raise SlackStartError(f"Slack refuses the bot token ({error})") from None
-            log.warning("slack auth.test failed", extra={"error": str(error)})
+            log.warning("slack auth.test failed", extra={"reason": self._api_said(exc)})
         except (aiohttp.ClientError, TimeoutError) as exc:
-            log.warning("slack unreachable at start", extra={"error": type(exc).__name__})
+            reason = self._unreachable(exc, "auth.test")
+            log.warning("slack unreachable at start", extra={"reason": reason})
+        else:
+            if self.socket_mode:
+                await self._check_app_token()
         if self.socket_mode:
             self._socket = AsyncSocketModeHandler(self.app, self._app_token)
             self._socket.client.message_listeners.append(self._on_socket_message)
@@ -205,6 +215,50 @@ class SlackChannel:
         else:
             self._start_backfill()
         log.info("slack started", extra={"mode": "socket" if self.socket_mode else "http"})
+
+    async def _check_app_token(self) -> None:
+        """Ask Slack for a Socket Mode URL once: a refused app token stops the start.
+
+        (slack-sdk's Socket Mode client would retry a refused token forever, in the background,
+        with the service looking healthy.) The URL it hands out is left unused; it expires.
+        """
+        try:
+            await self.client.apps_connections_open(app_token=self._app_token or "")
+        except SlackApiError as exc:
+            error = exc.response.get("error")
+            if error in _BAD_TOKEN:
+                raise SlackStartError(f"Slack refuses the app token ({error})") from None
+            log.warning("slack apps.connections.open failed", extra={"reason": self._api_said(exc)})
+        except (aiohttp.ClientError, TimeoutError) as exc:
+            reason = self._unreachable(exc, "apps.connections.open")
+            log.warning("slack unreachable at start", extra={"reason": reason})
+
+    def _unreachable(self, error: BaseException, method: str) -> str:
+        """Why the Web API could not be reached, in words naming its host and port."""
+        url = urlsplit(self.api_url)
+        try:
+            port = url.port or (80 if url.scheme == "http" else 443)
+        except ValueError:  # not a port: the host's words still help
+            port = 0
+        return connection_failure(
+            error,
+            protocol="Slack API",
+            host=url.hostname or self.api_url,
+            port=port,
+            timeout_s=self.call_timeout_s,
+            phase=method,
+        )
+
+    def _api_said(self, error: SlackApiError) -> str:
+        """What the Web API answered instead of ``ok``, in words (a URL that is not Slack's)."""
+        said = error.response.get("error") if isinstance(error.response.data, dict) else None
+        status = error.response.status_code
+        if said:
+            return f"Slack answered {said} (HTTP {status})"
+        return (
+            f"{self.api_url} did not answer as the Slack Web API does (HTTP {status}, "
+            "not Slack's JSON): check the API URL"
+        )
 
     async def _on_socket_message(self, _client: Any, message: dict[str, Any], _raw: Any) -> None:
         if message.get("type") == "hello":  # connected, or connected again after a drop
@@ -776,10 +830,12 @@ class SlackChannel:
             )
         except SlackApiError as exc:
             raise _delivery_error(exc, after_post=after_post) from None
-        except aiohttp.ClientConnectorError:
-            raise DeliveryError("Slack unreachable", unknown_outcome=after_post) from None
-        except (aiohttp.ClientError, TimeoutError):
-            raise DeliveryError("no answer from Slack", unknown_outcome=True) from None
+        except aiohttp.ClientConnectorError as exc:
+            reason = self._unreachable(exc, "chat.postMessage")
+            raise DeliveryError(reason, unknown_outcome=after_post) from None
+        except (aiohttp.ClientError, TimeoutError) as exc:
+            reason = self._unreachable(exc, "chat.postMessage")
+            raise DeliveryError(reason, unknown_outcome=True) from None
         return str(answer.get("ts"))
 
     async def reconcile(self, outbound: Outbound) -> Reconciled:

@@ -20,8 +20,8 @@ import pytest
 
 from adapters.channel import DeliveryError, Outbound, ThreadRef
 from adapters.email import EmailChannel
-from adapters.email.failures import tls_reason
-from adapters.email.imap import ImapConnection, ImapError, ImapRefused
+from adapters.email.imap import CA_HINT, ImapConnection, ImapError, ImapRefused
+from adapters.failures import tls_reason
 from tests.adapters.kit import TestSink
 from tests.support.mail_servers import Dovecot, MailUser, SmtpServer
 from tests.support.redis_server import free_port
@@ -238,4 +238,4 @@ TLS_WORDS: list[tuple[str, ssl.SSLError, str]] = [
     ("error", "words"), [c[1:] for c in TLS_WORDS], ids=[c[0] for c in TLS_WORDS]
 )
 def test_a_failed_handshake_says_why_in_words(error: ssl.SSLError, words: str) -> None:
-    assert tls_reason(error) == words
+    assert tls_reason(error, ca_hint=CA_HINT) == words
