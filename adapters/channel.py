@@ -128,6 +128,8 @@ class Inbound(Frozen):
     """The thread's earlier messages, oldest first, when the bot is called into a conversation
     that began without it (Slack: the thread before the first mention). The lane sees them
     with this message only if the message starts it (a lane holding entries has its own)."""
+    context_omitted: int = Field(default=0, ge=0)
+    """Earlier messages of the thread left out of `context` (older than those it holds)."""
     cut: TextCut | None = None
     """Set when `text` is only the start of what the person wrote (the channel's limit)."""
     unlisted_attachments: int = Field(default=0, ge=0)

@@ -611,6 +611,8 @@ def _text_of(inbound: Inbound, *, with_context: bool = False) -> str:
     lines = []
     if with_context and inbound.context:
         lines.append("Earlier in this thread:")
+        if inbound.context_omitted:  # older than those shown (D169)
+            lines.append(f"({inbound.context_omitted:,} earlier messages are not shown.)")
         for earlier in inbound.context:
             who = earlier.author.name or earlier.author.id
             lines.append(f"{who}: {earlier.text}")

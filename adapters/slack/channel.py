@@ -457,7 +457,10 @@ class SlackChannel:
                 log.debug("slack event not taken", extra={"reason": "thread without the bot"})
                 return
             if classified.joined_midway and known is None:
-                inbound = inbound.model_copy(update={"context": await self._history(inbound)})
+                context, omitted = await self._history(inbound)
+                inbound = inbound.model_copy(
+                    update={"context": context, "context_omitted": omitted}
+                )
             if self.working_reaction:
                 inbound = await self._with_working(sink, inbound, known)
             acceptance = await sink.accept(inbound)
@@ -475,23 +478,25 @@ class SlackChannel:
         while len(self._seen) > _SEEN_EVENTS:
             self._seen.popitem(last=False)
 
-    async def _history(self, inbound: Inbound) -> tuple[ContextMessage, ...]:
-        """The thread before `inbound` (for a lane that starts in its middle); () if unknown."""
+    async def _history(self, inbound: Inbound) -> tuple[tuple[ContextMessage, ...], int]:
+        """The thread's newest messages before `inbound`, and how many older ones are left out.
+
+        Slack lists a thread oldest first, 200 a page: every page is read (up to
+        `_SCAN_PAGES`), so the newest `context_messages` are the ones kept, however long the
+        thread. ((), 0) if it cannot be read in time.
+        """
         channel, root = split_thread(inbound.thread)
         ts = str(inbound.reply_context.get("ts", ""))
         try:
-            answer = await asyncio.wait_for(
-                self.client.conversations_replies(
-                    channel=channel, ts=root or ts, latest=ts, inclusive=False, limit=200
-                ),
-                timeout=_HISTORY_TIMEOUT_S,
+            found = await asyncio.wait_for(
+                self._thread_before(channel, root or ts, ts), timeout=_HISTORY_TIMEOUT_S
             )
         except (SlackApiError, aiohttp.ClientError, TimeoutError) as exc:
             log.warning("slack thread history unavailable", extra={"error": type(exc).__name__})
-            return ()
+            return (), 0
         earlier = []
-        for message in answer.get("messages") or []:
-            if not isinstance(message, dict) or message.get("ts") == ts:
+        for message in found:
+            if message.get("ts") == ts:
                 continue
             if message.get("bot_id") or message.get("subtype") not in (None, "thread_broadcast"):
                 continue
@@ -500,7 +505,26 @@ class SlackChannel:
                 earlier.append(
                     ContextMessage(author=Author(id=str(message.get("user"))), text=text)
                 )
-        return tuple(earlier[-self.context_messages :])
+        kept = earlier[-self.context_messages :] if self.context_messages > 0 else []
+        return tuple(kept), len(earlier) - len(kept)
+
+    async def _thread_before(self, channel: str, root: str, ts: str) -> list[dict[str, Any]]:
+        found: list[dict[str, Any]] = []
+        cursor: str | None = None
+        for _ in range(_SCAN_PAGES):
+            answer = await self.client.conversations_replies(
+                channel=channel,
+                ts=root,
+                latest=ts,
+                inclusive=False,
+                limit=200,
+                cursor=cursor,
+            )
+            found += [m for m in answer.get("messages") or [] if isinstance(m, dict)]
+            cursor = (answer.get("response_metadata") or {}).get("next_cursor") or None
+            if not cursor:
+                break
+        return found
 
     # -- approvals -------------------------------------------------------------------------
 

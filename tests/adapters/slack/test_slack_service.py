@@ -704,3 +704,20 @@ async def test_a_cut_notice_the_outbox_could_not_hold_is_sent_on_slacks_retry_on
     await asyncio.sleep(0.3)
     assert failed and [":cut:" in _delivery_of(m) for m in _bot(rig, event)].count(True) == 1
     assert len(await rig.user_texts(f"slack:C1:{event['ts']}")) == 1
+
+
+async def test_a_mention_late_in_a_long_thread_gives_the_agent_its_newest_messages(
+    rig: Rig,
+) -> None:
+    root = rig.fake.post_user_message("C1", "message 0", user="U0ANN")
+    for number in range(1, 260):  # more than one page of conversations.replies
+        rig.fake.post_user_message("C1", f"message {number}", user="U0BOB", thread_ts=root["ts"])
+    mention = rig.fake.mention_event("C1", "so?", user="U0ANN", thread_ts=root["ts"])
+    await rig.event(mention)
+    await rig.bot_replies("C1", root["ts"], 1)
+    [first] = await rig.user_texts(f"slack:C1:{root['ts']}")
+    shown = "\n".join(f"U0BOB: message {n}" for n in range(210, 260))  # before: 150 to 199
+    assert first == (
+        "Earlier in this thread:\n(210 earlier messages are not shown.)\n"
+        f"{shown}\n\nThe message to you:\nso?"
+    )
