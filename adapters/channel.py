@@ -45,6 +45,7 @@ __all__ = [
     "Outbound",
     "PendingCall",
     "Reconciled",
+    "TextCut",
     "ThreadRef",
     "Unavailable",
     "is_copy_of",
@@ -87,6 +88,24 @@ class Attachment(Frozen):
     """Where the channel keeps it (a URL or an id), if anywhere."""
 
 
+class TextCut(Frozen):
+    """A message's text was longer than its channel takes: how much of it the agent gets.
+
+    Counted in characters (Unicode code points), as the person wrote them. The agent's user
+    message says so, and the thread is told once (decision D169).
+    """
+
+    kept: int = Field(ge=0)
+    """The characters the agent gets (the first ones; a cut never splits a character)."""
+    total: int | None = Field(default=None, ge=0)
+    """The characters the person wrote; None when the message was too large to count."""
+    message_bytes: int | None = Field(default=None, ge=0)
+    """Set when the whole message was larger than the channel reads: its size (email: only
+    its header was read; `kept` is then the subject's characters, if any)."""
+    limit_bytes: int | None = Field(default=None, ge=0)
+    """The largest message the channel reads (with `message_bytes`)."""
+
+
 class ContextMessage(Frozen):
     """An earlier message of a thread, shown to a lane that starts in the middle of it."""
 
@@ -114,6 +133,12 @@ class Inbound(Frozen):
     """The thread's earlier messages, oldest first, when the bot is called into a conversation
     that began without it (Slack: the thread before the first mention). The lane sees them
     with this message only if the message starts it (a lane holding entries has its own)."""
+    context_omitted: int = Field(default=0, ge=0)
+    """Earlier messages of the thread left out of `context` (older than those it holds)."""
+    cut: TextCut | None = None
+    """Set when `text` is only the start of what the person wrote (the channel's limit)."""
+    unlisted_attachments: int = Field(default=0, ge=0)
+    """Attachments beyond the channel's limit of listed ones (the agent is told how many)."""
 
     @property
     def dedupe_key(self) -> str:
@@ -340,6 +365,9 @@ class Outbound(Frozen):
     can edit what it posted closes each copy; one that cannot says so in the thread)."""
     reply_context: FrozenJsonObject = Field(default_factory=dict)
     """The newest `Inbound.reply_context` of the thread."""
+    answers: bool = True
+    """Whether it answers the thread's open messages (Slack takes its working reaction off
+    them); a notice sent as a message arrives, before the agent answers it, does not."""
 
 
 class DeliveryReceipt(Frozen):

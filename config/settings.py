@@ -374,7 +374,7 @@ class Settings(BaseModel):
         default=10_000_000,
         ge=10_000,
         le=100_000_000,
-        description="Larger mail is skipped (logged and counted, never downloaded).",
+        description="Larger mail is never downloaded: its header is read and the sender told.",
     )
     email_poll_seconds: float = Field(
         default=60.0,

@@ -2,7 +2,8 @@
 
 An adapter calls `accept` (or `decide`); the thread is routed to its session, the lane's reply
 context is remembered, and the item is appended to the session's inbox, deduplicated by the
-message's identity. A decision is first judged against the request it names
+message's identity (a message the channel cut is also answered with a notice saying so, in the
+outbox, before the call returns). A decision is first judged against the request it names
 (`gateway.decisions`): one that can change nothing is refused and stores nothing. Only then
 does the call return, and only then may the adapter acknowledge its channel: nothing it
 acknowledged can be lost.
@@ -26,6 +27,7 @@ from adapters.channel import (
     Unavailable,
 )
 from gateway.broker.contract import Broker, NewInboxItem, ThreadState
+from gateway.cuts import enqueue_cut_notice
 from gateway.decisions import judge
 from gateway.logs import event
 from harness_core import SessionRepo
@@ -82,6 +84,8 @@ class Intake:
                     payload=inbound.model_dump(mode="json"),
                 )
             )
+            # a duplicate too: the first accept may have ended between the two writes
+            await enqueue_cut_notice(self._broker, inbound, session, appended.item.id)
         except Exception as exc:  # the inbox could not hold it: the channel must retry
             log.warning(event("inbox unavailable", error=type(exc).__name__))
             raise Unavailable(f"the inbox is unavailable ({type(exc).__name__})") from exc

@@ -29,6 +29,7 @@ from pydantic import ValidationError
 
 from adapters.channel import DecisionInbound, Inbound
 from gateway.broker.contract import Broker, InboxItem, SessionTicket
+from gateway.cuts import agent_notes
 from gateway.incarnation import gone
 from gateway.logs import event
 from gateway.metrics import Metrics
@@ -755,6 +756,8 @@ def _text_of(inbound: Inbound, *, with_context: bool = False) -> str:
     lines = []
     if with_context and inbound.context:
         lines.append("Earlier in this thread:")
+        if inbound.context_omitted:  # older than those shown (D169)
+            lines.append(f"({inbound.context_omitted:,} earlier messages are not shown.)")
         for earlier in inbound.context:
             who = earlier.author.name or earlier.author.id
             lines.append(f"{who}: {earlier.text}")
@@ -766,6 +769,7 @@ def _text_of(inbound: Inbound, *, with_context: bool = False) -> str:
         lines.append(
             f"[attachment: {attachment.name} ({attachment.media_type}, {attachment.size} bytes)]"
         )
+    lines += agent_notes(inbound)  # what the channel left out (D169)
     return "\n".join(lines) or "(empty message)"
 
 

@@ -22,6 +22,7 @@ with the reason, not an endless retry.
 from __future__ import annotations
 
 import asyncio
+import functools
 import hashlib
 import hmac
 import logging
@@ -54,8 +55,9 @@ from adapters.channel import (
 )
 from adapters.email.approvals import approval_router
 from adapters.email.compose import approval_token, compose_reply, reply_message_id
-from adapters.email.imap import ImapConnection, ImapError, ImapGone, ImapRefused
-from adapters.email.message import parse
+from adapters.email.imap import CA_HINT, ImapConnection, ImapError, ImapGone, ImapRefused
+from adapters.email.message import parse, parse_head
+from adapters.failures import connection_failure
 from harness_core import Clock, SystemClock
 
 __all__ = ["EmailChannel"]
@@ -121,6 +123,8 @@ class EmailChannel:
         self.taken = 0
         self.connections = 0
         """IMAP connections opened by the receiving loop (a reconnect adds one)."""
+        self.receiving_error: str | None = None
+        """Why receiving is paused, in words naming the server (None while it receives)."""
         self._sink: InboundSink | None = None
         self._loop: asyncio.Task[None] | None = None
         self._sent: dict[str, deque[int]] = {}
@@ -177,11 +181,12 @@ class EmailChannel:
     async def _receive_forever(self) -> None:
         def waiting(state: RetryCallState) -> None:
             error = state.outcome.exception() if state.outcome is not None else None
+            self.receiving_error = str(error)[:500]
             log.warning(
                 "email receiving paused",
                 extra={
                     "error": type(error).__name__,
-                    "reason": str(error)[:200],
+                    "reason": self.receiving_error,
                     "retry_in_s": round(state.upcoming_sleep, 1),
                 },
             )
@@ -214,6 +219,9 @@ class EmailChannel:
                 log.error("email login refused", extra={"reason": str(exc)})
                 raise
             selected = await imap.select(self.folder)
+            if self.receiving_error is not None:
+                log.info("email receiving again", extra={"server": imap.where})
+            self.receiving_error = None
             while True:
                 await self._take_new(imap, selected.uidvalidity)
                 await imap.wait_for_news(self.poll_seconds)
@@ -268,37 +276,38 @@ class EmailChannel:
         size = await imap.size(uid)
         if size is None:
             return  # expunged meanwhile
-        if size > self.max_message_bytes:
-            self._skip(uid, "oversized")
+        oversized = size > self.max_message_bytes
+        # a message too large to read is taken from its header: its sender is told (D169)
+        raw = await (imap.fetch_header(uid) if oversized else imap.fetch(uid))
+        if raw is None:
+            return
+        read = functools.partial(parse_head, size=size) if oversized else parse
+        parsed = read(
+            raw,
+            mailbox_address=self.address,
+            own_domain_ids=self.domain,
+            max_bytes=self.max_message_bytes,
+            now_ms=self.clock.now_ms(),
+        )
+        if parsed.inbound is None:
+            self._skip(uid, parsed.reason)
         else:
-            raw = await imap.fetch(uid)
-            if raw is None:
-                return
-            parsed = parse(
-                raw,
-                mailbox_address=self.address,
-                own_domain_ids=self.domain,
-                max_bytes=self.max_message_bytes,
-                now_ms=self.clock.now_ms(),
-            )
-            if parsed.inbound is None:
-                self._skip(uid, parsed.reason)
+            try:
+                acceptance = await sink.accept(parsed.inbound)
+            except NotRouted as exc:
+                self._skip(uid, "not_routed")
+                log.warning("email not routed", extra={"reason": str(exc)})
             else:
-                try:
-                    acceptance = await sink.accept(parsed.inbound)
-                except NotRouted as exc:
-                    self._skip(uid, "not_routed")
-                    log.warning("email not routed", extra={"reason": str(exc)})
-                else:
-                    self.taken += not acceptance.duplicate
-                    log.info(
-                        "email taken",
-                        extra={
-                            "uid": uid,
-                            "lane": acceptance.lane,
-                            "duplicate": acceptance.duplicate,
-                        },
-                    )
+                self.taken += not acceptance.duplicate
+                log.info(
+                    "email taken",
+                    extra={
+                        "uid": uid,
+                        "lane": acceptance.lane,
+                        "duplicate": acceptance.duplicate,
+                        "oversized": oversized,
+                    },
+                )
         await imap.mark_seen(uid)
 
     def _skip(self, uid: int, reason: str) -> None:
@@ -333,34 +342,7 @@ class EmailChannel:
         # Bcc ourselves, first: servers that deliver in order file our copy before anyone's,
         # so a reply someone received is one `reconcile` can find
         recipients = [self.address, *_recipients(message)]
-        try:
-            refused, _ = await aiosmtplib.send(
-                message,
-                sender=self.address,
-                recipients=recipients,
-                hostname=self.smtp_host,
-                port=self.smtp_port,
-                username=self.username,
-                password=self._password,
-                start_tls=self.smtp_security == "starttls",
-                use_tls=self.smtp_security == "tls",
-                tls_context=self.ssl_context,
-                timeout=self.timeout_s,
-            )
-        except aiosmtplib.SMTPRecipientsRefused as exc:
-            raise DeliveryError(_refused(exc.recipients), permanent=True) from None
-        except aiosmtplib.SMTPAuthenticationError as exc:
-            raise DeliveryError(f"SMTP login refused ({exc.code})", permanent=True) from None
-        except (aiosmtplib.SMTPConnectError, aiosmtplib.SMTPConnectTimeoutError):
-            raise DeliveryError("SMTP server unreachable") from None
-        except aiosmtplib.SMTPResponseException as exc:
-            permanent = 500 <= exc.code < 600
-            raise DeliveryError(f"SMTP refused ({exc.code})", permanent=permanent) from None
-        except (aiosmtplib.SMTPException, OSError, TimeoutError) as exc:
-            # the connection broke: the server may have taken the message before it did
-            raise DeliveryError(
-                f"SMTP: no answer ({type(exc).__name__})", unknown_outcome=True
-            ) from None
+        refused = await self._send(message, recipients)
         if refused:
             people = {address.lower() for address in recipients if address != self.address}
             log.warning("email recipients refused", extra={"count": len(refused)})
@@ -373,6 +355,80 @@ class EmailChannel:
             delivery_id=outbound.delivery_id,
             channel_message_ids=(str(message["Message-ID"]),),
             delivered_at_ms=self.clock.now_ms(),
+        )
+
+    async def _send(
+        self, message: EmailMessage, recipients: list[str]
+    ) -> dict[str, aiosmtplib.SMTPResponse]:
+        """Connect (TLS, login), then send; the refused recipients.
+
+        Raises:
+            DeliveryError: in words naming the server (D171). A failure before the message
+                was handed over (connecting, TLS, login) is certain: nothing was sent; one
+                while sending has an unknown outcome (the server may have taken it).
+        """
+        where = f"{self.smtp_host}:{self.smtp_port}"
+        client = aiosmtplib.SMTP(
+            hostname=self.smtp_host,
+            port=self.smtp_port,
+            username=self.username,
+            password=self._password,
+            start_tls=self.smtp_security == "starttls",
+            use_tls=self.smtp_security == "tls",
+            tls_context=self.ssl_context,
+            timeout=self.timeout_s,
+        )
+        phase = "connecting"
+        try:
+            await client.connect()  # and STARTTLS, and the login
+            phase = "sending"
+            refused, _ = await client.send_message(
+                message, sender=self.address, recipients=recipients
+            )
+        except aiosmtplib.SMTPRecipientsRefused as exc:
+            raise DeliveryError(_refused(exc.recipients), permanent=True) from None
+        except aiosmtplib.SMTPAuthenticationError as exc:
+            raise DeliveryError(
+                f"SMTP server {where} refused the login for user {self.username!r} "
+                f"({exc.code} {_said(exc.message)})",
+                permanent=True,
+            ) from None
+        except aiosmtplib.SMTPResponseException as exc:
+            said = f"{exc.code} {_said(exc.message)}"
+            if isinstance(exc, aiosmtplib.SMTPConnectResponseError):  # its greeting: retried
+                raise DeliveryError(
+                    f"SMTP server {where} refused the connection ({said})"
+                ) from None
+            what = "the message" if phase == "sending" else "the session"
+            raise DeliveryError(
+                f"SMTP server {where} refused {what} ({said})", permanent=500 <= exc.code < 600
+            ) from None
+        except (aiosmtplib.SMTPException, OSError, TimeoutError) as exc:
+            # while sending, the connection broke: the server may have taken the message
+            raise DeliveryError(
+                self._smtp_failure(exc, phase), unknown_outcome=phase == "sending"
+            ) from None
+        finally:
+            if client.is_connected:
+                try:
+                    await asyncio.wait_for(client.quit(), timeout=min(self.timeout_s, 5))
+                except Exception:  # sent or not, the connection is done with
+                    client.close()
+        return dict(refused)
+
+    def _smtp_failure(self, error: BaseException, phase: str) -> str:
+        if isinstance(error, aiosmtplib.SMTPException) and not isinstance(
+            error, (ConnectionError, TimeoutError)
+        ):  # the client's own words (no STARTTLS offered, no AUTH...): no secret in them
+            return f"SMTP server {self.smtp_host}:{self.smtp_port}: {_said(str(error))} ({phase})"
+        return connection_failure(
+            error,
+            protocol="SMTP",
+            host=self.smtp_host,
+            port=self.smtp_port,
+            timeout_s=self.timeout_s,
+            phase=phase,
+            ca_hint=CA_HINT,
         )
 
     def _compose(self, outbound: Outbound) -> EmailMessage:
@@ -524,6 +580,11 @@ def _split_mark(mark: str | None) -> tuple[int, int]:
 def _recipients(message: EmailMessage) -> list[str]:
     pairs = getaddresses([str(v) for k in ("To", "Cc") for v in message.get_all(k, [])])
     return [address.lower() for _, address in pairs if address]
+
+
+def _said(text: str) -> str:
+    """A server's words as one short line."""
+    return " ".join(str(text).split())[:160]
 
 
 def _refused(recipients: Sequence[Any]) -> str:

@@ -22,7 +22,12 @@ from typing import Any, TypeVar
 
 import aioimaplib  # type: ignore[import-untyped]
 
-__all__ = ["ImapConnection", "ImapError", "ImapGone", "ImapRefused", "Selected"]
+from adapters.failures import connection_failure
+
+__all__ = ["CA_HINT", "ImapConnection", "ImapError", "ImapGone", "ImapRefused", "Selected"]
+
+CA_HINT = "a private CA goes in GATEWAY_EMAIL_CA_FILE"
+"""Closes the words of a mail server's certificate nobody trusts (IMAP and SMTP alike)."""
 
 _T = TypeVar("_T")
 _EXISTS = re.compile(rb"\*\s+\d+\s+EXISTS\b", re.IGNORECASE)
@@ -32,7 +37,7 @@ dropped connection sooner)."""
 
 
 class ImapError(Exception):
-    """An IMAP command failed; the message is short and secret-free."""
+    """An IMAP command failed; the message is one secret-free line naming the server (D171)."""
 
 
 class ImapGone(ImapError):
@@ -79,6 +84,7 @@ class ImapConnection:
             ImapRefused: the credentials were refused.
             ImapGone: the server cannot be reached or does not answer.
         """
+        hello = "TLS handshake and greeting" if self.tls else "greeting"
         try:
             if self.tls:
                 self._imap = aioimaplib.IMAP4_SSL(
@@ -94,12 +100,33 @@ class ImapConnection:
                     conn_lost_cb=lambda _exc: self.lost.set(),
                 )
             self._watch_untagged(self._imap.protocol)
-            await self._bounded(self._imap.wait_hello_from_server())
-        except (OSError, TimeoutError, aioimaplib.Abort) as exc:
-            raise ImapGone(f"cannot reach {self.host}:{self.port} ({type(exc).__name__})") from None
-        response = await self._bounded(self._imap.login(username, password))
+        except (OSError, aioimaplib.Abort) as exc:
+            raise ImapGone(self._failure(exc, "connecting")) from None
+        await self._bounded(self._imap.wait_hello_from_server(), f"connecting: {hello}")
+        response = await self._bounded(self._imap.login(username, password), "logging in")
         if response.result != "OK":
-            raise ImapRefused(f"the IMAP server refused the login ({_first(response)})")
+            raise ImapRefused(
+                f"IMAP server {self.where} refused the login for user {username!r} "
+                f"({_first(response)})"
+            )
+
+    @property
+    def where(self) -> str:
+        """``host:port`` of the server, as configured."""
+        return f"{self.host}:{self.port}"
+
+    def _failure(self, error: BaseException, phase: str) -> str:
+        if isinstance(error, aioimaplib.Abort):  # the client's own words: states, commands
+            return f"IMAP connection to {self.where} aborted ({phase}: {str(error)[:160]})"
+        return connection_failure(
+            error,
+            protocol="IMAP",
+            host=self.host,
+            port=self.port,
+            timeout_s=self.timeout_s,
+            phase=phase,
+            ca_hint=CA_HINT,
+        )
 
     def _watch_untagged(self, protocol: Any) -> None:
         """Note every untagged ``EXISTS``, then let aioimaplib handle (or drop) the line.
@@ -137,14 +164,14 @@ class ImapConnection:
 
     async def select(self, folder: str) -> Selected:
         """Select `folder`; its UIDVALIDITY and UIDNEXT."""
-        response = await self._ok(self._imap.select(_quote(folder)), f"select {folder}")
+        response = await self._ok(self._imap.select(_quote(folder)), f"select {folder!r}")
         text = b" ".join(
             bytes(line) for line in response.lines if isinstance(line, bytes | bytearray)
         )
         validity = re.search(rb"\[UIDVALIDITY (\d+)\]", text)
         uidnext = re.search(rb"\[UIDNEXT (\d+)\]", text)
         if validity is None:
-            raise ImapError(f"the server gave no UIDVALIDITY for {folder}")
+            raise ImapError(f"IMAP server {self.where} gave no UIDVALIDITY for {folder!r}")
         return Selected(int(validity.group(1)), int(uidnext.group(1)) if uidnext else 0)
 
     async def uids_after(self, last: int) -> list[int]:
@@ -181,6 +208,14 @@ class ImapConnection:
                 return bytes(line)
         return None
 
+    async def fetch_header(self, uid: int) -> bytes | None:
+        """The message's header only (a message too large to fetch); None if it is gone."""
+        response = await self._ok(self._imap.uid("fetch", str(uid), "(BODY.PEEK[HEADER])"), "fetch")
+        for line in response.lines:
+            if isinstance(line, bytearray):
+                return bytes(line)
+        return None
+
     async def mark_seen(self, uid: int) -> None:
         """Set the seen flag: the message is handled (it is in the inbox, or was skipped)."""
         await self._ok(self._imap.uid("store", str(uid), "+FLAGS.SILENT", r"(\Seen)"), "store")
@@ -191,7 +226,7 @@ class ImapConnection:
 
     async def create(self, folder: str) -> None:
         """Create `folder` (an error if it exists)."""
-        await self._ok(self._imap.create(_quote(folder)), f"create {folder}")
+        await self._ok(self._imap.create(_quote(folder)), f"create {folder!r}")
 
     async def wait_for_news(self, poll_s: float) -> None:
         """Return when the selected folder may have changed: an IDLE push, or a poll interval.
@@ -203,7 +238,7 @@ class ImapConnection:
             await asyncio.sleep(poll_s)
             await self._ok(self._imap.noop(), "noop")
             return
-        idle = await self._bounded(self._imap.idle_start(timeout=_IDLE_S))
+        idle = await self._bounded(self._imap.idle_start(timeout=_IDLE_S), "IDLE")
         try:
             lines = await self._imap.wait_server_push(timeout=_IDLE_S)
         finally:
@@ -214,8 +249,8 @@ class ImapConnection:
             for line in lines or []
         ):
             idle.cancel()
-            raise ImapGone("the server ended the connection")
-        await self._bounded(asyncio.shield(idle))
+            raise ImapGone(f"IMAP server {self.where} ended the connection (during IDLE)")
+        await self._bounded(asyncio.shield(idle), "IDLE")
 
     async def close(self) -> None:
         """Log out (bounded) and drop the connection; never raises.
@@ -239,20 +274,21 @@ class ImapConnection:
             task.cancel()
 
     async def _ok(self, call: Awaitable[Any], what: str) -> Any:
-        response = await self._bounded(call)
+        response = await self._bounded(call, what)
         if response.result != "OK":
-            raise ImapError(f"{what} failed ({_first(response)})")
+            raise ImapError(f"IMAP {what} failed on {self.where} ({_first(response)})")
         return response
 
-    async def _bounded(self, call: Awaitable[_T]) -> _T:
+    async def _bounded(self, call: Awaitable[_T], phase: str) -> _T:
         """`call` within the timeout, given up at once if the connection drops meanwhile.
 
         (A BYE outside IDLE only fires the lost callback; the pending command would wait.)
+        `phase` says what the call was for in the error's words.
         """
         if self.lost.is_set():
             if inspect.iscoroutine(call):
                 call.close()  # never started: no "coroutine was never awaited" on a dead link
-            raise ImapGone("the connection is lost")
+            raise ImapGone(f"the connection to IMAP server {self.where} is lost ({phase})")
         work = asyncio.ensure_future(call)
         lost = asyncio.ensure_future(self.lost.wait())
         try:
@@ -264,10 +300,13 @@ class ImapConnection:
                     return work.result()
                 except (OSError, aioimaplib.Abort) as exc:
                     self.lost.set()
-                    raise ImapGone(f"the IMAP connection failed ({type(exc).__name__})") from None
+                    raise ImapGone(self._failure(exc, phase)) from None
             self.lost.set()
-            why = "the server closed the connection" if lost in done else "no answer in time"
-            raise ImapGone(f"{why} (IMAP)")
+            if lost in done:
+                raise ImapGone(f"IMAP server {self.where} closed the connection ({phase})")
+            raise ImapGone(
+                f"no answer from IMAP server {self.where} within {self.timeout_s:g} s ({phase})"
+            )
         finally:
             for task in (work, lost):
                 if not task.done():

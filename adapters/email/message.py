@@ -28,8 +28,13 @@ The rules:
   text: the forwarded message is what the sender wants read. A message without new text that
   starts a thread takes its subject as text; a reply without new text and without attachments
   is skipped as ``empty``.
+* **Length**: beyond `MAX_TEXT_CHARS` characters of new text (quoted history removed first:
+  it never counts) the text is cut and `Inbound.cut` says so, and so does an HTML body longer
+  than is converted (`_MAX_HTML_CHARS` once inline ``data:`` images are left out): the agent
+  and the person are told (decision D169).
 * **Attachments** are metadata only (name, media type, decoded size); their content stays in
-  the mailbox. At most `MAX_ATTACHMENTS` are listed; no size limit applies to one attachment
+  the mailbox. At most `MAX_ATTACHMENTS` are listed, the rest counted
+  (`Inbound.unlisted_attachments`); no size limit applies to one attachment
   (a large one is just listed with its size: the whole message is already bounded by
   ``max_bytes``, and nothing is downloaded).
 """
@@ -50,8 +55,9 @@ from email.utils import getaddresses
 from html.parser import HTMLParser
 from typing import Any, Literal
 
-from adapters.channel import Attachment, Author, Inbound, ThreadRef
+from adapters.channel import Attachment, Author, Inbound, TextCut, ThreadRef
 from adapters.email.quotes import clean_html, reply_text
+from adapters.text_cut import keep_within
 
 __all__ = [
     "CHANNEL",
@@ -63,14 +69,15 @@ __all__ = [
     "message_ids",
     "normalize_subject",
     "parse",
+    "parse_head",
     "Parsed",
 ]
 
 CHANNEL = "email"
 MAX_TEXT_CHARS = 40_000
-"""The most characters of an inbound message's text (cut beyond)."""
+"""The most characters of an inbound message's new text the agent gets (cut beyond, and said)."""
 MAX_ATTACHMENTS = 20
-"""The most attachments listed per message (further ones are not listed)."""
+"""The most attachments listed per message (further ones are counted, not listed)."""
 
 _MAX_ID_CHARS = 250
 _MAX_REFERENCES = 50
@@ -79,6 +86,8 @@ _MAX_HEADER_CHARS = 1000
 _MAX_NAME_CHARS = 200
 _MAX_THREAD_INDEX_CHARS = 2000
 _MAX_HTML_CHARS = 500_000
+"""An HTML body is converted up to this many characters (without inline images' data)."""
+_INLINE_DATA = re.compile(r"(?i)\bdata:[^\s\"'<>]{200,}")
 _MAX_DEPTH = 20
 _MAX_LEAVES = 500
 _SYNTHETIC_ID_DOMAIN = "no-message-id.invalid"
@@ -317,6 +326,51 @@ def _parse(
         return Parsed("skip", "oversized")
     msg = BytesParser(policy=policy.default).parsebytes(raw)
     assert isinstance(msg, EmailMessage)
+    return _read(
+        msg, raw, mailbox_address=mailbox_address, own_domain_ids=own_domain_ids, now_ms=now_ms
+    )
+
+
+def parse_head(
+    head: bytes,
+    *,
+    size: int,
+    mailbox_address: str,
+    own_domain_ids: str | Collection[str],
+    max_bytes: int,
+    now_ms: int,
+) -> Parsed:
+    """A message larger than `max_bytes`, read from its header alone (never raises).
+
+    The same rules as `parse` (the loop guard, the thread), but the body is never fetched:
+    the `Inbound` holds the subject at most, and `Inbound.cut` says the message (`size`
+    bytes) was too large to read, so the person is told rather than never answered (D169).
+    """
+    try:
+        msg = BytesParser(policy=policy.default).parsebytes(bytes(head), headersonly=True)
+        assert isinstance(msg, EmailMessage)
+        unread = TextCut(kept=0, total=None, message_bytes=size, limit_bytes=max_bytes)
+        return _read(
+            msg,
+            bytes(head),
+            mailbox_address=mailbox_address,
+            own_domain_ids=own_domain_ids,
+            now_ms=now_ms,
+            unread=unread,
+        )
+    except Exception:
+        return Parsed("skip", "malformed")
+
+
+def _read(
+    msg: EmailMessage,
+    raw: bytes,
+    *,
+    mailbox_address: str,
+    own_domain_ids: str | Collection[str],
+    now_ms: int,
+    unread: TextCut | None = None,
+) -> Parsed:
     automatic = classify_automatic(
         msg, mailbox_address=mailbox_address, own_domain_ids=own_domain_ids
     )
@@ -333,17 +387,26 @@ def _parse(
     in_reply_to = message_ids(_header(msg, "In-Reply-To"))
     root = references[0] if references else in_reply_to[0] if in_reply_to else message_id
     forward = _is_forward(subject)
-    body = _body(msg, strip_quotes=not forward)
-    if body.status == "undecodable":
-        return Parsed("skip", "undecodable")
-    attachments = _attachments(msg, body.part)
-    text = body.text
-    if text:
-        text = _clip(text, MAX_TEXT_CHARS) if forward else reply_text(text, MAX_TEXT_CHARS)
-    if not text and root == message_id:
+    if unread is not None:  # too large to read: the subject says what it is about, at most
         text = normalize_subject(subject)
-    if not text and not attachments:
-        return Parsed("skip", "empty" if body.status == "found" else "malformed")
+        attachments: tuple[Attachment, ...] = ()
+        unlisted = 0
+        cut: TextCut | None = unread.model_copy(update={"kept": len(text)})
+    else:
+        body = _body(msg, strip_quotes=not forward)
+        if body.status == "undecodable":
+            return Parsed("skip", "undecodable")
+        attachments, unlisted = _attachments(msg, body.part)
+        text = body.text
+        cut = None
+        if text:
+            text, cut = keep_within(text.strip() if forward else reply_text(text), MAX_TEXT_CHARS)
+        if body.partial:  # the end of the HTML was never read: how much it held is unknown
+            cut = TextCut(kept=len(text), total=None)
+        if not text and root == message_id:
+            text = normalize_subject(subject)
+        if not text and not attachments:
+            return Parsed("skip", "empty" if body.status == "found" else "malformed")
     chain = references or in_reply_to[:1]
     if len(chain) > _MAX_REFERENCES:
         chain = chain[:1] + chain[-(_MAX_REFERENCES - 1) :]
@@ -373,6 +436,8 @@ def _parse(
         attachments=attachments,
         received_at_ms=now_ms,
         reply_context=context,
+        cut=cut,
+        unlisted_attachments=unlisted,
     )
     return Parsed("take", "new" if root == message_id else "reply", inbound)
 
@@ -561,6 +626,8 @@ class _Body:
     status: Literal["found", "none", "undecodable"]
     text: str = ""
     part: Message | None = None
+    partial: bool = False
+    """An HTML body longer than is converted: `text` is the start of it only."""
 
 
 def _leaves(part: Message, depth: int = 0) -> Iterator[Message]:
@@ -619,15 +686,19 @@ def _body(msg: EmailMessage, *, strip_quotes: bool) -> _Body:
         if decoded is None:
             undecodable = True
             continue
+        partial = False
         if kind == "html":
-            html = decoded[:_MAX_HTML_CHARS]
+            # inline images' data is no text, and made long mails lose their end
+            html = _INLINE_DATA.sub("data:", decoded) if len(decoded) > _MAX_HTML_CHARS else decoded
+            partial = len(html) > _MAX_HTML_CHARS
+            html = html[:_MAX_HTML_CHARS]
             decoded = html_to_text(clean_html(html) if strip_quotes else html)
         elif _param(candidate, "format") == "flowed":
             delsp = _param(candidate, "delsp") == "yes"
             decoded = _unflow(decoded, delsp=delsp)
         text = _normalize_text(decoded)
         if text.strip():
-            return _Body("found", text, candidate)
+            return _Body("found", text, candidate, partial)
     if undecodable:
         return _Body("undecodable")
     return _Body("found", "", candidates[0][1])
@@ -847,10 +918,12 @@ def html_to_text(html: str) -> str:
     return parser.text()
 
 
-def _attachments(msg: Message, body: Message | None) -> tuple[Attachment, ...]:
+def _attachments(msg: Message, body: Message | None) -> tuple[tuple[Attachment, ...], int]:
+    """The attachments listed (at most `MAX_ATTACHMENTS`), and how many more there are."""
     found: list[Attachment] = []
+    more = 0
     for count, part in enumerate(_leaves(msg)):
-        if count >= _MAX_LEAVES or len(found) >= MAX_ATTACHMENTS:
+        if count >= _MAX_LEAVES:
             break
         if part is body:
             continue
@@ -861,6 +934,9 @@ def _attachments(msg: Message, body: Message | None) -> tuple[Attachment, ...]:
         inline_text = media_type in ("text/plain", "text/html") and not _is_attachment(part)
         if inline_text:
             continue  # an alternative or a continuation of the body, not a file
+        if len(found) >= MAX_ATTACHMENTS:
+            more += 1
+            continue
         found.append(
             Attachment(
                 name=_attachment_name(part, media_type, len(found)),
@@ -868,7 +944,7 @@ def _attachments(msg: Message, body: Message | None) -> tuple[Attachment, ...]:
                 size=_part_size(part),
             )
         )
-    return tuple(found)
+    return tuple(found), more
 
 
 def _attachment_name(part: Message, media_type: str, index: int) -> str:

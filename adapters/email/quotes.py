@@ -187,8 +187,12 @@ _SENT_FROM = re.compile(
 """A "Sent from my iPhone" line, in a dozen languages (``Von meinem iPhone gesendet``...)."""
 
 
-def reply_text(text: str, limit: int) -> str:
-    """The new text of a message: no quoted history, ``>`` lines or signature (the module)."""
+def reply_text(text: str) -> str:
+    """The new text of a message: no quoted history, ``>`` lines or signature (the module).
+
+    Not cut to any length: the caller counts what is left against its limit (the quoted
+    history a person did not write never counts as text cut from their message).
+    """
     lines = [line.strip() for line in text.split("\n")]
     probe: list[str] = []
     long_lines: dict[int, str] = {}
@@ -227,7 +231,7 @@ def reply_text(text: str, limit: int) -> str:
     found_header = bool(first.headers) or len(replies) > 1
     if not complete and not found_header:
         # new text longer than the probe: keep it all, less the quoted lines
-        return _clip(_finish("\n".join(lines)), limit)
+        return _finish("\n".join(_without_attributions(lines)))
     content: str = first.content
     if first.headers:
         content = content.replace(first.headers, "", 1)
@@ -235,7 +239,7 @@ def reply_text(text: str, limit: int) -> str:
     if signature and _plausible_signature(signature) and content.endswith(signature):
         content = content[: -len(signature)]
     restored = _PLACEHOLDER.sub(lambda m: long_lines.get(int(m.group(1)), ""), content)
-    return _clip(_finish(restored), limit)
+    return _finish(restored)
 
 
 def _quote_start(lines: list[str]) -> int | None:
@@ -333,7 +337,3 @@ def _plausible_signature(signature: str) -> bool:
         return False
     _, comma, rest = first.partition(",")
     return not comma or all(word[:1].isupper() for word in rest.split())
-
-
-def _clip(text: str, limit: int) -> str:
-    return text if len(text) <= limit else text[: limit - 1] + "…"

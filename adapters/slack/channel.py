@@ -31,7 +31,7 @@ import re
 from collections import OrderedDict
 from collections.abc import Awaitable, Callable, Mapping, Sequence
 from typing import Any
-from urllib.parse import parse_qs
+from urllib.parse import parse_qs, urlsplit
 
 import aiohttp
 from fastapi import APIRouter, Request, Response
@@ -64,6 +64,7 @@ from adapters.channel import (
     Unavailable,
     is_copy_of,
 )
+from adapters.failures import connection_failure
 from adapters.slack.events import CHANNEL, classify, clean_text, slack_thread, split_thread
 from adapters.slack.render import (
     DecisionTarget,
@@ -102,7 +103,9 @@ _PERMANENT = frozenset(
     }
 )
 """Slack errors that a retry cannot fix (the delivery becomes a dead letter at once)."""
-_BAD_TOKEN = frozenset({"invalid_auth", "not_authed", "account_inactive", "token_revoked"})
+_BAD_TOKEN = frozenset(
+    {"invalid_auth", "not_authed", "account_inactive", "token_revoked", "not_allowed_token_type"}
+)
 _MAX_BODY = 1_000_000
 _SEEN_EVENTS = 10_000
 _HISTORY_TIMEOUT_S = 1.5
@@ -154,11 +157,13 @@ class SlackChannel:
         """Messages taken in by backfills (for tests and logs)."""
         self._backfilling: asyncio.Task[None] | None = None
         self.socket_mode = app_token is not None
+        self.api_url = api_url
+        self.call_timeout_s = int(call_timeout_s)  # what the Web API client takes
         # slack-sdk and bolt log through ours: one JSON line per event, no tracebacks, no tokens
         self.client = AsyncWebClient(
             token=bot_token,
             base_url=api_url,
-            timeout=int(call_timeout_s),
+            timeout=self.call_timeout_s,
             retry_handlers=[],
             logger=logging.getLogger("adapters.slack.sdk"),
         )
@@ -192,8 +197,9 @@ class SlackChannel:
         """Check the bot token (auth.test), then receive: HTTP routes, or a Socket Mode link.
 
         Raises:
-            SlackStartError: Slack refuses the token (a network failure is logged instead: the
-                channel starts and bolt asks again on the first event).
+            SlackStartError: Slack refuses the bot token, or the app token (Socket Mode). A
+                network failure is logged instead, in words naming the API's host (D172): the
+                channel starts and bolt asks again on the first event.
         """
         self._sink = sink
         try:
@@ -204,9 +210,13 @@ class SlackChannel:
             error = exc.response.get("error")
             if error in _BAD_TOKEN:
                 raise SlackStartError(f"Slack refuses the bot token ({error})") from None
-            log.warning("slack auth.test failed", extra={"error": str(error)})
+            log.warning("slack auth.test failed", extra={"reason": self._api_said(exc)})
         except (aiohttp.ClientError, TimeoutError) as exc:
-            log.warning("slack unreachable at start", extra={"error": type(exc).__name__})
+            reason = self._unreachable(exc, "auth.test")
+            log.warning("slack unreachable at start", extra={"reason": reason})
+        else:
+            if self.socket_mode:
+                await self._check_app_token()
         if self.socket_mode:
             self._socket = AsyncSocketModeHandler(self.app, self._app_token)
             self._socket.client.message_listeners.append(self._on_socket_message)
@@ -216,6 +226,50 @@ class SlackChannel:
         else:
             self._start_backfill()
         log.info("slack started", extra={"mode": "socket" if self.socket_mode else "http"})
+
+    async def _check_app_token(self) -> None:
+        """Ask Slack for a Socket Mode URL once: a refused app token stops the start.
+
+        (slack-sdk's Socket Mode client would retry a refused token forever, in the background,
+        with the service looking healthy.) The URL it hands out is left unused; it expires.
+        """
+        try:
+            await self.client.apps_connections_open(app_token=self._app_token or "")
+        except SlackApiError as exc:
+            error = exc.response.get("error")
+            if error in _BAD_TOKEN:
+                raise SlackStartError(f"Slack refuses the app token ({error})") from None
+            log.warning("slack apps.connections.open failed", extra={"reason": self._api_said(exc)})
+        except (aiohttp.ClientError, TimeoutError) as exc:
+            reason = self._unreachable(exc, "apps.connections.open")
+            log.warning("slack unreachable at start", extra={"reason": reason})
+
+    def _unreachable(self, error: BaseException, method: str) -> str:
+        """Why the Web API could not be reached, in words naming its host and port."""
+        url = urlsplit(self.api_url)
+        try:
+            port = url.port or (80 if url.scheme == "http" else 443)
+        except ValueError:  # not a port: the host's words still help
+            port = 0
+        return connection_failure(
+            error,
+            protocol="Slack API",
+            host=url.hostname or self.api_url,
+            port=port,
+            timeout_s=self.call_timeout_s,
+            phase=method,
+        )
+
+    def _api_said(self, error: SlackApiError) -> str:
+        """What the Web API answered instead of ``ok``, in words (a URL that is not Slack's)."""
+        said = error.response.get("error") if isinstance(error.response.data, dict) else None
+        status = error.response.status_code
+        if said:
+            return f"Slack answered {said} (HTTP {status})"
+        return (
+            f"{self.api_url} did not answer as the Slack Web API does (HTTP {status}, "
+            "not Slack's JSON): check the API URL"
+        )
 
     async def _on_socket_message(self, _client: Any, message: dict[str, Any], _raw: Any) -> None:
         if message.get("type") == "hello":  # connected, or connected again after a drop
@@ -414,7 +468,10 @@ class SlackChannel:
                 log.debug("slack event not taken", extra={"reason": "thread without the bot"})
                 return
             if classified.joined_midway and known is None:
-                inbound = inbound.model_copy(update={"context": await self._history(inbound)})
+                context, omitted = await self._history(inbound)
+                inbound = inbound.model_copy(
+                    update={"context": context, "context_omitted": omitted}
+                )
             if self.working_reaction:
                 inbound = await self._with_working(sink, inbound, known)
             acceptance = await sink.accept(inbound)
@@ -432,23 +489,25 @@ class SlackChannel:
         while len(self._seen) > _SEEN_EVENTS:
             self._seen.popitem(last=False)
 
-    async def _history(self, inbound: Inbound) -> tuple[ContextMessage, ...]:
-        """The thread before `inbound` (for a lane that starts in its middle); () if unknown."""
+    async def _history(self, inbound: Inbound) -> tuple[tuple[ContextMessage, ...], int]:
+        """The thread's newest messages before `inbound`, and how many older ones are left out.
+
+        Slack lists a thread oldest first, 200 a page: every page is read (up to
+        `_SCAN_PAGES`), so the newest `context_messages` are the ones kept, however long the
+        thread. ((), 0) if it cannot be read in time.
+        """
         channel, root = split_thread(inbound.thread)
         ts = str(inbound.reply_context.get("ts", ""))
         try:
-            answer = await asyncio.wait_for(
-                self.client.conversations_replies(
-                    channel=channel, ts=root or ts, latest=ts, inclusive=False, limit=200
-                ),
-                timeout=_HISTORY_TIMEOUT_S,
+            found = await asyncio.wait_for(
+                self._thread_before(channel, root or ts, ts), timeout=_HISTORY_TIMEOUT_S
             )
         except (SlackApiError, aiohttp.ClientError, TimeoutError) as exc:
             log.warning("slack thread history unavailable", extra={"error": type(exc).__name__})
-            return ()
+            return (), 0
         earlier = []
-        for message in answer.get("messages") or []:
-            if not isinstance(message, dict) or message.get("ts") == ts:
+        for message in found:
+            if message.get("ts") == ts:
                 continue
             if message.get("bot_id") or message.get("subtype") not in (None, "thread_broadcast"):
                 continue
@@ -457,7 +516,26 @@ class SlackChannel:
                 earlier.append(
                     ContextMessage(author=Author(id=str(message.get("user"))), text=text)
                 )
-        return tuple(earlier[-self.context_messages :])
+        kept = earlier[-self.context_messages :] if self.context_messages > 0 else []
+        return tuple(kept), len(earlier) - len(kept)
+
+    async def _thread_before(self, channel: str, root: str, ts: str) -> list[dict[str, Any]]:
+        found: list[dict[str, Any]] = []
+        cursor: str | None = None
+        for _ in range(_SCAN_PAGES):
+            answer = await self.client.conversations_replies(
+                channel=channel,
+                ts=root,
+                latest=ts,
+                inclusive=False,
+                limit=200,
+                cursor=cursor,
+            )
+            found += [m for m in answer.get("messages") or [] if isinstance(m, dict)]
+            cursor = (answer.get("response_metadata") or {}).get("next_cursor") or None
+            if not cursor:
+                break
+        return found
 
     # -- approvals -------------------------------------------------------------------------
 
@@ -704,7 +782,7 @@ class SlackChannel:
                     channel, thread_ts, text, blocks, metadata, after_post=bool(posted or there)
                 )
             )
-        if self.working_reaction:
+        if self.working_reaction and outbound.answers:  # a notice on arrival answers nothing
             self._spawn(self._answered(channel, outbound))
         return DeliveryReceipt(
             delivery_id=outbound.delivery_id,
@@ -781,10 +859,12 @@ class SlackChannel:
             )
         except SlackApiError as exc:
             raise _delivery_error(exc, after_post=after_post) from None
-        except aiohttp.ClientConnectorError:
-            raise DeliveryError("Slack unreachable", unknown_outcome=after_post) from None
-        except (aiohttp.ClientError, TimeoutError):
-            raise DeliveryError("no answer from Slack", unknown_outcome=True) from None
+        except aiohttp.ClientConnectorError as exc:
+            reason = self._unreachable(exc, "chat.postMessage")
+            raise DeliveryError(reason, unknown_outcome=after_post) from None
+        except (aiohttp.ClientError, TimeoutError) as exc:
+            reason = self._unreachable(exc, "chat.postMessage")
+            raise DeliveryError(reason, unknown_outcome=True) from None
         return str(answer.get("ts"))
 
     async def _close(self, outbound: Outbound) -> DeliveryReceipt:

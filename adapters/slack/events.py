@@ -13,6 +13,10 @@ The rules (decision D86):
   the agent answers what was asked when it was asked; a correction is a new message.
 * Messages from bots (the bot itself included) and service subtypes (joins, topic changes...) are
   acknowledged and not taken.
+* The text is what the person typed: Slack's escapes (``&amp;``, ``&lt;``, ``&gt;``) are read
+  back. Beyond `MAX_TEXT_CHARS` it is cut and the `Inbound` says so (`Inbound.cut`: the agent
+  and the thread are told, decision D169); files beyond `MAX_ATTACHMENTS` are counted, not
+  listed.
 """
 
 from __future__ import annotations
@@ -23,10 +27,13 @@ from dataclasses import dataclass
 from typing import Any, Literal
 
 from adapters.channel import Attachment, Author, Inbound, ThreadRef
+from adapters.text_cut import keep_within
 
 __all__ = [
     "CHANNEL",
     "DM_THREAD",
+    "MAX_ATTACHMENTS",
+    "MAX_TEXT_CHARS",
     "Classified",
     "classify",
     "clean_text",
@@ -39,8 +46,10 @@ DM_THREAD = "dm"
 """The thread name of a DM's top-level messages (answered at the top level, not in a thread)."""
 
 _TAKEN_SUBTYPES = frozenset({None, "file_share", "thread_broadcast"})
-_MAX_TEXT = 40_000
-_MAX_ATTACHMENTS = 20
+MAX_TEXT_CHARS = 40_000
+"""The most characters of a message's text the agent gets (the rest is cut, and said)."""
+MAX_ATTACHMENTS = 20
+"""The most files listed per message (further ones are counted)."""
 
 Take = Literal["take", "if_known", "ignore"]
 
@@ -75,9 +84,16 @@ def split_thread(thread: ThreadRef) -> tuple[str, str | None]:
 
 
 def clean_text(text: str, bot_user_id: str) -> str:
-    """The message text without the bot's own mention (the rest of the text is the message)."""
+    """The text as the person typed it, without the bot's own mention.
+
+    Slack escapes three characters in a message's text (``&amp;``, ``&lt;``, ``&gt;``: its
+    markup uses ``<...>`` for mentions and links); they are read back after the mention is
+    removed, so ``a &lt; b`` reaches the agent as ``a < b``, and the limit counts what the
+    person wrote. Mentions of others and links stay in Slack's ``<...>`` form.
+    """
     without = re.sub(rf"<@{re.escape(bot_user_id)}(\|[^>]*)?>", "", text)
-    return re.sub(r"[ \t]{2,}", " ", without).strip()
+    without = re.sub(r"[ \t]{2,}", " ", without).strip()
+    return without.replace("&lt;", "<").replace("&gt;", ">").replace("&amp;", "&")
 
 
 def classify(
@@ -122,14 +138,19 @@ def classify(
         take, reason = "if_known", "thread"
     else:
         return Classified("ignore", "not for the bot")
+    kept, cut = keep_within(clean_text(text, bot_user_id), MAX_TEXT_CHARS)
+    files = event.get("files")
+    attachments = _attachments(files)
     inbound = Inbound(
         thread=slack_thread(str(channel), root),
         message_id=f"{channel}:{ts}",
         author=Author(id=str(user), name=_display_name(event)),
-        text=clean_text(text, bot_user_id)[:_MAX_TEXT],
-        attachments=_attachments(event.get("files")),
+        text=kept,
+        attachments=attachments,
         received_at_ms=now_ms,
         reply_context={"ts": str(ts), "user": str(user)},
+        cut=cut,
+        unlisted_attachments=max(0, len(files) - MAX_ATTACHMENTS) if isinstance(files, list) else 0,
     )
     return Classified(take, reason, inbound, joined_midway=reason == "mention" and in_thread)
 
@@ -148,7 +169,7 @@ def _attachments(files: Any) -> tuple[Attachment, ...]:
     if not isinstance(files, list):
         return ()
     found = []
-    for item in files[:_MAX_ATTACHMENTS]:
+    for item in files[:MAX_ATTACHMENTS]:
         if not isinstance(item, Mapping):
             continue
         size = item.get("size")

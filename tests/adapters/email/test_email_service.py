@@ -240,17 +240,30 @@ async def test_smtp_refusing_then_accepting_delivers_once(mail: Mail) -> None:
     assert len(await mail.replies(1)) == 1
 
 
-async def test_oversized_and_malformed_mail_is_skipped_and_its_neighbours_answered(
+async def test_oversized_mail_is_said_to_be_unread_and_malformed_mail_skipped(
     mail: Mail,
 ) -> None:
     adapter = _adapter(mail)
     adapter.max_message_bytes = 50_000
-    mail.dovecot.deliver(mail.bot, b"From: x@example.test\r\nSubject: big\r\n\r\n" + b"x" * 60_000)
+    big = f"From: Person <{mail.person.address}>\r\nTo: {mail.bot.address}\r\n"
+    big += "Message-ID: <big-1@example.test>\r\nSubject: the big log\r\n\r\n"
+    mail.dovecot.deliver(mail.bot, big.encode() + b"x" * 60_000, sender=mail.person.address)
+    bulk = big.replace("big-1", "big-2").replace("Subject:", "Precedence: bulk\r\nSubject:")
+    mail.dovecot.deliver(mail.bot, bulk.encode() + b"x" * 60_000, sender=mail.person.address)
     mail.dovecot.deliver(mail.bot, b"\x00\xff not a mail at all \xfe")
     mail.write("still answered")
-    [reply] = await mail.replies(1)
-    assert "still answered" in _text(reply)
-    await _until(lambda: adapter.skipped["oversized"] == 1)
+    replies = await mail.replies(3)  # the notice, the answer to the big one, the neighbour's
+    await _until(lambda: adapter.skipped["bulk"] == 1)
+    texts = [_text(m) for m in replies]
+    [notice] = [t for t in texts if "too large for me to read" in t]
+    assert re.search(r"\(6\d\.\d KB; at most 50\.0 KB is read\)", notice)  # before: no word
+    assert any("still answered" in t for t in texts)
+    [got] = await mail.user_texts("email:<big-1@example.test>")
+    assert re.fullmatch(
+        r"the big log\n\[This message was too large to read \(6\d\.\d KB; at most 50\.0 KB "
+        r"is read\): you have its subject only\. The sender has been told\.\]",
+        got,
+    )
 
 
 SECRET = "a-link-secret-of-at-least-32-characters!"
@@ -407,7 +420,8 @@ async def test_a_refused_smtp_login_is_a_dead_letter_not_an_endless_retry(mail: 
     mail.smtp.fail_auth()
     mail.write("while the password is wrong")
     [dead] = await _dead_letters(mail, 1)
-    assert dead.last_error is not None and dead.last_error.startswith("SMTP login refused")
+    assert dead.last_error is not None
+    assert dead.last_error.startswith(f"SMTP server 127.0.0.1:{mail.smtp.port} refused the login")
     assert dead.attempts == 1
 
 
@@ -457,3 +471,89 @@ async def test_a_display_name_that_decodes_to_a_line_break_is_answered_to_everyo
     assert [str(m["Message-ID"]) for m in mail.dovecot.parsed_messages(carl)] == [
         str(reply["Message-ID"])
     ]
+
+
+_LIMIT = 40_000
+_QUOTE = "\n\nOn Mon, 30 Nov 2026 at 14:00, Agent <bot@example.test> wrote:\n"
+
+
+def _quoted(lines: int) -> str:
+    return _QUOTE + "".join(f"> an earlier line of the thread, number {n}\n" for n in range(lines))
+
+
+def _html_mail(html: str) -> EmailMessage:
+    message = EmailMessage()
+    message.set_content(html, subtype="html")
+    return message
+
+
+# (case, subject, body as the person wrote it (or an HTML mail), the new text the agent
+# gets before any note, (kept, total) or None). Characters, not bytes, are counted, and only
+# the new text: quoted history is removed before the count (D169).
+MAIL_CUTS: list[tuple[str, str, str | EmailMessage, str, tuple[int | None, ...] | None]] = [
+    ("just-under", "Log", "a" * (_LIMIT - 1), "a" * (_LIMIT - 1), None),
+    ("at", "Log", "a" * _LIMIT, "a" * _LIMIT, None),
+    ("just-over", "Log", "a" * (_LIMIT + 1), "a" * _LIMIT, (_LIMIT, _LIMIT + 1)),
+    ("accented-at", "Log", "é" * _LIMIT, "é" * _LIMIT, None),
+    ("emoji-over", "Log", "😀" * (_LIMIT + 1), "😀" * _LIMIT, (_LIMIT, _LIMIT + 1)),
+    # the limit falls inside the quoted history, which is removed anyway: nothing is cut
+    ("limit-inside-the-quote", "Re: Log", "b" * 39_990 + _quoted(40), "b" * 39_990, None),
+    ("long-quote", "Re: Log", "short answer" + _quoted(2_000), "short answer", None),
+    # a forward keeps its whole text (the forwarded message is what is to be read)
+    ("forward-over", "Fwd: Log", "c" * (_LIMIT + 5), "c" * _LIMIT, (_LIMIT, _LIMIT + 5)),
+    (
+        "html-over",
+        "Log",
+        _html_mail(f"<p>{'d' * (_LIMIT + 2)}</p>"),
+        "d" * _LIMIT,
+        (_LIMIT, _LIMIT + 2),
+    ),
+    # an inline image's data made the HTML's end unread before: the text after it is read
+    (
+        "html-after-an-inline-image",
+        "Log",
+        _html_mail(f'<p>see</p><img src="data:image/png;base64,{"A" * 600_000}"><p>after</p>'),
+        "see\n\nafter",
+        None,
+    ),
+]
+
+
+@pytest.mark.parametrize(
+    ("subject", "body", "agent_text", "cut"),
+    [c[1:] for c in MAIL_CUTS],
+    ids=[c[0] for c in MAIL_CUTS],
+)
+async def test_a_mail_over_the_limit_is_cut_and_said_once_in_the_thread(
+    mail: Mail,
+    subject: str,
+    body: str | EmailMessage,
+    agent_text: str,
+    cut: tuple[int, int] | None,
+) -> None:
+    if isinstance(body, str):
+        asked = mail.write(body, subject=subject)
+    else:
+        asked = body
+        asked["From"] = f"Person <{mail.person.address}>"
+        asked["To"] = mail.bot.address
+        asked["Subject"] = subject
+        asked["Message-ID"] = make_msgid(domain="example.test")
+        mail.dovecot.deliver(mail.bot, bytes(asked), sender=mail.person.address)
+    mail.dovecot.deliver(mail.bot, bytes(asked), sender=mail.person.address)  # a second copy
+    replies = await mail.replies(1 if cut is None else 2)
+    await asyncio.sleep(0.5)  # room for a wrong second notice
+    replies = await mail.replies(0)
+    notices = [m for m in replies if "longer than I can take" in _text(m)]
+    [got] = await mail.user_texts(f"email:{asked['Message-ID']}")
+    if cut is None:
+        assert got == agent_text
+        assert notices == [] and len(replies) == 1
+        return
+    kept, total = cut
+    note = f"[This message was cut: you have its first {kept:,} of {total:,} characters."
+    assert got == f"{agent_text}\n{note} The sender has been told.]"
+    assert len(replies) == 2
+    [notice] = notices
+    assert f"I read only its first {kept:,} of {total:,} characters" in _text(notice)
+    assert str(notice["In-Reply-To"]) == str(asked["Message-ID"])

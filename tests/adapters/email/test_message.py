@@ -21,6 +21,7 @@ from adapters.email.message import (
     message_ids,
     normalize_subject,
     parse,
+    parse_head,
 )
 
 BOT = "bot@gw.example"
@@ -641,7 +642,9 @@ def test_attachments_beyond_the_limit_are_not_listed() -> None:
     msg.set_content("files")
     for number in range(MAX_ATTACHMENTS + 5):
         msg.add_attachment(b"x" * 10, "application", "octet-stream", filename=f"f{number}.bin")
-    assert len(taken(msg.as_bytes()).attachments) == MAX_ATTACHMENTS
+    inbound = taken(msg.as_bytes())
+    assert len(inbound.attachments) == MAX_ATTACHMENTS
+    assert inbound.unlisted_attachments == 5  # counted: the agent is told (D169)
 
 
 def test_attachment_only_message_is_taken_with_subject() -> None:
@@ -662,9 +665,40 @@ def test_a_message_over_the_limit_is_skipped_unparsed() -> None:
     assert read(plain("small"), max_bytes=10).reason == "oversized"
 
 
-def test_long_text_is_cut() -> None:
-    body = "word " * 20_000
-    assert len(taken(plain(body)).text) == MAX_TEXT_CHARS
+def _html(body: str) -> str:
+    return plain(body).replace("text/plain", "text/html")
+
+
+# (case, raw mail, the text's length, `Inbound.cut` as (kept, total) or None): only the new
+# text counts, in characters; an HTML body too long to convert says its count is unknown (D169)
+_QUOTED = "new\n\nOn Mon, 30 Nov 2026, A <a@b.example> wrote:\n" + "> q\n" * 30_000
+_IMAGE = f'<img src="data:image/png;base64,{"A" * 600_000}"><p>end</p>'
+_LIMIT = MAX_TEXT_CHARS
+LONG_TEXTS: list[tuple[str, str, int, tuple[int, int | None] | None]] = [
+    ("at", plain("a" * MAX_TEXT_CHARS), MAX_TEXT_CHARS, None),
+    ("over", plain("word " * 20_000), MAX_TEXT_CHARS, (MAX_TEXT_CHARS, 99_999)),
+    ("cjk-at", plain("日" * MAX_TEXT_CHARS), MAX_TEXT_CHARS, None),
+    ("quote-over", plain(_QUOTED), 3, None),
+    ("forward-over", plain("f" * 50_000, Subject="Fwd: log"), _LIMIT, (_LIMIT, 50_000)),
+    ("html-over", _html(f"<p>{'h' * 41_000}</p>"), MAX_TEXT_CHARS, (MAX_TEXT_CHARS, 41_000)),
+    ("html-too-long", _html("<p>x</p>" * 70_000), MAX_TEXT_CHARS, (MAX_TEXT_CHARS, None)),
+    ("html-long-image", _html(_IMAGE), 3, None),
+]  # fmt: skip
+
+
+@pytest.mark.parametrize(
+    ("raw", "length", "cut"), [c[1:] for c in LONG_TEXTS], ids=[c[0] for c in LONG_TEXTS]
+)
+def test_long_text_is_cut_and_says_so(
+    raw: str, length: int, cut: tuple[int, int | None] | None
+) -> None:
+    inbound = taken(raw)
+    assert len(inbound.text) == length
+    if cut is None:
+        assert inbound.cut is None
+    else:
+        assert inbound.cut is not None
+        assert (inbound.cut.kept, inbound.cut.total) == cut
 
 
 HOSTILE_TEXT = [
@@ -983,3 +1017,44 @@ def test_parse_skips_the_bots_own_mail() -> None:
     # another domain's id of the same shape is someone else's
     other = reply_message_id("reply:run-1", "elsewhere.example")
     assert read(plain("hi", Message_ID=other)).action == "take"
+
+
+# (case, header, the reason, the agent's text): a message too large to read is taken from its
+# header, by the same rules, so its sender can be told (D169)
+HEADS = [
+    ("new", plain(""), "new", "Deploy"),
+    ("reply", plain("", In_Reply_To="<root@x>", Subject="Re: Deploy"), "reply", "Deploy"),
+    ("bulk", plain("", Precedence="bulk"), "bulk", None),
+    ("auto-reply", plain("", Auto_Submitted="auto-replied"), "auto_submitted", None),
+    ("no-sender", plain("", From=""), "no_sender", None),
+    ("garbage", "\x00\xff", "no_sender", None),
+]
+
+
+@pytest.mark.parametrize(
+    ("head", "reason", "text"), [c[1:] for c in HEADS], ids=[c[0] for c in HEADS]
+)
+def test_a_message_too_large_to_read_is_taken_from_its_header(
+    head: str, reason: str, text: str | None
+) -> None:
+    parsed = parse_head(
+        head.encode("utf-8", "surrogateescape"),
+        size=12_000_000,
+        mailbox_address=BOT,
+        own_domain_ids=(DOMAIN,),
+        max_bytes=LIMIT,
+        now_ms=7,
+    )
+    assert parsed.reason == reason
+    if text is None:
+        assert parsed.inbound is None
+        return
+    assert parsed.inbound is not None
+    assert parsed.inbound.text == text
+    assert parsed.inbound.cut is not None
+    assert parsed.inbound.cut.model_dump() == {
+        "kept": len(text),
+        "total": None,
+        "message_bytes": 12_000_000,
+        "limit_bytes": LIMIT,
+    }

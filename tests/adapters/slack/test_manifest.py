@@ -26,6 +26,7 @@ SOURCE = ROOT / "adapters/slack/channel.py"
 HISTORY = {"channels:history", "groups:history", "im:history", "mpim:history"}
 METHOD_SCOPES: dict[str, set[str]] = {
     "auth_test": set(),
+    "apps_connections_open": set(),  # the app-level token's connections:write, no bot scope
     "chat_postMessage": {"chat:write"},
     "chat_postEphemeral": {"chat:write"},
     "chat_update": {"chat:write"},

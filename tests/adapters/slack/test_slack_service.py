@@ -801,3 +801,102 @@ async def test_a_request_slack_refused_is_closed_by_a_message_of_its_own(rig: Ri
     assert replies[1].text == "Done: deployed prod"
     await asyncio.sleep(0.3)
     assert len([m for m in rig.fake.thread("C1", event["ts"]) if m.bot_id]) == 2
+
+
+# (case, the text as Slack sends it, the text the person typed, (kept, total) or None). The
+# limit counts the characters the person typed: Slack's escapes are read back first (D169).
+_LIMIT = 40_000
+TEXT_CUTS: list[tuple[str, str, str, tuple[int, int] | None]] = [
+    ("just-under", "a" * (_LIMIT - 1), "a" * (_LIMIT - 1), None),
+    ("at", "a" * _LIMIT, "a" * _LIMIT, None),
+    ("just-over", "a" * (_LIMIT + 1), "a" * (_LIMIT + 1), (_LIMIT, _LIMIT + 1)),
+    ("far-over", "word " * 12_000, ("word " * 12_000).strip(), (_LIMIT, 59_999)),
+    ("accented-at", "é" * _LIMIT, "é" * _LIMIT, None),  # 80,000 bytes: characters count
+    ("emoji-over", "😀" * (_LIMIT + 1), "😀" * (_LIMIT + 1), (_LIMIT, _LIMIT + 1)),
+    # an accent written as a letter and a combining mark that straddles the limit: both go
+    (
+        "combining-at-the-limit",
+        "x" + "e\u0301" * 20_000,
+        "x" + "e\u0301" * 20_000,
+        (39_999, 40_001),
+    ),
+    ("escapes-under", "&lt;" * 10_001, "<" * 10_001, None),  # 40,004 as sent, 10,001 typed
+    ("escapes-over", "&amp;" * (_LIMIT + 1), "&" * (_LIMIT + 1), (_LIMIT, _LIMIT + 1)),
+]
+
+
+@pytest.mark.parametrize(
+    ("sent", "typed", "cut"), [c[1:] for c in TEXT_CUTS], ids=[c[0] for c in TEXT_CUTS]
+)
+async def test_a_message_over_the_limit_is_cut_and_said_once_in_the_thread(
+    rig: Rig, sent: str, typed: str, cut: tuple[int, int] | None
+) -> None:
+    event = rig.fake.mention_event("C1", sent)
+    message = rig.fake.message_event("C1", event["ts"])
+    assert (await rig.event(event, event_id="Ev1")).status_code == 200
+    assert (await rig.event(message, event_id="Ev2")).status_code == 200  # the same message
+    assert (await rig.event(event, event_id="Ev1")).status_code == 200  # Slack's retry
+    lane = f"slack:C1:{event['ts']}"
+    await _until(lambda: any(_delivery_of(m).startswith("reply:") for m in _bot(rig, event)))
+    await _until(lambda: "eyes" not in rig.fake.message("C1", event["ts"]).reactions)
+    await asyncio.sleep(0.3)  # room for a wrong second notice
+    notices = [m for m in _bot(rig, event) if ":cut:" in _delivery_of(m)]
+    [got] = await rig.user_texts(lane)
+    if cut is None:
+        assert got == typed
+        assert notices == []
+        return
+    kept, total = cut
+    note = f"[This message was cut: you have its first {kept:,} of {total:,} characters."
+    assert got == f"{typed[:kept]}\n{note} The sender has been told.]"
+    [notice] = notices
+    assert f"I read only its first {kept:,} of {total:,} characters" in notice.text
+    assert notice.thread_ts == event["ts"]
+    # the notice answers nothing: the reply alone takes the working reaction off
+    removed = [c.params["timestamp"] for c in rig.fake.calls_to("reactions.remove")]
+    assert removed == [event["ts"]]
+
+
+def _bot(rig: Rig, event: dict[str, Any]) -> list[Message]:
+    return [m for m in rig.fake.thread("C1", event["ts"]) if m.bot_id]
+
+
+async def test_a_cut_notice_the_outbox_could_not_hold_is_sent_on_slacks_retry_once(
+    rig: Rig, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    broker = rig.service.broker
+    assert broker is not None
+    enqueue = broker.outbox.enqueue
+    failed: list[str] = []
+
+    async def down_once(delivery_id: str, *args: Any, **kwargs: Any) -> bool:
+        if ":cut:" in delivery_id and not failed:  # the message is in the inbox, not its notice
+            failed.append(delivery_id)
+            raise ConnectionError("the broker went away")
+        return await enqueue(delivery_id, *args, **kwargs)
+
+    monkeypatch.setattr(broker.outbox, "enqueue", down_once)
+    event = rig.fake.mention_event("C1", "a" * (_LIMIT + 1))
+    assert (await rig.event(event, event_id="Ev1")).status_code == 500  # Slack sends it again
+    assert (await rig.event(event, event_id="Ev1")).status_code == 200
+    await _until(lambda: any(_delivery_of(m).startswith("reply:") for m in _bot(rig, event)))
+    await asyncio.sleep(0.3)
+    assert failed and [":cut:" in _delivery_of(m) for m in _bot(rig, event)].count(True) == 1
+    assert len(await rig.user_texts(f"slack:C1:{event['ts']}")) == 1
+
+
+async def test_a_mention_late_in_a_long_thread_gives_the_agent_its_newest_messages(
+    rig: Rig,
+) -> None:
+    root = rig.fake.post_user_message("C1", "message 0", user="U0ANN")
+    for number in range(1, 260):  # more than one page of conversations.replies
+        rig.fake.post_user_message("C1", f"message {number}", user="U0BOB", thread_ts=root["ts"])
+    mention = rig.fake.mention_event("C1", "so?", user="U0ANN", thread_ts=root["ts"])
+    await rig.event(mention)
+    await rig.bot_replies("C1", root["ts"], 1)
+    [first] = await rig.user_texts(f"slack:C1:{root['ts']}")
+    shown = "\n".join(f"U0BOB: message {n}" for n in range(210, 260))  # before: 150 to 199
+    assert first == (
+        "Earlier in this thread:\n(210 earlier messages are not shown.)\n"
+        f"{shown}\n\nThe message to you:\nso?"
+    )

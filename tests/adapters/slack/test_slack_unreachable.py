@@ -1,0 +1,151 @@
+"""A Slack the channel cannot use is said in words, against real sockets (D172).
+
+A refused token stops the start with one line (the bot token, and now the app token in Socket
+Mode, which slack-sdk would otherwise retry forever in the background). A Web API that cannot
+be reached is not fatal (the channel starts and asks again later), but the log line says why,
+naming the host and port: a name that does not resolve, a port nobody listens on, a port that
+never answers, TLS spoken to a plain HTTP port, a URL that is not Slack's API. A delivery's
+failure reason (what ``gateway ops`` shows) says the same.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import re
+from collections.abc import AsyncIterator, Callable
+from dataclasses import dataclass
+from typing import Any
+
+import pytest
+from aiohttp import web
+
+from adapters.channel import DeliveryError, Outbound, ThreadRef
+from adapters.slack import SlackChannel
+from config import Settings
+from gateway.serve import serve
+from tests.adapters.kit import TestSink
+from tests.support.fake_slack import FakeSlack
+from tests.support.redis_server import free_port
+
+
+@dataclass(frozen=True)
+class Places:
+    """Where each kind of failure is found on this machine."""
+
+    fake: FakeSlack
+    closed: int
+    """A port nothing listens on."""
+    silent: int
+    """A port that accepts and never answers."""
+    not_slack: str
+    """An HTTP server answering every path with an HTML 404 page."""
+
+
+@pytest.fixture
+async def places() -> AsyncIterator[Places]:
+    held: list[asyncio.StreamWriter] = []
+
+    async def accept_and_wait(_reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+        held.append(writer)
+
+    silent = await asyncio.start_server(accept_and_wait, "127.0.0.1", 0)
+    app = web.Application()
+
+    async def not_found(_request: web.Request) -> web.Response:
+        return web.Response(status=404, text="<html>Not Found</html>", content_type="text/html")
+
+    app.router.add_route("*", "/{tail:.*}", not_found)
+    runner = web.AppRunner(app)
+    await runner.setup()
+    site = web.TCPSite(runner, "127.0.0.1", free_port())
+    await site.start()
+    async with FakeSlack() as fake:
+        yield Places(fake, free_port(), silent.sockets[0].getsockname()[1], f"{site.name}/api/")
+    for writer in held:
+        writer.close()
+    silent.close()
+    await runner.cleanup()
+
+
+# (case, the API URL, the reason logged)
+UNREACHABLE: list[tuple[str, Callable[[Places], str], str]] = [
+    ("unresolvable", lambda p: "https://nonexistent.invalid/api/",
+     r"cannot resolve the Slack API host 'nonexistent\.invalid' \(.+\): check the host name"),
+    ("nothing-listens", lambda p: f"http://127.0.0.1:{p.closed}/api/",
+     r"connection refused by 127\.0\.0\.1:{closed}: nothing listens there \(check the Slack "
+     r"API host and port\)"),
+    ("silent", lambda p: f"http://127.0.0.1:{p.silent}/api/",
+     r"no answer from Slack API server 127\.0\.0\.1:{silent} within 1 s \(auth\.test\)"),
+    ("tls-to-a-plain-port", lambda p: p.fake.api_url.replace("http://", "https://"),
+     r"TLS handshake with Slack API server 127\.0\.0\.1:\d+ failed: wrong version number \(the "
+     r"server does not speak TLS on this port: check the port and its security setting\)"),
+    ("not-slacks-api", lambda p: p.not_slack,
+     r"http://127\.0\.0\.1:\d+/api/ did not answer as the Slack Web API does \(HTTP 404, not "
+     r"Slack's JSON\): check the API URL"),
+]  # fmt: skip
+
+
+@pytest.mark.parametrize(
+    ("url", "reason"), [c[1:] for c in UNREACHABLE], ids=[c[0] for c in UNREACHABLE]
+)
+async def test_an_unreachable_slack_is_said_in_words_and_the_channel_starts(
+    places: Places,
+    url: Callable[[Places], str],
+    reason: str,
+    caplog: pytest.LogCaptureFixture,
+) -> None:
+    caplog.set_level("WARNING", logger="adapters.slack")
+    channel = SlackChannel(
+        bot_token="xoxb-test-secretpart",
+        signing_secret="test-signing-secret",
+        api_url=url(places),
+        call_timeout_s=1,
+        backfill_hours=0,
+    )
+    await asyncio.wait_for(channel.start(TestSink()), timeout=10)
+    await channel.close()
+    said = [str(getattr(r, "reason", "")) for r in caplog.records if r.name == "adapters.slack"]
+    expected = reason.replace("{closed}", str(places.closed))
+    expected = expected.replace("{silent}", str(places.silent))
+    assert said and re.fullmatch(expected, said[0]), said
+    assert all("secretpart" not in line for line in said)
+
+
+async def test_a_post_to_an_unreachable_slack_says_why_in_the_deliverys_reason(
+    places: Places,
+) -> None:
+    channel = SlackChannel(
+        bot_token="xoxb-test",
+        signing_secret="test-signing-secret",
+        api_url=f"http://127.0.0.1:{places.closed}/api/",
+    )
+    outbound = Outbound(
+        delivery_id="reply:s:run-1",
+        thread=ThreadRef(channel="slack", space="C1", thread="C1:1.000001"),
+        kind="reply",
+        text="an answer",
+    )
+    with pytest.raises(DeliveryError) as raised:
+        await channel.deliver(outbound)
+    assert raised.value.reason == (
+        f"connection refused by 127.0.0.1:{places.closed}: nothing listens there (check the "
+        "Slack API host and port)"
+    )  # before: "Slack unreachable"
+    assert not raised.value.unknown_outcome
+
+
+async def test_an_app_token_slack_refuses_stops_serve_with_one_line(
+    places: Places, tmp_path: Any, capsys: pytest.CaptureFixture[str]
+) -> None:
+    settings = Settings(
+        store_url=f"sqlite:///{tmp_path}/store.db",
+        broker_url=f"sqlite:///{tmp_path}/broker.db",
+        web_url=f"sqlite:///{tmp_path}/web.db",
+        slack_bot_token=places.fake.bot_token,
+        slack_app_token="xapp-revoked-secretpart",
+        slack_api_url=places.fake.api_url,
+    )
+    assert await serve(settings.replace(port=free_port())) == 1  # before: served, retrying
+    err = capsys.readouterr().err
+    assert "gateway: Slack refuses the app token (invalid_auth)" in err.splitlines()
+    assert "Traceback" not in err and "secretpart" not in err
