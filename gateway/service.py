@@ -66,7 +66,7 @@ _DELIVERY_DRAIN_MIN_S = 2.0
 _CLOSE_RESERVE_S = 0.5
 """What a bounded stop keeps after the drain: cut work releases its sessions, things close."""
 
-_PROBE_TIMEOUT_S = 2.0
+_PROBE_TIMEOUT_S = 5.0  # a cold Redis Cluster client loads its slots and scripts first
 _REMIND_SWEEP_MAX_S = 60.0
 """Reminders are looked for at least this often (a quarter of the interval when shorter)."""
 _REMIND_SWEEP_MIN_S = 0.05

@@ -1045,9 +1045,14 @@ class SlackChannel:
             working.add(newest)
         if not working:
             return
+        # The mark first: a person who sees the reaction go and writes at once must find these
+        # messages answered (else the next reply would list them again).
+        await self._mark_answered(outbound.thread.lane, max(working, key=_ts_key))
         for ts in sorted(working, key=_ts_key):
             await self._react(channel, ts, add=False)
-        mark, through = _answered_mark(outbound.thread.lane), max(working, key=_ts_key)
+
+    async def _mark_answered(self, lane: str, through: str) -> None:
+        mark = _answered_mark(lane)
         if self._sink is None:
             return
         with contextlib.suppress(Unavailable):

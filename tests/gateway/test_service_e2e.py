@@ -26,6 +26,7 @@ from gateway.replies import (
     REFUSED_TEXT,
 )
 from gateway.service import Service, ServiceParts
+from harness_core import HarnessClosed
 from tests.support.gateway_agent import CUT_OFF_ANSWER
 from tests.support.gateway_rig import decision_body, lane_texts
 
@@ -300,12 +301,14 @@ async def test_a_message_the_lane_cannot_take_is_refused_and_the_thread_told(
 async def _open_operations(gateway: Gateway, lane: str) -> list[str | None]:
     """The operation ids the workers' harnesses hold for `lane` (None: idle there)."""
     assert gateway.service.worker is not None
-    return [
-        info.operation_id
-        for session in list(gateway.service.worker.active.values())
-        for info in await session.harness.lanes()
-        if info.name == lane
-    ]
+    held: list[str | None] = []
+    for session in list(gateway.service.worker.active.values()):
+        try:
+            lanes = await session.harness.lanes()
+        except HarnessClosed:  # released between the listing and the read: not held any more
+            continue
+        held.extend(info.operation_id for info in lanes if info.name == lane)
+    return held
 
 
 async def _until_running(gateway: Gateway, lane: str, timeout_s: float = 10.0) -> None:
