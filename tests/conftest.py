@@ -1,7 +1,9 @@
 from __future__ import annotations
 
 import itertools
+import json
 from collections.abc import AsyncIterator, Iterator
+from typing import Any
 
 import pytest
 
@@ -51,6 +53,43 @@ async def _close_kit_repos() -> AsyncIterator[None]:
 def redis_prefix(worker_id: str = "w") -> str:
     """A key prefix no other test uses."""
     return f"t{next(_prefixes)}"
+
+
+_TALLIES = "gateway-tallies"
+
+
+def pytest_sessionfinish(session: pytest.Session) -> None:
+    """On a pytest-xdist worker: hand what it tallied to the controller, which prints it."""
+    output = getattr(session.config, "workeroutput", None)
+    if output is None:
+        return
+    from tests.adapters.email.corpus_score import SCORES
+    from tests.support.matrix_coverage import CRASH_POINTS, RACE_ORDERS
+
+    output[_TALLIES] = json.dumps(
+        {
+            "crash_points": [[b, n, count] for (b, n), count in CRASH_POINTS.items()],
+            "race_orders": {row: sorted(orders) for row, orders in RACE_ORDERS.items()},
+            "corpus": SCORES,
+        }
+    )
+
+
+@pytest.hookimpl(optionalhook=True)
+def pytest_testnodedown(node: Any, error: object) -> None:
+    """On the pytest-xdist controller: add a finished worker's tallies to this process's."""
+    sent = getattr(node, "workeroutput", {}).get(_TALLIES)
+    if sent is None:
+        return
+    from tests.adapters.email.corpus_score import SCORES
+    from tests.support.matrix_coverage import CRASH_POINTS, RACE_ORDERS
+
+    tallies = json.loads(sent)
+    for backend, name, count in tallies["crash_points"]:
+        CRASH_POINTS[(backend, name)] = CRASH_POINTS.get((backend, name), 0) + count
+    for row, orders in tallies["race_orders"].items():
+        RACE_ORDERS.setdefault(row, set()).update(orders)
+    SCORES.update(tallies["corpus"])
 
 
 def pytest_terminal_summary(terminalreporter: pytest.TerminalReporter) -> None:

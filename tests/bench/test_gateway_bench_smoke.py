@@ -12,6 +12,7 @@ ROOT = Path(__file__).resolve().parents[2]
 
 
 @pytest.mark.slow
+@pytest.mark.timeout(180)  # ~30 s alone; a parallel test run shares the cores with it
 def test_the_gateway_bench_prints_its_tables() -> None:
     backends = "sqlite,redis1"
     # few threads for many messages: many arrive while their lane runs (a drift fault found so)
@@ -21,7 +22,7 @@ def test_the_gateway_bench_prints_its_tables() -> None:
         cwd=ROOT,
         capture_output=True,
         text=True,
-        timeout=50,
+        timeout=150,
     )
     assert done.returncode == 0, done.stdout[-2000:] + done.stderr[-3000:]
     out = done.stdout
@@ -37,6 +38,7 @@ def test_the_gateway_bench_prints_its_tables() -> None:
 
 
 @pytest.mark.slow
+@pytest.mark.timeout(180)
 def test_the_takeover_bench_answers_every_probe() -> None:
     tiny = ["--threads", "20", "--spaces", "4", "--kills", "1", "--takeover-warm", "0.5"]
     done = subprocess.run(
@@ -44,7 +46,7 @@ def test_the_takeover_bench_answers_every_probe() -> None:
         cwd=ROOT,
         capture_output=True,
         text=True,
-        timeout=60,
+        timeout=150,
     )
     assert done.returncode == 0, done.stdout[-2000:] + done.stderr[-3000:]
     [row] = [line for line in done.stdout.splitlines() if line.startswith("    1 |")]
