@@ -151,6 +151,7 @@ class Service:
             client, model = plugin.model
         else:
             client, model = model_from_settings(settings)
+            self._own(client)  # its providers' HTTP connections are closed when this stops
         client = redacting(client, self.redactor)  # a provider error may quote the key
         self.model = model
         tools = tuple(parts.tools) or tuple(plugin.tools)
@@ -322,8 +323,10 @@ class Service:
 
     async def _close_owned(self) -> None:
         for thing in reversed(self._owned):
-            with contextlib.suppress(Exception):
-                await thing.close()
+            close = getattr(thing, "close", None) or getattr(thing, "aclose", None)
+            if close is not None:  # a scripted model has nothing to close
+                with contextlib.suppress(Exception):
+                    await close()
         self._owned.clear()
 
     def _own(self, thing: Any) -> Any:

@@ -55,6 +55,31 @@ def redis_prefix(worker_id: str = "w") -> str:
     return f"t{next(_prefixes)}"
 
 
+def pytest_addoption(parser: pytest.Parser) -> None:
+    parser.addoption(
+        "--phase",
+        choices=("all", "shared", "alone"),
+        default="all",
+        help="shared: every test but those marked `alone`; alone: only those (scripts/test runs "
+        "the shared ones on every core, then the `alone` ones by themselves)",
+    )
+
+
+def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
+    """`--phase`: keep the tests of one phase, deselect (and report) the others."""
+    phase = config.getoption("--phase")
+    if phase == "all":
+        return
+    keep: list[pytest.Item] = []
+    drop: list[pytest.Item] = []
+    for item in items:
+        alone = item.get_closest_marker("alone") is not None
+        (keep if alone == (phase == "alone") else drop).append(item)
+    if drop:
+        config.hook.pytest_deselected(items=drop)
+        items[:] = keep
+
+
 _TALLIES = "gateway-tallies"
 
 

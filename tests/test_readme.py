@@ -254,7 +254,13 @@ def test_the_commands_run_elsewhere_are_run_there() -> None:
     ci = (ROOT / ".ci" / "run").read_text().strip().splitlines()
     assert ci[-1] == "exec scripts/test"
     assert "apt-get install -y" in "\n".join(ci)
-    assert '.venv/bin/python -m pytest "$@"' in (ROOT / "scripts" / "test").read_text()
+    runs = [
+        line
+        for line in (ROOT / "scripts" / "test").read_text().splitlines()
+        if line.startswith(".venv/bin/python -m pytest ")
+    ]
+    assert [run.split("--phase ")[1].split()[0] for run in runs] == ["shared", "alone"]
+    assert all('"$@"' in run for run in runs), runs
     for bench in BENCHES.values():
         if bench.by:
             assert (ROOT / bench.by).is_file(), bench.by

@@ -15,6 +15,9 @@ import pytest
 from tests.support.kill_run import kill_run
 from tests.support.redis_server import RedisServer
 
+# kill rates and deadlines are part of what these measure: scripts/test runs them by themselves
+pytestmark = pytest.mark.alone
+
 
 def _report(capsys: pytest.CaptureFixture[str], title: str, line: str) -> None:
     with capsys.disabled():

@@ -15,11 +15,15 @@ import pytest
 from tests.support.kill_soak import soak
 from tests.support.redis_server import RedisServer
 
+# kill rates and deadlines are part of what these measure: scripts/test runs them by themselves
+pytestmark = pytest.mark.alone
+
 ROOT = Path(__file__).resolve().parents[2]
 KILLS = 20
 
 
 @pytest.mark.slow
+@pytest.mark.timeout(180)  # ~30 s alone
 @pytest.mark.backends("sqlite", "redis")
 async def test_an_agent_killed_at_random_moments_recovers_every_time(
     backend: str, tmp_path: Path, request: pytest.FixtureRequest

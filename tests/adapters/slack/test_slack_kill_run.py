@@ -18,6 +18,9 @@ from tests.support.fake_slack import FakeSlack
 from tests.support.kill_run import kill_run
 from tests.support.redis_server import RedisServer
 
+# kill rates and deadlines are part of what these measure: scripts/test runs them by themselves
+pytestmark = pytest.mark.alone
+
 
 @pytest.mark.timeout(600)
 async def test_three_processes_on_redis_with_slack_killed_every_few_seconds(

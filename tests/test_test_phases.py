@@ -1,0 +1,28 @@
+"""`--phase` splits the run in two: the `alone` tests (scripts/test's second phase) and the rest."""
+
+from __future__ import annotations
+
+import subprocess
+import sys
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parents[1]
+FILES = ["tests/gateway/test_kill_run.py", "tests/gateway/test_stop.py"]
+
+
+def _collected(phase: str) -> set[str]:
+    done = subprocess.run(
+        [sys.executable, "-m", "pytest", "--collect-only", "-q", "--phase", phase, *FILES],
+        cwd=ROOT,
+        capture_output=True,
+        text=True,
+        timeout=50,
+    )
+    assert done.returncode == 0, done.stdout + done.stderr
+    return {line.split("::")[0] for line in done.stdout.splitlines() if "::" in line}
+
+
+def test_each_phase_collects_its_own_tests_and_all_collects_both() -> None:
+    assert _collected("alone") == {FILES[0]}
+    assert _collected("shared") == {FILES[1]}
+    assert _collected("all") == set(FILES)
