@@ -33,7 +33,7 @@ async def test_three_processes_on_redis_killed_every_few_seconds(
         "broker_url": f"{redis_server.url}?prefix={redis_prefix}b",
         "web_url": f"{redis_server.url}?prefix={redis_prefix}w",
     }
-    counts = await kill_run(tmp_path, urls, processes=3, threads=200, messages=2000)
+    counts = await kill_run(tmp_path, urls, processes=3, threads=200, messages=2000, min_kills=3)
     _report(capsys, "kill run, 3 processes on Redis", counts.line())
     assert counts.kills >= 3
     assert counts.resumed > 0  # kills hit running operations, which were resumed
@@ -51,7 +51,9 @@ async def test_the_embedded_service_killed_and_restarted(
         "broker_url": f"sqlite:///{tmp_path}/broker.db",
         "web_url": f"sqlite:///{tmp_path}/web.db",
     }
-    counts = await kill_run(tmp_path, urls, processes=1, threads=100, messages=600, send_seconds=25)
+    counts = await kill_run(
+        tmp_path, urls, processes=1, threads=100, messages=600, send_seconds=25, min_kills=2
+    )
     _report(capsys, "kill run, embedded SQLite", counts.line())
     assert counts.kills >= 2
     assert counts.clean, (counts.line(), counts.problems[:20])

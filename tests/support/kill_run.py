@@ -133,6 +133,7 @@ async def kill_run(
     messages: int,
     spaces: int = 20,
     kill_every_s: tuple[float, float] = (2.0, 4.0),
+    min_kills: int = 0,
     send_seconds: float = 40.0,
     send_concurrency: int = 24,
     settle_timeout_s: float = 180.0,
@@ -141,7 +142,9 @@ async def kill_run(
     email: EmailRig | None = None,
 ) -> KillRunCounts:
     """Run it (see the module docstring); the counts. With `slack` (a started fake whose
-    channels are ``C0``... one per space) the messages come in as Slack events."""
+    channels are ``C0``... one per space) the messages come in as Slack events. The killer
+    goes on after the last message is sent until it has killed `min_kills` times (a restart
+    takes longer on a busy machine, and the sending may be over before the kills are)."""
     rng = random.Random(seed)
     ledger = directory / "deliveries.jsonl"
     effects = directory / "effects.jsonl"
@@ -181,7 +184,9 @@ async def kill_run(
     sending = asyncio.Event()
     try:
         async with httpx.AsyncClient(timeout=10.0) as http:
-            killer = asyncio.ensure_future(_killer(gateways, rng, kill_every_s, sending, counts))
+            killer = asyncio.ensure_future(
+                _killer(gateways, rng, kill_every_s, sending, counts, min_kills)
+            )
             send: _WebSender | _SlackSender | _EmailSender
             if email is not None:
                 send = _EmailSender(http, gateways, rng, email)
@@ -412,13 +417,18 @@ async def _killer(
     every_s: tuple[float, float],
     sending: asyncio.Event,
     counts: KillRunCounts,
+    min_kills: int,
 ) -> None:
-    while not sending.is_set():
-        try:
-            await asyncio.wait_for(sending.wait(), timeout=rng.uniform(*every_s))
-            return
-        except TimeoutError:
-            pass
+    while not sending.is_set() or counts.kills < min_kills:
+        pause = rng.uniform(*every_s)
+        if sending.is_set():
+            await asyncio.sleep(pause)
+        else:
+            try:
+                await asyncio.wait_for(sending.wait(), timeout=pause)
+                continue  # sent: kill only while short of `min_kills`
+            except TimeoutError:
+                pass
         victim = rng.choice([g for g in gateways if g.alive] or gateways)
         await asyncio.to_thread(victim.kill)
         counts.kills += 1

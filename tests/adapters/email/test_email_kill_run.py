@@ -44,6 +44,7 @@ async def test_three_processes_on_redis_with_email_killed_every_few_seconds(
             threads=40,
             messages=240,
             send_seconds=25,
+            min_kills=2,
             email=EmailRig(dovecot, smtp, bot, person),
         )
     with capsys.disabled():

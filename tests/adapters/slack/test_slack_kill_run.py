@@ -41,6 +41,7 @@ async def test_three_processes_on_redis_with_slack_killed_every_few_seconds(
             messages=800,
             spaces=spaces,
             send_seconds=25,
+            min_kills=3,
             slack=slack,
         )
     with capsys.disabled():
