@@ -444,10 +444,12 @@ def test_a_forward_keeps_its_html_quotes() -> None:
         "<!--" + "x" * 400_000,
         '<div class="gmail_quote">' + "<" * 300_000,
         "<p " + 'a="1" ' * 60_000 + ">x</p>",
+        "<table><tr>" + "<td>c</td>" * 45_000,
+        "<table>" + "<tr><td>a</td><td>b</td></tr>" * 16_000,
     ],
     ids=[
         "nested", "unclosed", "many-quotes", "many-cut-markers", "too-many-tags",
-        "open-comment", "lone-brackets", "many-attributes",
+        "open-comment", "lone-brackets", "many-attributes", "wide-table", "long-table",
     ],
 )  # fmt: skip
 def test_html_cleaning_stays_bounded_on_hostile_html(html: str) -> None:
@@ -809,6 +811,38 @@ def test_html_to_text() -> None:
         "Hello world & docs (https://x.example/a?b=1&c=2) bad https://same.example\n\n"
         "> quoted\n\n1. one\n2. two\n\na  b\n c"
     )
+
+
+def test_html_tables_keep_their_columns_and_lists_their_nesting() -> None:
+    html = (
+        "<div>Numbers:</div><table><tr><th>Build</th><th>Status</th></tr>"
+        "<tr><td>42</td><td>failed</td></tr><tr><td>41</td><td>passed</td></tr></table>"
+        "<ul><li>check<ol><li>logs</li><li>metrics</li></ol></li><li>deploy</li></ul><div>Thanks</div>"
+    )
+    assert html_to_text(html) == (
+        "Numbers:\nBuild  Status\n42     failed\n41     passed\n\n"
+        "- check\n  1. logs\n  2. metrics\n- deploy\n\nThanks"
+    )
+
+
+def test_a_table_of_many_cells_is_read_a_row_a_line() -> None:
+    html = "<p>Report:</p><table>" + "<tr><td>build</td><td>ok</td></tr>" * 1_001 + "</table>"
+    assert html_to_text(html) == "Report:\n\n" + "\n".join(["build ok"] * 1_001)
+
+
+@pytest.mark.parametrize(
+    ("html", "text"),
+    [
+        ("", ""),
+        ("no markup", "no markup"),
+        ("<p>a\x00b</p>", "a\ufffdb"),
+        ('<?xml version="1.0"?><p>x</p>', "x"),
+        ("<!-- never closed", ""),
+        ("<blockquote>a<blockquote>b</blockquote></blockquote>c", "> a\n>\n> > b\n\nc"),
+    ],
+)
+def test_html_to_text_takes_any_markup(html: str, text: str) -> None:
+    assert html_to_text(html) == text
 
 
 # --- the loop guard ----------------------------------------------------------------------------
