@@ -33,10 +33,11 @@ client threads with the conversation it answers:
 An approval request lists each pending call (its tool and its arguments as pretty JSON, cut
 at `MAX_ARGS_CHARS`) and links to approve or deny the whole batch. Replying "approve" decides
 nothing: anyone can put any sender address on an email. The links carry an `approval_token`:
-HMAC-SHA256 over the batch (session, run, wait, each call's id and argument digest), the
-approver's address, the decision and an expiry. The web handler that receives a link must
-show a confirmation page and decide only on its POST: mail scanners (Outlook Safe Links,
-gateways) open every link of a message they deliver.
+the batch (session, run, wait, each call's id and argument digest), the approver's address, the
+decision and an expiry, signed by itsdangerous (HMAC-SHA256, salted; the expiry is a claim
+judged against the caller's clock). The web handler that receives a link must show a
+confirmation page and decide only on its POST: mail scanners (Outlook Safe Links, gateways)
+open every link of a message they deliver.
 """
 
 from __future__ import annotations
@@ -56,6 +57,9 @@ from email.header import decode_header, make_header
 from email.message import EmailMessage
 from email.utils import format_datetime, formataddr, getaddresses
 from typing import Any, Literal
+
+from itsdangerous import BadData, BadPayload, BadSignature, URLSafeSerializer
+from itsdangerous.encoding import base64_decode, base64_encode
 
 from adapters.channel import ApprovalView, Outbound
 from adapters.email.message import message_ids, normalize_subject
@@ -578,11 +582,14 @@ def _emphasis(escaped: str) -> str:
 
 # --- approval tokens -------------------------------------------------------------------------
 
-_MAC_CONTEXT = b"durable-gateway email approval token v1\n"
-_TOKEN = re.compile(r"([A-Za-z0-9_-]{1,8100})\.([A-Za-z0-9_-]{43})")
+_SALT = b"durable-gateway email approval link"
+_TOKEN = re.compile(r"\.?[A-Za-z0-9_-]{1,8100}\.[A-Za-z0-9_-]{42}[AEIMQUYcgkosw048]")
+"""A link token's shape: base64url claims (``.`` first when zlib-compressed), ``.``, and the
+canonical base64url of a SHA-256 MAC (its last character carries no spare bits)."""
+_LEGACY_CONTEXT = b"durable-gateway email approval token v1\n"
 _MAX_ID = 512
 _MAX_CALLS = 100
-_CLAIM_KEYS = frozenset({"v", "s", "r", "w", "c", "a", "d", "e", "t"})
+_CLAIM_KEYS = {2: frozenset("vsrwcade"), 1: frozenset("vsrwcadet")}
 
 
 @dataclass(frozen=True, slots=True)
@@ -602,6 +609,34 @@ class ApprovalClaims:
     token_id: str
     """Stable for the batch and the approver (the same for the approve and the deny link and
     for a re-sent link): the caller's idempotency key, so one approver decides a batch once."""
+
+
+class _StrictJson:
+    """JSON for the claims: compact ASCII out; in, one value per key and no NaN or Infinity."""
+
+    def dumps(self, value: Any) -> str:
+        return json.dumps(value, separators=(",", ":"), ensure_ascii=True)
+
+    def loads(self, text: str | bytes) -> Any:
+        def unique(pairs: list[tuple[str, Any]]) -> dict[str, Any]:
+            found = dict(pairs)
+            if len(found) != len(pairs):
+                raise ValueError("a key given twice")
+            return found
+
+        def no_constant(name: str) -> Any:
+            raise ValueError(name)
+
+        return json.loads(text, object_pairs_hook=unique, parse_constant=no_constant)
+
+
+_JSON = _StrictJson()
+
+
+def _serializer(key: bytes) -> URLSafeSerializer:
+    return URLSafeSerializer(
+        key, salt=_SALT, serializer=_JSON, signer_kwargs={"digest_method": hashlib.sha256}
+    )
 
 
 def approval_token(
@@ -628,7 +663,8 @@ def approval_token(
         expires_at: When the link stops working (a naive datetime is taken as UTC).
 
     Returns:
-        ``<base64url claims>.<base64url HMAC-SHA256>``, at most `MAX_TOKEN_CHARS` characters.
+        itsdangerous's ``URLSafeSerializer`` token of the claims (HMAC-SHA256, salted), at most
+        `MAX_TOKEN_CHARS` characters.
 
     Raises:
         ValueError: a short key, an empty or oversized field, no calls, or a token too long.
@@ -645,24 +681,18 @@ def approval_token(
         expires_at=int(when.timestamp()),
         token_id=None,
     )
-    payload = _b64encode(
-        json.dumps(
-            {
-                "v": 1,
-                "s": claims.session,
-                "r": claims.run_id,
-                "w": claims.wait_id,
-                "c": [list(pair) for pair in claims.calls],
-                "a": claims.approver,
-                "d": claims.decision,
-                "e": claims.expires_at,
-                "t": claims.token_id,
-            },
-            separators=(",", ":"),
-            ensure_ascii=True,
-        ).encode("ascii")
+    token = _serializer(key).dumps(
+        {
+            "v": 2,
+            "s": claims.session,
+            "r": claims.run_id,
+            "w": claims.wait_id,
+            "c": [list(pair) for pair in claims.calls],
+            "a": claims.approver,
+            "d": claims.decision,
+            "e": claims.expires_at,
+        }
     )
-    token = f"{payload}.{_b64encode(_mac(key, payload))}"
     if len(token) > MAX_TOKEN_CHARS:
         raise ValueError("approval token too long (too many or too long calls)")
     return token
@@ -673,48 +703,43 @@ def verify_approval_token(token: str, *, key: bytes, now: datetime) -> ApprovalC
 
     The token is hostile input: its size and alphabet are checked first, then its signature
     (constant-time), and only then is its content decoded, strictly (exact keys and types).
-    Single use is the caller's: use `ApprovalClaims.token_id` as the decision's idempotency
-    key.
+    The expiry is a signed claim compared with `now` (the caller's clock). A token of the
+    format before itsdangerous (decision D179) is still taken until its own expiry. Single use
+    is the caller's: use `ApprovalClaims.token_id` as the decision's idempotency key.
 
     Raises:
         ValueError: ``malformed``, ``bad signature`` or ``expired`` (or a short key).
     """
     _check_key(key)
-    if not isinstance(token, str) or len(token) > MAX_TOKEN_CHARS:
+    if not isinstance(token, str) or len(token) > MAX_TOKEN_CHARS or not _TOKEN.fullmatch(token):
         raise ValueError("malformed")
-    match = _TOKEN.fullmatch(token)
-    if match is None:
-        raise ValueError("malformed")
-    payload, signature = match.group(1), match.group(2)
-    mac = _b64decode(signature)
-    if mac is None or not hmac.compare_digest(mac, _mac(key, payload)):
-        raise ValueError("bad signature")
-    claims = _decode_claims(payload)
+    try:
+        claims = _decode_claims(_serializer(key).loads(token), version=2)
+    except BadPayload:
+        raise ValueError("malformed") from None
+    except BadSignature:
+        claims = _decode_claims(_legacy_claims(token, key), version=1)
     when = now if now.tzinfo is not None else now.replace(tzinfo=UTC)
     if when.timestamp() >= claims.expires_at:
         raise ValueError("expired")
     return claims
 
 
+def _legacy_claims(token: str, key: bytes) -> Any:
+    """The claims of a link sent before D179 (raw HMAC over base64url JSON), if signed by `key`."""
+    payload, _, signature = token.partition(".")
+    mac = hmac.new(key, _LEGACY_CONTEXT + payload.encode("ascii"), hashlib.sha256).digest()
+    if not hmac.compare_digest(base64_encode(mac), signature.encode("ascii")):
+        raise ValueError("bad signature")
+    try:
+        return _JSON.loads(base64_decode(payload).decode("ascii"))
+    except (BadData, UnicodeDecodeError, ValueError, RecursionError):
+        raise ValueError("malformed") from None
+
+
 def _check_key(key: bytes) -> None:
     if not isinstance(key, bytes) or len(key) < MIN_KEY_BYTES:
         raise ValueError(f"the approval key must be at least {MIN_KEY_BYTES} bytes")
-
-
-def _mac(key: bytes, payload: str) -> bytes:
-    return hmac.new(key, _MAC_CONTEXT + payload.encode("ascii"), hashlib.sha256).digest()
-
-
-def _b64encode(data: bytes) -> str:
-    return base64.urlsafe_b64encode(data).decode("ascii").rstrip("=")
-
-
-def _b64decode(text: str) -> bytes | None:
-    try:
-        data = base64.urlsafe_b64decode(text + "=" * (-len(text) % 4))
-    except (binascii.Error, ValueError):
-        return None
-    return data if _b64encode(data) == text else None  # one encoding per value
 
 
 def _token_id(
@@ -779,31 +804,13 @@ def _claims(
     )
 
 
-def _decode_claims(payload: str) -> ApprovalClaims:
-    data = _b64decode(payload)
-    if data is None:
+def _decode_claims(claims: Any, *, version: int) -> ApprovalClaims:
+    """Claims decoded from a token of `version` (2: itsdangerous; 1: before D179), checked."""
+    if not isinstance(claims, dict) or set(claims) != _CLAIM_KEYS[version]:
         raise ValueError("malformed")
-
-    def unique(pairs: list[tuple[str, Any]]) -> dict[str, Any]:
-        found = dict(pairs)
-        if len(found) != len(pairs):
-            raise ValueError("malformed")
-        return found
-
-    def no_constant(name: str) -> Any:
+    if type(claims["v"]) is not int or claims["v"] != version:
         raise ValueError("malformed")
-
-    try:
-        claims = json.loads(
-            data.decode("ascii"), object_pairs_hook=unique, parse_constant=no_constant
-        )
-    except (UnicodeDecodeError, json.JSONDecodeError, RecursionError):
-        raise ValueError("malformed") from None
-    if not isinstance(claims, dict) or set(claims) != _CLAIM_KEYS:
-        raise ValueError("malformed")
-    if type(claims["v"]) is not int or claims["v"] != 1:
-        raise ValueError("malformed")
-    if not isinstance(claims["t"], str):
+    if version == 1 and not isinstance(claims["t"], str):
         raise ValueError("malformed")
     return _claims(
         session=claims["s"],
@@ -813,5 +820,5 @@ def _decode_claims(payload: str) -> ApprovalClaims:
         approver=claims["a"],
         decision=claims["d"],
         expires_at=claims["e"],
-        token_id=claims["t"],
+        token_id=claims.get("t"),
     )

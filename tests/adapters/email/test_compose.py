@@ -13,16 +13,17 @@ from email.message import EmailMessage
 from typing import Any
 
 import pytest
+from itsdangerous.encoding import base64_encode
 
 from adapters.channel import ApprovalView, Inbound, Outbound, OutboundKind, PendingCall, ThreadRef
 from adapters.email import compose as compose_module
 from adapters.email import message as message_module
 from adapters.email.compose import (
-    _MAC_CONTEXT,
     MAX_ARGS_CHARS,
     MAX_CALLS_SHOWN,
     MAX_REFERENCES,
     MAX_TOKEN_CHARS,
+    _serializer,
     approval_token,
     compose_reply,
     is_own_message_id,
@@ -482,13 +483,19 @@ def test_token_id_names_the_batch_and_the_approver() -> None:
     assert approve.token_id != batch.token_id
 
 
+def _claims_of(made: str) -> dict[str, Any]:
+    valid, claims = _serializer(KEY).loads_unsafe(made)
+    assert valid
+    assert isinstance(claims, dict)
+    return claims
+
+
 def _resigned_payload(made: str, change: dict[str, Any]) -> str:
     """`made` with claims changed but its original signature kept (a forgery)."""
-    payload, signature = made.split(".")
-    claims = json.loads(base64.urlsafe_b64decode(payload + "=" * (-len(payload) % 4)))
+    claims = _claims_of(made)
     claims.update(change)
-    forged = base64.urlsafe_b64encode(json.dumps(claims).encode()).decode().rstrip("=")
-    return f"{forged}.{signature}"
+    forged = _serializer(KEY).dump_payload(claims).decode()
+    return f"{forged}.{made.rsplit('.', 1)[1]}"
 
 
 @pytest.mark.parametrize(
@@ -503,7 +510,7 @@ def _resigned_payload(made: str, change: dict[str, Any]) -> str:
         {"d": "deny"},
         {"e": 4_000_000_000},
         {"t": "at_other"},
-        {"v": 2},
+        {"v": 3},
     ],
     ids=lambda change: next(iter(change)),
 )
@@ -512,8 +519,9 @@ def test_tampering_with_any_claim_fails(change: dict[str, Any]) -> None:
         verify_approval_token(_resigned_payload(token(), change), key=KEY, now=NOW)
 
 
-def test_every_flipped_character_fails() -> None:
-    made = token()
+@pytest.mark.parametrize("made", ["new", "old"])
+def test_every_flipped_character_fails(made: str) -> None:
+    made = token() if made == "new" else OLD_LINK
     alphabet = "ABCDEFGHIJKLMNOPQRSTUVWXYZabcdefghijklmnopqrstuvwxyz0123456789-_"
     for position in range(len(made)):
         if made[position] == ".":
@@ -538,16 +546,22 @@ def test_wrong_key_expiry_and_malformed_tokens() -> None:
         verify_approval_token(made, key=b"short", now=NOW)
 
 
+def test_the_expiry_is_judged_by_the_clock_given() -> None:
+    past = datetime(2001, 1, 1, tzinfo=UTC)
+    old = token(expires_at=past + timedelta(hours=1))
+    assert verify_approval_token(old, key=KEY, now=past).expires_at == int(past.timestamp()) + 3600
+    future = datetime(2100, 1, 1, tzinfo=UTC)
+    with pytest.raises(ValueError, match="expired"):
+        verify_approval_token(token(), key=KEY, now=future)
+
+
 def _signed(claims: Any) -> str:
     raw = claims if isinstance(claims, bytes) else json.dumps(claims).encode()
-    payload = base64.urlsafe_b64encode(raw).decode().rstrip("=")
-    mac = hmac.new(KEY, _MAC_CONTEXT + payload.encode(), hashlib.sha256).digest()
-    return f"{payload}.{base64.urlsafe_b64encode(mac).decode().rstrip('=')}"
+    return _serializer(KEY).make_signer().sign(base64_encode(raw)).decode()
 
 
-def test_validly_signed_but_malformed_content_is_refused() -> None:
-    good = json.loads(base64.urlsafe_b64decode(token().split(".")[0] + "=="))
-    for bad in [
+def _malformed(good: dict[str, Any]) -> list[Any]:
+    return [
         [1, 2],
         {**good, "extra": 1},
         {key: value for key, value in good.items() if key != "e"},
@@ -558,15 +572,60 @@ def test_validly_signed_but_malformed_content_is_refused() -> None:
         {**good, "c": []},
         {**good, "c": [["a"]]},
         {**good, "c": [["call_0", "sha256:0"], ["call_0", "sha256:0"]]},
-        {**good, "t": "at_wrong"},
         {**good, "a": "no-at-sign"},
         {**good, "s": ""},
         b'{"v":1,"v":1}',
         b"\xff\xfe",
         b'{"v": NaN}',
-    ]:
+    ]
+
+
+def test_validly_signed_but_malformed_content_is_refused() -> None:
+    good = _claims_of(token())
+    for bad in [*_malformed(good), {**good, "t": "at_wrong"}, {**good, "v": 1}]:
         with pytest.raises(ValueError, match="malformed"):
             verify_approval_token(_signed(bad), key=KEY, now=NOW)
+
+
+# A link as the gateway made them before itsdangerous (D179), for `token()`'s batch.
+OLD_LINK = (
+    "eyJ2IjoxLCJzIjoic2Vzc2lvbi0xIiwiciI6InJ1bi0xIiwidyI6IndhaXQtMSIsImMiOltbImNhbGxfMCIsInNo"
+    "YTI1NjowIl0sWyJjYWxsXzEiLCJzaGEyNTY6MSJdXSwiYSI6ImFsaWNlQGV4YW1wbGUuY29tIiwiZCI6ImFwcHJv"
+    "dmUiLCJlIjoxNzk2MjE4MjAwLCJ0IjoiYXRfZm15N3c2czY1ZW5odHRkMmliNHFoMnA0dnRuY3RmanMifQ"
+    ".HhmrpapAXSD5nQyVdq44_bzGSaqeEUnDMye-Ma8BtfY"
+)
+OLD_CONTEXT = b"durable-gateway email approval token v1\n"
+
+
+def _old_signed(claims: Any) -> str:
+    raw = claims if isinstance(claims, bytes) else json.dumps(claims).encode()
+    payload = base64.urlsafe_b64encode(raw).decode().rstrip("=")
+    mac = hmac.new(KEY, OLD_CONTEXT + payload.encode(), hashlib.sha256).digest()
+    return f"{payload}.{base64.urlsafe_b64encode(mac).decode().rstrip('=')}"
+
+
+def test_a_link_sent_before_the_upgrade_works_until_its_own_expiry() -> None:
+    claims = verify_approval_token(OLD_LINK, key=KEY, now=NOW)
+    assert claims == verify_approval_token(token(), key=KEY, now=NOW)
+    verify_approval_token(OLD_LINK, key=KEY, now=EXPIRES - timedelta(seconds=1))
+    with pytest.raises(ValueError, match="expired"):
+        verify_approval_token(OLD_LINK, key=KEY, now=EXPIRES)
+    with pytest.raises(ValueError, match="bad signature"):
+        verify_approval_token(OLD_LINK, key=b"x" * 32, now=NOW)
+
+
+def test_an_old_link_changed_or_malformed_is_refused() -> None:
+    payload, signature = OLD_LINK.split(".")
+    good = json.loads(base64.urlsafe_b64decode(payload + "=" * (-len(payload) % 4)))
+    assert _old_signed(good) != OLD_LINK  # json.dumps spaces: the same claims, other bytes
+    assert verify_approval_token(_old_signed(good), key=KEY, now=NOW).token_id == good["t"]
+    for change in ({"a": "mallory@example.com"}, {"d": "deny"}, {"e": 4_000_000_000}):
+        forged = base64.urlsafe_b64encode(json.dumps({**good, **change}).encode()).decode()
+        with pytest.raises(ValueError, match="bad signature"):
+            verify_approval_token(f"{forged.rstrip('=')}.{signature}", key=KEY, now=NOW)
+    for bad in [*_malformed(good), {**good, "t": "at_wrong"}, {**good, "t": 1}, {**good, "v": 2}]:
+        with pytest.raises(ValueError, match="malformed"):
+            verify_approval_token(_old_signed(bad), key=KEY, now=NOW)
 
 
 def test_token_inputs_are_checked() -> None:
@@ -577,7 +636,11 @@ def test_token_inputs_are_checked() -> None:
     with pytest.raises(ValueError, match="malformed"):
         token(decision="maybe")
     with pytest.raises(ValueError, match="too long"):
-        token(calls=[(f"call_{n}_{'x' * 90}", "d" * 64) for n in range(60)])
+        token(calls=[(f"call_{_hex(n)[:90]}", _hex(-n)) for n in range(1, 101)])
+
+
+def _hex(n: int) -> str:
+    return hashlib.sha256(str(n).encode()).hexdigest()
 
 
 # --- hostile display names and headers: decoded, then cleaned, never injected -----------------
