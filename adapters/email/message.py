@@ -866,6 +866,26 @@ _FLAT_CONFIG = _config(tables=False)
 _MAX_TABLE_CELLS = 2_000
 """Beyond this many cells, tables are not laid out in columns (five times slower: about 4 s
 for 500,000 characters of cells), each row is a line."""
+_MAX_TABLE_AREA = 4_000_000
+"""The most characters the columns of a body's tables may take (lines times width): a wide
+cell beside a tall one pads every line (24 KB of HTML made 16 MB of text)."""
+_LINE_TAGS = ("br", "tr", "p", "div", "li", "pre", "h1", "h2", "h3", "h4", "h5", "h6")
+
+
+def _columns_fit(tree: Any) -> bool:
+    """Whether the tables of `tree` are laid out in columns (see the two limits above)."""
+    if sum(1 for _ in islice(tree.iter("td", "th"), _MAX_TABLE_CELLS + 1)) > _MAX_TABLE_CELLS:
+        return False
+    area = 0
+    for table in tree.iter("table"):
+        if next(table.iterancestors("table"), None) is not None:
+            continue  # counted with the outermost table
+        text = table.text_content()
+        lines = sum(1 for _ in table.iter(*_LINE_TAGS)) + text.count("\n") + 1
+        area += (len(text) + 2 * sum(1 for _ in table.iter("td", "th"))) * lines
+        if area > _MAX_TABLE_AREA:
+            return False
+    return True
 
 
 _BLANK_LINES = re.compile(r"\n{3,}")
@@ -889,20 +909,22 @@ def html_to_text(html: str) -> str:
     """
     try:
         tree = document_fromstring(html.strip() or "<p></p>")
-        for anchor in tree.iter("a"):
-            url = _link_url(anchor.get("href"))
-            shown = anchor.text_content().strip()
-            if url and url != shown and url.removeprefix("mailto:") != shown:
-                suffix = f" ({url})" if shown else url
-                if len(anchor):
-                    anchor[-1].tail = (anchor[-1].tail or "") + suffix
-                else:
-                    anchor.text = (anchor.text or "") + suffix
-        cells = sum(1 for _ in islice(tree.iter("td", "th"), _MAX_TABLE_CELLS + 1))
-        config = _FLAT_CONFIG if cells > _MAX_TABLE_CELLS else _HTML_CONFIG
-        text: str = Inscriptis(tree, config).get_text()
-    except (ParserError, ValueError, RecursionError):
+    except (ParserError, ValueError):  # nothing but a comment, a doctype...
         return ""
+    for anchor in tree.iter("a"):
+        url = _link_url(anchor.get("href"))
+        shown = anchor.text_content().strip()
+        if url and url != shown and url.removeprefix("mailto:") != shown:
+            suffix = f" ({url})" if shown else url
+            if len(anchor):
+                anchor[-1].tail = (anchor[-1].tail or "") + suffix
+            else:
+                anchor.text = (anchor.text or "") + suffix
+    try:
+        config = _HTML_CONFIG if _columns_fit(tree) else _FLAT_CONFIG
+        text: str = Inscriptis(tree, config).get_text()
+    except Exception:  # a layout the library cannot make: the words, without the layout
+        text = tree.text_content()
     lines = "\n".join(line.rstrip() for line in text.split("\n"))
     return _BLANK_LINES.sub("\n\n", lines).strip()  # margins meeting: one blank line
 

@@ -9,8 +9,11 @@ from email.message import EmailMessage
 import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
+from inscriptis.model.config import ParserConfig  # type: ignore[import-untyped]
+from inscriptis.model.tag import CustomHtmlTagHandlerMapping  # type: ignore[import-untyped]
 
 from adapters.channel import Inbound
+from adapters.email import message as message_module
 from adapters.email.compose import reply_message_id
 from adapters.email.message import (
     MAX_ATTACHMENTS,
@@ -828,6 +831,23 @@ def test_html_tables_keep_their_columns_and_lists_their_nesting() -> None:
 def test_a_table_of_many_cells_is_read_a_row_a_line() -> None:
     html = "<p>Report:</p><table>" + "<tr><td>build</td><td>ok</td></tr>" * 1_001 + "</table>"
     assert html_to_text(html) == "Report:\n\n" + "\n".join(["build ok"] * 1_001)
+
+
+def test_a_layout_that_fails_still_gives_the_words(monkeypatch: pytest.MonkeyPatch) -> None:
+    def broken(state: object, attrs: object) -> None:
+        raise IndexError("a layout bug")
+
+    handlers = CustomHtmlTagHandlerMapping(start_tag_mapping={"p": broken}, end_tag_mapping={})
+    config = ParserConfig(custom_html_tag_handler_mapping=handlers)
+    monkeypatch.setattr(message_module, "_HTML_CONFIG", config)
+    assert html_to_text("<div>Deploy <b>42</b></div><p>now</p>") == "Deploy 42now"
+
+
+def test_a_wide_cell_beside_a_tall_one_does_not_pad_every_line() -> None:
+    html = "<table><tr><td>" + "x" * 4_000 + "</td><td>" + "z<br>" * 4_000 + "</td></tr></table>"
+    text = html_to_text(html)
+    assert len(text) < 20_000  # in columns: 16 MB
+    assert text.startswith("x" * 4_000 + " z\nz\n")
 
 
 @pytest.mark.parametrize(
