@@ -69,6 +69,7 @@ from adapters.channel import (
     ThreadRef,
     Unavailable,
 )
+from adapters.errors import AdapterError
 from adapters.web.mailbox import (
     DEFAULT_MAILBOX_URL,
     MailboxError,
@@ -120,7 +121,7 @@ class WebLimits:
     """The ``retry:`` an event stream tells browsers to wait before reconnecting."""
 
 
-class _Refused(Exception):
+class _Refused(AdapterError):
     """A request refused with one status and one envelope."""
 
     def __init__(
