@@ -1,1 +1,5 @@
-"""adapters package."""
+"""adapters package: the channels (web, Slack, email) and the contract they keep."""
+
+from adapters.errors import AdapterError
+
+__all__ = ["AdapterError"]

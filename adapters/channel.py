@@ -21,6 +21,7 @@ from typing import Literal, Protocol, runtime_checkable
 
 from pydantic import Field
 
+from adapters.errors import AdapterError
 from harness_core.frozen import Frozen, FrozenJsonObject
 
 __all__ = [
@@ -188,7 +189,7 @@ class DecisionInbound(Frozen):
         return "d-" + hashlib.sha256(canonical.encode()).hexdigest()[:40]
 
 
-class DecisionRefused(Exception):
+class DecisionRefused(AdapterError):
     """A decision that can change nothing: nothing was stored, and `str()` tells the person why.
 
     `code` is ``no_wait`` (nothing waits for a decision under that id in this thread),
@@ -230,15 +231,15 @@ class KnownThread(Frozen):
     """The newest `Inbound.reply_context` accepted in the thread."""
 
 
-class AdapterStartError(Exception):
+class AdapterStartError(AdapterError):
     """An adapter cannot start (a credential its channel refuses); ``str()`` is one line."""
 
 
-class NotRouted(Exception):
+class NotRouted(AdapterError):
     """No binding routes this thread's space to a session (the adapter refuses it, clearly)."""
 
 
-class Unavailable(Exception):
+class Unavailable(AdapterError):
     """The gateway cannot hold the message durably now: do not acknowledge; the channel retries."""
 
 
@@ -383,7 +384,7 @@ Reconciled = Literal["delivered", "absent", "unknown"]
 did not (send), or the channel cannot tell now (retry later)."""
 
 
-class DeliveryError(Exception):
+class DeliveryError(AdapterError):
     """A delivery that did not (certainly) happen.
 
     `reason` is short and secret-free (it is stored with the delivery and shown to operators).

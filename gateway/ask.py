@@ -34,6 +34,7 @@ from typing import Any, TypeVar
 
 from config import Settings
 from config.settings import number
+from gateway.errors import GatewayError
 from gateway.invocation import command
 from gateway.models import model_from_settings
 from gateway.plugin import load_plugin
@@ -96,12 +97,17 @@ Decide = Callable[[PendingApproval], Awaitable[bool]]
 _R = TypeVar("_R")
 
 
-class AskFailed(Exception):
+class AskFailed(GatewayError):
     """`gateway ask` gave no answer: ``str()`` is one line for stderr, `status` the exit status."""
 
     def __init__(self, message: str, status: int = 1) -> None:
         super().__init__(message)
         self.status = status
+
+    @property
+    def exit_status(self) -> int:
+        """This error's own `status`."""
+        return self.status
 
 
 async def ask(

@@ -20,13 +20,12 @@ from pathlib import Path
 
 from pydantic import ValidationError
 
+from adapters import AdapterError
 from config import Settings, SettingsError, format_settings_error, load_settings
-from gateway.ask import AskFailed, ask, terminal
-from gateway.broker import BrokerError
-from gateway.demo import DemoError, demo, describe
+from gateway.ask import ask, terminal
+from gateway.demo import demo, describe
+from gateway.errors import GatewayError
 from gateway.invocation import command
-from gateway.models import ModelConfigError
-from gateway.plugin import PluginError
 from gateway.redact import Redactor
 from harness_core import (
     HarnessError,
@@ -82,15 +81,20 @@ def _missing_local_store(url: str) -> str | None:
     return None if path.exists() else str(path)
 
 
-class CliError(Exception):
+class CliError(GatewayError):
     """A command that cannot be done: one line on stderr, and `status` (2: the command line)."""
 
     def __init__(self, message: str, status: int = 2) -> None:
         super().__init__(message)
         self.status = status
 
+    @property
+    def exit_status(self) -> int:
+        """This error's own `status`."""
+        return self.status
 
-class _OutputClosed(Exception):
+
+class _OutputClosed(GatewayError):
     """Writing to stdout failed because its reader is gone (a closed pipe)."""
 
 
@@ -232,15 +236,15 @@ def main(argv: Sequence[str] | None = None, settings: Settings | None = None) ->
     redact = Redactor.from_settings(settings).redact
     try:
         return asyncio.run(_run(args, settings))
-    except (HarnessError, ModelConfigError, PluginError, BrokerError, DemoError) as exc:
-        return _fail(redact(str(exc)), 1)
-    except (CliError, AskFailed) as exc:
-        return _fail(redact(str(exc)), exc.status)
-    except (KeyboardInterrupt, asyncio.CancelledError):
-        return _fail("interrupted", INTERRUPTED)
-    except (_OutputClosed, BrokenPipeError):
+    except (_OutputClosed, BrokenPipeError):  # before the root: a closed pipe says nothing
         _discard_stdout()
         return OUTPUT_CLOSED
+    except GatewayError as exc:
+        return _fail(redact(str(exc)), exc.exit_status)
+    except (HarnessError, AdapterError) as exc:  # the engine's and the channels' roots
+        return _fail(redact(str(exc)), 1)
+    except (KeyboardInterrupt, asyncio.CancelledError):
+        return _fail("interrupted", INTERRUPTED)
     except Exception as exc:  # a defect: still one line (the traceback with log_level debug)
         if settings.log_level == "debug":
             traceback.print_exc()

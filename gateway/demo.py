@@ -22,6 +22,7 @@ import time
 from dataclasses import dataclass
 from typing import IO, Any
 
+from gateway.errors import GatewayError
 from harness_core import (
     AgentHarness,
     AgentHarnessOptions,
@@ -58,7 +59,7 @@ STEP_TIMEOUT_S = 60.0
 """How long the parent waits for a child to reach its point (a loaded machine is slow)."""
 
 
-class DemoError(Exception):
+class DemoError(GatewayError):
     """The demo cannot run (a store no second process can open, a child that failed): one line."""
 
 

@@ -30,6 +30,7 @@ from starlette.requests import ClientDisconnect
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
 from config import Settings
+from gateway.errors import GatewayError
 from gateway.logs import event
 from gateway.ops.errors import API_PREFIX, MAX_BODY_BYTES, ApiError, envelope
 
@@ -182,7 +183,7 @@ def body_limits(declared: Iterable[Mapping[str, int]]) -> dict[str, int]:
     return limits
 
 
-class _TooLarge(Exception):
+class _TooLarge(GatewayError):
     pass
 
 

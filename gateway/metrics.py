@@ -45,8 +45,8 @@ from prometheus_client import (
 )
 
 from gateway.broker.contract import Broker
+from gateway.lane_status import inspect_held, unused_main
 from gateway.logs import event
-from gateway.ops.reads import inspect_held, unused_main
 from harness_core import (
     AgentHarness,
     Clock,

@@ -18,6 +18,7 @@ from typing import TYPE_CHECKING, Any
 
 from config import Settings
 from config.settings import number
+from gateway.errors import GatewayError
 from harness_core import (
     ModelClient,
     ModelRef,
@@ -43,7 +44,7 @@ _KEY_VARIABLES = {
 """The variable each provider's SDK reads when ``GATEWAY_MODEL_API_KEY`` is unset."""
 
 
-class ModelConfigError(ValueError):
+class ModelConfigError(GatewayError, ValueError):
     """``GATEWAY_MODEL`` does not name a model this gateway can use."""
 
 

@@ -31,12 +31,13 @@ from typing import Any
 
 from adapters.channel import ChannelAdapter
 from config import Settings
+from gateway.errors import GatewayError
 from harness_core import Clock, ModelClient, ModelRef, Tool
 
 __all__ = ["Plugin", "PluginError", "load_plugin"]
 
 
-class PluginError(ValueError):
+class PluginError(GatewayError, ValueError):
     """The plugin cannot be imported or does not define what it says (one clear line)."""
 
 

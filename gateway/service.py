@@ -28,6 +28,7 @@ from gateway.app import build_app
 from gateway.broker import open_broker
 from gateway.broker.contract import Broker
 from gateway.deliverer import Deliverer, DelivererConfig
+from gateway.errors import GatewayError
 from gateway.guards import body_limits, host_rule
 from gateway.incarnation import gone, new_worker_id
 from gateway.intake import Intake
@@ -72,7 +73,7 @@ _REMIND_SWEEP_MAX_S = 60.0
 _REMIND_SWEEP_MIN_S = 0.05
 
 
-class StartRefused(Exception):
+class StartRefused(GatewayError):
     """The store or the broker does not answer at start; the message is one line per part."""
 
 

@@ -31,11 +31,10 @@ from adapters.channel import DecisionInbound, Inbound
 from gateway.broker.contract import Broker, InboxItem, SessionTicket
 from gateway.cuts import agent_notes
 from gateway.incarnation import gone
+from gateway.lane_status import attempt_began, parked_mark
 from gateway.logs import event
 from gateway.metrics import Metrics
-from gateway.ops.actions import OperatorAction
-from gateway.ops.carry import carry_out
-from gateway.ops.reads import attempt_began, parked_mark
+from gateway.operator_actions import OperatorAction, carry_out
 from gateway.replies import (
     LATE_DECISION_TEXT,
     MISMATCHED_DECISION_TEXT,

@@ -1,8 +1,12 @@
-"""Import direction and the ban on ambient time, ids, randomness and environment in harness_core."""
+"""Import direction, the test kit kept out of shipped code, one error root per package, and the
+ban on ambient time, ids, randomness and environment in harness_core."""
 
 from __future__ import annotations
 
 import ast
+import importlib
+import inspect
+import pkgutil
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -138,12 +142,21 @@ def _eager_imports(tree: ast.Module) -> Iterator[ast.ImportFrom | ast.Import]:
                 pending += handler.body
 
 
-def import_graph(package: str) -> dict[str, set[str]]:
-    """Which modules of `package` each of its modules imports when it is imported."""
-    modules = {_module_name(path): path for path in _sources(package)}
+def _all_imports(tree: ast.Module) -> Iterator[ast.ImportFrom | ast.Import]:
+    """Every import of a module, the lazy ones inside functions too."""
+    for node in ast.walk(tree):
+        if isinstance(node, (ast.Import, ast.ImportFrom)):
+            yield node
+
+
+def import_graph(*packages: str, lazy: bool = False) -> dict[str, set[str]]:
+    """Which modules of `packages` each of their modules imports when it is imported (`lazy`:
+    or ever, counting the imports inside functions too)."""
+    modules = {_module_name(path): path for package in packages for path in _sources(package)}
     graph: dict[str, set[str]] = {name: set() for name in modules}
+    found = _all_imports if lazy else _eager_imports
     for name, path in modules.items():
-        for node in _eager_imports(ast.parse(path.read_text())):
+        for node in found(ast.parse(path.read_text())):
             targets = (
                 [alias.name for alias in node.names]
                 if isinstance(node, ast.Import)
@@ -174,10 +187,13 @@ def cycles(graph: dict[str, set[str]]) -> list[list[str]]:
     return found
 
 
-def test_no_import_circle_inside_harness_core() -> None:
-    graph = import_graph("harness_core")
-    graph.pop("harness_core")  # the public surface imports everything; nothing imports it back
-    assert cycles(graph) == []
+@pytest.mark.parametrize("package", PACKAGES)
+def test_no_import_circle_inside_a_package(package: str) -> None:
+    assert cycles(import_graph(package)) == []
+
+
+def test_no_import_circle_across_the_packages() -> None:
+    assert cycles(import_graph(*PACKAGES)) == []
 
 
 def test_the_circle_check_sees_a_circle() -> None:
@@ -193,3 +209,95 @@ def test_gateway_and_adapters_use_the_engine_only_through_the_public_surface() -
         if name.startswith("harness_core._runtime")
     ]
     assert violations == []
+
+
+TEST_KIT = ("harness_core.testing", "adapters.testing", "tests")
+"""What only tests import: harness_core's kit (builders, manual clock, the storage suite, the
+trajectories), the recording channel and the repository's own tests. A shipped conformance
+suite (`gateway.broker.conformance`) is run by plugin authors' tests, but takes what it needs
+(the clock it advances, a second broker) from the fixture their test builds (D182)."""
+
+
+def _named(node: ast.Import | ast.ImportFrom) -> Iterator[str]:
+    """The modules (and module.names) an import statement names."""
+    if isinstance(node, ast.Import):
+        yield from (alias.name for alias in node.names)
+    elif node.module and node.level == 0:
+        yield node.module
+        yield from (f"{node.module}.{alias.name}" for alias in node.names)
+
+
+def _in_kit(name: str) -> bool:
+    return any(name == kit or name.startswith(kit + ".") for kit in TEST_KIT)
+
+
+def test_no_shipped_module_imports_the_test_kit() -> None:
+    violations = sorted(
+        f"{path.relative_to(ROOT)}:{node.lineno} imports {name}"
+        for package in PACKAGES
+        for path in _sources(package)
+        if not _in_kit(_module_name(path))
+        for node in _all_imports(ast.parse(path.read_text()))
+        for name in _named(node)
+        if _in_kit(name)
+    )
+    assert violations == []
+
+
+OPS_FRONT_END_USERS = {
+    "gateway.app": "mounts the API's error envelope",
+    "gateway.cli": "hands `gateway ops` to its parser",
+    "gateway.guards": "refuses oversized requests in the API's envelope",
+    "gateway.service": "builds the API and its tokens",
+}
+"""The only modules outside `gateway.ops` (the operator HTTP front end: API, tokens, envelope,
+page, CLI) that import it: the ones that assemble the service. The worker carries operator
+actions out with `gateway.operator_actions` and reads lanes with `gateway.lane_status`."""
+
+
+def test_only_the_assembly_imports_the_operator_front_end() -> None:
+    graph = import_graph("gateway", lazy=True)
+    violations = sorted(
+        f"{name} imports {target}"
+        for name, targets in graph.items()
+        if not name.startswith("gateway.ops") and name not in OPS_FRONT_END_USERS
+        for target in targets
+        if target == "gateway.ops" or target.startswith("gateway.ops.")
+    )
+    assert violations == []
+
+
+def test_the_worker_reaches_nothing_of_the_operator_front_end() -> None:
+    graph = import_graph("gateway", lazy=True)
+    reached, pending = set(), ["gateway.worker"]
+    while pending:
+        name = pending.pop()
+        if name not in reached:
+            reached.add(name)
+            pending += graph[name]
+    assert sorted(n for n in reached if n == "gateway.ops" or n.startswith("gateway.ops.")) == []
+
+
+ROOTS = {"gateway": "GatewayError", "adapters": "AdapterError"}
+
+
+def _exception_classes(package: str) -> Iterator[type[BaseException]]:
+    """Every exception class a module of `package` defines (at its top level)."""
+    for info in pkgutil.walk_packages(importlib.import_module(package).__path__, package + "."):
+        if info.name.endswith(".__main__"):  # running it is its import
+            continue
+        module = importlib.import_module(info.name)
+        for _, value in inspect.getmembers(module, inspect.isclass):
+            if issubclass(value, BaseException) and value.__module__ == info.name:
+                yield value
+
+
+@pytest.mark.parametrize("package", sorted(ROOTS))
+def test_every_exception_derives_from_its_package_root(package: str) -> None:
+    root = getattr(importlib.import_module(package), ROOTS[package])
+    found = list(_exception_classes(package))
+    assert len(found) > 5  # the walk sees the package's errors
+    strays = sorted(
+        f"{cls.__module__}.{cls.__qualname__}" for cls in found if not issubclass(cls, root)
+    )
+    assert strays == []

@@ -15,6 +15,8 @@ MODULES = [
     "harness_core.storage",
     "harness_core.testing",
     "config",
+    "gateway",
+    "adapters",
 ]
 
 

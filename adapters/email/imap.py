@@ -22,6 +22,7 @@ from typing import Any, TypeVar
 
 import aioimaplib  # type: ignore[import-untyped]
 
+from adapters.errors import AdapterError
 from adapters.failures import connection_failure
 
 __all__ = ["CA_HINT", "ImapConnection", "ImapError", "ImapGone", "ImapRefused", "Selected"]
@@ -36,7 +37,7 @@ _IDLE_S = 5 * 60
 dropped connection sooner)."""
 
 
-class ImapError(Exception):
+class ImapError(AdapterError):
     """An IMAP command failed; the message is one secret-free line naming the server (D171)."""
 
 

@@ -69,6 +69,7 @@ from adapters.channel import (
     ThreadRef,
     Unavailable,
 )
+from adapters.errors import AdapterError
 from adapters.web.mailbox import (
     DEFAULT_MAILBOX_URL,
     MailboxError,
@@ -92,7 +93,25 @@ log = logging.getLogger("adapters.web")
 _ID_CHARS = "ASCII letters, digits, '.', '_', ':', '@' and '-'"
 _CLIENT_ID = r"^[A-Za-z0-9._:@-]{1,200}$"
 _KINDS: tuple[str, ...] = get_args(WebItemKind)
-_REFUSED_DECISION = {
+WebRefusal = Literal[
+    "invalid_json",  # 400: a body that is no JSON
+    "invalid_request",  # 400: JSON (or a query) the route does not take
+    "invalid_text",  # 400: NUL characters or unpaired surrogates
+    "invalid_thread",  # 400: a thread name the mailbox refuses
+    "invalid_space",  # 400: a space name the mailbox refuses
+    "empty_text",  # 400
+    "text_too_long",  # 400: text over the length limit
+    "cross_site",  # 403: a write from another site
+    "not_routed",  # 404: no route takes the space
+    "no_such_request",  # 409: a decision nothing in the thread waits for
+    "not_the_request",  # 409: a decision naming another run, calls or arguments
+    "no_longer_waiting",  # 409: the request was decided, stopped or ended (the page says so)
+    "too_large",  # 413: a body over the limit
+    "unsupported_media_type",  # 415
+    "unavailable",  # 503: the gateway cannot hold the message now; send again
+]
+"""The web channel's closed error codes: its page and clients branch on them."""
+_REFUSED_DECISION: dict[str, WebRefusal] = {
     "no_wait": "no_such_request",
     "mismatch": "not_the_request",
     "closed": "no_longer_waiting",
@@ -120,15 +139,19 @@ class WebLimits:
     """The ``retry:`` an event stream tells browsers to wait before reconnecting."""
 
 
-class _Refused(Exception):
+class _Refused(AdapterError):
     """A request refused with one status and one envelope."""
 
     def __init__(
-        self, status: int, code: str, message: str, headers: Mapping[str, str] | None = None
+        self,
+        status: int,
+        code: WebRefusal,
+        message: str,
+        headers: Mapping[str, str] | None = None,
     ) -> None:
         super().__init__(message)
         self.status = status
-        self.code = code
+        self.code: WebRefusal = code
         self.message = message
         self.headers = dict(headers or {})
 
@@ -205,11 +228,12 @@ def _check_text(value: str, what: str) -> None:
         raise _Refused(400, "invalid_text", f"{what} is not valid Unicode text") from None
 
 
-def _name(value: str, what: str) -> str:
+def _name(value: str, what: Literal["thread", "space"]) -> str:
     try:
         return normal_name(value, what)
     except ValueError as exc:
-        raise _Refused(400, f"invalid_{what}", str(exc)) from None
+        code: WebRefusal = "invalid_thread" if what == "thread" else "invalid_space"
+        raise _Refused(400, code, str(exc)) from None
 
 
 def _author(value: str | _AuthorIn | None) -> Author:

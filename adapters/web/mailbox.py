@@ -34,6 +34,7 @@ from urllib.parse import parse_qs, urlsplit, urlunsplit
 from pydantic import Field
 
 from adapters.channel import ApprovalClosed, ApprovalView, Author, DecisionItem
+from adapters.errors import AdapterError
 from harness_core.frozen import Frozen
 
 __all__ = [
@@ -114,7 +115,7 @@ def _valid_name(value: str) -> bool:
     return True
 
 
-class MailboxError(Exception):
+class MailboxError(AdapterError):
     """The mailbox could not do what was asked (a malformed URL, a corrupt item)."""
 
 

@@ -1,9 +1,11 @@
 """The broker conformance suite: runner-independent checks every broker passes.
 
-A test module builds a `BrokerFixture` (a fresh, empty broker on a `ManualClock`) and runs each
-`BrokerCase` with its own fixture (pytest: parametrize over `broker_cases()`). Each case checks
-one rule of `gateway.broker.contract`'s docstrings; a case that fails is the broker's bug (or
-the contract's, to be fixed there first).
+A test module builds a `BrokerFixture` (a fresh, empty broker on a `SteppedClock` such as
+`harness_core.testing.ManualClock`) and runs each `BrokerCase` with its own fixture (pytest:
+parametrize over `broker_cases()`). Each case checks one rule of `gateway.broker.contract`'s
+docstrings; a case that fails is the broker's bug (or the contract's, to be fixed there
+first). The suite is shipped for plugin authors' tests yet imports no test kit: the clock it
+advances comes with the fixture (D182).
 
 Times move only when a case advances the clock. Waits are on that clock: a case that checks a
 wait returns early starts it, makes sure it is still waiting after a short real pause, then
@@ -17,7 +19,7 @@ import asyncio
 from collections import Counter
 from collections.abc import Awaitable, Callable, Mapping
 from dataclasses import dataclass
-from typing import Any, Literal, TypeVar
+from typing import Any, Literal, Protocol, TypeVar
 
 from gateway.broker.contract import (
     Audit,
@@ -31,10 +33,10 @@ from gateway.broker.contract import (
     Outbox,
     Threads,
 )
+from harness_core import Clock
 from harness_core.frozen import JsonValue, freeze_json
-from harness_core.testing import ManualClock
 
-__all__ = ["BrokerCase", "BrokerFixture", "broker_cases"]
+__all__ = ["BrokerCase", "BrokerFixture", "SteppedClock", "broker_cases"]
 
 REAL_TIMEOUT_S = 5.0
 """How long (real seconds) a wake-up may take before a case fails."""
@@ -44,6 +46,13 @@ LEASE = 10_000
 """The delivery lease the outbox cases claim with."""
 
 
+class SteppedClock(Clock, Protocol):
+    """A `Clock` whose time moves only when the case says so (its sleepers wake as it passes)."""
+
+    def advance(self, ms: int) -> None:
+        """Move time forward by `ms` and wake the sleepers whose deadline has come."""
+
+
 @dataclass(frozen=True, kw_only=True)
 class BrokerFixture:
     """What a case needs from a broker under test."""
@@ -51,7 +60,7 @@ class BrokerFixture:
     name: str
     broker: Broker
     """A fresh broker with no data, on `clock`."""
-    clock: ManualClock
+    clock: SteppedClock
     """The broker's clock: item times, ticket expiry, dedupe windows and waits."""
     visibility_timeout_ms: int
     """How long a session ticket lasts unless renewed."""

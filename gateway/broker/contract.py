@@ -25,6 +25,7 @@ from typing import Literal, Protocol, runtime_checkable
 
 from pydantic import Field
 
+from gateway.errors import GatewayError
 from harness_core.frozen import Frozen, FrozenJsonObject
 
 __all__ = [
@@ -63,7 +64,7 @@ BrokerErrorCode = Literal[
 ]
 
 
-class BrokerError(Exception):
+class BrokerError(GatewayError):
     """The broker could not be opened or used; `code` says why."""
 
     def __init__(self, code: BrokerErrorCode, message: str) -> None:

@@ -2,7 +2,7 @@
 
 Reads need a viewer or operator token; actions need an operator token. An action on a lane is
 checked against the lane as stored (a refusal changes nothing), then carried to the session's
-worker through the inbox (see `gateway.ops.actions`); the answer is the action's result if it
+worker through the inbox (see `gateway.operator_actions`); the answer is the action's result if it
 ends within `wait` seconds (200), else where it stands (202, poll ``/actions/{id}``). Every
 action takes an ``Idempotency-Key`` (required for decisions): the same key replays the first
 result without judging the lane again; the same key with another request is 409.
@@ -19,20 +19,21 @@ from fastapi import APIRouter, Depends, Header, Query, Request
 from fastapi.responses import JSONResponse
 
 from gateway.broker.contract import Broker, NewAuditEvent, NewInboxItem
-from gateway.ops.actions import (
+from gateway.lane_status import unused_main
+from gateway.operator_actions import (
     ActionKind,
     ActionResult,
     OperatorAction,
     action_id_of,
+    read_result,
     request_digest,
     result_mark,
 )
 from gateway.ops.auth import OpsAuth, Principal, Role
-from gateway.ops.carry import read_result
 from gateway.ops.checks import check_allowed, decision_items, statuses
 from gateway.ops.errors import API_PREFIX, ApiError
 from gateway.ops.page import ops_page_router
-from gateway.ops.reads import lane_view, read_only, timeline_page, unused_main, usage_page
+from gateway.ops.reads import lane_view, read_only, timeline_page, usage_page
 from gateway.ops.views import (
     ActionRequest,
     AuditView,

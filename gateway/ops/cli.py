@@ -34,6 +34,7 @@ from urllib.parse import quote
 import httpx
 
 from config import Settings, SettingsError, format_settings_error, load_settings
+from gateway.errors import GatewayError
 from gateway.invocation import command as typed_command
 
 __all__ = ["main"]
@@ -52,13 +53,18 @@ Json = dict[str, Any]
 Handler = Callable[["_Run"], int]
 
 
-class OpsError(Exception):
+class OpsError(GatewayError):
     """A failure reported as one line on stderr, with the exit status."""
 
     def __init__(self, message: str, status: int = FAILED) -> None:
         super().__init__(message)
         self.message = message
         self.status = status
+
+    @property
+    def exit_status(self) -> int:
+        """This error's own `status`."""
+        return self.status
 
 
 # -- where the gateway is and who we are ----------------------------------------------------

@@ -15,7 +15,7 @@ import logging
 import re
 import secrets
 from collections.abc import Awaitable, Callable
-from typing import Any
+from typing import Any, Literal
 
 from fastapi import FastAPI, Request
 from fastapi.exception_handlers import (
@@ -27,12 +27,14 @@ from fastapi.responses import JSONResponse, Response
 from starlette.exceptions import HTTPException as StarletteHTTPException
 from starlette.requests import ClientDisconnect
 
+from gateway.errors import GatewayError
 from gateway.logs import event
 
 __all__ = [
     "API_PREFIX",
     "MAX_BODY_BYTES",
     "ApiError",
+    "ApiErrorCode",
     "envelope",
     "install_errors",
     "request_id",
@@ -42,7 +44,22 @@ log = logging.getLogger("gateway.ops")
 
 API_PREFIX = "/api/v1"
 _REQUEST_ID = re.compile(r"[A-Za-z0-9._:-]{8,128}")
-_STATUS_CODES = {
+ApiErrorCode = Literal[
+    "invalid_argument",  # 400: a malformed request (its fields say which)
+    "invalid_cursor",  # 400: a page cursor this gateway did not give out
+    "unauthenticated",  # 401
+    "forbidden",  # 403: the token's role may not do this
+    "not_found",  # 404: no such session, lane, action or route
+    "conflict",  # 409: the lane's state refuses the action (`details.reason`)
+    "length_required",  # 411
+    "payload_too_large",  # 413
+    "unknown_host",  # 421
+    "precondition_required",  # 428: an action without its Idempotency-Key
+    "internal",  # 500
+    "unavailable",  # 503: the store or the broker does not answer
+]
+"""The envelope's closed ``error.code``: clients branch on it, never on the message."""
+_STATUS_CODES: dict[int, ApiErrorCode] = {
     400: "invalid_argument",
     401: "unauthenticated",
     403: "forbidden",
@@ -59,15 +76,19 @@ _STATUS_CODES = {
 }
 
 
-class ApiError(Exception):
+class ApiError(GatewayError):
     """A refusal with its status, code, message and details (the envelope's fields)."""
 
     def __init__(
-        self, status: int, code: str, message: str, details: dict[str, Any] | None = None
+        self,
+        status: int,
+        code: ApiErrorCode,
+        message: str,
+        details: dict[str, Any] | None = None,
     ) -> None:
         super().__init__(message)
         self.status = status
-        self.code = code
+        self.code: ApiErrorCode = code
         self.message = message
         self.details = details or {}
 

@@ -10,8 +10,11 @@ from pathlib import Path
 
 import pytest
 
+from adapters import AdapterError
 from config import Settings
+from gateway import GatewayError, cli
 from gateway.cli import main
+from harness_core import SessionError
 
 
 def _demo_store(backend: str, tmp_path: Path, request: pytest.FixtureRequest) -> str:
@@ -184,3 +187,40 @@ def test_reading_a_store_that_is_not_there_creates_nothing(tmp_path, capsys, wor
         err = capsys.readouterr().err
         assert err.startswith("gateway: no store at ") and err.count("\n") == 1
     assert list(tmp_path.iterdir()) == []
+
+
+class _Refusal(GatewayError):
+    """A gateway error `main` has never heard of by name."""
+
+    @property
+    def exit_status(self) -> int:
+        return 3
+
+
+class _ChannelTrouble(AdapterError):
+    """A channel's error that reaches the command."""
+
+
+@pytest.mark.parametrize(
+    ("error", "status", "line"),
+    [
+        (_Refusal("the lane is held\nelsewhere"), 3, "gateway: the lane is held elsewhere\n"),
+        (_ChannelTrouble("the channel refused"), 1, "gateway: the channel refused\n"),
+        (SessionError("storage", "the store is gone"), 1, "gateway: the store is gone\n"),
+    ],
+)
+def test_main_catches_the_roots_in_one_line_with_the_errors_status(
+    monkeypatch: pytest.MonkeyPatch,
+    capsys: pytest.CaptureFixture[str],
+    error: Exception,
+    status: int,
+    line: str,
+) -> None:
+    """Any error under a package's root is one line and its status, not an "unexpected error"."""
+
+    async def failing(args: object, settings: Settings) -> int:
+        raise error
+
+    monkeypatch.setattr(cli, "_run", failing)
+    assert main(["store"], settings=Settings()) == status
+    assert capsys.readouterr().err == line

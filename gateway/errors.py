@@ -1,0 +1,32 @@
+"""The root of every exception the gateway raises on purpose, and the exit status it ends with.
+
+Tree::
+
+    GatewayError                      root of everything gateway raises; `exit_status` (1)
+    ├── CliError(status)              a `gateway` command that cannot be done (2: the command line)
+    ├── AskFailed(status)             `gateway ask` gave no answer
+    ├── DemoError                     the crash demo cannot run
+    ├── PluginError (ValueError)      ``GATEWAY_PLUGIN`` cannot be imported or is malformed
+    ├── ModelConfigError (ValueError) ``GATEWAY_MODEL`` names no model this gateway can use
+    ├── StartRefused                  the store or the broker does not answer at start
+    ├── BrokerError(code)             the broker could not be opened or used; `BrokerErrorCode`
+    ├── ApiError(status, code)        an operator API refusal; `ApiErrorCode` (the envelope's)
+    └── OpsError(status)              a `gateway ops` command that failed
+
+Callers branch on the closed `code` of the errors that carry one, never on the message; a
+command that ends with any of them prints its message as one line and exits `exit_status`.
+Errors of the engine are `harness_core.HarnessError`, of the channels `adapters.AdapterError`.
+"""
+
+from __future__ import annotations
+
+__all__ = ["GatewayError"]
+
+
+class GatewayError(Exception):
+    """Root of every exception the gateway raises on purpose; ``str()`` is one line for people."""
+
+    @property
+    def exit_status(self) -> int:
+        """The status a command exits with when this error ends it (1: it failed)."""
+        return 1
