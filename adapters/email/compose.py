@@ -28,7 +28,7 @@ client threads with the conversation it answers:
 * ``Auto-Submitted: auto-replied`` (RFC 3834) and ``X-Auto-Response-Suppress: All``
   (Exchange): other automatons do not answer the bot.
 * The body is ``text/plain`` (UTF-8, the Markdown as written) with an HTML alternative
-  (`markdown_to_html`: paragraphs, emphasis, code, links, lists; everything else escaped).
+  (`markdown_to_html`: the tree of `adapters.markdown.parse` as HTML, every text escaped).
 
 An approval request lists each pending call (its tool and its arguments as pretty JSON, cut
 at `MAX_ARGS_CHARS`) and links to approve or deny the whole batch. Replying "approve" decides
