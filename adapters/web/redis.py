@@ -106,6 +106,7 @@ class RedisMailbox:
     ) -> None:
         if not prefix or any(ch in prefix for ch in "{}: \t\r\n"):
             raise MailboxError(f"invalid redis key prefix {prefix!r}")
+        self.url = url
         self.prefix = prefix
         options: dict[str, Any] = {
             "decode_responses": True,

@@ -521,7 +521,7 @@ async def test_messages_posted_while_down_are_backfilled_after_a_restart(rig: Ri
 
 async def test_a_late_reply_in_a_thread_that_moved_on_links_its_question(rig: Rig) -> None:
     adapter: Any = rig.service.adapters["slack"]
-    adapter.late_after_s = 0.0
+    adapter.delivery.late_after_s = 0.0
     rig.fake.fail("chat.postMessage", error="internal_error")  # refused: retried in ~2 s
     event = rig.fake.mention_event("C1", "first question")
     await rig.event(event)
@@ -767,7 +767,7 @@ async def test_socket_mode_backfills_what_was_posted_while_the_link_was_down(
     event = rig.fake.mention_event("C1", "before the drop")
     await rig.fake.wait_ack(await rig.fake.send_event(event))
     await rig.bot_replies("C1", event["ts"], 1)
-    await _until(lambda: adapter._backfilling is None or adapter._backfilling.done())
+    await _until(lambda: adapter.history.backfilling is None or adapter.history.backfilling.done())
     before = adapter.backfilled
     await rig.fake.disconnect_socket()  # Slack drops the link; the next hello backfills
     missed = rig.fake.post_user_message("C1", "sent while the link was down", thread_ts=event["ts"])

@@ -1,0 +1,477 @@
+"""What the Slack channel posts, finds again and marks.
+
+Replies in parts, approval requests, failure notices and the closes that rewrite a request's
+copies; reconcile by the delivery id in each message's metadata; the working reaction on the
+messages a run is answering.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import logging
+import re
+from collections.abc import Mapping
+from typing import Any
+
+import aiohttp
+from slack_sdk.errors import SlackApiError
+
+from adapters.channel import (
+    ApprovalClosed,
+    DeliveryError,
+    DeliveryReceipt,
+    Inbound,
+    InboundSink,
+    KnownThread,
+    Outbound,
+    Reconciled,
+    ThreadRef,
+    Unavailable,
+    is_copy_of,
+)
+from adapters.slack.events import split_thread
+from adapters.slack.link import SCAN_PAGES, SlackLink, ts_key, ts_seconds
+from adapters.slack.render import (
+    approval_blocks,
+    close_note,
+    closed_blocks,
+    failure_blocks,
+    fallback_text,
+    split_text,
+    to_mrkdwn,
+)
+
+log = logging.getLogger("adapters.slack")
+
+METADATA_TYPE = "gateway_delivery"
+"""The Slack message metadata event type of everything the bot posts."""
+_PART_LIMIT = 3_000
+"""Characters per posted part (a section block's limit)."""
+_PERMANENT = frozenset(
+    {
+        "channel_not_found",
+        "not_in_channel",
+        "is_archived",
+        "thread_not_found",
+        "msg_too_long",
+        "invalid_blocks",
+        "invalid_metadata_format",
+        "restricted_action",
+        "cannot_reply_to_message",
+    }
+)
+"""Slack errors that a retry cannot fix (the delivery becomes a dead letter at once)."""
+_CLOSE_LOOKBACK_S = 600
+"""A close looks for the request's copies from this long before the request was made (clocks
+differ: ours stamps the request, Slack stamps the message)."""
+_WORKING_MAX = 20
+"""The newest messages of a thread that may wear the working reaction (a reply clears them)."""
+_PING = re.compile(r"<!(here|channel|everyone|subteam\^[A-Z0-9]+)(?:\|[^>]*)?>")
+
+
+class SlackDelivery:
+    """Posts, rewrites and finds the gateway's messages in Slack threads."""
+
+    def __init__(self, link: SlackLink, *, working_reaction: str, late_after_s: float) -> None:
+        self.link = link
+        self.working_reaction = working_reaction
+        self.late_after_s = late_after_s
+        self._partial: dict[str, set[int]] = {}
+        """The parts a reconcile found of a delivery (its retry posts only the others)."""
+
+    async def deliver(self, outbound: Outbound) -> DeliveryReceipt:
+        """Post the delivery's parts into its thread (those not already there).
+
+        Raises:
+            DeliveryError: see the module docstring; once a part is posted, any later failure
+                has an unknown outcome (the retry reconciles and posts only what is missing).
+        """
+        if outbound.kind == "approval_closed":
+            return await self._close(outbound)
+        channel, thread_ts = self._where(outbound.thread)
+        parts = self._parts(outbound)
+        there = self._partial.pop(outbound.delivery_id, set())
+        if outbound.kind == "reply" and 0 not in there:
+            note = await self._superseded_note(channel, thread_ts, outbound)
+            if note:
+                parts[0] = (f"{note}\n{parts[0][0]}", parts[0][1])
+        posted: list[str] = []
+        for number, (text, blocks) in enumerate(parts):
+            if number in there:
+                continue
+            metadata = {
+                "event_type": METADATA_TYPE,
+                "event_payload": {
+                    "delivery_id": outbound.delivery_id,
+                    "part": number,
+                    "parts": len(parts),
+                },
+            }
+            posted.append(
+                await self._post(
+                    channel, thread_ts, text, blocks, metadata, after_post=bool(posted or there)
+                )
+            )
+        if self.working_reaction and outbound.answers:  # a notice on arrival answers nothing
+            self.link.spawn(self._answered(channel, outbound))
+        return DeliveryReceipt(
+            delivery_id=outbound.delivery_id,
+            channel_message_ids=tuple(f"{channel}:{ts}" for ts in posted),
+            delivered_at_ms=self.link.clock.now_ms(),
+        )
+
+    async def reconcile(self, outbound: Outbound) -> Reconciled:
+        """Look in the thread, from the newest user message on, for the delivery's parts."""
+        if outbound.kind == "approval_closed":
+            return "absent"  # closing again rewrites the same copies (and posts no second note)
+        channel, thread_ts = self._where(outbound.thread)
+        wanted = len(self._parts(outbound))
+        oldest = str(outbound.reply_context.get("ts") or "0")
+        try:
+            found = await self._posted_parts(channel, thread_ts, oldest, outbound.delivery_id)
+        except (SlackApiError, aiohttp.ClientError, TimeoutError) as exc:
+            log.info("slack reconcile failed", extra={"error": type(exc).__name__})
+            return "unknown"
+        if found >= set(range(wanted)):
+            return "delivered"
+        if found:
+            self._partial[outbound.delivery_id] = found
+        return "absent"
+
+    def _parts(self, outbound: Outbound) -> list[tuple[str, list[dict[str, Any]] | None]]:
+        """What a delivery posts: (text, blocks) per message, in order."""
+        text = _defused(outbound.text)
+        if outbound.kind == "approval_request" and outbound.approval is not None:
+            intro = to_mrkdwn(text)
+            return [(fallback_text(intro), approval_blocks(outbound.approval, intro=intro))]
+        if outbound.kind == "failure_notice":
+            return [(fallback_text(to_mrkdwn(text)), failure_blocks(text))]
+        parts = split_text(to_mrkdwn(text), _PART_LIMIT) or ["(no text)"]
+        return [(part, None) for part in parts]
+
+    async def _superseded_note(
+        self, channel: str, thread_ts: str | None, outbound: Outbound
+    ) -> str | None:
+        """A line saying which message a late reply answers, when the thread has moved on.
+
+        A reply goes out late when the service was down or Slack refused it for a while. If
+        people wrote in the thread after the message it answers, it is not posted as if it
+        were the answer to the newest one: it opens with a link to its question. (The newer
+        messages get their own answer: they are in the inbox.)
+        """
+        asked = str(outbound.reply_context.get("ts") or "")
+        if ts_seconds(asked) <= 0 or self.link.clock.now_ms() / 1000 - ts_seconds(asked) < (
+            self.late_after_s
+        ):
+            return None
+        try:
+            if thread_ts is not None:
+                answer = await self.link.client.conversations_replies(
+                    channel=channel, ts=thread_ts, oldest=asked, limit=50
+                )
+            else:
+                answer = await self.link.client.conversations_history(
+                    channel=channel, oldest=asked, limit=50
+                )
+            newer = [
+                m
+                for m in answer.get("messages") or []
+                if isinstance(m, dict)
+                and ts_seconds(str(m.get("ts"))) > ts_seconds(asked)
+                and not m.get("bot_id")
+            ]
+            if not newer:
+                return None
+            link = await self.link.client.chat_getPermalink(channel=channel, message_ts=asked)
+            return f"_Re: <{link['permalink']}|this earlier message>_"
+        except (SlackApiError, aiohttp.ClientError, TimeoutError, KeyError, TypeError) as exc:
+            log.info("slack late-reply check failed", extra={"error": type(exc).__name__})
+            return None
+
+    def _where(self, thread: ThreadRef) -> tuple[str, str | None]:
+        try:
+            return split_thread(thread)
+        except ValueError:
+            raise DeliveryError("not a Slack thread", permanent=True) from None
+
+    async def _post(
+        self,
+        channel: str,
+        thread_ts: str | None,
+        text: str,
+        blocks: list[dict[str, Any]] | None,
+        metadata: dict[str, Any],
+        *,
+        after_post: bool,
+    ) -> str:
+        where: dict[str, Any] = {"thread_ts": thread_ts} if thread_ts else {}
+        if blocks is not None:
+            where["blocks"] = blocks
+        try:
+            answer = await self.link.client.chat_postMessage(
+                channel=channel,
+                text=text,
+                metadata=metadata,
+                unfurl_links=False,
+                unfurl_media=False,
+                **where,
+            )
+        except SlackApiError as exc:
+            raise _delivery_error(exc, after_post=after_post) from None
+        except aiohttp.ClientConnectorError as exc:
+            reason = self.link.unreachable(exc, "chat.postMessage")
+            raise DeliveryError(reason, unknown_outcome=after_post) from None
+        except (aiohttp.ClientError, TimeoutError) as exc:
+            reason = self.link.unreachable(exc, "chat.postMessage")
+            raise DeliveryError(reason, unknown_outcome=True) from None
+        return str(answer.get("ts"))
+
+    async def _close(self, outbound: Outbound) -> DeliveryReceipt:
+        """Rewrite every copy of a closed request in its thread (the request, its reminders).
+
+        Each copy keeps its words and loses its buttons, under a line saying how the request
+        closed, by whom and when. Doing it again rewrites the same copies. A thread with no copy
+        (the request was never posted: closed first, or refused by Slack) gets the close as a
+        message of its own, once.
+
+        Raises:
+            DeliveryError: Slack could not be read or refused an update (retried).
+        """
+        closed = outbound.closed
+        if closed is None:
+            raise DeliveryError("a close without the request it closes", permanent=True)
+        channel, thread_ts = self._where(outbound.thread)
+        oldest = f"{max(closed.requested_at_ms / 1000 - _CLOSE_LOOKBACK_S, 0):.6f}"
+        note = close_note(closed.outcome, by=closed.by, at_ms=closed.at_ms, reason=closed.reason)
+        updated: list[str] = []
+        try:
+            copies, noted = await self._copies(channel, thread_ts, oldest, outbound, closed)
+            for message in copies:
+                text = _request_text(message)
+                try:
+                    await self.link.client.chat_update(
+                        channel=channel,
+                        ts=str(message["ts"]),
+                        text=fallback_text(text),
+                        blocks=closed_blocks(text, note),
+                    )
+                except SlackApiError as exc:
+                    if exc.response.get("error") != "message_not_found":  # deleted: nothing left
+                        raise
+                updated.append(f"{channel}:{message['ts']}")
+        except SlackApiError as exc:
+            raise _delivery_error(exc, after_post=False) from None
+        except (aiohttp.ClientError, TimeoutError):
+            raise DeliveryError("no answer from Slack") from None
+        if not copies and not noted:
+            metadata = {
+                "event_type": METADATA_TYPE,
+                "event_payload": {"delivery_id": outbound.delivery_id, "part": 0, "parts": 1},
+            }
+            # said as Slack says it on a copy (a decider's id as a mention), in a message of its own
+            ts = await self._post(channel, thread_ts, note, None, metadata, after_post=False)
+            updated.append(f"{channel}:{ts}")
+        return DeliveryReceipt(
+            delivery_id=outbound.delivery_id,
+            channel_message_ids=tuple(updated),
+            delivered_at_ms=self.link.clock.now_ms(),
+        )
+
+    async def _copies(
+        self,
+        channel: str,
+        thread_ts: str | None,
+        oldest: str,
+        outbound: Outbound,
+        closed: ApprovalClosed,
+    ) -> tuple[list[dict[str, Any]], bool]:
+        """The thread's copies of the closed request, and whether the close was posted already."""
+        copies: list[dict[str, Any]] = []
+        noted = False
+        cursor: str | None = None
+        for _ in range(SCAN_PAGES):
+            page: dict[str, Any] = {"cursor": cursor} if cursor else {}
+            if thread_ts is not None:
+                answer = await self.link.client.conversations_replies(
+                    channel=channel,
+                    ts=thread_ts,
+                    oldest=oldest,
+                    include_all_metadata=True,
+                    limit=200,
+                    **page,
+                )
+            else:
+                answer = await self.link.client.conversations_history(
+                    channel=channel, oldest=oldest, include_all_metadata=True, limit=200, **page
+                )
+            for message in answer.get("messages") or []:
+                delivery = _delivery_of(message)
+                if delivery is None or not message.get("ts"):
+                    continue
+                if is_copy_of(delivery, closed.request_delivery_id):
+                    copies.append(message)
+                noted = noted or delivery == outbound.delivery_id
+            cursor = (answer.get("response_metadata") or {}).get("next_cursor") or None
+            if not cursor:
+                break
+        return copies, noted
+
+    async def _posted_parts(
+        self, channel: str, thread_ts: str | None, oldest: str, delivery_id: str
+    ) -> set[int]:
+        found: set[int] = set()
+        cursor: str | None = None
+        for _ in range(SCAN_PAGES):
+            page: dict[str, Any] = {"cursor": cursor} if cursor else {}
+            if thread_ts is not None:
+                answer = await self.link.client.conversations_replies(
+                    channel=channel,
+                    ts=thread_ts,
+                    oldest=oldest,
+                    include_all_metadata=True,
+                    limit=200,
+                    **page,
+                )
+            else:
+                answer = await self.link.client.conversations_history(
+                    channel=channel, oldest=oldest, include_all_metadata=True, limit=200, **page
+                )
+            for message in answer.get("messages") or []:
+                number = _part_of(message, delivery_id)
+                if number is not None:
+                    found.add(number)
+            cursor = (answer.get("response_metadata") or {}).get("next_cursor") or None
+            if not cursor:
+                break
+        return found
+
+    async def with_working(
+        self, sink: InboundSink, inbound: Inbound, known: KnownThread | None
+    ) -> Inbound:
+        """`inbound` naming every message of its thread that still wears the working reaction.
+
+        A message steered into a busy run wears it too, and the reply answers them all: the
+        list travels in the reply context (the newest one reaches the delivery) and is pruned
+        by the thread's answered mark, which deliveries advance.
+        """
+        ts = str(inbound.reply_context.get("ts") or "")
+        if not ts:
+            return inbound
+        try:
+            answered = await sink.get_mark(_answered_mark(inbound.thread.lane))
+        except Unavailable:
+            answered = None  # the accept below says so; the list is cosmetic
+        earlier = known.reply_context.get("working") if known is not None else None
+        kept = [
+            t
+            for t in (earlier if isinstance(earlier, (list, tuple)) else ())
+            if isinstance(t, str) and t != ts and ts_key(t) > ts_key(answered or "0")
+        ]
+        working = [*kept[-(_WORKING_MAX - 1) :], ts]
+        context = {**inbound.reply_context, "working": working}
+        return Inbound.model_validate({**inbound.model_dump(), "reply_context": context})
+
+    async def _answered(self, channel: str, outbound: Outbound) -> None:
+        """Take the working reaction off the messages a delivery answers, and remember them."""
+        listed = outbound.reply_context.get("working")
+        newest = outbound.reply_context.get("ts")
+        working = (
+            {str(t) for t in listed if isinstance(t, str)}
+            if isinstance(listed, (list, tuple))
+            else set()
+        )
+        if isinstance(newest, str) and newest:
+            working.add(newest)
+        if not working:
+            return
+        # The mark first: a person who sees the reaction go and writes at once must find these
+        # messages answered (else the next reply would list them again).
+        await self._mark_answered(outbound.thread.lane, max(working, key=ts_key))
+        for ts in sorted(working, key=ts_key):
+            await self.react(channel, ts, add=False)
+
+    async def _mark_answered(self, lane: str, through: str) -> None:
+        mark = _answered_mark(lane)
+        if self.link.sink is None:
+            return
+        with contextlib.suppress(Unavailable):
+            for _ in range(3):  # a compare-and-set: another process may answer the thread too
+                current = await self.link.sink.get_mark(mark)
+                if current is not None and ts_key(current) >= ts_key(through):
+                    return
+                if await self.link.sink.put_mark(mark, through, expect=current):
+                    return
+
+    async def react(self, channel: str, ts: str, *, add: bool) -> None:
+        """Put the working reaction on a message, or take it off (best effort)."""
+        call = self.link.client.reactions_add if add else self.link.client.reactions_remove
+        try:
+            await call(channel=channel, timestamp=ts, name=self.working_reaction)
+        except (SlackApiError, aiohttp.ClientError, TimeoutError) as exc:
+            # already_reacted / no_reaction are normal (a retry, a steered message)
+            log.debug("slack reaction skipped", extra={"error": type(exc).__name__})
+
+
+def _answered_mark(lane: str) -> str:
+    """The broker mark holding the newest message of a thread a delivery answered."""
+    return f"slack:answered:{lane}"
+
+
+def _defused(text: str) -> str:
+    """`text` without pings of a room or a user group (a model must not page people)."""
+    return _PING.sub(lambda found: "@" + found.group(1).replace("subteam^", ""), text)
+
+
+def _request_text(message: Mapping[str, Any]) -> str:
+    """The approval request's words (its section blocks), without its buttons."""
+    texts = []
+    for block in message.get("blocks") or []:
+        if isinstance(block, dict) and block.get("type") == "section":
+            text = block.get("text")
+            if isinstance(text, dict) and isinstance(text.get("text"), str):
+                texts.append(text["text"])
+    return "\n\n".join(texts) or str(message.get("text") or "Approval request")
+
+
+def _payload_of(message: Any) -> dict[str, Any] | None:
+    """The gateway's metadata payload of a message the bot posted (None for any other)."""
+    if not isinstance(message, dict):
+        return None
+    metadata = message.get("metadata")
+    if not isinstance(metadata, dict) or metadata.get("event_type") != METADATA_TYPE:
+        return None
+    payload = metadata.get("event_payload")
+    return payload if isinstance(payload, dict) else None
+
+
+def _delivery_of(message: Any) -> str | None:
+    payload = _payload_of(message)
+    delivery = payload.get("delivery_id") if payload is not None else None
+    return delivery if isinstance(delivery, str) else None
+
+
+def _part_of(message: Any, delivery_id: str) -> int | None:
+    payload = _payload_of(message)
+    if payload is None or payload.get("delivery_id") != delivery_id:
+        return None
+    part = payload.get("part")
+    return part if isinstance(part, int) else None
+
+
+def _delivery_error(exc: SlackApiError, *, after_post: bool) -> DeliveryError:
+    response = exc.response
+    status = getattr(response, "status_code", 200)
+    error = str(response.get("error") or f"HTTP {status}")
+    if status == 429:
+        retry = response.headers.get("Retry-After") or response.headers.get("retry-after")
+        try:
+            seconds = float(retry) if retry is not None else 1.0
+        except ValueError:
+            seconds = 1.0
+        return DeliveryError(
+            "rate limited by Slack", retry_after_s=seconds, unknown_outcome=after_post
+        )
+    if error in _PERMANENT:
+        return DeliveryError(f"Slack: {error}", permanent=True)
+    # A server error may come after Slack acted; a refusal (ok: false) did not post anything.
+    return DeliveryError(f"Slack: {error}", unknown_outcome=after_post or status >= 500)

@@ -1,0 +1,175 @@
+"""What the Slack channel reads of threads: earlier messages, and what came while nobody listened.
+
+A mention late in a thread brings the thread's newest messages before it; a backfill takes in
+what was posted in the bot's recent threads while no process listened.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+from typing import Any
+
+import aiohttp
+from slack_sdk.errors import SlackApiError
+
+from adapters.channel import (
+    Author,
+    ContextMessage,
+    Inbound,
+    InboundSink,
+    NotRouted,
+    ThreadRef,
+    Unavailable,
+)
+from adapters.slack.events import CHANNEL, classify, clean_text, split_thread
+from adapters.slack.link import SCAN_PAGES, SlackLink, ts_seconds
+
+log = logging.getLogger("adapters.slack")
+
+_HISTORY_TIMEOUT_S = 1.5
+"""How long a late mention waits for its thread's earlier messages before it goes in without."""
+
+
+class SlackHistory:
+    """Reads threads for the channel (see the module docstring)."""
+
+    def __init__(self, link: SlackLink, *, context_messages: int, backfill_hours: float) -> None:
+        self.link = link
+        self.context_messages = context_messages
+        self.backfill_hours = backfill_hours
+        self.backfilled = 0
+        """Messages taken in by backfills (for tests and logs)."""
+        self.backfilling: asyncio.Task[None] | None = None
+
+    def start_backfill(self) -> None:
+        """Backfill in the background, unless one is running (at start, and on each reconnect)."""
+        if self.backfill_hours > 0 and (self.backfilling is None or self.backfilling.done()):
+            self.backfilling = self.link.spawn(self._backfill())
+
+    async def _backfill(self) -> None:
+        """Take in what was posted in the bot's recent threads while no process listened.
+
+        For every conversation the bot is in, the threads a lane holds whose newest accepted
+        message is younger than `backfill_hours` are read from that message on; each later
+        message is handed to the sink like a live event (the inbox deduplicates, so several
+        processes backfilling at once, or an event arriving meanwhile, take it once). They are
+        taken in the order they were posted: under the default busy policy (steer) they join
+        one run, which answers the thread as it now stands.
+        """
+        sink = self.link.sink
+        if sink is None:
+            return
+        horizon = self.link.clock.now_ms() / 1000 - self.backfill_hours * 3600
+        taken = 0
+        try:
+            for channel in await self._conversations():
+                try:
+                    threads = await sink.threads(CHANNEL, channel)
+                except NotRouted:
+                    continue
+                for known in threads:
+                    last = str(known.reply_context.get("ts") or "")
+                    if ts_seconds(last) >= horizon:
+                        taken += await self._backfill_thread(sink, known.thread, last)
+        except (SlackApiError, aiohttp.ClientError, TimeoutError, Unavailable) as exc:
+            log.warning("slack backfill stopped", extra={"error": type(exc).__name__})
+        self.backfilled += taken
+        log.info("slack backfill done", extra={"taken": taken})
+
+    async def _conversations(self) -> list[str]:
+        found: list[str] = []
+        cursor: str | None = None
+        for _ in range(SCAN_PAGES):
+            answer = await self.link.client.users_conversations(
+                types="public_channel,private_channel,im,mpim",
+                exclude_archived=True,
+                limit=200,
+                **({"cursor": cursor} if cursor else {}),
+            )
+            found += [str(c["id"]) for c in answer.get("channels") or [] if c.get("id")]
+            cursor = (answer.get("response_metadata") or {}).get("next_cursor") or None
+            if not cursor:
+                break
+        return found
+
+    async def _backfill_thread(self, sink: InboundSink, thread: ThreadRef, last: str) -> int:
+        channel, root = split_thread(thread)
+        if root is not None:
+            answer = await self.link.client.conversations_replies(
+                channel=channel, ts=root, oldest=last, limit=200
+            )
+        else:
+            answer = await self.link.client.conversations_history(
+                channel=channel, oldest=last, limit=200
+            )
+        messages = [m for m in answer.get("messages") or [] if isinstance(m, dict)]
+        taken = 0
+        for message in sorted(messages, key=lambda m: ts_seconds(str(m.get("ts")))):
+            if ts_seconds(str(message.get("ts"))) <= ts_seconds(last):
+                continue
+            event = {**message, "channel": channel}
+            if channel.startswith("D"):
+                event["channel_type"] = "im"
+            classified = classify(
+                "message",
+                event,
+                bot_user_id=self.link.bot_user_id or "",
+                bot_id=self.link.bot_id,
+                now_ms=self.link.clock.now_ms(),
+            )
+            if classified.take == "ignore" or classified.inbound is None:
+                continue
+            if classified.inbound.thread != thread:
+                continue  # a DM's threaded reply seen from its top level: its own lane
+            acceptance = await sink.accept(classified.inbound)
+            taken += not acceptance.duplicate
+        return taken
+
+    async def before(self, inbound: Inbound) -> tuple[tuple[ContextMessage, ...], int]:
+        """The thread's newest messages before `inbound`, and how many older ones are left out.
+
+        Slack lists a thread oldest first, 200 a page: every page is read (up to
+        `SCAN_PAGES`), so the newest `context_messages` are the ones kept, however long the
+        thread. ((), 0) if it cannot be read in time.
+        """
+        channel, root = split_thread(inbound.thread)
+        ts = str(inbound.reply_context.get("ts", ""))
+        try:
+            found = await asyncio.wait_for(
+                self._thread_before(channel, root or ts, ts), timeout=_HISTORY_TIMEOUT_S
+            )
+        except (SlackApiError, aiohttp.ClientError, TimeoutError) as exc:
+            log.warning("slack thread history unavailable", extra={"error": type(exc).__name__})
+            return (), 0
+        earlier = []
+        for message in found:
+            if message.get("ts") == ts:
+                continue
+            if message.get("bot_id") or message.get("subtype") not in (None, "thread_broadcast"):
+                continue
+            text = clean_text(str(message.get("text") or ""), self.link.bot_user_id or "")
+            if text:
+                earlier.append(
+                    ContextMessage(author=Author(id=str(message.get("user"))), text=text)
+                )
+        kept = earlier[-self.context_messages :] if self.context_messages > 0 else []
+        return tuple(kept), len(earlier) - len(kept)
+
+    async def _thread_before(self, channel: str, root: str, ts: str) -> list[dict[str, Any]]:
+        found: list[dict[str, Any]] = []
+        cursor: str | None = None
+        for _ in range(SCAN_PAGES):
+            answer = await self.link.client.conversations_replies(
+                channel=channel,
+                ts=root,
+                latest=ts,
+                inclusive=False,
+                limit=200,
+                cursor=cursor,
+            )
+            found += [m for m in answer.get("messages") or [] if isinstance(m, dict)]
+            cursor = (answer.get("response_metadata") or {}).get("next_cursor") or None
+            if not cursor:
+                break
+        return found

@@ -1,0 +1,98 @@
+"""What the Slack channel's parts share: the client, the clock, the bot's identity, the sink.
+
+Also the background follow-ups they start, and Slack's timestamps as numbers.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import re
+from collections.abc import Awaitable
+from typing import Any
+from urllib.parse import urlsplit
+
+from slack_sdk.errors import SlackApiError
+from slack_sdk.web.async_client import AsyncWebClient
+
+from adapters.channel import InboundSink, Unavailable
+from adapters.failures import connection_failure
+from harness_core import Clock
+
+SCAN_PAGES = 10
+"""The most pages of 200 messages a read of a thread or a channel turns."""
+
+
+class SlackLink:
+    """The client and state the channel, its history reader, approvals and deliveries share."""
+
+    def __init__(
+        self, *, client: AsyncWebClient, clock: Clock, api_url: str, call_timeout_s: int
+    ) -> None:
+        self.client = client
+        self.clock = clock
+        self.api_url = api_url
+        self.call_timeout_s = call_timeout_s
+        self.bot_user_id: str | None = None
+        """The bot's user id (auth.test at start, or bolt's own when that failed)."""
+        self.bot_id: str | None = None
+        self.sink: InboundSink | None = None
+        """Set between `start` and `close`."""
+        self.tasks: set[asyncio.Task[Any]] = set()
+        """Best-effort follow-ups (reactions, private notes, backfills) still running."""
+
+    def spawn(self, work: Awaitable[Any]) -> asyncio.Task[Any]:
+        """Run `work` in the background (the channel's close waits for it, briefly)."""
+        task = asyncio.ensure_future(work)
+        self.tasks.add(task)
+        task.add_done_callback(self.tasks.discard)
+        return task
+
+    def sink_or_fail(self) -> InboundSink:
+        """The sink; Unavailable when the channel is not started."""
+        if self.sink is None:
+            raise Unavailable("the Slack channel is not started")
+        return self.sink
+
+    def unreachable(self, error: BaseException, method: str) -> str:
+        """Why the Web API could not be reached, in words naming its host and port."""
+        url = urlsplit(self.api_url)
+        try:
+            port = url.port or (80 if url.scheme == "http" else 443)
+        except ValueError:  # not a port: the host's words still help
+            port = 0
+        return connection_failure(
+            error,
+            protocol="Slack API",
+            host=url.hostname or self.api_url,
+            port=port,
+            timeout_s=self.call_timeout_s,
+            phase=method,
+        )
+
+    def api_said(self, error: SlackApiError) -> str:
+        """What the Web API answered instead of ``ok``, in words (a URL that is not Slack's)."""
+        said = error.response.get("error") if isinstance(error.response.data, dict) else None
+        status = error.response.status_code
+        if said:
+            return f"Slack answered {said} (HTTP {status})"
+        return (
+            f"{self.api_url} did not answer as the Slack Web API does (HTTP {status}, "
+            "not Slack's JSON): check the API URL"
+        )
+
+
+def ts_seconds(ts: str) -> float:
+    """A Slack ``ts`` as seconds since the epoch (0 for anything that is not one)."""
+    try:
+        return float(ts) if re.fullmatch(r"\d{1,12}\.\d{1,9}", ts) else 0.0
+    except ValueError:
+        return 0.0
+
+
+def ts_key(ts: str) -> tuple[int, int]:
+    """A Slack ts (``1700000000.000100``) as a sortable pair; anything else sorts first."""
+    seconds, _, fraction = ts.partition(".")
+    try:
+        return int(seconds), int(fraction.ljust(6, "0")[:6] or "0")
+    except ValueError:
+        return (-1, 0)
