@@ -28,7 +28,7 @@ client threads with the conversation it answers:
 * ``Auto-Submitted: auto-replied`` (RFC 3834) and ``X-Auto-Response-Suppress: All``
   (Exchange): other automatons do not answer the bot.
 * The body is ``text/plain`` (UTF-8, the Markdown as written) with an HTML alternative
-  (`markdown_to_html`: paragraphs, emphasis, code, links, lists; everything else escaped).
+  (`markdown_to_html`: the tree of `adapters.markdown.parse` as HTML, every text escaped).
 
 An approval request lists each pending call (its tool and its arguments as pretty JSON, cut
 at `MAX_ARGS_CHARS`) and links to approve or deny the whole batch. Replying "approve" decides
@@ -60,9 +60,11 @@ from typing import Any, Literal
 
 from itsdangerous import BadData, BadPayload, BadSignature, URLSafeSerializer
 from itsdangerous.encoding import base64_decode, base64_encode
+from markdown_it.tree import SyntaxTreeNode
 
 from adapters.channel import ApprovalView, Outbound
 from adapters.email.message import message_ids, normalize_subject
+from adapters.markdown import parse
 from harness_core.frozen import thaw_json
 
 __all__ = [
@@ -442,142 +444,90 @@ def _document(fragment: str) -> str:
 
 # --- Markdown to HTML ------------------------------------------------------------------------
 
-_FENCE = re.compile(r"^ {0,3}(`{3,}|~{3,})")
-_HEADING = re.compile(r"^ {0,3}#{1,6}\s+(.*?)(?:\s+#+)?\s*$")
-_RULE = re.compile(r"^ {0,3}([-*_])(?:\s*\1){2,}\s*$")
-_BULLET = re.compile(r"^\s{0,3}[-*+]\s+(.*)$")
-_NUMBERED = re.compile(r"^\s{0,3}(\d{1,9})[.)]\s+(.*)$")
-_QUOTE = re.compile(r"^ {0,3}>\s?(.*)$")
-_CODE_SPAN = re.compile(r"(`+)([^`\n](?:.{0,2000}?[^`\n])?)\1(?!`)")
-_LINK = re.compile(
-    r"\[([^\[\]\n]{1,500})\]\(\s*<?([^\s()<>]{1,2000})>?(?:\s+\"[^\"\n]{0,200}\")?\s*\)"
-    r"|(https?://[^\s<>\"'()\[\]]{1,2000})"
-)
-_STRONG = re.compile(
-    r"\*\*(?=\S)(.{1,1000}?)(?<=\S)\*\*|(?<![\w])__(?=\S)(.{1,1000}?)(?<=\S)__(?![\w])"
-)
-_EM = re.compile(
-    r"(?<![*\w])\*(?=[^\s*])(.{1,1000}?)(?<=[^\s*])\*(?![*\w])"
-    r"|(?<![\w])_(?=[^\s_])(.{1,1000}?)(?<=[^\s_])_(?![\w])"
-)
+_TAGS = {"strong": "strong", "em": "em", "s": "s"}
 
 
 def markdown_to_html(text: str) -> str:
-    """An HTML fragment of simple Markdown; every other character is escaped.
+    """An HTML fragment of the model's Markdown (`adapters.markdown.parse`); all text escaped.
 
-    Paragraphs (a single line break is a ``<br>``), ``#`` headings (bold paragraphs), bullet
-    and numbered lists (flat), ``>`` quotes, fenced code blocks, rules, and inline
-    ``**bold**``, ``*italic*``, ```code```, ``[text](url)`` and bare ``https://`` links. Links
-    other than http, https and mailto are shown as text.
+    Paragraphs (a line break inside one is a ``<br>``), headings (bold paragraphs), bullet
+    and numbered lists, quotes, code blocks and spans, tables, rules, ``**bold**``,
+    ``*italic*``, ``~~struck~~``, ``[text](url)``, bare ``https://`` links and images (as
+    links: a reply loads nothing). Raw HTML is text; links go only to http, https and mailto
+    (any other stays text as written).
     """
+    return "\n".join(_html_blocks(parse(text).children))
+
+
+def _escape(text: str, *, quote: bool = True) -> str:
+    return html.escape(text, quote=quote).replace("\x00", "\ufffd")
+
+
+def _html_blocks(nodes: list[SyntaxTreeNode], *, bare: bool = False) -> list[str]:
+    """Block nodes as HTML; `bare`: a paragraph without ``<p>`` (a quote's only one)."""
     out: list[str] = []
-    paragraph: list[str] = []
-    items: list[str] = []
-    list_tag = ""
-    quote: list[str] = []
-
-    def flush() -> None:
-        nonlocal list_tag
-        if paragraph:
-            out.append("<p>" + "<br>\n".join(_inline(line) for line in paragraph) + "</p>")
-            paragraph.clear()
-        if items:
-            body = "".join(f"<li>{item}</li>" for item in items)
-            out.append(f"<{list_tag}>{body}</{list_tag}>")
-            items.clear()
-            list_tag = ""
-        if quote:
-            body = "<br>\n".join(_inline(line) for line in quote)
-            out.append(f"<blockquote>{body}</blockquote>")
-            quote.clear()
-
-    lines = text.replace("\r\n", "\n").replace("\r", "\n").split("\n")
-    index = 0
-    while index < len(lines):
-        line = lines[index]
-        index += 1
-        fence = _FENCE.match(line)
-        if fence:
-            flush()
-            marker = fence.group(1)
-            code: list[str] = []
-            while index < len(lines) and not lines[index].lstrip().startswith(marker):
-                code.append(lines[index])
-                index += 1
-            index += 1  # the closing fence (or the end)
-            out.append(f"<pre><code>{html.escape(chr(10).join(code), quote=False)}</code></pre>")
-            continue
-        if not line.strip():
-            flush()
-            continue
-        heading = _HEADING.match(line)
-        rule = _RULE.match(line)
-        bullet = _BULLET.match(line)
-        numbered = _NUMBERED.match(line)
-        quoted = _QUOTE.match(line)
-        if heading:
-            flush()
-            out.append(f"<p><strong>{_inline(heading.group(1))}</strong></p>")
-        elif rule:
-            flush()
+    for node in nodes:
+        kind = node.type
+        if kind == "paragraph":
+            body = _html_inline(node.children[0].children)
+            out.append(body if bare or node.hidden else f"<p>{body}</p>")  # hidden: tight item
+        elif kind == "heading":
+            out.append(f"<p><strong>{_html_inline(node.children[0].children)}</strong></p>")
+        elif kind in ("bullet_list", "ordered_list"):
+            start = node.attrs.get("start")
+            tag = "ul" if kind == "bullet_list" else "ol"
+            opening = f'<ol start="{int(start)}">' if isinstance(start, int) else f"<{tag}>"
+            items = "".join(
+                f"<li>{''.join(_html_blocks(item.children))}</li>" for item in node.children
+            )
+            out.append(f"{opening}{items}</{tag}>")
+        elif kind == "blockquote":
+            only = len(node.children) == 1 and node.children[0].type == "paragraph"
+            out.append(
+                f"<blockquote>{chr(10).join(_html_blocks(node.children, bare=only))}</blockquote>"
+            )
+        elif kind in ("fence", "code_block"):
+            code = _escape(node.content.removesuffix("\n"), quote=False)
+            out.append(f"<pre><code>{code}</code></pre>")
+        elif kind == "hr":
             out.append("<hr>")
-        elif bullet or numbered:
-            tag = "ul" if bullet else "ol"
-            if list_tag != tag or paragraph or quote:
-                flush()
-            list_tag = tag
-            content = bullet.group(1) if bullet else numbered.group(2) if numbered else ""
-            items.append(_inline(content))
-        elif quoted:
-            if paragraph or items:
-                flush()
-            quote.append(quoted.group(1))
-        elif items and line[:1].isspace():
-            items[-1] += "<br>" + _inline(line.strip())
+        elif kind == "table":
+            out.append(_html_table(node))
+    return out
+
+
+def _html_table(node: SyntaxTreeNode) -> str:
+    rows: list[str] = []
+    for part in node.children:  # thead, tbody
+        for row in part.children:
+            cells = []
+            for cell in row.children:
+                align = cell.attrs.get("style")
+                style = f' style="{_escape(str(align))}"' if align else ""
+                body = _html_inline(cell.children[0].children) if cell.children else ""
+                cells.append(f"<{cell.type}{style}>{body}</{cell.type}>")
+            rows.append(f"<tr>{''.join(cells)}</tr>")
+    return f'<table border="1" cellpadding="4" cellspacing="0">{"".join(rows)}</table>'
+
+
+def _html_inline(nodes: list[SyntaxTreeNode]) -> str:
+    out: list[str] = []
+    for node in nodes:
+        kind = node.type
+        if kind in ("text", "slack_token"):
+            out.append(_escape(node.content))
+        elif kind in ("softbreak", "hardbreak"):
+            out.append("<br>\n")
+        elif kind == "code_inline":
+            out.append(f"<code>{_escape(node.content)}</code>")
+        elif kind in _TAGS:
+            out.append(f"<{_TAGS[kind]}>{_html_inline(node.children)}</{_TAGS[kind]}>")
+        elif kind in ("link", "image"):  # only http(s) and mailto parse as links (D175)
+            href = _escape(str(node.attrs.get("href") or node.attrs.get("src") or ""))
+            out.append(f'<a href="{href}">{_html_inline(node.children) or href}</a>')
         else:
-            if items or quote:
-                flush()
-            paragraph.append(line.strip())
-    flush()
-    return "\n".join(out)
-
-
-def _inline(text: str) -> str:
-    """One line of Markdown as escaped HTML with code spans, links and emphasis."""
-    pieces: list[str] = []
-    position = 0
-    for match in _CODE_SPAN.finditer(text):
-        pieces.append(_links_and_emphasis(text[position : match.start()]))
-        pieces.append(f"<code>{html.escape(match.group(2).strip())}</code>")
-        position = match.end()
-    pieces.append(_links_and_emphasis(text[position:]))
-    return "".join(pieces)
-
-
-def _links_and_emphasis(text: str) -> str:
-    pieces: list[str] = []
-    position = 0
-    for match in _LINK.finditer(text):
-        pieces.append(_emphasis(html.escape(text[position : match.start()])))
-        label, url, bare = match.group(1), match.group(2), match.group(3)
-        trailing = ""
-        if bare:
-            stripped = bare.rstrip(".,;:!?")
-            trailing = bare[len(stripped) :]
-            label, url = stripped, stripped
-        if url.lower().startswith(("http://", "https://", "mailto:")):
-            shown = html.escape(label) if bare else _emphasis(html.escape(label))
-            pieces.append(f'<a href="{html.escape(url)}">{shown}</a>{html.escape(trailing)}')
-        else:
-            pieces.append(html.escape(match.group(0)))
-        position = match.end()
-    pieces.append(_emphasis(html.escape(text[position:])))
-    return "".join(pieces)
-
-
-def _emphasis(escaped: str) -> str:
-    escaped = _STRONG.sub(lambda m: f"<strong>{m.group(1) or m.group(2)}</strong>", escaped)
-    return _EM.sub(lambda m: f"<em>{m.group(1) or m.group(2)}</em>", escaped)
+            out.append(_html_inline(node.children))
+    return "".join(out)
 
 
 # --- approval tokens -------------------------------------------------------------------------

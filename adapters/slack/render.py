@@ -19,16 +19,16 @@ from __future__ import annotations
 
 import json
 import re
-import unicodedata
 from bisect import bisect_right
 from collections.abc import Iterator
-from dataclasses import dataclass, field
 from datetime import UTC, datetime
 from typing import Any, Literal, TypeAlias
 
+from markdown_it.tree import SyntaxTreeNode
 from pydantic import Field, ValidationError, field_validator
 
 from adapters.channel import ApprovalView, DecisionItem, PendingCall
+from adapters.markdown import normalize, parse
 from harness_core.frozen import Frozen, invalid_reason
 
 __all__ = [
@@ -99,319 +99,30 @@ def _escape(text: str) -> str:
     return text.replace("&", "&amp;").replace("<", "&lt;").replace(">", "&gt;")
 
 
-# --- Markdown to mrkdwn: inline ------------------------------------------------------------
+# --- Markdown to mrkdwn ---------------------------------------------------------------------
 
-_ASCII_PUNCT = frozenset("!\"#$%&'()*+,-./:;<=>?@[\\]^_`{|}~")
-# Slack's own syntax, kept as written: mentions <@U1>, channels <#C1|general>, special mentions
-# and commands <!here>, <!subteam^S1|@team>, <!date^...|fallback>, and labelled links.
-_SLACK_TOKEN = re.compile(
-    r"<(?:[@#][A-Za-z0-9][^\s<>|]*|![A-Za-z][^<>|\n]*)(?:\|[^<>\n]*)?>"
-    r"|<[A-Za-z][A-Za-z0-9+.-]{1,31}:[^\s<>|]+\|[^<>\n]+>"
-)
-_AUTOLINK = re.compile(r"<([A-Za-z][A-Za-z0-9+.-]{1,31}:[^\s<>]*)>")
-_EMAIL_AUTOLINK = re.compile(
-    r"<([A-Za-z0-9.!#$%&'*+/=?^_`{|}~-]+@[A-Za-z0-9](?:[A-Za-z0-9-]{0,61}[A-Za-z0-9])?"
-    r"(?:\.[A-Za-z0-9](?:[A-Za-z0-9-]{0,61}[A-Za-z0-9])?)*)>"
-)
-# After a link's "]": (destination "title"); one level of parentheses inside the destination
-# (Wikipedia URLs). Each alternative starts with a different character: no backtracking blowup.
-_LINK_TAIL = re.compile(
-    r"""\([ \t]*(?:<([^<>\n]*)>|((?:[^\s()\\]|\\.|\((?:[^\s()\\]|\\.)*\))*))"""
-    r"""(?:[ \t]+(?:"[^"]*"|'[^']*'|\([^()]*\)))?[ \t]*\)"""
-)
-_BACKSLASH_ESCAPE = re.compile(r"\\([!-/:-@\[-`{-~])")
-
-_Tag = Literal["strong", "em", "strike"]
-_MARKER: dict[_Tag, str] = {"strong": "*", "em": "_", "strike": "~"}
-
-
-@dataclass(slots=True)
-class _Piece:
-    """An inline span already rendered: `mrkdwn` is escaped, `plain` is not."""
-
-    mrkdwn: str
-    plain: str
-
-
-@dataclass(slots=True)
-class _Delim:
-    """A run of ``*``, ``_`` or ``~`` that may open or close emphasis (CommonMark's rules)."""
-
-    char: str
-    count: int
-    can_open: bool
-    can_close: bool
-    order: int
-    remaining: int = 0
-    opens: list[_Tag] = field(default_factory=list)
-    closes: list[_Tag] = field(default_factory=list)
-
-
-_Token: TypeAlias = _Piece | _Delim
-
-
-def _is_punct(char: str) -> bool:
-    return char in _ASCII_PUNCT or unicodedata.category(char)[0] in "PS"
-
-
-def _delim(char: str, count: int, before: str, after: str, order: int) -> _Delim:
-    """The delimiter run `char` * `count` between `before` and `after` (space at line ends)."""
-    left = not after.isspace() and (not _is_punct(after) or before.isspace() or _is_punct(before))
-    right = not before.isspace() and (not _is_punct(before) or after.isspace() or _is_punct(after))
-    if char == "_":
-        # intraword underscores (snake_case_names) neither open nor close
-        can_open = left and (not right or _is_punct(before))
-        can_close = right and (not left or _is_punct(after))
-    else:
-        can_open, can_close = left, right
-    if char == "~" and count > 2:
-        can_open = can_close = False  # GFM strikes with one or two tildes only
-    return _Delim(char, count, can_open, can_close, order, remaining=count)
-
-
-def _pairs(opener: _Delim, closer: _Delim) -> bool:
-    if opener.char != closer.char:
-        return False
-    if opener.char == "~":
-        return opener.count == closer.count
-    both_ways = opener.can_close or closer.can_open
-    total = opener.count + closer.count
-    return not (both_ways and total % 3 == 0 and (opener.count % 3 or closer.count % 3))
-
-
-def _match_emphasis(delims: list[_Delim]) -> None:
-    """Pair openers with closers (CommonMark's process-emphasis, with its bottoms kept linear)."""
-    stack: list[_Delim] = []
-    bottoms: dict[tuple[str, bool, int], int] = {}
-    for closer in delims:
-        key = (closer.char, closer.can_open, closer.count % 3)
-        while closer.can_close and closer.remaining:
-            bottom = bottoms.get(key, -1)
-            found = -1
-            for index in range(len(stack) - 1, -1, -1):
-                if stack[index].order <= bottom:
-                    break
-                if _pairs(stack[index], closer):
-                    found = index
-                    break
-            if found < 0:
-                # nothing at or below the current top can match a closer like this one
-                bottoms[key] = stack[-1].order if stack else closer.order
-                break
-            opener = stack[found]
-            if opener.char == "~":
-                tag: _Tag = "strike"
-                used = opener.remaining
-            elif opener.remaining >= 2 and closer.remaining >= 2:
-                tag, used = "strong", 2
-            else:
-                tag, used = "em", 1
-            opener.opens.append(tag)
-            closer.closes.append(tag)
-            opener.remaining -= used
-            closer.remaining -= used
-            del stack[found + 1 :]  # delimiters between the pair stay literal
-            if not opener.remaining:
-                stack.pop()
-        if closer.can_open and closer.remaining:
-            stack.append(closer)
-
-
-def _backtick_runs(line: str) -> dict[int, list[int]]:
-    """Start positions of the maximal backtick runs of `line`, by run length."""
-    runs: dict[int, list[int]] = {}
-    for match in re.finditer(r"`+", line):
-        runs.setdefault(len(match.group()), []).append(match.start())
-    return runs
-
-
-def _bracket_pairs(line: str) -> dict[int, int]:
-    """Each ``[`` of `line` and the ``]`` that closes it (backslash escapes skipped)."""
-    pairs: dict[int, int] = {}
-    stack: list[int] = []
-    index = 0
-    while index < len(line):
-        char = line[index]
-        if char == "\\":
-            index += 2
-            continue
-        if char == "[":
-            stack.append(index)
-        elif char == "]" and stack:
-            pairs[stack.pop()] = index
-        index += 1
-    return pairs
-
-
-def _link_piece(url: str, label: str) -> _Piece:
-    """``<url|label>`` (or ``<url>``), both escaped; Slack decodes the entities."""
-    label = " ".join(label.split())
-    # a raw "|" would end the URL and spaces are not allowed in it: percent-encode both
-    target = url.strip().replace("|", "%7C").replace(" ", "%20")
-    if not target:
-        return _Piece(_escape(label), label)
-    if not label or label == target:
-        return _Piece(f"<{_escape(target)}>", target)
-    return _Piece(f"<{_escape(target)}|{_escape(label)}>", f"{label} ({target})")
-
-
-def _code_piece(code: str) -> _Piece:
-    if len(code) >= 2 and code[0] == code[-1] == " " and code.strip(" "):
-        code = code[1:-1]  # CommonMark drops one padding space on each side
-    return _Piece(f"`{_escape(code)}`", code)
-
-
-def _tokenize(line: str, *, links: bool = True) -> list[_Token]:
-    """The inline tokens of one line; `links` is off inside a link's label (no nesting)."""
-    tokens: list[_Token] = []
-    literal: list[str] = []
-    runs = _backtick_runs(line)
-    brackets = _bracket_pairs(line) if links else {}
-    order = 0
-
-    def flush() -> None:
-        if literal:
-            text = "".join(literal)
-            tokens.append(_Piece(_escape(text), text))
-            literal.clear()
-
-    index, size = 0, len(line)
-    while index < size:
-        char = line[index]
-        if char == "\\" and index + 1 < size and line[index + 1] in _ASCII_PUNCT:
-            literal.append(line[index + 1])
-            index += 2
-            continue
-        if char == "`":
-            end = index
-            while end < size and line[end] == "`":
-                end += 1
-            length = end - index
-            starts = runs.get(length, [])
-            position = bisect_right(starts, end - 1)
-            if position < len(starts):
-                closing = starts[position]
-                flush()
-                tokens.append(_code_piece(line[end:closing]))
-                index = closing + length
-            else:
-                literal.append(line[index:end])
-                index = end
-            continue
-        if char == "<":
-            piece = _angle(line, index)
-            if piece is not None:
-                flush()
-                tokens.append(piece[0])
-                index = piece[1]
-                continue
-        if links and char in "![":
-            opening = index + 1 if char == "!" else index
-            parsed = _parse_link(line, opening, brackets)
-            if parsed is not None:
-                label, url, end = parsed
-                flush()
-                tokens.append(_link_piece(url, _render(_tokenize(label, links=False), plain=True)))
-                index = end
-                continue
-        if char in "*_~":
-            end = index
-            while end < size and line[end] == char:
-                end += 1
-            before = line[index - 1] if index else " "
-            after = line[end] if end < size else " "
-            delim = _delim(char, end - index, before, after, order)
-            if delim.can_open or delim.can_close:
-                flush()
-                tokens.append(delim)
-                order += 1
-            else:
-                literal.append(line[index:end])
-            index = end
-            continue
-        literal.append(char)
-        index += 1
-    flush()
-    _match_emphasis([token for token in tokens if isinstance(token, _Delim)])
-    return tokens
-
-
-def _angle(line: str, index: int) -> tuple[_Piece, int] | None:
-    """Slack's own syntax, an autolink or an e-mail autolink starting at `index`, if any."""
-    match = _SLACK_TOKEN.match(line, index)
-    if match:
-        return _Piece(match.group(), match.group()), match.end()
-    match = _AUTOLINK.match(line, index)
-    if match:
-        return _link_piece(match.group(1), ""), match.end()
-    match = _EMAIL_AUTOLINK.match(line, index)
-    if match:
-        address = match.group(1)
-        return _link_piece(f"mailto:{address}", address), match.end()
-    return None
-
-
-def _parse_link(line: str, opening: int, brackets: dict[int, int]) -> tuple[str, str, int] | None:
-    """``[label](url "title")`` at `opening`: its raw label, its URL and where it ends."""
-    closing = brackets.get(opening)
-    if closing is None:
-        return None
-    match = _LINK_TAIL.match(line, closing + 1)
-    if match is None:
-        return None
-    url = match.group(1) if match.group(1) is not None else match.group(2)
-    return line[opening + 1 : closing], _BACKSLASH_ESCAPE.sub(r"\1", url), match.end()
-
-
-def _render(tokens: list[_Token], *, plain: bool, strong: bool = False) -> str:
-    """Tokens as mrkdwn (or as plain unescaped text); nested same emphasis is not repeated."""
-    depth: dict[_Tag, int] = {"strong": 1 if strong else 0, "em": 0, "strike": 0}
-    out: list[str] = []
-    for token in tokens:
-        if isinstance(token, _Piece):
-            out.append(token.plain if plain else token.mrkdwn)
-            continue
-        for tag in token.closes:  # innermost first
-            depth[tag] -= 1
-            if not plain and not depth[tag]:
-                out.append(_MARKER[tag])
-        out.append(token.char * token.remaining)
-        for tag in reversed(token.opens):  # outermost first
-            if not plain and not depth[tag]:
-                out.append(_MARKER[tag])
-            depth[tag] += 1
-    return "".join(out)
-
-
-def _inline(text: str, *, strong: bool = False) -> str:
-    return _render(_tokenize(text), plain=False, strong=strong)
-
-
-# --- Markdown to mrkdwn: lines and blocks --------------------------------------------------
-
-_FENCE_OPEN = re.compile(r"([ \t]*)(`{3,}|~{3,})(.*)")
-_HEADING = re.compile(r" {0,3}(#{1,6})(?:[ \t]+(.*))?")
-_CLOSING_HASHES = re.compile(r"(?:^|[ \t]+)#+[ \t]*$")
-_RULE = re.compile(r" {0,3}([-*_])(?:[ \t]*\1){2,}[ \t]*")
-_SETEXT = re.compile(r" {0,3}(?:=+|-+)[ \t]*")
-_BULLET = re.compile(r"([ \t]*)[-*+][ \t]+(.*)")
+_MARKER = {"strong": "*", "em": "_", "s": "~"}
+# a line's container markers: quotes, bullets, ordered markers and the indentation between
+_CONTAINER = re.compile(r"(?:[ \t]*(?:>|[-*+](?=[ \t]|$)|[0-9]{1,9}[.)](?=[ \t]|$)))*[ \t]*")
+_QUOTE_PREFIX = re.compile(r"(?:[ \t]{0,3}>[ \t]?)+")
+_BULLET_MARKER = re.compile(r"[-*+](?:[ \t]+|$)")
 _TASK = re.compile(r"\[([ xX])\][ \t]+")
-_QUOTE = re.compile(r"(?:[ \t]{0,3}>[ \t]?)+")
-_DELIMITER_CELL = re.compile(r":?-+:?")
-
-_LineKind = Literal["blank", "paragraph", "other"]
 
 
 def to_mrkdwn(markdown: str) -> str:
-    r"""Convert the model's CommonMark-ish Markdown to Slack mrkdwn; never raises.
+    r"""Convert the model's Markdown to Slack mrkdwn; never raises.
 
-    Bold, italic, strikethrough, links, images (as links), headings (as bold lines), bullets
-    (as ``•``), rules and tables (as aligned code blocks) are converted; block quotes and
-    ordered lists stay as they are; fenced code loses its language tag (Slack has none).
-    ``&``, ``<``, ``>`` are escaped everywhere except in Slack's own syntax already present
-    (``<@U123>``, ``<#C123>``, ``<!here>``, ``<url|text>``) and the delimiters of the links this
-    writes; inside code nothing else changes. Line endings become ``\n``. Markers that do not
-    pair stay as written. Text without Markdown or those three characters comes back unchanged.
+    The text is parsed once (`adapters.markdown.parse`: CommonMark, GFM tables and strikes)
+    and each source line is written back from the tree: bold, italic, strikethrough, links,
+    images (as links), headings (as bold lines), bullets (as ``•``, ``[ ]``/``[x]`` as
+    ``☐``/``☑``), rules and tables (as aligned code blocks) are converted; block quotes,
+    ordered lists, indentation, blank lines and trailing spaces stay as written; fenced code
+    loses its language tag (Slack has none). ``&``, ``<``, ``>`` are escaped everywhere except
+    in Slack's own syntax already present (``<@U123>``, ``<#C123>``, ``<!here>``,
+    ``<url|text>``), the delimiters of the links this writes and the quote markers that open a
+    line; inside code nothing else changes. Links go only to http, https and mailto; any
+    other stays text as written. Line endings become ``\n``. Markers that do not pair stay as
+    written. Text without Markdown or those three characters comes back unchanged.
 
     Args:
         markdown: The text as the model wrote it.
@@ -419,135 +130,199 @@ def to_mrkdwn(markdown: str) -> str:
     Returns:
         The same text in mrkdwn, of any length (`split_text` cuts it to Slack's limits).
     """
-    lines = markdown.replace("\r\n", "\n").replace("\r", "\n").split("\n")
-    out: list[str] = []
-    previous: _LineKind = "blank"
-    paragraph_lines = 0
-    index = 0
-    while index < len(lines):
-        line = lines[index]
-        if not line.strip():
-            out.append(line)
-            previous, index = "blank", index + 1
-            continue
-        fence = _FENCE_OPEN.fullmatch(line)
-        if fence and not (fence.group(2)[0] == "`" and "`" in fence.group(3)):
-            code, index = _fenced_code(lines, index, fence)
-            out.extend(code)
-            previous = "other"
-            continue
-        if index + 1 < len(lines) and _is_table_start(line, lines[index + 1]):
-            table, index = _table(lines, index)
-            out.extend(table)
-            previous = "other"
-            continue
-        if previous == "paragraph" and paragraph_lines == 1 and _SETEXT.fullmatch(line):
-            # "Title" underlined with === or --- is a heading
-            title = lines[index - 1].strip()
-            out[-1] = f"*{_inline(title, strong=True)}*"
-            previous, index = "other", index + 1
-            continue
-        quote = _QUOTE.match(line)
-        prefix = quote.group() if quote else ""
-        text, kind = _line_body(line[len(prefix) :])
-        out.append(prefix + text)
-        paragraph_lines = paragraph_lines + 1 if previous == kind == "paragraph" else 1
-        previous = "other" if prefix else kind
-        index += 1
-    return "\n".join(out)
+    return _Mrkdwn(normalize(markdown)).render()
 
 
-def _line_body(line: str) -> tuple[str, _LineKind]:
-    """One line outside code and tables (after any quote marker), converted."""
-    if _RULE.fullmatch(line):
-        return _RULE_LINE, "other"
-    heading = _HEADING.fullmatch(line)
-    if heading:
-        title = _CLOSING_HASHES.sub("", (heading.group(2) or "").strip()).strip()
-        return (f"*{_inline(title, strong=True)}*" if title else ""), "other"
-    bullet = _BULLET.fullmatch(line)
-    if bullet:
-        indent, item = bullet.groups()
-        task = _TASK.match(item)
-        if task:
-            box = "☐" if task.group(1) == " " else "☑"
-            item = f"{box} {item[task.end() :]}"
-        return f"{indent}• {_inline(item)}".rstrip(), "other"
-    if not line.strip():
-        return line, "blank"
-    return _inline(line), "paragraph"
+def _shown_prefix(raw: str) -> str:
+    """A line's container markers as mrkdwn: quote markers that open it kept, bullets as •."""
+    quote = _QUOTE_PREFIX.match(raw)
+    head = quote.group() if quote else ""
+    return head + _BULLET_MARKER.sub("• ", raw[len(head) :]).replace(">", "&gt;")
 
 
-def _fenced_code(lines: list[str], index: int, fence: re.Match[str]) -> tuple[list[str], int]:
-    """The code block opened at `index` (to its closing fence or the end), and what follows."""
-    indent, marker = len(fence.group(1)), fence.group(2)
-    closing = re.compile(rf"[ \t]*{re.escape(marker[0])}{{{len(marker)},}}[ \t]*")
-    body: list[str] = []
-    index += 1
-    while index < len(lines) and not closing.fullmatch(lines[index]):
-        line = lines[index]
-        strip = len(line) - len(line.lstrip(" \t"))
-        body.append(_escape(line[min(indent, strip) :]))
-        index += 1
-    index += 1  # the closing fence (or past the end: an unclosed block ends with the text)
-    if not any(line.strip() for line in body):
-        return [], index
-    return [_FENCE, *body, _FENCE], index
+class _Mrkdwn:
+    """One `to_mrkdwn` call: the source's lines and what each block turns them into."""
+
+    def __init__(self, text: str) -> None:
+        self.text = text
+        self.lines = text.split("\n")
+        # out[i]: the lines source line i becomes; None: no block's line (blank, kept)
+        self.out: list[list[str] | None] = [None] * len(self.lines)
+
+    def render(self) -> str:
+        self.blocks(parse(self.text), quoted=False)
+        result: list[str] = []
+        for line, done in zip(self.lines, self.out, strict=True):
+            if done is not None:
+                result += done
+            elif not line.strip():
+                result.append(line)
+            else:  # an empty list item, a reference definition: as written
+                prefix = _CONTAINER.match(line)
+                cut = prefix.end() if prefix else 0
+                result.append(_shown_prefix(line[:cut]) + _escape(line[cut:]))
+        return "\n".join(result)
+
+    def blocks(self, node: SyntaxTreeNode, *, quoted: bool) -> None:
+        for child in node.children:
+            if child.map is None:
+                continue
+            start, end = child.map
+            kind = child.type
+            if kind == "paragraph":
+                self.paragraph(child, start, end)
+            elif kind == "heading":
+                title = " ".join(_Inline(strong=True).segments(child.children[0]))
+                prefix = _CONTAINER.match(self.lines[start])
+                shown = _shown_prefix(prefix.group() if prefix else "")
+                self.put(start, end, [shown + (f"*{title.strip()}*" if title.strip() else "")])
+            elif kind == "hr":
+                quote = _QUOTE_PREFIX.match(self.lines[start])
+                self.put(start, end, [(quote.group() if quote else "") + _RULE_LINE])
+            elif kind == "fence":
+                body = child.content.split("\n")
+                if not body[-1]:  # the newline of the last line (absent when left unclosed)
+                    body.pop()
+                if not any(line.strip() for line in body):
+                    self.put(start, end, [])
+                    continue
+                fenced = [_FENCE, *(_escape(line) for line in body), _FENCE]
+                self.put(start, end, [f"> {line}" for line in fenced] if quoted else fenced)
+            elif kind == "code_block":
+                self.indented(child.content.split("\n"), start, end)
+            elif kind == "table":
+                self.put(start, end, _table(child))
+            else:  # lists, items, quotes
+                self.blocks(child, quoted=quoted or kind == "blockquote")
+
+    def put(self, start: int, end: int, lines: list[str]) -> None:
+        self.out[start] = lines
+        for index in range(start + 1, end):
+            self.out[index] = []
+
+    def paragraph(self, node: SyntaxTreeNode, start: int, end: int) -> None:
+        """Each line of a paragraph converted, its markers and outer whitespace as written."""
+        inline = node.children[0]
+        segments = _Inline().segments(inline)
+        raws = inline.content.split("\n")
+        aligned = len(segments) == len(raws)  # else a code span or a link runs over lines
+        if len(segments) > end - start:
+            segments[end - start - 1 :] = [" ".join(segments[end - start - 1 :])]
+        for index in range(start, end):
+            offset = index - start
+            if offset >= len(segments):
+                self.out[index] = []
+                continue
+            source = self.lines[index]
+            body = source.rstrip()
+            core = raws[offset].strip() if aligned else None
+            if core is not None and body.endswith(core):
+                prefix = body[: len(body) - len(core)]
+            else:
+                found = _CONTAINER.match(source)
+                prefix = found.group() if found else ""
+            shown, text = _shown_prefix(prefix), segments[offset].strip()
+            task = _TASK.match(text) if shown.endswith("• ") else None
+            if task:
+                text = ("☐ " if task.group(1) == " " else "☑ ") + text[task.end() :]
+            self.out[index] = [shown + text + source[len(body) :]]
+
+    def indented(self, body: list[str], start: int, end: int) -> None:
+        """An indented code block: its lines as written, escaped (Slack has no such block)."""
+        for index in range(start, end):
+            source = self.lines[index]
+            content = body[index - start] if index - start < len(body) else ""
+            if content and source.endswith(content):
+                prefix = source[: len(source) - len(content)]
+            elif not content:
+                prefix, content = source, ""
+            else:
+                found = _CONTAINER.match(source)
+                prefix = found.group() if found else ""
+                content = source[len(prefix) :]
+            self.out[index] = [_shown_prefix(prefix) + _escape(content)]
 
 
-def _cells(line: str) -> list[str]:
-    row = line.strip()
-    if row.startswith("|"):
-        row = row[1:]
-    if row.endswith("|") and not row.endswith("\\|"):
-        row = row[:-1]
-    return [cell.strip().replace("\\|", "|") for cell in re.split(r"(?<!\\)\|", row)]
+class _Inline:
+    """One inline node as mrkdwn (or `plain` text), one string per line of its source."""
+
+    def __init__(self, *, plain: bool = False, strong: bool = False) -> None:
+        self.plain = plain
+        self.depth = {"strong": 1 if strong else 0, "em": 0, "s": 0}
+        self.lines: list[list[str]] = [[]]
+
+    def segments(self, node: SyntaxTreeNode) -> list[str]:
+        self.walk(node.children)
+        return ["".join(line) for line in self.lines]
+
+    def text(self, nodes: list[SyntaxTreeNode]) -> str:
+        self.walk(nodes)
+        return " ".join(" ".join("".join(line) for line in self.lines).split())
+
+    def walk(self, nodes: list[SyntaxTreeNode]) -> None:
+        out = self.lines
+        for node in nodes:
+            kind = node.type
+            if kind == "text":
+                out[-1].append(node.content if self.plain else _escape(node.content))
+            elif kind in ("softbreak", "hardbreak"):
+                out.append([])
+            elif kind == "code_inline":
+                out[-1].append(node.content if self.plain else f"`{_escape(node.content)}`")
+            elif kind == "slack_token":
+                out[-1].append(node.content)
+            elif kind in ("link", "image"):
+                out[-1].append(self.link(node))
+            elif kind in _MARKER and not self.plain:
+                # Slack does not nest a mark in itself: **a **b** c** is one bold span
+                mark = "" if self.depth[kind] else _MARKER[kind]
+                self.depth[kind] += 1
+                out[-1].append(mark)
+                self.walk(node.children)
+                out[-1].append(mark)
+                self.depth[kind] -= 1
+            else:
+                self.walk(node.children)
+
+    def link(self, node: SyntaxTreeNode) -> str:
+        """``<url|label>`` (``<url>`` without a label), or ``label (url)`` as plain text."""
+        target = str(node.attrs.get("href") or node.attrs.get("src") or "")
+        label = _Inline(plain=True).text(node.children)
+        if node.markup == "linkify":  # a bare URL: Slack links it as written
+            return label if self.plain else _escape(label)
+        if not label or label == target:
+            return target if self.plain else f"<{_escape(target)}>"
+        return f"{label} ({target})" if self.plain else f"<{_escape(target)}|{_escape(label)}>"
 
 
-def _is_table_start(header: str, delimiter: str) -> bool:
-    if "|" not in header or "|" not in delimiter:
-        return False
-    cells = _cells(delimiter)
-    if not all(_DELIMITER_CELL.fullmatch(cell) for cell in cells):
-        return False
-    return len(cells) == len(_cells(header))
-
-
-def _alignment(delimiter: str) -> Literal["left", "center", "right"]:
-    if delimiter.endswith(":"):
-        return "center" if delimiter.startswith(":") and len(delimiter) > 1 else "right"
-    return "left"
-
-
-def _table(lines: list[str], index: int) -> tuple[list[str], int]:
-    """The table starting at `index` as a code block with aligned columns, and what follows."""
-    rows = [_cells(lines[index])]
-    aligns = [_alignment(cell) for cell in _cells(lines[index + 1])]
-    index += 2
-    while index < len(lines) and lines[index].strip() and "|" in lines[index]:
-        rows.append(_cells(lines[index]))
-        index += 1
+def _table(node: SyntaxTreeNode) -> list[str]:
+    """A table as a code block with aligned columns (Slack has no tables)."""
+    rows: list[list[str]] = []
+    aligns: list[str] = []
+    for part in node.children:  # thead, tbody
+        for row in part.children:
+            cells = [
+                _Inline(plain=True).text(cell.children[0].children) if cell.children else ""
+                for cell in row.children
+            ]
+            rows.append(cells)
+            if not aligns:
+                aligns = [str(cell.attrs.get("style", "")) for cell in row.children]
     columns = max(len(row) for row in rows)
-    texts = [
-        [" ".join(_render(_tokenize(cell), plain=True).split()) for cell in row]
-        + [""] * (columns - len(row))
-        for row in rows
-    ]
-    widths = [max(1, *(len(row[column]) for row in texts)) for column in range(columns)]
+    widths = [max(1, *(len(row[column]) for row in rows)) for column in range(columns)]
 
     def cell(text: str, column: int) -> str:
-        align = aligns[column] if column < len(aligns) else "left"
-        width = widths[column]
-        if align == "right":
+        align, width = aligns[column], widths[column]
+        if align.endswith("right"):
             return text.rjust(width)
-        return text.center(width) if align == "center" else text.ljust(width)
+        return text.center(width) if align.endswith("center") else text.ljust(width)
 
     def row_text(row: list[str]) -> str:
         return " | ".join(cell(text, column) for column, text in enumerate(row)).rstrip()
 
-    body = [row_text(texts[0]), "-+-".join("-" * width for width in widths)]
-    body += [row_text(row) for row in texts[1:]]
-    return [_FENCE, *(_escape(line) for line in body), _FENCE], index
+    body = [row_text(rows[0]), "-+-".join("-" * width for width in widths)]
+    body += [row_text(row) for row in rows[1:]]
+    return [_FENCE, *(_escape(line) for line in body), _FENCE]
 
 
 # --- Splitting -----------------------------------------------------------------------------

@@ -718,3 +718,72 @@ def test_a_hostile_header_is_decoded_then_cleaned_and_the_reply_goes_to_everyone
         assert "=?" not in shown.replace("= ?", ""), (key, shown)  # decoded once: nothing left
     head = wire.split(b"\r\n\r\n", 1)[0]
     assert not re.search(rb"^(?:Bcc|X-Injected):", head, re.MULTILINE | re.IGNORECASE)
+
+
+# --- Markdown: what the one parse changed, hostile markup (D175) -----------------------------
+
+PARSED = [
+    ("strike", "~~gone~~", "<p><s>gone</s></p>"),
+    (
+        "table",
+        "| a | b |\n|--:|---|\n| **1** | x<y |",
+        '<table border="1" cellpadding="4" cellspacing="0"><tr><th style="text-align:right">a'
+        '</th><th>b</th></tr><tr><td style="text-align:right"><strong>1</strong></td>'
+        "<td>x&lt;y</td></tr></table>",
+    ),
+    (
+        "image-as-link",
+        "![a cat](https://x.example/c.png)",
+        '<p><a href="https://x.example/c.png">a cat</a></p>',
+    ),
+    (
+        "autolink",
+        "<https://x.example/a>",
+        '<p><a href="https://x.example/a">https://x.example/a</a></p>',
+    ),
+    ("nested-list", "- a\n  - b", "<ul><li>a<ul><li>b</li></ul></li></ul>"),
+    ("ordered-start", "3. c\n4. d", '<ol start="3"><li>c</li><li>d</li></ol>'),
+    ("indented-code", "    x < y", "<pre><code>x &lt; y</code></pre>"),
+    ("entities", "&copy; &amp;", "<p>© &amp;</p>"),
+    ("nul", "a\x00b", "<p>a\ufffdb</p>"),
+]
+
+
+@pytest.mark.parametrize(("text", "html"), [c[1:] for c in PARSED], ids=[c[0] for c in PARSED])
+def test_markdown_to_html_follows_commonmark(text: str, html: str) -> None:
+    assert markdown_to_html(text) == html
+
+
+HOSTILE = [
+    "<script>alert(1)</script>",
+    '<a href="javascript:alert(1)">x</a>',
+    "<img src=x onerror=alert(1)>",
+    "[x](javascript:alert(1))",
+    "[x](JaVaScRiPt:alert(1))",
+    "[x](  javascript:alert(1)  )",
+    "[x](<javascript:alert(1)>)",
+    "[x](vbscript:msgbox(1))",
+    "[x](data:text/html;base64,PHNjcmlwdD4=)",
+    "![x](data:image/png;base64,AAAA)",
+    "<javascript:alert(1)>",
+    "[x][r]\n\n[r]: javascript:alert(1)",
+    '[x](https://a.example/"onmouseover="alert(1))',
+    '[x](https://a.example/ "t" onmouseover=alert(1))',
+    "`<script>` and ```\n<script>\n```",
+    "| <b>x</b> |\n|---|\n| <i>y</i> |",
+]
+
+
+@pytest.mark.parametrize("text", HOSTILE)
+def test_hostile_markdown_gives_no_markup_of_its_own(text: str) -> None:
+    page = markdown_to_html(text)
+    assert {tag.strip("/") for tag in re.findall(r"<(/?[a-z]+)", page)} <= _OWN_TAGS
+    assert all(
+        href.startswith(("https://", "http://", "mailto:"))
+        for href in re.findall(r'href="([^"]*)"', page)
+    )
+    assert "javascript:" not in "".join(re.findall(r'href="([^"]*)"', page)).lower()
+    assert " on" not in "".join(re.findall(r"<[a-z][^>]*>", page))
+
+
+_OWN_TAGS = {"p", "a", "br", "code", "pre", "strong", "em", "s", "table", "tr", "th", "td"}

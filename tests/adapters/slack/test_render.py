@@ -577,3 +577,30 @@ def test_a_closed_request_says_how_who_and_when(
     blocks = closed_blocks("*deploy* prod", note)
     assert [b["type"] for b in blocks] == ["section", "context"]  # its words, no buttons
     assert blocks[-1]["elements"][0]["text"] == note
+
+
+# --- to_mrkdwn: what the one parse changed (D175) -----------------------------------------
+
+PARSED = [
+    ("js-link-stays-text", "[x](javascript:alert(1))", "[x](javascript:alert(1))"),
+    ("relative-link-stays-text", "[t](/a/b)", "[t](/a/b)"),
+    ("ftp-autolink-stays-text", "<ftp://x.example/f>", "&lt;ftp://x.example/f&gt;"),
+    ("entities-decoded", "&amp; &copy; &#42;", "&amp; © *"),
+    ("indented-code-as-written", "    **code** <x>", "    **code** &lt;x&gt;"),
+    ("setext-over-lines", "a\nb\n---", "*a b*"),
+    (
+        "bare-url-as-written",
+        "https://x.example/a_b_c?d=1&e=2.",
+        "https://x.example/a_b_c?d=1&amp;e=2.",
+    ),
+    ("quoted-fence", "> ```\n> x < y\n> ```", "> ```\n> x &lt; y\n> ```"),
+    ("quote-in-item", "- > q", "• &gt; q"),
+    ("code-span-over-lines", "a `b\nc` d\ne", "a `b c` d\ne"),
+]
+
+
+@pytest.mark.parametrize(
+    ("markdown", "expected"), [c[1:] for c in PARSED], ids=[c[0] for c in PARSED]
+)
+def test_to_mrkdwn_follows_commonmark(markdown: str, expected: str) -> None:
+    assert to_mrkdwn(markdown) == expected
