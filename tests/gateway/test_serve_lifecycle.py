@@ -213,11 +213,14 @@ async def test_an_open_event_stream_ends_when_the_drain_begins(tmp_path: Path) -
 # -- item 12: a drain hands its work over at once ---------------------------------------------
 
 
-@pytest.mark.parametrize("backend", ["sqlite", "redis"])
+@pytest.mark.parametrize(
+    ("backend", "lease"), [("sqlite", "30"), ("sqlite", "600"), ("redis", "30"), ("redis", "600")]
+)
 async def test_the_next_process_resumes_what_a_drain_cut_at_once(
-    tmp_path: Path, request: pytest.FixtureRequest, backend: str
+    tmp_path: Path, request: pytest.FixtureRequest, backend: str, lease: str
 ) -> None:
-    settings = _sqlite(tmp_path, drain_seconds="0.5", shutdown_seconds="5")
+    """Within `NEXT_PROCESS_S` of the next start, whatever the lease (the drain released it)."""
+    settings = _sqlite(tmp_path, drain_seconds="0.5", shutdown_seconds="5", lease_seconds=lease)
     if backend == "redis":
         server: RedisServer = request.getfixturevalue("redis_server")
         prefix: str = request.getfixturevalue("redis_prefix")
