@@ -214,7 +214,7 @@ async def test_an_open_event_stream_ends_when_the_drain_begins(tmp_path: Path) -
 
 
 @pytest.mark.parametrize(
-    ("backend", "lease"), [("sqlite", "30"), ("sqlite", "600"), ("redis", "30"), ("redis", "600")]
+    ("backend", "lease"), [("sqlite", "30"), ("sqlite", "300"), ("redis", "30"), ("redis", "300")]
 )
 async def test_the_next_process_resumes_what_a_drain_cut_at_once(
     tmp_path: Path, request: pytest.FixtureRequest, backend: str, lease: str
