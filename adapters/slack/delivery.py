@@ -10,7 +10,7 @@ from __future__ import annotations
 import contextlib
 import logging
 import re
-from collections.abc import Mapping
+from collections.abc import AsyncIterator, Mapping
 from typing import Any
 
 import aiohttp
@@ -288,38 +288,32 @@ class SlackDelivery:
         """The thread's copies of the closed request, and whether the close was posted already."""
         copies: list[dict[str, Any]] = []
         noted = False
-        cursor: str | None = None
-        for _ in range(SCAN_PAGES):
-            page: dict[str, Any] = {"cursor": cursor} if cursor else {}
-            if thread_ts is not None:
-                answer = await self.link.client.conversations_replies(
-                    channel=channel,
-                    ts=thread_ts,
-                    oldest=oldest,
-                    include_all_metadata=True,
-                    limit=200,
-                    **page,
-                )
-            else:
-                answer = await self.link.client.conversations_history(
-                    channel=channel, oldest=oldest, include_all_metadata=True, limit=200, **page
-                )
-            for message in answer.get("messages") or []:
-                delivery = _delivery_of(message)
-                if delivery is None or not message.get("ts"):
-                    continue
-                if is_copy_of(delivery, closed.request_delivery_id):
-                    copies.append(message)
-                noted = noted or delivery == outbound.delivery_id
-            cursor = (answer.get("response_metadata") or {}).get("next_cursor") or None
-            if not cursor:
-                break
+        async for message in self._messages_since(channel, thread_ts, oldest):
+            delivery = _delivery_of(message)
+            if delivery is None or not message.get("ts"):
+                continue
+            if is_copy_of(delivery, closed.request_delivery_id):
+                copies.append(message)
+            noted = noted or delivery == outbound.delivery_id
         return copies, noted
 
     async def _posted_parts(
         self, channel: str, thread_ts: str | None, oldest: str, delivery_id: str
     ) -> set[int]:
         found: set[int] = set()
+        async for message in self._messages_since(channel, thread_ts, oldest):
+            number = _part_of(message, delivery_id)
+            if number is not None:
+                found.add(number)
+        return found
+
+    async def _messages_since(
+        self, channel: str, thread_ts: str | None, oldest: str
+    ) -> AsyncIterator[Any]:
+        """The thread's messages from `oldest` on, metadata included, page by page.
+
+        Without a thread, the channel's; at most `SCAN_PAGES` pages.
+        """
         cursor: str | None = None
         for _ in range(SCAN_PAGES):
             page: dict[str, Any] = {"cursor": cursor} if cursor else {}
@@ -337,13 +331,10 @@ class SlackDelivery:
                     channel=channel, oldest=oldest, include_all_metadata=True, limit=200, **page
                 )
             for message in answer.get("messages") or []:
-                number = _part_of(message, delivery_id)
-                if number is not None:
-                    found.add(number)
+                yield message
             cursor = (answer.get("response_metadata") or {}).get("next_cursor") or None
             if not cursor:
                 break
-        return found
 
     async def with_working(
         self, sink: InboundSink, inbound: Inbound, known: KnownThread | None
