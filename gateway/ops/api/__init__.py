@@ -1,0 +1,97 @@
+"""The operator API under ``/api/v1``: read sessions, lanes and timelines; act on lanes.
+
+Reads need a viewer or operator token; actions need an operator token. An action on a lane is
+checked against the lane as stored (a refusal changes nothing), then carried to the session's
+worker through the inbox (see `gateway.operator_actions`); the answer is the action's result if it
+ends within `wait` seconds (200), else where it stands (202, poll ``/actions/{id}``). Every
+action takes an ``Idempotency-Key`` (required for decisions): the same key replays the first
+result without judging the lane again; the same key with another request is 409.
+
+The routes come in groups, each a small class over one `OpsContext` (`context`: the store, the
+broker, who asks, a lane's view): `lanes` (sessions, lanes, timelines, usage: the store's reads),
+`audit` (the audit trail and the backlog), `deliveries` (the outbox, redeliver, discard) and
+`actions` (the lane actions and where each stands); `params` holds the shared parameters.
+`OpsApi` composes them into one router, the route table below.
+"""
+
+from __future__ import annotations
+
+from fastapi import APIRouter, Depends
+
+from gateway.broker.contract import Broker
+from gateway.operator_actions import ActionResult
+from gateway.ops.api.actions import LaneActions
+from gateway.ops.api.audit import AuditReads
+from gateway.ops.api.context import OpsContext
+from gateway.ops.api.deliveries import Deliveries
+from gateway.ops.api.lanes import LaneReads
+from gateway.ops.auth import OpsAuth
+from gateway.ops.errors import API_PREFIX
+from gateway.ops.page import ops_page_router
+from gateway.ops.views import (
+    AuditView,
+    BacklogView,
+    DeliveryView,
+    LaneView,
+    Page,
+    SessionView,
+    TimelinePage,
+)
+from harness_core import Clock, SessionRepo
+
+__all__ = ["OpsApi"]
+
+
+class OpsApi:
+    """The operator API's routes over one store and one broker."""
+
+    def __init__(
+        self,
+        repo: SessionRepo,
+        broker: Broker,
+        auth: OpsAuth,
+        clock: Clock,
+        *,
+        max_attempts: int,
+    ) -> None:
+        self.repo = repo
+        self.broker = broker
+        self.auth = auth
+        self.clock = clock
+        self.max_attempts = max_attempts
+        self.context = OpsContext(repo, broker, auth, clock, max_attempts=max_attempts)
+        self.lanes = LaneReads(self.context)
+        self.audit = AuditReads(self.context)
+        self.deliveries = Deliveries(self.context)
+        self.actions = LaneActions(self.context)
+        self.router = self._build()
+        self.routers = [self.router, ops_page_router()]
+        """Every router of the operator surface (the API; the /ops page joins it)."""
+
+    def _build(self) -> APIRouter:
+        router = APIRouter(
+            prefix=API_PREFIX,
+            tags=["operators"],
+            dependencies=[Depends(self.context.authenticate)],
+            responses={401: {"description": "no token, or not a valid one"}},
+        )
+        get, post = router.get, router.post
+        lanes, audit, deliveries, actions = self.lanes, self.audit, self.deliveries, self.actions
+        get("/sessions", response_model=Page[SessionView])(lanes.sessions)
+        get("/lanes", response_model=Page[LaneView])(lanes.lanes)
+        get("/lanes/{lane_id}", response_model=LaneView)(lanes.lane)
+        get("/lanes/{lane_id}/timeline", response_model=TimelinePage)(lanes.timeline)
+        get("/lanes/{lane_id}/usage")(lanes.usage)
+        get("/audit", response_model=Page[AuditView])(audit.audit)
+        get("/backlog", response_model=BacklogView)(audit.backlog)
+        get("/deliveries", response_model=Page[DeliveryView])(deliveries.deliveries)
+        get("/deliveries/{delivery_id}", response_model=DeliveryView)(deliveries.delivery)
+        get("/actions/{action_id}", response_model=ActionResult)(actions.action)
+        for name in ("resume", "unstick", "abort", "rewind", "retry"):
+            post(f"/lanes/{{lane_id}}/{name}", response_model=ActionResult)(getattr(actions, name))
+        post("/lanes/{lane_id}/decisions", response_model=ActionResult)(actions.decide)
+        post("/deliveries/{delivery_id}/redeliver", response_model=DeliveryView)(
+            deliveries.redeliver
+        )
+        post("/deliveries/{delivery_id}/discard", response_model=DeliveryView)(deliveries.discard)
+        return router

@@ -1,0 +1,107 @@
+"""The operator API's deliveries: list and read outbound messages, redeliver or discard one."""
+
+from __future__ import annotations
+
+from typing import Annotated, Any
+
+from fastapi import Query, Request
+
+from gateway.broker.contract import NewAuditEvent
+from gateway.ops.api.context import OpsContext
+from gateway.ops.api.params import Cursor, Limit
+from gateway.ops.auth import Principal
+from gateway.ops.errors import ApiError
+from gateway.ops.views import DeliveryView, Page, decode_cursor, encode_cursor
+
+__all__ = ["Deliveries"]
+
+
+class Deliveries:
+    """``/deliveries``: the outbox by status (dead letters first); redeliver or discard one."""
+
+    def __init__(self, ops: OpsContext) -> None:
+        self.ops = ops
+
+    async def deliveries(
+        self,
+        request: Request,
+        status: Annotated[str, Query(pattern="^(pending|delivered|dead|discarded)$")] = "dead",
+        limit: Limit = 50,
+        cursor: Cursor = None,
+    ) -> Page[DeliveryView]:
+        """Deliveries of one status (dead letters by default) with their reasons."""
+        self.ops.who(request, "viewer")
+        after = decode_cursor(cursor, 1)
+        found = await self.ops.broker.outbox.list(
+            status,  # type: ignore[arg-type]
+            after=after[0] if after else None,
+            limit=limit,
+        )
+        items = [_delivery(d) for d in found]
+        more = len(items) == limit
+        return Page(items=items, next_cursor=encode_cursor(items[-1].id) if more else None)
+
+    async def delivery(self, request: Request, delivery_id: str) -> DeliveryView:
+        """One delivery, whatever its status."""
+        self.ops.who(request, "viewer")
+        found = await self.ops.broker.outbox.get(delivery_id)
+        if found is None:
+            raise ApiError(404, "not_found", f"no delivery {delivery_id[:80]!r}")
+        return _delivery(found)
+
+    async def redeliver(self, request: Request, delivery_id: str) -> DeliveryView:
+        """A dead letter back to pending with a fresh attempt budget (the same id)."""
+        who = self.ops.who(request, "operator")
+        found = await self.ops.broker.outbox.get(delivery_id)
+        if found is None:
+            raise ApiError(404, "not_found", f"no delivery {delivery_id[:80]!r}")
+        if found.status != "dead":
+            raise ApiError(
+                409, "conflict", f"the delivery is {found.status}", {"reason": "not_dead"}
+            )
+        again = await self.ops.broker.outbox.redeliver(delivery_id, now_ms=self.ops.clock.now_ms())
+        assert again is not None
+        await self._audit(who, "redeliver", found.session, found.lane, delivery_id, again.status)
+        return _delivery(again)
+
+    async def discard(self, request: Request, delivery_id: str) -> DeliveryView:
+        """Give up on a dead or pending delivery (kept as discarded)."""
+        who = self.ops.who(request, "operator")
+        found = await self.ops.broker.outbox.get(delivery_id)
+        if found is None:
+            raise ApiError(404, "not_found", f"no delivery {delivery_id[:80]!r}")
+        if found.status not in ("dead", "pending"):
+            raise ApiError(
+                409, "conflict", f"the delivery is {found.status}", {"reason": "settled"}
+            )
+        gone = await self.ops.broker.outbox.discard(delivery_id, now_ms=self.ops.clock.now_ms())
+        assert gone is not None
+        await self._audit(who, "discard", found.session, found.lane, delivery_id, gone.status)
+        return _delivery(gone)
+
+    async def _audit(
+        self, who: Principal, action: str, session: str, lane: str, target: str, outcome: str
+    ) -> None:
+        await self.ops.broker.audit.record(
+            NewAuditEvent(
+                actor=who.actor, action=action, session=session, lane=lane, target=target,
+                outcome=outcome,
+            )
+        )  # fmt: skip
+
+
+def _delivery(found: Any) -> DeliveryView:
+    outbound = dict(found.outbound)
+    return DeliveryView(
+        id=found.id,
+        session=found.session,
+        lane=found.lane,
+        status=found.status,
+        attempts=found.attempts,
+        last_error=found.last_error,
+        unknown_outcome=found.unknown_outcome,
+        kind=outbound.get("kind"),
+        text=outbound.get("text"),
+        created_at_ms=found.created_at_ms,
+        settled_at_ms=found.settled_at_ms,
+    )

@@ -1,0 +1,90 @@
+"""``gateway ops``: the operator API (``/api/v1``) from the terminal.
+
+Reads (``sessions``, ``lanes``, ``lane``, ``timeline``, ``usage``, ``backlog``, ``deliveries``,
+``audit``, ``action``) print tables for people or, with ``--json``, the API's JSON; actions
+(``resume``, ``unstick``, ``abort``, ``rewind``, ``retry``, ``approve``, ``deny``, ``redeliver``,
+``discard``) print one line each. A lane is named by its id (``ln_...``), its name
+(``web:hello``, ``slack:C1:123.4``) or ``SESSION/LANE``.
+
+Where and as whom: ``--url`` (else ``GATEWAY_OPS_URL``, else the address in the settings
+``gateway serve`` reads) and ``--token`` (else ``GATEWAY_OPS_TOKEN``, else the token the
+embedded service keeps beside its store). Actions that change a lane say what they will do and
+ask first; without a terminal they need ``--yes``. Every action carries an ``Idempotency-Key``
+(``--idempotency-key`` to retry one safely).
+
+Exit status: 0 done, 1 the gateway refused or failed, 2 a usage error (or a confirmation that
+was needed), 3 the gateway could not be reached, 130 interrupted. Errors are one line on stderr.
+
+The parts: `target` (where the gateway is and the token), `client` (the API over HTTP),
+`run` (one command's output, lane names, confirmation), `output` (safe text, tables, times),
+`reads` and `actions` (the commands), `parser` (the command line), `errors` (exit statuses).
+"""
+
+from __future__ import annotations
+
+import os
+import sys
+from collections.abc import Sequence
+
+from config import Settings
+from gateway.ops.cli.client import Client
+from gateway.ops.cli.errors import FAILED, INTERRUPTED, OK, USAGE, OpsError
+from gateway.ops.cli.output import clean
+from gateway.ops.cli.parser import build_parser
+from gateway.ops.cli.run import Handler, Run
+from gateway.ops.cli.target import Target
+
+__all__ = ["main"]
+
+
+def main(argv: Sequence[str], settings: Settings | None = None) -> int:
+    """Run ``gateway ops ARGV``; returns the exit status (`settings`: None loads them)."""
+    try:
+        try:
+            args = build_parser().parse_args(list(argv))
+        except SystemExit as exc:  # --help (0) or a usage error (2), already printed
+            return exc.code if isinstance(exc.code, int) else USAGE
+        client: Client | None = None
+        try:
+            client = Client(Target(args, settings), args.timeout)
+            handler: Handler = args.handler
+            status = handler(Run(args, client))
+        finally:
+            if client is not None:
+                client.close()
+        sys.stdout.flush()
+        return status
+    except OpsError as exc:
+        _error(exc.message)
+        return exc.status
+    except KeyboardInterrupt:
+        _error("interrupted", prefix=False)
+        return INTERRUPTED
+    except BrokenPipeError:  # the reader went away (| head): nothing more to say
+        _quiet_stdout()
+        return OK
+    except Exception as exc:  # a bug or a surprising answer: one line all the same
+        _error(f"unexpected {type(exc).__name__}: {exc}")
+        return FAILED
+
+
+def _error(message: str, *, prefix: bool = True) -> None:
+    try:
+        sys.stdout.flush()
+    except (BrokenPipeError, OSError, ValueError):
+        _quiet_stdout()
+    try:
+        sys.stderr.write(("gateway ops: " if prefix else "") + clean(message) + "\n")
+        sys.stderr.flush()
+    except (OSError, ValueError):
+        pass
+
+
+def _quiet_stdout() -> None:
+    """Point stdout at /dev/null, so nothing fails again when Python flushes it at exit."""
+    try:
+        devnull = os.open(os.devnull, os.O_WRONLY)
+        os.dup2(devnull, sys.stdout.fileno())
+        os.close(devnull)
+    except (OSError, ValueError, AttributeError):
+        pass

@@ -1,0 +1,139 @@
+"""The action commands of ``gateway ops``: on a lane (resume, abort, rewind...), on a delivery.
+
+An action on a lane says what it will do and asks first (``--yes`` without a terminal), then
+prints one line: its result, or where to check on it.
+"""
+
+from __future__ import annotations
+
+from gateway.ops.cli.errors import OK, OpsError
+from gateway.ops.cli.output import Json, call_line, clean, seg, state_line
+from gateway.ops.cli.run import Run
+
+__all__ = ["abort", "decide", "discard", "redeliver", "resume", "retry", "rewind"]
+
+
+def resume(run: Run) -> int:
+    """Resume (or unstick) a lane, after saying what becomes of its interrupted calls."""
+    command = run.args.command
+    view = run.lane(run.args.lane)
+    policy = run.args.tool_recovery
+    lines = [state_line(view)]
+    if command == "unstick" or view.get("status") == "stuck":
+        lines.append(f"{command} starts a fresh attempt budget")
+    calls = view.get("interrupted_calls") or []
+    if calls:
+        lines.append(
+            f"with --tool-recovery {policy}, the tool calls that started and have no result:"
+        )
+        for call in calls:
+            effect = (call.get("on_resume") or {}).get(policy, "?")
+            lines.append(
+                f"  {clean(call.get('tool_name'))} {clean(call.get('tool_call_id'))} "
+                f"(started replay={clean(call.get('replay'))}): {clean(effect)}"
+            )
+    else:
+        lines.append("no tool call is left without a result")
+    run.confirm(command in (view.get("actions") or []), lines, command)
+    verb = "resumed" if command == "resume" else "unstuck"
+    return run.act(verb, view, command, {"tool_recovery": policy})
+
+
+def abort(run: Run) -> int:
+    """Abort a lane's open operation."""
+    view = run.lane(run.args.lane)
+    lines = [
+        state_line(view),
+        "abort ends its open operation (what it did so far stays in the log)",
+    ]
+    run.confirm("abort" in (view.get("actions") or []), lines, "abort")
+    return run.act("aborted", view, "abort")
+
+
+def rewind(run: Run) -> int:
+    """Run a lane again from just before one of its messages."""
+    view = run.lane(run.args.lane)
+    entry = run.args.entry_id
+    lines = [
+        state_line(view),
+        f"rewind moves it to just before message {clean(entry)} and runs it again "
+        "(the current branch stays in the log)",
+    ]
+    run.confirm("rewind" in (view.get("actions") or []), lines, "rewind")
+    return run.act("rewound", view, "rewind", {"entry_id": entry})
+
+
+def retry(run: Run) -> int:
+    """Run a failed run again from its first message."""
+    view = run.lane(run.args.lane)
+    lines = [
+        state_line(view),
+        "retry runs the failed run again from its first message (the failed branch stays)",
+    ]
+    run.confirm("retry" in (view.get("actions") or []), lines, "retry")
+    return run.act("retried", view, "retry")
+
+
+def decide(run: Run) -> int:
+    """Approve or deny every call a lane waits on (named with --call, or --all)."""
+    args = run.args
+    approve = args.command == "approve"
+    view = run.lane(args.lane)
+    name = clean(view.get("lane"))
+    pending = view.get("pending_approvals") or []
+    wait_id = view.get("wait_id")
+    if view.get("status") != "suspended" or view.get("suspended") != "approval" or not pending:
+        status = clean(view.get("status"))
+        if view.get("suspended"):
+            status += f" ({clean(view.get('suspended'))})"
+        raise OpsError(f"{name} waits on no approval: it is {status}")
+    ids = [str(call.get("tool_call_id")) for call in pending]
+    if args.all:
+        chosen = ids
+    else:
+        chosen = list(dict.fromkeys(args.call))
+        unknown = [c for c in chosen if c not in ids]
+        missing = [c for c in ids if c not in chosen]
+        if unknown or missing:
+            listed = ", ".join(call_line(call) for call in pending)
+            problems = []
+            if unknown:
+                problems.append(f"not pending: {', '.join(map(clean, unknown))}")
+            if missing:
+                problems.append(f"not named: {', '.join(map(clean, missing))}")
+            raise OpsError(
+                f"{'; '.join(problems)}. {name} waits on {len(ids)} "
+                f"call{'s' if len(ids) > 1 else ''}: {listed}. One decision covers every pending "
+                f"call: name them all with --call, or use --all (nothing was sent)"
+            )
+    choice: Json = {"action": "approve" if approve else "deny"}
+    if args.reason is not None:
+        choice["reason"] = args.reason
+    body = {"wait_id": wait_id, "approvals": {call_id: dict(choice) for call_id in chosen}}
+    return run.act("approved" if approve else "denied", view, "decisions", body)
+
+
+def redeliver(run: Run) -> int:
+    """Send a dead letter again with fresh attempts."""
+    return _delivery_action(run, "redeliver", "redelivered")
+
+
+def discard(run: Run) -> int:
+    """Give up on a dead or pending delivery."""
+    delivery = run.args.delivery_id
+    lines = [f"discard gives up on delivery {clean(delivery)}: it will not be sent"]
+    run.confirm(True, lines, "discard")
+    return _delivery_action(run, "discard", "discarded")
+
+
+def _delivery_action(run: Run, path: str, verb: str) -> int:
+    delivery = run.args.delivery_id
+    _, view = run.client.request("POST", f"/deliveries/{seg(delivery)}/{path}", key=run.key())
+    if run.wants_json:
+        run.json(view)
+        return OK
+    run.say(
+        f"{verb} {clean(view.get('id'))} ({clean(view.get('session'))}/"
+        f"{clean(view.get('lane'))}): {clean(view.get('status'))}"
+    )
+    return OK

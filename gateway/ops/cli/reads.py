@@ -1,0 +1,293 @@
+"""The read commands of ``gateway ops``: sessions, lanes, a lane, its log and costs, what waits.
+
+Each prints a table (or lines) for people, or with ``--json`` the API's JSON as it came.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from gateway.ops.cli.client import PAGE
+from gateway.ops.cli.errors import OK
+from gateway.ops.cli.output import (
+    age,
+    attempts,
+    call_line,
+    clean,
+    clip,
+    cost,
+    seg,
+    time_of,
+    when,
+    why,
+)
+from gateway.ops.cli.run import Run
+
+__all__ = [
+    "action",
+    "audit",
+    "backlog",
+    "deliveries",
+    "lane",
+    "lanes",
+    "sessions",
+    "timeline",
+    "usage",
+]
+
+
+def sessions(run: Run) -> int:
+    """The sessions: id, name, lanes, holder, creation time."""
+    page = run.client.pages("/sessions", {})
+    if run.wants_json:
+        run.json(page)
+        return OK
+    rows = [
+        [
+            s.get("id"),
+            s.get("name") or "",
+            s.get("lanes"),
+            s.get("held_by") or "-",
+            when(s.get("created_at_ms")),
+        ]
+        for s in page["items"]
+    ]
+    run.table(["SESSION", "NAME", "LANES", "HELD BY", "CREATED (UTC)"], rows, "no sessions")
+    return OK
+
+
+def lanes(run: Run) -> int:
+    """Lanes with their status and why (all pages), by session and status."""
+    args = run.args
+    params = {
+        "session": args.session,
+        "status": args.status,
+        "stuck": "true" if args.stuck else None,
+    }
+    page = run.client.pages("/lanes", params)
+    if run.wants_json:
+        run.json(page)
+        return OK
+    rows = [
+        [
+            v.get("session"),
+            v.get("lane"),
+            v.get("status"),
+            clip(why(v), 40),
+            attempts(v),
+            clip(v.get("activity") or "", 60),
+        ]
+        for v in page["items"]
+    ]
+    headers = ["SESSION", "LANE", "STATUS", "WHY", "ATTEMPTS", "ACTIVITY"]
+    run.table(headers, rows, "no lanes match")
+    return OK
+
+
+def lane(run: Run) -> int:
+    """One lane in full: status, error, thread, pending approvals, interrupted calls."""
+    view = run.lane(run.args.lane)
+    if run.wants_json:
+        run.json(view)
+        return OK
+    status = str(view.get("status"))
+    if view.get("suspended"):
+        status += f" ({view['suspended']})"
+    error = view.get("error") or {}
+    thread = view.get("thread") or {}
+    fields = [
+        ("lane", view.get("lane")),
+        ("session", view.get("session")),
+        ("id", view.get("id")),
+        ("status", status),
+        ("attempts", attempts(view) or None),
+        ("activity", view.get("activity")),
+        ("last outcome", view.get("last_outcome")),
+        ("error", f"{error.get('code')}: {error.get('message')}" if error else None),
+        ("fault", view.get("fault")),
+        ("queued", view.get("queued") or None),
+        (
+            "thread",
+            " ".join(str(thread.get(k)) for k in ("channel", "space", "thread") if thread.get(k))
+            or None,
+        ),
+        ("held by", view.get("held_by")),
+        ("actions", ", ".join(view.get("actions") or []) or "none"),
+    ]
+    width = max(len(name) for name, _ in fields)
+    run.say(*(f"{name:<{width}}  {clean(value)}" for name, value in fields if value is not None))
+    pending = view.get("pending_approvals") or []
+    if pending:
+        run.say(f"pending approvals (wait {clean(view.get('wait_id'))}):")
+        run.say(*(f"  {call_line(call)}" for call in pending))
+    interrupted = view.get("interrupted_calls") or []
+    if interrupted:
+        run.say("interrupted tool calls (what a resume does, by --tool-recovery):")
+        for call in interrupted:
+            run.say(
+                f"  {clean(call.get('tool_call_id'))}  {clean(call.get('tool_name'))} "
+                f"(started replay={clean(call.get('replay'))})"
+            )
+            for policy, effect in (call.get("on_resume") or {}).items():
+                run.say(f"    {clean(policy)}: {clean(effect)}")
+    return OK
+
+
+def timeline(run: Run) -> int:
+    """A lane's log, oldest first, with its audit events among the entries."""
+    view = run.lane(run.args.lane)
+    page = run.client.pages(
+        f"/lanes/{seg(str(view['id']))}/timeline", {}, limit=run.args.limit, size=500
+    )
+    if run.wants_json:
+        run.json(page)
+        return OK
+    more = bool(page.get("next_cursor"))
+    rows = _with_audit(page["items"], page.get("audit") or [], complete=not more)
+    run.table(["SEQ", "TIME", "TYPE", "SUMMARY"], rows, "the lane's log is empty")
+    if more:
+        run.note(f"(stopped at {len(page['items'])} items; there may be more: --limit N)")
+    return OK
+
+
+def _with_audit(items: list[Any], audit: list[Any], *, complete: bool) -> list[list[Any]]:
+    """The log's rows in their order, each audit event before the first entry newer than it.
+
+    The log keeps its own order (a takeover by a machine whose clock differs must not reorder
+    it); audit rows have no seq and say who did what: ``stop requested by web:U1: stopped``.
+    Events newer than the last item follow it only when the log is `complete` (not cut short).
+    """
+    events = sorted(
+        (e for e in audit if isinstance(e, dict)), key=lambda e: (e.get("at_ms") or 0, e.get("id"))
+    )
+    rows: list[list[Any]] = []
+    for item in items:
+        while events and (events[0].get("at_ms") or 0) < (item.get("at_ms") or 0):
+            rows.append(_audit_row(events.pop(0)))
+        rows.append(
+            [item.get("seq"), time_of(item.get("at_ms")), item.get("type"), item.get("summary")]
+        )
+    if complete:
+        rows.extend(_audit_row(e) for e in events)
+    return rows
+
+
+def _audit_row(event: dict[str, Any]) -> list[Any]:
+    said = f"{event.get('action')} by {event.get('actor')}: {event.get('outcome')}"
+    return ["-", time_of(event.get("at_ms")), "audit", said]
+
+
+def usage(run: Run) -> int:
+    """A lane's cost ledger and its total."""
+    view = run.lane(run.args.lane)
+    page = run.client.pages(f"/lanes/{seg(str(view['id']))}/usage", {})
+    if run.wants_json:
+        run.json(page)
+        return OK
+    rows = []
+    for item in page["items"]:
+        usage = item.get("usage") or {}
+        rows.append(
+            [
+                item.get("seq"),
+                time_of(item.get("at_ms")),
+                item.get("cause"),
+                item.get("attempt") or "",
+                item.get("stop_reason") or "",
+                usage.get("input"),
+                usage.get("output"),
+                cost(usage),
+            ]
+        )
+    headers = ["SEQ", "TIME", "CAUSE", "ATTEMPT", "STOP", "IN", "OUT", "COST"]
+    run.table(headers, rows, "no usage recorded")
+    total = page.get("total") or {}
+    run.say(
+        f"total: {total.get('input', 0)} in / {total.get('output', 0)} out, "
+        f"{total.get('total_tokens', 0)} tokens, cost {cost(total)}"
+    )
+    return OK
+
+
+def backlog(run: Run) -> int:
+    """What waits in the inbox and the outbox."""
+    view = run.client.get("/backlog")
+    if run.wants_json:
+        run.json(view)
+        return OK
+    run.say(
+        f"inbox:  {view.get('inbox_pending')} pending "
+        f"(oldest {age(view.get('inbox_oldest_age_ms'))}), {view.get('inbox_rejected')} rejected",
+        f"outbox: {view.get('outbox_pending')} pending "
+        f"(oldest {age(view.get('outbox_oldest_age_ms'))}), "
+        f"{view.get('dead_letters')} dead letters",
+    )
+    return OK
+
+
+def deliveries(run: Run) -> int:
+    """Outbound messages of one status (dead letters by default)."""
+    page = run.client.pages("/deliveries", {"status": run.args.status}, limit=run.args.limit)
+    if run.wants_json:
+        run.json(page)
+        return OK
+    rows = [
+        [
+            d.get("id"),
+            f"{d.get('session')}/{d.get('lane')}",
+            d.get("status"),
+            d.get("attempts"),
+            clip(d.get("last_error") or "", 40),
+            clip(d.get("text") or d.get("kind") or "", 60),
+        ]
+        for d in page["items"]
+    ]
+    headers = ["ID", "LANE", "STATUS", "ATTEMPTS", "ERROR", "TEXT"]
+    run.table(headers, rows, f"no {run.args.status} deliveries")
+    return OK
+
+
+def audit(run: Run) -> int:
+    """The audit trail: who did what, when, with which outcome."""
+    args = run.args
+    lane = args.lane
+    session = args.session
+    if lane and lane.startswith("ln_"):
+        view = run.lane(lane)
+        lane, session = view.get("lane"), session or view.get("session")
+    page = run.client.pages(
+        "/audit", {"session": session, "lane": lane}, limit=args.limit, size=min(args.limit, PAGE)
+    )
+    if run.wants_json:
+        run.json(page)
+        return OK
+    rows = [
+        [
+            when(e.get("at_ms")),
+            e.get("actor"),
+            e.get("action"),
+            f"{e.get('session') or '-'}/{e.get('lane') or '-'}",
+            clip(e.get("target") or "", 40),
+            e.get("outcome"),
+        ]
+        for e in page["items"]
+    ]
+    headers = ["TIME (UTC)", "ACTOR", "ACTION", "LANE", "TARGET", "OUTCOME"]
+    run.table(headers, rows, "no audit events")
+    return OK
+
+
+def action(run: Run) -> int:
+    """Where an action stands (after 'still running')."""
+    result = run.client.get(f"/actions/{seg(run.args.action_id)}")
+    if run.wants_json:
+        run.json(result)
+        return OK
+    state = clean(result.get("status"))
+    if result.get("outcome"):
+        state += f", {clean(result.get('outcome'))}"
+    run.say(
+        f"{clean(result.get('id'))}: {clean(result.get('kind'))} "
+        f"{clean(result.get('session'))}/{clean(result.get('lane'))}: {state}"
+    )
+    return OK

@@ -1,0 +1,112 @@
+"""Where the gateway is and who we are: its URL and token (flags, environment, settings)."""
+
+from __future__ import annotations
+
+import argparse
+import os
+import re
+from pathlib import Path
+
+import httpx
+
+from config import Settings, SettingsError, format_settings_error, load_settings
+from gateway.ops.cli.errors import USAGE, OpsError
+from gateway.ops.cli.output import clean
+
+__all__ = ["API", "TOKEN_VARIABLE", "URL_VARIABLE", "Target"]
+
+API = "/api/v1"
+URL_VARIABLE = "GATEWAY_OPS_URL"
+TOKEN_VARIABLE = "GATEWAY_OPS_TOKEN"
+_CLIENT_VARIABLES = frozenset({URL_VARIABLE, TOKEN_VARIABLE})
+_WILDCARDS = {"0.0.0.0": "127.0.0.1", "::": "::1", "[::]": "::1", "": "127.0.0.1"}
+
+
+class Target:
+    """The gateway's URL and the token, from the flags, the environment or the settings."""
+
+    def __init__(self, args: argparse.Namespace, settings: Settings | None) -> None:
+        self._args = args
+        self._settings = settings
+        self._settings_error: str | None = None
+        self.url = self._url()
+        self.token, self.token_source = self._token()
+
+    def settings(self) -> Settings:
+        """The settings `gateway serve` reads (the client's own variables left out)."""
+        if self._settings_error is not None:
+            raise OpsError(self._settings_error, USAGE)
+        if self._settings is None:
+            # GATEWAY_OPS_URL / GATEWAY_OPS_TOKEN are this client's, not settings: the loader
+            # would call them unknown
+            environ = {k: v for k, v in os.environ.items() if k.upper() not in _CLIENT_VARIABLES}
+            dotenv = Path(".env")
+            try:
+                self._settings = load_settings(
+                    environ,
+                    config_file=self._args.config,
+                    env_file=dotenv if dotenv.is_file() else None,
+                )
+            except SettingsError as exc:
+                self._settings_error = (
+                    f"cannot read the settings ({format_settings_error(exc)}); "
+                    "pass --url and --token to do without them"
+                )
+                raise OpsError(self._settings_error, USAGE) from None
+        return self._settings
+
+    def token_file(self) -> Path | None:
+        """Where the embedded service keeps its operator token (None: no such file)."""
+        from gateway.ops.auth import token_file
+
+        try:
+            path = token_file(self.settings().effective_store_url)
+        except OpsError:
+            return None
+        return path.absolute() if path is not None else None
+
+    def _url(self) -> str:
+        given = self._args.url or os.environ.get(URL_VARIABLE, "").strip()
+        if given:
+            source = "--url" if self._args.url else URL_VARIABLE
+        else:
+            settings = self.settings()
+            host = _WILDCARDS.get(settings.host, settings.host)
+            if ":" in host and not host.startswith("["):
+                host = f"[{host}]"
+            given, source = f"http://{host}:{settings.port}", "the settings"
+        url = given.strip().rstrip("/")
+        url = url.removesuffix(API).rstrip("/")
+        try:
+            parsed = httpx.URL(url)
+        except (httpx.InvalidURL, TypeError):
+            parsed = None
+        if parsed is None or parsed.scheme not in ("http", "https") or not parsed.host:
+            raise OpsError(
+                f"{source} must be the gateway's address like http://127.0.0.1:8787, "
+                f"not {clean(given)!r}",
+                USAGE,
+            )
+        return url
+
+    def _token(self) -> tuple[str | None, str]:
+        token, source = self._found_token()
+        if token is not None and not re.fullmatch(r"[!-~]+", token):
+            raise OpsError(f"the token from {source} is not one line of visible ASCII", USAGE)
+        return token, source
+
+    def _found_token(self) -> tuple[str | None, str]:
+        if self._args.token:
+            return self._args.token.strip(), "--token"
+        from_env = os.environ.get(TOKEN_VARIABLE, "").strip()
+        if from_env:
+            return from_env, TOKEN_VARIABLE
+        path = self.token_file()
+        if path is not None:
+            try:
+                text = path.read_text(encoding="ascii").strip()
+            except (OSError, UnicodeDecodeError):
+                text = ""
+            if text:
+                return text, f"the token file {path}"
+        return None, ""
