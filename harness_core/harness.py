@@ -20,10 +20,12 @@ from typing import Any, Literal, TypeAlias, TypeVar
 
 from pydantic import TypeAdapter, ValidationError
 
+from harness_core._runtime import lane_jobs
 from harness_core._runtime.context import plan_compaction
 from harness_core._runtime.effects import Effects
 from harness_core._runtime.gate import ActionInfo, Gate, GatedEffects
-from harness_core._runtime.lane import HarnessRuntime, LaneRuntime, Prior, config_entry, decision_id
+from harness_core._runtime.lane import HarnessRuntime, LaneRuntime
+from harness_core._runtime.lane_jobs import Prior, config_entry, decision_id
 from harness_core._runtime.lane_table import LaneTable
 from harness_core._runtime.lease import LeaseKeeper
 from harness_core._runtime.procedures import Procedures
@@ -403,13 +405,14 @@ class SessionTree:
     async def append_message(self, message: AgentMessage) -> str:
         """Append a message to the lane: deferred to the next checkpoint while a run is open."""
         runtime = await self._lane._lane_rt()
-        return await runtime.write(MessageEntry(id=runtime.runtime.ids.next(), message=message))
+        entry = MessageEntry(id=runtime.runtime.ids.next(), message=message)
+        return await lane_jobs.write(runtime, entry)
 
     async def append_custom_entry(self, custom_type: str, data: JsonValue = None) -> str:
         """Append application data to the lane (deferred while a run is open)."""
         runtime = await self._lane._lane_rt()
-        return await runtime.write(
-            CustomEntry(id=runtime.runtime.ids.next(), custom_type=custom_type, data=data)
+        return await lane_jobs.write(
+            runtime, CustomEntry(id=runtime.runtime.ids.next(), custom_type=custom_type, data=data)
         )
 
 
@@ -532,7 +535,8 @@ class AgentLane:
             return normalized
         runtime = self._harness._rt
         lane = await self._lane_rt()
-        prior = await lane.prior(entry_id)  # before the hooks: a repeat must change nothing
+        # before the hooks: a repeat must change nothing
+        prior = await lane_jobs.prior(lane, entry_id)
         if prior is not None and entry_id is not None:
             await self._durable_prior(runtime)
             return self._harness._prompted_before(lane, prior, entry_id, normalized.value[0])
@@ -560,8 +564,8 @@ class AgentLane:
                 resume_data=resume_data or None,
             )
 
-        accepted = await lane.accept(
-            intent, lambda: self._harness._execute(lane, resumed=False), input_id=entry_id
+        accepted = await lane_jobs.accept(
+            lane, intent, lambda: self._harness._execute(lane, resumed=False), input_id=entry_id
         )
         if isinstance(accepted, Prior):  # a concurrent submission of the same input won
             assert entry_id is not None
@@ -643,7 +647,7 @@ class AgentLane:
         if (closed := self._closed()) is not None:
             return closed
         lane = await self._lane_rt()
-        result = await lane.abort()  # emits `run_abort` when it writes the marker
+        result = await lane_jobs.abort(lane)  # emits `run_abort` when it writes the marker
         if isinstance(result, Ok):
 
             async def reconcile() -> None:
@@ -665,11 +669,11 @@ class AgentLane:
 
         async def check() -> tuple[OperationState | None, tuple[AgentMessage, ...]]:
             # one job: no commit races the cold read, and a busy lane says so first
-            return lane.state.operation, await lane.context_messages()
+            return lane.state.operation, await lane.context.messages()
 
         busy, messages = await lane.job(check)
         if busy is not None:
-            return lane.busy(busy)
+            return lane_jobs.busy(lane, busy)
         to_summarize, _ = plan_compaction(messages, runtime.options.compaction.keep_recent_tokens)
         if not to_summarize:
             return Err(
@@ -678,7 +682,8 @@ class AgentLane:
                 )
             )
         result_id = runtime.ids.next()
-        accepted = await lane.accept(
+        accepted = await lane_jobs.accept(
+            lane,
             lambda state: CompactionIntent(
                 custom_instructions=custom_instructions, result_entry_id=result_id
             ),
@@ -723,7 +728,8 @@ class AgentLane:
                 )
             )
         summary_id = runtime.ids.next() if summarize else None
-        accepted = await lane.accept(
+        accepted = await lane_jobs.accept(
+            lane,
             lambda state: NavigationIntent(
                 target_id=target_id, summarize=summarize, custom_instructions=custom_instructions,
                 label=label, summary_entry_id=summary_id,
@@ -758,7 +764,8 @@ class AgentLane:
             )
         runtime = self._harness._rt
         message = normalized.value[0]
-        enqueued = await (await self._lane_rt()).enqueue(
+        enqueued = await lane_jobs.enqueue(
+            await self._lane_rt(),
             queue,
             MessageEntry(id=entry_id or runtime.ids.next(), message=message),
             chosen=entry_id is not None,
@@ -802,7 +809,7 @@ class AgentLane:
         """Retract a queued item if it is still pending."""
         if (closed := self._closed()) is not None:
             return closed
-        return await (await self._lane_rt()).cancel_queued(entry_id)
+        return await lane_jobs.cancel_queued(await self._lane_rt(), entry_id)
 
     async def record_usage(
         self, usage: TokenUsage, *, entry_id: str | None = None, details: JsonValue = None
@@ -853,23 +860,23 @@ class AgentLane:
 
     async def get_model(self) -> ModelRef:
         """The lane's effective model."""
-        config = await (await self._lane_rt()).configuration()
+        config = await (await self._lane_rt()).context.configuration()
         return ModelRef(provider=config.provider, model_id=config.model_id)
 
     async def get_thinking_level(self) -> str:
         """The lane's effective thinking level."""
-        return (await (await self._lane_rt()).configuration()).thinking_level
+        return (await (await self._lane_rt()).context.configuration()).thinking_level
 
     async def get_active_tools(self) -> tuple[str, ...]:
         """The names of the tools the lane's model may call."""
-        config = await (await self._lane_rt()).configuration()
+        config = await (await self._lane_rt()).context.configuration()
         if config.active_tools is None:
             return tuple(self._harness._rt.tools)
         return config.active_tools
 
     async def _configure(self, prop: str, changes: dict[str, Any], value: JsonValue) -> None:
         lane = await self._lane_rt()
-        await lane.write(config_entry(self._harness._rt, changes))
+        await lane_jobs.write(lane, config_entry(self._harness._rt, changes))
         self._harness._rt.events.emit(ConfigUpdate(lane=self._name, property=prop, value=value))
 
     async def set_model(self, model: ModelRef) -> None:
@@ -898,7 +905,7 @@ class AgentLane:
             # and announced after it, and a cold context cache would be filled without it.
             watcher = bus.watch(self._name)  # buffer from this instant, then take the snapshot
             try:
-                transcript = tuple(await lane.context_entries())
+                transcript = tuple(await lane.context.entries())
             except BaseException:
                 bus.unwatch(watcher)
                 raise
@@ -914,7 +921,7 @@ class AgentLane:
 
         Reads committed entries only; `thread_id` defaults to the lane's name.
         """
-        messages = await (await self._lane_rt()).context_messages()
+        messages = await (await self._lane_rt()).context.messages()
         return HarnessState(
             thread_id=thread_id or self._name,
             messages=messages,
@@ -922,13 +929,14 @@ class AgentLane:
         )
 
     async def _capabilities(self) -> dict[str, CapabilityState]:
-        path = await (await self._lane_rt()).path_entries_of_type("custom")
+        path = await (await self._lane_rt()).context.path_entries_of_type("custom")
         return capabilities_of([stored.entry for stored in path])
 
     async def set_capability(self, namespace: str, state: CapabilityState) -> str:
         """Record a capability's data on the lane (deferred while a run is open)."""
         lane = await self._lane_rt()
-        return await lane.write(capability_entry(lane.runtime.ids.next(), namespace, state))
+        entry = capability_entry(lane.runtime.ids.next(), namespace, state)
+        return await lane_jobs.write(lane, entry)
 
     async def get_capability(self, namespace: str, version: str) -> FrozenJson:
         """A capability's newest data on the lane's path, if its version matches exactly."""
@@ -1243,7 +1251,8 @@ class AgentHarness(AgentLane):
         with self._table.pinned(name):
             for message in state.messages:
                 lane_rt = await lane._lane_rt()
-                await lane_rt.write(MessageEntry(id=runtime.ids.next(), message=message))
+                entry = MessageEntry(id=runtime.ids.next(), message=message)
+                await lane_jobs.write(lane_rt, entry)
             for namespace, capability in state.capabilities.items():
                 await lane.set_capability(namespace, capability)
         return Ok(lane)
@@ -1276,7 +1285,7 @@ class AgentHarness(AgentLane):
             task.cancel()
         await asyncio.gather(*tasks, return_exceptions=True)
         for lane in runtime.lanes.values():
-            lane.drop_caches()
+            lane.context.drop()
         if runtime.keeper is not None:
             await runtime.keeper.stop()
 
@@ -1374,7 +1383,7 @@ class AgentHarness(AgentLane):
             if refused is not None:
                 return Err(refused)  # before busy: a late or conflicting batch says so
         if lane.task is not None:
-            return lane.busy(op)
+            return lane_jobs.busy(lane, op)
         tools, models = self._missing(op)
         if tools or models:
             return Err(

@@ -114,7 +114,7 @@ class LaneTable:
         for other in idle[: max(0, len(idle) - self._max_idle)]:
             if other.name != counted:
                 del lanes[other.name]
-                other.drop_caches()
+                other.context.drop()
 
     def _droppable(self, lane: LaneRuntime) -> bool:
         return (

@@ -101,9 +101,9 @@ async def test_cached_configuration_matches_a_fresh_walk(backend: str, tmp_path:
     assert isinstance(await kit.harness.prompt("first"), Ok)
     await kit.harness.set_model(other)
     assert isinstance(await kit.harness.prompt("second"), Ok)
-    cached = await kit.harness._rt.lanes["main"].configuration()
+    cached = await kit.harness._rt.lanes["main"].context.configuration()
     reopened = await kit.reopen()  # lane main restores on its first use, like any other
-    fresh = await (await reopened.harness._lane_rt()).configuration()
+    fresh = await (await reopened.harness._lane_rt()).context.configuration()
     assert cached == fresh
     assert (fresh.model_id, fresh.thinking_level) == ("other", "high")
 

@@ -17,10 +17,10 @@ from harness_core._runtime import procedures
 from harness_core._runtime.effects import Effects
 
 READS = {
-    "self.lane.context_entries",
-    "self.lane.context_messages",
-    "self.lane.context_tokens",
-    "self.lane.entry",
+    "self.lane.context.entries",
+    "self.lane.context.messages",
+    "self.lane.context.tokens",
+    "self.lane.context.entry",
     "storage.find_entries_on_branch",
 }
 """Reads of committed state: not effects (a crash around a read changes nothing durable)."""

@@ -142,7 +142,7 @@ class Run(Part):
                 await fx.consume_queue_item(op.id, "follow_up", item.id)
             if has_pending_work(self.op):
                 continue
-            messages = tuple(await self.lane.context_messages())
+            messages = tuple(await self.lane.context.messages())
             result = await fx.run_hook(
                 "before_run_end",
                 BeforeRunEndEvent(lane=self.lane.name, run_id=op.id, messages=messages),
@@ -166,7 +166,7 @@ class Run(Part):
         final_id = op.last_assistant_entry_id
         final: AssistantMessage | None = None
         if final_id is not None:
-            stored = await self.lane.entry(final_id)
+            stored = await self.lane.context.entry(final_id)
             if stored is not None and isinstance(stored.entry, MessageEntry):
                 message = stored.entry.message
                 final = message if isinstance(message, AssistantMessage) else None
@@ -228,7 +228,7 @@ class Run(Part):
     async def _recorded_failure(self) -> OperationError:
         """The error of the run's durable failure marker (a recovery ends as the live run would)."""
         newest = self.op.newest_own
-        stored = await self.lane.entry(newest.entry_id) if newest else None
+        stored = await self.lane.context.entry(newest.entry_id) if newest else None
         if stored is not None and isinstance(stored.entry, MessageEntry):
             message = stored.entry.message
             if isinstance(message, AssistantMessage) and message.error is not None:

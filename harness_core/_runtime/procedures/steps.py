@@ -73,14 +73,14 @@ class Steps(Part):
         return result.options if isinstance(result, BeforeRequestEvent) else event.options
 
     async def _assistant_request(self, options: RequestOptions, attempt: int) -> ModelRequest:
-        context = await self.lane.context_messages()
+        context = await self.lane.context.messages()
         event = await self.fx.run_hook(
             "transform_context", TransformContextEvent(lane=self.lane.name, messages=context)
         )
         messages = event.messages if isinstance(event, TransformContextEvent) else context
         system_prompt = self._system_prompt()
         tokens = (
-            await self.lane.context_tokens(system_prompt)
+            await self.lane.context.tokens(system_prompt)
             if messages is context
             else estimate_tokens(messages, system_prompt)
         )
@@ -107,7 +107,7 @@ class Steps(Part):
             "after_response", AfterResponseEvent(lane=self.lane.name, message=message)
         )
         if isinstance(result, AfterResponseEvent) and result.message is not message:
-            return self.lane.checked_response(result.message, "after_response")
+            return self.lane.external.checked_response(result.message, "after_response")
         return message
 
     def usage(

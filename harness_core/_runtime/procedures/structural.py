@@ -63,8 +63,8 @@ class Structural(Part):
         self.steps = steps
 
     async def _preparation(self) -> CompactionPreparation:
-        entries = await self.lane.context_entries()
-        messages = await self.lane.context_messages()
+        entries = await self.lane.context.entries()
+        messages = await self.lane.context.messages()
         to_summarize, tail = plan_compaction(
             messages, self.rt.options.compaction.keep_recent_tokens
         )
@@ -84,7 +84,7 @@ class Structural(Part):
         info = self.rt.model.model_info(self._model())
         if info is None:
             return False
-        tokens = await self.lane.context_tokens(self._system_prompt())
+        tokens = await self.lane.context.tokens(self._system_prompt())
         return tokens > info.context_window - settings.reserve_tokens
 
     async def auto_compact(self, reason: CompactionReason) -> None:

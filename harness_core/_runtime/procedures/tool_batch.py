@@ -197,7 +197,7 @@ class ToolBatch(Part):
         )
         patched = await fx.run_hook("after_tool", event)
         if isinstance(patched, ToolOutput) and patched is not output:
-            output = self.lane.checked_output(patched, call.name)
+            output = self.lane.external.checked_output(patched, call.name)
         if output.usage is not None:
             await fx.append_record(
                 Usage(

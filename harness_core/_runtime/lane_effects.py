@@ -1,0 +1,209 @@
+"""A lane's external effects: model requests, tool runs, deferred requests, hooks and sleeps.
+
+Never inside a job (the mutation line stays free while they wait), each one first makes the
+procedure's writes durable (`HarnessRuntime.durable`, a barrier) and, before paid work, waits
+for the writer lease's authority; an abort of the lane settles it early. What comes back from
+foreign code (a provider, a tool, a hook) is validated here before it can reach a record.
+`LaneRuntime`'s `Effects` methods delegate to these bodies.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+from collections.abc import Awaitable
+from typing import TYPE_CHECKING, Any, Literal, TypeVar
+
+from pydantic import ValidationError
+
+from harness_core import texts
+from harness_core.events import MessageStart, MessageUpdate
+from harness_core.frozen import invalid_reason, revalidated
+from harness_core.hooks import HookName, run_hook
+from harness_core.messages import AssistantMessage, DeferredHandle, ModelError, TokenUsage
+from harness_core.models import ModelRequest
+from harness_core.tools import PreparedToolCall, ToolOutput
+
+if TYPE_CHECKING:
+    from harness_core._runtime.lane import HarnessRuntime
+
+__all__ = ["ExternalEffects"]
+
+_T = TypeVar("_T")
+
+
+class ExternalEffects:
+    """One lane's effects outside the store, stopped by its abort signal."""
+
+    def __init__(self, runtime: HarnessRuntime, lane: str, abort_signal: asyncio.Event) -> None:
+        self.runtime = runtime
+        self.lane = lane
+        self.abort_signal = abort_signal
+        self.streaming = False
+        """A `message_start` for the assistant message in flight was emitted (streaming).
+
+        The lane's commit of that message reads and clears it, so the message starts once.
+        """
+
+    async def _until_aborted(self, work: Awaitable[_T]) -> _T | None:
+        """Run `work`, abandoning it (None) if the lane's abort signal fires first."""
+        task = asyncio.ensure_future(work)
+        stop = asyncio.ensure_future(self.abort_signal.wait())
+        try:
+            await asyncio.wait({task, stop}, return_when=asyncio.FIRST_COMPLETED)
+        finally:
+            stop.cancel()
+        if task.done():
+            return task.result()
+        task.cancel()
+        with contextlib.suppress(asyncio.CancelledError, Exception):
+            await task
+        return None
+
+    async def stream_assistant(self, request: ModelRequest, run_id: str | None) -> AssistantMessage:
+        """One provider request; an abort (or close) settles it as ``stop_reason="aborted"``."""
+        self.runtime.check()
+        events = self.runtime.events
+
+        def progress(partial: AssistantMessage) -> None:
+            if not self.streaming:
+                self.streaming = True
+                events.emit(MessageStart(lane=self.lane, run_id=run_id, message=partial))
+            events.emit(MessageUpdate(lane=self.lane, run_id=run_id or "", message=partial))
+
+        self.streaming = False  # a retried attempt streams (and starts) again
+        await self.runtime.durable()  # the request's intent (its step attempt) first
+        await self.runtime.authority()  # never start a paid call on a lapsing lease
+        if self.abort_signal.is_set():  # aborted before the request went out: never send it
+            return AssistantMessage(stop_reason="aborted", usage=TokenUsage())
+        try:
+            message = await self._until_aborted(self.runtime.model.request(request, progress))
+        except Exception as exc:  # a client that raised instead of answering in band
+            return AssistantMessage(
+                stop_reason="error",
+                error=ModelError(
+                    kind="unknown", message=f"{type(exc).__name__}: {exc}", retryable=True
+                ),
+                usage=TokenUsage(),
+            )
+        self.runtime.check()
+        if message is None:
+            return AssistantMessage(stop_reason="aborted", usage=TokenUsage())
+        return self.checked_response(message, str(request.model))
+
+    def checked_response(self, message: AssistantMessage, source: str) -> AssistantMessage:
+        """A provider's (or hook's) message, valid before it can reach a record or an entry.
+
+        A message whose only invalid part is its usage (a NaN cost) keeps its content with the
+        usage zeroed, and the loss is reported; any other invalid message becomes a retryable
+        error, so a provider's bad number never faults the lane's store.
+        """
+        try:
+            return revalidated(message)
+        except ValidationError as exc:
+            reason = invalid_reason(exc)
+        try:
+            kept = revalidated(message.model_copy(update={"usage": TokenUsage()}))
+        except ValidationError:
+            self.runtime.report("model", source, f"invalid message ({reason})")
+            return AssistantMessage(
+                stop_reason="error",
+                error=ModelError(
+                    kind="unknown",
+                    message=f"the provider returned an invalid message ({reason})",
+                    retryable=True,
+                ),
+                usage=TokenUsage(),
+            )
+        self.runtime.report("model", source, f"invalid usage dropped ({reason})")
+        return kept
+
+    async def execute_tool(self, prepared: PreparedToolCall) -> ToolOutput:
+        """Run a tool; it settles even if the run is aborted (the tool sees `ctx.abort`).
+
+        A call whose run was aborted before it started does not start: its result says so.
+        """
+        self.runtime.check()
+        tool = prepared.tool
+        await self.runtime.durable()  # the call's intent first
+        await self.runtime.authority()
+        if self.abort_signal.is_set():
+            return ToolOutput.text(texts.NOT_RUN_ABORTED, is_error=True)
+        try:
+            args = tool.parse(prepared.args)
+            work = tool.execute(args, prepared.context)
+            raw = await (
+                asyncio.wait_for(work, tool.timeout_seconds) if tool.timeout_seconds else work
+            )
+        except TimeoutError:
+            return ToolOutput.text(
+                texts.tool_timed_out(tool.name, tool.timeout_seconds or 0), is_error=True
+            )
+        except Exception as exc:
+            return ToolOutput.text(texts.tool_failed(tool.name, exc), is_error=True)
+        returned: object = raw  # typed, but a tool is foreign code
+        if isinstance(returned, str):
+            return ToolOutput.text(returned)
+        if not isinstance(returned, ToolOutput):
+            return ToolOutput.text(
+                f"{tool.name} returned {type(returned).__name__}, not text or a ToolOutput",
+                is_error=True,
+            )
+        return self.checked_output(returned, tool.name)
+
+    def checked_output(self, output: ToolOutput, tool_name: str) -> ToolOutput:
+        """A tool's (or hook's) output, valid before it can reach a record or an entry."""
+        try:
+            return revalidated(output)
+        except ValidationError as exc:
+            reason = invalid_reason(exc)
+        self.runtime.report("tool", tool_name, f"invalid output ({reason})")
+        return ToolOutput.text(texts.invalid_result(tool_name, reason), is_error=True)
+
+    async def fetch_deferred(self, handle: DeferredHandle) -> AssistantMessage:
+        """Check a deferred request once; a raised failure becomes an error message."""
+        await self.runtime.durable()
+        await self.runtime.authority()
+        try:
+            message = await self._until_aborted(self.runtime.model.fetch_deferred(handle))
+        except Exception as exc:
+            return AssistantMessage(
+                stop_reason="error",
+                error=ModelError(kind="unknown", message=f"deferred fetch failed: {exc}"),
+                usage=TokenUsage(),
+            )
+        if message is None:
+            return AssistantMessage(stop_reason="aborted", usage=TokenUsage())
+        return self.checked_response(message, f"{handle.provider}:{handle.model}")
+
+    async def cancel_deferred(self, handle: DeferredHandle) -> None:
+        """Best effort: a failure is reported, not raised."""
+        await self.runtime.durable()
+        try:
+            await self.runtime.model.cancel_deferred(handle)
+        except Exception as exc:
+            self.runtime.report("hook", "cancel_deferred", exc)
+
+    async def run_hook(self, name: HookName, event: Any) -> Any:
+        """Run a hook's handlers; a failing handler is isolated and reported."""
+        self.runtime.check()
+        if self.runtime.hooks.registrations(name):
+            await self.runtime.durable()  # a handler is foreign code: it may act on what it sees
+        return await run_hook(
+            self.runtime.hooks,
+            name,
+            event,
+            lambda hook, exc: self.runtime.report("hook", hook, exc),
+        )
+
+    async def sleep(self, seconds: float) -> Literal["elapsed", "aborted"]:
+        """Back off; an abort ends the wait."""
+        self.runtime.check()
+        await self.runtime.durable()  # never hold deferred writes (and SQLite's lock) across a wait
+
+        async def wait() -> bool:
+            await self.runtime.clock.sleep(seconds)
+            return True
+
+        waited = await self._until_aborted(wait())
+        return "elapsed" if waited else "aborted"
