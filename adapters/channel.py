@@ -17,8 +17,10 @@ from __future__ import annotations
 
 import hashlib
 import json
+from collections.abc import Mapping
 from typing import Literal, Protocol, runtime_checkable
 
+from fastapi import APIRouter
 from pydantic import Field
 
 from adapters.errors import AdapterError
@@ -27,6 +29,7 @@ from harness_core.frozen import Frozen, FrozenJsonObject
 __all__ = [
     "Acceptance",
     "AdapterStartError",
+    "Capabilities",
     "ApprovalClosed",
     "ApprovalView",
     "Attachment",
@@ -51,6 +54,22 @@ __all__ = [
     "Unavailable",
     "is_copy_of",
 ]
+
+
+class Capabilities(Frozen):
+    """What a channel can do; the service and the conformance suite read it, never a name."""
+
+    threads: bool = True
+    """Replies land in the thread they answer (a lane per thread)."""
+    decisions: bool = False
+    """Approval requests carry controls whose use arrives as a `DecisionInbound` (Slack and web
+    buttons, signed email links)."""
+    edits: bool = False
+    """A posted message can be edited in place (an approval close edits its copies)."""
+    streaming: bool = False
+    """A reply can be streamed into the thread while the model writes it."""
+    files: bool = False
+    """Files can be taken in with a message and sent with a reply."""
 
 
 class ThreadRef(Frozen):
@@ -454,4 +473,23 @@ class ChannelAdapter(Protocol):
 
     async def reconcile(self, outbound: Outbound) -> Reconciled:
         """Whether an earlier attempt of `outbound` (same `delivery_id`) reached the thread."""
+        ...
+
+    @property
+    def capabilities(self) -> Capabilities:
+        """What this channel can do (threads, decision controls, edits, streaming, files)."""
+        ...
+
+    @property
+    def router(self) -> APIRouter | None:
+        """The HTTP routes the service mounts for this channel (None: it needs none)."""
+        ...
+
+    @property
+    def body_limits(self) -> Mapping[str, int]:
+        """The largest request body in bytes, by path prefix of `router` (empty: the default)."""
+        ...
+
+    async def close(self) -> None:
+        """Release what `stop` keeps for a restart (pools, files); called once, last."""
         ...

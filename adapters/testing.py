@@ -24,15 +24,18 @@ import fcntl
 import json
 import os
 from collections import Counter
-from collections.abc import Callable, Iterable, Sequence
+from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, Literal
+from typing import Literal
+
+from fastapi import APIRouter
 
 from adapters.channel import (
     Acceptance,
     Attachment,
     Author,
+    Capabilities,
     ChannelAdapter,
     ContextMessage,
     DecisionInbound,
@@ -113,14 +116,21 @@ class RecordingChannel:
         return self._name
 
     @property
-    def router(self) -> Any:
-        """The wrapped adapter's HTTP routes, if it has any (the service mounts them)."""
-        return getattr(self.inner, "router", None)
+    def capabilities(self) -> Capabilities:
+        """The wrapped adapter's; alone, threads and decisions (its tests decide by hand)."""
+        if self.inner is not None:
+            return self.inner.capabilities
+        return Capabilities(decisions=True)
 
     @property
-    def body_limits(self) -> Any:
+    def router(self) -> APIRouter | None:
+        """The wrapped adapter's HTTP routes, if it has any (the service mounts them)."""
+        return None if self.inner is None else self.inner.router
+
+    @property
+    def body_limits(self) -> Mapping[str, int]:
         """The wrapped adapter's body bounds by path prefix, if it declares any."""
-        return getattr(self.inner, "body_limits", None)
+        return {} if self.inner is None else self.inner.body_limits
 
     # -- faults --------------------------------------------------------------------------------
 
@@ -258,6 +268,12 @@ class RecordingChannel:
         self.running = False
         if self.inner is not None:
             await self.inner.stop()
+
+    async def close(self) -> None:
+        """Stop, and close the wrapped adapter (the recordings stay)."""
+        await self.stop()
+        if self.inner is not None:
+            await self.inner.close()
 
     def _next_fault(self) -> Fault | None:
         if self._faults:

@@ -27,7 +27,7 @@ if str(ROOT) not in sys.path:  # `python bench/email_latency.py` as well as `-m 
     sys.path.insert(0, str(ROOT))
 
 from bench.gateway_bench import pct  # noqa: E402
-from config import Settings  # noqa: E402
+from gateway.channels import gateway_settings  # noqa: E402
 from gateway.logs import configure  # noqa: E402
 from gateway.service import Service  # noqa: E402
 
@@ -46,7 +46,7 @@ async def run(mails: int) -> list[float]:
         person = dovecot.fresh_user("person")
         with SmtpServer(dovecot, username=bot.address, password=bot.password) as smtp:
             work = Path(tempfile.mkdtemp(prefix="email-bench-"))
-            settings = Settings(
+            settings = gateway_settings(
                 store_url=f"sqlite:///{work}/store.db",
                 broker_url=f"sqlite:///{work}/broker.db",
                 web_url=f"sqlite:///{work}/web.db",

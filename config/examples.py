@@ -1,8 +1,9 @@
 """The example files, generated from the settings model: ``.env.example``, ``gateway.example.toml``.
 
-``python -m config.examples [DIR]`` writes both (into the current directory by default); a test
-fails when the files in the repository differ from what this module generates, so they always
-name every setting with its default, its meaning and what it accepts.
+``python -m gateway.examples [DIR]`` writes both, with every registered channel's section
+(`main` here takes the sections: config knows no channel), into the current directory by
+default; a test fails when the files in the repository differ from what this module generates,
+so they always name every setting with its default, its meaning and what it accepts.
 
 Prose lines start with ``# ``; a setting line is commented with a bare ``#`` (``#GATEWAY_PORT=
 8787``, ``#port = 8787``): delete that ``#`` to set it.
@@ -13,12 +14,13 @@ from __future__ import annotations
 import json
 import sys
 import textwrap
-from collections.abc import Iterator
+from collections.abc import Iterator, Mapping
 from pathlib import Path
 from typing import Any
 
-from config.loader import ENV_PREFIX
-from config.settings import Settings, accepted, default_text, number
+from config.fields import number
+from config.loader import ENV_PREFIX, Setting, settings_table
+from config.sections import Section
 
 __all__ = ["EXAMPLE_FILES", "env_example", "main", "toml_example"]
 
@@ -31,25 +33,12 @@ _SAMPLES: dict[str, Any] = {
     "model_max_output_tokens": 4096,
     "redis_url": "redis://localhost:6379/0",
     "broker_url": "redis://localhost:6379/0",
-    "web_url": "redis://localhost:6379/0",
     "plugin": "mycompany.gateway_agent",
     "routes": [
         {"channel": "slack", "space": "C0123456789", "session": "ops"},
         {"channel": "email", "space": "ops@example.com", "session": "ops"},
         {"channel": "web", "space": "*", "session": "web"},
     ],
-    "slack_bot_token": "xoxb-...",
-    "slack_signing_secret": "...",
-    "slack_app_token": "xapp-...",
-    "slack_approvers": {"C0123456789": ["U0123456789", "S0123456789"], "*": ["U0987654321"]},
-    "email_address": "agent@example.com",
-    "email_imap_host": "imap.example.com",
-    "email_smtp_host": "smtp.example.com",
-    "email_username": "agent@example.com",
-    "email_password": "...",
-    "email_ca_file": "/etc/ssl/private-ca.pem",
-    "email_approvers": ["ops-lead@example.com"],
-    "email_link_secret": "a-random-secret-of-at-least-32-characters",
     "public_url": "https://gateway.example.com",
     "allowed_hosts": ["gateway.internal.example.com"],
     "ops_tokens": [
@@ -57,17 +46,15 @@ _SAMPLES: dict[str, Any] = {
         "dashboard:viewer:change-me-to-another-long-secret",
     ],
 }
-_JSON = ("routes", "slack_approvers")
-"""Settings whose variable holds JSON (and TOML tables)."""
 _WIDTH = 100
 
 
-def env_example() -> str:
-    """The text of ``.env.example``."""
+def env_example(sections: Mapping[str, type[Section]] | None = None) -> str:
+    """The text of ``.env.example`` (with every channel section's settings)."""
     lines = [
         *_prose(
             "The gateway's settings as environment variables: every one, with its default. "
-            "Generated from config/settings.py by `python -m config.examples`; do not edit. "
+            "Generated from the settings models by `python -m gateway.examples`; do not edit. "
             "Copy to .env (or export the variables) and delete the # before a setting to set "
             "it. Strongest first: the environment, then .env, then `gateway serve --config "
             "FILE.toml`, then the defaults. A GATEWAY_* name that is no setting, or a variable "
@@ -75,68 +62,80 @@ def env_example() -> str:
             "literal (no ${VAR} expansion)."
         ),
     ]
-    for name in Settings.model_fields:
-        value = _sample(name)
-        text = json.dumps(value, separators=(",", ":")) if name in _JSON else _text(value)
-        quoted = f"'{text}'" if name in _JSON else text
-        lines += ["", *_about(name), f"#{ENV_PREFIX}{name.upper()}={quoted}"]
+    for name, setting in settings_table(sections).items():
+        value = _sample(setting)
+        json_value = setting.json_example is not None
+        text = json.dumps(value, separators=(",", ":")) if json_value else _text(value)
+        quoted = f"'{text}'" if json_value else text
+        lines += ["", *_about(setting), f"#{ENV_PREFIX}{name.upper()}={quoted}"]
     return "\n".join(lines) + "\n"
 
 
-def toml_example() -> str:
-    """The text of ``gateway.example.toml``."""
+def toml_example(sections: Mapping[str, type[Section]] | None = None) -> str:
+    """The text of ``gateway.example.toml`` (a ``[<channel>]`` table per section)."""
     lines = [
         *_prose(
             "The gateway's settings as a TOML file for `gateway serve --config FILE`: every "
-            "one, with its default. Generated from config/settings.py by `python -m "
-            "config.examples`; do not edit. Delete the # before a setting to set it. GATEWAY_* "
+            "one, with its default. Generated from the settings models by `python -m "
+            "gateway.examples`; do not edit. Delete the # before a setting to set it. GATEWAY_* "
             "environment variables (and .env) override what this file sets; a key that is no "
             "setting stops the gateway with one line saying why. Relative paths in URLs are "
-            "relative to the current directory, not to this file."
+            "relative to the current directory, not to this file. A channel's settings are "
+            "its table ([slack], [email]...): bot_token in [slack] is GATEWAY_SLACK_BOT_TOKEN."
         ),
     ]
-    tables = [name for name in Settings.model_fields if name in _JSON]
-    for name in [name for name in Settings.model_fields if name not in tables]:
-        lines += ["", *_about(name), f"#{name} = {_toml(_sample(name))}"]
-    for name in tables:  # TOML: tables come after every plain key
-        lines += ["", *_about(name)]
-        sample = _sample(name)
-        if isinstance(sample, dict):
-            lines += [f"#[{name}]", *(f"#{_key(k)} = {_toml(v)}" for k, v in sample.items())]
-            continue
-        for index, table in enumerate(sample):
-            lines += [""] if index else []
-            lines += [f"#[[{name}]]", *(f"#{key} = {_toml(item)}" for key, item in table.items())]
+    table = settings_table(sections)
+    groups: dict[str | None, list[Setting]] = {}
+    for setting in table.values():
+        groups.setdefault(setting.section, []).append(setting)
+    for section, members in groups.items():
+        plain = [s for s in members if s.json_example is None]
+        tables = [s for s in members if s.json_example is not None]
+        if section is not None:
+            lines += ["", f"#[{section}]"]
+        for setting in plain:
+            lines += ["", *_about(setting), f"#{setting.field} = {_toml(_sample(setting))}"]
+        for setting in tables:  # TOML: tables come after every plain key
+            lines += ["", *_about(setting)]
+            sample = _sample(setting)
+            name = setting.field if section is None else f"{section}.{setting.field}"
+            if isinstance(sample, dict):
+                lines += [f"#[{name}]", *(f"#{_key(k)} = {_toml(v)}" for k, v in sample.items())]
+                continue
+            for index, item in enumerate(sample):
+                lines += [""] if index else []
+                lines += [f"#[[{name}]]", *(f"#{key} = {_toml(v)}" for key, v in item.items())]
     return "\n".join(lines) + "\n"
 
 
-def main(argv: list[str] | None = None) -> int:
+def main(argv: list[str] | None = None, sections: Mapping[str, type[Section]] | None = None) -> int:
     """Write both example files into the directory named by the first argument (or ``.``)."""
     args = sys.argv[1:] if argv is None else argv
     target = Path(args[0] if args else ".")
     if not target.is_dir():
-        print(f"config.examples: {target} is not a directory", file=sys.stderr)
+        print(f"examples: {target} is not a directory", file=sys.stderr)
         return 2
-    for name, text in zip(EXAMPLE_FILES, (env_example(), toml_example()), strict=True):
+    texts = (env_example(sections), toml_example(sections))
+    for name, text in zip(EXAMPLE_FILES, texts, strict=True):
         try:
             (target / name).write_text(text, encoding="utf-8")
         except OSError as exc:
-            print(f"config.examples: cannot write {target / name}: {exc.strerror}", file=sys.stderr)
+            print(f"examples: cannot write {target / name}: {exc.strerror}", file=sys.stderr)
             return 1
         print(f"wrote {target / name}")
     return 0
 
 
-def _about(name: str) -> Iterator[str]:
-    description = str(Settings.model_fields[name].description)
-    default = default_text(name)
+def _about(setting: Setting) -> Iterator[str]:
+    description = str(setting.model.model_fields[setting.field].description)
+    default = setting.default_text()
     if "(default:" in description:
         shown = ""  # the description says it better
     elif default in ("unset", "none"):
         shown = f" Default: {default} (the line below is an example)."
     else:
         shown = f" Default: {default}."
-    yield from _prose(f"{description}{shown} Accepts {accepted(name)}.")
+    yield from _prose(f"{description}{shown} Accepts {setting.accepted()}.")
 
 
 def _prose(text: str) -> list[str]:
@@ -150,9 +149,13 @@ def _prose(text: str) -> list[str]:
     )
 
 
-def _sample(name: str) -> Any:
-    default = Settings.model_fields[name].get_default(call_default_factory=True)
-    return _SAMPLES[name] if default is None or default in ((), {}) else default
+def _sample(setting: Setting) -> Any:
+    default = setting.default()
+    if default is not None and default not in ((), {}):
+        return default
+    if issubclass(setting.model, Section):
+        return setting.model.EXAMPLES[setting.field]
+    return _SAMPLES[setting.name]
 
 
 def _key(key: str) -> str:
@@ -173,7 +176,3 @@ def _toml(value: Any) -> str:
     if isinstance(value, str | list):
         return json.dumps(value)  # TOML basic strings and arrays, for the ASCII text used here
     return _text(value)
-
-
-if __name__ == "__main__":
-    raise SystemExit(main())

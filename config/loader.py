@@ -21,12 +21,17 @@ from pathlib import Path
 from typing import Any
 
 from dotenv.parser import parse_stream
-from pydantic import ValidationError
+from pydantic import BaseModel, SecretStr, ValidationError
 
-from config.settings import Settings, _Relations, accepted, default_text, number
+from config.fields import Relations, accepted_in, default_text_in, number
+from config.sections import Section
+from config.settings import _ACCEPTED, Settings
 
 __all__ = [
     "ENV_PREFIX",
+    "Setting",
+    "settings_from",
+    "settings_table",
     "SettingsError",
     "UnknownSetting",
     "format_settings_error",
@@ -37,25 +42,79 @@ ENV_PREFIX = "GATEWAY_"
 CLIENT_VARIABLES = frozenset({"GATEWAY_OPS_URL", "GATEWAY_OPS_TOKEN", "GATEWAY_COMMAND"})
 """Read by the command line (`gateway ops`'s address and token; the command hints name, which
 ``scripts/run`` sets), not settings of the service: never an unknown setting."""
-_JSON_FIELDS = frozenset({"routes", "slack_approvers"})  # JSON in a variable, tables in TOML
-_SECRET_FIELDS = frozenset(
-    {
-        "model_api_key",
-        "slack_bot_token",
-        "slack_app_token",
-        "slack_signing_secret",
-        "email_password",
-        "email_link_secret",
-        "ops_tokens",
-    }
-)
 _ROUTES_EXAMPLE = '[{"channel":"slack","space":"C123","session":"ops"}]'
-_JSON_EXAMPLES = {
-    "routes": f"a JSON list of routes, like {_ROUTES_EXAMPLE}",
-    "slack_approvers": 'a JSON object of channel -> approvers, like {"C0123": ["U0456", "S0789"]}',
-}
+_CORE_JSON = {"routes": f"a JSON list of routes, like {_ROUTES_EXAMPLE}"}
 _ROUTE_KEYS = "a route has channel, session and (optional, * by default) space"
 _SHOWN = 80
+
+
+@dataclass(frozen=True)
+class Setting:
+    """One setting as a person names it: a core field, or a field of a channel's section.
+
+    A section's field ``bot_token`` of channel ``slack`` is the setting ``slack_bot_token``:
+    ``GATEWAY_SLACK_BOT_TOKEN`` in the environment, ``bot_token`` in the TOML file's
+    ``[slack]`` table (or ``slack_bot_token`` at its top, as before sections).
+    """
+
+    name: str
+    model: type[BaseModel]
+    field: str
+    section: str | None = None
+
+    @property
+    def secret(self) -> bool:
+        """Whether its value is never shown (a `SecretStr`, or a tuple of them)."""
+        annotation = self.model.model_fields[self.field].annotation
+        return SecretStr in (annotation, *_args(annotation))
+
+    @property
+    def json_example(self) -> str | None:
+        """What a variable holds when this setting is JSON there (a table in TOML), or None."""
+        if self.section is None:
+            return _CORE_JSON.get(self.name)
+        model = self.model
+        if issubclass(model, Section) and self.field in model.JSON_FIELDS:
+            return model.JSON_EXAMPLES.get(self.field, "JSON")
+        return None
+
+    def accepted(self) -> str:
+        """What it accepts, in words."""
+        if issubclass(self.model, Section):
+            return self.model.accepted(self.field)
+        return accepted_in(self.model, self.field, _ACCEPTED)
+
+    def default_text(self) -> str:
+        """Its default as a person writes it."""
+        return default_text_in(self.model, self.field)
+
+    def default(self) -> Any:
+        """Its default value."""
+        return self.model.model_fields[self.field].get_default(call_default_factory=True)
+
+
+def _args(annotation: Any) -> tuple[Any, ...]:
+    found: list[Any] = []
+    for arg in getattr(annotation, "__args__", ()):
+        found += [arg, *_args(arg)]
+    return tuple(found)
+
+
+def settings_table(sections: Mapping[str, type[Section]] | None = None) -> dict[str, Setting]:
+    """Every setting by its name: the core ones, then each section's (``<section>_<field>``).
+
+    Raises:
+        ValueError: a section's setting would have the name of another setting.
+    """
+    table = {name: Setting(name, Settings, name) for name in Settings.model_fields}
+    del table["channels"]  # the sections themselves
+    for section, model in (sections or {}).items():
+        for field in model.model_fields:
+            name = f"{section}_{field}"
+            if name in table:
+                raise ValueError(f"the {section} section's {field} is also the setting {name}")
+            table[name] = Setting(name, model, field, section)
+    return table
 
 
 class SettingsError(ValueError):
@@ -81,6 +140,7 @@ def load_settings(
     *,
     config_file: str | os.PathLike[str] | None = None,
     env_file: str | os.PathLike[str] | None = None,
+    sections: Mapping[str, type[Section]] | None = None,
 ) -> Settings:
     """Read and check the settings (called once, by the entry point).
 
@@ -88,41 +148,89 @@ def load_settings(
     (by default ``.env`` in the current directory if it exists, but only when `environ` is
     None: a caller who passes the environment passes all of it), then `config_file` (TOML, e.g.
     ``gateway serve --config gateway.toml``), then the defaults. Only ``GATEWAY_*`` variables
-    are read; values in ``.env`` are literal (no ``${VAR}`` expansion).
+    are read; values in ``.env`` are literal (no ``${VAR}`` expansion). `sections`: each
+    channel's settings model by the channel's name (the registry's), read from the
+    ``[<name>]`` table and ``GATEWAY_<NAME>_*`` variables into `Settings.channels`.
 
     Raises:
         UnknownSetting: a ``GATEWAY_*`` variable or a TOML key names no setting.
         SettingsError: a file cannot be read or parsed, a value is empty, of the wrong type or
             out of range, or settings do not work together; ``str()`` is one line.
     """
+    table = settings_table(sections)
     problems: list[str] = []
     unknown: list[str] = []
     values: dict[str, _Value] = {}
     if config_file is not None:
-        values.update(_read_toml(Path(config_file), problems, unknown))
+        values.update(_read_toml(Path(config_file), table, problems, unknown))
     dotenv = Path(env_file) if env_file is not None else None
     if dotenv is None and environ is None and Path(".env").is_file():
         dotenv = Path(".env")
     if dotenv is not None:
-        values.update(_from_variables(_read_dotenv(dotenv), problems, unknown))
+        values.update(_from_variables(_read_dotenv(dotenv), table, problems, unknown))
     process = os.environ if environ is None else environ
     variables = ((key, value, "the environment") for key, value in process.items())
-    values.update(_from_variables(variables, problems, unknown))
+    values.update(_from_variables(variables, table, problems, unknown))
     if unknown:
         raise UnknownSetting(unknown + problems)
     if problems:
         raise SettingsError(problems)
+    return _validated(values, table, sections)
+
+
+def settings_from(
+    values: Mapping[str, Any], *, sections: Mapping[str, type[Section]] | None = None
+) -> Settings:
+    """`Settings` from values by setting name (``slack_bot_token=...`` for a section's field).
+
+    What a program embedding the gateway (and a test) builds settings with: the names are the
+    variables' names without ``GATEWAY_``, checked like `load_settings` checks them.
+
+    Raises:
+        SettingsError: a name is no setting, or a value is refused (``str()`` is one line).
+    """
+    table = settings_table(sections)
+    unknown = [
+        f"unknown setting {name}{_hint(name, False, table)}" for name in values if name not in table
+    ]
+    if unknown:
+        raise UnknownSetting(unknown)
+    given = {name: _Value(value, "given") for name, value in values.items()}
+    return _validated(given, table, sections)
+
+
+def _validated(
+    values: Mapping[str, _Value],
+    table: Mapping[str, Setting],
+    sections: Mapping[str, type[Section]] | None,
+) -> Settings:
+    problems: list[str] = []
+    channels: dict[str, Section] = {}
+    for section, model in (sections or {}).items():
+        given = {
+            setting.field: values[name].value
+            for name, setting in table.items()
+            if setting.section == section and name in values
+        }
+        try:
+            channels[section] = model.model_validate(given)
+        except ValidationError as exc:
+            problems += _problems(exc, values, table, section)
+    core = {name: value.value for name, value in values.items() if table[name].section is None}
     try:
-        return Settings.model_validate({name: value.value for name, value in values.items()})
+        settings = Settings.model_validate({**core, "channels": channels})
     except ValidationError as exc:
         # `from None`: pydantic's error repeats every input, secrets included
-        raise SettingsError(_problems(exc, values)) from None
+        raise SettingsError(problems + _problems(exc, values, table)) from None
+    if problems:
+        raise SettingsError(problems)
+    return settings
 
 
 def format_settings_error(exc: SettingsError | ValidationError) -> str:
     """One line for the command line, from a `SettingsError` or a ``Settings(...)`` error."""
     if isinstance(exc, ValidationError):
-        return str(SettingsError(_problems(exc, {})))
+        return str(SettingsError(_problems(exc, {}, settings_table())))
     return str(exc)
 
 
@@ -143,7 +251,9 @@ class _Value:
 # --- sources ------------------------------------------------------------------------------
 
 
-def _read_toml(path: Path, problems: list[str], unknown: list[str]) -> dict[str, _Value]:
+def _read_toml(
+    path: Path, table: Mapping[str, Setting], problems: list[str], unknown: list[str]
+) -> dict[str, _Value]:
     try:
         text = path.read_bytes().decode("utf-8-sig")
     except OSError as exc:
@@ -157,33 +267,51 @@ def _read_toml(path: Path, problems: list[str], unknown: list[str]) -> dict[str,
     except tomllib.TOMLDecodeError as exc:
         raise SettingsError([f"config file {path} is not valid TOML: {exc}"]) from None
     lines = text.splitlines()
+    sections = {setting.section for setting in table.values() if setting.section is not None}
     values: dict[str, _Value] = {}
     for key, value in data.items():
+        if key in sections and isinstance(value, dict):
+            for field, item in value.items():
+                name = f"{key}_{field}"
+                line = _toml_line(lines, field, within=key) or _toml_line(lines, key)
+                if name not in table or table[name].section != key:
+                    unknown.append(
+                        f"unknown setting {field!r} in the [{key}] table of {path}{_line(line)}"
+                        f"{_hint(field, False, table, key)}"
+                    )
+                    continue
+                where = f"{key}.{field} in {path}" + (f" line {line}" if line else "")
+                values[name] = _Value(item, where)
+            continue
         line = _toml_line(lines, key)
         where = f"{key} in {path}" + (f" line {line}" if line else "")
-        if key not in Settings.model_fields:
-            unknown.append(f"unknown setting {key!r} in {path}{_line(line)}{_hint(key, False)}")
+        if key not in table:
+            unknown.append(
+                f"unknown setting {key!r} in {path}{_line(line)}{_hint(key, False, table)}"
+            )
             continue
         item_origins = tuple(
             f"routes in {path} line {lineno}"
             for lineno, text_line in enumerate(lines, 1)
-            if key in _JSON_FIELDS and re.match(rf"\s*\[\[\s*{re.escape(key)}\s*\]\]", text_line)
+            if table[key].json_example is not None
+            and re.match(rf"\s*\[\[\s*{re.escape(key)}\s*\]\]", text_line)
         )
         values[key] = _Value(value, where, item_origins)
     return values
 
 
-def _toml_line(lines: Sequence[str], key: str) -> int | None:
-    """The line that sets top-level `key` (best effort: for messages only)."""
+def _toml_line(lines: Sequence[str], key: str, within: str | None = None) -> int | None:
+    """The line that sets `key` at the top, or in table `within` (best effort: for messages)."""
     name = rf"(?:{re.escape(key)}|\"{re.escape(key)}\"|'{re.escape(key)}')"
-    in_table = False
+    table = None if within is None else rf"\[\s*{re.escape(within)}\s*\]"
+    inside = within is None
     for lineno, line in enumerate(lines, 1):
         stripped = line.strip()
         if stripped.startswith("["):
-            if re.match(rf"\[\[?\s*{name}\s*[\].]", stripped):
+            if within is None and re.match(rf"\[\[?\s*{name}\s*[\].]", stripped):
                 return lineno
-            in_table = True
-        elif not in_table and re.match(rf"{name}\s*[=.]", stripped):
+            inside = table is not None and re.fullmatch(table, stripped) is not None
+        elif inside and re.match(rf"{name}\s*[=.]", stripped):
             return lineno
     return None
 
@@ -215,7 +343,10 @@ def _lead(binding: Any) -> int:
 
 
 def _from_variables(
-    variables: Iterable[tuple[str, str | None, str]], problems: list[str], unknown: list[str]
+    variables: Iterable[tuple[str, str | None, str]],
+    table: Mapping[str, Setting],
+    problems: list[str],
+    unknown: list[str],
 ) -> dict[str, _Value]:
     """`(name, value, where)` of each variable -> the settings the ``GATEWAY_*`` ones set."""
     values: dict[str, _Value] = {}
@@ -225,33 +356,40 @@ def _from_variables(
             continue
         name = key[len(ENV_PREFIX) :].lower()
         origin = f"{key} in {where}"
-        if name not in Settings.model_fields:
-            unknown.append(f"unknown setting {key} in {where}{_hint(name, True)}")
+        if name not in table:
+            unknown.append(f"unknown setting {key} in {where}{_hint(name, True, table)}")
             continue
+        setting = table[name]
         if name in seen:
             problems.append(f"{seen[name]} and {origin} both set {name}: keep one")
             continue
         seen[name] = origin
+        example = setting.json_example
         if raw is None or not raw.strip():
             problems.append(
-                f"{origin} is set but empty: give {accepted(name)}, or unset it "
-                f"(default: {default_text(name)})"
+                f"{origin} is set but empty: give {setting.accepted()}, or unset it "
+                f"(default: {setting.default_text()})"
             )
-        elif name in _JSON_FIELDS:
+        elif example is not None:
             try:
                 values[name] = _Value(json.loads(raw), origin)
             except json.JSONDecodeError as exc:
                 problems.append(
                     f"{origin} is not JSON ({exc.msg} at character {exc.pos + 1}): expected "
-                    f"{_JSON_EXAMPLES[name]}"
+                    f"{example}"
                 )
         else:
             values[name] = _Value(raw, origin)
     return values
 
 
-def _hint(name: str, variable: bool) -> str:
-    known = sorted(Settings.model_fields)
+def _hint(
+    name: str, variable: bool, table: Mapping[str, Setting], section: str | None = None
+) -> str:
+    if section is not None:  # a key of a section's table: its own fields
+        known = sorted(s.field for s in table.values() if s.section == section)
+    else:
+        known = sorted(table)
     bare = name.lower().removeprefix(ENV_PREFIX.lower())  # a TOML key spelt as a variable
     close = difflib.get_close_matches(bare, known, n=1)
     spell = (lambda field: f"{ENV_PREFIX}{field.upper()}") if variable else str
@@ -267,31 +405,46 @@ def _line(line: int | None) -> str:
 # --- validation errors --------------------------------------------------------------------
 
 
-def _problems(exc: ValidationError, values: Mapping[str, _Value]) -> list[str]:
+def _problems(
+    exc: ValidationError,
+    values: Mapping[str, _Value],
+    table: Mapping[str, Setting],
+    section: str | None = None,
+) -> list[str]:
+    """One line per error of a model's validation (the core's, or `section`'s)."""
+    prefix = "" if section is None else f"{section}_"
     lines: list[str] = []
     for error in exc.errors(include_url=False):
         loc = error["loc"]
         cause = error.get("ctx", {}).get("error")
         if not loc:
-            if isinstance(cause, _Relations):
+            if isinstance(cause, Relations):
                 lines.extend(
-                    _relation(rel.fields, rel.rule, error["input"], values)
+                    _relation(
+                        tuple(prefix + field for field in rel.fields),
+                        rel.rule,
+                        error["input"],
+                        values,
+                        table,
+                        prefix,
+                    )
                     for rel in cause.relations
                 )
             else:
                 lines.append(str(cause or error["msg"]))
             continue
-        field = str(loc[0])
+        field = prefix + str(loc[0])
         path = field + "".join(
             f"[{part}]" if isinstance(part, int) else f".{part}" for part in loc[1:]
         )
         source = values.get(field)
         origin = source.where(loc[1] if len(loc) > 1 else None) if source else "given"
-        shown = "<hidden>" if field in _SECRET_FIELDS else _show(error["input"])
+        setting = table.get(field)
+        shown = "<hidden>" if setting is not None and setting.secret else _show(error["input"])
         kind = error["type"]
         if kind == "extra_forbidden":
             if len(loc) == 1:
-                lines.append(f"unknown setting {field} ({origin}){_hint(field, False)}")
+                lines.append(f"unknown setting {field} ({origin}){_hint(field, False, table)}")
             else:
                 lines.append(f"unknown key {path} ({origin}): {_ROUTE_KEYS}")
         elif kind == "missing":
@@ -303,34 +456,42 @@ def _problems(exc: ValidationError, values: Mapping[str, _Value]) -> list[str]:
             else:
                 lines.append(f"{path} ({origin}): {message}")
         else:
-            lines.append(f"{path}={shown} ({origin}): expected {_expected(loc)}")
+            lines.append(f"{path}={shown} ({origin}): expected {_expected(field, loc, table)}")
     return lines
 
 
-def _expected(loc: tuple[int | str, ...]) -> str:
-    field = str(loc[0])
+def _expected(field: str, loc: tuple[int | str, ...], table: Mapping[str, Setting]) -> str:
     if field == "routes" and len(loc) == 2:
         return 'a route {"channel", "space", "session"}'
-    if field not in Settings.model_fields or len(loc) > 2:
+    if field not in table or len(loc) > 2:
         return "text"  # a route's channel, space or session (or a `Route(...)` of its own)
-    return accepted(field)
+    return table[field].accepted()
 
 
-def _relation(fields: tuple[str, ...], rule: str, given: Any, values: Mapping[str, _Value]) -> str:
+def _relation(
+    fields: tuple[str, ...],
+    rule: str,
+    given: Any,
+    values: Mapping[str, _Value],
+    table: Mapping[str, Setting],
+    prefix: str,
+) -> str:
     parts = []
     for field in fields:
-        value = given.get(field) if isinstance(given, Mapping) else None
-        if value is None:
-            value = Settings.model_fields[field].default
+        own = field.removeprefix(prefix)
+        value = given.get(own) if isinstance(given, Mapping) else None
+        setting = table.get(field)
+        if value is None and setting is not None:
+            value = setting.default()
         source = values.get(field)
         origin = (
             source.origin
             if source
-            else ("given" if isinstance(given, Mapping) and field in given else "default")
+            else ("given" if isinstance(given, Mapping) and own in given else "default")
         )
         if value is None:
             shown = "unset"
-        elif field in _SECRET_FIELDS:
+        elif setting is not None and setting.secret:
             shown = "<hidden>"
         else:
             shown = _plain(value)

@@ -8,9 +8,9 @@ same checks, so every `Settings` the service holds is consistent.
 from __future__ import annotations
 
 import hashlib
-import ipaddress
 import re
-from typing import Any, Literal, get_args, get_origin
+from collections.abc import Mapping
+from typing import Any, Literal, TypeVar
 from urllib.parse import urlsplit
 
 from pydantic import (
@@ -23,11 +23,23 @@ from pydantic import (
     model_validator,
 )
 
+from config.fields import (
+    HOSTNAME,
+    Relation,
+    Relations,
+    accepted_in,
+    check_url,
+    default_text_in,
+    ip_or_none,
+    is_loopback,
+    scheme,
+)
+from config.sections import Section
+
 __all__ = [
     "BusyPolicy",
     "DEFAULT_BROKER_URL",
     "DEFAULT_STORE_URL",
-    "DEFAULT_WEB_URL",
     "LogLevel",
     "Route",
     "SESSION_ID_RULE",
@@ -44,7 +56,6 @@ LogLevel = Literal["debug", "info", "warning", "error"]
 
 DEFAULT_STORE_URL = "sqlite:///.gateway/gateway.db"
 DEFAULT_BROKER_URL = "sqlite:///.gateway/broker.db"
-DEFAULT_WEB_URL = "sqlite:///.gateway/web.db"
 
 # The store's session id rule (decision D16, harness_core.session.names.check_session_id),
 # repeated here because config imports nothing of ours; a test keeps the two in step.
@@ -55,19 +66,15 @@ SESSION_ID_RULE = (
 )
 _CHANNEL = re.compile(r"[a-z][a-z0-9_-]{0,31}")
 _SPACE = re.compile(r"[^\s\x00-\x1f\x7f]{1,256}")
-_EMAIL = re.compile(r"[^@\s<>,;]{1,64}@[A-Za-z0-9]([A-Za-z0-9.-]{0,251}[A-Za-z0-9])?")
-_SLACK_CHANNEL = re.compile(r"[CDG][A-Z0-9]{1,30}")
-_SLACK_APPROVER = re.compile(r"[UWS][A-Z0-9]{1,30}")
-_SLACK_TOKEN_PREFIX = {"slack_bot_token": "xoxb-", "slack_app_token": "xapp-"}
 _OPS_NAME = re.compile(r"[a-z0-9._-]{1,64}")
 _MODULE = re.compile(r"[A-Za-z_][A-Za-z0-9_]*(\.[A-Za-z_][A-Za-z0-9_]*)*")
 """A Python module's dotted name (what ``import`` takes)."""
-_HOSTNAME = re.compile(r"[A-Za-z0-9]([A-Za-z0-9.-]{0,251}[A-Za-z0-9])?")
+_HOSTNAME = HOSTNAME
+S = TypeVar("S", bound=Section)
 
 _REDIS_SCHEMES = ("redis", "rediss", "redis+cluster", "rediss+cluster")
 _STORE_SCHEMES = ("sqlite", *_REDIS_SCHEMES, "jsonl", "memory")
 _BROKER_SCHEMES = ("sqlite", *_REDIS_SCHEMES)
-_WEB_SCHEMES = ("sqlite", *_REDIS_SCHEMES, "memory")
 _LOCAL_SCHEMES = ("sqlite", "jsonl")
 
 
@@ -130,21 +137,8 @@ class Route(BaseModel):
         return self.channel == channel and self.space in ("*", space)
 
 
-class _Relation(ValueError):
-    """Settings that are each valid but do not work together (each check names its fields)."""
-
-    def __init__(self, fields: tuple[str, ...], rule: str) -> None:
-        super().__init__(f"{', '.join(fields)}: {rule}")
-        self.fields = fields
-        self.rule = rule
-
-
-class _Relations(ValueError):
-    """Every relation check that failed (raised once by the model; the loader expands it)."""
-
-    def __init__(self, relations: list[_Relation]) -> None:
-        super().__init__("; ".join(str(relation) for relation in relations))
-        self.relations = relations
+_Relation = Relation
+_Relations = Relations
 
 
 class Settings(BaseModel):
@@ -203,11 +197,6 @@ class Settings(BaseModel):
         default=None,
         description="Where the inbox, outbox and audit trail live: sqlite:///file.db or "
         f"redis://... (default: redis_url, else {DEFAULT_BROKER_URL}).",
-    )
-    web_url: str | None = Field(
-        default=None,
-        description="Where the web channel keeps its threads: sqlite:///file.db, redis://... "
-        f"or memory:// (default: redis_url, else {DEFAULT_WEB_URL}).",
     )
     host: str = Field(default="127.0.0.1", description="The HTTP server's address.")
     port: int = Field(default=8787, ge=1, le=65535, description="The HTTP server's port.")
@@ -300,104 +289,6 @@ class Settings(BaseModel):
         "channels.",
     )
 
-    slack_bot_token: SecretStr | None = Field(
-        default=None,
-        description="The Slack app's bot token (xoxb-...): setting it turns the Slack channel on.",
-    )
-    slack_signing_secret: SecretStr | None = Field(
-        default=None,
-        description="The Slack app's signing secret: HTTP mode (events and buttons at "
-        "/slack/events, every request's signature checked).",
-    )
-    slack_app_token: SecretStr | None = Field(
-        default=None,
-        description="An app-level token (xapp-..., connections:write): Socket Mode instead of "
-        "HTTP (no public URL needed).",
-    )
-    slack_api_url: str = Field(
-        default="https://slack.com/api/",
-        description="The Slack Web API's base URL (tests point it at a local fake).",
-    )
-    slack_approvers: dict[str, tuple[str, ...]] = Field(
-        default_factory=dict,
-        description="Who may press Approve/Deny, by Slack channel id (* for every channel): "
-        "user ids (U...) and user group ids (S...). Nobody may approve in a channel not listed.",
-    )
-    slack_backfill_hours: float = Field(
-        default=24.0,
-        ge=0,
-        le=720,
-        description="On start and on every Socket Mode reconnect, messages posted meanwhile in "
-        "threads active this many hours are taken in (0: none).",
-    )
-    slack_working_reaction: str = Field(
-        default="eyes",
-        pattern=r"^[a-z0-9_+'-]{0,64}$",
-        description="The reaction put on a message while the agent works on it (empty: none).",
-    )
-
-    email_address: str | None = Field(
-        default=None,
-        description="The bot's email address: setting it (with the IMAP and SMTP hosts and the "
-        "password) turns the email channel on.",
-    )
-    email_name: str = Field(
-        default="Agent", min_length=1, max_length=100, description="The From name of replies."
-    )
-    email_imap_host: str | None = Field(default=None, description="The IMAP server.")
-    email_imap_port: int = Field(default=993, ge=1, le=65535, description="The IMAP port.")
-    email_imap_security: Literal["tls", "none"] = Field(
-        default="tls",
-        description="IMAP over TLS (IMAPS), or none (only to a loopback address).",
-    )
-    email_smtp_host: str | None = Field(default=None, description="The SMTP submission server.")
-    email_smtp_port: int = Field(default=587, ge=1, le=65535, description="The SMTP port.")
-    email_smtp_security: Literal["starttls", "tls", "none"] = Field(
-        default="starttls",
-        description="SMTP with STARTTLS (port 587), implicit TLS (465), or none (loopback only).",
-    )
-    email_username: str | None = Field(
-        default=None, description="The IMAP and SMTP login (default: email_address)."
-    )
-    email_password: SecretStr | None = Field(
-        default=None, description="The IMAP and SMTP password (never logged or stored)."
-    )
-    email_ca_file: str | None = Field(
-        default=None,
-        description="A CA bundle (PEM) to trust for IMAP and SMTP (a private server's CA).",
-    )
-    email_folder: str = Field(default="INBOX", min_length=1, description="The folder read.")
-    email_sent_folder: str = Field(
-        default="Sent", min_length=1, description="Where sent replies are filed (and looked for)."
-    )
-    email_max_message_bytes: int = Field(
-        default=10_000_000,
-        ge=10_000,
-        le=100_000_000,
-        description="Larger mail is never downloaded: its header is read and the sender told.",
-    )
-    email_poll_seconds: float = Field(
-        default=60.0,
-        ge=1,
-        le=3600,
-        description="How often the folder is checked when the server has no IDLE.",
-    )
-    email_replies_per_hour: int = Field(
-        default=20,
-        ge=1,
-        le=1000,
-        description="Replies one email thread may get per hour (a loop that slips through the "
-        "auto-reply checks stops here).",
-    )
-    email_approvers: tuple[str, ...] = Field(
-        default=(),
-        description="Addresses whose signed approval links work (comma-separated).",
-    )
-    email_link_secret: SecretStr | None = Field(
-        default=None,
-        description="The key that signs approval links in email (32+ characters); without it "
-        "an email approval request says to decide elsewhere.",
-    )
     public_url: str | None = Field(
         default=None,
         description="The gateway's base URL as approvers reach it (for links in email), like "
@@ -417,6 +308,11 @@ class Settings(BaseModel):
         "24+ characters; the name is who the audit trail says acted. With none, `gateway serve` "
         "on a loopback address makes an operator token at first start (.gateway/ops-token) and "
         "prints a sign-in link; binding beyond loopback needs tokens.",
+    )
+    channels: dict[str, Section] = Field(
+        default_factory=dict,
+        description="Each channel's settings section by the channel's name ([slack], [email], "
+        "[web]...); a channel without one has its section's defaults.",
     )
 
     @field_validator("*", mode="before")
@@ -446,11 +342,6 @@ class Settings(BaseModel):
     def _broker_url(cls, value: str | None) -> str | None:
         return None if value is None else _check_url(value, _BROKER_SCHEMES, accepted("broker_url"))
 
-    @field_validator("web_url")
-    @classmethod
-    def _web_url(cls, value: str | None) -> str | None:
-        return None if value is None else _check_url(value, _WEB_SCHEMES, accepted("web_url"))
-
     @field_validator("redis_url")
     @classmethod
     def _redis_url(cls, value: str | None) -> str | None:
@@ -470,60 +361,6 @@ class Settings(BaseModel):
     def _model_api_key(cls, value: SecretStr | None) -> SecretStr | None:
         if value is not None and not value.get_secret_value().strip():
             raise ValueError(f"expected {accepted('model_api_key')}")
-        return value
-
-    @field_validator("slack_bot_token", "slack_app_token", "slack_signing_secret")
-    @classmethod
-    def _slack_secret(cls, value: SecretStr | None, info: ValidationInfo) -> SecretStr | None:
-        if value is None:
-            return value
-        secret = value.get_secret_value()
-        prefix = _SLACK_TOKEN_PREFIX.get(str(info.field_name), "")
-        if not secret.strip() or not secret.startswith(prefix) or any(c.isspace() for c in secret):
-            raise ValueError(f"expected {accepted(str(info.field_name))}")
-        return value
-
-    @field_validator("email_address")
-    @classmethod
-    def _email_address(cls, value: str | None) -> str | None:
-        if value is not None and not _EMAIL.fullmatch(value):
-            raise ValueError(f"expected {accepted('email_address')}")
-        return None if value is None else value.lower()
-
-    @field_validator("email_approvers", mode="before")
-    @classmethod
-    def _email_approvers_text(cls, value: Any) -> Any:
-        if isinstance(value, str):  # a variable: comma-separated
-            return tuple(part.strip() for part in value.split(",") if part.strip())
-        return value
-
-    @field_validator("email_approvers")
-    @classmethod
-    def _email_approvers(cls, value: tuple[str, ...]) -> tuple[str, ...]:
-        for address in value:
-            if not _EMAIL.fullmatch(address):
-                raise ValueError(f"{address!r} is not an email address")
-        return tuple(address.lower() for address in value)
-
-    @field_validator("email_imap_host", "email_smtp_host")
-    @classmethod
-    def _email_host(cls, value: str | None) -> str | None:
-        if value is not None and _ip(value) is None and not _HOSTNAME.fullmatch(value):
-            raise ValueError("expected an IP address or a host name (no scheme, no port)")
-        return value
-
-    @field_validator("email_password")
-    @classmethod
-    def _email_password(cls, value: SecretStr | None) -> SecretStr | None:
-        if value is not None and not value.get_secret_value().strip():
-            raise ValueError(f"expected {accepted('email_password')}")
-        return value
-
-    @field_validator("email_link_secret")
-    @classmethod
-    def _email_link_secret(cls, value: SecretStr | None) -> SecretStr | None:
-        if value is not None and len(value.get_secret_value()) < 32:
-            raise ValueError("expected a secret of at least 32 characters")
         return value
 
     @field_validator("public_url")
@@ -547,34 +384,12 @@ class Settings(BaseModel):
     @classmethod
     def _allowed_hosts(cls, value: tuple[str, ...]) -> tuple[str, ...]:
         for host in value:
-            if _ip(host) is None and not _HOSTNAME.fullmatch(host):
+            if ip_or_none(host) is None and not _HOSTNAME.fullmatch(host):
                 raise ValueError(
                     f"{host!r} is not a host name (no scheme, no port, no wildcard: "
                     f"expected {accepted('allowed_hosts')})"
                 )
         return tuple(host.lower() for host in value)
-
-    @field_validator("slack_api_url")
-    @classmethod
-    def _slack_api_url(cls, value: str) -> str:
-        _check_url(value, ("http", "https"), accepted("slack_api_url"))
-        if not urlsplit(value).netloc:
-            raise ValueError(f"expected {accepted('slack_api_url')}")
-        return value if value.endswith("/") else value + "/"
-
-    @field_validator("slack_approvers")
-    @classmethod
-    def _slack_approvers(cls, value: dict[str, tuple[str, ...]]) -> dict[str, tuple[str, ...]]:
-        for channel, people in value.items():
-            if channel != "*" and not _SLACK_CHANNEL.fullmatch(channel):
-                raise ValueError(f"{channel!r} is not a Slack channel id (like C0123ABCD) or *")
-            for who in people:
-                if not _SLACK_APPROVER.fullmatch(who):
-                    raise ValueError(
-                        f"{who!r} (for {channel}) is not a Slack user id (U..., W...) or user "
-                        "group id (S...)"
-                    )
-        return value
 
     @field_validator("ops_tokens", mode="before")
     @classmethod
@@ -611,7 +426,7 @@ class Settings(BaseModel):
     @field_validator("host")
     @classmethod
     def _host(cls, value: str) -> str:
-        if _ip(value) is None and not _HOSTNAME.fullmatch(value):
+        if ip_or_none(value) is None and not _HOSTNAME.fullmatch(value):
             raise ValueError(f"expected {accepted('host')}")
         return value
 
@@ -660,26 +475,6 @@ class Settings(BaseModel):
             if 2 * self.delivery_timeout_seconds >= self.outbox_lease_seconds
             else None,
         ]
-        if self.slack_bot_token is not None and (
-            self.slack_signing_secret is None and self.slack_app_token is None
-        ):
-            problems.append(
-                _Relation(
-                    ("slack_bot_token", "slack_signing_secret", "slack_app_token"),
-                    "the Slack channel needs slack_signing_secret (HTTP mode) or "
-                    "slack_app_token (Socket Mode)",
-                )
-            )
-        if self.slack_bot_token is None and (
-            self.slack_signing_secret is not None or self.slack_app_token is not None
-        ):
-            problems.append(
-                _Relation(
-                    ("slack_bot_token",),
-                    "slack_signing_secret or slack_app_token is set but slack_bot_token is "
-                    "not: the Slack channel needs its bot token (xoxb-...)",
-                )
-            )
         if not self.ops_tokens and not is_loopback(self.host):
             problems.append(
                 _Relation(
@@ -688,33 +483,6 @@ class Settings(BaseModel):
                     "operator API is never reachable without authentication",
                 )
             )
-        if self.email_address is not None:
-            missing = [
-                name
-                for name in ("email_imap_host", "email_smtp_host", "email_password")
-                if getattr(self, name) is None
-            ]
-            if missing:
-                problems.append(
-                    _Relation(
-                        ("email_address", *missing),
-                        f"the email channel needs {', '.join(missing)} too",
-                    )
-                )
-        for security, host in (
-            ("email_imap_security", self.email_imap_host),
-            ("email_smtp_security", self.email_smtp_host),
-        ):
-            address = _ip(host) if host else None
-            loopback = host == "localhost" or (address is not None and address.is_loopback)
-            if getattr(self, security) == "none" and host is not None and not loopback:
-                problems.append(
-                    _Relation(
-                        (security, security.replace("security", "host")),
-                        "mail without TLS is allowed only to a loopback address (the password "
-                        "would cross the network in clear text)",
-                    )
-                )
         failed = [problem for problem in problems if problem is not None]
         if failed:
             raise _Relations(failed)
@@ -726,7 +494,8 @@ class Settings(BaseModel):
         Unlike ``model_copy(update=...)`` it validates, and unlike validating ``model_dump()``
         it keeps which settings were set explicitly (what `effective_store_url` reads).
         """
-        return Settings.model_validate({**self.model_dump(exclude_unset=True), **changes})
+        kept = {name: getattr(self, name) for name in self.model_fields_set}
+        return Settings.model_validate({**kept, **changes})
 
     @property
     def effective_store_url(self) -> str:
@@ -740,10 +509,18 @@ class Settings(BaseModel):
         """The broker: broker_url when set, else redis_url when set, else SQLite under .gateway."""
         return self.broker_url or self.redis_url or DEFAULT_BROKER_URL
 
-    @property
-    def effective_web_url(self) -> str:
-        """The web channel's mailbox: web_url when set, else redis_url, else SQLite."""
-        return self.web_url or self.redis_url or DEFAULT_WEB_URL
+    def section(self, name: str, model: type[S]) -> S:
+        """Channel `name`'s settings, or `model`'s defaults when none were given.
+
+        Raises:
+            TypeError: the section held under `name` is not a `model`.
+        """
+        found = self.channels.get(name)
+        if found is None:
+            return model()
+        if not isinstance(found, model):
+            raise TypeError(f"the {name} section is a {type(found).__name__}, not {model.__name__}")
+        return found
 
     def route_for(self, channel: str, space: str) -> str:
         """The session a thread of `space` in `channel` belongs to.
@@ -756,10 +533,14 @@ class Settings(BaseModel):
                 return route.session
         return default_session(channel, space)
 
-    def warnings(self) -> tuple[str, ...]:
-        """What these settings allow but an operator should know (one line each, to log)."""
+    def warnings(self, channel_state: Mapping[str, str] | None = None) -> tuple[str, ...]:
+        """What these settings allow but an operator should know (one line each, to log).
+
+        `channel_state`: where channels keep state of their own (``web channel`` -> its URL),
+        warned about with the store when they are local files and the broker is shared.
+        """
         found: list[str] = []
-        address = _ip(self.host)
+        address = ip_or_none(self.host)
         if not (self.host == "localhost" or (address is not None and address.is_loopback)):
             found.append(
                 f"host={self.host} is not a loopback address: the web channel has no "
@@ -771,7 +552,7 @@ class Settings(BaseModel):
                 f"the {part} ({_scheme(url)})"
                 for part, url in (
                     ("store", self.effective_store_url),
-                    ("web channel", self.effective_web_url),
+                    *(channel_state or {}).items(),
                 )
                 if _scheme(url) in _LOCAL_SCHEMES
             ]
@@ -791,60 +572,12 @@ class Settings(BaseModel):
 
 def accepted(name: str) -> str:
     """What setting `name` accepts, in words (for error messages and the example files)."""
-    if name in _ACCEPTED:
-        return _ACCEPTED[name]
-    field = Settings.model_fields[name]
-    annotation = field.annotation
-    if get_origin(annotation) is Literal:
-        return "one of " + ", ".join(str(choice) for choice in get_args(annotation))
-    kinds = (annotation, *get_args(annotation))
-    if int in kinds:
-        kind = "an integer"
-    elif float in kinds:
-        kind = "a number of seconds" if name.endswith("_seconds") else "a number"
-    else:
-        return _text_rule(field.metadata)
-    bounds = {
-        attr: getattr(bound, attr)
-        for bound in field.metadata
-        for attr in ("ge", "gt", "le", "lt")
-        if getattr(bound, attr, None) is not None
-    }
-    if "ge" in bounds and "le" in bounds:
-        return f"{kind} from {number(bounds['ge'])} to {number(bounds['le'])}"
-    limits = " and ".join(f"{_BOUNDS[attr]} {number(value)}" for attr, value in bounds.items())
-    return f"{kind} {limits}" if limits else kind
-
-
-_BOUNDS = {"ge": "at least", "gt": "above", "le": "at most", "lt": "below"}
-
-
-def _text_rule(metadata: list[Any]) -> str:
-    """Text, and how long it may be (``text of 1 to 100 characters``)."""
-    shortest = next((m.min_length for m in metadata if getattr(m, "min_length", None)), None)
-    longest = next((m.max_length for m in metadata if getattr(m, "max_length", None)), None)
-    if shortest is not None and longest is not None:
-        return f"text of {shortest} to {longest} characters"
-    if longest is not None:
-        return f"text of at most {longest} characters"
-    if shortest == 1:
-        return "text (not empty)"
-    return f"text of at least {shortest} characters" if shortest is not None else "text"
+    return accepted_in(Settings, name, _ACCEPTED)
 
 
 def default_text(name: str) -> str:
     """Setting `name`'s default as a person writes it (``unset`` when it has none)."""
-    default = Settings.model_fields[name].get_default(call_default_factory=True)
-    if default is None:
-        return "unset"
-    if default in ((), {}):
-        return "none"
-    return number(default) if isinstance(default, float | int) else str(default)
-
-
-def number(value: float) -> str:
-    """`value` as a person writes it: 30, 0.5, 86400 (no exponent, no trailing .0)."""
-    return str(int(value)) if float(value).is_integer() else f"{value:g}"
+    return default_text_in(Settings, name)
 
 
 _ACCEPTED = {
@@ -852,8 +585,6 @@ _ACCEPTED = {
     "redis+cluster://host:port for a Redis Cluster), jsonl:///dir or memory://",
     "broker_url": "a broker URL: sqlite:///file.db or redis://host:port/db (rediss:// for TLS, "
     "redis+cluster://host:port for a Redis Cluster)",
-    "web_url": "sqlite:///file.db, redis://host:port/db (rediss:// for TLS, "
-    "redis+cluster://host:port for a Redis Cluster) or memory://",
     "redis_url": "a Redis URL: redis://host:port/db, rediss://host:port/db, or "
     "redis+cluster://host:port (rediss+cluster:// for TLS) for a Redis Cluster",
     "model": "provider:model_id, e.g. openai:gpt-4.1-mini or scripted:echo",
@@ -862,44 +593,11 @@ _ACCEPTED = {
     "host": "an IP address or a host name (no scheme, no port)",
     "routes": 'a list of routes {"channel", "space", "session"}: JSON in GATEWAY_ROUTES, '
     "[[routes]] tables in TOML",
-    "slack_bot_token": "a bot token (xoxb-...)",
-    "slack_app_token": "an app-level token (xapp-...)",
-    "slack_signing_secret": "the app's signing secret (not empty)",
-    "slack_api_url": "an http:// or https:// URL",
-    "slack_approvers": 'channel id -> user and user group ids: JSON like {"C0123": ["U0456", '
-    '"S0789"], "*": ["U0999"]} in GATEWAY_SLACK_APPROVERS, a [slack_approvers] table in TOML',
-    "slack_working_reaction": "a reaction name like eyes or hourglass_flowing_sand, or empty",
     "plugin": "a Python module like agent (./agent.py) or mypkg.agent, or the path of a .py "
     "file like examples/agent.py",
-    "email_address": "an email address like bot@example.com",
-    "email_password": "the mailbox password (not empty)",
-    "email_link_secret": "a random secret of 32+ characters",
-    "email_approvers": "addresses, comma-separated (a list in TOML)",
     "public_url": "an http:// or https:// URL",
     "allowed_hosts": "host names like gateway.example.com, comma-separated (a list in TOML)",
-    "email_imap_host": "an IP address or a host name",
-    "email_smtp_host": "an IP address or a host name",
 }
 
-
-def _check_url(value: str, schemes: tuple[str, ...], wanted: str) -> str:
-    if _scheme(value) not in schemes or not value.partition("://")[1]:
-        raise ValueError(f"expected {wanted}")
-    return value
-
-
-def _scheme(url: str) -> str:
-    return url.partition("://")[0].lower()
-
-
-def _ip(text: str) -> ipaddress.IPv4Address | ipaddress.IPv6Address | None:
-    try:
-        return ipaddress.ip_address(text)
-    except ValueError:
-        return None
-
-
-def is_loopback(host: str) -> bool:
-    """Whether `host` is ``localhost`` or a loopback address (only this machine reaches it)."""
-    address = _ip(host)
-    return host == "localhost" or (address is not None and address.is_loopback)
+_check_url = check_url
+_scheme = scheme

@@ -33,7 +33,7 @@ from dataclasses import dataclass
 from typing import Any, TypeVar
 
 from config import Settings
-from config.settings import number
+from config.fields import number
 from gateway.errors import GatewayError
 from gateway.invocation import command
 from gateway.models import model_from_settings

@@ -21,8 +21,9 @@ from pathlib import Path
 from pydantic import ValidationError
 
 from adapters import AdapterError
-from config import Settings, SettingsError, format_settings_error, load_settings
+from config import Settings, SettingsError, format_settings_error
 from gateway.ask import ask, terminal
+from gateway.channels import load_gateway_settings
 from gateway.demo import demo, describe
 from gateway.errors import GatewayError
 from gateway.invocation import command
@@ -222,7 +223,7 @@ def main(argv: Sequence[str] | None = None, settings: Settings | None = None) ->
     args = parser.parse_args(argv)
     try:
         if settings is None:
-            settings = load_settings(config_file=getattr(args, "config", None))
+            settings = load_gateway_settings(config_file=getattr(args, "config", None))
         overrides = {
             name: value
             for name in ("host", "port", "log_level")

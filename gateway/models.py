@@ -17,7 +17,7 @@ from contextlib import asynccontextmanager
 from typing import TYPE_CHECKING, Any
 
 from config import Settings
-from config.settings import number
+from config.fields import number
 from gateway.errors import GatewayError
 from harness_core import (
     ModelClient,

@@ -24,6 +24,7 @@ from starlette.datastructures import Headers
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
 from config import Settings
+from gateway.channels import channel_secrets
 from harness_core import (
     AssistantMessage,
     DeferredHandle,
@@ -106,26 +107,17 @@ class Redactor:
         endpoint.
         """
         found: list[str] = []
-        for value in (
-            settings.model_api_key,
-            settings.slack_bot_token,
-            settings.slack_app_token,
-            settings.slack_signing_secret,
-            settings.email_password,
-            settings.email_link_secret,
-        ):
-            if value is not None:
-                found.append(value.get_secret_value())
+        if settings.model_api_key is not None:
+            found.append(settings.model_api_key.get_secret_value())
+        found += channel_secrets(settings)
         for token in settings.ops_tokens:
             whole = token.get_secret_value()
             found += [whole, whole.split(":", 2)[-1]]
         for url in (
             settings.effective_store_url,
             settings.effective_broker_url,
-            settings.effective_web_url,
             settings.model_base_url,
             settings.public_url,
-            settings.slack_api_url,
         ):
             if (password := url_password(url)) is not None:
                 found.append(password)

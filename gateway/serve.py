@@ -26,10 +26,12 @@ import uvicorn
 
 from adapters.channel import AdapterStartError
 from config import Settings
+from gateway.channels import channel_lines, channel_state
 from gateway.collector import tune_collector
 from gateway.logs import configure, event
 from gateway.service import Service, StartRefused
 from gateway.waits import until_done
+from harness_core.clock import SystemClock
 from harness_core.storage.urls import without_password
 
 __all__ = ["serve"]
@@ -47,12 +49,7 @@ def banner(
             f"gateway: serving on {base} (model {model}, "
             f"store {without_password(settings.effective_store_url)})",
             *_ops_line(base, sign_in, kept),
-            f"  open {base}/web/threads/hello/page and write, or:",
-            f"  curl -s -X POST {base}/web/threads/hello/messages "
-            "-H 'content-type: application/json' -d '{\"text\": \"hello\"}'",
-            f"  curl -s {base}/web/threads/hello",
-            *_slack_line(settings, base),
-            *_email_line(settings),
+            *channel_lines(settings, SystemClock()),
             "  Ctrl-C drains and stops.",
         ]
     )
@@ -63,20 +60,6 @@ def _ops_line(base: str, sign_in: str | None, kept: Path | None) -> list[str]:
         return [f"  operators: {base}/ops (sign in with an ops token)"]
     where = f"kept in {kept}" if kept else "new at every start: not saved"
     return [f"  operators: {base}/ops#token={sign_in}  (the operator token, {where})"]
-
-
-def _email_line(settings: Settings) -> list[str]:
-    if settings.email_address is None:
-        return []
-    return [f"  Email: answering mail to {settings.email_address} ({settings.email_imap_host})"]
-
-
-def _slack_line(settings: Settings, base: str) -> list[str]:
-    if settings.slack_bot_token is None:
-        return []
-    if settings.slack_app_token is not None:
-        return ["  Slack: Socket Mode (mention the bot in a channel it was invited to)"]
-    return [f"  Slack: HTTP mode, events and buttons at {base}/slack/events"]
 
 
 class _Server(uvicorn.Server):
@@ -155,7 +138,7 @@ async def serve(settings: Settings) -> int:
     second Ctrl-C); 1 if the stop did not end within ``GATEWAY_SHUTDOWN_SECONDS``.
     """
     configure(settings.log_level)
-    for warning in settings.warnings():
+    for warning in settings.warnings(channel_state(settings, SystemClock())):
         log.warning(event("setting warning", detail=warning))
     refused = _cannot_listen(settings.host, settings.port)
     if refused is not None:

@@ -20,13 +20,13 @@ from typing import Any
 from urllib.parse import urlsplit
 
 from fastapi import FastAPI
-from pydantic import SecretStr
 
 from adapters.channel import ChannelAdapter
 from config import Settings
 from gateway.app import build_app
 from gateway.broker import open_broker
 from gateway.broker.contract import Broker
+from gateway.channels import build_channels
 from gateway.deliverer import Deliverer, DelivererConfig
 from gateway.errors import GatewayError
 from gateway.guards import body_limits, host_rule
@@ -161,7 +161,7 @@ class Service:
         else:
             extra = list(plugin.adapters(settings, clock)) if plugin.adapters else []
             named = {adapter.name for adapter in extra}
-            adapters = [a for a in self._default_adapters() if a.name not in named] + extra
+            adapters = [a for a in build_channels(settings, clock) if a.name not in named] + extra
         self.adapters = {adapter.name: adapter for adapter in adapters}
         self.intake = Intake(self.broker, settings.route_for, self.repo)
         self.metrics = Metrics(
@@ -333,72 +333,6 @@ class Service:
     def _own(self, thing: Any) -> Any:
         self._owned.append(thing)
         return thing
-
-    def _default_adapters(self) -> list[ChannelAdapter]:
-        from adapters.web import WebChannel, open_mailbox
-
-        settings = self.settings
-        clock = self.parts.clock
-        adapters: list[ChannelAdapter] = [
-            WebChannel(open_mailbox(settings.effective_web_url), clock=clock)
-        ]
-        if settings.slack_bot_token is not None:
-            from adapters.slack import SlackChannel
-
-            def secret(value: SecretStr | None) -> str | None:
-                return None if value is None else value.get_secret_value()
-
-            adapters.append(
-                SlackChannel(
-                    bot_token=settings.slack_bot_token.get_secret_value(),
-                    signing_secret=secret(settings.slack_signing_secret),
-                    app_token=secret(settings.slack_app_token),
-                    api_url=settings.slack_api_url,
-                    approvers=settings.slack_approvers,
-                    working_reaction=settings.slack_working_reaction,
-                    clock=clock,
-                    call_timeout_s=settings.delivery_timeout_seconds,
-                    backfill_hours=settings.slack_backfill_hours,
-                )
-            )
-        if settings.email_address is not None:
-            adapters.append(self._email_channel())
-        return adapters
-
-    def _email_channel(self) -> ChannelAdapter:
-        from adapters.email import EmailChannel
-
-        settings = self.settings
-        # the settings' relation checks guarantee these when email_address is set
-        assert settings.email_address is not None
-        assert settings.email_imap_host is not None
-        assert settings.email_smtp_host is not None
-        assert settings.email_password is not None
-        return EmailChannel(
-            address=settings.email_address,
-            display_name=settings.email_name,
-            imap_host=settings.email_imap_host,
-            imap_port=settings.email_imap_port,
-            imap_tls=settings.email_imap_security == "tls",
-            smtp_host=settings.email_smtp_host,
-            smtp_port=settings.email_smtp_port,
-            smtp_security=settings.email_smtp_security,
-            username=settings.email_username,
-            password=settings.email_password.get_secret_value(),
-            ca_file=settings.email_ca_file,
-            folder=settings.email_folder,
-            sent_folder=settings.email_sent_folder,
-            max_message_bytes=settings.email_max_message_bytes,
-            poll_seconds=settings.email_poll_seconds,
-            replies_per_hour=settings.email_replies_per_hour,
-            timeout_s=settings.delivery_timeout_seconds,
-            clock=self.parts.clock,
-            approvers=settings.email_approvers,
-            link_secret=None
-            if settings.email_link_secret is None
-            else settings.email_link_secret.get_secret_value(),
-            public_url=settings.public_url,
-        )
 
     async def readiness(self) -> dict[str, str]:
         """``ok`` or the error's type name for the broker and the store (``/readyz``).

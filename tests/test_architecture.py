@@ -16,7 +16,7 @@ ROOT = Path(__file__).resolve().parent.parent
 PACKAGES = ("harness_core", "adapters", "gateway", "config")
 ALLOWED = {
     "harness_core": set(),
-    "adapters": {"harness_core"},
+    "adapters": {"harness_core", "config"},
     "config": set(),
     "gateway": {"adapters", "harness_core", "config"},
 }

@@ -45,6 +45,7 @@ from tenacity import (
 )
 
 from adapters.channel import (
+    Capabilities,
     DeliveryError,
     DeliveryReceipt,
     InboundSink,
@@ -136,6 +137,10 @@ class EmailChannel:
         self.router: APIRouter | None = (
             approval_router(self) if self.link_key and self.public_url else None
         )
+        self.body_limits: dict[str, int] = {}
+        """The approval pages take small forms only (the edge's default bound)."""
+        self.capabilities = Capabilities(decisions=self.router is not None)
+        """Signed approval links decide only with a link secret and a public URL."""
 
     @property
     def mark_name(self) -> str:

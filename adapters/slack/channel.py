@@ -49,6 +49,7 @@ from slack_sdk.web.async_client import AsyncWebClient
 
 from adapters.channel import (
     AdapterStartError,
+    Capabilities,
     DeliveryReceipt,
     InboundSink,
     NotRouted,
@@ -145,6 +146,8 @@ class SlackChannel:
         self.router: APIRouter | None = None if self.socket_mode else self._http_router()
         self.body_limits: dict[str, int] = {} if self.socket_mode else {"/slack/": _MAX_BODY}
         """The bound of a request body at ``/slack/events`` (the app refuses more unread)."""
+        self.capabilities = Capabilities(decisions=True, edits=True)
+        """Approve/Deny buttons; an approval's close edits every posted copy (chat.update)."""
 
     @property
     def backfilled(self) -> int:

@@ -56,6 +56,7 @@ from pydantic import BaseModel, ConfigDict, Field, ValidationError
 from adapters.channel import (
     Acceptance,
     Author,
+    Capabilities,
     DecisionInbound,
     DecisionItem,
     DecisionRefused,
@@ -283,6 +284,8 @@ class WebChannel:
         self.router = self._build_router(prefix)
         self.body_limits: dict[str, int] = {prefix + "/": self.limits.max_body_bytes}
         """The bound of a request body under the router's prefix (the app refuses more unread)."""
+        self.capabilities = Capabilities(decisions=True)
+        """Approve/Deny buttons on the thread page (a close is an item the page shows)."""
 
     @property
     def name(self) -> str:

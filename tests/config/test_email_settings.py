@@ -4,7 +4,9 @@ from __future__ import annotations
 
 import pytest
 
-from config import SettingsError, load_settings
+from adapters.email.settings import EmailSettings
+from config import Settings, SettingsError
+from gateway.channels import load_gateway_settings
 
 PASSWORD = "mailbox-password-secretpart"
 ON = {
@@ -15,20 +17,24 @@ ON = {
 }
 
 
+def _email(settings: Settings) -> EmailSettings:
+    return settings.section("email", EmailSettings)
+
+
 def _refusal(environ: dict[str, str]) -> str:
     with pytest.raises(SettingsError) as caught:
-        load_settings(environ)
+        load_gateway_settings(environ)
     line = str(caught.value)
     assert "\n" not in line and PASSWORD not in line
     return line
 
 
 def test_the_email_channel_with_safe_defaults() -> None:
-    settings = load_settings(ON)
-    assert settings.email_address == "agent@example.com"
-    assert (settings.email_imap_port, settings.email_imap_security) == (993, "tls")
-    assert (settings.email_smtp_port, settings.email_smtp_security) == (587, "starttls")
-    assert settings.email_password is not None and PASSWORD not in repr(settings)
+    settings = load_gateway_settings(ON)
+    assert _email(settings).address == "agent@example.com"
+    assert (_email(settings).imap_port, _email(settings).imap_security) == (993, "tls")
+    assert (_email(settings).smtp_port, _email(settings).smtp_security) == (587, "starttls")
+    assert _email(settings).password is not None and PASSWORD not in repr(settings)
 
 
 def test_an_address_alone_names_what_is_missing() -> None:
@@ -45,7 +51,7 @@ def test_clear_text_mail_only_to_loopback(kind: str) -> None:
         f"GATEWAY_EMAIL_{kind}_SECURITY": "none",
         f"GATEWAY_EMAIL_{kind}_HOST": "127.0.0.1",
     }
-    assert load_settings(loopback).email_address == "agent@example.com"
+    assert _email(load_gateway_settings(loopback)).address == "agent@example.com"
 
 
 @pytest.mark.parametrize(
@@ -65,14 +71,16 @@ def test_bad_email_values_are_one_line(variable: str, value: str, expected: str)
 
 
 def test_approvers_are_comma_separated_and_lowercased() -> None:
-    settings = load_settings({**ON, "GATEWAY_EMAIL_APPROVERS": "Ann@Example.com, bob@example.com"})
-    assert settings.email_approvers == ("ann@example.com", "bob@example.com")
+    settings = load_gateway_settings(
+        {**ON, "GATEWAY_EMAIL_APPROVERS": "Ann@Example.com, bob@example.com"}
+    )
+    assert _email(settings).approvers == ("ann@example.com", "bob@example.com")
 
 
 def test_a_blank_password_from_a_file_is_refused(tmp_path) -> None:
     toml = tmp_path / "gateway.toml"
     toml.write_text('email_password = "   "\n', encoding="utf-8")
     with pytest.raises(SettingsError) as caught:
-        load_settings({}, config_file=toml)
+        load_gateway_settings({}, config_file=toml)
     assert "email_password=<hidden>" in str(caught.value)
     assert "expected the mailbox password (not empty)" in str(caught.value)

@@ -7,11 +7,27 @@ from pathlib import Path
 
 import pytest
 
-from config import Route, Settings, load_settings
-from config.examples import EXAMPLE_FILES, env_example, main, toml_example
+from adapters.registry import channel_sections
+from config import Route
+from config.examples import EXAMPLE_FILES
+from config.examples import env_example as env_text
+from config.examples import toml_example as toml_text
+from config.loader import settings_table
+from gateway.channels import gateway_settings, specs
+from gateway.channels import load_gateway_settings as load_settings
+from gateway.examples import main
 
 ROOT = Path(__file__).resolve().parents[2]
-FIELDS = set(Settings.model_fields)
+SECTIONS = channel_sections(specs())
+FIELDS = set(settings_table(SECTIONS))
+
+
+def env_example() -> str:
+    return env_text(SECTIONS)
+
+
+def toml_example() -> str:
+    return toml_text(SECTIONS)
 
 
 def _uncommented(text: str) -> str:
@@ -30,10 +46,18 @@ def test_the_env_example_names_exactly_the_settings() -> None:
 
 def test_the_toml_example_names_exactly_the_settings() -> None:
     text = (ROOT / "gateway.example.toml").read_text()
-    keys = set(re.findall(r"^#([a-z_]+) = ", text, flags=re.MULTILINE))
-    tables = set(re.findall(r"^#\[\[?([a-z_]+)\]\]?$", text, flags=re.MULTILINE))
-    route_keys = set(Route.model_fields)
-    assert (keys - route_keys) | tables == FIELDS
+    names: set[str] = set()
+    section = ""
+    for line in text.splitlines():
+        if table := re.fullmatch(r"#\[\[?([a-z_.]+)\]\]?", line):
+            name = table.group(1)
+            if name in SECTIONS:
+                section = f"{name}_"
+            else:  # a table setting: [[routes]], [slack.approvers]
+                names.add(name.replace(".", "_"))
+        elif (key := re.match(r"#([a-z_]+) = ", line)) and key.group(1) not in Route.model_fields:
+            names.add(section + key.group(1))
+    assert names == FIELDS
 
 
 @pytest.mark.parametrize(
@@ -41,7 +65,7 @@ def test_the_toml_example_names_exactly_the_settings() -> None:
 )
 def test_the_examples_are_generated_from_the_model(name: str, generate) -> None:
     assert (ROOT / name).read_text() == generate(), (
-        f"{name} is stale: run `.venv/bin/python -m config.examples`"
+        f"{name} is stale: run `.venv/bin/python -m gateway.examples`"
     )
 
 
@@ -75,7 +99,7 @@ def test_the_examples_as_shipped_change_nothing(tmp_path: Path) -> None:
     config.write_text(toml_example())
     dotenv = tmp_path / ".env"
     dotenv.write_text(env_example())
-    assert load_settings({}, config_file=config, env_file=dotenv) == Settings()
+    assert load_settings({}, config_file=config, env_file=dotenv) == gateway_settings()
 
 
 def test_main_writes_both_files(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
@@ -91,11 +115,9 @@ def test_a_missing_or_unwritable_directory_is_one_line_not_a_traceback(
     tmp_path: Path, capsys: pytest.CaptureFixture[str]
 ) -> None:
     assert main([str(tmp_path / "nowhere")]) == 2
-    assert (
-        capsys.readouterr().err == f"config.examples: {tmp_path / 'nowhere'} is not a directory\n"
-    )
+    assert capsys.readouterr().err == f"examples: {tmp_path / 'nowhere'} is not a directory\n"
     (tmp_path / EXAMPLE_FILES[0]).mkdir()  # a directory where the file must go
     assert main([str(tmp_path)]) == 1
     err = capsys.readouterr().err
-    assert err.startswith(f"config.examples: cannot write {tmp_path / EXAMPLE_FILES[0]}: ")
+    assert err.startswith(f"examples: cannot write {tmp_path / EXAMPLE_FILES[0]}: ")
     assert err.count("\n") == 1

@@ -14,11 +14,12 @@ from config import (
     format_settings_error,
     load_settings,
 )
+from gateway.channels import load_gateway_settings
 
 
 def _refusal(environ: dict[str, str] | None = None, **files: Path) -> SettingsError:
     with pytest.raises(SettingsError) as caught:
-        load_settings({} if environ is None else environ, **files)
+        load_gateway_settings({} if environ is None else environ, **files)
     error = caught.value
     assert "\n" not in str(error)
     assert all("\n" not in problem for problem in error.problems)

@@ -9,17 +9,20 @@ from hypothesis import given
 from hypothesis import strategies as st
 from pydantic import SecretStr, ValidationError
 
+from adapters.web.settings import DEFAULT_WEB_URL, web_mailbox_url
 from config import (
     DEFAULT_BROKER_URL,
     DEFAULT_STORE_URL,
-    DEFAULT_WEB_URL,
     Route,
     Settings,
+    SettingsError,
     format_settings_error,
     load_settings,
 )
 from config.settings import default_session, is_session_id
+from gateway.channels import channel_state, gateway_settings
 from harness_core import SessionError
+from harness_core.clock import SystemClock
 from harness_core.session.names import check_session_id
 
 
@@ -35,7 +38,7 @@ def test_the_defaults_are_consistent_and_embedded() -> None:
     settings = Settings()
     assert settings.effective_store_url == DEFAULT_STORE_URL
     assert settings.effective_broker_url == DEFAULT_BROKER_URL
-    assert settings.effective_web_url == DEFAULT_WEB_URL
+    assert web_mailbox_url(settings) == DEFAULT_WEB_URL
     assert settings.shutdown_seconds == 15
     assert settings.warnings() == ()
 
@@ -100,7 +103,6 @@ def test_settings_just_inside_the_checks_are_accepted() -> None:
         ("store_url", ".gateway/gateway.db", "a store URL"),
         ("broker_url", "jsonl:///x", "a broker URL"),
         ("redis_url", "sqlite:///x.db", "a Redis URL"),
-        ("web_url", "jsonl:///x", "sqlite:///file.db, redis://"),
         ("model_base_url", "localhost:11434", "an http:// or https:// URL"),
         ("model_base_url", "http://", "an http:// or https:// URL"),
         ("host", "http://0.0.0.0", "an IP address or a host name"),
@@ -116,6 +118,13 @@ def test_a_bad_value_is_one_line_naming_the_setting_the_value_and_what_is_accept
     line = _refusal(**{field: value})
     assert line.startswith(f"{field}="), line
     assert accepted in line
+
+
+def test_a_channel_section_value_is_refused_by_its_setting_name() -> None:
+    with pytest.raises(SettingsError) as caught:
+        gateway_settings(web_url="jsonl:///x")
+    line = str(caught.value)
+    assert line.startswith("web_url='jsonl:///x' (given): expected sqlite:///file.db, redis://")
 
 
 def test_a_secret_is_never_echoed() -> None:
@@ -209,7 +218,7 @@ def test_redis_url_puts_store_broker_and_web_channel_on_redis() -> None:
     settings = Settings(redis_url="redis://cache:6379/0")
     assert settings.effective_store_url == "redis://cache:6379/0"
     assert settings.effective_broker_url == "redis://cache:6379/0"
-    assert settings.effective_web_url == "redis://cache:6379/0"
+    assert web_mailbox_url(settings) == "redis://cache:6379/0"
     assert settings.warnings() == ()
 
 
@@ -218,16 +227,16 @@ def test_a_cluster_redis_url_puts_store_broker_and_web_channel_on_the_cluster(ur
     settings = Settings(redis_url=url)
     assert settings.effective_store_url == url
     assert settings.effective_broker_url == url
-    assert settings.effective_web_url == url
+    assert web_mailbox_url(settings) == url
     assert settings.warnings() == ()
-    explicit = Settings(store_url=url, broker_url=url, web_url=url)
-    assert (explicit.store_url, explicit.broker_url, explicit.web_url) == (url, url, url)
+    explicit = gateway_settings(store_url=url, broker_url=url, web_url=url)
+    assert (explicit.store_url, explicit.broker_url, web_mailbox_url(explicit)) == (url, url, url)
     (warning,) = Settings(redis_url=url, store_url="sqlite:///gw.db").warnings()
     assert "the broker is Redis but the store (sqlite) is a local file" in warning
 
 
 def test_explicit_urls_win_over_redis_url() -> None:
-    settings = Settings(
+    settings = gateway_settings(
         redis_url="redis://cache:6379/0",
         store_url="redis://store:6379/1",
         broker_url="sqlite:///b.db",
@@ -235,7 +244,7 @@ def test_explicit_urls_win_over_redis_url() -> None:
     )
     assert settings.effective_store_url == "redis://store:6379/1"
     assert settings.effective_broker_url == "sqlite:///b.db"
-    assert settings.effective_web_url == "memory://"
+    assert web_mailbox_url(settings) == "memory://"
 
 
 def test_an_explicit_store_url_wins_even_when_it_equals_the_default() -> None:
@@ -266,9 +275,10 @@ def test_a_public_address_is_a_warning_not_an_error() -> None:
 
 
 def test_a_redis_broker_with_local_files_warns_they_bind_processes_to_one_machine() -> None:
-    (warning,) = Settings(
+    settings = gateway_settings(
         redis_url="redis://cache:6379/0", store_url="sqlite:///gw.db", web_url="sqlite:///w.db"
-    ).warnings()
+    )
+    (warning,) = settings.warnings(channel_state(settings, SystemClock()))
     assert "the store (sqlite) and the web channel (sqlite) are local files" in warning
 
 

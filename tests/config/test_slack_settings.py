@@ -6,16 +6,22 @@ from pathlib import Path
 
 import pytest
 
-from config import SettingsError, load_settings
+from adapters.slack.settings import SlackSettings
+from config import Settings, SettingsError
+from gateway.channels import load_gateway_settings
 
 BOT = "xoxb-1234-5678-secretpart"
 APP = "xapp-1-A1-secretpart"
 SIGNING = "8f742231b10e8888abcd99yyyzzz85a5"
 
 
+def _slack(settings: Settings) -> SlackSettings:
+    return settings.section("slack", SlackSettings)
+
+
 def _refusal(environ: dict[str, str]) -> str:
     with pytest.raises(SettingsError) as caught:
-        load_settings(environ)
+        load_gateway_settings(environ)
     line = str(caught.value)
     assert "\n" not in line
     for secret in (BOT, APP, SIGNING):
@@ -24,19 +30,22 @@ def _refusal(environ: dict[str, str]) -> str:
 
 
 def test_http_mode_and_socket_mode() -> None:
-    http = load_settings({"GATEWAY_SLACK_BOT_TOKEN": BOT, "GATEWAY_SLACK_SIGNING_SECRET": SIGNING})
-    assert http.slack_bot_token is not None and http.slack_bot_token.get_secret_value() == BOT
-    assert http.slack_app_token is None
-    socket = load_settings({"GATEWAY_SLACK_BOT_TOKEN": BOT, "GATEWAY_SLACK_APP_TOKEN": APP})
-    assert socket.slack_app_token is not None
+    http = load_gateway_settings(
+        {"GATEWAY_SLACK_BOT_TOKEN": BOT, "GATEWAY_SLACK_SIGNING_SECRET": SIGNING}
+    )
+    token = _slack(http).bot_token
+    assert token is not None and token.get_secret_value() == BOT
+    assert _slack(http).app_token is None
+    socket = load_gateway_settings({"GATEWAY_SLACK_BOT_TOKEN": BOT, "GATEWAY_SLACK_APP_TOKEN": APP})
+    assert _slack(socket).app_token is not None
     assert BOT not in repr(http) and SIGNING not in repr(http) and APP not in repr(socket)
 
 
 def test_slack_is_off_by_default() -> None:
-    settings = load_settings({})
-    assert settings.slack_bot_token is None
-    assert settings.slack_approvers == {}
-    assert settings.slack_api_url == "https://slack.com/api/"
+    settings = load_gateway_settings({})
+    assert _slack(settings).bot_token is None
+    assert _slack(settings).approvers == {}
+    assert _slack(settings).api_url == "https://slack.com/api/"
 
 
 def test_a_bot_token_without_a_mode_names_both_modes() -> None:
@@ -75,12 +84,12 @@ def test_approvers_by_channel_from_json_and_toml(tmp_path: Path) -> None:
         "GATEWAY_SLACK_SIGNING_SECRET": SIGNING,
         "GATEWAY_SLACK_APPROVERS": '{"C0123": ["U0456", "S0789"], "*": ["W0999"]}',
     }
-    settings = load_settings(environ)
-    assert settings.slack_approvers == {"C0123": ("U0456", "S0789"), "*": ("W0999",)}
+    settings = load_gateway_settings(environ)
+    assert _slack(settings).approvers == {"C0123": ("U0456", "S0789"), "*": ("W0999",)}
     toml = tmp_path / "gateway.toml"
     toml.write_text('[slack_approvers]\nC0123 = ["U0456"]\n"*" = ["S0789"]\n', encoding="utf-8")
-    from_file = load_settings({}, config_file=toml)
-    assert from_file.slack_approvers == {"C0123": ("U0456",), "*": ("S0789",)}
+    from_file = load_gateway_settings({}, config_file=toml)
+    assert _slack(from_file).approvers == {"C0123": ("U0456",), "*": ("S0789",)}
 
 
 @pytest.mark.parametrize(

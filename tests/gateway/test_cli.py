@@ -13,6 +13,7 @@ import pytest
 from adapters import AdapterError
 from config import Settings
 from gateway import GatewayError, cli
+from gateway.channels import gateway_settings
 from gateway.cli import main
 from harness_core import SessionError
 
@@ -84,7 +85,7 @@ def test_serve_on_a_taken_port_is_one_clear_line(tmp_path, capsys) -> None:
         taken.bind(("127.0.0.1", 0))
         taken.listen()
         port = taken.getsockname()[1]
-        settings = Settings(
+        settings = gateway_settings(
             store_url=f"sqlite:///{tmp_path}/s.db",
             broker_url=f"sqlite:///{tmp_path}/b.db",
             web_url=f"sqlite:///{tmp_path}/w.db",
@@ -139,7 +140,7 @@ def test_serve_with_a_broker_that_does_not_answer_stops_with_one_line(tmp_path, 
     with socket.socket() as closed:
         closed.bind(("127.0.0.1", 0))
         port = closed.getsockname()[1]  # nothing listens there
-    settings = Settings(
+    settings = gateway_settings(
         store_url=f"sqlite:///{tmp_path}/s.db",
         broker_url=f"redis://:hunter2@127.0.0.1:{port}/0",
         web_url=f"sqlite:///{tmp_path}/w.db",
@@ -159,7 +160,7 @@ def test_serve_with_a_broker_that_does_not_answer_stops_with_one_line(tmp_path, 
 
 def test_serve_with_a_store_directory_that_cannot_be_made_names_it(tmp_path, capsys) -> None:
     # /proc refuses new directories (ENOENT) even to root: the failure comes at the first use
-    settings = Settings(
+    settings = gateway_settings(
         store_url="sqlite:////proc/gateway-test-nowhere/s.db",
         broker_url=f"sqlite:///{tmp_path}/b.db",
         web_url="memory://",

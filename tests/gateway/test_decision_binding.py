@@ -18,7 +18,7 @@ from typing import Any
 import httpx
 import pytest
 
-from config import Settings
+from gateway.channels import gateway_settings
 from gateway.service import Service
 from tests.support.gateway_rig import decision_body
 from tests.support.service_rig import ServiceRig
@@ -34,7 +34,7 @@ Forge = Callable[[dict[str, Any], dict[str, Any]], None]
 
 @pytest.fixture
 async def rig(tmp_path: Any) -> AsyncIterator[ServiceRig]:
-    settings = Settings(
+    settings = gateway_settings(
         store_url=f"sqlite:///{tmp_path}/store.db",
         broker_url=f"sqlite:///{tmp_path}/broker.db",
         web_url=f"sqlite:///{tmp_path}/web.db",

@@ -21,7 +21,7 @@ from pathlib import Path
 import httpx
 import pytest
 
-from config import Settings
+from gateway.channels import gateway_settings
 from gateway.guards import DEFAULT_BODY_BYTES, HostGuard, HostRule, host_name
 from gateway.ops.errors import MAX_BODY_BYTES
 from gateway.service import Service
@@ -51,7 +51,7 @@ class Edge:
 async def edge(tmp_path: Path) -> AsyncIterator[Edge]:
     closed = free_port()  # the mail servers: nothing listens (the links' routes answer anyway)
     async with FakeSlack() as slack:
-        settings = Settings(
+        settings = gateway_settings(
             store_url=f"sqlite:///{tmp_path}/store.db",
             broker_url=f"sqlite:///{tmp_path}/broker.db",
             web_url=f"sqlite:///{tmp_path}/web.db",

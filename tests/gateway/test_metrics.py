@@ -20,6 +20,7 @@ from adapters.channel import Outbound, ThreadRef
 from adapters.testing import RecordingChannel
 from config import Settings
 from gateway.broker import open_broker
+from gateway.channels import gateway_settings
 from gateway.deliverer import Deliverer, DelivererConfig
 from gateway.metrics import LANE_STATUSES, Metrics
 from gateway.service import Service
@@ -91,7 +92,7 @@ def families(text: str) -> set[tuple[str, str]]:
 
 
 def _settings(tmp_path: Path) -> Settings:
-    return Settings(
+    return gateway_settings(
         store_url=f"sqlite:///{tmp_path}/store.db",
         broker_url=f"sqlite:///{tmp_path}/broker.db",
         web_url=f"sqlite:///{tmp_path}/web.db",

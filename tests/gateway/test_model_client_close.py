@@ -13,6 +13,7 @@ import pytest
 from pydantic import SecretStr
 
 from config import Settings
+from gateway.channels import gateway_settings
 from gateway.models import model_from_settings
 from gateway.service import Service
 from harness_core import ModelRef
@@ -31,7 +32,7 @@ async def test_the_model_client_it_built_is_closed_when_it_stops(
 
     monkeypatch.setattr("gateway.service.model_from_settings", keeping)
     service = Service(
-        Settings(
+        gateway_settings(
             store_url=f"sqlite:///{tmp_path}/store.db",
             broker_url=f"sqlite:///{tmp_path}/broker.db",
             web_url=f"sqlite:///{tmp_path}/web.db",

@@ -23,8 +23,8 @@ import pytest
 from opentelemetry import trace
 from opentelemetry.proto.collector.trace.v1.trace_service_pb2 import ExportTraceServiceRequest
 
-from config import Settings
 from gateway import telemetry
+from gateway.channels import gateway_settings
 from gateway.service import Service
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -68,7 +68,7 @@ def collector() -> Iterator[Collector]:
 
 async def child(folder: str) -> None:
     """Run one message through a service (the export on, from the env), then stop it."""
-    settings = Settings(
+    settings = gateway_settings(
         store_url=f"sqlite:///{folder}/store.db",
         broker_url=f"sqlite:///{folder}/broker.db",
         web_url=f"sqlite:///{folder}/web.db",

@@ -19,6 +19,7 @@ from pydantic import ValidationError
 
 from config import Settings, format_settings_error
 from config.settings import accepted
+from gateway.channels import gateway_settings
 from gateway.plugin import PluginError, load_plugin
 from tests.support.gateway_rig import decision_body, serving, thread_items
 
@@ -252,7 +253,7 @@ def test_the_example_uses_a_configured_model_instead_of_its_stand_in() -> None:
 
 @pytest.fixture
 async def example(tmp_path: Path) -> AsyncIterator[httpx.AsyncClient]:
-    settings = Settings(
+    settings = gateway_settings(
         store_url=f"sqlite:///{tmp_path}/store.db",
         broker_url=f"sqlite:///{tmp_path}/broker.db",
         web_url=f"sqlite:///{tmp_path}/web.db",

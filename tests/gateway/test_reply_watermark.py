@@ -15,8 +15,8 @@ from typing import Any
 import httpx
 import pytest
 
-from config import Settings
 from gateway.broker.contract import SessionTicket
+from gateway.channels import gateway_settings
 from gateway.replies import replies_mark, watermark_of
 from gateway.service import Service
 from gateway.worker import Worker, _Session
@@ -65,7 +65,7 @@ class Rig(ServiceRig):
 
 @pytest.fixture
 async def rig(tmp_path: Path) -> AsyncIterator[Rig]:
-    settings = Settings(
+    settings = gateway_settings(
         store_url=f"sqlite:///{tmp_path}/store.db",
         broker_url=f"sqlite:///{tmp_path}/broker.db",
         web_url=f"sqlite:///{tmp_path}/web.db",

@@ -26,7 +26,9 @@ from pydantic import SecretStr
 
 from adapters.testing import RecordingChannel
 from adapters.web import WebChannel, open_mailbox
+from adapters.web.settings import web_mailbox_url
 from config import Settings
+from gateway.channels import gateway_settings
 from gateway.logs import JsonFormatter, event, redact_with
 from gateway.redact import REDACTED, RedactBodies, Redactor, redacting
 from gateway.service import Service, ServiceParts
@@ -68,7 +70,7 @@ def captured() -> Iterator[list[str]]:
 @pytest.fixture
 async def echoing(tmp_path: Path) -> AsyncIterator[tuple[ServiceRig, RecordingChannel, FakeLLM]]:
     async with FakeLLM() as provider:
-        settings = Settings(
+        settings = gateway_settings(
             store_url=f"sqlite:///{tmp_path}/store.db",
             broker_url=f"sqlite:///{tmp_path}/broker.db",
             web_url=f"sqlite:///{tmp_path}/web.db",
@@ -82,7 +84,7 @@ async def echoing(tmp_path: Path) -> AsyncIterator[tuple[ServiceRig, RecordingCh
         )
         other = RecordingChannel("other")
         other.fail_always(reason=f"Slack answered invalid_auth for {BOT}")
-        web = WebChannel(open_mailbox(settings.effective_web_url))
+        web = WebChannel(open_mailbox(web_mailbox_url(settings)))
         service = Service(settings, ServiceParts(adapters=[web, other]))
         with allow_model_requests():
             await service.start()

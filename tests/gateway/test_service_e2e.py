@@ -17,6 +17,7 @@ import pytest
 from adapters.channel import Author, ContextMessage, DecisionItem
 from adapters.testing import RecordingChannel
 from adapters.web import WebChannel, open_mailbox
+from adapters.web.settings import web_mailbox_url
 from config import Settings
 from gateway.broker.contract import NewInboxItem
 from gateway.replies import (
@@ -103,7 +104,7 @@ async def gateway(request: pytest.FixtureRequest, tmp_path: Any) -> AsyncIterato
         renew_seconds=1,
         worker_slots=4,
     )
-    web = WebChannel(open_mailbox(settings.effective_web_url))
+    web = WebChannel(open_mailbox(web_mailbox_url(settings)))
     fake = RecordingChannel(inner=web)
     service = Service(settings, ServiceParts(adapters=[fake]))
     await service.start()

@@ -23,6 +23,7 @@ from adapters.channel import Author, Inbound, ThreadRef
 from config import Settings
 from gateway.broker import open_broker
 from gateway.broker.contract import NewInboxItem
+from gateway.channels import gateway_settings
 from gateway.incarnation import gone, new_worker_id, parse
 from harness_core import open_repo
 from tests.support.gateway_rig import serving, thread_items
@@ -32,7 +33,7 @@ LEASE_S = 30
 
 
 def _settings(tmp_path: Path) -> Settings:
-    return Settings(
+    return gateway_settings(
         store_url=f"sqlite:///{tmp_path}/store.db",
         broker_url=f"sqlite:///{tmp_path}/broker.db",
         web_url=f"sqlite:///{tmp_path}/web.db",

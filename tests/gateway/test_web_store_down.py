@@ -15,7 +15,7 @@ from typing import Any
 import httpx
 import pytest
 
-from config import Settings
+from gateway.channels import gateway_settings
 from gateway.service import Service
 from harness_core import UserMessage, message_text
 from harness_core.session import MessageEntry, StoredEntry
@@ -28,7 +28,7 @@ AGENT = "tests.support.gateway_agent"
 @pytest.fixture
 async def rig(tmp_path: Path) -> AsyncIterator[tuple[ServiceRig, RedisServer]]:
     web_redis = RedisServer(tmp_path / "web-redis", appendonly=True).start()
-    settings = Settings(
+    settings = gateway_settings(
         store_url=f"sqlite:///{tmp_path}/store.db",
         broker_url=f"sqlite:///{tmp_path}/broker.db",
         web_url=f"{web_redis.url}?prefix=down",

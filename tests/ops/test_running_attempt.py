@@ -24,6 +24,7 @@ import httpx
 import pytest
 
 from config import Settings
+from gateway.channels import gateway_settings
 from gateway.ops.cli import main as ops_main
 from gateway.service import Service
 from tests.support.gateway_process import GatewayProcess
@@ -128,7 +129,7 @@ class _Rig(ServiceRig):
 
 @pytest.fixture
 def settings(tmp_path: Path) -> Settings:
-    return Settings(
+    return gateway_settings(
         store_url=f"sqlite:///{tmp_path}/store.db",
         broker_url=f"sqlite:///{tmp_path}/broker.db",
         web_url=f"sqlite:///{tmp_path}/web.db",

@@ -33,6 +33,7 @@ from typing import Any
 from adapters.channel import ChannelAdapter
 from adapters.testing import RecordingChannel
 from adapters.web import WebChannel, open_mailbox
+from adapters.web.settings import web_mailbox_url
 from config import Settings
 from harness_core import (
     AssistantMessage,
@@ -139,5 +140,5 @@ def adapters(settings: Settings, clock: Clock) -> Sequence[ChannelAdapter]:
     ledger = os.environ.get("AGENT_TEST_LEDGER")
     if not ledger:
         return []
-    web = WebChannel(open_mailbox(settings.effective_web_url), clock=clock)
+    web = WebChannel(open_mailbox(web_mailbox_url(settings)), clock=clock)
     return [RecordingChannel(clock=clock, ledger=ledger, inner=web)]

@@ -11,6 +11,7 @@ from typing import Any
 import httpx
 
 from adapters.web import WebChannel, open_mailbox
+from adapters.web.settings import web_mailbox_url
 from config import Settings
 from gateway.service import Service, ServiceParts
 from harness_core import AgentLane, Ok, SessionRepo, Tool, UserMessage, message_text
@@ -22,7 +23,7 @@ from tests.support.harness_kit import Kit, make_kit
 @contextlib.asynccontextmanager
 async def serving(settings: Settings) -> AsyncIterator[httpx.AsyncClient]:
     """A whole `Service` with the real web channel, and an HTTP client for it (ASGI)."""
-    web = WebChannel(open_mailbox(settings.effective_web_url))
+    web = WebChannel(open_mailbox(web_mailbox_url(settings)))
     service = Service(settings, ServiceParts(adapters=[web]))
     await service.start()
     assert service.app is not None

@@ -9,7 +9,8 @@ from pathlib import Path
 
 import httpx
 
-from config import Settings, SettingsError, format_settings_error, load_settings
+from config import Settings, SettingsError, format_settings_error
+from gateway.channels import load_gateway_settings
 from gateway.ops.cli.errors import USAGE, OpsError
 from gateway.ops.cli.output import clean
 
@@ -42,7 +43,7 @@ class Target:
             environ = {k: v for k, v in os.environ.items() if k.upper() not in _CLIENT_VARIABLES}
             dotenv = Path(".env")
             try:
-                self._settings = load_settings(
+                self._settings = load_gateway_settings(
                     environ,
                     config_file=self._args.config,
                     env_file=dotenv if dotenv.is_file() else None,

@@ -22,6 +22,7 @@ import httpx
 import pytest
 
 from config import Settings
+from gateway.channels import gateway_settings
 from gateway.replies import CUT_OFF_NOTE
 from gateway.service import Service
 from tests.support.gateway_agent import CUT_OFF_ANSWER
@@ -92,7 +93,7 @@ class Mail:
 
 def _settings(tmp_path: Any, dovecot: Dovecot, smtp: SmtpServer, bot: MailUser) -> Settings:
     assert smtp.tls_cert is not None
-    return Settings(
+    return gateway_settings(
         store_url=f"sqlite:///{tmp_path}/store.db",
         broker_url=f"sqlite:///{tmp_path}/broker.db",
         web_url=f"sqlite:///{tmp_path}/web.db",

@@ -17,7 +17,7 @@ import httpx
 import pytest
 
 from adapters.channel import Unavailable
-from config import Settings
+from gateway.channels import gateway_settings
 from gateway.reminders import remind
 from gateway.replies import CUT_OFF_NOTE
 from gateway.serve import serve
@@ -77,7 +77,7 @@ async def _running(tmp_path: Any, *, socket_mode: bool) -> AsyncIterator[Rig]:
     """The service with Slack on (HTTP mode, or Socket Mode) against a fresh fake Slack."""
     async with FakeSlack() as fake:
         mode = {"slack_app_token": fake.app_token} if socket_mode else {}
-        settings = Settings(
+        settings = gateway_settings(
             store_url=f"sqlite:///{tmp_path}/store.db",
             broker_url=f"sqlite:///{tmp_path}/broker.db",
             web_url=f"sqlite:///{tmp_path}/web.db",
@@ -540,7 +540,7 @@ async def test_a_bot_token_slack_refuses_stops_serve_with_one_line(
     tmp_path: Any, capsys: pytest.CaptureFixture[str]
 ) -> None:
     async with FakeSlack() as fake:
-        settings = Settings(
+        settings = gateway_settings(
             store_url=f"sqlite:///{tmp_path}/store.db",
             broker_url=f"sqlite:///{tmp_path}/broker.db",
             web_url=f"sqlite:///{tmp_path}/web.db",
@@ -555,7 +555,7 @@ async def test_a_bot_token_slack_refuses_stops_serve_with_one_line(
 
 
 async def test_an_unreachable_slack_does_not_hold_up_the_service(tmp_path: Any) -> None:
-    settings = Settings(
+    settings = gateway_settings(
         store_url=f"sqlite:///{tmp_path}/store.db",
         broker_url=f"sqlite:///{tmp_path}/broker.db",
         web_url=f"sqlite:///{tmp_path}/web.db",

@@ -21,7 +21,7 @@ from aiohttp import web
 
 from adapters.channel import DeliveryError, Outbound, ThreadRef
 from adapters.slack import SlackChannel
-from config import Settings
+from gateway.channels import gateway_settings
 from gateway.serve import serve
 from tests.adapters.kit import TestSink
 from tests.support.fake_slack import FakeSlack
@@ -137,7 +137,7 @@ async def test_a_post_to_an_unreachable_slack_says_why_in_the_deliverys_reason(
 async def test_an_app_token_slack_refuses_stops_serve_with_one_line(
     places: Places, tmp_path: Any, capsys: pytest.CaptureFixture[str]
 ) -> None:
-    settings = Settings(
+    settings = gateway_settings(
         store_url=f"sqlite:///{tmp_path}/store.db",
         broker_url=f"sqlite:///{tmp_path}/broker.db",
         web_url=f"sqlite:///{tmp_path}/web.db",

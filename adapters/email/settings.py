@@ -1,0 +1,177 @@
+"""The email channel's settings section (``[email]`` in TOML, ``GATEWAY_EMAIL_*`` variables)."""
+
+from __future__ import annotations
+
+from typing import Any, ClassVar, Literal
+
+from pydantic import Field, SecretStr, field_validator, model_validator
+
+from config.fields import EMAIL, HOSTNAME, Relation, Relations, ip_or_none, is_loopback
+from config.sections import Section
+
+__all__ = ["EmailSettings"]
+
+
+class EmailSettings(Section):
+    """The bot's mailbox: its address, servers, login, approvers and limits."""
+
+    ACCEPTS: ClassVar[dict[str, str]] = {
+        "address": "an email address like bot@example.com",
+        "password": "the mailbox password (not empty)",
+        "link_secret": "a random secret of 32+ characters",
+        "approvers": "addresses, comma-separated (a list in TOML)",
+        "imap_host": "an IP address or a host name",
+        "smtp_host": "an IP address or a host name",
+    }
+
+    EXAMPLES: ClassVar[dict[str, Any]] = {
+        "address": "agent@example.com",
+        "imap_host": "imap.example.com",
+        "smtp_host": "smtp.example.com",
+        "username": "agent@example.com",
+        "password": "...",
+        "ca_file": "/etc/ssl/private-ca.pem",
+        "approvers": ["ops-lead@example.com"],
+        "link_secret": "a-random-secret-of-at-least-32-characters",
+    }
+
+    address: str | None = Field(
+        default=None,
+        description="The bot's email address: setting it (with the IMAP and SMTP hosts and the "
+        "password) turns the email channel on.",
+    )
+    name: str = Field(
+        default="Agent", min_length=1, max_length=100, description="The From name of replies."
+    )
+    imap_host: str | None = Field(default=None, description="The IMAP server.")
+    imap_port: int = Field(default=993, ge=1, le=65535, description="The IMAP port.")
+    imap_security: Literal["tls", "none"] = Field(
+        default="tls",
+        description="IMAP over TLS (IMAPS), or none (only to a loopback address).",
+    )
+    smtp_host: str | None = Field(default=None, description="The SMTP submission server.")
+    smtp_port: int = Field(default=587, ge=1, le=65535, description="The SMTP port.")
+    smtp_security: Literal["starttls", "tls", "none"] = Field(
+        default="starttls",
+        description="SMTP with STARTTLS (port 587), implicit TLS (465), or none (loopback only).",
+    )
+    username: str | None = Field(
+        default=None, description="The IMAP and SMTP login (default: email_address)."
+    )
+    password: SecretStr | None = Field(
+        default=None, description="The IMAP and SMTP password (never logged or stored)."
+    )
+    ca_file: str | None = Field(
+        default=None,
+        description="A CA bundle (PEM) to trust for IMAP and SMTP (a private server's CA).",
+    )
+    folder: str = Field(default="INBOX", min_length=1, description="The folder read.")
+    sent_folder: str = Field(
+        default="Sent", min_length=1, description="Where sent replies are filed (and looked for)."
+    )
+    max_message_bytes: int = Field(
+        default=10_000_000,
+        ge=10_000,
+        le=100_000_000,
+        description="Larger mail is never downloaded: its header is read and the sender told.",
+    )
+    poll_seconds: float = Field(
+        default=60.0,
+        ge=1,
+        le=3600,
+        description="How often the folder is checked when the server has no IDLE.",
+    )
+    replies_per_hour: int = Field(
+        default=20,
+        ge=1,
+        le=1000,
+        description="Replies one email thread may get per hour (a loop that slips through the "
+        "auto-reply checks stops here).",
+    )
+    approvers: tuple[str, ...] = Field(
+        default=(),
+        description="Addresses whose signed approval links work (comma-separated).",
+    )
+    link_secret: SecretStr | None = Field(
+        default=None,
+        description="The key that signs approval links in email (32+ characters); without it "
+        "an email approval request says to decide elsewhere.",
+    )
+
+    @property
+    def enabled(self) -> bool:
+        """Whether the email channel runs (its address is set)."""
+        return self.address is not None
+
+    @field_validator("address")
+    @classmethod
+    def _address(cls, value: str | None) -> str | None:
+        if value is not None and not EMAIL.fullmatch(value):
+            raise ValueError(f"expected {cls.accepted('address')}")
+        return None if value is None else value.lower()
+
+    @field_validator("approvers", mode="before")
+    @classmethod
+    def _approvers_text(cls, value: Any) -> Any:
+        if isinstance(value, str):  # a variable: comma-separated
+            return tuple(part.strip() for part in value.split(",") if part.strip())
+        return value
+
+    @field_validator("approvers")
+    @classmethod
+    def _approvers(cls, value: tuple[str, ...]) -> tuple[str, ...]:
+        for address in value:
+            if not EMAIL.fullmatch(address):
+                raise ValueError(f"{address!r} is not an email address")
+        return tuple(address.lower() for address in value)
+
+    @field_validator("imap_host", "smtp_host")
+    @classmethod
+    def _host(cls, value: str | None) -> str | None:
+        if value is not None and ip_or_none(value) is None and not HOSTNAME.fullmatch(value):
+            raise ValueError("expected an IP address or a host name (no scheme, no port)")
+        return value
+
+    @field_validator("password")
+    @classmethod
+    def _password(cls, value: SecretStr | None) -> SecretStr | None:
+        if value is not None and not value.get_secret_value().strip():
+            raise ValueError(f"expected {cls.accepted('password')}")
+        return value
+
+    @field_validator("link_secret")
+    @classmethod
+    def _link_secret(cls, value: SecretStr | None) -> SecretStr | None:
+        if value is not None and len(value.get_secret_value()) < 32:
+            raise ValueError("expected a secret of at least 32 characters")
+        return value
+
+    @model_validator(mode="after")
+    def _relations(self) -> EmailSettings:
+        problems: list[Relation] = []
+        if self.address is not None:
+            missing = [
+                name
+                for name in ("imap_host", "smtp_host", "password")
+                if getattr(self, name) is None
+            ]
+            if missing:
+                said = ", ".join(f"email_{name}" for name in missing)
+                problems.append(
+                    Relation(("address", *missing), f"the email channel needs {said} too")
+                )
+        for security, host in (
+            ("imap_security", self.imap_host),
+            ("smtp_security", self.smtp_host),
+        ):
+            if getattr(self, security) == "none" and host is not None and not is_loopback(host):
+                problems.append(
+                    Relation(
+                        (security, security.replace("security", "host")),
+                        "mail without TLS is allowed only to a loopback address (the password "
+                        "would cross the network in clear text)",
+                    )
+                )
+        if problems:
+            raise Relations(problems)
+        return self

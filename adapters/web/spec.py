@@ -1,0 +1,39 @@
+"""The web channel in the registry: always on, its threads kept where ``[web] url`` says."""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+
+from adapters.channel import ChannelAdapter
+from adapters.kit import ChannelContext, ChannelSpec
+from adapters.web.settings import WebSettings
+
+__all__ = ["SPEC"]
+
+
+def _build(section: WebSettings, context: ChannelContext) -> ChannelAdapter:
+    from adapters.web.channel import WebChannel
+    from adapters.web.mailbox import open_mailbox
+
+    mailbox = open_mailbox(section.effective_url(context.shared_url))
+    return WebChannel(mailbox, clock=context.clock)
+
+
+def _describe(section: WebSettings, context: ChannelContext) -> Sequence[str]:
+    base = context.base_url
+    return [
+        f"  open {base}/web/threads/hello/page and write, or:",
+        f"  curl -s -X POST {base}/web/threads/hello/messages "
+        "-H 'content-type: application/json' -d '{\"text\": \"hello\"}'",
+        f"  curl -s {base}/web/threads/hello",
+    ]
+
+
+SPEC = ChannelSpec(
+    name="web",
+    section=WebSettings,
+    enabled=lambda section: True,
+    build=_build,
+    describe=_describe,
+    state_url=lambda section, context: section.effective_url(context.shared_url),
+)

@@ -1,0 +1,138 @@
+"""What settings models share: relation errors, words for what a field accepts, URL and host rules.
+
+`Settings` (the core) and every channel's `Section` use these, so a channel's section reads,
+fails and documents itself exactly like the core settings do.
+"""
+
+from __future__ import annotations
+
+import ipaddress
+import re
+from typing import Any, Literal, get_args, get_origin
+
+from pydantic import BaseModel
+
+__all__ = [
+    "EMAIL",
+    "HOSTNAME",
+    "Relation",
+    "Relations",
+    "accepted_in",
+    "check_url",
+    "default_text_in",
+    "ip_or_none",
+    "is_loopback",
+    "number",
+    "scheme",
+]
+
+EMAIL = re.compile(r"[^@\s<>,;]{1,64}@[A-Za-z0-9]([A-Za-z0-9.-]{0,251}[A-Za-z0-9])?")
+HOSTNAME = re.compile(r"[A-Za-z0-9]([A-Za-z0-9.-]{0,251}[A-Za-z0-9])?")
+
+
+class Relation(ValueError):
+    """Settings that are each valid but do not work together (each check names its fields)."""
+
+    def __init__(self, fields: tuple[str, ...], rule: str) -> None:
+        super().__init__(f"{', '.join(fields)}: {rule}")
+        self.fields = fields
+        self.rule = rule
+
+
+class Relations(ValueError):
+    """Every relation check that failed (raised once by a model; the loader expands it)."""
+
+    def __init__(self, relations: list[Relation]) -> None:
+        super().__init__("; ".join(str(relation) for relation in relations))
+        self.relations = relations
+
+
+def accepted_in(model: type[BaseModel], name: str, words: dict[str, str] | None = None) -> str:
+    """What field `name` of `model` accepts, in words (for error messages and the examples).
+
+    The words come from `words`, else the field's ``json_schema_extra={"accepts": ...}``, else
+    from its type and bounds.
+    """
+    if words and name in words:
+        return words[name]
+    field = model.model_fields[name]
+    extra = field.json_schema_extra
+    if isinstance(extra, dict) and isinstance(extra.get("accepts"), str):
+        return str(extra["accepts"])
+    annotation = field.annotation
+    if get_origin(annotation) is Literal:
+        return "one of " + ", ".join(str(choice) for choice in get_args(annotation))
+    kinds = (annotation, *get_args(annotation))
+    if int in kinds:
+        kind = "an integer"
+    elif float in kinds:
+        kind = "a number of seconds" if name.endswith("_seconds") else "a number"
+    else:
+        return _text_rule(field.metadata)
+    bounds = {
+        attr: getattr(bound, attr)
+        for bound in field.metadata
+        for attr in ("ge", "gt", "le", "lt")
+        if getattr(bound, attr, None) is not None
+    }
+    if "ge" in bounds and "le" in bounds:
+        return f"{kind} from {number(bounds['ge'])} to {number(bounds['le'])}"
+    limits = " and ".join(f"{_BOUNDS[attr]} {number(value)}" for attr, value in bounds.items())
+    return f"{kind} {limits}" if limits else kind
+
+
+_BOUNDS = {"ge": "at least", "gt": "above", "le": "at most", "lt": "below"}
+
+
+def _text_rule(metadata: list[Any]) -> str:
+    """Text, and how long it may be (``text of 1 to 100 characters``)."""
+    shortest = next((m.min_length for m in metadata if getattr(m, "min_length", None)), None)
+    longest = next((m.max_length for m in metadata if getattr(m, "max_length", None)), None)
+    if shortest is not None and longest is not None:
+        return f"text of {shortest} to {longest} characters"
+    if longest is not None:
+        return f"text of at most {longest} characters"
+    if shortest == 1:
+        return "text (not empty)"
+    return f"text of at least {shortest} characters" if shortest is not None else "text"
+
+
+def default_text_in(model: type[BaseModel], name: str) -> str:
+    """Field `name`'s default as a person writes it (``unset`` when it has none)."""
+    default = model.model_fields[name].get_default(call_default_factory=True)
+    if default is None:
+        return "unset"
+    if default in ((), {}):
+        return "none"
+    return number(default) if isinstance(default, float | int) else str(default)
+
+
+def number(value: float) -> str:
+    """`value` as a person writes it: 30, 0.5, 86400 (no exponent, no trailing .0)."""
+    return str(int(value)) if float(value).is_integer() else f"{value:g}"
+
+
+def check_url(value: str, schemes: tuple[str, ...], wanted: str) -> str:
+    """`value` if its scheme is one of `schemes`; else ValueError ``expected <wanted>``."""
+    if scheme(value) not in schemes or not value.partition("://")[1]:
+        raise ValueError(f"expected {wanted}")
+    return value
+
+
+def scheme(url: str) -> str:
+    """A URL's scheme, lower case (``""`` when it has none)."""
+    return url.partition("://")[0].lower()
+
+
+def ip_or_none(text: str) -> ipaddress.IPv4Address | ipaddress.IPv6Address | None:
+    """`text` as an IP address, or None when it is not one."""
+    try:
+        return ipaddress.ip_address(text)
+    except ValueError:
+        return None
+
+
+def is_loopback(host: str) -> bool:
+    """Whether `host` is ``localhost`` or a loopback address (only this machine reaches it)."""
+    address = ip_or_none(host)
+    return host == "localhost" or (address is not None and address.is_loopback)

@@ -1,0 +1,120 @@
+"""The channels a deployment runs: the registry's specs, read and built from the settings.
+
+The service knows no channel by name: it reads every registered channel's section
+(`load_gateway_settings`), builds the adapters whose sections turn them on
+(`build_channels`), and asks the specs what to print, which secrets to hide and where the
+channels keep state of their own.
+"""
+
+from __future__ import annotations
+
+import functools
+import os
+from collections.abc import Mapping
+from typing import Any
+
+from adapters.channel import ChannelAdapter
+from adapters.kit import ChannelContext, ChannelSpec
+from adapters.registry import channel_sections, channel_specs
+from config import Settings, load_settings
+from config.loader import settings_from
+from config.sections import Section
+from harness_core.clock import Clock
+
+__all__ = [
+    "build_channels",
+    "channel_lines",
+    "channel_secrets",
+    "channel_state",
+    "context_for",
+    "enabled_specs",
+    "gateway_settings",
+    "load_gateway_settings",
+    "specs",
+]
+
+
+@functools.cache
+def specs() -> tuple[ChannelSpec[Any], ...]:
+    """Every registered channel (built in, then installed), loaded once per process."""
+    return channel_specs()
+
+
+def load_gateway_settings(
+    environ: Mapping[str, str] | None = None,
+    *,
+    config_file: str | os.PathLike[str] | None = None,
+    env_file: str | os.PathLike[str] | None = None,
+) -> Settings:
+    """`config.load_settings` with every registered channel's section (same errors)."""
+    return load_settings(
+        environ,
+        config_file=config_file,
+        env_file=env_file,
+        sections=channel_sections(specs()),
+    )
+
+
+def gateway_settings(**values: Any) -> Settings:
+    """`Settings` by setting name, channels' sections included (``slack_bot_token=...``).
+
+    Raises:
+        SettingsError: a name is no setting, or a value is refused (``str()`` is one line).
+    """
+    return settings_from(values, sections=channel_sections(specs()))
+
+
+def context_for(settings: Settings, clock: Clock) -> ChannelContext:
+    """What every channel of this deployment is built with."""
+    return ChannelContext(
+        clock=clock,
+        call_timeout_s=settings.delivery_timeout_seconds,
+        shared_url=settings.redis_url,
+        public_url=settings.public_url,
+        base_url=f"http://{settings.host}:{settings.port}",
+    )
+
+
+def enabled_specs(settings: Settings) -> list[tuple[ChannelSpec[Any], Section]]:
+    """The channels this deployment runs, each with its section, in registry order."""
+    found: list[tuple[ChannelSpec[Any], Section]] = []
+    for spec in specs():
+        section = settings.section(spec.name, spec.section)
+        if spec.enabled(section):
+            found.append((spec, section))
+    return found
+
+
+def build_channels(settings: Settings, clock: Clock) -> list[ChannelAdapter]:
+    """The adapters of the channels this deployment runs (not started)."""
+    context = context_for(settings, clock)
+    return [spec.build(section, context) for spec, section in enabled_specs(settings)]
+
+
+def channel_lines(settings: Settings, clock: Clock) -> list[str]:
+    """What `gateway serve` prints about each running channel."""
+    context = context_for(settings, clock)
+    return [
+        line
+        for spec, section in enabled_specs(settings)
+        for line in spec.describe(section, context)
+    ]
+
+
+def channel_state(settings: Settings, clock: Clock) -> dict[str, str]:
+    """Where running channels keep state of their own (``<name> channel`` -> URL)."""
+    context = context_for(settings, clock)
+    return {
+        f"{spec.name} channel": url
+        for spec, section in enabled_specs(settings)
+        if (url := spec.state_url(section, context)) is not None
+    }
+
+
+def channel_secrets(settings: Settings) -> list[str]:
+    """Every secret of every channel's section, running or not (for the redactor)."""
+    return [
+        secret
+        for spec in specs()
+        for secret in spec.secrets(settings.section(spec.name, spec.section))
+    ]
