@@ -1,5 +1,82 @@
-"""adapters package: the channels (web, Slack, email) and the contract they keep."""
+"""adapters package: the channels (web, Slack, email) and the kit they are built with.
 
+The gateway reaches channels only through what this module exports: the channel contract
+(`ChannelAdapter` and the messages it exchanges), the kit (`ChannelSpec`, `ChannelContext`) and
+the registry (`channel_specs`). A channel's own folder is imported by its spec's builder, never
+by the gateway.
+"""
+
+from adapters.channel import (
+    Acceptance,
+    AdapterStartError,
+    ApprovalClosed,
+    ApprovalView,
+    Attachment,
+    Author,
+    Capabilities,
+    ChannelAdapter,
+    ContextMessage,
+    DecisionInbound,
+    DecisionItem,
+    DecisionRefused,
+    DeliveryError,
+    DeliveryReceipt,
+    Inbound,
+    InboundSink,
+    KnownThread,
+    NotRouted,
+    Outbound,
+    OutboundKind,
+    PendingCall,
+    Reconciled,
+    TextCut,
+    ThreadRef,
+    Unavailable,
+    is_copy_of,
+)
 from adapters.errors import AdapterError
+from adapters.kit import ChannelContext, ChannelSpec
+from adapters.registry import (
+    BUILT_IN,
+    ENTRY_POINT_GROUP,
+    RegistryError,
+    channel_sections,
+    channel_specs,
+)
 
-__all__ = ["AdapterError"]
+__all__ = [
+    "Acceptance",
+    "AdapterError",
+    "AdapterStartError",
+    "ApprovalClosed",
+    "ApprovalView",
+    "Attachment",
+    "Author",
+    "BUILT_IN",
+    "Capabilities",
+    "channel_sections",
+    "channel_specs",
+    "ChannelAdapter",
+    "ChannelContext",
+    "ChannelSpec",
+    "ContextMessage",
+    "DecisionInbound",
+    "DecisionItem",
+    "DecisionRefused",
+    "DeliveryError",
+    "DeliveryReceipt",
+    "ENTRY_POINT_GROUP",
+    "Inbound",
+    "InboundSink",
+    "is_copy_of",
+    "KnownThread",
+    "NotRouted",
+    "Outbound",
+    "OutboundKind",
+    "PendingCall",
+    "Reconciled",
+    "RegistryError",
+    "TextCut",
+    "ThreadRef",
+    "Unavailable",
+]

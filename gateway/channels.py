@@ -13,9 +13,7 @@ import os
 from collections.abc import Mapping
 from typing import Any
 
-from adapters.channel import ChannelAdapter
-from adapters.kit import ChannelContext, ChannelSpec
-from adapters.registry import channel_sections, channel_specs
+from adapters import ChannelAdapter, ChannelContext, ChannelSpec, channel_sections, channel_specs
 from config import Settings, load_settings
 from config.loader import settings_from
 from config.sections import Section

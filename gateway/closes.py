@@ -17,7 +17,7 @@ from __future__ import annotations
 
 import datetime
 
-from adapters.channel import ApprovalClosed, Outbound, ThreadRef
+from adapters import ApprovalClosed, Outbound, ThreadRef
 from gateway.broker.contract import Broker, ThreadState
 from harness_core import AgentLane, SessionStorage
 from harness_core.session.records import (

@@ -10,7 +10,7 @@ duplicated event and a crash between the inbox and the outbox still send it once
 
 from __future__ import annotations
 
-from adapters.channel import Inbound, Outbound, TextCut
+from adapters import Inbound, Outbound, TextCut
 from gateway.broker.contract import Broker
 from gateway.replies import delivery_id
 

@@ -17,7 +17,7 @@ from __future__ import annotations
 
 import contextlib
 
-from adapters.channel import ApprovalClosed, DecisionInbound, DecisionRefused, Unavailable
+from adapters import ApprovalClosed, DecisionInbound, DecisionRefused, Unavailable
 from gateway.broker.contract import Broker
 from gateway.closes import closure, decided_of, described
 from harness_core import SessionError, SessionRepo, SessionStorage

@@ -24,7 +24,7 @@ from dataclasses import dataclass
 
 from pydantic import ValidationError
 
-from adapters.channel import ChannelAdapter, DeliveryError, Outbound, is_copy_of
+from adapters import ChannelAdapter, DeliveryError, Outbound, is_copy_of
 from gateway.broker.contract import Broker, ClaimedDelivery, NewAuditEvent
 from gateway.closes import close_delivery_id
 from gateway.logs import event

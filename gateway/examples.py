@@ -8,7 +8,7 @@ from __future__ import annotations
 
 import sys
 
-from adapters.registry import channel_sections
+from adapters import channel_sections
 from config.examples import main as write_examples
 from gateway.channels import specs
 

@@ -16,7 +16,7 @@ from collections.abc import Callable
 
 from pydantic import ValidationError
 
-from adapters.channel import (
+from adapters import (
     Acceptance,
     DecisionInbound,
     DecisionRefused,

@@ -23,7 +23,7 @@ from typing import Any, Literal
 
 from pydantic import Field
 
-from adapters.channel import DecisionItem
+from adapters import DecisionItem
 from gateway.broker.contract import Broker, NewAuditEvent
 from gateway.closes import note_abort
 from gateway.logs import event

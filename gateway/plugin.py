@@ -29,7 +29,7 @@ from pathlib import Path
 from types import ModuleType
 from typing import Any
 
-from adapters.channel import ChannelAdapter
+from adapters import ChannelAdapter
 from config import Settings
 from gateway.errors import GatewayError
 from harness_core import Clock, ModelClient, ModelRef, Tool

@@ -18,7 +18,7 @@ import contextlib
 import datetime
 import logging
 
-from adapters.channel import Outbound, ThreadRef
+from adapters import Outbound, ThreadRef
 from gateway.broker.contract import Broker
 from gateway.logs import event
 from gateway.replies import approval_outbound, delivery_id

@@ -20,7 +20,7 @@ from __future__ import annotations
 import hashlib
 from dataclasses import dataclass
 
-from adapters.channel import ApprovalView, Outbound, OutboundKind, PendingCall, ThreadRef
+from adapters import ApprovalView, Outbound, OutboundKind, PendingCall, ThreadRef
 from gateway.broker.contract import Broker, ThreadState
 from gateway.closes import close_outbound, closure, request_delivery_id
 from harness_core import (

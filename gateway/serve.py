@@ -24,7 +24,7 @@ from pathlib import Path
 
 import uvicorn
 
-from adapters.channel import AdapterStartError
+from adapters import AdapterStartError
 from config import Settings
 from gateway.channels import channel_lines, channel_state
 from gateway.collector import tune_collector

@@ -21,7 +21,7 @@ from urllib.parse import urlsplit
 
 from fastapi import FastAPI
 
-from adapters.channel import ChannelAdapter
+from adapters import ChannelAdapter
 from config import Settings
 from gateway.app import build_app
 from gateway.broker import open_broker

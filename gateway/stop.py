@@ -16,7 +16,7 @@ records who did.
 
 from __future__ import annotations
 
-from adapters.channel import Inbound
+from adapters import Inbound
 from gateway.broker.contract import Broker, InboxItem, NewAuditEvent
 from gateway.closes import note_abort
 from gateway.replies import enqueue_stop_notice

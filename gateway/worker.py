@@ -27,7 +27,7 @@ from typing import Any, Final, Literal
 
 from pydantic import ValidationError
 
-from adapters.channel import DecisionInbound, Inbound
+from adapters import DecisionInbound, Inbound
 from gateway.broker.contract import Broker, InboxItem, SessionTicket
 from gateway.cuts import agent_notes
 from gateway.incarnation import gone

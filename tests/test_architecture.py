@@ -301,3 +301,46 @@ def test_every_exception_derives_from_its_package_root(package: str) -> None:
         f"{cls.__module__}.{cls.__qualname__}" for cls in found if not issubclass(cls, root)
     )
     assert strays == []
+
+
+CHANNEL_FOLDERS = sorted(
+    path.name for path in (ROOT / "adapters").iterdir() if (path / "spec.py").is_file()
+)
+
+
+def test_gateway_reaches_channels_only_through_the_registry() -> None:
+    """The gateway imports `adapters` (the contract, the kit, the registry), never a channel.
+
+    A channel's folder is imported by its spec's builder; a gateway module naming a channel's
+    module (an import, or a string for importlib) would build on one channel by name.
+    """
+    violations = []
+    for path in _sources("gateway"):
+        source = path.read_text()
+        for name, line in _imports(ast.parse(source)):
+            if name.split(".")[0] == "adapters" and name != "adapters":
+                violations.append(f"{path.relative_to(ROOT)}:{line} imports {name}")
+        for folder in CHANNEL_FOLDERS:
+            if f"adapters.{folder}" in source or f"adapters/{folder}" in source:
+                violations.append(f"{path.relative_to(ROOT)} names adapters.{folder}")
+    assert violations == []
+    assert {"web", "slack", "email"} <= set(CHANNEL_FOLDERS)
+
+
+def test_a_channel_folder_imports_no_other_channel() -> None:
+    """Channels share the kit (adapters' own modules), never each other's folders."""
+    violations = []
+    for folder in CHANNEL_FOLDERS:
+        for path in sorted((ROOT / "adapters" / folder).rglob("*.py")):
+            for name, line in _imports(ast.parse(path.read_text())):
+                parts = name.split(".")
+                other = parts[1] if parts[0] == "adapters" and len(parts) > 1 else folder
+                if other in CHANNEL_FOLDERS and other != folder:
+                    violations.append(f"{path.relative_to(ROOT)}:{line} imports {name}")
+    assert violations == []
+
+
+def test_every_built_in_channel_is_a_folder_with_a_spec() -> None:
+    from adapters.registry import BUILT_IN
+
+    assert sorted(target.split(".")[1] for target in BUILT_IN) == CHANNEL_FOLDERS

@@ -8,7 +8,7 @@ from __future__ import annotations
 
 from typing import get_args
 
-from adapters.channel import DecisionItem
+from adapters import DecisionItem
 from gateway.ops.errors import ApiError
 from gateway.ops.views import DecisionsRequest, LaneView
 from harness_core import LaneStatus

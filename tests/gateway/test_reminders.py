@@ -16,9 +16,9 @@ import httpx
 import pytest
 
 from adapters.channel import ThreadRef
-from config import Settings
 from gateway.broker import open_broker
 from gateway.broker.contract import Broker
+from gateway.channels import gateway_settings
 from gateway.reminders import due_reminder, remind, reminder_text
 from harness_core import Err, Ok, Tool, approve
 from harness_core.models.scripted import tool_call
@@ -127,7 +127,9 @@ async def reminding(
             "broker_url": f"{url}?prefix={prefix}b",
             "web_url": f"{url}?prefix={prefix}w",
         }
-    settings = Settings(**urls, plugin="tests.support.gateway_agent", approval_remind_seconds=0.4)
+    settings = gateway_settings(
+        **urls, plugin="tests.support.gateway_agent", approval_remind_seconds=0.4
+    )
     async with serving(settings) as http:
         yield http
 

@@ -211,7 +211,7 @@ FORMS: list[Callable[[str], str]] = [
 def test_every_configured_secret_is_redacted_in_every_form(
     configured: dict[str, Any], secret: str
 ) -> None:
-    redactor = Redactor.from_settings(Settings(**{**_BASE, **configured}), environ={})
+    redactor = Redactor.from_settings(gateway_settings(**{**_BASE, **configured}), environ={})
     for form in FORMS:
         text = form(secret)
         cleaned = redactor.redact(text)

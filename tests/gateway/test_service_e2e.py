@@ -18,8 +18,8 @@ from adapters.channel import Author, ContextMessage, DecisionItem
 from adapters.testing import RecordingChannel
 from adapters.web import WebChannel, open_mailbox
 from adapters.web.settings import web_mailbox_url
-from config import Settings
 from gateway.broker.contract import NewInboxItem
+from gateway.channels import gateway_settings
 from gateway.replies import (
     CUT_OFF_NOTE,
     LATE_DECISION_TEXT,
@@ -97,7 +97,7 @@ def _urls(backend: str, request: pytest.FixtureRequest, tmp_path: Any) -> dict[s
 
 @pytest.fixture(params=["sqlite", "redis", "redis-cluster"])
 async def gateway(request: pytest.FixtureRequest, tmp_path: Any) -> AsyncIterator[Gateway]:
-    settings = Settings(
+    settings = gateway_settings(
         **_urls(request.param, request, tmp_path),
         plugin=AGENT,
         lease_seconds=6,

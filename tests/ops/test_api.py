@@ -13,7 +13,7 @@ from typing import Any
 import httpx
 import pytest
 
-from config import Settings
+from gateway.channels import gateway_settings
 from gateway.ops.errors import MAX_BODY_BYTES
 from gateway.service import Service
 from tests.support.service_rig import ServiceRig
@@ -88,7 +88,7 @@ def _urls(backend: str, request: pytest.FixtureRequest, tmp_path: Any) -> dict[s
 
 @pytest.fixture(params=["sqlite", "redis"])
 async def ops(request: pytest.FixtureRequest, tmp_path: Any) -> AsyncIterator[Ops]:
-    settings = Settings(
+    settings = gateway_settings(
         **_urls(request.param, request, tmp_path),
         plugin=AGENT,
         lease_seconds=6,

@@ -26,7 +26,7 @@ from typing import Any
 import httpx
 import pytest
 
-from config import Settings
+from gateway.channels import gateway_settings
 from gateway.ops.cli import main
 from tests.support.gateway_process import ROOT, GatewayProcess
 from tests.support.redis_server import free_port
@@ -454,7 +454,7 @@ def test_the_local_token_file_and_a_stuck_lane_resumed(
         "gw", tmp_path, {**urls, "plugin": AGENT, "max_attempts": "1", "lease_seconds": "3",
                          "renew_seconds": "0.5"},
     ).start()  # fmt: skip
-    settings = Settings(**urls, host="127.0.0.1", port=process.port)
+    settings = gateway_settings(**urls, host="127.0.0.1", port=process.port)
 
     def ops(*words: str) -> Ran:
         code = main(list(words), settings)
