@@ -492,10 +492,19 @@ class Settings(BaseModel):
         """A copy with `changes` (a command-line flag over a setting), checked like any.
 
         Unlike ``model_copy(update=...)`` it validates, and unlike validating ``model_dump()``
-        it keeps which settings were set explicitly (what `effective_store_url` reads).
+        it keeps which settings were set explicitly (what `effective_store_url` reads). A
+        channel's setting is named as a variable names it (``email_approvers``) and changes the
+        section `channels` holds.
         """
         kept = {name: getattr(self, name) for name in self.model_fields_set}
-        return Settings.model_validate({**kept, **changes})
+        channels = dict(self.channels)
+        for name in list(changes):
+            section, _, field = name.partition("_")
+            if name not in Settings.model_fields and section in channels:
+                held = channels[section]
+                given = {f: getattr(held, f) for f in held.model_fields_set}
+                channels[section] = type(held).model_validate({**given, field: changes.pop(name)})
+        return Settings.model_validate({**kept, **changes, "channels": channels})
 
     @property
     def effective_store_url(self) -> str:

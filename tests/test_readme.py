@@ -147,7 +147,7 @@ STEPS: dict[str, Step] = {
     "scripts/run --help": Step(shows=(r"usage: scripts/run ",)),
     "scripts/run demo": Step(shows=(r"inspect it again: scripts/run store show ",)),
     "scripts/run --config gateway.toml": SERVED,
-    ".venv/bin/python -m config.examples .": Step(),
+    ".venv/bin/python -m gateway.examples .": Step(),
     "source .venv/bin/activate": Step(),
     ".venv/bin/python": Step(),
     ".venv/bin/pip install -e '.[otlp]'": Step(),
@@ -482,7 +482,7 @@ async def test_configure_it(fresh: Copy, serve: object) -> None:
     await start("scripts/run --config gateway.toml")
     examples = {name: (fresh.path / name).read_text() for name in (".env.example",)}
     examples["gateway.example.toml"] = (fresh.path / "gateway.example.toml").read_text()
-    await _run(fresh, ".venv/bin/python -m config.examples .")
+    await _run(fresh, ".venv/bin/python -m gateway.examples .")
     for name, before in examples.items():
         assert (fresh.path / name).read_text() == before, f"{name} is not what settings generate"
     ran = await _run(fresh, "source .venv/bin/activate")

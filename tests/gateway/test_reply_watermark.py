@@ -50,7 +50,10 @@ class Rig(ServiceRig):
         async def check() -> int | None:
             if SESSION in self.worker.active:
                 return None
-            return watermark_of(await self.broker.marks.get(replies_mark(SESSION)))
+            # the worker lets the session go (`active`) before it moves the mark: a read in
+            # between sees the previous take's mark, so wait for the mark to reach the store
+            mark = watermark_of(await self.broker.marks.get(replies_mark(SESSION)))
+            return mark if mark is not None and mark >= await self.last_seq() else None
 
         seq: int = await self.until(check, "a clean release sets the watermark")
         return seq

@@ -28,6 +28,7 @@ import pytest
 from pydantic import BaseModel
 
 from config import Route, Settings
+from gateway.channels import gateway_settings
 from gateway.ops.cli import main as gateway_ops
 from gateway.service import Service, ServiceParts
 from harness_core import (
@@ -64,7 +65,7 @@ def _settings(
 ) -> Settings:
     """The service's settings: Slack (HTTP mode) and email on, both routed to `SESSION`."""
     assert smtp.tls_cert is not None
-    return Settings(
+    return gateway_settings(
         **urls,
         lease_seconds=6,
         renew_seconds=1,
