@@ -285,6 +285,12 @@ def _read_toml(
             continue
         line = _toml_line(lines, key)
         where = f"{key} in {path}" + (f" line {line}" if line else "")
+        if key in sections:  # a section given as a value, not a table
+            unknown.append(
+                f"{key} in {path}{_line(line)} is the {key} channel's section: write its "
+                f"settings under a [{key}] table"
+            )
+            continue
         if key not in table:
             unknown.append(
                 f"unknown setting {key!r} in {path}{_line(line)}{_hint(key, False, table)}"

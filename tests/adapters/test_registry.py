@@ -151,3 +151,14 @@ def test_reading_the_settings_imports_no_channel_library() -> None:
         [sys.executable, "-c", probe], cwd=ROOT, capture_output=True, text=True, check=True
     )
     assert out.stdout.strip() == "[]"
+
+
+def test_a_section_given_as_a_value_says_to_write_a_table(tmp_path: Path) -> None:
+    config = tmp_path / "gateway.toml"
+    config.write_text("slack = 3\n")
+    with pytest.raises(SettingsError) as caught:
+        load_gateway_settings({}, config_file=config)
+    assert str(caught.value) == (
+        f"slack in {config} line 1 is the slack channel's section: write its settings under a "
+        "[slack] table"
+    )
