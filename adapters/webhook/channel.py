@@ -38,6 +38,7 @@ from adapters.channel import (
     DecisionInbound,
     DecisionItem,
     DecisionRefused,
+    DeliveryError,
     DeliveryReceipt,
     Inbound,
     InboundSink,
@@ -211,8 +212,13 @@ class WebhookChannel:
         """POST `outbound` to the receiver (`WebhookDelivery.deliver`).
 
         Raises:
-            DeliveryError: not delivered, or with an unknown outcome (the retry reconciles).
+            DeliveryError: not delivered, or with an unknown outcome (the retry reconciles);
+                permanent for a thread of another channel.
         """
+        if outbound.thread.channel != self.name:
+            raise DeliveryError(
+                f"not a webhook thread: channel {outbound.thread.channel!r}", permanent=True
+            )
         return await self.delivery.deliver(outbound)
 
     async def reconcile(self, outbound: Outbound) -> Reconciled:

@@ -14,7 +14,15 @@ import httpx
 import pytest
 from fastapi import FastAPI
 
-from adapters.channel import ApprovalClosed, DecisionRefused, NotRouted
+from adapters.channel import (
+    ApprovalClosed,
+    ChannelAdapter,
+    DecisionRefused,
+    DeliveryError,
+    NotRouted,
+    Outbound,
+    ThreadRef,
+)
 from adapters.webhook.channel import WebhookChannel, WebhookLimits
 from adapters.webhook.delivery import WebhookDelivery
 from adapters.webhook.signing import secret_key
@@ -349,7 +357,20 @@ async def test_a_stopped_channel_refuses_and_a_routeless_space_is_404(rig: Rig) 
     await rig.refused(MESSAGE, 503, "unavailable")
 
 
+async def test_a_reply_for_another_channels_thread_is_a_dead_letter(rig: Rig) -> None:
+    other = Outbound(
+        delivery_id="reply:s:r",
+        thread=ThreadRef(channel="web", space="default", thread="t1"),
+        kind="reply",
+        text="hi",
+    )
+    with pytest.raises(DeliveryError) as failed:
+        await rig.channel.deliver(other)
+    assert failed.value.permanent and "not a webhook thread" in failed.value.reason
+
+
 def test_the_channel_says_what_it_can_do_and_bounds_its_bodies(rig: Rig) -> None:
+    assert isinstance(rig.channel, ChannelAdapter)
     caps = rig.channel.capabilities
     assert (caps.threads, caps.decisions) == (True, True)
     assert (caps.edits, caps.streaming, caps.files) == (False, False, False)
