@@ -23,6 +23,7 @@ BUILT_IN = (
     "adapters.web.spec:SPEC",
     "adapters.slack.spec:SPEC",
     "adapters.email.spec:SPEC",
+    "adapters.webhook.spec:SPEC",
 )
 """The built-in channels, in the order the service starts them."""
 

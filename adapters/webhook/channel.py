@@ -1,0 +1,434 @@
+"""`WebhookChannel`: anything that can POST signed JSON talks to the agent and is answered so.
+
+In: ``POST /webhook/events`` (payloads in `adapters.webhook.payloads`), signed per Standard
+Webhooks. The signature headers and the timestamp are checked before the body is read (a
+request without them, or older than the tolerance, is refused unread), the body is bounded,
+then its signature is checked over the raw bytes, and only then is it parsed. A message is
+handed to the sink and acknowledged (202) only once the sink holds it durably; a sender's
+redelivery (same ``webhook-id``, or the same ``message_id``) is acknowledged again as a
+duplicate and taken once. A decision is taken only from a configured approver, then judged by
+the gateway; one that can change nothing stores nothing.
+
+Every refusal is one JSON envelope ``{"error": {"code", "message"}}`` and stores nothing: 400
+(``invalid_json``, ``invalid_request``, ``invalid_text``, ``empty_text``, ``text_too_long``),
+401 (``unsigned``, ``invalid_webhook_id``, ``stale_timestamp``, ``bad_signature``), 403
+``not_approver``, 404 ``not_routed``, 409 (``no_such_request``, ``not_the_request``,
+``no_longer_waiting``), 413 ``too_large``, 415 ``unsupported_media_type``, 503 ``unavailable``
+(with ``Retry-After``: send again; it is taken once).
+
+Out: `deliver` and `reconcile` are `WebhookDelivery`'s (signed POSTs to the configured URL).
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+from collections.abc import Mapping
+from dataclasses import dataclass
+from typing import Any, Literal
+
+from fastapi import APIRouter, Request
+from fastapi.responses import JSONResponse, Response
+from pydantic import ValidationError
+
+from adapters.channel import (
+    Acceptance,
+    Author,
+    Capabilities,
+    DecisionInbound,
+    DecisionItem,
+    DecisionRefused,
+    DeliveryError,
+    DeliveryReceipt,
+    Inbound,
+    InboundSink,
+    NotRouted,
+    Outbound,
+    Reconciled,
+    ThreadRef,
+    Unavailable,
+)
+from adapters.errors import AdapterError
+from adapters.webhook.delivery import WebhookDelivery
+from adapters.webhook.payloads import (
+    MAX_REPLY_CONTEXT_BYTES,
+    AuthorIn,
+    DecisionIn,
+    MessageIn,
+    parse_json,
+)
+from adapters.webhook.signing import SignatureRefused, check_headers, verify
+from harness_core import Clock, SystemClock
+
+__all__ = ["CHANNEL", "EVENTS_PATH", "WebhookChannel", "WebhookLimits"]
+
+log = logging.getLogger("adapters.webhook")
+
+CHANNEL = "webhook"
+EVENTS_PATH = "/webhook/events"
+
+WebhookRefusal = Literal[
+    "invalid_json",
+    "invalid_request",
+    "invalid_text",
+    "empty_text",
+    "text_too_long",
+    "unsigned",
+    "invalid_webhook_id",
+    "stale_timestamp",
+    "bad_signature",
+    "not_approver",
+    "not_routed",
+    "no_such_request",
+    "not_the_request",
+    "no_longer_waiting",
+    "too_large",
+    "unsupported_media_type",
+    "unavailable",
+]
+"""The webhook channel's closed error codes (a sender branches on them)."""
+_REFUSED_DECISION: dict[str, WebhookRefusal] = {
+    "no_wait": "no_such_request",
+    "mismatch": "not_the_request",
+    "closed": "no_longer_waiting",
+}
+
+
+@dataclass(frozen=True)
+class WebhookLimits:
+    """What the channel takes in."""
+
+    max_body_bytes: int = 256 * 1024
+    max_text_chars: int = 32_000
+    tolerance_s: int = 300
+    """How far a ``webhook-timestamp`` may be from the clock, either way."""
+    retry_after_s: int = 2
+    """``Retry-After`` of a 503."""
+
+
+class _Refused(AdapterError):
+    """A request refused with one status and one envelope (nothing was stored)."""
+
+    def __init__(
+        self, status: int, code: WebhookRefusal, message: str, retry_after_s: int | None = None
+    ) -> None:
+        super().__init__(message)
+        self.status = status
+        self.code: WebhookRefusal = code
+        self.message = message
+        self.retry_after_s = retry_after_s
+
+    def response(self) -> JSONResponse:
+        headers = {"cache-control": "no-store"}
+        if self.retry_after_s is not None:
+            headers["retry-after"] = str(self.retry_after_s)
+        return JSONResponse(
+            {"error": {"code": self.code, "message": self.message}},
+            status_code=self.status,
+            headers=headers,
+        )
+
+
+def _validation_refusal(exc: ValidationError) -> _Refused:
+    """The clearest 400 for a body that does not fit: its most specific error, named plainly."""
+    errors = exc.errors()
+    first = max(errors, key=lambda e: len(e["loc"]))
+    where = ".".join(str(part) for part in first["loc"]) or "body"
+    if first["type"] == "extra_forbidden":
+        message = f"unknown field {where!r}"
+    elif first["type"] == "missing":
+        message = f"{where!r} is required"
+    elif first["type"] == "string_pattern_mismatch":
+        message = f"{where!r} must be printable ASCII without spaces, 1-200 characters"
+    else:
+        message = f"{where!r}: {first['msg']}"
+    return _Refused(400, "invalid_request", message)
+
+
+def _check_text(value: str, what: str) -> None:
+    """Refuse what no store should hold: NUL characters and unpaired surrogates."""
+    if "\x00" in value:
+        raise _Refused(400, "invalid_text", f"{what} must not contain NUL characters")
+    try:
+        value.encode("utf-8")
+    except UnicodeEncodeError:
+        raise _Refused(400, "invalid_text", f"{what} is not valid Unicode text") from None
+
+
+def _author(value: AuthorIn | None) -> Author:
+    if value is None:
+        return Author(id="anonymous")
+    _check_text(value.id, "'author.id'")
+    _check_text(value.name or "", "'author.name'")
+    return Author(id=value.id, name=value.name)
+
+
+class WebhookChannel:
+    """The webhook channel: a `ChannelAdapter` named ``webhook`` (see the module docstring).
+
+    `inbound_keys` are the HMAC keys requests are checked with (more than one while a secret
+    is being rotated); `approvers` the author ids whose decisions are taken.
+    """
+
+    name = CHANNEL
+
+    def __init__(
+        self,
+        *,
+        delivery: WebhookDelivery,
+        inbound_keys: tuple[bytes, ...],
+        approvers: tuple[str, ...] = (),
+        clock: Clock | None = None,
+        limits: WebhookLimits | None = None,
+    ) -> None:
+        if not inbound_keys:
+            raise ValueError("the webhook channel needs a key to check requests with")
+        self.delivery = delivery
+        self.clock = clock or SystemClock()
+        self.limits = limits or WebhookLimits()
+        self.approvers = frozenset(approvers)
+        self._keys = inbound_keys
+        self._sink: InboundSink | None = None
+        self.router: APIRouter | None = self._build_router()
+        self.body_limits: Mapping[str, int] = {"/webhook/": self.limits.max_body_bytes}
+        """The bound of a request body under ``/webhook/`` (the app refuses more unread)."""
+        self.capabilities = Capabilities(decisions=True)
+        """Threads and decisions; a receiver edits nothing it was sent (a close is a POST)."""
+
+    async def start(self, sink: InboundSink) -> None:
+        """Take requests into `sink` from now on (nothing to connect to)."""
+        self._sink = sink
+
+    async def stop(self) -> None:
+        """Refuse requests from now on (503: the sender retries); deliveries go on."""
+        self._sink = None
+
+    async def close(self) -> None:
+        """Stop, and close the outbound connection pool."""
+        await self.stop()
+        await self.delivery.aclose()
+
+    async def deliver(self, outbound: Outbound) -> DeliveryReceipt:
+        """POST `outbound` to the receiver (`WebhookDelivery.deliver`).
+
+        Raises:
+            DeliveryError: not delivered, or with an unknown outcome (the retry reconciles);
+                permanent for a thread of another channel.
+        """
+        if outbound.thread.channel != self.name:
+            raise DeliveryError(
+                f"not a webhook thread: channel {outbound.thread.channel!r}", permanent=True
+            )
+        return await self.delivery.deliver(outbound)
+
+    async def reconcile(self, outbound: Outbound) -> Reconciled:
+        """Whether an attempt of `outbound` arrived (`WebhookDelivery.reconcile`)."""
+        return await self.delivery.reconcile(outbound)
+
+    # -- inbound -------------------------------------------------------------------------------
+
+    async def _signed_body(self, request: Request) -> tuple[str, bytes]:
+        """The request's webhook-id and raw body, its signature checked; else a refusal."""
+        try:
+            msg_id, sent_s, signatures = check_headers(
+                request.headers,
+                now_s=self.clock.now_ms() // 1000,
+                tolerance_s=self.limits.tolerance_s,
+            )
+        except SignatureRefused as exc:
+            raise _Refused(401, exc.code, exc.message) from None
+        media_type = request.headers.get("content-type", "").split(";", 1)[0].strip().lower()
+        if media_type != "application/json":
+            raise _Refused(
+                415, "unsupported_media_type", "the request body must be application/json"
+            )
+        limit = self.limits.max_body_bytes
+        chunks: list[bytes] = []
+        size = 0
+        async for chunk in request.stream():
+            size += len(chunk)
+            if size > limit:
+                raise _Refused(413, "too_large", f"the request body exceeds {limit} bytes")
+            chunks.append(chunk)
+        body = b"".join(chunks)
+        try:
+            verify(self._keys, msg_id, sent_s, signatures, body)
+        except SignatureRefused as exc:
+            raise _Refused(401, exc.code, exc.message) from None
+        return msg_id, body
+
+    async def events(self, request: Request) -> Response:
+        """``POST /webhook/events``: a message or a decision, signed."""
+        msg_id, body = await self._signed_body(request)
+        if not body.strip():
+            raise _Refused(400, "invalid_json", "the request body is empty")
+        try:
+            raw = parse_json(body)
+        except ValueError:
+            raise _Refused(400, "invalid_json", "the request body is not valid JSON") from None
+        if not isinstance(raw, dict):
+            raise _Refused(400, "invalid_request", "the request body must be a JSON object")
+        kind = raw.get("type", "message")
+        if kind == "message":
+            return await self._message(msg_id, raw)
+        if kind == "decision":
+            return await self._decision(msg_id, raw)
+        raise _Refused(400, "invalid_request", '\'type\' must be "message" or "decision"')
+
+    async def _message(self, msg_id: str, raw: dict[str, Any]) -> Response:
+        try:
+            body = MessageIn.model_validate(raw)
+        except ValidationError as exc:
+            raise _validation_refusal(exc) from None
+        if not body.text.strip():
+            raise _Refused(400, "empty_text", "'text' is empty")
+        if len(body.text) > self.limits.max_text_chars:
+            raise _Refused(
+                400,
+                "text_too_long",
+                f"'text' has {len(body.text)} characters; at most "
+                f"{self.limits.max_text_chars} are taken",
+            )
+        _check_text(body.text, "'text'")
+        context = self._reply_context(body.reply_context)
+        author = _author(body.author)
+        sink = self._sink_or_refuse()
+        try:
+            inbound = Inbound(
+                thread=ThreadRef(channel=self.name, space=body.space, thread=body.thread),
+                message_id=body.message_id or msg_id,
+                author=author,
+                text=body.text,
+                received_at_ms=self.clock.now_ms(),
+                reply_context=context,
+            )
+        except ValidationError as exc:  # what the durable types refuse (a context too deep)
+            raise _validation_refusal(exc) from None
+        acceptance = await self._hold(sink.accept, inbound)
+        return JSONResponse(
+            {
+                **acceptance.model_dump(mode="json", exclude={"first"}),
+                "message_id": inbound.message_id,
+                "space": body.space,
+                "thread": body.thread,
+            },
+            status_code=202,
+        )
+
+    async def _decision(self, msg_id: str, raw: dict[str, Any]) -> Response:
+        try:
+            body = DecisionIn.model_validate(raw)
+        except ValidationError as exc:
+            raise _validation_refusal(exc) from None
+        for value in (body.run_id, body.wait_id, body.session or ""):
+            _check_text(value, "an id")
+        for d in body.decisions:
+            _check_text(d.tool_call_id + d.args_digest + (d.reason or ""), "a decision")
+        ids = [d.tool_call_id for d in body.decisions]
+        if len(set(ids)) != len(ids):
+            raise _Refused(400, "invalid_request", "a call is decided twice in one request")
+        author = _author(body.author)
+        if author.id not in self.approvers:
+            raise _Refused(
+                403,
+                "not_approver",
+                f"{author.id!r} may not decide approval requests here (webhook_approvers)",
+            )
+        sink = self._sink_or_refuse()
+        decision = DecisionInbound(
+            thread=ThreadRef(channel=self.name, space=body.space, thread=body.thread),
+            run_id=body.run_id,
+            wait_id=body.wait_id,
+            session=body.session,
+            decisions=tuple(
+                DecisionItem(
+                    tool_call_id=d.tool_call_id,
+                    args_digest=d.args_digest,
+                    approved=d.approved,
+                    reason=d.reason,
+                )
+                for d in body.decisions
+            ),
+            decided_by=author,
+            idempotency_key=body.idempotency_key or msg_id,
+            received_at_ms=self.clock.now_ms(),
+        )
+        acceptance = await self._hold(sink.decide, decision)
+        answer: dict[str, Any] = {
+            **acceptance.model_dump(mode="json", exclude={"first"}),
+            "idempotency_key": decision.idempotency_key,
+            "space": body.space,
+            "thread": body.thread,
+        }
+        if acceptance.first is not None:  # a second decision: who took it, and how
+            first = acceptance.first
+            answer["decided_by"] = first.decided_by.model_dump(mode="json")
+            answer["decisions"] = [d.model_dump(mode="json") for d in first.decisions]
+        return JSONResponse(answer, status_code=202)
+
+    def _reply_context(self, value: dict[str, Any]) -> dict[str, Any]:
+        text = json.dumps(value, separators=(",", ":"), ensure_ascii=False)
+        _check_text(text, "'reply_context'")
+        size = len(text.encode())
+        if size > MAX_REPLY_CONTEXT_BYTES:
+            raise _Refused(
+                400,
+                "invalid_request",
+                f"'reply_context' is {size} bytes of JSON; at most {MAX_REPLY_CONTEXT_BYTES}",
+            )
+        return value
+
+    def _sink_or_refuse(self) -> InboundSink:
+        if self._sink is None:
+            raise _Refused(
+                503,
+                "unavailable",
+                "the webhook channel is not running; send again later",
+                self.limits.retry_after_s,
+            )
+        return self._sink
+
+    async def _hold(self, call: Any, what: Inbound | DecisionInbound) -> Acceptance:
+        try:
+            acceptance: Acceptance = await call(what)
+        except NotRouted as exc:
+            raise _Refused(404, "not_routed", str(exc) or "no session serves this space") from None
+        except DecisionRefused as exc:  # it could change nothing: nothing was stored
+            raise _Refused(409, _REFUSED_DECISION[exc.code], exc.message) from None
+        except Unavailable as exc:
+            raise _Refused(
+                503,
+                "unavailable",
+                str(exc) or "the gateway cannot hold the message now; send it again",
+                self.limits.retry_after_s,
+            ) from None
+        log.info(
+            "webhook taken",
+            extra={
+                "lane": what.thread.lane,
+                "item_id": acceptance.item_id,
+                "duplicate": acceptance.duplicate,
+            },
+        )
+        return acceptance
+
+    def _build_router(self) -> APIRouter:
+        router = APIRouter(tags=["webhook channel"])
+
+        async def events(request: Request) -> Response:
+            try:
+                return await self.events(request)
+            except _Refused as refused:
+                log.info("webhook refused", extra={"code": refused.code})
+                return refused.response()
+
+        router.add_api_route(
+            EVENTS_PATH,
+            events,
+            methods=["POST"],
+            status_code=202,
+            name="webhook.events",
+            summary="A message or a decision, signed (Standard Webhooks).",
+            response_class=Response,
+        )
+        return router
