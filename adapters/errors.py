@@ -12,9 +12,11 @@ Tree::
     │                                 whether to reconcile first, retry, or give up
     ├── MailboxError                  the web mailbox cannot do what was asked
     │   └── MailboxUnavailable        its backend did not answer
-    └── ImapError                     an IMAP command failed
-        ├── ImapGone                  the connection is lost
-        └── ImapRefused               the server refused the login
+    ├── ImapError                     an IMAP command failed
+    │   ├── ImapGone                  the connection is lost
+    │   └── ImapRefused               the server refused the login
+    ├── RegistryError                 a channel spec cannot be loaded, or two share a name
+    └── SignatureRefused              a webhook request's signature or timestamp is refused
 
 Callers branch on the class or its closed `code`, never on the message. An adapter imports no
 gateway code, so the gateway's `GatewayError` is a separate root.
