@@ -61,8 +61,8 @@ def site(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Iterator[Path]:
 
 def test_the_built_in_channels_load_with_defaults_that_keep_only_the_web_on() -> None:
     specs = channel_specs()[: len(BUILT_IN)]
-    assert [spec.name for spec in specs] == ["web", "slack", "email"]
-    assert [spec.enabled(spec.section()) for spec in specs] == [True, False, False]
+    assert [spec.name for spec in specs] == ["web", "slack", "email", "webhook"]
+    assert [spec.enabled(spec.section()) for spec in specs] == [True, False, False, False]
 
 
 def test_an_installed_channel_is_read_built_and_described_by_its_entry_point(site: Path) -> None:
