@@ -30,7 +30,7 @@ from gateway.collector import tune_collector
 from gateway.logs import configure, event
 from gateway.service import Service, StartRefused
 from gateway.waits import until_done
-from harness_core.storage.urls import without_password
+from harness_core.backends.urls import without_password
 
 __all__ = ["serve"]
 
