@@ -43,7 +43,7 @@ scheme); the message names the forms the thing accepts."""
 REDIS_SCHEMES = ("redis", "rediss", "redis+cluster", "rediss+cluster")
 """A server (``rediss``: TLS), or a Redis Cluster through one startup node (``+cluster``)."""
 
-SHOWN_LENGTH = 200
+_SHOWN_LENGTH = 200
 """The longest URL a message shows whole (a longer one is cut, its length said)."""
 _PART_LENGTH = 60
 """The longest option name or value a message quotes whole."""
@@ -52,7 +52,7 @@ _T = TypeVar("_T")
 _A = TypeVar("_A")
 _L = TypeVar("_L")
 _L_co = TypeVar("_L_co", covariant=True)
-_DATABASE = re.compile(r"/?|/\d+")
+_DATABASE = re.compile(r"/?|/[0-9]+")
 _CLUSTER_DATABASE = re.compile(r"/?|/0")
 
 
@@ -70,8 +70,8 @@ def without_password(url: str) -> str:
 
 
 def shown(url: str) -> str:
-    """`url` as a message shows it: without its password, quoted, cut past `SHOWN_LENGTH`."""
-    return _quoted(without_password(url), SHOWN_LENGTH)
+    """`url` as a message shows it: without its password, quoted, cut past `_SHOWN_LENGTH`."""
+    return _quoted(without_password(url), _SHOWN_LENGTH)
 
 
 def _quoted(text: str, limit: int = _PART_LENGTH) -> str:

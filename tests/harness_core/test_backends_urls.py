@@ -124,6 +124,7 @@ REFUSED = {
     "bad database": ("redis://h/zero", "the path must be empty or a database number"),
     "negative db": ("redis://h/-1", "the path must be empty or a database number"),
     "extra path": ("redis://h/0/x", "the path must be empty or a database number"),
+    "arabic digit db": ("redis://h/\u0663", "the path must be empty or a database number"),
     "cluster db": ("redis+cluster://h:1/1", "a Redis Cluster has database 0 only"),
     "redis option": ("redis://h/0?db=1", "unknown option 'db' (known: ['prefix'])"),
     "prefix brace": ("redis://h/0?prefix=a{b}", "invalid redis key prefix 'a{b}'"),
