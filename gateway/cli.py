@@ -30,10 +30,11 @@ from gateway.invocation import command
 from gateway.redact import Redactor
 from harness_core import (
     HarnessError,
+    SessionError,
     SessionRepo,
     open_repo,
 )
-from harness_core.storage.urls import without_password
+from harness_core.backends.urls import without_password
 
 __all__ = ["main"]
 
@@ -122,9 +123,12 @@ async def _run(args: argparse.Namespace, settings: Settings) -> int:
         else:
             question = " ".join(args.question)
             return await ask(repo, settings, args.lane, question, out, terminal())
-    except (sqlite3.Error, OSError) as exc:  # the backend could not open the store
+    except (SessionError, sqlite3.Error, OSError) as exc:  # the store's file cannot be used
+        cause = exc.__cause__ if isinstance(exc, SessionError) else exc
+        if not isinstance(cause, sqlite3.Error | OSError):
+            raise
         raise CliError(
-            f"cannot use the store {without_password(url)}: {_store_problem(exc)}", status=1
+            f"cannot use the store {without_password(url)}: {_store_problem(cause)}", status=1
         ) from exc
     finally:
         await repo.close()

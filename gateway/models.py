@@ -24,8 +24,8 @@ from harness_core import (
     ModelRef,
     ScriptedModel,
 )
+from harness_core.backends.urls import without_password
 from harness_core.models.scripted import echo_responder
-from harness_core.storage.urls import without_password
 
 if TYPE_CHECKING:
     from pydantic_ai.exceptions import ModelAPIError

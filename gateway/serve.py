@@ -31,8 +31,8 @@ from gateway.collector import tune_collector
 from gateway.logs import configure, event
 from gateway.service import Service, StartRefused
 from gateway.waits import until_done
+from harness_core.backends.urls import without_password
 from harness_core.clock import SystemClock
-from harness_core.storage.urls import without_password
 
 __all__ = ["serve"]
 

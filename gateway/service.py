@@ -54,7 +54,7 @@ from harness_core import (
     Tool,
     open_repo,
 )
-from harness_core.storage.urls import without_password
+from harness_core.backends.urls import without_password
 
 __all__ = ["Service", "ServiceParts", "StartRefused", "default_worker_id"]
 

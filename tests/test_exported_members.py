@@ -23,6 +23,8 @@ ROOT = Path(__file__).resolve().parent.parent
 NAMESPACES = {
     "harness_core.session": "the stored vocabulary and the storage contract (entries, records)",
     "harness_core.storage": "the backends; programs open them with harness_core.open_repo",
+    "harness_core.backends": "the plumbing under the store, the broker and the web mailbox "
+    "(SQLite, Redis, URLs), one module per backend family",
     "harness_core.testing": "the test kit (conformance suite, builders, manual clock)",
     "harness_core.texts": "what the model reads from the harness; exported as a module",
     "harness_core.models.conversion": "pydantic-ai message interop (HarnessState uses it)",

@@ -25,16 +25,24 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
-import re
 import unicodedata
 from collections.abc import Iterator
 from typing import Literal, Protocol, runtime_checkable
-from urllib.parse import parse_qs, urlsplit, urlunsplit
 
 from pydantic import Field
 
 from adapters.channel import ApprovalClosed, ApprovalView, Author, DecisionItem
 from adapters.errors import AdapterError
+from harness_core.backends.urls import (
+    MemoryUrl,
+    MemoryUrls,
+    Openers,
+    PathUrl,
+    RedisUrl,
+    RedisUrls,
+    SqliteUrls,
+    shown,
+)
 from harness_core.frozen import Frozen
 
 __all__ = [
@@ -348,53 +356,42 @@ class MemoryMailbox:
 
 
 def _refuse(url: str, why: str | None) -> MailboxError:
-    what = f"web mailbox URL {url!r}: {why}" if why else f"unsupported web mailbox URL {url!r}"
+    what = (
+        f"web mailbox URL {shown(url)}: {why}"
+        if why
+        else f"unsupported web mailbox URL {shown(url)}"
+    )
     return MailboxError(f"{what}; {ACCEPTED_URLS}")
+
+
+def _memory(_: MemoryUrl, __: None) -> WebMailbox:
+    return MemoryMailbox()
+
+
+def _sqlite(url: PathUrl, _: None) -> WebMailbox:
+    from adapters.web.sqlite import SqliteMailbox
+
+    return SqliteMailbox(url.path)
+
+
+def _redis(url: RedisUrl, _: None) -> WebMailbox:
+    from adapters.web.redis import RedisMailbox
+
+    return RedisMailbox(url.server, prefix=url.prefix, cluster=url.cluster)
+
+
+_OPENERS: Openers[WebMailbox, None] = Openers(_refuse)
+_OPENERS.add(MemoryUrls(), _memory)
+_OPENERS.add(SqliteUrls(memory_ok=True), _sqlite)
+_OPENERS.add(RedisUrls(default_prefix="gww"), _redis)
 
 
 def open_mailbox(url: str = DEFAULT_MAILBOX_URL) -> WebMailbox:
     """The mailbox a URL names (see the module docstring); nothing is created or contacted yet.
 
+    The URL is parsed by `harness_core.backends.urls`, as the store's and the broker's are.
+
     Raises:
         MailboxError: an unknown scheme, a malformed path or server, or an unknown option.
     """
-    scheme, separator, rest = url.partition("://")
-    if not separator:
-        raise _refuse(url, None)
-    parts = urlsplit(url)
-    query = parse_qs(parts.query, keep_blank_values=True)
-    if scheme == "memory":
-        if rest:
-            raise _refuse(url, "memory:// takes no host, path or option")
-        return MemoryMailbox()
-    if scheme == "sqlite":
-        if query:
-            raise _refuse(url, f"unknown option(s) {sorted(query)}")
-        location = rest.split("?", 1)[0]
-        if not location.startswith("/") or len(location) < 2 or location.endswith("/"):
-            raise _refuse(url, "expected sqlite:///relative.db or sqlite:////absolute.db")
-        from adapters.web.sqlite import SqliteMailbox
-
-        return SqliteMailbox(location[1:])
-    if scheme in ("redis", "rediss", "redis+cluster", "rediss+cluster"):
-        unknown = sorted(set(query) - {"prefix"})
-        if unknown:
-            raise _refuse(url, f"unknown option(s) {unknown} (known: ['prefix'])")
-        prefix = query.get("prefix", ["gww"])[-1]
-        if not re.fullmatch(r"[^{}\s:]+", prefix):
-            raise _refuse(url, f"invalid key prefix {prefix!r} (no braces, colons or spaces)")
-        try:
-            port = parts.port
-        except ValueError:
-            raise _refuse(url, "the port must be a number from 1 to 65535") from None
-        if not parts.hostname or (port is not None and not 1 <= port <= 65535):
-            raise _refuse(url, "a host (and a port from 1 to 65535) is required")
-        base, _, cluster = scheme.partition("+")
-        if parts.fragment or not re.fullmatch(r"/?" if cluster else r"/?|/\d+", parts.path):
-            why = "a cluster URL has no path" if cluster else "the path must be empty or a db"
-            raise _refuse(url, why)
-        from adapters.web.redis import RedisMailbox
-
-        server = urlunsplit((base, parts.netloc, parts.path, "", ""))
-        return RedisMailbox(server, prefix=prefix, cluster=bool(cluster))
-    raise _refuse(url, None)
+    return _OPENERS.open(url, None)

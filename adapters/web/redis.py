@@ -9,24 +9,21 @@ Keys (prefix P, default ``gww``), hash-tagged per thread so one thread lives in 
   written before the item, so every thread with items is listed.
 
 An append is one Lua script (look the identity up; else take the next seq, ``XADD``, record the
-identity), atomic on the server. redis-py's automatic retries are off, as for the store: a write
-whose reply was lost raises `MailboxUnavailable` with ``unknown_outcome`` (retrying it is safe:
-the identity makes the second append a no-op). Waiters block in ``XREAD BLOCK`` on the thread's
+identity), atomic on the server, run by sha (loaded again if the server lost it). Clients, keys
+and scripts are made as the store's and the broker's are (`harness_core.backends.redis`):
+redis-py's automatic retries are off, so a write whose reply was lost raises
+`MailboxUnavailable` with ``unknown_outcome`` (retrying it is safe: the identity makes the
+second append a no-op). Waiters block in ``XREAD BLOCK`` on the thread's
 stream, each on its own connection, so a client connected to one process sees at once what
 another process delivered.
 """
 
 from __future__ import annotations
 
-import asyncio
 import json
 from collections.abc import Mapping
 from typing import Any, Protocol, cast
 
-import redis.asyncio as aioredis
-from redis.asyncio.cluster import RedisCluster
-from redis.asyncio.retry import Retry
-from redis.backoff import NoBackoff
 from redis.exceptions import RedisError
 
 from adapters.web.mailbox import (
@@ -39,6 +36,16 @@ from adapters.web.mailbox import (
     WebThread,
     check_name,
     item_key,
+)
+from harness_core.backends.redis import (
+    KeySpace,
+    Once,
+    ScriptPipeline,
+    Scripts,
+    close_clients,
+    connect,
+    discover,
+    split_cluster,
 )
 
 __all__ = ["RedisMailbox"]
@@ -59,13 +66,8 @@ return {1, seq, ARGV[2]}
 """
 
 _MAX_BLOCK_S = 30.0
-_CLUSTER_MAX_CONNECTIONS = 10_000
 
 Stream = list[tuple[str, dict[str, str]]]
-
-
-class _Script(Protocol):
-    async def __call__(self, keys: list[str], args: list[str]) -> Any: ...
 
 
 class _Client(Protocol):
@@ -80,8 +82,9 @@ class _Client(Protocol):
     async def xread(
         self, streams: Mapping[str, str], count: int | None = None, block: int | None = None
     ) -> list[tuple[str, Stream]]: ...
-    def register_script(self, script: str) -> _Script: ...
-    async def initialize(self) -> object: ...
+    async def evalsha(self, sha: str, numkeys: int, *keys_and_args: str | int | bytes) -> Any: ...
+    async def script_load(self, script: str) -> str: ...
+    def pipeline(self, transaction: bool = True) -> ScriptPipeline: ...
     async def aclose(self) -> None: ...
 
 
@@ -93,7 +96,8 @@ def _item(entry_id: str, fields: dict[str, str]) -> WebItem:
 class RedisMailbox:
     """Threads in Redis (7.0 or newer); `cluster`: a Redis Cluster through one startup node.
 
-    Every script and every command touches keys of one slot, so a cluster needs nothing else.
+    `cluster` None: the URL says (``redis+cluster://``). Every script and every command touches
+    keys of one slot, so a cluster needs nothing else.
     """
 
     def __init__(
@@ -101,55 +105,53 @@ class RedisMailbox:
         url: str = "redis://127.0.0.1:6379/0",
         *,
         prefix: str = "gww",
-        cluster: bool = False,
+        cluster: bool | None = None,
         socket_timeout: float = 10.0,
     ) -> None:
-        if not prefix or any(ch in prefix for ch in "{}: \t\r\n"):
-            raise MailboxError(f"invalid redis key prefix {prefix!r}")
+        try:
+            self._keys = KeySpace(prefix)
+            self.cluster = split_cluster(url)[1] if cluster is None else cluster
+            self._client = cast(
+                _Client, connect(url, cluster=self.cluster, socket_timeout=socket_timeout)
+            )
+            # waiters hold a connection each while blocked: their own pool, a longer read timeout
+            self._blocking = cast(
+                _Client,
+                connect(
+                    url,
+                    cluster=self.cluster,
+                    socket_timeout=socket_timeout,
+                    read_timeout=_MAX_BLOCK_S + socket_timeout,
+                ),
+            )
+        except ValueError as exc:
+            raise MailboxError(str(exc)) from None
         self.url = url
         self.prefix = prefix
-        options: dict[str, Any] = {
-            "decode_responses": True,
-            "socket_connect_timeout": socket_timeout,
-            "retry": Retry(NoBackoff(), 0),
-            "protocol": 2,
-        }
-        connect: Any = RedisCluster.from_url if cluster else aioredis.Redis.from_url
-        if cluster:  # redis-py's cluster client raises, rather than waits, past its pool size
-            options["max_connections"] = _CLUSTER_MAX_CONNECTIONS
-        self.cluster = cluster
-        self._client = cast(_Client, connect(url, socket_timeout=socket_timeout, **options))
-        # waiters hold a connection each while blocked: their own pool, a longer read timeout
-        self._blocking = cast(
-            _Client, connect(url, socket_timeout=_MAX_BLOCK_S + socket_timeout, **options)
-        )
-        self._append = self._client.register_script(_APPEND)
-        self._initialized = not cluster
-        self._initializing = asyncio.Lock()
+        self._scripts = Scripts({"append": _APPEND})
+        self._set_up = Once(self._setup)
         self._closed = False
 
     def thread_key(self, space: str, thread: str, name: str) -> str:
         """A key of a thread: ``<prefix>:{<space>:<thread>}:<name>``."""
-        return f"{self.prefix}:{{{space}:{thread}}}:{name}"
+        return self._keys.key(f"{space}:{thread}", name)
 
     def index_key(self, space: str) -> str:
         """The sorted set listing a space's threads."""
-        return f"{self.prefix}:{{index:{space}}}:threads"
+        return self._keys.key(f"index:{space}", "threads")
+
+    async def _setup(self) -> None:
+        """Before the first command: a cluster's topology, for both pools."""
+        try:
+            await discover(self._client)
+            await discover(self._blocking)
+        except RedisError as exc:
+            raise MailboxUnavailable(f"redis: {type(exc).__name__}: {exc}") from exc
 
     async def _ready(self) -> None:
         if self._closed:
             raise MailboxUnavailable("the web mailbox is closed")
-        if self._initialized:
-            return
-        # redis-py's cluster client fails commands that race its first topology discovery
-        async with self._initializing:
-            if not self._initialized:
-                try:
-                    await self._client.initialize()
-                    await self._blocking.initialize()
-                except RedisError as exc:
-                    raise MailboxUnavailable(f"redis: {type(exc).__name__}: {exc}") from exc
-                self._initialized = True
+        await self._set_up()
 
     async def append(self, space: str, thread: str, item: NewWebItem) -> WebAppend:
         """Append `item` unless the thread holds its identity (one script)."""
@@ -159,7 +161,9 @@ class RedisMailbox:
         keys = [self.thread_key(space, thread, "items"), self.thread_key(space, thread, "keys")]
         try:
             await self._client.zadd(self.index_key(space), {thread: item.at_ms}, gt=True)
-            reply = await self._append(keys=keys, args=[item.key, item.model_dump_json()])
+            reply = await self._scripts.run(
+                self._client, "append", keys, [item.key, item.model_dump_json()]
+            )
         except RedisError as exc:
             raise MailboxUnavailable(
                 f"redis: {type(exc).__name__}: {exc}", unknown_outcome=True
@@ -247,5 +251,4 @@ class RedisMailbox:
         if self._closed:
             return
         self._closed = True
-        await self._blocking.aclose()
-        await self._client.aclose()
+        await close_clients(self._blocking, self._client)

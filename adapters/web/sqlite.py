@@ -1,20 +1,18 @@
 """The web mailbox in one SQLite file (the embedded default; one process).
 
 Every append is one ``BEGIN IMMEDIATE`` transaction: look the identity up, else take the
-thread's next sequence number and insert the item. WAL mode, ``synchronous=NORMAL`` (a process
-crash loses nothing acknowledged). All SQLite calls run on one thread, in submission order.
-Waiters of this process wake at once; another process writing the same file is seen by
-polling (`poll_s`).
+thread's next sequence number and insert the item. The file is opened as the store's and the
+broker's are (`harness_core.backends.sqlite`): WAL mode, ``synchronous=NORMAL`` (a process crash
+loses nothing acknowledged). All SQLite calls run on one thread, in submission order. Waiters
+of this process wake at once; another process writing the same file is seen by polling
+(`poll_s`).
 """
 
 from __future__ import annotations
 
-import asyncio
-import contextlib
 import json
 import sqlite3
 from collections.abc import Callable
-from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 from typing import TypeVar
 
@@ -30,6 +28,7 @@ from adapters.web.mailbox import (
     item_key,
     wait_with_signals,
 )
+from harness_core.backends.sqlite import ConnectionPolicy, Database, SqliteExecutor
 
 __all__ = ["SqliteMailbox"]
 
@@ -55,8 +54,20 @@ CREATE TABLE IF NOT EXISTS web_items (
 """
 
 
+_POLICY = ConnectionPolicy(busy_timeout_ms=5_000)
+"""WAL, ``synchronous=NORMAL``; a request waits at most 5 s for another process's lock."""
+
+
 def _item(seq: int, body: str) -> WebItem:
     return WebItem.model_validate({**json.loads(body), "seq": seq})
+
+
+class _Db(Database):
+    """The mailbox's connection and tables."""
+
+    def setup(self) -> None:
+        """Create the tables (every statement is ``CREATE ... IF NOT EXISTS``)."""
+        self.conn.executescript(_SCHEMA)
 
 
 class SqliteMailbox:
@@ -65,35 +76,17 @@ class SqliteMailbox:
     def __init__(self, path: str | Path, *, poll_s: float = 1.0) -> None:
         self.path = Path(path)
         self.poll_s = poll_s
-        self._executor = ThreadPoolExecutor(max_workers=1, thread_name_prefix="web-mailbox")
-        self._conn: sqlite3.Connection | None = None
+        self._io = SqliteExecutor(
+            self.path,
+            lambda: _Db(self.path, _POLICY),
+            name="web-mailbox",
+            failed=lambda exc: MailboxUnavailable(f"sqlite: {type(exc).__name__}: {exc}"),
+            closed_error=lambda: MailboxUnavailable("the web mailbox is closed"),
+        )
         self._signals = Signals()
-        self._closed = False
-
-    def _connection(self) -> sqlite3.Connection:
-        if self._conn is None:
-            self.path.parent.mkdir(parents=True, exist_ok=True)
-            conn = sqlite3.connect(
-                self.path, isolation_level=None, check_same_thread=False, timeout=5.0
-            )
-            try:
-                conn.execute("PRAGMA journal_mode=WAL")
-                conn.execute("PRAGMA synchronous=NORMAL")
-                conn.executescript(_SCHEMA)
-            except BaseException:
-                conn.close()
-                raise
-            self._conn = conn
-        return self._conn
 
     async def _run(self, work: Callable[[sqlite3.Connection], _T]) -> _T:
-        if self._closed:
-            raise MailboxUnavailable("the web mailbox is closed")
-        loop = asyncio.get_running_loop()
-        try:
-            return await loop.run_in_executor(self._executor, lambda: work(self._connection()))
-        except (sqlite3.Error, OSError) as exc:
-            raise MailboxUnavailable(f"sqlite: {type(exc).__name__}: {exc}") from exc
+        return await self._io.call(lambda db: work(db.conn))
 
     async def append(self, space: str, thread: str, item: NewWebItem) -> WebAppend:
         """Append `item` unless the thread holds its identity (one transaction)."""
@@ -102,15 +95,13 @@ class SqliteMailbox:
         key = item.key
         body = item.model_dump_json()
 
-        def work(conn: sqlite3.Connection) -> WebAppend:
-            conn.execute("BEGIN IMMEDIATE")
-            try:
+        def work(db: _Db) -> WebAppend:
+            with db.transaction() as conn:
                 row = conn.execute(
                     "SELECT seq, body FROM web_items WHERE space=? AND thread=? AND key=?",
                     (space, thread, key),
                 ).fetchone()
                 if row is not None:
-                    conn.execute("ROLLBACK")
                     return WebAppend(item=_item(row[0], row[1]), created=False)
                 last = conn.execute(
                     "SELECT last_seq FROM web_threads WHERE space=? AND thread=?",
@@ -126,13 +117,9 @@ class SqliteMailbox:
                 conn.execute(
                     "INSERT INTO web_items VALUES (?,?,?,?,?)", (space, thread, seq, key, body)
                 )
-            except BaseException:
-                conn.execute("ROLLBACK")
-                raise
-            conn.execute("COMMIT")
             return WebAppend(item=_item(seq, body), created=True)
 
-        appended = await self._run(work)
+        appended = await self._io.call(work)
         if appended.created:
             self._signals.notify(space, thread)
         return appended
@@ -190,17 +177,6 @@ class SqliteMailbox:
         return await self._run(work)
 
     async def close(self) -> None:
-        """Close the file (idempotent); waiters return."""
-        if self._closed:
-            return
-        self._closed = True
+        """Close the file after the calls in flight (idempotent); waiters return."""
         self._signals.close()
-
-        def shut() -> None:
-            if self._conn is not None:
-                with contextlib.suppress(sqlite3.Error):
-                    self._conn.close()
-                self._conn = None
-
-        await asyncio.get_running_loop().run_in_executor(self._executor, shut)
-        self._executor.shutdown(wait=False)
+        await self._io.close()

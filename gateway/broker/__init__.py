@@ -13,16 +13,19 @@ slashes and a relative path, four for an absolute one):
 
 Anything else (an unknown scheme, an empty path, a path naming a directory, a bad port or
 database number, an unknown option) is refused with ``BrokerError("invalid_url")`` naming these
-forms, before anything is created or contacted.
+forms, before anything is created or contacted. The URLs are parsed by
+`harness_core.backends.urls` (the store's and the web mailbox's parsers too); a backend here is
+one `Openers.add` line.
 """
 
 from __future__ import annotations
 
+from dataclasses import dataclass
 from typing import Any
 
 from gateway.broker.contract import Broker, BrokerError
 from harness_core import Clock, IdGenerator
-from harness_core.storage.urls import UrlRules, without_password
+from harness_core.backends.urls import Openers, PathUrl, RedisUrl, RedisUrls, SqliteUrls, shown
 
 __all__ = ["ACCEPTED_BROKER_URLS", "BrokerError", "open_broker"]
 
@@ -34,12 +37,56 @@ ACCEPTED_BROKER_URLS = (
 
 
 def _refuse(url: str, why: str | None) -> BrokerError:
-    shown = without_password(url)  # errors are printed and logged
-    what = f"broker URL {shown!r}: {why}" if why else f"unsupported broker URL {shown!r}"
+    what = f"broker URL {shown(url)}: {why}" if why else f"unsupported broker URL {shown(url)}"
     return BrokerError("invalid_url", f"{what}; {ACCEPTED_BROKER_URLS}")
 
 
-_url_rules = UrlRules(_refuse)
+@dataclass(frozen=True)
+class _Given:
+    """What `open_broker`'s caller gives every backend (None: the backend's default)."""
+
+    clock: Clock | None
+    ids: IdGenerator | None
+    visibility_timeout_ms: int | None
+    dedupe_ttl_ms: int | None
+
+    def settings(self) -> dict[str, Any]:
+        """The keyword arguments given, for a backend's constructor."""
+        return {
+            key: value
+            for key, value in (
+                ("ids", self.ids),
+                ("visibility_timeout_ms", self.visibility_timeout_ms),
+                ("dedupe_ttl_ms", self.dedupe_ttl_ms),
+            )
+            if value is not None
+        }
+
+
+def _sqlite(url: PathUrl, given: _Given) -> Broker:
+    from gateway.broker.sqlite import SqliteBroker
+
+    full = url.options.get("synchronous") == "full"
+    return SqliteBroker(
+        url.path, synchronous="full" if full else "normal", clock=given.clock, **given.settings()
+    )
+
+
+def _redis(url: RedisUrl, given: _Given) -> Broker:
+    from gateway.broker.redis import RedisBroker  # imported when used, like SqliteBroker
+
+    return RedisBroker(
+        url.server,
+        prefix=url.prefix,
+        cluster=url.cluster,
+        clock=given.clock,
+        **given.settings(),
+    )
+
+
+_OPENERS: Openers[Broker, _Given] = Openers(_refuse)
+_OPENERS.add(SqliteUrls(options={"synchronous": ("normal", "full")}), _sqlite)
+_OPENERS.add(RedisUrls(default_prefix="gwb"), _redis)
 
 
 def open_broker(
@@ -62,29 +109,4 @@ def open_broker(
             database number, a path of the wrong kind, or an unknown option; the message names
             the accepted forms.
     """
-    scheme, separator, _ = url.partition("://")
-    if not separator:
-        raise _refuse(url, None)
-    settings: dict[str, Any] = {
-        key: value
-        for key, value in (
-            ("ids", ids),
-            ("visibility_timeout_ms", visibility_timeout_ms),
-            ("dedupe_ttl_ms", dedupe_ttl_ms),
-        )
-        if value is not None
-    }
-    if scheme == "sqlite":
-        path = _url_rules.path(url, scheme, directory=False)
-        options = _url_rules.options(url, {"synchronous": ("normal", "full")})
-        from gateway.broker.sqlite import SqliteBroker
-
-        full = options.get("synchronous") == "full"
-        return SqliteBroker(path, synchronous="full" if full else "normal", clock=clock, **settings)
-    if scheme in ("redis", "rediss", "redis+cluster", "rediss+cluster"):
-        server = _url_rules.redis_server(url, scheme=scheme, cluster=scheme.endswith("+cluster"))
-        prefix = _url_rules.prefix(url, "gwb")
-        from gateway.broker.redis import RedisBroker  # imported when used, like SqliteBroker
-
-        return RedisBroker(server, prefix=prefix, clock=clock, **settings)
-    raise _refuse(url, None)
+    return _OPENERS.open(url, _Given(clock, ids, visibility_timeout_ms, dedupe_ttl_ms))

@@ -47,14 +47,9 @@ import contextlib
 import json
 import zlib
 from collections.abc import AsyncIterator, Awaitable, Callable, Mapping, Sequence
-from importlib import resources
 from typing import Any, Protocol, TypeVar, cast
 
-import redis.asyncio as aioredis
-from redis.asyncio.cluster import RedisCluster
-from redis.asyncio.retry import Retry
-from redis.backoff import NoBackoff
-from redis.exceptions import NoScriptError, RedisError, ResponseError
+from redis.exceptions import RedisError, ResponseError
 
 from gateway.broker.contract import (
     AuditEvent,
@@ -74,8 +69,18 @@ from gateway.broker.contract import (
     TicketHeld,
 )
 from harness_core import Clock, IdGenerator, SystemClock, Uuid7Ids
+from harness_core.backends.redis import (
+    KeySpace,
+    Once,
+    ScriptCall,
+    Scripts,
+    close_clients,
+    connect,
+    discover,
+    package_scripts,
+    split_cluster,
+)
 from harness_core.frozen import FrozenJsonObject
-from harness_core.storage.urls import without_password
 
 __all__ = ["SCRIPTS", "RedisBroker"]
 
@@ -121,20 +126,14 @@ _CONSUMER_IDLE_MS = 3_600_000
 _STATUSES: tuple[DeliveryStatus, ...] = ("pending", "delivered", "dead", "discarded")
 
 
-def _load_scripts() -> dict[str, str]:
-    folder = resources.files("gateway.broker").joinpath("lua")
-    prelude = folder.joinpath("prelude.lua").read_text()
-    return {name: prelude + folder.joinpath(f"{name}.lua").read_text() for name in _SCRIPTS}
-
-
-SCRIPTS: dict[str, str] = _load_scripts()
+SCRIPTS: dict[str, str] = package_scripts("gateway.broker", _SCRIPTS)
 """Script name -> full Lua source (the shared prelude, then the script)."""
 
 
 class _Pipe(Protocol):
     """The pipeline calls this backend makes (replies are decoded strings)."""
 
-    def evalsha(self, sha: str, numkeys: int, *keys_and_args: str | int) -> Any: ...
+    def evalsha(self, sha: str, numkeys: int, *keys_and_args: str | int | bytes) -> Any: ...
     def xlen(self, name: str) -> Any: ...
     def xrange(self, name: str, min: str, max: str, count: int | None = None) -> Any: ...
     def xrevrange(self, name: str, max: str, min: str, count: int | None = None) -> Any: ...
@@ -170,7 +169,7 @@ class _Client(Protocol):
     what the calls return here (``decode_responses=True``, RESP2) so the module is checked.
     """
 
-    async def evalsha(self, sha: str, numkeys: int, *keys_and_args: str | int) -> Any: ...
+    async def evalsha(self, sha: str, numkeys: int, *keys_and_args: str | int | bytes) -> Any: ...
     async def script_load(self, script: str) -> str: ...
     async def xadd(
         self,
@@ -266,34 +265,6 @@ def _pairs(flat: Sequence[Any]) -> dict[str, str]:
 def _check_session(session: str) -> None:
     if not session:
         raise ValueError("a session id must not be empty (it is the Redis hash tag)")
-
-
-def _connect(url: str, cluster: bool | None, socket_timeout: float) -> tuple[_Client, bool]:
-    scheme, separator, rest = url.partition("://")
-    if not separator:
-        raise BrokerError("invalid_url", f"not a redis URL: {without_password(url)!r}")
-    base, _, variant = scheme.partition("+")
-    if variant and variant != "cluster":
-        raise BrokerError("invalid_url", f"unknown redis URL scheme {scheme!r}")
-    if base not in ("redis", "rediss", "unix"):
-        raise BrokerError("invalid_url", f"unknown redis URL scheme {scheme!r}")
-    is_cluster = bool(variant) if cluster is None else cluster
-    options: dict[str, Any] = {
-        "decode_responses": True,
-        "socket_timeout": socket_timeout,
-        "socket_connect_timeout": socket_timeout,
-        "retry": Retry(NoBackoff(), 0),
-        "protocol": 2,
-    }
-    target = f"{base}://{rest}"
-    try:
-        if is_cluster:
-            return cast(_Client, RedisCluster.from_url(target, **options)), True
-        return cast(_Client, aioredis.Redis.from_url(target, **options)), False
-    except (ValueError, TypeError, RedisError) as exc:
-        raise BrokerError(
-            "invalid_url", f"redis URL {without_password(url)!r}: {type(exc).__name__}"
-        ) from exc
 
 
 async def _sleep_until(clock: Clock, at_ms: int) -> None:
@@ -406,41 +377,47 @@ class _Core:
         cluster: bool | None,
         socket_timeout: float,
     ) -> None:
+        try:
+            self.keys = KeySpace(prefix)
+            self.cluster = split_cluster(url)[1] if cluster is None else cluster
+            self.client = cast(
+                _Client, connect(url, cluster=self.cluster, socket_timeout=socket_timeout)
+            )
+        except ValueError as exc:
+            raise BrokerError("invalid_url", str(exc)) from None
         self.prefix = prefix
         self.clock = clock
         self.ids = ids
         self.shards = shards
         self.visibility_ms = visibility_timeout_ms
         self.dedupe_ttl_ms = dedupe_ttl_ms
-        self.client, self.cluster = _connect(url, cluster, socket_timeout)
         self.block_ms = max(50, min(_BLOCK_MS, int(socket_timeout * 500)))
         """The longest blocking read: half the socket timeout (at most 5 s)."""
-        self.shas: dict[str, str] = {}
+        self.scripts = Scripts(SCRIPTS)
         self.closed = False
-        self._ready = False
-        self._lock = asyncio.Lock()
-        self.inbox_bell = _Bell(self, f"{prefix}:{{ibx-wake}}:wake")
+        self._set_up = Once(self._setup)
+        self.inbox_bell = _Bell(self, self.keys.key("ibx-wake", "wake"))
         self.clean: dict[int, tuple[int, int]] = {}
         """Ready shards read empty, and the inbox bell's position before that read."""
-        self.outbox_bell = _Bell(self, f"{prefix}:{{obx-wake}}:wake")
+        self.outbox_bell = _Bell(self, self.keys.key("obx-wake", "wake"))
 
     # -- keys ---------------------------------------------------------------------------------
 
     def skey(self, session: str, name: str) -> str:
         """A key of a session: ``<prefix>:{<session>}:<name>``."""
-        return f"{self.prefix}:{{{session}}}:{name}"
+        return self.keys.key(session, name)
 
     def ready_shard(self, session: str) -> int:
         return _crc(session) % self.shards
 
     def rkey(self, shard: int, name: str) -> str:
-        return f"{self.prefix}:{{rdy-{shard}}}:{name}"
+        return self.keys.key(f"rdy-{shard}", name)
 
     def outbox_shard(self, delivery_id: str) -> int:
         return _crc(delivery_id) % self.shards
 
     def okey(self, shard: int, name: str) -> str:
-        return f"{self.prefix}:{{obx-{shard}}}:{name}"
+        return self.keys.key(f"obx-{shard}", name)
 
     # -- calls --------------------------------------------------------------------------------
 
@@ -457,54 +434,39 @@ class _Core:
     async def ready(self) -> None:
         if self.closed:
             raise BrokerError("closed", "the broker is closed")
-        if self._ready:
-            return
-        async with self._lock, self.guard("setup"):
-            await self._setup()
+        async with self.guard("setup"):
+            await self._set_up()
 
     async def _setup(self) -> None:
-        """Load the scripts and create the ready shards' consumer groups (once)."""
-        if self._ready:
-            return
-        if self.cluster:  # discover the topology once, before commands race to do it
-            await cast(RedisCluster, self.client).initialize()
-        await self.load_scripts()
+        """Discover a cluster's topology, load the scripts, create the ready shards' groups."""
+        await discover(self.client)
+        await self.scripts.load(self.client)
         pipe = self.client.pipeline(transaction=False)
         for shard in range(self.shards):
             pipe.xgroup_create(self.rkey(shard, "ready"), _GROUP, id="0", mkstream=True)
         for reply in await pipe.execute(raise_on_error=False):
             if isinstance(reply, Exception) and "BUSYGROUP" not in str(reply):
                 raise reply
-        self._ready = True
 
     def forget_setup(self) -> None:
         """Set up again on next use (a ready stream and its group were deleted)."""
-        self._ready = False
-
-    async def load_scripts(self) -> None:
-        for name, source in SCRIPTS.items():
-            self.shas[name] = await self.client.script_load(source)
+        self._set_up.forget()
 
     async def eval(self, name: str, keys: Sequence[str], args: Sequence[str | int]) -> Any:
-        """Run one script (reloading the scripts once if the server lost them)."""
-        return await self.grouped(
-            name, lambda: self.client.evalsha(self.shas[name], len(keys), *keys, *args)
-        )
+        """Run one script (`Scripts.run` loads the scripts again if the server lost them)."""
+        return await self.grouped(name, lambda: self.scripts.run(self.client, name, keys, args))
 
     async def grouped(self, what: str, call: Callable[[], Awaitable[_T]]) -> _T:
-        """Run `call`, repairing what a server restart or a deleted stream took, once.
+        """Run `call`, repairing once what a deleted stream took.
 
-        ``NOSCRIPT``: the server lost its script cache (the script did not run): load the
-        scripts and call again. ``NOGROUP``: a ready stream was deleted with its consumer group
-        (the command did not run, or a script stopped there; its steps are idempotent): create
-        the groups again and call again.
+        ``NOGROUP``: a ready stream was deleted with its consumer group (the command did not
+        run, or a script stopped there; its steps are idempotent): create the groups again
+        and call again.
         """
         await self.ready()
         async with self.guard(what):
             try:
                 return await call()
-            except NoScriptError:
-                await self.load_scripts()
             except ResponseError as exc:
                 if "NOGROUP" not in str(exc):
                     raise
@@ -513,44 +475,19 @@ class _Core:
         async with self.guard(what):
             return await call()
 
-    async def evals(
-        self, calls: Sequence[tuple[str, Sequence[str], Sequence[str | int]]]
-    ) -> list[Any]:
-        """Run script calls pipelined (for idempotent steps: peeks, sweeps)."""
+    async def evals(self, calls: Sequence[ScriptCall]) -> list[Any]:
+        """Run script calls pipelined (for idempotent steps: peeks, sweeps); their replies."""
         await self.ready()
         if not calls:
             return []
         async with self.guard("pipeline"):
-            replies = await self._pipelined(calls)
-            missing = [i for i, reply in enumerate(replies) if isinstance(reply, NoScriptError)]
-            if missing:
-                await self.load_scripts()
-                again = await self._pipelined([calls[i] for i in missing])
-                for i, reply in zip(missing, again, strict=True):
-                    replies[i] = reply
+            replies = await self.scripts.run_all(
+                self.client, calls, cluster=self.cluster, concurrency=_CONCURRENT
+            )
             for reply in replies:
                 if isinstance(reply, Exception):
                     raise reply
             return replies
-
-    async def _pipelined(
-        self, calls: Sequence[tuple[str, Sequence[str], Sequence[str | int]]]
-    ) -> list[Any]:
-        if self.cluster:  # redis-py's cluster pipeline refuses scripts: concurrent calls instead
-            replies: list[Any] = []
-            for start in range(0, len(calls), _CONCURRENT):
-                replies += await asyncio.gather(
-                    *(
-                        self.client.evalsha(self.shas[name], len(keys), *keys, *args)
-                        for name, keys, args in calls[start : start + _CONCURRENT]
-                    ),
-                    return_exceptions=True,
-                )
-            return replies
-        pipe = self.client.pipeline(transaction=False)
-        for name, keys, args in calls:
-            pipe.evalsha(self.shas[name], len(keys), *keys, *args)
-        return await pipe.execute(raise_on_error=False)
 
     async def reads(self, build: Any) -> list[Any]:
         """Run the read commands `build(pipe)` queues, in one pipeline."""
@@ -595,8 +532,7 @@ class _Core:
         self.closed = True
         await self.inbox_bell.close()
         await self.outbox_bell.close()
-        with contextlib.suppress(RedisError):
-            await self.client.aclose()
+        await close_clients(self.client)
 
 
 class _RedisInbox:
@@ -1435,7 +1371,7 @@ class _RedisMarks:
 
     @property
     def _key(self) -> str:
-        return f"{self._c.prefix}:{{marks}}:marks"
+        return self._c.keys.key("marks", "marks")
 
     async def get(self, name: str) -> str | None:
         c = self._c
@@ -1471,7 +1407,7 @@ class _RedisAudit:
         c = self._c
         at = c.clock.now_ms()
         body = _json({**event.model_dump(mode="json"), "at_ms": at})
-        keys = [f"{c.prefix}:{{audit}}:seq", f"{c.prefix}:{{audit}}:log"]
+        keys = [c.keys.key("audit", "seq"), c.keys.key("audit", "log")]
         number = int(await c.eval("audit_record", keys, [self._cap, body]))
         event_id = f"{number:016d}"
         if event.session:
@@ -1507,7 +1443,7 @@ class _RedisAudit:
                     page = [tuple(str(m).split("\t", 1)) for m in members]
                 else:
                     rows = await c.client.xrange(
-                        f"{c.prefix}:{{audit}}:log", f"({start}-0", "+", count=_BATCH
+                        c.keys.key("audit", "log"), f"({start}-0", "+", count=_BATCH
                     )
                     page = [(f"{_stream_id(sid)[0]:016d}", f["j"]) for sid, f in rows]
             for event_id, body in page:
@@ -1560,8 +1496,6 @@ class RedisBroker(BrokerParts):
         cluster: bool | None = None,
         socket_timeout: float = 10.0,
     ) -> None:
-        if not prefix or any(ch in prefix for ch in "{} \t\r\n"):
-            raise BrokerError("invalid_url", f"invalid redis key prefix {prefix!r}")
         for name, value in (
             ("shards", shards),
             ("visibility_timeout_ms", visibility_timeout_ms),

@@ -1,7 +1,8 @@
 """The SQLite broker: the embedded default (one file, one process).
 
-Like the store's SQLite backend (D13): stdlib `sqlite3`, one connection on one thread per
-broker, WAL, ``synchronous=NORMAL`` by default (``full`` fsyncs every commit). Every mutation is
+Like the store's SQLite backend (D13), on the same plumbing (`harness_core.backends.sqlite`,
+D191): stdlib `sqlite3`, one connection on one thread per broker, WAL, ``synchronous=NORMAL``
+by default (``full`` fsyncs every commit). Every mutation is
 a function run on that thread; mutations queued while a transaction is in flight join the next
 one (group commit), each in its own savepoint, so a failed one leaves no trace while the others
 commit. A call returns once its transaction committed. Reads run on the event loop instead,
@@ -29,13 +30,11 @@ never purged.
 from __future__ import annotations
 
 import asyncio
-import contextlib
 import json
 import sqlite3
 from collections.abc import Callable, Sequence
-from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
-from typing import Any, Literal, TypeVar, cast
+from typing import Any, TypeVar
 
 from gateway.broker.contract import (
     AuditEvent,
@@ -54,13 +53,12 @@ from gateway.broker.contract import (
     TicketHeld,
 )
 from harness_core import Clock, IdGenerator, SystemClock, Uuid7Ids
+from harness_core.backends.batch import WriteQueue
+from harness_core.backends.sqlite import ConnectionPolicy, Database, SqliteExecutor, Synchronous
 from harness_core.frozen import FrozenJsonObject
-from harness_core.storage import WriteQueue
-from harness_core.storage.sqlite_busy import BusyTimeout, CommittedReader, unless_busy
 
 __all__ = ["SqliteBroker", "Synchronous"]
 
-Synchronous = Literal["normal", "full"]
 SCHEMA_VERSION = 1
 ID_DIGITS = 16
 _T = TypeVar("_T")
@@ -234,78 +232,24 @@ def _has_pending(conn: sqlite3.Connection, session: str) -> bool:
     return row is not None
 
 
-class _Db:
-    """The connection: on the broker's I/O thread, and for reads on the loop while it is idle."""
+class _Db(Database):
+    """The broker's connection and schema.
 
-    def __init__(self, path: Path, synchronous: Synchronous, busy_timeout_ms: int) -> None:
-        path.parent.mkdir(parents=True, exist_ok=True)
-        # used from the broker's I/O thread and, for reads, from the event loop's, never both
-        # at once (`SqliteBroker.read`)
-        self.conn = sqlite3.connect(path, isolation_level=None, check_same_thread=False)
-        self.busy = BusyTimeout(self.conn, busy_timeout_ms)
-        self.busy.waits(True)
-        self.conn.execute("PRAGMA journal_mode=WAL")
-        self.conn.execute(f"PRAGMA synchronous={'FULL' if synchronous == 'full' else 'NORMAL'}")
-        self.conn.executescript(_SCHEMA)  # every statement is CREATE ... IF NOT EXISTS
-        self.conn.execute("BEGIN IMMEDIATE")
-        try:
+    A `Database`: used on the broker's I/O thread, and for reads on the loop while that thread
+    is idle.
+    """
+
+    def setup(self) -> None:
+        """Create the tables (each ``CREATE ... IF NOT EXISTS``); check the schema version."""
+        self.conn.executescript(_SCHEMA)
+        with self.transaction():
             row = self.conn.execute("SELECT version FROM broker_schema").fetchone()
             if row is None:
                 self.conn.execute("INSERT INTO broker_schema VALUES (?)", (SCHEMA_VERSION,))
             elif row[0] != SCHEMA_VERSION:
                 raise BrokerError(
-                    "storage", f"{path} has broker schema {row[0]}, expected {SCHEMA_VERSION}"
+                    "storage", f"{self.path} has broker schema {row[0]}, expected {SCHEMA_VERSION}"
                 )
-        except BaseException:
-            self.conn.execute("ROLLBACK")
-            self.conn.close()
-            raise
-        self.conn.execute("COMMIT")
-
-    def read(self, fn: Callable[[sqlite3.Connection], _T]) -> _T:
-        """Run reads in one transaction (a consistent snapshot)."""
-        self.conn.execute("BEGIN")
-        try:
-            return fn(self.conn)
-        finally:
-            self.conn.execute("COMMIT")
-
-    def read_unless_busy(self, fn: Callable[[sqlite3.Connection], _T]) -> tuple[bool, _T | None]:
-        """`read` without waiting: (False, None) if another connection's lock stood in the way."""
-        self.busy.waits(False)
-        return unless_busy(lambda: self.read(fn))
-
-    def write_batch(self, ops: Sequence[_Op], now: int) -> list[Any]:
-        """Run queued mutations in one transaction (group commit); one result or error each.
-
-        Each mutation of a batch runs in its own savepoint: one that raises is rolled back and
-        its exception is its result, while the others commit. If the commit fails, none of them
-        happened and the error is raised for all.
-        """
-        conn = self.conn
-        results: list[Any] = []
-        conn.execute("BEGIN IMMEDIATE")
-        try:
-            if len(ops) == 1:
-                results.append(ops[0](conn, now))
-            else:
-                for op in ops:
-                    conn.execute("SAVEPOINT op")
-                    try:
-                        results.append(op(conn, now))
-                    except Exception as exc:
-                        conn.execute("ROLLBACK TO op")
-                        results.append(exc)
-                    conn.execute("RELEASE op")
-            conn.execute("COMMIT")
-        except BaseException:
-            with contextlib.suppress(sqlite3.Error):
-                conn.execute("ROLLBACK")
-            raise
-        return results
-
-    def close(self) -> None:
-        self.conn.close()
 
 
 class _Signal:
@@ -345,8 +289,7 @@ class SqliteBroker(BrokerParts):
         poll_interval_ms: int = 1_000,
         busy_timeout_ms: int = 10_000,
     ) -> None:
-        if synchronous not in ("normal", "full"):
-            raise ValueError(f"synchronous must be 'normal' or 'full', got {synchronous!r}")
+        policy = ConnectionPolicy(synchronous=synchronous, busy_timeout_ms=busy_timeout_ms)
         for name, value in (
             ("visibility_timeout_ms", visibility_timeout_ms),
             ("dedupe_ttl_ms", dedupe_ttl_ms),
@@ -363,18 +306,14 @@ class SqliteBroker(BrokerParts):
         self.dead_retention_ms = dead_retention_ms
         self.purge_interval_ms = purge_interval_ms
         self.poll_interval_ms = poll_interval_ms
-        self._synchronous: Synchronous = synchronous
-        self._busy_timeout_ms = busy_timeout_ms
-        self._executor = ThreadPoolExecutor(max_workers=1, thread_name_prefix="sqlite-broker")
-        self._db: _Db | None = None
-        self._reader = CommittedReader(self.path)
-        """Used only on the loop (`read`)."""
-        self._jobs = 0
-        """Calls submitted to the I/O thread and not yet returned to the loop."""
-        self._writes = WriteQueue[_Op](
-            # the clock is read on the I/O thread, right before the batch's transaction
-            lambda ops: self._call(lambda db: db.write_batch(ops, self.clock.now_ms()))
+        self._io = SqliteExecutor(
+            self.path,
+            lambda: _Db(self.path, policy),
+            name="sqlite-broker",
+            failed=lambda exc: BrokerError("storage", f"sqlite error on {self.path}: {exc}"),
+            closed_error=lambda: BrokerError("closed", "the broker is closed"),
         )
+        self._writes = WriteQueue[_Op](self._send)
         self._next_inbox_purge_ms = 0
         self._next_outbox_purge_ms = 0
         self.sessions_ready = _Signal()
@@ -386,49 +325,29 @@ class SqliteBroker(BrokerParts):
         self._audit = _Audit(self)
         self._marks = _Marks(self)
 
-    async def _call(self, fn: Callable[[_Db], _T]) -> _T:
-        """Run `fn` with the connection on the broker's thread (FIFO)."""
-        if self.closed:
-            raise BrokerError("closed", "the broker is closed")
+    async def _send(self, ops: Sequence[_Op]) -> list[Any]:
+        """One batch of queued mutations: one group-committed transaction on the I/O thread."""
 
-        def run() -> _T:
-            try:
-                if self._db is None:
-                    self._db = _Db(self.path, self._synchronous, self._busy_timeout_ms)
-                self._db.busy.waits(True)
-                return fn(self._db)
-            except sqlite3.Error as exc:
-                raise BrokerError("storage", f"sqlite error on {self.path}: {exc}") from exc
+        def run(db: _Db) -> list[Any]:
+            now = self.clock.now_ms()  # on the I/O thread, right before the batch's transaction
 
-        self._jobs += 1
-        try:
-            return await asyncio.get_running_loop().run_in_executor(self._executor, run)
-        finally:
-            self._jobs -= 1
+            def at_now(op: _Op) -> Callable[[sqlite3.Connection], Any]:
+                return lambda conn: op(conn, now)
+
+            return db.group([at_now(op) for op in ops])
+
+        return await self._io.call(run)
 
     async def read(self, fn: Callable[[sqlite3.Connection], _T], *, whole: bool = False) -> _T:
         """Run reads in one snapshot: on the loop when it can, else on the broker's thread.
 
-        As the store's reads (D118, D121): a read of a few rows costs less than the hop to the
-        thread and back. While the thread is idle it runs on the connection itself (never
-        beside the thread's use of it); while the thread works, on a second, read-only
-        connection: every mutation of this broker is committed before it returns, so what is
-        committed is all that was acknowledged. Neither waits for a lock (met one: the read
-        runs on the thread, which waits); `whole` (every thread of a session) keeps an
-        unbounded read on the thread.
+        As the store's reads (`SqliteExecutor.read`, D118, D121): a read of a few rows costs
+        less than the hop to the thread and back. While the thread works it runs on a second,
+        read-only connection: every mutation of this broker is committed before it returns,
+        so what is committed is all that was acknowledged. `whole` (every thread of a session)
+        keeps an unbounded read on the thread.
         """
-        db = self._db
-        if not whole and db is not None and not self.closed:
-            try:
-                if not self._jobs:
-                    done, result = db.read_unless_busy(fn)
-                else:
-                    done, result = self._reader.read(fn)
-            except sqlite3.Error as exc:
-                raise BrokerError("storage", f"sqlite error on {self.path}: {exc}") from exc
-            if done:
-                return cast(_T, result)
-        return await self._call(lambda db: db.read(fn))
+        return await self._io.read(fn, inline=not whole)
 
     async def write(self, op: Callable[[sqlite3.Connection, int], _T]) -> _T:
         """Run a mutation in the next group-committed transaction; return once committed."""
@@ -524,15 +443,7 @@ class SqliteBroker(BrokerParts):
         self.closed = True
         self.sessions_ready.fire()  # waiters see `closed` and return
         self.deliveries_due.fire()
-        self._reader.close()
-
-        def shut() -> None:
-            if self._db is not None:
-                self._db.close()
-                self._db = None
-
-        await asyncio.get_running_loop().run_in_executor(self._executor, shut)
-        self._executor.shutdown(wait=True)
+        await self._io.close()
 
 
 class _Inbox:

@@ -16,23 +16,34 @@ absolute one):
 
 Anything else (an empty path, a path naming the wrong kind of thing, a bad port or database
 number, an unknown option) is refused with ``SessionError("invalid_query")`` naming these forms,
-before anything is created.
+before anything is created. Each family's URLs are parsed by `harness_core.backends.urls`, the
+same parser the broker and the web mailbox use; a backend here is one `Openers.add` line.
 """
 
 from __future__ import annotations
 
+from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
+from harness_core.backends.urls import (
+    JsonlUrls,
+    MemoryUrl,
+    MemoryUrls,
+    Openers,
+    PathUrl,
+    RedisUrl,
+    RedisUrls,
+    SqliteUrls,
+    shown,
+)
 from harness_core.clock import Clock
 from harness_core.errors import SessionError
 from harness_core.ids import IdGenerator
-from harness_core.storage._batch import WriteQueue
-from harness_core.storage.urls import UrlRules, without_password
 
 if TYPE_CHECKING:
     from harness_core.session.contract import SessionRepo
 
-__all__ = ["open_repo", "WriteQueue"]
+__all__ = ["open_repo"]
 
 ACCEPTED_URLS = (
     "accepted store URLs: memory://; jsonl:///relative/dir or jsonl:////absolute/dir "
@@ -43,12 +54,55 @@ ACCEPTED_URLS = (
 
 
 def _refuse(url: str, why: str | None) -> SessionError:
-    shown = without_password(url)  # errors are printed and logged
-    what = f"store URL {shown!r}: {why}" if why else f"unsupported store URL {shown!r}"
+    what = f"store URL {shown(url)}: {why}" if why else f"unsupported store URL {shown(url)}"
     return SessionError("invalid_query", f"{what}; {ACCEPTED_URLS}")
 
 
-_url_rules = UrlRules(_refuse)
+@dataclass(frozen=True)
+class _Given:
+    """What `open_repo`'s caller gives every backend."""
+
+    clock: Clock | None
+    ids: IdGenerator | None
+
+
+def _memory(_: MemoryUrl, given: _Given) -> SessionRepo:
+    from harness_core.storage.memory import MemorySessionRepo
+
+    return MemorySessionRepo(clock=given.clock, ids=given.ids)
+
+
+def _jsonl(url: PathUrl, given: _Given) -> SessionRepo:
+    from harness_core.storage.jsonl import JsonlSessionRepo
+
+    always = url.options.get("fsync") == "always"
+    return JsonlSessionRepo(
+        url.path, fsync="always" if always else "never", clock=given.clock, ids=given.ids
+    )
+
+
+def _sqlite(url: PathUrl, given: _Given) -> SessionRepo:
+    from harness_core.storage.sqlite import SqliteSessionRepo
+
+    full = url.options.get("synchronous") == "full"
+    return SqliteSessionRepo(
+        url.path, synchronous="full" if full else "normal", clock=given.clock, ids=given.ids
+    )
+
+
+def _redis(url: RedisUrl, given: _Given) -> SessionRepo:
+    from harness_core.storage.redis_streams import RedisSessionRepo
+
+    return RedisSessionRepo(
+        url.server, prefix=url.prefix, cluster=url.cluster, clock=given.clock, ids=given.ids
+    )
+
+
+_OPENERS: Openers[SessionRepo, _Given] = Openers(_refuse)
+_OPENERS.add(MemoryUrls(), _memory)
+_OPENERS.add(JsonlUrls(options={"fsync": ("never", "always")}), _jsonl)
+_OPENERS.add(SqliteUrls(options={"synchronous": ("normal", "full")}, memory_ok=True), _sqlite)
+_OPENERS.add(RedisUrls(default_prefix="gw"), _redis)
 
 
 def open_repo(
@@ -63,38 +117,4 @@ def open_repo(
             database number, a path of the wrong kind, or an unknown option; the message names
             the accepted forms.
     """
-    scheme, separator, rest = url.partition("://")
-    if not separator:
-        raise _refuse(url, None)
-    if scheme == "memory":
-        if rest.split("?", 1)[0]:
-            raise _refuse(url, "memory:// takes no host or path")
-        from harness_core.storage.memory import MemorySessionRepo
-
-        _url_rules.options(url, {})
-        return MemorySessionRepo(clock=clock, ids=ids)
-    if scheme == "jsonl":
-        from harness_core.storage.jsonl import JsonlSessionRepo
-
-        path = _url_rules.path(url, scheme, directory=True)
-        opts = _url_rules.options(url, {"fsync": ("never", "always")})
-        always = opts.get("fsync") == "always"
-        return JsonlSessionRepo(path, fsync="always" if always else "never", clock=clock, ids=ids)
-    if scheme == "sqlite":
-        from harness_core.storage.sqlite import SqliteSessionRepo
-
-        path = _url_rules.path(url, scheme, directory=False, memory_ok=True)
-        opts = _url_rules.options(url, {"synchronous": ("normal", "full")})
-        full = opts.get("synchronous") == "full"
-        return SqliteSessionRepo(
-            path, synchronous="full" if full else "normal", clock=clock, ids=ids
-        )
-    if scheme in ("redis", "rediss", "redis+cluster", "rediss+cluster"):
-        from harness_core.storage.redis_streams import RedisSessionRepo
-
-        base, _, variant = scheme.partition("+")
-        cluster = variant == "cluster"
-        server = _url_rules.redis_server(url, scheme=base, cluster=cluster)
-        prefix = _url_rules.prefix(url, "gw")
-        return RedisSessionRepo(server, prefix=prefix, cluster=cluster, clock=clock, ids=ids)
-    raise _refuse(url, None)
+    return _OPENERS.open(url, _Given(clock, ids))

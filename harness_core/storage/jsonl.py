@@ -22,13 +22,14 @@ import fcntl
 import json
 import os
 from collections.abc import Callable, Iterable, Mapping
-from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
+from functools import partial
 from pathlib import Path
 from typing import Any, Literal, TypeVar
 
 from pydantic import ValidationError
 
+from harness_core.backends.io_thread import IoThread
 from harness_core.clock import Clock, SystemClock
 from harness_core.errors import LeaseHeld, LeaseLost, SessionError, StoreCorrupted
 from harness_core.frozen import JsonValue
@@ -216,14 +217,16 @@ class JsonlSessionRepo:
         self.clock = clock or SystemClock()
         self._ids = ids or Uuid7Ids(self.clock)
         self.writers: dict[str, _Writer] = {}
-        self.closed = False
-        self._executor = ThreadPoolExecutor(max_workers=1, thread_name_prefix="jsonl-store")
+        self._io = IoThread("jsonl-store", lambda: SessionError("closed", "repository is closed"))
+
+    @property
+    def closed(self) -> bool:
+        """Whether `close` was called (every call since raises ``SessionError("closed")``)."""
+        return self._io.closed
 
     async def run(self, fn: Any, *args: Any) -> Any:
         """Run blocking file work on the repository's I/O thread (in submission order)."""
-        if self.closed:
-            raise SessionError("closed", "repository is closed")
-        return await asyncio.get_running_loop().run_in_executor(self._executor, fn, *args)
+        return await self._io.call(partial(fn, *args))
 
     def _paths(self, session_id: str) -> tuple[Path, Path]:
         check_session_id(session_id)
@@ -353,8 +356,7 @@ class JsonlSessionRepo:
             return
         for session_id in list(self.writers):
             await self._drop_writer(session_id)
-        self.closed = True
-        self._executor.shutdown(wait=True)
+        await self._io.close()
 
 
 # -- blocking file work, run on the repository's I/O thread ---------------------------------

@@ -42,12 +42,20 @@ import asyncio
 from collections.abc import Callable, Iterable, Mapping, Sequence
 from typing import Any, Protocol, cast, get_args
 
-import redis.asyncio as aioredis
-from redis.asyncio.cluster import RedisCluster
-from redis.asyncio.retry import Retry
-from redis.backoff import NoBackoff
-from redis.exceptions import NoScriptError, RedisError, ResponseError
+from redis.exceptions import RedisError, ResponseError
 
+from harness_core.backends.batch import WriteQueue
+from harness_core.backends.redis import (
+    KeySpace,
+    Once,
+    ScriptCall,
+    Scripts,
+    close_clients,
+    connect,
+    discover,
+    package_scripts,
+    split_cluster,
+)
 from harness_core.clock import Clock
 from harness_core.errors import LeaseHeld, LeaseLost, SessionError, StoreCorrupted
 from harness_core.frozen import JsonValue
@@ -92,7 +100,6 @@ from harness_core.session.types import (
     StoredRecord,
     WriterLease,
 )
-from harness_core.storage._batch import WriteQueue
 from harness_core.storage._branch import BranchNode, BranchScan, PathScan, SinceScan
 from harness_core.storage._leases import check_ttl
 from harness_core.storage._projections import (
@@ -107,13 +114,20 @@ from harness_core.storage._slice import (
     assemble_lane_slice,
     single_open_operation,
 )
-from harness_core.storage.redis_lua import SCRIPTS
 
 __all__ = ["RedisSessionRepo", "RedisSessionStorage"]
 
 _LAYOUT = "3"
-_CLUSTER_MAX_CONNECTIONS = 10_000
-"""Per node: redis-py's cluster client raises MaxConnectionsError past it rather than wait."""
+_SCRIPT_NAMES = (
+    "create", "mutate", "acquire", "check_lease", "renew", "release", "delete", "walk",
+    "read_entries", "lane_slice", "records_page", "upgrade",
+)  # fmt: skip
+_SCRIPTS = package_scripts("harness_core.storage", _SCRIPT_NAMES)
+"""The Lua scripts (``lua/<name>.lua`` after ``lua/prelude.lua``); a group commit is one call.
+
+Every script gets the session's ``meta`` key as KEYS[1] and derives the session's other keys
+from it: they all share the ``{session}`` hash tag, so they live in one Redis Cluster slot.
+Errors come back as ``GW <code> <message>`` and are mapped to `SessionError` codes."""
 _WALK_BATCHES = (256, 2048)
 """Nodes per path-walk call: most scans stop within the first; a long path goes on in bigger."""
 _ENTRY_BATCH = 2048
@@ -191,7 +205,6 @@ class _Client(Protocol):
     async def evalsha(self, sha: str, numkeys: int, *keys_and_args: str | int | bytes) -> Any: ...
     async def script_load(self, script: str) -> str: ...
     async def time(self) -> tuple[int, int]: ...
-    async def initialize(self) -> object: ...
     async def aclose(self) -> None: ...
     def pipeline(self, transaction: bool = True) -> _Pipe: ...
 
@@ -219,35 +232,8 @@ def _refusal(text: str) -> SessionError:
     return SessionError(code, message)  # type: ignore[arg-type]
 
 
-class _Scripts:
-    """Loads the Lua scripts once and runs them by sha, reloading after a server restart."""
-
-    def __init__(self) -> None:
-        self.sources = SCRIPTS
-        self.shas: dict[str, str] = {}
-
-    async def load(self, client: _Client) -> None:
-        for name, source in self.sources.items():
-            self.shas[name] = await client.script_load(source)
-
-    async def run(self, client: _Client, name: str, key: str, *args: str | int | bytes) -> Any:
-        """Run script `name` on `key`'s session; NOSCRIPT (it did not run): load, run again.
-
-        A server or a cluster node that restarted or took over a failed master has an empty
-        script cache; on a cluster `load` loads every master's.
-        """
-        try:
-            return await client.evalsha(self.shas[name], 1, key, *args)
-        except NoScriptError:
-            await self.load(client)
-            return await client.evalsha(self.shas[name], 1, key, *args)
-
-
 _Write = tuple[str, tuple[str, ...]]
 """A queued mutation: its session's meta key, then its `mutate` arguments (op, token, now, ...)."""
-
-_Call = tuple[str, list[bytes]]
-"""One `mutate` script call: a session's meta key and its mutations, each framed as one argument."""
 
 
 def _framed(args: Sequence[str]) -> bytes:
@@ -268,7 +254,9 @@ async def _send_writes(repo: RedisSessionRepo, writes: Sequence[_Write]) -> list
     """Send queued mutations: one `mutate` call per session, in submission order; map replies.
 
     A session's mutations of the batch are its group commit: one script call, which Redis runs
-    atomically. Different sessions' calls are pipelined (or, on a cluster, sent concurrently).
+    atomically. Different sessions' calls are pipelined (or, on a cluster, sent concurrently:
+    redis-py's cluster pipeline refuses scripts; a session's writes of the batch are still one
+    call, so they commit in submission order).
     """
     results: list[Any] = [None] * len(writes)
     sessions: dict[str, tuple[list[int], list[bytes]]] = {}  # meta key -> write indexes, args
@@ -281,27 +269,21 @@ async def _send_writes(repo: RedisSessionRepo, writes: Sequence[_Write]) -> list
         indexes, framed_args = sessions.setdefault(key, ([], []))
         indexes.append(index)
         framed_args.append(framed)
-    calls: list[_Call] = [(key, framed_args) for key, (_, framed_args) in sessions.items()]
+    calls: list[ScriptCall] = [
+        ("mutate", [key], framed_args) for key, (_, framed_args) in sessions.items()
+    ]
     try:
-        replies = await _execute(repo, calls)
-        # NOSCRIPT means the script did not run (the server lost its script cache after a
-        # restart): reload and resend exactly those calls; nothing runs twice.
-        missing = [i for i, reply in enumerate(replies) if isinstance(reply, NoScriptError)]
-        if missing:
-            await repo.scripts.load(repo.writer)
-            again = await _execute(repo, [calls[i] for i in missing])
-            for i, reply in zip(missing, again, strict=True):
-                replies[i] = reply
+        # a call answered NOSCRIPT (the server lost its script cache after a restart) did not
+        # run: `run_all` loads the scripts and resends exactly those calls; nothing runs twice
+        replies = await repo.scripts.run_all(repo.writer, calls, cluster=repo.cluster)
     except RedisError as exc:
         raise SessionError("storage", f"redis write failed, outcome unknown: {exc}") from exc
     for (indexes, _), reply in zip(sessions.values(), replies, strict=True):
         if isinstance(reply, Exception):
             failure = (
-                reply
-                if isinstance(reply, SessionError)
-                else _session_error(reply)
+                _session_error(reply)
                 if isinstance(reply, ResponseError)
-                else SessionError("storage", f"redis write failed: {reply}")
+                else SessionError("storage", f"redis write failed, outcome unknown: {reply}")
             )
             for index in indexes:
                 results[index] = failure
@@ -309,43 +291,6 @@ async def _send_writes(repo: RedisSessionRepo, writes: Sequence[_Write]) -> list
         for index, one in zip(indexes, reply, strict=True):
             results[index] = _refusal(one[1]) if one[0] == "error" else one
     return results
-
-
-async def _execute(repo: RedisSessionRepo, calls: Sequence[_Call]) -> list[Any]:
-    if repo.cluster:
-        return await _execute_per_session(repo, calls)
-    sha = repo.scripts.shas["mutate"]
-    if len(calls) == 1:  # one session's writes skip the pipeline machinery
-        key, args = calls[0]
-        try:
-            return [await repo.writer.evalsha(sha, 1, key, *args)]
-        except ResponseError as exc:
-            return [exc]
-    pipe = repo.writer.pipeline(transaction=False)
-    for key, args in calls:
-        pipe.evalsha(sha, 1, key, *args)
-    return await pipe.execute(raise_on_error=False)
-
-
-async def _execute_per_session(repo: RedisSessionRepo, calls: Sequence[_Call]) -> list[Any]:
-    """Cluster: each session's call on its own, the sessions concurrently.
-
-    redis-py's cluster pipeline refuses EVALSHA; a session's writes of the batch are one call,
-    so they still commit in submission order.
-    """
-    replies: list[Any] = [None] * len(calls)
-
-    async def run(index: int) -> None:
-        key, args = calls[index]
-        try:
-            replies[index] = await repo.scripts.run(repo.writer, "mutate", key, *args)
-        except ResponseError as exc:
-            replies[index] = exc
-        except RedisError as exc:
-            replies[index] = SessionError("storage", f"redis write failed, outcome unknown: {exc}")
-
-    await asyncio.gather(*(run(index) for index in range(len(calls))))
-    return replies
 
 
 def _node(node: str) -> tuple[int, int, str | None, str | None, str, str | None]:
@@ -495,7 +440,7 @@ class RedisSessionStorage:
         out: list[StoredEntry | None] = []
         for start in range(0, len(ids), _ENTRY_BATCH):
             chunk = list(ids[start : start + _ENTRY_BATCH])
-            flat = await self._repo.scripts.run(client, "read_entries", self._meta, *chunk)
+            flat = await self._repo.scripts.run(client, "read_entries", [self._meta], chunk)
             with collector_paused(len(chunk)):  # never across an await: the loop runs on
                 for payload, node in zip(flat[::2], flat[1::2], strict=True):
                     if payload is None or node is None:
@@ -564,7 +509,7 @@ class RedisSessionStorage:
         while cursor is not None:
             size = _WALK_BATCHES[min(calls, len(_WALK_BATCHES) - 1)]
             calls += 1
-            flat = await self._repo.scripts.run(client, "walk", self._meta, cursor, size)
+            flat = await self._repo.scripts.run(client, "walk", [self._meta], [cursor, size])
             parent: str | None = None
             wanted = True
             for entry_id, raw in zip(flat[::2], flat[1::2], strict=True):
@@ -667,7 +612,10 @@ class RedisSessionStorage:
         if q.lane is not None and q.type is not None:
             index = _type_index(q.type, q.operation_kind, q.lane)
             seqs_read, flat = await self._repo.scripts.run(
-                c, "records_page", self._meta, index, q.lane, low_id, high_id, int(newest), count
+                c,
+                "records_page",
+                [self._meta],
+                [index, q.lane, low_id, high_id, int(newest), count],
             )
             return [int(seq) for seq in seqs_read], self._flat_records(flat)
         if q.lane is not None:
@@ -777,7 +725,7 @@ class RedisSessionStorage:
         """The restore read: one script call, then the path walk when an operation is open."""
 
         async def run(c: _Client) -> list[Any]:
-            reply: list[Any] = await self._repo.scripts.run(c, "lane_slice", self._meta, lane)
+            reply: list[Any] = await self._repo.scripts.run(c, "lane_slice", [self._meta], [lane])
             return reply
 
         leaf, *parts = await self._read(run)
@@ -922,7 +870,8 @@ def _fact_args(fact: Fact, payload: str) -> tuple[str, ...]:
 class RedisSessionRepo:
     """Sessions in a Redis server (7.0 or newer); `cluster`: a Redis Cluster through `url`'s node.
 
-    `url` is a ``redis://`` or ``rediss://`` URL (of one startup node for a cluster, database 0).
+    `url` is a ``redis://`` or ``rediss://`` URL (of one startup node for a cluster, database
+    0); `cluster` None: a ``+cluster`` after the scheme says (`harness_core.backends.redis`).
     """
 
     def __init__(
@@ -930,45 +879,43 @@ class RedisSessionRepo:
         url: str = "redis://127.0.0.1:6379/0",
         *,
         prefix: str = "gw",
-        cluster: bool = False,
+        cluster: bool | None = None,
         clock: Clock | None = None,
         ids: IdGenerator | None = None,
         socket_timeout: float = 10.0,
     ) -> None:
-        if not prefix or any(ch in prefix for ch in "{} \t\r\n"):
-            raise SessionError("invalid_query", f"invalid redis key prefix {prefix!r}")
+        try:
+            self.keys = KeySpace(prefix)
+            self.cluster = split_cluster(url)[1] if cluster is None else cluster
+            if self.cluster:
+                # one client: writes keep their order per session (see `_send_writes`)
+                self._reader = cast(
+                    _Client, connect(url, cluster=True, socket_timeout=socket_timeout)
+                )
+                self.writer = self._reader
+            else:
+                self.writer = cast(
+                    _Client,
+                    connect(
+                        url, cluster=False, socket_timeout=socket_timeout, single_connection=True
+                    ),
+                )
+                self._reader = cast(
+                    _Client, connect(url, cluster=False, socket_timeout=socket_timeout)
+                )
+        except ValueError as exc:
+            raise SessionError("invalid_query", str(exc)) from None
         self.prefix = prefix
         self.clock = clock
         self._ids = ids or Uuid7Ids(clock)
-        options: dict[str, Any] = {
-            "decode_responses": True,
-            "socket_timeout": socket_timeout,
-            "socket_connect_timeout": socket_timeout,
-            "retry": Retry(NoBackoff(), 0),
-            "protocol": 2,
-        }
-        self.cluster = cluster
-        if cluster:
-            # one client: writes keep their order per session (see _execute_per_session)
-            self._reader = cast(
-                _Client,
-                RedisCluster.from_url(url, max_connections=_CLUSTER_MAX_CONNECTIONS, **options),
-            )
-            self.writer = self._reader
-        else:
-            self.writer = cast(
-                _Client, aioredis.Redis.from_url(url, single_connection_client=True, **options)
-            )
-            self._reader = cast(_Client, aioredis.Redis.from_url(url, **options))
-        self.scripts = _Scripts()
+        self.scripts = Scripts(_SCRIPTS)
         self.writes: WriteQueue[_Write] = WriteQueue(lambda calls: _send_writes(self, calls))
-        self._loaded = False
-        self._loading = asyncio.Lock()
+        self._set_up = Once(self._setup)
         self.closed = False
 
     def key(self, session_id: str, name: str) -> str:
         """A key of a session: ``<prefix>:{<session_id>}:<name>``."""
-        return f"{self.prefix}:{{{session_id}}}:{name}"
+        return self.keys.key(session_id, name)
 
     def now_arg(self) -> str:
         """The time scripts use: the injected clock, or '' for the server's clock."""
@@ -980,26 +927,23 @@ class RedisSessionRepo:
             raise SessionError("closed", "repository is closed")
         return self._reader
 
+    async def _setup(self) -> None:
+        """Before the first command: a cluster's topology, the scripts."""
+        try:
+            await discover(self._reader)
+            await self.scripts.load(self._reader)
+        except RedisError as exc:
+            raise SessionError("storage", f"cannot reach redis: {exc}") from exc
+
     async def _ready(self) -> None:
         if self.closed:
             raise SessionError("closed", "repository is closed")
-        if self._loaded:
-            return
-        # redis-py's cluster client fails commands that race its first topology discovery
-        async with self._loading:
-            if not self._loaded:
-                try:
-                    if self.cluster:
-                        await self._reader.initialize()
-                    await self.scripts.load(self._reader)
-                except RedisError as exc:
-                    raise SessionError("storage", f"cannot reach redis: {exc}") from exc
-                self._loaded = True
+        await self._set_up()
 
     async def _script(self, name: str, session_id: str, *args: str) -> Any:
         await self._ready()
         try:
-            return await self.scripts.run(self._reader, name, self.key(session_id, "meta"), *args)
+            return await self.scripts.run(self._reader, name, [self.key(session_id, "meta")], args)
         except ResponseError as exc:
             raise _session_error(exc) from exc
         except RedisError as exc:
@@ -1057,7 +1001,9 @@ class RedisSessionRepo:
         # Index first: a crash between the two leaves a listed id without a session (skipped by
         # list), never a session missing from the list.
         try:
-            await self._reader.zadd(f"{self.prefix}:sessions", {meta.id: meta.created_at}, nx=True)
+            await self._reader.zadd(
+                self.keys.untagged("sessions"), {meta.id: meta.created_at}, nx=True
+            )
         except RedisError as exc:
             raise SessionError("storage", f"redis call failed: {exc}") from exc
         body = encode(meta.model_copy(update={"name": None}), "session metadata")
@@ -1090,7 +1036,7 @@ class RedisSessionRepo:
     async def list(self) -> tuple[SessionMetadata, ...]:
         """Every session's metadata."""
         await self._ready()
-        ids = await self._reader.zrange(f"{self.prefix}:sessions", 0, -1)
+        ids = await self._reader.zrange(self.keys.untagged("sessions"), 0, -1)
         metas = await self.read_metas(self._reader, ids)
         return tuple(sorted(metas, key=lambda m: (m.created_at, m.id)))
 
@@ -1104,7 +1050,7 @@ class RedisSessionRepo:
             self.now_arg(),
             *_TYPE_INDEXES,
         )
-        await self._reader.zrem(f"{self.prefix}:sessions", session_id)
+        await self._reader.zrem(self.keys.untagged("sessions"), session_id)
         return bool(deleted)
 
     async def acquire_lease(self, session_id: str, *, owner: str, ttl_ms: int) -> WriterLease:
@@ -1173,9 +1119,7 @@ class RedisSessionRepo:
             return
         await self.writes.drain()
         self.closed = True
-        if self.writer is not self._reader:
-            await self.writer.aclose()
-        await self._reader.aclose()
+        await close_clients(self.writer, self._reader)
 
 
 def _import_args(item: LogItem) -> tuple[str, ...]:

@@ -10,7 +10,8 @@ concurrent writes from many lanes resolve in commit order: on one thread per rep
 deferred writes and a storage's reads while that thread is idle, which run on the event loop
 (they never wait: D113, D115, D117, D118); commits always run on the thread. While it works, a
 read of a session holding no deferred write runs on the loop on a second, read-only connection
-(D121).
+(D121). The thread, the connection's policy and those reads are the plumbing the broker and the
+web mailbox use too (`harness_core.backends.sqlite`, D191).
 
 Restore reads are index seeks plus bounded scans: open operations come from their own table,
 an operation's records from ``(session_id, lane, seq)``, a lane's records of one type (or
@@ -31,16 +32,16 @@ older code, which would not maintain the sums.
 
 from __future__ import annotations
 
-import asyncio
 import contextlib
 import sqlite3
 from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
-from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 from importlib import resources
 from pathlib import Path
-from typing import Any, Literal, TypeVar, cast
+from typing import Any, TypeVar
 
+from harness_core.backends.batch import WriteQueue
+from harness_core.backends.sqlite import ConnectionPolicy, Database, SqliteExecutor, Synchronous
 from harness_core.clock import Clock, SystemClock
 from harness_core.errors import SessionError
 from harness_core.frozen import JsonValue
@@ -80,7 +81,6 @@ from harness_core.session.types import (
     StoredRecord,
     WriterLease,
 )
-from harness_core.storage._batch import WriteQueue
 from harness_core.storage._branch import BranchNode, BranchScan, SinceScan, drive
 from harness_core.storage._leases import LeaseRow, check_acquire, check_current, check_ttl
 from harness_core.storage._projections import new_metadata, record_run_id, replay_log
@@ -97,15 +97,12 @@ from harness_core.storage._slice import (
     leaf_mismatch,
     single_open_operation,
 )
-from harness_core.storage.sqlite_busy import BusyTimeout, CommittedReader, unless_busy
 
 __all__ = ["SqliteSessionRepo", "SqliteSessionStorage", "Synchronous"]
 
-Synchronous = Literal["normal", "full"]
 SCHEMA_VERSION = 2
 PAGE_SIZE = 1024
 """The page size of a database this backend creates (see the module docstring)."""
-_PAGE_SIZES = frozenset(2**n for n in range(9, 17))
 _T = TypeVar("_T")
 
 _USAGE_COLUMNS = (
@@ -123,18 +120,6 @@ _SESSION_TABLES = (
     "entries", "records", "lanes", "open_operations", "lane_moves", "facts", "labels",
     "usage_sums", "writer_leases", "sessions",
 )  # fmt: skip
-
-
-@contextlib.contextmanager
-def _transaction(conn: sqlite3.Connection) -> Iterator[None]:
-    """One ``BEGIN IMMEDIATE`` transaction: committed on success, rolled back on any error."""
-    conn.execute("BEGIN IMMEDIATE")
-    try:
-        yield
-    except BaseException:
-        conn.execute("ROLLBACK")
-        raise
-    conn.execute("COMMIT")
 
 
 _Op = tuple[str, "WriterLease | None", Callable[["_Tx"], Any], bool]
@@ -322,40 +307,36 @@ def _upgrade_from_1(conn: sqlite3.Connection, path: Path) -> None:
     conn.execute("UPDATE schema_version SET version=?", (SCHEMA_VERSION,))
 
 
-class _Db:
-    """The connection and everything that runs on the I/O thread."""
+class _Db(Database):
+    """The store's connection, its schema, and the deferred writes' open transaction.
 
-    def __init__(
-        self, path: Path, synchronous: Synchronous, busy_timeout_ms: int, page_size: int
-    ) -> None:
-        if str(path) != ":memory:":
-            path.parent.mkdir(parents=True, exist_ok=True)
-        # used from the repository's I/O thread and, for deferred writes, from the event
-        # loop's, never both at once (`SqliteSessionRepo._inline`)
-        self.conn = sqlite3.connect(path, isolation_level=None, check_same_thread=False)
-        self.busy = BusyTimeout(self.conn, busy_timeout_ms)
-        self.busy.waits(True)
-        # Before anything writes the header (WAL mode does); a no-op on an existing database.
-        self.conn.execute(f"PRAGMA page_size={int(page_size)}")
-        self.conn.execute("PRAGMA journal_mode=WAL")
-        self.conn.execute(f"PRAGMA synchronous={'FULL' if synchronous == 'full' else 'NORMAL'}")
-        schema = resources.files("harness_core.storage").joinpath("sqlite_schema.sql").read_text()
-        self.conn.executescript(schema)  # every statement is CREATE ... IF NOT EXISTS
+    Used on the repository's I/O thread and, for deferred writes and reads that never wait, on
+    the event loop while that thread is idle, never both at once (`SqliteExecutor.on_loop`).
+    """
+
+    def __init__(self, path: Path, policy: ConnectionPolicy) -> None:
         self.in_tx = False
         """A write transaction holding deferred writes is open (see `write_batch`)."""
         self.pending: set[str] = set()
         """Sessions with deferred writes in the open transaction."""
         self.lost: set[str] = set()
         """Sessions whose deferred writes were rolled back: their next `sync` raises."""
-        with _transaction(self.conn):
+        super().__init__(path, policy)
+
+    def setup(self) -> None:
+        """Create the tables (each ``CREATE ... IF NOT EXISTS``); check the schema version."""
+        schema = resources.files("harness_core.storage").joinpath("sqlite_schema.sql").read_text()
+        self.conn.executescript(schema)
+        with self.transaction():
             row = self.conn.execute("SELECT version FROM schema_version").fetchone()
             if row is None:
                 self.conn.execute("INSERT INTO schema_version VALUES (?)", (SCHEMA_VERSION,))
             elif row[0] == 1:
-                _upgrade_from_1(self.conn, path)
+                _upgrade_from_1(self.conn, self.path)
             elif row[0] != SCHEMA_VERSION:
                 raise SessionError(
-                    "storage", f"{path} has schema version {row[0]}, expected {SCHEMA_VERSION}"
+                    "storage",
+                    f"{self.path} has schema version {row[0]}, expected {SCHEMA_VERSION}",
                 )
 
     def read(self, fn: Callable[[sqlite3.Connection], _T]) -> _T:
@@ -366,20 +347,7 @@ class _Db:
         """
         if self.in_tx:
             return fn(self.conn)
-        self.conn.execute("BEGIN")
-        try:
-            return fn(self.conn)
-        finally:
-            self.conn.execute("COMMIT")
-
-    def read_unless_busy(self, fn: Callable[[sqlite3.Connection], _T]) -> tuple[bool, _T | None]:
-        """`read` without waiting: (False, None) if another connection's lock stood in the way.
-
-        A WAL reader waits only in rare moments (another connection recovering the WAL, or
-        restarting it); then the caller goes to the I/O thread, which waits the configured time.
-        """
-        self.busy.waits(False)
-        return unless_busy(lambda: self.read(fn))
+        return super().read(fn)
 
     def write_batch(self, ops: Sequence[_Op], now: int) -> list[Any]:
         """Run queued mutations in one transaction (group commit); one result or error each.
@@ -506,9 +474,10 @@ class _Db:
         return _lease_row(self.conn, session_id)
 
     def close(self) -> None:
+        """Commit the deferred writes (they were applied and acknowledged), then close."""
         with contextlib.suppress(sqlite3.Error):
-            self.commit()  # deferred writes were applied and acknowledged: keep them
-        self.conn.close()
+            self.commit()
+        super().close()
 
 
 def _lease_row(c: sqlite3.Connection, session_id: str) -> LeaseRow | None:
@@ -1123,29 +1092,28 @@ class SqliteSessionRepo:
         busy_timeout_ms: int = 10_000,
         page_size: int = PAGE_SIZE,
     ) -> None:
-        if synchronous not in ("normal", "full"):
-            raise SessionError(
-                "invalid_query", f"synchronous must be 'normal' or 'full', got {synchronous!r}"
+        try:
+            policy = ConnectionPolicy(
+                synchronous=synchronous, busy_timeout_ms=busy_timeout_ms, page_size=page_size
             )
-        if page_size not in _PAGE_SIZES:
-            raise SessionError(
-                "invalid_query",
-                f"page_size must be a power of two from 512 to 65536, got {page_size!r}",
-            )
-        self._page_size = page_size
+        except ValueError as exc:
+            raise SessionError("invalid_query", str(exc)) from None
         self.path = Path(path)
         self.clock = clock or SystemClock()
         self._ids = ids or Uuid7Ids(self.clock)
-        self._synchronous: Synchronous = synchronous
-        self._busy_timeout_ms = busy_timeout_ms
-        self._executor = ThreadPoolExecutor(max_workers=1, thread_name_prefix="sqlite-store")
-        self._jobs = 0
-        """Calls submitted to the I/O thread and not yet returned to the loop."""
-        self._db: _Db | None = None
-        self._reader = CommittedReader(self.path)
-        """Used only on the loop (`read`)."""
+        self._io = SqliteExecutor(
+            self.path,
+            lambda: _Db(self.path, policy),
+            name="sqlite-store",
+            failed=self._failed,
+            closed_error=lambda: SessionError("closed", "repository is closed"),
+        )
         self.writes: WriteQueue[_Op] = WriteQueue(self._write, self._inline)
-        self.closed = False
+
+    @property
+    def closed(self) -> bool:
+        """Whether `close` was called (every call since raises ``SessionError("closed")``)."""
+        return self._io.closed
 
     def _inline(self, ops: Sequence[_Op]) -> list[Any] | None:
         """Run a batch of deferred writes on the loop: into the open transaction, or a new one.
@@ -1157,15 +1125,15 @@ class SqliteSessionRepo:
         thread. It runs on the loop only while the I/O thread has nothing to do, so the
         connection is never used by both at once. None: the batch needs the I/O thread.
         """
-        db = self._db
-        if db is None or self._jobs or self.closed or not all(op[3] for op in ops):
+        if not all(op[3] for op in ops):
             return None
-        try:
+
+        def write(db: _Db) -> list[Any] | None:
             if not db.in_tx and not db.begin_unless_busy():
                 return None
             return db.write_batch(ops, self.clock.now_ms())
-        except sqlite3.Error as exc:
-            raise self._failed(exc) from exc
+
+        return self._io.on_loop(write)
 
     async def read(
         self,
@@ -1176,30 +1144,17 @@ class SqliteSessionRepo:
     ) -> _T:
         """Run reads in one snapshot: on the loop when it can, else on the I/O thread.
 
-        A read of a few rows costs less than the hop to the I/O thread and back (D118), and
-        more still when it would queue behind a commit's fsync there. While the thread is
-        idle the read runs on the loop on the connection itself, under the rule of the
-        deferred writes (`_inline`): never while the thread uses it. While the thread works, a
-        read of `session` runs on the loop on a second, read-only connection, if `session`
-        holds no deferred write in the open transaction: then what is committed is all that
-        was acknowledged, which is what that connection sees (D121). Neither ever waits for a
-        lock. `inline=False` keeps a read of a whole session (a log export, a session-wide
-        query) on the thread.
+        As `SqliteExecutor.read` (D118, D121): while the thread is idle the read runs on the
+        loop on the connection itself, under the rule of the deferred writes (`_inline`). While
+        the thread works, a read of `session` runs on the loop on a second, read-only
+        connection if `session` holds no deferred write in the open transaction: then what is
+        committed is all that was acknowledged, which is what that connection sees.
+        `inline=False` keeps a read of a whole session (a log export, a session-wide query) on
+        the thread.
         """
-        db = self._db
-        if inline and db is not None and not self.closed:
-            try:
-                if not self._jobs:
-                    done, result = db.read_unless_busy(fn)
-                elif session is not None and session not in db.pending:
-                    done, result = self._reader.read(fn)
-                else:
-                    done, result = False, None
-                if done:
-                    return cast(_T, result)
-            except sqlite3.Error as exc:
-                raise self._failed(exc) from exc
-        return await self.call(lambda db: db.read(fn), keep_open=True)
+        db = self._io.db
+        committed = session is not None and db is not None and session not in db.pending
+        return await self._io.read(fn, inline=inline, committed=committed)
 
     async def _write(self, ops: Sequence[_Op]) -> list[Any]:
         """Run a batch of writes: inline when it can (`_inline`), else on the I/O thread."""
@@ -1209,7 +1164,7 @@ class SqliteSessionRepo:
         # the clock is read on the I/O thread, right before the batch's transaction
         return await self.call(lambda db: db.write_batch(ops, self.clock.now_ms()), keep_open=True)
 
-    def _failed(self, exc: sqlite3.Error) -> SessionError:
+    def _failed(self, exc: Exception) -> SessionError:
         return SessionError("storage", f"sqlite error on {self.path}: {exc}")
 
     async def call(self, fn: Callable[[_Db], _T], *, keep_open: bool = False) -> _T:
@@ -1218,29 +1173,18 @@ class SqliteSessionRepo:
         An open transaction of deferred writes is committed first unless `keep_open` (the
         reads and writes that run inside it).
         """
-        if self.closed:
-            raise SessionError("closed", "repository is closed")
+        if keep_open:
+            return await self._io.call(fn)
 
-        def run() -> _T:
-            if self._db is None:
-                self._db = _Db(self.path, self._synchronous, self._busy_timeout_ms, self._page_size)
-            try:
-                self._db.busy.waits(True)
-                if not keep_open:
-                    self._db.commit()
-                return fn(self._db)
-            except sqlite3.Error as exc:
-                raise self._failed(exc) from exc
+        def committed_first(db: _Db) -> _T:
+            db.commit()
+            return fn(db)
 
-        self._jobs += 1
-        try:
-            return await asyncio.get_running_loop().run_in_executor(self._executor, run)
-        finally:
-            self._jobs -= 1
+        return await self._io.call(committed_first)
 
     async def sync(self, session_id: str) -> None:
         """Make `session_id`'s deferred writes durable (see `SqliteSessionStorage.sync`)."""
-        db = self._db
+        db = self._io.db
         if db is None or (not db.in_tx and session_id not in db.lost):
             return  # read on the loop thread: a returned deferred write already set `in_tx`
         await self.call(lambda db: db.sync(session_id), keep_open=True)
@@ -1258,7 +1202,7 @@ class SqliteSessionRepo:
         meta = new_metadata(session_id, self.clock.now_ms(), metadata, parent_session_id)
 
         def run(db: _Db) -> None:
-            with _transaction(db.conn):
+            with db.transaction():
                 _insert_session(db.conn, meta)
 
         await self.call(run)
@@ -1292,7 +1236,7 @@ class SqliteSessionRepo:
         now = self.clock.now_ms()
 
         def run(db: _Db) -> bool:
-            with _transaction(db.conn):
+            with db.transaction():
                 if not _metadata(db.conn, session_id):
                     return False
                 current = db.lease_row(session_id)
@@ -1312,7 +1256,7 @@ class SqliteSessionRepo:
         now = self.clock.now_ms()
 
         def run(db: _Db) -> int:
-            with _transaction(db.conn):
+            with db.transaction():
                 row = db.conn.execute(
                     "SELECT fence FROM sessions WHERE session_id=?", (session_id,)
                 ).fetchone()
@@ -1351,7 +1295,7 @@ class SqliteSessionRepo:
         now = self.clock.now_ms()
 
         def run(db: _Db) -> int:
-            with _transaction(db.conn):
+            with db.transaction():
                 current = db.lease_row(lease.session_id)
                 check_current(current, lease, now)
                 assert current is not None
@@ -1385,7 +1329,7 @@ class SqliteSessionRepo:
         meta = state.metadata
 
         def run(db: _Db) -> None:
-            with _transaction(db.conn):
+            with db.transaction():
                 _insert_session(db.conn, meta)
                 tx = _Tx(db.conn, meta.id, 0, 0)
                 for item in state.log:
@@ -1396,20 +1340,14 @@ class SqliteSessionRepo:
         return meta
 
     async def close(self) -> None:
-        """Close the connection and the I/O thread."""
-        if self.closed:
-            return
-        await self.writes.drain()
-        self.closed = True
-        self._reader.close()
+        """Send the queued writes, then close the connection and the I/O thread (idempotent).
 
-        def shut() -> None:
-            if self._db is not None:
-                self._db.close()
-                self._db = None
-
-        await asyncio.get_running_loop().run_in_executor(self._executor, shut)
-        self._executor.shutdown(wait=True)
+        Calls already submitted finish first; every later call raises ``SessionError("closed")``
+        (`SqliteExecutor.close`).
+        """
+        if not self.closed:
+            await self.writes.drain()
+        await self._io.close()
 
 
 def _insert_session(conn: sqlite3.Connection, meta: SessionMetadata) -> None:

@@ -224,7 +224,7 @@ async def test_reads_run_on_the_loop_while_the_thread_is_idle(
 ) -> None:
     broker = make()
     await broker.inbox.append(_item("a"))
-    hops = count_hops(broker._executor, monkeypatch)
+    hops = count_hops(broker._io.thread.pool, monkeypatch)
     assert [item.dedupe_key for item in await broker.inbox.pending("s1")] == ["a"]
     assert await broker.marks.get("m") is None
     assert await broker.threads.get("s1", "web:t") is None
@@ -239,8 +239,8 @@ async def test_a_read_while_the_thread_works_runs_on_the_reader_connection(
 ) -> None:
     broker = make()
     await broker.inbox.append(_item("a"))  # acknowledged: committed
-    hops = count_hops(broker._executor, monkeypatch)
-    held, release = await hold_the_thread(broker._call)  # busy with a write
+    hops = count_hops(broker._io.thread.pool, monkeypatch)
+    held, release = await hold_the_thread(broker._io.call)  # busy with a write
     # every acknowledged write is committed: a snapshot of the committed state has them all
     pending = await asyncio.wait_for(broker.inbox.pending("s1"), 5)
     assert [item.dedupe_key for item in pending] == ["a"]
@@ -254,8 +254,8 @@ async def test_a_read_that_meets_another_connections_lock_runs_on_the_thread(
 ) -> None:
     broker = make()
     await broker.inbox.append(_item("a"))
-    hops = count_hops(broker._executor, monkeypatch)
-    db = broker._db
+    hops = count_hops(broker._io.thread.pool, monkeypatch)
+    db = broker._io.db
     assert db is not None
     locked = LockedOnTheLoop(db.conn)
     monkeypatch.setattr(db, "conn", locked)

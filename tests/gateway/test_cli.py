@@ -168,9 +168,10 @@ def test_serve_with_a_store_directory_that_cannot_be_made_names_it(tmp_path, cap
     assert main(["serve", "--port", str(_free_port())], settings=settings) == 1
     err = capsys.readouterr().err
     refusal = [line for line in err.splitlines() if line.startswith("gateway: ")]
-    assert refusal == [
+    assert refusal == [  # a SessionError, as the store's contract says (D191), naming the cause
         "gateway: the store at sqlite:////proc/gateway-test-nowhere/s.db does not answer "
-        "(FileNotFoundError: [Errno 2] No such file or directory: '/proc/gateway-test-nowhere')"
+        "(SessionError: sqlite error on /proc/gateway-test-nowhere/s.db: "
+        "[Errno 2] No such file or directory: '/proc/gateway-test-nowhere')"
     ]
     assert "Traceback" not in err
 

@@ -38,7 +38,7 @@ async def test_bounded_reads_run_on_the_loop_while_the_thread_is_idle(
     backend: str, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     repo, storage = await opened(tmp_path)
-    hops = count_hops(repo._executor, monkeypatch)
+    hops = count_hops(repo._io.thread.pool, monkeypatch)
     stored = await storage.get_entry("e1")
     assert stored is not None and stored.entry.id == "e1"
     assert (await storage.get_stats()).entries == 3
@@ -57,7 +57,7 @@ async def test_a_read_while_the_thread_works_runs_on_the_reader_connection(
     backend: str, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     repo, storage = await opened(tmp_path)
-    hops = count_hops(repo._executor, monkeypatch)
+    hops = count_hops(repo._io.thread.pool, monkeypatch)
     held, release = await hold_the_thread(lambda hold: repo.call(hold, keep_open=True))
     # the session holds no deferred write: what is committed is all that was acknowledged
     stored = await asyncio.wait_for(storage.get_entry("e2"), 5)
@@ -75,7 +75,7 @@ async def test_a_read_of_a_session_with_deferred_writes_waits_for_the_thread(
     repo, storage = await opened(tmp_path)
     with deferred_durability():  # acknowledged, in the open transaction, not committed
         await storage.append_entry(custom_entry("e3"), "main")
-    hops = count_hops(repo._executor, monkeypatch)
+    hops = count_hops(repo._io.thread.pool, monkeypatch)
     held, release = await hold_the_thread(lambda hold: repo.call(hold, keep_open=True))
     read = asyncio.ensure_future(storage.get_entry("e3"))
     await asyncio.sleep(0.05)
@@ -92,8 +92,8 @@ async def test_a_read_that_meets_another_connections_lock_runs_on_the_thread(
     backend: str, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     repo, storage = await opened(tmp_path)
-    hops = count_hops(repo._executor, monkeypatch)
-    db = repo._db
+    hops = count_hops(repo._io.thread.pool, monkeypatch)
+    db = repo._io.db
     assert db is not None
     locked = LockedOnTheLoop(db.conn)
     monkeypatch.setattr(db, "conn", locked)

@@ -348,7 +348,7 @@ async def test_deferred_writes_into_an_open_transaction_skip_the_io_thread(
     repo = SqliteSessionRepo(tmp_path / "store.db", synchronous="full")
     harness, tracker = await tool_turns(repo)
     assert isinstance(await harness.prompt("warm"), hc.Ok)
-    hops = count_hops(repo._executor, monkeypatch)
+    hops = count_hops(repo._io.thread.pool, monkeypatch)
     flushes: list[object] = []
     flush = repo.writes._flush
 

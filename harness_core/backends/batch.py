@@ -1,7 +1,8 @@
 """Group commit: writes queued while one batch is in flight go out together, in order.
 
-Used by the SQLite backend (one transaction per batch) and the Redis backend (one script call
-per session and batch, the sessions' calls pipelined). Submission order is commit order is
+Used by the store's SQLite backend (one transaction per batch) and Redis backend (one script
+call per session and batch, the sessions' calls pipelined) and by the SQLite broker (one
+transaction per batch). Submission order is commit order is
 resolution order. A caller that stops waiting does not withdraw its write: it was submitted, so
 it commits (or fails) with its batch.
 """
@@ -12,7 +13,9 @@ import asyncio
 from collections.abc import Awaitable, Callable, Sequence
 from typing import Any, Generic, TypeVar
 
-__all__ = ["WriteQueue"]
+__all__ = [
+    "WriteQueue",
+]
 
 _Op = TypeVar("_Op")
 
