@@ -64,6 +64,11 @@ class Capabilities(Frozen):
     decisions: bool = False
     """Approval requests carry controls whose use arrives as a `DecisionInbound` (Slack and web
     buttons, signed email links)."""
+    approvers: bool = False
+    """Only the approvers a deployment names may decide: anyone else's use of a control is
+    refused and stores nothing (Slack's configured approvers; email links minted for, and
+    checked against, approver addresses). False: whoever reaches the channel decides (the web
+    channel, bound to a trusted interface)."""
     edits: bool = False
     """A posted message can be edited in place (an approval close edits its copies)."""
     streaming: bool = False

@@ -139,8 +139,10 @@ class EmailChannel:
         )
         self.body_limits: dict[str, int] = {}
         """The approval pages take small forms only (the edge's default bound)."""
-        self.capabilities = Capabilities(decisions=self.router is not None)
-        """Signed approval links decide only with a link secret and a public URL."""
+        links = self.router is not None
+        self.capabilities = Capabilities(decisions=links, approvers=links)
+        """Signed approval links decide only with a link secret and a public URL, and only for
+        the approvers' addresses."""
 
     @property
     def mark_name(self) -> str:
@@ -156,7 +158,8 @@ class EmailChannel:
         log.info("email started", extra={"address": self.address, "folder": self.folder})
 
     async def stop(self) -> None:
-        """Stop receiving; idempotent."""
+        """Stop receiving (mail and approval links); deliveries keep working. Idempotent."""
+        self._sink = None
         loop, self._loop = self._loop, None
         if loop is not None:
             loop.cancel()
@@ -168,7 +171,6 @@ class EmailChannel:
     async def close(self) -> None:
         """Stop (the SMTP side holds no connection between sends)."""
         await self.stop()
-        self._sink = None
 
     # -- inbound ---------------------------------------------------------------------------------
 

@@ -35,6 +35,11 @@ _EXISTS = re.compile(rb"\*\s+\d+\s+EXISTS\b", re.IGNORECASE)
 _IDLE_S = 5 * 60
 """IDLE is renewed this often (RFC 2177 allows 29 minutes; a shorter one notices a silently
 dropped connection sooner)."""
+_LOGOUT_S = 2.0
+_HANGUP_S = 1.0
+"""A close waits this long for the server's answer to LOGOUT, then for it to hang up: 3 s at
+most, so a channel's stop ends within its deadline (the channel suite's 5 s) whatever the
+server does; an answering server takes milliseconds."""
 
 
 class ImapError(AdapterError):
@@ -254,7 +259,7 @@ class ImapConnection:
         await self._bounded(asyncio.shield(idle), "IDLE")
 
     async def close(self) -> None:
-        """Log out (bounded) and drop the connection; never raises.
+        """Log out (bounded: `_LOGOUT_S`, `_HANGUP_S`) and drop the connection; never raises.
 
         aioimaplib never closes its transport itself: after the logout this waits for the
         server to close the connection, and closes the transport if it does not.
@@ -264,8 +269,8 @@ class ImapConnection:
             return
         try:
             if not self.lost.is_set():
-                await asyncio.wait_for(imap.logout(), timeout=min(self.timeout_s, 5))
-                await asyncio.wait_for(self.lost.wait(), timeout=2)
+                await asyncio.wait_for(imap.logout(), timeout=min(self.timeout_s, _LOGOUT_S))
+                await asyncio.wait_for(self.lost.wait(), timeout=_HANGUP_S)
         except Exception:  # a connection being dropped may fail in any way
             pass
         transport = getattr(getattr(imap, "protocol", None), "transport", None)

@@ -146,8 +146,9 @@ class SlackChannel:
         self.router: APIRouter | None = None if self.socket_mode else self._http_router()
         self.body_limits: dict[str, int] = {} if self.socket_mode else {"/slack/": _MAX_BODY}
         """The bound of a request body at ``/slack/events`` (the app refuses more unread)."""
-        self.capabilities = Capabilities(decisions=True, edits=True)
-        """Approve/Deny buttons; an approval's close edits every posted copy (chat.update)."""
+        self.capabilities = Capabilities(decisions=True, approvers=True, edits=True)
+        """Approve/Deny buttons for the configured approvers; an approval's close edits every
+        posted copy (chat.update)."""
 
     @property
     def backfilled(self) -> int:
@@ -163,6 +164,7 @@ class SlackChannel:
                 channel starts and bolt asks again on the first event.
         """
         self.link.sink = sink
+        self.link.receiving = True
         try:
             identity = await self.link.client.auth_test()
             self.link.bot_user_id = identity.get("user_id")
@@ -212,7 +214,15 @@ class SlackChannel:
             self.history.start_backfill()
 
     async def stop(self) -> None:
-        """Stop receiving (close the Socket Mode link); idempotent."""
+        """Stop receiving; deliveries keep working until `close`. Idempotent.
+
+        Events and clicks are refused from now on (Slack sends them again), the Socket Mode
+        link closes and a running backfill ends.
+        """
+        self.link.receiving = False
+        backfill = self.history.backfilling
+        if backfill is not None and not backfill.done():
+            backfill.cancel()
         socket, self._socket = self._socket, None
         if socket is not None:
             for task in list(self.link.tasks):  # a connect still retrying

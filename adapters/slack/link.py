@@ -36,7 +36,9 @@ class SlackLink:
         """The bot's user id (auth.test at start, or bolt's own when that failed)."""
         self.bot_id: str | None = None
         self.sink: InboundSink | None = None
-        """Set between `start` and `close`."""
+        """Set between `start` and `close` (deliveries keep their marks while draining)."""
+        self.receiving = False
+        """Between `start` and `stop`: events and clicks are handed to the sink."""
         self.tasks: set[asyncio.Task[Any]] = set()
         """Best-effort follow-ups (reactions, private notes, backfills) still running."""
 
@@ -48,9 +50,13 @@ class SlackLink:
         return task
 
     def sink_or_fail(self) -> InboundSink:
-        """The sink; Unavailable when the channel is not started."""
-        if self.sink is None:
-            raise Unavailable("the Slack channel is not started")
+        """The sink to hand events and clicks to; Unavailable unless the channel receives.
+
+        After `stop` nothing is taken: the request is answered with an error, so Slack sends
+        it again (to this process once it is back, or to another one).
+        """
+        if self.sink is None or not self.receiving:
+            raise Unavailable("the Slack channel is not receiving")
         return self.sink
 
     def unreachable(self, error: BaseException, method: str) -> str:

@@ -1,8 +1,8 @@
-"""Fixtures of the adapter tests: a mailbox on each backend, a web channel and its app."""
+"""Fixtures of the adapter tests: a mailbox on each backend, a web channel and its app, Dovecot."""
 
 from __future__ import annotations
 
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Iterator
 from pathlib import Path
 
 import httpx
@@ -15,6 +15,7 @@ from adapters.web.sqlite import SqliteMailbox
 from harness_core import SequentialIds
 from harness_core.testing import ManualClock
 from tests.adapters.kit import TestSink
+from tests.support.mail_servers import Dovecot
 from tests.support.redis_cluster import LocalRedisCluster
 from tests.support.redis_server import RedisServer
 
@@ -82,3 +83,10 @@ async def client(app: FastAPI) -> AsyncIterator[httpx.AsyncClient]:
     transport = httpx.ASGITransport(app=app)
     async with httpx.AsyncClient(transport=transport, base_url="http://web.test") as http:
         yield http
+
+
+@pytest.fixture(scope="session")
+def dovecot() -> Iterator[Dovecot]:
+    """One Dovecot for the whole run; tests isolate themselves with ``dovecot.fresh_user()``."""
+    with Dovecot() as server:
+        yield server

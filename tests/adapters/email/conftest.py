@@ -1,4 +1,6 @@
-"""Fixtures of the email tests: one real Dovecot per session, an SMTP server per test.
+"""Fixtures of the email tests: a fresh mail user and an SMTP server per test.
+
+The Dovecot they share (one per session) is `tests/adapters/conftest.py`'s.
 
 At the end of a run that took the reply corpus (``test_corpus.py``), its accuracy is printed.
 """
@@ -10,13 +12,6 @@ from collections.abc import Iterator
 import pytest
 
 from tests.support.mail_servers import Dovecot, MailUser, SmtpServer
-
-
-@pytest.fixture(scope="session")
-def dovecot() -> Iterator[Dovecot]:
-    """One Dovecot for the whole run; tests isolate themselves with ``dovecot.fresh_user()``."""
-    with Dovecot() as server:
-        yield server
 
 
 @pytest.fixture
