@@ -219,6 +219,9 @@ def main(argv: Sequence[str] | None = None, settings: Settings | None = None) ->
         "serve", help="run the service: the web channel, workers and deliverer (embedded default)"
     )
     serve_parser.add_argument("--config", help="a TOML settings file (the environment wins)")
+    serve_parser.add_argument(
+        "--store", dest="store", default=argparse.SUPPRESS, help="store URL (as above)"
+    )
     serve_parser.add_argument("--host", help="listen address (default: GATEWAY_HOST or 127.0.0.1)")
     serve_parser.add_argument("--port", type=int, help="listen port (default: 8787)")
     serve_parser.add_argument(
@@ -233,6 +236,8 @@ def main(argv: Sequence[str] | None = None, settings: Settings | None = None) ->
             for name in ("host", "port", "log_level")
             if (value := getattr(args, name, None)) is not None
         }
+        if args.command == "serve" and getattr(args, "store", None) is not None:
+            overrides["store_url"] = args.store  # the other commands read --store themselves
         if overrides:
             settings = settings.replace(**overrides)
     except (SettingsError, ValidationError) as exc:

@@ -158,6 +158,21 @@ def test_serve_with_a_broker_that_does_not_answer_stops_with_one_line(tmp_path, 
     assert "service started" not in err  # refused before any adapter or worker began
 
 
+@pytest.mark.parametrize("where", ["before serve", "after serve"])
+def test_serve_takes_the_store_flag_wherever_it_is_given(tmp_path, capsys, where: str) -> None:
+    settings = gateway_settings(
+        store_url=f"sqlite:///{tmp_path}/s.db",
+        broker_url=f"sqlite:///{tmp_path}/b.db",
+        web_url="memory://",
+    )
+    flag = ["--store", "sqlite:////proc/gateway-test-nowhere/s.db"]
+    serve = ["serve", "--port", str(_free_port())]
+    words = [*flag, *serve] if where == "before serve" else [*serve, *flag]
+    assert main(words, settings=settings) == 1  # the flag's store, not the settings' one
+    err = capsys.readouterr().err
+    assert "gateway: the store at sqlite:////proc/gateway-test-nowhere/s.db" in err
+
+
 def test_serve_with_a_store_directory_that_cannot_be_made_names_it(tmp_path, capsys) -> None:
     # /proc refuses new directories (ENOENT) even to root: the failure comes at the first use
     settings = gateway_settings(
