@@ -405,7 +405,19 @@ def _ctrl_c() -> Iterator[_CtrlC]:
         yield handler
     finally:
         loop.remove_signal_handler(signal.SIGINT)
-        signal.signal(signal.SIGINT, previous)  # asyncio.run's own handler, as it expects
+        # After a Ctrl-C, a second press may still be on its way (a quick double press, a
+        # loaded machine): absorbed, it cannot replace the line saying what became of the run;
+        # one more after it is asyncio.run's again (it stops the process).
+        signal.signal(signal.SIGINT, _absorb_once(previous) if handler.count else previous)
+
+
+def _absorb_once(previous: Any) -> Callable[[int, Any], None]:
+    """A SIGINT handler that ignores the first signal, then hands over to `previous`."""
+
+    def absorb(signum: int, frame: Any) -> None:
+        signal.signal(signal.SIGINT, previous)
+
+    return absorb
 
 
 async def _until_done(lane: AgentLane, call: Coroutine[Any, Any, _R], ctrl_c: _CtrlC) -> _R:

@@ -413,6 +413,8 @@ def test_ctrl_c_exits_130_without_a_traceback(tmp_path: Path) -> None:
             env=_process_env(),
             stdout=subprocess.PIPE,
             stderr=subprocess.PIPE,
+            # a test run started in the background ignores SIGINT, and its children would too
+            preexec_fn=lambda: signal.signal(signal.SIGINT, signal.SIG_DFL),
         )
         connection, _ = silent.accept()
         with connection:
