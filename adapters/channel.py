@@ -71,6 +71,10 @@ class Capabilities(Frozen):
     channel, bound to a trusted interface)."""
     edits: bool = False
     """A posted message can be edited in place (an approval close edits its copies)."""
+    reconciles: bool = True
+    """`reconcile` finds an earlier attempt of a delivery. False: it cannot see one, so it
+    answers ``absent`` and the delivery is sent again under the same identity, which the peer
+    drops: the thread still holds it once (a webhook without a status URL, D195, D197)."""
     streaming: bool = False
     """A reply can be streamed into the thread while the model writes it."""
     files: bool = False

@@ -7,7 +7,9 @@ then its signature is checked over the raw bytes, and only then is it parsed. A 
 handed to the sink and acknowledged (202) only once the sink holds it durably; a sender's
 redelivery (same ``webhook-id``, or the same ``message_id``) is acknowledged again as a
 duplicate and taken once. A decision is taken only from a configured approver, then judged by
-the gateway; one that can change nothing stores nothing.
+the gateway; one that can change nothing stores nothing. Without an ``idempotency_key`` its key
+derives from what it decides (`decision_key`): the same decision sent again, under any
+``webhook-id``, is one decision, as a double click is on the other channels.
 
 Every refusal is one JSON envelope ``{"error": {"code", "message"}}`` and stores nothing: 400
 (``invalid_json``, ``invalid_request``, ``invalid_text``, ``empty_text``, ``text_too_long``),
@@ -21,6 +23,7 @@ Out: `deliver` and `reconcile` are `WebhookDelivery`'s (signed POSTs to the conf
 
 from __future__ import annotations
 
+import hashlib
 import json
 import logging
 from collections.abc import Mapping
@@ -60,7 +63,7 @@ from adapters.webhook.payloads import (
 from adapters.webhook.signing import SignatureRefused, check_headers, verify
 from harness_core import Clock, SystemClock
 
-__all__ = ["CHANNEL", "EVENTS_PATH", "WebhookChannel", "WebhookLimits"]
+__all__ = ["CHANNEL", "EVENTS_PATH", "WebhookChannel", "WebhookLimits", "decision_key"]
 
 log = logging.getLogger("adapters.webhook")
 
@@ -155,6 +158,21 @@ def _check_text(value: str, what: str) -> None:
         raise _Refused(400, "invalid_text", f"{what} is not valid Unicode text") from None
 
 
+def decision_key(body: DecisionIn) -> str:
+    """A decision's key when the sender names none: the same decision always has the same key.
+
+    Not the ``webhook-id``: a person who sends their decision twice (two requests, two ids)
+    decided once, and the second learns it is a duplicate instead of racing the first.
+    """
+    canonical = json.dumps(
+        [body.space, body.thread, body.run_id, body.wait_id,
+         [d.model_dump() for d in body.decisions]],
+        sort_keys=True,
+        separators=(",", ":"),
+    )  # fmt: skip
+    return "webhook-" + hashlib.sha256(canonical.encode()).hexdigest()[:40]
+
+
 def _author(value: AuthorIn | None) -> Author:
     if value is None:
         return Author(id="anonymous")
@@ -192,8 +210,11 @@ class WebhookChannel:
         self.router: APIRouter | None = self._build_router()
         self.body_limits: Mapping[str, int] = {"/webhook/": self.limits.max_body_bytes}
         """The bound of a request body under ``/webhook/`` (the app refuses more unread)."""
-        self.capabilities = Capabilities(decisions=True)
-        """Threads and decisions; a receiver edits nothing it was sent (a close is a POST)."""
+        self.capabilities = Capabilities(
+            decisions=True, approvers=True, reconciles=delivery.status_url is not None
+        )
+        """Threads and decisions, from `approvers` only; a receiver edits nothing it was sent
+        (a close is a POST); reconcile sees only through a status URL."""
 
     async def start(self, sink: InboundSink) -> None:
         """Take requests into `sink` from now on (nothing to connect to)."""
@@ -272,7 +293,7 @@ class WebhookChannel:
         if kind == "message":
             return await self._message(msg_id, raw)
         if kind == "decision":
-            return await self._decision(msg_id, raw)
+            return await self._decision(raw)
         raise _Refused(400, "invalid_request", '\'type\' must be "message" or "decision"')
 
     async def _message(self, msg_id: str, raw: dict[str, Any]) -> Response:
@@ -315,7 +336,7 @@ class WebhookChannel:
             status_code=202,
         )
 
-    async def _decision(self, msg_id: str, raw: dict[str, Any]) -> Response:
+    async def _decision(self, raw: dict[str, Any]) -> Response:
         try:
             body = DecisionIn.model_validate(raw)
         except ValidationError as exc:
@@ -350,7 +371,7 @@ class WebhookChannel:
                 for d in body.decisions
             ),
             decided_by=author,
-            idempotency_key=body.idempotency_key or msg_id,
+            idempotency_key=body.idempotency_key or decision_key(body),
             received_at_ms=self.clock.now_ms(),
         )
         acceptance = await self._hold(sink.decide, decision)

@@ -8,7 +8,8 @@ silently dropped):
   ``webhook-id`` (a sender's redelivery is then the same message);
 * a decision: ``{"type": "decision", "thread", "space"?, "run_id", "wait_id", "session"?,
   "decisions": [{"tool_call_id", "args_digest", "approved", "reason"?}], "author": {"id",
-  "name"?}, "idempotency_key"?}``; the key defaults to the ``webhook-id``.
+  "name"?}, "idempotency_key"?}``; the key defaults to one derived from what it decides
+  (`adapters.webhook.channel.decision_key`): the same decision sent twice is one.
 
 Out (what `deliver` POSTs): ``{"kind", "delivery_id", "space", "thread", "text", "answers",
 "reply_context", "approval"?, "closed"?}``; ``text`` is Markdown, ``approval`` is the request's

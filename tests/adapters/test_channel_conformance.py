@@ -1,13 +1,16 @@
-"""The channel conformance suite on web, Slack and email, each against its real peer.
+"""The channel conformance suite on web, Slack, email and webhook, each against its real peer.
 
 Web over HTTP (httpx's ASGI transport), Slack with signed requests into slack-bolt and the fake
-Slack Web API, email with a real Dovecot and aiosmtpd (`tests.support.channel_rigs`); email once
-more without approval links (a channel without decisions), for the checks that gate on it. And
-the suite's own teeth: a web channel that breaks a promise fails the check of that promise.
+Slack Web API, email with a real Dovecot and aiosmtpd, webhook with a Standard Webhooks sender
+and receiver on a real port and a status URL (`tests.support.channel_rigs`); email once more
+without approval links (a channel without decisions) and webhook without a status URL (a
+`reconcile` that cannot see), for the checks that gate on them. And the suite's own teeth: a
+channel that breaks a promise fails the check of that promise.
 """
 
 from __future__ import annotations
 
+import itertools
 from collections.abc import AsyncIterator
 from typing import Any
 
@@ -24,15 +27,18 @@ from adapters.channel import (
     Unavailable,
 )
 from adapters.conformance import ChannelCheck, ChannelRig, channel_checks
-from tests.support.channel_rigs import EmailRig, SlackRig, WebRig
+from adapters.webhook import delivery as webhook_delivery
+from tests.support.channel_rigs import EmailRig, SlackRig, WebhookRig, WebRig
 from tests.support.mail_servers import Dovecot
 
 CHECKS = channel_checks()
 GATED = [c for c in CHECKS if c.group == "approvals"]
 """The checks whose expectations follow `Capabilities.decisions`."""
+RECONCILING = [c for c in CHECKS if c.group == "outbound"]
+"""The checks whose expectations follow `Capabilities.reconciles`."""
 
 
-@pytest.fixture(params=["web", "slack", "email"])
+@pytest.fixture(params=["web", "slack", "email", "webhook"])
 async def rig(request: pytest.FixtureRequest) -> AsyncIterator[ChannelRig]:
     """A fresh peer of each built-in channel."""
     kind = str(request.param)
@@ -42,6 +48,11 @@ async def rig(request: pytest.FixtureRequest) -> AsyncIterator[ChannelRig]:
     elif kind == "slack":
         async with SlackRig() as slack:
             yield slack
+    elif kind == "webhook":
+        async with WebhookRig() as webhook:
+            yield webhook
+            assert webhook.channel is not None and webhook.channel.capabilities.reconciles
+            assert webhook.strays == [], "sent again although the status URL said it arrived"
     else:
         dovecot: Dovecot = request.getfixturevalue("dovecot")
         async with EmailRig(dovecot) as mail:
@@ -58,6 +69,13 @@ async def test_email_without_approval_links_conforms(dovecot: Dovecot, check: Ch
     async with EmailRig(dovecot, links=False) as mail:
         await check.run(mail)
         assert mail.channel is not None and not mail.channel.capabilities.decisions
+
+
+@pytest.mark.parametrize("check", RECONCILING, ids=[c.id for c in RECONCILING])
+async def test_webhook_without_a_status_url_conforms(check: ChannelCheck) -> None:
+    async with WebhookRig(status=False) as webhook:
+        await check.run(webhook)
+        assert webhook.channel is not None and not webhook.channel.capabilities.reconciles
 
 
 def test_every_check_has_a_unique_id_and_says_its_promise() -> None:
@@ -141,3 +159,19 @@ async def test_a_channel_breaking_a_promise_fails_its_check(flaw: str, check_id:
     async with _Lying(flaw) as lying:
         with pytest.raises(AssertionError):
             await check.run(lying)
+
+
+BLIND = [c for c in RECONCILING if "reconcile" in c.name]
+"""The checks that send again what a `reconcile` that cannot see says is absent."""
+
+
+@pytest.mark.parametrize("check", BLIND, ids=[c.id for c in BLIND])
+async def test_a_webhook_that_cannot_reconcile_and_resends_under_a_new_id_fails(
+    check: ChannelCheck, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Its `reconcile` says absent, as declared, but the receiver cannot drop what it resends."""
+    fresh = itertools.count(1)
+    monkeypatch.setattr(webhook_delivery, "webhook_id", lambda delivery_id: f"msg_{next(fresh)}")
+    async with WebhookRig(status=False) as webhook:
+        with pytest.raises(AssertionError):
+            await check.run(webhook)

@@ -12,6 +12,11 @@ Each is a `adapters.conformance.ChannelRig` and an async context manager (a fres
   delivers it), "acknowledged" is the channel flagging it handled (``\\Seen``), what the bot
   sent is read from the SMTP server's captures; a `Relay` between the channel and both servers
   can freeze (a hung peer). The channel is built from its settings section, as the service does.
+* `WebhookRig`: a Standard Webhooks sender and receiver (`tests.support.webhook_peer`): messages
+  and decisions go in as signed requests (a redelivery is the same ``webhook-id`` signed anew),
+  what the bot posted is what the receiver took (one per ``webhook-id``, as the spec asks a
+  receiver to keep), read back from a real port. Built from its settings section, with or
+  without a status URL (`status`).
 """
 
 from __future__ import annotations
@@ -49,11 +54,14 @@ from adapters.slack.settings import SlackSettings
 from adapters.slack.spec import SPEC as SLACK_SPEC
 from adapters.web import MemoryMailbox, WebChannel, WebLimits
 from adapters.web.mailbox import MailboxUnavailable, NewWebItem, WebAppend, WebItem, WebItemKind
+from adapters.webhook.settings import WebhookSettings
+from adapters.webhook.spec import SPEC as WEBHOOK_SPEC
 from harness_core import SystemClock
 from tests.support.fake_slack import FakeSlack, Message, event_envelope, form_body, signed_headers
 from tests.support.mail_servers import Dovecot, MailUser, SmtpServer
+from tests.support.webhook_peer import WebhookPeer, new_secret
 
-__all__ = ["EmailRig", "Relay", "SlackRig", "WebRig"]
+__all__ = ["EmailRig", "Relay", "SlackRig", "WebRig", "WebhookRig"]
 
 CALL_TIMEOUT_S = 10.0
 """A channel call's bound, as the service gives it (`delivery_timeout_seconds`'s default)."""
@@ -761,4 +769,185 @@ class EmailRig:
         assert self.smtp_relay is not None
         self.imap_relay.freeze()
         self.smtp_relay.freeze()
+        return True
+
+
+# -- webhook ------------------------------------------------------------------------------------
+
+WEBHOOK_MAX_TEXT = 1000
+
+
+class WebhookRig:
+    """The system behind a webhook: it signs what it sends, and receives on a real port.
+
+    With `status` the channel asks the receiver's status URL what arrived; without, it cannot
+    know (D195). `strays` lists every ``webhook-id`` the receiver was sent again although it
+    had taken it: with a status URL there is none to drop, the channel found what arrived.
+    """
+
+    approver = "alice"
+    stranger = "mallory"
+
+    def __init__(self, *, status: bool = True) -> None:
+        self.status = status
+        self.peer = WebhookPeer(secret=new_secret("suite"))
+        self.channel: ChannelAdapter | None = None
+        self._http: httpx.AsyncClient | None = None
+        self._ids = itertools.count(1)
+
+    async def __aenter__(self) -> Self:
+        await self.peer.start()
+        return self
+
+    async def __aexit__(self, *exc: object) -> None:
+        if self._http is not None:
+            await self._http.aclose()
+        await self.peer.stop()
+
+    @property
+    def http(self) -> httpx.AsyncClient:
+        assert self._http is not None, "build the channel first"
+        return self._http
+
+    @property
+    def strays(self) -> list[str]:
+        """The webhook-ids the receiver was sent again after taking them (it dropped them)."""
+        return [post.webhook_id for post in self.peer.posts if post.duplicate]
+
+    def build(self) -> ChannelAdapter:
+        section = WebhookSettings(
+            url=self.peer.url,
+            secret=self.peer.secret,
+            status_url=self.peer.status_url if self.status else None,
+            approvers=(self.approver,),
+            max_text_chars=WEBHOOK_MAX_TEXT,
+        )
+        context = ChannelContext(clock=SystemClock(), call_timeout_s=CALL_TIMEOUT_S)
+        self.channel = adapter = WEBHOOK_SPEC.build(section, context)
+        assert adapter.router is not None, "the channel mounts /webhook/events"
+        app = FastAPI()
+        app.include_router(adapter.router)
+        transport = httpx.ASGITransport(app=app)
+        self._http = httpx.AsyncClient(transport=transport, base_url="http://gateway.test")
+        return adapter
+
+    def _msg_id(self) -> str:
+        return f"msg_suite{next(self._ids)}"
+
+    async def say(self, thread: str, text: str, *, author: str, redeliver: int = 0) -> Said:
+        payload = {"thread": thread, "text": text, "author": {"id": author}}
+        msg_id = self._msg_id()
+        acked = []
+        for _ in range(1 + redeliver):  # a sender's retry: the same id, signed anew
+            response = await self.peer.send(self.http, payload, msg_id=msg_id)
+            acked.append(response.status_code == 202)
+        return Said(tuple(acked))
+
+    def _taken(self, thread: str) -> list[tuple[str, dict[str, Any]]]:
+        return [
+            (webhook_id, post.payload)
+            for webhook_id, post in self.peer.taken.items()
+            if post.payload.get("thread") == thread
+        ]
+
+    async def seen(self, thread: str) -> list[Posted]:
+        return [
+            Posted(
+                id=webhook_id,
+                mark=payload.get("delivery_id"),
+                text=str(payload.get("text", "")),
+                controls=("approve", "deny") if payload.get("approval") else (),
+            )
+            for webhook_id, payload in self._taken(thread)
+        ]
+
+    def mark_of(self, delivery_id: str) -> str:
+        return delivery_id
+
+    async def decide(self, posted: Posted, *, approve: bool, as_user: str) -> None:
+        payload = self.peer.taken[posted.id].payload
+        view = payload["approval"]
+        decision = {
+            "type": "decision",
+            "thread": payload["thread"],
+            "space": payload["space"],
+            "session": view["session"],
+            "run_id": view["run_id"],
+            "wait_id": view["wait_id"],
+            "decisions": [
+                {"tool_call_id": c["tool_call_id"], "args_digest": c["args_digest"],
+                 "approved": approve} | ({} if approve else {"reason": "not now"})
+                for c in view["calls"]
+            ],
+            "author": {"id": as_user},
+        }  # fmt: skip
+        await self.peer.send(self.http, decision)
+
+    def hostile(self) -> Sequence[Hostile]:
+        message = {"thread": "hostile", "text": "let me in", "author": {"id": self.stranger}}
+
+        def signed(name: str, payload: Any, **how: Any) -> Hostile:
+            async def send() -> bool:
+                return _refused(await self.peer.send(self.http, payload, **how))
+
+            return Hostile(name, send)
+
+        def raw(name: str, body: bytes, headers: Callable[[bytes], dict[str, str]]) -> Hostile:
+            async def send() -> bool:
+                answer = await self.peer.send_raw(self.http, body, headers(body))
+                return _refused(answer)
+
+            return Hostile(name, send)
+
+        def unsigned(body: bytes) -> dict[str, str]:
+            return {"content-type": "application/json"}
+
+        def as_text(body: bytes) -> dict[str, str]:
+            return self.peer.signed(body)[1] | {"content-type": "text/plain"}
+
+        def swapped(body: bytes) -> dict[str, str]:
+            """The headers of another body: a captured signature on a changed request."""
+            return self.peer.signed(json.dumps({**message, "text": "hello"}).encode())[1]
+
+        decision = {
+            "type": "decision",
+            "thread": "hostile",
+            "run_id": "run-x",
+            "wait_id": "wait-x",
+            "decisions": [{"tool_call_id": "c", "args_digest": "d", "approved": True}],
+            "author": {"id": self.approver},
+        }
+        twice = {**decision, "decisions": decision["decisions"] * 2}  # type: ignore[operator]
+        now = int(time.time())
+        body = json.dumps(message).encode()
+        return [
+            signed("a forged signature", message, secret=new_secret("not-the-secret")),
+            raw("no signature", body, unsigned),
+            raw("a captured signature on another body", body, swapped),
+            signed("a replayed request (a stale timestamp)", message, timestamp=now - 600),
+            signed("a timestamp from the future", message, timestamp=now + 600),
+            signed("a webhook-id with a dot", message, msg_id="msg.dotted"),
+            signed("a body that is not JSON", b"{not json"),
+            raw("a body that is not application/json", body, as_text),
+            signed("a body that is no object", [message]),
+            signed("a body over the limit", {**message, "text": "x" * 300_000}),
+            signed("an unknown type", {**message, "type": "admin"}),
+            signed("an unknown field", {**message, "admin": True}),
+            signed("a NUL in the text", {**message, "text": "a\x00b"}),
+            signed("an empty text", {**message, "text": "  "}),
+            signed("a text over the limit", {**message, "text": "y" * (WEBHOOK_MAX_TEXT + 1)}),
+            signed("a thread that is no name", {**message, "thread": "no way!"}),
+            signed("a reply context over the limit",
+                   {**message, "reply_context": {"x": "z" * 5000}}),
+            signed("a decision from someone who is no approver",
+                   {**decision, "author": {"id": self.stranger}}),
+            signed("a decision nothing waits for", decision),
+            signed("a call decided twice in one request", twice),
+        ]  # fmt: skip
+
+    def lose_next_ack(self) -> None:
+        self.peer.lose_ack()
+
+    async def hang(self) -> bool:
+        self.peer.lose_ack(times=1000, hang=True)
         return True

@@ -275,10 +275,29 @@ async def test_only_an_approver_decides(rig: Rig) -> None:
         "wait-1",
         "webhook-default",
     )
-    assert decision.decided_by.id == APPROVER and decision.idempotency_key == "msg_click"
+    assert decision.decided_by.id == APPROVER
+    assert decision.idempotency_key.startswith("webhook-")  # from what it decides, not the id
     [item] = decision.decisions
     assert (item.tool_call_id, item.args_digest, item.approved) == ("call-1", "d1", True)
-    assert response.json()["idempotency_key"] == "msg_click"
+    assert response.json()["idempotency_key"] == decision.idempotency_key
+
+
+async def test_the_same_decision_sent_twice_is_one_and_a_named_key_is_kept(rig: Rig) -> None:
+    first = await rig.send(_decision(), msg_id="msg_click")
+    again = await rig.send(_decision(), msg_id="msg_click_again")  # a double click: a new id
+    denied = await rig.send(
+        _decision(decisions=[{**_decision()["decisions"][0], "approved": False}])
+    )
+    named = await rig.send(_decision(idempotency_key="k-1"))
+    assert [r.status_code for r in (first, again, denied, named)] == [202] * 4
+    assert [r.json()["duplicate"] for r in (first, again, denied, named)] == [
+        False,
+        True,
+        False,
+        False,
+    ]
+    keys = [d.idempotency_key for d in rig.sink.decisions]
+    assert keys[0] == keys[1] != keys[2] and keys[3] == "k-1"
 
 
 async def test_a_decision_deciding_one_call_twice_is_refused(rig: Rig) -> None:
@@ -372,7 +391,8 @@ async def test_a_reply_for_another_channels_thread_is_a_dead_letter(rig: Rig) ->
 def test_the_channel_says_what_it_can_do_and_bounds_its_bodies(rig: Rig) -> None:
     assert isinstance(rig.channel, ChannelAdapter)
     caps = rig.channel.capabilities
-    assert (caps.threads, caps.decisions) == (True, True)
+    assert (caps.threads, caps.decisions, caps.approvers) == (True, True, True)
+    assert not caps.reconciles  # no status URL: it cannot see what arrived (D195)
     assert (caps.edits, caps.streaming, caps.files) == (False, False, False)
     assert rig.channel.body_limits == {"/webhook/": 16384}
     assert rig.channel.name == "webhook"
