@@ -19,8 +19,10 @@ __all__ = [
     "Relations",
     "accepted_in",
     "check_url",
+    "comma_separated",
     "default_text_in",
     "ip_or_none",
+    "is_host",
     "is_loopback",
     "number",
     "scheme",
@@ -130,6 +132,18 @@ def ip_or_none(text: str) -> ipaddress.IPv4Address | ipaddress.IPv6Address | Non
         return ipaddress.ip_address(text)
     except ValueError:
         return None
+
+
+def is_host(text: str) -> bool:
+    """Whether `text` is an IP address or a host name (no scheme, no port, no wildcard)."""
+    return ip_or_none(text) is not None or HOSTNAME.fullmatch(text) is not None
+
+
+def comma_separated(value: Any) -> Any:
+    """A variable's comma-separated text as a tuple of its parts; any other value as it is."""
+    if isinstance(value, str):
+        return tuple(part.strip() for part in value.split(",") if part.strip())
+    return value
 
 
 def is_loopback(host: str) -> bool:

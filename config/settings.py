@@ -24,13 +24,13 @@ from pydantic import (
 )
 
 from config.fields import (
-    HOSTNAME,
     Relation,
     Relations,
     accepted_in,
     check_url,
+    comma_separated,
     default_text_in,
-    ip_or_none,
+    is_host,
     is_loopback,
     scheme,
 )
@@ -69,7 +69,6 @@ _SPACE = re.compile(r"[^\s\x00-\x1f\x7f]{1,256}")
 _OPS_NAME = re.compile(r"[a-z0-9._-]{1,64}")
 _MODULE = re.compile(r"[A-Za-z_][A-Za-z0-9_]*(\.[A-Za-z_][A-Za-z0-9_]*)*")
 """A Python module's dotted name (what ``import`` takes)."""
-_HOSTNAME = HOSTNAME
 S = TypeVar("S", bound=Section)
 
 _REDIS_SCHEMES = ("redis", "rediss", "redis+cluster", "rediss+cluster")
@@ -135,10 +134,6 @@ class Route(BaseModel):
     def matches(self, channel: str, space: str) -> bool:
         """Whether this route takes threads of `space` in `channel`."""
         return self.channel == channel and self.space in ("*", space)
-
-
-_Relation = Relation
-_Relations = Relations
 
 
 class Settings(BaseModel):
@@ -335,23 +330,23 @@ class Settings(BaseModel):
     @field_validator("store_url")
     @classmethod
     def _store_url(cls, value: str) -> str:
-        return _check_url(value, _STORE_SCHEMES, accepted("store_url"))
+        return check_url(value, _STORE_SCHEMES, accepted("store_url"))
 
     @field_validator("broker_url")
     @classmethod
     def _broker_url(cls, value: str | None) -> str | None:
-        return None if value is None else _check_url(value, _BROKER_SCHEMES, accepted("broker_url"))
+        return None if value is None else check_url(value, _BROKER_SCHEMES, accepted("broker_url"))
 
     @field_validator("redis_url")
     @classmethod
     def _redis_url(cls, value: str | None) -> str | None:
-        return None if value is None else _check_url(value, _REDIS_SCHEMES, accepted("redis_url"))
+        return None if value is None else check_url(value, _REDIS_SCHEMES, accepted("redis_url"))
 
     @field_validator("model_base_url")
     @classmethod
     def _model_base_url(cls, value: str | None) -> str | None:
         if value is not None:
-            _check_url(value, ("http", "https"), accepted("model_base_url"))
+            check_url(value, ("http", "https"), accepted("model_base_url"))
             if not urlsplit(value).netloc:
                 raise ValueError(f"expected {accepted('model_base_url')}")
         return value
@@ -367,7 +362,7 @@ class Settings(BaseModel):
     @classmethod
     def _public_url(cls, value: str | None) -> str | None:
         if value is not None:
-            _check_url(value, ("http", "https"), accepted("public_url"))
+            check_url(value, ("http", "https"), accepted("public_url"))
             if not urlsplit(value).netloc:
                 raise ValueError(f"expected {accepted('public_url')}")
             return value.rstrip("/")
@@ -376,15 +371,13 @@ class Settings(BaseModel):
     @field_validator("allowed_hosts", mode="before")
     @classmethod
     def _allowed_hosts_text(cls, value: Any) -> Any:
-        if isinstance(value, str):  # a variable: comma-separated
-            return tuple(part.strip() for part in value.split(",") if part.strip())
-        return value
+        return comma_separated(value)
 
     @field_validator("allowed_hosts")
     @classmethod
     def _allowed_hosts(cls, value: tuple[str, ...]) -> tuple[str, ...]:
         for host in value:
-            if ip_or_none(host) is None and not _HOSTNAME.fullmatch(host):
+            if not is_host(host):
                 raise ValueError(
                     f"{host!r} is not a host name (no scheme, no port, no wildcard: "
                     f"expected {accepted('allowed_hosts')})"
@@ -394,9 +387,7 @@ class Settings(BaseModel):
     @field_validator("ops_tokens", mode="before")
     @classmethod
     def _ops_tokens_text(cls, value: Any) -> Any:
-        if isinstance(value, str):  # a variable: comma-separated
-            return tuple(part.strip() for part in value.split(",") if part.strip())
-        return value
+        return comma_separated(value)
 
     @field_validator("ops_tokens")
     @classmethod
@@ -426,7 +417,7 @@ class Settings(BaseModel):
     @field_validator("host")
     @classmethod
     def _host(cls, value: str) -> str:
-        if ip_or_none(value) is None and not _HOSTNAME.fullmatch(value):
+        if not is_host(value):
             raise ValueError(f"expected {accepted('host')}")
         return value
 
@@ -452,22 +443,22 @@ class Settings(BaseModel):
 
     @model_validator(mode="after")
     def _relations(self) -> Settings:
-        problems: list[_Relation | None] = [
-            _Relation(
+        problems: list[Relation | None] = [
+            Relation(
                 ("renew_seconds", "lease_seconds"),
                 "3 x renew_seconds must be less than lease_seconds, so a lease survives one "
                 "failed renewal",
             )
             if 3 * self.renew_seconds >= self.lease_seconds
             else None,
-            _Relation(
+            Relation(
                 ("drain_seconds", "shutdown_seconds"),
                 "drain_seconds must be less than shutdown_seconds, so the drain ends before "
                 "the process is stopped",
             )
             if self.drain_seconds >= self.shutdown_seconds
             else None,
-            _Relation(
+            Relation(
                 ("delivery_timeout_seconds", "outbox_lease_seconds"),
                 "2 x delivery_timeout_seconds must be less than outbox_lease_seconds, so a "
                 "delivery and its reconciliation end before another deliverer may take it",
@@ -477,7 +468,7 @@ class Settings(BaseModel):
         ]
         if not self.ops_tokens and not is_loopback(self.host):
             problems.append(
-                _Relation(
+                Relation(
                     ("host", "ops_tokens"),
                     f"host={self.host} is not a loopback address: set ops_tokens, so the "
                     "operator API is never reachable without authentication",
@@ -485,7 +476,7 @@ class Settings(BaseModel):
             )
         failed = [problem for problem in problems if problem is not None]
         if failed:
-            raise _Relations(failed)
+            raise Relations(failed)
         return self
 
     def replace(self, **changes: Any) -> Settings:
@@ -549,21 +540,20 @@ class Settings(BaseModel):
         warned about with the store when they are local files and the broker is shared.
         """
         found: list[str] = []
-        address = ip_or_none(self.host)
-        if not (self.host == "localhost" or (address is not None and address.is_loopback)):
+        if not is_loopback(self.host):
             found.append(
                 f"host={self.host} is not a loopback address: the web channel has no "
                 f"authentication, so anyone who reaches port {self.port} can talk to the agent "
                 "(bind 127.0.0.1, or put an authenticating proxy in front)"
             )
-        if _scheme(self.effective_broker_url) in _REDIS_SCHEMES:
+        if scheme(self.effective_broker_url) in _REDIS_SCHEMES:
             local = [
-                f"the {part} ({_scheme(url)})"
+                f"the {part} ({scheme(url)})"
                 for part, url in (
                     ("store", self.effective_store_url),
                     *(channel_state or {}).items(),
                 )
-                if _scheme(url) in _LOCAL_SCHEMES
+                if scheme(url) in _LOCAL_SCHEMES
             ]
             if local:
                 found.append(
@@ -571,7 +561,7 @@ class Settings(BaseModel):
                     f"{'are local files' if len(local) > 1 else 'is a local file'}: every "
                     "`gateway serve` sharing the broker must run on this machine"
                 )
-        if _scheme(self.effective_store_url) == "memory":
+        if scheme(self.effective_store_url) == "memory":
             found.append(
                 "the store is memory://: sessions are lost when the process stops, while the "
                 "broker keeps their messages and replies"
@@ -607,6 +597,3 @@ _ACCEPTED = {
     "public_url": "an http:// or https:// URL",
     "allowed_hosts": "host names like gateway.example.com, comma-separated (a list in TOML)",
 }
-
-_check_url = check_url
-_scheme = scheme

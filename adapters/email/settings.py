@@ -6,7 +6,7 @@ from typing import Any, ClassVar, Literal
 
 from pydantic import Field, SecretStr, field_validator, model_validator
 
-from config.fields import EMAIL, HOSTNAME, Relation, Relations, ip_or_none, is_loopback
+from config.fields import EMAIL, Relation, Relations, comma_separated, is_host, is_loopback
 from config.sections import Section
 
 __all__ = ["EmailSettings"]
@@ -113,9 +113,7 @@ class EmailSettings(Section):
     @field_validator("approvers", mode="before")
     @classmethod
     def _approvers_text(cls, value: Any) -> Any:
-        if isinstance(value, str):  # a variable: comma-separated
-            return tuple(part.strip() for part in value.split(",") if part.strip())
-        return value
+        return comma_separated(value)  # a variable: comma-separated
 
     @field_validator("approvers")
     @classmethod
@@ -128,7 +126,7 @@ class EmailSettings(Section):
     @field_validator("imap_host", "smtp_host")
     @classmethod
     def _host(cls, value: str | None) -> str | None:
-        if value is not None and ip_or_none(value) is None and not HOSTNAME.fullmatch(value):
+        if value is not None and not is_host(value):
             raise ValueError("expected an IP address or a host name (no scheme, no port)")
         return value
 

@@ -9,7 +9,7 @@ from urllib.parse import urlsplit
 from pydantic import Field, SecretStr, ValidationInfo, field_validator, model_validator
 
 from adapters.webhook.signing import secret_key
-from config.fields import Relation, Relations, check_url
+from config.fields import Relation, Relations, check_url, comma_separated
 from config.sections import Section
 
 __all__ = ["WebhookSettings"]
@@ -128,9 +128,7 @@ class WebhookSettings(Section):
     @field_validator("approvers", mode="before")
     @classmethod
     def _approvers_text(cls, value: Any) -> Any:
-        if isinstance(value, str):  # a variable: comma-separated
-            return tuple(part.strip() for part in value.split(",") if part.strip())
-        return value
+        return comma_separated(value)  # a variable: comma-separated
 
     @field_validator("approvers")
     @classmethod
