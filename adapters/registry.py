@@ -46,11 +46,11 @@ def channel_specs() -> tuple[ChannelSpec[Any], ...]:
     found: list[ChannelSpec[Any]] = [_load(target, "built in") for target in BUILT_IN]
     plugged = sorted(entry_points(group=ENTRY_POINT_GROUP), key=lambda point: point.name)
     found += [_load(point.value, f"entry point {point.name!r}") for point in plugged]
-    seen: dict[str, str] = {}
+    seen: set[str] = set()
     for spec in found:
         if spec.name in seen:
             raise RegistryError(f"two channels are named {spec.name!r}: keep one")
-        seen[spec.name] = spec.name
+        seen.add(spec.name)
     return tuple(found)
 
 

@@ -71,6 +71,7 @@ from adapters.channel import (
     Unavailable,
 )
 from adapters.errors import AdapterError
+from adapters.json_bodies import body_problem, text_problem
 from adapters.web.mailbox import (
     DEFAULT_MAILBOX_URL,
     MailboxError,
@@ -202,31 +203,16 @@ class _DecisionIn(BaseModel):
 
 def _refusal(exc: ValidationError) -> _Refused:
     """The clearest 400 for a body that does not fit: its most specific error, named plainly."""
-    errors = exc.errors()
-    if any(e["type"] == "string_unicode" for e in errors):
+    if any(e["type"] == "string_unicode" for e in exc.errors()):
         return _Refused(400, "invalid_text", "a string is not valid Unicode text")
-    first = max(errors, key=lambda e: len(e["loc"]))  # in a union, the branch that got furthest
-    parts = [p for p in first["loc"] if not (isinstance(p, str) and p in _UNION_TAGS)]
-    where = ".".join(str(part) for part in parts) or "body"
-    if first["type"] == "extra_forbidden":
-        message = f"unknown field {where!r}"
-    elif first["type"] == "missing":
-        message = f"{where!r} is required"
-    elif first["type"] == "string_pattern_mismatch":
-        message = f"{where!r} must be 1-200 characters of {_ID_CHARS}"
-    else:
-        message = f"{where!r}: {first['msg']}"
+    message = body_problem(exc, pattern=f"1-200 characters of {_ID_CHARS}", skip=_UNION_TAGS)
     return _Refused(400, "invalid_request", message)
 
 
 def _check_text(value: str, what: str) -> None:
     """Refuse what no backend should store: NUL characters and unpaired surrogates."""
-    if "\x00" in value:
-        raise _Refused(400, "invalid_text", f"{what} must not contain NUL characters")
-    try:
-        value.encode("utf-8")
-    except UnicodeEncodeError:
-        raise _Refused(400, "invalid_text", f"{what} is not valid Unicode text") from None
+    if (problem := text_problem(value, what)) is not None:
+        raise _Refused(400, "invalid_text", problem)
 
 
 def _name(value: str, what: Literal["thread", "space"]) -> str:

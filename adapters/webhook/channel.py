@@ -52,6 +52,7 @@ from adapters.channel import (
     Unavailable,
 )
 from adapters.errors import AdapterError
+from adapters.json_bodies import body_problem, text_problem
 from adapters.webhook.delivery import WebhookDelivery
 from adapters.webhook.payloads import (
     MAX_REPLY_CONTEXT_BYTES,
@@ -134,28 +135,14 @@ class _Refused(AdapterError):
 
 def _validation_refusal(exc: ValidationError) -> _Refused:
     """The clearest 400 for a body that does not fit: its most specific error, named plainly."""
-    errors = exc.errors()
-    first = max(errors, key=lambda e: len(e["loc"]))
-    where = ".".join(str(part) for part in first["loc"]) or "body"
-    if first["type"] == "extra_forbidden":
-        message = f"unknown field {where!r}"
-    elif first["type"] == "missing":
-        message = f"{where!r} is required"
-    elif first["type"] == "string_pattern_mismatch":
-        message = f"{where!r} must be printable ASCII without spaces, 1-200 characters"
-    else:
-        message = f"{where!r}: {first['msg']}"
+    message = body_problem(exc, pattern="printable ASCII without spaces, 1-200 characters")
     return _Refused(400, "invalid_request", message)
 
 
 def _check_text(value: str, what: str) -> None:
     """Refuse what no store should hold: NUL characters and unpaired surrogates."""
-    if "\x00" in value:
-        raise _Refused(400, "invalid_text", f"{what} must not contain NUL characters")
-    try:
-        value.encode("utf-8")
-    except UnicodeEncodeError:
-        raise _Refused(400, "invalid_text", f"{what} is not valid Unicode text") from None
+    if (problem := text_problem(value, what)) is not None:
+        raise _Refused(400, "invalid_text", problem)
 
 
 def decision_key(body: DecisionIn) -> str:

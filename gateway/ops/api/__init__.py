@@ -54,11 +54,6 @@ class OpsApi:
         *,
         max_attempts: int,
     ) -> None:
-        self.repo = repo
-        self.broker = broker
-        self.auth = auth
-        self.clock = clock
-        self.max_attempts = max_attempts
         self.context = OpsContext(repo, broker, auth, clock, max_attempts=max_attempts)
         self.lanes = LaneReads(self.context)
         self.audit = AuditReads(self.context)
