@@ -309,7 +309,7 @@ _SCRIPT = """
       cell(row, s.state + (s.state === "restarting" && s.retry_at_ms ?
         " (next " + when(s.retry_at_ms).slice(11) + ")" : ""), "status " + s.state);
       cell(row, s.trusted ? "yes" : "no");
-      cell(row, s.tools.length).title = s.tools.join("\n");
+      cell(row, s.tools.length).title = s.tools.join("\\n");
       cell(row, s.restarts);
       cell(row, s.calls + " / " + s.failures);
       cell(row, s.last_error || "", "summary");
