@@ -15,6 +15,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+from pydantic_ai import messages as pai
 from pydantic_ai.models import Model
 
 from harness_core.hooks import RequestOptions
@@ -27,6 +28,7 @@ from harness_core.messages import (
     message_text,
 )
 from harness_core.models import ModelRef, ModelRequest, ToolDefinition
+from harness_core.models.conversion import from_model_response, to_model_messages
 from harness_core.models.pydantic_ai import PydanticAIModel
 from harness_core.models.scripted import text, tool_calls
 from harness_core.models.tool_names import ToolNameClash, ToolNames, is_wire_safe, wire_name
@@ -165,6 +167,30 @@ async def test_a_clash_is_an_invalid_request_in_band(fake: FakeLLM) -> None:
     assert answer.error.kind == "invalid_request" and not answer.error.retryable
     assert "would both be called" in answer.error.message
     assert fake.requests == []  # refused before anything was sent
+
+
+def test_the_history_is_encoded_for_the_wire_only() -> None:
+    history = (
+        UserMessage(content=(TextPart(text="go"),)),
+        AssistantMessage(
+            content=(ToolCallPart(id="c1", name=DOTTED, arguments={"n": 1}),),
+            stop_reason="tool_use",
+        ),
+        ToolResultMessage(tool_call_id="c1", tool_name=DOTTED, content=(TextPart(text="ok"),)),
+    )
+    wire = to_model_messages(history, wire_names=True)
+    call = wire[1].parts[0]
+    result = wire[2].parts[0]
+    assert isinstance(call, pai.ToolCallPart) and call.tool_name == wire_name(DOTTED)
+    assert isinstance(result, pai.ToolReturnPart) and result.tool_name == wire_name(DOTTED)
+    kept = to_model_messages(history)  # portable state: the harness's names
+    assert [p.tool_name for m in kept[1:] for p in m.parts] == [DOTTED, DOTTED]  # type: ignore[union-attr]
+    response = pai.ModelResponse(parts=[pai.ToolCallPart(tool_name=wire_name(LONG), args={})])
+    names = ToolNames([LONG])
+    [decoded] = from_model_response(response, tool_names=names).content
+    assert isinstance(decoded, ToolCallPart) and decoded.name == LONG
+    [raw] = from_model_response(response).content
+    assert isinstance(raw, ToolCallPart) and raw.name == wire_name(LONG)
 
 
 # ---- over the wire, with the real SDKs
