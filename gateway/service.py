@@ -33,9 +33,11 @@ from gateway.guards import body_limits, host_rule
 from gateway.incarnation import gone, new_worker_id
 from gateway.intake import Intake
 from gateway.logs import event, redact_with
+from gateway.mcp.health import McpServerHealth
 from gateway.metrics import Metrics
 from gateway.models import model_from_settings
 from gateway.ops.api import OpsApi
+from gateway.ops.api.mcp import no_servers
 from gateway.ops.auth import OpsAuth, local_token, parse_tokens, token_file
 from gateway.plugin import load_plugin
 from gateway.redact import Redactor, redacting
@@ -118,6 +120,10 @@ class Service:
         """The operator token made at first start (no tokens configured), for the sign-in link."""
         self.model: ModelRef | None = None
         """The lanes' default model (from the plugin or ``GATEWAY_MODEL``), once started."""
+        self.mcp_health: Callable[[], tuple[McpServerHealth, ...]] = no_servers
+        """The MCP servers' health as the operator tools show it (``gateway ops mcp``,
+        ``GET /api/v1/mcp``, the /ops page): the MCP tool source's `health` once it is set,
+        none before. Read at each request, so it may be set after `start` built the app (D210)."""
         self._owned: list[Any] = []
         self._reminders: asyncio.Task[None] | None = None
         self.redactor = Redactor.from_settings(settings)
@@ -224,6 +230,7 @@ class Service:
             self._ops_auth(),
             clock,
             max_attempts=settings.max_attempts,
+            mcp_health=lambda: self.mcp_health(),
         )
         self.app = build_app(
             [*ops.routers, self.metrics.router, *routers],

@@ -28,6 +28,8 @@ NAMESPACES = {
     "harness_core.testing": "the test kit (conformance suite, builders, manual clock)",
     "harness_core.texts": "what the model reads from the harness; exported as a module",
     "harness_core.models.conversion": "pydantic-ai message interop (HarnessState uses it)",
+    "harness_core.models.tool_names": "provider-safe tool names, the pydantic-ai adapter's own "
+    "encoding (D209)",
     "harness_core.models.scripted": "script builders, read as scripted.text(...); the module "
     "is exported as `scripted` and ScriptedModel at the top",
 }

@@ -141,6 +141,7 @@ STEPS: dict[str, Step] = {
         status=1, shows=(r"no lane 'web:card' \(scripts/run ops lanes lists them",)
     ),
     "scripts/run ops deliveries": Step(),
+    "scripts/run ops mcp": Step(shows=(r"no MCP servers configured",)),
     "scripts/run ops --help": Step(shows=(r"usage: scripts/run ops",)),
     "scripts/run store list": Step(shows=(r"web-default",)),
     "scripts/run store show web-default": Step(shows=(r"lane web:hello ",)),
@@ -465,6 +466,7 @@ async def test_run_it_talk_to_it_and_operate_it(fresh: Copy, serve: object) -> N
         "scripts/run ops timeline web:hello",
         "scripts/run ops resume web:card --tool-recovery never",
         "scripts/run ops deliveries",
+        "scripts/run ops mcp",
         "scripts/run ops --help",
         "scripts/run store list",
         "scripts/run store show web-default",

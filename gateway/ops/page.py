@@ -1,11 +1,12 @@
-"""The /ops page: lanes by status, a lane's timeline and actions, dead letters — one HTML file.
+"""The /ops page: lanes, a lane's timeline and actions, dead letters, MCP servers — one HTML file.
 
 No build step and no external assets: one inline style and one inline script, allowed by hash
 in a Content-Security-Policy that permits requests to this origin only. The page calls the
 operator API with the token as a bearer header, never a cookie, so another site cannot make a
 signed-in browser act (no CSRF); the token is kept in the tab's sessionStorage, read once from
 the sign-in link's fragment (which browsers never send to a server) and then removed from the
-address bar. Every text from the store is shown with ``textContent``.
+address bar. Every text from the store is shown with ``textContent``. The MCP servers'
+section shows only when the gateway has some.
 """
 
 from __future__ import annotations
@@ -34,7 +35,7 @@ tr.pick { cursor: pointer; }
 tr.pick:hover, tr.chosen { background: var(--soft); }
 .status { font-weight: 600; }
 .status.stuck, .status.failed, .status.faulted { color: #d33; }
-.status.suspended, .status.aborting { color: #d90; }
+.status.suspended, .status.aborting, .status.restarting { color: #d90; }
 .status.running { color: var(--accent); }
 button { font: inherit; padding: .25rem .7rem; border-radius: .4rem; cursor: pointer;
   border: 1px solid var(--line); background: var(--soft); }
@@ -296,10 +297,31 @@ _SCRIPT = """
     $("dead-empty").hidden = page.items.length > 0;
   }
 
+  async function loadMcp() {
+    const view = await api("GET", "/mcp");
+    const body = $("mcp-servers");
+    body.replaceChildren();
+    for (const s of view.servers) {
+      const row = el("tr");
+      cell(row, s.name, "mono");
+      cell(row, s.transport);
+      cell(row, s.target, "mono");
+      cell(row, s.state + (s.state === "restarting" && s.retry_at_ms ?
+        " (next " + when(s.retry_at_ms).slice(11) + ")" : ""), "status " + s.state);
+      cell(row, s.trusted ? "yes" : "no");
+      cell(row, s.tools.length).title = s.tools.join("\\n");
+      cell(row, s.restarts);
+      cell(row, s.calls + " / " + s.failures);
+      cell(row, s.last_error || "", "summary");
+      body.appendChild(row);
+    }
+    $("mcp").hidden = view.servers.length === 0;
+  }
+
   async function refresh() {
     if (!token) return;
     try {
-      await Promise.all([loadBacklog(), loadLanes(), loadDead()]);
+      await Promise.all([loadBacklog(), loadLanes(), loadDead(), loadMcp()]);
       await showLane();
       $("app-error").textContent = "";
     } catch (error) {
@@ -381,6 +403,12 @@ _BODY = """
   <table><thead><tr><th>delivery</th><th>lane</th><th>attempts</th><th>why</th><th></th></tr>
   </thead><tbody id="dead"></tbody></table>
   <p class="muted" id="dead-empty" hidden>No dead letters.</p>
+  <section id="mcp" hidden>
+    <h2>MCP servers</h2>
+    <table><thead><tr><th>server</th><th>transport</th><th>target</th><th>state</th>
+    <th>trusted</th><th>tools</th><th>restarts</th><th>calls / failures</th>
+    <th>last error</th></tr></thead><tbody id="mcp-servers"></tbody></table>
+  </section>
 </main>
 """.strip()
 

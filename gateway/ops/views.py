@@ -19,6 +19,8 @@ __all__ = [
     "DeliveryView",
     "InterruptedCallView",
     "LaneView",
+    "McpServerView",
+    "McpView",
     "Page",
     "PendingCallView",
     "RerunRequest",
@@ -175,6 +177,35 @@ class AuditView(_View):
     target: str | None = None
     outcome: str
     details: dict[str, Any]
+
+
+class McpServerView(_View):
+    """One configured MCP server: what it runs or reaches, its state, tools and faults."""
+
+    name: str
+    transport: Literal["stdio", "http"]
+    target: str
+    """The command's program name, or the URL without credentials."""
+    state: Literal["starting", "ready", "restarting", "failed", "stopped"]
+    trusted: bool
+    """Whether its tool annotations are taken as declared (else they may only add care)."""
+    tools: list[str]
+    """The namespaced tools it offers now (``<server>.<tool>``)."""
+    restarts: int
+    calls: int
+    failures: int
+    """Calls that ended in a transport fault, a timeout or a malformed result."""
+    last_error: str | None = None
+    since_ms: int | None = None
+    """When it entered `state`."""
+    retry_at_ms: int | None = None
+    """When restarting: when the next attempt starts."""
+
+
+class McpView(_View):
+    """The MCP servers this gateway is configured with (none: an empty list)."""
+
+    servers: list[McpServerView]
 
 
 class TimelinePage(Page[TimelineItem]):

@@ -9,12 +9,17 @@ Reasoning models that write their thinking into the answer's text between ``<thi
 ``</think>`` get it back as thinking, never as text (D134): pydantic-ai splits the tags only
 when each arrives as a delta of its own, so a leading block it left in the text (or a closing
 tag it left in the thinking) is split here, and an unterminated leading block is all thinking.
+
+At the model boundary tool names are the provider's (D209): `to_model_messages` with
+``wire_names=True`` encodes each tool call's and result's name, and `from_model_response` with
+the request's `ToolNames` reads the model's calls back as harness names. Portable state keeps
+harness names (both default off).
 """
 
 from __future__ import annotations
 
 import base64
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from typing import Any
 
 from pydantic_ai import messages as pai
@@ -36,6 +41,7 @@ from harness_core.messages import (
     UserContent,
     UserMessage,
 )
+from harness_core.models.tool_names import ToolNames, wire_name
 
 __all__ = [
     "from_model_messages",
@@ -72,7 +78,13 @@ def _result_text(message: ToolResultMessage) -> str:
     return "\n".join(p.text for p in message.content if isinstance(p, TextPart))
 
 
-def _assistant_parts(message: AssistantMessage) -> list[pai.ModelResponsePart]:
+def _same(name: str) -> str:
+    return name
+
+
+def _assistant_parts(
+    message: AssistantMessage, tool_name: Callable[[str], str]
+) -> list[pai.ModelResponsePart]:
     parts: list[pai.ModelResponsePart] = []
     for part in message.content:
         if isinstance(part, TextPart):
@@ -82,20 +94,27 @@ def _assistant_parts(message: AssistantMessage) -> list[pai.ModelResponsePart]:
         else:
             parts.append(
                 pai.ToolCallPart(
-                    tool_name=part.name, args=thaw_json(part.arguments), tool_call_id=part.id
+                    tool_name=tool_name(part.name),
+                    args=thaw_json(part.arguments),
+                    tool_call_id=part.id,
                 )
             )
     return parts
 
 
 def to_model_messages(
-    messages: Sequence[AgentMessage], system_prompt: str | None = None
+    messages: Sequence[AgentMessage],
+    system_prompt: str | None = None,
+    *,
+    wire_names: bool = False,
 ) -> list[pai.ModelMessage]:
     """The pydantic-ai history for a context.
 
     User input and tool results become requests (consecutive ones share one request), assistant
-    messages become responses; the system prompt opens the first request.
+    messages become responses; the system prompt opens the first request. With `wire_names`
+    every tool name is the one the provider sees (`wire_name`).
     """
+    tool_name = wire_name if wire_names else _same
     history: list[pai.ModelMessage] = []
     pending: list[pai.ModelRequestPart] = []
     if system_prompt:
@@ -116,7 +135,7 @@ def to_model_messages(
         elif isinstance(message, ToolResultMessage):
             pending.append(
                 pai.ToolReturnPart(
-                    tool_name=message.tool_name,
+                    tool_name=tool_name(message.tool_name),
                     content=_result_text(message),
                     tool_call_id=message.tool_call_id,
                     outcome=_OUTCOME_TO_PAI[message.outcome],  # type: ignore[arg-type]
@@ -126,7 +145,7 @@ def to_model_messages(
             flush()
             history.append(
                 pai.ModelResponse(
-                    parts=_assistant_parts(message),
+                    parts=_assistant_parts(message, tool_name),
                     model_name=message.model,
                     provider_name=message.provider,
                     finish_reason=_finish_reason(message.stop_reason),
@@ -205,7 +224,9 @@ def _split_think(text: str) -> tuple[str | None, str]:
     return body[:end], body[end + len(_THINK_CLOSE) :].lstrip(_BREAKS)
 
 
-def _content(response: pai.ModelResponse) -> list[AssistantContent]:
+def _content(
+    response: pai.ModelResponse, tool_name: Callable[[str], str]
+) -> list[AssistantContent]:
     content: list[AssistantContent] = []
     answered = False  # a text part came (only a leading block is thinking)
     for part in response.parts:
@@ -233,17 +254,25 @@ def _content(response: pai.ModelResponse) -> list[AssistantContent]:
         elif isinstance(part, pai.ToolCallPart):
             content.append(
                 ToolCallPart(
-                    id=part.tool_call_id, name=part.tool_name, arguments=part.args_as_dict()
+                    id=part.tool_call_id,
+                    name=tool_name(part.tool_name),
+                    arguments=part.args_as_dict(),
                 )
             )
     return content
 
 
 def from_model_response(
-    response: pai.ModelResponse, provider: str | None = None
+    response: pai.ModelResponse,
+    provider: str | None = None,
+    *,
+    tool_names: ToolNames | None = None,
 ) -> AssistantMessage:
-    """A settled pydantic-ai response as an `AssistantMessage` (suspension is the caller's)."""
-    content = _content(response)
+    """A settled pydantic-ai response as an `AssistantMessage` (suspension is the caller's).
+
+    With `tool_names` (the request's table) each tool call is named as the harness names it.
+    """
+    content = _content(response, tool_names.decode if tool_names is not None else _same)
     has_calls = any(isinstance(p, ToolCallPart) for p in content)
     stop = _stop_reason(response, has_calls)
     details = response.provider_details or {}

@@ -6,6 +6,10 @@ settles it. Provider SDK retries are off (``max_retries=0``) so every attempt is
 whether a retry may help). A request marked ``deferred`` on a model that supports background
 responses (OpenAI Responses) may come back suspended: that is a deferred handle the harness
 parks on and `fetch_deferred` polls once per `resume()`.
+
+Tool names go out as the providers accept them and the model's calls come back as the harness
+names them (`harness_core.models.tool_names`, D209); a deferred handle keeps the names it
+encoded, so the answer it fetches later is read back the same way.
 """
 
 from __future__ import annotations
@@ -30,6 +34,7 @@ from harness_core.messages import (
 )
 from harness_core.models import DEFAULT_INFO, ModelInfo, ModelRef, ModelRequest
 from harness_core.models.conversion import from_model_response, to_model_messages
+from harness_core.models.tool_names import ToolNameClash, ToolNames, wire_name
 
 __all__ = ["ModelResolver", "PydanticAIModel"]
 
@@ -110,11 +115,15 @@ class PydanticAIModel:
         model = self._model(request.model)
         if model is None:
             return _failure("invalid_request", f"model {request.model} is not available", False)
-        history = to_model_messages(request.messages, request.system_prompt)
+        try:
+            names = ToolNames(tool.name for tool in request.tools)
+        except ToolNameClash as exc:
+            return _failure("invalid_request", str(exc), False)
+        history = to_model_messages(request.messages, request.system_prompt, wire_names=True)
         parameters = ModelRequestParameters(
             function_tools=[
                 PaiToolDefinition(
-                    name=tool.name,
+                    name=wire_name(tool.name),
                     description=tool.description,
                     # a deep, mutable copy: the providers' schema transformers edit it in place
                     parameters_json_schema=thaw_json(tool.parameters),
@@ -136,7 +145,11 @@ class PydanticAIModel:
                     async for _ in streamed:
                         partial = streamed.get()
                         if partial.parts:
-                            on_update(from_model_response(partial, request.model.provider))
+                            on_update(
+                                from_model_response(
+                                    partial, request.model.provider, tool_names=names
+                                )
+                            )
                     response = streamed.get()
             else:
                 response = await model_request(
@@ -148,9 +161,11 @@ class PydanticAIModel:
                 )
         except Exception as exc:
             return _from_exception(exc)
-        return self._settle(response, request.model)
+        return self._settle(response, request.model, names)
 
-    def _settle(self, response: pai.ModelResponse, ref: ModelRef) -> AssistantMessage:
+    def _settle(
+        self, response: pai.ModelResponse, ref: ModelRef, names: ToolNames
+    ) -> AssistantMessage:
         if response.state == "suspended":
             if response.provider_response_id is None or not _supports_background(self._model(ref)):
                 return _failure(
@@ -159,11 +174,14 @@ class PydanticAIModel:
                     False,
                 )
             dumped = pai.ModelMessagesTypeAdapter.dump_python([response], mode="json")[0]
+            data: dict[str, Any] = {"response": dumped}
+            if names.encoded:
+                data["tool_names"] = names.encoded
             handle = DeferredHandle(
                 provider=ref.provider,
                 model=ref.model_id,
                 id=response.provider_response_id,
-                data={"response": dumped},
+                data=data,
             )
             return AssistantMessage(
                 stop_reason="deferred",
@@ -172,7 +190,7 @@ class PydanticAIModel:
                 model=response.model_name,
                 usage=TokenUsage(),
             )
-        message = from_model_response(response, ref.provider)
+        message = from_model_response(response, ref.provider, tool_names=names)
         cost = _cost(response)
         if cost is not None and message.usage is not None:
             usage = message.usage.model_copy(
@@ -196,7 +214,7 @@ class PydanticAIModel:
             return _failure("expired", str(exc), False)
         except Exception as exc:
             return _from_exception(exc)
-        return self._settle(response, ref)
+        return self._settle(response, ref, _handle_names(handle))
 
     async def cancel_deferred(self, handle: DeferredHandle) -> None:
         """Ask the provider to cancel a background response (best effort)."""
@@ -219,6 +237,15 @@ def _suspended_response(handle: DeferredHandle) -> pai.ModelResponse | None:
         return None
     restored = pai.ModelMessagesTypeAdapter.validate_python([thaw_json(data["response"])])[0]
     return restored if isinstance(restored, pai.ModelResponse) else None
+
+
+def _handle_names(handle: DeferredHandle) -> ToolNames:
+    """The names a deferred request encoded (a handle kept before D209 encoded none)."""
+    data = handle.data
+    kept = data.get("tool_names") if isinstance(data, Mapping) else None
+    if not isinstance(kept, Mapping):
+        return ToolNames(())
+    return ToolNames.from_encoded({str(k): str(v) for k, v in kept.items()})
 
 
 def _cost(response: pai.ModelResponse) -> float | None:

@@ -283,6 +283,32 @@ async def test_openai_error_inside_a_stream(fake: FakeLLM, kind: str) -> None:
     assert limited.value.in_stream
 
 
+@pytest.mark.parametrize("kind", KINDS)
+@pytest.mark.parametrize("name", ["tickets.create", "x" * 65])
+async def test_a_tool_name_the_providers_refuse_is_a_400(
+    fake: FakeLLM, kind: str, name: str
+) -> None:
+    model = MODELS[kind](fake)
+    fake.reply("kept for the next request")
+    bad = ToolDefinition(name=name, description="d", parameters_json_schema={"type": "object"})
+    params = ModelRequestParameters(function_tools=[bad], allow_text_output=True)
+
+    with pytest.raises(ModelHTTPError) as refused:
+        await ask(model, params=params)
+
+    assert refused.value.status_code == 400 and name in str(refused.value.body)
+    assert fake.refused_tool_names == 1
+    history: list[ModelMessage] = [
+        *PROMPT,
+        ModelResponse(parts=[ToolCallPart(tool_name=name, args={}, tool_call_id="c1")]),
+        ModelRequest(parts=[ToolReturnPart(tool_name=name, content="ok", tool_call_id="c1")]),
+    ]
+    with pytest.raises(ModelHTTPError):
+        await ask(model, history, params=TOOLS)  # a call in the history is checked too
+    assert fake.refused_tool_names == 2
+    assert (await ask(model, params=TOOLS)).parts  # the scripted reply was not taken
+
+
 async def test_an_empty_queue_answers_a_loud_500(fake: FakeLLM) -> None:
     model = openai_chat_model(fake)
 

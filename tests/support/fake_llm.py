@@ -46,6 +46,11 @@ status (``"completed"``, ``"incomplete"`` for ``finish="length"``, or ``"failed"
 ``"cancelled"`` (an already terminal job is answered unchanged); cancelling a foreground response
 is a ``400`` and an unknown id a ``404``, as on the real API. Polls are counted, never timed.
 
+Tool names are checked as the real APIs check them: a request whose tool definitions (or, a
+little stricter than the providers, the tool calls in its history) name a tool outside
+``^[a-zA-Z0-9_-]{1,64}$`` is answered ``400`` before the queue is touched, and counted in
+``refused_tool_names``.
+
 Nothing here sleeps. :meth:`FakeLLM.hang` scripts a request that is held open until
 :meth:`FakeLLM.release_hung` or :meth:`FakeLLM.stop`, and :meth:`FakeLLM.wait_for_requests` waits
 until the server has seen a number of requests, for tests that need a model call to be in flight.
@@ -355,6 +360,8 @@ class FakeLLM:
         """Every stored Responses API response by id (background jobs and foreground ones)."""
         self.unscripted: int = 0
         """How many completion requests found the queue empty (and were answered 500)."""
+        self.refused_tool_names: int = 0
+        """How many completion requests named a tool as no provider accepts (answered 400)."""
         self._queue: deque[Scripted] = deque()
         self._ids = 0
         self._runner: web.AppRunner | None = None
@@ -575,6 +582,18 @@ class FakeLLM:
             )
         if not isinstance(body, dict):
             return _error_for(api, Failure(400, "FakeLLM: the request body is not a JSON object"))
+        bad_name = _invalid_tool_name(api, body)
+        if bad_name is not None:
+            self.refused_tool_names += 1
+            return _error_for(
+                api,
+                Failure(
+                    400,
+                    f"Invalid tool name {bad_name!r}: string does not match pattern "
+                    "'^[a-zA-Z0-9_-]{1,64}$'.",
+                    code="invalid_value",
+                ),
+            )
 
         scripted = self._queue.popleft() if self._queue else None
         recorded.answered_with = scripted
@@ -814,6 +833,44 @@ def _tool_call(spec: ToolCallSpec) -> ToolCall:
     name, args, *rest = spec
     arguments = args if isinstance(args, str) else json.dumps(dict(args))
     return ToolCall(name, arguments, rest[0] if rest else None)
+
+
+_TOOL_NAME = re.compile(r"[a-zA-Z0-9_-]{1,64}")
+
+
+def _tool_names(api: Api, body: dict[str, Any]) -> Iterator[Any]:
+    """Every tool name a completion request carries: its definitions' and its history's calls."""
+    for tool in body.get("tools") or ():
+        if not isinstance(tool, dict):
+            continue
+        if api == "chat" and isinstance(tool.get("function"), dict):
+            yield tool["function"].get("name")
+        elif api == "responses" and tool.get("type") == "function":
+            yield tool.get("name")
+        elif api == "messages" and "name" in tool:
+            yield tool["name"]
+    if api == "chat":
+        for message in body.get("messages") or ():
+            for call in (message.get("tool_calls") or ()) if isinstance(message, dict) else ():
+                yield call.get("function", {}).get("name")
+    elif api == "responses":
+        items = body.get("input")
+        for item in items if isinstance(items, list) else ():
+            if isinstance(item, dict) and item.get("type") == "function_call":
+                yield item.get("name")
+    else:
+        for message in body.get("messages") or ():
+            content = message.get("content") if isinstance(message, dict) else None
+            for block in content if isinstance(content, list) else ():
+                if isinstance(block, dict) and block.get("type") == "tool_use":
+                    yield block.get("name")
+
+
+def _invalid_tool_name(api: Api, body: dict[str, Any]) -> str | None:
+    for name in _tool_names(api, body):
+        if not isinstance(name, str) or _TOOL_NAME.fullmatch(name) is None:
+            return str(name)
+    return None
 
 
 def _api_for(method: str, path: str) -> Api:

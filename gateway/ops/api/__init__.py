@@ -10,7 +10,8 @@ result without judging the lane again; the same key with another request is 409.
 The routes come in groups, each a small class over one `OpsContext` (`context`: the store, the
 broker, who asks, a lane's view): `lanes` (sessions, lanes, timelines, usage: the store's reads),
 `audit` (the audit trail and the backlog), `deliveries` (the outbox, redeliver, discard) and
-`actions` (the lane actions and where each stands); `params` holds the shared parameters.
+`actions` (the lane actions and where each stands), `mcp` (the MCP servers' health, read from
+the callable the service hands in); `params` holds the shared parameters.
 `OpsApi` composes them into one router, the route table below.
 """
 
@@ -25,6 +26,7 @@ from gateway.ops.api.audit import AuditReads
 from gateway.ops.api.context import OpsContext
 from gateway.ops.api.deliveries import Deliveries
 from gateway.ops.api.lanes import LaneReads
+from gateway.ops.api.mcp import McpHealth, McpReads, no_servers
 from gateway.ops.auth import OpsAuth
 from gateway.ops.errors import API_PREFIX
 from gateway.ops.page import ops_page_router
@@ -33,6 +35,7 @@ from gateway.ops.views import (
     BacklogView,
     DeliveryView,
     LaneView,
+    McpView,
     Page,
     SessionView,
     TimelinePage,
@@ -53,12 +56,14 @@ class OpsApi:
         clock: Clock,
         *,
         max_attempts: int,
+        mcp_health: McpHealth = no_servers,
     ) -> None:
         self.context = OpsContext(repo, broker, auth, clock, max_attempts=max_attempts)
         self.lanes = LaneReads(self.context)
         self.audit = AuditReads(self.context)
         self.deliveries = Deliveries(self.context)
         self.actions = LaneActions(self.context)
+        self.mcp = McpReads(self.context, mcp_health)
         self.router = self._build()
         self.routers = [self.router, ops_page_router()]
         """Every router of the operator surface (the API; the /ops page joins it)."""
@@ -79,6 +84,7 @@ class OpsApi:
         get("/lanes/{lane_id}/usage")(lanes.usage)
         get("/audit", response_model=Page[AuditView])(audit.audit)
         get("/backlog", response_model=BacklogView)(audit.backlog)
+        get("/mcp", response_model=McpView)(self.mcp.servers)
         get("/deliveries", response_model=Page[DeliveryView])(deliveries.deliveries)
         get("/deliveries/{delivery_id}", response_model=DeliveryView)(deliveries.delivery)
         get("/actions/{action_id}", response_model=ActionResult)(actions.action)

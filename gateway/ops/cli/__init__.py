@@ -1,10 +1,10 @@
 """``gateway ops``: the operator API (``/api/v1``) from the terminal.
 
-Reads (``sessions``, ``lanes``, ``lane``, ``timeline``, ``usage``, ``backlog``, ``deliveries``,
-``audit``, ``action``) print tables for people or, with ``--json``, the API's JSON; actions
-(``resume``, ``unstick``, ``abort``, ``rewind``, ``retry``, ``approve``, ``deny``, ``redeliver``,
-``discard``) print one line each. A lane is named by its id (``ln_...``), its name
-(``web:hello``, ``slack:C1:123.4``) or ``SESSION/LANE``.
+Reads (``sessions``, ``lanes``, ``lane``, ``timeline``, ``usage``, ``backlog``, ``mcp``,
+``deliveries``, ``audit``, ``action``) print tables for people or, with ``--json``, the API's
+JSON; actions (``resume``, ``unstick``, ``abort``, ``rewind``, ``retry``, ``approve``,
+``deny``, ``redeliver``, ``discard``) print one line each. A lane is named by its id
+(``ln_...``), its name (``web:hello``, ``slack:C1:123.4``) or ``SESSION/LANE``.
 
 Where and as whom: ``--url`` (else ``GATEWAY_OPS_URL``, else the address in the settings
 ``gateway serve`` reads) and ``--token`` (else ``GATEWAY_OPS_TOKEN``, else the token the

@@ -156,6 +156,12 @@ def build_parser() -> argparse.ArgumentParser:
     )
     lane_argument(command("usage", reads.usage, "a lane's cost ledger and its total"))
     command("backlog", reads.backlog, "what waits in the inbox and the outbox")
+    mcp = command(
+        "mcp",
+        reads.mcp,
+        "the MCP servers: state, trusted, tools, restarts, calls/failures, last error",
+    )
+    mcp.add_argument("--tools", action="store_true", help="also list each server's tools")
     deliveries = command("deliveries", reads.deliveries, "outbound messages of one status")
     deliveries.add_argument(
         "--status",

@@ -30,6 +30,7 @@ __all__ = [
     "deliveries",
     "lane",
     "lanes",
+    "mcp",
     "sessions",
     "timeline",
     "usage",
@@ -290,4 +291,48 @@ def action(run: Run) -> int:
         f"{clean(result.get('id'))}: {clean(result.get('kind'))} "
         f"{clean(result.get('session'))}/{clean(result.get('lane'))}: {state}"
     )
+    return OK
+
+
+def mcp(run: Run) -> int:
+    """The configured MCP servers: what each runs or reaches, its state, tools and faults."""
+    view = run.client.get("/mcp")
+    if run.wants_json:
+        run.json(view)
+        return OK
+    servers = view.get("servers") or []
+    rows = []
+    for server in servers:
+        state = str(server.get("state"))
+        if state == "restarting" and server.get("retry_at_ms"):
+            state += f" (next {time_of(server.get('retry_at_ms'))})"
+        rows.append(
+            [
+                server.get("name"),
+                server.get("transport"),
+                clip(str(server.get("target") or ""), 40),
+                state,
+                "yes" if server.get("trusted") else "no",
+                len(server.get("tools") or []),
+                server.get("restarts"),
+                f"{server.get('calls')}/{server.get('failures')}",
+                clip(server.get("last_error") or "", 60),
+            ]
+        )
+    headers = [
+        "NAME",
+        "TRANSPORT",
+        "TARGET",
+        "STATE",
+        "TRUSTED",
+        "TOOLS",
+        "RESTARTS",
+        "CALLS/FAILURES",
+        "LAST ERROR",
+    ]
+    run.table(headers, rows, "no MCP servers configured")
+    if run.args.tools:
+        for server in servers:
+            tools = ", ".join(str(t) for t in server.get("tools") or []) or "(none)"
+            run.say(clean(f"{server.get('name')}: {tools}"))
     return OK
