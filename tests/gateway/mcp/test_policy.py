@@ -9,6 +9,7 @@ from mcp_types import ToolAnnotations
 
 from gateway.mcp.policy import Declarations, declarations
 from gateway.mcp.settings import McpToolOverride
+from harness_core.tools import Replay
 
 HINT = (None, False, True)
 COMBINATIONS = list(itertools.product(HINT, HINT, HINT))
@@ -16,7 +17,7 @@ COMBINATIONS = list(itertools.product(HINT, HINT, HINT))
 
 def _expected(
     read_only: bool | None, idempotent: bool | None, destructive: bool | None
-) -> tuple[str, bool]:
+) -> tuple[Replay, bool]:
     """The table of docs/mcp.md, row by row (written out, not computed the same way)."""
     if read_only:
         return ("safe", False)
