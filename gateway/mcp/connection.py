@@ -32,6 +32,7 @@ from mcp.shared.exceptions import MCPError
 from mcp_types.jsonrpc import CONNECTION_CLOSED
 from pydantic import ValidationError
 
+from gateway.errors import GatewayError
 from gateway.logs import event
 from gateway.mcp.health import McpServerHealth, ServerState
 from gateway.mcp.results import malformed, to_output
@@ -77,7 +78,7 @@ class CallObserver(Protocol):
         """The server came up (ready) or went down."""
 
 
-class _Lost(Exception):
+class _Lost(GatewayError):
     """The connection ended (the server exited or a call found it gone)."""
 
 
