@@ -173,6 +173,10 @@ def _text(value: Any) -> str:
 
 
 def _toml(value: Any) -> str:
+    if isinstance(value, dict):  # an inline table (a server's env, its overrides)
+        return "{ " + ", ".join(f"{_key(k)} = {_toml(v)}" for k, v in value.items()) + " }"
+    if isinstance(value, bool):
+        return "true" if value else "false"
     if isinstance(value, str | list):
         return json.dumps(value)  # TOML basic strings and arrays, for the ASCII text used here
     return _text(value)

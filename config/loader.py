@@ -446,24 +446,56 @@ def _problems(
         source = values.get(field)
         origin = source.where(loc[1] if len(loc) > 1 else None) if source else "given"
         setting = table.get(field)
-        shown = "<hidden>" if setting is not None and setting.secret else _show(error["input"])
+        hidden = setting is not None and (setting.secret or _secret_at(setting, loc[1:]))
+        shown = "<hidden>" if hidden else _show(error["input"])
         kind = error["type"]
+        # a section's list of tables (mcp_servers): its own keys, not a route's
+        tables = setting is not None and setting.section is not None and len(loc) > 2
+        keys = "" if tables else f": {_ROUTE_KEYS}"
         if kind == "extra_forbidden":
             if len(loc) == 1:
                 lines.append(f"unknown setting {field} ({origin}){_hint(field, False, table)}")
             else:
-                lines.append(f"unknown key {path} ({origin}): {_ROUTE_KEYS}")
+                lines.append(f"unknown key {path} ({origin}){keys}")
         elif kind == "missing":
-            lines.append(f"{path} is missing ({origin}): {_ROUTE_KEYS}")
+            lines.append(f"{path} is missing ({origin}){keys}")
         elif kind == "value_error" and cause is not None:
             message = str(cause)
             if message.startswith("expected"):
                 lines.append(f"{path}={shown} ({origin}): {message}")
             else:
                 lines.append(f"{path} ({origin}): {message}")
+        elif tables:
+            lines.append(f"{path}={shown} ({origin}): {error['msg'].lower()}")
         else:
             lines.append(f"{path}={shown} ({origin}): expected {_expected(field, loc, table)}")
     return lines
+
+
+def _secret_at(setting: Setting, loc: tuple[int | str, ...]) -> bool:
+    """Whether the value at `loc` inside a setting's value is (or holds) a secret.
+
+    Walks the annotation down the tables, lists and mappings `loc` names: an error in a
+    server's ``env`` or ``headers`` never shows the value it refused.
+    """
+    annotation: Any = setting.model.model_fields[setting.field].annotation
+    for part in loc:
+        if SecretStr in (annotation, *_args(annotation)):
+            return True
+        model = next(
+            (
+                a
+                for a in (annotation, *_args(annotation))
+                if isinstance(a, type) and issubclass(a, BaseModel)
+            ),
+            None,
+        )
+        if isinstance(part, str) and model is not None and part in model.model_fields:
+            annotation = model.model_fields[part].annotation
+            continue
+        args = [a for a in _args(annotation) if a is not Ellipsis]
+        annotation = args[-1] if args else None  # a list's item, a mapping's value
+    return SecretStr in (annotation, *_args(annotation))
 
 
 def _expected(field: str, loc: tuple[int | str, ...], table: Mapping[str, Setting]) -> str:

@@ -1,7 +1,8 @@
 """The channels a deployment runs: the registry's specs, read and built from the settings.
 
 The service knows no channel by name: it reads every registered channel's section
-(`load_gateway_settings`), builds the adapters whose sections turn them on
+(`load_gateway_settings`, with the one section that is no channel: ``[mcp]``, the MCP servers),
+builds the adapters whose sections turn them on
 (`build_channels`), and asks the specs what to print, which secrets to hide and where the
 channels keep state of their own.
 """
@@ -13,10 +14,19 @@ import os
 from collections.abc import Mapping
 from typing import Any
 
-from adapters import ChannelAdapter, ChannelContext, ChannelSpec, channel_sections, channel_specs
+from adapters import (
+    ChannelAdapter,
+    ChannelContext,
+    ChannelSpec,
+    RegistryError,
+    channel_sections,
+    channel_specs,
+)
 from config import Settings, load_settings
 from config.loader import settings_from
 from config.sections import Section
+from gateway.mcp.settings import SECTION as MCP_SECTION
+from gateway.mcp.settings import McpSection
 from harness_core.clock import Clock
 
 __all__ = [
@@ -26,6 +36,7 @@ __all__ = [
     "channel_state",
     "context_for",
     "enabled_specs",
+    "gateway_sections",
     "gateway_settings",
     "load_gateway_settings",
     "specs",
@@ -38,28 +49,41 @@ def specs() -> tuple[ChannelSpec[Any], ...]:
     return channel_specs()
 
 
+def gateway_sections() -> Mapping[str, type[Section]]:
+    """Every settings section a deployment reads: each channel's, then ``[mcp]`` (the servers).
+
+    Raises:
+        RegistryError: a channel is named ``mcp`` (the section would be ambiguous).
+    """
+    sections = dict(channel_sections(specs()))
+    if MCP_SECTION in sections:
+        raise RegistryError(f"a channel is named {MCP_SECTION!r}, the MCP servers' section")
+    sections[MCP_SECTION] = McpSection
+    return sections
+
+
 def load_gateway_settings(
     environ: Mapping[str, str] | None = None,
     *,
     config_file: str | os.PathLike[str] | None = None,
     env_file: str | os.PathLike[str] | None = None,
 ) -> Settings:
-    """`config.load_settings` with every registered channel's section (same errors)."""
+    """`config.load_settings` with every section of `gateway_sections` (same errors)."""
     return load_settings(
         environ,
         config_file=config_file,
         env_file=env_file,
-        sections=channel_sections(specs()),
+        sections=gateway_sections(),
     )
 
 
 def gateway_settings(**values: Any) -> Settings:
-    """`Settings` by setting name, channels' sections included (``slack_bot_token=...``).
+    """`Settings` by setting name, every section included (``slack_bot_token=...``).
 
     Raises:
         SettingsError: a name is no setting, or a value is refused (``str()`` is one line).
     """
-    return settings_from(values, sections=channel_sections(specs()))
+    return settings_from(values, sections=gateway_sections())
 
 
 def context_for(settings: Settings, clock: Clock) -> ChannelContext:

@@ -8,16 +8,15 @@ from __future__ import annotations
 
 import sys
 
-from adapters import channel_sections
 from config.examples import main as write_examples
-from gateway.channels import specs
+from gateway.channels import gateway_sections
 
 __all__ = ["main"]
 
 
 def main(argv: list[str] | None = None) -> int:
     """Write both example files into the directory named by the first argument (or ``.``)."""
-    return write_examples(sys.argv[1:] if argv is None else argv, channel_sections(specs()))
+    return write_examples(sys.argv[1:] if argv is None else argv, gateway_sections())
 
 
 if __name__ == "__main__":

@@ -2,9 +2,10 @@
 
 One `Redactor` per process, built from the settings' secrets (`Redactor.from_settings`): the
 model's API key (and the provider variables its SDK reads), the Slack tokens and signing secret,
-the email password and link secret, the operator tokens (and the local one), and the password
-of every configured URL. It replaces each, in the forms text carries it (as is, JSON-escaped,
-HTML-escaped, percent-encoded), with ``[redacted]``, and any ``scheme://user:password@`` password.
+the email password and link secret, the operator tokens (and the local one), the MCP servers'
+environment values, headers and tokens, and the password of every configured URL. It replaces
+each, in the forms text carries it (as is, JSON-escaped, HTML-escaped, percent-encoded), with
+``[redacted]``, and any ``scheme://user:password@`` password.
 
 The boundaries that use it: the model client (`redacting`: a provider error that quotes the key
 is cleaned before the harness stores it), the log formatter (`gateway.logs.redact_with`), every
@@ -25,6 +26,7 @@ from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
 from config import Settings
 from gateway.channels import channel_secrets
+from gateway.mcp.settings import mcp_secrets
 from harness_core import (
     AssistantMessage,
     DeferredHandle,
@@ -110,6 +112,7 @@ class Redactor:
         if settings.model_api_key is not None:
             found.append(settings.model_api_key.get_secret_value())
         found += channel_secrets(settings)
+        found += mcp_secrets(settings)  # MCP servers' env values, headers and tokens
         for token in settings.ops_tokens:
             whole = token.get_secret_value()
             found += [whole, whole.split(":", 2)[-1]]

@@ -31,15 +31,14 @@ from typing import Any
 
 import pytest
 
-from adapters.registry import channel_sections
 from config import Settings
 from config.loader import settings_table
+from gateway.channels import gateway_sections
 from gateway.channels import load_gateway_settings as load_settings
-from gateway.channels import specs
 
 ROOT = Path(__file__).resolve().parent.parent
 PACKAGES = ("harness_core", "adapters", "gateway", "config")
-SETTINGS = settings_table(channel_sections(specs()))
+SETTINGS = settings_table(gateway_sections())
 """Every setting by name, each channel section's included (``slack_bot_token``)."""
 SECRET_SETTINGS = frozenset(name for name, setting in SETTINGS.items() if setting.secret)
 # Non-Python files of the packages that the wheel need not carry: read by people, not the code.

@@ -1,0 +1,512 @@
+"""One MCP server: connect (spawn or reach), list its tools, call them, restart it when it fails.
+
+A supervisor task owns the SDK client (its task group lives in that task): it connects
+within ``start_timeout_seconds``, lists the tools (every page), then waits for the connection
+to end (the stdio server's output closing, or a call that finds it gone) or for
+``notifications/tools/list_changed`` (a re-list). A lost connection is retried after a
+backoff that doubles up to a cap; a server that cannot be spawned at all (no such program)
+is ``failed``. A call never raises: a server that is down, a vanished tool, a timeout, an
+abort, a crash mid-call and a malformed result each become an error result the model reads,
+and cancelling a call (timeout, abort, stop) sends the protocol's ``notifications/cancelled``
+(the SDK does it when the awaiting task is cancelled). The idempotency key rides in the
+request's ``_meta`` under `IDEMPOTENCY_META_KEY` (D201).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import fnmatch
+import logging
+import os
+from collections.abc import AsyncIterator, Awaitable, Callable, Mapping
+from dataclasses import dataclass
+from typing import Any, Protocol, cast
+
+import httpx2
+import mcp_types as types
+from mcp import Client, StdioServerParameters
+from mcp.client.stdio import stdio_client
+from mcp.client.streamable_http import streamable_http_client
+from mcp.shared.exceptions import MCPError
+from mcp_types.jsonrpc import CONNECTION_CLOSED
+from pydantic import ValidationError
+
+from gateway.errors import GatewayError
+from gateway.logs import event
+from gateway.mcp.health import McpServerHealth, ServerState
+from gateway.mcp.results import malformed, to_output
+from gateway.mcp.settings import McpServer
+from harness_core.clock import Clock
+from harness_core.tools import ToolOutput
+
+__all__ = ["IDEMPOTENCY_META_KEY", "Backoff", "CallObserver", "McpConnection"]
+
+IDEMPOTENCY_META_KEY = "durable-gateway/idempotency-key"
+"""The ``_meta`` key of a call's idempotency key (stable across every replay of the call)."""
+MAX_PAGES = 100
+"""The most ``tools/list`` pages read: a server whose cursor never ends cannot hang a start."""
+_MAY_HAVE_HAPPENED = "the call may have had its effect"
+
+log = logging.getLogger("gateway.mcp")
+
+Sleep = Callable[[float], Awaitable[None]]
+
+
+@dataclass(frozen=True, slots=True)
+class Backoff:
+    """How long to wait before restarting a failed server: doubling from `first_s` to `max_s`."""
+
+    first_s: float = 1.0
+    max_s: float = 60.0
+
+    def delay(self, failures: int) -> float:
+        """The wait after `failures` consecutive failures (1 or more)."""
+        return float(min(self.max_s, self.first_s * 2 ** max(0, failures - 1)))
+
+
+class CallObserver(Protocol):
+    """What the connection reports (the service's metrics)."""
+
+    def mcp_call(self, server: str, outcome: str) -> None:
+        """A call ended: ok, error (isError), timeout, aborted, down, crashed, malformed..."""
+
+    def mcp_restart(self, server: str) -> None:
+        """A connection attempt after a failure."""
+
+    def mcp_state(self, server: str, up: bool) -> None:
+        """The server came up (ready) or went down."""
+
+
+class _Lost(GatewayError):
+    """The connection ended (the server exited or a call found it gone)."""
+
+
+class McpConnection:
+    """One configured server's connection, tools and health (see the module docstring)."""
+
+    def __init__(
+        self,
+        server: McpServer,
+        *,
+        clock: Clock,
+        redact: Callable[[str], str],
+        observer: CallObserver | None = None,
+        backoff: Backoff = Backoff(),
+        sleep: Sleep = asyncio.sleep,
+    ) -> None:
+        self.server = server
+        self.name = server.name
+        self._clock = clock
+        self._redact = redact
+        self._observer = observer
+        self._backoff = backoff
+        self._sleep = sleep
+        self._client: Client | None = None
+        self._tools: dict[str, types.Tool] = {}
+        self._state: ServerState = "starting"
+        self._since_ms = clock.now_ms()
+        self._retry_at_ms: int | None = None
+        self._last_error: str | None = None
+        self._restarts = 0
+        self._calls = 0
+        self._failures = 0
+        self._lost = asyncio.Event()
+        self._relist = asyncio.Event()
+        self._settled = asyncio.Event()
+        self._calls_running: set[asyncio.Task[Any]] = set()
+        self._supervisor: asyncio.Task[None] | None = None
+        self._version = 0
+        self._up = False
+        self.on_change: Callable[[], None] | None = None
+        """Called when the tool list changes (the source rebuilds its tools)."""
+
+    # -- what it shows ---------------------------------------------------------------------
+
+    @property
+    def state(self) -> ServerState:
+        """Where it is now (starting, ready, restarting, failed, stopped)."""
+        return self._state
+
+    def tools(self) -> Mapping[str, types.Tool]:
+        """Its exposed tools by their own names (the last listed; kept while it restarts)."""
+        return dict(self._tools)
+
+    def health(self) -> McpServerHealth:
+        """What the operator sees (no secret: the error text went through the redactor)."""
+        return McpServerHealth(
+            name=self.name,
+            transport=self.server.transport,
+            target=self.server.target,
+            state=self._state,
+            trusted=self.server.trusted,
+            tools=tuple(f"{self.name}.{tool}" for tool in self._tools),
+            restarts=self._restarts,
+            calls=self._calls,
+            failures=self._failures,
+            last_error=self._last_error,
+            since_ms=self._since_ms,
+            retry_at_ms=self._retry_at_ms if self._state == "restarting" else None,
+        )
+
+    # -- lifecycle -------------------------------------------------------------------------
+
+    async def start(self) -> None:
+        """Start the supervisor; returns once the first attempt settled (up, or failed)."""
+        if self._supervisor is None:
+            self._supervisor = asyncio.create_task(self._supervise(), name=f"mcp:{self.name}")
+        await self._settled.wait()
+
+    async def close(self) -> None:
+        """Cancel the calls in flight (``notifications/cancelled``), stop the server."""
+        for task in list(self._calls_running):
+            task.cancel()
+        if self._calls_running:
+            await asyncio.wait(list(self._calls_running))
+        if self._supervisor is not None:
+            self._supervisor.cancel()
+            with contextlib.suppress(asyncio.CancelledError):
+                await self._supervisor
+        self._tools = {}
+        self._set_state("stopped")
+        self._settled.set()
+
+    async def _supervise(self) -> None:
+        failures = 0
+        while True:
+            self._up = False
+            try:
+                await self._connect_once()  # returns only by raising
+            except _Lost as exc:
+                self._fault(str(exc) or "the connection ended")
+            except Exception as exc:  # any failure of a foreign server or its transport
+                self._fault(_describe(exc))
+                if _spawn_failed(exc) and not self._up:
+                    self._give_up()
+                    return
+            failures = 1 if self._up else failures + 1
+            delay = self._backoff.delay(failures)
+            self._retry_at_ms = self._clock.now_ms() + int(delay * 1000)
+            self._set_state("restarting")
+            self._settled.set()
+            log.warning(
+                event(
+                    "mcp.server_down",
+                    server=self.name,
+                    error=self._last_error,
+                    retry_in_s=round(delay, 3),
+                )
+            )
+            await self._sleep(delay)
+            self._restarts += 1
+            if self._observer is not None:
+                self._observer.mcp_restart(self.name)
+
+    def _give_up(self) -> None:
+        self._tools = {}
+        self._set_state("failed")
+        self._settled.set()
+        self._changed()
+        log.error(event("mcp.server_failed", server=self.name, error=self._last_error))
+
+    async def _connect_once(self) -> None:
+        self._lost = asyncio.Event()
+        self._relist = asyncio.Event()
+        async with contextlib.AsyncExitStack() as stack:
+            client = Client(
+                self._transport(stack),
+                mode="legacy",  # the initialize handshake every deployed server speaks (D200)
+                cache=None,  # a listing is always fetched: list_changed must be seen
+                message_handler=self._on_message,
+                client_info=types.Implementation(name="durable-gateway", version="1"),
+            )
+            async with asyncio.timeout(self.server.start_timeout_seconds):
+                await stack.enter_async_context(client)
+                await self._list(client)
+            self._client = client
+            self._up = True
+            self._set_state("ready")
+            self._settled.set()
+            log.info(event("mcp.server_ready", server=self.name, tools=len(self._tools)))
+            try:
+                while True:
+                    await _first(self._lost.wait(), self._relist.wait())
+                    if self._lost.is_set():
+                        raise _Lost(self._last_error or "the connection ended")
+                    self._relist.clear()
+                    async with asyncio.timeout(self.server.start_timeout_seconds):
+                        await self._list(client)
+                    log.info(event("mcp.tools_changed", server=self.name, tools=len(self._tools)))
+            finally:
+                self._client = None
+
+    def _transport(self, stack: contextlib.AsyncExitStack) -> Any:
+        server = self.server
+        lost = self._lost
+        if server.command is not None:
+            params = StdioServerParameters(
+                command=server.command,
+                args=list(server.args),
+                env={k: v.get_secret_value() for k, v in server.env.items()} or None,
+                cwd=server.cwd,
+            )
+            # the server's stderr is not ours to print: it may echo the secrets it was given
+            errlog = stack.enter_context(open(os.devnull, "w"))  # noqa: SIM115
+            return _watched(stdio_client(params, errlog=errlog), lost)
+        assert server.url is not None  # validated
+        headers = {k: v.get_secret_value() for k, v in server.headers.items()}
+        if server.bearer_token is not None:
+            headers["Authorization"] = f"Bearer {server.bearer_token.get_secret_value()}"
+        http = httpx2.AsyncClient(
+            headers=headers,
+            timeout=httpx2.Timeout(30.0, read=server.call_timeout_seconds + 30.0),
+        )
+        return _watched(streamable_http_client(server.url, http_client=http), lost, http)
+
+    async def _list(self, client: Client) -> None:
+        found: dict[str, types.Tool] = {}
+        cursor: str | None = None
+        for _ in range(MAX_PAGES):
+            page = await client.list_tools(cursor=cursor, cache_mode="refresh")
+            for tool in page.tools:
+                if self._exposed(tool.name):
+                    found[tool.name] = tool
+            cursor = page.next_cursor
+            if not cursor:
+                break
+        changed = found != self._tools
+        self._tools = found
+        if changed:
+            self._changed()
+
+    def _exposed(self, name: str) -> bool:
+        override = self.server.overrides.get(name)
+        if override is not None and override.disabled:
+            return False
+        return any(fnmatch.fnmatchcase(name, pattern) for pattern in self.server.tools)
+
+    async def _on_message(self, message: types.ServerNotification | Exception) -> None:
+        if isinstance(message, types.ToolListChangedNotification):
+            self._relist.set()
+
+    def _changed(self) -> None:
+        self._version += 1
+        if self.on_change is not None:
+            self.on_change()
+
+    def _set_state(self, state: ServerState) -> None:
+        if state == self._state:
+            return
+        was_up = self._state == "ready"
+        self._state = state
+        self._since_ms = self._clock.now_ms()
+        if self._observer is not None and (state == "ready") != was_up:
+            self._observer.mcp_state(self.name, state == "ready")
+
+    def _fault(self, text: str) -> None:
+        self._last_error = self._redact(text)[:500]
+
+    # -- calls -----------------------------------------------------------------------------
+
+    async def call(
+        self, tool: str, arguments: Mapping[str, Any], *, key: str, abort: asyncio.Event
+    ) -> ToolOutput:
+        """Call `tool` (its own name); never raises but `CancelledError` (see the module doc)."""
+        self._calls += 1
+        client = self._client
+        if client is None or self._state != "ready":
+            return self._ended("down", self._down_text())
+        if tool not in self._tools:
+            return self._ended(
+                "unknown", f"MCP server {self.name!r} does not offer {tool!r} any more", fault=False
+            )
+        work = asyncio.ensure_future(client.call_tool(tool, dict(arguments), meta=_meta(key)))
+        self._calls_running.add(work)
+        stop = asyncio.ensure_future(abort.wait())
+        try:
+            done, _ = await asyncio.wait(
+                {work, stop},
+                timeout=self.server.call_timeout_seconds,
+                return_when=asyncio.FIRST_COMPLETED,
+            )
+        except asyncio.CancelledError:
+            await _cancel(work)  # the lane itself was cancelled: tell the server, then go
+            raise
+        finally:
+            stop.cancel()
+            self._calls_running.discard(work)
+        if work not in done:
+            await _cancel(work)
+            if abort.is_set():
+                return self._ended(
+                    "aborted", f"the call was cancelled: the run was aborted; {_MAY_HAVE_HAPPENED}"
+                )
+            return self._ended(
+                "timeout",
+                f"MCP server {self.name!r} did not answer {tool!r} within "
+                f"{self.server.call_timeout_seconds:g} s: the call was cancelled; "
+                f"{_MAY_HAVE_HAPPENED}",
+            )
+        return self._settle(work, tool)
+
+    def _settle(self, work: asyncio.Future[Any], tool: str) -> ToolOutput:
+        try:
+            result = work.result()
+        except asyncio.CancelledError:
+            return self._ended(
+                "stopped",
+                f"the call was cancelled: the connection to MCP server {self.name!r} was "
+                f"closed; {_MAY_HAVE_HAPPENED}",
+            )
+        except ValidationError as exc:
+            self._failures += 1
+            self._report("malformed")
+            return malformed(self.name, tool, f"{exc.error_count()} validation errors")
+        except MCPError as exc:
+            if exc.code == CONNECTION_CLOSED:
+                return self._crashed(tool, exc)
+            return self._ended(
+                "error",
+                self._redact(f"MCP server {self.name!r} refused {tool!r}: {exc}")[:2000],
+                fault=False,
+            )
+        except Exception as exc:
+            return self._crashed(tool, exc)
+        output = to_output(
+            result, server=self.name, tool=tool, max_chars=self.server.max_output_chars
+        )
+        self._report("error" if output.is_error else "ok")
+        return output
+
+    def _crashed(self, tool: str, exc: BaseException) -> ToolOutput:
+        self._fault(f"during a call of {tool!r}: {_describe(exc)}")
+        self._lost.set()
+        return self._ended(
+            "crashed",
+            f"the connection to MCP server {self.name!r} was lost during the call "
+            f"({_describe(exc)}); it is restarted; {_MAY_HAVE_HAPPENED}",
+        )
+
+    def _down_text(self) -> str:
+        why = f" ({self._last_error})" if self._last_error else ""
+        if self._state == "restarting" and self._retry_at_ms is not None:
+            left = max(0.0, (self._retry_at_ms - self._clock.now_ms()) / 1000)
+            return (
+                f"MCP server {self.name!r} is down{why}; it is restarted in {left:.0f} s: "
+                "try again later"
+            )
+        return f"MCP server {self.name!r} is {self._state}{why}: its tools cannot be called"
+
+    def _ended(self, outcome: str, text: str, *, fault: bool = True) -> ToolOutput:
+        if fault and outcome not in ("down", "aborted", "stopped"):
+            self._failures += 1
+        self._report(outcome)
+        return ToolOutput.text(self._redact(text), is_error=True)
+
+    def _report(self, outcome: str) -> None:
+        if self._observer is not None:
+            self._observer.mcp_call(self.name, outcome)
+        level = logging.INFO if outcome in ("ok", "error") else logging.WARNING
+        log.log(level, event("mcp.call", server=self.name, outcome=outcome))
+
+
+@contextlib.asynccontextmanager
+async def _watched(
+    inner: contextlib.AbstractAsyncContextManager[Any],
+    lost: asyncio.Event,
+    http: httpx2.AsyncClient | None = None,
+) -> AsyncIterator[Any]:
+    """A transport whose read side sets `lost` when it ends (the server went away)."""
+    async with contextlib.AsyncExitStack() as stack:
+        if http is not None:
+            await stack.enter_async_context(http)
+        read, write = await stack.enter_async_context(inner)
+        yield _WatchedRead(read, lost), write
+
+
+class _WatchedRead:
+    """A read stream that sets an event at its end; everything else is the wrapped stream's."""
+
+    def __init__(self, inner: Any, lost: asyncio.Event) -> None:
+        self._inner = inner
+        self._lost = lost
+
+    def __getattr__(self, name: str) -> Any:
+        return getattr(self._inner, name)  # last_context, for the dispatcher
+
+    async def receive(self) -> Any:
+        try:
+            return await self._inner.receive()
+        except Exception:
+            self._lost.set()
+            raise
+
+    async def aclose(self) -> None:
+        await self._inner.aclose()
+
+    def __aiter__(self) -> _WatchedRead:
+        return self
+
+    async def __anext__(self) -> Any:
+        try:
+            return await self._inner.__anext__()
+        except StopAsyncIteration:
+            self._lost.set()
+            raise
+        except Exception:
+            self._lost.set()
+            raise
+
+    async def __aenter__(self) -> _WatchedRead:
+        await self._inner.__aenter__()
+        return self
+
+    async def __aexit__(self, *exc: Any) -> bool | None:
+        result: bool | None = await self._inner.__aexit__(*exc)
+        return result
+
+
+def _meta(key: str) -> types.RequestParamsMeta:
+    # an open map (extra keys round-trip); the typed dict names only the reserved keys
+    meta: Any = {IDEMPOTENCY_META_KEY: key}
+    return cast(types.RequestParamsMeta, meta)
+
+
+async def _first(*waits: Awaitable[Any]) -> None:
+    tasks = [asyncio.ensure_future(wait) for wait in waits]
+    try:
+        await asyncio.wait(tasks, return_when=asyncio.FIRST_COMPLETED)
+    finally:
+        for task in tasks:
+            task.cancel()
+
+
+async def _cancel(work: asyncio.Future[Any]) -> None:
+    """Cancel a call and wait for it to go (the SDK sends ``notifications/cancelled``)."""
+    work.cancel()
+    with contextlib.suppress(BaseException):
+        await asyncio.wait_for(asyncio.shield(asyncio.wait([work])), 10.0)
+
+
+def _spawn_failed(exc: BaseException) -> bool:
+    """Whether the failure is a program that cannot be started at all (it will not get better)."""
+    found = [exc]
+    while found:
+        item = found.pop()
+        if isinstance(item, FileNotFoundError | PermissionError | NotADirectoryError):
+            return True
+        if isinstance(item, BaseExceptionGroup):
+            found.extend(item.exceptions)
+        elif item.__cause__ is not None:
+            found.append(item.__cause__)
+    return False
+
+
+def _describe(exc: BaseException) -> str:
+    """One line about a failure (the innermost of a group), for health and the model."""
+    while isinstance(exc, BaseExceptionGroup) and exc.exceptions:
+        exc = exc.exceptions[0]
+    if isinstance(exc, TimeoutError):
+        return "timed out"
+    text = str(exc).strip().splitlines()[0] if str(exc).strip() else ""
+    return f"{type(exc).__name__}: {text}" if text else type(exc).__name__

@@ -1,0 +1,261 @@
+"""The MCP servers a deployment connects (``[[mcp.servers]]`` in TOML, ``GATEWAY_MCP_SERVERS``).
+
+`McpSection` is a settings section like a channel's (`config.sections.Section`): its one field
+``servers`` is the setting ``mcp_servers``, a list of tables in TOML and a JSON list in the
+variable. `load_gateway_settings` reads it beside the channels' sections (`gateway_sections`).
+A server is started with a command (stdio) or reached at a URL (Streamable HTTP), never both;
+environment values, header values and the bearer token are secrets (never shown, logged or
+stored; `mcp_secrets` hands them to the redactor).
+"""
+
+from __future__ import annotations
+
+import re
+from collections.abc import Iterator
+from typing import Any, ClassVar, Literal
+from urllib.parse import urlsplit
+
+from pydantic import (
+    BaseModel,
+    ConfigDict,
+    Field,
+    SecretStr,
+    ValidationInfo,
+    field_validator,
+    model_validator,
+)
+
+from config import Settings
+from config.fields import check_url
+from config.sections import Section
+
+__all__ = ["SECTION", "McpSection", "McpServer", "McpToolOverride", "mcp_secrets", "mcp_section"]
+
+SECTION = "mcp"
+"""The section's name: ``[mcp]`` in TOML, ``GATEWAY_MCP_*`` variables."""
+
+SERVER_NAME = re.compile(r"[a-z][a-z0-9_-]{0,31}")
+"""A server's name: the prefix of its tools' names (``<server>.<tool>``)."""
+_ENV_NAME = re.compile(r"[A-Za-z_][A-Za-z0-9_]{0,127}")
+_HEADER_NAME = re.compile(r"[!#$%&'*+.^_`|~0-9A-Za-z-]{1,128}")
+_APPROVER = re.compile(r"[^\s,]{1,100}")
+
+
+class _Table(BaseModel):
+    """A table inside the section: frozen, no unknown keys, no NaN, no booleans for numbers."""
+
+    model_config = ConfigDict(frozen=True, extra="forbid", allow_inf_nan=False)
+
+    @field_validator("*", mode="before")
+    @classmethod
+    def _no_booleans(cls, value: Any, info: ValidationInfo) -> Any:
+        name = info.field_name
+        if isinstance(value, bool) and name is not None:
+            annotation = cls.model_fields[name].annotation
+            if bool not in (annotation, *getattr(annotation, "__args__", ())):
+                raise ValueError("true or false is not accepted here")
+        return value
+
+
+class McpToolOverride(_Table):
+    """The operator's word on one tool, over what its annotations say (always wins)."""
+
+    replay: Literal["never", "safe"] | None = None
+    """``safe``: a call cut by a crash may run again; ``never``: reported "may have happened"."""
+    approval: bool | None = None
+    """Whether a call waits for a person's approval."""
+    approvers: tuple[str, ...] | None = None
+    """Who may decide a call of this tool (besides the channel's and the profile's rules)."""
+    disabled: bool = False
+    """Not offered to the model at all."""
+
+    @field_validator("approvers")
+    @classmethod
+    def _approvers(cls, value: tuple[str, ...] | None) -> tuple[str, ...] | None:
+        for who in value or ():
+            if not _APPROVER.fullmatch(who):
+                raise ValueError(f"{who!r} is not an author id (1-100 characters, no spaces)")
+        return value
+
+
+class McpServer(_Table):
+    """One MCP server: how to start or reach it, its bounds, and how far its hints are taken."""
+
+    name: str
+    command: str | None = None
+    args: tuple[str, ...] = ()
+    env: dict[str, SecretStr] = Field(default_factory=dict)
+    cwd: str | None = None
+    url: str | None = None
+    headers: dict[str, SecretStr] = Field(default_factory=dict)
+    bearer_token: SecretStr | None = None
+    start_timeout_seconds: float = Field(default=30.0, gt=0, le=600)
+    call_timeout_seconds: float = Field(default=120.0, gt=0, le=86_400)
+    tools: tuple[str, ...] = ("*",)
+    """Which of its tools to offer: names or fnmatch patterns (``get_*``) over its own names."""
+    trusted: bool = False
+    max_output_chars: int = Field(default=20_000, ge=200, le=1_000_000)
+    overrides: dict[str, McpToolOverride] = Field(default_factory=dict)
+    """Per tool, by its own name (without the server's prefix)."""
+
+    @property
+    def transport(self) -> Literal["stdio", "http"]:
+        """``stdio`` (a command this process starts) or ``http`` (Streamable HTTP at a URL)."""
+        return "stdio" if self.command is not None else "http"
+
+    @property
+    def target(self) -> str:
+        """What it runs or reaches, without secrets: the program's name, or the bare URL."""
+        if self.command is not None:
+            return self.command.replace("\\", "/").rsplit("/", 1)[-1]
+        assert self.url is not None  # validated: a command or a URL
+        parts = urlsplit(self.url)
+        host = parts.hostname or ""
+        host = f"[{host}]" if ":" in host else host
+        port = f":{parts.port}" if parts.port else ""
+        return f"{parts.scheme}://{host}{port}{parts.path}"
+
+    def secrets(self) -> Iterator[str]:
+        """Every secret value it holds (environment values, header values, the token)."""
+        for value in (*self.env.values(), *self.headers.values()):
+            whole = value.get_secret_value()
+            yield whole
+            scheme, _, rest = whole.partition(" ")
+            if rest and scheme.isalpha():  # "Bearer x": the whole, and x
+                yield rest
+        if self.bearer_token is not None:
+            yield self.bearer_token.get_secret_value()
+        if self.url is not None and (password := urlsplit(self.url).password):
+            yield password
+
+    @field_validator("name")
+    @classmethod
+    def _name(cls, value: str) -> str:
+        if not SERVER_NAME.fullmatch(value):
+            raise ValueError(
+                f"server name {value!r} is not 1-32 of a-z, 0-9, _ and -, starting with a letter"
+            )
+        return value
+
+    @field_validator("command", "cwd")
+    @classmethod
+    def _text(cls, value: str | None, info: ValidationInfo) -> str | None:
+        if value is not None and (not value.strip() or "\x00" in value):
+            raise ValueError(f"{info.field_name} is empty or holds a NUL character")
+        return value
+
+    @field_validator("url")
+    @classmethod
+    def _url(cls, value: str | None) -> str | None:
+        if value is None:
+            return value
+        wanted = "an http:// or https:// URL"
+        check_url(value, ("http", "https"), wanted)
+        parts = urlsplit(value)
+        if not parts.hostname or parts.fragment:
+            raise ValueError(f"the url is not {wanted} with a host and no #fragment")
+        return value
+
+    @field_validator("env")
+    @classmethod
+    def _env(cls, value: dict[str, SecretStr]) -> dict[str, SecretStr]:
+        for name in value:
+            if not _ENV_NAME.fullmatch(name):
+                raise ValueError(f"{name!r} is not an environment variable name")
+        return value
+
+    @field_validator("headers")
+    @classmethod
+    def _headers(cls, value: dict[str, SecretStr]) -> dict[str, SecretStr]:
+        for name, text in value.items():
+            if not _HEADER_NAME.fullmatch(name):
+                raise ValueError(f"{name!r} is not an HTTP header name")
+            if any(c in text.get_secret_value() for c in "\r\n\x00"):
+                raise ValueError(f"the value of header {name!r} holds a line break or NUL")
+        return value
+
+    @field_validator("tools")
+    @classmethod
+    def _tools(cls, value: tuple[str, ...]) -> tuple[str, ...]:
+        if any(not pattern.strip() for pattern in value):
+            raise ValueError("a tools entry is empty (give names or patterns like get_*)")
+        return value
+
+    @model_validator(mode="after")
+    def _one_transport(self) -> McpServer:
+        where = f"server {self.name!r}"
+        if self.command is not None and self.url is not None:
+            raise ValueError(f"{where} has both command (stdio) and url (HTTP): keep one")
+        if self.command is None and self.url is None:
+            raise ValueError(f"{where} has neither command (stdio) nor url (HTTP)")
+        stdio_only = [n for n in ("args", "env", "cwd") if n in self.model_fields_set]
+        http_only = [n for n in ("headers", "bearer_token") if n in self.model_fields_set]
+        if self.command is None and stdio_only:
+            raise ValueError(f"{where} has a url: {', '.join(stdio_only)} apply to a command")
+        if self.url is None and http_only:
+            raise ValueError(f"{where} has a command: {', '.join(http_only)} apply to a url")
+        if self.bearer_token is not None and any(
+            name.lower() == "authorization" for name in self.headers
+        ):
+            raise ValueError(f"{where} sets both bearer_token and an Authorization header")
+        return self
+
+
+class McpSection(Section):
+    """The MCP servers whose tools the agent may call (none by default)."""
+
+    ACCEPTS: ClassVar[dict[str, str]] = {
+        "servers": "a list of servers, each with name and command (stdio) or url (HTTP)",
+    }
+    EXAMPLES: ClassVar[dict[str, Any]] = {
+        "servers": [
+            {
+                "name": "tickets",
+                "command": "python",
+                "args": ["-m", "tickets_mcp"],
+                "env": {"TICKETS_TOKEN": "change-me"},
+                "tools": ["*"],
+                "overrides": {"close_ticket": {"approval": True, "approvers": ["ops-lead"]}},
+            },
+            {
+                "name": "docs",
+                "url": "https://mcp.example.com/mcp",
+                "bearer_token": "change-me-too",
+                "trusted": True,
+            },
+        ]
+    }
+    JSON_FIELDS: ClassVar[frozenset[str]] = frozenset({"servers"})
+    JSON_EXAMPLES: ClassVar[dict[str, str]] = {
+        "servers": 'a JSON list of servers, like [{"name":"tickets","command":"tickets-mcp"}]',
+    }
+
+    servers: tuple[McpServer, ...] = Field(
+        default=(),
+        description="MCP servers whose tools the agent may call, each by name (its tools are "
+        "<name>.<tool>): command, args, env, cwd start one (stdio); url, headers, bearer_token "
+        "reach one (Streamable HTTP). Also start_timeout_seconds, call_timeout_seconds, tools "
+        "(names or patterns to offer), trusted (take its annotations as declared), "
+        "max_output_chars and overrides per tool (replay, approval, approvers, disabled). "
+        "See docs/mcp.md.",
+    )
+
+    @field_validator("servers")
+    @classmethod
+    def _unique(cls, value: tuple[McpServer, ...]) -> tuple[McpServer, ...]:
+        seen: set[str] = set()
+        for server in value:
+            if server.name in seen:
+                raise ValueError(f"two MCP servers are named {server.name!r}: names must differ")
+            seen.add(server.name)
+        return value
+
+
+def mcp_section(settings: Settings) -> McpSection:
+    """The MCP section of `settings` (its defaults, no servers, when none was given)."""
+    return settings.section(SECTION, McpSection)
+
+
+def mcp_secrets(settings: Settings) -> list[str]:
+    """Every secret of every configured MCP server (for the redactor)."""
+    return [secret for server in mcp_section(settings).servers for secret in server.secrets()]

@@ -1,0 +1,120 @@
+"""Every configured MCP server as one tool source: `McpTools` (the service's ``mcp``).
+
+Each server's exposed tools become harness `Tool` objects named ``<server>.<tool>``, their
+input schema handed on as the server gave it, their replay and approval from
+`gateway.mcp.policy`. A tool object resolves its server and tool by name when it is called,
+so a tool the server dropped since (``notifications/tools/list_changed``) gives a clear error
+result, never a stale call. A server that fails to start is contained: its tools are absent,
+its health says why, the others and the service carry on.
+"""
+
+from __future__ import annotations
+
+import asyncio
+from collections.abc import Callable, Iterable
+from typing import Any
+
+import mcp_types as types
+
+from gateway.mcp.connection import Backoff, CallObserver, McpConnection, Sleep
+from gateway.mcp.health import McpServerHealth
+from gateway.mcp.policy import declarations
+from gateway.mcp.settings import McpServer
+from harness_core.clock import Clock
+from harness_core.tools import Tool, ToolContext, ToolOutput
+
+__all__ = ["McpTools"]
+
+_MARGIN_S = 15.0
+"""The harness's own timeout sits this far past the server's call timeout: a backstop only."""
+
+
+class McpTools:
+    """The MCP servers of a deployment: their tools, health and lifecycle."""
+
+    def __init__(
+        self,
+        servers: Iterable[McpServer],
+        *,
+        clock: Clock,
+        redact: Callable[[str], str] = lambda text: text,
+        observer: CallObserver | None = None,
+        backoff: Backoff | None = None,
+        sleep: Sleep = asyncio.sleep,
+    ) -> None:
+        self._connections = {
+            server.name: McpConnection(
+                server,
+                clock=clock,
+                redact=redact,
+                observer=observer,
+                backoff=backoff or Backoff(),
+                sleep=sleep,
+            )
+            for server in servers
+        }
+        self._tools: tuple[Tool, ...] = ()
+        for connection in self._connections.values():
+            connection.on_change = self._rebuild
+
+    def connection(self, server: str) -> McpConnection:
+        """One server's connection (for tests and the operator's view)."""
+        return self._connections[server]
+
+    async def start(self) -> None:
+        """Start every server at once; returns when each is up or has failed its first try."""
+        await asyncio.gather(*(c.start() for c in self._connections.values()))
+        self._rebuild()
+
+    async def close(self) -> None:
+        """Cancel calls in flight and stop every server."""
+        await asyncio.gather(*(c.close() for c in self._connections.values()))
+        self._rebuild()
+
+    def health(self) -> tuple[McpServerHealth, ...]:
+        """Each configured server's health, in configuration order."""
+        return tuple(c.health() for c in self._connections.values())
+
+    def tools(self) -> tuple[Tool, ...]:
+        """The tools offered now, namespaced ``<server>.<tool>`` (servers in config order)."""
+        return self._tools
+
+    def approvers_for(self, tool_name: str) -> frozenset[str] | None:
+        """The approvers a per-tool override names for `tool_name`, or None when it sets none."""
+        server, dot, tool = tool_name.partition(".")
+        connection = self._connections.get(server)
+        if not dot or connection is None:
+            return None
+        override = connection.server.overrides.get(tool)
+        if override is None or override.approvers is None:
+            return None
+        return frozenset(override.approvers)
+
+    def _rebuild(self) -> None:
+        self._tools = tuple(
+            _harness_tool(connection, mcp_tool)
+            for connection in self._connections.values()
+            for mcp_tool in connection.tools().values()
+        )
+
+
+def _harness_tool(connection: McpConnection, mcp_tool: types.Tool) -> Tool:
+    server = connection.server
+    said = declarations(
+        mcp_tool.annotations, trusted=server.trusted, override=server.overrides.get(mcp_tool.name)
+    )
+    own = mcp_tool.name
+
+    async def execute(args: Any, ctx: ToolContext) -> ToolOutput:
+        arguments = args if isinstance(args, dict) else {}
+        return await connection.call(own, arguments, key=ctx.idempotency_key, abort=ctx.abort)
+
+    return Tool(
+        name=f"{server.name}.{own}",
+        description=mcp_tool.description or mcp_tool.title or own,
+        execute=execute,
+        parameters=mcp_tool.input_schema,
+        replay=said.replay,
+        requires_approval=said.requires_approval,
+        timeout_seconds=server.call_timeout_seconds + _MARGIN_S,
+    )

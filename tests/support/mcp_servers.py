@@ -1,0 +1,201 @@
+"""Real MCP servers for the tests, written with the SDK: ``python -m tests.support.mcp_servers``.
+
+``--stdio`` serves on stdin/stdout (the gateway spawns it); ``--http PORT`` serves Streamable
+HTTP at ``/mcp`` (uvicorn), refusing requests without ``Authorization: Bearer <--token>``
+when a token is given; ``--fail-start`` exits at once. ``--marks DIR``: the server writes a
+file there for each call it starts (``call-<tool>-<n>``) and each call it sees cancelled
+(``cancelled-<tool>``), so a test can read what reached the server.
+
+Tools (listed three per page, to exercise pagination): ``echo`` (read-only), ``add``
+(idempotent, structured content only), ``delete`` (destructive), ``key`` (returns the
+idempotency key from ``_meta``), ``fail`` (``isError``), ``crash`` (the process exits
+mid-call), ``hang`` (never answers), ``malformed`` (a result that is not one, on stdio), ``flood``
+(2 MB of text), ``change`` (drops ``delete``, adds ``extra`` and sends
+``notifications/tools/list_changed``), ``env`` (the value of ``MCP_TEST_SECRET``),
+``schema`` (an unusual input schema, handed on as is).
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import itertools
+import json
+import os
+import sys
+from pathlib import Path
+from typing import Any
+
+import mcp_types as types
+from mcp.server.lowlevel import NotificationOptions, Server
+
+KEY = "durable-gateway/idempotency-key"
+PAGE = 3
+SCHEMA: dict[str, Any] = {
+    "type": "object",
+    "properties": {"when": {"$ref": "#/$defs/day"}, "n": {"type": "integer", "minimum": 1}},
+    "required": ["when"],
+    "additionalProperties": False,
+    "$defs": {"day": {"type": "string", "format": "date"}},
+}
+_OBJECT: dict[str, Any] = {"type": "object", "properties": {}}
+_TEXT: dict[str, Any] = {
+    "type": "object",
+    "properties": {"text": {"type": "string"}},
+    "required": ["text"],
+}
+
+
+def _tool(name: str, schema: dict[str, Any] = _OBJECT, **hints: Any) -> types.Tool:
+    return types.Tool(
+        name=name,
+        description=f"the {name} tool",
+        input_schema=schema,
+        annotations=types.ToolAnnotations(**hints) if hints else None,
+    )
+
+
+TOOLS = [
+    _tool("echo", _TEXT, read_only_hint=True),
+    _tool(
+        "add",
+        {"type": "object", "properties": {"a": {"type": "number"}, "b": {"type": "number"}}},
+        read_only_hint=False,
+        idempotent_hint=True,
+        destructive_hint=False,
+    ),
+    _tool("delete", destructive_hint=True),
+    _tool("key", read_only_hint=True),
+    _tool("fail", read_only_hint=True),
+    _tool("crash"),
+    _tool("hang", read_only_hint=True),
+    _tool("malformed", read_only_hint=True),
+    _tool("flood", read_only_hint=True),
+    _tool("change", idempotent_hint=True, destructive_hint=False),
+    _tool("env", read_only_hint=True),
+    _tool("schema", SCHEMA, read_only_hint=True),
+]
+_EXTRA = _tool("extra", read_only_hint=True)
+_WIRE = [1]
+"""The protocol's output descriptor (stdio_server moves the wire off fd 1: a copy of it)."""
+
+
+def build(marks: Path | None) -> Server[Any]:
+    """The test server (one tool list per process; `change` alters it)."""
+    tools = list(TOOLS)
+    counter = itertools.count(1)
+
+    def mark(name: str) -> None:
+        if marks is not None:
+            (marks / name).write_text("")
+
+    async def list_tools(
+        ctx: Any, params: types.PaginatedRequestParams | None
+    ) -> types.ListToolsResult:
+        start = int(params.cursor) if params is not None and params.cursor else 0
+        page = tools[start : start + PAGE]
+        more = start + PAGE < len(tools)
+        return types.ListToolsResult(tools=page, next_cursor=str(start + PAGE) if more else None)
+
+    async def call_tool(ctx: Any, params: types.CallToolRequestParams) -> types.CallToolResult:
+        name = params.name
+        args = params.arguments or {}
+        mark(f"call-{name}-{next(counter)}")
+        if name not in {tool.name for tool in tools}:
+            return _text(f"unknown tool {name}", error=True)
+        if name == "echo":
+            return _text(f"echo: {args.get('text')}")
+        if name == "add":
+            return types.CallToolResult(
+                content=[], structured_content={"sum": args.get("a", 0) + args.get("b", 0)}
+            )
+        if name == "delete":
+            return _text("deleted")
+        if name == "key":
+            meta = params.meta or {}
+            return _text(str(meta.get(KEY)))
+        if name == "fail":
+            return _text("no such ticket", error=True)
+        if name == "crash":
+            sys.stdout.flush()
+            os._exit(3)
+        if name == "hang":
+            try:
+                await asyncio.sleep(3600)
+            except BaseException:
+                mark("cancelled-hang")
+                raise
+            return _text("woke")
+        if name == "malformed":
+            # the SDK checks what a handler returns, so the bad answer goes out on the wire
+            # by hand (stdio); the SDK's own answer after it has no taker
+            answer = {"jsonrpc": "2.0", "id": ctx.request_id, "result": {"content": "oops"}}
+            os.write(_WIRE[0], (json.dumps(answer) + "\n").encode())
+            await asyncio.sleep(0.2)
+            return _text("too late")
+        if name == "flood":
+            return _text("x" * 2_000_000)
+        if name == "change":
+            tools[:] = [tool for tool in tools if tool.name != "delete"] + [_EXTRA]
+            await ctx.session.send_tool_list_changed()
+            return _text("changed")
+        if name == "env":
+            return _text(os.environ.get("MCP_TEST_SECRET", "unset"))
+        if name == "schema":
+            return _text(f"when={args.get('when')}")
+        return _text("extra")
+
+    return Server("test-tools", on_list_tools=list_tools, on_call_tool=call_tool)
+
+
+def _text(text: str, *, error: bool = False) -> types.CallToolResult:
+    return types.CallToolResult(content=[types.TextContent(text=text)], is_error=error)
+
+
+async def _stdio(server: Server[Any]) -> None:
+    from mcp.server.stdio import stdio_server
+
+    options = server.create_initialization_options(NotificationOptions(tools_changed=True))
+    _WIRE[0] = os.dup(1)
+    async with stdio_server() as (read, write):
+        await server.run(read, write, options)
+
+
+def _http(server: Server[Any], port: int, token: str | None) -> None:
+    import uvicorn
+    from starlette.responses import PlainTextResponse
+
+    app = server.streamable_http_app()
+
+    async def guarded(scope: Any, receive: Any, send: Any) -> None:
+        if scope["type"] == "http" and token is not None:
+            headers = dict(scope["headers"])
+            if headers.get(b"authorization") != f"Bearer {token}".encode():
+                await PlainTextResponse("unauthorized", status_code=401)(scope, receive, send)
+                return
+        await app(scope, receive, send)
+
+    uvicorn.run(guarded, host="127.0.0.1", port=port, log_level="warning", lifespan="on")
+
+
+def main(argv: list[str] | None = None) -> None:
+    """Serve (see the module docstring)."""
+    parser = argparse.ArgumentParser()
+    parser.add_argument("--stdio", action="store_true")
+    parser.add_argument("--http", type=int)
+    parser.add_argument("--token")
+    parser.add_argument("--marks", type=Path)
+    parser.add_argument("--fail-start", action="store_true")
+    args = parser.parse_args(argv)
+    if args.fail_start:
+        print("refusing to start", file=sys.stderr)
+        raise SystemExit(1)
+    server = build(args.marks)
+    if args.http is not None:
+        _http(server, args.http, args.token)
+    else:
+        asyncio.run(_stdio(server))
+
+
+if __name__ == "__main__":
+    main()
