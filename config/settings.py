@@ -592,9 +592,9 @@ class Settings(BaseModel):
         """The profile of a thread of `space` in `channel`: its route's, else the default.
 
         The route is the one `route_for` takes (the first match). The profile returned has
-        every field the top level can fill filled (model, instructions, busy_policy,
-        max_attempts); allow_tools and approvers stay unset when unset (every tool; the
-        channel's rule).
+        instructions, busy_policy and max_attempts filled from the top level when it leaves
+        them unset; model stays unset when unset (the service's model: ``GATEWAY_MODEL`` or
+        the plugin's), and so do allow_tools (every tool) and approvers (the channel's rule).
         """
         for route in self.routes:
             if route.matches(channel, space):
@@ -614,7 +614,6 @@ class Settings(BaseModel):
                 "instructions": profile.instructions
                 if profile.instructions is not None
                 else self.instructions,
-                "model": profile.model or self.model,
                 "busy_policy": profile.busy_policy or self.busy_policy,
                 "max_attempts": profile.max_attempts or self.max_attempts,
             }

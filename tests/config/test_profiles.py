@@ -73,17 +73,13 @@ def test_routes_name_profiles_and_other_threads_get_the_default(tmp_path: Path) 
     support = settings.profile_for("email", "help@example.com")
     assert support.name == "support"
     assert support.instructions == "You are the team's assistant."  # unset: the top level's
-    assert (support.model, support.busy_policy, support.max_attempts) == (
-        "openai:gpt-4.1-mini",
-        "follow_up",
-        2,
-    )
+    assert (support.model, support.busy_policy, support.max_attempts) == (None, "follow_up", 2)
     for channel, space in (("web", "anything"), ("slack", "C0OTHER")):
         default = settings.profile_for(channel, space)
         assert default.name == "default"
         assert default.instructions == "You are the team's assistant."
         assert default.allow_tools is None and default.approvers is None
-        assert default.model == "openai:gpt-4.1-mini"
+        assert default.model is None  # the service's: GATEWAY_MODEL or the plugin's
 
 
 def test_a_profile_named_default_is_the_default(tmp_path: Path) -> None:
@@ -114,12 +110,7 @@ def test_profiles_and_routes_from_variables(tmp_path: Path) -> None:
 def test_without_profiles_the_default_is_made_of_the_top_level() -> None:
     settings = Settings(busy_policy="next_run", max_attempts=5)
     default = settings.profile_for("web", "default")
-    assert default == Profile(
-        name="default",
-        model="scripted:echo",
-        busy_policy="next_run",
-        max_attempts=5,
-    )
+    assert default == Profile(name="default", busy_policy="next_run", max_attempts=5)
     assert settings.profile_named("default") == default
     assert settings.profile_named("nope") is None
 
