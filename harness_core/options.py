@@ -20,7 +20,6 @@ from harness_core.tools import Tool
 
 __all__ = [
     "AgentHarnessOptions",
-    "AttemptCap",
     "CompactionSettings",
     "EntryProjector",
     "QueueMode",
