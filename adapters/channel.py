@@ -222,12 +222,13 @@ class DecisionRefused(AdapterError):
 
     `code` is ``no_wait`` (nothing waits for a decision under that id in this thread),
     ``mismatch`` (it names another run, session, calls or arguments than the request's) or
-    ``closed`` (the request is no longer waiting: `closed` says how and who closed it).
+    ``closed`` (the request is no longer waiting: `closed` says how and who closed it) or
+    ``not_allowed`` (the decider is not among the approvers the deployment names for it).
     """
 
     def __init__(
         self,
-        code: Literal["no_wait", "mismatch", "closed"],
+        code: Literal["no_wait", "mismatch", "closed", "not_allowed"],
         message: str,
         closed: ApprovalClosed | None = None,
     ) -> None:

@@ -5,6 +5,7 @@ into a checked, frozen `Settings`; every bad input is one `SettingsError` line.
 """
 
 from config.loader import SettingsError, UnknownSetting, format_settings_error, load_settings
+from config.profiles import Profile
 from config.settings import (
     DEFAULT_BROKER_URL,
     DEFAULT_STORE_URL,
@@ -21,6 +22,7 @@ __all__ = [
     "format_settings_error",
     "load_settings",
     "LogLevel",
+    "Profile",
     "Route",
     "Settings",
     "SettingsError",

@@ -43,8 +43,16 @@ CLIENT_VARIABLES = frozenset({"GATEWAY_OPS_URL", "GATEWAY_OPS_TOKEN", "GATEWAY_C
 """Read by the command line (`gateway ops`'s address and token; the command hints name, which
 ``scripts/run`` sets), not settings of the service: never an unknown setting."""
 _ROUTES_EXAMPLE = '[{"channel":"slack","space":"C123","session":"ops"}]'
-_CORE_JSON = {"routes": f"a JSON list of routes, like {_ROUTES_EXAMPLE}"}
-_ROUTE_KEYS = "a route has channel, session and (optional, * by default) space"
+_PROFILES_EXAMPLE = '[{"name":"oncall","instructions":"...","allow_tools":["deploys.*"]}]'
+_CORE_JSON = {
+    "routes": f"a JSON list of routes, like {_ROUTES_EXAMPLE}",
+    "profiles": f"a JSON list of profiles, like {_PROFILES_EXAMPLE}",
+}
+_KEYS = {
+    "routes": "a route has channel, session and optionally space (* by default) and profile",
+    "profiles": "a profile has name and (optional) instructions, model, allow_tools, "
+    "deny_tools, approvers, busy_policy, max_attempts",
+}
 _SHOWN = 80
 
 
@@ -297,7 +305,7 @@ def _read_toml(
             )
             continue
         item_origins = tuple(
-            f"routes in {path} line {lineno}"
+            f"{key} in {path} line {lineno}"
             for lineno, text_line in enumerate(lines, 1)
             if table[key].json_example is not None
             and re.match(rf"\s*\[\[\s*{re.escape(key)}\s*\]\]", text_line)
@@ -451,14 +459,17 @@ def _problems(
         kind = error["type"]
         # a section's list of tables (mcp_servers): its own keys, not a route's
         tables = setting is not None and setting.section is not None and len(loc) > 2
-        keys = "" if tables else f": {_ROUTE_KEYS}"
+
+        def keys(field: str, otherwise: str, tables: bool = tables) -> str:
+            return "" if tables else f": {_KEYS.get(field, otherwise)}"
+
         if kind == "extra_forbidden":
             if len(loc) == 1:
                 lines.append(f"unknown setting {field} ({origin}){_hint(field, False, table)}")
             else:
-                lines.append(f"unknown key {path} ({origin}){keys}")
+                lines.append(f"unknown key {path} ({origin}){keys(field, 'not known')}")
         elif kind == "missing":
-            lines.append(f"{path} is missing ({origin}){keys}")
+            lines.append(f"{path} is missing ({origin}){keys(field, 'it is required')}")
         elif kind == "value_error" and cause is not None:
             message = str(cause)
             if message.startswith("expected"):
@@ -500,10 +511,26 @@ def _secret_at(setting: Setting, loc: tuple[int | str, ...]) -> bool:
 
 def _expected(field: str, loc: tuple[int | str, ...], table: Mapping[str, Setting]) -> str:
     if field == "routes" and len(loc) == 2:
-        return 'a route {"channel", "space", "session"}'
+        return 'a route {"channel", "space", "session", "profile"}'
+    if field == "profiles" and len(loc) == 2:
+        return 'a profile {"name", "instructions", "model", "allow_tools", ...}'
+    if field == "profiles" and len(loc) > 2:
+        return _profile_field(loc[2])
     if field not in table or len(loc) > 2:
         return "text"  # a route's channel, space or session (or a `Route(...)` of its own)
     return table[field].accepted()
+
+
+def _profile_field(name: int | str) -> str:
+    if name in ("allow_tools", "deny_tools", "approvers"):
+        return "a list of text"
+    if name == "busy_policy":
+        return "one of steer, follow_up, next_run"
+    if name == "max_attempts":
+        return "an integer from 1 to 20"
+    if name == "instructions":
+        return "text (up to 100,000 characters)"
+    return "text"
 
 
 def _relation(

@@ -34,10 +34,12 @@ from config.fields import (
     is_loopback,
     scheme,
 )
+from config.profiles import DEFAULT_PROFILE, MAX_INSTRUCTIONS, BusyPolicy, Profile
 from config.sections import Section
 
 __all__ = [
     "BusyPolicy",
+    "Profile",
     "DEFAULT_BROKER_URL",
     "DEFAULT_STORE_URL",
     "LogLevel",
@@ -51,7 +53,6 @@ __all__ = [
 ]
 
 
-BusyPolicy = Literal["steer", "follow_up", "next_run"]
 LogLevel = Literal["debug", "info", "warning", "error"]
 
 DEFAULT_STORE_URL = "sqlite:///.gateway/gateway.db"
@@ -109,6 +110,9 @@ class Route(BaseModel):
         default="*", description="A web space, a Slack channel id, an email address; * for all."
     )
     session: str = Field(description="The session the threads become lanes of.")
+    profile: str | None = Field(
+        default=None, description="The agent profile of its threads (default: the default one)."
+    )
 
     @field_validator("channel")
     @classmethod
@@ -162,6 +166,12 @@ class Settings(BaseModel):
         "openai-compatible:<model> (with model_base_url: vLLM, Ollama, OpenRouter...), "
         "or scripted:echo (no key needed: repeats the message back).",
     )
+    instructions: str | None = Field(
+        default=None,
+        max_length=MAX_INSTRUCTIONS,
+        description="The agent's instructions (its system prompt) where no profile gives its "
+        "own; the gateway adds where the agent is (channel, space, thread) after them.",
+    )
     model_api_key: SecretStr | None = Field(
         default=None, description="The provider's API key (never logged or stored)."
     )
@@ -195,6 +205,12 @@ class Settings(BaseModel):
     )
     host: str = Field(default="127.0.0.1", description="The HTTP server's address.")
     port: int = Field(default=8787, ge=1, le=65535, description="The HTTP server's port.")
+    profiles: tuple[Profile, ...] = Field(
+        default=(),
+        description="Agent profiles (instructions, model, tools, approvers, busy_policy, "
+        "max_attempts) that routes name; the one named default (if any) serves threads whose "
+        "route names none, and a field a profile leaves unset is the top-level setting's.",
+    )
     routes: tuple[Route, ...] = Field(
         default=(),
         description="Channel -> session bindings, first match wins, space * matches any space; "
@@ -421,9 +437,32 @@ class Settings(BaseModel):
             raise ValueError(f"expected {accepted('host')}")
         return value
 
+    @field_validator("profiles")
+    @classmethod
+    def _profiles(cls, profiles: tuple[Profile, ...]) -> tuple[Profile, ...]:
+        seen: dict[str, int] = {}
+        for index, profile in enumerate(profiles):
+            if profile.name in seen:
+                raise ValueError(
+                    f"profiles[{seen[profile.name]}] and profiles[{index}] are both named "
+                    f"{profile.name}: profile names must be unique"
+                )
+            seen[profile.name] = index
+        return profiles
+
     @field_validator("routes")
     @classmethod
-    def _routes(cls, routes: tuple[Route, ...]) -> tuple[Route, ...]:
+    def _routes(cls, routes: tuple[Route, ...], info: ValidationInfo) -> tuple[Route, ...]:
+        profiles = info.data.get("profiles")
+        if profiles is not None:  # else the profiles' own error says what is wrong
+            names = [profile.name for profile in profiles]
+            for index, route in enumerate(routes):
+                if route.profile is not None and route.profile not in names:
+                    known = ", ".join(names) if names else "none are defined"
+                    raise ValueError(
+                        f"routes[{index}] names the profile {route.profile!r}, which is not "
+                        f"defined (profiles: {known})"
+                    )
         for later, route in enumerate(routes):
             for earlier, first in enumerate(routes[:later]):
                 if first.channel != route.channel or first.space not in ("*", route.space):
@@ -533,6 +572,53 @@ class Settings(BaseModel):
                 return route.session
         return default_session(channel, space)
 
+    @property
+    def default_profile(self) -> Profile:
+        """The profile of threads whose route names none.
+
+        The one named ``default`` if defined, else one made of the top-level settings; either
+        way with its unset fields filled from the top level (see `profile_for`).
+        """
+        return self._effective(self._named(DEFAULT_PROFILE) or Profile(name=DEFAULT_PROFILE))
+
+    def profile_named(self, name: str) -> Profile | None:
+        """The profile called `name` (unset fields filled from the top level), or None."""
+        found = self._named(name)
+        if found is None:
+            return self.default_profile if name == DEFAULT_PROFILE else None
+        return self._effective(found)
+
+    def profile_for(self, channel: str, space: str) -> Profile:
+        """The profile of a thread of `space` in `channel`: its route's, else the default.
+
+        The route is the one `route_for` takes (the first match). The profile returned has
+        instructions, busy_policy and max_attempts filled from the top level when it leaves
+        them unset; model stays unset when unset (the service's model: ``GATEWAY_MODEL`` or
+        the plugin's), and so do allow_tools (every tool) and approvers (the channel's rule).
+        """
+        for route in self.routes:
+            if route.matches(channel, space):
+                if route.profile is not None:
+                    found = self.profile_named(route.profile)
+                    assert found is not None  # the routes' check
+                    return found
+                break
+        return self.default_profile
+
+    def _named(self, name: str) -> Profile | None:
+        return next((profile for profile in self.profiles if profile.name == name), None)
+
+    def _effective(self, profile: Profile) -> Profile:
+        return profile.model_copy(
+            update={
+                "instructions": profile.instructions
+                if profile.instructions is not None
+                else self.instructions,
+                "busy_policy": profile.busy_policy or self.busy_policy,
+                "max_attempts": profile.max_attempts or self.max_attempts,
+            }
+        )
+
     def warnings(self, channel_state: Mapping[str, str] | None = None) -> tuple[str, ...]:
         """What these settings allow but an operator should know (one line each, to log).
 
@@ -590,8 +676,12 @@ _ACCEPTED = {
     "model_api_key": "the provider's key (not empty)",
     "model_base_url": "an http:// or https:// URL",
     "host": "an IP address or a host name (no scheme, no port)",
-    "routes": 'a list of routes {"channel", "space", "session"}: JSON in GATEWAY_ROUTES, '
-    "[[routes]] tables in TOML",
+    "routes": 'a list of routes {"channel", "space", "session", "profile"}: JSON in '
+    "GATEWAY_ROUTES, [[routes]] tables in TOML",
+    "profiles": 'a list of profiles {"name", "instructions", "model", "allow_tools", '
+    '"deny_tools", "approvers", "busy_policy", "max_attempts"}: JSON in GATEWAY_PROFILES, '
+    "[[profiles]] tables in TOML",
+    "instructions": "text (up to 100,000 characters)",
     "plugin": "a Python module like agent (./agent.py) or mypkg.agent, or the path of a .py "
     "file like examples/agent.py",
     "public_url": "an http:// or https:// URL",

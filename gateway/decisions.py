@@ -9,6 +9,11 @@ reason (and who closed the request), and stores nothing: no inbox item, no lane,
 a decision that can change nothing never takes the slot of one that can (the first *valid*
 decision wins), and the decider learns why in their own response.
 
+A decision must also come from an approver: someone the channel allows (the channel checks),
+and, when the thread's profile names approvers, one of them, and, when a decided call's tool
+names approvers of its own (an MCP server's per-tool override), one of those too. A decision
+from anyone else is refused the same way: nothing stored, and the decider told why.
+
 The worker judges again under the lease (the lane's admission rules): a decision valid here can
 still lose a race with another one, and D129's notice tells the thread.
 """
@@ -16,14 +21,28 @@ still lose a race with another one, and D129's notice tells the thread.
 from __future__ import annotations
 
 import contextlib
+from collections.abc import Callable
 
-from adapters import ApprovalClosed, DecisionInbound, DecisionRefused, Unavailable
+from adapters import ApprovalClosed, DecisionInbound, DecisionRefused, ThreadRef, Unavailable
 from gateway.broker.contract import Broker
 from gateway.closes import closure, decided_of, described
 from harness_core import SessionError, SessionRepo, SessionStorage
 from harness_core.session.records import ApprovalRequested
 
-__all__ = ["MISMATCH_TEXT", "NO_WAIT_TEXT", "closed_refusal", "judge"]
+__all__ = [
+    "MISMATCH_TEXT",
+    "NOT_AN_APPROVER_TEXT",
+    "NO_WAIT_TEXT",
+    "Approvers",
+    "ToolApprovers",
+    "closed_refusal",
+    "judge",
+]
+
+Approvers = Callable[[ThreadRef], frozenset[str] | None]
+"""Who may decide a thread's requests beyond the channel's own rule (None: no one more)."""
+ToolApprovers = Callable[[str], frozenset[str] | None]
+"""A tool's own approvers by the tool's name (None: the tool names none)."""
 
 NO_WAIT_TEXT = (
     "Nothing waits for a decision here: this thread has no such approval request. "
@@ -33,15 +52,40 @@ MISMATCH_TEXT = (
     "This decision does not match the request it names (its run, session, calls or "
     "arguments differ). Nothing was recorded."
 )
+NOT_AN_APPROVER_TEXT = (
+    "You are not among the approvers of this request{what}, so your decision was not taken. "
+    "Nothing was recorded."
+)
 
 
-async def judge(repo: SessionRepo, broker: Broker, session: str, decision: DecisionInbound) -> None:
-    """Refuse `decision` unless it names exactly an open wait of its thread.
+def _anyone(_: object) -> frozenset[str] | None:
+    return None
+
+
+async def judge(
+    repo: SessionRepo,
+    broker: Broker,
+    session: str,
+    decision: DecisionInbound,
+    *,
+    approvers: Approvers = _anyone,
+    tool_approvers: ToolApprovers = _anyone,
+) -> None:
+    """Refuse `decision` unless it names exactly an open wait of its thread, from an approver.
+
+    `approvers`: the thread's profile's approvers (None: whoever the channel allows);
+    `tool_approvers`: a tool's own (None: the tool names none). The decider's id must be in
+    each set that is given.
 
     Raises:
-        DecisionRefused: no such wait in this thread, another run/session/batch, or closed.
+        DecisionRefused: no such wait in this thread, another run/session/batch, closed, or
+            the decider is not an approver (``not_allowed``).
         Unavailable: the store cannot be read now (the channel retries; nothing was stored).
     """
+    decider = decision.decided_by.id
+    allowed = approvers(decision.thread)
+    if allowed is not None and decider not in allowed:
+        raise DecisionRefused("not_allowed", NOT_AN_APPROVER_TEXT.format(what=""))
     try:
         storage = await repo.open(session)  # read-only: no lease taken
     except SessionError as exc:
@@ -51,7 +95,7 @@ async def judge(repo: SessionRepo, broker: Broker, session: str, decision: Decis
     except Exception as exc:
         raise Unavailable(f"the store is unavailable ({type(exc).__name__})") from exc
     try:
-        await _judge(storage, broker, session, decision)
+        await _judge(storage, broker, session, decision, tool_approvers)
     except (DecisionRefused, Unavailable):
         raise
     except Exception as exc:
@@ -62,7 +106,11 @@ async def judge(repo: SessionRepo, broker: Broker, session: str, decision: Decis
 
 
 async def _judge(
-    storage: SessionStorage, broker: Broker, session: str, decision: DecisionInbound
+    storage: SessionStorage,
+    broker: Broker,
+    session: str,
+    decision: DecisionInbound,
+    tool_approvers: ToolApprovers,
 ) -> None:
     requested = await storage.get_record(decision.wait_id)
     if requested is None:
@@ -74,6 +122,11 @@ async def _judge(
     wanted = sorted((p.tool_call_id, p.args_digest) for p in wait.calls)
     if decision.session not in (None, session) or decision.run_id != wait.run_id or given != wanted:
         raise DecisionRefused("mismatch", MISMATCH_TEXT)
+    for tool in sorted({call.tool_name for call in wait.calls}):
+        allowed = tool_approvers(tool)
+        if allowed is not None and decision.decided_by.id not in allowed:
+            what = f" (calls of {tool} need one of its own approvers)"
+            raise DecisionRefused("not_allowed", NOT_AN_APPROVER_TEXT.format(what=what))
     decided = await decided_of(storage, wait)
     if decided is not None and getattr(decided.record, "idempotency_key", None) == decision.slot:
         return  # this very decision, again (a retry, a double click): the inbox says duplicate

@@ -28,7 +28,7 @@ from adapters import (
 )
 from gateway.broker.contract import Broker, NewInboxItem, ThreadState
 from gateway.cuts import enqueue_cut_notice
-from gateway.decisions import judge
+from gateway.decisions import Approvers, ToolApprovers, judge
 from gateway.logs import event
 from harness_core import SessionRepo
 from harness_core.session.names import check_lane_name, check_session_id
@@ -46,12 +46,19 @@ class Intake:
         broker: Broker,
         route: Callable[[str, str], str | None],
         repo: SessionRepo | None = None,
+        *,
+        approvers: Approvers | None = None,
+        tool_approvers: ToolApprovers | None = None,
     ) -> None:
         self._broker = broker
         self._route = route
         """(channel, space) -> the session id, or None when nothing is bound."""
         self._repo = repo
         """Where decisions are judged before they are held (None: held unjudged, for tests)."""
+        self._approvers = approvers
+        """A thread's profile's approvers (None: whoever the channel allows)."""
+        self._tool_approvers = tool_approvers
+        """A tool's own approvers (None: no tool names its own)."""
 
     def _session_of(self, thread: ThreadRef) -> str:
         session = self._route(thread.channel, thread.space)
@@ -108,7 +115,14 @@ class Intake:
         lane = decision.thread.lane
         if self._repo is not None:
             try:
-                await judge(self._repo, self._broker, session, decision)
+                await judge(
+                    self._repo,
+                    self._broker,
+                    session,
+                    decision,
+                    approvers=self._approvers or _nobody_more,
+                    tool_approvers=self._tool_approvers or _nobody_more,
+                )
             except DecisionRefused as refused:
                 log.info(event("decision refused", session=session, lane=lane, reason=refused.code))
                 raise
@@ -185,6 +199,10 @@ class Intake:
             return await self._broker.marks.put(name, value, expect=expect)
         except Exception as exc:
             raise Unavailable(f"the broker is unavailable ({type(exc).__name__})") from exc
+
+
+def _nobody_more(_: object) -> frozenset[str] | None:
+    return None
 
 
 def _known(state: ThreadState) -> KnownThread | None:

@@ -35,11 +35,12 @@ from gateway.intake import Intake
 from gateway.logs import event, redact_with
 from gateway.mcp.health import McpServerHealth
 from gateway.metrics import Metrics
-from gateway.models import model_from_settings
+from gateway.models import PROVIDERS, ModelConfigError, model_from_settings
 from gateway.ops.api import OpsApi
 from gateway.ops.api.mcp import no_servers
 from gateway.ops.auth import OpsAuth, local_token, parse_tokens, token_file
 from gateway.plugin import load_plugin
+from gateway.profiles import LaneProfiles
 from gateway.redact import Redactor, redacting
 from gateway.reminders import remind
 from gateway.telemetry import flush_tracing, install_tracing
@@ -159,6 +160,7 @@ class Service:
         else:
             client, model = model_from_settings(settings)
             self._own(client)  # its providers' HTTP connections are closed when this stops
+            _check_profile_models(settings)
         client = redacting(client, self.redactor)  # a provider error may quote the key
         self.model = model
         tools = tuple(parts.tools) or tuple(plugin.tools)
@@ -169,7 +171,14 @@ class Service:
             named = {adapter.name for adapter in extra}
             adapters = [a for a in build_channels(settings, clock) if a.name not in named] + extra
         self.adapters = {adapter.name: adapter for adapter in adapters}
-        self.intake = Intake(self.broker, settings.route_for, self.repo)
+        profiles = LaneProfiles(settings, model)
+        self.intake = Intake(
+            self.broker,
+            settings.route_for,
+            self.repo,
+            approvers=profiles.approvers,
+            tool_approvers=self.tool_approvers,
+        )
         self.metrics = Metrics(
             self.repo,
             self.broker,
@@ -185,8 +194,9 @@ class Service:
                 model_client=client,
                 model=model,
                 tools=tools,
+                system_prompt=profiles.default_prompt(),  # a lane no profile was given yet
                 clock=clock,
-                max_attempts=settings.max_attempts,
+                max_attempts=settings.max_attempts,  # per lane: the worker's profiles
                 lease_renew_ms=int(settings.renew_seconds * 1000),
                 request_options=RequestOptions(max_output_tokens=settings.model_max_output_tokens),
                 tracer=tracer,
@@ -204,6 +214,7 @@ class Service:
             options,
             clock,
             self.metrics,
+            profiles,
         )
         self.deliverer = Deliverer(
             DelivererConfig(
@@ -251,6 +262,13 @@ class Service:
         if settings.approval_remind_seconds > 0:
             self._reminders = asyncio.create_task(self._remind(), name="approval-reminders")
         log.info(event("service started", worker=self.worker_id, adapters=sorted(self.adapters)))
+
+    def tool_approvers(self, tool: str) -> frozenset[str] | None:
+        """The approvers a tool's own configuration names (None: it names none).
+
+        Plugin tools name none; an MCP server's per-tool override may (the MCP source answers).
+        """
+        return None
 
     def _ops_auth(self) -> OpsAuth:
         """The configured tokens; with none (loopback only), the local token made at first start."""
@@ -437,3 +455,14 @@ class Service:
         if self._unredact is not None:
             self._unredact()
             self._unredact = None
+
+
+def _check_profile_models(settings: Settings) -> None:
+    """Refuse at start a profile whose model names no provider this gateway has."""
+    for profile in settings.profiles:
+        provider = (profile.model or "").partition(":")[0]
+        if profile.model is not None and provider not in PROVIDERS:
+            raise ModelConfigError(
+                f"profile {profile.name}: model={profile.model!r} names no known provider "
+                f"(expected one of {', '.join(PROVIDERS)})"
+            )

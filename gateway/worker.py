@@ -20,6 +20,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import dataclasses
 import logging
 from collections.abc import Awaitable, Callable
 from dataclasses import dataclass, field
@@ -27,7 +28,7 @@ from typing import Any, Final, Literal
 
 from pydantic import ValidationError
 
-from adapters import DecisionInbound, Inbound
+from adapters import DecisionInbound, Inbound, ThreadRef
 from gateway.broker.contract import Broker, InboxItem, SessionTicket
 from gateway.cuts import agent_notes
 from gateway.incarnation import gone
@@ -35,6 +36,7 @@ from gateway.lane_status import attempt_began, parked_mark
 from gateway.logs import event
 from gateway.metrics import Metrics
 from gateway.operator_actions import OperatorAction, carry_out
+from gateway.profiles import LaneProfile, LaneProfiles, lane_profile
 from gateway.replies import (
     LATE_DECISION_TEXT,
     MISMATCHED_DECISION_TEXT,
@@ -55,6 +57,9 @@ from harness_core import (
     AgentHarnessOptions,
     AgentLane,
     ApprovalDecision,
+    BeforeRunEvent,
+    BeforeRunResult,
+    BranchQuery,
     Clock,
     Err,
     HarnessClosed,
@@ -80,6 +85,9 @@ _LEASE_MARGIN_MS = 100
 _CUT_GRACE_S = 3.0
 """How long cut sessions get to end their loops (cancel lane work, release) before their slot
 is cancelled."""
+
+_NEWEST_MESSAGE = BranchQuery(start="", type="message", limit=1)
+"""A lane's newest message on its path (the lane's leaf fills `start`)."""
 
 OptionsFactory = Callable[[SessionStorage], AgentHarnessOptions]
 """The harness options of a session (the model, tools and policies are the service's)."""
@@ -123,6 +131,10 @@ class _Session:
     """Per lane: held by the decision being judged, so decisions meet the lane in inbox order."""
     judged: dict[str, Callable[[], None]] = field(default_factory=dict)
     """Per lane: releases `deciding` once the lane recorded a decision (the run goes on)."""
+    threads: dict[str, ThreadRef] = field(default_factory=dict)
+    """The threads of lanes seen in this take (their profile's attempt cap is asked by lane)."""
+    tools: tuple[str, ...] = ()
+    """The names of the harness's tools (what a profile's patterns select from)."""
 
 
 class Worker:
@@ -136,9 +148,12 @@ class Worker:
         options: OptionsFactory,
         clock: Clock,
         metrics: Metrics | None = None,
+        profiles: LaneProfiles | None = None,
     ) -> None:
         self.config = config
         self._metrics = metrics
+        self._profiles = profiles
+        """The agent profiles lanes are given (None: every lane has the harness's options)."""
         self._repo = repo
         self._broker = broker
         self._options = options
@@ -235,15 +250,24 @@ class Worker:
         except BaseException:
             await self._release(lease)
             raise
+        threads: dict[str, ThreadRef] = {}
         try:
-            harness, suspended = await AgentHarness.create(self._options(storage))
+            options = await self._session_options(session_id, storage, threads)
+            harness, suspended = await AgentHarness.create(options)
         except BaseException:  # a restore cut by a stop, or failed: nothing was done yet
             with contextlib.suppress(Exception):
                 await storage.close()
             await self._release(lease)
             raise
         unwatch = self._metrics.watch(harness) if self._metrics is not None else None
-        session = _Session(ticket=ticket, harness=harness, storage=storage)
+        session = _Session(
+            ticket=ticket,
+            harness=harness,
+            storage=storage,
+            threads=threads,
+            tools=tuple(tool.name for tool in options.tools),
+        )
+        unprompt = self._prompting(harness)
         # a decided wait is closed at once on every copy of its request, not when its run ends
         unlisten = harness.events.on("approval_decided", lambda e: self._decided(session, e))
         self.active[session_id] = session
@@ -283,6 +307,7 @@ class Worker:
                 task.cancel()
             await asyncio.gather(*session.tasks, return_exceptions=True)
             unlisten()
+            unprompt()
             if unwatch is not None:
                 unwatch()
             await harness.close()
@@ -299,6 +324,53 @@ class Worker:
         if faulted:
             return _LAPSE
         return 0 if interrupted else None
+
+    async def _session_options(
+        self, session_id: str, storage: SessionStorage, threads: dict[str, ThreadRef]
+    ) -> AgentHarnessOptions:
+        """The session's harness options; with profiles, each lane's attempt cap its profile's.
+
+        A lane's cap is asked at the restore, before any message names the lane's thread: the
+        threads of the lanes with an open operation are read first (a bounded read, like the
+        restore's own), and `threads` learns the others as messages and decisions arrive.
+        """
+        options = self._options(storage)
+        profiles = self._profiles
+        if profiles is None:
+            return options
+        for started in await storage.find_open_operations(None):
+            lane = getattr(started.record, "lane", None)
+            if isinstance(lane, str) and lane not in threads:
+                thread = await self._thread_of(session_id, lane)
+                if thread is not None:
+                    threads[lane] = thread
+        return dataclasses.replace(
+            options, max_attempts=lambda lane: profiles.attempts(threads.get(lane))
+        )
+
+    async def _thread_of(self, session_id: str, lane: str) -> ThreadRef | None:
+        """The channel thread a lane answers, as the broker remembers it (None: unknown)."""
+        state = await self._broker.threads.get(session_id, lane)
+        if state is None:
+            return None
+        try:
+            return ThreadRef.model_validate(dict(state.thread))
+        except ValidationError:
+            return None
+
+    def _prompting(self, harness: AgentHarness) -> Callable[[], None]:
+        """Fix each run's system prompt when it starts: its lane's profile's (see profiles)."""
+        profiles = self._profiles
+        if profiles is None:
+            return lambda: None
+
+        async def before_run(event: BeforeRunEvent) -> BeforeRunResult | None:
+            lane = await harness.lane(event.lane)
+            given = await lane_profile(lane) if lane is not None else None
+            prompt = profiles.prompt(given)
+            return None if prompt is None else BeforeRunResult(system_prompt=prompt)
+
+        return harness.hooks.on("before_run", before_run, id="gateway.profile")
 
     async def _release(self, lease: Any) -> bool:
         """Give the session's lease up (False: it was no longer ours, or the store failed)."""
@@ -586,10 +658,19 @@ class Worker:
             await inbox.ack(item.session, item.id)
             return
         fresh = bool(inbound.context) and await self._fresh(lane)
-        text = _text_of(inbound, with_context=fresh)
+        profiles = self._profiles
+        session.threads[lane.name] = inbound.thread
         policy = self.config.busy_policy
+        if profiles is not None:
+            policy = profiles.of(inbound.thread).busy_policy or policy
         for _ in range(3):  # the lane may go idle or busy between two calls
             if not await self._busy(lane):
+                given = None
+                if profiles is not None:  # idle: the run about to start takes the profile
+                    given = await profiles.apply(
+                        lane, inbound.thread, inbound.author, session.tools
+                    )
+                text = _text_of(inbound, with_context=fresh, tag=self._tag(given, inbound))
                 started = await lane.start(text, entry_id=entry_id)
                 if isinstance(started, Ok):
                     self._track(session, lane.name, started.value.outcome())
@@ -605,6 +686,8 @@ class Worker:
             if policy == "next_run":
                 return  # stays pending: it starts the lane's next run
             queue = lane.steer if policy == "steer" else lane.follow_up
+            given = await lane_profile(lane) if profiles is not None else None
+            text = _text_of(inbound, with_context=fresh, tag=self._tag(given, inbound))
             queued = await queue(text, entry_id=entry_id)
             if isinstance(queued, Ok):
                 await inbox.ack(item.session, item.id)
@@ -614,6 +697,12 @@ class Worker:
                 await self._refuse(item, queued.error.tag)
                 return
         # still racing, or a compaction holds the lane: pending until the next look
+
+    def _tag(self, given: LaneProfile | None, inbound: Inbound) -> str | None:
+        """Who wrote `inbound`, when the lane's system prompt does not already say so."""
+        if self._profiles is None or given is None:
+            return None
+        return self._profiles.tag(given, inbound.author)
 
     def _accepted(self, inbound: Inbound) -> None:
         if self._metrics is not None:
@@ -628,9 +717,17 @@ class Worker:
             await enqueue_refusal_notice(self._broker, state, item.id, now_ms=self._clock.now_ms())
 
     async def _fresh(self, lane: AgentLane) -> bool:
-        """Whether the lane holds no entry yet (a thread's context goes into its first message)."""
+        """Whether the lane holds no message yet (a thread's context goes into its first one).
+
+        Its profile's entries may be there already (written just before a run that a crash
+        then kept from starting): they are not messages.
+        """
         info = await lane.info()  # this lane's status only: a session may hold thousands
-        return info.leaf_id is None and info.operation_id is None
+        if info.operation_id is not None:
+            return False
+        if info.leaf_id is None:
+            return True
+        return not await lane.session.find_entries_on_branch(_NEWEST_MESSAGE)
 
     async def _busy(self, lane: AgentLane) -> bool:
         return (await lane.info()).operation_id is not None
@@ -639,6 +736,10 @@ class Worker:
         self, session: _Session, item: InboxItem, lane: AgentLane, action: OperatorAction
     ) -> None:
         try:
+            if self._profiles is not None and lane.name not in session.threads:
+                thread = await self._thread_of(session.ticket.session, lane.name)
+                if thread is not None:  # a resume or unstick is judged by the lane's cap
+                    session.threads[lane.name] = thread
             await carry_out(action, lane, session.storage, self._broker, self._clock)
             await self._broker.inbox.ack(item.session, item.id)
         finally:
@@ -678,6 +779,7 @@ class Worker:
         waits only until this one is recorded (`ApprovalDecidedEvent`) or refused, so the first
         decision accepted is the first the lane judges, on every backend.
         """
+        session.threads.setdefault(lane.name, decision.thread)
         gate = session.deciding.setdefault(lane.name, asyncio.Lock())
         await gate.acquire()
         released = False
@@ -746,11 +848,12 @@ def _not_applied(refusal: Any) -> str | None:
     return None
 
 
-def _text_of(inbound: Inbound, *, with_context: bool = False) -> str:
+def _text_of(inbound: Inbound, *, with_context: bool = False, tag: str | None = None) -> str:
     """The user message for an inbound message: its text, then its attachments' metadata.
 
     `with_context` (the message starts its lane): the thread's earlier messages come first, one
-    per line with their author, so the model reads the conversation it was called into.
+    per line with their author, so the model reads the conversation it was called into. `tag`
+    (who wrote it, when not the thread's starter: `gateway.profiles.author_tag`) opens the text.
     """
     lines = []
     if with_context and inbound.context:
@@ -762,7 +865,9 @@ def _text_of(inbound: Inbound, *, with_context: bool = False) -> str:
             lines.append(f"{who}: {earlier.text}")
         lines.append("")
         lines.append("The message to you:")
-    if inbound.text:
+    if tag is not None:
+        lines.append(f"{tag} {inbound.text}" if inbound.text else tag)
+    elif inbound.text:
         lines.append(inbound.text)
     for attachment in inbound.attachments:
         lines.append(

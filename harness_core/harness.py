@@ -1016,7 +1016,7 @@ def _status(lane: LaneRuntime, op: OperationState | None) -> LaneStatus:
         op,
         faulted=lane.fault is not None,
         running=lane.task is not None,
-        max_attempts=lane.runtime.options.max_attempts,
+        max_attempts=lane.runtime.options.max_attempts_of(lane.name),
     )
 
 
@@ -1063,7 +1063,7 @@ def _live_info(lane: LaneRuntime) -> LaneInfo:
         lane.state,
         fault=lane.fault,
         running=lane.task is not None,
-        max_attempts=lane.runtime.options.max_attempts,
+        max_attempts=lane.runtime.options.max_attempts_of(lane.name),
     )
 
 
@@ -1229,7 +1229,10 @@ class AgentHarness(AgentLane):
                     raise state
                 else:
                     infos[name] = _info(
-                        state, fault=None, running=False, max_attempts=options.max_attempts
+                        state,
+                        fault=None,
+                        running=False,
+                        max_attempts=options.max_attempts_of(name),
                     )
         runtime.check()
         infos.update((name, _live_info(lane)) for name, lane in runtime.lanes.items())
@@ -1320,7 +1323,7 @@ class AgentHarness(AgentLane):
 
     def _stuck(self, lane: str, op: OperationState) -> LaneStuck | None:
         """Why an interrupted operation may not run again without an operator, or None."""
-        limit = self._rt.options.max_attempts
+        limit = self._rt.options.max_attempts_of(lane)
         if _reason(op) != "crash" or op.aborting or op.attempts < limit:
             return None
         activity = _last_activity(op)

@@ -66,6 +66,10 @@ class CompactionSettings:
 SystemPrompt = str | Callable[[str], str] | None
 """A fixed system prompt, or a function of the lane name evaluated per request."""
 
+AttemptCap = int | Callable[[str], int]
+"""A number of attempts for every lane, or a function of the lane name (asked whenever a lane's
+attempts are judged: at restore, at each resume, in a lane's status)."""
+
 
 @dataclass(kw_only=True)
 class AgentHarnessOptions:
@@ -90,9 +94,16 @@ class AgentHarnessOptions:
     lease_renew_ms: int | None = None
     """While lanes work, renew the writer lease this long after the last confirmed renewal
     (None: at half-life). A service sets it below a third of the lease (a13n §6.4)."""
-    max_attempts: int = 3
+    max_attempts: AttemptCap = 3
     """Executions of one operation (its first, plus each resume after a crash) before its lane
-    is parked stuck; per-request retries are `retry.max_attempts`."""
+    is parked stuck, for every lane or per lane (a function of the lane's name: a service whose
+    lanes serve different agents); per-request retries are `retry.max_attempts`."""
+
+    def max_attempts_of(self, lane: str) -> int:
+        """Lane `lane`'s attempt cap (`max_attempts`, asked of the lane when a function)."""
+        cap = self.max_attempts
+        return cap(lane) if callable(cap) else cap
+
     max_idle_lanes: int = 256
     """Idle lanes kept in memory, least recently used dropped first (at least 0). A session can
     hold many thousands of lanes (a Slack channel's threads): only lanes with an open operation

@@ -89,6 +89,8 @@ def approval_router(channel: EmailChannel) -> APIRouter:
         try:
             acceptance = await sink.decide(decision)
         except DecisionRefused as refused:
+            if refused.code == "not_allowed":
+                return _page(403, "Not an approver", f"<p>{html.escape(refused.message)}</p>")
             title = "Already decided" if refused.code == "closed" else "Nothing to decide"
             return _page(409, title, f"<p>{html.escape(refused.message)}</p>")
         except NotRouted:

@@ -104,6 +104,7 @@ WebRefusal = Literal[
     "empty_text",  # 400
     "text_too_long",  # 400: text over the length limit
     "cross_site",  # 403: a write from another site
+    "not_approver",  # 403: a decision from someone the agent's profile does not name
     "not_routed",  # 404: no route takes the space
     "no_such_request",  # 409: a decision nothing in the thread waits for
     "not_the_request",  # 409: a decision naming another run, calls or arguments
@@ -117,8 +118,10 @@ _REFUSED_DECISION: dict[str, WebRefusal] = {
     "no_wait": "no_such_request",
     "mismatch": "not_the_request",
     "closed": "no_longer_waiting",
+    "not_allowed": "not_approver",
 }
-"""The 409 codes of a decision that can change nothing (`DecisionRefused.code`)."""
+"""The codes of a decision that can change nothing (`DecisionRefused.code`): 409, or 403 for
+one from someone who is not an approver."""
 _UNION_TAGS = frozenset({"str", "_AuthorIn"})
 """How pydantic names the branches of ``str | _AuthorIn`` in an error's location."""
 
@@ -426,7 +429,8 @@ class WebChannel:
         except NotRouted as exc:
             raise _Refused(404, "not_routed", str(exc) or "no session serves this space") from None
         except DecisionRefused as exc:  # it could change nothing: nothing was stored
-            raise _Refused(409, _REFUSED_DECISION[exc.code], exc.message) from None
+            status = 403 if exc.code == "not_allowed" else 409
+            raise _Refused(status, _REFUSED_DECISION[exc.code], exc.message) from None
         except Unavailable as exc:
             raise _Refused(
                 503,

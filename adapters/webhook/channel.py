@@ -95,6 +95,7 @@ _REFUSED_DECISION: dict[str, WebhookRefusal] = {
     "no_wait": "no_such_request",
     "mismatch": "not_the_request",
     "closed": "no_longer_waiting",
+    "not_allowed": "not_approver",
 }
 
 
@@ -402,7 +403,8 @@ class WebhookChannel:
         except NotRouted as exc:
             raise _Refused(404, "not_routed", str(exc) or "no session serves this space") from None
         except DecisionRefused as exc:  # it could change nothing: nothing was stored
-            raise _Refused(409, _REFUSED_DECISION[exc.code], exc.message) from None
+            status = 403 if exc.code == "not_allowed" else 409
+            raise _Refused(status, _REFUSED_DECISION[exc.code], exc.message) from None
         except Unavailable as exc:
             raise _Refused(
                 503,

@@ -23,6 +23,7 @@ from gateway.ops.views import (
     UsageItem,
     lane_id,
 )
+from gateway.profiles import PROFILE_ENTRY
 from harness_core import (
     LaneInspection,
     SessionError,
@@ -32,6 +33,7 @@ from harness_core import (
     recovery_of,
 )
 from harness_core.session import LaneMove, MessageEntry, RecordQuery, StoredEntry, StoredRecord
+from harness_core.session.entries import ActiveToolsChangeEntry, CustomEntry, ModelChangeEntry
 from harness_core.session.records import ToolStarted, Usage
 
 __all__ = [
@@ -216,7 +218,26 @@ def _entry_summary(entry: Any) -> str:
         stop = getattr(message, "stop_reason", None)
         tail = f" [{stop}]" if stop not in (None, "stop", "tool_use") else ""
         return _clip(f"{head}: {' '.join(texts) or '(no text)'}{tail}")
-    return _clip(f"{entry.type}")
+    return _clip(_configuration_summary(entry) or f"{entry.type}")
+
+
+def _configuration_summary(entry: Any) -> str | None:
+    """A configuration entry in words: a lane's model, tools or profile changed here."""
+    if isinstance(entry, ModelChangeEntry):
+        return f"model: {entry.provider}:{entry.model_id}"
+    if isinstance(entry, ActiveToolsChangeEntry):
+        return f"tools: {', '.join(entry.active_tool_names) or '(none)'}"
+    if isinstance(entry, CustomEntry) and entry.custom_type == PROFILE_ENTRY:
+        data = entry.data if isinstance(entry.data, dict) else {}
+        tools = data.get("tools")
+        shown = ", ".join(map(str, tools)) if isinstance(tools, list | tuple) else "?"
+        return (
+            f"profile {data.get('profile', '?')} ({data.get('digest', '?')}): "
+            f"model {data.get('model', '?')}, tools {shown or '(none)'}"
+        )
+    if isinstance(entry, CustomEntry):
+        return f"custom {entry.custom_type}"
+    return None
 
 
 def _record_summary(record: Any) -> str:

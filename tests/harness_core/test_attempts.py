@@ -199,3 +199,36 @@ async def test_the_reducer_refuses_attempts_that_do_not_follow(
     (info,) = await reopened.harness.lanes()
     assert info.status == "faulted" and "attempts_not_consecutive" in (info.fault or "")
     task.cancel()
+
+
+async def test_max_attempts_may_be_a_function_of_the_lane(backend: str, tmp_path: Path) -> None:
+    crashing = CrashingTool(crashes=2)
+    caps = {"main": 3, "strict": 1}
+    kit = await make_kit(
+        backend, tmp_path, [tool_calls(("work", {}, "c1")), tool_calls(("work", {}, "c2"))],
+        tools=[crashing.tool()], max_attempts=caps.__getitem__,
+    )  # fmt: skip
+    strict = await kit.harness.create_lane("strict", None)
+    assert isinstance(strict, Ok)
+    tasks = [asyncio.ensure_future(kit.harness.prompt("go"))]
+    await crashing.started.wait()
+    crashing.started.clear()
+    tasks.append(asyncio.ensure_future(strict.value.prompt("go")))
+    await crashing.started.wait()  # both lanes are inside the tool: the process dies
+    kit = await kit.reopen(script=[text("done")], tools=[crashing.tool()])
+    by_lane = {op.lane: op for op in kit.suspended}
+    assert (by_lane["strict"].attempts, by_lane["strict"].stuck) == (1, True)
+    assert (by_lane["main"].attempts, by_lane["main"].stuck) == (1, False)
+    assert {i.name: i.status for i in await kit.harness.lanes()} == {
+        "main": "suspended",
+        "strict": "stuck",
+    }
+    lane = await kit.harness.lane("strict")
+    assert lane is not None
+    refused = await lane.resume()
+    assert isinstance(refused, Err) and refused.error.tag == "LaneStuck"
+    assert refused.error.max_attempts == 1  # type: ignore[union-attr]
+    resumed = await kit.harness.resume()
+    assert isinstance(resumed, Ok) and resumed.value.kind == "completed"
+    for task in tasks:
+        task.cancel()

@@ -1,0 +1,384 @@
+"""Agent profiles in one deployment: two routes, two agents (issue 26, item 4).
+
+A whole `Service` on SQLite with the real web channel and a scripted model that records every
+request. The web space ``oncall`` routes to the ``oncall`` profile (deploy tools, approvers,
+one attempt), the space ``support`` to the ``support`` profile (ticket tools minus delete, its
+own model, ``next_run``). Each thread's model requests carry only its profile's tools and its
+instructions with where it is; a profile changed between two runs takes effect on the next
+run and shows in the lane's timeline, while a run resumed after a restart keeps what it began
+with; busy policy, attempt cap and approvers follow the thread's profile.
+"""
+
+from __future__ import annotations
+
+import asyncio
+from collections.abc import AsyncIterator, Callable
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import httpx
+import pytest
+from pydantic import BaseModel
+
+from config import Profile, Route, Settings
+from gateway.channels import gateway_settings
+from gateway.ops.views import lane_id
+from gateway.service import Service, ServiceParts
+from harness_core import (
+    AssistantMessage,
+    ModelRef,
+    ModelRequest,
+    ScriptedModel,
+    Tool,
+    ToolContext,
+    ToolResultMessage,
+    UserMessage,
+    message_text,
+    tool,
+)
+from harness_core.models.scripted import text, tool_call
+from tests.support.gateway_rig import decision_body
+
+OPERATOR = "operator-secret-abcdefghijklmnop"
+AS_OPERATOR = {"Authorization": f"Bearer {OPERATOR}"}
+MODEL = ModelRef(provider="scripted", model_id="house")
+ONCALL = Profile(
+    name="oncall",
+    instructions="You are the on-call agent. Deploy only what you are asked to.",
+    allow_tools=("deploys.*", "search_docs", "hold"),
+    approvers=("alice", "bob"),
+    max_attempts=1,
+)
+SUPPORT = Profile(
+    name="support",
+    instructions="You help customers with their tickets.",
+    model="scripted:support-model",
+    allow_tools=("tickets.*", "hold"),
+    deny_tools=("tickets.delete",),
+    busy_policy="next_run",
+)
+
+
+class Target(BaseModel):
+    target: str = "prod"
+
+
+@dataclass
+class Agent:
+    """The tools (dotted names stand for MCP tools) and a gate that holds ``hold`` calls."""
+
+    release: asyncio.Event = field(default_factory=asyncio.Event)
+    holding: dict[str, asyncio.Event] = field(default_factory=dict)
+
+    def held(self, lane: str) -> asyncio.Event:
+        return self.holding.setdefault(lane, asyncio.Event())
+
+    def tools(self) -> list[Tool]:
+        @tool(name="tickets.search", replay="safe")
+        async def search(args: dict[str, Any], ctx: ToolContext) -> str:
+            "Search tickets."
+            return "ticket 7"
+
+        @tool(name="tickets.delete")
+        async def delete(args: dict[str, Any], ctx: ToolContext) -> str:
+            "Delete a ticket."
+            return "deleted"
+
+        @tool(name="deploys.run", requires_approval=True)
+        async def deploy(args: Target, ctx: ToolContext) -> str:
+            "Deploy a target."
+            return f"deployed {args.target}"
+
+        @tool(name="search_docs", replay="safe")
+        async def docs(args: dict[str, Any], ctx: ToolContext) -> str:
+            "Search the docs."
+            return "the docs"
+
+        @tool(name="hold", replay="safe")
+        async def hold(args: dict[str, Any], ctx: ToolContext) -> str:
+            "Wait until released."
+            self.held(ctx.lane).set()
+            await self.release.wait()
+            return "held"
+
+        return [search, delete, deploy, docs, hold]
+
+
+def respond(request: ModelRequest) -> AssistantMessage:
+    """``/deploy`` and ``/hold`` call those tools; a tool result is acknowledged; else echo."""
+    last = request.messages[-1]
+    if isinstance(last, ToolResultMessage):
+        return text(f"Done: {message_text(last)}")
+    users = [m for m in request.messages if isinstance(m, UserMessage)]
+    said = message_text(users[-1]).split("] ")[-1] if users else ""
+    if said == "/deploy":
+        return tool_call("deploys.run", {"target": "prod"})
+    if said == "/hold":
+        return tool_call("hold", {})
+    return text(f"You said: {said}")
+
+
+@dataclass
+class Deployment:
+    """A running service with the two routes, its HTTP client and its model's requests."""
+
+    service: Service
+    http: httpx.AsyncClient
+    model: ScriptedModel
+
+    async def post(self, space: str, thread: str, said: str, author: Any = "alice") -> None:
+        body = {"text": said, "space": space, "author": author}
+        response = await self.http.post(f"/web/threads/{thread}/messages", json=body)
+        assert response.status_code == 202, response.text
+
+    async def items(self, space: str, thread: str) -> list[dict[str, Any]]:
+        response = await self.http.get(f"/web/threads/{thread}?space={space}")
+        found: list[dict[str, Any]] = response.json()["items"]
+        return found
+
+    async def answers(self, space: str, thread: str, count: int) -> list[dict[str, Any]]:
+        deadline = asyncio.get_running_loop().time() + 15
+        while True:
+            found = [
+                i
+                for i in await self.items(space, thread)
+                if i["kind"] not in ("message", "decision", "approval_closed")
+            ]
+            if len(found) >= count:
+                return found
+            assert asyncio.get_running_loop().time() < deadline, found
+            await asyncio.sleep(0.02)
+
+    def asked(self, marker: str) -> list[ModelRequest]:
+        """The model requests whose conversation began with a message holding `marker`."""
+        return [
+            r
+            for r in self.model.requests
+            if any(isinstance(m, UserMessage) and marker in message_text(m) for m in r.messages)
+        ]
+
+    async def timeline(self, session: str, lane: str) -> list[str]:
+        path = f"/api/v1/lanes/{lane_id(session, lane)}/timeline?limit=500"
+        response = await self.http.get(path, headers=AS_OPERATOR)
+        assert response.status_code == 200, response.text
+        return [item["summary"] for item in response.json()["items"]]
+
+
+def _settings(tmp_path: Path, oncall: Profile = ONCALL, support: Profile = SUPPORT) -> Settings:
+    return gateway_settings(
+        store_url=f"sqlite:///{tmp_path}/store.db",
+        broker_url=f"sqlite:///{tmp_path}/broker.db",
+        web_url=f"sqlite:///{tmp_path}/web.db",
+        lease_seconds=6,
+        renew_seconds=1,
+        ops_tokens=(f"alice:operator:{OPERATOR}",),
+        instructions="You are the house agent.",
+        profiles=(oncall, support),
+        routes=(
+            Route(channel="web", space="oncall", session="oncall", profile="oncall"),
+            Route(channel="web", space="support", session="support", profile="support"),
+            Route(channel="web", space="*", session="web"),
+        ),
+    )
+
+
+Deploy = Callable[..., Any]
+
+
+@pytest.fixture
+async def deploy(tmp_path: Path) -> AsyncIterator[Deploy]:
+    """Start deployments (one at a time: stop the last before starting the next)."""
+    running: list[Service] = []
+    clients: list[httpx.AsyncClient] = []
+
+    async def start(agent: Agent, settings: Settings | None = None, **overrides: Any) -> Deployment:
+        model = ScriptedModel(responder=respond)
+        service = Service(
+            settings or _settings(tmp_path),
+            ServiceParts(model_client=model, model=MODEL, tools=agent.tools()),
+        )
+        for name, value in overrides.items():
+            setattr(service, name, value)
+        await service.start()
+        running.append(service)
+        assert service.app is not None
+        http = httpx.AsyncClient(
+            transport=httpx.ASGITransport(app=service.app), base_url="http://localhost"
+        )
+        clients.append(http)
+        return Deployment(service, http, model)
+
+    yield start
+    for http in clients:
+        await http.aclose()
+    for service in running:
+        await service.stop(drain_seconds=0.5)
+
+
+def _tools(request: ModelRequest) -> set[str]:
+    return {definition.name for definition in request.tools}
+
+
+async def test_each_thread_sees_only_its_profile_tools_and_instructions(deploy: Deploy) -> None:
+    web = await deploy(Agent())
+    await web.post("oncall", "pager", "hello oncall")
+    await web.post("support", "ticket-1", "hello support")
+    await web.post("elsewhere", "chat", "hello house")
+    assert (await web.answers("oncall", "pager", 1))[0]["text"] == "You said: hello oncall"
+    assert (await web.answers("support", "ticket-1", 1))[0]["text"] == "You said: hello support"
+    assert (await web.answers("elsewhere", "chat", 1))[0]["text"] == "You said: hello house"
+
+    [oncall] = web.asked("hello oncall")
+    assert _tools(oncall) == {"deploys.run", "search_docs", "hold"}
+    assert oncall.model == MODEL  # the profile sets none: the service's
+    assert oncall.system_prompt is not None
+    assert oncall.system_prompt.startswith(ONCALL.instructions or "")
+    assert "Channel: web\nSpace: oncall\nThread: pager\nStarted by: alice" in oncall.system_prompt
+    assert "help customers" not in oncall.system_prompt
+
+    [support] = web.asked("hello support")
+    assert _tools(support) == {"tickets.search", "hold"}  # tickets.delete is denied
+    assert support.model == ModelRef(provider="scripted", model_id="support-model")
+    assert support.system_prompt is not None
+    assert support.system_prompt.startswith("You help customers with their tickets.")
+    assert "Space: support\nThread: ticket-1" in support.system_prompt
+
+    [house] = web.asked("hello house")  # no profile named: the default, all tools
+    assert _tools(house) == {
+        "tickets.search",
+        "tickets.delete",
+        "deploys.run",
+        "search_docs",
+        "hold",
+    }
+    assert house.system_prompt is not None
+    assert house.system_prompt.startswith("You are the house agent.")
+
+
+async def test_who_wrote_is_a_bounded_tag_unless_they_started_the_thread(deploy: Deploy) -> None:
+    web = await deploy(Agent())
+    await web.post("oncall", "pager", "first", author={"id": "U1", "name": "Alice"})
+    await web.answers("oncall", "pager", 1)
+    await web.post(
+        "oncall", "pager", "second", author={"id": "U2", "name": "Bob [admin]\n" + "x" * 80}
+    )
+    await web.post("oncall", "pager", "third", author={"id": "U1", "name": "Alice"})
+    await web.answers("oncall", "pager", 3)
+    last = web.model.requests[-1]
+    said = [message_text(m) for m in last.messages if isinstance(m, UserMessage)]
+    assert said[0] == "first" and said[2] == "third"  # the starter, named in the prompt
+    assert said[1].startswith("[Bob admin x") and said[1].endswith("(U2)] second")
+    assert len(said[1]) < 100  # the name is cut to 64 characters, brackets taken out
+    assert last.system_prompt is not None and "Started by: Alice (U1)" in last.system_prompt
+    prompts = {r.system_prompt for r in web.asked("first")}
+    assert len(prompts) == 1  # stable for the lane's every request (the provider's cache holds)
+
+
+async def test_a_profile_change_takes_effect_on_the_next_run_and_shows_in_the_timeline(
+    deploy: Deploy, tmp_path: Path
+) -> None:
+    agent = Agent()
+    web = await deploy(agent)
+    await web.post("oncall", "pager", "/deploy")  # waits for approval, across the change
+    [asked] = await web.answers("oncall", "pager", 1)
+    await web.service.stop(drain_seconds=0.5)
+
+    changed = ONCALL.model_copy(
+        update={"instructions": "New rules: deploy on Tuesdays.", "allow_tools": ("tickets.*",)}
+    )
+    web = await deploy(agent, _settings(tmp_path, oncall=changed))
+    body = {**decision_body(asked["approval"], approved=True, key="k1"), "space": "oncall"}
+    decided = await web.http.post("/web/threads/pager/decisions", json={**body, "author": "alice"})
+    assert decided.status_code == 202, decided.text
+    assert (await web.answers("oncall", "pager", 2))[1]["text"] == "Done: deployed prod"
+    [resumed] = web.model.requests  # the run resumed after the restart: what it began with
+    assert resumed.system_prompt is not None
+    assert resumed.system_prompt.startswith("You are the on-call agent.")
+    assert _tools(resumed) == {"deploys.run", "search_docs", "hold"}
+
+    await web.post("oncall", "pager", "after the change")
+    await web.answers("oncall", "pager", 3)
+    [after] = web.asked("after the change")[-1:]
+    assert after.system_prompt is not None
+    assert after.system_prompt.startswith("New rules: deploy on Tuesdays.")
+    assert _tools(after) == {"tickets.search", "tickets.delete"}
+
+    summaries = await web.timeline("oncall", "web:pager")
+    profiles = [s for s in summaries if s.startswith("profile oncall")]
+    before = _settings(tmp_path).profile_named("oncall")
+    now = _settings(tmp_path, oncall=changed).profile_named("oncall")
+    assert before is not None and now is not None
+    assert profiles == [
+        f"profile oncall ({before.digest()}): model scripted:house, tools "
+        "deploys.run, search_docs, hold",
+        f"profile oncall ({now.digest()}): model scripted:house, tools "
+        "tickets.search, tickets.delete",
+    ]
+    assert "tools: tickets.search, tickets.delete" in summaries
+    change = summaries.index(profiles[1])
+    tools = summaries.index("tools: tickets.search, tickets.delete")
+    done = summaries.index("assistant: Done: deployed prod")
+    assert done < tools < change < summaries.index("user: after the change")  # between runs
+
+
+async def test_busy_policy_is_the_profile_s(deploy: Deploy) -> None:
+    agent = Agent()
+    web = await deploy(agent)
+    await web.post("oncall", "pager", "/hold")  # steer (the top level's)
+    await web.post("support", "ticket-1", "/hold")  # next_run (the profile's)
+    await agent.held("web:pager").wait()
+    await agent.held("web:ticket-1").wait()
+    await web.post("oncall", "pager", "steered in")
+    await web.post("support", "ticket-1", "after it")
+    broker = web.service.broker
+    assert broker is not None
+    deadline = asyncio.get_running_loop().time() + 15
+    while await broker.inbox.pending("oncall", limit=8):  # steered: taken by the running run
+        assert asyncio.get_running_loop().time() < deadline
+        await asyncio.sleep(0.02)
+    [waiting] = await broker.inbox.pending("support", limit=8)  # next_run: waits for the run
+    assert waiting.payload["text"] == "after it"
+    agent.release.set()
+    steered = await web.answers("oncall", "pager", 1)
+    assert [a["text"] for a in steered] == ["You said: steered in"]  # in the same run
+    queued = await web.answers("support", "ticket-1", 2)
+    assert [a["text"] for a in queued] == ["Done: held", "You said: after it"]  # a run of its own
+
+
+async def test_the_attempt_cap_is_the_profile_s(deploy: Deploy, tmp_path: Path) -> None:
+    agent = Agent()
+    web = await deploy(agent)
+    await web.post("oncall", "pager", "/hold")  # max_attempts 1 (the profile's)
+    await web.post("support", "ticket-1", "/hold")  # 3 (the top level's)
+    await agent.held("web:pager").wait()
+    await agent.held("web:ticket-1").wait()
+    await web.service.stop(drain_seconds=0.1)  # both runs cut inside the tool
+
+    agent.release.set()
+    web = await deploy(agent)
+    [stuck] = await web.answers("oncall", "pager", 1)
+    assert stuck["kind"] == "failure_notice" and "stuck" in stuck["text"]
+    [done] = await web.answers("support", "ticket-1", 1)
+    assert done["text"] == "Done: held"  # resumed: its second attempt
+
+
+async def test_only_the_profile_s_and_the_tool_s_approvers_decide(deploy: Deploy) -> None:
+    def tool_approvers(name: str) -> frozenset[str] | None:
+        return frozenset({"bob"}) if name == "deploys.run" else None
+
+    web = await deploy(Agent(), tool_approvers=tool_approvers)
+    await web.post("oncall", "pager", "/deploy")
+    [asked] = await web.answers("oncall", "pager", 1)
+    body = {**decision_body(asked["approval"], approved=True, key="k1"), "space": "oncall"}
+    for who, because in (("mallory", "approvers of this request,"), ("alice", "deploys.run")):
+        refused = await web.http.post("/web/threads/pager/decisions", json={**body, "author": who})
+        assert refused.status_code == 403, refused.text
+        error = refused.json()["error"]
+        assert error["code"] == "not_approver" and because in error["message"]
+        assert error["message"].endswith("Nothing was recorded.")
+    kinds = [i["kind"] for i in await web.items("oncall", "pager")]
+    assert "decision" not in kinds  # nothing stored
+    accepted = await web.http.post("/web/threads/pager/decisions", json={**body, "author": "bob"})
+    assert accepted.status_code == 202, accepted.text
+    assert (await web.answers("oncall", "pager", 2))[1]["text"] == "Done: deployed prod"
