@@ -34,6 +34,8 @@ from gateway.incarnation import gone, new_worker_id
 from gateway.intake import Intake
 from gateway.logs import event, redact_with
 from gateway.mcp.health import McpServerHealth
+from gateway.mcp.settings import mcp_section
+from gateway.mcp.source import McpTools
 from gateway.metrics import Metrics
 from gateway.models import PROVIDERS, ModelConfigError, model_from_settings
 from gateway.ops.api import OpsApi
@@ -121,6 +123,8 @@ class Service:
         """The operator token made at first start (no tokens configured), for the sign-in link."""
         self.model: ModelRef | None = None
         """The lanes' default model (from the plugin or ``GATEWAY_MODEL``), once started."""
+        self.mcp: McpTools | None = None
+        """The MCP servers' tools (None: no servers configured), once started."""
         self.mcp_health: Callable[[], tuple[McpServerHealth, ...]] = no_servers
         """The MCP servers' health as the operator tools show it (``gateway ops mcp``,
         ``GET /api/v1/mcp``, the /ops page): the MCP tool source's `health` once it is set,
@@ -163,7 +167,20 @@ class Service:
             _check_profile_models(settings)
         client = redacting(client, self.redactor)  # a provider error may quote the key
         self.model = model
-        tools = tuple(parts.tools) or tuple(plugin.tools)
+        plugin_tools = tuple(parts.tools) or tuple(plugin.tools)
+        servers = mcp_section(settings).servers
+        if servers and self.mcp is None:
+            # spawned and listed before any worker takes a session: a lane resumed after a
+            # crash finds its MCP tools (and their declarations) registered
+            self.mcp = self._own(McpTools(servers, clock=clock, redact=self.redactor.redact))
+            await self.mcp.start()
+            self.mcp_health = self.mcp.health
+        mcp = self.mcp
+
+        def tools() -> tuple[Tool, ...]:
+            # read per session taken: a server's list change reaches the next session's runs
+            return plugin_tools + (mcp.tools() if mcp is not None else ())
+
         if parts.adapters is not None:
             adapters = list(parts.adapters)
         else:
@@ -193,7 +210,7 @@ class Service:
                 storage=storage,
                 model_client=client,
                 model=model,
-                tools=tools,
+                tools=tools(),
                 system_prompt=profiles.default_prompt(),  # a lane no profile was given yet
                 clock=clock,
                 max_attempts=settings.max_attempts,  # per lane: the worker's profiles
@@ -268,7 +285,7 @@ class Service:
 
         Plugin tools name none; an MCP server's per-tool override may (the MCP source answers).
         """
-        return None
+        return self.mcp.approvers_for(tool) if self.mcp is not None else None
 
     def _ops_auth(self) -> OpsAuth:
         """The configured tokens; with none (loopback only), the local token made at first start."""
