@@ -127,6 +127,12 @@ class Step:
     served: bool = False
 
 
+MCP_POST = (
+    "curl -s -X POST http://127.0.0.1:8787/web/threads/t1/messages -H 'content-type: "
+    'application/json\' -d \'{{"space": "desk", "text": "{text}"}}\' >/dev/null'
+)
+"""The MCP walkthrough's messages: to thread t1 of the web space `desk`."""
+
 SERVED = Step(served=True, shows=(r"gateway: serving on http://127\.0\.0\.1:\d+",))
 
 STEPS: dict[str, Step] = {
@@ -173,6 +179,11 @@ STEPS: dict[str, Step] = {
     "GATEWAY_SLACK_BOT_TOKEN=xoxb-... GATEWAY_SLACK_APP_TOKEN=xapp-... "
     'GATEWAY_SLACK_APPROVERS=\'{"C0123ABCD": ["U0456EFGH", "S0789IJKL"], "*": ["U0999MNOP"]}\' '
     "scripts/run": SERVED,
+    "scripts/run --config examples/mcp/gateway.toml": SERVED,
+    MCP_POST.format(text="create printer on fire"): Step(),
+    MCP_POST.format(text="delete 1"): Step(),
+    "scripts/run ops mcp --tools": Step(shows=(r"tickets +stdio +python +ready", r"delete_ticket")),
+    "scripts/run ops approve desk/web:t1 --all": Step(shows=(r"approved web:t1: completed",)),
     "GATEWAY_EMAIL_ADDRESS=agent@example.com GATEWAY_EMAIL_PASSWORD='app-password' "
     "GATEWAY_EMAIL_IMAP_HOST=imap.example.com GATEWAY_EMAIL_SMTP_HOST=smtp.example.com "
     "scripts/run": SERVED,
@@ -558,6 +569,23 @@ async def test_the_plugin_walkthrough(fresh: Copy, serve: object) -> None:
     status, printed = await asyncio.to_thread(_approve_on_a_terminal, fresh, hint)
     assert status == 0, printed
     assert re.search(r"api deployed \(request ", printed), printed
+
+
+async def test_the_mcp_walkthrough(fresh: Copy, serve: object) -> None:
+    start = serve
+    assert callable(start)
+    await start("scripts/run --config examples/mcp/gateway.toml")
+    thread = f"http://127.0.0.1:{fresh.port}/web/threads/t1?space=desk"
+    await _run(fresh, MCP_POST.format(text="create printer on fire"))
+    await _until(thread, r"Created ticket #1: printer on fire")
+    await _run(fresh, MCP_POST.format(text="delete 1"))
+    waiting = await _until(thread, '"kind":"approval_request"')
+    assert "Deleted ticket" not in waiting  # it waits for a person
+    await _run(fresh, "scripts/run ops mcp --tools")
+    await _run(fresh, "scripts/run ops approve desk/web:t1 --all")
+    await _until(thread, r"Deleted ticket #1: printer on fire")
+    desk = json.loads((fresh.path / ".gateway" / "tickets.json").read_text())
+    assert desk["tickets"] == {}  # the desk itself deleted it
 
 
 def _approve_on_a_terminal(copy: Copy, command: str) -> tuple[int, str]:
