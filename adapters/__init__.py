@@ -36,6 +36,7 @@ from adapters.channel import (
 )
 from adapters.errors import AdapterError
 from adapters.kit import ChannelContext, ChannelSpec
+from adapters.live import LiveKind, LiveUpdate, LiveView
 from adapters.registry import (
     BUILT_IN,
     ENTRY_POINT_GROUP,
@@ -70,6 +71,9 @@ __all__ = [
     "InboundSink",
     "is_copy_of",
     "KnownThread",
+    "LiveKind",
+    "LiveUpdate",
+    "LiveView",
     "NotRouted",
     "Outbound",
     "OutboundKind",
