@@ -18,11 +18,13 @@ import asyncio
 import contextlib
 import fnmatch
 import logging
+import math
 import os
 from collections.abc import AsyncIterator, Awaitable, Callable, Mapping
 from dataclasses import dataclass
 from typing import Any, Protocol, cast
 
+import anyio
 import httpx2
 import mcp_types as types
 from mcp import Client, StdioServerParameters
@@ -116,6 +118,8 @@ class McpConnection:
         self._settled = asyncio.Event()
         self._calls_running: set[asyncio.Task[Any]] = set()
         self._supervisor: asyncio.Task[None] | None = None
+        self._scope = anyio.CancelScope()
+        """The supervisor's whole life: `close` cancels this, never the task (see `close`)."""
         self._version = 0
         self._up = False
         self.on_change: Callable[[], None] | None = None
@@ -164,7 +168,10 @@ class McpConnection:
         if self._calls_running:
             await asyncio.wait(list(self._calls_running))
         if self._supervisor is not None:
-            self._supervisor.cancel()
+            # An anyio cancel, not Task.cancel(): it waits out the SDK's shielded transport
+            # shutdown (close stdin, wait, kill, close the transport) where a native cancel
+            # would cut it short and leave the server process running (D202).
+            self._scope.cancel()
             with contextlib.suppress(asyncio.CancelledError):
                 await self._supervisor
         self._tools = {}
@@ -172,6 +179,10 @@ class McpConnection:
         self._settled.set()
 
     async def _supervise(self) -> None:
+        with self._scope:
+            await self._supervise_in_scope()
+
+    async def _supervise_in_scope(self) -> None:
         failures = 0
         while True:
             self._up = False
@@ -212,6 +223,15 @@ class McpConnection:
     async def _connect_once(self) -> None:
         self._lost = asyncio.Event()
         self._relist = asyncio.Event()
+        # anyio's deadline, like `close`, waits out the SDK's shielded shutdown (D202); it
+        # encloses the client (whose task groups must exit inside it) and is lifted once up
+        with anyio.CancelScope(
+            deadline=anyio.current_time() + self.server.start_timeout_seconds
+        ) as starting:
+            await self._connected(starting)
+        raise TimeoutError  # the deadline cut the start (`_connected` only returns by raising)
+
+    async def _connected(self, starting: anyio.CancelScope) -> None:
         async with contextlib.AsyncExitStack() as stack:
             client = Client(
                 self._transport(stack),
@@ -220,9 +240,9 @@ class McpConnection:
                 message_handler=self._on_message,
                 client_info=types.Implementation(name="durable-gateway", version="1"),
             )
-            async with asyncio.timeout(self.server.start_timeout_seconds):
-                await stack.enter_async_context(client)
-                await self._list(client)
+            await stack.enter_async_context(client)
+            await self._list(client)
+            starting.deadline = math.inf
             self._client = client
             self._up = True
             self._set_state("ready")
@@ -234,7 +254,7 @@ class McpConnection:
                     if self._lost.is_set():
                         raise _Lost(self._last_error or "the connection ended")
                     self._relist.clear()
-                    async with asyncio.timeout(self.server.start_timeout_seconds):
+                    with anyio.fail_after(self.server.start_timeout_seconds):
                         await self._list(client)
                     log.info(event("mcp.tools_changed", server=self.name, tools=len(self._tools)))
             finally:
@@ -314,7 +334,7 @@ class McpConnection:
         """Call `tool` (its own name); never raises but `CancelledError` (see the module doc)."""
         self._calls += 1
         client = self._client
-        if client is None or self._state != "ready":
+        if client is None or self._state != "ready" or self._lost.is_set():
             return self._ended("down", self._down_text())
         if tool not in self._tools:
             return self._ended(

@@ -2,9 +2,11 @@
 
 ``--stdio`` serves on stdin/stdout (the gateway spawns it); ``--http PORT`` serves Streamable
 HTTP at ``/mcp`` (uvicorn), refusing requests without ``Authorization: Bearer <--token>``
-when a token is given; ``--fail-start`` exits at once. ``--marks DIR``: the server writes a
-file there for each call it starts (``call-<tool>-<n>``) and each call it sees cancelled
-(``cancelled-<tool>``), so a test can read what reached the server.
+when a token is given; ``--fail-start`` exits at once; ``--linger``: ``crash`` closes the
+wire and lingers (deaf to its stdin closing) instead of exiting, so only a kill ends it.
+``--marks DIR``: the server writes a file there for each call it starts (``call-<tool>-<n>``),
+each call it sees cancelled (``cancelled-<tool>``) and ``pid-<pid>`` when it starts, so a test
+can read what reached the server and which process it is.
 
 Tools (listed three per page, to exercise pagination): ``echo`` (read-only), ``add``
 (idempotent, structured content only), ``delete`` (destructive), ``key`` (returns the
@@ -23,6 +25,7 @@ import itertools
 import json
 import os
 import sys
+import time
 from pathlib import Path
 from typing import Any
 
@@ -80,9 +83,11 @@ _WIRE = [1]
 """The protocol's output descriptor (stdio_server moves the wire off fd 1: a copy of it)."""
 
 
-def build(marks: Path | None) -> Server[Any]:
+def build(marks: Path | None, *, linger: bool = False) -> Server[Any]:
     """The test server (one tool list per process; `change` alters it)."""
     tools = list(TOOLS)
+    if marks is not None:
+        (marks / f"pid-{os.getpid()}").write_text("")
     counter = itertools.count(1)
 
     def mark(name: str) -> None:
@@ -118,6 +123,13 @@ def build(marks: Path | None) -> Server[Any]:
             return _text("no such ticket", error=True)
         if name == "crash":
             sys.stdout.flush()
+            if linger:
+                # every descriptor but stderr closed (the client reads the end of the wire),
+                # then a blocked loop: the stdin closing is never read, only a signal ends it
+                os.closerange(3, 1024)
+                os.close(0)
+                os.close(1)
+                time.sleep(3600)  # noqa: ASYNC251 (blocking is the point)
             os._exit(3)
         if name == "hang":
             try:
@@ -186,11 +198,12 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--token")
     parser.add_argument("--marks", type=Path)
     parser.add_argument("--fail-start", action="store_true")
+    parser.add_argument("--linger", action="store_true")
     args = parser.parse_args(argv)
     if args.fail_start:
         print("refusing to start", file=sys.stderr)
         raise SystemExit(1)
-    server = build(args.marks)
+    server = build(args.marks, linger=args.linger)
     if args.http is not None:
         _http(server, args.http, args.token)
     else:
