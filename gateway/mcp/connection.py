@@ -2,14 +2,15 @@
 
 A supervisor task owns the SDK client (its task group lives in that task): it connects
 within ``start_timeout_seconds``, lists the tools (every page), then waits for the connection
-to end (the stdio server's output closing, or a call that finds it gone) or for
-``notifications/tools/list_changed`` (a re-list). A lost connection is retried after a
-backoff that doubles up to a cap; a server that cannot be spawned at all (no such program)
-is ``failed``. A call never raises: a server that is down, a vanished tool, a timeout, an
-abort, a crash mid-call and a malformed result each become an error result the model reads,
-and cancelling a call (timeout, abort, stop) sends the protocol's ``notifications/cancelled``
-(the SDK does it when the awaiting task is cancelled). The idempotency key rides in the
-request's ``_meta`` under `IDEMPOTENCY_META_KEY` (D201).
+to end (the stdio server's output closing, a call that finds it gone, or a ping of an idle
+HTTP server that fails) or for ``notifications/tools/list_changed`` (a re-list). A lost
+connection is retried after a backoff that doubles up to a cap; a server that cannot be
+spawned at all (no such program) is ``failed``; a refused HTTP request names its status. A
+call never raises: a server that is down, a vanished tool, a timeout, an abort, a crash
+mid-call and a malformed result each become an error result the model reads, and cancelling
+a call (timeout, abort, stop) sends the protocol's ``notifications/cancelled`` (the SDK does
+it when the awaiting task is cancelled). The idempotency key rides in the request's
+``_meta`` under `IDEMPOTENCY_META_KEY` (D201).
 """
 
 from __future__ import annotations
@@ -42,12 +43,14 @@ from gateway.mcp.settings import McpServer
 from harness_core.clock import Clock
 from harness_core.tools import ToolOutput
 
-__all__ = ["IDEMPOTENCY_META_KEY", "Backoff", "CallObserver", "McpConnection"]
+__all__ = ["IDEMPOTENCY_META_KEY", "PING_EVERY_S", "Backoff", "CallObserver", "McpConnection"]
 
 IDEMPOTENCY_META_KEY = "durable-gateway/idempotency-key"
 """The ``_meta`` key of a call's idempotency key (stable across every replay of the call)."""
 MAX_PAGES = 100
 """The most ``tools/list`` pages read: a server whose cursor never ends cannot hang a start."""
+PING_EVERY_S = 30.0
+"""How often an idle Streamable HTTP server is pinged: nothing else shows that it went away."""
 _MAY_HAVE_HAPPENED = "the call may have had its effect"
 
 log = logging.getLogger("gateway.mcp")
@@ -96,6 +99,7 @@ class McpConnection:
         observer: CallObserver | None = None,
         backoff: Backoff = Backoff(),
         sleep: Sleep = asyncio.sleep,
+        ping_every_s: float = PING_EVERY_S,
     ) -> None:
         self.server = server
         self.name = server.name
@@ -104,6 +108,7 @@ class McpConnection:
         self._observer = observer
         self._backoff = backoff
         self._sleep = sleep
+        self._ping_every_s = ping_every_s
         self._client: Client | None = None
         self._tools: dict[str, types.Tool] = {}
         self._state: ServerState = "starting"
@@ -122,6 +127,8 @@ class McpConnection:
         """The supervisor's whole life: `close` cancels this, never the task (see `close`)."""
         self._version = 0
         self._up = False
+        self._http_status: int | None = None
+        """The last HTTP error status this attempt's requests got (the SDK keeps it to itself)."""
         self.on_change: Callable[[], None] | None = None
         """Called when the tool list changes (the source rebuilds its tools)."""
 
@@ -191,7 +198,7 @@ class McpConnection:
             except _Lost as exc:
                 self._fault(str(exc) or "the connection ended")
             except Exception as exc:  # any failure of a foreign server or its transport
-                self._fault(_describe(exc))
+                self._fault(self._explain(exc))
                 if _spawn_failed(exc) and not self._up:
                     self._give_up()
                     return
@@ -223,6 +230,7 @@ class McpConnection:
     async def _connect_once(self) -> None:
         self._lost = asyncio.Event()
         self._relist = asyncio.Event()
+        self._http_status = None
         # anyio's deadline, like `close`, waits out the SDK's shielded shutdown (D202); it
         # encloses the client (whose task groups must exit inside it) and is lifted once up
         with anyio.CancelScope(
@@ -248,13 +256,20 @@ class McpConnection:
             self._set_state("ready")
             self._settled.set()
             log.info(event("mcp.server_ready", server=self.name, tools=len(self._tools)))
+            # a stdio server's end is seen (its output closes); an HTTP server's only when a
+            # request fails, so an idle one is pinged
+            pinged = self.server.transport == "http"
             try:
                 while True:
-                    await _first(self._lost.wait(), self._relist.wait())
+                    waits = [self._lost.wait(), self._relist.wait()]
+                    await _first(*waits, *([asyncio.sleep(self._ping_every_s)] if pinged else []))
                     if self._lost.is_set():
                         raise _Lost(self._last_error or "the connection ended")
-                    self._relist.clear()
                     with anyio.fail_after(self.server.start_timeout_seconds):
+                        if not self._relist.is_set():
+                            await client.send_ping()
+                            continue
+                        self._relist.clear()
                         await self._list(client)
                     log.info(event("mcp.tools_changed", server=self.name, tools=len(self._tools)))
             finally:
@@ -277,9 +292,15 @@ class McpConnection:
         headers = {k: v.get_secret_value() for k, v in server.headers.items()}
         if server.bearer_token is not None:
             headers["Authorization"] = f"Bearer {server.bearer_token.get_secret_value()}"
+
+        async def seen(response: httpx2.Response) -> None:
+            if response.status_code >= 400:
+                self._http_status = response.status_code
+
         http = httpx2.AsyncClient(
             headers=headers,
             timeout=httpx2.Timeout(30.0, read=server.call_timeout_seconds + 30.0),
+            event_hooks={"response": [seen]},
         )
         return _watched(streamable_http_client(server.url, http_client=http), lost, http)
 
@@ -322,6 +343,16 @@ class McpConnection:
         self._since_ms = self._clock.now_ms()
         if self._observer is not None and (state == "ready") != was_up:
             self._observer.mcp_state(self.name, state == "ready")
+
+    def _explain(self, exc: BaseException) -> str:
+        """`_describe`, with the HTTP status the server answered when it refused a request."""
+        status = self._http_status
+        if status is None:
+            return _describe(exc)
+        said = f"the server answered HTTP {status} {httpx2.codes.get_reason_phrase(status)}"
+        if status in (401, 403):
+            return f"{said}: check the server's bearer_token or headers"
+        return f"{said} ({_describe(exc)})"
 
     def _fault(self, text: str) -> None:
         self._last_error = self._redact(text)[:500]

@@ -78,6 +78,8 @@ TOOLS = [
     _tool("env", read_only_hint=True),
     _tool("schema", SCHEMA, read_only_hint=True),
 ]
+_ROOT = Path(__file__).resolve().parents[2]
+"""The repository (the server runs as ``python -m tests.support.mcp_servers`` from there)."""
 _EXTRA = _tool("extra", read_only_hint=True)
 _WIRE = [1]
 """The protocol's output descriptor (stdio_server moves the wire off fd 1: a copy of it)."""
@@ -188,6 +190,49 @@ def _http(server: Server[Any], port: int, token: str | None) -> None:
         await app(scope, receive, send)
 
     uvicorn.run(guarded, host="127.0.0.1", port=port, log_level="warning", lifespan="on")
+
+
+class HttpServer:
+    """The test server over Streamable HTTP in a process of its own, for a test to stop and start.
+
+    ``url`` is its endpoint; `start` waits until the port accepts connections; `kill` ends the
+    process (SIGKILL); a later `start` serves on the same port again.
+    """
+
+    def __init__(self, port: int, *, token: str | None = None, marks: Path | None = None) -> None:
+        self.port = port
+        self.url = f"http://127.0.0.1:{port}/mcp"
+        self._args = ["-m", "tests.support.mcp_servers", "--http", str(port)]
+        if token is not None:
+            self._args += ["--token", token]
+        if marks is not None:
+            self._args += ["--marks", str(marks)]
+        self._process: asyncio.subprocess.Process | None = None
+
+    async def start(self) -> HttpServer:
+        """Start it; returns once it accepts connections."""
+        self._process = await asyncio.create_subprocess_exec(
+            sys.executable, *self._args, cwd=_ROOT, stderr=asyncio.subprocess.DEVNULL
+        )
+        for _ in range(400):
+            if self._process.returncode is not None:
+                raise RuntimeError(f"the MCP test server exited ({self._process.returncode})")
+            try:
+                _, writer = await asyncio.open_connection("127.0.0.1", self.port)
+            except OSError:
+                await asyncio.sleep(0.05)
+                continue
+            writer.close()
+            await writer.wait_closed()
+            return self
+        raise RuntimeError(f"the MCP test server never listened on {self.port}")
+
+    async def kill(self) -> None:
+        """SIGKILL it and wait for it to go."""
+        if self._process is not None and self._process.returncode is None:
+            self._process.kill()
+            await self._process.wait()
+        self._process = None
 
 
 def main(argv: list[str] | None = None) -> None:
