@@ -14,8 +14,9 @@ fast the model writes. Nothing here is durable: the reply through the outbox is 
 from __future__ import annotations
 
 import asyncio
+import itertools
 import logging
-from collections.abc import Awaitable, Callable, Mapping
+from collections.abc import Awaitable, Callable, Iterator, Mapping
 from dataclasses import dataclass, field
 from typing import Any, Final
 
@@ -89,18 +90,21 @@ class _Feed:
     shown_step: int = -1
     shown_text: str = ""
     last_progress_ms: int | None = None
+    shown_status: str | None = None
+    """The phrase the channel shows now (the same phrase again is not sent)."""
     later: asyncio.Task[None] | None = None
     """A wake-up for throttled progress (on the injected clock)."""
 
-    def fold(self, event_: Any) -> bool:
+    def fold(self, event_: Any, steps: Iterator[int]) -> bool:
         """Take `event_` in; whether anything is new to show."""
         kind = event_.type
         run_id = getattr(event_, "run_id", None)
         if isinstance(run_id, str) and run_id and run_id != self.run_id:
             self.run_id = run_id  # a new run (or a resumed one): its text starts again
-            self.step += 1
+            self.step = next(steps)
             self.text = ""
             self.done = False
+            self.shown_status = None
         if kind == "message_update":
             written = answer_text(event_.message)
             if written == self.text:
@@ -109,7 +113,7 @@ class _Feed:
             self.ended = False
             return True
         if kind == "turn_start" or (kind == "retry_start" and event_.step == "assistant"):
-            self.step += 1  # a new model request: what the last one wrote is replaced
+            self.step = next(steps)  # a new model request: what the last one wrote is replaced
             self.text = ""
         if kind == "run_end":
             self.done = True
@@ -140,6 +144,9 @@ class LivePublisher:
         self._progress_ms = progress_ms
         self._timeout_s = show_timeout_s
         self._feeds: dict[tuple[int, str], _Feed] = {}
+        self._steps = itertools.count(1)
+        """Numbers model requests across every feed: a (run, step) pair never comes back in
+        this process, even for a run a later take resumes (a channel may ignore a closed one)."""
         self.shown = 0
         """Updates channels took."""
         self.failed = 0
@@ -173,7 +180,7 @@ class LivePublisher:
                     feed.task = asyncio.get_running_loop().create_task(
                         self._drain(key, feed, thread_of, silent), name=f"live {lane}"
                     )
-                if feed.fold(event_):
+                if feed.fold(event_, self._steps):
                     feed.wake.set()
             except Exception as exc:  # a live update is never worth a run
                 log.debug(event("live update dropped", lane=lane, error=type(exc).__name__))
@@ -222,12 +229,14 @@ class LivePublisher:
         written = feed.text
         if written == feed.shown_text:
             return
-        offset = _common_prefix(feed.shown_text, written)
+        offset = _shared(feed.shown_text, written)
         update = self._update(feed, thread, "text", text=written[offset:], offset=offset)
         feed.shown_text = written  # taken or dropped, it is not sent again
         await self._show(view, update)
 
     async def _progress(self, feed: _Feed, thread: ThreadRef, view: LiveView) -> None:
+        if feed.status is not None and feed.status == feed.shown_status:
+            feed.status = None  # already said (a new turn "is thinking…" again)
         if feed.status is None or feed.later is not None:
             return
         now = self._clock.now_ms()
@@ -237,6 +246,7 @@ class LivePublisher:
             return
         status, feed.status = feed.status, None
         feed.last_progress_ms = now
+        feed.shown_status = status
         await self._show(view, self._update(feed, thread, "progress", status=status))
 
     async def _later(self, feed: _Feed, due_ms: int) -> None:
@@ -266,9 +276,13 @@ class LivePublisher:
             self.shown += 1
 
 
-def _common_prefix(a: str, b: str) -> int:
-    n = min(len(a), len(b))
-    for i in range(n):
-        if a[i] != b[i]:
-            return i
+def _shared(a: str, b: str) -> int:
+    """How many leading characters `a` and `b` share (text usually only grows: fast)."""
+    if b.startswith(a):
+        return len(a)
+    n = 0
+    for x, y in zip(a, b, strict=False):
+        if x != y:
+            break
+        n += 1
     return n
