@@ -32,6 +32,7 @@ from gateway.errors import GatewayError
 from gateway.guards import body_limits, host_rule
 from gateway.incarnation import gone, new_worker_id
 from gateway.intake import Intake
+from gateway.live import LivePublisher, live_views
 from gateway.logs import event, redact_with
 from gateway.mcp.health import McpServerHealth
 from gateway.mcp.settings import mcp_section
@@ -115,6 +116,8 @@ class Service:
         self.intake: Intake | None = None
         self.worker: Worker | None = None
         self.deliverer: Deliverer | None = None
+        self.live: LivePublisher | None = None
+        """Shows runs' progress and streamed text in the channels that can (once started)."""
         self.metrics: Metrics | None = None
         """The service's Prometheus metrics (``/metrics``), once started."""
         self.app: FastAPI | None = None
@@ -227,6 +230,7 @@ class Service:
                 tracer=tracer,
             )
 
+        self.live = LivePublisher(live_views(self.adapters), clock)
         self.worker = Worker(
             WorkerConfig(
                 worker_id=self.worker_id,
@@ -240,6 +244,7 @@ class Service:
             clock,
             self.metrics,
             profiles,
+            self.live if self.live.active else None,
         )
         self.deliverer = Deliverer(
             DelivererConfig(
@@ -462,6 +467,8 @@ class Service:
         if self.worker is not None:
             with contextlib.suppress(Exception):
                 await self.worker.drain(drain, cut=cut)
+        if self.live is not None:
+            await self.live.close()
         if self.deliverer is not None:
             seconds = max(deadline - time.monotonic(), _DELIVERY_DRAIN_MIN_S)
             if end is not None:

@@ -33,6 +33,7 @@ from gateway.broker.contract import Broker, InboxItem, SessionTicket
 from gateway.cuts import agent_notes
 from gateway.incarnation import gone
 from gateway.lane_status import attempt_began, parked_mark
+from gateway.live import LivePublisher
 from gateway.logs import event
 from gateway.metrics import Metrics
 from gateway.operator_actions import OperatorAction, carry_out
@@ -149,8 +150,11 @@ class Worker:
         clock: Clock,
         metrics: Metrics | None = None,
         profiles: LaneProfiles | None = None,
+        live: LivePublisher | None = None,
     ) -> None:
         self.config = config
+        self._live = live
+        """Shows each run's progress and streamed text to its thread (None: nothing live)."""
         self._metrics = metrics
         self._profiles = profiles
         """The agent profiles lanes are given (None: every lane has the harness's options)."""
@@ -270,6 +274,11 @@ class Worker:
         unprompt = self._prompting(harness)
         # a decided wait is closed at once on every copy of its request, not when its run ends
         unlisten = harness.events.on("approval_decided", lambda e: self._decided(session, e))
+        unlive = (
+            self._live.watch(harness.events, lambda lane: self._thread_for(session, lane))
+            if self._live is not None
+            else None
+        )
         self.active[session_id] = session
         log.info(event("session taken", session=session_id, suspended=len(suspended)))
         faulted = False
@@ -307,6 +316,8 @@ class Worker:
                 task.cancel()
             await asyncio.gather(*session.tasks, return_exceptions=True)
             unlisten()
+            if unlive is not None:
+                unlive()
             unprompt()
             if unwatch is not None:
                 unwatch()
@@ -357,6 +368,15 @@ class Worker:
             return ThreadRef.model_validate(dict(state.thread))
         except ValidationError:
             return None
+
+    async def _thread_for(self, session: _Session, lane: str) -> ThreadRef | None:
+        """The thread of a lane of `session`: as its messages named it, else the broker's."""
+        known = session.threads.get(lane)
+        if known is None:
+            known = await self._thread_of(session.ticket.session, lane)
+            if known is not None:
+                session.threads.setdefault(lane, known)
+        return known
 
     def _prompting(self, harness: AgentHarness) -> Callable[[], None]:
         """Fix each run's system prompt when it starts: its lane's profile's (see profiles)."""

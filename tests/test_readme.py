@@ -202,6 +202,9 @@ class Bench:
 
 
 BENCHES: dict[str, Bench] = {
+    ".venv/bin/python bench/live_bench.py --messages 300": Bench(
+        by="tests/bench/test_live_bench_smoke.py"
+    ),
     ".venv/bin/python bench/email_latency.py --mails 30": Bench(
         ".venv/bin/python bench/email_latency.py --mails 2", r"email: 2 mails"
     ),

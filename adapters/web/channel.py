@@ -19,6 +19,8 @@ the GETs and a body field of the POSTs):
 * ``GET /web/threads/{thread}/events?after=&kinds=`` -> ``text/event-stream``: every item after
   ``after`` (or after the ``Last-Event-ID`` header), then each new one as it is appended; the
   event id is the item's ``seq``, the data the item as JSON; a comment every `keepalive_s`.
+  With ``live=1`` the stream also carries unnumbered ``live`` events (``event: live``): what a
+  run is doing and has written so far (`adapters.web.live`), never stored, never replayed.
 * ``GET /web/threads?space=`` -> the space's threads; ``GET /web/threads/{thread}/page`` and
   ``GET /web/`` -> HTML.
 
@@ -72,6 +74,8 @@ from adapters.channel import (
 )
 from adapters.errors import AdapterError
 from adapters.json_bodies import body_problem, text_problem
+from adapters.live import LiveUpdate
+from adapters.web.live import LiveBoard, LiveCursor
 from adapters.web.mailbox import (
     DEFAULT_MAILBOX_URL,
     MailboxError,
@@ -275,6 +279,8 @@ class WebChannel:
         """The bound of a request body under the router's prefix (the app refuses more unread)."""
         self.capabilities = Capabilities(decisions=True)
         """Approve/Deny buttons on the thread page (a close is an item the page shows)."""
+        self.live = LiveBoard()
+        """What runs are doing and writing now, per thread (shown on pages, never stored)."""
 
     @property
     def name(self) -> str:
@@ -311,6 +317,11 @@ class WebChannel:
             await self.mailbox.close()
 
     # -- outbound ------------------------------------------------------------------------------
+
+    async def show(self, update: LiveUpdate) -> None:
+        """Show a live update on its thread's open pages (`adapters.LiveView`); never stored."""
+        if update.thread.channel == self.name:
+            self.live.show(update)
 
     async def deliver(self, outbound: Outbound) -> DeliveryReceipt:
         """Store the reply in its thread's mailbox, once per delivery id, and wake its streams.
@@ -349,6 +360,8 @@ class WebChannel:
             ) from exc
         except MailboxError as exc:
             raise DeliveryError(f"web mailbox refused the reply: {exc}") from exc
+        if outbound.kind != "approval_closed":  # it ends what the run streamed (a close does not)
+            self.live.clear(ref.space, ref.thread)
         if appended.created:
             self.delivered += 1
         else:
@@ -664,12 +677,13 @@ class WebChannel:
         else:
             after = self._int(request, "after", 0, 0, 2**53)
         kinds = _kinds(request.query_params.get("kinds"))
+        live = request.query_params.get("live") == "1"
         page = self.limits.max_page
         first: tuple[WebItem, ...] = await self._mailbox_call(
             self.mailbox.read(space, thread, after=after, limit=page)
         )
         return StreamingResponse(
-            self._stream(space, thread, after, first, kinds),
+            self._stream(space, thread, after, first, kinds, live),
             media_type="text/event-stream",
             headers={
                 "Cache-Control": "no-store",
@@ -685,33 +699,44 @@ class WebChannel:
         after: int,
         first: tuple[WebItem, ...],
         kinds: frozenset[str] | None,
+        live: bool,
     ) -> AsyncIterator[str]:
         stopping = self._stopping
+        cursor = LiveCursor(self.live, space, thread) if live else None
         yield f"retry: {self.limits.reconnect_ms}\n\n"
-        items = first
-        cursor = after
-        while True:
-            for item in items:
-                cursor = item.seq
-                if kinds is None or item.kind in kinds:
-                    data = json.dumps(item.model_dump(mode="json"), separators=(",", ":"))
-                    yield f"id: {item.seq}\ndata: {data}\n\n"
-            found = await self._next(space, thread, cursor, stopping)
-            if found is None:
-                return  # stopping, or the mailbox failed: the client reconnects and resumes
-            items = found
-            if not items:
-                yield ": keepalive\n\n"
+        items: tuple[WebItem, ...] | None = first
+        after_seq = after
+        waiting: asyncio.Future[tuple[WebItem, ...]] | None = None
+        try:
+            while True:
+                for item in items or ():
+                    after_seq = item.seq
+                    if kinds is None or item.kind in kinds:
+                        data = json.dumps(item.model_dump(mode="json"), separators=(",", ":"))
+                        yield f"id: {item.seq}\ndata: {data}\n\n"
+                changed = cursor.signal() if cursor is not None else None
+                shown = cursor.catch_up() if cursor is not None else None
+                if shown is not None:  # no id: a reconnect resumes after the last item
+                    yield f"event: live\ndata: {json.dumps(shown, separators=(',', ':'))}\n\n"
+                if stopping.is_set():
+                    return
+                if waiting is None:
+                    waiting = self._wait(space, thread, after_seq)
+                found = await self._next(waiting, stopping, changed)
+                if found is None:
+                    return  # stopping, or the mailbox failed: the client reconnects and resumes
+                if found == "live":
+                    items = None
+                    continue
+                waiting = None
+                items = found
+                if not items:
+                    yield ": keepalive\n\n"
+        finally:
+            if waiting is not None and not waiting.done():
+                waiting.cancel()
 
-    async def _next(
-        self, space: str, thread: str, after: int, stopping: asyncio.Event
-    ) -> tuple[WebItem, ...] | None:
-        """The items after `after` once there are any (none after the keepalive interval).
-
-        None when the channel stops or the mailbox fails.
-        """
-        if stopping.is_set():
-            return None
+    def _wait(self, space: str, thread: str, after: int) -> asyncio.Future[tuple[WebItem, ...]]:
         waiting = asyncio.ensure_future(
             self.mailbox.wait(
                 space,
@@ -722,15 +747,35 @@ class WebChannel:
             )
         )
         waiting.add_done_callback(_retrieve)
+        return waiting
+
+    async def _next(
+        self,
+        waiting: asyncio.Future[tuple[WebItem, ...]],
+        stopping: asyncio.Event,
+        changed: asyncio.Event | None,
+    ) -> tuple[WebItem, ...] | Literal["live"] | None:
+        """The items `waiting` found (none after the keepalive interval), or ``live``.
+
+        ``live``: the thread's live state changed first (`waiting` goes on).
+
+        None when the channel stops or the mailbox fails.
+        """
         stopped = asyncio.ensure_future(stopping.wait())
+        watched: set[asyncio.Future[Any]] = {waiting, stopped}
+        live = asyncio.ensure_future(changed.wait()) if changed is not None else None
+        if live is not None:
+            watched.add(live)
         try:
-            await asyncio.wait({waiting, stopped}, return_when=asyncio.FIRST_COMPLETED)
+            await asyncio.wait(watched, return_when=asyncio.FIRST_COMPLETED)
         finally:
             stopped.cancel()
-            if not waiting.done():
-                waiting.cancel()
-        if not waiting.done() or waiting.cancelled():
+            if live is not None:
+                live.cancel()
+        if stopping.is_set() or waiting.cancelled():
             return None
+        if not waiting.done():
+            return "live"
         try:
             return waiting.result()
         except MailboxError as exc:

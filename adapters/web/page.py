@@ -30,6 +30,7 @@ h1 { font-size: 1.15rem; margin: 0; word-break: break-all; }
 .item { border: 1px solid var(--line); border-radius: .5rem; padding: .5rem .75rem; }
 .item.message { background: var(--soft); margin-left: 3rem; }
 .item.reply { margin-right: 3rem; }
+.item.live { border-style: dashed; }
 .item.failure_notice { border-color: #d33; margin-right: 3rem; }
 .item.approval_request { border-color: #d90; margin-right: 3rem; }
 .item.decision { font-size: .85rem; opacity: .8; border-style: dashed; }
@@ -67,6 +68,14 @@ _THREAD_SCRIPT = """
   const decided = new Map();
   const closedWaits = new Map();
   let pending = null;
+  // what the agent writes while it works (live only: the durable reply replaces it)
+  const liveBox = el("div", "item reply live");
+  liveBox.id = "live";
+  liveBox.appendChild(el("div", "meta", "assistant \u00b7 writing..."));
+  const liveText = el("div", "text");
+  liveBox.appendChild(liveText);
+  let liveKey = null;
+  let liveShown = "";
   authorBox.value = localStorage.getItem("web-author") || "";
 
   function el(tag, cls, text) {
@@ -206,6 +215,24 @@ _THREAD_SCRIPT = """
     box.appendChild(controls);
     waits.set(view.wait_id, [...(waits.get(view.wait_id) || []), box]);
   }
+  function endLive() {
+    liveKey = null;
+    liveShown = "";
+    liveText.textContent = "";
+    liveBox.remove();
+  }
+  function showLive(update) {
+    if (update.run_id === null) return;  // its answer was delivered: the reply replaces it
+    const key = update.run_id + ":" + update.step;
+    if (key !== liveKey) { liveKey = key; liveShown = ""; }
+    if (update.offset > liveShown.length) return;  // never shown the start: wait for the reply
+    liveShown = liveShown.slice(0, update.offset) + update.text;
+    if (update.status) working.textContent = "the agent " + update.status;
+    liveText.textContent = liveShown;
+    if (!liveShown) { liveBox.remove(); return; }
+    if (!liveBox.isConnected) list.appendChild(liveBox);
+    liveBox.scrollIntoView({block: "end"});
+  }
   function render(item) {
     if (seen.has(item.seq)) return;
     seen.add(item.seq);
@@ -235,6 +262,7 @@ _THREAD_SCRIPT = """
     }
     // a message or a decision sets the agent to work; whatever it sends ends that
     working.textContent = item.kind === "message" ? "the agent is working on it..." : "";
+    if (item.kind !== "message") endLive();
     box.appendChild(el("div", "text", item.text));
     if (item.kind === "reply") closeWaiting();
     if (item.kind === "approval_request" && item.approval) approvalControls(box, item);
@@ -243,10 +271,12 @@ _THREAD_SCRIPT = """
     box.scrollIntoView({block: "end"});
   }
 
-  const events = new EventSource("events?" + space + "&after=0");
-  events.onopen = () => { status.textContent = "live"; };
+  const events = new EventSource("events?" + space + "&after=0&live=1");
+  // a new stream (maybe a restarted gateway) says afresh what runs are writing now
+  events.onopen = () => { status.textContent = "live"; endLive(); };
   events.onerror = () => { status.textContent = "reconnecting..."; };
   events.onmessage = (event) => render(JSON.parse(event.data));
+  events.addEventListener("live", (event) => showLive(JSON.parse(event.data)));
 
   function tooLong(text) {
     // counted as the server counts (code points), and said, never cut: nothing is lost

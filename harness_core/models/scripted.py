@@ -15,8 +15,11 @@ from __future__ import annotations
 from collections.abc import Callable, Iterable, Mapping
 from typing import Any
 
+from pydantic import Field
+
 from harness_core._runtime.context import estimate_tokens
-from harness_core.frozen import JsonValue
+from harness_core.clock import Clock, SystemClock
+from harness_core.frozen import Frozen, JsonValue
 from harness_core.messages import (
     AssistantMessage,
     DeferredHandle,
@@ -33,16 +36,30 @@ from harness_core.models import DEFAULT_INFO, ModelInfo, ModelRef, ModelRequest
 __all__ = [
     "Reply",
     "ScriptedModel",
+    "Streamed",
     "deferred",
     "echo_responder",
     "error",
     "length",
+    "streamed",
     "text",
     "tool_call",
     "tool_calls",
 ]
 
-Reply = AssistantMessage | Callable[[ModelRequest], AssistantMessage]
+
+class Streamed(Frozen):
+    """An answer the model reports in chunks while it "writes" it (see `streamed`)."""
+
+    message: AssistantMessage
+    chunk_chars: int = Field(default=8, ge=1)
+    """Characters of text per reported chunk."""
+    pause_ms: int = Field(default=20, ge=0)
+    """The pause before each chunk (on the model's clock)."""
+
+
+Answer = AssistantMessage | Streamed
+Reply = Answer | Callable[[ModelRequest], Answer]
 
 
 _UNNUMBERED = "call-?"
@@ -53,6 +70,17 @@ def text(content: str, *, output_tokens: int | None = None) -> AssistantMessage:
     """A plain answer."""
     usage = TokenUsage(output=output_tokens if output_tokens is not None else len(content) // 4 + 1)
     return AssistantMessage(content=(TextPart(text=content),), stop_reason="stop", usage=usage)
+
+
+def streamed(
+    content: str, *, chunk_chars: int = 8, pause_ms: int = 20, output_tokens: int | None = None
+) -> Streamed:
+    """A plain answer streamed `chunk_chars` characters at a time, `pause_ms` before each."""
+    return Streamed(
+        message=text(content, output_tokens=output_tokens),
+        chunk_chars=chunk_chars,
+        pause_ms=pause_ms,
+    )
 
 
 def tool_call(
@@ -132,17 +160,21 @@ class ScriptedModel:
             answers with a non-retryable error (a test asking more than it scripted fails loudly).
         fetches: outcomes of `fetch_deferred`, in order (the same deferred message = pending).
         info: limits reported for every model (or a mapping by ``provider:model_id``).
+        clock: what the pauses of a `Streamed` answer wait on (the system clock by default).
     """
 
     def __init__(
         self,
         script: Iterable[Reply] = (),
         *,
-        responder: Callable[[ModelRequest], AssistantMessage] | None = None,
+        responder: Callable[[ModelRequest], Answer] | None = None,
         fetches: Iterable[AssistantMessage] = (),
         info: ModelInfo | Mapping[str, ModelInfo] = DEFAULT_INFO,
         known_models: Iterable[str] | None = None,
+        clock: Clock | None = None,
     ) -> None:
+        self.clock: Clock = clock or SystemClock()
+        """What a `Streamed` answer's pauses wait on."""
         self.script: list[Reply] = list(script)
         self.fetch_script: list[AssistantMessage] = list(fetches)
         self.responder = responder
@@ -165,18 +197,22 @@ class ScriptedModel:
     async def request(
         self, request: ModelRequest, on_update: Callable[[AssistantMessage], None] | None = None
     ) -> AssistantMessage:
-        """Answer with the next scripted reply."""
+        """Answer with the next scripted reply (a `Streamed` one chunk by chunk)."""
         self.requests.append(request)
+        answer: Answer
         if self.script:
             reply = self.script.pop(0)
-            message = reply(request) if callable(reply) else reply
+            answer = reply(request) if callable(reply) else reply
         elif self.responder is not None:
-            message = self.responder(request)
+            answer = self.responder(request)
         else:
-            message = error(
+            answer = error(
                 "invalid_request", retryable=False, message="ScriptedModel: the script is exhausted"
             )
+        message = answer.message if isinstance(answer, Streamed) else answer
         message = self._complete(self._number_calls(message), request)
+        if isinstance(answer, Streamed) and on_update is not None:
+            await _stream(message, answer, on_update, self.clock)
         if on_update is not None and message.content:
             on_update(message)
         return message
@@ -222,3 +258,18 @@ class ScriptedModel:
     async def cancel_deferred(self, handle: DeferredHandle) -> None:
         """Record the cancellation."""
         self.cancels.append(handle)
+
+
+async def _stream(
+    message: AssistantMessage,
+    pace: Streamed,
+    on_update: Callable[[AssistantMessage], None],
+    clock: Clock,
+) -> None:
+    """Report `message`'s text growing by `pace.chunk_chars`, pausing before each chunk."""
+    written = message_text(message)
+    for end in range(pace.chunk_chars, len(written), pace.chunk_chars):
+        await clock.sleep(pace.pause_ms / 1000)
+        partial = written[:end]
+        on_update(message.model_copy(update={"content": (TextPart(text=partial),)}))
+    await clock.sleep(pace.pause_ms / 1000)  # the last chunk: the settled message

@@ -12,6 +12,8 @@ The model answers by the newest user message:
   charge is done once, then every attempt dies until an operator resumes with
   ``tool_recovery=never``;
 * ``/fail``: the model fails for good (an authentication error): the run fails;
+* ``/stream``: the answer (`STREAMED_ANSWER`) is streamed in small chunks (see there);
+* ``/slowstream``: calls ``slow`` (1.5 s: its progress shows), then streams the same answer;
 * ``/cutoff``: the answer stops at the provider's own output limit (``length`` after 100
   tokens, no caller cap): delivered with the line that says so;
 * anything else: echoed back (``You said: ...``), after seeing every steered message.
@@ -47,22 +49,41 @@ from harness_core import (
     UserMessage,
     message_text,
 )
-from harness_core.models.scripted import error, length, text, tool_call, tool_calls
+from harness_core.models.scripted import (
+    Streamed,
+    error,
+    length,
+    streamed,
+    text,
+    tool_call,
+    tool_calls,
+)
 
 MODEL = ModelRef(provider="scripted", model_id="gateway-test")
 CUT_OFF_ANSWER = "Deploys are open Tuesday to Thursday, and the next"
+STREAMED_ANSWER = (
+    "Deploys are open Tuesday to Thursday. The next window opens at 10:00 and closes at 16:00; "
+    "ask the release desk for anything outside it."
+)
+"""What ``/stream`` and ``/slowstream`` answer, 4 characters every 120 ms (about 4 s)."""
 
 
-def respond(request: ModelRequest) -> AssistantMessage:
+def respond(request: ModelRequest) -> AssistantMessage | Streamed:
     """The scripted agent (see the module docstring)."""
     if request.step != "assistant":
         return text(f"(summary of {len(request.messages)} messages)")
     last = request.messages[-1]
-    if isinstance(last, ToolResultMessage):
-        return text(f"Done: {message_text(last)}")
     users = [m for m in request.messages if isinstance(m, UserMessage)]
     said = message_text(users[-1]) if users else ""
     word, _, rest = said.partition(" ")
+    if isinstance(last, ToolResultMessage):
+        if word == "/slowstream":
+            return streamed(STREAMED_ANSWER, chunk_chars=4, pause_ms=120)
+        return text(f"Done: {message_text(last)}")
+    if word == "/stream":
+        return streamed(STREAMED_ANSWER, chunk_chars=4, pause_ms=120)
+    if word == "/slowstream":
+        return tool_call("slow", {"ms": 1500})
     if word == "/charge":
         return tool_call("charge", {"amount": rest.strip() or "1"})
     if word == "/deploy":

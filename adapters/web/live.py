@@ -1,0 +1,152 @@
+"""The web threads' live view: what each run is doing and has written so far, in memory only.
+
+`LiveBoard` keeps, per thread, the newest live state the gateway showed (`adapters.LiveUpdate`:
+the run, its current model request's text so far, its progress phrase, whether it stopped) and
+wakes the thread's event streams when it changes. Each stream sends what changed since it last
+looked (`LiveCursor.catch_up`): a stream never queues, however fast the text grows, so a slow
+browser only gets fewer, larger updates. Nothing here is stored: a restarted process starts
+empty, and the durable reply (the mailbox) is the answer; delivering it clears the thread's
+live state, and the page replaces what it streamed with the reply.
+"""
+
+from __future__ import annotations
+
+import asyncio
+from collections import OrderedDict
+from dataclasses import dataclass
+from typing import Any, Final
+
+from adapters.live import LiveUpdate
+
+__all__ = ["LiveBoard", "LiveCursor"]
+
+MAX_THREADS: Final = 10_000
+"""Threads whose live state is kept at once (the oldest changed is forgotten first)."""
+
+_Key = tuple[str, str]
+
+
+@dataclass(frozen=True, slots=True)
+class _State:
+    run_id: str
+    step: int
+    text: str
+    status: str | None
+    done: bool
+
+
+class LiveBoard:
+    """Per thread: the newest live state, and a signal its event streams wait on."""
+
+    def __init__(self, max_threads: int = MAX_THREADS) -> None:
+        self._states: OrderedDict[_Key, _State] = OrderedDict()
+        self._signals: dict[_Key, asyncio.Event] = {}
+        self._cleared: OrderedDict[_Key, tuple[str, int]] = OrderedDict()
+        """Per thread: the run and step whose answer was delivered last (a late update of it
+        must not show it again under its reply)."""
+        self._max = max_threads
+
+    def show(self, update: LiveUpdate) -> None:
+        """Fold `update` into its thread's state and wake the thread's streams."""
+        key = (update.thread.space, update.thread.thread)
+        if self._cleared.get(key) == (update.run_id, update.step):
+            return
+        old = self._states.get(key)
+        same = old is not None and (old.run_id, old.step) == (update.run_id, update.step)
+        text = old.text if same and old is not None else ""
+        status = old.status if old is not None and old.run_id == update.run_id else None
+        done = False
+        if update.kind == "text":
+            if update.offset > len(text):
+                return  # a gap (an update was lost): the next model request starts whole
+            text = text[: update.offset] + update.text
+        elif update.kind == "progress":
+            status = update.status
+        else:
+            status, done = None, True
+            if not text:  # nothing written: nothing to keep showing
+                self.clear(*key)
+                return
+        self._states[key] = _State(update.run_id, update.step, text, status, done)
+        self._states.move_to_end(key)
+        while len(self._states) > self._max:
+            self._states.popitem(last=False)
+        self._wake(key)
+
+    def clear(self, space: str, thread: str) -> None:
+        """The thread's answer was delivered: what was streamed goes (streams are woken)."""
+        key = (space, thread)
+        old = self._states.pop(key, None)
+        if old is not None:
+            self._cleared[key] = (old.run_id, old.step)
+            self._cleared.move_to_end(key)
+            while len(self._cleared) > self._max:
+                self._cleared.popitem(last=False)
+            self._wake(key)
+
+    def signal(self, space: str, thread: str) -> asyncio.Event:
+        """An event set at the thread's next change (take it before reading the state)."""
+        return self._signals.setdefault((space, thread), asyncio.Event())
+
+    def state(self, space: str, thread: str) -> _State | None:
+        """The thread's live state (None: nothing live)."""
+        return self._states.get((space, thread))
+
+    def _wake(self, key: _Key) -> None:
+        signal = self._signals.pop(key, None)
+        if signal is not None:
+            signal.set()
+
+
+class LiveCursor:
+    """What one event stream has sent of its thread's live state."""
+
+    def __init__(self, board: LiveBoard, space: str, thread: str) -> None:
+        self._board = board
+        self._space = space
+        self._thread = thread
+        self._sent: _State | None = None
+
+    def signal(self) -> asyncio.Event:
+        """Set at the thread's next change (take it before `catch_up`)."""
+        return self._board.signal(self._space, self._thread)
+
+    def catch_up(self) -> dict[str, Any] | None:
+        """The ``live`` event that brings the stream up to date (None: nothing changed).
+
+        ``{"run_id", "step", "offset", "text", "status", "done"}``: the text from `offset` on
+        replaces what the page shows from there (a new run or step starts at 0); ``run_id``
+        None means the thread shows nothing live any more (its answer was delivered).
+        """
+        now = self._board.state(self._space, self._thread)
+        sent, self._sent = self._sent, now
+        if now is None:
+            if sent is None:
+                return None
+            return {"run_id": None, "step": 0, "offset": 0, "text": "", "status": None,
+                    "done": True}  # fmt: skip
+        if sent == now:
+            return None
+        offset = 0
+        if sent is not None and (sent.run_id, sent.step) == (now.run_id, now.step):
+            offset = _shared(sent.text, now.text)
+        return {
+            "run_id": now.run_id,
+            "step": now.step,
+            "offset": offset,
+            "text": now.text[offset:],
+            "status": now.status,
+            "done": now.done,
+        }
+
+
+def _shared(a: str, b: str) -> int:
+    """How many leading characters `a` and `b` share (text usually only grows: fast)."""
+    if b.startswith(a):
+        return len(a)
+    n = 0
+    for x, y in zip(a, b, strict=False):
+        if x != y:
+            break
+        n += 1
+    return n
