@@ -83,4 +83,14 @@ async def inspect_held(
         seen = dataclasses.replace(
             seen, info=dataclasses.replace(found, status="running", suspended=None)
         )
+    elif (
+        found.status in ("running", "suspended")
+        and found.operation_id is not None
+        and (found.status == "running" or found.suspended == "crash")
+        and not await _attempt_running(storage, broker, session, lane, found.operation_id)
+    ):
+        # parked by a worker under a lower cap than `max_attempts` (its lane's profile)
+        seen = dataclasses.replace(
+            seen, info=dataclasses.replace(found, status="stuck", suspended="crash")
+        )
     return seen

@@ -11,16 +11,17 @@ benchmarks run several services in one process). Three kinds of numbers:
   These are the shared state of every process over the store and broker.
 * **Counted in this process** as it works: takeovers, accepted messages, operations and their
   durations (from the harness's events), model tokens and cost (from its usage events, failed
-  attempts included), delivery attempts and their durations.
+  attempts included), delivery attempts and their durations, and the MCP servers' calls by
+  outcome, restarts and whether each is up (`Metrics` is their connections' `CallObserver`).
 * ``gateway_metrics_read_errors_total``: scrape-time reads that failed (the previous values
   are kept and served).
 
 ``/metrics`` takes no token, the convention for Prometheus scrapers: the service binds loopback
 unless operator tokens are configured, and what it serves is safe to expose. The page holds
 counts, ages and durations only, labelled by bounded vocabularies (status, kind, outcome, the
-configured channel names): no message content, no secrets, no session, lane or thread names,
-no user ids. A label value that is not one of the vocabulary (a channel no adapter serves) is
-counted as ``other``.
+configured channel and MCP server names): no message content, no secrets, no session, lane or
+thread names, no user ids. A label value that is not one of the vocabulary (a channel no
+adapter serves) is counted as ``other``.
 """
 
 from __future__ import annotations
@@ -63,7 +64,7 @@ from harness_core import (
     UsageEvent,
 )
 
-__all__ = ["LANE_STATUSES", "Metrics"]
+__all__ = ["LANE_STATUSES", "MCP_OUTCOMES", "Metrics"]
 
 log = logging.getLogger("gateway.metrics")
 
@@ -77,6 +78,20 @@ _OUTCOMES: Final = {
 _DELIVERY_OUTCOMES: Final = ("delivered", "reconciled", "retry", "dead")
 _TOKEN_KINDS: Final = ("input", "output", "cache_read", "cache_write")
 _OTHER: Final = "other"
+MCP_OUTCOMES: Final = (
+    "ok",
+    "error",
+    "timeout",
+    "aborted",
+    "stopped",
+    "down",
+    "crashed",
+    "malformed",
+    "unknown",
+)
+"""Every value of ``gateway_mcp_calls_total{outcome}``: how an MCP tool call ended (``error``:
+the server answered with ``isError`` or refused the request; ``unknown``: the tool is no longer
+offered; ``down``: the server was not connected; ``stopped``: the service was closing)."""
 _OPERATION_BUCKETS: Final = (0.1, 0.25, 0.5, 1, 2.5, 5, 10, 30, 60, 120, 300, 600, 1800)
 _DELIVERY_BUCKETS: Final = (0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10, 30)
 
@@ -92,6 +107,7 @@ class Metrics:
         *,
         max_attempts: int,
         channels: Iterable[str] = (),
+        mcp_servers: Iterable[str] = (),
         broker_ttl_s: float = 5.0,
         lanes_ttl_s: float = 15.0,
         max_lanes: int = 10_000,
@@ -102,6 +118,8 @@ class Metrics:
         self._max_attempts = max_attempts
         self.channels = frozenset(channels)
         """The label values ``channel`` takes (the adapters' names); any other is ``other``."""
+        self.mcp_servers = frozenset(mcp_servers)
+        """The label values ``server`` takes (the configured MCP servers); others: ``other``."""
         self.broker_ttl_s = broker_ttl_s
         self.lanes_ttl_s = lanes_ttl_s
         self.max_lanes = max_lanes
@@ -202,6 +220,23 @@ class Metrics:
             buckets=_OPERATION_BUCKETS,
             registry=registry,
         )
+        self.mcp_calls = Counter(
+            "gateway_mcp_calls",
+            "MCP tool calls that ended in this process, by server and outcome.",
+            ("server", "outcome"),
+            registry=registry,
+        )
+        self.mcp_restarts = Counter(
+            "gateway_mcp_restarts",
+            "MCP server connection attempts after a failure (a crash, a lost connection).",
+            ("server",),
+            registry=registry,
+        )
+        self.mcp_up = gauge(
+            "gateway_mcp_server_up",
+            "1 while the MCP server is connected with its tools listed, else 0.",
+            ("server",),
+        )
         # every bounded label value is served from the first scrape on (stable series)
         for status in LANE_STATUSES:
             self.lanes.labels(status)
@@ -219,6 +254,11 @@ class Metrics:
             self.messages_accepted.labels(channel)
             for outcome in _DELIVERY_OUTCOMES:
                 self.deliveries.labels(channel, outcome)
+        for server in sorted(self.mcp_servers):
+            self.mcp_restarts.labels(server)
+            self.mcp_up.labels(server)
+            for outcome in MCP_OUTCOMES:
+                self.mcp_calls.labels(server, outcome)
         self.router = self._build()
 
     # -- counted as it happens -------------------------------------------------------------
@@ -242,6 +282,22 @@ class Metrics:
     def delivery_time(self, seconds: float) -> None:
         """A delivery attempt took `seconds` (settling included)."""
         self.delivery_seconds.observe(seconds)
+
+    def mcp_call(self, server: str, outcome: str) -> None:
+        """An MCP tool call ended with `outcome` (one of `MCP_OUTCOMES`, else ``other``)."""
+        label = outcome if outcome in MCP_OUTCOMES else _OTHER
+        self.mcp_calls.labels(self._mcp_server(server), label).inc()
+
+    def mcp_restart(self, server: str) -> None:
+        """An MCP server is connected again after a failure."""
+        self.mcp_restarts.labels(self._mcp_server(server)).inc()
+
+    def mcp_state(self, server: str, up: bool) -> None:
+        """An MCP server came up (connected, tools listed) or went down."""
+        self.mcp_up.labels(self._mcp_server(server)).set(1 if up else 0)
+
+    def _mcp_server(self, name: str) -> str:
+        return name if name in self.mcp_servers else _OTHER
 
     def watch(self, harness: AgentHarness) -> Callable[[], None]:
         """Count a session's operations, durations and usage from its harness's events.

@@ -169,18 +169,6 @@ class Service:
         self.model = model
         plugin_tools = tuple(parts.tools) or tuple(plugin.tools)
         servers = mcp_section(settings).servers
-        if servers and self.mcp is None:
-            # spawned and listed before any worker takes a session: a lane resumed after a
-            # crash finds its MCP tools (and their declarations) registered
-            self.mcp = self._own(McpTools(servers, clock=clock, redact=self.redactor.redact))
-            await self.mcp.start()
-            self.mcp_health = self.mcp.health
-        mcp = self.mcp
-
-        def tools() -> tuple[Tool, ...]:
-            # read per session taken: a server's list change reaches the next session's runs
-            return plugin_tools + (mcp.tools() if mcp is not None else ())
-
         if parts.adapters is not None:
             adapters = list(parts.adapters)
         else:
@@ -202,7 +190,27 @@ class Service:
             clock,
             max_attempts=settings.max_attempts,
             channels=self.adapters,
+            mcp_servers=(server.name for server in servers),
         )
+        if servers and self.mcp is None:
+            # spawned and listed before any worker takes a session: a lane resumed after a
+            # crash finds its MCP tools (and their declarations) registered
+            self.mcp = self._own(
+                McpTools(
+                    servers,
+                    clock=clock,
+                    redact=self.redactor.redact,
+                    observer=self.metrics,
+                )
+            )
+            await self.mcp.start()
+            self.mcp_health = self.mcp.health
+        mcp = self.mcp
+
+        def tools() -> tuple[Tool, ...]:
+            # read per session taken: a server's list change reaches the next session's runs
+            return plugin_tools + (mcp.tools() if mcp is not None else ())
+
         tracer = install_tracing()
 
         def options(storage: SessionStorage) -> AgentHarnessOptions:

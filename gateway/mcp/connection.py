@@ -2,14 +2,15 @@
 
 A supervisor task owns the SDK client (its task group lives in that task): it connects
 within ``start_timeout_seconds``, lists the tools (every page), then waits for the connection
-to end (the stdio server's output closing, or a call that finds it gone) or for
-``notifications/tools/list_changed`` (a re-list). A lost connection is retried after a
-backoff that doubles up to a cap; a server that cannot be spawned at all (no such program)
-is ``failed``. A call never raises: a server that is down, a vanished tool, a timeout, an
-abort, a crash mid-call and a malformed result each become an error result the model reads,
-and cancelling a call (timeout, abort, stop) sends the protocol's ``notifications/cancelled``
-(the SDK does it when the awaiting task is cancelled). The idempotency key rides in the
-request's ``_meta`` under `IDEMPOTENCY_META_KEY` (D201).
+to end (the stdio server's output closing, a call that finds it gone, or a ping of an idle
+HTTP server that fails) or for ``notifications/tools/list_changed`` (a re-list). A lost
+connection is retried after a backoff that doubles up to a cap; a server that cannot be
+spawned at all (no such program) is ``failed``; a refused HTTP request names its status. A
+call never raises: a server that is down, a vanished tool, a timeout, an abort, a crash
+mid-call and a malformed result each become an error result the model reads, and cancelling
+a call (timeout, abort, stop) sends the protocol's ``notifications/cancelled`` (the SDK does
+it when the awaiting task is cancelled). The idempotency key rides in the request's
+``_meta`` under `IDEMPOTENCY_META_KEY` (D201).
 """
 
 from __future__ import annotations
@@ -18,11 +19,13 @@ import asyncio
 import contextlib
 import fnmatch
 import logging
+import math
 import os
 from collections.abc import AsyncIterator, Awaitable, Callable, Mapping
 from dataclasses import dataclass
 from typing import Any, Protocol, cast
 
+import anyio
 import httpx2
 import mcp_types as types
 from mcp import Client, StdioServerParameters
@@ -40,12 +43,14 @@ from gateway.mcp.settings import McpServer
 from harness_core.clock import Clock
 from harness_core.tools import ToolOutput
 
-__all__ = ["IDEMPOTENCY_META_KEY", "Backoff", "CallObserver", "McpConnection"]
+__all__ = ["IDEMPOTENCY_META_KEY", "PING_EVERY_S", "Backoff", "CallObserver", "McpConnection"]
 
 IDEMPOTENCY_META_KEY = "durable-gateway/idempotency-key"
 """The ``_meta`` key of a call's idempotency key (stable across every replay of the call)."""
 MAX_PAGES = 100
 """The most ``tools/list`` pages read: a server whose cursor never ends cannot hang a start."""
+PING_EVERY_S = 30.0
+"""How often an idle Streamable HTTP server is pinged: nothing else shows that it went away."""
 _MAY_HAVE_HAPPENED = "the call may have had its effect"
 
 log = logging.getLogger("gateway.mcp")
@@ -94,6 +99,7 @@ class McpConnection:
         observer: CallObserver | None = None,
         backoff: Backoff = Backoff(),
         sleep: Sleep = asyncio.sleep,
+        ping_every_s: float = PING_EVERY_S,
     ) -> None:
         self.server = server
         self.name = server.name
@@ -102,6 +108,7 @@ class McpConnection:
         self._observer = observer
         self._backoff = backoff
         self._sleep = sleep
+        self._ping_every_s = ping_every_s
         self._client: Client | None = None
         self._tools: dict[str, types.Tool] = {}
         self._state: ServerState = "starting"
@@ -116,8 +123,12 @@ class McpConnection:
         self._settled = asyncio.Event()
         self._calls_running: set[asyncio.Task[Any]] = set()
         self._supervisor: asyncio.Task[None] | None = None
+        self._scope = anyio.CancelScope()
+        """The supervisor's whole life: `close` cancels this, never the task (see `close`)."""
         self._version = 0
         self._up = False
+        self._http_status: int | None = None
+        """The last HTTP error status this attempt's requests got (the SDK keeps it to itself)."""
         self.on_change: Callable[[], None] | None = None
         """Called when the tool list changes (the source rebuilds its tools)."""
 
@@ -164,7 +175,10 @@ class McpConnection:
         if self._calls_running:
             await asyncio.wait(list(self._calls_running))
         if self._supervisor is not None:
-            self._supervisor.cancel()
+            # An anyio cancel, not Task.cancel(): it waits out the SDK's shielded transport
+            # shutdown (close stdin, wait, kill, close the transport) where a native cancel
+            # would cut it short and leave the server process running (D202).
+            self._scope.cancel()
             with contextlib.suppress(asyncio.CancelledError):
                 await self._supervisor
         self._tools = {}
@@ -172,6 +186,10 @@ class McpConnection:
         self._settled.set()
 
     async def _supervise(self) -> None:
+        with self._scope:
+            await self._supervise_in_scope()
+
+    async def _supervise_in_scope(self) -> None:
         failures = 0
         while True:
             self._up = False
@@ -180,7 +198,7 @@ class McpConnection:
             except _Lost as exc:
                 self._fault(str(exc) or "the connection ended")
             except Exception as exc:  # any failure of a foreign server or its transport
-                self._fault(_describe(exc))
+                self._fault(self._explain(exc))
                 if _spawn_failed(exc) and not self._up:
                     self._give_up()
                     return
@@ -212,6 +230,16 @@ class McpConnection:
     async def _connect_once(self) -> None:
         self._lost = asyncio.Event()
         self._relist = asyncio.Event()
+        self._http_status = None
+        # anyio's deadline, like `close`, waits out the SDK's shielded shutdown (D202); it
+        # encloses the client (whose task groups must exit inside it) and is lifted once up
+        with anyio.CancelScope(
+            deadline=anyio.current_time() + self.server.start_timeout_seconds
+        ) as starting:
+            await self._connected(starting)
+        raise TimeoutError  # the deadline cut the start (`_connected` only returns by raising)
+
+    async def _connected(self, starting: anyio.CancelScope) -> None:
         async with contextlib.AsyncExitStack() as stack:
             client = Client(
                 self._transport(stack),
@@ -220,21 +248,28 @@ class McpConnection:
                 message_handler=self._on_message,
                 client_info=types.Implementation(name="durable-gateway", version="1"),
             )
-            async with asyncio.timeout(self.server.start_timeout_seconds):
-                await stack.enter_async_context(client)
-                await self._list(client)
+            await stack.enter_async_context(client)
+            await self._list(client)
+            starting.deadline = math.inf
             self._client = client
             self._up = True
             self._set_state("ready")
             self._settled.set()
             log.info(event("mcp.server_ready", server=self.name, tools=len(self._tools)))
+            # a stdio server's end is seen (its output closes); an HTTP server's only when a
+            # request fails, so an idle one is pinged
+            pinged = self.server.transport == "http"
             try:
                 while True:
-                    await _first(self._lost.wait(), self._relist.wait())
+                    waits = [self._lost.wait(), self._relist.wait()]
+                    await _first(*waits, *([asyncio.sleep(self._ping_every_s)] if pinged else []))
                     if self._lost.is_set():
                         raise _Lost(self._last_error or "the connection ended")
-                    self._relist.clear()
-                    async with asyncio.timeout(self.server.start_timeout_seconds):
+                    with anyio.fail_after(self.server.start_timeout_seconds):
+                        if not self._relist.is_set():
+                            await client.send_ping()
+                            continue
+                        self._relist.clear()
                         await self._list(client)
                     log.info(event("mcp.tools_changed", server=self.name, tools=len(self._tools)))
             finally:
@@ -257,9 +292,15 @@ class McpConnection:
         headers = {k: v.get_secret_value() for k, v in server.headers.items()}
         if server.bearer_token is not None:
             headers["Authorization"] = f"Bearer {server.bearer_token.get_secret_value()}"
+
+        async def seen(response: httpx2.Response) -> None:
+            if response.status_code >= 400:
+                self._http_status = response.status_code
+
         http = httpx2.AsyncClient(
             headers=headers,
             timeout=httpx2.Timeout(30.0, read=server.call_timeout_seconds + 30.0),
+            event_hooks={"response": [seen]},
         )
         return _watched(streamable_http_client(server.url, http_client=http), lost, http)
 
@@ -303,6 +344,16 @@ class McpConnection:
         if self._observer is not None and (state == "ready") != was_up:
             self._observer.mcp_state(self.name, state == "ready")
 
+    def _explain(self, exc: BaseException) -> str:
+        """`_describe`, with the HTTP status the server answered when it refused a request."""
+        status = self._http_status
+        if status is None:
+            return _describe(exc)
+        said = f"the server answered HTTP {status} {httpx2.codes.get_reason_phrase(status)}"
+        if status in (401, 403):
+            return f"{said}: check the server's bearer_token or headers"
+        return f"{said} ({_describe(exc)})"
+
     def _fault(self, text: str) -> None:
         self._last_error = self._redact(text)[:500]
 
@@ -314,7 +365,7 @@ class McpConnection:
         """Call `tool` (its own name); never raises but `CancelledError` (see the module doc)."""
         self._calls += 1
         client = self._client
-        if client is None or self._state != "ready":
+        if client is None or self._state != "ready" or self._lost.is_set():
             return self._ended("down", self._down_text())
         if tool not in self._tools:
             return self._ended(

@@ -16,7 +16,7 @@ from typing import Any
 
 import mcp_types as types
 
-from gateway.mcp.connection import Backoff, CallObserver, McpConnection, Sleep
+from gateway.mcp.connection import PING_EVERY_S, Backoff, CallObserver, McpConnection, Sleep
 from gateway.mcp.health import McpServerHealth
 from gateway.mcp.policy import declarations
 from gateway.mcp.settings import McpServer
@@ -41,6 +41,7 @@ class McpTools:
         observer: CallObserver | None = None,
         backoff: Backoff | None = None,
         sleep: Sleep = asyncio.sleep,
+        ping_every_s: float = PING_EVERY_S,
     ) -> None:
         self._connections = {
             server.name: McpConnection(
@@ -50,6 +51,7 @@ class McpTools:
                 observer=observer,
                 backoff=backoff or Backoff(),
                 sleep=sleep,
+                ping_every_s=ping_every_s,
             )
             for server in servers
         }

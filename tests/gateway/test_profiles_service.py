@@ -359,6 +359,12 @@ async def test_the_attempt_cap_is_the_profile_s(deploy: Deploy, tmp_path: Path) 
     web = await deploy(agent)
     [stuck] = await web.answers("oncall", "pager", 1)
     assert stuck["kind"] == "failure_notice" and "stuck" in stuck["text"]
+    # operators see it stuck too, though the top-level cap (3) is not reached
+    shown = await web.http.get(
+        f"/api/v1/lanes/{lane_id('oncall', 'web:pager')}", headers=AS_OPERATOR
+    )
+    assert shown.status_code == 200, shown.text
+    assert shown.json()["status"] == "stuck"
     [done] = await web.answers("support", "ticket-1", 1)
     assert done["text"] == "Done: held"  # resumed: its second attempt
 

@@ -2,9 +2,11 @@
 
 ``--stdio`` serves on stdin/stdout (the gateway spawns it); ``--http PORT`` serves Streamable
 HTTP at ``/mcp`` (uvicorn), refusing requests without ``Authorization: Bearer <--token>``
-when a token is given; ``--fail-start`` exits at once. ``--marks DIR``: the server writes a
-file there for each call it starts (``call-<tool>-<n>``) and each call it sees cancelled
-(``cancelled-<tool>``), so a test can read what reached the server.
+when a token is given; ``--fail-start`` exits at once; ``--linger``: ``crash`` closes the
+wire and lingers (deaf to its stdin closing) instead of exiting, so only a kill ends it.
+``--marks DIR``: the server writes a file there for each call it starts (``call-<tool>-<n>``),
+each call it sees cancelled (``cancelled-<tool>``) and ``pid-<pid>`` when it starts, so a test
+can read what reached the server and which process it is.
 
 Tools (listed three per page, to exercise pagination): ``echo`` (read-only), ``add``
 (idempotent, structured content only), ``delete`` (destructive), ``key`` (returns the
@@ -23,6 +25,7 @@ import itertools
 import json
 import os
 import sys
+import time
 from pathlib import Path
 from typing import Any
 
@@ -75,14 +78,18 @@ TOOLS = [
     _tool("env", read_only_hint=True),
     _tool("schema", SCHEMA, read_only_hint=True),
 ]
+_ROOT = Path(__file__).resolve().parents[2]
+"""The repository (the server runs as ``python -m tests.support.mcp_servers`` from there)."""
 _EXTRA = _tool("extra", read_only_hint=True)
 _WIRE = [1]
 """The protocol's output descriptor (stdio_server moves the wire off fd 1: a copy of it)."""
 
 
-def build(marks: Path | None) -> Server[Any]:
+def build(marks: Path | None, *, linger: bool = False) -> Server[Any]:
     """The test server (one tool list per process; `change` alters it)."""
     tools = list(TOOLS)
+    if marks is not None:
+        (marks / f"pid-{os.getpid()}").write_text("")
     counter = itertools.count(1)
 
     def mark(name: str) -> None:
@@ -118,6 +125,13 @@ def build(marks: Path | None) -> Server[Any]:
             return _text("no such ticket", error=True)
         if name == "crash":
             sys.stdout.flush()
+            if linger:
+                # every descriptor but stderr closed (the client reads the end of the wire),
+                # then a blocked loop: the stdin closing is never read, only a signal ends it
+                os.closerange(3, 1024)
+                os.close(0)
+                os.close(1)
+                time.sleep(3600)  # noqa: ASYNC251 (blocking is the point)
             os._exit(3)
         if name == "hang":
             try:
@@ -178,6 +192,49 @@ def _http(server: Server[Any], port: int, token: str | None) -> None:
     uvicorn.run(guarded, host="127.0.0.1", port=port, log_level="warning", lifespan="on")
 
 
+class HttpServer:
+    """The test server over Streamable HTTP in a process of its own, for a test to stop and start.
+
+    ``url`` is its endpoint; `start` waits until the port accepts connections; `kill` ends the
+    process (SIGKILL); a later `start` serves on the same port again.
+    """
+
+    def __init__(self, port: int, *, token: str | None = None, marks: Path | None = None) -> None:
+        self.port = port
+        self.url = f"http://127.0.0.1:{port}/mcp"
+        self._args = ["-m", "tests.support.mcp_servers", "--http", str(port)]
+        if token is not None:
+            self._args += ["--token", token]
+        if marks is not None:
+            self._args += ["--marks", str(marks)]
+        self._process: asyncio.subprocess.Process | None = None
+
+    async def start(self) -> HttpServer:
+        """Start it; returns once it accepts connections."""
+        self._process = await asyncio.create_subprocess_exec(
+            sys.executable, *self._args, cwd=_ROOT, stderr=asyncio.subprocess.DEVNULL
+        )
+        for _ in range(400):
+            if self._process.returncode is not None:
+                raise RuntimeError(f"the MCP test server exited ({self._process.returncode})")
+            try:
+                _, writer = await asyncio.open_connection("127.0.0.1", self.port)
+            except OSError:
+                await asyncio.sleep(0.05)
+                continue
+            writer.close()
+            await writer.wait_closed()
+            return self
+        raise RuntimeError(f"the MCP test server never listened on {self.port}")
+
+    async def kill(self) -> None:
+        """SIGKILL it and wait for it to go."""
+        if self._process is not None and self._process.returncode is None:
+            self._process.kill()
+            await self._process.wait()
+        self._process = None
+
+
 def main(argv: list[str] | None = None) -> None:
     """Serve (see the module docstring)."""
     parser = argparse.ArgumentParser()
@@ -186,11 +243,12 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--token")
     parser.add_argument("--marks", type=Path)
     parser.add_argument("--fail-start", action="store_true")
+    parser.add_argument("--linger", action="store_true")
     args = parser.parse_args(argv)
     if args.fail_start:
         print("refusing to start", file=sys.stderr)
         raise SystemExit(1)
-    server = build(args.marks)
+    server = build(args.marks, linger=args.linger)
     if args.http is not None:
         _http(server, args.http, args.token)
     else:

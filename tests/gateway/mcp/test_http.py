@@ -1,0 +1,163 @@
+"""McpTools against the test server over Streamable HTTP: credentials, refusals, restarts.
+
+The test server (`tests.support.mcp_servers.HttpServer`) runs in a process of its own and
+refuses any request without ``Authorization: Bearer <its token>``. The gateway's side takes the
+token from the server's settings (``bearer_token``, or an ``Authorization`` header), and a wrong
+one is a health error that says what to fix without showing the token.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+from collections.abc import AsyncIterator
+from typing import Any
+
+import pytest
+
+from gateway.mcp.connection import Backoff
+from gateway.mcp.settings import McpServer
+from gateway.mcp.source import McpTools
+from gateway.redact import Redactor
+from harness_core.clock import SystemClock
+from harness_core.messages import TextPart
+from harness_core.tools import ToolContext, ToolOutput
+from tests.support.mcp_servers import HttpServer
+from tests.support.redis_server import free_port
+
+TOKEN = "http-bearer-secret-7f3a9c"
+WRONG = "http-wrong-secret-1b2c3d"
+
+
+@pytest.fixture
+async def http_server() -> AsyncIterator[HttpServer]:
+    server = await HttpServer(free_port(), token=TOKEN).start()
+    yield server
+    await server.kill()
+
+
+def settings(url: str, **more: Any) -> McpServer:
+    return McpServer.model_validate({"name": "remote", "url": url, **more})
+
+
+def tools(*servers: McpServer, **more: Any) -> McpTools:
+    secrets = [secret for server in servers for secret in server.secrets()]
+    return McpTools(servers, clock=SystemClock(), redact=Redactor(secrets).redact, **more)
+
+
+async def call(source: McpTools, name: str, args: dict[str, Any], key: str = "k1") -> ToolOutput:
+    found = {t.name: t for t in source.tools()}[name]
+    ctx = ToolContext(
+        session_id="s", lane="l", run_id="r", tool_call_id="c", tool_name=name, idempotency_key=key
+    )
+    output = await found.execute(args, ctx)
+    assert isinstance(output, ToolOutput)
+    return output
+
+
+def text(output: ToolOutput) -> str:
+    return "".join(part.text for part in output.content if isinstance(part, TextPart))
+
+
+async def until(check: Any, what: str) -> None:
+    for _ in range(800):
+        if check():
+            return
+        await asyncio.sleep(0.025)
+    raise AssertionError(f"never: {what}")
+
+
+@pytest.mark.parametrize("how", ["bearer_token", "headers"])
+async def test_the_token_from_the_settings_reaches_the_server(
+    http_server: HttpServer, how: str
+) -> None:
+    if how == "bearer_token":
+        server = settings(http_server.url, bearer_token=TOKEN)
+    else:
+        server = settings(http_server.url, headers={"Authorization": f"Bearer {TOKEN}"})
+    source = tools(server)
+    await source.start()
+    try:
+        health = source.health()[0]
+        assert (health.state, health.transport, health.target) == (
+            "ready",
+            "http",
+            http_server.url,
+        )
+        assert len(source.tools()) == 12
+        assert text(await call(source, "remote.echo", {"text": "over http"})) == "echo: over http"
+        assert text(await call(source, "remote.key", {}, key="call_http_1")) == "call_http_1"
+        assert text(await call(source, "remote.add", {"a": 1, "b": 2})) == '{"sum":3}'
+    finally:
+        await source.close()
+
+
+async def test_a_wrong_token_is_a_clear_health_error_without_the_secret(
+    http_server: HttpServer, caplog: pytest.LogCaptureFixture
+) -> None:
+    caplog.set_level(logging.DEBUG)
+    source = tools(
+        settings(http_server.url, bearer_token=WRONG), backoff=Backoff(first_s=0.05, max_s=0.1)
+    )
+    await source.start()
+    try:
+        health = source.health()[0]
+        assert health.state == "restarting" and source.tools() == ()
+        assert health.last_error == (
+            "the server answered HTTP 401 Unauthorized: check the server's bearer_token or headers"
+        )
+        await until(lambda: source.health()[0].restarts >= 2, "tried again with backoff")
+    finally:
+        await source.close()
+    assert WRONG not in caplog.text and WRONG not in repr(source.health())
+
+
+async def test_a_server_that_goes_away_is_tried_with_backoff_until_it_is_back(
+    http_server: HttpServer,
+) -> None:
+    delays: list[float] = []
+
+    async def sleep(seconds: float) -> None:
+        delays.append(seconds)
+        await asyncio.sleep(seconds)
+
+    source = tools(
+        settings(http_server.url, bearer_token=TOKEN),
+        backoff=Backoff(first_s=0.05, max_s=0.2),
+        sleep=sleep,
+    )
+    await source.start()
+    try:
+        assert text(await call(source, "remote.echo", {"text": "one"})) == "echo: one"
+        await http_server.kill()
+        gone = await call(source, "remote.echo", {"text": "two"})
+        assert gone.is_error and "MCP server 'remote'" in text(gone)
+        await until(lambda: source.health()[0].restarts >= 4, "tried again, and again")
+        health = source.health()[0]
+        assert health.state in ("restarting", "starting") and health.last_error
+        assert delays[:4] == [0.05, 0.1, 0.2, 0.2]  # doubling to the cap
+        down = await call(source, "remote.echo", {"text": "three"})
+        assert down.is_error and "is down" in text(down)
+
+        await http_server.start()
+        await until(lambda: source.health()[0].state == "ready", "connected again")
+        assert text(await call(source, "remote.echo", {"text": "four"})) == "echo: four"
+    finally:
+        await source.close()
+
+
+async def test_an_idle_server_that_went_away_is_noticed_by_a_ping(http_server: HttpServer) -> None:
+    source = tools(
+        settings(http_server.url, bearer_token=TOKEN),
+        backoff=Backoff(first_s=0.05, max_s=0.1),
+        ping_every_s=0.1,
+    )
+    await source.start()
+    try:
+        await http_server.kill()  # no call is made: only the ping can tell
+        await until(lambda: source.health()[0].state == "restarting", "noticed")
+        await http_server.start()
+        await until(lambda: source.health()[0].state == "ready", "connected again")
+        assert text(await call(source, "remote.echo", {"text": "back"})) == "echo: back"
+    finally:
+        await source.close()
