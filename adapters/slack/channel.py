@@ -20,9 +20,10 @@ learns who decided). When the wait ends, however it ends, the gateway delivers i
 every copy of the request in the thread (the request and its reminders) is rewritten without
 buttons to say how it closed, by whom and when.
 
-The channel is four parts over one `SlackLink` (the client, the clock, the bot's identity, the
+The channel is five parts over one `SlackLink` (the client, the clock, the bot's identity, the
 sink): this module receives; `history` reads threads (late mentions, backfill); `approvals`
-takes the buttons' clicks; `delivery` posts, rewrites and reconciles.
+takes the buttons' clicks; `delivery` posts, rewrites and reconciles; `live` shows a run's
+progress (the thread's status) and streams its answer, which the reply then finishes.
 """
 
 from __future__ import annotations
@@ -56,11 +57,13 @@ from adapters.channel import (
     Outbound,
     Reconciled,
 )
+from adapters.live import LiveUpdate
 from adapters.slack.approvals import SlackApprovals
 from adapters.slack.delivery import SlackDelivery
 from adapters.slack.events import CHANNEL, classify
 from adapters.slack.history import SlackHistory
 from adapters.slack.link import SlackLink
+from adapters.slack.live import SlackLive
 from harness_core import Clock, SystemClock
 
 __all__ = ["SlackChannel", "SlackStartError"]
@@ -126,8 +129,12 @@ class SlackChannel:
             self.link, context_messages=context_messages, backfill_hours=backfill_hours
         )
         self.approvals = SlackApprovals(self.link, self.approvers)
+        self.live = SlackLive(self.link)
         self.delivery = SlackDelivery(
-            self.link, working_reaction=working_reaction, late_after_s=late_after_s
+            self.link,
+            working_reaction=working_reaction,
+            late_after_s=late_after_s,
+            live=self.live,
         )
         self.app = AsyncApp(
             client=self.client,
@@ -146,9 +153,10 @@ class SlackChannel:
         self.router: APIRouter | None = None if self.socket_mode else self._http_router()
         self.body_limits: dict[str, int] = {} if self.socket_mode else {"/slack/": _MAX_BODY}
         """The bound of a request body at ``/slack/events`` (the app refuses more unread)."""
-        self.capabilities = Capabilities(decisions=True, approvers=True, edits=True)
+        self.capabilities = Capabilities(decisions=True, approvers=True, edits=True, streaming=True)
         """Approve/Deny buttons for the configured approvers; an approval's close edits every
-        posted copy (chat.update)."""
+        posted copy (chat.update); a run's answer is streamed and its reply finishes the
+        stream (`live`)."""
 
     @property
     def backfilled(self) -> int:
@@ -169,6 +177,7 @@ class SlackChannel:
             identity = await self.link.client.auth_test()
             self.link.bot_user_id = identity.get("user_id")
             self.link.bot_id = identity.get("bot_id")
+            self.link.team_id = identity.get("team_id")
         except SlackApiError as exc:
             error = exc.response.get("error")
             if error in _BAD_TOKEN:
@@ -295,6 +304,8 @@ class SlackChannel:
         if self.link.bot_user_id is None and context.get("bot_user_id"):
             self.link.bot_user_id = str(context["bot_user_id"])
             self.link.bot_id = context.get("bot_id") or self.link.bot_id
+        if self.link.team_id is None and context.get("team_id"):
+            self.link.team_id = str(context["team_id"])
 
     async def _on_other_event(self, body: dict[str, Any]) -> None:
         kind = body.get("event", {}).get("type") if isinstance(body.get("event"), dict) else None
@@ -355,6 +366,10 @@ class SlackChannel:
             DeliveryError: not delivered, or with an unknown outcome (the retry reconciles).
         """
         return await self.delivery.deliver(outbound)
+
+    async def show(self, update: LiveUpdate) -> None:
+        """Show a run's progress or text in its thread (`SlackLive.show`; never raises)."""
+        await self.live.show(update)
 
     async def reconcile(self, outbound: Outbound) -> Reconciled:
         """Whether an earlier attempt of `outbound` is in its thread (`SlackDelivery.reconcile`)."""

@@ -9,7 +9,6 @@ from __future__ import annotations
 
 import contextlib
 import logging
-import re
 from collections.abc import AsyncIterator, Mapping
 from typing import Any
 
@@ -30,7 +29,15 @@ from adapters.channel import (
     is_copy_of,
 )
 from adapters.slack.events import split_thread
-from adapters.slack.link import SCAN_PAGES, SlackLink, ts_key, ts_seconds
+from adapters.slack.link import (
+    METADATA_TYPE,
+    SCAN_PAGES,
+    SlackLink,
+    defused,
+    ts_key,
+    ts_seconds,
+)
+from adapters.slack.live import SlackLive
 from adapters.slack.render import (
     approval_blocks,
     close_note,
@@ -43,8 +50,6 @@ from adapters.slack.render import (
 
 log = logging.getLogger("adapters.slack")
 
-METADATA_TYPE = "gateway_delivery"
-"""The Slack message metadata event type of everything the bot posts."""
 _PART_LIMIT = 3_000
 """Characters per posted part (a section block's limit)."""
 _PERMANENT = frozenset(
@@ -66,18 +71,27 @@ _CLOSE_LOOKBACK_S = 600
 differ: ours stamps the request, Slack stamps the message)."""
 _WORKING_MAX = 20
 """The newest messages of a thread that may wear the working reaction (a reply clears them)."""
-_PING = re.compile(r"<!(here|channel|everyone|subteam\^[A-Z0-9]+)(?:\|[^>]*)?>")
 
 
 class SlackDelivery:
     """Posts, rewrites and finds the gateway's messages in Slack threads."""
 
-    def __init__(self, link: SlackLink, *, working_reaction: str, late_after_s: float) -> None:
+    def __init__(
+        self,
+        link: SlackLink,
+        *,
+        working_reaction: str,
+        late_after_s: float,
+        live: SlackLive | None = None,
+    ) -> None:
         self.link = link
         self.working_reaction = working_reaction
         self.late_after_s = late_after_s
-        self._partial: dict[str, set[int]] = {}
-        """The parts a reconcile found of a delivery (its retry posts only the others)."""
+        self.live = live
+        """The live view whose stream a reply finishes (None: every reply is posted)."""
+        self._partial: dict[str, dict[int, str]] = {}
+        """The parts a reconcile found of a delivery, by number: their ts (a retry posts only
+        the others)."""
 
     async def deliver(self, outbound: Outbound) -> DeliveryReceipt:
         """Post the delivery's parts into its thread (those not already there).
@@ -90,11 +104,12 @@ class SlackDelivery:
             return await self._close(outbound)
         channel, thread_ts = self._where(outbound.thread)
         parts = self._parts(outbound)
-        there = self._partial.pop(outbound.delivery_id, set())
+        there = self._partial.pop(outbound.delivery_id, {})
         if outbound.kind == "reply" and 0 not in there:
             note = await self._superseded_note(channel, thread_ts, outbound)
             if note:
                 parts[0] = (f"{note}\n{parts[0][0]}", parts[0][1])
+        stream = await self._stream_of(outbound, there)
         posted: list[str] = []
         for number, (text, blocks) in enumerate(parts):
             if number in there:
@@ -107,11 +122,17 @@ class SlackDelivery:
                     "parts": len(parts),
                 },
             }
+            after = bool(posted or there)
+            if number == 0 and stream is not None:
+                finished = await self._finish(channel, stream, text, blocks, metadata)
+                if finished is not None:
+                    posted.append(finished)
+                    continue
             posted.append(
-                await self._post(
-                    channel, thread_ts, text, blocks, metadata, after_post=bool(posted or there)
-                )
+                await self._post(channel, thread_ts, text, blocks, metadata, after_post=after)
             )
+        if self.live is not None and stream is not None:
+            await self.live.finished(outbound)
         if self.working_reaction and outbound.answers:  # a notice on arrival answers nothing
             self.link.spawn(self._answered(channel, outbound))
         return DeliveryReceipt(
@@ -132,7 +153,7 @@ class SlackDelivery:
         except (SlackApiError, aiohttp.ClientError, TimeoutError) as exc:
             log.info("slack reconcile failed", extra={"error": type(exc).__name__})
             return "unknown"
-        if found >= set(range(wanted)):
+        if set(found) >= set(range(wanted)):
             return "delivered"
         if found:
             self._partial[outbound.delivery_id] = found
@@ -140,7 +161,7 @@ class SlackDelivery:
 
     def _parts(self, outbound: Outbound) -> list[tuple[str, list[dict[str, Any]] | None]]:
         """What a delivery posts: (text, blocks) per message, in order."""
-        text = _defused(outbound.text)
+        text = defused(outbound.text)
         if outbound.kind == "approval_request" and outbound.approval is not None:
             intro = to_mrkdwn(text)
             return [(fallback_text(intro), approval_blocks(outbound.approval, intro=intro))]
@@ -193,6 +214,43 @@ class SlackDelivery:
             return split_thread(thread)
         except ValueError:
             raise DeliveryError("not a Slack thread", permanent=True) from None
+
+    async def _stream_of(self, outbound: Outbound, there: Mapping[int, str]) -> str | None:
+        """The ts of the run's stopped stream the reply finishes, if the run streamed."""
+        if self.live is None or not outbound.answers:
+            return None
+        try:
+            return await self.live.take(outbound, there)
+        except Unavailable as exc:
+            raise DeliveryError(f"the reply's stream cannot be found now: {exc}") from None
+
+    async def _finish(
+        self,
+        channel: str,
+        ts: str,
+        text: str,
+        blocks: list[dict[str, Any]] | None,
+        metadata: dict[str, Any],
+    ) -> str | None:
+        """Rewrite the run's stream message as the reply's first part; None if it is gone.
+
+        The blocks say the text too: a streamed message's own blocks would otherwise stay.
+        """
+        shown = blocks if blocks is not None else [_section(text)]
+        try:
+            await self.link.client.chat_update(
+                channel=channel, ts=ts, text=text, blocks=shown, metadata=metadata
+            )
+        except SlackApiError as exc:
+            if exc.response.get("error") == "message_not_found":
+                return None  # deleted meanwhile (by a person, a sweep): posted instead
+            raise _delivery_error(exc, after_post=False) from None
+        except aiohttp.ClientConnectorError as exc:
+            raise DeliveryError(self.link.unreachable(exc, "chat.update")) from None
+        except (aiohttp.ClientError, TimeoutError) as exc:
+            reason = self.link.unreachable(exc, "chat.update")
+            raise DeliveryError(reason, unknown_outcome=True) from None
+        return ts
 
     async def _post(
         self,
@@ -299,12 +357,12 @@ class SlackDelivery:
 
     async def _posted_parts(
         self, channel: str, thread_ts: str | None, oldest: str, delivery_id: str
-    ) -> set[int]:
-        found: set[int] = set()
+    ) -> dict[int, str]:
+        found: dict[int, str] = {}
         async for message in self._messages_since(channel, thread_ts, oldest):
             number = _part_of(message, delivery_id)
             if number is not None:
-                found.add(number)
+                found[number] = str(message.get("ts"))
         return found
 
     async def _messages_since(
@@ -403,14 +461,13 @@ class SlackDelivery:
             log.debug("slack reaction skipped", extra={"error": type(exc).__name__})
 
 
+def _section(text: str) -> dict[str, Any]:
+    return {"type": "section", "text": {"type": "mrkdwn", "text": text}}
+
+
 def _answered_mark(lane: str) -> str:
     """The broker mark holding the newest message of a thread a delivery answered."""
     return f"slack:answered:{lane}"
-
-
-def _defused(text: str) -> str:
-    """`text` without pings of a room or a user group (a model must not page people)."""
-    return _PING.sub(lambda found: "@" + found.group(1).replace("subteam^", ""), text)
 
 
 def _request_text(message: Mapping[str, Any]) -> str:

@@ -18,8 +18,11 @@ from adapters.channel import InboundSink, Unavailable
 from adapters.failures import connection_failure
 from harness_core import Clock
 
+METADATA_TYPE = "gateway_delivery"
+"""The Slack message metadata event type of everything the bot delivers."""
 SCAN_PAGES = 10
 """The most pages of 200 messages a read of a thread or a channel turns."""
+_PING = re.compile(r"<!(here|channel|everyone|subteam\^[A-Z0-9]+)(?:\|[^>]*)?>")
 
 
 class SlackLink:
@@ -35,6 +38,8 @@ class SlackLink:
         self.bot_user_id: str | None = None
         """The bot's user id (auth.test at start, or bolt's own when that failed)."""
         self.bot_id: str | None = None
+        self.team_id: str | None = None
+        """The workspace's id (auth.test): whom a stream in a channel is for (with the user)."""
         self.sink: InboundSink | None = None
         """Set between `start` and `close` (deliveries keep their marks while draining)."""
         self.receiving = False
@@ -85,6 +90,11 @@ class SlackLink:
             f"{self.api_url} did not answer as the Slack Web API does (HTTP {status}, "
             "not Slack's JSON): check the API URL"
         )
+
+
+def defused(text: str) -> str:
+    """`text` without pings of a room or a user group (a model must not page people)."""
+    return _PING.sub(lambda found: "@" + found.group(1).replace("subteam^", ""), text)
 
 
 def ts_seconds(ts: str) -> float:

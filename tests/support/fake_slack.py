@@ -29,6 +29,14 @@ call takes effect, then the connection is dropped, or held open, without an answ
 outcome for the client); :meth:`~FakeSlack.delay` sleeps before answering. The pseudo-method
 ``"response_url"`` scripts faults and delays of response_url posts.
 
+Agents & AI Apps: ``assistant.threads.setStatus`` keeps one status per thread
+(:attr:`FakeSlack.statuses`, every change in :attr:`FakeSlack.status_log`), cleared as Slack
+clears it when the bot posts into the thread; ``chat.startStream`` / ``appendStream`` /
+``stopStream`` write one bot message whose :attr:`Message.streaming` stays True until it is
+stopped (the text grows with each append, as ``conversations.replies`` lists it meanwhile).
+:meth:`~FakeSlack.unsupport` makes a method answer one error on every call (a workspace without
+the feature or the scope), where :meth:`~FakeSlack.fail` scripts a few.
+
 Builders for inbound traffic: :meth:`~FakeSlack.post_user_message`,
 :meth:`~FakeSlack.mention_event`, :meth:`~FakeSlack.block_actions_payload`,
 :meth:`~FakeSlack.view_submission_payload` (methods: they read and write the workspace), and the
@@ -70,6 +78,7 @@ __all__ = [
     "BOT_TOKEN",
     "BOT_USER_ID",
     "MAX_BLOCKS",
+    "MAX_STREAM_CHARS",
     "MAX_TEXT_CHARS",
     "TEAM_ID",
     "VERIFICATION_TOKEN",
@@ -99,6 +108,8 @@ MAX_TEXT_CHARS = 40_000
 """``chat.postMessage``/``chat.update`` text above this is ``msg_too_long``."""
 MAX_BLOCKS = 50
 """More blocks than this in one message is ``invalid_blocks``."""
+MAX_STREAM_CHARS = 12_000
+"""``markdown_text`` per stream call (Slack: "Limit this field to 12,000 characters")."""
 
 _FIRST_TS_US = 1_700_000_000_000_000
 _TS_STEP_US = 100
@@ -156,6 +167,8 @@ class Message:
     edited: Json | None = None
     client_msg_id: str | None = None
     subtype: str | None = None
+    streaming: bool = False
+    """Started by ``chat.startStream`` and not yet stopped (``chat.stopStream``)."""
 
     @property
     def is_reply(self) -> bool:
@@ -414,7 +427,12 @@ class FakeSlack:
         """Every JSON frame a Socket Mode client sent (acks, mostly)."""
         self.acks: dict[str, Json] = {}
         self._sockets: list[web.WebSocketResponse] = []
+        self.statuses: dict[tuple[str, str], str] = {}
+        """(channel, thread_ts) → the thread's assistant status (absent: none shown)."""
+        self.status_log: list[tuple[str, str, str]] = []
+        """Every status change, as (channel, thread_ts, status); "" when it was cleared."""
         self._faults: dict[str, deque[_Fault]] = {}
+        self._unsupported: dict[str, str] = {}
         self._delays: dict[str, list[_Delay]] = {}
         self._response_urls: dict[str, _ResponseUrl] = {}
         self._last_ts_us = _FIRST_TS_US
@@ -439,6 +457,10 @@ class FakeSlack:
             "users.conversations": self._users_conversations,
             "views.open": self._views_open,
             "apps.connections.open": self._apps_connections_open,
+            "assistant.threads.setStatus": self._assistant_set_status,
+            "chat.startStream": self._chat_start_stream,
+            "chat.appendStream": self._chat_append_stream,
+            "chat.stopStream": self._chat_stop_stream,
         }
         self.app = web.Application()
         self.app.router.add_route("*", "/api/{method}", self._api)
@@ -644,6 +666,14 @@ class FakeSlack:
         """
         self._add_fault(method, _Fault("lose", times, hang=hang))
 
+    def unsupport(self, method: str, error: str = "missing_scope") -> None:
+        """Every later call of ``method`` answers ``{"ok": false, "error": error}`` (HTTP 200)."""
+        self._unsupported[method] = error
+
+    def streams(self, channel: str | None = None) -> list[Message]:
+        """The bot's messages still streaming (started, never stopped)."""
+        return [m for m in self.bot_messages(channel) if m.streaming]
+
     def delay(self, method: str, seconds: float, times: int | None = 1) -> None:
         """Sleep ``seconds`` before answering the next ``times`` calls (None: every call)."""
         self._delays.setdefault(method, []).append(_Delay(seconds, times))
@@ -651,6 +681,7 @@ class FakeSlack:
     def clear_faults(self) -> None:
         self._faults.clear()
         self._delays.clear()
+        self._unsupported.clear()
 
     # ---- response_url
 
@@ -1007,6 +1038,9 @@ class FakeSlack:
         if fault is not None and fault.kind == "fail":
             return await self._answer(call, {"ok": False, "error": fault.error}, fault.status)
         handler = self._methods.get(method)
+        unsupported = self._unsupported.get(method)
+        if unsupported is not None and problem is None:
+            problem = SlackError(unsupported)
         if problem is not None:
             body = problem.body()
         elif handler is None:
@@ -1127,6 +1161,7 @@ class FakeSlack:
         )
         if message.is_reply and _flag(params, "reply_broadcast"):
             message.subtype = "thread_broadcast"
+        self._clear_status(conversation.id, message.root_ts)
         rendered = self.render(message)
         return {"ok": True, "channel": conversation.id, "ts": message.ts, "message": rendered}
 
@@ -1352,6 +1387,85 @@ class FakeSlack:
 
     # ---- internals
 
+    def _assistant_set_status(self, params: Json) -> Json:
+        channel = _opt_str(params, "channel_id")
+        if channel is None or channel not in self.channels:
+            raise SlackError("channel_not_found", "Invalid channel_id")
+        thread_ts = _opt_str(params, "thread_ts")
+        if thread_ts is None or thread_ts not in self.channels[channel].messages:
+            raise SlackError("invalid_thread_ts")
+        status = params.get("status")
+        if not isinstance(status, str):
+            raise SlackError("invalid_arguments", "missing required field: status")
+        if status:
+            self.statuses[(channel, thread_ts)] = status
+        else:
+            self.statuses.pop((channel, thread_ts), None)
+        self.status_log.append((channel, thread_ts, status))
+        return {"ok": True}
+
+    def _chat_start_stream(self, params: Json) -> Json:
+        conversation = self._channel_param(params)
+        thread_ts = _opt_str(params, "thread_ts")
+        if thread_ts is None:
+            raise SlackError("invalid_arguments", "missing required field: thread_ts")
+        if conversation.channel_type != "im":  # a channel: the stream is for one person
+            if _opt_str(params, "recipient_team_id") is None:
+                raise SlackError("missing_recipient_team_id")
+            if _opt_str(params, "recipient_user_id") is None:
+                raise SlackError("missing_recipient_user_id")
+        text = _stream_text(params)
+        if len(text) > MAX_STREAM_CHARS:
+            raise SlackError("msg_too_long")
+        message = self.add_message(conversation.id, text, bot=True, thread_ts=thread_ts)
+        message.subtype, message.streaming = "bot_message", True
+        self._clear_status(conversation.id, message.root_ts)
+        return {"ok": True, "channel": conversation.id, "ts": message.ts}
+
+    def _streaming(self, params: Json) -> tuple[Channel, Message]:
+        conversation = self._channel_param(params)
+        message = conversation.messages.get(_req_str(params, "ts"))
+        if message is None or message.bot_id != self.bot_id:
+            raise SlackError("message_not_found")
+        if not message.streaming:
+            raise SlackError("message_not_in_streaming_state")
+        return conversation, message
+
+    def _chat_append_stream(self, params: Json) -> Json:
+        conversation, message = self._streaming(params)
+        text = _stream_text(params)
+        if not text:
+            raise SlackError("no_text")
+        if len(text) > MAX_STREAM_CHARS:
+            raise SlackError("msg_too_long")
+        message.text += text
+        return {"ok": True, "channel": conversation.id, "ts": message.ts}
+
+    def _chat_stop_stream(self, params: Json) -> Json:
+        conversation, message = self._streaming(params)
+        text = _stream_text(params)
+        if len(text) > MAX_STREAM_CHARS:
+            raise SlackError("msg_too_long")
+        blocks = _blocks(params)
+        metadata = _metadata(params)
+        message.text += text
+        if blocks is not None:
+            message.blocks = blocks
+        if metadata is not None:
+            message.metadata = metadata
+        message.streaming = False
+        return {
+            "ok": True,
+            "channel": conversation.id,
+            "ts": message.ts,
+            "message": self.render(message, include_metadata=False),
+        }
+
+    def _clear_status(self, channel: str, thread_ts: str) -> None:
+        """Slack takes a thread's status down when the app posts into the thread."""
+        if self.statuses.pop((channel, thread_ts), None) is not None:
+            self.status_log.append((channel, thread_ts, ""))
+
     def _next_ts(self) -> str:
         # Slack's ts is the posting time (unique per channel): now, or just after the last one.
         self._last_ts_us = max(self._last_ts_us + _TS_STEP_US, int(time.time() * 1_000_000))
@@ -1576,6 +1690,24 @@ def _metadata(params: Json) -> Json | None:
     ):
         raise SlackError("invalid_metadata_format")
     return {"event_type": metadata["event_type"], "event_payload": metadata["event_payload"]}
+
+
+def _stream_text(params: Json) -> str:
+    """The markdown a stream call adds: ``markdown_text`` and the ``markdown_text`` chunks."""
+    text = _opt_str(params, "markdown_text") or ""
+    chunks = _json_value(params, "chunks", "invalid_chunks")
+    if chunks is None:
+        return text
+    if not isinstance(chunks, list):
+        raise SlackError("invalid_chunks")
+    for chunk in chunks:
+        if not isinstance(chunk, dict) or not isinstance(chunk.get("type"), str):
+            raise SlackError("invalid_chunks")
+        if chunk["type"] == "markdown_text":
+            if not isinstance(chunk.get("text"), str):
+                raise SlackError("invalid_chunks")
+            text += chunk["text"]
+    return text
 
 
 def _window(messages: list[Message], params: Json) -> list[Message]:

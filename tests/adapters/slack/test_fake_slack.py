@@ -552,3 +552,95 @@ def test_event_builders_have_slacks_shape() -> None:
     assert edited["subtype"] == "message_changed"
     assert edited["previous_message"]["text"] == "hello <@U2>"
     assert edited["message"]["text"] == "hello again"
+
+
+# ---- Agents & AI Apps: thread status, streams
+
+
+async def test_a_stream_through_slack_sdks_helper_grows_one_message_until_stopped(
+    fake: FakeSlack,
+) -> None:
+    client = web_client(fake)
+    root = fake.add_message("C1", "question")
+    stream = await client.chat_stream(
+        channel="C1",
+        thread_ts=root.ts,
+        recipient_team_id=fake.team_id,
+        recipient_user_id="U1",
+        buffer_size=1,
+    )
+    started = await stream.append(markdown_text="**hello")
+    assert started is not None and started["ok"] and started["channel"] == "C1"
+    assert started["ts"] == stream.ts
+    message = fake.message("C1", str(stream.ts))
+    assert message.streaming and message.text == "**hello" and message.thread_ts == root.ts
+    listed = await client.conversations_replies(channel="C1", ts=root.ts)
+    assert [m["text"] for m in listed["messages"]] == ["question", "**hello"]
+    appended = await stream.append(markdown_text=" world**")
+    assert appended is not None and appended["ts"] == stream.ts
+    stopped = await stream.stop(metadata={"event_type": "e", "event_payload": {"k": 1}})
+    assert stopped["message"]["text"] == "**hello world**"
+    assert stopped["message"]["subtype"] == "bot_message"
+    assert fake.streams() == []
+    assert message.metadata == {"event_type": "e", "event_payload": {"k": 1}}
+    late = client.chat_appendStream(channel="C1", ts=str(stream.ts), markdown_text="!")
+    assert await slack_error(late) == "message_not_in_streaming_state"
+    again = client.chat_stopStream(channel="C1", ts=str(stream.ts))
+    assert await slack_error(again) == "message_not_in_streaming_state"
+
+
+async def test_a_stream_in_a_channel_names_its_recipient(fake: FakeSlack) -> None:
+    client = web_client(fake)
+    root = fake.add_message("C1", "question")
+    start = client.chat_startStream(channel="C1", thread_ts=root.ts, markdown_text="hi")
+    assert await slack_error(start) == "missing_recipient_team_id"
+    fake.add_channel("D1")
+    dm_root = fake.add_message("D1", "question")
+    ok = await client.chat_startStream(channel="D1", thread_ts=dm_root.ts, markdown_text="hi")
+    assert ok["ok"] and fake.streams("D1")[0].text == "hi"
+    wrong = client.chat_appendStream(channel="C1", ts="1.000001", markdown_text="x")
+    assert await slack_error(wrong) == "message_not_found"
+
+
+async def test_a_rate_limited_append_answers_429_and_leaves_the_stream_as_it_was(
+    fake: FakeSlack,
+) -> None:
+    client = web_client(fake)
+    root = fake.add_message("C1", "question")
+    fake.rate_limit("chat.appendStream", retry_after=7)
+    started = await client.chat_startStream(
+        channel="C1", thread_ts=root.ts, recipient_team_id="T1", recipient_user_id="U1"
+    )
+    with pytest.raises(SlackApiError) as raised:
+        await client.chat_appendStream(channel="C1", ts=started["ts"], markdown_text="x")
+    assert raised.value.response.status_code == 429
+    assert raised.value.response.headers["Retry-After"] == "7"
+    assert raised.value.response["error"] == "ratelimited"
+    assert fake.message("C1", started["ts"]).text == ""
+
+
+async def test_the_thread_status_is_set_cleared_and_taken_down_by_a_reply(fake: FakeSlack) -> None:
+    client = web_client(fake)
+    root = fake.add_message("C1", "question")
+    answer = await client.assistant_threads_setStatus(
+        channel_id="C1", thread_ts=root.ts, status="is thinking…"
+    )
+    assert answer.data == {"ok": True}
+    assert fake.statuses == {("C1", root.ts): "is thinking…"}
+    await client.assistant_threads_setStatus(channel_id="C1", thread_ts=root.ts, status="")
+    assert fake.statuses == {}
+    await client.assistant_threads_setStatus(channel_id="C1", thread_ts=root.ts, status="is x…")
+    await client.chat_postMessage(channel="C1", thread_ts=root.ts, text="done")
+    assert fake.statuses == {}
+    assert [s for _, _, s in fake.status_log] == ["is thinking…", "", "is x…", ""]
+    bad = client.assistant_threads_setStatus(channel_id="C9", thread_ts=root.ts, status="x")
+    assert await slack_error(bad) == "channel_not_found"
+    fake.unsupport("assistant.threads.setStatus", "missing_scope")
+    refused = client.assistant_threads_setStatus(channel_id="C1", thread_ts=root.ts, status="x")
+    assert await slack_error(refused) == "missing_scope"
+    assert (
+        await slack_error(
+            client.assistant_threads_setStatus(channel_id="C1", thread_ts=root.ts, status="y")
+        )
+        == "missing_scope"
+    )  # every call, not a few

@@ -38,7 +38,14 @@ METHOD_SCOPES: dict[str, set[str]] = {
     "views_open": set(),
     "chat_getPermalink": set(),
     "users_conversations": {"channels:read", "groups:read", "im:read", "mpim:read"},
+    # accepts chat:write or assistant:write (Slack's changelog, 2026-03-05); chat:write is kept
+    "assistant_threads_setStatus": {"chat:write"},
+    "chat_stream": {"chat:write"},  # slack_sdk's helper: chat.startStream and chat.appendStream
+    "chat_stopStream": {"chat:write"},
+    "chat_delete": {"chat:write"},
 }
+FEATURE_SCOPES = {"assistant_view": {"assistant:write"}}
+"""The Agents & AI Apps feature (the assistant thread view, its status) asks for its scope."""
 EVENT_SCOPES = {
     "app_mention": {"app_mentions:read"},
     "message.channels": {"channels:history"},
@@ -69,6 +76,7 @@ def test_the_scopes_are_exactly_what_the_calls_and_events_need() -> None:
         manifest = _load(path)
         events = manifest["settings"]["event_subscriptions"]["bot_events"]
         needed_here = needed | set().union(*(EVENT_SCOPES[e] for e in events))
+        needed_here |= set().union(*(FEATURE_SCOPES.get(f, set()) for f in manifest["features"]))
         assert set(manifest["oauth_config"]["scopes"]["bot"]) == needed_here, path.name
 
 
@@ -83,6 +91,7 @@ def test_the_two_manifests_differ_only_in_how_slack_reaches_the_app() -> None:
     assert http == socket
     assert socket["settings"]["interactivity"]["is_enabled"] is True
     assert socket["features"]["app_home"]["messages_tab_enabled"] is True  # DMs
+    assert socket["features"]["assistant_view"]["assistant_description"]  # Agents & AI Apps
 
 
 @pytest.fixture

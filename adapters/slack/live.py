@@ -1,0 +1,501 @@
+"""What a Slack thread shows while a run works: the assistant status and the streamed answer.
+
+Progress is the thread's assistant status (``assistant.threads.setStatus``, "is running
+tickets.create…"). A workspace whose app cannot set it (no Agents & AI Apps feature, no scope:
+the first refusal says so) is not asked again by this process; its threads keep the working
+reaction the message got on arrival, which is the fallback (D217).
+
+The answer is streamed into one bot message with slack_sdk's chat stream helper
+(``chat.startStream`` / ``appendStream`` / ``stopStream``). The durable reply finishes that
+message rather than posting a second one: `take` hands the delivery the stream's ``ts`` (stopped),
+the delivery rewrites it with the reply's text and its delivery metadata (D218). A stream's
+identity lives in a broker mark per thread (``slack:stream:<lane>``: the run, its stream
+messages, whether a start may have gone out unrecorded), so that a new process finds what a dead
+one started: the reply's delivery finishes it, a later run of the thread deletes it (D219).
+
+Streaming is best effort: a rate-limited append, a refused start or an unreachable Slack ends it
+for the run (the stream is stopped where it stands and the reply replaces its text: one message);
+a refusal meaning the workspace cannot stream at all ends it for the process (D220). A new model
+request of the run (a retry, a later step) deletes the earlier step's message and streams again.
+Nothing here raises into the gateway, and no message carrying a delivery's metadata is deleted.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import logging
+from collections import OrderedDict
+from collections.abc import Iterable, Mapping
+from dataclasses import dataclass, field
+from typing import Any
+
+import aiohttp
+from slack_sdk.errors import SlackApiError
+from slack_sdk.web.async_chat_stream import AsyncChatStream
+
+from adapters.channel import Outbound, ThreadRef, Unavailable
+from adapters.live import LiveUpdate
+from adapters.slack.events import split_thread
+from adapters.slack.link import METADATA_TYPE, SlackLink, defused, ts_key
+
+__all__ = ["SlackLive", "StreamMark"]
+
+log = logging.getLogger("adapters.slack")
+
+_NOT_HERE = frozenset(
+    {
+        "missing_scope",
+        "not_allowed",
+        "not_allowed_token_type",
+        "unknown_method",
+        "method_deprecated",
+        "deprecated_endpoint",
+        "access_denied",
+        "no_permission",
+        "team_access_not_granted",
+        "enterprise_is_restricted",
+        "channel_type_not_supported",
+        "feature_not_enabled",
+    }
+)
+"""Refusals that say the workspace (its app, its scopes, its plan) cannot do it at all."""
+_RUNS = 1_000
+"""Runs whose live state a process keeps (the oldest is forgotten: its reply still finishes
+its stream from the mark)."""
+_LOCKS = 64
+
+
+@dataclass(frozen=True)
+class StreamMark:
+    """A thread's streams, kept in the broker mark ``slack:stream:<lane>``."""
+
+    run: str
+    since: str = ""
+    """The ts of the message the run answers (a sweep for unrecorded streams starts there)."""
+    streams: tuple[str, ...] = ()
+    """The stream messages of the run not yet finished or deleted, oldest first (the last is
+    the current step's)."""
+    starting: bool = False
+    """A start may have reached Slack without its ts being recorded (a crash just then)."""
+
+    def dump(self) -> str:
+        """The mark's value (JSON)."""
+        return json.dumps(
+            {
+                "run": self.run,
+                "since": self.since,
+                "streams": list(self.streams),
+                "starting": self.starting,
+            },
+            separators=(",", ":"),
+        )
+
+    @classmethod
+    def load(cls, raw: str | None) -> StreamMark | None:
+        """The mark from its value; None if unset or unreadable (treated as no stream)."""
+        if raw is None:
+            return None
+        try:
+            data = json.loads(raw)
+            return cls(
+                run=str(data["run"]),
+                since=str(data.get("since") or ""),
+                streams=tuple(str(ts) for ts in data.get("streams") or ()),
+                starting=bool(data.get("starting")),
+            )
+        except (ValueError, KeyError, TypeError):
+            return None
+
+
+@dataclass
+class _Run:
+    """One run's live state in this process."""
+
+    run_id: str
+    channel: str
+    thread_ts: str
+    since: str
+    user: str | None
+    step: int = 0
+    answer: str = ""
+    """The step's answer so far, as the updates told it."""
+    shown: str = ""
+    """What the stream holds (a prefix of `answer`)."""
+    stream: AsyncChatStream | None = None
+    stalled: bool = False
+    """The step's text went where the stream cannot follow (an update was lost): the stream
+    waits for the reply, which replaces its text."""
+    off: bool = False
+    """No more streaming for this run (rate limited, refused, unreachable, or finished)."""
+    errors: list[str] = field(default_factory=list)
+
+
+class SlackLive:
+    """The Slack channel's live view: status, streams, and finishing a stream with its reply."""
+
+    def __init__(self, link: SlackLink) -> None:
+        self.link = link
+        self.status_ok = True
+        """False once the workspace refused a status for good (the reaction stays instead)."""
+        self.streaming_ok = True
+        """False once the workspace refused a stream for good (the reply comes as one message)."""
+        self._runs: OrderedDict[str, _Run] = OrderedDict()
+        self._locks = [asyncio.Lock() for _ in range(_LOCKS)]
+
+    def _lock(self, lane: str) -> asyncio.Lock:
+        return self._locks[hash(lane) % _LOCKS]
+
+    async def show(self, update: LiveUpdate) -> None:
+        """Show `update` in its thread (best effort; never raises, see the module docstring)."""
+        try:
+            channel, thread_ts = split_thread(update.thread)
+        except ValueError:
+            return
+        if thread_ts is None:
+            return  # a DM's top level: no thread to set a status on or stream into
+        try:
+            if update.kind == "progress":
+                await self._status(channel, thread_ts, update.status or "")
+                return
+            async with self._lock(update.thread.lane):
+                if update.kind == "text":
+                    await self._text(update, channel, thread_ts)
+                else:
+                    await self._done(update, channel, thread_ts)
+        except Unavailable as exc:
+            log.info("slack live update dropped", extra={"reason": str(exc)})
+        except Exception as exc:  # a live update must never reach the run: log, drop it
+            log.warning("slack live update failed", extra={"error": type(exc).__name__})
+
+    # ---- progress
+
+    async def _status(self, channel: str, thread_ts: str, status: str) -> None:
+        if not self.status_ok:
+            return
+        try:
+            await self.link.client.assistant_threads_setStatus(
+                channel_id=channel, thread_ts=thread_ts, status=status
+            )
+        except SlackApiError as exc:
+            error = str(exc.response.get("error") or "")
+            if error in _NOT_HERE:
+                self.status_ok = False
+                log.info(
+                    "slack thread status unavailable: the working reaction shows progress",
+                    extra={"reason": self.link.api_said(exc)},
+                )
+            else:
+                log.debug("slack status skipped", extra={"error": error})
+        except (aiohttp.ClientError, TimeoutError) as exc:
+            log.debug("slack status skipped", extra={"error": type(exc).__name__})
+
+    # ---- text
+
+    async def _text(self, update: LiveUpdate, channel: str, thread_ts: str) -> None:
+        run = await self._run_for(update, channel, thread_ts)
+        if run is None or run.off:
+            return
+        if update.step < run.step:
+            return  # an earlier request's text arriving late
+        if update.step > run.step:
+            await self._restart(update.thread, run, update.step)
+        if run.stalled:
+            return
+        if update.offset > len(run.answer):
+            run.stalled = True  # a lost update: the reply fills in what the stream misses
+            return
+        merged = run.answer[: update.offset] + update.text
+        if run.answer.startswith(merged):
+            return  # seen before
+        run.answer = merged
+        if not run.answer.startswith(run.shown):
+            run.stalled = True  # the step rewrote what was shown
+            return
+        await self._append(update.thread, run, run.answer[len(run.shown) :])
+
+    async def _run_for(self, update: LiveUpdate, channel: str, thread_ts: str) -> _Run | None:
+        lane = update.thread.lane
+        run = self._runs.get(lane)
+        if run is not None and run.run_id == update.run_id:
+            self._runs.move_to_end(lane)
+            return run
+        sink = self.link.sink
+        if sink is None:
+            return None
+        known = await sink.known(update.thread)
+        context: Mapping[str, Any] = known.reply_context if known is not None else {}
+        user = context.get("user")
+        run = _Run(
+            run_id=update.run_id,
+            channel=channel,
+            thread_ts=thread_ts,
+            since=str(context.get("ts") or thread_ts),
+            user=user if isinstance(user, str) and user else None,
+            step=update.step,
+        )
+        run.off = not self.streaming_ok or (channel[:1] != "D" and run.user is None)
+        self._runs[lane] = run
+        while len(self._runs) > _RUNS:
+            self._runs.popitem(last=False)
+        if not run.off:
+            try:
+                await self._clear_others(update.thread, run)
+            except Unavailable:
+                run.off = True  # the mark is left as it was: the next run sweeps again
+                raise
+        return run
+
+    async def _append(self, thread: ThreadRef, run: _Run, text: str) -> None:
+        if not text:
+            return
+        starting = run.stream is None
+        if starting:
+            await self._record(thread, run, starting=True)
+            run.stream = await self.link.client.chat_stream(
+                channel=run.channel,
+                thread_ts=run.thread_ts,
+                recipient_team_id=self.link.team_id if run.user else None,
+                recipient_user_id=run.user,
+                buffer_size=1,  # the gateway coalesces: every update is worth sending now
+            )
+        stream = run.stream
+        assert stream is not None
+        try:
+            await stream.append(markdown_text=defused(text))
+        except SlackApiError as exc:
+            await self._give_up(thread, run, exc, starting=starting)
+            return
+        except (aiohttp.ClientError, TimeoutError) as exc:
+            run.errors.append(type(exc).__name__)
+            await self._give_up(thread, run, None, starting=starting)
+            return
+        run.shown += text
+        if starting:
+            await self._record(thread, run, starting=False)
+
+    async def _give_up(
+        self, thread: ThreadRef, run: _Run, exc: SlackApiError | None, *, starting: bool
+    ) -> None:
+        """Stream no more for this run: stop the stream where it stands (the reply replaces it)."""
+        run.off = True
+        error = str(exc.response.get("error") or "") if exc is not None else "unreachable"
+        if exc is not None and exc.response.status_code == 429:
+            error = "ratelimited"
+        if starting and error in _NOT_HERE:
+            self.streaming_ok = False
+            log.info(
+                "slack streaming unavailable: replies come as one message",
+                extra={"reason": error},
+            )
+        else:
+            log.info("slack stream ended early: the reply comes whole", extra={"reason": error})
+        stream = run.stream
+        if stream is not None and stream.ts is not None:
+            await self._stop(run.channel, stream.ts)
+            run.stream = None
+        elif starting and error != "unreachable":
+            await self._record(thread, run, starting=False)  # refused: nothing was started
+
+    async def _restart(self, thread: ThreadRef, run: _Run, step: int) -> None:
+        """A new model request of the run: its answer replaces the earlier step's message."""
+        old = run.stream.ts if run.stream is not None else None
+        run.step, run.answer, run.shown, run.stream, run.stalled = step, "", "", None, False
+        if old is not None and await self._delete(run.channel, old):
+            await self._forget(thread, run.run_id, {old})
+
+    async def _done(self, update: LiveUpdate, channel: str, thread_ts: str) -> None:
+        """The run stopped writing: take its status down, stop its stream where it stands."""
+        await self._status(channel, thread_ts, "")
+        run = self._runs.get(update.thread.lane)
+        if run is None or run.run_id != update.run_id:
+            return
+        run.off = True
+        if run.stream is not None and run.stream.ts is not None:
+            await self._stop(run.channel, run.stream.ts)
+            run.stream = None
+
+    # ---- the durable reply
+
+    async def take(self, outbound: Outbound, posted: Mapping[int, str]) -> str | None:
+        """The stopped stream message the reply `outbound` finishes as its first part, if any.
+
+        The run's other stream messages (an earlier step's that could not be deleted then, one
+        a dead process started without recording it) are deleted. `posted`: the parts an
+        earlier attempt posted (part number -> ts); with part 0 there, no stream is taken.
+        """
+        if outbound.kind not in ("reply", "failure_notice") or self.link.sink is None:
+            return None
+        lane = outbound.thread.lane
+        async with self._lock(lane):
+            mark = await self._mark(lane)
+            if mark is None or not outbound.delivery_id.endswith(f":{mark.run}"):
+                return None
+            run = self._runs.get(lane)
+            if run is not None and run.run_id == mark.run:
+                run.off = True  # later text of the run has nothing to show it in
+                run.stream = None
+            try:
+                channel, _ = split_thread(outbound.thread)
+            except ValueError:
+                return None
+            keep = set(posted.values())
+            streams = [ts for ts in mark.streams if ts not in keep]
+            taken = streams[-1] if streams and 0 not in posted else None
+            doomed = set(streams) - {taken}
+            if mark.starting:
+                doomed |= await self._unrecorded(channel, outbound.thread, mark, keep)
+            for ts in sorted(doomed, key=ts_key):
+                if await self._delete(channel, ts):
+                    await self._forget(outbound.thread, mark.run, {ts})
+            if taken is not None:
+                await self._stop(channel, taken)
+            return taken
+
+    async def finished(self, outbound: Outbound) -> None:
+        """The reply `outbound` is delivered: its run has no stream left to finish or sweep."""
+        lane = outbound.thread.lane
+        try:
+            mark = await self._mark(lane)
+            if mark is None or not outbound.delivery_id.endswith(f":{mark.run}"):
+                return
+            await self._put(lane, mark, StreamMark(run=mark.run, since=mark.since))
+        except Unavailable:
+            return  # the next run of the thread sweeps (and spares the reply: it has metadata)
+
+    # ---- marks and sweeps
+
+    async def _mark(self, lane: str) -> StreamMark | None:
+        sink = self.link.sink
+        if sink is None:
+            return None
+        return StreamMark.load(await sink.get_mark(_mark_name(lane)))
+
+    async def _put(self, lane: str, expect: StreamMark | None, value: StreamMark) -> bool:
+        sink = self.link.sink
+        if sink is None:
+            return False
+        before = expect.dump() if expect is not None else None
+        return await sink.put_mark(_mark_name(lane), value.dump(), expect=before)
+
+    async def _record(self, thread: ThreadRef, run: _Run, *, starting: bool) -> None:
+        """Write the run's stream into the thread's mark (before a start, and after it)."""
+        lane = thread.lane
+        for _ in range(3):  # a compare-and-set: a delivery in another process may write too
+            mark = await self._mark(lane)
+            streams = mark.streams if mark is not None and mark.run == run.run_id else ()
+            if run.stream is not None and run.stream.ts is not None:
+                streams = tuple(dict.fromkeys((*streams, run.stream.ts)))
+            value = StreamMark(run.run_id, since=run.since, streams=streams, starting=starting)
+            if await self._put(lane, mark, value):
+                return
+
+    async def _forget(self, thread: ThreadRef, run_id: str, gone: set[str]) -> None:
+        lane = thread.lane
+        for _ in range(3):
+            mark = await self._mark(lane)
+            if mark is None or mark.run != run_id:
+                return
+            streams = tuple(ts for ts in mark.streams if ts not in gone)
+            value = StreamMark(run_id, since=mark.since, streams=streams, starting=mark.starting)
+            if await self._put(lane, mark, value):
+                return
+
+    async def _clear_others(self, thread: ThreadRef, run: _Run) -> None:
+        """Delete what an earlier run of the thread left streaming (its process died).
+
+        Only messages without a delivery's metadata: a reply that finished its stream is kept
+        even if the mark still lists it (the process died before saying so).
+        """
+        mark = await self._mark(thread.lane)
+        if mark is None or (not mark.streams and not mark.starting):
+            return
+        doomed = set(mark.streams)
+        if mark.starting:
+            doomed |= await self._unrecorded(run.channel, thread, mark, set())
+        answers = await self._delivered(run.channel, run.thread_ts, mark, doomed)
+        for ts in sorted(doomed - answers, key=ts_key):
+            await self._delete(run.channel, ts)
+        # An earlier run's leftovers, or this run's own from a dead process (its model request
+        # is retried here): either way this run starts afresh.
+        await self._put(thread.lane, mark, StreamMark(run.run_id, since=run.since))
+
+    async def _unrecorded(
+        self, channel: str, thread: ThreadRef, mark: StreamMark, keep: set[str]
+    ) -> set[str]:
+        """Streams a dead process started but did not record.
+
+        The bot's messages without delivery metadata after the run's question.
+        """
+        _, thread_ts = split_thread(thread)
+        if thread_ts is None:
+            return set()
+        found: set[str] = set()
+        for message in await self._read(channel, thread_ts, mark.since or thread_ts):
+            ts = str(message.get("ts") or "")
+            if (
+                ts
+                and ts not in keep
+                and ts_key(ts) > ts_key(mark.since)
+                and message.get("bot_id") == self.link.bot_id
+                and not _delivered(message)
+            ):
+                found.add(ts)
+        return found
+
+    async def _delivered(
+        self, channel: str, thread_ts: str, mark: StreamMark, candidates: Iterable[str]
+    ) -> set[str]:
+        """Which of `candidates` carry a delivery's metadata (finished answers: never deleted)."""
+        wanted = set(candidates)
+        if not wanted:
+            return set()
+        oldest = min(wanted, key=ts_key)
+        messages = await self._read(channel, thread_ts, oldest, inclusive=True)
+        return {str(m.get("ts")) for m in messages if str(m.get("ts")) in wanted and _delivered(m)}
+
+    async def _read(
+        self, channel: str, thread_ts: str, oldest: str, *, inclusive: bool = False
+    ) -> list[dict[str, Any]]:
+        try:
+            answer = await self.link.client.conversations_replies(
+                channel=channel,
+                ts=thread_ts,
+                oldest=oldest,
+                inclusive=inclusive,
+                include_all_metadata=True,
+                limit=200,
+            )
+        except (SlackApiError, aiohttp.ClientError, TimeoutError) as exc:
+            raise Unavailable(
+                f"the Slack thread could not be read ({type(exc).__name__})"
+            ) from None
+        return [m for m in answer.get("messages") or [] if isinstance(m, dict)]
+
+    async def _stop(self, channel: str, ts: str) -> None:
+        try:
+            await self.link.client.chat_stopStream(channel=channel, ts=ts)
+        except SlackApiError as exc:
+            # message_not_in_streaming_state: stopped already (by us, or Slack's own timeout)
+            log.debug("slack stream stop skipped", extra={"error": exc.response.get("error")})
+        except (aiohttp.ClientError, TimeoutError) as exc:
+            log.debug("slack stream stop skipped", extra={"error": type(exc).__name__})
+
+    async def _delete(self, channel: str, ts: str) -> bool:
+        """Delete a stream message; whether it is gone."""
+        try:
+            await self.link.client.chat_delete(channel=channel, ts=ts)
+        except SlackApiError as exc:
+            return bool(exc.response.get("error") == "message_not_found")
+        except (aiohttp.ClientError, TimeoutError):
+            return False
+        return True
+
+
+def _mark_name(lane: str) -> str:
+    return f"slack:stream:{lane}"
+
+
+def _delivered(message: Mapping[str, Any]) -> bool:
+    metadata = message.get("metadata")
+    return isinstance(metadata, dict) and metadata.get("event_type") == METADATA_TYPE

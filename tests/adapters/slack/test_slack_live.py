@@ -1,0 +1,287 @@
+"""The Slack channel's live view against the fake Slack: status, streams, the reply that ends them.
+
+A run is driven as the gateway drives it (a sequence of `LiveUpdate`s, then the durable reply
+through `deliver`); a crash is a second channel instance (a new process) over the same broker
+marks. Every test ends by reading the thread as a person would: exactly one bot answer, complete,
+and no message still streaming.
+"""
+
+from __future__ import annotations
+
+import json
+from collections.abc import AsyncIterator, Sequence
+from contextlib import asynccontextmanager
+
+import pytest
+from slack_bolt.request.async_request import AsyncBoltRequest
+
+from adapters.channel import Outbound, ThreadRef
+from adapters.live import LiveUpdate, LiveView
+from adapters.slack import SlackChannel
+from tests.adapters.kit import TestSink
+from tests.support.fake_slack import FakeSlack, Message, event_envelope, signed_headers
+
+SECRET = "s"
+RUN = "r1"
+REPLY = f"reply:s1:{RUN}"
+ANSWER = "Ticket **T-1** is open; ticket T-2 is closed."
+STREAM_CALLS = ("chat.startStream", "chat.appendStream", "chat.stopStream")
+WATCHED = ("assistant.threads.setStatus", *STREAM_CALLS, "chat.update", "chat.postMessage")
+
+
+@asynccontextmanager
+async def slack_channel(fake: FakeSlack, sink: TestSink) -> AsyncIterator[SlackChannel]:
+    channel = SlackChannel(bot_token=fake.bot_token, signing_secret=SECRET, api_url=fake.api_url)
+    await channel.start(sink)
+    try:
+        yield channel
+    finally:
+        await channel.close()
+
+
+async def ask(fake: FakeSlack, channel: SlackChannel, sink: TestSink, text: str) -> ThreadRef:
+    """A person mentions the bot at the top of C1; the channel takes it in (a new thread)."""
+    event = fake.mention_event("C1", text)
+    raw = json.dumps(event_envelope(event))
+    headers: dict[str, str | Sequence[str]] = {
+        k.lower(): v for k, v in signed_headers(raw, SECRET).items()
+    }
+    headers["content-type"] = "application/json"
+    response = await channel.app.async_dispatch(AsyncBoltRequest(body=raw, headers=headers))
+    assert response.status == 200, response.body
+    return sink.inbound[-1].thread
+
+
+def progress(thread: ThreadRef, status: str, run: str = RUN) -> LiveUpdate:
+    return LiveUpdate(thread=thread, run_id=run, kind="progress", status=status)
+
+
+def text(thread: ThreadRef, chunk: str, offset: int, step: int = 0, run: str = RUN) -> LiveUpdate:
+    return LiveUpdate(thread=thread, run_id=run, kind="text", text=chunk, offset=offset, step=step)
+
+
+def done(thread: ThreadRef, run: str = RUN) -> LiveUpdate:
+    return LiveUpdate(thread=thread, run_id=run, kind="done")
+
+
+def reply(sink: TestSink, thread: ThreadRef, words: str = ANSWER, run: str = RUN) -> Outbound:
+    return Outbound(
+        delivery_id=f"reply:s1:{run}",
+        thread=thread,
+        kind="reply",
+        text=words,
+        reply_context=sink.inbound[-1].reply_context,
+    )
+
+
+def answers(fake: FakeSlack, thread: ThreadRef) -> list[Message]:
+    """The bot's messages in the thread (what a person reads there)."""
+    _, root = thread.thread.split(":")
+    return [m for m in fake.thread("C1", root) if m.bot_id == fake.bot_id]
+
+
+def assert_one_complete_answer(fake: FakeSlack, thread: ThreadRef) -> None:
+    [answer] = answers(fake, thread)
+    assert not answer.streaming, "the answer is still streaming"
+    assert answer.text == ANSWER.replace("**", "*")  # Slack's mrkdwn of the reply
+    assert answer.metadata is not None
+    assert answer.metadata["event_payload"]["delivery_id"] == REPLY
+    assert fake.streams() == []
+
+
+def sequence(fake: FakeSlack) -> list[tuple[str, str]]:
+    """The status and stream calls in order: (method, status or text)."""
+    seen = []
+    for call in fake.calls:
+        if call.method not in WATCHED:
+            continue
+        said = call.params.get("status")
+        if said is None:
+            chunks = call.params.get("chunks") or []
+            said = "".join(c.get("text", "") for c in chunks) or call.params.get("text", "")
+        seen.append((call.method, str(said)))
+    return seen
+
+
+async def test_a_run_with_two_tools_shows_status_then_streams_and_its_reply_finishes_it() -> None:
+    async with FakeSlack() as fake:
+        sink = TestSink(routes={"C1": "s1"})
+        async with slack_channel(fake, sink) as channel:
+            assert isinstance(channel, LiveView) and channel.capabilities.streaming
+            thread = await ask(fake, channel, sink, "how are my tickets?")
+            _, root = thread.thread.split(":")
+            for update in [
+                progress(thread, "is thinking…"),
+                progress(thread, "is running tickets.get…"),
+                text(thread, "Ticket **T-1**", 0),
+                text(thread, " is open;", 14),
+                progress(thread, "is running tickets.status…"),
+                text(thread, " ticket T-2", 23),
+                text(thread, " is closed.", 34),
+                done(thread),
+            ]:
+                await channel.show(update)
+            [streamed] = answers(fake, thread)
+            assert streamed.text == ANSWER and not streamed.streaming  # done stopped it
+            receipt = await channel.deliver(reply(sink, thread))
+
+        assert receipt.channel_message_ids == (f"C1:{streamed.ts}",)  # the stream, finished
+        assert_one_complete_answer(fake, thread)
+        assert sequence(fake) == [
+            ("assistant.threads.setStatus", "is thinking…"),
+            ("assistant.threads.setStatus", "is running tickets.get…"),
+            ("chat.startStream", "Ticket **T-1**"),
+            ("chat.appendStream", " is open;"),
+            ("assistant.threads.setStatus", "is running tickets.status…"),
+            ("chat.appendStream", " ticket T-2"),
+            ("chat.appendStream", " is closed."),
+            ("assistant.threads.setStatus", ""),
+            ("chat.stopStream", ""),
+            ("chat.stopStream", ""),  # the reply's own stop: already stopped, harmless
+            ("chat.update", ANSWER.replace("**", "*")),
+        ]
+        assert [c.params.get("recipient_user_id") for c in fake.calls_to("chat.startStream")] == [
+            "U1"
+        ]
+        assert fake.statuses == {}  # nothing left saying the bot works
+        assert ("C1", root, "is running tickets.status…") in fake.status_log
+        assert [c.error for c in fake.calls_to("chat.stopStream")] == [
+            None,
+            "message_not_in_streaming_state",
+        ]
+
+
+async def test_a_stream_a_dead_process_started_is_finished_by_the_new_process() -> None:
+    async with FakeSlack() as fake:
+        sink = TestSink(routes={"C1": "s1"})  # the broker: both processes share its marks
+        async with slack_channel(fake, sink) as first:
+            thread = await ask(fake, first, sink, "how are my tickets?")
+            await first.show(progress(thread, "is thinking…"))
+            await first.show(text(thread, "Ticket **T-1** is", 0))
+            [orphan] = fake.streams()
+            # SIGKILL: no done, no stop; the next process has only the broker and Slack
+        async with slack_channel(fake, sink) as second:
+            assert await second.reconcile(reply(sink, thread)) == "absent"
+            receipt = await second.deliver(reply(sink, thread))
+
+        assert receipt.channel_message_ids == (f"C1:{orphan.ts}",)
+        assert_one_complete_answer(fake, thread)
+        assert "slack:stream:slack:C1:" + thread.thread.split(":")[1] in sink.marks
+
+
+async def test_a_crash_between_the_start_and_its_record_leaves_no_orphan() -> None:
+    async with FakeSlack() as fake:
+        sink = TestSink(routes={"C1": "s1"})
+        async with slack_channel(fake, sink) as first:
+            thread = await ask(fake, first, sink, "how are my tickets?")
+            fake.lose_response("chat.startStream")  # started, and the answer never came back
+            await first.show(text(thread, "Ticket", 0))
+            assert len(fake.streams()) == 1
+        async with slack_channel(fake, sink) as second:
+            await second.deliver(reply(sink, thread))
+        assert_one_complete_answer(fake, thread)
+
+
+async def test_a_retried_run_in_a_new_process_restarts_its_stream() -> None:
+    async with FakeSlack() as fake:
+        sink = TestSink(routes={"C1": "s1"})
+        async with slack_channel(fake, sink) as first:
+            thread = await ask(fake, first, sink, "how are my tickets?")
+            await first.show(text(thread, "Ticket T-9 is gone", 0))
+        async with slack_channel(fake, sink) as second:
+            await second.show(text(thread, "Ticket **T-1**", 0))  # the request again, afresh
+            [stream] = fake.streams()
+            assert stream.text == "Ticket **T-1**"
+            await second.show(text(thread, ANSWER[14:], 14))
+            await second.deliver(reply(sink, thread))
+        assert_one_complete_answer(fake, thread)
+        assert len(fake.calls_to("chat.delete")) == 1
+
+
+async def test_a_new_model_request_of_the_run_replaces_the_earlier_steps_message() -> None:
+    async with FakeSlack() as fake:
+        sink = TestSink(routes={"C1": "s1"})
+        async with slack_channel(fake, sink) as channel:
+            thread = await ask(fake, channel, sink, "how are my tickets?")
+            await channel.show(text(thread, "Let me look that up", 0, step=0))
+            await channel.show(text(thread, "Ticket **T-1**", 0, step=1))
+            [stream] = answers(fake, thread)
+            assert stream.streaming and stream.text == "Ticket **T-1**"
+            await channel.show(text(thread, "Let me look", 0, step=0))  # late: dropped
+            await channel.show(text(thread, ANSWER[14:], 14, step=1))
+            await channel.show(done(thread))
+            await channel.deliver(reply(sink, thread))
+        assert_one_complete_answer(fake, thread)
+
+
+async def test_a_rate_limited_append_falls_back_to_one_final_message() -> None:
+    async with FakeSlack() as fake:
+        sink = TestSink(routes={"C1": "s1"})
+        async with slack_channel(fake, sink) as channel:
+            thread = await ask(fake, channel, sink, "how are my tickets?")
+            await channel.show(text(thread, "Ticket", 0))
+            fake.rate_limit("chat.appendStream", retry_after=30)
+            await channel.show(text(thread, " **T-1**", 6))  # 429: streaming ends for the run
+            await channel.show(text(thread, " is open;", 14))
+            [stream] = answers(fake, thread)
+            assert stream.text == "Ticket" and not stream.streaming  # stopped where it stood
+            await channel.show(done(thread))
+            await channel.deliver(reply(sink, thread))
+        assert_one_complete_answer(fake, thread)
+        assert [c.status for c in fake.calls_to("chat.appendStream")] == [429]
+
+
+async def test_a_workspace_without_streaming_gets_one_message_and_is_not_asked_again() -> None:
+    async with FakeSlack() as fake:
+        fake.unsupport("chat.startStream", "missing_scope")
+        fake.unsupport("assistant.threads.setStatus", "missing_scope")
+        sink = TestSink(routes={"C1": "s1"})
+        async with slack_channel(fake, sink) as channel:
+            for run in ("r0", RUN):
+                thread = await ask(fake, channel, sink, f"question of {run}")
+                await channel.show(progress(thread, "is thinking…", run=run))
+                await channel.show(text(thread, "Ticket", 0, run=run))
+                await channel.show(text(thread, " T-1", 6, run=run))
+                await channel.show(done(thread, run=run))
+                await channel.deliver(reply(sink, thread, run=run))
+            assert not channel.live.status_ok and not channel.live.streaming_ok
+        assert_one_complete_answer(fake, thread)
+        assert len(fake.calls_to("chat.startStream")) == 1
+        assert len(fake.calls_to("assistant.threads.setStatus")) == 1
+        assert fake.calls_to("reactions.add")  # the working reaction is the fallback
+
+
+async def test_a_failed_live_update_never_raises_and_a_reply_without_a_stream_is_posted() -> None:
+    async with FakeSlack() as fake:
+        sink = TestSink(routes={"C1": "s1"})
+        async with slack_channel(fake, sink) as channel:
+            thread = await ask(fake, channel, sink, "how are my tickets?")
+            fake.fail("assistant.threads.setStatus", "internal_error", status=500)
+            await channel.show(progress(thread, "is thinking…"))
+            await channel.show(progress(thread, "is running a…"))  # still tried: not for good
+            await channel.deliver(reply(sink, thread))
+        assert_one_complete_answer(fake, thread)
+        assert fake.statuses == {}
+        assert len(fake.calls_to("assistant.threads.setStatus")) == 2
+        assert fake.calls_to("chat.startStream") == []
+
+
+@pytest.mark.parametrize("lost", [False, True])
+async def test_a_finished_reply_is_never_swept_by_the_next_run(lost: bool) -> None:
+    """The reply rewrote the stream; the mark may still list it (a crash before it said so)."""
+    async with FakeSlack() as fake:
+        sink = TestSink(routes={"C1": "s1"})
+        async with slack_channel(fake, sink) as channel:
+            thread = await ask(fake, channel, sink, "how are my tickets?")
+            before = dict(sink.marks)
+            await channel.show(text(thread, ANSWER, 0))
+            listed = dict(sink.marks)
+            await channel.deliver(reply(sink, thread))
+            if lost:
+                sink.marks = listed  # the mark's last write never happened
+            assert sink.marks != before
+            await channel.show(text(thread, "Next", 0, run="r2"))
+            stream = fake.streams()
+            assert len(stream) == 1 and stream[0].text == "Next"
+        finished = [m for m in answers(fake, thread) if not m.streaming]
+        assert [m.text for m in finished] == [ANSWER.replace("**", "*")]
