@@ -23,7 +23,7 @@ from gateway.replies import CUT_OFF_NOTE
 from gateway.serve import serve
 from gateway.service import Service
 from tests.support.fake_slack import FakeSlack, Message, event_envelope, form_body, signed_headers
-from tests.support.gateway_agent import CUT_OFF_ANSWER
+from tests.support.gateway_agent import CUT_OFF_ANSWER, STREAMED_ANSWER
 from tests.support.gateway_rig import lane_texts
 from tests.support.redis_server import free_port
 
@@ -900,3 +900,20 @@ async def test_a_mention_late_in_a_long_thread_gives_the_agent_its_newest_messag
         "Earlier in this thread:\n(210 earlier messages are not shown.)\n"
         f"{shown}\n\nThe message to you:\nso?"
     )
+
+
+async def test_a_streamed_answer_shows_its_status_and_stream_then_is_one_message(rig: Rig) -> None:
+    """Through the whole service: the thread's status while it works, the answer streamed
+    into one message, and the durable reply finishing that message, not posting another."""
+    event = rig.fake.mention_event("C1", "/slowstream")
+    await rig.event(event)
+    await rig.fake.wait_for_call("assistant.threads.setStatus")
+    await _until(lambda: any("slow" in status for _, _, status in rig.fake.status_log))
+    await rig.fake.wait_for_call("chat.startStream", timeout=15)
+    await rig.fake.wait_for_call("chat.appendStream", timeout=15)
+    [reply] = await rig.bot_replies("C1", event["ts"], 1, timeout_s=20)
+    await _until(lambda: reply.text == STREAMED_ANSWER and not rig.fake.streams("C1"), 20)
+    assert _delivery_of(rig.fake.message("C1", reply.ts)).startswith("reply:slack-C1:")
+    await asyncio.sleep(0.3)
+    assert [m.text for m in rig.fake.thread("C1", event["ts"]) if m.bot_id] == [STREAMED_ANSWER]
+    assert rig.fake.status_log[-1][2] == ""  # the status cleared at the end
