@@ -78,9 +78,11 @@ def file_notice_text(refused: list[Attachment]) -> str:
     """The thread's notice: which files were not read, and why."""
     if len(refused) == 1:
         return f"I could not read the file {refused[0].name}: {refused[0].refused}."
-    lines = ["I could not read these files:"]
-    lines += [f"- {a.name}: {a.refused}" for a in refused]
-    return "\n".join(lines)
+    return (
+        "I could not read these files: "
+        + "; ".join(f"{a.name}: {a.refused}" for a in refused)
+        + "."
+    )
 
 
 async def enqueue_file_notice(broker: Broker, inbound: Inbound, session: str, item_id: str) -> None:
