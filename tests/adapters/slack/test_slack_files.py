@@ -56,8 +56,12 @@ class Rig:
 
 
 @contextlib.asynccontextmanager
-async def _running(tmp_path: Path, **extra: Any) -> AsyncIterator[Rig]:
-    async with FakeSlack() as fake:
+async def _running(
+    tmp_path: Path, fake: FakeSlack | None = None, **extra: Any
+) -> AsyncIterator[Rig]:
+    async with contextlib.AsyncExitStack() as stack:
+        if fake is None:
+            fake = await stack.enter_async_context(FakeSlack())
         settings = gateway_settings(
             store_url=f"sqlite:///{tmp_path}/store.db",
             broker_url=f"sqlite:///{tmp_path}/broker.db",
@@ -132,6 +136,28 @@ async def test_a_crash_between_fetch_and_acknowledge_does_not_fetch_again(
     [reply] = await rig.bot_replies(event["ts"], 1)
     assert "image: image/png" in reply.text
     assert rig.fake.file_requests == [(shot["id"], True)]  # fetched once in all
+
+
+async def test_a_restart_between_fetch_and_acknowledge_does_not_fetch_again(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    async with FakeSlack() as fake:
+        shot = fake.add_file("shot.png", png(), "image/png")
+        async with _running(tmp_path, fake) as first:
+            event = first.with_files("look after the restart", shot)
+
+            async def gone(inbound: Any) -> Any:  # the process ends before the inbox write
+                raise Unavailable("the process is going away")
+
+            assert first.service.intake is not None
+            monkeypatch.setattr(first.service.intake, "accept", gone)
+            assert (await first.event(event, event_id="Ev1")).status_code == 500
+        assert fake.file_requests == [(shot["id"], True)]
+        async with _running(tmp_path, fake) as second:  # the same store and broker files
+            assert (await second.event(event, event_id="Ev1")).status_code == 200  # the retry
+            [reply] = await second.bot_replies(event["ts"], 1)
+            assert "image: image/png" in reply.text
+        assert fake.file_requests == [(shot["id"], True)]  # held across the restart
 
 
 async def test_oversize_and_unknown_files_are_refused_with_a_reply_and_nothing_stored(
