@@ -20,6 +20,8 @@ def blob_id(data: bytes) -> str:
 
 
 def _mb(count: int) -> str:
+    if count < 1000:
+        return f"{count} bytes"
     return f"{count / 1_000_000:.1f} MB" if count >= 1_000_000 else f"{count / 1000:.1f} KB"
 
 
