@@ -21,8 +21,10 @@ from adapters.channel import (
     DecisionRefused,
     DeliveryError,
     DeliveryReceipt,
+    FileRefused,
     Inbound,
     InboundSink,
+    IncomingFile,
     KnownThread,
     NotRouted,
     Outbound,
@@ -35,6 +37,7 @@ from adapters.channel import (
     is_copy_of,
 )
 from adapters.errors import AdapterError
+from adapters.files import FileKind, FileLimits, file_kind, image_type, take_in
 from adapters.kit import ChannelContext, ChannelSpec
 from adapters.live import LiveKind, LiveUpdate, LiveView
 from adapters.registry import (
@@ -67,8 +70,14 @@ __all__ = [
     "DeliveryError",
     "DeliveryReceipt",
     "ENTRY_POINT_GROUP",
+    "file_kind",
+    "FileKind",
+    "FileLimits",
+    "FileRefused",
+    "image_type",
     "Inbound",
     "InboundSink",
+    "IncomingFile",
     "is_copy_of",
     "KnownThread",
     "LiveKind",
@@ -80,6 +89,7 @@ __all__ = [
     "PendingCall",
     "Reconciled",
     "RegistryError",
+    "take_in",
     "TextCut",
     "ThreadRef",
     "Unavailable",

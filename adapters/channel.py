@@ -17,7 +17,8 @@ from __future__ import annotations
 
 import hashlib
 import json
-from collections.abc import Mapping
+from collections.abc import Awaitable, Callable, Mapping, Sequence
+from dataclasses import dataclass
 from typing import Literal, Protocol, runtime_checkable
 
 from fastapi import APIRouter
@@ -41,8 +42,10 @@ __all__ = [
     "DecisionRefused",
     "DeliveryError",
     "DeliveryReceipt",
+    "FileRefused",
     "Inbound",
     "InboundSink",
+    "IncomingFile",
     "KnownThread",
     "NotRouted",
     "OutboundKind",
@@ -107,7 +110,11 @@ class Author(Frozen):
 
 
 class Attachment(Frozen):
-    """An attachment's metadata (its content is not carried through the inbox)."""
+    """A file sent with a message: its metadata, and where its content is held if taken in.
+
+    The content never travels through the inbox: it is in the gateway's blob area under
+    `blob` (`InboundSink.take_files`), put there before the message was accepted.
+    """
 
     name: str
     media_type: str
@@ -115,6 +122,30 @@ class Attachment(Frozen):
     """Bytes."""
     ref: str | None = None
     """Where the channel keeps it (a URL or an id), if anywhere."""
+    blob: str | None = None
+    """The blob holding its content (``sha256:<hex>``), when it was taken in."""
+    refused: str | None = None
+    """Why it was not taken in (too large, a type the agent does not read...), one short
+    sentence the agent and the thread are told."""
+
+
+class FileRefused(AdapterError):
+    """A file that cannot be taken in (a fetch that can never succeed); `str()` says why."""
+
+
+@dataclass(frozen=True)
+class IncomingFile:
+    """A file a message names, as a channel offers it to `InboundSink.take_files`."""
+
+    attachment: Attachment
+    """Its metadata as the channel declares it (the size may be a claim, checked on fetch)."""
+    key: str
+    """The channel's permanent identity of this file (a Slack file id, an email's Message-ID
+    and part number, a web upload's id): a file taken in under it is never fetched again."""
+    fetch: Callable[[int], Awaitable[bytes]]
+    """Its content; given the most bytes taken, it may stop reading past that (what it returns
+    beyond the limit is refused). Raises `FileRefused` when it can never succeed (a host that
+    is not the channel's, a file deleted), anything else when it may succeed later."""
 
 
 class TextCut(Frozen):
@@ -281,6 +312,24 @@ class InboundSink(Protocol):
         Raises:
             NotRouted: no session is bound to the thread's space.
             Unavailable: the inbox could not be written; the adapter must not acknowledge.
+        """
+        ...
+
+    async def take_files(
+        self, thread: ThreadRef, files: Sequence[IncomingFile]
+    ) -> tuple[Attachment, ...]:
+        """Take in the files of a message about to be accepted: hold each one's content durably.
+
+        Call it before `accept`, and accept the message with what it returns: each attachment
+        with `blob` set (its content held) or `refused` set (not taken: over a limit, a type
+        the agent does not read, a fetch that can never succeed). A file held under its key
+        already (a retried event after a crash) is not fetched again. A refusal stores nothing
+        of that file; the thread is told when the message is accepted.
+
+        Raises:
+            NotRouted: no session is bound to the thread's space.
+            Unavailable: a file could not be fetched or held now; the adapter must not
+                acknowledge (the channel retries, and what was held is not fetched again).
         """
         ...
 

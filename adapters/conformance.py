@@ -82,12 +82,14 @@ from adapters.channel import (
     Acceptance,
     ApprovalClosed,
     ApprovalView,
+    Attachment,
     Capabilities,
     ChannelAdapter,
     DecisionInbound,
     DecisionRefused,
     DeliveryError,
     Inbound,
+    IncomingFile,
     KnownThread,
     Outbound,
     OutboundKind,
@@ -96,6 +98,7 @@ from adapters.channel import (
     Unavailable,
     is_copy_of,
 )
+from adapters.files import FileLimits, take_in
 from harness_core import args_digest
 
 __all__ = [
@@ -225,6 +228,8 @@ class SuiteSink:
         self.decisions_refused: list[DecisionInbound] = []
         """Decisions refused as the gateway refuses one that can change nothing."""
         self.marks: dict[str, str] = {}
+        self.files: dict[str, bytes] = {}
+        """The files taken in, by their channel's key."""
         self._requests: dict[str, tuple[str, ApprovalView]] = {}
         self._refusing: int | None = 0
 
@@ -253,6 +258,21 @@ class SuiteSink:
         held = self.messages.setdefault(inbound.dedupe_key, inbound)
         item = f"m-{list(self.messages).index(inbound.dedupe_key) + 1}"
         return Acceptance(item_id=item, session=SESSION, lane=lane, duplicate=held is not inbound)
+
+    async def take_files(
+        self, thread: ThreadRef, files: Sequence[IncomingFile]
+    ) -> tuple[Attachment, ...]:
+        """Take files in under the default `FileLimits`, held in memory by key."""
+
+        async def find(key: str) -> tuple[str, int] | None:
+            data = self.files.get(key)
+            return None if data is None else (f"mem:{key}", len(data))
+
+        async def put(key: str, data: bytes) -> str:
+            self.files[key] = data
+            return f"mem:{key}"
+
+        return await take_in(files, FileLimits(), find=find, put=put)
 
     async def decide(self, decision: DecisionInbound) -> Acceptance:
         """Judge `decision` against the open requests, then hold it once per slot."""

@@ -258,6 +258,45 @@ class Settings(BaseModel):
         le=2_592_000,
         description="How long a message id is remembered (dedupe).",
     )
+    file_max_mb: float = Field(
+        default=10.0,
+        gt=0,
+        le=100,
+        description="The largest file a message brings in (MB); larger ones are refused.",
+    )
+    files_per_message: int = Field(
+        default=10,
+        ge=0,
+        le=100,
+        description="Files read per message; the rest are refused, with a reply.",
+    )
+    files_per_message_mb: float = Field(
+        default=25.0,
+        gt=0,
+        le=500,
+        description="What a message's files may bring in together (MB).",
+    )
+    file_text_chars: int = Field(
+        default=100_000,
+        ge=1_000,
+        le=2_000_000,
+        description="Characters of one text file or PDF the agent gets (the rest is cut).",
+    )
+    file_pdf_pages: int = Field(
+        default=50, ge=1, le=2_000, description="Pages of one PDF the agent gets."
+    )
+    files_per_session_mb: float = Field(
+        default=250.0,
+        gt=0,
+        le=100_000,
+        description="What one session's files may hold in the broker's blob area (MB).",
+    )
+    file_retention_days: float = Field(
+        default=7.0,
+        gt=0,
+        le=365,
+        description="How long a file's content is kept after it arrived .",
+    )
     delivery_timeout_seconds: float = Field(
         default=10.0,
         gt=0,

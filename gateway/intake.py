@@ -12,23 +12,29 @@ acknowledged can be lost.
 from __future__ import annotations
 
 import logging
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 
 from pydantic import ValidationError
 
 from adapters import (
     Acceptance,
+    Attachment,
     DecisionInbound,
     DecisionRefused,
+    FileLimits,
+    FileRefused,
     Inbound,
+    IncomingFile,
     KnownThread,
     NotRouted,
     ThreadRef,
     Unavailable,
+    take_in,
 )
-from gateway.broker.contract import Broker, NewInboxItem, ThreadState
+from gateway.broker.contract import BlobRefused, Broker, NewInboxItem, ThreadState
 from gateway.cuts import enqueue_cut_notice
 from gateway.decisions import Approvers, ToolApprovers, judge
+from gateway.files import enqueue_file_notice
 from gateway.logs import event
 from harness_core import SessionRepo
 from harness_core.session.names import check_lane_name, check_session_id
@@ -49,8 +55,10 @@ class Intake:
         *,
         approvers: Approvers | None = None,
         tool_approvers: ToolApprovers | None = None,
+        file_limits: FileLimits | None = None,
     ) -> None:
         self._broker = broker
+        self._file_limits = file_limits or FileLimits()
         self._route = route
         """(channel, space) -> the session id, or None when nothing is bound."""
         self._repo = repo
@@ -93,6 +101,7 @@ class Intake:
             )
             # a duplicate too: the first accept may have ended between the two writes
             await enqueue_cut_notice(self._broker, inbound, session, appended.item.id)
+            await enqueue_file_notice(self._broker, inbound, session, appended.item.id)
         except Exception as exc:  # the inbox could not hold it: the channel must retry
             log.warning(event("inbox unavailable", error=type(exc).__name__))
             raise Unavailable(f"the inbox is unavailable ({type(exc).__name__})") from exc
@@ -108,6 +117,42 @@ class Intake:
         return Acceptance(
             item_id=appended.item.id, session=session, lane=lane, duplicate=appended.duplicate
         )
+
+    async def take_files(
+        self, thread: ThreadRef, files: Sequence[IncomingFile]
+    ) -> tuple[Attachment, ...]:
+        """See `InboundSink.take_files` (the blobs are the session's, keyed by channel)."""
+        session = self._session_of(thread)
+        blobs = self._broker.blobs
+
+        async def find(key: str) -> tuple[str, int] | None:
+            info = await blobs.find(session, f"{thread.channel}:{key}")
+            return None if info is None else (info.id, info.size)
+
+        async def put(key: str, data: bytes) -> str:
+            try:
+                return (await blobs.put(session, data, key=f"{thread.channel}:{key}")).id
+            except BlobRefused as refused:
+                raise FileRefused(str(refused)) from None
+
+        try:
+            taken = await take_in(files, self._file_limits, find=find, put=put)
+        except Unavailable as exc:
+            log.warning(event("files unavailable", session=session, error=str(exc)))
+            raise
+        except Exception as exc:  # the blob area could not be read or written
+            log.warning(event("blob area unavailable", error=type(exc).__name__))
+            raise Unavailable(f"the blob area is unavailable ({type(exc).__name__})") from exc
+        log.info(
+            event(
+                "files taken in",
+                session=session,
+                lane=thread.lane,
+                held=sum(1 for a in taken if a.blob is not None),
+                refused=sum(1 for a in taken if a.refused is not None),
+            )
+        )
+        return taken
 
     async def decide(self, decision: DecisionInbound) -> Acceptance:
         """See `InboundSink.decide`."""

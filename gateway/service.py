@@ -29,6 +29,7 @@ from gateway.broker.contract import Broker
 from gateway.channels import build_channels
 from gateway.deliverer import Deliverer, DelivererConfig
 from gateway.errors import GatewayError
+from gateway.files import blob_limits, file_limits
 from gateway.guards import body_limits, host_rule
 from gateway.incarnation import gone, new_worker_id
 from gateway.intake import Intake
@@ -152,6 +153,7 @@ class Service:
                 clock=clock,
                 visibility_timeout_ms=int(settings.lease_seconds * 1000),
                 dedupe_ttl_ms=int(settings.inbox_dedupe_seconds * 1000),
+                blob_limits=blob_limits(settings),
             )
         )
         failed = {part: why for part, why in (await self.probe()).items() if why is not None}
@@ -186,6 +188,7 @@ class Service:
             self.repo,
             approvers=profiles.approvers,
             tool_approvers=self.tool_approvers,
+            file_limits=file_limits(settings),
         )
         self.metrics = Metrics(
             self.repo,
@@ -244,7 +247,8 @@ class Service:
             clock,
             self.metrics,
             profiles,
-            self.live if self.live.active else None,
+            live=self.live if self.live.active else None,
+            file_limits=file_limits(settings),
         )
         self.deliverer = Deliverer(
             DelivererConfig(

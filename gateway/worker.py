@@ -28,9 +28,10 @@ from typing import Any, Final, Literal
 
 from pydantic import ValidationError
 
-from adapters import DecisionInbound, Inbound, ThreadRef
+from adapters import DecisionInbound, FileLimits, Inbound, ThreadRef
 from gateway.broker.contract import Broker, InboxItem, SessionTicket
 from gateway.cuts import agent_notes
+from gateway.files import attachment_line, user_content
 from gateway.incarnation import gone
 from gateway.lane_status import attempt_began, parked_mark
 from gateway.live import LivePublisher
@@ -73,6 +74,7 @@ from harness_core import (
     ToolRecovery,
 )
 from harness_core.events import ApprovalDecidedEvent
+from harness_core.messages import UserMessage
 from harness_core.session.records import ApprovalRequested
 
 __all__ = ["Worker", "WorkerConfig"]
@@ -151,10 +153,12 @@ class Worker:
         metrics: Metrics | None = None,
         profiles: LaneProfiles | None = None,
         live: LivePublisher | None = None,
+        file_limits: FileLimits | None = None,
     ) -> None:
         self.config = config
         self._live = live
         """Shows each run's progress and streamed text to its thread (None: nothing live)."""
+        self._file_limits = file_limits or FileLimits()
         self._metrics = metrics
         self._profiles = profiles
         """The agent profiles lanes are given (None: every lane has the harness's options)."""
@@ -672,9 +676,11 @@ class Worker:
             return
         inbox = self._broker.inbox
         entry_id = entry_id_of(item.dedupe_key)
-        if inbound.context and await session.storage.get_entry(entry_id) is not None:
-            # taken before a crash: its text had the context (the lane was new then); built
-            # again now it would not, and differ from the entry the lane holds
+        if (inbound.context or inbound.attachments) and await session.storage.get_entry(
+            entry_id
+        ) is not None:
+            # taken before a crash: its text had the context (the lane was new then), its
+            # files' blobs may be gone since; built again now it could differ from the entry
             await inbox.ack(item.session, item.id)
             return
         fresh = bool(inbound.context) and await self._fresh(lane)
@@ -691,7 +697,9 @@ class Worker:
                         lane, inbound.thread, inbound.author, session.tools
                     )
                 text = _text_of(inbound, with_context=fresh, tag=self._tag(given, inbound))
-                started = await lane.start(text, entry_id=entry_id)
+                started = await lane.start(
+                    await self._content(text, item, inbound), entry_id=entry_id
+                )
                 if isinstance(started, Ok):
                     self._track(session, lane.name, started.value.outcome())
                     await inbox.ack(item.session, item.id)
@@ -708,7 +716,7 @@ class Worker:
             queue = lane.steer if policy == "steer" else lane.follow_up
             given = await lane_profile(lane) if profiles is not None else None
             text = _text_of(inbound, with_context=fresh, tag=self._tag(given, inbound))
-            queued = await queue(text, entry_id=entry_id)
+            queued = await queue(await self._content(text, item, inbound), entry_id=entry_id)
             if isinstance(queued, Ok):
                 await inbox.ack(item.session, item.id)
                 self._accepted(inbound)
@@ -717,6 +725,13 @@ class Worker:
                 await self._refuse(item, queued.error.tag)
                 return
         # still racing, or a compaction holds the lane: pending until the next look
+
+    async def _content(self, text: str, item: InboxItem, inbound: Inbound) -> str | UserMessage:
+        """The user message: `text`, with a part per file the channel took in (D223)."""
+        content = await user_content(
+            text, inbound, self._broker.blobs, item.session, self._file_limits
+        )
+        return content if isinstance(content, str) else UserMessage(content=content)
 
     def _tag(self, given: LaneProfile | None, inbound: Inbound) -> str | None:
         """Who wrote `inbound`, when the lane's system prompt does not already say so."""
@@ -889,10 +904,7 @@ def _text_of(inbound: Inbound, *, with_context: bool = False, tag: str | None = 
         lines.append(f"{tag} {inbound.text}" if inbound.text else tag)
     elif inbound.text:
         lines.append(inbound.text)
-    for attachment in inbound.attachments:
-        lines.append(
-            f"[attachment: {attachment.name} ({attachment.media_type}, {attachment.size} bytes)]"
-        )
+    lines += [attachment_line(attachment) for attachment in inbound.attachments]
     lines += agent_notes(inbound)  # what the channel left out (D169)
     return "\n".join(lines) or "(empty message)"
 

@@ -28,7 +28,7 @@ import hmac
 import logging
 import ssl
 from collections import Counter, deque
-from collections.abc import Sequence
+from collections.abc import Awaitable, Callable, Sequence
 from datetime import UTC, datetime, timedelta
 from email.message import EmailMessage
 from email.utils import getaddresses, parseaddr
@@ -48,7 +48,10 @@ from adapters.channel import (
     Capabilities,
     DeliveryError,
     DeliveryReceipt,
+    FileRefused,
+    Inbound,
     InboundSink,
+    IncomingFile,
     NotRouted,
     Outbound,
     Reconciled,
@@ -57,7 +60,7 @@ from adapters.channel import (
 from adapters.email.approvals import approval_router
 from adapters.email.compose import approval_token, compose_reply, reply_message_id
 from adapters.email.imap import CA_HINT, ImapConnection, ImapError, ImapGone, ImapRefused
-from adapters.email.message import parse, parse_head
+from adapters.email.message import attachment_content, parse, parse_head
 from adapters.failures import connection_failure
 from harness_core import Clock, SystemClock
 
@@ -140,7 +143,7 @@ class EmailChannel:
         self.body_limits: dict[str, int] = {}
         """The approval pages take small forms only (the edge's default bound)."""
         links = self.router is not None
-        self.capabilities = Capabilities(decisions=links, approvers=links)
+        self.capabilities = Capabilities(decisions=links, approvers=links, files=True)
         """Signed approval links decide only with a link secret and a public URL, and only for
         the approvers' addresses."""
 
@@ -300,7 +303,8 @@ class EmailChannel:
             self._skip(uid, parsed.reason)
         else:
             try:
-                acceptance = await sink.accept(parsed.inbound)
+                inbound = await self._with_files(sink, parsed.inbound, raw)
+                acceptance = await sink.accept(inbound)
             except NotRouted as exc:
                 self._skip(uid, "not_routed")
                 log.warning("email not routed", extra={"reason": str(exc)})
@@ -316,6 +320,31 @@ class EmailChannel:
                     },
                 )
         await imap.mark_seen(uid)
+
+    async def _with_files(self, sink: InboundSink, inbound: Inbound, raw: bytes) -> Inbound:
+        """`inbound` with its attachments' content held (before it is accepted; D226).
+
+        The content comes from the message already read: a retried take (a crash before the
+        message was marked handled) finds it held under the Message-ID and part.
+        """
+        if not inbound.attachments:
+            return inbound
+
+        def reader(ref: str) -> Callable[[int], Awaitable[bytes]]:
+            async def read(limit: int) -> bytes:
+                content = attachment_content(raw, ref)
+                if content is None:
+                    raise FileRefused("its content could not be decoded")
+                return content
+
+            return read
+
+        incoming = [
+            IncomingFile(a, f"{inbound.message_id}:{a.ref}", reader(a.ref or ""))
+            for a in inbound.attachments
+        ]
+        taken = await sink.take_files(inbound.thread, incoming)
+        return inbound.model_copy(update={"attachments": taken})
 
     def _skip(self, uid: int, reason: str) -> None:
         self.skipped[reason] += 1

@@ -32,11 +32,11 @@ The rules:
   it never counts) the text is cut and `Inbound.cut` says so, and so does an HTML body longer
   than is converted (`_MAX_HTML_CHARS` once inline ``data:`` images are left out): the agent
   and the person are told (decision D169).
-* **Attachments** are metadata only (name, media type, decoded size); their content stays in
-  the mailbox. At most `MAX_ATTACHMENTS` are listed, the rest counted
-  (`Inbound.unlisted_attachments`); no size limit applies to one attachment
-  (a large one is just listed with its size: the whole message is already bounded by
-  ``max_bytes``, and nothing is downloaded).
+* **Attachments** are listed with their name, media type, decoded size and part (``ref``:
+  ``part-<n>``, whose content `attachment_content` decodes: the channel hands it to the
+  gateway's blob area, which applies the per-file limits; D223). At most `MAX_ATTACHMENTS`
+  are listed, the rest counted (`Inbound.unlisted_attachments`); the whole message is
+  already bounded by ``max_bytes``.
 """
 
 from __future__ import annotations
@@ -73,6 +73,7 @@ from adapters.email.quotes import clean_html, reply_text
 from adapters.text_cut import keep_within
 
 __all__ = [
+    "attachment_content",
     "CHANNEL",
     "classify_automatic",
     "email_thread",
@@ -953,9 +954,33 @@ def _attachments(msg: Message, body: Message | None) -> tuple[tuple[Attachment, 
                 name=_attachment_name(part, media_type, len(found)),
                 media_type=_clip(media_type, 200),
                 size=_part_size(part),
+                ref=f"part-{count}",
             )
         )
     return tuple(found), more
+
+
+def attachment_content(raw: bytes, ref: str) -> bytes | None:
+    """The decoded content of the attachment `ref` (``part-<n>``, as `parse` lists it) of `raw`.
+
+    None when there is no such part (the message changed, or `ref` is not one of ours).
+    """
+    number = ref.removeprefix("part-")
+    if not number.isdigit():
+        return None
+    msg = BytesParser(policy=policy.default).parsebytes(raw)
+    for count, part in enumerate(_leaves(msg)):
+        if count >= _MAX_LEAVES:
+            return None
+        if count == int(number):
+            try:
+                payload = part.get_payload(decode=True)
+            except Exception:
+                return None
+            if isinstance(payload, bytes):
+                return payload
+            return part.as_bytes() if part.get_content_type() == "message/rfc822" else None
+    return None
 
 
 def _attachment_name(part: Message, media_type: str, index: int) -> str:

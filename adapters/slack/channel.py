@@ -61,6 +61,7 @@ from adapters.live import LiveUpdate
 from adapters.slack.approvals import SlackApprovals
 from adapters.slack.delivery import SlackDelivery
 from adapters.slack.events import CHANNEL, classify
+from adapters.slack.files import SlackFiles
 from adapters.slack.history import SlackHistory
 from adapters.slack.link import SlackLink
 from adapters.slack.live import SlackLive
@@ -100,6 +101,7 @@ class SlackChannel:
         context_messages: int = 50,
         backfill_hours: float = 24.0,
         late_after_s: float = 60.0,
+        file_host: str = "https://files.slack.com",
     ) -> None:
         if signing_secret is None and app_token is None:
             raise ValueError(
@@ -153,7 +155,10 @@ class SlackChannel:
         self.router: APIRouter | None = None if self.socket_mode else self._http_router()
         self.body_limits: dict[str, int] = {} if self.socket_mode else {"/slack/": _MAX_BODY}
         """The bound of a request body at ``/slack/events`` (the app refuses more unread)."""
-        self.capabilities = Capabilities(decisions=True, approvers=True, edits=True, streaming=True)
+        self.files = SlackFiles(bot_token, file_host=file_host, timeout_s=call_timeout_s)
+        self.capabilities = Capabilities(
+            decisions=True, approvers=True, edits=True, streaming=True, files=True
+        )
         """Approve/Deny buttons for the configured approvers; an approval's close edits every
         posted copy (chat.update); a run's answer is streamed and its reply finishes the
         stream (`live`)."""
@@ -344,6 +349,10 @@ class SlackChannel:
                 )
             if self.delivery.working_reaction:
                 inbound = await self.delivery.with_working(sink, inbound, known)
+            if inbound.attachments:  # held before the message is: a retry fetches nothing again
+                incoming = self.files.incoming(event, inbound.attachments)
+                taken = await sink.take_files(inbound.thread, incoming)
+                inbound = inbound.model_copy(update={"attachments": taken})
             acceptance = await sink.accept(inbound)
         except NotRouted as exc:
             log.warning("slack message not routed", extra={"reason": str(exc)})

@@ -26,6 +26,7 @@ class SlackSettings(Section):
         "app_token": "an app-level token (xapp-...)",
         "signing_secret": "the app's signing secret (not empty)",
         "api_url": "an http:// or https:// URL",
+        "file_host": "an http:// or https:// origin like https://files.slack.com",
         "approvers": 'channel id -> user and user group ids: JSON like {"C0123": ["U0456", '
         '"S0789"], "*": ["U0999"]} in GATEWAY_SLACK_APPROVERS, a [slack.approvers] table in TOML',
         "working_reaction": "a reaction name like eyes or hourglass_flowing_sand, or empty",
@@ -58,6 +59,11 @@ class SlackSettings(Section):
     api_url: str = Field(
         default="https://slack.com/api/",
         description="The Slack Web API's base URL (tests point it at a local fake).",
+    )
+    file_host: str = Field(
+        default="https://files.slack.com",
+        description="The only origin the bot token is sent to for files people share (tests "
+        "point it at a local fake).",
     )
     approvers: dict[str, tuple[str, ...]] = Field(
         default_factory=dict,
@@ -100,6 +106,15 @@ class SlackSettings(Section):
         if not urlsplit(value).netloc:
             raise ValueError(f"expected {cls.accepted('api_url')}")
         return value if value.endswith("/") else value + "/"
+
+    @field_validator("file_host")
+    @classmethod
+    def _file_host(cls, value: str) -> str:
+        check_url(value, ("http", "https"), cls.accepted("file_host"))
+        parts = urlsplit(value)
+        if not parts.netloc or parts.path not in ("", "/") or parts.query:
+            raise ValueError(f"expected {cls.accepted('file_host')}")
+        return f"{parts.scheme}://{parts.netloc}"
 
     @field_validator("approvers")
     @classmethod

@@ -11,7 +11,10 @@ Endpoints (under the router's prefix, ``/web`` by default; ``space`` is a query 
 the GETs and a body field of the POSTs):
 
 * ``POST /web/threads/{thread}/messages`` ``{"text", "client_message_id"?, "author"?,
-  "space"?}`` -> 202 ``{"item_id", "session", "lane", "duplicate", "message_id", ...}``.
+  "space"?, "files"?}`` -> 202 ``{"item_id", "session", "lane", "duplicate", "message_id", ...}``.
+* ``POST /web/uploads/{thread}``: the same, under a larger body limit (`WebLimits`): files
+  are ``[{"name", "media_type"?, "data"}]`` with ``data`` in base64, held by the gateway
+  before the message is taken (D223).
 * ``POST /web/threads/{thread}/decisions`` ``{"run_id", "wait_id", "decisions": [
   {"tool_call_id", "args_digest", "approved", "reason"?}], "author"?, "idempotency_key"?,
   "space"?}`` -> 202 (an Approve or Deny click).
@@ -38,10 +41,12 @@ gateway's app refuses any ``Host`` it does not serve before this router runs (`g
 from __future__ import annotations
 
 import asyncio
+import base64
+import binascii
 import hashlib
 import json
 import logging
-from collections.abc import AsyncIterator, Mapping
+from collections.abc import AsyncIterator, Awaitable, Callable, Mapping
 from dataclasses import dataclass
 from typing import Any, Literal, get_args
 
@@ -57,6 +62,7 @@ from pydantic import BaseModel, ConfigDict, Field, ValidationError
 
 from adapters.channel import (
     Acceptance,
+    Attachment,
     Author,
     Capabilities,
     DecisionInbound,
@@ -66,6 +72,7 @@ from adapters.channel import (
     DeliveryReceipt,
     Inbound,
     InboundSink,
+    IncomingFile,
     NotRouted,
     Outbound,
     Reconciled,
@@ -138,6 +145,11 @@ class WebLimits:
     """The longest message text (characters)."""
     max_body_bytes: int = 256 * 1024
     """The largest request body (bytes), refused before it is parsed."""
+    max_upload_bytes: int = 36 * 1024 * 1024
+    """The largest body of ``POST /uploads/{thread}`` (a message with its files in base64:
+    room for the gateway's default 25 MB of files per message; D223)."""
+    max_upload_files: int = 20
+    """The most files one post names (the gateway's per-message limit applies after)."""
     max_page: int = 500
     """The most items one ``GET`` returns."""
     keepalive_s: float = 15.0
@@ -179,6 +191,15 @@ class _AuthorIn(BaseModel):
     name: str | None = Field(default=None, max_length=100)
 
 
+class _FileIn(BaseModel):
+    model_config = ConfigDict(extra="forbid", strict=True)
+
+    name: str = Field(min_length=1, max_length=300)
+    media_type: str = Field(default="application/octet-stream", min_length=1, max_length=200)
+    data: str
+    """The content, base64."""
+
+
 class _MessageIn(BaseModel):
     model_config = ConfigDict(extra="forbid", strict=True)
 
@@ -186,6 +207,7 @@ class _MessageIn(BaseModel):
     client_message_id: str | None = Field(default=None, pattern=_CLIENT_ID)
     author: str | _AuthorIn | None = None
     space: str = "default"
+    files: list[_FileIn] = Field(default_factory=list)
 
 
 class _DecisionItemIn(BaseModel):
@@ -275,9 +297,12 @@ class WebChannel:
         self.repeated = 0
         """Deliveries whose id the thread held already (stored once, counted here)."""
         self.router = self._build_router(prefix)
-        self.body_limits: dict[str, int] = {prefix + "/": self.limits.max_body_bytes}
+        self.body_limits: dict[str, int] = {
+            prefix + "/": self.limits.max_body_bytes,
+            prefix + "/uploads/": self.limits.max_upload_bytes,
+        }
         """The bound of a request body under the router's prefix (the app refuses more unread)."""
-        self.capabilities = Capabilities(decisions=True)
+        self.capabilities = Capabilities(decisions=True, files=True)
         """Approve/Deny buttons on the thread page (a close is an item the page shows)."""
         self.live = LiveBoard()
         """What runs are doing and writing now, per thread (shown on pages, never stored)."""
@@ -405,7 +430,7 @@ class WebChannel:
             )
         return self._sink
 
-    async def _body(self, request: Request) -> Any:
+    async def _body(self, request: Request, *, limit: int | None = None) -> Any:
         # A cross-site page cannot send application/json without a CORS preflight (which this
         # router never grants), nor hide that it is cross-site from a modern browser: a visited
         # web page cannot post messages or approve a call through a person's browser.
@@ -417,7 +442,7 @@ class WebChannel:
             raise _Refused(
                 415, "unsupported_media_type", "the request body must be application/json"
             )
-        limit = self.limits.max_body_bytes
+        limit = self.limits.max_body_bytes if limit is None else limit
         declared = request.headers.get("content-length")
         if declared is not None and declared.isdigit() and int(declared) > limit:
             raise _Refused(413, "too_large", f"the request body exceeds {limit} bytes")
@@ -453,6 +478,29 @@ class WebChannel:
             ) from None
         return acceptance
 
+    async def _with_files(
+        self, sink: InboundSink, inbound: Inbound, files: list[tuple[Attachment, bytes]]
+    ) -> Inbound:
+        """`inbound` with its files held by the gateway (before it is accepted)."""
+
+        def content(data: bytes) -> Callable[[int], Awaitable[bytes]]:
+            async def read(limit: int) -> bytes:
+                return data
+
+            return read
+
+        incoming = [
+            IncomingFile(attachment, f"{inbound.message_id}:{number}", content(data))
+            for number, (attachment, data) in enumerate(files)
+        ]
+        try:
+            taken = await sink.take_files(inbound.thread, incoming)
+        except NotRouted as exc:
+            raise _Refused(404, "not_routed", str(exc) or "no session serves this space") from None
+        except Unavailable as exc:
+            raise self._unavailable(str(exc) or "the gateway cannot hold the files now") from None
+        return inbound.model_copy(update={"attachments": taken})
+
     def _unavailable(self, message: str) -> _Refused:
         return _Refused(
             503, "unavailable", message, {"Retry-After": str(self.limits.retry_after_s)}
@@ -487,14 +535,22 @@ class WebChannel:
 
     async def post_message(self, thread: str, request: Request) -> Response:
         """``POST /threads/{thread}/messages``."""
+        return await self._post(thread, request, self.limits.max_body_bytes)
+
+    async def post_upload(self, thread: str, request: Request) -> Response:
+        """``POST /uploads/{thread}``: a message with files (base64), under a larger body limit."""
+        return await self._post(thread, request, self.limits.max_upload_bytes)
+
+    async def _post(self, thread: str, request: Request, limit: int) -> Response:
         thread = _name(thread, "thread")
-        raw = await self._body(request)
+        raw = await self._body(request, limit=limit)
         try:
             body = _MessageIn.model_validate(raw)
         except ValidationError as exc:
             raise _refusal(exc) from None
         space = _name(body.space, "space")
-        if not body.text.strip():
+        files = _files(body.files, self.limits.max_upload_files)
+        if not body.text.strip() and not files:
             raise _Refused(400, "empty_text", "'text' is empty")
         if len(body.text) > self.limits.max_text_chars:
             raise _Refused(
@@ -526,6 +582,8 @@ class WebChannel:
             "the web channel's store is unavailable: the message was not taken; retry",
         )
         try:
+            if files:
+                inbound = await self._with_files(sink, inbound, files)
             acceptance = await self._accept(sink, sink.accept, inbound)
         except _Refused as refused:
             await self._not_taken(ref, inbound.message_id, refused.message)
@@ -861,12 +919,30 @@ class WebChannel:
         route("/threads", "GET", self.list_threads, with_thread=False)
         route("/threads/{thread}", "GET", self.get_thread, with_thread=True)
         route("/threads/{thread}/messages", "POST", self.post_message, with_thread=True, status=202)
+        route("/uploads/{thread}", "POST", self.post_upload, with_thread=True, status=202)
         route(
             "/threads/{thread}/decisions", "POST", self.post_decision, with_thread=True, status=202
         )
         route("/threads/{thread}/events", "GET", self.events, with_thread=True)
         route("/threads/{thread}/page", "GET", self.page, with_thread=True)
         return router
+
+
+def _files(given: list[_FileIn], most: int) -> list[tuple[Attachment, bytes]]:
+    """The posted files decoded (400 for bad base64 or too many), with their metadata."""
+    if len(given) > most:
+        raise _Refused(400, "invalid_request", f"{len(given)} files; at most {most} per message")
+    out = []
+    for number, file in enumerate(given):
+        try:
+            data = base64.b64decode(file.data, validate=True)
+        except (binascii.Error, ValueError):
+            raise _Refused(
+                400, "invalid_request", f"files[{number}].data is not valid base64"
+            ) from None
+        name = file.name.replace("\\", "/").rsplit("/", 1)[-1].strip() or f"file-{number + 1}"
+        out.append((Attachment(name=name, media_type=file.media_type, size=len(data)), data))
+    return out
 
 
 def _retrieve(task: asyncio.Future[Any]) -> None:

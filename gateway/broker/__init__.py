@@ -1,4 +1,4 @@
-"""The broker: the inbox, the outbox, per-thread state and the audit trail (see `contract`).
+"""The broker: inbox, outbox, per-thread state, audit trail and blob area (see `contract`).
 
 `open_broker(url)` opens one (paths follow SQLAlchemy's convention, like the store's URLs: three
 slashes and a relative path, four for an absolute one):
@@ -24,10 +24,11 @@ from dataclasses import dataclass
 from typing import Any
 
 from gateway.broker.contract import Broker, BrokerError
+from gateway.broker.limits import BlobLimits
 from harness_core import Clock, IdGenerator
 from harness_core.backends.urls import Openers, PathUrl, RedisUrl, RedisUrls, SqliteUrls, shown
 
-__all__ = ["ACCEPTED_BROKER_URLS", "BrokerError", "open_broker"]
+__all__ = ["ACCEPTED_BROKER_URLS", "BlobLimits", "BrokerError", "open_broker"]
 
 ACCEPTED_BROKER_URLS = (
     "accepted broker URLs: sqlite:///relative.db or sqlite:////absolute.db "
@@ -49,6 +50,7 @@ class _Given:
     ids: IdGenerator | None
     visibility_timeout_ms: int | None
     dedupe_ttl_ms: int | None
+    blob_limits: BlobLimits | None
 
     def settings(self) -> dict[str, Any]:
         """The keyword arguments given, for a backend's constructor."""
@@ -58,6 +60,7 @@ class _Given:
                 ("ids", self.ids),
                 ("visibility_timeout_ms", self.visibility_timeout_ms),
                 ("dedupe_ttl_ms", self.dedupe_ttl_ms),
+                ("blob_limits", self.blob_limits),
             )
             if value is not None
         }
@@ -96,17 +99,19 @@ def open_broker(
     ids: IdGenerator | None = None,
     visibility_timeout_ms: int | None = None,
     dedupe_ttl_ms: int | None = None,
+    blob_limits: BlobLimits | None = None,
 ) -> Broker:
     """Open a broker from a URL (see the module docstring for the forms).
 
     Nothing is created or contacted here; the backend is opened on first use. `clock` times
     items, tickets, dedupe windows and waits; `ids` mints tickets and lease tokens;
     `visibility_timeout_ms` is how long a session ticket lasts unless renewed (default 30 s) and
-    `dedupe_ttl_ms` how long a dedupe key is kept at least (default one day).
+    `dedupe_ttl_ms` how long a dedupe key is kept at least (default one day); `blob_limits` bound
+    the blob area (default `BlobLimits()`).
 
     Raises:
         BrokerError: ``invalid_url`` for an unknown scheme, a malformed path, host, port or
             database number, a path of the wrong kind, or an unknown option; the message names
             the accepted forms.
     """
-    return _OPENERS.open(url, _Given(clock, ids, visibility_timeout_ms, dedupe_ttl_ms))
+    return _OPENERS.open(url, _Given(clock, ids, visibility_timeout_ms, dedupe_ttl_ms, blob_limits))

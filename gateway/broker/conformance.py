@@ -18,11 +18,13 @@ from __future__ import annotations
 import asyncio
 from collections import Counter
 from collections.abc import Awaitable, Callable, Mapping
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any, Literal, Protocol, TypeVar
 
 from gateway.broker.contract import (
     Audit,
+    BlobRefused,
+    Blobs,
     Broker,
     ClaimedDelivery,
     Inbox,
@@ -33,6 +35,7 @@ from gateway.broker.contract import (
     Outbox,
     Threads,
 )
+from gateway.broker.limits import BlobLimits, blob_id
 from harness_core import Clock
 from harness_core.frozen import JsonValue, freeze_json
 
@@ -69,6 +72,8 @@ class BrokerFixture:
     open_another: Callable[[], Awaitable[Broker]]
     """Another broker over the same durable data and clock, as a second process would open it
     (the fixture closes it)."""
+    blob_limits: BlobLimits = field(default_factory=BlobLimits)
+    """The limits the broker's blob area was opened with (small ones keep the cases quick)."""
 
 
 @dataclass(frozen=True)
@@ -207,6 +212,7 @@ async def parts_meet_their_protocols_and_close_is_idempotent(fx: BrokerFixture) 
     assert isinstance(b.threads, Threads)
     assert isinstance(b.audit, Audit)
     assert isinstance(b.marks, Marks)
+    assert isinstance(b.blobs, Blobs)
     await b.close()
     await b.close()
 
@@ -1103,3 +1109,90 @@ async def list_pages_with_a_cursor_and_a_limit(fx: BrokerFixture) -> None:
         pages += [e.id for e in page]
         after = page[-1].id
     assert pages == [e.id for e in events]
+
+
+# ---------------------------------------------------------------------------------------------
+# blobs: content-addressed, named by a channel's key, bounded, kept for a retention
+
+
+async def _refused(put: Awaitable[object]) -> BlobRefused:
+    """The refusal `put` raises (a put that succeeds fails the case)."""
+    try:
+        await put
+    except BlobRefused as refused:
+        return refused
+    raise AssertionError("the blob area took a blob it must refuse")
+
+
+@_case("blobs")
+async def a_blob_is_held_by_its_content_and_read_back_from_another_broker(
+    fx: BrokerFixture,
+) -> None:
+    blobs = fx.broker.blobs
+    data = bytes(range(256)) * 2  # binary, not text
+    info = await blobs.put("s1", data, key="slack:F1")
+    assert info.id == blob_id(data)
+    assert info.size == len(data)
+    assert info.keep_until_ms == fx.clock.now_ms() + fx.blob_limits.retention_ms
+    assert await blobs.get("s1", info.id) == data
+    assert await blobs.find("s1", "slack:F1") == info
+    assert await blobs.find("s1", "slack:F2") is None
+    assert await blobs.get("s2", info.id) is None  # sessions hold their own blobs
+    assert await blobs.get("s1", blob_id(b"other")) is None
+    await fx.broker.close()
+    other = await fx.open_another()
+    assert await other.blobs.get("s1", info.id) == data
+    assert await other.blobs.find("s1", "slack:F1") == info
+
+
+@_case("blobs")
+async def the_same_bytes_are_held_once_and_their_retention_renewed(fx: BrokerFixture) -> None:
+    blobs = fx.broker.blobs
+    limits = fx.blob_limits
+    data = b"x" * limits.max_blob_bytes
+    first = await blobs.put("s1", data, key="email:<a@x>:1")
+    for _ in range(limits.max_session_bytes // limits.max_blob_bytes):
+        await blobs.put("s1", data)  # counted once: never `full`
+    fx.clock.advance(1_000)
+    again = await blobs.put("s1", data, key="email:<b@x>:1")
+    assert again.id == first.id
+    assert again.keep_until_ms == first.keep_until_ms + 1_000
+    assert await blobs.find("s1", "email:<a@x>:1") == again
+    assert await blobs.find("s1", "email:<b@x>:1") == again
+
+
+@_case("blobs")
+async def a_blob_over_the_limit_is_refused_and_nothing_is_stored(fx: BrokerFixture) -> None:
+    blobs = fx.broker.blobs
+    assert blobs.max_blob_bytes == fx.blob_limits.max_blob_bytes
+    data = b"y" * (fx.blob_limits.max_blob_bytes + 1)
+    refused = await _refused(blobs.put("s1", data, key="k1"))
+    assert refused.code == "too_large"
+    assert "limit" in str(refused)
+    assert await blobs.find("s1", "k1") is None
+    assert await blobs.get("s1", blob_id(data)) is None
+
+
+@_case("blobs")
+async def a_session_full_of_unexpired_blobs_refuses_more_until_their_retention_passes(
+    fx: BrokerFixture,
+) -> None:
+    blobs = fx.broker.blobs
+    limits = fx.blob_limits
+    size = limits.max_blob_bytes
+    count = limits.max_session_bytes // size
+    held = [await blobs.put("s1", bytes([n]) * size, key=f"k{n}") for n in range(count)]
+    extra = b"z" * size
+    assert (await _refused(blobs.put("s1", extra, key="extra"))).code == "full"
+    assert await blobs.find("s1", "extra") is None
+    assert await blobs.get("s1", blob_id(extra)) is None
+    assert [await blobs.get("s1", b.id) for b in held] == [bytes([n]) * size for n in range(count)]
+    assert (await blobs.put("s2", extra)).size == size  # another session has its own room
+    fx.clock.advance(limits.retention_ms - 1)
+    assert await blobs.get("s1", held[0].id) is not None  # kept for the whole retention
+    fx.clock.advance(1)
+    assert await blobs.get("s1", held[0].id) is None  # past it: never read again
+    assert await blobs.find("s1", "k0") is None
+    taken = await blobs.put("s1", extra, key="extra")  # room again: the expired ones went
+    assert await blobs.find("s1", "extra") == taken
+    assert await blobs.get("s1", taken.id) == extra

@@ -1,4 +1,4 @@
-"""The broker contract (docstrings are spec): the inbox, the outbox, thread state, the audit trail.
+"""The broker contract (docstrings are spec): inbox, outbox, thread state, audit trail, blob area.
 
 The store holds sessions; the broker holds what moves between the channels and the sessions.
 Two implementations meet this contract and pass one conformance suite: Redis (streams, consumer
@@ -32,6 +32,9 @@ __all__ = [
     "Audit",
     "AuditEvent",
     "Backlog",
+    "BlobInfo",
+    "BlobRefused",
+    "Blobs",
     "Broker",
     "BrokerError",
     "BrokerErrorCode",
@@ -416,9 +419,75 @@ class Marks(Protocol):
         ...
 
 
+class BlobInfo(Frozen):
+    """A blob held for a session: its content's identity, size and how long it is kept."""
+
+    id: str
+    """``sha256:<64 hex digits>`` of the content: the same bytes, the same blob."""
+    size: int = Field(ge=0)
+    """Bytes."""
+    keep_until_ms: int
+    """It is held at least until then (the broker's clock); gone some time after."""
+
+
+BlobRefusedCode = Literal["too_large", "full"]
+
+
+class BlobRefused(GatewayError):
+    """A blob the area does not take (nothing was stored); `str()` says why, in one line.
+
+    ``too_large``: larger than one blob may be. ``full``: the session holds as much as it may
+    until older blobs' retention passes.
+    """
+
+    def __init__(self, code: BlobRefusedCode, message: str) -> None:
+        super().__init__(message)
+        self.code: BlobRefusedCode = code
+
+
+@runtime_checkable
+class Blobs(Protocol):
+    """The files people sent, content-addressed per session, bounded, kept for a retention.
+
+    A channel stores a file's content here *before* the message naming it enters the inbox
+    (so a crash between the two loses nothing), under a `key` that is the channel's identity
+    of the file (a Slack file id, an email's Message-ID and part): a retried event finds it
+    by that key and fetches nothing again. A worker reads the content when it accepts the
+    message into its lane; the lane's user message holds what the agent gets from then on, so
+    a blob must outlive the inbox item, not the run. Bounds: `max_blob_bytes` per blob and
+    `max_session_bytes` for the blobs a session holds; a blob is kept `retention_ms` after its
+    last `put` (a put of held bytes renews it), and only blobs past their retention ever go
+    (an expired one is never read again, whichever backend still holds its bytes).
+    """
+
+    @property
+    def max_blob_bytes(self) -> int:
+        """The largest blob taken."""
+        ...
+
+    async def put(self, session: str, data: bytes, *, key: str | None = None) -> BlobInfo:
+        """Hold `data` for `session` (durable on return); named by `key` too, when given.
+
+        Bytes held already are not stored again: their retention is renewed (and the key
+        added). A key names one blob: a later put under the same key moves it.
+
+        Raises:
+            BlobRefused: ``too_large`` or ``full``; nothing was stored.
+        """
+        ...
+
+    async def find(self, session: str, key: str) -> BlobInfo | None:
+        """The blob `key` names, while it is kept; None otherwise."""
+        ...
+
+    async def get(self, session: str, blob_id: str) -> bytes | None:
+        """A blob's content while it is kept; None for an unknown or expired one."""
+        ...
+
+
 @runtime_checkable
 class Broker(Protocol):
-    """The five parts over one backend."""
+    """The six parts over one backend."""
 
     @property
     def inbox(self) -> Inbox:
@@ -445,19 +514,25 @@ class Broker(Protocol):
         """Channels' durable marks."""
         ...
 
+    @property
+    def blobs(self) -> Blobs:
+        """The files people sent, by content."""
+        ...
+
     async def close(self) -> None:
         """Release connections (idempotent)."""
         ...
 
 
 class BrokerParts:
-    """The five parts a backend holds, as the `Broker` Protocol's properties (shared code)."""
+    """The six parts a backend holds, as the `Broker` Protocol's properties (shared code)."""
 
     _inbox: Inbox
     _outbox: Outbox
     _threads: Threads
     _audit: Audit
     _marks: Marks
+    _blobs: Blobs
 
     @property
     def inbox(self) -> Inbox:
@@ -483,3 +558,8 @@ class BrokerParts:
     def marks(self) -> Marks:
         """Channels' durable marks."""
         return self._marks
+
+    @property
+    def blobs(self) -> Blobs:
+        """The files people sent, by content."""
+        return self._blobs

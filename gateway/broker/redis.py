@@ -43,6 +43,7 @@ server's AOF setting. ``redis+cluster://host:port`` (``rediss+cluster://``, or
 from __future__ import annotations
 
 import asyncio
+import base64
 import contextlib
 import json
 import zlib
@@ -54,6 +55,7 @@ from redis.exceptions import RedisError, ResponseError
 from gateway.broker.contract import (
     AuditEvent,
     Backlog,
+    BlobInfo,
     BrokerError,
     BrokerParts,
     ClaimedDelivery,
@@ -68,6 +70,7 @@ from gateway.broker.contract import (
     ThreadState,
     TicketHeld,
 )
+from gateway.broker.limits import BlobLimits, blob_id
 from harness_core import Clock, IdGenerator, SystemClock, Uuid7Ids
 from harness_core.backends.redis import (
     KeySpace,
@@ -106,6 +109,7 @@ _SCRIPTS = (
     "marks_put",
     "audit_record",
     "audit_index",
+    "blob_put",
 )
 _GROUP = "workers"
 _BLOCK_MS = 5_000
@@ -119,6 +123,8 @@ _CONCURRENT = 32
 _POLL_MS = 1_000
 _CLAIMS_HINT = "c"
 """Rung on the inbox bell when a claim was indexed to lapse before a visibility timeout."""
+_BLOB_KEYS_SLACK_MS = 86_400_000
+"""A session's blob keys outlive its newest blob's retention by this much (server time)."""
 _CONSUMER_IDLE_MS = 3_600_000
 """A consumer (worker name) with nothing pending is forgotten after this long (server time)."""
 """A waiting `take_session` looks again at least this often (on the injected clock)."""
@@ -1365,6 +1371,82 @@ class _RedisThreads:
         await self._c.eval("threads_mark", [self._c.skey(session, "threads")], [lane, seq])
 
 
+class _RedisBlobs:
+    """A session's blobs in three hashes under its tag: sizes and retention, bytes, names.
+
+    The bytes are base64 (this backend's connection decodes replies as text, D222).
+    """
+
+    def __init__(self, core: _Core, limits: BlobLimits) -> None:
+        self._c = core
+        self._limits = limits
+
+    @property
+    def max_blob_bytes(self) -> int:
+        return self._limits.max_blob_bytes
+
+    def _keys(self, session: str) -> list[str]:
+        c = self._c
+        return [
+            c.skey(session, "blobs"),
+            c.skey(session, "blob-data"),
+            c.skey(session, "blob-names"),
+        ]
+
+    async def put(self, session: str, data: bytes, *, key: str | None = None) -> BlobInfo:
+        limits = self._limits
+        limits.check_size(len(data))
+        id_ = blob_id(data)
+        now = self._c.clock.now_ms()
+        until = now + limits.retention_ms
+        args: list[str | int] = [
+            id_,
+            base64.b64encode(data).decode("ascii"),
+            len(data),
+            now,
+            until,
+            limits.max_session_bytes,
+            key or "",
+            limits.retention_ms + _BLOB_KEYS_SLACK_MS,
+        ]
+        status, value = await self._c.eval("blob_put", self._keys(session), args)
+        if status == "full":
+            limits.check_room(int(value), len(data))
+        return BlobInfo(id=id_, size=len(data), keep_until_ms=int(value))
+
+    async def _info(self, session: str, id_: str) -> BlobInfo | None:
+        c = self._c
+        async with c.guard("read"):
+            entry = await c.client.hget(self._keys(session)[0], id_)
+        return self._kept(id_, entry)
+
+    def _kept(self, id_: str, entry: str | None) -> BlobInfo | None:
+        if entry is None:
+            return None
+        size, _, until = entry.partition(":")
+        if int(until) <= self._c.clock.now_ms():
+            return None
+        return BlobInfo(id=id_, size=int(size), keep_until_ms=int(until))
+
+    async def find(self, session: str, key: str) -> BlobInfo | None:
+        c = self._c
+        await c.ready()
+        async with c.guard("read"):
+            id_ = await c.client.hget(self._keys(session)[2], key)
+        return None if id_ is None else await self._info(session, str(id_))
+
+    async def get(self, session: str, blob_id: str) -> bytes | None:
+        c = self._c
+        await c.ready()
+        index, data, _ = self._keys(session)
+        async with c.guard("read"):
+            entry = await c.client.hget(index, blob_id)
+            if self._kept(blob_id, entry) is None:
+                return None
+            encoded = await c.client.hget(data, blob_id)
+        return None if encoded is None else base64.b64decode(encoded)
+
+
 class _RedisMarks:
     def __init__(self, core: _Core) -> None:
         self._c = core
@@ -1495,6 +1577,7 @@ class RedisBroker(BrokerParts):
         audit_max_events_per_session: int = 10_000,
         cluster: bool | None = None,
         socket_timeout: float = 10.0,
+        blob_limits: BlobLimits | None = None,
     ) -> None:
         for name, value in (
             ("shards", shards),
@@ -1524,6 +1607,7 @@ class RedisBroker(BrokerParts):
         self._threads = _RedisThreads(self._core)
         self._audit = _RedisAudit(self._core, audit_max_events, audit_max_events_per_session)
         self._marks = _RedisMarks(self._core)
+        self._blobs = _RedisBlobs(self._core, blob_limits or BlobLimits())
 
     @property
     def cluster(self) -> bool:

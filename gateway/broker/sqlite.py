@@ -11,9 +11,11 @@ read-only one (D121).
 
 Tables: `inbox` (one row per item, its dedupe key unique), `session_claims` (a row per session
 that may have pending items: ready since ``available_at_ms``, or handed to ``owner`` under
-``ticket`` until ``available_at_ms``), `outbox` (one row per delivery with its lease), `threads`
-and `audit`. Inbox and audit ids are the rows' AUTOINCREMENT numbers as 16-digit strings, so
-they sort as strings in append order and are never reused.
+``ticket`` until ``available_at_ms``), `outbox` (one row per delivery with its lease), `threads`,
+`audit`, and the blob area: `blobs` (a row per session and content hash, its bytes inline) and
+`blob_keys` (a channel's name of a file -> its blob; D222). Inbox and audit ids are the rows'
+AUTOINCREMENT numbers as 16-digit strings, so they sort as strings in append order and are
+never reused.
 
 SQLite serves one process, so `take_session(wait_ms=...)` and `Outbox.wait` wake early on an
 `asyncio.Event` set by this broker's own writes; they also re-read at least every
@@ -39,6 +41,7 @@ from typing import Any, TypeVar
 from gateway.broker.contract import (
     AuditEvent,
     Backlog,
+    BlobInfo,
     BrokerError,
     BrokerParts,
     ClaimedDelivery,
@@ -52,6 +55,7 @@ from gateway.broker.contract import (
     ThreadState,
     TicketHeld,
 )
+from gateway.broker.limits import BlobLimits, blob_id
 from harness_core import Clock, IdGenerator, SystemClock, Uuid7Ids
 from harness_core.backends.batch import WriteQueue
 from harness_core.backends.sqlite import ConnectionPolicy, Database, SqliteExecutor, Synchronous
@@ -139,6 +143,21 @@ CREATE TABLE IF NOT EXISTS audit (
 );
 CREATE INDEX IF NOT EXISTS audit_by_session ON audit (session, id);
 CREATE INDEX IF NOT EXISTS audit_by_lane ON audit (lane, id);
+CREATE TABLE IF NOT EXISTS blobs (
+    session TEXT NOT NULL,
+    id TEXT NOT NULL,
+    size INTEGER NOT NULL,
+    keep_until_ms INTEGER NOT NULL,
+    data BLOB NOT NULL,
+    UNIQUE (session, id)
+);
+CREATE INDEX IF NOT EXISTS blobs_expiry ON blobs (session, keep_until_ms);
+CREATE TABLE IF NOT EXISTS blob_keys (
+    session TEXT NOT NULL,
+    key TEXT NOT NULL,
+    blob TEXT NOT NULL,
+    PRIMARY KEY (session, key)
+) WITHOUT ROWID;
 """
 
 _INBOX_COLUMNS = "id, session, lane, dedupe_key, kind, payload, appended_at_ms, status, reason"
@@ -288,6 +307,7 @@ class SqliteBroker(BrokerParts):
         purge_interval_ms: int = 60_000,
         poll_interval_ms: int = 1_000,
         busy_timeout_ms: int = 10_000,
+        blob_limits: BlobLimits | None = None,
     ) -> None:
         policy = ConnectionPolicy(synchronous=synchronous, busy_timeout_ms=busy_timeout_ms)
         for name, value in (
@@ -324,6 +344,7 @@ class SqliteBroker(BrokerParts):
         self._threads = _Threads(self)
         self._audit = _Audit(self)
         self._marks = _Marks(self)
+        self._blobs = _Blobs(self, blob_limits or BlobLimits())
 
     async def _send(self, ops: Sequence[_Op]) -> list[Any]:
         """One batch of queued mutations: one group-committed transaction on the I/O thread."""
@@ -960,3 +981,82 @@ class _Audit:
         sql = f"SELECT {_AUDIT_COLUMNS} FROM audit WHERE {' AND '.join(where)} ORDER BY id LIMIT ?"
         rows = await self._b.read(lambda c: c.execute(sql, args).fetchall())
         return tuple(_event(row) for row in rows)
+
+
+class _Blobs:
+    def __init__(self, broker: SqliteBroker, limits: BlobLimits) -> None:
+        self._b = broker
+        self._limits = limits
+
+    @property
+    def max_blob_bytes(self) -> int:
+        return self._limits.max_blob_bytes
+
+    async def put(self, session: str, data: bytes, *, key: str | None = None) -> BlobInfo:
+        limits = self._limits
+        limits.check_size(len(data))
+        id_ = blob_id(data)
+
+        def op(conn: sqlite3.Connection, now: int) -> BlobInfo:
+            # only blobs past their retention go, and only to make room (D222)
+            conn.execute(
+                "DELETE FROM blob_keys WHERE session = ? AND blob IN (SELECT id FROM blobs "
+                "WHERE session = ? AND keep_until_ms <= ?)",
+                (session, session, now),
+            )
+            conn.execute(
+                "DELETE FROM blobs WHERE session = ? AND keep_until_ms <= ?", (session, now)
+            )
+            until = now + limits.retention_ms
+            held = conn.execute(
+                "SELECT 1 FROM blobs WHERE session = ? AND id = ?", (session, id_)
+            ).fetchone()
+            if held is None:
+                total = conn.execute(
+                    "SELECT COALESCE(SUM(size), 0) FROM blobs WHERE session = ?", (session,)
+                ).fetchone()[0]
+                limits.check_room(int(total), len(data))
+                conn.execute(
+                    "INSERT INTO blobs (session, id, size, keep_until_ms, data) "
+                    "VALUES (?, ?, ?, ?, ?)",
+                    (session, id_, len(data), until, data),
+                )
+            else:
+                conn.execute(
+                    "UPDATE blobs SET keep_until_ms = ? WHERE session = ? AND id = ?",
+                    (until, session, id_),
+                )
+            if key is not None:
+                conn.execute(
+                    "INSERT INTO blob_keys (session, key, blob) VALUES (?, ?, ?) "
+                    "ON CONFLICT (session, key) DO UPDATE SET blob = excluded.blob",
+                    (session, key, id_),
+                )
+            return BlobInfo(id=id_, size=len(data), keep_until_ms=until)
+
+        return await self._b.write(op)
+
+    async def find(self, session: str, key: str) -> BlobInfo | None:
+        now = self._b.clock.now_ms()
+        rows = await self._b.read(
+            lambda c: c.execute(
+                "SELECT b.id, b.size, b.keep_until_ms FROM blob_keys k JOIN blobs b "
+                "ON b.session = k.session AND b.id = k.blob "
+                "WHERE k.session = ? AND k.key = ? AND b.keep_until_ms > ?",
+                (session, key, now),
+            ).fetchall()
+        )
+        if not rows:
+            return None
+        id_, size, until = rows[0]
+        return BlobInfo(id=id_, size=size, keep_until_ms=until)
+
+    async def get(self, session: str, blob_id: str) -> bytes | None:
+        now = self._b.clock.now_ms()
+        rows = await self._b.read(
+            lambda c: c.execute(
+                "SELECT data FROM blobs WHERE session = ? AND id = ? AND keep_until_ms > ?",
+                (session, blob_id, now),
+            ).fetchall()
+        )
+        return bytes(rows[0][0]) if rows else None

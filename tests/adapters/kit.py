@@ -5,7 +5,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import json
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Sequence
 from dataclasses import dataclass, field
 
 import httpx
@@ -14,14 +14,17 @@ from fastapi import FastAPI
 
 from adapters.channel import (
     Acceptance,
+    Attachment,
     DecisionInbound,
     Inbound,
+    IncomingFile,
     KnownThread,
     NotRouted,
     Outbound,
     ThreadRef,
     Unavailable,
 )
+from adapters.files import FileLimits, take_in
 from tests.support.redis_server import free_port
 
 
@@ -39,6 +42,9 @@ class TestSink:
         self.inbound: list[Inbound] = []
         self.decisions: list[DecisionInbound] = []
         self.marks: dict[str, str] = {}
+        self.files: dict[str, bytes] = {}
+        """The files taken in, by their channel's key."""
+        self.file_limits = FileLimits()
         self.error: Exception | None = None
         self.gate: asyncio.Event | None = None
 
@@ -62,6 +68,22 @@ class TestSink:
     async def accept(self, inbound: Inbound) -> Acceptance:
         self.inbound.append(inbound)
         return await self._hold(inbound.thread.space, inbound.thread.lane, inbound.dedupe_key)
+
+    async def take_files(
+        self, thread: ThreadRef, files: Sequence[IncomingFile]
+    ) -> tuple[Attachment, ...]:
+        if self.error is not None:
+            raise self.error
+
+        async def find(key: str) -> tuple[str, int] | None:
+            data = self.files.get(key)
+            return None if data is None else (f"mem:{key}", len(data))
+
+        async def put(key: str, data: bytes) -> str:
+            self.files[key] = data
+            return f"mem:{key}"
+
+        return await take_in(files, self.file_limits, find=find, put=put)
 
     async def decide(self, decision: DecisionInbound) -> Acceptance:
         self.decisions.append(decision)

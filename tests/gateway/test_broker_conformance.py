@@ -1,7 +1,12 @@
-"""Runs the one broker conformance suite on SQLite and on Redis (a real redis-server)."""
+"""Runs the one broker conformance suite on SQLite and on Redis (a real redis-server).
+
+The blob area's cases run on a Redis Cluster too (its keys are hash-tagged by session; the
+rest of the broker meets the cluster in test_broker_redis).
+"""
 
 from __future__ import annotations
 
+import contextlib
 from collections.abc import AsyncIterator
 from pathlib import Path
 
@@ -10,10 +15,46 @@ import pytest
 from gateway.broker import open_broker
 from gateway.broker.conformance import BrokerFixture, broker_cases
 from gateway.broker.contract import Broker
+from gateway.broker.limits import BlobLimits
 from harness_core.testing import ManualClock
 
 VISIBILITY_TIMEOUT_MS = 5_000
 DEDUPE_TTL_MS = 60_000
+BLOB_LIMITS = BlobLimits(max_blob_bytes=4_000, max_session_bytes=12_000, retention_ms=60_000)
+
+
+@contextlib.asynccontextmanager
+async def _opened(name: str, url: str) -> AsyncIterator[BrokerFixture]:
+    """A fresh broker at `url` on a manual clock; every broker it opened closed after."""
+    clock = ManualClock()
+    opened: list[Broker] = []
+
+    async def open_another() -> Broker:
+        opened.append(
+            open_broker(
+                url,
+                clock=clock,
+                visibility_timeout_ms=VISIBILITY_TIMEOUT_MS,
+                dedupe_ttl_ms=DEDUPE_TTL_MS,
+                blob_limits=BLOB_LIMITS,
+            )
+        )
+        return opened[-1]
+
+    first = await open_another()
+    try:
+        yield BrokerFixture(
+            name=name,
+            broker=first,
+            clock=clock,
+            visibility_timeout_ms=VISIBILITY_TIMEOUT_MS,
+            dedupe_ttl_ms=DEDUPE_TTL_MS,
+            open_another=open_another,
+            blob_limits=BLOB_LIMITS,
+        )
+    finally:
+        for each in opened:
+            await each.close()
 
 
 @pytest.fixture(params=["sqlite", "redis"])
@@ -25,39 +66,31 @@ async def broker(request: pytest.FixtureRequest, tmp_path: Path) -> AsyncIterato
     else:
         server = request.getfixturevalue("redis_server")
         url = f"{server.url}?prefix={request.getfixturevalue('redis_prefix')}"
-    clock = ManualClock()
-    opened: list[Broker] = []
+    async with _opened(name, url) as fixture:
+        yield fixture
 
-    async def open_another() -> Broker:
-        opened.append(
-            open_broker(
-                url,
-                clock=clock,
-                visibility_timeout_ms=VISIBILITY_TIMEOUT_MS,
-                dedupe_ttl_ms=DEDUPE_TTL_MS,
-            )
-        )
-        return opened[-1]
 
-    first = await open_another()
-    yield BrokerFixture(
-        name=name,
-        broker=first,
-        clock=clock,
-        visibility_timeout_ms=VISIBILITY_TIMEOUT_MS,
-        dedupe_ttl_ms=DEDUPE_TTL_MS,
-        open_another=open_another,
-    )
-    for each in opened:
-        await each.close()
+@pytest.fixture
+async def cluster_broker(request: pytest.FixtureRequest) -> AsyncIterator[BrokerFixture]:
+    """A fresh broker on the local Redis Cluster, under a key prefix no other test uses."""
+    cluster = request.getfixturevalue("redis_cluster")
+    url = f"{cluster.url}?prefix={request.getfixturevalue('redis_prefix')}"
+    async with _opened("redis-cluster", url) as fixture:
+        yield fixture
 
 
 CASES = broker_cases()
+BLOB_CASES = [case for case in CASES if case.group == "blobs"]
 
 
 @pytest.mark.parametrize("case", CASES, ids=[c.id for c in CASES])
 async def test_broker_conformance(broker: BrokerFixture, case) -> None:
     await case.run(broker)
+
+
+@pytest.mark.parametrize("case", BLOB_CASES, ids=[c.id for c in BLOB_CASES])
+async def test_blob_conformance_on_a_redis_cluster(cluster_broker: BrokerFixture, case) -> None:
+    await case.run(cluster_broker)
 
 
 def test_every_case_has_a_unique_id() -> None:

@@ -426,6 +426,10 @@ class FakeSlack:
         self.socket_messages: list[Json] = []
         """Every JSON frame a Socket Mode client sent (acks, mostly)."""
         self.acks: dict[str, Json] = {}
+        self.files: dict[str, tuple[str, bytes]] = {}
+        """File id → (name, content) of files users shared (``add_file``)."""
+        self.file_requests: list[tuple[str, bool]] = []
+        """Every request for a file's ``url_private``: (file id, whether the bot token came)."""
         self._sockets: list[web.WebSocketResponse] = []
         self.statuses: dict[tuple[str, str], str] = {}
         """(channel, thread_ts) → the thread's assistant status (absent: none shown)."""
@@ -466,6 +470,7 @@ class FakeSlack:
         self.app.router.add_route("*", "/api/{method}", self._api)
         self.app.router.add_post("/response/{id}", self._response_post)
         self.app.router.add_get("/link", self._link)
+        self.app.router.add_get("/files-pri/{id}/{name}", self._file_download)
         self.app.router.add_route("*", "/{tail:.*}", self._no_route)
 
     # ---- lifecycle
@@ -697,6 +702,28 @@ class FakeSlack:
         url_id = f"R{next(self._counter):06d}"
         self._response_urls[url_id] = _ResponseUrl(url_id, name, channel, message_ts, user)
         return f"{self.base_url}/response/{url_id}"
+
+    def add_file(self, name: str, content: bytes, mimetype: str) -> Json:
+        """Store a file a user shares; returns its file object (as in a message's ``files``).
+
+        Its ``url_private`` is served at this fake's own address (its file host): only with
+        ``Authorization: Bearer <bot token>``, else a redirect to a login page, as Slack does.
+        """
+        file_id = f"F{next(self._counter):08d}"
+        self.files[file_id] = (name, content)
+        return {
+            "id": file_id,
+            "name": name,
+            "title": name,
+            "mimetype": mimetype,
+            "filetype": name.rsplit(".", 1)[-1],
+            "size": len(content),
+            "mode": "hosted",
+            "url_private": f"{self.base_url}/files-pri/{self.team_id}-{file_id}/{name}",
+            "url_private_download": (
+                f"{self.base_url}/files-pri/{self.team_id}-{file_id}/download/{name}"
+            ),
+        }
 
     # ---- inbound traffic builders
 
@@ -1010,6 +1037,17 @@ class FakeSlack:
                 await ws.close(code=WSCloseCode.GOING_AWAY, message=b"fake slack disconnect")
 
     # ---- HTTP handlers
+
+    async def _file_download(self, request: web.Request) -> web.StreamResponse:
+        file_id = request.match_info["id"].rsplit("-", 1)[-1]
+        authorized = request.headers.get("Authorization") == f"Bearer {self.bot_token}"
+        self.file_requests.append((file_id, authorized))
+        if not authorized:  # Slack sends a browser to sign in instead
+            raise web.HTTPFound(f"{self.base_url}/signin")
+        found = self.files.get(file_id)
+        if found is None or found[0] != request.match_info["name"]:
+            raise web.HTTPNotFound()
+        return web.Response(body=found[1], content_type="application/octet-stream")
 
     async def _api(self, request: web.Request) -> web.StreamResponse:
         method = request.match_info["method"]

@@ -19,6 +19,7 @@ from adapters.email.message import (
     MAX_ATTACHMENTS,
     MAX_TEXT_CHARS,
     Parsed,
+    attachment_content,
     classify_automatic,
     html_to_text,
     message_ids,
@@ -636,7 +637,12 @@ def test_nested_multipart_lists_attachments_as_metadata() -> None:
     ]
     assert named[3][0:2] == ("message.eml", "message/rfc822")
     assert named[3][2] > 0
-    assert all(a.ref is None for a in inbound.attachments)
+    raw = nested_mixed().as_bytes()
+    contents = [attachment_content(raw, a.ref or "") for a in inbound.attachments]
+    assert contents[:3] == [b"\x89PNG" + b"\0" * 96, b"%PDF-1.7" + b"\0" * 1992, b"a,b\n1,2\n"]
+    assert contents[3] is not None and b"forwarded body" in contents[3]
+    assert attachment_content(raw, "part-99") is None
+    assert attachment_content(raw, "../etc") is None
 
 
 def test_attachments_beyond_the_limit_are_not_listed() -> None:

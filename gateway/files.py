@@ -1,0 +1,177 @@
+"""Files people sent, as the agent gets them: the user message's content parts, and refusals.
+
+A channel took each file in before the message entered the inbox (`InboundSink.take_files`):
+its content is a blob of the session. When a worker places the message in its lane, the user
+message is built from those blobs (`user_content`): the text first (which names every file),
+then one part per file read — an image as an `ImagePart`, a text-like file as its text, a PDF
+as the text of its first pages (pypdf) — each bounded by `FileLimits`, with a note where cut
+(D223, D224). From then on the lane's entry holds the content: the blob only had to outlive
+the inbox item. A file refused on the way in is named with the reason, and its thread is told
+once, when the message is accepted (`enqueue_file_notice`), like a cut text (D169).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import base64
+import io
+import logging
+
+from adapters import Attachment, FileLimits, Inbound, Outbound, file_kind, image_type
+from config import Settings
+from gateway.broker.contract import Blobs, Broker
+from gateway.broker.limits import BlobLimits
+from gateway.logs import event
+from gateway.replies import delivery_id
+from harness_core.messages import ImagePart, TextPart, UserContent
+
+__all__ = [
+    "attachment_line",
+    "blob_limits",
+    "enqueue_file_notice",
+    "file_limits",
+    "file_notice_text",
+    "user_content",
+]
+
+log = logging.getLogger("gateway.files")
+
+
+_MB = 1_000_000
+
+
+def file_limits(settings: Settings) -> FileLimits:
+    """What one message may bring in, from the settings."""
+    return FileLimits(
+        max_file_bytes=int(settings.file_max_mb * _MB),
+        max_files=settings.files_per_message,
+        max_message_bytes=int(settings.files_per_message_mb * _MB),
+        max_text_chars=settings.file_text_chars,
+        max_pdf_pages=settings.file_pdf_pages,
+    )
+
+
+def blob_limits(settings: Settings) -> BlobLimits:
+    """The broker's blob area, from the settings: a blob is at most a file's limit."""
+    return BlobLimits(
+        max_blob_bytes=int(settings.file_max_mb * _MB),
+        max_session_bytes=int(settings.files_per_session_mb * _MB),
+        retention_ms=int(settings.file_retention_days * 86_400_000),
+    )
+
+
+def _size(count: int) -> str:
+    if count < 1000:
+        return f"{count} bytes"
+    return f"{count / 1_000_000:.1f} MB" if count >= 1_000_000 else f"{count / 1000:.1f} KB"
+
+
+def attachment_line(attachment: Attachment) -> str:
+    """The line naming a file in the agent's text: what it is, and whether it follows."""
+    what = f"{attachment.name} ({attachment.media_type}, {_size(attachment.size)})"
+    if attachment.refused is not None:
+        return f"[attachment: {what}, not read: {attachment.refused}. The sender has been told.]"
+    if attachment.blob is None:
+        return f"[attachment: {what}, not read]"
+    return f"[attachment: {what}, its content follows]"
+
+
+def file_notice_text(refused: list[Attachment]) -> str:
+    """The thread's notice: which files were not read, and why."""
+    if len(refused) == 1:
+        return f"I could not read the file {refused[0].name}: {refused[0].refused}."
+    return (
+        "I could not read these files: "
+        + "; ".join(f"{a.name}: {a.refused}" for a in refused)
+        + "."
+    )
+
+
+async def enqueue_file_notice(broker: Broker, inbound: Inbound, session: str, item_id: str) -> None:
+    """Tell `inbound`'s thread which of its files were refused (once per inbox item)."""
+    refused = [a for a in inbound.attachments if a.refused is not None]
+    if not refused:
+        return
+    outbound = Outbound(
+        delivery_id=delivery_id(session, "failure_notice", f"files:{item_id}"),
+        thread=inbound.thread,
+        kind="failure_notice",
+        text=file_notice_text(refused),
+        reply_context=inbound.reply_context,
+        answers=False,
+    )
+    await broker.outbox.enqueue(
+        outbound.delivery_id,
+        session,
+        inbound.thread.lane,
+        outbound.model_dump(mode="json"),
+        now_ms=inbound.received_at_ms,
+    )
+
+
+def _cut(text: str, limit: int, unit: str) -> str:
+    if len(text) <= limit:
+        return text
+    return f"{text[:limit]}\n[cut: the first {limit:,} of {len(text):,} {unit} are shown]"
+
+
+def _pdf_text(data: bytes, limits: FileLimits) -> str:
+    """The text of a PDF's first pages (pypdf), bounded; says so where pages were left out."""
+    from pypdf import PdfReader  # imported when a PDF arrives: most runs never need it
+
+    reader = PdfReader(io.BytesIO(data))
+    pages = reader.pages
+    total = len(pages)
+    read = min(total, limits.max_pdf_pages)
+    parts = []
+    size = 0
+    for number in range(read):
+        text = pages[number].extract_text() or ""
+        parts.append(f"--- page {number + 1} ---\n{text}")
+        size += len(text)
+        if size > limits.max_text_chars:
+            break  # what follows would be cut anyway
+    body = _cut("\n".join(parts), limits.max_text_chars, "characters")
+    if read < total:
+        body += f"\n[only the first {read} of {total} pages were read]"
+    return body
+
+
+async def _part(attachment: Attachment, data: bytes, limits: FileLimits) -> UserContent:
+    kind = file_kind(attachment.name, attachment.media_type)
+    header = f"[file: {attachment.name}]"
+    if kind == "image":
+        media_type = image_type(attachment.name, attachment.media_type)
+        return ImagePart(media_type=media_type, data=base64.b64encode(data).decode("ascii"))
+    if kind == "pdf":
+        try:
+            text = await asyncio.to_thread(_pdf_text, data, limits)
+        except Exception as exc:  # a broken or encrypted PDF: named, not read
+            log.info(event("pdf not read", error=type(exc).__name__))
+            return TextPart(text=f"{header}\n[this PDF could not be read ({type(exc).__name__})]")
+        return TextPart(text=f"{header}\n{text}")
+    text = data.decode("utf-8-sig", errors="replace")
+    return TextPart(text=f"{header}\n{_cut(text, limits.max_text_chars, 'characters')}")
+
+
+async def user_content(
+    text: str, inbound: Inbound, blobs: Blobs, session: str, limits: FileLimits
+) -> str | tuple[UserContent, ...]:
+    """The user message for `inbound`: `text` alone, or with a part per file taken in.
+
+    A file whose blob is gone (a message pending past the blob area's retention) is named so.
+    """
+    held = [a for a in inbound.attachments if a.blob is not None]
+    if not held:
+        return text
+    parts: list[UserContent] = [TextPart(text=text)]
+    for attachment in held:
+        assert attachment.blob is not None
+        data = await blobs.get(session, attachment.blob)
+        if data is None:
+            parts.append(TextPart(text=f"[file: {attachment.name}: no longer held, not read]"))
+            continue
+        if isinstance(part := await _part(attachment, data, limits), ImagePart):
+            parts.append(TextPart(text=f"[file: {attachment.name}]"))
+        parts.append(part)
+    return tuple(parts)

@@ -1,0 +1,135 @@
+"""Web uploads reach the model: a message with files in base64, through the whole service.
+
+``POST /web/uploads/{thread}`` takes a message with its files under a larger body limit than
+the rest of the web channel; the files are held before the message is taken, and a refused
+one is said in the thread with nothing of it held.
+"""
+
+from __future__ import annotations
+
+import base64
+import contextlib
+import json
+from collections.abc import AsyncIterator
+from pathlib import Path
+from typing import Any
+
+import httpx
+import pytest
+
+from gateway.channels import gateway_settings
+from gateway.service import Service
+from harness_core import ImagePart, TextPart
+from tests.support import files_agent
+from tests.support.file_samples import pdf, png
+from tests.support.service_rig import ServiceRig
+
+
+@contextlib.asynccontextmanager
+async def _running(tmp_path: Path, **extra: Any) -> AsyncIterator[ServiceRig]:
+    settings = gateway_settings(
+        store_url=f"sqlite:///{tmp_path}/store.db",
+        broker_url=f"sqlite:///{tmp_path}/broker.db",
+        web_url=f"sqlite:///{tmp_path}/web.db",
+        plugin="tests.support.files_agent",
+        **extra,
+    )
+    service = Service(settings)
+    await service.start()
+    assert service.app is not None
+    transport = httpx.ASGITransport(app=service.app)
+    try:
+        async with httpx.AsyncClient(transport=transport, base_url="http://localhost") as http:
+            yield ServiceRig(service, http)
+    finally:
+        await service.stop(drain_seconds=2)
+
+
+@pytest.fixture
+async def rig(tmp_path: Path) -> AsyncIterator[ServiceRig]:
+    async with _running(tmp_path) as running:
+        yield running
+
+
+def _file(name: str, data: bytes, media_type: str) -> dict[str, str]:
+    return {"name": name, "media_type": media_type, "data": base64.b64encode(data).decode()}
+
+
+async def test_an_upload_reaches_the_model_as_an_image_and_text(rig: ServiceRig) -> None:
+    image = png(4, 4)
+    body = {
+        "text": "what is in these?",
+        "client_message_id": "m-1",
+        "files": [
+            _file("screen.png", image, "image/png"),
+            _file("config.json", b'{"retries": 3}', "application/json"),
+            _file("spec.pdf", pdf(["The spec says ship on Friday"]), "application/pdf"),
+        ],
+    }
+    response = await rig.http.post("/web/uploads/t1", json=body)
+    assert response.status_code == 202, response.text
+    [answer] = await rig.answers("t1", 1)
+    parts = files_agent.newest_user_parts()
+    assert isinstance(parts[0], TextPart) and "what is in these?" in parts[0].text
+    assert parts[1] == TextPart(text="[file: screen.png]")
+    assert isinstance(parts[2], ImagePart)
+    assert base64.b64decode(parts[2].data) == image
+    assert parts[3] == TextPart(text='[file: config.json]\n{"retries": 3}')
+    assert isinstance(parts[4], TextPart)
+    assert parts[4].text.startswith("[file: spec.pdf]\n--- page 1 ---\nThe spec says ship")
+    assert "image: image/png" in answer["text"]
+    # the same post again (a client's retry) is taken once
+    again = await rig.http.post("/web/uploads/t1", json=body)
+    assert again.status_code == 202 and again.json()["duplicate"] is True
+
+
+async def test_a_large_upload_is_refused_on_the_message_route_but_not_on_the_upload_one(
+    rig: ServiceRig,
+) -> None:
+    text = "x" * 300_000  # a text file over the web channel's 256 KiB body limit, once encoded
+    body = json.dumps(
+        {"text": "a big log", "files": [_file("big.log", text.encode(), "text/plain")]}
+    )
+    headers = {"content-type": "application/json"}
+    refused = await rig.http.post("/web/threads/t2/messages", content=body, headers=headers)
+    assert refused.status_code == 413
+    taken = await rig.http.post("/web/uploads/t2", content=body, headers=headers)
+    assert taken.status_code == 202, taken.text
+    await rig.answers("t2", 1)
+    [_, part] = files_agent.newest_user_parts()
+    assert isinstance(part, TextPart)
+    assert part.text.endswith("[cut: the first 100,000 of 300,000 characters are shown]")
+
+
+async def test_oversize_and_unknown_uploads_are_refused_in_the_thread_and_not_held(
+    tmp_path: Path,
+) -> None:
+    async with _running(tmp_path, file_max_mb=0.001) as rig:
+        body = {
+            "text": "two files",
+            "client_message_id": "m-2",
+            "files": [
+                _file("big.csv", b"a,b\n" * 500, "text/csv"),
+                _file("disk.img", b"\0" * 10, "application/x-raw-disk-image"),
+            ],
+        }
+        response = await rig.http.post("/web/uploads/t3", json=body)
+        assert response.status_code == 202, response.text
+        notice, answer = await rig.answers("t3", 2)
+        assert notice["kind"] == "failure_notice"
+        assert "big.csv: it is 2.0 KB, over the 1.0 KB limit for one file" in notice["text"]
+        assert "disk.img: I do not read application/x-raw-disk-image files" in notice["text"]
+        assert answer["text"].startswith("text: two files")
+        [part] = files_agent.newest_user_parts()
+        assert "not read" in part.text  # type: ignore[union-attr]
+        for number in range(2):
+            assert (
+                await rig.broker.blobs.find(response.json()["session"], f"web:m-2:{number}") is None
+            )
+
+
+async def test_bad_base64_is_refused_with_one_clear_error(rig: ServiceRig) -> None:
+    body = {"text": "hi", "files": [{"name": "a.txt", "data": "not base64!"}]}
+    response = await rig.http.post("/web/uploads/t4", json=body)
+    assert response.status_code == 400
+    assert response.json()["error"]["message"] == "files[0].data is not valid base64"
