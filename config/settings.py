@@ -295,7 +295,7 @@ class Settings(BaseModel):
         default=7.0,
         gt=0,
         le=365,
-        description="How long a file's content is kept after it arrived .",
+        description="How long a file's content is kept after it arrived.",
     )
     delivery_timeout_seconds: float = Field(
         default=10.0,
