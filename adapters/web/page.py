@@ -292,23 +292,51 @@ _THREAD_SCRIPT = """
     else if (error.dataset.size) { error.textContent = ""; delete error.dataset.size; }
   });
 
+  const fileBox = document.getElementById("files");
+  function base64Of(file) {
+    // the file's bytes as base64 (a data: URL's payload), read in the browser
+    return new Promise((resolve, reject) => {
+      const reader = new FileReader();
+      reader.onload = () => resolve(String(reader.result).split(",", 2)[1] || "");
+      reader.onerror = () => reject(reader.error);
+      reader.readAsDataURL(file);
+    });
+  }
   form.addEventListener("submit", async (event) => {
     event.preventDefault();
     const text = textBox.value;
-    if (!text.trim()) { error.textContent = "write something first"; return; }
+    const chosen = Array.from(fileBox.files || []);
+    if (!text.trim() && !chosen.length) { error.textContent = "write something first"; return; }
     const over = tooLong(text);
     if (over) { error.textContent = over; return; }
-    if (!pending || pending.text !== text) pending = {id: newId(), text};
+    const names = chosen.map((f) => f.name + ":" + f.size).join("/");
+    if (!pending || pending.text !== text || pending.names !== names) {
+      pending = {id: newId(), text, names};
+    }
     localStorage.setItem("web-author", authorBox.value);
     sendButton.disabled = true;
     sendButton.textContent = "Sending...";
-    const failed = await send("messages", {
+    const body = {
       text, client_message_id: pending.id, author: authorBox.value || null, space: cfg.space,
-    });
+    };
+    let failed = null;
+    try {
+      if (chosen.length) {
+        body.files = await Promise.all(chosen.map(async (f) => ({
+          name: f.name, media_type: f.type || "application/octet-stream", data: await base64Of(f),
+        })));
+      }
+    } catch (e) {
+      failed = "a file could not be read here: nothing was sent";
+    }
+    if (!failed) {
+      failed = await send(chosen.length ?
+        "../../uploads/" + encodeURIComponent(cfg.thread) : "messages", body);
+    }
     sendButton.disabled = false;
     sendButton.textContent = "Send";
     error.textContent = failed || "";
-    if (!failed) { pending = null; textBox.value = ""; }
+    if (!failed) { pending = null; textBox.value = ""; fileBox.value = ""; }
   });
   textBox.addEventListener("keydown", (event) => {
     if (event.key === "Enter" && (event.ctrlKey || event.metaKey)) form.requestSubmit();
@@ -362,6 +390,7 @@ def thread_page(*, space: str, thread: str, max_text_chars: int) -> str:
  placeholder="Message (Ctrl+Enter sends)" aria-label="message"></textarea>
 <input id="author" name="author" maxlength="100" placeholder="your name (optional)"
  aria-label="your name">
+<input id="files" name="files" type="file" multiple aria-label="attach files">
 <button type="submit">Send</button>
 <div class="error" id="error" role="alert"></div>
 </form>

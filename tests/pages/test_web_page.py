@@ -323,3 +323,21 @@ async def test_a_card_decided_from_the_api_says_what_and_by_whom(
     await expect(page.locator(".item.approval_closed")).to_have_count(0)  # its card says it
 
     assert _errors(console_errors) == []
+
+
+async def test_a_file_attached_in_the_composer_reaches_the_agent(
+    gateway: GatewayProcess, page: Page, console_errors: list[str], tmp_path: Path
+) -> None:
+    await _open_thread(page, gateway, "browser-file")
+    report = tmp_path / "report.csv"
+    report.write_text("region,sales\nnorth,12\nsouth,30\n")
+    await page.get_by_label("attach files").set_input_files(str(report))
+    await _send(page, "what is in this report?")
+    await expect(page.get_by_label("attach files")).to_have_value("")  # cleared once sent
+
+    reply = page.locator(".item.reply")
+    await expect(reply).to_have_count(1)
+    # the agent read the file's rows (the stand-in echoes everything it was given)
+    await expect(reply.locator(".text")).to_contain_text("south,30")
+    await expect(reply.locator(".text")).to_contain_text("report.csv")
+    assert _errors(console_errors) == []
