@@ -102,6 +102,7 @@ class SlackChannel:
         backfill_hours: float = 24.0,
         late_after_s: float = 60.0,
         file_host: str = "https://files.slack.com",
+        stream: bool = True,
     ) -> None:
         if signing_secret is None and app_token is None:
             raise ValueError(
@@ -132,6 +133,7 @@ class SlackChannel:
         )
         self.approvals = SlackApprovals(self.link, self.approvers)
         self.live = SlackLive(self.link)
+        self.live.streaming_ok = stream  # off: every reply one message (the status still shows)
         self.delivery = SlackDelivery(
             self.link,
             working_reaction=working_reaction,
@@ -157,7 +159,7 @@ class SlackChannel:
         """The bound of a request body at ``/slack/events`` (the app refuses more unread)."""
         self.files = SlackFiles(bot_token, file_host=file_host, timeout_s=call_timeout_s)
         self.capabilities = Capabilities(
-            decisions=True, approvers=True, edits=True, streaming=True, files=True
+            decisions=True, approvers=True, edits=True, streaming=stream, files=True
         )
         """Approve/Deny buttons for the configured approvers; an approval's close edits every
         posted copy (chat.update); a run's answer is streamed and its reply finishes the

@@ -65,6 +65,12 @@ class SlackSettings(Section):
         description="The only origin the bot token is sent to for files people share (tests "
         "point it at a local fake).",
     )
+    stream: bool = Field(
+        default=True,
+        description="Stream each answer into its thread while the model writes it "
+        "(chat.startStream); false: every reply is one message. The thread's status shows "
+        "either way.",
+    )
     approvers: dict[str, tuple[str, ...]] = Field(
         default_factory=dict,
         description="Who may press Approve/Deny, by Slack channel id (* for every channel): "

@@ -32,6 +32,7 @@ def _build(section: SlackSettings, context: ChannelContext) -> ChannelAdapter:
         call_timeout_s=context.call_timeout_s,
         backfill_hours=section.backfill_hours,
         file_host=section.file_host,
+        stream=section.stream,
     )
 
 

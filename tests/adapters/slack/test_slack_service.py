@@ -73,8 +73,11 @@ class Rig:
 
 
 @contextlib.asynccontextmanager
-async def _running(tmp_path: Any, *, socket_mode: bool) -> AsyncIterator[Rig]:
-    """The service with Slack on (HTTP mode, or Socket Mode) against a fresh fake Slack."""
+async def _running(tmp_path: Any, *, socket_mode: bool, stream: bool = False) -> AsyncIterator[Rig]:
+    """The service with Slack on (HTTP mode, or Socket Mode) against a fresh fake Slack.
+
+    Replies are posted as one message each unless `stream` (these tests read every bot
+    message of a thread as a delivery; streamed answers have tests of their own)."""
     async with FakeSlack() as fake:
         mode = {"slack_app_token": fake.app_token} if socket_mode else {}
         settings = gateway_settings(
@@ -88,6 +91,7 @@ async def _running(tmp_path: Any, *, socket_mode: bool) -> AsyncIterator[Rig]:
             slack_signing_secret=None if socket_mode else SECRET,
             slack_api_url=fake.api_url,
             slack_approvers={"C1": (APPROVER,)},
+            slack_stream=stream,
             ops_tokens=(f"alice:operator:{OPERATOR}",),
             **mode,
         )
@@ -902,18 +906,28 @@ async def test_a_mention_late_in_a_long_thread_gives_the_agent_its_newest_messag
     )
 
 
-async def test_a_streamed_answer_shows_its_status_and_stream_then_is_one_message(rig: Rig) -> None:
+@pytest.fixture
+async def streaming(tmp_path: Any) -> AsyncIterator[Rig]:
+    async with _running(tmp_path / "stream", socket_mode=False, stream=True) as running:
+        yield running
+
+
+async def test_a_streamed_answer_shows_its_status_and_stream_then_is_one_message(
+    streaming: Rig,
+) -> None:
     """Through the whole service: the thread's status while it works, the answer streamed
     into one message, and the durable reply finishing that message, not posting another."""
-    event = rig.fake.mention_event("C1", "/slowstream")
-    await rig.event(event)
-    await rig.fake.wait_for_call("assistant.threads.setStatus")
-    await _until(lambda: any("slow" in status for _, _, status in rig.fake.status_log))
-    await rig.fake.wait_for_call("chat.startStream", timeout=15)
-    await rig.fake.wait_for_call("chat.appendStream", timeout=15)
-    [reply] = await rig.bot_replies("C1", event["ts"], 1, timeout_s=20)
-    await _until(lambda: reply.text == STREAMED_ANSWER and not rig.fake.streams("C1"), 20)
-    assert _delivery_of(rig.fake.message("C1", reply.ts)).startswith("reply:slack-C1:")
+    event = streaming.fake.mention_event("C1", "/slowstream")
+    await streaming.event(event)
+    await streaming.fake.wait_for_call("assistant.threads.setStatus")
+    await _until(lambda: any("slow" in status for _, _, status in streaming.fake.status_log))
+    await streaming.fake.wait_for_call("chat.startStream", timeout=15)
+    await streaming.fake.wait_for_call("chat.appendStream", timeout=15)
+    [reply] = await streaming.bot_replies("C1", event["ts"], 1, timeout_s=20)
+    await _until(lambda: reply.text == STREAMED_ANSWER and not streaming.fake.streams("C1"), 20)
+    assert _delivery_of(streaming.fake.message("C1", reply.ts)).startswith("reply:slack-C1:")
     await asyncio.sleep(0.3)
-    assert [m.text for m in rig.fake.thread("C1", event["ts"]) if m.bot_id] == [STREAMED_ANSWER]
-    assert rig.fake.status_log[-1][2] == ""  # the status cleared at the end
+    assert [m.text for m in streaming.fake.thread("C1", event["ts"]) if m.bot_id] == [
+        STREAMED_ANSWER
+    ]
+    assert streaming.fake.status_log[-1][2] == ""  # the status cleared at the end
