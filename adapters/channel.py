@@ -81,7 +81,10 @@ class Capabilities(Frozen):
     streaming: bool = False
     """A reply can be streamed into the thread while the model writes it."""
     files: bool = False
-    """Files can be taken in with a message and sent with a reply."""
+    """Files can be taken in with a message (`InboundSink.take_files`) and sent with a reply
+    (`Outbound.files`: an upload into the thread, an email attachment, a download link),
+    exactly once under the reply's delivery id. False: a reply's files are named in its text
+    only (D229)."""
 
 
 class ThreadRef(Frozen):
@@ -333,6 +336,17 @@ class InboundSink(Protocol):
         """
         ...
 
+    async def read_file(self, channel: str, space: str, blob: str) -> bytes | None:
+        """The content of a reply's file (an `Outbound.files` blob) held for `space`'s session.
+
+        None when it is not held (unknown, or past its retention).
+
+        Raises:
+            NotRouted: no session is bound to the space.
+            Unavailable: the blob area cannot be read now.
+        """
+        ...
+
     async def decide(self, decision: DecisionInbound) -> Acceptance:
         """Hold a decision durably; the worker holding the session applies it to the lane.
 
@@ -447,6 +461,10 @@ class Outbound(Frozen):
     answers: bool = True
     """Whether it answers the thread's open messages (Slack takes its working reaction off
     them); a notice sent as a message arrives, before the agent answers it, does not."""
+    files: tuple[Attachment, ...] = ()
+    """Files sent with it (what the run's tools returned), each held as a blob of the session
+    (`Attachment.blob`): the adapter reads them with `InboundSink.read_file` and sends them
+    with this delivery, under its `delivery_id` (D228)."""
 
 
 class DeliveryReceipt(Frozen):

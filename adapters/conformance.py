@@ -230,6 +230,8 @@ class SuiteSink:
         self.marks: dict[str, str] = {}
         self.files: dict[str, bytes] = {}
         """The files taken in, by their channel's key."""
+        self.blobs: dict[str, bytes] = {}
+        """The files replies send, by blob id (a check puts them here)."""
         self._requests: dict[str, tuple[str, ApprovalView]] = {}
         self._refusing: int | None = 0
 
@@ -317,6 +319,10 @@ class SuiteSink:
         )
         found = [await self.known(ref) for ref in refs]
         return tuple(known for known in found if known is not None)
+
+    async def read_file(self, channel: str, space: str, blob: str) -> bytes | None:
+        """A file held under `blob` (`files`), or None."""
+        return self.blobs.get(blob)
 
     async def get_mark(self, name: str) -> str | None:
         """A mark the adapter keeps."""

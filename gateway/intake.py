@@ -231,6 +231,14 @@ class Intake:
             if known is not None and known.thread.channel == channel and known.thread.space == space
         )
 
+    async def read_file(self, channel: str, space: str, blob: str) -> bytes | None:
+        """See `InboundSink.read_file`."""
+        session = self._session_of(ThreadRef(channel=channel, space=space, thread="-"))
+        try:
+            return await self._broker.blobs.get(session, blob)
+        except Exception as exc:
+            raise Unavailable(f"the blob area is unavailable ({type(exc).__name__})") from exc
+
     async def get_mark(self, name: str) -> str | None:
         """See `InboundSink.get_mark`."""
         try:

@@ -20,13 +20,14 @@ from __future__ import annotations
 import hashlib
 from dataclasses import dataclass
 
-from adapters import ApprovalView, Outbound, OutboundKind, PendingCall, ThreadRef
-from gateway.broker.contract import Broker, ThreadState
+from adapters import ApprovalView, Attachment, Outbound, OutboundKind, PendingCall, ThreadRef
+from gateway.broker.contract import BlobRefused, Broker, ThreadState
 from gateway.closes import close_outbound, closure, request_delivery_id
 from harness_core import (
     AssistantMessage,
     OperationError,
     SessionStorage,
+    ToolResultMessage,
     message_text,
 )
 from harness_core.session.entries import MessageEntry
@@ -37,6 +38,7 @@ from harness_core.session.records import (
     OperationStarted,
     RecordType,
     RunIntent,
+    ToolStarted,
 )
 from harness_core.session.types import RecordQuery, StoredRecord
 
@@ -168,7 +170,7 @@ async def enqueue_replies(
     replies: list[Reply] = []
     thread = ThreadRef.model_validate(dict(state.thread))
     for stored in sorted(found, key=lambda item: item.seq):
-        outbound = await _outbound(storage, state, thread, stored)
+        outbound = await _outbound(broker, storage, state, thread, stored)
         if outbound is not None:
             replies.append(Reply(stored.seq, outbound))
         for closed in await _closes(storage, broker, state, thread, stored):
@@ -220,7 +222,11 @@ async def _closes(
 
 
 async def _outbound(
-    storage: SessionStorage, state: ThreadState, thread: ThreadRef, stored: StoredRecord
+    broker: Broker,
+    storage: SessionStorage,
+    state: ThreadState,
+    thread: ThreadRef,
+    stored: StoredRecord,
 ) -> Outbound | None:
     record = stored.record
     session = state.session
@@ -244,13 +250,55 @@ async def _outbound(
         )
     if record.outcome != "completed":
         return None  # aborted: whoever aborted it knows
+    reply_id = delivery_id(session, "reply", record.run_id)
+    files, unsent = await _run_files(broker, storage, state, record.run_id, reply_id)
+    text = await _final_text(storage, record.final_entry_id)
+    if unsent:
+        text += "\n\n" + "\n".join(unsent)
     return Outbound(
-        delivery_id=delivery_id(session, "reply", record.run_id),
+        delivery_id=reply_id,
         thread=thread,
         kind="reply",
-        text=await _final_text(storage, record.final_entry_id),
+        text=text,
         reply_context=context,
+        files=files,
     )
+
+
+async def _run_files(
+    broker: Broker, storage: SessionStorage, state: ThreadState, run_id: str, reply_id: str
+) -> tuple[tuple[Attachment, ...], list[str]]:
+    """The files the run's tools returned, held as the session's blobs for its reply (D228).
+
+    Only this run's results (its `ToolStarted` records name them). Each file is put under a key
+    naming the reply and its place, so a rescan after a crash puts the same bytes again (a
+    renewal) and enqueues the same reply; one the blob area refuses is named in the text.
+    """
+    started = await storage.find_records(
+        RecordQuery(lane=state.lane, type="tool_started", run_id=run_id, order="oldest_first")
+    )
+    files: list[Attachment] = []
+    unsent: list[str] = []
+    for found in started:
+        if not isinstance(found.record, ToolStarted):
+            continue
+        result = await storage.get_entry(found.record.result_entry_id)
+        if result is None or not isinstance(result.entry, MessageEntry):
+            continue
+        message = result.entry.message
+        if not isinstance(message, ToolResultMessage):
+            continue
+        for file in message.files:
+            key = f"reply:{reply_id}:{len(files) + len(unsent)}"
+            try:
+                info = await broker.blobs.put(state.session, file.content, key=key)
+            except BlobRefused as refused:
+                unsent.append(f"(The file {file.name} could not be sent: {refused}.)")
+                continue
+            files.append(
+                Attachment(name=file.name, media_type=file.media_type, size=info.size, blob=info.id)
+            )
+    return tuple(files), unsent
 
 
 def approval_outbound(state: ThreadState, thread: ThreadRef, record: ApprovalRequested) -> Outbound:

@@ -7,9 +7,17 @@ entries and records unchanged.
 
 from __future__ import annotations
 
-from typing import Annotated, Literal, Self
+import base64
+import binascii
+from typing import Annotated, Any, Literal, Self
 
-from pydantic import Field, model_validator
+from pydantic import (
+    Field,
+    SerializerFunctionWrapHandler,
+    field_validator,
+    model_serializer,
+    model_validator,
+)
 
 from harness_core.frozen import Frozen, FrozenJson, FrozenJsonObject
 
@@ -28,6 +36,7 @@ __all__ = [
     "ThinkingPart",
     "TokenUsage",
     "ToolCallPart",
+    "ToolFile",
     "ToolOutcome",
     "ToolResultMessage",
     "user_message",
@@ -199,6 +208,51 @@ class AssistantMessage(Frozen):
         return self
 
 
+class ToolFile(Frozen):
+    """A file a tool returned (a report, a CSV): sent with the run's reply, never to the model.
+
+    The model is told its name, type and size in the result's text (D227).
+    """
+
+    name: str = Field(min_length=1, max_length=255)
+    """The file name a person sees (no directories)."""
+    media_type: str = Field(min_length=3, max_length=255, pattern=r"^[\w.+-]+/[\w.+-]+$")
+    """MIME type, for example ``text/csv``."""
+    data: str
+    """Base64-encoded bytes."""
+
+    @field_validator("name")
+    @classmethod
+    def _plain_name(cls, name: str) -> str:
+        if any(c in name for c in "/\\\0\r\n") or name in {".", ".."}:
+            raise ValueError("a file name is one plain name (no directories or line breaks)")
+        return name
+
+    @field_validator("data")
+    @classmethod
+    def _base64(cls, data: str) -> str:
+        try:
+            base64.b64decode(data, validate=True)
+        except (binascii.Error, ValueError):
+            raise ValueError("a file's data is base64") from None
+        return data
+
+    @classmethod
+    def of(cls, name: str, media_type: str, content: bytes) -> ToolFile:
+        """A file of `content` bytes."""
+        return cls(name=name, media_type=media_type, data=base64.b64encode(content).decode())
+
+    @property
+    def content(self) -> bytes:
+        """The file's bytes."""
+        return base64.b64decode(self.data)
+
+    @property
+    def size(self) -> int:
+        """The file's size in bytes (from its base64 length, without decoding)."""
+        return len(self.data) * 3 // 4 - self.data[-2:].count("=") if self.data else 0
+
+
 class ToolResultMessage(Frozen):
     """The result of one tool call, as the model will see it."""
 
@@ -211,7 +265,18 @@ class ToolResultMessage(Frozen):
     """Structured data for applications; never sent to the model."""
     usage: TokenUsage | None = None
     """Nested model work the tool reported, if any."""
+    files: tuple[ToolFile, ...] = ()
+    """Files the tool returned, sent with the run's reply; never sent to the model."""
     timestamp: int | None = None
+
+    @model_serializer(mode="wrap")
+    def _files_only_when_any(self, handler: SerializerFunctionWrapHandler) -> Any:
+        # a result without files encodes as it did before files existed: stored logs and their
+        # canonical encodings stay byte-identical
+        data = handler(self)
+        if not self.files and isinstance(data, dict):
+            data.pop("files", None)
+        return data
 
     @property
     def is_error(self) -> bool:

@@ -20,6 +20,7 @@ __all__ = [
     "SUMMARY_SYSTEM",
     "TRUNCATED_CALL",
     "denied",
+    "file_sent",
     "invalid_result",
     "no_such_tool",
     "tool_failed",
@@ -84,3 +85,8 @@ def tool_timed_out(tool: str, seconds: float) -> str:
 def invalid_result(tool: str, reason: str) -> str:
     """A tool whose output is not valid durable data (a NaN usage, say)."""
     return f"{tool} returned an invalid result ({reason})"
+
+
+def file_sent(name: str, media_type: str, size: int) -> str:
+    """A file a tool returned, as the model reads of it: named, sent with the reply, unread."""
+    return f"[file {name} ({media_type}, {size} bytes) is sent with your reply to the user]"

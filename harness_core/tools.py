@@ -19,10 +19,10 @@ from collections.abc import Awaitable, Callable, Mapping
 from dataclasses import dataclass, field
 from typing import Any, Literal
 
-from pydantic import BaseModel, ValidationError
+from pydantic import BaseModel, ValidationError, model_validator
 
 from harness_core.frozen import Frozen, FrozenJson, freeze_json, thaw_json
-from harness_core.messages import TextPart, TokenUsage, ToolCallPart, UserContent
+from harness_core.messages import TextPart, TokenUsage, ToolCallPart, ToolFile, UserContent
 from harness_core.models import ToolDefinition
 
 __all__ = [
@@ -33,11 +33,19 @@ __all__ = [
     "tool",
     "ToolArgumentsError",
     "ToolContext",
+    "MAX_TOOL_FILES",
+    "MAX_TOOL_FILES_BYTES",
     "ToolOutput",
     "ToolRecovery",
 ]
 
 Replay = Literal["never", "safe"]
+
+MAX_TOOL_FILES = 10
+"""The most files one tool result may carry (D227)."""
+MAX_TOOL_FILES_BYTES = 5_000_000
+"""What the files of one tool result may hold together, in bytes (D227): they are stored with
+the result in the session, so they are bounded like any entry should be."""
 
 
 class ToolOutput(Frozen):
@@ -52,6 +60,18 @@ class ToolOutput(Frozen):
     is_error: bool = False
     usage: TokenUsage | None = None
     terminate: bool = False
+    files: tuple[ToolFile, ...] = ()
+    """Files sent with the run's reply (a report, a CSV): at most `MAX_TOOL_FILES` of
+    `MAX_TOOL_FILES_BYTES` together. Stored with the result; the model is told each one's name,
+    type and size in the result's text, never its bytes."""
+
+    @model_validator(mode="after")
+    def _bounded_files(self) -> ToolOutput:
+        if len(self.files) > MAX_TOOL_FILES:
+            raise ValueError(f"a tool result carries at most {MAX_TOOL_FILES} files")
+        if sum(file.size for file in self.files) > MAX_TOOL_FILES_BYTES:
+            raise ValueError(f"a tool result's files hold at most {MAX_TOOL_FILES_BYTES} bytes")
+        return self
 
     @classmethod
     def text(cls, text: str, *, is_error: bool = False) -> ToolOutput:

@@ -62,6 +62,7 @@ from adapters.email.compose import approval_token, compose_reply, reply_message_
 from adapters.email.imap import CA_HINT, ImapConnection, ImapError, ImapGone, ImapRefused
 from adapters.email.message import attachment_content, parse, parse_head
 from adapters.failures import connection_failure
+from adapters.reply_files import ReplyFile, read_reply_files
 from harness_core import Clock, SystemClock
 
 __all__ = ["EmailChannel"]
@@ -374,7 +375,8 @@ class EmailChannel:
                 delivery_id=outbound.delivery_id, delivered_at_ms=self.clock.now_ms()
             )
         self._check_rate(outbound)
-        message = self._compose(outbound)
+        files = await read_reply_files(self._sink, outbound)
+        message = self._compose(outbound, files)
         # Bcc ourselves, first: servers that deliver in order file our copy before anyone's,
         # so a reply someone received is one `reconcile` can find
         recipients = [self.address, *_recipients(message)]
@@ -467,7 +469,7 @@ class EmailChannel:
             ca_hint=CA_HINT,
         )
 
-    def _compose(self, outbound: Outbound) -> EmailMessage:
+    def _compose(self, outbound: Outbound, files: Sequence[ReplyFile] = ()) -> EmailMessage:
         now = datetime.fromtimestamp(self.clock.now_ms() / 1000, tz=UTC)
         try:
             return compose_reply(
@@ -477,6 +479,7 @@ class EmailChannel:
                 domain=self.domain,
                 now=now,
                 approval_links=self._approval_links(outbound, now),
+                files=files,
             )
         except ValueError as exc:  # no one to answer (the thread's sender is the bot...)
             raise DeliveryError(f"cannot compose the reply: {exc}", permanent=True) from None

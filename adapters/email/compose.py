@@ -49,7 +49,7 @@ import hmac
 import html
 import json
 import re
-from collections.abc import Iterable, Mapping
+from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass
 from datetime import UTC, datetime
 from email import policy
@@ -65,6 +65,7 @@ from markdown_it.tree import SyntaxTreeNode
 from adapters.channel import ApprovalView, Outbound
 from adapters.email.message import message_ids, normalize_subject
 from adapters.markdown import parse
+from adapters.reply_files import ReplyFile
 from harness_core.frozen import thaw_json
 
 __all__ = [
@@ -149,6 +150,7 @@ def compose_reply(
     domain: str,
     now: datetime,
     approval_links: Mapping[str, str] | None = None,
+    files: Sequence[ReplyFile] = (),
 ) -> EmailMessage:
     """The email of `outbound`: a reply in its thread (see the module docstring).
 
@@ -161,6 +163,7 @@ def compose_reply(
         now: The ``Date`` (a naive datetime is taken as UTC).
         approval_links: For an ``approval_request``: ``{"approve": url, "deny": url}`` (http or
             https); without them the request says to decide it with an operator.
+        files: The content of `outbound.files` (`adapters.reply_files`), attached in order.
 
     Returns:
         The message, with the SMTP policy (CRLF line ends).
@@ -214,6 +217,14 @@ def compose_reply(
     # quoted-printable, not 8bit: the message never depends on the server's 8BITMIME
     message.set_content(plain, subtype="plain", charset="utf-8", cte=_cte(plain))
     message.add_alternative(page, subtype="html", charset="utf-8", cte=_cte(page))
+    for file in files:
+        maintype, _, subtype = file.attachment.media_type.partition("/")
+        if not (maintype and subtype) or maintype == "multipart":
+            maintype, subtype = "application", "octet-stream"
+        # add_attachment makes the message multipart/mixed: the text, then the files
+        message.add_attachment(
+            file.content, maintype=maintype, subtype=subtype, filename=file.attachment.name
+        )
     return message
 
 

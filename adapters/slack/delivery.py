@@ -28,6 +28,7 @@ from adapters.channel import (
     Unavailable,
     is_copy_of,
 )
+from adapters.reply_files import read_reply_files
 from adapters.slack.events import split_thread
 from adapters.slack.link import (
     METADATA_TYPE,
@@ -47,6 +48,7 @@ from adapters.slack.render import (
     split_text,
     to_mrkdwn,
 )
+from adapters.slack.uploads import SlackUploads
 
 log = logging.getLogger("adapters.slack")
 
@@ -92,6 +94,11 @@ class SlackDelivery:
         self._partial: dict[str, dict[int, str]] = {}
         """The parts a reconcile found of a delivery, by number: their ts (a retry posts only
         the others)."""
+        self._partial_files: dict[str, set[int]] = {}
+        """The files a reconcile found in the thread of a delivery, by place (a retry uploads
+        only the others)."""
+        self.uploads = SlackUploads(link)
+        """A reply's files into its thread (files upload v2), found again by their ids."""
 
     async def deliver(self, outbound: Outbound) -> DeliveryReceipt:
         """Post the delivery's parts into its thread (those not already there).
@@ -103,8 +110,10 @@ class SlackDelivery:
         if outbound.kind == "approval_closed":
             return await self._close(outbound)
         channel, thread_ts = self._where(outbound.thread)
+        files = await read_reply_files(self.link.sink, outbound)
         parts = self._parts(outbound)
         there = self._partial.pop(outbound.delivery_id, {})
+        shared = self._partial_files.pop(outbound.delivery_id, set())
         if outbound.kind == "reply" and 0 not in there:
             note = await self._superseded_note(channel, thread_ts, outbound)
             if note:
@@ -131,6 +140,12 @@ class SlackDelivery:
             posted.append(
                 await self._post(channel, thread_ts, text, blocks, metadata, after_post=after)
             )
+        for index, file in enumerate(files):  # after the text: never files without an answer
+            if index not in shared:
+                file_id = await self.uploads.upload(
+                    channel, thread_ts, outbound.delivery_id, index, file
+                )
+                posted.append(f"file:{file_id}")
         if self.live is not None and stream is not None:
             await self.live.finished(outbound)
         if self.working_reaction and outbound.answers:  # a notice on arrival answers nothing
@@ -148,15 +163,20 @@ class SlackDelivery:
         channel, thread_ts = self._where(outbound.thread)
         wanted = len(self._parts(outbound))
         oldest = str(outbound.reply_context.get("ts") or "0")
+        files = sum(1 for file in outbound.files if file.blob is not None)
         try:
-            found = await self._posted_parts(channel, thread_ts, oldest, outbound.delivery_id)
-        except (SlackApiError, aiohttp.ClientError, TimeoutError) as exc:
+            found, shared = await self._posted(channel, thread_ts, oldest, outbound.delivery_id)
+            ids = await self.uploads.recorded(outbound.delivery_id) if files else {}
+        except (SlackApiError, aiohttp.ClientError, TimeoutError, Unavailable) as exc:
             log.info("slack reconcile failed", extra={"error": type(exc).__name__})
             return "unknown"
-        if set(found) >= set(range(wanted)):
+        uploaded = {index for index, file_id in ids.items() if file_id in shared}
+        if set(found) >= set(range(wanted)) and uploaded >= set(range(files)):
             return "delivered"
         if found:
             self._partial[outbound.delivery_id] = found
+        if uploaded:
+            self._partial_files[outbound.delivery_id] = uploaded
         return "absent"
 
     def _parts(self, outbound: Outbound) -> list[tuple[str, list[dict[str, Any]] | None]]:
@@ -355,15 +375,20 @@ class SlackDelivery:
             noted = noted or delivery == outbound.delivery_id
         return copies, noted
 
-    async def _posted_parts(
+    async def _posted(
         self, channel: str, thread_ts: str | None, oldest: str, delivery_id: str
-    ) -> dict[int, str]:
+    ) -> tuple[dict[int, str], set[str]]:
+        """The delivery's parts in the thread (number to ts), and the file ids shared there."""
         found: dict[int, str] = {}
+        shared: set[str] = set()
         async for message in self._messages_since(channel, thread_ts, oldest):
             number = _part_of(message, delivery_id)
             if number is not None:
                 found[number] = str(message.get("ts"))
-        return found
+            for file in message.get("files") or ():
+                if isinstance(file, Mapping) and isinstance(file.get("id"), str):
+                    shared.add(file["id"])
+        return found, shared
 
     async def _messages_since(
         self, channel: str, thread_ts: str | None, oldest: str

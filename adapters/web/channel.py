@@ -46,9 +46,11 @@ import binascii
 import hashlib
 import json
 import logging
+import re
 from collections.abc import AsyncIterator, Awaitable, Callable, Mapping
 from dataclasses import dataclass
 from typing import Any, Literal, get_args
+from urllib.parse import quote
 
 from fastapi import APIRouter, Request
 from fastapi.responses import (
@@ -117,6 +119,7 @@ WebRefusal = Literal[
     "cross_site",  # 403: a write from another site
     "not_approver",  # 403: a decision from someone the agent's profile does not name
     "not_routed",  # 404: no route takes the space
+    "no_such_file",  # 404: a file the space's session does not hold (unknown or expired)
     "no_such_request",  # 409: a decision nothing in the thread waits for
     "not_the_request",  # 409: a decision naming another run, calls or arguments
     "no_longer_waiting",  # 409: the request was decided, stopped or ended (the page says so)
@@ -367,6 +370,7 @@ class WebChannel:
                 text=outbound.text,
                 approval=outbound.approval,
                 closed=outbound.closed,
+                files=outbound.files,
                 at_ms=self.clock.now_ms(),
             )
         except ValidationError as exc:  # short and free of the reply's text
@@ -712,6 +716,40 @@ class WebChannel:
             headers={"Cache-Control": "no-store"},
         )
 
+    async def get_file(self, blob: str, request: Request) -> Response:
+        """``GET /files/{blob}``: a reply's file, as a download (D229).
+
+        The link names the file (``name``, ``type``): the blob is content only. It is always
+        served as an attachment with ``nosniff`` and a sandboxing policy, so a file claiming
+        to be a page is never rendered as one on this origin.
+        """
+        space = self._space(request)
+        if not _BLOB.fullmatch(blob):
+            raise _Refused(404, "no_such_file", "no such file")
+        name = request.query_params.get("name") or "file"
+        media_type = request.query_params.get("type") or "application/octet-stream"
+        if not _MEDIA_TYPE.fullmatch(media_type):
+            media_type = "application/octet-stream"
+        sink = self._sink_or_refuse()
+        try:
+            content = await sink.read_file(self.name, space, blob)
+        except NotRouted as exc:
+            raise _Refused(404, "not_routed", str(exc)) from None
+        except Unavailable:
+            raise self._unavailable("the file cannot be read now; retry") from None
+        if content is None:
+            raise _Refused(404, "no_such_file", "no such file (or it is no longer kept)")
+        return Response(
+            content,
+            media_type=media_type,
+            headers={
+                "Content-Disposition": _attachment_header(name),
+                "X-Content-Type-Options": "nosniff",
+                "Content-Security-Policy": "sandbox; default-src 'none'",
+                "Cache-Control": "private, max-age=3600",
+            },
+        )
+
     async def list_threads(self, request: Request) -> Response:
         """``GET /threads``: the space's threads, most recently updated first."""
         space = self._space(request)
@@ -925,6 +963,21 @@ class WebChannel:
         )
         route("/threads/{thread}/events", "GET", self.events, with_thread=True)
         route("/threads/{thread}/page", "GET", self.page, with_thread=True)
+
+        async def endpoint_file(blob: str, request: Request) -> Response:
+            try:
+                return await self.get_file(blob, request)
+            except _Refused as refused:
+                return refused.response()
+
+        router.add_api_route(
+            "/files/{blob}",
+            endpoint_file,
+            methods=["GET"],
+            name="web.get_file",
+            summary="A reply's file, as a download.",
+            response_class=Response,
+        )
         return router
 
 
@@ -973,6 +1026,16 @@ def _decision_key(
         separators=(",", ":"),
     )
     return "web-" + hashlib.sha256(canonical.encode()).hexdigest()[:40]
+
+
+_BLOB = re.compile(r"sha256:[0-9a-f]{64}")
+_MEDIA_TYPE = re.compile(r"[\w.+-]{1,100}/[\w.+-]{1,100}")
+
+
+def _attachment_header(name: str) -> str:
+    """``Content-Disposition`` for a download named `name` (RFC 6266: ASCII and UTF-8 forms)."""
+    plain = "".join(c if c.isascii() and c.isprintable() and c not in '"\\' else "_" for c in name)
+    return f"attachment; filename=\"{plain[:200]}\"; filename*=UTF-8''{quote(name[:200], safe='')}"
 
 
 def _page_headers(*, script: bool) -> dict[str, str]:

@@ -31,7 +31,7 @@ from typing import Literal, Protocol, runtime_checkable
 
 from pydantic import Field
 
-from adapters.channel import ApprovalClosed, ApprovalView, Author, DecisionItem
+from adapters.channel import ApprovalClosed, ApprovalView, Attachment, Author, DecisionItem
 from adapters.errors import AdapterError
 from harness_core.backends.urls import (
     MemoryUrl,
@@ -162,6 +162,8 @@ class NewWebItem(Frozen):
     """For ``decision``."""
     closed: ApprovalClosed | None = None
     """For ``approval_closed``: the request that no longer waits (the page closes its cards)."""
+    files: tuple[Attachment, ...] = ()
+    """For ``reply``: the files it sends (blobs the page links to, ``files/{blob}``)."""
     at_ms: int
     """When it was appended (the first time), on the channel's clock."""
 

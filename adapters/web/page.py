@@ -30,6 +30,7 @@ h1 { font-size: 1.15rem; margin: 0; word-break: break-all; }
 .item { border: 1px solid var(--line); border-radius: .5rem; padding: .5rem .75rem; }
 .item.message { background: var(--soft); margin-left: 3rem; }
 .item.reply { margin-right: 3rem; }
+.files a { display: block; margin-top: .3rem; }
 .item.live { border-style: dashed; }
 .item.failure_notice { border-color: #d33; margin-right: 3rem; }
 .item.approval_request { border-color: #d90; margin-right: 3rem; }
@@ -233,6 +234,19 @@ _THREAD_SCRIPT = """
     if (!liveBox.isConnected) list.appendChild(liveBox);
     liveBox.scrollIntoView({block: "end"});
   }
+  function fileLinks(files) {
+    // a reply's files: download links (the name and type travel in the link; see get_file)
+    const box = el("div", "files");
+    for (const file of files) {
+      if (!file.blob) continue;
+      const link = el("a", "file", file.name + " (" + file.size + " bytes)");
+      link.href = "../../files/" + encodeURIComponent(file.blob) + "?" + space +
+        "&name=" + encodeURIComponent(file.name) + "&type=" + encodeURIComponent(file.media_type);
+      link.download = file.name;
+      box.appendChild(link);
+    }
+    return box;
+  }
   function render(item) {
     if (seen.has(item.seq)) return;
     seen.add(item.seq);
@@ -265,6 +279,7 @@ _THREAD_SCRIPT = """
     if (item.kind !== "message") endLive();
     box.appendChild(el("div", "text", item.text));
     if (item.kind === "reply") closeWaiting();
+    if (item.files && item.files.length) box.appendChild(fileLinks(item.files));
     if (item.kind === "approval_request" && item.approval) approvalControls(box, item);
     list.appendChild(box);
     if (item.approval && !closeWait(item.approval.wait_id)) markDecided(item.approval.wait_id);

@@ -104,6 +104,11 @@ class TestSink:
         found = [await self.known(ref) for ref in refs]
         return tuple(known for known in found if known is not None)
 
+    async def read_file(self, channel: str, space: str, blob: str) -> bytes | None:
+        if self.error is not None:
+            raise self.error
+        return self.files.get(blob.removeprefix("mem:"))
+
     async def get_mark(self, name: str) -> str | None:
         if self.error is not None:
             raise self.error

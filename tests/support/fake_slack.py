@@ -37,6 +37,12 @@ stopped (the text grows with each append, as ``conversations.replies`` lists it 
 :meth:`~FakeSlack.unsupport` makes a method answer one error on every call (a workspace without
 the feature or the scope), where :meth:`~FakeSlack.fail` scripts a few.
 
+Files upload v2 (what slack_sdk's ``files_upload_v2`` calls): ``files.getUploadURLExternal``
+hands out a file id and an upload URL at this fake (``POST /upload/v1/<id>``, raw bytes or a
+multipart ``file``, no token needed); ``files.completeUploadExternal`` completes the uploads
+and, with a ``channel_id`` (and ``thread_ts``), posts one bot message sharing them (its
+``files``, as ``conversations.replies`` lists them). :attr:`FakeSlack.uploads` keeps each one.
+
 Builders for inbound traffic: :meth:`~FakeSlack.post_user_message`,
 :meth:`~FakeSlack.mention_event`, :meth:`~FakeSlack.block_actions_payload`,
 :meth:`~FakeSlack.view_submission_payload` (methods: they read and write the workspace), and the
@@ -89,6 +95,7 @@ __all__ = [
     "Message",
     "ResponsePost",
     "SlackError",
+    "Upload",
     "event_envelope",
     "form_body",
     "signed_headers",
@@ -169,6 +176,8 @@ class Message:
     subtype: str | None = None
     streaming: bool = False
     """Started by ``chat.startStream`` and not yet stopped (``chat.stopStream``)."""
+    files: list[Json] | None = None
+    """The files it shares (``files.completeUploadExternal`` into a channel or thread)."""
 
     @property
     def is_reply(self) -> bool:
@@ -177,6 +186,23 @@ class Message:
     @property
     def root_ts(self) -> str:
         return self.thread_ts if self.thread_ts is not None else self.ts
+
+
+@dataclass
+class Upload:
+    """A file the bot uploads with files upload v2 (get URL, POST the bytes, complete)."""
+
+    id: str
+    filename: str
+    length: int
+    content: bytes | None = None
+    """What was POSTed to its upload URL (None: nothing yet)."""
+    upload_token: str | None = None
+    """Whether the POST carried ``Authorization``: the upload URL needs no token."""
+    completed: bool = False
+    title: str | None = None
+    shares: list[tuple[str, str | None]] = field(default_factory=list)
+    """(channel, thread_ts) it was shared into, in order."""
 
 
 @dataclass
@@ -430,6 +456,8 @@ class FakeSlack:
         """File id → (name, content) of files users shared (``add_file``)."""
         self.file_requests: list[tuple[str, bool]] = []
         """Every request for a file's ``url_private``: (file id, whether the bot token came)."""
+        self.uploads: dict[str, Upload] = {}
+        """Files the bot uploaded (``files.getUploadURLExternal``), by file id."""
         self._sockets: list[web.WebSocketResponse] = []
         self.statuses: dict[tuple[str, str], str] = {}
         """(channel, thread_ts) → the thread's assistant status (absent: none shown)."""
@@ -465,12 +493,15 @@ class FakeSlack:
             "chat.startStream": self._chat_start_stream,
             "chat.appendStream": self._chat_append_stream,
             "chat.stopStream": self._chat_stop_stream,
+            "files.getUploadURLExternal": self._files_get_upload_url,
+            "files.completeUploadExternal": self._files_complete_upload,
         }
         self.app = web.Application()
         self.app.router.add_route("*", "/api/{method}", self._api)
         self.app.router.add_post("/response/{id}", self._response_post)
         self.app.router.add_get("/link", self._link)
         self.app.router.add_get("/files-pri/{id}/{name}", self._file_download)
+        self.app.router.add_post("/upload/v1/{id}", self._file_upload)
         self.app.router.add_route("*", "/{tail:.*}", self._no_route)
 
     # ---- lifecycle
@@ -621,6 +652,9 @@ class FakeSlack:
                 {"name": name, "users": list(users), "count": len(users)}
                 for name, users in message.reactions.items()
             ]
+        if message.files is not None:
+            out["files"] = copy.deepcopy(message.files)
+            out["upload"] = True
         if include_metadata and message.metadata is not None:
             out["metadata"] = copy.deepcopy(message.metadata)
         return out
@@ -1048,6 +1082,82 @@ class FakeSlack:
         if found is None or found[0] != request.match_info["name"]:
             raise web.HTTPNotFound()
         return web.Response(body=found[1], content_type="application/octet-stream")
+
+    async def _file_upload(self, request: web.Request) -> web.StreamResponse:
+        """``POST <upload_url>``: the bytes of an upload (raw, or a multipart ``file`` field)."""
+        upload = self.uploads.get(request.match_info["id"])
+        if upload is None or upload.completed:
+            return web.Response(status=404, text="not found")
+        if request.content_type == "multipart/form-data":
+            form = await request.post()
+            field_ = form.get("file")
+            data = field_.file.read() if isinstance(field_, web.FileField) else b""
+        else:
+            data = await request.read()
+        if len(data) != upload.length:
+            return web.Response(status=400, text="length mismatch")
+        upload.content = data
+        upload.upload_token = request.headers.get("Authorization")
+        return web.Response(text=f"OK - {len(data)}")
+
+    def _files_get_upload_url(self, params: Json) -> Json:
+        filename = _req_str(params, "filename")
+        length = _int(params, "length", -1)
+        if length < 1:
+            raise SlackError("invalid_arguments")
+        file_id = f"F{next(self._counter):08d}"
+        self.uploads[file_id] = Upload(file_id, filename, length)
+        return {
+            "ok": True,
+            "upload_url": f"{self.base_url}/upload/v1/{file_id}",
+            "file_id": file_id,
+        }
+
+    def _files_complete_upload(self, params: Json) -> Json:
+        given = _json_value(params, "files", "invalid_arguments")
+        if not isinstance(given, list) or not given:
+            raise SlackError("invalid_arguments")
+        uploads: list[Upload] = []
+        for item in given:
+            upload = self.uploads.get(str(item.get("id"))) if isinstance(item, dict) else None
+            if upload is None or upload.content is None or upload.completed:
+                raise SlackError("file_not_found")
+            uploads.append(upload)
+        channel_id = _opt_str(params, "channel_id")
+        thread_ts = _opt_str(params, "thread_ts")
+        for item, upload in zip(given, uploads, strict=True):
+            upload.completed = True
+            upload.title = str(item.get("title") or upload.filename)
+        objects = [self._uploaded_file(upload) for upload in uploads]
+        if channel_id is not None:
+            conversation = self._channel_named(channel_id)
+            message = self.add_message(
+                conversation.id,
+                _opt_str(params, "initial_comment") or "",
+                bot=True,
+                thread_ts=thread_ts,
+            )
+            message.files = copy.deepcopy(objects)
+            for upload in uploads:
+                upload.shares.append((conversation.id, thread_ts))
+        return {"ok": True, "files": [{"id": o["id"], "title": o["title"]} for o in objects]}
+
+    def _uploaded_file(self, upload: Upload) -> Json:
+        content = upload.content or b""
+        self.files[upload.id] = (upload.filename, content)
+        return {
+            "id": upload.id,
+            "name": upload.filename,
+            "title": upload.title or upload.filename,
+            "mimetype": "",
+            "filetype": upload.filename.rsplit(".", 1)[-1],
+            "size": len(content),
+            "user": self.bot_user_id,
+            "mode": "hosted",
+            "url_private": (
+                f"{self.base_url}/files-pri/{self.team_id}-{upload.id}/{upload.filename}"
+            ),
+        }
 
     async def _api(self, request: web.Request) -> web.StreamResponse:
         method = request.match_info["method"]

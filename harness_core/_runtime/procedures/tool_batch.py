@@ -210,13 +210,18 @@ class ToolBatch(Part):
                     usage=output.usage,
                 )
             )
+        named = tuple(
+            TextPart(text=texts.file_sent(file.name, file.media_type, file.size))
+            for file in output.files
+        )
         message = ToolResultMessage(
             tool_call_id=call.id,
             tool_name=call.name,
-            content=output.content,
+            content=output.content + named,
             outcome="error" if output.is_error else "ok",
             details=output.details,
             usage=output.usage,
+            files=output.files,
         )
         await fx.append_entry_if_missing(
             MessageEntry(id=result_id, message=message, terminate=output.terminate)

@@ -43,6 +43,9 @@ METHOD_SCOPES: dict[str, set[str]] = {
     "chat_stream": {"chat:write"},  # slack_sdk's helper: chat.startStream and chat.appendStream
     "chat_stopStream": {"chat:write"},
     "chat_delete": {"chat:write"},
+    # files upload v2 (what slack_sdk's files_upload_v2 calls)
+    "files_getUploadURLExternal": {"files:write"},
+    "files_completeUploadExternal": {"files:write"},
 }
 FEATURE_SCOPES = {"assistant_view": {"assistant:write"}}
 """The Agents & AI Apps feature (the assistant thread view, its status) asks for its scope."""
