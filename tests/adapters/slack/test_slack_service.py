@@ -919,12 +919,14 @@ async def test_a_streamed_answer_shows_its_status_and_stream_then_is_one_message
     into one message, and the durable reply finishing that message, not posting another."""
     event = streaming.fake.mention_event("C1", "/slowstream")
     await streaming.event(event)
-    await streaming.fake.wait_for_call("assistant.threads.setStatus")
+    await streaming.fake.wait_for_call("assistant.threads.setStatus", timeout=15)
     await _until(lambda: any("slow" in status for _, _, status in streaming.fake.status_log))
     await streaming.fake.wait_for_call("chat.startStream", timeout=15)
     await streaming.fake.wait_for_call("chat.appendStream", timeout=15)
     [reply] = await streaming.bot_replies("C1", event["ts"], 1, timeout_s=20)
-    await _until(lambda: reply.text == STREAMED_ANSWER and not streaming.fake.streams("C1"), 20)
+    # the stream stops with the whole text, then the durable reply marks it as delivered
+    await _until(lambda: streaming.fake.message("C1", reply.ts).metadata is not None, 20)
+    assert reply.text == STREAMED_ANSWER and not streaming.fake.streams("C1")
     assert _delivery_of(streaming.fake.message("C1", reply.ts)).startswith("reply:slack-C1:")
     await asyncio.sleep(0.3)
     assert [m.text for m in streaming.fake.thread("C1", event["ts"]) if m.bot_id] == [
