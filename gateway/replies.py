@@ -348,6 +348,18 @@ def answer_text(message: AssistantMessage) -> str:
     return text or NO_ANSWER
 
 
+WORKING_TEXT = "I am working on your message and will reply in this thread when I am done."
+
+
+async def enqueue_working_notice(
+    broker: Broker, state: ThreadState, run_id: str, *, now_ms: int
+) -> Outbound:
+    """Tell the thread a long run is under way (once per run, D214)."""
+    return await _notice(
+        broker, state, f"{run_id}:working", WORKING_TEXT, now_ms=now_ms, kind="reply", answers=False
+    )
+
+
 async def enqueue_refusal_notice(
     broker: Broker, state: ThreadState, item_id: str, *, now_ms: int
 ) -> Outbound:
@@ -385,6 +397,7 @@ async def _notice(
     *,
     now_ms: int,
     kind: OutboundKind = "failure_notice",
+    answers: bool = True,
 ) -> Outbound:
     outbound = Outbound(
         delivery_id=delivery_id(state.session, kind, cause),
@@ -392,6 +405,7 @@ async def _notice(
         kind=kind,
         text=text,
         reply_context=state.reply_context,
+        answers=answers,
     )
     await broker.outbox.enqueue(
         outbound.delivery_id,

@@ -249,6 +249,11 @@ class Service:
             profiles,
             live=self.live if self.live.active else None,
             file_limits=file_limits(settings),
+            # a channel's section may ask for one "working on it" reply (email's, D214)
+            working_after={
+                name: float(getattr(section, "working_after_seconds", 0) or 0)
+                for name, section in settings.channels.items()
+            },
         )
         self.deliverer = Deliverer(
             DelivererConfig(

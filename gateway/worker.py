@@ -22,7 +22,7 @@ import asyncio
 import contextlib
 import dataclasses
 import logging
-from collections.abc import Awaitable, Callable
+from collections.abc import Awaitable, Callable, Mapping
 from dataclasses import dataclass, field
 from typing import Any, Final, Literal
 
@@ -47,6 +47,7 @@ from gateway.replies import (
     enqueue_refusal_notice,
     enqueue_replies,
     enqueue_stuck_notice,
+    enqueue_working_notice,
     entry_id_of,
     lanes_to_reply,
     replies_mark,
@@ -154,8 +155,11 @@ class Worker:
         profiles: LaneProfiles | None = None,
         live: LivePublisher | None = None,
         file_limits: FileLimits | None = None,
+        working_after: Mapping[str, float] | None = None,
     ) -> None:
         self.config = config
+        self._working_after = {c: s for c, s in (working_after or {}).items() if s > 0}
+        """By channel: after how many seconds a run still working says so once (D214)."""
         self._live = live
         """Shows each run's progress and streamed text to its thread (None: nothing live)."""
         self._file_limits = file_limits or FileLimits()
@@ -701,7 +705,11 @@ class Worker:
                     await self._content(text, item, inbound), entry_id=entry_id
                 )
                 if isinstance(started, Ok):
-                    self._track(session, lane.name, started.value.outcome())
+                    outcome = started.value.outcome()
+                    after_s = self._working_after.get(inbound.thread.channel)
+                    if after_s is not None:
+                        outcome = self._working(item, started.value.run_id, outcome, after_s)
+                    self._track(session, lane.name, outcome)
                     await inbox.ack(item.session, item.id)
                     self._accepted(inbound)
                     return
@@ -738,6 +746,28 @@ class Worker:
         if self._profiles is None or given is None:
             return None
         return self._profiles.tag(given, inbound.author)
+
+    async def _working(
+        self, item: InboxItem, run_id: str, outcome: Awaitable[Any], after_s: float
+    ) -> Any:
+        """Await the run; if it is still working after `after_s`, tell its thread once (D214).
+
+        The notice's delivery id names the run, so a resumed run never sends a second one; a
+        run that suspends (an approval) or ends first sends none.
+        """
+        task = asyncio.ensure_future(outcome)
+        try:
+            done, _ = await asyncio.wait({task}, timeout=after_s)
+            if not done:
+                with contextlib.suppress(Exception):  # a notice lost is only a notice
+                    state = await self._broker.threads.get(item.session, item.lane)
+                    if state is not None:
+                        await enqueue_working_notice(
+                            self._broker, state, run_id, now_ms=self._clock.now_ms()
+                        )
+            return await task
+        finally:
+            task.cancel()  # only when this was cancelled first: a done task ignores it
 
     def _accepted(self, inbound: Inbound) -> None:
         if self._metrics is not None:

@@ -88,6 +88,13 @@ class EmailSettings(Section):
         description="Replies one email thread may get per hour (a loop that slips through the "
         "auto-reply checks stops here).",
     )
+    working_after_seconds: float = Field(
+        default=0.0,
+        ge=0,
+        le=86_400,
+        description="A run still working this long after a mail started it sends one short "
+        '"working on it" reply first (0: never).',
+    )
     approvers: tuple[str, ...] = Field(
         default=(),
         description="Addresses whose signed approval links work (comma-separated).",
