@@ -14,7 +14,7 @@ from adapters import Inbound, Outbound, TextCut
 from gateway.broker.contract import Broker
 from gateway.replies import delivery_id
 
-__all__ = ["agent_notes", "cut_notice_text", "enqueue_cut_notice"]
+__all__ = ["agent_notes", "cut_notice_text", "enqueue_arrival_notice", "enqueue_cut_notice"]
 
 
 def _counted(cut: TextCut) -> str:
@@ -77,11 +77,24 @@ async def enqueue_cut_notice(broker: Broker, inbound: Inbound, session: str, ite
     """
     if inbound.cut is None:
         return
+    await enqueue_arrival_notice(
+        broker, inbound, session, f"cut:{item_id}", cut_notice_text(inbound.cut)
+    )
+
+
+async def enqueue_arrival_notice(
+    broker: Broker, inbound: Inbound, session: str, cause: str, text: str
+) -> None:
+    """Enqueue a notice about `inbound` as it arrives (once per `cause`), due at its arrival.
+
+    It replies to this message (its own reply context) and does not answer it: the agent's
+    reply does (`Outbound.answers`).
+    """
     outbound = Outbound(
-        delivery_id=delivery_id(session, "failure_notice", f"cut:{item_id}"),
+        delivery_id=delivery_id(session, "failure_notice", cause),
         thread=inbound.thread,
         kind="failure_notice",
-        text=cut_notice_text(inbound.cut),
+        text=text,
         reply_context=inbound.reply_context,
         answers=False,
     )

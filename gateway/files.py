@@ -17,12 +17,12 @@ import base64
 import io
 import logging
 
-from adapters import Attachment, FileLimits, Inbound, Outbound, file_kind, image_type
+from adapters import Attachment, FileLimits, Inbound, file_kind, image_type
 from config import Settings
 from gateway.broker.contract import Blobs, Broker
 from gateway.broker.limits import BlobLimits
+from gateway.cuts import enqueue_arrival_notice
 from gateway.logs import event
-from gateway.replies import delivery_id
 from harness_core.messages import ImagePart, TextPart, UserContent
 
 __all__ = [
@@ -92,20 +92,8 @@ async def enqueue_file_notice(broker: Broker, inbound: Inbound, session: str, it
     refused = [a for a in inbound.attachments if a.refused is not None]
     if not refused:
         return
-    outbound = Outbound(
-        delivery_id=delivery_id(session, "failure_notice", f"files:{item_id}"),
-        thread=inbound.thread,
-        kind="failure_notice",
-        text=file_notice_text(refused),
-        reply_context=inbound.reply_context,
-        answers=False,
-    )
-    await broker.outbox.enqueue(
-        outbound.delivery_id,
-        session,
-        inbound.thread.lane,
-        outbound.model_dump(mode="json"),
-        now_ms=inbound.received_at_ms,
+    await enqueue_arrival_notice(
+        broker, inbound, session, f"files:{item_id}", file_notice_text(refused)
     )
 
 
