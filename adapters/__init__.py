@@ -39,7 +39,7 @@ from adapters.channel import (
 from adapters.errors import AdapterError
 from adapters.files import FileKind, FileLimits, file_kind, image_type, take_in
 from adapters.kit import ChannelContext, ChannelSpec
-from adapters.live import LiveKind, LiveUpdate, LiveView
+from adapters.live import LiveKind, LiveUpdate, LiveView, shared_prefix
 from adapters.registry import (
     BUILT_IN,
     ENTRY_POINT_GROUP,
@@ -89,6 +89,7 @@ __all__ = [
     "PendingCall",
     "Reconciled",
     "RegistryError",
+    "shared_prefix",
     "take_in",
     "TextCut",
     "ThreadRef",

@@ -19,7 +19,7 @@ from pydantic import Field
 from adapters.channel import ThreadRef
 from harness_core.frozen import Frozen
 
-__all__ = ["LiveKind", "LiveUpdate", "LiveView"]
+__all__ = ["LiveKind", "LiveUpdate", "LiveView", "shared_prefix"]
 
 LiveKind = Literal["progress", "text", "done"]
 """``progress``: what the run is doing now (`status`); ``text``: the answer so far grew
@@ -57,3 +57,15 @@ class LiveView(Protocol):
         its own later updates (which the gateway may coalesce or drop).
         """
         ...
+
+
+def shared_prefix(a: str, b: str) -> int:
+    """How many leading characters `a` and `b` share (text usually only grows: fast)."""
+    if b.startswith(a):
+        return len(a)
+    n = 0
+    for x, y in zip(a, b, strict=False):
+        if x != y:
+            break
+        n += 1
+    return n

@@ -20,7 +20,7 @@ from collections.abc import Awaitable, Callable, Iterator, Mapping
 from dataclasses import dataclass, field
 from typing import Any, Final
 
-from adapters import LiveUpdate, LiveView, ThreadRef
+from adapters import LiveUpdate, LiveView, ThreadRef, shared_prefix
 from gateway.logs import event
 from harness_core import AssistantMessage, Clock, TextPart
 from harness_core.events import EventBus
@@ -229,7 +229,7 @@ class LivePublisher:
         written = feed.text
         if written == feed.shown_text:
             return
-        offset = _shared(feed.shown_text, written)
+        offset = shared_prefix(feed.shown_text, written)
         update = self._update(feed, thread, "text", text=written[offset:], offset=offset)
         feed.shown_text = written  # taken or dropped, it is not sent again
         await self._show(view, update)
@@ -274,15 +274,3 @@ class LivePublisher:
             log.debug(event("live update not shown", kind=update.kind, error=type(exc).__name__))
         else:
             self.shown += 1
-
-
-def _shared(a: str, b: str) -> int:
-    """How many leading characters `a` and `b` share (text usually only grows: fast)."""
-    if b.startswith(a):
-        return len(a)
-    n = 0
-    for x, y in zip(a, b, strict=False):
-        if x != y:
-            break
-        n += 1
-    return n

@@ -16,7 +16,7 @@ from collections import OrderedDict
 from dataclasses import dataclass
 from typing import Any, Final
 
-from adapters.live import LiveUpdate
+from adapters.live import LiveUpdate, shared_prefix
 
 __all__ = ["LiveBoard", "LiveCursor"]
 
@@ -129,7 +129,7 @@ class LiveCursor:
             return None
         offset = 0
         if sent is not None and (sent.run_id, sent.step) == (now.run_id, now.step):
-            offset = _shared(sent.text, now.text)
+            offset = shared_prefix(sent.text, now.text)
         return {
             "run_id": now.run_id,
             "step": now.step,
@@ -138,15 +138,3 @@ class LiveCursor:
             "status": now.status,
             "done": now.done,
         }
-
-
-def _shared(a: str, b: str) -> int:
-    """How many leading characters `a` and `b` share (text usually only grows: fast)."""
-    if b.startswith(a):
-        return len(a)
-    n = 0
-    for x, y in zip(a, b, strict=False):
-        if x != y:
-            break
-        n += 1
-    return n
