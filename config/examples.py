@@ -182,8 +182,10 @@ def _key(key: str) -> str:
 
 
 def _text(value: Any) -> str:
-    """A value as a variable holds it (30, not 30.0; a list comma-separated)."""
-    if isinstance(value, float | int) and not isinstance(value, bool):
+    """A value as a variable holds it (30, not 30.0; true; a list comma-separated)."""
+    if isinstance(value, bool):
+        return "true" if value else "false"
+    if isinstance(value, float | int):
         return number(value)
     if isinstance(value, list | tuple):
         return ",".join(str(item) for item in value)

@@ -64,6 +64,8 @@ def accepted_in(model: type[BaseModel], name: str, words: dict[str, str] | None 
     annotation = field.annotation
     if get_origin(annotation) is Literal:
         return "one of " + ", ".join(str(choice) for choice in get_args(annotation))
+    if annotation is bool:
+        return "true or false"
     kinds = (annotation, *get_args(annotation))
     if int in kinds:
         kind = "an integer"
@@ -106,6 +108,8 @@ def default_text_in(model: type[BaseModel], name: str) -> str:
         return "unset"
     if default in ((), {}):
         return "none"
+    if isinstance(default, bool):
+        return "true" if default else "false"
     return number(default) if isinstance(default, float | int) else str(default)
 
 
