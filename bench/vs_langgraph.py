@@ -1,6 +1,7 @@
 """This runtime vs LangGraph + SqliteSaver on the same agent workload, in one run: a ratio table.
 
-    .venv/bin/python bench/vs_langgraph.py                 # the full comparison (~12 min)
+    .venv/bin/python bench/vs_langgraph.py                 # defaults vs defaults (~12 min)
+    .venv/bin/python bench/vs_langgraph.py --durability full   # full vs full
     .venv/bin/python bench/vs_langgraph.py --quick         # small sizes, a smoke run (< 30 s)
     .venv/bin/python bench/vs_langgraph.py --ours-only     # our column only (no peer venv needed)
     .venv/bin/python bench/vs_langgraph.py --json-out vs.json --reps 5
@@ -16,10 +17,13 @@ model answers with 200 characters. The model is a deterministic fake that reads 
 from the last message only (O(1): its cost never grows with the history). Peer: a
 ``StateGraph(MessagesState)`` with a model node, a prebuilt ``ToolNode`` and ``tools_condition``
 on ``SqliteSaver`` (``AsyncSqliteSaver`` for the concurrent run). Ours: ``AgentHarness`` over
-``open_repo("sqlite:////...?synchronous=full")`` with a ``ScriptedModel`` responder, one ``Tool``
-with a pydantic args model (``replay="never"``), compaction off (the peer never compacts), one
-lane per thread. Both stores are SQLite in WAL mode with ``synchronous=FULL`` (every commit
-fsynced).
+``open_repo("sqlite:////...")`` with a ``ScriptedModel`` responder, one ``Tool`` with a pydantic
+args model (``replay="never"``), compaction off (the peer never compacts), one lane per thread.
+Both stores are SQLite in WAL mode. ``--durability defaults`` (the default) runs each side as
+shipped: ours ``synchronous=effects`` (an fsync at each durability point: the ``never`` tool's
+intent and the turn's end, D233), the peer ``durability="async"`` (a step's checkpoint written
+while the next step runs) on ``synchronous=FULL``; ``--durability full`` runs ours
+``synchronous=full`` and the peer ``durability="sync"``: every commit fsynced on both sides.
 
 Every measurement is a child process of this driver (a fresh interpreter under the side's own
 python; this same file), one repetition each, the two sides interleaved (who goes first
@@ -292,7 +296,7 @@ def peer_growth(p: dict[str, Any]) -> dict[str, Any]:
         turn = peer.turn_input(k)
         w0, s0 = io_counters()
         t0 = perf()
-        out = app.invoke(turn, cfg("growth"))
+        out = app.invoke(turn, cfg("growth"), durability=p["durability"])
         elapsed = perf() - t0
         w1, s1 = io_counters()
         peer.check(out, k)
@@ -318,7 +322,12 @@ def peer_resume(p: dict[str, Any]) -> dict[str, Any]:
     for h in hist:  # the smaller threads are grown by the first repetition (untimed)
         if app.get_state(cfg(thread_of(h, hmax))).values.get("messages") is None:
             for k in range(1, h + 1):
-                peer.check(app.invoke(peer.turn_input(k), cfg(thread_of(h, hmax))), k)
+                peer.check(
+                    app.invoke(
+                        peer.turn_input(k), cfg(thread_of(h, hmax)), durability=p["durability"]
+                    ),
+                    k,
+                )
     conn.close()
 
     def restore(h: int) -> float:
@@ -342,9 +351,15 @@ def peer_resume(p: dict[str, Any]) -> dict[str, Any]:
         app = peer.app(conn)
         settle()
         t0 = perf()
-        peer.check(app.invoke(peer.turn_input(h + 1), cfg(thread_of(h, hmax))), h + 1)
+        peer.check(
+            app.invoke(peer.turn_input(h + 1), cfg(thread_of(h, hmax)), durability=p["durability"]),
+            h + 1,
+        )
         t1 = perf()
-        peer.check(app.invoke(peer.turn_input(h + 2), cfg(thread_of(h, hmax))), h + 2)
+        peer.check(
+            app.invoke(peer.turn_input(h + 2), cfg(thread_of(h, hmax)), durability=p["durability"]),
+            h + 2,
+        )
         t2 = perf()
         conn.close()
         first[h], second[h] = t1 - t0, t2 - t1
@@ -389,7 +404,7 @@ def peer_tp(p: dict[str, Any]) -> dict[str, Any]:
         for k in range(1, turns + 1):
             for i in range(threads):
                 started = perf()
-                out = app.invoke(peer.turn_input(k), cfg(f"t{i:04d}"))
+                out = app.invoke(peer.turn_input(k), cfg(f"t{i:04d}"), durability=p["durability"])
                 latencies.append(perf() - started)
                 peer.check(out, k)
         wall = perf() - t0
@@ -406,7 +421,9 @@ def peer_tp(p: dict[str, Any]) -> dict[str, Any]:
             async def thread(i: int) -> None:
                 for k in range(1, turns + 1):
                     started = perf()
-                    out = await app.ainvoke(peer.turn_input(k), cfg(f"t{i:04d}"))
+                    out = await app.ainvoke(
+                        peer.turn_input(k), cfg(f"t{i:04d}"), durability=p["durability"]
+                    )
                     latencies.append(perf() - started)
                     peer.check(out, k)
 
@@ -434,8 +451,10 @@ def tp_result(turns: int, wall: float, latencies: list[float]) -> dict[str, Any]
 # -- ours: AgentHarness on the SQLite store (runs in this project's venv) -------------------------
 
 
-def ours_url(path: str) -> str:
-    return f"sqlite:///{path}?synchronous=full"  # an absolute path: four slashes in all
+def ours_url(path: str, p: dict[str, Any]) -> str:
+    """The store's URL: `effects` (our default) or `full` (every commit fsynced)."""
+    synchronous = "full" if p["durability"] == "sync" else "effects"
+    return f"sqlite:///{path}?synchronous={synchronous}"  # an absolute path: four slashes in all
 
 
 def ours_model() -> ScriptedModel:
@@ -533,7 +552,7 @@ async def ours_growth(p: dict[str, Any]) -> dict[str, Any]:
 
     path = p["db"]
     rm_db(path)
-    repo, lease, harness = await ours_open(ours_url(path), "growth", create=True)
+    repo, lease, harness = await ours_open(ours_url(path, p), "growth", create=True)
     wall, wchar, syscw = [], [], []
     for k in range(1, p["hmax"] + 1):
         text = user_text(k)
@@ -559,7 +578,7 @@ async def ours_resume(p: dict[str, Any]) -> dict[str, Any]:
     import harness_core as hc
 
     path, hist, hmax = p["db"], p["hist"], max(p["hist"])
-    url = ours_url(path)
+    url = ours_url(path, p)
     repo = hc.open_repo(url)
     have = {meta.id for meta in await repo.list()}
     await repo.close()
@@ -589,7 +608,9 @@ async def ours_resume(p: dict[str, Any]) -> dict[str, Any]:
     scratch = p["scratch"]
     for h in p["first_turn_hist"]:
         copy_db(path, scratch)  # the next repetition sees H turns again
-        repo, lease, harness = await ours_open(ours_url(scratch), thread_of(h, hmax), create=False)
+        repo, lease, harness = await ours_open(
+            ours_url(scratch, p), thread_of(h, hmax), create=False
+        )
         settle()
         t0 = perf()
         await ours_turn(harness, h + 1)
@@ -613,7 +634,7 @@ async def ours_tp(p: dict[str, Any]) -> dict[str, Any]:
 
     path, threads, turns = p["db"], p["threads"], p["turns"]
     rm_db(path)
-    repo, lease, harness = await ours_open(ours_url(path), "tp", create=True)
+    repo, lease, harness = await ours_open(ours_url(path, p), "tp", create=True)
     lanes = []
     for i in range(threads):
         created = await harness.create_lane(f"t{i:04d}", None)
@@ -678,6 +699,7 @@ class Run:
 
 
 def run_child(run: Run, side: str, section: str, rep: int, params: dict[str, Any]) -> None:
+    params = {**params, "durability": run.args.durability}
     python = run.args.peer_python if side == "peer" else run.args.ours_python
     out = os.path.join(run.workdir, f"{side}-{section}-{rep}.json")
     tag = f"{side} {section}" + (f" {params['mode']}" if "mode" in params else "") + f" #{rep}"
@@ -859,8 +881,15 @@ def report(run: Run, rows: list[Row], seconds: float) -> None:
     a = run.args
     print(machine_line(run))
     print(
-        f"# medians over {a.reps} rep{'s' if a.reps > 1 else ''}; both sides SQLite WAL "
-        "synchronous=FULL; one turn = 64-char user message -> one lookup tool call -> "
+        f"# medians over {a.reps} rep{'s' if a.reps > 1 else ''}; "
+        + (
+            "defaults against defaults: ours synchronous=effects (fsync at durability points), "
+            "the peer durability='async' on synchronous=FULL"
+            if a.durability == "async"
+            else "full against full: ours synchronous=full, the peer durability='sync' on "
+            "synchronous=FULL (every commit fsynced on both sides)"
+        )
+        + "; one turn = 64-char user message -> one lookup tool call -> "
         "32-char result -> 200-char answer; "
         f"H = turns of history; run took {seconds:.0f} s, 1-min load average "
         f"{run.log[0]['load1']:.2f} at the start, {os.getloadavg()[0]:.2f} at the end"
@@ -899,12 +928,21 @@ def parse(argv: Sequence[str] | None) -> argparse.Namespace:
     parser.add_argument("--reps", type=int, default=3, help="repetitions of every measurement")
     parser.add_argument("--threads", type=int, default=200, help="threads in the turns/s runs")
     parser.add_argument("--turns", type=int, default=5, help="turns per thread in those runs")
+    parser.add_argument(
+        "--durability",
+        choices=("defaults", "full"),
+        default="defaults",
+        help="defaults: ours synchronous=effects vs the peer's durability='async' (both as "
+        "shipped); full: ours synchronous=full vs the peer's durability='sync'",
+    )
     parser.add_argument("--json-out", default="", help="also write every figure to this file")
     parser.add_argument("--quick", action="store_true", help="small sizes for a smoke run")
     parser.add_argument("--child", default="", help=argparse.SUPPRESS)
     parser.add_argument("--params", default="{}", help=argparse.SUPPRESS)
     parser.add_argument("--result", default="", help=argparse.SUPPRESS)
     args = parser.parse_args(argv)
+    if args.durability in ("defaults", "full"):  # what the children get: the peer's word
+        args.durability = "async" if args.durability == "defaults" else "sync"
     if args.quick:
         args.hist, args.reps, args.threads, args.turns = "5,20", 1, 10, 3
     args.hist = sorted({int(h) for h in str(args.hist).split(",")})

@@ -2,10 +2,11 @@
 
 Every append is one ``BEGIN IMMEDIATE`` transaction: look the identity up, else take the
 thread's next sequence number and insert the item. The file is opened as the store's and the
-broker's are (`harness_core.backends.sqlite`): WAL mode, ``synchronous=NORMAL`` (a process crash
-loses nothing acknowledged). All SQLite calls run on one thread, in submission order. Waiters
-of this process wake at once; another process writing the same file is seen by polling
-(`poll_s`).
+broker's are (`harness_core.backends.sqlite`): WAL mode, ``synchronous=effects``, and every
+append is a durability point (D233): a visitor's message is acknowledged by it, and a reply
+written here is the web channel's send, so both survive power loss before they return. All
+SQLite calls run on one thread, in submission order. Waiters of this process wake at once;
+another process writing the same file is seen by polling (`poll_s`).
 """
 
 from __future__ import annotations
@@ -55,7 +56,7 @@ CREATE TABLE IF NOT EXISTS web_items (
 
 
 _POLICY = ConnectionPolicy(busy_timeout_ms=5_000)
-"""WAL, ``synchronous=NORMAL``; a request waits at most 5 s for another process's lock."""
+"""WAL, ``synchronous=effects`` (each append fsynced); a request waits at most 5 s for a lock."""
 
 
 def _item(seq: int, body: str) -> WebItem:

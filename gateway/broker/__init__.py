@@ -4,8 +4,9 @@
 slashes and a relative path, four for an absolute one):
 
 * ``sqlite:///.gateway/broker.db`` or ``sqlite:////var/lib/gw/broker.db`` - one file, one
-  process (the embedded default); ``?synchronous=full`` to fsync every commit (default
-  ``normal``: survives a process crash).
+  process (the embedded default); ``?synchronous=effects`` (the default: every commit survives a
+  process crash, and an acceptance, a delivery's claim or a mark survives power loss too, D233),
+  ``full`` (fsync every commit) or ``normal`` (never fsync).
 * ``redis://host:6379/0`` (or ``rediss://`` for TLS) - shared by any number of processes;
   ``?prefix=gwb`` sets the key prefix (default ``gwb``). ``redis+cluster://host:7000`` (or
   ``rediss+cluster://``) - the same on a Redis Cluster (every key hash-tagged by session or
@@ -21,18 +22,21 @@ one `Openers.add` line.
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Any
+from typing import TYPE_CHECKING, Any, cast
 
 from gateway.broker.contract import Broker, BrokerError
 from gateway.broker.limits import BlobLimits
 from harness_core import Clock, IdGenerator
 from harness_core.backends.urls import Openers, PathUrl, RedisUrl, RedisUrls, SqliteUrls, shown
 
+if TYPE_CHECKING:
+    from harness_core.backends.sqlite import Synchronous
+
 __all__ = ["ACCEPTED_BROKER_URLS", "BlobLimits", "BrokerError", "open_broker"]
 
 ACCEPTED_BROKER_URLS = (
     "accepted broker URLs: sqlite:///relative.db or sqlite:////absolute.db "
-    "[?synchronous=normal|full]; redis://host:port/db or rediss://host:port/db, or "
+    "[?synchronous=effects|full|normal]; redis://host:port/db or rediss://host:port/db, or "
     "redis+cluster://host:port (rediss+cluster:// for TLS) [?prefix=name]"
 )
 
@@ -69,10 +73,8 @@ class _Given:
 def _sqlite(url: PathUrl, given: _Given) -> Broker:
     from gateway.broker.sqlite import SqliteBroker
 
-    full = url.options.get("synchronous") == "full"
-    return SqliteBroker(
-        url.path, synchronous="full" if full else "normal", clock=given.clock, **given.settings()
-    )
+    synchronous = cast("Synchronous", url.options.get("synchronous", "effects"))
+    return SqliteBroker(url.path, synchronous=synchronous, clock=given.clock, **given.settings())
 
 
 def _redis(url: RedisUrl, given: _Given) -> Broker:
@@ -88,7 +90,7 @@ def _redis(url: RedisUrl, given: _Given) -> Broker:
 
 
 _OPENERS: Openers[Broker, _Given] = Openers(_refuse)
-_OPENERS.add(SqliteUrls(options={"synchronous": ("normal", "full")}), _sqlite)
+_OPENERS.add(SqliteUrls(options={"synchronous": ("effects", "full", "normal")}), _sqlite)
 _OPENERS.add(RedisUrls(default_prefix="gwb"), _redis)
 
 

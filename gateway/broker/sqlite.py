@@ -1,8 +1,10 @@
 """The SQLite broker: the embedded default (one file, one process).
 
 Like the store's SQLite backend (D13), on the same plumbing (`harness_core.backends.sqlite`,
-D191): stdlib `sqlite3`, one connection on one thread per broker, WAL, ``synchronous=NORMAL``
-by default (``full`` fsyncs every commit). Every mutation is
+D191): stdlib `sqlite3`, one connection on one thread per broker, WAL, ``synchronous=effects``
+by default (an acceptance, a delivery's claim, a mark and an operator's action are fsynced before
+they return; bookkeeping commits survive a process crash: `SqliteBroker.write`, D233; ``full``
+fsyncs every commit, ``normal`` none). Every mutation is
 a function run on that thread; mutations queued while a transaction is in flight join the next
 one (group commit), each in its own savepoint, so a failed one leaves no trace while the others
 commit. A call returns once its transaction committed. Reads run on the event loop instead,
@@ -297,7 +299,7 @@ class SqliteBroker(BrokerParts):
         self,
         path: str | Path,
         *,
-        synchronous: Synchronous = "normal",
+        synchronous: Synchronous = "effects",
         clock: Clock | None = None,
         ids: IdGenerator | None = None,
         visibility_timeout_ms: int = 30_000,
@@ -333,7 +335,7 @@ class SqliteBroker(BrokerParts):
             failed=lambda exc: BrokerError("storage", f"sqlite error on {self.path}: {exc}"),
             closed_error=lambda: BrokerError("closed", "the broker is closed"),
         )
-        self._writes = WriteQueue[_Op](self._send)
+        self._writes = WriteQueue[tuple[_Op, bool]](self._send)
         self._next_inbox_purge_ms = 0
         self._next_outbox_purge_ms = 0
         self.sessions_ready = _Signal()
@@ -346,8 +348,12 @@ class SqliteBroker(BrokerParts):
         self._marks = _Marks(self)
         self._blobs = _Blobs(self, blob_limits or BlobLimits())
 
-    async def _send(self, ops: Sequence[_Op]) -> list[Any]:
-        """One batch of queued mutations: one group-committed transaction on the I/O thread."""
+    async def _send(self, ops: Sequence[tuple[_Op, bool]]) -> list[Any]:
+        """One batch of queued mutations: one group-committed transaction on the I/O thread.
+
+        The commit is a durability point (D233) when any of them is one.
+        """
+        point = any(is_point for _, is_point in ops)
 
         def run(db: _Db) -> list[Any]:
             now = self.clock.now_ms()  # on the I/O thread, right before the batch's transaction
@@ -355,7 +361,7 @@ class SqliteBroker(BrokerParts):
             def at_now(op: _Op) -> Callable[[sqlite3.Connection], Any]:
                 return lambda conn: op(conn, now)
 
-            return db.group([at_now(op) for op in ops])
+            return db.group([at_now(op) for op, _ in ops], point=point)
 
         return await self._io.call(run)
 
@@ -370,12 +376,21 @@ class SqliteBroker(BrokerParts):
         """
         return await self._io.read(fn, inline=not whole)
 
-    async def write(self, op: Callable[[sqlite3.Connection, int], _T]) -> _T:
-        """Run a mutation in the next group-committed transaction; return once committed."""
+    async def write(self, op: Callable[[sqlite3.Connection, int], _T], *, point: bool = True) -> _T:
+        """Run a mutation in the next group-committed transaction; return once committed.
+
+        `point` (the default): a durability point (D233), something outside depends on it
+        (an accepted message's acknowledgement, a delivery's claim before its send, a mark
+        before what it guards, an operator's action): under ``synchronous=effects`` its
+        commit is fsynced. ``False`` for the bookkeeping a power loss may roll back to the
+        last point (session tickets, settlements, purges, an outbox enqueue that a rerun of
+        its acknowledged message makes again): each such state is one a process crash at
+        that point leaves, which the service already recovers from.
+        """
         if self.closed:
             raise BrokerError("closed", "the broker is closed")
         try:
-            result: _T = await self._writes.submit(op)
+            result: _T = await self._writes.submit((op, point))
         except sqlite3.Error as exc:
             raise BrokerError("storage", f"sqlite error on {self.path}: {exc}") from exc
         return result
@@ -451,7 +466,7 @@ class SqliteBroker(BrokerParts):
                     conn, at, _PURGE_BATCH
                 )
 
-            deleted = await self.write(op)
+            deleted = await self.write(op, point=False)
             total += deleted
             if deleted < _PURGE_BATCH:
                 return total
@@ -524,7 +539,7 @@ class _Inbox:
                 (status, reason, now, number, session),
             )
 
-        await self._b.write(op)
+        await self._b.write(op, point=False)
 
     async def ack(self, session: str, item_id: str) -> None:
         await self._settle(session, item_id, "acked", None)
@@ -567,7 +582,7 @@ class _Inbox:
 
             if b.closed:
                 return None
-            session, next_at = await b.write(op)
+            session, next_at = await b.write(op, point=False)
             if session is not None:
                 return SessionTicket(session=session, ticket=ticket)
             if b.closed or b.clock.now_ms() >= deadline:
@@ -584,7 +599,7 @@ class _Inbox:
             )
             return cursor.rowcount == 1
 
-        result: bool = await self._b.write(op)
+        result: bool = await self._b.write(op, point=False)
         return result
 
     async def done(self, ticket: SessionTicket, *, again_in_ms: int | None = None) -> None:
@@ -611,7 +626,7 @@ class _Inbox:
             conn.execute("DELETE FROM session_claims WHERE session = ?", (ticket.session,))
             return False
 
-        if await self._b.write(op):
+        if await self._b.write(op, point=False):
             self._b.sessions_ready.fire()
 
     async def held(self) -> tuple[TicketHeld, ...]:
@@ -642,7 +657,7 @@ class _Inbox:
             )
             return sessions
 
-        released: tuple[str, ...] = await self._b.write(op)
+        released: tuple[str, ...] = await self._b.write(op, point=False)
         if released:
             self._b.sessions_ready.fire()
         return released
@@ -679,7 +694,7 @@ class _Outbox:
             )
             return cursor.rowcount == 1
 
-        created: bool = await self._b.write(op)
+        created: bool = await self._b.write(op, point=False)
         if created:
             self._b.deliveries_due.fire()
         return created
@@ -735,7 +750,7 @@ class _Outbox:
             )
             return cursor.rowcount == 1
 
-        settled: bool = await self._b.write(op)
+        settled: bool = await self._b.write(op, point=False)
         return settled
 
     async def settle_delivered(self, claimed: ClaimedDelivery, *, now_ms: int) -> bool:

@@ -154,15 +154,19 @@ class HarnessRuntime:
         except BaseException as exc:
             raise self.faulted(exc) from exc
 
-    async def durable(self) -> None:
+    async def durable(self, *, point: bool = True) -> None:
         """Make every write so far durable before an effect may depend on it (a barrier).
 
         Inside a procedure writes are deferred (`deferred_durability`): the writes between two
-        effects commit together here. A failure faults the harness like a failed write; a
+        effects commit together here. `point`: something outside the store will depend on
+        them (an acknowledgement, a tool that must not run twice, a decision, an operation's
+        end: power-loss durable); ``False`` before an effect that may safely happen again
+        after a power loss (a model request, a tool declared safe to replay, a wait: process-
+        crash durable, D233). A failure faults the harness like a failed write; a
         cancellation (`close()`) does not.
         """
         try:
-            await self.storage.sync()
+            await self.storage.sync(point=point)
         except asyncio.CancelledError:
             raise
         except BaseException as exc:
@@ -316,6 +320,7 @@ class LaneRuntime:
         Not a job of its own: checking the wait and recording its decisions are one job.
         """
         await self.commit_record(record)
+        await self.runtime.durable()  # a decision taking effect is a durability point (D233)
         self.runtime.events.emit(
             ApprovalDecidedEvent(lane=self.name, run_id=record.run_id, record=record)
         )

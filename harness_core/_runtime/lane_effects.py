@@ -72,7 +72,8 @@ class ExternalEffects:
             events.emit(MessageUpdate(lane=self.lane, run_id=run_id or "", message=partial))
 
         self.streaming = False  # a retried attempt streams (and starts) again
-        await self.runtime.durable()  # the request's intent (its step attempt) first
+        # the request's intent (its step attempt) first; a power loss may send it again (D233)
+        await self.runtime.durable(point=False)
         await self.runtime.authority()  # never start a paid call on a lapsing lease
         if self.abort_signal.is_set():  # aborted before the request went out: never send it
             return AssistantMessage(stop_reason="aborted", usage=TokenUsage())
@@ -125,7 +126,8 @@ class ExternalEffects:
         """
         self.runtime.check()
         tool = prepared.tool
-        await self.runtime.durable()  # the call's intent first
+        # the call's intent first: a power-loss durability point unless it may run again (D233)
+        await self.runtime.durable(point=tool.replay != "safe" or tool.requires_approval)
         await self.runtime.authority()
         if self.abort_signal.is_set():
             return ToolOutput.text(texts.NOT_RUN_ABORTED, is_error=True)
@@ -162,7 +164,7 @@ class ExternalEffects:
 
     async def fetch_deferred(self, handle: DeferredHandle) -> AssistantMessage:
         """Check a deferred request once; a raised failure becomes an error message."""
-        await self.runtime.durable()
+        await self.runtime.durable(point=False)  # a check: asking again is harmless
         await self.runtime.authority()
         try:
             message = await self._until_aborted(self.runtime.model.fetch_deferred(handle))
@@ -178,7 +180,7 @@ class ExternalEffects:
 
     async def cancel_deferred(self, handle: DeferredHandle) -> None:
         """Best effort: a failure is reported, not raised."""
-        await self.runtime.durable()
+        await self.runtime.durable(point=False)  # cancelling again is harmless
         try:
             await self.runtime.model.cancel_deferred(handle)
         except Exception as exc:
@@ -199,7 +201,8 @@ class ExternalEffects:
     async def sleep(self, seconds: float) -> Literal["elapsed", "aborted"]:
         """Back off; an abort ends the wait."""
         self.runtime.check()
-        await self.runtime.durable()  # never hold deferred writes (and SQLite's lock) across a wait
+        # never hold deferred writes (and SQLite's lock) across a wait; nobody depends on them
+        await self.runtime.durable(point=False)
 
         async def wait() -> bool:
             await self.runtime.clock.sleep(seconds)

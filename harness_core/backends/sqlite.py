@@ -3,9 +3,10 @@
 The session store, the broker and the web mailbox each keep their own tables in their own file;
 how such a file is opened and used is the same for all three (D13, D117, D118, D121, D191):
 
-* `ConnectionPolicy`: WAL, ``synchronous`` (``normal`` survives a process crash, ``full`` power
-  loss too), a busy timeout, and the page size of a database it creates. No schema declares a
-  foreign key, so the policy leaves SQLite's default (off).
+* `ConnectionPolicy`: WAL, ``synchronous`` (``normal`` survives a process crash; ``effects``, the
+  default, also survives power loss at each durability point, `Database.durable`; ``full``
+  fsyncs every commit), a busy timeout, and the page size of a database it creates. No schema
+  declares a foreign key, so the policy leaves SQLite's default (off).
 * `Database`: one connection opened under the policy on the owner's I/O thread (its directory
   created first), its schema set up by the owner (`setup`), snapshot reads, write transactions
   and group commits in savepoints. It is shared with the event loop for work that never waits
@@ -21,6 +22,7 @@ how such a file is opened and used is the same for all three (D13, D117, D118, D
 from __future__ import annotations
 
 import contextlib
+import os
 import sqlite3
 from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass
@@ -36,14 +38,18 @@ __all__ = [
     "Database",
     "is_busy",
     "SqliteExecutor",
+    "fsync_file",
     "Synchronous",
+    "SYNCHRONOUS",
     "unless_busy",
 ]
 
 _T = TypeVar("_T")
 _D = TypeVar("_D", bound="Database")
 
-Synchronous = Literal["normal", "full"]
+Synchronous = Literal["normal", "effects", "full"]
+SYNCHRONOUS: Final[tuple[Synchronous, ...]] = ("normal", "effects", "full")
+"""Every ``synchronous`` setting, weakest first (``effects`` is the default, D233)."""
 
 _SQLITE_BUSY: Final = 5
 _SQLITE_LOCKED: Final = 6
@@ -55,13 +61,16 @@ class ConnectionPolicy:
     """How a backend's connections to its SQLite file are opened.
 
     Raises:
-        ValueError: `synchronous` is not ``normal`` or ``full``, or `page_size` is not a power
-            of two from 512 to 65536.
+        ValueError: `synchronous` is not ``normal``, ``effects`` or ``full``, or `page_size` is
+            not a power of two from 512 to 65536.
     """
 
-    synchronous: Synchronous = "normal"
+    synchronous: Synchronous = "effects"
     """``normal``: a process crash loses nothing acknowledged (power loss may lose the last
-    transactions); ``full``: nothing acknowledged is lost, every commit fsyncs."""
+    transactions); ``effects``: as ``normal``, and every durability point (`Database.durable`:
+    an acknowledgement, an effect that must not repeat) fsyncs the WAL, so power loss loses
+    only what no durability point covered yet; ``full``: every commit fsyncs (SQLite's
+    ``synchronous=FULL``)."""
     busy_timeout_ms: int = 10_000
     """How long a statement on the I/O thread waits for another connection's lock."""
     page_size: int | None = None
@@ -69,8 +78,10 @@ class ConnectionPolicy:
     an existing database keeps its own."""
 
     def __post_init__(self) -> None:
-        if self.synchronous not in ("normal", "full"):
-            raise ValueError(f"synchronous must be 'normal' or 'full', got {self.synchronous!r}")
+        if self.synchronous not in SYNCHRONOUS:
+            raise ValueError(
+                f"synchronous must be 'normal', 'effects' or 'full', got {self.synchronous!r}"
+            )
         if self.page_size is not None and self.page_size not in _PAGE_SIZES:
             raise ValueError(
                 f"page_size must be a power of two from 512 to 65536, got {self.page_size!r}"
@@ -154,6 +165,23 @@ class CommittedReader:
             self._conn = None
 
 
+def fsync_file(path: Path) -> None:
+    """fsync(2) a file or directory by path (a WAL's frames, a new file's directory entry).
+
+    One function for every fsync the SQLite family makes itself, so the power-loss simulation
+    (tests/harness_core/test_power_loss.py) can see each instant a file became durable.
+    A missing file has nothing to make durable.
+    """
+    try:
+        fd = os.open(path, os.O_RDONLY)
+    except FileNotFoundError:
+        return
+    try:
+        os.fsync(fd)
+    finally:
+        os.close(fd)
+
+
 class Database:
     """One connection to a SQLite file, opened under a `ConnectionPolicy` (on the I/O thread).
 
@@ -169,6 +197,12 @@ class Database:
 
     def __init__(self, path: Path, policy: ConnectionPolicy) -> None:
         self.path = path
+        self._points = policy.synchronous == "effects" and str(path) != ":memory:"
+        """Durability points fsync the WAL themselves (``effects``)."""
+        self._unsynced = False
+        """A commit since the last durability point (``effects``): the WAL needs an fsync."""
+        self._dir_synced = False
+        """The WAL's directory entry was fsynced (once per connection: the WAL is created)."""
         if str(path) != ":memory:":
             path.parent.mkdir(parents=True, exist_ok=True)
         self.conn = sqlite3.connect(path, isolation_level=None, check_same_thread=False)
@@ -179,7 +213,8 @@ class Database:
                 # before anything writes the header (WAL mode does); a no-op on an existing file
                 self.conn.execute(f"PRAGMA page_size={int(policy.page_size)}")
             self.conn.execute("PRAGMA journal_mode=WAL")
-            self.conn.execute(f"PRAGMA synchronous={policy.synchronous.upper()}")
+            pragma = "FULL" if policy.synchronous == "full" else "NORMAL"
+            self.conn.execute(f"PRAGMA synchronous={pragma}")
             self.setup()
         except BaseException:
             self.conn.close()
@@ -206,8 +241,12 @@ class Database:
         return unless_busy(lambda: self.read(fn))
 
     @contextlib.contextmanager
-    def transaction(self) -> Iterator[sqlite3.Connection]:
-        """One ``BEGIN IMMEDIATE`` transaction: committed on success, rolled back on any error."""
+    def transaction(self, *, point: bool = True) -> Iterator[sqlite3.Connection]:
+        """One ``BEGIN IMMEDIATE`` transaction: committed on success, rolled back on any error.
+
+        `point`: the commit is a durability point (`durable`), the default: whoever called
+        may acknowledge it.
+        """
         self.conn.execute("BEGIN IMMEDIATE")
         try:
             yield self.conn
@@ -215,13 +254,45 @@ class Database:
             self.conn.execute("ROLLBACK")
             raise
         self.conn.execute("COMMIT")
+        self.committed(point=point)
 
-    def group(self, ops: Sequence[Callable[[sqlite3.Connection], Any]]) -> list[Any]:
+    def committed(self, *, point: bool) -> None:
+        """Note a commit; at a durability point make every commit so far survive power loss."""
+        self._unsynced = True
+        if point:
+            self.durable()
+
+    def durable(self) -> None:
+        """A durability point: every commit so far survives power loss from here on.
+
+        Only ``effects`` has work to do (``full`` fsynced each commit, ``normal`` promises
+        no more than a process crash): the WAL, where every commit since the last checkpoint
+        lives, is fsynced once for all the commits since the last point, which is what
+        ``synchronous=FULL`` would have done at each of them. SQLite's own checkpoints fsync
+        the WAL before copying it into the database and the database after, so what they
+        move stays durable.
+        """
+        if not self._points or not self._unsynced:
+            return
+        fsync_file(Path(f"{self.path}-wal"))
+        if not self._dir_synced:  # the WAL was created by this connection's first write
+            fsync_file(self.path.parent)
+            self._dir_synced = True
+        self._unsynced = False
+
+    def owes_point(self, point: bool) -> bool:
+        """Whether a durability point now has an fsync to make (read on the loop, a hint)."""
+        return point and self._points and self._unsynced
+
+    def group(
+        self, ops: Sequence[Callable[[sqlite3.Connection], Any]], *, point: bool = True
+    ) -> list[Any]:
         """Run queued mutations in one transaction (group commit); one result or error each.
 
         With more than one, each runs in its own savepoint: one that raises is rolled back and
         its exception is its result, while the others commit. A lone one's error is raised. If
-        the commit fails, none of them happened and the error is raised for all.
+        the commit fails, none of them happened and the error is raised for all. `point`: the
+        commit is a durability point (`durable`), the default.
         """
         conn = self.conn
         results: list[Any] = []
@@ -243,6 +314,7 @@ class Database:
             with contextlib.suppress(sqlite3.Error):
                 conn.execute("ROLLBACK")
             raise
+        self.committed(point=point)
         return results
 
     def close(self) -> None:

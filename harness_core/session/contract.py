@@ -9,11 +9,12 @@ reference. Rules that hold for every method:
   with no gaps. Concurrent writes (from many lanes) are linearized and their awaitables resolve
   in commit order.
 * **Durable on return.** A write is durable (to the backend's configured level) when its call
-  returns. A write that raises left no trace; a write that raises ``SessionError("storage")``
-  has an unknown outcome (the caller must treat the session as faulted and reopen it).
-  The one exception: inside `harness_core.session.durability.deferred_durability()` a backend
-  may return a write once it is applied (visible to this storage's reads) and make it durable
-  at the next `sync()`; a crash then loses a suffix of those writes, never one in the middle.
+  returns: its caller may acknowledge it, so it is a durability point (see `sync`). A write that
+  raises left no trace; a write that raises ``SessionError("storage")`` has an unknown outcome
+  (the caller must treat the session as faulted and reopen it). The one exception: inside
+  `harness_core.session.durability.deferred_durability()` a backend may return a write once it
+  is applied (visible to this storage's reads) and make it durable at the next `sync()`; a crash
+  then loses a suffix of those writes, never one in the middle.
 * **Checked before written.** Every payload is validated (pydantic models, canonical JSON) before
   any durable change, so all backends accept exactly the same values. A payload the codec cannot
   encode exactly (a NaN or an infinity, however it got past validation; a token count beyond
@@ -334,11 +335,20 @@ class SessionStorage(Protocol):
         """
         ...
 
-    async def sync(self) -> None:
+    async def sync(self, *, point: bool = True) -> None:
         """Make every write this storage returned durable; return at once when all already are.
 
         Only writes made inside `deferred_durability()` can be pending (see that module). A
         backend that never defers (it commits every write on return) does nothing here.
+
+        `point` (the default): a durability point, something outside the store is about to
+        depend on these writes (an acknowledgement, a tool that must not run twice, a
+        decision taking effect, an operation's end): they must survive power loss as far as
+        the backend's setting promises (SQLite ``effects`` and ``full``, JSONL ``effects``
+        and ``always``: an fsync; Redis: the server's ``appendfsync``). ``point=False``: they
+        must survive a process crash, and become power-loss durable with the next point; the
+        runtime says so before a model request, a tool declared safe to replay and a wait
+        (D233).
 
         Raises:
             SessionError: ``storage`` if deferred writes were lost before they became durable

@@ -5,9 +5,11 @@ absolute one):
 
 * ``memory://`` - in this process only (the reference backend; tests and demos).
 * ``jsonl:///sessions`` or ``jsonl:////var/lib/gw/sessions`` - one file per session in a
-  directory; ``?fsync=always`` to fsync every write (default ``never``: survives a process crash).
+  directory; ``?fsync=effects`` (the default: every write survives a process crash, and power
+  loss at each durability point, D233), ``always`` (fsync every write) or ``never``.
 * ``sqlite:///gateway.db`` or ``sqlite:////var/lib/gw/gateway.db`` - the embedded default;
-  ``?synchronous=full`` to fsync every commit (default ``normal``: survives a process crash).
+  ``?synchronous=effects`` (the default: every commit survives a process crash, and power loss
+  at each durability point, D233), ``full`` (fsync every commit) or ``normal`` (never fsync).
 * ``redis://host:6379/0`` (or ``rediss://`` for TLS) - the distributed default;
   ``?prefix=gw`` sets the key prefix (default ``gw``).
 * ``redis+cluster://host:6379`` (or ``rediss+cluster://``) - the same on a Redis Cluster, through
@@ -23,7 +25,7 @@ same parser the broker and the web mailbox use; a backend here is one `Openers.a
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Final, cast
 
 from harness_core.backends.urls import (
     JsonlUrls,
@@ -41,16 +43,23 @@ from harness_core.errors import SessionError
 from harness_core.ids import IdGenerator
 
 if TYPE_CHECKING:
+    from harness_core.backends.sqlite import Synchronous
     from harness_core.session.contract import SessionRepo
+    from harness_core.storage.jsonl import FsyncPolicy
 
 __all__ = ["open_repo"]
 
 ACCEPTED_URLS = (
     "accepted store URLs: memory://; jsonl:///relative/dir or jsonl:////absolute/dir "
-    "[?fsync=never|always]; sqlite:///relative.db or sqlite:////absolute.db "
-    "[?synchronous=normal|full]; redis://host:port/db or rediss://host:port/db [?prefix=name]; "
+    "[?fsync=effects|always|never]; sqlite:///relative.db or sqlite:////absolute.db "
+    "[?synchronous=effects|full|normal]; redis://host:port/db or rediss://host:port/db "
+    "[?prefix=name]; "
     "redis+cluster://host:port or rediss+cluster://host:port [?prefix=name]"
 )
+
+
+_FSYNC: Final = ("effects", "always", "never")
+_SYNCHRONOUS: Final = ("effects", "full", "normal")
 
 
 def _refuse(url: str, why: str | None) -> SessionError:
@@ -75,19 +84,15 @@ def _memory(_: MemoryUrl, given: _Given) -> SessionRepo:
 def _jsonl(url: PathUrl, given: _Given) -> SessionRepo:
     from harness_core.storage.jsonl import JsonlSessionRepo
 
-    always = url.options.get("fsync") == "always"
-    return JsonlSessionRepo(
-        url.path, fsync="always" if always else "never", clock=given.clock, ids=given.ids
-    )
+    fsync = cast("FsyncPolicy", url.options.get("fsync", "effects"))
+    return JsonlSessionRepo(url.path, fsync=fsync, clock=given.clock, ids=given.ids)
 
 
 def _sqlite(url: PathUrl, given: _Given) -> SessionRepo:
     from harness_core.storage.sqlite import SqliteSessionRepo
 
-    full = url.options.get("synchronous") == "full"
-    return SqliteSessionRepo(
-        url.path, synchronous="full" if full else "normal", clock=given.clock, ids=given.ids
-    )
+    synchronous = cast("Synchronous", url.options.get("synchronous", "effects"))
+    return SqliteSessionRepo(url.path, synchronous=synchronous, clock=given.clock, ids=given.ids)
 
 
 def _redis(url: RedisUrl, given: _Given) -> SessionRepo:
@@ -100,8 +105,8 @@ def _redis(url: RedisUrl, given: _Given) -> SessionRepo:
 
 _OPENERS: Openers[SessionRepo, _Given] = Openers(_refuse)
 _OPENERS.add(MemoryUrls(), _memory)
-_OPENERS.add(JsonlUrls(options={"fsync": ("never", "always")}), _jsonl)
-_OPENERS.add(SqliteUrls(options={"synchronous": ("normal", "full")}, memory_ok=True), _sqlite)
+_OPENERS.add(JsonlUrls(options={"fsync": _FSYNC}), _jsonl)
+_OPENERS.add(SqliteUrls(options={"synchronous": _SYNCHRONOUS}, memory_ok=True), _sqlite)
 _OPENERS.add(RedisUrls(default_prefix="gw"), _redis)
 
 

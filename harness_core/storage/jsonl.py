@@ -5,8 +5,11 @@ order (the line format *is* the exported log format); ``<dir>/<session_id>.lock`
 writer lock (an OS ``flock``, refused to every other open file, in this process or another)
 and the last fencing token handed out.
 
-Durability: a write returns after its line was handed to the OS (``fsync="never"``: survives a
-process crash) or after ``fsync(2)`` (``fsync="always"``: survives power loss). A line is
+Durability: a write returns after its line was handed to the OS, which survives a process
+crash. Power loss: ``fsync="effects"`` (the default) fsyncs at every durability point (a write
+durable on return, or `JsonlSessionStorage.sync` at a point: an acknowledgement, a tool that
+must not run twice, an operation's end), which makes every line before it durable too (D233);
+``"always"`` fsyncs every write; ``"never"`` leaves it to the OS. A line is
 written whole, newline included, before its write returns, so only a final line without its
 newline (a torn tail) can be a write that was never acknowledged: opening ignores it, and a
 writer open truncates it. Any malformed newline-terminated line, the final one included, may
@@ -60,7 +63,7 @@ __all__ = ["FsyncPolicy", "JsonlSessionRepo", "JsonlSessionStorage"]
 
 _Item = TypeVar("_Item", StoredEntry, StoredRecord, LaneMove, FactSet)
 
-FsyncPolicy = Literal["never", "always"]
+FsyncPolicy = Literal["never", "effects", "always"]
 _FORMAT = "durable-gateway/session-jsonl/1"
 
 
@@ -74,7 +77,7 @@ class _Writer:
     data_fd: int | None = None
     write_lock: asyncio.Lock = field(default_factory=asyncio.Lock)
     unsynced: bool = False
-    """Lines were written with their fsync deferred (``fsync="always"``, deferred durability)."""
+    """Lines were written and not fsynced yet (``effects`` or ``always``): the next point's."""
 
 
 class JsonlSessionStorage(LocalReads):
@@ -132,23 +135,31 @@ class JsonlSessionStorage(LocalReads):
         item = prepare(state, self._repo.clock.now_ms())
         line = (encode_log_item(item) + "\n").encode()
         assert writer.data_fd is not None
-        fsync = self._repo.fsync == "always"
-        deferred = fsync and durability_deferred()
-        # one fsync makes every earlier line durable too: a deferred line waits for `sync`
-        await self._repo.run(_append_line, writer.data_fd, line, fsync and not deferred)
-        writer.unsynced = deferred
+        fsyncs = self._repo.fsync != "never"
+        # A write durable on return is a durability point under `effects` and `always`; a
+        # deferred one waits for `sync`. One fsync makes every earlier line durable too.
+        now = fsyncs and not durability_deferred()
+        await self._repo.run(_append_line, writer.data_fd, line, now)
+        writer.unsynced = fsyncs and not now
         state.apply(item)
         return item
 
-    async def sync(self) -> None:
-        """Fsync the lines whose fsync was deferred (``fsync="always"`` only)."""
+    async def sync(self, *, point: bool = True) -> None:
+        """Fsync the lines written since the last fsync, where the policy asks for it.
+
+        ``always``: at every sync; ``effects``: at a durability point only (`point`), other
+        syncs have nothing to do (each line reached the OS when its write returned);
+        ``never``: never.
+        """
         writer = self._repo.writers.get(self._session_id)
         self._state()
         if writer is None or not writer.unsynced or writer.data_fd is None:
             return
+        if not point and self._repo.fsync == "effects":
+            return
         async with writer.write_lock:
             if writer.unsynced and writer.data_fd is not None:
-                await self._repo.run(os.fsync, writer.data_fd)
+                await self._repo.run(fsync_fd, writer.data_fd)
                 writer.unsynced = False
 
     async def create_lane(self, lane: str, at: str | None) -> LaneMove:
@@ -206,12 +217,14 @@ class JsonlSessionRepo:
         self,
         directory: str | os.PathLike[str],
         *,
-        fsync: FsyncPolicy = "never",
+        fsync: FsyncPolicy = "effects",
         clock: Clock | None = None,
         ids: IdGenerator | None = None,
     ) -> None:
-        if fsync not in ("never", "always"):
-            raise SessionError("invalid_query", f"fsync must be 'never' or 'always', got {fsync!r}")
+        if fsync not in ("never", "effects", "always"):
+            raise SessionError(
+                "invalid_query", f"fsync must be 'never', 'effects' or 'always', got {fsync!r}"
+            )
         self.directory = Path(directory)
         self.fsync: FsyncPolicy = fsync
         self.clock = clock or SystemClock()
@@ -243,7 +256,7 @@ class JsonlSessionRepo:
         session_id = session_id if session_id is not None else self._ids.next()
         data, _ = self._paths(session_id)
         meta = new_metadata(session_id, self.clock.now_ms(), metadata, parent_session_id)
-        await self.run(_publish, self.directory, data, [_header(meta)], self.fsync == "always")
+        await self.run(_publish, self.directory, data, [_header(meta)], self.fsync != "never")
         return meta
 
     async def open(
@@ -347,7 +360,7 @@ class JsonlSessionRepo:
         data, _ = self._paths(metadata.id)
         state = replay_log(metadata, items)
         lines = [_header(state.metadata)] + [encode_log_item(item) for item in state.log]
-        await self.run(_publish, self.directory, data, lines, self.fsync == "always")
+        await self.run(_publish, self.directory, data, lines, self.fsync != "never")
         return state.metadata
 
     async def close(self) -> None:
@@ -400,7 +413,15 @@ def _append_line(fd: int, line: bytes, fsync: bool) -> None:
     if written != len(line):  # a short write is a torn line: refuse to go on
         raise SessionError("storage", f"short write ({written} of {len(line)} bytes)")
     if fsync:
-        os.fsync(fd)
+        fsync_fd(fd)
+
+
+def fsync_fd(fd: int) -> None:
+    """fsync(2) a session file's lines (every such fsync goes through here).
+
+    The power-loss simulation (tests/harness_core/test_power_loss.py) sees each instant.
+    """
+    os.fsync(fd)
 
 
 def _open_append(path: Path) -> int:

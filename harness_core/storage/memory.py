@@ -151,7 +151,7 @@ class MemorySessionStorage(LocalReads):
         self._commit(item, now)
         return item
 
-    async def sync(self) -> None:
+    async def sync(self, *, point: bool = True) -> None:
         """Nothing to do: a memory write is as durable as it gets when it returns."""
         self._state()
 

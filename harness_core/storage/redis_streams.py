@@ -830,11 +830,12 @@ class RedisSessionStorage:
             raise SessionError("not_found", f"session {self._sid!r} does not exist")
         return stats_from_counters(values)
 
-    async def sync(self) -> None:
+    async def sync(self, *, point: bool = True) -> None:
         """Nothing to do: every write is one script call, applied by the server on return.
 
-        (With ``appendfsync everysec`` the server's own durability lags by up to a second,
-        for every write alike; deferring here would only add latency.)
+        A durability point has nothing more to ask for: Redis 7.0 has no ``WAITAOF``, so
+        power-loss durability is the server's ``appendfsync`` for every write alike
+        (``always``: every write; ``everysec``: up to a second may be lost; D233).
         """
         if self._closed:
             raise SessionError("closed", f"storage of session {self._sid!r} is closed")

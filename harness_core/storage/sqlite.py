@@ -3,15 +3,18 @@
 Every mutation is one ``BEGIN IMMEDIATE`` transaction that checks the writer's fencing token
 against `writer_leases`, allocates `seq` from the session row, writes the item and updates the
 projections (lane leaves, open operations, names, labels, running stats), so a write either
-happened completely or not at all. WAL mode; ``synchronous=NORMAL`` by default (a process crash
-loses nothing acknowledged; power loss may lose the last transactions) or ``FULL`` (nothing
-acknowledged is lost, slower). All SQLite calls run one at a time in submission order, so
-concurrent writes from many lanes resolve in commit order: on one thread per repository, except
-deferred writes and a storage's reads while that thread is idle, which run on the event loop
-(they never wait: D113, D115, D117, D118); commits always run on the thread. While it works, a
-read of a session holding no deferred write runs on the loop on a second, read-only connection
-(D121). The thread, the connection's policy and those reads are the plumbing the broker and the
-web mailbox use too (`harness_core.backends.sqlite`, D191).
+happened completely or not at all. WAL mode; ``synchronous=effects`` by default: every commit
+survives a process crash, and a durability point (an acknowledgement, a tool that must not run
+twice, a decision, an operation's end: `SqliteSessionStorage.sync`, a write durable on return)
+fsyncs the WAL, so power loss loses nothing anything outside depends on (D233). ``normal`` never
+fsyncs (power loss may lose the last transactions), ``full`` fsyncs every commit. All SQLite
+calls run one at a time in submission order, so concurrent writes from many lanes resolve in
+commit order: on one thread per repository, except deferred writes and a storage's reads while
+that thread is idle, which run on the event loop (they never wait: D113, D115, D117, D118);
+commits always run on the thread. While it works, a read of a session holding no deferred write
+runs on the loop on a second, read-only connection (D121). The thread, the connection's policy
+and those reads are the plumbing the broker and the web mailbox use too
+(`harness_core.backends.sqlite`, D191).
 
 Restore reads are index seeks plus bounded scans: open operations come from their own table,
 an operation's records from ``(session_id, lane, seq)``, a lane's records of one type (or
@@ -421,7 +424,9 @@ class _Db(Database):
             raise
         if deferred:
             self.pending.update(sid for _, sid in written)
-        if not deferred or not self.pending:  # an empty transaction (all refused) holds no lock
+        if not deferred:  # a write durable on return: its caller may acknowledge it
+            self.commit(point=True)
+        elif not self.pending:  # an empty transaction (all refused) holds no lock
             self.commit()
         for index, session_id in written:
             results[index] = _Written(results[index], renewed[session_id])
@@ -441,17 +446,23 @@ class _Db(Database):
         self.in_tx = True
         return True
 
-    def commit(self) -> None:
-        """Commit the open transaction, if any (its deferred writes become durable)."""
-        if not self.in_tx:
-            return
-        try:
-            self.conn.execute("COMMIT")
-        except BaseException:
-            self.rollback()
-            raise
-        self.in_tx = False
-        self.pending.clear()
+    def commit(self, *, point: bool = False) -> None:
+        """Commit the open transaction, if any (its deferred writes survive a process crash).
+
+        `point`: a durability point (`Database.durable`), even when nothing was open: every
+        commit so far then survives power loss too.
+        """
+        if self.in_tx:
+            try:
+                self.conn.execute("COMMIT")
+            except BaseException:
+                self.rollback()
+                raise
+            self.in_tx = False
+            self.pending.clear()
+            self.committed(point=point)
+        elif point:
+            self.durable()
 
     def rollback(self) -> None:
         """Roll the open transaction back; sessions with deferred writes in it lose them."""
@@ -461,22 +472,25 @@ class _Db(Database):
         self.lost.update(self.pending)
         self.pending.clear()
 
-    def sync(self, session_id: str) -> None:
-        """Commit the open transaction; raise if `session_id`'s deferred writes were lost."""
+    def sync(self, session_id: str, *, point: bool) -> None:
+        """Commit the open transaction; raise if `session_id`'s deferred writes were lost.
+
+        `point`: a durability point (see `SqliteSessionStorage.sync`).
+        """
         if session_id in self.lost:
             self.lost.discard(session_id)
             raise SessionError(
                 "storage", f"deferred writes of session {session_id!r} were rolled back"
             )
-        self.commit()
+        self.commit(point=point)
 
     def lease_row(self, session_id: str) -> LeaseRow | None:
         return _lease_row(self.conn, session_id)
 
     def close(self) -> None:
         """Commit the deferred writes (they were applied and acknowledged), then close."""
-        with contextlib.suppress(sqlite3.Error):
-            self.commit()
+        with contextlib.suppress(sqlite3.Error, OSError):
+            self.commit(point=True)
         super().close()
 
 
@@ -590,11 +604,16 @@ class SqliteSessionStorage:
         self._lease = await self._repo.renew_lease(self._lease)
         return self._lease
 
-    async def sync(self) -> None:
-        """Commit this repository's open transaction of deferred writes (one commit for all)."""
+    async def sync(self, *, point: bool = True) -> None:
+        """Commit this repository's open transaction of deferred writes (one commit for all).
+
+        Under ``synchronous=effects`` a durability point then fsyncs the WAL once for every
+        commit since the last point (`Database.durable`); otherwise the commit survives a
+        process crash and the next point makes it survive power loss.
+        """
         if self._closed:
             raise SessionError("closed", f"storage of session {self._sid!r} is closed")
-        await self._repo.sync(self._sid)
+        await self._repo.sync(self._sid, point=point)
 
     async def get_metadata(self) -> SessionMetadata:
         """Return the session's metadata with its newest name."""
@@ -1086,7 +1105,7 @@ class SqliteSessionRepo:
         self,
         path: str | Path,
         *,
-        synchronous: Synchronous = "normal",
+        synchronous: Synchronous = "effects",
         clock: Clock | None = None,
         ids: IdGenerator | None = None,
         busy_timeout_ms: int = 10_000,
@@ -1182,12 +1201,12 @@ class SqliteSessionRepo:
 
         return await self._io.call(committed_first)
 
-    async def sync(self, session_id: str) -> None:
+    async def sync(self, session_id: str, *, point: bool = True) -> None:
         """Make `session_id`'s deferred writes durable (see `SqliteSessionStorage.sync`)."""
         db = self._io.db
-        if db is None or (not db.in_tx and session_id not in db.lost):
+        if db is None or (not db.in_tx and session_id not in db.lost and not db.owes_point(point)):
             return  # read on the loop thread: a returned deferred write already set `in_tx`
-        await self.call(lambda db: db.sync(session_id), keep_open=True)
+        await self.call(lambda db: db.sync(session_id, point=point), keep_open=True)
 
     async def create(
         self,

@@ -287,7 +287,7 @@ async def test_every_connection_gets_the_policy(
 @pytest.mark.parametrize(
     ("options", "message"),
     [
-        ({"synchronous": "off"}, "synchronous must be 'normal' or 'full', got 'off'"),
+        ({"synchronous": "off"}, "synchronous must be 'normal', 'effects' or 'full', got 'off'"),
         ({"page_size": 1000}, "page_size must be a power of two from 512 to 65536, got 1000"),
     ],
 )

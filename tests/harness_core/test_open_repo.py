@@ -32,7 +32,7 @@ async def test_jsonl_relative_and_absolute(tmp_path, monkeypatch) -> None:
     await _roundtrip(relative)
     assert (tmp_path / "sessions" / "s1.jsonl").exists()
     absolute = open_repo(f"jsonl:///{tmp_path}/abs")
-    assert isinstance(absolute, JsonlSessionRepo) and absolute.fsync == "never"
+    assert isinstance(absolute, JsonlSessionRepo) and absolute.fsync == "effects"
     await _roundtrip(absolute)
     assert (tmp_path / "abs" / "s1.jsonl").exists()
 

@@ -216,12 +216,12 @@ async def closed_during(
     original = getattr(recording, method)
     entered, release = asyncio.Event(), asyncio.Event()
 
-    async def slow(*args: Any) -> Any:
+    async def slow(*args: Any, **kwargs: Any) -> Any:
         blocks = method == "sync" or args[0].type == "tool_started"  # inside the procedure
         if blocks and not entered.is_set():
             entered.set()
             await release.wait()
-        return await original(*args)
+        return await original(*args, **kwargs)
 
     monkeypatch.setattr(recording, method, slow)
     faults = collect(kit, "fault")

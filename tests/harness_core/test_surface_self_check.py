@@ -104,13 +104,13 @@ async def test_a_run_accepted_before_the_check_is_seen_by_it(backend, tmp_path) 
     assert recording is not None
     sync = recording.sync
 
-    async def pausing_sync() -> None:
+    async def pausing_sync(*, point: bool = True) -> None:
         # the procedure's last barrier, after its operation_finished, before the check
         finished = any(kind == "R" and d.startswith("operation_finished") for kind, d in kit.writes)
         if finished and not paused.is_set():
             paused.set()
             await release.wait()
-        await sync()
+        await sync(point=point)
 
     recording.sync = pausing_sync  # type: ignore[attr-defined]
     first = asyncio.ensure_future(kit.harness.prompt("q1"))

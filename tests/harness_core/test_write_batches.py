@@ -154,11 +154,11 @@ class HeldSync:
     def __getattr__(self, name: str) -> Any:
         return getattr(self._inner, name)
 
-    async def sync(self) -> None:
+    async def sync(self, *, point: bool = True) -> None:
         if durability_deferred():
             self.holding.set()
             await self.release.wait()
-        await self._inner.sync()
+        await self._inner.sync(point=point)
 
 
 async def test_a_prompts_acceptance_commits_with_its_first_batch_and_a_repeat_makes_it_durable(
