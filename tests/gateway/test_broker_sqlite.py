@@ -264,3 +264,53 @@ async def test_a_read_that_meets_another_connections_lock_runs_on_the_thread(
     locked.locked = False
     assert len(await broker.inbox.pending("s1")) == 1
     assert len(hops) == 1
+
+
+async def test_acceptances_and_claims_are_fsynced_and_bookkeeping_is_not(
+    make: Callable[..., SqliteBroker], clock: ManualClock, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Under `effects` (the default, D233) an fsync of the WAL guards what the world depends on:
+    an acceptance (its 202, its Slack ack) and a delivery's claim (before its send); a session
+    ticket, a settlement and an outbox enqueue ride on the next such point."""
+    from harness_core.backends import sqlite as sqlite_family
+
+    fsynced: list[str] = []
+    real = sqlite_family.fsync_file
+
+    def counted(path: Path) -> None:
+        fsynced.append(path.name)
+        real(path)
+
+    monkeypatch.setattr(sqlite_family, "fsync_file", counted)
+    broker = make()
+    await broker.inbox.backlog()  # the file and its schema (set up once, a point of its own)
+    fsynced.clear()
+    item = (await broker.inbox.append(_item("k"))).item
+    assert fsynced == ["broker.db-wal"]  # the acceptance, before its caller acknowledges it
+    fsynced.clear()
+    ticket = await broker.inbox.take_session("w")
+    assert ticket is not None
+    await broker.inbox.ack("s1", item.id)
+    await broker.inbox.done(ticket)
+    assert await broker.outbox.enqueue("d1", "s1", "web:t", {"text": "hi"}, now_ms=clock.now_ms())
+    assert fsynced == []  # bookkeeping: durable against a process crash, no fsync
+    claimed = await broker.outbox.claim("w", now_ms=clock.now_ms(), limit=1, lease_ms=1_000)
+    assert [c.delivery.id for c in claimed] == ["d1"]
+    assert fsynced == ["broker.db-wal"]  # the claim before its send, and everything before it
+    fsynced.clear()
+    assert await broker.outbox.settle_delivered(claimed[0], now_ms=clock.now_ms())
+    assert fsynced == []
+
+
+async def test_full_and_normal_brokers_make_no_fsync_of_their_own(
+    make: Callable[..., SqliteBroker], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    from harness_core.backends import sqlite as sqlite_family
+
+    fsynced: list[Path] = []
+    monkeypatch.setattr(sqlite_family, "fsync_file", fsynced.append)
+    for synchronous in ("full", "normal"):
+        broker = make(synchronous=synchronous)
+        await broker.inbox.append(_item(f"k-{synchronous}"))
+        await broker.close()
+    assert fsynced == []
