@@ -463,3 +463,42 @@ async def test_a_key_reused_for_another_batch_is_refused(backend: str, tmp_path:
     other = await decide(kit, deny(c2(kit), "no"), idempotency_key="k")
     assert refused(other, "DecisionsMismatch").reason == "key_reused"
     assert effects.deployed == [42]
+
+
+@pytest.mark.parametrize("switched_off", [True, False])
+async def test_always_recovery_runs_only_what_the_lane_offers_now(
+    backend: str, tmp_path: Path, switched_off: bool
+) -> None:
+    """a13n B4: `tool_recovery="always"` replays an interrupted call only while the lane still
+    offers its tool. Switched off after the crash (still registered), it stays interrupted."""
+    runs: list[str] = []
+    first = asyncio.Event()
+
+    async def body(args: Any, ctx: ToolContext) -> str:
+        runs.append(ctx.idempotency_key)
+        if len(runs) == 1:
+            first.set()
+            await asyncio.Event().wait()  # dies mid-call
+        return "done"
+
+    def tools() -> list[Tool]:
+        return [
+            Tool(name="work", description="work", execute=body),  # replay="never"
+            Tool(name="other", description="other", execute=body),
+        ]
+
+    kit = await make_kit(backend, tmp_path, [tool_calls(("work", {}, "c1"))], tools=tools())
+    running = asyncio.ensure_future(kit.harness.prompt("go"))
+    await first.wait()
+    reopened = await kit.reopen(script=[text("finished")], tools=tools())
+    lane = await reopened.harness.lane("main")
+    assert lane is not None
+    if switched_off:
+        await lane.set_active_tools(["other"])  # an open operation: a pending write
+    resumed = await reopened.harness.resume(tool_recovery="always")
+    assert isinstance(resumed, Ok) and resumed.value.kind == "completed"
+    assert len(runs) == (1 if switched_off else 2)
+    result = reopened.model.requests[-1].messages[-1]
+    assert isinstance(result, ToolResultMessage)
+    assert (result.outcome == "interrupted") == switched_off
+    running.cancel()

@@ -17,6 +17,7 @@ from harness_core._runtime.lane import LaneRuntime
 from harness_core._runtime.reduction import (
     OperationState,
     ToolCallState,
+    configure,
 )
 from harness_core._runtime.telemetry import Telemetry
 from harness_core.frozen import (
@@ -164,3 +165,17 @@ class Part:
         if names is None:
             return list(tools.values())
         return [tools[name] for name in names if name in tools]
+
+    def _current_surface(self) -> dict[str, Tool]:
+        """The tools the lane offers now: the operation's configuration, pending changes applied.
+
+        A tool switched off after a crash, before the resume, is off for its recovery already
+        (a13n B4, D234).
+        """
+        config = self.op.configuration
+        for entry in self.op.pending_writes:
+            config = configure(config, entry)
+        tools = self.rt.tools
+        if config.active_tools is None:
+            return dict(tools)
+        return {name: tools[name] for name in config.active_tools if name in tools}

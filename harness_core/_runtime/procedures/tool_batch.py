@@ -385,6 +385,7 @@ class ToolBatch(Part):
             await self._truncated(batch.calls)
             return
         waiting: list[_NeedsApproval] = []
+        surface = self._current_surface()  # a switched-off tool never runs again (D234)
         for index in range(len(batch.calls)):
             if self.op.aborting:
                 return
@@ -399,7 +400,7 @@ class ToolBatch(Part):
                 if isinstance(done, _NeedsApproval):
                     waiting.append(done)
                 continue
-            tool = self.rt.tools.get(started.tool_name)
+            tool = surface.get(started.tool_name)
             if tool is not None and self._replays(started, tool) and tool.requires_approval:
                 decision = self._replay_decision(call)  # an earlier approval does not count
                 if decision is None:
