@@ -4,8 +4,13 @@
 capability's namespaced, versioned data (kept on the lane as custom entries named
 ``capability:<namespace>``), and never credentials, grants, approvals, queues or the ledger.
 `AgentLane.export_state()` takes it from a lane; `AgentHarness.import_state()` starts a new lane
-from it; `fork()` gives it a new identity (and drops environment state). Its messages convert to
-pydantic-ai's `ModelMessagesTypeAdapter` JSON and back.
+from it; `fork()` gives it a new identity. Its messages convert to pydantic-ai's
+`ModelMessagesTypeAdapter` JSON and back. A failed run's `Outcome.state` is one too: the state
+it reached, to inspect or fork.
+
+No environment state: the reference's ``environment_states`` observe host-provided environment
+mounts (sandboxes, workspaces), which this runtime has none of; an envelope that carries an empty
+``environment`` (written before D235) still reads, a non-empty one is refused.
 """
 
 from __future__ import annotations
@@ -49,20 +54,28 @@ class HarnessState(Frozen):
     messages: tuple[AgentMessage, ...] = ()
     capabilities: Mapping[Namespace, CapabilityState] = Field(default_factory=dict)
     """Namespaced capability data; unknown namespaces are kept, opaque."""
-    environment: Mapping[Namespace, FrozenJson] = Field(default_factory=dict)
-    """Provider-defined environment observations (cleared by `fork`; never authority)."""
+
+    @model_validator(mode="before")
+    @classmethod
+    def _no_environment(cls, data: Any) -> Any:
+        if isinstance(data, Mapping) and "environment" in data:
+            if data["environment"]:
+                raise ValueError(
+                    "environment state is not supported: this runtime has no environment mounts"
+                )
+            data = {key: value for key, value in data.items() if key != "environment"}
+        return data
 
     @model_validator(mode="after")
     def _frozen_maps(self) -> Self:
         object.__setattr__(self, "capabilities", FrozenDict(self.capabilities))
-        object.__setattr__(self, "environment", FrozenDict(self.environment))
         return self
 
     def fork(self, thread_id: str) -> HarnessState:
-        """The same messages and capability data under a new thread id; environment cleared."""
+        """The same messages and capability data under a new thread id."""
         if thread_id == self.thread_id:
             raise ValueError("a fork needs a new thread id")
-        return self.model_copy(update={"thread_id": thread_id, "environment": {}})
+        return self.model_copy(update={"thread_id": thread_id})
 
     def to_json(self) -> str:
         """The whole envelope as JSON (persist this, never a hand-edited copy)."""

@@ -11,6 +11,7 @@ from dataclasses import asdict, dataclass
 from typing import Any, ClassVar, Generic, Literal, TypeAlias, TypeVar
 
 from harness_core.messages import AssistantMessage, DeferredHandle
+from harness_core.portable import HarnessState
 from harness_core.session.entries import Entry
 from harness_core.session.records import OperationError, PendingApproval
 
@@ -303,6 +304,11 @@ class Outcome:
     """Suspended for approval: the calls waiting for a decision."""
     wait_id: str | None = None
     """Suspended for approval: the wait a decision batch must name (`resume(wait_id=...)`)."""
+    state: HarnessState | None = None
+    """A run that failed, as it ended: the state it reached (the lane's context messages, the
+    results of the tools that ran included, and its capability data) for a host to inspect,
+    or to continue elsewhere (`state.fork(...)`, `AgentHarness.import_state`). None for every
+    other kind, and for an outcome read back later (a repeated input's `prompt`)."""
 
 
 @dataclass(frozen=True, kw_only=True, slots=True)

@@ -7,7 +7,7 @@ from pathlib import Path
 import pytest
 from pydantic import ValidationError
 
-from harness_core.models.scripted import text, tool_call
+from harness_core.models.scripted import error, text, tool_call
 from harness_core.portable import CapabilityState, HarnessState
 from harness_core.result import Ok
 from harness_core.tools import Tool, ToolContext
@@ -58,15 +58,56 @@ async def test_export_round_trip_and_import(backend: str, tmp_path: Path) -> Non
     ]
 
 
-async def test_fork_needs_a_new_identity_and_drops_environment(
-    backend: str, tmp_path: Path
-) -> None:
-    state = HarnessState(thread_id="t-1", environment={"sandbox": {"cwd": "/work"}})
+async def test_fork_needs_a_new_identity(backend: str, tmp_path: Path) -> None:
+    state = HarnessState(thread_id="t-1")
     with pytest.raises(ValueError, match="new thread id"):
         state.fork("t-1")
     forked = state.fork("t-2")
-    assert (forked.thread_id, dict(forked.environment)) == ("t-2", {})
-    assert forked.messages == state.messages and state.environment  # the original is untouched
+    assert forked.thread_id == "t-2" and forked.messages == state.messages
+
+
+async def test_environment_state_is_not_a_field(backend: str, tmp_path: Path) -> None:
+    """D235: no environment mounts here, so no environment state; an envelope written with the
+    old empty field still reads, one that carries environment data is refused."""
+    assert "environment" not in HarnessState.model_fields
+    old = (
+        '{"schema_version":"1","thread_id":"t-1","messages":[],"capabilities":{},"environment":{}}'
+    )
+    assert HarnessState.from_json(old) == HarnessState(thread_id="t-1")
+    with pytest.raises(ValidationError, match="environment state is not supported"):
+        HarnessState.from_json(old.replace('"environment":{}', '"environment":{"sandbox":{}}'))
+
+
+async def test_a_failed_run_carries_the_state_it_reached(backend: str, tmp_path: Path) -> None:
+    """a13n C6: the failed outcome holds the normalized state the run reached (messages and the
+    tool results so far), and a host can fork it and continue on a new lane."""
+    kit = await make_kit(
+        backend,
+        tmp_path,
+        [
+            tool_call("lookup", call_id="c1"),
+            error("invalid_request", retryable=False, message="refused"),
+        ],
+        tools=[Tool(name="lookup", description="look", execute=lookup, replay="safe")],
+    )
+    failed = await kit.harness.prompt("status?")
+    assert isinstance(failed, Ok) and failed.value.kind == "failed", failed
+    state = failed.value.state
+    assert state is not None and state.thread_id == "main"
+    assert [m.role for m in state.messages][:3] == ["user", "assistant", "tool_result"]
+    assert state.messages == (await kit.harness.export_state()).messages
+    kit.model.script.extend([text("recovered elsewhere"), text("yes")])
+    imported = await kit.harness.import_state("fork", state.fork("fork"))
+    assert isinstance(imported, Ok)
+    again = await imported.value.prompt("try again")
+    assert isinstance(again, Ok) and again.value.kind == "completed"
+    assert [m.role for m in kit.model.requests[-1].messages][:3] == [
+        "user",
+        "assistant",
+        "tool_result",
+    ]
+    completed = await kit.harness.prompt("fine now?")  # other kinds carry no state
+    assert isinstance(completed, Ok) and completed.value.state is None
 
 
 async def test_invalid_state_is_refused(backend: str, tmp_path: Path) -> None:

@@ -43,6 +43,7 @@ from harness_core.messages import (
     ToolResultMessage,
     UserMessage,
 )
+from harness_core.portable import HarnessState, capabilities_of
 from harness_core.result import Outcome
 from harness_core.session.entries import Entry, MessageEntry
 from harness_core.session.records import (
@@ -189,6 +190,17 @@ class Run(Part):
             final_entry_id=final_id,
             final_message=final,
             error=error,
+            state=await self._state_reached() if kind == "failed" else None,
+        )
+
+    async def _state_reached(self) -> HarnessState:
+        """The failed run's state candidate (a13n C6, D235): what a host may inspect or fork."""
+        context = self.lane.context
+        custom = await context.path_entries_of_type("custom")
+        return HarnessState(
+            thread_id=self.lane.name,
+            messages=await context.messages(),
+            capabilities=capabilities_of([stored.entry for stored in custom]),
         )
 
     async def _run_turn(self) -> Outcome | None:
