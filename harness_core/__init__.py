@@ -120,8 +120,8 @@ from harness_core.models import (
 from harness_core.models.scripted import ScriptedModel
 
 # -- approvals and decisions ----------------------------------------------------------------------
-from harness_core.approvals import approve, args_digest, deny
-from harness_core.session.records import ApprovalDecision, PendingApproval
+from harness_core.approvals import approve, args_digest, deny, supply
+from harness_core.session.records import ApprovalDecision, PendingApproval, SuppliedResult
 
 # -- portable state -------------------------------------------------------------------------------
 from harness_core.portable import CapabilityState, HarnessState
@@ -390,6 +390,8 @@ __all__ = [
     "StoreCorrupted",
     "StoredEntry",
     "SummaryResult",
+    "supply",
+    "SuppliedResult",
     "SuspendedOperation",
     "SuspendReason",
     "SystemClock",

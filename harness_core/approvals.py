@@ -23,10 +23,11 @@ from harness_core.session.records import (
     ApprovalDecision,
     ApprovalRequested,
     PendingApproval,
+    SuppliedResult,
 )
 from harness_core.tools import Tool, ToolArgumentsError
 
-__all__ = ["approve", "args_digest", "check_decisions", "deny", "mismatch", "stale"]
+__all__ = ["approve", "args_digest", "check_decisions", "deny", "mismatch", "stale", "supply"]
 
 
 def args_digest(args: Mapping[str, Any]) -> str:
@@ -72,6 +73,30 @@ def deny(
     """Deny one pending call; the model sees `reason`."""
     call_id, digest = _target(call, args_digest)
     return ApprovalDecision(tool_call_id=call_id, args_digest=digest, approved=False, reason=reason)
+
+
+def supply(
+    call: PendingApproval | str,
+    result: str,
+    *,
+    is_error: bool = False,
+    args_digest: str | None = None,
+    note: str | None = None,
+) -> ApprovalDecision:
+    """Answer one pending call with its result instead of running the tool (D236).
+
+    For a call whose action someone did themselves (an operator, a host system): the tool never
+    runs and `result` is recorded as the call's result (`is_error`: the action failed). The
+    decision is bound to the arguments the decider saw, like an approval.
+    """
+    call_id, digest = _target(call, args_digest)
+    return ApprovalDecision(
+        tool_call_id=call_id,
+        args_digest=digest,
+        approved=True,
+        reason=note,
+        supplied=SuppliedResult(text=result, is_error=is_error),
+    )
 
 
 def mismatch(

@@ -23,6 +23,7 @@ __all__ = [
     "file_sent",
     "invalid_result",
     "no_such_tool",
+    "supplied_note",
     "tool_failed",
     "tool_timed_out",
 ]
@@ -64,6 +65,11 @@ BRANCH_SUMMARY_PREFIX = "Summary of a branch this conversation left:\n"
 def no_such_tool(name: str) -> str:
     """A call of a tool the lane may not (or cannot) call."""
     return f"There is no tool named {name!r}."
+
+
+def supplied_note(decided_by: str | None) -> str:
+    """Who supplied a call's result instead of letting the tool run (never sent to the model)."""
+    return f"supplied by {decided_by}" if decided_by else "supplied by the decider"
 
 
 def denied(decided_by: str | None, reason: str | None) -> str:

@@ -12,9 +12,15 @@ imported or hand-edited log is reported as corrupt with a reason instead of fail
 
 from __future__ import annotations
 
-from typing import Annotated, Literal, Self, TypeAlias
+from typing import Annotated, Any, Literal, Self, TypeAlias
 
-from pydantic import Field, StringConstraints, model_validator
+from pydantic import (
+    Field,
+    SerializerFunctionWrapHandler,
+    StringConstraints,
+    model_serializer,
+    model_validator,
+)
 
 from harness_core.frozen import Frozen, FrozenJson, FrozenJsonObject
 from harness_core.messages import AgentMessage, StopReason, TokenUsage
@@ -320,11 +326,26 @@ class ApprovalRequested(_RecordBase):
     """The lane's leaf when the run suspended; informational."""
 
 
+MAX_SUPPLIED_CHARS = 100_000
+"""The longest result a decision may supply (a tool's own output has its own bounds)."""
+
+
+class SuppliedResult(Frozen):
+    """A tool's result given by whoever decided the call: they did the action themselves."""
+
+    text: Annotated[str, StringConstraints(min_length=1, max_length=MAX_SUPPLIED_CHARS)]
+    """What the model reads as the call's result."""
+    is_error: bool = False
+    """The action failed (the model reads it as a failed call)."""
+
+
 class ApprovalDecision(Frozen):
-    """One call's decision: approve (optionally with replacement arguments) or deny.
+    """One call's decision: approve (optionally with replacement arguments), deny, or supply.
 
     It is bound to the arguments the decider saw (`args_digest`): a decision for other arguments
-    decides nothing.
+    decides nothing. A supplied result (`supplied`, with ``approved=True``) stands in for the
+    call: the tool does not run, the result is recorded as the call's (a13n C2: an application-
+    executed tool; D236).
     """
 
     tool_call_id: str
@@ -334,12 +355,25 @@ class ApprovalDecision(Frozen):
     override_args: FrozenJsonObject | None = None
     reason: str | None = None
     """Why it was denied (shown to the model), or a note on the approval."""
+    supplied: SuppliedResult | None = None
+    """The call's result, given instead of running the tool."""
 
     @model_validator(mode="after")
     def _override_only_when_approved(self) -> Self:
         if self.override_args is not None and not self.approved:
             raise ValueError("override_args only make sense for an approval")
+        if self.supplied is not None and (not self.approved or self.override_args is not None):
+            raise ValueError("a supplied result stands for an approved call, without new args")
         return self
+
+    @model_serializer(mode="wrap")
+    def _supplied_only_when_given(self, handler: SerializerFunctionWrapHandler) -> Any:
+        # a decision without a supplied result encodes as it did before D236: stored logs and
+        # their canonical encodings stay byte-identical
+        data = handler(self)
+        if self.supplied is None and isinstance(data, dict):
+            data.pop("supplied", None)
+        return data
 
 
 class ApprovalDecided(_RecordBase):

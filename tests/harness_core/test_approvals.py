@@ -9,7 +9,7 @@ from typing import Any
 import pytest
 from pydantic import BaseModel
 
-from harness_core.approvals import approve, args_digest, deny
+from harness_core.approvals import approve, args_digest, deny, supply
 from harness_core.messages import ToolResultMessage, message_text
 from harness_core.models.scripted import text, tool_calls
 from harness_core.result import Err, Ok, Outcome
@@ -501,4 +501,85 @@ async def test_always_recovery_runs_only_what_the_lane_offers_now(
     result = reopened.model.requests[-1].messages[-1]
     assert isinstance(result, ToolResultMessage)
     assert (result.outcome == "interrupted") == switched_off
+    running.cancel()
+
+
+async def test_a_supplied_result_stands_in_for_the_call(backend: str, tmp_path: Path) -> None:
+    """a13n C2: whoever decides may have done the action themselves; the decision carries the
+    result, the tool never runs, the model reads the result as the call's, and the record says
+    who supplied it. Repeating the batch under its key changes nothing."""
+    effects = Effects()
+    kit = await waiting_kit(backend, tmp_path, effects, text("noted"))
+    decision = supply(c2(kit), "deployed 42 by hand at 10:02", note="ran it from the console")
+    resumed = await decide(kit, decision, decided_by="ops:ana", idempotency_key="k1")
+    assert isinstance(resumed, Ok) and resumed.value.kind == "completed", resumed
+    assert effects.deployed == []  # the tool never ran
+    result = kit.model.requests[-1].messages[-1]
+    assert isinstance(result, ToolResultMessage) and result.tool_call_id == "c2"
+    assert message_text(result) == "deployed 42 by hand at 10:02" and result.outcome == "ok"
+    assert result.details == {"supplied": True, "note": "supplied by ops:ana"}
+    log = await kit.storage.get_log()
+    assert not [r for r in items(log, "tool_started") if r.record.tool_call_id == "c2"]
+    (decided,) = items(log, "approval_decided")
+    assert decided.record.decisions[0].supplied.text == "deployed 42 by hand at 10:02"
+    again = await decide(kit, decision, decided_by="ops:ana", idempotency_key="k1")
+    assert isinstance(again, Ok) and again.value.run_id == resumed.value.run_id
+    assert len(items(await kit.storage.get_log(), "approval_decided")) == 1
+
+
+async def test_a_supplied_failure_reads_as_a_failed_call(backend: str, tmp_path: Path) -> None:
+    effects = Effects()
+    kit = await waiting_kit(backend, tmp_path, effects, text("noted"))
+    resumed = await decide(kit, supply(c2(kit), "the deploy failed: disk full", is_error=True))
+    assert isinstance(resumed, Ok) and resumed.value.kind == "completed"
+    result = kit.model.requests[-1].messages[-1]
+    assert isinstance(result, ToolResultMessage) and result.is_error and effects.deployed == []
+
+
+async def test_a_supplied_result_follows_the_coverage_and_argument_rules(
+    backend: str, tmp_path: Path
+) -> None:
+    effects = Effects()
+    kit = await waiting_kit(backend, tmp_path, effects, text("noted"))
+    other = supply("c2", "done", args_digest=args_digest({"build": 666}))
+    assert refused(await decide(kit, other), "DecisionsMismatch").reason == "stale_arguments"
+    twice = [supply(c2(kit), "done"), supply(c2(kit), "done again")]
+    assert refused(await decide(kit, *twice), "DecisionsMismatch").reason == "duplicate"
+    with pytest.raises(ValueError, match="at least 1 character"):
+        supply(c2(kit), "")  # an empty result says nothing
+    assert effects.deployed == []
+
+
+async def test_a_started_call_replayed_after_a_crash_can_be_answered_with_its_result(
+    backend: str, tmp_path: Path
+) -> None:
+    """The call ran (or may have) before a crash: the person who checks what happened supplies
+    the result instead of approving a second run."""
+    effects = Effects()
+    started = asyncio.Event()
+    kit = await waiting_kit(backend, tmp_path, effects)
+    tools = effects.tools(deploy_replay="safe")
+
+    async def dying(args: Deploy, ctx: ToolContext) -> str:
+        effects.deployed.append(args.build)
+        started.set()
+        await asyncio.Event().wait()
+        return "unreachable"
+
+    kit.harness.set_tools([Tool(**{**tools[0].__dict__, "execute": dying}), tools[1]])
+    running = asyncio.ensure_future(decide(kit, approve(c2(kit))))
+    await started.wait()
+    reopened = await kit.reopen(script=[text("done")], tools=effects.tools(deploy_replay="safe"))
+    waiting = await reopened.harness.resume(tool_recovery="always")
+    assert isinstance(waiting, Ok) and waiting.value.kind == "suspended"
+    (pending,) = waiting.value.pending_approvals
+    assert pending.started
+    resumed = await reopened.harness.resume(
+        [supply(pending, "it did deploy: build 42 is live")], wait_id=waiting.value.wait_id
+    )
+    assert isinstance(resumed, Ok) and resumed.value.kind == "completed"
+    assert effects.deployed == [42]  # once, before the crash; never again
+    result = reopened.model.requests[-1].messages[-1]
+    assert isinstance(result, ToolResultMessage)
+    assert message_text(result) == "it did deploy: build 42 is live"
     running.cancel()

@@ -119,6 +119,8 @@ class ToolBatch(Part):
         if decision is not None and approval is not None:
             if not decision.approved:
                 return self._denied(call, self._id(), decision)
+            if decision.supplied is not None:  # done elsewhere: nothing runs here (D236)
+                return self._supplied(call, self._id(), decision)
             pending = next(p for p in approval.requested.calls if p.tool_call_id == call.call.id)
             args = decision.override_args if decision.override_args is not None else pending.args
         try:
@@ -411,6 +413,11 @@ class ToolBatch(Part):
                         self._denied(call, started.result_entry_id, decision)
                     )
                     continue
+                if decision.supplied is not None:
+                    await self.fx.append_entry_if_missing(
+                        self._supplied(call, started.result_entry_id, decision)
+                    )
+                    continue
             if tool is not None and self._replays(started, tool):  # X3/X4: replay
                 prepared = PreparedToolCall(
                     tool_index=call.tool_index,
@@ -443,6 +450,25 @@ class ToolBatch(Part):
         ):
             return None
         return approval.decision(call.call.id)
+
+    def _supplied(
+        self, call: ToolCallState, entry_id: str, decision: ApprovalDecision
+    ) -> MessageEntry:
+        """The result a decision supplied, as the call's result entry (the tool never ran)."""
+        supplied = decision.supplied
+        assert supplied is not None
+        decided = self.op.approval.decided if self.op.approval else None
+        by = decided.decided_by if decided else None
+        return MessageEntry(
+            id=entry_id,
+            message=ToolResultMessage(
+                tool_call_id=call.call.id,
+                tool_name=call.call.name,
+                content=(TextPart(text=supplied.text),),
+                outcome="error" if supplied.is_error else "ok",
+                details={"supplied": True, "note": texts.supplied_note(by)},
+            ),
+        )
 
     def _denied(
         self, call: ToolCallState, entry_id: str, decision: ApprovalDecision
