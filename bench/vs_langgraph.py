@@ -296,7 +296,7 @@ def peer_growth(p: dict[str, Any]) -> dict[str, Any]:
         turn = peer.turn_input(k)
         w0, s0 = io_counters()
         t0 = perf()
-        out = app.invoke(turn, cfg("growth"), durability=p["durability"])
+        out = app.invoke(turn, cfg("growth"), durability=p.get("durability", "async"))
         elapsed = perf() - t0
         w1, s1 = io_counters()
         peer.check(out, k)
@@ -324,7 +324,9 @@ def peer_resume(p: dict[str, Any]) -> dict[str, Any]:
             for k in range(1, h + 1):
                 peer.check(
                     app.invoke(
-                        peer.turn_input(k), cfg(thread_of(h, hmax)), durability=p["durability"]
+                        peer.turn_input(k),
+                        cfg(thread_of(h, hmax)),
+                        durability=p.get("durability", "async"),
                     ),
                     k,
                 )
@@ -352,12 +354,20 @@ def peer_resume(p: dict[str, Any]) -> dict[str, Any]:
         settle()
         t0 = perf()
         peer.check(
-            app.invoke(peer.turn_input(h + 1), cfg(thread_of(h, hmax)), durability=p["durability"]),
+            app.invoke(
+                peer.turn_input(h + 1),
+                cfg(thread_of(h, hmax)),
+                durability=p.get("durability", "async"),
+            ),
             h + 1,
         )
         t1 = perf()
         peer.check(
-            app.invoke(peer.turn_input(h + 2), cfg(thread_of(h, hmax)), durability=p["durability"]),
+            app.invoke(
+                peer.turn_input(h + 2),
+                cfg(thread_of(h, hmax)),
+                durability=p.get("durability", "async"),
+            ),
             h + 2,
         )
         t2 = perf()
@@ -404,7 +414,9 @@ def peer_tp(p: dict[str, Any]) -> dict[str, Any]:
         for k in range(1, turns + 1):
             for i in range(threads):
                 started = perf()
-                out = app.invoke(peer.turn_input(k), cfg(f"t{i:04d}"), durability=p["durability"])
+                out = app.invoke(
+                    peer.turn_input(k), cfg(f"t{i:04d}"), durability=p.get("durability", "async")
+                )
                 latencies.append(perf() - started)
                 peer.check(out, k)
         wall = perf() - t0
@@ -422,7 +434,9 @@ def peer_tp(p: dict[str, Any]) -> dict[str, Any]:
                 for k in range(1, turns + 1):
                     started = perf()
                     out = await app.ainvoke(
-                        peer.turn_input(k), cfg(f"t{i:04d}"), durability=p["durability"]
+                        peer.turn_input(k),
+                        cfg(f"t{i:04d}"),
+                        durability=p.get("durability", "async"),
                     )
                     latencies.append(perf() - started)
                     peer.check(out, k)
@@ -453,7 +467,7 @@ def tp_result(turns: int, wall: float, latencies: list[float]) -> dict[str, Any]
 
 def ours_url(path: str, p: dict[str, Any]) -> str:
     """The store's URL: `effects` (our default) or `full` (every commit fsynced)."""
-    synchronous = "full" if p["durability"] == "sync" else "effects"
+    synchronous = "full" if p.get("durability") == "sync" else "effects"
     return f"sqlite:///{path}?synchronous={synchronous}"  # an absolute path: four slashes in all
 
 

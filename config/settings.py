@@ -324,6 +324,11 @@ class Settings(BaseModel):
         "(then after twice that, four times...); 0: never.",
     )
     log_level: LogLevel = Field(default="info", description="The least severe log lines written.")
+    provider_spans: bool = Field(
+        default=False,
+        description="With OpenTelemetry export on: also export pydantic-ai's span of each "
+        "provider request (no message content), nested under the runtime's model request span.",
+    )
     gc_young_threshold: int = Field(
         default=20_000,
         ge=0,

@@ -88,7 +88,12 @@ def model_from_settings(settings: Settings) -> tuple[ModelClient, ModelRef]:
             return configured
         return _pydantic_ai_model(wanted, key, base_url, timeout)
 
-    return PydanticAIModel(resolve, settings={"timeout": timeout}), ref
+    return (
+        PydanticAIModel(
+            resolve, settings={"timeout": timeout}, provider_spans=settings.provider_spans
+        ),
+        ref,
+    )
 
 
 def _pydantic_ai_model(ref: ModelRef, key: str | None, base_url: str | None, timeout: float) -> Any:

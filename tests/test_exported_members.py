@@ -27,6 +27,8 @@ NAMESPACES = {
     "(SQLite, Redis, URLs), one module per backend family",
     "harness_core.testing": "the test kit (conformance suite, builders, manual clock)",
     "harness_core.texts": "what the model reads from the harness; exported as a module",
+    "harness_core.telemetry_schema": "the span and attribute vocabulary, read by the runtime, "
+    "the docs table and the tests; a reference, not an API a program calls",
     "harness_core.models.conversion": "pydantic-ai message interop (HarnessState uses it)",
     "harness_core.models.tool_names": "provider-safe tool names, the pydantic-ai adapter's own "
     "encoding (D209)",

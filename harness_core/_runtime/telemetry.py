@@ -6,15 +6,23 @@ nor a configured `trace_parent` is a root, even when the caller has an active sp
 concurrent lanes never mix their traces. Attributes carry identifiers, kinds, counts and
 outcomes only: never a prompt, a completion, tool arguments or output, or a credential.
 Without a tracer every call is a no-op on a non-recording span.
+
+The vocabulary is `harness_core.telemetry_schema`: a span or attribute it does not name, or of
+another type, is refused with `ValueError` (a programming error, caught by the tests that run
+every trajectory under a recording tracer). `current` makes a span the ambient one while an
+effect runs, so a model client's or a tool's own spans nest under the runtime's.
 """
 
 from __future__ import annotations
 
-from collections.abc import Mapping
+import contextlib
+from collections.abc import Iterator, Mapping
 
 from opentelemetry import trace
 from opentelemetry.context import Context
 from opentelemetry.trace import Span, Status, StatusCode, Tracer
+
+from harness_core.telemetry_schema import unknown
 
 __all__ = ["Attributes", "Telemetry"]
 
@@ -39,6 +47,8 @@ class Telemetry:
         """
         if self._tracer is None:
             return trace.INVALID_SPAN
+        if (why := unknown(name, dict(attributes))) is not None:
+            raise ValueError(why)
         context = (
             # on an empty context too: the ambient one's other values (baggage) stay out
             trace.set_span_in_context(parent, Context()) if parent is not None else self._parent
@@ -46,8 +56,25 @@ class Telemetry:
         return self._tracer.start_span(name, context=context, attributes=dict(attributes))
 
     @staticmethod
+    @contextlib.contextmanager
+    def current(span: Span) -> Iterator[None]:
+        """Make `span` the ambient span while an effect runs (its own spans nest under it).
+
+        Only a recording span: without a tracer the caller's ambient context stays as it was.
+        The span is neither ended nor marked by an exception here (`end` does that).
+        """
+        if not span.is_recording():
+            yield
+            return
+        with trace.use_span(span, record_exception=False, set_status_on_exception=False):
+            yield
+
+    @staticmethod
     def end(span: Span, attributes: Attributes, *, error: str | None = None) -> None:
         """Record the outcome and end the span (`error` is a kind, never a message)."""
+        name = getattr(span, "name", None) if span.is_recording() else None
+        if name is not None and (why := unknown(name, dict(attributes))) is not None:
+            raise ValueError(why)
         for key, value in attributes.items():
             span.set_attribute(key, value)
         if error is not None:

@@ -21,6 +21,7 @@ from pydantic_ai import exceptions as pai_errors
 from pydantic_ai import messages as pai
 from pydantic_ai.direct import model_request, model_request_stream
 from pydantic_ai.models import Model, ModelRequestParameters
+from pydantic_ai.models.instrumented import InstrumentationSettings
 from pydantic_ai.settings import ModelSettings
 from pydantic_ai.tools import ToolDefinition as PaiToolDefinition
 
@@ -54,6 +55,10 @@ class PydanticAIModel:
         info: limits per ``provider:model_id``; others get `default_info`.
         settings: model settings applied to every request (temperature, ...).
         stream: stream responses and report partial messages (``message_update`` events).
+        provider_spans: also make pydantic-ai's own OpenTelemetry spans of each request (the
+            global tracer provider's; never message content or binary data). They nest under
+            the runtime's ``harness.model_request`` span, current while the request runs. Off by
+            default: the runtime's span already has the model, attempt, tokens and outcome.
     """
 
     def __init__(
@@ -64,8 +69,14 @@ class PydanticAIModel:
         default_info: ModelInfo = DEFAULT_INFO,
         settings: ModelSettings | None = None,
         stream: bool = True,
+        provider_spans: bool = False,
     ) -> None:
         self._resolve = resolve
+        self._instrument: InstrumentationSettings | bool = (
+            InstrumentationSettings(include_content=False, include_binary_content=False)
+            if provider_spans
+            else False
+        )
         self._info = dict(info or {})
         self._default_info = default_info
         self._settings: ModelSettings = settings or {}
@@ -140,7 +151,7 @@ class PydanticAIModel:
                     history,
                     model_settings=settings,
                     model_request_parameters=parameters,
-                    instrument=False,
+                    instrument=self._instrument,
                 ) as streamed:
                     async for _ in streamed:
                         partial = streamed.get()
@@ -157,7 +168,7 @@ class PydanticAIModel:
                     history,
                     model_settings=settings,
                     model_request_parameters=parameters,
-                    instrument=False,
+                    instrument=self._instrument,
                 )
         except Exception as exc:
             return _from_exception(exc)

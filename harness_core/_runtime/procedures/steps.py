@@ -179,7 +179,9 @@ class Steps(Part):
                 "harness.attempt": request.attempt,
             },
         )
-        final = await self.settle(await self.fx.stream_assistant(request))
+        with Telemetry.current(span):  # the client's own spans (HTTP, pydantic-ai) nest here
+            answer = await self.fx.stream_assistant(request)
+        final = await self.settle(answer)
         usage = final.usage or TokenUsage()
         Telemetry.end(
             span,

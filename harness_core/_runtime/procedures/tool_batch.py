@@ -323,7 +323,8 @@ class ToolBatch(Part):
                 "harness.tool.replayed": replay,
             },
         )
-        output = await self.fx.execute_tool(prepared)
+        with Telemetry.current(span):  # the tool's own spans nest under its run
+            output = await self.fx.execute_tool(prepared)
         Telemetry.end(
             span,
             {"harness.tool.outcome": "error" if output.is_error else "ok"},
