@@ -56,7 +56,7 @@ async def open_harness(
 
 
 async def main(path: Path, marks: Path) -> None:
-    repo = SqliteSessionRepo(path, synchronous="full")
+    repo = SqliteSessionRepo(path)  # the default, `effects` (D233)
     await repo.create("s")
     lease = await repo.acquire_lease("s", owner="doomed", ttl_ms=LEASE_TTL_MS)
     harness, _ = await open_harness(await repo.open("s", lease=lease), marks)
