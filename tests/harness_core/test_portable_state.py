@@ -2,11 +2,14 @@
 
 from __future__ import annotations
 
+import asyncio
 from pathlib import Path
 
 import pytest
 from pydantic import ValidationError
 
+from harness_core import texts
+from harness_core.messages import message_text
 from harness_core.models.scripted import error, text, tool_call
 from harness_core.portable import CapabilityState, HarnessState
 from harness_core.result import Ok
@@ -128,3 +131,62 @@ async def test_messages_as_pydantic_ai_json_and_back(backend: str, tmp_path: Pat
     assert [(m.role, m.content) for m in back.messages] == [
         (m.role, m.content) for m in state.messages
     ]
+
+
+async def test_an_exported_state_cannot_be_changed(backend: str, tmp_path: Path) -> None:
+    """S1-01: the continuation value is immutable, its maps and message tuples included."""
+    kit = await conversation_kit(backend, tmp_path)
+    state = await kit.harness.export_state("thread-1")
+    with pytest.raises(ValidationError, match="frozen"):
+        state.thread_id = "other"  # type: ignore[misc]
+    with pytest.raises(TypeError):
+        state.capabilities["acme.counter"] = CapabilityState(version="9")  # type: ignore[index]
+    with pytest.raises(AttributeError):
+        state.messages.append(state.messages[0])  # type: ignore[attr-defined]
+    assert await kit.harness.export_state("thread-1") == state
+
+
+def test_only_messages_and_capabilities_travel() -> None:
+    """S1-05: nothing else is part of the portable state (model, tools, credentials, approvals,
+    queues, leases...), and an envelope that tries to carry more is refused."""
+    assert set(HarnessState.model_fields) == {
+        "schema_version",
+        "thread_id",
+        "messages",
+        "capabilities",
+    }
+    with pytest.raises(ValidationError, match="Extra inputs are not permitted"):
+        HarnessState.model_validate({"thread_id": "t", "approvals": []})
+
+
+async def test_export_during_a_run_reads_the_safe_boundary_and_writes_nothing(
+    backend: str, tmp_path: Path
+) -> None:
+    """S1-12: exporting while a run is open (here: a tool is running) returns what is
+    committed so far and persists nothing."""
+    started, release = asyncio.Event(), asyncio.Event()
+
+    async def slow(args: object, ctx: ToolContext) -> str:
+        started.set()
+        await release.wait()
+        return "done"
+
+    kit = await make_kit(
+        backend,
+        tmp_path,
+        [tool_call("slow", call_id="c1"), text("finished")],
+        tools=[Tool(name="slow", description="slow", execute=slow)],
+    )
+    running = asyncio.ensure_future(kit.harness.prompt("go"))
+    await started.wait()
+    before = await kit.storage.get_log()
+    state = await kit.harness.export_state()
+    # the safe boundary: the call is answered by the "no result recorded" placeholder, so the
+    # state is a valid conversation; the real result is not in it (it does not exist yet)
+    assert [m.role for m in state.messages] == ["user", "assistant", "tool_result"]
+    assert message_text(state.messages[-1]) == texts.NO_RESULT
+    assert await kit.storage.get_log() == before  # nothing written
+    release.set()
+    assert isinstance(await running, Ok)
+    after = await kit.harness.export_state()
+    assert [m.role for m in after.messages] == ["user", "assistant", "tool_result", "assistant"]

@@ -817,3 +817,164 @@ async def test_approval_decided_by_a_restarted_process(backend, tmp_path) -> Non
     assert deployed == [42]
     # the restarted process rebuilt the context from the store: still the same prefix
     await assert_append_only(reopened, [*kit.model.requests, *reopened.model.requests])
+
+
+async def test_before_navigation_declines_and_the_operation_ends_declined(
+    backend: str, tmp_path: Path
+) -> None:
+    """S2-035, S2-076: a `before_navigation` hook may decline: the lane does not move, nothing
+    is summarized, and the operation closes as `declined`."""
+    from harness_core.hooks import BeforeNavigationResult
+
+    kit = await make_kit(backend, tmp_path, [text("a1"), text("a2")])
+    first = await kit.harness.prompt("q1")
+    assert isinstance(first, Ok)
+    assert isinstance(await kit.harness.prompt("q2"), Ok)
+    leaf = await kit.harness.get_leaf_id()
+
+    async def decline(event: Any) -> BeforeNavigationResult:
+        return BeforeNavigationResult(decline=True)
+
+    kit.harness.hooks.on("before_navigation", decline, id="test.decline")
+    kit.writes.clear()
+    requests = len(kit.model.requests)
+    result = await kit.harness.navigate_tree(first.value.final_entry_id, summarize=True)
+    assert isinstance(result, Ok) and result.value.kind == "declined", result
+    assert kit.writes[-1] == ("R", "operation_finished:declined")
+    assert ("L", "main") not in kit.writes and len(kit.model.requests) == requests
+    assert await kit.harness.get_leaf_id() == leaf
+
+
+async def test_before_navigation_supplies_the_summary_and_no_summary_step_runs(
+    backend: str, tmp_path: Path
+) -> None:
+    """S2-076, S2-062: a supplied summary skips the summary step; the usage the hook reports is
+    a `usage` record beside the summary entry."""
+    from harness_core.hooks import BeforeNavigationResult, SummaryResult
+    from harness_core.messages import TokenUsage
+
+    kit = await make_kit(backend, tmp_path, [text("a1"), text("a2")])
+    first = await kit.harness.prompt("q1")
+    assert isinstance(first, Ok)
+    assert isinstance(await kit.harness.prompt("q2"), Ok)
+
+    async def supply_summary(event: Any) -> BeforeNavigationResult:
+        return BeforeNavigationResult(
+            summary=SummaryResult(
+                summary="the host's summary", usage=TokenUsage(input=7, output=3, total_tokens=10)
+            )
+        )
+
+    kit.harness.hooks.on("before_navigation", supply_summary, id="test.supply")
+    requests = len(kit.model.requests)
+    result = await kit.harness.navigate_tree(first.value.final_entry_id, summarize=True)
+    assert isinstance(result, Ok) and result.value.kind == "completed", result
+    assert len(kit.model.requests) == requests  # no summary step
+    entry = await kit.storage.get_entry(result.value.entry_id)  # type: ignore[arg-type]
+    assert entry is not None and entry.entry.summary == "the host's summary"  # type: ignore[union-attr]
+    usage = [
+        item.record
+        for item in await kit.storage.get_log()
+        if isinstance(item, StoredRecord) and item.record.type == "usage"
+    ]
+    reported = [u for u in usage if u.entry_id == result.value.entry_id]  # type: ignore[union-attr]
+    assert [(u.usage.input, u.usage.output) for u in reported] == [(7, 3)]  # type: ignore[union-attr]
+
+
+async def test_usage_a_tool_reports_is_a_record_beside_its_result(
+    backend: str, tmp_path: Path
+) -> None:
+    """S2-062: a tool's own nested model work (`ToolOutput.usage`) lands as a `usage` record
+    whose entry is the tool's result entry."""
+    from harness_core.messages import TokenUsage
+    from harness_core.tools import ToolOutput
+
+    async def summarize(args: Any, ctx: ToolContext) -> ToolOutput:
+        return ToolOutput(
+            content=(ToolOutput.text("short").content[0],),
+            usage=TokenUsage(input=120, output=30, total_tokens=150),
+        )
+
+    kit = await make_kit(
+        backend,
+        tmp_path,
+        [tool_call("summarize", call_id="c1"), text("done")],
+        tools=[Tool(name="summarize", description="s", execute=summarize)],
+    )
+    assert isinstance(await kit.harness.prompt("go"), Ok)
+    log = await kit.storage.get_log()
+    results = [
+        item.entry.id
+        for item in log
+        if isinstance(item, StoredEntry)
+        and item.entry.type == "message"
+        and item.entry.message.role == "tool_result"  # type: ignore[union-attr]
+    ]
+    usage = [
+        item.record
+        for item in log
+        if isinstance(item, StoredRecord)
+        and item.record.type == "usage"
+        and item.record.entry_id in results  # type: ignore[union-attr]
+    ]
+    assert [(u.usage.input, u.usage.output) for u in usage] == [(120, 30)]  # type: ignore[union-attr]
+
+
+async def test_a_checkpoint_applies_pending_writes_before_it_consumes_steering(
+    backend: str, tmp_path: Path
+) -> None:
+    """S2-047: the checkpoint's fixed order, with both kinds waiting at once: the pending write
+    (a capability's data, deferred while the run is open) lands first, then the steering."""
+    from harness_core.portable import CapabilityState
+
+    holder: dict[str, Kit] = {}
+
+    async def both(ctx: ToolContext) -> None:
+        harness = holder["kit"].harness
+        assert isinstance(await harness.steer("focus on the tests"), Ok)
+        await harness.set_capability("acme.notes", CapabilityState(version="1", data="n"))
+
+    kit = await make_kit(
+        backend, tmp_path, [tool_call("act"), text("done")], tools=[tool_that(both)]
+    )
+    holder["kit"] = kit
+    assert isinstance(await kit.harness.prompt("go"), Ok)
+    after = after_tool_call(kit)
+    result = after.index(("E", "message:tool_result:ok"))
+    assert after[result + 1][1].startswith("custom")  # the pending write first
+    assert after[result + 2] == ("E", "message:user")  # then the steering message
+    await assert_append_only(kit)
+
+
+async def test_consumed_input_rearms_the_overflow_guard(backend: str, tmp_path: Path) -> None:
+    """S2-074 (D25): a length stop under pressure is recovered once; only conversational input
+    consumed since (here a steer, at the checkpoint after a tool) allows a second recovery."""
+    from harness_core.models import ModelInfo
+
+    holder: dict[str, Kit] = {}
+
+    async def steer(ctx: ToolContext) -> None:
+        assert isinstance(await holder["kit"].harness.steer("and the docs"), Ok)
+
+    kit = await make_kit(
+        backend,
+        tmp_path,
+        [
+            text("first answer"),
+            length("cut", output_tokens=3, input_tokens=PRESSED),
+            text("summary"),
+            tool_call("act"),
+            length("cut again", output_tokens=2, input_tokens=PRESSED),
+            text("summary two"),
+            text("done"),
+        ],
+        tools=[tool_that(steer)],
+        compaction=CompactionSettings(keep_recent_tokens=10),
+    )
+    holder["kit"] = kit
+    kit.model.info = ModelInfo(context_window=100_000, max_output_tokens=1_000)
+    await two_turns(kit)
+    result = await kit.harness.prompt("second")
+    assert isinstance(result, Ok) and result.value.kind == "completed", result
+    assert kit.writes.count(("E", "compaction")) == 2
+    await assert_append_only(kit)
