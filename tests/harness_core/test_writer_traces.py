@@ -877,8 +877,8 @@ async def test_before_navigation_supplies_the_summary_and_no_summary_step_runs(
         for item in await kit.storage.get_log()
         if isinstance(item, StoredRecord) and item.record.type == "usage"
     ]
-    reported = [u for u in usage if u.entry_id == result.value.entry_id]  # type: ignore[union-attr]
-    assert [(u.usage.input, u.usage.output) for u in reported] == [(7, 3)]  # type: ignore[union-attr]
+    reported = [u for u in usage if u.entry_id == result.value.entry_id]
+    assert [(u.usage.input, u.usage.output) for u in reported] == [(7, 3)]
 
 
 async def test_usage_a_tool_reports_is_a_record_beside_its_result(
@@ -908,16 +908,16 @@ async def test_usage_a_tool_reports_is_a_record_beside_its_result(
         for item in log
         if isinstance(item, StoredEntry)
         and item.entry.type == "message"
-        and item.entry.message.role == "tool_result"  # type: ignore[union-attr]
+        and item.entry.message.role == "tool_result"
     ]
     usage = [
         item.record
         for item in log
         if isinstance(item, StoredRecord)
         and item.record.type == "usage"
-        and item.record.entry_id in results  # type: ignore[union-attr]
+        and item.record.entry_id in results
     ]
-    assert [(u.usage.input, u.usage.output) for u in usage] == [(120, 30)]  # type: ignore[union-attr]
+    assert [(u.usage.input, u.usage.output) for u in usage] == [(120, 30)]
 
 
 async def test_a_checkpoint_applies_pending_writes_before_it_consumes_steering(
