@@ -148,6 +148,16 @@ def value(scrape: str, name: str, **labels: str) -> float:
     return samples(scrape).get((name, frozenset(labels.items())), 0.0)
 
 
+def idle(scrape: str) -> bool:
+    """Nothing waits in the inbox or the outbox.
+
+    A scrape reads the backlogs before it prints the counters, so one taken while a reply is
+    being sent can show it delivered and still pending: its age, lasting, would be a reply
+    that never goes out. A test that means a state without waits scrapes until this holds.
+    """
+    return all(value(scrape, f"gateway_{box}_backlog") == 0 for box in ("inbox", "outbox"))
+
+
 # -- a gateway in the test's process ---------------------------------------------------------
 
 
@@ -202,7 +212,10 @@ async def test_a_healthy_idle_gateway_fires_nothing(tmp_path: Path) -> None:
         await gw.post("hello", "hello")
         await gw.answers("hello", 1)
         scrape = await gw.until(
-            lambda s: value(s, "gateway_deliveries_total", channel="web", outcome="delivered") == 1
+            lambda s: (
+                idle(s)
+                and value(s, "gateway_deliveries_total", channel="web", outcome="delivered") == 1
+            )
         )
     assert value(scrape, "gateway_messages_accepted_total", channel="web") == 1
     # what it did, done once or again every 5 minutes: no alert either way
@@ -265,7 +278,7 @@ async def test_a_refusing_channel_fires_delivery_failures_and_dead_letters(
                 gw.http, {"thread": "t1", "text": "hello", "author": {"id": "u"}}
             )
             assert sent.status_code == 202, sent.text
-            scrape = await gw.until(lambda s: value(s, "gateway_dead_letters") == 1)
+            scrape = await gw.until(lambda s: idle(s) and value(s, "gateway_dead_letters") == 1)
     assert len(peer.posts) == 2 and not peer.taken
     webhook = {"channel": "webhook"}
     for outcome, count in (("retry", 1), ("dead", 1), ("delivered", 0)):
@@ -293,7 +306,7 @@ async def test_backends_that_stop_answering_fire_stale_metrics(tmp_path: Path) -
     redis = RedisServer(tmp_path / "redis").start()
     try:
         async with serving(_settings(tmp_path, redis_url=redis.url)) as gw:
-            healthy = await gw.scrape()
+            healthy = await gw.until(idle)  # the values served once reads fail
             redis.stop()
             scrape = await gw.until(
                 lambda s: (
@@ -321,7 +334,7 @@ async def test_an_mcp_server_that_cannot_start_fires_mcp_server_down(tmp_path: P
     broken = {"name": "broken", "command": "/bin/false"}
     settings = _settings(tmp_path, mcp_servers=(demo, broken))
     async with serving(settings) as gw:
-        scrape = await gw.scrape()
+        scrape = await gw.until(idle)
     assert value(scrape, "gateway_mcp_server_up", server="broken") == 0
     assert value(scrape, "gateway_mcp_server_up", server="demo") == 1
     down = {"GatewayMcpServerDown": [{**REPLICA, "server": "broken"}]}
@@ -363,10 +376,18 @@ async def test_killed_processes_fire_takeovers_then_stuck_lanes(tmp_path: Path) 
                     assert asyncio.get_running_loop().time() < deadline, gateway.tail()
                     await asyncio.sleep(0.1)
 
-            async def scrape() -> str:
-                response = await http.get("/metrics")
-                assert response.status_code == 200, response.text
-                return response.text
+            async def scrape(check: Callable[[str], bool]) -> str:
+                """Scrape until `check` holds and nothing waits (a stuck notice not sent yet,
+                say: `idle`); the backlogs are read at most every 5 s here."""
+                deadline = asyncio.get_running_loop().time() + 30
+                while True:
+                    response = await http.get("/metrics")
+                    assert response.status_code == 200, response.text
+                    found = response.text
+                    if idle(found) and check(found):
+                        return found
+                    assert asyncio.get_running_loop().time() < deadline, gateway.tail()
+                    await asyncio.sleep(0.1)
 
             for thread in ("alpha", "bravo"):
                 posted = await http.post(
@@ -376,16 +397,11 @@ async def test_killed_processes_fire_takeovers_then_stuck_lanes(tmp_path: Path) 
             await lanes("status=running", 2)
             gateway.kill()  # SIGKILL mid-run: both runs' operations stay open
             gateway.restart()  # this machine's dead holder: its sessions are taken at once
-            took_over = await scrape()
-            deadline = asyncio.get_running_loop().time() + 30
-            while value(took_over, "gateway_takeovers_total") < 2:  # counted as they happen
-                assert asyncio.get_running_loop().time() < deadline, gateway.tail()
-                await asyncio.sleep(0.1)
-                took_over = await scrape()
+            took_over = await scrape(lambda s: value(s, "gateway_takeovers_total") == 2)
             gateway.kill()
             gateway.restart()
             await lanes("stuck=true", 2)
-            stuck = await scrape()
+            stuck = await scrape(lambda s: value(s, "gateway_stuck_lanes") == 2)
     finally:
         gateway.stop()
     assert value(took_over, "gateway_takeovers_total") == 2
