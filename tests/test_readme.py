@@ -249,7 +249,9 @@ BENCHES: dict[str, Bench] = {
 NOT_HERE: dict[str, str] = {
     "scripts/test": "CI runs it: .ci/run ends with `exec scripts/test`, and this test is in it",
     "scripts/test -k sqlite -x": "scripts/test hands its arguments to pytest (checked below)",
-    "apt-get install -y redis-server dovecot-imapd chromium": ".ci/run installs what is missing",
+    "apt-get install -y redis-server dovecot-imapd chromium prometheus": (
+        ".ci/run installs what is missing"
+    ),
     "python3 -m venv bench/.peer-venv && bench/.peer-venv/bin/pip install -r "
     "bench/vs_langgraph.requirements.txt": "installs the peer (LangGraph) for a manual "
     "benchmark; tests/bench/test_vs_langgraph_smoke.py runs the benchmark without it",
