@@ -159,6 +159,42 @@ async def test_a_denied_call_does_not_run(
     assert _errors(console_errors) == []
 
 
+async def test_done_it_myself_gives_the_result_and_the_tool_never_runs(
+    gateway: GatewayProcess, page: Page, console_errors: list[str]
+) -> None:
+    """D263: the person did the action by hand; the agent reads what they wrote instead."""
+    await _open_thread(page, gateway, "browser-by-hand")
+    await _send(page, "/deploy prod")
+    asked = page.locator(".item.approval_request")
+    await expect(asked).to_have_count(1)
+    result = asked.get_by_label("result")
+    await expect(result).to_be_hidden()  # the form opens on demand
+    await asked.get_by_role("button", name="Done it myself").click()
+    await expect(result).to_be_visible()
+    send = asked.get_by_role("button", name="Send result")
+    await send.click()  # nothing written yet: said, nothing sent
+    await expect(asked.locator(".error")).to_have_text("write what happened first")
+    await expect(page.locator(".item.decision")).to_have_count(0)
+
+    await result.fill("restarted the api by hand\nit is healthy again")
+    await send.click()
+    await expect(page.locator(".item.decision .text")).to_have_text(
+        "Ann supplied the result: restarted the api by hand\u2026"
+    )
+    reply = page.locator(".item.reply")
+    await expect(reply.locator(".text")).to_contain_text("Done: restarted the api by hand")
+    await expect(reply.locator(".text")).to_contain_text("it is healthy again")
+    await expect(asked.locator(".decided")).to_contain_text(
+        "The approval request for deploy is closed: Ann supplied the result at "
+    )
+    await expect(asked.locator(".decided")).to_contain_text("UTC: restarted the api by hand\u2026")
+    await expect(send).to_be_disabled()
+    await expect(result).to_be_disabled()
+    await expect(reply).not_to_contain_text("deployed")  # the deploy tool never ran
+
+    assert _errors(console_errors) == []
+
+
 async def test_a_stopped_request_closes_its_buttons(
     gateway: GatewayProcess, page: Page, console_errors: list[str]
 ) -> None:
