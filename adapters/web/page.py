@@ -44,6 +44,7 @@ h1 { font-size: 1.15rem; margin: 0; word-break: break-all; }
 .controls { display: flex; gap: .5rem; flex-wrap: wrap; align-items: center; margin-top: .5rem; }
 .decided { font-size: .85rem; margin-top: .4rem; font-weight: 600; }
 .supply { display: grid; gap: .4rem; margin-top: .5rem; }
+.supply[hidden] { display: none; }
 .supply textarea { min-height: 4rem; font: inherit; padding: .4rem; }
 form.compose { display: grid; gap: .5rem; grid-template-columns: 1fr auto; }
 form.compose textarea { grid-column: 1 / -1; min-height: 5rem; font: inherit; padding: .5rem; }
@@ -249,7 +250,7 @@ _THREAD_SCRIPT = """
     failedBox.type = "checkbox";
     const failed = el("label");
     failed.append(failedBox, document.createTextNode(" it failed"));
-    const sendResult = el("button", "", "Send result");
+    const sendResult = el("button", "", "Submit result");
     sendResult.type = "button";
     mine.addEventListener("click", () => { form.hidden = false; result.focus(); });
     sendResult.addEventListener("click", () => {

@@ -316,13 +316,13 @@ def test_supply_answers_the_pending_calls_with_their_result(
     assert re.fullmatch(
         r"supplied the result for web:by-hand: completed \(action act_\w+\)\n", supplied.out
     ), supplied.out
-    again = ops(*words, "--idempotency-key", "cli-supply-1")
-    assert again.code == 0 and again.out == supplied.out  # the first result, replayed
     answers = gateway.answers("by-hand", 2)
     assert answers[-1]["text"] == "Done: deployed build 42 by hand\nfrom the console"
-
-    late = ops("supply", "web:by-hand", "--all", "--result", "again")
-    assert late.code == 1 and "waits on no approval: it is idle" in _one_line(late.err)
+    # sent again (the same key, or a new one): nothing waits any more, nothing is sent
+    for key in ("cli-supply-1", "cli-supply-2"):
+        again = ops(*words, "--idempotency-key", key)
+        assert again.code == 1 and "waits on no approval: it is idle" in _one_line(again.err)
+    assert len(gateway.answers("by-hand", 2)) == 2
     timeline = ops("timeline", "web:by-hand")
     assert timeline.code == 0
     assert f"{call['tool_call_id']} result supplied: deployed build 42 by hand…" in timeline.out

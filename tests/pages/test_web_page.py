@@ -6,8 +6,8 @@ thread, writes in the composer and sees the agent's reply arrive live (Server-Se
 message that makes the agent call ``deploy`` (a tool that requires approval) shows Approve and
 Deny buttons, and a click on one resumes the run. The browser's console must stay free of errors.
 
-With ``TEST_SCREENSHOTS=1`` the tests also write ``docs/screenshots/web-thread.png`` and
-``docs/screenshots/web-approval.png``.
+With ``TEST_SCREENSHOTS=1`` the tests also write ``docs/screenshots/web-thread.png``,
+``docs/screenshots/web-approval.png`` and ``docs/screenshots/web-supplied.png``.
 """
 
 from __future__ import annotations
@@ -171,7 +171,7 @@ async def test_done_it_myself_gives_the_result_and_the_tool_never_runs(
     await expect(result).to_be_hidden()  # the form opens on demand
     await asked.get_by_role("button", name="Done it myself").click()
     await expect(result).to_be_visible()
-    send = asked.get_by_role("button", name="Send result")
+    send = asked.get_by_role("button", name="Submit result")
     await send.click()  # nothing written yet: said, nothing sent
     await expect(asked.locator(".error")).to_have_text("write what happened first")
     await expect(page.locator(".item.decision")).to_have_count(0)
@@ -191,6 +191,7 @@ async def test_done_it_myself_gives_the_result_and_the_tool_never_runs(
     await expect(send).to_be_disabled()
     await expect(result).to_be_disabled()
     await expect(reply).not_to_contain_text("deployed")  # the deploy tool never ran
+    await screenshot(page, "web-supplied")
 
     assert _errors(console_errors) == []
 
