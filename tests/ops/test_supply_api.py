@@ -18,6 +18,7 @@ import pytest
 
 from gateway.channels import gateway_settings
 from gateway.service import Service
+from harness_core.session import StoredRecord
 from harness_core.session.records import MAX_SUPPLIED_CHARS
 from tests.ops.test_api import AGENT, AS_VIEWER, OPERATOR, VIEWER, Ops, _urls
 
@@ -59,8 +60,8 @@ async def _thread_item(ops: Ops, thread: str, kind: str) -> dict[str, Any]:
 async def _records(ops: Ops, session: str, kind: str) -> list[Any]:
     storage = await ops.repo.open(session)
     try:
-        return [r for r in await storage.get_log() if getattr(r, "record", None) is not None
-                and r.record.type == kind]  # fmt: skip
+        log = await storage.get_log()
+        return [r for r in log if isinstance(r, StoredRecord) and r.record.type == kind]
     finally:
         await storage.close()
 
