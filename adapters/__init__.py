@@ -35,6 +35,7 @@ from adapters.channel import (
     ThreadRef,
     Unavailable,
     is_copy_of,
+    result_line,
 )
 from adapters.errors import AdapterError
 from adapters.files import FileKind, FileLimits, file_kind, image_type, take_in
@@ -89,6 +90,7 @@ __all__ = [
     "PendingCall",
     "Reconciled",
     "RegistryError",
+    "result_line",
     "shared_prefix",
     "take_in",
     "TextCut",

@@ -19,12 +19,13 @@ import hashlib
 import json
 from collections.abc import Awaitable, Callable, Mapping, Sequence
 from dataclasses import dataclass
-from typing import Literal, Protocol, runtime_checkable
+from typing import Any, Literal, Protocol, runtime_checkable
 
 from fastapi import APIRouter
-from pydantic import Field
+from pydantic import Field, SerializerFunctionWrapHandler, model_serializer, model_validator
 
 from adapters.errors import AdapterError
+from harness_core import SuppliedResult
 from harness_core.frozen import Frozen, FrozenJsonObject
 
 __all__ = [
@@ -56,6 +57,7 @@ __all__ = [
     "ThreadRef",
     "Unavailable",
     "is_copy_of",
+    "result_line",
 ]
 
 
@@ -210,12 +212,44 @@ class Inbound(Frozen):
 
 
 class DecisionItem(Frozen):
-    """One call's decision from a channel (an Approve or Deny button)."""
+    """One call's decision from a channel (an Approve or Deny button, or a supplied result)."""
 
     tool_call_id: str
     args_digest: str
     approved: bool
     reason: str | None = None
+    supplied: SuppliedResult | None = None
+    """The call's result, given instead of running the tool: the decider did the action
+    themselves (``approved`` is True; D236, D263)."""
+
+    @model_validator(mode="after")
+    def _supplied_only_when_approved(self) -> DecisionItem:
+        if self.supplied is not None and not self.approved:
+            raise ValueError("a supplied result stands for an approved call")
+        return self
+
+    @model_serializer(mode="wrap")
+    def _supplied_only_when_given(self, handler: SerializerFunctionWrapHandler) -> Any:
+        # an item without a supplied result encodes as before D263: the keys web clicks were
+        # deduplicated on, and the items the inbox and the web mailbox hold, read the same
+        data = handler(self)
+        if self.supplied is None and isinstance(data, dict):
+            data.pop("supplied", None)
+        return data
+
+
+RESULT_LINE_CHARS = 200
+"""How much of a supplied result a thread or a timeline shows (its first line)."""
+
+
+def result_line(text: str, limit: int = RESULT_LINE_CHARS) -> str:
+    """A supplied result as one short line: its first non-blank line, an ellipsis if more."""
+    lines = [" ".join(line.split()) for line in text.splitlines()]
+    kept = [line for line in lines if line]
+    first = kept[0] if kept else ""
+    if len(first) > limit:
+        return first[: limit - 1] + "…"
+    return first + ("…" if len(kept) > 1 else "")
 
 
 class DecisionInbound(Frozen):
@@ -423,13 +457,19 @@ class ApprovalClosed(Frozen):
     """The request's delivery id; its reminders' are this plus ``:remind-<n>`` (`is_copy_of`)."""
     requested_at_ms: int
     """When the request was made (a channel looks for its copies from then on)."""
-    outcome: Literal["approved", "denied", "decided", "stopped", "ended"]
-    """``decided``: some calls approved, some denied; ``ended``: the run ended otherwise."""
+    outcome: Literal["approved", "denied", "supplied", "decided", "stopped", "ended"]
+    """``supplied``: the decider gave every call's result (nothing ran); ``decided``: the calls
+    were decided differently (some approved, some denied...); ``ended``: the run ended
+    otherwise."""
     by: str | None = None
     """Who closed it (a channel user id, ``operator:<name>``...), when known."""
     at_ms: int
     reason: str | None = None
     """A denial's reason, if one was given."""
+    result: str | None = None
+    """A supplied result's first line (`result_line`; the first call's, when several were)."""
+    result_is_error: bool = False
+    """That supplied result says the action failed."""
 
 
 def is_copy_of(delivery_id: str, request_delivery_id: str) -> bool:

@@ -16,12 +16,14 @@ crash still names them.
 from __future__ import annotations
 
 import datetime
+from typing import Literal
 
-from adapters import ApprovalClosed, Outbound, ThreadRef
+from adapters import ApprovalClosed, Outbound, ThreadRef, result_line
 from gateway.broker.contract import Broker, ThreadState
 from harness_core import AgentLane, SessionStorage
 from harness_core.session.records import (
     ApprovalDecided,
+    ApprovalDecision,
     ApprovalRequested,
     OperationFinished,
 )
@@ -37,6 +39,8 @@ __all__ = [
     "described",
     "note_abort",
     "request_delivery_id",
+    "supplied_words",
+    "verdict",
 ]
 
 
@@ -90,11 +94,18 @@ async def closure(
     stored = await decided_of(storage, record)
     if stored is not None and isinstance(stored.record, ApprovalDecided):
         decided = stored.record
-        verdicts = {d.approved for d in decided.decisions}
-        outcome = "decided" if len(verdicts) > 1 else "approved" if True in verdicts else "denied"
+        verdicts = {verdict(d) for d in decided.decisions}
+        outcome = "decided" if len(verdicts) > 1 else verdicts.pop()
         reason = next((d.reason for d in decided.decisions if not d.approved and d.reason), None)
+        supplied = next((d.supplied for d in decided.decisions if d.supplied is not None), None)
         return ApprovalClosed(
-            **base, outcome=outcome, by=decided.decided_by, at_ms=stored.timestamp, reason=reason
+            **base,
+            outcome=outcome,
+            by=decided.decided_by,
+            at_ms=stored.timestamp,
+            reason=reason,
+            result=result_line(supplied.text) if supplied is not None else None,
+            result_is_error=supplied is not None and supplied.is_error,
         )
     finished = await storage.find_records(
         RecordQuery(lane=record.lane, type="operation_finished", run_id=record.run_id, limit=1)
@@ -109,6 +120,19 @@ async def closure(
     return ApprovalClosed(**base, outcome="ended", at_ms=end.timestamp)
 
 
+def verdict(decision: ApprovalDecision) -> Literal["approved", "denied", "supplied"]:
+    """What one call's decision was, in a word."""
+    if decision.supplied is not None:
+        return "supplied"
+    return "approved" if decision.approved else "denied"
+
+
+def supplied_words(who: str | None, closed: ApprovalClosed, when: str = "") -> str:
+    """``ann supplied the result at ...: deployed by hand`` (`closed` holds the result)."""
+    failed = " (the action failed)" if closed.result_is_error else ""
+    return f"{who or 'someone'} supplied the result{failed}{when}: {closed.result or ''}"
+
+
 def described(closed: ApprovalClosed) -> str:
     """How it ended, in a few words: ``approved by ann at 2025-01-02 10:30 UTC``."""
     by = f" by {closed.by}" if closed.by else ""
@@ -119,6 +143,10 @@ def described(closed: ApprovalClosed) -> str:
     if closed.outcome == "denied":
         why = f" (reason: {' '.join(closed.reason.split())[:500]})" if closed.reason else ""
         return f"denied{by}{when}{why}"
+    if closed.outcome == "supplied":
+        return supplied_words(closed.by, closed, when)
+    if closed.outcome == "decided" and closed.result is not None:
+        return f"decided{by}{when} (for some calls, {supplied_words('they', closed)})"
     if closed.outcome == "decided":
         return f"decided{by}{when} (some calls approved, some denied)"
     if closed.outcome == "stopped":
@@ -128,7 +156,9 @@ def described(closed: ApprovalClosed) -> str:
 
 def closed_text(closed: ApprovalClosed, names: str) -> str:
     """The close's words in a thread (Markdown): what was asked, and how it ended."""
-    return f"The approval request for {names} is closed: {described(closed)}."
+    said = described(closed)
+    end = "" if said.endswith((".", "!", "?", "…")) else "."  # a supplied result's own ending
+    return f"The approval request for {names} is closed: {said}{end}"
 
 
 def close_outbound(

@@ -172,6 +172,7 @@ async def _do(
                     args_digest=d.args_digest,
                     approved=d.approved,
                     reason=d.reason,
+                    supplied=d.supplied,
                 )
                 for d in action.decisions
             ],
@@ -259,6 +260,9 @@ async def _settle(
         details["tool_recovery"] = action.tool_recovery
     if action.unstick:
         details["unstick"] = True
+    supplied = [d.tool_call_id for d in action.decisions if d.supplied is not None]
+    if supplied:  # the operator did these calls' actions themselves: they never ran (D263)
+        details["supplied"] = supplied
     if action.entry_id is not None:
         details["entry_id"] = action.entry_id
     if final.error is not None:

@@ -868,6 +868,7 @@ class Worker:
                         args_digest=d.args_digest,
                         approved=d.approved,
                         reason=d.reason,
+                        supplied=d.supplied,  # done by the decider: the tool does not run (D263)
                     )
                     for d in decision.decisions
                 ],

@@ -1,4 +1,4 @@
-"""Approve and Deny in Slack: who may decide, the Deny dialog, the decision held durably.
+"""Approve, Deny and Done it myself in Slack: who may decide, the dialogs, the decision held.
 
 A clicker is told, privately, when nothing was recorded (not an approver, a button that cannot
 be read, a request no longer waiting) or when someone else decided first.
@@ -26,11 +26,16 @@ from adapters.channel import (
 from adapters.slack.events import slack_thread
 from adapters.slack.link import SlackLink
 from adapters.slack.render import (
+    FAILED_BLOCK_ID,
+    RESULT_BLOCK_ID,
+    SUPPLY_RESULT_LIMIT,
     DecisionTarget,
     decode_decision_value,
     deny_reason_modal,
     mention,
+    supply_result_modal,
 )
+from harness_core import SuppliedResult
 
 log = logging.getLogger("adapters.slack")
 
@@ -71,6 +76,25 @@ class SlackApprovals:
         action: dict[str, Any],
     ) -> None:
         """Deny: acknowledge, then open the dialog asking for a reason (bolt's listener)."""
+        await self._open_dialog(ack, body, action, deny_reason_modal, "Deny")
+
+    async def on_supply(
+        self,
+        ack: Callable[..., Awaitable[Any]],
+        body: dict[str, Any],
+        action: dict[str, Any],
+    ) -> None:
+        """Done it myself: acknowledge, then open the dialog asking for the result (D263)."""
+        await self._open_dialog(ack, body, action, supply_result_modal, "Done it myself")
+
+    async def _open_dialog(
+        self,
+        ack: Callable[..., Awaitable[Any]],
+        body: dict[str, Any],
+        action: dict[str, Any],
+        modal: Callable[[str], dict[str, Any]],
+        name: str,
+    ) -> None:
         click = _Click.of(body)
         await ack()
         if click is None:
@@ -85,16 +109,45 @@ class SlackApprovals:
         )
         try:
             await self.link.client.views_open(
-                trigger_id=str(body.get("trigger_id", "")), view=deny_reason_modal(metadata)
+                trigger_id=str(body.get("trigger_id", "")), view=modal(metadata)
             )
         except (SlackApiError, aiohttp.ClientError, TimeoutError, ValueError) as exc:
-            log.warning("slack deny dialog failed", extra={"error": type(exc).__name__})
-            await self._tell(click, "Sorry, the Deny dialog could not open. Please try again.")
+            log.warning("slack dialog failed", extra={"error": type(exc).__name__})
+            await self._tell(click, f"Sorry, the {name} dialog could not open. Please try again.")
 
     async def on_deny_reason(
         self, ack: Callable[..., Awaitable[Any]], body: dict[str, Any], view: dict[str, Any]
     ) -> None:
         """The Deny dialog's submission: record the denial with its reason (bolt's listener)."""
+        await self._submitted(ack, body, view, approved=False, reason=_reason_of(view))
+
+    async def on_supply_result(
+        self, ack: Callable[..., Awaitable[Any]], body: dict[str, Any], view: dict[str, Any]
+    ) -> None:
+        """The Done-it-myself dialog's submission: record the result given (bolt's listener).
+
+        An empty result is answered in the dialog (Slack shows the error under the input), so
+        the person writes one; nothing is recorded until then.
+        """
+        result = _result_of(view)
+        if result is None:
+            await ack(
+                response_action="errors",
+                errors={RESULT_BLOCK_ID: "Say what the action did: the agent reads it."},
+            )
+            return
+        await self._submitted(ack, body, view, approved=True, reason=None, supplied=result)
+
+    async def _submitted(
+        self,
+        ack: Callable[..., Awaitable[Any]],
+        body: dict[str, Any],
+        view: dict[str, Any],
+        *,
+        approved: bool,
+        reason: str | None,
+        supplied: SuppliedResult | None = None,
+    ) -> None:
         try:
             metadata = json.loads(str(view.get("private_metadata", "")))
             value = str(metadata["v"])
@@ -108,17 +161,20 @@ class SlackApprovals:
             )
         except (ValueError, KeyError, TypeError):
             await ack()
-            log.warning("slack deny dialog malformed")
+            log.warning("slack dialog malformed")
             return
-        reason = _reason_of(view)
         target = await self._target(click, value)
         if target is None or not await self._may_decide(click):
             await ack()
             return
-        acceptance = await self._decide(click, target, approved=False, reason=reason)
+        acceptance = await self._decide(
+            click, target, approved=approved, reason=reason, supplied=supplied
+        )
         await ack()
         if acceptance is not None:
-            self.link.spawn(self._after_decision(click, acceptance, approved=False, reason=reason))
+            self.link.spawn(
+                self._after_decision(click, acceptance, approved=approved, reason=reason)
+            )
 
     async def _target(self, click: _Click, value: str) -> DecisionTarget | None:
         try:
@@ -169,7 +225,13 @@ class SlackApprovals:
         return members
 
     async def _decide(
-        self, click: _Click, target: DecisionTarget, *, approved: bool, reason: str | None
+        self,
+        click: _Click,
+        target: DecisionTarget,
+        *,
+        approved: bool,
+        reason: str | None,
+        supplied: SuppliedResult | None = None,
     ) -> Acceptance | None:
         """Hold the decision durably (raises Unavailable: Slack then shows the click failed)."""
         decision = DecisionInbound(
@@ -178,7 +240,11 @@ class SlackApprovals:
             wait_id=target.wait_id,
             decisions=tuple(
                 DecisionItem(
-                    tool_call_id=call_id, args_digest=digest, approved=approved, reason=reason
+                    tool_call_id=call_id,
+                    args_digest=digest,
+                    approved=approved,
+                    reason=reason,
+                    supplied=supplied,
                 )
                 for call_id, digest in target.calls
             ),
@@ -214,7 +280,12 @@ class SlackApprovals:
         """
         first = acceptance.first if acceptance.duplicate else None
         if first is not None and first.decided_by.id != click.user:
-            verb = "approved" if all(item.approved for item in first.decisions) else "denied"
+            if all(item.supplied is not None for item in first.decisions):
+                verb = "supplied the result for"
+            elif all(item.approved for item in first.decisions):
+                verb = "approved"
+            else:
+                verb = "denied"
             await self._tell(
                 click, f"<@{first.decided_by.id}> already {verb} this. Nothing was changed."
             )
@@ -281,11 +352,27 @@ def _reason_of(view: Mapping[str, Any]) -> str | None:
     return value.strip()[:500] or None if isinstance(value, str) else None
 
 
+def _result_of(view: Mapping[str, Any]) -> SuppliedResult | None:
+    """The dialog's result (None: empty), and whether the person ticked that it failed."""
+    try:
+        values = view["state"]["values"]
+        text = values[RESULT_BLOCK_ID][RESULT_BLOCK_ID].get("value")
+        ticked = (values.get(FAILED_BLOCK_ID) or {}).get(FAILED_BLOCK_ID) or {}
+        failed = bool(ticked.get("selected_options"))
+    except (KeyError, TypeError, AttributeError):
+        return None
+    if not isinstance(text, str) or not text.strip():
+        return None
+    return SuppliedResult(text=text[:SUPPLY_RESULT_LIMIT], is_error=failed)
+
+
 def _closed_tell(closed: ApprovalClosed) -> str:
     """What a clicker is told, privately, about a request that closed before their click."""
     who = mention(closed.by) if closed.by else "someone"
     if closed.outcome in ("approved", "denied"):
         return f"{who} already {closed.outcome} this. Nothing was changed."
+    if closed.outcome == "supplied":
+        return f"{who} already supplied the result for this. Nothing was changed."
     if closed.outcome == "decided":
         return f"{who} already decided this. Nothing was changed."
     if closed.outcome == "stopped":

@@ -290,6 +290,8 @@ class SlackChannel:
         app.action("approve")(self.approvals.on_approve)
         app.action("deny")(self.approvals.on_deny)
         app.view("deny_reason")(self.approvals.on_deny_reason)
+        app.action("supply")(self.approvals.on_supply)
+        app.view("supply_result")(self.approvals.on_supply_result)
 
     async def _on_mention(
         self, event: dict[str, Any], body: dict[str, Any], context: dict[str, Any]

@@ -320,7 +320,14 @@ class SlackDelivery:
             raise DeliveryError("a close without the request it closes", permanent=True)
         channel, thread_ts = self._where(outbound.thread)
         oldest = f"{max(closed.requested_at_ms / 1000 - _CLOSE_LOOKBACK_S, 0):.6f}"
-        note = close_note(closed.outcome, by=closed.by, at_ms=closed.at_ms, reason=closed.reason)
+        note = close_note(
+            closed.outcome,
+            by=closed.by,
+            at_ms=closed.at_ms,
+            reason=closed.reason,
+            result=closed.result,
+            failed=closed.result_is_error,
+        )
         updated: list[str] = []
         try:
             copies, noted = await self._copies(channel, thread_ts, oldest, outbound, closed)

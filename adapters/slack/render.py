@@ -39,13 +39,18 @@ __all__ = [
     "DENY_ACTION_ID",
     "DENY_REASON_CALLBACK_ID",
     "DecisionTarget",
+    "FAILED_BLOCK_ID",
     "MAX_BLOCKS",
     "MIN_SPLIT_LIMIT",
     "PRIVATE_METADATA_LIMIT",
     "REASON_ACTION_ID",
     "REASON_BLOCK_ID",
     "REASON_LIMIT",
+    "RESULT_BLOCK_ID",
     "SECTION_TEXT_LIMIT",
+    "SUPPLY_ACTION_ID",
+    "SUPPLY_RESULT_CALLBACK_ID",
+    "SUPPLY_RESULT_LIMIT",
     "approval_blocks",
     "close_note",
     "closed_blocks",
@@ -57,6 +62,7 @@ __all__ = [
     "fallback_text",
     "mention",
     "split_text",
+    "supply_result_modal",
     "to_mrkdwn",
 ]
 
@@ -82,6 +88,14 @@ DENY_ACTION_ID = "deny"
 DENY_REASON_CALLBACK_ID = "deny_reason"
 REASON_BLOCK_ID = "reason"
 REASON_ACTION_ID = "reason"
+SUPPLY_ACTION_ID = "supply"
+SUPPLY_RESULT_CALLBACK_ID = "supply_result"
+RESULT_BLOCK_ID = "result"
+"""The supply dialog's result input (its block and action id)."""
+FAILED_BLOCK_ID = "failed"
+"""The supply dialog's "the action failed" checkbox (its block and action id)."""
+SUPPLY_RESULT_LIMIT = 3000
+"""Characters of a result given in Slack's dialog (Slack's own bound on a text input)."""
 
 _FENCE = "```"
 _OPEN_FENCE = _FENCE + "\n"
@@ -677,14 +691,12 @@ def _plain(text: str) -> dict[str, str]:
     return {"type": "plain_text", "text": text}
 
 
-def _button(action_id: str, label: str, style: str, value: str) -> Block:
-    return {
-        "type": "button",
-        "action_id": action_id,
-        "text": _plain(label),
-        "style": style,
-        "value": value,
-    }
+def _button(action_id: str, label: str, style: str | None, value: str) -> Block:
+    button: Block = {"type": "button", "action_id": action_id, "text": _plain(label)}
+    if style is not None:  # Slack knows only primary and danger: a plain button has none
+        button["style"] = style
+    button["value"] = value
+    return button
 
 
 def _shorten(text: str, limit: int) -> str:
@@ -769,6 +781,7 @@ def approval_blocks(view: ApprovalView, *, intro: str, max_arg_chars: int = 1500
                 "elements": [
                     _button(APPROVE_ACTION_ID, "Approve", "primary", value),
                     _button(DENY_ACTION_ID, "Deny", "danger", value),
+                    _button(SUPPLY_ACTION_ID, "Done it myself", None, value),
                 ],
             }
         )
@@ -830,19 +843,32 @@ def decided_blocks(
 
 
 def close_note(
-    outcome: Literal["approved", "denied", "decided", "stopped", "ended"],
+    outcome: Literal["approved", "denied", "supplied", "decided", "stopped", "ended"],
     *,
     by: str | None,
     at_ms: int,
     reason: str | None = None,
+    result: str | None = None,
+    failed: bool = False,
 ) -> str:
-    """One mrkdwn line saying how an approval request closed, who closed it and when."""
+    """One mrkdwn line saying how an approval request closed, who closed it and when.
+
+    `result` is a supplied result's first line (`failed`: it says the action failed).
+    """
     who = f" by {mention(by)}" if by else ""
     when = f" at {_when(at_ms)}"
+    supplied = _escape(_shorten(" ".join((result or "").split()), REASON_LIMIT))
+    failure = " (the action failed)" if failed else ""
     if outcome == "approved":
         note = f"✅ Approved{who}{when}"
     elif outcome == "denied":
         note = f"❌ Denied{who}{when}"
+    elif outcome == "supplied":
+        note = (
+            f"📝 {mention(by) if by else 'Someone'} supplied the result{failure}{when}: {supplied}"
+        )
+    elif outcome == "decided" and result is not None:
+        note = f"☑️ Decided{who}{when}: for some calls the result was supplied{failure}: {supplied}"
     elif outcome == "decided":
         note = f"☑️ Decided{who}{when}: some calls approved, some denied"
     elif outcome == "stopped":
@@ -915,6 +941,65 @@ def deny_reason_modal(private_metadata: str) -> Block:
                     "placeholder": _plain("Why not? (optional)"),
                 },
             }
+        ],
+    }
+
+
+def supply_result_modal(private_metadata: str) -> Block:
+    """The ``views.open`` modal of "Done it myself": the result the agent reads instead.
+
+    Args:
+        private_metadata: What the submission needs to find the request again (as for
+            `deny_reason_modal`).
+
+    Returns:
+        The view: ``callback_id="supply_result"``, a required multiline input (``block_id``
+        and ``action_id`` ``result``, at most 3,000 characters) and an optional checkbox
+        (``failed``: the action failed).
+
+    Raises:
+        ValueError: `private_metadata` is longer than Slack's 3,000 characters.
+    """
+    if len(private_metadata) > PRIVATE_METADATA_LIMIT:
+        raise ValueError(
+            f"private_metadata has at most {PRIVATE_METADATA_LIMIT} characters, "
+            f"got {len(private_metadata)}"
+        )
+    return {
+        "type": "modal",
+        "callback_id": SUPPLY_RESULT_CALLBACK_ID,
+        "title": _plain("Done it myself"),
+        "submit": _plain("Send result"),
+        "close": _plain("Cancel"),
+        "private_metadata": private_metadata,
+        "blocks": [
+            _context(
+                "You did the action yourself: the tool will not run, and the agent reads what "
+                "you write here as its result."
+            ),
+            {
+                "type": "input",
+                "block_id": RESULT_BLOCK_ID,
+                "label": _plain("Result"),
+                "element": {
+                    "type": "plain_text_input",
+                    "action_id": RESULT_BLOCK_ID,
+                    "multiline": True,
+                    "max_length": SUPPLY_RESULT_LIMIT,
+                    "placeholder": _plain("What happened? (e.g. deployed build 42 by hand)"),
+                },
+            },
+            {
+                "type": "input",
+                "block_id": FAILED_BLOCK_ID,
+                "optional": True,
+                "label": _plain("Outcome"),
+                "element": {
+                    "type": "checkboxes",
+                    "action_id": FAILED_BLOCK_ID,
+                    "options": [{"text": _plain("The action failed"), "value": FAILED_BLOCK_ID}],
+                },
+            },
         ],
     }
 

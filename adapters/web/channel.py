@@ -16,8 +16,9 @@ the GETs and a body field of the POSTs):
   are ``[{"name", "media_type"?, "data"}]`` with ``data`` in base64, held by the gateway
   before the message is taken (D223).
 * ``POST /web/threads/{thread}/decisions`` ``{"run_id", "wait_id", "decisions": [
-  {"tool_call_id", "args_digest", "approved", "reason"?}], "author"?, "idempotency_key"?,
-  "space"?}`` -> 202 (an Approve or Deny click).
+  {"tool_call_id", "args_digest", "approved", "reason"?, "result"?, "is_error"?}], "author"?,
+  "idempotency_key"?, "space"?}`` -> 202 (an Approve or Deny click; with ``result``, a "Done it
+  myself": the person did the action and gives its result, the tool does not run).
 * ``GET /web/threads/{thread}?after=&limit=`` -> the thread's items, oldest first.
 * ``GET /web/threads/{thread}/events?after=&kinds=`` -> ``text/event-stream``: every item after
   ``after`` (or after the ``Last-Event-ID`` header), then each new one as it is appended; the
@@ -99,7 +100,8 @@ from adapters.web.mailbox import (
     open_mailbox,
 )
 from adapters.web.page import content_security_policy, index_page, thread_page
-from harness_core import Clock, IdGenerator, SystemClock, Uuid7Ids
+from harness_core import Clock, IdGenerator, SuppliedResult, SystemClock, Uuid7Ids
+from harness_core.session.records import MAX_SUPPLIED_CHARS
 
 __all__ = ["WebChannel", "WebLimits"]
 
@@ -220,6 +222,9 @@ class _DecisionItemIn(BaseModel):
     args_digest: str = Field(min_length=1, max_length=200)
     approved: bool
     reason: str | None = Field(default=None, max_length=1000)
+    result: str | None = None
+    """The call's result when the person did the action themselves (D263)."""
+    is_error: bool = False
 
 
 class _DecisionIn(BaseModel):
@@ -245,6 +250,26 @@ def _check_text(value: str, what: str) -> None:
     """Refuse what no backend should store: NUL characters and unpaired surrogates."""
     if (problem := text_problem(value, what)) is not None:
         raise _Refused(400, "invalid_text", problem)
+
+
+def _check_result(item: _DecisionItemIn) -> None:
+    """Refuse a supplied result that is empty, too long, or not for an approved call."""
+    if item.result is None:
+        if item.is_error:
+            raise _Refused(400, "invalid_request", "'is_error' goes with a supplied 'result'")
+        return
+    if not item.approved:
+        raise _Refused(400, "invalid_request", "a supplied 'result' goes with approved: true")
+    if not item.result.strip():
+        raise _Refused(400, "empty_text", "'result' is empty: say what the action did")
+    if len(item.result) > MAX_SUPPLIED_CHARS:
+        raise _Refused(
+            400,
+            "text_too_long",
+            f"'result' has {len(item.result)} characters; at most {MAX_SUPPLIED_CHARS} are "
+            "accepted",
+        )
+    _check_text(item.result, "'result'")
 
 
 def _name(value: str, what: Literal["thread", "space"]) -> str:
@@ -616,6 +641,7 @@ class WebChannel:
             _check_text(value, "an id")
         for d in body.decisions:
             _check_text(d.tool_call_id + d.args_digest + (d.reason or ""), "a decision")
+            _check_result(d)
         ids = [d.tool_call_id for d in body.decisions]
         if len(set(ids)) != len(ids):
             raise _Refused(400, "invalid_request", "a call is decided twice in one click")
@@ -627,6 +653,9 @@ class WebChannel:
                 args_digest=d.args_digest,
                 approved=d.approved,
                 reason=d.reason,
+                supplied=None
+                if d.result is None
+                else SuppliedResult(text=d.result, is_error=d.is_error),
             )
             for d in body.decisions
         )

@@ -16,6 +16,7 @@ import json
 from urllib.parse import quote
 
 from adapters.web.mailbox import NAME_RULE
+from harness_core.session.records import MAX_SUPPLIED_CHARS
 
 __all__ = ["content_security_policy", "index_page", "thread_page"]
 
@@ -42,6 +43,9 @@ h1 { font-size: 1.15rem; margin: 0; word-break: break-all; }
 .call pre { margin: .25rem 0; white-space: pre-wrap; overflow-wrap: anywhere; font-size: .85rem; }
 .controls { display: flex; gap: .5rem; flex-wrap: wrap; align-items: center; margin-top: .5rem; }
 .decided { font-size: .85rem; margin-top: .4rem; font-weight: 600; }
+.supply { display: grid; gap: .4rem; margin-top: .5rem; }
+.supply[hidden] { display: none; }
+.supply textarea { min-height: 4rem; font: inherit; padding: .4rem; }
 form.compose { display: grid; gap: .5rem; grid-template-columns: 1fr auto; }
 form.compose textarea { grid-column: 1 / -1; min-height: 5rem; font: inherit; padding: .5rem; }
 button, input { font: inherit; padding: .3rem .8rem; }
@@ -117,7 +121,7 @@ _THREAD_SCRIPT = """
   function close(box, said) {
     // a card says one thing: the gateway's close replaces what the page guessed before it
     box.dataset.decided = "1";
-    box.querySelectorAll("button, input").forEach((b) => { b.disabled = true; });
+    box.querySelectorAll("button, input, textarea").forEach((b) => { b.disabled = true; });
     let note = box.querySelector(".decided");
     if (!note) { note = el("div", "decided"); box.appendChild(note); }
     note.textContent = said;
@@ -129,11 +133,31 @@ _THREAD_SCRIPT = """
     for (const box of waits.get(waitId) || []) close(box, said);
     return true;
   }
+  function firstLine(text) {
+    // a supplied result as the gateway shows it: its first non-blank line, shortened
+    const lines = String(text).split(/\\r?\\n/)
+      .map((l) => l.split(/\\s+/).filter(Boolean).join(" ")).filter(Boolean);
+    const first = lines[0] || "";
+    if (first.length > 200) return first.slice(0, 199) + "\u2026";
+    return first + (lines.length > 1 ? "\u2026" : "");
+  }
+  function decisionWords(item) {
+    // "Ann: approve", or "Ann supplied the result: <first line>" (the tool did not run)
+    const ds = item.decision.decisions;
+    if (ds.every((d) => d.supplied)) {
+      const failed = ds[0].supplied.is_error ? " (the action failed)" : "";
+      return who(item.author) + " supplied the result" + failed + ": " +
+        firstLine(ds[0].supplied.text);
+    }
+    const verbs = ds.map((d) => d.supplied ? "supply" : d.approved ? "approve" : "deny");
+    return who(item.author) + ": " + verbs.join(", ");
+  }
   function markDecided(waitId) {
     // a request and its reminders share the wait: one decision closes every copy
     const item = decided.get(waitId);
     if (!item) return;
-    const verdicts = item.decision.decisions.map((d) => d.approved ? "approved" : "denied");
+    const verdicts = item.decision.decisions.map(
+      (d) => d.supplied ? "result supplied" : d.approved ? "approved" : "denied");
     const all = verdicts.every((v) => v === verdicts[0]) ? verdicts[0] : verdicts.join(", ");
     for (const box of waits.get(waitId) || []) {
       if (!box.dataset.decided) close(box, "Decision sent by " + who(item.author) + ": " + all);
@@ -172,14 +196,15 @@ _THREAD_SCRIPT = """
     const reason = el("input");
     reason.placeholder = "reason (optional)";
     const note = el("span", "error");
-    async function decide(verdictOf) {
+    async function decide(verdictOf, supplied) {
       const decisions = view.calls.map((call) => ({
         tool_call_id: call.tool_call_id,
         args_digest: call.args_digest,
-        approved: verdictOf(call) === "approve",
+        approved: supplied ? true : verdictOf(call) === "approve",
         reason: reason.value || null,
+        ...(supplied || {}),
       }));
-      controls.querySelectorAll("button").forEach((b) => { b.disabled = true; });
+      box.querySelectorAll("button").forEach((b) => { b.disabled = true; });
       const failed = await send("decisions", {
         space: cfg.space, run_id: view.run_id, wait_id: view.wait_id, decisions,
         author: authorBox.value || null,
@@ -190,7 +215,7 @@ _THREAD_SCRIPT = """
         return;
       }
       note.textContent = failed || "";
-      if (failed) controls.querySelectorAll("button").forEach((b) => { b.disabled = false; });
+      if (failed) box.querySelectorAll("button").forEach((b) => { b.disabled = false; });
     }
     const many = view.calls.length > 1;
     const approve = el("button", "", many ? "Approve all" : "Approve");
@@ -212,8 +237,37 @@ _THREAD_SCRIPT = """
       });
       controls.appendChild(chosen);
     }
-    controls.append(reason, note);
+    // "Done it myself": the person did the action and gives its result; the tool does not run
+    const mine = el("button", "", "Done it myself");
+    mine.type = "button";
+    const form = el("div", "supply");
+    form.hidden = true;
+    const result = el("textarea");
+    result.placeholder = "What happened? The agent reads this as the result" +
+      (many ? " of every call" : "");
+    result.setAttribute("aria-label", "result");
+    const failedBox = el("input");
+    failedBox.type = "checkbox";
+    const failed = el("label");
+    failed.append(failedBox, document.createTextNode(" it failed"));
+    const sendResult = el("button", "", "Submit result");
+    sendResult.type = "button";
+    mine.addEventListener("click", () => { form.hidden = false; result.focus(); });
+    sendResult.addEventListener("click", () => {
+      const size = [...result.value].length;
+      if (!result.value.trim()) { note.textContent = "write what happened first"; return; }
+      if (size > cfg.max_supplied_chars) {
+        note.textContent = "The result has " + size.toLocaleString("en") + " characters; " +
+          "at most " + cfg.max_supplied_chars.toLocaleString("en") + " are accepted: " +
+          "nothing was sent.";
+        return;
+      }
+      decide(null, {result: result.value, is_error: failedBox.checked});
+    });
+    form.append(result, failed, sendResult);
+    controls.append(mine, reason, note);
     box.appendChild(controls);
+    box.appendChild(form);
     waits.set(view.wait_id, [...(waits.get(view.wait_id) || []), box]);
   }
   function endLive() {
@@ -257,8 +311,7 @@ _THREAD_SCRIPT = """
     };
     box.appendChild(el("div", "meta", labels[item.kind] + " \\u00b7 " + when(item.at_ms)));
     if (item.kind === "decision") {
-      const verdicts = item.decision.decisions.map((d) => d.approved ? "approve" : "deny");
-      box.appendChild(el("div", "text", who(item.author) + ": " + verdicts.join(", ")));
+      box.appendChild(el("div", "text", decisionWords(item)));
       decided.set(item.decision.wait_id, item);
       list.appendChild(box);
       markDecided(item.decision.wait_id);
@@ -382,7 +435,14 @@ def _json_for_html(value: object) -> str:
 def thread_page(*, space: str, thread: str, max_text_chars: int) -> str:
     """The page of one thread (everything it shows arrives through its event stream)."""
     title = html.escape(f"{thread}" if space == "default" else f"{space} / {thread}")
-    config = _json_for_html({"space": space, "thread": thread, "max_text_chars": max_text_chars})
+    config = _json_for_html(
+        {
+            "space": space,
+            "thread": thread,
+            "max_text_chars": max_text_chars,
+            "max_supplied_chars": MAX_SUPPLIED_CHARS,
+        }
+    )
     back = html.escape(f"../../?space={space}", quote=True)
     json_link = html.escape(f"../{thread}?space={space}", quote=True)
     return f"""<!doctype html>

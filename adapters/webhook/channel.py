@@ -58,11 +58,13 @@ from adapters.webhook.payloads import (
     MAX_REPLY_CONTEXT_BYTES,
     AuthorIn,
     DecisionIn,
+    DecisionItemIn,
     MessageIn,
     parse_json,
 )
 from adapters.webhook.signing import SignatureRefused, check_headers, verify
-from harness_core import Clock, SystemClock
+from harness_core import Clock, SuppliedResult, SystemClock
+from harness_core.session.records import MAX_SUPPLIED_CHARS
 
 __all__ = ["CHANNEL", "EVENTS_PATH", "WebhookChannel", "WebhookLimits", "decision_key"]
 
@@ -146,6 +148,26 @@ def _check_text(value: str, what: str) -> None:
         raise _Refused(400, "invalid_text", problem)
 
 
+def _check_result(item: DecisionItemIn) -> None:
+    """Refuse a result that is empty, too long, or not for an approved call (D263)."""
+    if item.result is None:
+        if item.is_error:
+            raise _Refused(400, "invalid_request", "'is_error' goes with a 'result'")
+        return
+    if not item.approved:
+        raise _Refused(400, "invalid_request", "a 'result' goes with approved: true")
+    if not item.result.strip():
+        raise _Refused(400, "empty_text", "'result' is empty: say what the action did")
+    if len(item.result) > MAX_SUPPLIED_CHARS:
+        raise _Refused(
+            400,
+            "text_too_long",
+            f"'result' has {len(item.result)} characters; at most {MAX_SUPPLIED_CHARS} are "
+            "accepted",
+        )
+    _check_text(item.result, "'result'")
+
+
 def decision_key(body: DecisionIn) -> str:
     """A decision's key when the sender names none: the same decision always has the same key.
 
@@ -154,7 +176,7 @@ def decision_key(body: DecisionIn) -> str:
     """
     canonical = json.dumps(
         [body.space, body.thread, body.run_id, body.wait_id,
-         [d.model_dump() for d in body.decisions]],
+         [d.keyed() for d in body.decisions]],
         sort_keys=True,
         separators=(",", ":"),
     )  # fmt: skip
@@ -333,6 +355,7 @@ class WebhookChannel:
             _check_text(value, "an id")
         for d in body.decisions:
             _check_text(d.tool_call_id + d.args_digest + (d.reason or ""), "a decision")
+            _check_result(d)
         ids = [d.tool_call_id for d in body.decisions]
         if len(set(ids)) != len(ids):
             raise _Refused(400, "invalid_request", "a call is decided twice in one request")
@@ -355,6 +378,9 @@ class WebhookChannel:
                     args_digest=d.args_digest,
                     approved=d.approved,
                     reason=d.reason,
+                    supplied=None
+                    if d.result is None
+                    else SuppliedResult(text=d.result, is_error=d.is_error),
                 )
                 for d in body.decisions
             ),

@@ -7,9 +7,11 @@ silently dropped):
   "name"?}, "text", "reply_context"?: {...}}``; ``message_id`` defaults to the request's
   ``webhook-id`` (a sender's redelivery is then the same message);
 * a decision: ``{"type": "decision", "thread", "space"?, "run_id", "wait_id", "session"?,
-  "decisions": [{"tool_call_id", "args_digest", "approved", "reason"?}], "author": {"id",
-  "name"?}, "idempotency_key"?}``; the key defaults to one derived from what it decides
-  (`adapters.webhook.channel.decision_key`): the same decision sent twice is one.
+  "decisions": [{"tool_call_id", "args_digest", "approved", "reason"?, "result"?,
+  "is_error"?}], "author": {"id", "name"?}, "idempotency_key"?}``; the key defaults to one
+  derived from what it decides (`adapters.webhook.channel.decision_key`): the same decision sent
+  twice is one. A ``result`` (with ``approved: true``) answers the call with its result: the
+  sender did the action itself and the tool does not run (``is_error``: it failed).
 
 Out (what `deliver` POSTs): ``{"kind", "delivery_id", "space", "thread", "text", "answers",
 "reply_context", "approval"?, "closed"?}``; ``text`` is Markdown, ``approval`` is the request's
@@ -75,10 +77,22 @@ class DecisionItemIn(_Strict):
     args_digest: str = Field(min_length=1, max_length=200)
     approved: bool
     reason: str | None = Field(default=None, max_length=1000)
+    result: str | None = None
+    """The call's result when the sender did the action itself (approved: the tool does not
+    run; D263); at most `MAX_SUPPLIED_CHARS` characters."""
+    is_error: bool = False
+    """With ``result``: the action failed."""
+
+    def keyed(self) -> dict[str, Any]:
+        """What a derived key covers: as before D263 for a decision without a result."""
+        data = self.model_dump()
+        if self.result is None and not self.is_error:
+            del data["result"], data["is_error"]
+        return data
 
 
 class DecisionIn(_Strict):
-    """An approval request decided (approve or deny each of its calls)."""
+    """An approval request decided (approve or deny each of its calls, or give its result)."""
 
     type: Literal["decision"]
     thread: str = Field(pattern=THREAD_PATTERN)

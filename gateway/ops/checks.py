@@ -11,7 +11,7 @@ from typing import get_args
 from adapters import DecisionItem
 from gateway.ops.errors import ApiError
 from gateway.ops.views import DecisionsRequest, LaneView
-from harness_core import LaneStatus
+from harness_core import LaneStatus, SuppliedResult
 
 __all__ = ["STATUSES", "check_allowed", "decision_items", "statuses"]
 
@@ -90,8 +90,11 @@ def decision_items(view: LaneView, body: DecisionsRequest) -> tuple[DecisionItem
         DecisionItem(
             tool_call_id=call_id,
             args_digest=pending[call_id].args_digest,
-            approved=choice.action == "approve",
+            approved=choice.action != "deny",
             reason=choice.reason,
+            supplied=SuppliedResult(text=choice.result, is_error=choice.is_error)
+            if choice.action == "supply" and choice.result is not None
+            else None,
         )
         for call_id, choice in sorted(body.approvals.items())
     )

@@ -45,7 +45,7 @@ button.primary { background: var(--accent); color: white; border-color: var(--ac
   margin: .6rem 0; }
 .row { display: flex; gap: .5rem; flex-wrap: wrap; align-items: center; margin: .3rem 0; }
 .mono { font-family: ui-monospace, monospace; font-size: .85rem; word-break: break-all; }
-input, select { font: inherit; padding: .25rem .4rem; }
+input, select, textarea { font: inherit; padding: .25rem .4rem; }
 .summary { white-space: pre-wrap; word-break: break-word; }
 """.strip()
 
@@ -237,6 +237,29 @@ _SCRIPT = """
       };
       actions.append(table, actionButton("Approve all", decide("approve"), true),
         actionButton("Deny all", decide("deny")), reason);
+      // done by hand: the calls' result instead of running them (the tool never runs)
+      const result = el("textarea");
+      result.placeholder = "what you did: the result the agent reads";
+      result.setAttribute("aria-label", "result");
+      result.rows = 3;
+      result.cols = 60;
+      const failedBox = el("input");
+      failedBox.type = "checkbox";
+      const failed = el("label", "muted");
+      failed.append(failedBox, document.createTextNode(" the action failed"));
+      const supply = () => {
+        if (!result.value.trim()) throw new Error("write what the action did first");
+        const approvals = {};
+        for (const call of lane.pending_approvals) {
+          approvals[call.tool_call_id] = {
+            action: "supply", result: result.value, is_error: failedBox.checked,
+          };
+        }
+        return api("POST", "/lanes/" + id + "/decisions", {wait_id: lane.wait_id, approvals});
+      };
+      const done = el("div", "row");
+      done.append(result, failed, actionButton("Done it myself", supply));
+      actions.appendChild(done);
     }
     const timeline = await api("GET", "/lanes/" + id + "/timeline?limit=500");
     const body = $("timeline");

@@ -9,9 +9,10 @@ from __future__ import annotations
 
 import contextlib
 import json
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Mapping
 from typing import Any
 
+from adapters import result_line
 from gateway.broker.contract import Broker
 from gateway.lane_status import inspect_held
 from gateway.ops.errors import ApiError
@@ -34,7 +35,7 @@ from harness_core import (
 )
 from harness_core.session import LaneMove, MessageEntry, RecordQuery, StoredEntry, StoredRecord
 from harness_core.session.entries import ActiveToolsChangeEntry, CustomEntry, ModelChangeEntry
-from harness_core.session.records import ToolStarted, Usage
+from harness_core.session.records import ApprovalDecided, ToolStarted, Usage
 
 __all__ = [
     "allowed_actions",
@@ -217,6 +218,10 @@ def _entry_summary(entry: Any) -> str:
         head = f"{role} ({name})" if name else role
         stop = getattr(message, "stop_reason", None)
         tail = f" [{stop}]" if stop not in (None, "stop", "tool_use") else ""
+        details = getattr(message, "details", None)
+        if isinstance(details, Mapping) and details.get("supplied") is True:
+            # the tool never ran: whoever decided the call gave this result (D236)
+            head += f" [{details.get('note') or 'supplied'}]"
         return _clip(f"{head}: {' '.join(texts) or '(no text)'}{tail}")
     return _clip(_configuration_summary(entry) or f"{entry.type}")
 
@@ -241,6 +246,8 @@ def _configuration_summary(entry: Any) -> str | None:
 
 
 def _record_summary(record: Any) -> str:
+    if isinstance(record, ApprovalDecided):
+        return _clip(_decided_summary(record))
     if isinstance(record, ToolStarted):
         return _clip(
             f"tool {record.tool_name} started (replay={record.replay}) "
@@ -260,6 +267,23 @@ def _record_summary(record: Any) -> str:
     if error is not None:
         text += f" ({getattr(error, 'code', '')}: {getattr(error, 'message', '')})"
     return _clip(text)
+
+
+def _decided_summary(record: ApprovalDecided) -> str:
+    """Who decided, and each call's decision: ``c2 result supplied: deployed by hand``."""
+    said = []
+    for decision in record.decisions:
+        if decision.supplied is not None:
+            failed = " (the action failed)" if decision.supplied.is_error else ""
+            line = result_line(decision.supplied.text, 120)
+            said.append(f"{decision.tool_call_id} result supplied{failed}: {line}")
+        elif decision.approved:
+            said.append(f"{decision.tool_call_id} approved")
+        else:
+            why = f" ({result_line(decision.reason, 120)})" if decision.reason else ""
+            said.append(f"{decision.tool_call_id} denied{why}")
+    by = f" by {record.decided_by}" if record.decided_by else ""
+    return f"approval decided{by}: {'; '.join(said)}"
 
 
 def _short(value: Any) -> str:

@@ -4,11 +4,12 @@ from __future__ import annotations
 
 import base64
 import binascii
-from typing import Any, Generic, Literal, TypeVar
+from typing import Any, Generic, Literal, Self, TypeVar
 
-from pydantic import BaseModel, ConfigDict, Field
+from pydantic import BaseModel, ConfigDict, Field, model_validator
 
 from gateway.ops.errors import ApiError
+from harness_core.session.records import MAX_SUPPLIED_CHARS
 
 __all__ = [
     "ActionRequest",
@@ -230,11 +231,24 @@ class RerunRequest(BaseModel):
 
 
 class CallDecision(BaseModel):
-    """Approve or deny one call."""
+    """Approve or deny one call, or give its result: the operator did the action themselves."""
 
     model_config = ConfigDict(extra="forbid")
-    action: Literal["approve", "deny"]
+    action: Literal["approve", "deny", "supply"]
     reason: str | None = Field(default=None, max_length=4096)
+    """Why it was denied (the model reads it), or a note recorded with the decision."""
+    result: str | None = Field(default=None, max_length=MAX_SUPPLIED_CHARS)
+    """``supply``: the call's result, what the model reads (the tool does not run)."""
+    is_error: bool = False
+    """``supply``: the action failed (the model reads a failed call)."""
+
+    @model_validator(mode="after")
+    def _result_only_when_supplied(self) -> Self:
+        if self.action == "supply" and (self.result is None or not self.result.strip()):
+            raise ValueError("supply needs the call's result: a non-empty 'result'")
+        if self.action != "supply" and (self.result is not None or self.is_error):
+            raise ValueError(f"'result' and 'is_error' go with supply, not {self.action}")
+        return self
 
 
 class DecisionsRequest(BaseModel):

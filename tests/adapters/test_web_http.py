@@ -26,6 +26,7 @@ from adapters.web.mailbox import MailboxError
 from adapters.web.page import _STYLE, _THREAD_SCRIPT
 from adapters.web.sqlite import SqliteMailbox
 from harness_core import SequentialIds
+from harness_core.session.records import MAX_SUPPLIED_CHARS
 from harness_core.testing import ManualClock
 from tests.adapters.kit import TestSink, outbound
 
@@ -733,6 +734,7 @@ async def test_the_thread_page_is_plain_html_with_a_strict_policy(
         "space": "default",
         "thread": "t1",
         "max_text_chars": 1000,
+        "max_supplied_chars": MAX_SUPPLIED_CHARS,
     }
     assert "maxlength" not in page.split('id="text"')[1].split(">")[0]  # a paste is never cut
 

@@ -28,6 +28,7 @@ import pytest
 
 from gateway.channels import gateway_settings
 from gateway.ops.cli import main
+from harness_core.session.records import MAX_SUPPLIED_CHARS
 from tests.support.gateway_process import ROOT, GatewayProcess
 from tests.support.redis_server import free_port
 
@@ -283,6 +284,67 @@ def test_approve_all_completes_a_suspended_approval(gateway: Gateway, ops: Any) 
     [moon] = gateway.lane("web:ship-no", "suspended")["pending_approvals"]
     denied = ops("deny", "web:ship-no", "--call", moon["tool_call_id"], "--reason", "not the moon")
     assert denied.code == 0 and denied.out.startswith("denied web:ship-no: "), denied
+
+
+def test_supply_answers_the_pending_calls_with_their_result(
+    gateway: Gateway, ops: Any, tmp_path: Path
+) -> None:
+    """D263: the operator did the deploy by hand; the tool never runs, the agent reads it."""
+    gateway.post("by-hand", "/deploy prod")
+    view = gateway.lane("web:by-hand", "suspended")
+    [call] = view["pending_approvals"]
+
+    blank = ops("supply", "web:by-hand", "--all", "--result", "  \n ")
+    assert blank.code == 2 and "is empty" in _one_line(blank.err)
+    huge = tmp_path / "huge.txt"
+    huge.write_text("x" * (MAX_SUPPLIED_CHARS + 1), encoding="utf-8")
+    over = ops("supply", "web:by-hand", "--all", "--result-file", str(huge))
+    assert over.code == 2 and "more than 100,000 characters" in _one_line(over.err)
+    missing = ops("supply", "web:by-hand", "--all", "--result-file", str(tmp_path / "none"))
+    assert missing.code == 2 and "cannot read the result from" in _one_line(missing.err)
+    neither = ops("supply", "web:by-hand", "--all")
+    assert neither.code == 2 and "--result" in neither.err  # argparse's own usage error
+    viewer = ops("supply", "web:by-hand", "--all", "--result", "done", token=VIEWER)
+    assert viewer.code == 1 and "operator" in _one_line(viewer.err)
+    assert gateway.lane("web:by-hand", "suspended")["wait_id"] == view["wait_id"]  # nothing done
+
+    given = tmp_path / "result.txt"
+    given.write_text("deployed build 42 by hand\nfrom the console", encoding="utf-8")
+    words = ("supply", "web:by-hand", "--call", call["tool_call_id"], "--result-file", str(given))
+    supplied = ops(*words, "--idempotency-key", "cli-supply-1")
+    assert supplied.code == 0, supplied
+    assert re.fullmatch(
+        r"supplied the result for web:by-hand: completed \(action act_\w+\)\n", supplied.out
+    ), supplied.out
+    answers = gateway.answers("by-hand", 2)
+    assert answers[-1]["text"] == "Done: deployed build 42 by hand\nfrom the console"
+    # sent again (the same key, or a new one): nothing waits any more, nothing is sent
+    for key in ("cli-supply-1", "cli-supply-2"):
+        again = ops(*words, "--idempotency-key", key)
+        assert again.code == 1 and "waits on no approval: it is idle" in _one_line(again.err)
+    assert len(gateway.answers("by-hand", 2)) == 2
+    timeline = ops("timeline", "web:by-hand")
+    assert timeline.code == 0
+    assert f"{call['tool_call_id']} result supplied: deployed build 42 by hand…" in timeline.out
+    assert "[supplied by operator:alice]" in timeline.out and "tool_started" not in timeline.out
+
+    gateway.post("by-hand-failed", "/deploy prod")
+    gateway.lane("web:by-hand-failed", "suspended")
+    failed = ops("supply", "web:by-hand-failed", "--all", "--result", "disk full", "--error")
+    assert failed.code == 0, failed
+    closed = _until_closed(gateway.url, "by-hand-failed")
+    assert "operator:alice supplied the result (the action failed) at " in closed
+
+
+def _until_closed(url: str, thread: str) -> str:
+    deadline = time.monotonic() + 20
+    while True:
+        items = httpx.get(f"{url}/web/threads/{thread}", timeout=10).json()["items"]
+        closed = [i["text"] for i in items if i["kind"] == "approval_closed"]
+        if closed:
+            return str(closed[0])
+        assert time.monotonic() < deadline, items
+        time.sleep(0.05)
 
 
 def test_actions_need_yes_without_a_terminal_and_replay_their_key(

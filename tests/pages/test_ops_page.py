@@ -144,3 +144,53 @@ async def test_without_a_token_the_page_asks_to_sign_in_and_refuses_a_wrong_one(
         gateway.stop()
     # the refused token's 401 is the only console error a browser reports for it
     assert [e for e in console_errors if "401" not in e] == []
+
+
+async def test_an_operator_supplies_a_result_from_the_page(
+    tmp_path: Path, page: Page, console_errors: list[str]
+) -> None:
+    """D263: the operator deployed by hand; the page answers the pending call with the result."""
+    settings = {
+        "store_url": f"sqlite:///{tmp_path}/store.db",
+        "broker_url": f"sqlite:///{tmp_path}/broker.db",
+        "web_url": f"sqlite:///{tmp_path}/web.db",
+        "plugin": "tests.support.gateway_agent",
+    }
+    gateway = GatewayProcess("gw", tmp_path, settings).start()
+    try:
+        token = (tmp_path / "ops-token").read_text().strip()
+        async with httpx.AsyncClient(base_url=gateway.url, timeout=10) as http:
+            posted = await http.post("/web/threads/by-hand/messages", json={"text": "/deploy x"})
+            assert posted.status_code == 202, posted.text
+            headers = {"Authorization": f"Bearer {token}"}
+            deadline = time.monotonic() + 30
+            while True:
+                lanes = (await http.get("/api/v1/lanes", headers=headers)).json()["items"]
+                if any(v["lane"] == "web:by-hand" and v["status"] == "suspended" for v in lanes):
+                    break
+                assert time.monotonic() < deadline, lanes
+                await asyncio.sleep(0.1)
+
+        await page.goto(f"{gateway.url}/ops#token={token}")
+        row = page.locator("#lanes tr", has_text="web:by-hand")
+        await expect(row.locator(".status")).to_have_text("suspended")
+        await row.click()
+        actions = page.locator("#lane-actions")
+        await actions.get_by_role("button", name="Done it myself").click()
+        await expect(page.locator("#lane-note")).to_contain_text(
+            "Done it myself refused: write what the action did first"
+        )
+        await actions.get_by_label("result").fill("deployed x by hand")
+        await actions.get_by_role("button", name="Done it myself").click()
+        await expect(page.locator("#lane-note")).to_contain_text("done (completed)", timeout=20_000)
+        timeline = page.locator("#timeline")
+        await expect(timeline).to_contain_text("result supplied: deployed x by hand")
+        await expect(timeline).to_contain_text("[supplied by operator:local]: deployed x by hand")
+        await expect(timeline).not_to_contain_text("tool_started")
+        deadline = time.monotonic() + 20
+        while await _answers(settings["web_url"], "by-hand") < 2:  # the request, the reply
+            assert time.monotonic() < deadline, gateway.tail()
+            await asyncio.sleep(0.1)
+    finally:
+        gateway.stop()
+    assert console_errors == []

@@ -6,8 +6,8 @@ thread, writes in the composer and sees the agent's reply arrive live (Server-Se
 message that makes the agent call ``deploy`` (a tool that requires approval) shows Approve and
 Deny buttons, and a click on one resumes the run. The browser's console must stay free of errors.
 
-With ``TEST_SCREENSHOTS=1`` the tests also write ``docs/screenshots/web-thread.png`` and
-``docs/screenshots/web-approval.png``.
+With ``TEST_SCREENSHOTS=1`` the tests also write ``docs/screenshots/web-thread.png``,
+``docs/screenshots/web-approval.png`` and ``docs/screenshots/web-supplied.png``.
 """
 
 from __future__ import annotations
@@ -155,6 +155,43 @@ async def test_a_denied_call_does_not_run(
     await expect(answer).to_have_count(1)
     await expect(answer).to_contain_text("not on a Friday")  # the reason reached the agent
     await expect(answer).not_to_contain_text("deployed")
+
+    assert _errors(console_errors) == []
+
+
+async def test_done_it_myself_gives_the_result_and_the_tool_never_runs(
+    gateway: GatewayProcess, page: Page, console_errors: list[str]
+) -> None:
+    """D263: the person did the action by hand; the agent reads what they wrote instead."""
+    await _open_thread(page, gateway, "browser-by-hand")
+    await _send(page, "/deploy prod")
+    asked = page.locator(".item.approval_request")
+    await expect(asked).to_have_count(1)
+    result = asked.get_by_label("result")
+    await expect(result).to_be_hidden()  # the form opens on demand
+    await asked.get_by_role("button", name="Done it myself").click()
+    await expect(result).to_be_visible()
+    send = asked.get_by_role("button", name="Submit result")
+    await send.click()  # nothing written yet: said, nothing sent
+    await expect(asked.locator(".error")).to_have_text("write what happened first")
+    await expect(page.locator(".item.decision")).to_have_count(0)
+
+    await result.fill("restarted the api by hand\nit is healthy again")
+    await send.click()
+    await expect(page.locator(".item.decision .text")).to_have_text(
+        "Ann supplied the result: restarted the api by hand\u2026"
+    )
+    reply = page.locator(".item.reply")
+    await expect(reply.locator(".text")).to_contain_text("Done: restarted the api by hand")
+    await expect(reply.locator(".text")).to_contain_text("it is healthy again")
+    await expect(asked.locator(".decided")).to_contain_text(
+        "The approval request for deploy is closed: Ann supplied the result at "
+    )
+    await expect(asked.locator(".decided")).to_contain_text("UTC: restarted the api by hand\u2026")
+    await expect(send).to_be_disabled()
+    await expect(result).to_be_disabled()
+    await expect(reply).not_to_contain_text("deployed")  # the deploy tool never ran
+    await screenshot(page, "web-supplied")
 
     assert _errors(console_errors) == []
 

@@ -123,7 +123,11 @@ class LaneActions:
         idempotency_key: IdempotencyKey = None,
         wait: Wait = 10.0,
     ) -> JSONResponse:
-        """Approve or deny exactly the pending calls of the wait the lane is suspended on."""
+        """Approve, deny or supply the result of exactly the pending calls of the lane's wait.
+
+        ``supply`` (with ``result``, and ``is_error`` when the action failed): the operator did
+        the call's action themselves; the tool does not run and the model reads the result.
+        """
         if idempotency_key is None:
             raise ApiError(428, "precondition_required", "decisions need an Idempotency-Key header")
         return await self._act(request, lane_id, "decide", idempotency_key, wait, decisions=body)

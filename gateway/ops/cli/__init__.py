@@ -3,7 +3,7 @@
 Reads (``sessions``, ``lanes``, ``lane``, ``timeline``, ``usage``, ``backlog``, ``mcp``,
 ``deliveries``, ``audit``, ``action``) print tables for people or, with ``--json``, the API's
 JSON; actions (``resume``, ``unstick``, ``abort``, ``rewind``, ``retry``, ``approve``,
-``deny``, ``redeliver``, ``discard``) print one line each. A lane is named by its id
+``deny``, ``supply``, ``redeliver``, ``discard``) print one line each. A lane is named by its id
 (``ln_...``), its name (``web:hello``, ``slack:C1:123.4``) or ``SESSION/LANE``.
 
 Where and as whom: ``--url`` (else ``GATEWAY_OPS_URL``, else the address in the settings

@@ -6,11 +6,24 @@ prints one line: its result, or where to check on it.
 
 from __future__ import annotations
 
-from gateway.ops.cli.errors import OK, OpsError
+import sys
+from typing import Any
+
+from gateway.ops.cli.errors import OK, USAGE, OpsError
 from gateway.ops.cli.output import Json, call_line, clean, seg, state_line
 from gateway.ops.cli.run import Run
+from harness_core.session.records import MAX_SUPPLIED_CHARS
 
-__all__ = ["abort", "decide", "discard", "redeliver", "resume", "retry", "rewind"]
+__all__ = [
+    "abort",
+    "decide",
+    "discard",
+    "redeliver",
+    "resume",
+    "retry",
+    "rewind",
+    "supplied_text",
+]
 
 
 def resume(run: Run) -> int:
@@ -75,9 +88,12 @@ def retry(run: Run) -> int:
 
 
 def decide(run: Run) -> int:
-    """Approve or deny every call a lane waits on (named with --call, or --all)."""
+    """Approve, deny or supply the result of every call a lane waits on (--call, or --all)."""
     args = run.args
-    approve = args.command == "approve"
+    command = args.command
+    choice: Json = {"action": command}
+    if command == "supply":  # judged before the lane is read: nothing is sent for bad input
+        choice.update(result=supplied_text(args), is_error=bool(args.error))
     view = run.lane(args.lane)
     name = clean(view.get("lane"))
     pending = view.get("pending_approvals") or []
@@ -106,11 +122,41 @@ def decide(run: Run) -> int:
                 f"call{'s' if len(ids) > 1 else ''}: {listed}. One decision covers every pending "
                 f"call: name them all with --call, or use --all (nothing was sent)"
             )
-    choice: Json = {"action": "approve" if approve else "deny"}
     if args.reason is not None:
         choice["reason"] = args.reason
     body = {"wait_id": wait_id, "approvals": {call_id: dict(choice) for call_id in chosen}}
-    return run.act("approved" if approve else "denied", view, "decisions", body)
+    return run.act(_DONE[command], view, "decisions", body)
+
+
+_DONE = {"approve": "approved", "deny": "denied", "supply": "supplied the result for"}
+
+
+def supplied_text(args: Any) -> str:
+    """The result ``supply`` gives: --result, or --result-file (``-``: standard input)."""
+    if args.result is not None:
+        text, where = args.result, "--result"
+    else:
+        where = "standard input" if args.result_file == "-" else clean(args.result_file)
+        try:
+            if args.result_file == "-":
+                text = sys.stdin.read(MAX_SUPPLIED_CHARS + 1)
+            else:
+                with open(args.result_file, encoding="utf-8") as given:
+                    text = given.read(MAX_SUPPLIED_CHARS + 1)
+        except (OSError, UnicodeDecodeError) as exc:
+            reason = exc.strerror if isinstance(exc, OSError) and exc.strerror else "not UTF-8"
+            raise OpsError(f"cannot read the result from {where}: {clean(reason)}", USAGE) from None
+    if not text.strip():
+        raise OpsError(
+            f"the result from {where} is empty: say what the action did (nothing was sent)", USAGE
+        )
+    if len(text) > MAX_SUPPLIED_CHARS:  # a file or stdin is read only that far
+        raise OpsError(
+            f"the result from {where} has more than {MAX_SUPPLIED_CHARS:,} characters, the "
+            "limit: shorten it (nothing was sent)",
+            USAGE,
+        )
+    return str(text)
 
 
 def redeliver(run: Run) -> int:

@@ -216,6 +216,21 @@ def build_parser() -> argparse.ArgumentParser:
     decisions(
         command("deny", actions.decide, "deny the tool calls a lane waits on"), reason_required=True
     )
+    supply = command(
+        "supply",
+        actions.decide,
+        "answer the tool calls a lane waits on with their result: you did the action yourself, "
+        "the tool does not run",
+    )
+    decisions(supply, reason_required=False)
+    given = supply.add_mutually_exclusive_group(required=True)
+    given.add_argument("--result", metavar="TEXT", help="the result the agent reads")
+    given.add_argument(
+        "--result-file", metavar="FILE", help="read the result from FILE (- for standard input)"
+    )
+    supply.add_argument(
+        "--error", action="store_true", help="the action failed: the agent reads a failed call"
+    )
     redeliver = command("redeliver", actions.redeliver, "send a dead letter again (fresh attempts)")
     redeliver.add_argument("delivery_id", metavar="DELIVERY_ID")
     acting(redeliver, confirm=False)

@@ -325,14 +325,16 @@ def test_approval_blocks_show_intro_calls_and_buttons() -> None:
     assert "a &lt; b &amp; " in second and second.count("```") == 2
     (actions,) = _actions(blocks)
     assert actions["block_id"] == APPROVAL_BLOCK_ID
-    approve, deny = actions["elements"]
+    approve, deny, supply = actions["elements"]
     assert (approve["action_id"], approve["style"], approve["text"]["text"]) == (
         "approve",
         "primary",
         "Approve",
     )
     assert (deny["action_id"], deny["style"], deny["text"]["text"]) == ("deny", "danger", "Deny")
-    assert approve["value"] == deny["value"] == encode_decision_value(view)
+    assert (supply["action_id"], supply["text"]["text"]) == ("supply", "Done it myself")
+    assert "style" not in supply  # a plain button: Slack knows only primary and danger
+    assert approve["value"] == deny["value"] == supply["value"] == encode_decision_value(view)
     target = decode_decision_value(approve["value"])
     assert target == DecisionTarget(
         session="ops",

@@ -246,7 +246,7 @@ async def _until(check: Any, timeout_s: float = 10.0) -> None:
 async def test_an_approver_approves_from_the_button_and_the_run_goes_on(rig: Rig) -> None:
     event, asked = await _approval(rig)
     assert "deploy" in json.dumps(asked.blocks) and "prod" in json.dumps(asked.blocks)
-    assert _buttons(asked) == ["approve", "deny"]
+    assert _buttons(asked) == ["approve", "deny", "supply"]
     click = rig.fake.block_actions_payload("C1", asked.ts, "approve", user=APPROVER)
     response = await rig.click(click)
     assert response.status_code == 200, response.text
@@ -271,7 +271,7 @@ async def test_someone_else_is_told_privately_and_nothing_is_recorded(rig: Rig) 
     [note] = [e for e in rig.fake.ephemerals if e.user == "U0AAA7"]
     assert "Only approvers" in note.text and f"<@{APPROVER}>" in note.text
     await asyncio.sleep(0.3)
-    assert _buttons(rig.fake.message("C1", asked.ts)) == ["approve", "deny"]
+    assert _buttons(rig.fake.message("C1", asked.ts)) == ["approve", "deny", "supply"]
     assert len([m for m in rig.fake.thread("C1", event["ts"]) if m.bot_id]) == 1
     broker = rig.service.broker
     assert broker is not None
@@ -592,7 +592,7 @@ async def test_malformed_clicks_are_refused_or_ignored_and_record_nothing(rig: R
     await _until(lambda: len(rig.fake.ephemerals) == 1)
     assert "cannot be read" in rig.fake.ephemerals[0].text
     await asyncio.sleep(0.3)
-    assert _buttons(rig.fake.message("C1", asked.ts)) == ["approve", "deny"]
+    assert _buttons(rig.fake.message("C1", asked.ts)) == ["approve", "deny", "supply"]
     assert len([m for m in rig.fake.thread("C1", event["ts"]) if m.bot_id]) == 1
 
 
@@ -672,7 +672,7 @@ async def test_a_signed_click_naming_another_batch_is_refused_and_the_genuine_on
     assert (await rig.click(click)).status_code == 200
     await _until(lambda: len(rig.fake.ephemerals) == 1)
     assert told in rig.fake.ephemerals[0].text and rig.fake.ephemerals[0].user == APPROVER
-    assert _buttons(rig.fake.message("C1", asked.ts)) == ["approve", "deny"]
+    assert _buttons(rig.fake.message("C1", asked.ts)) == ["approve", "deny", "supply"]
     genuine = rig.fake.block_actions_payload("C1", asked.ts, "approve", user=APPROVER)
     assert (await rig.click(genuine)).status_code == 200
     replies = await rig.bot_replies("C1", event["ts"], 2)
@@ -746,7 +746,7 @@ async def test_every_copy_of_a_request_closes_however_its_wait_ends(
     event, asked = await _approval(rig)
     await _remind(rig)
     copies = await rig.bot_replies("C1", event["ts"], 2)
-    assert [_buttons(m) for m in copies] == [["approve", "deny"]] * 2
+    assert [_buttons(m) for m in copies] == [["approve", "deny", "supply"]] * 2
     assert _delivery_of(copies[1]).startswith(_delivery_of(asked) + ":remind-")
     value = _value(copies[0])  # what a client that has not refreshed still shows
     await close(rig, copies)

@@ -211,6 +211,33 @@ async def test_an_approval_round_trip_takes_only_an_approver(rig: Rig) -> None:
     assert len(rig.peer.thread("t5")) == 3
 
 
+async def test_a_system_that_did_the_action_supplies_its_result(rig: Rig) -> None:
+    """D263: the sender ran the deploy itself; the tool never runs, the agent reads the result."""
+    await rig.say("t7", "/deploy prod")
+    [asked] = await rig.replies("t7", 1)
+
+    def supplied(**item: Any) -> dict[str, Any]:
+        body = _decision(asked, APPROVER)
+        body["decisions"] = [{**d, **item} for d in body["decisions"]]
+        return body
+
+    for wrong, code in (
+        (supplied(result=" "), "empty_text"),
+        (supplied(result="done", approved=False), "invalid_request"),
+    ):
+        refused = await rig.peer.send(rig.http, wrong)
+        assert refused.status_code == 400 and refused.json()["error"]["code"] == code
+    decided = await rig.peer.send(rig.http, supplied(result="ran it from CI: build 42 is live"))
+    assert decided.status_code == 202, decided.text
+    replies = await rig.replies("t7", 3)
+    [done] = [r for r in replies if r["kind"] == "reply"]
+    [closed] = [r for r in replies if r["kind"] == "approval_closed"]
+    assert done["text"] == "Done: ran it from CI: build 42 is live"
+    assert closed["closed"]["outcome"] == "supplied"
+    assert closed["closed"]["result"] == "ran it from CI: build 42 is live"
+    assert f"{APPROVER} supplied the result at " in closed["text"]
+
+
 async def test_hostile_requests_are_refused_and_nothing_is_stored(rig: Rig) -> None:
     body, headers = rig.peer.signed({"thread": "t6", "text": "x"})
     unsigned = {k: v for k, v in headers.items() if k != "webhook-signature"}
