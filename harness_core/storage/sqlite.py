@@ -25,9 +25,15 @@ they touch: with 1 KiB pages a turn writes about a third of the bytes (276 -> 10
 at the same turn time, and a 4,000-entry path reads about 20% slower. An existing database keeps
 the page size it was created with.
 
-Schema version 2 (this module) changed the type indexes and added `usage_sums`; a version-1
-database is upgraded in place on first use (one transaction), and a version-2 database refuses
-older code, which would not maintain the sums.
+Schema version 2 changed the type indexes and added `usage_sums`; version 3 (this module) added
+a `checksum` column to the four log tables (D240). An older database is upgraded in place on
+first use (one transaction; rows written before keep a NULL checksum and are validated in full
+when read), and a newer one refuses older code, which would not maintain what it added.
+
+Every row of the log tables carries the CRC32C of its payload and its own columns
+(`codec.checksum`): a read verifies it, then builds the item with the trusted decoders (no
+validation of what the write already validated); a mismatch raises `StoreCorrupted` naming the
+session, the table and the seq.
 """
 
 from __future__ import annotations
@@ -43,11 +49,13 @@ from typing import Any, TypeVar
 from harness_core.backends.batch import WriteQueue
 from harness_core.backends.sqlite import ConnectionPolicy, Database, SqliteExecutor, Synchronous
 from harness_core.clock import Clock, SystemClock
-from harness_core.errors import SessionError
+from harness_core.errors import SessionError, StoreCorrupted
 from harness_core.frozen import JsonValue
 from harness_core.ids import IdGenerator, Uuid7Ids
 from harness_core.messages import TokenUsage
 from harness_core.session.codec import (
+    checksum,
+    corrupted,
     decode,
     decode_entry,
     decode_record,
@@ -56,6 +64,13 @@ from harness_core.session.codec import (
     encode_fact,
     encode_record,
     fact_adapter,
+    fact_set,
+    lane_move,
+    stored_entry,
+    stored_record,
+    trusted_entry,
+    trusted_fact,
+    trusted_record,
 )
 from harness_core.session.collector import collector_paused
 from harness_core.session.durability import durability_deferred
@@ -100,7 +115,7 @@ from harness_core.storage._slice import (
 
 __all__ = ["SqliteSessionRepo", "SqliteSessionStorage", "Synchronous"]
 
-SCHEMA_VERSION = 2
+SCHEMA_VERSION = 3
 PAGE_SIZE = 1024
 """The page size of a database this backend creates (see the module docstring)."""
 _T = TypeVar("_T")
@@ -178,10 +193,12 @@ class _Tx:
         if isinstance(item, StoredEntry):
             entry = item.entry
             custom = entry.custom_type if isinstance(entry, CustomEntry) else None
+            payload = payload or encode_entry(entry)
+            crc = checksum(payload, item.seq, item.timestamp, item.lane, item.parent_id)
             c.execute(
-                "INSERT INTO entries VALUES (?,?,?,?,?,?,?,?,?)",
+                "INSERT INTO entries VALUES (?,?,?,?,?,?,?,?,?,?)",
                 (sid, entry.id, item.seq, item.timestamp, item.lane, item.parent_id, entry.type,
-                 custom, payload or encode_entry(entry)),
+                 custom, payload, crc),
             )  # fmt: skip
             if item.lane is not None:
                 c.execute(
@@ -193,10 +210,11 @@ class _Tx:
             kind = record.intent.kind if isinstance(record, OperationStarted) else None
             if isinstance(record, Usage):  # first: a sum out of range refuses the write
                 self.add_usage(record)
+            payload = payload or encode_record(record)
             c.execute(
-                "INSERT INTO records VALUES (?,?,?,?,?,?,?,?,?)",
+                "INSERT INTO records VALUES (?,?,?,?,?,?,?,?,?,?)",
                 (sid, item.seq, record.id, record.lane, record_run_id(record), record.type, kind,
-                 item.timestamp, payload or encode_record(record)),
+                 item.timestamp, payload, checksum(payload, item.seq, item.timestamp)),
             )  # fmt: skip
             if isinstance(record, OperationStarted):
                 c.execute(
@@ -209,16 +227,18 @@ class _Tx:
                     (sid, record.lane, record.run_id),
                 )
         elif isinstance(item, LaneMove):
+            crc = checksum("", item.seq, item.timestamp, item.lane, item.leaf_id, int(item.created))
             c.execute(
-                "INSERT INTO lane_moves VALUES (?,?,?,?,?,?)",
-                (sid, item.seq, item.timestamp, item.lane, item.leaf_id, int(item.created)),
+                "INSERT INTO lane_moves VALUES (?,?,?,?,?,?,?)",
+                (sid, item.seq, item.timestamp, item.lane, item.leaf_id, int(item.created), crc),
             )
             c.execute("INSERT OR REPLACE INTO lanes VALUES (?,?,?)", (sid, item.lane, item.leaf_id))
         else:
             fact = item.fact
+            payload = payload or encode_fact(fact)
             c.execute(
-                "INSERT INTO facts VALUES (?,?,?,?)",
-                (sid, item.seq, item.timestamp, payload or encode_fact(fact)),
+                "INSERT INTO facts VALUES (?,?,?,?,?)",
+                (sid, item.seq, item.timestamp, payload, checksum(payload, item.seq, item.timestamp)),
             )
             if isinstance(fact, NameFact):
                 c.execute("UPDATE sessions SET name=? WHERE session_id=?", (fact.name, sid))
@@ -304,6 +324,20 @@ def _upgrade_from_1(conn: sqlite3.Connection, path: Path) -> None:
     conn.executemany(
         _PUT_USAGE_SUM_SQL, [(*key, *usage_values(total)) for key, total in sums.items()]
     )
+    conn.execute("UPDATE schema_version SET version=2")
+
+
+def _upgrade_from_2(conn: sqlite3.Connection) -> None:
+    """Schema 2 -> 3, inside the caller's transaction: the log tables get a `checksum` column.
+
+    Adding a column rewrites nothing: the rows already stored keep a NULL checksum, and a read
+    of such a row validates it in full, as version 2 did. No checksum is computed for them here:
+    one would vouch for bytes this version never checked.
+    """
+    for table in ("entries", "records", "lane_moves", "facts"):
+        columns = {row[1] for row in conn.execute(f"PRAGMA table_info({table})")}
+        if "checksum" not in columns:
+            conn.execute(f"ALTER TABLE {table} ADD COLUMN checksum INTEGER")
     conn.execute("UPDATE schema_version SET version=?", (SCHEMA_VERSION,))
 
 
@@ -331,8 +365,10 @@ class _Db(Database):
             row = self.conn.execute("SELECT version FROM schema_version").fetchone()
             if row is None:
                 self.conn.execute("INSERT INTO schema_version VALUES (?)", (SCHEMA_VERSION,))
-            elif row[0] == 1:
-                _upgrade_from_1(self.conn, self.path)
+            elif row[0] in (1, 2):
+                if row[0] == 1:
+                    _upgrade_from_1(self.conn, self.path)
+                _upgrade_from_2(self.conn)
             elif row[0] != SCHEMA_VERSION:
                 raise SessionError(
                     "storage",
@@ -488,8 +524,14 @@ def _lease_row(c: sqlite3.Connection, session_id: str) -> LeaseRow | None:
     return LeaseRow(*row) if row else None
 
 
-def _entry_from_row(row: tuple[Any, ...], location: str) -> StoredEntry:
-    seq, timestamp, lane, parent_id, payload = row
+def _entry_from_row(row: tuple[Any, ...], where: str) -> StoredEntry:
+    """An entry row (`_ENTRY_COLS`): trusted when its checksum matches, else checked in full."""
+    seq, timestamp, lane, parent_id, payload, crc = row
+    if crc is not None and crc == checksum(payload, seq, timestamp, lane, parent_id):
+        return stored_entry(seq, timestamp, lane, parent_id, trusted_entry(payload, where))
+    location = f"{where} entry seq {seq}"
+    if crc is not None:
+        raise corrupted(location, crc, checksum(payload, seq, timestamp, lane, parent_id))
     return StoredEntry(
         seq=seq,
         timestamp=timestamp,
@@ -499,12 +541,43 @@ def _entry_from_row(row: tuple[Any, ...], location: str) -> StoredEntry:
     )
 
 
-def _record_from_row(row: tuple[Any, ...], location: str) -> StoredRecord:
-    seq, timestamp, payload = row
+def _record_from_row(row: tuple[Any, ...], where: str) -> StoredRecord:
+    """A record row (`_RECORD_COLS`): trusted when its checksum matches, else checked in full."""
+    seq, timestamp, payload, crc = row
+    if crc is not None and crc == checksum(payload, seq, timestamp):
+        return stored_record(seq, timestamp, trusted_record(payload, where))
+    location = f"{where} record seq {seq}"
+    if crc is not None:
+        raise corrupted(location, crc, checksum(payload, seq, timestamp))
     return StoredRecord(seq=seq, timestamp=timestamp, record=decode_record(payload, location))
 
 
-_ENTRY_COLS = "seq, timestamp, lane, parent_id, payload"
+def _fact_from_row(row: tuple[Any, ...], where: str) -> FactSet:
+    seq, timestamp, payload, crc = row
+    if crc is not None and crc == checksum(payload, seq, timestamp):
+        return fact_set(seq, timestamp, trusted_fact(payload, where))
+    location = f"{where} fact seq {seq}"
+    if crc is not None:
+        raise corrupted(location, crc, checksum(payload, seq, timestamp))
+    return FactSet(seq=seq, timestamp=timestamp, fact=decode(fact_adapter, payload, location))
+
+
+def _lane_move_from_row(row: tuple[Any, ...], where: str) -> LaneMove:
+    seq, timestamp, lane, leaf_id, created, crc = row
+    if crc is not None and crc == checksum("", seq, timestamp, lane, leaf_id, created):
+        return lane_move(seq, timestamp, lane, leaf_id, bool(created))
+    location = f"{where} lane move seq {seq}"
+    if crc is not None:
+        raise corrupted(location, crc, checksum("", seq, timestamp, lane, leaf_id, created))
+    try:
+        return LaneMove(
+            seq=seq, timestamp=timestamp, lane=lane, leaf_id=leaf_id, created=bool(created)
+        )
+    except ValueError as exc:
+        raise StoreCorrupted(f"{location} is invalid: {exc}", location=location) from exc
+
+
+_ENTRY_COLS = "seq, timestamp, lane, parent_id, payload, checksum"
 _SESSION_AND_LEASE_SQL = (
     f"SELECT s.last_seq, {', '.join('s.' + c for c in _STAT_COLUMNS)}, "
     "l.owner, l.token, l.ttl_ms, l.expires_at_ms FROM sessions s "
@@ -519,30 +592,30 @@ _USED_SQL = (
     "UNION ALL SELECT 1 FROM records WHERE session_id=? AND id=? LIMIT 1"
 )
 _LOG_SQL = """
-SELECT seq, 'e', timestamp, lane, parent_id, payload, NULL FROM entries
+SELECT seq, 'e', timestamp, lane, parent_id, payload, NULL, checksum FROM entries
  WHERE session_id=? AND seq>?
-UNION ALL SELECT seq, 'r', timestamp, NULL, NULL, payload, NULL FROM records
+UNION ALL SELECT seq, 'r', timestamp, NULL, NULL, payload, NULL, checksum FROM records
  WHERE session_id=? AND seq>?
-UNION ALL SELECT seq, 'l', timestamp, lane, leaf_id, NULL, created FROM lane_moves
+UNION ALL SELECT seq, 'l', timestamp, lane, leaf_id, NULL, created, checksum FROM lane_moves
  WHERE session_id=? AND seq>?
-UNION ALL SELECT seq, 'f', timestamp, NULL, NULL, payload, NULL FROM facts
+UNION ALL SELECT seq, 'f', timestamp, NULL, NULL, payload, NULL, checksum FROM facts
  WHERE session_id=? AND seq>?
 ORDER BY seq LIMIT ?
 """
 _WALK_SQL = (
-    "WITH RECURSIVE path(id, type, custom_type, seq, timestamp, lane, parent_id, payload, depth)"
-    " AS (SELECT id, type, custom_type, seq, timestamp, lane, parent_id, payload, 0 FROM entries"
-    " WHERE session_id=?1 AND id=?2"
+    "WITH RECURSIVE path(id, type, custom_type, seq, timestamp, lane, parent_id, payload,"
+    " checksum, depth) AS (SELECT id, type, custom_type, seq, timestamp, lane, parent_id,"
+    " payload, checksum, 0 FROM entries WHERE session_id=?1 AND id=?2"
     " UNION ALL SELECT e.id, e.type, e.custom_type, e.seq, e.timestamp, e.lane, e.parent_id,"
-    " e.payload, path.depth + 1 FROM path JOIN entries e ON e.session_id=?1 AND e.id=path.parent_id"
-    " WHERE path.depth + 1 < ?3)"
-    " SELECT id, type, custom_type, seq, timestamp, lane, parent_id, payload FROM path"
+    " e.payload, e.checksum, path.depth + 1 FROM path JOIN entries e"
+    " ON e.session_id=?1 AND e.id=path.parent_id WHERE path.depth + 1 < ?3)"
+    " SELECT id, type, custom_type, seq, timestamp, lane, parent_id, payload, checksum FROM path"
     " ORDER BY depth"
 )
 """Up to ?3 entries of a path from ?2 toward the root, in one statement (a recursive CTE)."""
 _WALK_BATCH = (32, 256, 2048)
 """Entries per walk statement: a short first read (most scans stop early), then longer ones."""
-_RECORD_COLS = "seq, timestamp, payload"
+_RECORD_COLS = "seq, timestamp, payload, checksum"
 
 
 class SqliteSessionStorage:
@@ -684,7 +757,7 @@ class SqliteSessionStorage:
             tx.lane_leaf(lane)  # an unknown lane is an error even when the append is a no-op
             row = tx.one(f"SELECT {_ENTRY_COLS} FROM entries WHERE session_id=? AND id=?", entry.id)
             if row is not None:
-                if row[-1] != payload:
+                if row[4] != payload:
                     raise SessionError(
                         "content_mismatch",
                         f"entry {entry.id!r} exists with different content "
@@ -911,18 +984,14 @@ class SqliteSessionStorage:
         return tuple(self._log_item(row) for row in rows)
 
     def _log_item(self, row: tuple[Any, ...]) -> LogItem:
-        seq, kind, timestamp, lane, other, payload, created = row
+        seq, kind, timestamp, lane, other, payload, created, crc = row
         if kind == "e":
-            return _entry_from_row((seq, timestamp, lane, other, payload), self._where)
+            return _entry_from_row((seq, timestamp, lane, other, payload, crc), self._where)
         if kind == "r":
-            return _record_from_row((seq, timestamp, payload), self._where)
+            return _record_from_row((seq, timestamp, payload, crc), self._where)
         if kind == "l":
-            return LaneMove(
-                seq=seq, timestamp=timestamp, lane=lane, leaf_id=other, created=bool(created)
-            )
-        return FactSet(
-            seq=seq, timestamp=timestamp, fact=decode(fact_adapter, payload, self._where)
-        )
+            return _lane_move_from_row((seq, timestamp, lane, other, created, crc), self._where)
+        return _fact_from_row((seq, timestamp, payload, crc), self._where)
 
     async def get_name(self) -> str | None:
         """Newest session name."""
@@ -1002,7 +1071,7 @@ def _open_rows(
     by_lane = "" if lane is None else " AND o.lane=?"
     args = (sid,) if lane is None else (sid, lane)
     rows: list[tuple[Any, ...]] = c.execute(
-        "SELECT r.seq, r.timestamp, r.payload FROM open_operations o JOIN records r "
+        "SELECT r.seq, r.timestamp, r.payload, r.checksum FROM open_operations o JOIN records r "
         f"ON r.session_id=o.session_id AND r.seq=o.seq WHERE o.session_id=?{by_lane} "
         "ORDER BY o.seq DESC LIMIT ?",
         (*args, -1 if limit is None else limit),
@@ -1057,8 +1126,8 @@ def _walk(
         found = c.execute(_WALK_SQL, (sid, at, size)).fetchall()
         if not found and batch == 0:
             raise SessionError("not_found", f"entry {at!r} does not exist")
-        for entry_id, type_, custom, seq, timestamp, lane, parent, payload in found:
-            rows[entry_id] = (seq, timestamp, lane, parent, payload)
+        for entry_id, type_, custom, seq, timestamp, lane, parent, payload, crc in found:
+            rows[entry_id] = (seq, timestamp, lane, parent, payload, crc)
             yield BranchNode(entry_id, parent, seq, type_, custom)
         at = found[-1][6] if found and len(found) == size else None
         batch += 1

@@ -11,7 +11,7 @@ from harness_core.errors import LeaseHeld, LeaseLost, SessionError
 from harness_core.messages import Cost, TokenUsage
 from harness_core.session.records import QueueEnqueued, Usage
 from harness_core.session.types import BranchQuery, RecordQuery
-from harness_core.storage.sqlite import PAGE_SIZE, SqliteSessionRepo
+from harness_core.storage.sqlite import PAGE_SIZE, SCHEMA_VERSION, SqliteSessionRepo
 from harness_core.testing import ManualClock
 from harness_core.testing.builders import operation_finished, operation_started, user_entry
 
@@ -173,7 +173,7 @@ async def test_a_version_1_database_is_upgraded_in_place(tmp_path) -> None:
     await repo.close()
     conn = sqlite3.connect(path)
     indexes = {row[0] for row in conn.execute("SELECT name FROM sqlite_master WHERE type='index'")}
-    assert conn.execute("SELECT version FROM schema_version").fetchone() == (2,)
+    assert conn.execute("SELECT version FROM schema_version").fetchone() == (SCHEMA_VERSION,)
     conn.close()
     assert "records_by_lane_type" not in indexes and "lane_records_of_type" in indexes
 
