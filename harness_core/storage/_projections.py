@@ -197,16 +197,19 @@ class SessionState:
             self._require_target(fact.target_id)
         return FactSet(seq=self.next_seq, timestamp=now, fact=fact)
 
-    def check_replay(self, item: LogItem) -> None:
+    def check_replay(self, item: LogItem, *, encoded: bool = False) -> None:
         """Check an item of an imported or replayed log: structure only, no open-op condition.
 
-        Raises ``SessionError("invalid_payload")`` describing the first violation.
+        `encoded`: the item was decoded from its own checksummed encoding, so it encodes (the
+        check that re-encodes it is skipped). Raises ``SessionError("invalid_payload")``
+        describing the first violation.
         """
         try:
             if item.seq != self.next_seq:
                 raise SessionError("invalid_query", f"expected seq {self.next_seq}, got {item.seq}")
             if isinstance(item, StoredEntry):
-                encode_entry(item.entry)
+                if not encoded:
+                    encode_entry(item.entry)
                 self._require_unused_id(item.id)
                 if item.lane is not None:
                     if self._require_lane(item.lane) != item.parent_id:
@@ -214,7 +217,8 @@ class SessionState:
                 else:
                     self._require_target(item.parent_id)
             elif isinstance(item, StoredRecord):
-                encode_record(item.record)
+                if not encoded:
+                    encode_record(item.record)
                 self._require_lane(item.record.lane)
                 self._require_unused_id(item.id)
                 self._check_usage(item.record)
@@ -226,7 +230,8 @@ class SessionState:
                     self._require_lane(item.lane)
                 self._require_target(item.leaf_id)
             else:
-                encode_fact(item.fact)
+                if not encoded:
+                    encode_fact(item.fact)
                 if isinstance(item.fact, LabelFact):
                     self._require_target(item.fact.target_id)
         except SessionError as exc:
