@@ -254,10 +254,9 @@ def checksum(payload: str | bytes, *fields: str | int | None) -> int:
     name is at least one character long, so the two never meet).
     """
     data = payload.encode() if isinstance(payload, str) else payload
-    crc: int = google_crc32c.value(data)
     if fields:
-        tail = "".join("\t" + ("" if field is None else str(field)) for field in fields)
-        crc = google_crc32c.extend(crc, tail.encode())
+        data += ("\t" + "\t".join(["" if field is None else str(field) for field in fields])).encode()
+    crc: int = google_crc32c.value(data)
     return crc
 
 
