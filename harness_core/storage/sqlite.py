@@ -15,8 +15,10 @@ web mailbox use too (`harness_core.backends.sqlite`, D191).
 
 Restore reads are index seeks plus bounded scans: open operations come from their own table,
 an operation's records from ``(session_id, lane, seq)``, a lane's records of one type (or
-operation kind) from ``(session_id, lane, type, seq)``, a lane's own entries from primary-key
-lookups along parent links; none of them touches other lanes' traffic or older history. Usage
+operation kind) from ``(session_id, lane, type, seq)``, a lane's own entries along parent links
+(by primary-key lookups, or by the seq index where the path holds at least half of the entries
+it passes: `_walk`); none of them touches more than that of other lanes' traffic or older
+history. Usage
 sums per lane and per entry are running projections (`usage_sums`), like the session's.
 
 A new database gets 1 KiB pages (`PAGE_SIZE`; SQLite's default is 4 KiB). A commit writes
@@ -613,6 +615,12 @@ _WALK_SQL = (
     " ORDER BY depth"
 )
 """Up to ?3 entries of a path from ?2 toward the root, in one statement (a recursive CTE)."""
+_SEQ_WALK_SQL = (
+    "SELECT id, type, custom_type, seq, timestamp, lane, parent_id, payload, checksum"
+    " FROM entries WHERE session_id=? AND seq<=? ORDER BY seq DESC LIMIT ?"
+)
+"""Up to ?3 of the session's entries, newest first from seq ?2 (the `entries_by_seq` range)."""
+_SPAN_SQL = "SELECT COUNT(*) FROM entries WHERE session_id=? AND seq BETWEEN ? AND ?"
 _WALK_BATCH = (32, 256, 2048)
 """Entries per walk statement: a short first read (most scans stop early), then longer ones."""
 _RECORD_COLS = "seq, timestamp, payload, checksum"
@@ -1122,17 +1130,70 @@ def _require_lane(c: sqlite3.Connection, sid: str, lane: str) -> str | None:
 def _walk(
     c: sqlite3.Connection, sid: str, start: str, rows: dict[str, tuple[Any, ...]]
 ) -> Iterator[BranchNode]:
-    at: str | None = start
-    batch = 0
-    while at is not None:
+    """The path from `start` toward the root (D241); each node's row is kept in `rows`.
+
+    The first batch follows parent links (`_WALK_SQL`: most scans stop within it). A longer
+    path goes on by the cheaper read where it can: a parent is older than its child, so a path
+    is a subsequence of the session's entries read newest first, one index range
+    (`_SEQ_WALK_SQL`, measured 15 vs 22 ms of a 4,000-entry path). That read also passes over
+    what is not on the path (other lanes' entries, abandoned branches), so it is used only while
+    the path holds at least half of the entries it passes: the first batch's span says so (a
+    count of the index), and each later batch again.
+    """
+    found = c.execute(_WALK_SQL, (sid, start, _WALK_BATCH[0])).fetchall()
+    if not found:
+        raise SessionError("not_found", f"entry {start!r} does not exist")
+    for entry_id, type_, custom, seq, timestamp, lane, parent, payload, crc in found:
+        rows[entry_id] = (seq, timestamp, lane, parent, payload, crc)
+        yield BranchNode(entry_id, parent, seq, type_, custom)
+    at: str | None = found[-1][6]
+    if len(found) < _WALK_BATCH[0] or at is None:
+        return
+    low, high = found[-1][3], found[0][3]
+    passed = c.execute(_SPAN_SQL, (sid, low, high)).fetchone()[0]
+    if passed <= 2 * len(found):
+        yield from _seq_walk(c, sid, at, low - 1, rows)
+    else:
+        yield from _link_walk(c, sid, at, rows, 1)
+
+
+def _seq_walk(
+    c: sqlite3.Connection, sid: str, at: str, bound: int, rows: dict[str, tuple[Any, ...]]
+) -> Iterator[BranchNode]:
+    """The rest of a path from `at` (seq at most `bound`), reading the entries newest first."""
+    current: str | None = at
+    batch = 1
+    while current is not None:
         size = _WALK_BATCH[min(batch, len(_WALK_BATCH) - 1)]
-        found = c.execute(_WALK_SQL, (sid, at, size)).fetchall()
-        if not found and batch == 0:
-            raise SessionError("not_found", f"entry {at!r} does not exist")
+        batch += 1
+        scanned = c.execute(_SEQ_WALK_SQL, (sid, bound, size)).fetchall()
+        kept = 0
+        for entry_id, type_, custom, seq, timestamp, lane, parent, payload, crc in scanned:
+            if entry_id == current:
+                kept += 1
+                rows[entry_id] = (seq, timestamp, lane, parent, payload, crc)
+                yield BranchNode(entry_id, parent, seq, type_, custom)
+                current = parent
+        if current is None or len(scanned) < size:
+            return  # the root, or a parent that does not exist: the path ends, as a link walk
+        bound = scanned[-1][3] - 1
+        if 2 * kept < len(scanned):
+            yield from _link_walk(c, sid, current, rows, batch)
+            return
+
+
+def _link_walk(
+    c: sqlite3.Connection, sid: str, at: str, rows: dict[str, tuple[Any, ...]], batch: int
+) -> Iterator[BranchNode]:
+    """The rest of a path from `at`, following parent links (`_WALK_SQL`) in growing batches."""
+    current: str | None = at
+    while current is not None:
+        size = _WALK_BATCH[min(batch, len(_WALK_BATCH) - 1)]
+        found = c.execute(_WALK_SQL, (sid, current, size)).fetchall()
         for entry_id, type_, custom, seq, timestamp, lane, parent, payload, crc in found:
             rows[entry_id] = (seq, timestamp, lane, parent, payload, crc)
             yield BranchNode(entry_id, parent, seq, type_, custom)
-        at = found[-1][6] if found and len(found) == size else None
+        current = found[-1][6] if found and len(found) == size else None
         batch += 1
 
 
