@@ -1,5 +1,6 @@
-"""The ``gateway`` command: the service (`serve`), the crash demo, store inspection and its
-check (`store check`, `gateway.store_check`), `ask`.
+"""The ``gateway`` command: the service, the crash demo, store inspection and check, `ask`.
+
+``serve`` runs the service, ``store check`` is the store's fsck (`gateway.store_check`).
 
 Whatever goes wrong is one line on stderr, ``gateway: ...``, and a non-zero exit status, never
 a traceback: 2 for a command line or settings that cannot work, 1 for a failure (the store,
@@ -65,8 +66,11 @@ async def show(repo: SessionRepo, session_id: str | None, out: list[str]) -> Non
 
 
 def _store_words(target: Sequence[str]) -> tuple[str, list[str]]:
-    """`list` / nothing lists sessions; `show SESSION` (or just `SESSION`) shows one; `check
-    [SESSION...]` checks them all (or those)."""
+    """What ``store`` was asked: list, show one session, or check (all or the named ones).
+
+    `list` / nothing lists sessions; `show SESSION` (or just `SESSION`) shows one;
+    `check [SESSION...]` checks them all (or those).
+    """
     words = list(target)
     if words in ([], ["list"]):
         return "list", []

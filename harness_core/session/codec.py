@@ -255,7 +255,9 @@ def checksum(payload: str | bytes, *fields: str | int | None) -> int:
     """
     data = payload.encode() if isinstance(payload, str) else payload
     if fields:
-        data += ("\t" + "\t".join(["" if field is None else str(field) for field in fields])).encode()
+        data += (
+            "\t" + "\t".join(["" if field is None else str(field) for field in fields])
+        ).encode()
     crc: int = google_crc32c.value(data)
     return crc
 
@@ -396,9 +398,7 @@ def fact_set(seq: int, timestamp: int, fact: Fact) -> FactSet:
     return _built(FactSet, values, _FACT_GIVEN)
 
 
-def lane_move(
-    seq: int, timestamp: int, lane: str, leaf_id: str | None, created: bool
-) -> LaneMove:
+def lane_move(seq: int, timestamp: int, lane: str, leaf_id: str | None, created: bool) -> LaneMove:
     """The log item of a lane move, from a backend's own columns, unvalidated."""
     values: Mapping[str, Any] = {
         "kind": "lane",

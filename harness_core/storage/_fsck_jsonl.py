@@ -8,6 +8,7 @@ A final line without its newline was never acknowledged (a writer's open cuts it
 from __future__ import annotations
 
 import asyncio
+from functools import partial
 from pathlib import Path
 
 from harness_core.session.codec import checksum, log_item_adapter
@@ -47,7 +48,7 @@ def _scan(path: Path) -> Scan:
             location,
             stored,
             checksum(encoded),
-            lambda: log_item_adapter.validate_json(encoded),
+            partial(log_item_adapter.validate_json, encoded),
             scan.problems,
         )
         if item is not None:

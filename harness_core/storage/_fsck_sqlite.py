@@ -3,8 +3,10 @@
 from __future__ import annotations
 
 import sqlite3
+from functools import partial
 from typing import Any
 
+from harness_core.messages import TokenUsage
 from harness_core.session.codec import checksum, entry_adapter, fact_adapter, record_adapter
 from harness_core.session.entries import CustomEntry
 from harness_core.session.records import OperationStarted
@@ -73,7 +75,7 @@ async def scan_sqlite(repo: SqliteSessionRepo, session_id: str) -> Scan:
             location,
             crc,
             computed,
-            lambda: LaneMove(seq=seq, timestamp=ts, lane=lane, leaf_id=leaf, created=created),
+            partial(LaneMove, seq=seq, timestamp=ts, lane=lane, leaf_id=leaf, created=created),
             scan.problems,
         )
         if move is not None:
@@ -84,7 +86,7 @@ async def scan_sqlite(repo: SqliteSessionRepo, session_id: str) -> Scan:
             location,
             crc,
             checksum(payload, seq, ts),
-            lambda: FactSet(seq=seq, timestamp=ts, fact=fact_adapter.validate_json(payload)),
+            partial(_fact_set, seq, ts, payload),
             scan.problems,
         )
         if fact is not None:
@@ -92,6 +94,10 @@ async def scan_sqlite(repo: SqliteSessionRepo, session_id: str) -> Scan:
     scan.items = sorted(items, key=lambda item: item.seq)
     scan.stored = _projections(rows)
     return scan
+
+
+def _fact_set(seq: int, timestamp: int, payload: bytes) -> FactSet:
+    return FactSet(seq=seq, timestamp=timestamp, fact=fact_adapter.validate_json(payload))
 
 
 def _entry(where: str, row: tuple[Any, ...], problems: list[Problem]) -> StoredEntry | None:
@@ -114,10 +120,18 @@ def _entry(where: str, row: tuple[Any, ...], problems: list[Problem]) -> StoredE
         return None
     entry = stored.entry
     columns = (entry_id, type_, custom)
-    payload_says = (entry.id, entry.type, entry.custom_type if isinstance(entry, CustomEntry) else None)
+    payload_says = (
+        entry.id,
+        entry.type,
+        entry.custom_type if isinstance(entry, CustomEntry) else None,
+    )
     if columns != payload_says:
         problems.append(
-            Problem(location, f"columns (id, type, custom_type) {columns} disagree with the payload {payload_says}")
+            Problem(
+                location,
+                f"columns (id, type, custom_type) {columns} disagree with the payload "
+                f"{payload_says}",
+            )
         )
     return stored
 
@@ -161,7 +175,7 @@ def _projections(rows: dict[str, list[Any]]) -> Projections | None:
     open_operations: dict[str, list[tuple[int, str]]] = {}
     for lane, seq, run_id in rows["open"]:
         open_operations.setdefault(lane, []).append((seq, run_id))
-    sums = {scope: {} for scope in ("lane", "entry")}
+    sums: dict[str, dict[str, TokenUsage]] = {"lane": {}, "entry": {}}
     for scope, key, *values in rows["sums"]:
         sums.setdefault(scope, {})[key] = usage_from_values(values)
     return Projections(

@@ -177,9 +177,7 @@ def _compare(where: str, state: SessionState, stored: Projections) -> list[Probl
 
     def differ(what: str, kept: object, computed: object) -> None:
         if kept != computed:
-            problems.append(
-                Problem(where, f"{what}: stored {kept!r}, the log gives {computed!r}")
-            )
+            problems.append(Problem(where, f"{what}: stored {kept!r}, the log gives {computed!r}"))
 
     for lane in sorted(set(stored.lanes) | set(state.lanes)):
         differ(

@@ -240,7 +240,13 @@ class _Tx:
             payload = payload or encode_fact(fact)
             c.execute(
                 "INSERT INTO facts VALUES (?,?,?,?,?)",
-                (sid, item.seq, item.timestamp, payload, checksum(payload, item.seq, item.timestamp)),
+                (
+                    sid,
+                    item.seq,
+                    item.timestamp,
+                    payload,
+                    checksum(payload, item.seq, item.timestamp),
+                ),
             )
             if isinstance(fact, NameFact):
                 c.execute("UPDATE sessions SET name=? WHERE session_id=?", (fact.name, sid))
@@ -526,10 +532,20 @@ def _lease_row(c: sqlite3.Connection, session_id: str) -> LeaseRow | None:
     return LeaseRow(*row) if row else None
 
 
+def _entry_sum(payload: str, seq: int, timestamp: int, lane: str | None, parent: str | None) -> int:
+    """`checksum(payload, seq, timestamp, lane, parent)`, built as one string.
+
+    A context window reads thousands of entries: one formatted string is the cheaper way.
+    """
+    lane_text = "" if lane is None else lane
+    parent_text = "" if parent is None else parent
+    return checksum(f"{payload}\t{seq}\t{timestamp}\t{lane_text}\t{parent_text}")
+
+
 def _entry_from_row(row: tuple[Any, ...], where: str) -> StoredEntry:
     """An entry row (`_ENTRY_COLS`): trusted when its checksum matches, else checked in full."""
     seq, timestamp, lane, parent_id, payload, crc = row
-    if crc is not None and crc == checksum(payload, seq, timestamp, lane, parent_id):
+    if crc is not None and crc == _entry_sum(payload, seq, timestamp, lane, parent_id):
         return stored_entry(seq, timestamp, lane, parent_id, trusted_entry(payload, where))
     location = f"{where} entry seq {seq}"
     if crc is not None:

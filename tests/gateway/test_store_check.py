@@ -25,7 +25,11 @@ async def test_a_flipped_bit_is_reported_with_a_non_zero_exit(
     flip(backend, tmp_path, server, redis_prefix)
     assert await _check(url) == PROBLEMS_FOUND
     problem, summary = capsys.readouterr().out.splitlines()
-    where = f"{tmp_path / SESSION}.jsonl:2" if backend == "jsonl" else f"{backend} session 's1' entry seq 1"
+    where = (
+        f"{tmp_path / SESSION}.jsonl:2"
+        if backend == "jsonl"
+        else f"{backend} session 's1' entry seq 1"
+    )
     assert problem.startswith(f"problem: {where}: checksum mismatch (stored ")
     assert summary == "checked 1 session, 4 items: 1 problem"
     assert await _check(url, "nope") == PROBLEMS_FOUND

@@ -14,7 +14,7 @@ from pathlib import Path
 import pytest
 import redis
 
-from harness_core import StoreCorrupted, open_repo, user_message
+from harness_core import SessionRepo, StoreCorrupted, open_repo, user_message
 from harness_core.session import codec
 from harness_core.session.entries import MessageEntry
 from harness_core.session.types import BranchQuery, StoredEntry
@@ -44,9 +44,8 @@ async def test_a_flipped_bit_that_still_parses_is_caught_on_read(
     flip(backend, tmp_path, server, redis_prefix)
     repo, _ = _repo(backend, tmp_path, request, redis_prefix)
     try:
-        with pytest.raises(StoreCorrupted) as caught:
-            storage = await repo.open(SESSION)  # JSONL replays its file on open
-            await storage.find_entries_on_branch(BranchQuery(start="e1"))
+        with pytest.raises(StoreCorrupted) as caught:  # JSONL replays its file on open
+            await _read_path(repo)
         if backend == "jsonl":
             assert caught.value.location == f"{tmp_path / SESSION}.jsonl:2"
         else:
@@ -55,10 +54,13 @@ async def test_a_flipped_bit_that_still_parses_is_caught_on_read(
         report = await check_store(repo)
     finally:
         await repo.close()
-    assert [problem.message.split(" (")[0] for problem in report.problems] == [
-        "checksum mismatch"
-    ]
+    assert [problem.message.split(" (")[0] for problem in report.problems] == ["checksum mismatch"]
     assert (report.sessions, report.items) == (1, 4)
+
+
+async def _read_path(repo: SessionRepo) -> None:
+    storage = await repo.open(SESSION)
+    await storage.find_entries_on_branch(BranchQuery(start="e1"))
 
 
 async def test_a_clean_store_checks_clean(
@@ -131,7 +133,7 @@ async def test_a_sqlite_store_of_schema_2_opens_and_reads_in_full(tmp_path: Path
     sums = dict(conn.execute("SELECT id, checksum FROM entries").fetchall())
     assert sums["e1"] is None and isinstance(sums["e2"], int)  # old rows are not vouched for
     # an old row is validated in full: a payload of the wrong shape is refused by validation
-    conn.execute("UPDATE entries SET payload = '{\"id\":\"e1\",\"type\":\"message\"}' WHERE id='e1'")
+    conn.execute('UPDATE entries SET payload = \'{"id":"e1","type":"message"}\' WHERE id=\'e1\'')
     conn.commit()
     conn.close()
     repo = open_repo(f"sqlite:///{path}")
@@ -174,7 +176,7 @@ async def test_a_redis_session_without_checksums_reads_in_full(
     client = redis.Redis.from_url(server.url, decode_responses=True)
     base = f"{redis_prefix}:{{{SESSION}}}:"
     client.delete(base + "ek")  # what a write before checksums left: no entry checksums
-    rows = client.xrange(base + "lr:main")
+    rows: list[tuple[str, dict[str, str]]] = client.xrange(base + "lr:main")  # type: ignore[assignment]
     client.delete(base + "lr:main")
     for stream_id, fields in rows:  # and records without their crc field
         client.xadd(base + "lr:main", {k: v for k, v in fields.items() if k != "crc"}, stream_id)

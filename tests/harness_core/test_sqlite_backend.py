@@ -7,6 +7,7 @@ from typing import Any
 
 import pytest
 
+from harness_core import SessionRepo
 from harness_core.errors import LeaseHeld, LeaseLost, SessionError
 from harness_core.messages import Cost, TokenUsage
 from harness_core.session.records import QueueEnqueued, Usage
@@ -248,7 +249,7 @@ async def test_long_paths_read_the_same_dense_or_sparse(tmp_path, lanes: int) ->
     interleave, move back over abandoned branches, and fork from each other."""
     from harness_core.storage.memory import MemorySessionRepo
 
-    repos = [SqliteSessionRepo(tmp_path / "s.db"), MemorySessionRepo()]
+    repos: list[SessionRepo] = [SqliteSessionRepo(tmp_path / "s.db"), MemorySessionRepo()]
     storages = []
     for repo in repos:
         await repo.create("s1")

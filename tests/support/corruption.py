@@ -1,4 +1,4 @@
-"""Stores with one flipped bit that still parses, on each persistent backend, for the checksum tests.
+"""Stores with one flipped bit that still parses, on each persistent backend (checksum tests).
 
 `write_session` stores a small session (a message whose text holds ``"order 42 apples"``, a
 usage record, a name, a lane move); `flip` then changes the ``2`` of that text into a ``3``
