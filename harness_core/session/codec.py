@@ -23,7 +23,6 @@ checksums, or imported from elsewhere) is decoded with full validation, as befor
 from __future__ import annotations
 
 import json
-from collections.abc import Mapping
 from typing import Any, NoReturn, TypeVar
 
 import google_crc32c
@@ -400,7 +399,7 @@ def fact_set(seq: int, timestamp: int, fact: Fact) -> FactSet:
 
 def lane_move(seq: int, timestamp: int, lane: str, leaf_id: str | None, created: bool) -> LaneMove:
     """The log item of a lane move, from a backend's own columns, unvalidated."""
-    values: Mapping[str, Any] = {
+    values = {
         "kind": "lane",
         "seq": seq,
         "timestamp": timestamp,
@@ -408,4 +407,4 @@ def lane_move(seq: int, timestamp: int, lane: str, leaf_id: str | None, created:
         "leaf_id": leaf_id,
         "created": created,
     }
-    return _built(LaneMove, dict(values), _LANE_GIVEN)
+    return _built(LaneMove, values, _LANE_GIVEN)

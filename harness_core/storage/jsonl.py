@@ -4,7 +4,7 @@ Layout: ``<dir>/<session_id>.jsonl`` holds a header line and then one `LogItem` 
 order; ``<dir>/<session_id>.lock`` carries the writer lock (an OS ``flock``, refused to every
 other open file, in this process or another) and the last fencing token handed out.
 
-Line format (D240): a line is the item's canonical encoding (the exported log format) with its
+Line format (D240, D242): a line is the item's canonical encoding (the exported log format) with its
 CRC32C as a first key, ``{"crc32c":"<8 hex digits>",`` followed by the encoding without its
 opening brace, so every line stays one JSON object. Opening verifies each line's checksum and
 decodes it with the trusted decoder (no validation of what the writer validated); a mismatch

@@ -226,3 +226,22 @@ def test_the_trusted_decoders_leave_out_every_check_and_only_checks() -> None:
     everything = after_validators(codec.log_item_adapter.core_schema)
     assert everything == set(codec._CHECKS)  # a new validator must be judged: check or transform
     assert after_validators(codec._unchecked(codec.log_item_adapter.core_schema)) == set()
+
+
+async def test_every_golden_log_checks_clean_once_imported(
+    backend: str, tmp_path: Path, request: pytest.FixtureRequest, redis_prefix: str
+) -> None:
+    """fsck agrees with every backend on every shape the goldens hold (queues, approvals,
+    compactions, navigations, custom entries, usage, forks, impossible lanes)."""
+    repo, _ = _repo(backend, tmp_path, request, redis_prefix)
+    names = golden_names()
+    try:
+        for name in names:
+            golden = read_golden(GOLDEN_DIR / f"{name}.jsonl")
+            await repo.import_session(golden.metadata, golden.items)
+        report = await check_store(repo)
+    finally:
+        await repo.close()
+    assert report.clean, report.problems
+    assert report.sessions == len(names)
+    assert report.items == sum(len(read_golden(GOLDEN_DIR / f"{n}.jsonl").items) for n in names)
