@@ -37,6 +37,9 @@ def _promote() -> None:
     (measured: 132 of 890 ms of a 12,000-line JSONL replay), and the next older one again.
     `gc.freeze` then `gc.unfreeze` moves them (and whatever else is young) to the oldest
     generation in constant time; only a full collection visits them, as it would have anyway.
+    Only batches of `PAUSE_AT` items or more pause, so this happens at large decodes only: at
+    every small read it would keep moving other code's young garbage past the young collections
+    (D244).
     """
     gc.freeze()
     gc.unfreeze()

@@ -74,7 +74,7 @@ from harness_core.session.codec import (
     trusted_fact,
     trusted_record,
 )
-from harness_core.session.collector import PAUSE_AT, collector_paused
+from harness_core.session.collector import collector_paused
 from harness_core.session.durability import durability_deferred
 from harness_core.session.entries import CustomEntry, Entry, MessageEntry
 from harness_core.session.names import check_lane_name, check_session_id
@@ -880,10 +880,8 @@ class SqliteSessionStorage:
             if query.stop_at_id is not None and not _exists(c, self._sid, query.stop_at_id):
                 raise SessionError("not_found", f"entry {query.stop_at_id!r} does not exist")
             rows: dict[str, tuple[Any, ...]] = {}
-            # the walk's rows live on into the decode: the collector is paused from the first
-            # row on (a context window is thousands; pausing for a short path costs nothing)
-            with collector_paused(PAUSE_AT):
-                nodes = drive(BranchScan(query), _walk(c, self._sid, query.start, rows))
+            nodes = drive(BranchScan(query), _walk(c, self._sid, query.start, rows))
+            with collector_paused(len(nodes)):
                 return tuple(_entry_from_row(rows[node.id], self._where) for node in nodes)
 
         return await self._read(run)
@@ -952,8 +950,8 @@ class SqliteSessionStorage:
                 raise SessionError("invalid_query", f"entry {after!r} is not on the lane's path")
             return ()
         rows: dict[str, tuple[Any, ...]] = {}
-        with collector_paused(PAUSE_AT):  # as in `find_entries_on_branch`
-            nodes = drive(SinceScan(after, after_seq), _walk(c, self._sid, leaf, rows))
+        nodes = drive(SinceScan(after, after_seq), _walk(c, self._sid, leaf, rows))
+        with collector_paused(len(nodes)):
             return tuple(_entry_from_row(rows[node.id], self._where) for node in nodes)
 
     async def read_lane_slice(self, lane: str) -> LaneSlice:
