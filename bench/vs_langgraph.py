@@ -465,9 +465,9 @@ def tp_result(turns: int, wall: float, latencies: list[float]) -> dict[str, Any]
 # -- ours: AgentHarness on the SQLite store (runs in this project's venv) -------------------------
 
 
-def ours_url(path: str, p: dict[str, Any]) -> str:
+def ours_url(path: str, p: dict[str, Any] | None = None) -> str:
     """The store's URL: `effects` (our default) or `full` (every commit fsynced)."""
-    synchronous = "full" if p.get("durability") == "sync" else "effects"
+    synchronous = "full" if (p or {}).get("durability") == "sync" else "effects"
     return f"sqlite:///{path}?synchronous={synchronous}"  # an absolute path: four slashes in all
 
 

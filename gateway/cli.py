@@ -1,4 +1,6 @@
-"""The ``gateway`` command: the service (`serve`), the crash demo, store inspection, `ask`.
+"""The ``gateway`` command: the service, the crash demo, store inspection and check, `ask`.
+
+``serve`` runs the service, ``store check`` is the store's fsck (`gateway.store_check`).
 
 Whatever goes wrong is one line on stderr, ``gateway: ...``, and a non-zero exit status, never
 a traceback: 2 for a command line or settings that cannot work, 1 for a failure (the store,
@@ -28,6 +30,7 @@ from gateway.demo import demo, describe
 from gateway.errors import GatewayError
 from gateway.invocation import command
 from gateway.redact import Redactor
+from gateway.store_check import store_check
 from harness_core import (
     HarnessError,
     SessionError,
@@ -62,16 +65,22 @@ async def show(repo: SessionRepo, session_id: str | None, out: list[str]) -> Non
         out.append(f"  {item.seq:>3} {describe(item)}")
 
 
-def _session_of(target: Sequence[str]) -> str | None:
-    """`list` / nothing lists sessions; `show SESSION` (or just `SESSION`) shows one."""
+def _store_words(target: Sequence[str]) -> tuple[str, list[str]]:
+    """What ``store`` was asked: list, show one session, or check (all or the named ones).
+
+    `list` / nothing lists sessions; `show SESSION` (or just `SESSION`) shows one;
+    `check [SESSION...]` checks them all (or those).
+    """
     words = list(target)
     if words in ([], ["list"]):
-        return None
+        return "list", []
+    if words[0] == "check":
+        return "check", words[1:]
     if len(words) == 2 and words[0] == "show":
-        return words[1]
+        return "show", words[1:]
     if len(words) == 1 and words[0] != "show":
-        return words[0]
-    raise CliError(f"usage: {command()} store [list | show SESSION] [--store URL]")
+        return "show", words
+    raise CliError(f"usage: {STORE_USAGE}")
 
 
 def _missing_local_store(url: str) -> str | None:
@@ -81,6 +90,9 @@ def _missing_local_store(url: str) -> str | None:
         return None
     path = Path(rest[1:] if rest.startswith("/") else rest).expanduser()
     return None if path.exists() else str(path)
+
+
+STORE_USAGE = f"{command()} store [list | show SESSION | check [SESSION...]] [--store URL]"
 
 
 class CliError(GatewayError):
@@ -119,7 +131,10 @@ async def _run(args: argparse.Namespace, settings: Settings) -> int:
             run = await demo(repo, url, out)
             out.append(f"inspect it again: {command()} store show {run.session} --store {url}")
         elif args.command == "store":
-            await show(repo, _session_of(args.target), out)
+            what, sessions = _store_words(args.target)
+            if what == "check":
+                return await store_check(repo, sessions, out)
+            await show(repo, sessions[0] if sessions else None, out)
         else:
             question = " ".join(args.question)
             return await ask(repo, settings, args.lane, question, out, terminal())
@@ -188,10 +203,16 @@ def main(argv: Sequence[str] | None = None, settings: Settings | None = None) ->
     commands.add_parser("demo", help="run two threads, crash one mid-tool, recover it")
     store = commands.add_parser(
         "store",
-        help="list sessions, or show one session's lanes and log",
-        usage=f"{command()} store [list | show SESSION] [--store URL]",
+        help="list sessions, show one session's lanes and log, or check the store (fsck)",
+        usage=STORE_USAGE,
     )
-    store.add_argument("target", nargs="*", help="list (the default), or show SESSION")
+    store.add_argument(
+        "target",
+        nargs="*",
+        help="list (the default), show SESSION, or check [SESSION...]: every stored item "
+        "validated and its checksum verified, projections compared with the log (exit 4 "
+        "when a problem is found)",
+    )
     store.add_argument("--store", dest="store", default=argparse.SUPPRESS)
     demo_parser = commands.choices["demo"]
     demo_parser.add_argument("--store", dest="store", default=argparse.SUPPRESS)

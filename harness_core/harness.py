@@ -922,11 +922,12 @@ class AgentLane:
         Reads committed entries only; `thread_id` defaults to the lane's name.
         """
         messages = await (await self._lane_rt()).context.messages()
-        return HarnessState(
-            thread_id=thread_id or self._name,
-            messages=messages,
-            capabilities=await self._capabilities(),
+        state = HarnessState(
+            thread_id=thread_id or self._name, capabilities=await self._capabilities()
         )
+        # the messages are the lane's own, validated when stored: checking thousands of them
+        # again would cost about a microsecond each (D241)
+        return state.model_copy(update={"messages": messages})
 
     async def _capabilities(self) -> dict[str, CapabilityState]:
         path = await (await self._lane_rt()).context.path_entries_of_type("custom")

@@ -151,6 +151,7 @@ STEPS: dict[str, Step] = {
     "scripts/run ops --help": Step(shows=(r"usage: scripts/run ops",)),
     "scripts/run store list": Step(shows=(r"web-default",)),
     "scripts/run store show web-default": Step(shows=(r"lane web:hello ",)),
+    "scripts/run store check": Step(shows=(r"checked \d+ sessions?, \d+ items: clean",)),
     "scripts/run --help": Step(shows=(r"usage: scripts/run ",)),
     "scripts/run demo": Step(shows=(r"inspect it again: scripts/run store show ",)),
     "scripts/run --config gateway.toml": SERVED,
@@ -486,6 +487,7 @@ async def test_run_it_talk_to_it_and_operate_it(fresh: Copy, serve: object) -> N
         "scripts/run ops --help",
         "scripts/run store list",
         "scripts/run store show web-default",
+        "scripts/run store check",
         "scripts/run --help",
     ):
         await _run(fresh, command)

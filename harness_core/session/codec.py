@@ -8,6 +8,16 @@ raises ``SessionError("invalid_payload")`` before a backend touches durable stat
 values that skipped validation (``model_copy(update=...)`` does): a NaN or an infinity, which
 pydantic's JSON encoder would silently write as ``null``, and usage amounts that the backends'
 running sums cannot hold exactly. Decoding failures raise `StoreCorrupted`.
+
+Checksums (D240, D241): a persistent backend stores a CRC32C (`checksum`) of every payload it
+writes, next to it. A payload read back with a matching checksum is byte for byte what `encode`
+wrote from a validated model, so it is decoded by the *trusted* decoders (`trusted_entry`,
+`trusted_record`, `trusted_fact`, `trusted_log_item`): the same pydantic-core validators with
+the checks that only repeat what the write already proved (model validators in `_CHECKS`, id and
+name patterns and lengths) left out, and the stored wrappers (`stored_entry`, `stored_record`,
+`fact_set`) built from the backend's own columns without validation. A mismatch raises
+`StoreCorrupted` naming the location (`corrupted`); a payload without a checksum (written before
+checksums, or imported from elsewhere) is decoded with full validation, as before.
 """
 
 from __future__ import annotations
@@ -15,7 +25,9 @@ from __future__ import annotations
 import json
 from typing import Any, NoReturn, TypeVar
 
+import google_crc32c
 from pydantic import BaseModel, TypeAdapter, ValidationError
+from pydantic_core import CoreSchema, SchemaValidator
 
 from harness_core.errors import SessionError, StoreCorrupted
 from harness_core.messages import TokenUsage
@@ -44,13 +56,25 @@ from harness_core.session.records import (
     Usage,
     WriteDeferred,
 )
-from harness_core.session.types import Fact, FactSet, LabelFact, LogItem, NameFact, SessionMetadata
+from harness_core.session.types import (
+    Fact,
+    FactSet,
+    LabelFact,
+    LaneMove,
+    LogItem,
+    NameFact,
+    SessionMetadata,
+    StoredEntry,
+    StoredRecord,
+)
 
 __all__ = [
     "ENTRY_TYPES",
     "MAX_TOKENS",
     "RECORD_TYPES",
     "check_usage_amount",
+    "checksum",
+    "corrupted",
     "decode",
     "decode_entry",
     "decode_log_item",
@@ -62,8 +86,16 @@ __all__ = [
     "encode_record",
     "entry_adapter",
     "fact_adapter",
+    "fact_set",
+    "lane_move",
     "log_item_adapter",
     "record_adapter",
+    "stored_entry",
+    "stored_record",
+    "trusted_entry",
+    "trusted_fact",
+    "trusted_log_item",
+    "trusted_record",
 ]
 
 ENTRY_TYPES: tuple[type[BaseModel], ...] = (
@@ -211,6 +243,168 @@ def decode_metadata(data: dict[str, Any], location: str) -> SessionMetadata:
         ) from exc
 
 
+# -- checksums and trusted reads --------------------------------------------------------------
+
+
+def checksum(payload: str | bytes, *fields: str | int | None) -> int:
+    """The CRC32C of a stored payload's UTF-8 bytes, then of `fields` (the row's own columns).
+
+    Fields are joined as ``TAB field`` each (None as the empty text: every stored id and lane
+    name is at least one character long, so the two never meet).
+    """
+    data = payload.encode() if isinstance(payload, str) else payload
+    if fields:
+        data += (
+            "\t" + "\t".join(["" if field is None else str(field) for field in fields])
+        ).encode()
+    crc: int = google_crc32c.value(data)
+    return crc
+
+
+def corrupted(location: str, stored: int, computed: int) -> StoreCorrupted:
+    """The error of a payload whose checksum does not match: its bytes changed after the write."""
+    return StoreCorrupted(
+        f"stored data at {location} fails its checksum (stored {stored:08x}, "
+        f"computed {computed:08x}): it changed after it was written",
+        location=location,
+    )
+
+
+_CHECKS = frozenset(
+    {
+        "MessageEntry._terminate_only_on_tool_results",
+        "AssistantMessage._deferred_matches_stop_reason",
+        "Usage._fields_match_cause",
+        "ApprovalDecision._override_only_when_approved",
+        "ToolFile._plain_name",
+        "ToolFile._base64",
+    }
+)
+"""The model and field validators that only check (return their input unchanged), by qualified
+name: a trusted decoder leaves them out. A validator not named here stays in the trusted
+decoder too (correct, only slower); one that transforms must never be named here."""
+_STRING_CHECKS = frozenset({"pattern", "min_length", "max_length"})
+
+
+def _unchecked(schema: Any) -> Any:
+    """A copy of a core schema without the checks a verified payload already passed."""
+    if isinstance(schema, list):
+        return [_unchecked(item) for item in schema]
+    if not isinstance(schema, dict):
+        return schema
+    if schema.get("type") == "function-after":
+        function = schema["function"]["function"]
+        if getattr(function, "__qualname__", None) in _CHECKS:
+            return _unchecked(schema["schema"])
+    drop = _STRING_CHECKS if schema.get("type") == "str" else frozenset()
+    return {key: _unchecked(value) for key, value in schema.items() if key not in drop}
+
+
+def _trusted(adapter: TypeAdapter[Any]) -> SchemaValidator:
+    schema: CoreSchema = _unchecked(adapter.core_schema)
+    return SchemaValidator(schema)
+
+
+_trusted_entry = _trusted(entry_adapter)
+_trusted_record = _trusted(record_adapter)
+_trusted_fact = _trusted(fact_adapter)
+_trusted_log_item = _trusted(log_item_adapter)
+
+
+def _trusted_decode(validator: SchemaValidator, text: str | bytes, location: str) -> Any:
+    try:
+        return validator.validate_json(text)
+    except ValidationError as exc:  # a payload this version's writer could not have written
+        raise StoreCorrupted(
+            f"stored data at {location} does not decode: {exc.errors(include_url=False)[:1]}",
+            location=location,
+        ) from exc
+
+
+def trusted_entry(text: str | bytes, location: str) -> Entry:
+    """Decode an entry payload whose checksum matched (see the module docstring)."""
+    entry: Entry = _trusted_decode(_trusted_entry, text, location)
+    return entry
+
+
+def trusted_record(text: str | bytes, location: str) -> Record:
+    """Decode a record payload whose checksum matched."""
+    record: Record = _trusted_decode(_trusted_record, text, location)
+    return record
+
+
+def trusted_fact(text: str | bytes, location: str) -> Fact:
+    """Decode a fact payload whose checksum matched."""
+    fact: Fact = _trusted_decode(_trusted_fact, text, location)
+    return fact
+
+
+def trusted_log_item(text: str | bytes, location: str) -> LogItem:
+    """Decode a log item (a JSONL line's item) whose checksum matched."""
+    item: LogItem = _trusted_decode(_trusted_log_item, text, location)
+    return item
+
+
+_new = object.__new__
+_put = object.__setattr__
+_M = TypeVar("_M", bound=BaseModel)
+
+
+def _built(cls: type[_M], values: dict[str, Any], given: frozenset[str]) -> _M:
+    """An instance of `cls` holding `values`, made as ``model_construct`` makes one.
+
+    For the wrappers a backend builds from its own columns and a decoded payload: validating
+    them again costs more than decoding the payload (measured in D241).
+    """
+    instance = _new(cls)
+    _put(instance, "__dict__", values)
+    _put(instance, "__pydantic_fields_set__", set(given))
+    _put(instance, "__pydantic_extra__", None)
+    _put(instance, "__pydantic_private__", None)
+    return instance
+
+
+_ENTRY_GIVEN = frozenset({"seq", "timestamp", "lane", "parent_id", "entry"})
+_RECORD_GIVEN = frozenset({"seq", "timestamp", "record"})
+_FACT_GIVEN = frozenset({"seq", "timestamp", "fact"})
+_LANE_GIVEN = frozenset({"seq", "timestamp", "lane", "leaf_id", "created"})
+
+
+def stored_entry(
+    seq: int, timestamp: int, lane: str | None, parent_id: str | None, entry: Entry
+) -> StoredEntry:
+    """The stored entry of a backend's columns and its decoded (trusted) entry, unvalidated."""
+    values = {
+        "kind": "entry",
+        "seq": seq,
+        "timestamp": timestamp,
+        "lane": lane,
+        "parent_id": parent_id,
+        "entry": entry,
+    }
+    return _built(StoredEntry, values, _ENTRY_GIVEN)
+
+
+def stored_record(seq: int, timestamp: int, record: Record) -> StoredRecord:
+    """The stored record of a backend's columns and its decoded (trusted) record, unvalidated."""
+    values = {"kind": "record", "seq": seq, "timestamp": timestamp, "record": record}
+    return _built(StoredRecord, values, _RECORD_GIVEN)
+
+
 def fact_set(seq: int, timestamp: int, fact: Fact) -> FactSet:
-    """Build the log item of a fact write."""
-    return FactSet(seq=seq, timestamp=timestamp, fact=fact)
+    """The log item of a fact write, from a backend's columns and a decoded fact, unvalidated."""
+    values = {"kind": "fact", "seq": seq, "timestamp": timestamp, "fact": fact}
+    return _built(FactSet, values, _FACT_GIVEN)
+
+
+def lane_move(seq: int, timestamp: int, lane: str, leaf_id: str | None, created: bool) -> LaneMove:
+    """The log item of a lane move, from a backend's own columns, unvalidated."""
+    values = {
+        "kind": "lane",
+        "seq": seq,
+        "timestamp": timestamp,
+        "lane": lane,
+        "leaf_id": leaf_id,
+        "created": created,
+    }
+    return _built(LaneMove, values, _LANE_GIVEN)

@@ -29,6 +29,22 @@ _depth = 0
 _disabled_by_us = False
 
 
+def _promote() -> None:
+    """Move every tracked object into the oldest generation, traversing none of them.
+
+    The batch's objects were allocated while the collector was paused, so they all sit in the
+    youngest generation: the first collection after the pause would traverse every one of them
+    (measured: 132 of 890 ms of a 12,000-line JSONL replay), and the next older one again.
+    `gc.freeze` then `gc.unfreeze` moves them (and whatever else is young) to the oldest
+    generation in constant time; only a full collection visits them, as it would have anyway.
+    Only batches of `PAUSE_AT` items or more pause, so this happens at large decodes only: at
+    every small read it would keep moving other code's young garbage past the young collections
+    (D244).
+    """
+    gc.freeze()
+    gc.unfreeze()
+
+
 @contextmanager
 def collector_paused(size: int) -> Iterator[None]:
     """Run the block with the cyclic collector paused when `size` items are about to be decoded."""
@@ -49,4 +65,5 @@ def collector_paused(size: int) -> Iterator[None]:
             _depth -= 1
             if _depth == 0 and _disabled_by_us:
                 _disabled_by_us = False
+                _promote()
                 gc.enable()

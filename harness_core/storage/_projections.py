@@ -17,7 +17,7 @@ from harness_core.errors import SessionError
 from harness_core.frozen import JsonValue
 from harness_core.messages import TokenUsage
 from harness_core.session.codec import encode, encode_entry, encode_fact, encode_record
-from harness_core.session.entries import CustomEntry, Entry
+from harness_core.session.entries import CustomEntry, Entry, MessageEntry
 from harness_core.session.names import check_lane_name
 from harness_core.session.records import OperationFinished, OperationStarted, Record, Usage
 from harness_core.session.types import (
@@ -37,7 +37,7 @@ from harness_core.session.types import (
     StoredRecord,
 )
 from harness_core.storage._branch import BranchNode, BranchScan, SinceScan, drive, entry_matches
-from harness_core.storage._rules import add_usage, apply_stats
+from harness_core.storage._rules import add_usage
 
 __all__ = ["SessionState", "new_metadata", "record_matches", "record_run_id", "replay_log"]
 
@@ -100,7 +100,23 @@ class SessionState:
         self.open_ops: dict[str, list[StoredRecord]] = {}
         self.name: str | None = None
         self.labels: dict[str, str] = {}
-        self.stats = SessionStats()
+        self._counts = [0, 0, 0]  # entries, messages, records
+        self._usage = TokenUsage()
+        self._stats: SessionStats | None = SessionStats()
+
+    @property
+    def stats(self) -> SessionStats:
+        """The running counters (built when read: a replay applies thousands of items)."""
+        if self._stats is None:
+            entries, messages, records = self._counts
+            self._stats = SessionStats(
+                last_seq=len(self.log),
+                entries=entries,
+                messages=messages,
+                records=records,
+                usage=self._usage,
+            )
+        return self._stats
 
     @property
     def next_seq(self) -> int:
@@ -157,7 +173,7 @@ class SessionState:
         """Refuse a usage record that would take a running sum out of range (see `add_usage`)."""
         if not isinstance(record, Usage):
             return
-        add_usage(self.stats.usage, record.usage, "the session")
+        add_usage(self._usage, record.usage, "the session")
         add_usage(self.lane_usage.get(record.lane, TokenUsage()), record.usage, "the lane")
         if record.entry_id is not None:
             entry_sum = self.entry_usage.get(record.entry_id, TokenUsage())
@@ -197,16 +213,19 @@ class SessionState:
             self._require_target(fact.target_id)
         return FactSet(seq=self.next_seq, timestamp=now, fact=fact)
 
-    def check_replay(self, item: LogItem) -> None:
+    def check_replay(self, item: LogItem, *, encoded: bool = False) -> None:
         """Check an item of an imported or replayed log: structure only, no open-op condition.
 
-        Raises ``SessionError("invalid_payload")`` describing the first violation.
+        `encoded`: the item was decoded from its own checksummed encoding, so it encodes (the
+        check that re-encodes it is skipped). Raises ``SessionError("invalid_payload")``
+        describing the first violation.
         """
         try:
             if item.seq != self.next_seq:
                 raise SessionError("invalid_query", f"expected seq {self.next_seq}, got {item.seq}")
             if isinstance(item, StoredEntry):
-                encode_entry(item.entry)
+                if not encoded:
+                    encode_entry(item.entry)
                 self._require_unused_id(item.id)
                 if item.lane is not None:
                     if self._require_lane(item.lane) != item.parent_id:
@@ -214,7 +233,8 @@ class SessionState:
                 else:
                     self._require_target(item.parent_id)
             elif isinstance(item, StoredRecord):
-                encode_record(item.record)
+                if not encoded:
+                    encode_record(item.record)
                 self._require_lane(item.record.lane)
                 self._require_unused_id(item.id)
                 self._check_usage(item.record)
@@ -226,7 +246,8 @@ class SessionState:
                     self._require_lane(item.lane)
                 self._require_target(item.leaf_id)
             else:
-                encode_fact(item.fact)
+                if not encoded:
+                    encode_fact(item.fact)
                 if isinstance(item.fact, LabelFact):
                     self._require_target(item.fact.target_id)
         except SessionError as exc:
@@ -278,7 +299,14 @@ class SessionState:
                 self.labels.pop(fact.target_id, None)
             else:
                 self.labels[fact.target_id] = fact.label
-        self.stats = apply_stats(self.stats, item)
+        self._stats = None
+        if isinstance(item, StoredEntry):
+            self._counts[0] += 1
+            self._counts[1] += isinstance(item.entry, MessageEntry)
+        elif isinstance(item, StoredRecord):
+            self._counts[2] += 1
+            if isinstance(item.record, Usage):
+                self._usage = self._usage + item.record.usage
 
     # -- reads -----------------------------------------------------------------------------
 

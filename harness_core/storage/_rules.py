@@ -9,34 +9,15 @@ from pydantic import ValidationError
 from harness_core.errors import SessionError
 from harness_core.messages import Cost, TokenUsage
 from harness_core.session.codec import MAX_TOKENS
-from harness_core.session.entries import MessageEntry
-from harness_core.session.records import Usage
-from harness_core.session.types import LogItem, SessionStats, StoredEntry, StoredRecord
+from harness_core.session.types import SessionStats
 
 __all__ = [
     "USAGE_FIELDS",
     "add_usage",
-    "apply_stats",
     "stats_from_counters",
     "usage_from_values",
     "usage_values",
 ]
-
-
-def apply_stats(stats: SessionStats, item: LogItem) -> SessionStats:
-    """Return `stats` after `item` was committed."""
-    entries, messages, records, usage = stats.entries, stats.messages, stats.records, stats.usage
-    if isinstance(item, StoredEntry):
-        entries += 1
-        if isinstance(item.entry, MessageEntry):
-            messages += 1
-    elif isinstance(item, StoredRecord):
-        records += 1
-        if isinstance(item.record, Usage):
-            usage = usage + item.record.usage
-    return SessionStats(
-        last_seq=item.seq, entries=entries, messages=messages, records=records, usage=usage
-    )
 
 
 USAGE_FIELDS = ("input", "output", "cache_read", "cache_write", "total_tokens")

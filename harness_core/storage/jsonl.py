@@ -1,9 +1,17 @@
 """The JSONL backend: one append-only file per session, one line per mutation.
 
 Layout: ``<dir>/<session_id>.jsonl`` holds a header line and then one `LogItem` per line in seq
-order (the line format *is* the exported log format); ``<dir>/<session_id>.lock`` carries the
-writer lock (an OS ``flock``, refused to every other open file, in this process or another)
-and the last fencing token handed out.
+order; ``<dir>/<session_id>.lock`` carries the writer lock (an OS ``flock``, refused to every
+other open file, in this process or another) and the last fencing token handed out.
+
+Line format (D240, D242): a line is the item's canonical encoding (the exported log format) with its
+CRC32C as a first key, ``{"crc32c":"<8 hex digits>",`` followed by the encoding without its
+opening brace, so every line stays one JSON object. Opening verifies each line's checksum and
+decodes it with the trusted decoder (no validation of what the writer validated); a mismatch
+refuses the open with `StoreCorrupted` naming the file and line. Files of format
+``durable-gateway/session-jsonl/1`` (before checksums) open as before, every line without a
+checksum validated in full; a writer appends checksummed lines to them too (and a new file's
+header says ``/2``, which older versions refuse).
 
 Durability: a write returns after its line was handed to the OS, which survives a process
 crash. Power loss: ``fsync="effects"`` (the default) fsyncs at every durability point (a write
@@ -37,7 +45,13 @@ from harness_core.clock import Clock, SystemClock
 from harness_core.errors import LeaseHeld, LeaseLost, SessionError, StoreCorrupted
 from harness_core.frozen import JsonValue
 from harness_core.ids import IdGenerator, Uuid7Ids
-from harness_core.session.codec import encode_log_item, log_item_adapter
+from harness_core.session.codec import (
+    checksum,
+    corrupted,
+    encode_log_item,
+    log_item_adapter,
+    trusted_log_item,
+)
 from harness_core.session.collector import collector_paused
 from harness_core.session.durability import durability_deferred
 from harness_core.session.entries import Entry
@@ -64,7 +78,38 @@ __all__ = ["FsyncPolicy", "JsonlSessionRepo", "JsonlSessionStorage"]
 _Item = TypeVar("_Item", StoredEntry, StoredRecord, LaneMove, FactSet)
 
 FsyncPolicy = Literal["never", "effects", "always"]
-_FORMAT = "durable-gateway/session-jsonl/1"
+_FORMAT = "durable-gateway/session-jsonl/2"
+_FORMATS = ("durable-gateway/session-jsonl/1", _FORMAT)
+"""The header formats this version opens: /1 (lines without checksums) and /2."""
+_SEAL = b'{"crc32c":"'
+_SEALED_AT = len(_SEAL) + 10
+"""Where a sealed line's item encoding resumes: after the key, 8 hex digits, a quote, a comma."""
+
+
+def sealed(encoded: str) -> str:
+    """The line of an item's canonical encoding: its CRC32C first, as a key of the same object."""
+    return f'{{"crc32c":"{checksum(encoded):08x}",{encoded[1:]}'
+
+
+def unsealed(line: bytes, location: str) -> tuple[bytes, bool]:
+    """A line's item encoding, and whether a checksum vouched for it (raises if it fails it).
+
+    A line without the checksum key (format /1) is returned as it is, to be validated in full.
+    """
+    if not line.startswith(_SEAL):
+        return line, False
+    digits = line[len(_SEAL) : _SEALED_AT - 2]
+    if line[_SEALED_AT - 2 : _SEALED_AT] != b'",' or len(digits) != 8:
+        raise StoreCorrupted(f"malformed checksum in {location}", location=location)
+    try:
+        stored = int(digits, 16)
+    except ValueError:
+        raise StoreCorrupted(f"malformed checksum in {location}", location=location) from None
+    encoded = b"{" + line[_SEALED_AT:]
+    computed = checksum(encoded)
+    if computed != stored:
+        raise corrupted(location, stored, computed)
+    return encoded, True
 
 
 @dataclass
@@ -133,7 +178,7 @@ class JsonlSessionStorage(LocalReads):
         writer = self._writer()  # the lease may have gone while this waited for the lock
         state = self._state()
         item = prepare(state, self._repo.clock.now_ms())
-        line = (encode_log_item(item) + "\n").encode()
+        line = (sealed(encode_log_item(item)) + "\n").encode()
         assert writer.data_fd is not None
         fsyncs = self._repo.fsync != "never"
         # A write durable on return is a durability point under `effects` and `always`; a
@@ -359,7 +404,7 @@ class JsonlSessionRepo:
         """Create a session file holding an exported log."""
         data, _ = self._paths(metadata.id)
         state = replay_log(metadata, items)
-        lines = [_header(state.metadata)] + [encode_log_item(item) for item in state.log]
+        lines = [_header(state.metadata)] + [sealed(encode_log_item(item)) for item in state.log]
         await self.run(_publish, self.directory, data, lines, self.fsync != "never")
         return state.metadata
 
@@ -455,14 +500,18 @@ def _replay(path: Path, lines: list[bytes], state: SessionState, good_end: int) 
     """Apply the log lines after the header to `state`; return the end of the last good one."""
     for number, line in enumerate(lines[1:], start=2):
         location = f"{path}:{number}"
+        encoded, trusted = unsealed(line, location)
+        if trusted:  # the checksum vouches for what the writer validated and checked
+            item = trusted_log_item(encoded, location)
+        else:
+            try:
+                item = log_item_adapter.validate_json(encoded)
+            except ValidationError as exc:
+                raise StoreCorrupted(
+                    f"malformed line {location}: {exc.errors()[:1]}", location=location
+                ) from exc
         try:
-            item = log_item_adapter.validate_json(line)
-        except ValidationError as exc:
-            raise StoreCorrupted(
-                f"malformed line {location}: {exc.errors()[:1]}", location=location
-            ) from exc
-        try:
-            state.check_replay(item)
+            state.check_replay(item, encoded=trusted)
         except SessionError as exc:
             raise StoreCorrupted(f"inconsistent line {location}: {exc}", location=location) from exc
         state.apply(item)
@@ -474,8 +523,8 @@ def _parse_header(line: bytes, path: Path) -> SessionMetadata:
     location = f"{path}:1"
     try:
         header = json.loads(line)
-        if header.get("kind") != "header" or header.get("format") != _FORMAT:
-            raise ValueError(f"not a {_FORMAT} header")
+        if header.get("kind") != "header" or header.get("format") not in _FORMATS:
+            raise ValueError(f"not a {' or '.join(_FORMATS)} header")
         return SessionMetadata.model_validate(header["metadata"])
     except (ValueError, KeyError, TypeError, AttributeError) as exc:
         raise StoreCorrupted(f"bad header in {location}: {exc}", location=location) from exc
@@ -495,6 +544,8 @@ def _list(directory: Path) -> list[SessionMetadata]:
             for line in handle:
                 if not line.endswith(b"\n"):
                     break  # a torn tail was never acknowledged
+                if line.startswith(_SEAL):
+                    line = b"{" + line[_SEALED_AT:]
                 if line.startswith(b'{"kind":"fact"') and b'"fact":"name"' in line:
                     with contextlib.suppress(ValueError):
                         name = json.loads(line)["fact"]["name"]

@@ -31,6 +31,13 @@ redis-py's cluster pipeline refuses ``EVALSHA``, so the sessions' calls of a bat
 concurrently; a session's writes are still one call, in submission order (writes to different
 sessions, which may live on different nodes, have no common order).
 
+Checksums (D240): every entry payload (``:ek``, entry id -> CRC32C), record (its lane stream's
+``crc`` field), fact and lane move (the session stream's ``crc`` field) carries the CRC32C of
+its payload (a lane move: of its lane, leaf and created flag), computed here before the write;
+seq and timestamp are the server's and are not covered. A read verifies it and decodes with the
+trusted decoders; a mismatch raises `StoreCorrupted`; an item written before checksums has none
+and is validated in full.
+
 Durability is the server's AOF setting (Redis 7.0 has no WAITAOF): ``appendonly yes`` with
 ``appendfsync always`` loses no acknowledged write even on power loss; ``everysec`` may lose
 up to about a second of acknowledged writes on power loss, none on a process crash.
@@ -62,6 +69,8 @@ from harness_core.frozen import JsonValue
 from harness_core.ids import IdGenerator, Uuid7Ids
 from harness_core.messages import TokenUsage
 from harness_core.session.codec import (
+    checksum,
+    corrupted,
     decode,
     decode_entry,
     decode_record,
@@ -70,6 +79,13 @@ from harness_core.session.codec import (
     encode_fact,
     encode_record,
     fact_adapter,
+    fact_set,
+    lane_move,
+    stored_entry,
+    stored_record,
+    trusted_entry,
+    trusted_fact,
+    trusted_record,
 )
 from harness_core.session.collector import collector_paused
 from harness_core.session.entries import CustomEntry, Entry
@@ -375,7 +391,7 @@ class RedisSessionStorage:
 
     async def _lane(self, lane: str, leaf: str | None, created: bool) -> LaneMove:
         check_lane_name(lane)
-        reply = await self._mutate("lane", lane, leaf or "", "1" if created else "0")
+        reply = await self._mutate("lane", *_lane_args(lane, leaf, created))
         return LaneMove(
             seq=reply[1], timestamp=int(reply[2]), lane=lane, leaf_id=leaf, created=created
         )
@@ -395,7 +411,14 @@ class RedisSessionStorage:
         check_lane_name(lane)
         custom = entry.custom_type if isinstance(entry, CustomEntry) else ""
         reply = await self._mutate(
-            "entry", lane, entry.id, entry.type, custom, payload, "1" if if_missing else "0"
+            "entry",
+            lane,
+            entry.id,
+            entry.type,
+            custom,
+            payload,
+            "1" if if_missing else "0",
+            str(checksum(payload)),
         )
         if reply[0] == "existing":
             seq, ts, parent, stored_lane, _, _ = _node(reply[1])
@@ -442,16 +465,23 @@ class RedisSessionStorage:
             chunk = list(ids[start : start + _ENTRY_BATCH])
             flat = await self._repo.scripts.run(client, "read_entries", [self._meta], chunk)
             with collector_paused(len(chunk)):  # never across an await: the loop runs on
-                for payload, node in zip(flat[::2], flat[1::2], strict=True):
+                for payload, node, crc in zip(flat[::3], flat[1::3], flat[2::3], strict=True):
                     if payload is None or node is None:
                         out.append(None)
                         continue
-                    seq, ts, parent, lane, _, _ = _node(node)
-                    entry = decode_entry(payload, self._where)
-                    out.append(
-                        StoredEntry(seq=seq, timestamp=ts, lane=lane, parent_id=parent, entry=entry)
-                    )
+                    out.append(self._entry(payload, node, crc))
         return out
+
+    def _entry(self, payload: str, node: str, crc: str | None) -> StoredEntry:
+        """A stored entry: trusted when its checksum matches, else validated in full."""
+        seq, ts, parent, lane, _, _ = _node(node)
+        if crc is not None and int(crc) == checksum(payload):
+            return stored_entry(seq, ts, lane, parent, trusted_entry(payload, self._where))
+        location = f"{self._where} entry seq {seq}"
+        if crc is not None:
+            raise corrupted(location, int(crc), checksum(payload))
+        entry = decode_entry(payload, location)
+        return StoredEntry(seq=seq, timestamp=ts, lane=lane, parent_id=parent, entry=entry)
 
     async def get_entry(self, entry_id: str) -> StoredEntry | None:
         """Point lookup."""
@@ -571,10 +601,18 @@ class RedisSessionStorage:
         return [self._record(stream_id, fields) for stream_id, fields in rows]
 
     def _record(self, stream_id: str, fields: Mapping[str, str]) -> StoredRecord:
-        seq = int(stream_id.split("-", 1)[0])
-        return StoredRecord(
-            seq=seq, timestamp=int(fields["t"]), record=decode_record(fields["d"], self._where)
+        return self._stored_record(
+            int(stream_id.split("-", 1)[0]), int(fields["t"]), fields["d"], fields.get("crc")
         )
+
+    def _stored_record(self, seq: int, ts: int, payload: str, crc: str | None) -> StoredRecord:
+        """A stored record: trusted when its checksum matches, else validated in full."""
+        if crc is not None and int(crc) == checksum(payload):
+            return stored_record(seq, ts, trusted_record(payload, self._where))
+        location = f"{self._where} record seq {seq}"
+        if crc is not None:
+            raise corrupted(location, int(crc), checksum(payload))
+        return StoredRecord(seq=seq, timestamp=ts, record=decode_record(payload, location))
 
     async def _records_at(
         self, c: _Client, located: Sequence[tuple[int, str]]
@@ -712,13 +750,13 @@ class RedisSessionStorage:
         return tuple(await self._read(run))
 
     def _flat_records(self, flat: Sequence[str]) -> list[StoredRecord]:
-        """Records from a script's flat ``seq, timestamp, payload`` list."""
-        with collector_paused(len(flat) // 3):
+        """Records from a script's flat ``seq, timestamp, payload, checksum`` list."""
+        with collector_paused(len(flat) // 4):
             return [
-                StoredRecord(
-                    seq=int(seq), timestamp=int(ts), record=decode_record(payload, self._where)
+                self._stored_record(int(seq), int(ts), payload, crc)
+                for seq, ts, payload, crc in zip(
+                    flat[::4], flat[1::4], flat[2::4], flat[3::4], strict=True
                 )
-                for seq, ts, payload in zip(flat[::3], flat[1::3], flat[2::3], strict=True)
             ]
 
     async def read_lane_slice(self, lane: str) -> LaneSlice:
@@ -767,29 +805,38 @@ class RedisSessionStorage:
                     elif kind == "r":
                         items.append(records[seq])
                     elif kind == "l":
-                        items.append(
-                            LaneMove(
-                                seq=seq,
-                                timestamp=ts,
-                                lane=fields["lane"],
-                                leaf_id=fields["leaf"] or None,
-                                created=fields["c"] == "1",
-                            )
-                        )
+                        items.append(self._lane_move_item(seq, ts, fields))
                     else:
-                        items.append(
-                            FactSet(
-                                seq=seq,
-                                timestamp=ts,
-                                fact=decode(fact_adapter, fields["d"], self._where),
-                            )
-                        )
+                        items.append(self._fact_item(seq, ts, fields))
                 if len(rows) < want:
                     return
                 low = f"({rows[-1][0]}"
 
         await self._read(run)
         return tuple(items)
+
+    def _lane_move_item(self, seq: int, ts: int, fields: Mapping[str, str]) -> LaneMove:
+        lane, leaf, created, crc = fields["lane"], fields["leaf"], fields["c"], fields.get("crc")
+        if crc is not None and int(crc) == checksum("", lane, leaf, created):
+            return lane_move(seq, ts, lane, leaf or None, created == "1")
+        location = f"{self._where} lane move seq {seq}"
+        if crc is not None:
+            raise corrupted(location, int(crc), checksum("", lane, leaf, created))
+        try:
+            return LaneMove(
+                seq=seq, timestamp=ts, lane=lane, leaf_id=leaf or None, created=created == "1"
+            )
+        except ValueError as exc:
+            raise StoreCorrupted(f"{location} is invalid: {exc}", location=location) from exc
+
+    def _fact_item(self, seq: int, ts: int, fields: Mapping[str, str]) -> FactSet:
+        payload, crc = fields["d"], fields.get("crc")
+        if crc is not None and int(crc) == checksum(payload):
+            return fact_set(seq, ts, trusted_fact(payload, self._where))
+        location = f"{self._where} fact seq {seq}"
+        if crc is not None:
+            raise corrupted(location, int(crc), checksum(payload))
+        return FactSet(seq=seq, timestamp=ts, fact=decode(fact_adapter, payload, location))
 
     async def get_name(self) -> str | None:
         """Newest session name."""
@@ -853,7 +900,8 @@ def _type_index(record_type: str, kind: str | None, lane: str) -> str:
 def _record_args(record: Record, payload: str) -> tuple[str, ...]:
     run = record_run_id(record) or ""
     kind = record.intent.kind if isinstance(record, OperationStarted) else ""
-    args: tuple[str, ...] = (record.lane, record.id, record.type, run, payload, kind)
+    crc = str(checksum(payload))
+    args: tuple[str, ...] = (record.lane, record.id, record.type, run, payload, kind, crc)
     if isinstance(record, Usage):
         # repr() of a float reads back exactly (tonumber in the script parses it with strtod)
         amounts = usage_values(record.usage)
@@ -863,9 +911,16 @@ def _record_args(record: Record, payload: str) -> tuple[str, ...]:
 
 
 def _fact_args(fact: Fact, payload: str) -> tuple[str, ...]:
+    crc = str(checksum(payload))
     if isinstance(fact, NameFact):
-        return (payload, "name", fact.name)
-    return (payload, "label", fact.target_id, fact.label or "", "1" if fact.label is None else "0")
+        return (payload, crc, "name", fact.name)
+    clears = "1" if fact.label is None else "0"
+    return (payload, crc, "label", fact.target_id, fact.label or "", clears)
+
+
+def _lane_args(lane: str, leaf: str | None, created: bool) -> tuple[str, ...]:
+    fields = (lane, leaf or "", "1" if created else "0")
+    return (*fields, str(checksum("", *fields)))
 
 
 class RedisSessionRepo:
@@ -1128,6 +1183,7 @@ def _import_args(item: LogItem) -> tuple[str, ...]:
     if isinstance(item, StoredEntry):
         entry = item.entry
         custom = entry.custom_type if isinstance(entry, CustomEntry) else ""
+        payload = encode_entry(entry)
         return (
             "entry",
             "",
@@ -1136,12 +1192,13 @@ def _import_args(item: LogItem) -> tuple[str, ...]:
             entry.id,
             entry.type,
             custom,
-            encode_entry(entry),
+            payload,
             "0",
+            str(checksum(payload)),
             item.parent_id or "",
         )
     if isinstance(item, StoredRecord):
         return ("record", "", ts, *_record_args(item.record, encode_record(item.record)))
     if isinstance(item, LaneMove):
-        return ("lane", "", ts, item.lane, item.leaf_id or "", "1" if item.created else "0")
+        return ("lane", "", ts, *_lane_args(item.lane, item.leaf_id, item.created))
     return ("fact", "", ts, *_fact_args(item.fact, encode_fact(item.fact)))

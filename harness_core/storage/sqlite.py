@@ -18,8 +18,10 @@ and those reads are the plumbing the broker and the web mailbox use too
 
 Restore reads are index seeks plus bounded scans: open operations come from their own table,
 an operation's records from ``(session_id, lane, seq)``, a lane's records of one type (or
-operation kind) from ``(session_id, lane, type, seq)``, a lane's own entries from primary-key
-lookups along parent links; none of them touches other lanes' traffic or older history. Usage
+operation kind) from ``(session_id, lane, type, seq)``, a lane's own entries along parent links
+(by primary-key lookups, or by the seq index where the path holds at least half of the entries
+it passes: `_walk`); none of them touches more than that of other lanes' traffic or older
+history. Usage
 sums per lane and per entry are running projections (`usage_sums`), like the session's.
 
 A new database gets 1 KiB pages (`PAGE_SIZE`; SQLite's default is 4 KiB). A commit writes
@@ -28,9 +30,15 @@ they touch: with 1 KiB pages a turn writes about a third of the bytes (276 -> 10
 at the same turn time, and a 4,000-entry path reads about 20% slower. An existing database keeps
 the page size it was created with.
 
-Schema version 2 (this module) changed the type indexes and added `usage_sums`; a version-1
-database is upgraded in place on first use (one transaction), and a version-2 database refuses
-older code, which would not maintain the sums.
+Schema version 2 changed the type indexes and added `usage_sums`; version 3 (this module) added
+a `checksum` column to the four log tables (D240). An older database is upgraded in place on
+first use (one transaction; rows written before keep a NULL checksum and are validated in full
+when read), and a newer one refuses older code, which would not maintain what it added.
+
+Every row of the log tables carries the CRC32C of its payload and its own columns
+(`codec.checksum`): a read verifies it, then builds the item with the trusted decoders (no
+validation of what the write already validated); a mismatch raises `StoreCorrupted` naming the
+session, the table and the seq.
 """
 
 from __future__ import annotations
@@ -46,11 +54,13 @@ from typing import Any, TypeVar
 from harness_core.backends.batch import WriteQueue
 from harness_core.backends.sqlite import ConnectionPolicy, Database, SqliteExecutor, Synchronous
 from harness_core.clock import Clock, SystemClock
-from harness_core.errors import SessionError
+from harness_core.errors import SessionError, StoreCorrupted
 from harness_core.frozen import JsonValue
 from harness_core.ids import IdGenerator, Uuid7Ids
 from harness_core.messages import TokenUsage
 from harness_core.session.codec import (
+    checksum,
+    corrupted,
     decode,
     decode_entry,
     decode_record,
@@ -59,6 +69,13 @@ from harness_core.session.codec import (
     encode_fact,
     encode_record,
     fact_adapter,
+    fact_set,
+    lane_move,
+    stored_entry,
+    stored_record,
+    trusted_entry,
+    trusted_fact,
+    trusted_record,
 )
 from harness_core.session.collector import collector_paused
 from harness_core.session.durability import durability_deferred
@@ -103,7 +120,7 @@ from harness_core.storage._slice import (
 
 __all__ = ["SqliteSessionRepo", "SqliteSessionStorage", "Synchronous"]
 
-SCHEMA_VERSION = 2
+SCHEMA_VERSION = 3
 PAGE_SIZE = 1024
 """The page size of a database this backend creates (see the module docstring)."""
 _T = TypeVar("_T")
@@ -181,10 +198,12 @@ class _Tx:
         if isinstance(item, StoredEntry):
             entry = item.entry
             custom = entry.custom_type if isinstance(entry, CustomEntry) else None
+            payload = payload or encode_entry(entry)
+            crc = checksum(payload, item.seq, item.timestamp, item.lane, item.parent_id)
             c.execute(
-                "INSERT INTO entries VALUES (?,?,?,?,?,?,?,?,?)",
+                "INSERT INTO entries VALUES (?,?,?,?,?,?,?,?,?,?)",
                 (sid, entry.id, item.seq, item.timestamp, item.lane, item.parent_id, entry.type,
-                 custom, payload or encode_entry(entry)),
+                 custom, payload, crc),
             )  # fmt: skip
             if item.lane is not None:
                 c.execute(
@@ -196,10 +215,11 @@ class _Tx:
             kind = record.intent.kind if isinstance(record, OperationStarted) else None
             if isinstance(record, Usage):  # first: a sum out of range refuses the write
                 self.add_usage(record)
+            payload = payload or encode_record(record)
             c.execute(
-                "INSERT INTO records VALUES (?,?,?,?,?,?,?,?,?)",
+                "INSERT INTO records VALUES (?,?,?,?,?,?,?,?,?,?)",
                 (sid, item.seq, record.id, record.lane, record_run_id(record), record.type, kind,
-                 item.timestamp, payload or encode_record(record)),
+                 item.timestamp, payload, checksum(payload, item.seq, item.timestamp)),
             )  # fmt: skip
             if isinstance(record, OperationStarted):
                 c.execute(
@@ -212,16 +232,24 @@ class _Tx:
                     (sid, record.lane, record.run_id),
                 )
         elif isinstance(item, LaneMove):
+            crc = checksum("", item.seq, item.timestamp, item.lane, item.leaf_id, int(item.created))
             c.execute(
-                "INSERT INTO lane_moves VALUES (?,?,?,?,?,?)",
-                (sid, item.seq, item.timestamp, item.lane, item.leaf_id, int(item.created)),
+                "INSERT INTO lane_moves VALUES (?,?,?,?,?,?,?)",
+                (sid, item.seq, item.timestamp, item.lane, item.leaf_id, int(item.created), crc),
             )
             c.execute("INSERT OR REPLACE INTO lanes VALUES (?,?,?)", (sid, item.lane, item.leaf_id))
         else:
             fact = item.fact
+            payload = payload or encode_fact(fact)
             c.execute(
-                "INSERT INTO facts VALUES (?,?,?,?)",
-                (sid, item.seq, item.timestamp, payload or encode_fact(fact)),
+                "INSERT INTO facts VALUES (?,?,?,?,?)",
+                (
+                    sid,
+                    item.seq,
+                    item.timestamp,
+                    payload,
+                    checksum(payload, item.seq, item.timestamp),
+                ),
             )
             if isinstance(fact, NameFact):
                 c.execute("UPDATE sessions SET name=? WHERE session_id=?", (fact.name, sid))
@@ -307,6 +335,20 @@ def _upgrade_from_1(conn: sqlite3.Connection, path: Path) -> None:
     conn.executemany(
         _PUT_USAGE_SUM_SQL, [(*key, *usage_values(total)) for key, total in sums.items()]
     )
+    conn.execute("UPDATE schema_version SET version=2")
+
+
+def _upgrade_from_2(conn: sqlite3.Connection) -> None:
+    """Schema 2 -> 3, inside the caller's transaction: the log tables get a `checksum` column.
+
+    Adding a column rewrites nothing: the rows already stored keep a NULL checksum, and a read
+    of such a row validates it in full, as version 2 did. No checksum is computed for them here:
+    one would vouch for bytes this version never checked.
+    """
+    for table in ("entries", "records", "lane_moves", "facts"):
+        columns = {row[1] for row in conn.execute(f"PRAGMA table_info({table})")}
+        if "checksum" not in columns:
+            conn.execute(f"ALTER TABLE {table} ADD COLUMN checksum INTEGER")
     conn.execute("UPDATE schema_version SET version=?", (SCHEMA_VERSION,))
 
 
@@ -334,8 +376,10 @@ class _Db(Database):
             row = self.conn.execute("SELECT version FROM schema_version").fetchone()
             if row is None:
                 self.conn.execute("INSERT INTO schema_version VALUES (?)", (SCHEMA_VERSION,))
-            elif row[0] == 1:
-                _upgrade_from_1(self.conn, self.path)
+            elif row[0] in (1, 2):
+                if row[0] == 1:
+                    _upgrade_from_1(self.conn, self.path)
+                _upgrade_from_2(self.conn)
             elif row[0] != SCHEMA_VERSION:
                 raise SessionError(
                     "storage",
@@ -502,8 +546,24 @@ def _lease_row(c: sqlite3.Connection, session_id: str) -> LeaseRow | None:
     return LeaseRow(*row) if row else None
 
 
-def _entry_from_row(row: tuple[Any, ...], location: str) -> StoredEntry:
-    seq, timestamp, lane, parent_id, payload = row
+def _entry_sum(payload: str, seq: int, timestamp: int, lane: str | None, parent: str | None) -> int:
+    """`checksum(payload, seq, timestamp, lane, parent)`, built as one string.
+
+    A context window reads thousands of entries: one formatted string is the cheaper way.
+    """
+    lane_text = "" if lane is None else lane
+    parent_text = "" if parent is None else parent
+    return checksum(f"{payload}\t{seq}\t{timestamp}\t{lane_text}\t{parent_text}")
+
+
+def _entry_from_row(row: tuple[Any, ...], where: str) -> StoredEntry:
+    """An entry row (`_ENTRY_COLS`): trusted when its checksum matches, else checked in full."""
+    seq, timestamp, lane, parent_id, payload, crc = row
+    if crc is not None and crc == _entry_sum(payload, seq, timestamp, lane, parent_id):
+        return stored_entry(seq, timestamp, lane, parent_id, trusted_entry(payload, where))
+    location = f"{where} entry seq {seq}"
+    if crc is not None:
+        raise corrupted(location, crc, checksum(payload, seq, timestamp, lane, parent_id))
     return StoredEntry(
         seq=seq,
         timestamp=timestamp,
@@ -513,12 +573,43 @@ def _entry_from_row(row: tuple[Any, ...], location: str) -> StoredEntry:
     )
 
 
-def _record_from_row(row: tuple[Any, ...], location: str) -> StoredRecord:
-    seq, timestamp, payload = row
+def _record_from_row(row: tuple[Any, ...], where: str) -> StoredRecord:
+    """A record row (`_RECORD_COLS`): trusted when its checksum matches, else checked in full."""
+    seq, timestamp, payload, crc = row
+    if crc is not None and crc == checksum(payload, seq, timestamp):
+        return stored_record(seq, timestamp, trusted_record(payload, where))
+    location = f"{where} record seq {seq}"
+    if crc is not None:
+        raise corrupted(location, crc, checksum(payload, seq, timestamp))
     return StoredRecord(seq=seq, timestamp=timestamp, record=decode_record(payload, location))
 
 
-_ENTRY_COLS = "seq, timestamp, lane, parent_id, payload"
+def _fact_from_row(row: tuple[Any, ...], where: str) -> FactSet:
+    seq, timestamp, payload, crc = row
+    if crc is not None and crc == checksum(payload, seq, timestamp):
+        return fact_set(seq, timestamp, trusted_fact(payload, where))
+    location = f"{where} fact seq {seq}"
+    if crc is not None:
+        raise corrupted(location, crc, checksum(payload, seq, timestamp))
+    return FactSet(seq=seq, timestamp=timestamp, fact=decode(fact_adapter, payload, location))
+
+
+def _lane_move_from_row(row: tuple[Any, ...], where: str) -> LaneMove:
+    seq, timestamp, lane, leaf_id, created, crc = row
+    if crc is not None and crc == checksum("", seq, timestamp, lane, leaf_id, created):
+        return lane_move(seq, timestamp, lane, leaf_id, bool(created))
+    location = f"{where} lane move seq {seq}"
+    if crc is not None:
+        raise corrupted(location, crc, checksum("", seq, timestamp, lane, leaf_id, created))
+    try:
+        return LaneMove(
+            seq=seq, timestamp=timestamp, lane=lane, leaf_id=leaf_id, created=bool(created)
+        )
+    except ValueError as exc:
+        raise StoreCorrupted(f"{location} is invalid: {exc}", location=location) from exc
+
+
+_ENTRY_COLS = "seq, timestamp, lane, parent_id, payload, checksum"
 _SESSION_AND_LEASE_SQL = (
     f"SELECT s.last_seq, {', '.join('s.' + c for c in _STAT_COLUMNS)}, "
     "l.owner, l.token, l.ttl_ms, l.expires_at_ms FROM sessions s "
@@ -533,30 +624,36 @@ _USED_SQL = (
     "UNION ALL SELECT 1 FROM records WHERE session_id=? AND id=? LIMIT 1"
 )
 _LOG_SQL = """
-SELECT seq, 'e', timestamp, lane, parent_id, payload, NULL FROM entries
+SELECT seq, 'e', timestamp, lane, parent_id, payload, NULL, checksum FROM entries
  WHERE session_id=? AND seq>?
-UNION ALL SELECT seq, 'r', timestamp, NULL, NULL, payload, NULL FROM records
+UNION ALL SELECT seq, 'r', timestamp, NULL, NULL, payload, NULL, checksum FROM records
  WHERE session_id=? AND seq>?
-UNION ALL SELECT seq, 'l', timestamp, lane, leaf_id, NULL, created FROM lane_moves
+UNION ALL SELECT seq, 'l', timestamp, lane, leaf_id, NULL, created, checksum FROM lane_moves
  WHERE session_id=? AND seq>?
-UNION ALL SELECT seq, 'f', timestamp, NULL, NULL, payload, NULL FROM facts
+UNION ALL SELECT seq, 'f', timestamp, NULL, NULL, payload, NULL, checksum FROM facts
  WHERE session_id=? AND seq>?
 ORDER BY seq LIMIT ?
 """
 _WALK_SQL = (
-    "WITH RECURSIVE path(id, type, custom_type, seq, timestamp, lane, parent_id, payload, depth)"
-    " AS (SELECT id, type, custom_type, seq, timestamp, lane, parent_id, payload, 0 FROM entries"
-    " WHERE session_id=?1 AND id=?2"
+    "WITH RECURSIVE path(id, type, custom_type, seq, timestamp, lane, parent_id, payload,"
+    " checksum, depth) AS (SELECT id, type, custom_type, seq, timestamp, lane, parent_id,"
+    " payload, checksum, 0 FROM entries WHERE session_id=?1 AND id=?2"
     " UNION ALL SELECT e.id, e.type, e.custom_type, e.seq, e.timestamp, e.lane, e.parent_id,"
-    " e.payload, path.depth + 1 FROM path JOIN entries e ON e.session_id=?1 AND e.id=path.parent_id"
-    " WHERE path.depth + 1 < ?3)"
-    " SELECT id, type, custom_type, seq, timestamp, lane, parent_id, payload FROM path"
+    " e.payload, e.checksum, path.depth + 1 FROM path JOIN entries e"
+    " ON e.session_id=?1 AND e.id=path.parent_id WHERE path.depth + 1 < ?3)"
+    " SELECT id, type, custom_type, seq, timestamp, lane, parent_id, payload, checksum FROM path"
     " ORDER BY depth"
 )
 """Up to ?3 entries of a path from ?2 toward the root, in one statement (a recursive CTE)."""
+_SEQ_WALK_SQL = (
+    "SELECT id, type, custom_type, seq, timestamp, lane, parent_id, payload, checksum"
+    " FROM entries WHERE session_id=? AND seq<=? ORDER BY seq DESC LIMIT ?"
+)
+"""Up to ?3 of the session's entries, newest first from seq ?2 (the `entries_by_seq` range)."""
+_SPAN_SQL = "SELECT COUNT(*) FROM entries WHERE session_id=? AND seq BETWEEN ? AND ?"
 _WALK_BATCH = (32, 256, 2048)
 """Entries per walk statement: a short first read (most scans stop early), then longer ones."""
-_RECORD_COLS = "seq, timestamp, payload"
+_RECORD_COLS = "seq, timestamp, payload, checksum"
 
 
 class SqliteSessionStorage:
@@ -703,7 +800,7 @@ class SqliteSessionStorage:
             tx.lane_leaf(lane)  # an unknown lane is an error even when the append is a no-op
             row = tx.one(f"SELECT {_ENTRY_COLS} FROM entries WHERE session_id=? AND id=?", entry.id)
             if row is not None:
-                if row[-1] != payload:
+                if row[4] != payload:
                     raise SessionError(
                         "content_mismatch",
                         f"entry {entry.id!r} exists with different content "
@@ -873,7 +970,8 @@ class SqliteSessionStorage:
             return ()
         rows: dict[str, tuple[Any, ...]] = {}
         nodes = drive(SinceScan(after, after_seq), _walk(c, self._sid, leaf, rows))
-        return tuple(_entry_from_row(rows[node.id], self._where) for node in nodes)
+        with collector_paused(len(nodes)):
+            return tuple(_entry_from_row(rows[node.id], self._where) for node in nodes)
 
     async def read_lane_slice(self, lane: str) -> LaneSlice:
         """The restore read: the same reads as `compose_lane_slice`, in one transaction.
@@ -930,18 +1028,14 @@ class SqliteSessionStorage:
         return tuple(self._log_item(row) for row in rows)
 
     def _log_item(self, row: tuple[Any, ...]) -> LogItem:
-        seq, kind, timestamp, lane, other, payload, created = row
+        seq, kind, timestamp, lane, other, payload, created, crc = row
         if kind == "e":
-            return _entry_from_row((seq, timestamp, lane, other, payload), self._where)
+            return _entry_from_row((seq, timestamp, lane, other, payload, crc), self._where)
         if kind == "r":
-            return _record_from_row((seq, timestamp, payload), self._where)
+            return _record_from_row((seq, timestamp, payload, crc), self._where)
         if kind == "l":
-            return LaneMove(
-                seq=seq, timestamp=timestamp, lane=lane, leaf_id=other, created=bool(created)
-            )
-        return FactSet(
-            seq=seq, timestamp=timestamp, fact=decode(fact_adapter, payload, self._where)
-        )
+            return _lane_move_from_row((seq, timestamp, lane, other, created, crc), self._where)
+        return _fact_from_row((seq, timestamp, payload, crc), self._where)
 
     async def get_name(self) -> str | None:
         """Newest session name."""
@@ -1021,7 +1115,7 @@ def _open_rows(
     by_lane = "" if lane is None else " AND o.lane=?"
     args = (sid,) if lane is None else (sid, lane)
     rows: list[tuple[Any, ...]] = c.execute(
-        "SELECT r.seq, r.timestamp, r.payload FROM open_operations o JOIN records r "
+        "SELECT r.seq, r.timestamp, r.payload, r.checksum FROM open_operations o JOIN records r "
         f"ON r.session_id=o.session_id AND r.seq=o.seq WHERE o.session_id=?{by_lane} "
         "ORDER BY o.seq DESC LIMIT ?",
         (*args, -1 if limit is None else limit),
@@ -1069,17 +1163,70 @@ def _require_lane(c: sqlite3.Connection, sid: str, lane: str) -> str | None:
 def _walk(
     c: sqlite3.Connection, sid: str, start: str, rows: dict[str, tuple[Any, ...]]
 ) -> Iterator[BranchNode]:
-    at: str | None = start
-    batch = 0
-    while at is not None:
+    """The path from `start` toward the root (D241); each node's row is kept in `rows`.
+
+    The first batch follows parent links (`_WALK_SQL`: most scans stop within it). A longer
+    path goes on by the cheaper read where it can: a parent is older than its child, so a path
+    is a subsequence of the session's entries read newest first, one index range
+    (`_SEQ_WALK_SQL`, measured 15 vs 22 ms of a 4,000-entry path). That read also passes over
+    what is not on the path (other lanes' entries, abandoned branches), so it is used only while
+    the path holds at least half of the entries it passes: the first batch's span says so (a
+    count of the index), and each later batch again.
+    """
+    found = c.execute(_WALK_SQL, (sid, start, _WALK_BATCH[0])).fetchall()
+    if not found:
+        raise SessionError("not_found", f"entry {start!r} does not exist")
+    for entry_id, type_, custom, seq, timestamp, lane, parent, payload, crc in found:
+        rows[entry_id] = (seq, timestamp, lane, parent, payload, crc)
+        yield BranchNode(entry_id, parent, seq, type_, custom)
+    at: str | None = found[-1][6]
+    if len(found) < _WALK_BATCH[0] or at is None:
+        return
+    low, high = found[-1][3], found[0][3]
+    passed = c.execute(_SPAN_SQL, (sid, low, high)).fetchone()[0]
+    if passed <= 2 * len(found):
+        yield from _seq_walk(c, sid, at, low - 1, rows)
+    else:
+        yield from _link_walk(c, sid, at, rows, 1)
+
+
+def _seq_walk(
+    c: sqlite3.Connection, sid: str, at: str, bound: int, rows: dict[str, tuple[Any, ...]]
+) -> Iterator[BranchNode]:
+    """The rest of a path from `at` (seq at most `bound`), reading the entries newest first."""
+    current: str | None = at
+    batch = 1
+    while current is not None:
         size = _WALK_BATCH[min(batch, len(_WALK_BATCH) - 1)]
-        found = c.execute(_WALK_SQL, (sid, at, size)).fetchall()
-        if not found and batch == 0:
-            raise SessionError("not_found", f"entry {at!r} does not exist")
-        for entry_id, type_, custom, seq, timestamp, lane, parent, payload in found:
-            rows[entry_id] = (seq, timestamp, lane, parent, payload)
+        batch += 1
+        scanned = c.execute(_SEQ_WALK_SQL, (sid, bound, size)).fetchall()
+        kept = 0
+        for entry_id, type_, custom, seq, timestamp, lane, parent, payload, crc in scanned:
+            if entry_id == current:
+                kept += 1
+                rows[entry_id] = (seq, timestamp, lane, parent, payload, crc)
+                yield BranchNode(entry_id, parent, seq, type_, custom)
+                current = parent
+        if current is None or len(scanned) < size:
+            return  # the root, or a parent that does not exist: the path ends, as a link walk
+        bound = scanned[-1][3] - 1
+        if 2 * kept < len(scanned):
+            yield from _link_walk(c, sid, current, rows, batch)
+            return
+
+
+def _link_walk(
+    c: sqlite3.Connection, sid: str, at: str, rows: dict[str, tuple[Any, ...]], batch: int
+) -> Iterator[BranchNode]:
+    """The rest of a path from `at`, following parent links (`_WALK_SQL`) in growing batches."""
+    current: str | None = at
+    while current is not None:
+        size = _WALK_BATCH[min(batch, len(_WALK_BATCH) - 1)]
+        found = c.execute(_WALK_SQL, (sid, current, size)).fetchall()
+        for entry_id, type_, custom, seq, timestamp, lane, parent, payload, crc in found:
+            rows[entry_id] = (seq, timestamp, lane, parent, payload, crc)
             yield BranchNode(entry_id, parent, seq, type_, custom)
-        at = found[-1][6] if found and len(found) == size else None
+        current = found[-1][6] if found and len(found) == size else None
         batch += 1
 
 

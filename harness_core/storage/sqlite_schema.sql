@@ -1,5 +1,6 @@
 -- The SQLite session store. One database holds many sessions; every table is keyed by session.
 -- Applied on open; `schema_version` guards against opening a database of another layout.
+-- A `checksum` column (schema 3) is NULL on rows written before it: those are validated in full.
 CREATE TABLE IF NOT EXISTS schema_version (version INTEGER NOT NULL);
 
 CREATE TABLE IF NOT EXISTS sessions (
@@ -36,7 +37,8 @@ CREATE TABLE IF NOT EXISTS entries (
     parent_id   TEXT,
     type        TEXT NOT NULL,
     custom_type TEXT,
-    payload     TEXT NOT NULL
+    payload     TEXT NOT NULL,
+    checksum    INTEGER         -- CRC32C of the payload and the row's own columns (schema 3)
 );
 CREATE UNIQUE INDEX IF NOT EXISTS entries_by_id ON entries (session_id, id);
 CREATE UNIQUE INDEX IF NOT EXISTS entries_by_seq ON entries (session_id, seq);
@@ -52,7 +54,8 @@ CREATE TABLE IF NOT EXISTS records (
     type       TEXT NOT NULL,
     op_kind    TEXT,            -- operation starts only
     timestamp  INTEGER NOT NULL,
-    payload    TEXT NOT NULL
+    payload    TEXT NOT NULL,
+    checksum   INTEGER          -- CRC32C of the payload, seq and timestamp (schema 3)
 );
 CREATE UNIQUE INDEX IF NOT EXISTS records_by_seq ON records (session_id, seq);
 CREATE UNIQUE INDEX IF NOT EXISTS records_by_id ON records (session_id, id);
@@ -110,6 +113,7 @@ CREATE TABLE IF NOT EXISTS lane_moves (
     lane       TEXT NOT NULL,
     leaf_id    TEXT,
     created    INTEGER NOT NULL,
+    checksum   INTEGER,         -- CRC32C of the row's columns (schema 3)
     PRIMARY KEY (session_id, seq)
 ) WITHOUT ROWID;
 
@@ -118,6 +122,7 @@ CREATE TABLE IF NOT EXISTS facts (
     seq        INTEGER NOT NULL,
     timestamp  INTEGER NOT NULL,
     payload    TEXT NOT NULL,
+    checksum   INTEGER,         -- CRC32C of the payload, seq and timestamp (schema 3)
     PRIMARY KEY (session_id, seq)
 ) WITHOUT ROWID;
 

@@ -21,6 +21,7 @@ from harness_core import SessionRepo, open_repo
 from harness_core.session.codec import encode_log_item
 from harness_core.session.records import ToolStarted
 from harness_core.session.types import StoredEntry, StoredRecord
+from harness_core.storage.jsonl import sealed, unsealed
 from harness_core.testing import ManualClock
 from harness_core.texts import INTERRUPTED
 from tests.golden.kit import (
@@ -34,6 +35,9 @@ from tests.golden.kit import (
 )
 
 NAMES = golden_names()
+JSONL_CURRENT_FORMAT = "durable-gateway/session-jsonl/2"
+"""What the JSONL backend writes now: the golden format's lines, each with its checksum (D240);
+the golden files themselves stay format /1 and open through the same reader."""
 STORES = ["memory", "jsonl", "sqlite", "redis", "jsonl-file"]
 """Every backend, importing the log's items; ``jsonl-file`` opens a byte copy of the file. (Not
 the shared ``backend`` fixture: ``jsonl-file`` is no backend of its own.)"""
@@ -86,8 +90,11 @@ async def _repo(
         repo = open_repo(f"{server.url}?prefix={prefix}", clock=clock)
     imported = await repo.import_session(golden.metadata, golden.items)
     assert imported.id == golden.metadata.id
-    if store == "jsonl":  # the JSONL backend writes the very same file
-        assert (tmp_path / "jsonl" / golden.path.name).read_bytes() == golden.path.read_bytes()
+    if store == "jsonl":  # the JSONL backend writes the same items, in its current format
+        header, *lines = (tmp_path / "jsonl" / golden.path.name).read_bytes()[:-1].split(b"\n")
+        assert json.loads(header) == {**golden.header, "format": JSONL_CURRENT_FORMAT}
+        assert lines == [sealed(line.decode()).encode() for line in golden.lines]
+        assert [unsealed(line, "x") for line in lines] == [(line, True) for line in golden.lines]
     return repo
 
 

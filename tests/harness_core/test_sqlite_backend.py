@@ -7,11 +7,12 @@ from typing import Any
 
 import pytest
 
+from harness_core import SessionRepo
 from harness_core.errors import LeaseHeld, LeaseLost, SessionError
 from harness_core.messages import Cost, TokenUsage
 from harness_core.session.records import QueueEnqueued, Usage
 from harness_core.session.types import BranchQuery, RecordQuery
-from harness_core.storage.sqlite import PAGE_SIZE, SqliteSessionRepo
+from harness_core.storage.sqlite import PAGE_SIZE, SCHEMA_VERSION, SqliteSessionRepo
 from harness_core.testing import ManualClock
 from harness_core.testing.builders import operation_finished, operation_started, user_entry
 
@@ -173,7 +174,7 @@ async def test_a_version_1_database_is_upgraded_in_place(tmp_path) -> None:
     await repo.close()
     conn = sqlite3.connect(path)
     indexes = {row[0] for row in conn.execute("SELECT name FROM sqlite_master WHERE type='index'")}
-    assert conn.execute("SELECT version FROM schema_version").fetchone() == (2,)
+    assert conn.execute("SELECT version FROM schema_version").fetchone() == (SCHEMA_VERSION,)
     conn.close()
     assert "records_by_lane_type" not in indexes and "lane_records_of_type" in indexes
 
@@ -239,3 +240,47 @@ def test_a_page_size_that_sqlite_cannot_use_is_refused(tmp_path, size: int) -> N
         SqliteSessionRepo(tmp_path / "s.db", page_size=size)
     assert caught.value.code == "invalid_query"
     assert not (tmp_path / "s.db").exists()
+
+
+@pytest.mark.parametrize("lanes", [1, 2, 5])
+async def test_long_paths_read_the_same_dense_or_sparse(tmp_path, lanes: int) -> None:
+    """A path read goes by the seq index where the path is dense and by parent links where it
+    is sparse (D241): either way it gives what the reference backend gives, on lanes that
+    interleave, move back over abandoned branches, and fork from each other."""
+    from harness_core.storage.memory import MemorySessionRepo
+
+    repos: list[SessionRepo] = [SqliteSessionRepo(tmp_path / "s.db"), MemorySessionRepo()]
+    storages = []
+    for repo in repos:
+        await repo.create("s1")
+        lease = await repo.acquire_lease("s1", owner="A", ttl_ms=60_000)
+        storages.append(await repo.open("s1", lease=lease))
+    names = ["main", *(f"t{k}" for k in range(1, lanes))]
+    for storage in storages:
+        for name in names[1:]:
+            await storage.create_lane(name, None)
+        for n in range(700):
+            lane = names[n % lanes] if n % 7 else names[(n // 7) % lanes]
+            await storage.append_entry(user_entry(f"e{n}"), lane)
+            if n in (300, 500):  # back over what the lane appended since: an abandoned branch
+                await storage.move_lane(lane, f"e{n - 40 * lanes}")
+            if n == 400 and lanes > 1:  # a fork: t1 goes on from main's leaf
+                leaf = await storage.get_lane("main")
+                assert leaf is not None
+                await storage.move_lane("t1", leaf.leaf_id)
+    answers = []
+    for storage in storages:
+        lane_paths = [
+            [e.id for e in await storage.read_lane_entries(name, after=None)] for name in names
+        ]
+        starts = ["e699", "e350", "e33", "e0"]
+        branches = [
+            [e.id for e in await storage.find_entries_on_branch(BranchQuery(start=start))]
+            for start in starts
+        ]
+        limited = await storage.find_entries_on_branch(BranchQuery(start="e699", limit=100))
+        answers.append((lane_paths, branches, [e.id for e in limited]))
+    for repo in repos:
+        await repo.close()
+    assert answers[0] == answers[1]
+    assert min(len(path) for path in answers[0][0]) >= 64  # past the first batch

@@ -6,7 +6,7 @@ local l = redis.call('HMGET', base .. 'lease', 'owner', 'token', 'expires')
 if l[1] and tonumber(l[3]) > now and l[2] ~= ARGV[1] then
   return err('lease_held', l[3] .. '\t' .. l[1])
 end
-local keys = {meta, base .. 'lease', base .. 'lanes', base .. 'ep', base .. 'en', base .. 'eseq',
+local keys = {meta, base .. 'lease', base .. 'lanes', base .. 'ep', base .. 'en', base .. 'ek', base .. 'eseq',
   base .. 'rid', base .. 'log', base .. 'labels', base .. 'ctypes', base .. 'ul', base .. 'ue',
   base .. 'runs', base .. 'opens'}
 for _, lane in ipairs(redis.call('HKEYS', base .. 'lanes')) do

@@ -1,6 +1,6 @@
 -- The restore read of one lane (SessionStorage.read_lane_slice). ARGV: lane.
 -- Returns {leaf, opened, queued, operation, finished}: the leaf id ('' at the root), then
--- records as flat {seq, timestamp, payload, ...} lists: the lane's open operation starts
+-- records as flat {seq, timestamp, payload, checksum, ...} lists: the lane's open operation starts
 -- (newest first, at most two), its next-run queue records since its newest run start (the
 -- caller keeps those without a run id from before the open operation), the records since the
 -- open operation's start (only when exactly one is open), and its newest operation_finished.
@@ -29,7 +29,7 @@ for _, rtype in ipairs({'queue_enqueued', 'queue_cancelled'}) do
 end
 
 local operation = {}
-if #opened == 3 then
+if #opened == 4 then
   for _, row in ipairs(redis.call('XRANGE', records, opened[1] .. '-0', '+')) do
     put_record(operation, row)
   end

@@ -46,11 +46,11 @@ local function apply(op, token, now, A)
 
   if op == 'entry' then
     -- lane ('' = imported without a lane), id, type, custom_type ('' = none), payload,
-    -- if_missing ('1'/'0'), parent (imports only)
-    local lane, id, etype, custom, payload = A[1], A[2], A[3], A[4], A[5]
+    -- if_missing ('1'/'0'), the payload's checksum, parent (imports only)
+    local lane, id, etype, custom, payload, crc = A[1], A[2], A[3], A[4], A[5], A[7]
     local parent
     if trusted then
-      parent = A[7]
+      parent = A[8]
     else
       parent = redis.call('HGET', base .. 'lanes', lane)
       if not parent then return err('unknown_lane', 'lane ' .. lane .. ' does not exist') end
@@ -67,6 +67,7 @@ local function apply(op, token, now, A)
     local node = table.concat({seq, ts, parent, lane, etype, custom}, '\t')
     redis.call('HSET', base .. 'ep', id, payload)
     redis.call('HSET', base .. 'en', id, node)
+    redis.call('HSET', base .. 'ek', id, crc)
     redis.call('ZADD', base .. 'eseq', seq, id)
     if custom ~= '' then
       redis.call('ZADD', base .. 'ec:' .. custom, seq, id)
@@ -80,9 +81,9 @@ local function apply(op, token, now, A)
 
   elseif op == 'record' then
     -- lane, id, type, the record's run (an operation start's own id, else its run_id; '' = none),
-    -- payload, the operation kind of an operation_started ('' otherwise), then for usage records
-    -- the entry id ('' = none) and 5 token and 5 cost amounts
-    local lane, id, rtype, run, payload, kind = A[1], A[2], A[3], A[4], A[5], A[6]
+    -- payload, the operation kind of an operation_started ('' otherwise), the payload's
+    -- checksum, then for usage records the entry id ('' = none) and 5 token and 5 cost amounts
+    local lane, id, rtype, run, payload, kind, crc = A[1], A[2], A[3], A[4], A[5], A[6], A[7]
     if not trusted then
       if redis.call('HEXISTS', base .. 'lanes', lane) == 0 then
         return err('unknown_lane', 'lane ' .. lane .. ' does not exist')
@@ -98,10 +99,10 @@ local function apply(op, token, now, A)
     -- usage: every running sum (session, lane, entry) is computed and checked before any write,
     -- one addition per record in seq order, so the sums equal the reference's
     local sums = nil
-    if A[8] then
+    if A[9] then
       local amounts = {}
-      for i = 1, 10 do amounts[i] = tonumber(A[7 + i]) end
-      local entry = A[7]
+      for i = 1, 10 do amounts[i] = tonumber(A[8 + i]) end
+      local entry = A[8]
       local stored = redis.call('HMGET', meta, unpack(USAGE_FIELDS))
       local current = {}
       for i = 1, 10 do current[i] = tonumber(stored[i]) end
@@ -116,7 +117,7 @@ local function apply(op, token, now, A)
       end
       sums = {session = session, lane = lane_sum, entry = entry_sum, entry_id = entry}
     end
-    redis.call('XADD', base .. 'lr:' .. lane, sid, 't', ts, 'd', payload)
+    redis.call('XADD', base .. 'lr:' .. lane, sid, 't', ts, 'd', payload, 'crc', crc)
     redis.call('XADD', type_index(rtype, nil, lane), sid, 'r', '')
     if kind ~= '' then redis.call('XADD', type_index(rtype, kind, lane), sid, 'r', '') end
     if run ~= '' then redis.call('ZADD', base .. 'runs', 0, run_member(run, seq, lane)) end
@@ -142,8 +143,8 @@ local function apply(op, token, now, A)
     result = {'ok'}
 
   elseif op == 'lane' then
-    -- lane, leaf ('' = root), created ('1'/'0')
-    local lane, leaf, created = A[1], A[2], A[3]
+    -- lane, leaf ('' = root), created ('1'/'0'), the checksum of those three
+    local lane, leaf, created, crc = A[1], A[2], A[3], A[4]
     if not trusted then
       local exists = redis.call('HEXISTS', base .. 'lanes', lane) == 1
       if created == '1' and exists then
@@ -157,26 +158,28 @@ local function apply(op, token, now, A)
       end
     end
     redis.call('HSET', base .. 'lanes', lane, leaf)
-    redis.call('XADD', base .. 'log', sid, 'k', 'l', 'lane', lane, 'leaf', leaf, 'c', created, 't', ts)
+    redis.call('XADD', base .. 'log', sid, 'k', 'l', 'lane', lane, 'leaf', leaf, 'c', created, 't', ts,
+      'crc', crc)
     result = {'ok'}
 
   elseif op == 'fact' then
-    -- payload, then 'name' and the name, or 'label', the target, the label and '1' if it clears
-    local payload, kind = A[1], A[2]
+    -- payload, its checksum, then 'name' and the name, or 'label', the target, the label and '1'
+    -- if it clears
+    local payload, crc, kind = A[1], A[2], A[3]
     if kind == 'name' then
-      redis.call('HSET', meta, 'name', A[3])
+      redis.call('HSET', meta, 'name', A[4])
     else
-      local target = A[3]
+      local target = A[4]
       if not trusted and redis.call('HEXISTS', base .. 'en', target) == 0 then
         return err('not_found', 'entry ' .. target .. ' does not exist')
       end
-      if A[5] == '1' then
+      if A[6] == '1' then
         redis.call('HDEL', base .. 'labels', target)
       else
-        redis.call('HSET', base .. 'labels', target, A[4])
+        redis.call('HSET', base .. 'labels', target, A[5])
       end
     end
-    redis.call('XADD', base .. 'log', sid, 'k', 'f', 'd', payload, 't', ts)
+    redis.call('XADD', base .. 'log', sid, 'k', 'f', 'd', payload, 't', ts, 'crc', crc)
     result = {'ok'}
   else
     return err('invalid_query', 'unknown op ' .. op)

@@ -54,16 +54,21 @@ end
 -- A member of the 'runs' index (one sorted set, all scores 0, read by lex range): a run's
 -- records sort together, in seq order. Ids and lanes hold no tab.
 local function run_member(run, seq, lane) return string.format('%s\t%016d\t%s', run, seq, lane) end
--- Stream ids are '<seq>-0'. Records reach the caller as flat {seq, timestamp, payload} triples.
+-- Stream ids are '<seq>-0'. Records reach the caller as flat {seq, timestamp, payload, checksum}
+-- quadruples (checksum false for a record written before checksums).
 local function seq_of(stream_id) return string.match(stream_id, '^(%d+)') end
 local function put_record(out, row)
-  local fields, t, d = row[2], false, false
+  local fields, t, d, crc = row[2], false, false, false
   for i = 1, #fields, 2 do
-    if fields[i] == 't' then t = fields[i + 1] elseif fields[i] == 'd' then d = fields[i + 1] end
+    local name = fields[i]
+    if name == 't' then t = fields[i + 1]
+    elseif name == 'd' then d = fields[i + 1]
+    elseif name == 'crc' then crc = fields[i + 1] end
   end
   out[#out + 1] = seq_of(row[1])
   out[#out + 1] = t
   out[#out + 1] = d
+  out[#out + 1] = crc
 end
 local function put_record_at(out, records, seq)
   local rows = redis.call('XRANGE', records, seq .. '-0', seq .. '-0')

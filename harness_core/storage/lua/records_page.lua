@@ -1,7 +1,7 @@
 -- One page of a lane's record index, with the records (one call instead of two).
 -- ARGV: the index key's suffix, lane, low id, high id, '1' for newest first, count.
 -- Returns {seqs, records}: every seq the index gave (to move the caller's window), then the
--- records found at them as flat {seq, timestamp, payload} triples.
+-- records found at them as flat {seq, timestamp, payload, checksum} quadruples.
 local records = base .. 'lr:' .. ARGV[2]
 local rows
 if ARGV[5] == '1' then

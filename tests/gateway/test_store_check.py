@@ -1,0 +1,64 @@
+"""``gateway store check``: the store's fsck from the terminal, on every persistent backend."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+
+from config import Settings
+from gateway.cli import main
+from gateway.store_check import PROBLEMS_FOUND
+from tests.support.backends import new_repo
+from tests.support.corruption import PERSISTENT, SESSION, flip, store_url, write_session
+
+
+@pytest.mark.parametrize("backend", PERSISTENT)
+async def test_a_flipped_bit_is_reported_with_a_non_zero_exit(
+    backend: str, tmp_path: Path, request: pytest.FixtureRequest, redis_prefix: str, capsys
+) -> None:
+    server = request.getfixturevalue("redis_server") if backend == "redis" else None
+    await write_session(new_repo(backend, tmp_path, redis=server, prefix=redis_prefix))
+    url = store_url(backend, tmp_path, server, redis_prefix)
+    assert await _check(url) == 0
+    assert capsys.readouterr().out == "checked 1 session, 4 items: clean\n"
+    flip(backend, tmp_path, server, redis_prefix)
+    assert await _check(url) == PROBLEMS_FOUND
+    problem, summary = capsys.readouterr().out.splitlines()
+    where = (
+        f"{tmp_path / SESSION}.jsonl:2"
+        if backend == "jsonl"
+        else f"{backend} session 's1' entry seq 1"
+    )
+    assert problem.startswith(f"problem: {where}: checksum mismatch (stored ")
+    assert summary == "checked 1 session, 4 items: 1 problem"
+    assert await _check(url, "nope") == PROBLEMS_FOUND
+    assert capsys.readouterr().out.splitlines() == [
+        "problem: session 'nope': no such session",
+        "checked 0 sessions, 0 items: 1 problem",
+    ]
+
+
+async def _check(url: str, *sessions: str) -> int:
+    """`main` runs its own event loop: in a thread of its own here."""
+    import asyncio
+
+    return await asyncio.to_thread(main, ["store", "check", *sessions, "--store", url], Settings())
+
+
+def test_a_bad_store_is_one_clear_line(tmp_path: Path, capsys) -> None:
+    assert main(["store", "check", "--store", "postgres://x/y"], settings=Settings()) == 1
+    err = capsys.readouterr().err
+    assert err.startswith("gateway: ") and "unsupported store URL 'postgres://x/y'" in err
+    assert err.count("\n") == 1
+    missing = f"sqlite:///{tmp_path}/none/gw.db"
+    assert main(["store", "check", "--store", missing], settings=Settings()) == 2
+    assert capsys.readouterr().err.startswith("gateway: no store at ")
+    garbage = tmp_path / "garbage.db"
+    garbage.write_bytes(b"this is not a database, only some bytes " * 100)
+    assert main(["store", "check", "--store", f"sqlite:///{garbage}"], settings=Settings()) == 1
+    err = capsys.readouterr().err
+    assert err == (
+        f"gateway: cannot use the store sqlite:///{garbage}: file is not a database "
+        "(damaged, or not a SQLite file)\n"
+    )
