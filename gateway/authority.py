@@ -45,18 +45,18 @@ from harness_core.frozen import Frozen
 
 __all__ = [
     "AUTHORITY_REVOKED",
-    "EPOCH",
-    "Revocation",
-    "Scope",
-    "ScopeKind",
     "end_revoked_runs",
+    "EPOCH",
     "judge_bindings",
     "keep",
     "keep_if_revoked",
     "read_scope",
     "restore",
+    "Revocation",
     "revocation_of",
     "revoke",
+    "Scope",
+    "ScopeKind",
     "wake",
 ]
 
