@@ -218,7 +218,7 @@ _SCRIPT = """
         return api("POST", "/lanes/" + id + "/abort");
       }));
     }
-    if (lane.actions.includes("revoke")) {
+    if (!lane.revoked) {
       actions.appendChild(actionButton("Revoke", () => {
         const reason = prompt("Revoke " + lane.lane + ": its run ends, its messages are kept " +
           "and not run, nothing more is posted in its thread. Why?");

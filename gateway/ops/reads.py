@@ -74,7 +74,8 @@ async def read_only(repo: SessionRepo, session: str) -> AsyncIterator[SessionSto
 def allowed_actions(seen: LaneInspection, *, revoked: bool = False) -> list[str]:
     """The actions a lane's status allows now (what the page offers).
 
-    A revoked lane allows only an abort (its run ends anyway) and an unrevoke (D267).
+    A revoked lane allows only an abort (its run ends anyway) and an unrevoke (D267); any
+    other lane may be revoked (not listed: it is always allowed).
     """
     status = seen.info.status
     reason = seen.info.suspended
@@ -91,7 +92,7 @@ def allowed_actions(seen: LaneInspection, *, revoked: bool = False) -> list[str]
         actions += ["abort"]
     elif status in ("idle", "failed"):
         actions += ["rewind"] + (["retry"] if status == "failed" else [])
-    return [*actions, "revoke"]
+    return actions
 
 
 async def lane_view(
