@@ -92,8 +92,8 @@ async def test_a_revoked_lane_ends_its_run_keeps_its_messages_and_comes_back(ops
     assert back.json()["restored_by"] == "operator:alice"
     assert (await ops.lane("web:work"))["revoked"] is None
     await ops.post("work", "back?")
-    [answer] = await ops.answers("work", 1)
-    assert answer["text"] == "You said: back?"
+    [reply] = await ops.answers("work", 1)
+    assert reply["text"] == "You said: back?"
 
 
 async def test_a_revoked_session_covers_every_lane_until_it_is_given_back(ops: Ops) -> None:
