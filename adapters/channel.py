@@ -19,10 +19,10 @@ import hashlib
 import json
 from collections.abc import Awaitable, Callable, Mapping, Sequence
 from dataclasses import dataclass
-from typing import Literal, Protocol, runtime_checkable
+from typing import Any, Literal, Protocol, runtime_checkable
 
 from fastapi import APIRouter
-from pydantic import Field
+from pydantic import Field, SerializerFunctionWrapHandler, model_serializer
 
 from adapters.errors import AdapterError
 from harness_core.frozen import Frozen, FrozenJsonObject
@@ -287,6 +287,14 @@ class Acceptance(Frozen):
     revoked: bool = False
     """The thread's authority is revoked: the message is kept and never run, and nothing is
     to be said in the thread (no working reaction either)."""
+
+    @model_serializer(mode="wrap")
+    def _revoked_only_when_set(self, handler: SerializerFunctionWrapHandler) -> Any:
+        # what a channel answers its peer with (the web channel's 202) stays as it was (D267)
+        data = handler(self)
+        if not self.revoked and isinstance(data, dict):
+            data.pop("revoked", None)
+        return data
 
 
 class KnownThread(Frozen):

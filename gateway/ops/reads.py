@@ -62,7 +62,7 @@ async def read_only(repo: SessionRepo, session: str) -> AsyncIterator[SessionSto
     try:
         storage = await repo.open(session)
     except SessionError as exc:
-        if exc.code in ("not_found", "invalid_query"):
+        if exc.code in ("not_found", "invalid_query", "invalid_session_id"):
             raise ApiError(404, "not_found", f"no session {session!r}") from exc
         raise
     try:
