@@ -152,9 +152,9 @@ def bindings_judge(
         if thread.channel not in serving:
             return None
         spec = known.get(thread.channel)
-        if spec is not None and not spec.serves(
-            settings.section(spec.name, spec.section), thread.space
-        ):
+        section = settings.section(spec.name, spec.section) if spec is not None else None
+        # an adapter the settings did not build (a plugin's, a test's) has its own spaces
+        if spec is not None and spec.enabled(section) and not spec.serves(section, thread.space):
             return False, (
                 f"the {thread.channel} channel no longer serves {thread.space} "
                 "(the settings name another)"
