@@ -12,9 +12,12 @@ from typing import Any
 import httpx
 import pytest
 
+from gateway.broker.contract import NewInboxItem
 from gateway.channels import gateway_settings
+from gateway.operator_actions import OperatorAction, read_result
 from gateway.service import Service
 from tests.ops.test_api import AS_VIEWER, OPERATOR, VIEWER, Ops, _urls
+from tests.support.gateway_rig import decision_body
 
 AGENT = "tests.support.gateway_agent"
 
@@ -75,6 +78,33 @@ async def test_a_revoked_lane_ends_its_run_keeps_its_messages_and_comes_back(ops
         assert answer.status_code == 409, answer.text
         assert answer.json()["error"]["details"]["reason"] == "authority_revoked"
 
+    # an action that passed the API's check before the revocation is refused by the worker
+    raced = OperatorAction(
+        id="act_raced",
+        kind="rewind",
+        session=view["session"],
+        lane="web:work",
+        actor="operator:alice",
+        entry_id=timeline[0]["id"],
+        idempotency_key="raced",
+        requested_at_ms=0,
+    )
+    await ops.broker.inbox.append(
+        NewInboxItem(
+            session=view["session"],
+            lane="web:work",
+            dedupe_key="operator:act_raced",
+            kind="operator",
+            payload=raced.model_dump(mode="json"),
+        )
+    )
+    deadline = asyncio.get_running_loop().time() + 10
+    while (result := await read_result(ops.broker, "act_raced")) is None:
+        assert asyncio.get_running_loop().time() < deadline
+        await asyncio.sleep(0.05)
+    assert result.status == "refused" and result.error is not None
+    assert result.error["code"] == "authority_revoked"
+
     rejected = (await ops.get("/backlog"))["inbox_rejected"]
     await ops.post("work", "hello?")  # accepted (202) and kept: never run, never answered
     assert (await ops.get("/backlog"))["inbox_rejected"] == rejected + 1
@@ -102,6 +132,7 @@ async def test_a_revoked_session_covers_every_lane_until_it_is_given_back(ops: O
     session = (await ops.lane("web:one"))["session"]
     await ops.post("two", "/deploy prod")
     await ops.until_status("web:two", "suspended")
+    [request] = [a for a in await ops.answers("two", 1) if a["kind"] == "approval_request"]
     assert (await ops.act("/sessions/nowhere/revoke")).status_code == 404
 
     revoked = await ops.act(f"/sessions/{session}/revoke", {"reason": "audit hold"})
@@ -113,6 +144,9 @@ async def test_a_revoked_session_covers_every_lane_until_it_is_given_back(ops: O
         assert (seen["revoked"]["scope"], seen["revoked"]["why"]) == ("session", "audit hold")
     [listed] = (await ops.get("/sessions"))["items"]
     assert listed["revoked"]["why"] == "audit hold"
+    click = decision_body(request["approval"], approved=True, key="late-click")
+    late = await ops.http.post("/web/threads/two/decisions", json=click)
+    assert late.status_code == 409 and "authority was revoked" in late.text, late.text
     broker = ops.broker
 
     async def dead_close() -> Any:
