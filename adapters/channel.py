@@ -36,6 +36,7 @@ __all__ = [
     "ApprovalView",
     "Attachment",
     "Author",
+    "AuthorityChange",
     "ChannelAdapter",
     "ContextMessage",
     "DecisionInbound",
@@ -317,6 +318,17 @@ class Acceptance(Frozen):
     first: DecisionInbound | None = None
     """For a duplicate decision: the one accepted first for the same idempotency key (who
     decided, and how), so a second clicker can be told."""
+    revoked: bool = False
+    """The thread's authority is revoked: the message is kept and never run, and nothing is
+    to be said in the thread (no working reaction either)."""
+
+    @model_serializer(mode="wrap")
+    def _revoked_only_when_set(self, handler: SerializerFunctionWrapHandler) -> Any:
+        # what a channel answers its peer with (the web channel's 202) stays as it was (D267)
+        data = handler(self)
+        if not self.revoked and isinstance(data, dict):
+            data.pop("revoked", None)
+        return data
 
 
 class KnownThread(Frozen):
@@ -326,6 +338,32 @@ class KnownThread(Frozen):
     session: str
     reply_context: FrozenJsonObject = Field(default_factory=dict)
     """The newest `Inbound.reply_context` accepted in the thread."""
+
+
+class AuthorityChange(Frozen):
+    """The channel says the bot lost, or got back, the right to act and speak somewhere.
+
+    Slack: the bot was removed from a channel, or the channel was archived or deleted (`space`
+    is the channel); the app was uninstalled or its bot token revoked (`space` None: every
+    thread of the channel). Back: the bot was added to the channel again, or it was unarchived.
+    """
+
+    channel: str
+    """The adapter's name (``ThreadRef.channel`` of the threads concerned)."""
+    space: str | None = None
+    """The space concerned (a Slack channel id); None: every space of the channel."""
+    revoked: bool = True
+    """True: the authority is withdrawn; False: it is back."""
+    cause: str = Field(min_length=1, max_length=64)
+    """The channel's event (``member_left_channel``, ``channel_archive``, ``app_uninstalled``)."""
+    why: str = Field(min_length=1, max_length=300)
+    """What happened, in words an operator reads."""
+    by: str | None = Field(default=None, max_length=200)
+    """Who did it, as the channel names them (a user id), when it says."""
+    lifts: tuple[str, ...] = ()
+    """A restore lifts only a revocation with one of these causes (a channel's own event
+    never lifts an operator's revocation, nor one of another kind)."""
+    at_ms: int
 
 
 class AdapterStartError(AdapterError):
@@ -409,6 +447,19 @@ class InboundSink(Protocol):
 
         Raises:
             NotRouted, Unavailable: as `known`.
+        """
+        ...
+
+    async def authority(self, change: AuthorityChange) -> None:
+        """Record that the bot lost (or got back) its authority in a space or the whole channel.
+
+        Durable on return: acknowledge the channel only then. Idempotent: a change that holds
+        already changes nothing. A revocation holds at once: nothing more is posted there, the
+        open runs of its threads end ``authority_revoked``, and its new messages are kept, not
+        run (D267).
+
+        Raises:
+            Unavailable: it could not be recorded now; the adapter must not acknowledge.
         """
         ...
 

@@ -83,6 +83,7 @@ from adapters.channel import (
     ApprovalClosed,
     ApprovalView,
     Attachment,
+    AuthorityChange,
     Capabilities,
     ChannelAdapter,
     DecisionInbound,
@@ -229,6 +230,7 @@ class SuiteSink:
         self.decisions_refused: list[DecisionInbound] = []
         """Decisions refused as the gateway refuses one that can change nothing."""
         self.marks: dict[str, str] = {}
+        self.authority_changes: list[AuthorityChange] = []
         self.files: dict[str, bytes] = {}
         """The files taken in, by their channel's key."""
         self.blobs: dict[str, bytes] = {}
@@ -324,6 +326,10 @@ class SuiteSink:
     async def read_file(self, channel: str, space: str, blob: str) -> bytes | None:
         """A file held under `blob` (`files`), or None."""
         return self.blobs.get(blob)
+
+    async def authority(self, change: AuthorityChange) -> None:
+        """Hold an authority change the channel reported (in order, repeats included)."""
+        self.authority_changes.append(change)
 
     async def get_mark(self, name: str) -> str | None:
         """A mark the adapter keeps."""

@@ -69,6 +69,9 @@ class ChannelSpec(Generic[S]):
     state_url: Callable[[S, ChannelContext], str | None] = field(default=lambda s, c: None)
     """Where the channel keeps state of its own (a URL), if anywhere: the service warns when
     it is a local file while the broker is shared."""
+    serves: Callable[[S, str], bool] = field(default=lambda s, space: True)
+    """Whether the running channel still speaks in threads of a space (email: only its own
+    address; a thread of a mailbox the settings no longer name has lost its authority, D268)."""
 
     def secrets(self, section: S) -> Iterator[str]:
         """The section's secrets (`SecretStr` fields, URL passwords): the redactor hides them."""

@@ -11,7 +11,7 @@ from __future__ import annotations
 
 import functools
 import os
-from collections.abc import Mapping
+from collections.abc import Callable, Iterable, Mapping
 from typing import Any
 
 from adapters import (
@@ -19,6 +19,7 @@ from adapters import (
     ChannelContext,
     ChannelSpec,
     RegistryError,
+    ThreadRef,
     channel_sections,
     channel_specs,
 )
@@ -30,6 +31,7 @@ from gateway.mcp.settings import McpSection
 from harness_core.clock import Clock
 
 __all__ = [
+    "bindings_judge",
     "build_channels",
     "channel_lines",
     "channel_secrets",
@@ -131,6 +133,41 @@ def channel_state(settings: Settings, clock: Clock) -> dict[str, str]:
         for spec, section in enabled_specs(settings)
         if (url := spec.state_url(section, context)) is not None
     }
+
+
+def bindings_judge(
+    settings: Settings, running: Iterable[str]
+) -> Callable[[str, ThreadRef], tuple[bool, str] | None]:
+    """How the settings bind a thread to its session now (`gateway.authority.judge_bindings`).
+
+    A thread of a channel in `running` (the adapters this process runs) is bound when its
+    channel still serves its space (`ChannelSpec.serves`: email, its own mailbox) and the
+    routes still send that space to its session. A thread of any other channel is not judged:
+    it may run in another process, or be off for a while (D268).
+    """
+    known = {spec.name: spec for spec in specs()}
+    serving = set(running)
+
+    def judge(session: str, thread: ThreadRef) -> tuple[bool, str] | None:
+        if thread.channel not in serving:
+            return None
+        spec = known.get(thread.channel)
+        section = settings.section(spec.name, spec.section) if spec is not None else None
+        # an adapter the settings did not build (a plugin's, a test's) has its own spaces
+        if spec is not None and spec.enabled(section) and not spec.serves(section, thread.space):
+            return False, (
+                f"the {thread.channel} channel no longer serves {thread.space} "
+                "(the settings name another)"
+            )
+        routed = settings.route_for(thread.channel, thread.space)
+        if routed != session:
+            return False, (
+                f"the routes send {thread.channel} {thread.space} to session {routed} now, "
+                f"not to {session}"
+            )
+        return True, ""
+
+    return judge
 
 
 def channel_secrets(settings: Settings) -> list[str]:

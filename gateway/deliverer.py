@@ -6,6 +6,9 @@ send, so a reply that arrived is never posted again. Failures are retried on a13
 ``min(cap, 2^attempts) x U(0.8, 1.0)`` seconds (the channel's own ``Retry-After`` wins when
 longer), until `max_attempts`; then the delivery is a dead letter with a secret-free reason.
 
+Nothing is posted into a thread whose authority is revoked (`gateway.authority`): such a
+delivery is a dead letter at once, its reason beginning ``authority_revoked`` (D267).
+
 Approval requests and their closes are ordered here, since deliveries run in parallel: a copy
 of a request (the request or a reminder) whose close is already enqueued is not posted (its
 buttons could change nothing), and a close waits while a copy of its request is still pending
@@ -25,6 +28,7 @@ from dataclasses import dataclass
 from pydantic import ValidationError
 
 from adapters import ChannelAdapter, DeliveryError, Outbound, is_copy_of
+from gateway.authority import revocation_of
 from gateway.broker.contract import Broker, ClaimedDelivery, NewAuditEvent
 from gateway.closes import close_delivery_id
 from gateway.logs import event
@@ -178,6 +182,8 @@ class Deliverer:
         except ValidationError:
             await self._dead(claimed, "malformed outbound")
             return
+        if await self._revoked(claimed, outbound):
+            return
         adapter = self._adapters.get(outbound.thread.channel)
         if adapter is None:
             await self._retry(claimed, f"no adapter for {outbound.thread.channel}", False)
@@ -212,6 +218,25 @@ class Deliverer:
             await self._retry(claimed, type(exc).__name__, True)
             return
         await self._delivered(claimed, reconciled=False)
+
+    async def _revoked(self, claimed: ClaimedDelivery, outbound: Outbound) -> bool:
+        """Dead-letter a delivery into a thread whose authority is revoked (True), unsent (D267).
+
+        Never posted, not retried: an operator redelivers it once the authority is back. Read
+        before reconciling too (a revoked token or a channel the bot left has nothing to read).
+        """
+        delivery = claimed.delivery
+        try:
+            revocation = await revocation_of(
+                self._broker.marks, delivery.session, delivery.lane, outbound.thread
+            )
+        except Exception as exc:  # unknown: sending could speak where it may not; look later
+            await self._retry(claimed, f"authority unread ({type(exc).__name__})", False)
+            return True
+        if revocation is None:
+            return False
+        await self._dead(claimed, revocation.reason())
+        return True
 
     async def _held_back(self, claimed: ClaimedDelivery, outbound: Outbound) -> bool:
         """Hold back what approval requests and their closes must not send yet.

@@ -11,14 +11,17 @@ acknowledged can be lost.
 
 from __future__ import annotations
 
+import asyncio
 import logging
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Coroutine, Sequence
+from typing import Any
 
 from pydantic import ValidationError
 
 from adapters import (
     Acceptance,
     Attachment,
+    AuthorityChange,
     DecisionInbound,
     DecisionRefused,
     FileLimits,
@@ -31,6 +34,7 @@ from adapters import (
     Unavailable,
     take_in,
 )
+from gateway.authority import Revocation, Scope, keep, restore, revocation_of, revoke, wake
 from gateway.broker.contract import BlobRefused, Broker, NewInboxItem, ThreadState
 from gateway.cuts import enqueue_cut_notice
 from gateway.decisions import Approvers, ToolApprovers, judge
@@ -42,6 +46,11 @@ from harness_core.session.names import check_lane_name, check_session_id
 __all__ = ["Intake"]
 
 log = logging.getLogger("gateway.intake")
+
+_ACTOR = "intake"
+REVOKED_DECISION_TEXT = (
+    "This thread's authority was revoked: decisions here change nothing. Nothing was recorded."
+)
 
 
 class Intake:
@@ -67,6 +76,8 @@ class Intake:
         """A thread's profile's approvers (None: whoever the channel allows)."""
         self._tool_approvers = tool_approvers
         """A tool's own approvers (None: no tool names its own)."""
+        self._tasks: set[asyncio.Future[None]] = set()
+        """Background wakes of every session (a channel-wide revocation)."""
 
     def _session_of(self, thread: ThreadRef) -> str:
         session = self._route(thread.channel, thread.space)
@@ -99,9 +110,13 @@ class Intake:
                     payload=inbound.model_dump(mode="json"),
                 )
             )
-            # a duplicate too: the first accept may have ended between the two writes
-            await enqueue_cut_notice(self._broker, inbound, session, appended.item.id)
-            await enqueue_file_notice(self._broker, inbound, session, appended.item.id)
+            revocation = await revocation_of(self._broker.marks, session, lane, inbound.thread)
+            if revocation is not None:  # kept, never run, nothing said in the thread (D267)
+                if appended.item.status == "pending":
+                    await keep(self._broker, appended.item, revocation, actor=_ACTOR)
+            else:  # a duplicate too: the first accept may have ended between the two writes
+                await enqueue_cut_notice(self._broker, inbound, session, appended.item.id)
+                await enqueue_file_notice(self._broker, inbound, session, appended.item.id)
         except Exception as exc:  # the inbox could not hold it: the channel must retry
             log.warning(event("inbox unavailable", error=type(exc).__name__))
             raise Unavailable(f"the inbox is unavailable ({type(exc).__name__})") from exc
@@ -115,7 +130,11 @@ class Intake:
             )
         )
         return Acceptance(
-            item_id=appended.item.id, session=session, lane=lane, duplicate=appended.duplicate
+            item_id=appended.item.id,
+            session=session,
+            lane=lane,
+            duplicate=appended.duplicate,
+            revoked=revocation is not None,
         )
 
     async def take_files(
@@ -158,6 +177,12 @@ class Intake:
         """See `InboundSink.decide`."""
         session = self._session_of(decision.thread)
         lane = decision.thread.lane
+        try:
+            revocation = await revocation_of(self._broker.marks, session, lane, decision.thread)
+        except Exception as exc:
+            raise Unavailable(f"the broker is unavailable ({type(exc).__name__})") from exc
+        if revocation is not None:
+            raise DecisionRefused("closed", REVOKED_DECISION_TEXT)
         if self._repo is not None:
             try:
                 await judge(
@@ -238,6 +263,56 @@ class Intake:
             return await self._broker.blobs.get(session, blob)
         except Exception as exc:
             raise Unavailable(f"the blob area is unavailable ({type(exc).__name__})") from exc
+
+    async def authority(self, change: AuthorityChange) -> None:
+        """See `InboundSink.authority` (scopes and effects: `gateway.authority`)."""
+        scope = (
+            Scope.of_channel(change.channel)
+            if change.space is None
+            else Scope.of_space(change.channel, change.space)
+        )
+        by = f"{change.channel}:{change.by}" if change.by else change.channel
+        try:
+            if not change.revoked:
+                await restore(
+                    self._broker,
+                    scope,
+                    by=by,
+                    now_ms=change.at_ms,
+                    why=change.why,
+                    lifts=change.lifts,
+                )
+                return
+            revocation, _ = await revoke(
+                self._broker, scope, cause=change.cause, why=change.why, by=by, now_ms=change.at_ms
+            )
+            if revocation.active and change.space is not None:
+                session = self._route(change.channel, change.space)
+                if session is not None:  # its threads' runs end now (others' when next taken)
+                    await wake(self._broker, session, revocation)
+        except Exception as exc:  # not recorded: the channel must send it again
+            log.warning(event("authority change unrecorded", error=type(exc).__name__))
+            raise Unavailable(f"the broker is unavailable ({type(exc).__name__})") from exc
+        if revocation.active and change.space is None and self._repo is not None:
+            self._spawn(self._wake_all(revocation))
+
+    def _spawn(self, work: Coroutine[Any, Any, None]) -> None:
+        task = asyncio.ensure_future(work)
+        self._tasks.add(task)
+        task.add_done_callback(self._tasks.discard)
+
+    async def _wake_all(self, revocation: Revocation) -> None:
+        """Wake every session (a whole channel's authority went), in the background.
+
+        Best effort: a session it misses ends its revoked runs when it is next taken, and no
+        thread of it is posted into meanwhile (the deliverer reads the revocation itself).
+        """
+        assert self._repo is not None
+        try:
+            for meta in await self._repo.list():
+                await wake(self._broker, meta.id, revocation)
+        except Exception as exc:
+            log.warning(event("sessions not woken", error=type(exc).__name__))
 
     async def get_mark(self, name: str) -> str | None:
         """See `InboundSink.get_mark`."""

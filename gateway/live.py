@@ -147,6 +147,8 @@ class LivePublisher:
         self._steps = itertools.count(1)
         """Numbers model requests across every feed: a (run, step) pair never comes back in
         this process, even for a run a later take resumes (a channel may ignore a closed one)."""
+        self._muted: set[str] = set()
+        """Runs whose thread's authority was revoked: nothing more of them is shown (D267)."""
         self.shown = 0
         """Updates channels took."""
         self.failed = 0
@@ -170,7 +172,7 @@ class LivePublisher:
 
         def listener(event_: Any) -> None:
             lane = event_.lane
-            if lane is None or lane in silent:
+            if lane is None or lane in silent or getattr(event_, "run_id", None) in self._muted:
                 return
             try:
                 feed = self._feeds.get((key, lane))
@@ -186,6 +188,19 @@ class LivePublisher:
                 log.debug(event("live update dropped", lane=lane, error=type(exc).__name__))
 
         return events.on(None, listener)
+
+    def mute(self, run_id: str) -> None:
+        """Show nothing more of run `run_id`, not even its end (its thread's authority is gone).
+
+        Where it ran, the bot may no longer speak: what a feed of it holds is dropped (D267).
+        """
+        self._muted.add(run_id)
+        for key, feed in list(self._feeds.items()):
+            if feed.run_id == run_id:
+                self._feeds.pop(key, None)
+                for task in (feed.task, feed.later):
+                    if task is not None:
+                        task.cancel()
 
     async def close(self) -> None:
         """Stop every feed (what they hold is dropped: it was never more than a courtesy)."""

@@ -49,6 +49,7 @@ __all__ = [
     "action_id_of",
     "carry_out",
     "read_result",
+    "refuse",
     "request_digest",
     "result_mark",
 ]
@@ -148,6 +149,22 @@ async def carry_out(
         )
         log.error(event("operator action failed", action=action.id, error=type(exc).__name__))
     await _settle(action, broker, running.model_dump_json(), final, None)
+    return final
+
+
+async def refuse(
+    action: OperatorAction, broker: Broker, clock: Clock, code: str, message: str
+) -> ActionResult:
+    """Refuse `action` without doing it (its lane's authority is revoked: D267), kept and audited.
+
+    A result that is final already stays (a redelivered item).
+    """
+    raw = await broker.marks.get(result_mark(action.id))
+    earlier = None if raw is None else ActionResult.model_validate_json(raw)
+    if earlier is not None and earlier.status in ("done", "refused"):
+        return earlier
+    final = _result(action, clock, "refused", error={"code": code, "message": message})
+    await _settle(action, broker, raw, final, None)
     return final
 
 

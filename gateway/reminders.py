@@ -19,6 +19,7 @@ import datetime
 import logging
 
 from adapters import Outbound, ThreadRef
+from gateway.authority import revocation_of
 from gateway.broker.contract import Broker
 from gateway.logs import event
 from gateway.replies import approval_outbound, delivery_id
@@ -137,6 +138,8 @@ async def _remind_lane(
     if number is None or state is None:  # not yet, or a lane no channel answers (ask)
         return None
     thread = ThreadRef.model_validate(dict(state.thread))
+    if await revocation_of(broker.marks, session, lane, thread) is not None:
+        return None  # nothing more is said where the bot may no longer speak (D267)
     asked = approval_outbound(state, thread, request.record)
     outbound = asked.model_copy(
         update={

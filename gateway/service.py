@@ -24,9 +24,10 @@ from fastapi import FastAPI
 from adapters import ChannelAdapter
 from config import Settings
 from gateway.app import build_app
+from gateway.authority import judge_bindings
 from gateway.broker import open_broker
 from gateway.broker.contract import Broker
-from gateway.channels import build_channels
+from gateway.channels import bindings_judge, build_channels
 from gateway.deliverer import Deliverer, DelivererConfig
 from gateway.errors import GatewayError
 from gateway.files import blob_limits, file_limits
@@ -135,6 +136,8 @@ class Service:
         none before. Read at each request, so it may be set after `start` built the app (D210)."""
         self._owned: list[Any] = []
         self._reminders: asyncio.Task[None] | None = None
+        self._judging: asyncio.Task[None] | None = None
+        """The start's judgement of every thread's binding (`gateway.authority`, D268)."""
         self.redactor = Redactor.from_settings(settings)
         """Cleans every text this service stores, logs or answers of the configured secrets."""
         self._unredact: Callable[[], None] | None = None
@@ -296,6 +299,7 @@ class Service:
             await self.stop(drain_seconds=0.1)
             raise
         await self._hand_back_gone()
+        self._judging = asyncio.create_task(self._judge_bindings(), name="authority-bindings")
         self.worker.start()
         self.deliverer.start()
         if settings.approval_remind_seconds > 0:
@@ -366,6 +370,31 @@ class Service:
                     "they are taken when its tickets run out",
                 )
             )
+
+    async def _judge_bindings(self) -> None:
+        """Revoke the lanes the settings no longer bind to their session, in the background.
+
+        A thread of a mailbox the email channel no longer has, or whose space the routes send
+        to another session now, has lost its authority: its open run ends, nothing more is
+        posted there (D268). One whose binding is back gets it back. A failure is logged: the
+        next start judges again.
+        """
+        assert self.repo is not None
+        assert self.broker is not None
+        judge = bindings_judge(self.settings, self.adapters)
+        try:
+            revoked, restored = await judge_bindings(
+                self.repo,
+                self.broker,
+                judge,
+                by=f"gateway:{self.worker_id}",
+                now_ms=self.parts.clock.now_ms(),
+            )
+        except Exception as exc:
+            log.warning(event("bindings not judged", error=type(exc).__name__))
+            return
+        if revoked or restored:
+            log.warning(event("bindings judged", revoked=revoked, restored=restored))
 
     async def _remind(self) -> None:
         """Sweep for approval requests that waited long (`gateway.reminders`) until stopped."""
@@ -468,6 +497,11 @@ class Service:
             with contextlib.suppress(asyncio.CancelledError, Exception):
                 await self._reminders
             self._reminders = None
+        if self._judging is not None:
+            self._judging.cancel()
+            with contextlib.suppress(asyncio.CancelledError, Exception):
+                await self._judging
+            self._judging = None
         for adapter in self.adapters.values():  # the web channel's event streams end here
             with contextlib.suppress(Exception):
                 await adapter.stop()

@@ -21,6 +21,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import dataclasses
+import functools
 import logging
 from collections.abc import Awaitable, Callable, Mapping
 from dataclasses import dataclass, field
@@ -29,6 +30,7 @@ from typing import Any, Final, Literal
 from pydantic import ValidationError
 
 from adapters import DecisionInbound, FileLimits, Inbound, ThreadRef
+from gateway.authority import EPOCH, end_revoked_runs, keep_if_revoked
 from gateway.broker.contract import Broker, InboxItem, SessionTicket
 from gateway.cuts import agent_notes
 from gateway.files import attachment_line, user_content
@@ -86,6 +88,8 @@ _LAPSE: Final = "lapse"
 """`_serve`'s answer when the session's ticket must lapse (see `Inbox.take_session`)."""
 _LEASE_MARGIN_MS = 100
 """Look again this long after another holder's lease should have lapsed."""
+_AUTHORITY_MS = 1_000
+"""How often a held session looks whether an authority changed (one mark read, D267)."""
 _CUT_GRACE_S = 3.0
 """How long cut sessions get to end their loops (cancel lane work, release) before their slot
 is cancelled."""
@@ -139,6 +143,9 @@ class _Session:
     """The threads of lanes seen in this take (their profile's attempt cap is asked by lane)."""
     tools: tuple[str, ...] = ()
     """The names of the harness's tools (what a profile's patterns select from)."""
+    authority_epoch: str | None = None
+    """The authority epoch its revoked runs were last ended at (`gateway.authority`)."""
+    authority_checked_ms: int = 0
 
 
 class Worker:
@@ -294,9 +301,10 @@ class Worker:
         worked = False
         last_seq: int | None = None
         try:
+            ended = await self._end_revoked(session)  # never resumed, parked or answered
             for op in suspended:
                 lane = await harness.lane(op.lane)
-                if lane is None:
+                if lane is None or op.lane in ended:
                     continue
                 if op.stuck:
                     log.warning(event("lane stuck", session=session_id, lane=op.lane))
@@ -474,6 +482,8 @@ class Worker:
                 if not await self._broker.inbox.renew(session.ticket):
                     log.warning(event("ticket lapsed", session=session.ticket.session))
                 renewed = self._clock.now_ms()
+            if self._clock.now_ms() - session.authority_checked_ms >= _AUTHORITY_MS:
+                await self._end_revoked(session)
             items = [
                 item
                 for item in await self._broker.inbox.pending(session.ticket.session, limit=64)
@@ -535,6 +545,37 @@ class Worker:
             release()
         if not session.closing:
             self._track(session, decided.lane, asyncio.sleep(0))  # then the lane's reply scan
+
+    async def _end_revoked(self, session: _Session, *, now: bool = False) -> set[str]:
+        """End the open runs of the session's revoked lanes (D267); returns their lanes.
+
+        Only when an authority changed since the last look (`EPOCH`), or `now` (a wake).
+        """
+        session.authority_checked_ms = self._clock.now_ms()
+        try:
+            epoch = await self._broker.marks.get(EPOCH)
+            if epoch is None or (epoch == session.authority_epoch and not now):
+                session.authority_epoch = epoch
+                return set()
+            ended = await end_revoked_runs(
+                session.harness,
+                self._broker,
+                session.ticket.session,
+                functools.partial(self._thread_for, session),
+                actor=self.actor,
+                before_abort=self._live.mute if self._live is not None else lambda run: None,
+            )
+        except (HarnessClosed, HarnessFault):
+            raise
+        except Exception as exc:  # the broker did not answer: the next look tries again
+            log.warning(event("authority check failed", error=type(exc).__name__))
+            return set()
+        session.authority_epoch = epoch
+        for lane, _ in ended:  # a suspended run ends in the background: its close replies
+            found = await session.harness.lane(lane)
+            if found is not None:
+                self._track(session, lane, found.wait_for_idle())
+        return {lane for lane, _ in ended}
 
     async def _resume(self, lane: AgentLane) -> None:
         result = await lane.resume(tool_recovery=self.config.tool_recovery)
@@ -622,6 +663,14 @@ class Worker:
     # -- one inbox item --------------------------------------------------------------------
 
     async def _apply(self, session: _Session, item: InboxItem) -> None:
+        if item.kind == "authority":  # a revocation: its runs end now (D267)
+            await self._end_revoked(session, now=True)
+            await self._broker.inbox.ack(item.session, item.id)
+            return
+        thread_of = functools.partial(self._thread_for, session)
+        actor, clock = self.actor, self._clock
+        if await keep_if_revoked(self._broker, item, thread_of, actor=actor, clock=clock):
+            return  # kept, never run: its thread's authority is revoked
         try:
             if item.kind == "decision":
                 decision = DecisionInbound.model_validate(dict(item.payload))

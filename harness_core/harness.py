@@ -220,7 +220,8 @@ class LaneInfo:
     last_outcome: OperationOutcome | None = None
     """How the lane's newest finished operation ended."""
     error: OperationError | None = None
-    """Why it failed (status ``failed``)."""
+    """Why it failed (status ``failed``), or why it was aborted when the abort said (status
+    ``idle``, `last_outcome` ``aborted``: ``authority_revoked``..., D266)."""
     fault: str | None = None
     """Why the lane cannot be restored (status ``faulted``)."""
 
@@ -642,12 +643,20 @@ class AgentLane:
             return admitted
         return Ok(await harness._wait(admitted.value))
 
-    async def abort(self) -> Result[AbortAccepted, NoActiveOperation | Closed]:
-        """Abort the open operation: durable on return; reconciliation runs in the background."""
+    async def abort(
+        self, reason: OperationError | None = None
+    ) -> Result[AbortAccepted, NoActiveOperation | Closed]:
+        """Abort the open operation: durable on return; reconciliation runs in the background.
+
+        `reason` says why (``OperationError(code="authority_revoked", ...)``): it is recorded
+        with the abort, and the operation ends ``aborted`` with it as its error (its
+        `OperationFinished`, its `Outcome`, its ``run_end`` event), after a crash too (D266).
+        An operation already aborting keeps the reason (or none) it was first aborted with.
+        """
         if (closed := self._closed()) is not None:
             return closed
         lane = await self._lane_rt()
-        result = await lane_jobs.abort(lane)  # emits `run_abort` when it writes the marker
+        result = await lane_jobs.abort(lane, reason)  # emits `run_abort` when it writes the marker
         if isinstance(result, Ok):
 
             async def reconcile() -> None:
@@ -1054,7 +1063,7 @@ def _info(
         suspended=_reason(op) if op and status in ("suspended", "stuck") else None,
         attempts=op.attempts if op else 0,
         last_outcome=last.outcome if last else None,
-        error=last.error if last and status == "failed" else None,
+        error=last.error if last and status in ("failed", "idle") else None,
         fault=str(fault.__cause__) if fault is not None else None,
     )
 

@@ -94,7 +94,7 @@ def _inspection(state: LaneState, *, max_attempts: int, executing: bool) -> Lane
                 leaf_id=state.leaf_id,
                 status="failed" if failed else "idle",
                 last_outcome=last.outcome if last else None,
-                error=last.error if last and failed else None,
+                error=last.error if last else None,  # a failure's, or an abort's reason
             ),
             queued=queued,
         )

@@ -147,6 +147,12 @@ STEPS: dict[str, Step] = {
         status=1, shows=(r"no lane 'web:card' \(scripts/run ops lanes lists them",)
     ),
     "scripts/run ops deliveries": Step(),
+    'scripts/run ops revoke web-default web:hello --reason "customer offboarded" --yes': Step(
+        shows=(r"revoked web-default/web:hello: revoked: customer offboarded",)
+    ),
+    "scripts/run ops unrevoke web-default web:hello": Step(
+        shows=(r"restored web-default/web:hello: its authority is back",)
+    ),
     "scripts/run ops mcp": Step(shows=(r"no MCP servers configured",)),
     "scripts/run ops --help": Step(shows=(r"usage: scripts/run ops",)),
     "scripts/run store list": Step(shows=(r"web-default",)),
@@ -483,6 +489,8 @@ async def test_run_it_talk_to_it_and_operate_it(fresh: Copy, serve: object) -> N
         "scripts/run ops timeline web:hello",
         "scripts/run ops resume web:card --tool-recovery never",
         "scripts/run ops deliveries",
+        'scripts/run ops revoke web-default web:hello --reason "customer offboarded" --yes',
+        "scripts/run ops unrevoke web-default web:hello",
         "scripts/run ops mcp",
         "scripts/run ops --help",
         "scripts/run store list",

@@ -48,10 +48,16 @@ def _describe(section: EmailSettings, context: ChannelContext) -> Sequence[str]:
     return [f"  Email: answering mail to {section.address} ({section.imap_host})"]
 
 
+def _serves(section: EmailSettings, space: str) -> bool:
+    """The email channel speaks only from its own mailbox (a thread's space is its address)."""
+    return section.address is not None and space.lower() == section.address
+
+
 SPEC = ChannelSpec(
     name="email",
     section=EmailSettings,
     enabled=lambda section: section.enabled,
     build=_build,
     describe=_describe,
+    serves=_serves,
 )

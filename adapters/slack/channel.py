@@ -12,6 +12,10 @@ itself (slack_sdk's default re-sends a post whose answer was lost: a duplicate);
 retries, after reconciling. A reply longer than a message is split into parts; a retry posts
 only the parts that are missing.
 
+Authority: the bot removed from a channel, the channel archived or deleted, the app
+uninstalled or its token revoked reach the gateway as `AuthorityChange`s (`authority`): it
+ends the runs of the threads concerned and posts nothing more there (D267).
+
 Approvals: Approve records the decision at once; Deny opens a dialog for a reason first. Only
 the approvers configured for the channel may decide (others are told so, privately, and nothing
 is recorded); a click the gateway refuses (no such request, another batch, no longer waiting)
@@ -59,6 +63,7 @@ from adapters.channel import (
 )
 from adapters.live import LiveUpdate
 from adapters.slack.approvals import SlackApprovals
+from adapters.slack.authority import AUTHORITY_EVENTS, authority_change
 from adapters.slack.delivery import SlackDelivery
 from adapters.slack.events import CHANNEL, classify
 from adapters.slack.files import SlackFiles
@@ -286,6 +291,8 @@ class SlackChannel:
         app = self.app
         app.event("app_mention")(self._on_mention)
         app.event("message")(self._on_message)
+        for kind in AUTHORITY_EVENTS:
+            app.event(kind)(self._on_authority)
         app.event(re.compile(r".+"))(self._on_other_event)
         app.action("approve")(self.approvals.on_approve)
         app.action("deny")(self.approvals.on_deny)
@@ -315,6 +322,32 @@ class SlackChannel:
             self.link.bot_id = context.get("bot_id") or self.link.bot_id
         if self.link.team_id is None and context.get("team_id"):
             self.link.team_id = str(context["team_id"])
+
+    async def _on_authority(
+        self, event: dict[str, Any], body: dict[str, Any], context: dict[str, Any]
+    ) -> None:
+        """The bot lost (or got back) its authority in a channel, or everywhere (D267).
+
+        Acknowledged once the gateway holds the change (`InboundSink.authority`): one it could
+        not record raises, bolt answers 500 (HTTP) or sends no ack, and Slack sends it again.
+        """
+        self._learn_identity(context)
+        event_id = body.get("event_id")
+        if isinstance(event_id, str) and event_id in self._seen:
+            return
+        change = authority_change(
+            event, bot_user_id=self.link.bot_user_id, now_ms=self.link.clock.now_ms()
+        )
+        if change is None:
+            log.debug("slack event not for the bot", extra={"type": str(event.get("type"))})
+            return
+        await self.link.sink_or_fail().authority(change)
+        if isinstance(event_id, str):
+            self._remember(event_id)
+        log.warning(
+            "slack authority " + ("revoked" if change.revoked else "back"),
+            extra={"cause": change.cause, "space": change.space or "*"},
+        )
 
     async def _on_other_event(self, body: dict[str, Any]) -> None:
         kind = body.get("event", {}).get("type") if isinstance(body.get("event"), dict) else None
@@ -363,7 +396,7 @@ class SlackChannel:
             return
         if isinstance(event_id, str):
             self._remember(event_id)
-        if not acceptance.duplicate and self.delivery.working_reaction:
+        if not acceptance.duplicate and not acceptance.revoked and self.delivery.working_reaction:
             channel, ts = str(event["channel"]), str(event["ts"])
             self.link.spawn(self.delivery.react(channel, ts, add=True))
 

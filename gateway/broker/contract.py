@@ -57,7 +57,8 @@ __all__ = [
     "Threads",
 ]
 
-InboxItemKind = Literal["message", "decision", "operator"]
+InboxItemKind = Literal["message", "decision", "operator", "authority"]
+"""``authority``: a revocation that asks the session's worker to end its revoked runs."""
 InboxStatus = Literal["pending", "acked", "rejected"]
 
 BrokerErrorCode = Literal[

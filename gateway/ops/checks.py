@@ -46,6 +46,15 @@ _NEEDS = {
 
 def check_allowed(view: LaneView, kind: str) -> None:
     """409 unless the lane's status allows `kind` (refused before anything is stored)."""
+    revoked = view.revoked
+    if revoked is not None and kind not in view.actions:
+        raise ApiError(
+            409,
+            "conflict",
+            f"{kind} needs the lane's authority, which is revoked: {revoked.why} "
+            f"({revoked.scope_name}, by {revoked.by}); unrevoke it first",
+            {"reason": "authority_revoked", "status": view.status},
+        )
     if kind not in view.actions:
         reason = "not_idle_waiting_head" if kind == "decide" else f"lane_{view.status}"
         said = f" ({view.suspended})" if view.suspended else ""

@@ -123,7 +123,8 @@ _SCRIPT = """
       cell(row, lane.session, "mono");
       cell(row, lane.lane, "mono");
       cell(row, lane.status, "status " + lane.status);
-      cell(row, lane.suspended || (lane.error && lane.error.code) || lane.fault || "");
+      cell(row, (lane.revoked && "revoked: " + lane.revoked.why) || lane.suspended ||
+        (lane.error && lane.error.code) || lane.fault || "");
       cell(row, lane.operation_id ? lane.attempts + " / " + lane.max_attempts : "");
       cell(row, lane.activity || lane.last_outcome || "");
       row.addEventListener("click", () => { chosen = lane.id; showLane(); loadLanes(); });
@@ -186,6 +187,11 @@ _SCRIPT = """
     add("error", lane.error ? lane.error.code + ": " + lane.error.message : "");
     add("fault", lane.fault);
     add("worker", lane.held_by);
+    if (lane.revoked) {
+      const r = lane.revoked;
+      add("revoked", r.why + " (" + r.scope_name + "; by " + r.by + ", " + when(r.at_ms) +
+        " UTC): its run ends, its messages are kept and not run, nothing is posted");
+    }
     const actions = $("lane-actions");
     actions.replaceChildren();
     const id = lane.id;
@@ -211,6 +217,20 @@ _SCRIPT = """
         if (!confirm("Abort the open operation of " + lane.lane + "?")) return false;
         return api("POST", "/lanes/" + id + "/abort");
       }));
+    }
+    if (!lane.revoked) {
+      actions.appendChild(actionButton("Revoke", () => {
+        const reason = prompt("Revoke " + lane.lane + ": its run ends, its messages are kept " +
+          "and not run, nothing more is posted in its thread. Why?");
+        if (reason === null) return false;
+        return api("POST", "/lanes/" + id + "/revoke", {reason: reason || null});
+      }));
+    }
+    if (lane.actions.includes("unrevoke")) {
+      actions.appendChild(actionButton("Unrevoke", () => {
+        if (!confirm("Give " + lane.revoked.scope_name + " its authority back?")) return false;
+        return api("POST", "/lanes/" + id + "/unrevoke");
+      }, true));
     }
     if (lane.actions.includes("retry")) {
       actions.appendChild(actionButton("Retry", () => {

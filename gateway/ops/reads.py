@@ -12,7 +12,10 @@ import json
 from collections.abc import AsyncIterator, Mapping
 from typing import Any
 
-from adapters import result_line
+from pydantic import ValidationError
+
+from adapters import ThreadRef, result_line
+from gateway.authority import Revocation, revocation_of
 from gateway.broker.contract import Broker
 from gateway.lane_status import inspect_held
 from gateway.ops.errors import ApiError
@@ -20,6 +23,7 @@ from gateway.ops.views import (
     InterruptedCallView,
     LaneView,
     PendingCallView,
+    RevokedView,
     TimelineItem,
     UsageItem,
     lane_id,
@@ -41,6 +45,8 @@ __all__ = [
     "allowed_actions",
     "lane_view",
     "read_only",
+    "revoked_view",
+    "thread_ref",
     "timeline_page",
     "usage_page",
 ]
@@ -56,7 +62,7 @@ async def read_only(repo: SessionRepo, session: str) -> AsyncIterator[SessionSto
     try:
         storage = await repo.open(session)
     except SessionError as exc:
-        if exc.code in ("not_found", "invalid_query"):
+        if exc.code in ("not_found", "invalid_query", "invalid_session_id"):
             raise ApiError(404, "not_found", f"no session {session!r}") from exc
         raise
     try:
@@ -65,10 +71,16 @@ async def read_only(repo: SessionRepo, session: str) -> AsyncIterator[SessionSto
         await storage.close()
 
 
-def allowed_actions(seen: LaneInspection) -> list[str]:
-    """The actions a lane's status allows now (what the page offers)."""
+def allowed_actions(seen: LaneInspection, *, revoked: bool = False) -> list[str]:
+    """The actions a lane's status allows now (what the page offers).
+
+    A revoked lane allows only an abort (its run ends anyway) and an unrevoke (D267); any
+    other lane may be revoked (not listed: it is always allowed).
+    """
     status = seen.info.status
     reason = seen.info.suspended
+    if revoked:
+        return (["abort"] if status in ("running", "suspended", "stuck") else []) + ["unrevoke"]
     actions: list[str] = []
     if status == "stuck":
         actions += ["resume", "unstick", "abort"]  # resume unsticks: a fresh attempt budget
@@ -103,6 +115,8 @@ async def lane_view(
         raise
     info = seen.info
     state = await broker.threads.get(session, lane)
+    thread = thread_ref(state.thread) if state is not None else None
+    revocation = await revocation_of(broker.marks, session, lane, thread)
     return LaneView(
         id=lane_id(session, lane),
         session=session,
@@ -140,8 +154,24 @@ async def lane_view(
         queued=seen.queued,
         thread=dict(state.thread) if state is not None else None,
         held_by=held_by,
-        actions=allowed_actions(seen),
+        revoked=revoked_view(revocation),
+        actions=allowed_actions(seen, revoked=revocation is not None),
     )
+
+
+def revoked_view(revocation: Revocation | None) -> RevokedView | None:
+    """An active revocation as the API shows it (None: none, or restored)."""
+    if revocation is None or not revocation.active:
+        return None
+    return RevokedView.model_validate(revocation.details())
+
+
+def thread_ref(raw: Any) -> ThreadRef | None:
+    """A lane view's (or thread state's) thread as a `ThreadRef`; None when it is not one."""
+    try:
+        return ThreadRef.model_validate(dict(raw))
+    except (ValidationError, TypeError, ValueError):
+        return None
 
 
 async def timeline_page(

@@ -14,6 +14,8 @@ from harness_core.session.records import MAX_SUPPLIED_CHARS
 __all__ = [
     "ActionRequest",
     "AuditView",
+    "AuthorityRequest",
+    "AuthorityView",
     "BacklogView",
     "CallDecision",
     "DecisionsRequest",
@@ -25,6 +27,7 @@ __all__ = [
     "Page",
     "PendingCallView",
     "RerunRequest",
+    "RevokedView",
     "SessionView",
     "TimelineItem",
     "TimelinePage",
@@ -49,6 +52,19 @@ class Page(_View, Generic[_T]):
     next_cursor: str | None = None
 
 
+class RevokedView(_View):
+    """Why a lane (or a session) may no longer act or speak, since when, and who said so."""
+
+    scope: Literal["lane", "session", "space", "channel"]
+    """What the revocation covers: the lane, its session, its thread's space, its channel."""
+    scope_name: str
+    cause: str
+    """``operator``, ``route_removed``, or the channel's event (``member_left_channel``...)."""
+    why: str
+    by: str
+    at_ms: int
+
+
 class SessionView(_View):
     """A session of the store."""
 
@@ -58,6 +74,8 @@ class SessionView(_View):
     lanes: int
     held_by: str | None = None
     """The worker executing it now (its store lease), if any."""
+    revoked: RevokedView | None = None
+    """Set when an operator revoked the whole session (D267)."""
 
 
 class PendingCallView(_View):
@@ -107,6 +125,9 @@ class LaneView(_View):
     thread: dict[str, Any] | None = None
     """The channel thread the lane answers (channel, space, thread)."""
     held_by: str | None = None
+    revoked: RevokedView | None = None
+    """Set when the lane's authority is revoked (D267): its open run ends
+    ``authority_revoked``, its messages are kept and not run, nothing is posted in its thread."""
     actions: list[str] = Field(default_factory=list)
     """The actions its status allows now."""
 
@@ -221,6 +242,24 @@ class ActionRequest(BaseModel):
 
     model_config = ConfigDict(extra="forbid")
     tool_recovery: Literal["declared", "never", "always"] = "declared"
+
+
+class AuthorityRequest(BaseModel):
+    """revoke / unrevoke: why (recorded, and shown to operators)."""
+
+    model_config = ConfigDict(extra="forbid")
+    reason: str | None = Field(default=None, min_length=1, max_length=300)
+
+
+class AuthorityView(_View):
+    """A revocation after a revoke or an unrevoke, and whether the call changed it."""
+
+    changed: bool
+    """False: it held already (revoked before, or nothing to restore)."""
+    revoked: RevokedView | None = None
+    """The scope's revocation now (None: its authority is back)."""
+    restored_by: str | None = None
+    restored_at_ms: int | None = None
 
 
 class RerunRequest(BaseModel):

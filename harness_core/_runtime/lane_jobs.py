@@ -39,6 +39,7 @@ from harness_core.session.entries import (
 from harness_core.session.records import (
     AbortRequested,
     NavigationIntent,
+    OperationError,
     OperationIntent,
     OperationStarted,
     QueueCancelled,
@@ -293,8 +294,14 @@ async def write(lane: LaneRuntime, entry: Entry) -> str:
             )
 
 
-async def abort(lane: LaneRuntime) -> Result[AbortAccepted, NoActiveOperation]:
-    """Accept an abort: durable on return; reconciliation continues in the background."""
+async def abort(
+    lane: LaneRuntime, reason: OperationError | None = None
+) -> Result[AbortAccepted, NoActiveOperation]:
+    """Accept an abort: durable on return; reconciliation continues in the background.
+
+    `reason` is kept with the abort and closes the operation as its error (D266); an
+    operation already aborting keeps the reason it was first given.
+    """
 
     async def run() -> Result[AbortAccepted, NoActiveOperation]:
         op = lane.state.operation
@@ -310,7 +317,7 @@ async def abort(lane: LaneRuntime) -> Result[AbortAccepted, NoActiveOperation]:
             run_id=op.id, steer=op.pending_steer, follow_up=op.pending_follow_up
         )
         await lane.commit_record(
-            AbortRequested(id=lane.runtime.ids.next(), lane=lane.name, run_id=op.id)
+            AbortRequested(id=lane.runtime.ids.next(), lane=lane.name, run_id=op.id, reason=reason)
         )
         lane.runtime.events.emit(
             RunAbort(

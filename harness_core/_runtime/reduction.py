@@ -159,6 +159,8 @@ class OperationState:
     started_at: int
     configuration: LaneConfiguration
     aborting: bool = False
+    abort_reason: OperationError | None = None
+    """Why the abort was asked for, if said: its `OperationFinished` carries it (D266)."""
     step: StepState | None = None
     last_attempt_result_id: str | None = None
     tool_batch: ToolBatchState | None = None
@@ -377,7 +379,14 @@ def _record(state: LaneState, stored: StoredRecord) -> LaneState:
         return replace(state, operation=replace(op, attempts=record.attempt))
     if isinstance(record, AbortRequested):
         return replace(
-            state, operation=replace(op, aborting=True, pending_steer=(), pending_follow_up=())
+            state,
+            operation=replace(
+                op,
+                aborting=True,
+                abort_reason=record.reason,
+                pending_steer=(),
+                pending_follow_up=(),
+            ),
         )
     if isinstance(record, StepAttempt):
         return replace(state, operation=_step(op, stored, record))

@@ -156,18 +156,30 @@ class OperationStarted(_RecordBase):
     history to find it (changes during the operation are entries the operation appended)."""
 
 
+class OperationError(Frozen):
+    """Why an operation failed (or, given with an abort, why it was aborted)."""
+
+    code: str
+    message: str
+
+
 class AbortRequested(_RecordBase):
     """An abort was accepted; reconciliation and `OperationFinished(aborted)` follow."""
 
     type: Literal["abort_requested"] = "abort_requested"
     run_id: Id
+    reason: OperationError | None = None
+    """Why, when the caller said (a13n's ``authority_revoked``): the operation's
+    `OperationFinished(aborted)` carries it as its `error` (D266)."""
 
-
-class OperationError(Frozen):
-    """Why an operation failed."""
-
-    code: str
-    message: str
+    @model_serializer(mode="wrap")
+    def _reason_only_when_given(self, handler: SerializerFunctionWrapHandler) -> Any:
+        # an abort without a reason encodes as it did before D266: stored logs and their
+        # canonical encodings stay byte-identical
+        data = handler(self)
+        if self.reason is None and isinstance(data, dict):
+            data.pop("reason", None)
+        return data
 
 
 class OperationFinished(_RecordBase):

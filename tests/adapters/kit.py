@@ -15,6 +15,7 @@ from fastapi import FastAPI
 from adapters.channel import (
     Acceptance,
     Attachment,
+    AuthorityChange,
     DecisionInbound,
     Inbound,
     IncomingFile,
@@ -42,6 +43,7 @@ class TestSink:
         self.inbound: list[Inbound] = []
         self.decisions: list[DecisionInbound] = []
         self.marks: dict[str, str] = {}
+        self.authority_changes: list[AuthorityChange] = []
         self.files: dict[str, bytes] = {}
         """The files taken in, by their channel's key."""
         self.file_limits = FileLimits()
@@ -108,6 +110,10 @@ class TestSink:
         if self.error is not None:
             raise self.error
         return self.files.get(blob.removeprefix("mem:"))
+
+    async def authority(self, change: AuthorityChange) -> None:
+        """Hold an authority change the channel reported (in order, repeats included)."""
+        self.authority_changes.append(change)
 
     async def get_mark(self, name: str) -> str | None:
         if self.error is not None:

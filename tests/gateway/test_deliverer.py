@@ -15,6 +15,7 @@ import pytest
 
 from adapters.channel import ApprovalClosed, ApprovalView, Outbound, ThreadRef
 from adapters.testing import RecordingChannel
+from gateway.authority import Scope, restore, revoke
 from gateway.broker import open_broker
 from gateway.broker.contract import Broker, Delivery
 from gateway.deliverer import Deliverer, DelivererConfig, retry_delay_ms
@@ -324,3 +325,30 @@ async def test_an_attempt_a_stop_cuts_is_handed_back_due_now_its_outcome_unknown
     rig.start(deliverer_id="d2")  # the next process: at once, not after the 60 s lease
     await rig.until("reply:s:run-1", lambda d: d.status == "delivered")
     assert rig.fake.count("reply:s:run-1") == 1  # reconciled first when it had gone out
+
+
+async def test_a_thread_whose_authority_is_revoked_gets_nothing_posted(rig: Rig) -> None:
+    """D267: its deliveries become dead letters at once, unsent and not reconciled; other
+    threads are delivered; once the authority is back, a redelivered one goes out."""
+    space = Scope.of_space("fake", "default")
+    await revoke(rig.broker, space, cause="channel_archive", why="archived", by="fake", now_ms=1)
+    await rig.enqueue("reply:s:run-1")
+    elsewhere = Outbound(
+        delivery_id="reply:s:run-2",
+        thread=ThreadRef(channel="fake", space="other", thread="t2"),
+        kind="reply",
+        text="hi",
+    )
+    await rig.broker.outbox.enqueue(
+        elsewhere.delivery_id, "s", "fake:t2", elsewhere.model_dump(mode="json"), now_ms=0
+    )
+    rig.start()
+    dead = await rig.until("reply:s:run-1", lambda d: d.status == "dead")
+    assert dead.last_error == "authority_revoked: archived (fake space default, by fake)"
+    await rig.until("reply:s:run-2", lambda d: d.status == "delivered")
+    assert [o.delivery_id for o in rig.fake.attempts] == ["reply:s:run-2"]
+    assert rig.fake.reconciled == []
+
+    await restore(rig.broker, space, by="op", now_ms=2)
+    await rig.broker.outbox.redeliver("reply:s:run-1", now_ms=rig.clock.now_ms())
+    await rig.until("reply:s:run-1", lambda d: d.status == "delivered")

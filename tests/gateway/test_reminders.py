@@ -163,6 +163,7 @@ class _ThreadsFailFor:
         self._broker = broker
         self._lane = lane
         self.outbox = broker.outbox
+        self.marks = broker.marks  # whether the thread's authority was revoked (D267)
         self.threads = self
 
     async def get(self, session: str, lane: str) -> Any:

@@ -568,3 +568,35 @@ def test_the_local_token_file_and_a_stuck_lane_resumed(
         assert event["actor"] == "operator:local" and event["details"]["tool_recovery"] == "never"
     finally:
         process.stop()
+
+
+def test_revoke_and_unrevoke_a_lane(gateway: Gateway, ops: Any) -> None:
+    session = gateway.post("held", "/slow 2500")["session"]
+    gateway.lane("web:held", "running")
+
+    unconfirmed = ops("revoke", session, "web:held")
+    assert unconfirmed.code == 2 and "--yes" in _one_line(unconfirmed.err)
+    revoked = ops("revoke", session, "web:held", "--reason", "legal hold", "--yes")
+    assert revoked.code == 0, revoked
+    assert re.fullmatch(
+        rf"revoked {session}/web:held: revoked: legal hold \(lane web:held of session "
+        rf"{session}; by operator:alice, [\d-]+ [\d:]+ UTC\)\n",
+        revoked.out,
+    ), revoked.out
+    view = gateway.lane("web:held", "idle")
+    assert view["error"]["code"] == "authority_revoked"
+    shown = ops("lane", "web:held")
+    assert re.search(r"^revoked +legal hold \(lane web:held", shown.out, re.M), shown.out
+    assert re.search(r"^actions +unrevoke$", shown.out, re.M)
+    table = ops("lanes", "--session", session)
+    [row] = [line for line in table.out.splitlines() if "web:held" in line]
+    assert "revoked: legal hold" in row
+    again = ops("revoke", session, "web:held", "--yes", "--reason", "other")
+    assert again.code == 0 and "was revoked already: revoked: legal hold" in again.out
+
+    back = ops("unrevoke", session, "web:held")
+    assert back.code == 0
+    assert back.out == f"restored {session}/web:held: its authority is back (by operator:alice)\n"
+    assert ops("unrevoke", session, "web:held").out.endswith("was not revoked: nothing changed\n")
+    gateway.post("held", "again")
+    assert gateway.answers("held", 1)[-1]["text"] == "You said: again"

@@ -10,7 +10,8 @@ result without judging the lane again; the same key with another request is 409.
 The routes come in groups, each a small class over one `OpsContext` (`context`: the store, the
 broker, who asks, a lane's view): `lanes` (sessions, lanes, timelines, usage: the store's reads),
 `audit` (the audit trail and the backlog), `deliveries` (the outbox, redeliver, discard) and
-`actions` (the lane actions and where each stands), `mcp` (the MCP servers' health, read from
+`actions` (the lane actions and where each stands), `authority` (revoke and unrevoke a lane or
+a session, D267), `mcp` (the MCP servers' health, read from
 the callable the service hands in); `params` holds the shared parameters.
 `OpsApi` composes them into one router, the route table below.
 """
@@ -23,6 +24,7 @@ from gateway.broker.contract import Broker
 from gateway.operator_actions import ActionResult
 from gateway.ops.api.actions import LaneActions
 from gateway.ops.api.audit import AuditReads
+from gateway.ops.api.authority import AuthorityActions
 from gateway.ops.api.context import OpsContext
 from gateway.ops.api.deliveries import Deliveries
 from gateway.ops.api.lanes import LaneReads
@@ -32,6 +34,7 @@ from gateway.ops.errors import API_PREFIX
 from gateway.ops.page import ops_page_router
 from gateway.ops.views import (
     AuditView,
+    AuthorityView,
     BacklogView,
     DeliveryView,
     LaneView,
@@ -63,6 +66,7 @@ class OpsApi:
         self.audit = AuditReads(self.context)
         self.deliveries = Deliveries(self.context)
         self.actions = LaneActions(self.context)
+        self.authority = AuthorityActions(self.context)
         self.mcp = McpReads(self.context, mcp_health)
         self.router = self._build()
         self.routers = [self.router, ops_page_router()]
@@ -91,6 +95,13 @@ class OpsApi:
         for name in ("resume", "unstick", "abort", "rewind", "retry"):
             post(f"/lanes/{{lane_id}}/{name}", response_model=ActionResult)(getattr(actions, name))
         post("/lanes/{lane_id}/decisions", response_model=ActionResult)(actions.decide)
+        authority = self.authority
+        post("/lanes/{lane_id}/revoke", response_model=AuthorityView)(authority.revoke_lane)
+        post("/lanes/{lane_id}/unrevoke", response_model=AuthorityView)(authority.unrevoke_lane)
+        post("/sessions/{session}/revoke", response_model=AuthorityView)(authority.revoke_session)
+        post("/sessions/{session}/unrevoke", response_model=AuthorityView)(
+            authority.unrevoke_session
+        )
         post("/deliveries/{delivery_id}/redeliver", response_model=DeliveryView)(
             deliveries.redeliver
         )

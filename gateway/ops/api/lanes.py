@@ -6,12 +6,13 @@ from typing import Annotated, Any
 
 from fastapi import Query, Request
 
+from gateway.authority import Scope, read_scope
 from gateway.lane_status import unused_main
 from gateway.ops.api.context import OpsContext
 from gateway.ops.api.params import Cursor, Limit
 from gateway.ops.checks import statuses
 from gateway.ops.errors import ApiError
-from gateway.ops.reads import lane_view, read_only, timeline_page, usage_page
+from gateway.ops.reads import lane_view, read_only, revoked_view, timeline_page, usage_page
 from gateway.ops.views import (
     AuditView,
     LaneView,
@@ -47,6 +48,7 @@ class LaneReads:
                 pointers = await storage.get_lanes()
                 lanes = sum(1 for p in pointers if not unused_main(p.lane, "idle", p.leaf_id))
             holder = await self.ops.repo.lease_holder(meta.id)
+            revoked, _ = await read_scope(self.ops.broker.marks, Scope.of_session(meta.id))
             items.append(
                 SessionView(
                     id=meta.id,
@@ -54,6 +56,7 @@ class LaneReads:
                     created_at_ms=meta.created_at,
                     lanes=lanes,
                     held_by=holder.owner if holder else None,
+                    revoked=revoked_view(revoked),
                 )
             )
         more = len(metas) > limit

@@ -10,7 +10,7 @@ import sys
 from typing import Any
 
 from gateway.ops.cli.errors import OK, USAGE, OpsError
-from gateway.ops.cli.output import Json, call_line, clean, seg, state_line
+from gateway.ops.cli.output import Json, call_line, clean, revoked_line, seg, state_line
 from gateway.ops.cli.run import Run
 from harness_core.session.records import MAX_SUPPLIED_CHARS
 
@@ -21,8 +21,10 @@ __all__ = [
     "redeliver",
     "resume",
     "retry",
+    "revoke",
     "rewind",
     "supplied_text",
+    "unrevoke",
 ]
 
 
@@ -157,6 +159,67 @@ def supplied_text(args: Any) -> str:
             USAGE,
         )
     return str(text)
+
+
+def revoke(run: Run) -> int:
+    """Withdraw the authority of a lane, or of every lane of a session (D267)."""
+    args = run.args
+    body = {"reason": args.reason} if args.reason else None
+    if args.lane is None:
+        session = args.session
+        lines = [
+            f"revoke withdraws the authority of every lane of session {clean(session)}: their "
+            "open runs end (authority_revoked), their new messages are kept and not run, "
+            "nothing more is posted in their threads"
+        ]
+        run.confirm(True, lines, "revoke")
+        _, view = run.client.request("POST", f"/sessions/{seg(session)}/revoke", body=body)
+        return _authority(run, view, f"session {clean(session)}", "revoked")
+    lane = run.lane(f"{args.session}/{args.lane}")
+    lines = [
+        state_line(lane),
+        "revoke withdraws its authority: its open run ends (authority_revoked), its new "
+        "messages are kept and not run, nothing more is posted in its thread",
+    ]
+    run.confirm(True, lines, "revoke")
+    _, view = run.client.request("POST", f"/lanes/{seg(str(lane['id']))}/revoke", body=body)
+    return _authority(
+        run, view, f"{clean(lane.get('session'))}/{clean(lane.get('lane'))}", "revoked"
+    )
+
+
+def unrevoke(run: Run) -> int:
+    """Give a lane (or a session) its authority back; new messages run again."""
+    args = run.args
+    body = {"reason": args.reason} if args.reason else None
+    if args.lane is None:
+        session = args.session
+        _, view = run.client.request("POST", f"/sessions/{seg(session)}/unrevoke", body=body)
+        return _authority(run, view, f"session {clean(session)}", "restored")
+    lane = run.lane(f"{args.session}/{args.lane}")
+    _, view = run.client.request("POST", f"/lanes/{seg(str(lane['id']))}/unrevoke", body=body)
+    return _authority(
+        run, view, f"{clean(lane.get('session'))}/{clean(lane.get('lane'))}", "restored"
+    )
+
+
+def _authority(run: Run, view: Json, name: str, verb: str) -> int:
+    if run.wants_json:
+        run.json(view)
+        return OK
+    revoked = view.get("revoked")
+    if revoked is not None:
+        said = revoked_line(revoked)
+        run.say(
+            f"{verb} {name}: {said}"
+            if view.get("changed")
+            else f"{name} was revoked already: {said}"
+        )
+    elif view.get("changed"):
+        run.say(f"{verb} {name}: its authority is back (by {clean(view.get('restored_by'))})")
+    else:
+        run.say(f"{name} was not revoked: nothing changed")
+    return OK
 
 
 def redeliver(run: Run) -> int:

@@ -65,10 +65,21 @@ def table_lines(headers: Sequence[str], rows: Iterable[Sequence[Any]]) -> list[s
     return [line(headers), *(line(row) for row in cells)]
 
 
+def revoked_line(revoked: Json) -> str:
+    """A revocation in one line: why, what it covers, by whom, when (UTC)."""
+    return (
+        f"revoked: {clean(revoked.get('why'))} ({clean(revoked.get('scope_name'))}; by "
+        f"{clean(revoked.get('by'))}, {when(revoked.get('at_ms'))} UTC)"
+    )
+
+
 def why(view: Json) -> str:
     """Why a lane is in its status, in a few words (a table's WHY column)."""
     status = view.get("status")
     error = view.get("error") or {}
+    revoked = view.get("revoked")
+    if revoked:
+        return f"revoked: {revoked.get('why')}"
     if status == "faulted":
         return str(view.get("fault") or "")
     if status == "failed" and error:
@@ -101,6 +112,8 @@ def state_line(view: Json) -> str:
     error = view.get("error")
     if error:
         parts.append(f"error: {clean(error.get('code'))}: {clean(error.get('message'))}")
+    if view.get("revoked"):
+        parts.append(revoked_line(view["revoked"]))
     return ", ".join(parts)
 
 

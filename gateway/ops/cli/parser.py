@@ -231,6 +231,25 @@ def build_parser() -> argparse.ArgumentParser:
     supply.add_argument(
         "--error", action="store_true", help="the action failed: the agent reads a failed call"
     )
+    for name, handler, help_text in (
+        (
+            "revoke",
+            actions.revoke,
+            "withdraw a lane's authority, or a whole session's: its open runs end "
+            "(authority_revoked), new messages are kept and not run, nothing more is posted",
+        ),
+        ("unrevoke", actions.unrevoke, "give a lane (or a session) its authority back"),
+    ):
+        sub = command(name, handler, help_text)
+        sub.add_argument("session", metavar="SESSION", help="the session")
+        sub.add_argument(
+            "lane", metavar="LANE", nargs="?", help="one of its lanes (default: every lane)"
+        )
+        sub.add_argument("--reason", help="why (recorded, and shown to operators)")
+        if name == "revoke":
+            sub.add_argument(
+                "-y", "--yes", action="store_true", help="do not ask (required without a terminal)"
+            )
     redeliver = command("redeliver", actions.redeliver, "send a dead letter again (fresh attempts)")
     redeliver.add_argument("delivery_id", metavar="DELIVERY_ID")
     acting(redeliver, confirm=False)

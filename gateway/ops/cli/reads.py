@@ -16,6 +16,7 @@ from gateway.ops.cli.output import (
     clean,
     clip,
     cost,
+    revoked_line,
     seg,
     time_of,
     when,
@@ -50,10 +51,12 @@ def sessions(run: Run) -> int:
             s.get("lanes"),
             s.get("held_by") or "-",
             when(s.get("created_at_ms")),
+            clip(f"revoked: {s['revoked'].get('why')}", 40) if s.get("revoked") else "",
         ]
         for s in page["items"]
     ]
-    run.table(["SESSION", "NAME", "LANES", "HELD BY", "CREATED (UTC)"], rows, "no sessions")
+    headers = ["SESSION", "NAME", "LANES", "HELD BY", "CREATED (UTC)", "AUTHORITY"]
+    run.table(headers, rows, "no sessions")
     return OK
 
 
@@ -113,6 +116,12 @@ def lane(run: Run) -> int:
             or None,
         ),
         ("held by", view.get("held_by")),
+        (
+            "revoked",
+            revoked_line(view["revoked"]).removeprefix("revoked: ")
+            if view.get("revoked")
+            else None,
+        ),
         ("actions", ", ".join(view.get("actions") or []) or "none"),
     ]
     width = max(len(name) for name, _ in fields)

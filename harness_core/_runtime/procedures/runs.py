@@ -313,8 +313,9 @@ class Run(Part):
                     usage=TokenUsage(),
                 )
                 await fx.append_entry_if_missing(MessageEntry(id=self._id(), message=closure))
-            if await fx.finish_operation(op.id, "aborted") == "finished":
-                return await self._finished("aborted")
+            reason = op.abort_reason  # said with the abort (D266), closing the run with it
+            if await fx.finish_operation(op.id, "aborted", reason) == "finished":
+                return await self._finished("aborted", reason)
 
     async def _redeem_deferred(self) -> AssistantMessage:
         fx = self.fx

@@ -349,10 +349,11 @@ class Structural(Part):
         self, outcome: Literal["completed", "declined", "aborted"]
     ) -> Outcome:
         op = self.op
-        result = await self.fx.finish_operation(op.id, outcome)
+        error = op.abort_reason if outcome == "aborted" else None  # said with the abort (D266)
+        result = await self.fx.finish_operation(op.id, outcome, error)
         if result == "continue":  # an abort won the ordering
             return await self._finish_structural("aborted")
-        return self._structural_outcome(op, outcome)
+        return self._structural_outcome(op, outcome, error)
 
     def _structural_outcome(
         self,

@@ -14,6 +14,7 @@ import pytest
 from slack_bolt.request.async_request import AsyncBoltRequest
 
 from adapters.slack import SlackChannel
+from adapters.slack.authority import AUTHORITY_EVENTS
 from tests.adapters.kit import TestSink
 from tests.support.fake_slack import FakeSlack, event_envelope, signed_headers
 
@@ -55,6 +56,19 @@ EVENT_SCOPES = {
     "message.groups": {"groups:history"},
     "message.im": {"im:history"},
     "message.mpim": {"mpim:history"},
+    # authority (D267): a channel's archive, a left or joined member, the app's own events
+    "channel_archive": {"channels:read"},
+    "channel_unarchive": {"channels:read"},
+    "channel_deleted": {"channels:read"},
+    "channel_left": {"channels:read"},
+    "group_archive": {"groups:read"},
+    "group_unarchive": {"groups:read"},
+    "group_deleted": {"groups:read"},
+    "group_left": {"groups:read"},
+    "member_joined_channel": {"channels:read", "groups:read"},
+    "member_left_channel": {"channels:read", "groups:read"},
+    "app_uninstalled": set(),
+    "tokens_revoked": set(),
 }
 
 
@@ -126,6 +140,17 @@ async def test_every_subscribed_event_is_acknowledged(slack: SlackChannel, event
     kind = event_type.split(".")[0]
     channel = {"message.groups": "G1", "message.im": "D1"}.get(event_type, "C1")
     event = {"type": kind, "channel": channel, "user": "U1", "text": "<@UBOT> hi", "ts": "1.01"}
+    response = await _dispatch(slack, event)
+    assert response.status == 200, response.body
+
+
+@pytest.mark.parametrize("event_type", sorted(AUTHORITY_EVENTS))
+async def test_every_subscribed_authority_event_is_acknowledged(
+    slack: SlackChannel, event_type: str
+) -> None:
+    subscribed = _load(MANIFESTS[0])["settings"]["event_subscriptions"]["bot_events"]
+    assert event_type in subscribed
+    event = {"type": event_type, "channel": "C1", "user": "U1", "tokens": {"oauth": ["U1"]}}
     response = await _dispatch(slack, event)
     assert response.status == 200, response.body
 
