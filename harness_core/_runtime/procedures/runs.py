@@ -172,16 +172,17 @@ class Run(Part):
                 message = stored.entry.message
                 final = message if isinstance(message, AssistantMessage) else None
         leaf = self.lane.state.leaf_id
-        self._emit(
-            RunEnd(
-                lane=self.lane.name,
-                run_id=op.id,
-                outcome=kind,
-                leaf_id=leaf,
-                final_entry_id=final_id,
-                error=error,
+        if self._wants("run_end"):
+            self._emit(
+                RunEnd(
+                    lane=self.lane.name,
+                    run_id=op.id,
+                    outcome=kind,
+                    leaf_id=leaf,
+                    final_entry_id=final_id,
+                    error=error,
+                )
             )
-        )
         return Outcome(
             operation="run",
             run_id=op.id,
@@ -204,8 +205,9 @@ class Run(Part):
         )
 
     async def _run_turn(self) -> Outcome | None:
-        turn_id = self._id()
-        self._emit(TurnStart(lane=self.lane.name, run_id=self.op.id, turn_id=turn_id))
+        turn_id = self._id()  # drawn whether or not anyone listens: ids never depend on that
+        if self._wants("turn_start"):
+            self._emit(TurnStart(lane=self.lane.name, run_id=self.op.id, turn_id=turn_id))
         try:
             _, message = await self.steps.assistant_step()
         except _Overflow:
@@ -215,15 +217,16 @@ class Run(Part):
         results: tuple[ToolResultMessage, ...] = ()
         if _tool_calls(message):
             results = await self.tools.run()
-        self._emit(
-            TurnEnd(
-                lane=self.lane.name,
-                run_id=self.op.id,
-                turn_id=turn_id,
-                message=message,
-                tool_results=results,
+        if self._wants("turn_end"):
+            self._emit(
+                TurnEnd(
+                    lane=self.lane.name,
+                    run_id=self.op.id,
+                    turn_id=turn_id,
+                    message=message,
+                    tool_results=results,
+                )
             )
-        )
         return None
 
     async def _recover_overflow(self) -> Outcome | None:
