@@ -17,6 +17,7 @@ from typing import TYPE_CHECKING, Any, Literal, TypeVar
 from pydantic import ValidationError
 
 from harness_core import texts
+from harness_core._runtime.effects import LaterEvent
 from harness_core.events import MessageStart, MessageUpdate
 from harness_core.frozen import invalid_reason, revalidated
 from harness_core.hooks import HookName, run_hook
@@ -231,6 +232,10 @@ class ExternalEffects:
         self.runtime.check()
         if self.runtime.hooks.registrations(name):
             await self.runtime.durable()  # a handler is foreign code: it may act on what it sees
+            if isinstance(event, LaterEvent):
+                event = await event.make()
+        elif isinstance(event, LaterEvent):
+            return None  # no handler: nobody sees the event, and the answer is None
         return await run_hook(
             self.runtime.hooks,
             name,

@@ -9,34 +9,15 @@ from pydantic import ValidationError
 from harness_core.errors import SessionError
 from harness_core.messages import Cost, TokenUsage
 from harness_core.session.codec import MAX_TOKENS
-from harness_core.session.entries import MessageEntry
-from harness_core.session.records import Usage
-from harness_core.session.types import LogItem, SessionStats, StoredEntry, StoredRecord
+from harness_core.session.types import SessionStats
 
 __all__ = [
     "USAGE_FIELDS",
     "add_usage",
-    "apply_stats",
     "stats_from_counters",
     "usage_from_values",
     "usage_values",
 ]
-
-
-def apply_stats(stats: SessionStats, item: LogItem) -> SessionStats:
-    """Return `stats` after `item` was committed."""
-    entries, messages, records, usage = stats.entries, stats.messages, stats.records, stats.usage
-    if isinstance(item, StoredEntry):
-        entries += 1
-        if isinstance(item.entry, MessageEntry):
-            messages += 1
-    elif isinstance(item, StoredRecord):
-        records += 1
-        if isinstance(item.record, Usage):
-            usage = usage + item.record.usage
-    return SessionStats(
-        last_seq=item.seq, entries=entries, messages=messages, records=records, usage=usage
-    )
 
 
 USAGE_FIELDS = ("input", "output", "cache_read", "cache_write", "total_tokens")
@@ -79,11 +60,13 @@ def add_usage(total: TokenUsage, delta: TokenUsage, what: str) -> TokenUsage:
         result = total + delta
     except ValidationError:  # a cost sum overflowed to an infinity
         result = None
-    if result is None or not all(
-        -MAX_TOKENS <= getattr(result, name) <= MAX_TOKENS for name in USAGE_FIELDS
-    ):
-        raise SessionError("invalid_payload", f"the usage sum of {what} would leave the range")
-    return result
+    if result is not None:
+        counts = (
+            result.input, result.output, result.cache_read, result.cache_write, result.total_tokens
+        )  # fmt: skip
+        if min(counts) >= -MAX_TOKENS and max(counts) <= MAX_TOKENS:
+            return result
+    raise SessionError("invalid_payload", f"the usage sum of {what} would leave the range")
 
 
 def stats_from_counters(counters: Sequence[str | int | float]) -> SessionStats:

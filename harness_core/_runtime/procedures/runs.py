@@ -5,6 +5,7 @@ from __future__ import annotations
 from typing import Literal
 
 from harness_core import texts
+from harness_core._runtime.effects import LaterEvent
 from harness_core._runtime.procedures.common import (
     OperationContext,
     Part,
@@ -143,11 +144,7 @@ class Run(Part):
                 await fx.consume_queue_item(op.id, "follow_up", item.id)
             if has_pending_work(self.op):
                 continue
-            messages = tuple(await self.lane.context.messages())
-            result = await fx.run_hook(
-                "before_run_end",
-                BeforeRunEndEvent(lane=self.lane.name, run_id=op.id, messages=messages),
-            )
+            result = await fx.run_hook("before_run_end", LaterEvent(self._run_end_event))
             follow_up = getattr(result, "follow_up", None)
             if follow_up:
                 entry = MessageEntry(
@@ -158,6 +155,10 @@ class Run(Part):
                 continue
             if await fx.try_finish_run(op.id, "completed") == "finished":
                 return await self._finished("completed")
+
+    async def _run_end_event(self) -> BeforeRunEndEvent:
+        messages = tuple(await self.lane.context.messages())
+        return BeforeRunEndEvent(lane=self.lane.name, run_id=self.op.id, messages=messages)
 
     async def _finished(
         self, kind: Literal["completed", "aborted", "failed"], error: OperationError | None = None
