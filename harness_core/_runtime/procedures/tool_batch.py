@@ -142,7 +142,7 @@ class ToolBatch(Part):
                 return self.synthetic(call, self._id(), "blocked", hook.block)
             if hook.args is not None and decision is not None and hook.args != args:
                 return self.synthetic(call, self._id(), "blocked", texts.CHANGED_AFTER_APPROVAL)
-            if hook.args is not None:
+            if hook.args is not None and hook.args is not args:  # the same args parsed above
                 try:
                     tool.parse(hook.args)
                 except ToolArgumentsError as exc:
