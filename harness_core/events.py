@@ -607,6 +607,16 @@ class EventBus:
         if watcher in self._watchers:
             self._watchers.remove(watcher)
 
+    def wants(self, event_type: str) -> bool:
+        """Whether an event of `event_type` emitted now would reach anyone.
+
+        A hot path asks first and skips building an event nobody receives (a prompt emits
+        about twenty, each a validated model).
+        """
+        if self._watchers:
+            return True
+        return any(listened is None or listened == event_type for listened, _ in self._listeners)
+
     def emit(self, event: Any) -> None:
         """Deliver an event to every matching listener and watcher, in order."""
         for event_type, listener in list(self._listeners):

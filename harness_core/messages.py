@@ -116,13 +116,24 @@ class TokenUsage(Frozen):
     cost: Cost = Cost()
 
     def __add__(self, other: TokenUsage) -> TokenUsage:
-        return TokenUsage(
-            input=self.input + other.input,
-            output=self.output + other.output,
-            cache_read=self.cache_read + other.cache_read,
-            cache_write=self.cache_write + other.cache_write,
-            total_tokens=self.total_tokens + other.total_tokens,
-            cost=self.cost + other.cost,
+        mine, theirs = self.cost, other.cost
+        # one validation for both models (the cost as a dict): a sum is validated like any
+        # usage, so a cost sum that overflows to an infinity still raises ValidationError
+        return TokenUsage.model_validate(
+            {
+                "input": self.input + other.input,
+                "output": self.output + other.output,
+                "cache_read": self.cache_read + other.cache_read,
+                "cache_write": self.cache_write + other.cache_write,
+                "total_tokens": self.total_tokens + other.total_tokens,
+                "cost": {
+                    "input": mine.input + theirs.input,
+                    "output": mine.output + theirs.output,
+                    "cache_read": mine.cache_read + theirs.cache_read,
+                    "cache_write": mine.cache_write + theirs.cache_write,
+                    "total": mine.total + theirs.total,
+                },
+            }
         )
 
 

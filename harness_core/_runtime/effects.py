@@ -10,6 +10,8 @@ production `Effects`; manual drive wraps it in a gate that parks before each cal
 
 from __future__ import annotations
 
+from collections.abc import Awaitable, Callable
+from dataclasses import dataclass
 from typing import Any, Literal, Protocol
 
 from harness_core.hooks import HookName
@@ -20,9 +22,21 @@ from harness_core.session.records import OperationError, OperationOutcome, Queue
 from harness_core.session.types import Fact, StoredEntry, StoredRecord
 from harness_core.tools import PreparedToolCall, ToolOutput
 
-__all__ = ["Effects", "FinishResult"]
+__all__ = ["Effects", "FinishResult", "LaterEvent"]
 
 FinishResult = Literal["finished", "continue"]
+
+
+@dataclass(frozen=True, slots=True)
+class LaterEvent:
+    """A hook's event, made only if a handler will see it (`Effects.run_hook`).
+
+    For the hooks whose answer without a handler is None (``before_run_end``): an event that
+    carries the whole context window costs a copy of it, which no run needs unless someone
+    listens.
+    """
+
+    make: Callable[[], Awaitable[Any]]
 
 
 class Effects(Protocol):
@@ -98,7 +112,11 @@ class Effects(Protocol):
         ...
 
     async def run_hook(self, name: HookName, event: Any) -> Any:
-        """Run every handler of a hook and return the aggregated result."""
+        """Run every handler of a hook and return the aggregated result.
+
+        `event` may be a `LaterEvent`: it is made after the commit before the handlers, and
+        with no handler the result is None without it.
+        """
         ...
 
     async def sleep(self, seconds: float) -> Literal["elapsed", "aborted"]:

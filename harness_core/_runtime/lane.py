@@ -15,13 +15,13 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
-from collections.abc import Awaitable, Callable
+from collections.abc import Awaitable, Callable, Iterable
 from dataclasses import dataclass, field, replace
 from typing import TYPE_CHECKING, Any, Literal, TypeVar
 
 from harness_core._runtime.gate import Gate
 from harness_core._runtime.lane_context import LaneContext
-from harness_core._runtime.lane_effects import ExternalEffects
+from harness_core._runtime.lane_effects import AbortSignal, ExternalEffects
 from harness_core._runtime.lease import LeaseKeeper
 from harness_core._runtime.reduction import (
     LaneState,
@@ -51,7 +51,7 @@ from harness_core.messages import (
     DeferredHandle,
     TokenUsage,
 )
-from harness_core.models import ModelClient, ModelRequest
+from harness_core.models import ModelClient, ModelRequest, ToolDefinition
 from harness_core.options import AgentHarnessOptions
 from harness_core.session.contract import SessionStorage
 from harness_core.session.durability import deferred_durability
@@ -106,6 +106,23 @@ class HarnessRuntime:
     tasks: set[asyncio.Task[Any]] = field(default_factory=set)
     keeper: LeaseKeeper | None = None
     """Renews the writer lease while lanes have work (set by `AgentHarness.create`)."""
+    definitions: dict[str, tuple[Tool, ToolDefinition]] = field(default_factory=dict)
+    """Each tool's `definition()`, by name, made once per `Tool` object."""
+
+    def tool_definitions(self, tools: Iterable[Tool]) -> tuple[ToolDefinition, ...]:
+        """How the model sees `tools`.
+
+        Every model request lists every active tool, and a definition freezes the tool's
+        whole parameter schema; a `Tool` is frozen, so its definition is made once.
+        """
+        definitions = self.definitions
+        listed = []
+        for tool in tools:
+            cached = definitions.get(tool.name)
+            if cached is None or cached[0] is not tool:
+                cached = definitions[tool.name] = (tool, tool.definition())
+            listed.append(cached[1])
+        return tuple(listed)
 
     def busy(self) -> bool:
         """Whether some lane's procedure executes."""
@@ -216,7 +233,7 @@ class LaneRuntime:
         self.state = state
         self.task: asyncio.Task[Any] | None = None
         """The procedure executing this lane's operation, if any (the execution slot)."""
-        self.abort_signal = asyncio.Event()
+        self.abort_signal = AbortSignal()
         self.last_finished: OperationState | None = None
         self.fault: HarnessFault | None = None
         """Set when the lane's durable log cannot be restored: every call on it raises this."""
@@ -235,15 +252,23 @@ class LaneRuntime:
     # -- the mutation line -------------------------------------------------------------------
 
     async def job(self, fn: Callable[[], Awaitable[_T]]) -> _T:
-        """Run `fn` alone on this lane's line, shielded from the caller's cancellation."""
+        """Run `fn` alone on this lane's line; a surface caller's cancellation cannot stop it."""
 
         async def locked() -> _T:
             async with self._line:
                 self.runtime.check()
                 return await fn()
 
-        # also for the lane's own procedure: the task's yield lets other lanes' writes join
-        # this commit's group; running it inline cost SQLite with 16 lanes ~25 % (D123)
+        if asyncio.current_task() is self.task:
+            # The lane's own procedure: only `close()` cancels it, so it needs no shield, nor a
+            # task per write (D123, D254). It still gives the loop the turns a task took
+            # between this write and the lane's next step (the task's completion, then the
+            # wake-up): in them the other lanes' writes join the group the next commit takes
+            # (with other turns, SQLite with 16 lanes committed two to four times as often).
+            result = await locked()
+            await asyncio.sleep(0)
+            await asyncio.sleep(0)
+            return result
         return await asyncio.shield(locked())
 
     @property
@@ -266,17 +291,21 @@ class LaneRuntime:
         self.state = advance(self.state, stored)
         entry = stored.entry
         self.context.after_entry(stored)
+        events = self.runtime.events
         if isinstance(entry, MessageEntry):
-            events = self.runtime.events
             # a streamed assistant message started with its first partial
-            if not (self.external.streaming and isinstance(entry.message, AssistantMessage)):
-                events.emit(MessageStart(lane=self.name, run_id=run_id, message=entry.message))
+            streamed = self.external.streaming and isinstance(entry.message, AssistantMessage)
             self.external.streaming = False
-            events.emit(
-                MessageEnd(lane=self.name, run_id=run_id, message=entry.message, entry_id=stored.id)
-            )
-        else:
-            self.runtime.events.emit(EntryAdded(lane=self.name, entry=entry))
+            if not streamed and events.wants("message_start"):
+                events.emit(MessageStart(lane=self.name, run_id=run_id, message=entry.message))
+            if events.wants("message_end"):
+                events.emit(
+                    MessageEnd(
+                        lane=self.name, run_id=run_id, message=entry.message, entry_id=stored.id
+                    )
+                )
+        elif events.wants("entry_added"):
+            events.emit(EntryAdded(lane=self.name, entry=entry))
 
     async def commit_record(self, record: Record) -> StoredRecord:
         """Append `record` and advance the state (inside a job)."""
@@ -285,9 +314,10 @@ class LaneRuntime:
         if isinstance(record, Usage):
             runtime = self.runtime
             runtime.usage_totals = runtime.usage_totals + record.usage
-            runtime.events.emit(
-                UsageEvent(lane=self.name, record=record, totals=runtime.usage_totals)
-            )
+            if runtime.events.wants("usage"):
+                runtime.events.emit(
+                    UsageEvent(lane=self.name, record=record, totals=runtime.usage_totals)
+                )
         return stored
 
     def _run_id(self) -> str | None:

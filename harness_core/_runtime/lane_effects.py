@@ -11,12 +11,13 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
-from collections.abc import Awaitable
+from collections.abc import Awaitable, Callable
 from typing import TYPE_CHECKING, Any, Literal, TypeVar
 
 from pydantic import ValidationError
 
 from harness_core import texts
+from harness_core._runtime.effects import LaterEvent
 from harness_core.events import MessageStart, MessageUpdate
 from harness_core.frozen import invalid_reason, revalidated
 from harness_core.hooks import HookName, run_hook
@@ -27,15 +28,42 @@ from harness_core.tools import PreparedToolCall, ToolOutput
 if TYPE_CHECKING:
     from harness_core._runtime.lane import HarnessRuntime
 
-__all__ = ["ExternalEffects"]
+__all__ = ["AbortSignal", "ExternalEffects"]
 
 _T = TypeVar("_T")
+
+
+class AbortSignal(asyncio.Event):
+    """A lane's abort signal: an `asyncio.Event` that also calls back when it is set.
+
+    An effect races its work against the abort; a callback does that without a second task
+    waiting on the event (and an `asyncio.wait` over both) for every model request.
+    """
+
+    def __init__(self) -> None:
+        super().__init__()
+        self._callbacks: list[Callable[[], object]] = []
+
+    def set(self) -> None:
+        """Set the event, wake its waiters and call every callback."""
+        super().set()
+        for callback in list(self._callbacks):
+            callback()
+
+    def add_callback(self, callback: Callable[[], object]) -> None:
+        """Call `callback` (no arguments) whenever the signal is set, until removed."""
+        self._callbacks.append(callback)
+
+    def remove_callback(self, callback: Callable[[], object]) -> None:
+        """Stop calling `callback` (no error if it was not added)."""
+        with contextlib.suppress(ValueError):
+            self._callbacks.remove(callback)
 
 
 class ExternalEffects:
     """One lane's effects outside the store, stopped by its abort signal."""
 
-    def __init__(self, runtime: HarnessRuntime, lane: str, abort_signal: asyncio.Event) -> None:
+    def __init__(self, runtime: HarnessRuntime, lane: str, abort_signal: AbortSignal) -> None:
         self.runtime = runtime
         self.lane = lane
         self.abort_signal = abort_signal
@@ -48,11 +76,22 @@ class ExternalEffects:
     async def _until_aborted(self, work: Awaitable[_T]) -> _T | None:
         """Run `work`, abandoning it (None) if the lane's abort signal fires first."""
         task = asyncio.ensure_future(work)
-        stop = asyncio.ensure_future(self.abort_signal.wait())
+        settled = asyncio.get_running_loop().create_future()
+
+        def wake(_: object = None) -> None:
+            if not settled.done():
+                settled.set_result(None)
+
+        task.add_done_callback(wake)
+        signal = self.abort_signal
+        signal.add_callback(wake)
+        if signal.is_set():
+            asyncio.get_running_loop().call_soon(wake)  # after the work's first step, as before
         try:
-            await asyncio.wait({task, stop}, return_when=asyncio.FIRST_COMPLETED)
+            await settled
         finally:
-            stop.cancel()
+            task.remove_done_callback(wake)
+            signal.remove_callback(wake)
         if task.done():
             return task.result()
         task.cancel()
@@ -68,8 +107,10 @@ class ExternalEffects:
         def progress(partial: AssistantMessage) -> None:
             if not self.streaming:
                 self.streaming = True
-                events.emit(MessageStart(lane=self.lane, run_id=run_id, message=partial))
-            events.emit(MessageUpdate(lane=self.lane, run_id=run_id or "", message=partial))
+                if events.wants("message_start"):
+                    events.emit(MessageStart(lane=self.lane, run_id=run_id, message=partial))
+            if events.wants("message_update"):
+                events.emit(MessageUpdate(lane=self.lane, run_id=run_id or "", message=partial))
 
         self.streaming = False  # a retried attempt streams (and starts) again
         # the request's intent (its step attempt) first; a power loss may send it again (D233)
@@ -191,6 +232,10 @@ class ExternalEffects:
         self.runtime.check()
         if self.runtime.hooks.registrations(name):
             await self.runtime.durable()  # a handler is foreign code: it may act on what it sees
+            if isinstance(event, LaterEvent):
+                event = await event.make()
+        elif isinstance(event, LaterEvent):
+            return None  # no handler: nobody sees the event, and the answer is None
         return await run_hook(
             self.runtime.hooks,
             name,

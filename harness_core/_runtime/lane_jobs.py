@@ -161,7 +161,8 @@ async def accept(
         )
         await lane.commit_record(record)
         if intent.kind == "run":
-            lane.runtime.events.emit(RunStart(lane=lane.name, run_id=record.id))
+            if lane.runtime.events.wants("run_start"):
+                lane.runtime.events.emit(RunStart(lane=lane.name, run_id=record.id))
         elif isinstance(intent, NavigationIntent):
             lane.runtime.events.emit(
                 NavigationStart(lane=lane.name, run_id=record.id, target_id=intent.target_id)

@@ -10,8 +10,8 @@ writer/reducer drift. Everything here is pure: no I/O, no clock, no ids.
 
 from __future__ import annotations
 
-from dataclasses import dataclass, replace
-from typing import Literal
+from dataclasses import dataclass
+from typing import Literal, TypeVar
 
 from harness_core.errors import CorruptionReason, RecordLogCorruption
 from harness_core.messages import AssistantMessage, DeferredHandle, ToolCallPart, ToolResultMessage
@@ -70,7 +70,7 @@ __all__ = [
 ]
 
 
-@dataclass(frozen=True, slots=True)
+@dataclass(frozen=True)
 class StepState:
     """An unfinished step: its newest attempt's result entry does not exist yet."""
 
@@ -81,7 +81,7 @@ class StepState:
     compaction_reason: CompactionReason | None = None
 
 
-@dataclass(frozen=True, slots=True)
+@dataclass(frozen=True)
 class ToolCallState:
     """One call of a tool batch, in source order."""
 
@@ -97,7 +97,7 @@ class ToolCallState:
         return self.result_entry_id is not None
 
 
-@dataclass(frozen=True, slots=True)
+@dataclass(frozen=True)
 class ToolBatchState:
     """The tool calls of the newest assistant message that has any."""
 
@@ -117,7 +117,7 @@ class ToolBatchState:
         return bool(self.calls) and all(call.terminate for call in self.calls)
 
 
-@dataclass(frozen=True, slots=True)
+@dataclass(frozen=True)
 class ApprovalState:
     """The newest approval wait of the current tool batch, and its decisions once made."""
 
@@ -136,7 +136,7 @@ class ApprovalState:
         return next((d for d in self.decided.decisions if d.tool_call_id == tool_call_id), None)
 
 
-@dataclass(frozen=True, slots=True)
+@dataclass(frozen=True)
 class NewestOwn:
     """The newest message the operation appended (deferred writes excluded)."""
 
@@ -148,7 +148,7 @@ class NewestOwn:
     recorded): the terminal-failure marker. Recovery never completes such a run."""
 
 
-@dataclass(frozen=True, slots=True)
+@dataclass(frozen=True)
 class OperationState:
     """The open operation of a lane."""
 
@@ -194,7 +194,7 @@ class OperationState:
         return self.newest_own is not None and self.newest_own.failure is not None
 
 
-@dataclass(frozen=True, slots=True)
+@dataclass(frozen=True)
 class FinishedOperation:
     """How the lane's newest finished operation ended (what an operator sees on an idle lane)."""
 
@@ -203,7 +203,7 @@ class FinishedOperation:
     error: OperationError | None = None
 
 
-@dataclass(frozen=True, slots=True)
+@dataclass(frozen=True)
 class LaneState:
     """Everything a lane's orchestration decides from."""
 
@@ -213,6 +213,28 @@ class LaneState:
     pending_next_run: tuple[Entry, ...] = ()
     last_finished: FinishedOperation | None = None
     """The newest `OperationFinished` of the lane (restore reads it with one bounded query)."""
+
+
+_S = TypeVar("_S")
+
+
+def _evolve(state: _S, **changes: object) -> _S:
+    """`dataclasses.replace` for the frozen states above, without re-running `__init__`.
+
+    The states carry no `__post_init__` or validation, so a copy of the instance dict with the
+    changes applied is the same value; it costs a seventh of `replace` (which collects every
+    field and calls `__init__`, one `object.__setattr__` a field), and `advance` replaces a
+    state or two on every write a lane makes.
+    """
+    fields = state.__dict__
+    if not changes.keys() <= fields.keys():
+        unknown = sorted(changes.keys() - fields.keys())
+        raise TypeError(f"{type(state).__name__} has no field {unknown}")
+    evolved = object.__new__(type(state))
+    values = evolved.__dict__
+    values.update(fields)
+    values.update(changes)
+    return evolved
 
 
 def idle_lane(lane: str, leaf_id: str | None) -> LaneState:
@@ -253,7 +275,10 @@ def _without(items: tuple[Entry, ...], entry_id: str) -> tuple[Entry, ...]:
 
 
 def _find(items: tuple[Entry, ...], entry_id: str) -> Entry | None:
-    return next((item for item in items if item.id == entry_id), None)
+    for item in items:  # mostly empty: every write of a lane looks in three or four of these
+        if item.id == entry_id:
+            return item
+    return None
 
 
 def _start(state: LaneState, stored: StoredRecord, record: OperationStarted) -> LaneState:
@@ -274,9 +299,9 @@ def _start(state: LaneState, stored: StoredRecord, record: OperationStarted) -> 
     pending_next_run = state.pending_next_run
     if isinstance(intent, RunIntent):
         captured = {entry.id for entry in intent.initial_messages}
-        op = replace(op, missing_initial=intent.initial_messages)
+        op = _evolve(op, missing_initial=intent.initial_messages)
         pending_next_run = tuple(e for e in pending_next_run if e.id not in captured)
-    return replace(state, operation=op, pending_next_run=pending_next_run)
+    return _evolve(state, operation=op, pending_next_run=pending_next_run)
 
 
 def _step(op: OperationState, stored: StoredRecord, record: StepAttempt) -> OperationState:
@@ -312,7 +337,7 @@ def _step(op: OperationState, stored: StoredRecord, record: StepAttempt) -> Oper
     overflow_seq = op.last_overflow_compaction_seq
     if record.compaction_reason == "overflow":
         overflow_seq = stored.seq
-    return replace(
+    return _evolve(
         op,
         step=step,
         last_attempt_result_id=record.result_entry_id,
@@ -338,9 +363,9 @@ def _tool_started(op: OperationState, record: ToolStarted) -> OperationState:
             f"({record.tool_call_id}, {record.tool_name}) of entry {record.assistant_entry_id!r}",
         )
     calls = list(batch.calls)
-    calls[record.tool_index] = replace(calls[record.tool_index], started=record)
-    return replace(
-        op, tool_batch=replace(batch, calls=tuple(calls)), started_calls=op.started_calls | {key}
+    calls[record.tool_index] = _evolve(calls[record.tool_index], started=record)
+    return _evolve(
+        op, tool_batch=_evolve(batch, calls=tuple(calls)), started_calls=op.started_calls | {key}
     )
 
 
@@ -351,13 +376,13 @@ def _record(state: LaneState, stored: StoredRecord) -> LaneState:
     if isinstance(record, Usage):
         return state  # the ledger is invisible to orchestration
     if isinstance(record, QueueEnqueued) and record.queue == "next_run":
-        return replace(state, pending_next_run=(*state.pending_next_run, record.target))
+        return _evolve(state, pending_next_run=(*state.pending_next_run, record.target))
     if isinstance(record, QueueCancelled) and record.run_id is None:
         if _find(state.pending_next_run, record.entry_id) is None:
             raise _corrupt(
                 "cancel_unknown_item", f"{record.id!r} cancels {record.entry_id!r}, not pending"
             )
-        return replace(state, pending_next_run=_without(state.pending_next_run, record.entry_id))
+        return _evolve(state, pending_next_run=_without(state.pending_next_run, record.entry_id))
     op = state.operation
     run_id = getattr(record, "run_id", None)
     if op is None or run_id != op.id:
@@ -368,7 +393,7 @@ def _record(state: LaneState, stored: StoredRecord) -> LaneState:
         )
     if isinstance(record, OperationFinished):
         finished = FinishedOperation(run_id=op.id, outcome=record.outcome, error=record.error)
-        return replace(state, operation=None, last_finished=finished)
+        return _evolve(state, operation=None, last_finished=finished)
     if isinstance(record, OperationResumed):
         expected = 1 if record.unstick else op.attempts + 1
         if record.attempt != expected:
@@ -376,11 +401,11 @@ def _record(state: LaneState, stored: StoredRecord) -> LaneState:
                 "attempts_not_consecutive",
                 f"{record.id!r} resumes {op.id!r} as attempt {record.attempt}, expected {expected}",
             )
-        return replace(state, operation=replace(op, attempts=record.attempt))
+        return _evolve(state, operation=_evolve(op, attempts=record.attempt))
     if isinstance(record, AbortRequested):
-        return replace(
+        return _evolve(
             state,
-            operation=replace(
+            operation=_evolve(
                 op,
                 aborting=True,
                 abort_reason=record.reason,
@@ -389,35 +414,35 @@ def _record(state: LaneState, stored: StoredRecord) -> LaneState:
             ),
         )
     if isinstance(record, StepAttempt):
-        return replace(state, operation=_step(op, stored, record))
+        return _evolve(state, operation=_step(op, stored, record))
     if isinstance(record, ToolStarted):
-        return replace(state, operation=_tool_started(op, record))
+        return _evolve(state, operation=_tool_started(op, record))
     if isinstance(record, QueueEnqueued):
         if op.aborting:
             raise _corrupt("queue_after_abort", f"{record.id!r} queues input after the abort")
         if record.queue == "steer":
-            return replace(
-                state, operation=replace(op, pending_steer=(*op.pending_steer, record.target))
+            return _evolve(
+                state, operation=_evolve(op, pending_steer=(*op.pending_steer, record.target))
             )
-        return replace(
-            state, operation=replace(op, pending_follow_up=(*op.pending_follow_up, record.target))
+        return _evolve(
+            state, operation=_evolve(op, pending_follow_up=(*op.pending_follow_up, record.target))
         )
     if isinstance(record, QueueCancelled):
         if _find(op.pending_steer, record.entry_id) is not None:
-            op = replace(op, pending_steer=_without(op.pending_steer, record.entry_id))
+            op = _evolve(op, pending_steer=_without(op.pending_steer, record.entry_id))
         elif _find(op.pending_follow_up, record.entry_id) is not None:
-            op = replace(op, pending_follow_up=_without(op.pending_follow_up, record.entry_id))
+            op = _evolve(op, pending_follow_up=_without(op.pending_follow_up, record.entry_id))
         else:
             raise _corrupt(
                 "cancel_unknown_item", f"{record.id!r} cancels {record.entry_id!r}, not pending"
             )
-        return replace(state, operation=op)
+        return _evolve(state, operation=op)
     if isinstance(record, ApprovalRequested):
-        return replace(state, operation=_approval_requested(op, record))
+        return _evolve(state, operation=_approval_requested(op, record))
     if isinstance(record, ApprovalDecided):
-        return replace(state, operation=_approval_decided(op, record))
+        return _evolve(state, operation=_approval_decided(op, record))
     assert isinstance(record, WriteDeferred)
-    return replace(state, operation=replace(op, pending_writes=(*op.pending_writes, record.target)))
+    return _evolve(state, operation=_evolve(op, pending_writes=(*op.pending_writes, record.target)))
 
 
 def _approval_requested(op: OperationState, record: ApprovalRequested) -> OperationState:
@@ -440,7 +465,7 @@ def _approval_requested(op: OperationState, record: ApprovalRequested) -> Operat
             raise _corrupt(
                 "approval_mismatch", f"{record.id!r}: {pending.tool_call_id} is not an open call"
             )
-    return replace(op, approval=ApprovalState(requested=record))
+    return _evolve(op, approval=ApprovalState(requested=record))
 
 
 def _approval_decided(op: OperationState, record: ApprovalDecided) -> OperationState:
@@ -460,7 +485,7 @@ def _approval_decided(op: OperationState, record: ApprovalDecided) -> OperationS
             f"{record.id!r} decides {sorted(decided)}, the wait lists {sorted(pending)} "
             "(ids and argument digests must match)",
         )
-    return replace(op, approval=replace(approval, decided=record))
+    return _evolve(op, approval=_evolve(approval, decided=record))
 
 
 def _check_same(expected: Entry, entry: Entry) -> None:
@@ -523,40 +548,40 @@ def _message(
         calls = list(batch.calls)
         for index, call in enumerate(calls):
             if call.call.id == message.tool_call_id and not call.result_exists:
-                calls[index] = replace(
+                calls[index] = _evolve(
                     call, result_entry_id=entry_id, terminate=message_entry.terminate
                 )
                 break
-        changes["tool_batch"] = replace(batch, calls=tuple(calls))
+        changes["tool_batch"] = _evolve(batch, calls=tuple(calls))
     if conversational:
         changes["last_conversational_seq"] = stored.seq
     stop_reason = message.stop_reason if isinstance(message, AssistantMessage) else None
     changes["newest_own"] = NewestOwn(
         entry_id=entry_id, role=message.role, stop_reason=stop_reason, failure=failure
     )
-    return replace(op, **changes)  # type: ignore[arg-type]
+    return _evolve(op, **changes)
 
 
 def _entry(state: LaneState, stored: StoredEntry) -> LaneState:
     entry = stored.entry
     op = state.operation
     if op is None:
-        return replace(state, leaf_id=stored.id)
+        return _evolve(state, leaf_id=stored.id)
     configuration = configure(op.configuration, entry)
     if configuration is not op.configuration:
-        op = replace(op, configuration=configuration)
+        op = _evolve(op, configuration=configuration)
     expected = _find(op.pending_writes, stored.id)
     if expected is not None:
         # An accepted write applied at a checkpoint: a fact, never the next turn's trigger.
         _check_same(expected, entry)
-        op = replace(op, pending_writes=_without(op.pending_writes, stored.id))
-        return replace(state, leaf_id=stored.id, operation=op)
+        op = _evolve(op, pending_writes=_without(op.pending_writes, stored.id))
+        return _evolve(state, leaf_id=stored.id, operation=op)
     conversational = False
     for items in (op.missing_initial, op.pending_steer, op.pending_follow_up):
         expected = _find(items, stored.id)
         if expected is not None:
             _check_same(expected, entry)
-            op = replace(
+            op = _evolve(
                 op,
                 missing_initial=_without(op.missing_initial, stored.id),
                 pending_steer=_without(op.pending_steer, stored.id),
@@ -568,13 +593,13 @@ def _entry(state: LaneState, stored: StoredEntry) -> LaneState:
         op = _message(op, stored, entry, conversational)
     elif isinstance(entry, (CompactionEntry, BranchSummaryEntry)):
         if op.step is not None and stored.id == op.step.result_entry_id:
-            op = replace(op, step=None)
+            op = _evolve(op, step=None)
         intent = op.intent
         if (isinstance(intent, CompactionIntent) and stored.id == intent.result_entry_id) or (
             isinstance(intent, NavigationIntent) and stored.id == intent.summary_entry_id
         ):
-            op = replace(op, result_written=True)
-    return replace(state, leaf_id=stored.id, operation=op)
+            op = _evolve(op, result_written=True)
+    return _evolve(state, leaf_id=stored.id, operation=op)
 
 
 def advance(state: LaneState, item: StoredEntry | StoredRecord) -> LaneState:
@@ -602,7 +627,7 @@ def reduce_lane(lane_slice: LaneSlice) -> LaneState:
             raise RecordLogCorruption(
                 "unknown_operation", f"{finished.id!r} is not an operation_finished record"
             )
-        state = replace(
+        state = _evolve(
             state,
             last_finished=FinishedOperation(
                 run_id=record.run_id, outcome=record.outcome, error=record.error
@@ -624,4 +649,4 @@ def reduce_lane(lane_slice: LaneSlice) -> LaneState:
                 f"lane {lane_slice.lane!r} is at {lane_slice.leaf_id!r} but its open operation "
                 f"{op.id!r} left it at {sorted(map(str, allowed))}",
             )
-    return replace(state, leaf_id=lane_slice.leaf_id)
+    return _evolve(state, leaf_id=lane_slice.leaf_id)

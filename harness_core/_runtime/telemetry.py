@@ -72,6 +72,8 @@ class Telemetry:
     @staticmethod
     def end(span: Span, attributes: Attributes, *, error: str | None = None) -> None:
         """Record the outcome and end the span (`error` is a kind, never a message)."""
+        if span is trace.INVALID_SPAN:
+            return  # no tracer: nothing to record (six spans a prompt)
         name = getattr(span, "name", None) if span.is_recording() else None
         if name is not None and (why := unknown(name, dict(attributes))) is not None:
             raise ValueError(why)

@@ -21,6 +21,7 @@ from harness_core._runtime.context import estimate_tokens
 from harness_core.clock import Clock, SystemClock
 from harness_core.frozen import Frozen, JsonValue
 from harness_core.messages import (
+    AssistantContent,
     AssistantMessage,
     DeferredHandle,
     ModelError,
@@ -210,7 +211,7 @@ class ScriptedModel:
                 "invalid_request", retryable=False, message="ScriptedModel: the script is exhausted"
             )
         message = answer.message if isinstance(answer, Streamed) else answer
-        message = self._complete(self._number_calls(message), request)
+        message = self._complete(message, request)
         if isinstance(answer, Streamed) and on_update is not None:
             await _stream(message, answer, on_update, self.clock)
         if on_update is not None and message.content:
@@ -219,20 +220,27 @@ class ScriptedModel:
 
     def _number_calls(self, message: AssistantMessage) -> AssistantMessage:
         """Give each call without a scripted id the next ``call-<n>`` of this model."""
+        content = self._numbered(message.content)
+        return message if content is None else message.model_copy(update={"content": content})
+
+    def _numbered(
+        self, content: tuple[AssistantContent, ...]
+    ) -> tuple[AssistantContent, ...] | None:
+        """`content` with its unnumbered calls numbered (None: it has none)."""
         if not any(
-            isinstance(part, ToolCallPart) and part.id.startswith(_UNNUMBERED)
-            for part in message.content
+            isinstance(part, ToolCallPart) and part.id.startswith(_UNNUMBERED) for part in content
         ):
-            return message
-        content = []
-        for part in message.content:
+            return None
+        numbered = []
+        for part in content:
             if isinstance(part, ToolCallPart) and part.id.startswith(_UNNUMBERED):
                 self.numbered_calls += 1
                 part = part.model_copy(update={"id": f"call-{self.numbered_calls}"})
-            content.append(part)
-        return message.model_copy(update={"content": tuple(content)})
+            numbered.append(part)
+        return tuple(numbered)
 
     def _complete(self, message: AssistantMessage, request: ModelRequest) -> AssistantMessage:
+        """The answer as sent: its calls numbered, its usage and model filled in (one copy)."""
         usage = message.usage or TokenUsage()
         if usage.input == 0 and message.stop_reason != "error":
             prompt = request.estimated_input_tokens
@@ -246,6 +254,9 @@ class ScriptedModel:
             "provider": message.provider or request.model.provider,
         }
         updates["model"] = message.model or request.model.model_id
+        content = self._numbered(message.content)
+        if content is not None:
+            updates["content"] = content
         return message.model_copy(update=updates)
 
     async def fetch_deferred(self, handle: DeferredHandle) -> AssistantMessage:

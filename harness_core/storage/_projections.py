@@ -44,6 +44,11 @@ __all__ = ["SessionState", "new_metadata", "record_matches", "record_run_id", "r
 _Key = tuple[str | None, str, str | None]
 """An index of records: (lane or None for every lane, type, operation kind or None)."""
 
+_UsageSums = tuple[Usage, int, TokenUsage, TokenUsage, TokenUsage | None]
+"""A usage record checked at a log length, and the session, lane and entry sums after it."""
+
+_NO_USAGE = TokenUsage()
+
 
 def record_run_id(record: Record) -> str | None:
     """The run a record belongs to: an operation start's own id, else its `run_id` field."""
@@ -100,21 +105,24 @@ class SessionState:
         self.open_ops: dict[str, list[StoredRecord]] = {}
         self.name: str | None = None
         self.labels: dict[str, str] = {}
-        self._counts = [0, 0, 0]  # entries, messages, records
-        self._usage = TokenUsage()
-        self._stats: SessionStats | None = SessionStats()
+        self.entry_count = 0
+        self.message_count = 0
+        self.record_count = 0
+        self.usage = _NO_USAGE
+        """The session's usage sum (every usage record of every lane)."""
+        self._checked_usage: _UsageSums | None = None
+        self._stats: SessionStats | None = None
 
     @property
     def stats(self) -> SessionStats:
-        """The running counters (built when read: a replay applies thousands of items)."""
+        """The running counters (made on read: every write changes them, few read them)."""
         if self._stats is None:
-            entries, messages, records = self._counts
             self._stats = SessionStats(
                 last_seq=len(self.log),
-                entries=entries,
-                messages=messages,
-                records=records,
-                usage=self._usage,
+                entries=self.entry_count,
+                messages=self.message_count,
+                records=self.record_count,
+                usage=self.usage,
             )
         return self._stats
 
@@ -139,9 +147,15 @@ class SessionState:
         if target is not None and target not in self.entries:
             raise SessionError("not_found", f"entry {target!r} does not exist")
 
-    def prepare_entry(self, entry: Entry, lane: str, now: int) -> StoredEntry:
-        """Check an append and return the item it would commit."""
-        encode_entry(entry)
+    def prepare_entry(
+        self, entry: Entry, lane: str, now: int, *, encoded: bool = False
+    ) -> StoredEntry:
+        """Check an append and return the item it would commit.
+
+        `encoded`: `existing_entry` just encoded this entry (it refuses what cannot be stored).
+        """
+        if not encoded:
+            encode_entry(entry)
         parent = self._require_lane(lane)
         self._require_unused_id(entry.id)
         return StoredEntry(
@@ -170,14 +184,19 @@ class SessionState:
         return existing
 
     def _check_usage(self, record: Record) -> None:
-        """Refuse a usage record that would take a running sum out of range (see `add_usage`)."""
+        """Refuse a usage record that would take a running sum out of range (see `add_usage`).
+
+        The sums it checked are kept for `apply` (which follows at once), not added again.
+        """
         if not isinstance(record, Usage):
             return
-        add_usage(self._usage, record.usage, "the session")
-        add_usage(self.lane_usage.get(record.lane, TokenUsage()), record.usage, "the lane")
+        session = add_usage(self.usage, record.usage, "the session")
+        lane = add_usage(self.lane_usage.get(record.lane, _NO_USAGE), record.usage, "the lane")
+        entry = None
         if record.entry_id is not None:
-            entry_sum = self.entry_usage.get(record.entry_id, TokenUsage())
-            add_usage(entry_sum, record.usage, f"entry {record.entry_id!r}")
+            entry_sum = self.entry_usage.get(record.entry_id, _NO_USAGE)
+            entry = add_usage(entry_sum, record.usage, f"entry {record.entry_id!r}")
+        self._checked_usage = (record, len(self.log), session, lane, entry)
 
     def prepare_record(self, record: Record, now: int) -> StoredRecord:
         """Check a record append (including the open-operation condition) and return its item."""
@@ -258,7 +277,10 @@ class SessionState:
     def apply(self, item: LogItem) -> None:
         """Apply a checked item; the caller made it durable first."""
         self.log.append(item)
+        self._stats = None
         if isinstance(item, StoredEntry):
+            self.entry_count += 1
+            self.message_count += isinstance(item.entry, MessageEntry)
             self.entries[item.id] = item
             self.entry_list.append(item)
             if item.lane is not None:
@@ -273,13 +295,18 @@ class SessionState:
             run_id = record_run_id(record)
             if run_id is not None:
                 self.run_records.setdefault(run_id, []).append(item)
+            self.record_count += 1
             if isinstance(record, Usage):
-                usage = record.usage
-                lane_sum = self.lane_usage.get(record.lane, TokenUsage())
-                self.lane_usage[record.lane] = add_usage(lane_sum, usage, "the lane")
+                checked = self._checked_usage
+                if checked is None or checked[0] is not record or checked[1] != len(self.log) - 1:
+                    self._check_usage(record)  # not checked against this state: sum it now
+                    checked = self._checked_usage
+                assert checked is not None
+                _, _, self.usage, self.lane_usage[record.lane], entry_sum = checked
                 if record.entry_id is not None:
-                    entry_sum = self.entry_usage.get(record.entry_id, TokenUsage())
-                    self.entry_usage[record.entry_id] = add_usage(entry_sum, usage, "the entry")
+                    assert entry_sum is not None
+                    self.entry_usage[record.entry_id] = entry_sum
+                self._checked_usage = None
             if isinstance(record, OperationStarted):
                 self.open_ops.setdefault(record.lane, []).append(item)
             elif isinstance(record, OperationFinished):
@@ -299,14 +326,6 @@ class SessionState:
                 self.labels.pop(fact.target_id, None)
             else:
                 self.labels[fact.target_id] = fact.label
-        self._stats = None
-        if isinstance(item, StoredEntry):
-            self._counts[0] += 1
-            self._counts[1] += isinstance(item.entry, MessageEntry)
-        elif isinstance(item, StoredRecord):
-            self._counts[2] += 1
-            if isinstance(item.record, Usage):
-                self._usage = self._usage + item.record.usage
 
     # -- reads -----------------------------------------------------------------------------
 

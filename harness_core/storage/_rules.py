@@ -60,11 +60,13 @@ def add_usage(total: TokenUsage, delta: TokenUsage, what: str) -> TokenUsage:
         result = total + delta
     except ValidationError:  # a cost sum overflowed to an infinity
         result = None
-    if result is None or not all(
-        -MAX_TOKENS <= getattr(result, name) <= MAX_TOKENS for name in USAGE_FIELDS
-    ):
-        raise SessionError("invalid_payload", f"the usage sum of {what} would leave the range")
-    return result
+    if result is not None:
+        counts = (
+            result.input, result.output, result.cache_read, result.cache_write, result.total_tokens
+        )  # fmt: skip
+        if min(counts) >= -MAX_TOKENS and max(counts) <= MAX_TOKENS:
+            return result
+    raise SessionError("invalid_payload", f"the usage sum of {what} would leave the range")
 
 
 def stats_from_counters(counters: Sequence[str | int | float]) -> SessionStats:

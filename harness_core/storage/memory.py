@@ -126,7 +126,7 @@ class MemorySessionStorage(LocalReads):
         existing = state.existing_entry(entry, lane)
         if existing is not None:
             return existing, False
-        item = state.prepare_entry(entry, lane, now)
+        item = state.prepare_entry(entry, lane, now, encoded=True)
         self._commit(item, now)
         return item, True
 

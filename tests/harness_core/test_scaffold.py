@@ -856,6 +856,22 @@ async def _bus_watch(f: Fresh) -> None:
     assert len(seen) == 2
 
 
+@probe("EventBus.wants")
+async def _bus_wants(f: Fresh) -> None:
+    bus = EventBus()
+    assert not bus.wants("tool_end")  # nobody listens: the runtime skips building it
+    off = bus.on("tool_end", lambda event: None)
+    assert bus.wants("tool_end") and not bus.wants("tool_start")
+    off()
+    bus.on(None, lambda event: None)
+    assert bus.wants("tool_start")  # a listener to every event wants each
+    other = EventBus()
+    watcher = other.watch("side")
+    assert other.wants("run_end")  # a watcher buffers every event of its lane
+    other.unwatch(watcher)
+    assert not other.wants("run_end")
+
+
 @probe("EventBus.emit", "EventBus.report")
 async def _bus_emit(f: Fresh) -> None:
     bus = f.harness.events

@@ -36,6 +36,7 @@ from harness_core.models import (
 from harness_core.session.entries import MessageEntry
 from harness_core.session.records import (
     ApprovalRequested,
+    LaneConfiguration,
     OperationError,
     RunIntent,
 )
@@ -57,6 +58,8 @@ class OperationContext:
     span: Span = INVALID_SPAN
     """The operation's span (the parent of its step and tool spans)."""
     telemetry: Telemetry = field(init=False)
+    model_ref: tuple[LaneConfiguration, ModelRef] | None = field(default=None, init=False)
+    """The model of the newest configuration asked (a step asks several times)."""
 
     def __post_init__(self) -> None:
         options = self.lane.runtime.options
@@ -149,9 +152,17 @@ class Part:
     def _emit(self, event: object) -> None:
         self.rt.events.emit(event)
 
+    def _wants(self, event_type: str) -> bool:
+        """Whether an event of `event_type` would reach anyone (else it need not be built)."""
+        return self.rt.events.wants(event_type)
+
     def _model(self) -> ModelRef:
         config = self.op.configuration
-        return ModelRef(provider=config.provider, model_id=config.model_id)
+        cached = self.ctx.model_ref
+        if cached is None or cached[0] is not config:
+            cached = (config, ModelRef(provider=config.provider, model_id=config.model_id))
+            self.ctx.model_ref = cached
+        return cached[1]
 
     def _system_prompt(self) -> str | None:
         intent = self.op.intent

@@ -5,6 +5,7 @@ from __future__ import annotations
 from typing import Literal
 
 from harness_core import texts
+from harness_core._runtime.effects import LaterEvent
 from harness_core._runtime.procedures.common import (
     OperationContext,
     Part,
@@ -143,11 +144,7 @@ class Run(Part):
                 await fx.consume_queue_item(op.id, "follow_up", item.id)
             if has_pending_work(self.op):
                 continue
-            messages = tuple(await self.lane.context.messages())
-            result = await fx.run_hook(
-                "before_run_end",
-                BeforeRunEndEvent(lane=self.lane.name, run_id=op.id, messages=messages),
-            )
+            result = await fx.run_hook("before_run_end", LaterEvent(self._run_end_event))
             follow_up = getattr(result, "follow_up", None)
             if follow_up:
                 entry = MessageEntry(
@@ -158,6 +155,10 @@ class Run(Part):
                 continue
             if await fx.try_finish_run(op.id, "completed") == "finished":
                 return await self._finished("completed")
+
+    async def _run_end_event(self) -> BeforeRunEndEvent:
+        messages = tuple(await self.lane.context.messages())
+        return BeforeRunEndEvent(lane=self.lane.name, run_id=self.op.id, messages=messages)
 
     async def _finished(
         self, kind: Literal["completed", "aborted", "failed"], error: OperationError | None = None
@@ -172,16 +173,17 @@ class Run(Part):
                 message = stored.entry.message
                 final = message if isinstance(message, AssistantMessage) else None
         leaf = self.lane.state.leaf_id
-        self._emit(
-            RunEnd(
-                lane=self.lane.name,
-                run_id=op.id,
-                outcome=kind,
-                leaf_id=leaf,
-                final_entry_id=final_id,
-                error=error,
+        if self._wants("run_end"):
+            self._emit(
+                RunEnd(
+                    lane=self.lane.name,
+                    run_id=op.id,
+                    outcome=kind,
+                    leaf_id=leaf,
+                    final_entry_id=final_id,
+                    error=error,
+                )
             )
-        )
         return Outcome(
             operation="run",
             run_id=op.id,
@@ -204,8 +206,9 @@ class Run(Part):
         )
 
     async def _run_turn(self) -> Outcome | None:
-        turn_id = self._id()
-        self._emit(TurnStart(lane=self.lane.name, run_id=self.op.id, turn_id=turn_id))
+        turn_id = self._id()  # drawn whether or not anyone listens: ids never depend on that
+        if self._wants("turn_start"):
+            self._emit(TurnStart(lane=self.lane.name, run_id=self.op.id, turn_id=turn_id))
         try:
             _, message = await self.steps.assistant_step()
         except _Overflow:
@@ -215,15 +218,16 @@ class Run(Part):
         results: tuple[ToolResultMessage, ...] = ()
         if _tool_calls(message):
             results = await self.tools.run()
-        self._emit(
-            TurnEnd(
-                lane=self.lane.name,
-                run_id=self.op.id,
-                turn_id=turn_id,
-                message=message,
-                tool_results=results,
+        if self._wants("turn_end"):
+            self._emit(
+                TurnEnd(
+                    lane=self.lane.name,
+                    run_id=self.op.id,
+                    turn_id=turn_id,
+                    message=message,
+                    tool_results=results,
+                )
             )
-        )
         return None
 
     async def _recover_overflow(self) -> Outcome | None:

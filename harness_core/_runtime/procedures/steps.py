@@ -90,7 +90,7 @@ class Steps(Part):
             "system_prompt": system_prompt,
             "estimated_input_tokens": tokens,
             "messages": messages,
-            "tools": tuple(tool.definition() for tool in self._active_tools()),
+            "tools": self.rt.tool_definitions(self._active_tools()),
             "thinking_level": config.thinking_level,
             "max_output_tokens": options.max_output_tokens,
             "deferred": options.deferred,

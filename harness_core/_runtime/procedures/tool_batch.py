@@ -142,7 +142,7 @@ class ToolBatch(Part):
                 return self.synthetic(call, self._id(), "blocked", hook.block)
             if hook.args is not None and decision is not None and hook.args != args:
                 return self.synthetic(call, self._id(), "blocked", texts.CHANGED_AFTER_APPROVAL)
-            if hook.args is not None:
+            if hook.args is not None and hook.args is not args:  # the same args parsed above
                 try:
                     tool.parse(hook.args)
                 except ToolArgumentsError as exc:
@@ -166,15 +166,16 @@ class ToolBatch(Part):
             replay=tool.replay,
         )
         await self.fx.append_record(started)
-        self._emit(
-            ToolStart(
-                lane=self.lane.name,
-                run_id=self.op.id,
-                tool_call_id=call.call.id,
-                tool_name=tool.name,
-                args=dict(args),
+        if self._wants("tool_start"):
+            self._emit(
+                ToolStart(
+                    lane=self.lane.name,
+                    run_id=self.op.id,
+                    tool_call_id=call.call.id,
+                    tool_name=tool.name,
+                    args=dict(args),
+                )
             )
-        )
         return PreparedToolCall(
             tool_index=call.tool_index,
             call=call.call,
@@ -228,16 +229,17 @@ class ToolBatch(Part):
         await fx.append_entry_if_missing(
             MessageEntry(id=result_id, message=message, terminate=output.terminate)
         )
-        self._emit(
-            ToolEnd(
-                lane=self.lane.name,
-                run_id=self.op.id,
-                tool_call_id=call.id,
-                tool_name=call.name,
-                result=message,
-                terminate=output.terminate,
+        if self._wants("tool_end"):
+            self._emit(
+                ToolEnd(
+                    lane=self.lane.name,
+                    run_id=self.op.id,
+                    tool_call_id=call.id,
+                    tool_name=call.name,
+                    result=message,
+                    terminate=output.terminate,
+                )
             )
-        )
         return message
 
     async def _immediate(self, entry: MessageEntry) -> ToolResultMessage:
