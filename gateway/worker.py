@@ -55,6 +55,7 @@ from gateway.replies import (
 )
 from gateway.stop import is_stop, stop
 from gateway.waits import until_done
+from gateway.warm import Lingered, linger
 from harness_core import (
     AgentHarness,
     AgentHarnessOptions,
@@ -108,8 +109,12 @@ class WorkerConfig:
     tool_recovery: ToolRecovery = "declared"
     take_wait_ms: int = 1_000
     """How long a free slot waits for a ready session before looking again."""
-    poll_ms: int = 50
-    """While a session works: how often its inbox is checked for new messages."""
+    poll_ms: int = 1_000
+    """While a session works: how often its inbox is read when no news of it came (the broker
+    tells of a new item at once: `Inbox.wait`)."""
+    linger_ms: int = 0
+    """How long a session that went idle is kept for its next message (0: let go at once; see
+    `gateway.warm`). At most a third of `lease_ms`: an idle harness does not renew its lease."""
     deferred_poll_ms: int = 2_000
     """How often a lane parked on a background model request is polled."""
 
@@ -139,6 +144,10 @@ class _Session:
     """The threads of lanes seen in this take (their profile's attempt cap is asked by lane)."""
     tools: tuple[str, ...] = ()
     """The names of the harness's tools (what a profile's patterns select from)."""
+    since: int = 0
+    """The inbox news position the session's pending items were last read after."""
+    renewed_ms: int = 0
+    """When the ticket was last renewed (or taken)."""
 
 
 class Worker:
@@ -214,15 +223,20 @@ class Worker:
                 log.info(event("sessions handed back", sessions=len(released)))
 
     async def _slot(self, number: int) -> None:
+        handed: list[SessionTicket] = []
+        """A ticket a lingering session's take got for this slot: served next."""
         while not self._stopping.is_set():
-            try:
-                ticket = await self._broker.inbox.take_session(
-                    self.config.worker_id, wait_ms=self.config.take_wait_ms
-                )
-            except Exception as exc:  # the broker is down: wait and try again, never crash
-                log.warning(event("take failed", slot=number, error=type(exc).__name__))
-                await self._pause(1.0)
-                continue
+            if handed:
+                ticket: SessionTicket | None = handed.pop()
+            else:
+                try:
+                    ticket = await self._broker.inbox.take_session(
+                        self.config.worker_id, wait_ms=self.config.take_wait_ms
+                    )
+                except Exception as exc:  # the broker is down: wait and try again, never crash
+                    log.warning(event("take failed", slot=number, error=type(exc).__name__))
+                    await self._pause(1.0)
+                    continue
             if ticket is None:
                 continue
             if self._stopping.is_set():  # taken as the drain began: hand it straight back
@@ -230,7 +244,7 @@ class Worker:
                     await self._broker.inbox.done(ticket, again_in_ms=0)
                 break
             try:
-                again = await self._serve(ticket)
+                again = await self._serve(ticket, handed)
             except asyncio.CancelledError:
                 raise
             except Exception as exc:
@@ -239,6 +253,9 @@ class Worker:
             if again != _LAPSE:
                 with contextlib.suppress(Exception):
                     await self._broker.inbox.done(ticket, again_in_ms=again)
+        for ticket in handed:  # the drain began as a linger took it: hand it straight back
+            with contextlib.suppress(Exception):
+                await self._broker.inbox.done(ticket, again_in_ms=0)
 
     async def _pause(self, seconds: float) -> None:
         with contextlib.suppress(TimeoutError):
@@ -246,12 +263,15 @@ class Worker:
 
     # -- one session -------------------------------------------------------------------------
 
-    async def _serve(self, ticket: SessionTicket) -> int | Literal["lapse"] | None:
-        """Work on a session until it is idle; how its ticket ends (see `Inbox.done`).
+    async def _serve(
+        self, ticket: SessionTicket, handed: list[SessionTicket]
+    ) -> int | Literal["lapse"] | None:
+        """Work on a session until it is idle and its linger ends; how its ticket ends.
 
         None: through with it; a delay: hand it out again then (work is left: an operation
         a drain interrupted, or a lease another process holds); `_LAPSE`: let the ticket lapse
-        (a fault: another worker takes over after the visibility timeout).
+        (a fault: another worker takes over after the visibility timeout). A session the
+        linger took for this slot meanwhile is put in `handed`.
         """
         session_id = ticket.session
         lease = await self._lease(session_id)
@@ -278,6 +298,7 @@ class Worker:
             storage=storage,
             threads=threads,
             tools=tuple(tool.name for tool in options.tools),
+            renewed_ms=self._clock.now_ms(),
         )
         unprompt = self._prompting(harness)
         # a decided wait is closed at once on every copy of its request, not when its run ends
@@ -311,7 +332,14 @@ class Worker:
                 if op.reason == "crash" or op.reason == "deferred":
                     self._track(session, op.lane, self._resume(lane))
             await self._reply_all(session)
-            await self._work(session)
+            while True:
+                await self._work(session)
+                lingered = await self._linger(session)
+                if lingered.end != "work":
+                    break
+                session.since = lingered.since
+            if lingered.ticket is not None:
+                handed.append(lingered.ticket)
             worked = True
         except (HarnessFault, HarnessClosed) as exc:
             faulted = True
@@ -468,15 +496,17 @@ class Worker:
     async def _work(self, session: _Session) -> None:
         """Accept pending messages and wait for lane work until nothing is left to do."""
         config = self.config
-        renewed = self._clock.now_ms()
+        inbox = self._broker.inbox
         while not self._cutting.is_set():
-            if self._clock.now_ms() - renewed >= config.lease_ms // 3:
-                if not await self._broker.inbox.renew(session.ticket):
+            if self._clock.now_ms() - session.renewed_ms >= config.lease_ms // 3:
+                if not await inbox.renew(session.ticket):
                     log.warning(event("ticket lapsed", session=session.ticket.session))
-                renewed = self._clock.now_ms()
+                session.renewed_ms = self._clock.now_ms()
+            session.woken.clear()  # before the read: what ends after it wakes the wait below
+            session.since = await inbox.position()
             items = [
                 item
-                for item in await self._broker.inbox.pending(session.ticket.session, limit=64)
+                for item in await inbox.pending(session.ticket.session, limit=64)
                 if item.id not in session.in_flight
             ]
             for item in items:
@@ -486,9 +516,47 @@ class Worker:
                     return
                 await self._pause(config.deferred_poll_ms / 1000)
                 continue
-            session.woken.clear()
-            with contextlib.suppress(TimeoutError):
-                await asyncio.wait_for(session.woken.wait(), timeout=config.poll_ms / 1000)
+            await self._news(session, config.poll_ms)
+
+    async def _news(self, session: _Session, timeout_ms: int) -> None:
+        """Wait until lane work ends, the inbox has news of the session, or `timeout_ms`."""
+        woken = asyncio.ensure_future(session.woken.wait())
+        told = asyncio.ensure_future(
+            self._broker.inbox.wait(
+                session.ticket.session, since=session.since, timeout_ms=timeout_ms
+            )
+        )
+        try:
+            await asyncio.wait({woken, told}, return_when=asyncio.FIRST_COMPLETED)
+        finally:
+            woken.cancel()
+            told.cancel()
+            await asyncio.gather(woken, told, return_exceptions=True)
+
+    async def _linger(self, session: _Session) -> Lingered:
+        """Keep the idle session for its next message, unless it must go now (`gateway.warm`)."""
+        linger_ms = min(self.config.linger_ms, self.config.lease_ms // 3)
+        if (
+            linger_ms <= 0
+            or self._stopping.is_set()
+            or self._cutting.is_set()
+            or session.tasks
+            or session.replies_missed  # let go: the next take's scan finds what it missed
+        ):
+            return Lingered("over")
+        lingered = await linger(
+            self._broker.inbox,
+            self.config.worker_id,
+            session.ticket,
+            since=session.since,
+            linger_ms=linger_ms,
+            clock=self._clock,
+            ends=(self._stopping, self._cutting),
+            in_flight=session.in_flight,
+        )
+        if lingered.end == "lost":
+            log.warning(event("ticket lapsed", session=session.ticket.session))
+        return lingered
 
     async def _parked_deferred(self, session: _Session) -> bool:
         """Poll lanes parked on a background model request (True if one stays parked)."""
