@@ -1,27 +1,26 @@
-"""Warm sessions: a slot keeps the session it just served for a short linger (D247).
+"""Warm sessions: a worker keeps a session it just served for a short linger (D247).
 
 When a session goes idle (no lane works, nothing pending) its worker does not let it go at
 once: for up to the linger it keeps the harness open, the store's writer lease and the inbox
 ticket, so the session's next message is served without a take (no lease acquire, no restore,
-no reply scan of a take). Meanwhile the slot takes as a free slot would (`take_session`, run
-beside the wait): lingering never holds back another session. The linger ends
+no reply scan of a take). A lingering session holds no slot: the slot goes back to taking, and
+lingering never holds back another session. While it lingers, `until_news` waits for
 
-* with news of the session (`Inbox.wait`): a message is pending (back to work), or the ticket
-  changed hands (another worker took it over: the session is let go at once);
-* when the concurrent take hands the slot another session (this one is let go for it);
-* on a drain (`stopping`) or a cut, and when the linger's time is up.
+* news of it (`Inbox.wait`): a message is pending (a free slot of this worker carries on with
+  it; with none free it is let go at once, so a free slot of any worker takes it), or its
+  ticket changed hands (another worker took it over: it is let go at once);
+* a drain or a cut, or the worker needing its place (more sessions linger than it keeps);
+* the end of the linger.
 
-A take that is still waiting when the linger ends for another reason is cancelled; the broker
-hands back anything it took meanwhile (`Inbox.take_session`). The session's ticket stays live
-throughout (renewed by the worker's loop), so no other worker takes it while it lingers, and
-the lease is never renewed by an idle harness: a process killed while lingering leaves both to
-lapse like a process killed mid-run, and the next one takes over within the lease.
+The session's ticket stays live (renewed by the worker's loop while it works; a linger is at
+most a third of the lease), so no other worker takes it while it lingers, and an idle harness
+never renews its lease: a process killed while lingering leaves both to lapse like a process
+killed mid-run, and the next one takes over within the lease.
 """
 
 from __future__ import annotations
 
 import asyncio
-import contextlib
 from collections.abc import Collection, Sequence
 from dataclasses import dataclass
 from typing import Literal
@@ -29,76 +28,61 @@ from typing import Literal
 from gateway.broker.contract import Inbox, SessionTicket
 from harness_core import Clock
 
-__all__ = ["Lingered", "linger"]
+__all__ = ["Lingered", "until_news"]
 
 
 @dataclass(frozen=True, slots=True)
 class Lingered:
     """How a linger ended.
 
-    `work`: items are pending; `taken`: the slot took `ticket` (serve it instead); `stop`: a
-    drain or a cut; `lost`: the ticket is no longer the session's; `over`: the time is up.
+    `work`: items are pending (read after the news position `since`); `stop`: a drain, a cut
+    or the worker needing its place; `lost`: the ticket is no longer the session's; `over`:
+    the linger's time is up (or the broker could not be asked).
     """
 
-    end: Literal["work", "taken", "stop", "lost", "over"]
-    ticket: SessionTicket | None = None
+    end: Literal["work", "stop", "lost", "over"]
     since: int = 0
-    """The news position the pending items were read after (`work`)."""
 
 
-async def linger(
+async def until_news(
     inbox: Inbox,
-    worker: str,
     held: SessionTicket,
     *,
     since: int,
-    linger_ms: int,
+    until_ms: int,
     clock: Clock,
     ends: Sequence[asyncio.Event],
     in_flight: Collection[str] = (),
 ) -> Lingered:
-    """Keep `held` for up to `linger_ms` after the news position `since` (see the module)."""
-    deadline = clock.now_ms() + linger_ms
-    take = asyncio.ensure_future(inbox.take_session(worker, wait_ms=linger_ms))
+    """Wait, after the news position `since`, until the lingering session `held` must move.
+
+    `until_ms` ends the linger (on `clock`); any of `ends` set ends it at once.
+    """
     stops = [asyncio.ensure_future(event.wait()) for event in ends]
-    told: asyncio.Task[bool] | None = None
-    result = Lingered("over")
     try:
         while True:
-            left = deadline - clock.now_ms()
-            if left <= 0:
-                return result
+            left = until_ms - clock.now_ms()
+            if left <= 0 or any(event.is_set() for event in ends):
+                return Lingered("stop" if left > 0 else "over")
             told = asyncio.ensure_future(inbox.wait(held.session, since=since, timeout_ms=left))
-            done, _ = await asyncio.wait({take, told, *stops}, return_when=asyncio.FIRST_COMPLETED)
-            if any(stop in done for stop in stops):
-                result = Lingered("stop")
-                return result
-            if take in done:
-                ticket = None if take.exception() is not None else take.result()
-                result = Lingered("taken", ticket) if ticket is not None else Lingered("over")
-                return result
+            try:
+                await asyncio.wait({told, *stops}, return_when=asyncio.FIRST_COMPLETED)
+            finally:
+                told.cancel()
+                await asyncio.gather(told, return_exceptions=True)
+            if not told.done() or told.cancelled():
+                continue  # an end was set: seen at the top
             if told.exception() is not None:  # the broker is away: let the session go
-                return result
-            if told.result():
-                since = await inbox.position()
-                pending = await inbox.pending(held.session, limit=1 + len(in_flight))
-                if any(item.id not in in_flight for item in pending):
-                    result = Lingered("work", since=since)
-                    return result
-                if not await inbox.renew(held):  # news without items: the ticket moved
-                    result = Lingered("lost")
-                    return result
-            told = None
+                return Lingered("over")
+            if not told.result():
+                continue  # the time is up: seen at the top
+            since = await inbox.position()
+            pending = await inbox.pending(held.session, limit=1 + len(in_flight))
+            if any(item.id not in in_flight for item in pending):
+                return Lingered("work", since)
+            if not await inbox.renew(held):  # news without items: the ticket moved
+                return Lingered("lost")
     finally:
-        for task in (*stops, *([told] if told is not None else [])):
-            task.cancel()
-        if not take.done():
-            take.cancel()  # cancelled, a take hands back what it took meanwhile
-        await asyncio.gather(
-            take, *stops, *([told] if told is not None else []), return_exceptions=True
-        )
-        if result.ticket is None and take.done() and not take.cancelled():
-            taken = None if take.exception() is not None else take.result()
-            if taken is not None:  # it took one as the linger ended another way: hand it back
-                with contextlib.suppress(Exception):
-                    await inbox.done(taken)
+        for stop in stops:
+            stop.cancel()
+        await asyncio.gather(*stops, return_exceptions=True)

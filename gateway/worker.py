@@ -55,7 +55,7 @@ from gateway.replies import (
 )
 from gateway.stop import is_stop, stop
 from gateway.waits import until_done
-from gateway.warm import Lingered, linger
+from gateway.warm import Lingered, until_news
 from harness_core import (
     AgentHarness,
     AgentHarnessOptions,
@@ -85,6 +85,10 @@ log = logging.getLogger("gateway.worker")
 
 _LAPSE: Final = "lapse"
 """`_serve`'s answer when the session's ticket must lapse (see `Inbox.take_session`)."""
+_WARM: Final = "warm"
+"""`_serve`'s answer when the session lingers: its linger ends its ticket (`gateway.warm`)."""
+_WARM_PER_SLOT = 4
+"""Sessions a worker keeps lingering, per slot (past it, the one lingering longest goes)."""
 _LEASE_MARGIN_MS = 100
 """Look again this long after another holder's lease should have lapsed."""
 _CUT_GRACE_S = 3.0
@@ -148,6 +152,15 @@ class _Session:
     """The inbox news position the session's pending items were last read after."""
     renewed_ms: int = 0
     """When the ticket was last renewed (or taken)."""
+    lease: Any = None
+    """The store's writer lease of the session (released when the worker lets it go)."""
+    unhook: list[Callable[[], None]] = field(default_factory=list)
+    """Undo what watches the harness (listeners, hooks, metrics), when it closes."""
+    worked: bool = False
+    """Its work ran to an idle session at least once (a clean release may move the mark)."""
+    leave: asyncio.Event = field(default_factory=asyncio.Event)
+    """Set to end its linger now (the worker needs its place among the sessions it keeps)."""
+    linger_until_ms: int = 0
 
 
 class Worker:
@@ -184,7 +197,14 @@ class Worker:
         """A drain's deadline came: every session in hand ends its loop now."""
         self._slots: list[asyncio.Task[None]] = []
         self.active: dict[str, _Session] = {}
-        """Sessions in this process's hands, by id."""
+        """Sessions in this process's hands (working or lingering), by id."""
+        self._warm: dict[str, _Session] = {}
+        """Sessions lingering (`gateway.warm`), by id."""
+        self._lingers: set[asyncio.Task[None]] = set()
+        self._resuming: asyncio.Queue[_Session] = asyncio.Queue()
+        """Lingering sessions with a message, for the next free slot."""
+        self._free = 0
+        """Slots waiting for a session (the ones a lingering session's message may go to)."""
 
     @property
     def actor(self) -> str:
@@ -216,6 +236,13 @@ class Worker:
         for task in self._slots:  # a slot that did not end in the grace: its lease lapses
             task.cancel()
         await until_done(self._slots, _CUT_GRACE_S)
+        while not self._resuming.empty():  # a message came as the drain began: let it go
+            queued = self._resuming.get_nowait()
+            await self._hand_back(queued.ticket, await self._let_go(queued))
+        await until_done(list(self._lingers), _CUT_GRACE_S)  # they see the drain: let go
+        for task in list(self._lingers):
+            task.cancel()
+        await until_done(list(self._lingers), _CUT_GRACE_S)
         # Whatever was cut where (a take, a restore): no ticket of this worker stays taken.
         with contextlib.suppress(Exception):
             released = await self._broker.inbox.release(self.config.worker_id)
@@ -223,39 +250,65 @@ class Worker:
                 log.info(event("sessions handed back", sessions=len(released)))
 
     async def _slot(self, number: int) -> None:
-        handed: list[SessionTicket] = []
-        """A ticket a lingering session's take got for this slot: served next."""
         while not self._stopping.is_set():
-            if handed:
-                ticket: SessionTicket | None = handed.pop()
-            else:
-                try:
-                    ticket = await self._broker.inbox.take_session(
-                        self.config.worker_id, wait_ms=self.config.take_wait_ms
-                    )
-                except Exception as exc:  # the broker is down: wait and try again, never crash
-                    log.warning(event("take failed", slot=number, error=type(exc).__name__))
-                    await self._pause(1.0)
-                    continue
-            if ticket is None:
+            try:
+                got = await self._next()
+            except Exception as exc:  # the broker is down: wait and try again, never crash
+                log.warning(event("take failed", slot=number, error=type(exc).__name__))
+                await self._pause(1.0)
                 continue
-            if self._stopping.is_set():  # taken as the drain began: hand it straight back
+            if got is None:
+                continue
+            warm = got if isinstance(got, _Session) else None  # a lingering one's message
+            ticket = got.ticket if isinstance(got, _Session) else got
+            if warm is None and self._stopping.is_set():  # taken as the drain began
                 with contextlib.suppress(Exception):
                     await self._broker.inbox.done(ticket, again_in_ms=0)
                 break
             try:
-                again = await self._serve(ticket, handed)
+                again = await (self._serve(ticket) if warm is None else self._carry_on(warm))
             except asyncio.CancelledError:
                 raise
             except Exception as exc:
                 log.error(event("session failed", session=ticket.session, error=type(exc).__name__))
                 again = _LAPSE
-            if again != _LAPSE:
-                with contextlib.suppress(Exception):
-                    await self._broker.inbox.done(ticket, again_in_ms=again)
-        for ticket in handed:  # the drain began as a linger took it: hand it straight back
+            await self._hand_back(ticket, again)
+
+    async def _next(self) -> SessionTicket | _Session | None:
+        """The next session for a free slot: a lingering one with a message, else a take."""
+        if not self._resuming.empty():
+            return self._resuming.get_nowait()
+        self._free += 1
+        take = asyncio.ensure_future(
+            self._broker.inbox.take_session(self.config.worker_id, wait_ms=self.config.take_wait_ms)
+        )
+        resume = asyncio.ensure_future(self._resuming.get())
+        try:
+            await asyncio.wait({take, resume}, return_when=asyncio.FIRST_COMPLETED)
+        finally:
+            self._free -= 1
+            for task in (take, resume):
+                task.cancel()  # a cancelled take hands back what it took meanwhile
+            await asyncio.gather(take, resume, return_exceptions=True)
+        warm = resume.result() if not resume.cancelled() else None
+        if take.cancelled():
+            return warm
+        if take.exception() is not None:
+            if warm is not None:  # its message waits: the broker's trouble can wait
+                return warm
+            raise take.exception()  # type: ignore[misc]
+        ticket = take.result()
+        if warm is not None and ticket is not None:  # both at once: the warm one is cheaper
+            await self._hand_back(ticket, None)
+        return warm if warm is not None else ticket
+
+    async def _hand_back(
+        self, ticket: SessionTicket, again: int | Literal["lapse", "warm"] | None
+    ) -> None:
+        """End a ticket as `_serve` says (a lapse: the visibility timeout; a linger: itself)."""
+        if again != _LAPSE and again != _WARM:
             with contextlib.suppress(Exception):
-                await self._broker.inbox.done(ticket, again_in_ms=0)
+                await self._broker.inbox.done(ticket, again_in_ms=again)
 
     async def _pause(self, seconds: float) -> None:
         with contextlib.suppress(TimeoutError):
@@ -263,15 +316,13 @@ class Worker:
 
     # -- one session -------------------------------------------------------------------------
 
-    async def _serve(
-        self, ticket: SessionTicket, handed: list[SessionTicket]
-    ) -> int | Literal["lapse"] | None:
-        """Work on a session until it is idle and its linger ends; how its ticket ends.
+    async def _serve(self, ticket: SessionTicket) -> int | Literal["lapse", "warm"] | None:
+        """Take up a session: its lease, its restore, what a crash left; then carry on with it.
 
-        None: through with it; a delay: hand it out again then (work is left: an operation
-        a drain interrupted, or a lease another process holds); `_LAPSE`: let the ticket lapse
-        (a fault: another worker takes over after the visibility timeout). A session the
-        linger took for this slot meanwhile is put in `handed`.
+        How its ticket ends: None: through with it; a delay: hand it out again then (work is
+        left: an operation a drain interrupted, or a lease another process holds); `_LAPSE`:
+        let the ticket lapse (a fault: another worker takes over after the visibility
+        timeout); `_WARM`: it lingers (`gateway.warm`), and ends its ticket itself.
         """
         session_id = ticket.session
         lease = await self._lease(session_id)
@@ -291,7 +342,6 @@ class Worker:
                 await storage.close()
             await self._release(lease)
             raise
-        unwatch = self._metrics.watch(harness) if self._metrics is not None else None
         session = _Session(
             ticket=ticket,
             harness=harness,
@@ -299,21 +349,21 @@ class Worker:
             threads=threads,
             tools=tuple(tool.name for tool in options.tools),
             renewed_ms=self._clock.now_ms(),
+            lease=lease,
         )
-        unprompt = self._prompting(harness)
+        if self._metrics is not None:
+            session.unhook.append(self._metrics.watch(harness))
+        session.unhook.append(self._prompting(harness))
         # a decided wait is closed at once on every copy of its request, not when its run ends
-        unlisten = harness.events.on("approval_decided", lambda e: self._decided(session, e))
-        unlive = (
-            self._live.watch(harness.events, lambda lane: self._thread_for(session, lane))
-            if self._live is not None
-            else None
+        session.unhook.append(
+            harness.events.on("approval_decided", lambda e: self._decided(session, e))
         )
+        if self._live is not None:
+            session.unhook.append(
+                self._live.watch(harness.events, lambda lane: self._thread_for(session, lane))
+            )
         self.active[session_id] = session
         log.info(event("session taken", session=session_id, suspended=len(suspended)))
-        faulted = False
-        interrupted = False
-        worked = False
-        last_seq: int | None = None
         try:
             for op in suspended:
                 lane = await harness.lane(op.lane)
@@ -332,45 +382,113 @@ class Worker:
                 if op.reason == "crash" or op.reason == "deferred":
                     self._track(session, op.lane, self._resume(lane))
             await self._reply_all(session)
-            while True:
-                await self._work(session)
-                lingered = await self._linger(session)
-                if lingered.end != "work":
-                    break
-                session.since = lingered.since
-            if lingered.ticket is not None:
-                handed.append(lingered.ticket)
-            worked = True
         except (HarnessFault, HarnessClosed) as exc:
-            faulted = True
             log.error(event("session faulted", session=session_id, error=type(exc).__name__))
-        finally:
-            session.closing = True
-            self.active.pop(session_id, None)
-            interrupted = bool(session.tasks)  # a drain's deadline: operations stay open
-            for task in session.tasks:
-                task.cancel()
-            await asyncio.gather(*session.tasks, return_exceptions=True)
-            unlisten()
-            if unlive is not None:
-                unlive()
-            unprompt()
-            if unwatch is not None:
-                unwatch()
-            await harness.close()
-            if worked and not interrupted and not session.replies_missed:
-                with contextlib.suppress(Exception):  # unread: the next take looks wider
-                    last_seq = (await storage.get_stats()).last_seq
-            await storage.close()
-            if not faulted:
-                released = await self._release(lease)
-                # only while the lease was still ours: nobody else wrote up to `last_seq`
-                if released and last_seq is not None:
-                    await self._advance_watermark(session, last_seq)
-            log.info(event("session released", session=session_id, faulted=faulted))
+            return await self._let_go(session, faulted=True)
+        except BaseException:
+            await self._let_go(session)
+            raise
+        return await self._carry_on(session)
+
+    async def _carry_on(self, session: _Session) -> int | Literal["lapse", "warm"] | None:
+        """Work on a session in hand until it is idle; then keep it warm or let it go."""
+        try:
+            await self._work(session)
+        except (HarnessFault, HarnessClosed) as exc:
+            log.error(
+                event("session faulted", session=session.ticket.session, error=type(exc).__name__)
+            )
+            return await self._let_go(session, faulted=True)
+        except BaseException:  # a slot cancelled by a drain past its grace: let go as ever
+            await self._let_go(session)
+            raise
+        if not session.tasks:
+            session.worked = True
+            if self._keep_warm(session):
+                return _WARM
+        return await self._let_go(session)
+
+    async def _let_go(
+        self, session: _Session, *, faulted: bool = False
+    ) -> int | Literal["lapse"] | None:
+        """Close the session's harness and give up its lease; how its ticket ends.
+
+        A clean release (no fault, no operation left open, every reply scan done) moves the
+        session's replies watermark to the store's last seq.
+        """
+        session_id = session.ticket.session
+        session.closing = True
+        self.active.pop(session_id, None)
+        self._warm.pop(session_id, None)
+        interrupted = bool(session.tasks)  # a drain's deadline: operations stay open
+        for task in session.tasks:
+            task.cancel()
+        await asyncio.gather(*session.tasks, return_exceptions=True)
+        for undo in session.unhook:
+            undo()
+        last_seq: int | None = None
+        await session.harness.close()
+        if session.worked and not interrupted and not session.replies_missed and not faulted:
+            with contextlib.suppress(Exception):  # unread: the next take looks wider
+                last_seq = (await session.storage.get_stats()).last_seq
+        await session.storage.close()
+        if not faulted:
+            released = await self._release(session.lease)
+            # only while the lease was still ours: nobody else wrote up to `last_seq`
+            if released and last_seq is not None:
+                await self._advance_watermark(session, last_seq)
+        log.info(event("session released", session=session_id, faulted=faulted))
         if faulted:
             return _LAPSE
         return 0 if interrupted else None
+
+    # -- warm sessions ---------------------------------------------------------------------
+
+    def _keep_warm(self, session: _Session) -> bool:
+        """Let the idle session linger (`gateway.warm`) if it may; whether it does."""
+        linger_ms = min(self.config.linger_ms, self.config.lease_ms // 3)
+        if (
+            linger_ms <= 0
+            or self._stopping.is_set()
+            or self._cutting.is_set()
+            or session.replies_missed  # let go: the next take's scan finds what it missed
+        ):
+            return False
+        staying = [warm for warm in self._warm.values() if not warm.leave.is_set()]
+        if len(staying) >= self.config.slots * _WARM_PER_SLOT:  # the one lingering longest goes
+            min(staying, key=lambda warm: warm.linger_until_ms).leave.set()
+        session.leave.clear()
+        session.linger_until_ms = self._clock.now_ms() + linger_ms
+        self._warm[session.ticket.session] = session
+        task = asyncio.ensure_future(self._linger(session))
+        self._lingers.add(task)
+        task.add_done_callback(self._lingers.discard)
+        return True
+
+    async def _linger(self, session: _Session) -> None:
+        """Wait for the lingering session's next message; then a free slot, or let it go."""
+        ended = Lingered("over")
+        try:
+            ended = await until_news(
+                self._broker.inbox,
+                session.ticket,
+                since=session.since,
+                until_ms=session.linger_until_ms,
+                clock=self._clock,
+                ends=(self._stopping, self._cutting, session.leave),
+                in_flight=session.in_flight,
+            )
+        except Exception as exc:  # the broker is away: let it go (what is pending stays)
+            log.warning(event("linger failed", session=session.ticket.session, error=str(exc)))
+        finally:
+            self._warm.pop(session.ticket.session, None)
+            if ended.end == "work" and self._free > 0 and not self._stopping.is_set():
+                session.since = ended.since
+                self._resuming.put_nowait(session)  # a free slot carries on with it
+            else:  # no slot free here: let it go, for a free slot of any worker to take
+                if ended.end == "lost":
+                    log.warning(event("ticket lapsed", session=session.ticket.session))
+                await self._hand_back(session.ticket, await self._let_go(session))
 
     async def _session_options(
         self, session_id: str, storage: SessionStorage, threads: dict[str, ThreadRef]
@@ -532,31 +650,6 @@ class Worker:
             woken.cancel()
             told.cancel()
             await asyncio.gather(woken, told, return_exceptions=True)
-
-    async def _linger(self, session: _Session) -> Lingered:
-        """Keep the idle session for its next message, unless it must go now (`gateway.warm`)."""
-        linger_ms = min(self.config.linger_ms, self.config.lease_ms // 3)
-        if (
-            linger_ms <= 0
-            or self._stopping.is_set()
-            or self._cutting.is_set()
-            or session.tasks
-            or session.replies_missed  # let go: the next take's scan finds what it missed
-        ):
-            return Lingered("over")
-        lingered = await linger(
-            self._broker.inbox,
-            self.config.worker_id,
-            session.ticket,
-            since=session.since,
-            linger_ms=linger_ms,
-            clock=self._clock,
-            ends=(self._stopping, self._cutting),
-            in_flight=session.in_flight,
-        )
-        if lingered.end == "lost":
-            log.warning(event("ticket lapsed", session=session.ticket.session))
-        return lingered
 
     async def _parked_deferred(self, session: _Session) -> bool:
         """Poll lanes parked on a background model request (True if one stays parked)."""
