@@ -61,6 +61,7 @@ from harness_core import (
     AgentHarnessOptions,
     AgentLane,
     ApprovalDecision,
+    AssistantMessage,
     BeforeRunEvent,
     BeforeRunResult,
     BranchQuery,
@@ -150,6 +151,9 @@ class _Session:
     """The names of the harness's tools (what a profile's patterns select from)."""
     since: int = 0
     """The inbox news position the session's pending items were last read after."""
+    given: dict[str, LaneProfile] = field(default_factory=dict)
+    """Per lane: the profile `LaneProfiles.apply` just gave it, for the run starting now (its
+    `before_run` takes it instead of reading the lane's newest profile entry again)."""
     renewed_ms: int = 0
     """When the ticket was last renewed (or taken)."""
     lease: Any = None
@@ -353,7 +357,7 @@ class Worker:
         )
         if self._metrics is not None:
             session.unhook.append(self._metrics.watch(harness))
-        session.unhook.append(self._prompting(harness))
+        session.unhook.append(self._prompting(session))
         # a decided wait is closed at once on every copy of its request, not when its run ends
         session.unhook.append(
             harness.events.on("approval_decided", lambda e: self._decided(session, e))
@@ -532,15 +536,21 @@ class Worker:
                 session.threads.setdefault(lane, known)
         return known
 
-    def _prompting(self, harness: AgentHarness) -> Callable[[], None]:
-        """Fix each run's system prompt when it starts: its lane's profile's (see profiles)."""
+    def _prompting(self, session: _Session) -> Callable[[], None]:
+        """Fix each run's system prompt when it starts: its lane's profile's (see profiles).
+
+        The profile a message's run was just given (`_Session.given`) is not read again.
+        """
         profiles = self._profiles
+        harness = session.harness
         if profiles is None:
             return lambda: None
 
         async def before_run(event: BeforeRunEvent) -> BeforeRunResult | None:
-            lane = await harness.lane(event.lane)
-            given = await lane_profile(lane) if lane is not None else None
+            given = session.given.pop(event.lane, None)
+            if given is None:
+                lane = await harness.lane(event.lane)
+                given = await lane_profile(lane) if lane is not None else None
             prompt = profiles.prompt(given)
             return None if prompt is None else BeforeRunResult(system_prompt=prompt)
 
@@ -666,14 +676,21 @@ class Worker:
         """Run lane work in the background; when it ends, enqueue the lane's new replies."""
 
         async def then_reply() -> None:
+            ended = None
             try:
-                await work
+                ended = await work
             except (HarnessClosed, HarnessFault):
                 raise
             except Exception as exc:
                 log.error(event("lane work failed", lane=lane, error=type(exc).__name__))
             if not session.closing:
-                await self._reply(session, lane)
+                # a run's outcome holds its final message: the scan need not read it again
+                final = getattr(ended, "final_message", None)
+                entry_id = getattr(ended, "final_entry_id", None)
+                known = (
+                    {entry_id: final} if entry_id and isinstance(final, AssistantMessage) else {}
+                )
+                await self._reply(session, lane, known)
 
         task: asyncio.Task[Any] = asyncio.ensure_future(then_reply())
         session.tasks[task] = lane
@@ -759,12 +776,18 @@ class Worker:
         with contextlib.suppress(Exception):  # best effort: without it the next take looks wider
             await self._broker.marks.put(name, str(last_seq), expect=session.watermark)
 
-    async def _reply(self, session: _Session, lane: str) -> None:
+    async def _reply(
+        self, session: _Session, lane: str, known: Mapping[str, AssistantMessage] | None = None
+    ) -> None:
         try:
             state = await self._broker.threads.get(session.ticket.session, lane)
             if state is not None:
                 replies = await enqueue_replies(
-                    self._broker, session.storage, state, now_ms=self._clock.now_ms()
+                    self._broker,
+                    session.storage,
+                    state,
+                    now_ms=self._clock.now_ms(),
+                    known=known,
                 )
                 for reply in replies:
                     log.info(
@@ -861,10 +884,14 @@ class Worker:
                     given = await profiles.apply(
                         lane, inbound.thread, inbound.author, session.tools
                     )
+                    session.given[lane.name] = given
                 text = _text_of(inbound, with_context=fresh, tag=self._tag(given, inbound))
-                started = await lane.start(
-                    await self._content(text, item, inbound), entry_id=entry_id
-                )
+                try:
+                    started = await lane.start(
+                        await self._content(text, item, inbound), entry_id=entry_id
+                    )
+                finally:
+                    session.given.pop(lane.name, None)  # its run took it, or none started
                 if isinstance(started, Ok):
                     outcome = started.value.outcome()
                     after_s = self._working_after.get(inbound.thread.channel)
