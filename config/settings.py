@@ -144,10 +144,11 @@ class Settings(BaseModel):
     """Everything the gateway reads from its environment, checked as a whole.
 
     Fields are checked one by one (bounds, URL schemes, routes) and then together: a lease
-    survives one failed renewal (3 x renew_seconds < lease_seconds), the drain fits the shutdown
-    (drain_seconds < shutdown_seconds) and a delivery attempt with its reconciliation fits the
-    outbox lease (2 x delivery_timeout_seconds < outbox_lease_seconds). `warnings()` lists what
-    is allowed but worth a line in the log.
+    survives one failed renewal (3 x renew_seconds < lease_seconds) and a linger (3 x
+    linger_seconds <= lease_seconds), the drain fits the shutdown (drain_seconds <
+    shutdown_seconds) and a delivery attempt with its reconciliation fits the outbox lease
+    (2 x delivery_timeout_seconds < outbox_lease_seconds). `warnings()` lists what is allowed
+    but worth a line in the log.
     """
 
     model_config = ConfigDict(frozen=True, extra="forbid", allow_inf_nan=False)
@@ -232,6 +233,14 @@ class Settings(BaseModel):
         gt=0,
         le=100,
         description="How often a working session's lease is renewed (3 x this < lease_seconds).",
+    )
+    linger_seconds: float = Field(
+        default=1.0,
+        ge=0,
+        le=100,
+        description="How long a worker keeps a session it just served (its restored lanes, "
+        "lease and ticket) for the session's next message, unless another session needs the "
+        "worker or the process stops; 0: let go at once (3 x this <= lease_seconds).",
     )
     max_attempts: int = Field(
         default=3,
@@ -533,6 +542,13 @@ class Settings(BaseModel):
                 "failed renewal",
             )
             if 3 * self.renew_seconds >= self.lease_seconds
+            else None,
+            Relation(
+                ("linger_seconds", "lease_seconds"),
+                "3 x linger_seconds must be at most lease_seconds, so the lease a lingering "
+                "session does not renew outlasts its linger",
+            )
+            if 3 * self.linger_seconds > self.lease_seconds
             else None,
             Relation(
                 ("drain_seconds", "shutdown_seconds"),

@@ -127,12 +127,14 @@ async def _judge(
         if allowed is not None and decision.decided_by.id not in allowed:
             what = f" (calls of {tool} need one of its own approvers)"
             raise DecisionRefused("not_allowed", NOT_AN_APPROVER_TEXT.format(what=what))
+    closed = await closure(storage, broker, session, requested)
+    if closed is None:
+        return
+    # read after the closure: a worker may apply the decision between two reads
     decided = await decided_of(storage, wait)
     if decided is not None and getattr(decided.record, "idempotency_key", None) == decision.slot:
         return  # this very decision, again (a retry, a double click): the inbox says duplicate
-    closed = await closure(storage, broker, session, requested)
-    if closed is not None:
-        raise closed_refusal(closed)
+    raise closed_refusal(closed)
 
 
 def closed_refusal(closed: ApprovalClosed) -> DecisionRefused:

@@ -18,6 +18,7 @@ wait after it (`lanes_to_reply`), not at every thread the session ever had.
 from __future__ import annotations
 
 import hashlib
+from collections.abc import Mapping
 from dataclasses import dataclass
 
 from adapters import ApprovalView, Attachment, Outbound, OutboundKind, PendingCall, ThreadRef
@@ -151,29 +152,73 @@ class Reply:
     outbound: Outbound
 
 
+class _Since:
+    """A lane's records after its replied-through mark, read in one range (the reply scan's).
+
+    What a scan needs about a run whose start is in the range (its start, its tools, its waits)
+    is in the range too; a run that began before the mark (one that waited for an approval, or
+    ran on after one) is looked up in the store.
+    """
+
+    def __init__(self, storage: SessionStorage, found: tuple[StoredRecord, ...]) -> None:
+        self.storage = storage
+        self.found = found
+        self._by_id = {stored.record.id: stored for stored in found}
+
+    def replied(self) -> list[StoredRecord]:
+        """The records a reply answers, in order."""
+        return [stored for stored in self.found if stored.record.type in _REPLIED_TYPES]
+
+    async def record(self, record_id: str) -> StoredRecord | None:
+        known = self._by_id.get(record_id)
+        return known if known is not None else await self.storage.get_record(record_id)
+
+    async def of_run(self, lane: str, record_type: RecordType, run_id: str) -> list[StoredRecord]:
+        """The run's records of one type, oldest first."""
+        if run_id in self._by_id:  # its start is in the range: so is everything after it
+            return [
+                stored
+                for stored in self.found
+                if stored.record.type == record_type
+                and getattr(stored.record, "run_id", None) == run_id
+            ]
+        return list(
+            await self.storage.find_records(
+                RecordQuery(lane=lane, type=record_type, run_id=run_id, order="oldest_first")
+            )
+        )
+
+
 async def enqueue_replies(
-    broker: Broker, storage: SessionStorage, state: ThreadState, *, now_ms: int
+    broker: Broker,
+    storage: SessionStorage,
+    state: ThreadState,
+    *,
+    now_ms: int,
+    known: Mapping[str, AssistantMessage] | None = None,
 ) -> list[Reply]:
     """Enqueue the replies of `state`'s lane after its mark; returns what was found (in order).
 
     Runs only: compactions and navigations answer nobody. A completed run replies with its final
     text, a failed one with a short notice, an aborted one with nothing; an approval wait sends
     an approval request; a wait that ended (decided, or its run aborted or failed) its close.
+    `known`: final messages the caller has in hand, by entry id (not read again).
     """
     lane = state.lane
-    after = state.replied_through
-    found: list[StoredRecord] = []
-    for record_type in _REPLIED_TYPES:
-        found += await storage.find_records(
-            RecordQuery(lane=lane, type=record_type, after_seq=after, order="oldest_first")
-        )
+    since = _Since(
+        storage,
+        await storage.find_records(
+            RecordQuery(lane=lane, after_seq=state.replied_through, order="oldest_first")
+        ),
+    )
+    found = since.replied()
     replies: list[Reply] = []
     thread = ThreadRef.model_validate(dict(state.thread))
-    for stored in sorted(found, key=lambda item: item.seq):
-        outbound = await _outbound(broker, storage, state, thread, stored)
+    for stored in found:
+        outbound = await _outbound(broker, since, state, thread, stored, known or {})
         if outbound is not None:
             replies.append(Reply(stored.seq, outbound))
-        for closed in await _closes(storage, broker, state, thread, stored):
+        for closed in await _closes(storage, since, broker, state, thread, stored):
             replies.append(Reply(stored.seq, closed))
     for reply in replies:
         await broker.outbox.enqueue(
@@ -190,6 +235,7 @@ async def enqueue_replies(
 
 async def _closes(
     storage: SessionStorage,
+    since: _Since,
     broker: Broker,
     state: ThreadState,
     thread: ThreadRef,
@@ -202,13 +248,9 @@ async def _closes(
     """
     record = stored.record
     if isinstance(record, ApprovalDecided):
-        waits = [found] if (found := await storage.get_record(record.wait_id)) else []
+        waits = [found] if (found := await since.record(record.wait_id)) else []
     elif isinstance(record, OperationFinished) and record.outcome != "completed":
-        waits = list(
-            await storage.find_records(
-                RecordQuery(lane=state.lane, type="approval_requested", run_id=record.run_id)
-            )
-        )
+        waits = await since.of_run(state.lane, "approval_requested", record.run_id)
     else:
         return []
     closes = []
@@ -223,10 +265,11 @@ async def _closes(
 
 async def _outbound(
     broker: Broker,
-    storage: SessionStorage,
+    since: _Since,
     state: ThreadState,
     thread: ThreadRef,
     stored: StoredRecord,
+    known: Mapping[str, AssistantMessage],
 ) -> Outbound | None:
     record = stored.record
     session = state.session
@@ -235,7 +278,7 @@ async def _outbound(
         return approval_outbound(state, thread, record)
     if not isinstance(record, OperationFinished):
         return None
-    started = await storage.get_record(record.run_id)
+    started = await since.record(record.run_id)
     if started is None or not isinstance(started.record, OperationStarted):
         return None
     if not isinstance(started.record.intent, RunIntent):
@@ -251,8 +294,9 @@ async def _outbound(
     if record.outcome != "completed":
         return None  # aborted: whoever aborted it knows
     reply_id = delivery_id(session, "reply", record.run_id)
-    files, unsent = await _run_files(broker, storage, state, record.run_id, reply_id)
-    text = await _final_text(storage, record.final_entry_id)
+    files, unsent = await _run_files(broker, since, state, record.run_id, reply_id)
+    final = known.get(record.final_entry_id) if record.final_entry_id is not None else None
+    text = answer_text(final) if final is not None else await _final_text(since, record)
     if unsent:
         text += "\n\n" + "\n".join(unsent)
     return Outbound(
@@ -266,7 +310,7 @@ async def _outbound(
 
 
 async def _run_files(
-    broker: Broker, storage: SessionStorage, state: ThreadState, run_id: str, reply_id: str
+    broker: Broker, since: _Since, state: ThreadState, run_id: str, reply_id: str
 ) -> tuple[tuple[Attachment, ...], list[str]]:
     """The files the run's tools returned, held as the session's blobs for its reply (D228).
 
@@ -274,9 +318,8 @@ async def _run_files(
     naming the reply and its place, so a rescan after a crash puts the same bytes again (a
     renewal) and enqueues the same reply; one the blob area refuses is named in the text.
     """
-    started = await storage.find_records(
-        RecordQuery(lane=state.lane, type="tool_started", run_id=run_id, order="oldest_first")
-    )
+    started = await since.of_run(state.lane, "tool_started", run_id)
+    storage = since.storage
     files: list[Attachment] = []
     unsent: list[str] = []
     for found in started:
@@ -326,10 +369,11 @@ def approval_outbound(state: ThreadState, thread: ThreadRef, record: ApprovalReq
     )
 
 
-async def _final_text(storage: SessionStorage, entry_id: str | None) -> str:
+async def _final_text(since: _Since, finished: OperationFinished) -> str:
+    entry_id = finished.final_entry_id
     if entry_id is None:
         return NO_ANSWER
-    stored = await storage.get_entry(entry_id)
+    stored = await since.storage.get_entry(entry_id)
     if stored is None or not isinstance(stored.entry, MessageEntry):
         return NO_ANSWER
     message = stored.entry.message

@@ -243,6 +243,7 @@ class Service:
                 slots=settings.worker_slots,
                 lease_ms=int(settings.lease_seconds * 1000),
                 busy_policy=settings.busy_policy,
+                linger_ms=int(settings.linger_seconds * 1000),
             ),
             self.repo,
             self.broker,

@@ -57,11 +57,13 @@ from gateway.replies import (
 )
 from gateway.stop import is_stop, stop
 from gateway.waits import until_done
+from gateway.warm import Lingered, until_news
 from harness_core import (
     AgentHarness,
     AgentHarnessOptions,
     AgentLane,
     ApprovalDecision,
+    AssistantMessage,
     BeforeRunEvent,
     BeforeRunResult,
     BranchQuery,
@@ -86,6 +88,10 @@ log = logging.getLogger("gateway.worker")
 
 _LAPSE: Final = "lapse"
 """`_serve`'s answer when the session's ticket must lapse (see `Inbox.take_session`)."""
+_WARM: Final = "warm"
+"""`_serve`'s answer when the session lingers: its linger ends its ticket (`gateway.warm`)."""
+_WARM_PER_SLOT = 4
+"""Sessions a worker keeps lingering, per slot (past it, the one lingering longest goes)."""
 _LEASE_MARGIN_MS = 100
 """Look again this long after another holder's lease should have lapsed."""
 _AUTHORITY_MS = 1_000
@@ -112,8 +118,12 @@ class WorkerConfig:
     tool_recovery: ToolRecovery = "declared"
     take_wait_ms: int = 1_000
     """How long a free slot waits for a ready session before looking again."""
-    poll_ms: int = 50
-    """While a session works: how often its inbox is checked for new messages."""
+    poll_ms: int = 1_000
+    """While a session works: how often its inbox is read when no news of it came (the broker
+    tells of a new item at once: `Inbox.wait`)."""
+    linger_ms: int = 0
+    """How long a session that went idle is kept for its next message (0: let go at once; see
+    `gateway.warm`). At most a third of `lease_ms`: an idle harness does not renew its lease."""
     deferred_poll_ms: int = 2_000
     """How often a lane parked on a background model request is polled."""
 
@@ -146,6 +156,22 @@ class _Session:
     authority_epoch: str | None = None
     """The authority epoch its revoked runs were last ended at (`gateway.authority`)."""
     authority_checked_ms: int = 0
+    since: int = 0
+    """The inbox news position the session's pending items were last read after."""
+    given: dict[str, LaneProfile] = field(default_factory=dict)
+    """Per lane: the profile `LaneProfiles.apply` just gave it, for the run starting now (its
+    `before_run` takes it instead of reading the lane's newest profile entry again)."""
+    renewed_ms: int = 0
+    """When the ticket was last renewed (or taken)."""
+    lease: Any = None
+    """The store's writer lease of the session (released when the worker lets it go)."""
+    unhook: list[Callable[[], None]] = field(default_factory=list)
+    """Undo what watches the harness (listeners, hooks, metrics), when it closes."""
+    worked: bool = False
+    """Its work ran to an idle session at least once (a clean release may move the mark)."""
+    leave: asyncio.Event = field(default_factory=asyncio.Event)
+    """Set to end its linger now (the worker needs its place among the sessions it keeps)."""
+    linger_until_ms: int = 0
 
 
 class Worker:
@@ -182,7 +208,14 @@ class Worker:
         """A drain's deadline came: every session in hand ends its loop now."""
         self._slots: list[asyncio.Task[None]] = []
         self.active: dict[str, _Session] = {}
-        """Sessions in this process's hands, by id."""
+        """Sessions in this process's hands (working or lingering), by id."""
+        self._warm: dict[str, _Session] = {}
+        """Sessions lingering (`gateway.warm`), by id."""
+        self._lingers: set[asyncio.Task[None]] = set()
+        self._resuming: asyncio.Queue[_Session] = asyncio.Queue()
+        """Lingering sessions with a message, for the next free slot."""
+        self._free = 0
+        """Slots waiting for a session (the ones a lingering session's message may go to)."""
 
     @property
     def actor(self) -> str:
@@ -214,6 +247,13 @@ class Worker:
         for task in self._slots:  # a slot that did not end in the grace: its lease lapses
             task.cancel()
         await until_done(self._slots, _CUT_GRACE_S)
+        while not self._resuming.empty():  # a message came as the drain began: let it go
+            queued = self._resuming.get_nowait()
+            await self._hand_back(queued.ticket, await self._let_go(queued))
+        await until_done(list(self._lingers), _CUT_GRACE_S)  # they see the drain: let go
+        for task in list(self._lingers):
+            task.cancel()
+        await until_done(list(self._lingers), _CUT_GRACE_S)
         # Whatever was cut where (a take, a restore): no ticket of this worker stays taken.
         with contextlib.suppress(Exception):
             released = await self._broker.inbox.release(self.config.worker_id)
@@ -223,29 +263,63 @@ class Worker:
     async def _slot(self, number: int) -> None:
         while not self._stopping.is_set():
             try:
-                ticket = await self._broker.inbox.take_session(
-                    self.config.worker_id, wait_ms=self.config.take_wait_ms
-                )
+                got = await self._next()
             except Exception as exc:  # the broker is down: wait and try again, never crash
                 log.warning(event("take failed", slot=number, error=type(exc).__name__))
                 await self._pause(1.0)
                 continue
-            if ticket is None:
+            if got is None:
                 continue
-            if self._stopping.is_set():  # taken as the drain began: hand it straight back
+            warm = got if isinstance(got, _Session) else None  # a lingering one's message
+            ticket = got.ticket if isinstance(got, _Session) else got
+            if warm is None and self._stopping.is_set():  # taken as the drain began
                 with contextlib.suppress(Exception):
                     await self._broker.inbox.done(ticket, again_in_ms=0)
                 break
             try:
-                again = await self._serve(ticket)
+                again = await (self._serve(ticket) if warm is None else self._carry_on(warm))
             except asyncio.CancelledError:
                 raise
             except Exception as exc:
                 log.error(event("session failed", session=ticket.session, error=type(exc).__name__))
                 again = _LAPSE
-            if again != _LAPSE:
-                with contextlib.suppress(Exception):
-                    await self._broker.inbox.done(ticket, again_in_ms=again)
+            await self._hand_back(ticket, again)
+
+    async def _next(self) -> SessionTicket | _Session | None:
+        """The next session for a free slot: a lingering one with a message, else a take."""
+        if not self._resuming.empty():
+            return self._resuming.get_nowait()
+        self._free += 1
+        take = asyncio.ensure_future(
+            self._broker.inbox.take_session(self.config.worker_id, wait_ms=self.config.take_wait_ms)
+        )
+        resume = asyncio.ensure_future(self._resuming.get())
+        try:
+            await asyncio.wait({take, resume}, return_when=asyncio.FIRST_COMPLETED)
+        finally:
+            self._free -= 1
+            for task in (take, resume):
+                task.cancel()  # a cancelled take hands back what it took meanwhile
+            await asyncio.gather(take, resume, return_exceptions=True)
+        warm = resume.result() if not resume.cancelled() else None
+        if take.cancelled():
+            return warm
+        if take.exception() is not None:
+            if warm is not None:  # its message waits: the broker's trouble can wait
+                return warm
+            raise take.exception()  # type: ignore[misc]
+        ticket = take.result()
+        if warm is not None and ticket is not None:  # both at once: the warm one is cheaper
+            await self._hand_back(ticket, None)
+        return warm if warm is not None else ticket
+
+    async def _hand_back(
+        self, ticket: SessionTicket, again: int | Literal["lapse", "warm"] | None
+    ) -> None:
+        """End a ticket as `_serve` says (a lapse: the visibility timeout; a linger: itself)."""
+        if again != _LAPSE and again != _WARM:
+            with contextlib.suppress(Exception):
+                await self._broker.inbox.done(ticket, again_in_ms=again)
 
     async def _pause(self, seconds: float) -> None:
         with contextlib.suppress(TimeoutError):
@@ -253,12 +327,13 @@ class Worker:
 
     # -- one session -------------------------------------------------------------------------
 
-    async def _serve(self, ticket: SessionTicket) -> int | Literal["lapse"] | None:
-        """Work on a session until it is idle; how its ticket ends (see `Inbox.done`).
+    async def _serve(self, ticket: SessionTicket) -> int | Literal["lapse", "warm"] | None:
+        """Take up a session: its lease, its restore, what a crash left; then carry on with it.
 
-        None: through with it; a delay: hand it out again then (work is left: an operation
-        a drain interrupted, or a lease another process holds); `_LAPSE`: let the ticket lapse
-        (a fault: another worker takes over after the visibility timeout).
+        How its ticket ends: None: through with it; a delay: hand it out again then (work is
+        left: an operation a drain interrupted, or a lease another process holds); `_LAPSE`:
+        let the ticket lapse (a fault: another worker takes over after the visibility
+        timeout); `_WARM`: it lingers (`gateway.warm`), and ends its ticket itself.
         """
         session_id = ticket.session
         lease = await self._lease(session_id)
@@ -278,28 +353,28 @@ class Worker:
                 await storage.close()
             await self._release(lease)
             raise
-        unwatch = self._metrics.watch(harness) if self._metrics is not None else None
         session = _Session(
             ticket=ticket,
             harness=harness,
             storage=storage,
             threads=threads,
             tools=tuple(tool.name for tool in options.tools),
+            renewed_ms=self._clock.now_ms(),
+            lease=lease,
         )
-        unprompt = self._prompting(harness)
+        if self._metrics is not None:
+            session.unhook.append(self._metrics.watch(harness))
+        session.unhook.append(self._prompting(session))
         # a decided wait is closed at once on every copy of its request, not when its run ends
-        unlisten = harness.events.on("approval_decided", lambda e: self._decided(session, e))
-        unlive = (
-            self._live.watch(harness.events, lambda lane: self._thread_for(session, lane))
-            if self._live is not None
-            else None
+        session.unhook.append(
+            harness.events.on("approval_decided", lambda e: self._decided(session, e))
         )
+        if self._live is not None:
+            session.unhook.append(
+                self._live.watch(harness.events, lambda lane: self._thread_for(session, lane))
+            )
         self.active[session_id] = session
         log.info(event("session taken", session=session_id, suspended=len(suspended)))
-        faulted = False
-        interrupted = False
-        worked = False
-        last_seq: int | None = None
         try:
             ended = await self._end_revoked(session)  # never resumed, parked or answered
             for op in suspended:
@@ -319,38 +394,113 @@ class Worker:
                 if op.reason == "crash" or op.reason == "deferred":
                     self._track(session, op.lane, self._resume(lane))
             await self._reply_all(session)
-            await self._work(session)
-            worked = True
         except (HarnessFault, HarnessClosed) as exc:
-            faulted = True
             log.error(event("session faulted", session=session_id, error=type(exc).__name__))
-        finally:
-            session.closing = True
-            self.active.pop(session_id, None)
-            interrupted = bool(session.tasks)  # a drain's deadline: operations stay open
-            for task in session.tasks:
-                task.cancel()
-            await asyncio.gather(*session.tasks, return_exceptions=True)
-            unlisten()
-            if unlive is not None:
-                unlive()
-            unprompt()
-            if unwatch is not None:
-                unwatch()
-            await harness.close()
-            if worked and not interrupted and not session.replies_missed:
-                with contextlib.suppress(Exception):  # unread: the next take looks wider
-                    last_seq = (await storage.get_stats()).last_seq
-            await storage.close()
-            if not faulted:
-                released = await self._release(lease)
-                # only while the lease was still ours: nobody else wrote up to `last_seq`
-                if released and last_seq is not None:
-                    await self._advance_watermark(session, last_seq)
-            log.info(event("session released", session=session_id, faulted=faulted))
+            return await self._let_go(session, faulted=True)
+        except BaseException:
+            await self._let_go(session)
+            raise
+        return await self._carry_on(session)
+
+    async def _carry_on(self, session: _Session) -> int | Literal["lapse", "warm"] | None:
+        """Work on a session in hand until it is idle; then keep it warm or let it go."""
+        try:
+            await self._work(session)
+        except (HarnessFault, HarnessClosed) as exc:
+            log.error(
+                event("session faulted", session=session.ticket.session, error=type(exc).__name__)
+            )
+            return await self._let_go(session, faulted=True)
+        except BaseException:  # a slot cancelled by a drain past its grace: let go as ever
+            await self._let_go(session)
+            raise
+        if not session.tasks:
+            session.worked = True
+            if self._keep_warm(session):
+                return _WARM
+        return await self._let_go(session)
+
+    async def _let_go(
+        self, session: _Session, *, faulted: bool = False
+    ) -> int | Literal["lapse"] | None:
+        """Close the session's harness and give up its lease; how its ticket ends.
+
+        A clean release (no fault, no operation left open, every reply scan done) moves the
+        session's replies watermark to the store's last seq.
+        """
+        session_id = session.ticket.session
+        session.closing = True
+        self.active.pop(session_id, None)
+        self._warm.pop(session_id, None)
+        interrupted = bool(session.tasks)  # a drain's deadline: operations stay open
+        for task in session.tasks:
+            task.cancel()
+        await asyncio.gather(*session.tasks, return_exceptions=True)
+        for undo in session.unhook:
+            undo()
+        last_seq: int | None = None
+        await session.harness.close()
+        if session.worked and not interrupted and not session.replies_missed and not faulted:
+            with contextlib.suppress(Exception):  # unread: the next take looks wider
+                last_seq = (await session.storage.get_stats()).last_seq
+        await session.storage.close()
+        if not faulted:
+            released = await self._release(session.lease)
+            # only while the lease was still ours: nobody else wrote up to `last_seq`
+            if released and last_seq is not None:
+                await self._advance_watermark(session, last_seq)
+        log.info(event("session released", session=session_id, faulted=faulted))
         if faulted:
             return _LAPSE
         return 0 if interrupted else None
+
+    # -- warm sessions ---------------------------------------------------------------------
+
+    def _keep_warm(self, session: _Session) -> bool:
+        """Let the idle session linger (`gateway.warm`) if it may; whether it does."""
+        linger_ms = min(self.config.linger_ms, self.config.lease_ms // 3)
+        if (
+            linger_ms <= 0
+            or self._stopping.is_set()
+            or self._cutting.is_set()
+            or session.replies_missed  # let go: the next take's scan finds what it missed
+        ):
+            return False
+        staying = [warm for warm in self._warm.values() if not warm.leave.is_set()]
+        if len(staying) >= self.config.slots * _WARM_PER_SLOT:  # the one lingering longest goes
+            min(staying, key=lambda warm: warm.linger_until_ms).leave.set()
+        session.leave.clear()
+        session.linger_until_ms = self._clock.now_ms() + linger_ms
+        self._warm[session.ticket.session] = session
+        task = asyncio.ensure_future(self._linger(session))
+        self._lingers.add(task)
+        task.add_done_callback(self._lingers.discard)
+        return True
+
+    async def _linger(self, session: _Session) -> None:
+        """Wait for the lingering session's next message; then a free slot, or let it go."""
+        ended = Lingered("over")
+        try:
+            ended = await until_news(
+                self._broker.inbox,
+                session.ticket,
+                since=session.since,
+                until_ms=session.linger_until_ms,
+                clock=self._clock,
+                ends=(self._stopping, self._cutting, session.leave),
+                in_flight=session.in_flight,
+            )
+        except Exception as exc:  # the broker is away: let it go (what is pending stays)
+            log.warning(event("linger failed", session=session.ticket.session, error=str(exc)))
+        finally:
+            self._warm.pop(session.ticket.session, None)
+            if ended.end == "work" and self._free > 0 and not self._stopping.is_set():
+                session.since = ended.since
+                self._resuming.put_nowait(session)  # a free slot carries on with it
+            else:  # no slot free here: let it go, for a free slot of any worker to take
+                if ended.end == "lost":
+                    log.warning(event("ticket lapsed", session=session.ticket.session))
+                await self._hand_back(session.ticket, await self._let_go(session))
 
     async def _session_options(
         self, session_id: str, storage: SessionStorage, threads: dict[str, ThreadRef]
@@ -394,15 +544,21 @@ class Worker:
                 session.threads.setdefault(lane, known)
         return known
 
-    def _prompting(self, harness: AgentHarness) -> Callable[[], None]:
-        """Fix each run's system prompt when it starts: its lane's profile's (see profiles)."""
+    def _prompting(self, session: _Session) -> Callable[[], None]:
+        """Fix each run's system prompt when it starts: its lane's profile's (see profiles).
+
+        The profile a message's run was just given (`_Session.given`) is not read again.
+        """
         profiles = self._profiles
+        harness = session.harness
         if profiles is None:
             return lambda: None
 
         async def before_run(event: BeforeRunEvent) -> BeforeRunResult | None:
-            lane = await harness.lane(event.lane)
-            given = await lane_profile(lane) if lane is not None else None
+            given = session.given.pop(event.lane, None)
+            if given is None:
+                lane = await harness.lane(event.lane)
+                given = await lane_profile(lane) if lane is not None else None
             prompt = profiles.prompt(given)
             return None if prompt is None else BeforeRunResult(system_prompt=prompt)
 
@@ -476,17 +632,19 @@ class Worker:
     async def _work(self, session: _Session) -> None:
         """Accept pending messages and wait for lane work until nothing is left to do."""
         config = self.config
-        renewed = self._clock.now_ms()
+        inbox = self._broker.inbox
         while not self._cutting.is_set():
-            if self._clock.now_ms() - renewed >= config.lease_ms // 3:
-                if not await self._broker.inbox.renew(session.ticket):
+            if self._clock.now_ms() - session.renewed_ms >= config.lease_ms // 3:
+                if not await inbox.renew(session.ticket):
                     log.warning(event("ticket lapsed", session=session.ticket.session))
-                renewed = self._clock.now_ms()
+                session.renewed_ms = self._clock.now_ms()
             if self._clock.now_ms() - session.authority_checked_ms >= _AUTHORITY_MS:
                 await self._end_revoked(session)
+            session.woken.clear()  # before the read: what ends after it wakes the wait below
+            session.since = await inbox.position()
             items = [
                 item
-                for item in await self._broker.inbox.pending(session.ticket.session, limit=64)
+                for item in await inbox.pending(session.ticket.session, limit=64)
                 if item.id not in session.in_flight
             ]
             for item in items:
@@ -496,9 +654,22 @@ class Worker:
                     return
                 await self._pause(config.deferred_poll_ms / 1000)
                 continue
-            session.woken.clear()
-            with contextlib.suppress(TimeoutError):
-                await asyncio.wait_for(session.woken.wait(), timeout=config.poll_ms / 1000)
+            await self._news(session, config.poll_ms)
+
+    async def _news(self, session: _Session, timeout_ms: int) -> None:
+        """Wait until lane work ends, the inbox has news of the session, or `timeout_ms`."""
+        woken = asyncio.ensure_future(session.woken.wait())
+        told = asyncio.ensure_future(
+            self._broker.inbox.wait(
+                session.ticket.session, since=session.since, timeout_ms=timeout_ms
+            )
+        )
+        try:
+            await asyncio.wait({woken, told}, return_when=asyncio.FIRST_COMPLETED)
+        finally:
+            woken.cancel()
+            told.cancel()
+            await asyncio.gather(woken, told, return_exceptions=True)
 
     async def _parked_deferred(self, session: _Session) -> bool:
         """Poll lanes parked on a background model request (True if one stays parked)."""
@@ -515,14 +686,21 @@ class Worker:
         """Run lane work in the background; when it ends, enqueue the lane's new replies."""
 
         async def then_reply() -> None:
+            ended = None
             try:
-                await work
+                ended = await work
             except (HarnessClosed, HarnessFault):
                 raise
             except Exception as exc:
                 log.error(event("lane work failed", lane=lane, error=type(exc).__name__))
             if not session.closing:
-                await self._reply(session, lane)
+                # a run's outcome holds its final message: the scan need not read it again
+                final = getattr(ended, "final_message", None)
+                entry_id = getattr(ended, "final_entry_id", None)
+                known = (
+                    {entry_id: final} if entry_id and isinstance(final, AssistantMessage) else {}
+                )
+                await self._reply(session, lane, known)
 
         task: asyncio.Task[Any] = asyncio.ensure_future(then_reply())
         session.tasks[task] = lane
@@ -639,12 +817,18 @@ class Worker:
         with contextlib.suppress(Exception):  # best effort: without it the next take looks wider
             await self._broker.marks.put(name, str(last_seq), expect=session.watermark)
 
-    async def _reply(self, session: _Session, lane: str) -> None:
+    async def _reply(
+        self, session: _Session, lane: str, known: Mapping[str, AssistantMessage] | None = None
+    ) -> None:
         try:
             state = await self._broker.threads.get(session.ticket.session, lane)
             if state is not None:
                 replies = await enqueue_replies(
-                    self._broker, session.storage, state, now_ms=self._clock.now_ms()
+                    self._broker,
+                    session.storage,
+                    state,
+                    now_ms=self._clock.now_ms(),
+                    known=known,
                 )
                 for reply in replies:
                     log.info(
@@ -749,10 +933,14 @@ class Worker:
                     given = await profiles.apply(
                         lane, inbound.thread, inbound.author, session.tools
                     )
+                    session.given[lane.name] = given
                 text = _text_of(inbound, with_context=fresh, tag=self._tag(given, inbound))
-                started = await lane.start(
-                    await self._content(text, item, inbound), entry_id=entry_id
-                )
+                try:
+                    started = await lane.start(
+                        await self._content(text, item, inbound), entry_id=entry_id
+                    )
+                finally:
+                    session.given.pop(lane.name, None)  # its run took it, or none started
                 if isinstance(started, Ok):
                     outcome = started.value.outcome()
                     after_s = self._working_after.get(inbound.thread.channel)

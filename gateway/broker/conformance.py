@@ -641,6 +641,110 @@ async def workers_taking_concurrently_never_share_a_session(fx: BrokerFixture) -
     assert sorted(taken) == sorted(sessions), Counter(taken)
 
 
+@_case("sessions")
+async def a_cancelled_take_hands_out_nothing(fx: BrokerFixture) -> None:
+    """Cancelled at any point of its work, a take leaves the session ready for the next one."""
+    inbox = fx.broker.inbox
+    for turn in range(24):
+        session = f"c{turn}"
+        await inbox.append(_new(f"k{turn}", session=session))
+        take = asyncio.ensure_future(inbox.take_session("w1", wait_ms=60_000))
+        for _ in range(turn):  # the cancellation lands a little later into the take each turn
+            await asyncio.sleep(0)
+        take.cancel()
+        done, _ = await asyncio.wait({take}, timeout=REAL_TIMEOUT_S)
+        assert done, "a cancelled take did not end"
+        if not take.cancelled() and (ticket := take.result()) is not None:
+            await inbox.done(ticket)  # it returned before the cancellation: a ticket as any
+        again = await inbox.take_session("w2")
+        assert again is not None, f"turn {turn}: the session stayed taken"
+        assert again.session == session
+        await inbox.done(again)
+        for item in await inbox.pending(session):
+            await inbox.ack(session, item.id)
+
+
+@_case("news")
+async def wait_returns_when_an_item_is_appended_to_the_held_session(fx: BrokerFixture) -> None:
+    inbox = fx.broker.inbox
+    await inbox.append(_new("a"))
+    ticket = await inbox.take_session("w1")
+    assert ticket is not None
+    since = await inbox.position()
+    assert [i.dedupe_key for i in await inbox.pending("s1")] == ["a"]
+    task = asyncio.ensure_future(inbox.wait("s1", since=since, timeout_ms=60_000))
+    await _still_waiting(task)
+    await inbox.append(_new("b", session="s2"))  # another session's news is not this one's
+    await _still_waiting(task)
+    await inbox.append(_new("c"))
+    assert await _soon(task) is True
+    assert [i.dedupe_key for i in await inbox.pending("s1")] == ["a", "c"]
+
+
+@_case("news")
+async def an_append_between_position_and_wait_is_not_missed(fx: BrokerFixture) -> None:
+    inbox = fx.broker.inbox
+    await inbox.append(_new("a"))
+    ticket = await inbox.take_session("w1")
+    assert ticket is not None
+    since = await inbox.position()
+    await inbox.append(_new("b"))
+    assert await _soon(inbox.wait("s1", since=since, timeout_ms=60_000)) is True
+
+
+@_case("news")
+async def an_append_through_another_broker_is_news_too(fx: BrokerFixture) -> None:
+    inbox = fx.broker.inbox
+    await inbox.append(_new("a"))
+    ticket = await inbox.take_session("w1")
+    assert ticket is not None
+    since = await inbox.position()
+    task = asyncio.ensure_future(inbox.wait("s1", since=since, timeout_ms=600_000))
+    await _still_waiting(task)
+    await (await fx.open_another()).inbox.append(_new("b"))
+    woke, _ = await _advance_until_done(fx, task, step_ms=250, limit_ms=60_000)
+    assert woke is True
+
+
+@_case("news")
+async def wait_returns_false_after_a_timeout_without_news(fx: BrokerFixture) -> None:
+    """Within the broker's poll interval (a second or more) a wait without news says so."""
+    inbox = fx.broker.inbox
+    await inbox.append(_new("a"))
+    assert await inbox.take_session("w1") is not None
+    since = await inbox.position()
+    task = asyncio.ensure_future(inbox.wait("s1", since=since, timeout_ms=500))
+    await _still_waiting(task)
+    woke, advanced = await _advance_until_done(fx, task, step_ms=100, limit_ms=1_000)
+    assert woke is False
+    assert advanced >= 500
+
+
+@_cases("news", {"lapsed_and_taken": "lapsed", "released": "released"})
+async def wait_returns_when_the_sessions_ticket_changes_hands(fx: BrokerFixture, how: str) -> None:
+    inbox = fx.broker.inbox
+    item = (await inbox.append(_new("a"))).item
+    ticket = await inbox.take_session("w1")
+    assert ticket is not None
+    await inbox.ack("s1", item.id)  # nothing pending: only the ticket can be news
+    since = await inbox.position()
+    task = asyncio.ensure_future(
+        inbox.wait("s1", since=since, timeout_ms=10 * fx.visibility_timeout_ms)
+    )
+    await _still_waiting(task)
+    another = await fx.open_another()
+    if how == "lapsed":
+        fx.clock.advance(fx.visibility_timeout_ms + 1)
+        taken = await another.inbox.take_session("w2")
+        assert taken is not None
+        assert taken.session == "s1"
+    else:
+        assert await another.inbox.release("w1") == ("s1",)
+    woke, _ = await _advance_until_done(fx, task, step_ms=250, limit_ms=60_000)
+    assert woke is True
+    assert await inbox.renew(ticket) is False
+
+
 # ---------------------------------------------------------------------------------------------
 # outbox
 

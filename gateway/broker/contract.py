@@ -170,6 +170,31 @@ class Inbox(Protocol):
         the broker's visibility timeout is handed out again, pending items or not (its worker
         died, maybe mid-operation: the next one resumes it). This is a scheduling hint, not the
         lock: the store's writer lease decides who writes a session.
+
+        Cancelling a take hands out nothing: a session it took as the cancellation came is
+        handed back (ready for the next take at once) before the cancellation propagates, so a
+        worker may take while it waits for something else and cancel the take when that comes.
+        """
+        ...
+
+    async def position(self) -> int:
+        """Where the inbox's news stands now: what `wait` counts from.
+
+        Take it before reading what it guards (`pending`, `renew`): whatever happens after that
+        read then wakes the `wait` that starts from it.
+        """
+        ...
+
+    async def wait(self, session: str, *, since: int, timeout_ms: int) -> bool:
+        """Whether `session` had news after `since` (a `position`), waiting up to `timeout_ms`.
+
+        News: an item was appended to the session, or its ticket changed hands (another worker
+        took it over, `release` handed it back). True as soon as there is some; False when
+        `timeout_ms` passed without. A hint, never a promise: it may also wake for something
+        from before `since`, or for nothing (a notification that may have been lost is
+        reported as news), so the caller reads again. A change made through another broker
+        object (another process) is noticed too, at the latest within the broker's poll
+        interval.
         """
         ...
 

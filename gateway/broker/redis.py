@@ -47,6 +47,7 @@ import base64
 import contextlib
 import json
 import zlib
+from collections import OrderedDict
 from collections.abc import AsyncIterator, Awaitable, Callable, Mapping, Sequence
 from typing import Any, Protocol, TypeVar, cast
 
@@ -71,6 +72,7 @@ from gateway.broker.contract import (
     TicketHeld,
 )
 from gateway.broker.limits import BlobLimits, blob_id
+from gateway.broker.news import SessionNews, whole_take
 from harness_core import Clock, IdGenerator, SystemClock, Uuid7Ids
 from harness_core.backends.redis import (
     KeySpace,
@@ -121,6 +123,8 @@ _RECOVER_PER_SHARD = 8
 _BATCH = 256
 _CONCURRENT = 32
 _POLL_MS = 1_000
+_LISTED_CAP = 10_000
+"""Items whose dedupe key `pending` remembers for their `ack` (the oldest are forgotten)."""
 _CLAIMS_HINT = "c"
 """Rung on the inbox bell when a claim was indexed to lapse before a visibility timeout."""
 _BLOB_KEYS_SLACK_MS = 86_400_000
@@ -241,6 +245,12 @@ def _stream_id(text: str) -> tuple[int, int]:
     return int(ms), int(seq or 0)
 
 
+def _position(stream_id: tuple[int, int]) -> int:
+    """A stream id as one number, ordered as the ids are (what `Inbox.position` returns)."""
+    ms, seq = stream_id
+    return (ms << 32) | min(seq, 0xFFFFFFFF)
+
+
 def _item_number(item_id: str) -> int | None:
     """The counter behind an item or event id (16 digits), or None if it is not one."""
     if not item_id.isdigit() or len(item_id) > 18:
@@ -298,7 +308,11 @@ class _Bell:
 
     Ringing is an ``XADD`` to a capped stream; a waiter first notes the stream's newest id, then
     does its work, then waits until the listener has seen a newer entry (so a ring between the
-    two is not missed, and one from before is not mistaken for a new one).
+    two is not missed, and one from before is not mistaken for a new one). A waiter may note the
+    listener's own position instead (`mark`, no round trip): it may lag the stream, which can
+    only wake the waiter early for a ring it had seen already, never late. A ring names a hint
+    (a ready shard, the claims hint) and, for news a session's holder must look at, the session
+    (``s``: `news`).
     """
 
     def __init__(self, core: _Core, key: str) -> None:
@@ -307,11 +321,24 @@ class _Bell:
         self.seen: tuple[int, int] = (0, 0)
         self.latest: dict[str, tuple[int, int]] = {}
         """Each hint's newest ring seen."""
+        self.news = SessionNews()
+        """Each session's newest ring seen (positions: `_position`)."""
         self._rung = asyncio.Event()
         self._task: asyncio.Task[None] | None = None
 
-    async def ring(self, hint: str = "") -> None:
-        await self._core.client.xadd(self.key, {"h": hint}, maxlen=_WAKE_CAP, approximate=True)
+    async def ring(self, hint: str = "", *, session: str = "") -> None:
+        fields = {"h": hint, "s": session} if session else {"h": hint}
+        await self._core.client.xadd(self.key, fields, maxlen=_WAKE_CAP, approximate=True)
+
+    def rung(self) -> asyncio.Event:
+        """Set once the listener reads its next batch (take it before looking at `news`)."""
+        return self._rung
+
+    async def mark(self) -> tuple[int, int]:
+        """The listener's position (started, and the stream's newest id, if it is not running)."""
+        if self.listening:
+            return self.seen
+        return await self.position()
 
     @property
     def listening(self) -> bool:
@@ -341,6 +368,8 @@ class _Bell:
                 continue
             for entry_id, fields in entries:
                 self.latest[fields.get("h", "")] = _stream_id(entry_id)
+                if session := fields.get("s"):
+                    self.news.note(session, _position(_stream_id(entry_id)))
             last = entries[-1][0]
             self.seen = _stream_id(last)
             rung, self._rung = self._rung, asyncio.Event()
@@ -515,16 +544,23 @@ class _Core:
         move: str = "",
         consumer: str = "",
     ) -> None:
-        """One step on a ready shard (see ``ready_apply.lua``); a signal also rings the bell."""
+        """One step on a ready shard (see ``ready_apply.lua``); a signal also rings the bell.
+
+        On a server the ring goes in the same script; a cluster's bell is in another slot.
+        """
+        keys = [self.rkey(shard, "ready"), self.rkey(shard, "claims")]
+        if not self.cluster:
+            keys.append(self.inbox_bell.key)
         await self.eval(
             "ready_apply",
-            [self.rkey(shard, "ready"), self.rkey(shard, "claims")],
-            [signal, ack, unindex, index, expires, move, consumer],
+            keys,
+            [signal, ack, unindex, index, expires, move, consumer, shard, _WAKE_CAP],
         )
         if signal:
             self.clean.pop(shard, None)
-            async with self.guard("wake"):
-                await self.inbox_bell.ring(str(shard))
+            if self.cluster:
+                async with self.guard("wake"):
+                    await self.inbox_bell.ring(str(shard))
 
     def dirty(self, shard: int) -> bool:
         """Whether a ready shard may hold entries no read of this broker has seen."""
@@ -544,6 +580,9 @@ class _Core:
 class _RedisInbox:
     def __init__(self, core: _Core) -> None:
         self._c = core
+        self._listed: OrderedDict[tuple[str, int], str] = OrderedDict()
+        """Items `pending` listed, by session and number: their dedupe key (what `ack` needs
+        to name the key it starts the expiry of; the script checks it is still the item's)."""
         self._registered: set[str] = set()
         self._next_shard = 0
         self._next_autoclaim = 0.0
@@ -584,12 +623,26 @@ class _RedisInbox:
             }
         )
         keys = self._keys(item.session, "st", "inbox", f"dd:{item.dedupe_key}", "claim", "rej")
-        reply = await c.eval(
-            "inbox_append", keys, [c.clock.now_ms(), item.dedupe_key, c.visibility_ms, body]
-        )
-        duplicate, item_id, at, stored, status, reason, signal = reply
+        shard = c.ready_shard(item.session)
+        if not c.cluster:  # one call: the signal and the ring too (a cluster's are elsewhere)
+            keys += [c.rkey(shard, "ready"), c.inbox_bell.key]
+        args: list[str | int] = [
+            c.clock.now_ms(),
+            item.dedupe_key,
+            c.visibility_ms,
+            body,
+            item.session,
+            shard,
+        ]
+        reply = await c.eval("inbox_append", keys, [*args, _WAKE_CAP])
+        duplicate, item_id, at, stored, status, reason, signal, ring, sent = reply
         if signal:
-            await c.apply(c.ready_shard(item.session), signal=item.session)
+            c.clean.pop(shard, None)
+        if signal and not sent:
+            await c.apply(shard, signal=item.session)
+        if ring and not sent:  # the session is held: its holder waits for news of it
+            async with c.guard("wake"):
+                await c.inbox_bell.ring(session=item.session)
         return InboxAppend(
             item=_item(item.session, item_id, at, stored, status, reason),
             duplicate=bool(duplicate),
@@ -603,6 +656,12 @@ class _RedisInbox:
             rows = await self._c.client.xrange(
                 self._c.skey(session, "inbox"), "-", "+", count=limit
             )
+        listed = self._listed
+        for sid, f in rows:
+            listed[(session, _stream_id(sid)[0])] = f["k"]
+            listed.move_to_end((session, _stream_id(sid)[0]))
+        while len(listed) > _LISTED_CAP:
+            listed.popitem(last=False)
         return tuple(
             _item(session, f"{_stream_id(sid)[0]:016d}", f["a"], f["j"]) for sid, f in rows
         )
@@ -612,17 +671,23 @@ class _RedisInbox:
         if number is None or not session:
             return
         c = self._c
+        dedupe_key = self._listed.pop((session, number), None)
+        if dedupe_key is not None and await self._ack(session, number, dedupe_key) >= 0:
+            return
+        # not listed by this broker (or the note is stale): its dedupe key is read first
         await c.ready()
         async with c.guard("ack"):
             rows = await c.client.xrange(
                 c.skey(session, "inbox"), f"{number}-0", f"{number}-0", count=1
             )
-        if not rows:
-            return
-        fields = rows[0][1]
-        keep = int(fields["a"]) + c.dedupe_ttl_ms - c.clock.now_ms()
-        keys = self._keys(session, "inbox", f"dd:{fields['k']}")
-        await c.eval("inbox_ack", keys, [f"{number}-0", keep])
+        if rows:
+            await self._ack(session, number, rows[0][1]["k"])
+
+    async def _ack(self, session: str, number: int, dedupe_key: str) -> int:
+        c = self._c
+        keys = self._keys(session, "inbox", f"dd:{dedupe_key}")
+        args: list[str | int] = [f"{number}-0", dedupe_key, c.clock.now_ms(), c.dedupe_ttl_ms]
+        return int(await c.eval("inbox_ack", keys, args))
 
     async def reject(self, session: str, item_id: str, reason: str) -> None:
         number = _item_number(item_id)
@@ -644,7 +709,7 @@ class _RedisInbox:
                     await bell.position()
             since = bell.seen
             async with self._scanning:  # one scan at a time: woken waiters do not all read
-                ticket = await self._scan(worker, since)
+                ticket = await whole_take(self._scan(worker, since), self.done)
             if ticket is not None:
                 return ticket
             now = c.clock.now_ms()
@@ -817,11 +882,22 @@ class _RedisInbox:
             await c.apply(shard, ack=entry, unindex=old_member)
             return None
         token = c.ids.next()
-        outcome, expires = await c.eval(
-            "inbox_take",
-            self._keys(session, "st", "inbox", "claim"),
-            [entry, token, worker, c.clock.now_ms(), c.visibility_ms, old_token],
-        )
+        keys = self._keys(session, "st", "inbox", "claim")
+        if not c.cluster:
+            keys.append(c.inbox_bell.key)
+        args: list[str | int] = [
+            entry,
+            token,
+            worker,
+            c.clock.now_ms(),
+            c.visibility_ms,
+            old_token,
+            session,
+        ]
+        outcome, expires, over = await c.eval("inbox_take", keys, [*args, _WAKE_CAP])
+        if over:  # its old holder may still wait on the session: it is no longer theirs
+            async with c.guard("wake"):
+                await c.inbox_bell.ring(session=session)
         if outcome == "taken":
             await c.apply(
                 shard,
@@ -895,8 +971,8 @@ class _RedisInbox:
                 expires=int(expires),
             )
             self._recover_at = min(self._recover_at, int(expires))
-            async with c.guard("wake"):
-                await c.inbox_bell.ring(_CLAIMS_HINT)
+            async with c.guard("wake"):  # and the ticket's holder, if it waits on the session
+                await c.inbox_bell.ring(_CLAIMS_HINT, session=ticket.session)
         elif outcome == 1 or signal:
             await c.apply(
                 shard,
@@ -948,6 +1024,29 @@ class _RedisInbox:
                 await self.done(ticket, again_in_ms=0)
                 released.append(session)
         return tuple(released)
+
+    async def position(self) -> int:
+        c = self._c
+        await c.ready()
+        async with c.guard("position"):
+            return _position(await c.inbox_bell.mark())
+
+    async def wait(self, session: str, *, since: int, timeout_ms: int) -> bool:
+        c = self._c
+        bell = c.inbox_bell
+        deadline = c.clock.now_ms() + max(timeout_ms, 0)
+        while not c.closed:
+            rung = bell.rung()
+            if bell.news.since(session, since):
+                return True
+            if not bell.listening:  # nobody read the rings: what they said is unknown
+                async with c.guard("position"):
+                    await bell.mark()  # listening from now on
+                return True
+            if c.clock.now_ms() >= deadline:
+                return False
+            await _first(rung.wait(), _sleep_until(c.clock, deadline))
+        return True
 
     async def backlog(self) -> Backlog:
         c = self._c
@@ -1043,19 +1142,31 @@ class _RedisOutbox:
     ) -> bool:
         c = self._c
         keys = self._k(delivery_id, "o", "due", "pend", "ls:pending")
-        new = await c.eval(
-            "outbox_enqueue", keys, [delivery_id, session, lane, _json(outbound), now_ms]
-        )
+        args: list[str | int] = [delivery_id, session, lane, _json(outbound), now_ms]
+        new = await c.eval("outbox_enqueue", *self._ringing(delivery_id, keys, args))
         if new:
             await self._ring(delivery_id)
         return bool(new)
 
+    def _ringing(
+        self, delivery_id: str, keys: list[str], args: list[str | int]
+    ) -> tuple[list[str], list[str | int]]:
+        """A script's keys and args, with the outbox bell's on a server (the script rings it)."""
+        c = self._c
+        if c.cluster:  # the bell is in another slot: `_ring` rings it after the script
+            return keys, args
+        return [*keys, c.outbox_bell.key], [*args, c.outbox_shard(delivery_id), _WAKE_CAP]
+
     async def _ring(self, delivery_id: str) -> None:
-        """Wake the deliverers: something in this delivery's shard may be due sooner."""
+        """Wake the deliverers: something in this delivery's shard may be due sooner.
+
+        On a server the script that made it due rang the bell already.
+        """
         shard = self._c.outbox_shard(delivery_id)
         self._next[shard] = None
-        async with self._c.guard("wake"):
-            await self._c.outbox_bell.ring(str(shard))
+        if self._c.cluster:
+            async with self._c.guard("wake"):
+                await self._c.outbox_bell.ring(str(shard))
 
     def _may_be_due(self, now_ms: int) -> list[int]:
         """The shards a claim looks at: every one unless `wait`'s reading is fresh and heard.
@@ -1153,7 +1264,7 @@ class _RedisOutbox:
             "1" if unknown_outcome else "0",
             delivery_id,
         ]
-        settled = bool(await self._c.eval("outbox_settle", keys, args))
+        settled = bool(await self._c.eval("outbox_settle", *self._ringing(delivery_id, keys, args)))
         if settled and mode == "retry":
             await self._ring(delivery_id)
         return settled
@@ -1208,7 +1319,8 @@ class _RedisOutbox:
 
     async def redeliver(self, delivery_id: str, *, now_ms: int) -> Delivery | None:
         keys = self._k(delivery_id, "o", "due", "pend", "ls:dead", "ls:pending", "deadat")
-        flat = await self._c.eval("outbox_redeliver", keys, [now_ms, delivery_id])
+        args: list[str | int] = [now_ms, delivery_id]
+        flat = await self._c.eval("outbox_redeliver", *self._ringing(delivery_id, keys, args))
         if not flat:
             return None
         delivery = _delivery(_pairs(flat))
@@ -1263,7 +1375,7 @@ class _RedisOutbox:
         deadline = now + max(timeout_ms, 0)
         async with c.guard("wait"):
             listening = c.outbox_bell.listening
-            since = await c.outbox_bell.position()
+            since = await c.outbox_bell.mark()
         # the shards a claim would look at (all of them now and then): read when each may
         # next have something claimable
         shards = self._may_be_due(now) if listening else list(range(c.shards))

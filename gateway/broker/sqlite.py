@@ -58,6 +58,7 @@ from gateway.broker.contract import (
     TicketHeld,
 )
 from gateway.broker.limits import BlobLimits, blob_id
+from gateway.broker.news import SessionNews, whole_take
 from harness_core import Clock, IdGenerator, SystemClock, Uuid7Ids
 from harness_core.backends.batch import WriteQueue
 from harness_core.backends.sqlite import ConnectionPolicy, Database, SqliteExecutor, Synchronous
@@ -485,12 +486,24 @@ class SqliteBroker(BrokerParts):
 class _Inbox:
     def __init__(self, broker: SqliteBroker) -> None:
         self._b = broker
+        self._news = SessionNews()
+        self._at = 0
+        """This broker's news position: one more per piece of news."""
+        self._told = _Signal()
+
+    def _tell(self, *sessions: str) -> None:
+        """News for `sessions` (an item appended, a ticket taken over or handed back)."""
+        for session in sessions:
+            self._at += 1
+            self._news.note(session, self._at)
+        if sessions:
+            self._told.fire()
 
     async def append(self, item: NewInboxItem) -> InboxAppend:
         payload = _json(item.payload)
         ttl = self._b.dedupe_ttl_ms
 
-        def op(conn: sqlite3.Connection, now: int) -> tuple[tuple[Any, ...], bool]:
+        def op(conn: sqlite3.Connection, now: int) -> tuple[tuple[Any, ...], bool, bool]:
             self._b.lazy_purge_inbox(conn, now)
             row = conn.execute(
                 f"SELECT {_INBOX_COLUMNS}, dedupe_until_ms FROM inbox WHERE dedupe_key = ?",
@@ -498,7 +511,7 @@ class _Inbox:
             ).fetchone()
             if row is not None:
                 if row[7] != "acked" or row[9] > now:
-                    return row[:9], True
+                    return row[:9], True, False
                 conn.execute("DELETE FROM inbox WHERE id = ?", (row[0],))  # window passed
             cursor = conn.execute(
                 "INSERT INTO inbox (session, lane, dedupe_key, kind, payload, appended_at_ms, "
@@ -509,12 +522,18 @@ class _Inbox:
                 "INSERT OR IGNORE INTO session_claims (session, available_at_ms) VALUES (?, ?)",
                 (item.session, now),
             )
+            # held (a live ticket, or one deferred): its holder is told, the takers are not
+            (available_at,) = conn.execute(
+                "SELECT available_at_ms FROM session_claims WHERE session = ?", (item.session,)
+            ).fetchone()
             new = (cursor.lastrowid, item.session, item.lane, item.dedupe_key, item.kind)
-            return (*new, payload, now, "pending", None), False
+            return (*new, payload, now, "pending", None), False, available_at <= now
 
-        row, duplicate = await self._b.write(op)
+        row, duplicate, ready = await self._b.write(op)
         if not duplicate:
-            self._b.sessions_ready.fire()
+            self._tell(item.session)
+            if ready:
+                self._b.sessions_ready.fire()
         return InboxAppend(item=_item(row), duplicate=duplicate)
 
     async def pending(self, session: str, *, limit: int = 100) -> tuple[InboxItem, ...]:
@@ -557,17 +576,17 @@ class _Inbox:
 
             def op(
                 conn: sqlite3.Connection, now: int, ticket: str = ticket
-            ) -> tuple[str | None, int | None]:
+            ) -> tuple[str | None, int | None, bool]:
                 while True:
                     row = conn.execute(
                         "SELECT session, available_at_ms, ticket FROM session_claims "
                         "ORDER BY available_at_ms, session LIMIT 1"
                     ).fetchone()
                     if row is None:
-                        return None, None
+                        return None, None, False
                     session, available_at, lapsed = row
                     if available_at > now:
-                        return None, available_at  # the next claim to expire
+                        return None, available_at, False  # the next claim to expire
                     # a lapsed ticket: its worker died or deferred the session, so it is handed
                     # out again with nothing pending (an operation may be left open)
                     if lapsed is None and not _has_pending(conn, session):
@@ -578,16 +597,29 @@ class _Inbox:
                         "claimed_at_ms = ? WHERE session = ?",
                         (worker, ticket, now + visibility, now, session),
                     )
-                    return session, None
+                    return session, None, bool(lapsed)
 
             if b.closed:
                 return None
-            session, next_at = await b.write(op, point=False)
-            if session is not None:
-                return SessionTicket(session=session, ticket=ticket)
+            taken = await whole_take(self._take_step(op, ticket), self.done)
+            if isinstance(taken, SessionTicket):
+                return taken
             if b.closed or b.clock.now_ms() >= deadline:
                 return None
-            await b.sleep_until(signal, next_at, deadline)
+            await b.sleep_until(signal, taken, deadline)
+
+    async def _take_step(
+        self,
+        op: Callable[[sqlite3.Connection, int], tuple[str | None, int | None, bool]],
+        ticket: str,
+    ) -> SessionTicket | int | None:
+        """Run a take's transaction: a ticket, else when the next claim expires (None: none)."""
+        session, next_at, over = await self._b.write(op, point=False)
+        if session is None:
+            return next_at
+        if over:  # a ticket that lapsed or was handed back: its holder may be waiting
+            self._tell(session)
+        return SessionTicket(session=session, ticket=ticket)
 
     async def renew(self, ticket: SessionTicket) -> bool:
         visibility = self._b.visibility_timeout_ms
@@ -659,8 +691,27 @@ class _Inbox:
 
         released: tuple[str, ...] = await self._b.write(op, point=False)
         if released:
+            self._tell(*released)
             self._b.sessions_ready.fire()
         return released
+
+    async def position(self) -> int:
+        return self._at
+
+    async def wait(self, session: str, *, since: int, timeout_ms: int) -> bool:
+        b = self._b
+        deadline = b.clock.now_ms() + max(timeout_ms, 0)
+        while not b.closed:
+            told = self._told.arm()
+            if self._news.since(session, since):
+                return True
+            if b.clock.now_ms() >= deadline:
+                return False
+            polled = b.clock.now_ms() + b.poll_interval_ms
+            await b.sleep_until(told, None, deadline)
+            if b.clock.now_ms() >= polled:  # another process's change is not told here
+                return True
+        return True
 
     async def backlog(self) -> Backlog:
         def run(c: sqlite3.Connection) -> tuple[int, int | None, int]:

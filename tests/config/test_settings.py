@@ -54,6 +54,16 @@ def test_the_defaults_are_consistent_and_embedded() -> None:
         ({"drain_seconds": 15}, ("drain_seconds=15", "shutdown_seconds=15"), "drain_seconds"),
         ({"shutdown_seconds": 5}, ("drain_seconds=10", "shutdown_seconds=5"), "shutdown"),
         (
+            {"linger_seconds": 10.5},
+            ("linger_seconds=10.5", "lease_seconds=30"),
+            "3 x linger_seconds must be at most lease_seconds",
+        ),
+        (
+            {"lease_seconds": 3, "renew_seconds": 0.5, "linger_seconds": 1.5},
+            ("linger_seconds=1.5", "lease_seconds=3"),
+            "outlasts its linger",
+        ),
+        (
             {"delivery_timeout_seconds": 30},
             ("delivery_timeout_seconds=30", "outbox_lease_seconds=60"),
             "2 x delivery_timeout_seconds",
@@ -78,6 +88,8 @@ def test_every_failed_check_is_reported() -> None:
 
 def test_settings_just_inside_the_checks_are_accepted() -> None:
     Settings(lease_seconds=3, renew_seconds=0.99, drain_seconds=14.9, delivery_timeout_seconds=29)
+    Settings(lease_seconds=3, renew_seconds=0.99, linger_seconds=1)
+    assert Settings(linger_seconds=0).linger_seconds == 0  # let go at once
 
 
 @pytest.mark.parametrize(
@@ -91,6 +103,11 @@ def test_settings_just_inside_the_checks_are_accepted() -> None:
         ("worker_slots", True, "an integer from 1 to 128, not true or false"),
         ("port", 0, "an integer from 1 to 65535"),
         ("gc_young_threshold", -1, "an integer from 0 to 10000000"),
+        ("linger_seconds", -0.5, "a number of seconds from 0 to 100"),
+        ("linger_seconds", 1e9, "a number of seconds from 0 to 100"),
+        ("linger_seconds", float("nan"), "a number of seconds from 0 to 100"),
+        ("linger_seconds", True, "a number of seconds from 0 to 100, not true or false"),
+        ("linger_seconds", "soon", "a number of seconds from 0 to 100"),
         ("gc_young_threshold", 700.5, "an integer from 0 to 10000000"),
         ("port", 8787.5, "an integer from 1 to 65535"),
         ("inbox_dedupe_seconds", 1e300, "from 60 to 2592000"),

@@ -69,6 +69,9 @@ def _settings(
         **urls,
         lease_seconds=6,
         renew_seconds=1,
+        # `ops` reads the CLI's whole stderr while the service runs in this process: a session
+        # whose linger ends meanwhile would log into it
+        linger_seconds=0,
         slack_bot_token=slack.bot_token,
         slack_signing_secret=SECRET,
         slack_api_url=slack.api_url,

@@ -1,25 +1,40 @@
--- Hold an item unless its dedupe key is known; say whether the session needs a ready signal.
--- KEYS: state, inbox, dedupe, claim, rejected. ARGV: now, dedupe key, visibility ms, item json.
+-- Hold an item unless its dedupe key is known; say whether the session needs a ready signal,
+-- or whether its holder must be told (a live claim: it waits on the inbox bell for news).
+-- KEYS: state, inbox, dedupe, claim, rejected; on a server (not a cluster) also the session's
+-- ready stream and the inbox bell: then the signal and the ring are sent here, in this call.
+-- ARGV: now, dedupe key, visibility ms, item json, session, ready shard hint, bell cap.
 -- The dedupe key has no expiry while its item is pending or rejected; `ack` starts its window.
--- Returns {duplicate, id, appended_at, json, status, reason, signal}.
+-- Returns {duplicate, id, appended_at, json, status, reason, signal, ring, sent}: sent is 1
+-- when this call sent the signal and the ring it asks for.
 local now, vis = tonumber(ARGV[1]), tonumber(ARGV[3])
+local function told(signal, ring)
+  if not KEYS[6] then return signal, ring, 0 end
+  if signal == 1 then
+    redis.call('XADD', KEYS[6], '*', 's', ARGV[5])
+    wake(KEYS[7], ARGV[7], 'h', ARGV[6])
+  end
+  if ring == 1 then wake(KEYS[7], ARGV[7], 's', ARGV[5]) end
+  return signal, ring, 1
+end
+local function needs()
+  if claim_live(KEYS[4], now) then return 0, 1 end
+  return signal_wanted(KEYS[1], now, vis), 0
+end
 local found = redis.call('GET', KEYS[3])
 if found then
   local id, at, body = string.match(found, '^(%d+)\t(%d+)\t(.*)$')
   local sid = string.format('%d-0', tonumber(id))
   if #redis.call('XRANGE', KEYS[2], sid, sid) > 0 then
-    local signal = 0
-    if not claim_live(KEYS[4], now) then signal = signal_wanted(KEYS[1], now, vis) end
-    return {1, id, at, body, 'pending', false, signal}
+    local signal, ring, sent = told(needs())
+    return {1, id, at, body, 'pending', false, signal, ring, sent}
   end
   local reason = redis.call('HGET', KEYS[5], id)
-  if reason then return {1, id, at, body, 'rejected', reason, 0} end
-  return {1, id, at, body, 'acked', false, 0}
+  if reason then return {1, id, at, body, 'rejected', reason, 0, 0, 0} end
+  return {1, id, at, body, 'acked', false, 0, 0, 0}
 end
 local seq = redis.call('HINCRBY', KEYS[1], 'seq', 1)
 local id = string.format('%016d', seq)
 redis.call('XADD', KEYS[2], string.format('%d-0', seq), 'a', ARGV[1], 'k', ARGV[2], 'j', ARGV[4])
 redis.call('SET', KEYS[3], id .. '\t' .. ARGV[1] .. '\t' .. ARGV[4])
-local signal = 0
-if not claim_live(KEYS[4], now) then signal = signal_wanted(KEYS[1], now, vis) end
-return {0, id, ARGV[1], ARGV[4], 'pending', false, signal}
+local signal, ring, sent = told(needs())
+return {0, id, ARGV[1], ARGV[4], 'pending', false, signal, ring, sent}

@@ -1,5 +1,6 @@
 -- A dead letter back to pending, due now, attempts reset; anything else unchanged.
--- KEYS: delivery, due, pend, list:dead, list:pending, deadat. ARGV: now, id.
+-- KEYS: delivery, due, pend, list:dead, list:pending, deadat; on a server (not a cluster) also
+-- the outbox bell, rung here. ARGV: now, id, the shard's hint, bell cap.
 -- Returns the delivery's fields, or nil if there is none.
 if redis.call('EXISTS', KEYS[1]) == 0 then return false end
 if redis.call('HGET', KEYS[1], 'st') == 'dead' then
@@ -10,5 +11,6 @@ if redis.call('HGET', KEYS[1], 'st') == 'dead' then
   redis.call('ZADD', KEYS[5], 0, ARGV[2])
   redis.call('ZADD', KEYS[2], ARGV[1], ARGV[2])
   redis.call('ZADD', KEYS[3], ARGV[1], ARGV[2])
+  if KEYS[7] then wake(KEYS[7], ARGV[4], 'h', ARGV[3]) end
 end
 return redis.call('HGETALL', KEYS[1])

@@ -14,3 +14,8 @@ local function claim_live(claim, now)
   local c = redis.call('HMGET', claim, 'token', 'anchor', 'exp')
   return c[1] and tonumber(c[3]) > now, c
 end
+-- Ring a bell (a capped stream each broker's listener reads): `field` is h (a hint: a ready
+-- shard, the claims hint) or s (a session whose holder must look at its inbox).
+local function wake(bell, cap, field, value)
+  redis.call('XADD', bell, 'MAXLEN', '~', cap, '*', field, value)
+end
