@@ -383,8 +383,13 @@ class Settings(BaseModel):
     @classmethod
     def _no_booleans(cls, value: Any, info: ValidationInfo) -> Any:
         # pydantic reads true as 1; a TOML `worker_slots = true` is a mistake, not one slot.
-        if isinstance(value, bool) and info.field_name is not None:
-            raise ValueError(f"expected {accepted(info.field_name)}, not true or false")
+        name = info.field_name
+        if (
+            isinstance(value, bool)
+            and name is not None
+            and cls.model_fields[name].annotation is not bool
+        ):
+            raise ValueError(f"expected {accepted(name)}, not true or false")
         return value
 
     @field_validator("plugin")

@@ -193,8 +193,14 @@ _SCRIPT = """
         " UTC): its run ends, its messages are kept and not run, nothing is posted");
     }
     const actions = $("lane-actions");
-    actions.replaceChildren();
     const id = lane.id;
+    // rebuilt only when what it offers changes: the 3 s refresh must not wipe what an operator
+    // is typing (a result, a reason) nor take the focus away
+    const shape = JSON.stringify([lane.id, lane.status, lane.actions, lane.wait_id,
+      lane.pending_approvals, lane.interrupted_calls, lane.revoked]);
+    if (actions.dataset.shape !== shape) {
+    actions.dataset.shape = shape;
+    actions.replaceChildren();
     if (lane.actions.includes("resume")) {
       const choice = el("select");
       for (const policy of ["declared", "never", "always"]) {
@@ -280,6 +286,7 @@ _SCRIPT = """
       const done = el("div", "row");
       done.append(result, failed, actionButton("Done it myself", supply));
       actions.appendChild(done);
+    }
     }
     const timeline = await api("GET", "/lanes/" + id + "/timeline?limit=500");
     const body = $("timeline");

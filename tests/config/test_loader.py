@@ -213,6 +213,16 @@ def test_a_toml_file_sets_plain_values_and_routes(tmp_path: Path) -> None:
     assert settings.route_for("email", "anyone@example.com") == "mail"
 
 
+@pytest.mark.parametrize("value", [True, False])
+def test_a_boolean_setting_takes_true_or_false_from_the_file_and_the_environment(
+    tmp_path: Path, value: bool
+) -> None:
+    word = str(value).lower()
+    config = _toml(tmp_path, f"provider_spans = {word}\n")
+    assert load_settings({}, config_file=config).provider_spans is value
+    assert load_settings({"GATEWAY_PROVIDER_SPANS": word}).provider_spans is value
+
+
 def test_the_environment_wins_over_the_file_and_replaces_its_routes(tmp_path: Path) -> None:
     config = _toml(
         tmp_path,

@@ -21,6 +21,7 @@ READS = {
     "self.lane.context.messages",
     "self.lane.context.tokens",
     "self.lane.context.entry",
+    "self.lane.context.path_entries_of_type",
     "storage.find_entries_on_branch",
 }
 """Reads of committed state: not effects (a crash around a read changes nothing durable)."""

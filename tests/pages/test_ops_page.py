@@ -181,6 +181,10 @@ async def test_an_operator_supplies_a_result_from_the_page(
             "Done it myself refused: write what the action did first"
         )
         await actions.get_by_label("result").fill("deployed x by hand")
+        # the page refreshes itself (every 3 s, or a filter click): what is typed stays
+        async with page.expect_response(lambda r: "/timeline" in r.url):
+            await page.locator(".filters button", has_text="all").click()
+        await expect(actions.get_by_label("result")).to_have_value("deployed x by hand")
         await actions.get_by_role("button", name="Done it myself").click()
         await expect(page.locator("#lane-note")).to_contain_text("done (completed)", timeout=20_000)
         timeline = page.locator("#timeline")

@@ -197,11 +197,10 @@ class Run(Part):
 
     async def _state_reached(self) -> HarnessState:
         """The failed run's state candidate (a13n C6, D235): what a host may inspect or fork."""
-        context = self.lane.context
-        custom = await context.path_entries_of_type("custom")
+        custom = await self.lane.context.path_entries_of_type("custom")
         return HarnessState(
             thread_id=self.lane.name,
-            messages=await context.messages(),
+            messages=await self.lane.context.messages(),
             capabilities=capabilities_of([stored.entry for stored in custom]),
         )
 
