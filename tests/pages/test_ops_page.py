@@ -198,3 +198,50 @@ async def test_an_operator_supplies_a_result_from_the_page(
     finally:
         gateway.stop()
     assert console_errors == []
+
+
+async def test_an_operator_revokes_a_lane_from_the_page_and_gives_it_back(
+    tmp_path: Path, page: Page, console_errors: list[str]
+) -> None:
+    """D267: Revoke asks why, the lane says it is revoked and by whom; Unrevoke gives it back."""
+    settings = {
+        "store_url": f"sqlite:///{tmp_path}/store.db",
+        "broker_url": f"sqlite:///{tmp_path}/broker.db",
+        "web_url": f"sqlite:///{tmp_path}/web.db",
+        "plugin": "tests.support.gateway_agent",
+    }
+    gateway = GatewayProcess("gw", tmp_path, settings).start()
+    try:
+        token = (tmp_path / "ops-token").read_text().strip()
+        async with httpx.AsyncClient(base_url=gateway.url, timeout=10) as http:
+            posted = await http.post("/web/threads/gone/messages", json={"text": "hello"})
+            assert posted.status_code == 202, posted.text
+            deadline = time.monotonic() + 20
+            while await _answers(settings["web_url"], "gone") < 1:
+                assert time.monotonic() < deadline, gateway.tail()
+                await asyncio.sleep(0.1)
+
+        answers: list[str] = []
+
+        async def answer(dialog: Dialog) -> None:
+            answers.append(dialog.type)
+            await dialog.accept("the customer left" if dialog.type == "prompt" else "")
+
+        page.on("dialog", answer)
+        await page.goto(f"{gateway.url}/ops#token={token}")
+        row = page.locator("#lanes tr", has_text="web:gone")
+        await expect(row.locator(".status")).to_have_text("idle")
+        await row.click()
+        actions = page.locator("#lane-actions")
+        await actions.get_by_role("button", name="Revoke", exact=True).click()
+        facts = page.locator("#lane-facts")
+        await expect(facts).to_contain_text("the customer left", timeout=15_000)
+        await expect(facts).to_contain_text("by operator:local")
+        await expect(actions.get_by_role("button", name="Revoke", exact=True)).to_have_count(0)
+        await actions.get_by_role("button", name="Unrevoke").click()
+        await expect(facts).not_to_contain_text("the customer left", timeout=15_000)
+        await expect(actions.get_by_role("button", name="Revoke", exact=True)).to_be_visible()
+        assert answers == ["prompt", "confirm"]
+    finally:
+        gateway.stop()
+    assert console_errors == []
