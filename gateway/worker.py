@@ -90,8 +90,6 @@ _LAPSE: Final = "lapse"
 """`_serve`'s answer when the session's ticket must lapse (see `Inbox.take_session`)."""
 _WARM: Final = "warm"
 """`_serve`'s answer when the session lingers: its linger ends its ticket (`gateway.warm`)."""
-_WARM_PER_SLOT = 4
-"""Sessions a worker keeps lingering, per slot (past it, the one lingering longest goes)."""
 _LEASE_MARGIN_MS = 100
 """Look again this long after another holder's lease should have lapsed."""
 _AUTHORITY_MS = 1_000
@@ -126,6 +124,12 @@ class WorkerConfig:
     `gateway.warm`). At most a third of `lease_ms`: an idle harness does not renew its lease."""
     deferred_poll_ms: int = 2_000
     """How often a lane parked on a background model request is polled."""
+    warm_per_slot: int = 64
+    """Sessions kept lingering at most, per slot (past it, the one lingering longest goes). A
+    lingering session costs its restored lanes' memory and a waiter, no slot and no polling;
+    with a few per slot, a rate above a few sessions a second per slot evicted every session
+    before its next message came (`bench/gateway_bench.py`: 1.00 takes a reply at 4 per slot,
+    0.14 at 64)."""
 
 
 @dataclass(eq=False)
@@ -467,7 +471,9 @@ class Worker:
         ):
             return False
         staying = [warm for warm in self._warm.values() if not warm.leave.is_set()]
-        if len(staying) >= self.config.slots * _WARM_PER_SLOT:  # the one lingering longest goes
+        if (
+            len(staying) >= self.config.slots * self.config.warm_per_slot
+        ):  # the one lingering longest goes
             min(staying, key=lambda warm: warm.linger_until_ms).leave.set()
         session.leave.clear()
         session.linger_until_ms = self._clock.now_ms() + linger_ms

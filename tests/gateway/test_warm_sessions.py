@@ -14,6 +14,7 @@ import asyncio
 import logging
 import time
 from collections.abc import AsyncIterator, Callable
+from dataclasses import replace
 from typing import Any
 
 import httpx
@@ -328,3 +329,27 @@ def _inbox_item(thread: str, text: str) -> NewInboxItem:
         kind="message",
         payload=inbound.model_dump(mode="json"),
     )
+
+
+async def test_past_the_cap_the_session_lingering_longest_is_let_go(
+    urls: dict[str, str], started: Callable[..., Any]
+) -> None:
+    """With room for one lingering session, the second one to linger sends the first away."""
+    other = "web-other"
+    rig = await started(urls, linger_seconds=10, worker_slots=1)
+    worker = rig.service.worker
+    assert worker is not None
+    worker.config = replace(worker.config, warm_per_slot=1)
+    await rig.post("t1", "one")
+    await rig.replied("t1", 1)
+    await rig.until(rig.holds, "the first session lingers")
+    response = await rig.http.post(
+        "/web/threads/u1/messages", json={"text": "elsewhere", "space": "other"}
+    )
+    assert response.status_code == 202, response.text
+    await rig.until(lambda: not rig.holds(), "the first session is let go", timeout_s=5)
+    assert rig.releases == 1 and other in worker.active  # the newer one lingers in its place
+    assert await rig.lease_holder() is None
+    await rig.post("t1", "two")
+    assert await rig.replied("t1", 2) == ["You said: one", "You said: two"]
+    assert rig.takes == 3  # the first session was taken again
