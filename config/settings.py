@@ -239,8 +239,10 @@ class Settings(BaseModel):
         ge=0,
         le=100,
         description="How long a worker keeps a session it just served (its restored lanes, "
-        "lease and ticket) for the session's next message, unless another session needs the "
-        "worker or the process stops; 0: let go at once (3 x this <= lease_seconds).",
+        "lease and ticket) for the session's next message, which then needs no take; it is let "
+        "go sooner when that message finds no free slot here, another worker took the session "
+        "over, 64 per slot linger already (the longest goes) or the process stops; 0: let go "
+        "at once (3 x this <= lease_seconds).",
     )
     max_attempts: int = Field(
         default=3,

@@ -5,6 +5,9 @@ its holder must look at (an item appended while the session was held, its ticket
 or handed back): `Inbox.wait` compares that with the position the holder read from. The record
 is bounded: past its cap it is cleared, and every position before the clear then counts as
 news (a wake for nothing costs a read; a missed one would strand a message until the next).
+A holder waits on its own session's event (`waiter`), so news of one session wakes only the
+holders of that one: dozens of lingering sessions would otherwise all wake, and sleep again, at
+every message of every session.
 
 A take step (a claim and the bookkeeping around it) runs to its end once started: cancelling
 the caller waits for it and hands back a session it took, so a worker may take while it waits
@@ -14,6 +17,7 @@ for something else (a lingering session's next message) and cancel the take when
 from __future__ import annotations
 
 import asyncio
+import weakref
 from collections.abc import Awaitable, Callable
 from typing import TypeVar
 
@@ -35,14 +39,36 @@ class SessionNews:
         self._forgotten = -1
         """News at a position up to this one may have been cleared from the record."""
         self._cap = cap
+        self._waiters: weakref.WeakValueDictionary[str, asyncio.Event] = (
+            weakref.WeakValueDictionary()
+        )
+        """Each waited-on session's next-news event (dropped with its last waiter)."""
+
+    def waiter(self, session: str) -> asyncio.Event:
+        """Set by the next news of `session` (take it before `since`, wait on it after)."""
+        event = self._waiters.get(session)
+        if event is None:
+            event = self._waiters[session] = asyncio.Event()
+        return event
 
     def note(self, session: str, at: int) -> None:
         """`session` had news at position `at`."""
         if session not in self._latest and len(self._latest) >= self._cap:
             self._forgotten = max(self._forgotten, *self._latest.values())
             self._latest.clear()
+            self.wake_all()  # every position before the clear is news now
         if at > self._latest.get(session, -1):
             self._latest[session] = at
+        event = self._waiters.pop(session, None)
+        if event is not None:
+            event.set()
+
+    def wake_all(self) -> None:
+        """Wake every waiter (what they wait for may have happened unseen)."""
+        events = list(self._waiters.values())
+        self._waiters.clear()
+        for event in events:
+            event.set()
 
     def since(self, session: str, position: int) -> bool:
         """Whether `session` may have had news after `position`."""

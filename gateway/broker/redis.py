@@ -1036,7 +1036,7 @@ class _RedisInbox:
         bell = c.inbox_bell
         deadline = c.clock.now_ms() + max(timeout_ms, 0)
         while not c.closed:
-            rung = bell.rung()
+            rung = bell.news.waiter(session)
             if bell.news.since(session, since):
                 return True
             if not bell.listening:  # nobody read the rings: what they said is unknown

@@ -489,15 +489,12 @@ class _Inbox:
         self._news = SessionNews()
         self._at = 0
         """This broker's news position: one more per piece of news."""
-        self._told = _Signal()
 
     def _tell(self, *sessions: str) -> None:
         """News for `sessions` (an item appended, a ticket taken over or handed back)."""
         for session in sessions:
             self._at += 1
             self._news.note(session, self._at)
-        if sessions:
-            self._told.fire()
 
     async def append(self, item: NewInboxItem) -> InboxAppend:
         payload = _json(item.payload)
@@ -702,7 +699,7 @@ class _Inbox:
         b = self._b
         deadline = b.clock.now_ms() + max(timeout_ms, 0)
         while not b.closed:
-            told = self._told.arm()
+            told = self._news.waiter(session)
             if self._news.since(session, since):
                 return True
             if b.clock.now_ms() >= deadline:
