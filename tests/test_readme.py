@@ -251,12 +251,26 @@ BENCHES: dict[str, Bench] = {
         "",
     ),
     ".venv/bin/python bench/gateway_bench.py": Bench(by="tests/bench/test_gateway_bench_smoke.py"),
+    "GATEWAY_LINGER_SECONDS=0 .venv/bin/python bench/gateway_bench.py --only "
+    "sqlite,redis1,redis2": Bench(by="tests/bench/test_gateway_bench_smoke.py"),
+    ".venv/bin/python bench/vs_langgraph.py --durability full": Bench(
+        by="tests/bench/test_vs_langgraph_smoke.py"
+    ),
+    ".venv/bin/python bench/resume_stages.py": Bench(by="tests/bench/test_resume_stages_smoke.py"),
+    ".venv/bin/python bench/prompt_instructions.py --profile 40": Bench(
+        by="tests/bench/test_prompt_instructions_smoke.py"
+    ),
+    ".venv/bin/python bench/prompt_instructions.py --instructions": Bench(
+        by="tests/bench/test_prompt_instructions_smoke.py"
+    ),
+    ".venv/bin/python bench/lane_restore_bench.py --lanes 1000,100000 --trials 3 "
+    "--log-cache /tmp/lane-logs": Bench(by="tests/bench/test_lane_restore_bench_smoke.py"),
 }
 
 NOT_HERE: dict[str, str] = {
     "scripts/test": "CI runs it: .ci/run ends with `exec scripts/test`, and this test is in it",
     "scripts/test -k sqlite -x": "scripts/test hands its arguments to pytest (checked below)",
-    "apt-get install -y redis-server dovecot-imapd chromium prometheus": (
+    "apt-get install -y redis-server dovecot-imapd chromium prometheus valgrind": (
         ".ci/run installs what is missing"
     ),
     "python3 -m venv bench/.peer-venv && bench/.peer-venv/bin/pip install -r "

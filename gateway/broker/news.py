@@ -5,7 +5,7 @@ its holder must look at (an item appended while the session was held, its ticket
 or handed back): `Inbox.wait` compares that with the position the holder read from. The record
 is bounded: past its cap it is cleared, and every position before the clear then counts as
 news (a wake for nothing costs a read; a missed one would strand a message until the next).
-A holder waits on its own session's event (`waiter`), so news of one session wakes only the
+A holder waits on its own session's event (`waiter`, D250), so news of one session wakes only the
 holders of that one: dozens of lingering sessions would otherwise all wake, and sleep again, at
 every message of every session.
 

@@ -33,10 +33,20 @@ QUICK_ROWS = (  # --quick: H = 5 and 20, 10 threads x 3 turns
 
 @pytest.mark.slow
 @pytest.mark.timeout(60)
-def test_our_side_runs_and_prints_the_table(tmp_path: Path) -> None:
+@pytest.mark.parametrize("durability", ["defaults", "full"])
+def test_our_side_runs_and_prints_the_table(tmp_path: Path, durability: str) -> None:
     out = tmp_path / "vs.json"
     done = subprocess.run(
-        [sys.executable, SCRIPT, "--quick", "--ours-only", "--json-out", str(out)],
+        [
+            sys.executable,
+            SCRIPT,
+            "--quick",
+            "--ours-only",
+            "--json-out",
+            str(out),
+            "--durability",
+            durability,
+        ],
         cwd=ROOT,
         capture_output=True,
         text=True,
@@ -45,6 +55,8 @@ def test_our_side_runs_and_prints_the_table(tmp_path: Path) -> None:
     assert done.returncode == 0, done.stdout[-2000:] + done.stderr[-3000:]
     lines = done.stdout.splitlines()
     assert lines[0].startswith("# machine: ") and "ours: Python" in lines[0], lines[0]
+    pairing = "defaults against defaults" if durability == "defaults" else "full against full"
+    assert pairing in done.stdout, done.stdout[:2000]
     [header] = [line for line in lines if line.startswith("figure ")]
     columns = [cell.strip() for cell in header.split("|")]
     assert columns == ["figure", "unit", "peer", "ours", "peer/ours", "ahead"]
