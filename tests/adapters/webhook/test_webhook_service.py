@@ -126,7 +126,11 @@ async def test_a_refused_post_is_retried_from_the_outbox_until_taken(rig: Rig) -
     await rig.say("t3", "try again")
     [reply] = await rig.replies("t3", 1)
     assert [p.status for p in rig.peer.posts] == [503, 200]
-    delivery = await rig.delivery(reply["delivery_id"])
+    # the peer has the reply before the deliverer settles it: wait for the settlement
+    deadline = asyncio.get_running_loop().time() + 10
+    while (delivery := await rig.delivery(reply["delivery_id"])).status != "delivered":
+        assert asyncio.get_running_loop().time() < deadline, delivery
+        await asyncio.sleep(0.02)
     assert (delivery.status, delivery.attempts) == ("delivered", 2)
 
 
