@@ -27,6 +27,7 @@ from gateway.channels import gateway_settings
 from gateway.replies import replies_mark, watermark_of
 from gateway.service import Service
 from harness_core import open_repo
+from tests.ops.test_api import _urls
 from tests.support.service_rig import ServiceRig
 
 SESSION = "web-default"
@@ -76,22 +77,6 @@ class _Said(logging.Handler):
 
     def emit(self, record: logging.LogRecord) -> None:
         self.said.append(str(record.msg))
-
-
-def _urls(backend: str, request: pytest.FixtureRequest, tmp_path: Any) -> dict[str, str]:
-    if backend == "sqlite":
-        return {
-            "store_url": f"sqlite:///{tmp_path}/store.db",
-            "broker_url": f"sqlite:///{tmp_path}/broker.db",
-            "web_url": f"sqlite:///{tmp_path}/web.db",
-        }
-    prefix = request.getfixturevalue("redis_prefix")
-    url = request.getfixturevalue("redis_server").url
-    return {
-        "store_url": f"{url}?prefix={prefix}s",
-        "broker_url": f"{url}?prefix={prefix}b",
-        "web_url": f"{url}?prefix={prefix}w",
-    }
 
 
 @pytest.fixture(params=["sqlite", "redis"])

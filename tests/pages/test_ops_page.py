@@ -146,16 +146,21 @@ async def test_without_a_token_the_page_asks_to_sign_in_and_refuses_a_wrong_one(
     assert [e for e in console_errors if "401" not in e] == []
 
 
-async def test_an_operator_supplies_a_result_from_the_page(
-    tmp_path: Path, page: Page, console_errors: list[str]
-) -> None:
-    """D263: the operator deployed by hand; the page answers the pending call with the result."""
-    settings = {
+def _settings(tmp_path: Path) -> dict[str, str]:
+    """One gateway on three SQLite files with the test agent (its token made at first start)."""
+    return {
         "store_url": f"sqlite:///{tmp_path}/store.db",
         "broker_url": f"sqlite:///{tmp_path}/broker.db",
         "web_url": f"sqlite:///{tmp_path}/web.db",
         "plugin": "tests.support.gateway_agent",
     }
+
+
+async def test_an_operator_supplies_a_result_from_the_page(
+    tmp_path: Path, page: Page, console_errors: list[str]
+) -> None:
+    """D263: the operator deployed by hand; the page answers the pending call with the result."""
+    settings = _settings(tmp_path)
     gateway = GatewayProcess("gw", tmp_path, settings).start()
     try:
         token = (tmp_path / "ops-token").read_text().strip()
@@ -204,12 +209,7 @@ async def test_an_operator_revokes_a_lane_from_the_page_and_gives_it_back(
     tmp_path: Path, page: Page, console_errors: list[str]
 ) -> None:
     """D267: Revoke asks why, the lane says it is revoked and by whom; Unrevoke gives it back."""
-    settings = {
-        "store_url": f"sqlite:///{tmp_path}/store.db",
-        "broker_url": f"sqlite:///{tmp_path}/broker.db",
-        "web_url": f"sqlite:///{tmp_path}/web.db",
-        "plugin": "tests.support.gateway_agent",
-    }
+    settings = _settings(tmp_path)
     gateway = GatewayProcess("gw", tmp_path, settings).start()
     try:
         token = (tmp_path / "ops-token").read_text().strip()
