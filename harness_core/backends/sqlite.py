@@ -280,6 +280,11 @@ class Database:
             self._dir_synced = True
         self._unsynced = False
 
+    @property
+    def points(self) -> bool:
+        """Whether durability points fsync the WAL themselves (``effects`` on a file)."""
+        return self._points
+
     def owes_point(self, point: bool) -> bool:
         """Whether a durability point now has an fsync to make (read on the loop, a hint)."""
         return point and self._points and self._unsynced

@@ -122,6 +122,10 @@ __all__ = ["SqliteSessionRepo", "SqliteSessionStorage", "Synchronous"]
 
 SCHEMA_VERSION = 3
 PAGE_SIZE = 1024
+CHECKPOINT_EVERY = 32
+"""Under ``effects`` the store checkpoints its WAL itself, on its I/O thread, once this many
+commits passed since the last checkpoint (SQLite's automatic checkpoint is off on its
+connection: a commit on the loop must never run one, D251)."""
 """The page size of a database this backend creates (see the module docstring)."""
 _T = TypeVar("_T")
 
@@ -366,10 +370,14 @@ class _Db(Database):
         """Sessions with deferred writes in the open transaction."""
         self.lost: set[str] = set()
         """Sessions whose deferred writes were rolled back: their next `sync` raises."""
+        self.since_checkpoint = 0
+        """Commits since this connection's last WAL checkpoint (``effects``, D251)."""
         super().__init__(path, policy)
 
     def setup(self) -> None:
         """Create the tables (each ``CREATE ... IF NOT EXISTS``); check the schema version."""
+        if self.points:  # checkpoints run on the I/O thread only (`checkpoint_if_due`, D251)
+            self.conn.execute("PRAGMA wal_autocheckpoint=0")
         schema = resources.files("harness_core.storage").joinpath("sqlite_schema.sql").read_text()
         self.conn.executescript(schema)
         with self.transaction():
@@ -516,11 +524,52 @@ class _Db(Database):
         self.lost.update(self.pending)
         self.pending.clear()
 
+    def committed(self, *, point: bool) -> None:
+        """Note a commit (and count it towards the next checkpoint)."""
+        self.since_checkpoint += 1
+        super().committed(point=point)
+
+    def durable(self) -> None:
+        """A durability point (`Database.durable`), then the WAL checkpoint if one is due."""
+        super().durable()
+        self.checkpoint_if_due()
+
+    def checkpoint_if_due(self) -> None:
+        """Checkpoint the WAL (passive) if `CHECKPOINT_EVERY` commits passed: I/O thread only.
+
+        Under ``effects`` SQLite's automatic checkpoint is off, so that a commit on the loop
+        (`sync_on_loop`) never runs one: a checkpoint writes the database and fsyncs it. The
+        I/O thread's commits run it instead, as often as the automatic one would (about a
+        thousand 1 KiB pages). A passive checkpoint never waits for readers.
+        """
+        if self.points and not self.in_tx and self.since_checkpoint >= CHECKPOINT_EVERY:
+            self.conn.execute("PRAGMA wal_checkpoint(PASSIVE)").fetchone()
+            self.since_checkpoint = 0
+
     def sync(self, session_id: str, *, point: bool) -> None:
         """Commit the open transaction; raise if `session_id`'s deferred writes were lost.
 
-        `point`: a durability point (see `SqliteSessionStorage.sync`).
+        `point`: a durability point (see `SqliteSessionStorage.sync`). On the I/O thread.
         """
+        self._commit_for(session_id, point=point)
+        self.checkpoint_if_due()
+
+    def sync_on_loop(self, session_id: str) -> bool:
+        """`sync` of a commit that is not a durability point, on the loop; False: not here.
+
+        Only under ``effects``, where such a commit writes the WAL and never fsyncs (it
+        survives a process crash, the next point makes it survive power loss) and never
+        checkpoints (`checkpoint_if_due`): a few writes to the page cache, cheaper than the
+        hop to the I/O thread and back (D251). False when a checkpoint is due: the thread's
+        commit runs it.
+        """
+        if not self.points or self.since_checkpoint >= CHECKPOINT_EVERY:
+            return False
+        self.busy.waits(False)  # a commit in WAL mode takes no lock it does not hold
+        self._commit_for(session_id, point=False)
+        return True
+
+    def _commit_for(self, session_id: str, *, point: bool) -> None:
         if session_id in self.lost:
             self.lost.discard(session_id)
             raise SessionError(
@@ -706,7 +755,8 @@ class SqliteSessionStorage:
 
         Under ``synchronous=effects`` a durability point then fsyncs the WAL once for every
         commit since the last point (`Database.durable`); otherwise the commit survives a
-        process crash and the next point makes it survive power loss.
+        process crash and the next point makes it survive power loss, and it runs on the loop
+        while the I/O thread is idle (it never fsyncs nor checkpoints, D251).
         """
         if self._closed:
             raise SessionError("closed", f"storage of session {self._sid!r} is closed")
@@ -1353,6 +1403,8 @@ class SqliteSessionRepo:
         db = self._io.db
         if db is None or (not db.in_tx and session_id not in db.lost and not db.owes_point(point)):
             return  # read on the loop thread: a returned deferred write already set `in_tx`
+        if not point and self._io.on_loop(lambda db: db.sync_on_loop(session_id)):
+            return
         await self.call(lambda db: db.sync(session_id, point=point), keep_open=True)
 
     async def create(
