@@ -201,6 +201,8 @@ class Database:
         """Durability points fsync the WAL themselves (``effects``)."""
         self._unsynced = False
         """A commit since the last durability point (``effects``): the WAL needs an fsync."""
+        self._changes = 0
+        """The connection's count of changed rows at the last commit (`committed`)."""
         self._dir_synced = False
         """The WAL's directory entry was fsynced (once per connection: the WAL is created)."""
         if str(path) != ":memory:":
@@ -257,8 +259,15 @@ class Database:
         self.committed(point=point)
 
     def committed(self, *, point: bool) -> None:
-        """Note a commit; at a durability point make every commit so far survive power loss."""
-        self._unsynced = True
+        """Note a commit; at a durability point make every commit so far survive power loss.
+
+        A commit that changed no row (a schema check at open, a read in a write transaction)
+        leaves nothing new to make durable: no fsync for it.
+        """
+        changes = self.conn.total_changes
+        if changes != self._changes:
+            self._changes = changes
+            self._unsynced = True
         if point:
             self.durable()
 

@@ -174,3 +174,21 @@ async def test_a_point_with_nothing_new_to_make_durable_makes_no_fsync(
     assert fsyncs == []
     await harness.close()
     await repo.close()
+
+
+async def test_opening_a_database_makes_no_fsync_until_a_commit_changes_something(
+    backend: str, tmp_path: Path, fsyncs: list[str]
+) -> None:
+    harness, repo = await one_turn(f"sqlite:///{tmp_path}/s.db")
+    assert isinstance(await harness.prompt("go"), hc.Ok)
+    await harness.close()
+    await repo.close()
+    fsyncs.clear()
+    repo = open_repo(f"sqlite:///{tmp_path}/s.db")
+    storage = await repo.open("s")  # the schema check's transaction changes no row
+    assert len(await storage.get_lanes()) == 1
+    await storage.sync()
+    assert fsyncs == []
+    await repo.acquire_lease("s", owner="t", ttl_ms=60_000)  # a point that wrote: the WAL's
+    assert fsyncs == ["wal", "dir"]  # fsync, and its directory entry's (a new WAL)
+    await repo.close()
