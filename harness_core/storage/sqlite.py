@@ -122,7 +122,7 @@ __all__ = ["SqliteSessionRepo", "SqliteSessionStorage", "Synchronous"]
 
 SCHEMA_VERSION = 3
 PAGE_SIZE = 1024
-CHECKPOINT_EVERY = 32
+CHECKPOINT_EVERY = 48
 """Under ``effects`` the store checkpoints its WAL itself, on its I/O thread, once this many
 commits passed since the last checkpoint (SQLite's automatic checkpoint is off on its
 connection: a commit on the loop must never run one, D251)."""
