@@ -46,7 +46,7 @@ from __future__ import annotations
 import contextlib
 import sqlite3
 from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from importlib import resources
 from pathlib import Path
 from typing import Any, TypeVar
@@ -152,7 +152,12 @@ commit may wait for `sync` (deferred durability)."""
 
 
 class _Tx:
-    """The writes of one session within one transaction, on the I/O thread."""
+    """The writes of one session within one transaction (on the loop or the I/O thread).
+
+    It lives as long as the transaction (`_Db.txs`): the batches of deferred writes that join an
+    open transaction continue from its counters, lease and lane leaves instead of reading them
+    again, since nobody else can write while this connection holds the write lock (D253).
+    """
 
     def __init__(
         self,
@@ -170,6 +175,9 @@ class _Tx:
         self.counters = list(counters)
         """The session's running counters after the writes so far (written by `finish`)."""
         self.wrote = False
+        """This batch wrote (its `finish` stores the counters)."""
+        self.leaves: dict[str, str | None] = {}
+        """The leaf of each lane read or moved in this transaction."""
 
     @property
     def next_seq(self) -> int:
@@ -179,11 +187,14 @@ class _Tx:
         return self.conn.execute(sql, (self.sid, *args)).fetchone()
 
     def lane_leaf(self, lane: str) -> str | None:
+        if lane in self.leaves:
+            return self.leaves[lane]
         check_lane_name(lane)
         row = self.one("SELECT leaf_id FROM lanes WHERE session_id=? AND lane=?", lane)
         if row is None:
             raise SessionError("unknown_lane", f"lane {lane!r} does not exist")
         leaf: str | None = row[0]
+        self.leaves[lane] = leaf
         return leaf
 
     def require_unused(self, item_id: str) -> None:
@@ -214,6 +225,7 @@ class _Tx:
                     "UPDATE lanes SET leaf_id=? WHERE session_id=? AND lane=?",
                     (entry.id, sid, item.lane),
                 )
+                self.leaves[item.lane] = entry.id
         elif isinstance(item, StoredRecord):
             record = item.record
             kind = record.intent.kind if isinstance(record, OperationStarted) else None
@@ -242,6 +254,7 @@ class _Tx:
                 (sid, item.seq, item.timestamp, item.lane, item.leaf_id, int(item.created), crc),
             )
             c.execute("INSERT OR REPLACE INTO lanes VALUES (?,?,?)", (sid, item.lane, item.leaf_id))
+            self.leaves[item.lane] = item.leaf_id
         else:
             fact = item.fact
             payload = payload or encode_fact(fact)
@@ -366,6 +379,8 @@ class _Db(Database):
     def __init__(self, path: Path, policy: ConnectionPolicy) -> None:
         self.in_tx = False
         """A write transaction holding deferred writes is open (see `write_batch`)."""
+        self.txs: dict[str, tuple[_Tx, LeaseRow | None]] = {}
+        """The open transaction's sessions: their writes so far and their lease (D253)."""
         self.pending: set[str] = set()
         """Sessions with deferred writes in the open transaction."""
         self.lost: set[str] = set()
@@ -407,11 +422,13 @@ class _Db(Database):
     def write_batch(self, ops: Sequence[_Op], now: int) -> list[Any]:
         """Run queued mutations in one transaction (group commit); one result or error each.
 
-        Every mutation runs in its own savepoint after its writer's token is checked, so a
-        refused one (a `SessionError`) leaves no trace while the others commit. Any other
-        failure rolls the whole transaction back and raises: none of them happened (nor did
-        the deferred writes the transaction held: their sessions' next `sync` raises). A
-        result is a `_Written` (the value and the lease expiry the batch set, if it renewed).
+        Every mutation runs after its writer's token is checked, and refuses (a `SessionError`)
+        before it changes anything: a refused one leaves no trace while the others commit (no
+        savepoint is needed; one that changed a row before refusing rolls the whole
+        transaction back, D253). Any other failure rolls the whole transaction back and
+        raises: none of them happened (nor did the deferred writes the transaction held: their
+        sessions' next `sync` raises). A result is a `_Written` (the value and the lease expiry
+        the batch set, if it renewed).
 
         When every mutation of the batch is deferred, the transaction stays open: the next
         batch continues it, and `commit` (a `sync`, a durable write, any other use of the
@@ -423,11 +440,13 @@ class _Db(Database):
         conn = self.conn
         results: list[Any] = []
         written: list[tuple[int, str]] = []
-        sessions: dict[str, tuple[_Tx, LeaseRow | None]] = {}
-        # A lone write in a transaction of its own needs no savepoint: its refusal rolls the
-        # whole transaction back. An open transaction holding no deferred write holds nothing
-        # (one whose batch left nothing pending was committed), so it counts as its own: the
-        # first write of a batch opened on the loop (`begin_unless_busy`) is alone too.
+        sessions = self.txs  # empty unless this batch joins an open transaction
+        for carried, _ in sessions.values():
+            carried.now, carried.wrote = now, False
+        # A lone write in a transaction of its own is refused by raising: the whole transaction
+        # rolls back. An open transaction holding no deferred write holds nothing (one whose
+        # batch left nothing pending was committed), so it counts as its own: the first write
+        # of a batch opened on the loop (`begin_unless_busy`) is alone too.
         alone = len(ops) == 1 and not self.pending
         deferred = all(op[3] for op in ops)
         if not self.in_tx:
@@ -435,8 +454,7 @@ class _Db(Database):
             self.in_tx = True
         try:
             for session_id, lease, fn, _ in ops:
-                if not alone:
-                    conn.execute("SAVEPOINT op")
+                changes = conn.total_changes
                 tx: _Tx | None = None
                 mark: tuple[int, list[float], bool] | None = None
                 try:
@@ -462,15 +480,20 @@ class _Db(Database):
                 except SessionError as exc:
                     if alone:
                         raise
-                    conn.execute("ROLLBACK TO op")
+                    if conn.total_changes != changes:  # it wrote before refusing: all goes
+                        raise SessionError(
+                            "storage", f"a write changed the store before it was refused: {exc}"
+                        ) from exc
                     if tx is not None and mark is not None:
                         tx.seq, tx.counters, tx.wrote = mark
                     if written and written[-1][0] == len(results):
                         written.pop()
                     results.append(exc)
-                if not alone:
-                    conn.execute("RELEASE op")
             renewed = {sid: tx.finish(current) for sid, (tx, current) in sessions.items()}
+            for sid, expires in renewed.items():
+                tx, current = sessions[sid]
+                if expires is not None and current is not None:
+                    sessions[sid] = (tx, replace(current, expires_at_ms=expires))
         except BaseException:
             self.rollback()
             raise
@@ -512,6 +535,7 @@ class _Db(Database):
                 raise
             self.in_tx = False
             self.pending.clear()
+            self.txs.clear()
             self.committed(point=point)
         elif point:
             self.durable()
@@ -521,6 +545,7 @@ class _Db(Database):
         with contextlib.suppress(sqlite3.Error):
             self.conn.execute("ROLLBACK")
         self.in_tx = False
+        self.txs.clear()
         self.lost.update(self.pending)
         self.pending.clear()
 
