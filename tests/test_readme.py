@@ -263,6 +263,9 @@ BENCHES: dict[str, Bench] = {
     ".venv/bin/python bench/prompt_instructions.py --instructions": Bench(
         by="tests/bench/test_prompt_instructions_smoke.py"
     ),
+    ".venv/bin/python bench/turn_instructions.py --turns 100 --instructions": Bench(
+        by="tests/bench/test_turn_instructions_smoke.py"
+    ),
     ".venv/bin/python bench/lane_restore_bench.py --lanes 1000,100000 --trials 3 "
     "--log-cache /tmp/lane-logs": Bench(by="tests/bench/test_lane_restore_bench_smoke.py"),
 }
