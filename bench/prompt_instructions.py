@@ -21,11 +21,7 @@ import argparse
 import asyncio
 import cProfile
 import pstats
-import re
-import shutil
-import subprocess
 import sys
-import tempfile
 import time
 from pathlib import Path
 from typing import Any
@@ -34,6 +30,7 @@ ROOT = Path(__file__).resolve().parents[1]
 if str(ROOT) not in sys.path:  # `python bench/prompt_instructions.py` as well as `-m bench....`
     sys.path.insert(0, str(ROOT))
 
+from bench import callgrind  # noqa: E402
 from bench.harness_bench import open_harness, prompt, with_lanes  # noqa: E402
 from harness_core.storage.memory import MemorySessionRepo  # noqa: E402
 
@@ -63,17 +60,8 @@ async def run(prompts: int, lanes: int, warmup: int, profile: cProfile.Profile |
 
 def instructions(prompts: int, lanes: int, warmup: int) -> int:
     """Instructions callgrind counted for a child run of `prompts` prompts."""
-    with tempfile.TemporaryDirectory() as tmp:
-        command = [
-            "valgrind", "--tool=callgrind", f"--callgrind-out-file={tmp}/out",
-            sys.executable, __file__, "--child", "--prompts", str(prompts),
-            "--lanes", str(lanes), "--warmup", str(warmup),
-        ]  # fmt: skip
-        done = subprocess.run(command, capture_output=True, text=True, check=True)
-    found = re.search(r"Collected : (\d+)", done.stderr)
-    if found is None:
-        raise SystemExit(f"prompt_instructions: no count in valgrind's output:\n{done.stderr}")
-    return int(found.group(1))
+    args = ["--child", "--prompts", str(prompts), "--lanes", str(lanes), "--warmup", str(warmup)]
+    return callgrind.instructions(__file__, args, "prompt_instructions")
 
 
 def main() -> None:
@@ -97,10 +85,7 @@ def main() -> None:
         f"{cpu:.3f} ms of CPU a prompt" + (" (under cProfile)" if profile else "")
     )
     if args.instructions:
-        if shutil.which("valgrind") is None:
-            raise SystemExit(
-                "prompt_instructions: --instructions needs valgrind (apt-get install valgrind)"
-            )
+        callgrind.require_valgrind("prompt_instructions")
         small = max(args.prompts // 10, args.lanes)
         counted = instructions(args.prompts, args.lanes, args.warmup)
         base = instructions(small, args.lanes, args.warmup)

@@ -23,9 +23,6 @@ import argparse
 import asyncio
 import cProfile
 import pstats
-import re
-import shutil
-import subprocess
 import sys
 import tempfile
 import time
@@ -35,6 +32,7 @@ ROOT = Path(__file__).resolve().parents[1]
 if str(ROOT) not in sys.path:  # `python bench/turn_instructions.py` as well as `-m bench....`
     sys.path.insert(0, str(ROOT))
 
+from bench import callgrind  # noqa: E402
 from bench import vs_langgraph as vs  # noqa: E402
 
 
@@ -63,17 +61,10 @@ async def run(
 
 def instructions(history: int, turns: int, durability: str) -> int:
     """Instructions callgrind counted for a child run of `history` then `turns` turns."""
-    with tempfile.TemporaryDirectory() as tmp:
-        command = [
-            "valgrind", "--tool=callgrind", f"--callgrind-out-file={tmp}/out",
-            sys.executable, __file__, "--child", "--history", str(history),
-            "--turns", str(turns), "--durability", durability,
-        ]  # fmt: skip
-        done = subprocess.run(command, capture_output=True, text=True, check=True)
-    found = re.search(r"Collected : (\d+)", done.stderr)
-    if found is None:
-        raise SystemExit(f"turn_instructions: no count in valgrind's output:\n{done.stderr}")
-    return int(found.group(1))
+    args = ["--child", "--history", str(history), "--turns", str(turns)]
+    return callgrind.instructions(
+        __file__, [*args, "--durability", durability], "turn_instructions"
+    )
 
 
 def main() -> None:
@@ -103,10 +94,7 @@ def main() -> None:
         + (" (under cProfile)" if profile else "")
     )
     if args.instructions:
-        if shutil.which("valgrind") is None:
-            raise SystemExit(
-                "turn_instructions: --instructions needs valgrind (apt-get install valgrind)"
-            )
+        callgrind.require_valgrind("turn_instructions")
         counted = instructions(args.history, args.turns, args.durability)
         base = instructions(args.history, 0, args.durability)
         per = (counted - base) / args.turns

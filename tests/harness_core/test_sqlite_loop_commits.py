@@ -22,7 +22,12 @@ import pytest
 import harness_core as hc
 from harness_core.session.durability import deferred_durability
 from harness_core.storage import open_repo
-from harness_core.storage.sqlite import CHECKPOINT_EVERY, SqliteSessionRepo, SqliteSessionStorage
+from harness_core.storage.sqlite import (
+    CHECKPOINT_EVERY,
+    SqliteSessionRepo,
+    SqliteSessionStorage,
+    _Db,
+)
 from harness_core.testing.builders import custom_entry
 from tests.harness_core.test_durability_points import one_turn
 from tests.support.sqlite_threads import count_hops, hold_the_thread
@@ -96,12 +101,20 @@ async def test_while_the_thread_works_the_commit_waits_its_turn_there(
     await repo.close()
 
 
+async def warmed_turn(path: Path) -> tuple[hc.AgentHarness, SqliteSessionRepo, _Db]:
+    """`one_turn`'s harness on the SQLite file `path`, one prompt in: its connection is open."""
+    harness, repo = await one_turn(f"sqlite:///{path}")
+    assert isinstance(repo, SqliteSessionRepo)
+    assert isinstance(await harness.prompt("warm"), hc.Ok)
+    db = repo._io.db
+    assert db is not None
+    return harness, repo, db
+
+
 async def test_a_turn_hops_to_the_thread_only_for_its_durability_points(
     backend: str, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    harness, repo = await one_turn(f"sqlite:///{tmp_path}/s.db")
-    assert isinstance(repo, SqliteSessionRepo)
-    assert isinstance(await harness.prompt("warm"), hc.Ok)
+    harness, repo, _ = await warmed_turn(tmp_path / "s.db")
     hops = count_hops(repo._io.thread.pool, monkeypatch)
     result = await harness.prompt("go")
     assert isinstance(result, hc.Ok) and result.value.kind == "completed", result
@@ -115,11 +128,7 @@ async def test_a_turn_hops_to_the_thread_only_for_its_durability_points(
 async def test_checkpoints_run_on_the_thread_every_so_many_commits_and_never_on_the_loop(
     backend: str, tmp_path: Path
 ) -> None:
-    harness, repo = await one_turn(f"sqlite:///{tmp_path}/s.db")
-    assert isinstance(repo, SqliteSessionRepo)
-    assert isinstance(await harness.prompt("warm"), hc.Ok)
-    db = repo._io.db
-    assert db is not None
+    harness, repo, db = await warmed_turn(tmp_path / "s.db")
     assert db.conn.execute("PRAGMA wal_autocheckpoint").fetchone()[0] == 0
     loop_thread = threading.get_ident()
     statements: list[tuple[str, bool]] = []  # (statement, ran on the loop)

@@ -21,7 +21,7 @@ from harness_core.session.durability import deferred_durability
 from harness_core.storage.sqlite import SqliteSessionRepo
 from harness_core.testing.builders import custom_entry
 from harness_core.testing.clock import ManualClock
-from tests.harness_core.test_durability_points import one_turn
+from tests.harness_core.test_sqlite_loop_commits import warmed_turn
 
 pytestmark = pytest.mark.backends("sqlite")
 
@@ -105,11 +105,7 @@ async def test_a_lease_renewed_by_one_batch_holds_for_the_next_in_the_same_trans
 async def test_a_turn_reads_its_session_once_per_transaction_and_takes_no_savepoint(
     backend: str, tmp_path: Path
 ) -> None:
-    harness, repo = await one_turn(f"sqlite:///{tmp_path}/s.db")
-    assert isinstance(repo, SqliteSessionRepo)
-    assert isinstance(await harness.prompt("warm"), hc.Ok)
-    db = repo._io.db
-    assert db is not None
+    harness, repo, db = await warmed_turn(tmp_path / "s.db")
     statements: list[str] = []
     db.conn.set_trace_callback(statements.append)
     assert isinstance(await harness.prompt("go"), hc.Ok)
