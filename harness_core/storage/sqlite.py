@@ -390,9 +390,15 @@ class _Db(Database):
         super().__init__(path, policy)
 
     def setup(self) -> None:
-        """Create the tables (each ``CREATE ... IF NOT EXISTS``); check the schema version."""
+        """Create the tables (each ``CREATE ... IF NOT EXISTS``); check the schema version.
+
+        A file already at this version is only read: no schema script, no write transaction
+        (an open neither waits for another connection's writer nor fsyncs, D252).
+        """
         if self.points:  # checkpoints run on the I/O thread only (`checkpoint_if_due`, D251)
             self.conn.execute("PRAGMA wal_autocheckpoint=0")
+        if self._version() == SCHEMA_VERSION:
+            return
         schema = resources.files("harness_core.storage").joinpath("sqlite_schema.sql").read_text()
         self.conn.executescript(schema)
         with self.transaction():
@@ -408,6 +414,14 @@ class _Db(Database):
                     "storage",
                     f"{self.path} has schema version {row[0]}, expected {SCHEMA_VERSION}",
                 )
+
+    def _version(self) -> int | None:
+        """The file's schema version; None for a new file (or one without the table)."""
+        try:
+            row = self.conn.execute("SELECT version FROM schema_version").fetchone()
+        except sqlite3.OperationalError:  # no such table: a new file
+            return None
+        return None if row is None else int(row[0])
 
     def read(self, fn: Callable[[sqlite3.Connection], _T]) -> _T:
         """Run reads in one transaction (a consistent snapshot).

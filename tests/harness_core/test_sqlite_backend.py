@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import asyncio
 import sqlite3
 from typing import Any
 
@@ -284,3 +285,20 @@ async def test_long_paths_read_the_same_dense_or_sparse(tmp_path, lanes: int) ->
         await repo.close()
     assert answers[0] == answers[1]
     assert min(len(path) for path in answers[0][0]) >= 64  # past the first batch
+
+
+async def test_opening_a_current_database_takes_no_write_lock(tmp_path) -> None:
+    repo = SqliteSessionRepo(tmp_path / "s.db")
+    await repo.create("s")
+    await repo.close()
+    writer = sqlite3.connect(tmp_path / "s.db", isolation_level=None)
+    writer.execute("BEGIN IMMEDIATE")  # another process mid-write, holding the lock
+    try:
+        reopened = SqliteSessionRepo(tmp_path / "s.db", busy_timeout_ms=10_000)
+        storage = await reopened.open("s")
+        lanes = await asyncio.wait_for(storage.get_lanes(), 5)  # did not wait for the writer
+        assert [lane.lane for lane in lanes] == ["main"]
+    finally:
+        writer.execute("ROLLBACK")
+        writer.close()
+    await reopened.close()
