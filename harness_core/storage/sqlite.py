@@ -122,11 +122,11 @@ __all__ = ["SqliteSessionRepo", "SqliteSessionStorage", "Synchronous"]
 
 SCHEMA_VERSION = 3
 PAGE_SIZE = 1024
+"""The page size of a database this backend creates (see the module docstring)."""
 CHECKPOINT_EVERY = 48
 """Under ``effects`` the store checkpoints its WAL itself, on its I/O thread, once this many
 commits passed since the last checkpoint (SQLite's automatic checkpoint is off on its
 connection: a commit on the loop must never run one, D251)."""
-"""The page size of a database this backend creates (see the module docstring)."""
 _T = TypeVar("_T")
 
 _USAGE_COLUMNS = (
@@ -469,8 +469,6 @@ class _Db(Database):
         try:
             for session_id, lease, fn, _ in ops:
                 changes = conn.total_changes
-                tx: _Tx | None = None
-                mark: tuple[int, list[float], bool] | None = None
                 try:
                     if session_id not in sessions:
                         row = conn.execute(_SESSION_AND_LEASE_SQL, (session_id,)).fetchone()
@@ -488,25 +486,24 @@ class _Db(Database):
                             "read_only", f"session {session_id!r} was opened without a lease"
                         )
                     check_current(current, lease, now)
-                    mark = (tx.seq, list(tx.counters), tx.wrote)
                     written.append((len(results), session_id))
                     results.append(fn(tx))
                 except SessionError as exc:
                     if alone:
                         raise
-                    if conn.total_changes != changes:  # it wrote before refusing: all goes
+                    # nothing changed, so neither did the session's `_Tx` (`apply` moves it only
+                    # after its first statement); a write that changed a row is rolled back whole
+                    if conn.total_changes != changes:
                         raise SessionError(
                             "storage", f"a write changed the store before it was refused: {exc}"
                         ) from exc
-                    if tx is not None and mark is not None:
-                        tx.seq, tx.counters, tx.wrote = mark
                     if written and written[-1][0] == len(results):
                         written.pop()
                     results.append(exc)
-            renewed = {sid: tx.finish(current) for sid, (tx, current) in sessions.items()}
-            for sid, expires in renewed.items():
-                tx, current = sessions[sid]
-                if expires is not None and current is not None:
+            renewed: dict[str, int | None] = {}
+            for sid, (tx, current) in sessions.items():
+                renewed[sid] = expires = tx.finish(current)
+                if expires is not None and current is not None:  # what the next batch checks
                     sessions[sid] = (tx, replace(current, expires_at_ms=expires))
         except BaseException:
             self.rollback()
