@@ -18,7 +18,7 @@ import pytest
 import harness_core as hc
 from harness_core.errors import SessionError
 from harness_core.session.durability import deferred_durability
-from harness_core.storage.sqlite import SqliteSessionRepo
+from harness_core.storage.sqlite import SqliteSessionRepo, SqliteSessionStorage
 from harness_core.testing.builders import custom_entry
 from harness_core.testing.clock import ManualClock
 from tests.harness_core.test_sqlite_loop_commits import warmed_turn
@@ -32,12 +32,20 @@ def committed(path: Path) -> list[tuple[str, str | None]]:
         return list(other.execute("SELECT id, parent_id FROM entries ORDER BY seq"))
 
 
+async def leased(
+    path: Path, *, ttl_ms: int = 60_000, clock: ManualClock | None = None
+) -> tuple[SqliteSessionRepo, hc.WriterLease, SqliteSessionStorage]:
+    """A store at `path` with session "s", its writer's lease, and the storage it writes with."""
+    repo = SqliteSessionRepo(path, clock=clock)
+    await repo.create("s")
+    lease = await repo.acquire_lease("s", owner="t", ttl_ms=ttl_ms)
+    return repo, lease, await repo.open("s", lease=lease)
+
+
 async def test_a_refused_write_between_deferred_ones_leaves_no_trace_and_the_rest_commit(
     backend: str, tmp_path: Path
 ) -> None:
-    repo = SqliteSessionRepo(tmp_path / "s.db")
-    await repo.create("s")
-    storage = await repo.open("s", lease=await repo.acquire_lease("s", owner="t", ttl_ms=60_000))
+    repo, _, storage = await leased(tmp_path / "s.db")
     with deferred_durability():
         await storage.append_entry(custom_entry("e1"), "main")
         with pytest.raises(SessionError) as refused:
@@ -61,10 +69,7 @@ async def test_a_refused_write_between_deferred_ones_leaves_no_trace_and_the_res
 async def test_a_write_that_changed_the_store_before_refusing_rolls_everything_back(
     backend: str, tmp_path: Path
 ) -> None:
-    repo = SqliteSessionRepo(tmp_path / "s.db")
-    await repo.create("s")
-    lease = await repo.acquire_lease("s", owner="t", ttl_ms=60_000)
-    storage = await repo.open("s", lease=lease)
+    repo, lease, storage = await leased(tmp_path / "s.db")
     with deferred_durability():
         await storage.append_entry(custom_entry("e1"), "main")
 
@@ -88,10 +93,7 @@ async def test_a_lease_renewed_by_one_batch_holds_for_the_next_in_the_same_trans
     backend: str, tmp_path: Path
 ) -> None:
     clock = ManualClock()
-    repo = SqliteSessionRepo(tmp_path / "s.db", clock=clock)
-    await repo.create("s")
-    lease = await repo.acquire_lease("s", owner="t", ttl_ms=1_000)
-    storage = await repo.open("s", lease=lease)
+    repo, _, storage = await leased(tmp_path / "s.db", ttl_ms=1_000, clock=clock)
     clock.advance(600)  # past half-life: this write renews the lease to now + 1,000
     with deferred_durability():
         await storage.append_entry(custom_entry("e1"), "main")
