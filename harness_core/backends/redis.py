@@ -30,6 +30,7 @@ from redis.asyncio.retry import Retry
 from redis.backoff import NoBackoff
 from redis.exceptions import NoScriptError, RedisError, ResponseError
 
+from harness_core.backends.redis_connection import lean_connection_class
 from harness_core.backends.urls import without_password
 
 __all__ = [
@@ -119,7 +120,8 @@ def connect(
     is contacted here. Connecting waits up to `socket_timeout`, a reply up to `read_timeout`
     (default: `socket_timeout`; a blocking read needs longer). `single_connection` keeps one
     connection, so commands go out in the order they were sent (a server only). A cluster
-    client holds up to `CLUSTER_MAX_CONNECTIONS` per node.
+    client holds up to `CLUSTER_MAX_CONNECTIONS` per node. A server's client sends without a
+    task per command (`redis_connection`, D272).
 
     Raises:
         ValueError: not a redis URL (`split_cluster`), or one redis-py refuses.
@@ -138,6 +140,7 @@ def connect(
             return RedisCluster.from_url(target, max_connections=CLUSTER_MAX_CONNECTIONS, **options)
         if single_connection:
             options["single_connection_client"] = True
+        options["connection_class"] = lean_connection_class(target)
         return aioredis.Redis.from_url(target, **options)
     except (ValueError, TypeError, RedisError) as exc:
         raise ValueError(f"redis URL {without_password(url)!r}: {type(exc).__name__}") from exc

@@ -167,7 +167,7 @@ async def test_the_url_says_tls_and_cluster_and_retries_are_off(
         assert type(opened) is kind
         if isinstance(opened, Redis):
             pool = opened.connection_pool
-            assert (pool.connection_class is SSLConnection) is tls
+            assert issubclass(pool.connection_class, SSLConnection) is tls
             retry = opened.get_retry()
             assert retry is not None and retry.get_retries() == 0
             assert pool.connection_kwargs["socket_connect_timeout"] == 3
