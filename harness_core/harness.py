@@ -537,6 +537,7 @@ class AgentLane:
         runtime = self._harness._rt
         lane = await self._lane_rt()
         # before the hooks: a repeat must change nothing
+        mark = runtime.write_mark()
         prior = await lane_jobs.prior(lane, entry_id)
         if prior is not None and entry_id is not None:
             await self._durable_prior(runtime)
@@ -566,7 +567,11 @@ class AgentLane:
             )
 
         accepted = await lane_jobs.accept(
-            lane, intent, lambda: self._harness._execute(lane, resumed=False), input_id=entry_id
+            lane,
+            intent,
+            lambda: self._harness._execute(lane, resumed=False),
+            input_id=entry_id,
+            new_at=mark,  # read as new just now: unless something was written since, it still is
         )
         if isinstance(accepted, Prior):  # a concurrent submission of the same input won
             assert entry_id is not None

@@ -108,6 +108,9 @@ class HarnessRuntime:
     """Renews the writer lease while lanes have work (set by `AgentHarness.create`)."""
     definitions: dict[str, tuple[Tool, ToolDefinition]] = field(default_factory=dict)
     """Each tool's `definition()`, by name, made once per `Tool` object."""
+    writes_begun: int = 0
+    writes_ended: int = 0
+    """Writes started and finished through `write` (every write of the harness goes there)."""
 
     def tool_definitions(self, tools: Iterable[Tool]) -> tuple[ToolDefinition, ...]:
         """How the model sees `tools`.
@@ -164,12 +167,24 @@ class HarnessRuntime:
         its `create_lane`): whether the write landed or not, the store is a valid prefix.
         """
         self.check()
+        self.writes_begun += 1
         try:
             return await fn(self.storage)
         except asyncio.CancelledError:
             raise
         except BaseException as exc:
             raise self.faulted(exc) from exc
+        finally:
+            self.writes_ended += 1
+
+    def write_mark(self) -> int | None:
+        """Where the writes stand, or None while one is in flight.
+
+        The harness holds its session's writer lease, so nothing but its own `write` changes
+        the store: a read made after a mark answers the same while the mark stays the same
+        (D273). None: a write under way may or may not be seen by a read made now.
+        """
+        return self.writes_ended if self.writes_begun == self.writes_ended else None
 
     async def durable(self, *, point: bool = True) -> None:
         """Make every write so far durable before an effect may depend on it (a barrier).

@@ -118,9 +118,17 @@ def busy(lane: LaneRuntime, op: OperationState) -> Err[LaneBusy]:
     )
 
 
-async def prior(lane: LaneRuntime, entry_id: str | None) -> Prior | None:
-    """How a caller-chosen input id was used before, or None if it is new (two reads)."""
+async def prior(
+    lane: LaneRuntime, entry_id: str | None, *, new_at: int | None = None
+) -> Prior | None:
+    """How a caller-chosen input id was used before, or None if it is new (two reads).
+
+    `new_at`: the write mark (`HarnessRuntime.write_mark`) at which the caller read the id as
+    new; while the mark has not moved the answer stands, and the reads are skipped (D273).
+    """
     if entry_id is None:
+        return None
+    if new_at is not None and lane.runtime.write_mark() == new_at:
         return None
     storage = lane.runtime.storage
     found = await storage.get_record(accept_id(entry_id))
@@ -135,17 +143,19 @@ async def accept(
     start: Callable[[], Awaitable[Any]],
     *,
     input_id: str | None = None,
+    new_at: int | None = None,
 ) -> Result[tuple[OperationState, asyncio.Task[Any]], LaneBusy] | Prior:
     """Accept an operation on an idle lane and start its procedure, in one job.
 
     `build_intent` sees the state (run acceptance captures the pending next-run items); the
     procedure task takes the lane's execution slot before the job ends, so no second
     acceptance or resume can slip in. With `input_id` (a run's caller-chosen prompt id) the
-    run's id is derived from it, and an input accepted before is returned as `Prior`.
+    run's id is derived from it, and an input accepted before is returned as `Prior`
+    (`new_at`: see `prior`).
     """
 
     async def run() -> Result[tuple[OperationState, asyncio.Task[Any]], LaneBusy] | Prior:
-        seen = await prior(lane, input_id)
+        seen = await prior(lane, input_id, new_at=new_at)
         if seen is not None:
             return seen
         op = lane.state.operation

@@ -162,3 +162,43 @@ async def test_an_input_accepted_on_one_lane_cannot_be_used_on_another(
     assert isinstance(refused, Err) and refused.error.reason == "entry_id_conflict"  # type: ignore[union-attr]
     records = [i for i in await kit.storage.get_log() if isinstance(i, StoredRecord)]
     assert [r.record.lane for r in records if r.type == "operation_started"] == ["main"]
+
+
+async def test_a_new_input_is_looked_up_once_when_nothing_was_written_in_between(
+    backend: str, tmp_path: Path
+) -> None:
+    """D273: the acceptance re-reads a chosen id only when a write may have used it since."""
+    kit = await make_kit(backend, tmp_path, [text("a1"), text("a2")])
+    assert kit.recording is not None
+    lookups: list[str] = []
+    inner = kit.recording.get_record
+
+    async def get_record(record_id: str) -> StoredRecord | None:
+        lookups.append(record_id)
+        return await inner(record_id)
+
+    kit.recording.get_record = get_record  # type: ignore[method-assign]
+    assert isinstance(await kit.harness.prompt("hello", entry_id=SLACK), Ok)
+    assert len(lookups) == 1
+    assert isinstance(await kit.harness.prompt("hello", entry_id=SLACK), Ok)  # a repeat
+    assert len(lookups) == 2 and await user_entries(kit) == [(SLACK, "hello")]
+
+
+async def test_the_same_input_accepted_while_the_first_is_in_its_hooks_is_found_again(
+    backend: str, tmp_path: Path
+) -> None:
+    """A write between the first lookup and the acceptance (here: the same input, accepted by a
+    second submission while the first waits in `before_run`) makes the acceptance look again."""
+    kit = await make_kit(backend, tmp_path, [text("the answer"), text("never")])
+    nested: list[Any] = []
+
+    async def before_run(event: Any) -> None:
+        if not nested:
+            nested.append(None)
+            nested[0] = await kit.harness.prompt("hello", entry_id=SLACK)
+
+    kit.harness.hooks.on("before_run", before_run, id="resubmit")
+    outer = await kit.harness.prompt("hello", entry_id=SLACK)
+    inner = nested[0]
+    assert isinstance(inner, Ok) and isinstance(outer, Ok) and outer.value == inner.value
+    assert await user_entries(kit) == [(SLACK, "hello")] and len(kit.model.requests) == 1
