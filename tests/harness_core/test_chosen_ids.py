@@ -175,9 +175,10 @@ async def test_a_new_input_is_looked_up_once_when_nothing_was_written_in_between
 
     async def get_record(record_id: str) -> StoredRecord | None:
         lookups.append(record_id)
-        return await inner(record_id)
+        found: StoredRecord | None = await inner(record_id)
+        return found
 
-    kit.recording.get_record = get_record  # type: ignore[method-assign]
+    kit.recording.get_record = get_record  # type: ignore[attr-defined]
     assert isinstance(await kit.harness.prompt("hello", entry_id=SLACK), Ok)
     assert len(lookups) == 1
     assert isinstance(await kit.harness.prompt("hello", entry_id=SLACK), Ok)  # a repeat
