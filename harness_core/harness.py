@@ -376,11 +376,15 @@ class SessionTree:
         self, query: BranchQuery | None = None
     ) -> tuple[StoredEntry, ...]:
         """Path query; `start` defaults to the lane's leaf (an empty lane has an empty path)."""
-        leaf = (await self._lane._lane_rt()).state.leaf_id
+        lane = await self._lane._lane_rt()
+        leaf = lane.state.leaf_id
         if query is None or not query.start:
             if leaf is None:
                 return ()
             query = BranchQuery(start=leaf) if query is None else _with_start(query, leaf)
+        cached = lane.context.cached_path(query)
+        if cached is not None:
+            return cached
         return await self._lane._harness._storage().find_entries_on_branch(query)
 
     async def get_name(self) -> str | None:

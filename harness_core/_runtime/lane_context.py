@@ -15,9 +15,10 @@ from typing import TYPE_CHECKING
 from harness_core._runtime.context import ContextWindow
 from harness_core._runtime.reduction import LaneState, configure
 from harness_core.messages import AgentMessage
-from harness_core.session.entries import CompactionEntry, EntryType
+from harness_core.session.entries import CompactionEntry, CustomEntry, EntryType
 from harness_core.session.records import LaneConfiguration
 from harness_core.session.types import BranchQuery, StoredEntry
+from harness_core.storage._branch import BranchNode, BranchScan
 
 if TYPE_CHECKING:
     from harness_core._runtime.lane import HarnessRuntime
@@ -87,6 +88,32 @@ class LaneContext:
                 )
                 self._context = list(reversed(window))
         return list(self._context)
+
+    def cached_path(self, query: BranchQuery) -> tuple[StoredEntry, ...] | None:
+        """`query` answered from the cached window, or None when the window cannot answer it.
+
+        It can when the window is in step with the leaf, `query` starts at the leaf, and the
+        query's walk ends inside the window: the scan stopped (a limit, a stop entry) or the
+        window reaches the root. The selection is the backends' own (`BranchScan`), over the
+        very entries the store returned (D274).
+        """
+        context = self._context
+        if not context or query.start != self._state().leaf_id or context[-1].id != query.start:
+            return None
+        scan = BranchScan(query)
+        ended = context[0].parent_id is None
+        for stored in reversed(context):
+            entry = stored.entry
+            custom = entry.custom_type if isinstance(entry, CustomEntry) else None
+            if not scan.feed(
+                BranchNode(stored.id, stored.parent_id, stored.seq, entry.type, custom)
+            ):
+                ended = True
+                break
+        if not ended:
+            return None
+        by_id = {stored.id: stored for stored in context}
+        return tuple(by_id[node.id] for node in scan.result())
 
     async def entry(self, entry_id: str) -> StoredEntry | None:
         """The stored entry `entry_id`: from the cached context when it holds it, else storage.

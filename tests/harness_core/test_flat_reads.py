@@ -7,6 +7,7 @@ entries made before the compaction.
 
 from __future__ import annotations
 
+import dataclasses
 from pathlib import Path
 from typing import Any
 
@@ -104,3 +105,51 @@ async def test_a_runs_final_message_comes_from_the_lanes_context_not_a_read(
     assert result.value.final_message is not None
     assert result.value.final_message.content[0].text == "two"  # type: ignore[union-attr]
     assert point_reads == []
+
+
+_FROM_LEAF = [
+    BranchQuery(start="", custom_type="app.profile", limit=1),
+    BranchQuery(start="", custom_type="app.absent", limit=1),
+    BranchQuery(start="", type="message", limit=2),
+    BranchQuery(start="", type="message", order="oldest_first"),
+    BranchQuery(start="", stop_at_type="compaction"),
+    BranchQuery(start=""),
+]
+
+
+async def test_a_path_query_from_the_leaf_is_answered_by_the_lanes_window(
+    backend: str, tmp_path: Path
+) -> None:
+    """D274: the window the lane keeps in memory is the path back to the root here, so every
+    query from the leaf is answered from it, exactly as the store answers it."""
+    kit = await make_kit(backend, tmp_path, [text("one"), text("two")])
+    await kit.harness.session.append_custom_entry("app.profile", {"n": 1})
+    assert isinstance(await kit.harness.prompt("first"), Ok)  # loads the context window
+    await kit.harness.session.append_custom_entry("app.profile", {"n": 2})
+    assert isinstance(await kit.harness.prompt("second"), Ok)
+    walks = count_walks(kit)
+    answers = [await kit.harness.session.find_entries_on_branch(q) for q in _FROM_LEAF]
+    assert walks == []
+    leaf = (await kit.harness.session.find_entries_on_branch(BranchQuery(start="", limit=1)))[0]
+    for query, answer in zip(_FROM_LEAF, answers, strict=True):
+        stored = await kit.storage.find_entries_on_branch(dataclasses.replace(query, start=leaf.id))
+        assert answer == stored, query
+    assert answers[0][0].entry.data == {"n": 2}  # type: ignore[union-attr]
+    assert answers[1] == ()
+
+
+async def test_a_query_that_reaches_past_the_window_reads_the_store(
+    backend: str, tmp_path: Path
+) -> None:
+    kit = await configured(backend, tmp_path)  # compacted: the window starts at the compaction
+    assert isinstance(await kit.harness.compact(), Ok)
+    assert isinstance(await kit.harness.prompt("third"), Ok)
+    walks = count_walks(kit)
+    older = await kit.harness.session.find_entries_on_branch(
+        BranchQuery(start="", type="model_change", limit=1)
+    )
+    assert len(walks) == 1 and older and older[0].entry.type == "model_change"
+    inside = await kit.harness.session.find_entries_on_branch(
+        BranchQuery(start="", type="message", limit=1)
+    )
+    assert len(walks) == 1 and inside[0].entry.type == "message"  # the newest: in the window
