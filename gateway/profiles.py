@@ -127,6 +127,10 @@ async def lane_profile(lane: AgentLane) -> LaneProfile | None:
         return None
 
 
+_SPACES_KEPT = 4096
+"""Spaces whose profile `LaneProfiles` keeps made (past it, it starts again)."""
+
+
 class LaneProfiles:
     """The deployment's profiles as the worker applies them to lanes.
 
@@ -139,10 +143,27 @@ class LaneProfiles:
     def __init__(self, settings: Settings, model: ModelRef) -> None:
         self.settings = settings
         self.model = model
+        # every message asks for its thread's profile, and the settings are frozen: each is
+        # made once (a space's, bounded; a name's; the default)
+        self._of_space: dict[tuple[str, str], Profile] = {}
+        self._named: dict[str, Profile | None] = {}
+        self._default = settings.default_profile
 
     def of(self, thread: ThreadRef) -> Profile:
         """The profile of `thread` (its route's, else the default)."""
-        return self.settings.profile_for(thread.channel, thread.space)
+        key = (thread.channel, thread.space)
+        found = self._of_space.get(key)
+        if found is None:
+            if len(self._of_space) >= _SPACES_KEPT:
+                self._of_space.clear()
+            found = self._of_space[key] = self.settings.profile_for(*key)
+        return found
+
+    def named(self, name: str) -> Profile | None:
+        """The profile called `name` (unset fields filled from the top level), or None."""
+        if name not in self._named:
+            self._named[name] = self.settings.profile_named(name)
+        return self._named[name]
 
     def approvers(self, thread: ThreadRef) -> frozenset[str] | None:
         """Who may decide the approval requests of `thread` (None: the channel's rule)."""
@@ -208,14 +229,14 @@ class LaneProfiles:
         """The system prompt of a lane whose path holds `given` (None: the default's own)."""
         if given is None:
             return None
-        profile = self.settings.profile_named(given.profile) or self.settings.default_profile
+        profile = self.named(given.profile) or self._default
         return system_prompt(profile.instructions, given)
 
     def attempts(self, thread: ThreadRef | None) -> int:
         """The attempt cap of `thread`'s lane (the default profile's when unknown)."""
-        profile = self.of(thread) if thread is not None else self.settings.default_profile
+        profile = self.of(thread) if thread is not None else self._default
         return profile.max_attempts or self.settings.max_attempts
 
     def default_prompt(self) -> str | None:
         """The system prompt of a lane that holds no profile entry: the default instructions."""
-        return self.settings.default_profile.instructions
+        return self._default.instructions

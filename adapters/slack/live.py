@@ -78,18 +78,21 @@ class StreamMark:
     the current step's)."""
     starting: bool = False
     """A start may have reached Slack without its ts being recorded (a crash just then)."""
+    answer: str | None = None
+    """The stream a delivery of the run's reply is finishing as its answer: out of `streams`,
+    so no sweep deletes it, and kept so that a retry of that delivery finishes it again."""
 
     def dump(self) -> str:
         """The mark's value (JSON)."""
-        return json.dumps(
-            {
-                "run": self.run,
-                "since": self.since,
-                "streams": list(self.streams),
-                "starting": self.starting,
-            },
-            separators=(",", ":"),
-        )
+        data: dict[str, object] = {
+            "run": self.run,
+            "since": self.since,
+            "streams": list(self.streams),
+            "starting": self.starting,
+        }
+        if self.answer is not None:
+            data["answer"] = self.answer
+        return json.dumps(data, separators=(",", ":"))
 
     @classmethod
     def load(cls, raw: str | None) -> StreamMark | None:
@@ -103,6 +106,7 @@ class StreamMark:
                 since=str(data.get("since") or ""),
                 streams=tuple(str(ts) for ts in data.get("streams") or ()),
                 starting=bool(data.get("starting")),
+                answer=str(data["answer"]) if data.get("answer") else None,
             )
         except (ValueError, KeyError, TypeError):
             return None
@@ -336,13 +340,38 @@ class SlackLive:
                 run.off = True  # later text of the run has nothing to show it in
                 run.stream = None
             try:
-                channel, _ = split_thread(outbound.thread)
+                channel, thread_ts = split_thread(outbound.thread)
             except ValueError:
                 return None
             keep = set(posted.values())
             streams = [ts for ts in mark.streams if ts not in keep]
-            taken = streams[-1] if streams and 0 not in posted else None
+            # a listed stream that carries a delivery's metadata is an answer already (one a
+            # faulted or dead holder finished without clearing the mark): never deleted, never
+            # rewritten as another reply (D275)
+            if streams and thread_ts is not None:
+                answers = await self._delivered(channel, thread_ts, mark, streams)
+                streams = [ts for ts in streams if ts not in answers]
+            if 0 in posted:
+                taken = None
+            elif mark.answer is not None and mark.answer not in keep:
+                taken = mark.answer  # an earlier attempt's: finishing it again changes nothing
+            else:
+                taken = streams[-1] if streams else None
             doomed = set(streams) - {taken}
+            if taken is not None and mark.answer != taken:
+                # the stream leaves `streams` for `answer` before it becomes the answer: a next
+                # run's sweep (`_clear_others`, maybe in another process) never deletes it;
+                # if the mark moved meanwhile, that sweep owns the streams and the reply is
+                # posted afresh (D275)
+                claimed = StreamMark(
+                    mark.run,
+                    since=mark.since,
+                    streams=tuple(ts for ts in mark.streams if ts != taken),
+                    starting=mark.starting,
+                    answer=taken,
+                )
+                if not await self._put(lane, mark, claimed):
+                    return None
             if mark.starting:
                 doomed |= await self._unrecorded(channel, outbound.thread, mark, keep)
             for ts in sorted(doomed, key=ts_key):
@@ -383,10 +412,14 @@ class SlackLive:
         lane = thread.lane
         for _ in range(3):  # a compare-and-set: a delivery in another process may write too
             mark = await self._mark(lane)
-            streams = mark.streams if mark is not None and mark.run == run.run_id else ()
-            if run.stream is not None and run.stream.ts is not None:
+            same = mark is not None and mark.run == run.run_id
+            streams = mark.streams if mark is not None and same else ()
+            answer = mark.answer if mark is not None and same else None
+            if run.stream is not None and run.stream.ts not in (None, answer):
                 streams = tuple(dict.fromkeys((*streams, run.stream.ts)))
-            value = StreamMark(run.run_id, since=run.since, streams=streams, starting=starting)
+            value = StreamMark(
+                run.run_id, since=run.since, streams=streams, starting=starting, answer=answer
+            )
             if await self._put(lane, mark, value):
                 return
 
@@ -397,7 +430,13 @@ class SlackLive:
             if mark is None or mark.run != run_id:
                 return
             streams = tuple(ts for ts in mark.streams if ts not in gone)
-            value = StreamMark(run_id, since=mark.since, streams=streams, starting=mark.starting)
+            value = StreamMark(
+                run_id,
+                since=mark.since,
+                streams=streams,
+                starting=mark.starting,
+                answer=mark.answer,
+            )
             if await self._put(lane, mark, value):
                 return
 
@@ -407,18 +446,24 @@ class SlackLive:
         Only messages without a delivery's metadata: a reply that finished its stream is kept
         even if the mark still lists it (the process died before saying so).
         """
-        mark = await self._mark(thread.lane)
-        if mark is None or (not mark.streams and not mark.starting):
+        for _ in range(3):  # a compare-and-set: a delivery in another process may take a stream
+            mark = await self._mark(thread.lane)
+            if mark is None or (not mark.streams and not mark.starting):
+                return
+            doomed = set(mark.streams)
+            if mark.starting:
+                doomed |= await self._unrecorded(run.channel, thread, mark, set())
+            # An earlier run's leftovers, or this run's own from a dead process (its model
+            # request is retried here): either way this run starts afresh. The mark moves
+            # first, so a delivery taking one of these streams as its answer either took it out
+            # of the mark before (the put fails: look again) or finds the mark moved and posts
+            # its reply afresh; a stream is deleted only once nobody can take it (D275).
+            if not await self._put(thread.lane, mark, StreamMark(run.run_id, since=run.since)):
+                continue
+            answers = await self._delivered(run.channel, run.thread_ts, mark, doomed)
+            for ts in sorted(doomed - answers, key=ts_key):
+                await self._delete(run.channel, ts)
             return
-        doomed = set(mark.streams)
-        if mark.starting:
-            doomed |= await self._unrecorded(run.channel, thread, mark, set())
-        answers = await self._delivered(run.channel, run.thread_ts, mark, doomed)
-        for ts in sorted(doomed - answers, key=ts_key):
-            await self._delete(run.channel, ts)
-        # An earlier run's leftovers, or this run's own from a dead process (its model request
-        # is retried here): either way this run starts afresh.
-        await self._put(thread.lane, mark, StreamMark(run.run_id, since=run.since))
 
     async def _unrecorded(
         self, channel: str, thread: ThreadRef, mark: StreamMark, keep: set[str]

@@ -443,6 +443,8 @@ class FakeSlack:
         self.default_limit = 100
         """The page size of ``conversations.*`` when the call gives no ``limit``."""
         self.calls: list[Call] = []
+        self.arrivals: list[Call] = []
+        """Every call as it arrived, before any scripted delay or fault (`calls`: answered)."""
         self.ephemerals: list[Ephemeral] = []
         self.views: dict[str, Json] = {}
         """Views opened with ``views.open``, by view id."""
@@ -1174,6 +1176,7 @@ class FakeSlack:
         if token is None and isinstance(body_token, str):
             token = body_token
         call = Call(method, params, token, arrived, http_method=request.method)
+        self.arrivals.append(call)
         await self._apply_delay(method)
         fault = self._take_fault(method)
         if fault is not None and fault.kind == "rate_limit":

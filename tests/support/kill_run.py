@@ -34,7 +34,7 @@ from adapters.channel import OutboundKind
 from adapters.email.compose import reply_message_id
 from config.settings import default_session
 from gateway.broker import open_broker
-from gateway.replies import delivery_id
+from gateway.replies import delivery_id, replies_mark
 from harness_core import UserMessage, message_text, open_repo
 from harness_core.session.entries import MessageEntry
 from harness_core.session.records import OperationFinished, OperationStarted, RunIntent
@@ -522,8 +522,9 @@ async def _count(
     try:  # a reply that went to the dead letters says why here
         for dead in await broker.outbox.list("dead", limit=20):
             counts.problems.append(f"dead letter {dead.id}: {dead.last_error}")
-    finally:
+    except BaseException:
         await broker.close()
+        raise
     repo = open_repo(urls["store_url"])
     try:
         counts.open_operations = await _open_operations(repo)
@@ -563,10 +564,34 @@ async def _count(
                     )
                     if deliveries[key(delivery_id(session, kind, finished.run_id))] == 0:
                         counts.lost_replies += 1
-                        counts.problems.append(f"{session} {lane}: no reply to {finished.run_id}")
+                        why = await _lost(broker, session, lane, kind, finished.run_id, stored.seq)
+                        counts.problems.append(
+                            f"{session} {lane}: no reply to {finished.run_id} ({why})"
+                        )
                     else:
                         counts.replies_delivered += 1
             finally:
                 await storage.close()
     finally:
         await repo.close()
+        await broker.close()
+
+
+async def _lost(
+    broker: Any, session: str, lane: str, kind: OutboundKind, run_id: str, seq: int
+) -> str:
+    """Where a reply that never reached the channel stands: its delivery, the thread's mark,
+    the session's replies watermark (what a failure needs to be read)."""
+    delivery = await broker.outbox.get(delivery_id(session, kind, run_id))
+    state = await broker.threads.get(session, lane)
+    watermark = await broker.marks.get(replies_mark(session))
+    sent = (
+        "no delivery"
+        if delivery is None
+        else (
+            f"delivery {delivery.status}, {delivery.attempts} attempts, unknown outcome "
+            f"{delivery.unknown_outcome}, last error {delivery.last_error}"
+        )
+    )
+    mark = None if state is None else state.replied_through
+    return f"finished at seq {seq}; {sent}; thread mark {mark}; replies watermark {watermark}"

@@ -44,9 +44,30 @@ async def test_three_processes_on_redis_with_slack_killed_every_few_seconds(
             min_kills=3,
             slack=slack,
         )
+        threads = _lost_threads(slack, counts.problems)
     with capsys.disabled():
         print(f"\nkill run, 3 processes on Redis, Slack channel: {counts.line()}")
+        print(threads, end="")
     assert counts.kills >= 3
-    assert counts.clean, (counts.line(), counts.problems[:20])
+    assert counts.clean, counts.line() + "\n" + "\n".join(counts.problems[:20])
     assert counts.operations > 0 and counts.replies_delivered == counts.operations
     assert counts.charges > 0
+
+
+def _lost_threads(slack: FakeSlack, problems: list[str]) -> str:
+    """The Slack threads of the runs with no reply, message by message (to read a failure)."""
+    lines = []
+    for problem in problems:
+        lane = problem.split(" ")[1].rstrip(":") if " no reply to " in problem else ""
+        if not lane.startswith("slack:"):
+            continue
+        _, channel, ts = lane.split(":", 2)
+        lines.append(f"thread {lane}:")
+        for message in slack.thread(channel, ts):
+            payload = (message.metadata or {}).get("event_payload")
+            lines.append(
+                f"  {message.ts} {'bot' if message.bot_id else message.user} "
+                f"{message.text[:50]!r} streaming={message.streaming} "
+                f"edited={bool(message.edited)} metadata={payload}"
+            )
+    return "".join(f"{line}\n" for line in lines)

@@ -8,8 +8,9 @@ and no message still streaming.
 
 from __future__ import annotations
 
+import asyncio
 import json
-from collections.abc import AsyncIterator, Sequence
+from collections.abc import AsyncIterator, Callable, Sequence
 from contextlib import asynccontextmanager
 
 import pytest
@@ -285,3 +286,42 @@ async def test_a_finished_reply_is_never_swept_by_the_next_run(lost: bool) -> No
             assert len(stream) == 1 and stream[0].text == "Next"
         finished = [m for m in answers(fake, thread) if not m.streaming]
         assert [m.text for m in finished] == [ANSWER.replace("**", "*")]
+
+
+@pytest.mark.parametrize("first", ["sweep", "delivery"])
+async def test_a_next_runs_sweep_and_the_reply_racing_for_the_stream_leave_one_answer(
+    first: str,
+) -> None:
+    """D275: process A delivers run r1's reply (finishing r1's stream), process B starts r2 in
+    the same thread (sweeping r1's leftovers). The sweep's delete, or the reply's rewrite, is
+    held back so the other side runs meanwhile: r1's answer survives either way, once."""
+    async with FakeSlack() as fake:
+        sink = TestSink(routes={"C1": "s1"})
+        async with slack_channel(fake, sink) as one, slack_channel(fake, sink) as two:
+            thread = await ask(fake, one, sink, "how are my tickets?")
+            await one.show(text(thread, ANSWER, 0))
+            outbound = reply(sink, thread)
+            if first == "sweep":
+                fake.delay("chat.delete", 0.5)  # the sweep decided; its delete lands late
+                sweep = asyncio.ensure_future(two.show(text(thread, "Next", 0, run="r2")))
+                await _until(lambda: any(c.method == "chat.delete" for c in fake.arrivals))
+                receipt = await one.deliver(outbound)
+                await sweep
+            else:
+                fake.delay("chat.update", 0.5)  # the reply took the stream; its rewrite is late
+                delivering = asyncio.ensure_future(one.deliver(outbound))
+                await _until(lambda: any(c.method == "chat.update" for c in fake.arrivals))
+                await two.show(text(thread, "Next", 0, run="r2"))
+                receipt = await delivering
+        assert receipt.delivery_id == REPLY
+        finished = [m for m in answers(fake, thread) if not m.streaming]
+        assert [m.text for m in finished] == [ANSWER.replace("**", "*")]
+        assert finished[0].metadata is not None
+        assert finished[0].metadata["event_payload"]["delivery_id"] == REPLY
+        assert [m.text for m in fake.streams()] == ["Next"]
+
+
+async def _until(done: Callable[[], bool]) -> None:
+    async with asyncio.timeout(5):
+        while not done():  # noqa: ASYNC110
+            await asyncio.sleep(0.005)
