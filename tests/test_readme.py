@@ -268,6 +268,14 @@ BENCHES: dict[str, Bench] = {
     ),
     ".venv/bin/python bench/lane_restore_bench.py --lanes 1000,100000 --trials 3 "
     "--log-cache /tmp/lane-logs": Bench(by="tests/bench/test_lane_restore_bench_smoke.py"),
+    ".venv/bin/python bench/harness_bench.py --backends redis --prompts 800 --histories 10 "
+    "--trials 1 --restore 5x10x1": Bench(
+        ".venv/bin/python bench/harness_bench.py --quick --backends memory --histories 10 "
+        "--trials 1 --restore 5x10x1",
+        r"memory",
+    ),
+    ".venv/bin/python bench/gateway_bench.py --only redis1 --messages 3000 --rate 20 "
+    "--seconds 8": Bench(by="tests/bench/test_gateway_bench_smoke.py"),
 }
 
 NOT_HERE: dict[str, str] = {
