@@ -373,7 +373,8 @@ class SlackLive:
                 if not await self._put(lane, mark, claimed):
                     return None
             if mark.starting:
-                doomed |= await self._unrecorded(channel, outbound.thread, mark, keep)
+                kept = keep | {ts for ts in (mark.answer, taken) if ts is not None}  # answers
+                doomed |= await self._unrecorded(channel, outbound.thread, mark, kept)
             for ts in sorted(doomed, key=ts_key):
                 if await self._delete(channel, ts):
                     await self._forget(outbound.thread, mark.run, {ts})
@@ -452,7 +453,9 @@ class SlackLive:
                 return
             doomed = set(mark.streams)
             if mark.starting:
-                doomed |= await self._unrecorded(run.channel, thread, mark, set())
+                # a delivery may be rewriting the answer right now (no metadata yet): kept
+                spare = {mark.answer} if mark.answer is not None else set()
+                doomed |= await self._unrecorded(run.channel, thread, mark, spare)
             # An earlier run's leftovers, or this run's own from a dead process (its model
             # request is retried here): either way this run starts afresh. The mark moves
             # first, so a delivery taking one of these streams as its answer either took it out
