@@ -102,9 +102,11 @@ class LaneContext:
             return None
         scan = BranchScan(query)
         ended = context[0].parent_id is None
+        fed: dict[str, StoredEntry] = {}  # only what the scan saw: a limit stops it early
         for stored in reversed(context):
             entry = stored.entry
             custom = entry.custom_type if isinstance(entry, CustomEntry) else None
+            fed[stored.id] = stored
             if not scan.feed(
                 BranchNode(stored.id, stored.parent_id, stored.seq, entry.type, custom)
             ):
@@ -112,8 +114,7 @@ class LaneContext:
                 break
         if not ended:
             return None
-        by_id = {stored.id: stored for stored in context}
-        return tuple(by_id[node.id] for node in scan.result())
+        return tuple(fed[node.id] for node in scan.result())
 
     async def entry(self, entry_id: str) -> StoredEntry | None:
         """The stored entry `entry_id`: from the cached context when it holds it, else storage.
