@@ -5,6 +5,7 @@ from __future__ import annotations
 
 from pathlib import Path
 
+import pytest
 from mypy import api
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -38,6 +39,8 @@ def register(harness: AgentHarness) -> None:
 """
 
 
+# mypy in the test's process: seconds with the suite's warm cache, over a minute on a loaded machine
+@pytest.mark.timeout(300)
 def test_a_wrong_handler_is_a_type_error_and_a_right_one_is_not(tmp_path: Path) -> None:
     program = tmp_path / "user_program.py"
     program.write_text(PROGRAM)
