@@ -25,23 +25,28 @@ from collections.abc import Collection, Sequence
 from dataclasses import dataclass
 from typing import Literal
 
-from gateway.broker.contract import Inbox, SessionTicket
+from gateway.broker.contract import Inbox, InboxItem, SessionTicket
 from harness_core import Clock
 
-__all__ = ["Lingered", "until_news"]
+__all__ = ["PENDING_READ", "Lingered", "until_news"]
+
+PENDING_READ = 64
+"""How many of a session's pending items one read takes (the worker's and the linger's)."""
 
 
 @dataclass(frozen=True, slots=True)
 class Lingered:
     """How a linger ended.
 
-    `work`: items are pending (read after the news position `since`); `stop`: a drain, a cut
-    or the worker needing its place; `lost`: the ticket is no longer the session's; `over`:
-    the linger's time is up (or the broker could not be asked).
+    `work`: `items` are pending (read after the news position `since`; the worker carries on
+    with them without reading them again); `stop`: a drain, a cut or the worker needing its
+    place; `lost`: the ticket is no longer the session's; `over`: the linger's time is up (or
+    the broker could not be asked).
     """
 
     end: Literal["work", "stop", "lost", "over"]
     since: int = 0
+    items: tuple[InboxItem, ...] = ()
 
 
 async def until_news(
@@ -77,9 +82,10 @@ async def until_news(
             if not told.result():
                 continue  # the time is up: seen at the top
             since = await inbox.position()
-            pending = await inbox.pending(held.session, limit=1 + len(in_flight))
-            if any(item.id not in in_flight for item in pending):
-                return Lingered("work", since)
+            pending = await inbox.pending(held.session, limit=PENDING_READ)
+            fresh = tuple(item for item in pending if item.id not in in_flight)
+            if fresh:
+                return Lingered("work", since, fresh)
             if not await inbox.renew(held):  # news without items: the ticket moved
                 return Lingered("lost")
     finally:

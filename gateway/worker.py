@@ -57,7 +57,7 @@ from gateway.replies import (
 )
 from gateway.stop import is_stop, stop
 from gateway.waits import until_done
-from gateway.warm import Lingered, until_news
+from gateway.warm import PENDING_READ, Lingered, until_news
 from harness_core import (
     AgentHarness,
     AgentHarnessOptions,
@@ -176,6 +176,8 @@ class _Session:
     leave: asyncio.Event = field(default_factory=asyncio.Event)
     """Set to end its linger now (the worker needs its place among the sessions it keeps)."""
     linger_until_ms: int = 0
+    ready: tuple[InboxItem, ...] | None = None
+    """Pending items its linger just read (after `since`): the next work takes them unread."""
 
 
 class Worker:
@@ -501,7 +503,7 @@ class Worker:
         finally:
             self._warm.pop(session.ticket.session, None)
             if ended.end == "work" and self._free > 0 and not self._stopping.is_set():
-                session.since = ended.since
+                session.since, session.ready = ended.since, ended.items
                 self._resuming.put_nowait(session)  # a free slot carries on with it
             else:  # no slot free here: let it go, for a free slot of any worker to take
                 if ended.end == "lost":
@@ -647,12 +649,11 @@ class Worker:
             if self._clock.now_ms() - session.authority_checked_ms >= _AUTHORITY_MS:
                 await self._end_revoked(session)
             session.woken.clear()  # before the read: what ends after it wakes the wait below
-            session.since = await inbox.position()
-            items = [
-                item
-                for item in await inbox.pending(session.ticket.session, limit=64)
-                if item.id not in session.in_flight
-            ]
+            ready, session.ready = session.ready, None
+            if ready is None:
+                session.since = await inbox.position()
+                ready = await inbox.pending(session.ticket.session, limit=PENDING_READ)
+            items = [item for item in ready if item.id not in session.in_flight]
             for item in items:
                 await self._apply(session, item)
             if not session.tasks and not items:

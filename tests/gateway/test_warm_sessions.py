@@ -132,6 +132,31 @@ async def test_the_next_message_during_the_linger_is_served_without_a_take(
     assert rig.releases == 0
 
 
+async def test_a_message_the_linger_found_is_not_read_from_the_inbox_again(
+    urls: dict[str, str], started: Callable[..., Any]
+) -> None:
+    rig = await started(urls, linger_seconds=10)
+    await rig.post("t1", "one")
+    assert await rig.replied("t1", 1) == ["You said: one"]
+    inbox = rig.broker.inbox
+    read = inbox.pending
+    reads: list[tuple[str, ...]] = []
+
+    async def counted(session: str, *, limit: int = 100) -> Any:
+        found = await read(session, limit=limit)
+        reads.append(tuple(item.dedupe_key for item in found))
+        return found
+
+    inbox.pending = counted
+    await rig.post("t1", "two")
+    assert await rig.replied("t1", 2) == ["You said: one", "You said: two"]
+    await rig.until(lambda: len(reads) >= 2, "the read after the run")
+    await asyncio.sleep(0.2)
+    # the linger's read found it; the next read is the one after its run (it finds nothing)
+    assert len(reads) == 2 and len(reads[0]) == 1 and reads[1] == (), reads
+    assert rig.takes == 1
+
+
 async def test_the_linger_ends_by_letting_the_session_go_cleanly(
     urls: dict[str, str], started: Callable[..., Any]
 ) -> None:
