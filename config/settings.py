@@ -348,6 +348,12 @@ class Settings(BaseModel):
         "(Python's own default is 700); the service also freezes what its start built. "
         "0 leaves the collector as Python set it.",
     )
+    event_loop: Literal["auto", "uvloop", "asyncio"] = Field(
+        default="auto",
+        description="The event loop `gateway serve` runs on: auto (uvloop when it is installed, "
+        "as it is with the gateway on Linux and macOS; asyncio's own loop otherwise), uvloop "
+        "(refuse to start without it) or asyncio.",
+    )
     plugin: str | None = Field(
         default=None,
         description="The Python module or file that defines the agent: tools() -> the tools, "

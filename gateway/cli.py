@@ -28,6 +28,7 @@ from gateway.ask import ask, terminal
 from gateway.channels import load_gateway_settings
 from gateway.demo import demo, describe
 from gateway.errors import GatewayError
+from gateway.event_loop import loop_factory
 from gateway.invocation import command
 from gateway.redact import Redactor
 from gateway.store_check import store_check
@@ -266,7 +267,10 @@ def main(argv: Sequence[str] | None = None, settings: Settings | None = None) ->
         return 2
     redact = Redactor.from_settings(settings).redact
     try:
-        return asyncio.run(_run(args, settings))
+        # `serve` on uvloop where it is installed (D276); the short commands on asyncio's own
+        factory = loop_factory(settings.event_loop) if args.command == "serve" else None
+        with asyncio.Runner(loop_factory=factory) as runner:
+            return runner.run(_run(args, settings))
     except (_OutputClosed, BrokenPipeError):  # before the root: a closed pipe says nothing
         _discard_stdout()
         return OUTPUT_CLOSED

@@ -158,6 +158,8 @@ async def serve(settings: Settings) -> int:
     def listening() -> None:
         text = banner(settings, shown, service.ops_sign_in, service.ops_token_file)
         print(text, file=sys.stderr, flush=True)
+        loop = type(asyncio.get_running_loop())
+        log.info(event("event loop", loop=f"{loop.__module__}.{loop.__qualname__}"))
         tuned = tune_collector(settings.gc_young_threshold)
         if tuned is not None:
             log.info(
