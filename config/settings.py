@@ -235,14 +235,15 @@ class Settings(BaseModel):
         description="How often a working session's lease is renewed (3 x this < lease_seconds).",
     )
     linger_seconds: float = Field(
-        default=1.0,
+        default=5.0,
         ge=0,
         le=100,
         description="How long a worker keeps a session it just served (its restored lanes, "
         "lease and ticket) for the session's next message, which then needs no take; it is let "
         "go sooner when that message finds no free slot here, another worker took the session "
         "over, 64 per slot linger already (the longest goes) or the process stops; 0: let go "
-        "at once (3 x this <= lease_seconds).",
+        "at once. At most a third of lease_seconds: a value set must keep 3 x this <= "
+        "lease_seconds, the default is cut to it.",
     )
     max_attempts: int = Field(
         default=3,
@@ -562,6 +563,7 @@ class Settings(BaseModel):
                 "session does not renew outlasts its linger",
             )
             if 3 * self.linger_seconds > self.lease_seconds
+            and "linger_seconds" in self.model_fields_set  # the default is cut to a third
             else None,
             Relation(
                 ("drain_seconds", "shutdown_seconds"),

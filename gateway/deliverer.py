@@ -136,6 +136,9 @@ class Deliverer:
                         break
                     await self._wait(config.idle_wait_ms)
                     continue
+                # fewer than asked for: the outbox had no more due, so the next claim would
+                # most likely find nothing; `wait` returns at once if something is due by now
+                drained = len(claimed) < min(config.batch, config.parallel)
                 for item in claimed:
                     await slots.acquire()
                     task = asyncio.ensure_future(self._attempt(item))
@@ -146,6 +149,8 @@ class Deliverer:
                         slots.release()
 
                     task.add_done_callback(settled)
+                if drained and not self._stopping.is_set():
+                    await self._wait(config.idle_wait_ms)
             if self._running:
                 await asyncio.gather(*self._running, return_exceptions=True)
         except asyncio.CancelledError:

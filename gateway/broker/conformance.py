@@ -1025,6 +1025,17 @@ async def wait_returns_early_on_enqueue(fx: BrokerFixture) -> None:
 
 
 @_case("outbox")
+async def wait_returns_at_once_when_a_delivery_is_due_already(fx: BrokerFixture) -> None:
+    # the deliverer waits right after a claim that took fewer than it asked for: a delivery
+    # enqueued before the wait (after that claim) must not wait for the next bell or timeout
+    outbox = fx.broker.outbox
+    assert await outbox.claim("d", now_ms=fx.clock.now_ms(), limit=4, lease_ms=30_000) == ()
+    await outbox.wait(0)  # what a claim with nothing to take leaves cached is read now
+    await outbox.enqueue("reply:r1", "s1", "web:t1", {}, now_ms=fx.clock.now_ms())
+    await _soon(outbox.wait(60_000))
+
+
+@_case("outbox")
 async def wait_returns_when_a_retry_comes_due(fx: BrokerFixture) -> None:
     outbox = fx.broker.outbox
     claimed = await _one_pending(fx)

@@ -92,6 +92,13 @@ def test_settings_just_inside_the_checks_are_accepted() -> None:
     assert Settings(linger_seconds=0).linger_seconds == 0  # let go at once
 
 
+def test_the_default_linger_is_no_reason_to_refuse_a_short_lease() -> None:
+    # the default (5 s) is cut to a third of the lease where it runs (the worker's linger)
+    assert Settings(lease_seconds=3, renew_seconds=0.5).linger_seconds == 5
+    with pytest.raises(ValidationError, match="3 x linger_seconds must be at most"):
+        Settings(lease_seconds=3, renew_seconds=0.5, linger_seconds=5)
+
+
 @pytest.mark.parametrize(
     ("field", "value", "accepted"),
     [

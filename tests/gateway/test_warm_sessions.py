@@ -97,7 +97,7 @@ async def started() -> AsyncIterator[Callable[..., Any]]:
         said: list[str] = []
         handler = _Said(said)
         handlers.append(handler)
-        settings = gateway_settings(**urls, lease_seconds=30, renew_seconds=2, **changes)
+        settings = gateway_settings(**{"lease_seconds": 30, "renew_seconds": 2, **urls, **changes})
         service = Service(settings)
         logger.addHandler(handler)
         await service.start()
@@ -176,6 +176,19 @@ async def test_the_linger_ends_by_letting_the_session_go_cleanly(
         await storage.close()
     assert watermark_of(await rig.broker.marks.get(replies_mark(SESSION))) == last
     assert (rig.takes, rig.releases) == (1, 1)
+
+
+async def test_the_default_linger_is_cut_to_a_third_of_a_short_lease(
+    urls: dict[str, str], started: Callable[..., Any]
+) -> None:
+    rig = await started(urls, lease_seconds=3, renew_seconds=0.5)  # the linger as shipped
+    await rig.post("t1", "one")
+    assert await rig.replied("t1", 1) == ["You said: one"]
+    assert rig.holds()  # lingering
+    began = time.monotonic()
+    await rig.until(lambda: not rig.holds(), "let go after a third of the lease", timeout_s=10)
+    assert time.monotonic() - began < 2.5  # about 1 s, not the default's 5 s
+    await rig.until(lambda: rig.releases == 1, "released")
 
 
 async def test_no_linger_lets_the_session_go_at_once(
