@@ -12,6 +12,8 @@ the delivery rewrites it with the reply's text and its delivery metadata (D218).
 identity lives in a broker mark per thread (``slack:stream:<lane>``: the run, its stream
 messages, whether a start may have gone out unrecorded), so that a new process finds what a dead
 one started: the reply's delivery finishes it, a later run of the thread deletes it (D219).
+The thread itself is read (``conversations.replies``, Tier 3) only after a crash or for a mark an
+older process wrote, never for a reply finishing its stream as planned (D279).
 
 Streaming is best effort: a rate-limited append, a refused start or an unreachable Slack ends it
 for the run (the stream is stopped where it stands and the reply replaces its text: one message);
@@ -81,6 +83,11 @@ class StreamMark:
     answer: str | None = None
     """The stream a delivery of the run's reply is finishing as its answer: out of `streams`,
     so no sweep deletes it, and kept so that a retry of that delivery finishes it again."""
+    apart: bool = True
+    """The mark's `streams` came from code that moves a stream to `answer` before rewriting it
+    (D275), so a listed stream is no delivered reply and a take need not read the thread to
+    make sure (D279). False for a mark an older process wrote, and for every mark carrying its
+    `streams` on (stored as ``"v": 2``)."""
 
     def dump(self) -> str:
         """The mark's value (JSON)."""
@@ -92,6 +99,8 @@ class StreamMark:
         }
         if self.answer is not None:
             data["answer"] = self.answer
+        if self.apart:
+            data["v"] = 2
         return json.dumps(data, separators=(",", ":"))
 
     @classmethod
@@ -107,6 +116,7 @@ class StreamMark:
                 streams=tuple(str(ts) for ts in data.get("streams") or ()),
                 starting=bool(data.get("starting")),
                 answer=str(data["answer"]) if data.get("answer") else None,
+                apart=data.get("v") == 2,
             )
         except (ValueError, KeyError, TypeError):
             return None
@@ -346,9 +356,11 @@ class SlackLive:
             keep = set(posted.values())
             streams = [ts for ts in mark.streams if ts not in keep]
             # a listed stream that carries a delivery's metadata is an answer already (one a
-            # faulted or dead holder finished without clearing the mark): never deleted, never
-            # rewritten as another reply (D275)
-            if streams and thread_ts is not None:
+            # holder older than D275 finished without clearing the mark): never deleted, never
+            # rewritten as another reply. Since D275 an answer leaves `streams` before it is
+            # rewritten, so a mark written since needs no read of the thread (D279): the read is
+            # a Tier 3 call, about 50 a minute for the workspace
+            if streams and thread_ts is not None and not mark.apart:
                 answers = await self._delivered(channel, thread_ts, mark, streams)
                 streams = [ts for ts in streams if ts not in answers]
             if 0 in posted:
@@ -369,6 +381,7 @@ class SlackLive:
                     streams=tuple(ts for ts in mark.streams if ts != taken),
                     starting=mark.starting,
                     answer=taken,
+                    apart=mark.apart,
                 )
                 if not await self._put(lane, mark, claimed):
                     return None
@@ -416,10 +429,16 @@ class SlackLive:
             same = mark is not None and mark.run == run.run_id
             streams = mark.streams if mark is not None and same else ()
             answer = mark.answer if mark is not None and same else None
+            apart = mark.apart if mark is not None and streams else True
             if run.stream is not None and run.stream.ts not in (None, answer):
                 streams = tuple(dict.fromkeys((*streams, run.stream.ts)))
             value = StreamMark(
-                run.run_id, since=run.since, streams=streams, starting=starting, answer=answer
+                run.run_id,
+                since=run.since,
+                streams=streams,
+                starting=starting,
+                answer=answer,
+                apart=apart,
             )
             if await self._put(lane, mark, value):
                 return
@@ -437,6 +456,7 @@ class SlackLive:
                 streams=streams,
                 starting=mark.starting,
                 answer=mark.answer,
+                apart=mark.apart or not streams,
             )
             if await self._put(lane, mark, value):
                 return

@@ -90,6 +90,13 @@ def assert_one_complete_answer(fake: FakeSlack, thread: ThreadRef) -> None:
     assert fake.streams() == []
 
 
+def metadata_reads(fake: FakeSlack) -> int:
+    """How often the thread was read for its delivery metadata (as a take checks streams)."""
+    return len(
+        [c for c in fake.calls_to("conversations.replies") if c.params.get("include_all_metadata")]
+    )
+
+
 def sequence(fake: FakeSlack) -> list[tuple[str, str]]:
     """The status and stream calls in order: (method, status or text)."""
     seen = []
@@ -286,6 +293,51 @@ async def test_a_finished_reply_is_never_swept_by_the_next_run(lost: bool) -> No
             assert len(stream) == 1 and stream[0].text == "Next"
         finished = [m for m in answers(fake, thread) if not m.streaming]
         assert [m.text for m in finished] == [ANSWER.replace("**", "*")]
+
+
+async def test_a_streamed_reply_is_delivered_without_reading_the_thread() -> None:
+    """D279: the mark says its streams are no answers, so the take reads no thread (Tier 3)."""
+    async with FakeSlack() as fake:
+        sink = TestSink(routes={"C1": "s1"})
+        async with slack_channel(fake, sink) as channel:
+            thread = await ask(fake, channel, sink, "how are my tickets?")
+            await channel.show(text(thread, ANSWER, 0))
+            await channel.show(done(thread))
+            read_before = metadata_reads(fake)
+            receipt = await channel.deliver(reply(sink, thread))
+            [streamed] = answers(fake, thread)
+            assert receipt.channel_message_ids == (f"C1:{streamed.ts}",)
+            assert metadata_reads(fake) == read_before
+        assert_one_complete_answer(fake, thread)
+
+
+async def test_a_mark_an_older_process_wrote_is_checked_against_the_thread() -> None:
+    """A mark without D279's flag may list a stream an older process finished as an answer
+    (before D275 it rewrote a stream still listed): the take reads the thread and spares it."""
+    async with FakeSlack() as fake:
+        sink = TestSink(routes={"C1": "s1"})
+        async with slack_channel(fake, sink) as first:
+            thread = await ask(fake, first, sink, "how are my tickets?")
+            await first.show(text(thread, ANSWER, 0))
+            await first.deliver(reply(sink, thread))
+            [answered] = answers(fake, thread)
+        name = f"slack:stream:{thread.lane}"
+        async with slack_channel(fake, sink) as second:  # the run's request again, elsewhere
+            await second.show(text(thread, "Ticket", 0, step=1))
+            [later] = fake.streams()
+            mark = json.loads(sink.marks[name])
+            assert mark["v"] == 2 and mark["streams"] == [later.ts]
+            del mark["v"]  # as an older process wrote it: the finished answer still listed
+            mark["streams"] = [answered.ts, later.ts]
+            sink.marks[name] = json.dumps(mark, separators=(",", ":"))
+            read_before = metadata_reads(fake)
+            taken = await second.live.take(reply(sink, thread), {})
+            assert taken == later.ts
+            assert metadata_reads(fake) == read_before + 1
+            assert "v" not in json.loads(sink.marks[name])  # its streams are still unchecked
+        kept = fake.message("C1", answered.ts)
+        assert kept.metadata is not None and not kept.streaming
+        assert fake.calls_to("chat.delete") == []
 
 
 @pytest.mark.parametrize("first", ["sweep", "delivery"])
