@@ -142,6 +142,8 @@ class _Run:
     waits for the reply, which replaces its text."""
     off: bool = False
     """No more streaming for this run (rate limited, refused, unreachable, or finished)."""
+    stopped: str | None = None
+    """The stream this process saw stopped (the reply finishing it need not stop it again)."""
     errors: list[str] = field(default_factory=list)
 
 
@@ -306,7 +308,8 @@ class SlackLive:
             log.info("slack stream ended early: the reply comes whole", extra={"reason": error})
         stream = run.stream
         if stream is not None and stream.ts is not None:
-            await self._stop(run.channel, stream.ts)
+            if await self._stop(run.channel, stream.ts):
+                run.stopped = stream.ts
             run.stream = None
         elif starting and error != "unreachable":
             await self._record(thread, run, starting=False)  # refused: nothing was started
@@ -326,7 +329,8 @@ class SlackLive:
             return
         run.off = True
         if run.stream is not None and run.stream.ts is not None:
-            await self._stop(run.channel, run.stream.ts)
+            if await self._stop(run.channel, run.stream.ts):
+                run.stopped = run.stream.ts
             run.stream = None
 
     # ---- the durable reply
@@ -346,9 +350,11 @@ class SlackLive:
             if mark is None or not outbound.delivery_id.endswith(f":{mark.run}"):
                 return None
             run = self._runs.get(lane)
+            stopped = None
             if run is not None and run.run_id == mark.run:
                 run.off = True  # later text of the run has nothing to show it in
                 run.stream = None
+                stopped = run.stopped
             try:
                 channel, thread_ts = split_thread(outbound.thread)
             except ValueError:
@@ -391,7 +397,7 @@ class SlackLive:
             for ts in sorted(doomed, key=ts_key):
                 if await self._delete(channel, ts):
                     await self._forget(outbound.thread, mark.run, {ts})
-            if taken is not None:
+            if taken is not None and taken != stopped:
                 await self._stop(channel, taken)
             return taken
 
@@ -540,14 +546,19 @@ class SlackLive:
             ) from None
         return [m for m in answer.get("messages") or [] if isinstance(m, dict)]
 
-    async def _stop(self, channel: str, ts: str) -> None:
+    async def _stop(self, channel: str, ts: str) -> bool:
+        """Stop a stream; whether it is known to stream no more."""
         try:
             await self.link.client.chat_stopStream(channel=channel, ts=ts)
         except SlackApiError as exc:
             # message_not_in_streaming_state: stopped already (by us, or Slack's own timeout)
-            log.debug("slack stream stop skipped", extra={"error": exc.response.get("error")})
+            error = exc.response.get("error")
+            log.debug("slack stream stop skipped", extra={"error": error})
+            return bool(error == "message_not_in_streaming_state")
         except (aiohttp.ClientError, TimeoutError) as exc:
             log.debug("slack stream stop skipped", extra={"error": type(exc).__name__})
+            return False
+        return True
 
     async def _delete(self, channel: str, ts: str) -> bool:
         """Delete a stream message; whether it is gone."""
