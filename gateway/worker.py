@@ -316,7 +316,9 @@ class Worker:
             raise take.exception()  # type: ignore[misc]
         ticket = take.result()
         if warm is not None and ticket is not None:  # both at once: the warm one is cheaper
-            await self._hand_back(ticket, None)
+            # nobody looked at the taken session: it is for the next take at once, pending
+            # items or not (a dead worker's session with an open operation has none)
+            await self._hand_back(ticket, 0)
         return warm if warm is not None else ticket
 
     async def _hand_back(

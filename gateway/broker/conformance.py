@@ -664,6 +664,41 @@ async def a_cancelled_take_hands_out_nothing(fx: BrokerFixture) -> None:
             await inbox.ack(session, item.id)
 
 
+@_case("sessions")
+async def a_cancelled_take_of_a_lapsed_ticket_leaves_it_for_the_next_take(
+    fx: BrokerFixture,
+) -> None:
+    """A take cancelled as it took a lapsed ticket leaves the session for the next take.
+
+    A dead worker's session with nothing pending (its operation is open) is handed out once its
+    ticket lapses; a take cancelled then must not end it as if it was served.
+    """
+    inbox = fx.broker.inbox
+    handed_back = 0
+    for turn in range(24):
+        session = f"c{turn}"
+        item = (await inbox.append(_new(f"k{turn}", session=session))).item
+        first = await inbox.take_session("dead")
+        assert first is not None
+        await inbox.ack(session, item.id)  # accepted into its lane; then the worker died
+        fx.clock.advance(fx.visibility_timeout_ms + 1)
+        take = asyncio.ensure_future(inbox.take_session("w1", wait_ms=60_000))
+        for _ in range(turn):  # the cancellation lands a little later into the take each turn
+            await asyncio.sleep(0)
+        take.cancel()
+        done, _ = await asyncio.wait({take}, timeout=REAL_TIMEOUT_S)
+        assert done, "a cancelled take did not end"
+        if not take.cancelled() and (ticket := take.result()) is not None:
+            await inbox.done(ticket)  # it returned before the cancellation: served, through
+            continue
+        handed_back += 1
+        again = await inbox.take_session("w2")
+        assert again is not None, f"turn {turn}: the lapsed session was dropped"
+        assert again.session == session
+        await inbox.done(again)
+    assert handed_back > 0
+
+
 @_case("news")
 async def wait_returns_when_an_item_is_appended_to_the_held_session(fx: BrokerFixture) -> None:
     inbox = fx.broker.inbox

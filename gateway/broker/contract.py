@@ -172,7 +172,8 @@ class Inbox(Protocol):
         lock: the store's writer lease decides who writes a session.
 
         Cancelling a take hands out nothing: a session it took as the cancellation came is
-        handed back (ready for the next take at once) before the cancellation propagates, so a
+        handed back (ready for the next take at once, pending items or not: it may be a lapsed
+        ticket's, whose operation is open) before the cancellation propagates, so a
         worker may take while it waits for something else and cancel the take when that comes.
         """
         ...

@@ -709,7 +709,7 @@ class _RedisInbox:
                     await bell.position()
             since = bell.seen
             async with self._scanning:  # one scan at a time: woken waiters do not all read
-                ticket = await whole_take(self._scan(worker, since), self.done)
+                ticket = await whole_take(self._scan(worker, since), self._hand_back)
             if ticket is not None:
                 return ticket
             now = c.clock.now_ms()
@@ -943,6 +943,13 @@ class _RedisInbox:
             consumer=worker,
         )
         return True
+
+    async def _hand_back(self, ticket: SessionTicket) -> None:
+        """Hand back what a cancelled take took: ready for the next take at once.
+
+        Pending items or not: nobody looked at the session (a lapsed ticket's operation is open).
+        """
+        await self.done(ticket, again_in_ms=0)
 
     async def done(self, ticket: SessionTicket, *, again_in_ms: int | None = None) -> None:
         c = self._c

@@ -598,7 +598,7 @@ class _Inbox:
 
             if b.closed:
                 return None
-            taken = await whole_take(self._take_step(op, ticket), self.done)
+            taken = await whole_take(self._take_step(op, ticket), self._hand_back)
             if isinstance(taken, SessionTicket):
                 return taken
             if b.closed or b.clock.now_ms() >= deadline:
@@ -630,6 +630,13 @@ class _Inbox:
 
         result: bool = await self._b.write(op, point=False)
         return result
+
+    async def _hand_back(self, ticket: SessionTicket) -> None:
+        """Hand back what a cancelled take took: ready for the next take at once.
+
+        Pending items or not: nobody looked at the session (a lapsed ticket's operation is open).
+        """
+        await self.done(ticket, again_in_ms=0)
 
     async def done(self, ticket: SessionTicket, *, again_in_ms: int | None = None) -> None:
         def op(conn: sqlite3.Connection, now: int) -> bool:
