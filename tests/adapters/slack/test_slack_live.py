@@ -16,7 +16,7 @@ from contextlib import asynccontextmanager
 import pytest
 from slack_bolt.request.async_request import AsyncBoltRequest
 
-from adapters.channel import Outbound, ThreadRef
+from adapters.channel import DeliveryError, Outbound, ThreadRef
 from adapters.live import LiveUpdate, LiveView
 from adapters.slack import SlackChannel
 from tests.adapters.kit import TestSink
@@ -323,6 +323,23 @@ async def test_a_streamed_reply_is_delivered_without_reading_the_thread() -> Non
             assert receipt.channel_message_ids == (f"C1:{streamed.ts}",)
             assert metadata_reads(fake) == read_before
         assert_one_complete_answer(fake, thread)
+
+
+async def test_a_rate_limited_rewrite_of_the_stream_is_retried_as_slack_asks() -> None:
+    """`chat.update` is Tier 3: a busy workspace's 429 delays the reply, never doubles it."""
+    async with FakeSlack() as fake:
+        sink = TestSink(routes={"C1": "s1"})
+        async with slack_channel(fake, sink) as channel:
+            thread = await ask(fake, channel, sink, "how are my tickets?")
+            await channel.show(text(thread, ANSWER, 0))
+            await channel.show(done(thread))
+            fake.rate_limit("chat.update", retry_after=7)
+            with pytest.raises(DeliveryError) as refused:
+                await channel.deliver(reply(sink, thread))
+            assert refused.value.retry_after_s == 7
+            await channel.deliver(reply(sink, thread))  # the deliverer's retry, 7 s later
+        assert_one_complete_answer(fake, thread)
+        assert [c.status for c in fake.calls_to("chat.update")] == [429, 200]
 
 
 async def test_a_mark_an_older_process_wrote_is_checked_against_the_thread() -> None:
