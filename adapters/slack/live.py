@@ -86,8 +86,8 @@ class StreamMark:
     apart: bool = True
     """The mark's `streams` came from code that moves a stream to `answer` before rewriting it
     (D275), so a listed stream is no delivered reply and a take need not read the thread to
-    make sure (D279). False for a mark an older process wrote, and for every mark carrying its
-    `streams` on (stored as ``"v": 2``)."""
+    make sure (D279); stored as ``"v": 2``. False for a mark an older process wrote, and for a
+    mark that carries such a mark's `streams` on (until none of them is left)."""
 
     def dump(self) -> str:
         """The mark's value (JSON)."""
