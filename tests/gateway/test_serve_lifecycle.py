@@ -25,7 +25,7 @@ import pytest
 
 from adapters.web import open_mailbox
 from tests.support.gateway_process import ROOT, GatewayProcess, not_json
-from tests.support.redis_server import RedisServer
+from tests.support.redis_server import RedisServer, free_port
 
 AGENT = "tests.support.gateway_agent"
 NEXT_PROCESS_S = 5.0
@@ -327,3 +327,32 @@ async def test_a_holder_killed_on_this_machine_is_taken_over_at_once(tmp_path: P
     said = {line["event"]: line for line in _log(gateway)}
     assert said["sessions of a stopped process taken over"]["sessions"] == 1
     assert said["lease taken over"]["why"] == "its process no longer runs on this machine"
+
+
+@pytest.mark.timeout(180)  # three process starts, about 6 s each on a slow machine
+def test_a_port_taken_between_its_pick_and_the_bind_is_picked_again(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The rig's free port may be bound by another test's server first (seen in CI): the
+    process says so in one line, and the rig's first start picks another port."""
+    taken = socket.socket()
+    taken.bind(("127.0.0.1", 0))
+    taken.listen()
+    busy = taken.getsockname()[1]
+    picks = iter([busy])
+    monkeypatch.setattr(
+        "tests.support.gateway_process.free_port", lambda: next(picks, None) or free_port()
+    )
+    gateway = GatewayProcess("gw", tmp_path, _sqlite(tmp_path))
+    given = GatewayProcess("given", tmp_path / "given", _sqlite(tmp_path / "given"), port=busy)
+    (tmp_path / "given").mkdir()
+    try:
+        assert gateway.port == busy
+        gateway.start()
+        assert gateway.port != busy
+        with pytest.raises(RuntimeError, match="Address already in use"):
+            given.start()  # a port the caller chose is not changed behind its back
+    finally:
+        gateway.stop()
+        given.stop()
+        taken.close()

@@ -38,6 +38,7 @@ class GatewayProcess:
     ) -> None:
         self.name = name
         self.directory = directory
+        self._port_given = port is not None
         self.port = port or free_port()
         self.env = {
             **os.environ,
@@ -61,7 +62,30 @@ class GatewayProcess:
         return self.directory / f"{self.name}.{self.incarnation}.log"
 
     def start(self, *, wait_ready_s: float = 20.0) -> GatewayProcess:
-        """Start a new incarnation and wait until it is ready (raises if it is not)."""
+        """Start a new incarnation and wait until it is ready (raises if it is not).
+
+        A free port is free only when it is picked: another test's server may bind it before
+        this process does. The first start of a process whose port was picked here then picks
+        another (twice at most); a port given, or a restart's, is kept as it is.
+        """
+        for attempt in range(3):
+            first = self.incarnation == 0
+            self._spawn()
+            if wait_ready_s <= 0:
+                return self
+            try:
+                self.wait_ready(wait_ready_s)
+            except RuntimeError:
+                taken = "Address already in use" in self.tail()
+                if not (first and taken and not self._port_given and attempt < 2):
+                    raise
+                self.incarnation = 0
+                self.port = free_port()
+                continue
+            return self
+        raise AssertionError("unreachable")
+
+    def _spawn(self) -> None:
         self.incarnation += 1
         log = open(self.log_path, "wb")  # noqa: SIM115 - owned by the child's lifetime
         self.process = subprocess.Popen(
@@ -72,9 +96,6 @@ class GatewayProcess:
             stderr=subprocess.STDOUT,
         )
         log.close()
-        if wait_ready_s > 0:
-            self.wait_ready(wait_ready_s)
-        return self
 
     def wait_ready(self, timeout_s: float = 20.0) -> None:
         """Wait until ``/readyz`` says ok."""
