@@ -33,6 +33,7 @@ from gateway.broker.contract import (
     NewAuditEvent,
     NewInboxItem,
     Outbox,
+    SessionTicket,
     Threads,
 )
 from gateway.broker.limits import BlobLimits, blob_id
@@ -641,6 +642,17 @@ async def workers_taking_concurrently_never_share_a_session(fx: BrokerFixture) -
     assert sorted(taken) == sorted(sessions), Counter(taken)
 
 
+async def _cancelled_take(inbox: Inbox, turn: int) -> SessionTicket | None:
+    """A take cancelled after `turn` yields; what it returned if that came before the cancel."""
+    take = asyncio.ensure_future(inbox.take_session("w1", wait_ms=60_000))
+    for _ in range(turn):  # the cancellation lands a little later into the take each turn
+        await asyncio.sleep(0)
+    take.cancel()
+    done, _ = await asyncio.wait({take}, timeout=REAL_TIMEOUT_S)
+    assert done, "a cancelled take did not end"
+    return None if take.cancelled() else take.result()
+
+
 @_case("sessions")
 async def a_cancelled_take_hands_out_nothing(fx: BrokerFixture) -> None:
     """Cancelled at any point of its work, a take leaves the session ready for the next one."""
@@ -648,13 +660,7 @@ async def a_cancelled_take_hands_out_nothing(fx: BrokerFixture) -> None:
     for turn in range(24):
         session = f"c{turn}"
         await inbox.append(_new(f"k{turn}", session=session))
-        take = asyncio.ensure_future(inbox.take_session("w1", wait_ms=60_000))
-        for _ in range(turn):  # the cancellation lands a little later into the take each turn
-            await asyncio.sleep(0)
-        take.cancel()
-        done, _ = await asyncio.wait({take}, timeout=REAL_TIMEOUT_S)
-        assert done, "a cancelled take did not end"
-        if not take.cancelled() and (ticket := take.result()) is not None:
+        if (ticket := await _cancelled_take(inbox, turn)) is not None:
             await inbox.done(ticket)  # it returned before the cancellation: a ticket as any
         again = await inbox.take_session("w2")
         assert again is not None, f"turn {turn}: the session stayed taken"
@@ -682,13 +688,7 @@ async def a_cancelled_take_of_a_lapsed_ticket_leaves_it_for_the_next_take(
         assert first is not None
         await inbox.ack(session, item.id)  # accepted into its lane; then the worker died
         fx.clock.advance(fx.visibility_timeout_ms + 1)
-        take = asyncio.ensure_future(inbox.take_session("w1", wait_ms=60_000))
-        for _ in range(turn):  # the cancellation lands a little later into the take each turn
-            await asyncio.sleep(0)
-        take.cancel()
-        done, _ = await asyncio.wait({take}, timeout=REAL_TIMEOUT_S)
-        assert done, "a cancelled take did not end"
-        if not take.cancelled() and (ticket := take.result()) is not None:
+        if (ticket := await _cancelled_take(inbox, turn)) is not None:
             await inbox.done(ticket)  # it returned before the cancellation: served, through
             continue
         handed_back += 1
