@@ -68,22 +68,20 @@ class GatewayProcess:
         this process does. The first start of a process whose port was picked here then picks
         another (twice at most); a port given, or a restart's, is kept as it is.
         """
-        for attempt in range(3):
-            first = self.incarnation == 0
+        picks_left = 0 if self._port_given or self.incarnation else 2
+        while True:
             self._spawn()
             if wait_ready_s <= 0:
                 return self
             try:
                 self.wait_ready(wait_ready_s)
+                return self
             except RuntimeError:
-                taken = "Address already in use" in self.tail()
-                if not (first and taken and not self._port_given and attempt < 2):
+                if picks_left == 0 or "Address already in use" not in self.tail():
                     raise
+                picks_left -= 1
                 self.incarnation = 0
                 self.port = free_port()
-                continue
-            return self
-        raise AssertionError("unreachable")
 
     def _spawn(self) -> None:
         self.incarnation += 1
