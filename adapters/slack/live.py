@@ -19,7 +19,9 @@ Streaming is best effort: a rate-limited append, a refused start or an unreachab
 for the run (the stream is stopped where it stands and the reply replaces its text: one message);
 a refusal meaning the workspace cannot stream at all ends it for the process (D220). A new model
 request of the run (a retry, a later step) deletes the earlier step's message and streams again.
-Nothing here raises into the gateway, and no message carrying a delivery's metadata is deleted.
+A reply's delivery, in whichever process, closes its run's mark: a step the run's process shows
+late starts no stream beside the reply and deletes nothing of it (D281). Nothing here raises into
+the gateway, and no message carrying a delivery's metadata is deleted.
 """
 
 from __future__ import annotations
@@ -88,6 +90,10 @@ class StreamMark:
     (D275), so a listed stream is no delivered reply and a take need not read the thread to
     make sure (D279); stored as ``"v": 2``. False for a mark an older process wrote, and for a
     mark that carries such a mark's `streams` on (until none of them is left)."""
+    closed: bool = False
+    """A delivery took the run's reply: no stream starts for the run any more. The process
+    running it may show a step late (its feed lags; the reply went out from another process):
+    that step neither deletes the answer nor streams the answer's text again (D281)."""
 
     def dump(self) -> str:
         """The mark's value (JSON)."""
@@ -101,6 +107,8 @@ class StreamMark:
             data["answer"] = self.answer
         if self.apart:
             data["v"] = 2
+        if self.closed:
+            data["closed"] = True
         return json.dumps(data, separators=(",", ":"))
 
     @classmethod
@@ -117,6 +125,7 @@ class StreamMark:
                 starting=bool(data.get("starting")),
                 answer=str(data["answer"]) if data.get("answer") else None,
                 apart=data.get("v") == 2,
+                closed=data.get("closed") is True,
             )
         except (ValueError, KeyError, TypeError):
             return None
@@ -267,7 +276,9 @@ class SlackLive:
             return
         starting = run.stream is None
         if starting:
-            await self._record(thread, run, starting=True)
+            if not await self._record(thread, run, starting=True):
+                run.off = True  # the run's reply is out (from another process): nothing to add
+                return
             run.stream = await self.link.client.chat_stream(
                 channel=run.channel,
                 thread_ts=run.thread_ts,
@@ -287,8 +298,13 @@ class SlackLive:
             await self._give_up(thread, run, None, starting=starting)
             return
         run.shown += text
-        if starting:
-            await self._record(thread, run, starting=False)
+        if starting and not await self._record(thread, run, starting=False):
+            # the reply went out while this stream started: nobody took it (it was never
+            # listed), so it is this run's to delete
+            run.off = True
+            run.stream = None
+            if stream.ts is not None:
+                await self._delete(run.channel, stream.ts)
 
     async def _give_up(
         self, thread: ThreadRef, run: _Run, exc: SlackApiError | None, *, starting: bool
@@ -315,11 +331,19 @@ class SlackLive:
             await self._record(thread, run, starting=False)  # refused: nothing was started
 
     async def _restart(self, thread: ThreadRef, run: _Run, step: int) -> None:
-        """A new model request of the run: its answer replaces the earlier step's message."""
+        """A new model request of the run: its answer replaces the earlier step's message.
+
+        The earlier message leaves the mark before it is deleted, as in a sweep (D275): a
+        delivery in another process may have taken it as the run's answer meanwhile, and then
+        it is not this run's to delete (D281). The mark says a stream may be unlisted until the
+        delete is done, so a crash in between leaves it to the reply's sweep.
+        """
         old = run.stream.ts if run.stream is not None else None
         run.step, run.answer, run.shown, run.stream, run.stalled = step, "", "", None, False
-        if old is not None and await self._delete(run.channel, old):
-            await self._forget(thread, run.run_id, {old})
+        if old is None or not await self._unlist(thread, run.run_id, old):
+            return
+        if not await self._delete(run.channel, old):
+            await self._relist(thread, run.run_id, old)
 
     async def _done(self, update: LiveUpdate, channel: str, thread_ts: str) -> None:
         """The run stopped writing: take its status down, stop its stream where it stands."""
@@ -340,57 +364,80 @@ class SlackLive:
 
         The run's other stream messages (an earlier step's that could not be deleted then, one
         a dead process started without recording it) are deleted. `posted`: the parts an
-        earlier attempt posted (part number -> ts); with part 0 there, no stream is taken.
+        earlier attempt posted (part number -> ts); with part 0 there, no stream is taken. The
+        run's mark is closed first: the process running the run starts no stream for it after
+        that, nor deletes the one taken here (D281).
         """
         if outbound.kind not in ("reply", "failure_notice") or self.link.sink is None:
             return None
+        try:
+            channel, thread_ts = split_thread(outbound.thread)
+        except ValueError:
+            return None
         lane = outbound.thread.lane
+        keep = set(posted.values())
         async with self._lock(lane):
-            mark = await self._mark(lane)
-            if mark is None or not outbound.delivery_id.endswith(f":{mark.run}"):
-                return None
-            run = self._runs.get(lane)
-            stopped = None
-            if run is not None and run.run_id == mark.run:
-                run.off = True  # later text of the run has nothing to show it in
-                run.stream = None
-                stopped = run.stopped
-            try:
-                channel, thread_ts = split_thread(outbound.thread)
-            except ValueError:
-                return None
-            keep = set(posted.values())
-            streams = [ts for ts in mark.streams if ts not in keep]
-            # a listed stream that carries a delivery's metadata is an answer already (one a
-            # holder older than D275 finished without clearing the mark): never deleted, never
-            # rewritten as another reply. Since D275 an answer leaves `streams` before it is
-            # rewritten, so a mark written since needs no read of the thread (D279): the read is
-            # a Tier 3 call, about 50 a minute for the workspace
-            if streams and thread_ts is not None and not mark.apart:
-                answers = await self._delivered(channel, thread_ts, mark, streams)
-                streams = [ts for ts in streams if ts not in answers]
-            if 0 in posted:
-                taken = None
-            elif mark.answer is not None and mark.answer not in keep:
-                taken = mark.answer  # an earlier attempt's: finishing it again changes nothing
-            else:
-                taken = streams[-1] if streams else None
-            doomed = set(streams) - {taken}
-            if taken is not None and mark.answer != taken:
+            for _ in range(3):  # a compare-and-set: the run's own process may write meanwhile
+                mark = await self._mark(lane)
+                if mark is None or not outbound.delivery_id.endswith(f":{mark.run}"):
+                    # the run recorded no stream (yet): its mark is closed all the same, so a
+                    # stream its process starts late is not left beside the reply; a mark that
+                    # still has another run's streams to sweep is left as it is
+                    if (
+                        not self.streaming_ok
+                        or thread_ts is None
+                        or (
+                            mark is not None
+                            and (mark.streams or mark.starting or mark.answer is not None)
+                        )
+                    ):
+                        return None
+                    since = str(outbound.reply_context.get("ts") or thread_ts)
+                    run_id = outbound.delivery_id.rpartition(":")[2]
+                    if await self._put(lane, mark, StreamMark(run_id, since=since, closed=True)):
+                        return None
+                    continue
+                run = self._runs.get(lane)
+                stopped = None
+                if run is not None and run.run_id == mark.run:
+                    run.off = True  # later text of the run has nothing to show it in
+                    run.stream = None
+                    stopped = run.stopped
+                streams = [ts for ts in mark.streams if ts not in keep]
+                # a listed stream that carries a delivery's metadata is an answer already (one
+                # a holder older than D275 finished without clearing the mark): never deleted,
+                # never rewritten as another reply. Since D275 an answer leaves `streams` before
+                # it is rewritten, so a mark written since needs no read of the thread (D279):
+                # the read is a Tier 3 call, about 50 a minute for the workspace
+                if streams and thread_ts is not None and not mark.apart:
+                    answers = await self._delivered(channel, thread_ts, mark, streams)
+                    streams = [ts for ts in streams if ts not in answers]
+                if 0 in posted:
+                    taken = None
+                elif mark.answer is not None and mark.answer not in keep:
+                    taken = mark.answer  # an earlier attempt's: finishing it again changes nothing
+                else:
+                    taken = streams[-1] if streams else None
+                if mark.closed and (taken is None or mark.answer == taken):
+                    break
                 # the stream leaves `streams` for `answer` before it becomes the answer: a next
-                # run's sweep (`_clear_others`, maybe in another process) never deletes it;
-                # if the mark moved meanwhile, that sweep owns the streams and the reply is
-                # posted afresh (D275)
+                # run's sweep (`_clear_others`, maybe in another process) never deletes it; if
+                # the mark moved to another run meanwhile, that sweep owns the streams and the
+                # reply is posted afresh (D275)
                 claimed = StreamMark(
                     mark.run,
                     since=mark.since,
                     streams=tuple(ts for ts in mark.streams if ts != taken),
                     starting=mark.starting,
-                    answer=taken,
+                    answer=taken if taken is not None else mark.answer,
                     apart=mark.apart,
+                    closed=True,
                 )
-                if not await self._put(lane, mark, claimed):
-                    return None
+                if await self._put(lane, mark, claimed):
+                    break
+            else:
+                return None
+            doomed = set(streams) - {taken}
             if mark.starting:
                 kept = keep | {ts for ts in (mark.answer, taken) if ts is not None}  # answers
                 doomed |= await self._unrecorded(channel, outbound.thread, mark, kept)
@@ -408,7 +455,7 @@ class SlackLive:
             mark = await self._mark(lane)
             if mark is None or not outbound.delivery_id.endswith(f":{mark.run}"):
                 return
-            await self._put(lane, mark, StreamMark(run=mark.run, since=mark.since))
+            await self._put(lane, mark, StreamMark(run=mark.run, since=mark.since, closed=True))
         except Unavailable:
             return  # the next run of the thread sweeps (and spares the reply: it has metadata)
 
@@ -427,12 +474,17 @@ class SlackLive:
         before = expect.dump() if expect is not None else None
         return await sink.put_mark(_mark_name(lane), value.dump(), expect=before)
 
-    async def _record(self, thread: ThreadRef, run: _Run, *, starting: bool) -> None:
-        """Write the run's stream into the thread's mark (before a start, and after it)."""
+    async def _record(self, thread: ThreadRef, run: _Run, *, starting: bool) -> bool:
+        """Write the run's stream into the thread's mark (before a start, and after it).
+
+        False if a delivery closed the run's mark (its reply is out): nothing is written.
+        """
         lane = thread.lane
         for _ in range(3):  # a compare-and-set: a delivery in another process may write too
             mark = await self._mark(lane)
             same = mark is not None and mark.run == run.run_id
+            if mark is not None and same and mark.closed:
+                return False
             streams = mark.streams if mark is not None and same else ()
             answer = mark.answer if mark is not None and same else None
             apart = mark.apart if mark is not None and streams else True
@@ -447,7 +499,8 @@ class SlackLive:
                 apart=apart,
             )
             if await self._put(lane, mark, value):
-                return
+                return True
+        return True
 
     async def _forget(self, thread: ThreadRef, run_id: str, gone: set[str]) -> None:
         lane = thread.lane
@@ -463,6 +516,54 @@ class SlackLive:
                 starting=mark.starting,
                 answer=mark.answer,
                 apart=mark.apart or not streams,
+                closed=mark.closed,
+            )
+            if await self._put(lane, mark, value):
+                return
+
+    async def _unlist(self, thread: ThreadRef, run_id: str, ts: str) -> bool:
+        """Take stream `ts` out of the run's mark before deleting it; False if it is not there.
+
+        Not there: a delivery took it as the answer, or a sweep took the mark on. The mark is
+        left saying a stream may be unlisted (`starting`) until the delete is done.
+        """
+        lane = thread.lane
+        for _ in range(3):
+            mark = await self._mark(lane)
+            if mark is None or mark.run != run_id or ts not in mark.streams:
+                return False
+            streams = tuple(s for s in mark.streams if s != ts)
+            value = StreamMark(
+                run_id,
+                since=mark.since,
+                streams=streams,
+                starting=True,
+                answer=mark.answer,
+                apart=mark.apart or not streams,
+                closed=mark.closed,
+            )
+            if await self._put(lane, mark, value):
+                return True
+        return False
+
+    async def _relist(self, thread: ThreadRef, run_id: str, ts: str) -> None:
+        """Put back a stream `_unlist` took out and could not delete (a later sweep does).
+
+        Oldest first: it is no answer (the last listed stream is the one a reply takes). A
+        closed mark's delivery swept the thread for unlisted streams already.
+        """
+        lane = thread.lane
+        for _ in range(3):
+            mark = await self._mark(lane)
+            if mark is None or mark.run != run_id or mark.closed:
+                return
+            value = StreamMark(
+                run_id,
+                since=mark.since,
+                streams=(ts, *mark.streams),
+                starting=mark.starting,
+                answer=mark.answer,
+                apart=mark.apart,
             )
             if await self._put(lane, mark, value):
                 return
@@ -487,7 +588,10 @@ class SlackLive:
             # first, so a delivery taking one of these streams as its answer either took it out
             # of the mark before (the put fails: look again) or finds the mark moved and posts
             # its reply afresh; a stream is deleted only once nobody can take it (D275).
-            if not await self._put(thread.lane, mark, StreamMark(run.run_id, since=run.since)):
+            # the run's own mark stays closed if its reply is out (D281)
+            closed = mark.closed and mark.run == run.run_id
+            moved = StreamMark(run.run_id, since=run.since, closed=closed)
+            if not await self._put(thread.lane, mark, moved):
                 continue
             answers = await self._delivered(run.channel, run.thread_ts, mark, doomed)
             for ts in sorted(doomed - answers, key=ts_key):

@@ -353,6 +353,10 @@ async def test_a_mark_an_older_process_wrote_is_checked_against_the_thread() -> 
             await first.deliver(reply(sink, thread))
             [answered] = answers(fake, thread)
         name = f"slack:stream:{thread.lane}"
+        finished = json.loads(sink.marks[name])
+        assert finished["closed"] is True and finished["streams"] == []
+        del finished["closed"]  # as an older process's finish left it (D281 closes it)
+        sink.marks[name] = json.dumps(finished, separators=(",", ":"))
         async with slack_channel(fake, sink) as second:  # the run's request again, elsewhere
             await second.show(text(thread, "Ticket", 0, step=1))
             [later] = fake.streams()
@@ -408,3 +412,72 @@ async def _until(done: Callable[[], bool]) -> None:
     async with asyncio.timeout(5):
         while not done():  # noqa: ASYNC110
             await asyncio.sleep(0.005)
+
+
+@pytest.mark.parametrize("first", ["delivery", "restart", "unstreamed"])
+async def test_a_late_step_of_a_run_another_process_answered_leaves_its_answer_alone(
+    first: str,
+) -> None:
+    """D281: process A streams run r1's first step; r1's reply is delivered by process B (any
+    deliverer takes it). A's feed shows r1's next step late: its restart would delete the step's
+    stream, which B has just rewritten as the answer, and stream the text anew. Either order
+    (B's delivery before A's late step, or A's delete held back while B delivers), or a run
+    whose feed showed nothing before B posted its reply, leaves r1's answer once, and no
+    stream."""
+    async with FakeSlack() as fake:
+        sink = TestSink(routes={"C1": "s1"})
+        async with slack_channel(fake, sink) as one, slack_channel(fake, sink) as two:
+            thread = await ask(fake, one, sink, "how are my tickets?")
+            if first != "unstreamed":
+                await one.show(text(thread, "Let me look that up", 0, step=0))
+            if first != "restart":
+                await two.deliver(reply(sink, thread))
+                await one.show(text(thread, ANSWER, 0, step=1))
+            else:
+                fake.delay("chat.delete", 0.5)  # the restart decided; its delete lands late
+                late = asyncio.ensure_future(one.show(text(thread, ANSWER, 0, step=1)))
+                await _until(lambda: any(c.method == "chat.delete" for c in fake.arrivals))
+                await two.deliver(reply(sink, thread))
+                await late
+            await one.show(done(thread))
+        assert_one_complete_answer(fake, thread)
+
+
+async def test_an_earlier_steps_message_that_could_not_be_deleted_is_deleted_by_the_reply() -> None:
+    """A restart takes the earlier step's message out of the mark before deleting it (D281);
+    a delete that fails puts it back, so the reply's take deletes it (no read of the thread)."""
+    async with FakeSlack() as fake:
+        sink = TestSink(routes={"C1": "s1"})
+        async with slack_channel(fake, sink) as channel:
+            thread = await ask(fake, channel, sink, "how are my tickets?")
+            await channel.show(text(thread, "Let me look that up", 0, step=0))
+            [earlier] = fake.streams()
+            fake.fail("chat.delete")
+            await channel.show(text(thread, ANSWER, 0, step=1))
+            assert len(fake.streams()) == 2
+            mark = json.loads(sink.marks[f"slack:stream:{thread.lane}"])
+            assert mark["streams"][0] == earlier.ts and not mark["starting"]
+            await channel.show(done(thread))
+            await channel.deliver(reply(sink, thread))
+        assert_one_complete_answer(fake, thread)
+        assert metadata_reads(fake) == 0
+        assert [c.params["ts"] for c in fake.calls_to("chat.delete")] == [earlier.ts] * 2
+
+
+async def test_a_stream_that_starts_as_another_process_delivers_the_reply_is_deleted() -> None:
+    """The run's first text starts a stream while process B delivers the run's reply: B finds
+    no stream to take (only the mark's word that one may be starting) and posts the reply; the
+    stream, never listed, is deleted by the process that started it once it sees the run's
+    mark closed (D281)."""
+    async with FakeSlack() as fake:
+        sink = TestSink(routes={"C1": "s1"})
+        async with slack_channel(fake, sink) as one, slack_channel(fake, sink) as two:
+            thread = await ask(fake, one, sink, "how are my tickets?")
+            fake.delay("chat.startStream", 0.5)  # the start is on its way
+            late = asyncio.ensure_future(one.show(text(thread, ANSWER, 0)))
+            await _until(lambda: any(c.method == "chat.startStream" for c in fake.arrivals))
+            await two.deliver(reply(sink, thread))
+            await late
+            await one.show(done(thread))
+        assert_one_complete_answer(fake, thread)
+        assert len(fake.calls_to("chat.delete")) == 1
