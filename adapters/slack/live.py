@@ -393,6 +393,8 @@ class SlackLive:
                     ):
                         return None
                     since = str(outbound.reply_context.get("ts") or thread_ts)
+                    if mark is not None and ts_key(mark.since) > ts_key(since):
+                        return None  # a later run's: this reply is late, its run long over
                     run_id = outbound.delivery_id.rpartition(":")[2]
                     if await self._put(lane, mark, StreamMark(run_id, since=since, closed=True)):
                         return None
@@ -477,13 +479,16 @@ class SlackLive:
     async def _record(self, thread: ThreadRef, run: _Run, *, starting: bool) -> bool:
         """Write the run's stream into the thread's mark (before a start, and after it).
 
-        False if a delivery closed the run's mark (its reply is out): nothing is written.
+        False if a delivery closed the run's mark (its reply is out), or the mark is a later
+        run's (it answers a newer message: this run's feed is late): nothing is written.
         """
         lane = thread.lane
         for _ in range(3):  # a compare-and-set: a delivery in another process may write too
             mark = await self._mark(lane)
             same = mark is not None and mark.run == run.run_id
             if mark is not None and same and mark.closed:
+                return False
+            if mark is not None and not same and ts_key(mark.since) > ts_key(run.since):
                 return False
             streams = mark.streams if mark is not None and same else ()
             answer = mark.answer if mark is not None and same else None

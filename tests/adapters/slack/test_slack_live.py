@@ -40,9 +40,12 @@ async def slack_channel(fake: FakeSlack, sink: TestSink) -> AsyncIterator[SlackC
         await channel.close()
 
 
-async def ask(fake: FakeSlack, channel: SlackChannel, sink: TestSink, text: str) -> ThreadRef:
-    """A person mentions the bot at the top of C1; the channel takes it in (a new thread)."""
-    event = fake.mention_event("C1", text)
+async def ask(
+    fake: FakeSlack, channel: SlackChannel, sink: TestSink, text: str, thread_ts: str | None = None
+) -> ThreadRef:
+    """A person mentions the bot at the top of C1 (a new thread), or in thread `thread_ts`; the
+    channel takes it in."""
+    event = fake.mention_event("C1", text, thread_ts=thread_ts)
     raw = json.dumps(event_envelope(event))
     headers: dict[str, str | Sequence[str]] = {
         k.lower(): v for k, v in signed_headers(raw, SECRET).items()
@@ -481,3 +484,28 @@ async def test_a_stream_that_starts_as_another_process_delivers_the_reply_is_del
             await one.show(done(thread))
         assert_one_complete_answer(fake, thread)
         assert len(fake.calls_to("chat.delete")) == 1
+
+
+async def test_a_step_shown_after_the_threads_next_run_began_leaves_that_run_alone() -> None:
+    """Run r1's process shows a step so late that r1's reply is out and the thread's next run,
+    r2, streams in another process: r1's step takes nothing over from r2 (whose mark answers a
+    newer message), so each run ends as one complete answer (D281)."""
+    async with FakeSlack() as fake:
+        sink = TestSink(routes={"C1": "s1"})
+        async with slack_channel(fake, sink) as one, slack_channel(fake, sink) as two:
+            thread = await ask(fake, one, sink, "how are my tickets?")
+            await one.show(text(thread, "Let me look that up", 0, step=0))
+            await two.deliver(reply(sink, thread))
+            _, root = thread.thread.split(":")
+            await ask(fake, two, sink, "and T-3?", thread_ts=root)
+            await two.show(text(thread, "T-3 is open.", 0, run="r2"))
+            await one.show(text(thread, ANSWER, 0, step=1))  # r1's, late
+            await one.show(done(thread))
+            await two.show(done(thread, run="r2"))
+            await two.deliver(reply(sink, thread, "T-3 is open.", run="r2"))
+        said = [
+            (m.text, (m.metadata or {}).get("event_payload", {}).get("delivery_id"))
+            for m in answers(fake, thread)
+        ]
+        assert said == [(ANSWER.replace("**", "*"), REPLY), ("T-3 is open.", "reply:s1:r2")]
+        assert fake.streams() == []
