@@ -31,7 +31,7 @@ import json
 import logging
 from collections import OrderedDict
 from collections.abc import Iterable, Mapping
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from typing import Any
 
 import aiohttp
@@ -68,6 +68,8 @@ _RUNS = 1_000
 """Runs whose live state a process keeps (the oldest is forgotten: its reply still finishes
 its stream from the mark)."""
 _LOCKS = 64
+_OWED = 8
+"""Earlier runs' unfinished answers a mark carries (the oldest beyond are left as they are)."""
 
 
 @dataclass(frozen=True)
@@ -94,6 +96,10 @@ class StreamMark:
     """A delivery took the run's reply: no stream starts for the run any more. The process
     running it may show a step late (its feed lags; the reply went out from another process):
     that step neither deletes the answer nor streams the answer's text again (D281)."""
+    owed: tuple[tuple[str, str], ...] = ()
+    """(run, ts): answers earlier runs' deliveries took and have not finished (a retry waiting
+    out a 429, or after a crash), carried on when a later run takes the mark over, so the
+    retry finishes its stream instead of posting beside it; nobody sweeps them (D281)."""
 
     def dump(self) -> str:
         """The mark's value (JSON)."""
@@ -109,6 +115,8 @@ class StreamMark:
             data["v"] = 2
         if self.closed:
             data["closed"] = True
+        if self.owed:
+            data["owed"] = [list(pair) for pair in self.owed]
         return json.dumps(data, separators=(",", ":"))
 
     @classmethod
@@ -126,6 +134,7 @@ class StreamMark:
                 answer=str(data["answer"]) if data.get("answer") else None,
                 apart=data.get("v") == 2,
                 closed=data.get("closed") is True,
+                owed=tuple((str(run), str(ts)) for run, ts in data.get("owed") or ()),
             )
         except (ValueError, KeyError, TypeError):
             return None
@@ -303,8 +312,8 @@ class SlackLive:
             # listed), so it is this run's to delete
             run.off = True
             run.stream = None
-            if stream.ts is not None:
-                await self._delete(run.channel, stream.ts)
+            if stream.ts is not None and await self._delete(run.channel, stream.ts):
+                await self._settled(thread, run.run_id)
 
     async def _give_up(
         self, thread: ThreadRef, run: _Run, exc: SlackApiError | None, *, starting: bool
@@ -380,23 +389,32 @@ class SlackLive:
             for _ in range(3):  # a compare-and-set: the run's own process may write meanwhile
                 mark = await self._mark(lane)
                 if mark is None or not outbound.delivery_id.endswith(f":{mark.run}"):
+                    owed = _owed(mark, outbound.delivery_id)
+                    if owed is not None:  # an earlier attempt's answer, a later run's mark
+                        if 0 in posted or owed in keep:
+                            return None
+                        await self._stop(channel, owed)
+                        return owed
                     # the run recorded no stream (yet): its mark is closed all the same, so a
                     # stream its process starts late is not left beside the reply; a mark that
                     # still has another run's streams to sweep is left as it is
                     if (
                         not self.streaming_ok
                         or thread_ts is None
-                        or (
-                            mark is not None
-                            and (mark.streams or mark.starting or mark.answer is not None)
-                        )
+                        or (mark is not None and (mark.streams or mark.answer is not None))
                     ):
                         return None
                     since = str(outbound.reply_context.get("ts") or thread_ts)
                     if mark is not None and ts_key(mark.since) > ts_key(since):
                         return None  # a later run's: this reply is late, its run long over
                     run_id = outbound.delivery_id.rpartition(":")[2]
-                    if await self._put(lane, mark, StreamMark(run_id, since=since, closed=True)):
+                    owing = mark.owed if mark is not None else ()
+                    closed = StreamMark(run_id, since=since, closed=True, owed=owing)
+                    if mark is not None and mark.starting:
+                        # a stream of the earlier run may be unrecorded: the sweep it is owed
+                        # goes on (from that run's question) with the closed mark
+                        closed = replace(closed, since=mark.since, starting=True)
+                    if await self._put(lane, mark, closed):
                         return None
                     continue
                 run = self._runs.get(lane)
@@ -434,6 +452,7 @@ class SlackLive:
                     answer=taken if taken is not None else mark.answer,
                     apart=mark.apart,
                     closed=True,
+                    owed=mark.owed,
                 )
                 if await self._put(lane, mark, claimed):
                     break
@@ -455,9 +474,14 @@ class SlackLive:
         lane = outbound.thread.lane
         try:
             mark = await self._mark(lane)
-            if mark is None or not outbound.delivery_id.endswith(f":{mark.run}"):
+            if mark is None:
                 return
-            await self._put(lane, mark, StreamMark(run=mark.run, since=mark.since, closed=True))
+            if outbound.delivery_id.endswith(f":{mark.run}"):
+                done = StreamMark(run=mark.run, since=mark.since, closed=True, owed=mark.owed)
+                await self._put(lane, mark, done)
+            elif _owed(mark, outbound.delivery_id) is not None:
+                owed = tuple(p for p in mark.owed if not outbound.delivery_id.endswith(f":{p[0]}"))
+                await self._put(lane, mark, replace(mark, owed=owed))
         except Unavailable:
             return  # the next run of the thread sweeps (and spares the reply: it has metadata)
 
@@ -502,6 +526,7 @@ class SlackLive:
                 starting=starting,
                 answer=answer,
                 apart=apart,
+                owed=mark.owed if mark is not None and same else _carried(mark),
             )
             if await self._put(lane, mark, value):
                 return True
@@ -522,9 +547,23 @@ class SlackLive:
                 answer=mark.answer,
                 apart=mark.apart or not streams,
                 closed=mark.closed,
+                owed=mark.owed,
             )
             if await self._put(lane, mark, value):
                 return
+
+    async def _settled(self, thread: ThreadRef, run_id: str) -> None:
+        """The run's closed mark need not say a stream may be unrecorded any more.
+
+        Its process deleted the stream it started as the run's reply went out; the reply's
+        sweep found any other (the run's own `_clear_others` swept earlier ones). A mark left
+        saying so would cost the thread's next reply a read, and keep it from being closed.
+        """
+        lane = thread.lane
+        mark = await self._mark(lane)
+        if mark is None or mark.run != run_id or not mark.closed or not mark.starting:
+            return
+        await self._put(lane, mark, replace(mark, starting=False))
 
     async def _unlist(self, thread: ThreadRef, run_id: str, ts: str) -> bool:
         """Take stream `ts` out of the run's mark before deleting it; False if it is not there.
@@ -546,6 +585,7 @@ class SlackLive:
                 answer=mark.answer,
                 apart=mark.apart or not streams,
                 closed=mark.closed,
+                owed=mark.owed,
             )
             if await self._put(lane, mark, value):
                 return True
@@ -569,6 +609,7 @@ class SlackLive:
                 starting=mark.starting,
                 answer=mark.answer,
                 apart=mark.apart,
+                owed=mark.owed,
             )
             if await self._put(lane, mark, value):
                 return
@@ -594,8 +635,13 @@ class SlackLive:
             # of the mark before (the put fails: look again) or finds the mark moved and posts
             # its reply afresh; a stream is deleted only once nobody can take it (D275).
             # the run's own mark stays closed if its reply is out (D281)
-            closed = mark.closed and mark.run == run.run_id
-            moved = StreamMark(run.run_id, since=run.since, closed=closed)
+            same = mark.run == run.run_id
+            moved = StreamMark(
+                run.run_id,
+                since=run.since,
+                closed=mark.closed and same,
+                owed=mark.owed if same else _carried(mark),
+            )
             if not await self._put(thread.lane, mark, moved):
                 continue
             answers = await self._delivered(run.channel, run.thread_ts, mark, doomed)
@@ -678,6 +724,22 @@ class SlackLive:
         except (aiohttp.ClientError, TimeoutError):
             return False
         return True
+
+
+def _carried(mark: StreamMark | None) -> tuple[tuple[str, str], ...]:
+    """What a later run's mark owes of `mark` (another run's): its owed answers, and its own."""
+    if mark is None:
+        return ()
+    owed = mark.owed if mark.answer is None else (*mark.owed, (mark.run, mark.answer))
+    return owed[-_OWED:]
+
+
+def _owed(mark: StreamMark | None, delivery_id: str) -> str | None:
+    """The answer `mark` owes the delivery `delivery_id`, if any (see `StreamMark.owed`)."""
+    for run, ts in mark.owed if mark is not None else ():
+        if delivery_id.endswith(f":{run}"):
+            return ts
+    return None
 
 
 def _mark_name(lane: str) -> str:

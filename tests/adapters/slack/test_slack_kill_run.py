@@ -5,7 +5,8 @@ mention that arrives twice, the rest replies in its thread; every event retried 
 process answers 200, as Slack retries) while one of them is SIGKILLed every few seconds and
 restarted. At the end every accepted message is one user entry, every run's reply is in its
 Slack thread exactly once (counted at the fake Slack, by the delivery id in each post's
-metadata), and no ``replay="never"`` tool ran twice.
+metadata), no stream message is left beside a reply (each is finished as the reply or deleted),
+and no ``replay="never"`` tool ran twice.
 """
 
 from __future__ import annotations
@@ -14,7 +15,7 @@ from pathlib import Path
 
 import pytest
 
-from tests.support.fake_slack import FakeSlack
+from tests.support.fake_slack import FakeSlack, Message
 from tests.support.kill_run import kill_run
 from tests.support.redis_server import RedisServer
 
@@ -45,13 +46,19 @@ async def test_three_processes_on_redis_with_slack_killed_every_few_seconds(
             slack=slack,
         )
         threads = _lost_threads(slack, counts.problems)
+        # a stream message nobody finished or deleted: a second, partial answer in its thread
+        strays = [m for m in slack.bot_messages() if not m.metadata]
+        streams = len(slack.calls_to("chat.startStream"))
     with capsys.disabled():
         print(f"\nkill run, 3 processes on Redis, Slack channel: {counts.line()}")
+        print(f"{streams} streams started, {len(strays)} left unfinished")
         print(threads, end="")
     assert counts.kills >= 3
     assert counts.clean, counts.line() + "\n" + "\n".join(counts.problems[:20])
     assert counts.operations > 0 and counts.replies_delivered == counts.operations
     assert counts.charges > 0
+    assert streams > 0  # the replies were streamed, so a stray stream could be left
+    assert strays == [], _strays(slack, strays)
 
 
 def _lost_threads(slack: FakeSlack, problems: list[str]) -> str:
@@ -62,12 +69,40 @@ def _lost_threads(slack: FakeSlack, problems: list[str]) -> str:
         if not lane.startswith("slack:"):
             continue
         _, channel, ts = lane.split(":", 2)
-        lines.append(f"thread {lane}:")
-        for message in slack.thread(channel, ts):
-            payload = (message.metadata or {}).get("event_payload")
-            lines.append(
-                f"  {message.ts} {'bot' if message.bot_id else message.user} "
-                f"{message.text[:50]!r} streaming={message.streaming} "
-                f"edited={bool(message.edited)} metadata={payload}"
-            )
+        lines += _thread(slack, channel, ts)
     return "".join(f"{line}\n" for line in lines)
+
+
+def _strays(slack: FakeSlack, strays: list[Message]) -> str:
+    """The threads holding stream messages left unfinished, and every call about each stray."""
+    lines = []
+    for stray in strays:
+        root = stray.thread_ts or stray.ts
+        lines += _thread(slack, stray.channel, root)
+        began = slack.calls[0].time if slack.calls else 0.0
+        for call in slack.calls:
+            params = call.params
+            if params.get("channel") != stray.channel:
+                continue
+            about = params.get("ts") == stray.ts or (
+                call.method == "chat.startStream" and params.get("thread_ts") == root
+            )
+            if about:
+                answer = call.response or {}
+                lines.append(
+                    f"    {call.time - began:8.3f} {call.method} ts={params.get('ts')} "
+                    f"-> {answer.get('ts') or answer.get('error') or answer.get('ok')}"
+                )
+    return "".join(f"{line}\n" for line in lines)
+
+
+def _thread(slack: FakeSlack, channel: str, ts: str) -> list[str]:
+    lines = [f"thread slack:{channel}:{ts}:"]
+    for message in slack.thread(channel, ts):
+        payload = (message.metadata or {}).get("event_payload")
+        lines.append(
+            f"  {message.ts} {'bot' if message.bot_id else message.user} "
+            f"{message.text[:50]!r} streaming={message.streaming} "
+            f"edited={bool(message.edited)} metadata={payload}"
+        )
+    return lines

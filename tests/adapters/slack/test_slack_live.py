@@ -482,6 +482,8 @@ async def test_a_stream_that_starts_as_another_process_delivers_the_reply_is_del
             await two.deliver(reply(sink, thread))
             await late
             await one.show(done(thread))
+            mark = json.loads(sink.marks[f"slack:stream:{thread.lane}"])
+            assert mark["closed"] and not mark["starting"]  # no sweep left for the next reply
         assert_one_complete_answer(fake, thread)
         assert len(fake.calls_to("chat.delete")) == 1
 
@@ -509,3 +511,66 @@ async def test_a_step_shown_after_the_threads_next_run_began_leaves_that_run_alo
         ]
         assert said == [(ANSWER.replace("**", "*"), REPLY), ("T-3 is open.", "reply:s1:r2")]
         assert fake.streams() == []
+
+
+async def test_a_reply_closes_the_mark_of_an_earlier_run_that_still_owes_a_sweep() -> None:
+    """The thread's mark is an earlier run's that may have an unrecorded stream (`starting`):
+    a reply of the next run, which streamed nothing yet, still closes the mark, carrying the
+    sweep on; the next run's text shown late then starts nothing beside the reply (D281)."""
+    async with FakeSlack() as fake:
+        sink = TestSink(routes={"C1": "s1"})
+        async with slack_channel(fake, sink) as one, slack_channel(fake, sink) as two:
+            thread = await ask(fake, one, sink, "how are my tickets?")
+            await one.show(text(thread, ANSWER, 0))
+            await one.deliver(reply(sink, thread))
+            name = f"slack:stream:{thread.lane}"
+            owed = json.loads(sink.marks[name]) | {"starting": True}
+            sink.marks[name] = json.dumps(owed, separators=(",", ":"))
+            _, root = thread.thread.split(":")
+            await ask(fake, two, sink, "and T-3?", thread_ts=root)
+            await two.deliver(reply(sink, thread, "T-3 is open.", run="r2"))
+            closed = json.loads(sink.marks[name])
+            assert (closed["run"], closed["closed"], closed["starting"]) == ("r2", True, True)
+            assert closed["since"] == owed["since"]  # the sweep goes on from r1's question
+            await one.show(text(thread, "T-3 is open.", 0, run="r2"))  # late
+            await one.show(done(thread, run="r2"))
+        said = [
+            (m.text, (m.metadata or {}).get("event_payload", {}).get("delivery_id"))
+            for m in answers(fake, thread)
+        ]
+        assert said == [(ANSWER.replace("**", "*"), REPLY), ("T-3 is open.", "reply:s1:r2")]
+        assert fake.streams() == []
+
+
+async def test_a_reply_retried_after_the_threads_next_run_took_the_mark_finishes_its_stream() -> (
+    None
+):
+    """Run r1's reply took r1's stream, but its rewrite failed (a 429, a crash); before the retry
+    the thread's next run, r2, took the mark over. The mark carries r1's answer on (`owed`), so
+    the retry finishes that stream instead of posting beside it (D281)."""
+    async with FakeSlack() as fake:
+        sink = TestSink(routes={"C1": "s1"})
+        async with slack_channel(fake, sink) as one, slack_channel(fake, sink) as two:
+            thread = await ask(fake, one, sink, "how are my tickets?")
+            await one.show(text(thread, ANSWER, 0))
+            await one.show(done(thread))
+            first = reply(sink, thread)
+            fake.fail("chat.update")
+            with pytest.raises(DeliveryError):
+                await two.deliver(first)
+            _, root = thread.thread.split(":")
+            await ask(fake, one, sink, "and T-3?", thread_ts=root)
+            await one.show(text(thread, "T-3 is open.", 0, run="r2"))
+            name = f"slack:stream:{thread.lane}"
+            assert json.loads(sink.marks[name])["run"] == "r2"
+            await two.deliver(first)  # the retry
+            assert "owed" not in json.loads(sink.marks[name])
+            await one.show(done(thread, run="r2"))
+            await one.deliver(reply(sink, thread, "T-3 is open.", run="r2"))
+        said = [
+            (m.text, (m.metadata or {}).get("event_payload", {}).get("delivery_id"))
+            for m in answers(fake, thread)
+        ]
+        assert said == [(ANSWER.replace("**", "*"), REPLY), ("T-3 is open.", "reply:s1:r2")]
+        assert fake.streams() == []
+        assert fake.calls_to("chat.delete") == []
