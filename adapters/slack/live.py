@@ -460,7 +460,7 @@ class SlackLive:
                 return None
             doomed = set(streams) - {taken}
             if mark.starting:
-                kept = keep | {ts for ts in (mark.answer, taken) if ts is not None}  # answers
+                kept = keep | _answers(mark) | ({taken} if taken is not None else set())
                 doomed |= await self._unrecorded(channel, outbound.thread, mark, kept)
             for ts in sorted(doomed, key=ts_key):
                 if await self._delete(channel, ts):
@@ -504,7 +504,8 @@ class SlackLive:
         """Write the run's stream into the thread's mark (before a start, and after it).
 
         False if a delivery closed the run's mark (its reply is out), or the mark is a later
-        run's (it answers a newer message: this run's feed is late): nothing is written.
+        run's (it answers a newer message: this run's feed is late): nothing is written. False
+        too if a start could not be announced (the mark kept changing): none is made.
         """
         lane = thread.lane
         for _ in range(3):  # a compare-and-set: a delivery in another process may write too
@@ -530,7 +531,7 @@ class SlackLive:
             )
             if await self._put(lane, mark, value):
                 return True
-        return True
+        return not starting  # a start the mark cannot announce is not made
 
     async def _forget(self, thread: ThreadRef, run_id: str, gone: set[str]) -> None:
         lane = thread.lane
@@ -627,7 +628,7 @@ class SlackLive:
             doomed = set(mark.streams)
             if mark.starting:
                 # a delivery may be rewriting the answer right now (no metadata yet): kept
-                spare = {mark.answer} if mark.answer is not None else set()
+                spare = _answers(mark)
                 doomed |= await self._unrecorded(run.channel, thread, mark, spare)
             # An earlier run's leftovers, or this run's own from a dead process (its model
             # request is retried here): either way this run starts afresh. The mark moves
@@ -732,6 +733,11 @@ def _carried(mark: StreamMark | None) -> tuple[tuple[str, str], ...]:
         return ()
     owed = mark.owed if mark.answer is None else (*mark.owed, (mark.run, mark.answer))
     return owed[-_OWED:]
+
+
+def _answers(mark: StreamMark) -> set[str]:
+    """The streams `mark` knows deliveries took as answers (no sweep deletes them)."""
+    return {ts for ts in (mark.answer, *(ts for _, ts in mark.owed)) if ts is not None}
 
 
 def _owed(mark: StreamMark | None, delivery_id: str) -> str | None:

@@ -19,6 +19,7 @@ from slack_bolt.request.async_request import AsyncBoltRequest
 from adapters.channel import DeliveryError, Outbound, ThreadRef
 from adapters.live import LiveUpdate, LiveView
 from adapters.slack import SlackChannel
+from adapters.slack.live import StreamMark
 from tests.adapters.kit import TestSink
 from tests.support.fake_slack import FakeSlack, Message, event_envelope, signed_headers
 
@@ -573,4 +574,41 @@ async def test_a_reply_retried_after_the_threads_next_run_took_the_mark_finishes
         ]
         assert said == [(ANSWER.replace("**", "*"), REPLY), ("T-3 is open.", "reply:s1:r2")]
         assert fake.streams() == []
+        assert fake.calls_to("chat.delete") == []
+
+
+async def test_a_sweep_for_unrecorded_streams_spares_an_answer_a_retry_still_owes() -> None:
+    """A later run's sweep for unrecorded streams (from an earlier run's question on) does not
+    take an owed answer, still without metadata, for a leftover: the retry finishes it (D281)."""
+    async with FakeSlack() as fake:
+        sink = TestSink(routes={"C1": "s1"})
+        async with slack_channel(fake, sink) as one, slack_channel(fake, sink) as two:
+            thread = await ask(fake, one, sink, "how are my tickets?")
+            await one.show(text(thread, ANSWER, 0))
+            await one.show(done(thread))
+            first = reply(sink, thread)
+            fake.fail("chat.update")
+            with pytest.raises(DeliveryError):
+                await two.deliver(first)
+            name = f"slack:stream:{thread.lane}"
+            taken = json.loads(sink.marks[name])
+            owing = StreamMark(
+                "r2",
+                since=taken["since"],
+                starting=True,
+                closed=True,
+                owed=(("r1", taken["answer"]),),
+            )
+            sink.marks[name] = owing.dump()  # r2's, owing a sweep from r1's question on
+            _, root = thread.thread.split(":")
+            await ask(fake, one, sink, "and T-3?", thread_ts=root)
+            await one.show(text(thread, "T-3 is open.", 0, run="r3"))  # sweeps from r1's question
+            await two.deliver(first)
+            await one.show(done(thread, run="r3"))
+            await one.deliver(reply(sink, thread, "T-3 is open.", run="r3"))
+        said = [
+            (m.text, (m.metadata or {}).get("event_payload", {}).get("delivery_id"))
+            for m in answers(fake, thread)
+        ]
+        assert said == [(ANSWER.replace("**", "*"), REPLY), ("T-3 is open.", "reply:s1:r3")]
         assert fake.calls_to("chat.delete") == []
