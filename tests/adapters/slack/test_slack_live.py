@@ -94,6 +94,37 @@ def assert_one_complete_answer(fake: FakeSlack, thread: ThreadRef) -> None:
     assert fake.streams() == []
 
 
+async def ask_again(
+    fake: FakeSlack, channel: SlackChannel, sink: TestSink, thread: ThreadRef, text: str
+) -> None:
+    """The person mentions the bot again in `thread` (the thread's next run)."""
+    _, root = thread.thread.split(":")
+    await ask(fake, channel, sink, text, thread_ts=root)
+
+
+async def a_reply_whose_rewrite_failed(
+    fake: FakeSlack, sink: TestSink, one: SlackChannel, two: SlackChannel
+) -> tuple[ThreadRef, Outbound]:
+    """Run r1 streams its answer in process one; process two's delivery takes the stream and
+    fails to rewrite it (retryable). The thread, and the reply to retry."""
+    thread = await ask(fake, one, sink, "how are my tickets?")
+    await one.show(text(thread, ANSWER, 0))
+    await one.show(done(thread))
+    first = reply(sink, thread)
+    fake.fail("chat.update")
+    with pytest.raises(DeliveryError):
+        await two.deliver(first)
+    return thread, first
+
+
+def said(fake: FakeSlack, thread: ThreadRef) -> list[tuple[str, str | None]]:
+    """The bot's messages in the thread: (text, the delivery id its metadata names)."""
+    return [
+        (m.text, (m.metadata or {}).get("event_payload", {}).get("delivery_id"))
+        for m in answers(fake, thread)
+    ]
+
+
 def metadata_reads(fake: FakeSlack) -> int:
     """How often the thread was read for its delivery metadata (as a take checks streams)."""
     return len(
@@ -499,18 +530,16 @@ async def test_a_step_shown_after_the_threads_next_run_began_leaves_that_run_alo
             thread = await ask(fake, one, sink, "how are my tickets?")
             await one.show(text(thread, "Let me look that up", 0, step=0))
             await two.deliver(reply(sink, thread))
-            _, root = thread.thread.split(":")
-            await ask(fake, two, sink, "and T-3?", thread_ts=root)
+            await ask_again(fake, two, sink, thread, "and T-3?")
             await two.show(text(thread, "T-3 is open.", 0, run="r2"))
             await one.show(text(thread, ANSWER, 0, step=1))  # r1's, late
             await one.show(done(thread))
             await two.show(done(thread, run="r2"))
             await two.deliver(reply(sink, thread, "T-3 is open.", run="r2"))
-        said = [
-            (m.text, (m.metadata or {}).get("event_payload", {}).get("delivery_id"))
-            for m in answers(fake, thread)
+        assert said(fake, thread) == [
+            (ANSWER.replace("**", "*"), REPLY),
+            ("T-3 is open.", "reply:s1:r2"),
         ]
-        assert said == [(ANSWER.replace("**", "*"), REPLY), ("T-3 is open.", "reply:s1:r2")]
         assert fake.streams() == []
 
 
@@ -527,19 +556,17 @@ async def test_a_reply_closes_the_mark_of_an_earlier_run_that_still_owes_a_sweep
             name = f"slack:stream:{thread.lane}"
             owed = json.loads(sink.marks[name]) | {"starting": True}
             sink.marks[name] = json.dumps(owed, separators=(",", ":"))
-            _, root = thread.thread.split(":")
-            await ask(fake, two, sink, "and T-3?", thread_ts=root)
+            await ask_again(fake, two, sink, thread, "and T-3?")
             await two.deliver(reply(sink, thread, "T-3 is open.", run="r2"))
             closed = json.loads(sink.marks[name])
             assert (closed["run"], closed["closed"], closed["starting"]) == ("r2", True, True)
             assert closed["since"] == owed["since"]  # the sweep goes on from r1's question
             await one.show(text(thread, "T-3 is open.", 0, run="r2"))  # late
             await one.show(done(thread, run="r2"))
-        said = [
-            (m.text, (m.metadata or {}).get("event_payload", {}).get("delivery_id"))
-            for m in answers(fake, thread)
+        assert said(fake, thread) == [
+            (ANSWER.replace("**", "*"), REPLY),
+            ("T-3 is open.", "reply:s1:r2"),
         ]
-        assert said == [(ANSWER.replace("**", "*"), REPLY), ("T-3 is open.", "reply:s1:r2")]
         assert fake.streams() == []
 
 
@@ -552,15 +579,8 @@ async def test_a_reply_retried_after_the_threads_next_run_took_the_mark_finishes
     async with FakeSlack() as fake:
         sink = TestSink(routes={"C1": "s1"})
         async with slack_channel(fake, sink) as one, slack_channel(fake, sink) as two:
-            thread = await ask(fake, one, sink, "how are my tickets?")
-            await one.show(text(thread, ANSWER, 0))
-            await one.show(done(thread))
-            first = reply(sink, thread)
-            fake.fail("chat.update")
-            with pytest.raises(DeliveryError):
-                await two.deliver(first)
-            _, root = thread.thread.split(":")
-            await ask(fake, one, sink, "and T-3?", thread_ts=root)
+            thread, first = await a_reply_whose_rewrite_failed(fake, sink, one, two)
+            await ask_again(fake, one, sink, thread, "and T-3?")
             await one.show(text(thread, "T-3 is open.", 0, run="r2"))
             name = f"slack:stream:{thread.lane}"
             assert json.loads(sink.marks[name])["run"] == "r2"
@@ -568,11 +588,10 @@ async def test_a_reply_retried_after_the_threads_next_run_took_the_mark_finishes
             assert "owed" not in json.loads(sink.marks[name])
             await one.show(done(thread, run="r2"))
             await one.deliver(reply(sink, thread, "T-3 is open.", run="r2"))
-        said = [
-            (m.text, (m.metadata or {}).get("event_payload", {}).get("delivery_id"))
-            for m in answers(fake, thread)
+        assert said(fake, thread) == [
+            (ANSWER.replace("**", "*"), REPLY),
+            ("T-3 is open.", "reply:s1:r2"),
         ]
-        assert said == [(ANSWER.replace("**", "*"), REPLY), ("T-3 is open.", "reply:s1:r2")]
         assert fake.streams() == []
         assert fake.calls_to("chat.delete") == []
 
@@ -583,13 +602,7 @@ async def test_a_sweep_for_unrecorded_streams_spares_an_answer_a_retry_still_owe
     async with FakeSlack() as fake:
         sink = TestSink(routes={"C1": "s1"})
         async with slack_channel(fake, sink) as one, slack_channel(fake, sink) as two:
-            thread = await ask(fake, one, sink, "how are my tickets?")
-            await one.show(text(thread, ANSWER, 0))
-            await one.show(done(thread))
-            first = reply(sink, thread)
-            fake.fail("chat.update")
-            with pytest.raises(DeliveryError):
-                await two.deliver(first)
+            thread, first = await a_reply_whose_rewrite_failed(fake, sink, one, two)
             name = f"slack:stream:{thread.lane}"
             taken = json.loads(sink.marks[name])
             owing = StreamMark(
@@ -600,15 +613,13 @@ async def test_a_sweep_for_unrecorded_streams_spares_an_answer_a_retry_still_owe
                 owed=(("r1", taken["answer"]),),
             )
             sink.marks[name] = owing.dump()  # r2's, owing a sweep from r1's question on
-            _, root = thread.thread.split(":")
-            await ask(fake, one, sink, "and T-3?", thread_ts=root)
+            await ask_again(fake, one, sink, thread, "and T-3?")
             await one.show(text(thread, "T-3 is open.", 0, run="r3"))  # sweeps from r1's question
             await two.deliver(first)
             await one.show(done(thread, run="r3"))
             await one.deliver(reply(sink, thread, "T-3 is open.", run="r3"))
-        said = [
-            (m.text, (m.metadata or {}).get("event_payload", {}).get("delivery_id"))
-            for m in answers(fake, thread)
+        assert said(fake, thread) == [
+            (ANSWER.replace("**", "*"), REPLY),
+            ("T-3 is open.", "reply:s1:r3"),
         ]
-        assert said == [(ANSWER.replace("**", "*"), REPLY), ("T-3 is open.", "reply:s1:r3")]
         assert fake.calls_to("chat.delete") == []
