@@ -110,6 +110,8 @@ log = logging.getLogger("adapters.web")
 _ID_CHARS = "ASCII letters, digits, '.', '_', ':', '@' and '-'"
 _CLIENT_ID = r"^[A-Za-z0-9._:@-]{1,200}$"
 _KINDS: tuple[str, ...] = get_args(WebItemKind)
+_ANSWERS = frozenset({"reply", "failure_notice"})
+"""The items that end a run (their id ends with the run's id): nothing more of it is live."""
 WebRefusal = Literal[
     "invalid_json",  # 400: a body that is no JSON
     "invalid_request",  # 400: JSON (or a query) the route does not take
@@ -836,6 +838,8 @@ class WebChannel:
             while True:
                 for item in items or ():
                     after_seq = item.seq
+                    if item.kind in _ANSWERS:  # whichever process delivered it (D282)
+                        self.live.answered(space, thread, item.id.rpartition(":")[2])
                     if kinds is None or item.kind in kinds:
                         data = json.dumps(item.model_dump(mode="json"), separators=(",", ":"))
                         yield f"id: {item.seq}\ndata: {data}\n\n"

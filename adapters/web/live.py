@@ -44,12 +44,17 @@ class LiveBoard:
         self._cleared: OrderedDict[_Key, tuple[str, int]] = OrderedDict()
         """Per thread: the run and step whose answer was delivered last (a late update of it
         must not show it again under its reply)."""
+        self._answered: OrderedDict[_Key, str] = OrderedDict()
+        """Per thread: the newest run whose answer the thread holds, whoever delivered it (a
+        stream of this process read it from the mailbox): nothing more of it shows."""
         self._max = max_threads
 
     def show(self, update: LiveUpdate) -> None:
         """Fold `update` into its thread's state and wake the thread's streams."""
         key = (update.thread.space, update.thread.thread)
         if self._cleared.get(key) == (update.run_id, update.step):
+            return
+        if self._answered.get(key) == update.run_id:
             return
         old = self._states.get(key)
         same = old is not None and (old.run_id, old.step) == (update.run_id, update.step)
@@ -83,6 +88,21 @@ class LiveBoard:
             while len(self._cleared) > self._max:
                 self._cleared.popitem(last=False)
             self._wake(key)
+
+    def answered(self, space: str, thread: str, run_id: str) -> None:
+        """Run `run_id`'s answer is in the thread: nothing more of the run shows.
+
+        What it streamed goes. Another process may have delivered the answer: its board was
+        cleared then, not this one (D282).
+        """
+        key = (space, thread)
+        self._answered[key] = run_id
+        self._answered.move_to_end(key)
+        while len(self._answered) > self._max:
+            self._answered.popitem(last=False)
+        state = self._states.get(key)
+        if state is not None and state.run_id == run_id:
+            self.clear(space, thread)
 
     def signal(self, space: str, thread: str) -> asyncio.Event:
         """An event set at the thread's next change (take it before reading the state)."""

@@ -10,6 +10,7 @@ import httpx
 import pytest
 from fastapi import FastAPI
 
+from adapters import LiveUpdate, ThreadRef
 from adapters.web import WebChannel, WebLimits, WebMailbox
 from adapters.web.redis import RedisMailbox
 from harness_core.testing import ManualClock
@@ -221,3 +222,32 @@ async def test_a_client_of_process_a_sees_a_reply_delivered_by_process_b(
     finally:
         for web in channels:
             await web.close()
+
+
+async def test_a_reply_process_b_delivered_ends_what_process_a_shows_live(
+    http: httpx.AsyncClient, channel: WebChannel, sink: TestSink
+) -> None:
+    """Run run-1 streamed in process A (its live board holds the text); process B delivered
+    its reply (B's board was cleared, not A's). A page opening A's stream gets the reply and
+    no "writing..." text of run-1 after it, and a late update of run-1 shows nothing (D282)."""
+    thread = ThreadRef(channel="web", space="default", thread="t1")
+    await channel.show(
+        LiveUpdate(thread=thread, run_id="run-1", kind="text", text="Half", offset=0)
+    )
+    await channel.show(LiveUpdate(thread=thread, run_id="run-1", kind="done"))
+    process_b = WebChannel(channel.mailbox, clock=ManualClock(), limits=WebLimits(keepalive_s=0.2))
+    await process_b.start(sink)
+    try:
+        await process_b.deliver(outbound("t1", "reply:s:run-1", text="The whole answer."))
+    finally:
+        await process_b.close()
+    async with http.stream("GET", "/web/threads/t1/events?live=1") as response:
+        events = EventReader(response)
+        _, item = await events.next_item()
+        assert (item["kind"], item["text"]) == ("reply", "The whole answer.")
+        late = LiveUpdate(
+            thread=thread, run_id="run-1", kind="text", text="Half an answer", offset=0
+        )
+        await channel.show(late)
+        shown = [await events.next(timeout_s=2) for _ in range(3)]
+    assert all(event.comment == "keepalive" for event in shown), shown
