@@ -6,6 +6,8 @@ The model answers by the newest user message:
   effects ledger (``AGENT_TEST_EFFECTS``, a JSONL file; the test counts repeats there);
 * ``/deploy <target>``: calls ``deploy``, which requires approval;
 * ``/slow <ms>``: calls ``slow`` (safe to repeat), which sleeps, keeping the lane busy;
+* ``/lookup <ms>``: says `LOOKING` and calls ``slow`` in one answer, then answers ``Done: ...``:
+  two model requests that both write text (a live view streams one, then replaces it);
 * ``/poison``: calls ``poison`` (safe to repeat, so every resume runs it again), which kills
   the process (``os._exit``) whenever it runs;
 * ``/charge-then-poison``: calls ``charge`` then ``poison`` in one (sequential) batch: the
@@ -43,6 +45,7 @@ from harness_core import (
     ModelRef,
     ModelRequest,
     ScriptedModel,
+    TextPart,
     Tool,
     ToolContext,
     ToolResultMessage,
@@ -60,6 +63,8 @@ from harness_core.models.scripted import (
 )
 
 MODEL = ModelRef(provider="scripted", model_id="gateway-test")
+LOOKING = "Let me look that up."
+"""What ``/lookup`` says before its tool call."""
 CUT_OFF_ANSWER = "Deploys are open Tuesday to Thursday, and the next"
 STREAMED_ANSWER = (
     "Deploys are open Tuesday to Thursday. The next window opens at 10:00 and closes at 16:00; "
@@ -90,6 +95,9 @@ def respond(request: ModelRequest) -> AssistantMessage | Streamed:
         return tool_call("deploy", {"target": rest.strip() or "prod"})
     if word == "/slow":
         return tool_call("slow", {"ms": int(rest.strip() or "200")})
+    if word == "/lookup":
+        call = tool_call("slow", {"ms": int(rest.strip() or "200")})
+        return call.model_copy(update={"content": (TextPart(text=LOOKING), *call.content)})
     if word == "/poison":
         return tool_call("poison", {})
     if word == "/fail":

@@ -7,7 +7,9 @@ the same message id on any error, as a channel would - and SIGKILLs one process 
 seconds, restarting it. When everything has settled it counts, from the store, the channel's
 sink (a ledger every process appends its deliveries to; with ``channel="slack"``, the local fake
 Slack's threads, the messages being signed events posted to ``/slack/events`` as Slack would,
-retried on any failure) and the effects ledger of the ``replay="never"`` tool:
+retried on any failure) and the effects ledger of the ``replay="never"`` tool. One message in
+ten charges, one sleeps in a tool (long enough for a kill to land mid-run), one writes text
+before its tool call and again after it (a live view replaces its first stream), the rest echo:
 
 * lost / duplicated messages: an accepted message with no user entry, or more than one;
 * lost / duplicate replies: a finished run with no delivery at the sink, or delivered twice;
@@ -118,6 +120,8 @@ def _messages(count: int, threads: int, spaces: int) -> list[_Message]:
             text = f"/charge {number}"  # a replay="never" effect, counted
         elif number % 10 == 6:
             text = f"/slow {number % 7 * 100 + 200}"  # a run long enough for a kill to hit
+        elif number % 10 == 8:
+            text = f"/lookup {number % 5 * 100 + 100}"  # two steps that both write text
         else:
             text = f"m{number}"
         made.append(_Message(number, f"s{thread % spaces}", f"t{thread}", text))
