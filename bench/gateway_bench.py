@@ -238,6 +238,9 @@ class Msg:
     """The client's clock when the 202 arrived (0: never accepted)."""
     received_ms: int = 0
     """The server's clock when it received the POST (the message item's at_ms)."""
+    seq: int = 0
+    """Its message item's place in the thread: the order the lane took it in, which may differ
+    from `order` when two of a thread's messages were posted at once (0: not read yet)."""
     answered_ms: float = 0.0
     """The reply's at_ms (the deliverer's clock)."""
     reply_id: str = ""
@@ -385,13 +388,20 @@ class Cluster:
             for item in items:
                 if item.kind == "message" and item.id in by_key:
                     by_key[item.id].received_ms = item.at_ms
+                    by_key[item.id].seq = item.seq
                     continue
                 target = by_key.get(item.text.removeprefix("You said: "))
                 if item.kind not in ("reply", "failure_notice") or target is None:
                     continue
-                for msg in msgs:  # it answers its message and any earlier one left unanswered
-                    if msg.order > target.order:
-                        break
+                # it answers its message and every one the lane took before it (the echo names
+                # the newest message it saw): the thread's order, not the posting order
+                for msg in msgs:
+                    if (
+                        (msg.seq > target.seq)
+                        if msg.seq and target.seq
+                        else msg.order > target.order
+                    ):
+                        continue
                     if not msg.answered_ms and msg.accepted_ms:
                         msg.answered_ms = float(item.at_ms)
                         msg.reply_id = item.id if msg is target else ""
@@ -624,6 +634,8 @@ class Result:
     saturated: float = 0.0
     merged: int = 0
     unanswered: int = 0
+    left: list[str] = field(default_factory=list)
+    """The unanswered messages: where, which, and the thread place the lane took it at."""
     rate: float = 0.0
     achieved_rate: float = 0.0
     lat: list[float] = field(default_factory=list)
@@ -741,7 +753,9 @@ async def run_setup(
         result.send_lag = [m.sent_ms - m.scheduled_ms for m in lat_plan if m.sent_ms]
         for msg in plan + lat_plan:
             result.merged += msg.merged
-            result.unanswered += bool(msg.accepted_ms and not msg.answered_ms)
+            if msg.accepted_ms and not msg.answered_ms:
+                result.unanswered += 1
+                result.left.append(f"{msg.space}/{msg.thread} {msg.key} (item {msg.seq})")
         result.errors = senders.errors
         # 4. breakdown
         result.phases = await breakdown(cluster, lat_plan, args.sample)
@@ -997,6 +1011,9 @@ def print_results(results: list[Result]) -> None:
             f"{fmt(pct(r.post, 0.5), 1):>7} / {fmt(pct(r.post, 0.99), 1):>5}   | "
             f"{r.merged:>6} | {r.unanswered:>10} | {sum(r.errors.values()):>11}"
         )
+    for r in results:
+        if r.left:  # to read a failure by: the thread's items say what happened to each
+            print(f"{r.setup} unanswered: {', '.join(r.left[:20])}")
     print()
     print("where the time goes at the latency rate (ms, p50 / p99 over a sample):")
     print(f"{'phase':<33} | " + " | ".join(f"{r.setup:>15}" for r in results))
