@@ -444,15 +444,11 @@ class SlackLive:
                 # run's sweep (`_clear_others`, maybe in another process) never deletes it; if
                 # the mark moved to another run meanwhile, that sweep owns the streams and the
                 # reply is posted afresh (D275)
-                claimed = StreamMark(
-                    mark.run,
-                    since=mark.since,
+                claimed = replace(
+                    mark,
                     streams=tuple(ts for ts in mark.streams if ts != taken),
-                    starting=mark.starting,
                     answer=taken if taken is not None else mark.answer,
-                    apart=mark.apart,
                     closed=True,
-                    owed=mark.owed,
                 )
                 if await self._put(lane, mark, claimed):
                     break
@@ -540,16 +536,7 @@ class SlackLive:
             if mark is None or mark.run != run_id:
                 return
             streams = tuple(ts for ts in mark.streams if ts not in gone)
-            value = StreamMark(
-                run_id,
-                since=mark.since,
-                streams=streams,
-                starting=mark.starting,
-                answer=mark.answer,
-                apart=mark.apart or not streams,
-                closed=mark.closed,
-                owed=mark.owed,
-            )
+            value = replace(mark, streams=streams, apart=mark.apart or not streams)
             if await self._put(lane, mark, value):
                 return
 
@@ -578,16 +565,7 @@ class SlackLive:
             if mark is None or mark.run != run_id or ts not in mark.streams:
                 return False
             streams = tuple(s for s in mark.streams if s != ts)
-            value = StreamMark(
-                run_id,
-                since=mark.since,
-                streams=streams,
-                starting=True,
-                answer=mark.answer,
-                apart=mark.apart or not streams,
-                closed=mark.closed,
-                owed=mark.owed,
-            )
+            value = replace(mark, streams=streams, starting=True, apart=mark.apart or not streams)
             if await self._put(lane, mark, value):
                 return True
         return False
@@ -603,15 +581,7 @@ class SlackLive:
             mark = await self._mark(lane)
             if mark is None or mark.run != run_id or mark.closed:
                 return
-            value = StreamMark(
-                run_id,
-                since=mark.since,
-                streams=(ts, *mark.streams),
-                starting=mark.starting,
-                answer=mark.answer,
-                apart=mark.apart,
-                owed=mark.owed,
-            )
+            value = replace(mark, streams=(ts, *mark.streams))
             if await self._put(lane, mark, value):
                 return
 
