@@ -390,3 +390,13 @@ async def close_wakes_waiters_and_may_be_called_twice(fx: MailboxFixture) -> Non
     async with asyncio.timeout(REAL_TIMEOUT_S):
         assert await waiter == ()
     await box.close()
+
+
+@_case("close")
+async def close_wakes_a_waiter_that_has_not_sent_its_read_yet(fx: MailboxFixture) -> None:
+    box = fx.mailbox
+    waiter = asyncio.create_task(box.wait("default", "t1", after=0, timeout_s=30))
+    await asyncio.sleep(0)  # the waiter is on its way (a cluster client is discovering nodes)
+    await box.close()
+    async with asyncio.timeout(REAL_TIMEOUT_S):
+        assert await waiter == ()

@@ -20,6 +20,7 @@ another process delivered.
 
 from __future__ import annotations
 
+import asyncio
 import json
 from collections.abc import Mapping
 from typing import Any, Protocol, cast
@@ -131,6 +132,7 @@ class RedisMailbox:
         self._scripts = Scripts({"append": _APPEND})
         self._set_up = Once(self._setup)
         self._closed = False
+        self._reads: set[asyncio.Future[list[tuple[str, Stream]]]] = set()
 
     def thread_key(self, space: str, thread: str, name: str) -> str:
         """A key of a thread: ``<prefix>:{<space>:<thread>}:<name>``."""
@@ -147,6 +149,9 @@ class RedisMailbox:
             await discover(self._blocking)
         except RedisError as exc:
             raise MailboxUnavailable(f"redis: {type(exc).__name__}: {exc}") from exc
+        finally:
+            if self._closed:  # closed while discovering: the nodes discovery connected to, too
+                await close_clients(self._blocking, self._client)
 
     async def _ready(self) -> None:
         if self._closed:
@@ -216,19 +221,42 @@ class RedisMailbox:
         block_ms = round(min(max(0.0, timeout_s), _MAX_BLOCK_S) * 1000)
         if block_ms <= 0 or limit <= 0:
             return await self.read(space, thread, after=after, limit=limit)
+        if self._closing():  # closed while this waiter discovered the cluster: it sent nothing
+            return ()
         key = self.thread_key(space, thread, "items")
+        # its own future, which `close` cancels: a client closed before the command reached the
+        # server would connect again and block for the whole timeout
+        read = asyncio.ensure_future(self._xread(key, after, limit, block_ms))
+        self._reads.add(read)
         try:
-            reply = await self._blocking.xread(
-                {key: f"{max(0, after)}-0"}, count=limit, block=block_ms
-            )
+            await asyncio.wait((read,))
+        except asyncio.CancelledError:
+            read.cancel()
+            raise
+        finally:
+            self._reads.discard(read)
+        if read.cancelled():
+            return ()
+        try:
+            reply = read.result()
         except RedisError as exc:
-            if self._closed:
+            if self._closing():
                 return ()
             raise MailboxUnavailable(f"redis: {type(exc).__name__}: {exc}") from exc
         if not reply:
             return ()
         _, entries = reply[0]
         return tuple(_item(entry_id, fields) for entry_id, fields in entries)
+
+    def _closing(self) -> bool:
+        # a call, not the attribute: the type checker would take it as unchanged across awaits
+        return self._closed
+
+    async def _xread(
+        self, key: str, after: int, limit: int, block_ms: int
+    ) -> list[tuple[str, Stream]]:
+        # the command is made inside the task: one cancelled before it ran leaves nothing unawaited
+        return await self._blocking.xread({key: f"{max(0, after)}-0"}, count=limit, block=block_ms)
 
     async def threads(self, space: str, *, limit: int = 100) -> tuple[WebThread, ...]:
         """The space's threads, most recently updated first."""
@@ -251,4 +279,6 @@ class RedisMailbox:
         if self._closed:
             return
         self._closed = True
+        for read in tuple(self._reads):
+            read.cancel()
         await close_clients(self._blocking, self._client)
