@@ -251,6 +251,7 @@ BENCHES: dict[str, Bench] = {
         "",
     ),
     ".venv/bin/python bench/gateway_bench.py": Bench(by="tests/bench/test_gateway_bench_smoke.py"),
+    ".venv/bin/python bench/redis_calls.py": Bench(by="tests/bench/test_redis_calls_smoke.py"),
     "GATEWAY_LINGER_SECONDS=0 .venv/bin/python bench/gateway_bench.py --only "
     "sqlite,redis1,redis2": Bench(by="tests/bench/test_gateway_bench_smoke.py"),
     ".venv/bin/python bench/vs_langgraph.py --durability full": Bench(
