@@ -58,6 +58,22 @@ class WriteQueue(Generic[_Op]):
             self._flusher = asyncio.get_running_loop().create_task(self._flush())
         return await future
 
+    async def submit_many(self, ops: Sequence[_Op]) -> list[Any]:
+        """Queue `ops` together, in order, and return their results once their batch was sent.
+
+        A result is an exception instance for an operation that failed (each op's own outcome:
+        the caller decides what the first failure means for the rest).
+        """
+        if not ops:
+            return []
+        loop = asyncio.get_running_loop()
+        futures: list[asyncio.Future[Any]] = [loop.create_future() for _ in ops]
+        self._queue.extend(zip(ops, futures, strict=True))
+        if not self._in_flight():
+            self._flusher = loop.create_task(self._flush())
+        done = await asyncio.gather(*futures, return_exceptions=True)
+        return list(done)
+
     def _in_flight(self) -> bool:
         return self._flusher is not None and not self._flusher.done()
 

@@ -20,6 +20,8 @@ Mutations go through `lua/mutate.lua`, which checks each writer's fencing token,
 atomically. Writes queued while a call is in flight are group-committed: each session's are
 one call (a refused write in it leaves no trace, the others apply), different sessions' calls
 are pipelined on one connection, so writes commit and resolve in submission order.
+A write made under `deferred_durability` on an injected clock may be answered here and sent
+with the storage's next write, read or barrier, chained so that what lands is a prefix (D283).
 redis-py's automatic retries are off (a retried write whose reply was lost could apply
 twice); a write whose reply is lost raises ``SessionError("storage")``: its outcome is unknown
 and the caller must reopen.
@@ -47,6 +49,7 @@ from __future__ import annotations
 
 import asyncio
 from collections.abc import Callable, Iterable, Mapping, Sequence
+from dataclasses import dataclass
 from typing import Any, Protocol, cast, get_args
 
 from redis.exceptions import RedisError, ResponseError
@@ -88,6 +91,7 @@ from harness_core.session.codec import (
     trusted_record,
 )
 from harness_core.session.collector import collector_paused
+from harness_core.session.durability import durability_deferred
 from harness_core.session.entries import CustomEntry, Entry
 from harness_core.session.names import check_lane_name, check_session_id
 from harness_core.session.records import (
@@ -252,6 +256,23 @@ _Write = tuple[str, tuple[str, ...]]
 """A queued mutation: its session's meta key, then its `mutate` arguments (op, token, now, ...)."""
 
 
+@dataclass(frozen=True, slots=True)
+class _Deferred:
+    """A write a storage answered before sending it (D283): what it promised its caller."""
+
+    write: _Write
+    """Sent chained (``+op``): refused once an earlier write of its call was refused."""
+    seq: int
+    entry: bool
+    parent: str | None
+    """An entry's parent: the lane's leaf it was appended at."""
+
+
+def _chained(write: _Write) -> _Write:
+    key, (op, *rest) = write
+    return key, (op if op.startswith("+") else "+" + op, *rest)
+
+
 def _framed(args: Sequence[str]) -> bytes:
     """One mutation's arguments as one script argument: ``<byte length>:<bytes>`` each.
 
@@ -309,6 +330,23 @@ async def _send_writes(repo: RedisSessionRepo, writes: Sequence[_Write]) -> list
     return results
 
 
+def _encodes(args: Sequence[str]) -> bool:
+    """Whether every argument can be sent (a lone surrogate cannot: sent now, it is refused)."""
+    try:
+        _framed(args)
+    except UnicodeEncodeError:
+        return False
+    return True
+
+
+def _lost(cause: BaseException) -> SessionError:
+    if isinstance(cause, LeaseLost):
+        return cause
+    error = SessionError("storage", f"deferred writes were not stored: {cause}")
+    error.__cause__ = cause
+    return error
+
+
 def _node(node: str) -> tuple[int, int, str | None, str | None, str, str | None]:
     seq, ts, parent, lane, type_, custom = node.split("\t", 5)
     return int(seq), int(ts), parent or None, lane or None, type_, custom or None
@@ -325,6 +363,15 @@ class RedisSessionStorage:
         self._base = repo.key(session_id, "")
         self._meta = self._base + "meta"
         self._where = f"redis session {session_id!r}"
+        # deferred writes (D283): answered here, sent with the next write, read or barrier
+        self._deferred: list[_Deferred] = []
+        self._seq: int | None = None
+        """The newest seq this storage's own writes were told (the lease makes it the session's)."""
+        self._leaves: dict[str, str | None] = {}
+        """Lanes' leaves as this storage's own writes left them."""
+        self._sending = 0
+        self._lost: SessionError | None = None
+        """Why deferred writes were not stored: every later write and barrier raises it."""
 
     @property
     def session_id(self) -> str:
@@ -351,6 +398,8 @@ class RedisSessionStorage:
 
     async def _read(self, fn: Callable[[_Client], Any]) -> Any:
         client = self._client()
+        if self._deferred:  # this storage's reads see its deferred writes
+            await self._flush()
         try:
             return await fn(client)
         except ResponseError as exc:
@@ -358,16 +407,104 @@ class RedisSessionStorage:
         except RedisError as exc:
             raise SessionError("storage", f"redis read failed: {exc}") from exc
 
-    async def _mutate(self, op: str, *args: str) -> list[Any]:
+    def _write(self, op: str, args: Sequence[str]) -> _Write:
         self._client()
         if self._lease is None:
             raise SessionError("read_only", f"session {self._sid!r} was opened without a lease")
-        reply: list[Any] = await self._repo.writes.submit(
-            (self._meta, (op, str(self._lease.token), self._repo.now_arg(), *args))
-        )
-        if reply[0] == "ok" and reply[3]:  # the write renewed the lease
+        if self._lost is not None:
+            raise self._lost
+        return (self._meta, (op, str(self._lease.token), self._repo.now_arg(), *args))
+
+    async def _mutate(self, op: str, *args: str) -> list[Any]:
+        """Send one write (after the deferred ones, chained to them) and return its reply."""
+        write = self._write(op, args)
+        pending, self._deferred = self._deferred, []
+        self._sending += 1
+        try:
+            if pending:
+                results = await self._repo.writes.submit_many(
+                    [d.write for d in pending] + [_chained(write)]
+                )
+            else:
+                results = [await self._repo.writes.submit(write)]
+        except BaseException:
+            self._seq = None  # what landed is unknown
+            raise
+        finally:
+            self._sending -= 1
+        self._settle(pending, results[:-1])
+        reply = results[-1]
+        if isinstance(reply, BaseException):
+            raise reply
+        self._learn(reply)
+        return cast(list[Any], reply)
+
+    def _learn(self, reply: list[Any]) -> None:
+        if reply[0] != "ok":
+            return
+        self._seq = max(self._seq or 0, int(reply[1]))
+        if reply[3] and self._lease is not None:  # the write renewed the lease
             self._lease = self._lease.model_copy(update={"expires_at_ms": int(reply[3])})
-        return reply
+
+    def _defers(self) -> bool:
+        """Whether a write made now may be answered before it is sent (D283).
+
+        Inside `deferred_durability` on an injected clock (the timestamp is chosen here), once
+        this storage's own replies told it the session's seq and with nothing of it in flight.
+        """
+        return (
+            self._seq is not None
+            and not self._sending
+            and self._lost is None
+            and self._repo.clock is not None
+            and durability_deferred()
+        )
+
+    def _defer(self, write: _Write, *, entry: bool, parent: str | None = None) -> int:
+        """Keep `write` for the next send; its seq."""
+        assert self._seq is not None
+        seq = self._seq + len(self._deferred) + 1
+        self._deferred.append(_Deferred(_chained(write), seq, entry, parent))
+        return seq
+
+    def _settle(self, pending: Sequence[_Deferred], results: Sequence[Any]) -> None:
+        """Check that deferred writes were stored as they were answered; else lose them all."""
+        failure: SessionError | None = None
+        for deferred, result in zip(pending, results, strict=True):
+            if isinstance(result, BaseException):
+                failure = failure or _lost(result)
+                continue
+            if result[0] != "ok":
+                if result[0] == "error" and not result[1].startswith("GW skipped "):
+                    failure = failure or _lost(_refusal(result[1]))
+                continue
+            self._learn(result)
+            seq, _, parent, _, _, _ = _node(result[4]) if deferred.entry else (result[1],) * 6
+            if int(seq) != deferred.seq or (deferred.entry and parent != deferred.parent):
+                failure = failure or SessionError(
+                    "storage",
+                    f"a deferred write of session {self._sid!r} was stored at seq {seq}, "
+                    f"answered as {deferred.seq}",
+                )
+        if failure is not None:
+            self._seq = None
+            self._lost = failure
+            raise failure
+
+    async def _flush(self) -> None:
+        """Send the deferred writes now (a read, a barrier, a close)."""
+        pending, self._deferred = self._deferred, []
+        if not pending:
+            return
+        self._sending += 1
+        try:
+            results = await self._repo.writes.submit_many([d.write for d in pending])
+        except BaseException:
+            self._seq = None
+            raise
+        finally:
+            self._sending -= 1
+        self._settle(pending, results)
 
     # -- metadata and lanes ----------------------------------------------------------------
 
@@ -392,6 +529,7 @@ class RedisSessionStorage:
     async def _lane(self, lane: str, leaf: str | None, created: bool) -> LaneMove:
         check_lane_name(lane)
         reply = await self._mutate("lane", *_lane_args(lane, leaf, created))
+        self._leaves[lane] = leaf
         return LaneMove(
             seq=reply[1], timestamp=int(reply[2]), lane=lane, leaf_id=leaf, created=created
         )
@@ -410,8 +548,7 @@ class RedisSessionStorage:
         payload = encode_entry(entry)
         check_lane_name(lane)
         custom = entry.custom_type if isinstance(entry, CustomEntry) else ""
-        reply = await self._mutate(
-            "entry",
+        args = (
             lane,
             entry.id,
             entry.type,
@@ -420,6 +557,18 @@ class RedisSessionStorage:
             "1" if if_missing else "0",
             str(checksum(payload)),
         )
+        if not if_missing and lane in self._leaves and self._defers() and _encodes(args):
+            write = self._write("entry", args)
+            parent = self._leaves[lane]
+            seq = self._defer(write, entry=True, parent=parent)
+            self._leaves[lane] = entry.id
+            ts = int(write[1][2])
+            return StoredEntry(
+                seq=seq, timestamp=ts, lane=lane, parent_id=parent, entry=entry
+            ), True
+        reply = await self._mutate("entry", *args)
+        if reply[0] == "ok":
+            self._leaves[lane] = entry.id
         if reply[0] == "existing":
             seq, ts, parent, stored_lane, _, _ = _node(reply[1])
             stored = StoredEntry(
@@ -441,7 +590,13 @@ class RedisSessionStorage:
     async def append_record(self, record: Record) -> StoredRecord:
         """Append a record (operation starts are conditional, inside the script)."""
         payload = encode_record(record)
-        reply = await self._mutate("record", *_record_args(record, payload))
+        args = _record_args(record, payload)
+        # an operation's start is refused on a busy lane: its caller must hear so at once
+        if record.type != "operation_started" and self._defers() and _encodes(args):
+            write = self._write("record", args)
+            seq = self._defer(write, entry=False)
+            return StoredRecord(seq=seq, timestamp=int(write[1][2]), record=record)
+        reply = await self._mutate("record", *args)
         return StoredRecord(seq=reply[1], timestamp=int(reply[2]), record=record)
 
     async def _fact(self, fact: Fact) -> FactSet:
@@ -886,10 +1041,17 @@ class RedisSessionStorage:
         """
         if self._closed:
             raise SessionError("closed", f"storage of session {self._sid!r} is closed")
+        if self._lost is not None:
+            raise self._lost
+        await self._flush()
 
     async def close(self) -> None:
-        """Close this storage."""
-        self._closed = True
+        """Send the deferred writes (they were answered), then close this storage."""
+        try:
+            if not self._closed and self._lost is None:
+                await self._flush()
+        finally:
+            self._closed = True
 
 
 def _type_index(record_type: str, kind: str | None, lane: str) -> str:

@@ -5,6 +5,8 @@
 -- ARGV: one argument per mutation, its fields framed as '<byte length>:<bytes>' one after the
 -- other: op (entry|record|lane|fact), lease token ('' = import), now ('' = the server's clock;
 -- an import passes the item's timestamp), then the op's own arguments (A[1..] below).
+-- An op written '+op' is chained: it is refused (code 'skipped') once an earlier mutation of the
+-- call was refused, so writes a storage deferred and sends together stay a prefix (D283).
 -- Returns one reply per mutation: {'ok', seq, timestamp, the lease's new expiry ('' = unchanged),
 -- op-specific values...}, {'existing', node}, or {'error', 'GW <code> <message>'}.
 local function refuse(code, msg) return {'error', 'GW ' .. code .. ' ' .. msg} end
@@ -212,6 +214,7 @@ local function fields(framed)
 end
 
 local replies = {}
+local refused = false
 for i = 1, #ARGV do
   local F = fields(ARGV[i])
   local A = {}
@@ -221,7 +224,16 @@ for i = 1, #ARGV do
     if not server_now then server_now = clock('') end
     now = server_now
   end
-  local reply = apply(F[1], F[2], now, A)
+  local op = F[1]
+  local chained = string.sub(op, 1, 1) == '+'
+  if chained then op = string.sub(op, 2) end
+  local reply
+  if chained and refused then
+    reply = refuse('skipped', 'an earlier write of its batch was refused')
+  else
+    reply = apply(op, F[2], now, A)
+  end
+  if reply[1] == 'error' then refused = true end
   if reply[1] == 'ok' then
     seq = reply[2]
     wrote = true
