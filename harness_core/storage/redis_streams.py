@@ -370,6 +370,9 @@ class RedisSessionStorage:
         self._leaves: dict[str, str | None] = {}
         """Lanes' leaves as this storage's own writes left them."""
         self._sending = 0
+        self._landing: asyncio.Future[None] | None = None
+        """The newest send carrying deferred writes, done once it was answered: a read or a
+        write waits for it (calls resolve in order, so every earlier one is done too)."""
         self._lost: SessionError | None = None
         """Why deferred writes were not stored: every later write and barrier raises it."""
 
@@ -398,8 +401,7 @@ class RedisSessionStorage:
 
     async def _read(self, fn: Callable[[_Client], Any]) -> Any:
         client = self._client()
-        if self._deferred:  # this storage's reads see its deferred writes
-            await self._flush()
+        await self._landed()  # this storage's reads see its deferred writes
         try:
             return await fn(client)
         except ResponseError as exc:
@@ -417,21 +419,11 @@ class RedisSessionStorage:
 
     async def _mutate(self, op: str, *args: str) -> list[Any]:
         """Send one write (after the deferred ones, chained to them) and return its reply."""
+        self._write(op, args)  # refused before waiting: closed, read-only, lost
+        await self._wait_landing()  # a write lands only after the deferred ones before it
         write = self._write(op, args)
         pending, self._deferred = self._deferred, []
-        self._sending += 1
-        try:
-            if pending:
-                results = await self._repo.writes.submit_many(
-                    [d.write for d in pending] + [_chained(write)]
-                )
-            else:
-                results = [await self._repo.writes.submit(write)]
-        except BaseException:
-            self._seq = None  # what landed is unknown
-            raise
-        finally:
-            self._sending -= 1
+        results = await self._send([d.write for d in pending] + [write], chained=bool(pending))
         self._settle(pending, results[:-1])
         reply = results[-1]
         if isinstance(reply, BaseException):
@@ -491,19 +483,44 @@ class RedisSessionStorage:
             self._lost = failure
             raise failure
 
+    async def _send(self, writes: list[_Write], *, chained: bool) -> list[Any]:
+        """Submit `writes` in one batch; each result (an exception instance if it failed)."""
+        landing: asyncio.Future[None] | None = None
+        if chained:
+            writes = [_chained(write) for write in writes]
+            landing = self._landing = asyncio.get_running_loop().create_future()
+        self._sending += 1
+        try:
+            if len(writes) == 1:
+                return [await self._repo.writes.submit(writes[0])]
+            return await self._repo.writes.submit_many(writes)
+        except BaseException:
+            self._seq = None  # what landed is unknown
+            raise
+        finally:
+            self._sending -= 1
+            if landing is not None and not landing.done():
+                landing.set_result(None)
+
+    async def _wait_landing(self) -> None:
+        landing = self._landing
+        if landing is not None and not landing.done():
+            await asyncio.shield(landing)
+        if self._lost is not None:
+            raise self._lost
+
+    async def _landed(self) -> None:
+        """Until every deferred write was answered by the server (sending those kept here)."""
+        if self._deferred:
+            await self._flush()
+        await self._wait_landing()
+
     async def _flush(self) -> None:
         """Send the deferred writes now (a read, a barrier, a close)."""
         pending, self._deferred = self._deferred, []
         if not pending:
             return
-        self._sending += 1
-        try:
-            results = await self._repo.writes.submit_many([d.write for d in pending])
-        except BaseException:
-            self._seq = None
-            raise
-        finally:
-            self._sending -= 1
+        results = await self._send([d.write for d in pending], chained=True)
         self._settle(pending, results)
 
     # -- metadata and lanes ----------------------------------------------------------------
@@ -1041,15 +1058,13 @@ class RedisSessionStorage:
         """
         if self._closed:
             raise SessionError("closed", f"storage of session {self._sid!r} is closed")
-        if self._lost is not None:
-            raise self._lost
-        await self._flush()
+        await self._landed()
 
     async def close(self) -> None:
         """Send the deferred writes (they were answered), then close this storage."""
         try:
             if not self._closed and self._lost is None:
-                await self._flush()
+                await self._landed()
         finally:
             self._closed = True
 

@@ -6,11 +6,21 @@ A second repository (another process's view) shows what the server holds; the se
 
 from __future__ import annotations
 
+import asyncio
+
 import pytest
 import redis
 
-from harness_core import SessionRepo, SessionStorage
+from harness_core import ScriptedModel, SessionRepo, SessionStorage
+from harness_core.clock import SystemClock
 from harness_core.errors import LeaseLost, SessionError
+from harness_core.harness import AgentHarness
+from harness_core.ids import SequentialIds
+from harness_core.messages import AssistantMessage, ToolResultMessage
+from harness_core.models import ModelRef, ModelRequest
+from harness_core.models.scripted import text, tool_call
+from harness_core.options import AgentHarnessOptions
+from harness_core.result import Ok
 from harness_core.session.durability import deferred_durability
 from harness_core.session.types import StoredEntry, StoredRecord
 from harness_core.storage.redis_streams import RedisSessionRepo
@@ -21,6 +31,7 @@ from harness_core.testing.builders import (
     step_attempt,
     user_entry,
 )
+from harness_core.tools import Tool, ToolContext
 
 
 @pytest.fixture
@@ -166,3 +177,65 @@ async def test_a_write_is_not_deferred_before_the_writer_knows_the_session(repo)
     fresh = await repo.open("s1")
     assert (await fresh.get_entry("u1")) is not None
     assert entry.seq == first.seq + 1
+
+
+async def test_a_read_while_another_task_sends_the_deferred_writes_waits_for_them(repo) -> None:
+    storage = await _writer(repo)
+    with deferred_durability():
+        await storage.append_entry(user_entry("m1"), "main")
+    barrier = asyncio.create_task(storage.sync(point=False))
+    await asyncio.sleep(0)  # the barrier's send is under way: nothing is kept here any more
+    found = await storage.get_entry("m1")
+    await barrier
+    assert found is not None and found.parent_id == "u1"
+
+
+def _respond(request: ModelRequest) -> AssistantMessage:
+    if isinstance(request.messages[-1], ToolResultMessage):
+        return text("all green")
+    return tool_call("lookup", {"query": "status"})
+
+
+async def _lookup(args: object, ctx: ToolContext) -> str:
+    return "green"
+
+
+async def test_lanes_of_one_session_run_at_once_on_deferred_writes_and_the_log_holds_them(
+    redis_server, redis_prefix
+) -> None:
+    """Eight lanes' turns at once: each turn's self-check reads what other lanes' barriers send."""
+    repo = RedisSessionRepo(redis_server.url, prefix=redis_prefix, clock=SystemClock())
+    try:
+        await repo.create("s")
+        lease = await repo.acquire_lease("s", owner="w", ttl_ms=60_000)
+        storage = await repo.open("s", lease=lease)
+        harness, _ = await AgentHarness.create(
+            AgentHarnessOptions(
+                storage=storage,
+                model_client=ScriptedModel(responder=_respond),
+                model=ModelRef(provider="scripted", model_id="m"),
+                tools=[Tool(name="lookup", description="look", execute=_lookup, replay="never")],
+                ids=SequentialIds("s-"),
+            )
+        )
+        lanes: list[object] = [harness]
+        for i in range(1, 8):
+            created = await harness.create_lane(f"l{i}", None)
+            assert isinstance(created, Ok)
+            lanes.append(created.value)
+
+        async def drive(lane: object) -> None:
+            for _ in range(6):
+                result = await lane.prompt("check")  # type: ignore[attr-defined]
+                assert isinstance(result, Ok) and result.value.kind == "completed", result
+
+        await asyncio.gather(*(drive(lane) for lane in lanes))
+        await harness.close()
+        log = await (await repo.open("s")).get_log()
+        assert [item.seq for item in log] == list(range(1, len(log) + 1))
+        finished = [
+            i for i in log if isinstance(i, StoredRecord) and i.record.type == "operation_finished"
+        ]
+        assert len(finished) == 8 * 6
+    finally:
+        await repo.close()
