@@ -35,17 +35,24 @@ from harness_core.tools import Tool, ToolContext
 
 
 @pytest.fixture
-async def repo(redis_server, redis_prefix):
-    repo = RedisSessionRepo(redis_server.url, prefix=redis_prefix, clock=ManualClock())
-    yield repo
-    await repo.close()
+async def repos(redis_server, redis_prefix):
+    """The writer's repository and another process's view of the same server."""
+    made = [
+        RedisSessionRepo(redis_server.url, prefix=redis_prefix, clock=ManualClock()) for _ in "ab"
+    ]
+    yield made
+    for each in made:
+        await each.close()
 
 
 @pytest.fixture
-async def other(redis_server, redis_prefix):
-    repo = RedisSessionRepo(redis_server.url, prefix=redis_prefix, clock=ManualClock())
-    yield repo
-    await repo.close()
+def repo(repos):
+    return repos[0]
+
+
+@pytest.fixture
+def other(repos):
+    return repos[1]
 
 
 def script_calls(redis_server) -> int:
