@@ -370,7 +370,7 @@ class RedisSessionStorage:
         self._leaves: dict[str, str | None] = {}
         """Lanes' leaves as this storage's own writes left them."""
         self._sending = 0
-        self._landing: asyncio.Future[None] | None = None
+        self._landing: asyncio.Future[Any] | None = None
         """The newest send carrying deferred writes, done once it was answered: a read or a
         write waits for it (calls resolve in order, so every earlier one is done too)."""
         self._lost: SessionError | None = None
@@ -423,11 +423,19 @@ class RedisSessionStorage:
         await self._wait_landing()  # a write lands only after the deferred ones before it
         write = self._write(op, args)
         pending, self._deferred = self._deferred, []
-        results = await self._send([d.write for d in pending] + [write], chained=bool(pending))
-        self._settle(pending, results[:-1])
-        reply = results[-1]
-        if isinstance(reply, BaseException):
-            raise reply
+        if pending:
+            reply = (await self._send_deferred(pending, write))[-1]
+            if isinstance(reply, BaseException):
+                raise reply
+        else:
+            self._sending += 1
+            try:
+                reply = await self._repo.writes.submit(write)
+            except BaseException:
+                self._seq = None  # what landed is unknown
+                raise
+            finally:
+                self._sending -= 1
         self._learn(reply)
         return cast(list[Any], reply)
 
@@ -459,10 +467,33 @@ class RedisSessionStorage:
         self._deferred.append(_Deferred(_chained(write), seq, entry, parent))
         return seq
 
-    def _settle(self, pending: Sequence[_Deferred], results: Sequence[Any]) -> None:
+    async def _send_deferred(self, pending: list[_Deferred], write: _Write | None) -> list[Any]:
+        """Send the deferred writes (and `write`, chained after them) in one batch.
+
+        The batch is a task of its own, checked when it is answered whoever waits for it: a
+        caller that stops waiting does not withdraw the writes, nor their check.
+        """
+        writes = [d.write for d in pending] + ([] if write is None else [_chained(write)])
+        batch = asyncio.ensure_future(self._repo.writes.submit_many(writes))
+        self._landing = batch
+        self._sending += 1
+        batch.add_done_callback(lambda done: self._answered(pending, done))
+        results = await asyncio.shield(batch)
+        if self._lost is not None:
+            raise self._lost
+        return results
+
+    def _answered(self, pending: Sequence[_Deferred], batch: asyncio.Future[list[Any]]) -> None:
         """Check that deferred writes were stored as they were answered; else lose them all."""
+        self._sending -= 1
+        if batch.cancelled() or batch.exception() is not None:
+            self._seq = None
+            self._lost = self._lost or SessionError(
+                "storage", f"deferred writes of session {self._sid!r}: outcome unknown"
+            )
+            return
         failure: SessionError | None = None
-        for deferred, result in zip(pending, results, strict=True):
+        for deferred, result in zip(pending, batch.result(), strict=False):
             if isinstance(result, BaseException):
                 failure = failure or _lost(result)
                 continue
@@ -480,27 +511,7 @@ class RedisSessionStorage:
                 )
         if failure is not None:
             self._seq = None
-            self._lost = failure
-            raise failure
-
-    async def _send(self, writes: list[_Write], *, chained: bool) -> list[Any]:
-        """Submit `writes` in one batch; each result (an exception instance if it failed)."""
-        landing: asyncio.Future[None] | None = None
-        if chained:
-            writes = [_chained(write) for write in writes]
-            landing = self._landing = asyncio.get_running_loop().create_future()
-        self._sending += 1
-        try:
-            if len(writes) == 1:
-                return [await self._repo.writes.submit(writes[0])]
-            return await self._repo.writes.submit_many(writes)
-        except BaseException:
-            self._seq = None  # what landed is unknown
-            raise
-        finally:
-            self._sending -= 1
-            if landing is not None and not landing.done():
-                landing.set_result(None)
+            self._lost = self._lost or failure
 
     async def _wait_landing(self) -> None:
         landing = self._landing
@@ -511,17 +522,10 @@ class RedisSessionStorage:
 
     async def _landed(self) -> None:
         """Until every deferred write was answered by the server (sending those kept here)."""
-        if self._deferred:
-            await self._flush()
-        await self._wait_landing()
-
-    async def _flush(self) -> None:
-        """Send the deferred writes now (a read, a barrier, a close)."""
         pending, self._deferred = self._deferred, []
-        if not pending:
-            return
-        results = await self._send([d.write for d in pending], chained=True)
-        self._settle(pending, results)
+        if pending:
+            await self._send_deferred(pending, None)
+        await self._wait_landing()
 
     # -- metadata and lanes ----------------------------------------------------------------
 

@@ -246,3 +246,16 @@ async def test_lanes_of_one_session_run_at_once_on_deferred_writes_and_the_log_h
         assert len(finished) == 8 * 6
     finally:
         await repo.close()
+
+
+async def test_a_refused_deferred_write_sent_by_a_read_fails_every_later_write(repo, other) -> None:
+    storage = await _writer(repo)
+    with deferred_durability():
+        await storage.append_record(step_attempt("u1", "run1", 1, "m1"))  # the id is taken
+    with pytest.raises(SessionError):
+        await storage.get_entry("u1")  # the read sends it
+    with pytest.raises(SessionError):  # nothing lands after what was lost
+        await storage.append_entry(user_entry("m2"), "main")
+    with pytest.raises(SessionError):
+        await storage.sync()
+    assert "m2" not in (await _held(other))[1]
