@@ -330,15 +330,6 @@ async def _send_writes(repo: RedisSessionRepo, writes: Sequence[_Write]) -> list
     return results
 
 
-def _encodes(args: Sequence[str]) -> bool:
-    """Whether every argument can be sent (a lone surrogate cannot: sent now, it is refused)."""
-    try:
-        _framed(args)
-    except UnicodeEncodeError:
-        return False
-    return True
-
-
 def _lost(cause: BaseException) -> SessionError:
     if isinstance(cause, LeaseLost):
         return cause
@@ -419,7 +410,6 @@ class RedisSessionStorage:
 
     async def _mutate(self, op: str, *args: str) -> list[Any]:
         """Send one write (after the deferred ones, chained to them) and return its reply."""
-        self._write(op, args)  # refused before waiting: closed, read-only, lost
         await self._wait_landing()  # a write lands only after the deferred ones before it
         write = self._write(op, args)
         pending, self._deferred = self._deferred, []
@@ -451,6 +441,9 @@ class RedisSessionStorage:
 
         Inside `deferred_durability` on an injected clock (the timestamp is chosen here), once
         this storage's own replies told it the session's seq and with nothing of it in flight.
+        Every argument of such a write frames (no lone surrogate, which `_send_writes` would
+        refuse outside the script's chain): its payload and ids passed the codec and the
+        models, and an entry's lane was sent before (it is in `_leaves`).
         """
         return (
             self._seq is not None
@@ -502,8 +495,9 @@ class RedisSessionStorage:
                     failure = failure or _lost(_refusal(result[1]))
                 continue
             self._learn(result)
-            seq, _, parent, _, _, _ = _node(result[4]) if deferred.entry else (result[1],) * 6
-            if int(seq) != deferred.seq or (deferred.entry and parent != deferred.parent):
+            seq = int(result[1])
+            parent = _node(result[4])[2] if deferred.entry else deferred.parent
+            if seq != deferred.seq or parent != deferred.parent:
                 failure = failure or SessionError(
                     "storage",
                     f"a deferred write of session {self._sid!r} was stored at seq {seq}, "
@@ -578,7 +572,7 @@ class RedisSessionStorage:
             "1" if if_missing else "0",
             str(checksum(payload)),
         )
-        if not if_missing and lane in self._leaves and self._defers() and _encodes(args):
+        if not if_missing and lane in self._leaves and self._defers():
             write = self._write("entry", args)
             parent = self._leaves[lane]
             seq = self._defer(write, entry=True, parent=parent)
@@ -613,7 +607,7 @@ class RedisSessionStorage:
         payload = encode_record(record)
         args = _record_args(record, payload)
         # an operation's start is refused on a busy lane: its caller must hear so at once
-        if record.type != "operation_started" and self._defers() and _encodes(args):
+        if record.type != "operation_started" and self._defers():
             write = self._write("record", args)
             seq = self._defer(write, entry=False)
             return StoredRecord(seq=seq, timestamp=int(write[1][2]), record=record)
