@@ -52,10 +52,7 @@ class WriteQueue(Generic[_Op]):
                 if isinstance(result, BaseException):
                     raise result
                 return result
-        future: asyncio.Future[Any] = asyncio.get_running_loop().create_future()
-        self._queue.append((op, future))
-        if not self._in_flight():
-            self._flusher = asyncio.get_running_loop().create_task(self._flush())
+        (future,) = self._enqueue([op])
         return await future
 
     async def submit_many(self, ops: Sequence[_Op]) -> list[Any]:
@@ -66,13 +63,16 @@ class WriteQueue(Generic[_Op]):
         """
         if not ops:
             return []
+        return list(await asyncio.gather(*self._enqueue(ops), return_exceptions=True))
+
+    def _enqueue(self, ops: Sequence[_Op]) -> list[asyncio.Future[Any]]:
+        """Queue `ops` (one future each) and start a flusher unless one is running."""
         loop = asyncio.get_running_loop()
         futures: list[asyncio.Future[Any]] = [loop.create_future() for _ in ops]
         self._queue.extend(zip(ops, futures, strict=True))
         if not self._in_flight():
             self._flusher = loop.create_task(self._flush())
-        done = await asyncio.gather(*futures, return_exceptions=True)
-        return list(done)
+        return futures
 
     def _in_flight(self) -> bool:
         return self._flusher is not None and not self._flusher.done()
