@@ -65,14 +65,6 @@ def call_name(words: list[str], shas: dict[str, str]) -> str:
     return name
 
 
-def parse_words(command: str) -> list[str]:
-    """A MONITOR line's command as words.
-
-    redis-py unquotes it; a value's own spaces split it, which naming the call does not mind.
-    """
-    return command.split()
-
-
 async def replies(box: aioredis.Redis, threads: Sequence[tuple[str, str]]) -> int:
     """Reply items in the threads' mailbox streams (the bench's excluded connection)."""
     total = 0
@@ -130,7 +122,7 @@ async def run(args: argparse.Namespace) -> None:
             async def record() -> None:
                 async for seen in monitor.listen():
                     where = f"{seen['client_address']}:{seen['client_port']}"
-                    words = parse_words(seen["command"])
+                    words = seen["command"].split()  # unquoted by redis-py
                     if seen["client_type"] == "lua":
                         inner[call_name(words, shas)] += 1
                     elif where != own and words and words[0].upper() != "MONITOR":
