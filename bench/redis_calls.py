@@ -18,6 +18,7 @@ from __future__ import annotations
 import argparse
 import asyncio
 import hashlib
+import math
 import re
 import shutil
 import sys
@@ -135,18 +136,20 @@ async def run(args: argparse.Namespace) -> None:
                             )
 
             recorder = asyncio.create_task(record())
-            began = time.monotonic()
-            for k in range(args.messages):
-                space, thread = threads[k % len(threads)]
-                if args.rate > 0:
-                    await asyncio.sleep(max(0.0, began + k / args.rate - time.monotonic()))
-                await post(first + k, space, thread)
-                if args.rate <= 0:
-                    await until(first + k + 1, 30.0)
-            await until(first + args.messages, 60.0)
-            await asyncio.sleep(0.2)  # the last reply's settle reaches the monitor
-            recorder.cancel()
-            await asyncio.gather(recorder, return_exceptions=True)
+            try:
+                began = time.monotonic()
+                for k in range(args.messages):
+                    space, thread = threads[k % len(threads)]
+                    if args.rate > 0:
+                        await asyncio.sleep(max(0.0, began + k / args.rate - time.monotonic()))
+                    await post(first + k, space, thread)
+                    if args.rate <= 0:
+                        await until(first + k + 1, 30.0)
+                await until(first + args.messages, 60.0)
+                await asyncio.sleep(0.2)  # the last reply's settle reaches the monitor
+            finally:  # also on Ctrl-C: the server stops under the monitor's read
+                recorder.cancel()
+                await asyncio.gather(recorder, return_exceptions=True)
         await monitor_client.aclose()
         print_counts(args, calls, inner)
         if args.trace:
@@ -190,8 +193,15 @@ def parse(argv: Sequence[str] | None = None) -> argparse.Namespace:
     args = parser.parse_args(argv)
     if args.messages <= 0 or args.threads <= 0 or args.spaces <= 0:
         parser.error("--messages, --threads and --spaces must be positive")
+    if not (math.isfinite(args.rate) and args.rate >= 0):
+        parser.error(f"--rate must be a number of messages a second, 0 or more (got {args.rate})")
+    if not (math.isfinite(args.settle) and args.settle >= 0):
+        parser.error(f"--settle must be seconds, 0 or more (got {args.settle})")
     return args
 
 
 if __name__ == "__main__":
-    asyncio.run(run(parse()))
+    try:
+        asyncio.run(run(parse()))
+    except KeyboardInterrupt:  # the gateway and the server were stopped on the way out
+        sys.exit("redis_calls: interrupted")
