@@ -478,11 +478,16 @@ def test_ctrl_c_exits_130_without_a_traceback(tmp_path: Path) -> None:
             # a test run started in the background ignores SIGINT, and its children would too
             preexec_fn=lambda: signal.signal(signal.SIGINT, signal.SIG_DFL),
         )
-        connection, _ = silent.accept()
-        with connection:
-            connection.recv(4096)  # the request: the command now waits for the answer
-            process.send_signal(signal.SIGINT)
-            out, err = process.communicate(timeout=30)
+        try:
+            connection, _ = silent.accept()
+            with connection:
+                connection.recv(4096)  # the request: the command now waits for the answer
+                process.send_signal(signal.SIGINT)
+                out, err = process.communicate(timeout=30)
+        finally:  # a failure here leaves no process and pipes to a later test's collection
+            if process.poll() is None:
+                process.kill()
+                process.communicate()
     assert process.returncode == 130
     assert out == b"" and b"Traceback" not in err and err.count(b"\n") <= 1
 
