@@ -27,6 +27,7 @@ if str(ROOT) not in sys.path:  # `python bench/email_latency.py` as well as `-m 
     sys.path.insert(0, str(ROOT))
 
 from bench.gateway_bench import pct  # noqa: E402
+from bench.interrupt import run_main  # noqa: E402
 from gateway.channels import gateway_settings  # noqa: E402
 from gateway.logs import configure  # noqa: E402
 from gateway.service import Service  # noqa: E402
@@ -102,4 +103,4 @@ def main() -> None:
 
 
 if __name__ == "__main__":
-    main()
+    run_main(main)

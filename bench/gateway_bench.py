@@ -87,6 +87,7 @@ import redis.asyncio as aioredis  # noqa: E402
 
 from adapters.web import open_mailbox  # noqa: E402
 from adapters.web.mailbox import WebItem, WebMailbox  # noqa: E402
+from bench.interrupt import run_main  # noqa: E402
 from gateway.broker import open_broker  # noqa: E402
 from harness_core import open_repo  # noqa: E402
 from harness_core.session.types import RecordQuery  # noqa: E402
@@ -1241,4 +1242,4 @@ async def main(argv: Sequence[str] | None = None) -> None:
 
 
 if __name__ == "__main__":
-    asyncio.run(main())
+    run_main(lambda: asyncio.run(main()))

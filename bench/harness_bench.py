@@ -41,6 +41,7 @@ ROOT = Path(__file__).resolve().parents[1]
 if str(ROOT) not in sys.path:  # `python bench/harness_bench.py` as well as `-m bench....`
     sys.path.insert(0, str(ROOT))
 
+from bench.interrupt import run_main  # noqa: E402
 from bench.store_bench import backends  # noqa: E402
 from harness_core import ScriptedModel, SessionRepo  # noqa: E402
 from harness_core.harness import AgentHarness  # noqa: E402
@@ -248,25 +249,25 @@ async def main() -> None:
     lanes, prompts, stuck = (int(x) for x in args.restore.split("x"))
     workdir = tempfile.mkdtemp(prefix="harness-bench-")
     chosen, stop = backends(args, workdir)
-    print(
-        f"# harness_bench on {platform.platform()}, {os.cpu_count()} CPUs, "
-        f"Python {platform.python_version()}, redis AOF appendfsync={args.appendfsync}"
-    )
-    print(
-        f"# {args.prompts} prompts (2 turns each); per-turn cost: median of {args.sample} prompts "
-        f"at each history; restore: {lanes} lanes x {prompts} prompts, {stuck} suspended mid-tool, "
-        f"median of {args.trials}"
-    )
-    started = time.perf_counter()
-    log = await build_restore_log(lanes, prompts, stuck)
-    print(
-        f"# restore session: {len(log):,} log items, built in {time.perf_counter() - started:.1f} s"
-    )
-    header = ["backend", "prompts/s 1 lane", "prompts/s 16 lanes", "CPU ms/prompt 16 lanes"]
-    header += [f"ms/prompt @{h:,}" for h in histories]
-    header += [f"ratio {histories[-1]:,}/{histories[0]:,}", "restore ms", "suspended found"]
-    print(" | ".join(header))
-    try:
+    try:  # the redis-server started above stops however this ends (Ctrl-C too)
+        print(
+            f"# harness_bench on {platform.platform()}, {os.cpu_count()} CPUs, "
+            f"Python {platform.python_version()}, redis AOF appendfsync={args.appendfsync}"
+        )
+        print(
+            f"# {args.prompts} prompts (2 turns each); per-turn cost: median of {args.sample} prompts "
+            f"at each history; restore: {lanes} lanes x {prompts} prompts, {stuck} suspended mid-tool, "
+            f"median of {args.trials}"
+        )
+        started = time.perf_counter()
+        log = await build_restore_log(lanes, prompts, stuck)
+        print(
+            f"# restore session: {len(log):,} log items, built in {time.perf_counter() - started:.1f} s"
+        )
+        header = ["backend", "prompts/s 1 lane", "prompts/s 16 lanes", "CPU ms/prompt 16 lanes"]
+        header += [f"ms/prompt @{h:,}" for h in histories]
+        header += [f"ratio {histories[-1]:,}/{histories[0]:,}", "restore ms", "suspended found"]
+        print(" | ".join(header))
         for index, backend in enumerate(chosen):
             repo = backend.make(workdir)
             tag = f"{index}"
@@ -292,4 +293,4 @@ async def main() -> None:
 
 
 if __name__ == "__main__":
-    asyncio.run(main())
+    run_main(lambda: asyncio.run(main()))

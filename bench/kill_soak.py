@@ -22,6 +22,7 @@ ROOT = Path(__file__).resolve().parents[1]
 if str(ROOT) not in sys.path:  # `python bench/kill_soak.py` as well as `-m bench.kill_soak`
     sys.path.insert(0, str(ROOT))
 
+from bench.interrupt import run_main  # noqa: E402
 from bench.store_bench import redis_url  # noqa: E402 (after the path fix above)
 from tests.support.kill_soak import soak  # noqa: E402
 
@@ -61,4 +62,4 @@ async def main() -> None:
 
 
 if __name__ == "__main__":
-    asyncio.run(main())
+    run_main(lambda: asyncio.run(main()))

@@ -34,6 +34,7 @@ ROOT = Path(__file__).resolve().parents[1]
 if str(ROOT) not in sys.path:  # `python bench/lane_restore_bench.py` as well as `-m bench....`
     sys.path.insert(0, str(ROOT))
 
+from bench.interrupt import run_main  # noqa: E402
 from bench.store_bench import backends  # noqa: E402
 from harness_core import ScriptedModel, SessionRepo  # noqa: E402
 from harness_core.harness import AgentHarness  # noqa: E402
@@ -164,31 +165,33 @@ async def main() -> None:
     sizes = [int(n) for n in args.lanes.split(",")]
     workdir = tempfile.mkdtemp(prefix="lane-restore-bench-")
     chosen, stop = backends(args, workdir)
-    print(
-        f"# lane_restore_bench on {platform.platform()}, {os.cpu_count()} CPUs, "
-        f"Python {platform.python_version()}; {args.open} open runs per session, "
-        f"median of {args.trials} creates"
-    )
-    logs: dict[int, tuple[LogItem, ...]] = {}
-    for size in sizes:
-        started = time.perf_counter()
-        cached = (
-            Path(args.log_cache) / f"lanes-{size}-{args.open}.pickle" if args.log_cache else None
-        )
-        if cached is not None and cached.exists():
-            logs[size] = pickle.loads(cached.read_bytes())
-        else:
-            logs[size] = await build_log(size, args.open)
-            if cached is not None:
-                cached.parent.mkdir(parents=True, exist_ok=True)
-                cached.write_bytes(pickle.dumps(logs[size]))
+    try:  # the redis-server started above stops however this ends (Ctrl-C too)
         print(
-            f"# {size:,} lanes: {len(logs[size]):,} log items, "
-            f"ready in {time.perf_counter() - started:.1f} s",
-            flush=True,
+            f"# lane_restore_bench on {platform.platform()}, {os.cpu_count()} CPUs, "
+            f"Python {platform.python_version()}; {args.open} open runs per session, "
+            f"median of {args.trials} creates"
         )
-    print(" | ".join(["backend", "lanes", "create ms", "open found", f"ratio to {sizes[0]:,}"]))
-    try:
+        logs: dict[int, tuple[LogItem, ...]] = {}
+        for size in sizes:
+            started = time.perf_counter()
+            cached = (
+                Path(args.log_cache) / f"lanes-{size}-{args.open}.pickle"
+                if args.log_cache
+                else None
+            )
+            if cached is not None and cached.exists():
+                logs[size] = pickle.loads(cached.read_bytes())
+            else:
+                logs[size] = await build_log(size, args.open)
+                if cached is not None:
+                    cached.parent.mkdir(parents=True, exist_ok=True)
+                    cached.write_bytes(pickle.dumps(logs[size]))
+            print(
+                f"# {size:,} lanes: {len(logs[size]):,} log items, "
+                f"ready in {time.perf_counter() - started:.1f} s",
+                flush=True,
+            )
+        print(" | ".join(["backend", "lanes", "create ms", "open found", f"ratio to {sizes[0]:,}"]))
         for index, backend in enumerate(chosen):
             repo = backend.make(workdir)
             first: float | None = None
@@ -206,4 +209,4 @@ async def main() -> None:
 
 
 if __name__ == "__main__":
-    asyncio.run(main())
+    run_main(lambda: asyncio.run(main()))

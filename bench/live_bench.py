@@ -35,6 +35,7 @@ ROOT = Path(__file__).resolve().parents[1]
 if str(ROOT) not in sys.path:  # `python bench/live_bench.py` as well as `-m bench....`
     sys.path.insert(0, str(ROOT))
 
+from bench.interrupt import run_main  # noqa: E402
 from harness_core import (  # noqa: E402
     AssistantMessage,
     ModelRef,
@@ -181,4 +182,4 @@ def main() -> None:
 
 
 if __name__ == "__main__":
-    main()
+    run_main(main)

@@ -32,6 +32,7 @@ if str(ROOT) not in sys.path:  # `python bench/prompt_instructions.py` as well a
 
 from bench import callgrind  # noqa: E402
 from bench.harness_bench import open_harness, prompt, with_lanes  # noqa: E402
+from bench.interrupt import run_main  # noqa: E402
 from harness_core.storage.memory import MemorySessionRepo  # noqa: E402
 
 
@@ -101,4 +102,4 @@ def main() -> None:
 
 
 if __name__ == "__main__":
-    main()
+    run_main(main)

@@ -37,6 +37,7 @@ import redis.asyncio as aioredis  # noqa: E402
 
 from adapters.web import redis as web_redis  # noqa: E402
 from bench.gateway_bench import Http  # noqa: E402
+from bench.interrupt import run_main  # noqa: E402
 from gateway.broker.redis import SCRIPTS as BROKER_SCRIPTS  # noqa: E402
 from harness_core.storage import redis_streams  # noqa: E402
 from tests.support.gateway_process import GatewayProcess  # noqa: E402
@@ -201,7 +202,4 @@ def parse(argv: Sequence[str] | None = None) -> argparse.Namespace:
 
 
 if __name__ == "__main__":
-    try:
-        asyncio.run(run(parse()))
-    except KeyboardInterrupt:  # the gateway and the server were stopped on the way out
-        sys.exit("redis_calls: interrupted")
+    run_main(lambda: asyncio.run(run(parse())))  # the gateway and server stop on the way out

@@ -34,6 +34,7 @@ from typing import Any
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # run as a file: the repo's root
 from bench import vs_langgraph as vs
+from bench.interrupt import run_main
 
 HERE = Path(__file__).resolve()
 STAGES = ("open_repo", "acquire", "open", "create", "lane", "entries", "project", "export")
@@ -217,4 +218,4 @@ def main(argv: Sequence[str] | None = None) -> int:
 
 
 if __name__ == "__main__":
-    sys.exit(main())
+    sys.exit(run_main(main))

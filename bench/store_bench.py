@@ -30,6 +30,7 @@ import shutil
 import sqlite3
 import statistics
 import subprocess
+import sys
 import tempfile
 import time
 from collections.abc import Callable
@@ -452,4 +453,7 @@ async def main() -> None:
 
 
 if __name__ == "__main__":
-    asyncio.run(main())
+    sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # run as a file too
+    from bench.interrupt import run_main
+
+    run_main(lambda: asyncio.run(main()))

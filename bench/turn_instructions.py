@@ -34,6 +34,7 @@ if str(ROOT) not in sys.path:  # `python bench/turn_instructions.py` as well as 
 
 from bench import callgrind  # noqa: E402
 from bench import vs_langgraph as vs  # noqa: E402
+from bench.interrupt import run_main  # noqa: E402
 
 
 async def run(
@@ -105,4 +106,4 @@ def main() -> None:
 
 
 if __name__ == "__main__":
-    main()
+    run_main(main)

@@ -1006,4 +1006,7 @@ def main(argv: Sequence[str] | None = None) -> int:
 
 
 if __name__ == "__main__":
-    sys.exit(main())
+    sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # run as a file too
+    from bench.interrupt import run_main
+
+    sys.exit(run_main(main))
