@@ -258,6 +258,9 @@ BENCHES: dict[str, Bench] = {
         by="tests/bench/test_vs_langgraph_smoke.py"
     ),
     ".venv/bin/python bench/resume_stages.py": Bench(by="tests/bench/test_resume_stages_smoke.py"),
+    ".venv/bin/python bench/decode_options.py": Bench(
+        by="tests/bench/test_decode_options_smoke.py"
+    ),
     ".venv/bin/python bench/prompt_instructions.py --profile 40": Bench(
         by="tests/bench/test_prompt_instructions_smoke.py"
     ),
