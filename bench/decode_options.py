@@ -75,7 +75,7 @@ Encode = Callable[[Any], bytes]
 def msgspec_decoder() -> tuple[Decode, Encode] | None:
     """Msgspec Structs of the messages' shape: a decoder and an encoder (None: no msgspec)."""
     try:
-        import msgspec
+        import msgspec  # type: ignore[import-not-found, unused-ignore]
     except ImportError:
         return None
 
@@ -101,13 +101,13 @@ def msgspec_decoder() -> tuple[Decode, Encode] | None:
     stamp = ("timestamp", int | None, None)
     user = struct(
         "UserMessage",
-        [("content", list[text]), ("sender", str | None, None), stamp],  # type: ignore[valid-type]
+        [("content", list[text]), ("sender", str | None, None), stamp],  # type: ignore[valid-type, unused-ignore]
         tag_field="role",
         tag="user",
     )
     assistant = struct(
         "AssistantMessage",
-        [("content", list[text | thinking | call]), ("stop_reason", str),  # type: ignore[valid-type]
+        [("content", list[text | thinking | call]), ("stop_reason", str),  # type: ignore[valid-type, unused-ignore]
          ("provider", str), ("model", str), ("usage", usage | None, None), ("error", Any, None),
          ("raw_stop_reason", str | None, None), ("deferred", Any, None), stamp],
         tag_field="role",
@@ -115,12 +115,12 @@ def msgspec_decoder() -> tuple[Decode, Encode] | None:
     )  # fmt: skip
     result = struct(
         "ToolResultMessage",
-        [("tool_call_id", str), ("tool_name", str), ("content", list[text]),  # type: ignore[valid-type]
+        [("tool_call_id", str), ("tool_name", str), ("content", list[text]),  # type: ignore[valid-type, unused-ignore]
          ("outcome", str), ("details", Any, None), ("usage", usage | None, None), stamp],
         tag_field="role",
         tag="tool_result",
     )  # fmt: skip
-    decoder = msgspec.json.Decoder(list[user | assistant | result])  # type: ignore[valid-type]
+    decoder = msgspec.json.Decoder(list[user | assistant | result])  # type: ignore[valid-type, unused-ignore]
     return decoder.decode, msgspec.json.encode
 
 
