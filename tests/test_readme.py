@@ -261,6 +261,9 @@ BENCHES: dict[str, Bench] = {
     ".venv/bin/python bench/decode_options.py": Bench(
         by="tests/bench/test_decode_options_smoke.py"
     ),
+    ".venv/bin/python bench/redis_command_cost.py": Bench(
+        by="tests/bench/test_redis_command_cost_smoke.py"
+    ),
     ".venv/bin/python bench/prompt_instructions.py --profile 40": Bench(
         by="tests/bench/test_prompt_instructions_smoke.py"
     ),
