@@ -8,20 +8,12 @@ from __future__ import annotations
 
 import re
 import subprocess
-import sys
-from pathlib import Path
 
-ROOT = Path(__file__).resolve().parents[2]
+from tests.bench.runner import run_bench
 
 
 def _run(*args: str) -> subprocess.CompletedProcess[str]:
-    return subprocess.run(
-        [sys.executable, "bench/decode_options.py", *args],
-        cwd=ROOT,
-        capture_output=True,
-        text=True,
-        timeout=120,
-    )
+    return run_bench("decode_options.py", *args)
 
 
 def test_the_decode_bench_prints_a_row_per_history_length() -> None:

@@ -4,20 +4,12 @@ from __future__ import annotations
 
 import re
 import subprocess
-import sys
-from pathlib import Path
 
-ROOT = Path(__file__).resolve().parents[2]
+from tests.bench.runner import run_bench
 
 
 def _run(*args: str) -> subprocess.CompletedProcess[str]:
-    return subprocess.run(
-        [sys.executable, "bench/redis_command_cost.py", *args],
-        cwd=ROOT,
-        capture_output=True,
-        text=True,
-        timeout=120,
-    )
+    return run_bench("redis_command_cost.py", *args)
 
 
 def test_the_command_cost_bench_prints_each_way() -> None:
