@@ -8,9 +8,11 @@ Keys (prefix P, default ``gww``), hash-tagged per thread so one thread lives in 
 * ``P:{index:<space>}:threads`` - a sorted set: thread -> last update (ms), for listings;
   written before the item, so every thread with items is listed.
 
-An append is one Lua script (look the identity up; else take the next seq, ``XADD``, record the
-identity), atomic on the server, run by sha (loaded again if the server lost it). Clients, keys
-and scripts are made as the store's and the broker's are (`harness_core.backends.redis`):
+An append is one Lua script (on a server, move the thread up the index; look the identity up;
+else take the next seq, ``XADD``, record the identity; a cluster's index is in another slot, so
+there it is its own ``ZADD`` first), atomic on the server, run by sha (loaded again if the
+server lost it). Clients, keys and scripts are made as the store's and the broker's are
+(`harness_core.backends.redis`):
 redis-py's automatic retries are off, so a write whose reply was lost raises
 `MailboxUnavailable` with ``unknown_outcome`` (retrying it is safe: the identity makes the
 second append a no-op). Waiters block in ``XREAD BLOCK`` on the thread's
@@ -52,6 +54,7 @@ from harness_core.backends.redis import (
 __all__ = ["RedisMailbox"]
 
 _APPEND = """
+if KEYS[3] then redis.call('ZADD', KEYS[3], 'GT', ARGV[4], ARGV[3]) end
 local seq = redis.call('HGET', KEYS[2], ARGV[1])
 if seq then
   local found = redis.call('XRANGE', KEYS[1], seq .. '-0', seq .. '-0')
@@ -164,11 +167,14 @@ class RedisMailbox:
         check_name(thread, "thread")
         await self._ready()
         keys = [self.thread_key(space, thread, "items"), self.thread_key(space, thread, "keys")]
+        args: list[str | int] = [item.key, item.model_dump_json()]
         try:
-            await self._client.zadd(self.index_key(space), {thread: item.at_ms}, gt=True)
-            reply = await self._scripts.run(
-                self._client, "append", keys, [item.key, item.model_dump_json()]
-            )
+            if self.cluster:  # the index is in another slot: its own call, first
+                await self._client.zadd(self.index_key(space), {thread: item.at_ms}, gt=True)
+            else:
+                keys.append(self.index_key(space))
+                args += [thread, item.at_ms]
+            reply = await self._scripts.run(self._client, "append", keys, args)
         except RedisError as exc:
             raise MailboxUnavailable(
                 f"redis: {type(exc).__name__}: {exc}", unknown_outcome=True

@@ -123,6 +123,33 @@ async def test_redis_keys_are_hash_tagged_per_thread(
     ]
 
 
+async def test_redis_append_on_a_server_is_one_call(
+    redis_server: RedisServer, redis_prefix: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The thread index moves inside the append script (a cluster's is in another slot)."""
+    mailbox = RedisMailbox(redis_server.url, prefix=redis_prefix)
+    sent: list[str] = []
+    client = mailbox._client
+    real = client.execute_command  # type: ignore[attr-defined]
+
+    async def counted(*args: object, **options: object) -> object:
+        sent.append(str(args[0]))
+        return await real(*args, **options)
+
+    try:
+        await mailbox.append("sp", "old", reply("d0", at_ms=500))
+        monkeypatch.setattr(client, "execute_command", counted)
+        await mailbox.append("sp", "t1", reply("d1", at_ms=2000))
+        await mailbox.append("sp", "old", reply("d2", at_ms=1500))
+        assert sent == ["EVALSHA", "EVALSHA"]
+        listed = [t.thread for t in await mailbox.threads("sp")]
+        assert listed == ["t1", "old"]  # the index moved in both calls
+        await mailbox.append("sp", "t1", reply("d3", at_ms=100))  # an older clock's item
+        assert [t.thread for t in await mailbox.threads("sp")] == ["t1", "old"]  # never back
+    finally:
+        await mailbox.close()
+
+
 async def test_redis_waiter_sees_what_another_process_delivered(
     redis_server: RedisServer, redis_prefix: str
 ) -> None:
