@@ -103,6 +103,7 @@ _SCRIPTS = (
     "outbox_enqueue",
     "outbox_peek",
     "outbox_claim",
+    "outbox_take",
     "outbox_settle",
     "outbox_redeliver",
     "outbox_discard",
@@ -123,6 +124,8 @@ _RECOVER_PER_SHARD = 8
 _BATCH = 256
 _CONCURRENT = 32
 _POLL_MS = 1_000
+_TAKE_MAX = 64
+"""The most deliveries a one-shard claim leases in one script call (a token each in ARGV)."""
 _LISTED_CAP = 10_000
 """Items whose dedupe key `pending` remembers for their `ack` (the oldest are forgotten)."""
 _CLAIMS_HINT = "c"
@@ -1123,6 +1126,12 @@ def _delivery(fields: Mapping[str, str]) -> Delivery:
     )
 
 
+def _claimed(fields: Mapping[str, str]) -> ClaimedDelivery:
+    return ClaimedDelivery(
+        delivery=_delivery(fields), token=fields["tok"], lease_expires_at_ms=int(fields["lx"])
+    )
+
+
 class _RedisOutbox:
     def __init__(
         self, core: _Core, settled_retention_ms: int | None, dead_retention_ms: int | None
@@ -1202,6 +1211,10 @@ class _RedisOutbox:
         await self._maybe_purge(now_ms)
         claimed: list[ClaimedDelivery] = []
         shards = self._may_be_due(now_ms)
+        if not shards:  # every reading is fresh and says nothing is claimable yet
+            return ()
+        if len(shards) == 1 and limit <= _TAKE_MAX:
+            return await self._take(shards[0], now_ms=now_ms, limit=limit, lease_ms=lease_ms)
         for n in shards:
             self._next[n] = None  # this claim may change it: `wait` reads it again
         for _ in range(3):  # another deliverer may win some candidates: look again
@@ -1232,17 +1245,32 @@ class _RedisOutbox:
                 keys = [c.okey(shard, "due"), c.okey(shard, "leased")]
                 keys += [c.okey(shard, f"o:{delivery_id}") for delivery_id in ids]
                 for flat in await c.eval("outbox_claim", keys, args):
-                    fields = _pairs(flat)
-                    claimed.append(
-                        ClaimedDelivery(
-                            delivery=_delivery(fields),
-                            token=fields["tok"],
-                            lease_expires_at_ms=int(fields["lx"]),
-                        )
-                    )
+                    claimed.append(_claimed(_pairs(flat)))
                     got += 1
             if got == len(candidates) or len(claimed) >= limit:
                 break
+        claimed.sort(key=lambda cd: (cd.delivery.due_at_ms, cd.delivery.id))
+        return tuple(claimed)
+
+    async def _take(
+        self, shard: int, *, now_ms: int, limit: int, lease_ms: int
+    ) -> tuple[ClaimedDelivery, ...]:
+        """A claim from one shard in one script call (`outbox_take.lua`).
+
+        The script also says when the shard may next hold something claimable, so `wait` need
+        not read it again unless it is rung.
+        """
+        c = self._c
+        bell = c.outbox_bell
+        listening, since = bell.listening, bell.seen  # before the script: a later ring is news
+        self._next[shard] = None
+        keys = [c.okey(shard, "due"), c.okey(shard, "leased"), c.okey(shard, "pend")]
+        tokens = [c.ids.next() for _ in range(limit)]
+        next_at, *rows = await c.eval("outbox_take", keys, [now_ms, lease_ms, *tokens])
+        if listening:  # else `wait` reads every shard, as it starts the listener
+            self._next[shard] = float("inf") if next_at is None else float(next_at)
+            self._read_at[shard] = since
+        claimed = [_claimed(_pairs(flat)) for flat in rows]
         claimed.sort(key=lambda cd: (cd.delivery.due_at_ms, cd.delivery.id))
         return tuple(claimed)
 

@@ -16,6 +16,7 @@ from gateway.broker import open_broker
 from gateway.broker.conformance import BrokerFixture, broker_cases
 from gateway.broker.contract import Broker
 from gateway.broker.limits import BlobLimits
+from gateway.broker.redis import RedisBroker
 from harness_core.testing import ManualClock
 
 VISIBILITY_TIMEOUT_MS = 5_000
@@ -24,12 +25,31 @@ BLOB_LIMITS = BlobLimits(max_blob_bytes=4_000, max_session_bytes=12_000, retenti
 
 
 @contextlib.asynccontextmanager
-async def _opened(name: str, url: str) -> AsyncIterator[BrokerFixture]:
-    """A fresh broker at `url` on a manual clock; every broker it opened closed after."""
+async def _opened(
+    name: str, url: str, *, shards: int | None = None
+) -> AsyncIterator[BrokerFixture]:
+    """A fresh broker at `url` on a manual clock; every broker it opened closed after.
+
+    `shards`: a Redis broker with that many shards (at one, every claim is `outbox_take`'s).
+    """
     clock = ManualClock()
     opened: list[Broker] = []
 
     async def open_another() -> Broker:
+        if shards is not None:
+            server, prefix = url.split("?prefix=")
+            opened.append(
+                RedisBroker(
+                    server,
+                    prefix=prefix,
+                    shards=shards,
+                    clock=clock,
+                    visibility_timeout_ms=VISIBILITY_TIMEOUT_MS,
+                    dedupe_ttl_ms=DEDUPE_TTL_MS,
+                    blob_limits=BLOB_LIMITS,
+                )
+            )
+            return opened[-1]
         opened.append(
             open_broker(
                 url,
@@ -57,16 +77,20 @@ async def _opened(name: str, url: str) -> AsyncIterator[BrokerFixture]:
             await each.close()
 
 
-@pytest.fixture(params=["sqlite", "redis"])
+@pytest.fixture(params=["sqlite", "redis", "redis-one-shard"])
 async def broker(request: pytest.FixtureRequest, tmp_path: Path) -> AsyncIterator[BrokerFixture]:
-    """A fresh broker of each kind on a manual clock (Redis: a key prefix no other test uses)."""
+    """A fresh broker of each kind on a manual clock (Redis: a key prefix no other test uses).
+
+    ``redis-one-shard``: every claim takes its one shard in one script call (`outbox_take`),
+    which 16 shards do only once the outbox bell narrowed a claim to one.
+    """
     name = request.param
     if name == "sqlite":
         url = f"sqlite:///{tmp_path / 'broker.db'}"  # tmp_path is absolute: four slashes
     else:
         server = request.getfixturevalue("redis_server")
         url = f"{server.url}?prefix={request.getfixturevalue('redis_prefix')}"
-    async with _opened(name, url) as fixture:
+    async with _opened(name, url, shards=1 if name == "redis-one-shard" else None) as fixture:
         yield fixture
 
 

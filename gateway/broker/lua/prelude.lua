@@ -1,5 +1,6 @@
--- Shared by every broker script. Every key a script touches is in KEYS and shares one hash tag
--- (one cluster slot): a session's keys carry {<session>}, a shard's keys {rdy-<n>} or {obx-<n>}.
+-- Shared by every broker script. Every key a script touches shares one hash tag (one cluster
+-- slot): a session's keys carry {<session>}, a shard's keys {rdy-<n>} or {obx-<n>}. Each is in
+-- KEYS but the deliveries `outbox_take` finds, whose keys it builds from its shard's prefix.
 -- Times are milliseconds on the caller's clock, passed in ARGV (never the server's TIME).
 local GROUP = 'workers'
 -- A ready signal older than the visibility timeout no longer suppresses a new one (it may have
