@@ -95,12 +95,6 @@ class Intake:
         session = self._session_of(inbound.thread)
         lane = inbound.thread.lane
         try:
-            await self._broker.threads.remember(
-                session,
-                lane,
-                inbound.thread.model_dump(mode="json"),
-                dict(inbound.reply_context),
-            )
             appended = await self._broker.inbox.append(
                 NewInboxItem(
                     session=session,
@@ -108,7 +102,9 @@ class Intake:
                     dedupe_key=inbound.dedupe_key,
                     kind="message",
                     payload=inbound.model_dump(mode="json"),
-                )
+                ),
+                thread=inbound.thread.model_dump(mode="json"),
+                reply_context=dict(inbound.reply_context),
             )
             revocation = await revocation_of(self._broker.marks, session, lane, inbound.thread)
             if revocation is not None:  # kept, never run, nothing said in the thread (D267)

@@ -1136,6 +1136,39 @@ async def remember_creates_and_updates_a_lanes_state(fx: BrokerFixture) -> None:
 
 
 @_case("threads")
+async def an_append_with_its_thread_remembers_it_in_the_same_write(fx: BrokerFixture) -> None:
+    broker = fx.broker
+    thread = {"channel": "web", "space": "home", "thread": "t1"}
+    first = await broker.inbox.append(
+        _new("k1", lane="web:t1"), thread=thread, reply_context={"reply_to": "m1"}
+    )
+    state = await broker.threads.get("s1", "web:t1")
+    assert state is not None
+    assert (state.thread, state.reply_context, state.replied_through) == (
+        thread,
+        {"reply_to": "m1"},
+        0,
+    )
+    assert [i.id for i in await broker.inbox.pending("s1")] == [first.item.id]
+    await broker.threads.mark_replied("s1", "web:t1", 7)
+    again = await broker.inbox.append(
+        _new("k1", lane="web:t1"), thread=thread, reply_context={"reply_to": "m2"}
+    )
+    assert again.duplicate
+    assert again.item.id == first.item.id
+    state = await broker.threads.get("s1", "web:t1")
+    assert state is not None  # ...and the newest reply context, the mark kept
+    assert (state.reply_context, state.replied_through) == ({"reply_to": "m2"}, 7)
+    await broker.inbox.append(_new("k2", lane="web:t2"), thread={"t": 2})
+    other = await broker.threads.get("s1", "web:t2")
+    assert other is not None
+    assert (other.thread, other.reply_context) == ({"t": 2}, {})
+    await broker.inbox.append(_new("k3", lane="web:t3"))  # no thread: none remembered
+    assert await broker.threads.get("s1", "web:t3") is None
+    assert len(await broker.inbox.pending("s1")) == 3
+
+
+@_case("threads")
 async def list_returns_a_sessions_lanes_by_name(fx: BrokerFixture) -> None:
     threads = fx.broker.threads
     for session, lane in (("s1", "web:b"), ("s2", "web:a"), ("s1", "email:<x@y>"), ("s1", "web:a")):

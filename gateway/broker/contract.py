@@ -137,11 +137,20 @@ class Backlog(Frozen):
 class Inbox(Protocol):
     """Messages that arrived, by session, until a worker accepted them into their lanes."""
 
-    async def append(self, item: NewInboxItem) -> InboxAppend:
+    async def append(
+        self,
+        item: NewInboxItem,
+        *,
+        thread: FrozenJsonObject | None = None,
+        reply_context: FrozenJsonObject | None = None,
+    ) -> InboxAppend:
         """Hold `item` durably and mark its session ready.
 
         A `dedupe_key` appended before (within the dedupe window) returns that item with
         ``duplicate=True`` and changes nothing, whatever its state now (pending or acked).
+        `thread` given: the item's lane's thread and newest `reply_context` (None: empty) are
+        recorded as `Threads.remember` records them, in the same atomic write (a duplicate's
+        too): the intake's two writes in one.
         """
         ...
 

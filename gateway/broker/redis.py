@@ -613,7 +613,13 @@ class _RedisInbox:
             )
         self._registered.add(session)
 
-    async def append(self, item: NewInboxItem) -> InboxAppend:
+    async def append(
+        self,
+        item: NewInboxItem,
+        *,
+        thread: FrozenJsonObject | None = None,
+        reply_context: FrozenJsonObject | None = None,
+    ) -> InboxAppend:
         c = self._c
         _check_session(item.session)
         await self._register(item.session)
@@ -625,7 +631,9 @@ class _RedisInbox:
                 "payload": item.payload,
             }
         )
-        keys = self._keys(item.session, "st", "inbox", f"dd:{item.dedupe_key}", "claim", "rej")
+        keys = self._keys(
+            item.session, "st", "inbox", f"dd:{item.dedupe_key}", "claim", "rej", "threads"
+        )
         shard = c.ready_shard(item.session)
         if not c.cluster:  # one call: the signal and the ring too (a cluster's are elsewhere)
             keys += [c.rkey(shard, "ready"), c.inbox_bell.key]
@@ -636,8 +644,12 @@ class _RedisInbox:
             body,
             item.session,
             shard,
+            _WAKE_CAP,
+            item.lane,
+            "" if thread is None else _json(thread),
+            "" if thread is None else _json(reply_context or {}),
         ]
-        reply = await c.eval("inbox_append", keys, [*args, _WAKE_CAP])
+        reply = await c.eval("inbox_append", keys, args)
         duplicate, item_id, at, stored, status, reason, signal, ring, sent = reply
         if signal:
             c.clean.pop(shard, None)

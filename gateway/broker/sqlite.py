@@ -483,6 +483,20 @@ class SqliteBroker(BrokerParts):
         await self._io.close()
 
 
+_REMEMBER = (
+    "INSERT INTO threads (session, lane, thread, reply_context) VALUES (?, ?, ?, ?) "
+    "ON CONFLICT (session, lane) DO UPDATE SET thread = excluded.thread, "
+    "reply_context = excluded.reply_context"
+)
+
+
+def _remembered(
+    item: NewInboxItem, thread: FrozenJsonObject, reply_context: FrozenJsonObject | None
+) -> tuple[str, str, str, str]:
+    """The `_REMEMBER` arguments of an append that records its lane's thread."""
+    return (item.session, item.lane, _json(thread), _json(reply_context or {}))
+
+
 class _Inbox:
     def __init__(self, broker: SqliteBroker) -> None:
         self._b = broker
@@ -496,11 +510,20 @@ class _Inbox:
             self._at += 1
             self._news.note(session, self._at)
 
-    async def append(self, item: NewInboxItem) -> InboxAppend:
+    async def append(
+        self,
+        item: NewInboxItem,
+        *,
+        thread: FrozenJsonObject | None = None,
+        reply_context: FrozenJsonObject | None = None,
+    ) -> InboxAppend:
         payload = _json(item.payload)
         ttl = self._b.dedupe_ttl_ms
+        remembered = None if thread is None else _remembered(item, thread, reply_context)
 
         def op(conn: sqlite3.Connection, now: int) -> tuple[tuple[Any, ...], bool, bool]:
+            if remembered is not None:
+                conn.execute(_REMEMBER, remembered)
             self._b.lazy_purge_inbox(conn, now)
             row = conn.execute(
                 f"SELECT {_INBOX_COLUMNS}, dedupe_until_ms FROM inbox WHERE dedupe_key = ?",
@@ -939,12 +962,7 @@ class _Threads:
         args = (session, lane, _json(thread), _json(reply_context))
 
         def op(conn: sqlite3.Connection, _: int) -> None:
-            conn.execute(
-                "INSERT INTO threads (session, lane, thread, reply_context) VALUES (?, ?, ?, ?) "
-                "ON CONFLICT (session, lane) DO UPDATE SET thread = excluded.thread, "
-                "reply_context = excluded.reply_context",
-                args,
-            )
+            conn.execute(_REMEMBER, args)
 
         await self._b.write(op)
 

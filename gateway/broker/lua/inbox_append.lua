@@ -1,19 +1,23 @@
 -- Hold an item unless its dedupe key is known; say whether the session needs a ready signal,
 -- or whether its holder must be told (a live claim: it waits on the inbox bell for news).
--- KEYS: state, inbox, dedupe, claim, rejected; on a server (not a cluster) also the session's
--- ready stream and the inbox bell: then the signal and the ring are sent here, in this call.
--- ARGV: now, dedupe key, visibility ms, item json, session, ready shard hint, bell cap.
+-- KEYS: state, inbox, dedupe, claim, rejected, threads; on a server (not a cluster) also the
+-- session's ready stream and the inbox bell: then the signal and the ring are sent here too.
+-- ARGV: now, dedupe key, visibility ms, item json, session, ready shard hint, bell cap, lane,
+-- then the lane's thread json and reply context json ('': the thread is not remembered here).
 -- The dedupe key has no expiry while its item is pending or rejected; `ack` starts its window.
 -- Returns {duplicate, id, appended_at, json, status, reason, signal, ring, sent}: sent is 1
 -- when this call sent the signal and the ring it asks for.
 local now, vis = tonumber(ARGV[1]), tonumber(ARGV[3])
+if ARGV[9] ~= '' then  -- `threads.remember`, in the same call (a duplicate's too)
+  redis.call('HSET', KEYS[6], 't:' .. ARGV[8], ARGV[9], 'c:' .. ARGV[8], ARGV[10])
+end
 local function told(signal, ring)
-  if not KEYS[6] then return signal, ring, 0 end
+  if not KEYS[7] then return signal, ring, 0 end
   if signal == 1 then
-    redis.call('XADD', KEYS[6], '*', 's', ARGV[5])
-    wake(KEYS[7], ARGV[7], 'h', ARGV[6])
+    redis.call('XADD', KEYS[7], '*', 's', ARGV[5])
+    wake(KEYS[8], ARGV[7], 'h', ARGV[6])
   end
-  if ring == 1 then wake(KEYS[7], ARGV[7], 's', ARGV[5]) end
+  if ring == 1 then wake(KEYS[8], ARGV[7], 's', ARGV[5]) end
   return signal, ring, 1
 end
 local function needs()
