@@ -286,6 +286,8 @@ BENCHES: dict[str, Bench] = {
     ".venv/bin/python bench/gateway_bench.py --only redis1 --messages 3000 --seconds 8": Bench(
         by="tests/bench/test_gateway_bench_smoke.py"
     ),
+    ".venv/bin/python bench/gateway_bench.py --only sqlite,redis1 --messages 3000 "
+    "--seconds 8": Bench(by="tests/bench/test_gateway_bench_smoke.py"),
     ".venv/bin/python bench/gateway_bench.py --only takeover --lease 3 --kills 3": Bench(
         by="tests/bench/test_gateway_bench_smoke.py"
     ),
