@@ -199,18 +199,25 @@ ThreadOf = Callable[[str], Awaitable[ThreadRef | None]]
 """The thread a lane of the session answers (None: unknown)."""
 
 
+_UNREAD: Final = object()
+
+
 async def revocation_of(
     marks: Marks,
     session: str,
     lane: str,
     thread: ThreadRef | ThreadOf | None = None,
+    *,
+    epoch: str | object | None = _UNREAD,
 ) -> Revocation | None:
     """The active revocation of a lane, its session, its thread's space or channel; None if none.
 
     One read while nothing was ever revoked (`EPOCH` unset); the narrowest scope wins. `thread`
-    may be the session's `ThreadOf`, asked only once something was ever revoked.
+    may be the session's `ThreadOf`, asked only once something was ever revoked. `epoch`: the
+    `EPOCH` mark as read already (with an inbox append, ``read_mark=EPOCH``), read no earlier
+    than the moment this answer must be as of.
     """
-    if await marks.get(EPOCH) is None:
+    if (await marks.get(EPOCH) if epoch is _UNREAD else epoch) is None:
         return None
     if callable(thread):
         thread = await thread(lane)

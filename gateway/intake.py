@@ -34,7 +34,16 @@ from adapters import (
     Unavailable,
     take_in,
 )
-from gateway.authority import Revocation, Scope, keep, restore, revocation_of, revoke, wake
+from gateway.authority import (
+    EPOCH,
+    Revocation,
+    Scope,
+    keep,
+    restore,
+    revocation_of,
+    revoke,
+    wake,
+)
 from gateway.broker.contract import BlobRefused, Broker, NewInboxItem, ThreadState
 from gateway.cuts import enqueue_cut_notice
 from gateway.decisions import Approvers, ToolApprovers, judge
@@ -105,8 +114,11 @@ class Intake:
                 ),
                 thread=inbound.thread.model_dump(mode="json"),
                 reply_context=dict(inbound.reply_context),
+                read_mark=EPOCH,
             )
-            revocation = await revocation_of(self._broker.marks, session, lane, inbound.thread)
+            revocation = await revocation_of(
+                self._broker.marks, session, lane, inbound.thread, epoch=appended.mark
+            )
             if revocation is not None:  # kept, never run, nothing said in the thread (D267)
                 if appended.item.status == "pending":
                     await keep(self._broker, appended.item, revocation, actor=_ACTOR)

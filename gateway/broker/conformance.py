@@ -1168,6 +1168,22 @@ async def an_append_with_its_thread_remembers_it_in_the_same_write(fx: BrokerFix
     assert len(await broker.inbox.pending("s1")) == 3
 
 
+@_case("inbox")
+async def an_append_reads_the_mark_it_is_asked_for_as_of_the_append(fx: BrokerFixture) -> None:
+    broker = fx.broker
+    first = await broker.inbox.append(_new("k1"), read_mark="m")
+    assert first.mark is None  # unset
+    assert await broker.marks.put("m", "1", expect=None)
+    again = await broker.inbox.append(_new("k1"), read_mark="m")
+    assert again.duplicate
+    assert again.mark == "1"  # a duplicate's too, as of this call
+    other = await fx.open_another()  # another process moved it: read, never remembered
+    assert await other.marks.put("m", "2", expect="1")
+    assert (await broker.inbox.append(_new("k2"), read_mark="m")).mark == "2"
+    assert (await broker.inbox.append(_new("k3"))).mark is None  # none asked for
+    assert len(await broker.inbox.pending("s1")) == 3
+
+
 @_case("threads")
 async def list_returns_a_sessions_lanes_by_name(fx: BrokerFixture) -> None:
     threads = fx.broker.threads

@@ -104,6 +104,9 @@ class InboxAppend(Frozen):
 
     item: InboxItem
     duplicate: bool = False
+    mark: str | None = None
+    """The value of the mark `append` was asked to read (``read_mark``); None: unset, or none
+    was asked for."""
 
 
 class SessionTicket(Frozen):
@@ -143,6 +146,7 @@ class Inbox(Protocol):
         *,
         thread: FrozenJsonObject | None = None,
         reply_context: FrozenJsonObject | None = None,
+        read_mark: str | None = None,
     ) -> InboxAppend:
         """Hold `item` durably and mark its session ready.
 
@@ -150,7 +154,9 @@ class Inbox(Protocol):
         ``duplicate=True`` and changes nothing, whatever its state now (pending or acked).
         `thread` given: the item's lane's thread and newest `reply_context` (None: empty) are
         recorded as `Threads.remember` records them, in the same atomic write (a duplicate's
-        too): the intake's two writes in one.
+        too): the intake's two writes in one. `read_mark` given: that mark's value, read no
+        earlier than the append (as `Marks.get` would read it just after), is the result's
+        `mark`, in the same call where the backend allows.
         """
         ...
 

@@ -619,6 +619,7 @@ class _RedisInbox:
         *,
         thread: FrozenJsonObject | None = None,
         reply_context: FrozenJsonObject | None = None,
+        read_mark: str | None = None,
     ) -> InboxAppend:
         c = self._c
         _check_session(item.session)
@@ -635,8 +636,9 @@ class _RedisInbox:
             item.session, "st", "inbox", f"dd:{item.dedupe_key}", "claim", "rej", "threads"
         )
         shard = c.ready_shard(item.session)
-        if not c.cluster:  # one call: the signal and the ring too (a cluster's are elsewhere)
-            keys += [c.rkey(shard, "ready"), c.inbox_bell.key]
+        if not c.cluster:  # one call: the signal, the ring and the mark too (a cluster's are
+            # elsewhere)
+            keys += [c.rkey(shard, "ready"), c.inbox_bell.key, _marks_key(c)]
         args: list[str | int] = [
             c.clock.now_ms(),
             item.dedupe_key,
@@ -648,9 +650,11 @@ class _RedisInbox:
             item.lane,
             "" if thread is None else _json(thread),
             "" if thread is None else _json(reply_context or {}),
+            read_mark or "",
         ]
         reply = await c.eval("inbox_append", keys, args)
-        duplicate, item_id, at, stored, status, reason, signal, ring, sent = reply
+        duplicate, item_id, at, stored, status, reason, signal, ring, sent, *read = reply
+        mark = str(read[0]) if read and read[0] is not None else None
         if signal:
             c.clean.pop(shard, None)
         if signal and not sent:
@@ -658,9 +662,14 @@ class _RedisInbox:
         if ring and not sent:  # the session is held: its holder waits for news of it
             async with c.guard("wake"):
                 await c.inbox_bell.ring(session=item.session)
+        if read_mark is not None and c.cluster:  # the marks are in another slot
+            async with c.guard("read"):
+                found = await c.client.hget(_marks_key(c), read_mark)
+            mark = None if found is None else str(found)
         return InboxAppend(
             item=_item(item.session, item_id, at, stored, status, reason),
             duplicate=bool(duplicate),
+            mark=mark,
         )
 
     async def pending(self, session: str, *, limit: int = 100) -> tuple[InboxItem, ...]:
@@ -1606,13 +1615,17 @@ class _RedisBlobs:
         return None if encoded is None else base64.b64decode(encoded)
 
 
+def _marks_key(core: _Core) -> str:
+    return core.keys.key("marks", "marks")
+
+
 class _RedisMarks:
     def __init__(self, core: _Core) -> None:
         self._c = core
 
     @property
     def _key(self) -> str:
-        return self._c.keys.key("marks", "marks")
+        return _marks_key(self._c)
 
     async def get(self, name: str) -> str | None:
         c = self._c

@@ -516,14 +516,19 @@ class _Inbox:
         *,
         thread: FrozenJsonObject | None = None,
         reply_context: FrozenJsonObject | None = None,
+        read_mark: str | None = None,
     ) -> InboxAppend:
         payload = _json(item.payload)
         ttl = self._b.dedupe_ttl_ms
         remembered = None if thread is None else _remembered(item, thread, reply_context)
+        mark: list[str | None] = [None]
 
         def op(conn: sqlite3.Connection, now: int) -> tuple[tuple[Any, ...], bool, bool]:
             if remembered is not None:
                 conn.execute(_REMEMBER, remembered)
+            if read_mark is not None:  # in the append's transaction: as of the append
+                found = conn.execute("SELECT value FROM marks WHERE name = ?", (read_mark,))
+                mark[0] = next((str(value) for (value,) in found), None)
             self._b.lazy_purge_inbox(conn, now)
             row = conn.execute(
                 f"SELECT {_INBOX_COLUMNS}, dedupe_until_ms FROM inbox WHERE dedupe_key = ?",
@@ -554,7 +559,7 @@ class _Inbox:
             self._tell(item.session)
             if ready:
                 self._b.sessions_ready.fire()
-        return InboxAppend(item=_item(row), duplicate=duplicate)
+        return InboxAppend(item=_item(row), duplicate=duplicate, mark=mark[0])
 
     async def pending(self, session: str, *, limit: int = 100) -> tuple[InboxItem, ...]:
         rows = await self._b.read(

@@ -1,13 +1,17 @@
 -- Hold an item unless its dedupe key is known; say whether the session needs a ready signal,
 -- or whether its holder must be told (a live claim: it waits on the inbox bell for news).
 -- KEYS: state, inbox, dedupe, claim, rejected, threads; on a server (not a cluster) also the
--- session's ready stream and the inbox bell: then the signal and the ring are sent here too.
+-- session's ready stream, the inbox bell and the marks: then the signal and the ring are sent
+-- here too, and the mark asked for is read here.
 -- ARGV: now, dedupe key, visibility ms, item json, session, ready shard hint, bell cap, lane,
--- then the lane's thread json and reply context json ('': the thread is not remembered here).
+-- the lane's thread json and reply context json ('': the thread is not remembered here), the
+-- mark to read ('': none).
 -- The dedupe key has no expiry while its item is pending or rejected; `ack` starts its window.
--- Returns {duplicate, id, appended_at, json, status, reason, signal, ring, sent}: sent is 1
--- when this call sent the signal and the ring it asks for.
+-- Returns {duplicate, id, appended_at, json, status, reason, signal, ring, sent, mark}: sent is
+-- 1 when this call sent the signal and the ring it asks for; mark is false unless read here.
 local now, vis = tonumber(ARGV[1]), tonumber(ARGV[3])
+local mark = false
+if KEYS[9] and ARGV[11] ~= '' then mark = redis.call('HGET', KEYS[9], ARGV[11]) end
 if ARGV[9] ~= '' then  -- `threads.remember`, in the same call (a duplicate's too)
   redis.call('HSET', KEYS[6], 't:' .. ARGV[8], ARGV[9], 'c:' .. ARGV[8], ARGV[10])
 end
@@ -30,15 +34,15 @@ if found then
   local sid = string.format('%d-0', tonumber(id))
   if #redis.call('XRANGE', KEYS[2], sid, sid) > 0 then
     local signal, ring, sent = told(needs())
-    return {1, id, at, body, 'pending', false, signal, ring, sent}
+    return {1, id, at, body, 'pending', false, signal, ring, sent, mark}
   end
   local reason = redis.call('HGET', KEYS[5], id)
-  if reason then return {1, id, at, body, 'rejected', reason, 0, 0, 0} end
-  return {1, id, at, body, 'acked', false, 0, 0, 0}
+  if reason then return {1, id, at, body, 'rejected', reason, 0, 0, 0, mark} end
+  return {1, id, at, body, 'acked', false, 0, 0, 0, mark}
 end
 local seq = redis.call('HINCRBY', KEYS[1], 'seq', 1)
 local id = string.format('%016d', seq)
 redis.call('XADD', KEYS[2], string.format('%d-0', seq), 'a', ARGV[1], 'k', ARGV[2], 'j', ARGV[4])
 redis.call('SET', KEYS[3], id .. '\t' .. ARGV[1] .. '\t' .. ARGV[4])
 local signal, ring, sent = told(needs())
-return {0, id, ARGV[1], ARGV[4], 'pending', false, signal, ring, sent}
+return {0, id, ARGV[1], ARGV[4], 'pending', false, signal, ring, sent, mark}
