@@ -653,8 +653,7 @@ class _RedisInbox:
             read_mark or "",
         ]
         reply = await c.eval("inbox_append", keys, args)
-        duplicate, item_id, at, stored, status, reason, signal, ring, sent, *read = reply
-        mark = str(read[0]) if read and read[0] is not None else None
+        duplicate, item_id, at, stored, status, reason, signal, ring, sent, mark = reply
         if signal:
             c.clean.pop(shard, None)
         if signal and not sent:
@@ -664,8 +663,7 @@ class _RedisInbox:
                 await c.inbox_bell.ring(session=item.session)
         if read_mark is not None and c.cluster:  # the marks are in another slot
             async with c.guard("read"):
-                found = await c.client.hget(_marks_key(c), read_mark)
-            mark = None if found is None else str(found)
+                mark = await c.client.hget(_marks_key(c), read_mark)
         return InboxAppend(
             item=_item(item.session, item_id, at, stored, status, reason),
             duplicate=bool(duplicate),

@@ -497,6 +497,12 @@ def _remembered(
     return (item.session, item.lane, _json(thread), _json(reply_context or {}))
 
 
+def _mark(conn: sqlite3.Connection, name: str) -> str | None:
+    """A mark's value (None: unset)."""
+    row = conn.execute("SELECT value FROM marks WHERE name = ?", (name,)).fetchone()
+    return None if row is None else str(row[0])
+
+
 class _Inbox:
     def __init__(self, broker: SqliteBroker) -> None:
         self._b = broker
@@ -521,14 +527,17 @@ class _Inbox:
         payload = _json(item.payload)
         ttl = self._b.dedupe_ttl_ms
         remembered = None if thread is None else _remembered(item, thread, reply_context)
-        mark: list[str | None] = [None]
 
-        def op(conn: sqlite3.Connection, now: int) -> tuple[tuple[Any, ...], bool, bool]:
+        def op(
+            conn: sqlite3.Connection, now: int
+        ) -> tuple[tuple[tuple[Any, ...], bool, bool], str | None]:
             if remembered is not None:
                 conn.execute(_REMEMBER, remembered)
-            if read_mark is not None:  # in the append's transaction: as of the append
-                found = conn.execute("SELECT value FROM marks WHERE name = ?", (read_mark,))
-                mark[0] = next((str(value) for (value,) in found), None)
+            # in the append's transaction: as of the append
+            mark = None if read_mark is None else _mark(conn, read_mark)
+            return hold(conn, now), mark
+
+        def hold(conn: sqlite3.Connection, now: int) -> tuple[tuple[Any, ...], bool, bool]:
             self._b.lazy_purge_inbox(conn, now)
             row = conn.execute(
                 f"SELECT {_INBOX_COLUMNS}, dedupe_until_ms FROM inbox WHERE dedupe_key = ?",
@@ -554,12 +563,12 @@ class _Inbox:
             new = (cursor.lastrowid, item.session, item.lane, item.dedupe_key, item.kind)
             return (*new, payload, now, "pending", None), False, available_at <= now
 
-        row, duplicate, ready = await self._b.write(op)
+        (row, duplicate, ready), mark = await self._b.write(op)
         if not duplicate:
             self._tell(item.session)
             if ready:
                 self._b.sessions_ready.fire()
-        return InboxAppend(item=_item(row), duplicate=duplicate, mark=mark[0])
+        return InboxAppend(item=_item(row), duplicate=duplicate, mark=mark)
 
     async def pending(self, session: str, *, limit: int = 100) -> tuple[InboxItem, ...]:
         rows = await self._b.read(
@@ -1014,15 +1023,12 @@ class _Marks:
         self._b = broker
 
     async def get(self, name: str) -> str | None:
-        rows = await self._b.read(
-            lambda c: c.execute("SELECT value FROM marks WHERE name = ?", (name,)).fetchall()
-        )
-        return str(rows[0][0]) if rows else None
+        value: str | None = await self._b.read(lambda c: _mark(c, name))
+        return value
 
     async def put(self, name: str, value: str, *, expect: str | None) -> bool:
         def op(conn: sqlite3.Connection, _: int) -> bool:
-            row = conn.execute("SELECT value FROM marks WHERE name = ?", (name,)).fetchone()
-            if (row[0] if row else None) != expect:
+            if _mark(conn, name) != expect:
                 return False
             conn.execute(
                 "INSERT INTO marks (name, value) VALUES (?, ?) "
