@@ -7,7 +7,8 @@ rest of the broker meets the cluster in test_broker_redis).
 from __future__ import annotations
 
 import contextlib
-from collections.abc import AsyncIterator
+import functools
+from collections.abc import AsyncIterator, Callable
 from pathlib import Path
 
 import pytest
@@ -24,41 +25,31 @@ DEDUPE_TTL_MS = 60_000
 BLOB_LIMITS = BlobLimits(max_blob_bytes=4_000, max_session_bytes=12_000, retention_ms=60_000)
 
 
-@contextlib.asynccontextmanager
-async def _opened(
-    name: str, url: str, *, shards: int | None = None
-) -> AsyncIterator[BrokerFixture]:
-    """A fresh broker at `url` on a manual clock; every broker it opened closed after.
+Open = Callable[..., Broker]
+"""Opens another broker on the fixture's data, timed by ``clock=`` (a keyword)."""
 
-    `shards`: a Redis broker with that many shards (at one, every claim is `outbox_take`'s).
-    """
+
+def _by_url(url: str) -> Open:
+    def open_one(clock: ManualClock) -> Broker:
+        return open_broker(
+            url,
+            clock=clock,
+            visibility_timeout_ms=VISIBILITY_TIMEOUT_MS,
+            dedupe_ttl_ms=DEDUPE_TTL_MS,
+            blob_limits=BLOB_LIMITS,
+        )
+
+    return open_one
+
+
+@contextlib.asynccontextmanager
+async def _opened(name: str, open_one: Open) -> AsyncIterator[BrokerFixture]:
+    """A fresh broker on a manual clock; every broker it opened closed after."""
     clock = ManualClock()
     opened: list[Broker] = []
 
     async def open_another() -> Broker:
-        if shards is not None:
-            server, prefix = url.split("?prefix=")
-            opened.append(
-                RedisBroker(
-                    server,
-                    prefix=prefix,
-                    shards=shards,
-                    clock=clock,
-                    visibility_timeout_ms=VISIBILITY_TIMEOUT_MS,
-                    dedupe_ttl_ms=DEDUPE_TTL_MS,
-                    blob_limits=BLOB_LIMITS,
-                )
-            )
-            return opened[-1]
-        opened.append(
-            open_broker(
-                url,
-                clock=clock,
-                visibility_timeout_ms=VISIBILITY_TIMEOUT_MS,
-                dedupe_ttl_ms=DEDUPE_TTL_MS,
-                blob_limits=BLOB_LIMITS,
-            )
-        )
+        opened.append(open_one(clock=clock))
         return opened[-1]
 
     first = await open_another()
@@ -86,11 +77,22 @@ async def broker(request: pytest.FixtureRequest, tmp_path: Path) -> AsyncIterato
     """
     name = request.param
     if name == "sqlite":
-        url = f"sqlite:///{tmp_path / 'broker.db'}"  # tmp_path is absolute: four slashes
+        open_one = _by_url(f"sqlite:///{tmp_path / 'broker.db'}")  # absolute: four slashes
     else:
         server = request.getfixturevalue("redis_server")
-        url = f"{server.url}?prefix={request.getfixturevalue('redis_prefix')}"
-    async with _opened(name, url, shards=1 if name == "redis-one-shard" else None) as fixture:
+        prefix = request.getfixturevalue("redis_prefix")
+        open_one = _by_url(f"{server.url}?prefix={prefix}")
+        if name == "redis-one-shard":
+            open_one = functools.partial(
+                RedisBroker,
+                server.url,
+                prefix=prefix,
+                shards=1,
+                visibility_timeout_ms=VISIBILITY_TIMEOUT_MS,
+                dedupe_ttl_ms=DEDUPE_TTL_MS,
+                blob_limits=BLOB_LIMITS,
+            )
+    async with _opened(name, open_one) as fixture:
         yield fixture
 
 
@@ -99,7 +101,7 @@ async def cluster_broker(request: pytest.FixtureRequest) -> AsyncIterator[Broker
     """A fresh broker on the local Redis Cluster, under a key prefix no other test uses."""
     cluster = request.getfixturevalue("redis_cluster")
     url = f"{cluster.url}?prefix={request.getfixturevalue('redis_prefix')}"
-    async with _opened("redis-cluster", url) as fixture:
+    async with _opened("redis-cluster", _by_url(url)) as fixture:
         yield fixture
 
 
