@@ -39,7 +39,14 @@ from adapters.channel import (
     result_line,
 )
 from adapters.errors import AdapterError
-from adapters.files import FileKind, FileLimits, file_kind, image_type, take_in
+from adapters.files import (
+    FileKind,
+    FileLimits,
+    file_kind,
+    image_format,
+    image_refusal,
+    take_in,
+)
 from adapters.kit import ChannelContext, ChannelSpec
 from adapters.live import LiveKind, LiveUpdate, LiveView, shared_prefix
 from adapters.registry import (
@@ -77,7 +84,8 @@ __all__ = [
     "FileKind",
     "FileLimits",
     "FileRefused",
-    "image_type",
+    "image_format",
+    "image_refusal",
     "Inbound",
     "InboundSink",
     "IncomingFile",

@@ -1,23 +1,26 @@
 """What files people send the agent reads, and how much of them (shared by channels and gateway).
 
 A file is read by its kind (`file_kind`): an image (png, jpeg, gif, webp) goes to the model as
-an image; a text-like file (``text/*``, JSON, CSV, logs, code) as text; a PDF as its extracted
-text; anything else is named to the agent but not read, and never stored (D223). `FileLimits`
-bounds what one file and one message may bring in.
+an image, once its bytes show it is one a model takes (`image_refusal`: one a provider refuses
+would fail every later request of its thread, D287); a text-like file (``text/*``, JSON, CSV,
+logs, code) as text; a PDF as its extracted text; anything else is named to the agent but not
+read, and never stored (D223). `FileLimits` bounds what one file and one message may bring in.
 """
 
 from __future__ import annotations
 
+import io
 import posixpath
 from collections.abc import Awaitable, Callable, Sequence
 from typing import Literal
 
+import imagesize  # type: ignore[import-untyped]  # no stubs; get() -> (width, height)
 from pydantic import Field
 
 from adapters.channel import Attachment, FileRefused, IncomingFile, Unavailable
 from harness_core.frozen import Frozen
 
-__all__ = ["FileKind", "FileLimits", "file_kind", "image_type", "take_in"]
+__all__ = ["FileKind", "FileLimits", "file_kind", "image_format", "image_refusal", "take_in"]
 
 FileKind = Literal["image", "text", "pdf"]
 
@@ -134,10 +137,50 @@ def file_kind(name: str, media_type: str) -> FileKind | None:
     return None
 
 
-def image_type(name: str, media_type: str) -> str:
-    """The image media type a model is told (the declared one, else the extension's)."""
-    kind = media_type.lower().split(";", 1)[0].strip()
-    return kind if kind in IMAGE_TYPES else _IMAGE_EXTENSIONS.get(_extension(name), "image/png")
+def image_format(data: bytes) -> str | None:
+    """The media type `data` is by its first bytes: PNG, JPEG, GIF or WebP (None: none of them).
+
+    What a model is told is what the bytes are, not what their sender declared: a provider
+    refuses an image whose declared type does not match it.
+    """
+    if data.startswith(b"\x89PNG\r\n\x1a\n"):
+        return "image/png"
+    if data.startswith(b"\xff\xd8\xff"):
+        return "image/jpeg"
+    if data[:6] in (b"GIF87a", b"GIF89a"):
+        return "image/gif"
+    if data[:4] == b"RIFF" and data[8:12] == b"WEBP":
+        return "image/webp"
+    return None
+
+
+def image_refusal(data: bytes, limits: FileLimits) -> str | None:
+    """Why a model would refuse `data` as an image, in one short sentence (None: it takes it).
+
+    An image the provider refuses fails the request, and every later request of its thread
+    carries it again (D287), so it is refused on the way in: not one of the four formats, over
+    `max_image_bytes`, of a size its header does not give (a damaged file), or wider or taller
+    than `max_image_side` pixels.
+    """
+    if image_format(data) is None:
+        return "it is not a PNG, JPEG, GIF or WebP image"
+    if len(data) > limits.max_image_bytes:
+        return (
+            f"it is {_size(len(data))}, over the {_size(limits.max_image_bytes)} "
+            "a model takes for an image"
+        )
+    try:
+        width, height = imagesize.get(io.BytesIO(data))
+    except Exception:  # a header cut short or garbled: the library's errors are not typed
+        width = height = -1
+    if width <= 0 or height <= 0:
+        return "its size in pixels cannot be read (a damaged image)"
+    if max(width, height) > limits.max_image_side:
+        return (
+            f"it is {width}x{height} pixels, over the {limits.max_image_side} "
+            "a model takes on a side"
+        )
+    return None
 
 
 class FileLimits(Frozen):
@@ -153,6 +196,11 @@ class FileLimits(Frozen):
     """Characters of one text file or PDF the agent gets (the rest is cut, with a note)."""
     max_pdf_pages: int = Field(default=50, gt=0)
     """Pages of one PDF read."""
+    max_image_bytes: int = Field(default=3_750_000, gt=0)
+    """The largest image sent to a model (Anthropic refuses an image whose base64 is over
+    5 MiB: 3.75 MB of bytes is 5,000,000 characters)."""
+    max_image_side: int = Field(default=8_000, gt=0)
+    """The most pixels an image may have on a side (Anthropic's limit for one image)."""
 
 
 def _size(count: int) -> str:
@@ -199,8 +247,9 @@ async def take_in(
 
     In order: a file is refused by its kind, the message's count, its declared size and the
     message's total; else the blob held under its key is used, or it is fetched (once) and
-    held. A fetch that can never succeed, a content over the limits or a full blob area
-    refuses that file; any other failure raises `Unavailable` (nothing acknowledged).
+    held. A fetch that can never succeed, a content over the limits, an image a model would
+    refuse (`image_refusal`) or a full blob area refuses that file; any other failure raises
+    `Unavailable` (nothing acknowledged).
     """
     taken = taken_bytes = 0
     out: list[Attachment] = []
@@ -234,6 +283,10 @@ async def _held(
         return found
     data = await incoming.fetch(limits.max_file_bytes)
     why = _size_refusal(len(data), limits, taken_bytes)
+    if why is None and file_kind(incoming.attachment.name, incoming.attachment.media_type) == (
+        "image"
+    ):
+        why = image_refusal(data, limits)
     if why is not None:
         raise FileRefused(why)
     return await put(incoming.key, data), len(data)

@@ -297,6 +297,19 @@ class Settings(BaseModel):
     file_pdf_pages: int = Field(
         default=50, ge=1, le=2_000, description="Pages of one PDF the agent gets."
     )
+    image_max_mb: float = Field(
+        default=3.75,
+        gt=0,
+        le=100,
+        description="The largest image sent to the model (MB); larger ones are refused, with "
+        "a reply (Anthropic's API takes 3.75 MB: 5 MiB of base64).",
+    )
+    image_max_side: int = Field(
+        default=8_000,
+        ge=100,
+        le=100_000,
+        description="The most pixels an image sent to the model may have on a side.",
+    )
     files_per_session_mb: float = Field(
         default=250.0,
         gt=0,

@@ -17,7 +17,7 @@ import base64
 import io
 import logging
 
-from adapters import Attachment, FileLimits, Inbound, file_kind, image_type
+from adapters import Attachment, FileLimits, Inbound, file_kind, image_format, image_refusal
 from config import Settings
 from gateway.broker.contract import Blobs, Broker
 from gateway.broker.limits import BlobLimits
@@ -48,6 +48,8 @@ def file_limits(settings: Settings) -> FileLimits:
         max_message_bytes=int(settings.files_per_message_mb * _MB),
         max_text_chars=settings.file_text_chars,
         max_pdf_pages=settings.file_pdf_pages,
+        max_image_bytes=int(settings.image_max_mb * _MB),
+        max_image_side=settings.image_max_side,
     )
 
 
@@ -129,7 +131,11 @@ async def _part(attachment: Attachment, data: bytes, limits: FileLimits) -> User
     kind = file_kind(attachment.name, attachment.media_type)
     header = f"[file: {attachment.name}]"
     if kind == "image":
-        media_type = image_type(attachment.name, attachment.media_type)
+        # checked on the way in; again here for a blob held before that check existed
+        why = image_refusal(data, limits)
+        media_type = image_format(data)
+        if why is not None or media_type is None:
+            return TextPart(text=f"{header}\n[this image was not read: {why}]")
         return ImagePart(media_type=media_type, data=base64.b64encode(data).decode("ascii"))
     if kind == "pdf":
         try:

@@ -1014,12 +1014,28 @@ class WebChannel:
         return router
 
 
+_TOKEN = r"[A-Za-z0-9][A-Za-z0-9!#$&^_.+-]*"
+_POSTED_TYPE = re.compile(f"{_TOKEN}/{_TOKEN}(;[ -~]*)?")
+"""A media type as RFC 6838 names one, parameters allowed (a file's type is shown in replies)."""
+
+
 def _files(given: list[_FileIn], most: int) -> list[tuple[Attachment, bytes]]:
     """The posted files decoded (400 for bad base64 or too many), with their metadata."""
     if len(given) > most:
         raise _Refused(400, "invalid_request", f"{len(given)} files; at most {most} per message")
     out = []
     for number, file in enumerate(given):
+        if not _POSTED_TYPE.fullmatch(file.media_type):
+            raise _Refused(
+                400,
+                "invalid_request",
+                f"files[{number}].media_type is not a media type (type/subtype, printable ASCII)",
+            )
+        if any(ord(c) < 32 or ord(c) == 127 for c in file.name):
+            raise _Refused(
+                400, "invalid_request", f"files[{number}].name must not contain control characters"
+            )
+        _check_text(file.name, f"files[{number}].name")
         try:
             data = base64.b64decode(file.data, validate=True)
         except (binascii.Error, ValueError):

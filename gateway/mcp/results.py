@@ -2,7 +2,9 @@
 
 Text blocks are kept as text; ``structuredContent`` becomes JSON text when the result has no
 text (a server that sends both puts the same data in its text, as the specification asks);
-images of a type the models read become image parts; embedded resources show their text (a
+images of a type the models read become image parts, told as what their bytes are, once the
+bytes show an image a model takes (`adapters.image_refusal`, D287: one a provider refuses
+would fail every later request of the thread); embedded resources show their text (a
 binary one, its URI, type and size), resource links their name, URI and description; audio
 is named, not sent. ``isError`` gives an error result the model reads. All text together is
 cut at ``max_output_chars`` with a note saying how much was cut, and images at `MAX_IMAGES`
@@ -12,6 +14,8 @@ result: nothing here raises.
 
 from __future__ import annotations
 
+import base64
+import binascii
 import json
 from typing import Any
 
@@ -26,6 +30,7 @@ from mcp_types import (
     TextResourceContents,
 )
 
+from adapters import FileLimits, image_format, image_refusal
 from harness_core.messages import ImagePart, TextPart, UserContent
 from harness_core.tools import ToolOutput
 
@@ -36,6 +41,8 @@ IMAGE_TYPES = frozenset({"image/png", "image/jpeg", "image/gif", "image/webp"})
 MAX_IMAGES = 4
 MAX_IMAGE_CHARS = 4_000_000
 """Base64 characters of all images of one result together (about 3 MB of images)."""
+_IMAGE_LIMITS = FileLimits()
+"""What one image may be (the defaults: what every supported provider takes)."""
 
 
 def malformed(server: str, tool: str, reason: str) -> ToolOutput:
@@ -84,7 +91,7 @@ def _piece(block: Any) -> str | ImagePart:
         return block.text
     if isinstance(block, ImageContent):
         if block.mime_type in IMAGE_TYPES:
-            return ImagePart(media_type=block.mime_type, data=block.data)
+            return _image(block.mime_type, block.data, "image")
         return f"[image of type {block.mime_type}, {_size(block.data)}: not shown]"
     if isinstance(block, AudioContent):
         return f"[audio of type {block.mime_type}, {_size(block.data)}: not shown]"
@@ -99,9 +106,22 @@ def _piece(block: Any) -> str | ImagePart:
             return f"[resource <{resource.uri}>{about}]\n{resource.text}"
         if isinstance(resource, BlobResourceContents):
             if resource.mime_type in IMAGE_TYPES:
-                return ImagePart(media_type=resource.mime_type, data=resource.blob)
+                return _image(resource.mime_type, resource.blob, f"resource <{resource.uri}>")
             return f"[resource <{resource.uri}>{about}, {_size(resource.blob)}: binary, not shown]"
     return f"[content of type {getattr(block, 'type', type(block).__name__)!s}: not shown]"
+
+
+def _image(mime_type: str, data: str, what: str) -> str | ImagePart:
+    """An image part told as what its bytes are; a note instead where a model would refuse it."""
+    try:
+        raw = base64.b64decode(data, validate=True)
+    except (binascii.Error, ValueError):
+        return f"[{what} of type {mime_type}: not valid base64, not shown]"
+    why = image_refusal(raw, _IMAGE_LIMITS)
+    media_type = image_format(raw)
+    if why is not None or media_type is None:
+        return f"[{what} of type {mime_type}, {_size(data)}: not shown ({why})]"
+    return ImagePart(media_type=media_type, data=data)
 
 
 def _bounded(pieces: list[str | ImagePart], max_chars: int) -> list[UserContent]:

@@ -4,8 +4,9 @@ from __future__ import annotations
 
 import pytest
 
-from adapters import FileLimits, file_kind, take_in
+from adapters import FileLimits, file_kind, image_format, image_refusal, take_in
 from adapters.channel import Attachment, FileRefused, IncomingFile, Unavailable
+from tests.support.file_samples import image, png
 
 LIMITS = FileLimits(max_file_bytes=100, max_files=2, max_message_bytes=150)
 
@@ -107,3 +108,54 @@ async def test_a_fetch_that_can_never_succeed_refuses_one_that_may_makes_it_unav
     with pytest.raises(Unavailable, match="could not be taken in"):
         await take_in([IncomingFile(meta, "k2", down)], LIMITS, find=area.find, put=area.put)
     assert area.held == {}
+
+
+@pytest.mark.parametrize(
+    ("extension", "media_type"),
+    [("png", "image/png"), ("jpg", "image/jpeg"), ("gif", "image/gif"), ("webp", "image/webp")],
+)
+def test_an_image_is_known_by_its_bytes_and_a_real_one_is_taken(
+    extension: str, media_type: str
+) -> None:
+    data = image(extension)
+    assert image_format(data) == media_type
+    assert image_refusal(data, FileLimits()) is None
+
+
+def test_an_image_a_model_would_refuse_says_why() -> None:
+    limits = FileLimits(max_image_bytes=2_000, max_image_side=100)
+    # what each would have failed, at the provider, in this request and every later one
+    assert image_refusal(b"GIF8 not an image at all", limits) == (
+        "it is not a PNG, JPEG, GIF or WebP image"
+    )
+    assert image_refusal(b"BM" + b"\0" * 60, limits) == (  # a BMP: no provider reads it
+        "it is not a PNG, JPEG, GIF or WebP image"
+    )
+    assert image_refusal(image("jpg")[:4], limits) == (
+        "its size in pixels cannot be read (a damaged image)"
+    )
+    assert image_refusal(png(101, 1), limits) == (
+        "it is 101x1 pixels, over the 100 a model takes on a side"
+    )
+    assert image_refusal(png(1, 1) + b"\0" * 2_000, limits) == (
+        "it is 2.1 KB, over the 2.0 KB a model takes for an image"
+    )
+
+
+async def test_an_image_a_model_would_refuse_is_refused_on_the_way_in_and_not_held() -> None:
+    area = Area()
+    limits = FileLimits(max_image_side=100)
+
+    async def take(*files: IncomingFile) -> tuple[Attachment, ...]:
+        return await take_in(files, limits, find=area.find, put=area.put)
+
+    jpeg = image("jpg")
+    taken = await take(
+        area.file("photo.png", jpeg, "image/png"),  # mislabelled: taken, told as a JPEG later
+        area.file("chart.png", b"<html>a login page</html>", "image/png"),
+        area.file("wide.png", png(200, 1), "image/png"),
+    )
+    assert [a.blob for a in taken] == ["b:photo.png", None, None]
+    assert taken[1].refused == "it is not a PNG, JPEG, GIF or WebP image"
+    assert taken[2].refused == "it is 200x1 pixels, over the 100 a model takes on a side"
+    assert area.held == {"photo.png": jpeg}

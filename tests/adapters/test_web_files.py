@@ -133,3 +133,34 @@ async def test_bad_base64_is_refused_with_one_clear_error(rig: ServiceRig) -> No
     response = await rig.http.post("/web/uploads/t4", json=body)
     assert response.status_code == 400
     assert response.json()["error"]["message"] == "files[0].data is not valid base64"
+
+
+@pytest.mark.parametrize(
+    ("file", "said"),
+    [
+        (
+            {"name": "a.txt", "media_type": "\u0000\n;;", "data": "eA=="},
+            "files[0].media_type is not a media type (type/subtype, printable ASCII)",
+        ),
+        (
+            {"name": "a.txt", "media_type": "text", "data": "eA=="},
+            "files[0].media_type is not a media type (type/subtype, printable ASCII)",
+        ),
+        (
+            {"name": "a\nb.txt", "media_type": "text/plain", "data": "eA=="},
+            "files[0].name must not contain control characters",
+        ),
+    ],
+)
+async def test_a_file_whose_name_or_type_would_garble_the_thread_is_refused(
+    rig: ServiceRig, file: dict[str, str], said: str
+) -> None:
+    # both are shown in the thread (a refusal names the type): one clear 400, nothing taken
+    response = await rig.http.post("/web/uploads/t9", json={"text": "x", "files": [file]})
+    assert response.status_code == 400
+    assert response.json()["error"] == {"code": "invalid_request", "message": said}
+    items = (await rig.http.get("/web/threads/t9")).json()["items"]
+    assert [i["kind"] for i in items] == []
+    fine = {"name": "a.txt", "media_type": "text/plain; charset=utf-8", "data": "eA=="}
+    taken = await rig.http.post("/web/uploads/t9", json={"text": "x", "files": [fine]})
+    assert taken.status_code == 202, taken.text

@@ -49,7 +49,9 @@ is a ``400`` and an unknown id a ``404``, as on the real API. Polls are counted,
 Tool names are checked as the real APIs check them: a request whose tool definitions (or, a
 little stricter than the providers, the tool calls in its history) name a tool outside
 ``^[a-zA-Z0-9_-]{1,64}$`` is answered ``400`` before the queue is touched, and counted in
-``refused_tool_names``.
+``refused_tool_names``. Images are checked as the providers check them (`_invalid_image`): a
+request carrying a base64 image whose bytes are no image, or (Anthropic) not the declared
+type, is answered ``400`` in the provider's words, and counted in ``refused_images``.
 
 Nothing here sleeps. :meth:`FakeLLM.hang` scripts a request that is held open until
 :meth:`FakeLLM.release_hung` or :meth:`FakeLLM.stop`, and :meth:`FakeLLM.wait_for_requests` waits
@@ -71,6 +73,7 @@ at once instead of being retried by the SDK) and hand them to the fake, which cl
 from __future__ import annotations
 
 import asyncio
+import base64
 import contextlib
 import json
 import re
@@ -362,6 +365,8 @@ class FakeLLM:
         """How many completion requests found the queue empty (and were answered 500)."""
         self.refused_tool_names: int = 0
         """How many completion requests named a tool as no provider accepts (answered 400)."""
+        self.refused_images: int = 0
+        """How many completion requests carried an image the provider refuses (answered 400)."""
         self._queue: deque[Scripted] = deque()
         self._ids = 0
         self._runner: web.AppRunner | None = None
@@ -594,6 +599,11 @@ class FakeLLM:
                     code="invalid_value",
                 ),
             )
+
+        bad_image = _invalid_image(api, body)
+        if bad_image is not None:  # refused before any scripted answer is used, as a provider does
+            self.refused_images += 1
+            return _error_for(api, Failure(400, bad_image, code="invalid_image_format"))
 
         scripted = self._queue.popleft() if self._queue else None
         recorded.answered_with = scripted
@@ -864,6 +874,66 @@ def _tool_names(api: Api, body: dict[str, Any]) -> Iterator[Any]:
             for block in content if isinstance(content, list) else ():
                 if isinstance(block, dict) and block.get("type") == "tool_use":
                     yield block.get("name")
+
+
+_IMAGE_MAGIC = (
+    (b"\x89PNG\r\n\x1a\n", "image/png"),
+    (b"\xff\xd8\xff", "image/jpeg"),
+    (b"GIF87a", "image/gif"),
+    (b"GIF89a", "image/gif"),
+)
+
+
+def _image_is(data: bytes) -> str | None:
+    for magic, media_type in _IMAGE_MAGIC:
+        if data.startswith(magic):
+            return media_type
+    return "image/webp" if data[:4] == b"RIFF" and data[8:12] == b"WEBP" else None
+
+
+def _blocks(value: Any, path: str) -> Iterator[tuple[str, dict[str, Any]]]:
+    """Every JSON object in `value` with its path (``messages.0.content.1``), depth first."""
+    if isinstance(value, dict):
+        yield path, value
+        for key, item in value.items():
+            yield from _blocks(item, f"{path}.{key}" if path else str(key))
+    elif isinstance(value, list):
+        for number, item in enumerate(value):
+            yield from _blocks(item, f"{path}.{number}")
+
+
+def _invalid_image(api: Api, body: dict[str, Any]) -> str | None:
+    """What the provider says of an image it cannot take, in its words (None: all are fine).
+
+    Anthropic checks every base64 image of a request, the thread's earlier ones included, and
+    refuses the whole request for one whose bytes are no image or not the declared type (the
+    messages are the API's, as users report them); OpenAI refuses an image that is not one of
+    its four formats.
+    """
+    for path, block in _blocks(body.get("messages"), "messages"):
+        if api == "messages" and block.get("type") == "image":
+            source = block.get("source") or {}
+            if source.get("type") != "base64":
+                continue
+            data = base64.b64decode(source.get("data", ""))
+            declared = source.get("media_type")
+            actual = _image_is(data)
+            if actual is None:
+                return f"{path}.image.source.base64.data: Could not process image"
+            if actual != declared:
+                return (
+                    f"{path}.image.source.base64: The image was specified using the {declared} "
+                    f"media type, but the image appears to be a {actual} image"
+                )
+        if api == "chat" and block.get("type") == "image_url":
+            url = (block.get("image_url") or {}).get("url", "")
+            encoded = url.split(",", 1)[1] if url.startswith("data:") else None
+            if encoded is not None and _image_is(base64.b64decode(encoded)) is None:
+                return (
+                    "You uploaded an unsupported image. Please make sure your image has of one "
+                    "the following formats: ['png', 'jpeg', 'gif', 'webp']."
+                )
+    return None
 
 
 def _invalid_tool_name(api: Api, body: dict[str, Any]) -> str | None:

@@ -1,13 +1,19 @@
-"""Small real files for the files tests: a PNG, a PDF with text on its pages, a CSV."""
+"""Small real files for the files tests: images, a PDF with text on its pages, a CSV."""
 
 from __future__ import annotations
 
 import struct
 import zlib
+from pathlib import Path
 
-__all__ = ["CSV", "pdf", "png"]
+__all__ = ["CSV", "image", "pdf", "png"]
 
 CSV = b"region,revenue\nnorth,120\nsouth,95\n"
+
+
+def image(extension: str) -> bytes:
+    """A real 16 x 16 image file: ``png``, ``jpg``, ``gif`` or ``webp`` (`images/README.md`)."""
+    return (Path(__file__).parent / "images" / f"python.{extension}").read_bytes()
 
 
 def png(width: int = 2, height: int = 2) -> bytes:

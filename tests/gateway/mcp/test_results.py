@@ -17,8 +17,9 @@ from mcp_types import (
 
 from gateway.mcp.results import MAX_IMAGES, to_output
 from harness_core.messages import ImagePart, TextPart
+from tests.support.file_samples import image, png
 
-PNG = base64.b64encode(b"\x89PNG fake").decode()
+PNG = base64.b64encode(png()).decode()
 
 
 def _out(result: object, max_chars: int = 1000):
@@ -110,3 +111,25 @@ def test_malformed_results_are_error_results_not_exceptions() -> None:
     broken = CallToolResult.model_construct(content="not a list", is_error=False)  # type: ignore[arg-type]
     output = _out(broken)
     assert output.is_error is True and "malformed" in _texts(output)[0]
+
+
+def test_an_image_is_told_as_what_its_bytes_are_and_one_no_model_takes_is_named() -> None:
+    jpeg = base64.b64encode(image("jpg")).decode()
+    garbage = base64.b64encode(b"\x89PNG but nothing after it").decode()
+    output = _out(
+        CallToolResult(
+            content=[
+                ImageContent(data=jpeg, mime_type="image/png"),  # a server that mislabels
+                ImageContent(data=garbage, mime_type="image/png"),
+                ImageContent(data="not base64!", mime_type="image/png"),
+            ]
+        )
+    )
+    first, rest = output.content[0], output.content[1:]
+    # a provider refuses a declared type its bytes do not match, in this request and every
+    # later one of the thread (D287)
+    assert first == ImagePart(media_type="image/jpeg", data=jpeg)
+    assert not any(isinstance(p, ImagePart) for p in rest)
+    text = " ".join(p.text for p in rest if isinstance(p, TextPart))
+    assert "not a PNG, JPEG, GIF or WebP image" in text
+    assert "not valid base64" in text

@@ -1,0 +1,132 @@
+"""An image a provider would refuse never reaches it, so it cannot wedge its thread (D287).
+
+Anthropic refuses a whole request for one image whose bytes are no image or not the type it
+was declared as, and every later request of the thread carries that image again: users of
+other agents report a conversation that cannot go on. Here a web upload goes through the
+whole service to `FakeLLM`, which checks images as the provider does: a mislabelled photo is
+sent as what its bytes are, a file that only claims to be an image is refused in the thread
+on the way in, and the thread answers the next message too.
+"""
+
+from __future__ import annotations
+
+import base64
+import contextlib
+from collections.abc import AsyncIterator, Iterator
+from pathlib import Path
+
+import httpx
+import pytest
+from pydantic import SecretStr
+
+from gateway.channels import gateway_settings
+from gateway.service import Service
+from tests.support.fake_llm import FakeLLM, allow_model_requests
+from tests.support.file_samples import image
+from tests.support.service_rig import ServiceRig
+
+
+@pytest.fixture(autouse=True)
+def _allowed() -> Iterator[None]:
+    with allow_model_requests():
+        yield
+
+
+@contextlib.asynccontextmanager
+async def _running(tmp_path: Path, fake: FakeLLM) -> AsyncIterator[ServiceRig]:
+    settings = gateway_settings(
+        store_url=f"sqlite:///{tmp_path}/store.db",
+        broker_url=f"sqlite:///{tmp_path}/broker.db",
+        web_url=f"sqlite:///{tmp_path}/web.db",
+        model="anthropic:claude-test",
+        model_api_key=SecretStr("sk-test"),
+        model_base_url=fake.anthropic_base_url,
+    )
+    service = Service(settings)
+    await service.start()
+    assert service.app is not None
+    transport = httpx.ASGITransport(app=service.app)
+    try:
+        async with httpx.AsyncClient(transport=transport, base_url="http://localhost") as http:
+            yield ServiceRig(service, http)
+    finally:
+        await service.stop(drain_seconds=2)
+
+
+def _file(name: str, data: bytes, media_type: str) -> dict[str, str]:
+    return {"name": name, "media_type": media_type, "data": base64.b64encode(data).decode()}
+
+
+def _images(body: object) -> list[dict[str, object]]:
+    """The image blocks of an Anthropic request body."""
+    assert isinstance(body, dict)
+    return [
+        block
+        for message in body["messages"]
+        if isinstance(message["content"], list)
+        for block in message["content"]
+        if block.get("type") == "image"
+    ]
+
+
+async def test_a_mislabelled_or_false_image_does_not_wedge_the_thread(tmp_path: Path) -> None:
+    async with FakeLLM() as fake, _running(tmp_path, fake) as rig:
+        jpeg = image("jpg")
+        fake.reply("A blue and yellow snake logo.")
+        body = {
+            "text": "what are these?",
+            "files": [
+                _file("photo.png", jpeg, "image/png"),  # a JPEG its sender called a PNG
+                _file("chart.png", b"<html>session expired</html>", "image/png"),
+            ],
+        }
+        response = await rig.http.post("/web/uploads/t1", json=body)
+        assert response.status_code == 202, response.text
+        notice, answer = await rig.answers("t1", 2)
+        assert notice["kind"] == "failure_notice"
+        assert "chart.png: it is not a PNG, JPEG, GIF or WebP image" in notice["text"]
+        assert answer["text"] == "A blue and yellow snake logo."
+        [sent] = _images(fake.requests[0].body)
+        assert sent["source"] == {
+            "type": "base64",
+            "media_type": "image/jpeg",
+            "data": base64.b64encode(jpeg).decode(),
+        }
+
+        # the next message of the thread carries the photo again, and is answered
+        fake.reply("Still the snake.")
+        again = await rig.http.post("/web/threads/t1/messages", json={"text": "and now?"})
+        assert again.status_code == 202, again.text
+        *_, last = await rig.answers("t1", 3)
+        assert last["text"] == "Still the snake."
+        assert len(_images(fake.requests[1].body)) == 1
+        assert fake.refused_images == 0
+        fake.assert_drained()
+
+
+async def test_fake_llm_refuses_what_the_provider_refuses(tmp_path: Path) -> None:
+    """The check above is only as good as the fake: it answers the provider's 400."""
+    async with FakeLLM() as fake:
+        png_bytes = base64.b64encode(image("png")).decode()
+        jpeg_bytes = base64.b64encode(image("jpg")).decode()
+        url = fake.anthropic_base_url.rstrip("/") + "/v1/messages"
+
+        def request(media_type: str, data: str) -> dict[str, object]:
+            source = {"type": "base64", "media_type": media_type, "data": data}
+            return {
+                "model": "claude-test",
+                "max_tokens": 10,
+                "messages": [{"role": "user", "content": [{"type": "image", "source": source}]}],
+            }
+
+        async with httpx.AsyncClient() as http:
+            mismatch = await http.post(url, json=request("image/png", jpeg_bytes))
+            garbage = await http.post(url, json=request("image/png", "aGVsbG8="))
+            fake.reply("fine")
+            fine = await http.post(url, json=request("image/png", png_bytes))
+        assert mismatch.status_code == 400
+        assert "appears to be a image/jpeg image" in mismatch.json()["error"]["message"]
+        assert garbage.status_code == 400
+        assert "Could not process image" in garbage.json()["error"]["message"]
+        assert fine.status_code == 200
+        assert fake.refused_images == 2
