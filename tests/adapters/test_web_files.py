@@ -14,15 +14,13 @@ from collections.abc import AsyncIterator
 from pathlib import Path
 from typing import Any
 
-import httpx
 import pytest
 
 from gateway.channels import gateway_settings
-from gateway.service import Service
 from harness_core import ImagePart, TextPart
 from tests.support import files_agent
 from tests.support.file_samples import pdf, png
-from tests.support.service_rig import ServiceRig
+from tests.support.service_rig import ServiceRig, serving
 
 
 @contextlib.asynccontextmanager
@@ -34,15 +32,8 @@ async def _running(tmp_path: Path, **extra: Any) -> AsyncIterator[ServiceRig]:
         plugin="tests.support.files_agent",
         **extra,
     )
-    service = Service(settings)
-    await service.start()
-    assert service.app is not None
-    transport = httpx.ASGITransport(app=service.app)
-    try:
-        async with httpx.AsyncClient(transport=transport, base_url="http://localhost") as http:
-            yield ServiceRig(service, http)
-    finally:
-        await service.stop(drain_seconds=2)
+    async with serving(settings) as rig:
+        yield rig
 
 
 @pytest.fixture

@@ -7,19 +7,16 @@ download with its type, and a later run's reply carries nothing of it.
 
 from __future__ import annotations
 
-import contextlib
 from collections.abc import AsyncIterator
 from pathlib import Path
 from urllib.parse import quote
 
-import httpx
 import pytest
 
 from gateway.broker.limits import blob_id
 from gateway.channels import gateway_settings
-from gateway.service import Service
 from tests.support import report_agent
-from tests.support.service_rig import ServiceRig
+from tests.support.service_rig import ServiceRig, serving
 
 
 @pytest.fixture
@@ -30,16 +27,8 @@ async def rig(tmp_path: Path) -> AsyncIterator[ServiceRig]:
         web_url=f"sqlite:///{tmp_path}/web.db",
         plugin="tests.support.report_agent",
     )
-    service = Service(settings)
-    await service.start()
-    assert service.app is not None
-    transport = httpx.ASGITransport(app=service.app)
-    try:
-        async with httpx.AsyncClient(transport=transport, base_url="http://localhost") as http:
-            yield ServiceRig(service, http)
-    finally:
-        with contextlib.suppress(Exception):
-            await service.stop(drain_seconds=2)
+    async with serving(settings) as rig:
+        yield rig
 
 
 async def test_a_tools_csv_is_a_download_link_under_the_reply(rig: ServiceRig) -> None:

@@ -20,10 +20,9 @@ import pytest
 from pydantic import SecretStr
 
 from gateway.channels import gateway_settings
-from gateway.service import Service
 from tests.support.fake_llm import FakeLLM, allow_model_requests
 from tests.support.file_samples import image
-from tests.support.service_rig import ServiceRig
+from tests.support.service_rig import ServiceRig, serving
 
 
 @pytest.fixture(autouse=True)
@@ -42,15 +41,8 @@ async def _running(tmp_path: Path, fake: FakeLLM) -> AsyncIterator[ServiceRig]:
         model_api_key=SecretStr("sk-test"),
         model_base_url=fake.anthropic_base_url,
     )
-    service = Service(settings)
-    await service.start()
-    assert service.app is not None
-    transport = httpx.ASGITransport(app=service.app)
-    try:
-        async with httpx.AsyncClient(transport=transport, base_url="http://localhost") as http:
-            yield ServiceRig(service, http)
-    finally:
-        await service.stop(drain_seconds=2)
+    async with serving(settings) as rig:
+        yield rig
 
 
 def _file(name: str, data: bytes, media_type: str) -> dict[str, str]:

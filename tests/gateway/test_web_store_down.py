@@ -12,15 +12,13 @@ from collections.abc import AsyncIterator
 from pathlib import Path
 from typing import Any
 
-import httpx
 import pytest
 
 from gateway.channels import gateway_settings
-from gateway.service import Service
 from harness_core import UserMessage, message_text
 from harness_core.session import MessageEntry, StoredEntry
 from tests.support.redis_server import RedisServer
-from tests.support.service_rig import ServiceRig
+from tests.support.service_rig import ServiceRig, serving
 
 AGENT = "tests.support.gateway_agent"
 
@@ -36,15 +34,10 @@ async def rig(tmp_path: Path) -> AsyncIterator[tuple[ServiceRig, RedisServer]]:
         lease_seconds=6,
         renew_seconds=1,
     )
-    service = Service(settings)
-    await service.start()
-    assert service.app is not None
-    transport = httpx.ASGITransport(app=service.app)
     try:
-        async with httpx.AsyncClient(transport=transport, base_url="http://localhost") as http:
-            yield ServiceRig(service, http), web_redis
+        async with serving(settings) as rig:
+            yield rig, web_redis
     finally:
-        await service.stop(drain_seconds=2)
         web_redis.stop()
 
 

@@ -26,9 +26,8 @@ import pytest
 from config import Settings
 from gateway.channels import gateway_settings
 from gateway.ops.cli import main as ops_main
-from gateway.service import Service
 from tests.support.gateway_process import GatewayProcess
-from tests.support.service_rig import ServiceRig
+from tests.support.service_rig import ServiceRig, serving
 
 AGENT = "tests.support.gateway_agent"
 OPERATOR = "run-operator-secret-0123456789"
@@ -142,15 +141,8 @@ def settings(tmp_path: Path) -> Settings:
 
 
 async def _service(settings: Settings) -> AsyncGenerator[_Rig, None]:
-    service = Service(settings)
-    await service.start()
-    assert service.app is not None
-    transport = httpx.ASGITransport(app=service.app)
-    try:
-        async with httpx.AsyncClient(transport=transport, base_url="http://localhost") as http:
-            yield _Rig(service, http)
-    finally:
-        await service.stop(drain_seconds=0.2)
+    async with serving(settings, drain_seconds=0.2) as rig:
+        yield _Rig(rig.service, rig.http)
 
 
 async def _wait(rig: _Rig, check: Any) -> dict[str, dict[str, Any]]:

@@ -7,15 +7,32 @@ for the agent's answers, reach the service's store and broker.
 from __future__ import annotations
 
 import asyncio
+import contextlib
+from collections.abc import AsyncIterator
 from typing import Any
 
 import httpx
 
+from config import Settings
 from gateway.broker.contract import Broker
 from gateway.service import Service
 from harness_core import SessionRepo
 
-__all__ = ["ServiceRig"]
+__all__ = ["ServiceRig", "serving"]
+
+
+@contextlib.asynccontextmanager
+async def serving(settings: Settings, *, drain_seconds: float = 2) -> AsyncIterator[ServiceRig]:
+    """The service of `settings`, started, with a client for its app; drained after."""
+    service = Service(settings)
+    await service.start()
+    assert service.app is not None
+    transport = httpx.ASGITransport(app=service.app)
+    try:
+        async with httpx.AsyncClient(transport=transport, base_url="http://localhost") as http:
+            yield ServiceRig(service, http)
+    finally:
+        await service.stop(drain_seconds=drain_seconds)
 
 
 class ServiceRig:

@@ -22,6 +22,7 @@ from gateway.channels import gateway_settings
 from gateway.service import Service
 from tests.support import report_agent
 from tests.support.fake_slack import FakeSlack, Message, event_envelope, signed_headers
+from tests.support.service_rig import serving
 
 SECRET = "test-signing-secret"
 
@@ -77,15 +78,8 @@ async def rig(tmp_path: Path) -> AsyncIterator[Rig]:
             slack_api_url=fake.api_url,
             slack_file_host=fake.base_url,
         )
-        service = Service(settings)
-        await service.start()
-        assert service.app is not None
-        transport = httpx.ASGITransport(app=service.app)
-        try:
-            async with httpx.AsyncClient(transport=transport, base_url="http://localhost") as http:
-                yield Rig(service, fake, http)
-        finally:
-            await service.stop(drain_seconds=2)
+        async with serving(settings) as running:
+            yield Rig(running.service, fake, running.http)
 
 
 def _one_answer_and_one_file(rig: Rig, root: str, messages: list[Message]) -> None:
