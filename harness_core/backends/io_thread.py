@@ -17,10 +17,9 @@ follows, written once:
 from __future__ import annotations
 
 import asyncio
-import contextlib
 from collections.abc import Callable
-from concurrent.futures import ThreadPoolExecutor
-from typing import TypeVar, cast
+from concurrent.futures import Future, ThreadPoolExecutor
+from typing import TypeVar
 
 __all__ = [
     "IoThread",
@@ -69,38 +68,20 @@ class IoThread:
 
     async def _submit(self, fn: Callable[[], _T]) -> _T:
         loop = asyncio.get_running_loop()
-        waiter: asyncio.Future[_T] = loop.create_future()
-
-        def settle(error: BaseException | None, value: _T | None) -> None:
-            # on the loop, once the thread finished `fn`: `busy` is false before the caller
-            # resumes, and a caller cancelled meanwhile has nothing left to be told
-            self._running -= 1
-            if waiter.done():
-                return
-            if error is not None:
-                waiter.set_exception(error)
-            else:
-                waiter.set_result(cast(_T, value))
-
-        def run() -> None:
-            # one wake-up of the loop per call: the result and the end of `busy` together
-            try:
-                value = fn()
-            except BaseException as exc:  # the caller sees what fn raised, as it raised it
-                outcome: tuple[BaseException | None, _T | None] = (exc, None)
-            else:
-                outcome = (None, value)
-            with contextlib.suppress(RuntimeError):  # the loop closed: nobody is waiting
-                loop.call_soon_threadsafe(settle, *outcome)
-
-        future = self.pool.submit(run)
+        future = self.pool.submit(fn)
         self._running += 1
-        try:
-            return await waiter
-        except asyncio.CancelledError:
-            if future.cancel():  # not started yet: withdrawn, it never runs
-                self._running -= 1
-            raise
+
+        def finished(_: Future[_T]) -> None:
+            # on the thread (or here, if withdrawn or already done); registered before the
+            # caller's wake-up below, so `busy` is false by the time the caller resumes
+            if not loop.is_closed():
+                loop.call_soon_threadsafe(self._finished)
+
+        future.add_done_callback(finished)
+        return await asyncio.wrap_future(future, loop=loop)
+
+    def _finished(self) -> None:
+        self._running -= 1
 
     async def close(self, last: Callable[[], None] | None = None) -> None:
         """Refuse new calls, let the submitted ones finish, run `last` on the thread, stop it.
