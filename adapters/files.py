@@ -283,9 +283,8 @@ async def _held(
         return found
     data = await incoming.fetch(limits.max_file_bytes)
     why = _size_refusal(len(data), limits, taken_bytes)
-    if why is None and file_kind(incoming.attachment.name, incoming.attachment.media_type) == (
-        "image"
-    ):
+    declared = incoming.attachment
+    if why is None and file_kind(declared.name, declared.media_type) == "image":
         why = image_refusal(data, limits)
     if why is not None:
         raise FileRefused(why)
