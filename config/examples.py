@@ -39,7 +39,7 @@ _SAMPLES: dict[str, Any] = {
         {
             "name": "oncall",
             "instructions": "You help the on-call engineer. Deploy only what you are asked to.",
-            "model": "anthropic:claude-sonnet-4-5",
+            "model": "anthropic:claude-sonnet-5-5",
             "allow_tools": ["deploys.*", "search_docs"],
             "approvers": ["U0123ALICE", "U0456BOB"],
         },

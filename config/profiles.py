@@ -91,7 +91,7 @@ class Profile(BaseModel):
     @classmethod
     def _model(cls, value: str | None) -> str | None:
         if value is not None and not _MODEL.fullmatch(value):
-            raise ValueError("expected provider:model_id, e.g. anthropic:claude-sonnet-4-5")
+            raise ValueError("expected provider:model_id, e.g. anthropic:claude-sonnet-5-5")
         return value
 
     @field_validator("allow_tools", "deny_tools")

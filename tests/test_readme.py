@@ -168,7 +168,7 @@ STEPS: dict[str, Step] = {
     'scripts/run ask "what is our deploy window?"': Step(
         shows=(r"You said: what is our deploy window\?",)
     ),
-    "GATEWAY_MODEL=anthropic:claude-sonnet-4-5 GATEWAY_MODEL_API_KEY=sk-ant-... scripts/run ask "
+    "GATEWAY_MODEL=anthropic:claude-sonnet-5-5 GATEWAY_MODEL_API_KEY=sk-ant-... scripts/run ask "
     '--lane cli:ops "what is our deploy window?"': Step(shows=(r"Tuesdays, 14:00 to 16:00 UTC",)),
     'scripts/run ask --lane cli:ops "hello"': Step(shows=(r"You said: hello",)),
     # nothing waits on cli:ops here (the approval walkthrough continues cli:default on a pty)
@@ -592,7 +592,7 @@ async def test_ask_and_the_demo(fresh: Copy) -> None:
         with allow_model_requests():
             await _run(
                 fresh,
-                "GATEWAY_MODEL=anthropic:claude-sonnet-4-5 GATEWAY_MODEL_API_KEY=sk-ant-... "
+                "GATEWAY_MODEL=anthropic:claude-sonnet-5-5 GATEWAY_MODEL_API_KEY=sk-ant-... "
                 'scripts/run ask --lane cli:ops "what is our deploy window?"',
                 env={"GATEWAY_MODEL_BASE_URL": fake.anthropic_base_url},
             )

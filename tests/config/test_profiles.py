@@ -19,7 +19,7 @@ max_attempts = 4
 [[profiles]]
 name = "oncall"
 instructions = "You help the on-call engineer."
-model = "anthropic:claude-sonnet-4-5"
+model = "anthropic:claude-sonnet-5-5"
 allow_tools = ["deploys.*", "search_docs"]
 deny_tools = ["deploys.rollback_all"]
 approvers = ["U0ALICE"]
@@ -67,7 +67,7 @@ def test_routes_name_profiles_and_other_threads_get_the_default(tmp_path: Path) 
     oncall = settings.profile_for("slack", "C0ONCALL")
     assert oncall.name == "oncall"
     assert oncall.instructions == "You help the on-call engineer."
-    assert oncall.model == "anthropic:claude-sonnet-4-5"
+    assert oncall.model == "anthropic:claude-sonnet-5-5"
     assert oncall.approvers == ("U0ALICE",)
     assert (oncall.busy_policy, oncall.max_attempts) == ("steer", 4)  # the top level's
     support = settings.profile_for("email", "help@example.com")
@@ -129,7 +129,7 @@ def test_without_profiles_the_default_is_made_of_the_top_level() -> None:
         (("max_attempts = 2", "max_attempts = 0"), "profiles[1].max_attempts=0"),
         (('busy_policy = "follow_up"', 'busy_policy = "later"'), "one of steer, follow_up"),
         (('allow_tools = ["tickets.*"]', 'allow_tool = ["tickets.*"]'), "unknown key"),
-        (('model = "anthropic:claude-sonnet-4-5"', 'model = "claude"'), "provider:model_id"),
+        (('model = "anthropic:claude-sonnet-5-5"', 'model = "claude"'), "provider:model_id"),
         (('approvers = ["U0ALICE"]', 'approvers = "U0ALICE"'), "a list of text"),
     ],
 )

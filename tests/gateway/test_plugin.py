@@ -243,7 +243,7 @@ def test_the_readme_example_loads_by_its_path(monkeypatch: pytest.MonkeyPatch) -
 
 
 def test_the_example_uses_a_configured_model_instead_of_its_stand_in() -> None:
-    plugin = load_plugin("examples.agent", Settings(model="anthropic:claude-sonnet-4-5"))
+    plugin = load_plugin("examples.agent", Settings(model="anthropic:claude-sonnet-5-5"))
     assert plugin.model is None
     assert {tool.name: (tool.replay, tool.requires_approval) for tool in plugin.tools} == {
         "deploy_window": ("safe", False),
