@@ -74,8 +74,16 @@ def _user_content(part: UserContent) -> str | pai.BinaryContent:
     return pai.BinaryContent(data=base64.b64decode(part.data), media_type=part.media_type)
 
 
-def _result_text(message: ToolResultMessage) -> str:
-    return "\n".join(p.text for p in message.content if isinstance(p, TextPart))
+def _result_content(message: ToolResultMessage) -> str | list[str | pai.BinaryContent]:
+    """A tool result's content: its text as one string, or its parts in order with images.
+
+    A text-only result stays one string, as it always went (a provider's prompt cache keys on
+    those bytes); a result with images (an MCP tool's screenshot) carries them, which
+    pydantic-ai sends as the provider takes them (image blocks in Anthropic's tool result).
+    """
+    if all(isinstance(p, TextPart) for p in message.content):
+        return "\n".join(p.text for p in message.content if isinstance(p, TextPart))
+    return [_user_content(p) for p in message.content]
 
 
 def _same(name: str) -> str:
@@ -136,7 +144,7 @@ def to_model_messages(
             pending.append(
                 pai.ToolReturnPart(
                     tool_name=tool_name(message.tool_name),
-                    content=_result_text(message),
+                    content=_result_content(message),
                     tool_call_id=message.tool_call_id,
                     outcome=_OUTCOME_TO_PAI[message.outcome],  # type: ignore[arg-type]
                 )
@@ -314,11 +322,18 @@ def from_model_messages(
                     ToolResultMessage(
                         tool_call_id=part.tool_call_id,
                         tool_name=part.tool_name,
-                        content=(TextPart(text=part.model_response_str()),),
+                        content=_from_result_content(part),
                         outcome=_OUTCOME_FROM_PAI.get(part.outcome, "ok"),
                     )
                 )
     return ("\n\n".join(system) or None), tuple(messages)
+
+
+def _from_result_content(part: pai.ToolReturnPart) -> tuple[UserContent, ...]:
+    content = part.content
+    if isinstance(content, list) and any(isinstance(i, pai.BinaryContent) for i in content):
+        return _from_user_content(content)
+    return (TextPart(text=part.model_response_str()),)
 
 
 def _from_user_content(content: Any) -> tuple[UserContent, ...]:

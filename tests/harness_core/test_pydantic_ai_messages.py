@@ -35,6 +35,7 @@ CONVERSATION: tuple[AgentMessage, ...] = (
             TextPart(text="Deploying."),
             ToolCallPart(id="c1", name="deploy", arguments={"build": 42}),
             ToolCallPart(id="c2", name="notify", arguments={"to": ["ops"]}),
+            ToolCallPart(id="c3", name="screenshot", arguments={}),
         ),
         stop_reason="tool_use",
         usage=TokenUsage(input=40, output=8, total_tokens=48),
@@ -45,6 +46,11 @@ CONVERSATION: tuple[AgentMessage, ...] = (
         tool_name="notify",
         content=(TextPart(text="may have happened"),),
         outcome="interrupted",
+    ),
+    ToolResultMessage(
+        tool_call_id="c3",
+        tool_name="screenshot",
+        content=(TextPart(text="the dashboard:"), ImagePart(media_type="image/png", data=PNG)),
     ),
     UserMessage(content=(TextPart(text="and this"), ImagePart(media_type="image/png", data=PNG))),
     AssistantMessage(content=(TextPart(text="done"),), stop_reason="stop"),
@@ -70,6 +76,13 @@ def test_the_history_has_the_shape_providers_expect() -> None:
     assert [(p.tool_call_id, p.outcome) for p in returns] == [
         ("c1", "success"),
         ("c2", "interrupted"),
+        ("c3", "success"),
+    ]
+    # a text-only result is one string, as it always went; a tool's image goes with its text
+    assert [returns[0].content, returns[1].content] == ["ok", "may have happened"]
+    assert returns[2].content == [
+        "the dashboard:",
+        pai.BinaryContent(data=b"\x89PNG fake", media_type="image/png"),
     ]
     response = history[1]
     assert isinstance(response, pai.ModelResponse)
@@ -77,6 +90,7 @@ def test_the_history_has_the_shape_providers_expect() -> None:
     assert [(c.tool_name, c.args_as_dict()) for c in calls] == [
         ("deploy", {"build": 42}),
         ("notify", {"to": ["ops"]}),
+        ("screenshot", {}),
     ]
 
 

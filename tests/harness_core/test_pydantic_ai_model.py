@@ -8,6 +8,8 @@ ready, terminal failure, cancel on abort), and a model this deployment cannot bu
 
 from __future__ import annotations
 
+import base64
+import json
 from collections.abc import AsyncIterator, Callable, Iterator
 from pathlib import Path
 from typing import Any
@@ -16,12 +18,12 @@ import pytest
 from pydantic_ai.models import Model
 
 from harness_core.hooks import RequestOptions
-from harness_core.messages import message_text
+from harness_core.messages import ImagePart, TextPart, message_text
 from harness_core.models import ModelRef, ModelRequest
 from harness_core.models.pydantic_ai import PydanticAIModel
 from harness_core.result import Ok
 from harness_core.session.types import RecordQuery
-from harness_core.tools import ToolContext, tool
+from harness_core.tools import ToolContext, ToolOutput, tool
 from tests.support.fake_llm import (
     FakeLLM,
     allow_model_requests,
@@ -29,6 +31,7 @@ from tests.support.fake_llm import (
     openai_chat_model,
     openai_responses_model,
 )
+from tests.support.file_samples import image
 from tests.support.harness_kit import Kit, make_kit
 
 BUILDERS: dict[str, Callable[[FakeLLM], Model]] = {
@@ -106,6 +109,35 @@ async def test_a_tool_call_runs_and_its_result_goes_back(
     )
     assert "deploy" in str(first.body.get("tools"))
     assert "deployed 42" in str(second.body)  # the tool result went back to the provider
+
+
+_DASHBOARD = base64.b64encode(image("png")).decode()
+
+
+@tool(replay="safe")
+async def screenshot(args: dict[str, Any], ctx: ToolContext) -> ToolOutput:
+    """Take a screenshot of the dashboard."""
+    return ToolOutput(
+        content=(
+            TextPart(text="the dashboard:"),
+            ImagePart(media_type="image/png", data=_DASHBOARD),
+        )
+    )
+
+
+@pytest.mark.parametrize("provider", list(BUILDERS))
+async def test_a_tools_image_goes_back_to_the_provider(
+    tmp_path: Path, fake: FakeLLM, provider: str
+) -> None:
+    kit = await kit_for(tmp_path, fake, provider, tools=[screenshot])
+    fake.reply(tool_calls=[("screenshot", {})])
+    fake.reply("the dashboard is green")
+    outcome = await kit.harness.prompt("how does the dashboard look?")
+    assert isinstance(outcome, Ok) and outcome.value.kind == "completed"
+    second = fake.requests[-1].body
+    # the image's bytes are in the request, in the provider's own image shape
+    assert _DASHBOARD in json.dumps(second)
+    assert "the dashboard:" in json.dumps(second)
 
 
 async def test_length_is_classified_against_the_cap(tmp_path: Path, fake: FakeLLM) -> None:
