@@ -21,6 +21,7 @@ __all__ = [
     "TRUNCATED_CALL",
     "denied",
     "file_sent",
+    "image_withheld",
     "invalid_result",
     "no_such_tool",
     "supplied_note",
@@ -60,6 +61,18 @@ SUMMARY_PREFIX = "Summary of the earlier conversation:\n"
 
 BRANCH_SUMMARY_PREFIX = "Summary of a branch this conversation left:\n"
 """How a branch summary appears in the context after a navigation."""
+
+
+def image_withheld(media_type: str, size: int) -> str:
+    """An image the provider refused a request for, in its place from then on (D289)."""
+    if size < 1000:
+        shown = f"{size} bytes"
+    else:
+        shown = f"{size / 1_000_000:.1f} MB" if size >= 1_000_000 else f"{size // 1000} KB"
+    return (
+        f"[An image ({media_type}, {shown}) was here. It is not shown: the model provider "
+        "refused a request that carried it.]"
+    )
 
 
 def no_such_tool(name: str) -> str:

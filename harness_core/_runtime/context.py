@@ -14,6 +14,7 @@ from harness_core import texts
 from harness_core.messages import (
     AgentMessage,
     AssistantMessage,
+    ImagePart,
     TextPart,
     ToolCallPart,
     ToolResultMessage,
@@ -31,12 +32,14 @@ from harness_core.session.entries import (
 
 __all__ = [
     "ContextWindow",
+    "count_images",
     "estimate_tokens",
     "heal_tool_results",
     "plan_compaction",
     "project",
     "project_entry",
     "summary_request_text",
+    "without_images",
 ]
 
 
@@ -88,6 +91,45 @@ def _interrupted(call: ToolCallPart) -> ToolResultMessage:
         content=(TextPart(text=texts.NO_RESULT),),
         outcome="interrupted",
     )
+
+
+def count_images(messages: Sequence[AgentMessage]) -> int:
+    """How many image parts `messages` carry (a person's files and tools' results)."""
+    return sum(
+        isinstance(part, ImagePart)
+        for message in messages
+        if not isinstance(message, AssistantMessage)
+        for part in message.content
+    )
+
+
+def without_images(messages: tuple[AgentMessage, ...], count: int) -> tuple[AgentMessage, ...]:
+    """`messages` with every image of the first `count` replaced by a note saying why (D289).
+
+    The same tuple when those hold no image, so a request that needs no change costs a scan.
+    """
+    if count_images(messages[:count]) == 0:
+        return messages
+    return (*(_without_images(m) for m in messages[:count]), *messages[count:])
+
+
+def _without_images(message: AgentMessage) -> AgentMessage:
+    if isinstance(message, AssistantMessage) or not any(
+        isinstance(part, ImagePart) for part in message.content
+    ):
+        return message
+    content = tuple(
+        TextPart(text=texts.image_withheld(part.media_type, _decoded_size(part.data)))
+        if isinstance(part, ImagePart)
+        else part
+        for part in message.content
+    )
+    return message.model_copy(update={"content": content})
+
+
+def _decoded_size(data: str) -> int:
+    """The bytes base64 `data` holds, without decoding it."""
+    return len(data) * 3 // 4 - (len(data) - len(data.rstrip("=")))
 
 
 def _chars(message: AgentMessage) -> int:

@@ -9,10 +9,11 @@ and are dropped when the leaf moves or the lane leaves memory (`drop`).
 from __future__ import annotations
 
 from collections.abc import Callable
+from dataclasses import dataclass
 from itertools import islice
 from typing import TYPE_CHECKING
 
-from harness_core._runtime.context import ContextWindow
+from harness_core._runtime.context import ContextWindow, count_images, without_images
 from harness_core._runtime.reduction import LaneState, configure
 from harness_core.messages import AgentMessage
 from harness_core.session.entries import CompactionEntry, CustomEntry, EntryType
@@ -23,7 +24,20 @@ from harness_core.storage._branch import BranchNode, BranchScan
 if TYPE_CHECKING:
     from harness_core._runtime.lane import HarnessRuntime
 
-__all__ = ["LaneContext"]
+__all__ = ["LaneContext", "Withheld"]
+
+
+@dataclass(frozen=True, slots=True)
+class Withheld:
+    """Which images of a window a provider refused: the window's first entry and a message count.
+
+    Windows only grow at their end, so the first `count` messages of a window that starts at
+    `start` are the ones the refused request carried, until a compaction starts a new window or
+    the leaf moves (then it is dropped, and a refusal would be learned again).
+    """
+
+    start: str | None
+    count: int
 
 
 class LaneContext:
@@ -37,6 +51,8 @@ class LaneContext:
         self._window: ContextWindow | None = None
         """The projection of `_context`, kept in step with it."""
         self._idle_config: tuple[str | None, LaneConfiguration] | None = None
+        self._withheld: Withheld | None = None
+        """The images a provider refused, sent as a note from then on (D289); in memory only."""
 
     # -- keeping the caches in step ------------------------------------------------------------
 
@@ -69,6 +85,7 @@ class LaneContext:
         self._context = None
         self._window = None
         self._idle_config = None
+        self._withheld = None
 
     # -- reads ---------------------------------------------------------------------------------
 
@@ -139,6 +156,40 @@ class LaneContext:
     async def messages(self) -> tuple[AgentMessage, ...]:
         """The provider messages of the current context window."""
         return (await self._projected()).messages()
+
+    async def request_messages(self) -> tuple[AgentMessage, ...]:
+        """The messages an assistant request carries: the window's, less the images withheld."""
+        messages = await self.messages()
+        withheld = self._withheld
+        if withheld is None:
+            return messages
+        if self._start() != withheld.start:  # a compaction began another window
+            self._withheld = None
+            return messages
+        return without_images(messages, withheld.count)
+
+    def withhold_images(self, messages: tuple[AgentMessage, ...]) -> tuple[Withheld | None] | None:
+        """Withhold every image of `messages` (the window, just read) from later requests (D289).
+
+        Called when a provider refused a request as invalid: a refused image would otherwise
+        be sent, and refused, with every later request of the lane. Returns what to put back
+        (`restore_withheld`) if withholding them does not help, or None when the window holds
+        no image not withheld already (nothing would change, so nothing is worth trying).
+        """
+        before = self._withheld
+        start = self._start()
+        done = before.count if before is not None and before.start == start else 0
+        if count_images(messages[done:]) == 0:
+            return None
+        self._withheld = Withheld(start, len(messages))
+        return (before,)
+
+    def restore_withheld(self, undo: tuple[Withheld | None]) -> None:
+        """Put back what `withhold_images` changed (the provider refused the request anyway)."""
+        self._withheld = undo[0]
+
+    def _start(self) -> str | None:
+        return self._context[0].id if self._context else None
 
     async def tokens(self, system_prompt: str | None) -> int:
         """The estimated size of a request carrying the context window and `system_prompt`."""

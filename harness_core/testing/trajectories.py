@@ -25,7 +25,13 @@ from harness_core.approvals import approve, deny
 from harness_core.harness import AgentHarness
 from harness_core.hooks import BeforeRequestEvent, BeforeRunEndEvent, BeforeRunEndResult
 from harness_core.ids import SequentialIds
-from harness_core.messages import AssistantMessage, UserMessage, message_text
+from harness_core.messages import (
+    AssistantMessage,
+    ImagePart,
+    TextPart,
+    UserMessage,
+    message_text,
+)
 from harness_core.models import ModelInfo, ModelRef, ModelRequest
 from harness_core.models.scripted import ScriptedModel, deferred, error, length, text, tool_calls
 from harness_core.options import AgentHarnessOptions, CompactionSettings, RetryPolicy
@@ -169,6 +175,21 @@ def retry_then(answer: AssistantMessage) -> Responder:
     return lambda request: error("server") if request.attempt == 1 else answer
 
 
+def refuses_images(answer: AssistantMessage) -> Responder:
+    """A turn the provider refuses as invalid while the request carries an image (D289)."""
+
+    def respond(request: ModelRequest) -> AssistantMessage:
+        carried = any(
+            isinstance(part, ImagePart)
+            for message in request.messages
+            if not isinstance(message, AssistantMessage)
+            for part in message.content
+        )
+        return error("invalid_request", retryable=False) if carried else answer
+
+    return respond
+
+
 # -- the scenario -------------------------------------------------------------------------------
 
 
@@ -209,6 +230,19 @@ class Scenario:
 async def prompt(harness: AgentHarness, text_: str = "please help") -> None:
     """Prompt the harness and require the prompt to be accepted."""
     result = await harness.prompt(text_)
+    assert isinstance(result, Ok), result
+
+
+_PIXEL = (
+    "iVBORw0KGgoAAAANSUhEUgAAAAEAAAABCAIAAACQd1PeAAAADElEQVR4nGP4z8AAAAMBAQDJ/pLvAAAAAElFTkSuQmCC"
+)
+"""A 1 x 1 PNG, base64."""
+
+
+async def image_drive(harness: AgentHarness) -> None:
+    """Drive: one prompt that carries an image."""
+    image = ImagePart(media_type="image/png", data=_PIXEL)
+    result = await harness.prompt(UserMessage(content=(TextPart(text="what is this?"), image)))
     assert isinstance(result, Ok), result
 
 
@@ -460,6 +494,12 @@ SCENARIOS = [
         drive=steer_during_retry,
     ),
     Scenario("terminal error", scripted_turns(error("invalid_request", retryable=False))),
+    Scenario(
+        "an image the provider refuses, withheld",
+        scripted_turns(refuses_images(calls(("echo", "c1"))), refuses_images(text("done"))),
+        {"echo": "never"},
+        drive=image_drive,
+    ),
     Scenario(
         "steering during a tool",
         scripted_turns(calls(("act", "c1")), text("done")),

@@ -32,14 +32,17 @@ def _allowed() -> Iterator[None]:
 
 
 @contextlib.asynccontextmanager
-async def _running(tmp_path: Path, fake: FakeLLM) -> AsyncIterator[ServiceRig]:
+async def _running(
+    tmp_path: Path, fake: FakeLLM, model: str = "anthropic:claude-test"
+) -> AsyncIterator[ServiceRig]:
+    openai = model.startswith("openai:")
     settings = gateway_settings(
         store_url=f"sqlite:///{tmp_path}/store.db",
         broker_url=f"sqlite:///{tmp_path}/broker.db",
         web_url=f"sqlite:///{tmp_path}/web.db",
-        model="anthropic:claude-test",
+        model=model,
         model_api_key=SecretStr("sk-test"),
-        model_base_url=fake.anthropic_base_url,
+        model_base_url=fake.openai_base_url if openai else fake.anthropic_base_url,
     )
     async with serving(settings) as rig:
         yield rig
@@ -93,6 +96,30 @@ async def test_a_mislabelled_or_false_image_does_not_wedge_the_thread(tmp_path: 
         assert last["text"] == "Still the snake."
         assert len(_images(fake.requests[1].body)) == 1
         assert fake.refused_images == 0
+        fake.assert_drained()
+
+
+async def test_an_image_the_model_cannot_take_is_withheld_not_wedging(tmp_path: Path) -> None:
+    """A model without image input refuses every request carrying one (D289)."""
+    async with FakeLLM() as fake, _running(tmp_path, fake, "openai:text-only") as rig:
+        fake.vision = False
+        fake.reply("I cannot see images here; what does the chart show?")
+        body = {"text": "what is this?", "files": [_file("chart.png", image("png"), "image/png")]}
+        response = await rig.http.post("/web/uploads/t1", json=body)
+        assert response.status_code == 202, response.text
+        [answer] = await rig.answers("t1", 1)
+        assert answer["text"] == "I cannot see images here; what does the chart show?"
+        refused, sent = fake.requests
+        assert "image_url" in str(refused.body) and "image_url" not in str(sent.body)
+        assert "It is not shown: the model provider refused a request" in str(sent.body)
+        assert fake.refused_images == 1
+
+        fake.reply("Revenue by region.")
+        again = await rig.http.post("/web/threads/t1/messages", json={"text": "revenue"})
+        assert again.status_code == 202, again.text
+        *_, last = await rig.answers("t1", 2)
+        assert last["text"] == "Revenue by region."
+        assert len(fake.requests) == 3 and fake.refused_images == 1  # no refusal this time
         fake.assert_drained()
 
 

@@ -19,6 +19,7 @@ from harness_core._runtime.effects import Effects
 READS = {
     "self.lane.context.entries",
     "self.lane.context.messages",
+    "self.lane.context.request_messages",
     "self.lane.context.tokens",
     "self.lane.context.entry",
     "self.lane.context.path_entries_of_type",

@@ -51,7 +51,9 @@ little stricter than the providers, the tool calls in its history) name a tool o
 ``^[a-zA-Z0-9_-]{1,64}$`` is answered ``400`` before the queue is touched, and counted in
 ``refused_tool_names``. Images are checked as the providers check them (`_invalid_image`): a
 request carrying a base64 image whose bytes are no image, or (Anthropic) not the declared
-type, is answered ``400`` in the provider's words, and counted in ``refused_images``.
+type, or (Anthropic) more than 20 images with one over 2,000 pixels on a side, is answered
+``400`` in the provider's words, and counted in ``refused_images``; with ``vision = False`` the
+chat API refuses any image, as OpenAI refuses one for a model without image input.
 
 Nothing here sleeps. :meth:`FakeLLM.hang` scripts a request that is held open until
 :meth:`FakeLLM.release_hung` or :meth:`FakeLLM.stop`, and :meth:`FakeLLM.wait_for_requests` waits
@@ -77,6 +79,7 @@ import base64
 import contextlib
 import json
 import re
+import struct
 from collections import deque
 from collections.abc import Awaitable, Iterator, Mapping, Sequence
 from dataclasses import dataclass, replace
@@ -367,6 +370,8 @@ class FakeLLM:
         """How many completion requests named a tool as no provider accepts (answered 400)."""
         self.refused_images: int = 0
         """How many completion requests carried an image the provider refuses (answered 400)."""
+        self.vision: bool = True
+        """False: the model takes no image input (the chat API refuses a request with one)."""
         self._queue: deque[Scripted] = deque()
         self._ids = 0
         self._runner: web.AppRunner | None = None
@@ -600,7 +605,7 @@ class FakeLLM:
                 ),
             )
 
-        bad_image = _invalid_image(api, body)
+        bad_image = _invalid_image(api, body, vision=self.vision)
         if bad_image is not None:  # refused before any scripted answer is used, as a provider does
             self.refused_images += 1
             return _error_for(api, Failure(400, bad_image, code="invalid_image_format"))
@@ -902,15 +907,43 @@ def _blocks(value: Any, path: str) -> Iterator[tuple[str, dict[str, Any]]]:
             yield from _blocks(item, f"{path}.{number}")
 
 
-def _invalid_image(api: Api, body: dict[str, Any]) -> str | None:
+def _png_side(data: bytes) -> int:
+    """A PNG's larger side in pixels, from its header (0 for anything else)."""
+    if not data.startswith(b"\x89PNG\r\n\x1a\n") or len(data) < 24:
+        return 0
+    width, height = struct.unpack(">II", data[16:24])
+    return int(max(width, height))
+
+
+_MANY_IMAGES = 20
+"""Anthropic: a request with more images than this takes none over 2,000 pixels on a side."""
+
+
+def _invalid_image(api: Api, body: dict[str, Any], *, vision: bool = True) -> str | None:
     """What the provider says of an image it cannot take, in its words (None: all are fine).
 
     Anthropic checks every base64 image of a request, the thread's earlier ones included, and
-    refuses the whole request for one whose bytes are no image or not the declared type (the
-    messages are the API's, as users report them); OpenAI refuses an image that is not one of
-    its four formats.
+    refuses the whole request for one whose bytes are no image or not the declared type, or,
+    in a request of more than 20 images, one over 2,000 pixels on a side (the messages are the
+    API's, as users report them); OpenAI refuses an image that is not one of its four formats,
+    and any image for a model without image input (`vision` False).
     """
-    for path, block in _blocks(body.get("messages"), "messages"):
+    blocks = list(_blocks(body.get("messages"), "messages"))
+    if api == "messages":
+        images = [
+            (path, base64.b64decode((block.get("source") or {}).get("data", "")))
+            for path, block in blocks
+            if block.get("type") == "image" and (block.get("source") or {}).get("type") == "base64"
+        ]
+        for path, data in images if len(images) > _MANY_IMAGES else ():
+            if _png_side(data) > 2000:
+                return (
+                    f"{path}.image.source.base64.data: At least one of the image dimensions "
+                    "exceed max allowed size for many-image requests: 2000 pixels"
+                )
+    for path, block in blocks:
+        if api == "chat" and block.get("type") == "image_url" and not vision:
+            return "Invalid content type. image_url is only supported by certain models."
         if api == "messages" and block.get("type") == "image":
             source = block.get("source") or {}
             if source.get("type") != "base64":

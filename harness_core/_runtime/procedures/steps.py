@@ -9,6 +9,7 @@ from opentelemetry.trace import Span
 
 from harness_core import texts
 from harness_core._runtime.context import estimate_tokens
+from harness_core._runtime.lane_context import Withheld
 from harness_core._runtime.procedures.common import (
     Part,
     _Aborted,
@@ -58,6 +59,11 @@ from harness_core.session.types import StoredEntry
 __all__ = ["Steps"]
 
 
+def _refused(message: AssistantMessage) -> bool:
+    """The provider refused the request as invalid: the same request would be refused again."""
+    return message.error is not None and message.error.kind == "invalid_request"
+
+
 class Steps(Part):
     """Model requests: a durable `step_attempt` first, the usage record before any decision."""
 
@@ -73,7 +79,7 @@ class Steps(Part):
         return result.options if isinstance(result, BeforeRequestEvent) else event.options
 
     async def _assistant_request(self, options: RequestOptions, attempt: int) -> ModelRequest:
-        context = await self.lane.context.messages()
+        context = await self.lane.context.request_messages()
         event = await self.fx.run_hook(
             "transform_context", TransformContextEvent(lane=self.lane.name, messages=context)
         )
@@ -209,13 +215,15 @@ class Steps(Part):
         Each attempt is durable before its request (`step_attempt`, counted, so a restart never
         resets the cap) and its usage is recorded before any decision. `screen` sees every
         settled message first and may end the step (an overflow, a park, an anomaly); then a
-        retryable error backs off and tries again, and anything else is returned. Assistant
-        attempts each provision a fresh result id; summary attempts share `result_id`. At the
-        cap the step fails `retries_exhausted` (an assistant step first writes its failure
-        marker under the last attempt's id).
+        retryable error backs off and tries again, a request the provider refused as invalid
+        goes once more with the window's images withheld (D289), and anything else is
+        returned. Assistant attempts each provision a fresh result id; summary attempts share
+        `result_id`. At the cap the step fails `retries_exhausted` (an assistant step first
+        writes its failure marker under the last attempt's id).
         """
         fx = self.fx
         retried = False
+        undo: tuple[Withheld | None] | None = None
         while True:
             if self.op.aborting:
                 raise _Aborted()
@@ -250,7 +258,34 @@ class Steps(Part):
                 retried = True
                 await self._backoff(kind, attempt, final)
                 continue
+            if kind == "assistant" and _refused(final):
+                if undo is not None:  # refused with the images withheld too: not why (D289)
+                    self.lane.context.restore_withheld(undo)
+                else:
+                    window = await self.lane.context.messages()
+                    undo = self.lane.context.withhold_images(window)
+                    if undo is not None:
+                        retried = True
+                        self._withheld_retry(attempt, final)
+                        continue
             return this_id, final, attempt, retried
+
+    def _withheld_retry(self, attempt: int, refused: AssistantMessage) -> None:
+        """Tell subscribers the refused request goes again at once, its images withheld."""
+        name = self.lane.name
+        reason = refused.error.message if refused.error is not None else ""
+        self._emit(
+            RetryScheduled(
+                lane=name,
+                run_id=self.op.id,
+                step="assistant",
+                attempt=attempt,
+                max_attempts=self.rt.options.retry.max_attempts,
+                delay_ms=0,
+                error_message=f"{reason} (sent again without the conversation's images)",
+            )
+        )
+        self._emit(RetryStart(lane=name, run_id=self.op.id, step="assistant", attempt=attempt + 1))
 
     def _retry_end(
         self, kind: StepKind, attempt: int, *, success: bool, final_error: str | None = None
