@@ -59,10 +59,9 @@ def _status(event_: Any) -> str | None:
     if kind == "tool_start":
         return f"is running {event_.tool_name}…"
     if kind == "retry_scheduled":
-        seconds = max(event_.delay_ms, 0) / 1000
-        return f"is retrying in {seconds:.0f} s (attempt {event_.attempt + 1} of " + (
-            f"{event_.max_attempts})…"
-        )
+        # a retry sent at once (images withheld, D289) says no wait
+        when = f" in {event_.delay_ms / 1000:.0f} s" if event_.delay_ms >= 500 else ""
+        return f"is retrying{when} (attempt {event_.attempt + 1} of {event_.max_attempts})…"
     if kind == "compaction_start":
         return "is compacting the conversation…"
     if kind == "run_suspend":

@@ -14,9 +14,16 @@ from pathlib import Path
 import pytest
 
 from adapters import LiveUpdate, ThreadRef
-from gateway.live import THINKING, LivePublisher, live_views
+from gateway.live import THINKING, LivePublisher, _status, live_views
 from harness_core import AgentLane, AssistantMessage, Ok, TextPart, TokenUsage
-from harness_core.events import EventBus, MessageUpdate, RunEnd, ToolStart, TurnStart
+from harness_core.events import (
+    EventBus,
+    MessageUpdate,
+    RetryScheduled,
+    RunEnd,
+    ToolStart,
+    TurnStart,
+)
 from harness_core.models.scripted import Reply, streamed, text, tool_call
 from harness_core.testing import ManualClock
 from harness_core.tools import Tool
@@ -259,3 +266,19 @@ async def test_a_thread_whose_channel_shows_nothing_live_is_sent_nothing(tmp_pat
     assert isinstance(outcome, Ok) and outcome.value.kind == "completed"
     await settle()
     assert web.updates == [] and live.shown == 0 and live.failed == 0
+
+
+def test_a_retry_says_how_long_it_waits_and_nothing_when_it_does_not() -> None:
+    def retry(delay_ms: int) -> RetryScheduled:
+        return RetryScheduled(
+            lane="l",
+            run_id="r",
+            step="assistant",
+            attempt=1,
+            max_attempts=3,
+            delay_ms=delay_ms,
+            error_message="",
+        )
+
+    assert _status(retry(4000)) == "is retrying in 4 s (attempt 2 of 3)…"
+    assert _status(retry(0)) == "is retrying (attempt 2 of 3)…"
