@@ -605,7 +605,12 @@ class WebChannel:
         # The thread first (D162): a message is answered only if the thread shows it, in front
         # of its reply; a store that cannot hold it refuses the post before anything is taken.
         item = NewWebItem(
-            kind="message", id=inbound.message_id, text=body.text, author=author, at_ms=now
+            kind="message",
+            id=inbound.message_id,
+            text=body.text,
+            author=author,
+            files=tuple(attachment for attachment, _ in files),  # what was sent, not held
+            at_ms=now,
         )
         recorded = await self._record(
             ref,

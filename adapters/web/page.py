@@ -31,7 +31,7 @@ h1 { font-size: 1.15rem; margin: 0; word-break: break-all; }
 .item { border: 1px solid var(--line); border-radius: .5rem; padding: .5rem .75rem; }
 .item.message { background: var(--soft); margin-left: 3rem; }
 .item.reply { margin-right: 3rem; }
-.files a { display: block; margin-top: .3rem; }
+.files a, .files span { display: block; margin-top: .3rem; }
 .item.live { border-style: dashed; }
 .item.failure_notice { border-color: #d33; margin-right: 3rem; }
 .item.approval_request { border-color: #d90; margin-right: 3rem; }
@@ -289,10 +289,14 @@ _THREAD_SCRIPT = """
     liveBox.scrollIntoView({block: "end"});
   }
   function fileLinks(files) {
-    // a reply's files: download links (the name and type travel in the link; see get_file)
+    // a reply's files: download links (the name and type travel in the link; see get_file);
+    // a message's files: their names (the thread keeps no copy of what a person sent)
     const box = el("div", "files");
     for (const file of files) {
-      if (!file.blob) continue;
+      if (!file.blob) {
+        box.appendChild(el("span", "file", file.name + " (" + file.size + " bytes)"));
+        continue;
+      }
       const link = el("a", "file", file.name + " (" + file.size + " bytes)");
       link.href = "../../files/" + encodeURIComponent(file.blob) + "?" + space +
         "&name=" + encodeURIComponent(file.name) + "&type=" + encodeURIComponent(file.media_type);

@@ -69,6 +69,15 @@ async def test_an_upload_reaches_the_model_as_an_image_and_text(rig: ServiceRig)
     assert isinstance(parts[4], TextPart)
     assert parts[4].text.startswith("[file: spec.pdf]\n--- page 1 ---\nThe spec says ship")
     assert "image: image/png" in answer["text"]
+    # the thread shows what was sent: each file's name, type and size, none of its bytes
+    items = (await rig.http.get("/web/threads/t1")).json()["items"]
+    [message] = [item for item in items if item["kind"] == "message"]
+    assert [(f["name"], f["media_type"], f["blob"]) for f in message["files"]] == [
+        ("screen.png", "image/png", None),
+        ("config.json", "application/json", None),
+        ("spec.pdf", "application/pdf", None),
+    ]
+    assert message["files"][0]["size"] == len(image)
     # the same post again (a client's retry) is taken once
     again = await rig.http.post("/web/uploads/t1", json=body)
     assert again.status_code == 202 and again.json()["duplicate"] is True

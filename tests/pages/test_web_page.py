@@ -371,6 +371,9 @@ async def test_a_file_attached_in_the_composer_reaches_the_agent(
     await page.get_by_label("attach files").set_input_files(str(report))
     await _send(page, "what is in this report?")
     await expect(page.get_by_label("attach files")).to_have_value("")  # cleared once sent
+    # the message shows what it brought, by name and size (the thread keeps none of its bytes)
+    sent = page.locator(".item.message .files .file")
+    await expect(sent).to_have_text(["report.csv (31 bytes)"])
 
     reply = page.locator(".item.reply")
     await expect(reply).to_have_count(1)
