@@ -165,10 +165,8 @@ def image_refusal(data: bytes, limits: FileLimits) -> str | None:
     if image_format(data) is None:
         return "it is not a PNG, JPEG, GIF or WebP image"
     if len(data) > limits.max_image_bytes:
-        return (
-            f"it is {_size(len(data))}, over the {_size(limits.max_image_bytes)} "
-            "a model takes for an image"
-        )
+        size, limit = _over(len(data), limits.max_image_bytes)
+        return f"it is {size}, over the {limit} a model takes for an image"
     try:
         width, height = imagesize.get(io.BytesIO(data))
     except Exception:  # a header cut short or garbled: the library's errors are not typed
@@ -203,10 +201,21 @@ class FileLimits(Frozen):
     """The most pixels an image may have on a side (Anthropic's limit for one image)."""
 
 
-def _size(count: int) -> str:
+def _size(count: int, digits: int = 1) -> str:
     if count < 1000:
         return f"{count} bytes"
-    return f"{count / 1_000_000:.1f} MB" if count >= 1_000_000 else f"{count / 1000:.1f} KB"
+    if count >= 1_000_000:
+        return f"{count / 1_000_000:.{digits}f} MB"
+    return f"{count / 1000:.{digits}f} KB"
+
+
+def _over(size: int, limit: int) -> tuple[str, str]:
+    """`size` and the `limit` it is over, with the decimals it takes to tell them apart."""
+    for digits in (1, 2, 3):
+        shown = _size(size, digits), _size(limit, digits)
+        if shown[0] != shown[1]:
+            return shown
+    return f"{size:,} bytes", f"{limit:,} bytes"
 
 
 Find = Callable[[str], Awaitable[tuple[str, int] | None]]
@@ -231,7 +240,8 @@ def _declared_refusal(
 
 def _size_refusal(size: int, limits: FileLimits, taken_bytes: int) -> str | None:
     if size > limits.max_file_bytes:
-        return f"it is {_size(size)}, over the {_size(limits.max_file_bytes)} limit for one file"
+        shown, limit = _over(size, limits.max_file_bytes)
+        return f"it is {shown}, over the {limit} limit for one file"
     if taken_bytes + size > limits.max_message_bytes:
         return (
             f"a message's files may bring in {_size(limits.max_message_bytes)} together, "

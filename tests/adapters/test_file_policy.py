@@ -140,6 +140,13 @@ def test_an_image_a_model_would_refuse_says_why() -> None:
     assert image_refusal(png(1, 1) + b"\0" * 2_000, limits) == (
         "it is 2.1 KB, over the 2.0 KB a model takes for an image"
     )
+    # just over the default limit: the figures carry the decimals that tell them apart
+    assert image_refusal(png(1, 1) + b"\0" * 3_760_000, FileLimits()) == (
+        "it is 3.76 MB, over the 3.75 MB a model takes for an image"
+    )
+    assert image_refusal(png(1, 1) + b"\0" * 3_750_000, FileLimits()) == (
+        "it is 3,750,069 bytes, over the 3,750,000 bytes a model takes for an image"
+    )
 
 
 async def test_an_image_a_model_would_refuse_is_refused_on_the_way_in_and_not_held() -> None:
