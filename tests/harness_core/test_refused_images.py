@@ -14,12 +14,13 @@ from __future__ import annotations
 
 import base64
 import json
-from collections.abc import AsyncIterator, Iterator
+from collections.abc import AsyncIterator, Callable, Iterator
 from pathlib import Path
 from typing import Any
 
 import httpx
 import pytest
+from pydantic_ai.models import Model
 
 from harness_core.events import RetryScheduled
 from harness_core.messages import ImagePart, TextPart, UserMessage, message_text
@@ -52,7 +53,10 @@ def _allowed() -> Iterator[None]:
 
 
 async def _talking_to(kit: Kit, fake: FakeLLM, provider: str) -> Kit:
-    builders = {"anthropic": anthropic_model, "openai": openai_chat_model}
+    builders: dict[str, Callable[[FakeLLM], Model]] = {
+        "anthropic": anthropic_model,
+        "openai": openai_chat_model,
+    }
     kit.harness._rt.model = PydanticAIModel(lambda ref: builders[ref.provider](fake))
     await kit.harness.set_model(ModelRef(provider=provider, model_id="m"))
     return kit
