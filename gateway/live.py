@@ -59,8 +59,10 @@ def _status(event_: Any) -> str | None:
     if kind == "tool_start":
         return f"is running {event_.tool_name}…"
     if kind == "retry_scheduled":
-        # a retry sent at once (images withheld, D289) says no wait
-        when = f" in {event_.delay_ms / 1000:.0f} s" if event_.delay_ms >= 500 else ""
+        # a retry sent at once (images withheld, D289) says no wait; a wait is a whole second
+        # or more (round() halves to even: 0.5 s would read "in 0 s")
+        delay = event_.delay_ms
+        when = f" in {max(round(delay / 1000), 1)} s" if delay > 0 else ""
         return f"is retrying{when} (attempt {event_.attempt + 1} of {event_.max_attempts})…"
     if kind == "compaction_start":
         return "is compacting the conversation…"

@@ -282,3 +282,4 @@ def test_a_retry_says_how_long_it_waits_and_nothing_when_it_does_not() -> None:
 
     assert _status(retry(4000)) == "is retrying in 4 s (attempt 2 of 3)…"
     assert _status(retry(0)) == "is retrying (attempt 2 of 3)…"
+    assert _status(retry(500)) == "is retrying in 1 s (attempt 2 of 3)…"  # never "in 0 s"
