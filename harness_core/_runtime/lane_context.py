@@ -168,25 +168,29 @@ class LaneContext:
             return messages
         return without_images(messages, withheld.count)
 
-    def withhold_images(self, messages: tuple[AgentMessage, ...]) -> tuple[Withheld | None] | None:
+    @property
+    def withheld(self) -> Withheld | None:
+        """The images withheld from this lane's requests (set back when withholding failed)."""
+        return self._withheld
+
+    @withheld.setter
+    def withheld(self, value: Withheld | None) -> None:
+        self._withheld = value
+
+    def withhold_images(self, messages: tuple[AgentMessage, ...]) -> bool:
         """Withhold every image of `messages` (the window, just read) from later requests (D289).
 
         Called when a provider refused a request as invalid: a refused image would otherwise
-        be sent, and refused, with every later request of the lane. Returns what to put back
-        (`restore_withheld`) if withholding them does not help, or None when the window holds
+        be sent, and refused, with every later request of the lane. False when the window holds
         no image not withheld already (nothing would change, so nothing is worth trying).
         """
         before = self._withheld
         start = self._start()
         done = before.count if before is not None and before.start == start else 0
         if count_images(messages[done:]) == 0:
-            return None
+            return False
         self._withheld = Withheld(start, len(messages))
-        return (before,)
-
-    def restore_withheld(self, undo: tuple[Withheld | None]) -> None:
-        """Put back what `withhold_images` changed (the provider refused the request anyway)."""
-        self._withheld = undo[0]
+        return True
 
     def _start(self) -> str | None:
         return self._context[0].id if self._context else None

@@ -143,23 +143,36 @@ class Steps(Part):
         return is_context_overflow(message, info) or is_recoverable_length(message, desired, window)
 
     async def _backoff(self, step: StepKind, attempt: int, message: AssistantMessage) -> None:
-        retry = self.rt.options.retry
         error = message.error
-        delay = retry.delay_ms(attempt, error.retry_after_ms if error else None)
-        name = self.lane.name
+        delay = self.rt.options.retry.delay_ms(attempt, error.retry_after_ms if error else None)
+        self._retry_scheduled(step, attempt, delay, error.message if error else "")
+        await self.fx.sleep(delay / 1000)
+        self._retry_start(step, attempt)
+
+    def _withheld_retry(self, attempt: int, refused: AssistantMessage) -> None:
+        """Tell subscribers the refused request goes again at once, its images withheld."""
+        reason = refused.error.message if refused.error is not None else ""
+        note = f"{reason} (sent again without the conversation's images)"
+        self._retry_scheduled("assistant", attempt, 0, note)
+        self._retry_start("assistant", attempt)
+
+    def _retry_scheduled(self, step: StepKind, attempt: int, delay_ms: int, error: str) -> None:
         self._emit(
             RetryScheduled(
-                lane=name,
+                lane=self.lane.name,
                 run_id=self.op.id,
                 step=step,
                 attempt=attempt,
-                max_attempts=retry.max_attempts,
-                delay_ms=delay,
-                error_message=error.message if error else "",
+                max_attempts=self.rt.options.retry.max_attempts,
+                delay_ms=delay_ms,
+                error_message=error,
             )
         )
-        await self.fx.sleep(delay / 1000)
-        self._emit(RetryStart(lane=name, run_id=self.op.id, step=step, attempt=attempt + 1))
+
+    def _retry_start(self, step: StepKind, attempt: int) -> None:
+        self._emit(
+            RetryStart(lane=self.lane.name, run_id=self.op.id, step=step, attempt=attempt + 1)
+        )
 
     async def assistant_step(self) -> tuple[StoredEntry, AssistantMessage]:
         span = self.telemetry.start("harness.step", self.span, self._step_attributes("assistant"))
@@ -223,7 +236,8 @@ class Steps(Part):
         """
         fx = self.fx
         retried = False
-        undo: tuple[Withheld | None] | None = None
+        withheld = False  # this step withheld the window's images after a refusal (D289)
+        before: Withheld | None = None
         while True:
             if self.op.aborting:
                 raise _Aborted()
@@ -259,33 +273,16 @@ class Steps(Part):
                 await self._backoff(kind, attempt, final)
                 continue
             if kind == "assistant" and _refused(final):
-                if undo is not None:  # refused with the images withheld too: not why (D289)
-                    self.lane.context.restore_withheld(undo)
+                if withheld:  # refused with the images withheld too: they were not why
+                    self.lane.context.withheld = before
                 else:
-                    window = await self.lane.context.messages()
-                    undo = self.lane.context.withhold_images(window)
-                    if undo is not None:
+                    before = self.lane.context.withheld
+                    withheld = self.lane.context.withhold_images(await self.lane.context.messages())
+                    if withheld:
                         retried = True
                         self._withheld_retry(attempt, final)
                         continue
             return this_id, final, attempt, retried
-
-    def _withheld_retry(self, attempt: int, refused: AssistantMessage) -> None:
-        """Tell subscribers the refused request goes again at once, its images withheld."""
-        name = self.lane.name
-        reason = refused.error.message if refused.error is not None else ""
-        self._emit(
-            RetryScheduled(
-                lane=name,
-                run_id=self.op.id,
-                step="assistant",
-                attempt=attempt,
-                max_attempts=self.rt.options.retry.max_attempts,
-                delay_ms=0,
-                error_message=f"{reason} (sent again without the conversation's images)",
-            )
-        )
-        self._emit(RetryStart(lane=name, run_id=self.op.id, step="assistant", attempt=attempt + 1))
 
     def _retry_end(
         self, kind: StepKind, attempt: int, *, success: bool, final_error: str | None = None
