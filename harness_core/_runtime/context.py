@@ -8,7 +8,12 @@ token estimates live here too; all of it is pure.
 
 from __future__ import annotations
 
+import binascii
+import io
+import math
 from collections.abc import Mapping, Sequence
+
+import imagesize  # type: ignore[import-untyped]  # no stubs; get() -> (width, height)
 
 from harness_core import texts
 from harness_core.messages import (
@@ -35,6 +40,7 @@ __all__ = [
     "count_images",
     "estimate_tokens",
     "heal_tool_results",
+    "image_tokens",
     "plan_compaction",
     "project",
     "project_entry",
@@ -132,8 +138,43 @@ def _decoded_size(data: str) -> int:
     return len(data) * 3 // 4 - (len(data) - len(data.rstrip("=")))
 
 
+# What one image costs a request, by Anthropic's published rule: an image is scaled to fit
+# 1,568 pixels a side and about 1.15 megapixels (its table: 1092 x 1092 costs about 1,590), then
+# costs width x height / 750 tokens, so at most about 1,600 (OpenAI's high detail is at most
+# 1,105 for one image: this is the larger).
+_IMAGE_SIDE = 1568
+_IMAGE_PIXELS = 1092 * 1092
+_PIXELS_A_TOKEN = 750
+IMAGE_MAX_TOKENS = 1600
+# An image's size is in its header: a PNG, GIF or WebP's first bytes, a JPEG's frame header
+# after its metadata segments (EXIF with a thumbnail is at most 64 KiB).
+_HEADER_CHARS = 96 * 1024
+
+
+def image_tokens(part: ImagePart) -> int:
+    """What `part` is estimated to cost a request in tokens, from its width and height.
+
+    An image whose size cannot be read from its first bytes counts as the most one can cost.
+    """
+    head = part.data[:_HEADER_CHARS]
+    try:
+        size = imagesize.get(io.BytesIO(binascii.a2b_base64(head[: len(head) // 4 * 4])))
+        width, height = int(size[0]), int(size[1])
+    except Exception:  # a cut or garbled header: the library's errors are not typed
+        return IMAGE_MAX_TOKENS
+    if width <= 0 or height <= 0:
+        return IMAGE_MAX_TOKENS
+    scale = min(1.0, _IMAGE_SIDE / max(width, height), math.sqrt(_IMAGE_PIXELS / (width * height)))
+    return max(1, min(IMAGE_MAX_TOKENS, round(width * scale * height * scale / _PIXELS_A_TOKEN)))
+
+
 def _chars(message: AgentMessage) -> int:
-    return len(message_text(message)) + 16
+    chars = len(message_text(message)) + 16
+    if not isinstance(message, AssistantMessage):
+        for part in message.content:
+            if isinstance(part, ImagePart):
+                chars += 4 * image_tokens(part)  # estimates are in characters, four a token
+    return chars
 
 
 class ContextWindow:
@@ -187,7 +228,10 @@ class ContextWindow:
 
 
 def estimate_tokens(messages: Sequence[AgentMessage], system_prompt: str | None = None) -> int:
-    """A deterministic size estimate: four characters a token plus a small per-message overhead."""
+    """A deterministic size estimate: four characters a token plus a small per-message overhead.
+
+    An image counts by its pixels (`image_tokens`), not by the length of its base64.
+    """
     chars = len(system_prompt or "")
     for message in messages:
         chars += _chars(message)
