@@ -9,8 +9,9 @@ import pytest
 
 pytest.register_assert_rewrite("harness_core.testing")
 
-# Headless Chromium fixtures (browser, page, console_errors) for the tests of the web pages.
-pytest_plugins = ["tests.support.browser"]
+# Headless Chromium fixtures (browser, page, console_errors) for the tests of the web pages, and
+# the fake model provider's (fake, model_requests).
+pytest_plugins = ["tests.support.browser", "tests.support.fake_llm_fixtures"]
 
 import pydantic_ai.models  # noqa: E402
 

@@ -12,7 +12,7 @@ from __future__ import annotations
 
 import base64
 import contextlib
-from collections.abc import AsyncIterator, Iterator
+from collections.abc import AsyncIterator
 from pathlib import Path
 
 import httpx
@@ -20,15 +20,11 @@ import pytest
 from pydantic import SecretStr
 
 from gateway.channels import gateway_settings
-from tests.support.fake_llm import FakeLLM, allow_model_requests
+from tests.support.fake_llm import FakeLLM
 from tests.support.file_samples import image
 from tests.support.service_rig import ServiceRig, serving
 
-
-@pytest.fixture(autouse=True)
-def _allowed() -> Iterator[None]:
-    with allow_model_requests():
-        yield
+pytestmark = pytest.mark.usefixtures("model_requests")
 
 
 @contextlib.asynccontextmanager

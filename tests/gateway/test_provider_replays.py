@@ -9,7 +9,6 @@ off, and the usage total a provider reported is the one stored.
 
 from __future__ import annotations
 
-from collections.abc import AsyncIterator, Iterator
 from pathlib import Path
 
 import pytest
@@ -25,7 +24,7 @@ from harness_core.models import ModelRequest, ToolDefinition
 from harness_core.models.pydantic_ai import PydanticAIModel
 from harness_core.session.types import RecordQuery
 from harness_core.storage import open_repo
-from tests.support.fake_llm import FakeLLM, allow_model_requests
+from tests.support.fake_llm import FakeLLM
 from tests.support.gateway_rig import lane_texts
 
 EXAMPLE = "examples.agent"
@@ -60,16 +59,7 @@ PROVIDERS = {
 }
 
 
-@pytest.fixture
-async def fake() -> AsyncIterator[FakeLLM]:
-    async with FakeLLM() as server:
-        yield server
-
-
-@pytest.fixture(autouse=True)
-def _allowed() -> Iterator[None]:
-    with allow_model_requests():
-        yield
+pytestmark = pytest.mark.usefixtures("model_requests")
 
 
 def settings_for(tmp_path: Path, fake: FakeLLM, provider: str) -> Settings:

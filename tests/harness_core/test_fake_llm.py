@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 import asyncio
-from collections.abc import AsyncIterator, Callable, Iterator
+from collections.abc import Callable
 
 import aiohttp
 import pytest
@@ -63,16 +63,7 @@ BACKGROUND: OpenAIResponsesModelSettings = {"openai_background": True}
 PROMPT: list[ModelMessage] = [ModelRequest.user_text_prompt("deploy 42", instructions="Be brief.")]
 
 
-@pytest.fixture
-async def fake() -> AsyncIterator[FakeLLM]:
-    async with FakeLLM() as server:
-        yield server
-
-
-@pytest.fixture(autouse=True)
-def _allowed() -> Iterator[None]:
-    with allow_model_requests():  # the suite forbids model requests; this fake is local
-        yield
+pytestmark = pytest.mark.usefixtures("model_requests")
 
 
 async def ask(

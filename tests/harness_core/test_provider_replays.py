@@ -10,7 +10,7 @@ run, and the results go back to the provider. A new shape is one line in `EXCHAN
 
 from __future__ import annotations
 
-from collections.abc import AsyncIterator, Callable, Iterator
+from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Literal
@@ -36,7 +36,6 @@ from harness_core.session.types import EntryQuery, RecordQuery
 from harness_core.tools import Tool, ToolContext
 from tests.support.fake_llm import (
     FakeLLM,
-    allow_model_requests,
     anthropic_model,
     openai_chat_model,
     openai_responses_model,
@@ -247,17 +246,12 @@ EXCHANGES = {
 }
 
 
-@pytest.fixture
-async def fake() -> AsyncIterator[FakeLLM]:
-    async with FakeLLM() as server:
-        yield server
+pytestmark = pytest.mark.usefixtures("model_requests")
 
 
 @pytest.fixture(autouse=True)
-def _allowed() -> Iterator[None]:
+def _no_calls_yet() -> None:
     RAN.clear()
-    with allow_model_requests():
-        yield
 
 
 @pytest.mark.parametrize("exchange", list(EXCHANGES.values()), ids=list(EXCHANGES))

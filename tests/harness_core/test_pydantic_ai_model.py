@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import base64
 import json
-from collections.abc import AsyncIterator, Callable, Iterator
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -26,7 +26,6 @@ from harness_core.session.types import RecordQuery
 from harness_core.tools import ToolContext, ToolOutput, tool
 from tests.support.fake_llm import (
     FakeLLM,
-    allow_model_requests,
     anthropic_model,
     openai_chat_model,
     openai_responses_model,
@@ -41,16 +40,7 @@ BUILDERS: dict[str, Callable[[FakeLLM], Model]] = {
 }
 
 
-@pytest.fixture
-async def fake() -> AsyncIterator[FakeLLM]:
-    async with FakeLLM() as server:
-        yield server
-
-
-@pytest.fixture(autouse=True)
-def _allowed() -> Iterator[None]:
-    with allow_model_requests():  # the suite forbids real model requests; the fake is local
-        yield
+pytestmark = pytest.mark.usefixtures("model_requests")
 
 
 def client_for(fake: FakeLLM) -> PydanticAIModel:

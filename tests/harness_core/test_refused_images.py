@@ -14,7 +14,7 @@ from __future__ import annotations
 
 import base64
 import json
-from collections.abc import AsyncIterator, Callable, Iterator
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -30,7 +30,6 @@ from harness_core.result import Ok
 from harness_core.session.types import RecordQuery
 from tests.support.fake_llm import (
     FakeLLM,
-    allow_model_requests,
     anthropic_model,
     openai_chat_model,
 )
@@ -40,16 +39,7 @@ from tests.support.harness_kit import Kit, make_kit
 NOTE = "It is not shown: the model provider refused a request that carried it."
 
 
-@pytest.fixture
-async def fake() -> AsyncIterator[FakeLLM]:
-    async with FakeLLM() as server:
-        yield server
-
-
-@pytest.fixture(autouse=True)
-def _allowed() -> Iterator[None]:
-    with allow_model_requests():
-        yield
+pytestmark = pytest.mark.usefixtures("model_requests")
 
 
 async def _talking_to(kit: Kit, fake: FakeLLM, provider: str) -> Kit:

@@ -10,7 +10,7 @@ names, and two names that sanitize alike stay two tools.
 from __future__ import annotations
 
 import re
-from collections.abc import AsyncIterator, Callable, Iterator, Mapping
+from collections.abc import Callable, Mapping
 from pathlib import Path
 from typing import Any
 
@@ -37,7 +37,6 @@ from harness_core.session import EntryQuery, MessageEntry
 from harness_core.tools import Tool, ToolContext
 from tests.support.fake_llm import (
     FakeLLM,
-    allow_model_requests,
     anthropic_model,
     openai_chat_model,
     openai_responses_model,
@@ -79,16 +78,7 @@ def ran(name: str) -> str:
     return f"tool #{[DOTTED, TWIN, LONG, PLAIN].index(name)} ran"
 
 
-@pytest.fixture
-async def fake() -> AsyncIterator[FakeLLM]:
-    async with FakeLLM() as server:
-        yield server
-
-
-@pytest.fixture(autouse=True)
-def _allowed() -> Iterator[None]:
-    with allow_model_requests():  # the suite forbids real model requests; the fake is local
-        yield
+pytestmark = pytest.mark.usefixtures("model_requests")
 
 
 def client_for(fake: FakeLLM) -> PydanticAIModel:
