@@ -11,8 +11,9 @@ benchmarks run several services in one process). Three kinds of numbers:
   These are the shared state of every process over the store and broker.
 * **Counted in this process** as it works: takeovers, accepted messages, operations and their
   durations (from the harness's events), model tokens and cost (from its usage events, failed
-  attempts included), delivery attempts and their durations, and the MCP servers' calls by
-  outcome, restarts and whether each is up (`Metrics` is their connections' `CallObserver`).
+  attempts included), model requests sent again by what failed, delivery attempts and their
+  durations, and the MCP servers' calls by outcome, restarts and whether each is up (`Metrics`
+  is their connections' `CallObserver`).
 * ``gateway_metrics_read_errors_total``: scrape-time reads that failed (the previous values
   are kept and served).
 
@@ -54,8 +55,10 @@ from harness_core import (
     CompactionEnd,
     CompactionStart,
     LaneStatus,
+    ModelErrorKind,
     NavigationEnd,
     NavigationStart,
+    RetryScheduled,
     RunEnd,
     RunStart,
     RunSuspend,
@@ -64,12 +67,14 @@ from harness_core import (
     UsageEvent,
 )
 
-__all__ = ["LANE_STATUSES", "MCP_OUTCOMES", "Metrics"]
+__all__ = ["LANE_STATUSES", "MCP_OUTCOMES", "MODEL_ERROR_KINDS", "Metrics"]
 
 log = logging.getLogger("gateway.metrics")
 
 LANE_STATUSES: Final = get_args(LaneStatus)
 """Every value of ``gateway_lanes{status}`` (each is served, 0 when no lane has it)."""
+MODEL_ERROR_KINDS: Final = get_args(ModelErrorKind)
+"""Every value of ``gateway_model_retries_total{kind}``."""
 _OUTCOMES: Final = {
     "run": ("completed", "aborted", "failed"),
     "compaction": ("completed", "declined", "aborted", "failed"),
@@ -201,6 +206,13 @@ class Metrics:
             "Model cost in US dollars (every request, failed attempts included).",
             registry=registry,
         )
+        self.model_retries = Counter(
+            "gateway_model_retries",
+            "Model requests sent again after a failed attempt, by what failed (invalid_request: "
+            "sent without the thread's images, D289).",
+            ("kind",),
+            registry=registry,
+        )
         self.operations = Counter(
             "gateway_operations",
             "Lane operations that ended in this process, by kind and outcome.",
@@ -246,6 +258,8 @@ class Metrics:
                 self.operations.labels(kind, outcome)
         for token_kind in _TOKEN_KINDS:
             self.tokens.labels(token_kind)
+        for error_kind in MODEL_ERROR_KINDS:
+            self.model_retries.labels(error_kind)
         for reason in ("approval", "deferred"):
             self.suspensions.labels(reason)
         for source in ("broker", "store"):
@@ -345,8 +359,12 @@ class Metrics:
             if total > 0:
                 self.cost.inc(total)
 
+        def retry(event: RetryScheduled) -> None:
+            self.model_retries.labels(event.error_kind or "unknown").inc()
+
         events = harness.events
         offs = [
+            events.on_any("retry_scheduled", retry),
             *(
                 events.on_any(name, begin)
                 for name in ("run_start", "run_resume", "compaction_start", "navigation_start")

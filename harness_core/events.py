@@ -19,6 +19,7 @@ from harness_core.messages import (
     AgentMessage,
     AssistantMessage,
     DeferredHandle,
+    ModelErrorKind,
     TokenUsage,
     ToolResultMessage,
 )
@@ -197,6 +198,8 @@ class RetryScheduled(_Event):
     max_attempts: int
     delay_ms: int
     error_message: str
+    error_kind: ModelErrorKind | None = None
+    """What failed (``invalid_request``: the request goes again with the images withheld)."""
 
 
 class RetryStart(_Event):

@@ -22,7 +22,7 @@ from config import Settings
 from gateway.broker import open_broker
 from gateway.channels import gateway_settings
 from gateway.deliverer import Deliverer, DelivererConfig
-from gateway.metrics import LANE_STATUSES, Metrics
+from gateway.metrics import LANE_STATUSES, MODEL_ERROR_KINDS, Metrics
 from gateway.service import Service
 from harness_core import TokenUsage, open_repo
 from harness_core.testing import ManualClock
@@ -276,6 +276,24 @@ async def test_the_series_stay_the_same_as_threads_come_and_go(
         "process_resident_memory_bytes",
         "python_gc_collections",
     }
+
+
+async def test_model_retries_are_counted_by_what_failed(services: Start) -> None:
+    gw: Running = await services()
+    before = await gw.samples()
+    assert {
+        ("gateway_model_retries_total", frozenset({("kind", k)})) for k in MODEL_ERROR_KINDS
+    } <= set(before)  # every kind is served from the first scrape on, at 0
+    await gw.post("throttled", "/busy now")
+    answers = await gw.answers("throttled", 1)
+    assert answers[-1]["text"] == "You said: /busy now"
+    samples = await gw.until(
+        lambda s: value(s, "gateway_operations_total", kind="run", outcome="completed") == 1
+    )
+    retries = {
+        kind: value(samples, "gateway_model_retries_total", kind=kind) for kind in MODEL_ERROR_KINDS
+    }
+    assert retries == {kind: float(kind == "rate_limit") for kind in MODEL_ERROR_KINDS}
 
 
 async def test_a_run_cut_by_a_drain_is_taken_over_and_counted(

@@ -100,7 +100,8 @@ async def test_a_refused_image_is_withheld_and_the_lane_goes_on(
     assert (_images(sent.body), _notes(sent.body)) == (0, 21)
     assert "(image/png, 73 bytes)" in json.dumps(sent.body)
     [retry] = retries
-    assert retry.delay_ms == 0 and "without the conversation's images" in retry.error_message
+    assert retry.delay_ms == 0 and retry.error_kind == "invalid_request"
+    assert "without the conversation's images" in retry.error_message
     assert "exceed max allowed size for many-image requests" in retry.error_message
     # both attempts are durable and counted, the refused one's usage recorded as an error
     usage = await kit.storage.find_records(RecordQuery(type="usage"))

@@ -4,6 +4,7 @@ append-only-context check over all of its requests (`assert_append_only`)."""
 
 from __future__ import annotations
 
+import asyncio
 from collections.abc import Awaitable, Callable, Sequence
 from pathlib import Path
 from typing import Any
@@ -18,7 +19,7 @@ from harness_core.hooks import BeforeRunEndEvent, BeforeRunEndResult, TransformC
 from harness_core.messages import AgentMessage, UserMessage, message_text, user_message
 from harness_core.models import ModelRequest
 from harness_core.models.scripted import deferred, error, length, text, tool_call, tool_calls
-from harness_core.options import CompactionSettings
+from harness_core.options import CompactionSettings, RetryPolicy
 from harness_core.result import Ok, Outcome
 from harness_core.session.entries import CompactionEntry
 from harness_core.session.records import (
@@ -198,8 +199,15 @@ async def test_retry_then_success(backend, tmp_path) -> None:
 
 async def test_retries_exhausted_give_up(backend, tmp_path) -> None:
     kit = await make_kit(backend, tmp_path, [error("rate_limit")] * 3)
+    retries: list[Any] = []
+    kit.harness.events.on("retry_scheduled", retries.append)
     result = await kit.harness.prompt("hi")
     assert isinstance(result, Ok) and result.value.kind == "failed"
+    # two retries after attempts 1 and 2; the third failure ends the run at once
+    assert [(r.attempt, r.max_attempts, r.error_kind) for r in retries] == [
+        (1, 3, "rate_limit"),
+        (2, 3, "rate_limit"),
+    ]
     assert result.value.error is not None and result.value.error.code == "retries_exhausted"
     assert kit.writes == [
         ("H", "before_run"),
@@ -212,6 +220,27 @@ async def test_retries_exhausted_give_up(backend, tmp_path) -> None:
         ("R", "operation_finished:failed"),
     ]
     await assert_append_only(kit)
+
+
+async def test_the_last_attempt_fails_at_once_without_a_wait(backend, tmp_path) -> None:
+    # backoff 1 s, then 2 s: the third failure ends the run, it does not wait 4 s more first
+    kit = await make_kit(
+        backend,
+        tmp_path,
+        [error("overloaded")] * 3,
+        retry=RetryPolicy(max_attempts=3, initial_delay_ms=1_000),
+    )
+    waited: list[int] = []
+    kit.harness.events.on("retry_scheduled", lambda event: waited.append(event.delay_ms))
+    run = asyncio.create_task(kit.harness.prompt("hi"))
+    while not run.done():
+        await asyncio.sleep(0.01)
+        kit.clock.advance(500)
+    assert waited == [1_000, 2_000]
+    result = run.result()
+    assert isinstance(result, Ok) and result.value.kind == "failed"
+    assert result.value.error is not None and result.value.error.code == "retries_exhausted"
+    assert kit.clock.now_ms() - 1_700_000_000_000 <= 3_500  # 1 s + 2 s, then at once
 
 
 async def test_terminal_error(backend, tmp_path) -> None:

@@ -14,6 +14,7 @@ The model answers by the newest user message:
   charge is done once, then every attempt dies until an operator resumes with
   ``tool_recovery=never``;
 * ``/fail``: the model fails for good (an authentication error): the run fails;
+* ``/busy``: the first attempt is rate limited (retried after the policy's 1 s), then it echoes;
 * ``/stream``: the answer (`STREAMED_ANSWER`) is streamed in small chunks (see there);
 * ``/slowstream``: calls ``slow`` (1.5 s: its progress shows), then streams the same answer;
 * ``/cutoff``: the answer stops at the provider's own output limit (``length`` after 100
@@ -102,6 +103,8 @@ def respond(request: ModelRequest) -> AssistantMessage | Streamed:
         return tool_call("poison", {})
     if word == "/fail":
         return error("auth", retryable=False, message="the key was refused")
+    if word == "/busy" and request.attempt == 1:
+        return error("rate_limit", message="rate limited")  # retried after 1 s (the policy)
     if word == "/cutoff":
         return length(CUT_OFF_ANSWER, output_tokens=100)
     if word == "/charge-then-poison":

@@ -34,6 +34,7 @@ from harness_core.hooks import (
 )
 from harness_core.messages import (
     AssistantMessage,
+    ModelErrorKind,
     TextPart,
     TokenUsage,
     UserMessage,
@@ -145,18 +146,22 @@ class Steps(Part):
     async def _backoff(self, step: StepKind, attempt: int, message: AssistantMessage) -> None:
         error = message.error
         delay = self.rt.options.retry.delay_ms(attempt, error.retry_after_ms if error else None)
-        self._retry_scheduled(step, attempt, delay, error.message if error else "")
+        self._retry_scheduled(
+            step, attempt, delay, error.message if error else "", error.kind if error else None
+        )
         await self.fx.sleep(delay / 1000)
         self._retry_start(step, attempt)
 
     def _withheld_retry(self, attempt: int, refused: AssistantMessage) -> None:
         """Tell subscribers the refused request goes again at once, its images withheld."""
-        reason = refused.error.message if refused.error is not None else ""
-        note = f"{reason} (sent again without the conversation's images)"
-        self._retry_scheduled("assistant", attempt, 0, note)
+        error = refused.error
+        note = f"{error.message if error else ''} (sent again without the conversation's images)"
+        self._retry_scheduled("assistant", attempt, 0, note, error.kind if error else None)
         self._retry_start("assistant", attempt)
 
-    def _retry_scheduled(self, step: StepKind, attempt: int, delay_ms: int, error: str) -> None:
+    def _retry_scheduled(
+        self, step: StepKind, attempt: int, delay_ms: int, error: str, kind: ModelErrorKind | None
+    ) -> None:
         self._emit(
             RetryScheduled(
                 lane=self.lane.name,
@@ -166,6 +171,7 @@ class Steps(Part):
                 max_attempts=self.rt.options.retry.max_attempts,
                 delay_ms=delay_ms,
                 error_message=error,
+                error_kind=kind,
             )
         )
 
@@ -268,11 +274,13 @@ class Steps(Part):
             final = await self._stream(await build(options, attempt), span)
             await fx.append_record(self.usage(kind, this_id, attempt, final))  # the ledger first
             await screen(this_id, final, options)
+            last = attempt >= retry.max_attempts  # at the cap: fail now, no wait, no retry said
             if final.stop_reason == "error" and is_retryable(final):
                 retried = True
-                await self._backoff(kind, attempt, final)
+                if not last:
+                    await self._backoff(kind, attempt, final)
                 continue
-            if kind == "assistant" and _refused(final):
+            if kind == "assistant" and not last and _refused(final):
                 if withheld:  # refused with the images withheld too: they were not why
                     self.lane.context.withheld = before
                 else:
