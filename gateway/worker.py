@@ -78,7 +78,7 @@ from harness_core import (
     SessionStorage,
     ToolRecovery,
 )
-from harness_core.events import ApprovalDecidedEvent
+from harness_core.events import ApprovalDecidedEvent, RetryScheduled, RunEnd
 from harness_core.messages import UserMessage
 from harness_core.session.records import ApprovalRequested
 
@@ -381,6 +381,10 @@ class Worker:
             session.unhook.append(
                 self._live.watch(harness.events, lambda lane: self._thread_for(session, lane))
             )
+        session.unhook.append(harness.events.on("run_end", lambda e: _failed(session_id, e)))
+        session.unhook.append(
+            harness.events.on("retry_scheduled", lambda e: _retrying(session_id, e))
+        )
         self.active[session_id] = session
         log.info(event("session taken", session=session_id, suspended=len(suspended)))
         try:
@@ -1205,4 +1209,28 @@ def _audit(
         target=target,
         outcome=outcome,
         details=details,
+    )
+
+
+def _failed(session: str, end: RunEnd) -> None:
+    """Log a run that ended failed, with its code (the model's error kind, ``retries_exhausted``).
+
+    Never the provider's words: they may quote the request or part of a key.
+    """
+    if end.outcome == "failed":
+        code = end.error.code if end.error is not None else "failed"
+        log.warning(event("run failed", session=session, lane=end.lane, code=code))
+
+
+def _retrying(session: str, retry: RetryScheduled) -> None:
+    """Log a model request that failed and goes again: what failed, and when it goes."""
+    log.info(
+        event(
+            "model request retried",
+            session=session,
+            lane=retry.lane,
+            kind=retry.error_kind or "unknown",
+            attempt=retry.attempt,
+            delay_ms=retry.delay_ms,
+        )
     )

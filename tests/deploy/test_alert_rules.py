@@ -65,6 +65,8 @@ FIRES_BY: Mapping[str, str] = {
     "GatewayApprovalWaiting": "24h15m",  # a day, then `for: 10m`
     "GatewayMetricsStale": "15m",  # failures in every 5 min window, then `for: 10m`
     "GatewayMcpServerDown": "7m",  # `for: 5m`
+    "GatewayRunsFailing": "30m",  # a 10 min window, then `for: 15m`
+    "GatewayModelThrottled": "30m",  # a 10 min window, then `for: 15m`
 }
 """When each alert must fire if its state lasts (and must not on a healthy gateway)."""
 
@@ -340,6 +342,49 @@ async def test_an_mcp_server_that_cannot_start_fires_mcp_server_down(tmp_path: P
     assert value(scrape, "gateway_mcp_server_up", server="demo") == 1
     down = {"GatewayMcpServerDown": [{**REPLICA, "server": "broken"}]}
     fires(scrape, ONCE, down, tmp_path, "mcp")
+
+
+# -- the model side: a refused key, a throttling provider ------------------------------------
+
+
+async def test_a_model_that_refuses_the_key_fires_runs_failing(tmp_path: Path) -> None:
+    async with serving(_settings(tmp_path)) as gw:
+        for thread in ("a", "b", "c"):
+            await gw.post(thread, "/fail")  # the scripted model: an authentication error
+        for thread in ("a", "b", "c"):
+            [notice] = await gw.answers(thread, 1)
+            assert "(auth)" in notice["text"]
+        scrape = await gw.until(
+            lambda s: (
+                idle(s) and value(s, "gateway_operations_total", kind="run", outcome="failed") == 3
+            )
+        )
+    assert value(scrape, "gateway_operations_total", kind="run", outcome="completed") == 0
+    # three failures once: a burst that stopped, nothing fires
+    fires(scrape, ONCE, {}, tmp_path, "failing-once")
+    # every run keeps failing: page
+    failing = {"GatewayRunsFailing": [{**JOB, "kind": "run"}]}
+    fires(scrape, RECURRING, failing, tmp_path, "failing-recurring")
+
+
+async def test_a_throttling_provider_fires_model_throttled(tmp_path: Path) -> None:
+    threads = [f"t{n}" for n in range(6)]
+    async with serving(_settings(tmp_path)) as gw:
+        for thread in threads:
+            await gw.post(thread, "/busy")  # rate limited once, answered 1 s later
+        for thread in threads:
+            [answer] = await gw.answers(thread, 1)
+            assert answer["text"] == "You said: /busy"
+        scrape = await gw.until(
+            lambda s: (
+                idle(s)
+                and value(s, "gateway_operations_total", kind="run", outcome="completed") == 6
+            )
+        )
+    assert value(scrape, "gateway_model_retries_total", kind="rate_limit") == 6
+    # six retries once: nothing; six every 5 minutes, and the runs still answer: a warning
+    fires(scrape, ONCE, {}, tmp_path, "throttled-once")
+    fires(scrape, RECURRING, {"GatewayModelThrottled": [JOB]}, tmp_path, "throttled-recurring")
 
 
 # -- a crash: `gateway serve` killed -----------------------------------------------------------

@@ -8,6 +8,7 @@ caches are turned off (``*_ttl_s = 0``) except where the cache itself is tested.
 from __future__ import annotations
 
 import asyncio
+import logging
 import random
 from collections.abc import AsyncIterator, Awaitable, Callable
 from pathlib import Path
@@ -278,7 +279,10 @@ async def test_the_series_stay_the_same_as_threads_come_and_go(
     }
 
 
-async def test_model_retries_are_counted_by_what_failed(services: Start) -> None:
+async def test_model_retries_are_counted_by_what_failed(
+    services: Start, caplog: pytest.LogCaptureFixture
+) -> None:
+    caplog.set_level(logging.INFO, logger="gateway.worker")
     gw: Running = await services()
     before = await gw.samples()
     assert {
@@ -294,6 +298,21 @@ async def test_model_retries_are_counted_by_what_failed(services: Start) -> None
         kind: value(samples, "gateway_model_retries_total", kind=kind) for kind in MODEL_ERROR_KINDS
     }
     assert retries == {kind: float(kind == "rate_limit") for kind in MODEL_ERROR_KINDS}
+    # and the log says so, for the operator who reads it after an alert
+    await gw.post("refused", "/fail")
+    assert "(auth)" in (await gw.answers("refused", 1))[-1]["text"]
+    logged = {
+        (str(r.msg), tuple(sorted(getattr(r.msg, "fields", {}).items())))
+        for r in caplog.records
+        if str(r.msg) in ("model request retried", "run failed")
+    }
+    assert {
+        (name, dict(fields).get("kind") or dict(fields).get("code")) for name, fields in logged
+    } == {
+        ("model request retried", "rate_limit"),
+        ("run failed", "auth"),
+    }
+    assert all(dict(fields)["lane"].startswith("web:") for _, fields in logged)
 
 
 async def test_a_run_cut_by_a_drain_is_taken_over_and_counted(
