@@ -54,7 +54,7 @@ from harness_core import (
     PendingApproval,
     RequestOptions,
     Result,
-    RetryScheduled,
+    RetryEnd,
     SessionError,
     SessionRepo,
     Tool,
@@ -170,7 +170,7 @@ async def _ask(
         if exc.code != "already_exists":
             raise
     lease = await _acquire(repo)
-    retries: list[RetryScheduled] = []
+    gave_up: list[RetryEnd] = []
     try:
         storage = await repo.open(SESSION, lease=lease)
         harness, suspended = await AgentHarness.create(
@@ -183,7 +183,7 @@ async def _ask(
             )
         )
         try:
-            harness.events.on("retry_scheduled", retries.append)
+            harness.events.on("retry_end", gave_up.append)
             for op in suspended:
                 lane = await harness.lane(op.lane)
                 if lane is not None and op.lane == lane_name:
@@ -212,7 +212,7 @@ async def _ask(
                 if not isinstance(created, Ok):
                     raise AskFailed(created.error.message)
                 lane = created.value
-            retries.clear()
+            gave_up.clear()
             prompted = await _until_done(lane, lane.prompt(question), ctrl_c)
             result = await _decided(lane, prompted, agent.decide, ctrl_c)
         finally:
@@ -231,7 +231,7 @@ async def _ask(
     outcome = result.value
     final = outcome.final_message
     if outcome.kind != "completed" or final is None:
-        raise AskFailed(_why(outcome, retries))
+        raise AskFailed(_why(outcome, [e.final_error for e in gave_up if not e.success]))
     out.append(answer_text(final))
     usage = final.usage
     if usage is not None:
@@ -334,13 +334,14 @@ def _call_text(call: PendingApproval) -> str:
     return f"{call.tool_name} {args}"
 
 
-def _why(outcome: Outcome, retries: list[RetryScheduled]) -> str:
+def _why(outcome: Outcome, gave_up: list[str | None]) -> str:
     """Why a run ended without an answer, with the model's own error when it gave up retrying."""
     error = outcome.error
     if error is None:
         return f"the run ended {outcome.kind}"
-    if error.code == "retries_exhausted" and retries:
-        return f"{error.message}; the last error: {retries[-1].error_message}"
+    last = gave_up[-1] if gave_up else None
+    if error.code == "retries_exhausted" and last:
+        return f"{error.message}; the last error: {last}"
     if outcome.kind == "failed":
         return f"the run failed: {error.message}"
     return f"the run ended {outcome.kind}: {error.message}"

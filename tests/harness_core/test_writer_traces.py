@@ -232,6 +232,8 @@ async def test_the_last_attempt_fails_at_once_without_a_wait(backend, tmp_path) 
     )
     waited: list[int] = []
     kit.harness.events.on("retry_scheduled", lambda event: waited.append(event.delay_ms))
+    ends: list[Any] = []
+    kit.harness.events.on("retry_end", ends.append)
     run = asyncio.create_task(kit.harness.prompt("hi"))
     while not run.done():
         await asyncio.sleep(0.01)
@@ -241,6 +243,9 @@ async def test_the_last_attempt_fails_at_once_without_a_wait(backend, tmp_path) 
     assert isinstance(result, Ok) and result.value.kind == "failed"
     assert result.value.error is not None and result.value.error.code == "retries_exhausted"
     assert kit.clock.now_ms() - 1_700_000_000_000 <= 3_500  # 1 s + 2 s, then at once
+    # giving up says what the provider said the last time, not only that the cap was reached
+    [end] = ends
+    assert (end.attempt, end.success, end.final_error) == (3, False, "scripted failure")
 
 
 async def test_terminal_error(backend, tmp_path) -> None:

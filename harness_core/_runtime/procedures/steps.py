@@ -244,6 +244,7 @@ class Steps(Part):
         retried = False
         withheld = False  # this step withheld the window's images after a refusal (D289)
         before: Withheld | None = None
+        last_error: str | None = None  # the provider's words for the last retryable failure
         while True:
             if self.op.aborting:
                 raise _Aborted()
@@ -256,7 +257,8 @@ class Steps(Part):
                     assert step is not None
                     await fx.append_entry(_give_up(step.result_entry_id, error))
                 if retried:
-                    self._retry_end(kind, attempt - 1, success=False, final_error=error.message)
+                    final_error = last_error or error.message
+                    self._retry_end(kind, attempt - 1, success=False, final_error=final_error)
                 raise _RunFailed(error)
             options = await self._request_options(kind, attempt)
             this_id = result_id if result_id is not None else self._id()
@@ -277,6 +279,7 @@ class Steps(Part):
             last = attempt >= retry.max_attempts  # at the cap: fail now, no wait, no retry said
             if final.stop_reason == "error" and is_retryable(final):
                 retried = True
+                last_error = final.error.message if final.error is not None else None
                 if not last:
                     await self._backoff(kind, attempt, final)
                 continue
