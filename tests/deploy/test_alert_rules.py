@@ -210,15 +210,28 @@ async def serving(settings: Settings) -> AsyncIterator[Gateway]:
 # -- healthy -----------------------------------------------------------------------------------
 
 
+async def answered(
+    gw: Gateway, said: Mapping[str, str], counted: Callable[[str], bool]
+) -> tuple[list[str], str]:
+    """Post each thread its text and wait for its first answer; then scrape until nothing
+    waits and `counted` holds. The answers' texts and that scrape."""
+    for thread, text in said.items():
+        await gw.post(thread, text)
+    answers = [(await gw.answers(thread, 1))[0]["text"] for thread in said]
+    return answers, await gw.until(lambda s: idle(s) and counted(s))
+
+
+def runs(outcome: str, count: int) -> Callable[[str], bool]:
+    """A scrape counts `count` runs ended with `outcome`."""
+    return lambda s: value(s, "gateway_operations_total", kind="run", outcome=outcome) == count
+
+
 async def test_a_healthy_idle_gateway_fires_nothing(tmp_path: Path) -> None:
     async with serving(_settings(tmp_path)) as gw:
-        await gw.post("hello", "hello")
-        await gw.answers("hello", 1)
-        scrape = await gw.until(
-            lambda s: (
-                idle(s)
-                and value(s, "gateway_deliveries_total", channel="web", outcome="delivered") == 1
-            )
+        _, scrape = await answered(
+            gw,
+            {"hello": "hello"},
+            lambda s: value(s, "gateway_deliveries_total", channel="web", outcome="delivered") == 1,
         )
     assert value(scrape, "gateway_messages_accepted_total", channel="web") == 1
     # what it did, done once or again every 5 minutes: no alert either way
@@ -349,16 +362,9 @@ async def test_an_mcp_server_that_cannot_start_fires_mcp_server_down(tmp_path: P
 
 async def test_a_model_that_refuses_the_key_fires_runs_failing(tmp_path: Path) -> None:
     async with serving(_settings(tmp_path)) as gw:
-        for thread in ("a", "b", "c"):
-            await gw.post(thread, "/fail")  # the scripted model: an authentication error
-        for thread in ("a", "b", "c"):
-            [notice] = await gw.answers(thread, 1)
-            assert "(auth)" in notice["text"]
-        scrape = await gw.until(
-            lambda s: (
-                idle(s) and value(s, "gateway_operations_total", kind="run", outcome="failed") == 3
-            )
-        )
+        # the scripted model: an authentication error
+        notices, scrape = await answered(gw, dict.fromkeys("abc", "/fail"), runs("failed", 3))
+    assert all("(auth)" in notice for notice in notices)
     assert value(scrape, "gateway_operations_total", kind="run", outcome="completed") == 0
     # three failures once: a burst that stopped, nothing fires
     fires(scrape, ONCE, {}, tmp_path, "failing-once")
@@ -368,19 +374,10 @@ async def test_a_model_that_refuses_the_key_fires_runs_failing(tmp_path: Path) -
 
 
 async def test_a_throttling_provider_fires_model_throttled(tmp_path: Path) -> None:
-    threads = [f"t{n}" for n in range(6)]
+    said = {f"t{n}": "/busy" for n in range(6)}  # rate limited once, answered 1 s later
     async with serving(_settings(tmp_path)) as gw:
-        for thread in threads:
-            await gw.post(thread, "/busy")  # rate limited once, answered 1 s later
-        for thread in threads:
-            [answer] = await gw.answers(thread, 1)
-            assert answer["text"] == "You said: /busy"
-        scrape = await gw.until(
-            lambda s: (
-                idle(s)
-                and value(s, "gateway_operations_total", kind="run", outcome="completed") == 6
-            )
-        )
+        answers, scrape = await answered(gw, said, runs("completed", 6))
+    assert answers == ["You said: /busy"] * 6
     assert value(scrape, "gateway_model_retries_total", kind="rate_limit") == 6
     # six retries once: nothing; six every 5 minutes, and the runs still answer: a warning
     fires(scrape, ONCE, {}, tmp_path, "throttled-once")

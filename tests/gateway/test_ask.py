@@ -9,7 +9,6 @@ import signal
 import subprocess
 import sys
 import time
-from collections.abc import AsyncIterator, Iterator
 from pathlib import Path
 from typing import Any
 
@@ -22,20 +21,8 @@ from gateway.cli import main
 from gateway.models import ModelConfigError, model_from_settings
 from harness_core import PendingApproval, ToolResultMessage
 from harness_core.storage import open_repo
-from tests.support.fake_llm import FakeLLM, allow_model_requests
+from tests.support.fake_llm import FakeLLM
 from tests.support.gateway_rig import lane_texts
-
-
-@pytest.fixture
-async def fake() -> AsyncIterator[FakeLLM]:
-    async with FakeLLM() as server:
-        yield server
-
-
-@pytest.fixture
-def allowed() -> Iterator[None]:
-    with allow_model_requests():
-        yield
 
 
 def test_ask_with_the_default_scripted_model(
@@ -61,7 +48,7 @@ def stored_bytes(directory: Path) -> bytes:
 
 @pytest.mark.parametrize("provider", ["openai", "anthropic"])
 async def test_ask_a_real_provider_over_http(
-    tmp_path: Path, fake: FakeLLM, allowed: None, provider: str
+    tmp_path: Path, fake: FakeLLM, model_requests: None, provider: str
 ) -> None:
     base = fake.openai_base_url if provider == "openai" else fake.anthropic_base_url
     settings = Settings(
