@@ -13,7 +13,12 @@ from dataclasses import dataclass
 from itertools import islice
 from typing import TYPE_CHECKING
 
-from harness_core._runtime.context import ContextWindow, count_images, without_images
+from harness_core._runtime.context import (
+    ContextWindow,
+    count_images,
+    estimate_tokens,
+    without_images,
+)
 from harness_core._runtime.reduction import LaneState, configure
 from harness_core.messages import AgentMessage
 from harness_core.session.entries import CompactionEntry, CustomEntry, EntryType
@@ -196,7 +201,13 @@ class LaneContext:
         return self._context[0].id if self._context else None
 
     async def tokens(self, system_prompt: str | None) -> int:
-        """The estimated size of a request carrying the context window and `system_prompt`."""
+        """The estimated size of a request carrying the context window and `system_prompt`.
+
+        On a lane with images withheld (D289) the notes sent in their place are counted, not
+        the images (a walk of the window: only such lanes pay it).
+        """
+        if self._withheld is not None:
+            return estimate_tokens(await self.request_messages(), system_prompt)
         return (await self._projected()).tokens(system_prompt)
 
     async def configuration(self) -> LaneConfiguration:

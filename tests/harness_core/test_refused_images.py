@@ -22,9 +22,16 @@ import httpx
 import pytest
 from pydantic_ai.models import Model
 
+from harness_core import texts
 from harness_core.events import RetryScheduled
-from harness_core.messages import ImagePart, TextPart, UserMessage, message_text
-from harness_core.models import ModelRef
+from harness_core.messages import (
+    AssistantMessage,
+    ImagePart,
+    TextPart,
+    UserMessage,
+    message_text,
+)
+from harness_core.models import ModelRef, ModelRequest
 from harness_core.models.pydantic_ai import PydanticAIModel
 from harness_core.result import Ok
 from harness_core.session.types import RecordQuery
@@ -128,10 +135,27 @@ async def test_a_refused_image_is_withheld_and_the_lane_goes_on(
     assert (_images(fake.requests[-1].body), _notes(fake.requests[-1].body)) == (0, 22)
 
 
+class _Estimates(PydanticAIModel):
+    """The real client, keeping each request's size estimate."""
+
+    estimates: list[int | None]
+
+    async def request(
+        self,
+        request: ModelRequest,
+        on_update: Callable[[AssistantMessage], None] | None = None,
+    ) -> AssistantMessage:
+        self.estimates.append(request.estimated_input_tokens)
+        return await super().request(request, on_update)
+
+
 async def test_a_model_without_image_input_answers_with_a_note(
     tmp_path: Path, fake: FakeLLM
 ) -> None:
     kit = await _talking_to(await make_kit("memory", tmp_path), fake, "openai")
+    client = _Estimates(lambda ref: openai_chat_model(fake))
+    client.estimates = []
+    kit.harness._rt.model = client
     fake.vision = False
     fake.reply("I cannot see images, but the note says you sent one.")
     answer = await _answered(kit, _message("what is this?", image("png")))
@@ -142,6 +166,11 @@ async def test_a_model_without_image_input_answers_with_a_note(
     fake.reply("Hello.")
     assert await _answered(kit, "hello") == "Hello."
     assert len(fake.requests) == 3 and fake.refused_images == 1
+    # the image counted while it was sent (a 16 x 16 icon: 1 token), the note once it is not
+    sent_image, sent_note, later = client.estimates
+    assert sent_image is not None and sent_note is not None and later is not None
+    note = len(texts.image_withheld("image/png", len(image("png")))) // 4
+    assert sent_note - sent_image == pytest.approx(note, abs=2)
 
 
 async def test_a_refusal_the_images_did_not_cause_fails_and_keeps_them(
