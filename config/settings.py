@@ -251,6 +251,14 @@ class Settings(BaseModel):
         le=20,
         description="Interrupted executions of one operation before its lane is parked stuck.",
     )
+    max_turns: int = Field(
+        default=40,
+        ge=1,
+        le=1000,
+        description="Model turns (a model step and its tool calls) a run may take for one "
+        "message; then it stops, turn_limit, instead of asking the model again (a model calling "
+        "tools in a loop would run on, and bill, until stopped).",
+    )
     drain_seconds: float = Field(
         default=10.0,
         gt=0,

@@ -179,6 +179,7 @@ async def _ask(
                 model_client=client,
                 model=model,
                 tools=agent.tools,
+                max_turns=settings.max_turns,
                 request_options=RequestOptions(max_output_tokens=settings.model_max_output_tokens),
             )
         )

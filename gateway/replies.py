@@ -105,6 +105,11 @@ def entry_id_of(dedupe_key: str) -> str:
 def failure_text(error: OperationError | None) -> str:
     """A short failure notice: what kind of failure, never provider or tool internals."""
     code = error.code if error is not None else "failed"
+    if code == "turn_limit":  # asking again the same way would loop again
+        return (
+            "Sorry, I stopped before finishing: this took more steps than one request may "
+            "(turn_limit). You can ask again, perhaps in smaller parts."
+        )
     return f"Sorry, I could not finish this ({code}). You can ask again; an operator can retry it."
 
 

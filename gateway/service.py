@@ -231,6 +231,7 @@ class Service:
                 system_prompt=profiles.default_prompt(),  # a lane no profile was given yet
                 clock=clock,
                 max_attempts=settings.max_attempts,  # per lane: the worker's profiles
+                max_turns=settings.max_turns,
                 lease_renew_ms=int(settings.renew_seconds * 1000),
                 request_options=RequestOptions(max_output_tokens=settings.model_max_output_tokens),
                 tracer=tracer,

@@ -99,6 +99,12 @@ class AgentHarnessOptions:
     is parked stuck, for every lane or per lane (a function of the lane's name: a service whose
     lanes serve different agents); per-request retries are `retry.max_attempts`."""
 
+    def __post_init__(self) -> None:
+        if self.max_turns is not None and self.max_turns < 1:
+            raise ValueError(
+                f"max_turns must be at least 1 (or None: no limit), not {self.max_turns}"
+            )
+
     def max_attempts_of(self, lane: str) -> int:
         """Lane `lane`'s attempt cap (`max_attempts`, asked of the lane when a function)."""
         cap = self.max_attempts
@@ -112,6 +118,11 @@ class AgentHarnessOptions:
     again when next used. Reloading costs a lane's bounded restore reads (a few queries); the
     default keeps a busy channel's recent threads warm in ~4 MiB."""
     compaction: CompactionSettings = field(default_factory=CompactionSettings)
+    max_turns: int | None = None
+    """Assistant turns (a model step and its tool batch) a run may take for one input: the
+    prompt, a steer or a follow-up each start the count again. At the limit the run fails
+    ``turn_limit`` instead of asking the model once more, so a model calling tools in a loop
+    stops instead of running, and billing, until someone aborts it. None: no limit."""
     steering_mode: QueueMode = "all"
     follow_up_mode: QueueMode = "all"
     tool_execution: Literal["parallel", "sequential"] = "parallel"

@@ -182,6 +182,9 @@ class OperationState:
     attempts: int = 1
     """Executions of this operation begun in its current budget: the first is 1, each resume
     after a crash adds one (`OperationResumed`), an operator's `unstick` starts again at 1."""
+    turns: int = 0
+    """Assistant messages this run produced since its newest consumed input (the prompt, a
+    steer, a follow-up): what `max_turns` limits. Errors and deferred placeholders do not count."""
 
     @property
     def overflow_recovery_used(self) -> bool:
@@ -555,6 +558,11 @@ def _message(
         changes["tool_batch"] = _evolve(batch, calls=tuple(calls))
     if conversational:
         changes["last_conversational_seq"] = stored.seq
+        changes["turns"] = 0
+    elif (
+        isinstance(message, AssistantMessage) and not is_error and message.stop_reason != "deferred"
+    ):
+        changes["turns"] = op.turns + 1
     stop_reason = message.stop_reason if isinstance(message, AssistantMessage) else None
     changes["newest_own"] = NewestOwn(
         entry_id=entry_id, role=message.role, stop_reason=stop_reason, failure=failure

@@ -495,6 +495,12 @@ SCENARIOS = [
     ),
     Scenario("terminal error", scripted_turns(error("invalid_request", retryable=False))),
     Scenario(
+        "a tool loop stopped at the turn limit",
+        scripted_turns(calls(("echo", "c1")), calls(("echo", "c2")), text("never asked for")),
+        {"echo": "never"},
+        options={"max_turns": 2},
+    ),
+    Scenario(
         "an image the provider refuses, withheld",
         scripted_turns(refuses_images(calls(("echo", "c1"))), refuses_images(text("done"))),
         {"echo": "never"},

@@ -14,6 +14,8 @@ The model answers by the newest user message:
   charge is done once, then every attempt dies until an operator resumes with
   ``tool_recovery=never``;
 * ``/fail``: the model fails for good (an authentication error): the run fails;
+* ``/loop``: calls ``slow`` (1 ms) after every result, never answering: a run stops only at
+  its turn limit (``GATEWAY_MAX_TURNS``);
 * ``/busy``: the first attempt is rate limited (retried after the policy's 1 s), then it echoes;
 * ``/stream``: the answer (`STREAMED_ANSWER`) is streamed in small chunks (see there);
 * ``/slowstream``: calls ``slow`` (1.5 s: its progress shows), then streams the same answer;
@@ -82,6 +84,8 @@ def respond(request: ModelRequest) -> AssistantMessage | Streamed:
     users = [m for m in request.messages if isinstance(m, UserMessage)]
     said = message_text(users[-1]) if users else ""
     word, _, rest = said.partition(" ")
+    if word == "/loop":
+        return tool_call("slow", {"ms": 1})
     if isinstance(last, ToolResultMessage):
         if word == "/slowstream":
             return streamed(STREAMED_ANSWER, chunk_chars=4, pause_ms=120)

@@ -107,6 +107,13 @@ def _message_error(message: AssistantMessage) -> OperationError:
     )
 
 
+def _turn_limit(limit: int) -> OperationError:
+    return OperationError(
+        code="turn_limit",
+        message=f"the model took {limit} turns without finishing (the run's limit, max_turns)",
+    )
+
+
 def _truncation() -> OperationError:
     return OperationError(
         code="context_overflow", message="the conversation does not fit the model's context window"

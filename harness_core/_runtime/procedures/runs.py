@@ -18,6 +18,7 @@ from harness_core._runtime.procedures.common import (
     _RunFailed,
     _tool_calls,
     _truncation,
+    _turn_limit,
 )
 from harness_core._runtime.procedures.steps import Steps
 from harness_core._runtime.procedures.structural import Structural
@@ -136,6 +137,9 @@ class Run(Part):
             if await self.structural.context_over_limit():
                 await self.structural.auto_compact("threshold")
             if needs_assistant(self.op):
+                limit = self.rt.options.max_turns
+                if limit is not None and self.op.turns >= limit:
+                    raise _RunFailed(_turn_limit(limit))
                 outcome = await self._run_turn()
                 if outcome is not None:
                     return outcome
