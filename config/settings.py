@@ -688,8 +688,8 @@ class Settings(BaseModel):
         """The profile of a thread of `space` in `channel`: its route's, else the default.
 
         The route is the one `route_for` takes (the first match). The profile returned has
-        instructions, busy_policy and max_attempts filled from the top level when it leaves
-        them unset; model stays unset when unset (the service's model: ``GATEWAY_MODEL`` or
+        instructions, busy_policy, max_attempts and max_turns filled from the top level when it
+        leaves them unset; model stays unset when unset (the service's model: ``GATEWAY_MODEL`` or
         the plugin's), and so do allow_tools (every tool) and approvers (the channel's rule).
         """
         for route in self.routes:
@@ -712,6 +712,7 @@ class Settings(BaseModel):
                 else self.instructions,
                 "busy_policy": profile.busy_policy or self.busy_policy,
                 "max_attempts": profile.max_attempts or self.max_attempts,
+                "max_turns": profile.max_turns or self.max_turns,
             }
         )
 
@@ -775,8 +776,8 @@ _ACCEPTED = {
     "routes": 'a list of routes {"channel", "space", "session", "profile"}: JSON in '
     "GATEWAY_ROUTES, [[routes]] tables in TOML",
     "profiles": 'a list of profiles {"name", "instructions", "model", "allow_tools", '
-    '"deny_tools", "approvers", "busy_policy", "max_attempts"}: JSON in GATEWAY_PROFILES, '
-    "[[profiles]] tables in TOML",
+    '"deny_tools", "approvers", "busy_policy", "max_attempts", "max_turns"}: JSON in '
+    "GATEWAY_PROFILES, [[profiles]] tables in TOML",
     "instructions": "text (up to 100,000 characters)",
     "plugin": "a Python module like agent (./agent.py) or mypkg.agent, or the path of a .py "
     "file like examples/agent.py",

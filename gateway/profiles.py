@@ -237,6 +237,11 @@ class LaneProfiles:
         profile = self.of(thread) if thread is not None else self._default
         return profile.max_attempts or self.settings.max_attempts
 
+    def turns(self, thread: ThreadRef | None) -> int:
+        """The turn limit of `thread`'s lane (the default profile's when unknown)."""
+        profile = self.of(thread) if thread is not None else self._default
+        return profile.max_turns or self.settings.max_turns
+
     def default_prompt(self) -> str | None:
         """The system prompt of a lane that holds no profile entry: the default instructions."""
         return self._default.instructions

@@ -536,7 +536,9 @@ class Worker:
                 if thread is not None:
                     threads[lane] = thread
         return dataclasses.replace(
-            options, max_attempts=lambda lane: profiles.attempts(threads.get(lane))
+            options,
+            max_attempts=lambda lane: profiles.attempts(threads.get(lane)),
+            max_turns=lambda lane: profiles.turns(threads.get(lane)),
         )
 
     async def _thread_of(self, session_id: str, lane: str) -> ThreadRef | None:

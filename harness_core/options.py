@@ -66,6 +66,10 @@ class CompactionSettings:
 SystemPrompt = str | Callable[[str], str] | None
 """A fixed system prompt, or a function of the lane name evaluated per request."""
 
+TurnCap = int | Callable[[str], int | None] | None
+"""A number of model turns a run may take for one input, for every lane or as a function of the
+lane name (asked at each checkpoint), or None: no limit."""
+
 AttemptCap = int | Callable[[str], int]
 """A number of attempts for every lane, or a function of the lane name (asked whenever a lane's
 attempts are judged: at restore, at each resume, in a lane's status)."""
@@ -100,10 +104,15 @@ class AgentHarnessOptions:
     lanes serve different agents); per-request retries are `retry.max_attempts`."""
 
     def __post_init__(self) -> None:
-        if self.max_turns is not None and self.max_turns < 1:
+        if isinstance(self.max_turns, int) and self.max_turns < 1:
             raise ValueError(
                 f"max_turns must be at least 1 (or None: no limit), not {self.max_turns}"
             )
+
+    def max_turns_of(self, lane: str) -> int | None:
+        """Lane `lane`'s turn limit (`max_turns`, asked of the lane when a function)."""
+        cap = self.max_turns
+        return cap(lane) if callable(cap) else cap
 
     def max_attempts_of(self, lane: str) -> int:
         """Lane `lane`'s attempt cap (`max_attempts`, asked of the lane when a function)."""
@@ -118,11 +127,12 @@ class AgentHarnessOptions:
     again when next used. Reloading costs a lane's bounded restore reads (a few queries); the
     default keeps a busy channel's recent threads warm in ~4 MiB."""
     compaction: CompactionSettings = field(default_factory=CompactionSettings)
-    max_turns: int | None = None
+    max_turns: TurnCap = None
     """Assistant turns (a model step and its tool batch) a run may take for one input: the
     prompt, a steer or a follow-up each start the count again. At the limit the run fails
     ``turn_limit`` instead of asking the model once more, so a model calling tools in a loop
-    stops instead of running, and billing, until someone aborts it. None: no limit."""
+    stops instead of running, and billing, until someone aborts it. For every lane or per lane
+    (a function of the lane's name, like `max_attempts`); None: no limit."""
     steering_mode: QueueMode = "all"
     follow_up_mode: QueueMode = "all"
     tool_execution: Literal["parallel", "sequential"] = "parallel"

@@ -108,9 +108,9 @@ def test_profiles_and_routes_from_variables(tmp_path: Path) -> None:
 
 
 def test_without_profiles_the_default_is_made_of_the_top_level() -> None:
-    settings = Settings(busy_policy="next_run", max_attempts=5)
+    settings = Settings(busy_policy="next_run", max_attempts=5, max_turns=7)
     default = settings.profile_for("web", "default")
-    assert default == Profile(name="default", busy_policy="next_run", max_attempts=5)
+    assert default == Profile(name="default", busy_policy="next_run", max_attempts=5, max_turns=7)
     assert settings.profile_named("default") == default
     assert settings.profile_named("nope") is None
 

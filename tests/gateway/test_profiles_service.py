@@ -57,6 +57,7 @@ SUPPORT = Profile(
     allow_tools=("tickets.*", "hold"),
     deny_tools=("tickets.delete",),
     busy_policy="next_run",
+    max_turns=2,
 )
 
 
@@ -106,12 +107,15 @@ class Agent:
 
 
 def respond(request: ModelRequest) -> AssistantMessage:
-    """``/deploy`` and ``/hold`` call those tools; a tool result is acknowledged; else echo."""
+    """``/deploy`` and ``/hold`` call those tools; a tool result is acknowledged; ``/loop``
+    searches after every result, never answering; else echo."""
     last = request.messages[-1]
-    if isinstance(last, ToolResultMessage):
-        return text(f"Done: {message_text(last)}")
     users = [m for m in request.messages if isinstance(m, UserMessage)]
     said = message_text(users[-1]).split("] ")[-1] if users else ""
+    if said == "/loop":
+        return tool_call("search_docs" if "search_docs" in _tools(request) else "tickets.search")
+    if isinstance(last, ToolResultMessage):
+        return text(f"Done: {message_text(last)}")
     if said == "/deploy":
         return tool_call("deploys.run", {"target": "prod"})
     if said == "/hold":
@@ -165,8 +169,11 @@ class Deployment:
         return [item["summary"] for item in response.json()["items"]]
 
 
-def _settings(tmp_path: Path, oncall: Profile = ONCALL, support: Profile = SUPPORT) -> Settings:
+def _settings(
+    tmp_path: Path, oncall: Profile = ONCALL, support: Profile = SUPPORT, **more: Any
+) -> Settings:
     return gateway_settings(
+        **more,
         store_url=f"sqlite:///{tmp_path}/store.db",
         broker_url=f"sqlite:///{tmp_path}/broker.db",
         web_url=f"sqlite:///{tmp_path}/web.db",
@@ -368,6 +375,20 @@ async def test_the_attempt_cap_is_the_profile_s(deploy: Deploy, tmp_path: Path) 
     assert shown.json()["status"] == "stuck"
     [done] = await web.answers("support", "ticket-1", 1)
     assert done["text"] == "Done: held"  # resumed: its second attempt
+
+
+async def test_the_turn_limit_is_the_profile_s(deploy: Deploy, tmp_path: Path) -> None:
+    web = await deploy(Agent(), _settings(tmp_path, max_turns=3))
+    await web.post("support", "ticket-1", "/loop")  # max_turns 2 (the profile's)
+    await web.post("oncall", "pager", "/loop")  # 3 (the top level's)
+    for space, thread, searched, turns in (
+        ("support", "ticket-1", "tickets.search", 2),
+        ("oncall", "pager", "search_docs", 3),
+    ):
+        [notice] = await web.answers(space, thread, 1)
+        assert notice["kind"] == "failure_notice" and "(turn_limit)" in notice["text"]
+        asked = [r for r in web.asked("/loop") if searched in _tools(r)]
+        assert len(asked) == turns, (space, len(asked))
 
 
 async def test_only_the_profile_s_and_the_tool_s_approvers_decide(deploy: Deploy) -> None:

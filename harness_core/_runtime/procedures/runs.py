@@ -137,7 +137,7 @@ class Run(Part):
             if await self.structural.context_over_limit():
                 await self.structural.auto_compact("threshold")
             if needs_assistant(self.op):
-                limit = self.rt.options.max_turns
+                limit = self.rt.options.max_turns_of(self.lane.name)
                 if limit is not None and self.op.turns >= limit:
                     raise _RunFailed(_turn_limit(limit))
                 outcome = await self._run_turn()
