@@ -17,17 +17,18 @@ from typing import Any
 import pytest
 
 from harness_core.messages import message_text
+from harness_core.models import ModelInfo
 from harness_core.models.scripted import error, text, tool_call
-from harness_core.options import AgentHarnessOptions
+from harness_core.options import AgentHarnessOptions, CompactionSettings
 from harness_core.result import Ok
 from harness_core.tools import Tool, ToolContext
 from tests.support.harness_kit import make_kit
 
 
-def _poll(ran: list[str]) -> Tool:
+def _poll(ran: list[str], result: str = "still pending") -> Tool:
     async def poll(args: Any, ctx: ToolContext) -> str:
         ran.append(ctx.tool_call_id)
-        return "still pending"
+        return result
 
     return Tool(name="poll", description="Poll a job", execute=poll)
 
@@ -63,6 +64,25 @@ async def test_an_answer_within_the_limit_completes(backend: str, tmp_path: Path
     assert outcome.value.final_message is not None
     assert message_text(outcome.value.final_message) == "the job is done"
     assert len(ran) == 2
+
+
+async def test_a_run_at_its_limit_does_not_compact_first(backend: str, tmp_path: Path) -> None:
+    # the poll's long result puts the window over the compaction threshold after the first
+    # turn: a run at its limit fails there, it does not ask the model for a summary first
+    kit = await make_kit(
+        backend,
+        tmp_path,
+        [text("first answer"), *_looping(3)],
+        tools=[_poll([], "pending " * 150)],
+        max_turns=1,
+        compaction=CompactionSettings(reserve_tokens=100, keep_recent_tokens=50),
+    )
+    kit.model.info = ModelInfo(context_window=400, max_output_tokens=100)
+    assert isinstance(await kit.harness.prompt("hello"), Ok)
+    outcome = await kit.harness.prompt("poll the job")
+    assert isinstance(outcome, Ok) and outcome.value.error is not None
+    assert outcome.value.error.code == "turn_limit"
+    assert [r.step for r in kit.model.requests] == ["assistant", "assistant"]
 
 
 async def test_failed_attempts_do_not_count(backend: str, tmp_path: Path) -> None:

@@ -134,12 +134,14 @@ class Run(Part):
                 await fx.consume_queue_item(op.id, "steer", item.id)
             if self.op.aborting:
                 return await self._abort_path()
-            if await self.structural.context_over_limit():
-                await self.structural.auto_compact("threshold")
             if needs_assistant(self.op):
+                # before compacting: a run at its limit asks the model nothing more, not a summary
                 limit = self.rt.options.max_turns_of(self.lane.name)
                 if limit is not None and self.op.turns >= limit:
                     raise _RunFailed(_turn_limit(limit))
+            if await self.structural.context_over_limit():
+                await self.structural.auto_compact("threshold")
+            if needs_assistant(self.op):
                 outcome = await self._run_turn()
                 if outcome is not None:
                     return outcome
