@@ -55,6 +55,7 @@ from harness_core import (
     RequestOptions,
     Result,
     RetryEnd,
+    RetryScheduled,
     SessionError,
     SessionRepo,
     Tool,
@@ -185,6 +186,7 @@ async def _ask(
         )
         try:
             harness.events.on("retry_end", gave_up.append)
+            harness.events.on("retry_scheduled", _retrying)
             for op in suspended:
                 lane = await harness.lane(op.lane)
                 if lane is not None and op.lane == lane_name:
@@ -295,6 +297,16 @@ def terminal() -> Decide | None:
         return answer.strip().lower() in ("y", "yes")
 
     return decide
+
+
+def _retrying(retry: RetryScheduled) -> None:
+    """Say on stderr that the model's request failed and goes again (the wait is not silent)."""
+    kind = retry.error_kind or "unknown"
+    when = f"in {max(1, round(retry.delay_ms / 1000))} s" if retry.delay_ms else "now"
+    sys.stderr.write(
+        f"(the model request failed: {kind}; attempt {retry.attempt + 1} of "
+        f"{retry.max_attempts} {when})\n"
+    )
 
 
 async def _line(prompt: str) -> str:

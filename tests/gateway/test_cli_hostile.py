@@ -432,7 +432,9 @@ def test_a_model_without_its_key_is_one_line_before_anything_is_written(
     assert not (tmp_path / "gw.db").exists()
 
 
-async def test_a_model_failure_says_its_real_cause(tmp_path: Path) -> None:
+async def test_a_model_failure_says_its_real_cause(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
     """Connection refused, HTTP 401 (one quoting the key) and 500, and a provider that never
     answers (in parallel).
 
@@ -519,3 +521,11 @@ async def test_a_model_failure_says_its_real_cause(tmp_path: Path) -> None:
     assert said == [(name, 1, line) for name, (_, line) in cases.items()]
     assert len(refusing.requests) == 1  # a refused key is not retried
     assert len(failing.requests) == len(hanging.requests) == 3
+    # the waits between attempts are said as they begin, not only the end (stderr)
+    retried = capsys.readouterr().err.splitlines()
+    for kind in ("network", "server", "timeout"):
+        assert [line for line in retried if f": {kind};" in line] == [
+            f"(the model request failed: {kind}; attempt 2 of 3 in 1 s)",
+            f"(the model request failed: {kind}; attempt 3 of 3 in 2 s)",
+        ], retried
+    assert not any(": auth;" in line for line in retried)
