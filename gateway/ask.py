@@ -36,6 +36,7 @@ from config import Settings
 from config.fields import number
 from gateway.errors import GatewayError
 from gateway.invocation import command
+from gateway.live import retry_wait
 from gateway.models import model_from_settings
 from gateway.plugin import load_plugin
 from gateway.redact import Redactor, redacting
@@ -302,7 +303,7 @@ def terminal() -> Decide | None:
 def _retrying(retry: RetryScheduled) -> None:
     """Say on stderr that the model's request failed and goes again (the wait is not silent)."""
     kind = retry.error_kind or "unknown"
-    when = f"in {max(1, round(retry.delay_ms / 1000))} s" if retry.delay_ms else "now"
+    when = retry_wait(retry.delay_ms) or "now"
     sys.stderr.write(
         f"(the model request failed: {kind}; attempt {retry.attempt + 1} of "
         f"{retry.max_attempts} {when})\n"

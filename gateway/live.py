@@ -25,7 +25,7 @@ from gateway.logs import event
 from harness_core import AssistantMessage, Clock, TextPart
 from harness_core.events import EventBus
 
-__all__ = ["LivePublisher", "ThreadOf", "live_views"]
+__all__ = ["LivePublisher", "ThreadOf", "live_views", "retry_wait"]
 
 log = logging.getLogger("gateway.live")
 
@@ -51,6 +51,15 @@ def answer_text(message: AssistantMessage) -> str:
     return "".join(part.text for part in message.content if isinstance(part, TextPart))
 
 
+def retry_wait(delay_ms: int) -> str | None:
+    """How long a retry waits, as a person reads it ("in 2 s"); None: it goes at once.
+
+    A retry sent at once (images withheld, D289) says no wait; a wait is a whole second or more
+    (round() halves to even: 0.5 s would read "in 0 s").
+    """
+    return f"in {max(round(delay_ms / 1000), 1)} s" if delay_ms > 0 else None
+
+
 def _status(event_: Any) -> str | None:
     """The progress phrase an event means (None: it changes nothing shown)."""
     kind = event_.type
@@ -59,10 +68,8 @@ def _status(event_: Any) -> str | None:
     if kind == "tool_start":
         return f"is running {event_.tool_name}…"
     if kind == "retry_scheduled":
-        # a retry sent at once (images withheld, D289) says no wait; a wait is a whole second
-        # or more (round() halves to even: 0.5 s would read "in 0 s")
-        delay = event_.delay_ms
-        when = f" in {max(round(delay / 1000), 1)} s" if delay > 0 else ""
+        wait = retry_wait(event_.delay_ms)
+        when = f" {wait}" if wait else ""
         return f"is retrying{when} (attempt {event_.attempt + 1} of {event_.max_attempts})…"
     if kind == "compaction_start":
         return "is compacting the conversation…"
