@@ -103,17 +103,6 @@ class AgentHarnessOptions:
     is parked stuck, for every lane or per lane (a function of the lane's name: a service whose
     lanes serve different agents); per-request retries are `retry.max_attempts`."""
 
-    def __post_init__(self) -> None:
-        if isinstance(self.max_turns, int) and self.max_turns < 1:
-            raise ValueError(
-                f"max_turns must be at least 1 (or None: no limit), not {self.max_turns}"
-            )
-
-    def max_turns_of(self, lane: str) -> int | None:
-        """Lane `lane`'s turn limit (`max_turns`, asked of the lane when a function)."""
-        cap = self.max_turns
-        return cap(lane) if callable(cap) else cap
-
     def max_attempts_of(self, lane: str) -> int:
         """Lane `lane`'s attempt cap (`max_attempts`, asked of the lane when a function)."""
         cap = self.max_attempts
@@ -133,6 +122,18 @@ class AgentHarnessOptions:
     ``turn_limit`` instead of asking the model once more, so a model calling tools in a loop
     stops instead of running, and billing, until someone aborts it. For every lane or per lane
     (a function of the lane's name, like `max_attempts`); None: no limit."""
+
+    def max_turns_of(self, lane: str) -> int | None:
+        """Lane `lane`'s turn limit (`max_turns`, asked of the lane when a function)."""
+        cap = self.max_turns
+        return cap(lane) if callable(cap) else cap
+
+    def __post_init__(self) -> None:
+        if isinstance(self.max_turns, int) and self.max_turns < 1:
+            raise ValueError(
+                f"max_turns must be at least 1 (or None: no limit), not {self.max_turns}"
+            )
+
     steering_mode: QueueMode = "all"
     follow_up_mode: QueueMode = "all"
     tool_execution: Literal["parallel", "sequential"] = "parallel"
