@@ -16,6 +16,7 @@ from typing import Any
 
 import pytest
 
+from harness_core.harness import AgentHarness
 from harness_core.messages import message_text
 from harness_core.models import ModelInfo
 from harness_core.models.scripted import error, text, tool_call
@@ -95,18 +96,18 @@ async def test_failed_attempts_do_not_count(backend: str, tmp_path: Path) -> Non
 
 async def test_a_steer_starts_the_count_again(backend: str, tmp_path: Path) -> None:
     ran: list[str] = []
-    kit = await make_kit(backend, tmp_path, [], tools=[_poll(ran)], max_turns=2)
+    harnesses: list[AgentHarness] = []
 
     async def poll_and_steer(args: Any, ctx: ToolContext) -> str:
         ran.append(ctx.tool_call_id)
         if ctx.tool_call_id == "c1":  # the second turn: a person says more
-            await kit.harness.steer("stop polling and tell me")
+            await harnesses[0].steer("stop polling and tell me")
         return "still pending"
 
-    kit = await kit.reopen(
-        script=[*_looping(3), text("it is still pending")],
-        tools=[Tool(name="poll", description="Poll a job", execute=poll_and_steer)],
-    )
+    poll = Tool(name="poll", description="Poll a job", execute=poll_and_steer)
+    script = [*_looping(3), text("it is still pending")]
+    kit = await make_kit(backend, tmp_path, script, tools=[poll], max_turns=2)
+    harnesses.append(kit.harness)
     outcome = await kit.harness.prompt("wait for the job")
     assert isinstance(outcome, Ok) and outcome.value.kind == "completed", outcome
     # turns 1 and 2, the steer, then turns 1 and 2 again (the third poll and the answer)
