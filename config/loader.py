@@ -24,6 +24,7 @@ from dotenv.parser import parse_stream
 from pydantic import BaseModel, SecretStr, ValidationError
 
 from config.fields import Relations, accepted_in, default_text_in, number
+from config.profiles import Profile
 from config.sections import Section
 from config.settings import _ACCEPTED, Settings
 
@@ -521,15 +522,18 @@ def _expected(field: str, loc: tuple[int | str, ...], table: Mapping[str, Settin
     return table[field].accepted()
 
 
+_PROFILE_WORDS = {
+    **dict.fromkeys(("allow_tools", "deny_tools", "approvers"), "a list of text"),
+    "busy_policy": "one of steer, follow_up, next_run",
+    "instructions": "text (up to 100,000 characters)",
+}
+"""What a profile's fields accept where their types do not say it well; the rest (the numbers:
+max_attempts, max_turns) are read from the model's bounds."""
+
+
 def _profile_field(name: int | str) -> str:
-    if name in ("allow_tools", "deny_tools", "approvers"):
-        return "a list of text"
-    if name == "busy_policy":
-        return "one of steer, follow_up, next_run"
-    if name == "max_attempts":
-        return "an integer from 1 to 20"
-    if name == "instructions":
-        return "text (up to 100,000 characters)"
+    if isinstance(name, str) and name in Profile.model_fields:
+        return accepted_in(Profile, name, _PROFILE_WORDS)
     return "text"
 
 

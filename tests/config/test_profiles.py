@@ -127,6 +127,11 @@ def test_without_profiles_the_default_is_made_of_the_top_level() -> None:
         (('name = "support"', 'name = "Support Team"'), "expected a profile name"),
         (('allow_tools = ["tickets.*"]', 'allow_tools = ["tickets *"]'), "not a tool-name"),
         (("max_attempts = 2", "max_attempts = 0"), "profiles[1].max_attempts=0"),
+        (("max_attempts = 2", "max_attempts = 0"), "expected an integer from 1 to 20"),
+        (
+            ("max_attempts = 2", "max_turns = 0"),
+            "expected an integer from 1 to 1000",
+        ),
         (('busy_policy = "follow_up"', 'busy_policy = "later"'), "one of steer, follow_up"),
         (('allow_tools = ["tickets.*"]', 'allow_tool = ["tickets.*"]'), "unknown key"),
         (('model = "anthropic:claude-sonnet-5-5"', 'model = "claude"'), "provider:model_id"),
