@@ -528,7 +528,7 @@ _PROFILE_WORDS = {
     "instructions": "text (up to 100,000 characters)",
 }
 """What a profile's fields accept where their types do not say it well; the rest (the numbers:
-max_attempts, max_turns) are read from the model's bounds."""
+max_attempts, max_turns, token_budget) are read from the model's bounds."""
 
 
 def _profile_field(name: int | str) -> str:

@@ -3,8 +3,8 @@
 A `Profile` is defined once (``[[profiles]]`` in TOML, ``GATEWAY_PROFILES`` JSON) and named by
 routes (``profile = "oncall"`` in a ``[[routes]]`` table); a thread whose route names none gets
 the default profile. A field a profile leaves unset is the top-level setting's (``model``,
-``busy_policy``, ``max_attempts``, ``max_turns``, ``instructions``); unset tools mean every
-tool, unset approvers the channel's own rule.
+``busy_policy``, ``max_attempts``, ``max_turns``, ``token_budget``, ``instructions``); unset
+tools mean every tool, unset approvers the channel's own rule.
 """
 
 from __future__ import annotations
@@ -78,6 +78,13 @@ class Profile(BaseModel):
         le=1000,
         description="Model turns a run may take for one message before it stops (turn_limit); "
         "unset: the top-level one.",
+    )
+    token_budget: int | None = Field(
+        default=None,
+        ge=1,
+        le=1_000_000_000,
+        description="Tokens one of this profile's threads may spend in all before its runs stop "
+        "(token_budget); unset: the top-level one.",
     )
 
     @field_validator("*", mode="before")

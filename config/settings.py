@@ -259,6 +259,14 @@ class Settings(BaseModel):
         "message; then it stops, turn_limit, instead of asking the model again (a model calling "
         "tools in a loop would run on, and bill, until stopped).",
     )
+    token_budget: int | None = Field(
+        default=None,
+        ge=1,
+        le=1_000_000_000,
+        description="Tokens one thread may spend in all (its ledger: every model request's, "
+        "failed attempts and summaries included); once spent, its runs stop, token_budget, "
+        "before asking the model again, and the thread is told (default: no budget).",
+    )
     drain_seconds: float = Field(
         default=10.0,
         gt=0,
@@ -688,9 +696,10 @@ class Settings(BaseModel):
         """The profile of a thread of `space` in `channel`: its route's, else the default.
 
         The route is the one `route_for` takes (the first match). The profile returned has
-        instructions, busy_policy, max_attempts and max_turns filled from the top level when it
-        leaves them unset; model stays unset when unset (the service's model: ``GATEWAY_MODEL`` or
-        the plugin's), and so do allow_tools (every tool) and approvers (the channel's rule).
+        instructions, busy_policy, max_attempts, max_turns and token_budget filled from the top
+        level when it leaves them unset; model stays unset when unset (the service's model:
+        ``GATEWAY_MODEL`` or the plugin's), and so do allow_tools (every tool) and approvers (the
+        channel's rule).
         """
         for route in self.routes:
             if route.matches(channel, space):
@@ -713,6 +722,7 @@ class Settings(BaseModel):
                 "busy_policy": profile.busy_policy or self.busy_policy,
                 "max_attempts": profile.max_attempts or self.max_attempts,
                 "max_turns": profile.max_turns or self.max_turns,
+                "token_budget": profile.token_budget or self.token_budget,
             }
         )
 
@@ -776,8 +786,8 @@ _ACCEPTED = {
     "routes": 'a list of routes {"channel", "space", "session", "profile"}: JSON in '
     "GATEWAY_ROUTES, [[routes]] tables in TOML",
     "profiles": 'a list of profiles {"name", "instructions", "model", "allow_tools", '
-    '"deny_tools", "approvers", "busy_policy", "max_attempts", "max_turns"}: JSON in '
-    "GATEWAY_PROFILES, [[profiles]] tables in TOML",
+    '"deny_tools", "approvers", "busy_policy", "max_attempts", "max_turns", "token_budget"}: '
+    "JSON in GATEWAY_PROFILES, [[profiles]] tables in TOML",
     "instructions": "text (up to 100,000 characters)",
     "plugin": "a Python module like agent (./agent.py) or mypkg.agent, or the path of a .py "
     "file like examples/agent.py",

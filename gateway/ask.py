@@ -182,6 +182,7 @@ async def _ask(
                 model=model,
                 tools=agent.tools,
                 max_turns=settings.max_turns,
+                token_budget=settings.token_budget,
                 request_options=RequestOptions(max_output_tokens=settings.model_max_output_tokens),
             )
         )

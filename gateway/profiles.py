@@ -242,6 +242,11 @@ class LaneProfiles:
         profile = self.of(thread) if thread is not None else self._default
         return profile.max_turns or self.settings.max_turns
 
+    def budget(self, thread: ThreadRef | None) -> int | None:
+        """The token budget of `thread`'s lane (the default profile's when unknown; None: none)."""
+        profile = self.of(thread) if thread is not None else self._default
+        return profile.token_budget or self.settings.token_budget
+
     def default_prompt(self) -> str | None:
         """The system prompt of a lane that holds no profile entry: the default instructions."""
         return self._default.instructions

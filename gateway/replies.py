@@ -110,6 +110,11 @@ def failure_text(error: OperationError | None) -> str:
             "Sorry, I stopped before finishing: this took more steps than one request may "
             "(turn_limit). You can ask again, perhaps in smaller parts."
         )
+    if code == "token_budget":  # asking again would fail the same way, at once
+        return (
+            "Sorry, I stopped: this thread has used the tokens it may spend (token_budget). "
+            "Start a new thread to go on, or ask an operator to raise its budget."
+        )
     return f"Sorry, I could not finish this ({code}). You can ask again; an operator can retry it."
 
 

@@ -232,6 +232,7 @@ class Service:
                 clock=clock,
                 max_attempts=settings.max_attempts,  # per lane: the worker's profiles
                 max_turns=settings.max_turns,
+                token_budget=settings.token_budget,
                 lease_renew_ms=int(settings.renew_seconds * 1000),
                 request_options=RequestOptions(max_output_tokens=settings.model_max_output_tokens),
                 tracer=tracer,

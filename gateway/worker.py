@@ -519,7 +519,7 @@ class Worker:
     async def _session_options(
         self, session_id: str, storage: SessionStorage, threads: dict[str, ThreadRef]
     ) -> AgentHarnessOptions:
-        """The session's harness options; with profiles, each lane's attempt cap its profile's.
+        """The session's harness options; with profiles, each lane's caps its profile's.
 
         A lane's cap is asked at the restore, before any message names the lane's thread: the
         threads of the lanes with an open operation are read first (a bounded read, like the
@@ -539,6 +539,7 @@ class Worker:
             options,
             max_attempts=lambda lane: profiles.attempts(threads.get(lane)),
             max_turns=lambda lane: profiles.turns(threads.get(lane)),
+            token_budget=lambda lane: profiles.budget(threads.get(lane)),
         )
 
     async def _thread_of(self, session_id: str, lane: str) -> ThreadRef | None:

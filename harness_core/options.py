@@ -70,6 +70,10 @@ TurnCap = int | Callable[[str], int | None] | None
 """A number of model turns a run may take for one input, for every lane or as a function of the
 lane name (asked at each checkpoint), or None: no limit."""
 
+TokenCap = int | Callable[[str], int | None] | None
+"""A number of tokens a lane may spend in all, for every lane or as a function of the lane name
+(asked at each checkpoint), or None: no budget."""
+
 AttemptCap = int | Callable[[str], int]
 """A number of attempts for every lane, or a function of the lane name (asked whenever a lane's
 attempts are judged: at restore, at each resume, in a lane's status)."""
@@ -128,11 +132,24 @@ class AgentHarnessOptions:
         cap = self.max_turns
         return cap(lane) if callable(cap) else cap
 
+    token_budget: TokenCap = None
+    """Tokens a lane may spend in all: its ledger's ``total_tokens`` (`AgentLane.get_usage`:
+    every request's, failed attempts and summaries included). At a checkpoint that would ask the
+    model once more, a lane whose ledger has reached it fails its run ``token_budget``; a new
+    input on that lane fails at its first checkpoint, so nothing more is spent. The check sits
+    between requests, so a run may pass the budget by the one request that crossed it. For every
+    lane or per lane (a function of the lane's name); None: no budget (and no ledger read)."""
+
+    def token_budget_of(self, lane: str) -> int | None:
+        """Lane `lane`'s token budget (`token_budget`, asked of the lane when a function)."""
+        cap = self.token_budget
+        return cap(lane) if callable(cap) else cap
+
     def __post_init__(self) -> None:
-        if isinstance(self.max_turns, int) and self.max_turns < 1:
-            raise ValueError(
-                f"max_turns must be at least 1 (or None: no limit), not {self.max_turns}"
-            )
+        for name in ("max_turns", "token_budget"):
+            value = getattr(self, name)
+            if isinstance(value, int) and value < 1:
+                raise ValueError(f"{name} must be at least 1 (or None: no limit), not {value}")
 
     steering_mode: QueueMode = "all"
     follow_up_mode: QueueMode = "all"

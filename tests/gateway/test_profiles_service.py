@@ -391,6 +391,19 @@ async def test_the_turn_limit_is_the_profile_s(deploy: Deploy, tmp_path: Path) -
         assert len(asked) == turns, (space, len(asked))
 
 
+async def test_the_token_budget_is_the_profile_s(deploy: Deploy, tmp_path: Path) -> None:
+    spends = SUPPORT.model_copy(update={"token_budget": 1})  # its first answer spends it
+    web = await deploy(Agent(), _settings(tmp_path, support=spends, token_budget=10**9))
+    for space, thread in (("support", "ticket-1"), ("oncall", "pager")):
+        await web.post(space, thread, "hello")
+        await web.answers(space, thread, 1)
+        await web.post(space, thread, "hello again")
+    [_, spent] = await web.answers("support", "ticket-1", 2)
+    assert spent["kind"] == "failure_notice" and "(token_budget)" in spent["text"]
+    [_, answered] = await web.answers("oncall", "pager", 2)
+    assert answered["text"] == "You said: hello again"  # the top level's budget is far off
+
+
 async def test_only_the_profile_s_and_the_tool_s_approvers_decide(deploy: Deploy) -> None:
     def tool_approvers(name: str) -> frozenset[str] | None:
         return frozenset({"bob"}) if name == "deploys.run" else None

@@ -24,6 +24,7 @@ READS = {
     "self.lane.context.entry",
     "self.lane.context.path_entries_of_type",
     "storage.find_entries_on_branch",
+    "storage.get_usage",
 }
 """Reads of committed state: not effects (a crash around a read changes nothing durable)."""
 

@@ -114,6 +114,13 @@ def _turn_limit(limit: int) -> OperationError:
     )
 
 
+def _over_budget(spent: int, budget: int) -> OperationError:
+    return OperationError(
+        code="token_budget",
+        message=f"the lane has spent {spent} tokens of its budget of {budget} (token_budget)",
+    )
+
+
 def _truncation() -> OperationError:
     return OperationError(
         code="context_overflow", message="the conversation does not fit the model's context window"

@@ -13,6 +13,7 @@ from harness_core._runtime.procedures.common import (
     _AwaitApproval,
     _give_up,
     _message_error,
+    _over_budget,
     _Overflow,
     _Park,
     _RunFailed,
@@ -136,9 +137,7 @@ class Run(Part):
                 return await self._abort_path()
             if needs_assistant(self.op):
                 # before compacting: a run at its limit asks the model nothing more, not a summary
-                limit = self.rt.options.max_turns_of(self.lane.name)
-                if limit is not None and self.op.turns >= limit:
-                    raise _RunFailed(_turn_limit(limit))
+                await self._within_limits()
             if await self.structural.context_over_limit():
                 await self.structural.auto_compact("threshold")
             if needs_assistant(self.op):
@@ -161,6 +160,19 @@ class Run(Part):
                 continue
             if await fx.try_finish_run(op.id, "completed") == "finished":
                 return await self._finished("completed")
+
+    async def _within_limits(self) -> None:
+        """Fail the run if it may not ask the model again: its turns, or its lane's budget."""
+        options, lane = self.rt.options, self.lane.name
+        limit = options.max_turns_of(lane)
+        if limit is not None and self.op.turns >= limit:
+            raise _RunFailed(_turn_limit(limit))
+        budget = options.token_budget_of(lane)
+        if budget is not None:  # the ledger is a running projection: one bounded read
+            storage = self.rt.storage
+            spent = (await storage.get_usage(lane=lane)).total_tokens
+            if spent >= budget:
+                raise _RunFailed(_over_budget(spent, budget))
 
     async def _run_end_event(self) -> BeforeRunEndEvent:
         messages = tuple(await self.lane.context.messages())
