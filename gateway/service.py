@@ -285,7 +285,7 @@ class Service:
             self.broker,
             self._ops_auth(),
             clock,
-            max_attempts=settings.max_attempts,
+            limits=profiles,
             mcp_health=lambda: self.mcp_health(),
         )
         self.app = build_app(

@@ -142,6 +142,7 @@ STEPS: dict[str, Step] = {
     "curl -s http://127.0.0.1:8787/web/threads/hello": Step(shows=(r'"text":"hello"',)),
     "scripts/run ops lanes --stuck": Step(),
     "scripts/run ops timeline web:hello": Step(shows=(r"You said: hello",)),
+    "scripts/run ops usage web:hello": Step(shows=(r"total: \d+ in / \d+ out, \d+ tokens",)),
     # web:card names a reader's stuck lane: on this fresh store there is none, and it says so
     "scripts/run ops resume web:card --tool-recovery never": Step(
         status=1, shows=(r"no lane 'web:card' \(scripts/run ops lanes lists them",)
@@ -527,6 +528,7 @@ async def test_run_it_talk_to_it_and_operate_it(fresh: Copy, serve: object) -> N
     for command in (
         "scripts/run ops lanes --stuck",
         "scripts/run ops timeline web:hello",
+        "scripts/run ops usage web:hello",
         "scripts/run ops resume web:card --tool-recovery never",
         "scripts/run ops deliveries",
         'scripts/run ops revoke web-default web:hello --reason "customer offboarded" --yes',

@@ -182,6 +182,7 @@ _SCRIPT = """
     add("status", lane.status + (lane.suspended ? " (" + lane.suspended + ")" : ""));
     add("operation", lane.operation_id ? lane.operation_kind + " " + lane.operation_id : "");
     add("attempts", lane.operation_id ? lane.attempts + " of " + lane.max_attempts : "");
+    add("token budget", lane.token_budget);
     add("last doing", lane.activity);
     add("last outcome", lane.last_outcome);
     add("error", lane.error ? lane.error.code + ": " + lane.error.message : "");

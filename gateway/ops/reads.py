@@ -10,7 +10,7 @@ from __future__ import annotations
 import contextlib
 import json
 from collections.abc import AsyncIterator, Mapping
-from typing import Any
+from typing import Any, Protocol
 
 from pydantic import ValidationError
 
@@ -42,6 +42,7 @@ from harness_core.session.entries import ActiveToolsChangeEntry, CustomEntry, Mo
 from harness_core.session.records import ApprovalDecided, ToolStarted, Usage
 
 __all__ = [
+    "LaneLimits",
     "allowed_actions",
     "lane_view",
     "read_only",
@@ -52,6 +53,30 @@ __all__ = [
 ]
 
 _POLICIES: tuple[ToolRecovery, ...] = ("declared", "never", "always")
+
+
+class LaneLimits(Protocol):
+    """A lane's caps, by the thread it answers (None: not known), as its worker applies them.
+
+    `gateway.profiles.LaneProfiles` is the one the service passes: a thread's profile's caps,
+    the top-level settings' where the profile sets none.
+    """
+
+    def attempts(self, thread: ThreadRef | None) -> int:
+        """Interrupted executions of one operation before the lane is parked stuck."""
+        ...
+
+    def budget(self, thread: ThreadRef | None) -> int | None:
+        """Tokens the lane may spend in all (None: no budget)."""
+        ...
+
+
+async def lane_thread(broker: Broker, session: str, lane: str) -> ThreadRef | None:
+    """The channel thread a lane answers, as the broker remembers it (None: unknown)."""
+    state = await broker.threads.get(session, lane)
+    return thread_ref(state.thread) if state is not None else None
+
+
 _SCAN = 500
 """Log items read per round while a lane's page is filled."""
 
@@ -101,10 +126,16 @@ async def lane_view(
     session: str,
     lane: str,
     *,
-    max_attempts: int,
+    limits: LaneLimits,
     held_by: str | None,
 ) -> LaneView:
-    """One lane as an operator sees it; `ApiError` 404 for a lane the session lacks."""
+    """One lane as an operator sees it; `ApiError` 404 for a lane the session lacks.
+
+    Its caps are its own: its thread's profile's, as its worker applies them.
+    """
+    state = await broker.threads.get(session, lane)
+    thread = thread_ref(state.thread) if state is not None else None
+    max_attempts = limits.attempts(thread)
     try:
         seen = await inspect_held(
             storage, broker, session, lane, max_attempts=max_attempts, held=held_by is not None
@@ -114,8 +145,6 @@ async def lane_view(
             raise ApiError(404, "not_found", f"no lane {lane!r} in session {session!r}") from exc
         raise
     info = seen.info
-    state = await broker.threads.get(session, lane)
-    thread = thread_ref(state.thread) if state is not None else None
     revocation = await revocation_of(broker.marks, session, lane, thread)
     return LaneView(
         id=lane_id(session, lane),
@@ -126,6 +155,7 @@ async def lane_view(
         suspended=info.suspended,
         attempts=info.attempts,
         max_attempts=max_attempts,
+        token_budget=limits.budget(thread),
         operation_id=info.operation_id,
         operation_kind=info.operation_kind,
         activity=seen.activity,

@@ -112,6 +112,9 @@ class LaneView(_View):
     """Why an open operation waits: crash, deferred or approval."""
     attempts: int = 0
     max_attempts: int
+    """The lane's attempt cap: its thread's profile's, else the top-level one."""
+    token_budget: int | None = None
+    """Tokens the lane may spend in all (its profile's, else the top level's; None: none)."""
     operation_id: str | None = None
     operation_kind: str | None = None
     activity: str | None = None

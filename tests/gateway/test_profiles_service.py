@@ -373,6 +373,7 @@ async def test_the_attempt_cap_is_the_profile_s(deploy: Deploy, tmp_path: Path) 
     )
     assert shown.status_code == 200, shown.text
     assert shown.json()["status"] == "stuck"
+    assert shown.json()["max_attempts"] == 1  # its own cap, not the top level's 3
     [done] = await web.answers("support", "ticket-1", 1)
     assert done["text"] == "Done: held"  # resumed: its second attempt
 
@@ -402,6 +403,13 @@ async def test_the_token_budget_is_the_profile_s(deploy: Deploy, tmp_path: Path)
     assert spent["kind"] == "failure_notice" and "(token_budget)" in spent["text"]
     [_, answered] = await web.answers("oncall", "pager", 2)
     assert answered["text"] == "You said: hello again"  # the top level's budget is far off
+    # operators see each lane's own budget, and what its ledger holds against it
+    for session, lane, budget in (("support", "web:ticket-1", 1), ("oncall", "web:pager", 10**9)):
+        path = f"/api/v1/lanes/{lane_id(session, lane)}"
+        shown = await web.http.get(path, headers=AS_OPERATOR)
+        assert shown.json()["token_budget"] == budget, shown.text
+        usage = (await web.http.get(f"{path}/usage", headers=AS_OPERATOR)).json()
+        assert usage["budget"] == budget and usage["total"]["total_tokens"] > 1
 
 
 async def test_only_the_profile_s_and_the_tool_s_approvers_decide(deploy: Deploy) -> None:

@@ -100,6 +100,7 @@ def gateway(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Gateway]:
         "web_url": f"sqlite:///{directory}/web.db",
         "plugin": AGENT,
         "ops_tokens": f"alice:operator:{OPERATOR},bob:viewer:{VIEWER}",
+        "token_budget": "1000000",  # shown by `lane` and `usage`
     }
     process = GatewayProcess("gw", directory, settings).start()
     try:
@@ -219,7 +220,11 @@ def test_timeline_of_a_lane_by_name_id_or_session_and_name(gateway: Gateway, ops
     missing = ops("timeline", "web:no-such-thread")
     assert missing.code == 1 and "no lane 'web:no-such-thread'" in _one_line(missing.err)
     usage = ops("usage", f"{session}/web:tl")
-    assert usage.code == 0 and usage.out.splitlines()[-1].startswith("total: ")
+    *_, total, budget = usage.out.splitlines()
+    assert usage.code == 0 and total.startswith("total: ")
+    spent = int(re.findall(r"(\d+) tokens", total)[0])
+    assert budget == f"budget: 1000000 tokens, {1000000 - spent} left"
+    assert "token budget  1000000" in ops("lane", f"{session}/web:tl").out
 
 
 def test_timeline_shows_who_stopped_the_run_among_the_log(gateway: Gateway, ops: Any) -> None:

@@ -32,6 +32,7 @@ from gateway.ops.api.mcp import McpHealth, McpReads, no_servers
 from gateway.ops.auth import OpsAuth
 from gateway.ops.errors import API_PREFIX
 from gateway.ops.page import ops_page_router
+from gateway.ops.reads import LaneLimits
 from gateway.ops.views import (
     AuditView,
     AuthorityView,
@@ -58,10 +59,10 @@ class OpsApi:
         auth: OpsAuth,
         clock: Clock,
         *,
-        max_attempts: int,
+        limits: LaneLimits,
         mcp_health: McpHealth = no_servers,
     ) -> None:
-        self.context = OpsContext(repo, broker, auth, clock, max_attempts=max_attempts)
+        self.context = OpsContext(repo, broker, auth, clock, limits=limits)
         self.lanes = LaneReads(self.context)
         self.audit = AuditReads(self.context)
         self.deliveries = Deliveries(self.context)

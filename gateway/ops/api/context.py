@@ -9,7 +9,7 @@ from fastapi import Request
 from gateway.broker.contract import Broker
 from gateway.ops.auth import OpsAuth, Principal, Role
 from gateway.ops.errors import ApiError
-from gateway.ops.reads import lane_view, read_only
+from gateway.ops.reads import LaneLimits, lane_view, read_only
 from gateway.ops.views import LaneView
 from harness_core import Clock, SessionRepo
 
@@ -26,13 +26,13 @@ class OpsContext:
         auth: OpsAuth,
         clock: Clock,
         *,
-        max_attempts: int,
+        limits: LaneLimits,
     ) -> None:
         self.repo = repo
         self.broker = broker
         self.auth = auth
         self.clock = clock
-        self.max_attempts = max_attempts
+        self.limits = limits
 
     def who(self, request: Request, role: Role) -> Principal:
         """The caller (authenticated before anything else), if its role allows `role`."""
@@ -56,7 +56,7 @@ class OpsContext:
                 self.broker,
                 session,
                 lane,
-                max_attempts=self.max_attempts,
+                limits=self.limits,
                 held_by=holder.owner if holder else None,
             )
 

@@ -12,7 +12,14 @@ from gateway.ops.api.context import OpsContext
 from gateway.ops.api.params import Cursor, Limit
 from gateway.ops.checks import statuses
 from gateway.ops.errors import ApiError
-from gateway.ops.reads import lane_view, read_only, revoked_view, timeline_page, usage_page
+from gateway.ops.reads import (
+    lane_thread,
+    lane_view,
+    read_only,
+    revoked_view,
+    timeline_page,
+    usage_page,
+)
 from gateway.ops.views import (
     AuditView,
     LaneView,
@@ -99,7 +106,7 @@ class LaneReads:
                         self.ops.broker,
                         meta.id,
                         name,
-                        max_attempts=self.ops.max_attempts,
+                        limits=self.ops.limits,
                         held_by=holder.owner if holder else None,
                     )
                     if wanted is not None and view.status not in wanted:
@@ -154,7 +161,7 @@ class LaneReads:
     async def usage(
         self, request: Request, lane_id: str, limit: Limit = 100, cursor: Cursor = None
     ) -> dict[str, Any]:
-        """The lane's cost ledger, failed attempts included, and its total."""
+        """The lane's cost ledger, failed attempts included, its total and its token budget."""
         self.ops.who(request, "viewer")
         session, lane = lane_of(lane_id)
         after = decode_cursor(cursor, 1)
@@ -162,8 +169,10 @@ class LaneReads:
             await self.ops.known(storage, session, lane)
             items, last = await usage_page(storage, lane, after=_seq(after), limit=limit)
             total = await storage.get_usage(lane=lane)
+        thread = await lane_thread(self.ops.broker, session, lane)
         return {
             "total": total.model_dump(mode="json"),
+            "budget": self.ops.limits.budget(thread),
             "items": [item.model_dump(mode="json") for item in items],
             "next_cursor": encode_cursor(str(last)) if last else None,
         }

@@ -110,6 +110,7 @@ def lane(run: Run) -> int:
         ("error", f"{error.get('code')}: {error.get('message')}" if error else None),
         ("fault", view.get("fault")),
         ("queued", view.get("queued") or None),
+        ("token budget", view.get("token_budget")),
         (
             "thread",
             " ".join(str(thread.get(k)) for k in ("channel", "space", "thread") if thread.get(k))
@@ -212,10 +213,15 @@ def usage(run: Run) -> int:
     headers = ["SEQ", "TIME", "CAUSE", "ATTEMPT", "STOP", "IN", "OUT", "COST"]
     run.table(headers, rows, "no usage recorded")
     total = page.get("total") or {}
+    spent = total.get("total_tokens", 0)
     run.say(
         f"total: {total.get('input', 0)} in / {total.get('output', 0)} out, "
-        f"{total.get('total_tokens', 0)} tokens, cost {cost(total)}"
+        f"{spent} tokens, cost {cost(total)}"
     )
+    budget = page.get("budget")
+    if isinstance(budget, int) and isinstance(spent, int):
+        left = f"{budget - spent} left" if spent < budget else "spent: its runs stop"
+        run.say(f"budget: {budget} tokens, {left}")
     return OK
 
 
