@@ -501,6 +501,12 @@ SCENARIOS = [
         options={"max_turns": 2},
     ),
     Scenario(
+        "a tool run stopped at the lane's token budget",
+        scripted_turns(calls(("echo", "c1")), text("never asked for")),
+        {"echo": "never"},
+        options={"token_budget": 1},  # the first request spends it
+    ),
+    Scenario(
         "an image the provider refuses, withheld",
         scripted_turns(refuses_images(calls(("echo", "c1"))), refuses_images(text("done"))),
         {"echo": "never"},
