@@ -18,23 +18,12 @@ import pytest
 from harness_core.harness import AgentLane
 from harness_core.messages import message_text
 from harness_core.models import ModelInfo
-from harness_core.models.scripted import text, tool_call
+from harness_core.models.scripted import text
 from harness_core.options import AgentHarnessOptions, CompactionSettings
 from harness_core.result import Ok
 from harness_core.tools import Tool, ToolContext
 from tests.support.harness_kit import make_kit
-
-
-def _poll(ran: list[str], result: str = "still pending") -> Tool:
-    async def poll(args: Any, ctx: ToolContext) -> str:
-        ran.append(ctx.tool_call_id)
-        return result
-
-    return Tool(name="poll", description="Poll a job", execute=poll)
-
-
-def _looping(turns: int) -> list[Any]:
-    return [tool_call("poll", {}, call_id=f"c{n}") for n in range(turns)]
+from tests.support.tool_loop import poll_tool, polling
 
 
 async def _spent(lane: AgentLane) -> int:
@@ -43,7 +32,7 @@ async def _spent(lane: AgentLane) -> int:
 
 async def test_a_lane_stops_once_its_budget_is_spent(backend: str, tmp_path: Path) -> None:
     ran: list[str] = []
-    kit = await make_kit(backend, tmp_path, _looping(9), tools=[_poll(ran)], token_budget=1)
+    kit = await make_kit(backend, tmp_path, polling(9), tools=[poll_tool(ran)], token_budget=1)
     outcome = await kit.harness.prompt("wait for the job")
     assert isinstance(outcome, Ok) and outcome.value.kind == "failed"
     error_ = outcome.value.error
@@ -64,8 +53,8 @@ async def test_a_lane_stops_once_its_budget_is_spent(backend: str, tmp_path: Pat
 
 async def test_a_run_within_its_budget_completes(backend: str, tmp_path: Path) -> None:
     ran: list[str] = []
-    script = [*_looping(2), text("the job is done")]
-    kit = await make_kit(backend, tmp_path, script, tools=[_poll(ran)], token_budget=100_000)
+    script = [*polling(2), text("the job is done")]
+    kit = await make_kit(backend, tmp_path, script, tools=[poll_tool(ran)], token_budget=100_000)
     outcome = await kit.harness.prompt("wait for the job")
     assert isinstance(outcome, Ok) and outcome.value.kind == "completed"
     assert outcome.value.final_message is not None
@@ -100,8 +89,8 @@ async def test_a_lane_over_its_budget_does_not_compact_first(backend: str, tmp_p
     kit = await make_kit(
         backend,
         tmp_path,
-        [text("first answer"), *_looping(3)],
-        tools=[_poll([], "pending " * 150)],
+        [text("first answer"), *polling(3)],
+        tools=[poll_tool([], "pending " * 150)],
         token_budget=budgets.get,
         compaction=CompactionSettings(reserve_tokens=100, keep_recent_tokens=50),
     )
@@ -128,13 +117,13 @@ async def test_the_spend_survives_a_restart(backend: str, tmp_path: Path) -> Non
 
     budgets = {"main": 10**9}
     poll = Tool(name="poll", description="Poll a job", execute=hangs_on_the_second)
-    kit = await make_kit(backend, tmp_path, _looping(9), tools=[poll], token_budget=budgets.get)
+    kit = await make_kit(backend, tmp_path, polling(9), tools=[poll], token_budget=budgets.get)
     running = asyncio.create_task(kit.harness.prompt("wait for the job"))
     await second.wait()
     main = await kit.harness.lane("main")
     assert main is not None
     budgets["main"] = await _spent(main)  # two requests' worth: spent, as the process dies
-    reopened = await kit.reopen(script=_looping(9)[2:], tools=[_poll([])])
+    reopened = await kit.reopen(script=polling(9)[2:], tools=[poll_tool([])])
     running.cancel()
     [suspended] = reopened.suspended
     assert suspended.reason == "crash"

@@ -19,28 +19,17 @@ import pytest
 from harness_core.harness import AgentHarness
 from harness_core.messages import message_text
 from harness_core.models import ModelInfo
-from harness_core.models.scripted import error, text, tool_call
+from harness_core.models.scripted import error, text
 from harness_core.options import AgentHarnessOptions, CompactionSettings
 from harness_core.result import Ok
 from harness_core.tools import Tool, ToolContext
 from tests.support.harness_kit import make_kit
-
-
-def _poll(ran: list[str], result: str = "still pending") -> Tool:
-    async def poll(args: Any, ctx: ToolContext) -> str:
-        ran.append(ctx.tool_call_id)
-        return result
-
-    return Tool(name="poll", description="Poll a job", execute=poll)
-
-
-def _looping(turns: int) -> list[Any]:
-    return [tool_call("poll", {}, call_id=f"c{n}") for n in range(turns)]
+from tests.support.tool_loop import poll_tool, polling
 
 
 async def test_a_tool_loop_stops_at_the_limit(backend: str, tmp_path: Path) -> None:
     ran: list[str] = []
-    kit = await make_kit(backend, tmp_path, _looping(9), tools=[_poll(ran)], max_turns=3)
+    kit = await make_kit(backend, tmp_path, polling(9), tools=[poll_tool(ran)], max_turns=3)
     outcome = await kit.harness.prompt("wait for the job")
     assert isinstance(outcome, Ok) and outcome.value.kind == "failed"
     error_ = outcome.value.error
@@ -58,8 +47,8 @@ async def test_a_tool_loop_stops_at_the_limit(backend: str, tmp_path: Path) -> N
 
 async def test_an_answer_within_the_limit_completes(backend: str, tmp_path: Path) -> None:
     ran: list[str] = []
-    script = [*_looping(2), text("the job is done")]
-    kit = await make_kit(backend, tmp_path, script, tools=[_poll(ran)], max_turns=3)
+    script = [*polling(2), text("the job is done")]
+    kit = await make_kit(backend, tmp_path, script, tools=[poll_tool(ran)], max_turns=3)
     outcome = await kit.harness.prompt("wait for the job")
     assert isinstance(outcome, Ok) and outcome.value.kind == "completed"
     assert outcome.value.final_message is not None
@@ -73,8 +62,8 @@ async def test_a_run_at_its_limit_does_not_compact_first(backend: str, tmp_path:
     kit = await make_kit(
         backend,
         tmp_path,
-        [text("first answer"), *_looping(3)],
-        tools=[_poll([], "pending " * 150)],
+        [text("first answer"), *polling(3)],
+        tools=[poll_tool([], "pending " * 150)],
         max_turns=1,
         compaction=CompactionSettings(reserve_tokens=100, keep_recent_tokens=50),
     )
@@ -88,8 +77,8 @@ async def test_a_run_at_its_limit_does_not_compact_first(backend: str, tmp_path:
 
 async def test_failed_attempts_do_not_count(backend: str, tmp_path: Path) -> None:
     # retried errors are not turns: two failures, then two tool turns and the answer
-    script = [error("overloaded"), error("overloaded"), *_looping(1), text("done")]
-    kit = await make_kit(backend, tmp_path, script, tools=[_poll([])], max_turns=2)
+    script = [error("overloaded"), error("overloaded"), *polling(1), text("done")]
+    kit = await make_kit(backend, tmp_path, script, tools=[poll_tool([])], max_turns=2)
     outcome = await kit.harness.prompt("go")
     assert isinstance(outcome, Ok) and outcome.value.kind == "completed"
 
@@ -105,7 +94,7 @@ async def test_a_steer_starts_the_count_again(backend: str, tmp_path: Path) -> N
         return "still pending"
 
     poll = Tool(name="poll", description="Poll a job", execute=poll_and_steer)
-    script = [*_looping(3), text("it is still pending")]
+    script = [*polling(3), text("it is still pending")]
     kit = await make_kit(backend, tmp_path, script, tools=[poll], max_turns=2)
     harnesses.append(kit.harness)
     outcome = await kit.harness.prompt("wait for the job")
@@ -125,11 +114,11 @@ async def test_the_count_survives_a_restart(backend: str, tmp_path: Path) -> Non
         return "still pending"
 
     poll = Tool(name="poll", description="Poll a job", execute=hangs_on_the_second)
-    kit = await make_kit(backend, tmp_path, _looping(9), tools=[poll], max_turns=3)
+    kit = await make_kit(backend, tmp_path, polling(9), tools=[poll], max_turns=3)
     running = asyncio.create_task(kit.harness.prompt("wait for the job"))
     await second.wait()
     ran: list[str] = []
-    reopened = await kit.reopen(script=_looping(9)[2:], tools=[_poll(ran)])
+    reopened = await kit.reopen(script=polling(9)[2:], tools=[poll_tool(ran)])
     running.cancel()
     [suspended] = reopened.suspended
     assert suspended.reason == "crash"
