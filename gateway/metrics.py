@@ -67,7 +67,7 @@ from harness_core import (
     UsageEvent,
 )
 
-__all__ = ["LANE_STATUSES", "MCP_OUTCOMES", "MODEL_ERROR_KINDS", "Metrics"]
+__all__ = ["LANE_STATUSES", "MCP_OUTCOMES", "MODEL_ERROR_KINDS", "RUN_LIMITS", "Metrics"]
 
 log = logging.getLogger("gateway.metrics")
 
@@ -75,6 +75,8 @@ LANE_STATUSES: Final = get_args(LaneStatus)
 """Every value of ``gateway_lanes{status}`` (each is served, 0 when no lane has it)."""
 MODEL_ERROR_KINDS: Final = get_args(ModelErrorKind)
 """Every value of ``gateway_model_retries_total{kind}``."""
+RUN_LIMITS: Final = ("turn_limit", "token_budget")
+"""Every value of ``gateway_runs_stopped_total{limit}``: the codes of a run stopped by a limit."""
 _OUTCOMES: Final = {
     "run": ("completed", "aborted", "failed"),
     "compaction": ("completed", "declined", "aborted", "failed"),
@@ -219,6 +221,14 @@ class Metrics:
             ("kind", "outcome"),
             registry=registry,
         )
+        self.runs_stopped = Counter(
+            "gateway_runs_stopped",
+            "Runs stopped by a limit before they finished (counted among the failed runs too): "
+            "turn_limit (the model kept calling tools), token_budget (the thread had spent its "
+            "tokens).",
+            ("limit",),
+            registry=registry,
+        )
         self.suspensions = Counter(
             "gateway_suspensions",
             "Runs that parked (an approval, a background model request).",
@@ -260,6 +270,8 @@ class Metrics:
             self.tokens.labels(token_kind)
         for error_kind in MODEL_ERROR_KINDS:
             self.model_retries.labels(error_kind)
+        for limit in RUN_LIMITS:
+            self.runs_stopped.labels(limit)
         for reason in ("approval", "deferred"):
             self.suspensions.labels(reason)
         for source in ("broker", "store"):
@@ -347,6 +359,9 @@ class Metrics:
                 self.suspensions.labels(event.reason).inc()
             elif event.outcome in _OUTCOMES[kind]:
                 self.operations.labels(kind, event.outcome).inc()
+                code = event.error.code if isinstance(event, RunEnd) and event.error else None
+                if code in RUN_LIMITS:
+                    self.runs_stopped.labels(code).inc()
 
         def usage(event: UsageEvent) -> None:
             used = event.record.usage

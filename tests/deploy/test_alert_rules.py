@@ -369,8 +369,23 @@ async def test_a_model_that_refuses_the_key_fires_runs_failing(tmp_path: Path) -
     # three failures once: a burst that stopped, nothing fires
     fires(scrape, ONCE, {}, tmp_path, "failing-once")
     # every run keeps failing: page
-    failing = {"GatewayRunsFailing": [{**JOB, "kind": "run"}]}
-    fires(scrape, RECURRING, failing, tmp_path, "failing-recurring")
+    fires(scrape, RECURRING, {"GatewayRunsFailing": [JOB]}, tmp_path, "failing-recurring")
+
+
+async def test_threads_that_spent_their_budget_do_not_page(tmp_path: Path) -> None:
+    async with serving(_settings(tmp_path, token_budget=1)) as gw:
+        await answered(gw, dict.fromkeys("abc", "hello"), runs("completed", 3))
+        notices = []
+        for thread in "abc":  # each asks twice more: stopped at its budget both times
+            for count in (2, 3):
+                await gw.post(thread, "again")
+                notices.append((await gw.answers(thread, count))[-1]["text"])
+        scrape = await gw.until(lambda s: idle(s) and runs("failed", 6)(s))
+    assert len(notices) == 6 and all("(token_budget)" in notice for notice in notices)
+    assert value(scrape, "gateway_runs_stopped_total", limit="token_budget") == 6
+    assert value(scrape, "gateway_runs_stopped_total", limit="turn_limit") == 0
+    # two runs of three failed, again and again: what the operator's budget does, not a page
+    fires(scrape, RECURRING, {}, tmp_path, "budget-recurring")
 
 
 async def test_a_throttling_provider_fires_model_throttled(tmp_path: Path) -> None:

@@ -31,6 +31,8 @@ async def test_a_tool_loop_stops_at_the_limit_and_the_thread_is_told(tmp_path: P
         await gw.post("poller", "hello")
         answers = await gw.answers("poller", 2)
         assert answers[-1]["text"] == "You said: hello"
+        scrape = (await gw.http.get("/metrics")).text
+        assert 'gateway_runs_stopped_total{limit="turn_limit"} 1.0' in scrape
         storage = await gw.repo.open(accepted["session"])
         try:
             finished = await storage.find_records(RecordQuery(type="operation_finished"))
