@@ -44,6 +44,7 @@ from harness_core.session.records import ApprovalDecided, ToolStarted, Usage
 __all__ = [
     "LaneLimits",
     "allowed_actions",
+    "lane_thread",
     "lane_view",
     "read_only",
     "revoked_view",
@@ -53,6 +54,9 @@ __all__ = [
 ]
 
 _POLICIES: tuple[ToolRecovery, ...] = ("declared", "never", "always")
+
+_SCAN = 500
+"""Log items read per round while a lane's page is filled."""
 
 
 class LaneLimits(Protocol):
@@ -75,10 +79,6 @@ async def lane_thread(broker: Broker, session: str, lane: str) -> ThreadRef | No
     """The channel thread a lane answers, as the broker remembers it (None: unknown)."""
     state = await broker.threads.get(session, lane)
     return thread_ref(state.thread) if state is not None else None
-
-
-_SCAN = 500
-"""Log items read per round while a lane's page is filled."""
 
 
 @contextlib.asynccontextmanager

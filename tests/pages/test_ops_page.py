@@ -51,6 +51,7 @@ async def test_an_operator_resumes_a_stuck_lane_from_the_page(
         "lease_seconds": "3",
         "renew_seconds": "0.5",
         "max_attempts": "2",
+        "token_budget": "5000000",
     }
     gateway = GatewayProcess(
         "gw", tmp_path, settings, extra_env={"AGENT_TEST_EFFECTS": str(effects)}
@@ -84,6 +85,9 @@ async def test_an_operator_resumes_a_stuck_lane_from_the_page(
         await expect(row.locator(".status")).to_have_text("stuck")
         await row.click()
         await expect(page.locator("#lane-title")).to_have_text("web-default / web:card")
+        facts = page.locator("#lane-facts .row")
+        await expect(facts.filter(has_text="attempts")).to_contain_text("2 of 2")
+        await expect(facts.filter(has_text="token budget")).to_contain_text("5000000")
         await page.locator("#lane-actions select").select_option("never")
         consequence = page.locator("#lane-actions .summary")
         await expect(consequence).to_contain_text("poison")
