@@ -9,13 +9,56 @@ never the operator front end in `gateway.ops` (D182).
 from __future__ import annotations
 
 import dataclasses
+from typing import Any, Protocol
 
+from pydantic import ValidationError
+
+from adapters import ThreadRef
 from gateway.broker.contract import Broker
 from harness_core import LaneInspection, SessionStorage, inspect_lane
 from harness_core.session import RecordQuery
 from harness_core.session.records import OperationResumed
 
-__all__ = ["attempt_began", "inspect_held", "parked_mark", "unused_main"]
+__all__ = [
+    "LaneLimits",
+    "attempt_began",
+    "inspect_held",
+    "inspect_own",
+    "lane_thread",
+    "parked_mark",
+    "thread_ref",
+    "unused_main",
+]
+
+
+class LaneLimits(Protocol):
+    """A lane's caps, by the thread it answers (None: not known), as its worker applies them.
+
+    `gateway.profiles.LaneProfiles` is the one the service passes: a thread's profile's caps,
+    the top-level settings' where the profile sets none.
+    """
+
+    def attempts(self, thread: ThreadRef | None) -> int:
+        """Interrupted executions of one operation before the lane is parked stuck."""
+        ...
+
+    def budget(self, thread: ThreadRef | None) -> int | None:
+        """Tokens the lane may spend in all (None: no budget)."""
+        ...
+
+
+def thread_ref(raw: Any) -> ThreadRef | None:
+    """A lane view's (or thread state's) thread as a `ThreadRef`; None when it is not one."""
+    try:
+        return ThreadRef.model_validate(dict(raw))
+    except (ValidationError, TypeError, ValueError):
+        return None
+
+
+async def lane_thread(broker: Broker, session: str, lane: str) -> ThreadRef | None:
+    """The channel thread a lane answers, as the broker remembers it (None: unknown)."""
+    state = await broker.threads.get(session, lane)
+    return thread_ref(state.thread) if state is not None else None
 
 
 def unused_main(lane: str, status: str, leaf_id: str | None) -> bool:
@@ -94,3 +137,27 @@ async def inspect_held(
             seen, info=dataclasses.replace(found, status="stuck", suspended="crash")
         )
     return seen
+
+
+async def inspect_own(
+    storage: SessionStorage,
+    broker: Broker,
+    session: str,
+    lane: str,
+    *,
+    limits: LaneLimits,
+    held: bool,
+) -> LaneInspection:
+    """`inspect_held` under the lane's own attempt cap (its thread's profile's).
+
+    The cap only matters to a lane with an open operation: only then is its thread read, and
+    the lane read again if its cap is not the default one.
+    """
+    default = limits.attempts(None)
+    seen = await inspect_held(storage, broker, session, lane, max_attempts=default, held=held)
+    if seen.info.operation_id is None:
+        return seen
+    own = limits.attempts(await lane_thread(broker, session, lane))
+    if own == default:
+        return seen
+    return await inspect_held(storage, broker, session, lane, max_attempts=own, held=held)

@@ -5,8 +5,9 @@ benchmarks run several services in one process). Three kinds of numbers:
 
 * **Read at scrape time**, cached so a scrape storm reads the backends at most once per period:
   the broker's backlogs (every `broker_ttl_s`, 5 s) and the lanes' statuses from the store
-  (every `lanes_ttl_s`, 15 s; each lane folded by `inspect_held`, read-only and without a lease,
-  like the operator API, so a running last attempt is not counted stuck; at most `max_lanes`
+  (every `lanes_ttl_s`, 15 s; each lane folded by `inspect_own`, read-only and without a lease,
+  like the operator API, under its own attempt cap, so a running last attempt is not counted
+  stuck, nor a lane whose profile allows more attempts than the top level; at most `max_lanes`
   lanes, then ``gateway_lanes_truncated`` is 1).
   These are the shared state of every process over the store and broker.
 * **Counted in this process** as it works: takeovers, accepted messages, operations and their
@@ -47,7 +48,7 @@ from prometheus_client import (
 )
 
 from gateway.broker.contract import Broker
-from gateway.lane_status import inspect_held, unused_main
+from gateway.lane_status import LaneLimits, inspect_own, unused_main
 from gateway.logs import event
 from harness_core import (
     AgentHarness,
@@ -112,7 +113,7 @@ class Metrics:
         broker: Broker,
         clock: Clock,
         *,
-        max_attempts: int,
+        limits: LaneLimits,
         channels: Iterable[str] = (),
         mcp_servers: Iterable[str] = (),
         broker_ttl_s: float = 5.0,
@@ -122,7 +123,7 @@ class Metrics:
         self._repo = repo
         self._broker = broker
         self._clock = clock
-        self._max_attempts = max_attempts
+        self._limits = limits
         self.channels = frozenset(channels)
         """The label values ``channel`` takes (the adapters' names); any other is ``other``."""
         self.mcp_servers = frozenset(mcp_servers)
@@ -462,12 +463,12 @@ class Metrics:
                     if seen >= self.max_lanes:
                         return counts, True, asked_at
                     seen += 1
-                    seen_lane = await inspect_held(
+                    seen_lane = await inspect_own(
                         storage,
                         self._broker,
                         meta.id,
                         pointer.lane,
-                        max_attempts=self._max_attempts,
+                        limits=self._limits,
                         held=holder is not None,
                     )
                     info = seen_lane.info

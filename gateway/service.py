@@ -197,7 +197,7 @@ class Service:
             self.repo,
             self.broker,
             clock,
-            max_attempts=settings.max_attempts,
+            limits=profiles,
             channels=self.adapters,
             mcp_servers=(server.name for server in servers),
         )

@@ -10,14 +10,12 @@ from __future__ import annotations
 import contextlib
 import json
 from collections.abc import AsyncIterator, Mapping
-from typing import Any, Protocol
+from typing import Any
 
-from pydantic import ValidationError
-
-from adapters import ThreadRef, result_line
+from adapters import result_line
 from gateway.authority import Revocation, revocation_of
 from gateway.broker.contract import Broker
-from gateway.lane_status import inspect_held
+from gateway.lane_status import LaneLimits, inspect_held, thread_ref
 from gateway.ops.errors import ApiError
 from gateway.ops.views import (
     InterruptedCallView,
@@ -42,9 +40,7 @@ from harness_core.session.entries import ActiveToolsChangeEntry, CustomEntry, Mo
 from harness_core.session.records import ApprovalDecided, ToolStarted, Usage
 
 __all__ = [
-    "LaneLimits",
     "allowed_actions",
-    "lane_thread",
     "lane_view",
     "read_only",
     "revoked_view",
@@ -57,28 +53,6 @@ _POLICIES: tuple[ToolRecovery, ...] = ("declared", "never", "always")
 
 _SCAN = 500
 """Log items read per round while a lane's page is filled."""
-
-
-class LaneLimits(Protocol):
-    """A lane's caps, by the thread it answers (None: not known), as its worker applies them.
-
-    `gateway.profiles.LaneProfiles` is the one the service passes: a thread's profile's caps,
-    the top-level settings' where the profile sets none.
-    """
-
-    def attempts(self, thread: ThreadRef | None) -> int:
-        """Interrupted executions of one operation before the lane is parked stuck."""
-        ...
-
-    def budget(self, thread: ThreadRef | None) -> int | None:
-        """Tokens the lane may spend in all (None: no budget)."""
-        ...
-
-
-async def lane_thread(broker: Broker, session: str, lane: str) -> ThreadRef | None:
-    """The channel thread a lane answers, as the broker remembers it (None: unknown)."""
-    state = await broker.threads.get(session, lane)
-    return thread_ref(state.thread) if state is not None else None
 
 
 @contextlib.asynccontextmanager
@@ -194,14 +168,6 @@ def revoked_view(revocation: Revocation | None) -> RevokedView | None:
     if revocation is None or not revocation.active:
         return None
     return RevokedView.model_validate(revocation.details())
-
-
-def thread_ref(raw: Any) -> ThreadRef | None:
-    """A lane view's (or thread state's) thread as a `ThreadRef`; None when it is not one."""
-    try:
-        return ThreadRef.model_validate(dict(raw))
-    except (ValidationError, TypeError, ValueError):
-        return None
 
 
 async def timeline_page(

@@ -361,12 +361,22 @@ async def test_scrape_time_reads_are_cached_and_bounded(services: Start) -> None
     assert sum(value(samples, "gateway_lanes", status=s) for s in LANE_STATUSES) <= 2
 
 
+class _ThreeAttempts:
+    """Every lane's caps: 3 attempts, no token budget."""
+
+    def attempts(self, thread: ThreadRef | None) -> int:
+        return 3
+
+    def budget(self, thread: ThreadRef | None) -> int | None:
+        return None
+
+
 async def test_delivery_outcomes_are_counted_by_channel(tmp_path: Path) -> None:
     clock = ManualClock()
     broker = open_broker(f"sqlite:///{tmp_path}/broker.db", clock=clock)
     repo = open_repo(f"sqlite:///{tmp_path}/store.db", clock=clock)
     fake = RecordingChannel(clock=clock)
-    metrics = Metrics(repo, broker, clock, max_attempts=3, channels=["fake"])
+    metrics = Metrics(repo, broker, clock, limits=_ThreeAttempts(), channels=["fake"])
     deliverer = Deliverer(
         DelivererConfig(deliverer_id="d1", idle_wait_ms=10, max_attempts=2),
         broker,

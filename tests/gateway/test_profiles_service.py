@@ -22,19 +22,24 @@ import pytest
 from pydantic import BaseModel
 
 from config import Profile, Route, Settings
+from gateway.broker import open_broker
 from gateway.channels import gateway_settings
+from gateway.metrics import Metrics
 from gateway.ops.views import lane_id
+from gateway.profiles import LaneProfiles
 from gateway.service import Service, ServiceParts
 from harness_core import (
     AssistantMessage,
     ModelRef,
     ModelRequest,
     ScriptedModel,
+    SystemClock,
     Tool,
     ToolContext,
     ToolResultMessage,
     UserMessage,
     message_text,
+    open_repo,
     tool,
 )
 from harness_core.models.scripted import text, tool_call
@@ -376,6 +381,32 @@ async def test_the_attempt_cap_is_the_profile_s(deploy: Deploy, tmp_path: Path) 
     assert shown.json()["max_attempts"] == 1  # its own cap, not the top level's 3
     [done] = await web.answers("support", "ticket-1", 1)
     assert done["text"] == "Done: held"  # resumed: its second attempt
+
+
+async def test_the_metrics_judge_a_lane_by_its_own_attempt_cap(
+    deploy: Deploy, tmp_path: Path
+) -> None:
+    # the top level allows one attempt, the support profile three: a support run cut once is
+    # not stuck, though nobody holds its session to say that its next attempt is coming
+    agent = Agent()
+    lenient = SUPPORT.model_copy(update={"max_attempts": 3})
+    settings = _settings(tmp_path, support=lenient, max_attempts=1)
+    web = await deploy(agent, settings)
+    await web.post("support", "ticket-1", "/hold")
+    await agent.held("web:ticket-1").wait()
+    await web.service.stop(drain_seconds=0.1)  # cut inside the tool, its lease let go
+    agent.release.set()
+    clock = SystemClock()
+    assert settings.broker_url is not None
+    repo, broker = open_repo(settings.store_url, clock=clock), open_broker(settings.broker_url)
+    try:
+        metrics = Metrics(repo, broker, clock, limits=LaneProfiles(settings, MODEL))
+        scrape = (await metrics.text()).decode()
+    finally:
+        await broker.close()
+        await repo.close()
+    assert 'gateway_lanes{status="suspended"} 1.0' in scrape
+    assert 'gateway_lanes{status="stuck"} 0.0' in scrape
 
 
 async def test_the_turn_limit_is_the_profile_s(deploy: Deploy, tmp_path: Path) -> None:

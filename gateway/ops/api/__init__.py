@@ -21,6 +21,7 @@ from __future__ import annotations
 from fastapi import APIRouter, Depends
 
 from gateway.broker.contract import Broker
+from gateway.lane_status import LaneLimits
 from gateway.operator_actions import ActionResult
 from gateway.ops.api.actions import LaneActions
 from gateway.ops.api.audit import AuditReads
@@ -32,7 +33,6 @@ from gateway.ops.api.mcp import McpHealth, McpReads, no_servers
 from gateway.ops.auth import OpsAuth
 from gateway.ops.errors import API_PREFIX
 from gateway.ops.page import ops_page_router
-from gateway.ops.reads import LaneLimits
 from gateway.ops.views import (
     AuditView,
     AuthorityView,

@@ -11,8 +11,9 @@ from __future__ import annotations
 from fastapi import Request
 
 from gateway.authority import Revocation, Scope, restore, revocation_of, revoke, wake
+from gateway.lane_status import thread_ref
 from gateway.ops.api.context import OpsContext
-from gateway.ops.reads import read_only, revoked_view, thread_ref
+from gateway.ops.reads import read_only, revoked_view
 from gateway.ops.views import AuthorityRequest, AuthorityView, lane_of
 
 __all__ = ["AuthorityActions"]

@@ -7,9 +7,10 @@ from typing import Any
 from fastapi import Request
 
 from gateway.broker.contract import Broker
+from gateway.lane_status import LaneLimits
 from gateway.ops.auth import OpsAuth, Principal, Role
 from gateway.ops.errors import ApiError
-from gateway.ops.reads import LaneLimits, lane_view, read_only
+from gateway.ops.reads import lane_view, read_only
 from gateway.ops.views import LaneView
 from harness_core import Clock, SessionRepo
 

@@ -7,19 +7,12 @@ from typing import Annotated, Any
 from fastapi import Query, Request
 
 from gateway.authority import Scope, read_scope
-from gateway.lane_status import unused_main
+from gateway.lane_status import lane_thread, unused_main
 from gateway.ops.api.context import OpsContext
 from gateway.ops.api.params import Cursor, Limit
 from gateway.ops.checks import statuses
 from gateway.ops.errors import ApiError
-from gateway.ops.reads import (
-    lane_thread,
-    lane_view,
-    read_only,
-    revoked_view,
-    timeline_page,
-    usage_page,
-)
+from gateway.ops.reads import lane_view, read_only, revoked_view, timeline_page, usage_page
 from gateway.ops.views import (
     AuditView,
     LaneView,
