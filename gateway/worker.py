@@ -32,6 +32,7 @@ from pydantic import ValidationError
 from adapters import DecisionInbound, FileLimits, Inbound, ThreadRef
 from gateway.authority import EPOCH, end_revoked_runs, keep_if_revoked
 from gateway.broker.contract import Broker, InboxItem, SessionTicket
+from gateway.budgets import read_budget
 from gateway.cuts import agent_notes
 from gateway.files import attachment_line, user_content
 from gateway.incarnation import gone
@@ -155,6 +156,8 @@ class _Session:
     """Per lane: releases `deciding` once the lane recorded a decision (the run goes on)."""
     threads: dict[str, ThreadRef] = field(default_factory=dict)
     """The threads of lanes seen in this take (their profile's attempt cap is asked by lane)."""
+    budgets: dict[str, int] = field(default_factory=dict)
+    """Lanes' token budgets as an operator set them (`gateway.budgets`), over their profile's."""
     tools: tuple[str, ...] = ()
     """The names of the harness's tools (what a profile's patterns select from)."""
     authority_epoch: str | None = None
@@ -353,8 +356,9 @@ class Worker:
             await self._release(lease)
             raise
         threads: dict[str, ThreadRef] = {}
+        budgets: dict[str, int] = {}
         try:
-            options = await self._session_options(session_id, storage, threads)
+            options = await self._session_options(session_id, storage, threads, budgets)
             harness, suspended = await AgentHarness.create(options)
         except BaseException:  # a restore cut by a stop, or failed: nothing was done yet
             with contextlib.suppress(Exception):
@@ -366,6 +370,7 @@ class Worker:
             harness=harness,
             storage=storage,
             threads=threads,
+            budgets=budgets,
             tools=tuple(tool.name for tool in options.tools),
             renewed_ms=self._clock.now_ms(),
             lease=lease,
@@ -517,13 +522,18 @@ class Worker:
                 await self._hand_back(session.ticket, await self._let_go(session))
 
     async def _session_options(
-        self, session_id: str, storage: SessionStorage, threads: dict[str, ThreadRef]
+        self,
+        session_id: str,
+        storage: SessionStorage,
+        threads: dict[str, ThreadRef],
+        budgets: dict[str, int],
     ) -> AgentHarnessOptions:
         """The session's harness options; with profiles, each lane's caps its profile's.
 
         A lane's cap is asked at the restore, before any message names the lane's thread: the
         threads of the lanes with an open operation are read first (a bounded read, like the
-        restore's own), and `threads` learns the others as messages and decisions arrive.
+        restore's own), and `threads` learns the others as messages and decisions arrive; so
+        do `budgets`, an operator's budget for a lane (over its profile's).
         """
         options = self._options(storage)
         profiles = self._profiles
@@ -535,12 +545,25 @@ class Worker:
                 thread = await self._thread_of(session_id, lane)
                 if thread is not None:
                     threads[lane] = thread
+                    await self._read_budget(session_id, lane, thread, budgets)
         return dataclasses.replace(
             options,
             max_attempts=lambda lane: profiles.attempts(threads.get(lane)),
             max_turns=lambda lane: profiles.turns(threads.get(lane)),
-            token_budget=lambda lane: profiles.budget(threads.get(lane)),
+            token_budget=lambda lane: budgets.get(lane) or profiles.budget(threads.get(lane)),
         )
+
+    async def _read_budget(
+        self, session_id: str, lane: str, thread: ThreadRef, budgets: dict[str, int]
+    ) -> None:
+        """Learn an operator's budget for `lane`, if its thread has a budget at all (D295)."""
+        if self._profiles is None or self._profiles.budget(thread) is None:
+            return  # no budget to set: the mark is not read
+        found = await read_budget(self._broker.marks, session_id, lane)
+        if found is not None and found.tokens is not None:
+            budgets[lane] = found.tokens
+        else:
+            budgets.pop(lane, None)
 
     async def _thread_of(self, session_id: str, lane: str) -> ThreadRef | None:
         """The channel thread a lane answers, as the broker remembers it (None: unknown)."""
@@ -939,6 +962,7 @@ class Worker:
         fresh = bool(inbound.context) and await self._fresh(lane)
         profiles = self._profiles
         session.threads[lane.name] = inbound.thread
+        await self._read_budget(session.ticket.session, lane.name, inbound.thread, session.budgets)
         policy = self.config.busy_policy
         if profiles is not None:
             policy = profiles.of(inbound.thread).busy_policy or policy
@@ -1058,6 +1082,9 @@ class Worker:
                 thread = await self._thread_of(session.ticket.session, lane.name)
                 if thread is not None:  # a resume or unstick is judged by the lane's cap
                     session.threads[lane.name] = thread
+            thread = session.threads.get(lane.name)
+            if thread is not None:  # a retry after an operator raised the lane's budget
+                await self._read_budget(session.ticket.session, lane.name, thread, session.budgets)
             await carry_out(action, lane, session.storage, self._broker, self._clock)
             await self._broker.inbox.ack(item.session, item.id)
         finally:

@@ -143,6 +143,10 @@ STEPS: dict[str, Step] = {
     "scripts/run ops lanes --stuck": Step(),
     "scripts/run ops timeline web:hello": Step(shows=(r"You said: hello",)),
     "scripts/run ops usage web:hello": Step(shows=(r"total: \d+ in / \d+ out, \d+ tokens",)),
+    # the fresh gateway sets no token budget: there is none to raise, and it says so
+    'scripts/run ops budget web:hello 2000000 --reason "a long review"': Step(
+        status=1, shows=(r"has no token budget to set: give its profile a token_budget",)
+    ),
     # web:card names a reader's stuck lane: on this fresh store there is none, and it says so
     "scripts/run ops resume web:card --tool-recovery never": Step(
         status=1, shows=(r"no lane 'web:card' \(scripts/run ops lanes lists them",)
@@ -529,6 +533,7 @@ async def test_run_it_talk_to_it_and_operate_it(fresh: Copy, serve: object) -> N
         "scripts/run ops lanes --stuck",
         "scripts/run ops timeline web:hello",
         "scripts/run ops usage web:hello",
+        'scripts/run ops budget web:hello 2000000 --reason "a long review"',
         "scripts/run ops resume web:card --tool-recovery never",
         "scripts/run ops deliveries",
         'scripts/run ops revoke web-default web:hello --reason "customer offboarded" --yes',

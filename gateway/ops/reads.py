@@ -15,6 +15,7 @@ from typing import Any
 from adapters import result_line
 from gateway.authority import Revocation, revocation_of
 from gateway.broker.contract import Broker
+from gateway.budgets import lane_budget
 from gateway.lane_status import LaneLimits, inspect_held, thread_ref
 from gateway.ops.errors import ApiError
 from gateway.ops.views import (
@@ -120,6 +121,7 @@ async def lane_view(
         raise
     info = seen.info
     revocation = await revocation_of(broker.marks, session, lane, thread)
+    budget = await lane_budget(broker.marks, limits.budget(thread), session, lane)
     return LaneView(
         id=lane_id(session, lane),
         session=session,
@@ -129,7 +131,7 @@ async def lane_view(
         suspended=info.suspended,
         attempts=info.attempts,
         max_attempts=max_attempts,
-        token_budget=limits.budget(thread),
+        token_budget=budget,
         operation_id=info.operation_id,
         operation_kind=info.operation_kind,
         activity=seen.activity,

@@ -4,10 +4,11 @@ from __future__ import annotations
 
 import base64
 import binascii
-from typing import Any, Generic, Literal, Self, TypeVar
+from typing import Annotated, Any, Generic, Literal, Self, TypeVar
 
-from pydantic import BaseModel, ConfigDict, Field, model_validator
+from pydantic import BaseModel, ConfigDict, Field, Strict, model_validator
 
+from gateway.budgets import MAX_BUDGET
 from gateway.ops.errors import ApiError
 from harness_core.session.records import MAX_SUPPLIED_CHARS
 
@@ -245,6 +246,32 @@ class ActionRequest(BaseModel):
 
     model_config = ConfigDict(extra="forbid")
     tool_recovery: Literal["declared", "never", "always"] = "declared"
+
+
+class BudgetRequest(BaseModel):
+    """budget: the lane's token budget from now on (null: its profile's again), and why."""
+
+    model_config = ConfigDict(extra="forbid")
+    tokens: Annotated[int, Strict(), Field(ge=1, le=MAX_BUDGET)] | None
+    """Tokens the lane may spend in all, what it spent included; null: its profile's budget."""
+    reason: str | None = Field(default=None, min_length=1, max_length=300)
+
+
+class BudgetView(_View):
+    """A lane's token budget after a budget call, and what its ledger holds against it."""
+
+    id: str
+    changed: bool
+    """False: it held already."""
+    budget: int | None
+    """The budget in force: the operator's, else its profile's (None: the thread has none)."""
+    profile_budget: int | None
+    """Its thread's profile's budget (what a reset gives it back)."""
+    spent: int
+    """Its ledger's total tokens."""
+    set_by: str | None = None
+    set_at_ms: int | None = None
+    reason: str | None = None
 
 
 class AuthorityRequest(BaseModel):

@@ -610,3 +610,30 @@ def test_revoke_and_unrevoke_a_lane(gateway: Gateway, ops: Any) -> None:
     assert ops("unrevoke", session, "web:held").out.endswith("was not revoked: nothing changed\n")
     gateway.post("held", "again")
     assert gateway.answers("held", 1)[-1]["text"] == "You said: again"
+
+
+def test_budget_sets_a_lane_s_own_and_resets_it(gateway: Gateway, ops: Any) -> None:
+    session = gateway.post("spend", "hello")["session"]
+    gateway.answers("spend", 1)
+    name = f"{session}/web:spend"
+    raised = ops("budget", name, "2,000,000", "--reason", "a long review")
+    assert raised.code == 0, raised
+    assert re.fullmatch(
+        rf"{session}/web:spend may spend 2000000 tokens in all now \(spent \d+; its profile's "
+        r"budget: 1000000\)\n",
+        raised.out,
+    ), raised.out
+    assert "token budget  2000000" in ops("lane", name).out
+    again = ops("budget", name, "2000000")
+    assert again.code == 0 and "budget was 2000000 tokens already" in again.out
+    as_json = json.loads(ops("budget", name, "2000000", "--json").out)
+    assert as_json["budget"] == 2000000 and as_json["set_by"] == "operator:alice"
+    viewer = ops("budget", name, "5", token=VIEWER)
+    assert viewer.code == 1 and "operator" in _one_line(viewer.err)
+    reset = ops("budget", name, "--reset")
+    assert reset.code == 0
+    assert reset.out.startswith(f"{session}/web:spend has its profile's budget again: 1000000")
+    assert "token budget  1000000" in ops("lane", name).out
+    for bad in ("0", "lots", "1e6", "2000000000"):
+        refused = ops("budget", name, bad)
+        assert refused.code == 2 and "expected a number of tokens from 1 to" in refused.err

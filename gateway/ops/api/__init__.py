@@ -11,8 +11,8 @@ The routes come in groups, each a small class over one `OpsContext` (`context`: 
 broker, who asks, a lane's view): `lanes` (sessions, lanes, timelines, usage: the store's reads),
 `audit` (the audit trail and the backlog), `deliveries` (the outbox, redeliver, discard) and
 `actions` (the lane actions and where each stands), `authority` (revoke and unrevoke a lane or
-a session, D267), `mcp` (the MCP servers' health, read from
-the callable the service hands in); `params` holds the shared parameters.
+a session, D267), `budget` (a lane's own token budget, D295), `mcp` (the MCP servers' health,
+read from the callable the service hands in); `params` holds the shared parameters.
 `OpsApi` composes them into one router, the route table below.
 """
 
@@ -26,6 +26,7 @@ from gateway.operator_actions import ActionResult
 from gateway.ops.api.actions import LaneActions
 from gateway.ops.api.audit import AuditReads
 from gateway.ops.api.authority import AuthorityActions
+from gateway.ops.api.budget import BudgetActions
 from gateway.ops.api.context import OpsContext
 from gateway.ops.api.deliveries import Deliveries
 from gateway.ops.api.lanes import LaneReads
@@ -37,6 +38,7 @@ from gateway.ops.views import (
     AuditView,
     AuthorityView,
     BacklogView,
+    BudgetView,
     DeliveryView,
     LaneView,
     McpView,
@@ -68,6 +70,7 @@ class OpsApi:
         self.deliveries = Deliveries(self.context)
         self.actions = LaneActions(self.context)
         self.authority = AuthorityActions(self.context)
+        self.budget = BudgetActions(self.context)
         self.mcp = McpReads(self.context, mcp_health)
         self.router = self._build()
         self.routers = [self.router, ops_page_router()]
@@ -102,6 +105,9 @@ class OpsApi:
         post("/sessions/{session}/revoke", response_model=AuthorityView)(authority.revoke_session)
         post("/sessions/{session}/unrevoke", response_model=AuthorityView)(
             authority.unrevoke_session
+        )
+        router.put("/lanes/{lane_id}/budget", response_model=BudgetView)(
+            self.budget.set_lane_budget
         )
         post("/deliveries/{delivery_id}/redeliver", response_model=DeliveryView)(
             deliveries.redeliver

@@ -7,6 +7,7 @@ from typing import Annotated, Any
 from fastapi import Query, Request
 
 from gateway.authority import Scope, read_scope
+from gateway.budgets import lane_budget
 from gateway.lane_status import lane_thread, unused_main
 from gateway.ops.api.context import OpsContext
 from gateway.ops.api.params import Cursor, Limit
@@ -163,9 +164,12 @@ class LaneReads:
             items, last = await usage_page(storage, lane, after=_seq(after), limit=limit)
             total = await storage.get_usage(lane=lane)
         thread = await lane_thread(self.ops.broker, session, lane)
+        budget = await lane_budget(
+            self.ops.broker.marks, self.ops.limits.budget(thread), session, lane
+        )
         return {
             "total": total.model_dump(mode="json"),
-            "budget": self.ops.limits.budget(thread),
+            "budget": budget,
             "items": [item.model_dump(mode="json") for item in items],
             "next_cursor": encode_cursor(str(last)) if last else None,
         }

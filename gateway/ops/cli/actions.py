@@ -16,6 +16,7 @@ from harness_core.session.records import MAX_SUPPLIED_CHARS
 
 __all__ = [
     "abort",
+    "budget",
     "decide",
     "discard",
     "redeliver",
@@ -159,6 +160,27 @@ def supplied_text(args: Any) -> str:
             USAGE,
         )
     return str(text)
+
+
+def budget(run: Run) -> int:
+    """Set a lane's token budget over its profile's, or give it its profile's again (D295)."""
+    args = run.args
+    lane = run.lane(args.lane)
+    body = {"tokens": None if args.reset else args.tokens, "reason": args.reason}
+    _, view = run.client.request("PUT", f"/lanes/{seg(str(lane['id']))}/budget", body=body)
+    if run.wants_json:
+        run.json(view)
+        return OK
+    name = f"{clean(lane.get('session'))}/{clean(lane.get('lane'))}"
+    spent, given = view.get("spent"), view.get("profile_budget")
+    if args.reset:
+        said = f"{name} has its profile's budget again: {given} tokens"
+    elif view.get("changed"):
+        said = f"{name} may spend {view.get('budget')} tokens in all now"
+    else:
+        said = f"{name}'s budget was {view.get('budget')} tokens already"
+    run.say(f"{said} (spent {spent}; its profile's budget: {given})")
+    return OK
 
 
 def revoke(run: Run) -> int:

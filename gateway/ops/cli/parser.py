@@ -5,6 +5,7 @@ from __future__ import annotations
 import argparse
 from typing import Any
 
+from gateway.budgets import MAX_BUDGET
 from gateway.invocation import command as typed_command
 from gateway.ops.cli import actions, reads
 from gateway.ops.cli.run import Handler
@@ -250,6 +251,23 @@ def build_parser() -> argparse.ArgumentParser:
             sub.add_argument(
                 "-y", "--yes", action="store_true", help="do not ask (required without a terminal)"
             )
+    budget = command(
+        "budget",
+        actions.budget,
+        "set a lane's token budget over its profile's (to let a spent thread go on, or to hold "
+        "one back); --reset gives it its profile's again",
+    )
+    lane_argument(budget)
+    amount = budget.add_mutually_exclusive_group(required=True)
+    amount.add_argument(
+        "tokens",
+        metavar="TOKENS",
+        nargs="?",
+        type=_tokens,
+        help="what the lane may spend in all, what it spent included (see usage)",
+    )
+    amount.add_argument("--reset", action="store_true", help="its profile's budget again")
+    budget.add_argument("--reason", help="why (recorded in the audit trail)")
     redeliver = command("redeliver", actions.redeliver, "send a dead letter again (fresh attempts)")
     redeliver.add_argument("delivery_id", metavar="DELIVERY_ID")
     acting(redeliver, confirm=False)
@@ -257,3 +275,13 @@ def build_parser() -> argparse.ArgumentParser:
     discard.add_argument("delivery_id", metavar="DELIVERY_ID")
     acting(discard, confirm=True)
     return parser
+
+
+def _tokens(text: str) -> int:
+    """A budget on the command line: a whole number of tokens, 1 to 1,000,000,000."""
+    cleaned = text.replace(",", "").replace("_", "")
+    if not cleaned.isdigit() or not 1 <= int(cleaned) <= MAX_BUDGET:
+        raise argparse.ArgumentTypeError(
+            f"expected a number of tokens from 1 to {MAX_BUDGET:,}, not {text!r}"
+        )
+    return int(cleaned)
