@@ -174,8 +174,9 @@ def budget(run: Run) -> int:
     name = f"{clean(lane.get('session'))}/{clean(lane.get('lane'))}"
     spent, given = view.get("spent"), view.get("profile_budget")
     if args.reset:
-        said = f"{name} has its profile's budget again: {given} tokens"
-    elif view.get("changed"):
+        run.say(f"{name} has its profile's budget again: {given} tokens (spent {spent})")
+        return OK
+    if view.get("changed"):
         said = f"{name} may spend {view.get('budget')} tokens in all now"
     else:
         said = f"{name}'s budget was {view.get('budget')} tokens already"
