@@ -198,7 +198,7 @@ _SCRIPT = """
     // rebuilt only when what it offers changes: the 3 s refresh must not wipe what an operator
     // is typing (a result, a reason) nor take the focus away
     const shape = JSON.stringify([lane.id, lane.status, lane.actions, lane.wait_id,
-      lane.pending_approvals, lane.interrupted_calls, lane.revoked]);
+      lane.pending_approvals, lane.interrupted_calls, lane.revoked, lane.token_budget]);
     if (actions.dataset.shape !== shape) {
     actions.dataset.shape = shape;
     actions.replaceChildren();
@@ -238,6 +238,21 @@ _SCRIPT = """
         if (!confirm("Give " + lane.revoked.scope_name + " its authority back?")) return false;
         return api("POST", "/lanes/" + id + "/unrevoke");
       }, true));
+    }
+    if (lane.token_budget !== null && lane.token_budget !== undefined) {
+      // D295: the lane's own budget over its profile's; empty gives it the profile's again
+      actions.appendChild(actionButton("Set token budget", () => {
+        const given = prompt("Tokens " + lane.lane + " may spend in all, what it spent " +
+          "included (now " + lane.token_budget + "; empty: its profile's budget again):",
+          String(lane.token_budget));
+        if (given === null) return false;
+        const cleaned = given.replace(/[,_\\s]/g, "");
+        const tokens = cleaned === "" ? null : Number(cleaned);
+        if (tokens !== null && !(Number.isInteger(tokens) && tokens >= 1)) {
+          throw new Error("not a number of tokens: " + given);
+        }
+        return api("PUT", "/lanes/" + id + "/budget", {tokens: tokens});
+      }));
     }
     if (lane.actions.includes("retry")) {
       actions.appendChild(actionButton("Retry", () => {

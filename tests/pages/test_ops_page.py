@@ -249,3 +249,51 @@ async def test_an_operator_revokes_a_lane_from_the_page_and_gives_it_back(
     finally:
         gateway.stop()
     assert console_errors == []
+
+
+async def test_an_operator_sets_a_spent_thread_s_budget_from_the_page(
+    tmp_path: Path, page: Page, console_errors: list[str]
+) -> None:
+    """D295: a thread that spent its budget gets one of its own from the page, then a retry."""
+    settings = {**_settings(tmp_path), "token_budget": "1"}
+    gateway = GatewayProcess("gw", tmp_path, settings).start()
+    try:
+        token = (tmp_path / "ops-token").read_text().strip()
+        async with httpx.AsyncClient(base_url=gateway.url, timeout=10) as http:
+            for count, text in ((1, "hello"), (2, "and again")):
+                posted = await http.post("/web/threads/spent/messages", json={"text": text})
+                assert posted.status_code == 202, posted.text
+                deadline = time.monotonic() + 20
+                while await _answers(settings["web_url"], "spent") < count:
+                    assert time.monotonic() < deadline, gateway.tail()
+                    await asyncio.sleep(0.1)
+
+        typed = iter(["lots", "1,000,000"])
+
+        async def answer(dialog: Dialog) -> None:
+            await dialog.accept(next(typed) if dialog.type == "prompt" else "")
+
+        page.on("dialog", answer)
+        await page.goto(f"{gateway.url}/ops#token={token}")
+        row = page.locator("#lanes tr", has_text="web:spent")
+        await expect(row.locator(".status")).to_have_text("failed")
+        await row.click()
+        facts = page.locator("#lane-facts .row")
+        await expect(facts.filter(has_text="token budget")).to_contain_text("1")
+        actions = page.locator("#lane-actions")
+        button = actions.get_by_role("button", name="Set token budget")
+        await button.click()  # "lots": refused on the page, nothing sent
+        await expect(page.locator("#lane-note")).to_contain_text("not a number of tokens: lots")
+        await button.click()
+        await expect(facts.filter(has_text="token budget")).to_contain_text(
+            "1000000", timeout=15_000
+        )
+        await actions.get_by_role("button", name="Retry").click()
+        await expect(page.locator("#lane-note")).to_contain_text("completed", timeout=20_000)
+        deadline = time.monotonic() + 20
+        while await _answers(settings["web_url"], "spent") < 3:  # the retry's answer
+            assert time.monotonic() < deadline, gateway.tail()
+            await asyncio.sleep(0.1)
+    finally:
+        gateway.stop()
+    assert console_errors == []
