@@ -27,7 +27,7 @@ from gateway.channels import gateway_settings
 from gateway.replies import replies_mark, watermark_of
 from gateway.service import Service
 from harness_core import open_repo
-from tests.ops.test_api import _urls
+from tests.support.ops_rig import backend_urls
 from tests.support.service_rig import ServiceRig
 
 SESSION = "web-default"
@@ -81,7 +81,7 @@ class _Said(logging.Handler):
 
 @pytest.fixture(params=["sqlite", "redis"])
 def urls(request: pytest.FixtureRequest, tmp_path: Any) -> dict[str, str]:
-    return _urls(request.param, request, tmp_path)
+    return backend_urls(request.param, request, tmp_path)
 
 
 @pytest.fixture

@@ -10,42 +10,23 @@ from __future__ import annotations
 from collections.abc import AsyncIterator
 from typing import Any
 
-import httpx
 import pytest
 
-from gateway.channels import gateway_settings
-from gateway.service import Service
-from tests.ops.test_api import AGENT, AS_OPERATOR, AS_VIEWER, OPERATOR, VIEWER, Ops, _urls
+from tests.support.ops_rig import AS_OPERATOR, AS_VIEWER, Ops, deployed
 
 SPENT = "(token_budget)"
 
 
-async def _deploy(request: pytest.FixtureRequest, tmp_path: Any, **more: Any) -> AsyncIterator[Ops]:
-    settings = gateway_settings(
-        **_urls(request.param, request, tmp_path),
-        plugin=AGENT,
-        ops_tokens=(f"alice:operator:{OPERATOR}", f"bob:viewer:{VIEWER}"),
-        **more,
-    )
-    service = Service(settings)
-    await service.start()
-    assert service.app is not None
-    transport = httpx.ASGITransport(app=service.app)
-    async with httpx.AsyncClient(transport=transport, base_url="http://localhost") as http:
-        yield Ops(service, http)
-    await service.stop(drain_seconds=2)
-
-
 @pytest.fixture(params=["sqlite", "redis"])
 async def ops(request: pytest.FixtureRequest, tmp_path: Any) -> AsyncIterator[Ops]:
-    async for deployed in _deploy(request, tmp_path, token_budget=1):
-        yield deployed
+    async with deployed(request, tmp_path, token_budget=1) as running:
+        yield running
 
 
 @pytest.fixture(params=["sqlite"])
 async def unbudgeted(request: pytest.FixtureRequest, tmp_path: Any) -> AsyncIterator[Ops]:
-    async for deployed in _deploy(request, tmp_path):
-        yield deployed
+    async with deployed(request, tmp_path) as running:
+        yield running
 
 
 async def _put(ops: Ops, lane_id: str, body: Any, as_: dict[str, str] = AS_OPERATOR) -> Any:

@@ -9,35 +9,18 @@ import asyncio
 from collections.abc import AsyncIterator
 from typing import Any
 
-import httpx
 import pytest
 
 from gateway.broker.contract import NewInboxItem
-from gateway.channels import gateway_settings
 from gateway.operator_actions import OperatorAction, read_result
-from gateway.service import Service
-from tests.ops.test_api import AS_VIEWER, OPERATOR, VIEWER, Ops, _urls
 from tests.support.gateway_rig import decision_body
-
-AGENT = "tests.support.gateway_agent"
+from tests.support.ops_rig import AS_VIEWER, Ops, deployed
 
 
 @pytest.fixture(params=["sqlite", "redis"])
 async def ops(request: pytest.FixtureRequest, tmp_path: Any) -> AsyncIterator[Ops]:
-    settings = gateway_settings(
-        **_urls(request.param, request, tmp_path),
-        plugin=AGENT,
-        lease_seconds=6,
-        renew_seconds=1,
-        ops_tokens=(f"alice:operator:{OPERATOR}", f"bob:viewer:{VIEWER}"),
-    )
-    service = Service(settings)
-    await service.start()
-    assert service.app is not None
-    transport = httpx.ASGITransport(app=service.app)
-    async with httpx.AsyncClient(transport=transport, base_url="http://localhost") as http:
-        yield Ops(service, http)
-    await service.stop(drain_seconds=2)
+    async with deployed(request, tmp_path) as running:
+        yield running
 
 
 async def _agent_items(ops: Ops, thread: str) -> list[dict[str, Any]]:

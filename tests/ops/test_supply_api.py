@@ -13,14 +13,11 @@ import re
 from collections.abc import AsyncIterator
 from typing import Any
 
-import httpx
 import pytest
 
-from gateway.channels import gateway_settings
-from gateway.service import Service
 from harness_core.session import StoredRecord
 from harness_core.session.records import MAX_SUPPLIED_CHARS
-from tests.ops.test_api import AGENT, AS_VIEWER, OPERATOR, VIEWER, Ops, _urls
+from tests.support.ops_rig import AS_VIEWER, Ops, deployed
 
 BY_HAND = "deployed build 42 by hand\nfrom the release console at 10:02"
 WHEN = r"\d{4}-\d\d-\d\d \d\d:\d\d UTC"
@@ -28,20 +25,8 @@ WHEN = r"\d{4}-\d\d-\d\d \d\d:\d\d UTC"
 
 @pytest.fixture(params=["sqlite", "redis"])
 async def ops(request: pytest.FixtureRequest, tmp_path: Any) -> AsyncIterator[Ops]:
-    settings = gateway_settings(
-        **_urls(request.param, request, tmp_path),
-        plugin=AGENT,
-        lease_seconds=6,
-        renew_seconds=1,
-        ops_tokens=(f"alice:operator:{OPERATOR}", f"bob:viewer:{VIEWER}"),
-    )
-    service = Service(settings)
-    await service.start()
-    assert service.app is not None
-    transport = httpx.ASGITransport(app=service.app)
-    async with httpx.AsyncClient(transport=transport, base_url="http://localhost") as http:
-        yield Ops(service, http)
-    await service.stop(drain_seconds=2)
+    async with deployed(request, tmp_path) as running:
+        yield running
 
 
 async def _thread_item(ops: Ops, thread: str, kind: str) -> dict[str, Any]:
