@@ -137,7 +137,9 @@ class Run(Part):
                 return await self._abort_path()
             if needs_assistant(self.op):
                 # before compacting: a run at its limit asks the model nothing more, not a summary
-                await self._within_limits()
+                self._within_turns()
+                if self.rt.options.token_budget is not None:
+                    await self._within_budget()
             if await self.structural.context_over_limit():
                 await self.structural.auto_compact("threshold")
             if needs_assistant(self.op):
@@ -161,13 +163,16 @@ class Run(Part):
             if await fx.try_finish_run(op.id, "completed") == "finished":
                 return await self._finished("completed")
 
-    async def _within_limits(self) -> None:
-        """Fail the run if it may not ask the model again: its turns, or its lane's budget."""
-        options, lane = self.rt.options, self.lane.name
-        limit = options.max_turns_of(lane)
+    def _within_turns(self) -> None:
+        """Fail the run if it took its turns for this input (`max_turns`)."""
+        limit = self.rt.options.max_turns_of(self.lane.name)
         if limit is not None and self.op.turns >= limit:
             raise _RunFailed(_turn_limit(limit))
-        budget = options.token_budget_of(lane)
+
+    async def _within_budget(self) -> None:
+        """Fail the run if its lane has spent its tokens (`token_budget`)."""
+        lane = self.lane.name
+        budget = self.rt.options.token_budget_of(lane)
         if budget is not None:  # the ledger is a running projection: one bounded read
             storage = self.rt.storage
             spent = (await storage.get_usage(lane=lane)).total_tokens
