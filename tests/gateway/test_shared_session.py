@@ -51,6 +51,7 @@ from harness_core.session.entries import MessageEntry
 from tests.adapters.kit import serve
 from tests.support.fake_slack import FakeSlack, Message, event_envelope, signed_headers
 from tests.support.mail_servers import Dovecot, MailUser, SmtpServer
+from tests.support.ops_rig import backend_urls
 
 SESSION = "shared"
 CHANNEL = "C0SHARED"
@@ -241,29 +242,13 @@ class Shared:
         return out
 
 
-def _urls(backend: str, request: pytest.FixtureRequest, tmp_path: Any) -> dict[str, str]:
-    if backend == "sqlite":
-        return {
-            "store_url": f"sqlite:///{tmp_path}/store.db",
-            "broker_url": f"sqlite:///{tmp_path}/broker.db",
-            "web_url": f"sqlite:///{tmp_path}/web.db",
-        }
-    prefix = request.getfixturevalue("redis_prefix")
-    url = request.getfixturevalue("redis_server").url
-    return {
-        "store_url": f"{url}?prefix={prefix}s",
-        "broker_url": f"{url}?prefix={prefix}b",
-        "web_url": f"{url}?prefix={prefix}w",
-    }
-
-
 @pytest.fixture(params=["sqlite", "redis"])
 async def shared(
     request: pytest.FixtureRequest, tmp_path: Any, dovecot: Dovecot
 ) -> AsyncIterator[Shared]:
     bot = dovecot.fresh_user("bot")
     person = dovecot.fresh_user("person")
-    urls = _urls(request.param, request, tmp_path)
+    urls = backend_urls(request.param, request, tmp_path)
     facts = SessionFacts()
     parts = ServiceParts(
         model_client=ScriptedModel(responder=respond), model=MODEL, tools=facts.tools()
