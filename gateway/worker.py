@@ -36,7 +36,7 @@ from gateway.budgets import read_budget
 from gateway.cuts import agent_notes
 from gateway.files import attachment_line, user_content
 from gateway.incarnation import gone
-from gateway.lane_status import attempt_began, parked_mark
+from gateway.lane_status import attempt_began, lane_thread, parked_mark
 from gateway.live import LivePublisher
 from gateway.logs import event
 from gateway.metrics import Metrics
@@ -567,13 +567,7 @@ class Worker:
 
     async def _thread_of(self, session_id: str, lane: str) -> ThreadRef | None:
         """The channel thread a lane answers, as the broker remembers it (None: unknown)."""
-        state = await self._broker.threads.get(session_id, lane)
-        if state is None:
-            return None
-        try:
-            return ThreadRef.model_validate(dict(state.thread))
-        except ValidationError:
-            return None
+        return await lane_thread(self._broker, session_id, lane)
 
     async def _thread_for(self, session: _Session, lane: str) -> ThreadRef | None:
         """The thread of a lane of `session`: as its messages named it, else the broker's."""
