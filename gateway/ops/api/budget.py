@@ -11,7 +11,7 @@ from __future__ import annotations
 
 from fastapi import Request
 
-from gateway.budgets import read_budget, set_budget
+from gateway.budgets import set_budget
 from gateway.lane_status import lane_thread
 from gateway.ops.api.context import OpsContext
 from gateway.ops.errors import ApiError
@@ -50,8 +50,6 @@ class BudgetActions:
             found, changed = await set_budget(
                 broker, session, lane, body.tokens, by=who.actor, now_ms=now_ms, reason=body.reason
             )
-            if not changed:
-                found = await read_budget(broker.marks, session, lane)
             spent = (await storage.get_usage(lane=lane)).total_tokens
         in_force = found.tokens if found is not None and found.tokens is not None else base
         return BudgetView(
