@@ -32,6 +32,8 @@ _PATTERN = re.compile(r"[A-Za-z0-9_.*?\[\]!:/-]{1,200}")
 _APPROVER = re.compile(r"[^\s\x00-\x1f\x7f,]{1,256}")
 MAX_INSTRUCTIONS = 100_000
 """Characters of a profile's instructions (they are sent with every model request)."""
+MAX_TOKEN_BUDGET = 1_000_000_000
+"""The most tokens a thread's budget may be (a profile's, the top level's, an operator's)."""
 
 
 class Profile(BaseModel):
@@ -82,7 +84,7 @@ class Profile(BaseModel):
     token_budget: int | None = Field(
         default=None,
         ge=1,
-        le=1_000_000_000,
+        le=MAX_TOKEN_BUDGET,
         description="Tokens one of this profile's threads may spend in all before its runs stop "
         "(token_budget); unset: the top-level one.",
     )

@@ -34,7 +34,13 @@ from config.fields import (
     is_loopback,
     scheme,
 )
-from config.profiles import DEFAULT_PROFILE, MAX_INSTRUCTIONS, BusyPolicy, Profile
+from config.profiles import (
+    DEFAULT_PROFILE,
+    MAX_INSTRUCTIONS,
+    MAX_TOKEN_BUDGET,
+    BusyPolicy,
+    Profile,
+)
 from config.sections import Section
 
 __all__ = [
@@ -262,7 +268,7 @@ class Settings(BaseModel):
     token_budget: int | None = Field(
         default=None,
         ge=1,
-        le=1_000_000_000,
+        le=MAX_TOKEN_BUDGET,
         description="Tokens one thread may spend in all (its ledger: every model request's, "
         "failed attempts and summaries included); once spent, its runs stop, token_budget, "
         "before asking the model again, and the thread is told (default: no budget).",

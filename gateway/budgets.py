@@ -15,6 +15,7 @@ import json
 
 from pydantic import Field, ValidationError
 
+from config.profiles import MAX_TOKEN_BUDGET
 from gateway.broker.contract import Broker, Marks, NewAuditEvent
 from harness_core.frozen import Frozen
 
@@ -27,8 +28,8 @@ __all__ = [
     "set_budget",
 ]
 
-MAX_BUDGET = 1_000_000_000
-"""The most tokens a budget may be (the settings' bound too)."""
+MAX_BUDGET = MAX_TOKEN_BUDGET
+"""The most tokens a budget may be: the settings' bound."""
 
 
 class BudgetSetting(Frozen):
