@@ -247,7 +247,8 @@ _SCRIPT = """
           String(lane.token_budget));
         if (given === null) return false;
         const cleaned = given.replace(/[,_\\s]/g, "");
-        const tokens = cleaned === "" ? null : Number(cleaned);
+        // digits only, as the CLI takes them (Number() would read "1e6" and "0x10" too)
+        const tokens = cleaned === "" ? null : (/^[0-9]+$/.test(cleaned) ? Number(cleaned) : NaN);
         if (tokens !== null && !(Number.isInteger(tokens) && tokens >= 1)) {
           throw new Error("not a number of tokens: " + given);
         }

@@ -280,7 +280,8 @@ def build_parser() -> argparse.ArgumentParser:
 def _tokens(text: str) -> int:
     """A budget on the command line: a whole number of tokens, 1 to 1,000,000,000."""
     cleaned = text.replace(",", "").replace("_", "")
-    if not cleaned.isdigit() or not 1 <= int(cleaned) <= MAX_BUDGET:
+    # ASCII digits only: str.isdigit() also takes "²" (which int() refuses) and "٣"
+    if not (cleaned.isascii() and cleaned.isdigit()) or not 1 <= int(cleaned) <= MAX_BUDGET:
         raise argparse.ArgumentTypeError(
             f"expected a number of tokens from 1 to {MAX_BUDGET:,}, not {text!r}"
         )
