@@ -51,7 +51,6 @@ __all__ = [
 ]
 
 _POLICIES: tuple[ToolRecovery, ...] = ("declared", "never", "always")
-
 _SCAN = 500
 """Log items read per round while a lane's page is filled."""
 
