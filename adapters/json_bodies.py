@@ -3,10 +3,13 @@
 from __future__ import annotations
 
 from collections.abc import Container
+from typing import Literal, Protocol
 
 from pydantic import ValidationError
 
-__all__ = ["body_problem", "text_problem"]
+from harness_core.session.records import MAX_SUPPLIED_CHARS
+
+__all__ = ["SuppliedDecision", "body_problem", "result_problem", "text_problem"]
 
 
 def body_problem(exc: ValidationError, *, pattern: str, skip: Container[str] = ()) -> str:
@@ -35,4 +38,37 @@ def text_problem(value: str, what: str) -> str | None:
         value.encode("utf-8")
     except UnicodeEncodeError:
         return f"{what} is not valid Unicode text"
+    return None
+
+
+class SuppliedDecision(Protocol):
+    """The part of a decision that may carry the result of an action its sender did (D263)."""
+
+    approved: bool
+    result: str | None
+    is_error: bool
+
+
+def result_problem(
+    item: SuppliedDecision,
+) -> tuple[Literal["invalid_request", "empty_text", "text_too_long", "invalid_text"], str] | None:
+    """Why a decision's supplied result is refused (its code and line), or None.
+
+    A result goes with ``approved: true``, ``is_error`` goes with a result, and the result is
+    non-blank text of at most `MAX_SUPPLIED_CHARS` characters that a store can hold.
+    """
+    if item.result is None:
+        return ("invalid_request", "'is_error' goes with a 'result'") if item.is_error else None
+    if not item.approved:
+        return "invalid_request", "a 'result' goes with approved: true"
+    if not item.result.strip():
+        return "empty_text", "'result' is empty: say what the action did"
+    if len(item.result) > MAX_SUPPLIED_CHARS:
+        return (
+            "text_too_long",
+            f"'result' has {len(item.result)} characters; at most {MAX_SUPPLIED_CHARS} are "
+            "accepted",
+        )
+    if (problem := text_problem(item.result, "'result'")) is not None:
+        return "invalid_text", problem
     return None

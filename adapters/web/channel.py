@@ -83,7 +83,7 @@ from adapters.channel import (
     Unavailable,
 )
 from adapters.errors import AdapterError
-from adapters.json_bodies import body_problem, text_problem
+from adapters.json_bodies import body_problem, result_problem, text_problem
 from adapters.live import LiveUpdate
 from adapters.web.live import LiveBoard, LiveCursor
 from adapters.web.mailbox import (
@@ -101,7 +101,6 @@ from adapters.web.mailbox import (
 )
 from adapters.web.page import content_security_policy, index_page, thread_page
 from harness_core import Clock, IdGenerator, SuppliedResult, SystemClock, Uuid7Ids
-from harness_core.session.records import MAX_SUPPLIED_CHARS
 
 __all__ = ["WebChannel", "WebLimits"]
 
@@ -255,23 +254,9 @@ def _check_text(value: str, what: str) -> None:
 
 
 def _check_result(item: _DecisionItemIn) -> None:
-    """Refuse a supplied result that is empty, too long, or not for an approved call."""
-    if item.result is None:
-        if item.is_error:
-            raise _Refused(400, "invalid_request", "'is_error' goes with a supplied 'result'")
-        return
-    if not item.approved:
-        raise _Refused(400, "invalid_request", "a supplied 'result' goes with approved: true")
-    if not item.result.strip():
-        raise _Refused(400, "empty_text", "'result' is empty: say what the action did")
-    if len(item.result) > MAX_SUPPLIED_CHARS:
-        raise _Refused(
-            400,
-            "text_too_long",
-            f"'result' has {len(item.result)} characters; at most {MAX_SUPPLIED_CHARS} are "
-            "accepted",
-        )
-    _check_text(item.result, "'result'")
+    """Refuse a supplied result that is empty, too long, or not for an approved call (D263)."""
+    if (problem := result_problem(item)) is not None:
+        raise _Refused(400, *problem)
 
 
 def _name(value: str, what: Literal["thread", "space"]) -> str:

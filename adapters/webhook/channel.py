@@ -52,7 +52,7 @@ from adapters.channel import (
     Unavailable,
 )
 from adapters.errors import AdapterError
-from adapters.json_bodies import body_problem, text_problem
+from adapters.json_bodies import body_problem, result_problem, text_problem
 from adapters.webhook.delivery import WebhookDelivery
 from adapters.webhook.payloads import (
     MAX_REPLY_CONTEXT_BYTES,
@@ -64,7 +64,6 @@ from adapters.webhook.payloads import (
 )
 from adapters.webhook.signing import SignatureRefused, check_headers, verify
 from harness_core import Clock, SuppliedResult, SystemClock
-from harness_core.session.records import MAX_SUPPLIED_CHARS
 
 __all__ = ["CHANNEL", "EVENTS_PATH", "WebhookChannel", "WebhookLimits", "decision_key"]
 
@@ -149,23 +148,9 @@ def _check_text(value: str, what: str) -> None:
 
 
 def _check_result(item: DecisionItemIn) -> None:
-    """Refuse a result that is empty, too long, or not for an approved call (D263)."""
-    if item.result is None:
-        if item.is_error:
-            raise _Refused(400, "invalid_request", "'is_error' goes with a 'result'")
-        return
-    if not item.approved:
-        raise _Refused(400, "invalid_request", "a 'result' goes with approved: true")
-    if not item.result.strip():
-        raise _Refused(400, "empty_text", "'result' is empty: say what the action did")
-    if len(item.result) > MAX_SUPPLIED_CHARS:
-        raise _Refused(
-            400,
-            "text_too_long",
-            f"'result' has {len(item.result)} characters; at most {MAX_SUPPLIED_CHARS} are "
-            "accepted",
-        )
-    _check_text(item.result, "'result'")
+    """Refuse a supplied result that is empty, too long, or not for an approved call (D263)."""
+    if (problem := result_problem(item)) is not None:
+        raise _Refused(400, *problem)
 
 
 def decision_key(body: DecisionIn) -> str:
