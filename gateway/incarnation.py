@@ -89,10 +89,10 @@ def parse(worker_id: str) -> Incarnation | None:
     host, _, rest = worker_id.rpartition("-")
     host, _, pid = host.rpartition("-")
     parts = rest.split(".")
-    if not host or not pid.isdigit() or len(parts) != 3:
+    if not host or not (pid.isascii() and pid.isdigit()) or len(parts) != 3:
         return None
     nonce, space, start = parts
-    if len(space) != _SPACE_HEX or not start.isdigit() or not nonce:
+    if len(space) != _SPACE_HEX or not (start.isascii() and start.isdigit()) or not nonce:
         return None
     return Incarnation(host, int(pid), nonce, space, int(start))
 

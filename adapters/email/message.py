@@ -966,7 +966,7 @@ def attachment_content(raw: bytes, ref: str) -> bytes | None:
     None when there is no such part (the message changed, or `ref` is not one of ours).
     """
     number = ref.removeprefix("part-")
-    if not number.isdigit():
+    if not (number.isascii() and number.isdigit()):
         return None
     msg = BytesParser(policy=policy.default).parsebytes(raw)
     for count, part in enumerate(_leaves(msg)):

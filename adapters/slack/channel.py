@@ -283,7 +283,11 @@ class SlackChannel:
     def _signed(self, request: Request, body: bytes) -> bool:
         timestamp = request.headers.get("x-slack-request-timestamp", "")
         signature = request.headers.get("x-slack-signature", "")
-        if self._verifier is None or not timestamp.isdigit() or len(timestamp) > 12:
+        if (
+            self._verifier is None
+            or not (timestamp.isascii() and timestamp.isdigit())
+            or len(timestamp) > 12
+        ):
             return False
         return self._verifier.is_valid(body=body, timestamp=timestamp, signature=signature)
 

@@ -124,4 +124,8 @@ def _ids(raw: str | None) -> dict[int, str]:
         return {}
     if not isinstance(found, Mapping):
         return {}
-    return {int(k): str(v) for k, v in found.items() if str(k).isdigit() and isinstance(v, str)}
+    return {
+        int(k): str(v)
+        for k, v in found.items()
+        if str(k).isascii() and str(k).isdigit() and isinstance(v, str)
+    }

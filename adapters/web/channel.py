@@ -460,7 +460,12 @@ class WebChannel:
             )
         limit = self.limits.max_body_bytes if limit is None else limit
         declared = request.headers.get("content-length")
-        if declared is not None and declared.isdigit() and int(declared) > limit:
+        if (
+            declared is not None
+            and declared.isascii()
+            and declared.isdigit()
+            and int(declared) > limit
+        ):
             raise _Refused(413, "too_large", f"the request body exceeds {limit} bytes")
         chunks: list[bytes] = []
         size = 0
@@ -700,7 +705,7 @@ class WebChannel:
         raw = request.query_params.get(name)
         if raw is None or raw == "":
             return default
-        if not raw.isdigit() or not low <= int(raw) <= high:
+        if not (raw.isascii() and raw.isdigit()) or not low <= int(raw) <= high:
             raise _Refused(
                 400, "invalid_request", f"{name!r} must be a whole number from {low} to {high}"
             )
@@ -788,7 +793,7 @@ class WebChannel:
         resume = request.headers.get("last-event-id")
         if resume is not None and resume.strip() != "":
             resume = resume.strip()
-            if not resume.isdigit() or int(resume) > 2**53:
+            if not (resume.isascii() and resume.isdigit()) or int(resume) > 2**53:
                 raise _Refused(400, "invalid_request", "'Last-Event-ID' must be a seq number")
             after = int(resume)
         else:
@@ -1068,7 +1073,7 @@ def _decision_key(
 
 
 _BLOB = re.compile(r"sha256:[0-9a-f]{64}")
-_MEDIA_TYPE = re.compile(r"[\w.+-]{1,100}/[\w.+-]{1,100}")
+_MEDIA_TYPE = re.compile(r"[\w.+-]{1,100}/[\w.+-]{1,100}", re.ASCII)
 
 
 def _attachment_header(name: str) -> str:

@@ -256,7 +256,7 @@ def _position(stream_id: tuple[int, int]) -> int:
 
 def _item_number(item_id: str) -> int | None:
     """The counter behind an item or event id (16 digits), or None if it is not one."""
-    if not item_id.isdigit() or len(item_id) > 18:
+    if not (item_id.isascii() and item_id.isdigit()) or len(item_id) > 18:
         return None
     return int(item_id)
 

@@ -79,3 +79,7 @@ async def test_a_page_link_never_renders_a_file_as_a_page(rig: ServiceRig) -> No
     assert served.status_code == 200
     assert served.headers["content-disposition"].startswith("attachment")
     assert "sandbox" in served.headers["content-security-policy"]
+    for odd in ("%D1%82/html", "%C3%A9/html"):  # a header holds Latin-1; a media type is ASCII
+        served = await rig.http.get(f"/web/files/{quote(blob)}?space=default&type={odd}")
+        assert served.status_code == 200
+        assert served.headers["content-type"] == "application/octet-stream"

@@ -12,6 +12,7 @@ from typing import Any
 import pytest
 
 from gateway.ops.errors import MAX_BODY_BYTES
+from gateway.ops.views import encode_cursor
 from tests.support.ops_rig import AS_OPERATOR, AS_VIEWER, Ops, deployed
 
 JSON = {"Content-Type": "application/json"}
@@ -99,6 +100,14 @@ async def test_lanes_sessions_timeline_usage_and_backlog(ops: Ops) -> None:
     short = await ops.get(f"/lanes/{lane_id}/timeline?limit=2")
     more = await ops.get(f"/lanes/{lane_id}/timeline?cursor={short['next_cursor']}")
     assert short["items"] + more["items"] == timeline
+    for seq in ("\u00b2", "\u0663"):  # not ASCII digits: a cursor this API never made
+        odd = encode_cursor(seq)
+        for page in ("timeline", "usage"):
+            refused = await ops.http.get(
+                f"/api/v1/lanes/{lane_id}/{page}?cursor={odd}", headers=AS_VIEWER
+            )
+            assert refused.status_code == 400, refused.text
+            assert refused.json()["error"]["code"] == "invalid_cursor"
     usage = await ops.get(f"/lanes/{lanes[1]['id']}/usage")
     assert usage["items"] and usage["items"][0]["cause"] == "assistant"
     assert usage["items"][0]["stop_reason"] == "error"  # the failed attempt is in the ledger

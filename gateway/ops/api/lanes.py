@@ -178,6 +178,6 @@ class LaneReads:
 def _seq(after: tuple[str, ...] | None) -> int:
     if after is None:
         return 0
-    if not after[0].isdigit():
+    if not (after[0].isascii() and after[0].isdigit()):
         raise ApiError(400, "invalid_cursor", "the cursor is not one this API returned")
     return int(after[0])
