@@ -37,6 +37,7 @@ from harness_core.session.records import (
     ApprovalRequested,
     OperationFinished,
     OperationStarted,
+    QueueEnqueued,
     RecordType,
     RunIntent,
     ToolStarted,
@@ -97,9 +98,13 @@ def delivery_id(session: str, kind: OutboundKind, cause: str) -> str:
     return f"{kind}:{session}:{cause}"
 
 
+_INBOUND = "in-"
+"""The prefix of a user-message entry a thread's message became (`entry_id_of`)."""
+
+
 def entry_id_of(dedupe_key: str) -> str:
     """The lane's user-message entry id for an inbound message (the same message, the same id)."""
-    return "in-" + hashlib.sha256(dedupe_key.encode()).hexdigest()[:40]
+    return _INBOUND + hashlib.sha256(dedupe_key.encode()).hexdigest()[:40]
 
 
 def failure_text(error: OperationError | None) -> str:
@@ -210,7 +215,8 @@ async def enqueue_replies(
     """Enqueue the replies of `state`'s lane after its mark; returns what was found (in order).
 
     Runs only: compactions and navigations answer nobody. A completed run replies with its final
-    text, a failed one with a short notice, an aborted one with nothing; an approval wait sends
+    text (after any answer it gave before it took another message of the thread), a failed one
+    with a short notice (likewise), an aborted one with nothing; an approval wait sends
     an approval request; a wait that ended (decided, or its run aborted or failed) its close.
     `known`: final messages the caller has in hand, by entry id (not read again).
     """
@@ -293,20 +299,24 @@ async def _outbound(
         return None
     if not isinstance(started.record.intent, RunIntent):
         return None  # compaction and navigation answer nobody
+    if record.outcome not in ("completed", "failed"):
+        return None  # aborted: whoever aborted it knows
+    earlier = await _earlier_answers(since, state.lane, record.run_id)
     if record.outcome == "failed":
+        # after answers the thread has not seen, a reply that ends with the notice: a notice is
+        # rendered short (a Slack block, 2,000 characters of a mail) and an answer may not be
         return Outbound(
             delivery_id=delivery_id(session, "failure_notice", record.run_id),
             thread=thread,
-            kind="failure_notice",
-            text=failure_text(record.error),
+            kind="reply" if earlier else "failure_notice",
+            text="\n\n".join((*earlier, failure_text(record.error))),
             reply_context=context,
         )
-    if record.outcome != "completed":
-        return None  # aborted: whoever aborted it knows
     reply_id = delivery_id(session, "reply", record.run_id)
     files, unsent = await _run_files(broker, since, state, record.run_id, reply_id)
     final = known.get(record.final_entry_id) if record.final_entry_id is not None else None
     text = answer_text(final) if final is not None else await _final_text(since, record)
+    text = "\n\n".join((*earlier, text))
     if unsent:
         text += "\n\n" + "\n".join(unsent)
     return Outbound(
@@ -377,6 +387,31 @@ def approval_outbound(state: ThreadState, thread: ThreadRef, record: ApprovalReq
         ),
         reply_context=state.reply_context,
     )
+
+
+async def _earlier_answers(since: _Since, lane: str, run_id: str) -> list[str]:
+    """The answers a run gave before it took another message of its thread, oldest first.
+
+    A message that reaches a busy lane joins its run (a steer, or a follow-up when the run would
+    stop); when the model had just answered, with no tool call, that answer is the run's as
+    much as its final one, and the thread must get it too. A run that took no message of its
+    thread reads nothing more; one that did, two entries a message.
+    """
+    answers: dict[str, tuple[int, str]] = {}
+    for stored in await since.of_run(lane, "queue_enqueued", run_id):
+        queued = stored.record
+        if not isinstance(queued, QueueEnqueued) or not queued.target.id.startswith(_INBOUND):
+            continue  # an input of the thread's own (a hook's is not the thread's)
+        taken = await since.storage.get_entry(queued.target.id)
+        if taken is None or taken.parent_id is None:
+            continue  # not taken (the run ended first: it starts the next run)
+        before = await since.storage.get_entry(taken.parent_id)
+        if before is None or not isinstance(before.entry, MessageEntry):
+            continue
+        message = before.entry.message
+        if isinstance(message, AssistantMessage) and message.stop_reason in ("stop", "length"):
+            answers[before.id] = (before.seq, answer_text(message))
+    return [text for _, text in sorted(answers.values())]
 
 
 async def _final_text(since: _Since, finished: OperationFinished) -> str:

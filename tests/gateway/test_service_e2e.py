@@ -28,7 +28,7 @@ from gateway.replies import (
 )
 from gateway.service import Service, ServiceParts
 from harness_core import HarnessClosed
-from tests.support.gateway_agent import CUT_OFF_ANSWER
+from tests.support.gateway_agent import CUT_OFF_ANSWER, STREAMED_ANSWER
 from tests.support.gateway_rig import decision_body, lane_texts
 
 AGENT = "tests.support.gateway_agent"
@@ -153,6 +153,24 @@ async def test_a_message_to_a_busy_lane_steers_its_run(gateway: Gateway) -> None
     assert reply["text"] == "You said: and also this"  # the steered message reached the run
     await asyncio.sleep(0.3)
     assert len([i for i in await gateway.items("busy") if i["kind"] == "reply"]) == 1
+
+
+async def test_an_answer_given_before_a_steered_message_reaches_the_thread(
+    gateway: Gateway,
+) -> None:
+    for thread in ("quick", "failing"):
+        await gateway.post(thread, "/stream")  # an answer without a tool call, about 4 s long
+    for thread, then in (("quick", "and also this"), ("failing", "/fail")):
+        await _until_running(gateway, f"web:{thread}")
+        await gateway.post(thread, then)  # taken when that answer ends, in the same run
+    [reply] = await gateway.answers("quick", 1)
+    assert reply["text"] == f"{STREAMED_ANSWER}\n\nYou said: and also this"
+    [notice] = await gateway.answers("failing", 1)  # the run failed after it had answered
+    assert notice["kind"] == "reply"  # an answer, then the notice (not cut as a notice is)
+    assert notice["text"].startswith(f"{STREAMED_ANSWER}\n\nSorry")
+    await asyncio.sleep(0.3)
+    for thread in ("quick", "failing"):
+        assert len(await gateway.answers(thread, 1)) == 1
 
 
 async def test_stop_in_the_thread_aborts_the_running_turn(gateway: Gateway) -> None:
