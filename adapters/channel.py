@@ -313,6 +313,8 @@ class Acceptance(Frozen):
     item_id: str
     session: str
     lane: str
+    """The lane holding the item: for a duplicate, the first message's (a lane other than the
+    thread's says its id was reused there, not that this message was sent again)."""
     duplicate: bool = False
     """The message was accepted before (a channel retry): acknowledge it, do nothing else."""
     first: DecisionInbound | None = None

@@ -259,9 +259,9 @@ class SuiteSink:
                 self._refusing -= 1
             self.refusals += 1
             raise Unavailable("the suite's inbox is down")
-        lane = inbound.thread.lane
         held = self.messages.setdefault(inbound.dedupe_key, inbound)
         item = f"m-{list(self.messages).index(inbound.dedupe_key) + 1}"
+        lane = held.thread.lane  # a duplicate's: the first message's
         return Acceptance(item_id=item, session=SESSION, lane=lane, duplicate=held is not inbound)
 
     async def take_files(

@@ -139,8 +139,8 @@ class Intake:
         )
         return Acceptance(
             item_id=appended.item.id,
-            session=session,
-            lane=lane,
+            session=appended.item.session,  # a duplicate's own: a channel can see a reused id
+            lane=appended.item.lane,
             duplicate=appended.duplicate,
             revoked=revocation is not None,
         )

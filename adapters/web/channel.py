@@ -91,6 +91,7 @@ from adapters.web.mailbox import (
     MailboxError,
     MailboxUnavailable,
     NewWebItem,
+    WebAppend,
     WebDecision,
     WebItem,
     WebItemKind,
@@ -126,6 +127,7 @@ WebRefusal = Literal[
     "no_such_request",  # 409: a decision nothing in the thread waits for
     "not_the_request",  # 409: a decision naming another run, calls or arguments
     "no_longer_waiting",  # 409: the request was decided, stopped or ended (the page says so)
+    "message_id_taken",  # 409: a client_message_id that names another message
     "too_large",  # 413: a body over the limit
     "unsupported_media_type",  # 415
     "unavailable",  # 503: the gateway cannot hold the message now; send again
@@ -529,8 +531,11 @@ class WebChannel:
 
     async def _record(self, ref: ThreadRef, item: NewWebItem, what: str) -> WebItem:
         """`item` in its thread, durably; 503 (one clear error) when the mailbox cannot hold it."""
+        return (await self._append(ref, item, what)).item
+
+    async def _append(self, ref: ThreadRef, item: NewWebItem, what: str) -> WebAppend:
         try:
-            return (await self.mailbox.append(ref.space, ref.thread, item)).item
+            return await self.mailbox.append(ref.space, ref.thread, item)
         except MailboxError as exc:
             log.warning(
                 "web mailbox could not record an item",
@@ -602,15 +607,30 @@ class WebChannel:
             files=tuple(attachment for attachment, _ in files),  # what was sent, not held
             at_ms=now,
         )
-        recorded = await self._record(
+        appended = await self._append(
             ref,
             item,
             "the web channel's store is unavailable: the message was not taken; retry",
         )
+        recorded = appended.item
+        if not appended.created and (recorded.text, recorded.author) != (body.text, author):
+            raise _Refused(  # not this message sent again: the thread shows the first one
+                409,
+                "message_id_taken",
+                f"'client_message_id' {inbound.message_id!r} already names another message of "
+                "this thread; give each message its own id",
+            )
         try:
             if files:
                 inbound = await self._with_files(sink, inbound, files)
             acceptance = await self._accept(sink, sink.accept, inbound)
+            if acceptance.lane != ref.lane:  # the inbox holds the other thread's message
+                raise _Refused(
+                    409,
+                    "message_id_taken",
+                    f"'client_message_id' {inbound.message_id!r} already names a message of "
+                    f"another thread ({acceptance.lane}); give each message its own id",
+                )
         except _Refused as refused:
             await self._not_taken(ref, inbound.message_id, refused.message)
             raise

@@ -87,6 +87,7 @@ WebhookRefusal = Literal[
     "no_such_request",
     "not_the_request",
     "no_longer_waiting",
+    "message_id_taken",
     "too_large",
     "unsupported_media_type",
     "unavailable",
@@ -151,6 +152,14 @@ def _check_result(item: DecisionItemIn) -> None:
     """Refuse a supplied result that is empty, too long, or not for an approved call (D263)."""
     if (problem := result_problem(item)) is not None:
         raise _Refused(400, *problem)
+
+
+def _taken(message_id: str, first: Acceptance) -> str:
+    """Why a message whose id names another thread's message is refused."""
+    return (
+        f"'message_id' {message_id!r} already names a message of another thread "
+        f"({first.lane}); give each message its own id"
+    )
 
 
 def decision_key(body: DecisionIn) -> str:
@@ -321,6 +330,8 @@ class WebhookChannel:
         except ValidationError as exc:  # what the durable types refuse (a context too deep)
             raise _validation_refusal(exc) from None
         acceptance = await self._hold(sink.accept, inbound)
+        if acceptance.lane != inbound.thread.lane:  # nothing new was stored
+            raise _Refused(409, "message_id_taken", _taken(inbound.message_id, acceptance))
         return JSONResponse(
             {
                 **acceptance.model_dump(mode="json", exclude={"first"}),

@@ -131,6 +131,26 @@ async def test_a_repeated_client_message_id_is_the_same_message(
     assert [i["id"] for i in thread["items"]] == ["m-1"]  # kept once
 
 
+async def test_a_client_message_id_naming_another_message_is_refused(
+    client: httpx.AsyncClient, sink: TestSink
+) -> None:
+    await client.post(URL, json={"text": "hello", "client_message_id": "m-1"})
+    other_text = await client.post(URL, json={"text": "bye", "client_message_id": "m-1"})
+    assert error(other_text) == (409, "message_id_taken")
+    assert "another message of this thread" in other_text.json()["error"]["message"]
+    thread = (await client.get("/web/threads/t1")).json()["items"]
+    assert [(i["id"], i["text"]) for i in thread] == [("m-1", "hello")]  # the first stays
+    elsewhere = await client.post(
+        "/web/threads/t2/messages", json={"text": "hello", "client_message_id": "m-1"}
+    )
+    assert error(elsewhere) == (409, "message_id_taken")
+    assert "(web:t1)" in elsewhere.json()["error"]["message"]
+    shown = (await client.get("/web/threads/t2")).json()["items"]  # shown, and said untaken
+    assert [i["kind"] for i in shown] == ["message", "failure_notice"]
+    assert "already names a message of another thread" in shown[1]["text"]
+    assert len(sink.accepted) == 1
+
+
 async def test_the_same_client_id_in_another_space_is_another_message(
     client: httpx.AsyncClient, sink: TestSink
 ) -> None:

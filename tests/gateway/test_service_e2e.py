@@ -145,6 +145,19 @@ async def test_a_redelivered_message_is_one_user_entry_and_one_reply(gateway: Ga
     assert gateway.fake.duplicates() == {}
 
 
+async def test_a_message_id_of_another_thread_is_refused_not_lost(gateway: Gateway) -> None:
+    await gateway.post("xa", "in a", client_message_id="same-1")
+    refused = await gateway.http.post(
+        "/web/threads/xb/messages", json={"text": "in b", "client_message_id": "same-1"}
+    )
+    assert refused.status_code == 409, refused.text  # was 202 "duplicate", and never answered
+    assert refused.json()["error"]["code"] == "message_id_taken"
+    [answer] = await gateway.answers("xa", 1)
+    assert answer["text"] == "You said: in a"
+    [notice] = await gateway.answers("xb", 1)
+    assert notice["kind"] == "failure_notice" and "another thread (web:xa)" in notice["text"]
+
+
 async def test_a_message_to_a_busy_lane_steers_its_run(gateway: Gateway) -> None:
     await gateway.post("busy", "/slow 800")
     await _until_running(gateway, "web:busy")

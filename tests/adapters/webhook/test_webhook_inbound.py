@@ -136,6 +136,10 @@ async def test_a_redelivery_is_the_same_message_and_a_duplicate(rig: Rig) -> Non
         "webhook:default:msg_again",
         "webhook:default:m-7",
     }
+    reused = await rig.send({**MESSAGE, "thread": "t2", "message_id": "m-7"}, msg_id="msg_c")
+    assert reused.status_code == 409  # not m-7 sent again: another thread's message
+    assert reused.json()["error"]["code"] == "message_id_taken"
+    assert "(webhook:t1)" in reused.json()["error"]["message"]
 
 
 @pytest.mark.parametrize("missing", ["webhook-id", "webhook-timestamp", "webhook-signature"])
