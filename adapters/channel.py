@@ -73,8 +73,10 @@ class Capabilities(Frozen):
     approvers: bool = False
     """Only the approvers a deployment names may decide: anyone else's use of a control is
     refused and stores nothing (Slack's configured approvers; email links minted for, and
-    checked against, approver addresses). False: whoever reaches the channel decides (the web
-    channel, bound to a trusted interface)."""
+    checked against, approver addresses), and the channel vouches for who decided: its
+    decisions are `DecisionInbound.identified`. False: whoever reaches the channel decides (the
+    web channel, bound to a trusted interface), and a profile's named approvers are not
+    decided there (D297)."""
     edits: bool = False
     """A posted message can be edited in place (an approval close edits its copies)."""
     reconciles: bool = True
@@ -268,6 +270,11 @@ class DecisionInbound(Frozen):
     session: str | None = None
     """The session the request named, when the channel carries it back (Slack's button value,
     an email link): checked against the session the thread routes to."""
+    identified: bool = False
+    """The channel vouches for `decided_by`: Slack's signed click, an email link signed for the
+    approver, a signed webhook's sender. False (the web page, which has no login: whoever
+    clicks names themselves): a thread whose approvers are named does not take the decision,
+    since anyone could type a name; an operator decides it."""
 
     @property
     def slot(self) -> str:

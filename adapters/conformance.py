@@ -776,8 +776,9 @@ async def an_approval_request_is_decided_by_an_approver_once(rig: ChannelRig) ->
     `Capabilities.approvers`: the stranger's use of it is refused and stores nothing, then the
     approver's is held, as theirs, once (a second use is the same decision). Without an
     approver rule, anyone who reaches the channel decides: the stranger's use is held as
-    theirs. Without decisions: the request offers no control and says an operator decides
-    it, naming its run and wait.
+    theirs. A decision is `identified` exactly when the channel has an approver rule. Without
+    decisions: the request offers no control and says an operator decides it, naming its run
+    and wait.
     """
     async with _running(rig) as subject:
         inbound = await subject.held("approve", "please deploy the api")
@@ -813,6 +814,8 @@ async def an_approval_request_is_decided_by_an_approver_once(rig: ChannelRig) ->
             (c.tool_call_id, c.args_digest, True) for c in view.calls
         ]
         assert decision.decided_by.id == decider, decision.decided_by
+        # only a channel that checks who decides vouches for them (D297)
+        assert decision.identified == subject.capabilities.approvers, decision
 
 
 @_check("approvals")

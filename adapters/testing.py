@@ -401,10 +401,12 @@ class RecordingChannel:
         idempotency_key: str | None = None,
         decided_by: Author | str = "approver",
         space: str | None = None,
+        identified: bool = True,
     ) -> Acceptance:
         """Hand a button click to the sink (`decisions` records it); return its acceptance.
 
         The same `idempotency_key` again is a double click (default: a new key per call).
+        `identified`: the channel vouches for `decided_by` (`DecisionInbound.identified`).
 
         Raises:
             NotRouted, Unavailable: whatever the sink raises.
@@ -422,6 +424,7 @@ class RecordingChannel:
             ),
             idempotency_key=idempotency_key or f"{self.name}-click-{len(self.decisions) + 1}",
             received_at_ms=self.clock.now_ms(),
+            identified=identified,
         )
         sink = self._sink()
         self.decisions.append(decision)

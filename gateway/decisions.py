@@ -33,6 +33,7 @@ __all__ = [
     "MISMATCH_TEXT",
     "NOT_AN_APPROVER_TEXT",
     "NO_WAIT_TEXT",
+    "UNIDENTIFIED_TEXT",
     "Approvers",
     "ToolApprovers",
     "closed_refusal",
@@ -51,6 +52,11 @@ NO_WAIT_TEXT = (
 MISMATCH_TEXT = (
     "This decision does not match the request it names (its run, session, calls or "
     "arguments differ). Nothing was recorded."
+)
+UNIDENTIFIED_TEXT = (
+    "This request is for its named approvers, and this channel cannot tell who you are, so "
+    "your decision was not taken. Nothing was recorded; an operator can decide it "
+    "(gateway ops approve or deny)."
 )
 NOT_AN_APPROVER_TEXT = (
     "You are not among the approvers of this request{what}, so your decision was not taken. "
@@ -84,6 +90,8 @@ async def judge(
     """
     decider = decision.decided_by.id
     allowed = approvers(decision.thread)
+    if allowed is not None and not decision.identified:
+        raise DecisionRefused("not_allowed", UNIDENTIFIED_TEXT)
     if allowed is not None and decider not in allowed:
         raise DecisionRefused("not_allowed", NOT_AN_APPROVER_TEXT.format(what=""))
     try:
@@ -124,6 +132,8 @@ async def _judge(
         raise DecisionRefused("mismatch", MISMATCH_TEXT)
     for tool in sorted({call.tool_name for call in wait.calls}):
         allowed = tool_approvers(tool)
+        if allowed is not None and not decision.identified:
+            raise DecisionRefused("not_allowed", UNIDENTIFIED_TEXT)
         if allowed is not None and decision.decided_by.id not in allowed:
             what = f" (calls of {tool} need one of its own approvers)"
             raise DecisionRefused("not_allowed", NOT_AN_APPROVER_TEXT.format(what=what))

@@ -82,6 +82,7 @@ def approval_router(channel: EmailChannel) -> APIRouter:
             idempotency_key=f"email:{checked.wait_id}",
             received_at_ms=channel.clock.now_ms(),
             session=checked.session,
+            identified=True,  # the link was signed for this approver
         )
         sink = channel.sink
         if sink is None:

@@ -252,6 +252,7 @@ class SlackApprovals:
             idempotency_key=f"slack:{target.wait_id}",
             received_at_ms=self.link.clock.now_ms(),
             session=target.session,
+            identified=True,  # the click came signed by Slack, with its user id
         )
         try:
             return await self.link.sink_or_fail().decide(decision)

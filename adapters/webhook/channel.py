@@ -383,6 +383,7 @@ class WebhookChannel:
             decided_by=author,
             idempotency_key=body.idempotency_key or decision_key(body),
             received_at_ms=self.clock.now_ms(),
+            identified=True,  # the sender signed it: it vouches for its author
         )
         acceptance = await self._hold(sink.decide, decision)
         answer: dict[str, Any] = {

@@ -21,6 +21,7 @@ import httpx
 import pytest
 from pydantic import BaseModel
 
+from adapters.channel import Author, DecisionInbound, DecisionItem, DecisionRefused, ThreadRef
 from config import Profile, Route, Settings
 from gateway.broker import open_broker
 from gateway.channels import gateway_settings
@@ -301,9 +302,14 @@ async def test_a_profile_change_takes_effect_on_the_next_run_and_shows_in_the_ti
         update={"instructions": "New rules: deploy on Tuesdays.", "allow_tools": ("tickets.*",)}
     )
     web = await deploy(agent, _settings(tmp_path, oncall=changed))
-    body = {**decision_body(asked["approval"], approved=True, key="k1"), "space": "oncall"}
-    decided = await web.http.post("/web/threads/pager/decisions", json={**body, "author": "alice"})
-    assert decided.status_code == 202, decided.text
+    approval = asked["approval"]  # named approvers: an operator decides it on the web (D297)
+    calls = {c["tool_call_id"]: {"action": "approve"} for c in approval["calls"]}
+    decided = await web.http.post(
+        f"/api/v1/lanes/{lane_id('oncall', 'web:pager')}/decisions",
+        json={"wait_id": approval["wait_id"], "approvals": calls},
+        headers={**AS_OPERATOR, "Idempotency-Key": "k1"},
+    )
+    assert decided.status_code in (200, 202), decided.text
     assert (await web.answers("oncall", "pager", 2))[1]["text"] == "Done: deployed prod"
     [resumed] = web.model.requests  # the run resumed after the restart: what it began with
     assert resumed.system_prompt is not None
@@ -451,14 +457,43 @@ async def test_only_the_profile_s_and_the_tool_s_approvers_decide(deploy: Deploy
     await web.post("oncall", "pager", "/deploy")
     [asked] = await web.answers("oncall", "pager", 1)
     body = {**decision_body(asked["approval"], approved=True, key="k1"), "space": "oncall"}
-    for who, because in (("mallory", "approvers of this request,"), ("alice", "deploys.run")):
+    # the web page has no login: whoever clicks names themselves, so named approvers' requests
+    # are not decided there, whatever name is typed (an outside probe approved as "alice")
+    for who in ("mallory", "alice", "bob"):
         refused = await web.http.post("/web/threads/pager/decisions", json={**body, "author": who})
         assert refused.status_code == 403, refused.text
         error = refused.json()["error"]
-        assert error["code"] == "not_approver" and because in error["message"]
-        assert error["message"].endswith("Nothing was recorded.")
+        assert error["code"] == "not_approver" and "cannot tell who you are" in error["message"]
     kinds = [i["kind"] for i in await web.items("oncall", "pager")]
     assert "decision" not in kinds  # nothing stored
-    accepted = await web.http.post("/web/threads/pager/decisions", json={**body, "author": "bob"})
-    assert accepted.status_code == 202, accepted.text
+    # a channel that vouches for its decider (Slack, a signed link or webhook): the profile's
+    # approvers, then the tool's own
+    intake = web.service.intake
+    assert intake is not None
+    approval = asked["approval"]
+
+    def click(who: str) -> DecisionInbound:
+        return DecisionInbound(
+            thread=ThreadRef(channel="web", space="oncall", thread="pager"),
+            run_id=approval["run_id"],
+            wait_id=approval["wait_id"],
+            decisions=tuple(
+                DecisionItem(
+                    tool_call_id=c["tool_call_id"], args_digest=c["args_digest"], approved=True
+                )
+                for c in approval["calls"]
+            ),
+            decided_by=Author(id=who),
+            idempotency_key="k1",
+            received_at_ms=0,
+            identified=True,
+        )
+
+    for who, because in (("mallory", "approvers of this request,"), ("alice", "deploys.run")):
+        with pytest.raises(DecisionRefused) as refusal:
+            await intake.decide(click(who))
+        assert refusal.value.code == "not_allowed" and because in refusal.value.message
+        assert refusal.value.message.endswith("Nothing was recorded.")
+    accepted = await intake.decide(click("bob"))
+    assert not accepted.duplicate
     assert (await web.answers("oncall", "pager", 2))[1]["text"] == "Done: deployed prod"
