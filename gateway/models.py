@@ -12,7 +12,7 @@ from __future__ import annotations
 import functools
 import os
 import socket
-from collections.abc import AsyncIterator, Mapping
+from collections.abc import AsyncIterator, Callable, Mapping
 from contextlib import asynccontextmanager
 from typing import TYPE_CHECKING, Any
 
@@ -20,8 +20,12 @@ from config import Settings
 from config.fields import number
 from gateway.errors import GatewayError
 from harness_core import (
+    AssistantMessage,
+    DeferredHandle,
     ModelClient,
+    ModelInfo,
     ModelRef,
+    ModelRequest,
     ScriptedModel,
 )
 from harness_core.backends.urls import without_password
@@ -49,51 +53,125 @@ class ModelConfigError(GatewayError, ValueError):
 
 
 def model_from_settings(settings: Settings) -> tuple[ModelClient, ModelRef]:
-    """The client and default model named by ``GATEWAY_MODEL``.
+    """The client and default model named by ``GATEWAY_MODEL``, serving the profiles' models too.
+
+    ``GATEWAY_MODEL_API_KEY`` and ``GATEWAY_MODEL_BASE_URL`` are ``GATEWAY_MODEL``'s provider's:
+    a profile's model of another provider reads its SDK's own variable (``ANTHROPIC_API_KEY``,
+    ``OPENAI_API_KEY``) and endpoint, so one provider's key is never sent to another. Every
+    model a profile names is built here, so a missing key is one line at start.
 
     Raises:
         ModelConfigError: an unknown provider, a malformed model name, or a provider that cannot
             be set up (no API key).
     """
-    provider, _, model_id = settings.model.partition(":")
-    if provider not in PROVIDERS or not model_id:
-        raise ModelConfigError(
-            f"GATEWAY_MODEL={settings.model!r}: expected provider:model_id with a provider "
-            f"among {', '.join(PROVIDERS)}"
-        )
-    ref = ModelRef(provider=provider, model_id=model_id)
-    if provider == "scripted":
-        return ScriptedModel(responder=echo_responder), ref
-    from harness_core.models.pydantic_ai import PydanticAIModel
-
+    ref = _parse(settings.model, "GATEWAY_MODEL")
     key = settings.model_api_key.get_secret_value() if settings.model_api_key else None
     base_url = settings.model_base_url
     timeout = settings.model_timeout_seconds
+
+    def credentials(wanted: ModelRef) -> tuple[str | None, str | None]:
+        return (key, base_url) if wanted.provider == ref.provider else (None, None)
+
+    wanted = {f"GATEWAY_MODEL={settings.model!r}": ref}
+    for profile in settings.profiles:
+        if profile.model is not None:
+            named = f"profile {profile.name}: model={profile.model!r}"
+            wanted.setdefault(named, _parse(profile.model, named))
+    built: dict[ModelRef, Any] = {}
+    for named, model in wanted.items():
+        if model.provider != "scripted" and model not in built:
+            built[model] = _built(named, model, *credentials(model), timeout)
+    scripted = ScriptedModel(responder=echo_responder)
+    if not built:
+        return scripted, ref
+    from harness_core.models.pydantic_ai import PydanticAIModel
+
+    def resolve(model: ModelRef) -> Any:
+        if model in built:
+            return built[model]
+        return _pydantic_ai_model(model, *credentials(model), timeout)
+
+    real = PydanticAIModel(
+        resolve, settings={"timeout": timeout}, provider_spans=settings.provider_spans
+    )
+    if all(model.provider != "scripted" for model in wanted.values()):
+        return real, ref
+    return _ByProvider(scripted, real), ref
+
+
+def _parse(model: str, named: str) -> ModelRef:
+    provider, _, model_id = model.partition(":")
+    if provider not in PROVIDERS or not model_id:
+        raise ModelConfigError(
+            f"{named}: expected provider:model_id with a provider among {', '.join(PROVIDERS)}"
+        )
+    return ModelRef(provider=provider, model_id=model_id)
+
+
+def _built(named: str, ref: ModelRef, key: str | None, base_url: str | None, timeout: float) -> Any:
+    """`ref`'s pydantic-ai model, or `ModelConfigError` saying in one line why it cannot be."""
+    if ref.provider == "openai-compatible" and base_url is None:
+        raise ModelConfigError(
+            f"{named} needs the server's URL: GATEWAY_MODEL_BASE_URL, with GATEWAY_MODEL of "
+            "the same provider"
+        )
     try:
-        configured = _pydantic_ai_model(ref, key, base_url, timeout)
+        return _pydantic_ai_model(ref, key, base_url, timeout)
     except Exception as exc:
-        variable = _KEY_VARIABLES[provider]
+        variable = _KEY_VARIABLES[ref.provider]
         if key is None and not os.environ.get(variable):
+            where = "GATEWAY_MODEL_API_KEY (or {v})" if named.startswith("GATEWAY_") else "{v}"
             raise ModelConfigError(
-                f"GATEWAY_MODEL={settings.model!r} needs an API key: set GATEWAY_MODEL_API_KEY "
-                f"(or {variable})"
+                f"{named} needs an API key: set {where.format(v=variable)}"
             ) from None
         raise ModelConfigError(
-            f"GATEWAY_MODEL={settings.model!r}: the provider cannot be set up "
+            f"{named}: the provider cannot be set up "
             f"({type(exc).__name__}: {_first_sentence(str(exc))})"
         ) from None
 
-    def resolve(wanted: ModelRef) -> Any:
-        if wanted == ref:
-            return configured
-        return _pydantic_ai_model(wanted, key, base_url, timeout)
 
-    return (
-        PydanticAIModel(
-            resolve, settings={"timeout": timeout}, provider_spans=settings.provider_spans
-        ),
-        ref,
-    )
+class _ByProvider:
+    """A `ModelClient` sending scripted models' requests to one client and the rest to another.
+
+    For a gateway whose ``GATEWAY_MODEL`` is scripted while a profile names a real model, or
+    the other way round: each lane's model is served, none silently answered by the echo.
+    """
+
+    def __init__(self, scripted: ModelClient, real: Any) -> None:
+        self._scripted = scripted
+        self._real = real
+
+    def _for(self, provider: str) -> Any:
+        return self._scripted if provider == "scripted" else self._real
+
+    def model_info(self, model: ModelRef) -> ModelInfo | None:
+        """See `ModelClient.model_info`."""
+        info: ModelInfo | None = self._for(model.provider).model_info(model)
+        return info
+
+    async def request(
+        self,
+        request: ModelRequest,
+        on_update: Callable[[AssistantMessage], None] | None = None,
+    ) -> AssistantMessage:
+        """See `ModelClient.request`."""
+        answer: AssistantMessage = await self._for(request.model.provider).request(
+            request, on_update
+        )
+        return answer
+
+    async def fetch_deferred(self, handle: DeferredHandle) -> AssistantMessage:
+        """See `ModelClient.fetch_deferred`."""
+        answer: AssistantMessage = await self._for(handle.provider).fetch_deferred(handle)
+        return answer
+
+    async def cancel_deferred(self, handle: DeferredHandle) -> None:
+        """See `ModelClient.cancel_deferred`."""
+        await self._for(handle.provider).cancel_deferred(handle)
+
+    async def aclose(self) -> None:
+        """Close the real client's HTTP connections."""
+        await self._real.aclose()
 
 
 def _pydantic_ai_model(ref: ModelRef, key: str | None, base_url: str | None, timeout: float) -> Any:

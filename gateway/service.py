@@ -40,7 +40,7 @@ from gateway.mcp.health import McpServerHealth
 from gateway.mcp.settings import mcp_section
 from gateway.mcp.source import McpTools
 from gateway.metrics import Metrics
-from gateway.models import PROVIDERS, ModelConfigError, model_from_settings
+from gateway.models import model_from_settings
 from gateway.ops.api import OpsApi
 from gateway.ops.api.mcp import no_servers
 from gateway.ops.auth import OpsAuth, local_token, parse_tokens, token_file
@@ -172,7 +172,6 @@ class Service:
         else:
             client, model = model_from_settings(settings)
             self._own(client)  # its providers' HTTP connections are closed when this stops
-            _check_profile_models(settings)
         client = redacting(client, self.redactor)  # a provider error may quote the key
         self.model = model
         plugin_tools = tuple(parts.tools) or tuple(plugin.tools)
@@ -533,14 +532,3 @@ class Service:
         if self._unredact is not None:
             self._unredact()
             self._unredact = None
-
-
-def _check_profile_models(settings: Settings) -> None:
-    """Refuse at start a profile whose model names no provider this gateway has."""
-    for profile in settings.profiles:
-        provider = (profile.model or "").partition(":")[0]
-        if profile.model is not None and provider not in PROVIDERS:
-            raise ModelConfigError(
-                f"profile {profile.name}: model={profile.model!r} names no known provider "
-                f"(expected one of {', '.join(PROVIDERS)})"
-            )
