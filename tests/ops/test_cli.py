@@ -9,6 +9,7 @@ token file and a stuck lane get a process of their own (no tokens configured, on
 
 from __future__ import annotations
 
+import argparse
 import contextlib
 import json
 import os
@@ -28,6 +29,7 @@ import pytest
 
 from gateway.channels import gateway_settings
 from gateway.ops.cli import main
+from gateway.ops.cli.target import Target
 from harness_core.session.records import MAX_SUPPLIED_CHARS
 from tests.support.gateway_process import ROOT, GatewayProcess
 from tests.support.redis_server import free_port
@@ -637,3 +639,27 @@ def test_budget_sets_a_lane_s_own_and_resets_it(gateway: Gateway, ops: Any) -> N
     for bad in ("0", "lots", "1e6", "2000000000"):
         refused = ops("budget", name, bad)
         assert refused.code == 2 and "expected a number of tokens from 1 to" in refused.err
+
+
+@pytest.mark.parametrize(
+    ("url", "sent"),
+    [
+        ("http://127.0.0.1:8787", True),
+        ("http://127.0.0.2:8787", True),
+        ("http://[::1]:8787", True),
+        ("http://localhost:8787", True),
+        ("http://192.0.2.2:8787", False),  # an outside probe's listener got the token
+        ("https://ops.example.com", False),
+        ("http://[::ffff:192.0.2.2]:8787", False),
+    ],
+)
+def test_the_local_token_file_goes_only_to_this_machine(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, url: str, sent: bool
+) -> None:
+    monkeypatch.delenv("GATEWAY_OPS_TOKEN", raising=False)
+    (tmp_path / "ops-token").write_text("the-local-token\n")
+    settings = gateway_settings(store_url=f"sqlite:///{tmp_path}/store.db")
+    target = Target(argparse.Namespace(url=url, token=None, config=None), settings)
+    assert target.token == ("the-local-token" if sent else None)
+    given = Target(argparse.Namespace(url=url, token="mine", config=None), settings)
+    assert given.token == "mine"  # a token given outright goes where it is sent

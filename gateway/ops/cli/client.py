@@ -9,7 +9,7 @@ import httpx
 
 from gateway.ops.cli.errors import UNREACHABLE, OpsError
 from gateway.ops.cli.output import Json, clean
-from gateway.ops.cli.target import API, TOKEN_VARIABLE, Target
+from gateway.ops.cli.target import API, TOKEN_VARIABLE, Target, on_this_machine
 
 __all__ = ["PAGE", "Client"]
 
@@ -127,6 +127,8 @@ class Client:
         path = target.token_file()
         if target.token is None:
             local = f" (a local gateway without ops_tokens keeps one in {path})" if path else ""
+            if path is not None and path.exists() and not on_this_machine(target.url):
+                local = f" ({path} is the local gateway's, and is sent to no other address)"
             return f"no token was given (unauthenticated): {how}{local}"
         if target.token_source.startswith("the token file"):
             how += " (that file belongs to another gateway, or an older start of this one)"

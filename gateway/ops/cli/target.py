@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import argparse
+import ipaddress
 import os
 import re
 from pathlib import Path
@@ -14,7 +15,7 @@ from gateway.channels import load_gateway_settings
 from gateway.ops.cli.errors import USAGE, OpsError
 from gateway.ops.cli.output import clean
 
-__all__ = ["API", "TOKEN_VARIABLE", "URL_VARIABLE", "Target"]
+__all__ = ["API", "TOKEN_VARIABLE", "URL_VARIABLE", "Target", "on_this_machine"]
 
 API = "/api/v1"
 URL_VARIABLE = "GATEWAY_OPS_URL"
@@ -103,7 +104,7 @@ class Target:
         if from_env:
             return from_env, TOKEN_VARIABLE
         path = self.token_file()
-        if path is not None:
+        if path is not None and on_this_machine(self.url):
             try:
                 text = path.read_text(encoding="ascii").strip()
             except (OSError, UnicodeDecodeError):
@@ -111,3 +112,18 @@ class Target:
             if text:
                 return text, f"the token file {path}"
         return None, ""
+
+
+def on_this_machine(url: str) -> bool:
+    """Whether `url` names a loopback address: the local gateway's token goes nowhere else.
+
+    The token file is the embedded gateway's; sent to another address (a typo in ``--url``, a
+    server someone else runs) it would hand that server the local gateway's operator rights.
+    """
+    host = httpx.URL(url).host
+    if host == "localhost":
+        return True
+    try:
+        return ipaddress.ip_address(host).is_loopback
+    except ValueError:
+        return False
