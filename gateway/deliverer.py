@@ -38,6 +38,18 @@ from harness_core import Clock
 
 __all__ = ["Deliverer", "DelivererConfig", "retry_delay_ms"]
 
+_BROKER_DOWN_S = 1.0
+"""The pause after a claim failed: a broker that is down fails its bell's wait at once too, and
+a deliverer that only waited on it claimed thousands of times a second (an outside probe saw
+2,200 log lines a second while Redis was down)."""
+
+
+def _code(exc: BaseException) -> str | None:
+    """A broker error's code (``storage``, ``closed``): why, and no message that may hold a URL."""
+    code = getattr(exc, "code", None)
+    return code if isinstance(code, str) else None
+
+
 log = logging.getLogger("gateway.deliverer")
 
 _HAND_BACK_S = 1.0
@@ -125,11 +137,12 @@ class Deliverer:
                         limit=min(config.batch, config.parallel),
                         lease_ms=config.lease_ms,
                     )
-                except Exception as exc:
-                    log.warning(event("claim failed", error=type(exc).__name__))
+                except Exception as exc:  # the broker is down: its bell is too, so pause
+                    log.warning(event("claim failed", error=type(exc).__name__, code=_code(exc)))
                     if self._stopping.is_set():
                         break
-                    await self._wait(config.idle_wait_ms)
+                    with contextlib.suppress(TimeoutError):
+                        await asyncio.wait_for(self._stopping.wait(), _BROKER_DOWN_S)
                     continue
                 if not claimed:
                     if self._stopping.is_set():

@@ -7,8 +7,10 @@ replica of it says what every delay must be.
 from __future__ import annotations
 
 import asyncio
+import logging
 import random
 from collections.abc import AsyncIterator, Awaitable, Callable, Sequence
+from pathlib import Path
 from typing import Any, TypeVar
 
 import pytest
@@ -19,7 +21,9 @@ from gateway.authority import Scope, restore, revoke
 from gateway.broker import open_broker
 from gateway.broker.contract import Broker, Delivery
 from gateway.deliverer import Deliverer, DelivererConfig, retry_delay_ms
+from harness_core import SystemClock
 from harness_core.testing import ManualClock
+from tests.support.redis_server import RedisServer
 
 SEED = 7
 CAP_MS = 3_600_000
@@ -356,3 +360,50 @@ async def test_a_thread_whose_authority_is_revoked_gets_nothing_posted(rig: Rig)
     await restore(rig.broker, space, by="op", now_ms=2)
     await rig.broker.outbox.redeliver("reply:s:run-1", now_ms=rig.clock.now_ms())
     await rig.until("reply:s:run-1", lambda d: d.status == "delivered")
+
+
+async def test_a_broker_that_is_down_is_claimed_from_about_once_a_second(
+    tmp_path: Path, caplog: pytest.LogCaptureFixture
+) -> None:
+    """Redis killed under a running deliverer (on the real clock, as a service runs it): it
+    pauses between claims, and delivers again once Redis is back."""
+    server = RedisServer(tmp_path / "redis", appendonly=True).start()
+    clock = SystemClock()
+    broker = open_broker(f"{server.url}?prefix=down", clock=clock)
+    fake = RecordingChannel(clock=clock)
+    deliverer = Deliverer(
+        DelivererConfig(deliverer_id="d1"), broker, {"fake": fake}, clock, random.Random(SEED)
+    )
+    deliverer.start()
+
+    async def delivered(delivery_id: str) -> None:
+        outbound = Outbound(
+            delivery_id=delivery_id,
+            thread=ThreadRef(channel="fake", space="default", thread="t1"),
+            kind="reply",
+            text="hi",
+        )
+        payload = outbound.model_dump(mode="json")
+        await broker.outbox.enqueue(delivery_id, "s", "fake:t1", payload, now_ms=clock.now_ms())
+        deadline = asyncio.get_running_loop().time() + 15
+        while (
+            found := await broker.outbox.get(delivery_id)
+        ) is None or found.status != "delivered":
+            assert asyncio.get_running_loop().time() < deadline, found
+            await asyncio.sleep(0.02)
+
+    try:
+        await delivered("reply:s:before")
+        server.kill()
+        with caplog.at_level(logging.WARNING, logger="gateway.deliverer"):
+            caplog.clear()
+            await asyncio.sleep(3)
+        failed = [r.msg for r in caplog.records if r.getMessage() == "claim failed"]
+        assert 1 <= len(failed) <= 6, len(failed)  # was about 2,000 a second
+        assert getattr(failed[0], "fields", {})["code"] == "storage"  # why, by its code
+        server.start()  # the same data directory
+        await delivered("reply:s:after")
+    finally:
+        await deliverer.stop(1)
+        await broker.close()
+        server.stop()
