@@ -51,8 +51,8 @@ _CORE_JSON = {
 }
 _KEYS = {
     "routes": "a route has channel, session and optionally space (* by default) and profile",
-    "profiles": "a profile has name and (optional) instructions, model, allow_tools, "
-    "deny_tools, approvers, busy_policy, max_attempts",
+    "profiles": "a profile has name and (optional) "
+    + ", ".join(name for name in Profile.model_fields if name != "name"),
 }
 _SHOWN = 80
 

@@ -9,6 +9,7 @@ channels keep state of their own.
 
 from __future__ import annotations
 
+import difflib
 import functools
 import os
 from collections.abc import Callable, Iterable, Mapping
@@ -23,7 +24,7 @@ from adapters import (
     channel_sections,
     channel_specs,
 )
-from config import Settings, load_settings
+from config import Settings, SettingsError, load_settings
 from config.loader import settings_from
 from config.sections import Section
 from gateway.mcp.settings import SECTION as MCP_SECTION
@@ -70,12 +71,17 @@ def load_gateway_settings(
     config_file: str | os.PathLike[str] | None = None,
     env_file: str | os.PathLike[str] | None = None,
 ) -> Settings:
-    """`config.load_settings` with every section of `gateway_sections` (same errors)."""
-    return load_settings(
-        environ,
-        config_file=config_file,
-        env_file=env_file,
-        sections=gateway_sections(),
+    """`config.load_settings` with every section of `gateway_sections` (same errors).
+
+    Every route must name a channel this gateway has (`SettingsError` otherwise).
+    """
+    return _routed(
+        load_settings(
+            environ,
+            config_file=config_file,
+            env_file=env_file,
+            sections=gateway_sections(),
+        )
     )
 
 
@@ -85,7 +91,27 @@ def gateway_settings(**values: Any) -> Settings:
     Raises:
         SettingsError: a name is no setting, or a value is refused (``str()`` is one line).
     """
-    return settings_from(values, sections=gateway_sections())
+    return _routed(settings_from(values, sections=gateway_sections()))
+
+
+def _routed(settings: Settings) -> Settings:
+    """`settings`, once each route names a channel of the registry (a typo bound nothing).
+
+    Raises:
+        SettingsError: a route names no channel (one line, with the channels there are).
+    """
+    known = [spec.name for spec in specs()]
+    for index, route in enumerate(settings.routes):
+        if route.channel not in known:
+            near = difflib.get_close_matches(route.channel, known, n=1)
+            hint = f"did you mean {near[0]!r}? " if near else ""
+            raise SettingsError(
+                [
+                    f"routes[{index}] names the channel {route.channel!r}, which this gateway "
+                    f"does not have ({hint}its channels: {', '.join(known)})"
+                ]
+            )
+    return settings
 
 
 def context_for(settings: Settings, clock: Clock) -> ChannelContext:

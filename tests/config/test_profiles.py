@@ -134,6 +134,7 @@ def test_without_profiles_the_default_is_made_of_the_top_level() -> None:
         ),
         (('busy_policy = "follow_up"', 'busy_policy = "later"'), "one of steer, follow_up"),
         (('allow_tools = ["tickets.*"]', 'allow_tool = ["tickets.*"]'), "unknown key"),
+        (('allow_tools = ["tickets.*"]', "budget = 5"), "max_turns, token_budget"),
         (('model = "anthropic:claude-sonnet-5-5"', 'model = "claude"'), "provider:model_id"),
         (('approvers = ["U0ALICE"]', 'approvers = "U0ALICE"'), "a list of text"),
     ],

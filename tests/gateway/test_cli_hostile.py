@@ -168,6 +168,18 @@ async def fake() -> AsyncIterator[FakeLLM]:
         ("GATEWAY_NOPE", "1", "gateway: unknown setting GATEWAY_NOPE in the environment"),
         ("GATEWAY_MODEL_TIMEOUT_SECONDS", "soon", "gateway: model_timeout_seconds='soon'"),
         ("GATEWAY_PORT", "99999", "gateway: port='99999' (GATEWAY_PORT in the environment)"),
+        (  # a typo bound nothing, and the gateway started
+            "GATEWAY_ROUTES",
+            '[{"channel": "wbe", "space": "x", "session": "s"}]',
+            "gateway: routes[0] names the channel 'wbe', which this gateway does not have (did "
+            "you mean 'web'? its channels: web, slack, email, webhook)",
+        ),
+        (
+            "GATEWAY_ROUTES",
+            '[{"channel": "nochan", "session": "s"}]',
+            "gateway: routes[0] names the channel 'nochan', which this gateway does not have "
+            "(its channels: web, slack, email, webhook)",
+        ),
     ],
 )
 def test_a_setting_that_cannot_work_is_one_line(
