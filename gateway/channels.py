@@ -42,6 +42,7 @@ __all__ = [
     "gateway_sections",
     "gateway_settings",
     "load_gateway_settings",
+    "served_url",
     "specs",
 ]
 
@@ -121,8 +122,16 @@ def context_for(settings: Settings, clock: Clock) -> ChannelContext:
         call_timeout_s=settings.delivery_timeout_seconds,
         shared_url=settings.redis_url,
         public_url=settings.public_url,
-        base_url=f"http://{settings.host}:{settings.port}",
+        base_url=served_url(settings),
     )
+
+
+def served_url(settings: Settings) -> str:
+    """The service's own URL from its host and port (an IPv6 address in brackets)."""
+    host = settings.host
+    if ":" in host and not host.startswith("["):
+        host = f"[{host}]"
+    return f"http://{host}:{settings.port}"
 
 
 def enabled_specs(settings: Settings) -> list[tuple[ChannelSpec[Any], Section]]:

@@ -26,7 +26,7 @@ import uvicorn
 
 from adapters import AdapterStartError
 from config import Settings
-from gateway.channels import channel_lines, channel_state
+from gateway.channels import channel_lines, channel_state, served_url
 from gateway.collector import tune_collector
 from gateway.logs import configure, event
 from gateway.service import Service, StartRefused
@@ -40,10 +40,22 @@ log = logging.getLogger("gateway.serve")
 
 
 def banner(
-    settings: Settings, model: str, sign_in: str | None = None, kept: Path | None = None
+    settings: Settings,
+    model: str,
+    sign_in: str | None = None,
+    kept: Path | None = None,
+    *,
+    terminal: bool = True,
 ) -> str:
-    """What a person needs to talk to the service right away."""
-    base = f"http://{settings.host}:{settings.port}"
+    """What a person needs to talk to the service right away.
+
+    `terminal`: stderr is a person's terminal. Anywhere else (a container's or a service
+    manager's log) the local operator token is not printed, only where it is kept: the logs
+    hold no key.
+    """
+    base = served_url(settings)
+    if not terminal and kept is not None:
+        sign_in = None
     return "\n".join(
         [
             f"gateway: serving on {base} (model {model}, "
@@ -56,6 +68,8 @@ def banner(
 
 
 def _ops_line(base: str, sign_in: str | None, kept: Path | None) -> list[str]:
+    if sign_in is None and kept is not None:
+        return [f"  operators: {base}/ops (sign in with the operator token kept in {kept})"]
     if sign_in is None:
         return [f"  operators: {base}/ops (sign in with an ops token)"]
     where = f"kept in {kept}" if kept else "new at every start: not saved"
@@ -86,8 +100,9 @@ class _Server(uvicorn.Server):
 
 def _cannot_listen(host: str, port: int) -> str | None:
     """Why `host:port` cannot be listened on, or None if it can."""
+    family = socket.AF_INET6 if ":" in host else socket.AF_INET  # ::1 and :: too
     try:
-        with socket.create_server((host, port), reuse_port=False):
+        with socket.create_server((host, port), family=family, reuse_port=False):
             return None
     except OSError as exc:
         return f"cannot listen on {host}:{port} ({exc.strerror or exc})"
@@ -156,7 +171,13 @@ async def serve(settings: Settings) -> int:
     shown = settings.model if model is None else f"{model.provider}:{model.model_id}"
 
     def listening() -> None:
-        text = banner(settings, shown, service.ops_sign_in, service.ops_token_file)
+        text = banner(
+            settings,
+            shown,
+            service.ops_sign_in,
+            service.ops_token_file,
+            terminal=sys.stderr.isatty(),
+        )
         print(text, file=sys.stderr, flush=True)
         loop = type(asyncio.get_running_loop())
         log.info(event("event loop", loop=f"{loop.__module__}.{loop.__qualname__}"))

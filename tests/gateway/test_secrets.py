@@ -31,6 +31,7 @@ from config import Settings
 from gateway.channels import gateway_settings
 from gateway.logs import JsonFormatter, event, redact_with
 from gateway.redact import REDACTED, RedactBodies, Redactor, redacting
+from gateway.serve import banner
 from gateway.service import Service, ServiceParts
 from harness_core import AssistantMessage, DeferredHandle, ModelInfo, ModelRef, ModelRequest
 from tests.support.fake_llm import FakeLLM, allow_model_requests
@@ -362,3 +363,18 @@ async def test_a_model_client_that_raises_is_answered_in_band_without_the_key() 
     assert KEY not in str(caught.value) and REDACTED in str(caught.value)
     await client.aclose()  # type: ignore[attr-defined]  # `gateway ask` closes what it made
     assert inner.closed
+
+
+def test_the_banner_prints_the_local_token_only_to_a_terminal(tmp_path: Path) -> None:
+    """An outside probe found the sign-in link, the operator token in it, in the service's log
+    (stderr, as a container or a service manager keeps it)."""
+    settings = gateway_settings(host="::1", port=8787)
+    kept = tmp_path / "ops-token"
+    token = "a-local-operator-token-0123456789"
+    shown = banner(settings, "scripted:echo", token, kept, terminal=True)
+    assert f"http://[::1]:8787/ops#token={token}  (the operator token, kept in {kept})" in shown
+    logged = banner(settings, "scripted:echo", token, kept, terminal=False)
+    assert token not in logged
+    assert f"http://[::1]:8787/ops (sign in with the operator token kept in {kept})" in logged
+    # a token kept nowhere (a read-only directory) is shown anyway: else nobody could sign in
+    assert token in banner(settings, "scripted:echo", token, None, terminal=False)

@@ -356,3 +356,14 @@ def test_a_port_taken_between_its_pick_and_the_bind_is_picked_again(
         gateway.stop()
         given.stop()
         taken.close()
+
+
+@pytest.mark.parametrize("host", ["::1", "127.0.0.1"])
+def test_an_ipv6_host_can_be_listened_on(host: str) -> None:
+    """``GATEWAY_HOST=::1`` was refused: the check before uvicorn binds tried it as IPv4."""
+    from gateway.serve import _cannot_listen
+
+    assert _cannot_listen(host, free_port()) is None
+    with socket.create_server(("127.0.0.1", 0)) as taken:
+        port = taken.getsockname()[1]
+        assert _cannot_listen("127.0.0.1", port) is not None  # a busy port is still said
