@@ -209,7 +209,9 @@ class Intake:
                 NewInboxItem(
                     session=session,
                     lane=lane,
-                    dedupe_key=f"decision:{lane}:{decision.slot}",
+                    # one decision a wait: two clicks that differ (Approve and Deny at once)
+                    # both passed `judge` before either was applied, and both were taken
+                    dedupe_key=f"decision:{lane}:{decision.wait_id}",
                     kind="decision",
                     payload=decision.model_dump(mode="json"),
                 )
@@ -232,6 +234,8 @@ class Intake:
                 first = DecisionInbound.model_validate(dict(appended.item.payload))
             except ValidationError:  # not a decision under that key: say nothing about it
                 first = None
+            if first is not None and first.slot != decision.slot:  # another decision came first
+                raise DecisionRefused("closed", _taken_first(first))
         return Acceptance(
             item_id=appended.item.id,
             session=session,
@@ -347,3 +351,20 @@ def _known(state: ThreadState) -> KnownThread | None:
     except ValidationError:
         return None
     return KnownThread(thread=thread, session=state.session, reply_context=state.reply_context)
+
+
+def _taken_first(first: DecisionInbound) -> str:
+    """Why a decision that came second is refused: who decided first, and how."""
+    who = first.decided_by.name or first.decided_by.id
+    if any(d.supplied is not None for d in first.decisions):
+        how = "answered with the result of an action they did"
+    elif all(d.approved for d in first.decisions):
+        how = "approved"
+    elif not any(d.approved for d in first.decisions):
+        how = "denied"
+    else:
+        how = "decided (some calls approved, some denied)"
+    return (
+        f"This request was already {how} by {who}, just before your decision, which changed "
+        "nothing. Nothing was recorded."
+    )

@@ -161,6 +161,8 @@ STEPS: dict[str, Step] = {
     "scripts/run ops mcp": Step(shows=(r"no MCP servers configured",)),
     "scripts/run ops --help": Step(shows=(r"usage: scripts/run ops",)),
     "scripts/run store list": Step(shows=(r"web-default",)),
+    # options before the command were taken for the service's ("unrecognized arguments")
+    "scripts/run --store sqlite:///.gateway/gateway.db store list": Step(shows=(r"web-default",)),
     "scripts/run store show web-default": Step(shows=(r"lane web:hello ",)),
     "scripts/run store check": Step(shows=(r"checked \d+ sessions?, \d+ items: clean",)),
     "scripts/run --help": Step(shows=(r"usage: scripts/run ",)),
@@ -541,6 +543,7 @@ async def test_run_it_talk_to_it_and_operate_it(fresh: Copy, serve: object) -> N
         "scripts/run ops mcp",
         "scripts/run ops --help",
         "scripts/run store list",
+        "scripts/run --store sqlite:///.gateway/gateway.db store list",
         "scripts/run store show web-default",
         "scripts/run store check",
         "scripts/run --help",

@@ -249,16 +249,34 @@ async def test_a_decision_that_changes_nothing_is_told_so(gateway: Gateway) -> N
     for body in (first, second):
         response = await gateway.http.post("/web/threads/twice/decisions", json=body)
         statuses.append(response.status_code)
-    assert statuses[0] == 202
-    if statuses[1] == 202:  # bob's came before ann's was applied: the lane refuses it (D129)
-        answers = await gateway.answers("twice", 3)
-        assert sorted(a["text"] for a in answers[1:]) == sorted(
-            ["Done: deployed prod", LATE_DECISION_TEXT]
+    # one decision a wait: bob's is refused at once, applied or not (it was taken, then
+    # answered "changed nothing", when it came before ann's was applied)
+    assert statuses == [202, 409], statuses
+    assert "approved by anonymous" in response.json()["error"]["message"]
+    answers = await gateway.answers("twice", 2)
+    assert answers[1]["text"] == "Done: deployed prod"
+    for order in ((True, False), (False, True)):  # Approve and Deny at the same moment
+        thread = f"race-{order[0]}"
+        await gateway.post(thread, "/deploy prod")
+        [asked] = await gateway.answers(thread, 1)
+        clicks = [
+            decision_body(asked["approval"], approved=approved, key=f"k-{approved}")
+            for approved in order
+        ]
+        sent = await asyncio.gather(
+            *(gateway.http.post(f"/web/threads/{thread}/decisions", json=c) for c in clicks)
         )
-    else:  # ann's was applied first: bob is told at once
-        assert statuses[1] == 409
-        answers = await gateway.answers("twice", 2)
-        assert answers[1]["text"] == "Done: deployed prod"
+        assert sorted(r.status_code for r in sent) == [202, 409], [r.text for r in sent]
+        [won] = [c for c, r in zip(clicks, sent, strict=True) if r.status_code == 202]
+        answers = await gateway.answers(thread, 2)
+        expected = "Done: deployed prod" if won["decisions"][0]["approved"] else None
+        if expected is not None:
+            assert answers[1]["text"] == expected
+        await asyncio.sleep(0.3)
+        texts = [a["text"] for a in await gateway.answers(thread, 2)]
+        assert LATE_DECISION_TEXT not in texts and len(texts) == 2, texts
+        decided = [i for i in await gateway.items(thread) if i["kind"] == "decision"]
+        assert len(decided) == 1  # the thread shows the one that counted
 
     await gateway.post("other", "/deploy prod")  # a decision for other arguments
     [asked] = await gateway.answers("other", 1)
