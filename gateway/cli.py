@@ -23,6 +23,7 @@ from pathlib import Path
 from pydantic import ValidationError
 
 from adapters import AdapterError
+from adapters.json_bodies import text_problem
 from config import Settings, SettingsError, format_settings_error
 from gateway.ask import ask, terminal
 from gateway.channels import load_gateway_settings
@@ -121,6 +122,10 @@ async def _run(args: argparse.Namespace, settings: Settings) -> int:
     url = args.store or settings.effective_store_url
     if args.command == "ask" and args.question and not " ".join(args.question).strip():
         raise CliError("the question is empty (the web channel refuses empty text too)")
+    if args.command == "ask" and args.question:
+        problem = text_problem(" ".join(args.question), "the question")
+        if problem is not None:  # bytes that are no UTF-8 arrive as lone surrogates
+            raise CliError(f"{problem} (the web channel refuses it too)")
     if args.command == "store" and (missing := _missing_local_store(url)) is not None:
         raise CliError(
             f"no store at {missing} ({command()} serve creates it; --store URL for another)"

@@ -208,6 +208,26 @@ def test_an_empty_question_is_one_line_and_writes_nothing(
     assert not store.exists()
 
 
+@pytest.mark.parametrize(
+    ("question", "said"),
+    [
+        # what a shell hands over for bytes that are no UTF-8 (argv decodes them so)
+        (b"bad \xff\xfe utf8".decode("utf-8", "surrogateescape"), "is not valid Unicode text"),
+        ("a \x00 nul", "must not contain NUL characters"),
+    ],
+)
+def test_a_question_no_store_can_hold_is_one_line_and_writes_nothing(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str], question: str, said: str
+) -> None:
+    """It was the harness's fault line ("record ... is not JSON-serializable"), exit 1."""
+    store = tmp_path / "store.db"
+    assert main(["ask", question, "--store", f"sqlite:///{store}"], settings=Settings()) == 2
+    assert one_line(capsys.readouterr().err) == (
+        f"gateway: the question {said} (the web channel refuses it too)"
+    )
+    assert not store.exists()
+
+
 # --- the store -------------------------------------------------------------------------------
 
 
