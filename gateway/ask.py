@@ -22,9 +22,7 @@ import asyncio
 import contextlib
 import datetime
 import json
-import os
 import signal
-import socket
 import sys
 import threading
 import time
@@ -35,6 +33,7 @@ from typing import Any, TypeVar
 from config import Settings
 from config.fields import number
 from gateway.errors import GatewayError
+from gateway.incarnation import gone, new_worker_id
 from gateway.invocation import command
 from gateway.live import retry_wait
 from gateway.models import model_from_settings
@@ -364,12 +363,19 @@ def _why(outcome: Outcome, gave_up: list[str | None]) -> str:
 
 async def _acquire(repo: SessionRepo) -> WriterLease:
     """The session's writer lease, waiting up to `LEASE_WAIT_SECONDS` for another holder."""
-    owner = f"gateway ask (pid {os.getpid()} on {socket.gethostname()})"
+    owner = f"gateway ask {new_worker_id()}"  # names its process: see `gone`
     deadline = time.monotonic() + LEASE_WAIT_SECONDS
     while True:
         try:
             return await repo.acquire_lease(SESSION, owner=owner, ttl_ms=LEASE_TTL_MS)
         except LeaseHeld as held:
+            if held.expires_at_ms is not None and gone(held.owner):
+                # a process on this machine that died holding it (killed, SIGTERM before this
+                # handled it): its lease is taken at once, as `gateway serve` does (D159)
+                with contextlib.suppress(LeaseHeld):
+                    dead = await repo.acquire_lease(SESSION, owner=held.owner, ttl_ms=1)
+                    await repo.release_lease(dead)
+                continue
             if time.monotonic() >= deadline:
                 raise AskFailed(_held(held)) from None
         await asyncio.sleep(0.1)
@@ -408,12 +414,17 @@ class _CtrlC:
 
 @contextlib.contextmanager
 def _ctrl_c() -> Iterator[_CtrlC]:
-    """Take SIGINT over while the block runs (where the loop can: in the main thread)."""
+    """Take SIGINT and SIGTERM over while the block runs (where the loop can: the main thread).
+
+    SIGTERM (a supervisor, ``kill``) is a Ctrl-C: the run is aborted and the lease released;
+    it used to end the process holding the lease, and the next ``ask`` waited for it to lapse.
+    """
     loop = asyncio.get_running_loop()
     handler = _CtrlC(asyncio.current_task())
     previous = signal.getsignal(signal.SIGINT)
     try:
         loop.add_signal_handler(signal.SIGINT, handler)
+        loop.add_signal_handler(signal.SIGTERM, handler)
     except (ValueError, RuntimeError, NotImplementedError):  # not the main thread, no signals
         yield handler
         return
@@ -421,6 +432,7 @@ def _ctrl_c() -> Iterator[_CtrlC]:
         yield handler
     finally:
         loop.remove_signal_handler(signal.SIGINT)
+        loop.remove_signal_handler(signal.SIGTERM)
         # After a Ctrl-C, a second press may still be on its way (a quick double press, a
         # loaded machine): absorbed, it cannot replace the line saying what became of the run;
         # one more after it is asyncio.run's again (it stops the process).

@@ -365,6 +365,37 @@ async def test_ctrl_c_aborts_the_running_ask_and_the_store_shows_it_finished(
     assert shown.rstrip().endswith("operation_finished aborted")
 
 
+async def test_sigterm_is_a_ctrl_c_and_a_killed_ask_s_lease_is_taken_at_once(
+    tmp_path: Path, fake: FakeLLM
+) -> None:
+    """SIGTERM ended `ask` holding the session's lease: the next one waited 10 s, then said the
+    dead process held it. SIGTERM now aborts like Ctrl-C; a SIGKILLed one's lease is taken."""
+    url = f"sqlite:///{tmp_path}/gw.db"
+    asking = await ask_in_flight(tmp_path, fake, "--store", url, "what is our deploy window?")
+    asking.send_signal(signal.SIGTERM)
+    code, out, err = await finish(asking)
+    assert (code, out) == (130, "")
+    assert one_line(err) == "gateway: interrupted: the run on lane cli:default was aborted"
+
+    fake.hang()
+    killed = await start(
+        tmp_path,
+        "ask",
+        *("--store", url, "--lane", "cli:k", "again"),
+        model="openai:test-model",
+        model_api_key="sk-test",
+        model_base_url=fake.openai_base_url,
+    )
+    await asyncio.wait_for(fake.wait_for_requests(2), WAIT)  # it holds the lease now
+    killed.kill()  # no handler runs: it dies holding the lease (30 s)
+    await killed.wait()
+    began = asyncio.get_running_loop().time()
+    code, out, err = await gateway(tmp_path, "ask", "--store", url, "--lane", "cli:next", "hi")
+    assert (code, err) == (0, ""), err
+    assert out.splitlines()[0] == "You said: hi"
+    assert asyncio.get_running_loop().time() - began < 8  # not the lease's 30 s, nor 10 s waited
+
+
 async def test_ctrl_c_twice_stops_at_once_still_in_one_line(tmp_path: Path, fake: FakeLLM) -> None:
     url = f"sqlite:///{tmp_path}/gw.db"
     asking = await ask_in_flight(tmp_path, fake, "--store", url, "what is our deploy window?")
