@@ -154,6 +154,20 @@ class EmailSettings(Section):
     @model_validator(mode="after")
     def _relations(self) -> EmailSettings:
         problems: list[Relation] = []
+        given = [
+            name
+            for name in ("imap_host", "smtp_host", "password", "username", "ca_file", "link_secret")
+            if getattr(self, name) is not None
+        ] + (["approvers"] if self.approvers else [])
+        if self.address is None and given:  # it would start with email off, and say nothing
+            said = ", ".join(f"email_{name}" for name in given)
+            problems.append(
+                Relation(
+                    ("address", *given),
+                    f"{said} {'is' if len(given) == 1 else 'are'} set but email_address is not: "
+                    "the email channel runs only with its address",
+                )
+            )
         if self.address is not None:
             missing = [
                 name

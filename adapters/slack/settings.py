@@ -149,14 +149,14 @@ class SlackSettings(Section):
                 ]
             )
         if self.bot_token is None and (
-            self.signing_secret is not None or self.app_token is not None
+            self.signing_secret is not None or self.app_token is not None or self.approvers
         ):
             raise Relations(
                 [
                     Relation(
                         ("bot_token",),
-                        "slack_signing_secret or slack_app_token is set but slack_bot_token is "
-                        "not: the Slack channel needs its bot token (xoxb-...)",
+                        "slack_signing_secret, slack_app_token or slack_approvers is set but "
+                        "slack_bot_token is not: the Slack channel needs its bot token (xoxb-...)",
                     )
                 ]
             )

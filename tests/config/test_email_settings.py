@@ -42,6 +42,24 @@ def test_an_address_alone_names_what_is_missing() -> None:
     assert "needs email_imap_host, email_smtp_host, email_password too" in line
 
 
+@pytest.mark.parametrize(
+    ("given", "said"),
+    [
+        ({"GATEWAY_EMAIL_IMAP_HOST": "imap.x"}, "email_imap_host is set"),
+        ({"GATEWAY_EMAIL_PASSWORD": PASSWORD}, "email_password is set"),
+        (
+            {k: v for k, v in ON.items() if k != "GATEWAY_EMAIL_ADDRESS"},
+            "email_imap_host, email_smtp_host, email_password are set",
+        ),
+        ({"GATEWAY_EMAIL_APPROVERS": "ann@example.com"}, "email_approvers is set"),
+    ],
+)
+def test_half_a_mailbox_without_its_address_is_refused(given: dict[str, str], said: str) -> None:
+    """It started with email off and said nothing (an outside probe's half configuration)."""
+    line = _refusal(given)
+    assert f"{said} but email_address is not: the email channel runs only with its address" in line
+
+
 @pytest.mark.parametrize("kind", ["IMAP", "SMTP"])
 def test_clear_text_mail_only_to_loopback(kind: str) -> None:
     line = _refusal({**ON, f"GATEWAY_EMAIL_{kind}_SECURITY": "none"})

@@ -88,8 +88,11 @@ def test_approvers_by_channel_from_json_and_toml(tmp_path: Path) -> None:
     assert _slack(settings).approvers == {"C0123": ("U0456", "S0789"), "*": ("W0999",)}
     toml = tmp_path / "gateway.toml"
     toml.write_text('[slack_approvers]\nC0123 = ["U0456"]\n"*" = ["S0789"]\n', encoding="utf-8")
-    from_file = load_gateway_settings({}, config_file=toml)
+    tokens = {k: v for k, v in environ.items() if k != "GATEWAY_SLACK_APPROVERS"}
+    from_file = load_gateway_settings(tokens, config_file=toml)
     assert _slack(from_file).approvers == {"C0123": ("U0456",), "*": ("S0789",)}
+    with pytest.raises(SettingsError, match="slack_approvers is set but slack_bot_token is not"):
+        load_gateway_settings({}, config_file=toml)  # Slack off: the approvers would do nothing
 
 
 @pytest.mark.parametrize(

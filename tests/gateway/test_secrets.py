@@ -185,7 +185,16 @@ SECRETS: list[tuple[dict[str, Any], str]] = [
         },
         'mail-pass&word"<0123>',
     ),
-    ({"email_link_secret": "link-secret-" + "x" * 32}, "link-secret-" + "x" * 32),
+    (
+        {  # a link secret works only beside the mailbox (an address alone is refused)
+            "email_address": "bot@example.test",
+            "email_imap_host": "imap.example.test",
+            "email_smtp_host": "smtp.example.test",
+            "email_password": "mail-password",
+            "email_link_secret": "link-secret-" + "x" * 32,
+        },
+        "link-secret-" + "x" * 32,
+    ),
     ({"ops_tokens": "alice:operator:ops-secret-of-24-characters"}, "ops-secret-of-24-characters"),
     (
         {"ops_tokens": "alice:operator:ops-secret-of-24-characters"},
