@@ -14,7 +14,9 @@ from __future__ import annotations
 import logging
 import re
 import secrets
+import traceback
 from collections.abc import Awaitable, Callable
+from pathlib import Path
 from typing import Any, Literal
 
 from fastapi import FastAPI, Request
@@ -116,6 +118,23 @@ def envelope(request: Request, error: ApiError) -> JSONResponse:
     return JSONResponse(body, status_code=error.status, headers=headers)
 
 
+def _route(request: Request) -> str:
+    """The route's template (``/web/threads/{thread}``), not the path: ids stay out of it."""
+    route = request.scope.get("route")
+    template = getattr(route, "path", None)
+    return template if isinstance(template, str) else "(no route)"
+
+
+def _frames(exc: BaseException, most: int = 6) -> list[str]:
+    """Where `exc` was raised: the innermost frames as ``file:line function``, no message.
+
+    A 500 can be traced from the log alone, and no text the request carried (an exception's
+    message may quote it) reaches the log.
+    """
+    frames = traceback.extract_tb(exc.__traceback__)[-most:]
+    return [f"{Path(f.filename).name}:{f.lineno} {f.name}" for f in frames]
+
+
 def _in_api(request: Request) -> bool:
     return request.url.path == API_PREFIX or request.url.path.startswith(API_PREFIX + "/")
 
@@ -144,10 +163,28 @@ def install_errors(app: FastAPI) -> None:
         except ClientDisconnect:  # the client hung up mid-request: nobody to answer
             log.info(event("client disconnected", request_id=rid))
             return Response(status_code=400)  # never sent: uvicorn drops it
-        except Exception as exc:  # never a traceback to the caller; the log has the type
-            log.error(event("request failed", request_id=rid, error=type(exc).__name__))
-            if not _in_api(request):
-                raise
+        except Exception as exc:  # never a traceback to the caller; the log says where
+            log.error(
+                event(
+                    "request failed",
+                    request_id=rid,
+                    error=type(exc).__name__,
+                    method=request.method,
+                    route=_route(request),
+                    at=_frames(exc),
+                )
+            )
+            if not _in_api(request):  # a channel's route: its own envelope's shape
+                return JSONResponse(
+                    {
+                        "error": {
+                            "code": "internal",
+                            "message": f"internal error (request id {rid} in the log)",
+                        }
+                    },
+                    status_code=500,
+                    headers={"X-Request-Id": rid, "Cache-Control": "no-store"},
+                )
             response = envelope(request, ApiError(500, "internal", "internal error"))
         response.headers["X-Request-Id"] = rid
         return response

@@ -12,6 +12,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import json
+import logging
 import socket
 import time
 from collections.abc import AsyncIterator
@@ -21,6 +22,7 @@ from pathlib import Path
 import httpx
 import pytest
 
+from adapters.web import WebChannel
 from gateway.channels import gateway_settings
 from gateway.guards import DEFAULT_BODY_BYTES, HostGuard, HostRule, host_name
 from gateway.ops.errors import MAX_BODY_BYTES
@@ -350,3 +352,33 @@ async def test_a_chunked_body_within_the_bound_reaches_the_route(edge: Edge) -> 
     async with httpx.AsyncClient(base_url=edge.url, timeout=10) as http:
         response = await http.post("/web/threads/t1/messages", content=pieces(), headers=JSON)
         assert response.status_code == 202, response.text
+
+
+async def test_a_route_that_fails_answers_json_500_and_the_log_says_where(
+    edge: Edge, monkeypatch: pytest.MonkeyPatch, caplog: pytest.LogCaptureFixture
+) -> None:
+    """A channel's 500 was uvicorn's plain text, and the log held only the exception's type."""
+    web = edge.service.adapters["web"]
+    assert isinstance(web, WebChannel)
+
+    async def broken(*args: object, **kwargs: object) -> object:
+        raise RuntimeError("what the person wrote: a secret plan")
+
+    monkeypatch.setattr(web.mailbox, "read", broken)
+    with caplog.at_level(logging.ERROR, logger="gateway.ops"):
+        async with httpx.AsyncClient() as http:
+            response = await http.get(f"{edge.url}/web/threads/t1")
+    assert response.status_code == 500
+    rid = response.headers["x-request-id"]
+    assert response.json() == {
+        "error": {"code": "internal", "message": f"internal error (request id {rid} in the log)"}
+    }
+    [failed] = [r.msg for r in caplog.records if r.getMessage() == "request failed"]
+    fields = getattr(failed, "fields", {})
+    assert (fields["request_id"], fields["route"], fields["method"]) == (
+        rid,
+        "/web/threads/{thread}",
+        "GET",
+    )
+    assert fields["error"] == "RuntimeError" and "broken" in fields["at"][-1]
+    assert "secret plan" not in repr(fields)
