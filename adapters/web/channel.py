@@ -158,6 +158,10 @@ class WebLimits:
     room for the gateway's default 25 MB of files per message; D223)."""
     max_upload_files: int = 20
     """The most files one post names (the gateway's per-message limit applies after)."""
+    max_concurrent_uploads: int = 4
+    """Uploads read at once by one process; more are refused 503 with ``Retry-After`` before
+    their body is read. An upload holds its body, its JSON and its decoded files (about three
+    times its size: 100 MB for the largest), so eight at once took 900 MB (an outside probe)."""
     max_page: int = 500
     """The most items one ``GET`` returns."""
     keepalive_s: float = 15.0
@@ -313,6 +317,7 @@ class WebChannel:
         """Deliveries stored (first attempts of their delivery id)."""
         self.repeated = 0
         """Deliveries whose id the thread held already (stored once, counted here)."""
+        self._uploads = asyncio.Semaphore(self.limits.max_concurrent_uploads)
         self.router = self._build_router(prefix)
         self.body_limits: dict[str, int] = {
             prefix + "/": self.limits.max_body_bytes,
@@ -565,7 +570,12 @@ class WebChannel:
 
     async def post_upload(self, thread: str, request: Request) -> Response:
         """``POST /uploads/{thread}``: a message with files (base64), under a larger body limit."""
-        return await self._post(thread, request, self.limits.max_upload_bytes)
+        if self._uploads.locked():  # refused before its body is read: it costs nothing yet
+            raise self._unavailable(
+                "the gateway is taking other uploads now: nothing was taken; send it again"
+            )
+        async with self._uploads:
+            return await self._post(thread, request, self.limits.max_upload_bytes)
 
     async def _post(self, thread: str, request: Request, limit: int) -> Response:
         thread = _name(thread, "thread")

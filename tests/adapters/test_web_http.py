@@ -21,7 +21,7 @@ from adapters.channel import (
     PendingCall,
     Unavailable,
 )
-from adapters.web import MailboxUnavailable, MemoryMailbox, WebChannel, WebMailbox
+from adapters.web import MailboxUnavailable, MemoryMailbox, WebChannel, WebLimits, WebMailbox
 from adapters.web.mailbox import MailboxError
 from adapters.web.page import _STYLE, _THREAD_SCRIPT
 from adapters.web.sqlite import SqliteMailbox
@@ -804,3 +804,46 @@ def test_the_page_script_parses(tmp_path: Path) -> None:
         ["node", "--check", str(script)], capture_output=True, text=True, check=False
     )
     assert result.returncode == 0, result.stderr
+
+
+async def test_uploads_beyond_the_concurrent_bound_are_refused_before_their_body(
+    clock: ManualClock, sink: TestSink
+) -> None:
+    """Eight uploads of 35 MB at once took 900 MB: past the bound one is 503, unread."""
+    web = WebChannel(MemoryMailbox(), clock=clock, limits=WebLimits(max_concurrent_uploads=1))
+    await web.start(sink)
+    app = FastAPI()
+    app.include_router(web.router)
+    release, reading = asyncio.Event(), asyncio.Event()
+    read: list[bytes] = []
+
+    async def slow_body() -> AsyncIterator[bytes]:
+        yield b'{"text": "first", '
+        reading.set()  # the route reads its body: it holds its slot
+        await release.wait()  # a slow sender
+        yield b'"files": []}'
+
+    async def refused_body() -> AsyncIterator[bytes]:
+        read.append(b"x")  # would show that the refused upload's body was read
+        yield b'{"text": "second", "files": []}'
+
+    headers = {"content-type": "application/json"}
+    try:
+        async with httpx.AsyncClient(
+            transport=httpx.ASGITransport(app=app), base_url="http://web.test"
+        ) as http:
+            first = asyncio.create_task(
+                http.post("/web/uploads/t1", content=slow_body(), headers=headers)
+            )
+            await asyncio.wait_for(reading.wait(), 5)
+            second = await http.post("/web/uploads/t2", content=refused_body(), headers=headers)
+            assert error(second) == (503, "unavailable")
+            assert second.headers["retry-after"] == "2"
+            assert read == [] and [i.text for i in sink.inbound] == []
+            release.set()
+            assert (await first).status_code == 202
+            again = await http.post("/web/uploads/t2", json={"text": "second", "files": []})
+            assert again.status_code == 202, again.text
+            assert [i.text for i in sink.inbound] == ["first", "second"]
+    finally:
+        await web.close()
