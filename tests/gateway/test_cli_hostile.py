@@ -592,3 +592,18 @@ async def test_a_model_failure_says_its_real_cause(
             f"(the model request failed: {kind}; attempt 3 of 3 in 2 s)",
         ], retried
     assert not any(": auth;" in line for line in retried)
+
+
+@pytest.mark.parametrize("after_s", [0.15, 0.3])
+async def test_ctrl_c_while_the_command_loads_is_one_line(tmp_path: Path, after_s: float) -> None:
+    """A Ctrl-C in the first few hundred ms (the imports) printed Python's traceback."""
+    loading = await start(tmp_path, "store", "list")
+    await asyncio.sleep(after_s)
+    loading.send_signal(signal.SIGINT)
+    code, _, err = await finish(loading)
+    assert "Traceback" not in err, err
+    if code == 130:  # noted while it loaded, or the command's own handler's
+        assert one_line(err).startswith("gateway: interrupted"), err
+    else:  # done before it came (no store here: exit 1), or before Python's handler was set
+        assert code in (1, -signal.SIGINT), (code, err)
+        assert err == "" or one_line(err).startswith("gateway: no store at"), err
