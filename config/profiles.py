@@ -18,7 +18,14 @@ from typing import Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, ValidationInfo, field_validator
 
-__all__ = ["BusyPolicy", "DEFAULT_PROFILE", "PROFILE_NAME_RULE", "Profile", "allowed_tools"]
+__all__ = [
+    "DEFAULT_PROFILE",
+    "MODEL_NAME",
+    "PROFILE_NAME_RULE",
+    "BusyPolicy",
+    "Profile",
+    "allowed_tools",
+]
 
 BusyPolicy = Literal["steer", "follow_up", "next_run"]
 """What a message does to a busy lane (see `Settings.busy_policy`)."""
@@ -26,7 +33,9 @@ DEFAULT_PROFILE = "default"
 """The name of the profile a thread gets when its route names none."""
 PROFILE_NAME_RULE = "1-64 of a-z, 0-9, _ and -, from a letter"
 _NAME = re.compile(r"[a-z][a-z0-9_-]{0,63}")
-_MODEL = re.compile(r"[A-Za-z0-9][A-Za-z0-9_.-]*:\S+")
+MODEL_NAME = re.compile(r"[A-Za-z0-9][A-Za-z0-9_.-]*:\S+")
+"""``provider:model_id``: what a model setting looks like (which providers exist, the gateway
+knows when it builds them)."""
 _PATTERN = re.compile(r"[A-Za-z0-9_.*?\[\]!:/-]{1,200}")
 """A tool-name pattern: fnmatch over tool names (``tickets.*``), no spaces or controls."""
 _APPROVER = re.compile(r"[^\s\x00-\x1f\x7f,]{1,256}")
@@ -106,7 +115,7 @@ class Profile(BaseModel):
     @field_validator("model")
     @classmethod
     def _model(cls, value: str | None) -> str | None:
-        if value is not None and not _MODEL.fullmatch(value):
+        if value is not None and not MODEL_NAME.fullmatch(value):
             raise ValueError("expected provider:model_id, e.g. anthropic:claude-sonnet-5-5")
         return value
 

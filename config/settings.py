@@ -38,6 +38,7 @@ from config.profiles import (
     DEFAULT_PROFILE,
     MAX_INSTRUCTIONS,
     MAX_TOKEN_BUDGET,
+    MODEL_NAME,
     BusyPolicy,
     Profile,
 )
@@ -459,6 +460,13 @@ class Settings(BaseModel):
     @classmethod
     def _redis_url(cls, value: str | None) -> str | None:
         return None if value is None else check_url(value, _REDIS_SCHEMES, accepted("redis_url"))
+
+    @field_validator("model")
+    @classmethod
+    def _model(cls, value: str) -> str:
+        if not MODEL_NAME.fullmatch(value):  # else it failed later, after the stores were made
+            raise ValueError(f"expected {_ACCEPTED['model']}")
+        return value
 
     @field_validator("model_base_url")
     @classmethod

@@ -64,7 +64,7 @@ def model_from_settings(settings: Settings) -> tuple[ModelClient, ModelRef]:
         ModelConfigError: an unknown provider, a malformed model name, or a provider that cannot
             be set up (no API key).
     """
-    ref = _parse(settings.model, "GATEWAY_MODEL")
+    ref = _parse(settings.model, f"GATEWAY_MODEL={settings.model!r}")
     key = settings.model_api_key.get_secret_value() if settings.model_api_key else None
     base_url = settings.model_base_url
     timeout = settings.model_timeout_seconds

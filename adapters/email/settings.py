@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import ssl
 from typing import Any, ClassVar, Literal
 
 from pydantic import Field, SecretStr, field_validator, model_validator
@@ -30,7 +31,7 @@ class EmailSettings(Section):
         "smtp_host": "smtp.example.com",
         "username": "agent@example.com",
         "password": "...",
-        "ca_file": "/etc/ssl/private-ca.pem",
+        "ca_file": "/etc/ssl/certs/ca-certificates.crt",
         "approvers": ["ops-lead@example.com"],
         "link_secret": "a-random-secret-of-at-least-32-characters",
     }
@@ -109,6 +110,24 @@ class EmailSettings(Section):
     def enabled(self) -> bool:
         """Whether the email channel runs (its address is set)."""
         return self.address is not None
+
+    @field_validator("ca_file")
+    @classmethod
+    def _ca_file(cls, value: str | None) -> str | None:
+        """A bundle that loads: a missing or foreign file failed at start as an unexpected error."""
+        if value is None:
+            return None
+        try:
+            ssl.create_default_context(cafile=value)
+        except FileNotFoundError:
+            raise ValueError("no such file: expected a CA bundle (PEM)") from None
+        except IsADirectoryError:
+            raise ValueError("a directory: expected a CA bundle (PEM) file") from None
+        except PermissionError:
+            raise ValueError("cannot be read (permission denied)") from None
+        except (ssl.SSLError, OSError, ValueError):
+            raise ValueError("holds no certificate: expected a CA bundle (PEM)") from None
+        return value
 
     @field_validator("address")
     @classmethod

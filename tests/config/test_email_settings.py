@@ -80,6 +80,10 @@ def test_clear_text_mail_only_to_loopback(kind: str) -> None:
         ("GATEWAY_EMAIL_LINK_SECRET", "short", "at least 32 characters"),
         ("GATEWAY_EMAIL_IMAP_HOST", "imaps://imap.example.com", "expected an IP address or a host"),
         ("GATEWAY_PUBLIC_URL", "gateway.example.com", "expected an http:// or https:// URL"),
+        # a CA bundle that cannot load was "unexpected error: FileNotFoundError" at start
+        ("GATEWAY_EMAIL_CA_FILE", "/nonexistent/ca.pem", "no such file: expected a CA bundle"),
+        ("GATEWAY_EMAIL_CA_FILE", "/etc/hostname", "holds no certificate"),
+        ("GATEWAY_EMAIL_CA_FILE", "/etc", "a directory"),
     ],
 )
 def test_bad_email_values_are_one_line(variable: str, value: str, expected: str) -> None:

@@ -13,7 +13,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from pydantic import SecretStr
+from pydantic import SecretStr, ValidationError
 
 from config import Settings
 from gateway.ask import DENIED_AT_THE_TERMINAL, AskFailed, ask
@@ -36,8 +36,10 @@ def test_ask_with_the_default_scripted_model(
 
 
 def test_a_bad_model_setting_is_a_clear_error(capsys: pytest.CaptureFixture[str]) -> None:
+    with pytest.raises(ValidationError, match="provider:model_id"):
+        Settings(model="gpt-4")  # refused with the settings, before any store is made
     with pytest.raises(ModelConfigError, match="provider:model_id"):
-        model_from_settings(Settings(model="gpt-4"))
+        model_from_settings(Settings(model="nope:x"))
     assert main(["ask", "--store", "memory://", "hi"], settings=Settings(model="nope:x")) == 1
     assert "GATEWAY_MODEL='nope:x'" in capsys.readouterr().err
 

@@ -168,6 +168,11 @@ async def fake() -> AsyncIterator[FakeLLM]:
         ("GATEWAY_NOPE", "1", "gateway: unknown setting GATEWAY_NOPE in the environment"),
         ("GATEWAY_MODEL_TIMEOUT_SECONDS", "soon", "gateway: model_timeout_seconds='soon'"),
         ("GATEWAY_PORT", "99999", "gateway: port='99999' (GATEWAY_PORT in the environment)"),
+        (  # it failed after the stores were made, exit 1
+            "GATEWAY_MODEL",
+            "gpt-4",
+            "gateway: model='gpt-4' (GATEWAY_MODEL in the environment): expected provider:model_id",
+        ),
         (  # a typo bound nothing, and the gateway started
             "GATEWAY_ROUTES",
             '[{"channel": "wbe", "space": "x", "session": "s"}]',
