@@ -23,7 +23,7 @@ import importlib.util
 import inspect
 import os
 import sys
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from types import ModuleType
@@ -82,6 +82,12 @@ def load_plugin(name: str | None, settings: Settings | None = None) -> Plugin:
             f"GATEWAY_PLUGIN={name}: cannot import it ({type(exc).__name__}: {exc})"
         ) from exc
     tools = _call(module, name, "tools", ())
+    if isinstance(tools, (str, bytes, Mapping)) or not isinstance(tools, Iterable):
+        raise PluginError(
+            f"GATEWAY_PLUGIN={name}: tools() must return a list of Tool objects, not "
+            f"{type(tools).__name__}"
+        )
+    tools = list(tools)
     if not all(isinstance(tool, Tool) for tool in tools):
         raise PluginError(f"GATEWAY_PLUGIN={name}: tools() must return Tool objects")
     model = _call(module, name, "model", None, settings if settings is not None else Settings())

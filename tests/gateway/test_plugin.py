@@ -123,6 +123,22 @@ def test_a_model_returning_something_else_is_refused(workdir: Path) -> None:
         load_plugin("odd_agent", Settings())
 
 
+@pytest.mark.parametrize(
+    ("returned", "said"),
+    [
+        ("5", r"tools\(\) must return a list of Tool objects, not int"),  # was "unexpected error"
+        ("'ping'", r"tools\(\) must return a list of Tool objects, not str"),
+        ("None", r"tools\(\) must return a list of Tool objects, not NoneType"),
+        ("[5]", r"tools\(\) must return Tool objects"),
+    ],
+)
+def test_tools_returning_something_else_is_refused(workdir: Path, returned: str, said: str) -> None:
+    name = f"odd_tools_{abs(hash(returned))}"
+    _module(workdir, name, f"def tools():\n    return {returned}\n")
+    with pytest.raises(PluginError, match=said):
+        load_plugin(name, Settings())
+
+
 # -- GATEWAY_PLUGIN as a module name or a .py file ----------------------------------------
 
 ROOT = Path(__file__).resolve().parents[2]
