@@ -6,7 +6,7 @@ import base64
 import binascii
 from typing import Annotated, Any, Generic, Literal, Self, TypeVar
 
-from pydantic import BaseModel, ConfigDict, Field, Strict, model_validator
+from pydantic import BaseModel, ConfigDict, Field, Strict, field_validator, model_validator
 
 from gateway.budgets import MAX_BUDGET
 from gateway.ops.errors import ApiError
@@ -241,14 +241,44 @@ class TimelinePage(Page[TimelineItem]):
     """The lane's audit events in record order (the first 200): takeovers, stuck, actions."""
 
 
-class ActionRequest(BaseModel):
+class _Request(BaseModel):
+    """A request body: no unknown field, and no text a store or a log should not hold."""
+
+    model_config = ConfigDict(extra="forbid")
+
+    @field_validator("*", mode="after")
+    @classmethod
+    def _storable(cls, value: Any) -> Any:
+        # NUL and unpaired surrogates were taken into the audit trail (an outside probe's
+        # rewind of "\u0000"); the channels refuse them with 400 too
+        for text in _texts(value):
+            if "\x00" in text:
+                raise ValueError("must not contain NUL characters")
+            try:
+                text.encode("utf-8")
+            except UnicodeEncodeError:
+                raise ValueError("is not valid Unicode text") from None
+        return value
+
+
+def _texts(value: Any) -> list[str]:
+    if isinstance(value, str):
+        return [value]
+    if isinstance(value, dict):
+        return [t for key, item in value.items() for t in (*_texts(key), *_texts(item))]
+    if isinstance(value, BaseModel):
+        return [t for item in value.__dict__.values() for t in _texts(item)]
+    return []
+
+
+class ActionRequest(_Request):
     """resume / unstick: what becomes of tool calls that started and have no result."""
 
     model_config = ConfigDict(extra="forbid")
     tool_recovery: Literal["declared", "never", "always"] = "declared"
 
 
-class BudgetRequest(BaseModel):
+class BudgetRequest(_Request):
     """budget: the lane's token budget from now on (null: its profile's again), and why."""
 
     model_config = ConfigDict(extra="forbid")
@@ -274,7 +304,7 @@ class BudgetView(_View):
     reason: str | None = None
 
 
-class AuthorityRequest(BaseModel):
+class AuthorityRequest(_Request):
     """revoke / unrevoke: why (recorded, and shown to operators)."""
 
     model_config = ConfigDict(extra="forbid")
@@ -292,14 +322,14 @@ class AuthorityView(_View):
     restored_at_ms: int | None = None
 
 
-class RerunRequest(BaseModel):
+class RerunRequest(_Request):
     """rewind: the user message to run again (the lane moves to just before it)."""
 
     model_config = ConfigDict(extra="forbid")
     entry_id: str = Field(min_length=1, max_length=256)
 
 
-class CallDecision(BaseModel):
+class CallDecision(_Request):
     """Approve or deny one call, or give its result: the operator did the action themselves."""
 
     model_config = ConfigDict(extra="forbid")
@@ -320,7 +350,7 @@ class CallDecision(BaseModel):
         return self
 
 
-class DecisionsRequest(BaseModel):
+class DecisionsRequest(_Request):
     """Decisions for exactly the pending calls of the wait `wait_id` names."""
 
     model_config = ConfigDict(extra="forbid")

@@ -187,6 +187,15 @@ async def test_abort_rewind_and_retry(ops: Ops) -> None:
     bad = await ops.act(f"/lanes/{view['id']}/rewind", {"entry_id": "no-such"}, key="rw-2")
     assert bad.status_code == 409, bad.text
     assert bad.json()["error"]["request_id"] == bad.headers["x-request-id"]  # a worker's refusal
+    audited = len((await ops.get("/audit"))["items"])
+    for odd in ("\u0000", "a\u0000b"):  # was 409, with the NUL in the audit trail
+        nul = await ops.act(f"/lanes/{view['id']}/rewind", {"entry_id": odd}, key=f"rw-{odd!r}")
+        assert nul.status_code == 400, nul.text
+        assert "NUL" in nul.json()["error"]["details"]["fields"][0]["reason"]
+    reason = {"wait_id": "w", "approvals": {"c\u0000": {"action": "approve"}}}
+    nul = await ops.act(f"/lanes/{view['id']}/decisions", reason, key="d-nul")
+    assert nul.status_code == 400, nul.text
+    assert len((await ops.get("/audit"))["items"]) == audited  # nothing recorded
 
     await ops.post("broken", "/fail")
     failed = await ops.until_status("web:broken", "failed")
