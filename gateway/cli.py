@@ -14,6 +14,7 @@ from __future__ import annotations
 import argparse
 import asyncio
 import os
+import re
 import sqlite3
 import sys
 import traceback
@@ -176,10 +177,18 @@ def _store_problem(exc: sqlite3.Error | OSError) -> str:
 def _write(out: list[str]) -> None:
     if not out:
         return
+    text = "\n".join(out)
+    if sys.stdout.isatty():  # a message or an answer can hold escape sequences: shown, not obeyed
+        text = _ESCAPES.sub(lambda m: f"\\x{ord(m.group()):02x}", text)
     try:
-        print("\n".join(out), flush=True)
+        print(text, flush=True)
     except BrokenPipeError:
         raise _OutputClosed from None
+
+
+_ESCAPES = re.compile(r"[\x00-\x08\x0b-\x1f\x7f-\x9f]")
+"""What a terminal would act on (cursor moves, colours, a title, a hyperlink): every control
+character but newline and tab. A model's answer or a stored message is someone else's text."""
 
 
 def _discard_stdout() -> None:
@@ -200,7 +209,8 @@ def main(argv: Sequence[str] | None = None, settings: Settings | None = None) ->
 
         return ops_main(words[1:], settings)
     parser = argparse.ArgumentParser(
-        prog=command(), description="A durable LLM agent gateway for Slack and email."
+        prog=command(),
+        description="A durable LLM agent gateway for Slack, email, the web and webhooks.",
     )
     parser.add_argument(
         "--store", help="store URL (default: $GATEWAY_STORE_URL or sqlite:///.gateway/gateway.db)"

@@ -66,7 +66,7 @@ def check_allowed(view: LaneView, kind: str) -> None:
         raise ApiError(
             409,
             "conflict",
-            f"{kind} needs a lane {_NEEDS[kind]}; this one is {view.status}{said}",
+            f"{kind} needs a lane that is {_NEEDS[kind]}; this one is {view.status}{said}",
             {"reason": reason, "status": view.status},
         )
 

@@ -612,3 +612,19 @@ async def test_ctrl_c_while_the_command_loads_is_one_line(tmp_path: Path, after_
     else:  # done before it came (no store here: exit 1), or before Python's handler was set
         assert code in (1, -signal.SIGINT), (code, err)
         assert err == "" or one_line(err).startswith("gateway: no store at"), err
+
+
+def test_escape_sequences_in_an_answer_are_shown_not_obeyed_on_a_terminal(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """An answer (the echo: the question's own text) that sets the terminal's title."""
+    url = f"sqlite:///{tmp_path}/gw.db"
+    question = "hi \x1b]0;pwned\x07 \x1b[2J there"
+    monkeypatch.setattr(sys.stdout, "isatty", lambda: True)
+    assert main(["ask", "--store", url, question], settings=Settings()) == 0
+    shown = capsys.readouterr().out
+    assert "\x1b" not in shown and "\x07" not in shown
+    assert "You said: hi \\x1b]0;pwned\\x07 \\x1b[2J there" in shown
+    monkeypatch.setattr(sys.stdout, "isatty", lambda: False)  # a pipe: the text as it is
+    assert main(["ask", "--store", url, "--lane", "cli:pipe", question], settings=Settings()) == 0
+    assert f"You said: {question}" in capsys.readouterr().out
