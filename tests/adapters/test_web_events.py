@@ -115,7 +115,7 @@ async def test_an_idle_stream_sends_keepalives(http: httpx.AsyncClient) -> None:
 
 @pytest.mark.parametrize("resume", [b"abc", b"\xb2", "\u0663".encode()])
 async def test_a_bad_last_event_id_is_400(http: httpx.AsyncClient, resume: bytes) -> None:
-    response = await http.get("/web/threads/t1/events", headers={"Last-Event-ID": resume})
+    response = await http.get("/web/threads/t1/events", headers={b"Last-Event-ID": resume})
     assert response.status_code == 400
     assert response.json()["error"]["code"] == "invalid_request"
     response = await http.get("/web/threads/t1/events?after=%C2%B2")

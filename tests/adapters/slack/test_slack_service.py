@@ -176,7 +176,7 @@ async def test_forged_stale_and_malformed_requests_store_nothing(rig: Rig) -> No
     unsigned = await rig.http.post("/slack/events", content=raw.encode())
     assert unsigned.status_code == 401
     for stamp in (b"\xb2", "\u0663".encode()):  # str.isdigit() takes both; int() not "²"
-        odd = {"x-slack-request-timestamp": stamp, "x-slack-signature": b"v0=00"}
+        odd = {b"x-slack-request-timestamp": stamp, b"x-slack-signature": b"v0=00"}
         response = await rig.http.post("/slack/events", content=raw.encode(), headers=odd)
         assert response.status_code == 401
     await asyncio.sleep(0.2)
