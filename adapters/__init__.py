@@ -47,6 +47,7 @@ from adapters.files import (
     image_refusal,
     take_in,
 )
+from adapters.json_bodies import text_problem
 from adapters.kit import ChannelContext, ChannelSpec
 from adapters.live import LiveKind, LiveUpdate, LiveView, shared_prefix
 from adapters.registry import (
@@ -103,6 +104,7 @@ __all__ = [
     "result_line",
     "shared_prefix",
     "take_in",
+    "text_problem",
     "TextCut",
     "ThreadRef",
     "Unavailable",

@@ -23,8 +23,7 @@ from pathlib import Path
 
 from pydantic import ValidationError
 
-from adapters import AdapterError
-from adapters.json_bodies import text_problem
+from adapters import AdapterError, text_problem
 from config import Settings, SettingsError, format_settings_error
 from gateway.ask import ask, terminal
 from gateway.channels import load_gateway_settings
