@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import unicodedata
 from collections.abc import Container
 from typing import Literal, Protocol
 
@@ -9,7 +10,7 @@ from pydantic import ValidationError
 
 from harness_core.session.records import MAX_SUPPLIED_CHARS
 
-__all__ = ["SuppliedDecision", "body_problem", "result_problem", "text_problem"]
+__all__ = ["SuppliedDecision", "blank", "body_problem", "result_problem", "text_problem"]
 
 
 def body_problem(exc: ValidationError, *, pattern: str, skip: Container[str] = ()) -> str:
@@ -28,6 +29,15 @@ def body_problem(exc: ValidationError, *, pattern: str, skip: Container[str] = (
     if first["type"] == "string_pattern_mismatch":
         return f"{where!r} must be {pattern}"
     return f"{where!r}: {first['msg']}"
+
+
+def blank(value: str) -> bool:
+    """Whether `value` shows nothing: only spaces, controls and invisible format characters.
+
+    ``str.strip`` keeps a zero-width space, a joiner or a byte-order mark: a text of those is
+    as empty to the person reading the thread (and to the model) as one of spaces.
+    """
+    return all(char.isspace() or unicodedata.category(char) in ("Cc", "Cf") for char in value)
 
 
 def text_problem(value: str, what: str) -> str | None:
@@ -61,7 +71,7 @@ def result_problem(
         return ("invalid_request", "'is_error' goes with a 'result'") if item.is_error else None
     if not item.approved:
         return "invalid_request", "a 'result' goes with approved: true"
-    if not item.result.strip():
+    if blank(item.result):
         return "empty_text", "'result' is empty: say what the action did"
     if len(item.result) > MAX_SUPPLIED_CHARS:
         return (

@@ -83,7 +83,7 @@ from adapters.channel import (
     Unavailable,
 )
 from adapters.errors import AdapterError
-from adapters.json_bodies import body_problem, result_problem, text_problem
+from adapters.json_bodies import blank, body_problem, result_problem, text_problem
 from adapters.live import LiveUpdate
 from adapters.web.live import LiveBoard, LiveCursor
 from adapters.web.mailbox import (
@@ -586,7 +586,7 @@ class WebChannel:
             raise _refusal(exc) from None
         space = _name(body.space, "space")
         files = _files(body.files, self.limits.max_upload_files)
-        if not body.text.strip() and not files:
+        if blank(body.text) and not files:
             raise _Refused(400, "empty_text", "'text' is empty")
         if len(body.text) > self.limits.max_text_chars:
             raise _Refused(
@@ -1082,6 +1082,8 @@ def _kinds(raw: str | None) -> frozenset[str] | None:
     if raw is None or raw.strip() == "":
         return None
     kinds = frozenset(k.strip() for k in raw.split(",") if k.strip())
+    if not kinds:  # ",,": a stream that could never send anything
+        raise _Refused(400, "invalid_request", f"'kinds' names no kind; known: {', '.join(_KINDS)}")
     unknown = sorted(kinds - set(_KINDS))
     if unknown:
         raise _Refused(

@@ -52,7 +52,7 @@ from adapters.channel import (
     Unavailable,
 )
 from adapters.errors import AdapterError
-from adapters.json_bodies import body_problem, result_problem, text_problem
+from adapters.json_bodies import blank, body_problem, result_problem, text_problem
 from adapters.webhook.delivery import WebhookDelivery
 from adapters.webhook.payloads import (
     MAX_REPLY_CONTEXT_BYTES,
@@ -305,7 +305,7 @@ class WebhookChannel:
             body = MessageIn.model_validate(raw)
         except ValidationError as exc:
             raise _validation_refusal(exc) from None
-        if not body.text.strip():
+        if blank(body.text):
             raise _Refused(400, "empty_text", "'text' is empty")
         if len(body.text) > self.limits.max_text_chars:
             raise _Refused(

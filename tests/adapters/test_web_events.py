@@ -104,6 +104,8 @@ async def test_kinds_filter_the_stream_but_ids_still_resume(
         assert (seq, item["kind"]) == (4, "failure_notice")
     status = (await http.get("/web/threads/t1/events?kinds=reply,nonsense")).status_code
     assert status == 400
+    status = (await http.get("/web/threads/t1/events?kinds=,,")).status_code
+    assert status == 400  # was a stream that never sent anything
 
 
 async def test_an_idle_stream_sends_keepalives(http: httpx.AsyncClient) -> None:

@@ -183,6 +183,7 @@ async def test_author_forms(client: httpx.AsyncClient, sink: TestSink) -> None:
         (b"{}", 400, "invalid_request"),
         (b'{"text": ""}', 400, "empty_text"),
         (b'{"text": "  \\n\\t "}', 400, "empty_text"),
+        (b'{"text": " \\u200b\\ufeff\\u2060 "}', 400, "empty_text"),  # invisible: was taken
         (b'{"text": 5}', 400, "invalid_request"),
         (b'{"text": null}', 400, "invalid_request"),
         (b'{"text": ["a"]}', 400, "invalid_request"),
