@@ -142,7 +142,9 @@ STEPS: dict[str, Step] = {
     "curl -s http://127.0.0.1:8787/web/threads/hello": Step(shows=(r'"text":"hello"',)),
     "scripts/run ops lanes --stuck": Step(),
     "scripts/run ops timeline web:hello": Step(shows=(r"You said: hello",)),
-    "scripts/run ops usage web:hello": Step(shows=(r"total: \d+ in / \d+ out, \d+ tokens",)),
+    "scripts/run ops usage web:hello": Step(
+        shows=(r"total: \d+ in / \d+ out, \d+ tokens", r"budget: none \(GATEWAY_TOKEN_BUDGET")
+    ),
     # the fresh gateway sets no token budget: there is none to raise, and it says so
     'scripts/run ops budget web:hello 2000000 --reason "a long review"': Step(
         status=1, shows=(r"has no token budget to set: give its profile a token_budget",)

@@ -222,6 +222,8 @@ def usage(run: Run) -> int:
     if isinstance(budget, int) and isinstance(spent, int):
         left = f"{budget - spent} left" if spent < budget else "spent: its runs stop"
         run.say(f"budget: {budget} tokens, {left}")
+    elif budget is None:  # said, so "no line" is never read as "not looked at"
+        run.say("budget: none (GATEWAY_TOKEN_BUDGET or the profile's token_budget sets one)")
     return OK
 
 
