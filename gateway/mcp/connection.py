@@ -200,6 +200,8 @@ class McpConnection:
             except Exception as exc:  # any failure of a foreign server or its transport
                 self._fault(self._explain(exc))
                 if _spawn_failed(exc) and not self._up:
+                    # "FileNotFoundError: [Errno 2] No such file or directory" named no program
+                    self._fault(f"cannot start {self.server.command!r}: {self._last_error}")
                     self._give_up()
                     return
             failures = 1 if self._up else failures + 1

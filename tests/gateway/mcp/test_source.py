@@ -276,6 +276,9 @@ async def test_a_server_that_fails_to_start_is_contained(marks: Path, counted: C
     try:
         by_name = {h.name: h for h in source.health()}
         assert by_name["missing"].state == "failed" and by_name["missing"].last_error
+        assert by_name["missing"].last_error.startswith(  # which program could not start
+            "cannot start '/nonexistent/mcp-server-program': FileNotFoundError"
+        )
         assert by_name["broken"].state in ("restarting", "starting")
         assert by_name["demo"].state == "ready"
         assert all(t.name.startswith("demo.") for t in source.tools())
