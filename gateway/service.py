@@ -13,7 +13,7 @@ import contextlib
 import logging
 import random
 import time
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -162,7 +162,7 @@ class Service:
         failed = {part: why for part, why in (await self.probe()).items() if why is not None}
         if failed:  # before any adapter or worker starts: nothing to drain, nothing half-begun
             await self._close_owned()
-            raise StartRefused("\n".join(self._refusal(p, w) for p, w in sorted(failed.items())))
+            raise StartRefused(self._refusals(failed))
         plugin = load_plugin(settings.plugin, settings)
         if parts.model_client is not None:
             client = parts.model_client
@@ -457,6 +457,16 @@ class Service:
                 checks[part] = exc
         return checks
 
+    def _refusals(self, failed: Mapping[str, Exception]) -> str:
+        """One line a part; the store and the broker on one Redis, failing alike, in one."""
+        lines = {part: self._refusal(part, why) for part, why in sorted(failed.items())}
+        if len(lines) == 2 and (
+            self.settings.effective_store_url == self.settings.effective_broker_url
+            and str(failed["broker"]).split(": ")[-1] == str(failed["store"]).split(": ")[-1]
+        ):
+            return lines["broker"].replace("the broker at", "the broker and the store at", 1)
+        return "\n".join(lines.values())
+
     def _refusal(self, part: str, why: Exception) -> str:
         url = (
             self.settings.effective_store_url
@@ -472,7 +482,7 @@ class Service:
             detail = detail.replace(password, "***")
         detail = " ".join(detail.split())[:300]
         reason = f"{type(why).__name__}: {detail}" if detail else type(why).__name__
-        return f"the {part} at {shown} does not answer ({reason})"
+        return f"the {part} at {shown} cannot be used ({reason})"
 
     async def stop(
         self,

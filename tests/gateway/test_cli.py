@@ -136,6 +136,22 @@ def test_store_list_and_show_as_the_readme_and_the_demo_say(tmp_path, capsys) ->
     assert all(line == line.rstrip() for line in listed)
 
 
+def test_a_redis_that_refuses_both_store_and_broker_is_one_line(tmp_path, capsys) -> None:
+    """A wrong password for the one Redis: it was two lines saying "does not answer"."""
+    with socket.socket() as closed:
+        closed.bind(("127.0.0.1", 0))
+        port = closed.getsockname()[1]  # nothing listens there
+    url = f"redis://:hunter2@127.0.0.1:{port}/0"
+    settings = gateway_settings(redis_url=url, web_url=f"sqlite:///{tmp_path}/w.db")
+    assert main(["serve", "--port", str(_free_port())], settings=settings) == 1
+    err = capsys.readouterr().err
+    [refusal] = [line for line in err.splitlines() if line.startswith("gateway: ")]
+    assert refusal.startswith(
+        f"gateway: the broker and the store at redis://:***@127.0.0.1:{port}/0 cannot be used ("
+    )
+    assert "hunter2" not in err
+
+
 def test_serve_with_a_broker_that_does_not_answer_stops_with_one_line(tmp_path, capsys) -> None:
     with socket.socket() as closed:
         closed.bind(("127.0.0.1", 0))
@@ -150,7 +166,7 @@ def test_serve_with_a_broker_that_does_not_answer_stops_with_one_line(tmp_path, 
     refusal = [line for line in err.splitlines() if line.startswith("gateway: the broker")]
     assert len(refusal) == 1
     assert refusal[0].startswith(
-        f"gateway: the broker at redis://:***@127.0.0.1:{port}/0 does not answer (BrokerError: "
+        f"gateway: the broker at redis://:***@127.0.0.1:{port}/0 cannot be used (BrokerError: "
     )
     assert f"127.0.0.1:{port}" in refusal[0].split("(", 1)[1]  # why: which address refused
     assert "hunter2" not in err
@@ -184,7 +200,7 @@ def test_serve_with_a_store_directory_that_cannot_be_made_names_it(tmp_path, cap
     err = capsys.readouterr().err
     refusal = [line for line in err.splitlines() if line.startswith("gateway: ")]
     assert refusal == [  # a SessionError, as the store's contract says (D191), naming the cause
-        "gateway: the store at sqlite:////proc/gateway-test-nowhere/s.db does not answer "
+        "gateway: the store at sqlite:////proc/gateway-test-nowhere/s.db cannot be used "
         "(SessionError: sqlite error on /proc/gateway-test-nowhere/s.db: "
         "[Errno 2] No such file or directory: '/proc/gateway-test-nowhere')"
     ]
