@@ -138,6 +138,8 @@ class _Refused(AdapterError):
 
 def _validation_refusal(exc: ValidationError) -> _Refused:
     """The clearest 400 for a body that does not fit: its most specific error, named plainly."""
+    if any(e["type"] == "string_unicode" for e in exc.errors()):  # as the web channel says it
+        return _Refused(400, "invalid_text", "a string is not valid Unicode text")
     message = body_problem(exc, pattern="printable ASCII without spaces, 1-200 characters")
     return _Refused(400, "invalid_request", message)
 

@@ -229,6 +229,7 @@ HOSTILE: list[tuple[bytes, str, str]] = [
     (b'{"thread": "t1", "text": "' + b"x" * 101 + b'"}', "text_too_long", "101 characters"),
     (b'{"thread": "t1", "text": "a\\u0000b"}', "invalid_text", "NUL"),
     (b'{"thread": "t1", "text": "\\ud800"}', "invalid_text", "Unicode"),
+    (b'{"thread": "t1", "text": "x", "author": {"id": "\\ud800"}}', "invalid_text", "Unicode"),
     (b'{"thread": "t1", "text": "x", "reply_context": {"k": "\\udfff"}}', "invalid_text", "Uni"),
     (
         b'{"thread": "t1", "text": "x", "reply_context": {"k": "' + b"y" * 4100 + b'"}}',
