@@ -91,6 +91,8 @@ def _missing_local_store(url: str) -> str | None:
     if scheme not in ("sqlite", "jsonl"):
         return None
     path = Path(rest[1:] if rest.startswith("/") else rest).expanduser()
+    if scheme == "sqlite" and path.is_file() and path.stat().st_size == 0:
+        return f"{path} (an empty file)"  # SQLite would write its schema into it
     return None if path.exists() else str(path)
 
 

@@ -220,6 +220,11 @@ def test_reading_a_store_that_is_not_there_creates_nothing(tmp_path, capsys, wor
         err = capsys.readouterr().err
         assert err.startswith("gateway: no store at ") and err.count("\n") == 1
     assert list(tmp_path.iterdir()) == []
+    empty = tmp_path / "empty.db"  # `touch`ed, or cut short: SQLite wrote its schema into it
+    empty.touch()
+    assert main([*words, "--store", f"sqlite:///{empty}"], settings=Settings()) == 2
+    assert f"no store at {empty} (an empty file)" in capsys.readouterr().err
+    assert empty.stat().st_size == 0
 
 
 class _Refusal(GatewayError):
