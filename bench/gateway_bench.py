@@ -391,7 +391,9 @@ class Cluster:
                     by_key[item.id].received_ms = item.at_ms
                     by_key[item.id].seq = item.seq
                     continue
-                target = by_key.get(item.text.removeprefix("You said: "))
+                # the echo's last answer names the newest message the run took (a reply holds
+                # every answer of its run, one a message it took after an answer: D296)
+                target = by_key.get(item.text.rsplit("You said: ", 1)[-1])
                 if item.kind not in ("reply", "failure_notice") or target is None:
                     continue
                 # it answers its message and every one the lane took before it (the echo names
