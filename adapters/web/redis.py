@@ -70,6 +70,9 @@ return {1, seq, ARGV[2]}
 """
 
 _MAX_BLOCK_S = 30.0
+_CLOSE_WAIT_S = 10.0
+"""How long `close` waits for the blocked reads it cancelled to end (their connections' own
+cleanup), so a waiter is woken by the time `close` returns."""
 
 Stream = list[tuple[str, dict[str, str]]]
 
@@ -285,6 +288,9 @@ class RedisMailbox:
         if self._closed:
             return
         self._closed = True
-        for read in tuple(self._reads):
+        reads = tuple(self._reads)
+        for read in reads:
             read.cancel()
         await close_clients(self._blocking, self._client)
+        if reads:  # woken when this returns: a cancelled XREAD's cleanup took seconds under load
+            await asyncio.wait(reads, timeout=_CLOSE_WAIT_S)
