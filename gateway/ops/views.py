@@ -264,24 +264,20 @@ class _Request(BaseModel):
 def _texts(value: Any) -> list[str]:
     if isinstance(value, str):
         return [value]
-    if isinstance(value, dict):
+    if isinstance(value, dict):  # a nested request (a call's decision) checks its own fields
         return [t for key, item in value.items() for t in (*_texts(key), *_texts(item))]
-    if isinstance(value, BaseModel):
-        return [t for item in value.__dict__.values() for t in _texts(item)]
     return []
 
 
 class ActionRequest(_Request):
     """resume / unstick: what becomes of tool calls that started and have no result."""
 
-    model_config = ConfigDict(extra="forbid")
     tool_recovery: Literal["declared", "never", "always"] = "declared"
 
 
 class BudgetRequest(_Request):
     """budget: the lane's token budget from now on (null: its profile's again), and why."""
 
-    model_config = ConfigDict(extra="forbid")
     tokens: Annotated[int, Strict(), Field(ge=1, le=MAX_BUDGET)] | None
     """Tokens the lane may spend in all, what it spent included; null: its profile's budget."""
     reason: str | None = Field(default=None, min_length=1, max_length=300)
@@ -307,7 +303,6 @@ class BudgetView(_View):
 class AuthorityRequest(_Request):
     """revoke / unrevoke: why (recorded, and shown to operators)."""
 
-    model_config = ConfigDict(extra="forbid")
     reason: str | None = Field(default=None, min_length=1, max_length=300)
 
 
@@ -325,14 +320,12 @@ class AuthorityView(_View):
 class RerunRequest(_Request):
     """rewind: the user message to run again (the lane moves to just before it)."""
 
-    model_config = ConfigDict(extra="forbid")
     entry_id: str = Field(min_length=1, max_length=256)
 
 
 class CallDecision(_Request):
     """Approve or deny one call, or give its result: the operator did the action themselves."""
 
-    model_config = ConfigDict(extra="forbid")
     action: Literal["approve", "deny", "supply"]
     reason: str | None = Field(default=None, max_length=4096)
     """Why it was denied (the model reads it), or a note recorded with the decision."""
@@ -353,7 +346,6 @@ class CallDecision(_Request):
 class DecisionsRequest(_Request):
     """Decisions for exactly the pending calls of the wait `wait_id` names."""
 
-    model_config = ConfigDict(extra="forbid")
     wait_id: str = Field(min_length=1, max_length=256)
     approvals: dict[str, CallDecision] = Field(min_length=1, max_length=128)
 
