@@ -126,9 +126,9 @@ def context_for(settings: Settings, clock: Clock) -> ChannelContext:
     )
 
 
-def served_url(settings: Settings) -> str:
-    """The service's own URL from its host and port (an IPv6 address in brackets)."""
-    host = settings.host
+def served_url(settings: Settings, host: str | None = None) -> str:
+    """The service's URL from its host (or `host`) and port (an IPv6 address in brackets)."""
+    host = settings.host if host is None else host
     if ":" in host and not host.startswith("["):
         host = f"[{host}]"
     return f"http://{host}:{settings.port}"

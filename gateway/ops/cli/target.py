@@ -11,7 +11,7 @@ from pathlib import Path
 import httpx
 
 from config import Settings, SettingsError, format_settings_error
-from gateway.channels import load_gateway_settings
+from gateway.channels import load_gateway_settings, served_url
 from gateway.ops.cli.errors import USAGE, OpsError
 from gateway.ops.cli.output import clean
 
@@ -74,9 +74,7 @@ class Target:
         else:
             settings = self.settings()
             host = _WILDCARDS.get(settings.host, settings.host)
-            if ":" in host and not host.startswith("["):
-                host = f"[{host}]"
-            given, source = f"http://{host}:{settings.port}", "the settings"
+            given, source = served_url(settings, host), "the settings"
         url = given.strip().rstrip("/")
         url = url.removesuffix(API).rstrip("/")
         try:
