@@ -2,15 +2,62 @@
 
 from __future__ import annotations
 
+import json
 import unicodedata
 from collections.abc import Container
-from typing import Literal, Protocol
+from typing import Any, Literal, Protocol
 
 from pydantic import ValidationError
 
 from harness_core.session.records import MAX_SUPPLIED_CHARS
 
-__all__ = ["SuppliedDecision", "blank", "body_problem", "result_problem", "text_problem"]
+__all__ = [
+    "SuppliedDecision",
+    "blank",
+    "body_problem",
+    "read_json",
+    "result_problem",
+    "text_problem",
+]
+
+_BOM = b"\xef\xbb\xbf"
+_KEY_TWICE = "the request body gives a key twice in one object"
+
+
+def _unique(pairs: list[tuple[str, Any]]) -> dict[str, Any]:
+    found = dict(pairs)
+    if len(found) != len(pairs):
+        raise ValueError(_KEY_TWICE)
+    return found
+
+
+def _no_constant(name: str) -> Any:
+    raise ValueError(f"{name} is not JSON")
+
+
+def read_json(body: bytes) -> Any:
+    """`body` as strict JSON.
+
+    UTF-8 (a leading byte-order mark is ignored, as RFC 8259 §8.1 allows), no NaN or Infinity,
+    and no key given twice in one object. Two values for one key would be read as the last by
+    this gateway and as the first by another reader of the same bytes (a proxy's filter):
+    refusing them leaves one meaning (RFC 8259 §4 leaves duplicate names to the reader).
+
+    Raises:
+        ValueError: why `body` is not such JSON, in one plain line.
+    """
+    try:
+        text = body.removeprefix(_BOM).decode("utf-8")
+    except UnicodeDecodeError:
+        raise ValueError("the request body is not UTF-8") from None
+    try:
+        return json.loads(text, object_pairs_hook=_unique, parse_constant=_no_constant)
+    except RecursionError:
+        raise ValueError("the request body is nested too deep") from None
+    except ValueError as exc:
+        if str(exc) == _KEY_TWICE:
+            raise
+        raise ValueError("the request body is not valid JSON") from None
 
 
 def body_problem(exc: ValidationError, *, pattern: str, skip: Container[str] = ()) -> str:

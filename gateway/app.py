@@ -63,6 +63,10 @@ def build_app(
         status = 503 if failing else 200
         return JSONResponse({"status": "ok" if not failing else "unavailable", **checks}, status)
 
+    # HEAD too, as load balancers and uptime checkers probe (the server sends no body)
+    app.add_api_route("/healthz", healthz, methods=["HEAD"], include_in_schema=False)
+    app.add_api_route("/readyz", readyz, methods=["HEAD"], include_in_schema=False)
+
     for router in routers:
         app.include_router(router)
     return app

@@ -88,9 +88,9 @@ def _store_words(target: Sequence[str]) -> tuple[str, list[str]]:
 def _missing_local_store(url: str) -> str | None:
     """The path of a file or directory store that does not exist (reading must not create it)."""
     scheme, _, rest = url.partition("?")[0].partition("://")
-    if scheme not in ("sqlite", "jsonl"):
-        return None
-    path = Path(rest[1:] if rest.startswith("/") else rest).expanduser()
+    if scheme not in ("sqlite", "jsonl") or not rest.startswith("/"):
+        return None  # not a local store, or a malformed URL: opening it says which
+    path = Path(rest[1:]).expanduser()
     if scheme == "sqlite" and path.is_file() and path.stat().st_size == 0:
         return f"{path} (an empty file)"  # SQLite would write its schema into it
     return None if path.exists() else str(path)
@@ -132,7 +132,12 @@ async def _run(args: argparse.Namespace, settings: Settings) -> int:
         raise CliError(
             f"no store at {missing} ({command()} serve creates it; --store URL for another)"
         )
-    repo = open_repo(url)
+    try:
+        repo = open_repo(url)
+    except SessionError as exc:
+        if exc.code == "invalid_query":  # the URL itself: the command line's, as serve's is
+            raise CliError(str(exc)) from None
+        raise
     out: list[str] = []
     try:
         if args.command == "demo":

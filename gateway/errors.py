@@ -6,8 +6,8 @@ Tree::
     ├── CliError(status)              a `gateway` command that cannot be done (2: the command line)
     ├── AskFailed(status)             `gateway ask` gave no answer
     ├── DemoError                     the crash demo cannot run
-    ├── PluginError (ValueError)      ``GATEWAY_PLUGIN`` cannot be imported or is malformed
-    ├── ModelConfigError (ValueError) ``GATEWAY_MODEL`` names no model this gateway can use
+    ├── PluginError (ValueError)      ``GATEWAY_PLUGIN`` cannot be imported or is malformed (2)
+    ├── ModelConfigError (ValueError) ``GATEWAY_MODEL`` names no model this gateway can use (2)
     ├── StartRefused                  the store or the broker does not answer at start
     ├── BrokerError(code)             the broker could not be opened or used; `BrokerErrorCode`
     ├── ApiError(status, code)        an operator API refusal; `ApiErrorCode` (the envelope's)

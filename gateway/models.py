@@ -51,6 +51,11 @@ _KEY_VARIABLES = {
 class ModelConfigError(GatewayError, ValueError):
     """``GATEWAY_MODEL`` does not name a model this gateway can use."""
 
+    @property
+    def exit_status(self) -> int:
+        """2, as every setting that cannot be used: fix the configuration, then start again."""
+        return 2
+
 
 def model_from_settings(settings: Settings) -> tuple[ModelClient, ModelRef]:
     """The client and default model named by ``GATEWAY_MODEL``, serving the profiles' models too.

@@ -40,6 +40,11 @@ __all__ = ["Plugin", "PluginError", "load_plugin"]
 class PluginError(GatewayError, ValueError):
     """The plugin cannot be imported or does not define what it says (one clear line)."""
 
+    @property
+    def exit_status(self) -> int:
+        """2, as every setting that cannot be used: fix the configuration, then start again."""
+        return 2
+
 
 @dataclass(frozen=True, kw_only=True, slots=True)
 class Plugin:

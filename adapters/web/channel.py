@@ -83,7 +83,7 @@ from adapters.channel import (
     Unavailable,
 )
 from adapters.errors import AdapterError
-from adapters.json_bodies import blank, body_problem, result_problem, text_problem
+from adapters.json_bodies import blank, body_problem, read_json, result_problem, text_problem
 from adapters.live import LiveUpdate
 from adapters.web.live import LiveBoard, LiveCursor
 from adapters.web.mailbox import (
@@ -482,9 +482,9 @@ class WebChannel:
                 raise _Refused(413, "too_large", f"the request body exceeds {limit} bytes")
             chunks.append(chunk)
         try:
-            body = json.loads(b"".join(chunks))
-        except (ValueError, RecursionError):
-            raise _Refused(400, "invalid_json", "the request body is not valid JSON") from None
+            body = read_json(b"".join(chunks))
+        except ValueError as exc:
+            raise _Refused(400, "invalid_json", str(exc)) from None
         if not isinstance(body, dict):
             raise _Refused(400, "invalid_request", "the request body must be a JSON object")
         return body

@@ -52,7 +52,7 @@ from adapters.channel import (
     Unavailable,
 )
 from adapters.errors import AdapterError
-from adapters.json_bodies import blank, body_problem, result_problem, text_problem
+from adapters.json_bodies import blank, body_problem, read_json, result_problem, text_problem
 from adapters.webhook.delivery import WebhookDelivery
 from adapters.webhook.payloads import (
     MAX_REPLY_CONTEXT_BYTES,
@@ -60,7 +60,6 @@ from adapters.webhook.payloads import (
     DecisionIn,
     DecisionItemIn,
     MessageIn,
-    parse_json,
 )
 from adapters.webhook.signing import SignatureRefused, check_headers, verify
 from harness_core import Clock, SuppliedResult, SystemClock
@@ -290,9 +289,9 @@ class WebhookChannel:
         if not body.strip():
             raise _Refused(400, "invalid_json", "the request body is empty")
         try:
-            raw = parse_json(body)
-        except ValueError:
-            raise _Refused(400, "invalid_json", "the request body is not valid JSON") from None
+            raw = read_json(body)
+        except ValueError as exc:
+            raise _Refused(400, "invalid_json", str(exc)) from None
         if not isinstance(raw, dict):
             raise _Refused(400, "invalid_request", "the request body must be a JSON object")
         kind = raw.get("type", "message")

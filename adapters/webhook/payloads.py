@@ -35,7 +35,6 @@ __all__ = [
     "DecisionItemIn",
     "MessageIn",
     "outbound_body",
-    "parse_json",
 ]
 
 ID_PATTERN = r"^[A-Za-z0-9._:@+=/-]{1,200}$"
@@ -103,22 +102,6 @@ class DecisionIn(_Strict):
     decisions: list[DecisionItemIn] = Field(min_length=1, max_length=100)
     author: AuthorIn
     idempotency_key: str | None = Field(default=None, pattern=ID_PATTERN)
-
-
-def _no_constant(name: str) -> Any:
-    raise ValueError(f"{name} is not JSON")
-
-
-def parse_json(body: bytes) -> Any:
-    """`body` as strict JSON (UTF-8; no NaN or Infinity).
-
-    Raises:
-        ValueError: not JSON (or nested too deep to read).
-    """
-    try:
-        return json.loads(body.decode("utf-8"), parse_constant=_no_constant)
-    except (UnicodeDecodeError, RecursionError) as exc:
-        raise ValueError(str(exc)) from None
 
 
 def outbound_body(outbound: Outbound) -> bytes:

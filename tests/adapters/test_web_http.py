@@ -177,6 +177,10 @@ async def test_author_forms(client: httpx.AsyncClient, sink: TestSink) -> None:
         (b"", 400, "invalid_json"),
         (b"{", 400, "invalid_json"),
         (b"\xff\xfe{}", 400, "invalid_json"),
+        ('{"text": "hi"}'.encode("utf-16"), 400, "invalid_json"),  # UTF-8 only, as the webhook
+        (b'{"text": "hi", "text": "ho"}', 400, "invalid_json"),  # which one was meant?
+        (b'{"text": "hi", "author": {"id": "a", "id": "b"}}', 400, "invalid_json"),
+        (b'{"text": NaN}', 400, "invalid_json"),
         (b"[" * 5000 + b"]" * 5000, 400, "invalid_json"),
         (b"[]", 400, "invalid_request"),
         (b'"text"', 400, "invalid_request"),
@@ -211,6 +215,20 @@ async def test_hostile_bodies_are_refused_clearly(
     response = await client.post(URL, content=body, headers={"content-type": "application/json"})
     assert error(response) == (status, code)
     assert sink.inbound == []
+
+
+async def test_a_body_with_a_byte_order_mark_is_read_and_a_repeated_key_is_named(
+    client: httpx.AsyncClient, sink: TestSink
+) -> None:
+    marked = await client.post(
+        URL, content=b'\xef\xbb\xbf{"text": "hi"}', headers={"content-type": "application/json"}
+    )
+    assert marked.status_code == 202, marked.text
+    assert [item.text for item in sink.inbound] == ["hi"]
+    twice = await client.post(
+        URL, content=b'{"text": "a", "text": "b"}', headers={"content-type": "application/json"}
+    )
+    assert "gives a key twice" in twice.json()["error"]["message"]
 
 
 async def test_a_client_id_outside_ascii_is_refused_by_a_rule_that_says_ascii(

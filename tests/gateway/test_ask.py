@@ -40,7 +40,7 @@ def test_a_bad_model_setting_is_a_clear_error(capsys: pytest.CaptureFixture[str]
         Settings(model="gpt-4")  # refused with the settings, before any store is made
     with pytest.raises(ModelConfigError, match="provider:model_id"):
         model_from_settings(Settings(model="nope:x"))
-    assert main(["ask", "--store", "memory://", "hi"], settings=Settings(model="nope:x")) == 1
+    assert main(["ask", "--store", "memory://", "hi"], settings=Settings(model="nope:x")) == 2
     assert "GATEWAY_MODEL='nope:x'" in capsys.readouterr().err
 
 

@@ -97,8 +97,15 @@ def test_serve_on_a_taken_port_is_one_clear_line(tmp_path, capsys) -> None:
 
 
 def test_a_bad_store_url_is_a_clear_error(capsys) -> None:
-    assert main(["store", "--store", "postgres://x/y"], settings=Settings()) == 1
+    assert main(["store", "--store", "postgres://x/y"], settings=Settings()) == 2
     assert "unsupported store URL 'postgres://x/y'" in capsys.readouterr().err
+
+
+def test_a_store_url_with_a_host_is_refused_as_serve_refuses_it(tmp_path, capsys) -> None:
+    # sqlite://x.db was read as ./x.db by `store` (and said "no store") while `serve` refused it
+    for url in ("sqlite://x.db", "jsonl://dir"):
+        assert main(["store", "list", "--store", url], settings=Settings()) == 2
+        assert "(no host)" in capsys.readouterr().err, url
 
 
 def test_an_unknown_session_is_a_clear_error(tmp_path, capsys) -> None:

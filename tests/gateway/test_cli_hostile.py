@@ -251,7 +251,7 @@ def test_a_store_under_a_file_is_one_line(
 ) -> None:
     (tmp_path / "file").write_text("not a directory")
     for url in (f"sqlite:///{tmp_path}/file/gw.db", f"jsonl:///{tmp_path}/file/sessions"):
-        assert main(["ask", "--store", url, "hi"], settings=Settings()) == 1
+        assert main(["ask", "--store", url, "hi"], settings=Settings()) == 2
         assert f"{tmp_path}/file is not a directory" in one_line(capsys.readouterr().err)
 
 
@@ -491,7 +491,7 @@ def test_a_model_without_its_key_is_one_line_before_anything_is_written(
 ) -> None:
     monkeypatch.delenv("OPENAI_API_KEY", raising=False)
     url = f"sqlite:///{tmp_path}/gw.db"
-    assert main(["ask", "--store", url, "hi"], settings=Settings(model="openai:gpt-4.1-mini")) == 1
+    assert main(["ask", "--store", url, "hi"], settings=Settings(model="openai:gpt-4.1-mini")) == 2
     assert one_line(capsys.readouterr().err) == (
         "gateway: GATEWAY_MODEL='openai:gpt-4.1-mini' needs an API key: set "
         "GATEWAY_MODEL_API_KEY (or OPENAI_API_KEY)"

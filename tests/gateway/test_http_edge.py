@@ -176,6 +176,14 @@ RAW_HOSTS: list[tuple[bytes, int]] = [
 ]
 
 
+async def test_the_health_routes_answer_head_as_probes_send_it(edge: Edge) -> None:
+    async with httpx.AsyncClient(base_url=edge.url, timeout=10) as http:
+        for path in ("/healthz", "/readyz"):
+            response = await http.head(path, headers={"Host": "localhost"})
+            assert response.status_code == 200, (path, response.status_code)
+            assert response.content == b"", path  # a HEAD answer has no body
+
+
 async def test_a_missing_or_repeated_host_is_refused(edge: Edge) -> None:
     for head, status in RAW_HOSTS:
         answer = await asyncio.to_thread(_exchange, edge.port, head)
