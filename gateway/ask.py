@@ -83,6 +83,8 @@ LEASE_WAIT_SECONDS = 10.0
 """How long `ask` waits for another process's lease on the session before saying who holds it."""
 ABORT_WAIT_SECONDS = 10.0
 """After Ctrl-C: how long the aborted run gets to record that it finished."""
+ABORT_NOTICE_SECONDS = 1.5
+"""After Ctrl-C: how long before `ask` says it is waiting for the run's running step."""
 STRAGGLERS_SECONDS = 2.0
 """After a second Ctrl-C closed the harness mid-operation: how long its in-flight steps (a write
 of the abort, a check of the lane) get to end while the store is still open."""
@@ -471,8 +473,18 @@ async def _until_done(lane: AgentLane, call: Coroutine[Any, Any, _R], ctrl_c: _C
             if isinstance(await lane.abort(), Ok):
                 break
             await asyncio.wait({task, again}, timeout=0.05)  # not accepted yet: abort once it is
-        remaining = max(0.0, deadline - time.monotonic())
-        await asyncio.wait({task, again}, timeout=remaining, return_when=asyncio.FIRST_COMPLETED)
+        ended = {task, again}
+        first = min(ABORT_NOTICE_SECONDS, max(0.0, deadline - time.monotonic()))
+        await asyncio.wait(ended, timeout=first, return_when=asyncio.FIRST_COMPLETED)
+        if not task.done() and not again.done():
+            # a running tool is not cancelled (it settles, seeing the abort): say what waits
+            sys.stderr.write(
+                f"(stopping: the run ends once its running step does, within "
+                f"{number(ABORT_WAIT_SECONDS)} s; Ctrl-C again to stop waiting)\n"
+            )
+            sys.stderr.flush()
+            remaining = max(0.0, deadline - time.monotonic())
+            await asyncio.wait(ended, timeout=remaining, return_when=asyncio.FIRST_COMPLETED)
     finally:
         again.cancel()
     resumes = f"the next `{command()} ask --lane {lane.name}` resumes it"

@@ -85,6 +85,23 @@ def _store_words(target: Sequence[str]) -> tuple[str, list[str]]:
     raise CliError(f"usage: {STORE_USAGE}")
 
 
+STDIN_QUESTION_BYTES = 1 << 20
+"""The most of standard input `ask -` reads as its question."""
+
+
+def _question_from_stdin() -> str:
+    """`ask -`: the question is standard input (to its end), as UTF-8 text."""
+    data = sys.stdin.buffer.read(STDIN_QUESTION_BYTES + 1)
+    if len(data) > STDIN_QUESTION_BYTES:
+        raise CliError(
+            f"the question on standard input is longer than {STDIN_QUESTION_BYTES} bytes"
+        )
+    try:
+        return data.decode("utf-8").removesuffix("\n")
+    except UnicodeDecodeError:
+        raise CliError("the question on standard input is not UTF-8 text") from None
+
+
 def _missing_local_store(url: str) -> str | None:
     """The path of a file or directory store that does not exist (reading must not create it)."""
     scheme, _, rest = url.partition("?")[0].partition("://")
@@ -122,6 +139,8 @@ async def _run(args: argparse.Namespace, settings: Settings) -> int:
 
         return await serve(settings)
     url = args.store or settings.effective_store_url
+    if args.command == "ask" and args.question == ["-"]:
+        args.question = [_question_from_stdin()]
     if args.command == "ask" and args.question and not " ".join(args.question).strip():
         raise CliError("the question is empty (the web channel refuses empty text too)")
     if args.command == "ask" and args.question:
@@ -246,8 +265,8 @@ def main(argv: Sequence[str] | None = None, settings: Settings | None = None) ->
     ask_parser.add_argument(
         "question",
         nargs="*",
-        help="what to ask (none: only continue what the lane left open, such as a run "
-        "waiting for approval)",
+        help="what to ask (-: read it from standard input; none: only continue what the lane "
+        "left open, such as a run waiting for approval)",
     )
     ask_parser.add_argument("--lane", default="cli:default", help="the lane (conversation) to use")
     ask_parser.add_argument(

@@ -180,6 +180,9 @@ STEPS: dict[str, Step] = {
     "GATEWAY_MODEL=anthropic:claude-sonnet-5-5 GATEWAY_MODEL_API_KEY=sk-ant-... scripts/run ask "
     '--lane cli:ops "what is our deploy window?"': Step(shows=(r"Tuesdays, 14:00 to 16:00 UTC",)),
     'scripts/run ask --lane cli:ops "hello"': Step(shows=(r"You said: hello",)),
+    'echo "hi from a pipe" | scripts/run ask --lane cli:ops -': Step(
+        shows=(r"You said: hi from a pipe",)
+    ),
     # nothing waits on cli:ops here (the approval walkthrough continues cli:default on a pty)
     "scripts/run ask --lane cli:ops": Step(status=2, shows=(r"nothing waits on lane cli:ops",)),
     'GATEWAY_PLUGIN=examples.agent scripts/run ask "deploy api"': Step(
@@ -612,6 +615,7 @@ async def test_ask_and_the_demo(fresh: Copy) -> None:
         assert request.path.startswith("/v1/messages")
         assert any("sk-ant-..." in value for value in request.headers.values())  # the key went
     await _run(fresh, 'scripts/run ask --lane cli:ops "hello"')
+    await _run(fresh, 'echo "hi from a pipe" | scripts/run ask --lane cli:ops -')
     await _run(fresh, "scripts/run ask --lane cli:ops")
     await _run(fresh, "scripts/run demo")
 

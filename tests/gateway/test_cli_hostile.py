@@ -627,3 +627,84 @@ def test_escape_sequences_in_an_answer_are_shown_not_obeyed_on_a_terminal(
     monkeypatch.setattr(sys.stdout, "isatty", lambda: False)  # a pipe: the text as it is
     assert main(["ask", "--store", url, "--lane", "cli:pipe", question], settings=Settings()) == 0
     assert f"You said: {question}" in capsys.readouterr().out
+
+
+@pytest.mark.parametrize(
+    ("given", "status", "shown"),
+    [
+        (b"first line\nsecond line\n", 0, "You said: first line\nsecond line\n"),
+        (b"caf\xc3\xa9", 0, "You said: café\n"),
+        (b"caf\xe9", 2, "gateway: the question on standard input is not UTF-8 text\n"),
+        (b"\n", 2, "gateway: the question is empty"),
+        (b"x" * ((1 << 20) + 1), 2, "gateway: the question on standard input is longer than"),
+    ],
+)
+def test_a_question_from_standard_input(
+    tmp_path: Path, given: bytes, status: int, shown: str
+) -> None:
+    done = subprocess.run(
+        [sys.executable, "-m", "gateway", "ask", "--store", f"sqlite:///{tmp_path}/gw.db", "-"],
+        cwd=tmp_path,
+        env=environment(),
+        input=given,
+        capture_output=True,
+        timeout=WAIT,
+        check=False,
+    )
+    assert done.returncode == status, done.stderr
+    said = (done.stdout if status == 0 else done.stderr).decode()
+    assert said.startswith(shown), said
+
+
+SLOW_TOOL_PLUGIN = """
+import asyncio
+from pathlib import Path
+
+from pydantic import BaseModel
+
+from harness_core import ModelRef, ScriptedModel, Tool, ToolResultMessage
+from harness_core.models.scripted import text, tool_call
+
+
+class NoArgs(BaseModel):
+    pass
+
+
+async def slow(args: NoArgs, ctx) -> str:
+    Path("started").write_text("yes")
+    await asyncio.sleep(4)  # it does not look at ctx.abort
+    return "done"
+
+
+def tools():
+    return [Tool(name="slow", description="Slow.", execute=slow, args_model=NoArgs, replay="safe")]
+
+
+def respond(request):
+    if isinstance(request.messages[-1], ToolResultMessage):
+        return text("finished")
+    return tool_call("slow", {})
+
+
+def model(settings):
+    return ScriptedModel(responder=respond), ModelRef(provider="scripted", model_id="slow")
+"""
+
+
+async def test_ctrl_c_during_a_slow_tool_says_what_it_waits_for(tmp_path: Path) -> None:
+    (tmp_path / "slow_plugin.py").write_text(SLOW_TOOL_PLUGIN)
+    url = f"sqlite:///{tmp_path}/gw.db"
+    asking = await start(tmp_path, "ask", "--store", url, "go", plugin="slow_plugin.py")
+    for _ in range(int(WAIT / 0.05)):
+        if (tmp_path / "started").exists():
+            break
+        await asyncio.sleep(0.05)
+    asking.send_signal(signal.SIGINT)
+    code, out, err = await finish(asking)
+    assert (code, out) == (130, "")
+    notice, last = err.splitlines()  # before: ten silent seconds, then only the last line
+    assert notice == (
+        "(stopping: the run ends once its running step does, within 10 s; Ctrl-C again to stop "
+        "waiting)"
+    )
+    assert last == "gateway: interrupted: the run on lane cli:default was aborted"
