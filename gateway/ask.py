@@ -473,9 +473,9 @@ async def _until_done(lane: AgentLane, call: Coroutine[Any, Any, _R], ctrl_c: _C
             if isinstance(await lane.abort(), Ok):
                 break
             await asyncio.wait({task, again}, timeout=0.05)  # not accepted yet: abort once it is
-        ended = {task, again}
+        waited = {task, again}
         first = min(ABORT_NOTICE_SECONDS, max(0.0, deadline - time.monotonic()))
-        await asyncio.wait(ended, timeout=first, return_when=asyncio.FIRST_COMPLETED)
+        await asyncio.wait(waited, timeout=first, return_when=asyncio.FIRST_COMPLETED)
         if not task.done() and not again.done():
             # a running tool is not cancelled (it settles, seeing the abort): say what waits
             sys.stderr.write(
@@ -484,7 +484,7 @@ async def _until_done(lane: AgentLane, call: Coroutine[Any, Any, _R], ctrl_c: _C
             )
             sys.stderr.flush()
             remaining = max(0.0, deadline - time.monotonic())
-            await asyncio.wait(ended, timeout=remaining, return_when=asyncio.FIRST_COMPLETED)
+            await asyncio.wait(waited, timeout=remaining, return_when=asyncio.FIRST_COMPLETED)
     finally:
         again.cancel()
     resumes = f"the next `{command()} ask --lane {lane.name}` resumes it"
