@@ -424,6 +424,21 @@ def test_a_wrong_token_and_an_unreachable_gateway_are_one_line(
     assert err.endswith("): is gateway serve running?\n")
 
 
+def test_a_token_file_that_cannot_be_read_is_named_not_called_missing(
+    gateway: Gateway,
+    tmp_path: Path,
+    capsys: pytest.CaptureFixture[str],
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    monkeypatch.delenv("GATEWAY_OPS_TOKEN", raising=False)
+    (tmp_path / "ops-token").mkdir()  # there, and unreadable even by root
+    settings = gateway_settings(store_url=f"sqlite:///{tmp_path}/store.db")
+    assert main(["--url", gateway.url, "lanes"], settings) == 1
+    line = _one_line(capsys.readouterr().err)
+    assert line.startswith("gateway ops: no token was given (unauthenticated)"), line
+    assert f"{tmp_path / 'ops-token'} is there but cannot be read (Is a directory)" in line
+
+
 def test_a_real_process_prints_no_traceback_and_writes_nothing(
     gateway: Gateway, tmp_path: Path
 ) -> None:

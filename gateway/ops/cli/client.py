@@ -129,6 +129,8 @@ class Client:
             local = f" (a local gateway without ops_tokens keeps one in {path})" if path else ""
             if path is not None and path.exists() and not on_this_machine(target.url):
                 local = f" ({path} is the local gateway's, and is sent to no other address)"
+            elif target.token_file_problem is not None:
+                local = f" ({target.token_file_problem}: run as the gateway's user)"
             return f"no token was given (unauthenticated): {how}{local}"
         if target.token_source.startswith("the token file"):
             how += " (that file belongs to another gateway, or an older start of this one)"

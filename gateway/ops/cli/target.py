@@ -31,6 +31,8 @@ class Target:
         self._args = args
         self._settings = settings
         self._settings_error: str | None = None
+        self.token_file_problem: str | None = None
+        """Why the local token file is there but could not be read (its owner's, say)."""
         self.url = self._url()
         self.token, self.token_source = self._token()
 
@@ -105,7 +107,11 @@ class Target:
         if path is not None and on_this_machine(self.url):
             try:
                 text = path.read_text(encoding="ascii").strip()
-            except (OSError, UnicodeDecodeError):
+            except FileNotFoundError:
+                text = ""
+            except (OSError, UnicodeDecodeError) as exc:
+                reason = exc.strerror if isinstance(exc, OSError) else "not ASCII"
+                self.token_file_problem = f"{path} is there but cannot be read ({reason})"
                 text = ""
             if text:
                 return text, f"the token file {path}"
