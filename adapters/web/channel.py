@@ -544,7 +544,7 @@ class WebChannel:
         except MailboxError as exc:
             log.warning(
                 "web mailbox could not record an item",
-                extra={"lane": ref.lane, "kind": item.kind, "error": type(exc).__name__},
+                extra={"lane": ref.lane, "kind": item.kind, **_failure(exc)},
             )
             raise self._unavailable(what) from None
 
@@ -561,7 +561,7 @@ class WebChannel:
         except MailboxError as exc:  # the 503 still says it; a retry heals the thread
             log.warning(
                 "web mailbox could not record a notice",
-                extra={"lane": ref.lane, "error": type(exc).__name__},
+                extra={"lane": ref.lane, **_failure(exc)},
             )
 
     async def post_message(self, thread: str, request: Request) -> Response:
@@ -1121,3 +1121,14 @@ def _page_headers(*, script: bool) -> dict[str, str]:
         "Referrer-Policy": "no-referrer",
         "Cache-Control": "no-store",
     }
+
+
+def _failure(exc: MailboxError) -> dict[str, str]:
+    """What a log line says of a mailbox failure, never an item's text.
+
+    Its type and, where the backend gave one, why (``database or disk is full``: what an
+    operator acts on).
+    """
+    if isinstance(exc, MailboxUnavailable):
+        return {"error": type(exc).__name__, "reason": exc.reason}
+    return {"error": type(exc).__name__}

@@ -508,6 +508,25 @@ async def test_a_message_the_store_cannot_hold_is_refused_and_not_taken(
     await web.close()
 
 
+async def test_the_log_says_why_the_store_could_not_hold_a_message(
+    clock: ManualClock, sink: TestSink, caplog: pytest.LogCaptureFixture
+) -> None:
+    full = "sqlite: OperationalError: database or disk is full"
+    web = WebChannel(_BrokenMailbox(MailboxUnavailable(full)), clock=clock, ids=SequentialIds())
+    await web.start(sink)
+    app = FastAPI()
+    app.include_router(web.router)
+    async with httpx.AsyncClient(transport=httpx.ASGITransport(app=app), base_url="http://x") as c:
+        refused = await c.post(URL, json={"text": "a secret plan"})
+    await web.close()
+    assert error(refused) == (503, "unavailable")
+    [record] = [
+        r for r in caplog.records if r.getMessage() == "web mailbox could not record an item"
+    ]
+    assert (record.error, record.reason) == ("MailboxUnavailable", full)  # type: ignore[attr-defined]
+    assert "secret plan" not in repr(record.__dict__)
+
+
 async def test_a_decision_the_store_cannot_show_is_503_and_counts_once_when_sent_again(
     clock: ManualClock, sink: TestSink
 ) -> None:
