@@ -289,6 +289,10 @@ class SlackChannel:
             or len(timestamp) > 12
         ):
             return False
+        try:
+            body.decode("utf-8")  # Slack sends UTF-8; the SDK's check would raise on the rest
+        except UnicodeDecodeError:
+            return False
         return self._verifier.is_valid(body=body, timestamp=timestamp, signature=signature)
 
     def _register(self) -> None:

@@ -9,7 +9,8 @@ The rules (decision D86):
   into it) or when it mentions the bot; top-level channel chatter is not taken.
 * The same message arrives as ``app_mention`` and as ``message`` (different ``event_id``): both
   map to the message identity ``<channel>:<ts>``, which the inbox deduplicates.
-* Edits (``message_changed``) and deletions (``message_deleted``) are acknowledged and not taken:
+* Edits (``message_changed``, or an ``app_mention`` again with ``edited``) and deletions
+  (``message_deleted``) are acknowledged and not taken:
   the agent answers what was asked when it was asked; a correction is a new message.
 * Messages from bots (the bot itself included) and service subtypes (joins, topic changes...) are
   acknowledged and not taken.
@@ -91,9 +92,21 @@ def clean_text(text: str, bot_user_id: str) -> str:
     removed, so ``a &lt; b`` reaches the agent as ``a < b``, and the limit counts what the
     person wrote. Mentions of others and links stay in Slack's ``<...>`` form.
     """
-    without = re.sub(rf"<@{re.escape(bot_user_id)}(\|[^>]*)?>", "", text)
+    without = re.sub(rf"<@{re.escape(bot_user_id)}(\|[^>]*)?>", "", whole(text))
     without = re.sub(r"[ \t]{2,}", " ", without).strip()
     return without.replace("&lt;", "<").replace("&gt;", ">").replace("&amp;", "&")
+
+
+_LONE_SURROGATE = re.compile(r"[\ud800-\udfff]")
+
+
+def whole(text: str) -> str:
+    r"""`text` with each unpaired surrogate (JSON's ``"\\ud800"``) as U+FFFD.
+
+    No store can hold one (it is no UTF-8), so a message that carried one failed at the inbox
+    on every retry Slack made, and was lost.
+    """
+    return _LONE_SURROGATE.sub("\ufffd", text)
 
 
 def classify(
@@ -106,7 +119,9 @@ def classify(
 ) -> Classified:
     """Decide about one ``app_mention`` or ``message`` event (see the module docstring)."""
     subtype = event.get("subtype")
-    if subtype == "message_changed":
+    if subtype == "message_changed" or (kind == "app_mention" and "edited" in event):
+        # an edited mention comes again as `app_mention`, with its first ts and `edited` (a
+        # thread read back lists an edited message with `edited` too: that one is taken)
         return Classified("ignore", "edit")
     if subtype == "message_deleted":
         return Classified("ignore", "deletion")
@@ -161,7 +176,7 @@ def _display_name(event: Mapping[str, Any]) -> str | None:
         for key in ("display_name", "real_name", "name"):
             value = profile.get(key)
             if isinstance(value, str) and value.strip():
-                return value.strip()[:200]
+                return whole(value.strip()[:200])
     return None
 
 
@@ -175,8 +190,8 @@ def _attachments(files: Any) -> tuple[Attachment, ...]:
         size = item.get("size")
         found.append(
             Attachment(
-                name=str(item.get("name") or item.get("title") or "file")[:300],
-                media_type=str(item.get("mimetype") or "application/octet-stream")[:200],
+                name=whole(str(item.get("name") or item.get("title") or "file")[:300]),
+                media_type=whole(str(item.get("mimetype") or "application/octet-stream")[:200]),
                 size=size if isinstance(size, int) and size >= 0 else 0,
                 ref=str(item["id"])[:100] if item.get("id") else None,
             )

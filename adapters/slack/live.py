@@ -246,7 +246,7 @@ class SlackLive:
         if not run.answer.startswith(run.shown):
             run.stalled = True  # the step rewrote what was shown
             return
-        await self._append(update.thread, run, run.answer[len(run.shown) :])
+        await self._append(update.thread, run, _complete(run.answer[len(run.shown) :]))
 
     async def _run_for(self, update: LiveUpdate, channel: str, thread_ts: str) -> _Run | None:
         lane = update.thread.lane
@@ -725,3 +725,23 @@ def _mark_name(lane: str) -> str:
 def _delivered(message: Mapping[str, Any]) -> bool:
     metadata = message.get("metadata")
     return isinstance(metadata, dict) and metadata.get("event_type") == METADATA_TYPE
+
+
+_OPEN_TAIL = 200
+"""The longest unfinished ``<!...`` a stream holds back (a ping's label is shorter)."""
+
+
+def _complete(text: str) -> str:
+    """`text` up to a ``<`` that may open a ping not finished yet (the next update ends it).
+
+    A model's ``<!channel>`` comes in pieces (``<!c``, ``hann``, ``el>``): each piece is
+    harmless alone, and `defused` sees a ping only whole, so the stream shows none of it until
+    it is (then defused) or is plainly not one.
+    """
+    start = text.rfind("<")
+    if start < 0:
+        return text
+    tail = text[start:]
+    if ">" in tail or len(tail) > _OPEN_TAIL or not (tail == "<" or tail.startswith("<!")):
+        return text
+    return text[:start]

@@ -840,6 +840,8 @@ class FakeSlack:
             event["blocks"] = copy.deepcopy(message.blocks)
         if message.is_reply:
             event["thread_ts"] = message.thread_ts
+        if message.edited is not None:  # Slack sends an edited mention again, marked so
+            event["edited"] = dict(message.edited)
         return event
 
     def edit_user_message(self, channel: str, ts: str, text: str) -> Json:

@@ -623,3 +623,21 @@ async def test_a_sweep_for_unrecorded_streams_spares_an_answer_a_retry_still_owe
             ("T-3 is open.", "reply:s1:r3"),
         ]
         assert fake.calls_to("chat.delete") == []
+
+
+async def test_a_ping_that_comes_in_pieces_is_defused_in_the_stream_too() -> None:
+    """Each piece was defused alone, and `<!c` + `hann` + `el>` is none: the streamed message
+    held `<!channel>` whole (the finished reply was defused)."""
+    async with FakeSlack() as fake:
+        sink = TestSink(routes={"C1": "s1"})
+        async with slack_channel(fake, sink) as channel:
+            thread = await ask(fake, channel, sink, "page everyone")
+            pieces = ["Hello <!c", "hann", "el> and <", "!here|here>", " and a < b, <!", "x"]
+            offset = 0
+            for piece in pieces:
+                await channel.show(text(thread, piece, offset))
+                offset += len(piece)
+            [streamed] = answers(fake, thread)
+            sent = "".join(said for method, said in sequence(fake) if method in STREAM_CALLS)
+            assert "<!" not in sent and "<!" not in streamed.text, sent
+            assert sent == "Hello @channel and @here and a < b, "  # `<!x`: not finished yet

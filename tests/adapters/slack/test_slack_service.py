@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import gzip
 import json
 import time
 from collections.abc import AsyncIterator, Callable
@@ -17,6 +18,7 @@ import httpx
 import pytest
 
 from adapters.channel import Unavailable
+from adapters.slack.events import classify
 from gateway.channels import gateway_settings
 from gateway.reminders import remind
 from gateway.replies import CUT_OFF_NOTE
@@ -179,6 +181,11 @@ async def test_forged_stale_and_malformed_requests_store_nothing(rig: Rig) -> No
         odd = {b"x-slack-request-timestamp": stamp, b"x-slack-signature": b"v0=00"}
         response = await rig.http.post("/slack/events", content=raw.encode(), headers=odd)
         assert response.status_code == 401
+    fresh = str(int(time.time())).encode()
+    for body in (b"\xff\xfe{}", gzip.compress(raw.encode())):  # was a 500 and an error log
+        odd = {b"x-slack-request-timestamp": fresh, b"x-slack-signature": b"v0=00"}
+        response = await rig.http.post("/slack/events", content=body, headers=odd)
+        assert response.status_code == 401, response.text
     await asyncio.sleep(0.2)
     broker = rig.service.broker
     assert broker is not None
@@ -400,12 +407,54 @@ async def test_edits_deletions_and_other_events_are_acknowledged_not_taken(rig: 
     await rig.event(mention)
     await rig.bot_replies("C1", mention["ts"], 1)
     edit = rig.fake.edit_user_message("C1", mention["ts"], "edited")
+    again = rig.fake.app_mention_event("C1", mention["ts"])  # as Slack sends it after an edit
+    chatter = rig.fake.post_user_message("C1", "anyone know the deploy window?")
+    rig.fake.edit_user_message("C1", chatter["ts"], f"<@{rig.fake.bot_user_id}> deploy window?")
+    mentioned_later = rig.fake.app_mention_event("C1", chatter["ts"])
     deletion = rig.fake.delete_user_message("C1", mention["ts"])
     other = {"type": "reaction_added", "user": "U1", "reaction": "tada", "item": {}}
-    for event in (edit, deletion, other):
+    for event in (edit, again, mentioned_later, deletion, other):
         assert (await rig.event(event)).status_code == 200, event["type"]
     await asyncio.sleep(0.3)
     assert await rig.user_texts(f"slack:C1:{mention['ts']}") == ["original"]
+    assert [m for m in rig.fake.thread("C1", chatter["ts"]) if m.bot_id] == []
+
+
+def test_an_edited_mention_past_the_dedupe_window_is_still_an_edit() -> None:
+    """After the inbox forgot the first (a day on), the edit was taken as a new message with
+    the first one's id: the worker refused it and the thread got "could not take that"."""
+    event = {
+        "type": "app_mention",
+        "user": "U1",
+        "text": "<@UBOT> deploy api, please",
+        "ts": "1700000000.000100",
+        "channel": "C1",
+        "edited": {"user": "U1", "ts": "1700090000.000100"},
+    }
+    edited = classify("app_mention", event, bot_user_id="UBOT", bot_id="B1", now_ms=0)
+    assert (edited.take, edited.reason) == ("ignore", "edit")
+    listed = classify(
+        "message", event | {"type": "message"}, bot_user_id="UBOT", bot_id="B1", now_ms=0
+    )
+    assert listed.take == "take"  # a thread read back (a backfill) lists edited messages so
+
+
+def test_a_lone_surrogate_is_replaced_where_slack_text_is_read() -> None:
+    """No store holds one: each of Slack's retries failed at the inbox, and the message was lost."""
+    event = {
+        "type": "app_mention",
+        "user": "U1",
+        "text": "<@UBOT> a \ud800 b",
+        "ts": "1700000000.000100",
+        "channel": "C1",
+        "user_profile": {"display_name": "Ann \udfff"},
+        "files": [{"id": "F1", "name": "x\ud800.txt", "mimetype": "text/plain", "size": 1}],
+    }
+    taken = classify("app_mention", event, bot_user_id="UBOT", bot_id="B1", now_ms=0).inbound
+    assert taken is not None
+    assert (taken.text, taken.author.name) == ("a \ufffd b", "Ann \ufffd")
+    assert taken.attachments[0].name == "x\ufffd.txt"
+    taken.model_dump_json().encode("utf-8")  # storable
 
 
 async def test_a_message_being_worked_on_wears_the_reaction_until_answered(rig: Rig) -> None:
