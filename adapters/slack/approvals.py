@@ -8,7 +8,7 @@ from __future__ import annotations
 
 import json
 import logging
-from collections.abc import Awaitable, Callable, Mapping
+from collections.abc import Awaitable, Callable, Mapping, Sequence
 from typing import Any
 
 import aiohttp
@@ -67,7 +67,7 @@ class SlackApprovals:
         acceptance = await self._decide(click, target, approved=True, reason=None)
         await ack()
         if acceptance is not None:
-            self.link.spawn(self._after_decision(click, acceptance, approved=True, reason=None))
+            self.link.spawn(self._after_decision(click, acceptance, mine="approved"))
 
     async def on_deny(
         self,
@@ -172,9 +172,8 @@ class SlackApprovals:
         )
         await ack()
         if acceptance is not None:
-            self.link.spawn(
-                self._after_decision(click, acceptance, approved=approved, reason=reason)
-            )
+            mine = "supplied the result for" if supplied else "approved" if approved else "denied"
+            self.link.spawn(self._after_decision(click, acceptance, mine=mine))
 
     async def _target(self, click: _Click, value: str) -> DecisionTarget | None:
         try:
@@ -271,25 +270,22 @@ class SlackApprovals:
             )
             return None
 
-    async def _after_decision(
-        self, click: _Click, acceptance: Acceptance, *, approved: bool, reason: str | None
-    ) -> None:
-        """Tell a second clicker who took the decision.
+    async def _after_decision(self, click: _Click, acceptance: Acceptance, *, mine: str) -> None:
+        """Tell a second clicker who took the decision (and a first one who clicked otherwise).
 
         The request's copies are rewritten by its close once the decision is applied: never
         here, where it is not applied yet (it may still lose to another one).
         """
         first = acceptance.first if acceptance.duplicate else None
-        if first is not None and first.decided_by.id != click.user:
-            if all(item.supplied is not None for item in first.decisions):
-                verb = "supplied the result for"
-            elif all(item.approved for item in first.decisions):
-                verb = "approved"
-            else:
-                verb = "denied"
+        if first is None:
+            return
+        verb = _verb(first.decisions)
+        if first.decided_by.id != click.user:
             await self._tell(
                 click, f"<@{first.decided_by.id}> already {verb} this. Nothing was changed."
             )
+        elif verb != mine:  # the same person, the other button: a double click says nothing
+            await self._tell(click, f"You already {verb} this. Nothing was changed.")
 
     async def _tell(self, click: _Click, text: str) -> None:
         """A private note to the clicker in the thread (best effort)."""
@@ -379,3 +375,10 @@ def _closed_tell(closed: ApprovalClosed) -> str:
     if closed.outcome == "stopped":
         return f"This request was stopped{' by ' + who if closed.by else ''}. Nothing was changed."
     return "This request is no longer waiting: its run ended. Nothing was changed."
+
+
+def _verb(decisions: Sequence[DecisionItem]) -> str:
+    """What a decision did, as the note to a later clicker says it."""
+    if all(item.supplied is not None for item in decisions):
+        return "supplied the result for"
+    return "approved" if all(item.approved for item in decisions) else "denied"

@@ -312,6 +312,33 @@ async def test_deny_asks_a_reason_and_the_run_is_answered_without_the_tool(rig: 
     assert "Denied" in updated and "not on a Friday" in updated
 
 
+async def test_an_approver_who_denies_what_they_approved_is_told_nothing_changed(
+    rig: Rig,
+) -> None:
+    """A Deny on a copy of the buttons after one's own Approve was recorded as a duplicate
+    and said nothing: the approver believed the deploy was denied."""
+    event, asked = await _approval(rig)
+    stale_deny = rig.fake.block_actions_payload("C1", asked.ts, "deny", user=APPROVER)
+    approve = rig.fake.block_actions_payload("C1", asked.ts, "approve", user=APPROVER)
+    await rig.click(approve)
+    replies = await rig.bot_replies("C1", event["ts"], 2)
+    assert replies[1].text == "Done: deployed prod"
+    await rig.click(stale_deny)  # a copy of the buttons another client still showed
+    await rig.fake.wait_for_call("views.open")
+    [view_id] = list(rig.fake.views)
+    reason = {"reason": {"reason": {"type": "plain_text_input", "value": "wrong target"}}}
+    submitted = await rig.click(
+        rig.fake.view_submission_payload(view_id, values=reason, user=APPROVER)
+    )
+    assert submitted.status_code == 200
+    await _until(lambda: len(rig.fake.ephemerals) >= 1)
+    [note] = rig.fake.ephemerals
+    assert (note.user, note.text) == (APPROVER, "You already approved this. Nothing was changed.")
+    await rig.click(approve)
+    await asyncio.sleep(0.3)
+    assert len(rig.fake.ephemerals) == 1  # the same button again: a double click, nothing said
+
+
 async def test_two_approvers_racing_make_one_decision_and_the_loser_learns_who(
     rig: Rig,
 ) -> None:
