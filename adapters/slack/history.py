@@ -93,17 +93,32 @@ class SlackHistory:
                 break
         return found
 
+    async def _since(self, channel: str, root: str | None, last: str) -> list[dict[str, Any]]:
+        """The messages of a thread (or a DM's top level) after `last`, every page of them."""
+        messages: list[dict[str, Any]] = []
+        cursor: str | None = None
+        for _ in range(SCAN_PAGES):
+            page = {"cursor": cursor} if cursor else {}
+            if root is not None:
+                answer = await self.link.client.conversations_replies(
+                    channel=channel, ts=root, oldest=last, limit=200, **page
+                )
+            else:
+                answer = await self.link.client.conversations_history(
+                    channel=channel, oldest=last, limit=200, **page
+                )
+            messages += [m for m in answer.get("messages") or [] if isinstance(m, dict)]
+            cursor = (answer.get("response_metadata") or {}).get("next_cursor") or None
+            if not cursor:
+                return messages
+        log.warning(
+            "slack backfill read its page limit", extra={"channel": channel, "pages": SCAN_PAGES}
+        )
+        return messages
+
     async def _backfill_thread(self, sink: InboundSink, thread: ThreadRef, last: str) -> int:
         channel, root = split_thread(thread)
-        if root is not None:
-            answer = await self.link.client.conversations_replies(
-                channel=channel, ts=root, oldest=last, limit=200
-            )
-        else:
-            answer = await self.link.client.conversations_history(
-                channel=channel, oldest=last, limit=200
-            )
-        messages = [m for m in answer.get("messages") or [] if isinstance(m, dict)]
+        messages = await self._since(channel, root, last)
         taken = 0
         for message in sorted(messages, key=lambda m: ts_seconds(str(m.get("ts")))):
             if ts_seconds(str(message.get("ts"))) <= ts_seconds(last):

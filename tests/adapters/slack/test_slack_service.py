@@ -603,6 +603,23 @@ async def test_messages_posted_while_down_are_backfilled_after_a_restart(rig: Ri
     assert (await rig.user_texts(f"slack:C1:{root}")).count("live again") == 1
 
 
+async def test_a_backfill_reads_every_page_of_what_was_posted_while_down(rig: Rig) -> None:
+    """It read one page of 200: the rest of a busy thread's messages were never taken."""
+    mention = rig.fake.mention_event("C1", "before the restart")
+    await rig.event(mention)
+    await rig.bot_replies("C1", mention["ts"], 1)
+    await rig.service.stop(drain_seconds=1)
+    root = mention["ts"]
+    for n in range(250):
+        rig.fake.post_user_message("C1", f"note {n}", thread_ts=root)
+    rig.service = Service(rig.service.settings)
+    await rig.service.start()
+    adapter: Any = rig.service.adapters["slack"]
+    await _until(lambda: adapter.backfilled == 250, timeout_s=30)
+    replies = rig.fake.calls_to("conversations.replies")
+    assert len(replies) >= 2 and replies[-1].params.get("cursor")  # the second page was read
+
+
 async def test_a_late_reply_in_a_thread_that_moved_on_links_its_question(rig: Rig) -> None:
     adapter: Any = rig.service.adapters["slack"]
     adapter.delivery.late_after_s = 0.0
