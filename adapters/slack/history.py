@@ -98,14 +98,13 @@ class SlackHistory:
         messages: list[dict[str, Any]] = []
         cursor: str | None = None
         for _ in range(SCAN_PAGES):
-            page = {"cursor": cursor} if cursor else {}
             if root is not None:
                 answer = await self.link.client.conversations_replies(
-                    channel=channel, ts=root, oldest=last, limit=200, **page
+                    channel=channel, ts=root, oldest=last, limit=200, cursor=cursor
                 )
             else:
                 answer = await self.link.client.conversations_history(
-                    channel=channel, oldest=last, limit=200, **page
+                    channel=channel, oldest=last, limit=200, cursor=cursor
                 )
             messages += [m for m in answer.get("messages") or [] if isinstance(m, dict)]
             cursor = (answer.get("response_metadata") or {}).get("next_cursor") or None
