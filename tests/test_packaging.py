@@ -704,6 +704,7 @@ def test_two_gateway_replicas_share_that_redis(compose: Mapping[str, Any]) -> No
 
 
 _REQUIRED = re.compile(r"\$\{(GATEWAY_[A-Z_]+):\?[^}]+\}")
+_DEFAULTED = re.compile(r"\$\{(GATEWAY_[A-Z_]+):-([^}]+)\}")
 # A valid value for each variable compose.yaml requires (`${VAR:?message}`), to check the rest.
 REQUIRED_EXAMPLES = {"GATEWAY_OPS_TOKENS": "compose:operator:" + "0123456789abcdef" * 2}
 
@@ -739,6 +740,10 @@ def test_the_replicas_settings_are_accepted(compose: Mapping[str, Any]) -> None:
             if required:
                 assert required.group(1) in REQUIRED_EXAMPLES, "add it to REQUIRED_EXAMPLES"
                 value = REQUIRED_EXAMPLES[required.group(1)]
+            defaulted = _DEFAULTED.fullmatch(value)
+            if defaulted:  # `${VAR:-default}`, VAR unset: the default
+                assert defaulted.group(1) == key, f"{name}: {key} defaults from another variable"
+                value = defaulted.group(2)
             assert "${" not in value, f"{name}: {key}={value}: not understood here"
             environ[key] = value
         settings = load_settings(environ)

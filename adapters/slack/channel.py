@@ -68,19 +68,26 @@ from adapters.slack.delivery import SlackDelivery
 from adapters.slack.events import CHANNEL, classify
 from adapters.slack.files import SlackFiles
 from adapters.slack.history import SlackHistory
-from adapters.slack.link import SlackLink
+from adapters.slack.link import SlackLink, ts_seconds
 from adapters.slack.live import SlackLive
 from harness_core import Clock, SystemClock
 
 __all__ = ["SlackChannel", "SlackStartError"]
 
 log = logging.getLogger("adapters.slack")
+for _name in ("adapters.slack.sdk", "adapters.slack.bolt"):
+    # their debug lines print whole requests and events (a message's text, a user's name):
+    # at GATEWAY_LOG_LEVEL=debug too, the logs hold ids and outcomes only
+    logging.getLogger(_name).setLevel(logging.INFO)
 
 _BAD_TOKEN = frozenset(
     {"invalid_auth", "not_authed", "account_inactive", "token_revoked", "not_allowed_token_type"}
 )
 _MAX_BODY = 1_000_000
 _SEEN_EVENTS = 10_000
+_CATCH_UP_AFTER_S = 2.0
+"""A mention taken this long after it was posted (Slack retried it) has its thread read for
+messages let go meanwhile (`SlackHistory.catch_up`)."""
 
 
 class SlackStartError(AdapterStartError):
@@ -377,8 +384,10 @@ class SlackChannel:
             log.debug("slack event not taken", extra={"reason": classified.reason})
             return
         sink = self.link.sink_or_fail()
+        ts = str(event["ts"])
+        late = self.link.clock.now_ms() / 1000 - ts_seconds(ts) > _CATCH_UP_AFTER_S
         try:
-            wanted = classified.take == "if_known" or classified.joined_midway
+            wanted = classified.take == "if_known" or classified.joined_midway or late
             known = (
                 await sink.known(inbound.thread)
                 if wanted or self.delivery.working_reaction
@@ -404,9 +413,13 @@ class SlackChannel:
             return
         if isinstance(event_id, str):
             self._remember(event_id)
-        if not acceptance.duplicate and not acceptance.revoked and self.delivery.working_reaction:
-            channel, ts = str(event["channel"]), str(event["ts"])
-            self.link.spawn(self.delivery.react(channel, ts, add=True))
+        fresh = not acceptance.duplicate and not acceptance.revoked
+        if fresh and known is None and (classified.joined_midway or late):
+            # a message of the thread may have come (and been let go) before the thread was
+            # a lane: while this mention waited to be retried, or for its thread's history
+            self.link.spawn(self.history.catch_up(inbound.thread, ts))
+        if fresh and self.delivery.working_reaction:
+            self.link.spawn(self.delivery.react(str(event["channel"]), ts, add=True))
 
     def _remember(self, event_id: str) -> None:
         self._seen[event_id] = None
@@ -466,9 +479,26 @@ def _parse(body: bytes, content_type: str) -> dict[str, Any] | None:
         return None
     if not isinstance(parsed, dict) or not isinstance(parsed.get("type", ""), str):
         return None
-    if parsed.get("type") == "event_callback" and not isinstance(parsed.get("event"), dict):
-        return None
-    return parsed
+    return parsed if _shaped(parsed) else None
+
+
+def _shaped(parsed: dict[str, Any]) -> bool:
+    """Whether a request has the parts bolt reads of its kind (else bolt fails with a 500)."""
+    kind = parsed.get("type")
+    if kind == "event_callback":
+        event = parsed.get("event")
+        return isinstance(event, dict) and isinstance(event.get("type"), str)
+    if kind == "block_actions":
+        actions = parsed.get("actions")
+        return (
+            isinstance(actions, list)
+            and bool(actions)
+            and all(isinstance(a, dict) and isinstance(a.get("action_id"), str) for a in actions)
+        )
+    if kind in ("view_submission", "view_closed"):
+        view = parsed.get("view")
+        return isinstance(view, dict) and isinstance(view.get("type"), str)
+    return True
 
 
 def _refusal(status: int, message: str) -> JSONResponse:

@@ -68,6 +68,10 @@ _PERMANENT = frozenset(
     }
 )
 """Slack errors that a retry cannot fix (the delivery becomes a dead letter at once)."""
+_REFUSED_TOKEN = frozenset(
+    {"invalid_auth", "not_authed", "account_inactive", "token_revoked", "not_allowed_token_type"}
+)
+"""The bot token is refused: an operator's to fix (GATEWAY_SLACK_BOT_TOKEN), then retried."""
 _CLOSE_LOOKBACK_S = 600
 """A close looks for the request's copies from this long before the request was made (clocks
 differ: ours stamps the request, Slack stamps the message)."""
@@ -553,5 +557,12 @@ def _delivery_error(exc: SlackApiError, *, after_post: bool) -> DeliveryError:
         )
     if error in _PERMANENT:
         return DeliveryError(f"Slack: {error}", permanent=True)
+    if error in _REFUSED_TOKEN:
+        # kept for retries (a token put right, and the process restarted, delivers them), but
+        # said where an operator looks: each attempt otherwise logs only "delivery failed"
+        log.warning(
+            "slack refuses the bot token: replies wait until it is put right",
+            extra={"reason": error},
+        )
     # A server error may come after Slack acted; a refusal (ok: false) did not post anything.
     return DeliveryError(f"Slack: {error}", unknown_outcome=after_post or status >= 500)

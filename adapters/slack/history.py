@@ -93,6 +93,29 @@ class SlackHistory:
                 break
         return found
 
+    async def catch_up(self, thread: ThreadRef, since: str) -> None:
+        """Take in what was posted in `thread` after `since` before the thread was a lane.
+
+        A message in a thread the bot is not in yet is acknowledged and not taken; one that
+        came while the mention calling the bot in was still on its way (a retried delivery, a
+        read of the thread's history) would be lost. Read once the thread is a lane, so a
+        message posted after the read comes as a live event and is taken.
+        """
+        sink = self.link.sink
+        if sink is None:
+            return
+        try:
+            taken = await self._backfill_thread(sink, thread, since)
+        except (SlackApiError, aiohttp.ClientError, TimeoutError, Unavailable, NotRouted) as exc:
+            log.warning(
+                "slack thread catch-up failed",
+                extra={"lane": thread.lane, "error": type(exc).__name__},
+            )
+            return
+        if taken:
+            self.backfilled += taken
+            log.info("slack thread caught up", extra={"lane": thread.lane, "taken": taken})
+
     async def _since(self, channel: str, root: str | None, last: str) -> list[dict[str, Any]]:
         """The messages of a thread (or a DM's top level) after `last`, every page of them."""
         messages: list[dict[str, Any]] = []

@@ -172,9 +172,21 @@ async def test_forged_stale_and_malformed_requests_store_nothing(rig: Rig) -> No
     assert forged.status_code == 401
     stale = await rig.signed(raw, "application/json", timestamp=1_000_000_000)
     assert stale.status_code == 401
-    for bad in ("{not json", "[]", '{"type": "event_callback", "event": 5}'):
+    for bad in (
+        "{not json",
+        "[]",
+        '{"type": "event_callback", "event": 5}',
+        '{"type": "event_callback", "event": {"text": "no type"}}',
+    ):
         response = await rig.signed(bad, "application/json")
         assert response.status_code == 400, bad
+    for payload in (  # bolt failed on these with an empty 500
+        {"type": "block_actions", "actions": []},
+        {"type": "block_actions", "actions": [{"value": "no action_id"}]},
+        {"type": "view_submission", "view": {"id": "V1"}},
+    ):
+        response = await rig.click(payload)
+        assert response.status_code == 400, payload
     unsigned = await rig.http.post("/slack/events", content=raw.encode())
     assert unsigned.status_code == 401
     for stamp in (b"\xb2", "\u0663".encode()):  # str.isdigit() takes both; int() not "²"
@@ -618,6 +630,42 @@ async def test_a_backfill_reads_every_page_of_what_was_posted_while_down(rig: Ri
     await _until(lambda: adapter.backfilled == 250, timeout_s=30)
     replies = rig.fake.calls_to("conversations.replies")
     assert len(replies) >= 2 and replies[-1].params.get("cursor")  # the second page was read
+
+
+async def test_a_follow_up_that_came_while_the_mention_read_its_thread_is_answered(
+    rig: Rig,
+) -> None:
+    """A mention inside a thread reads the thread's history first; a message of that thread
+    arriving meanwhile found no lane and was acknowledged and let go."""
+    root = rig.fake.post_user_message("C1", "the deploy is stuck")["ts"]
+    rig.fake.delay("conversations.replies", 0.8)
+    mention = rig.fake.mention_event("C1", "can you help", thread_ts=root)
+    calling = asyncio.ensure_future(rig.event(mention))
+    await rig.fake.wait_for_call("conversations.replies")
+    follow = rig.fake.post_user_message("C1", "with the deploy config", thread_ts=root)
+    assert (await rig.event(follow)).status_code == 200  # before the thread is a lane
+    assert (await calling).status_code == 200
+    await _until(
+        lambda: any(
+            "with the deploy config" in m.text for m in rig.fake.thread("C1", root) if m.bot_id
+        )
+    )
+    texts = await rig.user_texts(f"slack:C1:{root}")
+    assert [t.rsplit("\n", 1)[-1] for t in texts] == ["can you help", "with the deploy config"]
+
+
+async def test_a_follow_up_to_a_mention_slack_delivered_late_is_answered(rig: Rig) -> None:
+    """The mention's first delivery failed; Slack retried it a minute on. A message in its
+    thread meanwhile found no lane and was let go."""
+    posted = f"{time.time() - 60:.6f}"
+    mention = rig.fake.mention_event("C1", "is the deploy window open?", ts=posted)
+    follow = rig.fake.post_user_message("C1", "for api", thread_ts=posted)
+    assert (await rig.event(follow)).status_code == 200  # the thread is no lane yet
+    assert (await rig.event(mention)).status_code == 200  # the retry
+    await _until(
+        lambda: any("for api" in m.text for m in rig.fake.thread("C1", posted) if m.bot_id)
+    )
+    assert await rig.user_texts(f"slack:C1:{posted}") == ["is the deploy window open?", "for api"]
 
 
 async def test_a_late_reply_in_a_thread_that_moved_on_links_its_question(rig: Rig) -> None:

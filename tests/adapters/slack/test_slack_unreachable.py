@@ -149,3 +149,46 @@ async def test_an_app_token_slack_refuses_stops_serve_with_one_line(
     err = capsys.readouterr().err
     assert "gateway: Slack refuses the app token (invalid_auth)" in err.splitlines()
     assert "Traceback" not in err and "secretpart" not in err
+
+
+async def test_a_post_with_a_refused_token_is_kept_for_retries_and_warned_of(
+    places: Places, caplog: pytest.LogCaptureFixture
+) -> None:
+    caplog.set_level("WARNING", logger="adapters.slack")
+    fake = places.fake
+    channel = SlackChannel(
+        bot_token=fake.bot_token, signing_secret="test-signing-secret", api_url=fake.api_url
+    )
+    fake.fail("chat.postMessage", error="invalid_auth")
+    outbound = Outbound(
+        delivery_id="reply:s:run-1",
+        thread=ThreadRef(channel="slack", space="C1", thread="C1:1.000001"),
+        kind="reply",
+        text="an answer",
+    )
+    with pytest.raises(DeliveryError) as raised:
+        await channel.deliver(outbound)
+    assert not raised.value.permanent  # a token put right delivers it
+    warned = [r for r in caplog.records if r.levelname == "WARNING"]
+    assert [(r.getMessage(), getattr(r, "reason", None)) for r in warned] == [
+        ("slack refuses the bot token: replies wait until it is put right", "invalid_auth")
+    ]  # before: only the deliverer's "delivery failed", at info
+
+
+async def test_the_sdk_s_debug_lines_never_reach_the_log_with_a_message_s_text(
+    places: Places, caplog: pytest.LogCaptureFixture
+) -> None:
+    caplog.set_level("DEBUG")  # GATEWAY_LOG_LEVEL=debug
+    fake = places.fake
+    channel = SlackChannel(
+        bot_token=fake.bot_token, signing_secret="test-signing-secret", api_url=fake.api_url
+    )
+    outbound = Outbound(
+        delivery_id="reply:s:run-1",
+        thread=ThreadRef(channel="slack", space="C1", thread="C1:1.000001"),
+        kind="reply",
+        text="the secret plan",
+    )
+    await channel.deliver(outbound)
+    assert fake.calls_to("chat.postMessage")
+    assert not [r for r in caplog.records if "secret plan" in r.getMessage()]
