@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import json
 import unicodedata
-from collections.abc import Container
+from collections.abc import Container, Mapping
 from typing import Any, Literal, Protocol
 
 from pydantic import ValidationError
@@ -60,11 +60,14 @@ def read_json(body: bytes) -> Any:
         raise ValueError("the request body is not valid JSON") from None
 
 
-def body_problem(exc: ValidationError, *, pattern: str, skip: Container[str] = ()) -> str:
+def body_problem(
+    exc: ValidationError, *, pattern: str | Mapping[str, str], skip: Container[str] = ()
+) -> str:
     """The body's most specific error, named plainly (``'text' is required``).
 
-    `pattern`: how a field with a pattern is described when it does not match; `skip`: parts
-    of an error's location that are not the body's own names (a union's tags).
+    `pattern`: how a field with a pattern is described when it does not match (by the field's
+    name, ``""`` for the rest); `skip`: parts of an error's location that are not the body's
+    own names (a union's tags).
     """
     first = max(exc.errors(), key=lambda e: len(e["loc"]))  # in a union: the furthest branch
     parts = [p for p in first["loc"] if not (isinstance(p, str) and p in skip)]
@@ -74,6 +77,9 @@ def body_problem(exc: ValidationError, *, pattern: str, skip: Container[str] = (
     if first["type"] == "missing":
         return f"{where!r} is required"
     if first["type"] == "string_pattern_mismatch":
+        if not isinstance(pattern, str):
+            field = str(parts[-1]) if parts else ""
+            pattern = pattern.get(field, pattern[""])
         return f"{where!r} must be {pattern}"
     return f"{where!r}: {first['msg']}"
 

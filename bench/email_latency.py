@@ -61,6 +61,7 @@ async def run(mails: int) -> list[float]:
                 email_password=bot.password,
                 email_ca_file=str(smtp.cert_path),
                 email_replies_per_hour=1000,
+                email_replies_per_address_per_hour=100_000,
             )
             service = Service(settings)
             await service.start()

@@ -16,6 +16,7 @@ To start your own agent, copy this file next to your configuration as ``agent.py
 
 from __future__ import annotations
 
+import re
 from typing import Literal
 
 from pydantic import BaseModel, Field
@@ -109,6 +110,8 @@ def respond(request: ModelRequest) -> AssistantMessage:
         return text(message_text(last))
     users = [m for m in request.messages if isinstance(m, UserMessage)]
     said = message_text(users[-1]).strip() if users else ""
+    # a message from someone other than the thread's starter comes as "[Bob (U2)] deploy api"
+    said = re.sub(r"^\[[^\]\n]*\]\s*", "", said)
     word, _, rest = said.partition(" ")
     if word.lower() == "deploy" and rest.strip():
         return tool_call("deploy", {"service": rest.strip()})

@@ -28,7 +28,7 @@ import hmac
 import logging
 import ssl
 from collections import Counter, deque
-from collections.abc import Awaitable, Callable, Sequence
+from collections.abc import Awaitable, Callable, Mapping, Sequence
 from datetime import UTC, datetime, timedelta
 from email.message import EmailMessage
 from email.utils import getaddresses, parseaddr
@@ -60,7 +60,7 @@ from adapters.channel import (
 from adapters.email.approvals import approval_router
 from adapters.email.compose import approval_token, compose_reply, reply_message_id
 from adapters.email.imap import CA_HINT, ImapConnection, ImapError, ImapGone, ImapRefused
-from adapters.email.message import attachment_content, parse, parse_head
+from adapters.email.message import attachment_content, email_thread, parse, parse_head
 from adapters.failures import connection_failure
 from adapters.reply_files import ReplyFile, read_reply_files
 from harness_core import Clock, SystemClock
@@ -97,6 +97,7 @@ class EmailChannel:
         max_message_bytes: int = 10_000_000,
         poll_seconds: float = 60.0,
         replies_per_hour: int = 20,
+        replies_per_address: int = 100,
         timeout_s: float = 30.0,
         clock: Clock | None = None,
         max_backoff_s: float = 60.0,
@@ -117,6 +118,7 @@ class EmailChannel:
         self.max_message_bytes = max_message_bytes
         self.poll_seconds = poll_seconds
         self.replies_per_hour = replies_per_hour
+        self.replies_per_address = replies_per_address
         self.timeout_s = timeout_s
         self.clock = clock or SystemClock()
         self.max_backoff_s = max_backoff_s
@@ -186,7 +188,10 @@ class EmailChannel:
             except asyncio.CancelledError:
                 raise
             except Exception as exc:
-                log.error("email receiving failed", extra={"error": type(exc).__name__})
+                log.error(
+                    "email receiving failed",
+                    extra={"error": type(exc).__name__, "reason": str(exc)[:200]},
+                )
                 await asyncio.sleep(self.max_backoff_s)
 
     async def _receive_forever(self) -> None:
@@ -304,7 +309,10 @@ class EmailChannel:
             self._skip(uid, parsed.reason)
         else:
             try:
-                inbound = await self._with_files(sink, parsed.inbound, raw)
+                inbound = parsed.inbound
+                if parsed.reason == "reply":
+                    inbound = await self._own_thread_unless_in_it(sink, inbound)
+                inbound = await self._with_files(sink, inbound, raw)
                 acceptance = await sink.accept(inbound)
             except NotRouted as exc:
                 self._skip(uid, "not_routed")
@@ -321,6 +329,29 @@ class EmailChannel:
                     },
                 )
         await imap.mark_seen(uid)
+
+    async def _own_thread_unless_in_it(self, sink: InboundSink, inbound: Inbound) -> Inbound:
+        """`inbound`, moved to a thread of its own when its sender is not in the one it names.
+
+        `References` is the sender's to write: anyone who learned a thread's root Message-ID
+        could write into it, read what the agent knows there in the answer (sent to them
+        alone), stop its run or take its approval reminders. A thread's people are the
+        addresses of its newest message (From, To, Cc: whom the bot answers); a mail from
+        anyone else naming the thread goes to the thread ``<root> from <address>``, the same
+        for each of their mails, so their own conversation holds together (D302).
+        """
+        known = await sink.known(inbound.thread)
+        sender = inbound.author.id.lower()
+        if known is None or sender in _people(known.reply_context):
+            return inbound
+        root = inbound.thread.thread
+        own = f"{root} from {sender}"
+        if len(own) > _MAX_OWN_THREAD:
+            own = f"{root} from {hashlib.sha256(sender.encode()).hexdigest()[:16]}"[
+                -_MAX_OWN_THREAD:
+            ]
+        log.info("email from outside its thread", extra={"lane": inbound.thread.lane})
+        return inbound.model_copy(update={"thread": email_thread(self.address, own)})
 
     async def _with_files(self, sink: InboundSink, inbound: Inbound, raw: bytes) -> Inbound:
         """`inbound` with its attachments' content held (before it is accepted; D226).
@@ -374,20 +405,25 @@ class EmailChannel:
             return DeliveryReceipt(
                 delivery_id=outbound.delivery_id, delivered_at_ms=self.clock.now_ms()
             )
-        self._check_rate(outbound)
-        files = await read_reply_files(self._sink, outbound)
-        message = self._compose(outbound, files)
-        # Bcc ourselves, first: servers that deliver in order file our copy before anyone's,
-        # so a reply someone received is one `reconcile` can find
-        recipients = [self.address, *_recipients(message)]
-        refused = await self._send(message, recipients)
-        if refused:
-            people = {address.lower() for address in recipients if address != self.address}
-            log.warning("email recipients refused", extra={"count": len(refused)})
-            if people <= {str(address).lower() for address in refused}:
-                # only our own Bcc copy went out: nobody the reply is for received it
-                raise DeliveryError(_refused(list(refused.values())), permanent=True)
-        self._sent.setdefault(outbound.thread.lane, deque()).append(self.clock.now_ms())
+        held = self._take_rate(outbound)  # before the send: deliveries run side by side
+        try:
+            files = await read_reply_files(self._sink, outbound)
+            message = self._compose(outbound, files)
+            # Bcc ourselves, first: servers that deliver in order file our copy before
+            # anyone's, so a reply someone received is one `reconcile` can find
+            recipients = [self.address, *_recipients(message)]
+            refused = await self._send(message, recipients)
+            if refused:
+                people = {a.lower() for a in recipients if a != self.address}
+                log.warning("email recipients refused", extra={"count": len(refused)})
+                if people <= {str(address).lower() for address in refused}:
+                    # only our own Bcc copy went out: nobody the reply is for received it
+                    said = list(refused.values())
+                    raise DeliveryError(_refused(said), permanent=_for_good(said))
+        except BaseException:
+            for sent, stamp in held:  # nothing went out: it does not count
+                sent.remove(stamp)
+            raise
         await self._file_sent(message)
         return DeliveryReceipt(
             delivery_id=outbound.delivery_id,
@@ -424,7 +460,9 @@ class EmailChannel:
                 message, sender=self.address, recipients=recipients
             )
         except aiosmtplib.SMTPRecipientsRefused as exc:
-            raise DeliveryError(_refused(exc.recipients), permanent=True) from None
+            raise DeliveryError(
+                _refused(exc.recipients), permanent=_for_good(exc.recipients)
+            ) from None
         except aiosmtplib.SMTPAuthenticationError as exc:
             raise DeliveryError(
                 f"SMTP server {where} refused the login for user {self.username!r} "
@@ -524,16 +562,33 @@ class EmailChannel:
         mac = hmac.new(self.link_key, f"lane\n{token}\n{lane}".encode(), hashlib.sha256)
         return mac.hexdigest()[:32]
 
-    def _check_rate(self, outbound: Outbound) -> None:
+    def _take_rate(self, outbound: Outbound) -> list[tuple[deque[int], int]]:
+        """Count this reply against the loop breakers; what was counted (or a dead letter).
+
+        The bounds are per thread, and per person across threads. An auto-responder that
+        answers without `In-Reply-To` or `References` starts a new thread with each answer:
+        only the per-person bound stops that loop.
+        """
         now = self.clock.now_ms()
-        sent = self._sent.setdefault(outbound.thread.lane, deque())
-        while sent and now - sent[0] > _HOUR_MS:
-            sent.popleft()
-        if len(sent) >= self.replies_per_hour:
-            raise DeliveryError(
-                f"reply rate limit: {len(sent)} replies to this thread within an hour",
-                permanent=True,
-            )
+        person = parseaddr(str(outbound.reply_context.get("from") or ""))[1].lower()
+        bounds = (
+            (outbound.thread.lane, self.replies_per_hour, "this thread"),
+            (f"to {person}", self.replies_per_address, "this address"),
+        )
+        counted: list[deque[int]] = []
+        for key, limit, what in bounds:
+            sent = self._sent.setdefault(key, deque())
+            while sent and now - sent[0] > _HOUR_MS:
+                sent.popleft()
+            if len(sent) >= limit:
+                raise DeliveryError(
+                    f"reply rate limit: {len(sent)} replies to {what} within an hour",
+                    permanent=True,
+                )
+            counted.append(sent)
+        for sent in counted:
+            sent.append(now)
+        return [(sent, now) for sent in counted]
 
     async def _file_sent(self, message: EmailMessage) -> None:
         imap = await self._side_connection()
@@ -624,6 +679,30 @@ def _recipients(message: EmailMessage) -> list[str]:
 def _said(text: str) -> str:
     """A server's words as one short line."""
     return " ".join(str(text).split())[:160]
+
+
+_MAX_OWN_THREAD = 480
+"""The longest thread name of a mail from outside the thread it names (a lane holds 512)."""
+
+
+def _people(context: Mapping[str, Any]) -> frozenset[str]:
+    """The addresses a thread's newest message came from and went to (lower case)."""
+    found: set[str] = set()
+    for key in ("from", "to", "cc"):
+        value = context.get(key)
+        for item in value if isinstance(value, list) else [value] if value else []:
+            address = parseaddr(str(item))[1].lower()
+            if address:
+                found.add(address)
+    return frozenset(found)
+
+
+def _for_good(refusals: Sequence[Any]) -> bool:
+    """Whether every refusal is permanent (5xx).
+
+    A 4xx (greylisting, a full mailbox, a rate limit) says to try again later: the outbox does.
+    """
+    return all(str(getattr(r, "code", "5")).startswith("5") for r in refusals)
 
 
 def _refused(recipients: Sequence[Any]) -> str:

@@ -249,7 +249,10 @@ class ImapConnection:
             lines = await self._imap.wait_server_push(timeout=_IDLE_S)
         finally:
             if self._imap.has_pending_idle():
-                self._imap.idle_done()
+                try:
+                    self._imap.idle_done()
+                except (RuntimeError, OSError):  # a closed transport (uvloop raises, asyncio not)
+                    self.lost.set()
         if self.lost.is_set() or any(
             isinstance(line, bytes | bytearray) and bytes(line).startswith(b"BYE")
             for line in lines or []

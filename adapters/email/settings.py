@@ -89,6 +89,13 @@ class EmailSettings(Section):
         description="Replies one email thread may get per hour (a loop that slips through the "
         "auto-reply checks stops here).",
     )
+    replies_per_address_per_hour: int = Field(
+        default=100,
+        ge=1,
+        le=100_000,
+        description="Replies one address may get per hour across its threads (an auto-responder "
+        "that answers without threading headers starts a new thread each time: it stops here).",
+    )
     working_after_seconds: float = Field(
         default=0.0,
         ge=0,

@@ -36,6 +36,7 @@ def _build(section: EmailSettings, context: ChannelContext) -> ChannelAdapter:
         max_message_bytes=section.max_message_bytes,
         poll_seconds=section.poll_seconds,
         replies_per_hour=section.replies_per_hour,
+        replies_per_address=section.replies_per_address_per_hour,
         timeout_s=context.call_timeout_s,
         clock=context.clock,
         approvers=section.approvers,

@@ -135,11 +135,19 @@ class _Refused(AdapterError):
         )
 
 
+_PATTERNS = {
+    "space": "1-64 ASCII letters, digits and . _ @ + = - (a letter or digit first)",
+    "thread": "1-200 ASCII letters, digits and . _ : @ + = / - (a letter or digit first)",
+    "": "1-200 ASCII letters, digits and . _ : @ + = / -",
+}
+"""What each id of a body looks like (`payloads`' patterns), as a refusal says it."""
+
+
 def _validation_refusal(exc: ValidationError) -> _Refused:
     """The clearest 400 for a body that does not fit: its most specific error, named plainly."""
     if any(e["type"] == "string_unicode" for e in exc.errors()):  # as the web channel says it
         return _Refused(400, "invalid_text", "a string is not valid Unicode text")
-    message = body_problem(exc, pattern="printable ASCII without spaces, 1-200 characters")
+    message = body_problem(exc, pattern=_PATTERNS)
     return _Refused(400, "invalid_request", message)
 
 

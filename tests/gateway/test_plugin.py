@@ -313,3 +313,18 @@ async def test_the_example_echoes_anything_else(example: httpx.AsyncClient) -> N
     await _post(example, "chat", "hello")
     [reply] = await _answers(example, "chat", 1)
     assert reply["text"] == "You said: hello"
+
+
+def test_the_example_stand_in_reads_a_second_author_s_request() -> None:
+    """A thread's second author's message comes tagged (`[bob] deploy api`): the stand-in
+    echoed it instead of calling `deploy`."""
+    from examples.agent import respond
+    from harness_core import ModelRef, ModelRequest, TextPart, ToolCallPart, UserMessage
+
+    said = ("hi", "[Bob (U2)] deploy api")
+    request = ModelRequest(
+        model=ModelRef(provider="scripted", model_id="example"),
+        messages=tuple(UserMessage(content=(TextPart(text=text),)) for text in said),
+    )
+    called = [p for p in respond(request).content if isinstance(p, ToolCallPart)]
+    assert [(c.name, dict(c.arguments)) for c in called] == [("deploy", {"service": "api"})]

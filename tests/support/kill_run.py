@@ -361,6 +361,8 @@ class EmailRig:
             "email_smtp_port": str(self.smtp.port),
             "email_password": self.bot.password,
             "email_ca_file": str(self.smtp.cert_path),
+            # one person writes every thread, hundreds of mails a minute: not a loop
+            "email_replies_per_address_per_hour": "100000",
             # a send is SMTP plus a local delivery per recipient (dovecot-lda): on a loaded
             # 2-core machine it takes longer than a post to a fake
             "delivery_timeout_seconds": "5",

@@ -7,6 +7,7 @@ import gc
 import warnings
 
 import pytest
+import uvloop
 
 from adapters.email.imap import ImapConnection, ImapGone
 from tests.support.mail_servers import Dovecot, MailUser
@@ -25,3 +26,30 @@ async def test_a_command_on_a_dropped_connection_is_refused_without_a_stray_coro
             await conn.append(b"Subject: x\r\n\r\nbody\r\n", "INBOX")
         gc.collect()  # a command coroutine never awaited would warn when collected
     assert not [w for w in caught if "never awaited" in str(w.message)]
+
+
+@pytest.mark.parametrize("loop", ["asyncio", "uvloop"])
+def test_a_drop_during_idle_is_the_connection_gone_on_either_loop(
+    dovecot: Dovecot, mail_user: MailUser, loop: str
+) -> None:
+    """On uvloop (serve's default) ending the IDLE on the closed transport raised RuntimeError,
+    which no retry took: receiving slept a minute after each server restart or kick."""
+
+    async def scenario() -> None:
+        conn = ImapConnection(dovecot.host, dovecot.port, tls=False, ssl_context=None, timeout_s=10)
+        await conn.open(mail_user.address, mail_user.password)
+        await conn.select("INBOX")
+        assert conn.has_idle
+        waiting = asyncio.ensure_future(conn.wait_for_news(poll_s=60))
+        for _ in range(100):
+            await asyncio.sleep(0.05)
+            if conn.idling:
+                break
+        assert dovecot.kick(mail_user)
+        with pytest.raises(ImapGone):
+            await asyncio.wait_for(waiting, 10)
+        await conn.close()
+
+    factory = uvloop.new_event_loop if loop == "uvloop" else asyncio.new_event_loop
+    with asyncio.Runner(loop_factory=factory) as runner:
+        runner.run(scenario())

@@ -225,6 +225,8 @@ HOSTILE: list[tuple[bytes, str, str]] = [
     (b'{"text": "x"}', "invalid_request", "'thread' is required"),
     (b'{"thread": "t 1", "text": "x"}', "invalid_request", "'thread'"),
     (b'{"thread": "t1", "space": "../x", "text": "x"}', "invalid_request", "'space'"),
+    (b'{"thread": "t1", "space": "' + b"s" * 65 + b'", "text": "x"}', "invalid_request", "1-64"),
+    (b'{"thread": "x!#", "text": "x"}', "invalid_request", "'thread' must be 1-200 ASCII"),
     (b'{"thread": "t1", "text": "x", "colour": "red"}', "invalid_request", "unknown field"),
     (b'{"type": "ping", "thread": "t1"}', "invalid_request", "'type'"),
     (b'{"type": 7, "thread": "t1"}', "invalid_request", "'type'"),
