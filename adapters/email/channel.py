@@ -45,6 +45,7 @@ from tenacity import (
 )
 
 from adapters.channel import (
+    AdapterStartError,
     Capabilities,
     DeliveryError,
     DeliveryReceipt,
@@ -65,12 +66,20 @@ from adapters.failures import connection_failure
 from adapters.reply_files import ReplyFile, read_reply_files
 from harness_core import Clock, SystemClock
 
-__all__ = ["EmailChannel"]
+__all__ = ["EmailChannel", "EmailStartError"]
 
 log = logging.getLogger("adapters.email")
 
 CHANNEL = "email"
 _HOUR_MS = 3_600_000
+_UNANSWERED_PEOPLE = frozenset({"malformed", "undecodable", "no_sender", "not_routed"})
+"""Skips of mail a person may have written (logged as warnings)."""
+_START_CHECK_S = 10.0
+"""The longest a start waits for the IMAP server to take or refuse the login."""
+
+
+class EmailStartError(AdapterStartError):
+    """The IMAP server refuses the bot's login at start (one line, never the password)."""
 
 
 class EmailChannel:
@@ -158,10 +167,35 @@ class EmailChannel:
     # -- lifecycle -------------------------------------------------------------------------------
 
     async def start(self, sink: InboundSink) -> None:
-        """Start the receiving loop in the background (an unreachable server is retried)."""
+        """Check the login once, then start the receiving loop in the background.
+
+        Raises:
+            EmailStartError: the IMAP server refuses the login (the password, the user name):
+                retrying cannot help, and a service that looked up while answering no mail
+                would hide it. A server that cannot be reached now is logged and retried.
+        """
+        await self._check_login()
         self._sink = sink
         self._loop = asyncio.ensure_future(self._receive_supervised())
         log.info("email started", extra={"address": self.address, "folder": self.folder})
+
+    async def _check_login(self) -> None:
+        imap = ImapConnection(
+            self.imap_host,
+            self.imap_port,
+            tls=self.imap_tls,
+            ssl_context=self.ssl_context,
+            timeout_s=min(self.timeout_s, _START_CHECK_S),
+        )
+        try:
+            await asyncio.wait_for(imap.open(self.username, self._password), _START_CHECK_S)
+        except ImapRefused as exc:
+            if "[UNAVAILABLE]" not in str(exc).upper():  # RFC 5530: a temporary refusal
+                raise EmailStartError(str(exc)) from None
+        except (ImapError, OSError, TimeoutError):
+            pass  # the receiving loop says why, in words, and retries
+        finally:
+            await imap.close()
 
     async def stop(self) -> None:
         """Stop receiving (mail and approval links); deliveries keep working. Idempotent."""
@@ -380,7 +414,10 @@ class EmailChannel:
 
     def _skip(self, uid: int, reason: str) -> None:
         self.skipped[reason] += 1
-        log.info("email skipped", extra={"uid": uid, "reason": reason})
+        # a person's mail left unanswered is an operator's to look at (the uid finds it in the
+        # folder); machine mail not answered is the loop guard working
+        level = logging.WARNING if reason in _UNANSWERED_PEOPLE else logging.INFO
+        log.log(level, "email skipped", extra={"uid": uid, "reason": reason})
 
     async def _advance(self, sink: InboundSink, mark: str | None, value: str) -> str | None:
         """Move the watermark to `value` unless another process moved it further."""

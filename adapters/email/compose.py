@@ -295,9 +295,24 @@ def _pairs(value: Any) -> list[tuple[str, str]]:
     for name, address in pairs:
         address = address.strip().lower()
         local, at, host = address.rpartition("@")
+        host = _ascii_domain(host)
         if at and local and _DOMAIN.fullmatch(host) and not re.search(r"[\s<>,;]", local):
-            found.append((_header_text(name)[:200], address))
+            found.append((_header_text(name)[:200], f"{local}@{host}"))
     return found
+
+
+def _ascii_domain(host: str) -> str:
+    """`host` as the DNS names it: an internationalized domain in its ``xn--`` form (IDNA).
+
+    ``alice@bücher.example`` is a real address; a reply names it ``alice@xn--bcher-kva.example``,
+    which every mail server takes, where the Unicode form needs SMTPUTF8 end to end.
+    """
+    if host.isascii():
+        return host
+    try:
+        return host.encode("idna").decode("ascii")
+    except UnicodeError:
+        return host  # not a domain IDNA can write: refused as before
 
 
 def _references(value: Any, parent: list[str]) -> list[str]:

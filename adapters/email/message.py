@@ -180,6 +180,10 @@ def normalize_subject(subject: str) -> str:
     return text.strip()
 
 
+_NO_REPLY = re.compile(r"(no[-_.]?reply|do[-_.]?not[-_.]?reply)(?:$|[-_.])")
+"""A local part that says the address takes no answers (a ``+tag`` is cut off first)."""
+
+
 def classify_automatic(
     headers: Message | Mapping[str, str],
     *,
@@ -195,6 +199,8 @@ def classify_automatic(
     * ``bounce``: ``Content-Type: multipart/report; report-type=delivery-status`` (RFC 3464),
       ``X-Failed-Recipients``, an empty ``Return-Path`` (``<>``), or a ``MAILER-DAEMON`` or
       ``postmaster`` sender.
+    * ``no_reply``: a sender that takes no answers by its name (``noreply@``, ``no-reply@``,
+      ``donotreply@``, ``noreply-alerts@``...): notifications, whose answer goes nowhere.
     * ``delivery_report``: any other ``multipart/report`` (read receipts, RFC 8098 MDNs).
     * ``auto_submitted``: ``Auto-Submitted`` present with a value other than ``no`` (RFC 3834;
       Exchange's out-of-office replies carry ``auto-generated`` or ``auto-replied``), or
@@ -245,6 +251,8 @@ def classify_automatic(
     local = sender[1].rpartition("@")[0].lower() if sender else ""
     if local in ("mailer-daemon", "postmaster"):
         return "bounce"
+    if _NO_REPLY.match(local.partition("+")[0]):
+        return "no_reply"
     auto = (_header(msg, "Auto-Submitted") or "").split(";")[0].strip().lower()
     precedence = (_header(msg, "Precedence") or _header(msg, "X-Precedence") or "").lower()
     precedence = precedence.split(";")[0].strip()

@@ -266,6 +266,15 @@ def test_round_trip_the_lane_continues() -> None:
     assert third.thread == first.thread
 
 
+def test_an_internationalized_domain_is_answered_in_its_ascii_form() -> None:
+    """`alice@bücher.example` was taken in and its reply failed: "no recipient"."""
+    message = compose(
+        outbound({"from": "Alice <alice@bücher.example>", "cc": ["Bob <bob@müller.example>"]})
+    )
+    assert str(message["To"]) == "Alice <alice@xn--bcher-kva.example>"
+    assert str(message["Cc"]) == "Bob <bob@xn--mller-kva.example>"
+
+
 def test_no_recipient_is_an_error() -> None:
     with pytest.raises(ValueError, match="no recipient"):
         compose(outbound({}))

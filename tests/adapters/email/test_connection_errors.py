@@ -20,6 +20,7 @@ import pytest
 
 from adapters.channel import DeliveryError, Outbound, ThreadRef
 from adapters.email import EmailChannel
+from adapters.email.channel import EmailStartError
 from adapters.email.imap import CA_HINT, ImapConnection, ImapError, ImapRefused
 from adapters.failures import tls_reason
 from tests.adapters.kit import TestSink
@@ -211,6 +212,20 @@ async def test_an_unresolvable_imap_host_is_said_in_the_log_and_the_channels_sta
     assert channel.receiving_error is not None and channel.receiving_error.startswith(expected)
     [paused, *_] = [r for r in caplog.records if r.getMessage() == "email receiving paused"]
     assert str(getattr(paused, "reason", "")).startswith(expected)  # before: "(gaierror)"
+
+
+async def test_a_refused_imap_login_stops_the_start_in_one_line(servers: Servers) -> None:
+    """It was retried forever in the background while the banner said mail was answered."""
+    right = _channel(servers, timeout_s=10.0)
+    await right.start(TestSink())  # the right password starts (and an unreachable one, above)
+    await right.close()  # (a good login also clears Dovecot's delay for failed ones)
+    channel = _channel(servers, password=WRONG, timeout_s=10.0)
+    with pytest.raises(EmailStartError) as raised:
+        await channel.start(TestSink())
+    await channel.close()
+    said = str(raised.value)
+    assert said.startswith(f"IMAP server 127.0.0.1:{servers.dovecot.port} refused the login")
+    assert WRONG not in said
 
 
 def _unverified(code: int, message: str) -> ssl.SSLCertVerificationError:

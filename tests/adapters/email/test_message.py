@@ -936,6 +936,12 @@ AUTOMATIC = [
     ),
     ("null-return-path", {**GMAIL_HEADERS, "Return-Path": "<>"}, "bounce"),
     ("postmaster", {**GMAIL_HEADERS, "From": "postmaster@contoso.com"}, "bounce"),
+    ("noreply", {**GMAIL_HEADERS, "From": "GitHub <noreply@github.com>"}, "no_reply"),
+    ("no-reply-tag", {**GMAIL_HEADERS, "From": "no-reply+abc@desk.example"}, "no_reply"),
+    ("donotreply", {**GMAIL_HEADERS, "From": "DoNotReply@bank.example"}, "no_reply"),
+    ("noreply-alerts", {**GMAIL_HEADERS, "From": "noreply-alerts@ops.example"}, "no_reply"),
+    ("norelly-person", {**GMAIL_HEADERS, "From": "noreen@example.com"}, None),
+    ("replyable", {**GMAIL_HEADERS, "From": "reply@example.com"}, None),
     ("failed-recipients", {**GMAIL_HEADERS, "X-Failed-Recipients": "x@y"}, "bounce"),
     (
         "read-receipt",
