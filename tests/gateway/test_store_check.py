@@ -47,7 +47,9 @@ async def _check(url: str, *sessions: str) -> int:
 
 
 def test_a_bad_store_is_one_clear_line(tmp_path: Path, capsys) -> None:
-    assert main(["store", "check", "--store", "postgres://x/y"], settings=Settings()) == 1
+    assert (
+        main(["store", "check", "--store", "postgres://x/y"], settings=Settings()) == 2
+    )  # the command line (D301)
     err = capsys.readouterr().err
     assert err.startswith("gateway: ") and "unsupported store URL 'postgres://x/y'" in err
     assert err.count("\n") == 1
