@@ -179,14 +179,17 @@ class EmailChannel:
         self._loop = asyncio.ensure_future(self._receive_supervised())
         log.info("email started", extra={"address": self.address, "folder": self.folder})
 
-    async def _check_login(self) -> None:
-        imap = ImapConnection(
+    def _imap_connection(self, timeout_s: float) -> ImapConnection:
+        return ImapConnection(
             self.imap_host,
             self.imap_port,
             tls=self.imap_tls,
             ssl_context=self.ssl_context,
-            timeout_s=min(self.timeout_s, _START_CHECK_S),
+            timeout_s=timeout_s,
         )
+
+    async def _check_login(self) -> None:
+        imap = self._imap_connection(min(self.timeout_s, _START_CHECK_S))
         try:
             await asyncio.wait_for(imap.open(self.username, self._password), _START_CHECK_S)
         except ImapRefused as exc:
@@ -253,13 +256,7 @@ class EmailChannel:
 
     async def _receive_once(self) -> None:
         """One connection: select, take what is new, then wait for news and take it, forever."""
-        imap = ImapConnection(
-            self.imap_host,
-            self.imap_port,
-            tls=self.imap_tls,
-            ssl_context=self.ssl_context,
-            timeout_s=self.timeout_s,
-        )
+        imap = self._imap_connection(self.timeout_s)
         self._imap = imap
         self.connections += 1
         try:
@@ -672,13 +669,7 @@ class EmailChannel:
 
     async def _side_connection(self) -> ImapConnection | None:
         """A short-lived IMAP connection for writes and lookups (the loop's one is IDLE)."""
-        imap = ImapConnection(
-            self.imap_host,
-            self.imap_port,
-            tls=self.imap_tls,
-            ssl_context=self.ssl_context,
-            timeout_s=self.timeout_s,
-        )
+        imap = self._imap_connection(self.timeout_s)
         try:
             await imap.open(self.username, self._password)
         except ImapError as exc:

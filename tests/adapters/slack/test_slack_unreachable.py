@@ -111,6 +111,15 @@ async def test_an_unreachable_slack_is_said_in_words_and_the_channel_starts(
     assert all("secretpart" not in line for line in said)
 
 
+def _reply(text: str) -> Outbound:
+    return Outbound(
+        delivery_id="reply:s:run-1",
+        thread=ThreadRef(channel="slack", space="C1", thread="C1:1.000001"),
+        kind="reply",
+        text=text,
+    )
+
+
 async def test_a_post_to_an_unreachable_slack_says_why_in_the_deliverys_reason(
     places: Places,
 ) -> None:
@@ -119,12 +128,7 @@ async def test_a_post_to_an_unreachable_slack_says_why_in_the_deliverys_reason(
         signing_secret="test-signing-secret",
         api_url=f"http://127.0.0.1:{places.closed}/api/",
     )
-    outbound = Outbound(
-        delivery_id="reply:s:run-1",
-        thread=ThreadRef(channel="slack", space="C1", thread="C1:1.000001"),
-        kind="reply",
-        text="an answer",
-    )
+    outbound = _reply("an answer")
     with pytest.raises(DeliveryError) as raised:
         await channel.deliver(outbound)
     assert raised.value.reason == (
@@ -160,12 +164,7 @@ async def test_a_post_with_a_refused_token_is_kept_for_retries_and_warned_of(
         bot_token=fake.bot_token, signing_secret="test-signing-secret", api_url=fake.api_url
     )
     fake.fail("chat.postMessage", error="invalid_auth")
-    outbound = Outbound(
-        delivery_id="reply:s:run-1",
-        thread=ThreadRef(channel="slack", space="C1", thread="C1:1.000001"),
-        kind="reply",
-        text="an answer",
-    )
+    outbound = _reply("an answer")
     with pytest.raises(DeliveryError) as raised:
         await channel.deliver(outbound)
     assert not raised.value.permanent  # a token put right delivers it
@@ -183,12 +182,7 @@ async def test_the_sdk_s_debug_lines_never_reach_the_log_with_a_message_s_text(
     channel = SlackChannel(
         bot_token=fake.bot_token, signing_secret="test-signing-secret", api_url=fake.api_url
     )
-    outbound = Outbound(
-        delivery_id="reply:s:run-1",
-        thread=ThreadRef(channel="slack", space="C1", thread="C1:1.000001"),
-        kind="reply",
-        text="the secret plan",
-    )
+    outbound = _reply("the secret plan")
     await channel.deliver(outbound)
     assert fake.calls_to("chat.postMessage")
     assert not [r for r in caplog.records if "secret plan" in r.getMessage()]
