@@ -128,6 +128,7 @@ WebRefusal = Literal[
     "not_the_request",  # 409: a decision naming another run, calls or arguments
     "no_longer_waiting",  # 409: the request was decided, stopped or ended (the page says so)
     "message_id_taken",  # 409: a client_message_id that names another message
+    "too_slow",  # 408: a body that trickles (a slot held, nothing sent)
     "too_large",  # 413: a body over the limit
     "unsupported_media_type",  # 415
     "unavailable",  # 503: the gateway cannot hold the message now; send again
@@ -162,6 +163,13 @@ class WebLimits:
     """Uploads read at once by one process; more are refused 503 with ``Retry-After`` before
     their body is read. An upload holds its body, its JSON and its decoded files (about three
     times its size: 100 MB for the largest), so eight at once took 900 MB (an outside probe)."""
+    body_idle_s: float = 15.0
+    """The longest a request body may send nothing (then 408 ``too_slow``)."""
+    body_grace_s: float = 10.0
+    min_body_rate: float = 8_192.0
+    """Past `body_grace_s`, a body must have come at this many bytes a second on average (a
+    35 MB upload over a link of 64 kbit/s would not be taken in any case): a client that
+    trickles a body to hold one of the `max_concurrent_uploads` slots is cut off (D305)."""
     max_page: int = 500
     """The most items one ``GET`` returns."""
     keepalive_s: float = 15.0
@@ -170,6 +178,10 @@ class WebLimits:
     """``Retry-After`` of a 503."""
     reconnect_ms: int = 2000
     """The ``retry:`` an event stream tells browsers to wait before reconnecting."""
+
+
+def _too_slow(what: str) -> _Refused:
+    return _Refused(408, "too_slow", f"the request body came too slowly ({what}); send it again")
 
 
 class _Refused(AdapterError):
@@ -273,6 +285,10 @@ def _name(value: str, what: Literal["thread", "space"]) -> str:
         raise _Refused(400, code, str(exc)) from None
 
 
+_OPERATOR_PREFIX = "operator:"
+"""How the gateway names an operator who acted (``operator:<token name>``, gateway.ops.auth)."""
+
+
 def _author(value: str | _AuthorIn | None) -> Author:
     if value is None or value == "":
         return Author(id="anonymous")
@@ -280,10 +296,22 @@ def _author(value: str | _AuthorIn | None) -> Author:
         if len(value) > 100:
             raise _Refused(400, "invalid_request", "'author' is longer than 100 characters")
         _check_text(value, "'author'")
+        _not_an_operator(value, "'author'")
         return Author(id=value, name=value)
     _check_text(value.id, "'author.id'")
     _check_text(value.name or "", "'author.name'")
+    _not_an_operator(value.id, "'author.id'")
     return Author(id=value.id, name=value.name)
+
+
+def _not_an_operator(value: str, what: str) -> None:
+    """Refuse a name in the operators' namespace.
+
+    A web page names itself: a thread saying "approved by operator:admin" would read as an
+    operator's decision.
+    """
+    if value.strip().lower().startswith(_OPERATOR_PREFIX):
+        raise _Refused(400, "invalid_request", f"{what} may not start with {_OPERATOR_PREFIX!r}")
 
 
 class WebChannel:
@@ -476,11 +504,22 @@ class WebChannel:
             raise _Refused(413, "too_large", f"the request body exceeds {limit} bytes")
         chunks: list[bytes] = []
         size = 0
-        async for chunk in request.stream():
+        started = self.clock.now_ms() / 1000
+        stream = request.stream().__aiter__()
+        while True:
+            try:  # a body that trickles holds a connection, and an upload one of few slots
+                chunk = await asyncio.wait_for(anext(stream), self.limits.body_idle_s)
+            except StopAsyncIteration:
+                break
+            except TimeoutError:
+                raise _too_slow(f"nothing came for {self.limits.body_idle_s:g} s") from None
             size += len(chunk)
             if size > limit:
                 raise _Refused(413, "too_large", f"the request body exceeds {limit} bytes")
             chunks.append(chunk)
+            elapsed = self.clock.now_ms() / 1000 - started
+            if elapsed > self.limits.body_grace_s and size < elapsed * self.limits.min_body_rate:
+                raise _too_slow(f"{size} bytes in {elapsed:.0f} s")
         try:
             body = read_json(b"".join(chunks))
         except ValueError as exc:

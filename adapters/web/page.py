@@ -83,6 +83,19 @@ _THREAD_SCRIPT = """
   let liveShown = "";
   authorBox.value = localStorage.getItem("web-author") || "";
 
+  // Format characters (bidi overrides and isolates, zero-width ones) shown as \\uXXXX where
+  // a value is judged (an approval's arguments, a file's name): "api\u202e" must not read
+  // as another value than the one that runs. Joiners stay: emoji and scripts need them.
+  const FORMAT = new RegExp("[\\u00ad\\u061c\\u180e\\u200b\\u200e\\u200f\\u202a-\\u202e" +
+    "\\u2060-\\u2064\\u2066-\\u206f\\ufeff\\ufff9-\\ufffb]", "g");
+  function visible(text) {
+    const shown = (c) => "\\\\u" + c.charCodeAt(0).toString(16).padStart(4, "0");
+    return String(text).replace(FORMAT, shown);
+  }
+  function fileText(file) {
+    return visible(file.name) + " (" + visible(file.media_type || "") + ", " +
+      file.size.toLocaleString("en") + (file.size === 1 ? " byte)" : " bytes)");
+  }
   function el(tag, cls, text) {
     const node = document.createElement(tag);
     if (cls) node.className = cls;
@@ -174,8 +187,8 @@ _THREAD_SCRIPT = """
     const choices = new Map();
     for (const call of view.calls) {
       const row = el("div", "call");
-      row.appendChild(el("span", "label", call.tool_name));
-      row.appendChild(el("pre", "", JSON.stringify(call.args, null, 2)));
+      row.appendChild(el("span", "label", visible(call.tool_name)));
+      row.appendChild(el("pre", "", visible(JSON.stringify(call.args, null, 2))));
       if (view.calls.length > 1) {
         const pick = el("div", "controls");
         for (const verdict of ["approve", "deny"]) {
@@ -294,10 +307,10 @@ _THREAD_SCRIPT = """
     const box = el("div", "files");
     for (const file of files) {
       if (!file.blob) {
-        box.appendChild(el("span", "file", file.name + " (" + file.size + " bytes)"));
+        box.appendChild(el("span", "file", fileText(file)));
         continue;
       }
-      const link = el("a", "file", file.name + " (" + file.size + " bytes)");
+      const link = el("a", "file", fileText(file));
       link.href = "../../files/" + encodeURIComponent(file.blob) + "?" + space +
         "&name=" + encodeURIComponent(file.name) + "&type=" + encodeURIComponent(file.media_type);
       link.download = file.name;

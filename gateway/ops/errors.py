@@ -187,6 +187,8 @@ def install_errors(app: FastAPI) -> None:
                 )
             response = envelope(request, ApiError(500, "internal", "internal error"))
         response.headers["X-Request-Id"] = rid
+        if _in_api(request):  # threads' contents, for one token's holder: never kept by a cache
+            response.headers.setdefault("Cache-Control", "no-store")
         return response
 
     @app.exception_handler(ApiError)

@@ -53,6 +53,12 @@ _SCRIPT = """
 (() => {
   "use strict";
   const $ = (id) => document.getElementById(id);
+  // Format characters (bidi overrides, zero-width ones) shown as \\uXXXX in what an operator
+  // judges: an approval's arguments must not read as other values than the ones that run.
+  const FORMAT = new RegExp("[\\u00ad\\u061c\\u180e\\u200b\\u200e\\u200f\\u202a-\\u202e" +
+    "\\u2060-\\u2064\\u2066-\\u206f\\ufeff\\ufff9-\\ufffb]", "g");
+  const visible = (text) =>
+    String(text).replace(FORMAT, (c) => "\\\\u" + c.charCodeAt(0).toString(16).padStart(4, "0"));
   const el = (tag, cls, text) => {
     const node = document.createElement(tag);
     if (cls) node.className = cls;
@@ -265,8 +271,8 @@ _SCRIPT = """
       const table = el("div");
       for (const call of lane.pending_approvals) {
         const row = el("div", "panel");
-        row.append(el("div", "", call.tool_name + " (" + call.tool_call_id + ")"),
-          el("div", "mono", JSON.stringify(call.arguments)));
+        row.append(el("div", "", visible(call.tool_name + " (" + call.tool_call_id + ")")),
+          el("div", "mono", visible(JSON.stringify(call.arguments))));
         table.appendChild(row);
       }
       const reason = el("input");

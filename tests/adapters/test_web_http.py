@@ -202,6 +202,8 @@ async def test_author_forms(client: httpx.AsyncClient, sink: TestSink) -> None:
         (b'{"text": "hi", "author": {"name": "no id"}}', 400, "invalid_request"),
         (b'{"text": "hi", "author": {"id": "x", "is_bot": true}}', 400, "invalid_request"),
         (b'{"text": "hi", "author": 12}', 400, "invalid_request"),
+        (b'{"text": "hi", "author": "operator:admin"}', 400, "invalid_request"),  # poses
+        (b'{"text": "hi", "author": {"id": " Operator:local"}}', 400, "invalid_request"),
         (b'{"text": "hi", "author": "' + b"a" * 101 + b'"}', 400, "invalid_request"),
         (b'{"text": "hi", "author": "a\\u0000"}', 400, "invalid_text"),
         (b'{"text": "hi", "author": {"id": "\\udfff"}}', 400, "invalid_text"),
@@ -883,5 +885,43 @@ async def test_uploads_beyond_the_concurrent_bound_are_refused_before_their_body
             again = await http.post("/web/uploads/t2", json={"text": "second", "files": []})
             assert again.status_code == 202, again.text
             assert [i.text for i in sink.inbound] == ["first", "second"]
+    finally:
+        await web.close()
+
+
+async def test_a_body_that_trickles_is_cut_off_and_frees_its_upload_slot(sink: TestSink) -> None:
+    """Four uploads that sent their headers, then a byte now and then, held every upload slot
+    for as long as they liked: every real upload got 503."""
+    clock = ManualClock(1_000_000)
+    limits = WebLimits(
+        max_concurrent_uploads=1, body_idle_s=0.3, body_grace_s=1.0, min_body_rate=1000
+    )
+    web = WebChannel(MemoryMailbox(), clock=clock, limits=limits)
+    await web.start(sink)
+    app = FastAPI()
+    app.include_router(web.router)
+
+    async def silent() -> AsyncIterator[bytes]:
+        yield b'{"text": "slow", '
+        await asyncio.sleep(5)  # then nothing: cut after `body_idle_s`
+        yield b'"files": []}'
+
+    async def trickle() -> AsyncIterator[bytes]:
+        for char in b'{"text": "trickled", "files": []}':
+            clock.advance(200)  # a byte every 0.2 s: well under 1,000 bytes a second
+            await asyncio.sleep(0.01)
+            yield bytes([char])
+
+    headers = {"content-type": "application/json"}
+    try:
+        async with httpx.AsyncClient(
+            transport=httpx.ASGITransport(app=app), base_url="http://web.test"
+        ) as http:
+            for body in (silent(), trickle()):
+                cut = await http.post("/web/uploads/t1", content=body, headers=headers)
+                assert error(cut) == (408, "too_slow"), cut.text
+            again = await http.post("/web/uploads/t2", json={"text": "on time", "files": []})
+            assert again.status_code == 202, again.text  # the slot is free
+            assert [i.text for i in sink.inbound] == ["on time"]
     finally:
         await web.close()

@@ -50,6 +50,7 @@ async def test_every_route_needs_a_token_and_errors_have_one_envelope(ops: Ops) 
         "/api/v1/lanes", headers={**AS_VIEWER, "X-Request-Id": "trace-123456"}
     )
     assert mine.headers["x-request-id"] == "trace-123456"
+    assert mine.headers["cache-control"] == "no-store"  # threads' contents: no cache keeps them
     bad = await ops.http.get("/api/v1/lanes?limit=0", headers=AS_VIEWER)
     assert bad.status_code == 400 and bad.json()["error"]["details"]["fields"][0]["field"]
     cursor = await ops.http.get("/api/v1/lanes?cursor=%%%", headers=AS_VIEWER)

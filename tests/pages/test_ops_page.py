@@ -170,7 +170,9 @@ async def test_an_operator_supplies_a_result_from_the_page(
     try:
         token = (tmp_path / "ops-token").read_text().strip()
         async with httpx.AsyncClient(base_url=gateway.url, timeout=10) as http:
-            posted = await http.post("/web/threads/by-hand/messages", json={"text": "/deploy x"})
+            # a right-to-left override in the argument: the panel shows it, not obeys it
+            ask = {"text": "/deploy x\u202ey"}
+            posted = await http.post("/web/threads/by-hand/messages", json=ask)
             assert posted.status_code == 202, posted.text
             headers = {"Authorization": f"Bearer {token}"}
             deadline = time.monotonic() + 30
@@ -186,6 +188,7 @@ async def test_an_operator_supplies_a_result_from_the_page(
         await expect(row.locator(".status")).to_have_text("suspended")
         await row.click()
         actions = page.locator("#lane-actions")
+        await expect(actions).to_contain_text('{"target":"x\\u202ey"}')
         await actions.get_by_role("button", name="Done it myself").click()
         await expect(page.locator("#lane-note")).to_contain_text(
             "Done it myself refused: write what the action did first"

@@ -138,6 +138,19 @@ async def test_an_approval_request_is_approved_with_a_click(
     assert _errors(console_errors) == []
 
 
+async def test_an_approval_card_shows_format_characters_instead_of_obeying_them(
+    gateway: GatewayProcess, page: Page, console_errors: list[str]
+) -> None:
+    """A right-to-left override in an argument made the card read other values than the ones
+    that would run (`"target": "prod\u202e..."` read backwards)."""
+    await _open_thread(page, gateway, "browser-bidi")
+    await _send(page, "/deploy prod\u202e\u200bgnigats")
+    card = page.locator(".item.approval_request .call pre")
+    await expect(card).to_contain_text('"target": "prod\\u202e\\u200bgnigats"')
+    assert "\u202e" not in await card.inner_text()
+    assert _errors(console_errors) == []
+
+
 async def test_a_denied_call_does_not_run(
     gateway: GatewayProcess, page: Page, console_errors: list[str]
 ) -> None:
@@ -371,9 +384,9 @@ async def test_a_file_attached_in_the_composer_reaches_the_agent(
     await page.get_by_label("attach files").set_input_files(str(report))
     await _send(page, "what is in this report?")
     await expect(page.get_by_label("attach files")).to_have_value("")  # cleared once sent
-    # the message shows what it brought, by name and size (the thread keeps none of its bytes)
+    # the message shows what it brought, by name, type and size (the thread keeps none of it)
     sent = page.locator(".item.message .files .file")
-    await expect(sent).to_have_text(["report.csv (31 bytes)"])
+    await expect(sent).to_have_text(["report.csv (text/csv, 31 bytes)"])
 
     reply = page.locator(".item.reply")
     await expect(reply).to_have_count(1)
