@@ -144,8 +144,19 @@ async def _part(attachment: Attachment, data: bytes, limits: FileLimits) -> User
             log.info(event("pdf not read", error=type(exc).__name__))
             return TextPart(text=f"{header}\n[this PDF could not be read ({type(exc).__name__})]")
         return TextPart(text=f"{header}\n{text}")
+    if _binary(data):  # named text, but no text: garbage would cost tokens and say nothing
+        return TextPart(text=f"{header}\n[this file was not read: it is not text]")
     text = data.decode("utf-8-sig", errors="replace")
     return TextPart(text=f"{header}\n{_cut(text, limits.max_text_chars, 'characters')}")
+
+
+def _binary(data: bytes) -> bool:
+    """Whether `data` is no text: a NUL byte, or mostly bytes that are not UTF-8, in its start."""
+    head = data[:8192]
+    if b"\x00" in head:
+        return True
+    decoded = head.decode("utf-8", errors="replace")
+    return decoded.count("\ufffd") > max(8, len(decoded) // 10)
 
 
 async def user_content(

@@ -83,6 +83,23 @@ async def test_an_upload_reaches_the_model_as_an_image_and_text(rig: ServiceRig)
     assert again.status_code == 202 and again.json()["duplicate"] is True
 
 
+async def test_binary_bytes_sent_as_text_are_named_not_read(rig: ServiceRig) -> None:
+    """A binary file declared text/plain reached the model as garbled text (tokens spent)."""
+    body = {
+        "text": "what is this?",
+        "files": [
+            _file("dump.txt", bytes(range(256)) * 8, "text/plain"),
+            _file("notes.txt", "caf\u00e9 \u2014 ok\n".encode(), "text/plain"),
+        ],
+    }
+    response = await rig.http.post("/web/uploads/t3", json=body)
+    assert response.status_code == 202, response.text
+    await rig.answers("t3", 1)
+    [_, binary, text] = files_agent.newest_user_parts()
+    assert binary == TextPart(text="[file: dump.txt]\n[this file was not read: it is not text]")
+    assert text == TextPart(text="[file: notes.txt]\ncaf\u00e9 \u2014 ok\n")
+
+
 async def test_a_large_upload_is_refused_on_the_message_route_but_not_on_the_upload_one(
     rig: ServiceRig,
 ) -> None:
