@@ -170,6 +170,9 @@ class WebLimits:
     """Past `body_grace_s`, a body must have come at this many bytes a second on average (a
     35 MB upload over a link of 64 kbit/s would not be taken in any case): a client that
     trickles a body to hold one of the `max_concurrent_uploads` slots is cut off (D305)."""
+    max_streams: int = 1_000
+    """Event streams one process keeps open at once; more are refused 503 with ``Retry-After``
+    (each re-reads the mailbox every `keepalive_s`: 2,000 idle ones cost a third of a core)."""
     max_page: int = 500
     """The most items one ``GET`` returns."""
     keepalive_s: float = 15.0
@@ -346,6 +349,8 @@ class WebChannel:
         self.repeated = 0
         """Deliveries whose id the thread held already (stored once, counted here)."""
         self._uploads = asyncio.Semaphore(self.limits.max_concurrent_uploads)
+        self.streams = 0
+        """Event streams open now (at most `WebLimits.max_streams`)."""
         self.router = self._build_router(prefix)
         self.body_limits: dict[str, int] = {
             prefix + "/": self.limits.max_body_bytes,
@@ -869,6 +874,8 @@ class WebChannel:
             after = self._int(request, "after", 0, 0, 2**53)
         kinds = _kinds(request.query_params.get("kinds"))
         live = request.query_params.get("live") == "1"
+        if self.streams >= self.limits.max_streams:  # each one re-reads the mailbox
+            raise self._unavailable("too many event streams are open; try again")
         page = self.limits.max_page
         first: tuple[WebItem, ...] = await self._mailbox_call(
             self.mailbox.read(space, thread, after=after, limit=page)
@@ -894,11 +901,12 @@ class WebChannel:
     ) -> AsyncIterator[str]:
         stopping = self._stopping
         cursor = LiveCursor(self.live, space, thread) if live else None
-        yield f"retry: {self.limits.reconnect_ms}\n\n"
+        self.streams += 1
         items: tuple[WebItem, ...] | None = first
         after_seq = after
         waiting: asyncio.Future[tuple[WebItem, ...]] | None = None
         try:
+            yield f"retry: {self.limits.reconnect_ms}\n\n"
             while True:
                 for item in items or ():
                     after_seq = item.seq
@@ -926,6 +934,7 @@ class WebChannel:
                 if not items:
                     yield ": keepalive\n\n"
         finally:
+            self.streams -= 1
             if waiting is not None and not waiting.done():
                 waiting.cancel()
 

@@ -256,3 +256,30 @@ async def test_a_reply_process_b_delivered_ends_what_process_a_shows_live(
         await channel.show(late)
         shown = [await events.next(timeout_s=2) for _ in range(3)]
     assert all(event.comment == "keepalive" for event in shown), shown
+
+
+async def test_streams_past_the_bound_are_refused_until_one_closes(
+    http: httpx.AsyncClient, channel: WebChannel
+) -> None:
+    """2,000 open streams were all taken, each re-reading the mailbox every few seconds."""
+    channel.limits = WebLimits(max_streams=2, keepalive_s=0.2)
+    async with (
+        http.stream("GET", "/web/threads/t1/events") as one,
+        http.stream("GET", "/web/threads/t2/events") as two,
+    ):
+        assert (one.status_code, two.status_code) == (200, 200)
+        for _ in range(100):
+            if channel.streams == 2:
+                break
+            await asyncio.sleep(0.02)
+        refused = await http.get("/web/threads/t3/events")
+        assert refused.status_code == 503, refused.text
+        assert refused.json()["error"]["code"] == "unavailable"
+        assert refused.headers["retry-after"] == "2"
+    for _ in range(100):
+        if channel.streams == 0:
+            break
+        await asyncio.sleep(0.02)
+    assert channel.streams == 0  # each stream that ended let its place go
+    async with http.stream("GET", "/web/threads/t3/events") as again:
+        assert again.status_code == 200
