@@ -21,6 +21,7 @@ import fnmatch
 import logging
 import math
 import os
+import re
 from collections.abc import AsyncIterator, Awaitable, Callable, Mapping
 from dataclasses import dataclass
 from typing import Any, Protocol, cast
@@ -415,9 +416,28 @@ class McpConnection:
             self._failures += 1
             self._report("malformed")
             return malformed(self.name, tool, f"{exc.error_count()} validation errors")
-        except MCPError as exc:
-            if exc.code == CONNECTION_CLOSED:
+        except (RuntimeError, RecursionError) as exc:
+            if not _OUTPUT_CHECK.match(str(exc)) and not isinstance(exc, RecursionError):
                 return self._crashed(tool, exc)
+            # the server answered, and the SDK's check of the answer against the tool's own
+            # output schema failed: that answer is malformed; the connection is fine
+            self._failures += 1
+            self._report("malformed")
+            return malformed(self.name, tool, self._redact(_describe(exc))[:500])
+        except MCPError as exc:
+            if exc.code == CONNECTION_CLOSED and str(exc) == _SDK_CLOSED:
+                return self._crashed(tool, exc)
+            if exc.code == CONNECTION_CLOSED:
+                # -32000 is also a server's own generic error, and the code of one call whose
+                # answer an HTTP stream lost: that call's outcome, not the connection's end
+                return self._ended(
+                    "error",
+                    self._redact(
+                        f"MCP server {self.name!r} did not complete {tool!r}: {exc}; "
+                        f"{_MAY_HAVE_HAPPENED}"
+                    )[:2000],
+                    fault=False,
+                )
             return self._ended(
                 "error",
                 self._redact(f"MCP server {self.name!r} refused {tool!r}: {exc}")[:2000],
@@ -553,6 +573,15 @@ def _spawn_failed(exc: BaseException) -> bool:
         elif item.__cause__ is not None:
             found.append(item.__cause__)
     return False
+
+
+_OUTPUT_CHECK = re.compile(
+    r"Tool .* has an output schema but did not return structured content"
+    r"|Invalid structured content returned by tool |Invalid schema for tool "
+)
+"""What the MCP SDK raises when a result fails the tool's declared output schema."""
+_SDK_CLOSED = "Connection closed"
+"""What the MCP SDK says when the connection itself ended (every call on it is cut)."""
 
 
 def _describe(exc: BaseException) -> str:

@@ -15,7 +15,7 @@ ServerState = Literal["starting", "ready", "restarting", "failed", "stopped"]
 
 @dataclass(frozen=True, kw_only=True, slots=True)
 class McpServerHealth:
-    """One server's health, as `gateway ops mcp`, ``GET /ops/mcp`` and the /ops page show it.
+    """One server's health, as `gateway ops mcp`, ``GET /api/v1/mcp`` and the /ops page show it.
 
     Never carries a secret: no environment values, headers or tokens, and `last_error` is
     passed through the service's redactor before it is kept.

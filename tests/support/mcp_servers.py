@@ -31,6 +31,7 @@ from typing import Any
 
 import mcp_types as types
 from mcp.server.lowlevel import NotificationOptions, Server
+from mcp.shared.exceptions import MCPError
 
 KEY = "durable-gateway/idempotency-key"
 PAGE = 3
@@ -49,11 +50,14 @@ _TEXT: dict[str, Any] = {
 }
 
 
-def _tool(name: str, schema: dict[str, Any] = _OBJECT, **hints: Any) -> types.Tool:
+def _tool(
+    name: str, schema: dict[str, Any] = _OBJECT, output: dict[str, Any] | None = None, **hints: Any
+) -> types.Tool:
     return types.Tool(
         name=name,
         description=f"the {name} tool",
         input_schema=schema,
+        output_schema=output,
         annotations=types.ToolAnnotations(**hints) if hints else None,
     )
 
@@ -63,6 +67,7 @@ TOOLS = [
     _tool(
         "add",
         {"type": "object", "properties": {"a": {"type": "number"}, "b": {"type": "number"}}},
+        {"type": "object", "properties": {"sum": {"type": "number"}}, "required": ["sum"]},
         read_only_hint=False,
         idempotent_hint=True,
         destructive_hint=False,
@@ -113,6 +118,8 @@ def build(marks: Path | None, *, linger: bool = False) -> Server[Any]:
         if name == "echo":
             return _text(f"echo: {args.get('text')}")
         if name == "add":
+            if args.get("a") == "wrong":  # an answer its own output schema refuses
+                return types.CallToolResult(content=[], structured_content={"sum": "many"})
             return types.CallToolResult(
                 content=[], structured_content={"sum": args.get("a", 0) + args.get("b", 0)}
             )
@@ -122,6 +129,8 @@ def build(marks: Path | None, *, linger: bool = False) -> Server[Any]:
             meta = params.meta or {}
             return _text(str(meta.get(KEY)))
         if name == "fail":
+            if args.get("rpc"):  # a JSON-RPC error with the generic server code (-32000)
+                raise MCPError(code=-32000, message="the ticket store is busy")
             return _text("no such ticket", error=True)
         if name == "crash":
             sys.stdout.flush()

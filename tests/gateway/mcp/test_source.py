@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import json
 import logging
 import os
@@ -169,6 +170,37 @@ async def test_a_crash_mid_call_is_an_error_then_a_restart_then_calls_work(
     health = source.health()[0]
     assert health.restarts >= 1 and health.state == "ready"
     assert ("demo", "crashed") in counted.calls
+
+
+async def test_a_server_s_generic_error_is_that_call_s_not_a_crash(
+    source: McpTools, counted: Counted
+) -> None:
+    """-32000 is the SDK's code for a closed connection and a server's generic error code: a
+    busy ticket store's error restarted the server and cut every call running on it."""
+    hanging = asyncio.ensure_future(call(source, "demo.hang"))
+    await asyncio.sleep(0.3)
+    refused = await call(source, "demo.fail", {"rpc": True})
+    assert refused.is_error and "the ticket store is busy" in text(refused)
+    assert "may have had its effect" in text(refused)
+    assert not hanging.done()  # the other call still runs on the same connection
+    assert source.health()[0].restarts == 0 and not counted.restarts
+    assert ("demo", "error") in counted.calls
+    hanging.cancel()
+    with contextlib.suppress(asyncio.CancelledError):
+        await hanging
+
+
+async def test_an_answer_its_own_output_schema_refuses_is_malformed_not_a_crash(
+    source: McpTools, counted: Counted
+) -> None:
+    """The SDK's check of a result against the tool's output schema raised, and the gateway
+    took it for a lost connection: the server restarted and its other calls were cut."""
+    wrong = await call(source, "demo.add", {"a": "wrong"})
+    assert wrong.is_error and "returned a malformed result for 'add'" in text(wrong)
+    assert "Invalid structured content" in text(wrong)
+    assert source.health()[0].restarts == 0 and not counted.restarts
+    assert ("demo", "malformed") in counted.calls
+    assert text(await call(source, "demo.add", {"a": 2, "b": 3})) == '{"sum":5}'
 
 
 async def test_calls_while_down_are_refused_at_once(marks: Path) -> None:
