@@ -270,7 +270,10 @@ class McpConnection:
                         raise _Lost(self._last_error or "the connection ended")
                     with anyio.fail_after(self.server.start_timeout_seconds):
                         if not self._relist.is_set():
-                            await client.send_ping()
+                            # a call in flight tells whether the server is there; a ping a
+                            # busy server answers late would cut that call (D200's "idle")
+                            if not self._calls_running:
+                                await client.send_ping()
                             continue
                         self._relist.clear()
                         await self._list(client)

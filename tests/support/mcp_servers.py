@@ -143,6 +143,9 @@ def build(marks: Path | None, *, linger: bool = False) -> Server[Any]:
                 time.sleep(3600)  # noqa: ASYNC251 (blocking is the point)
             os._exit(3)
         if name == "hang":
+            if args.get("block"):  # busy: the server's own loop does nothing else meanwhile
+                time.sleep(float(args["block"]))  # noqa: ASYNC251 (blocking is the point)
+                return _text("done blocking")
             try:
                 await asyncio.sleep(3600)
             except BaseException:

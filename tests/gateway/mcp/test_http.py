@@ -161,3 +161,21 @@ async def test_an_idle_server_that_went_away_is_noticed_by_a_ping(http_server: H
         assert text(await call(source, "remote.echo", {"text": "back"})) == "echo: back"
     finally:
         await source.close()
+
+
+async def test_a_busy_server_is_not_pinged_out_of_its_running_call(
+    http_server: HttpServer,
+) -> None:
+    """The idle ping went out during calls too: a server too busy to answer it in time had its
+    session torn down, and the call running there was cut."""
+    source = tools(
+        settings(http_server.url, bearer_token=TOKEN, start_timeout_seconds=1),
+        ping_every_s=0.1,
+    )
+    await source.start()
+    try:
+        done = await call(source, "remote.hang", {"block": 2.5})
+        assert not done.is_error and text(done) == "done blocking", text(done)
+        assert source.health()[0].restarts == 0
+    finally:
+        await source.close()
