@@ -290,6 +290,9 @@ class McpConnection:
                 args=list(server.args),
                 env={k: v.get_secret_value() for k, v in server.env.items()} or None,
                 cwd=server.cwd,
+                # one byte that is no UTF-8 on its output ended the SDK's reader for good: the
+                # server stayed "ready" and every call timed out
+                encoding_error_handler="replace",
             )
             # the server's stderr is not ours to print: it may echo the secrets it was given
             errlog = stack.enter_context(open(os.devnull, "w"))  # noqa: SIM115

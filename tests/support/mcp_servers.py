@@ -152,6 +152,9 @@ def build(marks: Path | None, *, linger: bool = False) -> Server[Any]:
                 mark("cancelled-hang")
                 raise
             return _text("woke")
+        if name == "malformed" and args.get("bytes"):
+            os.write(_WIRE[0], b"\xff\xfe is no UTF-8, and no JSON\n")  # a stray print
+            return _text("after the garbage")
         if name == "malformed":
             # the SDK checks what a handler returns, so the bad answer goes out on the wire
             # by hand (stdio); the SDK's own answer after it has no taker

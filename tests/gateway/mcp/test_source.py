@@ -203,6 +203,16 @@ async def test_an_answer_its_own_output_schema_refuses_is_malformed_not_a_crash(
     assert text(await call(source, "demo.add", {"a": 2, "b": 3})) == '{"sum":5}'
 
 
+async def test_bytes_that_are_no_utf8_on_a_server_s_output_do_not_wedge_it(
+    source: McpTools,
+) -> None:
+    """A stray byte ended the SDK's strict reader: the server stayed ready, every later call
+    timed out, and nothing restarted it."""
+    after = await call(source, "demo.malformed", {"bytes": True})
+    assert text(after) == "after the garbage"
+    assert text(await call(source, "demo.echo", {"text": "still here"})) == "echo: still here"
+
+
 async def test_calls_while_down_are_refused_at_once(marks: Path) -> None:
     gate = asyncio.Event()
 
