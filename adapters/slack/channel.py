@@ -68,7 +68,7 @@ from adapters.slack.delivery import SlackDelivery
 from adapters.slack.events import CHANNEL, classify
 from adapters.slack.files import SlackFiles
 from adapters.slack.history import SlackHistory
-from adapters.slack.link import SlackLink, ts_seconds
+from adapters.slack.link import REFUSED_TOKEN, SlackLink, ts_seconds
 from adapters.slack.live import SlackLive
 from harness_core import Clock, SystemClock
 
@@ -80,9 +80,6 @@ for _name in ("adapters.slack.sdk", "adapters.slack.bolt"):
     # at GATEWAY_LOG_LEVEL=debug too, the logs hold ids and outcomes only
     logging.getLogger(_name).setLevel(logging.INFO)
 
-_BAD_TOKEN = frozenset(
-    {"invalid_auth", "not_authed", "account_inactive", "token_revoked", "not_allowed_token_type"}
-)
 _MAX_BODY = 1_000_000
 _SEEN_EVENTS = 10_000
 _CATCH_UP_AFTER_S = 2.0
@@ -199,7 +196,7 @@ class SlackChannel:
             self.link.team_id = identity.get("team_id")
         except SlackApiError as exc:
             error = exc.response.get("error")
-            if error in _BAD_TOKEN:
+            if error in REFUSED_TOKEN:
                 raise SlackStartError(f"Slack refuses the bot token ({error})") from None
             log.warning("slack auth.test failed", extra={"reason": self.link.api_said(exc)})
         except (aiohttp.ClientError, TimeoutError) as exc:
@@ -228,7 +225,7 @@ class SlackChannel:
             await self.link.client.apps_connections_open(app_token=self._app_token or "")
         except SlackApiError as exc:
             error = exc.response.get("error")
-            if error in _BAD_TOKEN:
+            if error in REFUSED_TOKEN:
                 raise SlackStartError(f"Slack refuses the app token ({error})") from None
             log.warning(
                 "slack apps.connections.open failed", extra={"reason": self.link.api_said(exc)}

@@ -32,6 +32,7 @@ from adapters.reply_files import read_reply_files
 from adapters.slack.events import split_thread
 from adapters.slack.link import (
     METADATA_TYPE,
+    REFUSED_TOKEN,
     SCAN_PAGES,
     SlackLink,
     defused,
@@ -68,10 +69,6 @@ _PERMANENT = frozenset(
     }
 )
 """Slack errors that a retry cannot fix (the delivery becomes a dead letter at once)."""
-_REFUSED_TOKEN = frozenset(
-    {"invalid_auth", "not_authed", "account_inactive", "token_revoked", "not_allowed_token_type"}
-)
-"""The bot token is refused: an operator's to fix (GATEWAY_SLACK_BOT_TOKEN), then retried."""
 _CLOSE_LOOKBACK_S = 600
 """A close looks for the request's copies from this long before the request was made (clocks
 differ: ours stamps the request, Slack stamps the message)."""
@@ -557,7 +554,7 @@ def _delivery_error(exc: SlackApiError, *, after_post: bool) -> DeliveryError:
         )
     if error in _PERMANENT:
         return DeliveryError(f"Slack: {error}", permanent=True)
-    if error in _REFUSED_TOKEN:
+    if error in REFUSED_TOKEN:
         # kept for retries (a token put right, and the process restarted, delivers them), but
         # said where an operator looks: each attempt otherwise logs only "delivery failed"
         log.warning(

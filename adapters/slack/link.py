@@ -22,6 +22,10 @@ METADATA_TYPE = "gateway_delivery"
 """The Slack message metadata event type of everything the bot delivers."""
 SCAN_PAGES = 10
 """The most pages of 200 messages a read of a thread or a channel turns."""
+REFUSED_TOKEN = frozenset(
+    {"invalid_auth", "not_authed", "account_inactive", "token_revoked", "not_allowed_token_type"}
+)
+"""Slack's errors for a token it refuses: an operator's to put right, never a retry's."""
 _PING = re.compile(r"<!(here|channel|everyone|subteam\^[A-Z0-9]+)(?:\|[^>]*)?>")
 
 
