@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import asyncio
 import logging
+from collections.abc import Awaitable, Callable
 from typing import Any
 
 import aiohttp
@@ -78,20 +79,16 @@ class SlackHistory:
         log.info("slack backfill done", extra={"taken": taken})
 
     async def _conversations(self) -> list[str]:
-        found: list[str] = []
-        cursor: str | None = None
-        for _ in range(SCAN_PAGES):
-            answer = await self.link.client.users_conversations(
+        channels, _ = await _pages(
+            lambda cursor: self.link.client.users_conversations(
                 types="public_channel,private_channel,im,mpim",
                 exclude_archived=True,
                 limit=200,
-                **({"cursor": cursor} if cursor else {}),
-            )
-            found += [str(c["id"]) for c in answer.get("channels") or [] if c.get("id")]
-            cursor = (answer.get("response_metadata") or {}).get("next_cursor") or None
-            if not cursor:
-                break
-        return found
+                cursor=cursor,
+            ),
+            "channels",
+        )
+        return [str(c["id"]) for c in channels if c.get("id")]
 
     async def catch_up(self, thread: ThreadRef, since: str) -> None:
         """Take in what was posted in `thread` after `since` before the thread was a lane.
@@ -118,24 +115,24 @@ class SlackHistory:
 
     async def _since(self, channel: str, root: str | None, last: str) -> list[dict[str, Any]]:
         """The messages of a thread (or a DM's top level) after `last`, every page of them."""
-        messages: list[dict[str, Any]] = []
-        cursor: str | None = None
-        for _ in range(SCAN_PAGES):
-            if root is not None:
-                answer = await self.link.client.conversations_replies(
+        client = self.link.client
+        messages, complete = await _pages(
+            lambda cursor: (
+                client.conversations_replies(
                     channel=channel, ts=root, oldest=last, limit=200, cursor=cursor
                 )
-            else:
-                answer = await self.link.client.conversations_history(
+                if root is not None
+                else client.conversations_history(
                     channel=channel, oldest=last, limit=200, cursor=cursor
                 )
-            messages += [m for m in answer.get("messages") or [] if isinstance(m, dict)]
-            cursor = (answer.get("response_metadata") or {}).get("next_cursor") or None
-            if not cursor:
-                return messages
-        log.warning(
-            "slack backfill read its page limit", extra={"channel": channel, "pages": SCAN_PAGES}
+            ),
+            "messages",
         )
+        if not complete:
+            log.warning(
+                "slack backfill read its page limit",
+                extra={"channel": channel, "pages": SCAN_PAGES},
+            )
         return messages
 
     async def _backfill_thread(self, sink: InboundSink, thread: ThreadRef, last: str) -> int:
@@ -194,19 +191,28 @@ class SlackHistory:
         return tuple(kept), len(earlier) - len(kept)
 
     async def _thread_before(self, channel: str, root: str, ts: str) -> list[dict[str, Any]]:
-        found: list[dict[str, Any]] = []
-        cursor: str | None = None
-        for _ in range(SCAN_PAGES):
-            answer = await self.link.client.conversations_replies(
-                channel=channel,
-                ts=root,
-                latest=ts,
-                inclusive=False,
-                limit=200,
-                cursor=cursor,
-            )
-            found += [m for m in answer.get("messages") or [] if isinstance(m, dict)]
-            cursor = (answer.get("response_metadata") or {}).get("next_cursor") or None
-            if not cursor:
-                break
+        found, _ = await _pages(
+            lambda cursor: self.link.client.conversations_replies(
+                channel=channel, ts=root, latest=ts, inclusive=False, limit=200, cursor=cursor
+            ),
+            "messages",
+        )
         return found
+
+
+async def _pages(
+    read: Callable[[str | None], Awaitable[Any]], key: str
+) -> tuple[list[dict[str, Any]], bool]:
+    """The items under `key` of the pages `read(cursor)` answers; whether that was all.
+
+    At most `SCAN_PAGES` pages are read (200 items each, as every caller asks).
+    """
+    found: list[dict[str, Any]] = []
+    cursor: str | None = None
+    for _ in range(SCAN_PAGES):
+        answer = await read(cursor)
+        found += [item for item in answer.get(key) or [] if isinstance(item, dict)]
+        cursor = (answer.get("response_metadata") or {}).get("next_cursor") or None
+        if not cursor:
+            return found, True
+    return found, False
