@@ -377,10 +377,8 @@ class EmailChannel:
             return inbound
         root = inbound.thread.thread
         own = f"{root} from {sender}"
-        if len(own) > _MAX_OWN_THREAD:
-            own = f"{root} from {hashlib.sha256(sender.encode()).hexdigest()[:16]}"[
-                -_MAX_OWN_THREAD:
-            ]
+        if len(own) > _MAX_OWN_THREAD:  # a root holds at most 250 characters: this fits
+            own = f"{root} from {hashlib.sha256(sender.encode()).hexdigest()[:16]}"
         log.info("email from outside its thread", extra={"lane": inbound.thread.lane})
         return inbound.model_copy(update={"thread": email_thread(self.address, own)})
 

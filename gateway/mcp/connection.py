@@ -423,7 +423,7 @@ class McpConnection:
             self._report("malformed")
             return malformed(self.name, tool, f"{exc.error_count()} validation errors")
         except (RuntimeError, RecursionError) as exc:
-            if not _OUTPUT_CHECK.match(str(exc)) and not isinstance(exc, RecursionError):
+            if isinstance(exc, RuntimeError) and not _OUTPUT_CHECK.match(str(exc)):
                 return self._crashed(tool, exc)
             # the server answered, and the SDK's check of the answer against the tool's own
             # output schema failed: that answer is malformed; the connection is fine
