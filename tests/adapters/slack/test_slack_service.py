@@ -583,22 +583,32 @@ async def test_the_agent_cannot_ping_the_whole_channel(rig: Rig) -> None:
     assert "@S0OPS" in reply.text
 
 
-async def test_messages_posted_while_down_are_backfilled_after_a_restart(rig: Rig) -> None:
+async def _answered_then_stopped(rig: Rig) -> str:
+    """A mention answered, then the service stopped: the thread's root ts."""
     mention = rig.fake.mention_event("C1", "before the restart")
     await rig.event(mention)
     await rig.bot_replies("C1", mention["ts"], 1)
     await rig.service.stop(drain_seconds=1)
-    root = mention["ts"]
+    return str(mention["ts"])
+
+
+async def _restarted(rig: Rig) -> Any:
+    """A new service on the same settings (its backfill begins): its Slack adapter."""
+    rig.service = Service(rig.service.settings)
+    await rig.service.start()
+    assert rig.service.app is not None
+    rig.http._transport = httpx.ASGITransport(app=rig.service.app)
+    return rig.service.adapters["slack"]
+
+
+async def test_messages_posted_while_down_are_backfilled_after_a_restart(rig: Rig) -> None:
+    root = await _answered_then_stopped(rig)
     rig.fake.post_user_message("C1", "while you were away", thread_ts=root)
     rig.fake.post_user_message("C1", "<@UBOT> still there?", thread_ts=root)
     rig.fake.post_user_message(
         "C1", "unrelated", thread_ts=rig.fake.post_user_message("C1", "x")["ts"]
     )
-    rig.service = Service(rig.service.settings)
-    await rig.service.start()
-    assert rig.service.app is not None
-    rig.http._transport = httpx.ASGITransport(app=rig.service.app)
-    adapter: Any = rig.service.adapters["slack"]
+    adapter = await _restarted(rig)
     await _until(lambda: adapter.backfilled == 2)
 
     def answered(text: str) -> bool:
@@ -617,16 +627,10 @@ async def test_messages_posted_while_down_are_backfilled_after_a_restart(rig: Ri
 
 async def test_a_backfill_reads_every_page_of_what_was_posted_while_down(rig: Rig) -> None:
     """It read one page of 200: the rest of a busy thread's messages were never taken."""
-    mention = rig.fake.mention_event("C1", "before the restart")
-    await rig.event(mention)
-    await rig.bot_replies("C1", mention["ts"], 1)
-    await rig.service.stop(drain_seconds=1)
-    root = mention["ts"]
+    root = await _answered_then_stopped(rig)
     for n in range(250):
         rig.fake.post_user_message("C1", f"note {n}", thread_ts=root)
-    rig.service = Service(rig.service.settings)
-    await rig.service.start()
-    adapter: Any = rig.service.adapters["slack"]
+    adapter = await _restarted(rig)
     await _until(lambda: adapter.backfilled == 250, timeout_s=30)
     replies = rig.fake.calls_to("conversations.replies")
     assert len(replies) >= 2 and replies[-1].params.get("cursor")  # the second page was read
