@@ -119,10 +119,13 @@ async def mail(tmp_path: Any, dovecot: Dovecot) -> AsyncIterator[Mail]:
     with SmtpServer(dovecot, username=bot.address, password=bot.password) as smtp:
         service = Service(_settings(tmp_path, dovecot, smtp, bot))
         await service.start()
+        mail = Mail(service, dovecot, smtp, bot, person)
         try:
-            yield Mail(service, dovecot, smtp, bot, person)
+            yield mail
         finally:
-            await service.stop(drain_seconds=2)
+            # a test may have restarted the service: the one running now is stopped too
+            for started in dict.fromkeys((service, mail.service)):
+                await started.stop(drain_seconds=2)
 
 
 def _text(message: EmailMessage) -> str:

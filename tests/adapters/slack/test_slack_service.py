@@ -102,8 +102,11 @@ async def _running(tmp_path: Any, *, socket_mode: bool, stream: bool = False) ->
         assert service.app is not None
         transport = httpx.ASGITransport(app=service.app)
         async with httpx.AsyncClient(transport=transport, base_url="http://localhost") as http:
-            yield Rig(service, fake, http)
-        await service.stop(drain_seconds=2)
+            rig = Rig(service, fake, http)
+            yield rig
+        # a test may have restarted the service: the one running now is stopped too
+        for started in dict.fromkeys((service, rig.service)):
+            await started.stop(drain_seconds=2)
 
 
 @pytest.fixture
