@@ -39,6 +39,8 @@ SERVER_NAME = re.compile(r"[a-z][a-z0-9_-]{0,31}")
 _ENV_NAME = re.compile(r"[A-Za-z_][A-Za-z0-9_]{0,127}")
 _HEADER_NAME = re.compile(r"[!#$%&'*+.^_`|~0-9A-Za-z-]{1,128}")
 _APPROVER = re.compile(r"[^\s,]{1,100}")
+_WORDLIKE = re.compile(r"[A-Za-z][A-Za-z-]*|[A-Za-z]+/[A-Za-z0-9.+-]+")
+"""``production``, ``application/json``: values that are more likely settings than secrets."""
 
 
 class _Table(BaseModel):
@@ -97,6 +99,9 @@ class McpServer(_Table):
     max_output_chars: int = Field(default=20_000, ge=200, le=1_000_000)
     overrides: dict[str, McpToolOverride] = Field(default_factory=dict)
     """Per tool, by its own name (without the server's prefix)."""
+    not_secret: tuple[str, ...] = ()
+    """Names in `env` or `headers` whose values are no secret (``NODE_ENV``, ``Accept``): they
+    are not redacted. Every other value is, wherever it appears, in answers too (D307)."""
 
     @property
     def transport(self) -> Literal["stdio", "http"]:
@@ -116,8 +121,12 @@ class McpServer(_Table):
         return f"{parts.scheme}://{host}{port}{parts.path}"
 
     def secrets(self) -> Iterator[str]:
-        """Every secret value it holds (environment values, header values, the token)."""
-        for value in (*self.env.values(), *self.headers.values()):
+        """Every secret value it holds.
+
+        The environment and header values not named in `not_secret`, the token, the URL's
+        password.
+        """
+        for value in self._secret_values().values():
             whole = value.get_secret_value()
             yield whole
             scheme, _, rest = whole.partition(" ")
@@ -127,6 +136,28 @@ class McpServer(_Table):
             yield self.bearer_token.get_secret_value()
         if self.url is not None and (password := urlsplit(self.url).password):
             yield password
+
+    def word_valued(self, min_chars: int) -> list[str]:
+        """Where a secret value that answers may well hold is set: worth a warning (D307).
+
+        The names in `env` and `headers` (``header <name>``) whose value, of `min_chars` or
+        more, reads like a word or a media type.
+        """
+        return [
+            name
+            for name, value in self._secret_values().items()
+            if len(text := value.get_secret_value()) >= min_chars and _WORDLIKE.fullmatch(text)
+        ]
+
+    def _secret_values(self) -> dict[str, SecretStr]:
+        plain = {name.lower() for name in self.not_secret}
+        values = dict(self.env)
+        values.update((f"header {name}", v) for name, v in self.headers.items())
+        return {
+            name: value
+            for name, value in values.items()
+            if name.removeprefix("header ").lower() not in plain
+        }
 
     @field_validator("name")
     @classmethod
@@ -198,6 +229,12 @@ class McpServer(_Table):
             name.lower() == "authorization" for name in self.headers
         ):
             raise ValueError(f"{where} sets both bearer_token and an Authorization header")
+        named = {name.lower() for name in (*self.env, *self.headers)}
+        for name in self.not_secret:
+            if name.lower() not in named:
+                raise ValueError(
+                    f"{where}: not_secret names {name!r}, which is in neither env nor headers"
+                )
         return self
 
 
@@ -236,7 +273,8 @@ class McpSection(Section):
         "<name>.<tool>): command, args, env, cwd start one (stdio); url, headers, bearer_token "
         "reach one (Streamable HTTP). Also start_timeout_seconds, call_timeout_seconds, tools "
         "(names or patterns to offer), trusted (take its annotations as declared), "
-        "max_output_chars and overrides per tool (replay, approval, approvers, disabled). "
+        "max_output_chars, overrides per tool (replay, approval, approvers, disabled) and "
+        "not_secret (env or header names whose values need no redacting). "
         "See docs/mcp.md.",
     )
 

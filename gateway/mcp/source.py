@@ -11,19 +11,24 @@ its health says why, the others and the service carry on.
 from __future__ import annotations
 
 import asyncio
+import logging
 from collections.abc import Callable, Iterable
 from typing import Any
 
 import mcp_types as types
 
+from gateway.logs import event
 from gateway.mcp.connection import PING_EVERY_S, Backoff, CallObserver, McpConnection, Sleep
 from gateway.mcp.health import McpServerHealth
 from gateway.mcp.policy import declarations
 from gateway.mcp.settings import McpServer
+from gateway.redact import MIN_SECRET_CHARS
 from harness_core.clock import Clock
 from harness_core.tools import Tool, ToolContext, ToolOutput
 
 __all__ = ["McpTools"]
+
+log = logging.getLogger("gateway.mcp")
 
 _MARGIN_S = 15.0
 """The harness's own timeout sits this far past the server's call timeout: a backstop only."""
@@ -65,6 +70,19 @@ class McpTools:
 
     async def start(self) -> None:
         """Start every server at once; returns when each is up or has failed its first try."""
+        for connection in self._connections.values():
+            for name in connection.server.word_valued(MIN_SECRET_CHARS):
+                # the value is a secret: the line names where it is set, never what it is
+                log.warning(
+                    event(
+                        "mcp.word_kept_secret",
+                        server=connection.name,
+                        setting=name,
+                        note="this value reads like a word, and it is shown as [redacted] "
+                        "wherever it appears, in answers too: if it is no secret, name it "
+                        "in the server's not_secret",
+                    )
+                )
         await asyncio.gather(*(c.start() for c in self._connections.values()))
         self._rebuild()
 
