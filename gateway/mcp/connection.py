@@ -84,6 +84,10 @@ class CallObserver(Protocol):
         """The server came up (ready) or went down."""
 
 
+class _Refused(GatewayError):
+    """The server's answer breaks the protocol (the message says where)."""
+
+
 class _Lost(GatewayError):
     """The connection ended (the server exited or a call found it gone)."""
 
@@ -317,7 +321,12 @@ class McpConnection:
         found: dict[str, types.Tool] = {}
         cursor: str | None = None
         for _ in range(MAX_PAGES):
-            page = await client.list_tools(cursor=cursor, cache_mode="refresh")
+            try:
+                page = await client.list_tools(cursor=cursor, cache_mode="refresh")
+            except ValidationError as exc:
+                # the SDK refuses the whole page for one bad tool, as the official clients do;
+                # the health names that tool rather than "1 validation error for ..."
+                raise _Refused(f"its tool list breaks the protocol: {_first_fault(exc)}") from None
             for tool in page.tools:
                 if self._exposed(tool.name):
                     found[tool.name] = tool
@@ -596,5 +605,21 @@ def _describe(exc: BaseException) -> str:
         exc = exc.exceptions[0]
     if isinstance(exc, TimeoutError):
         return "timed out"
+    if isinstance(exc, _Refused):
+        return str(exc)
     text = str(exc).strip().splitlines()[0] if str(exc).strip() else ""
     return f"{type(exc).__name__}: {text}" if text else type(exc).__name__
+
+
+def _first_fault(exc: ValidationError) -> str:
+    """Where an answer first breaks the protocol: ``tool 'x' (tools.1): inputSchema: ...``."""
+    first = exc.errors()[0]
+    loc = [str(part) for part in first["loc"]]
+    said = f"{first['msg']}"
+    if len(loc) >= 2 and loc[0] == "tools":
+        tool = first.get("input") if len(loc) == 3 else None
+        name = tool.get("name") if isinstance(tool, dict) else None
+        who = f"tool {name[:100]!r}" if isinstance(name, str) else "a tool"
+        rest = ".".join(loc[2:])
+        return f"{who} (tools.{loc[1]}): {rest + ': ' if rest else ''}{said}"
+    return f"{'.'.join(loc) or 'the answer'}: {said}"

@@ -329,6 +329,30 @@ async def test_a_server_that_fails_to_start_is_contained(marks: Path, counted: C
         await source.close()
 
 
+async def test_a_tool_list_that_breaks_the_protocol_names_the_tool() -> None:
+    """It said "ValidationError: 1 validation error for ListToolsResult", restart after
+    restart: which tool, and what was wrong with it, was for the operator to find out."""
+    raw = McpServer.model_validate(
+        {
+            "name": "raw",
+            "command": sys.executable,
+            "args": ["-m", "tests.support.mcp_raw"],
+            "cwd": ROOT,
+        }
+    )
+    source = McpTools([raw], clock=SystemClock(), backoff=Backoff(first_s=0.05, max_s=0.1))
+    await source.start()
+    try:
+        [health] = source.health()
+        assert health.state == "restarting" and not source.tools()
+        assert health.last_error == (
+            "its tool list breaks the protocol: tool 'noschema' (tools.1): inputSchema: "
+            "Field required"
+        )
+    finally:
+        await source.close()
+
+
 async def test_secrets_stay_out_of_logs_and_health(
     source: McpTools, caplog: pytest.LogCaptureFixture
 ) -> None:

@@ -1,0 +1,46 @@
+"""An MCP server over stdio that writes its JSON-RPC by hand: ``python -m tests.support.mcp_raw``.
+
+The SDK's servers cannot send what the protocol forbids; hand-written servers in the wild do.
+This one lists ``good`` (a proper tool) and ``noschema`` (no ``inputSchema``, which the
+protocol requires), and answers a call to either with a line of text.
+"""
+
+from __future__ import annotations
+
+import json
+import sys
+from typing import Any
+
+TOOLS: list[dict[str, Any]] = [
+    {"name": "good", "description": "a proper tool", "inputSchema": {"type": "object"}},
+    {"name": "noschema", "description": "a tool without its input schema"},
+]
+
+
+def answer(request: dict[str, Any]) -> dict[str, Any]:
+    """The result of one request."""
+    method, params = request.get("method"), request.get("params") or {}
+    if method == "initialize":
+        return {
+            "protocolVersion": params["protocolVersion"],
+            "capabilities": {"tools": {}},
+            "serverInfo": {"name": "raw", "version": "1"},
+        }
+    if method == "tools/list":
+        return {"tools": TOOLS}
+    if method == "tools/call":
+        return {"content": [{"type": "text", "text": f"called {params.get('name')}"}]}
+    return {}
+
+
+def main() -> None:
+    for line in sys.stdin:
+        request = json.loads(line)
+        if "id" in request:  # a notification gets no answer
+            reply = {"jsonrpc": "2.0", "id": request["id"], "result": answer(request)}
+            sys.stdout.write(json.dumps(reply) + "\n")
+            sys.stdout.flush()
+
+
+if __name__ == "__main__":
+    main()
