@@ -186,7 +186,12 @@ def _pydantic_ai_model(ref: ModelRef, key: str | None, base_url: str | None, tim
 
         provider = OpenAIProvider(base_url=base_url, api_key=key)
         kind = "responses" if ref.provider == "openai-responses" else "chat"
-        model = classes[kind](ref.model_id, provider=provider)
+        profile: Any = provider.model_profile(ref.model_id)
+        if ref.provider == "openai" and isinstance(profile, dict):
+            # OpenAI always ends a stream with a finish reason: a stream without one was cut
+            # (retried), not a whole answer; `openai-compatible` servers may never send one
+            profile = {**profile, "openai_chat_streaming_requires_finish_reason": True}
+        model = classes[kind](ref.model_id, provider=provider, profile=profile)
     elif ref.provider == "anthropic":
         from pydantic_ai.providers.anthropic import AnthropicProvider
 

@@ -139,10 +139,30 @@ class Tool:
         return ToolDefinition(name=self.name, description=self.description, parameters=dict(schema))
 
     def parse(self, args: Mapping[str, Any]) -> Any:
-        """Validate arguments; raises `ToolArgumentsError` with a message for the model."""
+        """Validate arguments; raises `ToolArgumentsError` with a message for the model.
+
+        Arguments the model wrote that were no JSON object (kept under `UNPARSED_ARGUMENTS`)
+        are refused, and so is an argument the args model does not name, unless its config
+        says what to do with extra keys: either way the tool would run on its defaults in
+        place of what the model asked for (D308).
+        """
         plain = thaw_json(args)
+        unparsed = plain.get(UNPARSED_ARGUMENTS) if len(plain) == 1 else None
+        if isinstance(unparsed, str):
+            shown = unparsed if len(unparsed) <= 200 else unparsed[:200] + "..."
+            raise ToolArgumentsError(
+                f"invalid arguments for {self.name}: they are not a JSON object: {shown}"
+            )
         if self.args_model is None:
             return plain
+        if self.args_model.model_config.get("extra") is None:
+            unknown = sorted(set(plain) - _argument_names(self.args_model))
+            if unknown:
+                named = ", ".join(sorted(self.args_model.model_fields)) or "none"
+                raise ToolArgumentsError(
+                    f"invalid arguments for {self.name}: {', '.join(unknown)}: not an argument "
+                    f"of this tool (its arguments: {named})"
+                )
         try:
             return self.args_model.model_validate(plain)
         except ValidationError as exc:
@@ -151,6 +171,27 @@ class Tool:
                 for error in exc.errors(include_url=False)
             )
             raise ToolArgumentsError(f"invalid arguments for {self.name}: {problems}") from exc
+
+
+UNPARSED_ARGUMENTS = "INVALID_JSON"
+"""The one key under which a model's tool arguments that were no JSON object are kept (as
+pydantic-ai keeps them, and as Anthropic asks them to be sent back): never run as arguments."""
+
+
+@functools.lru_cache(maxsize=256)
+def _argument_names(model: type[BaseModel]) -> frozenset[str]:
+    """The keys `model` takes: each field's name and its validation aliases."""
+    names: set[str] = set()
+    for name, info in model.model_fields.items():
+        names.add(name)
+        if isinstance(info.alias, str):
+            names.add(info.alias)
+        choices = getattr(info.validation_alias, "choices", None)
+        if isinstance(info.validation_alias, str):
+            names.add(info.validation_alias)
+        elif choices is not None:
+            names.update(c for c in choices if isinstance(c, str))
+    return frozenset(names)
 
 
 def _schema_of(model: type[BaseModel]) -> Mapping[str, Any]:

@@ -34,7 +34,7 @@ from harness_core.messages import (
     TokenUsage,
 )
 from harness_core.models import DEFAULT_INFO, ModelInfo, ModelRef, ModelRequest
-from harness_core.models.conversion import from_model_response, to_model_messages
+from harness_core.models.conversion import from_model_response, to_model_messages, token_usage
 from harness_core.models.tool_names import ToolNameClash, ToolNames, wire_name
 
 __all__ = ["ModelResolver", "PydanticAIModel"]
@@ -162,6 +162,8 @@ class PydanticAIModel:
                                 )
                             )
                     response = streamed.get()
+                if response.finish_reason is None and response.state != "suspended":
+                    return _cut_short(response)
             else:
                 response = await model_request(
                     model,
@@ -278,6 +280,20 @@ def _failure(
         ),
         usage=TokenUsage(),
     )
+
+
+def _cut_short(response: pai.ModelResponse) -> AssistantMessage:
+    """A stream that ended before the provider said the response was complete.
+
+    Anthropic's ends with ``message_delta`` (its stop reason) and ``message_stop``, OpenAI's
+    Responses with ``response.completed``; a body that ends cleanly before them was cut (a proxy,
+    a dropped upstream), and what came may stop mid-sentence or mid-way through a tool call's
+    arguments. It is a lost connection: tried again, its usage so far counted (D308).
+    """
+    failed = _failure(
+        "network", "the provider's stream ended before the response was complete", True
+    )
+    return failed.model_copy(update={"usage": token_usage(response.usage)})
 
 
 _KINDS: list[tuple[type[Exception], ModelErrorKind, bool]] = [

@@ -9,6 +9,7 @@ off, and the usage total a provider reported is the one stored.
 
 from __future__ import annotations
 
+from dataclasses import replace
 from pathlib import Path
 
 import pytest
@@ -18,13 +19,13 @@ from config import Settings
 from gateway.ask import ask
 from gateway.models import model_from_settings
 from gateway.replies import CUT_OFF_BEFORE_ANSWER, CUT_OFF_NOTE
-from harness_core import ToolResultMessage
+from harness_core import AssistantMessage, ToolResultMessage, message_text
 from harness_core.messages import TextPart, UserMessage
 from harness_core.models import ModelRequest, ToolDefinition
 from harness_core.models.pydantic_ai import PydanticAIModel
 from harness_core.session.types import RecordQuery
 from harness_core.storage import open_repo
-from tests.support.fake_llm import FakeLLM
+from tests.support.fake_llm import FakeLLM, Recorded
 from tests.support.gateway_rig import lane_texts
 
 EXAMPLE = "examples.agent"
@@ -182,3 +183,50 @@ async def test_thinking_tokens_counted_only_in_the_total_are_kept(
     assert message.stop_reason == "tool_use", message.error
     assert message.usage is not None
     assert (message.usage.input, message.usage.output, message.usage.total_tokens) == (35, 74, 109)
+
+
+# provider -> (a recorded whole answer, how many of its events came before the body ended)
+CUT_SHORT = {
+    "openai": ("chat/answer_stream.sse", 4),  # no chunk with a finish reason, no [DONE]
+    "openai-responses": ("responses/answer_stream.sse", 9),  # no response.completed
+    "anthropic": ("messages/thinking_answer_stream.sse", 11),  # no message_delta / message_stop
+}
+
+
+@pytest.mark.parametrize("provider", list(CUT_SHORT))
+async def test_a_stream_that_ends_before_the_provider_s_end_is_a_lost_connection(
+    fake: FakeLLM, provider: str
+) -> None:
+    """It was delivered as a whole answer: "Done: the" said the thread, and a tool call cut in
+    its arguments ran with the tool's defaults. It is retried now (D308)."""
+    name, kept = CUT_SHORT[provider]
+    whole = Recorded.load(name)
+    fake.push(replace(whole, body=b"".join(whole.events()[:kept])))
+    message = await _streamed(fake, provider)
+    assert message.stop_reason == "error" and message.error is not None
+    assert (message.error.kind, message.error.retryable) == ("network", True)
+
+
+async def test_a_compatible_server_may_end_its_stream_without_a_finish_reason(
+    fake: FakeLLM,
+) -> None:
+    # some OpenAI-compatible servers never send one: their answers are whole
+    whole = Recorded.load("chat/answer_stream.sse")
+    fake.push(replace(whole, body=b"".join((*whole.events()[:4], whole.events()[-1]))))
+    message = await _streamed(fake, "openai-compatible")
+    assert message.stop_reason == "stop" and message_text(message) == "Done: the tools answered."
+
+
+async def _streamed(fake: FakeLLM, provider: str) -> AssistantMessage:
+    base = fake.anthropic_base_url if provider == "anthropic" else fake.openai_base_url
+    settings = Settings(
+        model=f"{provider}:gpt-4o-mini", model_api_key=SecretStr("sk-test"), model_base_url=base
+    )
+    client, ref = model_from_settings(settings)
+    assert isinstance(client, PydanticAIModel)
+    request = ModelRequest(model=ref, messages=(UserMessage(content=(TextPart(text="hi"),)),))
+    try:
+        return await client.request(request, lambda _: None)
+    finally:
+        await client.aclose()
+        fake.assert_drained()

@@ -155,6 +155,30 @@ async def test_an_approved_call_runs_after_its_durable_decision(
     assert isinstance(result, ToolResultMessage) and message_text(result) == "deployed 42"
 
 
+async def test_two_calls_the_provider_gave_one_id_are_each_decided_and_run_once(
+    backend: str, tmp_path: Path
+) -> None:
+    """Both calls' approvals went to the first: approved, it ran twice (a never-replayed
+    deploy) and the second, the one the approver also saw, never ran (D308)."""
+    effects = Effects()
+    same = tool_calls(("deploy", {"build": 1}, "dup"), ("deploy", {"build": 2}, "dup"))
+    kit = await make_kit(backend, tmp_path, [same, text("done")], tools=effects.tools())
+    waiting = await kit.harness.prompt("ship both")
+    assert isinstance(waiting, Ok) and waiting.value.kind == "suspended"
+    pending = waiting.value.pending_approvals
+    assert [(p.tool_call_id, dict(p.args)) for p in pending] == [
+        ("dup", {"build": 1}),
+        ("dup_2", {"build": 2}),
+    ]
+    resumed = await kit.harness.resume(
+        [approve(pending[0]), deny(pending[1], "not 2")], wait_id=waiting.value.wait_id
+    )
+    assert isinstance(resumed, Ok) and resumed.value.kind == "completed"
+    assert effects.deployed == [1]
+    results = [m for m in kit.model.requests[-1].messages if isinstance(m, ToolResultMessage)]
+    assert [(r.tool_call_id, r.outcome) for r in results] == [("dup", "ok"), ("dup_2", "denied")]
+
+
 async def test_approve_with_override_arguments(backend: str, tmp_path: Path) -> None:
     effects = Effects()
     kit = await waiting_kit(backend, tmp_path, effects, text("done"))

@@ -6,14 +6,15 @@ import asyncio
 from pathlib import Path
 from typing import Any
 
-from pydantic import BaseModel, Field
+import pytest
+from pydantic import BaseModel, ConfigDict, Field
 
 from harness_core.messages import ToolResultMessage, message_text
 from harness_core.models.scripted import text, tool_call
 from harness_core.result import Ok
 from harness_core.session.records import ToolStarted
 from harness_core.session.types import RecordQuery
-from harness_core.tools import Tool, ToolContext, tool
+from harness_core.tools import Tool, ToolArgumentsError, ToolContext, tool
 from tests.support.harness_kit import make_kit
 
 
@@ -77,6 +78,58 @@ async def test_invalid_arguments_go_back_to_the_model_and_nothing_starts(
     result = kit.model.requests[-1].messages[-1]
     assert isinstance(result, ToolResultMessage) and result.outcome == "error"
     assert "invalid arguments for deploy: build:" in message_text(result)
+
+
+@pytest.mark.parametrize(
+    ("arguments", "said"),
+    [
+        # the model's text was no JSON object: pydantic-ai kept it so; it ran on the defaults
+        (
+            {"INVALID_JSON": '{"build": 7, "region": "us"'},
+            'invalid arguments for deploy: they are not a JSON object: {"build": 7, "region"',
+        ),
+        # a misspelt key was dropped and the default region used
+        (
+            {"build": 7, "regoin": "us"},
+            "invalid arguments for deploy: regoin: not an argument of this tool (its "
+            "arguments: build, region)",
+        ),
+    ],
+)
+async def test_arguments_the_tool_would_not_read_are_refused_not_defaulted(
+    backend: str, tmp_path: Path, arguments: dict[str, Any], said: str
+) -> None:
+    runs: list[tuple[Deploy, str]] = []
+    kit = await make_kit(
+        backend, tmp_path, [tool_call("deploy", arguments), text("sorry")],
+        tools=[deploy_tool(runs)],
+    )  # fmt: skip
+    assert isinstance(await kit.harness.prompt("ship it"), Ok)
+    assert runs == []
+    result = kit.model.requests[-1].messages[-1]
+    assert isinstance(result, ToolResultMessage) and result.outcome == "error"
+    assert message_text(result).startswith(said)
+
+
+def test_an_args_model_that_says_what_extra_keys_do_keeps_its_word() -> None:
+    class Loose(BaseModel):
+        model_config = ConfigDict(extra="ignore")
+        build: int
+
+    class Aliased(BaseModel):
+        build: int = Field(alias="buildNumber")
+
+    async def run(args: Any, ctx: ToolContext) -> str:
+        return "ok"
+
+    loose = Tool(name="loose", description="d", execute=run, args_model=Loose)
+    assert loose.parse({"build": 1, "note": "x"}) == Loose(build=1)
+    aliased = Tool(name="aliased", description="d", execute=run, args_model=Aliased)
+    assert aliased.parse({"buildNumber": 3}).build == 3
+    free = Tool(name="free", description="d", execute=run)  # a dict tool (an MCP one's kind)
+    assert free.parse({"any": "key"}) == {"any": "key"}
+    with pytest.raises(ToolArgumentsError, match="not a JSON object"):
+        free.parse({"INVALID_JSON": "[1, 2"})
 
 
 async def test_a_tool_that_overruns_its_timeout_is_an_error_result(

@@ -37,6 +37,7 @@ from harness_core.messages import (
     ModelErrorKind,
     TextPart,
     TokenUsage,
+    ToolCallPart,
     UserMessage,
     message_text,
 )
@@ -323,6 +324,7 @@ class Steps(Part):
         result_id, final, attempt, retried = await self._attempts(
             "assistant", span, self._assistant_request, self._screen_assistant
         )
+        final = _unique_call_ids(final)
         stored = await self.fx.append_entry(MessageEntry(id=result_id, message=final))
         if retried:
             self._retry_end("assistant", attempt, success=final.stop_reason != "error")
@@ -392,3 +394,28 @@ def _exhausted(kind: StepKind, retry: RetryPolicy) -> str:
     if kind == "assistant":
         return f"the model failed {retry.max_attempts} times"
     return f"the {kind} step failed every attempt"
+
+
+def _unique_call_ids(message: AssistantMessage) -> AssistantMessage:
+    """`message` with no two tool calls under one id: a repeat becomes ``<id>_2`` (``_3``...).
+
+    A provider that gave two calls one id had one call's approval, decision and result taken
+    for the other's: the first ran twice and the second never. The new id is the call's from
+    here on, sent back to the provider with its call and its result (D308).
+    """
+    calls = [part for part in message.content if isinstance(part, ToolCallPart)]
+    if len({call.id for call in calls}) == len(calls):
+        return message
+    taken: set[str] = set()
+    content: list[Any] = []
+    for part in message.content:
+        if isinstance(part, ToolCallPart):
+            unique, n = part.id, 1
+            while unique in taken:
+                n += 1
+                unique = f"{part.id}_{n}"
+            taken.add(unique)
+            content.append(part.model_copy(update={"id": unique}))
+        else:
+            content.append(part)
+    return message.model_copy(update={"content": tuple(content)})
