@@ -17,7 +17,7 @@ from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
-from urllib.parse import urlsplit
+from urllib.parse import urlsplit, urlunsplit
 
 from fastapi import FastAPI
 
@@ -62,6 +62,7 @@ from harness_core import (
     Tool,
     open_repo,
 )
+from harness_core.backends.redis import eviction_policy
 from harness_core.backends.urls import without_password
 
 __all__ = ["Service", "ServiceParts", "StartRefused", "default_worker_id"]
@@ -163,6 +164,7 @@ class Service:
         if failed:  # before any adapter or worker starts: nothing to drain, nothing half-begun
             await self._close_owned()
             raise StartRefused(self._refusals(failed))
+        await self._check_eviction()
         plugin = load_plugin(settings.plugin, settings)
         if parts.model_client is not None:
             client = parts.model_client
@@ -439,6 +441,22 @@ class Service:
             part: "ok" if exc is None else type(exc).__name__
             for part, exc in (await self.probe()).items()
         }
+
+    async def _check_eviction(self) -> None:
+        """Warn when a Redis the gateway keeps its state in may evict keys (D309)."""
+        urls = {self.settings.effective_store_url, self.settings.effective_broker_url}
+        for url in sorted(u for u in urls if u.startswith(("redis", "rediss", "unix"))):
+            policy = await eviction_policy(urlunsplit(urlsplit(url)._replace(query="")))
+            if policy is not None and policy != "noeviction":
+                log.warning(
+                    event(
+                        "redis may evict the gateway's keys",
+                        url=without_password(url),
+                        maxmemory_policy=policy,
+                        fix="set maxmemory-policy noeviction (accepted messages, sessions and "
+                        "replies are lost when Redis evicts them under memory pressure)",
+                    )
+                )
 
     async def probe(self) -> dict[str, Exception | None]:
         """Ask the broker and the store one cheap question each: None, or why one did not answer."""

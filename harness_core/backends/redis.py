@@ -38,6 +38,7 @@ __all__ = [
     "CLUSTER_MAX_CONNECTIONS",
     "connect",
     "discover",
+    "eviction_policy",
     "KeySpace",
     "Once",
     "package_scripts",
@@ -144,6 +145,27 @@ def connect(
         return aioredis.Redis.from_url(target, **options)
     except (ValueError, TypeError, RedisError) as exc:
         raise ValueError(f"redis URL {without_password(url)!r}: {type(exc).__name__}") from exc
+
+
+async def eviction_policy(url: str) -> str | None:
+    """The ``maxmemory-policy`` of the server at `url`, or None when it cannot be read.
+
+    Anything but ``noeviction`` lets Redis delete keys under memory pressure, a store's and a
+    broker's included (managed services often refuse ``CONFIG``: None then).
+    """
+    try:
+        client = connect(url, socket_timeout=2.0)
+    except ValueError:
+        return None
+    try:
+        await discover(client)
+        answer = await client.config_get("maxmemory-policy")
+    except Exception:  # refused (CONFIG renamed or forbidden), unreachable: unknown
+        return None
+    finally:
+        await close_clients(client)
+    policy = answer.get("maxmemory-policy") if isinstance(answer, dict) else None
+    return policy if isinstance(policy, str) else None
 
 
 async def discover(client: object) -> None:

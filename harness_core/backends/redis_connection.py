@@ -35,6 +35,13 @@ class _TimedSend(AbstractConnection):
     async def send_packed_command(
         self, command: bytes | str | Iterable[bytes], check_health: bool = True
     ) -> None:
+        reader = self._reader
+        if reader is not None and self.is_connected and reader.at_eof():
+            # the server closed this connection while it was idle (its `timeout`, CLIENT
+            # KILL, a restart): nothing was sent, so a new one is safe. A single-connection
+            # client (a store's writer) is never checked out of a pool, which would see it;
+            # without this the next write failed and its session waited out a lease
+            await self.disconnect(nowait=True)
         timeout = self.socket_timeout
         if not timeout:  # untimed: redis-py's own path has no wait_for either
             await super().send_packed_command(command, check_health)

@@ -81,6 +81,26 @@ async def test_a_single_connection_client_sends_without_a_task(redis_server: Red
         await close_clients(client)
 
 
+async def test_a_connection_the_server_closed_while_idle_is_opened_again(
+    redis_server: RedisServer,
+) -> None:
+    """A store's writer holds one connection; Redis closing it while idle (its `timeout`, a
+    CLIENT KILL) failed the next write, and its session waited out a whole lease."""
+    client = connect(redis_server.url, single_connection=True)
+    admin = connect(redis_server.url)
+    try:
+        await client.client_setname("the-writer")
+        await client.set("idle:k", "1")
+        listed = await admin.client_list()
+        [writer] = [c for c in listed if c["name"] == "the-writer"]
+        assert await admin.client_kill_filter(_id=writer["id"]) == 1
+        await asyncio.sleep(0.2)  # the close reaches the client's socket
+        await client.set("idle:k", "2")  # on a new connection: nothing failed
+        assert await admin.get("idle:k") == "2"
+    finally:
+        await close_clients(client, admin)
+
+
 @contextlib.asynccontextmanager
 async def stops_reading(after: bytes) -> AsyncIterator[int]:
     """A peer that answers ``+OK`` to every command until it sees `after`, then reads nothing."""

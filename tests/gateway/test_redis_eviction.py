@@ -1,0 +1,47 @@
+"""A Redis that may evict keys is named at start: it would delete accepted messages (D309).
+
+With ``maxmemory-policy allkeys-lru`` an outside probe watched Redis evict the gateway's own
+keys: the session's stream then refused every write (``XADD ID equal or smaller``), messages
+were accepted and never answered, and nothing said why.
+"""
+
+from __future__ import annotations
+
+import logging
+from pathlib import Path
+
+import pytest
+from redis.asyncio import Redis
+
+from gateway.channels import gateway_settings
+from tests.support.redis_server import RedisServer
+from tests.support.service_rig import serving
+
+
+async def test_a_redis_that_may_evict_keys_is_named_at_start(
+    redis_server: RedisServer, tmp_path: Path, caplog: pytest.LogCaptureFixture
+) -> None:
+    url = f"{redis_server.url}?prefix=evict{tmp_path.name[-8:]}"
+    settings = gateway_settings(
+        store_url=url, broker_url=url, web_url=f"sqlite:///{tmp_path}/web.db"
+    )
+    admin = Redis(port=redis_server.port)
+    try:
+        await admin.config_set("maxmemory-policy", "allkeys-lru")
+        with caplog.at_level(logging.WARNING, logger="gateway.service"):
+            async with serving(settings):
+                pass
+        await admin.config_set("maxmemory-policy", "noeviction")
+        warned = [r for r in caplog.records if "may evict" in r.getMessage()]
+        assert len(warned) == 1  # the store and the broker on one server: one line
+        fields = getattr(warned[0].msg, "fields", {})
+        assert fields["maxmemory_policy"] == "allkeys-lru"
+        assert "noeviction" in fields["fix"]
+        caplog.clear()
+        with caplog.at_level(logging.WARNING, logger="gateway.service"):
+            async with serving(settings):
+                pass
+        assert not [r for r in caplog.records if "may evict" in r.getMessage()]
+    finally:
+        await admin.config_set("maxmemory-policy", "noeviction")
+        await admin.aclose()
