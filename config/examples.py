@@ -31,6 +31,7 @@ _SAMPLES: dict[str, Any] = {
     "model_api_key": "sk-...",
     "model_base_url": "http://localhost:11434/v1",
     "model_max_output_tokens": 4096,
+    "model_context_window": 32768,
     "token_budget": 2_000_000,
     "redis_url": "redis://localhost:6379/0",
     "broker_url": "redis://localhost:6379/0",

@@ -192,6 +192,15 @@ class Settings(BaseModel):
         le=1_000_000,
         description="Cap on a model answer's tokens (default: the model's).",
     )
+    model_context_window: int | None = Field(
+        default=None,
+        ge=1024,
+        le=100_000_000,
+        description="How many tokens the model takes in, its context window (default: the "
+        "window genai-prices knows for an openai: or anthropic: model, else 128000). Set it "
+        "for a server with a smaller one (vLLM, Ollama), so that threads compact before "
+        "they overflow.",
+    )
     model_timeout_seconds: float = Field(
         default=300.0,
         gt=0,

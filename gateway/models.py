@@ -20,6 +20,7 @@ from config import Settings
 from config.fields import number
 from gateway.errors import GatewayError
 from harness_core import (
+    DEFAULT_INFO,
     AssistantMessage,
     DeferredHandle,
     ModelClient,
@@ -35,7 +36,7 @@ if TYPE_CHECKING:
     from pydantic_ai.exceptions import ModelAPIError
     from pydantic_ai.models import Model
 
-__all__ = ["PROVIDERS", "ModelConfigError", "model_from_settings"]
+__all__ = ["PROVIDERS", "ModelConfigError", "model_from_settings", "model_info"]
 
 PROVIDERS = ("openai", "openai-responses", "anthropic", "openai-compatible", "scripted")
 
@@ -97,11 +98,49 @@ def model_from_settings(settings: Settings) -> tuple[ModelClient, ModelRef]:
         return _pydantic_ai_model(model, *credentials(model), timeout)
 
     real = PydanticAIModel(
-        resolve, settings={"timeout": timeout}, provider_spans=settings.provider_spans
+        resolve,
+        info={
+            str(model): model_info(model, settings.model_context_window if model == ref else None)
+            for model in built
+        },
+        settings={"timeout": timeout},
+        provider_spans=settings.provider_spans,
     )
     if all(model.provider != "scripted" for model in wanted.values()):
         return real, ref
     return _ByProvider(scripted, real), ref
+
+
+def model_info(ref: ModelRef, window: int | None = None) -> ModelInfo:
+    """`ref`'s limits, its context window first (D310).
+
+    `window` when given (``GATEWAY_MODEL_CONTEXT_WINDOW``), else the one genai-prices knows for
+    an OpenAI or Anthropic model, else the harness's default. An ``openai-compatible`` model is
+    never looked up: the same name served by vLLM or Ollama often has a smaller window than its
+    maker's. The output cap stays the default's, at most half the window (room to answer).
+    """
+    window = window or _known_window(ref) or DEFAULT_INFO.context_window
+    cap = min(DEFAULT_INFO.max_output_tokens, window // 2)
+    return ModelInfo(context_window=window, max_output_tokens=cap)
+
+
+_PRICE_PROVIDERS = {"openai": "openai", "openai-responses": "openai", "anthropic": "anthropic"}
+
+
+def _known_window(ref: ModelRef) -> int | None:
+    provider = _PRICE_PROVIDERS.get(ref.provider)
+    if provider is None:
+        return None
+    from genai_prices import data_snapshot  # pydantic-ai's own price table (costs come from it)
+
+    try:
+        _, found = data_snapshot.get_snapshot().find_provider_model(
+            ref.model_id, None, provider, None
+        )
+    except LookupError:
+        return None
+    window = found.context_window
+    return window if isinstance(window, int) and window > 0 else None
 
 
 def _parse(model: str, named: str) -> ModelRef:

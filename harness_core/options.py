@@ -62,6 +62,16 @@ class CompactionSettings:
     keep_recent_tokens: int = 20_000
     """Roughly how much recent context survives verbatim."""
 
+    def within(self, context_window: int) -> tuple[int, int]:
+        """(reserve, keep recent) for a model of `context_window` tokens.
+
+        The settings as given, each at most a quarter of the window: with an 8,192-token window
+        the defaults would reserve more than the window holds (every request "over the limit")
+        and keep all of it verbatim (a compaction that shrinks nothing), D310.
+        """
+        quarter = max(context_window // 4, 1)
+        return min(self.reserve_tokens, quarter), min(self.keep_recent_tokens, quarter)
+
 
 SystemPrompt = str | Callable[[str], str] | None
 """A fixed system prompt, or a function of the lane name evaluated per request."""

@@ -17,11 +17,11 @@ from pydantic import BaseModel, Field, SecretStr
 
 from config import Settings
 from gateway.ask import ask
-from gateway.models import model_from_settings
+from gateway.models import model_from_settings, model_info
 from gateway.replies import CUT_OFF_BEFORE_ANSWER, CUT_OFF_NOTE
 from harness_core import AssistantMessage, ToolResultMessage, message_text
 from harness_core.messages import TextPart, UserMessage
-from harness_core.models import ModelRequest, ToolDefinition
+from harness_core.models import ModelInfo, ModelRef, ModelRequest, ToolDefinition
 from harness_core.models.pydantic_ai import PydanticAIModel
 from harness_core.session.types import RecordQuery
 from harness_core.storage import open_repo
@@ -230,3 +230,43 @@ async def _streamed(fake: FakeLLM, provider: str) -> AssistantMessage:
     finally:
         await client.aclose()
         fake.assert_drained()
+
+
+def test_a_model_s_window_is_the_one_its_provider_gives_it() -> None:
+    """Every model was taken as 128,000 tokens: Claude's 200,000-token prompts were
+    "overflows", and a small local server's window was never known (D310)."""
+    assert model_info(ModelRef(provider="anthropic", model_id="claude-sonnet-4-5")) == ModelInfo(
+        context_window=200_000, max_output_tokens=8_192
+    )
+    assert model_info(ModelRef(provider="openai", model_id="gpt-4.1-mini")).context_window == (
+        1_000_000
+    )
+    # a compatible server's model is never looked up; the setting says what it takes
+    local = ModelRef(provider="openai-compatible", model_id="gpt-4o-mini")
+    assert model_info(local).context_window == 128_000
+    assert model_info(local, 8_192) == ModelInfo(context_window=8_192, max_output_tokens=4_096)
+    unknown = ModelRef(provider="openai", model_id="gpt-unknown-7")
+    assert model_info(unknown).context_window == 128_000
+
+
+async def test_a_paid_answer_within_the_model_s_window_is_delivered(
+    tmp_path: Path, fake: FakeLLM
+) -> None:
+    """A 150,000-token prompt answered by Claude was thrown away as an overflow of the
+    128,000 every model was taken to have: charged, and never shown."""
+    settings = settings_for(tmp_path, fake, "anthropic").replace(model="anthropic:claude-haiku-4-5")
+    fake.reply("a fine answer", input_tokens=150_000, output_tokens=20)
+    out = await ask_once(settings, "summarize the incident log")
+    fake.assert_drained()
+    assert out[0] == "a fine answer"
+
+
+def test_the_configured_window_is_the_model_s() -> None:
+    settings = Settings(
+        model="openai-compatible:qwen3-8b",
+        model_api_key=SecretStr("sk-test"),
+        model_base_url="http://127.0.0.1:9/v1",
+        model_context_window=8_192,
+    )
+    client, ref = model_from_settings(settings)
+    assert client.model_info(ref) == ModelInfo(context_window=8_192, max_output_tokens=4_096)

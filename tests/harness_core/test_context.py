@@ -15,11 +15,14 @@ from harness_core.messages import (
     ToolCallPart,
     ToolResultMessage,
     UserMessage,
+    message_text,
 )
-from harness_core.models import ModelRef
+from harness_core.models import ModelInfo, ModelRef
 from harness_core.models.scripted import text
+from harness_core.options import CompactionSettings
 from harness_core.result import Err, Ok
 from harness_core.session.entries import CompactionEntry, Entry, MessageEntry
+from harness_core.session.types import StoredEntry
 from tests.support.harness_kit import make_kit
 
 CALL_IDS = ["c1", "c2", "c3"]
@@ -117,3 +120,27 @@ async def test_navigation_to_the_root_refuses_a_label(tmp_path: Path) -> None:
     assert len(await kit.storage.get_log()) == before  # nothing written, nothing dropped silently
     moved = await kit.harness.navigate_tree(None)
     assert isinstance(moved, Ok) and await kit.harness.get_leaf_id() is None
+
+
+async def test_a_small_window_compacts_with_the_default_settings(
+    backend: str, tmp_path: Path
+) -> None:
+    """An 8,192-token model (a local server): the defaults reserved 16,384 tokens, more than
+    the window, and kept 20,000 verbatim, so every request was over the limit and no
+    compaction could shrink it. Each is at most a quarter of the window now (D310)."""
+    kit = await make_kit(backend, tmp_path, [text("noted"), text("the summary"), text("both read")])
+    kit.model.info = ModelInfo(context_window=8_192, max_output_tokens=4_096)
+    first = await kit.harness.prompt("log one: " + "disk full on db-1. " * 800)  # ~3,800 tokens
+    assert isinstance(first, Ok) and first.value.kind == "completed"
+    second = await kit.harness.prompt("log two: " + "disk full on db-2. " * 500)  # ~2,400 more
+    assert isinstance(second, Ok) and second.value.final_message is not None
+    assert message_text(second.value.final_message) == "both read"
+    log = await kit.storage.get_log()
+    assert any(isinstance(i, StoredEntry) and isinstance(i.entry, CompactionEntry) for i in log)
+    assert (kit.model.requests[-1].estimated_input_tokens or 0) < 8_192 - 2_048
+
+
+def test_compaction_settings_fit_the_window() -> None:
+    settings = CompactionSettings()
+    assert settings.within(200_000) == (16_384, 20_000)
+    assert settings.within(8_192) == (2_048, 2_048)

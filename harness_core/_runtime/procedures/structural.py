@@ -65,9 +65,11 @@ class Structural(Part):
     async def _preparation(self) -> CompactionPreparation:
         entries = await self.lane.context.entries()
         messages = await self.lane.context.messages()
-        to_summarize, tail = plan_compaction(
-            messages, self.rt.options.compaction.keep_recent_tokens
-        )
+        keep = self.rt.options.compaction.keep_recent_tokens
+        info = self.rt.model.model_info(self._model())
+        if info is not None:
+            keep = self.rt.options.compaction.within(info.context_window)[1]
+        to_summarize, tail = plan_compaction(messages, keep)
         if entries and isinstance(entries[0].entry, CompactionEntry) and len(to_summarize) <= 1:
             # only the newest summary would be summarized again: it cannot get smaller
             to_summarize, tail = (), tuple(messages)
@@ -85,7 +87,8 @@ class Structural(Part):
         if info is None:
             return False
         tokens = await self.lane.context.tokens(self._system_prompt())
-        return tokens > info.context_window - settings.reserve_tokens
+        reserve, _ = settings.within(info.context_window)
+        return tokens > info.context_window - reserve
 
     async def auto_compact(self, reason: CompactionReason) -> None:
         """Compact inside a run (no operation of its own)."""
