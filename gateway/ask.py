@@ -275,6 +275,12 @@ async def _decided(
         for call in pending:
             try:
                 approved = await decide(call)
+            except NoAnswer:
+                sys.stderr.write("\n")  # the prompt's line is still open
+                raise AskFailed(
+                    f"no answer: nothing was decided; the run on lane {lane.name} keeps "
+                    f"waiting for approval (`{command()} ask --lane {lane.name}` asks again)"
+                ) from None
             except asyncio.CancelledError:
                 current = asyncio.current_task()
                 if not ctrl_c.count or current is None or current.uncancel() > 0:
@@ -296,10 +302,24 @@ def terminal() -> Decide | None:
         return None
 
     async def decide(call: PendingApproval) -> bool:
-        answer = await _line(f"{_call_text(call)}\n  approve? [y/N] ")
-        return answer.strip().lower() in ("y", "yes")
+        prompt = f"{_call_text(call)}\n  approve? [y/N] "
+        while True:
+            answer = await _line(prompt)
+            if not answer:  # the end of input (Ctrl-D): no answer, so no decision
+                raise NoAnswer
+            said = answer.strip().lower()
+            if said in ("y", "yes"):
+                return True
+            if said in ("", "n", "no"):
+                return False
+            # "yep", "yes please": a denial recorded for good was never what they meant
+            prompt = "  please answer y (approve) or n (deny): "
 
     return decide
+
+
+class NoAnswer(Exception):
+    """Input ended at an approval prompt: nothing is decided, the lane keeps waiting."""
 
 
 def _retrying(retry: RetryScheduled) -> None:

@@ -27,6 +27,8 @@ from adapters import DecisionItem
 from gateway.broker.contract import Broker, NewAuditEvent
 from gateway.closes import note_abort
 from gateway.logs import event
+from gateway.replies import enqueue_stop_notice
+from gateway.stop import stopped_text
 from harness_core import (
     AgentLane,
     ApprovalDecision,
@@ -177,6 +179,11 @@ async def _do(
         aborted = await lane.abort()
         if isinstance(aborted, Err):
             return _refused(action, clock, aborted.error)
+        state = await broker.threads.get(action.session, action.lane)
+        if state is not None:  # the thread hears it, as it does a `stop` said there
+            dropped = len(aborted.value.steer) + len(aborted.value.follow_up)
+            said = stopped_text(dropped, by=action.actor)
+            await enqueue_stop_notice(broker, state, action.id, said, now_ms=clock.now_ms())
         return _result(action, clock, "done", outcome="aborted")
     if kind in ("resume", "unstick"):
         resumed = await lane.resume(tool_recovery=action.tool_recovery, unstick=action.unstick)

@@ -22,7 +22,14 @@ from gateway.closes import note_abort
 from gateway.replies import enqueue_stop_notice
 from harness_core import AgentLane, Ok
 
-__all__ = ["NOTHING_TO_STOP_TEXT", "STOPPED_TEXT", "STOP_WORDS", "is_stop", "stop"]
+__all__ = [
+    "NOTHING_TO_STOP_TEXT",
+    "STOPPED_TEXT",
+    "STOP_WORDS",
+    "is_stop",
+    "stop",
+    "stopped_text",
+]
 
 STOP_WORDS = frozenset({"stop", "/stop", "cancel", "/cancel"})
 STOPPED_TEXT = "Stopped."
@@ -60,7 +67,7 @@ async def stop(
         aborted = await lane.abort()
         if isinstance(aborted, Ok):
             dropped = len(aborted.value.steer) + len(aborted.value.follow_up)
-            said = _stopped(dropped)
+            said = stopped_text(dropped)
         else:  # it ended meanwhile, or a stop before a crash already ended it
             said = STOPPED_TEXT if redelivered else NOTHING_TO_STOP_TEXT
         await marks.put(name, said, expect=_STOPPING)
@@ -82,8 +89,14 @@ async def stop(
     return True
 
 
-def _stopped(dropped: int) -> str:
+def stopped_text(dropped: int, *, by: str | None = None) -> str:
+    """What the thread is told of a stop.
+
+    `STOPPED_TEXT`, or by whom (an operator's abort), and how many of its messages went with
+    the run.
+    """
+    said = STOPPED_TEXT if by is None else f"Stopped by {by}."
     if dropped == 0:
-        return STOPPED_TEXT
+        return said
     messages = "message" if dropped == 1 else "messages"
-    return f"{STOPPED_TEXT} The {dropped} {messages} sent while I was working went with it."
+    return f"{said} The {dropped} {messages} sent while I was working went with it."

@@ -194,7 +194,7 @@ STEPS: dict[str, Step] = {
     'application/json\' -d \'{"text": "when is the deploy window?"}\' >/dev/null': Step(),
     "curl -s -X POST http://127.0.0.1:8787/web/threads/ship/messages -H 'content-type: "
     'application/json\' -d \'{"text": "deploy api"}\' >/dev/null': Step(),
-    "scripts/run ops approve web:ship --all": Step(shows=(r"approved web:ship: completed",)),
+    "scripts/run ops approve web:ship --all --yes": Step(shows=(r"approved web:ship: completed",)),
     "GATEWAY_SLACK_BOT_TOKEN=xoxb-... GATEWAY_SLACK_APP_TOKEN=xapp-... "
     'GATEWAY_SLACK_APPROVERS=\'{"C0123ABCD": ["U0456EFGH", "S0789IJKL"], "*": ["U0999MNOP"]}\' '
     "scripts/run": SERVED,
@@ -202,7 +202,7 @@ STEPS: dict[str, Step] = {
     MCP_POST.format(text="create printer on fire"): Step(),
     MCP_POST.format(text="delete 1"): Step(),
     "scripts/run ops mcp --tools": Step(shows=(r"tickets +stdio +python +ready", r"delete_ticket")),
-    "scripts/run ops approve desk/web:t1 --all": Step(shows=(r"approved web:t1: completed",)),
+    "scripts/run ops approve desk/web:t1 --all --yes": Step(shows=(r"approved web:t1: completed",)),
     "GATEWAY_EMAIL_ADDRESS=agent@example.com GATEWAY_EMAIL_PASSWORD='app-password' "
     "GATEWAY_EMAIL_IMAP_HOST=imap.example.com GATEWAY_EMAIL_SMTP_HOST=smtp.example.com "
     "scripts/run": SERVED,
@@ -632,7 +632,7 @@ async def test_the_plugin_walkthrough(fresh: Copy, serve: object) -> None:
         )
     thread = f"http://127.0.0.1:{fresh.port}/web/threads/ship"
     await _until(thread, '"kind":"approval_request"')
-    await _run(fresh, "scripts/run ops approve web:ship --all")
+    await _run(fresh, "scripts/run ops approve web:ship --all --yes")
     await _until(thread, r"api deployed \(request ")
     # without a terminal, ask says what waits and which command asks again: that one works
     ran = await _run(fresh, 'GATEWAY_PLUGIN=examples.agent scripts/run ask "deploy api"')
@@ -653,7 +653,7 @@ async def test_the_mcp_walkthrough(fresh: Copy, serve: object) -> None:
     waiting = await _until(thread, '"kind":"approval_request"')
     assert "Deleted ticket" not in waiting  # it waits for a person
     await _run(fresh, "scripts/run ops mcp --tools")
-    await _run(fresh, "scripts/run ops approve desk/web:t1 --all")
+    await _run(fresh, "scripts/run ops approve desk/web:t1 --all --yes")
     await _until(thread, r"Deleted ticket #1: printer on fire")
     desk = json.loads((fresh.path / ".gateway" / "tickets.json").read_text())
     assert desk["tickets"] == {}  # the desk itself deleted it

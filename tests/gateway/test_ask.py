@@ -253,6 +253,28 @@ def test_gateway_ask_puts_the_approval_to_the_person_at_the_terminal(tmp_path: P
     assert printed.splitlines()[0].startswith("web deployed (request ")
 
 
+def test_an_answer_that_is_neither_yes_nor_no_is_asked_again(tmp_path: Path) -> None:
+    """ "yes please" was a denial recorded for good."""
+    status, printed, shown = _at_the_prompt(
+        tmp_path, lambda _, terminal: os.write(terminal, b"yes please\ny\n")
+    )
+    assert status == 0, shown
+    assert "please answer y (approve) or n (deny): " in shown
+    assert printed.splitlines()[0].startswith("web deployed (request ")
+
+
+async def test_the_end_of_input_at_the_prompt_decides_nothing(tmp_path: Path) -> None:
+    """Ctrl-D was a denial recorded for good."""
+    status, printed, shown = _at_the_prompt(
+        tmp_path, lambda _, terminal: os.write(terminal, b"\x04")
+    )
+    assert status == 1 and printed == "", shown
+    assert (
+        "gateway: no answer: nothing was decided; the run on lane cli:ship keeps waiting" in shown
+    )
+    assert await _tool_results(f"sqlite:///{tmp_path}/gw.db", "cli:ship") == []
+
+
 async def test_ctrl_c_at_the_prompt_decides_nothing_and_the_lane_keeps_waiting(
     tmp_path: Path,
 ) -> None:

@@ -357,6 +357,41 @@ async def test_an_old_approval_is_never_replay_permission(backend: str, tmp_path
     running.cancel()
 
 
+@pytest.mark.parametrize("approved", [True, False])
+async def test_a_decision_on_a_replay_an_operator_chose_keeps_that_choice(
+    backend: str, tmp_path: Path, approved: bool
+) -> None:
+    """A never-replayed deploy cut mid-run; the operator resumed with "always" (run it again),
+    which asks anew. The decision's own resume, under the default policy, read the call as
+    not to be replayed: approved, it never ran ("interrupted"), and a Deny read the same."""
+    effects = Effects()
+    started = asyncio.Event()
+    kit = await waiting_kit(backend, tmp_path, effects)
+    deploy, lookup = effects.tools()
+
+    async def dying(args: Deploy, ctx: ToolContext) -> str:
+        effects.deployed.append(args.build)
+        started.set()
+        await asyncio.Event().wait()
+        return "unreachable"
+
+    kit.harness.set_tools([Tool(**{**deploy.__dict__, "execute": dying}), lookup])
+    running = asyncio.ensure_future(decide(kit, approve(c2(kit))))
+    await started.wait()
+    reopened = await kit.reopen(script=[text("done")], tools=effects.tools())
+    waiting = await reopened.harness.resume(tool_recovery="always")
+    assert isinstance(waiting, Ok) and waiting.value.kind == "suspended"
+    (pending,) = waiting.value.pending_approvals
+    decision = approve(pending) if approved else deny(pending, "not twice")
+    resumed = await reopened.harness.resume([decision], wait_id=waiting.value.wait_id)
+    assert isinstance(resumed, Ok) and resumed.value.kind == "completed"
+    assert effects.deployed == ([42, 42] if approved else [42])
+    result = reopened.model.requests[-1].messages[-1]
+    assert isinstance(result, ToolResultMessage)
+    assert result.outcome == ("ok" if approved else "denied")
+    running.cancel()
+
+
 async def test_an_answer_to_an_earlier_wait_never_decides_a_later_one(
     backend: str, tmp_path: Path
 ) -> None:

@@ -169,6 +169,9 @@ async def test_abort_rewind_and_retry(ops: Ops) -> None:
     aborted = await ops.act(f"/lanes/{view['id']}/abort", key="abort-1")
     assert aborted.status_code == 200, aborted.text
     assert aborted.json()["outcome"] == "aborted"
+    # the thread hears it, as it hears a `stop` (it heard nothing)
+    [notice] = await ops.answers("work", 1)
+    assert notice["text"] == "Stopped by operator:alice."
     view = await ops.until_status("web:work", "idle", "failed")
     idle_refusal = await ops.act(f"/lanes/{view['id']}/abort")
     assert idle_refusal.status_code == 409, idle_refusal.text

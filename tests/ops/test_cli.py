@@ -269,11 +269,13 @@ def test_approve_all_completes_a_suspended_approval(gateway: Gateway, ops: Any) 
     no_reason = ops("deny", "web:ship", "--all")
     assert no_reason.code == 2 and "--reason" in no_reason.err  # argparse's own usage error
 
-    viewer = ops("approve", "web:ship", "--all", token=VIEWER)
-    assert viewer.code == 1 and "operator" in _one_line(viewer.err)
+    unconfirmed = ops("approve", "web:ship", "--all")  # no terminal here to ask on
+    assert unconfirmed.code == 2 and "approve needs confirmation: pass --yes" in unconfirmed.err
+    viewer = ops("approve", "web:ship", "--all", "--yes", token=VIEWER)
+    assert viewer.code == 1 and "operator" in viewer.err.splitlines()[-1]
     assert gateway.lane("web:ship", "suspended")["wait_id"] == view["wait_id"]  # nothing done
 
-    approved = ops("approve", "web:ship", "--all", "--reason", "ship it")
+    approved = ops("approve", "web:ship", "--all", "--reason", "ship it", "--yes")
     assert approved.code == 0, approved
     found = re.fullmatch(r"approved web:ship: completed \(action (act_\w+)\)\n", approved.out)
     assert found, approved.out
@@ -289,7 +291,9 @@ def test_approve_all_completes_a_suspended_approval(gateway: Gateway, ops: Any) 
 
     gateway.post("ship-no", "/deploy moon")
     [moon] = gateway.lane("web:ship-no", "suspended")["pending_approvals"]
-    denied = ops("deny", "web:ship-no", "--call", moon["tool_call_id"], "--reason", "not the moon")
+    denied = ops(
+        "deny", "web:ship-no", "--call", moon["tool_call_id"], "--reason", "not the moon", "-y"
+    )
     assert denied.code == 0 and denied.out.startswith("denied web:ship-no: "), denied
 
 
@@ -311,13 +315,19 @@ def test_supply_answers_the_pending_calls_with_their_result(
     assert missing.code == 2 and "cannot read the result from" in _one_line(missing.err)
     neither = ops("supply", "web:by-hand", "--all")
     assert neither.code == 2 and "--result" in neither.err  # argparse's own usage error
-    viewer = ops("supply", "web:by-hand", "--all", "--result", "done", token=VIEWER)
-    assert viewer.code == 1 and "operator" in _one_line(viewer.err)
+    viewer = ops("supply", "web:by-hand", "--all", "--result", "done", "--yes", token=VIEWER)
+    shown, refusal = viewer.err.rstrip("\n").rsplit("\n", 1)
+    assert viewer.code == 1 and "operator" in refusal
+    whole = f'{call["tool_call_id"]} deploy({{"target":"prod"}})'
+    assert shown.endswith(f"supply this call (wait {view['wait_id']}):\n  {whole}")
     assert gateway.lane("web:by-hand", "suspended")["wait_id"] == view["wait_id"]  # nothing done
 
     given = tmp_path / "result.txt"
     given.write_text("deployed build 42 by hand\nfrom the console", encoding="utf-8")
-    words = ("supply", "web:by-hand", "--call", call["tool_call_id"], "--result-file", str(given))
+    words = (
+        *("supply", "web:by-hand", "--call", call["tool_call_id"]),
+        *("--result-file", str(given), "--yes"),
+    )
     supplied = ops(*words, "--idempotency-key", "cli-supply-1")
     assert supplied.code == 0, supplied
     assert re.fullmatch(
@@ -337,7 +347,7 @@ def test_supply_answers_the_pending_calls_with_their_result(
 
     gateway.post("by-hand-failed", "/deploy prod")
     gateway.lane("web:by-hand-failed", "suspended")
-    failed = ops("supply", "web:by-hand-failed", "--all", "--result", "disk full", "--error")
+    failed = ops("supply", "web:by-hand-failed", "--all", "--result", "disk full", "--error", "-y")
     assert failed.code == 0, failed
     closed = _until_closed(gateway.url, "by-hand-failed")
     assert "operator:alice supplied the result (the action failed) at " in closed

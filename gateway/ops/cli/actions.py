@@ -6,6 +6,7 @@ prints one line: its result, or where to check on it.
 
 from __future__ import annotations
 
+import json
 import sys
 from typing import Any
 
@@ -127,8 +128,26 @@ def decide(run: Run) -> int:
             )
     if args.reason is not None:
         choice["reason"] = args.reason
+    # what is decided is what waits now, which may not be what the operator read a minute
+    # ago: it is shown whole, and asked about (or --yes), as every other action is
+    by_id = {str(call.get("tool_call_id")): call for call in pending}
+    lines = [
+        state_line(view),
+        f"{command} {'this call' if len(chosen) == 1 else f'these {len(chosen)} calls'} "
+        f"(wait {clean(wait_id)}):",
+        *(f"  {_whole_call(by_id[call_id])}" for call_id in chosen),
+    ]
+    run.confirm(True, lines, command)
     body = {"wait_id": wait_id, "approvals": {call_id: dict(choice) for call_id in chosen}}
     return run.act(_DONE[command], view, "decisions", body)
+
+
+def _whole_call(call: Json) -> str:
+    """A pending call with its arguments unclipped (up to 4,000 characters): what is decided."""
+    arguments = json.dumps(call.get("arguments", {}), ensure_ascii=False, separators=(",", ":"))
+    if len(arguments) > 4000:
+        arguments = arguments[:4000] + f"... ({len(arguments):,} characters in all)"
+    return clean(f"{call.get('tool_call_id')} {call.get('tool_name')}({arguments})")
 
 
 _DONE = {"approve": "approved", "deny": "denied", "supply": "supplied the result for"}

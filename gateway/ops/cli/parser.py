@@ -135,7 +135,7 @@ def build_parser() -> argparse.ArgumentParser:
         sub.add_argument(
             "--reason", required=reason_required, help="why (recorded with the decision)"
         )
-        acting(sub, confirm=False)
+        acting(sub, confirm=True)
 
     command("sessions", reads.sessions, "list the sessions")
     lanes = command("lanes", reads.lanes, "list lanes with their status (all pages)")

@@ -406,7 +406,12 @@ class ToolBatch(Part):
                     waiting.append(done)
                 continue
             tool = surface.get(started.tool_name)
-            if tool is not None and self._replays(started, tool) and tool.requires_approval:
+            # a resume that chose to run it again asked anew, and that wait is the choice: the
+            # decision's resume (a person's click, under the default policy) keeps it
+            replays = tool is not None and (
+                self._replay_asked(call) or self._replays(started, tool)
+            )
+            if tool is not None and replays and tool.requires_approval:
                 decision = self._replay_decision(call)  # an earlier approval does not count
                 if decision is None:
                     waiting.append(_NeedsApproval(call, started.effective_args, started=True))
@@ -421,7 +426,7 @@ class ToolBatch(Part):
                         self._supplied(call, started.result_entry_id, decision)
                     )
                     continue
-            if tool is not None and self._replays(started, tool):  # X3/X4: replay
+            if tool is not None and replays:  # X3/X4: replay
                 prepared = PreparedToolCall(
                     tool_index=call.tool_index,
                     call=call.call,
@@ -445,12 +450,17 @@ class ToolBatch(Part):
             return True
         return started.replay == "safe" and tool.replay == "safe"
 
+    def _replay_asked(self, call: ToolCallState) -> bool:
+        """Whether the current wait asks to run this started call again (a resume chose to)."""
+        approval = self.op.approval
+        return approval is not None and any(
+            p.tool_call_id == call.call.id and p.started for p in approval.requested.calls
+        )
+
     def _replay_decision(self, call: ToolCallState) -> ApprovalDecision | None:
         """A decision made for replaying this started call (not the one that first ran it)."""
         approval = self.op.approval
-        if approval is None or not any(
-            p.tool_call_id == call.call.id and p.started for p in approval.requested.calls
-        ):
+        if approval is None or not self._replay_asked(call):
             return None
         return approval.decision(call.call.id)
 
