@@ -298,7 +298,7 @@ async def _decided(
 
 def terminal() -> Decide | None:
     """Asks the person at the terminal about each call (y/N on stderr), or None without one."""
-    if not sys.stdin.isatty():
+    if sys.stdin is None or not sys.stdin.isatty():
         return None
 
     async def decide(call: PendingApproval) -> bool:

@@ -91,6 +91,8 @@ STDIN_QUESTION_BYTES = 1 << 20
 
 def _question_from_stdin() -> str:
     """`ask -`: the question is standard input (to its end), as UTF-8 text."""
+    if sys.stdin is None:  # started with its standard input closed (`<&-`)
+        raise CliError("there is no standard input to read the question from (it was closed)")
     data = sys.stdin.buffer.read(STDIN_QUESTION_BYTES + 1)
     if len(data) > STDIN_QUESTION_BYTES:
         raise CliError(
@@ -131,6 +133,10 @@ class CliError(GatewayError):
 
 class _OutputClosed(GatewayError):
     """Writing to stdout failed because its reader is gone (a closed pipe)."""
+
+
+class _OutputFailed(GatewayError):
+    """Writing to stdout failed otherwise (none, or a full disk): what was asked is stored."""
 
 
 async def _run(args: argparse.Namespace, settings: Settings) -> int:
@@ -203,12 +209,17 @@ def _write(out: list[str]) -> None:
     if not out:
         return
     text = "\n".join(out)
+    if sys.stdout is None:  # started with its standard output closed (`>&-`)
+        raise _OutputFailed("there is no standard output to write to (it was closed)")
     if sys.stdout.isatty():  # a message or an answer can hold escape sequences: shown, not obeyed
         text = _ESCAPES.sub(lambda m: f"\\x{ord(m.group()):02x}", text)
     try:
         print(text, flush=True)
     except BrokenPipeError:
         raise _OutputClosed from None
+    except OSError as exc:  # a full disk, /dev/full, an I/O error: said once, in words
+        why = os.strerror(exc.errno) if exc.errno else type(exc).__name__
+        raise _OutputFailed(f"cannot write to standard output ({why})") from None
 
 
 _ESCAPES = re.compile(r"[\x00-\x08\x0b-\x1f\x7f-\x9f]")
@@ -222,7 +233,7 @@ def _discard_stdout() -> None:
         devnull = os.open(os.devnull, os.O_WRONLY)
         os.dup2(devnull, sys.stdout.fileno())
         os.close(devnull)
-    except (OSError, ValueError):  # no real file descriptor (captured in tests)
+    except (OSError, ValueError, AttributeError):  # no real descriptor (captured), or none
         pass
 
 
@@ -314,6 +325,9 @@ def main(argv: Sequence[str] | None = None, settings: Settings | None = None) ->
     except (_OutputClosed, BrokenPipeError):  # before the root: a closed pipe says nothing
         _discard_stdout()
         return OUTPUT_CLOSED
+    except _OutputFailed as exc:
+        _discard_stdout()  # what is still buffered would fail again at exit ("Exception ignored")
+        return _fail(str(exc), 1)
     except GatewayError as exc:
         return _fail(redact(str(exc)), exc.exit_status)
     except (HarnessError, AdapterError) as exc:  # the engine's and the channels' roots

@@ -347,6 +347,45 @@ async def test_a_reader_that_closes_the_pipe_ends_it_quietly(tmp_path: Path) -> 
     assert err.decode() == ""  # like `cat`, nothing to say: the reader chose to stop
 
 
+@pytest.mark.parametrize(
+    ("stdin", "stdout", "said", "status"),
+    [
+        # `ask - <&-`: "unexpected error: AttributeError: 'NoneType' object has no attribute"
+        ("closed", "pipe", "there is no standard input to read the question from", 2),
+        # `>&-`: the same AttributeError; `> /dev/full`: the OSError, Python's "Exception
+        # ignored" lines, and exit status 120
+        ("devnull", "closed", "there is no standard output to write to (it was closed)", 1),
+        ("devnull", "full", "cannot write to standard output (No space left on device)", 1),
+    ],
+)
+async def test_standard_streams_that_are_closed_or_full_are_one_line(
+    tmp_path: Path, stdin: str, stdout: str, said: str, status: int
+) -> None:
+    question = "-" if stdin == "closed" else "hello"
+    words = ("ask", "--store", f"sqlite:///{tmp_path}/gw.db", "--lane", "cli:io", question)
+    with open("/dev/full", "wb") as full:  # noqa: ASYNC230 (a device: nothing blocks)
+        process = await asyncio.create_subprocess_exec(
+            sys.executable,
+            *("-m", "gateway", *words),
+            cwd=tmp_path,
+            env=environment(),
+            stdin=subprocess.DEVNULL,
+            stdout=full if stdout == "full" else subprocess.PIPE,
+            stderr=asyncio.subprocess.PIPE,
+            preexec_fn=lambda: _close_streams(stdin == "closed", stdout == "closed"),
+        )
+        _, err = await asyncio.wait_for(process.communicate(), WAIT)
+    assert one_line(err.decode()).startswith(f"gateway: {said}")
+    assert process.returncode == status
+
+
+def _close_streams(stdin: bool, stdout: bool) -> None:
+    if stdin:
+        os.close(0)
+    if stdout:
+        os.close(1)
+
+
 # --- Ctrl-C and two processes ----------------------------------------------------------------
 
 
