@@ -17,20 +17,24 @@ configuration names (``examples/mcp/gateway.toml``), not from this file.
 
 from __future__ import annotations
 
+from collections.abc import Sequence
+
 from config import Settings
 from harness_core import (
+    AgentMessage,
     AssistantMessage,
     ModelClient,
     ModelRef,
     ModelRequest,
     ScriptedModel,
+    ToolCallPart,
     ToolResultMessage,
     UserMessage,
     message_text,
 )
 from harness_core.models.scripted import text, tool_call
 
-__all__ = ["model", "respond"]
+__all__ = ["model", "respond", "results_of_this_run"]
 
 SERVER = "tickets"
 """The server's name in the configuration: its tools are ``tickets.<tool>``."""
@@ -49,7 +53,7 @@ def respond(request: ModelRequest) -> AssistantMessage:
         return text(f"(summary of {len(request.messages)} messages)")
     last = request.messages[-1]
     if isinstance(last, ToolResultMessage):
-        return text(message_text(last))
+        return text(results_of_this_run(request.messages))
     users = [m for m in request.messages if isinstance(m, UserMessage)]
     said = message_text(users[-1]).strip() if users else ""
     said = said.splitlines()[-1].strip() if said else ""  # after any "who wrote" line
@@ -68,3 +72,20 @@ def respond(request: ModelRequest) -> AssistantMessage:
         case "delete" if len(words) == 1 and words[0].isdigit():
             return tool_call(f"{SERVER}.delete_ticket", {"number": int(words[0])})
     return text(f"You said: {said}" if said else "Hello.")
+
+
+def results_of_this_run(messages: Sequence[AgentMessage]) -> str:
+    """What the tools returned since the last answer, one result a line.
+
+    A message sent while a run works joins it: the run's one reply then answers both, as a
+    real model's would (the first tool's result came before the second message).
+    """
+    found: list[str] = []
+    for message in reversed(messages):
+        if isinstance(message, AssistantMessage) and not any(
+            isinstance(part, ToolCallPart) for part in message.content
+        ):
+            break  # the answer before this run
+        if isinstance(message, ToolResultMessage):
+            found.append(message_text(message))
+    return "\n".join(reversed(found))

@@ -309,6 +309,26 @@ async def test_the_example_deploys_once_after_approve(example: httpx.AsyncClient
     assert answers[1]["text"].startswith("api deployed (request ")
 
 
+async def test_the_readme_s_two_messages_pasted_together_are_both_answered(
+    example: httpx.AsyncClient,
+) -> None:
+    """The second message joined the first's run, and its one reply said only "api deployed":
+    the deploy window, asked first, was never answered (the README says it is)."""
+    await _post(example, "pasted", "when is the deploy window?")
+    await _post(example, "pasted", "deploy api")
+    asked = [a for a in await _answers(example, "pasted", 1) if a["kind"] == "approval_request"]
+    if not asked:  # the first run ended before the second message came: its own reply first
+        asked = [a for a in await _answers(example, "pasted", 2) if a["kind"] != "reply"]
+    decision = decision_body(asked[0]["approval"], approved=True, key="click-pasted")
+    response = await example.post("/web/threads/pasted/decisions", json=decision)
+    assert response.status_code == 202, response.text
+    items = await thread_items(example, "pasted", ["reply"], 1)
+    while not any("api deployed" in item["text"] for item in items):
+        items = await thread_items(example, "pasted", ["reply"], len(items) + 1)
+    said = "\n".join(item["text"] for item in items)
+    assert "Deploys are open Tuesday to Thursday" in said and "api deployed (request " in said
+
+
 async def test_the_example_echoes_anything_else(example: httpx.AsyncClient) -> None:
     await _post(example, "chat", "hello")
     [reply] = await _answers(example, "chat", 1)
