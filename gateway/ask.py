@@ -376,8 +376,10 @@ def _why(outcome: Outcome, gave_up: list[str | None]) -> str:
     if error is None:
         return f"the run ended {outcome.kind}"
     last = gave_up[-1] if gave_up else None
-    if error.code == "retries_exhausted" and last:
-        return f"{error.message}; the last error: {last}"
+    if error.code == "retries_exhausted" and last and "; the last error: " not in error.message:
+        return f"{error.message}; the last error: {last}"  # a run that gave up before D312
+    if error.code == "retries_exhausted":
+        return error.message
     if outcome.kind == "failed":
         return f"the run failed: {error.message}"
     return f"the run ended {outcome.kind}: {error.message}"

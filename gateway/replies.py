@@ -120,7 +120,24 @@ def failure_text(error: OperationError | None) -> str:
             "Sorry, I stopped: this thread has used the tokens it may spend (token_budget). "
             "Start a new thread to go on, or ask an operator to raise its budget."
         )
+    if code in _LASTING:  # asking again fails the same way until someone changes something
+        return f"Sorry, I could not finish this: {_LASTING[code]} ({code})."
     return f"Sorry, I could not finish this ({code}). You can ask again; an operator can retry it."
+
+
+_LASTING = {
+    "auth": "the model provider refused the gateway's key, so an operator has to put it right "
+    "before asking again can help",
+    "invalid_request": "the model provider refused the request as it was; an operator can see "
+    "why in this thread's timeline",
+    "rate_limit": "the model provider's quota is used up; an operator can retry this once it "
+    "is raised",
+    "context_overflow": "this conversation no longer fits the model's context window; start a "
+    "new thread to go on",
+    "content_filter": "the model provider declined to answer this",
+}
+"""Failures that asking again does not mend (a retryable one ends `retries_exhausted`), each
+said in words (a person read "You can ask again" after a revoked key)."""
 
 
 _REPLIED_TYPES: tuple[RecordType, ...] = (

@@ -56,6 +56,7 @@ from harness_core import (
     ModelClient,
     ModelRef,
     RequestOptions,
+    RetryPolicy,
     SessionRepo,
     SessionStorage,
     SystemClock,
@@ -69,6 +70,8 @@ __all__ = ["Service", "ServiceParts", "StartRefused", "default_worker_id"]
 
 log = logging.getLogger("gateway.service")
 
+_RETRY_JITTER = 0.2
+"""A model request's backoff is cut, and a Retry-After lengthened, by up to a fifth (D312)."""
 _DELIVERY_DRAIN_MIN_S = 2.0
 """The deliverer's drain gets at least this long, so replies of steps that just ended go out."""
 
@@ -236,6 +239,8 @@ class Service:
                 token_budget=settings.token_budget,
                 lease_renew_ms=int(settings.renew_seconds * 1000),
                 request_options=RequestOptions(max_output_tokens=settings.model_max_output_tokens),
+                # lanes a provider refused together come back spread out, not in one burst
+                retry=RetryPolicy(jitter=_RETRY_JITTER),
                 tracer=tracer,
             )
 

@@ -1023,7 +1023,8 @@ def _last_activity(op: OperationState) -> str:
         return f"running tool {', '.join(repr(name) for name in running)}"
     step = op.step
     if step is not None:
-        return f"waiting for a {step.kind} model request (attempt {step.attempts})"
+        article = "an" if step.kind[:1] in "aeiou" else "a"  # "an assistant", "a compaction"
+        return f"waiting for {article} {step.kind} model request (attempt {step.attempts})"
     if op.missing_initial:
         return "recording its input"
     return "between steps"

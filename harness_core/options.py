@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import hashlib
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Literal
@@ -42,13 +43,28 @@ class RetryPolicy:
     initial_delay_ms: int = 1_000
     multiplier: float = 2.0
     max_delay_ms: int = 60_000
+    jitter: float = 0.0
+    """Spread: the backoff is cut by up to this fraction, a provider's hint lengthened by up to
+    it, by an amount fixed per `spread` key and attempt. Lanes refused together (a provider's
+    outage, one 429 with one Retry-After) then do not all come back in the same instant."""
 
-    def delay_ms(self, attempt: int, retry_after_ms: int | None = None) -> int:
+    def delay_ms(self, attempt: int, retry_after_ms: int | None = None, *, spread: str = "") -> int:
         """Backoff after failed attempt `attempt` (1-based); a provider hint wins if larger."""
         delay = min(
             self.max_delay_ms, int(self.initial_delay_ms * self.multiplier ** (attempt - 1))
         )
-        return max(delay, min(retry_after_ms or 0, self.max_delay_ms))
+        hinted = min(retry_after_ms or 0, self.max_delay_ms)
+        if self.jitter > 0:
+            share = self.jitter * _fraction(f"{spread}\x00{attempt}")
+            delay = int(delay * (1 - share))
+            hinted = min(int(hinted * (1 + share)), self.max_delay_ms)
+        return max(delay, hinted)
+
+
+def _fraction(key: str) -> float:
+    """A number in [0, 1) fixed by `key` (the same on every replay: no randomness to record)."""
+    digest = hashlib.blake2b(key.encode(), digest_size=8).digest()
+    return int.from_bytes(digest, "big") / 2**64
 
 
 @dataclass(frozen=True, kw_only=True, slots=True)

@@ -14,6 +14,7 @@ encoded, so the answer it fetches later is read back the same way.
 
 from __future__ import annotations
 
+import asyncio
 from collections.abc import Callable, Mapping
 from typing import Any
 
@@ -144,16 +145,31 @@ class PydanticAIModel:
             allow_text_output=True,
         )
         settings = self._settings_for(request, model)
+        # the HTTP client's timeout bounds silence between bytes; a stream that sends only
+        # keep-alives (an SSE comment every few seconds: OpenRouter, proxies) is bounded here,
+        # between the parts of the answer
+        limit = self._settings.get("timeout")
+        gap = float(limit) if isinstance(limit, int | float) else None
+        # from the request to the first part, then between parts; a second past the client's
+        # own timeout, which says it better (the address) when nothing at all comes
+        bound = gap + _STALL_MARGIN_S if gap is not None else None
+        waiting = asyncio.timeout(bound)
         try:
             if self._stream and on_update is not None and not request.deferred:
-                async with model_request_stream(
-                    model,
-                    history,
-                    model_settings=settings,
-                    model_request_parameters=parameters,
-                    instrument=self._instrument,
-                ) as streamed:
+                loop = asyncio.get_running_loop()
+                async with (
+                    waiting,
+                    model_request_stream(
+                        model,
+                        history,
+                        model_settings=settings,
+                        model_request_parameters=parameters,
+                        instrument=self._instrument,
+                    ) as streamed,
+                ):
                     async for _ in streamed:
+                        if bound is not None:  # a part came: the next has as long again
+                            waiting.reschedule(loop.time() + bound)
                         partial = streamed.get()
                         if partial.parts:
                             on_update(
@@ -172,6 +188,11 @@ class PydanticAIModel:
                     model_request_parameters=parameters,
                     instrument=self._instrument,
                 )
+        except TimeoutError as exc:
+            if not waiting.expired():
+                return _from_exception(exc)
+            said = f"the provider sent no part of the answer within {gap:g} s"
+            return _failure("timeout", said, True)
         except Exception as exc:
             return _from_exception(exc)
         return self._settle(response, request.model, names)
@@ -280,6 +301,10 @@ def _failure(
         ),
         usage=TokenUsage(),
     )
+
+
+_STALL_MARGIN_S = 1.0
+"""How far past the HTTP client's timeout a stream without a new part is cut (see `request`)."""
 
 
 def _cut_short(response: pai.ModelResponse) -> AssistantMessage:

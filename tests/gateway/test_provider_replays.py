@@ -9,10 +9,12 @@ off, and the usage total a provider reported is the one stored.
 
 from __future__ import annotations
 
+import asyncio
 from dataclasses import replace
 from pathlib import Path
 
 import pytest
+from aiohttp import web
 from pydantic import BaseModel, Field, SecretStr
 
 from config import Settings
@@ -270,3 +272,42 @@ def test_the_configured_window_is_the_model_s() -> None:
     )
     client, ref = model_from_settings(settings)
     assert client.model_info(ref) == ModelInfo(context_window=8_192, max_output_tokens=4_096)
+
+
+async def test_a_stream_of_keep_alives_alone_times_out() -> None:
+    """A provider that sends an SSE comment every few seconds (OpenRouter while it queues, a
+    proxy) and never the answer held the run for as long as it kept on: the HTTP client's
+    timeout counts bytes, and it never saw silence."""
+
+    async def trickle(request: web.Request) -> web.StreamResponse:
+        response = web.StreamResponse(headers={"Content-Type": "text/event-stream"})
+        await response.prepare(request)
+        while True:
+            await response.write(b": OPENROUTER PROCESSING\n\n")
+            await asyncio.sleep(0.1)
+
+    app = web.Application()
+    app.router.add_post("/v1/chat/completions", trickle)
+    runner = web.AppRunner(app, shutdown_timeout=0.5)
+    await runner.setup()
+    site = web.TCPSite(runner, "127.0.0.1", 0)
+    await site.start()
+    port = runner.addresses[0][1]
+    settings = Settings(
+        model="openai-compatible:some-model",
+        model_api_key=SecretStr("sk-test"),
+        model_base_url=f"http://127.0.0.1:{port}/v1",
+        model_timeout_seconds=1.0,
+    )
+    client, ref = model_from_settings(settings)
+    assert isinstance(client, PydanticAIModel)
+    request = ModelRequest(model=ref, messages=(UserMessage(content=(TextPart(text="hi"),)),))
+    try:
+        async with asyncio.timeout(10):
+            message = await client.request(request, lambda _: None)
+    finally:
+        await client.aclose()
+        await runner.cleanup()
+    assert message.error is not None
+    assert (message.error.kind, message.error.retryable) == ("timeout", True)
+    assert message.error.message == "the provider sent no part of the answer within 1 s"

@@ -12,6 +12,7 @@ import pytest
 
 from harness_core.errors import HarnessFault
 from harness_core.models.scripted import deferred, error, text, tool_calls
+from harness_core.options import RetryPolicy
 from harness_core.result import Err, Ok
 from harness_core.session.records import OperationResumed, QueueCancelled
 from harness_core.session.types import StoredRecord
@@ -232,3 +233,19 @@ async def test_max_attempts_may_be_a_function_of_the_lane(backend: str, tmp_path
     assert isinstance(resumed, Ok) and resumed.value.kind == "completed"
     for task in tasks:
         task.cancel()
+
+
+def test_a_spread_policy_spreads_lanes_refused_together() -> None:
+    """Six lanes refused 503 together came back within 70 ms of each other, and six told
+    Retry-After: 20 at the same instant (D312)."""
+    policy = RetryPolicy(jitter=0.2)
+    backoffs = {policy.delay_ms(1, spread=f"run-{n}:assistant") for n in range(50)}
+    assert all(800 <= d <= 1000 for d in backoffs) and max(backoffs) - min(backoffs) > 100
+    hinted = {policy.delay_ms(1, 20_000, spread=f"run-{n}:assistant") for n in range(50)}
+    assert all(20_000 <= d <= 24_000 for d in hinted) and max(hinted) - min(hinted) > 2_000
+    # fixed per run and attempt: a replay after a crash waits as long; no randomness recorded
+    assert policy.delay_ms(2, spread="run-1:assistant") == policy.delay_ms(
+        2, spread="run-1:assistant"
+    )
+    assert RetryPolicy().delay_ms(1, spread="run-1:assistant") == 1_000  # none by default
+    assert policy.delay_ms(1, 10**9, spread="x") == 60_000  # the cap still holds

@@ -146,7 +146,8 @@ class Steps(Part):
 
     async def _backoff(self, step: StepKind, attempt: int, message: AssistantMessage) -> None:
         error = message.error
-        delay = self.rt.options.retry.delay_ms(attempt, error.retry_after_ms if error else None)
+        hint = error.retry_after_ms if error else None
+        delay = self.rt.options.retry.delay_ms(attempt, hint, spread=f"{self.op.id}:{step}")
         self._retry_scheduled(
             step, attempt, delay, error.message if error else "", error.kind if error else None
         )
@@ -253,7 +254,9 @@ class Steps(Part):
             attempt = (step.attempts if step is not None and step.kind == kind else 0) + 1
             retry = self.rt.options.retry
             if attempt > retry.max_attempts:
-                error = OperationError(code="retries_exhausted", message=_exhausted(kind, retry))
+                error = OperationError(
+                    code="retries_exhausted", message=_exhausted(kind, retry, last_error)
+                )
                 if kind == "assistant":
                     assert step is not None
                     await fx.append_entry(_give_up(step.result_entry_id, error))
@@ -390,10 +393,21 @@ class Steps(Part):
         return message_text(final).strip() or "(empty summary)", final.usage
 
 
-def _exhausted(kind: StepKind, retry: RetryPolicy) -> str:
-    if kind == "assistant":
-        return f"the model failed {retry.max_attempts} times"
-    return f"the {kind} step failed every attempt"
+def _exhausted(kind: StepKind, retry: RetryPolicy, last_error: str | None) -> str:
+    """Why the step gave up.
+
+    With the provider's last words when this process heard them: an operator read only "the
+    model failed 3 times".
+    """
+    said = (
+        f"the model failed {retry.max_attempts} times"
+        if kind == "assistant"
+        else f"the {kind} step failed every attempt"
+    )
+    if last_error:
+        line = " ".join(last_error.split())
+        said += f"; the last error: {line[:300]}{'...' if len(line) > 300 else ''}"
+    return said
 
 
 def _unique_call_ids(message: AssistantMessage) -> AssistantMessage:
