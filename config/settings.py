@@ -170,7 +170,7 @@ class Settings(BaseModel):
         default="scripted:echo",
         min_length=1,
         description="The model, as provider:model_id: openai:gpt-4.1-mini, "
-        "openai-responses:gpt-6.1-sol (background requests), anthropic:claude-sonnet-5-5, "
+        "openai-responses:gpt-6.1-sol (the Responses API), anthropic:claude-sonnet-5-5, "
         "openai-compatible:<model> (with model_base_url: vLLM, Ollama, OpenRouter...), "
         "or scripted:echo (no key needed: repeats the message back).",
     )

@@ -304,6 +304,7 @@ def _author(value: str | _AuthorIn | None) -> Author:
     _check_text(value.id, "'author.id'")
     _check_text(value.name or "", "'author.name'")
     _not_an_operator(value.id, "'author.id'")
+    _not_an_operator(value.name or "", "'author.name'")  # the name is what a thread shows
     return Author(id=value.id, name=value.name)
 
 

@@ -204,6 +204,12 @@ async def test_author_forms(client: httpx.AsyncClient, sink: TestSink) -> None:
         (b'{"text": "hi", "author": 12}', 400, "invalid_request"),
         (b'{"text": "hi", "author": "operator:admin"}', 400, "invalid_request"),  # poses
         (b'{"text": "hi", "author": {"id": " Operator:local"}}', 400, "invalid_request"),
+        # the name is what the thread shows: "operator:alice: approved"
+        (
+            b'{"text": "hi", "author": {"id": "u1", "name": "operator:alice"}}',
+            400,
+            "invalid_request",
+        ),
         (b'{"text": "hi", "author": "' + b"a" * 101 + b'"}', 400, "invalid_request"),
         (b'{"text": "hi", "author": "a\\u0000"}', 400, "invalid_text"),
         (b'{"text": "hi", "author": {"id": "\\udfff"}}', 400, "invalid_text"),
