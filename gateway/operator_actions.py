@@ -287,6 +287,10 @@ async def _settle(
     supplied = [d.tool_call_id for d in action.decisions if d.supplied is not None]
     if supplied:  # the operator did these calls' actions themselves: they never ran (D263)
         details["supplied"] = supplied
+    if action.decisions:  # who approved the deploy: the trail says, not only the store
+        ran = [d for d in action.decisions if d.supplied is None]
+        details["approved"] = [d.tool_call_id for d in ran if d.approved]
+        details["denied"] = [d.tool_call_id for d in ran if not d.approved]
     if action.entry_id is not None:
         details["entry_id"] = action.entry_id
     if final.error is not None:

@@ -6,6 +6,7 @@ to it over ASGI: messages in through the web channel, the operator API under /ap
 
 from __future__ import annotations
 
+import asyncio
 from collections.abc import AsyncIterator
 from typing import Any
 
@@ -160,6 +161,53 @@ async def test_approve_from_the_api_with_exact_coverage_and_idempotency(ops: Ops
         e for e in (await ops.get("/audit?lane=web:ship"))["items"] if e["action"] == "decide"
     ]
     assert event["actor"] == "operator:alice" and event["outcome"] == "completed"
+    # the trail says what was decided: it read only "decide ... completed"
+    assert (event["details"]["approved"], event["details"]["denied"]) == (
+        [call["tool_call_id"]],
+        [],
+    )
+
+
+async def test_an_approve_and_a_deny_sent_together_under_one_key_are_not_both_done(
+    ops: Ops, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Both callers got 200 "done", and the one who sent Deny was told so while the deploy
+    ran: the request that lost the key's race took the winner's result as its own."""
+    await ops.post("twin", "/deploy prod")
+    view = await ops.until_status("web:twin", "suspended")
+    [call] = view["pending_approvals"]
+    path = f"/lanes/{view['id']}/decisions"
+
+    def body(action: str) -> dict[str, Any]:
+        return {"wait_id": view["wait_id"], "approvals": {call["tool_call_id"]: {"action": action}}}
+
+    approve, deny = await asyncio.gather(
+        ops.act(path, body("approve"), key="same-key"),
+        ops.act(path, body("deny"), key="same-key"),
+    )
+    assert sorted([approve.status_code, deny.status_code]) == [200, 409], (approve, deny)
+
+    # the losing order, made certain: another request puts the key between this one's look
+    # and its own put (the twin's result is not this request's)
+    await ops.post("twin-2", "/deploy prod")
+    view = await ops.until_status("web:twin-2", "suspended")
+    [call] = view["pending_approvals"]
+    path = f"/lanes/{view['id']}/decisions"
+    marks = ops.broker.marks
+    real_get = marks.get
+
+    async def late_look(name: str) -> str | None:
+        found = await real_get(name)
+        if name.startswith("ops:request:") and found is None:
+            await marks.put(name, "the digest of a Deny sent with this key", expect=None)
+        return found
+
+    monkeypatch.setattr(marks, "get", late_look)
+    late = await ops.act(path, body("approve"), key="same-key-2")
+    monkeypatch.setattr(marks, "get", real_get)
+    assert late.status_code == 409, late.text
+    assert late.json()["error"]["details"]["reason"] == "idempotency_key_reused"
+    assert (await ops.lane("web:twin-2"))["status"] == "suspended"  # nothing was decided
 
 
 async def test_abort_rewind_and_retry(ops: Ops) -> None:

@@ -163,13 +163,7 @@ class LaneActions:
         digest_mark = f"ops:request:{action_id}"
         seen = await self.ops.broker.marks.get(digest_mark)
         if seen is not None:  # a replayed key: the first result, whatever the lane is now
-            if seen != digest:
-                raise ApiError(
-                    409,
-                    "conflict",
-                    "this Idempotency-Key was used for another request",
-                    {"reason": "idempotency_key_reused"},
-                )
+            _same_request(seen, digest)
             return await self._answer_when_done(action_id, wait)
         view = await self.ops.lane(session, lane)
         check_allowed(view, kind)
@@ -191,7 +185,10 @@ class LaneActions:
             requested_at_ms=self.ops.clock.now_ms(),
         )
         if not await self.ops.broker.marks.put(digest_mark, digest, expect=None):
-            return await self._answer_when_done(action_id, wait)  # a racing twin
+            # a racing request with this key took it first: its twin shares its result, and
+            # another request (an Approve and a Deny sent together) is refused as when later
+            _same_request(await self.ops.broker.marks.get(digest_mark), digest)
+            return await self._answer_when_done(action_id, wait)
         pending = ActionResult(
             id=action_id, kind=kind, session=session, lane=lane, status="pending",
             at_ms=self.ops.clock.now_ms(),
@@ -279,3 +276,14 @@ def _answer(result: ActionResult) -> JSONResponse:
         raise ApiError(409, "conflict", message, {"reason": error.get("code"), "action": body})
     location = {"Location": f"{API_PREFIX}/actions/{result.id}"}
     return JSONResponse(body, status_code=200 if result.status == "done" else 202, headers=location)
+
+
+def _same_request(seen: str | None, digest: str) -> None:
+    """Refuse a request that reuses another request's Idempotency-Key (409)."""
+    if seen is not None and seen != digest:
+        raise ApiError(
+            409,
+            "conflict",
+            "this Idempotency-Key was used for another request",
+            {"reason": "idempotency_key_reused"},
+        )
