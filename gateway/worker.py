@@ -412,7 +412,14 @@ class Worker:
                     self._track(session, op.lane, self._resume(lane))
             await self._reply_all(session)
         except (HarnessFault, HarnessClosed) as exc:
-            log.error(event("session faulted", session=session_id, error=type(exc).__name__))
+            log.error(
+                event(
+                    "session faulted",
+                    session=session_id,
+                    error=type(exc).__name__,
+                    reason=_fault_reason(exc),
+                )
+            )
             return await self._let_go(session, faulted=True)
         except BaseException:
             await self._let_go(session)
@@ -425,7 +432,12 @@ class Worker:
             await self._work(session)
         except (HarnessFault, HarnessClosed) as exc:
             log.error(
-                event("session faulted", session=session.ticket.session, error=type(exc).__name__)
+                event(
+                    "session faulted",
+                    session=session.ticket.session,
+                    error=type(exc).__name__,
+                    reason=_fault_reason(exc),
+                )
             )
             return await self._let_go(session, faulted=True)
         except BaseException:  # a slot cancelled by a drain past its grace: let go as ever
@@ -1258,3 +1270,13 @@ def _retrying(session: str, retry: RetryScheduled) -> None:
             delay_ms=retry.delay_ms,
         )
     )
+
+
+def _fault_reason(exc: BaseException) -> str:
+    """Why a session faulted, on one line: its store's words.
+
+    ("redis refused the command: The ID specified in XADD is equal or smaller..."): an
+    operator saw only ``HarnessFault``.
+    """
+    line = " ".join(str(exc).split())
+    return line if len(line) <= 300 else line[:297] + "..."

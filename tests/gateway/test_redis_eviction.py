@@ -7,6 +7,7 @@ were accepted and never answered, and nothing said why.
 
 from __future__ import annotations
 
+import asyncio
 import logging
 from pathlib import Path
 
@@ -44,4 +45,38 @@ async def test_a_redis_that_may_evict_keys_is_named_at_start(
         assert not [r for r in caplog.records if "may evict" in r.getMessage()]
     finally:
         await admin.config_set("maxmemory-policy", "noeviction")
+        await admin.aclose()
+
+
+async def test_a_session_fault_is_logged_with_its_reason(
+    redis_server: RedisServer, tmp_path: Path, caplog: pytest.LogCaptureFixture
+) -> None:
+    """What eviction did to a session (its seq allocator gone, its streams kept): every take
+    faulted, and the log said only ``HarnessFault``; the reason took a debugger to find."""
+    prefix = f"fault{tmp_path.name[-8:]}"
+    url = f"{redis_server.url}?prefix={prefix}"
+    settings = gateway_settings(
+        store_url=url,
+        broker_url=url,
+        web_url=f"sqlite:///{tmp_path}/web.db",
+        lease_seconds=6,
+        renew_seconds=1,
+    )
+    admin = Redis(port=redis_server.port, decode_responses=True)
+    try:
+        with caplog.at_level(logging.ERROR, logger="gateway.worker"):
+            async with serving(settings) as rig:
+                await rig.post("t1", "first")
+                await rig.answers("t1", 1)
+                await admin.hset(f"{prefix}:{{web-default}}:meta", "seq", 0)  # as if evicted
+                await rig.post("t1", "second")
+                for _ in range(400):
+                    if any("session faulted" in r.getMessage() for r in caplog.records):
+                        break
+                    await asyncio.sleep(0.025)
+        [fault, *_] = [r for r in caplog.records if r.getMessage() == "session faulted"]
+        fields = getattr(fault.msg, "fields", {})
+        assert fields["error"] == "HarnessFault"
+        assert "XADD" in fields["reason"] and "\n" not in fields["reason"]
+    finally:
         await admin.aclose()
