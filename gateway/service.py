@@ -63,7 +63,7 @@ from harness_core import (
     Tool,
     open_repo,
 )
-from harness_core.backends.redis import eviction_policy
+from harness_core.backends.redis import server_config
 from harness_core.backends.urls import without_password
 
 __all__ = ["Service", "ServiceParts", "StartRefused", "default_worker_id"]
@@ -167,7 +167,7 @@ class Service:
         if failed:  # before any adapter or worker starts: nothing to drain, nothing half-begun
             await self._close_owned()
             raise StartRefused(self._refusals(failed))
-        await self._check_eviction()
+        await self._check_redis()
         plugin = load_plugin(settings.plugin, settings)
         if parts.model_client is not None:
             client = parts.model_client
@@ -447,19 +447,33 @@ class Service:
             for part, exc in (await self.probe()).items()
         }
 
-    async def _check_eviction(self) -> None:
-        """Warn when a Redis the gateway keeps its state in may evict keys (D309)."""
+    async def _check_redis(self) -> None:
+        """Warn when a Redis the gateway keeps its state in may lose it (D309)."""
         urls = {self.settings.effective_store_url, self.settings.effective_broker_url}
         for url in sorted(u for u in urls if u.startswith(("redis", "rediss", "unix"))):
-            policy = await eviction_policy(urlunsplit(urlsplit(url)._replace(query="")))
+            found = await server_config(
+                urlunsplit(urlsplit(url)._replace(query="")), "maxmemory-policy", "appendonly"
+            )
+            shown = without_password(url)
+            policy = found.get("maxmemory-policy")
             if policy is not None and policy != "noeviction":
                 log.warning(
                     event(
                         "redis may evict the gateway's keys",
-                        url=without_password(url),
+                        url=shown,
                         maxmemory_policy=policy,
                         fix="set maxmemory-policy noeviction (accepted messages, sessions and "
                         "replies are lost when Redis evicts them under memory pressure)",
+                    )
+                )
+            if found.get("appendonly") == "no":
+                log.warning(
+                    event(
+                        "redis keeps no log of its writes",
+                        url=shown,
+                        appendonly="no",
+                        fix="set appendonly yes (without it, what Redis acknowledged since its "
+                        "last snapshot, accepted messages included, is lost when it restarts)",
                     )
                 )
 

@@ -22,6 +22,7 @@ import asyncio
 import contextlib
 import dataclasses
 import functools
+import inspect
 import logging
 from collections.abc import Awaitable, Callable, Mapping
 from dataclasses import dataclass, field
@@ -754,6 +755,8 @@ class Worker:
             session.tasks.pop(done, None)
             if not done.cancelled():
                 done.exception()  # a fault is the session's to report, not asyncio's
+            elif inspect.iscoroutine(work) and inspect.getcoroutinestate(work) == "CORO_CREATED":
+                work.close()  # cut before it began (the session let go): not "never awaited"
             session.woken.set()
 
         task.add_done_callback(finished)

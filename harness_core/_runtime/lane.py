@@ -216,7 +216,18 @@ class HarnessRuntime:
         task: asyncio.Task[_T] = asyncio.ensure_future(coro)
         self.tasks.add(task)
         task.add_done_callback(self.tasks.discard)
+        task.add_done_callback(self._fault_seen)
         return task
+
+    def _fault_seen(self, task: asyncio.Task[Any]) -> None:
+        """Once the harness faulted, a procedure's failure is that fault's: marked retrieved.
+
+        The harness reports the fault (every later call raises it) and the procedure's caller
+        may have stopped waiting: asyncio printed a traceback a task (25 when Redis died
+        under 25 runs). Before a fault, a failure nobody retrieves stays asyncio's to report.
+        """
+        if self.fault is not None and not task.cancelled():
+            task.exception()
 
     def system_prompt(self, lane: str) -> str | None:
         """The system prompt of a request on `lane` (evaluated per request)."""

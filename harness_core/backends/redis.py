@@ -38,7 +38,6 @@ __all__ = [
     "CLUSTER_MAX_CONNECTIONS",
     "connect",
     "discover",
-    "eviction_policy",
     "KeySpace",
     "Once",
     "package_scripts",
@@ -46,6 +45,7 @@ __all__ = [
     "ScriptClient",
     "ScriptPipeline",
     "Scripts",
+    "server_config",
     "split_cluster",
 ]
 
@@ -147,25 +147,28 @@ def connect(
         raise ValueError(f"redis URL {without_password(url)!r}: {type(exc).__name__}") from exc
 
 
-async def eviction_policy(url: str) -> str | None:
-    """The ``maxmemory-policy`` of the server at `url`, or None when it cannot be read.
+async def server_config(url: str, *names: str) -> dict[str, str]:
+    """The server's settings `names` (``maxmemory-policy``, ``appendonly``), those it gave.
 
-    Anything but ``noeviction`` lets Redis delete keys under memory pressure, a store's and a
-    broker's included (managed services often refuse ``CONFIG``: None then).
+    Empty when they cannot be read: managed services often refuse ``CONFIG``.
     """
     try:
         client = connect(url, socket_timeout=2.0)
     except ValueError:
-        return None
+        return {}
+    found: dict[str, str] = {}
     try:
         await discover(client)
-        answer = await client.config_get("maxmemory-policy")
+        for name in names:
+            answer = await client.config_get(name)
+            value = answer.get(name) if isinstance(answer, dict) else None
+            if isinstance(value, str):
+                found[name] = value
     except Exception:  # refused (CONFIG renamed or forbidden), unreachable: unknown
-        return None
+        return found
     finally:
         await close_clients(client)
-    policy = answer.get("maxmemory-policy") if isinstance(answer, dict) else None
-    return policy if isinstance(policy, str) else None
+    return found
 
 
 async def discover(client: object) -> None:

@@ -1,4 +1,4 @@
-"""A Redis that may evict keys is named at start: it would delete accepted messages (D309).
+"""A Redis that may lose the gateway's state is named at start, and a fault says why (D309).
 
 With ``maxmemory-policy allkeys-lru`` an outside probe watched Redis evict the gateway's own
 keys: the session's stream then refused every write (``XADD ID equal or smaller``), messages
@@ -45,6 +45,31 @@ async def test_a_redis_that_may_evict_keys_is_named_at_start(
         assert not [r for r in caplog.records if "may evict" in r.getMessage()]
     finally:
         await admin.config_set("maxmemory-policy", "noeviction")
+        await admin.aclose()
+
+
+async def test_a_redis_that_keeps_no_log_of_its_writes_is_named_at_start(
+    redis_server: RedisServer, tmp_path: Path, caplog: pytest.LogCaptureFixture
+) -> None:
+    """Without AOF a restarted Redis had lost every message it acknowledged since its last
+    snapshot, ids reused, and no line said why."""
+    url = f"{redis_server.url}?prefix=aof{tmp_path.name[-8:]}"
+    settings = gateway_settings(
+        store_url=url, broker_url=url, web_url=f"sqlite:///{tmp_path}/web.db"
+    )
+    admin = Redis(port=redis_server.port, decode_responses=True)
+    was = (await admin.config_get("appendonly"))["appendonly"]
+    try:
+        for appendonly in ("no", "yes"):
+            await admin.config_set("appendonly", appendonly)
+            caplog.clear()
+            with caplog.at_level(logging.WARNING, logger="gateway.service"):
+                async with serving(settings):
+                    pass
+            warned = [r for r in caplog.records if "no log of its writes" in r.getMessage()]
+            assert len(warned) == (1 if appendonly == "no" else 0), appendonly
+    finally:
+        await admin.config_set("appendonly", was)
         await admin.aclose()
 
 

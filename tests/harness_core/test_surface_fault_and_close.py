@@ -6,6 +6,7 @@ the run resumable by a new harness).
 from __future__ import annotations
 
 import asyncio
+import gc
 from collections.abc import Awaitable, Callable
 from dataclasses import dataclass
 from pathlib import Path
@@ -69,6 +70,25 @@ async def test_a_storage_write_failure_faults_the_harness(backend, tmp_path, mon
     assert run.fault.__cause__ is run.failure
     assert [e.message for e in run.faults] == ["disk full"]
     assert run.calls == []  # the durability point failed: the tool never started
+
+
+async def test_a_procedure_s_failure_after_a_fault_is_not_asyncio_s_to_report(
+    backend, tmp_path, monkeypatch, caplog: pytest.LogCaptureFixture
+) -> None:
+    """Redis died under 25 runs: each run's procedure task failed with the fault after its
+    caller stopped waiting, and asyncio printed "Task exception was never retrieved" 25
+    times, tracebacks in the JSON log. The fault is the harness's to report, and is."""
+    run = await faulted(backend, tmp_path, monkeypatch)
+
+    async def fails() -> None:
+        raise run.fault
+
+    task = run.kit.harness._rt.spawn(fails())
+    await asyncio.wait([task])
+    del task
+    gc.collect()
+    await asyncio.sleep(0)
+    assert not [r for r in caplog.records if "never retrieved" in r.getMessage()]
 
 
 async def _lane_main(harness: AgentHarness) -> Any:
