@@ -92,6 +92,8 @@ _LAPSE: Final = "lapse"
 """`_serve`'s answer when the session's ticket must lapse (see `Inbox.take_session`)."""
 _WARM: Final = "warm"
 """`_serve`'s answer when the session lingers: its linger ends its ticket (`gateway.warm`)."""
+_FAULT_BACKOFF_MS = 1_000
+"""A faulted session whose lease was given up is handed out again after this, doubling."""
 _LEASE_MARGIN_MS = 100
 """Look again this long after another holder's lease should have lapsed."""
 _AUTHORITY_MS = 1_000
@@ -221,6 +223,8 @@ class Worker:
         """Sessions in this process's hands (working or lingering), by id."""
         self._warm: dict[str, _Session] = {}
         """Sessions lingering (`gateway.warm`), by id."""
+        self._faults: dict[str, int] = {}
+        """Sessions whose last takes faulted in a row: how many (their backoff grows)."""
         self._lingers: set[asyncio.Task[None]] = set()
         self._resuming: asyncio.Queue[_Session] = asyncio.Queue()
         """Lingering sessions with a message, for the next free slot."""
@@ -291,7 +295,14 @@ class Worker:
             except asyncio.CancelledError:
                 raise
             except Exception as exc:
-                log.error(event("session failed", session=ticket.session, error=type(exc).__name__))
+                log.error(
+                    event(
+                        "session failed",
+                        session=ticket.session,
+                        error=type(exc).__name__,
+                        reason=_fault_reason(exc),
+                    )
+                )
                 again = _LAPSE
             await self._hand_back(ticket, again)
 
@@ -474,15 +485,27 @@ class Worker:
             with contextlib.suppress(Exception):  # unread: the next take looks wider
                 last_seq = (await session.storage.get_stats()).last_seq
         await session.storage.close()
+        # closed: nothing of this process writes for the session any more, so a faulted one's
+        # lease may go too; if the store answers again (a short outage), the next take need
+        # not wait out the lease (30 s), only a backoff that grows while faults repeat
+        released = await self._release(session.lease)
+        # only while the lease was still ours: nobody else wrote up to `last_seq`
+        if released and last_seq is not None:
+            await self._advance_watermark(session, last_seq)
+        log.info(
+            event(
+                "session released" if released else "session let go (its lease lapses)",
+                session=session_id,
+                faulted=faulted,
+            )
+        )
         if not faulted:
-            released = await self._release(session.lease)
-            # only while the lease was still ours: nobody else wrote up to `last_seq`
-            if released and last_seq is not None:
-                await self._advance_watermark(session, last_seq)
-        log.info(event("session released", session=session_id, faulted=faulted))
-        if faulted:
+            self._faults.pop(session_id, None)
+            return 0 if interrupted else None
+        if not released:
             return _LAPSE
-        return 0 if interrupted else None
+        faults = self._faults[session_id] = self._faults.get(session_id, 0) + 1
+        return int(min(_FAULT_BACKOFF_MS * 2 ** (faults - 1), self.config.lease_ms))
 
     # -- warm sessions ---------------------------------------------------------------------
 

@@ -58,7 +58,7 @@ async def test_a_redis_that_keeps_no_log_of_its_writes_is_named_at_start(
         store_url=url, broker_url=url, web_url=f"sqlite:///{tmp_path}/web.db"
     )
     admin = Redis(port=redis_server.port, decode_responses=True)
-    was = (await admin.config_get("appendonly"))["appendonly"]
+    was = str((await admin.config_get("appendonly"))["appendonly"])
     try:
         for appendonly in ("no", "yes"):
             await admin.config_set("appendonly", appendonly)
