@@ -26,11 +26,13 @@ import uvicorn
 
 from adapters import AdapterStartError
 from config import Settings
+from gateway.broker import BrokerError
 from gateway.channels import channel_lines, channel_state, served_url
 from gateway.collector import tune_collector
 from gateway.logs import configure, event
 from gateway.service import Service, StartRefused
 from gateway.waits import until_done
+from harness_core import SessionError
 from harness_core.backends.urls import without_password
 from harness_core.clock import SystemClock
 
@@ -166,6 +168,13 @@ async def serve(settings: Settings) -> int:
         for line in str(exc).splitlines():
             print(f"gateway: {line}", file=sys.stderr)
         return 1
+    except (SessionError, BrokerError) as exc:
+        if exc.code not in ("invalid_query", "invalid_url"):
+            raise
+        # a store or broker URL that is malformed is a setting that is wrong: 2, as `store
+        # --store` and `ask --store` say of the same URL (D301)
+        print(f"gateway: {' '.join(str(exc).split())}", file=sys.stderr)
+        return 2
     assert service.app is not None
     model = service.model
     shown = settings.model if model is None else f"{model.provider}:{model.model_id}"

@@ -201,6 +201,37 @@ def test_a_setting_that_cannot_work_is_one_line(
     assert one_line(capsys.readouterr().err).startswith(said)
 
 
+@pytest.mark.parametrize(
+    ("variable", "value", "said"),
+    [
+        ("GATEWAY_STORE_URL", "sqlite://x.db", "gateway: store URL 'sqlite://x.db': expected"),
+        ("GATEWAY_STORE_URL", "redis://", "gateway: store URL 'redis://': a host is required"),
+        ("GATEWAY_BROKER_URL", "sqlite://x", "gateway: broker URL 'sqlite://x': expected"),
+    ],
+)
+def test_serve_with_a_malformed_store_or_broker_url_is_a_setting_error(
+    tmp_path: Path,
+    monkeypatch: pytest.MonkeyPatch,
+    capsys: pytest.CaptureFixture[str],
+    variable: str,
+    value: str,
+    said: str,
+) -> None:
+    """`serve` exited 1 for the URL `store --store` and `ask --store` exit 2 for (D301)."""
+    monkeypatch.chdir(tmp_path)
+    monkeypatch.setenv("GATEWAY_PORT", str(_free_port()))
+    monkeypatch.setenv(variable, value)
+    assert main(["serve"]) == 2
+    lines = [line for line in capsys.readouterr().err.splitlines() if line.startswith("gateway:")]
+    assert len(lines) == 1 and lines[0].startswith(said), lines
+
+
+def _free_port() -> int:
+    with socket.socket() as probe:
+        probe.bind(("127.0.0.1", 0))
+        return int(probe.getsockname()[1])
+
+
 @pytest.mark.parametrize("question", [[""], ["  ", "\t"]])
 def test_an_empty_question_is_one_line_and_writes_nothing(
     tmp_path: Path, capsys: pytest.CaptureFixture[str], question: list[str]
