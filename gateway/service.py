@@ -437,15 +437,22 @@ class Service:
         return thing
 
     async def readiness(self) -> dict[str, str]:
-        """``ok`` or the error's type name for the broker and the store (``/readyz``).
+        """``ok`` or the error's type name for each part ``/readyz`` reports.
 
-        Only the type: ``/readyz`` answers anyone who can reach the port, and an error's text
-        may name hosts and paths.
+        The broker, the store, and a channel's own store (the web mailbox). Only the type:
+        ``/readyz`` answers anyone who can reach the port, and an error's text may name hosts
+        and paths.
         """
-        return {
-            part: "ok" if exc is None else type(exc).__name__
-            for part, exc in (await self.probe()).items()
-        }
+        checks = await self.probe()
+        for name, adapter in self.adapters.items():
+            ready = getattr(adapter, "ready", None)  # a channel with a store of its own (web)
+            if ready is not None:
+                try:
+                    await asyncio.wait_for(ready(), _PROBE_TIMEOUT_S)
+                    checks[name] = None
+                except Exception as exc:
+                    checks[name] = exc
+        return {part: "ok" if exc is None else type(exc).__name__ for part, exc in checks.items()}
 
     async def _check_redis(self) -> None:
         """Warn when a Redis the gateway keeps its state in may lose it (D309)."""

@@ -382,6 +382,13 @@ class WebChannel:
         self._stopping = asyncio.Event()
         self._sink = sink
 
+    async def ready(self) -> None:
+        """Read the mailbox once (``/readyz``): raises what it raises when it cannot be read.
+
+        A corrupt or unreadable mailbox refused every post (503) while ``/readyz`` said ok.
+        """
+        await self.mailbox.threads("default", limit=1)
+
     async def stop(self) -> None:
         """Stop receiving: refuse posts (503) and end open event streams (idempotent).
 

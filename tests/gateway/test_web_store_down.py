@@ -63,7 +63,12 @@ async def test_a_post_while_the_web_store_is_down_is_refused_and_taken_once_it_i
     first = await service.post("t-down", "before")
     await service.answers("t-down", 1)
 
+    ready = await service.http.get("/readyz")
+    assert ready.status_code == 200 and ready.json()["web"] == "ok", ready.text
     web_redis.stop()
+    # not ready: every post is refused (it said ok, and an orchestrator kept sending traffic)
+    unready = await service.http.get("/readyz")
+    assert unready.status_code == 503 and unready.json()["web"] != "ok", unready.text
     body: dict[str, Any] = {"text": "while down", "client_message_id": "m-down"}
     refused = await service.http.post("/web/threads/t-down/messages", json=body)
     assert refused.status_code == 503, refused.text
