@@ -40,6 +40,7 @@ from harness_core import (
     open_repo,
 )
 from harness_core.backends.urls import without_password
+from harness_core.session.names import check_lane_name
 
 __all__ = ["main"]
 
@@ -157,6 +158,11 @@ async def _run(args: argparse.Namespace, settings: Settings) -> int:
         raise CliError(
             f"no store at {missing} ({command()} serve creates it; --store URL for another)"
         )
+    if args.command == "ask":
+        try:
+            check_lane_name(args.lane)
+        except SessionError as exc:
+            raise CliError(str(exc)) from None  # a name on the command line: usage, 2
     try:
         repo = open_repo(url)
     except SessionError as exc:
@@ -177,6 +183,8 @@ async def _run(args: argparse.Namespace, settings: Settings) -> int:
             question = " ".join(args.question)
             return await ask(repo, settings, args.lane, question, out, terminal())
     except (SessionError, sqlite3.Error, OSError) as exc:  # the store's file cannot be used
+        if isinstance(exc, SessionError) and exc.code in ("invalid_lane", "invalid_session_id"):
+            raise CliError(str(exc)) from None  # a name on the command line: usage, 2
         cause = exc.__cause__ if isinstance(exc, SessionError) else exc
         if not isinstance(cause, sqlite3.Error | OSError):
             raise

@@ -22,7 +22,8 @@ def check_lane_name(lane: str) -> None:
     """Raise ``SessionError("invalid_lane")`` unless `lane` is 1-512 characters without controls."""
     if not isinstance(lane, str) or not _LANE.fullmatch(lane):
         raise SessionError(
-            "invalid_lane", f"invalid lane name {lane!r}: 1-512 characters, no control characters"
+            "invalid_lane",
+            f"invalid lane name {_shown(lane)}: 1-512 characters, no control characters",
         )
 
 
@@ -31,6 +32,16 @@ def check_session_id(session_id: str) -> None:
     if not isinstance(session_id, str) or not _SESSION.fullmatch(session_id):
         raise SessionError(
             "invalid_session_id",
-            f"invalid session id {session_id!r}: 1-200 of ASCII letters, digits and . _ : @ + = -, "
+            f"invalid session id {_shown(session_id)}: 1-200 of ASCII letters, digits and "
+            ". _ : @ + = -, "
             "starting with a letter or digit",
         )
+
+
+def _shown(name: object) -> str:
+    """A refused name as an error shows it: quoted, and cut.
+
+    A 5,000-character one was echoed whole.
+    """
+    text = repr(name)
+    return text if len(text) <= 80 else f"{text[:60]}... ({len(str(name)):,} characters)"

@@ -226,6 +226,41 @@ def test_serve_with_a_malformed_store_or_broker_url_is_a_setting_error(
     assert len(lines) == 1 and lines[0].startswith(said), lines
 
 
+@pytest.mark.parametrize(
+    ("words", "said"),
+    [
+        (["ask", "--lane", "", "hi"], "gateway: invalid lane name '': 1-512 characters"),
+        (
+            ["ask", "--lane", "x" * 5000, "hi"],
+            "gateway: invalid lane name 'xxxxxxxxxx",  # cut: it was echoed whole
+        ),
+        (["store", "show", ""], "gateway: invalid session id '': 1-200 of ASCII letters"),
+    ],
+)
+def test_a_name_on_the_command_line_that_is_no_name_is_a_usage_error(
+    tmp_path: Path,
+    monkeypatch: pytest.MonkeyPatch,
+    capsys: pytest.CaptureFixture[str],
+    words: list[str],
+    said: str,
+) -> None:
+    """They exited 1, as if the command had failed doing its work."""
+    monkeypatch.chdir(tmp_path)
+    store = f"sqlite:///{tmp_path}/gw.db"
+    assert asyncio.run(_made(store)) is None
+    assert main([*words, "--store", store]) == 2
+    line = one_line(capsys.readouterr().err)
+    assert line.startswith(said) and len(line) < 200, line
+
+
+async def _made(url: str) -> None:
+    repo = open_repo(url)
+    try:
+        assert await ask_module.ask(repo, Settings(), "cli:default", "hello", []) == 0
+    finally:
+        await repo.close()
+
+
 def _free_port() -> int:
     with socket.socket() as probe:
         probe.bind(("127.0.0.1", 0))
