@@ -318,7 +318,7 @@ def terminal() -> Decide | None:
     return decide
 
 
-class NoAnswer(Exception):
+class NoAnswer(GatewayError):
     """Input ended at an approval prompt: nothing is decided, the lane keeps waiting."""
 
 

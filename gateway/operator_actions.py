@@ -175,11 +175,14 @@ async def _do(
 ) -> ActionResult:
     kind = action.kind
     if kind == "abort":
+        # a run that waits for approval is told by its request's close ("... closed: stopped
+        # by operator:alice"); one that works would end in silence without a word of its own
+        waiting = (await lane.info()).suspended == "approval"
         await note_abort(broker, action.session, lane, action.actor)  # who closed a request
         aborted = await lane.abort()
         if isinstance(aborted, Err):
             return _refused(action, clock, aborted.error)
-        state = await broker.threads.get(action.session, action.lane)
+        state = None if waiting else await broker.threads.get(action.session, action.lane)
         if state is not None:  # the thread hears it, as it does a `stop` said there
             dropped = len(aborted.value.steer) + len(aborted.value.follow_up)
             said = stopped_text(dropped, by=action.actor)

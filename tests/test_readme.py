@@ -153,6 +153,10 @@ STEPS: dict[str, Step] = {
     "scripts/run ops resume web:card --tool-recovery never": Step(
         status=1, shows=(r"no lane 'web:card' \(scripts/run ops lanes lists them",)
     ),
+    # the plugin walkthrough's thread: not on this store, and it says so before asking anything
+    "scripts/run ops approve web:ship --all": Step(
+        status=1, shows=(r"no lane 'web:ship' \(scripts/run ops lanes lists them",)
+    ),
     "scripts/run ops deliveries": Step(),
     'scripts/run ops revoke web-default web:hello --reason "customer offboarded" --yes': Step(
         shows=(r"revoked web-default/web:hello: revoked: customer offboarded",)
@@ -542,6 +546,7 @@ async def test_run_it_talk_to_it_and_operate_it(fresh: Copy, serve: object) -> N
         "scripts/run ops usage web:hello",
         'scripts/run ops budget web:hello 2000000 --reason "a long review"',
         "scripts/run ops resume web:card --tool-recovery never",
+        "scripts/run ops approve web:ship --all",
         "scripts/run ops deliveries",
         'scripts/run ops revoke web-default web:hello --reason "customer offboarded" --yes',
         "scripts/run ops unrevoke web-default web:hello",
