@@ -17,29 +17,26 @@ To start your own agent, copy this file next to your configuration as ``agent.py
 from __future__ import annotations
 
 import re
-from collections.abc import Sequence
 from typing import Literal
 
 from pydantic import BaseModel, Field
 
 from config import Settings
 from harness_core import (
-    AgentMessage,
     AssistantMessage,
     ModelClient,
     ModelRef,
     ModelRequest,
     ScriptedModel,
     Tool,
-    ToolCallPart,
     ToolContext,
     ToolResultMessage,
     UserMessage,
     message_text,
 )
-from harness_core.models.scripted import text, tool_call
+from harness_core.models.scripted import results_of_this_run, text, tool_call
 
-__all__ = ["model", "respond", "results_of_this_run", "tools"]
+__all__ = ["model", "respond", "tools"]
 
 
 class WindowArgs(BaseModel):
@@ -121,20 +118,3 @@ def respond(request: ModelRequest) -> AssistantMessage:
     if "deploy" in said.lower() and "window" in said.lower():
         return tool_call("deploy_window", {})
     return text(f"You said: {said}" if said else "Hello.")
-
-
-def results_of_this_run(messages: Sequence[AgentMessage]) -> str:
-    """What the tools returned since the last answer, one result a line.
-
-    A message sent while a run works joins it: the run's one reply then answers both, as a
-    real model's would (the first tool's result came before the second message).
-    """
-    found: list[str] = []
-    for message in reversed(messages):
-        if isinstance(message, AssistantMessage) and not any(
-            isinstance(part, ToolCallPart) for part in message.content
-        ):
-            break  # the answer before this run
-        if isinstance(message, ToolResultMessage):
-            found.append(message_text(message))
-    return "\n".join(reversed(found))

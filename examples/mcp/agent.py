@@ -17,24 +17,20 @@ configuration names (``examples/mcp/gateway.toml``), not from this file.
 
 from __future__ import annotations
 
-from collections.abc import Sequence
-
 from config import Settings
 from harness_core import (
-    AgentMessage,
     AssistantMessage,
     ModelClient,
     ModelRef,
     ModelRequest,
     ScriptedModel,
-    ToolCallPart,
     ToolResultMessage,
     UserMessage,
     message_text,
 )
-from harness_core.models.scripted import text, tool_call
+from harness_core.models.scripted import results_of_this_run, text, tool_call
 
-__all__ = ["model", "respond", "results_of_this_run"]
+__all__ = ["model", "respond"]
 
 SERVER = "tickets"
 """The server's name in the configuration: its tools are ``tickets.<tool>``."""
@@ -72,20 +68,3 @@ def respond(request: ModelRequest) -> AssistantMessage:
         case "delete" if len(words) == 1 and words[0].isdigit():
             return tool_call(f"{SERVER}.delete_ticket", {"number": int(words[0])})
     return text(f"You said: {said}" if said else "Hello.")
-
-
-def results_of_this_run(messages: Sequence[AgentMessage]) -> str:
-    """What the tools returned since the last answer, one result a line.
-
-    A message sent while a run works joins it: the run's one reply then answers both, as a
-    real model's would (the first tool's result came before the second message).
-    """
-    found: list[str] = []
-    for message in reversed(messages):
-        if isinstance(message, AssistantMessage) and not any(
-            isinstance(part, ToolCallPart) for part in message.content
-        ):
-            break  # the answer before this run
-        if isinstance(message, ToolResultMessage):
-            found.append(message_text(message))
-    return "\n".join(reversed(found))

@@ -21,6 +21,7 @@ from harness_core._runtime.context import estimate_tokens
 from harness_core.clock import Clock, SystemClock
 from harness_core.frozen import Frozen, JsonValue
 from harness_core.messages import (
+    AgentMessage,
     AssistantContent,
     AssistantMessage,
     DeferredHandle,
@@ -29,6 +30,7 @@ from harness_core.messages import (
     TextPart,
     TokenUsage,
     ToolCallPart,
+    ToolResultMessage,
     UserMessage,
     message_text,
 )
@@ -42,6 +44,7 @@ __all__ = [
     "echo_responder",
     "error",
     "length",
+    "results_of_this_run",
     "streamed",
     "text",
     "tool_call",
@@ -89,6 +92,23 @@ def tool_call(
 ) -> AssistantMessage:
     """An answer that calls one tool."""
     return tool_calls((name, arguments or {}, call_id))
+
+
+def results_of_this_run(messages: Iterable[AgentMessage]) -> str:
+    """What the tools returned since the last answer, one result a line (for a responder).
+
+    A message sent while a run works joins it: the run's one reply then answers both, as a real
+    model's would (the first tool's result came before the second message).
+    """
+    found: list[str] = []
+    for message in reversed(list(messages)):
+        if isinstance(message, AssistantMessage) and not any(
+            isinstance(part, ToolCallPart) for part in message.content
+        ):
+            break  # the answer before this run
+        if isinstance(message, ToolResultMessage):
+            found.append(message_text(message))
+    return "\n".join(reversed(found))
 
 
 def tool_calls(*calls: tuple[str, Mapping[str, JsonValue], str | None]) -> AssistantMessage:
