@@ -259,6 +259,8 @@ def main(argv: Sequence[str] | None = None, settings: Settings | None = None) ->
     parser.add_argument(
         "--store", help="store URL (default: $GATEWAY_STORE_URL or sqlite:///.gateway/gateway.db)"
     )
+    config_help = "a TOML settings file (the environment wins): every command reads the same"
+    parser.add_argument("--config", help=config_help)
     commands = parser.add_subparsers(dest="command", required=True)
     commands.add_parser("demo", help="run two threads, crash one mid-tool, recover it")
     store = commands.add_parser(
@@ -276,6 +278,10 @@ def main(argv: Sequence[str] | None = None, settings: Settings | None = None) ->
     store.add_argument("--store", dest="store", default=argparse.SUPPRESS)
     demo_parser = commands.choices["demo"]
     demo_parser.add_argument("--store", dest="store", default=argparse.SUPPRESS)
+    for reading in (store, demo_parser):
+        # `ask`, `store` and `demo` ignored the TOML file `serve` was given: another store,
+        # and for `ask` another agent (no plugin, no MCP tools, no profiles)
+        reading.add_argument("--config", default=argparse.SUPPRESS, help=config_help)
     ask_parser = commands.add_parser(
         "ask",
         help="ask the configured agent (GATEWAY_MODEL, scripted:echo by default, with "
@@ -291,6 +297,7 @@ def main(argv: Sequence[str] | None = None, settings: Settings | None = None) ->
     ask_parser.add_argument(
         "--store", dest="store", default=argparse.SUPPRESS, help="store URL (as above)"
     )
+    ask_parser.add_argument("--config", default=argparse.SUPPRESS, help=config_help)
     commands.add_parser(
         "ops",
         help="operate a running gateway over its API: lanes, timelines, resume, approve "
@@ -299,12 +306,14 @@ def main(argv: Sequence[str] | None = None, settings: Settings | None = None) ->
     serve_parser = commands.add_parser(
         "serve", help="run the service: the web channel, workers and deliverer (embedded default)"
     )
-    serve_parser.add_argument("--config", help="a TOML settings file (the environment wins)")
+    serve_parser.add_argument("--config", default=argparse.SUPPRESS, help=config_help)
     serve_parser.add_argument(
         "--store", dest="store", default=argparse.SUPPRESS, help="store URL (as above)"
     )
     serve_parser.add_argument("--host", help="listen address (default: GATEWAY_HOST or 127.0.0.1)")
-    serve_parser.add_argument("--port", type=int, help="listen port (default: 8787)")
+    serve_parser.add_argument(
+        "--port", type=int, help="listen port (default: GATEWAY_PORT or 8787)"
+    )
     serve_parser.add_argument(
         "--log-level", choices=("debug", "info", "warning", "error"), help="log verbosity"
     )

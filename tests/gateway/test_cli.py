@@ -80,6 +80,27 @@ def test_the_default_store_comes_from_settings(tmp_path, capsys) -> None:
     capsys.readouterr()
 
 
+@pytest.mark.parametrize("where", ["before", "after"])
+def test_ask_and_store_read_the_toml_file_serve_reads(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str], where: str
+) -> None:
+    """Only `serve` took --config: `ask` made a second store (and used another agent), and
+    `store list` said there was none."""
+    monkeypatch.chdir(tmp_path)
+    (tmp_path / "data").mkdir()
+    (tmp_path / "gw.toml").write_text('store_url = "sqlite:///data/gw.db"\n')
+
+    def run(*words: str) -> int:
+        config = ["--config", "gw.toml"]
+        return main([*config, *words] if where == "before" else [*words, *config])
+
+    assert run("ask", "--lane", "cli:toml", "hello") == 0
+    assert (tmp_path / "data" / "gw.db").exists() and not (tmp_path / ".gateway").exists()
+    capsys.readouterr()
+    assert run("store", "list") == 0
+    assert "cli" in capsys.readouterr().out
+
+
 def test_serve_on_a_taken_port_is_one_clear_line(tmp_path, capsys) -> None:
     with socket.socket() as taken:
         taken.bind(("127.0.0.1", 0))
