@@ -86,6 +86,14 @@ def load_plugin(name: str | None, settings: Settings | None = None) -> Plugin:
         raise PluginError(
             f"GATEWAY_PLUGIN={name}: cannot import it ({type(exc).__name__}: {exc})"
         ) from exc
+    hooks = ("tools", "model", "adapters")
+    if not any(callable(getattr(module, hook, None)) for hook in hooks):
+        # `GATEWAY_PLUGIN=os` (a typo, a module of the same name) ran as no plugin at all
+        where = getattr(module, "__file__", None) or "a directory without __init__.py"
+        raise PluginError(
+            f"GATEWAY_PLUGIN={name}: {where} defines none of tools(), model() or adapters(): "
+            "is it the agent's module?"
+        )
     tools = _call(module, name, "tools", ())
     if isinstance(tools, (str, bytes, Mapping)) or not isinstance(tools, Iterable):
         raise PluginError(

@@ -69,6 +69,15 @@ def test_a_missing_plugin_names_where_it_was_looked_for(workdir: Path) -> None:
     )
 
 
+@pytest.mark.parametrize("name", ["os", "json", "empty_dir"])
+def test_a_module_that_is_no_agent_is_refused(workdir: Path, name: str) -> None:
+    """`GATEWAY_PLUGIN=os` (or an empty directory, imported as a namespace package) ran as no
+    plugin at all: no tools, and nothing said so."""
+    (workdir / "empty_dir").mkdir()
+    with pytest.raises(PluginError, match="defines none of tools\\(\\), model\\(\\) or adapters"):
+        load_plugin(name)
+
+
 def test_a_plugin_whose_own_import_fails_says_which(workdir: Path) -> None:
     _module(workdir, "needs_a_dependency", "import not_installed_anywhere\n")
     with pytest.raises(PluginError) as refused:
