@@ -316,8 +316,10 @@ async def _outbound(
         return None
     if not isinstance(started.record.intent, RunIntent):
         return None  # compaction and navigation answer nobody
+    if record.outcome == "aborted":  # whoever aborted it knows; of its effects, maybe not
+        return await _ran_before_the_stop(since, state, thread, record.run_id)
     if record.outcome not in ("completed", "failed"):
-        return None  # aborted: whoever aborted it knows
+        return None
     earlier = await _earlier_answers(since, state.lane, record.run_id)
     if record.outcome == "failed":
         # after answers the thread has not seen, a reply that ends with the notice: a notice is
@@ -402,6 +404,38 @@ def approval_outbound(state: ThreadState, thread: ThreadRef, record: ApprovalReq
         approval=ApprovalView(
             session=session, run_id=record.run_id, wait_id=record.id, calls=calls
         ),
+        reply_context=state.reply_context,
+    )
+
+
+async def _ran_before_the_stop(
+    since: _Since, state: ThreadState, thread: ThreadRef, run_id: str
+) -> Outbound | None:
+    """What an aborted run's never-replayed tools did before the abort took hold, if anything.
+
+    A `stop` sent as an Approve landed was answered "Stopped." while the deploy it approved ran
+    to the end: the person believed nothing happened. A tool that is safe to repeat (a read) is
+    not named; one whose result says it was refused or cut is not either.
+    """
+    ran: list[str] = []
+    for stored in await since.of_run(state.lane, "tool_started", run_id):
+        started = stored.record
+        if not isinstance(started, ToolStarted) or started.replay != "never":
+            continue
+        result = await since.storage.get_entry(started.result_entry_id)
+        message = (
+            result.entry.message if result and isinstance(result.entry, MessageEntry) else None
+        )
+        if isinstance(message, ToolResultMessage) and message.outcome == "ok":
+            said = " ".join(message_text(message).split())
+            ran.append(f"{started.tool_name}: {said[:300]}{'...' if len(said) > 300 else ''}")
+    if not ran:
+        return None
+    return Outbound(
+        delivery_id=delivery_id(state.session, "reply", f"{run_id}:ran"),
+        thread=thread,
+        kind="reply",
+        text="Before it stopped, this had already run:\n" + "\n".join(ran),
         reply_context=state.reply_context,
     )
 

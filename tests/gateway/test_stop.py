@@ -7,6 +7,7 @@ waiting for approval, which stays open as long as the test needs. The service-le
 
 from __future__ import annotations
 
+import asyncio
 from pathlib import Path
 from typing import Any
 
@@ -14,6 +15,7 @@ import pytest
 
 from adapters.channel import Author, Inbound, ThreadRef
 from gateway.broker.contract import Broker, InboxItem, NewInboxItem
+from gateway.channels import gateway_settings
 from gateway.stop import NOTHING_TO_STOP_TEXT, STOPPED_TEXT, is_stop, stop
 from harness_core import (
     AgentLane,
@@ -24,6 +26,7 @@ from harness_core import (
 )
 from tests.support.gateway_rig import lane_texts, waiting_for_approval
 from tests.support.harness_kit import Kit, make_kit
+from tests.support.service_rig import serving
 
 THREAD = ThreadRef(channel="web", space="default", thread="t1")
 
@@ -174,3 +177,24 @@ async def test_a_run_that_ends_before_the_abort_is_not_called_stopped(
 
 async def _user_texts(kit: Kit) -> list[str]:
     return await lane_texts(kit.repo, "s", "web:t1")
+
+
+async def test_a_stop_that_came_while_an_effect_ran_says_the_effect_happened(
+    tmp_path: Path,
+) -> None:
+    """A `stop` sent as an Approve landed: the deploy ran to its end, and the thread said only
+    "Stopped.", so the person believed nothing happened (D311)."""
+    settings = gateway_settings(
+        store_url=f"sqlite:///{tmp_path}/store.db",
+        broker_url=f"sqlite:///{tmp_path}/broker.db",
+        web_url=f"sqlite:///{tmp_path}/web.db",
+        plugin="tests.support.gateway_agent",
+    )
+    async with serving(settings) as rig:
+        await rig.post("t1", "/slowcharge 1500")  # the charge does not watch the abort
+        await asyncio.sleep(0.5)  # the charge is running
+        await rig.post("t1", "stop")
+        answers = await rig.answers("t1", 2)
+    texts = [a["text"] for a in answers]
+    assert texts[0] == STOPPED_TEXT
+    assert texts[1] == "Before it stopped, this had already run:\ncharge: charged 5"

@@ -4,6 +4,8 @@ The model answers by the newest user message:
 
 * ``/charge <n>``: calls ``charge`` (``replay="never"``), which appends one line to the
   effects ledger (``AGENT_TEST_EFFECTS``, a JSONL file; the test counts repeats there);
+* ``/slowcharge <ms>``: calls ``charge``, which waits that long first (and does not watch the
+  abort: a ``stop`` meanwhile ends the run after the charge is done);
 * ``/deploy <target>``: calls ``deploy``, which requires approval;
 * ``/slow <ms>``: calls ``slow`` (safe to repeat), which sleeps, keeping the lane busy;
 * ``/lookup <ms>``: says `LOOKING` and calls ``slow`` in one answer, then answers ``Done: ...``:
@@ -96,6 +98,8 @@ def respond(request: ModelRequest) -> AssistantMessage | Streamed:
         return tool_call("slow", {"ms": 1500})
     if word == "/charge":
         return tool_call("charge", {"amount": rest.strip() or "1"})
+    if word == "/slowcharge":
+        return tool_call("charge", {"amount": "5", "ms": int(rest.strip() or "500")})
     if word == "/deploy":
         return tool_call("deploy", {"target": rest.strip() or "prod"})
     if word == "/slow":
@@ -125,6 +129,7 @@ def _append(path: str, line: dict[str, Any]) -> None:
 
 
 async def charge(args: Any, ctx: ToolContext) -> str:
+    await asyncio.sleep(int(args.get("ms", 0)) / 1000)
     path = os.environ.get("AGENT_TEST_EFFECTS")
     if path:
         _append(path, {"key": ctx.idempotency_key, "lane": ctx.lane, "call": ctx.tool_call_id})
