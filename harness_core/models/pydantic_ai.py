@@ -225,6 +225,11 @@ class PydanticAIModel:
                 usage=TokenUsage(),
             )
         message = from_model_response(response, ref.provider, tool_names=names)
+        if not message.content and message.stop_reason == "stop":
+            # a 200 with no choices, or an empty turn (seen after tool results): nothing to
+            # deliver but "(no answer)"; asked again, as pydantic-ai's own agents do (D312)
+            empty = _failure("server", "the provider answered with nothing: no text, no call", True)
+            return empty.model_copy(update={"usage": message.usage})
         cost = _cost(response)
         if cost is not None and message.usage is not None:
             usage = message.usage.model_copy(

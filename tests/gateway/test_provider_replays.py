@@ -311,3 +311,25 @@ async def test_a_stream_of_keep_alives_alone_times_out() -> None:
     assert message.error is not None
     assert (message.error.kind, message.error.retryable) == ("timeout", True)
     assert message.error.message == "the provider sent no part of the answer within 1 s"
+
+
+@pytest.mark.parametrize("stream", [True, False])
+async def test_an_answer_of_nothing_is_asked_again(fake: FakeLLM, stream: bool) -> None:
+    """A 200 with no choices (or an empty turn) was delivered as "(The run ended without a
+    text answer.)", and never asked again (D312)."""
+    settings = Settings(
+        model="openai-compatible:some-model",
+        model_api_key=SecretStr("sk-test"),
+        model_base_url=fake.openai_base_url,
+    )
+    client, ref = model_from_settings(settings)
+    assert isinstance(client, PydanticAIModel)
+    fake.reply(None)
+    request = ModelRequest(model=ref, messages=(UserMessage(content=(TextPart(text="hi"),)),))
+    try:
+        message = await client.request(request, (lambda _: None) if stream else None)
+    finally:
+        await client.aclose()
+    fake.assert_drained()
+    assert message.error is not None
+    assert (message.error.kind, message.error.retryable) == ("server", True)
