@@ -131,6 +131,15 @@ async def test_approve_from_the_api_with_exact_coverage_and_idempotency(ops: Ops
     assert no_key.status_code == 428, no_key.text
     viewer = await ops.act(path, right, key="k-viewer", as_=AS_VIEWER)
     assert viewer.status_code == 403 and viewer.json()["error"]["code"] == "forbidden"
+    # a viewer never acts, whatever its body: it got 400 and the body's fields first
+    malformed: Any
+    for malformed in ({"wait_id": 7}, [], None):
+        refused = await ops.act(path, malformed, key="k-viewer-2", as_=AS_VIEWER)
+        assert refused.status_code == 403, refused.text
+    budget = await ops.http.put(
+        f"/api/v1/lanes/{view['id']}/budget", json={"tokens": "lots"}, headers=AS_VIEWER
+    )
+    assert budget.status_code == 403, budget.text
     wrong = {"wait_id": view["wait_id"], "approvals": {"call-x": {"action": "approve"}}}
     coverage = await ops.act(path, wrong, key="k-wrong")
     assert coverage.status_code == 400, coverage.text

@@ -18,6 +18,8 @@ read from the callable the service hands in); `params` holds the shared paramete
 
 from __future__ import annotations
 
+from typing import Any
+
 from fastapi import APIRouter, Depends
 
 from gateway.broker.contract import Broker
@@ -83,7 +85,12 @@ class OpsApi:
             dependencies=[Depends(self.context.authenticate)],
             responses={401: {"description": "no token, or not a valid one"}},
         )
-        get, post = router.get, router.post
+        get = router.get
+        acting = [Depends(self.context.operator)]  # 403 for a viewer, before any body is read
+
+        def post(path: str, **kwargs: Any) -> Any:
+            return router.post(path, dependencies=acting, **kwargs)
+
         lanes, audit, deliveries, actions = self.lanes, self.audit, self.deliveries, self.actions
         get("/sessions", response_model=Page[SessionView])(lanes.sessions)
         get("/lanes", response_model=Page[LaneView])(lanes.lanes)
@@ -106,7 +113,7 @@ class OpsApi:
         post("/sessions/{session}/unrevoke", response_model=AuthorityView)(
             authority.unrevoke_session
         )
-        router.put("/lanes/{lane_id}/budget", response_model=BudgetView)(
+        router.put("/lanes/{lane_id}/budget", response_model=BudgetView, dependencies=acting)(
             self.budget.set_lane_budget
         )
         post("/deliveries/{delivery_id}/redeliver", response_model=DeliveryView)(
