@@ -688,3 +688,23 @@ def test_the_local_token_file_goes_only_to_this_machine(
     assert target.token == ("the-local-token" if sent else None)
     given = Target(argparse.Namespace(url=url, token="mine", config=None), settings)
     assert given.token == "mine"  # a token given outright goes where it is sent
+
+
+@pytest.mark.parametrize(
+    "url",
+    [
+        "http://user:pw@127.0.0.1:8787",  # the user displaced the token: "refused"
+        "http://127.0.0.1:8787/extra/path",  # "no such route"
+        "http://127.0.0.1:8787#frag",
+        "http://127.0.0.1:8787?x=1",  # "unexpected answer: HTTP 307"
+        "http://127.0.0.1:99999",  # "cannot reach": exit 3
+        "notaurl",
+    ],
+)
+def test_a_url_that_is_no_gateway_address_is_a_usage_error(
+    url: str, capsys: pytest.CaptureFixture[str]
+) -> None:
+    assert main(["--url", url, "--token", OPERATOR, "lanes"], None) == 2
+    line = _one_line(capsys.readouterr().err)
+    assert "--url must be the gateway's address like http://127.0.0.1:8787" in line
+    assert "pw" not in line  # a password in it is not echoed

@@ -14,6 +14,7 @@ from config import Settings, SettingsError, format_settings_error
 from gateway.channels import load_gateway_settings, served_url
 from gateway.ops.cli.errors import USAGE, OpsError
 from gateway.ops.cli.output import clean
+from harness_core.backends.urls import without_password
 
 __all__ = ["API", "TOKEN_VARIABLE", "URL_VARIABLE", "Target", "on_this_machine"]
 
@@ -83,10 +84,27 @@ class Target:
             parsed = httpx.URL(url)
         except (httpx.InvalidURL, TypeError):
             parsed = None
-        if parsed is None or parsed.scheme not in ("http", "https") or not parsed.host:
+        port_ok = True
+        if parsed is not None:
+            try:
+                port_ok = parsed.port is None or 1 <= parsed.port <= 65535
+            except ValueError:
+                port_ok = False
+        if (
+            parsed is None
+            or parsed.scheme not in ("http", "https")
+            or not parsed.host
+            or not port_ok
+            # a user, a path, a query or a fragment: the token was displaced by the user, or
+            # the routes were looked for under the path ("no such route")
+            or parsed.userinfo
+            or parsed.path not in ("", "/")
+            or parsed.query
+            or parsed.fragment
+        ):
             raise OpsError(
                 f"{source} must be the gateway's address like http://127.0.0.1:8787, "
-                f"not {clean(given)!r}",
+                f"not {clean(without_password(given))!r}",
                 USAGE,
             )
         return url
