@@ -31,6 +31,7 @@ from harness_core import (
 )
 from harness_core.backends.urls import without_password
 from harness_core.models.scripted import echo_responder
+from harness_core.texts import one_line
 
 if TYPE_CHECKING:
     from pydantic_ai.exceptions import ModelAPIError
@@ -338,7 +339,7 @@ def _root_cause(exc: BaseException) -> str:
         elif isinstance(current, TimeoutError):
             said = "timed out"
         elif str(current).strip():
-            said = _one_line(str(current))
+            said = one_line(str(current))
         current = current.__cause__ or current.__context__
     return said
 
@@ -346,21 +347,16 @@ def _root_cause(exc: BaseException) -> str:
 def _provider_said(body: object) -> str | None:
     """The human message in a provider's error body (OpenAI's or Anthropic's shape)."""
     if isinstance(body, str):
-        return _one_line(body) if body.strip() else None
+        return one_line(body) if body.strip() else None
     if not isinstance(body, Mapping):
         return None
     error = body.get("error")
     nested = error.get("message") if isinstance(error, Mapping) else None
     for found in (body.get("message"), nested):
         if isinstance(found, str) and found.strip():
-            return _one_line(found)
+            return one_line(found)
     return None
 
 
-def _one_line(text: str, limit: int = 300) -> str:
-    line = " ".join(text.split())
-    return line if len(line) <= limit else line[: limit - 3] + "..."
-
-
 def _first_sentence(text: str) -> str:
-    return _one_line(text).split(". ")[0].rstrip(".")
+    return one_line(text).split(". ")[0].rstrip(".")

@@ -43,6 +43,7 @@ from harness_core.session.records import (
     ToolStarted,
 )
 from harness_core.session.types import RecordQuery, StoredRecord
+from harness_core.texts import one_line
 
 __all__ = [
     "CUT_OFF_BEFORE_ANSWER",
@@ -427,8 +428,7 @@ async def _ran_before_the_stop(
             result.entry.message if result and isinstance(result.entry, MessageEntry) else None
         )
         if isinstance(message, ToolResultMessage) and message.outcome == "ok":
-            said = " ".join(message_text(message).split())
-            ran.append(f"{started.tool_name}: {said[:300]}{'...' if len(said) > 300 else ''}")
+            ran.append(f"{started.tool_name}: {one_line(message_text(message))}")
     if not ran:
         return None
     return Outbound(

@@ -83,6 +83,7 @@ from harness_core import (
 from harness_core.events import ApprovalDecidedEvent, RetryScheduled, RunEnd
 from harness_core.messages import UserMessage
 from harness_core.session.records import ApprovalRequested
+from harness_core.texts import one_line
 
 __all__ = ["Worker", "WorkerConfig"]
 
@@ -295,14 +296,7 @@ class Worker:
             except asyncio.CancelledError:
                 raise
             except Exception as exc:
-                log.error(
-                    event(
-                        "session failed",
-                        session=ticket.session,
-                        error=type(exc).__name__,
-                        reason=_fault_reason(exc),
-                    )
-                )
+                _log_fault("session failed", ticket.session, exc)
                 again = _LAPSE
             await self._hand_back(ticket, again)
 
@@ -424,14 +418,7 @@ class Worker:
                     self._track(session, op.lane, self._resume(lane))
             await self._reply_all(session)
         except (HarnessFault, HarnessClosed) as exc:
-            log.error(
-                event(
-                    "session faulted",
-                    session=session_id,
-                    error=type(exc).__name__,
-                    reason=_fault_reason(exc),
-                )
-            )
+            _log_fault("session faulted", session_id, exc)
             return await self._let_go(session, faulted=True)
         except BaseException:
             await self._let_go(session)
@@ -443,14 +430,7 @@ class Worker:
         try:
             await self._work(session)
         except (HarnessFault, HarnessClosed) as exc:
-            log.error(
-                event(
-                    "session faulted",
-                    session=session.ticket.session,
-                    error=type(exc).__name__,
-                    reason=_fault_reason(exc),
-                )
-            )
+            _log_fault("session faulted", session.ticket.session, exc)
             return await self._let_go(session, faulted=True)
         except BaseException:  # a slot cancelled by a drain past its grace: let go as ever
             await self._let_go(session)
@@ -1298,11 +1278,9 @@ def _retrying(session: str, retry: RetryScheduled) -> None:
     )
 
 
-def _fault_reason(exc: BaseException) -> str:
-    """Why a session faulted, on one line: its store's words.
+def _log_fault(what: str, session: str, exc: BaseException) -> None:
+    """One error line for a session that failed or faulted: its type, and why on one line.
 
-    ("redis refused the command: The ID specified in XADD is equal or smaller..."): an
-    operator saw only ``HarnessFault``.
+    The store's words: an operator saw only ``HarnessFault``.
     """
-    line = " ".join(str(exc).split())
-    return line if len(line) <= 300 else line[:297] + "..."
+    log.error(event(what, session=session, error=type(exc).__name__, reason=one_line(str(exc))))

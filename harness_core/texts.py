@@ -24,6 +24,7 @@ __all__ = [
     "image_withheld",
     "invalid_result",
     "no_such_tool",
+    "one_line",
     "supplied_note",
     "tool_failed",
     "tool_timed_out",
@@ -109,3 +110,12 @@ def invalid_result(tool: str, reason: str) -> str:
 def file_sent(name: str, media_type: str, size: int) -> str:
     """A file a tool returned, as the model reads of it: named, sent with the reply, unread."""
     return f"[file {name} ({media_type}, {size} bytes) is sent with your reply to the user]"
+
+
+def one_line(text: str, limit: int = 300) -> str:
+    """`text` on one line, cut to `limit` characters with ``...`` saying so.
+
+    Its whitespace runs become one space: someone's words quoted in a log line or a message.
+    """
+    line = " ".join(text.split())
+    return line if len(line) <= limit else line[: limit - 3] + "..."

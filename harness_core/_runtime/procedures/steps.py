@@ -405,8 +405,7 @@ def _exhausted(kind: StepKind, retry: RetryPolicy, last_error: str | None) -> st
         else f"the {kind} step failed every attempt"
     )
     if last_error:
-        line = " ".join(last_error.split())
-        said += f"; the last error: {line[:300]}{'...' if len(line) > 300 else ''}"
+        said += f"; the last error: {texts.one_line(last_error)}"
     return said
 
 
