@@ -219,7 +219,7 @@ async def test_a_compatible_server_may_end_its_stream_without_a_finish_reason(
     assert message.stop_reason == "stop" and message_text(message) == "Done: the tools answered."
 
 
-async def _streamed(fake: FakeLLM, provider: str) -> AssistantMessage:
+async def _streamed(fake: FakeLLM, provider: str, *, stream: bool = True) -> AssistantMessage:
     base = fake.anthropic_base_url if provider == "anthropic" else fake.openai_base_url
     settings = Settings(
         model=f"{provider}:gpt-4o-mini", model_api_key=SecretStr("sk-test"), model_base_url=base
@@ -228,7 +228,7 @@ async def _streamed(fake: FakeLLM, provider: str) -> AssistantMessage:
     assert isinstance(client, PydanticAIModel)
     request = ModelRequest(model=ref, messages=(UserMessage(content=(TextPart(text="hi"),)),))
     try:
-        return await client.request(request, lambda _: None)
+        return await client.request(request, (lambda _: None) if stream else None)
     finally:
         await client.aclose()
         fake.assert_drained()
@@ -317,19 +317,7 @@ async def test_a_stream_of_keep_alives_alone_times_out() -> None:
 async def test_an_answer_of_nothing_is_asked_again(fake: FakeLLM, stream: bool) -> None:
     """A 200 with no choices (or an empty turn) was delivered as "(The run ended without a
     text answer.)", and never asked again (D312)."""
-    settings = Settings(
-        model="openai-compatible:some-model",
-        model_api_key=SecretStr("sk-test"),
-        model_base_url=fake.openai_base_url,
-    )
-    client, ref = model_from_settings(settings)
-    assert isinstance(client, PydanticAIModel)
     fake.reply(None)
-    request = ModelRequest(model=ref, messages=(UserMessage(content=(TextPart(text="hi"),)),))
-    try:
-        message = await client.request(request, (lambda _: None) if stream else None)
-    finally:
-        await client.aclose()
-    fake.assert_drained()
+    message = await _streamed(fake, "openai-compatible", stream=stream)
     assert message.error is not None
     assert (message.error.kind, message.error.retryable) == ("server", True)
