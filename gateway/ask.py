@@ -376,10 +376,11 @@ def _why(outcome: Outcome, gave_up: list[str | None]) -> str:
     if error is None:
         return f"the run ended {outcome.kind}"
     last = gave_up[-1] if gave_up else None
-    if error.code == "retries_exhausted" and last and "; the last error: " not in error.message:
-        return f"{error.message}; the last error: {last}"  # a run that gave up before D312
     if error.code == "retries_exhausted":
-        return error.message
+        if "; the last error: " in error.message:  # the harness kept the provider's words
+            return error.message
+        if last:  # a run that gave up before it did (D312), or in another process
+            return f"{error.message}; the last error: {last}"
     if outcome.kind == "failed":
         return f"the run failed: {error.message}"
     return f"the run ended {outcome.kind}: {error.message}"
