@@ -10,7 +10,9 @@ without waiting for that (the operation stays open, and the next `ask` on the la
 Two `ask` processes on one store take turns: each holds the session's writer lease under its own
 name, and the second waits up to `LEASE_WAIT_SECONDS` for the first, then says who holds it.
 
-The agent is the service's: the plugin's tools and model (``GATEWAY_PLUGIN``) when one is set. A
+The agent is the service's: the plugin's tools and model (``GATEWAY_PLUGIN``) when one is set,
+and the configured MCP servers' tools (each started for the invocation and stopped after; one
+that does not come up is named on stderr, and its tools are absent, as in `serve`). A
 call that requires approval is put to the person at the terminal (`decide`); without one (input
 is not a terminal) `ask` stops, saying what waits, and the lane keeps waiting: the next `ask` on
 it in a terminal asks again before anything else.
@@ -26,7 +28,7 @@ import signal
 import sys
 import threading
 import time
-from collections.abc import Awaitable, Callable, Coroutine, Iterator, Sequence
+from collections.abc import AsyncIterator, Awaitable, Callable, Coroutine, Iterator, Sequence
 from dataclasses import dataclass
 from typing import Any, TypeVar
 
@@ -36,6 +38,7 @@ from gateway.errors import GatewayError
 from gateway.incarnation import gone, new_worker_id
 from gateway.invocation import command
 from gateway.live import retry_wait
+from gateway.mcp.settings import mcp_section
 from gateway.models import model_from_settings
 from gateway.plugin import load_plugin
 from gateway.redact import Redactor, redacting
@@ -63,6 +66,8 @@ from harness_core import (
     approve,
     deny,
 )
+from harness_core.clock import SystemClock
+from harness_core.texts import one_line
 
 __all__ = [
     "ABORT_WAIT_SECONDS",
@@ -135,16 +140,46 @@ async def ask(
     """
     plugin = load_plugin(settings.plugin, settings)
     client, model = plugin.model or model_from_settings(settings)
-    client = redacting(client, Redactor.from_settings(settings))  # errors may quote the key
-    agent = _Agent(client, model, tuple(plugin.tools), decide)
+    redactor = Redactor.from_settings(settings)
+    client = redacting(client, redactor)  # errors may quote the key
     with _ctrl_c() as ctrl_c:
         try:
-            return await _ask(repo, settings, lane_name, question, out, agent, ctrl_c)
+            async with _mcp_tools(settings, redactor) as mcp_tools:
+                agent = _Agent(client, model, (*plugin.tools, *mcp_tools), decide)
+                return await _ask(repo, settings, lane_name, question, out, agent, ctrl_c)
         except asyncio.CancelledError:
             current = asyncio.current_task()
             if ctrl_c.count and current is not None and current.uncancel() == 0:
                 raise AskFailed("interrupted", INTERRUPTED) from None
             raise
+
+
+@contextlib.asynccontextmanager
+async def _mcp_tools(settings: Settings, redactor: Redactor) -> AsyncIterator[tuple[Tool, ...]]:
+    """The configured MCP servers' tools, their servers running until the block ends.
+
+    A server that is not up once started (a command that does not exist, a crash, a refusal)
+    is named on stderr with its last error; its tools are absent and the others are used.
+    """
+    servers = mcp_section(settings).servers
+    if not servers:
+        yield ()
+        return
+    from gateway.mcp.source import McpTools  # the MCP SDK takes a second to import: only here
+
+    mcp = McpTools(servers, clock=SystemClock(), redact=redactor.redact)
+    try:
+        await mcp.start()
+        for health in mcp.health():
+            if health.state != "ready":
+                why = f": {one_line(health.last_error)}" if health.last_error else ""
+                sys.stderr.write(
+                    f"(the MCP server {health.name} did not come up{why}; "
+                    "its tools are not offered)\n"
+                )
+        yield mcp.tools()
+    finally:
+        await asyncio.shield(mcp.close())  # a child process is never left behind
 
 
 @dataclass(frozen=True, slots=True)

@@ -280,12 +280,13 @@ def main(argv: Sequence[str] | None = None, settings: Settings | None = None) ->
     demo_parser.add_argument("--store", dest="store", default=argparse.SUPPRESS)
     for reading in (store, demo_parser):
         # `ask`, `store` and `demo` ignored the TOML file `serve` was given: another store,
-        # and for `ask` another agent (no plugin, no MCP tools, no profiles)
+        # and for `ask` another agent (no plugin, no MCP servers)
         reading.add_argument("--config", default=argparse.SUPPRESS, help=config_help)
     ask_parser = commands.add_parser(
         "ask",
         help="ask the configured agent (GATEWAY_MODEL, scripted:echo by default, with "
-        "GATEWAY_PLUGIN's tools; a call that needs approval is put to you at the terminal)",
+        "GATEWAY_PLUGIN's and the MCP servers' tools; a call that needs approval is put to "
+        "you at the terminal)",
     )
     ask_parser.add_argument(
         "question",

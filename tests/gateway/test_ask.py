@@ -290,3 +290,43 @@ async def test_ctrl_c_at_the_prompt_decides_nothing_and_the_lane_keeps_waiting(
     assert await _tool_results(f"sqlite:///{tmp_path}/gw.db", "cli:ship") == []
     later, _ = await _ask(f"sqlite:///{tmp_path}/gw.db", "and now?")
     assert isinstance(later, str) and "waits for approval of deploy" in later
+
+
+def _desk_config(tmp_path: Path, command: str) -> Path:
+    """The MCP walkthrough's configuration, its desk kept under `tmp_path`."""
+    config = tmp_path / "gateway.toml"
+    config.write_text(
+        f'plugin = "{ROOT / "examples/mcp/agent.py"}"\n'
+        f'store_url = "sqlite:///{tmp_path}/gw.db"\n'
+        "[[mcp.servers]]\n"
+        'name = "tickets"\n'
+        f'command = "{command}"\n'
+        f'args = ["{ROOT / "examples/mcp/server.py"}"]\n'
+        f'env = {{ TICKETS_FILE = "{tmp_path}/tickets.json" }}\n'
+        "trusted = true\n"
+    )
+    return config
+
+
+def test_ask_offers_the_configured_mcp_servers_tools(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    config = _desk_config(tmp_path, sys.executable)
+    assert main(["ask", "--config", str(config), "create printer on fire"]) == 0
+    assert "Created ticket #1: printer on fire" in capsys.readouterr().out
+    assert '"printer on fire"' in (tmp_path / "tickets.json").read_text()  # the server made it
+    # the destructive one waits for a person, as in `serve`; without a terminal nobody decides
+    assert main(["ask", "--config", str(config), "delete 1"]) == 1
+    assert "waits for approval of tickets.delete_ticket" in capsys.readouterr().err
+    assert '"printer on fire"' in (tmp_path / "tickets.json").read_text()
+
+
+def test_ask_names_an_mcp_server_that_did_not_come_up(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    config = _desk_config(tmp_path, "/nonexistent/python")
+    assert main(["ask", "--config", str(config), "hello"]) == 0  # the rest of the agent works
+    said = capsys.readouterr()
+    assert "You said: hello" in said.out
+    assert "(the MCP server tickets did not come up: cannot start '/nonexistent/python'" in said.err
+    assert "its tools are not offered)" in said.err
