@@ -31,6 +31,7 @@ from harness_core import (
     ToolResultMessage,
     message_text,
 )
+from harness_core.models.conversion import MODEL_DECLINED
 from harness_core.session.entries import MessageEntry
 from harness_core.session.records import (
     ApprovalDecided,
@@ -121,10 +122,17 @@ def failure_text(error: OperationError | None) -> str:
             "Sorry, I stopped: this thread has used the tokens it may spend (token_budget). "
             "Start a new thread to go on, or ask an operator to raise its budget."
         )
+    if code == "content_filter" and error is not None and error.message.startswith(MODEL_DECLINED):
+        # the model's own words for declining are written for the person who asked
+        said = one_line(error.message.removeprefix(MODEL_DECLINED), _DECLINED_CHARS)
+        return f'Sorry, the model declined to answer this: "{said}" ({code}).'
     if code in _LASTING:  # asking again fails the same way until someone changes something
         return f"Sorry, I could not finish this: {_LASTING[code]} ({code})."
     return f"Sorry, I could not finish this ({code}). You can ask again; an operator can retry it."
 
+
+_DECLINED_CHARS = 500
+"""The most of a model's words for declining a thread is shown (they are a sentence or two)."""
 
 _LASTING = {
     "auth": "the model provider refused the gateway's key, so an operator has to put it right "

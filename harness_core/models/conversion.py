@@ -44,6 +44,7 @@ from harness_core.messages import (
 from harness_core.models.tool_names import ToolNames, wire_name
 
 __all__ = [
+    "MODEL_DECLINED",
     "from_model_messages",
     "from_model_response",
     "message_json",
@@ -211,6 +212,10 @@ def _stop_reason(response: pai.ModelResponse, has_calls: bool) -> StopReason:
     return "stop"
 
 
+MODEL_DECLINED = "the model declined: "
+"""How a `content_filter` error's message opens when the provider gave the model's own words
+for declining (OpenAI's ``refusal``, Anthropic's refusal ``explanation``): the words follow."""
+
 _THINK_OPEN = "<think>"
 _THINK_CLOSE = "</think>"
 _BREAKS = "\r\n"  # dropped after a closing tag (an indented answer keeps its indent)
@@ -290,7 +295,13 @@ def from_model_response(
         from harness_core.messages import ModelError
 
         kind = "content_filter" if response.finish_reason == "content_filter" else "unknown"
-        error = ModelError(kind=kind, message=f"the provider ended the response: {raw or kind}")
+        refusal = details.get("refusal")
+        said = (
+            MODEL_DECLINED + refusal.strip()
+            if kind == "content_filter" and isinstance(refusal, str) and refusal.strip()
+            else f"the provider ended the response: {raw or kind}"
+        )
+        error = ModelError(kind=kind, message=said)
     return AssistantMessage(
         content=tuple(content),
         stop_reason=stop,

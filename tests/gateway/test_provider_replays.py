@@ -18,13 +18,14 @@ from aiohttp import web
 from pydantic import BaseModel, Field, SecretStr
 
 from config import Settings
-from gateway.ask import ask
+from gateway.ask import AskFailed, ask
 from gateway.models import model_from_settings, model_info
-from gateway.replies import CUT_OFF_BEFORE_ANSWER, CUT_OFF_NOTE
+from gateway.replies import CUT_OFF_BEFORE_ANSWER, CUT_OFF_NOTE, failure_text
 from harness_core import AssistantMessage, ToolResultMessage, message_text
 from harness_core.messages import TextPart, UserMessage
 from harness_core.models import ModelInfo, ModelRef, ModelRequest, ToolDefinition
 from harness_core.models.pydantic_ai import PydanticAIModel
+from harness_core.session.records import OperationError
 from harness_core.session.types import RecordQuery
 from harness_core.storage import open_repo
 from tests.support.fake_llm import FakeLLM, Recorded
@@ -321,3 +322,36 @@ async def test_an_answer_of_nothing_is_asked_again(fake: FakeLLM, stream: bool) 
     message = await _streamed(fake, "openai-compatible", stream=stream)
     assert message.error is not None
     assert (message.error.kind, message.error.retryable) == ("server", True)
+
+
+DECLINED = "I'm sorry, but I can't help with that."
+
+
+@pytest.mark.parametrize("stream", [True, False])
+@pytest.mark.parametrize("provider", ["openai", "openai-responses", "anthropic"])
+async def test_a_model_that_declines_is_heard_in_its_own_words(
+    fake: FakeLLM, provider: str, stream: bool
+) -> None:
+    """A refusal was "the provider ended the response: content_filter" (its words dropped), and
+    the thread read only that the provider declined."""
+    fake.reply(None, refusal=DECLINED)
+    message = await _streamed(fake, provider, stream=stream)
+    assert message.stop_reason == "error" and message.error is not None
+    assert (message.error.kind, message.error.retryable) == ("content_filter", False)
+    assert message.error.message == f"the model declined: {DECLINED}"
+    assert failure_text(OperationError(code="content_filter", message=message.error.message)) == (
+        f'Sorry, the model declined to answer this: "{DECLINED}" (content_filter).'
+    )
+
+
+async def test_a_declined_question_is_answered_once_in_the_model_s_words(
+    tmp_path: Path, fake: FakeLLM
+) -> None:
+    fake.reply(None, refusal=DECLINED)
+    repo = open_repo(f"sqlite:///{tmp_path}/gw.db")
+    try:
+        with pytest.raises(AskFailed, match="the model declined: I'm sorry"):
+            await ask(repo, settings_for(tmp_path, fake, "openai"), "cli:replay", "how?", [])
+    finally:
+        await repo.close()
+    fake.assert_drained()  # not asked again: asking again declines again

@@ -214,6 +214,10 @@ class Reply:
     background_outcome: Literal["completed", "failed"] = "completed"
     """Background jobs only: ``"failed"`` ends the job ``status: "failed"`` with an ``error``."""
     background_error: str = "The background response failed (scripted by FakeLLM)."
+    refusal: str | None = None
+    """The model declines, in these words, instead of answering: chat's ``message.refusal``
+    (``delta.refusal`` streamed) with no content, a Responses ``refusal`` content part, and
+    Anthropic's ``stop_reason: "refusal"`` with its ``stop_details.explanation``."""
 
 
 @dataclass(frozen=True)
@@ -453,6 +457,7 @@ class FakeLLM:
         pending_polls: int = 0,
         background_outcome: Literal["completed", "failed"] = "completed",
         background_error: str | None = None,
+        refusal: str | None = None,
     ) -> Reply:
         """Queue a success; ``finish`` defaults to ``tool_calls`` if any, else ``stop``."""
         if stream_chunks is not None:
@@ -472,6 +477,7 @@ class FakeLLM:
             pending_polls=pending_polls,
             background_outcome=background_outcome,
             background_error=background_error or Reply.background_error,
+            refusal=refusal,
         )
         self._queue.append(scripted)
         return scripted
@@ -745,6 +751,16 @@ class FakeLLM:
 
     def _responses_output(self, reply: Reply) -> list[dict[str, Any]]:
         output: list[dict[str, Any]] = []
+        if reply.refusal is not None:
+            output.append(
+                {
+                    "type": "message",
+                    "id": f"msg_fake{self._next_id()}",
+                    "status": "completed",
+                    "role": "assistant",
+                    "content": [{"type": "refusal", "refusal": reply.refusal}],
+                }
+            )
         if reply.text is not None:
             output.append(
                 {
@@ -1099,7 +1115,7 @@ def _chat_usage(reply: Reply) -> dict[str, Any]:
 def _chat_completion(
     completion_id: str, model: str, reply: Reply, calls: Sequence[ToolCall]
 ) -> dict[str, Any]:
-    message: dict[str, Any] = {"role": "assistant", "content": reply.text, "refusal": None}
+    message: dict[str, Any] = {"role": "assistant", "content": reply.text, "refusal": reply.refusal}
     if calls:
         message["tool_calls"] = [
             {"id": c.id, "type": "function", "function": {"name": c.name, "arguments": c.arguments}}
@@ -1145,6 +1161,10 @@ def _chat_chunks(
     completion_id: str, model: str, reply: Reply, calls: Sequence[ToolCall], *, include_usage: bool
 ) -> list[dict[str, Any]]:
     chunks = [_chat_chunk(completion_id, model, {"role": "assistant", "content": ""})]
+    if reply.refusal is not None:  # as OpenAI streams one: the words in deltas, no content
+        chunks[0]["choices"][0]["delta"] = {"role": "assistant", "content": None, "refusal": ""}
+        for piece in _pieces(reply.refusal, None):
+            chunks.append(_chat_chunk(completion_id, model, {"refusal": piece}))
     for piece in _pieces(reply.text or "", reply.stream_chunks):
         chunks.append(_chat_chunk(completion_id, model, {"content": piece}))
     for index, call in enumerate(calls):
@@ -1250,7 +1270,18 @@ def _responses_events(job: BackgroundJob) -> list[tuple[str, dict[str, Any]]]:
     for index, item in enumerate(job.output):
         item_id = item["id"]
         at = {"item_id": item_id, "output_index": index}
-        if item["type"] == "message":
+        if item["type"] == "message" and item["content"][0]["type"] == "refusal":
+            said = item["content"][0]["refusal"]
+            opening = {**item, "status": "in_progress", "content": []}
+            add("response.output_item.added", output_index=index, item=opening)
+            empty = {"type": "refusal", "refusal": ""}
+            add("response.content_part.added", **at, content_index=0, part=empty)
+            for piece in _pieces(said, None):
+                add("response.refusal.delta", **at, content_index=0, delta=piece)
+            add("response.refusal.done", **at, content_index=0, refusal=said)
+            part = {"type": "refusal", "refusal": said}
+            add("response.content_part.done", **at, content_index=0, part=part)
+        elif item["type"] == "message":
             text = item["content"][0]["text"]
             opening = {**item, "status": "in_progress", "content": []}
             add("response.output_item.added", output_index=index, item=opening)
@@ -1314,10 +1345,23 @@ def _anthropic_message(
         "role": "assistant",
         "model": model,
         "content": content,
-        "stop_reason": None if streaming else _ANTHROPIC_STOP[reply.finish],
+        "stop_reason": None if streaming else _anthropic_stop(reply),
         "stop_sequence": None,
         "usage": usage,
+        **({} if streaming else _anthropic_stop_details(reply)),
     }
+
+
+def _anthropic_stop(reply: Reply) -> str:
+    return "refusal" if reply.refusal is not None else _ANTHROPIC_STOP[reply.finish]
+
+
+def _anthropic_stop_details(reply: Reply) -> dict[str, Any]:
+    """A refusal's ``stop_details`` (its explanation), as the Messages API sends it."""
+    if reply.refusal is None:
+        return {}
+    details = {"type": "refusal", "category": "cyber", "explanation": reply.refusal}
+    return {"stop_details": details}
 
 
 def _anthropic_events(
@@ -1353,7 +1397,11 @@ def _anthropic_events(
         index += 1
     add(
         "message_delta",
-        delta={"stop_reason": _ANTHROPIC_STOP[reply.finish], "stop_sequence": None},
+        delta={
+            "stop_reason": _anthropic_stop(reply),
+            "stop_sequence": None,
+            **_anthropic_stop_details(reply),
+        },
         usage=_anthropic_usage(reply),
     )
     add("message_stop")
