@@ -20,6 +20,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import logging
+import math
 import random
 import time
 from collections.abc import Callable, Mapping
@@ -319,8 +320,11 @@ class Deliverer:
             await self._dead(claimed, reason)
             return
         delay = retry_delay_ms(delivery.attempts, cap_ms=self.config.max_delay_ms, rng=self._rng)
-        if retry_after_s is not None:
-            delay = max(delay, int(retry_after_s * 1000))
+        if retry_after_s is not None and math.isfinite(retry_after_s) and retry_after_s > 0:
+            # the channel's hint, within the deliverer's own longest wait: a proxy's "1e12"
+            # parked a reply for 31 years, and "inf" failed the attempt with nothing recorded
+            hinted = int(min(retry_after_s * 1000, self.config.max_delay_ms))
+            delay = max(delay, hinted)
         now = self._clock.now_ms()
         await self._broker.outbox.settle_retry(
             claimed,

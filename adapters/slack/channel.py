@@ -38,7 +38,7 @@ import json
 import logging
 import re
 from collections import OrderedDict
-from collections.abc import Mapping, Sequence
+from collections.abc import AsyncIterator, Mapping, Sequence
 from typing import Any
 from urllib.parse import parse_qs
 
@@ -53,10 +53,13 @@ from slack_sdk.signature import SignatureVerifier
 from slack_sdk.web.async_client import AsyncWebClient
 
 from adapters.channel import (
+    Acceptance,
     AdapterStartError,
     Capabilities,
     DeliveryReceipt,
+    Inbound,
     InboundSink,
+    KnownThread,
     NotRouted,
     Outbound,
     Reconciled,
@@ -65,7 +68,7 @@ from adapters.live import LiveUpdate
 from adapters.slack.approvals import SlackApprovals
 from adapters.slack.authority import AUTHORITY_EVENTS, authority_change
 from adapters.slack.delivery import SlackDelivery
-from adapters.slack.events import CHANNEL, classify
+from adapters.slack.events import CHANNEL, Classified, classify
 from adapters.slack.files import SlackFiles
 from adapters.slack.history import SlackHistory
 from adapters.slack.link import REFUSED_TOKEN, SlackLink, ts_seconds
@@ -162,6 +165,9 @@ class SlackChannel:
         self._app_token = app_token
         self._socket: AsyncSocketModeHandler | None = None
         self._seen: OrderedDict[str, None] = OrderedDict()
+        self._taking: dict[str, tuple[asyncio.Lock, list[int]]] = {}
+        """A lock per thread being taken, and how many wait on it: a burst of a thread's
+        messages each read the thread's working list and write it back, one at a time."""
         self._register()
         self.router: APIRouter | None = None if self.socket_mode else self._http_router()
         self.body_limits: dict[str, int] = {} if self.socket_mode else {"/slack/": _MAX_BODY}
@@ -383,6 +389,33 @@ class SlackChannel:
         sink = self.link.sink_or_fail()
         ts = str(event["ts"])
         late = self.link.clock.now_ms() / 1000 - ts_seconds(ts) > _CATCH_UP_AFTER_S
+        async with self._one_at_a_time(inbound.thread.lane):
+            taken = await self._take(sink, event, classified, inbound, late)
+        if taken is None:
+            return
+        acceptance, known, inbound = taken
+        if isinstance(event_id, str):
+            self._remember(event_id)
+        fresh = not acceptance.duplicate and not acceptance.revoked
+        if fresh and known is None and (classified.joined_midway or late):
+            # a message of the thread may have come (and been let go) before the thread was
+            # a lane: while this mention waited to be retried, or for its thread's history
+            self.link.spawn(self.history.catch_up(inbound.thread, ts))
+        if fresh and self.delivery.working_reaction:
+            self.delivery.working_on(str(event["channel"]), ts)
+
+    async def _take(
+        self,
+        sink: InboundSink,
+        event: dict[str, Any],
+        classified: Classified,
+        inbound: Inbound,
+        late: bool,
+    ) -> tuple[Acceptance, KnownThread | None, Inbound] | None:
+        """Hand a classified message to the sink; None when it is not taken.
+
+        Returns what the sink said, the thread as it was known before, and the message as handed.
+        """
         try:
             wanted = classified.take == "if_known" or classified.joined_midway or late
             known = (
@@ -392,7 +425,7 @@ class SlackChannel:
             )
             if classified.take == "if_known" and known is None:
                 log.debug("slack event not taken", extra={"reason": "thread without the bot"})
-                return
+                return None
             if classified.joined_midway and known is None:
                 context, omitted = await self.history.before(inbound)
                 inbound = inbound.model_copy(
@@ -402,21 +435,26 @@ class SlackChannel:
                 inbound = await self.delivery.with_working(sink, inbound, known)
             if inbound.attachments:  # held before the message is: a retry fetches nothing again
                 incoming = self.files.incoming(event, inbound.attachments)
-                taken = await sink.take_files(inbound.thread, incoming)
-                inbound = inbound.model_copy(update={"attachments": taken})
-            acceptance = await sink.accept(inbound)
+                held = await sink.take_files(inbound.thread, incoming)
+                inbound = inbound.model_copy(update={"attachments": held})
+            return await sink.accept(inbound), known, inbound
         except NotRouted as exc:
             log.warning("slack message not routed", extra={"reason": str(exc)})
-            return
-        if isinstance(event_id, str):
-            self._remember(event_id)
-        fresh = not acceptance.duplicate and not acceptance.revoked
-        if fresh and known is None and (classified.joined_midway or late):
-            # a message of the thread may have come (and been let go) before the thread was
-            # a lane: while this mention waited to be retried, or for its thread's history
-            self.link.spawn(self.history.catch_up(inbound.thread, ts))
-        if fresh and self.delivery.working_reaction:
-            self.link.spawn(self.delivery.react(str(event["channel"]), ts, add=True))
+            return None
+
+    @contextlib.asynccontextmanager
+    async def _one_at_a_time(self, lane: str) -> AsyncIterator[None]:
+        """Hold the thread's taking lock (made when first wanted, dropped when nobody waits)."""
+        entry = self._taking.setdefault(lane, (asyncio.Lock(), [0]))
+        lock, waiting = entry
+        waiting[0] += 1
+        try:
+            async with lock:
+                yield
+        finally:
+            waiting[0] -= 1
+            if not waiting[0]:
+                del self._taking[lane]
 
     def _remember(self, event_id: str) -> None:
         self._seen[event_id] = None
@@ -458,11 +496,12 @@ def _ssl_check(body: bytes, content_type: str) -> bool:
 
 def _parse(body: bytes, content_type: str) -> dict[str, Any] | None:
     """The request's JSON (events) or its ``payload`` form field (interactivity); None if bad."""
+    media = content_type.split(";", 1)[0].strip().lower()  # `APPLICATION/JSON` is the same type
     try:
         text = body.decode("utf-8")
-        if content_type.startswith("application/json"):
+        if media == "application/json":
             parsed = json.loads(text)
-        elif content_type.startswith("application/x-www-form-urlencoded"):
+        elif media == "application/x-www-form-urlencoded":
             form = parse_qs(text, strict_parsing=False)
             if "payload" in form:
                 parsed = json.loads(form["payload"][0])

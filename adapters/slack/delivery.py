@@ -7,6 +7,7 @@ messages a run is answering.
 
 from __future__ import annotations
 
+import asyncio
 import contextlib
 import logging
 from collections.abc import AsyncIterator, Mapping
@@ -69,11 +70,20 @@ _PERMANENT = frozenset(
     }
 )
 """Slack errors that a retry cannot fix (the delivery becomes a dead letter at once)."""
+_MAY_HAVE_ACTED = frozenset(
+    {"internal_error", "fatal_error", "service_unavailable", "request_timeout"}
+)
+"""Slack errors sent with HTTP 200 after which the post may have landed (Slack's own words for
+the first two: "it's possible some aspect of the operation succeeded"): reconciled, not posted
+again blindly."""
 _CLOSE_LOOKBACK_S = 600
 """A close looks for the request's copies from this long before the request was made (clocks
 differ: ours stamps the request, Slack stamps the message)."""
-_WORKING_MAX = 20
-"""The newest messages of a thread that may wear the working reaction (a reply clears them)."""
+_WORKING_MAX = 200
+"""The newest messages of a thread that may wear the working reaction (a reply clears them):
+a bound for a thread that is never answered, far past a burst a run takes in."""
+_ADD_WAIT_S = 5.0
+"""How long taking the reaction off waits for its putting on, still on its way, to land."""
 
 
 class SlackDelivery:
@@ -98,6 +108,8 @@ class SlackDelivery:
         self._partial_files: dict[str, set[int]] = {}
         """The files a reconcile found in the thread of a delivery, by place (a retry uploads
         only the others)."""
+        self._adding: dict[tuple[str, str], asyncio.Task[None]] = {}
+        """Reactions on their way onto messages (channel, ts): taking one off waits for them."""
         self.uploads = SlackUploads(link)
         """A reply's files into its thread (files upload v2), found again by their ids."""
 
@@ -470,6 +482,9 @@ class SlackDelivery:
         # messages answered (else the next reply would list them again).
         await self._mark_answered(outbound.thread.lane, max(working, key=ts_key))
         for ts in sorted(working, key=ts_key):
+            adding = self._adding.get((channel, ts))
+            if adding is not None:  # a slow add landing after the remove would stay for good
+                await asyncio.wait([adding], timeout=_ADD_WAIT_S)
             await self.react(channel, ts, add=False)
 
     async def _mark_answered(self, lane: str, through: str) -> None:
@@ -483,6 +498,13 @@ class SlackDelivery:
                     return
                 if await self.link.sink.put_mark(mark, through, expect=current):
                     return
+
+    def working_on(self, channel: str, ts: str) -> None:
+        """Put the working reaction on a message, in the background (its reply takes it off)."""
+        key = (channel, ts)
+        task = self.link.spawn(self.react(channel, ts, add=True))
+        self._adding[key] = task
+        task.add_done_callback(lambda _: self._adding.pop(key, None))
 
     async def react(self, channel: str, ts: str, *, add: bool) -> None:
         """Put the working reaction on a message, or take it off (best effort)."""
@@ -562,4 +584,5 @@ def _delivery_error(exc: SlackApiError, *, after_post: bool) -> DeliveryError:
             extra={"reason": error},
         )
     # A server error may come after Slack acted; a refusal (ok: false) did not post anything.
-    return DeliveryError(f"Slack: {error}", unknown_outcome=after_post or status >= 500)
+    acted = status >= 500 or error in _MAY_HAVE_ACTED
+    return DeliveryError(f"Slack: {error}", unknown_outcome=after_post or acted)

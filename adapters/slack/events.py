@@ -92,9 +92,14 @@ def clean_text(text: str, bot_user_id: str) -> str:
     removed, so ``a &lt; b`` reaches the agent as ``a < b``, and the limit counts what the
     person wrote. Mentions of others and links stay in Slack's ``<...>`` form.
     """
-    without = re.sub(rf"<@{re.escape(bot_user_id)}(\|[^>]*)?>", "", whole(text))
+    without = _mention_of(bot_user_id).sub("", whole(text))
     without = re.sub(r"[ \t]{2,}", " ", without).strip()
     return without.replace("&lt;", "<").replace("&gt;", ">").replace("&amp;", "&")
+
+
+def _mention_of(user_id: str) -> re.Pattern[str]:
+    """Slack's mention of `user_id`: ``<@U123>`` or ``<@U123|name>``, the whole token."""
+    return re.compile(rf"<@{re.escape(user_id)}(\|[^>]*)?>")
 
 
 _LONE_SURROGATE = re.compile(r"[\ud800-\udfff]")
@@ -138,7 +143,8 @@ def classify(
         return Classified("ignore", "malformed")
     text = event.get("text")
     text = text if isinstance(text, str) else ""
-    mentioned = f"<@{bot_user_id}" in text
+    # the whole token: `<@UBOT2>`, another member whose id starts with the bot's, is not the bot
+    mentioned = _mention_of(bot_user_id).search(text) is not None
     in_thread = thread_ts is not None and thread_ts != ts
     direct = event.get("channel_type") == "im"
     if direct:

@@ -26,7 +26,9 @@ REFUSED_TOKEN = frozenset(
     {"invalid_auth", "not_authed", "account_inactive", "token_revoked", "not_allowed_token_type"}
 )
 """Slack's errors for a token it refuses: an operator's to put right, never a retry's."""
-_PING = re.compile(r"<!(here|channel|everyone|subteam\^[A-Z0-9]+)(?:\|[^>]*)?>")
+_PING = re.compile(r"<!(?!date\^)([^<>|\n]*)(?:\|[^<>\n]*)?>", re.IGNORECASE)
+"""Every special mention but a date: ``<!here>``, ``<!Channel>``, ``<!group>``, ``<!here >``,
+``<!subteam^S1|@team>`` (Slack reads more spellings than its documentation lists)."""
 
 
 class SlackLink:
@@ -98,7 +100,13 @@ class SlackLink:
 
 def defused(text: str) -> str:
     """`text` without pings of a room or a user group (a model must not page people)."""
-    return _PING.sub(lambda found: "@" + found.group(1).replace("subteam^", ""), text)
+    return _PING.sub(lambda found: "@" + _ping_name(found.group(1)), text)
+
+
+def _ping_name(name: str) -> str:
+    """``here``, ``S1`` of ``subteam^S1``: what a defused special mention reads as."""
+    name = name.strip()
+    return name[len("subteam^") :] if name.lower().startswith("subteam^") else name
 
 
 def ts_seconds(ts: str) -> float:

@@ -257,8 +257,9 @@ class _Fault:
     remaining: int
     error: str = "internal_error"
     status: int = 200
-    retry_after: int = 1
+    retry_after: int | str = 1
     hang: bool = False
+    acted: bool = False
 
 
 @dataclass
@@ -689,15 +690,28 @@ class FakeSlack:
 
     # ---- faults
 
-    def rate_limit(self, method: str, times: int = 1, retry_after: int = 1) -> None:
-        """The next ``times`` calls answer HTTP 429, ``Retry-After``, ``ratelimited``."""
+    def rate_limit(self, method: str, times: int = 1, retry_after: int | str = 1) -> None:
+        """The next ``times`` calls answer HTTP 429, ``Retry-After``, ``ratelimited``.
+
+        A string `retry_after` is sent as it is (what a proxy in between might send).
+        """
         self._add_fault(method, _Fault("rate_limit", times, retry_after=retry_after))
 
     def fail(
-        self, method: str, error: str = "internal_error", status: int = 200, times: int = 1
+        self,
+        method: str,
+        error: str = "internal_error",
+        status: int = 200,
+        times: int = 1,
+        *,
+        acted: bool = False,
     ) -> None:
-        """The next ``times`` calls answer ``{"ok": false, "error": error}`` with ``status``."""
-        self._add_fault(method, _Fault("fail", times, error=error, status=status))
+        """The next ``times`` calls answer ``{"ok": false, "error": error}`` with ``status``.
+
+        `acted`: each call takes effect first (Slack's words for ``internal_error`` and
+        ``fatal_error``: "it's possible some aspect of the operation succeeded").
+        """
+        self._add_fault(method, _Fault("fail", times, error=error, status=status, acted=acted))
 
     def lose_response(self, method: str, times: int = 1, *, hang: bool = False) -> None:
         """The next ``times`` calls take effect, then get no answer.
@@ -1188,7 +1202,7 @@ class FakeSlack:
                 status=429,
                 headers={"Retry-After": str(fault.retry_after)},
             )
-        if fault is not None and fault.kind == "fail":
+        if fault is not None and fault.kind == "fail" and not fault.acted:
             return await self._answer(call, {"ok": False, "error": fault.error}, fault.status)
         handler = self._methods.get(method)
         unsupported = self._unsupported.get(method)
@@ -1202,6 +1216,8 @@ class FakeSlack:
             body = self._auth_error(method, token) or _run(handler, params)
         if fault is not None and fault.kind == "lose":
             return await self._lose(request, call, body, hang=fault.hang)
+        if fault is not None and fault.kind == "fail":  # it acted, then said it failed
+            return await self._answer(call, {"ok": False, "error": fault.error}, fault.status)
         return await self._answer(call, body)
 
     async def _response_post(self, request: web.Request) -> web.StreamResponse:

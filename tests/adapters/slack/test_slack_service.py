@@ -24,6 +24,7 @@ from gateway.reminders import remind
 from gateway.replies import CUT_OFF_NOTE
 from gateway.serve import serve
 from gateway.service import Service
+from harness_core import SessionError
 from tests.support.fake_slack import FakeSlack, Message, event_envelope, form_body, signed_headers
 from tests.support.gateway_agent import CUT_OFF_ANSWER, STREAMED_ANSWER
 from tests.support.gateway_rig import lane_texts
@@ -207,6 +208,16 @@ async def test_forged_stale_and_malformed_requests_store_nothing(rig: Rig) -> No
     backlog = await broker.inbox.backlog()
     assert backlog.pending == 0
     assert rig.fake.bot_messages() == []
+
+
+async def test_a_media_type_is_read_without_regard_to_case(rig: Rig) -> None:
+    """`APPLICATION/JSON` (the same type, RFC 9110) was a 400; `application/jsonx` was taken."""
+    event = rig.fake.mention_event("C1", "shouted type")
+    raw = json.dumps(event_envelope(event))
+    assert (await rig.signed(raw, "application/jsonx")).status_code == 400
+    assert (await rig.signed(raw, "APPLICATION/JSON; Charset=UTF-8")).status_code == 200
+    [reply] = await rig.bot_replies("C1", event["ts"], 1)
+    assert reply.text == "You said: shouted type"
 
 
 _CLICK = form_body({"type": "block_actions", "actions": [{"action_id": "approve"}]})
@@ -405,6 +416,52 @@ async def test_a_post_whose_answer_was_lost_is_found_not_posted_again(rig: Rig) 
     assert len([m for m in rig.fake.thread("C1", event["ts"]) if m.bot_id]) == 1
 
 
+@pytest.mark.parametrize("error", ["internal_error", "fatal_error"])
+async def test_a_post_slack_failed_after_it_landed_is_found_not_posted_again(
+    rig: Rig, error: str
+) -> None:
+    """Slack may act and then answer `internal_error` (HTTP 200): the retry posted the reply a
+    second time without looking (only a 5xx or a lost answer was an unknown outcome)."""
+    rig.fake.fail("chat.postMessage", error=error, acted=True)
+    event = rig.fake.mention_event("C1", f"landed {error}")
+    await rig.event(event)
+    [reply] = await rig.bot_replies("C1", event["ts"], 1)
+    broker = rig.service.broker
+    assert broker is not None
+    for _ in range(500):
+        delivery = await broker.outbox.get(_delivery_of(reply))
+        if delivery is not None and delivery.status == "delivered":
+            break
+        await asyncio.sleep(0.02)
+    assert delivery is not None and delivery.status == "delivered"
+    await asyncio.sleep(0.3)
+    assert [m.text for m in rig.fake.thread("C1", event["ts"]) if m.bot_id] == [
+        f"You said: landed {error}"
+    ]
+
+
+@pytest.mark.parametrize("said", ["inf", "nan", "1e12"])
+async def test_a_retry_after_past_all_reason_is_held_to_the_outbox_s_longest_wait(
+    rig: Rig, said: str
+) -> None:
+    """`1e12` parked the reply for 31 years; `inf` and `nan` failed the attempt with nothing
+    recorded, and it waited out its lease."""
+    rig.fake.rate_limit("chat.postMessage", retry_after=said)
+    event = rig.fake.mention_event("C1", f"wait {said}")
+    await rig.event(event)
+    broker = rig.service.broker
+    assert broker is not None
+    for _ in range(500):
+        waiting = [d for d in await broker.outbox.list("pending") if d.last_error]
+        if waiting:
+            break
+        await asyncio.sleep(0.02)
+    [delivery] = waiting
+    assert delivery.last_error == "rate limited by Slack"  # the attempt was recorded
+    longest = rig.service.settings.outbox_max_delay_seconds * 1000
+    assert delivery.due_at_ms <= time.time() * 1000 + longest
+
+
 async def test_a_rate_limited_post_waits_as_slack_asks(rig: Rig) -> None:
     rig.fake.rate_limit("chat.postMessage", retry_after=1)
     event = rig.fake.mention_event("C1", "slow down")
@@ -576,14 +633,35 @@ async def test_an_event_the_inbox_cannot_hold_is_not_acknowledged(
     assert envelope not in socket_rig.fake.acks  # Slack delivers it again
 
 
+async def test_a_member_whose_id_starts_with_the_bot_s_is_not_the_bot(rig: Rig) -> None:
+    """`<@UBOT2>` was taken as a mention of `UBOT`: the bot answered, and inside a thread it
+    was never in, read the thread's history to the model and followed it after."""
+    top = rig.fake.post_user_message("C1", "hey <@UBOT2> can you review this?")
+    root = rig.fake.post_user_message("C1", "team chat")
+    inside = rig.fake.post_user_message("C1", "<@UBOTTOM|tom> what do you think?", root["ts"])
+    for event in (top, root, inside):
+        assert (await rig.event(event)).status_code == 200
+    mention = rig.fake.mention_event("C1", "and the bot?")
+    await rig.event(mention)
+    await rig.bot_replies("C1", mention["ts"], 1)  # everything before it was handled
+    for ts in (top["ts"], root["ts"]):
+        assert [m for m in rig.fake.thread("C1", ts) if m.bot_id] == []
+    with pytest.raises(SessionError, match="does not exist"):  # nothing of it reached a lane
+        await rig.user_texts(f"slack:C1:{root['ts']}")
+
+
 async def test_the_agent_cannot_ping_the_whole_channel(rig: Rig) -> None:
-    text = "<!channel> wake up <!here|here> and <!everyone>, <!subteam^S0OPS|@ops>"
+    text = (
+        "<!channel> wake up <!here|here> and <!everyone>, <!subteam^S0OPS|@ops>, "
+        "<!Channel> <!HERE> <!group> <!here >"  # spellings Slack may read as the same
+    )
     event = rig.fake.mention_event("C1", text)
     await rig.event(event)
     [reply] = await rig.bot_replies("C1", event["ts"], 1)
     assert "<!" not in reply.text
     assert "@channel" in reply.text and "@here" in reply.text and "@everyone" in reply.text
     assert "@S0OPS" in reply.text
+    assert "@Channel @HERE @group @here" in reply.text
 
 
 async def _answered_then_stopped(rig: Rig) -> str:
@@ -768,6 +846,32 @@ async def test_every_message_a_reply_answers_loses_the_reaction(rig: Rig) -> Non
     await asyncio.sleep(0.2)
     asked = [c.params["timestamp"] for c in rig.fake.calls_to("reactions.remove")[removals:]]
     assert asked == [later["ts"]]
+
+
+async def test_a_burst_of_follow_ups_all_lose_the_reaction(rig: Rig) -> None:
+    """Follow-ups that came together each wrote the thread's working list over the others'
+    (4 of 5 kept the reaction for good, 119 of 121), and only the newest 20 were listed."""
+    first = rig.fake.mention_event("C1", "/slow 1500")
+    await rig.event(first)
+    await _until(lambda: "eyes" in rig.fake.message("C1", first["ts"]).reactions)
+    burst = [rig.fake.post_user_message("C1", f"and {n}", thread_ts=first["ts"]) for n in range(30)]
+    await asyncio.gather(*(rig.event(event) for event in burst))
+    every = [first["ts"], *(event["ts"] for event in burst)]
+    await _until(lambda: all("eyes" in rig.fake.message("C1", ts).reactions for ts in every))
+    await _until(
+        lambda: all("eyes" not in rig.fake.message("C1", ts).reactions for ts in every), 20
+    )
+
+
+async def test_a_reaction_slow_to_land_is_still_taken_off(rig: Rig) -> None:
+    """The add, slow at Slack, landed after the reply had taken it off: it stayed for good."""
+    rig.fake.delay("reactions.add", 1.0)
+    event = rig.fake.mention_event("C1", "quick one")
+    await rig.event(event)
+    await rig.bot_replies("C1", event["ts"], 1)
+    await _until(lambda: bool(rig.fake.calls_to("reactions.remove")))
+    await asyncio.sleep(1.2)  # past the add's landing
+    assert "eyes" not in rig.fake.message("C1", event["ts"]).reactions
 
 
 async def test_stop_in_a_slack_thread_stops_the_turn_and_clears_the_reactions(rig: Rig) -> None:
