@@ -352,6 +352,8 @@ class WebChannel:
         self._uploads = asyncio.Semaphore(self.limits.max_concurrent_uploads)
         self.streams = 0
         """Event streams open now (at most `WebLimits.max_streams`)."""
+        self._opening = 0
+        """Streams past the cap's check whose first read is still on its way."""
         self.router = self._build_router(prefix)
         self.body_limits: dict[str, int] = {
             prefix + "/": self.limits.max_body_bytes,
@@ -882,12 +884,16 @@ class WebChannel:
             after = self._int(request, "after", 0, 0, 2**53)
         kinds = _kinds(request.query_params.get("kinds"))
         live = request.query_params.get("live") == "1"
-        if self.streams >= self.limits.max_streams:  # each one re-reads the mailbox
+        if self.streams + self._opening >= self.limits.max_streams:  # each re-reads the mailbox
             raise self._unavailable("too many event streams are open; try again")
         page = self.limits.max_page
-        first: tuple[WebItem, ...] = await self._mailbox_call(
-            self.mailbox.read(space, thread, after=after, limit=page)
-        )
+        self._opening += 1  # counted from here: a burst passed the check together, all 1,100
+        try:
+            first: tuple[WebItem, ...] = await self._mailbox_call(
+                self.mailbox.read(space, thread, after=after, limit=page)
+            )
+        finally:
+            self._opening -= 1
         return StreamingResponse(
             self._stream(space, thread, after, first, kinds, live),
             media_type="text/event-stream",

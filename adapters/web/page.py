@@ -69,6 +69,7 @@ _THREAD_SCRIPT = """
   const working = document.getElementById("working");
   const sendButton = form.querySelector("button[type=submit]");
   const seen = new Set();
+  let newest = 0;  // the newest item shown: a stream opened again starts after it
   const waits = new Map();
   const decided = new Map();
   const closedWaits = new Map();
@@ -321,6 +322,7 @@ _THREAD_SCRIPT = """
   function render(item) {
     if (seen.has(item.seq)) return;
     seen.add(item.seq);
+    newest = Math.max(newest, item.seq);
     const box = el("div", "item " + item.kind);
     const labels = {
       message: who(item.author), reply: "assistant", approval_request: "approval needed",
@@ -356,12 +358,25 @@ _THREAD_SCRIPT = """
     box.scrollIntoView({block: "end"});
   }
 
-  const events = new EventSource("events?" + space + "&after=0&live=1");
-  // a new stream (maybe a restarted gateway) says afresh what runs are writing now
-  events.onopen = () => { status.textContent = "live"; endLive(); };
-  events.onerror = () => { status.textContent = "reconnecting..."; };
-  events.onmessage = (event) => render(JSON.parse(event.data));
-  events.addEventListener("live", (event) => showLive(JSON.parse(event.data)));
+  // A stream the browser retries itself (a dropped connection) comes back on its own; one
+  // answered with an error (a 503 while the gateway is busy or restarting, a proxy's 502) is
+  // closed for good by the browser: it is opened again here, after a growing pause, from the
+  // newest item shown.
+  let retryMs = 1000;
+  function listen() {
+    const events = new EventSource("events?" + space + "&after=" + newest + "&live=1");
+    // a new stream (maybe a restarted gateway) says afresh what runs are writing now
+    events.onopen = () => { status.textContent = "live"; retryMs = 1000; endLive(); };
+    events.onerror = () => {
+      status.textContent = "reconnecting...";
+      if (events.readyState !== EventSource.CLOSED) return;
+      setTimeout(listen, retryMs);
+      retryMs = Math.min(retryMs * 2, 30000);
+    };
+    events.onmessage = (event) => render(JSON.parse(event.data));
+    events.addEventListener("live", (event) => showLive(JSON.parse(event.data)));
+  }
+  listen();
 
   function tooLong(text) {
     // counted as the server counts (code points), and said, never cut: nothing is lost

@@ -18,7 +18,7 @@ from pathlib import Path
 
 import httpx
 import pytest
-from playwright.async_api import Page, expect
+from playwright.async_api import Page, Route, expect
 
 from tests.support.browser import BROWSER_TESTS, screenshot
 from tests.support.gateway_process import GatewayProcess
@@ -394,3 +394,27 @@ async def test_a_file_attached_in_the_composer_reaches_the_agent(
     await expect(reply.locator(".text")).to_contain_text("south,30")
     await expect(reply.locator(".text")).to_contain_text("report.csv")
     assert _errors(console_errors) == []
+
+
+async def test_a_stream_refused_once_is_opened_again_and_shows_what_came(
+    gateway: GatewayProcess, page: Page, console_errors: list[str]
+) -> None:
+    """A 503 on the thread's stream (the gateway busy or restarting, a proxy's 502) closed it
+    for good: "reconnecting..." forever, and nothing sent after it, the person's own message
+    included, was shown until a reload."""
+    refused: list[str] = []
+
+    async def refuse_once(route: Route) -> None:
+        if not refused:
+            refused.append(route.request.url)
+            await route.fulfill(status=503, body="too many event streams are open")
+            return
+        await route.continue_()
+
+    await page.route(re.compile(r"/events\?"), refuse_once)
+    await page.goto(f"{gateway.url}/web/threads/refused/page?space=default")
+    await expect(page.locator("#status")).to_have_text("live", timeout=10_000)
+    assert refused  # the first stream was refused; the one that is live was opened again
+    await _send(page, "after the refusal")
+    await expect(page.locator(".item.reply .text")).to_have_text("You said: after the refusal")
+    assert [e for e in _errors(console_errors) if "503" not in e] == []
