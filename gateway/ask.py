@@ -145,7 +145,7 @@ async def ask(
     with _ctrl_c() as ctrl_c:
         try:
             async with _mcp_tools(settings, redactor) as mcp_tools:
-                agent = _Agent(client, model, (*plugin.tools, *mcp_tools), decide)
+                agent = _Agent(client, model, mcp_tools(tuple(plugin.tools)), decide)
                 return await _ask(repo, settings, lane_name, question, out, agent, ctrl_c)
         except asyncio.CancelledError:
             current = asyncio.current_task()
@@ -155,17 +155,20 @@ async def ask(
 
 
 @contextlib.asynccontextmanager
-async def _mcp_tools(settings: Settings, redactor: Redactor) -> AsyncIterator[tuple[Tool, ...]]:
-    """The configured MCP servers' tools, their servers running until the block ends.
+async def _mcp_tools(
+    settings: Settings, redactor: Redactor
+) -> AsyncIterator[Callable[[tuple[Tool, ...]], tuple[Tool, ...]]]:
+    """Adds the MCP servers' tools to the plugin's, the servers running until the block ends.
 
-    A server that is not up once started (a command that does not exist, a crash, a refusal)
-    is named on stderr with its last error; its tools are absent and the others are used.
+    A name the plugin has is the plugin's (`gateway.mcp.source.beside`). A server that is not
+    up once started (a command that does not exist, a crash, a refusal) is named on stderr
+    with its last error; its tools are absent and the others are used.
     """
     servers = mcp_section(settings).servers
     if not servers:
-        yield ()
+        yield lambda own: own
         return
-    from gateway.mcp.source import McpTools  # the MCP SDK takes a second to import: only here
+    from gateway.mcp.source import McpTools, beside  # the MCP SDK takes a second: only here
 
     mcp = McpTools(servers, clock=SystemClock(), redact=redactor.redact)
     try:
@@ -177,7 +180,7 @@ async def _mcp_tools(settings: Settings, redactor: Redactor) -> AsyncIterator[tu
                     f"(the MCP server {health.name} did not come up{why}; "
                     "its tools are not offered)\n"
                 )
-        yield mcp.tools()
+        yield lambda own: beside(own, mcp.tools(), set())
     finally:
         await asyncio.shield(mcp.close())  # a child process is never left behind
 

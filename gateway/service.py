@@ -38,7 +38,7 @@ from gateway.live import LivePublisher, live_views
 from gateway.logs import event, redact_with
 from gateway.mcp.health import McpServerHealth
 from gateway.mcp.settings import mcp_section
-from gateway.mcp.source import McpTools
+from gateway.mcp.source import McpTools, beside
 from gateway.metrics import Metrics
 from gateway.models import model_from_settings
 from gateway.ops.api import OpsApi
@@ -220,9 +220,11 @@ class Service:
             self.mcp_health = self.mcp.health
         mcp = self.mcp
 
+        clashes: set[str] = set()
+
         def tools() -> tuple[Tool, ...]:
             # read per session taken: a server's list change reaches the next session's runs
-            return plugin_tools + (mcp.tools() if mcp is not None else ())
+            return beside(plugin_tools, mcp.tools() if mcp is not None else (), clashes)
 
         tracer = install_tracing()
 

@@ -131,6 +131,8 @@ class McpConnection:
         self._scope = anyio.CancelScope()
         """The supervisor's whole life: `close` cancels this, never the task (see `close`)."""
         self._version = 0
+        self._warned: set[tuple[str, str]] = set()
+        """The overrides and tools patterns already said to name no tool (said once each)."""
         self._up = False
         self._http_status: int | None = None
         """The last HTTP error status this attempt's requests got (the SDK keeps it to itself)."""
@@ -319,6 +321,7 @@ class McpConnection:
 
     async def _list(self, client: Client) -> None:
         found: dict[str, types.Tool] = {}
+        listed: set[str] = set()
         cursor: str | None = None
         for _ in range(MAX_PAGES):
             try:
@@ -328,15 +331,50 @@ class McpConnection:
                 # the health names that tool rather than "1 validation error for ..."
                 raise _Refused(f"its tool list breaks the protocol: {_first_fault(exc)}") from None
             for tool in page.tools:
+                listed.add(tool.name)
                 if self._exposed(tool.name):
                     found[tool.name] = tool
             cursor = page.next_cursor
             if not cursor:
                 break
+        self._warn_unmatched(listed)
         changed = found != self._tools
         self._tools = found
         if changed:
             self._changed()
+
+    def _warn_unmatched(self, listed: set[str]) -> None:
+        """Say, once each, which override and which tools pattern names none of its tools.
+
+        A typo there is a policy not applied: an approval asked for and skipped, a tool meant
+        to be hidden offered.
+        """
+        server = self.server
+        for key in server.overrides:
+            if key not in listed and ("override", key) not in self._warned:
+                self._warned.add(("override", key))
+                log.warning(
+                    event(
+                        "mcp.override_names_no_tool",
+                        server=self.name,
+                        tool=key,
+                        note="this override applies to nothing: the server lists no tool of "
+                        "that name (overrides name its own tools, as `ops mcp --tools` shows "
+                        "them after the server's prefix)",
+                    )
+                )
+        for pattern in server.tools:
+            matched = any(fnmatch.fnmatchcase(name, pattern) for name in listed)
+            if not matched and ("tools", pattern) not in self._warned:
+                self._warned.add(("tools", pattern))
+                log.warning(
+                    event(
+                        "mcp.tools_pattern_matches_nothing",
+                        server=self.name,
+                        pattern=pattern,
+                        note="the server lists no tool this name or pattern matches",
+                    )
+                )
 
     def _exposed(self, name: str) -> bool:
         override = self.server.overrides.get(name)

@@ -98,7 +98,7 @@ class McpServer(_Table):
     trusted: bool = False
     max_output_chars: int = Field(default=20_000, ge=200, le=1_000_000)
     overrides: dict[str, McpToolOverride] = Field(default_factory=dict)
-    """Per tool, by its own name (without the server's prefix)."""
+    """Per tool, by its own name (a key given as ``<server>.<tool>`` is read as ``<tool>``)."""
     not_secret: tuple[str, ...] = ()
     """Names in `env` or `headers` whose values are no secret (``NODE_ENV``, ``Accept``): they
     are not redacted. Every other value is, wherever it appears, in answers too (D307)."""
@@ -211,6 +211,24 @@ class McpServer(_Table):
         if any(not pattern.strip() for pattern in value):
             raise ValueError("a tools entry is empty (give names or patterns like get_*)")
         return value
+
+    @model_validator(mode="after")
+    def _own_tool_names(self) -> McpServer:
+        # `tickets.close` is the name the thread, the approval prompt and `ops mcp` show: an
+        # override keyed by it means the tool `close` (it was ignored, its approval skipped)
+        prefix = f"{self.name}."
+        own: dict[str, McpToolOverride] = {}
+        for key, override in self.overrides.items():
+            name = key.removeprefix(prefix)
+            if name in own:
+                raise ValueError(
+                    f"server {self.name!r}: overrides name the tool {name!r} twice "
+                    f"({name!r} and {prefix + name!r})"
+                )
+            own[name] = override
+        if own != self.overrides:
+            object.__setattr__(self, "overrides", own)
+        return self
 
     @model_validator(mode="after")
     def _one_transport(self) -> McpServer:

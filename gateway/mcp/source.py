@@ -26,7 +26,7 @@ from gateway.redact import MIN_SECRET_CHARS
 from harness_core.clock import Clock
 from harness_core.tools import Tool, ToolContext, ToolOutput
 
-__all__ = ["McpTools"]
+__all__ = ["McpTools", "beside"]
 
 log = logging.getLogger("gateway.mcp")
 
@@ -116,6 +116,31 @@ class McpTools:
             for connection in self._connections.values()
             for mcp_tool in connection.tools().values()
         )
+
+
+def beside(own: tuple[Tool, ...], offered: tuple[Tool, ...], warned: set[str]) -> tuple[Tool, ...]:
+    """The plugin's tools `own`, then the MCP tools `offered` whose names none of them has.
+
+    A clash is said once per name (`warned` keeps which): the plugin's tool is kept, with its
+    declarations (an approval it asks for is not lost to a server's tool of the same name),
+    and the model is never sent one name twice (providers refuse such a request).
+    """
+    taken = {tool.name for tool in own}
+    kept = []
+    for tool in offered:
+        if tool.name not in taken:
+            kept.append(tool)
+        elif tool.name not in warned:
+            warned.add(tool.name)
+            log.warning(
+                event(
+                    "mcp.tool_name_taken",
+                    tool=tool.name,
+                    note="the plugin has a tool of this name: the plugin's is offered, the "
+                    "MCP server's is not",
+                )
+            )
+    return own + tuple(kept)
 
 
 def _harness_tool(connection: McpConnection, mcp_tool: types.Tool) -> Tool:

@@ -16,7 +16,7 @@ import pytest
 
 from gateway.mcp.connection import IDEMPOTENCY_META_KEY, Backoff
 from gateway.mcp.settings import McpServer
-from gateway.mcp.source import McpTools
+from gateway.mcp.source import McpTools, beside
 from gateway.redact import Redactor
 from harness_core.clock import SystemClock
 from harness_core.messages import TextPart
@@ -397,3 +397,62 @@ async def test_close_during_the_teardown_of_a_lost_server_still_stops_it(marks: 
     finally:
         if alive(pid):
             os.kill(pid, 9)
+
+
+async def test_an_override_keyed_by_the_shown_name_applies_and_one_naming_nothing_is_said(
+    marks: Path, caplog: pytest.LogCaptureFixture
+) -> None:
+    """`overrides = { "demo.echo" = ... }` (the name `ops mcp`, the thread and the approval
+    prompt show) and a typo were both ignored without a word: the approval was skipped."""
+    server = stdio(
+        "demo",
+        marks,
+        tools=["echo", "delete", "no_such_*"],
+        overrides={"demo.echo": {"approval": True}, "delte": {"approval": False}},
+    )
+    assert set(server.overrides) == {"echo", "delte"}
+    tools = McpTools([server], clock=SystemClock())
+    with caplog.at_level(logging.WARNING, logger="gateway.mcp"):
+        await tools.start()
+    try:
+        assert tool(tools, "demo.echo").requires_approval  # read-only, yet asked: overridden
+        assert tool(tools, "demo.delete").requires_approval
+    finally:
+        await tools.close()
+    said = [
+        (r.getMessage(), getattr(r.msg, "fields", {}))
+        for r in caplog.records
+        if r.levelno == logging.WARNING
+    ]
+    assert [(name, fields.get("tool") or fields.get("pattern")) for name, fields in said] == [
+        ("mcp.override_names_no_tool", "delte"),
+        ("mcp.tools_pattern_matches_nothing", "no_such_*"),
+    ]
+
+
+def test_an_override_may_not_name_one_tool_both_ways(marks: Path) -> None:
+    with pytest.raises(ValueError, match="overrides name the tool 'echo' twice"):
+        stdio("demo", marks, overrides={"echo": {}, "demo.echo": {"approval": True}})
+
+
+async def test_a_plugin_tool_keeps_its_name_against_an_mcp_tool_of_the_same(
+    source: McpTools, caplog: pytest.LogCaptureFixture
+) -> None:
+    """The server's `demo.delete` replaced a plugin's `demo.delete` (its approval lost), and
+    the model was sent the name twice, which providers refuse."""
+
+    async def mine(args: Any, ctx: ToolContext) -> ToolOutput:
+        return ToolOutput(content=(TextPart(text="the plugin's"),))
+
+    own = (Tool(name="demo.delete", description="mine", execute=mine, requires_approval=True),)
+    warned: set[str] = set()
+    with caplog.at_level(logging.WARNING, logger="gateway.mcp"):
+        offered = beside(own, source.tools(), warned)
+        again = beside(own, source.tools(), warned)
+    names = [t.name for t in offered]
+    assert len(names) == len(set(names)) and names[0] == "demo.delete"
+    assert {t.name: t for t in offered}["demo.delete"] is own[0]
+    assert "demo.echo" in names  # the server's other tools stay
+    assert again == offered
+    clashes = [r for r in caplog.records if r.getMessage() == "mcp.tool_name_taken"]
+    assert len(clashes) == 1  # said once
