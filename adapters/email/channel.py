@@ -716,7 +716,8 @@ def _people(context: Mapping[str, Any]) -> frozenset[str]:
     found: set[str] = set()
     for key in ("from", "to", "cc"):
         value = context.get(key)
-        for item in value if isinstance(value, list) else [value] if value else []:
+        # a stored reply context comes back frozen: its lists are tuples
+        for item in value if isinstance(value, list | tuple) else [value] if value else []:
             address = parseaddr(str(item))[1].lower()
             if address:
                 found.add(address)

@@ -1157,8 +1157,9 @@ async def an_append_with_its_thread_remembers_it_in_the_same_write(fx: BrokerFix
     assert again.duplicate
     assert again.item.id == first.item.id
     state = await broker.threads.get("s1", "web:t1")
-    assert state is not None  # ...and the newest reply context, the mark kept
-    assert (state.reply_context, state.replied_through) == ({"reply_to": "m2"}, 7)
+    assert state is not None  # a duplicate changes nothing: a stranger's mail that reused an
+    # id took the thread's replies (D318)
+    assert (state.reply_context, state.replied_through) == ({"reply_to": "m1"}, 7)
     await broker.inbox.append(_new("k2", lane="web:t2"), thread={"t": 2})
     other = await broker.threads.get("s1", "web:t2")
     assert other is not None

@@ -153,8 +153,9 @@ class Inbox(Protocol):
         A `dedupe_key` appended before (within the dedupe window) returns that item with
         ``duplicate=True`` and changes nothing, whatever its state now (pending or acked).
         `thread` given: the item's lane's thread and newest `reply_context` (None: empty) are
-        recorded as `Threads.remember` records them, in the same atomic write (a duplicate's
-        too): the intake's two writes in one. `read_mark` given: that mark's value, read no
+        recorded as `Threads.remember` records them, in the same atomic write (not a
+        duplicate's: it changes nothing, its reply context included): the intake's two writes
+        in one. `read_mark` given: that mark's value, read no
         earlier than the append (as `Marks.get` would read it just after), is the result's
         `mark`, in the same call where the backend allows.
         """

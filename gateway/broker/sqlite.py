@@ -531,11 +531,12 @@ class _Inbox:
         def op(
             conn: sqlite3.Connection, now: int
         ) -> tuple[tuple[tuple[Any, ...], bool, bool], str | None]:
-            if remembered is not None:
+            held = hold(conn, now)
+            if remembered is not None and not held[1]:  # a duplicate changes nothing (D318)
                 conn.execute(_REMEMBER, remembered)
             # in the append's transaction: as of the append
             mark = None if read_mark is None else _mark(conn, read_mark)
-            return hold(conn, now), mark
+            return held, mark
 
         def hold(conn: sqlite3.Connection, now: int) -> tuple[tuple[Any, ...], bool, bool]:
             self._b.lazy_purge_inbox(conn, now)

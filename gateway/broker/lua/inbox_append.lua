@@ -12,9 +12,6 @@
 local now, vis = tonumber(ARGV[1]), tonumber(ARGV[3])
 local mark = false
 if KEYS[9] and ARGV[11] ~= '' then mark = redis.call('HGET', KEYS[9], ARGV[11]) end
-if ARGV[9] ~= '' then  -- `threads.remember`, in the same call (a duplicate's too)
-  redis.call('HSET', KEYS[6], 't:' .. ARGV[8], ARGV[9], 'c:' .. ARGV[8], ARGV[10])
-end
 local function told(signal, ring)
   if not KEYS[7] then return signal, ring, 0 end
   if signal == 1 then
@@ -39,6 +36,9 @@ if found then
   local reason = redis.call('HGET', KEYS[5], id)
   if reason then return {1, id, at, body, 'rejected', reason, 0, 0, 0, mark} end
   return {1, id, at, body, 'acked', false, 0, 0, 0, mark}
+end
+if ARGV[9] ~= '' then  -- `threads.remember`, in the same call (not a duplicate's: D318)
+  redis.call('HSET', KEYS[6], 't:' .. ARGV[8], ARGV[9], 'c:' .. ARGV[8], ARGV[10])
 end
 local seq = redis.call('HINCRBY', KEYS[1], 'seq', 1)
 local id = string.format('%016d', seq)
