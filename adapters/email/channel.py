@@ -22,6 +22,7 @@ with the reason, not an endless retry.
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import functools
 import hashlib
 import hmac
@@ -72,8 +73,13 @@ log = logging.getLogger("adapters.email")
 
 CHANNEL = "email"
 _HOUR_MS = 3_600_000
-_UNANSWERED_PEOPLE = frozenset({"malformed", "undecodable", "no_sender", "not_routed"})
+_UNANSWERED_PEOPLE = frozenset(
+    {"malformed", "undecodable", "no_sender", "not_routed", "unreadable"}
+)
 """Skips of mail a person may have written (logged as warnings)."""
+_UNREADABLE_AFTER = 3
+"""Reads of one message that failed (the server refused or dropped the FETCH) before it is
+skipped: a message the server cannot render held up every later mail for good."""
 _START_CHECK_S = 10.0
 """The longest a start waits for the IMAP server to take or refuse the login."""
 
@@ -135,6 +141,8 @@ class EmailChannel:
         """How long `reconcile` waits before looking a second time."""
         self.ssl_context = ssl.create_default_context(cafile=ca_file) if ca_file else None
         self.skipped: Counter[str] = Counter()
+        self._unreadable: Counter[int] = Counter()
+        """Failed reads per UID (a success forgets it): `_UNREADABLE_AFTER` skips it."""
         """Messages not taken, by reason (``auto_submitted``, ``oversized``...)."""
         self.taken = 0
         self.connections = 0
@@ -320,16 +328,29 @@ class EmailChannel:
     async def _take(self, imap: ImapConnection, uid: int) -> None:
         """Hand one message to the inbox (or skip it), then mark it handled on the server."""
         sink = self._sink_or_fail()
-        size = await imap.size(uid)
-        if size is None:
-            return  # expunged meanwhile
-        oversized = size > self.max_message_bytes
-        # a message too large to read is taken from its header: its sender is told (D169)
-        raw = await (imap.fetch_header(uid) if oversized else imap.fetch(uid))
+        if self._unreadable[uid] >= _UNREADABLE_AFTER:
+            del self._unreadable[uid]
+            self._skip(uid, "unreadable")
+            with contextlib.suppress(ImapError, OSError, TimeoutError):  # best effort: the mark
+                await imap.mark_seen(uid)  # moves past it whatever the server says
+            return
+        try:
+            size = await imap.size(uid)
+            if size is None:
+                return  # expunged meanwhile
+            oversized = size > self.max_message_bytes
+            # a message too large to read is taken from its header: its sender is told (D169)
+            raw = await (imap.fetch_header(uid) if oversized else imap.fetch(uid))
+        except (ImapError, OSError, TimeoutError):
+            self._unreadable[uid] += 1
+            raise
+        self._unreadable.pop(uid, None)
         if raw is None:
             return
         read = functools.partial(parse_head, size=size) if oversized else parse
-        parsed = read(
+        # a hostile header is costly to parse (50,000 addresses: seconds): off the event loop
+        parsed = await asyncio.to_thread(
+            read,
             raw,
             mailbox_address=self.address,
             own_domain_ids=self.domain,

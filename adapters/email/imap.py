@@ -246,7 +246,7 @@ class ImapConnection:
             return
         idle = await self._bounded(self._imap.idle_start(timeout=_IDLE_S), "IDLE")
         try:
-            lines = await self._imap.wait_server_push(timeout=_IDLE_S)
+            lines = await self._push_or_lost()
         finally:
             if self._imap.has_pending_idle():
                 try:
@@ -260,6 +260,24 @@ class ImapConnection:
             idle.cancel()
             raise ImapGone(f"IMAP server {self.where} ended the connection (during IDLE)")
         await self._bounded(asyncio.shield(idle), "IDLE")
+
+    async def _push_or_lost(self) -> Any:
+        """The server's next IDLE push; None as soon as the connection is lost.
+
+        A connection that ends without a BYE (the server's process killed, a reset) only
+        fires the lost callback: the push alone waited out the whole IDLE, five minutes.
+        """
+        push = asyncio.ensure_future(self._imap.wait_server_push(timeout=_IDLE_S))
+        lost = asyncio.ensure_future(self.lost.wait())
+        try:
+            done, _ = await asyncio.wait({push, lost}, return_when=asyncio.FIRST_COMPLETED)
+        finally:
+            lost.cancel()
+            if not push.done():
+                push.cancel()
+        if push not in done:
+            return None  # `lost` is set: the caller says the connection is gone
+        return push.result()  # its timeout raises, as the push alone did
 
     async def close(self) -> None:
         """Log out (bounded: `_LOGOUT_S`, `_HANGUP_S`) and drop the connection; never raises.

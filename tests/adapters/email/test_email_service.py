@@ -268,6 +268,30 @@ async def test_automatic_mail_is_not_answered(
     assert mail.dovecot.parsed_messages(mail.person) == []
 
 
+async def test_a_message_the_server_cannot_read_is_skipped_and_its_neighbours_answered(
+    mail: Mail,
+) -> None:
+    """Dovecot drops the connection on a FETCH it cannot serve (here: a file it may not read);
+    the same UID was fetched again at every reconnect, and no later mail was ever answered."""
+    mail.write("before the bad one")
+    await mail.replies(1)
+    local, domain = mail.bot.address.split("@")
+    bad = EmailMessage()
+    bad["From"] = mail.person.address
+    bad["To"] = mail.bot.address
+    bad["Subject"] = "Unreadable"
+    bad["Message-ID"] = make_msgid(domain="example.test")
+    bad.set_content("the server cannot read this")
+    path = mail.dovecot.root / "mail" / domain / local / "new" / f"{int(time.time())}.bad.host"
+    path.write_bytes(bytes(bad))
+    path.chmod(0o000)  # Dovecot's mail process is not root: it cannot open it
+    await asyncio.sleep(1)
+    mail.write("after the bad one", subject="After")
+    replies = await mail.replies(2, timeout_s=60)
+    assert "You said: after the bad one" in _text(replies[1])
+    assert _adapter(mail).skipped["unreadable"] == 1
+
+
 async def test_a_dropped_idle_connection_reconnects_and_misses_nothing(mail: Mail) -> None:
     adapter = _adapter(mail)
     mail.write("before the drop")

@@ -53,3 +53,29 @@ def test_a_drop_during_idle_is_the_connection_gone_on_either_loop(
     factory = uvloop.new_event_loop if loop == "uvloop" else asyncio.new_event_loop
     with asyncio.Runner(loop_factory=factory) as runner:
         runner.run(scenario())
+
+
+@pytest.mark.parametrize("loop", ["asyncio", "uvloop"])
+def test_a_link_that_ends_without_a_bye_during_idle_is_gone_at_once(
+    dovecot: Dovecot, mail_user: MailUser, loop: str
+) -> None:
+    """A link that ends with no BYE (the server's imap process killed, a reset) was noticed
+    only when the IDLE ran out, five minutes later: the mail in between waited that long."""
+
+    async def scenario() -> None:
+        conn = ImapConnection(dovecot.host, dovecot.port, tls=False, ssl_context=None, timeout_s=10)
+        await conn.open(mail_user.address, mail_user.password)
+        await conn.select("INBOX")
+        waiting = asyncio.ensure_future(conn.wait_for_news(poll_s=60))
+        for _ in range(100):
+            await asyncio.sleep(0.05)
+            if conn.idling:
+                break
+        conn._imap.protocol.transport.abort()  # gone, and nothing said so on the wire
+        with pytest.raises(ImapGone):
+            await asyncio.wait_for(waiting, 10)
+        await conn.close()
+
+    factory = uvloop.new_event_loop if loop == "uvloop" else asyncio.new_event_loop
+    with asyncio.Runner(loop_factory=factory) as runner:
+        runner.run(scenario())
