@@ -223,7 +223,7 @@ class Service:
         clashes: set[str] = set()
 
         def tools() -> tuple[Tool, ...]:
-            # read per session taken: a server's list change reaches the next session's runs
+            # read per session taken; a session in hand is taken again when the list changes
             return beside(plugin_tools, mcp.tools() if mcp is not None else (), clashes)
 
         tracer = install_tracing()
@@ -268,6 +268,8 @@ class Service:
                 name: float(getattr(section, "working_after_seconds", 0) or 0)
                 for name, section in settings.channels.items()
             },
+            # a server's list change reaches sessions already in hand, busy ones too
+            tools_version=(lambda: mcp.version) if mcp is not None else (lambda: 0),
         )
         self.deliverer = Deliverer(
             DelivererConfig(

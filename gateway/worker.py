@@ -74,6 +74,7 @@ from harness_core import (
     HarnessClosed,
     HarnessFault,
     LeaseHeld,
+    MissingIdentities,
     Ok,
     SessionError,
     SessionRepo,
@@ -94,6 +95,9 @@ _LAPSE: Final = "lapse"
 _WARM: Final = "warm"
 """`_serve`'s answer when the session lingers: its linger ends its ticket (`gateway.warm`)."""
 _FAULT_BACKOFF_MS = 1_000
+_MISSING_BACKOFF_MS = (1_000, 15_000)
+"""After a resume refused for tools the harness does not have (an MCP server not up yet): the
+first and the longest wait before the session is taken again, with the tools offered then."""
 """A faulted session whose lease was given up is handed out again after this, doubling."""
 _LEASE_MARGIN_MS = 100
 """Look again this long after another holder's lease should have lapsed."""
@@ -183,6 +187,10 @@ class _Session:
     leave: asyncio.Event = field(default_factory=asyncio.Event)
     """Set to end its linger now (the worker needs its place among the sessions it keeps)."""
     linger_until_ms: int = 0
+    tools_version: int = 0
+    """The tool sources' version its harness was built with (`Worker` ``tools_version``)."""
+    missing_tools: bool = False
+    """A lane's resume was refused for tools the harness lacks: taken again after a wait."""
     ready: tuple[InboxItem, ...] | None = None
     """Pending items its linger just read (after `since`): the next work takes them unread."""
 
@@ -202,8 +210,12 @@ class Worker:
         live: LivePublisher | None = None,
         file_limits: FileLimits | None = None,
         working_after: Mapping[str, float] | None = None,
+        tools_version: Callable[[], int] = lambda: 0,
     ) -> None:
         self.config = config
+        self._tools_version = tools_version
+        """Moves when the tools `options` offers change (an MCP server's list): a session
+        built before is let go at its next idle moment, and taken again with them."""
         self._working_after = {c: s for c, s in (working_after or {}).items() if s > 0}
         """By channel: after how many seconds a run still working says so once (D214)."""
         self._live = live
@@ -226,6 +238,8 @@ class Worker:
         """Sessions lingering (`gateway.warm`), by id."""
         self._faults: dict[str, int] = {}
         """Sessions whose last takes faulted in a row: how many (their backoff grows)."""
+        self._missing: dict[str, int] = {}
+        """Sessions whose last takes lacked a lane's tools, in a row: how many."""
         self._lingers: set[asyncio.Task[None]] = set()
         self._resuming: asyncio.Queue[_Session] = asyncio.Queue()
         """Lingering sessions with a message, for the next free slot."""
@@ -363,6 +377,7 @@ class Worker:
             raise
         threads: dict[str, ThreadRef] = {}
         budgets: dict[str, int] = {}
+        version = self._tools_version()  # before the options: a change meanwhile is seen
         try:
             options = await self._session_options(session_id, storage, threads, budgets)
             harness, suspended = await AgentHarness.create(options)
@@ -378,6 +393,7 @@ class Worker:
             threads=threads,
             budgets=budgets,
             tools=tuple(tool.name for tool in options.tools),
+            tools_version=version,
             renewed_ms=self._clock.now_ms(),
             lease=lease,
         )
@@ -415,7 +431,7 @@ class Worker:
                     if self._metrics is not None:
                         self._metrics.takeover()
                 if op.reason == "crash" or op.reason == "deferred":
-                    self._track(session, op.lane, self._resume(lane))
+                    self._track(session, op.lane, self._resume(session, lane))
             await self._reply_all(session)
         except (HarnessFault, HarnessClosed) as exc:
             _log_fault("session faulted", session_id, exc)
@@ -437,12 +453,21 @@ class Worker:
             raise
         if not session.tasks:
             session.worked = True
+            if session.missing_tools:
+                return await self._let_go(session, missing=True)
+            if self._tools_changed(session):
+                await self._let_go(session)
+                return 0  # taken again at once, with the tools offered now
             if self._keep_warm(session):
                 return _WARM
         return await self._let_go(session)
 
+    def _tools_changed(self, session: _Session) -> bool:
+        """Whether the tools offered changed since the session's harness was built."""
+        return self._tools_version() != session.tools_version
+
     async def _let_go(
-        self, session: _Session, *, faulted: bool = False
+        self, session: _Session, *, faulted: bool = False, missing: bool = False
     ) -> int | Literal["lapse"] | None:
         """Close the session's harness and give up its lease; how its ticket ends.
 
@@ -479,6 +504,12 @@ class Worker:
                 faulted=faulted,
             )
         )
+        if missing and not faulted:
+            self._faults.pop(session_id, None)
+            tries = self._missing[session_id] = self._missing.get(session_id, 0) + 1
+            first, longest = _MISSING_BACKOFF_MS
+            return int(min(first * 2 ** (tries - 1), longest))
+        self._missing.pop(session_id, None)
         if not faulted:
             self._faults.pop(session_id, None)
             return 0 if interrupted else None
@@ -696,6 +727,12 @@ class Worker:
                 session.since = await inbox.position()
                 ready = await inbox.pending(session.ticket.session, limit=PENDING_READ)
             items = [item for item in ready if item.id not in session.in_flight]
+            if self._tools_changed(session):
+                # a busy session would keep the old tools for good: what is running ends,
+                # then it is taken again with the new ones (its pending items wait till then)
+                if not session.tasks:
+                    return
+                items = []
             for item in items:
                 await self._apply(session, item)
             if not session.tasks and not items:
@@ -728,7 +765,7 @@ class Worker:
                 lane = await session.harness.lane(info.name)
                 if lane is not None:
                     parked = True
-                    self._track(session, info.name, self._resume(lane))
+                    self._track(session, info.name, self._resume(session, lane))
         return parked
 
     def _track(self, session: _Session, lane: str, work: Awaitable[Any]) -> asyncio.Task[Any]:
@@ -806,10 +843,26 @@ class Worker:
                 self._track(session, lane, found.wait_for_idle())
         return {lane for lane, _ in ended}
 
-    async def _resume(self, lane: AgentLane) -> None:
+    async def _resume(self, session: _Session, lane: AgentLane) -> None:
         result = await lane.resume(tool_recovery=self.config.tool_recovery)
-        if isinstance(result, Err):
-            log.info(event("resume refused", lane=lane.name, reason=result.error.tag))
+        if not isinstance(result, Err):
+            return
+        refusal = result.error
+        if isinstance(refusal, MissingIdentities):
+            # its tools' server is not up (yet): the lane stayed suspended, and nothing would
+            # look again until someone wrote in its thread; the session is taken again soon
+            session.missing_tools = True
+            log.warning(
+                event(
+                    "resume waits for its tools",
+                    session=session.ticket.session,
+                    lane=lane.name,
+                    tools=list(refusal.tools),
+                    models=list(refusal.models),
+                )
+            )
+            return
+        log.info(event("resume refused", lane=lane.name, reason=refusal.tag))
 
     async def _record(
         self, session_id: str, lane: str, action: str, op_id: str, attempts: int

@@ -61,6 +61,9 @@ class McpTools:
             for server in servers
         }
         self._tools: tuple[Tool, ...] = ()
+        self.version = 0
+        """One more at every change of the tools offered: a session built with fewer or older
+        ones is taken again with these (`gateway.worker.Worker`'s ``tools_version``)."""
         for connection in self._connections.values():
             connection.on_change = self._rebuild
 
@@ -111,6 +114,7 @@ class McpTools:
         return frozenset(override.approvers)
 
     def _rebuild(self) -> None:
+        self.version += 1
         self._tools = tuple(
             _harness_tool(connection, mcp_tool)
             for connection in self._connections.values()

@@ -226,3 +226,86 @@ async def test_a_tool_removed_by_a_list_change_is_a_clear_error(rig: Rig) -> Non
     offered = {tool.name for tool in rig.model.requests[-1].tools}
     assert "demo.extra" in offered or "does not offer" in answer
     assert not rig.started("delete")  # never sent to the server
+
+
+async def test_a_session_in_hand_is_offered_the_new_list_at_its_next_message(rig: Rig) -> None:
+    """The session kept warm (or busy) kept the tools it was taken with: a tool the server
+    added was unknown to it, and one it made destructive ran without approval, until the
+    session went idle past its linger."""
+    assert await rig.ask("same", "/call change") == "Done (ok): changed"
+    assert rig.service.mcp is not None
+    mcp = rig.service.mcp
+
+    async def relisted() -> bool:
+        return "demo.extra" in {tool.name for tool in mcp.tools()}
+
+    await until(relisted, "the new list")
+    answer = await rig.ask("same", "/call extra")  # at once: the session is still in hand
+    assert answer.startswith("Done (ok)"), answer
+    assert rig.started("extra")
+
+
+_UNTIL_FLAG = (
+    "import os, runpy, sys; flag = sys.argv.pop(1)\n"
+    "if not os.path.exists(flag): sys.exit(3)\n"
+    "sys.argv[0] = 'mcp_servers'; runpy.run_module('tests.support.mcp_servers', "
+    "run_name='__main__')"
+)
+"""A server that fails to start until a file exists (a dependency still coming up)."""
+
+
+async def test_a_lane_cut_mid_call_resumes_once_its_server_comes_up(tmp_path: Path) -> None:
+    """The lane, cut in a call of a server not up at the restart, had its resume refused
+    (`MissingIdentities`, logged at info) and stayed suspended, its thread silent, until
+    someone wrote in it or an operator resumed it."""
+    marks = tmp_path / "marks"
+    marks.mkdir()
+    flag = tmp_path / "up"
+    flag.write_text("")
+    server = {
+        "name": "demo",
+        "command": sys.executable,
+        "args": ["-c", _UNTIL_FLAG, str(flag), "--stdio", "--marks", str(marks)],
+        "cwd": ROOT,
+    }
+    settings = gateway_settings(
+        store_url=f"sqlite:///{tmp_path}/store.db",
+        broker_url=f"sqlite:///{tmp_path}/broker.db",
+        web_url=f"sqlite:///{tmp_path}/web.db",
+        lease_seconds=6,
+        renew_seconds=1,
+        mcp_servers=(server,),
+    )
+
+    def started(model: ScriptedModel) -> Service:
+        parts = ServiceParts(model_client=model, model=ModelRef(provider="scripted", model_id="m"))
+        return Service(settings, parts)
+
+    first = started(ScriptedModel(responder=respond))
+    await first.start()
+    assert first.app is not None
+    async with httpx.AsyncClient(
+        transport=httpx.ASGITransport(app=first.app), base_url="http://localhost"
+    ) as http:
+        await ServiceRig(first, http).post("cut", "/call hang")
+        for _ in range(400):
+            if any(p.name.startswith("call-hang-") for p in marks.iterdir()):
+                break
+            await asyncio.sleep(0.025)
+        flag.unlink()  # the server will not come back at the next start
+        await first.stop(drain_seconds=0.1)  # the call is cut, its run left open
+    second = started(ScriptedModel(responder=respond))
+    await second.start()
+    assert second.app is not None
+    try:
+        async with httpx.AsyncClient(
+            transport=httpx.ASGITransport(app=second.app), base_url="http://localhost"
+        ) as http:
+            await asyncio.sleep(1.5)  # resumed once, refused: the tool is not offered
+            flag.write_text("")  # the server comes up; nobody writes in the thread
+            [answer] = [
+                a for a in await ServiceRig(second, http).answers("cut", 1) if a["kind"] == "reply"
+            ]
+            assert answer["text"].startswith("Done (error)"), answer
+    finally:
+        await second.stop(drain_seconds=2)
