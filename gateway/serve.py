@@ -31,6 +31,7 @@ from gateway.channels import channel_lines, channel_state, served_url
 from gateway.collector import tune_collector
 from gateway.logs import configure, event
 from gateway.service import Service, StartRefused
+from gateway.slow_heads import HeadTimedProtocol
 from gateway.waits import until_done
 from harness_core import SessionError
 from harness_core.backends.urls import without_password
@@ -205,6 +206,7 @@ async def serve(settings: Settings) -> int:
             access_log=False,
             lifespan="off",
             timeout_graceful_shutdown=int(settings.drain_seconds),
+            http=HeadTimedProtocol,  # a request head that never ends holds no connection
         ),
         listening,
     )
