@@ -48,6 +48,7 @@ import hashlib
 import json
 import logging
 import re
+import unicodedata
 from collections.abc import AsyncIterator, Awaitable, Callable, Mapping
 from dataclasses import dataclass
 from typing import Any, Literal, get_args
@@ -308,14 +309,29 @@ def _author(value: str | _AuthorIn | None) -> Author:
     return Author(id=value.id, name=value.name)
 
 
+_COLONS = frozenset(":\u2236\ua789\u02d0\u05c3\u02f8\ufe13\ufe55\uff1a\u0589\u1361")
+"""A colon and the characters that look like one (fullwidth, ratio, modifier letters...)."""
+
+
 def _not_an_operator(value: str, what: str) -> None:
-    """Refuse a name in the operators' namespace.
+    """Refuse a name that could pass for an operator's (the gateway writes ``operator:<name>``).
 
     A web page names itself: a thread saying "approved by operator:admin" would read as an
-    operator's decision.
+    operator's decision, and so would `operator\u200b:admin`, `operat\u03bfr:admin` (a Greek
+    omicron) or `operator\uff1aadmin` (a fullwidth colon); a right-to-left override shows
+    `\u202enimda` as "admin". So a name holds no invisible or direction-changing character
+    and no colon or look-alike of one (look-alike letters are too many to list; colons few).
     """
-    if value.strip().lower().startswith(_OPERATOR_PREFIX):
-        raise _Refused(400, "invalid_request", f"{what} may not start with {_OPERATOR_PREFIX!r}")
+    if any(unicodedata.category(c) in ("Cf", "Cc", "Co", "Zl", "Zp") for c in value):
+        raise _Refused(
+            400, "invalid_request", f"{what} holds an invisible or direction-changing character"
+        )
+    if any(c in _COLONS for c in unicodedata.normalize("NFKC", value)):
+        raise _Refused(
+            400,
+            "invalid_request",
+            f"{what} may not hold a colon (the gateway names operators {_OPERATOR_PREFIX}<name>)",
+        )
 
 
 class WebChannel:

@@ -210,6 +210,16 @@ async def test_author_forms(client: httpx.AsyncClient, sink: TestSink) -> None:
             400,
             "invalid_request",
         ),
+        # what passes for one: a zero-width space, a Greek omicron, a fullwidth colon, and a
+        # right-to-left override (U+202E before "nimda" shows it as "admin")
+        (b'{"text": "hi", "author": "operator\\u200b:alice"}', 400, "invalid_request"),
+        (b'{"text": "hi", "author": "operat\\u03bfr:admin"}', 400, "invalid_request"),
+        (
+            b'{"text": "hi", "author": {"id": "x", "name": "operator\\uff1aadmin"}}',
+            400,
+            "invalid_request",
+        ),
+        (b'{"text": "hi", "author": "\\u202enimda"}', 400, "invalid_request"),
         (b'{"text": "hi", "author": "' + b"a" * 101 + b'"}', 400, "invalid_request"),
         (b'{"text": "hi", "author": "a\\u0000"}', 400, "invalid_text"),
         (b'{"text": "hi", "author": {"id": "\\udfff"}}', 400, "invalid_text"),
