@@ -235,11 +235,12 @@ async def test_the_last_attempt_fails_at_once_without_a_wait(backend, tmp_path) 
     ends: list[Any] = []
     kit.harness.events.on("retry_end", ends.append)
     run = asyncio.create_task(kit.harness.prompt("hi"))
-    while not run.done():
+    while len(kit.model.requests) < 3:  # the clock moves only while attempts are still due
         await asyncio.sleep(0.01)
         kit.clock.advance(500)
+    # after the third failure the clock stands still: a run that waited (4 s more) never ends
+    result = await asyncio.wait_for(run, 10)
     assert waited == [1_000, 2_000]
-    result = run.result()
     assert isinstance(result, Ok) and result.value.kind == "failed"
     assert result.value.error is not None and result.value.error.code == "retries_exhausted"
     assert kit.clock.now_ms() - 1_700_000_000_000 <= 3_500  # 1 s + 2 s, then at once
