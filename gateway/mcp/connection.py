@@ -643,7 +643,7 @@ def _describe(exc: BaseException) -> str:
         exc = exc.exceptions[0]
     if isinstance(exc, TimeoutError):
         return "timed out"
-    if isinstance(exc, _Refused):
+    if isinstance(exc, _Refused | _Lost):  # ours, already in words ("_Lost: _Lost: ..." grew)
         return str(exc)
     text = str(exc).strip().splitlines()[0] if str(exc).strip() else ""
     return f"{type(exc).__name__}: {text}" if text else type(exc).__name__

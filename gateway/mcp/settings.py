@@ -137,16 +137,19 @@ class McpServer(_Table):
         if self.url is not None and (password := urlsplit(self.url).password):
             yield password
 
-    def word_valued(self, min_chars: int) -> list[str]:
+    def word_valued(self, min_chars: int, shown: frozenset[str] = frozenset()) -> list[str]:
         """Where a secret value that answers may well hold is set: worth a warning (D307).
 
         The names in `env` and `headers` (``header <name>``) whose value, of `min_chars` or
-        more, reads like a word or a media type.
+        more, reads like a word or a media type, and is not one of `shown` (casefolded: the
+        servers' names, which `mcp_secrets` keeps out of the redactor).
         """
         return [
             name
             for name, value in self._secret_values().items()
-            if len(text := value.get_secret_value()) >= min_chars and _WORDLIKE.fullmatch(text)
+            if len(text := value.get_secret_value()) >= min_chars
+            and _WORDLIKE.fullmatch(text)
+            and text.casefold() not in shown
         ]
 
     def _secret_values(self) -> dict[str, SecretStr]:
@@ -313,5 +316,16 @@ def mcp_section(settings: Settings) -> McpSection:
 
 
 def mcp_secrets(settings: Settings) -> list[str]:
-    """Every secret of every configured MCP server (for the redactor)."""
-    return [secret for server in mcp_section(settings).servers for secret in server.secrets()]
+    """Every secret of every configured MCP server (for the redactor).
+
+    But a server's name: `name = "postgres"` beside ``PGUSER = "postgres"`` made every tool
+    `[redacted].query`, in approval prompts too, and a name is shown everywhere by design.
+    """
+    servers = mcp_section(settings).servers
+    names = {server.name.casefold() for server in servers}
+    return [
+        secret
+        for server in servers
+        for secret in server.secrets()
+        if secret.casefold() not in names
+    ]

@@ -73,8 +73,9 @@ class McpTools:
 
     async def start(self) -> None:
         """Start every server at once; returns when each is up or has failed its first try."""
+        names = frozenset(name.casefold() for name in self._connections)
         for connection in self._connections.values():
-            for name in connection.server.word_valued(MIN_SECRET_CHARS):
+            for name in connection.server.word_valued(MIN_SECRET_CHARS, names):
                 # the value is a secret: the line names where it is set, never what it is
                 log.warning(
                     event(

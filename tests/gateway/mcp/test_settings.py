@@ -129,3 +129,17 @@ def test_the_service_redactor_hides_them(tmp_path: Path) -> None:
     redactor = Redactor.from_settings(load_gateway_settings({}, config_file=config), environ={})
     line = "env tickets-secret-value header header-secret-value token bearer-secret-value"
     assert "secret-value" not in redactor.redact(line)
+
+
+def test_a_server_s_name_is_never_taken_for_a_secret() -> None:
+    """`name = "postgres"` beside `PGUSER = "postgres"` (a standard Postgres setup) showed its
+    tools as `[redacted].query` everywhere, approval prompts included."""
+    value = [
+        {
+            "name": "postgres",
+            "command": "srv",
+            "env": {"PGUSER": "postgres", "PGPASSWORD": "pg-secret-value"},
+        }
+    ]
+    settings = load_gateway_settings({"GATEWAY_MCP_SERVERS": json.dumps(value)})
+    assert mcp_secrets(settings) == ["pg-secret-value"]

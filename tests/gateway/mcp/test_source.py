@@ -456,3 +456,20 @@ async def test_a_plugin_tool_keeps_its_name_against_an_mcp_tool_of_the_same(
     assert again == offered
     clashes = [r for r in caplog.records if r.getMessage() == "mcp.tool_name_taken"]
     assert len(clashes) == 1  # said once
+
+
+async def test_the_reason_a_server_went_down_is_kept_through_its_crashes(
+    source: McpTools, counted: Counted
+) -> None:
+    """Each crash put the class name before the last reason: "_Lost: _Lost: _Lost: the
+    connection ended", which reached the model and the user, the real cause gone."""
+    for crashes in range(1, 4):
+        await call(source, "demo.crash")
+        await until(
+            lambda n=crashes: (
+                source.connection("demo").state == "ready" and len(counted.restarts) >= n
+            ),
+            "restart",
+        )
+    said = source.health()[0].last_error or ""
+    assert "_Lost" not in said and said, said
