@@ -516,6 +516,15 @@ class EmailChannel:
             raise DeliveryError(
                 _refused(exc.recipients), permanent=_for_good(exc.recipients)
             ) from None
+        except aiosmtplib.SMTPNotSupported as exc:
+            if phase != "sending":
+                raise DeliveryError(self._smtp_failure(exc, phase)) from None
+            # an address with a non-ASCII local part, and a server without SMTPUTF8: nothing
+            # was sent, and sending again cannot help until the server changes
+            raise DeliveryError(
+                f"SMTP server {where} cannot take this message: {_said(str(exc))}",
+                permanent=True,
+            ) from None
         except aiosmtplib.SMTPAuthenticationError as exc:
             raise DeliveryError(
                 f"SMTP server {where} refused the login for user {self.username!r} "

@@ -166,7 +166,8 @@ def compose_reply(
         files: The content of `outbound.files` (`adapters.reply_files`), attached in order.
 
     Returns:
-        The message, with the SMTP policy (CRLF line ends).
+        The message, with the SMTP policy (CRLF line ends; SMTPUTF8's when an address's local
+        part is not ASCII).
 
     Raises:
         ValueError: no recipient (the reply context names no valid sender, or only the bot),
@@ -188,12 +189,15 @@ def compose_reply(
                 seen.add(pair[1])
                 cc.append(pair)
     when = now if now.tzinfo is not None else now.replace(tzinfo=UTC)
-    message = EmailMessage(policy=policy.SMTP)
+    # an address with a non-ASCII local part (jürgen@) has no ASCII form: the message is
+    # written as UTF-8 and sent with SMTPUTF8 (RFC 6531); a domain (bücher.example) has one
+    wide = not all(address.isascii() for address in (bot, to[1], *(a for _, a in cc)))
+    message = EmailMessage(policy=policy.SMTPUTF8 if wide else policy.SMTP)
     name = _header_text(from_name or "")
     message["From"] = formataddr((name, bot)) if name else bot
-    message["To"] = formataddr(to)
+    message["To"] = _formatted(to)
     if cc:
-        message["Cc"] = ", ".join(formataddr(pair) for pair in cc)
+        message["Cc"] = ", ".join(_formatted(pair) for pair in cc)
     subject = normalize_subject(_header_text(_text(context.get("subject"))))
     message["Subject"] = f"Re: {subject}" if subject else "Re:"
     message["Date"] = format_datetime(when.astimezone(UTC), usegmt=True)
@@ -226,6 +230,18 @@ def compose_reply(
             file.content, maintype=maintype, subtype=subtype, filename=file.attachment.name
         )
     return message
+
+
+def _formatted(pair: tuple[str, str]) -> str:
+    """``Name <address>``, for a header.
+
+    An address that is not ASCII (``jürgen@``) is written as it is: `formataddr` refuses it,
+    and the message's SMTPUTF8 policy carries it.
+    """
+    if pair[1].isascii() or not pair[0]:
+        return formataddr(pair) if pair[1].isascii() else pair[1]
+    shown = formataddr((pair[0], "x@x"))  # the name quoted or encoded as formataddr does
+    return shown.removesuffix("<x@x>") + f"<{pair[1]}>"
 
 
 def _cte(text: str) -> str:

@@ -825,8 +825,11 @@ class SmtpServer:
         tls: bool = True,
         require_auth: bool = True,
         cert: TlsCert | None = None,
+        smtputf8: bool = True,
     ) -> None:
         self.dovecot = dovecot
+        self.smtputf8 = smtputf8
+        """Offer SMTPUTF8 (RFC 6531), as Postfix, Gmail and Exchange do."""
         self.username = username
         self.password = password
         self.tls = tls
@@ -871,6 +874,7 @@ class SmtpServer:
             require_starttls=tls_context is not None,
             authenticator=self._authenticate,
             auth_require_tls=tls_context is not None,
+            enable_SMTPUTF8=self.smtputf8,
             ready_timeout=10.0,
         )
         controller.start()

@@ -254,3 +254,20 @@ TLS_WORDS: list[tuple[str, ssl.SSLError, str]] = [
 )
 def test_a_failed_handshake_says_why_in_words(error: ssl.SSLError, words: str) -> None:
     assert tls_reason(error, ca_hint=CA_HINT) == words
+
+
+async def test_an_address_a_server_without_smtputf8_cannot_take_is_refused_for_good(
+    dovecot: Dovecot,
+) -> None:
+    """A sender `jürgen@` is answered with SMTPUTF8; a server that does not offer it cannot
+    take the reply, and no retry changes that: a dead letter in words, nothing sent."""
+    user = dovecot.fresh_user("bot")
+    with SmtpServer(dovecot, username=user.address, password=user.password, smtputf8=False) as smtp:
+        servers = Servers(dovecot, smtp, user, free_port(), free_port())
+        channel = _channel(servers)
+        context = {**_OUTBOUND.reply_context, "from": "Jürgen <jürgen@example.test>"}
+        with pytest.raises(DeliveryError) as raised:
+            await channel.deliver(_OUTBOUND.model_copy(update={"reply_context": context}))
+        assert raised.value.permanent and not raised.value.unknown_outcome
+        assert "SMTPUTF8 is not supported" in raised.value.reason, raised.value.reason
+        assert smtp.messages == []

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import asyncio
 import base64
+import email.policy
 import re
 import time
 from collections.abc import AsyncIterator, Callable
@@ -680,3 +681,22 @@ def test_a_thread_s_people_are_read_from_its_stored_context() -> None:
 
     stored = {"from": "Alice <a@x.test>", "to": ("bot@x.test",), "cc": ("Carol <c@x.test>",)}
     assert _people(stored) == {"a@x.test", "bot@x.test", "c@x.test"}
+
+
+async def test_a_sender_whose_address_is_not_ascii_is_answered(mail: Mail) -> None:
+    """`jürgen@` was taken and run, then the reply died composing ("'ascii' codec can't
+    encode"), a dead letter the sender never heard of."""
+    asked = EmailMessage(policy=email.policy.SMTPUTF8)
+    asked["From"] = "Jürgen <jürgen@example.test>"
+    asked["To"] = mail.bot.address
+    asked["Subject"] = "Umlaut"
+    asked["Message-ID"] = make_msgid(domain="example.test")
+    asked.set_content("hallo")
+    mail.dovecot.deliver(mail.bot, bytes(asked), sender="x@example.test")
+
+    def sent() -> list[Any]:
+        return [m for m in mail.smtp.messages if "jürgen@example.test" in m.rcpt_tos]
+
+    await _until(lambda: bool(sent()))
+    [reply] = sent()
+    assert b"You said: hallo" in reply.data.replace(b"=\r\n", b"")
