@@ -139,6 +139,11 @@ class EmailChannel:
         self.max_backoff_s = max_backoff_s
         self.recheck_s = 1.0
         """How long `reconcile` waits before looking a second time."""
+        self.settle_s = 30.0
+        """How long after a send whose answer was lost (in this process) a reply not found yet
+        is "unknown", not "absent": a queueing server files our Bcc copy seconds later."""
+        self._unsure: dict[str, int] = {}
+        """Deliveries whose send lost its answer here: when (ms), until found or settled."""
         self.ssl_context = ssl.create_default_context(cafile=ca_file) if ca_file else None
         self.skipped: Counter[str] = Counter()
         self._unreadable: Counter[int] = Counter()
@@ -465,7 +470,16 @@ class EmailChannel:
             # Bcc ourselves, first: servers that deliver in order file our copy before
             # anyone's, so a reply someone received is one `reconcile` can find
             recipients = [self.address, *_recipients(message)]
-            refused = await self._send(message, recipients)
+            try:
+                refused = await self._send(message, recipients)
+            except DeliveryError as exc:
+                if exc.unknown_outcome:  # it may have been taken: reconcile waits to see
+                    now = self.clock.now_ms()
+                    self._unsure = {  # what another process reconciled is forgotten
+                        d: at for d, at in self._unsure.items() if now - at < 3_600_000
+                    }
+                    self._unsure.setdefault(outbound.delivery_id, now)
+                raise
             if refused:
                 people = {a.lower() for a in recipients if a != self.address}
                 log.warning("email recipients refused", extra={"count": len(refused)})
@@ -687,7 +701,12 @@ class EmailChannel:
                     except ImapError:
                         continue  # no such folder
                     if await imap.find(message_id):
+                        self._unsure.pop(outbound.delivery_id, None)
                         return "delivered"
+            unsure = self._unsure.get(outbound.delivery_id)
+            if unsure is not None and self.clock.now_ms() - unsure < self.settle_s * 1000:
+                return "unknown"  # a server that queues may file our copy later: look again
+            self._unsure.pop(outbound.delivery_id, None)
             return "absent"
         except ImapError as exc:
             log.info("email reconcile failed", extra={"reason": str(exc)})

@@ -774,6 +774,20 @@ class _Handler:
                     delivered.append(rcpt)
                 return None
 
+            queued = owner._queued_loss()
+            if queued:  # taken, the answer lost, delivered from the queue later
+                owner._record(dataclasses.replace(seen, outcome="response_lost"))
+
+                async def later() -> None:
+                    await asyncio.sleep(queued)
+                    await deliver_all()
+
+                queue = asyncio.ensure_future(later())
+                owner._queue_tasks.add(queue)
+                queue.add_done_callback(owner._queue_tasks.discard)
+                assert isinstance(server.transport, asyncio.Transport)
+                server.transport.abort()
+                return "250 OK (never sent)"
             # Like a real MTA once it has the final dot: every recipient gets the message even
             # if the client hangs up meanwhile (aiosmtpd cancels the handler when it does).
             refused = await asyncio.shield(deliver_all())
@@ -849,6 +863,8 @@ class SmtpServer:
         self._refusals: list[_Refusal] = []
         self._refused_recipients: dict[str, str] = {}
         self._lose_responses = 0
+        self._queue_s = 0.0
+        self._queue_tasks: set[asyncio.Future[None]] = set()
         self._auth_failures = 0
         self._auth_judged: weakref.WeakSet[Session] = weakref.WeakSet()
         self._auth_failing: weakref.WeakSet[Session] = weakref.WeakSet()
@@ -974,14 +990,17 @@ class SmtpServer:
         with self._lock:
             self._refused_recipients[address.lower()] = f"{code} {message}"
 
-    def lose_response_after_data(self, times: int = 1) -> None:
+    def lose_response_after_data(self, times: int = 1, *, queue_s: float = 0.0) -> None:
         """For the next ``times`` messages: deliver, then drop the connection before the 250.
 
         The client sees the connection die after its final dot (aiosmtplib raises
         ``SMTPServerDisconnected``), yet the message is in the mailbox: an unknown outcome.
+        `queue_s`: the message is delivered that long after the drop, as an MTA's queue does
+        (Postfix behind a content filter, Gmail, Office 365 take seconds).
         """
         with self._lock:
             self._lose_responses += times
+            self._queue_s = queue_s
 
     def fail_auth(self, times: int = 1) -> None:
         """Make the next ``times`` connections that AUTH fail every attempt with ``535 5.7.8``.
@@ -1014,6 +1033,14 @@ class SmtpServer:
     def _refused_recipient(self, address: str) -> str | None:
         with self._lock:
             return self._refused_recipients.get(address.lower())
+
+    def _queued_loss(self) -> float:
+        """The queue delay of the next lost response, taken (0: none is queued)."""
+        with self._lock:
+            if self._lose_responses > 0 and self._queue_s > 0:
+                self._lose_responses -= 1
+                return self._queue_s
+        return 0.0
 
     def _take_lose_response(self) -> bool:
         with self._lock:

@@ -325,6 +325,17 @@ async def test_an_unknown_send_outcome_is_reconciled_not_sent_twice(mail: Mail) 
     assert len(mail.smtp.messages) == 1
 
 
+async def test_a_lost_answer_from_a_queueing_server_is_not_sent_twice(mail: Mail) -> None:
+    """The server took the reply, lost its 250, and delivered it from its queue 5 s later:
+    the retry looked twice, a second apart, found nothing, and sent it again."""
+    mail.smtp.lose_response_after_data(queue_s=5.0)
+    mail.write("queued answer")
+    await mail.replies(1, timeout_s=30)
+    await asyncio.sleep(8.0)  # room for a wrong second copy (a retry would have come by now)
+    assert len(await mail.replies(1)) == 1
+    assert [m.outcome for m in mail.smtp.transactions] == ["response_lost"]
+
+
 async def test_smtp_refusing_then_accepting_delivers_once(mail: Mail) -> None:
     mail.smtp.refuse_next(code=451, message="4.3.0 try again later")
     mail.write("temporary trouble")
