@@ -92,6 +92,11 @@ class _Lost(GatewayError):
     """The connection ended (the server exited or a call found it gone)."""
 
 
+_SESSION_REFUSED = frozenset({401, 403, 404})
+"""HTTP answers to a call that end the session rather than the call: a server that restarted
+forgot the session id (404, as the MCP transport specifies), or the credentials changed."""
+
+
 class McpConnection:
     """One configured server's connection, tools and health (see the module docstring)."""
 
@@ -427,6 +432,7 @@ class McpConnection:
             return self._ended(
                 "unknown", f"MCP server {self.name!r} does not offer {tool!r} any more", fault=False
             )
+        self._http_status = None  # what this call's requests are answered, if they fail
         work = asyncio.ensure_future(client.call_tool(tool, dict(arguments), meta=_meta(key)))
         self._calls_running.add(work)
         stop = asyncio.ensure_future(abort.wait())
@@ -490,6 +496,18 @@ class McpConnection:
                         f"{_MAY_HAVE_HAPPENED}"
                     )[:2000],
                     fault=False,
+                )
+            status = self._http_status
+            if self.server.transport == "http" and status in _SESSION_REFUSED:
+                # its session is gone (the server restarted: 404) or its credentials are
+                # (401/403): every later call would be refused the same way until the idle
+                # ping, 30 s on; the connection is made again now, and health says why
+                self._fault(self._explain(exc))
+                self._lost.set()
+                return self._ended(
+                    "error",
+                    f"MCP server {self.name!r} refused {tool!r} ({self._last_error}); the "
+                    "call was not made, and the connection is made again: try again shortly",
                 )
             return self._ended(
                 "error",

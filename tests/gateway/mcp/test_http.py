@@ -179,3 +179,26 @@ async def test_a_busy_server_is_not_pinged_out_of_its_running_call(
         assert source.health()[0].restarts == 0
     finally:
         await source.close()
+
+
+async def test_a_server_that_restarted_between_calls_is_connected_again_at_the_refusal(
+    http_server: HttpServer,
+) -> None:
+    """After a redeploy the server no longer knows the session: every call was refused
+    "Session not found" while health said ready, until the idle ping, 30 s on."""
+    source = tools(
+        settings(http_server.url, bearer_token=TOKEN), backoff=Backoff(first_s=0.05, max_s=0.1)
+    )
+    await source.start()
+    try:
+        assert text(await call(source, "remote.echo", {"text": "before"})) == "echo: before"
+        await http_server.kill()
+        await http_server.start()  # the same address, a new process: no session of ours
+        refused = await call(source, "remote.echo", {"text": "during"})
+        assert refused.is_error and "HTTP 404" in text(refused), text(refused)
+        assert "the call was not made" in text(refused)
+        await until(lambda: source.health()[0].restarts >= 1, "connected again")
+        await until(lambda: source.health()[0].state == "ready", "ready again")
+        assert text(await call(source, "remote.echo", {"text": "after"})) == "echo: after"
+    finally:
+        await source.close()
