@@ -213,7 +213,12 @@ class McpConnection:
                 self._fault(self._explain(exc))
                 if _spawn_failed(exc) and not self._up:
                     # "FileNotFoundError: [Errno 2] No such file or directory" named no program
-                    self._fault(f"cannot start {self.server.command!r}: {self._last_error}")
+                    # (nor, when it was the working directory that is missing, that)
+                    cwd = self.server.cwd
+                    if cwd is not None and not await asyncio.to_thread(os.path.isdir, cwd):
+                        self._fault(f"cannot start in {cwd!r}: no such directory (its cwd)")
+                    else:
+                        self._fault(f"cannot start {self.server.command!r}: {self._last_error}")
                     self._give_up()
                     return
             failures = 1 if self._up else failures + 1

@@ -52,10 +52,16 @@ class _Table(BaseModel):
     @classmethod
     def _no_booleans(cls, value: Any, info: ValidationInfo) -> Any:
         name = info.field_name
-        if isinstance(value, bool) and name is not None:
-            annotation = cls.model_fields[name].annotation
-            if bool not in (annotation, *getattr(annotation, "__args__", ())):
-                raise ValueError("true or false is not accepted here")
+        if name is None:
+            return value
+        annotation = cls.model_fields[name].annotation
+        takes_bool = bool in (annotation, *getattr(annotation, "__args__", ()))
+        if isinstance(value, bool) and not takes_bool:
+            raise ValueError("true or false is not accepted here")
+        if takes_bool and value is not None and not isinstance(value, bool):
+            # `trusted = "yes"` made a server trusted (pydantic reads "yes" as true): a switch
+            # that grants trust or waives approval is written true or false, nothing else
+            raise ValueError("give true or false (not a string or a number)")
         return value
 
 

@@ -104,6 +104,12 @@ def test_every_secret_is_handed_to_the_redactor(tmp_path: Path) -> None:
             "mcp_servers[0].overrides.t.replay",
         ),
         ('[[mcp.servers]]\nname = "a"\ncommand = "x"\nheaders = { H = "v" }\n', "apply to a url"),
+        # a switch that grants trust or waives approval: true or false, never "yes" or 1
+        ('[[mcp.servers]]\nname = "a"\ncommand = "x"\ntrusted = "yes"\n', "give true or false"),
+        (
+            '[[mcp.servers]]\nname = "a"\ncommand = "x"\noverrides = { t = { approval = 0 } }\n',
+            "give true or false",
+        ),
     ],
 )
 def test_bad_config_is_one_line(tmp_path: Path, text: str, said: str) -> None:

@@ -308,8 +308,10 @@ async def test_a_server_that_fails_to_start_is_contained(marks: Path, counted: C
         }
     )
     missing = McpServer(name="missing", command="/nonexistent/mcp-server-program")
+    # the program is there; its working directory is not (it was "cannot start python")
+    nowhere = McpServer(name="nowhere", command=sys.executable, cwd="/nonexistent/dir")
     source = McpTools(
-        [broken, missing, stdio("demo", marks)],
+        [broken, missing, nowhere, stdio("demo", marks)],
         clock=SystemClock(),
         observer=counted,
         backoff=Backoff(first_s=0.05, max_s=0.1),
@@ -320,6 +322,9 @@ async def test_a_server_that_fails_to_start_is_contained(marks: Path, counted: C
         assert by_name["missing"].state == "failed" and by_name["missing"].last_error
         assert by_name["missing"].last_error.startswith(  # which program could not start
             "cannot start '/nonexistent/mcp-server-program': FileNotFoundError"
+        )
+        assert by_name["nowhere"].last_error == (
+            "cannot start in '/nonexistent/dir': no such directory (its cwd)"
         )
         assert by_name["broken"].state in ("restarting", "starting")
         assert by_name["demo"].state == "ready"
