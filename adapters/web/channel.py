@@ -49,6 +49,7 @@ import json
 import logging
 import re
 import unicodedata
+from collections import Counter
 from collections.abc import AsyncIterator, Awaitable, Callable, Mapping
 from dataclasses import dataclass
 from typing import Any, Literal, get_args
@@ -289,6 +290,9 @@ def _name(value: str, what: Literal["thread", "space"]) -> str:
         raise _Refused(400, code, str(exc)) from None
 
 
+_FULL_SAY_EVERY_S = 60.0
+"""How often the log may say that every upload slot is taken."""
+
 _OPERATOR_PREFIX = "operator:"
 """How the gateway names an operator who acted (``operator:<token name>``, gateway.ops.auth)."""
 
@@ -366,6 +370,10 @@ class WebChannel:
         self.repeated = 0
         """Deliveries whose id the thread held already (stored once, counted here)."""
         self._uploads = asyncio.Semaphore(self.limits.max_concurrent_uploads)
+        self._uploading: Counter[str] = Counter()
+        """Uploads being read, by client address: one client holds at most half the slots."""
+        self._full_said_at = -_FULL_SAY_EVERY_S
+        """When the log last said every upload slot was taken (the clock's seconds)."""
         self.streams = 0
         """Event streams open now (at most `WebLimits.max_streams`)."""
         self._opening = 0
@@ -640,12 +648,34 @@ class WebChannel:
 
     async def post_upload(self, thread: str, request: Request) -> Response:
         """``POST /uploads/{thread}``: a message with files (base64), under a larger body limit."""
+        client = request.client.host if request.client is not None else "-"
+        share = max(1, self.limits.max_concurrent_uploads // 2)
+        if self._uploading[client] >= share:
+            # four uploads trickled just above the rate floor by one client held every slot
+            # for an hour; a client's share leaves the others room
+            raise self._unavailable(
+                f"this client is sending {share} uploads already: nothing was taken; send it "
+                "again when one has ended"
+            )
         if self._uploads.locked():  # refused before its body is read: it costs nothing yet
+            now = self.clock.now_ms() / 1000
+            if now - self._full_said_at >= _FULL_SAY_EVERY_S:
+                self._full_said_at = now
+                log.warning(
+                    "web upload refused: every upload slot is taken",
+                    extra={"slots": self.limits.max_concurrent_uploads},
+                )
             raise self._unavailable(
                 "the gateway is taking other uploads now: nothing was taken; send it again"
             )
-        async with self._uploads:
-            return await self._post(thread, request, self.limits.max_upload_bytes)
+        self._uploading[client] += 1
+        try:
+            async with self._uploads:
+                return await self._post(thread, request, self.limits.max_upload_bytes)
+        finally:
+            self._uploading[client] -= 1
+            if not self._uploading[client]:
+                del self._uploading[client]
 
     async def _post(self, thread: str, request: Request, limit: int) -> Response:
         thread = _name(thread, "thread")

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import asyncio
 import json
+import logging
 import re
 import shutil
 import subprocess
@@ -939,5 +940,67 @@ async def test_a_body_that_trickles_is_cut_off_and_frees_its_upload_slot(sink: T
             again = await http.post("/web/uploads/t2", json={"text": "on time", "files": []})
             assert again.status_code == 202, again.text  # the slot is free
             assert [i.text for i in sink.inbound] == ["on time"]
+    finally:
+        await web.close()
+
+
+async def test_one_client_holds_at_most_half_the_upload_slots(
+    clock: ManualClock, sink: TestSink, caplog: pytest.LogCaptureFixture
+) -> None:
+    """Four uploads trickled just above the rate floor by one client held all four slots for
+    an hour: everyone else got 503, and nothing was logged."""
+    web = WebChannel(MemoryMailbox(), clock=clock, limits=WebLimits(max_concurrent_uploads=4))
+    await web.start(sink)
+    app = FastAPI()
+    app.include_router(web.router)
+    release = asyncio.Event()
+    reading: list[asyncio.Event] = []
+
+    def slow_body(text: str) -> AsyncIterator[bytes]:
+        started = asyncio.Event()
+        reading.append(started)
+
+        async def body() -> AsyncIterator[bytes]:
+            yield b'{"text": "' + text.encode() + b'", '
+            started.set()
+            await release.wait()
+            yield b'"files": []}'
+
+        return body()
+
+    headers = {"content-type": "application/json"}
+
+    def client(host: str) -> httpx.AsyncClient:
+        transport = httpx.ASGITransport(app=app, client=(host, 1234))
+        return httpx.AsyncClient(transport=transport, base_url="http://web.test")
+
+    try:
+        async with client("10.0.0.1") as mallory, client("10.0.0.2") as ann:
+            held = [
+                asyncio.create_task(
+                    mallory.post(f"/web/uploads/m{n}", content=slow_body(f"m{n}"), headers=headers)
+                )
+                for n in range(2)
+            ]
+            await asyncio.wait_for(asyncio.gather(*(r.wait() for r in reading)), 5)
+            third = await mallory.post("/web/uploads/m2", json={"text": "m2", "files": []})
+            assert error(third) == (503, "unavailable")
+            assert "this client is sending 2 uploads already" in third.text
+            # the others still get in: two slots are left
+            more = [
+                asyncio.create_task(
+                    ann.post(f"/web/uploads/a{n}", content=slow_body(f"a{n}"), headers=headers)
+                )
+                for n in range(2)
+            ]
+            await asyncio.wait_for(asyncio.gather(*(r.wait() for r in reading[2:])), 5)
+            with caplog.at_level(logging.WARNING, logger="adapters.web"):
+                async with client("10.0.0.3") as bob:
+                    full = await bob.post("/web/uploads/b", json={"text": "b", "files": []})
+            assert error(full) == (503, "unavailable")
+            assert any("every upload slot is taken" in r.getMessage() for r in caplog.records)
+            release.set()
+            for task in (*held, *more):
+                assert (await task).status_code == 202
     finally:
         await web.close()
