@@ -92,6 +92,12 @@ class _Lost(GatewayError):
     """The connection ended (the server exited or a call found it gone)."""
 
 
+_NO_SUCH_TOOL = (
+    "this override applies to nothing: the server lists no tool of that name (overrides name "
+    "its own tools, as `ops mcp --tools` shows them after the server's prefix)"
+)
+_NOTHING_MATCHES = "the server lists no tool this name or pattern matches"
+
 _SESSION_REFUSED = frozenset({401, 403, 404})
 """HTTP answers to a call that end the session rather than the call: a server that restarted
 forgot the session id (404, as the MCP transport specifies), or the credentials changed."""
@@ -360,31 +366,19 @@ class McpConnection:
         to be hidden offered.
         """
         server = self.server
-        for key in server.overrides:
-            if key not in listed and ("override", key) not in self._warned:
-                self._warned.add(("override", key))
-                log.warning(
-                    event(
-                        "mcp.override_names_no_tool",
-                        server=self.name,
-                        tool=key,
-                        note="this override applies to nothing: the server lists no tool of "
-                        "that name (overrides name its own tools, as `ops mcp --tools` shows "
-                        "them after the server's prefix)",
-                    )
-                )
-        for pattern in server.tools:
-            matched = any(fnmatch.fnmatchcase(name, pattern) for name in listed)
-            if not matched and ("tools", pattern) not in self._warned:
-                self._warned.add(("tools", pattern))
-                log.warning(
-                    event(
-                        "mcp.tools_pattern_matches_nothing",
-                        server=self.name,
-                        pattern=pattern,
-                        note="the server lists no tool this name or pattern matches",
-                    )
-                )
+        unmatched = [
+            ("mcp.override_names_no_tool", "tool", key, _NO_SUCH_TOOL)
+            for key in server.overrides
+            if key not in listed
+        ] + [
+            ("mcp.tools_pattern_matches_nothing", "pattern", pattern, _NOTHING_MATCHES)
+            for pattern in server.tools
+            if not any(fnmatch.fnmatchcase(name, pattern) for name in listed)
+        ]
+        for name, field, value, note in unmatched:
+            if (name, value) not in self._warned:
+                self._warned.add((name, value))
+                log.warning(event(name, server=self.name, note=note, **{field: value}))
 
     def _exposed(self, name: str) -> bool:
         override = self.server.overrides.get(name)

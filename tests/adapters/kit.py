@@ -7,6 +7,7 @@ import contextlib
 import json
 from collections.abc import AsyncIterator, Sequence
 from dataclasses import dataclass, field
+from typing import Any
 
 import httpx
 import uvicorn
@@ -167,7 +168,8 @@ class Server:
 
 
 @contextlib.asynccontextmanager
-async def serve(app: FastAPI) -> AsyncIterator[Server]:
+async def serve(app: FastAPI, **config_more: Any) -> AsyncIterator[Server]:
+    """`app` on a real uvicorn server (`config_more`: more `uvicorn.Config` arguments)."""
     server = Server(app)
     config = uvicorn.Config(
         app,
@@ -177,6 +179,7 @@ async def serve(app: FastAPI) -> AsyncIterator[Server]:
         lifespan="off",
         ws="none",
         timeout_graceful_shutdown=2,
+        **config_more,
     )
     running = uvicorn.Server(config)
     task = asyncio.create_task(running.serve())

@@ -12,12 +12,11 @@ import logging
 from collections.abc import AsyncIterator
 
 import pytest
-import uvicorn
 from fastapi import FastAPI
 
 from gateway import slow_heads
 from gateway.slow_heads import HeadTimedProtocol
-from tests.support.redis_server import free_port
+from tests.adapters.kit import serve
 
 HEAD_S = 0.5
 
@@ -34,22 +33,8 @@ async def _server() -> AsyncIterator[int]:
     async def healthz() -> dict[str, str]:
         return {"status": "ok"}
 
-    port = free_port()
-    config = uvicorn.Config(
-        app, host="127.0.0.1", port=port, log_config=None, lifespan="off", http=_Quick
-    )
-    running = uvicorn.Server(config)
-    task = asyncio.create_task(running.serve())
-    try:
-        async with asyncio.timeout(10):
-            while not running.started:
-                if task.done():
-                    task.result()
-                await asyncio.sleep(0.01)
-        yield port
-    finally:
-        running.should_exit = True
-        await task
+    async with serve(app, http=_Quick) as server:
+        yield server.port
 
 
 async def _closed_within(reader: asyncio.StreamReader, seconds: float) -> bool:

@@ -392,20 +392,25 @@ async def test_two_approvers_racing_make_one_decision_and_the_loser_learns_who(
     assert len([m for m in rig.fake.thread("C1", event["ts"]) if m.bot_id]) == 2
 
 
+async def _delivered(rig: Rig, reply: Message) -> None:
+    """Wait until the outbox holds `reply`'s delivery as delivered."""
+    broker = rig.service.broker
+    assert broker is not None
+    for _ in range(500):
+        delivery = await broker.outbox.get(_delivery_of(reply))
+        if delivery is not None and delivery.status == "delivered":
+            return
+        await asyncio.sleep(0.02)
+    raise AssertionError(f"never delivered: {reply.text!r}")
+
+
 async def test_a_post_whose_answer_was_lost_is_found_not_posted_again(rig: Rig) -> None:
     rig.fake.lose_response("chat.postMessage")
     event = rig.fake.mention_event("C1", "lost answer")
     await rig.event(event)
     [reply] = await rig.bot_replies("C1", event["ts"], 1)
     assert reply.text == "You said: lost answer"
-    broker = rig.service.broker
-    assert broker is not None
-    for _ in range(500):
-        delivery = await broker.outbox.get(_delivery_of(reply))
-        if delivery is not None and delivery.status == "delivered":
-            break
-        await asyncio.sleep(0.02)
-    assert delivery is not None and delivery.status == "delivered"
+    await _delivered(rig, reply)
     looked = [
         c
         for c in rig.fake.calls_to("conversations.replies")
@@ -426,14 +431,7 @@ async def test_a_post_slack_failed_after_it_landed_is_found_not_posted_again(
     event = rig.fake.mention_event("C1", f"landed {error}")
     await rig.event(event)
     [reply] = await rig.bot_replies("C1", event["ts"], 1)
-    broker = rig.service.broker
-    assert broker is not None
-    for _ in range(500):
-        delivery = await broker.outbox.get(_delivery_of(reply))
-        if delivery is not None and delivery.status == "delivered":
-            break
-        await asyncio.sleep(0.02)
-    assert delivery is not None and delivery.status == "delivered"
+    await _delivered(rig, reply)
     await asyncio.sleep(0.3)
     assert [m.text for m in rig.fake.thread("C1", event["ts"]) if m.bot_id] == [
         f"You said: landed {error}"

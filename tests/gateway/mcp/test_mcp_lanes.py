@@ -110,6 +110,18 @@ async def until(check: Any, what: str) -> None:
     raise AssertionError(f"never: {what}")
 
 
+def _settings(tmp_path: Path, server: dict[str, Any]) -> Any:
+    """The service's settings: SQLite in `tmp_path`, a short lease, the one MCP `server`."""
+    return gateway_settings(
+        store_url=f"sqlite:///{tmp_path}/store.db",
+        broker_url=f"sqlite:///{tmp_path}/broker.db",
+        web_url=f"sqlite:///{tmp_path}/web.db",
+        lease_seconds=6,
+        renew_seconds=1,
+        mcp_servers=(server,),
+    )
+
+
 @pytest.fixture
 async def rig(tmp_path: Path) -> AsyncIterator[Rig]:
     marks = tmp_path / "marks"
@@ -124,14 +136,7 @@ async def rig(tmp_path: Path) -> AsyncIterator[Rig]:
         # no approval asked (the test server declares them destructive): faults are the point
         "overrides": {"delete": {"approval": False}, "crash": {"approval": False}},
     }
-    settings = gateway_settings(
-        store_url=f"sqlite:///{tmp_path}/store.db",
-        broker_url=f"sqlite:///{tmp_path}/broker.db",
-        web_url=f"sqlite:///{tmp_path}/web.db",
-        lease_seconds=6,
-        renew_seconds=1,
-        mcp_servers=(server,),
-    )
+    settings = _settings(tmp_path, server)
     model = ScriptedModel(responder=respond)
     parts = ServiceParts(model_client=model, model=ModelRef(provider="scripted", model_id="mcp"))
     service = Service(settings, parts)
@@ -206,8 +211,8 @@ async def test_a_flood_is_cut_to_the_bound_with_a_note(rig: Rig) -> None:
     assert await rig.ask("flood", "/call echo after") == "Done (ok): echo: after"
 
 
-async def test_a_tool_removed_by_a_list_change_is_a_clear_error(rig: Rig) -> None:
-    assert await rig.ask("change", "/call change") == "Done (ok): changed"
+async def _relisted(rig: Rig) -> None:
+    """Wait until the server's changed list (``change``: ``extra`` added) is offered."""
     assert rig.service.mcp is not None
     mcp = rig.service.mcp
 
@@ -215,6 +220,11 @@ async def test_a_tool_removed_by_a_list_change_is_a_clear_error(rig: Rig) -> Non
         return "demo.extra" in {tool.name for tool in mcp.tools()}
 
     await until(relisted, "the new list")
+
+
+async def test_a_tool_removed_by_a_list_change_is_a_clear_error(rig: Rig) -> None:
+    assert await rig.ask("change", "/call change") == "Done (ok): changed"
+    await _relisted(rig)
     answer = await rig.ask("change", "/call delete")
     # a session taken since offers the new list (the harness knows no such tool); one still
     # held since before has the old tool object, which finds the tool gone at the call
@@ -233,13 +243,7 @@ async def test_a_session_in_hand_is_offered_the_new_list_at_its_next_message(rig
     added was unknown to it, and one it made destructive ran without approval, until the
     session went idle past its linger."""
     assert await rig.ask("same", "/call change") == "Done (ok): changed"
-    assert rig.service.mcp is not None
-    mcp = rig.service.mcp
-
-    async def relisted() -> bool:
-        return "demo.extra" in {tool.name for tool in mcp.tools()}
-
-    await until(relisted, "the new list")
+    await _relisted(rig)
     answer = await rig.ask("same", "/call extra")  # at once: the session is still in hand
     assert answer.startswith("Done (ok)"), answer
     assert rig.started("extra")
@@ -268,14 +272,7 @@ async def test_a_lane_cut_mid_call_resumes_once_its_server_comes_up(tmp_path: Pa
         "args": ["-c", _UNTIL_FLAG, str(flag), "--stdio", "--marks", str(marks)],
         "cwd": ROOT,
     }
-    settings = gateway_settings(
-        store_url=f"sqlite:///{tmp_path}/store.db",
-        broker_url=f"sqlite:///{tmp_path}/broker.db",
-        web_url=f"sqlite:///{tmp_path}/web.db",
-        lease_seconds=6,
-        renew_seconds=1,
-        mcp_servers=(server,),
-    )
+    settings = _settings(tmp_path, server)
 
     def started(model: ScriptedModel) -> Service:
         parts = ServiceParts(model_client=model, model=ModelRef(provider="scripted", model_id="m"))
