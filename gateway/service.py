@@ -188,6 +188,16 @@ class Service:
             named = {adapter.name for adapter in extra}
             adapters = [a for a in build_channels(settings, clock) if a.name not in named] + extra
         self.adapters = {adapter.name: adapter for adapter in adapters}
+        for index, route in enumerate(settings.routes):
+            if route.channel not in self.adapters:  # a registry name, its channel not set up
+                log.warning(
+                    event(
+                        "route of a channel not configured",
+                        route=index,
+                        channel=route.channel,
+                        note="this route takes nothing until the channel is configured",
+                    )
+                )
         profiles = LaneProfiles(settings, model)
         self.intake = Intake(
             self.broker,

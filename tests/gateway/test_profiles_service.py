@@ -497,3 +497,25 @@ async def test_only_the_profile_s_and_the_tool_s_approvers_decide(deploy: Deploy
     accepted = await intake.decide(click("bob"))
     assert not accepted.duplicate
     assert (await web.answers("oncall", "pager", 2))[1]["text"] == "Done: deployed prod"
+
+
+async def test_a_route_of_a_channel_that_is_not_configured_is_said_at_start(
+    tmp_path: Path, caplog: pytest.LogCaptureFixture
+) -> None:
+    """A route to `slack` without Slack's token started without a word: its messages could
+    never come, and nobody was told why the route took nothing."""
+    settings = gateway_settings(
+        store_url=f"sqlite:///{tmp_path}/store.db",
+        broker_url=f"sqlite:///{tmp_path}/broker.db",
+        web_url=f"sqlite:///{tmp_path}/web.db",
+        routes=(Route(channel="slack", space="C1", session="ops"),),
+    )
+    service = Service(settings)
+    with caplog.at_level("WARNING", logger="gateway.service"):
+        await service.start()
+    try:
+        said = [r for r in caplog.records if r.getMessage() == "route of a channel not configured"]
+        [warning] = said
+        assert getattr(warning.msg, "fields", {})["channel"] == "slack"
+    finally:
+        await service.stop(drain_seconds=1)
