@@ -51,6 +51,7 @@ def _load() -> dict[str, Any]:
 
 def _save(desk: dict[str, Any]) -> None:
     path = _path()
+    path.parent.mkdir(parents=True, exist_ok=True)  # `.gateway/` before the gateway made it
     spare = path.with_name(path.name + ".new")
     spare.write_text(json.dumps(desk, indent=2))
     spare.replace(path)  # a reader never sees half a file
