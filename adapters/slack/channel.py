@@ -478,6 +478,11 @@ class SlackChannel:
         return await self.delivery.reconcile(outbound)
 
 
+def _media_type(content_type: str) -> str:
+    """A ``Content-Type``'s media type, without parameters or case (`APPLICATION/JSON` too)."""
+    return content_type.split(";", 1)[0].strip().lower()
+
+
 def _ssl_check(body: bytes, content_type: str) -> bool:
     """Whether this is Slack's certificate check (``ssl_check=1``, form-encoded).
 
@@ -485,7 +490,7 @@ def _ssl_check(body: bytes, content_type: str) -> bool:
     before verifying one: it gets an empty 200 and nothing else, whatever else the form holds.
     Exactly one ``ssl_check`` of exactly ``1`` (slackapi/bolt-js#2899).
     """
-    if content_type.split(";", 1)[0].strip().lower() != "application/x-www-form-urlencoded":
+    if _media_type(content_type) != "application/x-www-form-urlencoded":
         return False
     try:
         form = parse_qs(body.decode("utf-8"), keep_blank_values=True)
@@ -496,7 +501,7 @@ def _ssl_check(body: bytes, content_type: str) -> bool:
 
 def _parse(body: bytes, content_type: str) -> dict[str, Any] | None:
     """The request's JSON (events) or its ``payload`` form field (interactivity); None if bad."""
-    media = content_type.split(";", 1)[0].strip().lower()  # `APPLICATION/JSON` is the same type
+    media = _media_type(content_type)
     try:
         text = body.decode("utf-8")
         if media == "application/json":
