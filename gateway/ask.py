@@ -24,6 +24,7 @@ import asyncio
 import contextlib
 import datetime
 import json
+import logging
 import signal
 import sys
 import threading
@@ -171,18 +172,53 @@ async def _mcp_tools(
     from gateway.mcp.source import McpTools, beside  # the MCP SDK takes a second: only here
 
     mcp = McpTools(servers, clock=SystemClock(), redact=redactor.redact)
+    said = _McpLines(redactor.redact)
+    logger = logging.getLogger("gateway.mcp")
+    logger.addHandler(said)
+    propagates, logger.propagate = logger.propagate, False
     try:
         await mcp.start()
+        said.starting = False
         for health in mcp.health():
             if health.state != "ready":
                 why = f": {one_line(health.last_error)}" if health.last_error else ""
+                if health.stderr:
+                    why += f"; its stderr ended with: {one_line(health.stderr)}"
                 sys.stderr.write(
                     f"(the MCP server {health.name} did not come up{why}; "
                     "its tools are not offered)\n"
                 )
         yield lambda own: beside(own, mcp.tools(), set())
     finally:
-        await asyncio.shield(mcp.close())  # a child process is never left behind
+        try:
+            await asyncio.shield(mcp.close())  # a child process is never left behind
+        finally:
+            logger.removeHandler(said)
+            logger.propagate = propagates
+
+
+class _McpLines(logging.Handler):
+    """The MCP servers' warnings during `ask`: one readable line each on stderr.
+
+    Without it Python's last-resort handler printed a bare event name (``mcp.server_down``).
+    A server that is down at the start is not repeated: `ask` names it itself, with why.
+    """
+
+    _SAID_AT_START = frozenset({"mcp.server_down", "mcp.server_failed"})
+
+    def __init__(self, redact: Callable[[str], str]) -> None:
+        super().__init__(logging.WARNING)
+        self.redact = redact
+        self.starting = True
+
+    def emit(self, record: logging.LogRecord) -> None:
+        """Write ``(mcp: <event>: key=value, ...)``, redacted."""
+        name = str(record.msg)
+        if self.starting and name in self._SAID_AT_START:
+            return
+        fields = getattr(record.msg, "fields", None) or {}
+        detail = ", ".join(f"{key}={one_line(str(value))}" for key, value in fields.items())
+        sys.stderr.write(self.redact(f"({name}: {detail})\n" if detail else f"({name})\n"))
 
 
 @dataclass(frozen=True, slots=True)

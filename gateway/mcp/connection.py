@@ -41,6 +41,7 @@ from gateway.logs import event
 from gateway.mcp.health import McpServerHealth, ServerState
 from gateway.mcp.results import malformed, to_output
 from gateway.mcp.settings import McpServer
+from gateway.mcp.stderr import StderrTail
 from harness_core.clock import Clock
 from harness_core.tools import ToolOutput
 
@@ -131,6 +132,10 @@ class McpConnection:
         self._since_ms = clock.now_ms()
         self._retry_at_ms: int | None = None
         self._last_error: str | None = None
+        self._stderr: str | None = None
+        """The end of what a stdio server wrote to stderr before it last went down (redacted)."""
+        self._tail: StderrTail | None = None
+        """The current attempt's stderr reader."""
         self._restarts = 0
         self._calls = 0
         self._failures = 0
@@ -174,6 +179,7 @@ class McpConnection:
             calls=self._calls,
             failures=self._failures,
             last_error=self._last_error,
+            stderr=self._stderr,
             since_ms=self._since_ms,
             retry_at_ms=self._retry_at_ms if self._state == "restarting" else None,
         )
@@ -204,8 +210,12 @@ class McpConnection:
         self._settled.set()
 
     async def _supervise(self) -> None:
-        with self._scope:
-            await self._supervise_in_scope()
+        try:
+            with self._scope:
+                await self._supervise_in_scope()
+        finally:
+            if self._tail is not None:
+                self._tail.close()
 
     async def _supervise_in_scope(self) -> None:
         failures = 0
@@ -215,8 +225,10 @@ class McpConnection:
                 await self._connect_once()  # returns only by raising
             except _Lost as exc:
                 self._fault(str(exc) or "the connection ended")
+                await self._heard()
             except Exception as exc:  # any failure of a foreign server or its transport
                 self._fault(self._explain(exc))
+                await self._heard()
                 if _spawn_failed(exc) and not self._up:
                     # "FileNotFoundError: [Errno 2] No such file or directory" named no program
                     # (nor, when it was the working directory that is missing, that)
@@ -237,6 +249,7 @@ class McpConnection:
                     "mcp.server_down",
                     server=self.name,
                     error=self._last_error,
+                    stderr=self._stderr,
                     retry_in_s=round(delay, 3),
                 )
             )
@@ -250,7 +263,18 @@ class McpConnection:
         self._set_state("failed")
         self._settled.set()
         self._changed()
-        log.error(event("mcp.server_failed", server=self.name, error=self._last_error))
+        log.error(
+            event(
+                "mcp.server_failed", server=self.name, error=self._last_error, stderr=self._stderr
+            )
+        )
+
+    async def _heard(self) -> None:
+        """Keep the end of what the attempt's server wrote to stderr (when it wrote anything)."""
+        tail, self._tail = self._tail, None
+        said = await tail.finish() if tail is not None else None
+        if said is not None:
+            self._stderr = self._redact(said)
 
     async def _connect_once(self) -> None:
         self._lost = asyncio.Event()
@@ -267,7 +291,7 @@ class McpConnection:
     async def _connected(self, starting: anyio.CancelScope) -> None:
         async with contextlib.AsyncExitStack() as stack:
             client = Client(
-                self._transport(stack),
+                await self._transport(stack),
                 mode="legacy",  # the initialize handshake every deployed server speaks (D200)
                 cache=None,  # a listing is always fetched: list_changed must be seen
                 message_handler=self._on_message,
@@ -303,7 +327,7 @@ class McpConnection:
             finally:
                 self._client = None
 
-    def _transport(self, stack: contextlib.AsyncExitStack) -> Any:
+    async def _transport(self, stack: contextlib.AsyncExitStack) -> Any:
         server = self.server
         lost = self._lost
         if server.command is not None:
@@ -316,8 +340,10 @@ class McpConnection:
                 # server stayed "ready" and every call timed out
                 encoding_error_handler="replace",
             )
-            # the server's stderr is not ours to print: it may echo the secrets it was given
-            errlog = stack.enter_context(open(os.devnull, "w"))  # noqa: SIM115
+            # the server's stderr is not ours to print (it may echo the secrets it was given),
+            # but its end says why it stopped: kept for the operator (`health`), redacted
+            self._tail = StderrTail()
+            errlog = stack.enter_context(await self._tail.open())
             return _watched(stdio_client(params, errlog=errlog), lost)
         assert server.url is not None  # validated
         headers = {k: v.get_secret_value() for k, v in server.headers.items()}
@@ -662,6 +688,8 @@ def _describe(exc: BaseException) -> str:
         return "timed out"
     if isinstance(exc, _Refused | _Lost):  # ours, already in words ("_Lost: _Lost: ..." grew)
         return str(exc)
+    if isinstance(exc, MCPError) and exc.code == CONNECTION_CLOSED and str(exc) == _SDK_CLOSED:
+        return "the connection closed (the server exited or closed its output)"
     text = str(exc).strip().splitlines()[0] if str(exc).strip() else ""
     return f"{type(exc).__name__}: {text}" if text else type(exc).__name__
 

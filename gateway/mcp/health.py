@@ -17,8 +17,8 @@ ServerState = Literal["starting", "ready", "restarting", "failed", "stopped"]
 class McpServerHealth:
     """One server's health, as `gateway ops mcp`, ``GET /api/v1/mcp`` and the /ops page show it.
 
-    Never carries a secret: no environment values, headers or tokens, and `last_error` is
-    passed through the service's redactor before it is kept.
+    Never carries a secret: no environment values, headers or tokens, and `last_error` and
+    `stderr` are passed through the service's redactor before they are kept.
     """
 
     name: str
@@ -34,6 +34,9 @@ class McpServerHealth:
     failures: int = 0
     """Calls that ended in a transport fault, a timeout or a malformed result (not `isError`)."""
     last_error: str | None = None
+    stderr: str | None = None
+    """The last lines a stdio server wrote to its stderr before it last went down (redacted;
+    for the operator, never the model: `gateway.mcp.stderr`)."""
     since_ms: int | None = None
     """When it entered `state` (ms since the epoch)."""
     retry_at_ms: int | None = None

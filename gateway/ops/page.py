@@ -385,7 +385,10 @@ _SCRIPT = """
       cell(row, s.tools.length).title = s.tools.join("\\n");
       cell(row, s.restarts);
       cell(row, s.calls + " / " + s.failures);
-      cell(row, s.last_error || "", "summary");
+      const fault = cell(row, s.last_error || "", "summary");
+      if (s.stderr) {  // what the server printed as it stopped: often the only "why"
+        fault.appendChild(el("div", "stderr mono", "stderr: " + s.stderr));
+      }
       body.appendChild(row);
     }
     $("mcp").hidden = view.servers.length === 0;

@@ -222,6 +222,8 @@ class McpServerView(_View):
     failures: int
     """Calls that ended in a transport fault, a timeout or a malformed result."""
     last_error: str | None = None
+    stderr: str | None = None
+    """The last lines a stdio server wrote to stderr before it last went down (redacted)."""
     since_ms: int | None = None
     """When it entered `state`."""
     retry_at_ms: int | None = None

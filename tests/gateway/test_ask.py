@@ -330,3 +330,31 @@ def test_ask_names_an_mcp_server_that_did_not_come_up(
     assert "You said: hello" in said.out
     assert "(the MCP server tickets did not come up: cannot start '/nonexistent/python'" in said.err
     assert "its tools are not offered)" in said.err
+
+
+def test_ask_says_what_a_server_that_stopped_printed(tmp_path: Path) -> None:
+    """It said "MCPError: Connection closed" after a bare "mcp.server_down" line: the reason
+    (a module not installed) was only on the server's stderr, thrown away."""
+    (tmp_path / "crm.py").write_text("import crm_mcp_not_installed\n")
+    config = _desk_config(tmp_path, sys.executable)
+    config.write_text(
+        config.read_text().replace(str(ROOT / "examples/mcp/server.py"), str(tmp_path / "crm.py"))
+    )
+    # as a person runs it: Python's last-resort handler printed the bare event name
+    ran = subprocess.run(
+        [sys.executable, "-m", "gateway", "ask", "--config", str(config), "hello"],
+        cwd=tmp_path,
+        capture_output=True,
+        text=True,
+        timeout=60,
+    )
+    assert ran.returncode == 0, ran.stderr
+    assert "You said: hello" in ran.stdout
+    [line] = ran.stderr.splitlines()
+    assert line.startswith(
+        "(the MCP server tickets did not come up: the connection closed (the server exited or "
+        "closed its output); its stderr ended with: Traceback (most recent call last): | "
+    )
+    assert line.endswith(
+        "ModuleNotFoundError: No module named 'crm_mcp_not_installed'; its tools are not offered)"
+    )

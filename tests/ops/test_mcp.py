@@ -57,6 +57,20 @@ DEPLOYS = McpServerHealth(
     retry_at_ms=AT_MS + 90_000,
 )
 
+BROKEN = McpServerHealth(
+    name="crm",
+    transport="stdio",
+    target="python",
+    state="restarting",
+    trusted=False,
+    tools=(),
+    restarts=5,
+    last_error="the connection closed (the server exited or closed its output)",
+    stderr="ModuleNotFoundError: No module named 'crm_mcp'",
+    since_ms=AT_MS,
+    retry_at_ms=AT_MS + 60_000,
+)
+
 
 @dataclass
 class Rig:
@@ -113,6 +127,7 @@ async def test_a_viewer_reads_each_server_as_the_service_says_now(rig: Rig) -> N
         "calls": 12,
         "failures": 1,
         "last_error": "tickets.create: no answer in 30 s",
+        "stderr": None,
         "since_ms": AT_MS,
         "retry_at_ms": None,
     }
@@ -197,6 +212,14 @@ async def test_gateway_ops_mcp_prints_a_table_json_and_tools(
             "tickets: tickets.create, tickets.list, tickets.close",
             "deploys: (none)",
         ]
+
+        # what a server printed as it stopped is said under the table (often the only "why")
+        rig.servers.append(BROKEN)
+        broken = await ops(server.url, capsys, "mcp")
+        assert broken.out.splitlines()[-1] == (
+            "crm's stderr ended with: ModuleNotFoundError: No module named 'crm_mcp'"
+        )
+        assert "ended with" not in "".join(broken.out.splitlines()[:-1])  # not for a ready one
 
         refused = await asyncio.to_thread(
             main, ["--url", server.url, "--token", "wrong-token", "mcp"], None

@@ -2,8 +2,9 @@
 
 A whole `Service` runs in the test's process behind a real HTTP server; what its MCP tool source
 would say is injected through `Service.mcp_health`. Without servers the section is not shown;
-with two, each is a row: transport, target, state (with the next restart), trusted, how many
-tools (the names on hover), restarts, calls / failures and the last error. With
+with three, each is a row: transport, target, state (with the next restart), trusted, how many
+tools (the names on hover), restarts, calls / failures and the last error (and what a stdio
+server printed to stderr as it stopped). With
 ``TEST_SCREENSHOTS=1`` it writes ``docs/screenshots/ops-mcp.png``.
 """
 
@@ -49,6 +50,18 @@ SERVERS = (
         last_error="connection refused",
         retry_at_ms=AT_MS + 90_000,
     ),
+    McpServerHealth(
+        name="crm",
+        transport="stdio",
+        target="python",
+        state="restarting",
+        trusted=False,
+        tools=(),
+        restarts=5,
+        last_error="the connection closed (the server exited or closed its output)",
+        stderr="ModuleNotFoundError: No module named 'crm_mcp'",
+        retry_at_ms=AT_MS + 60_000,
+    ),
 )
 
 
@@ -79,7 +92,7 @@ async def test_the_mcp_servers_section_shows_only_with_servers(
             await page.reload()
             await expect(page.get_by_role("heading", name="MCP servers")).to_be_visible()
             rows = page.locator("#mcp-servers tr")
-            await expect(rows).to_have_count(2)
+            await expect(rows).to_have_count(3)
             await expect(rows.nth(0).locator("td")).to_have_text(
                 [
                     "tickets",
@@ -110,6 +123,12 @@ async def test_the_mcp_servers_section_shows_only_with_servers(
                 ]
             )
             await expect(rows.nth(1).locator(".status")).to_have_class("status restarting")
+            # what a stdio server printed as it stopped, under its last error
+            await expect(rows.nth(2).locator("td").nth(8)).to_have_text(
+                "the connection closed (the server exited or closed its output)"
+                "stderr: ModuleNotFoundError: No module named 'crm_mcp'"
+            )
+            await expect(rows.nth(2).locator(".stderr")).to_be_visible()
             await screenshot(page, "ops-mcp")
     finally:
         await service.stop(drain_seconds=1)

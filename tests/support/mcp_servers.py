@@ -2,7 +2,8 @@
 
 ``--stdio`` serves on stdin/stdout (the gateway spawns it); ``--http PORT`` serves Streamable
 HTTP at ``/mcp`` (uvicorn), refusing requests without ``Authorization: Bearer <--token>``
-when a token is given; ``--fail-start`` exits at once; ``--linger``: ``crash`` closes the
+when a token is given; ``--fail-start`` says so on stderr (with ``MCP_TEST_SECRET``) and exits;
+``--stderr-bytes N`` writes N bytes to stderr before serving; ``--linger``: ``crash`` closes the
 wire and lingers (deaf to its stdin closing) instead of exiting, so only a kill ends it.
 ``--marks DIR``: the server writes a file there for each call it starts (``call-<tool>-<n>``),
 each call it sees cancelled (``cancelled-<tool>``) and ``pid-<pid>`` when it starts, so a test
@@ -259,10 +260,14 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--marks", type=Path)
     parser.add_argument("--fail-start", action="store_true")
     parser.add_argument("--linger", action="store_true")
+    parser.add_argument("--stderr-bytes", type=int, default=0)
     args = parser.parse_args(argv)
     if args.fail_start:
-        print("refusing to start", file=sys.stderr)
+        print(f"refusing to start (secret {os.environ.get('MCP_TEST_SECRET')})", file=sys.stderr)
         raise SystemExit(1)
+    if args.stderr_bytes:  # a chatty server: more than a pipe holds, before it serves
+        sys.stderr.write(("." * 99 + "\n") * (args.stderr_bytes // 100))
+        sys.stderr.flush()
     server = build(args.marks, linger=args.linger)
     if args.http is not None:
         _http(server, args.http, args.token)

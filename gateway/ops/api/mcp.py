@@ -46,6 +46,7 @@ def _server(health: McpServerHealth) -> McpServerView:
         calls=health.calls,
         failures=health.failures,
         last_error=health.last_error,
+        stderr=health.stderr,
         since_ms=health.since_ms,
         retry_at_ms=health.retry_at_ms,
     )

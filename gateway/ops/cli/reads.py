@@ -348,6 +348,9 @@ def mcp(run: Run) -> int:
         "LAST ERROR",
     ]
     run.table(headers, rows, "no MCP servers configured")
+    for server in servers:  # why a server stopped is often only in what it printed
+        if server.get("stderr") and server.get("state") != "ready":
+            run.say(clean(f"{server.get('name')}'s stderr ended with: {server.get('stderr')}"))
     if run.args.tools:
         for server in servers:
             tools = ", ".join(str(t) for t in server.get("tools") or []) or "(none)"

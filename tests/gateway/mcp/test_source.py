@@ -304,6 +304,7 @@ async def test_a_server_that_fails_to_start_is_contained(marks: Path, counted: C
             "name": "broken",
             "command": sys.executable,
             "args": ["-m", "tests.support.mcp_servers", "--fail-start"],
+            "env": {"MCP_TEST_SECRET": SECRET},
             "cwd": ROOT,
         }
     )
@@ -313,12 +314,19 @@ async def test_a_server_that_fails_to_start_is_contained(marks: Path, counted: C
     source = McpTools(
         [broken, missing, nowhere, stdio("demo", marks)],
         clock=SystemClock(),
+        redact=Redactor([SECRET]).redact,
         observer=counted,
         backoff=Backoff(first_s=0.05, max_s=0.1),
     )
     await source.start()
     try:
         by_name = {h.name: h for h in source.health()}
+        # why it stopped was only on its stderr ("MCPError: Connection closed" said nothing)
+        assert by_name["broken"].last_error == (
+            "the connection closed (the server exited or closed its output)"
+        )
+        assert by_name["broken"].stderr == "refusing to start (secret [redacted])"
+        assert by_name["missing"].stderr is None and by_name["demo"].stderr is None
         assert by_name["missing"].state == "failed" and by_name["missing"].last_error
         assert by_name["missing"].last_error.startswith(  # which program could not start
             "cannot start '/nonexistent/mcp-server-program': FileNotFoundError"
@@ -330,6 +338,21 @@ async def test_a_server_that_fails_to_start_is_contained(marks: Path, counted: C
         assert by_name["demo"].state == "ready"
         assert all(t.name.startswith("demo.") for t in source.tools())
         await until(lambda: source.health()[0].restarts >= 2, "retried with backoff")
+    finally:
+        await source.close()
+
+
+async def test_a_server_that_writes_more_to_stderr_than_a_pipe_holds_still_serves(
+    marks: Path,
+) -> None:
+    # its stderr is read as it comes: a pipe nobody drains would block the server at 64 KiB
+    chatty = stdio("demo", marks)
+    chatty = chatty.model_copy(update={"args": (*chatty.args, "--stderr-bytes", "1000000")})
+    source = McpTools([chatty], clock=SystemClock(), redact=Redactor([SECRET]).redact)
+    await source.start()
+    try:
+        assert source.health()[0].state == "ready"
+        assert text(await call(source, "demo.echo", {"text": "hi"})) == "echo: hi"
     finally:
         await source.close()
 

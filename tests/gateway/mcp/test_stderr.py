@@ -1,0 +1,70 @@
+"""What a stdio MCP server said on stderr as it stopped: the tail an operator reads."""
+
+from __future__ import annotations
+
+import asyncio
+import sys
+
+from gateway.mcp.stderr import KEEP_BYTES, SAID_CHARS, StderrTail
+
+
+async def spoken(*lines: str, raw: bytes = b"") -> str | None:
+    """What a real child process writing `lines` (then `raw`) to its stderr is heard to say."""
+    tail = StderrTail()
+    errlog = await tail.open()
+    try:
+        code = "import sys; sys.stderr.buffer.write(sys.stdin.buffer.read())"
+        child = await asyncio.create_subprocess_exec(
+            sys.executable, "-c", code, stdin=asyncio.subprocess.PIPE, stderr=errlog
+        )
+    finally:
+        errlog.close()  # the child holds its own copy: its exit ends the stream
+    await child.communicate("".join(f"{line}\n" for line in lines).encode() + raw)
+    return await tail.finish()
+
+
+async def test_a_python_traceback_ends_with_its_error() -> None:
+    said = await spoken(
+        "Traceback (most recent call last):",
+        '  File "/srv/crm/server.py", line 1, in <module>',
+        "    import crm_mcp",
+        "ModuleNotFoundError: No module named 'crm_mcp'",
+    )
+    assert said == (
+        'Traceback (most recent call last): | File "/srv/crm/server.py", line 1, in <module>'
+        " | import crm_mcp | ModuleNotFoundError: No module named 'crm_mcp'"
+    )
+
+
+async def test_an_error_before_a_long_stack_trace_comes_first() -> None:
+    # Node prints the error, then its stack, then its version: the last lines alone said
+    # "at evalScript (...) | Node.js v20.20.2"
+    frames = [f"    at frame{n} (node:internal/modules/cjs/loader:{n}:15)" for n in range(30)]
+    said = await spoken(
+        "node:internal/modules/cjs/loader:1228",
+        "Error: Cannot find module 'x'",
+        *frames,
+        "",
+        "Node.js v20.20.2",
+    )
+    assert said is not None and len(said) <= SAID_CHARS
+    assert said.startswith("Error: Cannot find module 'x' | ... | ")
+    assert said.endswith(" | Node.js v20.20.2")
+
+
+async def test_colours_control_characters_and_blank_lines_are_dropped() -> None:
+    said = await spoken("\x1b[31mError: bad config\x1b[0m", "", "\tsee --help\x07", "   ")
+    assert said == "Error: bad config | see --help"
+
+
+async def test_only_the_end_of_a_long_stream_is_kept() -> None:
+    said = await spoken("first line, long gone", *["." * 99] * (KEEP_BYTES // 50), "last words")
+    assert said is not None and said.endswith(" | last words")
+    assert "first line" not in said and len(said) <= SAID_CHARS
+    one = await spoken("x" * 1000)  # one line past the bound: its end, clipped
+    assert one == "..." + "x" * (SAID_CHARS - 3)
+
+
+async def test_silence_and_bytes_that_are_no_utf8() -> None:
+    assert await spoken() is None
+    assert await spoken(raw=b"caf\xe9 \xff\n") == "caf\ufffd \ufffd"
