@@ -234,9 +234,13 @@ class McpConnection:
                     # (nor, when it was the working directory that is missing, that)
                     cwd = self.server.cwd
                     if cwd is not None and not await asyncio.to_thread(os.path.isdir, cwd):
-                        self._fault(f"cannot start in {cwd!r}: no such directory (its cwd)")
+                        self._fault(
+                            f"cannot start in {cwd!r}{_from_here(cwd)}: no such directory (its cwd)"
+                        )
                     else:
-                        self._fault(f"cannot start {self.server.command!r}: {self._last_error}")
+                        command = self.server.command or ""
+                        where = _from_here(command, cwd) if "/" in command else ""
+                        self._fault(f"cannot start {command!r}{where}: {self._last_error}")
                     self._give_up()
                     return
             failures = 1 if self._up else failures + 1
@@ -678,6 +682,16 @@ _OUTPUT_CHECK = re.compile(
 """What the MCP SDK raises when a result fails the tool's declared output schema."""
 _SDK_CLOSED = "Connection closed"
 """What the MCP SDK says when the connection itself ended (every call on it is cut)."""
+
+
+def _from_here(path: str, cwd: str | None = None) -> str:
+    """Where a relative `path` was looked for: `` (read from /srv)`` (nothing when absolute).
+
+    A configuration file's paths are not read from its own directory: the message says where.
+    """
+    if os.path.isabs(path):
+        return ""
+    return f" (read from {os.path.abspath(cwd) if cwd is not None else os.getcwd()})"
 
 
 def _describe(exc: BaseException) -> str:

@@ -311,8 +311,10 @@ async def test_a_server_that_fails_to_start_is_contained(marks: Path, counted: C
     missing = McpServer(name="missing", command="/nonexistent/mcp-server-program")
     # the program is there; its working directory is not (it was "cannot start python")
     nowhere = McpServer(name="nowhere", command=sys.executable, cwd="/nonexistent/dir")
+    # a relative path is read from where the gateway runs, not from its config file's place
+    relative = McpServer(name="relative", command="bin/no-such-mcp")
     source = McpTools(
-        [broken, missing, nowhere, stdio("demo", marks)],
+        [broken, missing, nowhere, relative, stdio("demo", marks)],
         clock=SystemClock(),
         redact=Redactor([SECRET]).redact,
         observer=counted,
@@ -333,6 +335,9 @@ async def test_a_server_that_fails_to_start_is_contained(marks: Path, counted: C
         )
         assert by_name["nowhere"].last_error == (
             "cannot start in '/nonexistent/dir': no such directory (its cwd)"
+        )
+        assert (by_name["relative"].last_error or "").startswith(
+            f"cannot start 'bin/no-such-mcp' (read from {os.getcwd()}): FileNotFoundError"
         )
         assert by_name["broken"].state in ("restarting", "starting")
         assert by_name["demo"].state == "ready"
