@@ -30,7 +30,7 @@ import anyio
 import httpx2
 import mcp_types as types
 from mcp import Client, StdioServerParameters
-from mcp.client.stdio import stdio_client
+from mcp.client.stdio import get_default_environment, stdio_client
 from mcp.client.streamable_http import streamable_http_client
 from mcp.shared.exceptions import MCPError
 from mcp_types.jsonrpc import CONNECTION_CLOSED
@@ -39,6 +39,7 @@ from pydantic import ValidationError
 from gateway.errors import GatewayError
 from gateway.logs import event
 from gateway.mcp.health import McpServerHealth, ServerState
+from gateway.mcp.leash import leashed
 from gateway.mcp.results import malformed, to_output
 from gateway.mcp.settings import McpServer
 from gateway.mcp.stderr import StderrTail
@@ -335,10 +336,16 @@ class McpConnection:
         server = self.server
         lost = self._lost
         if server.command is not None:
+            env = {k: v.get_secret_value() for k, v in server.env.items()}
+            # dies with this process, even if it ignores its input closing (an orphan after a
+            # SIGKILL otherwise, one more per restart)
+            command, args = leashed(
+                server.command, server.args, get_default_environment() | env, server.cwd
+            )
             params = StdioServerParameters(
-                command=server.command,
-                args=list(server.args),
-                env={k: v.get_secret_value() for k, v in server.env.items()} or None,
+                command=command,
+                args=args,
+                env=env or None,
                 cwd=server.cwd,
                 # one byte that is no UTF-8 on its output ended the SDK's reader for good: the
                 # server stayed "ready" and every call timed out

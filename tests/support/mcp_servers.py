@@ -3,7 +3,8 @@
 ``--stdio`` serves on stdin/stdout (the gateway spawns it); ``--http PORT`` serves Streamable
 HTTP at ``/mcp`` (uvicorn), refusing requests without ``Authorization: Bearer <--token>``
 when a token is given; ``--fail-start`` says so on stderr (with ``MCP_TEST_SECRET``) and exits;
-``--stderr-bytes N`` writes N bytes to stderr before serving; ``--linger``: ``crash`` closes the
+``--stderr-bytes N`` writes N bytes to stderr before serving; ``--deaf`` runs on after its
+input closed; ``--linger``: ``crash`` closes the
 wire and lingers (deaf to its stdin closing) instead of exiting, so only a kill ends it.
 ``--marks DIR``: the server writes a file there for each call it starts (``call-<tool>-<n>``),
 each call it sees cancelled (``cancelled-<tool>``) and ``pid-<pid>`` when it starts, so a test
@@ -261,6 +262,7 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--fail-start", action="store_true")
     parser.add_argument("--linger", action="store_true")
     parser.add_argument("--stderr-bytes", type=int, default=0)
+    parser.add_argument("--deaf", action="store_true")
     args = parser.parse_args(argv)
     if args.fail_start:
         print(f"refusing to start (secret {os.environ.get('MCP_TEST_SECRET')})", file=sys.stderr)
@@ -273,6 +275,8 @@ def main(argv: list[str] | None = None) -> None:
         _http(server, args.http, args.token)
     else:
         asyncio.run(_stdio(server))
+        if args.deaf:  # runs on after its input closed (as a server with a timer does)
+            time.sleep(3600)
 
 
 if __name__ == "__main__":
