@@ -30,14 +30,15 @@ client threads with the conversation it answers:
 * The body is ``text/plain`` (UTF-8, the Markdown as written) with an HTML alternative
   (`markdown_to_html`: the tree of `adapters.markdown.parse` as HTML, every text escaped).
 
-An approval request lists each pending call (its tool and its arguments as pretty JSON, cut
-at `MAX_ARGS_CHARS`) and links to approve or deny the whole batch. Replying "approve" decides
-nothing: anyone can put any sender address on an email. The links carry an `approval_token`:
-the batch (session, run, wait, each call's id and argument digest), the approver's address, the
-decision and an expiry, signed by itsdangerous (HMAC-SHA256, salted; the expiry is a claim
-judged against the caller's clock). The web handler that receives a link must show a
-confirmation page and decide only on its POST: mail scanners (Outlook Safe Links, gateways)
-open every link of a message they deliver.
+An approval request lists each pending call (its tool and its arguments as pretty JSON, format
+characters written as escapes, cut at `MAX_ARGS_CHARS`) and links to approve or deny the whole
+batch; when an argument was cut, only the deny link (an approval authorizes what was seen).
+Replying "approve" decides nothing: anyone can put any sender address on an email. The links
+carry an `approval_token`: the batch (session, run, wait, each call's id and argument digest),
+the approver's address, the decision and an expiry, signed by itsdangerous (HMAC-SHA256,
+salted; the expiry is a claim judged against the caller's clock). The web handler that
+receives a link must show a confirmation page and decide only on its POST: mail scanners
+(Outlook Safe Links, gateways) open every link of a message they deliver.
 """
 
 from __future__ import annotations
@@ -66,6 +67,7 @@ from adapters.channel import ApprovalView, Outbound
 from adapters.email.message import message_ids, normalize_subject
 from adapters.markdown import parse
 from adapters.reply_files import ReplyFile
+from adapters.visible import visible
 from harness_core.frozen import thaw_json
 
 __all__ = [
@@ -89,8 +91,9 @@ MAX_REFERENCES = 20
 """The most ids of a reply's ``References`` (the first and the newest are kept)."""
 MAX_CC = 20
 """The most ``Cc`` recipients of a reply."""
-MAX_ARGS_CHARS = 2000
-"""The most characters of one call's arguments shown in an approval request."""
+MAX_ARGS_CHARS = 10_000
+"""The most characters of one call's arguments shown in an approval request (past it, the
+request offers no approve link)."""
 MAX_CALLS_SHOWN = 50
 """The most calls an approval request lists; a larger batch gets no links (decide it with an
 operator), so a link never decides a call its reader could not see."""
@@ -401,9 +404,11 @@ def _approval(
         count = f"{len(calls)} call{'' if len(calls) == 1 else 's'}"
         plain.append(f"Waiting for a decision: {count}.")
         rich.append(f"<p>Waiting for a decision: {count}.</p>")
+    cut = False
     for number, call in enumerate(shown, start=1):
-        args = _pretty_args(call.args)
-        name = _line(call.tool_name)[:200]
+        args, was_cut = _pretty_args(call.args)
+        cut = cut or was_cut
+        name = visible(_line(call.tool_name)[:200])
         call_id = _line(call.tool_call_id)[:200]
         plain.append(f"{number}. {name} (call {call_id})\n" + _indent(args))
         rich.append(
@@ -416,7 +421,22 @@ def _approval(
         more = f"…and {hidden} more call{'' if hidden == 1 else 's'}."
         plain.append(more)
         rich.append(f"<p>{html.escape(more)}</p>")
-    if approve and deny and calls and not hidden:
+    if approve and deny and calls and not hidden and cut:
+        # an approval authorizes the arguments a person saw (D52): what was cut was not seen
+        where = (
+            f" (run {_line(view.run_id)[:200]}, wait {_line(view.wait_id)[:200]})" if view else ""
+        )
+        note = (
+            "Some arguments are too long to show here in full, so this request cannot be "
+            "approved from email: an operator can read them whole and decide with "
+            f"`gateway ops approve`{where}. You can still deny it:"
+        )
+        plain.append(f"{note}\n{deny}")
+        rich.append(
+            f"<p>{html.escape(note)}</p>"
+            f'<p><a href="{html.escape(deny)}"><strong>Deny all</strong></a></p>'
+        )
+    elif approve and deny and calls and not hidden:
         plain.append(f"Approve all of them:\n{approve}\n\nDeny all of them:\n{deny}")
         plain.append(
             "Each link is signed, bound to this request and to your address, and decides "
@@ -462,15 +482,17 @@ def _links(links: Mapping[str, str] | None) -> tuple[str | None, str | None]:
     return urls[0], urls[1]
 
 
-def _pretty_args(args: Any) -> str:
+def _pretty_args(args: Any) -> tuple[str, bool]:
+    """The arguments as pretty JSON, format characters shown (`adapters.visible`); cut or not."""
     try:
         text = json.dumps(thaw_json(args), indent=2, ensure_ascii=False, sort_keys=True)
     except (TypeError, ValueError):
         text = repr(args)
+    text = visible(text)
     if len(text) > MAX_ARGS_CHARS:
         more = len(text) - MAX_ARGS_CHARS
-        text = text[:MAX_ARGS_CHARS] + f"\n…(truncated, {more} more characters)"
-    return text
+        return text[:MAX_ARGS_CHARS] + f"\n…(truncated, {more} more characters)", True
+    return text, False
 
 
 def _indent(text: str) -> str:

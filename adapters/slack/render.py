@@ -29,6 +29,7 @@ from pydantic import Field, ValidationError, field_validator
 
 from adapters.channel import ApprovalView, DecisionItem, PendingCall
 from adapters.markdown import normalize, parse
+from adapters.visible import visible
 from harness_core.frozen import Frozen, invalid_reason
 
 __all__ = [
@@ -710,10 +711,15 @@ _TRUNCATION_NOTE = "\n…(truncated, {} more characters)"
 _NOTE_ROOM = len(_TRUNCATION_NOTE.format(10**12))
 
 
-def _call_text(call: PendingCall, max_arg_chars: int) -> str:
-    """``*tool*`` and the arguments as pretty JSON in a code block, within a section's limit."""
-    header = f"*{_escape(_shorten(call.tool_name, _TOOL_NAME_LIMIT)) or '(unnamed tool)'}*"
-    raw = json.dumps(call.args, indent=2, ensure_ascii=False)
+def _call_text(call: PendingCall, max_arg_chars: int) -> tuple[str, bool]:
+    r"""``*tool*`` and the arguments as pretty JSON in a code block, within a section's limit.
+
+    Format characters are shown as ``\uXXXX`` (`adapters.visible`); the flag says whether
+    the arguments were cut (then the call cannot be approved from Slack: nobody saw them all).
+    """
+    name = visible(_shorten(call.tool_name, _TOOL_NAME_LIMIT))
+    header = f"*{_escape(name) or '(unnamed tool)'}*"
+    raw = visible(json.dumps(call.args, indent=2, ensure_ascii=False))
     raw = _JSON_FENCE.sub(lambda match: "\\u0060" * len(match.group()), raw)
     frame = len(header) + len(_OPEN_FENCE) + 1 + len(_CLOSE_FENCE)
     room = max(1, min(max_arg_chars, SECTION_TEXT_LIMIT - frame - _NOTE_ROOM))
@@ -729,10 +735,13 @@ def _call_text(call: PendingCall, max_arg_chars: int) -> str:
         if line_end > kept * 3 // 4:  # end on a whole line unless that loses much
             kept = line_end
         body = _escape(raw[:kept]) + _TRUNCATION_NOTE.format(len(raw) - kept)
-    return f"{header}\n{_OPEN_FENCE}{body}{_CLOSE_FENCE}"
+        return f"{header}\n{_OPEN_FENCE}{body}{_CLOSE_FENCE}", True
+    return f"{header}\n{_OPEN_FENCE}{body}{_CLOSE_FENCE}", False
 
 
-def approval_blocks(view: ApprovalView, *, intro: str, max_arg_chars: int = 1500) -> list[Block]:
+def approval_blocks(
+    view: ApprovalView, *, intro: str, max_arg_chars: int = SECTION_TEXT_LIMIT
+) -> list[Block]:
     """An approval request: the intro, each call with its arguments, Approve and Deny.
 
     Each call is a section (``*tool_name*`` and its arguments as pretty JSON in a code block,
@@ -741,14 +750,17 @@ def approval_blocks(view: ApprovalView, *, intro: str, max_arg_chars: int = 1500
     context line ("…and N more calls"). The buttons (``block_id="approval"``, ``action_id``
     ``approve`` / ``deny``) carry `encode_decision_value` of the view. When the person cannot
     see every call, or the value would exceed Slack's 2,000 characters, there are no buttons:
-    a context line says to decide the batch with the operator API instead. Arguments are shown
-    as the model produced them (no secret detection).
+    a context line says to decide the batch with the operator API instead. When a call's
+    arguments were cut, only Deny: an approval authorizes the arguments a person saw (D52), and
+    a context line says how an operator reads them whole and decides. Arguments are shown as
+    the model produced them (no secret detection), format characters written as escapes.
 
     Args:
         view: The wait and its pending calls.
         intro: mrkdwn above the calls, e.g. ``I want to run *deploy* — approve?`` (left out
             when blank; shortened to 3,000 characters).
-        max_arg_chars: The most characters of one call's escaped arguments.
+        max_arg_chars: The most characters of one call's escaped arguments (by default what
+            a section holds beside its tool's name).
 
     Returns:
         The blocks, for ``chat.postMessage(blocks=...)``.
@@ -761,9 +773,11 @@ def approval_blocks(view: ApprovalView, *, intro: str, max_arg_chars: int = 1500
     blocks: list[Block] = []
     if intro.strip():
         blocks.append(_section(_clip(intro, SECTION_TEXT_LIMIT)))
-    room = MAX_BLOCKS - len(blocks) - 1  # the buttons, or the note that replaces them
+    room = MAX_BLOCKS - len(blocks) - 2  # the buttons, and the note beside or instead of them
     calls = view.calls if len(view.calls) <= room else view.calls[: room - 1]
-    blocks += [_section(_call_text(call, max_arg_chars)) for call in calls]
+    shown = [_call_text(call, max_arg_chars) for call in calls]
+    blocks += [_section(text) for text, _ in shown]
+    cut = any(was_cut for _, was_cut in shown)
     hidden = len(view.calls) - len(calls)
     if hidden:
         blocks.append(_context(f"…and {hidden} more call{'' if hidden == 1 else 's'}."))
@@ -773,7 +787,26 @@ def approval_blocks(view: ApprovalView, *, intro: str, max_arg_chars: int = 1500
             value = encode_decision_value(view)
         except ValueError:
             value = None
-    if value is not None:
+    run = _escape(_shorten(view.run_id, 200))
+    wait = _escape(_shorten(view.wait_id, 200))
+    if value is not None and cut:
+        # an approval authorizes the arguments a person saw (D52): what was cut was not seen
+        blocks.append(
+            {
+                "type": "actions",
+                "block_id": APPROVAL_BLOCK_ID,
+                "elements": [_button(DENY_ACTION_ID, "Deny", "danger", value)],
+            }
+        )
+        blocks.append(
+            _context(
+                "Some arguments are too long to show here in full, so this request cannot be "
+                "approved from Slack: an operator can read them whole and decide with "
+                f"`gateway ops approve` (session `{_escape(_shorten(view.session, 200))}`, "
+                f"run `{run}`, wait `{wait}`). Deny still works here."
+            )
+        )
+    elif value is not None:
         blocks.append(
             {
                 "type": "actions",
@@ -788,8 +821,6 @@ def approval_blocks(view: ApprovalView, *, intro: str, max_arg_chars: int = 1500
     elif not view.calls:
         blocks.append(_context("There is nothing to decide in this request."))
     else:
-        run = _escape(_shorten(view.run_id, 200))
-        wait = _escape(_shorten(view.wait_id, 200))
         blocks.append(
             _context(
                 "This batch is too large to decide from Slack: decide it with the operator API "

@@ -19,6 +19,7 @@ from gateway.channels import gateway_settings
 from gateway.mcp.health import McpServerHealth
 from gateway.service import Service
 from tests.adapters.kit import serve
+from tests.ops.test_mcp import BROKEN
 from tests.support.browser import BROWSER_TESTS, screenshot
 
 pytestmark = [pytest.mark.slow, BROWSER_TESTS, pytest.mark.timeout(60)]
@@ -50,18 +51,7 @@ SERVERS = (
         last_error="connection refused",
         retry_at_ms=AT_MS + 90_000,
     ),
-    McpServerHealth(
-        name="crm",
-        transport="stdio",
-        target="python",
-        state="restarting",
-        trusted=False,
-        tools=(),
-        restarts=5,
-        last_error="the connection closed (the server exited or closed its output)",
-        stderr="ModuleNotFoundError: No module named 'crm_mcp'",
-        retry_at_ms=AT_MS + 60_000,
-    ),
+    BROKEN,  # a stdio server that stopped, with what it printed to stderr
 )
 
 

@@ -25,7 +25,12 @@ __all__ = [
     "why",
 ]
 
-_CONTROL = re.compile(r"[\x00-\x1f\x7f-\x9f\u200b-\u200f\u202a-\u202e\u2066-\u2069]")
+_CONTROL = re.compile(
+    r"[\x00-\x1f\x7f-\x9f\u00ad\u061c\u180e\u200b-\u200f\u202a-\u202e\u2060-\u2064"
+    r"\u2066-\u206f\ufeff\ufff9-\ufffb]"
+)
+"""Control characters, and the format characters the channels show as escapes where a value is
+judged (`adapters.visible`: bidi overrides and isolates, zero-width ones)."""
 
 Json = dict[str, Any]
 

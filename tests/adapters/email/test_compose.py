@@ -382,13 +382,36 @@ def test_long_arguments_are_truncated() -> None:
         {"from": "a@example.com"},
         kind="approval_request",
         text="Approve?",
-        approval=view(1, {"script": "x" * 10_000}),
+        approval=view(1, {"script": "x" * 20_000, "target": "ALL-PROD-DATABASES"}),
     )
-    body = compose(request, approval_links=LINKS).get_body(preferencelist=("plain",))
-    assert body is not None
+    message = compose(request, approval_links=LINKS)
+    body = message.get_body(preferencelist=("plain",))
+    page = message.get_body(preferencelist=("html",))
+    assert body is not None and page is not None
     text = body.get_content()
     assert "…(truncated, " in text
     assert len(text) < MAX_ARGS_CHARS + 2000
+    # what was cut was not seen, so no link approves it (D52); denying still may
+    assert "ALL-PROD-DATABASES" not in text
+    assert LINKS["approve"] not in text and LINKS["deny"] in text
+    assert "cannot be approved from email" in text and "`gateway ops approve`" in text
+    assert "d=approve" not in page.get_content() and "d=deny" in page.get_content()
+
+
+def test_format_characters_in_a_call_are_shown_not_obeyed() -> None:
+    args = {"command": "echo done \u202e\u2066// keep it safe\u2069 ;rm -rf /srv/data #"}
+    request = outbound(
+        {"from": "a@example.com"}, kind="approval_request", text="Approve?", approval=view(1, args)
+    )
+    message = compose(request, approval_links=LINKS)
+    for part in ("plain", "html"):
+        body = message.get_body(preferencelist=(part,))
+        assert body is not None
+        text = body.get_content()
+        assert not any(c in text for c in "\u202e\u2066\u2069")
+        assert "echo done \\u202e\\u2066// keep it safe\\u2069 ;rm -rf /srv/data #" in text
+    plain = message.get_body(preferencelist=("plain",))
+    assert plain is not None and LINKS["approve"] in plain.get_content()  # all of it was seen
 
 
 @pytest.mark.parametrize(

@@ -16,6 +16,7 @@ from adapters.channel import ApprovalView, DecisionItem, PendingCall
 from adapters.slack.render import (
     APPROVAL_BLOCK_ID,
     BUTTON_VALUE_LIMIT,
+    DENY_ACTION_ID,
     MAX_BLOCKS,
     SECTION_TEXT_LIMIT,
     Block,
@@ -360,16 +361,37 @@ def test_long_arguments_are_truncated_readably() -> None:
     assert match is not None
     kept = text[len("*deploy*\n```\n") : match.start()]
     assert shown.startswith(kept) and len(kept) + int(match.group(1)) == len(shown)
-    assert _actions(blocks)
+    # what was cut was not seen, so it cannot be approved here (D52): Deny only, and how
+    [actions] = _actions(blocks)
+    assert [b["action_id"] for b in actions["elements"]] == [DENY_ACTION_ID]
+    note = _texts(blocks)[-1]
+    assert "cannot be approved from Slack" in note and "`gateway ops approve`" in note
+    assert "session `ops`, run `run-1`, wait `wait-1`" in note
+
+
+def test_arguments_that_fit_keep_every_button() -> None:
+    args = {"lines": [f"line {n} " + "x" * 40 for n in range(50)]}  # 2,9xx characters: whole
+    [actions] = _actions(approval_blocks(_view(_call(1, args)), intro="ok?"))
+    assert len(actions["elements"]) == 3  # Approve, Deny, Done it myself
+
+
+def test_format_characters_in_a_call_are_shown_not_obeyed() -> None:
+    # a Trojan-Source argument: the override makes "rm -rf" read as a comment's tail
+    args = {"command": "echo done \u202e\u2066// keep it safe\u2069 ;rm -rf /srv/data #"}
+    call = _call(1, args).model_copy(update={"tool_name": "shell\u200b"})
+    text = approval_blocks(_view(call), intro="ok?")[1]["text"]["text"]
+    assert not any(c in text for c in "\u202e\u2066\u2069\u200b")
+    assert text.startswith("*shell\\u200b*")
+    assert "echo done \\u202e\\u2066// keep it safe\\u2069 ;rm -rf /srv/data #" in text
 
 
 def test_too_many_calls_are_counted_and_cannot_be_decided_from_slack() -> None:
     calls = [_call(n, digest_size=8) for n in range(60)]
     blocks = approval_blocks(_view(*calls), intro="ok?")
-    assert len(blocks) == MAX_BLOCKS
+    assert len(blocks) == MAX_BLOCKS - 1  # room is kept for buttons and a note beside them
     assert not _actions(blocks)
     texts = _texts(blocks)
-    assert "…and 13 more calls." in texts
+    assert "…and 14 more calls." in texts
     assert "too large to decide from Slack" in texts[-1] and "operator API" in texts[-1]
 
 
