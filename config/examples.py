@@ -49,7 +49,7 @@ _SAMPLES: dict[str, Any] = {
             "name": "support",
             "instructions": "You answer questions from customers. Never promise a refund.",
             "allow_tools": ["tickets.*", "search_docs"],
-            "deny_tools": ["tickets.delete"],
+            "deny_tools": ["tickets.delete*"],
             "busy_policy": "follow_up",
             "max_attempts": 2,
             "token_budget": 500_000,

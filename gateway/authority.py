@@ -30,7 +30,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import logging
-from collections.abc import Awaitable, Callable, Collection
+from collections.abc import Awaitable, Callable, Collection, Mapping
 from typing import Any, Final, Literal, Self
 
 from pydantic import ValidationError, model_validator
@@ -281,8 +281,64 @@ async def restore(
             await _move_epoch(broker.marks)
             await _audit(broker, by, "authority restored", restored, "restored")
             log.warning(event("authority restored", scope=scope.words(), by=by))
+            await close_again(broker, scope, now_ms=now_ms)
             return restored, True
     raise RuntimeError(f"the revocation of {scope.words()} kept changing under us")
+
+
+_CLOSES_SCANNED = 1_000
+"""The most dead letters a restore looks through for closes to send again."""
+
+
+async def close_again(broker: Broker, scope: Scope, *, now_ms: int) -> int:
+    """Send again the closes of approval requests that died while `scope` was revoked.
+
+    A close into a revoked thread is a dead letter (D267), and its request, already posted,
+    kept its buttons: a card that looked open for a request nobody could decide any more (an
+    outside probe, switching the README's examples). Once the thread may be written to again,
+    those closes (and only those: a reply or a request held back stays for an operator) go
+    back to the outbox. Returns how many.
+    """
+    sent = 0
+    after: str | None = None
+    for _ in range(_CLOSES_SCANNED // 100):
+        page = await broker.outbox.list("dead", after=after, limit=100)
+        for delivery in page:
+            outbound = delivery.outbound
+            if (
+                outbound.get("kind") == "approval_closed"
+                and (delivery.last_error or "").startswith(AUTHORITY_REVOKED)
+                and _within(scope, delivery.session, delivery.lane, outbound.get("thread"))
+                and await revocation_of(
+                    broker.marks, delivery.session, delivery.lane, _thread(outbound)
+                )
+                is None
+            ):
+                await broker.outbox.redeliver(delivery.id, now_ms=now_ms)
+                sent += 1
+        if len(page) < 100:
+            break
+        after = page[-1].id
+    if sent:
+        log.info(event("closes sent again", scope=scope.words(), closes=sent))
+    return sent
+
+
+def _within(scope: Scope, session: str, lane: str, thread: Any) -> bool:
+    if scope.kind == "lane":
+        return (session, lane) == (scope.session, scope.lane)
+    if scope.kind == "session":
+        return session == scope.session
+    if not isinstance(thread, Mapping) or thread.get("channel") != scope.channel:
+        return False
+    return scope.kind == "channel" or thread.get("space") == scope.space
+
+
+def _thread(outbound: Mapping[str, Any]) -> ThreadRef | None:
+    try:
+        return ThreadRef.model_validate(outbound.get("thread"))
+    except ValidationError:
+        return None
 
 
 async def wake(broker: Broker, session: str, revocation: Revocation) -> None:

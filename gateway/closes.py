@@ -134,8 +134,14 @@ def supplied_words(who: str | None, closed: ApprovalClosed, when: str = "") -> s
 
 
 def described(closed: ApprovalClosed) -> str:
-    """How it ended, in a few words: ``approved by ann at 2025-01-02 10:30 UTC``."""
+    """How it ended, in a few words: ``approved by ann at 2025-01-02 10:30 UTC``.
+
+    The gateway's own process (``gateway:<worker id>``: a run its route no longer reaches) is
+    "the gateway": a worker's id means nothing in a thread.
+    """
     by = f" by {closed.by}" if closed.by else ""
+    if closed.by and closed.by.startswith("gateway:"):
+        by = " by the gateway"
     at = datetime.datetime.fromtimestamp(closed.at_ms / 1000, tz=datetime.UTC)
     when = f" at {at:%Y-%m-%d %H:%M} UTC"
     if closed.outcome == "approved":

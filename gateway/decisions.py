@@ -21,7 +21,7 @@ still lose a race with another one, and D129's notice tells the thread.
 from __future__ import annotations
 
 import contextlib
-from collections.abc import Callable
+from collections.abc import Callable, Collection
 
 from adapters import ApprovalClosed, DecisionInbound, DecisionRefused, ThreadRef, Unavailable
 from gateway.broker.contract import Broker
@@ -79,6 +79,10 @@ async def judge(
 ) -> None:
     """Refuse `decision` unless it names exactly an open wait of its thread, from an approver.
 
+    Its thread is the lane's as the lane began (`Threads.remember`): a decision naming the
+    lane from another space (a web thread id used in two spaces of one session) is refused,
+    so the approvers of the space it claims never stand in for the lane's own (D332).
+
     `approvers`: the thread's profile's approvers (None: whoever the channel allows);
     `tool_approvers`: a tool's own (None: the tool names none). The decider's id must be in
     each set that is given.
@@ -89,10 +93,16 @@ async def judge(
         Unavailable: the store cannot be read now (the channel retries; nothing was stored).
     """
     decider = decision.decided_by.id
+    try:  # the thread the lane began with: another space naming its lane decides nothing
+        state = await broker.threads.get(session, decision.thread.lane)
+    except Exception as exc:
+        raise Unavailable(f"the broker is unavailable ({type(exc).__name__})") from exc
+    if state is not None and state.thread.get("space") != decision.thread.space:
+        raise DecisionRefused("no_wait", NO_WAIT_TEXT)  # D332
     allowed = approvers(decision.thread)
     if allowed is not None and not decision.identified:
         raise DecisionRefused("not_allowed", UNIDENTIFIED_TEXT)
-    if allowed is not None and decider not in allowed:
+    if allowed is not None and not _among(decider, allowed):
         raise DecisionRefused("not_allowed", NOT_AN_APPROVER_TEXT.format(what=""))
     try:
         storage = await repo.open(session)  # read-only: no lease taken
@@ -134,7 +144,7 @@ async def _judge(
         allowed = tool_approvers(tool)
         if allowed is not None and not decision.identified:
             raise DecisionRefused("not_allowed", UNIDENTIFIED_TEXT)
-        if allowed is not None and decision.decided_by.id not in allowed:
+        if allowed is not None and not _among(decision.decided_by.id, allowed):
             what = f" (calls of {tool} need one of its own approvers)"
             raise DecisionRefused("not_allowed", NOT_AN_APPROVER_TEXT.format(what=what))
     closed = await closure(storage, broker, session, requested)
@@ -145,6 +155,17 @@ async def _judge(
     if decided is not None and getattr(decided.record, "idempotency_key", None) == decision.slot:
         return  # this very decision, again (a retry, a double click): the inbox says duplicate
     raise closed_refusal(closed)
+
+
+def _among(decider: str, approvers: Collection[str]) -> bool:
+    """Whether `decider` is one of `approvers`: an email address without regard to case.
+
+    The email channel lowercases the addresses it vouches for; a profile's
+    ``approver@EXAMPLE.com`` refused the very person its link was mailed to.
+    """
+    if decider in approvers:
+        return True
+    return "@" in decider and decider.casefold() in {a.casefold() for a in approvers if "@" in a}
 
 
 def closed_refusal(closed: ApprovalClosed) -> DecisionRefused:

@@ -44,7 +44,7 @@ from gateway.authority import (
     revoke,
     wake,
 )
-from gateway.broker.contract import BlobRefused, Broker, NewInboxItem, ThreadState
+from gateway.broker.contract import BlobRefused, Broker, LaneTaken, NewInboxItem, ThreadState
 from gateway.cuts import enqueue_cut_notice
 from gateway.decisions import Approvers, ToolApprovers, judge
 from gateway.files import enqueue_file_notice
@@ -125,6 +125,17 @@ class Intake:
             else:  # a duplicate too: the first accept may have ended between the two writes
                 await enqueue_cut_notice(self._broker, inbound, session, appended.item.id)
                 await enqueue_file_notice(self._broker, inbound, session, appended.item.id)
+        except LaneTaken as taken:  # another space's thread id: never its conversation (D332)
+            log.warning(
+                event(
+                    "lane of another space",
+                    session=session,
+                    lane=lane,
+                    space=inbound.thread.space,
+                    its_space=taken.space,
+                )
+            )
+            raise NotRouted(str(taken)) from None
         except Exception as exc:  # the inbox could not hold it: the channel must retry
             log.warning(event("inbox unavailable", error=type(exc).__name__))
             raise Unavailable(f"the inbox is unavailable ({type(exc).__name__})") from exc

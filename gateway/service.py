@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import fnmatch
 import logging
 import random
 import time
@@ -235,6 +236,8 @@ class Service:
         def tools() -> tuple[Tool, ...]:
             # read per session taken; a session in hand is taken again when the list changes
             return beside(plugin_tools, mcp.tools() if mcp is not None else (), clashes)
+
+        _say_unmatched_patterns(settings, tools())
 
         tracer = install_tracing()
 
@@ -600,3 +603,30 @@ class Service:
         if self._unredact is not None:
             self._unredact()
             self._unredact = None
+
+
+def _say_unmatched_patterns(settings: Settings, offered: Sequence[Tool]) -> None:
+    """Warn, once at start, of each profile tool pattern that names no tool offered.
+
+    A `deny_tools` typo (``tickets.delete`` for ``tickets.delete_ticket``) took nothing away
+    without a word, as an MCP override naming no tool once skipped its approval. A server that
+    is down now may offer the tool later: the note says so.
+    """
+    names = [tool.name for tool in offered]
+    for profile in settings.profiles:
+        for setting, patterns in (
+            ("allow_tools", profile.allow_tools or ()),
+            ("deny_tools", profile.deny_tools),
+        ):
+            for pattern in patterns:
+                if not any(fnmatch.fnmatchcase(name, pattern) for name in names):
+                    log.warning(
+                        event(
+                            "profile pattern matches no tool",
+                            profile=profile.name,
+                            field=setting,
+                            pattern=pattern,
+                            note="no tool offered now has such a name (an MCP server that is "
+                            "down may offer one later): `ops mcp --tools` lists them",
+                        )
+                    )

@@ -29,6 +29,7 @@ from gateway.broker.contract import (
     ClaimedDelivery,
     Inbox,
     InboxItem,
+    LaneTaken,
     Marks,
     NewAuditEvent,
     NewInboxItem,
@@ -1167,6 +1168,51 @@ async def an_append_with_its_thread_remembers_it_in_the_same_write(fx: BrokerFix
     await broker.inbox.append(_new("k3", lane="web:t3"))  # no thread: none remembered
     assert await broker.threads.get("s1", "web:t3") is None
     assert len(await broker.inbox.pending("s1")) == 3
+
+
+@_case("threads")
+async def a_lane_keeps_the_thread_it_began_with(fx: BrokerFixture) -> None:
+    threads = fx.broker.threads
+    secure = {"channel": "web", "space": "secure", "thread": "t1"}
+    lobby = {"channel": "web", "space": "lobby", "thread": "t1"}
+    await threads.remember("s1", "web:t1", secure, {"reply_to": "m1"})
+    await threads.remember("s1", "web:t1", lobby, {"reply_to": "m2"})
+    state = await threads.get("s1", "web:t1")
+    assert state is not None  # its replies and its approvers stay the first space's (D332)
+    assert (state.thread, state.reply_context) == (secure, {"reply_to": "m2"})
+
+
+_SPACES = {"secure first": ("secure", "lobby"), "lobby first": ("lobby", "secure")}
+
+
+@_cases("threads", _SPACES)
+async def an_append_from_another_space_of_a_lane_is_refused(
+    fx: BrokerFixture, spaces: tuple[str, str]
+) -> None:
+    """Two spaces of one session using one thread id: the first to write keeps the lane."""
+    broker = fx.broker
+    first, second = ({"channel": "web", "space": space, "thread": "t1"} for space in spaces)
+    held = await broker.inbox.append(
+        _new("k1", lane="web:t1"), thread=first, reply_context={"reply_to": "m1"}
+    )
+    refused: LaneTaken | None = None
+    try:
+        await broker.inbox.append(
+            _new("k2", lane="web:t1"), thread=second, reply_context={"reply_to": "m2"}
+        )
+    except LaneTaken as taken:
+        refused = taken
+    assert refused is not None, "another space's append was held"
+    assert refused.space == spaces[0]
+    assert [i.id for i in await broker.inbox.pending("s1")] == [held.item.id]  # nothing held
+    state = await broker.threads.get("s1", "web:t1")
+    assert state is not None
+    assert (state.thread, state.reply_context) == (first, {"reply_to": "m1"})
+    again = await broker.inbox.append(  # the lane's own space goes on as before
+        _new("k3", lane="web:t1"), thread=first, reply_context={"reply_to": "m3"}
+    )
+    assert not again.duplicate
+    assert len(await broker.inbox.pending("s1")) == 2
 
 
 @_case("inbox")

@@ -47,6 +47,7 @@ __all__ = [
     "InboxItem",
     "InboxItemKind",
     "InboxStatus",
+    "LaneTaken",
     "Marks",
     "NewAuditEvent",
     "NewInboxItem",
@@ -74,6 +75,25 @@ class BrokerError(GatewayError):
     def __init__(self, code: BrokerErrorCode, message: str) -> None:
         super().__init__(message)
         self.code: BrokerErrorCode = code
+
+
+class LaneTaken(GatewayError):
+    """An append named a lane whose thread is another space's (nothing was held).
+
+    A lane is one thread: ``web:t1`` of web space ``lobby`` is not ``web:t1`` of space
+    ``secure``, though both spaces may route to one session. `space` is the space the lane
+    belongs to (for the log: the message does not name it).
+    """
+
+    def __init__(self, session: str, lane: str, space: str) -> None:
+        # the other space is not named: the message reaches whoever wrote from this one
+        super().__init__(
+            f"thread {lane!r} belongs to another space of this session: "
+            "write in a thread of another id"
+        )
+        self.session = session
+        self.lane = lane
+        self.space = space
 
 
 class NewInboxItem(Frozen):
@@ -155,7 +175,10 @@ class Inbox(Protocol):
         `thread` given: the item's lane's thread and newest `reply_context` (None: empty) are
         recorded as `Threads.remember` records them, in the same atomic write (not a
         duplicate's: it changes nothing, its reply context included): the intake's two writes
-        in one. `read_mark` given: that mark's value, read no
+        in one. A lane whose recorded thread has another ``space`` than `thread` refuses the
+        append, in the same write, before anything else (`LaneTaken`, nothing held), so two
+        spaces of one session that use the same thread id never share a lane, whichever
+        writes first. `read_mark` given: that mark's value, read no
         earlier than the append (as `Marks.get` would read it just after), is the result's
         `mark`, in the same call where the backend allows.
         """
@@ -381,7 +404,11 @@ class Threads(Protocol):
     async def remember(
         self, session: str, lane: str, thread: FrozenJsonObject, reply_context: FrozenJsonObject
     ) -> None:
-        """Record the lane's thread and newest reply context (creating its state if new)."""
+        """Record the lane's newest reply context, and its thread when the lane is new.
+
+        The thread a lane was first remembered with stays (a lane is one thread: what another
+        space names it cannot move its replies, nor the approvers that judge its decisions).
+        """
         ...
 
     async def get(self, session: str, lane: str) -> ThreadState | None:

@@ -65,6 +65,7 @@ from gateway.broker.contract import (
     InboxAppend,
     InboxItem,
     InboxStatus,
+    LaneTaken,
     NewAuditEvent,
     NewInboxItem,
     SessionTicket,
@@ -153,6 +154,8 @@ class _Pipe(Protocol):
     def hlen(self, name: str) -> Any: ...
     def hgetall(self, name: str) -> Any: ...
     def hmget(self, name: str, keys: Sequence[str]) -> Any: ...
+    def hset(self, name: str, key: str, value: str) -> Any: ...
+    def hsetnx(self, name: str, key: str, value: str) -> Any: ...
     def smembers(self, name: str) -> Any: ...
     def zcard(self, name: str) -> Any: ...
     def zrange(self, name: str, start: int, end: int, withscores: bool = False) -> Any: ...
@@ -653,6 +656,8 @@ class _RedisInbox:
             read_mark or "",
         ]
         reply = await c.eval("inbox_append", keys, args)
+        if reply[0] == 2:
+            raise LaneTaken(item.session, item.lane, str(reply[1]))
         duplicate, item_id, at, stored, status, reason, signal, ring, sent, mark = reply
         if signal:
             c.clean.pop(shard, None)
@@ -1497,11 +1502,12 @@ class _RedisThreads:
         c = self._c
         _check_session(session)
         await c.ready()
+        key = c.skey(session, "threads")
         async with c.guard("remember"):
-            await c.client.hset(
-                c.skey(session, "threads"),
-                mapping={f"t:{lane}": _json(thread), f"c:{lane}": _json(reply_context)},
-            )
+            pipe = c.client.pipeline(transaction=False)  # one key: one round trip
+            pipe.hset(key, f"c:{lane}", _json(reply_context))
+            pipe.hsetnx(key, f"t:{lane}", _json(thread))  # its first thread stays
+            await pipe.execute()
 
     async def get(self, session: str, lane: str) -> ThreadState | None:
         c = self._c

@@ -51,6 +51,7 @@ from gateway.broker.contract import (
     DeliveryStatus,
     InboxAppend,
     InboxItem,
+    LaneTaken,
     NewAuditEvent,
     NewInboxItem,
     SessionTicket,
@@ -485,9 +486,20 @@ class SqliteBroker(BrokerParts):
 
 _REMEMBER = (
     "INSERT INTO threads (session, lane, thread, reply_context) VALUES (?, ?, ?, ?) "
-    "ON CONFLICT (session, lane) DO UPDATE SET thread = excluded.thread, "
-    "reply_context = excluded.reply_context"
+    "ON CONFLICT (session, lane) DO UPDATE SET reply_context = excluded.reply_context"
 )
+"""A lane's thread is the one it was first remembered with; its reply context the newest."""
+
+
+def _lane_space(conn: sqlite3.Connection, session: str, lane: str) -> str | None:
+    """The space of the thread `lane` was first remembered with (None: a new lane)."""
+    row = conn.execute(
+        "SELECT thread FROM threads WHERE session = ? AND lane = ?", (session, lane)
+    ).fetchone()
+    if row is None:
+        return None
+    space = json.loads(row[0]).get("space")
+    return space if isinstance(space, str) else None
 
 
 def _remembered(
@@ -531,6 +543,10 @@ class _Inbox:
         def op(
             conn: sqlite3.Connection, now: int
         ) -> tuple[tuple[tuple[Any, ...], bool, bool], str | None]:
+            if thread is not None:
+                taken = _lane_space(conn, item.session, item.lane)
+                if taken is not None and taken != thread.get("space"):
+                    raise LaneTaken(item.session, item.lane, taken)  # nothing was written
             held = hold(conn, now)
             if remembered is not None and not held[1]:  # a duplicate changes nothing (D318)
                 conn.execute(_REMEMBER, remembered)

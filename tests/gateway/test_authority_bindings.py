@@ -176,3 +176,45 @@ async def test_judging_twice_changes_nothing_and_lifts_no_other_revocation(
     assert held is not None and held.active and held.cause == "operator"
     audited = await broker.audit.list(limit=20)
     assert [e.action for e in audited] == ["authority revoked", "authority revoked"]
+
+
+async def test_a_close_that_died_while_the_route_was_away_is_sent_when_it_is_back(
+    tmp_path: Path,
+) -> None:
+    """Switching the README's examples left the page's Approve card looking open: the close
+    of its request died as `authority_revoked` and stayed a dead letter (an outside probe)."""
+    service, rig = await _running(tmp_path, "desk")
+    try:
+        await rig.post("job", "/deploy prod")
+        [asked] = await rig.answers("job", 1)
+        assert asked["kind"] == "approval_request"
+    finally:
+        await service.stop(drain_seconds=0.1)
+        await rig.http.aclose()
+
+    service, rig = await _running(tmp_path, "elsewhere")  # the run ends; its close is held back
+    try:
+
+        async def dead() -> Any:
+            return await rig.broker.outbox.list("dead")
+
+        [letter] = await _until(dead)
+        assert letter.outbound["kind"] == "approval_closed"
+        assert (letter.last_error or "").startswith("authority_revoked")
+    finally:
+        await service.stop(drain_seconds=1)
+        await rig.http.aclose()
+
+    service, rig = await _running(tmp_path, "desk")
+    try:
+
+        async def closed() -> Any:
+            items = (await rig.http.get("/web/threads/job")).json()["items"]
+            return [i for i in items if i["kind"] == "approval_closed"]
+
+        [close] = await _until(closed)
+        assert "stopped by the gateway" in close["text"]  # not a worker's id
+        assert await rig.broker.outbox.list("dead") == ()
+    finally:
+        await service.stop(drain_seconds=1)
+        await rig.http.aclose()

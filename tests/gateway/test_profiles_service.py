@@ -519,3 +519,105 @@ async def test_a_route_of_a_channel_that_is_not_configured_is_said_at_start(
         assert getattr(warning.msg, "fields", {})["channel"] == "slack"
     finally:
         await service.stop(drain_seconds=1)
+
+
+async def test_a_thread_id_another_space_of_the_session_uses_is_not_its_thread(
+    deploy: Deploy, tmp_path: Path
+) -> None:
+    """Two web spaces routed to one session, one with named approvers: a decision naming the
+    other space was judged by that space's (none), and the deploy ran (an outside probe); a
+    message from it joined the first space's conversation (D332)."""
+    routes = (
+        Route(channel="web", space="secure", session="shared", profile="oncall"),
+        Route(channel="web", space="lobby", session="shared"),
+    )
+    web = await deploy(Agent(), _settings(tmp_path).model_copy(update={"routes": routes}))
+    await web.post("secure", "t1", "/deploy")
+    [asked] = await web.answers("secure", "t1", 1)
+    body = decision_body(asked["approval"], approved=True, key="k1")
+    refused = await web.http.post(
+        "/web/threads/t1/decisions", json={**body, "space": "lobby", "author": "mallory"}
+    )
+    assert refused.status_code == 409, refused.text
+    assert refused.json()["error"]["code"] == "no_such_request"
+    joined = await web.http.post(
+        "/web/threads/t1/messages", json={"space": "lobby", "text": "what did they plan?"}
+    )
+    assert joined.status_code == 404, joined.text
+    said = joined.json()["error"]
+    assert said["code"] == "not_routed"
+    assert "belongs to another space of this session" in said["message"]
+    assert "secure" not in said["message"]  # a space's name is not told to another's writers
+    kinds = [i["kind"] for i in await web.items("secure", "t1")]
+    assert "decision" not in kinds and kinds.count("message") == 1  # nothing of the lobby's
+    lobby = await web.items("lobby", "t1")  # the person there sees why
+    assert [i["kind"] for i in lobby] == ["message", "failure_notice"], lobby
+    assert "belongs to another space" in lobby[1]["text"], lobby
+    await web.post("lobby", "t2", "hello")  # the lobby's own threads are answered as before
+    assert (await web.answers("lobby", "t2", 1))[0]["text"] == "You said: hello"
+
+
+async def test_a_profile_pattern_that_names_no_tool_is_said_at_start(
+    tmp_path: Path, caplog: pytest.LogCaptureFixture
+) -> None:
+    """`deny_tools = ["tickets.delete"]` beside a server whose tool is tickets.delete_ticket
+    took nothing away, without a word (an outside probe, following the README)."""
+    typo = SUPPORT.model_copy(update={"deny_tools": ("tickets.delete", "tickets.close")})
+    service = Service(
+        _settings(tmp_path, support=typo),
+        ServiceParts(
+            model_client=ScriptedModel(responder=respond), model=MODEL, tools=Agent().tools()
+        ),
+    )
+    with caplog.at_level("WARNING", logger="gateway.service"):
+        await service.start()
+    try:
+        said = [
+            getattr(r.msg, "fields", {})
+            for r in caplog.records
+            if r.getMessage() == "profile pattern matches no tool"
+        ]
+        # tickets.delete is a tool here; no tool is tickets.close
+        assert [(f["profile"], f["field"], f["pattern"]) for f in said] == [
+            ("support", "deny_tools", "tickets.close")
+        ]
+        assert "ops mcp --tools" in said[0]["note"]
+    finally:
+        await service.stop(drain_seconds=0.5)
+
+
+async def test_an_approver_s_address_is_matched_without_regard_to_case(
+    deploy: Deploy, tmp_path: Path
+) -> None:
+    """The email channel vouches for `ann@example.com` (lowercased); the profile named
+    `Ann@Example.COM`: the link mailed to her was refused "not among the approvers"."""
+    named = ONCALL.model_copy(update={"approvers": ("Ann@Example.COM", "U0BOB")})
+    web = await deploy(Agent(), _settings(tmp_path, oncall=named))
+    await web.post("oncall", "pager", "/deploy")
+    [asked] = await web.answers("oncall", "pager", 1)
+    approval = asked["approval"]
+    intake = web.service.intake
+    assert intake is not None
+
+    def click(who: str, key: str) -> DecisionInbound:
+        return DecisionInbound(
+            thread=ThreadRef(channel="web", space="oncall", thread="pager"),
+            run_id=approval["run_id"],
+            wait_id=approval["wait_id"],
+            decisions=tuple(
+                DecisionItem(
+                    tool_call_id=c["tool_call_id"], args_digest=c["args_digest"], approved=True
+                )
+                for c in approval["calls"]
+            ),
+            decided_by=Author(id=who),
+            idempotency_key=key,
+            received_at_ms=0,
+            identified=True,
+        )
+
+    with pytest.raises(DecisionRefused):  # an id that is no address keeps its case (Slack's)
+        await intake.decide(click("u0bob", "k0"))
+    accepted = await intake.decide(click("ann@example.com", "k1"))
+    assert not accepted.duplicate
+    assert (await web.answers("oncall", "pager", 2))[1]["text"] == "Done: deployed prod"

@@ -9,7 +9,15 @@
 -- The dedupe key has no expiry while its item is pending or rejected; `ack` starts its window.
 -- Returns {duplicate, id, appended_at, json, status, reason, signal, ring, sent, mark}: sent is
 -- 1 when this call sent the signal and the ring it asks for; mark is false unless read here.
+-- {2, space}: the lane's thread is of another space (nothing was written).
 local now, vis = tonumber(ARGV[1]), tonumber(ARGV[3])
+if ARGV[9] ~= '' then  -- a lane is one thread: another space's append is refused, first
+  local held = redis.call('HGET', KEYS[6], 't:' .. ARGV[8])
+  if held then
+    local space = cjson.decode(held).space
+    if space ~= cjson.decode(ARGV[9]).space then return {2, space or ''} end
+  end
+end
 local mark = false
 if KEYS[9] and ARGV[11] ~= '' then mark = redis.call('HGET', KEYS[9], ARGV[11]) end
 local function told(signal, ring)
@@ -38,7 +46,8 @@ if found then
   return {1, id, at, body, 'acked', false, 0, 0, 0, mark}
 end
 if ARGV[9] ~= '' then  -- `threads.remember`, in the same call (not a duplicate's: D318)
-  redis.call('HSET', KEYS[6], 't:' .. ARGV[8], ARGV[9], 'c:' .. ARGV[8], ARGV[10])
+  redis.call('HSETNX', KEYS[6], 't:' .. ARGV[8], ARGV[9])  -- its first thread stays
+  redis.call('HSET', KEYS[6], 'c:' .. ARGV[8], ARGV[10])
 end
 local seq = redis.call('HINCRBY', KEYS[1], 'seq', 1)
 local id = string.format('%016d', seq)

@@ -193,7 +193,10 @@ def budget(run: Run) -> int:
     name = f"{clean(lane.get('session'))}/{clean(lane.get('lane'))}"
     spent, given = view.get("spent"), view.get("profile_budget")
     if args.reset:
-        run.say(f"{name} has its profile's budget again: {given} tokens (spent {spent})")
+        if given is None:  # it said "None tokens"
+            run.say(f"{name} has its profile's budget again: none (spent {spent})")
+        else:
+            run.say(f"{name} has its profile's budget again: {given} tokens (spent {spent})")
         return OK
     if view.get("changed"):
         said = f"{name} may spend {view.get('budget')} tokens in all now"

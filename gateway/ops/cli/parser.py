@@ -100,10 +100,14 @@ def build_parser() -> argparse.ArgumentParser:
         sub.add_argument("lane", metavar="LANE", help="ln_... id, lane name, or SESSION/LANE")
 
     def acting(sub: argparse.ArgumentParser, *, confirm: bool) -> None:
-        if confirm:
-            sub.add_argument(
-                "-y", "--yes", action="store_true", help="do not ask (required without a terminal)"
-            )
+        sub.add_argument(  # on every acting command: a script passes it to all of them
+            "-y",
+            "--yes",
+            action="store_true",
+            help="do not ask (required without a terminal)"
+            if confirm
+            else "accepted for scripts: this command does not ask",
+        )
         sub.add_argument(
             "--idempotency-key",
             metavar="KEY",
