@@ -213,7 +213,20 @@ class Intake:
                     tool_approvers=self._tool_approvers or _nobody_more,
                 )
             except DecisionRefused as refused:
-                log.info(event("decision refused", session=session, lane=lane, reason=refused.code))
+                # who tried, and from where: an operator can see attempts (nothing is stored)
+                log.warning(
+                    event(
+                        "decision refused",
+                        session=session,
+                        lane=lane,
+                        wait=decision.wait_id,
+                        reason=refused.code,
+                        channel=decision.thread.channel,
+                        space=decision.thread.space,
+                        decided_by=decision.decided_by.id,
+                        identified=decision.identified,
+                    )
+                )
                 raise
         try:
             appended = await self._broker.inbox.append(

@@ -1231,7 +1231,14 @@ class Worker:
                     lane.name,
                     decision.wait_id,
                     outcome,
-                    {"decided_by": decision.decided_by.id},
+                    {
+                        "decided_by": decision.decided_by.id,
+                        # where it came from, and whether that channel vouched for the name (a
+                        # web page click names itself): a typed id read as the person's own
+                        "channel": decision.thread.channel,
+                        "space": decision.thread.space,
+                        "identified": decision.identified,
+                    },
                 )
             )
             told = None if isinstance(result, Ok) else _not_applied(result.error)

@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import hmac
 import html
+import logging
 from datetime import UTC, datetime
 from typing import TYPE_CHECKING
 
@@ -36,6 +37,8 @@ if TYPE_CHECKING:
 __all__ = ["approval_router"]
 
 _MAX_LANE = 1_000
+log = logging.getLogger("adapters.email")
+
 _HEADERS = {
     "Content-Security-Policy": "default-src 'none'; form-action 'self'; frame-ancestors 'none'",
     "Cache-Control": "no-store",
@@ -124,14 +127,24 @@ def _check(channel: EmailChannel, token: str, lane: str, sig: str) -> ApprovalCl
         or len(lane) > _MAX_LANE
         or not _signed(channel, token, lane, sig)
     ):
+        # a forged or altered link wrote no line at all: an operator could not see attempts
+        log.warning("email approval link refused", extra={"reason": "signature"})
         return _page(400, "Invalid link", "<p>This link is not valid (it was changed).</p>")
     now = datetime.fromtimestamp(channel.clock.now_ms() / 1000, tz=UTC)
     try:
         claims = verify_approval_token(token, key=key, now=now)
     except ValueError as exc:
-        why = "it has expired" if str(exc) == "expired" else "it was changed"
+        expired = str(exc) == "expired"
+        log.warning(
+            "email approval link refused", extra={"reason": "expired" if expired else "token"}
+        )
+        why = "it has expired" if expired else "it was changed"
         return _page(400, "Invalid link", f"<p>This link is not valid ({why}).</p>")
     if claims.approver not in channel.approvers:
+        log.warning(
+            "email approval link refused",
+            extra={"reason": "not_approver", "approver": claims.approver},
+        )
         return _page(403, "Not an approver", "<p>This address may not decide approvals.</p>")
     return claims
 

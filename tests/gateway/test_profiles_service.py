@@ -522,7 +522,7 @@ async def test_a_route_of_a_channel_that_is_not_configured_is_said_at_start(
 
 
 async def test_a_thread_id_another_space_of_the_session_uses_is_not_its_thread(
-    deploy: Deploy, tmp_path: Path
+    deploy: Deploy, tmp_path: Path, caplog: pytest.LogCaptureFixture
 ) -> None:
     """Two web spaces routed to one session, one with named approvers: a decision naming the
     other space was judged by that space's (none), and the deploy ran (an outside probe); a
@@ -535,19 +535,23 @@ async def test_a_thread_id_another_space_of_the_session_uses_is_not_its_thread(
     await web.post("secure", "t1", "/deploy")
     [asked] = await web.answers("secure", "t1", 1)
     body = decision_body(asked["approval"], approved=True, key="k1")
-    refused = await web.http.post(
-        "/web/threads/t1/decisions", json={**body, "space": "lobby", "author": "mallory"}
-    )
+    with caplog.at_level("WARNING", logger="gateway.intake"):
+        refused = await web.http.post(
+            "/web/threads/t1/decisions", json={**body, "space": "lobby", "author": "mallory"}
+        )
     assert refused.status_code == 409, refused.text
     assert refused.json()["error"]["code"] == "no_such_request"
+    [attempt] = [r for r in caplog.records if r.getMessage() == "decision refused"]
+    said = getattr(attempt.msg, "fields", {})  # who tried, from where: an operator sees it
+    assert (said["decided_by"], said["space"], said["identified"]) == ("mallory", "lobby", False)
     joined = await web.http.post(
         "/web/threads/t1/messages", json={"space": "lobby", "text": "what did they plan?"}
     )
     assert joined.status_code == 404, joined.text
-    said = joined.json()["error"]
-    assert said["code"] == "not_routed"
-    assert "belongs to another space of this session" in said["message"]
-    assert "secure" not in said["message"]  # a space's name is not told to another's writers
+    error = joined.json()["error"]
+    assert error["code"] == "not_routed"
+    assert "belongs to another space of this session" in error["message"]
+    assert "secure" not in error["message"]  # a space's name is not told to another's writers
     kinds = [i["kind"] for i in await web.items("secure", "t1")]
     assert "decision" not in kinds and kinds.count("message") == 1  # nothing of the lobby's
     lobby = await web.items("lobby", "t1")  # the person there sees why

@@ -408,7 +408,10 @@ def _links(message: EmailMessage) -> dict[str, str]:
     return {("approve" if n == 0 else "deny"): path for n, path in enumerate(found[:2])}
 
 
-async def test_an_approver_decides_from_the_signed_link_once(approving: Mail) -> None:
+async def test_an_approver_decides_from_the_signed_link_once(
+    approving: Mail, caplog: pytest.LogCaptureFixture
+) -> None:
+    caplog.set_level("WARNING", logger="adapters.email")
     mail = approving
     mail.write("/deploy prod")
     [asked] = await mail.replies(1)
@@ -437,6 +440,9 @@ async def test_an_approver_decides_from_the_signed_link_once(approving: Mail) ->
         assert (await http.post(other_lane)).status_code == 400
         non_ascii = path + "?" + query.replace("sig=", "sig=%C3%A9")
         assert (await http.post(non_ascii)).status_code == 400
+    # a forged link left no line at all: an operator sees each attempt now
+    said = [r.getMessage() for r in caplog.records if "approval link" in r.getMessage()]
+    assert said == ["email approval link refused"] * 3
 
 
 async def test_a_request_closed_elsewhere_is_said_in_the_thread_and_its_links_refused(

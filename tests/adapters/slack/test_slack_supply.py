@@ -86,6 +86,8 @@ async def test_an_approver_supplies_the_result_and_the_tool_never_runs(rig: Rig)
     assert "UTC: deployed build 42 by hand…" in note
     [decided] = await _decided(rig)
     assert decided.outcome == "applied" and decided.details["decided_by"] == APPROVER
+    # where it came from, and that Slack vouched for the name (a web click names itself)
+    assert (decided.details["channel"], decided.details["identified"]) == ("slack", True)
     await asyncio.sleep(0.3)
     assert len([m for m in rig.fake.thread("C1", event["ts"]) if m.bot_id]) == 2
 
