@@ -266,7 +266,11 @@ def _read_toml(
     try:
         text = path.read_bytes().decode("utf-8-sig")
     except OSError as exc:
-        raise SettingsError([f"cannot read config file {path}: {exc.strerror or exc}"]) from None
+        # a relative path says where it was looked for (scripts/run runs from the repository)
+        where = "" if path.is_absolute() else f" (read from {Path.cwd()})"
+        raise SettingsError(
+            [f"cannot read config file {path}{where}: {exc.strerror or exc}"]
+        ) from None
     except UnicodeDecodeError as exc:
         raise SettingsError(
             [f"config file {path} is not UTF-8 text (byte {exc.start} cannot be decoded)"]

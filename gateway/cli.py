@@ -245,13 +245,33 @@ def _discard_stdout() -> None:
         pass
 
 
+def _leading_options(words: Sequence[str]) -> list[str]:
+    """The ``--config FILE`` / ``--store URL`` (or ``--x=value``) words before the command."""
+    taken: list[str] = []
+    index = 0
+    while index < len(words):
+        word = words[index]
+        if word.startswith(("--config=", "--store=")):
+            taken.append(word)
+            index += 1
+        elif word in ("--config", "--store") and index + 1 < len(words):
+            taken += words[index : index + 2]
+            index += 2
+        else:
+            break
+    return taken
+
+
 def main(argv: Sequence[str] | None = None, settings: Settings | None = None) -> int:
     """Run the ``gateway`` command; returns the exit status."""
     words = list(sys.argv[1:] if argv is None else argv)
-    if words[:1] == ["ops"]:  # the operator client has its own parser (gateway ops --help)
+    leading = _leading_options(words)
+    if words[len(leading) : len(leading) + 1] == ["ops"]:
+        # the operator client has its own parser (gateway ops --help); `--config`/`--store`
+        # before `ops` are its own too ("unrecognized arguments: mcp" said nothing of that)
         from gateway.ops.cli import main as ops_main
 
-        return ops_main(words[1:], settings)
+        return ops_main([*words[len(leading) + 1 :], *leading], settings)
     parser = argparse.ArgumentParser(
         prog=command(),
         description="A durable LLM agent gateway for Slack, email, the web and webhooks.",
@@ -318,7 +338,14 @@ def main(argv: Sequence[str] | None = None, settings: Settings | None = None) ->
     serve_parser.add_argument(
         "--log-level", choices=("debug", "info", "warning", "error"), help="log verbosity"
     )
-    args = parser.parse_args(argv)
+    args, extra = parser.parse_known_args(words)
+    if extra:
+        # `store show --store URL SESSION`: argparse ends a positional list at an option, so
+        # the words after it are the same list's (the README says "before or after")
+        listed = {"store": "target", "ask": "question"}.get(args.command)
+        if listed is None or any(word.startswith("-") for word in extra):
+            parser.error(f"unrecognized arguments: {' '.join(extra)}")
+        setattr(args, listed, [*getattr(args, listed), *extra])
     try:
         if settings is None:
             settings = load_gateway_settings(config_file=getattr(args, "config", None))

@@ -333,6 +333,11 @@ def test_an_unreadable_file_is_one_line(tmp_path: Path) -> None:
         f"cannot read config file {missing}: No such file or directory"
     )
     assert str(_refusal(config_file=tmp_path)).endswith("Is a directory")
+    # a relative one says where it was looked for (scripts/run runs from the repository)
+    assert str(_refusal(config_file=Path("no-such-gateway.toml"))) == (
+        f"cannot read config file no-such-gateway.toml (read from {Path.cwd()}): "
+        "No such file or directory"
+    )
     binary = tmp_path / "binary.toml"
     binary.write_bytes(b"port = 1\n\xff\xfe")
     assert str(_refusal(config_file=binary)) == (

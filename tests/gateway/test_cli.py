@@ -156,6 +156,13 @@ def test_store_list_and_show_as_the_readme_and_the_demo_say(tmp_path, capsys) ->
     assert len(listed) == 1 and listed[0].split()[0] == command[2]
     assert main(["store", "show", "--store", store], settings=Settings()) == 2
     assert "usage: gateway store" in capsys.readouterr().err
+    # the option before the session (the README: "before or after the command") said
+    # "unrecognized arguments: <session>"
+    assert main(["store", "show", "--store", store, command[2]], settings=Settings()) == 0
+    assert "lane main" in capsys.readouterr().out
+    with pytest.raises(SystemExit) as usage:  # as argparse ends any usage error
+        main(["store", "show", "--store", store, command[2], "--bogus"])
+    assert usage.value.code == 2 and "unrecognized arguments" in capsys.readouterr().err
     assert main(["ask", "--store", store, "hi"], settings=Settings()) == 0  # session "cli"
     capsys.readouterr()
     assert main(["store", "list", "--store", store], settings=Settings()) == 0

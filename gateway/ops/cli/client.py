@@ -133,7 +133,10 @@ class Client:
                 local = f" ({target.token_file_problem}: run as the gateway's user)"
             return f"no token was given (unauthenticated): {how}{local}"
         if target.token_source.startswith("the token file"):
-            how += " (that file belongs to another gateway, or an older start of this one)"
+            how += (
+                " (that file belongs to another gateway, or an older start of this one; a "
+                "gateway serving another store keeps its own: give its --store or --config)"
+            )
         elif path is not None:
             how += f", or leave both unset to use the local gateway's token in {path}"
         return clean(

@@ -72,6 +72,12 @@ def _global_options(parser: argparse.ArgumentParser, *, defaults: bool) -> None:
         metavar="FILE",
         help="the TOML settings file gateway serve reads (for its address and token file)",
     )
+    group.add_argument(
+        "--store",
+        default=default(None),
+        metavar="URL",
+        help="the store gateway serve was given (--store), for the token file it keeps beside it",
+    )
 
 
 def build_parser() -> argparse.ArgumentParser:

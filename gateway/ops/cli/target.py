@@ -52,6 +52,9 @@ class Target:
                     config_file=self._args.config,
                     env_file=dotenv if dotenv.is_file() else None,
                 )
+                store = getattr(self._args, "store", None)
+                if store is not None:  # as `serve --store` was given: its token file
+                    self._settings = self._settings.replace(store_url=store)
             except SettingsError as exc:
                 self._settings_error = (
                     f"cannot read the settings ({format_settings_error(exc)}); "
