@@ -508,6 +508,25 @@ async def enqueue_working_notice(
     )
 
 
+HELD_TEXT = (
+    "I am waiting for a decision on the approval request in this thread: I will read your "
+    "message once it is decided. Say stop to cancel the request instead."
+)
+
+
+async def enqueue_held_notice(
+    broker: Broker, state: ThreadState, item_id: str, *, now_ms: int
+) -> Outbound:
+    """Tell the thread a message waits behind an approval request (once per inbox item).
+
+    It was held without a word until someone decided, and often nobody in the thread can: a
+    thread that looked wedged (an outside probe).
+    """
+    return await _notice(
+        broker, state, f"held:{item_id}", HELD_TEXT, now_ms=now_ms, kind="reply", answers=False
+    )
+
+
 async def enqueue_refusal_notice(
     broker: Broker, state: ThreadState, item_id: str, *, now_ms: int
 ) -> Outbound:

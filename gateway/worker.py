@@ -48,6 +48,7 @@ from gateway.replies import (
     MISMATCHED_DECISION_TEXT,
     NO_WAIT_DECISION_TEXT,
     enqueue_decision_notice,
+    enqueue_held_notice,
     enqueue_refusal_notice,
     enqueue_replies,
     enqueue_stuck_notice,
@@ -1062,12 +1063,14 @@ class Worker:
                     await self._refuse(item, started.error.tag)
                     return
             if policy == "next_run":
+                await self._held_behind_approval(item, lane)
                 return  # stays pending: it starts the lane's next run
             queue = lane.steer if policy == "steer" else lane.follow_up
             given = await lane_profile(lane) if profiles is not None else None
             text = _text_of(inbound, with_context=fresh, tag=self._tag(given, inbound))
             queued = await queue(await self._content(text, item, inbound), entry_id=entry_id)
             if isinstance(queued, Ok):
+                await self._held_behind_approval(item, lane)
                 await inbox.ack(item.session, item.id)
                 self._accepted(inbound)
                 return
@@ -1075,6 +1078,16 @@ class Worker:
                 await self._refuse(item, queued.error.tag)
                 return
         # still racing, or a compaction holds the lane: pending until the next look
+
+    async def _held_behind_approval(self, item: InboxItem, lane: AgentLane) -> None:
+        """Tell the thread its message waits for an approval's decision (once per message)."""
+        info = await lane.info()
+        if info.status != "suspended" or info.suspended != "approval":
+            return
+        with contextlib.suppress(Exception):  # a notice lost is only a notice
+            state = await self._broker.threads.get(item.session, item.lane)
+            if state is not None:
+                await enqueue_held_notice(self._broker, state, item.id, now_ms=self._clock.now_ms())
 
     async def _content(self, text: str, item: InboxItem, inbound: Inbound) -> str | UserMessage:
         """The user message: `text`, with a part per file the channel took in (D223)."""
