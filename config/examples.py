@@ -132,6 +132,12 @@ def toml_example(sections: Mapping[str, type[Section]] | None = None) -> str:
 def main(argv: list[str] | None = None, sections: Mapping[str, type[Section]] | None = None) -> int:
     """Write both example files into the directory named by the first argument (or ``.``)."""
     args = sys.argv[1:] if argv is None else argv
+    if args[:1] in (["-h"], ["--help"]):  # it was read as a directory named "--help"
+        print(
+            "usage: python -m gateway.examples [DIR]: write .env.example and "
+            "gateway.example.toml into DIR (default: the current directory)"
+        )
+        return 0
     target = Path(args[0] if args else ".")
     if not target.is_dir():
         print(f"examples: {target} is not a directory", file=sys.stderr)

@@ -268,8 +268,11 @@ def _read_toml(
     except OSError as exc:
         # a relative path says where it was looked for (scripts/run runs from the repository)
         where = "" if path.is_absolute() else f" (read from {Path.cwd()})"
+        begin = ""
+        if isinstance(exc, FileNotFoundError) and (path.parent / "gateway.example.toml").is_file():
+            begin = " (copy gateway.example.toml beside it to begin)"
         raise SettingsError(
-            [f"cannot read config file {path}{where}: {exc.strerror or exc}"]
+            [f"cannot read config file {path}{where}: {exc.strerror or exc}{begin}"]
         ) from None
     except UnicodeDecodeError as exc:
         raise SettingsError(
@@ -414,7 +417,14 @@ def _hint(
     spell = (lambda field: f"{ENV_PREFIX}{field.upper()}") if variable else str
     if close:
         return f"; did you mean {spell(close[0])}?"
+    if len(known) > _LISTED:  # a line of 87 names helped nobody
+        where = ".env.example" if variable else "gateway.example.toml"
+        return f"; {where} and the README's Configure it section list every setting"
     return f"; known: {', '.join(spell(field) for field in known)}"
+
+
+_LISTED = 20
+"""The most known names an unknown one's error lists (past it: where they are listed)."""
 
 
 def _line(line: int | None) -> str:
@@ -562,7 +572,7 @@ def _relation(
             if source
             else ("given" if isinstance(given, Mapping) and own in given else "default")
         )
-        if value is None:
+        if value is None or value in ((), "", {}):  # an empty default is unset, secret or not
             shown = "unset"
         elif setting is not None and setting.secret:
             shown = "<hidden>"

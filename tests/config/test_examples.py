@@ -118,6 +118,8 @@ def test_a_missing_or_unwritable_directory_is_one_line_not_a_traceback(
 ) -> None:
     assert main([str(tmp_path / "nowhere")]) == 2
     assert capsys.readouterr().err == f"examples: {tmp_path / 'nowhere'} is not a directory\n"
+    assert main(["--help"]) == 0  # it said "--help is not a directory"
+    assert capsys.readouterr().out.startswith("usage: python -m gateway.examples [DIR]")
     (tmp_path / EXAMPLE_FILES[0]).mkdir()  # a directory where the file must go
     assert main([str(tmp_path)]) == 1
     err = capsys.readouterr().err
