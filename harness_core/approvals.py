@@ -158,8 +158,10 @@ def check_decisions(
         )
     assert requested is not None
     if decided is not None:
+        # who decided, not the run's internal id: what the loser of a race needs to hear
+        by = f" by {decided.decided_by}" if decided.decided_by else ""
         return DecisionsMismatch(
-            message=f"{requested.run_id!r} was already decided (with another idempotency key)",
+            message=f"this request was already decided{by} (another decision came first)",
             lane=lane,
             reason="already_decided",
         )

@@ -282,7 +282,10 @@ async def test_a_crash_after_the_decision_runs_the_call_once(backend: str, tmp_p
     other = await reopened.harness.resume(
         [deny(c2(kit), "too late")], wait_id=wait_of(kit).wait_id, idempotency_key="k2"
     )
-    assert refused(other, "DecisionsMismatch").reason == "already_decided"
+    mismatch = refused(other, "DecisionsMismatch")
+    assert mismatch.reason == "already_decided"
+    # who came first, not the run's internal id (an operator's 409 named "accept-4ad5...")
+    assert mismatch.message.startswith("this request was already decided")
     resumed = await reopened.harness.resume()
     assert isinstance(resumed, Ok) and resumed.value.kind == "completed"
     assert effects.deployed == [42]
