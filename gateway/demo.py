@@ -331,8 +331,8 @@ async def _resume_half(repo: SessionRepo, session_id: str, out: list[str]) -> No
     for op in suspended:
         out.append(_suspended(op))
     for info in await harness.lanes():
-        if info.status == "idle":
-            out.append(f"  {info.name}: idle")
+        if info.status == "idle":  # listed, not restored: nothing of it was open
+            out.append(f"  {info.name}: idle (nothing open: not restored)")
     for op in suspended:
         lane = await harness.lane(op.lane)
         assert lane is not None

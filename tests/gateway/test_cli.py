@@ -49,7 +49,7 @@ def test_the_demo_kills_a_real_process_mid_tool_and_a_second_one_recovers(
     crash_log = out.split("process 2")[0]
     assert crash_log.rstrip().endswith("tool_started       send_email")  # died mid-tool
     assert "email:<demo-thread@example.com>: SUSPENDED (crash) run" in out
-    assert "slack:C0DEMO:1764489600.000100: idle" in out
+    assert "slack:C0DEMO:1764489600.000100: idle (nothing open: not restored)" in out
     assert "resume email:<demo-thread@example.com>: completed" in out
     assert "It may or may not have happened" in out  # the never-replayed send was not repeated
     assert "cannot confirm it went out" in out
