@@ -41,6 +41,8 @@ log = logging.getLogger("adapters.slack")
 
 _GROUP_TTL_MS = 60_000
 """How long a user group's members are trusted before they are asked for again."""
+_GROUP_STALE_MS = 15 * 60_000
+"""How long a user group's membership, read before Slack stopped answering, still decides."""
 
 
 class SlackApprovals:
@@ -219,7 +221,11 @@ class SlackApprovals:
             log.warning(
                 "slack user group unavailable", extra={"group": group, "error": type(exc).__name__}
             )
-            return cached[1] if cached is not None else frozenset()
+            # a membership read a while ago vouches for nobody: someone taken out of the group
+            # since would approve for as long as Slack failed to answer
+            if cached is not None and now - cached[0] < _GROUP_STALE_MS:
+                return cached[1]
+            return frozenset()
         self._groups[group] = (now, members)
         return members
 
