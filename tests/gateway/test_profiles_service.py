@@ -449,6 +449,26 @@ async def test_the_token_budget_is_the_profile_s(deploy: Deploy, tmp_path: Path)
         assert usage["budget"] == budget and usage["total"]["total_tokens"] > 1
 
 
+def _vouched(approval: dict[str, Any], who: str, *, key: str = "k1") -> DecisionInbound:
+    """An approval of every call of oncall/pager's request, from a channel that vouches for
+    `who` (Slack, a signed link or webhook), not the web page."""
+    return DecisionInbound(
+        thread=ThreadRef(channel="web", space="oncall", thread="pager"),
+        run_id=approval["run_id"],
+        wait_id=approval["wait_id"],
+        decisions=tuple(
+            DecisionItem(
+                tool_call_id=c["tool_call_id"], args_digest=c["args_digest"], approved=True
+            )
+            for c in approval["calls"]
+        ),
+        decided_by=Author(id=who),
+        idempotency_key=key,
+        received_at_ms=0,
+        identified=True,
+    )
+
+
 async def test_only_the_profile_s_and_the_tool_s_approvers_decide(deploy: Deploy) -> None:
     def tool_approvers(name: str) -> frozenset[str] | None:
         return frozenset({"bob"}) if name == "deploys.run" else None
@@ -472,29 +492,12 @@ async def test_only_the_profile_s_and_the_tool_s_approvers_decide(deploy: Deploy
     assert intake is not None
     approval = asked["approval"]
 
-    def click(who: str) -> DecisionInbound:
-        return DecisionInbound(
-            thread=ThreadRef(channel="web", space="oncall", thread="pager"),
-            run_id=approval["run_id"],
-            wait_id=approval["wait_id"],
-            decisions=tuple(
-                DecisionItem(
-                    tool_call_id=c["tool_call_id"], args_digest=c["args_digest"], approved=True
-                )
-                for c in approval["calls"]
-            ),
-            decided_by=Author(id=who),
-            idempotency_key="k1",
-            received_at_ms=0,
-            identified=True,
-        )
-
     for who, because in (("mallory", "approvers of this request,"), ("alice", "deploys.run")):
         with pytest.raises(DecisionRefused) as refusal:
-            await intake.decide(click(who))
+            await intake.decide(_vouched(approval, who))
         assert refusal.value.code == "not_allowed" and because in refusal.value.message
         assert refusal.value.message.endswith("Nothing was recorded.")
-    accepted = await intake.decide(click("bob"))
+    accepted = await intake.decide(_vouched(approval, "bob"))
     assert not accepted.duplicate
     assert (await web.answers("oncall", "pager", 2))[1]["text"] == "Done: deployed prod"
 
@@ -603,25 +606,8 @@ async def test_an_approver_s_address_is_matched_without_regard_to_case(
     intake = web.service.intake
     assert intake is not None
 
-    def click(who: str, key: str) -> DecisionInbound:
-        return DecisionInbound(
-            thread=ThreadRef(channel="web", space="oncall", thread="pager"),
-            run_id=approval["run_id"],
-            wait_id=approval["wait_id"],
-            decisions=tuple(
-                DecisionItem(
-                    tool_call_id=c["tool_call_id"], args_digest=c["args_digest"], approved=True
-                )
-                for c in approval["calls"]
-            ),
-            decided_by=Author(id=who),
-            idempotency_key=key,
-            received_at_ms=0,
-            identified=True,
-        )
-
     with pytest.raises(DecisionRefused):  # an id that is no address keeps its case (Slack's)
-        await intake.decide(click("u0bob", "k0"))
-    accepted = await intake.decide(click("ann@example.com", "k1"))
+        await intake.decide(_vouched(approval, "u0bob", key="k0"))
+    accepted = await intake.decide(_vouched(approval, "ann@example.com"))
     assert not accepted.duplicate
     assert (await web.answers("oncall", "pager", 2))[1]["text"] == "Done: deployed prod"
