@@ -105,7 +105,11 @@ class ThreadRef(Frozen):
 
     @property
     def lane(self) -> str:
-        """The lane name of this thread (a permanent key: the same thread, the same lane)."""
+        """The lane name of this thread (a permanent key: the same thread, the same lane).
+
+        A lane is one thread of one space: a thread id another space of the session began is
+        refused (D332), so a channel whose ids are chosen per space keeps them apart.
+        """
         return f"{self.channel}:{self.thread}"
 
 
