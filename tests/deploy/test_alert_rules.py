@@ -248,6 +248,7 @@ async def test_waiting_messages_replies_and_approvals_fire_their_alerts(tmp_path
         await gw.post("ship", "/deploy prod")
         await gw.answers("ship", 1)  # the approval request, delivered
         await gw.post("ship", "and after that?")  # next_run: pending behind the open run
+        await gw.answers("ship", 2)  # told it waits behind the request (D334), delivered
         assert gw.service.deliverer is not None
         await gw.service.deliverer.stop(1)  # the deliverer is gone: replies stay in the outbox
         await gw.post("other", "hello")
