@@ -421,11 +421,9 @@ def _approval(
         more = f"…and {hidden} more call{'' if hidden == 1 else 's'}."
         plain.append(more)
         rich.append(f"<p>{html.escape(more)}</p>")
+    where = f" (run {_line(view.run_id)[:200]}, wait {_line(view.wait_id)[:200]})" if view else ""
     if approve and deny and calls and not hidden and cut:
         # an approval authorizes the arguments a person saw (D52): what was cut was not seen
-        where = (
-            f" (run {_line(view.run_id)[:200]}, wait {_line(view.wait_id)[:200]})" if view else ""
-        )
         note = (
             "Some arguments are too long to show here in full, so this request cannot be "
             "approved from email: an operator can read them whole and decide with "
@@ -449,9 +447,6 @@ def _approval(
             "once. Do not forward this email.</p>"
         )
     elif calls:
-        where = ""
-        if view is not None:
-            where = f" (run {_line(view.run_id)[:200]}, wait {_line(view.wait_id)[:200]})"
         note = f"This request cannot be decided from email: ask an operator to decide it{where}."
         plain.append(note)
         rich.append(f"<p>{html.escape(note)}</p>")

@@ -789,35 +789,30 @@ def approval_blocks(
             value = None
     run = _escape(_shorten(view.run_id, 200))
     wait = _escape(_shorten(view.wait_id, 200))
-    if value is not None and cut:
+    if value is not None:
+        deny = _button(DENY_ACTION_ID, "Deny", "danger", value)
+        buttons = [
+            _button(APPROVE_ACTION_ID, "Approve", "primary", value),
+            deny,
+            _button(SUPPLY_ACTION_ID, "Done it myself", None, value),
+        ]
         # an approval authorizes the arguments a person saw (D52): what was cut was not seen
         blocks.append(
             {
                 "type": "actions",
                 "block_id": APPROVAL_BLOCK_ID,
-                "elements": [_button(DENY_ACTION_ID, "Deny", "danger", value)],
+                "elements": [deny] if cut else buttons,
             }
         )
-        blocks.append(
-            _context(
-                "Some arguments are too long to show here in full, so this request cannot be "
-                "approved from Slack: an operator can read them whole and decide with "
-                f"`gateway ops approve` (session `{_escape(_shorten(view.session, 200))}`, "
-                f"run `{run}`, wait `{wait}`). Deny still works here."
+        if cut:
+            blocks.append(
+                _context(
+                    "Some arguments are too long to show here in full, so this request cannot "
+                    "be approved from Slack: an operator can read them whole and decide with "
+                    f"`gateway ops approve` (session `{_escape(_shorten(view.session, 200))}`, "
+                    f"run `{run}`, wait `{wait}`). Deny still works here."
+                )
             )
-        )
-    elif value is not None:
-        blocks.append(
-            {
-                "type": "actions",
-                "block_id": APPROVAL_BLOCK_ID,
-                "elements": [
-                    _button(APPROVE_ACTION_ID, "Approve", "primary", value),
-                    _button(DENY_ACTION_ID, "Deny", "danger", value),
-                    _button(SUPPLY_ACTION_ID, "Done it myself", None, value),
-                ],
-            }
-        )
     elif not view.calls:
         blocks.append(_context("There is nothing to decide in this request."))
     else:
