@@ -30,7 +30,8 @@ _CONTROL = re.compile(
     r"\u2066-\u206f\ufeff\ufff9-\ufffb]"
 )
 """Control characters, and the format characters the channels show as escapes where a value is
-judged (`adapters.visible`: bidi overrides and isolates, zero-width ones)."""
+judged (`adapters.visible`'s set, with the joiners; not imported from there: the client never
+loads the adapters package, 0.4 s of imports)."""
 
 Json = dict[str, Any]
 
