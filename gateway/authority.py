@@ -262,11 +262,14 @@ async def restore(
     now_ms: int,
     why: str | None = None,
     lifts: Collection[str] | None = None,
+    closes: bool = True,
 ) -> tuple[Revocation | None, bool]:
     """Give `scope` its authority back; its (restored) revocation, and whether it changed.
 
     `lifts`: only a revocation with one of these causes is lifted (a channel's own event never
     lifts an operator's revocation); None lifts any. A scope not revoked changes nothing.
+    `closes`: send again the closes held back meanwhile (`close_again`); False for a caller
+    that restores many scopes and sends them once, after.
     """
     for _ in range(_CAS_TRIES):
         found, raw = await read_scope(broker.marks, scope)
@@ -281,7 +284,8 @@ async def restore(
             await _move_epoch(broker.marks)
             await _audit(broker, by, "authority restored", restored, "restored")
             log.warning(event("authority restored", scope=scope.words(), by=by))
-            await close_again(broker, scope, now_ms=now_ms)
+            if closes:
+                await close_again(broker, (scope,), now_ms=now_ms)
             return restored, True
     raise RuntimeError(f"the revocation of {scope.words()} kept changing under us")
 
@@ -290,15 +294,18 @@ _CLOSES_SCANNED = 1_000
 """The most dead letters a restore looks through for closes to send again."""
 
 
-async def close_again(broker: Broker, scope: Scope, *, now_ms: int) -> int:
-    """Send again the closes of approval requests that died while `scope` was revoked.
+async def close_again(broker: Broker, scopes: Collection[Scope], *, now_ms: int) -> int:
+    """Send again the closes of approval requests that died while one of `scopes` was revoked.
 
     A close into a revoked thread is a dead letter (D267), and its request, already posted,
     kept its buttons: a card that looked open for a request nobody could decide any more (an
     outside probe, switching the README's examples). Once the thread may be written to again,
     those closes (and only those: a reply or a request held back stays for an operator) go
-    back to the outbox. Returns how many.
+    back to the outbox. One pass over the dead letters, whatever the number of scopes.
+    Returns how many.
     """
+    if not scopes:
+        return 0
     sent = 0
     after: str | None = None
     for _ in range(_CLOSES_SCANNED // 100):
@@ -308,7 +315,10 @@ async def close_again(broker: Broker, scope: Scope, *, now_ms: int) -> int:
             if (
                 outbound.get("kind") == "approval_closed"
                 and (delivery.last_error or "").startswith(AUTHORITY_REVOKED)
-                and _within(scope, delivery.session, delivery.lane, outbound.get("thread"))
+                and any(
+                    _within(scope, delivery.session, delivery.lane, outbound.get("thread"))
+                    for scope in scopes
+                )
                 and await revocation_of(
                     broker.marks, delivery.session, delivery.lane, _thread(outbound)
                 )
@@ -320,7 +330,8 @@ async def close_again(broker: Broker, scope: Scope, *, now_ms: int) -> int:
             break
         after = page[-1].id
     if sent:
-        log.info(event("closes sent again", scope=scope.words(), closes=sent))
+        said = "; ".join(scope.words() for scope in scopes)
+        log.info(event("closes sent again", scopes=said[:500], closes=sent))
     return sent
 
 
@@ -476,6 +487,7 @@ async def judge_bindings(
     this lift any other). Returns (revoked, restored).
     """
     revoked = restored = 0
+    lifted: list[Scope] = []
     for meta in await repo.list():
         woken = False
         for state in await broker.threads.list(meta.id):
@@ -496,8 +508,11 @@ async def judge_bindings(
                     now_ms=now_ms,
                     why="the settings bind the thread to its session again",
                     lifts=(ROUTE_REMOVED,),
+                    closes=False,  # once for every lane restored, below
                 )
                 restored += changed
+                if changed:
+                    lifted.append(scope)
                 continue
             revocation, changed = await revoke(
                 broker, scope, cause=ROUTE_REMOVED, why=why, by=by, now_ms=now_ms
@@ -507,6 +522,7 @@ async def judge_bindings(
                 await wake(broker, meta.id, revocation)
                 woken = True
         await asyncio.sleep(0)  # a long pass never holds the loop
+    await close_again(broker, lifted, now_ms=now_ms)
     return revoked, restored
 
 
