@@ -169,6 +169,9 @@ class _Session:
     """Lanes' token budgets as an operator set them (`gateway.budgets`), over their profile's."""
     tools: tuple[str, ...] = ()
     """The names of the harness's tools (what a profile's patterns select from)."""
+    told_held: set[str] = field(default_factory=set)
+    """Inbox items whose thread was told they wait behind an approval (D334): a pending
+    `next_run` message is looked at again at every wake, and says so once."""
     authority_epoch: str | None = None
     """The authority epoch its revoked runs were last ended at (`gateway.authority`)."""
     authority_checked_ms: int = 0
@@ -1063,14 +1066,14 @@ class Worker:
                     await self._refuse(item, started.error.tag)
                     return
             if policy == "next_run":
-                await self._held_behind_approval(item, lane)
+                await self._held_behind_approval(session, item, lane)
                 return  # stays pending: it starts the lane's next run
             queue = lane.steer if policy == "steer" else lane.follow_up
             given = await lane_profile(lane) if profiles is not None else None
             text = _text_of(inbound, with_context=fresh, tag=self._tag(given, inbound))
             queued = await queue(await self._content(text, item, inbound), entry_id=entry_id)
             if isinstance(queued, Ok):
-                await self._held_behind_approval(item, lane)
+                await self._held_behind_approval(session, item, lane)
                 await inbox.ack(item.session, item.id)
                 self._accepted(inbound)
                 return
@@ -1079,8 +1082,15 @@ class Worker:
                 return
         # still racing, or a compaction holds the lane: pending until the next look
 
-    async def _held_behind_approval(self, item: InboxItem, lane: AgentLane) -> None:
-        """Tell the thread its message waits for an approval's decision (once per message)."""
+    async def _held_behind_approval(
+        self, session: _Session, item: InboxItem, lane: AgentLane
+    ) -> None:
+        """Tell the thread its message waits for an approval's decision, once per message.
+
+        The notice's id is the item's, and this take asks the broker once per item.
+        """
+        if item.id in session.told_held:
+            return
         info = await lane.info()
         if info.status != "suspended" or info.suspended != "approval":
             return
@@ -1088,6 +1098,7 @@ class Worker:
             state = await self._broker.threads.get(item.session, item.lane)
             if state is not None:
                 await enqueue_held_notice(self._broker, state, item.id, now_ms=self._clock.now_ms())
+                session.told_held.add(item.id)
 
     async def _content(self, text: str, item: InboxItem, inbound: Inbound) -> str | UserMessage:
         """The user message: `text`, with a part per file the channel took in (D223)."""
