@@ -491,15 +491,21 @@ _REMEMBER = (
 """A lane's thread is the one it was first remembered with; its reply context the newest."""
 
 
-def _lane_space(conn: sqlite3.Connection, session: str, lane: str) -> str | None:
-    """The space of the thread `lane` was first remembered with (None: a new lane)."""
+def _other_space(
+    conn: sqlite3.Connection, session: str, lane: str, thread: FrozenJsonObject, text: str
+) -> str | None:
+    """The space `lane` belongs to when it is not `thread`'s (None: a new lane, or its own).
+
+    `text` is `thread` as stored: the same thread again (every message of a thread) is told
+    by its text, without decoding the stored one.
+    """
     row = conn.execute(
         "SELECT thread FROM threads WHERE session = ? AND lane = ?", (session, lane)
     ).fetchone()
-    if row is None:
+    if row is None or row[0] == text:
         return None
     space = json.loads(row[0]).get("space")
-    return space if isinstance(space, str) else None
+    return None if space == thread.get("space") else ("" if space is None else str(space))
 
 
 def _remembered(
@@ -543,9 +549,9 @@ class _Inbox:
         def op(
             conn: sqlite3.Connection, now: int
         ) -> tuple[tuple[tuple[Any, ...], bool, bool], str | None]:
-            if thread is not None:
-                taken = _lane_space(conn, item.session, item.lane)
-                if taken is not None and taken != thread.get("space"):
+            if thread is not None and remembered is not None:
+                taken = _other_space(conn, item.session, item.lane, thread, remembered[2])
+                if taken is not None:
                     raise LaneTaken(item.session, item.lane, taken)  # nothing was written
             held = hold(conn, now)
             if remembered is not None and not held[1]:  # a duplicate changes nothing (D318)

@@ -13,7 +13,7 @@
 local now, vis = tonumber(ARGV[1]), tonumber(ARGV[3])
 if ARGV[9] ~= '' then  -- a lane is one thread: another space's append is refused, first
   local held = redis.call('HGET', KEYS[6], 't:' .. ARGV[8])
-  if held then
+  if held and held ~= ARGV[9] then  -- the same thread again is told by its text
     local space = cjson.decode(held).space
     if space ~= cjson.decode(ARGV[9]).space then return {2, space or ''} end
   end
