@@ -33,3 +33,12 @@ def test_the_store_and_config_given_before_ops_are_ops_own(
         assert "cannot reach the gateway" in said
     args = build_parser().parse_args(["lanes", "--store", store])
     assert Target(args, None).token_file() == tmp_path / "ops-token"
+
+
+def test_a_bad_store_is_one_line(capsys: pytest.CaptureFixture[str]) -> None:
+    # "unexpected ValidationError: 1 validation error for Settings\nstore_url..." before
+    for store in ("", "foo://x"):
+        assert main(["ops", "--store", store, "lanes"]) == 2
+        said = capsys.readouterr().err
+        assert said.startswith(f"gateway ops: cannot read the settings (store_url={store!r} ")
+        assert said.count("\n") == 1

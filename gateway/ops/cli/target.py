@@ -9,6 +9,7 @@ import re
 from pathlib import Path
 
 import httpx
+from pydantic import ValidationError
 
 from config import Settings, SettingsError, format_settings_error
 from gateway.channels import load_gateway_settings, served_url
@@ -55,7 +56,7 @@ class Target:
                 store = getattr(self._args, "store", None)
                 if store is not None:  # as `serve --store` was given: its token file
                     self._settings = self._settings.replace(store_url=store)
-            except SettingsError as exc:
+            except (SettingsError, ValidationError) as exc:  # a bad --store: ValidationError
                 self._settings_error = (
                     f"cannot read the settings ({format_settings_error(exc)}); "
                     "pass --url and --token to do without them"
