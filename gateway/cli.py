@@ -25,6 +25,7 @@ from pydantic import ValidationError
 
 from adapters import AdapterError, text_problem
 from config import Settings, SettingsError, format_settings_error
+from gateway.ask import SESSION as ASK_SESSION
 from gateway.ask import ask, terminal
 from gateway.channels import load_gateway_settings
 from gateway.demo import demo, describe
@@ -140,6 +141,25 @@ class _OutputFailed(GatewayError):
     """Writing to stdout failed otherwise (none, or a full disk): what was asked is stored."""
 
 
+def _not_a_channel_lane(lane: str) -> None:
+    """Refuse an `ask` lane named like a channel's thread (``web:hello``).
+
+    `ask` keeps its lanes in its own session (``cli``): ``--lane web:hello`` made a new
+    conversation there, beside the web thread it seemed to continue.
+    """
+    prefix, colon, _ = lane.partition(":")
+    if not colon or prefix == "cli":
+        return
+    from adapters.registry import channel_specs  # only here: the adapters take 0.4 s to import
+
+    if prefix in {spec.name for spec in channel_specs()}:
+        raise CliError(
+            f"lane {lane!r} is named like a {prefix} thread, which `serve` answers; `ask` keeps "
+            f"its own conversations (session {ASK_SESSION}): --lane cli:NAME, or "
+            f"`{command()} ops timeline {lane}` to read that thread"
+        )
+
+
 async def _run(args: argparse.Namespace, settings: Settings) -> int:
     if args.command == "serve":
         from gateway.serve import serve
@@ -163,6 +183,7 @@ async def _run(args: argparse.Namespace, settings: Settings) -> int:
             check_lane_name(args.lane)
         except SessionError as exc:
             raise CliError(str(exc)) from None  # a name on the command line: usage, 2
+        _not_a_channel_lane(args.lane)
     try:
         repo = open_repo(url)
     except SessionError as exc:
@@ -343,6 +364,11 @@ def main(argv: Sequence[str] | None = None, settings: Settings | None = None) ->
         # `store show --store URL SESSION`: argparse ends a positional list at an option, so
         # the words after it are the same list's (the README says "before or after")
         listed = {"store": "target", "ask": "question"}.get(args.command)
+        if args.command == "serve" and not extra[0].startswith("-"):
+            # `scripts/run frobnicate` is `serve frobnicate` (no command: the service)
+            parser.error(
+                f"unknown command {extra[0]!r} (the commands: {', '.join(commands.choices)})"
+            )
         if listed is None or any(word.startswith("-") for word in extra):
             parser.error(f"unrecognized arguments: {' '.join(extra)}")
         setattr(args, listed, [*getattr(args, listed), *extra])

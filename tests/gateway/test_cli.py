@@ -297,3 +297,23 @@ def test_main_catches_the_roots_in_one_line_with_the_errors_status(
     monkeypatch.setattr(cli, "_run", failing)
     assert main(["store"], settings=Settings()) == status
     assert capsys.readouterr().err == line
+
+
+def test_an_unknown_command_is_named(capsys) -> None:
+    # `scripts/run frobnicate` runs `serve frobnicate`: it said "unrecognized arguments"
+    with pytest.raises(SystemExit) as usage:
+        main(["serve", "frobnicate"], settings=Settings())
+    assert usage.value.code == 2
+    err = capsys.readouterr().err
+    assert "unknown command 'frobnicate' (the commands: demo, store, ask, ops, serve)" in err
+
+
+def test_an_ask_lane_named_like_a_channel_s_thread_is_refused(tmp_path, capsys) -> None:
+    # `ask --lane web:hello` made a conversation in session cli beside the web thread
+    store = f"sqlite:///{tmp_path}/gw.db"
+    assert main(["ask", "--store", store, "--lane", "web:hello", "hi"], settings=Settings()) == 2
+    err = capsys.readouterr().err
+    assert "lane 'web:hello' is named like a web thread" in err and "--lane cli:NAME" in err
+    assert not (tmp_path / "gw.db").exists()  # refused before the store is opened
+    assert main(["ask", "--store", store, "--lane", "notes:monday", "hi"], settings=Settings()) == 0
+    assert "You said: hi" in capsys.readouterr().out
