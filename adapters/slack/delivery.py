@@ -82,6 +82,9 @@ differ: ours stamps the request, Slack stamps the message)."""
 _WORKING_MAX = 200
 """The newest messages of a thread that may wear the working reaction (a reply clears them):
 a bound for a thread that is never answered, far past a burst a run takes in."""
+FAILED_REACTION = "warning"
+"""What the newest message a reply answers wears instead of the working reaction once Slack
+refused the reply for good (a dead letter: `gateway ops deliveries` shows why)."""
 _ADD_WAIT_S = 5.0
 """How long taking the reaction off waits for its putting on, still on its way, to land."""
 
@@ -116,10 +119,23 @@ class SlackDelivery:
     async def deliver(self, outbound: Outbound) -> DeliveryReceipt:
         """Post the delivery's parts into its thread (those not already there).
 
+        A reply Slack refuses for good (a dead letter at once) swaps the working reaction of
+        the messages it answers for `FAILED_REACTION`: the thread no longer looks worked on.
+
         Raises:
             DeliveryError: see the module docstring; once a part is posted, any later failure
                 has an unknown outcome (the retry reconciles and posts only what is missing).
         """
+        try:
+            return await self._deliver(outbound)
+        except DeliveryError as exc:
+            if exc.permanent and self.working_reaction and outbound.answers:
+                with contextlib.suppress(DeliveryError):  # not a Slack thread: nothing wears it
+                    channel, _ = self._where(outbound.thread)
+                    self.link.spawn(self._answered(channel, outbound, failed=True))
+            raise
+
+    async def _deliver(self, outbound: Outbound) -> DeliveryReceipt:
         if outbound.kind == "approval_closed":
             return await self._close(outbound)
         channel, thread_ts = self._where(outbound.thread)
@@ -465,8 +481,11 @@ class SlackDelivery:
         context = {**inbound.reply_context, "working": working}
         return Inbound.model_validate({**inbound.model_dump(), "reply_context": context})
 
-    async def _answered(self, channel: str, outbound: Outbound) -> None:
-        """Take the working reaction off the messages a delivery answers, and remember them."""
+    async def _answered(self, channel: str, outbound: Outbound, *, failed: bool = False) -> None:
+        """Take the working reaction off the messages a delivery answers, and remember them.
+
+        `failed`: the delivery is a dead letter; the newest of them wears `FAILED_REACTION`.
+        """
         listed = outbound.reply_context.get("working")
         newest = outbound.reply_context.get("ts")
         working = (
@@ -486,6 +505,8 @@ class SlackDelivery:
             if adding is not None:  # a slow add landing after the remove would stay for good
                 await asyncio.wait([adding], timeout=_ADD_WAIT_S)
             await self.react(channel, ts, add=False)
+        if failed:
+            await self.react(channel, max(working, key=ts_key), add=True, name=FAILED_REACTION)
 
     async def _mark_answered(self, lane: str, through: str) -> None:
         mark = _answered_mark(lane)
@@ -506,11 +527,11 @@ class SlackDelivery:
         self._adding[key] = task
         task.add_done_callback(lambda _: self._adding.pop(key, None))
 
-    async def react(self, channel: str, ts: str, *, add: bool) -> None:
-        """Put the working reaction on a message, or take it off (best effort)."""
+    async def react(self, channel: str, ts: str, *, add: bool, name: str | None = None) -> None:
+        """Put the working reaction (or `name`) on a message, or take it off (best effort)."""
         call = self.link.client.reactions_add if add else self.link.client.reactions_remove
         try:
-            await call(channel=channel, timestamp=ts, name=self.working_reaction)
+            await call(channel=channel, timestamp=ts, name=name or self.working_reaction)
         except (SlackApiError, aiohttp.ClientError, TimeoutError) as exc:
             # already_reacted / no_reaction are normal (a retry, a steered message)
             log.debug("slack reaction skipped", extra={"error": type(exc).__name__})

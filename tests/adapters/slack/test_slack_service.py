@@ -562,6 +562,26 @@ async def test_a_message_being_worked_on_wears_the_reaction_until_answered(rig: 
     await _until(lambda: "eyes" not in rig.fake.message("C1", event["ts"]).reactions)
 
 
+async def test_a_reply_slack_refuses_for_good_leaves_a_warning_not_the_working_reaction(
+    rig: Rig,
+) -> None:
+    # the thread wore 👀 for good, as if the reply were still on its way
+    rig.fake.fail("chat.postMessage", error="restricted_action")
+    event = rig.fake.mention_event("C1", "hello")
+    await rig.event(event)
+    await _until(lambda: "warning" in rig.fake.message("C1", event["ts"]).reactions)
+    assert "eyes" not in rig.fake.message("C1", event["ts"]).reactions
+    broker = rig.service.broker
+    assert broker is not None
+    [dead] = await broker.outbox.list("dead")
+    assert dead.last_error == "Slack: restricted_action"
+    follow = rig.fake.post_user_message("C1", "again", thread_ts=event["ts"])
+    await rig.event(follow)
+    await rig.bot_replies("C1", event["ts"], 1)
+    await _until(lambda: "eyes" not in rig.fake.message("C1", follow["ts"]).reactions)
+    assert "warning" not in rig.fake.message("C1", follow["ts"]).reactions
+
+
 async def test_a_long_answer_is_split_and_a_partial_post_is_completed_not_repeated(
     rig: Rig,
 ) -> None:
