@@ -8,7 +8,7 @@ from typing import Any
 from fastapi import FastAPI
 from fastapi.responses import JSONResponse, RedirectResponse, Response
 
-from gateway.guards import BodyLimit, HostGuard, HostRule
+from gateway.guards import BodyLimit, HeadAsGet, HostGuard, HostRule
 from gateway.ops.errors import API_PREFIX, install_errors
 from gateway.redact import RedactBodies, Redactor
 
@@ -42,6 +42,7 @@ def build_app(
         app.add_middleware(RedactBodies, redactor=redactor)  # added first: innermost
     app.add_middleware(BodyLimit, limits=body_limits)
     app.add_middleware(HostGuard, rule=hosts)
+    app.add_middleware(HeadAsGet)  # HEAD wherever GET: uptime checkers probe with it
     install_errors(app)  # the request-id middleware, outside both
 
     @app.get("/", include_in_schema=False)
@@ -62,10 +63,6 @@ def build_app(
         failing = {name: state for name, state in checks.items() if state != "ok"}
         status = 503 if failing else 200
         return JSONResponse({"status": "ok" if not failing else "unavailable", **checks}, status)
-
-    # HEAD too, as load balancers and uptime checkers probe (the server sends no body)
-    app.add_api_route("/healthz", healthz, methods=["HEAD"], include_in_schema=False)
-    app.add_api_route("/readyz", readyz, methods=["HEAD"], include_in_schema=False)
 
     for router in routers:
         app.include_router(router)

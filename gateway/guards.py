@@ -9,6 +9,8 @@ middleware, so a refusal carries its id) and answer at once, without reading the
 * `BodyLimit`: a body over its route class's bound is refused 413 on its ``Content-Length``,
   unread; a body without one (chunked) is read only up to the bound.
 
+`HeadAsGet` passes a HEAD on as a GET (the HTTP server leaves the body out).
+
 Refusals under ``/api/v1`` are the operator API's envelope; everywhere else the channels'
 ``{"error": {"code", "message"}}``.
 """
@@ -185,6 +187,23 @@ def body_limits(declared: Iterable[Mapping[str, int]]) -> dict[str, int]:
 
 class _TooLarge(GatewayError):
     pass
+
+
+class HeadAsGet:
+    """Answer HEAD wherever GET is answered (uptime checkers and load balancers probe with it).
+
+    The route sees a GET; the HTTP server, which knows the request was a HEAD, sends the
+    headers without the body.
+    """
+
+    def __init__(self, app: ASGIApp) -> None:
+        self.app = app
+
+    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
+        """Pass a HEAD on as a GET, anything else as it is."""
+        if scope["type"] == "http" and scope.get("method") == "HEAD":
+            scope = {**scope, "method": "GET"}
+        await self.app(scope, receive, send)
 
 
 class BodyLimit:

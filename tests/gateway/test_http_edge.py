@@ -176,12 +176,24 @@ RAW_HOSTS: list[tuple[bytes, int]] = [
 ]
 
 
-async def test_the_health_routes_answer_head_as_probes_send_it(edge: Edge) -> None:
+async def test_every_page_answers_head_as_probes_send_it(edge: Edge) -> None:
+    # only the health routes did: an uptime checker probing / or /ops with HEAD saw 405
     async with httpx.AsyncClient(base_url=edge.url, timeout=10) as http:
-        for path in ("/healthz", "/readyz"):
+        for path, status in [
+            ("/healthz", 200),
+            ("/readyz", 200),
+            ("/ops", 200),
+            ("/metrics", 200),
+            ("/web/", 200),
+            ("/", 307),
+            ("/api/v1/lanes", 401),
+        ]:
             response = await http.head(path, headers={"Host": "localhost"})
-            assert response.status_code == 200, (path, response.status_code)
+            assert response.status_code == status, (path, response.status_code)
             assert response.content == b"", path  # a HEAD answer has no body
+            got = await http.get(path, headers={"Host": "localhost"})
+            length = response.headers.get("content-length")
+            assert length is None or int(length) == len(got.content) or path == "/metrics"
 
 
 async def test_a_missing_or_repeated_host_is_refused(edge: Edge) -> None:
