@@ -228,7 +228,24 @@ async def _rerun(
             action,
             clock,
             "refused",
-            error={"code": "not_a_user_message", "message": "a rewind needs a user message entry"},
+            error={
+                "code": "not_a_user_message",
+                "message": "a rewind needs a user message entry"
+                if stored is not None
+                else f"no entry {action.entry_id!r} in this session",
+            },
+        )
+    if stored.lane is not None and stored.lane != action.lane:
+        # another thread's message: its conversation (another customer's, perhaps) would
+        # become this thread's, answered here
+        return _result(
+            action,
+            clock,
+            "refused",
+            error={
+                "code": "not_this_lane",
+                "message": "the entry is a message of another lane: a rewind takes the lane's own",
+            },
         )
     moved = await lane.navigate_tree(stored.parent_id)
     if isinstance(moved, Err):

@@ -57,22 +57,30 @@ def banner(
     hold no key.
     """
     base = served_url(settings)
-    if not terminal and kept is not None:
+    unsaid = sign_in is not None and not terminal
+    if not terminal:
         sign_in = None
     return "\n".join(
         [
             f"gateway: serving on {base} (model {model}, "
             f"store {without_password(settings.effective_store_url)})",
-            *_ops_line(base, sign_in, kept),
+            *_ops_line(base, sign_in, kept, unsaid=unsaid),
             *channel_lines(settings, SystemClock()),
             "  Ctrl-C drains and stops.",
         ]
     )
 
 
-def _ops_line(base: str, sign_in: str | None, kept: Path | None) -> list[str]:
+def _ops_line(
+    base: str, sign_in: str | None, kept: Path | None, *, unsaid: bool = False
+) -> list[str]:
     if sign_in is None and kept is not None:
         return [f"  operators: {base}/ops (sign in with the operator token kept in {kept})"]
+    if unsaid:  # a log is read by more people than the operators: its token is no sign-in
+        return [
+            f"  operators: {base}/ops (no operator token could be kept beside this store, and "
+            "a log gets none: set GATEWAY_OPS_TOKENS to sign in)"
+        ]
     if sign_in is None:
         return [f"  operators: {base}/ops (sign in with an ops token)"]
     where = f"kept in {kept}" if kept else "new at every start: not saved"

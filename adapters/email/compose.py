@@ -49,6 +49,7 @@ import hashlib
 import hmac
 import html
 import json
+import logging
 import re
 from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass
@@ -104,6 +105,7 @@ MIN_KEY_BYTES = 32
 
 Decision = Literal["approve", "deny"]
 
+log = logging.getLogger("adapters.email")
 _OWN_ID = re.compile(r"<?dg\.([a-z2-7]{32})@([^<>\s@]+)>?")
 _DOMAIN = re.compile(r"[A-Za-z0-9](?:[A-Za-z0-9.-]{0,251}[A-Za-z0-9])?")
 _FILETIME_EPOCH = 116_444_736_000_000_000  # 1970-01-01 in 100 ns units since 1601-01-01
@@ -187,10 +189,19 @@ def compose_reply(
     cc: list[tuple[str, str]] = []
     if outbound.kind not in ("approval_request", "approval_closed"):  # those go to the asker
         seen = {bot, to[1]}
+        left_out = 0
         for pair in _pairs(context.get("to")) + _pairs(context.get("cc")):
-            if pair[1] not in seen and len(cc) < MAX_CC:
+            if pair[1] not in seen:
                 seen.add(pair[1])
-                cc.append(pair)
+                if len(cc) < MAX_CC:
+                    cc.append(pair)
+                else:
+                    left_out += 1
+        if left_out:  # a bound against a blast, said: those people will miss the answer
+            log.warning(
+                "email reply copies fewer people",
+                extra={"copied": len(cc), "left_out": left_out, "bound": MAX_CC},
+            )
     when = now if now.tzinfo is not None else now.replace(tzinfo=UTC)
     # an address with a non-ASCII local part (jürgen@) has no ASCII form: the message is
     # written as UTF-8 and sent with SMTPUTF8 (RFC 6531); a domain (bücher.example) has one

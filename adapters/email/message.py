@@ -24,8 +24,10 @@ The rules:
   without the quotes and signatures its client marked, laid out as text by inscriptis
   (`html_to_text`: tables in columns, lists, links kept as ``text (url)``, ``<blockquote>`` as
   ``>`` lines); quoted history in any language and a trailing signature are stripped
-  (`adapters.email.quotes`). A forward (subject ``Fwd:``/``WG:``...) keeps its whole text:
-  the forwarded message is what the sender wants read. A message without new text that
+  (`adapters.email.quotes`) from replies. A forward (subject ``Fwd:``/``WG:``...) keeps its
+  whole text: the forwarded message is what the sender wants read; so does a message that
+  starts a thread, which quotes no history (D336). Text in no declared charset is guessed
+  (`_decode_part`, D335). A message without new text that
   starts a thread takes its subject as text; a reply without new text and without attachments
   is skipped as ``empty``.
 * **Length**: beyond `MAX_TEXT_CHARS` characters of new text (quoted history removed first:
@@ -55,6 +57,7 @@ from email.utils import getaddresses
 from itertools import islice
 from typing import Any, Literal
 
+import charset_normalizer
 from inscriptis.css_profiles import CSS_PROFILES  # type: ignore[import-untyped]
 from inscriptis.html_engine import Inscriptis  # type: ignore[import-untyped]
 from inscriptis.html_properties import Display, WhiteSpace  # type: ignore[import-untyped]
@@ -404,21 +407,23 @@ def _read(
     references = message_ids(_header(msg, "References"))
     in_reply_to = message_ids(_header(msg, "In-Reply-To"))
     root = references[0] if references else in_reply_to[0] if in_reply_to else message_id
-    forward = _is_forward(subject)
+    # a mail that starts a thread quotes no history of it: its ">" lines, "-- " and
+    # "X wrote:" are the sender's own (a pasted log, a separator) and are kept (D336)
+    whole = _is_forward(subject) or root == message_id
     if unread is not None:  # too large to read: the subject says what it is about, at most
         text = normalize_subject(subject)
         attachments: tuple[Attachment, ...] = ()
         unlisted = 0
         cut: TextCut | None = unread.model_copy(update={"kept": len(text)})
     else:
-        body = _body(msg, strip_quotes=not forward)
+        body = _body(msg, strip_quotes=not whole)
         if body.status == "undecodable":
             return Parsed("skip", "undecodable")
         attachments, unlisted = _attachments(msg, body.part)
         text = body.text
         cut = None
         if text:
-            text, cut = keep_within(text.strip() if forward else reply_text(text), MAX_TEXT_CHARS)
+            text, cut = keep_within(text.strip() if whole else reply_text(text), MAX_TEXT_CHARS)
         if body.partial:  # the end of the HTML was never read: how much it held is unknown
             cut = TextCut(kept=len(text), total=None)
         if not text and root == message_id:
@@ -711,15 +716,50 @@ def _body(msg: EmailMessage, *, strip_quotes: bool) -> _Body:
             partial = len(html) > _MAX_HTML_CHARS
             html = html[:_MAX_HTML_CHARS]
             decoded = html_to_text(clean_html(html) if strip_quotes else html)
-        elif _param(candidate, "format") == "flowed":
-            delsp = _param(candidate, "delsp") == "yes"
-            decoded = _unflow(decoded, delsp=delsp)
+        else:
+            pieces = [
+                _plain_text(piece, decoded if piece is candidate else _decode_part(piece) or "")
+                for piece in [candidate, *_continuations(msg, candidate)]
+            ]
+            decoded = "\n\n".join(piece.strip("\r\n") for piece in pieces if piece.strip())
         text = _normalize_text(decoded)
         if text.strip():
             return _Body("found", text, candidate, partial)
     if undecodable:
         return _Body("undecodable")
     return _Body("found", "", candidates[0][1])
+
+
+def _plain_text(part: Message, decoded: str) -> str:
+    """A plain part's decoded text, its flowed lines joined (RFC 3676)."""
+    if _param(part, "format") == "flowed":
+        return _unflow(decoded, delsp=_param(part, "delsp") == "yes")
+    return decoded
+
+
+def _continuations(msg: Message, body: Message) -> list[Message]:
+    """The plain parts that continue `body` after a picture.
+
+    They are its later inline siblings in a ``multipart/mixed``: Apple Mail writes text, image,
+    text when a picture is put mid-text.
+    """
+    for count, part in enumerate(msg.walk()):
+        if count >= _MAX_LEAVES:
+            break
+        if part.get_content_type() != "multipart/mixed":
+            continue
+        payload = part.get_payload()
+        if not isinstance(payload, list) or not any(sub is body for sub in payload):
+            continue
+        after = payload[[id(sub) for sub in payload].index(id(body)) + 1 :]
+        return [
+            sub
+            for sub in after
+            if isinstance(sub, Message)
+            and sub.get_content_type() == "text/plain"
+            and not _is_attachment(sub)
+        ]
+    return []
 
 
 def _param(part: Message, name: str) -> str:
@@ -734,32 +774,44 @@ def _param(part: Message, name: str) -> str:
 
 
 def _decode_part(part: Message) -> str | None:
-    """The part's text in its declared charset, else UTF-8 with replacements; None: garbage."""
+    """The part's text; None: no text at all (binary bytes labelled text).
+
+    The declared charset first, then UTF-8, both strictly; then the bytes are guessed (old
+    clients and scripts send 8-bit text undeclared or declared wrong, and such a mail was
+    skipped unanswered, D335): Windows-1252 for Latin text (what HTML5 reads ISO-8859-1 and
+    ASCII labels as), else the codec charset-normalizer finds (Cyrillic, CJK).
+    """
     payload = part.get_payload(decode=True)
     if not isinstance(payload, bytes):
         return ""
     charset = part.get_content_charset()
-    codec: str | None = None
-    if charset:
-        try:
-            codec = codecs.lookup(charset).name
-            return payload.decode(codec)
-        except (LookupError, UnicodeError, ValueError, TypeError):
-            pass
-    else:
-        try:
-            return payload.decode("utf-8")
-        except UnicodeError:
-            pass
-    attempts = ["utf-8"] + ([codec] if codec and codec != "utf-8" else [])
-    for name in attempts:
-        try:
-            text = payload.decode(name, errors="replace")
-        except (LookupError, UnicodeError, ValueError, TypeError):
-            continue
-        if text.count("\ufffd") <= max(8, len(text) // 10):
-            return text
-    return None
+    for name in (charset, "utf-8"):
+        if name:
+            try:
+                return payload.decode(codecs.lookup(name).name)
+            except (LookupError, UnicodeError, ValueError, TypeError):
+                pass
+    return _guessed(payload)
+
+
+def _guessed(payload: bytes) -> str | None:
+    """8-bit text of no known charset as text, or None when the bytes read as no text."""
+    found = [
+        match
+        for match in charset_normalizer.from_bytes(payload)
+        if not match.encoding.startswith(("utf_16", "utf_32"))  # no BOM: a guess too far
+    ]
+    if not found:
+        return None  # chaos in every codec: binary, not text
+    try:
+        western = payload.decode("cp1252")
+    except UnicodeError:
+        western = None
+    if western is not None:
+        letters = [char for char in western if char.isalpha()]
+        if sum(1 for char in letters if not char.isascii()) * 2 <= len(letters):
+            return western  # mostly ASCII letters: a Latin script, whose accents cp1252 has
+    return str(found[0])
 
 
 def _normalize_text(text: str) -> str:

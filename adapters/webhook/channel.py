@@ -5,11 +5,12 @@ Webhooks. The signature headers and the timestamp are checked before the body is
 request without them, or older than the tolerance, is refused unread), the body is bounded,
 then its signature is checked over the raw bytes, and only then is it parsed. A message is
 handed to the sink and acknowledged (202) only once the sink holds it durably; a sender's
-redelivery (same ``webhook-id``, or the same ``message_id``) is acknowledged again as a
-duplicate and taken once. A decision is taken only from a configured approver, then judged by
-the gateway; one that can change nothing stores nothing. Without an ``idempotency_key`` its key
-derives from what it decides (`decision_key`): the same decision sent again, under any
-``webhook-id``, is one decision, as a double click is on the other channels.
+redelivery (the same ``message_id``; without one, the same ``webhook-id``) is acknowledged
+again as a duplicate and taken once. A decision is taken only from a configured approver, then
+judged by the gateway; one that can change nothing stores nothing. Without an
+``idempotency_key`` its key derives from what it decides (`decision_key`): the same decision
+sent again, under any ``webhook-id``, is one decision, as a double click is on the other
+channels.
 
 Every refusal is one JSON envelope ``{"error": {"code", "message"}}`` and stores nothing: 400
 (``invalid_json``, ``invalid_request``, ``invalid_text``, ``empty_text``, ``text_too_long``),

@@ -105,14 +105,18 @@ class WebhookDelivery:
             **signed_headers(self._key, msg_id, self._clock.now_ms() // 1000, body),
         }
         try:
-            response = await self._http().post(self.url, content=body, headers=headers)
+            # the answer's status and headers only: a body is never read (a receiver streaming
+            # 200 MiB of it held them in memory, for every delivery)
+            async with self._http().stream(
+                "POST", self.url, content=body, headers=headers
+            ) as response:
+                status, retry_after = response.status_code, _retry_after(response)
         except (httpx.ConnectError, httpx.ConnectTimeout, httpx.PoolTimeout) as exc:
             raise DeliveryError(f"webhook receiver unreachable ({type(exc).__name__})") from None
         except (httpx.TimeoutException, httpx.TransportError) as exc:
             raise DeliveryError(
                 f"webhook receiver did not answer ({type(exc).__name__})", unknown_outcome=True
             ) from None
-        status = response.status_code
         if 200 <= status < 300:
             log.info(
                 "webhook delivered",
@@ -125,9 +129,9 @@ class WebhookDelivery:
             )
         reason = f"webhook receiver answered {status}"
         if status in _NOT_TAKEN:
-            raise DeliveryError(reason, retry_after_s=_retry_after(response))
+            raise DeliveryError(reason, retry_after_s=retry_after)
         if status >= 500:
-            raise DeliveryError(reason, unknown_outcome=True, retry_after_s=_retry_after(response))
+            raise DeliveryError(reason, unknown_outcome=True, retry_after_s=retry_after)
         if 300 <= status < 400:
             reason += " (a redirect: configure the final URL)"
         raise DeliveryError(reason, permanent=True)
@@ -139,15 +143,16 @@ class WebhookDelivery:
         msg_id = webhook_id(outbound.delivery_id)
         headers = signed_headers(self._key, msg_id, self._clock.now_ms() // 1000, b"")
         try:
-            response = await self._http().get(
-                f"{self.status_url}/{quote(msg_id, safe='')}", headers=headers
-            )
+            async with self._http().stream(  # its status only, as a delivery's
+                "GET", f"{self.status_url}/{quote(msg_id, safe='')}", headers=headers
+            ) as response:
+                status = response.status_code
         except httpx.HTTPError as exc:
             log.info("webhook reconcile failed", extra={"error": type(exc).__name__})
             return "unknown"
-        if 200 <= response.status_code < 300:
+        if 200 <= status < 300:
             return "delivered"
-        if response.status_code in (404, 410):
+        if status in (404, 410):
             return "absent"
-        log.info("webhook reconcile failed", extra={"status": response.status_code})
+        log.info("webhook reconcile failed", extra={"status": status})
         return "unknown"

@@ -39,6 +39,8 @@ SERVER_NAME = re.compile(r"[a-z][a-z0-9_-]{0,31}")
 _ENV_NAME = re.compile(r"[A-Za-z_][A-Za-z0-9_]{0,127}")
 _HEADER_NAME = re.compile(r"[!#$%&'*+.^_`|~0-9A-Za-z-]{1,128}")
 _APPROVER = re.compile(r"[^\s,]{1,100}")
+_SECRET_NAME = re.compile(r"key|token|secret|passw|auth|credential", re.IGNORECASE)
+"""A command-line flag or URL query name whose value is a secret (``--api-key``, ``?token=``)."""
 _WORDLIKE = re.compile(r"[A-Za-z][A-Za-z-]*|[A-Za-z]+/[A-Za-z0-9.+-]+")
 """``production``, ``application/json``: values that are more likely settings than secrets."""
 
@@ -142,6 +144,19 @@ class McpServer(_Table):
             yield self.bearer_token.get_secret_value()
         if self.url is not None and (password := urlsplit(self.url).password):
             yield password
+        # keys people pass the way a server's README shows (`npx server --api-key X`,
+        # `https://host/mcp?api_key=X`): a server's stderr repeats them into the health
+        for flag, value in zip(("", *self.args), self.args, strict=False):
+            name, equals, given = value.partition("=")
+            if equals and name.startswith("-") and _SECRET_NAME.search(name) and given:
+                yield given
+            elif flag.startswith("-") and _SECRET_NAME.search(flag) and not value.startswith("-"):
+                yield value
+        if self.url is not None:
+            for pair in urlsplit(self.url).query.split("&"):
+                name, equals, given = pair.partition("=")
+                if equals and given and _SECRET_NAME.search(name):
+                    yield given
 
     def word_valued(self, min_chars: int, shown: frozenset[str] = frozenset()) -> list[str]:
         """Where a secret value that answers may well hold is set: worth a warning (D307).

@@ -247,6 +247,16 @@ async def test_abort_rewind_and_retry(ops: Ops) -> None:
     assert answers[-1]["text"] == "You said: first question"
     bad = await ops.act(f"/lanes/{view['id']}/rewind", {"entry_id": "no-such"}, key="rw-2")
     assert bad.status_code == 409, bad.text
+    assert "no entry 'no-such'" in bad.json()["error"]["message"]
+    # another thread's message: its conversation was moved into this one and answered here
+    await ops.post("other", "a secret of another thread")
+    await ops.answers("other", 1)
+    other = (await ops.get(f"/lanes/{(await ops.lane('web:other'))['id']}/timeline"))["items"]
+    [secret] = [i for i in other if i["summary"] == "user: a secret of another thread"]
+    taken = await ops.act(f"/lanes/{view['id']}/rewind", {"entry_id": secret["id"]}, key="rw-3")
+    assert taken.status_code == 409, taken.text
+    assert taken.json()["error"]["details"]["reason"] == "not_this_lane"
+    assert len(await ops.answers("again", 3)) == 3  # nothing more was answered here
     assert bad.json()["error"]["request_id"] == bad.headers["x-request-id"]  # a worker's refusal
     audited = len((await ops.get("/audit"))["items"])
     for odd in ("\u0000", "a\u0000b"):  # was 409, with the NUL in the audit trail

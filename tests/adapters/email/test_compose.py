@@ -21,6 +21,7 @@ from adapters.email import message as message_module
 from adapters.email.compose import (
     MAX_ARGS_CHARS,
     MAX_CALLS_SHOWN,
+    MAX_CC,
     MAX_REFERENCES,
     MAX_TOKEN_CHARS,
     _serializer,
@@ -139,6 +140,17 @@ def test_reply_headers() -> None:
     assert message["X-Auto-Response-Suppress"] == "All"
     assert message["Thread-Topic"] is None and message["Thread-Index"] is None
     assert message["Reply-To"] is None
+
+
+def test_reply_all_beyond_its_bound_says_who_was_left_out(caplog: pytest.LogCaptureFixture) -> None:
+    # a mail to 30 people got an answer 10 of them never saw, and nothing said so
+    people = ", ".join(f"p{n}@example.com" for n in range(30))
+    inbound = parsed(HUMAN.replace("Cc: carol@example.com, BOT@gw.example", f"Cc: {people}"))
+    with caplog.at_level("WARNING", logger="adapters.email"):
+        message = compose(outbound(inbound.reply_context))
+    assert len(str(message["Cc"]).split(",")) == MAX_CC
+    [record] = [r for r in caplog.records if r.getMessage() == "email reply copies fewer people"]
+    assert (record.__dict__["copied"], record.__dict__["left_out"]) == (20, 11)  # Bob, 30 - 20 + 1
 
 
 def test_the_body_is_plain_text_with_an_html_alternative() -> None:

@@ -663,8 +663,10 @@ async def test_a_mail_over_the_limit_is_cut_and_said_once_in_the_thread(
     agent_text: str,
     cut: tuple[int, int] | None,
 ) -> None:
-    if isinstance(body, str):
-        asked = mail.write(body, subject=subject)
+    earlier = "<earlier@example.test>" if subject.startswith("Re:") else None
+    if isinstance(body, str):  # a reply answers an earlier mail: its quoted history is cut
+        headers = {"In-Reply-To": earlier} if earlier else None
+        asked = mail.write(body, subject=subject, headers=headers)
     else:
         asked = body
         asked["From"] = f"Person <{mail.person.address}>"
@@ -677,7 +679,7 @@ async def test_a_mail_over_the_limit_is_cut_and_said_once_in_the_thread(
     await asyncio.sleep(0.5)  # room for a wrong second notice
     replies = await mail.replies(0)
     notices = [m for m in replies if "longer than I can take" in _text(m)]
-    [got] = await mail.user_texts(f"email:{asked['Message-ID']}")
+    [got] = await mail.user_texts(f"email:{earlier or asked['Message-ID']}")
     if cut is None:
         assert got == agent_text
         assert notices == [] and len(replies) == 1

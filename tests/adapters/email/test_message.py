@@ -302,6 +302,10 @@ def test_gmail_html_only_reply() -> None:
     assert taken(gmail_html_only()).text == "Yes, approve it please."
 
 
+EARLIER = "<m0@example.com>"
+"""A mail the test's mail answers (quoted history and signatures are cut from answers only)."""
+
+
 def plain(body: str, **headers: str) -> str:
     base = {
         "From": "Alice <alice@example.com>",
@@ -379,7 +383,30 @@ STRIPPING = [
     ("body", "text"), [c[1:] for c in STRIPPING], ids=[c[0] for c in STRIPPING]
 )
 def test_quotes_and_signatures_are_stripped(body: str, text: str | None) -> None:
-    assert taken(plain(body)).text == (body if text is None else text)
+    assert taken(plain(body, In_Reply_To=EARLIER)).text == (body if text is None else text)
+
+
+# (case, the body of a mail that starts a thread): it quotes no history, so what looks like a
+# quote, a signature or an attribution is the sender's own text, and every line of it reaches
+# the agent. Each of these lost the lines after the look-alike (an outside probe).
+NEW_MAILS = [
+    ("pasted-log", 'What does it mean?\n\n> ERROR: relation "users" does not exist\n> LINE 1'),
+    ("dash-separators", "Step 1: stop it\n--\nStep 2: migrate the DB\n--\nStep 3: start it"),
+    ("wrote-line", "Context:\nOn Monday the CEO wrote:\nWe close Berlin.\nSummarize the impact."),
+    ("from-sent-lines", "Where is it?\nFrom: Berlin\nSent: by DHL\nTo: Munich\nTracking 1Z9"),
+]  # fmt: skip
+
+
+@pytest.mark.parametrize("body", [c[1] for c in NEW_MAILS], ids=[c[0] for c in NEW_MAILS])
+def test_a_mail_that_starts_a_thread_is_read_whole(body: str) -> None:
+    parsed = read(plain(body))
+    assert parsed.reason == "new" and parsed.inbound is not None
+    assert parsed.inbound.text == body
+    html = plain("", Content_Type="text/html; charset=utf-8").replace(
+        "Content-Type: text/plain; charset=utf-8\n", ""
+    )
+    quoted = '<div>Look:</div><div class="gmail_quote">On Mon, A wrote:<blockquote>kept'
+    assert taken(html + quoted).text.endswith("kept")
 
 
 @pytest.mark.parametrize(
@@ -412,7 +439,7 @@ def test_quotes_and_signatures_are_stripped(body: str, text: str | None) -> None
     ],
 )  # fmt: skip
 def test_html_quotes_and_signatures_are_cut_before_the_text_is_taken(html: str, text: str) -> None:
-    raw = plain("", Content_Type="text/html; charset=utf-8").replace(
+    raw = plain("", Content_Type="text/html; charset=utf-8", In_Reply_To=EARLIER).replace(
         "Content-Type: text/plain; charset=utf-8\n", ""
     )
     assert taken(raw + html).text == text
@@ -572,12 +599,27 @@ def test_unknown_charset_falls_back_to_utf8() -> None:
     assert taken(raw).text == "Grüße aus Köln"
 
 
-def test_a_wrong_charset_keeps_the_text_with_replacements() -> None:
-    raw = (
-        b"From: a@example.com\nTo: bot@gw.example\nSubject: x\nMessage-ID: <c2@x>\n"
-        b"Content-Type: text/plain; charset=utf-8\n\n"
-    ) + "Déploie la version 42 maintenant".encode("latin-1")
-    assert taken(raw).text == "D\ufffdploie la version 42 maintenant"
+# (what the mail declares, the bytes' real codec, the text): old clients, scripts and web
+# forms send 8-bit text undeclared or declared wrong. Nine umlauts made a German sentence
+# "undecodable": the mail was skipped, and its sender never answered (D335).
+MISLABELLED = [
+    ("charset=utf-8", "latin-1", "Déploie la version 42 maintenant"),
+    ("charset=us-ascii", "latin-1", "Bitte die Änderungen für Übermorgen prüfen. Grüße, Jürgen."),
+    (None, "cp1252", "Bonjour, pouvez-vous vérifier le délai? Très urgent. Coût: 50€"),
+    ("charset=utf-8", "cp1251", "Здравствуйте! Пожалуйста, пришлите счёт за декабрь. Спасибо."),
+    (None, "cp1251", "Здравствуйте! Пожалуйста, пришлите счёт за декабрь. Спасибо."),
+    ("charset=x-mac-klingon", "latin-1", "Grüße aus Köln, bitte prüfen."),
+]
+
+
+@pytest.mark.parametrize(("declared", "codec", "text"), MISLABELLED)
+def test_text_in_a_charset_it_does_not_declare_is_read(
+    declared: str | None, codec: str, text: str
+) -> None:
+    head = b"From: a@example.com\nTo: bot@gw.example\nSubject: x\nMessage-ID: <c2@x>\n"
+    if declared is not None:
+        head += f"Content-Type: text/plain; {declared}\n".encode()
+    assert taken(head + b"\n" + text.encode(codec)).text == text
 
 
 def test_binary_garbage_is_undecodable() -> None:
@@ -689,7 +731,7 @@ LONG_TEXTS: list[tuple[str, str, int, tuple[int, int | None] | None]] = [
     ("at", plain("a" * MAX_TEXT_CHARS), MAX_TEXT_CHARS, None),
     ("over", plain("word " * 20_000), MAX_TEXT_CHARS, (MAX_TEXT_CHARS, 99_999)),
     ("cjk-at", plain("日" * MAX_TEXT_CHARS), MAX_TEXT_CHARS, None),
-    ("quote-over", plain(_QUOTED), 3, None),
+    ("quote-over", plain(_QUOTED, In_Reply_To=EARLIER), 3, None),
     ("forward-over", plain("f" * 50_000, Subject="Fwd: log"), _LIMIT, (_LIMIT, 50_000)),
     ("html-over", _html(f"<p>{'h' * 41_000}</p>"), MAX_TEXT_CHARS, (MAX_TEXT_CHARS, 41_000)),
     ("html-too-long", _html("<p>x</p>" * 70_000), MAX_TEXT_CHARS, (MAX_TEXT_CHARS, None)),
@@ -1124,3 +1166,19 @@ def test_a_message_too_large_to_read_is_taken_from_its_header(
         "message_bytes": 12_000_000,
         "limit_bytes": LIMIT,
     }
+
+
+def test_text_after_a_picture_put_mid_text_is_read() -> None:
+    # Apple Mail writes text, image, text: the text after the picture was dropped unsaid
+    raw = (
+        b"From: a@example.com\nTo: bot@gw.example\nSubject: damage\nMessage-ID: <ios1@x>\n"
+        b"MIME-Version: 1.0\nContent-Type: multipart/mixed; boundary=B\n\n"
+        b"--B\nContent-Type: text/plain; charset=us-ascii\n\nHere is the damaged part:\n\n"
+        b"--B\nContent-Type: image/jpeg; name=IMG_0001.jpeg\nContent-Disposition: inline; "
+        b"filename=IMG_0001.jpeg\nContent-Transfer-Encoding: base64\n\n/9j/4AAQ\n"
+        b"--B\nContent-Type: text/plain; charset=utf-8; format=flowed\n\n"
+        b"And the serial number is \nSN-998877.\n--B--\n"
+    )
+    inbound = taken(raw)
+    assert inbound.text == "Here is the damaged part:\n\nAnd the serial number is SN-998877."
+    assert [a.name for a in inbound.attachments] == ["IMG_0001.jpeg"]

@@ -247,3 +247,40 @@ async def test_without_a_status_url_the_retry_is_the_same_webhook_id_the_receive
     assert first.webhook_id == second.webhook_id and second.duplicate
     assert int(second.timestamp) >= int(first.timestamp)  # each attempt signed anew
     assert len(peer.taken) == 1 and peer.status_asked == []
+
+
+async def test_a_receiver_that_answers_with_an_endless_body_is_delivered_unread() -> None:
+    """A 2xx whose body never ends: the body was read whole (200 MiB held in memory)."""
+    sent = 0
+
+    async def endless(reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+        nonlocal sent
+        head = await reader.readuntil(b"\r\n\r\n")
+        length = next(
+            int(line.split(b":", 1)[1])
+            for line in head.split(b"\r\n")
+            if line.lower().startswith(b"content-length:")
+        )
+        await reader.readexactly(length)
+        writer.write(b"HTTP/1.1 200 OK\r\ncontent-type: application/octet-stream\r\n\r\n")
+        chunk = b"x" * 65_536
+        try:
+            while sent < 1 << 30:  # a GiB at most, should the body be read
+                writer.write(chunk)
+                await writer.drain()
+                sent += len(chunk)
+        except (ConnectionError, OSError):
+            pass  # the gateway closed the connection: what this test wants
+        finally:
+            writer.close()
+
+    server = await asyncio.start_server(endless, "127.0.0.1", 0)
+    port = server.sockets[0].getsockname()[1]
+    delivery = _delivery(f"http://127.0.0.1:{port}/hook")
+    try:
+        receipt = await asyncio.wait_for(delivery.deliver(_reply()), timeout=10)
+        assert receipt.channel_message_ids == (webhook_id("reply:webhook-default:run-1"),)
+    finally:
+        await delivery.aclose()
+        server.close()
+    assert sent < 64 << 20  # far less than the body: the socket buffers' worth

@@ -79,6 +79,22 @@ def test_every_secret_is_handed_to_the_redactor(tmp_path: Path) -> None:
     } <= secrets
 
 
+def test_keys_passed_in_args_or_a_url_query_are_secrets() -> None:
+    """A server's stderr that repeated `--api-key X` showed X to every viewer of the health."""
+    value = [
+        {
+            "name": "a",
+            "command": "npx",
+            "args": ["-y", "srv", "--api-key", "arg-key-1", "--token=arg-token-2", "--port", "80"],
+        },
+        {"name": "b", "url": "https://h.example/mcp?api_key=query-key-3&region=eu"},
+    ]
+    settings = load_gateway_settings({"GATEWAY_MCP_SERVERS": json.dumps(value)})
+    secrets = set(mcp_secrets(settings))
+    assert {"arg-key-1", "arg-token-2", "query-key-3"} <= secrets
+    assert not {"-y", "srv", "80", "eu", "--port"} & secrets
+
+
 @pytest.mark.parametrize(
     ("text", "said"),
     [
