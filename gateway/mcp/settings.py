@@ -146,12 +146,12 @@ class McpServer(_Table):
             yield password
         # keys people pass the way a server's README shows (`npx server --api-key X`,
         # `https://host/mcp?api_key=X`): a server's stderr repeats them into the health
-        for flag, value in zip(("", *self.args), self.args, strict=False):
-            name, equals, given = value.partition("=")
+        for flag, arg in zip(("", *self.args), self.args, strict=False):
+            name, equals, given = arg.partition("=")
             if equals and name.startswith("-") and _SECRET_NAME.search(name) and given:
                 yield given
-            elif flag.startswith("-") and _SECRET_NAME.search(flag) and not value.startswith("-"):
-                yield value
+            elif flag.startswith("-") and _SECRET_NAME.search(flag) and not arg.startswith("-"):
+                yield arg
         if self.url is not None:
             for pair in urlsplit(self.url).query.split("&"):
                 name, equals, given = pair.partition("=")
