@@ -64,8 +64,16 @@ def leaf_mismatch(
 ) -> RecordLogCorruption | None:
     """The corruption a failed read of the operation's entries shows, if any.
 
-    An anchor off the lane's path means the lane was moved off its open operation.
+    An anchor off the lane's path means the lane was moved off its open operation; an anchor
+    that is not in the session, that the store lost what the operation started from (a
+    store restored from an older copy).
     """
+    if exc.code == "not_found":
+        return RecordLogCorruption(
+            "leaf_mismatch",
+            f"lane {lane!r}'s open operation {start.id!r} started from an entry the session "
+            f"does not hold ({exc})",
+        )
     if exc.code != "invalid_query":
         return None
     return RecordLogCorruption(

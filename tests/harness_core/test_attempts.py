@@ -16,6 +16,7 @@ from harness_core.options import RetryPolicy
 from harness_core.result import Err, Ok
 from harness_core.session.records import OperationResumed, QueueCancelled
 from harness_core.session.types import StoredRecord
+from harness_core.testing.builders import operation_started
 from harness_core.tools import Tool, ToolContext
 from tests.support.harness_kit import Kit, make_kit
 
@@ -180,6 +181,26 @@ async def test_a_lane_whose_log_is_impossible_is_faulted_and_the_others_keep_wor
         await faulted.prompt("hello")
     with pytest.raises(HarnessFault):
         await faulted.get_leaf_id()
+    answered = await reopened.harness.prompt("hello main")
+    assert isinstance(answered, Ok) and answered.value.kind == "completed"
+
+
+async def test_a_lane_whose_open_operation_started_from_a_lost_entry_is_faulted(
+    backend: str, tmp_path: Path
+) -> None:
+    """A store that went back in time (Redis restarted empty while a stale writer wrote) held
+    an open run started from an entry it no longer had: its restore failed the whole session,
+    every lane of it, at every take."""
+    kit = await make_kit(backend, tmp_path, [text("a1")])
+    lane = await kit.harness.create_lane("web:t4", None)
+    assert isinstance(lane, Ok)
+    await kit.storage.append_record(
+        operation_started("run-lost", lane="web:t4", source_leaf_id="lost-entry")
+    )
+    reopened = await kit.reopen(script=[text("main still answers")])
+    infos = {i.name: i for i in await reopened.harness.lanes()}
+    assert infos["web:t4"].status == "faulted"
+    assert "leaf_mismatch" in (infos["web:t4"].fault or "")
     answered = await reopened.harness.prompt("hello main")
     assert isinstance(answered, Ok) and answered.value.kind == "completed"
 

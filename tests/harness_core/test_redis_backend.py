@@ -96,7 +96,7 @@ async def test_server_time_leases_expire_without_a_client_clock(redis_server, re
         await storage.append_entry(user_entry("a"), "main")
         await asyncio.sleep(0.4)  # wait out the ttl on the server's clock
         taken = await second.acquire_lease("s1", owner="B", ttl_ms=60_000)
-        assert taken.token == lease.token + 1
+        assert taken.token > lease.token
         with pytest.raises(LeaseLost):
             await storage.append_entry(user_entry("late"), "main")
         with pytest.raises(LeaseLost):
@@ -106,6 +106,27 @@ async def test_server_time_leases_expire_without_a_client_clock(redis_server, re
     finally:
         await first.close()
         await second.close()
+
+
+async def test_a_writer_from_before_redis_lost_its_data_is_refused(
+    repo, redis_server, redis_prefix
+) -> None:
+    """Redis restarted empty (no persistence): the re-created session counted its fence from 0
+    again, handed the old writer's token 1 to the new one, and took the old writer's writes,
+    made from a state the store no longer held: the session could not be restored again."""
+    stale = await _writer(repo)
+    await stale.append_entry(user_entry("before"), "main")
+    client = redis.Redis(port=redis_server.port)
+    for key in client.scan_iter(f"{redis_prefix}:*"):  # the loss: every key of the session
+        client.delete(key)
+    client.close()
+    await repo.create("s1")
+    lease = await repo.acquire_lease("s1", owner="new", ttl_ms=60_000)
+    fresh = await repo.open("s1", lease=lease)
+    with pytest.raises(LeaseLost):
+        await stale.append_entry(user_entry("lost-world"), "main")
+    assert (await fresh.append_entry(user_entry("after"), "main")).parent_id is None
+    assert [e.id for e in await fresh.read_lane_entries("main", after=None)] == ["after"]
 
 
 async def test_many_lanes_pipelined_from_two_repositories_keep_one_sequence(
