@@ -47,7 +47,7 @@ from adapters.files import (
     image_refusal,
     take_in,
 )
-from adapters.json_bodies import text_problem
+from adapters.json_bodies import read_json, text_problem
 from adapters.kit import ChannelContext, ChannelSpec
 from adapters.live import LiveKind, LiveUpdate, LiveView, shared_prefix
 from adapters.registry import (
@@ -99,6 +99,7 @@ __all__ = [
     "Outbound",
     "OutboundKind",
     "PendingCall",
+    "read_json",
     "Reconciled",
     "RegistryError",
     "result_line",

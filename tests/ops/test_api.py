@@ -149,6 +149,18 @@ async def test_approve_from_the_api_with_exact_coverage_and_idempotency(ops: Ops
     stale = await ops.act(path, {**right, "wait_id": "an-old-wait"}, key="k-stale")
     assert stale.status_code == 409
     assert stale.json()["error"]["details"]["reason"] == "not_idle_waiting_head"
+    # "deny" then "approve" for one call in one body: the last was read, and it approved
+    twice = (
+        f'{{"wait_id": "{view["wait_id"]}", "approvals": {{"{call["tool_call_id"]}": '
+        f'{{"action": "deny"}}, "{call["tool_call_id"]}": {{"action": "approve"}}}}}}'
+    )
+    doubled = await ops.http.post(
+        f"/api/v1{path}",
+        content=twice,
+        headers={**AS_OPERATOR, "Idempotency-Key": "k-twice", "content-type": "application/json"},
+    )
+    assert doubled.status_code == 400, doubled.text
+    assert doubled.json()["error"]["message"] == "the request body gives a key twice in one object"
     assert await ops.log_size(accepted["session"]) == before  # refusals stored nothing
 
     decided = await ops.act(path, right, key="k-1")

@@ -6,6 +6,7 @@ from typing import Any
 
 from fastapi import Request
 
+from adapters import read_json
 from gateway.broker.contract import Broker
 from gateway.lane_status import LaneLimits
 from gateway.ops.auth import OpsAuth, Principal, Role
@@ -51,9 +52,17 @@ class OpsContext:
     async def operator(self, request: Request) -> None:
         """An acting route's dependency: an operator's token, judged before its body.
 
-        A viewer with a malformed body got 400 and the field list instead of 403.
+        A viewer with a malformed body got 400 and the field list instead of 403. The body is
+        then read strictly: a key given twice in one object (``deny`` then ``approve`` for one
+        call) was read as its last value, and approved (D340).
         """
         self.who(request, "operator")
+        body = await request.body()
+        if body:
+            try:
+                read_json(body)
+            except ValueError as exc:
+                raise ApiError(400, "invalid_argument", str(exc)) from None
 
     async def lane(self, session: str, lane: str) -> LaneView:
         """The lane as stored, with its holder and the worker's parked mark."""
