@@ -14,7 +14,7 @@ import fnmatch
 import logging
 import random
 import time
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Awaitable, Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -81,6 +81,17 @@ _CLOSE_RESERVE_S = 0.5
 """What a bounded stop keeps after the drain: cut work releases its sessions, things close."""
 
 _PROBE_TIMEOUT_S = 5.0  # a cold Redis Cluster client loads its slots and scripts first
+
+
+async def _answered(ask: Callable[[], Awaitable[object]]) -> Exception | None:
+    """None when `ask` answers within the probe's time, else why not."""
+    try:
+        await asyncio.wait_for(ask(), _PROBE_TIMEOUT_S)
+    except Exception as exc:  # TimeoutError included: its text is empty, said in _refusal
+        return exc
+    return None
+
+
 _REMIND_SWEEP_MAX_S = 60.0
 """Reminders are looked for at least this often (a quarter of the interval when shorter)."""
 _REMIND_SWEEP_MIN_S = 0.05
@@ -460,15 +471,17 @@ class Service:
         ``/readyz`` answers anyone who can reach the port, and an error's text may name hosts
         and paths.
         """
-        checks = await self.probe()
-        for name, adapter in self.adapters.items():
-            ready = getattr(adapter, "ready", None)  # a channel with a store of its own (web)
-            if ready is not None:
-                try:
-                    await asyncio.wait_for(ready(), _PROBE_TIMEOUT_S)
-                    checks[name] = None
-                except Exception as exc:
-                    checks[name] = exc
+        readies = {  # a channel with a store of its own (web)
+            name: ready
+            for name, adapter in self.adapters.items()
+            if (ready := getattr(adapter, "ready", None)) is not None
+        }
+        # every part at once: one after another, a stalled Redis took 3 x 5 s to say so, past
+        # a load balancer's health-check timeout
+        probed, answers = await asyncio.gather(
+            self.probe(), asyncio.gather(*(_answered(ready) for ready in readies.values()))
+        )
+        checks = {**probed, **dict(zip(readies, answers, strict=True))}
         return {part: "ok" if exc is None else type(exc).__name__ for part, exc in checks.items()}
 
     async def _check_redis(self) -> None:
@@ -506,17 +519,10 @@ class Service:
         assert self.broker is not None
         assert self.repo is not None
         broker, repo, now_ms = self.broker, self.repo, self.parts.clock.now_ms()
-        checks: dict[str, Exception | None] = {}
-        for part, ask in (
-            ("broker", lambda: broker.outbox.backlog(now_ms=now_ms)),
-            ("store", repo.list),
-        ):
-            try:
-                await asyncio.wait_for(ask(), _PROBE_TIMEOUT_S)
-                checks[part] = None
-            except Exception as exc:  # TimeoutError included: its text is empty, said in _refusal
-                checks[part] = exc
-        return checks
+        broker_said, store_said = await asyncio.gather(
+            _answered(lambda: broker.outbox.backlog(now_ms=now_ms)), _answered(repo.list)
+        )
+        return {"broker": broker_said, "store": store_said}
 
     def _refusals(self, failed: Mapping[str, Exception]) -> str:
         """One line a part; the store and the broker on one Redis, failing alike, in one."""

@@ -19,6 +19,7 @@ from collections.abc import Awaitable, Callable
 from pathlib import Path
 from typing import Any, Literal
 
+import redis.exceptions as redis
 from fastapi import FastAPI, Request
 from fastapi.exception_handlers import (
     http_exception_handler,
@@ -29,8 +30,10 @@ from fastapi.responses import JSONResponse, Response
 from starlette.exceptions import HTTPException as StarletteHTTPException
 from starlette.requests import ClientDisconnect
 
+from gateway.broker.contract import BrokerError
 from gateway.errors import GatewayError
 from gateway.logs import event
+from harness_core import SessionError
 
 __all__ = [
     "API_PREFIX",
@@ -99,6 +102,23 @@ def request_id(request: Request) -> str:
     """This request's id (set by the middleware)."""
     value = getattr(request.state, "request_id", None)
     return value if isinstance(value, str) else "unknown"
+
+
+def _unavailable(exc: BaseException) -> str | None:
+    """What a failure that is the store's or the broker's says (None: a defect of ours).
+
+    An operator paged because Redis stalled was told "internal error", as if the gateway had a
+    bug: a store or broker that does not answer, or fails, is 503 ``unavailable``.
+    """
+    if isinstance(exc, TimeoutError | ConnectionError | redis.ConnectionError | redis.TimeoutError):
+        return f"the store or the broker does not answer ({type(exc).__name__}): try again"
+    part = "store" if isinstance(exc, SessionError) else "broker"
+    if isinstance(exc, SessionError | BrokerError) and exc.code == "storage":
+        said = " ".join(str(exc).split())[:300]
+        return f"the {part} failed: {said}"
+    if isinstance(exc, redis.RedisError):
+        return f"the store or the broker failed ({type(exc).__name__}): try again"
+    return None
 
 
 def envelope(request: Request, error: ApiError) -> JSONResponse:
@@ -185,7 +205,15 @@ def install_errors(app: FastAPI) -> None:
                     status_code=500,
                     headers={"X-Request-Id": rid, "Cache-Control": "no-store"},
                 )
-            response = envelope(request, ApiError(500, "internal", "internal error"))
+            down = _unavailable(exc)
+            response = envelope(
+                request,
+                ApiError(503, "unavailable", down)
+                if down is not None
+                else ApiError(500, "internal", "internal error"),
+            )
+            if down is not None:
+                response.headers["Retry-After"] = "5"
         response.headers["X-Request-Id"] = rid
         if _in_api(request):  # threads' contents, for one token's holder: never kept by a cache
             response.headers.setdefault("Cache-Control", "no-store")

@@ -150,7 +150,8 @@ def connect(
 async def server_config(url: str, *names: str) -> dict[str, str]:
     """The server's settings `names` (``maxmemory-policy``, ``appendonly``), those it gave.
 
-    Empty when they cannot be read: managed services often refuse ``CONFIG``.
+    Managed services often refuse ``CONFIG``: those two are then read from ``INFO``. Empty
+    when neither answers.
     """
     try:
         client = connect(url, socket_timeout=2.0)
@@ -160,15 +161,38 @@ async def server_config(url: str, *names: str) -> dict[str, str]:
     try:
         await discover(client)
         for name in names:
-            answer = await client.config_get(name)
+            answer: Any
+            try:
+                answer = await client.config_get(name)
+            except Exception:  # CONFIG renamed or forbidden: INFO may still say it
+                answer = await _from_info(client, name)
             value = answer.get(name) if isinstance(answer, dict) else None
             if isinstance(value, str):
                 found[name] = value
-    except Exception:  # refused (CONFIG renamed or forbidden), unreachable: unknown
+    except Exception:  # unreachable, INFO refused too: unknown
         return found
     finally:
         await close_clients(client)
     return found
+
+
+_INFO = {
+    "appendonly": ("persistence", "aof_enabled", {0: "no", 1: "yes"}),
+    "maxmemory-policy": ("memory", "maxmemory_policy", None),
+}
+"""A setting's INFO section and field, and how its values read as CONFIG's."""
+
+
+async def _from_info(client: Any, name: str) -> dict[str, str]:
+    """`name` as ``INFO`` reports it (empty: it does not, or not as one server)."""
+    if name not in _INFO:
+        return {}
+    section, field, values = _INFO[name]
+    answer = await client.info(section)
+    value = answer.get(field) if isinstance(answer, dict) else None
+    if values is not None:
+        value = values.get(value) if isinstance(value, int) else None
+    return {name: value} if isinstance(value, str) else {}
 
 
 async def discover(client: object) -> None:

@@ -15,6 +15,7 @@ import pytest
 from redis.asyncio import Redis
 
 from gateway.channels import gateway_settings
+from harness_core.backends.redis import server_config
 from tests.support.redis_server import RedisServer
 from tests.support.service_rig import serving
 
@@ -105,3 +106,17 @@ async def test_a_session_fault_is_logged_with_its_reason(
         assert "XADD" in fields["reason"] and "\n" not in fields["reason"]
     finally:
         await admin.aclose()
+
+
+async def test_a_redis_that_refuses_config_is_still_checked(tmp_path: Path) -> None:
+    """Managed services rename or forbid CONFIG: the start then said nothing of a Redis that
+    keeps no log of its writes or may evict keys. INFO says both."""
+    server = RedisServer(
+        tmp_path / "redis", options=("--rename-command", "CONFIG", "", "--maxmemory-policy",
+        "allkeys-lru"),
+    ).start()  # fmt: skip
+    try:
+        found = await server_config(server.url, "maxmemory-policy", "appendonly")
+        assert found == {"maxmemory-policy": "allkeys-lru", "appendonly": "no"}
+    finally:
+        server.stop()

@@ -10,11 +10,15 @@ import asyncio
 from collections.abc import AsyncIterator
 from typing import Any
 
+import httpx
 import pytest
 
+from gateway.channels import gateway_settings
 from gateway.ops.errors import MAX_BODY_BYTES
 from gateway.ops.views import encode_cursor
-from tests.support.ops_rig import AS_OPERATOR, AS_VIEWER, Ops, deployed
+from gateway.service import Service
+from tests.support.ops_rig import AS_OPERATOR, AS_VIEWER, OPERATOR, Ops, deployed
+from tests.support.redis_server import RedisServer
 
 JSON = {"Content-Type": "application/json"}
 
@@ -336,3 +340,34 @@ async def test_a_body_over_the_cap_or_of_unknown_length_is_refused_unread(ops: O
     # under the cap the request goes on to the usual checks (here: no token)
     small = await ops.http.post(path, content=b"{}", headers=JSON)
     assert small.status_code == 401
+
+
+async def test_a_store_that_does_not_answer_is_503_not_an_internal_error(tmp_path: Any) -> None:
+    """An operator paged because Redis stopped answering was told "internal error" (500), as
+    if the gateway had a bug."""
+    server = RedisServer(tmp_path / "redis").start()
+    url = f"{server.url}?prefix=down"
+    service = Service(
+        gateway_settings(
+            store_url=url,
+            broker_url=f"sqlite:///{tmp_path}/broker.db",
+            web_url=f"sqlite:///{tmp_path}/web.db",
+            ops_tokens=(f"alice:operator:{OPERATOR}",),
+        )
+    )
+    await service.start()
+    assert service.app is not None
+    try:
+        transport = httpx.ASGITransport(app=service.app)
+        async with httpx.AsyncClient(transport=transport, base_url="http://localhost") as http:
+            assert (await http.get("/api/v1/sessions", headers=AS_OPERATOR)).status_code == 200
+            server.kill()
+            down = await http.get("/api/v1/sessions", headers=AS_OPERATOR)
+            assert down.status_code == 503, down.text
+            error = down.json()["error"]
+            assert error["code"] == "unavailable" and "does not answer" in error["message"]
+            assert down.headers["retry-after"] == "5"
+    finally:
+        server.start()
+        await service.stop(drain_seconds=1)
+        server.stop()

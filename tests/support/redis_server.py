@@ -24,8 +24,14 @@ class RedisServer:
     """One redis-server process (start, SIGKILL, restart on the same data directory)."""
 
     def __init__(
-        self, directory: Path, *, appendonly: bool = False, appendfsync: str = "everysec"
+        self,
+        directory: Path,
+        *,
+        appendonly: bool = False,
+        appendfsync: str = "everysec",
+        options: tuple[str, ...] = (),
     ) -> None:
+        """`options`: more of redis-server's own (``--rename-command CONFIG ""``)."""
         binary = shutil.which("redis-server")
         if binary is None:
             raise RuntimeError("redis-server is not installed (apt-get install -y redis-server)")
@@ -33,6 +39,7 @@ class RedisServer:
         self.directory = directory
         self.appendonly = appendonly
         self.appendfsync = appendfsync
+        self.options = options
         self.port = free_port()
         self.process: subprocess.Popen[bytes] | None = None
 
@@ -46,7 +53,7 @@ class RedisServer:
             self.binary, "--port", str(self.port), "--bind", "127.0.0.1",
             "--dir", str(self.directory), "--save", "",
             "--appendonly", "yes" if self.appendonly else "no", "--appendfsync", self.appendfsync,
-            "--daemonize", "no", "--logfile", str(self.directory / "redis.log"),
+            "--daemonize", "no", "--logfile", str(self.directory / "redis.log"), *self.options,
         ]  # fmt: skip
         self.process = subprocess.Popen(args, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
         deadline = time.monotonic() + 10
