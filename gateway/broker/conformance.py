@@ -27,12 +27,14 @@ from gateway.broker.contract import (
     Blobs,
     Broker,
     ClaimedDelivery,
+    Delivery,
     Inbox,
     InboxItem,
     LaneTaken,
     Marks,
     NewAuditEvent,
     NewInboxItem,
+    Operated,
     Outbox,
     SessionTicket,
     Threads,
@@ -192,6 +194,20 @@ async def _claim_one(outbox: Outbox, now_ms: int, *, lease_ms: int = LEASE) -> C
     claimed = await outbox.claim("d1", now_ms=now_ms, limit=1, lease_ms=lease_ms)
     assert len(claimed) == 1, claimed
     return claimed[0]
+
+
+def _changed(operated: Operated | None) -> Delivery:
+    """The delivery an operator's call changed (it must have)."""
+    assert operated is not None, "no such delivery"
+    assert operated.changed, operated.delivery
+    return operated.delivery
+
+
+def _unchanged(operated: Operated | None) -> Delivery:
+    """The delivery an operator's call left as it was (it must have)."""
+    assert operated is not None, "no such delivery"
+    assert not operated.changed, operated.delivery
+    return operated.delivery
 
 
 async def _one_pending(fx: BrokerFixture, delivery_id: str = "reply:r1") -> ClaimedDelivery:
@@ -972,16 +988,17 @@ async def redeliver_returns_a_dead_letter_with_a_fresh_attempt_budget(fx: Broker
     claimed = await _one_pending(fx)
     now = fx.clock.now_ms()
     await outbox.settle_dead(claimed, reason="HTTP 500", now_ms=now)
-    redelivered = await outbox.redeliver("reply:r1", now_ms=now + 1_000)
-    assert redelivered is not None
+    redelivered = _changed(await outbox.redeliver("reply:r1", now_ms=now + 1_000))
     assert (redelivered.id, redelivered.status, redelivered.attempts) == ("reply:r1", "pending", 0)
     assert (redelivered.due_at_ms, redelivered.settled_at_ms) == (now + 1_000, None)
     assert await outbox.get("reply:r1") == redelivered
     assert await outbox.list("dead") == ()
+    # a second operator's redeliver, a moment later: told it changed nothing
+    assert _unchanged(await outbox.redeliver("reply:r1", now_ms=now + 1_000)) == redelivered
     again = await _claim_one(outbox, now + 1_000)
     assert again.delivery.attempts == 1
     # not dead: returned unchanged; unknown: None
-    assert await outbox.redeliver("reply:r1", now_ms=now + 2_000) == again.delivery
+    assert _unchanged(await outbox.redeliver("reply:r1", now_ms=now + 2_000)) == again.delivery
     assert await outbox.redeliver("reply:nope", now_ms=now) is None
 
 
@@ -994,23 +1011,51 @@ async def discard_gives_up_on_a_dead_or_pending_delivery(fx: BrokerFixture) -> N
     claims = {
         c.delivery.id: c for c in await outbox.claim("d1", now_ms=now, limit=3, lease_ms=LEASE)
     }
+    await outbox.enqueue("waiting", "s1", "web:t1", {"id": "waiting"}, now_ms=now)
     await outbox.settle_dead(claims["dead"], reason="x", now_ms=now)
     await outbox.settle_delivered(claims["delivered"], now_ms=now)
-    for delivery_id in ("dead", "pending"):
-        discarded = await outbox.discard(delivery_id, now_ms=now + 5)
-        assert discarded is not None
+    await outbox.settle_retry(
+        claims["pending"], due_at_ms=now, reason="HTTP 503", unknown_outcome=False, now_ms=now
+    )
+    for delivery_id in ("dead", "pending", "waiting"):
+        discarded = _changed(await outbox.discard(delivery_id, now_ms=now + 5))
         assert (discarded.status, discarded.settled_at_ms) == ("discarded", now + 5)
         assert await outbox.get(delivery_id) == discarded
-    # the deliverer's claim on the discarded pending delivery can no longer settle it
-    assert await outbox.settle_delivered(claims["pending"], now_ms=now + 6) is False
     delivered = await outbox.get("delivered")
-    assert await outbox.discard("delivered", now_ms=now + 5) == delivered
+    assert _unchanged(await outbox.discard("delivered", now_ms=now + 5)) == delivered
     assert await outbox.discard("nope", now_ms=now) is None
-    assert [d.id for d in await outbox.list("discarded")] == ["dead", "pending"]
+    # the same discard again, a moment later: it changed nothing
+    twice = _unchanged(await outbox.discard("dead", now_ms=now + 6))
+    assert twice.settled_at_ms == now + 5
+    assert [d.id for d in await outbox.list("discarded")] == ["dead", "pending", "waiting"]
     later = now + 10 * LEASE
     assert await outbox.claim("d2", now_ms=later, limit=5, lease_ms=LEASE) == ()
     backlog = await outbox.backlog(now_ms=later)
     assert (backlog.pending, backlog.dead) == (0, 0)
+
+
+@_case("outbox")
+async def a_delivery_being_sent_is_not_discarded_until_its_attempt_is_settled(
+    fx: BrokerFixture,
+) -> None:
+    """Discarded mid-attempt, a reply reached its thread while the record said "discarded"."""
+    outbox = fx.broker.outbox
+    claimed = await _one_pending(fx)
+    now = fx.clock.now_ms()
+    assert _unchanged(await outbox.discard("reply:r1", now_ms=now)).status == "pending"
+    assert await outbox.settle_delivered(claimed, now_ms=now + 1) is True  # the send stands
+    assert _unchanged(await outbox.discard("reply:r1", now_ms=now + 2)).status == "delivered"
+    # a claim that lapsed holds nothing: the discard is taken, and the claim cannot settle
+    await outbox.enqueue("reply:r2", "s1", "web:t1", {"id": "r2"}, now_ms=now)
+    late = await _claim_one(outbox, now + 3)
+    lapsed = _changed(await outbox.discard("reply:r2", now_ms=late.lease_expires_at_ms + 1))
+    assert lapsed.status == "discarded"
+    assert await outbox.settle_delivered(late, now_ms=late.lease_expires_at_ms + 2) is False
+    # the other order: discarded first, nothing is claimed
+    await outbox.enqueue("reply:r3", "s1", "web:t1", {"id": "r3"}, now_ms=now)
+    _changed(await outbox.discard("reply:r3", now_ms=now + 4))
+    later = late.lease_expires_at_ms + 10 * LEASE
+    assert await outbox.claim("d2", now_ms=later, limit=5, lease_ms=LEASE) == ()
 
 
 @_case("outbox")

@@ -51,6 +51,7 @@ __all__ = [
     "Marks",
     "NewAuditEvent",
     "NewInboxItem",
+    "Operated",
     "Outbox",
     "SessionTicket",
     "ThreadState",
@@ -305,6 +306,13 @@ class Delivery(Frozen):
     settled_at_ms: int | None = None
 
 
+class Operated(Frozen):
+    """An operator's change of a delivery: the delivery as it is after, and whether it changed."""
+
+    delivery: Delivery
+    changed: bool
+
+
 class ClaimedDelivery(Frozen):
     """A delivery leased to one deliverer (it settles it while its lease holds)."""
 
@@ -364,15 +372,22 @@ class Outbox(Protocol):
         """Deliveries of one status, ordered by id, after the cursor `after`."""
         ...
 
-    async def redeliver(self, delivery_id: str, *, now_ms: int) -> Delivery | None:
+    async def redeliver(self, delivery_id: str, *, now_ms: int) -> Operated | None:
         """A dead letter back to pending, due now, with a fresh attempt budget (same id).
 
-        None if there is no such delivery; a delivery that is not dead is returned unchanged.
+        None if there is no such delivery; a delivery that is not dead is returned as it is,
+        `changed` False (another operator's call may have taken it first).
         """
         ...
 
-    async def discard(self, delivery_id: str, *, now_ms: int) -> Delivery | None:
-        """An operator gives up on a dead or pending delivery (kept as discarded)."""
+    async def discard(self, delivery_id: str, *, now_ms: int) -> Operated | None:
+        """An operator gives up on a delivery (kept as discarded).
+
+        A dead one, or a pending one no deliverer holds at `now_ms`. None if there is no such
+        delivery; any other is returned as it is, `changed` False: a settled one, or one an
+        attempt is being made of (it may yet arrive, and a record saying "discarded" would
+        then be false: it can be discarded once the attempt is settled).
+        """
         ...
 
     async def backlog(self, *, now_ms: int) -> Backlog:

@@ -68,6 +68,7 @@ from gateway.broker.contract import (
     LaneTaken,
     NewAuditEvent,
     NewInboxItem,
+    Operated,
     SessionTicket,
     ThreadState,
     TicketHeld,
@@ -278,6 +279,11 @@ def _first_number_after(cursor: str) -> int:
 
 def _json(value: Any) -> str:
     return json.dumps(value, separators=(",", ":"), ensure_ascii=False)
+
+
+def _operated(flat: Sequence[Any]) -> Operated:
+    """An operator script's answer: 1 or 0 (changed), then the delivery's fields."""
+    return Operated(delivery=_delivery(_pairs(flat[1:])), changed=int(flat[0]) == 1)
 
 
 def _pairs(flat: Sequence[Any]) -> dict[str, str]:
@@ -1376,18 +1382,18 @@ class _RedisOutbox:
         rows = await c.reads(lambda pipe: [pipe.hgetall(self._k(i, "o")[0]) for i in ids])
         return tuple(_delivery(row) for row in rows if row)
 
-    async def redeliver(self, delivery_id: str, *, now_ms: int) -> Delivery | None:
+    async def redeliver(self, delivery_id: str, *, now_ms: int) -> Operated | None:
         keys = self._k(delivery_id, "o", "due", "pend", "ls:dead", "ls:pending", "deadat")
         args: list[str | int] = [now_ms, delivery_id]
         flat = await self._c.eval("outbox_redeliver", *self._ringing(delivery_id, keys, args))
         if not flat:
             return None
-        delivery = _delivery(_pairs(flat))
-        if delivery.status == "pending":
+        operated = _operated(flat)
+        if operated.changed:
             await self._ring(delivery_id)
-        return delivery
+        return operated
 
-    async def discard(self, delivery_id: str, *, now_ms: int) -> Delivery | None:
+    async def discard(self, delivery_id: str, *, now_ms: int) -> Operated | None:
         keys = self._k(
             delivery_id,
             "o",
@@ -1401,7 +1407,7 @@ class _RedisOutbox:
             "settled",
         )
         flat = await self._c.eval("outbox_discard", keys, [now_ms, delivery_id])
-        return _delivery(_pairs(flat)) if flat else None
+        return _operated(flat) if flat else None
 
     async def backlog(self, *, now_ms: int) -> Backlog:
         c = self._c

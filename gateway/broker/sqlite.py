@@ -54,6 +54,7 @@ from gateway.broker.contract import (
     LaneTaken,
     NewAuditEvent,
     NewInboxItem,
+    Operated,
     SessionTicket,
     ThreadState,
     TicketHeld,
@@ -916,36 +917,44 @@ class _Outbox:
         )
         return tuple(_delivery(row) for row in rows)
 
-    async def _operate(self, delivery_id: str, sql: str, when: str, *args: Any) -> Delivery | None:
-        """Change a delivery if its status is one of `when`; return it as it is after."""
+    async def _operate(self, delivery_id: str, sql: str, when: str, now_ms: int) -> Operated | None:
+        """Change a delivery where `when` holds; return it as it is after, and whether it did.
 
-        def op(conn: sqlite3.Connection, _: int) -> tuple[Any, ...] | None:
-            conn.execute(
-                f"UPDATE outbox SET {sql}, {_CLEAR_LEASE} WHERE id = ? AND status IN ({when})",
-                (*args, delivery_id),
-            )
+        `now_ms` is every ``:now`` of `sql` and `when`.
+        """
+
+        def op(conn: sqlite3.Connection, _: int) -> tuple[tuple[Any, ...] | None, bool]:
+            changed = conn.execute(
+                f"UPDATE outbox SET {sql}, {_CLEAR_LEASE} WHERE id = :id AND ({when})",
+                {"id": delivery_id, "now": now_ms},
+            ).rowcount
             row: tuple[Any, ...] | None = conn.execute(
                 f"SELECT {_OUTBOX_COLUMNS} FROM outbox WHERE id = ?", (delivery_id,)
             ).fetchone()
-            return row
+            return row, changed > 0
 
-        row = await self._b.write(op)
-        return None if row is None else _delivery(row)
+        row, changed = await self._b.write(op)
+        return None if row is None else Operated(delivery=_delivery(row), changed=changed)
 
-    async def redeliver(self, delivery_id: str, *, now_ms: int) -> Delivery | None:
-        delivery = await self._operate(
+    async def redeliver(self, delivery_id: str, *, now_ms: int) -> Operated | None:
+        operated = await self._operate(
             delivery_id,
-            "status = 'pending', attempts = 0, due_at_ms = ?, settled_at_ms = NULL",
-            "'dead'",
+            "status = 'pending', attempts = 0, due_at_ms = :now, settled_at_ms = NULL",
+            "status = 'dead'",
             now_ms,
         )
-        if delivery is not None and delivery.status == "pending":
+        if operated is not None and operated.changed:
             self._b.deliveries_due.fire()
-        return delivery
+        return operated
 
-    async def discard(self, delivery_id: str, *, now_ms: int) -> Delivery | None:
+    async def discard(self, delivery_id: str, *, now_ms: int) -> Operated | None:
         return await self._operate(
-            delivery_id, "status = 'discarded', settled_at_ms = ?", "'dead', 'pending'", now_ms
+            delivery_id,
+            "status = 'discarded', settled_at_ms = :now",
+            # a pending one a deliverer holds is being sent: not while its attempt lasts
+            "status = 'dead' OR (status = 'pending' AND (lease_token IS NULL "
+            "OR lease_expires_at_ms <= :now))",
+            now_ms,
         )
 
     async def backlog(self, *, now_ms: int) -> Backlog:

@@ -90,12 +90,15 @@ async def test_settled_deliveries_are_purged_after_their_retention_pending_never
     broker = make(settled_retention_ms=DAY, dead_retention_ms=14 * DAY)
     outbox = broker.outbox
     t = clock.now_ms()
-    for delivery_id in ("delivered", "dead", "discarded", "pending", "later"):
+    for delivery_id in ("delivered", "dead", "pending", "later"):
         await outbox.enqueue(delivery_id, "s1", "web:t", {}, now_ms=t)
     claims = {c.delivery.id: c for c in await outbox.claim("d", now_ms=t, limit=9, lease_ms=1)}
     assert await outbox.settle_delivered(claims["delivered"], now_ms=t)
     assert await outbox.settle_dead(claims["dead"], reason="x", now_ms=t)
-    assert await outbox.discard("discarded", now_ms=t) is not None
+    await outbox.enqueue("discarded", "s1", "web:t", {}, now_ms=t)  # unclaimed: discarded at once
+    discarded = await outbox.discard("discarded", now_ms=t)
+    assert discarded is not None
+    assert discarded.changed
     assert await outbox.settle_retry(
         claims["later"], due_at_ms=t + 30 * DAY, reason="x", unknown_outcome=False, now_ms=t
     )

@@ -221,7 +221,7 @@ async def test_a_dead_letter_redelivered_goes_out_once(rig: Rig) -> None:
     rig.start()
     await rig.until("reply:s:run-1", lambda d: d.status == "dead")
     again = await rig.broker.outbox.redeliver("reply:s:run-1", now_ms=rig.clock.now_ms())
-    assert again is not None and again.status == "pending"
+    assert again is not None and again.changed and again.delivery.status == "pending"
     await rig.until("reply:s:run-1", lambda d: d.status == "delivered")
     assert rig.fake.count("reply:s:run-1") == 1
 

@@ -321,6 +321,48 @@ async def test_redeliver_and_discard_a_dead_letter(ops: Ops) -> None:
     ]
 
 
+async def test_redeliver_and_discard_race_and_retry_honestly(ops: Ops) -> None:
+    """Concurrent actions on one dead letter all answered 200, with audit events for those
+    that did nothing; a script's retry with its Idempotency-Key was told it failed; a reply
+    discarded mid-attempt reached its thread while the record said "discarded"."""
+    broker = ops.broker
+    assert ops.service.deliverer is not None
+    await ops.service.deliverer.stop(0)
+    now = ops.service.parts.clock.now_ms()
+    for delivery_id in ("dl-2", "dl-3"):
+        await broker.outbox.enqueue(delivery_id, "web-default", "web:x", {"text": "hi"}, now_ms=now)
+    for claimed in await broker.outbox.claim("t", now_ms=now, limit=2, lease_ms=60_000):
+        assert await broker.outbox.settle_dead(claimed, reason="HTTP 500", now_ms=now)
+    answers = await asyncio.gather(
+        *(ops.act("/deliveries/dl-2/redeliver", key=f"race-{n}") for n in range(3)),
+        ops.act("/deliveries/dl-2/discard", key="race-d"),
+    )
+    statuses = sorted(a.status_code for a in answers)
+    assert statuses.count(200) in (1, 2), statuses  # one redeliver, and maybe the discard
+    assert sum(1 for a in answers[:3] if a.status_code == 200) <= 1
+    assert set(statuses) <= {200, 409}
+    trail = (await ops.get("/audit"))["items"]
+    acted = [e["action"] for e in trail if e["target"] == "dl-2"]
+    assert len(acted) == statuses.count(200)  # a refusal records nothing
+    # the same key again: the first result, not a failure
+    first = await ops.act("/deliveries/dl-3/redeliver", key="script-1")
+    assert first.status_code == 200 and first.json()["status"] == "pending"
+    again = await ops.act("/deliveries/dl-3/redeliver", key="script-1")
+    assert again.status_code == 200 and again.json()["status"] == "pending"
+    reused = await ops.act("/deliveries/dl-3/discard", key="script-1")
+    assert reused.status_code == 409
+    assert reused.json()["error"]["details"]["reason"] == "idempotency_key_reused"
+    # being sent: not discarded while the attempt lasts
+    now = ops.service.parts.clock.now_ms()
+    claimed = await broker.outbox.claim("t", now_ms=now, limit=5, lease_ms=60_000)
+    [held] = [c for c in claimed if c.delivery.id == "dl-3"]  # dl-2 too, if it is pending
+    sending = await ops.act("/deliveries/dl-3/discard", key="while-sent")
+    assert sending.status_code == 409, sending.text
+    assert sending.json()["error"]["details"]["reason"] == "being_sent"
+    assert await broker.outbox.settle_delivered(held, now_ms=now + 1)
+    assert (await ops.get("/deliveries/dl-3"))["status"] == "delivered"
+
+
 async def test_a_body_over_the_cap_or_of_unknown_length_is_refused_unread(ops: Ops) -> None:
     path = "/api/v1/lanes/ln_eA/abort"
     huge = await ops.http.post(

@@ -8,7 +8,7 @@ from fastapi import Query, Request
 
 from gateway.broker.contract import NewAuditEvent
 from gateway.ops.api.context import OpsContext
-from gateway.ops.api.params import Cursor, Limit
+from gateway.ops.api.params import Cursor, IdempotencyKey, Limit
 from gateway.ops.auth import Principal
 from gateway.ops.errors import ApiError
 from gateway.ops.views import DeliveryView, Page, decode_cursor, encode_cursor
@@ -49,35 +49,90 @@ class Deliveries:
             raise ApiError(404, "not_found", f"no delivery {delivery_id[:80]!r}")
         return _delivery(found)
 
-    async def redeliver(self, request: Request, delivery_id: str) -> DeliveryView:
-        """A dead letter back to pending with a fresh attempt budget (the same id)."""
+    async def redeliver(
+        self, request: Request, delivery_id: str, idempotency_key: IdempotencyKey = None
+    ) -> DeliveryView:
+        """A dead letter back to pending with a fresh attempt budget (the same id).
+
+        The same ``Idempotency-Key`` again (a script's retry after a timeout) answers the
+        delivery as it is now, with 200, and does nothing.
+        """
         who = self.ops.who(request, "operator")
         found = await self.ops.broker.outbox.get(delivery_id)
         if found is None:
             raise ApiError(404, "not_found", f"no delivery {delivery_id[:80]!r}")
+        if await self._replayed(idempotency_key, "redeliver", delivery_id):
+            return _delivery(found)
         if found.status != "dead":
             raise ApiError(
                 409, "conflict", f"the delivery is {found.status}", {"reason": "not_dead"}
             )
         again = await self.ops.broker.outbox.redeliver(delivery_id, now_ms=self.ops.clock.now_ms())
         assert again is not None
-        await self._audit(who, "redeliver", found.session, found.lane, delivery_id, again.status)
-        return _delivery(again)
+        if not again.changed:  # another operator's call took it between the read and this one
+            raise ApiError(
+                409,
+                "conflict",
+                f"the delivery is {again.delivery.status}",
+                {"reason": "not_dead"},
+            )
+        await self._remember(idempotency_key, "redeliver", delivery_id)
+        await self._audit(who, "redeliver", found.session, found.lane, delivery_id, "pending")
+        return _delivery(again.delivery)
 
-    async def discard(self, request: Request, delivery_id: str) -> DeliveryView:
-        """Give up on a dead or pending delivery (kept as discarded)."""
+    async def discard(
+        self, request: Request, delivery_id: str, idempotency_key: IdempotencyKey = None
+    ) -> DeliveryView:
+        """Give up on a dead delivery, or a pending one no attempt is being made of.
+
+        The same ``Idempotency-Key`` again answers the delivery as it is now (200).
+        """
         who = self.ops.who(request, "operator")
         found = await self.ops.broker.outbox.get(delivery_id)
         if found is None:
             raise ApiError(404, "not_found", f"no delivery {delivery_id[:80]!r}")
+        if await self._replayed(idempotency_key, "discard", delivery_id):
+            return _delivery(found)
         if found.status not in ("dead", "pending"):
             raise ApiError(
                 409, "conflict", f"the delivery is {found.status}", {"reason": "settled"}
             )
         gone = await self.ops.broker.outbox.discard(delivery_id, now_ms=self.ops.clock.now_ms())
         assert gone is not None
-        await self._audit(who, "discard", found.session, found.lane, delivery_id, gone.status)
-        return _delivery(gone)
+        if not gone.changed:
+            status = gone.delivery.status
+            if status == "pending":  # a deliverer holds it: the send may yet arrive
+                raise ApiError(
+                    409,
+                    "conflict",
+                    "the delivery is being sent now: discard it once this attempt ends "
+                    "(it may yet arrive; its status will say)",
+                    {"reason": "being_sent"},
+                )
+            raise ApiError(409, "conflict", f"the delivery is {status}", {"reason": "settled"})
+        await self._remember(idempotency_key, "discard", delivery_id)
+        await self._audit(who, "discard", found.session, found.lane, delivery_id, "discarded")
+        return _delivery(gone.delivery)
+
+    async def _replayed(self, key: str | None, action: str, delivery_id: str) -> bool:
+        """Whether `key` already did `action` to the delivery (409 if it did something else)."""
+        if key is None:
+            return False
+        done = await self.ops.broker.marks.get(_key_mark(key))
+        if done is None:
+            return False
+        if done != f"{action} {delivery_id}":
+            raise ApiError(
+                409,
+                "conflict",
+                "this Idempotency-Key was used for another action",
+                {"reason": "idempotency_key_reused"},
+            )
+        return True
+
+    async def _remember(self, key: str | None, action: str, delivery_id: str) -> None:
+        if key is not None:
+            await self.ops.broker.marks.put(_key_mark(key), f"{action} {delivery_id}", expect=None)
 
     async def _audit(
         self, who: Principal, action: str, session: str, lane: str, target: str, outcome: str
@@ -88,6 +143,11 @@ class Deliveries:
                 outcome=outcome,
             )
         )  # fmt: skip
+
+
+def _key_mark(key: str) -> str:
+    """The broker mark that remembers what a delivery action's Idempotency-Key did."""
+    return f"ops:delivery-key:{key}"
 
 
 def _delivery(found: Any) -> DeliveryView:
