@@ -331,8 +331,8 @@ async def test_redeliver_and_discard_race_and_retry_honestly(ops: Ops) -> None:
     now = ops.service.parts.clock.now_ms()
     for delivery_id in ("dl-2", "dl-3"):
         await broker.outbox.enqueue(delivery_id, "web-default", "web:x", {"text": "hi"}, now_ms=now)
-    for claimed in await broker.outbox.claim("t", now_ms=now, limit=2, lease_ms=60_000):
-        assert await broker.outbox.settle_dead(claimed, reason="HTTP 500", now_ms=now)
+    for taken in await broker.outbox.claim("t", now_ms=now, limit=2, lease_ms=60_000):
+        assert await broker.outbox.settle_dead(taken, reason="HTTP 500", now_ms=now)
     answers = await asyncio.gather(
         *(ops.act("/deliveries/dl-2/redeliver", key=f"race-{n}") for n in range(3)),
         ops.act("/deliveries/dl-2/discard", key="race-d"),
