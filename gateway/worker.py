@@ -84,6 +84,7 @@ from harness_core import (
 )
 from harness_core.events import ApprovalDecidedEvent, RetryScheduled, RunEnd
 from harness_core.messages import UserMessage
+from harness_core.session import StoredEntry
 from harness_core.session.records import ApprovalRequested
 from harness_core.texts import one_line
 
@@ -1021,13 +1022,16 @@ class Worker:
             return
         inbox = self._broker.inbox
         entry_id = entry_id_of(item.dedupe_key)
-        if (inbound.context or inbound.attachments) and await session.storage.get_entry(
-            entry_id
-        ) is not None:
-            # taken before a crash: its text had the context (the lane was new then), its
-            # files' blobs may be gone since; built again now it could differ from the entry
-            await inbox.ack(item.session, item.id)
-            return
+        renewed = False  # the id was an earlier message's: this one has its own now
+        if inbound.context or inbound.attachments:
+            stored = await session.storage.get_entry(entry_id)
+            if _earlier(stored, item):
+                entry_id, renewed = _renewed(item), True
+            elif stored is not None:
+                # taken before a crash: its text had the context (the lane was new then), its
+                # files' blobs may be gone since; built again now it could differ from the entry
+                await inbox.ack(item.session, item.id)
+                return
         fresh = bool(inbound.context) and await self._fresh(lane)
         profiles = self._profiles
         session.threads[lane.name] = inbound.thread
@@ -1059,6 +1063,10 @@ class Worker:
                     await inbox.ack(item.session, item.id)
                     self._accepted(inbound)
                     return
+                own = None if renewed else await _own_id(session, entry_id, item, started.error)
+                if own is not None:  # a message id reused past the dedupe window: a new message
+                    entry_id, renewed = own, True
+                    continue
                 if started.error.tag == "AlreadyAccepted":
                     await inbox.ack(item.session, item.id)
                     return
@@ -1077,6 +1085,10 @@ class Worker:
                 await inbox.ack(item.session, item.id)
                 self._accepted(inbound)
                 return
+            own = None if renewed else await _own_id(session, entry_id, item, queued.error)
+            if own is not None:
+                entry_id, renewed = own, True
+                continue
             if queued.error.tag != "NoActiveRun":
                 await self._refuse(item, queued.error.tag)
                 return
@@ -1288,6 +1300,44 @@ def _not_applied(refusal: Any) -> str | None:
         late = getattr(refusal, "reason", None) == "already_decided"
         return LATE_DECISION_TEXT if late else MISMATCHED_DECISION_TEXT
     return None
+
+
+_REUSED_MS = 30_000
+"""How much older than its inbox item an entry under the item's message id must be to be an
+earlier message's (clocks of two processes differ; the dedupe window is a minute at least)."""
+
+
+async def _own_id(session: _Session, entry_id: str, item: InboxItem, error: object) -> str | None:
+    """A new entry id for `item` when `error` says its id holds an earlier message.
+
+    None: the id holds this one (taken before a crash), or the refusal was another.
+    """
+    if _id_taken(error) and _earlier(await session.storage.get_entry(entry_id), item):
+        return _renewed(item)
+    return None
+
+
+def _renewed(item: InboxItem) -> str:
+    """The entry id of a message whose id an earlier message of the session took."""
+    return entry_id_of(f"{item.dedupe_key}\n{item.id}")
+
+
+def _id_taken(error: object) -> bool:
+    """Whether a refused start or queue found the message's entry id already in the session."""
+    tag = getattr(error, "tag", None)
+    return tag == "AlreadyAccepted" or (
+        tag == "InvalidMessage" and getattr(error, "reason", None) == "entry_id_conflict"
+    )
+
+
+def _earlier(stored: StoredEntry | None, item: InboxItem) -> bool:
+    """Whether `stored`, under `item`'s message id, is an earlier message's, not this item's.
+
+    The inbox forgets a message id after its dedupe window, the session never does: a sender
+    that used the id again a day later got its message refused ("send it again in other
+    words", which under the same id could not help) or, same text, dropped unanswered.
+    """
+    return stored is not None and stored.timestamp < item.appended_at_ms - _REUSED_MS
 
 
 def _text_of(inbound: Inbound, *, with_context: bool = False, tag: str | None = None) -> str:

@@ -15,16 +15,18 @@ import httpx
 
 from config import Settings
 from gateway.broker.contract import Broker
-from gateway.service import Service
+from gateway.service import Service, ServiceParts
 from harness_core import SessionRepo
 
 __all__ = ["ServiceRig", "serving"]
 
 
 @contextlib.asynccontextmanager
-async def serving(settings: Settings, *, drain_seconds: float = 2) -> AsyncIterator[ServiceRig]:
-    """The service of `settings`, started, with a client for its app; drained after."""
-    service = Service(settings)
+async def serving(
+    settings: Settings, *, drain_seconds: float = 2, parts: ServiceParts | None = None
+) -> AsyncIterator[ServiceRig]:
+    """The service of `settings` (and `parts`), started, with a client for its app; drained."""
+    service = Service(settings, parts)
     await service.start()
     assert service.app is not None
     transport = httpx.ASGITransport(app=service.app)
