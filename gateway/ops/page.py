@@ -108,7 +108,7 @@ _SCRIPT = """
   async function loadBacklog() {
     const b = await api("GET", "/backlog");
     $("backlog").textContent = "inbox " + b.inbox_pending + " waiting, outbox " +
-      b.outbox_pending + " waiting (oldest " + Math.round(b.outbox_oldest_age_ms / 1000) +
+      b.outbox_pending + " waiting (oldest due " + Math.round(b.outbox_oldest_age_ms / 1000) +
       " s), " + b.dead_letters + " dead letters, " + b.inbox_rejected + " refused messages";
   }
 
@@ -311,10 +311,26 @@ _SCRIPT = """
       actions.appendChild(done);
     }
     }
-    const timeline = await api("GET", "/lanes/" + id + "/timeline?limit=500");
+    // the newest 500: a thread that ran for days and then went stuck showed its first day
+    let timeline = await api("GET", "/lanes/" + id + "/timeline?limit=500");
+    let items = timeline.items;
+    let pages = 1;
+    while (timeline.next_cursor && pages < 20) {
+      timeline = await api("GET", "/lanes/" + id + "/timeline?limit=500&cursor=" +
+        encodeURIComponent(timeline.next_cursor));
+      items = items.concat(timeline.items).slice(-500);
+      pages += 1;
+    }
+    const cut = pages > 1 || timeline.next_cursor;
+    $("timeline-more").hidden = !cut;
+    $("timeline-more").textContent = timeline.next_cursor
+      ? "A window of 500 items after the first " + ((pages - 1) * 500) + " is shown; " +
+        "the whole log: gateway ops timeline " + lane.lane + " --limit N"
+      : "The newest 500 items are shown; the whole log: gateway ops timeline " + lane.lane +
+        " --limit N";
     const body = $("timeline");
     body.replaceChildren();
-    for (const item of timeline.items) {
+    for (const item of items) {
       const row = el("tr");
       cell(row, item.seq);
       cell(row, when(item.at_ms), "mono");
@@ -332,11 +348,18 @@ _SCRIPT = """
       }
       body.appendChild(row);
     }
-    const trail = await api("GET", "/audit?limit=100&lane=" + encodeURIComponent(lane.lane) +
-      "&session=" + encodeURIComponent(lane.session));
+    const where = "&lane=" + encodeURIComponent(lane.lane) + "&session=" +
+      encodeURIComponent(lane.session);
+    let trail = await api("GET", "/audit?limit=100" + where);
+    let events = trail.items;
+    for (let more = 1; trail.next_cursor && more < 20; more += 1) {  // the newest 100
+      trail = await api("GET", "/audit?limit=100" + where + "&cursor=" +
+        encodeURIComponent(trail.next_cursor));
+      events = events.concat(trail.items).slice(-100);
+    }
     const audit = $("audit");
     audit.replaceChildren();
-    for (const event of trail.items) {
+    for (const event of events) {
       const row = el("tr");
       cell(row, when(event.at_ms), "mono");
       cell(row, event.actor);
@@ -347,10 +370,31 @@ _SCRIPT = """
     }
   }
 
+  async function loadRetrying() {
+    // replies whose attempts failed and that wait for their next one: "oldest due" is 0 s
+    // while a reply waits an hour between two attempts
+    const page = await api("GET", "/deliveries?status=pending&limit=100");
+    const body = $("retrying");
+    body.replaceChildren();
+    const failed = page.items.filter((d) => d.attempts > 0 && d.last_error);
+    for (const d of failed) {
+      const row = el("tr");
+      cell(row, d.id, "mono");
+      cell(row, d.lane, "mono");
+      cell(row, d.attempts);
+      cell(row, d.last_error);
+      cell(row, when(d.created_at_ms), "mono");
+      body.appendChild(row);
+    }
+    $("retrying-section").hidden = failed.length === 0;
+    $("retrying-more").hidden = page.next_cursor === null;
+  }
+
   async function loadDead() {
     const page = await api("GET", "/deliveries?status=dead&limit=100");
     const body = $("dead");
     body.replaceChildren();
+    $("dead-more").hidden = page.next_cursor === null;
     for (const d of page.items) {
       const row = el("tr");
       cell(row, d.id, "mono");
@@ -397,7 +441,7 @@ _SCRIPT = """
   async function refresh() {
     if (!token) return;
     try {
-      await Promise.all([loadBacklog(), loadLanes(), loadDead(), loadMcp()]);
+      await Promise.all([loadBacklog(), loadLanes(), loadRetrying(), loadDead(), loadMcp()]);
       await showLane();
       $("app-error").textContent = "";
     } catch (error) {
@@ -469,16 +513,26 @@ _BODY = """
     <div class="row" id="lane-actions"></div>
     <p class="muted" id="lane-note"></p>
     <h2>Timeline</h2>
+    <p class="muted" id="timeline-more" hidden></p>
     <table><thead><tr><th>seq</th><th>time (UTC)</th><th>type</th><th>what</th></tr></thead>
     <tbody id="timeline"></tbody></table>
     <h2>Audit trail (workers and operators)</h2>
     <table><thead><tr><th>time (UTC)</th><th>who</th><th>action</th><th>outcome</th>
     <th>details</th></tr></thead><tbody id="audit"></tbody></table>
   </section>
+  <section id="retrying-section" hidden>
+    <h2>Retrying</h2>
+    <table><thead><tr><th>delivery</th><th>lane</th><th>attempts</th><th>last failure</th>
+    <th>made (UTC)</th></tr></thead><tbody id="retrying"></tbody></table>
+    <p class="muted" id="retrying-more" hidden>Only the first 100 waiting replies were
+    looked at: <code>gateway ops deliveries --status pending</code> lists them all.</p>
+  </section>
   <h2>Dead letters</h2>
   <table><thead><tr><th>delivery</th><th>lane</th><th>attempts</th><th>why</th><th></th></tr>
   </thead><tbody id="dead"></tbody></table>
   <p class="muted" id="dead-empty" hidden>No dead letters.</p>
+  <p class="muted" id="dead-more" hidden>The first 100 dead letters are shown:
+  <code>gateway ops deliveries</code> lists them all.</p>
   <section id="mcp" hidden>
     <h2>MCP servers</h2>
     <table><thead><tr><th>server</th><th>transport</th><th>target</th><th>state</th>

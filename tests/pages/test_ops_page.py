@@ -24,6 +24,9 @@ import pytest
 from playwright.async_api import Dialog, Page, expect
 
 from adapters.web import open_mailbox
+from gateway.broker import open_broker
+from harness_core.storage import open_repo
+from harness_core.testing.builders import user_entry
 from tests.support.browser import BROWSER_TESTS, screenshot
 from tests.support.gateway_process import GatewayProcess
 
@@ -298,6 +301,56 @@ async def test_an_operator_sets_a_spent_thread_s_budget_from_the_page(
         while await _answers(settings["web_url"], "spent") < 3:  # the retry's answer
             assert time.monotonic() < deadline, gateway.tail()
             await asyncio.sleep(0.1)
+    finally:
+        gateway.stop()
+    assert console_errors == []
+
+
+async def test_a_long_lane_shows_its_newest_items_and_retrying_replies_are_listed(
+    tmp_path: Path, page: Page, console_errors: list[str]
+) -> None:
+    """A thread that ran for days showed its first 500 items on /ops and nothing said more
+    existed; a reply retrying for hours showed only as "oldest 0 s" (an outside probe)."""
+    settings = {
+        "store_url": f"sqlite:///{tmp_path}/store.db",
+        "broker_url": f"sqlite:///{tmp_path}/broker.db",
+        "web_url": f"sqlite:///{tmp_path}/web.db",
+        "plugin": "tests.support.gateway_agent",
+    }
+    repo = open_repo(settings["store_url"])
+    await repo.create("web-default")
+    lease = await repo.acquire_lease("web-default", owner="seed", ttl_ms=60_000)
+    storage = await repo.open("web-default", lease=lease)
+    await storage.create_lane("web:long", None)
+    for n in range(700):
+        await storage.append_entry(user_entry(f"u{n}", f"message {n}"), "web:long")
+    await storage.close()
+    await repo.release_lease(lease)
+    await repo.close()
+    broker = open_broker(settings["broker_url"])
+    now = int(time.time() * 1000)
+    await broker.outbox.enqueue(
+        "reply:web-default:slow", "web-default", "web:long", {"text": "hi"}, now_ms=now
+    )
+    [claimed] = await broker.outbox.claim("seed", now_ms=now, limit=1, lease_ms=1_000)
+    await broker.outbox.settle_retry(
+        claimed, due_at_ms=now + 3_600_000, reason="HTTP 503", unknown_outcome=False, now_ms=now
+    )
+    await broker.close()
+    gateway = GatewayProcess("gw", tmp_path, settings).start()
+    try:
+        token = (tmp_path / "ops-token").read_text().strip()
+        await page.goto(f"{gateway.url}/ops#token={token}")
+        await expect(page.locator("#backlog")).to_contain_text("oldest due")
+        retrying = page.locator("#retrying tr")
+        await expect(retrying).to_have_count(1)
+        await expect(retrying).to_contain_text("HTTP 503")
+        await page.locator("#lanes tr", has_text="web:long").click()
+        await expect(page.locator("#timeline")).to_contain_text("message 699")
+        rows = page.locator("#timeline tr")
+        await expect(rows).to_have_count(500)
+        await expect(rows.first).to_contain_text("message 200")  # 700 - 500: the newest
+        await expect(page.locator("#timeline-more")).to_contain_text("newest 500")
     finally:
         gateway.stop()
     assert console_errors == []

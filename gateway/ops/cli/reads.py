@@ -237,7 +237,7 @@ def backlog(run: Run) -> int:
         f"inbox:  {view.get('inbox_pending')} pending "
         f"(oldest {age(view.get('inbox_oldest_age_ms'))}), {view.get('inbox_rejected')} rejected",
         f"outbox: {view.get('outbox_pending')} pending "
-        f"(oldest {age(view.get('outbox_oldest_age_ms'))}), "
+        f"(oldest due {age(view.get('outbox_oldest_age_ms'))}), "
         f"{view.get('dead_letters')} dead letters",
     )
     return OK
