@@ -153,6 +153,10 @@ def _unreleased(settings: Settings) -> str:
     )
 
 
+_CUT_GRACE_S = 2.0
+"""After a second signal: how long the cut stop may take to release leases and tickets."""
+
+
 def _name(number: int) -> str:
     return "Ctrl-C" if number == signal.SIGINT else signal.Signals(number).name
 
@@ -243,12 +247,27 @@ async def _run(settings: Settings, service: Service, server: _Server, signals: _
     server.should_exit = True
     stopping = asyncio.ensure_future(service.stop(cut=signals.cut, within=budget))
     forcing = asyncio.ensure_future(_force_after(signals.cut, server))
-    ended = await until_done([serving, stopping], budget)
+    began = asyncio.get_running_loop().time()
+    ended = await until_done([serving, stopping], budget, signals.cut)
+    if not ended and signals.cut.is_set():
+        # a second signal: the cut stop gets a moment to release what it holds, not the whole
+        # budget (a store that stopped answering held it to the end, and exit 1)
+        left = budget - (asyncio.get_running_loop().time() - began)
+        ended = await until_done([serving, stopping], min(_CUT_GRACE_S, max(left, 0.0)))
     forcing.cancel()
     if not ended:
         for task in (serving, stopping):
             task.cancel()
         await until_done([serving, stopping], 1.0)
+        if len(signals.received) > 1:
+            log.warning(event("stopped without releasing", signal=_name(signals.received[1])))
+            print(
+                f"gateway: stopped at once (second {_name(signals.received[1])}) before "
+                f"everything was released: {_unreleased(settings)}",
+                file=sys.stderr,
+                flush=True,
+            )
+            return 128 + signals.received[1]
         log.warning(event("stopped without draining", seconds=budget))
         print(
             f"gateway: stopped after {budget:g} s (GATEWAY_SHUTDOWN_SECONDS) before everything "

@@ -312,6 +312,33 @@ async def test_a_second_signal_exits_at_once_with_one_line_and_the_next_start_re
     assert [a.text for a in answers] == ["Done: slept 1500 ms"]
 
 
+def test_a_second_ctrl_c_exits_at_once_while_the_store_does_not_answer(tmp_path: Path) -> None:
+    """With Redis stalled, the second Ctrl-C waited out GATEWAY_SHUTDOWN_SECONDS (15 s) to
+    release what a stalled store would never take, and exited 1, not "at once" with 130."""
+    server = RedisServer(tmp_path / "redis").start()
+    url = f"{server.url}?prefix=stall"
+    settings = {"store_url": url, "broker_url": url, "web_url": url, "plugin": AGENT}
+    gateway = GatewayProcess("gw", tmp_path, settings).start()
+    assert server.process is not None and gateway.process is not None
+    try:
+        _post(gateway, "t", "hello")  # a session taken, its lease held
+        time.sleep(0.5)
+        os.kill(server.process.pid, signal.SIGSTOP)
+        gateway.process.send_signal(signal.SIGINT)
+        time.sleep(0.5)
+        began = time.monotonic()
+        gateway.process.send_signal(signal.SIGINT)
+        status = gateway.process.wait(timeout=12)
+        took = time.monotonic() - began
+    finally:
+        os.kill(server.process.pid, signal.SIGCONT)
+        gateway.stop()
+        server.stop()
+    assert status == 130, gateway.tail()
+    assert took < 6, took  # the grace of a cut, not the 15 s budget
+    assert "stopped at once (second Ctrl-C) before everything was released" in gateway.tail()
+
+
 async def test_a_holder_killed_on_this_machine_is_taken_over_at_once(tmp_path: Path) -> None:
     settings = _sqlite(tmp_path)  # lease 30 s
     gateway = GatewayProcess("gw", tmp_path, settings).start()
