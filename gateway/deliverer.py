@@ -220,7 +220,9 @@ class Deliverer:
                 await self._delivered(claimed, reconciled=True)
                 return
             if found == "unknown":
-                await self._retry(claimed, "reconcile: unknown", True)
+                # the attempt before's failure stays said: "reconcile: unknown" alone hid
+                # the receiver's 500 from the operator reading the dead letter
+                await self._retry(claimed, _unknown_after(delivery.last_error), True)
                 return
         try:
             await asyncio.wait_for(adapter.deliver(outbound), timeout=timeout)
@@ -368,3 +370,15 @@ class Deliverer:
             thread = claimed.delivery.outbound.get("thread")
             channel = thread.get("channel") if isinstance(thread, Mapping) else None
             self._metrics.delivery(channel, outcome)
+
+
+_UNKNOWN = "reconcile: unknown"
+
+
+def _unknown_after(before: str | None) -> str:
+    """The reason of a retry whose reconcile could not tell, with the failure that led to it."""
+    if before is None or before == _UNKNOWN:
+        return _UNKNOWN
+    if before.startswith(f"{_UNKNOWN} (after ") and before.endswith(")"):
+        return before  # the same cause, again
+    return f"{_UNKNOWN} (after {before})"

@@ -208,7 +208,9 @@ async def test_an_unanswerable_reconcile_retries_without_sending(rig: Rig) -> No
         "reply:s:run-1",
         lambda d: d.attempts == 2 and d.last_error is not None and d.due_at_ms > rig.clock.now_ms(),
     )
-    assert second.last_error == "reconcile: unknown" and second.unknown_outcome
+    # the first attempt's failure stays said: "reconcile: unknown" alone hid it
+    assert second.last_error == f"reconcile: unknown (after {first.last_error})"
+    assert first.last_error and second.unknown_outcome
     assert len(rig.fake.attempts) == 1
     rig.clock.advance(second.due_at_ms - rig.clock.now_ms())
     await rig.until("reply:s:run-1", lambda d: d.status == "delivered")
