@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import hashlib
 import hmac
+import logging
 import os
 import secrets
 from collections.abc import Sequence
@@ -19,7 +20,10 @@ from typing import Literal
 
 from fastapi import Request
 
+from gateway.logs import event
 from gateway.ops.errors import ApiError
+
+log = logging.getLogger("gateway.ops")
 
 __all__ = [
     "LOCAL_TOKEN_FILE",
@@ -120,14 +124,25 @@ def local_token(path: Path | None) -> tuple[str, bool]:
     """The embedded service's operator token, made at first start; (token, kept on disk).
 
     Kept in `path` (mode 0600) so it survives restarts; with no path, or where it cannot be
-    written (a read-only directory), the token lives as long as the process.
+    written (a read-only directory), the token lives as long as the process. A kept token that
+    others could read (its mode changed since) is not used: a new one replaces it.
     """
     if path is None:
         return secrets.token_urlsafe(32), False
     try:
         text = path.read_text(encoding="ascii").strip()
         if len(text) >= 24:
-            return text, True
+            if not path.stat().st_mode & 0o077:
+                return text, True
+            log.warning(
+                event(
+                    "ops token replaced",
+                    file=str(path),
+                    why="the file could be read by other users than its owner (its mode was "
+                    f"{path.stat().st_mode & 0o777:o}): a new token, readable by the owner only",
+                )
+            )
+            path.unlink()  # written again below with 0600: O_TRUNC keeps an old file's mode
     except (OSError, UnicodeDecodeError):
         pass
     token = secrets.token_urlsafe(32)

@@ -206,7 +206,8 @@ class Database:
         self._dir_synced = False
         """The WAL's directory entry was fsynced (once per connection: the WAL is created)."""
         if str(path) != ":memory:":
-            path.parent.mkdir(parents=True, exist_ok=True)
+            path.parent.mkdir(mode=0o700, parents=True, exist_ok=True)
+            _private(path)
         self.conn = sqlite3.connect(path, isolation_level=None, check_same_thread=False)
         try:
             self.busy = BusyTimeout(self.conn, policy.busy_timeout_ms)
@@ -456,3 +457,18 @@ class SqliteExecutor(Generic[_D]):
                 self.db = None
 
         await self.thread.close(last)
+
+
+def _private(path: Path) -> None:
+    """Create `path` readable by its owner only, unless it exists.
+
+    SQLite gives its WAL and shared-memory files the database's permissions. A database holds
+    every conversation, tool argument and supplied result: with the umask's 0644 any local
+    user could read them, while the operator token beside it is 0600.
+    """
+    try:
+        os.close(os.open(path, os.O_CREAT | os.O_EXCL | os.O_WRONLY, 0o600))
+    except FileExistsError:
+        pass
+    except OSError:
+        return  # not creatable here: sqlite3 says why, in its own words

@@ -35,7 +35,7 @@ from gateway.serve import banner
 from gateway.service import Service, ServiceParts
 from harness_core import AssistantMessage, DeferredHandle, ModelInfo, ModelRef, ModelRequest
 from tests.support.fake_llm import FakeLLM, allow_model_requests
-from tests.support.service_rig import ServiceRig
+from tests.support.service_rig import ServiceRig, serving
 
 KEY = "sk-echoed-model-key-0123456789abcdef"
 BOT = "xoxb-1234-5678-echoedbottoken"
@@ -390,3 +390,31 @@ def test_the_banner_prints_the_local_token_only_to_a_terminal(tmp_path: Path) ->
     assert token in banner(settings, "scripted:echo", token, None, terminal=True)
     unkept = banner(settings, "scripted:echo", token, None, terminal=False)
     assert token not in unkept and "set GATEWAY_OPS_TOKENS to sign in" in unkept
+
+
+async def test_the_store_s_files_and_the_token_file_are_the_owner_s_alone(
+    tmp_path: Path, caplog: pytest.LogCaptureFixture
+) -> None:
+    """The databases were 0644 (every conversation readable by any local user) beside a 0600
+    token file; a token file someone made readable was used without a word."""
+    settings = gateway_settings(
+        store_url=f"sqlite:///{tmp_path}/gw/store.db",
+        broker_url=f"sqlite:///{tmp_path}/gw/broker.db",
+        web_url=f"sqlite:///{tmp_path}/gw/web.db",
+    )
+    async with serving(settings) as rig:
+        assert (await rig.http.post("/web/threads/t/messages", json={"text": "hi"})).is_success
+    folder = tmp_path / "gw"
+    modes = {p.name: p.stat().st_mode & 0o777 for p in folder.iterdir()}
+    assert modes["store.db"] == modes["broker.db"] == modes["web.db"] == 0o600, modes
+    assert all(mode == 0o600 for mode in modes.values()), modes  # -wal, -shm, the token
+    token_file = folder / "ops-token"
+    first = token_file.read_text().strip()
+    token_file.chmod(0o644)
+    with caplog.at_level(logging.WARNING, logger="gateway.ops"):
+        async with serving(settings) as rig:
+            assert rig.service.ops_sign_in is not None
+            assert first not in rig.service.ops_sign_in  # a token others may have read
+    assert token_file.stat().st_mode & 0o777 == 0o600
+    assert token_file.read_text().strip() != first
+    assert [r.getMessage() for r in caplog.records] == ["ops token replaced"]
