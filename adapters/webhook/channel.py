@@ -462,7 +462,14 @@ class WebhookChannel:
             try:
                 return await self.events(request)
             except _Refused as refused:
-                log.info("webhook refused", extra={"code": refused.code})
+                # who sent it and under which id: the operator tracing a misbehaving sender
+                # has nothing else (the id is clipped: it may be anything, when refused)
+                client = request.client.host if request.client is not None else None
+                sent_as = request.headers.get("webhook-id", "")[:100] or None
+                log.info(
+                    "webhook refused",
+                    extra={"code": refused.code, "client": client, "webhook_id": sent_as},
+                )
                 return refused.response()
 
         router.add_api_route(

@@ -57,12 +57,17 @@ class SignatureRefused(AdapterError):
         self.message = message
 
 
+_MIN_DISTINCT_BYTES = 8
+"""Fewer distinct byte values than this is no random key (24 random bytes have about 23)."""
+
+
 def secret_key(secret: str) -> bytes:
     """The HMAC key of a ``whsec_<base64>`` secret.
 
     Raises:
         ValueError: not ``whsec_`` and standard base64 of 24 to 64 bytes (the words say which).
     """
+    secret = secret.strip()  # pasted from a file, with its line break: base64 has no spaces
     if not secret.startswith(SECRET_PREFIX):
         raise ValueError(f"a secret starts with {SECRET_PREFIX}")
     try:
@@ -73,6 +78,11 @@ def secret_key(secret: str) -> bytes:
         raise ValueError(
             f"the key is {len(key)} bytes; the spec asks for {MIN_SECRET_BYTES} to "
             f"{MAX_SECRET_BYTES} random bytes"
+        )
+    if len(set(key)) < _MIN_DISTINCT_BYTES:  # 32 zero bytes passed: anyone could sign
+        raise ValueError(
+            f"the key's bytes are not random ({len(set(key))} distinct values in {len(key)}): "
+            "make one with openssl rand -base64 32"
         )
     return key
 

@@ -56,7 +56,7 @@ def test_a_rotation_list_passes_on_any_matching_v1_entry() -> None:
         ]
     )
     _check(headers)
-    old = secret_key("whsec_" + base64.b64encode(b"o" * 32).decode())
+    old = secret_key("whsec_" + base64.b64encode(bytes(range(100, 132))).decode())
     msg_id, sent, signatures = check_headers(headers, now_s=NOW, tolerance_s=300)
     verify((old, KEY), msg_id, sent, signatures, SPEC_BODY)  # either key of a rotation
 
@@ -73,7 +73,7 @@ def test_a_changed_body_id_or_timestamp_or_another_key_does_not_verify() -> None
     assert _code(headers, body=SPEC_BODY + b" ") == "bad_signature"
     assert _code({**headers, "webhook-id": "msg_other"}) == "bad_signature"
     assert _code({**headers, "webhook-timestamp": str(SPEC_TIMESTAMP + 1)}) == "bad_signature"
-    other = secret_key("whsec_" + base64.b64encode(b"k" * 24).decode())
+    other = secret_key("whsec_" + base64.b64encode(bytes(range(50, 74))).decode())
     assert _code(signed_headers(other, SPEC_ID, SPEC_TIMESTAMP, SPEC_BODY)) == "bad_signature"
     assert _code({**headers, "webhook-signature": SPEC_SIGNATURE.replace("v1,", "v2,")}) == (
         "bad_signature"
@@ -117,6 +117,7 @@ def test_any_header_text_is_a_refusal_and_nothing_else(
         ("whsec_not base64!", "not base64"),
         ("whsec_" + base64.b64encode(b"s" * 23).decode(), "23 bytes"),
         ("whsec_" + base64.b64encode(b"s" * 65).decode(), "65 bytes"),
+        ("whsec_" + base64.b64encode(bytes(32)).decode(), "not random"),  # was accepted
     ],
 )
 def test_a_secret_that_is_not_a_whsec_key_of_24_to_64_bytes_is_refused(
@@ -124,3 +125,10 @@ def test_a_secret_that_is_not_a_whsec_key_of_24_to_64_bytes_is_refused(
 ) -> None:
     with pytest.raises(ValueError, match=words):
         secret_key(secret)
+
+
+def test_a_secret_pasted_with_its_line_break_is_read() -> None:
+    """Read from a file with its newline, it was refused as "not base64", unexplained."""
+    key = bytes(range(32))
+    secret = "whsec_" + base64.b64encode(key).decode()
+    assert secret_key(f"{secret}\n") == secret_key(f"  {secret}") == key

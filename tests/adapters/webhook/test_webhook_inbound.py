@@ -7,6 +7,7 @@ channel's signature check.
 
 from __future__ import annotations
 
+import logging
 from collections.abc import AsyncIterator
 from typing import Any
 
@@ -170,8 +171,15 @@ async def test_headers_and_timestamp_are_checked_before_a_byte_of_the_body_is_re
     assert pulled == []
 
 
-async def test_a_wrong_signature_secret_or_body_is_refused(rig: Rig) -> None:
-    await rig.refused(MESSAGE, 401, "bad_signature", secret=new_secret("someone else"))
+async def test_a_wrong_signature_secret_or_body_is_refused(
+    rig: Rig, caplog: pytest.LogCaptureFixture
+) -> None:
+    with caplog.at_level(logging.INFO, logger="adapters.webhook"):
+        await rig.refused(MESSAGE, 401, "bad_signature", secret=new_secret("someone else"))
+    # who sent it, under which id: the line said only the code
+    [line] = [r for r in caplog.records if r.getMessage() == "webhook refused"]
+    assert line.__dict__["code"] == "bad_signature" and line.__dict__["client"]
+    assert str(line.__dict__["webhook_id"]).startswith("msg_")
     body, headers = rig.peer.signed(MESSAGE)
     tampered = body.replace(b"hello", b"HELLO")
     rig.check_refusal(await rig.peer.send_raw(rig.http, tampered, headers), 401, "bad_signature")
