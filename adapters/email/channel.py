@@ -685,7 +685,7 @@ class EmailChannel:
 
     async def reconcile(self, outbound: Outbound) -> Reconciled:
         """Whether a reply with this delivery's Message-ID is in the Sent folder or our folder."""
-        message_id = reply_message_id(outbound.delivery_id, self.domain)
+        message_id = reply_message_id(outbound.delivery_id, self.domain, outbound.thread.thread)
         imap = await self._side_connection()
         if imap is None:
             return "unknown"

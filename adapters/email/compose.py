@@ -18,9 +18,10 @@ client threads with the conversation it answers:
   its links are bearer credentials for whoever reads the mail. ``Reply-To`` is ignored on
   purpose: it would let a message divert the agent's answer (and its tool output) to a
   third party the thread never included.
-* ``Message-ID`` is `reply_message_id` of the delivery id: a retried send carries the same id,
-  so the adapter can find an earlier attempt in the Sent folder (`reconcile`), and the loop
-  guard recognizes the bot's own mail (`is_own_message_id`).
+* ``Message-ID`` is `reply_message_id` of the delivery id and the thread: a retried send
+  carries the same id, so the adapter can find an earlier attempt in the Sent folder
+  (`reconcile`), the loop guard recognizes the bot's own mail (`is_own_message_id`), and a
+  reply that names only it finds its thread (`thread_of_own_id`, D345).
 * Every header value taken from the message answered (display names, subject, topic) is
   decoded, then cleaned: no line break, no control character, and no encoded word left that a
   reader would decode into one, so a name can neither inject a header nor make the reply
@@ -76,6 +77,7 @@ __all__ = [
     "ApprovalClaims",
     "compose_reply",
     "Decision",
+    "delivery_mark",
     "is_own_message_id",
     "markdown_to_html",
     "MAX_ARGS_CHARS",
@@ -85,6 +87,7 @@ __all__ = [
     "MAX_TOKEN_CHARS",
     "MIN_KEY_BYTES",
     "reply_message_id",
+    "thread_of_own_id",
     "verify_approval_token",
 ]
 
@@ -106,7 +109,9 @@ MIN_KEY_BYTES = 32
 Decision = Literal["approve", "deny"]
 
 log = logging.getLogger("adapters.email")
-_OWN_ID = re.compile(r"<?dg\.([a-z2-7]{32})@([^<>\s@]+)>?")
+_OWN_ID = re.compile(r"<?dg\.([a-z2-7]{32})(?:\.([a-z2-7]{1,200}))?@([^<>\s@]+)>?")
+_MAX_ID_CHARS = 250
+"""The longest Message-ID `message_ids` reads (a longer one is dropped as junk)."""
 _DOMAIN = re.compile(r"[A-Za-z0-9](?:[A-Za-z0-9.-]{0,251}[A-Za-z0-9])?")
 _FILETIME_EPOCH = 116_444_736_000_000_000  # 1970-01-01 in 100 ns units since 1601-01-01
 _MAX_TEXT_CHARS = 200_000
@@ -123,11 +128,14 @@ def _domain(domain: str) -> str:
     return domain.lower()
 
 
-def reply_message_id(delivery_id: str, domain: str) -> str:
-    """The ``Message-ID`` of a delivery's email: ``<dg.<32 base32 of sha256>@domain>``.
+def reply_message_id(delivery_id: str, domain: str, thread: str | None = None) -> str:
+    """The ``Message-ID`` of a delivery's email: ``<dg.<32 base32 of sha256>[.<thread>]@domain>``.
 
-    Deterministic (the same delivery id and domain give the same id, so a retried send can be
-    looked up), and free of the delivery id's own characters (``:``, spaces...).
+    Deterministic (the same delivery id, domain and thread give the same id, so a retried send
+    can be looked up), and free of the delivery id's own characters (``:``, spaces...).
+    `thread` (the lane's thread id) is carried in base32 where the id stays within 250
+    characters: a reply that names only this id (``In-Reply-To`` without ``References``, as
+    some clients write) is read back into its thread (`thread_of_own_id`, D345).
 
     Raises:
         ValueError: `domain` is not a domain name.
@@ -135,13 +143,41 @@ def reply_message_id(delivery_id: str, domain: str) -> str:
     domain = _domain(domain)
     digest = hashlib.sha256(f"{domain}\n{delivery_id}".encode()).digest()
     token = base64.b32encode(digest).decode("ascii").lower()[:32]
+    if thread:
+        carried = base64.b32encode(thread.encode()).decode("ascii").lower().rstrip("=")
+        made = f"<dg.{token}.{carried}@{domain}>"
+        if len(made) <= _MAX_ID_CHARS and len(carried) <= 200:
+            return made
     return f"<dg.{token}@{domain}>"
 
 
 def is_own_message_id(message_id: str, domain: str) -> bool:
     """Whether `message_id` has the shape `reply_message_id` gives for `domain` (any case)."""
     match = _OWN_ID.fullmatch(message_id.strip())
-    return match is not None and match.group(2).lower() == domain.strip().lower()
+    return match is not None and match.group(3).lower() == domain.strip().lower()
+
+
+def delivery_mark(message_id: str) -> str:
+    """`message_id` without the thread it carries: what `reply_message_id` gives without one."""
+    match = _OWN_ID.fullmatch(message_id.strip())
+    if match is None:
+        return message_id
+    return f"<dg.{match.group(1)}@{match.group(3)}>"
+
+
+def thread_of_own_id(message_id: str, domains: Iterable[str]) -> str | None:
+    """The thread a Message-ID of ours (for one of `domains`) carries; None for any other."""
+    match = _OWN_ID.fullmatch(message_id.strip().lower())
+    if match is None or match.group(2) is None:
+        return None
+    if match.group(3) not in {domain.strip().lower() for domain in domains}:
+        return None
+    carried = match.group(2).upper()
+    try:
+        thread = base64.b32decode(carried + "=" * (-len(carried) % 8)).decode("utf-8")
+    except (binascii.Error, ValueError):
+        return None
+    return thread if thread.startswith("<") and thread.isprintable() else None
 
 
 # --- replies ---------------------------------------------------------------------------------
@@ -215,7 +251,7 @@ def compose_reply(
     subject = normalize_subject(_header_text(_text(context.get("subject"))))
     message["Subject"] = f"Re: {subject}" if subject else "Re:"
     message["Date"] = format_datetime(when.astimezone(UTC), usegmt=True)
-    message["Message-ID"] = reply_message_id(outbound.delivery_id, domain)
+    message["Message-ID"] = reply_message_id(outbound.delivery_id, domain, outbound.thread.thread)
     parent = message_ids(_text(context.get("message_id")))[:1]
     if parent:
         message["In-Reply-To"] = parent[0]

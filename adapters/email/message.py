@@ -407,6 +407,9 @@ def _read(
     references = message_ids(_header(msg, "References"))
     in_reply_to = message_ids(_header(msg, "In-Reply-To"))
     root = references[0] if references else in_reply_to[0] if in_reply_to else message_id
+    if root != message_id:  # one of the bot's replies names its thread: a client that wrote
+        # only In-Reply-To (no References) named the reply, and started a thread of its own
+        root = _thread_named(root, own_domain_ids) or root
     # a mail that starts a thread quotes no history of it: its ">" lines, "-- " and
     # "X wrote:" are the sender's own (a pasted log, a separator) and are kept (D336)
     whole = _is_forward(subject) or root == message_id
@@ -419,11 +422,14 @@ def _read(
         body = _body(msg, strip_quotes=not whole)
         if body.status == "undecodable":
             return Parsed("skip", "undecodable")
-        attachments, unlisted = _attachments(msg, body.part)
+        forwarded, read = _forwarded(msg)
+        attachments, unlisted = _attachments(msg, body.part, read)
         text = body.text
         cut = None
+        own = (text.strip() if whole else reply_text(text)) if text else ""
+        text = "\n\n".join(piece for piece in (own, *forwarded) if piece)
         if text:
-            text, cut = keep_within(text.strip() if whole else reply_text(text), MAX_TEXT_CHARS)
+            text, cut = keep_within(text, MAX_TEXT_CHARS)
         if body.partial:  # the end of the HTML was never read: how much it held is unknown
             cut = TextCut(kept=len(text), total=None)
         if not text and root == message_id:
@@ -590,6 +596,14 @@ def _valid_address(address: str) -> bool:
         and re.fullmatch(r"[^\s<>()\[\],;:\"\\]+", domain) is not None
         and not any(char.isspace() or char in "<>" for char in local)
     )
+
+
+def _thread_named(message_id: str, own_domain_ids: str | Collection[str]) -> str | None:
+    """The thread a Message-ID of the bot's own carries (None: another's, or none)."""
+    from adapters.email.compose import thread_of_own_id  # compose imports this module
+
+    domains = [own_domain_ids] if isinstance(own_domain_ids, str) else list(own_domain_ids)
+    return thread_of_own_id(message_id, domains) if domains else None
 
 
 def _own_reason(
@@ -986,14 +1000,56 @@ def html_to_text(html: str) -> str:
     return _BLANK_LINES.sub("\n\n", lines).strip()  # margins meeting: one blank line
 
 
-def _attachments(msg: Message, body: Message | None) -> tuple[tuple[Attachment, ...], int]:
-    """The attachments listed (at most `MAX_ATTACHMENTS`), and how many more there are."""
+def _forwarded(msg: Message) -> tuple[list[str], set[int]]:
+    """The text of each mail attached whole, and which leaves those were.
+
+    ``message/rfc822`` is Outlook's "Forward as attachment": its text comes under the lines a
+    forward shows. Refused as a file before, the forwarded mail never reached the agent. Its own
+    attachments are not read (a note says how many); one that holds no text stays a file.
+    """
+    texts: list[str] = []
+    read: set[int] = set()
+    for count, part in enumerate(_leaves(msg)):
+        if count >= _MAX_LEAVES or len(texts) >= MAX_ATTACHMENTS:
+            break
+        if part.get_content_type() != "message/rfc822":
+            continue
+        payload = part.get_payload()
+        inner = payload[0] if isinstance(payload, list) and payload else None
+        if not isinstance(inner, EmailMessage):
+            continue
+        body = _body(inner, strip_quotes=False)
+        if not body.text.strip():
+            continue
+        lines = ["---------- Forwarded message ----------"]
+        for header in ("From", "Date", "Subject", "To"):
+            value = _header(inner, header)
+            if value:
+                lines.append(f"{header}: {_clip(value, _MAX_HEADER_CHARS)}")
+        files = sum(1 for leaf in _leaves(inner) if leaf is not body.part)
+        lines += ["", body.text.strip()]
+        if files:
+            lines.append(f"[the forwarded mail's {files} attachment(s) were not read]")
+        texts.append("\n".join(lines))
+        read.add(count)
+    return texts, read
+
+
+def _attachments(
+    msg: Message,
+    body: Message | None,
+    read: set[int] = frozenset(),  # type: ignore[assignment]
+) -> tuple[tuple[Attachment, ...], int]:
+    """The attachments listed (at most `MAX_ATTACHMENTS`), and how many more there are.
+
+    `read`: leaves already read as text (forwarded mails), not listed.
+    """
     found: list[Attachment] = []
     more = 0
     for count, part in enumerate(_leaves(msg)):
         if count >= _MAX_LEAVES:
             break
-        if part is body:
+        if part is body or count in read:
             continue
         try:
             media_type = part.get_content_type()

@@ -43,6 +43,7 @@ from adapters.conformance import SESSION, Hostile, Posted, Said
 from adapters.email.channel import EmailChannel
 from adapters.email.compose import (
     approval_token,
+    delivery_mark,
     reply_message_id,
     verify_approval_token,
 )
@@ -641,7 +642,8 @@ class EmailRig:
             message_id = str(message["Message-ID"]).strip()
             links = _LINK.findall(text)
             controls = ("approve", "deny") if len(links) >= 2 else ()
-            posted.append(Posted(id=message_id, mark=message_id, text=text, controls=controls))
+            mark = delivery_mark(message_id)  # the id carries its thread as well (D345)
+            posted.append(Posted(id=message_id, mark=mark, text=text, controls=controls))
         return posted
 
     def mark_of(self, delivery_id: str) -> str:

@@ -33,7 +33,7 @@ from typing import Any
 import httpx
 
 from adapters.channel import OutboundKind
-from adapters.email.compose import reply_message_id
+from adapters.email.compose import delivery_mark, reply_message_id
 from config.settings import default_session
 from gateway.broker import open_broker
 from gateway.replies import delivery_id, replies_mark
@@ -371,7 +371,10 @@ class EmailRig:
 
     def replies(self) -> list[tuple[str, int]]:
         """The replies in the person's mailbox (what a person sees), by Message-ID."""
-        return [(str(m["Message-ID"]), 0) for m in self.dovecot.parsed_messages(self.person)]
+        return [
+            (delivery_mark(str(m["Message-ID"])), 0)  # without the thread it carries (D345)
+            for m in self.dovecot.parsed_messages(self.person)
+        ]
 
     def message_id_of(self, delivery: str) -> str:
         return reply_message_id(delivery, self.bot.address.rsplit("@", 1)[1])

@@ -30,6 +30,7 @@ from adapters.email.compose import (
     is_own_message_id,
     markdown_to_html,
     reply_message_id,
+    thread_of_own_id,
     verify_approval_token,
 )
 from adapters.email.message import parse
@@ -134,7 +135,9 @@ def test_reply_headers() -> None:
     assert message["Subject"] == "Re: Deploy 42"
     assert message["In-Reply-To"] == "<root-1@example.com>"
     assert message["References"] == "<root-1@example.com>"
-    assert message["Message-ID"] == reply_message_id("reply:session-1:run-1", DOMAIN)
+    assert message["Message-ID"] == reply_message_id(
+        "reply:session-1:run-1", DOMAIN, "<root-1@example.com>"
+    )
     assert message["Date"] == "Mon, 30 Nov 2026 13:30:00 +0000"
     assert message["Auto-Submitted"] == "auto-replied"
     assert message["X-Auto-Response-Suppress"] == "All"
@@ -276,6 +279,30 @@ def test_round_trip_the_lane_continues() -> None:
     ]
     third = parsed(human_reply_to(again, "Done?", message_id="<h3@x>"))
     assert third.thread == first.thread
+
+
+def test_a_reply_naming_only_the_bot_s_message_stays_in_its_thread() -> None:
+    """Some clients write In-Reply-To without References: the reply named the bot's message,
+    whose id became a thread of its own, and the agent lost the conversation (D345)."""
+    first = parsed(HUMAN)
+    reply = compose(outbound(first.reply_context))
+    assert thread_of_own_id(str(reply["Message-ID"]), [DOMAIN]) == "<root-1@example.com>"
+    answer = EmailMessage()
+    answer["From"] = "Alice Example <alice@example.com>"
+    answer["To"] = BOT
+    answer["Subject"] = "Re: Deploy 42"
+    answer["Message-ID"] = "<irt-only@x>"
+    answer["In-Reply-To"] = str(reply["Message-ID"])  # and no References
+    answer.set_content("and the database too")
+    second = parsed(answer.as_bytes())
+    assert second.thread == first.thread
+    # another domain's id of the same shape, or a carried part that is no thread: as before
+    forged = str(reply["Message-ID"]).replace("gw.example", "evil.example")
+    assert thread_of_own_id(forged, [DOMAIN]) is None
+    assert thread_of_own_id("<dg." + "a" * 32 + ".mfrgg@gw.example>", [DOMAIN]) is None
+    long_root = "<" + "r" * 200 + "@example.com>"  # no room: the id carries no thread
+    plain = reply_message_id("reply:x", DOMAIN, long_root)
+    assert plain == reply_message_id("reply:x", DOMAIN) and len(plain) < 250
 
 
 def test_an_internationalized_domain_is_answered_in_its_ascii_form() -> None:

@@ -670,19 +670,20 @@ def nested_mixed() -> EmailMessage:
 
 def test_nested_multipart_lists_attachments_as_metadata() -> None:
     inbound = taken(nested_mixed().as_bytes())
-    assert inbound.text == "See the attached logs."
+    # the attached mail is read as a forward (D344), the files listed
+    assert inbound.text == (
+        "See the attached logs.\n\n---------- Forwarded message ----------\n"
+        "Subject: original\n\nforwarded body"
+    )
     named = [(a.name, a.media_type, a.size) for a in inbound.attachments]
-    assert named[:3] == [
+    assert named == [
         ("logo.png", "image/png", 100),
         ("report.pdf", "application/pdf", 2000),
         ("data.csv", "text/csv", 8),
     ]
-    assert named[3][0:2] == ("message.eml", "message/rfc822")
-    assert named[3][2] > 0
     raw = nested_mixed().as_bytes()
     contents = [attachment_content(raw, a.ref or "") for a in inbound.attachments]
-    assert contents[:3] == [b"\x89PNG" + b"\0" * 96, b"%PDF-1.7" + b"\0" * 1992, b"a,b\n1,2\n"]
-    assert contents[3] is not None and b"forwarded body" in contents[3]
+    assert contents == [b"\x89PNG" + b"\0" * 96, b"%PDF-1.7" + b"\0" * 1992, b"a,b\n1,2\n"]
     assert attachment_content(raw, "part-99") is None
     assert attachment_content(raw, "../etc") is None
 
@@ -1182,3 +1183,24 @@ def test_text_after_a_picture_put_mid_text_is_read() -> None:
     inbound = taken(raw)
     assert inbound.text == "Here is the damaged part:\n\nAnd the serial number is SN-998877."
     assert [a.name for a in inbound.attachments] == ["IMG_0001.jpeg"]
+
+
+def test_a_mail_forwarded_as_an_attachment_is_read() -> None:
+    # Outlook's "Forward as attachment": refused as a file, its text never reached the agent
+    raw = (
+        b"From: a@example.com\nTo: bot@gw.example\nSubject: FW: Invoice\nMessage-ID: <f1@x>\n"
+        b"MIME-Version: 1.0\nContent-Type: multipart/mixed; boundary=B\n\n"
+        b"--B\nContent-Type: text/plain; charset=utf-8\n\nCan you draft an answer?\n"
+        b'--B\nContent-Type: message/rfc822; name="Invoice overdue.eml"\n'
+        b'Content-Disposition: attachment; filename="Invoice overdue.eml"\n\n'
+        b"From: Customer <cust@example.org>\nSubject: Invoice overdue\n"
+        b"Date: Fri, 04 Dec 2026 09:00:00 +0000\nContent-Type: text/plain; charset=utf-8\n\n"
+        b"Invoice 4711 is 30 days overdue.\n--B--\n"
+    )
+    inbound = taken(raw)
+    assert inbound.text == (
+        "Can you draft an answer?\n\n---------- Forwarded message ----------\n"
+        "From: Customer <cust@example.org>\nDate: Fri, 04 Dec 2026 09:00:00 +0000\n"
+        "Subject: Invoice overdue\n\nInvoice 4711 is 30 days overdue."
+    )
+    assert inbound.attachments == ()  # read, not refused as a file
