@@ -248,7 +248,9 @@ def classify_automatic(
         return "bounce"
     sender = _first_address(msg, "From")
     local = sender[1].rpartition("@")[0].lower() if sender else ""
-    if local in ("mailer-daemon", "postmaster"):
+    if local in ("mailer-daemon", "postmaster") or local.startswith("microsoftexchange"):
+        return "bounce"  # Exchange writes its non-DSN "Undeliverable" notices from the last
+    if _BOUNCE_SUBJECT.match(_header(msg, "Subject") or ""):
         return "bounce"
     if _NO_REPLY.match(local.partition("+")[0]):
         return "no_reply"
@@ -276,6 +278,14 @@ def classify_automatic(
     return None
 
 
+_BOUNCE_SUBJECT = re.compile(
+    r"\s*(?:(?:undeliverable|unzustellbar|non\s+remis|no\s+entregado|non\s+recapitabile"
+    r"|returned\s+mail)\s*[:\uff1a]|delivery\s+status\s+notification\s+\(failure\)"
+    r"|undelivered\s+mail\s+returned\s+to\s+sender|mail\s+delivery\s+failed\b)",
+    re.IGNORECASE,
+)
+"""The subject of a delivery failure notice that comes without a DSN part (older Exchange,
+some hosted relays): answering it would answer a machine, and start a loop."""
 _AUTO_SUBJECT = re.compile(
     r"\s*(?:auto(?:matic|matische|matisk)?[\s_-]*(?:reply|response|responder|antwort|svar)"
     r"|autoreply|autorespon[ds]e?|out\s+of\s+(?:the\s+)?office(?:\s+auto\s*reply)?"

@@ -1204,3 +1204,20 @@ def test_a_mail_forwarded_as_an_attachment_is_read() -> None:
         "Subject: Invoice overdue\n\nInvoice 4711 is 30 days overdue."
     )
     assert inbound.attachments == ()  # read, not refused as a file
+
+
+@pytest.mark.parametrize(
+    ("sender", "subject", "reason"),
+    [
+        # an older Exchange's notice: no DSN part, no empty Return-Path; it was answered
+        ("MicrosoftExchange329e71ec@example.com", "Undeliverable: Re: Report", "bounce"),
+        ("relay@example.com", "Undeliverable: Re: Report", "bounce"),
+        ("relay@example.com", "Mail delivery failed: returning message to sender", "bounce"),
+        ("a@example.com", "Undeliverable items in the warehouse", None),  # a person's words
+    ],
+)
+def test_a_delivery_failure_notice_without_a_dsn_is_not_answered(
+    sender: str, subject: str, reason: str | None
+) -> None:
+    parsed = read(plain("Delivery has failed to these recipients.", From=sender, Subject=subject))
+    assert (parsed.reason if parsed.action == "skip" else None) == reason
