@@ -104,6 +104,18 @@ def request_id(request: Request) -> str:
     return value if isinstance(value, str) else "unknown"
 
 
+def _field(error: Any) -> dict[str, str]:
+    """One refused field: its dotted name and why (a body that is no JSON names no field)."""
+    where = [part for part in error.get("loc", ()) if part != "body"]
+    if error.get("type") == "json_invalid":  # its "location" is the character's offset
+        at = f" at character {where[0]}" if where else ""
+        return {"field": "", "reason": f"the body is not valid JSON{at}"}
+    return {
+        "field": ".".join(str(part) for part in where),
+        "reason": str(error.get("msg", "invalid")),
+    }
+
+
 def _unavailable(exc: BaseException) -> str | None:
     """What a failure that is the store's or the broker's says (None: a defect of ours).
 
@@ -225,13 +237,7 @@ def install_errors(app: FastAPI) -> None:
 
     @app.exception_handler(RequestValidationError)
     async def invalid(request: Request, exc: RequestValidationError) -> Response:
-        fields = [
-            {
-                "field": ".".join(str(part) for part in error.get("loc", ()) if part != "body"),
-                "reason": str(error.get("msg", "invalid")),
-            }
-            for error in exc.errors()[:20]
-        ]
+        fields = [_field(error) for error in exc.errors()[:20]]
         if not _in_api(request):
             return await request_validation_exception_handler(request, exc)
         return envelope(

@@ -363,6 +363,18 @@ async def test_redeliver_and_discard_race_and_retry_honestly(ops: Ops) -> None:
     assert (await ops.get("/deliveries/dl-3"))["status"] == "delivered"
 
 
+async def test_a_body_that_is_no_json_says_so_and_names_no_field(ops: Ops) -> None:
+    # the character's offset was given as the field's name: {"field": "17", ...}
+    broken = await ops.http.post(
+        "/api/v1/lanes/ln_eA/rewind",
+        content=b'{"entry_id": ',
+        headers={**AS_OPERATOR, **JSON, "Idempotency-Key": "k-broken"},
+    )
+    assert broken.status_code == 400, broken.text
+    [field] = broken.json()["error"]["details"]["fields"]
+    assert field["field"] == "" and field["reason"].startswith("the body is not valid JSON at")
+
+
 async def test_a_body_over_the_cap_or_of_unknown_length_is_refused_unread(ops: Ops) -> None:
     path = "/api/v1/lanes/ln_eA/abort"
     huge = await ops.http.post(
