@@ -29,8 +29,8 @@ class WebhookSettings(Section):
     }
     EXAMPLES: ClassVar[dict[str, Any]] = {
         "url": "https://receiver.example.com/gateway",
-        "secret": "whsec_changeMeChangeMeChangeMeChangeMe",
-        "inbound_secret": "whsec_anotherOneToChangeAnotherOneToChange",
+        "secret": "whsec_cGxhY2Vob2xkZXItcmVwbGFjZS1tZS0wMTIz",  # "placeholder-replace-me-0123"
+        "inbound_secret": "whsec_YW5vdGhlci1wbGFjZWhvbGRlci1yZXBsYWNlLW1l",
         "status_url": "https://receiver.example.com/gateway/deliveries",
         "approvers": ["alice", "ops-lead"],
     }

@@ -437,9 +437,11 @@ def _fsync_dir(directory: Path) -> None:
 
 def _publish(directory: Path, path: Path, lines: list[str], fsync_dir: bool) -> None:
     """Write a complete file under a temporary name and link it into place (exclusive create)."""
-    directory.mkdir(parents=True, exist_ok=True)
+    directory.mkdir(mode=0o700, parents=True, exist_ok=True)
     tmp = path.with_name(f".{path.name}.{os.getpid()}.tmp")
-    with open(tmp, "wb") as handle:
+    # the owner's alone, as the SQLite files (D343): a session holds every conversation
+    descriptor = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
+    with os.fdopen(descriptor, "wb") as handle:
         handle.write(("\n".join(lines) + "\n").encode())
         handle.flush()
         os.fsync(handle.fileno())
@@ -556,7 +558,7 @@ def _list(directory: Path) -> list[SessionMetadata]:
 def _lock(data: Path, lock: Path, owner: str, session_id: str) -> tuple[int, int]:
     if not data.exists():
         raise SessionError("not_found", f"session {session_id!r} does not exist")
-    fd = os.open(lock, os.O_RDWR | os.O_CREAT, 0o644)
+    fd = os.open(lock, os.O_RDWR | os.O_CREAT, 0o600)
     try:
         fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
     except BlockingIOError:
@@ -617,7 +619,7 @@ def _close_fds(*fds: int | None) -> None:
 def _delete(data: Path, lock: Path) -> bool:
     if not data.exists():
         return False
-    fd = os.open(lock, os.O_RDWR | os.O_CREAT, 0o644)
+    fd = os.open(lock, os.O_RDWR | os.O_CREAT, 0o600)
     try:
         try:
             fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
