@@ -57,6 +57,7 @@ from adapters.registry import (
     channel_sections,
     channel_specs,
 )
+from adapters.store_full import STORE_FULL, store_full
 
 __all__ = [
     "Acceptance",
@@ -104,6 +105,8 @@ __all__ = [
     "RegistryError",
     "result_line",
     "shared_prefix",
+    "STORE_FULL",
+    "store_full",
     "take_in",
     "text_problem",
     "TextCut",

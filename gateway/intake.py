@@ -19,6 +19,7 @@ from typing import Any
 from pydantic import ValidationError
 
 from adapters import (
+    STORE_FULL,
     Acceptance,
     Attachment,
     AuthorityChange,
@@ -32,6 +33,7 @@ from adapters import (
     NotRouted,
     ThreadRef,
     Unavailable,
+    store_full,
     take_in,
 )
 from gateway.authority import (
@@ -137,7 +139,10 @@ class Intake:
             )
             raise NotRouted(str(taken)) from None
         except Exception as exc:  # the inbox could not hold it: the channel must retry
-            log.warning(event("inbox unavailable", error=type(exc).__name__))
+            full = store_full(exc)
+            log.warning(event("inbox unavailable", error=type(exc).__name__, full=full))
+            if full:  # "retry" alone sent the sender into the same wall, unexplained
+                raise Unavailable(f"the inbox's {STORE_FULL}") from exc
             raise Unavailable(f"the inbox is unavailable ({type(exc).__name__})") from exc
         log.info(
             event(

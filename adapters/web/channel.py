@@ -87,6 +87,7 @@ from adapters.channel import (
 from adapters.errors import AdapterError
 from adapters.json_bodies import blank, body_problem, read_json, result_problem, text_problem
 from adapters.live import LiveUpdate
+from adapters.store_full import STORE_FULL, store_full
 from adapters.web.live import LiveBoard, LiveCursor
 from adapters.web.mailbox import (
     DEFAULT_MAILBOX_URL,
@@ -626,6 +627,8 @@ class WebChannel:
                 "web mailbox could not record an item",
                 extra={"lane": ref.lane, "kind": item.kind, **_failure(exc)},
             )
+            if store_full(exc):
+                what = f"the web channel's {STORE_FULL}; the message was not taken"
             raise self._unavailable(what) from None
 
     async def _not_taken(self, ref: ThreadRef, message_id: str, why: str) -> None:
