@@ -686,6 +686,9 @@ class EmailChannel:
     async def reconcile(self, outbound: Outbound) -> Reconciled:
         """Whether a reply with this delivery's Message-ID is in the Sent folder or our folder."""
         message_id = reply_message_id(outbound.delivery_id, self.domain, outbound.thread.thread)
+        # an attempt made before the ids carried their thread (D345) was sent under this one
+        plain = reply_message_id(outbound.delivery_id, self.domain)
+        wanted = (message_id,) if plain == message_id else (message_id, plain)
         imap = await self._side_connection()
         if imap is None:
             return "unknown"
@@ -700,9 +703,10 @@ class EmailChannel:
                         raise
                     except ImapError:
                         continue  # no such folder
-                    if await imap.find(message_id):
-                        self._unsure.pop(outbound.delivery_id, None)
-                        return "delivered"
+                    for one in wanted:
+                        if await imap.find(one):
+                            self._unsure.pop(outbound.delivery_id, None)
+                            return "delivered"
             unsure = self._unsure.get(outbound.delivery_id)
             if unsure is not None and self.clock.now_ms() - unsure < self.settle_s * 1000:
                 return "unknown"  # a server that queues may file our copy later: look again

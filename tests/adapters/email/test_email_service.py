@@ -22,6 +22,9 @@ from typing import Any
 import httpx
 import pytest
 
+from adapters.channel import Outbound
+from adapters.email.compose import reply_message_id
+from adapters.email.message import email_thread
 from config import Settings
 from gateway.channels import gateway_settings
 from gateway.replies import CUT_OFF_NOTE
@@ -323,6 +326,29 @@ async def test_an_unknown_send_outcome_is_reconciled_not_sent_twice(mail: Mail) 
     await asyncio.sleep(3.0)  # the retry reconciles (finds its Message-ID) instead of sending
     assert len(await mail.replies(1)) == 1
     assert len(mail.smtp.messages) == 1
+
+
+async def test_an_attempt_sent_before_ids_carried_their_thread_is_found(mail: Mail) -> None:
+    """An attempt of unknown outcome made before the upgrade (D345) went out under the id
+    without its thread: the retry after the upgrade looked for the new id only, found
+    nothing, and would have sent the reply a second time."""
+    adapter = _adapter(mail)
+    outbound = Outbound(
+        delivery_id="reply:upgrade:run-1",
+        thread=email_thread(mail.bot.address, "<root-before@example.test>"),
+        kind="reply",
+        text="answered before the upgrade",
+        reply_context={"from": f"Person <{mail.person.address}>"},
+    )
+    assert await adapter.reconcile(outbound) in ("absent", "unknown")
+    sent = EmailMessage()
+    sent["From"] = mail.bot.address
+    sent["To"] = mail.person.address
+    sent["Subject"] = "Re: before"
+    sent["Message-ID"] = reply_message_id(outbound.delivery_id, adapter.domain)  # no thread
+    sent.set_content("answered before the upgrade")
+    mail.dovecot.deliver(mail.bot, bytes(sent), sender=mail.bot.address)  # its Bcc copy
+    assert await adapter.reconcile(outbound) == "delivered"
 
 
 async def test_a_lost_answer_from_a_queueing_server_is_not_sent_twice(mail: Mail) -> None:
