@@ -495,14 +495,24 @@ def test_a_closed_pipe_ends_quietly(gateway: Gateway, tmp_path: Path) -> None:
     assert err == b""
 
 
-def test_ctrl_c_exits_130_without_a_traceback(tmp_path: Path) -> None:
+@pytest.mark.parametrize(
+    ("words", "said"),
+    [
+        (("lanes",), b"interrupted\n"),
+        # an action on its way may have been taken: it said only "interrupted"
+        (("redeliver", "reply:s:r1", "--idempotency-key", "k-7"), b"--idempotency-key k-7 says"),
+    ],
+)
+def test_ctrl_c_exits_130_without_a_traceback(
+    tmp_path: Path, words: tuple[str, ...], said: bytes
+) -> None:
     with socket.socket() as silent:  # accepts the connection and never answers
         silent.bind(("127.0.0.1", 0))
         silent.listen()
         silent.settimeout(30)
         url = f"http://127.0.0.1:{silent.getsockname()[1]}"
         process = subprocess.Popen(
-            [sys.executable, "-m", "gateway", "ops", "--url", url, "--token", "t", "lanes"],
+            [sys.executable, "-m", "gateway", "ops", "--url", url, "--token", "t", *words],
             cwd=tmp_path,
             env=_process_env(),
             stdout=subprocess.PIPE,
@@ -522,6 +532,7 @@ def test_ctrl_c_exits_130_without_a_traceback(tmp_path: Path) -> None:
                 process.communicate()
     assert process.returncode == 130
     assert out == b"" and b"Traceback" not in err and err.count(b"\n") <= 1
+    assert said in err, err
 
 
 # -- the local token file, a stuck lane -----------------------------------------------------

@@ -46,6 +46,7 @@ def main(argv: Sequence[str], settings: Settings | None = None) -> int:
         except SystemExit as exc:  # --help (0) or a usage error (2), already printed
             return exc.code if isinstance(exc.code, int) else USAGE
         client: Client | None = None
+        run: Run | None = None
         try:
             client = Client(Target(args, settings), args.timeout)
             handler: Handler = args.handler
@@ -53,6 +54,15 @@ def main(argv: Sequence[str], settings: Settings | None = None) -> int:
             status = _interruptible(lambda: handler(run))
         except KeyboardInterrupt:
             client = None  # its request may still be on its thread: the process ends instead
+            if run is not None and run.key_sent is not None:
+                # the action may have been taken: its key asks again without doing it twice
+                _error(
+                    "interrupted: the action may already have reached the gateway; the same "
+                    f"command with --idempotency-key {run.key_sent} says what it did, and "
+                    "does nothing twice",
+                    prefix=False,
+                )
+                return INTERRUPTED
             raise
         finally:
             if client is not None:

@@ -24,6 +24,8 @@ class Run:
     def __init__(self, args: argparse.Namespace, client: Client) -> None:
         self.args = args
         self.client = client
+        self.key_sent: str | None = None
+        """The Idempotency-Key of an action on its way (what a Ctrl-C then says to reuse)."""
 
     def say(self, *lines: str) -> None:
         """Lines for stdout (clipped to a terminal's width)."""
@@ -134,7 +136,8 @@ class Run:
     def key(self) -> str:
         """This invocation's Idempotency-Key (the same one retries the same action)."""
         given: str | None = getattr(self.args, "idempotency_key", None)
-        return given or f"cli-{uuid.uuid4()}"
+        self.key_sent = self.key_sent or given or f"cli-{uuid.uuid4()}"
+        return self.key_sent
 
 
 Handler = Callable[[Run], int]
