@@ -612,8 +612,13 @@ def _thread_named(message_id: str, own_domain_ids: str | Collection[str]) -> str
     """The thread a Message-ID of the bot's own carries (None: another's, or none)."""
     from adapters.email.compose import thread_of_own_id  # compose imports this module
 
-    domains = [own_domain_ids] if isinstance(own_domain_ids, str) else list(own_domain_ids)
+    domains = _domains(own_domain_ids)
     return thread_of_own_id(message_id, domains) if domains else None
+
+
+def _domains(own_domain_ids: str | Collection[str]) -> list[str]:
+    """The domains of the bot's own Message-IDs, one given alone or several."""
+    return [own_domain_ids] if isinstance(own_domain_ids, str) else list(own_domain_ids)
 
 
 def _own_reason(
@@ -622,7 +627,7 @@ def _own_reason(
     sender = _first_address(msg, "From")
     if mailbox_address and sender and sender[1] == mailbox_address.strip().lower():
         return "own_message"
-    domains = [own_domain_ids] if isinstance(own_domain_ids, str) else list(own_domain_ids)
+    domains = _domains(own_domain_ids)
     if domains:
         # compose imports this module (subjects, ids): importing it here avoids a cycle
         from adapters.email.compose import is_own_message_id
@@ -1048,7 +1053,7 @@ def _forwarded(msg: Message) -> tuple[list[str], set[int]]:
 def _attachments(
     msg: Message,
     body: Message | None,
-    read: set[int] = frozenset(),  # type: ignore[assignment]
+    read: Collection[int] = (),
 ) -> tuple[tuple[Attachment, ...], int]:
     """The attachments listed (at most `MAX_ATTACHMENTS`), and how many more there are.
 
