@@ -78,12 +78,15 @@ class StreamMark:
 
     run: str
     since: str = ""
-    """The ts of the message the run answers (a sweep for unrecorded streams starts there)."""
+    """The ts of the message the run answers: a mark whose `since` is later is a later run's."""
     streams: tuple[str, ...] = ()
     """The stream messages of the run not yet finished or deleted, oldest first (the last is
     the current step's)."""
     starting: bool = False
     """A start may have reached Slack without its ts being recorded (a crash just then)."""
+    sweep: str | None = None
+    """Where the sweep for such unrecorded streams starts when an earlier run's is owed (an
+    earlier run's question); `since` otherwise. Apart from `since`, which orders the runs."""
     answer: str | None = None
     """The stream a delivery of the run's reply is finishing as its answer: out of `streams`,
     so no sweep deletes it, and kept so that a retry of that delivery finishes it again."""
@@ -109,6 +112,8 @@ class StreamMark:
             "streams": list(self.streams),
             "starting": self.starting,
         }
+        if self.sweep is not None:
+            data["sweep"] = self.sweep
         if self.answer is not None:
             data["answer"] = self.answer
         if self.apart:
@@ -131,6 +136,7 @@ class StreamMark:
                 since=str(data.get("since") or ""),
                 streams=tuple(str(ts) for ts in data.get("streams") or ()),
                 starting=bool(data.get("starting")),
+                sweep=str(data["sweep"]) if data.get("sweep") else None,
                 answer=str(data["answer"]) if data.get("answer") else None,
                 apart=data.get("v") == 2,
                 closed=data.get("closed") is True,
@@ -396,27 +402,25 @@ class SlackLive:
                         await self._stop(channel, owed)
                         return owed
                     # the run recorded no stream (yet): its mark is closed all the same, so a
-                    # stream its process starts late is not left beside the reply; a mark that
-                    # still has another run's streams to sweep is left as it is
-                    if (
-                        not self.streaming_ok
-                        or thread_ts is None
-                        or (mark is not None and (mark.streams or mark.answer is not None))
-                    ):
+                    # stream its process starts late is not left beside the reply
+                    if not self.streaming_ok or thread_ts is None:
                         return None
                     since = str(outbound.reply_context.get("ts") or thread_ts)
                     if mark is not None and ts_key(mark.since) > ts_key(since):
                         return None  # a later run's: this reply is late, its run long over
                     run_id = outbound.delivery_id.rpartition(":")[2]
-                    owing = mark.owed if mark is not None else ()
-                    closed = StreamMark(run_id, since=since, closed=True, owed=owing)
+                    # an earlier run's leftovers go with the mark: its answer a retry still
+                    # owes (carried), its listed streams (deleted here, once nobody can take
+                    # them: the mark moved), and the sweep for unrecorded ones it is owed (from
+                    # that run's question, on the closed mark)
+                    closed = StreamMark(run_id, since=since, closed=True, owed=_carried(mark))
                     if mark is not None and mark.starting:
-                        # a stream of the earlier run may be unrecorded: the sweep it is owed
-                        # goes on (from that run's question) with the closed mark
-                        closed = replace(closed, since=mark.since, starting=True)
-                    if await self._put(lane, mark, closed):
-                        return None
-                    continue
+                        closed = replace(closed, sweep=_swept_from(mark), starting=True)
+                    if not await self._put(lane, mark, closed):
+                        continue
+                    if mark is not None and mark.streams:
+                        await self._drop(channel, thread_ts, mark)
+                    return None
                 run = self._runs.get(lane)
                 stopped = None
                 if run is not None and run.run_id == mark.run:
@@ -551,7 +555,7 @@ class SlackLive:
         mark = await self._mark(lane)
         if mark is None or mark.run != run_id or not mark.closed or not mark.starting:
             return
-        await self._put(lane, mark, replace(mark, starting=False))
+        await self._put(lane, mark, replace(mark, starting=False, sweep=None))
 
     async def _unlist(self, thread: ThreadRef, run_id: str, ts: str) -> bool:
         """Take stream `ts` out of the run's mark before deleting it; False if it is not there.
@@ -620,6 +624,14 @@ class SlackLive:
                 await self._delete(run.channel, ts)
             return
 
+    async def _drop(self, channel: str, thread_ts: str, mark: StreamMark) -> None:
+        """Delete the streams `mark` (moved on) listed, except finished answers (D279)."""
+        doomed = set(mark.streams)
+        if not mark.apart:
+            doomed -= await self._delivered(channel, thread_ts, mark, doomed)
+        for ts in sorted(doomed, key=ts_key):
+            await self._delete(channel, ts)
+
     async def _unrecorded(
         self, channel: str, thread: ThreadRef, mark: StreamMark, keep: set[str]
     ) -> set[str]:
@@ -631,12 +643,13 @@ class SlackLive:
         if thread_ts is None:
             return set()
         found: set[str] = set()
-        for message in await self._read(channel, thread_ts, mark.since or thread_ts):
+        since = _swept_from(mark)
+        for message in await self._read(channel, thread_ts, since or thread_ts):
             ts = str(message.get("ts") or "")
             if (
                 ts
                 and ts not in keep
-                and ts_key(ts) > ts_key(mark.since)
+                and ts_key(ts) > ts_key(since)
                 and message.get("bot_id") == self.link.bot_id
                 and not _delivered(message)
             ):
@@ -703,6 +716,11 @@ def _carried(mark: StreamMark | None) -> tuple[tuple[str, str], ...]:
         return ()
     owed = mark.owed if mark.answer is None else (*mark.owed, (mark.run, mark.answer))
     return owed[-_OWED:]
+
+
+def _swept_from(mark: StreamMark) -> str:
+    """Where a sweep of `mark`'s unrecorded streams starts (see `StreamMark.sweep`)."""
+    return mark.sweep if mark.sweep is not None else mark.since
 
 
 def _answers(mark: StreamMark) -> set[str]:

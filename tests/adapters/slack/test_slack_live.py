@@ -560,7 +560,8 @@ async def test_a_reply_closes_the_mark_of_an_earlier_run_that_still_owes_a_sweep
             await two.deliver(reply(sink, thread, "T-3 is open.", run="r2"))
             closed = json.loads(sink.marks[name])
             assert (closed["run"], closed["closed"], closed["starting"]) == ("r2", True, True)
-            assert closed["since"] == owed["since"]  # the sweep goes on from r1's question
+            assert closed["sweep"] == owed["since"]  # the sweep goes on from r1's question
+            assert closed["since"] != owed["since"]  # while the mark stays r2's (D281)
             await one.show(text(thread, "T-3 is open.", 0, run="r2"))  # late
             await one.show(done(thread, run="r2"))
         assert said(fake, thread) == [
@@ -641,3 +642,40 @@ async def test_a_ping_that_comes_in_pieces_is_defused_in_the_stream_too() -> Non
             sent = "".join(said for method, said in sequence(fake) if method in STREAM_CALLS)
             assert "<!" not in sent and "<!" not in streamed.text, sent
             assert sent == "Hello @channel and @here and a < b, "  # `<!x`: not finished yet
+
+
+@pytest.mark.parametrize("left", ["answer", "stream"])
+async def test_a_reply_closes_the_mark_of_an_earlier_run_that_left_a_stream_or_an_answer(
+    left: str,
+) -> None:
+    """The thread's mark is still r1's: its reply's rewrite failed and waits for its retry
+    (`answer`), or r1's reply has not taken r1's stream yet (`stream`: it posts afresh). r2's reply,
+    delivered by process two before r2's process showed any text, still closes the mark (r1's
+    leftovers carried on); r2's text shown late then starts no stream beside r2's reply. Seen in
+    the Slack kill run: a second "You said" without metadata after the plain reply."""
+    async with FakeSlack() as fake:
+        sink = TestSink(routes={"C1": "s1"})
+        async with slack_channel(fake, sink) as one, slack_channel(fake, sink) as two:
+            if left == "answer":
+                thread, first = await a_reply_whose_rewrite_failed(fake, sink, one, two)
+            else:
+                thread = await ask(fake, one, sink, "how are my tickets?")
+                first = reply(sink, thread)
+                await one.show(text(thread, "Let me look that up", 0, step=0))
+            name = f"slack:stream:{thread.lane}"
+            earlier = json.loads(sink.marks[name])
+            await ask_again(fake, two, sink, thread, "and T-3?")
+            await two.deliver(reply(sink, thread, "T-3 is open.", run="r2"))
+            closed = json.loads(sink.marks[name])
+            assert (closed["run"], closed["closed"]) == ("r2", True)
+            if left == "answer":
+                assert closed["owed"] == [["r1", earlier["answer"]]]  # the retry finishes it
+            else:
+                assert fake.streams() == []  # r1's stream: deleted, its reply posts afresh
+            await one.show(text(thread, "T-3 is open.", 0, run="r2"))  # late
+            await one.show(done(thread, run="r2"))
+            await two.deliver(first)  # r1's reply (the retry, or its first attempt)
+        assert sorted(said(fake, thread), key=repr) == sorted(
+            [(ANSWER.replace("**", "*"), REPLY), ("T-3 is open.", "reply:s1:r2")], key=repr
+        )
+        assert fake.streams() == []
