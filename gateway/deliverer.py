@@ -34,6 +34,7 @@ from gateway.broker.contract import Broker, ClaimedDelivery, NewAuditEvent
 from gateway.closes import close_delivery_id
 from gateway.logs import event
 from gateway.metrics import Metrics
+from gateway.outage import Outage
 from gateway.waits import until_done
 from harness_core import Clock
 
@@ -43,12 +44,6 @@ _BROKER_DOWN_S = 1.0
 """The pause after a claim failed: a broker that is down fails its bell's wait at once too, and
 a deliverer that only waited on it claimed thousands of times a second (an outside probe saw
 2,200 log lines a second while Redis was down)."""
-
-
-def _code(exc: BaseException) -> str | None:
-    """A broker error's code (``storage``, ``closed``): why, and no message that may hold a URL."""
-    code = getattr(exc, "code", None)
-    return code if isinstance(code, str) else None
 
 
 log = logging.getLogger("gateway.deliverer")
@@ -91,8 +86,11 @@ class Deliverer:
         rng: random.Random | None = None,
         metrics: Metrics | None = None,
         redact: Callable[[str], str] | None = None,
+        outage: Outage | None = None,
     ) -> None:
         self.config = config
+        self._outage = outage or Outage("broker", clock, log)
+        """Says a broker that fails the claims once, not once a second (D347)."""
         self._redact = redact or (lambda text: text)
         """Cleans a failure's reason before it is stored (a channel's error may quote a token)."""
         self._metrics = metrics
@@ -139,12 +137,13 @@ class Deliverer:
                         lease_ms=config.lease_ms,
                     )
                 except Exception as exc:  # the broker is down: its bell is too, so pause
-                    log.warning(event("claim failed", error=type(exc).__name__, code=_code(exc)))
+                    self._outage.failed("claim", exc)
                     if self._stopping.is_set():
                         break
                     with contextlib.suppress(TimeoutError):
                         await asyncio.wait_for(self._stopping.wait(), _BROKER_DOWN_S)
                     continue
+                self._outage.ok("claim")
                 if not claimed:
                     if self._stopping.is_set():
                         break

@@ -45,6 +45,7 @@ from gateway.models import model_from_settings
 from gateway.ops.api import OpsApi
 from gateway.ops.api.mcp import no_servers
 from gateway.ops.auth import OpsAuth, local_token, parse_tokens, token_file
+from gateway.outage import Outage
 from gateway.plugin import load_plugin
 from gateway.profiles import LaneProfiles
 from gateway.redact import Redactor, redacting
@@ -271,6 +272,8 @@ class Service:
             )
 
         self.live = LivePublisher(live_views(self.adapters), clock)
+        # the takes and the claims say a broker outage once between them (D347)
+        outage = Outage("broker", clock, logging.getLogger("gateway.broker"))
         self.worker = Worker(
             WorkerConfig(
                 worker_id=self.worker_id,
@@ -294,6 +297,7 @@ class Service:
             },
             # a server's list change reaches sessions already in hand, busy ones too
             tools_version=(lambda: mcp.version) if mcp is not None else (lambda: 0),
+            outage=outage,
         )
         self.deliverer = Deliverer(
             DelivererConfig(
@@ -309,6 +313,7 @@ class Service:
             parts.rng,
             self.metrics,
             redact=self.redactor.redact,
+            outage=outage,
         )
         # An adapter with HTTP routes has `router`, and may say how large its bodies are
         # (`body_limits`: path prefix -> bytes; otherwise the edge's small default applies).

@@ -42,6 +42,7 @@ from gateway.live import LivePublisher
 from gateway.logs import event
 from gateway.metrics import Metrics
 from gateway.operator_actions import OperatorAction, carry_out
+from gateway.outage import Outage
 from gateway.profiles import LaneProfile, LaneProfiles, lane_profile
 from gateway.replies import (
     LATE_DECISION_TEXT,
@@ -216,8 +217,15 @@ class Worker:
         file_limits: FileLimits | None = None,
         working_after: Mapping[str, float] | None = None,
         tools_version: Callable[[], int] = lambda: 0,
+        outage: Outage | None = None,
     ) -> None:
         self.config = config
+        self._outage = outage or Outage("broker", clock, log)
+        """Says a broker that fails the takes once, not once a second per slot (D347)."""
+        self._owed_leases: list[Any] = []
+        """Leases a failing store did not let go: given up once it answers (D347)."""
+        self._owed_tickets: list[tuple[SessionTicket, int | None]] = []
+        """Tickets a failing broker did not end: ended once it answers (D347)."""
         self._tools_version = tools_version
         """Moves when the tools `options` offers change (an MCP server's list): a session
         built before is let go at its next idle moment, and taken again with them."""
@@ -299,9 +307,12 @@ class Worker:
             try:
                 got = await self._next()
             except Exception as exc:  # the broker is down: wait and try again, never crash
-                log.warning(event("take failed", slot=number, error=type(exc).__name__))
+                self._outage.failed("take", exc)
                 await self._pause(1.0)
                 continue
+            self._outage.ok("take")
+            if self._owed_leases or self._owed_tickets:
+                await self._settle_owed()
             if got is None:
                 continue
             warm = got if isinstance(got, _Session) else None  # a lingering one's message
@@ -354,8 +365,27 @@ class Worker:
     ) -> None:
         """End a ticket as `_serve` says (a lapse: the visibility timeout; a linger: itself)."""
         if again != _LAPSE and again != _WARM:
-            with contextlib.suppress(Exception):
+            try:
                 await self._broker.inbox.done(ticket, again_in_ms=again)
+            except Exception:  # the broker is down: ended once it answers, not at its lapse
+                self._owed_tickets.append((ticket, again))
+
+    async def _settle_owed(self) -> None:
+        """Give up the leases and end the tickets an outage kept this worker from letting go.
+
+        Else a session in hand when the store stopped answering waits out its lease (30 s)
+        after a blip of a second. Both are fenced: a lease taken since (by any worker) is not
+        this one's token, and a ticket handed out again is not this one (`done` changes
+        nothing), so settling late never lets go of what is someone's now.
+        """
+        leases, self._owed_leases = self._owed_leases, []
+        for lease in leases:  # before the tickets: a session handed out finds its lease free
+            await self._release(lease)
+        tickets, self._owed_tickets = self._owed_tickets, []
+        for ticket, again in tickets:
+            await self._hand_back(ticket, again)
+        if leases or tickets:
+            log.info(event("let go after the outage", leases=len(leases), tickets=len(tickets)))
 
     async def _pause(self, seconds: float) -> None:
         with contextlib.suppress(TimeoutError):
@@ -504,7 +534,11 @@ class Worker:
             await self._advance_watermark(session, last_seq)
         log.info(
             event(
-                "session released" if released else "session let go (its lease lapses)",
+                "session released"
+                if released
+                else "session let go (its lease is given up once the store answers)"
+                if session.lease in self._owed_leases
+                else "session let go (its lease lapses)",
                 session=session_id,
                 faulted=faulted,
             )
@@ -651,11 +685,16 @@ class Worker:
         return harness.hooks.on("before_run", before_run, id="gateway.profile")
 
     async def _release(self, lease: Any) -> bool:
-        """Give the session's lease up (False: it was no longer ours, or the store failed)."""
-        with contextlib.suppress(Exception):
+        """Give the session's lease up (False: it was no longer ours, or the store failed).
+
+        A lease the store failed to release is owed: given up once it answers (D347).
+        """
+        try:
             released: bool = await self._repo.release_lease(lease)
-            return released
-        return False
+        except Exception:
+            self._owed_leases.append(lease)
+            return False
+        return released
 
     async def _lease(self, session_id: str) -> Any:
         """The session's writer lease, or in how many ms to look again (another holds it)."""
