@@ -35,6 +35,7 @@ from gateway.files import blob_limits, file_limits
 from gateway.guards import body_limits, host_rule
 from gateway.incarnation import gone, new_worker_id
 from gateway.intake import Intake
+from gateway.kept import KeptWatch
 from gateway.live import LivePublisher, live_views
 from gateway.logs import event, redact_with
 from gateway.mcp.health import McpServerHealth
@@ -153,6 +154,8 @@ class Service:
         none before. Read at each request, so it may be set after `start` built the app (D210)."""
         self._owned: list[Any] = []
         self._reminders: asyncio.Task[None] | None = None
+        self._watching: asyncio.Task[None] | None = None
+        """Looks every 10 s whether a Redis of the store or broker lost the data (D348)."""
         self._judging: asyncio.Task[None] | None = None
         """The start's judgement of every thread's binding (`gateway.authority`, D268)."""
         self.redactor = Redactor.from_settings(settings)
@@ -181,6 +184,13 @@ class Service:
             await self._close_owned()
             raise StartRefused(self._refusals(failed))
         await self._check_redis()
+        kept = KeptWatch.of(
+            # the store's and the broker's default key prefixes
+            [(settings.effective_store_url, "gw"), (settings.effective_broker_url, "gwb")],
+            parts.rng or random.Random(),
+        )
+        if kept is not None:
+            await self._own(kept).check()  # the marks' tokens, before anything is taken
         plugin = load_plugin(settings.plugin, settings)
         if parts.model_client is not None:
             client = parts.model_client
@@ -346,6 +356,8 @@ class Service:
         self.deliverer.start()
         if settings.approval_remind_seconds > 0:
             self._reminders = asyncio.create_task(self._remind(), name="approval-reminders")
+        if kept is not None:
+            self._watching = asyncio.create_task(kept.run(), name="redis-kept")
         log.info(event("service started", worker=self.worker_id, adapters=sorted(self.adapters)))
 
     def tool_approvers(self, tool: str) -> frozenset[str] | None:
@@ -576,16 +588,12 @@ class Service:
         if end is not None:
             drain = max(min(drain, end - began - _CLOSE_RESERVE_S), 0.0)
         log.info(event("draining", worker=self.worker_id, seconds=drain))
-        if self._reminders is not None:
-            self._reminders.cancel()
-            with contextlib.suppress(asyncio.CancelledError, Exception):
-                await self._reminders
-            self._reminders = None
-        if self._judging is not None:
-            self._judging.cancel()
-            with contextlib.suppress(asyncio.CancelledError, Exception):
-                await self._judging
-            self._judging = None
+        for task in (self._reminders, self._judging, self._watching):
+            if task is not None:
+                task.cancel()
+                with contextlib.suppress(asyncio.CancelledError, Exception):
+                    await task
+        self._reminders = self._judging = self._watching = None
         for adapter in self.adapters.values():  # the web channel's event streams end here
             with contextlib.suppress(Exception):
                 await adapter.stop()

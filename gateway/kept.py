@@ -1,0 +1,127 @@
+"""Whether a Redis still holds the gateway's data: a mark each process looks for every 10 s.
+
+A Redis restarted with nothing on disk, flushed (``FLUSHALL``), or failed over to an empty
+replica answers again as if nothing had happened: the messages it had accepted, the sessions
+and the replies are gone, and the gateway went on without a word (an outside probe). Each
+Redis the gateway keeps its state in holds the mark ``<prefix>:gateway:kept`` (a random token,
+written once with ``SET NX``); a process remembers the token it saw, and a later look that finds
+none (it writes a new one) or another (a process that looked first wrote it) means the data was
+lost since: said as an error, once per loss and process (D348).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import random
+from collections.abc import Sequence
+from dataclasses import dataclass
+from typing import Any
+
+from gateway.logs import event
+from harness_core.backends.redis import close_clients, connect, discover
+from harness_core.backends.urls import REDIS_SCHEMES, RedisUrl, RedisUrls, without_password
+
+__all__ = ["EVERY_S", "KeptWatch", "MARK"]
+
+MARK = "gateway:kept"
+"""The mark's name under each Redis's key prefix."""
+
+EVERY_S = 10.0
+"""How often a process looks for the mark."""
+
+log = logging.getLogger("gateway.kept")
+
+
+@dataclass
+class _Redis:
+    """One Redis to watch: where, the mark's key, the token last seen there."""
+
+    url: RedisUrl
+    key: str
+    shown: str
+    client: Any = None
+    seen: str | None = None
+
+
+class KeptWatch:
+    """Looks for the mark in each Redis the gateway keeps state in (store, broker, web)."""
+
+    def __init__(self, redises: Sequence[RedisUrl], rng: random.Random) -> None:
+        """`redises`: the Redis URLs of the store and the broker.
+
+        One mark per server (under the first URL's prefix): the store and the broker on one
+        Redis lose their data together, and are said once.
+        """
+        servers = {(url.server, url.cluster): url for url in reversed(redises)}
+        self._redises = [
+            _Redis(url, f"{url.prefix}:{MARK}", without_password(url.server))
+            for url in reversed(servers.values())
+        ]
+        self._rng = rng
+
+    @classmethod
+    def of(cls, urls: Sequence[tuple[str, str]], rng: random.Random) -> KeptWatch | None:
+        """The watch of the Redis among `urls`, (URL, default key prefix) pairs; None if none."""
+        redises = [
+            RedisUrls(default_prefix=prefix).parse(url, _refused)
+            for url, prefix in urls
+            if url.partition("://")[0] in REDIS_SCHEMES
+        ]
+        return cls(redises, rng) if redises else None
+
+    async def check(self) -> list[str]:
+        """Look once in every Redis; the ones (as shown) found to have lost the data since.
+
+        The first look only learns the token (a Redis that lost its data before this process
+        started is not told apart from a new one). A Redis that does not answer is skipped:
+        the outage is said elsewhere (`gateway.outage`), and the next look after it tells.
+        """
+        lost = []
+        for redis in self._redises:
+            try:
+                token = await self._look(redis)
+            except Exception as exc:  # unreachable: said by the outage, looked at again later
+                log.debug(event("redis mark unread", url=redis.shown, error=type(exc).__name__))
+                continue
+            if redis.seen is not None and token != redis.seen:
+                lost.append(redis.shown)
+                log.error(
+                    event(
+                        "redis lost the gateway's data",
+                        url=redis.shown,
+                        why="the mark written at the first start is gone: Redis restarted "
+                        "with nothing on disk, was flushed, or failed over to an empty replica",
+                        lost="messages accepted and not yet answered, sessions' history, "
+                        "replies not yet sent",
+                        fix="keep Redis with appendonly yes and noeviction; threads go on "
+                        "from what is left",
+                    )
+                )
+            redis.seen = token
+        return lost
+
+    async def _look(self, redis: _Redis) -> str:
+        if redis.client is None:
+            redis.client = connect(redis.url.server, cluster=redis.url.cluster, socket_timeout=5.0)
+            await discover(redis.client)
+        token = f"{self._rng.getrandbits(64):016x}"
+        # one command: the token there, or (none was) the one written now
+        found = await redis.client.set(redis.key, token, nx=True, get=True)
+        if found is None:
+            return token
+        return found.decode() if isinstance(found, bytes) else str(found)
+
+    async def run(self, every_s: float = EVERY_S) -> None:
+        """Look every `every_s` until cancelled (after a first `check`)."""
+        while True:
+            await asyncio.sleep(every_s)
+            await self.check()
+
+    async def close(self) -> None:
+        """Close the connections."""
+        await close_clients(*(r.client for r in self._redises if r.client is not None))
+
+
+def _refused(url: str, why: str | None) -> Exception:
+    return ValueError(f"{without_password(url)}: {why}")
