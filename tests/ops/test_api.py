@@ -58,6 +58,10 @@ async def test_every_route_needs_a_token_and_errors_have_one_envelope(ops: Ops) 
     assert mine.headers["cache-control"] == "no-store"  # threads' contents: no cache keeps them
     bad = await ops.http.get("/api/v1/lanes?limit=0", headers=AS_VIEWER)
     assert bad.status_code == 400 and bad.json()["error"]["details"]["fields"][0]["field"]
+    for nan in ("nan", "NaN", "inf"):  # read as "not >= 0" before: a finite number, said so
+        waits = await ops.http.post(f"/api/v1/lanes/ln_x/resume?wait={nan}", headers=AS_OPERATOR)
+        assert waits.status_code == 400, waits.text
+        assert "finite" in waits.text, waits.text
     cursor = await ops.http.get("/api/v1/lanes?cursor=%%%", headers=AS_VIEWER)
     assert cursor.status_code == 400 and cursor.json()["error"]["code"] == "invalid_cursor"
     status = await ops.http.get("/api/v1/lanes?status=sleeping", headers=AS_VIEWER)

@@ -21,5 +21,11 @@ IdempotencyKey = Annotated[
     ),
 ]
 Wait = Annotated[
-    float, Query(ge=0, le=30, description="Seconds to wait for the result (then 202).")
+    float,
+    Query(
+        ge=0,
+        le=30,
+        allow_inf_nan=False,
+        description="Seconds to wait for the result (then 202).",
+    ),
 ]
