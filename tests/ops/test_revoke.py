@@ -141,12 +141,18 @@ async def test_a_revoked_session_covers_every_lane_until_it_is_given_back(ops: O
         await asyncio.sleep(0.05)
     [close] = await dead_close()
     assert close.last_error.startswith("authority_revoked: audit hold")
+    held = await ops.act(f"/deliveries/{close.id}/redeliver")  # a dead letter again at once
+    assert held.status_code == 409, held.text
+    assert held.json()["error"]["details"]["reason"] == "authority_revoked"
+    assert "unrevoke it first" in held.json()["error"]["message"]
 
     back = await ops.act(f"/sessions/{session}/unrevoke")
     assert back.status_code == 200 and back.json()["changed"] is True, back.text
     assert (await ops.lane("web:one"))["revoked"] is None
     again = await ops.act(f"/sessions/{session}/unrevoke")
     assert again.json()["changed"] is False
+    sent = await broker.outbox.get(close.id)  # the close held back goes as the authority does
+    assert sent is not None and sent.status != "dead", sent
     await ops.post("one", "and now?")
     answers = await ops.answers("one", 2)
     assert answers[-1]["text"] == "You said: and now?"

@@ -2,10 +2,14 @@
 
 from __future__ import annotations
 
+from collections.abc import Mapping
 from typing import Annotated, Any
 
 from fastapi import Query, Request
+from pydantic import ValidationError
 
+from adapters import ThreadRef
+from gateway.authority import revocation_of
 from gateway.broker.contract import NewAuditEvent
 from gateway.ops.api.context import OpsContext
 from gateway.ops.api.params import Cursor, IdempotencyKey, Limit
@@ -66,6 +70,17 @@ class Deliveries:
         if found.status != "dead":
             raise ApiError(
                 409, "conflict", f"the delivery is {found.status}", {"reason": "not_dead"}
+            )
+        # sent again into a thread still revoked, it would be a dead letter again at once
+        thread = _thread(found.outbound)
+        revoked = await revocation_of(self.ops.broker.marks, found.session, found.lane, thread)
+        if revoked is not None:
+            raise ApiError(
+                409,
+                "conflict",
+                f"redeliver needs the thread's authority, which is revoked: {revoked.why} "
+                f"({revoked.scope.words()}, by {revoked.by}); unrevoke it first",
+                {"reason": "authority_revoked"},
             )
         again = await self.ops.broker.outbox.redeliver(delivery_id, now_ms=self.ops.clock.now_ms())
         assert again is not None
@@ -165,3 +180,11 @@ def _delivery(found: Any) -> DeliveryView:
         created_at_ms=found.created_at_ms,
         settled_at_ms=found.settled_at_ms,
     )
+
+
+def _thread(outbound: Mapping[str, Any]) -> ThreadRef | None:
+    """The thread a delivery goes to (None: its payload names none this code reads)."""
+    try:
+        return ThreadRef.model_validate(outbound.get("thread"))
+    except ValidationError:
+        return None
