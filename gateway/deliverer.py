@@ -196,7 +196,7 @@ class Deliverer:
     async def _try(self, claimed: ClaimedDelivery) -> None:
         delivery = claimed.delivery
         try:
-            outbound = Outbound.model_validate(dict(delivery.outbound))
+            outbound = self._cleaned(Outbound.model_validate(dict(delivery.outbound)))
         except ValidationError:
             await self._dead(claimed, "malformed outbound")
             return
@@ -238,6 +238,17 @@ class Deliverer:
             await self._retry(claimed, type(exc).__name__, True)
             return
         await self._delivered(claimed, reconciled=False)
+
+    def _cleaned(self, outbound: Outbound) -> Outbound:
+        """`outbound` without a configured secret in anything it says (D349).
+
+        The last boundary before a channel: a reply quoting a secret a tool or the model came
+        by (an MCP server's token, the provider's key) goes with ``[redacted]`` in its place,
+        as the web thread and the operator API already show it.
+        """
+        raw = outbound.model_dump_json()
+        clean = self._redact(raw)
+        return outbound if clean == raw else Outbound.model_validate_json(clean)
 
     async def _revoked(self, claimed: ClaimedDelivery, outbound: Outbound) -> bool:
         """Dead-letter a delivery into a thread whose authority is revoked (True), unsent (D267).

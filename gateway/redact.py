@@ -8,8 +8,10 @@ each, in the forms text carries it (as is, JSON-escaped, HTML-escaped, percent-e
 ``[redacted]``, and any ``scheme://user:password@`` password.
 
 The boundaries that use it: the model client (`redacting`: a provider error that quotes the key
-is cleaned before the harness stores it), the log formatter (`gateway.logs.redact_with`), every
-HTTP response body (`RedactBodies`), and the deliverer's failure reasons (dead letters, audit).
+is cleaned before the harness stores it), an MCP server's tool results (before the harness
+stores them or the model reads them), the log formatter (`gateway.logs.redact_with`), every
+HTTP response body (`RedactBodies`), and the deliverer: every message it sends to a channel, and
+its failure reasons (dead letters, audit) (D349).
 """
 
 from __future__ import annotations

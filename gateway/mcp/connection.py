@@ -40,7 +40,7 @@ from gateway.errors import GatewayError
 from gateway.logs import event
 from gateway.mcp.health import McpServerHealth, ServerState
 from gateway.mcp.leash import leashed
-from gateway.mcp.results import malformed, to_output
+from gateway.mcp.results import malformed, redacted, to_output
 from gateway.mcp.settings import McpServer
 from gateway.mcp.stderr import StderrTail
 from harness_core.clock import Clock
@@ -552,8 +552,9 @@ class McpConnection:
             )
         except Exception as exc:
             return self._crashed(tool, exc)
-        output = to_output(
-            result, server=self.name, tool=tool, max_chars=self.server.max_output_chars
+        output = redacted(
+            to_output(result, server=self.name, tool=tool, max_chars=self.server.max_output_chars),
+            self._redact,
         )
         self._report("error" if output.is_error else "ok")
         return output

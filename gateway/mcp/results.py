@@ -17,6 +17,7 @@ from __future__ import annotations
 import base64
 import binascii
 import json
+from collections.abc import Callable
 from typing import Any
 
 from mcp_types import (
@@ -34,7 +35,7 @@ from adapters import FileLimits, image_format, image_refusal
 from harness_core.messages import ImagePart, TextPart, UserContent
 from harness_core.tools import ToolOutput
 
-__all__ = ["IMAGE_TYPES", "MAX_IMAGES", "MAX_IMAGE_CHARS", "malformed", "to_output"]
+__all__ = ["IMAGE_TYPES", "MAX_IMAGES", "MAX_IMAGE_CHARS", "malformed", "redacted", "to_output"]
 
 IMAGE_TYPES = frozenset({"image/png", "image/jpeg", "image/gif", "image/webp"})
 """The image types every supported model provider reads; others are named, not sent."""
@@ -65,6 +66,19 @@ def to_output(result: object, *, server: str, tool: str, max_chars: int) -> Tool
         return _output(result, max_chars)
     except Exception as exc:  # a model_construct()ed or otherwise odd result: never raise
         return malformed(server, tool, f"{type(exc).__name__}")
+
+
+def redacted(output: ToolOutput, redact: Callable[[str], str]) -> ToolOutput:
+    """`output` with its text through `redact` (D349).
+
+    A server that echoes a configured secret (its own ``env`` value, a token) never gets it
+    stored, shown to the model or sent.
+    """
+    content = tuple(
+        TextPart(text=redact(part.text)) if isinstance(part, TextPart) else part
+        for part in output.content
+    )
+    return output.model_copy(update={"content": content})
 
 
 def _output(result: CallToolResult, max_chars: int) -> ToolOutput:

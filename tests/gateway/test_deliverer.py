@@ -22,6 +22,7 @@ from gateway.broker import open_broker
 from gateway.broker.contract import Broker, Delivery
 from gateway.deliverer import Deliverer, DelivererConfig, retry_delay_ms
 from gateway.outage import Outage
+from gateway.redact import Redactor
 from harness_core import SystemClock
 from harness_core.testing import ManualClock
 from tests.support.redis_server import RedisServer
@@ -38,7 +39,7 @@ class Rig:
         self.fake = fake
         self.deliverer: Deliverer | None = None
 
-    def start(self, **config: Any) -> Deliverer:
+    def start(self, redact: Callable[[str], str] | None = None, **config: Any) -> Deliverer:
         settings: dict[str, Any] = {"deliverer_id": "d1", "idle_wait_ms": 10, **config}
         self.deliverer = Deliverer(
             DelivererConfig(**settings),
@@ -46,16 +47,17 @@ class Rig:
             {"fake": self.fake},
             self.clock,
             random.Random(SEED),
+            redact=redact,
         )
         self.deliverer.start()
         return self.deliverer
 
-    async def enqueue(self, delivery_id: str = "reply:s:run-1") -> Outbound:
+    async def enqueue(self, delivery_id: str = "reply:s:run-1", text: str = "hi") -> Outbound:
         outbound = Outbound(
             delivery_id=delivery_id,
             thread=ThreadRef(channel="fake", space="default", thread="t1"),
             kind="reply",
-            text="hi",
+            text=text,
         )
         await self.broker.outbox.enqueue(
             delivery_id,
@@ -120,6 +122,23 @@ def _schedule(attempts: int) -> list[int]:
     """The delays a deliverer seeded with SEED waits after its first `attempts` failures."""
     rng = random.Random(SEED)
     return [retry_delay_ms(n, cap_ms=CAP_MS, rng=rng) for n in range(1, attempts + 1)]
+
+
+async def test_a_configured_secret_in_a_reply_never_reaches_the_channel(rig: Rig) -> None:
+    """The deliverer is the last boundary before Slack, email or a webhook: a reply quoting a
+    secret (an MCP server's token a tool echoed, the provider's key) goes redacted (D349), as
+    the web thread and the operator API already showed it; a reply without one goes as is."""
+    secret = "tok-3f9a81c2d7e4"
+    await rig.enqueue("reply:s:run-1", f'the token is {secret}, or "{secret}" quoted')
+    await rig.enqueue("reply:s:run-2", "nothing to hide: https://example.com/a")
+    rig.start(redact=Redactor([secret]).redact)
+    await rig.until("reply:s:run-1", lambda d: d.status == "delivered")
+    await rig.until("reply:s:run-2", lambda d: d.status == "delivered")
+    said = {o.delivery_id: o.text for o in rig.fake.delivered}
+    assert said == {
+        "reply:s:run-1": 'the token is [redacted], or "[redacted]" quoted',
+        "reply:s:run-2": "nothing to hide: https://example.com/a",
+    }
 
 
 async def test_a_channel_that_fails_three_times_is_retried_on_the_schedule(rig: Rig) -> None:

@@ -390,7 +390,8 @@ async def test_secrets_stay_out_of_logs_and_health(
     source: McpTools, caplog: pytest.LogCaptureFixture
 ) -> None:
     caplog.set_level(logging.DEBUG)
-    assert text(await call(source, "demo.env")) == SECRET  # the server got it
+    # the server got it; what it says of it is never stored, shown to the model or sent (D349)
+    assert text(await call(source, "demo.env")) == "[redacted]"
     await call(source, "demo.crash")
     await until(lambda: source.health()[0].restarts and source.health()[0].state == "ready", "back")
     assert SECRET not in caplog.text
