@@ -24,6 +24,7 @@ from gateway.mcp.policy import declarations
 from gateway.mcp.settings import McpServer
 from gateway.redact import MIN_SECRET_CHARS
 from harness_core.clock import Clock
+from harness_core.models.tool_names import wire_name
 from harness_core.tools import Tool, ToolContext, ToolOutput
 
 __all__ = ["McpTools", "beside"]
@@ -124,25 +125,36 @@ class McpTools:
 
 
 def beside(own: tuple[Tool, ...], offered: tuple[Tool, ...], warned: set[str]) -> tuple[Tool, ...]:
-    """The plugin's tools `own`, then the MCP tools `offered` whose names none of them has.
+    """The plugin's tools `own`, then the MCP tools `offered` whose names none before has.
 
-    A clash is said once per name (`warned` keeps which): the plugin's tool is kept, with its
+    A name taken is said once (`warned` keeps which): the plugin's tool is kept, with its
     declarations (an approval it asks for is not lost to a server's tool of the same name),
-    and the model is never sent one name twice (providers refuse such a request).
+    and the model is never sent one name twice (providers refuse such a request). So is a
+    name the model would read as one before it: a name providers refuse is sent hashed
+    (`wire_name`), and a server can list two long names whose short hashes match; the request
+    would be refused for every thread, so the later is not offered (D350).
     """
     taken = {tool.name for tool in own}
+    wires = {wire_name(tool.name): tool.name for tool in own}
     kept = []
     for tool in offered:
-        if tool.name not in taken:
+        wire = wire_name(tool.name)
+        if tool.name not in taken and wire not in wires:
             kept.append(tool)
+            taken.add(tool.name)
+            wires[wire] = tool.name
         elif tool.name not in warned:
             warned.add(tool.name)
+            twin = wires.get(wire) if tool.name not in taken else None
             log.warning(
                 event(
                     "mcp.tool_name_taken",
                     tool=tool.name,
                     note="the plugin has a tool of this name: the plugin's is offered, the "
-                    "MCP server's is not",
+                    "MCP server's is not"
+                    if twin is None
+                    else f"the model would read it as {twin!r} (both are sent as {wire!r}): "
+                    "that one is offered, this one is not",
                 )
             )
     return own + tuple(kept)

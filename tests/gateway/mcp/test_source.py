@@ -20,6 +20,7 @@ from gateway.mcp.source import McpTools, beside
 from gateway.redact import Redactor
 from harness_core.clock import SystemClock
 from harness_core.messages import TextPart
+from harness_core.models.tool_names import ToolNameClash, ToolNames, wire_name
 from harness_core.tools import Tool, ToolContext, ToolOutput
 from tests.support.mcp_servers import KEY, SCHEMA
 
@@ -490,6 +491,33 @@ async def test_a_plugin_tool_keeps_its_name_against_an_mcp_tool_of_the_same(
     assert again == offered
     clashes = [r for r in caplog.records if r.getMessage() == "mcp.tool_name_taken"]
     assert len(clashes) == 1  # said once
+
+
+def test_two_names_the_model_would_read_as_one_leave_the_later_unoffered(
+    caplog: pytest.LogCaptureFixture,
+) -> None:
+    """A name providers refuse goes hashed (ten hex digits); a server listing two long names
+    whose hashes match made every thread's request fail before it was sent ("would both be
+    called"), while the server read as ready. The later is not offered now (D350)."""
+    stem = "demo." + "t" * 60
+    first, second = f"{stem}536993", f"{stem}545983"  # found in a second: 40 bits
+    assert wire_name(first) == wire_name(second)
+
+    async def nothing(args: Any, ctx: ToolContext) -> ToolOutput:
+        return ToolOutput()
+
+    listed = tuple(
+        Tool(name=name, description=name, execute=nothing) for name in (first, "demo.echo", second)
+    )
+    with pytest.raises(ToolNameClash):
+        ToolNames(t.name for t in listed)
+    with caplog.at_level(logging.WARNING, logger="gateway.mcp"):
+        offered = beside((), listed, set())
+    assert [t.name for t in offered] == [first, "demo.echo"]
+    ToolNames(t.name for t in offered)  # a request the provider is sent
+    [said] = [r for r in caplog.records if r.getMessage() == "mcp.tool_name_taken"]
+    assert getattr(said.msg, "fields", {})["tool"] == second
+    assert first in getattr(said.msg, "fields", {})["note"]
 
 
 async def test_the_reason_a_server_went_down_is_kept_through_its_crashes(
