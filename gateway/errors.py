@@ -10,6 +10,7 @@ Tree::
     ├── ModelConfigError (ValueError) ``GATEWAY_MODEL`` names no model this gateway can use (2)
     ├── StartRefused                  the store or the broker does not answer at start
     ├── BrokerError(code)             the broker could not be opened or used; `BrokerErrorCode`
+    ├── PdfNotRead                    a PDF's text could not be read (broken, or past its limits)
     ├── ApiError(status, code)        an operator API refusal; `ApiErrorCode` (the envelope's)
     └── OpsError(status)              a `gateway ops` command that failed
 

@@ -12,9 +12,7 @@ once, when the message is accepted (`enqueue_file_notice`), like a cut text (D16
 
 from __future__ import annotations
 
-import asyncio
 import base64
-import io
 import logging
 
 from adapters import Attachment, FileLimits, Inbound, file_kind, image_format, image_refusal
@@ -22,6 +20,7 @@ from config import Settings
 from gateway.broker.contract import Blobs, Broker
 from gateway.broker.limits import BlobLimits
 from gateway.cuts import enqueue_arrival_notice
+from gateway.file_text import PdfNotRead, cut, read_pdf
 from gateway.logs import event
 from harness_core.messages import ImagePart, TextPart, UserContent
 
@@ -99,34 +98,6 @@ async def enqueue_file_notice(broker: Broker, inbound: Inbound, session: str, it
     )
 
 
-def _cut(text: str, limit: int, unit: str) -> str:
-    if len(text) <= limit:
-        return text
-    return f"{text[:limit]}\n[cut: the first {limit:,} of {len(text):,} {unit} are shown]"
-
-
-def _pdf_text(data: bytes, limits: FileLimits) -> str:
-    """The text of a PDF's first pages (pypdf), bounded; says so where pages were left out."""
-    from pypdf import PdfReader  # imported when a PDF arrives: most runs never need it
-
-    reader = PdfReader(io.BytesIO(data))
-    pages = reader.pages
-    total = len(pages)
-    read = min(total, limits.max_pdf_pages)
-    parts = []
-    size = 0
-    for number in range(read):
-        text = pages[number].extract_text() or ""
-        parts.append(f"--- page {number + 1} ---\n{text}")
-        size += len(text)
-        if size > limits.max_text_chars:
-            break  # what follows would be cut anyway
-    body = _cut("\n".join(parts), limits.max_text_chars, "characters")
-    if read < total:
-        body += f"\n[only the first {read} of {total} pages were read]"
-    return body
-
-
 async def _part(attachment: Attachment, data: bytes, limits: FileLimits) -> UserContent:
     kind = file_kind(attachment.name, attachment.media_type)
     header = f"[file: {attachment.name}]"
@@ -138,16 +109,16 @@ async def _part(attachment: Attachment, data: bytes, limits: FileLimits) -> User
             return TextPart(text=f"{header}\n[this image was not read: {why}]")
         return ImagePart(media_type=media_type, data=base64.b64encode(data).decode("ascii"))
     if kind == "pdf":
-        try:
-            text = await asyncio.to_thread(_pdf_text, data, limits)
-        except Exception as exc:  # a broken or encrypted PDF: named, not read
-            log.info(event("pdf not read", error=type(exc).__name__))
-            return TextPart(text=f"{header}\n[this PDF could not be read ({type(exc).__name__})]")
+        try:  # in a process of its own: a PDF built to be slow holds no slot for long (D351)
+            text = await read_pdf(data, limits.max_pdf_pages, limits.max_text_chars)
+        except PdfNotRead as exc:  # broken, encrypted, or past the read's limits: named
+            log.info(event("pdf not read", error=str(exc)))
+            return TextPart(text=f"{header}\n[this PDF could not be read ({exc})]")
         return TextPart(text=f"{header}\n{text}")
     if _binary(data):  # named text, but no text: garbage would cost tokens and say nothing
         return TextPart(text=f"{header}\n[this file was not read: it is not text]")
     text = data.decode("utf-8-sig", errors="replace")
-    return TextPart(text=f"{header}\n{_cut(text, limits.max_text_chars, 'characters')}")
+    return TextPart(text=f"{header}\n{cut(text, limits.max_text_chars, 'characters')}")
 
 
 def _binary(data: bytes) -> bool:

@@ -24,7 +24,7 @@ import dataclasses
 import functools
 import inspect
 import logging
-from collections.abc import Awaitable, Callable, Mapping
+from collections.abc import AsyncIterator, Awaitable, Callable, Mapping
 from dataclasses import dataclass, field
 from typing import Any, Final, Literal
 
@@ -402,6 +402,10 @@ class Worker:
         timeout); `_WARM`: it lingers (`gateway.warm`), and ends its ticket itself.
         """
         session_id = ticket.session
+        if session_id in self.active:
+            # a slot of this process has it (its ticket lapsed meanwhile): taking the lease
+            # again would supersede that slot's; look again when it may be through
+            return self.config.lease_ms // 3
         lease = await self._lease(session_id)
         if isinstance(lease, int):
             return lease  # another process holds the store's lease: look again when it lapses
@@ -777,14 +781,40 @@ class Worker:
                 if not session.tasks:
                     return
                 items = []
-            for item in items:
-                await self._apply(session, item)
+            if items:  # its files' reading may take long: the ticket and the lease are kept
+                async with self._keeping(session), session.harness.hold():
+                    for item in items:
+                        await self._apply(session, item)
             if not session.tasks and not items:
                 if self._stopping.is_set() or not await self._parked_deferred(session):
                     return
                 await self._pause(config.deferred_poll_ms / 1000)
                 continue
             await self._news(session, config.poll_ms)
+
+    @contextlib.asynccontextmanager
+    async def _keeping(self, session: _Session) -> AsyncIterator[None]:
+        """Renew the session's ticket while a step of its own loop runs (taking messages in).
+
+        The loop renews it between steps; a message whose files take long to read (a PDF of
+        many pages, a stalled store) let it lapse, and another slot of this very process took
+        the session while the first still read (an outside probe, D351).
+        """
+
+        async def beat() -> None:
+            every_s = max(self.config.lease_ms // 3, 1) / 1000
+            while True:
+                await self._clock.sleep(every_s)
+                with contextlib.suppress(Exception):  # the loop's own renewal says a lapse
+                    if await self._broker.inbox.renew(session.ticket):
+                        session.renewed_ms = self._clock.now_ms()
+
+        task = asyncio.ensure_future(beat())
+        try:
+            yield
+        finally:
+            task.cancel()
+            await asyncio.gather(task, return_exceptions=True)
 
     async def _news(self, session: _Session, timeout_ms: int) -> None:
         """Wait until lane work ends, the inbox has news of the session, or `timeout_ms`."""

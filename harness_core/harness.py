@@ -14,7 +14,7 @@ import asyncio
 import contextlib
 import functools
 import inspect
-from collections.abc import Awaitable, Callable, Sequence
+from collections.abc import AsyncIterator, Awaitable, Callable, Sequence
 from dataclasses import dataclass, replace
 from typing import Any, Literal, TypeAlias, TypeVar
 
@@ -1289,6 +1289,26 @@ class AgentHarness(AgentLane):
         self._rt.check()
         self._rt.tools = {tool.name: tool for tool in tools}
         self._rt.events.emit(ConfigUpdate(property="tools"))
+
+    @contextlib.asynccontextmanager
+    async def hold(self) -> AsyncIterator[None]:
+        """Keep the writer lease renewed while the caller works for the session outside a run.
+
+        An idle harness renews nothing; a caller that takes a while before its next call (a
+        gateway reading a message's files before the message enters its lane) would have the
+        lease lapse under it, and its next write fail (D351). Within this block the lease is
+        renewed as while a lane works.
+        """
+        runtime = self._rt
+        runtime.held += 1
+        if runtime.keeper is not None:
+            runtime.keeper.wake()
+        try:
+            yield
+        finally:
+            runtime.held -= 1
+            if runtime.keeper is not None and not runtime.busy():
+                runtime.keeper.idle()
 
     async def close(self) -> None:
         """Stop: in-flight calls raise `HarnessClosed`; open operations stay resumable.

@@ -111,6 +111,8 @@ class HarnessRuntime:
     writes_begun: int = 0
     writes_ended: int = 0
     """Writes started and finished through `write` (every write of the harness goes there)."""
+    held: int = 0
+    """Callers inside `AgentHarness.hold`: the lease is kept as while a lane works."""
 
     def tool_definitions(self, tools: Iterable[Tool]) -> tuple[ToolDefinition, ...]:
         """How the model sees `tools`.
@@ -128,8 +130,8 @@ class HarnessRuntime:
         return tuple(listed)
 
     def busy(self) -> bool:
-        """Whether some lane's procedure executes."""
-        return any(lane.task is not None for lane in self.lanes.values())
+        """Whether some lane's procedure executes, or a caller holds the session (`hold`)."""
+        return self.held > 0 or any(lane.task is not None for lane in self.lanes.values())
 
     async def authority(self) -> None:
         """Wait until a new model request or tool run may start (see `LeaseKeeper`)."""

@@ -7,9 +7,11 @@ one is said in the thread with nothing of it held.
 
 from __future__ import annotations
 
+import asyncio
 import base64
 import contextlib
 import json
+import logging
 from collections.abc import AsyncIterator
 from pathlib import Path
 from typing import Any
@@ -181,3 +183,33 @@ async def test_a_file_whose_name_or_type_would_garble_the_thread_is_refused(
     fine = {"name": "a.txt", "media_type": "text/plain; charset=utf-8", "data": "eA=="}
     taken = await rig.http.post("/web/uploads/t9", json={"text": "x", "files": [fine]})
     assert taken.status_code == 202, taken.text
+
+
+async def test_a_message_whose_files_take_longer_than_the_lease_keeps_its_session(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, caplog: pytest.LogCaptureFixture
+) -> None:
+    """The ticket was renewed only between messages: a PDF read past the lease let it lapse,
+    and every other slot of the same process took the session in turn, superseding the
+    first's lease and reading the file again (an outside probe: four reads at once)."""
+    reads = 0
+
+    async def slow(data: bytes, max_pages: int, max_chars: int) -> str:
+        nonlocal reads
+        reads += 1
+        await asyncio.sleep(5)  # past the 3 s lease (and ticket)
+        return "--- page 1 ---\nread slowly"
+
+    monkeypatch.setattr("gateway.files.read_pdf", slow)
+    caplog.set_level(logging.INFO, logger="gateway.worker")
+    async with _running(tmp_path, lease_seconds=3, renew_seconds=0.5, linger_seconds=0) as rig:
+        body = {"text": "read it", "files": [_file("spec.pdf", pdf(["x"]), "application/pdf")]}
+        response = await rig.http.post("/web/uploads/t1", json=body)
+        assert response.status_code == 202, response.text
+        [answer] = await rig.answers("t1", 1)
+    assert not [r for r in caplog.records if r.levelno >= logging.ERROR]  # no lease lost
+    taken = [r for r in caplog.records if r.getMessage() == "session taken"]
+    assert (len(taken), reads) == (1, 1)
+    assert answer["kind"] == "reply"
+    assert files_agent.newest_user_parts()[1] == TextPart(
+        text="[file: spec.pdf]\n--- page 1 ---\nread slowly"
+    )

@@ -102,6 +102,28 @@ async def test_a_tool_longer_than_the_lease_keeps_its_lease_and_its_result() -> 
     assert not [e for e in setup.events if isinstance(e, (LeaseLostEvent, LeaseRenewalFailed))]
 
 
+@pytest.mark.parametrize("held", [True, False])
+async def test_a_caller_holding_an_idle_harness_keeps_its_lease(held: bool) -> None:
+    """A gateway reads a message's files before the message enters its lane: the harness is
+    idle meanwhile and renewed nothing, so a read past the lease lost it, and the prompt that
+    followed faulted (D351). Within `hold` the lease is renewed as while a lane works."""
+    setup = Setup()
+    harness = await setup.harness([text("done")])
+    if held:
+        async with harness.hold():
+            await setup.advance(3 * TTL)  # reading a slow file
+        renewals = harness._rt.keeper.renewals if harness._rt.keeper is not None else 0
+        assert renewals >= 5
+        result = await harness.prompt("go")
+        assert isinstance(result, Ok) and result.value.kind == "completed"
+        await setup.advance(3 * TTL)  # idle again: nothing renewed
+        assert harness._rt.keeper is not None and harness._rt.keeper.renewals == renewals
+    else:
+        await setup.advance(3 * TTL)
+        with pytest.raises((HarnessFault, LeaseLost)):
+            await harness.prompt("go")
+
+
 async def test_no_paid_call_starts_while_an_unconfirmed_lease_has_under_a_third_left() -> None:
     setup = Setup()
     harness = await setup.harness([tool_call("slow", {}), text("done")])
