@@ -57,6 +57,7 @@ __all__ = [
     "Reply",
     "answer_text",
     "approval_outbound",
+    "born_mark",
     "delivery_id",
     "enqueue_decision_notice",
     "enqueue_refusal_notice",
@@ -160,6 +161,14 @@ _REPLIED_TYPES: tuple[RecordType, ...] = (
 def replies_mark(session: str) -> str:
     """The broker mark holding the session's replies watermark (a store seq, as text)."""
     return f"replies:{session}"
+
+
+def born_mark(session: str) -> str:
+    """The broker mark holding when the store's session was created, as its marks last saw it.
+
+    Another value means the session's store history was replaced (D352).
+    """
+    return f"replies-born:{session}"
 
 
 def watermark_of(raw: str | None) -> int | None:

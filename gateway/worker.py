@@ -48,6 +48,7 @@ from gateway.replies import (
     LATE_DECISION_TEXT,
     MISMATCHED_DECISION_TEXT,
     NO_WAIT_DECISION_TEXT,
+    born_mark,
     enqueue_decision_notice,
     enqueue_held_notice,
     enqueue_refusal_notice,
@@ -969,6 +970,7 @@ class Worker:
         """
         session_id = session.ticket.session
         threads = self._broker.threads
+        await self._same_history(session)
         session.watermark = await self._broker.marks.get(replies_mark(session_id))
         since = watermark_of(session.watermark)
         if since is None:
@@ -981,6 +983,39 @@ class Worker:
                     states.append(state)
         for state in states:
             await enqueue_replies(self._broker, session.storage, state, now_ms=self._clock.now_ms())
+
+    async def _same_history(self, session: _Session) -> None:
+        """Start the broker's reply marks anew for a session whose store history was replaced.
+
+        The marks are store seqs: with another store (``--store`` changed, the broker kept) or
+        a store reset, the session's seqs begin again under marks kept for the old history,
+        and its threads' replies were never enqueued, silently (an outside probe). The store's
+        session is known by when it was created (`born_mark`); another value than the marks
+        saw lowers every lane's mark and the watermark, so the next scans look from the start
+        (an enqueue is idempotent by delivery id: nothing sent before goes again), D352.
+        """
+        session_id = session.ticket.session
+        marks = self._broker.marks
+        born = str((await session.storage.get_metadata()).created_at)
+        name = born_mark(session_id)
+        seen = await marks.get(name)
+        if seen == born:
+            return
+        if seen is not None:
+            lanes = await self._broker.threads.rebase(session_id)
+            watermark = await marks.get(replies_mark(session_id))
+            if watermark is not None:
+                await marks.put(replies_mark(session_id), "", expect=watermark)
+            log.warning(
+                event(
+                    "session history replaced",
+                    session=session_id,
+                    lanes=lanes,
+                    why="the store's session is not the one the broker's reply marks were kept "
+                    "for (another store, or one reset): its replies are looked for from its start",
+                )
+            )
+        await marks.put(name, born, expect=seen)
 
     async def _advance_watermark(self, session: _Session, last_seq: int) -> None:
         """Every reply through `last_seq` is enqueued: let the next take look after it only.

@@ -441,6 +441,16 @@ class Threads(Protocol):
         """
         ...
 
+    async def rebase(self, session: str) -> int:
+        """Every lane of `session` back to no reply enqueued (`replied_through` 0).
+
+        For a session whose store history was replaced (another store, or one reset): its
+        seqs begin again, and marks kept for the old history would hide the new one's replies
+        (D352). Enqueueing is idempotent by delivery id, so a reply enqueued before is not
+        sent again. Returns how many lanes had a mark.
+        """
+        ...
+
 
 class NewAuditEvent(Frozen):
     """Something a worker, the deliverer or an operator did (never message content or secrets)."""

@@ -111,6 +111,7 @@ _SCRIPTS = (
     "outbox_discard",
     "outbox_purge",
     "threads_mark",
+    "threads_rebase",
     "marks_put",
     "audit_record",
     "audit_index",
@@ -1547,6 +1548,12 @@ class _RedisThreads:
         if not session:
             return
         await self._c.eval("threads_mark", [self._c.skey(session, "threads")], [lane, seq])
+
+    async def rebase(self, session: str) -> int:
+        if not session:
+            return 0
+        lowered = await self._c.eval("threads_rebase", [self._c.skey(session, "threads")], [])
+        return int(lowered)
 
 
 class _RedisBlobs:

@@ -1049,6 +1049,16 @@ class _Threads:
 
         await self._b.write(op)
 
+    async def rebase(self, session: str) -> int:
+        def op(conn: sqlite3.Connection, _: int) -> int:
+            return conn.execute(
+                "UPDATE threads SET replied_through = 0 WHERE session = ? AND replied_through > 0",
+                (session,),
+            ).rowcount
+
+        lowered: int = await self._b.write(op)
+        return lowered
+
 
 class _Marks:
     def __init__(self, broker: SqliteBroker) -> None:
