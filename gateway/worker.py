@@ -455,6 +455,7 @@ class Worker:
         self.active[session_id] = session
         log.info(event("session taken", session=session_id, suspended=len(suspended)))
         try:
+            await self._same_history(session)  # before anything this take does writes
             ended = await self._end_revoked(session)  # never resumed, parked or answered
             for op in suspended:
                 lane = await harness.lane(op.lane)
@@ -970,7 +971,6 @@ class Worker:
         """
         session_id = session.ticket.session
         threads = self._broker.threads
-        await self._same_history(session)
         session.watermark = await self._broker.marks.get(replies_mark(session_id))
         since = watermark_of(session.watermark)
         if since is None:
@@ -985,34 +985,38 @@ class Worker:
             await enqueue_replies(self._broker, session.storage, state, now_ms=self._clock.now_ms())
 
     async def _same_history(self, session: _Session) -> None:
-        """Start the broker's reply marks anew for a session whose store history was replaced.
+        """Rebase the broker's reply marks of a session whose store history was replaced.
 
-        The marks are store seqs: with another store (``--store`` changed, the broker kept) or
-        a store reset, the session's seqs begin again under marks kept for the old history,
-        and its threads' replies were never enqueued, silently (an outside probe). The store's
-        session is known by when it was created (`born_mark`); another value than the marks
-        saw lowers every lane's mark and the watermark, so the next scans look from the start
-        (an enqueue is idempotent by delivery id: nothing sent before goes again), D352.
+        The marks are store seqs: with another store (``--store`` changed, the broker kept), a
+        store reset, or an older store again, the session's seqs are not the ones the marks
+        were kept for, and its threads' replies were never enqueued, silently (an outside
+        probe), or an older history's would be sent again. The store's session is known by
+        when it was created (`born_mark`); for another one, every lane's mark and the
+        watermark move to the store's last seq, read before this take writes anything: what
+        the store held was answered under its own broker, and what comes now is looked for
+        (D352).
         """
         session_id = session.ticket.session
         marks = self._broker.marks
-        born = str((await session.storage.get_metadata()).created_at)
+        storage = session.storage
+        born = str((await storage.get_metadata()).created_at)
         name = born_mark(session_id)
         seen = await marks.get(name)
         if seen == born:
             return
         if seen is not None:
-            lanes = await self._broker.threads.rebase(session_id)
+            last = (await storage.get_stats()).last_seq
+            lanes = await self._broker.threads.rebase(session_id, last)
             watermark = await marks.get(replies_mark(session_id))
-            if watermark is not None:
-                await marks.put(replies_mark(session_id), "", expect=watermark)
+            await marks.put(replies_mark(session_id), str(last), expect=watermark)
             log.warning(
                 event(
                     "session history replaced",
                     session=session_id,
                     lanes=lanes,
+                    through=last,
                     why="the store's session is not the one the broker's reply marks were kept "
-                    "for (another store, or one reset): its replies are looked for from its start",
+                    "for (another store, or one reset): its replies are looked for from here",
                 )
             )
         await marks.put(name, born, expect=seen)

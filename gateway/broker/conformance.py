@@ -1300,17 +1300,17 @@ async def mark_replied_never_lowers_the_mark(fx: BrokerFixture) -> None:
 
 
 @_case("threads")
-async def rebase_lowers_every_lane_of_one_session(fx: BrokerFixture) -> None:
+async def rebase_moves_every_lane_of_one_session_either_way(fx: BrokerFixture) -> None:
     threads = fx.broker.threads
     for session, lane in (("s1", "web:t1"), ("s1", "web:t2"), ("s2", "web:t1")):
         await threads.remember(session, lane, {"t": 1}, {"ts": "1"})
         await threads.mark_replied(session, lane, 9)
     await threads.remember("s1", "web:t3", {"t": 3}, {})  # never marked
-    assert await threads.rebase("s1") == 2
+    assert await threads.rebase("s1", 4) == 3
     assert [(s.lane, s.replied_through) for s in await threads.list("s1")] == [
-        ("web:t1", 0),
-        ("web:t2", 0),
-        ("web:t3", 0),
+        ("web:t1", 4),
+        ("web:t2", 4),
+        ("web:t3", 4),
     ]
     kept = await threads.get("s1", "web:t1")
     assert kept is not None
@@ -1318,12 +1318,13 @@ async def rebase_lowers_every_lane_of_one_session(fx: BrokerFixture) -> None:
     other = await threads.get("s2", "web:t1")
     assert other is not None
     assert other.replied_through == 9
-    assert await threads.rebase("s1") == 0
-    assert await threads.rebase("nobody") == 0
-    await threads.mark_replied("s1", "web:t1", 3)  # the new history's marks count again
+    assert await threads.rebase("s1", 12) == 3  # higher too
+    assert {s.replied_through for s in await threads.list("s1")} == {12}
+    assert await threads.rebase("nobody", 1) == 0
+    await threads.mark_replied("s1", "web:t1", 13)  # marks move on from there
     again = await threads.get("s1", "web:t1")
     assert again is not None
-    assert again.replied_through == 3
+    assert again.replied_through == 13
 
 
 # ---------------------------------------------------------------------------------------------

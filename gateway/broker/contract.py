@@ -441,13 +441,12 @@ class Threads(Protocol):
         """
         ...
 
-    async def rebase(self, session: str) -> int:
-        """Every lane of `session` back to no reply enqueued (`replied_through` 0).
+    async def rebase(self, session: str, seq: int) -> int:
+        """Every lane of `session` to replies enqueued through `seq`, lower or higher.
 
-        For a session whose store history was replaced (another store, or one reset): its
-        seqs begin again, and marks kept for the old history would hide the new one's replies
-        (D352). Enqueueing is idempotent by delivery id, so a reply enqueued before is not
-        sent again. Returns how many lanes had a mark.
+        For a session whose store history was replaced (another store, one reset, or an older
+        one again): marks kept for another history would hide this one's replies, or send its
+        old ones again (D352). Returns how many lanes there are.
         """
         ...
 

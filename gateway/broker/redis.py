@@ -1549,11 +1549,11 @@ class _RedisThreads:
             return
         await self._c.eval("threads_mark", [self._c.skey(session, "threads")], [lane, seq])
 
-    async def rebase(self, session: str) -> int:
+    async def rebase(self, session: str, seq: int) -> int:
         if not session:
             return 0
-        lowered = await self._c.eval("threads_rebase", [self._c.skey(session, "threads")], [])
-        return int(lowered)
+        lanes = await self._c.eval("threads_rebase", [self._c.skey(session, "threads")], [seq])
+        return int(lanes)
 
 
 class _RedisBlobs:

@@ -1049,11 +1049,10 @@ class _Threads:
 
         await self._b.write(op)
 
-    async def rebase(self, session: str) -> int:
+    async def rebase(self, session: str, seq: int) -> int:
         def op(conn: sqlite3.Connection, _: int) -> int:
             return conn.execute(
-                "UPDATE threads SET replied_through = 0 WHERE session = ? AND replied_through > 0",
-                (session,),
+                "UPDATE threads SET replied_through = ? WHERE session = ?", (seq, session)
             ).rowcount
 
         lowered: int = await self._b.write(op)
