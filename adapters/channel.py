@@ -17,12 +17,19 @@ from __future__ import annotations
 
 import hashlib
 import json
+import unicodedata
 from collections.abc import Awaitable, Callable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any, Literal, Protocol, runtime_checkable
 
 from fastapi import APIRouter
-from pydantic import Field, SerializerFunctionWrapHandler, model_serializer, model_validator
+from pydantic import (
+    Field,
+    SerializerFunctionWrapHandler,
+    field_validator,
+    model_serializer,
+    model_validator,
+)
 
 from adapters.errors import AdapterError
 from harness_core import SuppliedResult
@@ -139,6 +146,22 @@ class Attachment(Frozen):
     refused: str | None = None
     """Why it was not taken in (too large, a type the agent does not read...), one short
     sentence the agent and the thread are told."""
+
+    @field_validator("name")
+    @classmethod
+    def _shown_as_it_is(cls, name: str) -> str:
+        """Without invisible or direction-changing characters (Unicode Cf, Co).
+
+        ``invoice\u202efdp.exe`` reads as ``invoiceexe.pdf`` in the thread, in notices and to
+        the agent; a file's name is never a place for them (an outside probe).
+        """
+        if not any(unicodedata.category(c) in _HIDDEN for c in name):
+            return name
+        return "".join(c for c in name if unicodedata.category(c) not in _HIDDEN) or "file"
+
+
+_HIDDEN = frozenset({"Cf", "Co"})
+"""Unicode categories of characters that change how a name reads without showing."""
 
 
 class FileRefused(AdapterError):

@@ -50,7 +50,7 @@ import logging
 import re
 import unicodedata
 from collections import Counter
-from collections.abc import AsyncIterator, Awaitable, Callable, Mapping
+from collections.abc import AsyncIterator, Awaitable, Callable, Iterable, Mapping
 from dataclasses import dataclass
 from typing import Any, Literal, get_args
 from urllib.parse import quote
@@ -728,7 +728,11 @@ class WebChannel:
             "the web channel's store is unavailable: the message was not taken; retry",
         )
         recorded = appended.item
-        if not appended.created and (recorded.text, recorded.author) != (body.text, author):
+        if not appended.created and (recorded.text, recorded.author, _sent(recorded.files)) != (
+            body.text,
+            author,
+            _sent(item.files),
+        ):
             raise _Refused(  # not this message sent again: the thread shows the first one
                 409,
                 "message_id_taken",
@@ -1155,6 +1159,11 @@ class WebChannel:
 _TOKEN = r"[A-Za-z0-9][A-Za-z0-9!#$&^_.+-]*"
 _POSTED_TYPE = re.compile(f"{_TOKEN}/{_TOKEN}(;[ -~]*)?")
 """A media type as RFC 6838 names one, parameters allowed (a file's type is shown in replies)."""
+
+
+def _sent(files: Iterable[Attachment]) -> list[tuple[str, str, int]]:
+    """What tells one message's files from another's: each one's name, type and size."""
+    return [(a.name, a.media_type, a.size) for a in files]
 
 
 def _files(given: list[_FileIn], most: int) -> list[tuple[Attachment, bytes]]:

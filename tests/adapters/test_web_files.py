@@ -83,6 +83,29 @@ async def test_an_upload_reaches_the_model_as_an_image_and_text(rig: ServiceRig)
     # the same post again (a client's retry) is taken once
     again = await rig.http.post("/web/uploads/t1", json=body)
     assert again.status_code == 202 and again.json()["duplicate"] is True
+    # the same id with other files is another message: told, not reported a duplicate
+    other = {**body, "files": [_file("other.txt", b"another file", "text/plain")]}
+    taken = await rig.http.post("/web/uploads/t1", json=other)
+    assert taken.status_code == 409, taken.text
+    assert taken.json()["error"]["code"] == "message_id_taken"
+
+
+async def test_a_file_name_shows_no_invisible_or_direction_changing_character(
+    rig: ServiceRig,
+) -> None:
+    """``invoice\u202efdp.exe`` read as ``invoiceexe.pdf`` in the thread, in notices and to
+    the agent (an outside probe)."""
+    body = {
+        "text": "see",
+        "files": [_file("invoice\u202efdp.exe.txt", b"hello", "text/plain")],
+    }
+    response = await rig.http.post("/web/uploads/t9", json=body)
+    assert response.status_code == 202, response.text
+    await rig.answers("t9", 1)
+    items = (await rig.http.get("/web/threads/t9")).json()["items"]
+    [message] = [item for item in items if item["kind"] == "message"]
+    assert [f["name"] for f in message["files"]] == ["invoicefdp.exe.txt"]
+    assert files_agent.newest_user_parts()[1] == TextPart(text="[file: invoicefdp.exe.txt]\nhello")
 
 
 async def test_binary_bytes_sent_as_text_are_named_not_read(rig: ServiceRig) -> None:
