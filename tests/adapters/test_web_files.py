@@ -93,7 +93,7 @@ async def test_an_upload_reaches_the_model_as_an_image_and_text(rig: ServiceRig)
 async def test_a_file_name_shows_no_invisible_or_direction_changing_character(
     rig: ServiceRig,
 ) -> None:
-    """``invoice\u202efdp.exe`` read as ``invoiceexe.pdf`` in the thread, in notices and to
+    """``invoice\\u202efdp.exe`` read as ``invoiceexe.pdf`` in the thread, in notices and to
     the agent (an outside probe)."""
     body = {
         "text": "see",
