@@ -27,7 +27,7 @@ from harness_core.clock import Clock
 from harness_core.models.tool_names import wire_name
 from harness_core.tools import Tool, ToolContext, ToolOutput
 
-__all__ = ["McpTools", "beside"]
+__all__ = ["MANY_TOOLS", "McpTools", "beside"]
 
 log = logging.getLogger("gateway.mcp")
 
@@ -157,7 +157,26 @@ def beside(own: tuple[Tool, ...], offered: tuple[Tool, ...], warned: set[str]) -
                     "that one is offered, this one is not",
                 )
             )
-    return own + tuple(kept)
+    offered_now = own + tuple(kept)
+    if len(offered_now) > MANY_TOOLS and _MANY not in warned:
+        warned.add(_MANY)
+        log.warning(
+            event(
+                "mcp.too_many_tools",
+                tools=len(offered_now),
+                servers=sorted({t.name.partition(".")[0] for t in kept}),
+                note=f"every model request lists every tool offered; OpenAI refuses more than "
+                f"{MANY_TOOLS}, and each tool's schema costs tokens in every request: offer "
+                "fewer (a profile's tools, a server's own tool filter, fewer servers)",
+            )
+        )
+    return offered_now
+
+
+MANY_TOOLS = 128
+"""More tools than OpenAI takes in one request (said once at the list that passes it)."""
+_MANY = "#too-many"
+"""The `warned` key of that warning (an MCP tool's name always has its server's prefix)."""
 
 
 def _harness_tool(connection: McpConnection, mcp_tool: types.Tool) -> Tool:

@@ -16,7 +16,7 @@ import pytest
 
 from gateway.mcp.connection import IDEMPOTENCY_META_KEY, Backoff
 from gateway.mcp.settings import McpServer
-from gateway.mcp.source import McpTools, beside
+from gateway.mcp.source import MANY_TOOLS, McpTools, beside
 from gateway.redact import Redactor
 from harness_core.clock import SystemClock
 from harness_core.messages import TextPart
@@ -518,6 +518,27 @@ def test_two_names_the_model_would_read_as_one_leave_the_later_unoffered(
     [said] = [r for r in caplog.records if r.getMessage() == "mcp.tool_name_taken"]
     assert getattr(said.msg, "fields", {})["tool"] == second
     assert first in getattr(said.msg, "fields", {})["note"]
+
+
+def test_more_tools_than_a_provider_takes_are_said_once(caplog: pytest.LogCaptureFixture) -> None:
+    """A server of 5,000 tools went to every model request, unsaid; OpenAI takes 128."""
+
+    async def nothing(args: Any, ctx: ToolContext) -> ToolOutput:
+        return ToolOutput()
+
+    listed = tuple(
+        Tool(name=f"many.t{n}", description="t", execute=nothing) for n in range(MANY_TOOLS)
+    )
+    own = (Tool(name="mine", description="mine", execute=nothing),)
+    warned: set[str] = set()
+    with caplog.at_level(logging.WARNING, logger="gateway.mcp"):
+        assert len(beside((), listed, warned)) == MANY_TOOLS  # as many as it takes: unsaid
+        assert not caplog.records
+        for _ in range(2):
+            assert len(beside(own, listed, warned)) == MANY_TOOLS + 1
+    [said] = [r for r in caplog.records if r.getMessage() == "mcp.too_many_tools"]
+    fields = getattr(said.msg, "fields", {})
+    assert (fields["tools"], fields["servers"]) == (MANY_TOOLS + 1, ["many"])
 
 
 async def test_the_reason_a_server_went_down_is_kept_through_its_crashes(
