@@ -283,9 +283,16 @@ def _leading_options(words: Sequence[str]) -> list[str]:
     return taken
 
 
+_COMMAND_WORDS = frozenset({"demo", "store", "ask", "ops", "serve", "-h", "--help"})
+"""A word that makes a command line not the service's (`scripts/run` checks the same)."""
+
+
 def main(argv: Sequence[str] | None = None, settings: Settings | None = None) -> int:
     """Run the ``gateway`` command; returns the exit status."""
     words = list(sys.argv[1:] if argv is None else argv)
+    if not _COMMAND_WORDS & set(words):
+        # no command (only options, like --port 9000): the service, as `scripts/run` does
+        words = ["serve", *words]
     leading = _leading_options(words)
     if words[len(leading) : len(leading) + 1] == ["ops"]:
         # the operator client has its own parser (gateway ops --help); `--config`/`--store`

@@ -112,8 +112,12 @@ def test_serve_on_a_taken_port_is_one_clear_line(tmp_path, capsys) -> None:
             web_url=f"sqlite:///{tmp_path}/w.db",
         )
         assert main(["serve", "--port", str(port)], settings=settings) == 2
-    err = capsys.readouterr().err.strip().splitlines()
+        err = capsys.readouterr().err.strip().splitlines()
+        # options alone are the service's, as `scripts/run` takes them ("invalid choice" before)
+        assert main(["--port", str(port)], settings=settings) == 2
+        alone = capsys.readouterr().err.strip().splitlines()
     assert err[-1].startswith(f"gateway: cannot listen on 127.0.0.1:{port}")
+    assert alone[-1] == err[-1]
     assert "Traceback" not in "\n".join(err)
 
 
