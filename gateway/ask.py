@@ -62,12 +62,17 @@ from harness_core import (
     RetryScheduled,
     SessionError,
     SessionRepo,
+    SessionStorage,
     Tool,
+    ToolResultMessage,
     WriterLease,
     approve,
     deny,
 )
 from harness_core.clock import SystemClock
+from harness_core.session.entries import MessageEntry
+from harness_core.session.records import ToolStarted
+from harness_core.session.types import RecordQuery
 from harness_core.texts import one_line
 
 __all__ = [
@@ -295,6 +300,13 @@ async def _ask(
             gave_up.clear()
             prompted = await _until_done(lane, lane.prompt(question), ctrl_c)
             result = await _decided(lane, prompted, agent.decide, ctrl_c)
+        except AskFailed as failed:
+            if failed.status != INTERRUPTED or not str(failed).endswith("was aborted"):
+                raise
+            said = await _done_before_the_abort(storage, lane_name)
+            if said is None:
+                raise
+            raise AskFailed(f"{failed}; {said}", INTERRUPTED) from None
         finally:
             await harness.close()  # nothing of this process writes after its lease is released
             if ctrl_c.again.is_set():  # closed mid-operation: let its shielded steps end first
@@ -604,6 +616,42 @@ async def _until_done(lane: AgentLane, call: Coroutine[Any, Any, _R], ctrl_c: _C
             f"interrupted; the run on lane {lane.name} had ended {ended.kind}", INTERRUPTED
         )
     raise AskFailed(f"interrupted: the run on lane {lane.name} was aborted", INTERRUPTED)
+
+
+async def _done_before_the_abort(storage: SessionStorage, lane: str) -> str | None:
+    """What the aborted run's never-replayed tools did, as the thread's stop notice says it.
+
+    Ctrl-C said only "aborted" while a `create_ticket` cut by it had made the ticket: a call
+    that is never run again either ran, or may have (D353).
+    """
+    started = await storage.find_records(
+        RecordQuery(lane=lane, type="operation_started", order="newest_first", limit=1)
+    )
+    if not started:
+        return None
+    run_id = started[0].record.id  # an operation's start: its id is the run's
+    ran, maybe = [], []
+    for stored in await storage.find_records(
+        RecordQuery(lane=lane, type="tool_started", run_id=run_id, order="oldest_first")
+    ):
+        call = stored.record
+        if not isinstance(call, ToolStarted) or call.replay != "never":
+            continue
+        result = await storage.get_entry(call.result_entry_id)
+        message = (
+            result.entry.message if result and isinstance(result.entry, MessageEntry) else None
+        )
+        outcome = message.outcome if isinstance(message, ToolResultMessage) else "interrupted"
+        if outcome == "ok":
+            ran.append(call.tool_name)
+        elif outcome == "interrupted":
+            maybe.append(call.tool_name)
+    said = []
+    if ran:
+        said.append(f"before it stopped, this had already run: {', '.join(ran)}")
+    if maybe:
+        said.append(f"this may have happened (cut mid-call, never run again): {', '.join(maybe)}")
+    return "; ".join(said) or None
 
 
 def _retrieved(task: asyncio.Future[Any]) -> None:

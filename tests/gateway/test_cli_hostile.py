@@ -14,6 +14,7 @@ directory of their own (no ``.env`` is read), against the local fake LLM server.
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import ctypes
 import os
 import random
@@ -30,6 +31,7 @@ from pydantic import SecretStr
 from config import Settings
 from gateway import ask as ask_module
 from gateway.cli import main, show
+from harness_core.errors import SessionError
 from harness_core.storage import open_repo
 from tests.support.fake_llm import FakeLLM, allow_model_requests
 
@@ -475,6 +477,30 @@ async def test_ctrl_c_aborts_the_running_ask_and_the_store_shows_it_finished(
     assert shown.rstrip().endswith("operation_finished aborted")
 
 
+async def test_ctrl_c_names_a_never_repeated_call_that_ran_before_the_abort(
+    tmp_path: Path,
+) -> None:
+    """A `create_ticket` cut by Ctrl-C had made the ticket, and `ask` said only "aborted"; the
+    thread's own stop notice names such a call (D353). This charge does not watch the abort:
+    it ends, charged, and the run then stops."""
+    url = f"sqlite:///{tmp_path}/gw.db"
+    asking = await start(
+        tmp_path, "ask", "--store", url, "/slowcharge 1500", plugin="tests.support.gateway_agent"
+    )
+    for _ in range(int(WAIT / 0.05)):  # the charge runs
+        with contextlib.suppress(SessionError):  # not created yet
+            if "tool_started" in await store_show(url):
+                break
+        await asyncio.sleep(0.05)
+    asking.send_signal(signal.SIGINT)
+    code, out, err = await finish(asking)
+    assert (code, out) == (130, "")
+    assert one_line(err) == (
+        "gateway: interrupted: the run on lane cli:default was aborted; before it stopped, "
+        "this had already run: charge"
+    )
+
+
 async def test_sigterm_is_a_ctrl_c_and_a_killed_ask_s_lease_is_taken_at_once(
     tmp_path: Path, fake: FakeLLM
 ) -> None:
@@ -763,6 +789,7 @@ def test_a_question_from_standard_input(
 
 SLOW_TOOL_PLUGIN = """
 import asyncio
+import contextlib
 from pathlib import Path
 
 from pydantic import BaseModel
