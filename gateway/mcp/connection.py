@@ -141,6 +141,9 @@ class McpConnection:
         self._calls = 0
         self._failures = 0
         self._lost = asyncio.Event()
+        self._garbled = 0
+        """Messages from the server that were no JSON-RPC (a stray print, a broken answer)."""
+        self._garbled_why = ""
         self._relist = asyncio.Event()
         self._settled = asyncio.Event()
         self._calls_running: set[asyncio.Task[Any]] = set()
@@ -355,7 +358,7 @@ class McpConnection:
             # but its end says why it stopped: kept for the operator (`health`), redacted
             self._tail = StderrTail()
             errlog = stack.enter_context(await self._tail.open())
-            return _watched(stdio_client(params, errlog=errlog), lost)
+            return _watched(stdio_client(params, errlog=errlog), lost, garbled=self._garble)
         assert server.url is not None  # validated
         headers = {k: v.get_secret_value() for k, v in server.headers.items()}
         if server.bearer_token is not None:
@@ -370,7 +373,9 @@ class McpConnection:
             timeout=httpx2.Timeout(30.0, read=server.call_timeout_seconds + 30.0),
             event_hooks={"response": [seen]},
         )
-        return _watched(streamable_http_client(server.url, http_client=http), lost, http)
+        return _watched(
+            streamable_http_client(server.url, http_client=http), lost, http, garbled=self._garble
+        )
 
     async def _list(self, client: Client) -> None:
         found: dict[str, types.Tool] = {}
@@ -469,6 +474,7 @@ class McpConnection:
                 "unknown", f"MCP server {self.name!r} does not offer {tool!r} any more", fault=False
             )
         self._http_status = None  # what this call's requests are answered, if they fail
+        garbled = self._garbled  # a broken answer meanwhile is said at a timeout, not "none"
         work = asyncio.ensure_future(client.call_tool(tool, dict(arguments), meta=_meta(key)))
         self._calls_running.add(work)
         stop = asyncio.ensure_future(abort.wait())
@@ -489,6 +495,16 @@ class McpConnection:
             if abort.is_set():
                 return self._ended(
                     "aborted", f"the call was cancelled: the run was aborted; {_MAY_HAVE_HAPPENED}"
+                )
+            if self._garbled > garbled:
+                self._failures += 1
+                self._report("malformed")
+                return malformed(
+                    self.name,
+                    tool,
+                    f"it wrote something that is no JSON-RPC message ({self._garbled_why}) "
+                    f"and no answer within {self.server.call_timeout_seconds:g} s: the call "
+                    "was cancelled",
                 )
             return self._ended(
                 "timeout",
@@ -559,6 +575,20 @@ class McpConnection:
         self._report("error" if output.is_error else "ok")
         return output
 
+    def _garble(self, exc: Exception) -> None:
+        """The server wrote something the SDK could not read as a message (it says whose)."""
+        self._garbled += 1
+        self._garbled_why = self._redact(_describe(exc))[:200]
+        if self._garbled == 1 or self._garbled % 100 == 0:
+            log.warning(
+                event(
+                    "mcp.unreadable_message",
+                    server=self.name,
+                    count=self._garbled,
+                    reason=self._garbled_why,
+                )
+            )
+
     def _crashed(self, tool: str, exc: BaseException) -> ToolOutput:
         self._fault(f"during a call of {tool!r}: {_describe(exc)}")
         self._lost.set()
@@ -596,28 +626,41 @@ async def _watched(
     inner: contextlib.AbstractAsyncContextManager[Any],
     lost: asyncio.Event,
     http: httpx2.AsyncClient | None = None,
+    *,
+    garbled: Callable[[Exception], None],
 ) -> AsyncIterator[Any]:
-    """A transport whose read side sets `lost` when it ends (the server went away)."""
+    """A transport whose read side sets `lost` when it ends (the server went away).
+
+    Each message it could not read (the SDK passes those on as exceptions) goes to `garbled`.
+    """
     async with contextlib.AsyncExitStack() as stack:
         if http is not None:
             await stack.enter_async_context(http)
         read, write = await stack.enter_async_context(inner)
-        yield _WatchedRead(read, lost), write
+        yield _WatchedRead(read, lost, garbled), write
 
 
 class _WatchedRead:
     """A read stream that sets an event at its end; everything else is the wrapped stream's."""
 
-    def __init__(self, inner: Any, lost: asyncio.Event) -> None:
+    def __init__(
+        self, inner: Any, lost: asyncio.Event, garbled: Callable[[Exception], None]
+    ) -> None:
         self._inner = inner
         self._lost = lost
+        self._garbled = garbled
 
     def __getattr__(self, name: str) -> Any:
         return getattr(self._inner, name)  # last_context, for the dispatcher
 
+    def _seen(self, item: Any) -> Any:
+        if isinstance(item, Exception):
+            self._garbled(item)
+        return item
+
     async def receive(self) -> Any:
         try:
-            return await self._inner.receive()
+            return self._seen(await self._inner.receive())
         except Exception:
             self._lost.set()
             raise
@@ -630,7 +673,7 @@ class _WatchedRead:
 
     async def __anext__(self) -> Any:
         try:
-            return await self._inner.__anext__()
+            return self._seen(await self._inner.__anext__())
         except StopAsyncIteration:
             self._lost.set()
             raise

@@ -154,6 +154,10 @@ def build(marks: Path | None, *, linger: bool = False) -> Server[Any]:
                 mark("cancelled-hang")
                 raise
             return _text("woke")
+        if name == "malformed" and args.get("unterminated"):  # a broken answer, then nothing
+            os.write(_WIRE[0], b'{"jsonrpc": "2.0", "id": ' + str(ctx.request_id).encode() + b"\n")
+            await asyncio.sleep(3600)
+            return _text("never")
         if name == "malformed" and args.get("bytes"):
             os.write(_WIRE[0], b"\xff\xfe is no UTF-8, and no JSON\n")  # a stray print
             return _text("after the garbage")

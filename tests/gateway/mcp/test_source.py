@@ -214,6 +214,30 @@ async def test_bytes_that_are_no_utf8_on_a_server_s_output_do_not_wedge_it(
     assert text(await call(source, "demo.echo", {"text": "still here"})) == "echo: still here"
 
 
+async def test_a_broken_answer_is_said_as_one_not_as_silence(
+    marks: Path, caplog: pytest.LogCaptureFixture
+) -> None:
+    """Unterminated JSON in place of the answer waited out the call's timeout and read "did
+    not answer": the server did, and the model was told it stayed silent. The parse error's log
+    line named no server."""
+    source = McpTools(
+        [stdio("demo", marks, call_timeout_seconds=1)],
+        clock=SystemClock(),
+        redact=Redactor([SECRET]).redact,
+    )
+    await source.start()
+    try:
+        with caplog.at_level(logging.WARNING, logger="gateway.mcp"):
+            broken = await call(source, "demo.malformed", {"unterminated": True})
+    finally:
+        await source.close()
+    said = text(broken)
+    assert broken.is_error and "returned a malformed result for 'malformed'" in said
+    assert "no JSON-RPC message" in said and "did not answer" not in said
+    [line] = [r for r in caplog.records if r.getMessage() == "mcp.unreadable_message"]
+    assert getattr(line.msg, "fields", {})["server"] == "demo"
+
+
 async def test_calls_while_down_are_refused_at_once(marks: Path) -> None:
     gate = asyncio.Event()
 
