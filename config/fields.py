@@ -102,7 +102,14 @@ def _text_rule(metadata: list[Any]) -> str:
 
 
 def default_text_in(model: type[BaseModel], name: str) -> str:
-    """Field `name`'s default as a person writes it (``unset`` when it has none)."""
+    """Field `name`'s default as a person writes it (``unset`` when it has none).
+
+    A field whose default means more than its value says it in ``json_schema_extra=
+    {"default_text": ...}`` (no operator tokens: a local one is made).
+    """
+    extra = model.model_fields[name].json_schema_extra
+    if isinstance(extra, dict) and isinstance(extra.get("default_text"), str):
+        return str(extra["default_text"])
     default = model.model_fields[name].get_default(call_default_factory=True)
     if default is None:
         return "unset"

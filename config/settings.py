@@ -426,6 +426,10 @@ class Settings(BaseModel):
         "24+ characters; the name is who the audit trail says acted. With none, `gateway serve` "
         "on a loopback address makes an operator token at first start (.gateway/ops-token) and "
         "prints a sign-in link; binding beyond loopback needs tokens.",
+        json_schema_extra={
+            "accepts": "name:role:secret tokens, comma-separated",
+            "default_text": "none: on loopback, a local token made at first start",
+        },
     )
     channels: dict[str, Section] = Field(
         default_factory=dict,
@@ -522,6 +526,8 @@ class Settings(BaseModel):
     @field_validator("ops_tokens", mode="before")
     @classmethod
     def _ops_tokens_text(cls, value: Any) -> Any:
+        if isinstance(value, str) and value.strip() and not comma_separated(value):
+            raise ValueError("names no token (only commas): give name:role:secret, or unset it")
         return comma_separated(value)
 
     @field_validator("ops_tokens")

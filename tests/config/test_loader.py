@@ -123,6 +123,13 @@ def test_all_kinds_of_values_from_the_environment() -> None:
         ("GATEWAY_PORT", "   ", "is set but empty"),
         ("GATEWAY_MODEL_API_KEY", "", "is set but empty: give the provider's key (not empty), "),
         ("GATEWAY_ROUTES", "", "is set but empty"),
+        (  # its default is no token list but a local token: said so ("none" before)
+            "GATEWAY_OPS_TOKENS",
+            "",
+            "is set but empty: give name:role:secret tokens, comma-separated, or unset it "
+            "(default: none: on loopback, a local token made at first start)",
+        ),
+        ("GATEWAY_OPS_TOKENS", ",", "names no token (only commas)"),  # was taken for unset
         (
             "GATEWAY_PORT",
             "abc",
