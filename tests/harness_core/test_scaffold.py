@@ -600,6 +600,14 @@ async def _harness_tools(f: Fresh) -> None:
     assert [tool.name for tool in f.kit.model.requests[-1].tools] == ["other"]
 
 
+@probe("AgentHarness.hold")
+async def _harness_hold(f: Fresh) -> None:
+    async with f.harness.hold():
+        assert f.harness._rt.held == 1
+        await prompt(f.side, "while held")  # a lane may work inside it
+    assert f.harness._rt.held == 0 and not f.harness._rt.busy()
+
+
 @probe("AgentHarness.close")
 async def _harness_close(f: Fresh) -> None:
     running = await in_flight(f, f.side, Gate())

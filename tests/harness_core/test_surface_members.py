@@ -311,6 +311,13 @@ async def _set_tools(kit: Kit) -> None:
     assert [e.property for e in seen] == ["tools"]
 
 
+async def _hold(kit: Kit) -> None:
+    async with kit.harness.hold():  # the lease is kept as while a lane works
+        assert kit.harness._rt.busy()
+    assert not kit.harness._rt.busy()
+    ok(await kit.harness.prompt("after"))
+
+
 async def _close(kit: Kit) -> None:
     await kit.harness.close()
     await kit.harness.close()  # idempotent
@@ -327,6 +334,7 @@ HARNESS_CALLS: dict[str, HarnessCall] = {
     "lanes": _lanes,
     "get_tools": _get_tools,
     "set_tools": _set_tools,
+    "hold": _hold,
     "close": _close,
 }
 
