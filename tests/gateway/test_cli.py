@@ -141,9 +141,22 @@ def test_an_unknown_session_is_a_clear_error(tmp_path, capsys) -> None:
     assert "session 'nope' does not exist" in capsys.readouterr().err
 
 
-def test_a_command_is_required() -> None:
-    with pytest.raises(SystemExit):
-        main([], settings=Settings())
+def test_no_command_is_the_service_as_scripts_run_has_it(tmp_path, capsys) -> None:
+    """`gateway` alone said "the following arguments are required: command", while the README
+    has `gateway <command>` the same as `scripts/run <command>`, which serves."""
+    with socket.socket() as taken:
+        taken.bind(("127.0.0.1", 0))
+        taken.listen()
+        port = taken.getsockname()[1]
+        settings = gateway_settings(
+            store_url=f"sqlite:///{tmp_path}/s.db",
+            broker_url=f"sqlite:///{tmp_path}/b.db",
+            web_url=f"sqlite:///{tmp_path}/w.db",
+            port=port,
+        )
+        assert main([], settings=settings) == 2  # it tried to serve: the port is taken
+    err = capsys.readouterr().err.strip().splitlines()
+    assert err[-1].startswith(f"gateway: cannot listen on 127.0.0.1:{port}")
 
 
 def test_store_list_and_show_as_the_readme_and_the_demo_say(tmp_path, capsys) -> None:
