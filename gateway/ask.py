@@ -43,7 +43,7 @@ from gateway.mcp.settings import mcp_section
 from gateway.models import model_from_settings
 from gateway.plugin import load_plugin
 from gateway.redact import Redactor, redacting
-from gateway.replies import answer_text
+from gateway.replies import answer_text, never_repeated
 from harness_core import (
     AgentHarness,
     AgentHarnessOptions,
@@ -64,14 +64,11 @@ from harness_core import (
     SessionRepo,
     SessionStorage,
     Tool,
-    ToolResultMessage,
     WriterLease,
     approve,
     deny,
 )
 from harness_core.clock import SystemClock
-from harness_core.session.entries import MessageEntry
-from harness_core.session.records import ToolStarted
 from harness_core.session.types import RecordQuery
 from harness_core.texts import one_line
 
@@ -122,6 +119,10 @@ class AskFailed(GatewayError):
     def exit_status(self) -> int:
         """This error's own `status`."""
         return self.status
+
+
+class _Aborted(AskFailed):
+    """A Ctrl-C aborted the run, and it recorded its end (what it did may then be named)."""
 
 
 async def ask(
@@ -300,9 +301,7 @@ async def _ask(
             gave_up.clear()
             prompted = await _until_done(lane, lane.prompt(question), ctrl_c)
             result = await _decided(lane, prompted, agent.decide, ctrl_c)
-        except AskFailed as failed:
-            if failed.status != INTERRUPTED or not str(failed).endswith("was aborted"):
-                raise
+        except _Aborted as failed:
             said = await _done_before_the_abort(storage, lane_name)
             if said is None:
                 raise
@@ -615,7 +614,7 @@ async def _until_done(lane: AgentLane, call: Coroutine[Any, Any, _R], ctrl_c: _C
         raise AskFailed(
             f"interrupted; the run on lane {lane.name} had ended {ended.kind}", INTERRUPTED
         )
-    raise AskFailed(f"interrupted: the run on lane {lane.name} was aborted", INTERRUPTED)
+    raise _Aborted(f"interrupted: the run on lane {lane.name} was aborted", INTERRUPTED)
 
 
 async def _done_before_the_abort(storage: SessionStorage, lane: str) -> str | None:
@@ -630,18 +629,12 @@ async def _done_before_the_abort(storage: SessionStorage, lane: str) -> str | No
     if not started:
         return None
     run_id = started[0].record.id  # an operation's start: its id is the run's
-    ran, maybe = [], []
-    for stored in await storage.find_records(
+    calls = await storage.find_records(
         RecordQuery(lane=lane, type="tool_started", run_id=run_id, order="oldest_first")
-    ):
-        call = stored.record
-        if not isinstance(call, ToolStarted) or call.replay != "never":
-            continue
-        result = await storage.get_entry(call.result_entry_id)
-        message = (
-            result.entry.message if result and isinstance(result.entry, MessageEntry) else None
-        )
-        outcome = message.outcome if isinstance(message, ToolResultMessage) else "interrupted"
+    )
+    ran, maybe = [], []
+    for call, result in await never_repeated(storage, calls):
+        outcome = result.outcome if result is not None else "interrupted"
         if outcome == "ok":
             ran.append(call.tool_name)
         elif outcome == "interrupted":

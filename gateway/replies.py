@@ -18,7 +18,7 @@ wait after it (`lanes_to_reply`), not at every thread the session ever had.
 from __future__ import annotations
 
 import hashlib
-from collections.abc import Mapping
+from collections.abc import Iterable, Mapping
 from dataclasses import dataclass
 
 from adapters import ApprovalView, Attachment, Outbound, OutboundKind, PendingCall, ThreadRef
@@ -67,6 +67,7 @@ __all__ = [
     "entry_id_of",
     "failure_text",
     "lanes_to_reply",
+    "never_repeated",
     "replies_mark",
     "watermark_of",
 ]
@@ -426,6 +427,27 @@ def approval_outbound(state: ThreadState, thread: ThreadRef, record: ApprovalReq
     )
 
 
+async def never_repeated(
+    storage: SessionStorage, started: Iterable[StoredRecord]
+) -> list[tuple[ToolStarted, ToolResultMessage | None]]:
+    """The calls among the `started` records that are never run again, each with its result.
+
+    None for a call whose result is no stored tool result (the run was cut mid-call). What a
+    stop notice and an interrupted `ask` name: such a call ran, or may have (D353).
+    """
+    found = []
+    for stored in started:
+        call = stored.record
+        if not isinstance(call, ToolStarted) or call.replay != "never":
+            continue
+        result = await storage.get_entry(call.result_entry_id)
+        message = (
+            result.entry.message if result and isinstance(result.entry, MessageEntry) else None
+        )
+        found.append((call, message if isinstance(message, ToolResultMessage) else None))
+    return found
+
+
 async def _ran_before_the_stop(
     since: _Since, state: ThreadState, thread: ThreadRef, run_id: str
 ) -> Outbound | None:
@@ -435,17 +457,12 @@ async def _ran_before_the_stop(
     to the end: the person believed nothing happened. A tool that is safe to repeat (a read) is
     not named; one whose result says it was refused or cut is not either.
     """
-    ran: list[str] = []
-    for stored in await since.of_run(state.lane, "tool_started", run_id):
-        started = stored.record
-        if not isinstance(started, ToolStarted) or started.replay != "never":
-            continue
-        result = await since.storage.get_entry(started.result_entry_id)
-        message = (
-            result.entry.message if result and isinstance(result.entry, MessageEntry) else None
-        )
-        if isinstance(message, ToolResultMessage) and message.outcome == "ok":
-            ran.append(f"{started.tool_name}: {one_line(message_text(message))}")
+    started = await since.of_run(state.lane, "tool_started", run_id)
+    ran = [
+        f"{call.tool_name}: {one_line(message_text(result))}"
+        for call, result in await never_repeated(since.storage, started)
+        if result is not None and result.outcome == "ok"
+    ]
     if not ran:
         return None
     return Outbound(
