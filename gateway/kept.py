@@ -45,7 +45,7 @@ class _Redis:
 
 
 class KeptWatch:
-    """Looks for the mark in each Redis the gateway keeps state in (store, broker, web)."""
+    """Looks for the mark in each Redis the gateway keeps state in (store, broker)."""
 
     def __init__(self, redises: Sequence[RedisUrl], rng: random.Random) -> None:
         """`redises`: the Redis URLs of the store and the broker.
@@ -53,10 +53,12 @@ class KeptWatch:
         One mark per server (under the first URL's prefix): the store and the broker on one
         Redis lose their data together, and are said once.
         """
-        servers = {(url.server, url.cluster): url for url in reversed(redises)}
+        first: dict[tuple[str, bool], RedisUrl] = {}
+        for url in redises:
+            first.setdefault((url.server, url.cluster), url)
         self._redises = [
             _Redis(url, f"{url.prefix}:{MARK}", without_password(url.server))
-            for url in reversed(servers.values())
+            for url in first.values()
         ]
         self._rng = rng
 
@@ -108,9 +110,7 @@ class KeptWatch:
         token = f"{self._rng.getrandbits(64):016x}"
         # one command: the token there, or (none was) the one written now
         found = await redis.client.set(redis.key, token, nx=True, get=True)
-        if found is None:
-            return token
-        return found.decode() if isinstance(found, bytes) else str(found)
+        return token if found is None else str(found)
 
     async def run(self, every_s: float = EVERY_S) -> None:
         """Look every `every_s` until cancelled (after a first `check`)."""

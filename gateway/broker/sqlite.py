@@ -1055,8 +1055,8 @@ class _Threads:
                 "UPDATE threads SET replied_through = ? WHERE session = ?", (seq, session)
             ).rowcount
 
-        lowered: int = await self._b.write(op)
-        return lowered
+        lanes: int = await self._b.write(op)
+        return lanes
 
 
 class _Marks:
