@@ -2,11 +2,14 @@
 
 from __future__ import annotations
 
+import contextlib
 import os
 import re
 import socket
 import time
+from collections.abc import Iterator
 from pathlib import Path
+from typing import Any
 
 import pytest
 
@@ -101,16 +104,27 @@ def test_ask_and_store_read_the_toml_file_serve_reads(
     assert "cli" in capsys.readouterr().out
 
 
-def test_serve_on_a_taken_port_is_one_clear_line(tmp_path, capsys) -> None:
+@contextlib.contextmanager
+def _a_taken_port() -> Iterator[int]:
+    """A loopback port something else listens on while the block runs."""
     with socket.socket() as taken:
         taken.bind(("127.0.0.1", 0))
         taken.listen()
-        port = taken.getsockname()[1]
-        settings = gateway_settings(
-            store_url=f"sqlite:///{tmp_path}/s.db",
-            broker_url=f"sqlite:///{tmp_path}/b.db",
-            web_url=f"sqlite:///{tmp_path}/w.db",
-        )
+        yield taken.getsockname()[1]
+
+
+def _sqlite(tmp_path: Path, **more: Any) -> Settings:
+    return gateway_settings(
+        store_url=f"sqlite:///{tmp_path}/s.db",
+        broker_url=f"sqlite:///{tmp_path}/b.db",
+        web_url=f"sqlite:///{tmp_path}/w.db",
+        **more,
+    )
+
+
+def test_serve_on_a_taken_port_is_one_clear_line(tmp_path, capsys) -> None:
+    with _a_taken_port() as port:
+        settings = _sqlite(tmp_path)
         assert main(["serve", "--port", str(port)], settings=settings) == 2
         err = capsys.readouterr().err.strip().splitlines()
         # options alone are the service's, as `scripts/run` takes them ("invalid choice" before)
@@ -144,17 +158,10 @@ def test_an_unknown_session_is_a_clear_error(tmp_path, capsys) -> None:
 def test_no_command_is_the_service_as_scripts_run_has_it(tmp_path, capsys) -> None:
     """`gateway` alone said "the following arguments are required: command", while the README
     has `gateway <command>` the same as `scripts/run <command>`, which serves."""
-    with socket.socket() as taken:
-        taken.bind(("127.0.0.1", 0))
-        taken.listen()
-        port = taken.getsockname()[1]
-        settings = gateway_settings(
-            store_url=f"sqlite:///{tmp_path}/s.db",
-            broker_url=f"sqlite:///{tmp_path}/b.db",
-            web_url=f"sqlite:///{tmp_path}/w.db",
-            port=port,
-        )
-        assert main([], settings=settings) == 2  # it tried to serve: the port is taken
+    with _a_taken_port() as port:
+        assert (
+            main([], settings=_sqlite(tmp_path, port=port)) == 2
+        )  # it tried to serve: the port is taken
     err = capsys.readouterr().err.strip().splitlines()
     assert err[-1].startswith(f"gateway: cannot listen on 127.0.0.1:{port}")
 
