@@ -29,8 +29,8 @@ from typing import Any, Protocol, cast
 import anyio
 import httpx2
 import mcp_types as types
-from mcp import Client, StdioServerParameters
-from mcp.client.stdio import get_default_environment, stdio_client
+from mcp import Client
+from mcp.client.stdio import get_default_environment
 from mcp.client.streamable_http import streamable_http_client
 from mcp.shared.exceptions import MCPError
 from mcp_types.jsonrpc import CONNECTION_CLOSED
@@ -43,6 +43,7 @@ from gateway.mcp.leash import leashed
 from gateway.mcp.results import malformed, redacted, to_output
 from gateway.mcp.settings import McpServer
 from gateway.mcp.stderr import StderrTail
+from gateway.mcp.stdio import TOO_LARGE_CODE, bounded_stdio
 from harness_core.clock import Clock
 from harness_core.tools import ToolOutput
 
@@ -345,20 +346,15 @@ class McpConnection:
             command, args = leashed(
                 server.command, server.args, get_default_environment() | env, server.cwd
             )
-            params = StdioServerParameters(
-                command=command,
-                args=args,
-                env=env or None,
-                cwd=server.cwd,
-                # one byte that is no UTF-8 on its output ended the SDK's reader for good: the
-                # server stayed "ready" and every call timed out
-                encoding_error_handler="replace",
-            )
             # the server's stderr is not ours to print (it may echo the secrets it was given),
             # but its end says why it stopped: kept for the operator (`health`), redacted
             self._tail = StderrTail()
             errlog = stack.enter_context(await self._tail.open())
-            return _watched(stdio_client(params, errlog=errlog), lost, garbled=self._garble)
+            # the SDK's own stdio reader costs time quadratic in a line's length, unbounded
+            spawned = bounded_stdio(
+                command, args, env=get_default_environment() | env, cwd=server.cwd, errlog=errlog
+            )
+            return _watched(spawned, lost, garbled=self._garble)
         assert server.url is not None  # validated
         headers = {k: v.get_secret_value() for k, v in server.headers.items()}
         if server.bearer_token is not None:
@@ -538,6 +534,13 @@ class McpConnection:
         except MCPError as exc:
             if exc.code == CONNECTION_CLOSED and str(exc) == _SDK_CLOSED:
                 return self._crashed(tool, exc)
+            if exc.code == TOO_LARGE_CODE and self.server.transport == "stdio":
+                return self._ended(
+                    "too_large",
+                    f"MCP server {self.name!r} ran {tool!r}, but {exc.error.message}: ask it "
+                    "for less (a narrower query, a smaller range); the call was made",
+                    fault=False,
+                )
             if exc.code == CONNECTION_CLOSED:
                 # -32000 is also a server's own generic error, and the code of one call whose
                 # answer an HTTP stream lost: that call's outcome, not the connection's end

@@ -158,6 +158,13 @@ def build(marks: Path | None, *, linger: bool = False) -> Server[Any]:
             os.write(_WIRE[0], b'{"jsonrpc": "2.0", "id": ' + str(ctx.request_id).encode() + b"\n")
             await asyncio.sleep(3600)
             return _text("never")
+        if name == "malformed" and args.get("huge"):  # one answer line of `huge` MiB
+            text = "y" * (int(args["huge"]) * 1024 * 1024)
+            content = [{"type": "text", "text": text}]
+            answer = {"jsonrpc": "2.0", "id": ctx.request_id, "result": {"content": content}}
+            os.write(_WIRE[0], (json.dumps(answer) + "\n").encode())
+            await asyncio.sleep(0.2)
+            return _text("after the huge answer")
         if name == "malformed" and args.get("bytes"):
             os.write(_WIRE[0], b"\xff\xfe is no UTF-8, and no JSON\n")  # a stray print
             return _text("after the garbage")

@@ -238,6 +238,34 @@ async def test_a_broken_answer_is_said_as_one_not_as_silence(
     assert getattr(line.msg, "fields", {})["server"] == "demo"
 
 
+async def test_an_answer_too_large_to_read_is_said_at_once_and_the_next_call_works(
+    marks: Path, counted: Counted
+) -> None:
+    """A 40 MiB answer line was read by the SDK's stdio reader in time quadratic in its
+    length, on the gateway's loop, with no bound on the memory it took: every thread waited.
+    Past `MAX_MESSAGE_BYTES` the line is now dropped as it comes, and the call it answers is
+    told so at once (`tests/gateway/mcp/test_stdio.py` has the lines that name no request)."""
+    source = McpTools(
+        [stdio("demo", marks, call_timeout_seconds=60)],
+        clock=SystemClock(),
+        observer=counted,
+    )
+    await source.start()
+    try:
+        huge = await call(source, "demo.malformed", {"huge": 40})
+        after = await call(source, "demo.echo", {"text": "still here"})
+    finally:
+        await source.close()
+    said = text(huge)
+    assert huge.is_error and "ran 'malformed'" in said, said
+    assert "(40.0 MiB) is larger than the 16 MiB the gateway reads" in said
+    assert "ask it for less" in said and "the call was made" in said
+    assert ("demo", "too_large") in counted.calls
+    assert ("demo", "timeout") not in counted.calls  # answered, not waited out
+    assert text(after) == "echo: still here"
+    assert counted.restarts == []  # the framing held: the server was not restarted
+
+
 async def test_calls_while_down_are_refused_at_once(marks: Path) -> None:
     gate = asyncio.Event()
 

@@ -1,0 +1,251 @@
+"""A stdio MCP server's pipes as message streams, each line bounded in bytes and in time to read.
+
+The SDK's own stdio transport joins what it has read of a line with each new chunk and splits
+the whole again: a server that writes one huge line (a file dumped as one result, a runaway
+loop) costs the gateway's event loop time quadratic in the line's length, and memory without
+bound, while every other thread waits. Here each chunk is searched once for its newlines and a
+line is kept only up to `MAX_MESSAGE_BYTES`. The rest of a longer line is counted and dropped
+(the framing holds: the next line is read as usual); when the line's first bytes name the
+request it answers, that request gets an error answer saying so (`TOO_LARGE_CODE`) instead of
+waiting out its timeout; otherwise it is one unreadable message. Spawning and shutdown are the
+SDK's order (close the input, wait, then SIGTERM and SIGKILL the server's process group).
+"""
+
+from __future__ import annotations
+
+import contextlib
+import json
+import re
+from collections.abc import AsyncIterator, Mapping
+from typing import TextIO
+
+import anyio
+import anyio.lowlevel
+import mcp_types as types
+from anyio.abc import Process
+from anyio.streams.memory import MemoryObjectReceiveStream, MemoryObjectSendStream
+from mcp.os.posix.utilities import terminate_posix_process_tree
+from mcp.shared.message import SessionMessage
+
+__all__ = ["MAX_MESSAGE_BYTES", "TOO_LARGE_CODE", "TooLarge", "bounded_stdio"]
+
+MAX_MESSAGE_BYTES = 16 * 1024 * 1024
+"""The longest line read as a message (a result is cut to far less before the model reads it)."""
+TOO_LARGE_CODE = -32099
+"""The error code of the answer given in place of one too large to read (JSON-RPC's range
+for an implementation's own server errors)."""
+_HEAD_BYTES = 4096
+"""How much of a too-long line is kept to find the request it answers."""
+_INPUT_CLOSED_WAIT_S = 2.0
+"""How long a server has to exit on its own once its input closes (the MCP shutdown order)."""
+_KILL_WAIT_S = 2.0
+"""After SIGTERM before SIGKILL, and after SIGKILL for the exit to be seen."""
+_FLUSH_WAIT_S = 0.5
+"""How long messages already handed to the writer have to reach the server at shutdown."""
+_KEY = re.compile(r'\s*[{,]\s*"((?:[^"\\]|\\.)*)"\s*:\s*')
+"""An object's key, after its ``{`` or a ``,``, up to where its value starts."""
+
+
+_Read = MemoryObjectReceiveStream[SessionMessage | Exception]
+_Write = MemoryObjectSendStream[SessionMessage]
+
+
+class TooLarge(ValueError):
+    """A line longer than `MAX_MESSAGE_BYTES` that names no request (an unreadable message)."""
+
+
+@contextlib.asynccontextmanager
+async def bounded_stdio(
+    command: str,
+    args: list[str],
+    *,
+    env: Mapping[str, str],
+    cwd: str | None,
+    errlog: TextIO,
+    max_bytes: int = MAX_MESSAGE_BYTES,
+) -> AsyncIterator[
+    tuple[
+        MemoryObjectReceiveStream[SessionMessage | Exception],
+        MemoryObjectSendStream[SessionMessage],
+    ]
+]:
+    """Start `command` in its own process group; yield (read, write) streams of its messages.
+
+    The read stream gives `SessionMessage` or, for a line that is no message, the exception
+    that says why (the SDK's session passes those on), and ends when the server's output does.
+
+    Raises:
+        OSError: the program cannot be started.
+    """
+    process = await anyio.open_process(
+        [command, *args], env=dict(env), stderr=errlog, cwd=cwd, start_new_session=True
+    )
+    # no await between the spawn and the task group: a cancel there would leave it running
+    to_session, read = anyio.create_memory_object_stream[SessionMessage | Exception](0)
+    write, from_session = anyio.create_memory_object_stream[SessionMessage](0)
+    flushed = anyio.Event()
+
+    async def reader() -> None:
+        assert process.stdout is not None
+        with contextlib.suppress(anyio.ClosedResourceError, anyio.BrokenResourceError):
+            async with to_session:
+                lines = _Lines(max_bytes)
+                try:
+                    async for chunk in process.stdout:
+                        for item in lines.feed(chunk):
+                            await to_session.send(item)
+                except (anyio.ClosedResourceError, anyio.BrokenResourceError, OSError):
+                    pass
+        await _drain(process)
+
+    async def writer() -> None:
+        assert process.stdin is not None
+        try:
+            async with from_session:
+                async for message in from_session:
+                    data = message.message.model_dump_json(by_alias=True, exclude_unset=True)
+                    await process.stdin.send(data.encode() + b"\n")
+        except (anyio.ClosedResourceError, anyio.BrokenResourceError, OSError):
+            await to_session.aclose()  # its input is gone: the session sees the end, not a hang
+        finally:
+            flushed.set()
+
+    async with anyio.create_task_group() as tasks:
+        tasks.start_soon(reader)
+        tasks.start_soon(writer)
+        try:
+            yield read, write
+        finally:
+            # bounded, and shielded: a cancelled caller must not leave the server running
+            with anyio.CancelScope(shield=True):
+                read.close()
+                write.close()
+                with anyio.move_on_after(_FLUSH_WAIT_S):
+                    await flushed.wait()
+                await _stop(process)
+                for stream in (read, write, to_session, from_session):
+                    await stream.aclose()
+            tasks.cancel_scope.cancel()
+
+
+class _Lines:
+    """Bytes in, messages out: each chunk searched once, a line kept to `max_bytes`."""
+
+    def __init__(self, max_bytes: int) -> None:
+        self._max = max_bytes
+        self._kept = bytearray()
+        self._long = 0  # the length of the current line once it is too long (0: it is not)
+
+    def feed(self, chunk: bytes) -> list[SessionMessage | Exception]:
+        found: list[SessionMessage | Exception] = []
+        start = 0
+        while True:
+            end = chunk.find(b"\n", start)
+            piece = chunk[start:] if end < 0 else chunk[start:end]
+            self._take(piece)
+            if end < 0:
+                return found
+            item = self._line()
+            if item is not None:
+                found.append(item)
+            start = end + 1
+
+    def _take(self, piece: bytes) -> None:
+        if self._long:
+            self._long += len(piece)
+        elif len(self._kept) + len(piece) > self._max:
+            # too long: only its head is kept (it may name the request), the rest counted
+            self._long = len(self._kept) + len(piece)
+            del self._kept[_HEAD_BYTES:]
+            self._kept.extend(piece[: _HEAD_BYTES - len(self._kept)])
+        else:
+            self._kept.extend(piece)
+
+    def _line(self) -> SessionMessage | Exception | None:
+        text, length = self._kept.decode("utf-8", "replace"), self._long
+        self._kept.clear()
+        self._long = 0
+        if length:
+            return _too_large(text, length, self._max)
+        if not text.strip():
+            return None  # a blank line between messages says nothing
+        try:
+            # bytes that are no UTF-8 are replaced, not fatal: one such byte ended the SDK's
+            # reader for good once (the server stayed "ready" and every call timed out)
+            message = types.jsonrpc_message_adapter.validate_json(text, by_name=False)
+        except ValueError as exc:
+            return exc
+        return SessionMessage(message)
+
+
+def _too_large(head: str, length: int, limit: int) -> SessionMessage | Exception:
+    """The error answer to the request a too-long line answers, or `TooLarge` (none named)."""
+    size = f"{length / (1024 * 1024):,.1f} MiB"
+    request = _answered(head)
+    if request is None:
+        return TooLarge(f"a message of {size} (more than {limit:,} bytes) was not read")
+    said = (
+        f"its answer ({size}) is larger than the {limit / (1024 * 1024):g} MiB the gateway "
+        "reads, and was not read"
+    )
+    answer = types.JSONRPCError(
+        jsonrpc="2.0", id=request, error=types.ErrorData(code=TOO_LARGE_CODE, message=said)
+    )
+    return SessionMessage(answer)
+
+
+def _answered(head: str) -> int | str | None:
+    """The ``id`` of the response whose first characters are `head`, when its top level says.
+
+    Only the object's own keys before its ``result`` or ``error`` are read: an ``id`` inside
+    a result is never taken for the request's.
+    """
+    decoder = json.JSONDecoder()
+    at, ident = 0, None
+    while (key := _KEY.match(head, at)) is not None:
+        name, at = key.group(1), key.end()
+        if name in ("result", "error"):
+            return ident
+        try:
+            value, at = decoder.raw_decode(head, at)
+        except ValueError:
+            return None
+        if name == "id" and isinstance(value, int | str) and not isinstance(value, bool):
+            ident = value
+        elif name == "method":
+            return None  # a request or notification of the server's, not an answer
+    return None
+
+
+async def _drain(process: Process) -> None:
+    """Read and drop what the server still writes: a server blocked on a full pipe cannot exit."""
+    assert process.stdout is not None
+    with (
+        anyio.CancelScope(shield=True),
+        contextlib.suppress(
+            anyio.EndOfStream, anyio.ClosedResourceError, anyio.BrokenResourceError, OSError
+        ),
+    ):
+        while True:
+            await process.stdout.receive()
+
+
+async def _stop(process: Process) -> None:
+    """Close its input, give it time to exit, then end its process group (every wait bounded)."""
+    assert process.stdin is not None
+    assert process.stdout is not None
+    with contextlib.suppress(OSError, anyio.BrokenResourceError, anyio.ClosedResourceError):
+        await process.stdin.aclose()
+    if not await _exited(process, _INPUT_CLOSED_WAIT_S):
+        await terminate_posix_process_tree(process, _KILL_WAIT_S)
+        await _exited(process, _KILL_WAIT_S)
+    with contextlib.suppress(OSError, anyio.BrokenResourceError, anyio.ClosedResourceError):
+        await process.stdout.aclose()
+
+
+async def _exited(process: Process, within_s: float) -> bool:
+    # returncode, not wait(): a child of the server holding the pipes makes wait() hang
+    with anyio.move_on_after(within_s):
+        while process.returncode is None:  # noqa: ASYNC110 (a process's exit sets no event)
+            await anyio.sleep(0.01)
+    return process.returncode is not None

@@ -1,0 +1,79 @@
+"""The bounded stdio reader: lines found once each, a line too long dropped as it comes."""
+
+from __future__ import annotations
+
+import json
+
+import mcp_types as types
+import pytest
+from mcp.shared.message import SessionMessage
+
+from gateway.mcp.stdio import TOO_LARGE_CODE, TooLarge, _Lines
+
+LIMIT = 1024 * 1024
+
+
+def _answer(ident: int, text: str) -> bytes:
+    return json.dumps(
+        {"jsonrpc": "2.0", "id": ident, "result": {"content": [{"type": "text", "text": text}]}}
+    ).encode()
+
+
+def _fed(lines: _Lines, data: bytes, size: int) -> list[SessionMessage | Exception]:
+    found: list[SessionMessage | Exception] = []
+    for at in range(0, len(data), size):
+        found.extend(lines.feed(data[at : at + size]))
+    return found
+
+
+def test_messages_split_across_chunks_and_packed_in_one_are_each_read() -> None:
+    """A character cut between two chunks, many messages in one, blank lines between."""
+    wire = b"\n".join([_answer(1, "caf\u00e9 \u2603"), b"", b"  ", _answer(2, "two")]) + b"\n"
+    for size in (1, 3, 7, len(wire)):
+        found = _fed(_Lines(LIMIT), wire, size)
+        assert [type(item) for item in found] == [SessionMessage, SessionMessage], size
+        first = found[0]
+        assert isinstance(first, SessionMessage)
+        assert isinstance(first.message, types.JSONRPCResponse)
+        assert first.message.result["content"][0]["text"] == "caf\u00e9 \u2603"
+
+
+def test_a_line_that_is_no_message_is_its_error_and_the_next_is_read() -> None:
+    found = _Lines(LIMIT).feed(b"\xff\xfe a stray print\n" + _answer(3, "ok") + b"\n")
+    assert isinstance(found[0], ValueError) and isinstance(found[1], SessionMessage)
+
+
+def test_a_line_too_long_is_kept_only_to_its_head_and_answers_its_request() -> None:
+    """The SDK's reader kept all of it (and joined and split it again with every chunk)."""
+    lines = _Lines(LIMIT)
+    wire = _answer(41, "z" * (5 * LIMIT)) + b"\n" + _answer(42, "next") + b"\n"
+    found: list[SessionMessage | Exception] = []
+    most = 0
+    for at in range(0, len(wire), 65536):
+        found.extend(lines.feed(wire[at : at + 65536]))
+        most = max(most, len(lines._kept))
+    assert most <= LIMIT  # never more than the limit held, however long the line
+    [cut, after] = found
+    assert isinstance(cut, SessionMessage) and isinstance(cut.message, types.JSONRPCError)
+    assert cut.message.id == 41 and cut.message.error.code == TOO_LARGE_CODE
+    assert cut.message.error.message.startswith("its answer (5.0 MiB) is larger than the 1 MiB")
+    assert isinstance(after, SessionMessage) and after.message.id == 42  # type: ignore[union-attr]
+
+
+@pytest.mark.parametrize(
+    "head",
+    [
+        # the id after the result: the head cannot say which request it answers
+        b'{"jsonrpc": "2.0", "result": {"id": 7, "content": [{"type": "text", "text": "',
+        # a request or notification of the server's own, not an answer
+        b'{"jsonrpc": "2.0", "id": 8, "method": "notifications/message", "params": {"data": "',
+        # no JSON at all
+        b"Traceback (most recent call last): " + b"x" * 100,
+    ],
+)
+def test_a_line_too_long_that_names_no_request_is_one_unreadable_message(head: bytes) -> None:
+    lines = _Lines(LIMIT)
+    found = _fed(lines, head + b"w" * (2 * LIMIT) + b'"}]}}\n' + _answer(9, "ok") + b"\n", 4096)
+    [cut, after] = found
+    assert isinstance(cut, TooLarge) and "a message of 2.0 MiB" in str(cut)
+    assert isinstance(after, SessionMessage)
