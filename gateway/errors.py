@@ -11,6 +11,7 @@ Tree::
     ├── StartRefused                  the store or the broker does not answer at start
     ├── BrokerError(code)             the broker could not be opened or used; `BrokerErrorCode`
     ├── PdfNotRead                    a PDF's text could not be read (broken, or past its limits)
+    ├── TooLarge (ValueError)         an MCP server's line past the bound that names no request
     ├── ApiError(status, code)        an operator API refusal; `ApiErrorCode` (the envelope's)
     └── OpsError(status)              a `gateway ops` command that failed
 

@@ -27,6 +27,8 @@ from anyio.streams.memory import MemoryObjectReceiveStream, MemoryObjectSendStre
 from mcp.os.posix.utilities import terminate_posix_process_tree
 from mcp.shared.message import SessionMessage
 
+from gateway.errors import GatewayError
+
 __all__ = ["MAX_MESSAGE_BYTES", "TOO_LARGE_CODE", "TooLarge", "bounded_stdio"]
 
 MAX_MESSAGE_BYTES = 16 * 1024 * 1024
@@ -50,7 +52,7 @@ _Read = MemoryObjectReceiveStream[SessionMessage | Exception]
 _Write = MemoryObjectSendStream[SessionMessage]
 
 
-class TooLarge(ValueError):
+class TooLarge(GatewayError, ValueError):
     """A line longer than `MAX_MESSAGE_BYTES` that names no request (an unreadable message)."""
 
 
