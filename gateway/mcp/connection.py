@@ -18,6 +18,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import fnmatch
+import json
 import logging
 import math
 import os
@@ -157,6 +158,8 @@ class McpConnection:
         self._up = False
         self._http_status: int | None = None
         """The last HTTP error status this attempt's requests got (the SDK keeps it to itself)."""
+        self._unsent: dict[str, str] = {}
+        """The calls (by idempotency key) whose HTTP request could not even connect: why."""
         self.on_change: Callable[[], None] | None = None
         """Called when the tool list changes (the source rebuilds its tools)."""
 
@@ -365,6 +368,7 @@ class McpConnection:
                 self._http_status = response.status_code
 
         http = httpx2.AsyncClient(
+            transport=_NotesUnsent(httpx2.AsyncHTTPTransport(), self._unsent),
             headers=headers,
             timeout=httpx2.Timeout(30.0, read=server.call_timeout_seconds + 30.0),
             event_hooks={"response": [seen]},
@@ -508,9 +512,10 @@ class McpConnection:
                 f"{self.server.call_timeout_seconds:g} s: the call was cancelled; "
                 f"{_MAY_HAVE_HAPPENED}",
             )
-        return self._settle(work, tool)
+        return self._settle(work, tool, key)
 
-    def _settle(self, work: asyncio.Future[Any], tool: str) -> ToolOutput:
+    def _settle(self, work: asyncio.Future[Any], tool: str, key: str) -> ToolOutput:
+        unsent = self._unsent.pop(key, None)
         try:
             result = work.result()
         except asyncio.CancelledError:
@@ -533,6 +538,8 @@ class McpConnection:
             return malformed(self.name, tool, self._redact(_describe(exc))[:500])
         except MCPError as exc:
             if exc.code == CONNECTION_CLOSED and str(exc) == _SDK_CLOSED:
+                if unsent is not None:
+                    return self._unreached(tool, unsent)
                 return self._crashed(tool, exc)
             if exc.code == TOO_LARGE_CODE and self.server.transport == "stdio":
                 return self._ended(
@@ -591,6 +598,16 @@ class McpConnection:
                     reason=self._garbled_why,
                 )
             )
+
+    def _unreached(self, tool: str, why: str) -> ToolOutput:
+        """The call's request never connected: it was not made (the server is reached again)."""
+        self._fault(f"could not be reached ({why})")
+        self._lost.set()
+        return self._ended(
+            "down",
+            f"MCP server {self.name!r} could not be reached ({why}): the call of {tool!r} was "
+            "not made; the connection is made again: try again shortly",
+        )
 
     def _crashed(self, tool: str, exc: BaseException) -> ToolOutput:
         self._fault(f"during a call of {tool!r}: {_describe(exc)}")
@@ -691,6 +708,43 @@ class _WatchedRead:
     async def __aexit__(self, *exc: Any) -> bool | None:
         result: bool | None = await self._inner.__aexit__(*exc)
         return result
+
+
+class _NotesUnsent(httpx2.AsyncBaseTransport):
+    """An HTTP transport that notes each tool call whose request could not even connect.
+
+    Such a call never reached the server, so it was not made; the SDK ends the whole
+    connection on it and its caller reads only "Connection closed", the words of a call that
+    was cut mid-way. The call is known by the idempotency key in its request's ``_meta``.
+    """
+
+    def __init__(self, inner: httpx2.AsyncBaseTransport, unsent: dict[str, str]) -> None:
+        self._inner = inner
+        self._unsent = unsent
+
+    async def handle_async_request(self, request: httpx2.Request) -> httpx2.Response:
+        try:
+            return await self._inner.handle_async_request(request)
+        except (httpx2.ConnectError, httpx2.ConnectTimeout) as exc:
+            key = _call_key(request.content)
+            if key is not None:
+                if len(self._unsent) >= 64:  # a call cancelled meanwhile never took its own
+                    del self._unsent[next(iter(self._unsent))]
+                self._unsent[key] = _describe(exc)
+            raise
+
+    async def aclose(self) -> None:
+        await self._inner.aclose()
+
+
+def _call_key(body: bytes) -> str | None:
+    """The idempotency key of the ``tools/call`` request `body` holds (None: another request)."""
+    try:
+        message = json.loads(body)
+        key = message["params"]["_meta"][IDEMPOTENCY_META_KEY]
+    except (ValueError, KeyError, TypeError):
+        return None
+    return key if isinstance(key, str) and message.get("method") == "tools/call" else None
 
 
 def _meta(key: str) -> types.RequestParamsMeta:

@@ -131,7 +131,11 @@ async def test_a_server_that_goes_away_is_tried_with_backoff_until_it_is_back(
         assert text(await call(source, "remote.echo", {"text": "one"})) == "echo: one"
         await http_server.kill()
         gone = await call(source, "remote.echo", {"text": "two"})
-        assert gone.is_error and "MCP server 'remote'" in text(gone)
+        # its request never connected: the call was not made (it read "lost during the
+        # call ... may have had its effect", the words of a call cut mid-way)
+        assert gone.is_error and "MCP server 'remote' could not be reached" in text(gone)
+        assert "the call of 'echo' was not made" in text(gone)
+        assert "may have had its effect" not in text(gone)
         await until(lambda: source.health()[0].restarts >= 4, "tried again, and again")
         health = source.health()[0]
         assert health.state in ("restarting", "starting") and health.last_error
@@ -144,6 +148,24 @@ async def test_a_server_that_goes_away_is_tried_with_backoff_until_it_is_back(
         assert text(await call(source, "remote.echo", {"text": "four"})) == "echo: four"
     finally:
         await source.close()
+
+
+async def test_a_server_that_goes_away_during_a_call_may_have_made_it(
+    http_server: HttpServer,
+) -> None:
+    """The other order: the request reached the server, which then went away."""
+    source = tools(settings(http_server.url, bearer_token=TOKEN), backoff=Backoff(first_s=5))
+    await source.start()
+    try:
+        running = asyncio.ensure_future(call(source, "remote.hang", {}))
+        await until(lambda: source.health()[0].calls == 1, "the call is made")
+        await asyncio.sleep(0.5)  # its request is at the server
+        await http_server.kill()
+        cut = await asyncio.wait_for(running, 30)
+    finally:
+        await source.close()
+    assert cut.is_error and "may have had its effect" in text(cut)
+    assert "was not made" not in text(cut)
 
 
 async def test_an_idle_server_that_went_away_is_noticed_by_a_ping(http_server: HttpServer) -> None:
