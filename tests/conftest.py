@@ -1,8 +1,12 @@
 from __future__ import annotations
 
+import faulthandler
 import itertools
 import json
-from collections.abc import AsyncIterator, Iterator
+import os
+import sys
+import threading
+from collections.abc import AsyncIterator, Generator, Iterator
 from typing import Any
 
 import pytest
@@ -79,6 +83,45 @@ def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item
     if drop:
         config.hook.pytest_deselected(items=drop)
         items[:] = keep
+
+
+_GRACE_S = float(os.environ.get("TESTS_HANG_GRACE_S", "120"))
+"""How long past its own timeout (doubled) a test may still run before the run is ended
+(`tests/test_hang_guard.py` makes it short)."""
+
+
+@pytest.hookimpl(hookwrapper=True)
+def pytest_runtest_protocol(item: pytest.Item) -> Generator[None, None, None]:
+    """End the whole process when a test outlives its timeout twice over, plus `_GRACE_S`.
+
+    pytest-timeout's signal lands in whatever the main thread runs: a test that started the
+    service by mistake (``main([])`` serves) had the signal's exception taken as one more
+    fault to survive, and served on until CI's 90 minutes. This thread does not ask: it prints
+    every thread's stack and the test's name, then exits, and the run fails at once.
+    """
+    marker = item.get_closest_marker("timeout")
+    own = marker.args[0] if marker is not None and marker.args else item.config.getini("timeout")
+    limit = 2 * float(own or 60) + _GRACE_S
+
+    def end() -> None:
+        capture = item.config.pluginmanager.getplugin("capturemanager")
+        if capture is not None:  # the test's output is captured: this must reach the terminal
+            capture.suspend_global_capture(in_=True)
+        sys.stderr.write(
+            f"\n{item.nodeid} still runs {limit:.0f} s after it started, past twice its "
+            "timeout: every thread's stack follows, then this process ends\n"
+        )
+        faulthandler.dump_traceback(all_threads=True)
+        sys.stderr.flush()
+        os._exit(3)
+
+    watch = threading.Timer(limit, end)
+    watch.daemon = True
+    watch.start()
+    try:
+        yield
+    finally:
+        watch.cancel()
 
 
 _TALLIES = "gateway-tallies"
