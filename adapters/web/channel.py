@@ -64,6 +64,7 @@ from fastapi.responses import (
     StreamingResponse,
 )
 from pydantic import BaseModel, ConfigDict, Field, ValidationError
+from starlette.types import Receive, Scope, Send
 
 from adapters.channel import (
     Acceptance,
@@ -378,9 +379,7 @@ class WebChannel:
         self._full_said_at = -_FULL_SAY_EVERY_S
         """When the log last said every upload slot was taken (the clock's seconds)."""
         self.streams = 0
-        """Event streams open now (at most `WebLimits.max_streams`)."""
-        self._opening = 0
-        """Streams past the cap's check whose first read is still on its way."""
+        """Event streams open now, counted from the cap's check (`WebLimits.max_streams`)."""
         self.router = self._build_router(prefix)
         self.body_limits: dict[str, int] = {
             prefix + "/": self.limits.max_body_bytes,
@@ -939,18 +938,22 @@ class WebChannel:
             after = self._int(request, "after", 0, 0, 2**53)
         kinds = _kinds(request.query_params.get("kinds"))
         live = request.query_params.get("live") == "1"
-        if self.streams + self._opening >= self.limits.max_streams:  # each re-reads the mailbox
+        if self.streams >= self.limits.max_streams:  # each re-reads the mailbox
             raise self._unavailable("too many event streams are open; try again")
         page = self.limits.max_page
-        self._opening += 1  # counted from here: a burst passed the check together, all 1,100
+        # counted from the check until the response ends (`_Counted`): counted only once the
+        # body began, a burst passed the check together (1,100 of 1,000; then 1,001)
+        self.streams += 1
         try:
             first: tuple[WebItem, ...] = await self._mailbox_call(
                 self.mailbox.read(space, thread, after=after, limit=page)
             )
-        finally:
-            self._opening -= 1
-        return StreamingResponse(
+        except BaseException:
+            self.streams -= 1
+            raise
+        return _Counted(
             self._stream(space, thread, after, first, kinds, live),
+            self._stream_ended,
             media_type="text/event-stream",
             headers={
                 "Cache-Control": "no-store",
@@ -970,7 +973,6 @@ class WebChannel:
     ) -> AsyncIterator[str]:
         stopping = self._stopping
         cursor = LiveCursor(self.live, space, thread) if live else None
-        self.streams += 1
         items: tuple[WebItem, ...] | None = first
         after_seq = after
         waiting: asyncio.Future[tuple[WebItem, ...]] | None = None
@@ -1003,9 +1005,11 @@ class WebChannel:
                 if not items:
                     yield ": keepalive\n\n"
         finally:
-            self.streams -= 1
             if waiting is not None and not waiting.done():
                 waiting.cancel()
+
+    def _stream_ended(self) -> None:
+        self.streams -= 1
 
     def _wait(self, space: str, thread: str, after: int) -> asyncio.Future[tuple[WebItem, ...]]:
         waiting = asyncio.ensure_future(
@@ -1192,6 +1196,24 @@ def _files(given: list[_FileIn], most: int) -> list[tuple[Attachment, bytes]]:
         name = file.name.replace("\\", "/").rsplit("/", 1)[-1].strip() or f"file-{number + 1}"
         out.append((Attachment(name=name, media_type=file.media_type, size=len(data)), data))
     return out
+
+
+class _Counted(StreamingResponse):
+    """A stream whose place is given back when the response ends, however it ends.
+
+    Its body's own ``finally`` is not enough: a body never started (the client left before the
+    headers went) never runs it.
+    """
+
+    def __init__(self, content: AsyncIterator[str], ended: Callable[[], None], **more: Any) -> None:
+        super().__init__(content, **more)
+        self._ended = ended
+
+    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
+        try:
+            await super().__call__(scope, receive, send)
+        finally:
+            self._ended()
 
 
 def _retrieve(task: asyncio.Future[Any]) -> None:

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import asyncio
+import contextlib
 from collections.abc import AsyncIterator
 from pathlib import Path
 
@@ -256,6 +257,30 @@ async def test_a_reply_process_b_delivered_ends_what_process_a_shows_live(
         await channel.show(late)
         shown = [await events.next(timeout_s=2) for _ in range(3)]
     assert all(event.comment == "keepalive" for event in shown), shown
+
+
+async def test_a_burst_of_streams_is_held_to_the_bound(
+    http: httpx.AsyncClient, channel: WebChannel
+) -> None:
+    """A stream was counted only once its body began: a burst passed the check together
+    (1,100 of 1,000 when only the body counted, then 1,001)."""
+    channel.limits = WebLimits(max_streams=3, keepalive_s=0.2)
+    async with contextlib.AsyncExitStack() as stack:
+
+        async def open_one(n: int) -> int:
+            response = await stack.enter_async_context(
+                http.stream("GET", f"/web/threads/b{n}/events")
+            )
+            return response.status_code
+
+        codes = await asyncio.gather(*(open_one(n) for n in range(12)))
+        assert sorted(codes) == [200] * 3 + [503] * 9, codes
+        assert channel.streams == 3
+    for _ in range(100):
+        if channel.streams == 0:
+            break
+        await asyncio.sleep(0.02)
+    assert channel.streams == 0
 
 
 async def test_streams_past_the_bound_are_refused_until_one_closes(
