@@ -60,7 +60,20 @@ STEP_TIMEOUT_S = 60.0
 
 
 class DemoError(GatewayError):
-    """The demo cannot run (a store no second process can open, a child that failed): one line."""
+    """The demo cannot run (a store no second process can open, a child that failed): one line.
+
+    `status` is what the command exits with: 2 for a ``--store`` the demo cannot use (the
+    command line is wrong, as for any other command), 1 for a run that failed.
+    """
+
+    def __init__(self, message: str, status: int = 1) -> None:
+        super().__init__(message)
+        self.status = status
+
+    @property
+    def exit_status(self) -> int:
+        """This error's own `status`."""
+        return self.status
 
 
 @dataclass(frozen=True, kw_only=True, slots=True)
@@ -181,7 +194,8 @@ async def demo(repo: SessionRepo, url: str, out: list[str]) -> DemoRun:
     if url.partition("://")[0] == "memory":
         raise DemoError(
             "the demo's two processes need a store both can open: sqlite:///file.db, "
-            "jsonl:///dir or redis://..., not memory://"
+            "jsonl:///dir or redis://..., not memory://",
+            status=2,
         )
     meta = await repo.create(metadata={"purpose": "gateway demo"})
     job = json.dumps({"store": url, "session": meta.id})

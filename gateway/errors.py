@@ -5,7 +5,7 @@ Tree::
     GatewayError                      root of everything gateway raises; `exit_status` (1)
     ├── CliError(status)              a `gateway` command that cannot be done (2: the command line)
     ├── AskFailed(status)             `gateway ask` gave no answer
-    ├── DemoError                     the crash demo cannot run
+    ├── DemoError(status)             the crash demo cannot run (2: its --store; 1: a run failed)
     ├── PluginError (ValueError)      ``GATEWAY_PLUGIN`` cannot be imported or is malformed (2)
     ├── ModelConfigError (ValueError) ``GATEWAY_MODEL`` names no model this gateway can use (2)
     ├── StartRefused                  the store or the broker does not answer at start

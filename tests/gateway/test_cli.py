@@ -72,7 +72,7 @@ def test_the_demo_kills_a_real_process_mid_tool_and_a_second_one_recovers(
 def test_a_demo_on_a_store_of_one_process_is_one_line(
     store: str, capsys: pytest.CaptureFixture[str]
 ) -> None:
-    assert main(["demo", "--store", store], settings=Settings()) == 1
+    assert main(["demo", "--store", store], settings=Settings()) == 2  # a --store URL, as for all
     err = capsys.readouterr().err
     assert err.count("\n") == 1 and "need a store both can open" in err
 
