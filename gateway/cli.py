@@ -304,17 +304,16 @@ def main(argv: Sequence[str] | None = None, settings: Settings | None = None) ->
         prog=command(),
         description="A durable LLM agent gateway for Slack, email, the web and webhooks.",
     )
-    parser.add_argument(
-        "--store", help="store URL (default: $GATEWAY_STORE_URL or sqlite:///.gateway/gateway.db)"
-    )
+    store_help = "store URL (default: $GATEWAY_STORE_URL or sqlite:///.gateway/gateway.db)"
+    parser.add_argument("--store", help=store_help)
     config_help = "a TOML settings file (the environment wins): every command reads the same"
     parser.add_argument("--config", help=config_help)
     commands = parser.add_subparsers(dest="command", required=True)
-    commands.add_parser("demo", help="run two threads, crash one mid-tool, recover it")
+    said = "run two threads, crash one mid-tool, recover it"
+    commands.add_parser("demo", help=said, description=said[0].upper() + said[1:] + ".")
+    said = "list sessions, show one session's lanes and log, or check the store (fsck)"
     store = commands.add_parser(
-        "store",
-        help="list sessions, show one session's lanes and log, or check the store (fsck)",
-        usage=STORE_USAGE,
+        "store", help=said, description=said[0].upper() + said[1:] + ".", usage=STORE_USAGE
     )
     store.add_argument(
         "target",
@@ -323,19 +322,19 @@ def main(argv: Sequence[str] | None = None, settings: Settings | None = None) ->
         "validated and its checksum verified, projections compared with the log (exit 4 "
         "when a problem is found)",
     )
-    store.add_argument("--store", dest="store", default=argparse.SUPPRESS)
+    store.add_argument("--store", dest="store", default=argparse.SUPPRESS, help=store_help)
     demo_parser = commands.choices["demo"]
-    demo_parser.add_argument("--store", dest="store", default=argparse.SUPPRESS)
+    demo_parser.add_argument("--store", dest="store", default=argparse.SUPPRESS, help=store_help)
     for reading in (store, demo_parser):
         # `ask`, `store` and `demo` ignored the TOML file `serve` was given: another store,
         # and for `ask` another agent (no plugin, no MCP servers)
         reading.add_argument("--config", default=argparse.SUPPRESS, help=config_help)
-    ask_parser = commands.add_parser(
-        "ask",
-        help="ask the configured agent (GATEWAY_MODEL, scripted:echo by default, with "
+    said = (
+        "ask the configured agent (GATEWAY_MODEL, scripted:echo by default, with "
         "GATEWAY_PLUGIN's and the MCP servers' tools; a call that needs approval is put to "
-        "you at the terminal)",
+        "you at the terminal)"
     )
+    ask_parser = commands.add_parser("ask", help=said, description=said[0].upper() + said[1:] + ".")
     ask_parser.add_argument(
         "question",
         nargs="*",
@@ -343,28 +342,30 @@ def main(argv: Sequence[str] | None = None, settings: Settings | None = None) ->
         "left open, such as a run waiting for approval)",
     )
     ask_parser.add_argument("--lane", default="cli:default", help="the lane (conversation) to use")
-    ask_parser.add_argument(
-        "--store", dest="store", default=argparse.SUPPRESS, help="store URL (as above)"
-    )
+    ask_parser.add_argument("--store", dest="store", default=argparse.SUPPRESS, help=store_help)
     ask_parser.add_argument("--config", default=argparse.SUPPRESS, help=config_help)
     commands.add_parser(
         "ops",
         help="operate a running gateway over its API: lanes, timelines, resume, approve "
         f"({command()} ops --help)",
     )
+    said = (
+        "run the service: the web channel, workers and deliverer (embedded default; also what "
+        f"{command()} with no command, or options only, does)"
+    )
     serve_parser = commands.add_parser(
-        "serve", help="run the service: the web channel, workers and deliverer (embedded default)"
+        "serve", help=said, description=said[0].upper() + said[1:] + "."
     )
     serve_parser.add_argument("--config", default=argparse.SUPPRESS, help=config_help)
-    serve_parser.add_argument(
-        "--store", dest="store", default=argparse.SUPPRESS, help="store URL (as above)"
-    )
+    serve_parser.add_argument("--store", dest="store", default=argparse.SUPPRESS, help=store_help)
     serve_parser.add_argument("--host", help="listen address (default: GATEWAY_HOST or 127.0.0.1)")
     serve_parser.add_argument(
         "--port", type=int, help="listen port (default: GATEWAY_PORT or 8787)"
     )
     serve_parser.add_argument(
-        "--log-level", choices=("debug", "info", "warning", "error"), help="log verbosity"
+        "--log-level",
+        choices=("debug", "info", "warning", "error"),
+        help="the least severe log lines written (default: GATEWAY_LOG_LEVEL or info)",
     )
     args, extra = parser.parse_known_args(words)
     if extra:

@@ -341,3 +341,19 @@ def test_an_ask_lane_named_like_a_channel_s_thread_is_refused(tmp_path, capsys) 
     assert not (tmp_path / "gw.db").exists()  # refused before the store is opened
     assert main(["ask", "--store", store, "--lane", "notes:monday", "hi"], settings=Settings()) == 0
     assert "You said: hi" in capsys.readouterr().out
+
+
+@pytest.mark.parametrize("name", ["demo", "store", "ask", "serve"])
+def test_each_command_s_help_says_what_it_does_and_what_store_means(
+    name: str, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """`serve --help` said nothing of what it does, and `--store` read "(as above)" with
+    nothing above it (or no text at all)."""
+    with pytest.raises(SystemExit) as ended:
+        main([name, "--help"], settings=Settings())
+    assert ended.value.code == 0
+    said = " ".join(capsys.readouterr().out.split())
+    assert "as above" not in said
+    assert "--store STORE store URL (default: $GATEWAY_STORE_URL or" in said
+    description = said.split("options:")[0].split("positional arguments:")[0].split("] ")[-1]
+    assert description[:1].isupper() and description.rstrip().endswith("."), said
