@@ -165,7 +165,8 @@ async def _run(args: argparse.Namespace, settings: Settings) -> int:
         from gateway.serve import serve
 
         return await serve(settings)
-    url = args.store or settings.effective_store_url
+    # the demo's sessions are a demo's: kept out of the store `serve` uses, unless named
+    url = args.store or (DEMO_STORE if args.command == "demo" else settings.effective_store_url)
     if args.command == "ask" and args.question == ["-"]:
         args.question = [_question_from_stdin()]
     if args.command == "ask" and args.question and not " ".join(args.question).strip():
@@ -283,6 +284,8 @@ def _leading_options(words: Sequence[str]) -> list[str]:
     return taken
 
 
+DEMO_STORE = "sqlite:///.gateway/demo.db"
+"""Where `demo` keeps its sessions when no ``--store`` names a store (not the live one)."""
 _COMMAND_WORDS = frozenset({"demo", "store", "ask", "ops", "serve", "-h", "--help"})
 """A word that makes a command line not the service's (`scripts/run` checks the same)."""
 

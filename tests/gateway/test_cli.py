@@ -78,9 +78,21 @@ def test_a_demo_on_a_store_of_one_process_is_one_line(
 
 
 def test_the_default_store_comes_from_settings(tmp_path, capsys) -> None:
-    assert main(["demo"], settings=Settings(store_url=f"jsonl:///{tmp_path}/sessions")) == 0
+    assert main(["ask", "hi"], settings=Settings(store_url=f"jsonl:///{tmp_path}/sessions")) == 0
     assert list((tmp_path / "sessions").glob("*.jsonl"))
     capsys.readouterr()
+
+
+def test_the_demo_keeps_its_sessions_out_of_the_configured_store(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A newcomer's first `scripts/run demo` left a "gateway demo" session in the store that
+    `serve` then used (and `ops lanes` listed)."""
+    monkeypatch.chdir(tmp_path)
+    assert main(["demo"], settings=Settings(store_url=f"jsonl:///{tmp_path}/sessions")) == 0
+    assert not (tmp_path / "sessions").exists()
+    assert (tmp_path / ".gateway" / "demo.db").exists()
+    assert "--store sqlite:///.gateway/demo.db" in capsys.readouterr().out
 
 
 @pytest.mark.parametrize("where", ["before", "after"])
