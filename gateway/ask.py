@@ -132,8 +132,12 @@ async def ask(
     question: str,
     out: list[str],
     decide: Decide | None = None,
+    notes: list[str] | None = None,
 ) -> int:
     """Ask `question` on lane `lane_name`; the answer goes to `out`, returns 0.
+
+    The tokens it took go to `notes` (the command's stderr: ``ask ... | tool`` gets the answer
+    alone), or after the answer in `out` when no `notes` is given.
 
     `decide` answers the calls that wait for approval (None: nobody can, so `ask` stops there).
     An empty `question` only continues what the lane left open (a run waiting for approval, an
@@ -153,7 +157,8 @@ async def ask(
         try:
             async with _mcp_tools(settings, redactor) as mcp_tools:
                 agent = _Agent(client, model, mcp_tools(tuple(plugin.tools)), decide)
-                return await _ask(repo, settings, lane_name, question, out, agent, ctrl_c)
+                said = out if notes is None else notes
+                return await _ask(repo, settings, lane_name, question, out, said, agent, ctrl_c)
         except asyncio.CancelledError:
             current = asyncio.current_task()
             if ctrl_c.count and current is not None and current.uncancel() == 0:
@@ -243,6 +248,7 @@ async def _ask(
     lane_name: str,
     question: str,
     out: list[str],
+    notes: list[str],
     agent: _Agent,
     ctrl_c: _CtrlC,
 ) -> int:
@@ -326,7 +332,7 @@ async def _ask(
     out.append(answer_text(final))
     usage = final.usage
     if usage is not None:
-        out.append(f"({model}: {usage.input} tokens in, {usage.output} out)")
+        notes.append(f"({model}: {usage.input} tokens in, {usage.output} out)")
     return 0
 
 

@@ -192,6 +192,7 @@ async def _run(args: argparse.Namespace, settings: Settings) -> int:
             raise CliError(str(exc)) from None
         raise
     out: list[str] = []
+    notes: list[str] = []  # after the output, on stderr: what a pipe should not read
     try:
         if args.command == "demo":
             run = await demo(repo, url, out)
@@ -203,7 +204,7 @@ async def _run(args: argparse.Namespace, settings: Settings) -> int:
             await show(repo, sessions[0] if sessions else None, out)
         else:
             question = " ".join(args.question)
-            return await ask(repo, settings, args.lane, question, out, terminal())
+            return await ask(repo, settings, args.lane, question, out, terminal(), notes)
     except (SessionError, sqlite3.Error, OSError) as exc:  # the store's file cannot be used
         if isinstance(exc, SessionError) and exc.code in ("invalid_lane", "invalid_session_id"):
             raise CliError(str(exc)) from None  # a name on the command line: usage, 2
@@ -217,6 +218,8 @@ async def _run(args: argparse.Namespace, settings: Settings) -> int:
         await repo.close()
         redactor = Redactor.from_settings(settings)  # a record stored before redaction existed
         _write([redactor.redact(line) for line in out])
+        if notes:
+            print("\n".join(notes), file=sys.stderr, flush=True)
     return 0
 
 

@@ -350,7 +350,8 @@ def test_ask_says_what_a_server_that_stopped_printed(tmp_path: Path) -> None:
     )
     assert ran.returncode == 0, ran.stderr
     assert "You said: hello" in ran.stdout
-    [line] = ran.stderr.splitlines()
+    [line, tokens] = ran.stderr.splitlines()
+    assert tokens.startswith("(scripted:") and "tokens in" in tokens  # after the answer
     assert line.startswith(
         "(the MCP server tickets did not come up: the connection closed (the server exited or "
         "closed its output); its stderr ended with: Traceback (most recent call last): | "

@@ -80,7 +80,10 @@ def test_a_demo_on_a_store_of_one_process_is_one_line(
 def test_the_default_store_comes_from_settings(tmp_path, capsys) -> None:
     assert main(["ask", "hi"], settings=Settings(store_url=f"jsonl:///{tmp_path}/sessions")) == 0
     assert list((tmp_path / "sessions").glob("*.jsonl"))
-    capsys.readouterr()
+    said = capsys.readouterr()
+    # the answer alone on stdout (`ask ... | tool` reads it), the tokens it took on stderr
+    assert said.out == "You said: hi\n"
+    assert re.fullmatch(r"\(scripted:echo: \d+ tokens in, \d+ out\)\n", said.err), said.err
 
 
 def test_the_demo_keeps_its_sessions_out_of_the_configured_store(
