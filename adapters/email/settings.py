@@ -191,7 +191,8 @@ class EmailSettings(Section):
                 Relation(
                     ("address", *given),
                     f"{said} {'is' if len(given) == 1 else 'are'} set but email_address is not: "
-                    "the email channel runs only with its address",
+                    "the email channel runs only with its address (GATEWAY_EMAIL_ADDRESS, or "
+                    "address under [email])",
                 )
             )
         if self.address is not None:
@@ -202,8 +203,13 @@ class EmailSettings(Section):
             ]
             if missing:
                 said = ", ".join(f"email_{name}" for name in missing)
+                named = ", ".join(f"GATEWAY_EMAIL_{name.upper()}" for name in missing)
                 problems.append(
-                    Relation(("address", *missing), f"the email channel needs {said} too")
+                    Relation(
+                        ("address", *missing),
+                        f"the email channel needs {said} too ({named}, or the same keys without "
+                        "email_ under [email])",
+                    )
                 )
         for security, host in (
             ("imap_security", self.imap_host),

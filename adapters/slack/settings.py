@@ -143,8 +143,9 @@ class SlackSettings(Section):
                 [
                     Relation(
                         ("bot_token", "signing_secret", "app_token"),
-                        "the Slack channel needs slack_signing_secret (HTTP mode) or "
-                        "slack_app_token (Socket Mode)",
+                        "the Slack channel needs slack_signing_secret (HTTP mode: "
+                        "GATEWAY_SLACK_SIGNING_SECRET, or signing_secret under [slack]) or "
+                        "slack_app_token (Socket Mode: GATEWAY_SLACK_APP_TOKEN, or app_token)",
                     )
                 ]
             )
@@ -156,7 +157,8 @@ class SlackSettings(Section):
                     Relation(
                         ("bot_token",),
                         "slack_signing_secret, slack_app_token or slack_approvers is set but "
-                        "slack_bot_token is not: the Slack channel needs its bot token (xoxb-...)",
+                        "slack_bot_token is not: the Slack channel needs its bot token (xoxb-...: "
+                        "GATEWAY_SLACK_BOT_TOKEN, or bot_token under [slack])",
                     )
                 ]
             )

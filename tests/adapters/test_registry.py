@@ -136,7 +136,8 @@ def test_a_section_relation_names_the_settings_as_people_write_them() -> None:
     assert str(caught.value) == (
         "email_address=bot@example.com (given) and email_smtp_host=unset (default) and "
         "email_password=unset (default): the email channel needs email_smtp_host, "
-        "email_password too"
+        "email_password too (GATEWAY_EMAIL_SMTP_HOST, GATEWAY_EMAIL_PASSWORD, or the same keys "
+        "without email_ under [email])"
     )
 
 
