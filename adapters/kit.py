@@ -13,7 +13,7 @@ point group.
 from __future__ import annotations
 
 import contextlib
-from collections.abc import Callable, Iterator, Sequence
+from collections.abc import Callable, Iterator, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Generic, TypeVar
 from urllib.parse import urlsplit
@@ -44,6 +44,9 @@ class ChannelContext:
     """The gateway's base URL as people reach it (for links a channel sends), if configured."""
     base_url: str = "http://127.0.0.1:8787"
     """Where this process serves HTTP (for what `gateway serve` prints)."""
+    spaces: Mapping[str, tuple[str, ...]] = field(default_factory=dict)
+    """The spaces the deployment's routes name, by channel, in their order (``*`` left out):
+    what `gateway serve` points a person to first."""
 
 
 @dataclass(frozen=True)

@@ -123,7 +123,17 @@ def context_for(settings: Settings, clock: Clock) -> ChannelContext:
         shared_url=settings.redis_url,
         public_url=settings.public_url,
         base_url=served_url(settings),
+        spaces=_spaces(settings),
     )
+
+
+def _spaces(settings: Settings) -> dict[str, tuple[str, ...]]:
+    found: dict[str, list[str]] = {}
+    for route in settings.routes:
+        named = found.setdefault(route.channel, [])
+        if route.space != "*" and route.space not in named:
+            named.append(route.space)
+    return {channel: tuple(spaces) for channel, spaces in found.items()}
 
 
 def served_url(settings: Settings, host: str | None = None) -> str:

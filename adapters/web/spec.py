@@ -2,7 +2,10 @@
 
 from __future__ import annotations
 
+import json
+import shlex
 from collections.abc import Sequence
+from urllib.parse import quote
 
 from adapters.channel import ChannelAdapter
 from adapters.kit import ChannelContext, ChannelSpec
@@ -21,11 +24,18 @@ def _build(section: WebSettings, context: ChannelContext) -> ChannelAdapter:
 
 def _describe(section: WebSettings, context: ChannelContext) -> Sequence[str]:
     base = context.base_url
+    # the first space a route names (the walkthrough's `desk`, with its profile), else the
+    # default space
+    space = next(iter(context.spaces.get("web", ())), None)
+    query = "" if space is None else f"?space={quote(space, safe='')}"
+    body = json.dumps({"text": "hello"} if space is None else {"space": space, "text": "hello"})
     return [
-        f"  open {base}/web/threads/hello/page and write, or:",
+        f"  open {base}/web/threads/hello/page{query} and write, or:",
         f"  curl -s -X POST {base}/web/threads/hello/messages "
-        "-H 'content-type: application/json' -d '{\"text\": \"hello\"}'",
-        f"  curl -s {base}/web/threads/hello",
+        f"-H 'content-type: application/json' -d {shlex.quote(body)}",
+        f"  curl -s '{base}/web/threads/hello{query}'"
+        if query
+        else f"  curl -s {base}/web/threads/hello",
     ]
 
 
