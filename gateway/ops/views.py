@@ -369,7 +369,14 @@ def lane_of(value: str) -> tuple[str, str]:
         session, sep, lane = text.partition("\n")
         if sep and session and lane:
             return session, lane
-    raise ApiError(404, "not_found", f"no lane {value[:80]!r}")
+        raise ApiError(404, "not_found", f"no lane {value[:80]!r}")
+    # a name where the id goes (`/lanes/web:ship`): say what the API takes
+    raise ApiError(
+        404,
+        "not_found",
+        f"no lane {value[:80]!r}: the API names a lane by its id (ln_..., the `id` that GET "
+        "/api/v1/lanes lists); `gateway ops` takes the lane's name",
+    )
 
 
 def encode_cursor(*parts: str) -> str:

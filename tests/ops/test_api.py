@@ -49,6 +49,8 @@ async def test_every_route_needs_a_token_and_errors_have_one_envelope(ops: Ops) 
             assert error["request_id"] == response.headers["x-request-id"]
     missing = await ops.http.get("/api/v1/nowhere", headers=AS_VIEWER)
     assert missing.status_code == 404 and missing.json()["error"]["code"] == "not_found"
+    named = await ops.http.get("/api/v1/lanes/web:ship", headers=AS_VIEWER)  # a name, not an id
+    assert named.status_code == 404 and "names a lane by its id (ln_..." in named.text
     wrong = await ops.http.delete("/api/v1/lanes", headers=AS_VIEWER)
     assert wrong.status_code == 404 and wrong.json()["error"]["code"] == "not_found"
     mine = await ops.http.get(
