@@ -146,6 +146,8 @@ class McpConnection:
         self._garbled = 0
         """Messages from the server that were no JSON-RPC (a stray print, a broken answer)."""
         self._garbled_why = ""
+        self._listed: Any = None
+        """The last ``tools/list`` answer as it came (for naming the tool a fault is in)."""
         self._relist = asyncio.Event()
         self._settled = asyncio.Event()
         self._calls_running: set[asyncio.Task[Any]] = set()
@@ -357,7 +359,7 @@ class McpConnection:
             spawned = bounded_stdio(
                 command, args, env=get_default_environment() | env, cwd=server.cwd, errlog=errlog
             )
-            return _watched(spawned, lost, garbled=self._garble)
+            return _watched(spawned, lost, garbled=self._garble, heard=self._heard_answer)
         assert server.url is not None  # validated
         headers = {k: v.get_secret_value() for k, v in server.headers.items()}
         if server.bearer_token is not None:
@@ -374,7 +376,11 @@ class McpConnection:
             event_hooks={"response": [seen]},
         )
         return _watched(
-            streamable_http_client(server.url, http_client=http), lost, http, garbled=self._garble
+            streamable_http_client(server.url, http_client=http),
+            lost,
+            http,
+            garbled=self._garble,
+            heard=self._heard_answer,
         )
 
     async def _list(self, client: Client) -> None:
@@ -387,7 +393,8 @@ class McpConnection:
             except ValidationError as exc:
                 # the SDK refuses the whole page for one bad tool, as the official clients do;
                 # the health names that tool rather than "1 validation error for ..."
-                raise _Refused(f"its tool list breaks the protocol: {_first_fault(exc)}") from None
+                fault = _first_fault(exc, self._listed)
+                raise _Refused(f"its tool list breaks the protocol: {fault}") from None
             for tool in page.tools:
                 listed.add(tool.name)
                 if self._exposed(tool.name):
@@ -585,6 +592,12 @@ class McpConnection:
         self._report("error" if output.is_error else "ok")
         return output
 
+    def _heard_answer(self, message: Any) -> None:
+        """Keep a ``tools/list`` answer as it came (a fault deep in a tool names its index)."""
+        result = getattr(message, "result", None)
+        if isinstance(result, dict) and isinstance(result.get("tools"), list):
+            self._listed = result["tools"]
+
     def _garble(self, exc: Exception) -> None:
         """The server wrote something the SDK could not read as a message (it says whose)."""
         self._garbled += 1
@@ -648,27 +661,34 @@ async def _watched(
     http: httpx2.AsyncClient | None = None,
     *,
     garbled: Callable[[Exception], None],
+    heard: Callable[[Any], None],
 ) -> AsyncIterator[Any]:
     """A transport whose read side sets `lost` when it ends (the server went away).
 
-    Each message it could not read (the SDK passes those on as exceptions) goes to `garbled`.
+    Each message it could not read (the SDK passes those on as exceptions) goes to `garbled`,
+    each JSON-RPC message it read to `heard`.
     """
     async with contextlib.AsyncExitStack() as stack:
         if http is not None:
             await stack.enter_async_context(http)
         read, write = await stack.enter_async_context(inner)
-        yield _WatchedRead(read, lost, garbled), write
+        yield _WatchedRead(read, lost, garbled, heard), write
 
 
 class _WatchedRead:
     """A read stream that sets an event at its end; everything else is the wrapped stream's."""
 
     def __init__(
-        self, inner: Any, lost: asyncio.Event, garbled: Callable[[Exception], None]
+        self,
+        inner: Any,
+        lost: asyncio.Event,
+        garbled: Callable[[Exception], None],
+        heard: Callable[[Any], None],
     ) -> None:
         self._inner = inner
         self._lost = lost
         self._garbled = garbled
+        self._heard = heard
 
     def __getattr__(self, name: str) -> Any:
         return getattr(self._inner, name)  # last_context, for the dispatcher
@@ -676,6 +696,8 @@ class _WatchedRead:
     def _seen(self, item: Any) -> Any:
         if isinstance(item, Exception):
             self._garbled(item)
+        else:
+            self._heard(getattr(item, "message", None))
         return item
 
     async def receive(self) -> Any:
@@ -816,13 +838,19 @@ def _describe(exc: BaseException) -> str:
     return f"{type(exc).__name__}: {text}" if text else type(exc).__name__
 
 
-def _first_fault(exc: ValidationError) -> str:
-    """Where an answer first breaks the protocol: ``tool 'x' (tools.1): inputSchema: ...``."""
+def _first_fault(exc: ValidationError, listed: Any = None) -> str:
+    """Where an answer first breaks the protocol: ``tool 'x' (tools.1): inputSchema: ...``.
+
+    `listed`: the tool list as it came, where the tool's name is found when the fault lies
+    deeper in it than its own fields.
+    """
     first = exc.errors()[0]
     loc = [str(part) for part in first["loc"]]
     said = f"{first['msg']}"
     if len(loc) >= 2 and loc[0] == "tools":
         tool = first.get("input") if len(loc) == 3 else None
+        if tool is None and isinstance(listed, list) and loc[1].isdigit():
+            tool = listed[int(loc[1])] if int(loc[1]) < len(listed) else None
         name = tool.get("name") if isinstance(tool, dict) else None
         who = f"tool {name[:100]!r}" if isinstance(name, str) else "a tool"
         rest = ".".join(loc[2:])

@@ -2,7 +2,8 @@
 
 The SDK's servers cannot send what the protocol forbids; hand-written servers in the wild do.
 This one lists ``good`` (a proper tool) and ``noschema`` (no ``inputSchema``, which the
-protocol requires), and answers a call to either with a line of text.
+protocol requires), and answers a call to either with a line of text; with ``--deep``, its
+second tool is ``unsure`` instead, whose fault is deep inside it (a hint that is no boolean).
 """
 
 from __future__ import annotations
@@ -33,7 +34,16 @@ def answer(request: dict[str, Any]) -> dict[str, Any]:
     return {}
 
 
+DEEP: dict[str, Any] = {
+    "name": "unsure",
+    "inputSchema": {"type": "object"},
+    "annotations": {"readOnlyHint": "maybe"},
+}
+
+
 def main() -> None:
+    if "--deep" in sys.argv:
+        TOOLS[1] = DEEP
     for line in sys.stdin:
         request = json.loads(line)
         if "id" in request:  # a notification gets no answer

@@ -415,14 +415,27 @@ async def test_a_server_that_writes_more_to_stderr_than_a_pipe_holds_still_serve
         await source.close()
 
 
-async def test_a_tool_list_that_breaks_the_protocol_names_the_tool() -> None:
+@pytest.mark.parametrize(
+    ("deep", "said"),
+    [
+        (False, "tool 'noschema' (tools.1): inputSchema: Field required"),
+        # deeper than the tool's own fields: its name came from the list as it was sent
+        (
+            True,
+            "tool 'unsure' (tools.1): annotations.readOnlyHint: Input should be a valid "
+            "boolean, unable to interpret input",
+        ),
+    ],
+)
+async def test_a_tool_list_that_breaks_the_protocol_names_the_tool(deep: bool, said: str) -> None:
     """It said "ValidationError: 1 validation error for ListToolsResult", restart after
-    restart: which tool, and what was wrong with it, was for the operator to find out."""
+    restart: which tool, and what was wrong with it, was for the operator to find out (and a
+    fault deeper in a tool named only its index, ``a tool (tools.16)``)."""
     raw = McpServer.model_validate(
         {
             "name": "raw",
             "command": sys.executable,
-            "args": ["-m", "tests.support.mcp_raw"],
+            "args": ["-m", "tests.support.mcp_raw", *(["--deep"] if deep else [])],
             "cwd": ROOT,
         }
     )
@@ -431,10 +444,7 @@ async def test_a_tool_list_that_breaks_the_protocol_names_the_tool() -> None:
     try:
         [health] = source.health()
         assert health.state == "restarting" and not source.tools()
-        assert health.last_error == (
-            "its tool list breaks the protocol: tool 'noschema' (tools.1): inputSchema: "
-            "Field required"
-        )
+        assert health.last_error == f"its tool list breaks the protocol: {said}"
     finally:
         await source.close()
 
