@@ -184,6 +184,7 @@ class DeliveryView(_View):
     status: str
     attempts: int
     last_error: str | None = None
+    """The last failed attempt's error; kept once a later attempt delivered it (the history)."""
     unknown_outcome: bool = False
     kind: str | None = None
     text: str | None = None

@@ -719,3 +719,14 @@ def test_a_url_that_is_no_gateway_address_is_a_usage_error(
     line = _one_line(capsys.readouterr().err)
     assert "--url must be the gateway's address like http://127.0.0.1:8787" in line
     assert "pw" not in line  # a password in it is not echoed
+
+
+def test_a_delivered_reply_s_last_error_reads_as_past() -> None:
+    """A dead letter redelivered and delivered listed "delivered ... channel_not_found", as if
+    that error were its state."""
+    from gateway.ops.cli.reads import _fault
+
+    failed = {"status": "dead", "last_error": "channel_not_found"}
+    assert _fault(failed) == "channel_not_found"
+    assert _fault({**failed, "status": "delivered"}) == "(before: channel_not_found)"
+    assert _fault({"status": "delivered", "last_error": None}) == ""

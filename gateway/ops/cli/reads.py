@@ -255,7 +255,7 @@ def deliveries(run: Run) -> int:
             f"{d.get('session')}/{d.get('lane')}",
             d.get("status"),
             d.get("attempts"),
-            clip(d.get("last_error") or "", 40),
+            clip(_fault(d), 40),
             clip(d.get("text") or d.get("kind") or "", 60),
         ]
         for d in page["items"]
@@ -263,6 +263,14 @@ def deliveries(run: Run) -> int:
     headers = ["ID", "LANE", "STATUS", "ATTEMPTS", "ERROR", "TEXT"]
     run.table(headers, rows, f"no {run.args.status} deliveries")
     return OK
+
+
+def _fault(delivery: dict[str, Any]) -> str:
+    """A delivery's last error, said as past once it was delivered after it (or redelivered)."""
+    said = delivery.get("last_error") or ""
+    if said and delivery.get("status") in ("delivered", "discarded"):
+        return f"(before: {said})"
+    return str(said)
 
 
 def audit(run: Run) -> int:
