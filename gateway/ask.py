@@ -35,7 +35,7 @@ from typing import Any, TypeVar
 
 from config import Settings
 from config.fields import number
-from gateway.errors import GatewayError
+from gateway.errors import GatewayError, StatusError
 from gateway.incarnation import gone, new_worker_id
 from gateway.invocation import command
 from gateway.live import retry_wait
@@ -108,17 +108,8 @@ Decide = Callable[[PendingApproval], Awaitable[bool]]
 _R = TypeVar("_R")
 
 
-class AskFailed(GatewayError):
+class AskFailed(StatusError):
     """`gateway ask` gave no answer: ``str()`` is one line for stderr, `status` the exit status."""
-
-    def __init__(self, message: str, status: int = 1) -> None:
-        super().__init__(message)
-        self.status = status
-
-    @property
-    def exit_status(self) -> int:
-        """This error's own `status`."""
-        return self.status
 
 
 class _Aborted(AskFailed):

@@ -29,7 +29,7 @@ from gateway.ask import SESSION as ASK_SESSION
 from gateway.ask import ask, terminal
 from gateway.channels import load_gateway_settings
 from gateway.demo import demo, describe
-from gateway.errors import GatewayError
+from gateway.errors import GatewayError, StatusError
 from gateway.event_loop import loop_factory
 from gateway.invocation import command
 from gateway.redact import Redactor
@@ -120,17 +120,11 @@ def _missing_local_store(url: str) -> str | None:
 STORE_USAGE = f"{command()} store [list | show SESSION | check [SESSION...]] [--store URL]"
 
 
-class CliError(GatewayError):
+class CliError(StatusError):
     """A command that cannot be done: one line on stderr, and `status` (2: the command line)."""
 
     def __init__(self, message: str, status: int = 2) -> None:
-        super().__init__(message)
-        self.status = status
-
-    @property
-    def exit_status(self) -> int:
-        """This error's own `status`."""
-        return self.status
+        super().__init__(message, status)
 
 
 class _OutputClosed(GatewayError):

@@ -22,7 +22,7 @@ import time
 from dataclasses import dataclass
 from typing import IO, Any
 
-from gateway.errors import GatewayError
+from gateway.errors import StatusError
 from harness_core import (
     AgentHarness,
     AgentHarnessOptions,
@@ -59,21 +59,12 @@ STEP_TIMEOUT_S = 60.0
 """How long the parent waits for a child to reach its point (a loaded machine is slow)."""
 
 
-class DemoError(GatewayError):
+class DemoError(StatusError):
     """The demo cannot run (a store no second process can open, a child that failed): one line.
 
     `status` is what the command exits with: 2 for a ``--store`` the demo cannot use (the
     command line is wrong, as for any other command), 1 for a run that failed.
     """
-
-    def __init__(self, message: str, status: int = 1) -> None:
-        super().__init__(message)
-        self.status = status
-
-    @property
-    def exit_status(self) -> int:
-        """This error's own `status`."""
-        return self.status
 
 
 @dataclass(frozen=True, kw_only=True, slots=True)

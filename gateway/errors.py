@@ -3,6 +3,7 @@
 Tree::
 
     GatewayError                      root of everything gateway raises; `exit_status` (1)
+    ├── StatusError(status)           the base of the errors below that carry their `status`
     ├── CliError(status)              a `gateway` command that cannot be done (2: the command line)
     ├── AskFailed(status)             `gateway ask` gave no answer
     ├── DemoError(status)             the crash demo cannot run (2: its --store; 1: a run failed)
@@ -22,7 +23,7 @@ Errors of the engine are `harness_core.HarnessError`, of the channels `adapters.
 
 from __future__ import annotations
 
-__all__ = ["GatewayError"]
+__all__ = ["GatewayError", "StatusError"]
 
 
 class GatewayError(Exception):
@@ -32,3 +33,16 @@ class GatewayError(Exception):
     def exit_status(self) -> int:
         """The status a command exits with when this error ends it (1: it failed)."""
         return 1
+
+
+class StatusError(GatewayError):
+    """A gateway error that carries the status its command exits with (`status`)."""
+
+    def __init__(self, message: str, status: int = 1) -> None:
+        super().__init__(message)
+        self.status = status
+
+    @property
+    def exit_status(self) -> int:
+        """This error's own `status`."""
+        return self.status

@@ -2,22 +2,16 @@
 
 from __future__ import annotations
 
-from gateway.errors import GatewayError
+from gateway.errors import StatusError
 
 __all__ = ["FAILED", "INTERRUPTED", "OK", "UNREACHABLE", "USAGE", "OpsError"]
 
 OK, FAILED, USAGE, UNREACHABLE, INTERRUPTED = 0, 1, 2, 3, 130
 
 
-class OpsError(GatewayError):
+class OpsError(StatusError):
     """A failure reported as one line on stderr, with the exit status."""
 
     def __init__(self, message: str, status: int = FAILED) -> None:
-        super().__init__(message)
+        super().__init__(message, status)
         self.message = message
-        self.status = status
-
-    @property
-    def exit_status(self) -> int:
-        """This error's own `status`."""
-        return self.status
