@@ -614,22 +614,26 @@ class McpConnection:
 
     def _unreached(self, tool: str, why: str) -> ToolOutput:
         """The call's request never connected: it was not made (the server is reached again)."""
-        self._fault(f"could not be reached ({why})")
-        self._lost.set()
-        return self._ended(
+        return self._cut(
             "down",
+            f"could not be reached ({why})",
             f"MCP server {self.name!r} could not be reached ({why}): the call of {tool!r} was "
             "not made; the connection is made again: try again shortly",
         )
 
     def _crashed(self, tool: str, exc: BaseException) -> ToolOutput:
-        self._fault(f"during a call of {tool!r}: {_describe(exc)}")
-        self._lost.set()
-        return self._ended(
+        return self._cut(
             "crashed",
+            f"during a call of {tool!r}: {_describe(exc)}",
             f"the connection to MCP server {self.name!r} was lost during the call "
             f"({_describe(exc)}); it is restarted; {_MAY_HAVE_HAPPENED}",
         )
+
+    def _cut(self, outcome: str, fault: str, text: str) -> ToolOutput:
+        """The connection is gone (health says `fault`), and the call ends saying `text`."""
+        self._fault(fault)
+        self._lost.set()
+        return self._ended(outcome, text)
 
     def _down_text(self) -> str:
         why = f" ({self._last_error})" if self._last_error else ""
