@@ -165,6 +165,8 @@ class SlackChannel:
         self._app_token = app_token
         self._socket: AsyncSocketModeHandler | None = None
         self._seen: OrderedDict[str, None] = OrderedDict()
+        self._strangers: set[str] = set()
+        """The other workspaces whose events were ignored (each said once)."""
         self._taking: dict[str, tuple[asyncio.Lock, list[int]]] = {}
         """A lock per thread being taken, and how many wait on it: a burst of a thread's
         messages each read the thread's working list and write it back, one at a time."""
@@ -200,6 +202,8 @@ class SlackChannel:
             self.link.bot_user_id = identity.get("user_id")
             self.link.bot_id = identity.get("bot_id")
             self.link.team_id = identity.get("team_id")
+            self.link.enterprise_id = identity.get("enterprise_id")
+            self.link.enterprise_install = bool(identity.get("is_enterprise_install"))
         except SlackApiError as exc:
             error = exc.response.get("error")
             if error in REFUSED_TOKEN:
@@ -338,8 +342,26 @@ class SlackChannel:
         if self.link.bot_user_id is None and context.get("bot_user_id"):
             self.link.bot_user_id = str(context["bot_user_id"])
             self.link.bot_id = context.get("bot_id") or self.link.bot_id
-        if self.link.team_id is None and context.get("team_id"):
-            self.link.team_id = str(context["team_id"])
+        # the install's own workspace (bolt's auth.test), never the request's: an event of
+        # another workspace must not become ours
+        known = context.get("authorize_result")
+        team = getattr(known, "team_id", None)
+        if self.link.team_id is None and team:
+            self.link.team_id = str(team)
+            self.link.enterprise_id = getattr(known, "enterprise_id", None)
+
+    def _foreign(self, body: Mapping[str, Any]) -> bool:
+        """Whether an event is another install's (`SlackLink.sent_here`), said once per one."""
+        if self.link.sent_here(body):
+            return False
+        team = str(body.get("team_id") or body.get("enterprise_id") or "?")[:40]
+        if team not in self._strangers:
+            self._strangers.add(team)
+            log.warning(
+                "slack event of another workspace ignored",
+                extra={"team": team, "ours": self.link.team_id or self.link.enterprise_id},
+            )
+        return True
 
     async def _on_authority(
         self, event: dict[str, Any], body: dict[str, Any], context: dict[str, Any]
@@ -350,6 +372,8 @@ class SlackChannel:
         not record raises, bolt answers 500 (HTTP) or sends no ack, and Slack sends it again.
         """
         self._learn_identity(context)
+        if self._foreign(body):
+            return
         event_id = body.get("event_id")
         if isinstance(event_id, str) and event_id in self._seen:
             return
@@ -372,6 +396,8 @@ class SlackChannel:
         log.info("slack event ignored", extra={"type": str(kind)})
 
     async def _on_event(self, kind: Any, event: dict[str, Any], body: dict[str, Any]) -> None:
+        if self._foreign(body):
+            return
         event_id = body.get("event_id")
         if isinstance(event_id, str) and event_id in self._seen:
             return  # a retry of an event already held (the inbox would say duplicate too)

@@ -7,7 +7,7 @@ from __future__ import annotations
 
 import asyncio
 import re
-from collections.abc import Awaitable
+from collections.abc import Awaitable, Mapping
 from typing import Any
 from urllib.parse import urlsplit
 
@@ -46,12 +46,42 @@ class SlackLink:
         self.bot_id: str | None = None
         self.team_id: str | None = None
         """The workspace's id (auth.test): whom a stream in a channel is for (with the user)."""
+        self.enterprise_id: str | None = None
+        """The Enterprise Grid org's id (auth.test), when the bot's install is org-wide."""
+        self.enterprise_install = False
+        """Whether the bot is installed across an org (its events come from many workspaces)."""
         self.sink: InboundSink | None = None
         """Set between `start` and `close` (deliveries keep their marks while draining)."""
         self.receiving = False
         """Between `start` and `stop`: events and clicks are handed to the sink."""
         self.tasks: set[asyncio.Task[Any]] = set()
         """Best-effort follow-ups (reactions, private notes, backfills) still running."""
+
+    def sent_here(self, body: Mapping[str, Any]) -> bool:
+        """Whether an event was sent for this bot's install, not another workspace's.
+
+        An app installed in several workspaces gets every one's events at the same URL, with
+        the same signature: one workspace's ``app_uninstalled`` cut the bot off in all. The
+        envelope's ``authorizations`` name the installs that see the event (a Slack Connect
+        channel's messages are seen by both sides' installs); without them, its ``team_id`` (or,
+        for an org-wide install, ``enterprise_id``) names where it happened. Taken while the
+        install is not known yet (auth.test has not answered).
+        """
+        if self.team_id is None and self.enterprise_id is None:
+            return True
+        seen = body.get("authorizations")
+        if isinstance(seen, list) and seen:
+            return any(isinstance(a, dict) and self._is_us(a) for a in seen)
+        if self.enterprise_install:
+            return body.get("enterprise_id") == self.enterprise_id
+        return body.get("team_id") in (None, self.team_id)
+
+    def _is_us(self, authorization: Mapping[str, Any]) -> bool:
+        if self.enterprise_install:
+            return bool(authorization.get("is_enterprise_install")) and (
+                authorization.get("enterprise_id") == self.enterprise_id
+            )
+        return self.team_id is not None and authorization.get("team_id") == self.team_id
 
     def spawn(self, work: Awaitable[Any]) -> asyncio.Task[Any]:
         """Run `work` in the background (the channel's close waits for it, briefly)."""

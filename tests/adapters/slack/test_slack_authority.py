@@ -289,3 +289,34 @@ async def _bot_messages(rig: Rig, channel: str, root: str, count: int) -> list[M
 def _repo(rig: Rig) -> Any:
     assert rig.service.repo is not None
     return rig.service.repo
+
+
+async def test_another_workspace_s_events_change_nothing_here(
+    rig: Rig, caplog: pytest.LogCaptureFixture
+) -> None:
+    """An app installed in two workspaces gets both's events at one URL, signed alike: the
+    other's ``app_uninstalled`` cut the bot off in every thread here, and its mentions were
+    answered with this workspace's token."""
+    root = rig.fake.mention_event("C1", "hello")
+    assert (await rig.event(root)).status_code == 200
+    await _bot_messages(rig, "C1", root["ts"], 1)
+    lane = f"slack:C1:{root['ts']}"
+    since = len(rig.fake.calls)
+
+    with caplog.at_level("WARNING", logger="adapters.slack"):
+        gone = await rig.event({"type": "app_uninstalled"}, team_id="T999")
+        theirs = rig.fake.mention_event("C2", "answer me from T999")
+        asked = await rig.event(theirs, team_id="T999")
+    assert (gone.status_code, asked.status_code) == (200, 200)  # acknowledged, not taken
+    assert (await rig.lane("slack-C1", lane))["revoked"] is None
+    said = [
+        r for r in caplog.records if r.getMessage() == "slack event of another workspace ignored"
+    ]
+    assert len(said) == 1 and getattr(said[0], "team", None) == "T999"  # said once
+
+    again = rig.fake.post_user_message("C1", "still there?", thread_ts=root["ts"])
+    assert (await rig.event(again)).status_code == 200  # ours: answered
+    replies = await _bot_messages(rig, "C1", root["ts"], 2)
+    assert replies[1].text == "You said: still there?"
+    await asyncio.sleep(0.5)
+    assert rig.calls_into("C2", since) == []  # the other workspace's mention: never answered
