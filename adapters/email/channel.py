@@ -63,6 +63,7 @@ from adapters.email.approvals import approval_router
 from adapters.email.compose import approval_token, compose_reply, reply_message_id
 from adapters.email.imap import CA_HINT, ImapConnection, ImapError, ImapGone, ImapRefused
 from adapters.email.message import attachment_content, email_thread, parse, parse_head
+from adapters.errors import AdapterError
 from adapters.failures import connection_failure
 from adapters.reply_files import ReplyFile, read_reply_files
 from harness_core import Clock, SystemClock
@@ -70,6 +71,11 @@ from harness_core import Clock, SystemClock
 __all__ = ["EmailChannel", "EmailStartError"]
 
 log = logging.getLogger("adapters.email")
+
+
+class _NotTaken(AdapterError):
+    """A mail in hand could not be taken (a fault of ours on it): tried again, then skipped."""
+
 
 CHANNEL = "email"
 _HOUR_MS = 3_600_000
@@ -146,9 +152,11 @@ class EmailChannel:
         """Deliveries whose send lost its answer here: when (ms), until found or settled."""
         self.ssl_context = ssl.create_default_context(cafile=ca_file) if ca_file else None
         self.skipped: Counter[str] = Counter()
+        """Messages not taken, by reason (``auto_submitted``, ``oversized``...)."""
         self._unreadable: Counter[int] = Counter()
         """Failed reads per UID (a success forgets it): `_UNREADABLE_AFTER` skips it."""
-        """Messages not taken, by reason (``auto_submitted``, ``oversized``...)."""
+        self._faulted: Counter[int] = Counter()
+        """Mails in hand that the gateway's own code failed on, by UID (skipped at the third)."""
         self.taken = 0
         self.connections = 0
         """IMAP connections opened by the receiving loop (a reconnect adds one)."""
@@ -258,7 +266,9 @@ class EmailChannel:
             )
 
         retrying = AsyncRetrying(
-            retry=retry_if_exception_type((ImapError, Unavailable, OSError, TimeoutError)),
+            retry=retry_if_exception_type(
+                (ImapError, Unavailable, OSError, TimeoutError, _NotTaken)
+            ),
             wait=wait_exponential_jitter(multiplier=0.5, max=self.max_backoff_s),
             before_sleep=waiting,
             reraise=True,
@@ -333,8 +343,9 @@ class EmailChannel:
     async def _take(self, imap: ImapConnection, uid: int) -> None:
         """Hand one message to the inbox (or skip it), then mark it handled on the server."""
         sink = self._sink_or_fail()
-        if self._unreadable[uid] >= _UNREADABLE_AFTER:
-            del self._unreadable[uid]
+        if max(self._unreadable[uid], self._faulted[uid]) >= _UNREADABLE_AFTER:
+            self._unreadable.pop(uid, None)
+            self._faulted.pop(uid, None)
             self._skip(uid, "unreadable")
             with contextlib.suppress(ImapError, OSError, TimeoutError):  # best effort: the mark
                 await imap.mark_seen(uid)  # moves past it whatever the server says
@@ -374,6 +385,16 @@ class EmailChannel:
             except NotRouted as exc:
                 self._skip(uid, "not_routed")
                 log.warning("email not routed", extra={"reason": str(exc)})
+            except (Unavailable, ImapError, OSError, TimeoutError):
+                raise  # the gateway's or the server's, for now: the same mail is taken again
+            except Exception as exc:
+                # the mail in hand: what failed on it fails again, and held up every mail
+                # after it; tried again soon, then skipped (unreadable) after its third try
+                self._faulted[uid] += 1
+                raise _NotTaken(
+                    f"mail uid {uid} could not be taken ({type(exc).__name__}); try "
+                    f"{self._faulted[uid]} of {_UNREADABLE_AFTER}"
+                ) from exc
             else:
                 self.taken += not acceptance.duplicate
                 log.info(
@@ -419,7 +440,10 @@ class EmailChannel:
 
         def reader(ref: str) -> Callable[[int], Awaitable[bytes]]:
             async def read(limit: int) -> bytes:
-                content = attachment_content(raw, ref)
+                try:
+                    content = attachment_content(raw, ref)
+                except Exception:  # the message is in hand: what fails on it fails for good
+                    content = None  # (taken for "later", it held up every mail after it)
                 if content is None:
                     raise FileRefused("its content could not be decoded")
                 return content

@@ -1106,7 +1106,14 @@ def attachment_content(raw: bytes, ref: str) -> bytes | None:
                 return None
             if isinstance(payload, bytes):
                 return payload
-            return part.as_bytes() if part.get_content_type() == "message/rfc822" else None
+            if part.get_content_type() != "message/rfc822":
+                return None
+            try:
+                # the generator refolds the forwarded mail's headers, and refuses some (an
+                # address whose encoded word decodes to CR LF): that attachment is unreadable
+                return part.as_bytes()
+            except Exception:
+                return None
     return None
 
 

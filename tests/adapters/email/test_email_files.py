@@ -70,3 +70,41 @@ async def test_oversize_and_unknown_attachments_are_refused_by_mail_and_not_held
     for number in range(1, 3):
         key = f"email:{sent['Message-ID']}:part-{number}"
         assert await broker.blobs.find(session, key) is None
+
+
+def _forward_that_cannot_be_written_again(person: str, bot: str) -> bytes:
+    """A forwarded mail (``message/rfc822``, named ``notes.txt``) whose own ``To:`` holds an
+    encoded word that decodes to CR LF: Python's mail generator refuses to write it again."""
+    inner = (
+        b"From: carol@example.test\nTo: =?utf-8?b?" + b"QUJD" * 60
+        + b"?= <x@example.test>, =?utf-8?q?=0D=0Ainjected?= <z@example.test>\n"
+        b"Subject: notes\nContent-Type: text/plain\n\n\n"
+    )  # fmt: skip
+    return (
+        (
+            f"From: Person <{person}>\nTo: {bot}\nSubject: fwd\n"
+            "Message-ID: <fwd-crlf@example.test>\nMIME-Version: 1.0\n"
+            "Content-Type: multipart/mixed; boundary=B\n\n"
+            "--B\nContent-Type: text/plain\n\nsee the attached notes\n"
+            "--B\nContent-Type: message/rfc822; name=notes.txt\n"
+            "Content-Disposition: attachment; filename=notes.txt\n\n"
+        ).encode()
+        + inner
+        + b"\n--B--\n"
+    )
+
+
+async def test_an_attachment_that_cannot_be_decoded_is_refused_and_the_mail_after_it_answered(
+    mail: MailDesk,
+) -> None:
+    """Taken for "the files cannot be held now", it was tried again and again, for ever: no
+    mail to the bot was answered after it (an outside probe)."""
+    raw = _forward_that_cannot_be_written_again(mail.person.address, mail.bot.address)
+    mail.dovecot.deliver(mail.bot, raw, sender=mail.person.address)
+    mail.write("and this one?", subject="After")
+    replies = await mail.replies(3, timeout_s=30)
+    texts = [plain_text(r) for r in replies]
+    [notice] = [t for t in texts if t.startswith("I could not read the file notes.txt")]
+    assert "its content could not be decoded" in notice
+    assert any("see the attached notes" in t for t in texts)  # the mail itself: answered
+    assert len(mail.received("After")) == 1  # and the one after it

@@ -296,6 +296,29 @@ async def test_a_message_the_server_cannot_read_is_skipped_and_its_neighbours_an
     assert _adapter(mail).skipped["unreadable"] == 1
 
 
+async def test_a_mail_our_own_code_fails_on_is_skipped_after_three_tries_not_for_ever(
+    mail: Mail, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A fault of the gateway's own on one mail (here, injected: a mail whose attachment
+    could not be decoded raised one) was retried for ever, and no mail after it was answered."""
+    from adapters.email import channel as module
+
+    taken = module.EmailChannel._with_files
+
+    async def failing(self: Any, sink: Any, inbound: Any, raw: bytes) -> Any:
+        if b"Subject: Poison" in raw:
+            raise ValueError("address parts cannot contain CR or LF")
+        return await taken(self, sink, inbound, raw)
+
+    monkeypatch.setattr(module.EmailChannel, "_with_files", failing)
+    mail.write("this one fails", subject="Poison")
+    await asyncio.sleep(0.5)
+    mail.write("after the poison", subject="After")
+    [reply] = await mail.replies(1, timeout_s=30)  # the poison's own: none
+    assert "You said: after the poison" in _text(reply)
+    assert _adapter(mail).skipped["unreadable"] == 1
+
+
 async def test_a_dropped_idle_connection_reconnects_and_misses_nothing(mail: Mail) -> None:
     adapter = _adapter(mail)
     mail.write("before the drop")
