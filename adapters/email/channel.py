@@ -377,9 +377,10 @@ class EmailChannel:
             self._skip(uid, parsed.reason)
         else:
             try:
-                inbound = parsed.inbound
-                if parsed.reason == "reply":
-                    inbound = await self._own_thread_unless_in_it(sink, inbound)
+                # a reply names its thread in headers the sender wrote; so does a new mail
+                # whose own Message-ID is a thread's root (one day on, past the inbox's dedupe,
+                # a stranger's mail with it was taken into that thread as its newest)
+                inbound = await self._own_thread_unless_in_it(sink, parsed.inbound)
                 inbound = await self._with_files(sink, inbound, raw)
                 acceptance = await sink.accept(inbound)
             except NotRouted as exc:
