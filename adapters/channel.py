@@ -52,6 +52,7 @@ __all__ = [
     "DeliveryError",
     "DeliveryReceipt",
     "FileRefused",
+    "GivesUp",
     "Inbound",
     "InboundSink",
     "IncomingFile",
@@ -630,6 +631,23 @@ class DeliveryError(AdapterError):
         self.unknown_outcome = unknown_outcome
         self.permanent = permanent
         self.retry_after_s = retry_after_s
+
+
+@runtime_checkable
+class GivesUp(Protocol):
+    """A channel told when the gateway gives one of its deliveries up (optional).
+
+    A dead letter is settled by the deliverer, often after its last retry, when the adapter's
+    own `deliver` could not know it was the last: a thread that showed "working on it" went on
+    showing it (Slack's working reaction) though no answer was coming.
+    """
+
+    async def given_up(self, outbound: Outbound, reason: str) -> None:
+        """`outbound` became a dead letter: show it in its thread where the channel can.
+
+        Best effort and quick (what talks to the channel runs in the background); never raises.
+        """
+        ...
 
 
 @runtime_checkable

@@ -28,9 +28,9 @@ from dataclasses import dataclass
 
 from pydantic import ValidationError
 
-from adapters import ChannelAdapter, DeliveryError, Outbound, is_copy_of
+from adapters import ChannelAdapter, DeliveryError, GivesUp, Outbound, is_copy_of
 from gateway.authority import revocation_of
-from gateway.broker.contract import Broker, ClaimedDelivery, NewAuditEvent
+from gateway.broker.contract import Broker, ClaimedDelivery, Delivery, NewAuditEvent
 from gateway.closes import close_delivery_id
 from gateway.logs import event
 from gateway.metrics import Metrics
@@ -227,7 +227,7 @@ class Deliverer:
             await asyncio.wait_for(adapter.deliver(outbound), timeout=timeout)
         except DeliveryError as exc:
             if exc.permanent:
-                await self._dead(claimed, exc.reason)
+                await self._dead(claimed, exc.reason, tell=True)
             else:
                 await self._retry(claimed, exc.reason, exc.unknown_outcome, exc.retry_after_s)
             return
@@ -319,6 +319,22 @@ class Deliverer:
             )
         )
 
+    async def _given_up(self, delivery: Delivery, reason: str) -> None:
+        """Tell the delivery's channel it was given up (best effort, within the send timeout)."""
+        try:
+            outbound = self._cleaned(Outbound.model_validate(dict(delivery.outbound)))
+        except ValidationError:
+            return
+        adapter: object = self._adapters.get(outbound.thread.channel)
+        if not isinstance(adapter, GivesUp):  # an optional part of a channel
+            return
+        try:
+            await asyncio.wait_for(
+                adapter.given_up(outbound, reason), timeout=self.config.timeout_ms / 1000
+            )
+        except Exception as exc:  # the dead letter stands; the channel only shows less
+            log.info(event("given up not shown", delivery=delivery.id, error=type(exc).__name__))
+
     async def _retry(
         self,
         claimed: ClaimedDelivery,
@@ -329,7 +345,7 @@ class Deliverer:
         delivery = claimed.delivery
         reason = self._redact(reason)
         if delivery.attempts >= self.config.max_attempts:
-            await self._dead(claimed, reason)
+            await self._dead(claimed, reason, tell=True)
             return
         delay = retry_delay_ms(delivery.attempts, cap_ms=self.config.max_delay_ms, rng=self._rng)
         if retry_after_s is not None and math.isfinite(retry_after_s) and retry_after_s > 0:
@@ -356,12 +372,17 @@ class Deliverer:
             )
         )
 
-    async def _dead(self, claimed: ClaimedDelivery, reason: str) -> None:
+    async def _dead(self, claimed: ClaimedDelivery, reason: str, *, tell: bool = False) -> None:
+        """Settle a dead letter; `tell`: its channel is told (`GivesUp`), as it may show it."""
         delivery = claimed.delivery
         reason = self._redact(reason)
-        await self._broker.outbox.settle_dead(claimed, reason=reason, now_ms=self._clock.now_ms())
+        dead = await self._broker.outbox.settle_dead(
+            claimed, reason=reason, now_ms=self._clock.now_ms()
+        )
         self._count(claimed, "dead")
         log.warning(event("delivery dead", delivery=delivery.id, reason=reason))
+        if tell and dead:
+            await self._given_up(delivery, reason)
         with contextlib.suppress(Exception):
             await self._broker.audit.record(
                 NewAuditEvent(

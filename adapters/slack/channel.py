@@ -503,6 +503,10 @@ class SlackChannel:
         """Whether an earlier attempt of `outbound` is in its thread (`SlackDelivery.reconcile`)."""
         return await self.delivery.reconcile(outbound)
 
+    async def given_up(self, outbound: Outbound, reason: str) -> None:
+        """A dead letter: its question stops looking worked on (`SlackDelivery.given_up`)."""
+        self.delivery.given_up(outbound)
+
 
 def _media_type(content_type: str) -> str:
     """A ``Content-Type``'s media type, without parameters or case (`APPLICATION/JSON` too)."""

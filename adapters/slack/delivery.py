@@ -119,23 +119,12 @@ class SlackDelivery:
     async def deliver(self, outbound: Outbound) -> DeliveryReceipt:
         """Post the delivery's parts into its thread (those not already there).
 
-        A reply Slack refuses for good (a dead letter at once) swaps the working reaction of
-        the messages it answers for `FAILED_REACTION`: the thread no longer looks worked on.
+        A reply the gateway gives up (a dead letter) is told by `given_up`.
 
         Raises:
             DeliveryError: see the module docstring; once a part is posted, any later failure
                 has an unknown outcome (the retry reconciles and posts only what is missing).
         """
-        try:
-            return await self._deliver(outbound)
-        except DeliveryError as exc:
-            if exc.permanent and self.working_reaction and outbound.answers:
-                with contextlib.suppress(DeliveryError):  # not a Slack thread: nothing wears it
-                    channel, _ = self._where(outbound.thread)
-                    self.link.spawn(self._answered(channel, outbound, failed=True))
-            raise
-
-    async def _deliver(self, outbound: Outbound) -> DeliveryReceipt:
         if outbound.kind == "approval_closed":
             return await self._close(outbound)
         channel, thread_ts = self._where(outbound.thread)
@@ -185,8 +174,24 @@ class SlackDelivery:
             delivered_at_ms=self.link.clock.now_ms(),
         )
 
+    def given_up(self, outbound: Outbound) -> None:
+        """A dead letter: its messages lose the working reaction, the newest wears a warning.
+
+        Refused for good or out of attempts; in the background. Only `deliver` swapped it once,
+        for a refusal it saw was for good: a reply out of attempts kept "working on it".
+        """
+        if not (self.working_reaction and outbound.answers):
+            return
+        with contextlib.suppress(DeliveryError):  # not a Slack thread: nothing wears it
+            channel, _ = self._where(outbound.thread)
+            self.link.spawn(self._answered(channel, outbound, failed=True))
+
     async def reconcile(self, outbound: Outbound) -> Reconciled:
-        """Look in the thread, from the newest user message on, for the delivery's parts."""
+        """Look in the thread, from the newest user message on, for the delivery's parts.
+
+        Found, it is the answer: the messages it answers lose the working reaction (a reply
+        whose post lost its answer was settled by this, and kept "working on it").
+        """
         if outbound.kind == "approval_closed":
             return "absent"  # closing again rewrites the same copies (and posts no second note)
         channel, thread_ts = self._where(outbound.thread)
@@ -201,6 +206,8 @@ class SlackDelivery:
             return "unknown"
         uploaded = {index for index, file_id in ids.items() if file_id in shared}
         if set(found) >= set(range(wanted)) and uploaded >= set(range(files)):
+            if self.working_reaction and outbound.answers:
+                self.link.spawn(self._answered(channel, outbound))
             return "delivered"
         if found:
             self._partial[outbound.delivery_id] = found

@@ -76,7 +76,9 @@ class Rig:
 
 
 @contextlib.asynccontextmanager
-async def _running(tmp_path: Any, *, socket_mode: bool, stream: bool = False) -> AsyncIterator[Rig]:
+async def _running(
+    tmp_path: Any, *, socket_mode: bool, stream: bool = False, **more: Any
+) -> AsyncIterator[Rig]:
     """The service with Slack on (HTTP mode, or Socket Mode) against a fresh fake Slack.
 
     Replies are posted as one message each unless `stream` (these tests read every bot
@@ -97,6 +99,7 @@ async def _running(tmp_path: Any, *, socket_mode: bool, stream: bool = False) ->
             slack_stream=stream,
             ops_tokens=(f"alice:operator:{OPERATOR}",),
             **mode,
+            **more,
         )
         service = Service(settings)
         await service.start()
@@ -580,6 +583,42 @@ async def test_a_reply_slack_refuses_for_good_leaves_a_warning_not_the_working_r
     await rig.bot_replies("C1", event["ts"], 1)
     await _until(lambda: "eyes" not in rig.fake.message("C1", follow["ts"]).reactions)
     assert "warning" not in rig.fake.message("C1", follow["ts"]).reactions
+
+
+@pytest.fixture
+async def two_attempts(tmp_path: Any) -> AsyncIterator[Rig]:
+    async with _running(tmp_path / "two", socket_mode=False, outbox_max_attempts=2) as running:
+        yield running
+
+
+async def test_a_reply_out_of_attempts_leaves_a_warning_not_the_working_reaction(
+    two_attempts: Rig,
+) -> None:
+    """Only a refusal `deliver` saw was for good swapped the reaction: a reply that ran out
+    of attempts (Slack answering 500 each time) left the question "being worked on" for ever
+    (an outside probe)."""
+    rig = two_attempts
+    rig.fake.fail("chat.postMessage", error="internal_error", status=500, times=10)
+    event = rig.fake.mention_event("C1", "hello")
+    await rig.event(event)
+    await _until(lambda: "warning" in rig.fake.message("C1", event["ts"]).reactions, 30)
+    assert "eyes" not in rig.fake.message("C1", event["ts"]).reactions
+    broker = rig.service.broker
+    assert broker is not None
+    [dead] = await broker.outbox.list("dead")
+    assert dead.attempts == 2
+
+
+async def test_a_reply_found_by_reconcile_takes_the_working_reaction_off(rig: Rig) -> None:
+    """Its post took effect, its answer was lost, and the retry found it in the thread: the
+    reply was there once, and the question wore "working on it" for ever (an outside probe)."""
+    rig.fake.lose_response("chat.postMessage")
+    event = rig.fake.mention_event("C1", "hello")
+    await rig.event(event)
+    await _until(lambda: "eyes" in rig.fake.message("C1", event["ts"]).reactions)
+    await rig.bot_replies("C1", event["ts"], 1)
+    await _until(lambda: "eyes" not in rig.fake.message("C1", event["ts"]).reactions, 30)
+    assert len([m for m in rig.fake.thread("C1", event["ts"]) if m.bot_id]) == 1
 
 
 async def test_a_long_answer_is_split_and_a_partial_post_is_completed_not_repeated(
