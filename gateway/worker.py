@@ -462,10 +462,12 @@ class Worker:
                 if lane is None or op.lane in ended:
                     continue
                 if op.stuck:
-                    log.warning(event("lane stuck", session=session_id, lane=op.lane))
-                    await self._park(session, op.lane, op.id)
+                    # said once, when it becomes stuck: every later take of its session found
+                    # it again, and the audit trail filled with "lane stuck"
+                    if await self._park(session, op.lane, op.id):
+                        log.warning(event("lane stuck", session=session_id, lane=op.lane))
+                        await self._record(session_id, op.lane, "lane stuck", op.id, op.attempts)
                     await self._stuck_notice(session, op.lane, op.id, op.attempts)
-                    await self._record(session_id, op.lane, "lane stuck", op.id, op.attempts)
                     continue
                 if op.reason == "crash":
                     await self._record(session_id, op.lane, "took over", op.id, op.attempts)
@@ -949,12 +951,19 @@ class Worker:
                 _audit(self.actor, action, session_id, lane, op_id, "ok", {"attempts": attempts})
             )
 
-    async def _park(self, session: _Session, lane: str, op_id: str) -> None:
-        """Tell operators the lane's last attempt is over (it is stuck, not running: D163)."""
+    async def _park(self, session: _Session, lane: str, op_id: str) -> bool:
+        """Tell operators the lane's last attempt is over (it is stuck, not running: D163).
+
+        Whether this take parked it (False: an earlier one did, or the mark could not be read).
+        """
         session_id = session.ticket.session
-        with contextlib.suppress(Exception):  # unsaid, the lane reads as running while held
+        try:
             began = await attempt_began(session.storage, lane, op_id)
-            await self._broker.marks.put(parked_mark(session_id, began), "stuck", expect=None)
+            return await self._broker.marks.put(
+                parked_mark(session_id, began), "stuck", expect=None
+            )
+        except Exception:  # unsaid, the lane reads as running while held
+            return True
 
     async def _stuck_notice(self, session: _Session, lane: str, op_id: str, attempts: int) -> None:
         state = await self._broker.threads.get(session.ticket.session, lane)
