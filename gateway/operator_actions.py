@@ -19,6 +19,7 @@ from __future__ import annotations
 import hashlib
 import json
 import logging
+import re
 from typing import Any, Literal
 
 from pydantic import Field
@@ -265,12 +266,24 @@ def _ended(action: OperatorAction, clock: Clock, result: Any) -> ActionResult:
 
 
 def _refused(action: OperatorAction, clock: Clock, rejection: Any) -> ActionResult:
-    return _result(
-        action,
-        clock,
-        "refused",
-        error={"code": str(rejection.tag), "message": str(rejection.message)},
-    )
+    tag = str(rejection.tag)
+    error = {"code": tag, "message": str(rejection.message), "reason": _reason(rejection)}
+    return _result(action, clock, "refused", error=error)
+
+
+def _reason(rejection: Any) -> str:
+    """The API's word for a refusal (its 409's ``reason``), not the engine's class name.
+
+    A decision that lost a race (another came first, or the wait moved on) is what the API
+    calls a wait that was decided or superseded; two operators deciding at once read
+    ``DecisionsMismatch`` where the documented reason was ``not_idle_waiting_head``.
+    """
+    tag = str(rejection.tag)
+    if tag == "WaitSuperseded" or (
+        tag == "DecisionsMismatch" and getattr(rejection, "reason", None) == "already_decided"
+    ):
+        return "not_idle_waiting_head"
+    return re.sub(r"(?<!^)(?=[A-Z])", "_", tag).lower()  # LaneBusy: lane_busy
 
 
 def _result(

@@ -127,6 +127,23 @@ async def test_lanes_sessions_timeline_usage_and_backlog(ops: Ops) -> None:
     assert backlog["inbox_pending"] == 0 and backlog["dead_letters"] == 0
 
 
+async def test_decisions_sent_at_once_one_wins_the_others_read_the_documented_reason(
+    ops: Ops,
+) -> None:
+    """The losers' 409 said ``DecisionsMismatch`` (the engine's class name), where the API
+    documents ``not_idle_waiting_head`` for a wait decided or superseded (an outside probe)."""
+    await ops.post("race", "/deploy prod")
+    view = await ops.until_status("web:race", "suspended")
+    [call] = view["pending_approvals"]
+    path = f"/lanes/{view['id']}/decisions"
+    body = {"wait_id": view["wait_id"], "approvals": {call["tool_call_id"]: {"action": "approve"}}}
+    sent = await asyncio.gather(*(ops.act(path, body, key=f"race-{n}") for n in range(3)))
+    codes = sorted(r.status_code for r in sent)
+    assert codes[0] == 200 and codes.count(200) == 1, [r.text for r in sent]
+    for lost in (r for r in sent if r.status_code == 409):
+        assert lost.json()["error"]["details"]["reason"] == "not_idle_waiting_head", lost.text
+
+
 async def test_approve_from_the_api_with_exact_coverage_and_idempotency(ops: Ops) -> None:
     accepted = await ops.post("ship", "/deploy prod")
     view = await ops.until_status("web:ship", "suspended")

@@ -273,7 +273,8 @@ def _answer(result: ActionResult) -> JSONResponse:
     if result.status == "refused":
         error = dict(result.error or {})
         message = str(error.get("message", "refused"))
-        raise ApiError(409, "conflict", message, {"reason": error.get("code"), "action": body})
+        reason = error.get("reason") or error.get("code")  # an action stored before reasons
+        raise ApiError(409, "conflict", message, {"reason": reason, "action": body})
     location = {"Location": f"{API_PREFIX}/actions/{result.id}"}
     return JSONResponse(body, status_code=200 if result.status == "done" else 202, headers=location)
 
