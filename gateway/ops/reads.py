@@ -121,6 +121,10 @@ async def lane_view(
     info = seen.info
     revocation = await revocation_of(broker.marks, session, lane, thread)
     budget = await lane_budget(broker.marks, limits.budget(thread), session, lane)
+    actions = allowed_actions(seen, revoked=revocation is not None)
+    # what a resume would do to them: listed while a resume is to be decided (a lane being
+    # resumed, running, listed them as if it still needed one)
+    interrupted = seen.interrupted_calls if "resume" in actions else ()
     return LaneView(
         id=lane_id(session, lane),
         session=session,
@@ -154,13 +158,13 @@ async def lane_view(
                 replay=call.replay,
                 on_resume={policy: recovery_of(call, policy) for policy in _POLICIES},
             )
-            for call in seen.interrupted_calls
+            for call in interrupted
         ],
         queued=seen.queued,
         thread=dict(state.thread) if state is not None else None,
         held_by=held_by,
         revoked=revoked_view(revocation),
-        actions=allowed_actions(seen, revoked=revocation is not None),
+        actions=actions,
     )
 
 

@@ -125,6 +125,8 @@ class LaneView(_View):
     wait_id: str | None = None
     pending_approvals: list[PendingCallView] = Field(default_factory=list)
     interrupted_calls: list[InterruptedCallView] = Field(default_factory=list)
+    """The calls a resume would find cut, and what each policy does to them (listed while a
+    resume is one of `actions`)."""
     queued: int = 0
     thread: dict[str, Any] | None = None
     """The channel thread the lane answers (channel, space, thread)."""

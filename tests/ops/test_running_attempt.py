@@ -81,6 +81,8 @@ def test_the_last_attempt_running_is_not_stuck_and_refuses_resume(
         assert view["held_by"] is not None
         one = httpx.get(f"{url}/api/v1/lanes/{view['id']}", headers=AS_VIEWER, timeout=10).json()
         assert (one["status"], one["actions"]) == ("running", ["abort"])
+        # the call being run again is no call "a resume would" do anything to: it read as one
+        assert one["interrupted_calls"] == []
         assert _lanes(url, "?status=stuck") == {}  # the page's "stuck" filter
         for action in ("resume", "unstick"):
             refused = httpx.post(
