@@ -208,6 +208,9 @@ async def test_approve_from_the_api_with_exact_coverage_and_idempotency(ops: Ops
     [event] = [
         e for e in (await ops.get("/audit?lane=web:ship"))["items"] if e["action"] == "decide"
     ]
+    # by its id too, as every lane route takes it (read as a name, it found nothing)
+    by_id = (await ops.get(f"/audit?lane={view['id']}"))["items"]
+    assert [e for e in by_id if e["action"] == "decide"] == [event]
     assert event["actor"] == "operator:alice" and event["outcome"] == "completed"
     # the trail says what was decided: it read only "decide ... completed"
     assert (event["details"]["approved"], event["details"]["denied"]) == (

@@ -8,7 +8,15 @@ from fastapi import Query, Request
 
 from gateway.ops.api.context import OpsContext
 from gateway.ops.api.params import Cursor, Limit
-from gateway.ops.views import AuditView, BacklogView, Page, decode_cursor, encode_cursor
+from gateway.ops.errors import ApiError
+from gateway.ops.views import (
+    AuditView,
+    BacklogView,
+    Page,
+    decode_cursor,
+    encode_cursor,
+    lane_of,
+)
 
 __all__ = ["AuditReads"]
 
@@ -27,8 +35,22 @@ class AuditReads:
         limit: Limit = 50,
         cursor: Cursor = None,
     ) -> Page[AuditView]:
-        """The audit trail in record order: who did what, when, with which outcome."""
+        """The audit trail in record order: who did what, when, with which outcome.
+
+        `lane` is a lane's id (``ln_...``, as every lane route takes it; it names its session
+        too) or its name (with `session` to tell the sessions' lanes of one name apart).
+        """
         self.ops.who(request, "viewer")
+        if lane is not None and lane.startswith("ln_"):
+            # an id read as a name found nothing, and said nothing (an outside probe)
+            owner, lane = lane_of(lane)
+            if session is not None and session != owner:
+                raise ApiError(
+                    400,
+                    "invalid_argument",
+                    f"lane {lane!r} is of session {owner!r}, not {session!r}",
+                )
+            session = owner
         after = decode_cursor(cursor, 1)
         events = await self.ops.broker.audit.list(
             session=session, lane=lane, after=after[0] if after else None, limit=limit
