@@ -275,12 +275,19 @@ def test_approve_all_completes_a_suspended_approval(gateway: Gateway, ops: Any) 
     assert viewer.code == 1 and "operator" in viewer.err.splitlines()[-1]
     assert gateway.lane("web:ship", "suspended")["wait_id"] == view["wait_id"]  # nothing done
 
-    approved = ops("approve", "web:ship", "--all", "--reason", "ship it", "--yes")
+    key = ("--idempotency-key", "cli-ship-1")
+    approved = ops("approve", "web:ship", "--all", "--reason", "ship it", "--yes", *key)
     assert approved.code == 0, approved
     found = re.fullmatch(r"approved web:ship: completed \(action (act_\w+)\)\n", approved.out)
     assert found, approved.out
     answers = gateway.answers("ship", 2)
     assert answers[-1]["text"] == "Done: deployed prod"
+    # the retry a Ctrl-C names, once the lane moved on: what the key did (it read "web:ship
+    # waits on no approval: it is idle", as if nobody had approved)
+    again = ops("approve", "web:ship", "--all", "--yes", *key)
+    assert (again.code, again.out) == (0, approved.out), again
+    other = ops("approve", "web:ship", "--all", "--yes", "--idempotency-key", "cli-never-used")
+    assert other.code == 1 and "waits on no approval: it is idle" in other.err
 
     polled = ops("action", found.group(1))
     assert polled.code == 0
@@ -335,10 +342,11 @@ def test_supply_answers_the_pending_calls_with_their_result(
     ), supplied.out
     answers = gateway.answers("by-hand", 2)
     assert answers[-1]["text"] == "Done: deployed build 42 by hand\nfrom the console"
-    # sent again (the same key, or a new one): nothing waits any more, nothing is sent
-    for key in ("cli-supply-1", "cli-supply-2"):
-        again = ops(*words, "--idempotency-key", key)
-        assert again.code == 1 and "waits on no approval: it is idle" in _one_line(again.err)
+    # sent again: nothing waits any more, nothing is sent; the same key says what it did
+    again = ops(*words, "--idempotency-key", "cli-supply-1")
+    assert (again.code, again.out) == (0, supplied.out), again
+    other = ops(*words, "--idempotency-key", "cli-supply-2")
+    assert other.code == 1 and "waits on no approval: it is idle" in _one_line(other.err)
     assert len(gateway.answers("by-hand", 2)) == 2
     timeline = ops("timeline", "web:by-hand")
     assert timeline.code == 0
@@ -431,7 +439,9 @@ def test_a_wrong_token_and_an_unreachable_gateway_are_one_line(
     assert out == "" and _one_line(err).startswith(
         f"gateway ops: cannot reach the gateway at {nowhere} ("
     )
-    assert err.endswith("): is gateway serve running?\n")
+    assert err.endswith(
+        "): is gateway serve running? (another address: --url or GATEWAY_OPS_URL)\n"
+    )
 
 
 def test_a_token_file_that_cannot_be_read_is_named_not_called_missing(
@@ -493,6 +503,25 @@ def test_a_closed_pipe_ends_quietly(gateway: Gateway, tmp_path: Path) -> None:
         err = process.stderr.read()
     assert process.wait(timeout=60) == 0
     assert err == b""
+
+
+def test_an_action_sent_and_not_answered_names_its_key_not_an_unreachable_gateway(
+    capsys: pytest.CaptureFixture[str],
+) -> None:
+    """Its answer timed out, and it read "cannot reach the gateway ... is gateway serve
+    running?" (exit 3): a retry under a new key would act twice (an outside probe)."""
+    with socket.socket() as silent:  # the kernel takes the connection; nothing answers
+        silent.bind(("127.0.0.1", 0))
+        silent.listen()
+        url = f"http://127.0.0.1:{silent.getsockname()[1]}"
+        words = ["--url", url, "--token", "t", "--timeout", "1"]
+        sent = main([*words, "redeliver", "reply:s:r1", "--idempotency-key", "k-8"], None)
+        acted = _one_line(capsys.readouterr().err)
+        read = main([*words, "lanes"], None)
+        reading = _one_line(capsys.readouterr().err)
+    assert sent == 1 and "gave no answer within 1 s: the action may have reached it" in acted
+    assert "--idempotency-key k-8 says what it did, and does nothing twice" in acted
+    assert read == 3 and "cannot reach the gateway" in reading  # a read changes nothing
 
 
 @pytest.mark.parametrize(

@@ -102,6 +102,7 @@ class OpsApi:
         get("/mcp", response_model=McpView)(self.mcp.servers)
         get("/deliveries", response_model=Page[DeliveryView])(deliveries.deliveries)
         get("/deliveries/{delivery_id}", response_model=DeliveryView)(deliveries.delivery)
+        get("/actions", response_model=ActionResult)(actions.action_by_key)
         get("/actions/{action_id}", response_model=ActionResult)(actions.action)
         for name in ("resume", "unstick", "abort", "rewind", "retry"):
             post(f"/lanes/{{lane_id}}/{name}", response_model=ActionResult)(getattr(actions, name))

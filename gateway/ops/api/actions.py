@@ -25,7 +25,7 @@ from gateway.operator_actions import (
     result_mark,
 )
 from gateway.ops.api.context import OpsContext
-from gateway.ops.api.params import IdempotencyKey, Wait
+from gateway.ops.api.params import IdempotencyKey, KeyQuery, Wait
 from gateway.ops.checks import check_allowed, decision_items
 from gateway.ops.errors import API_PREFIX, ApiError
 from gateway.ops.reads import read_only
@@ -51,6 +51,19 @@ class LaneActions:
         if result is None:
             raise ApiError(404, "not_found", f"no action {action_id[:80]!r}")
         return JSONResponse(json.loads(result.model_dump_json()))  # refused is a state here
+
+    async def action_by_key(self, request: Request, key: KeyQuery) -> JSONResponse:
+        """The action this caller's ``Idempotency-Key`` named, wherever it stands.
+
+        A key's first action is found without sending the request again (whose body, built
+        from what the lane showed then, a retry after a Ctrl-C cannot rebuild); 404: nothing
+        was done under it.
+        """
+        who = self.ops.who(request, "viewer")
+        result = await read_result(self.ops.broker, action_id_of(who.actor, key))
+        if result is None:
+            raise ApiError(404, "not_found", "no action of yours under this key: nothing was done")
+        return JSONResponse(json.loads(result.model_dump_json()))
 
     # -- actions ---------------------------------------------------------------------------
 

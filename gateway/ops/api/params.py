@@ -6,7 +6,7 @@ from typing import Annotated
 
 from fastapi import Header, Query
 
-__all__ = ["Cursor", "IdempotencyKey", "Limit", "Wait"]
+__all__ = ["Cursor", "IdempotencyKey", "KeyQuery", "Limit", "Wait"]
 
 _KEY = r"^[!-~]{1,512}$"
 
@@ -27,5 +27,14 @@ Wait = Annotated[
         le=30,
         allow_inf_nan=False,
         description="Seconds to wait for the result (then 202).",
+    ),
+]
+
+KeyQuery = Annotated[
+    str,
+    Query(
+        alias="key",
+        pattern=_KEY,
+        description="An Idempotency-Key this caller sent with an action.",
     ),
 ]

@@ -103,6 +103,11 @@ def decide(run: Run) -> int:
     pending = view.get("pending_approvals") or []
     wait_id = view.get("wait_id")
     if view.get("status") != "suspended" or view.get("suspended") != "approval" or not pending:
+        # asked again with the key a Ctrl-C named: the first decision moved the lane on, and
+        # its request cannot be rebuilt from what the lane shows now; what it did is said
+        earlier = run.earlier()
+        if earlier is not None:
+            return run.said(_DONE[command], view, 200, earlier)
         status = clean(view.get("status"))
         if view.get("suspended"):
             status += f" ({clean(view.get('suspended'))})"

@@ -56,8 +56,18 @@ class Client:
                 json=body,
                 headers=headers,
             )
-        except httpx.TimeoutException:
+        except (httpx.ConnectTimeout, httpx.PoolTimeout):
             raise self._unreachable(f"no answer within {self.timeout:g} s") from None
+        except httpx.TimeoutException:
+            if key is None:
+                raise self._unreachable(f"no answer within {self.timeout:g} s") from None
+            # sent, and not answered: the action may have been taken ("is gateway serve
+            # running?" invited a retry under a new key, which would act twice)
+            raise OpsError(
+                f"the gateway at {self.url} gave no answer within {self.timeout:g} s: the action "
+                f"may have reached it; the same command with --idempotency-key {key} says what "
+                "it did, and does nothing twice"
+            ) from None
         except httpx.TransportError as exc:
             reason = _ERRNO.sub("", str(exc)).strip() or type(exc).__name__
             raise self._unreachable(reason) from None
@@ -87,7 +97,8 @@ class Client:
 
     def _unreachable(self, reason: str) -> OpsError:
         return OpsError(
-            f"cannot reach the gateway at {self.url} ({clean(reason)}): is gateway serve running?",
+            f"cannot reach the gateway at {self.url} ({clean(reason)}): is gateway serve running? "
+            "(another address: --url or GATEWAY_OPS_URL)",
             UNREACHABLE,
         )
 

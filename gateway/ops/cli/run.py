@@ -120,6 +120,23 @@ class Run:
             body=body,
             key=self.key(),
         )
+        return self.said(verb, view, status, result)
+
+    def earlier(self) -> Json | None:
+        """The action this invocation's ``--idempotency-key`` already named (None: none)."""
+        given: str | None = getattr(self.args, "idempotency_key", None)
+        if not given:
+            return None
+        try:
+            _, found = self.client.request("GET", "/actions", params={"key": given})
+        except OpsError as exc:
+            if "(not_found" in str(exc):
+                return None
+            raise
+        return found if isinstance(found, dict) else None
+
+    def said(self, verb: str, view: Json, status: int, result: Json) -> int:
+        """One line for an action's result (or where to check on it); `--json` prints it."""
         if self.wants_json:
             self.json(result)
             return OK
@@ -127,7 +144,10 @@ class Run:
         action = clean(result.get("id"))
         if status == 202 or result.get("status") in ("pending", "running"):
             command = self.args.command
-            self.say(f"{command} {name}: still running; check with: gateway ops action {action}")
+            self.say(
+                f"{command} {name}: still running; check with: {typed_command()} ops action "
+                f"{action}"
+            )
         else:
             outcome = clean(result.get("outcome") or result.get("status") or "done")
             self.say(f"{verb} {name}: {outcome} (action {action})")
