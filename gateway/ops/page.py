@@ -277,7 +277,13 @@ _SCRIPT = """
       }
       const reason = el("input");
       reason.placeholder = "reason (for deny)";
+      const calls = lane.pending_approvals.map((c) => c.tool_name + " (" + c.tool_call_id + ")");
       const decide = (verdict) => () => {
+        // a click on the neighbouring button is not undone: asked first, as every action is
+        const verb = verdict === "approve" ? "Approve" : "Deny";
+        if (!confirm(verb + " every pending call of " + lane.lane + "?\\n" + calls.join("\\n"))) {
+          return false;
+        }
         const approvals = {};
         for (const call of lane.pending_approvals) {
           approvals[call.tool_call_id] = {action: verdict, reason: reason.value || null};
@@ -298,6 +304,8 @@ _SCRIPT = """
       failed.append(failedBox, document.createTextNode(" the action failed"));
       const supply = () => {
         if (!result.value.trim()) throw new Error("write what the action did first");
+        if (!confirm("Answer every pending call of " + lane.lane + " with this result? They " +
+          "will not run.\\n" + calls.join("\\n"))) return false;
         const approvals = {};
         for (const call of lane.pending_approvals) {
           approvals[call.tool_call_id] = {
@@ -403,8 +411,12 @@ _SCRIPT = """
       cell(row, d.last_error || "");
       const act = cell(row, "");
       act.append(
-        actionButton("Redeliver", () => api("POST", "/deliveries/" +
-          encodeURIComponent(d.id) + "/redeliver")),
+        actionButton("Redeliver", () => {
+          if (!confirm("Redeliver " + d.id + "? It is sent into its thread again now.")) {
+            return false;
+          }
+          return api("POST", "/deliveries/" + encodeURIComponent(d.id) + "/redeliver");
+        }),
         actionButton("Discard", () => {
           if (!confirm("Discard delivery " + d.id + "? It will never be sent.")) return false;
           return api("POST", "/deliveries/" + encodeURIComponent(d.id) + "/discard");

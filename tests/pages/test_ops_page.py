@@ -186,6 +186,13 @@ async def test_an_operator_supplies_a_result_from_the_page(
                 assert time.monotonic() < deadline, lanes
                 await asyncio.sleep(0.1)
 
+        asked: list[str] = []
+
+        async def confirm(dialog: Dialog) -> None:  # first declined, then accepted
+            asked.append(dialog.message)
+            await (dialog.accept() if len(asked) > 1 else dialog.dismiss())
+
+        page.on("dialog", confirm)
         await page.goto(f"{gateway.url}/ops#token={token}")
         row = page.locator("#lanes tr", has_text="web:by-hand")
         await expect(row.locator(".status")).to_have_text("suspended")
@@ -201,6 +208,11 @@ async def test_an_operator_supplies_a_result_from_the_page(
         async with page.expect_response(lambda r: "/timeline" in r.url):
             await page.locator(".filters button", has_text="all").click()
         await expect(actions.get_by_label("result")).to_have_value("deployed x by hand")
+        # it acted at one click: a mis-click beside "Approve all" is not undone
+        await actions.get_by_role("button", name="Done it myself").click()
+        await expect(page.locator("#lane-note")).not_to_contain_text("done (completed)")
+        assert asked[0].startswith("Answer every pending call of web:by-hand with this result?")
+        await expect(row.locator(".status")).to_have_text("suspended")  # declined: nothing sent
         await actions.get_by_role("button", name="Done it myself").click()
         await expect(page.locator("#lane-note")).to_contain_text("done (completed)", timeout=20_000)
         timeline = page.locator("#timeline")
