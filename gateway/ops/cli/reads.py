@@ -293,7 +293,7 @@ def audit(run: Run) -> int:
             e.get("actor"),
             e.get("action"),
             f"{e.get('session') or '-'}/{e.get('lane') or '-'}",
-            clip(e.get("target") or "", 40),
+            e.get("target") or "",  # an id an operator copies (`ops redeliver`): never cut
             e.get("outcome"),
         ]
         for e in page["items"]
