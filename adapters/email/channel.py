@@ -493,8 +493,12 @@ class EmailChannel:
             files = await read_reply_files(self._sink, outbound)
             message = self._compose(outbound, files)
             # Bcc ourselves, first: servers that deliver in order file our copy before
-            # anyone's, so a reply someone received is one `reconcile` can find
-            recipients = [self.address, *_recipients(message)]
+            # anyone's, so a reply someone received is one `reconcile` can find; those an
+            # earlier attempt reached are not sent it again (a retry after a refusal for later)
+            reached = await self._reached(outbound.delivery_id)
+            recipients = [
+                r for r in [self.address, *_recipients(message)] if r.lower() not in reached
+            ]
             try:
                 refused = await self._send(message, recipients)
             except DeliveryError as exc:
@@ -506,12 +510,7 @@ class EmailChannel:
                     self._unsure.setdefault(outbound.delivery_id, now)
                 raise
             if refused:
-                people = {a.lower() for a in recipients if a != self.address}
-                log.warning("email recipients refused", extra={"count": len(refused)})
-                if people <= {str(address).lower() for address in refused}:
-                    # only our own Bcc copy went out: nobody the reply is for received it
-                    said = list(refused.values())
-                    raise DeliveryError(_refused(said), permanent=_for_good(said))
+                await self._partly_refused(outbound.delivery_id, recipients, refused, reached)
         except BaseException:
             for sent, stamp in held:  # nothing went out: it does not count
                 sent.remove(stamp)
@@ -521,6 +520,49 @@ class EmailChannel:
             delivery_id=outbound.delivery_id,
             channel_message_ids=(str(message["Message-ID"]),),
             delivered_at_ms=self.clock.now_ms(),
+        )
+
+    async def _reached(self, delivery_id: str) -> frozenset[str]:
+        """Who an earlier attempt of the delivery reached, when some were refused for later."""
+        if self._sink is None:
+            return frozenset()
+        kept = await self._sink.get_mark(_reached_mark(delivery_id))
+        return frozenset(kept.split()) if kept else frozenset()
+
+    async def _partly_refused(
+        self,
+        delivery_id: str,
+        recipients: list[str],
+        refused: Mapping[str, aiosmtplib.SMTPResponse],
+        reached: frozenset[str],
+    ) -> None:
+        """Settle a send the server refused for some recipients (it took it for the rest).
+
+        Refused for good (5xx), they are said in the log and the reply stands. Refused for
+        later (4xx: greylisting, a full mailbox), the delivery fails for later too, the ones
+        it reached kept in a broker mark: the retry sends it to the others only. A 4xx for a
+        Cc was taken for delivered, and that person never got the answer (an outside probe).
+        """
+        said = {str(address).lower(): response for address, response in refused.items()}
+        people = {a.lower() for a in recipients if a != self.address}
+        codes = sorted({str(getattr(r, "code", "?")) for r in said.values()})
+        log.warning("email recipients refused", extra={"count": len(said), "codes": codes})
+        if people <= set(said) and not reached - {self.address.lower()}:
+            # only our own Bcc copy went out: nobody the reply is for received it
+            answers = list(said.values())
+            raise DeliveryError(_refused(answers), permanent=_for_good(answers))
+        later = [r for r in said.values() if not _for_good([r])]
+        if not later:
+            return  # the rest have it; those refused for good are in the log
+        now = reached | {a.lower() for a in recipients if a.lower() not in said}
+        sink = self._sink_or_fail()
+        mark = _reached_mark(delivery_id)
+        previous = await sink.get_mark(mark)
+        if not await sink.put_mark(mark, " ".join(sorted(now)), expect=previous):
+            log.warning("email reached recipients not kept", extra={"delivery": delivery_id})
+        raise DeliveryError(
+            f"{_refused(later)} for {len(later)} of {len(people)} recipients, to be tried again "
+            "(the others have it)"
         )
 
     async def _send(
@@ -800,6 +842,11 @@ def _people(context: Mapping[str, Any]) -> frozenset[str]:
             if address:
                 found.add(address)
     return frozenset(found)
+
+
+def _reached_mark(delivery_id: str) -> str:
+    """The broker mark naming whom a partly refused delivery reached (spaces between)."""
+    return f"email:reached:{delivery_id}"
 
 
 def _for_good(refusals: Sequence[Any]) -> bool:

@@ -630,6 +630,31 @@ async def test_a_refused_recipient_is_a_dead_letter_with_the_reason(mail: Mail) 
     assert dead.attempts == 1  # not retried
 
 
+async def test_a_copy_refused_for_later_is_sent_again_to_that_recipient_only(mail: Mail) -> None:
+    """A 4xx for one of the copied (greylisting, a full mailbox) was taken for delivered: the
+    person had the answer, the colleague in Cc never got it, and only a count was logged (an
+    outside probe)."""
+    colleague = mail.dovecot.fresh_user("colleague")
+    mail.smtp.refuse_recipient(colleague.address, code=450, message="4.2.1 Mailbox busy")
+    mail.write("the numbers, please", headers={"Cc": colleague.address})
+    await mail.replies(1)
+    broker = mail.service.broker
+    assert broker is not None
+    await _until(lambda: bool(mail.smtp.messages))
+    [pending] = await broker.outbox.list(status="pending")
+    assert pending.last_error is not None and "recipients refused (450)" in pending.last_error
+    mail.smtp.reset_faults()  # the busy mailbox takes mail again
+    deadline = time.monotonic() + 30
+    while not mail.dovecot.parsed_messages(colleague):
+        assert time.monotonic() < deadline, await broker.outbox.list(status="pending")
+        await asyncio.sleep(0.2)
+    [copy] = mail.dovecot.parsed_messages(colleague)
+    assert "You said: the numbers, please" in _text(copy)
+    assert len(await mail.replies(1)) == 1  # the person got it once, not again
+    sent_to = [m.rcpt_tos for m in mail.smtp.messages]
+    assert sent_to[-1] == (colleague.address,), sent_to  # the retry: the refused one only
+
+
 async def test_a_refused_smtp_login_is_a_dead_letter_not_an_endless_retry(mail: Mail) -> None:
     mail.smtp.fail_auth()
     mail.write("while the password is wrong")
