@@ -539,14 +539,16 @@ def _parse(body: bytes, content_type: str) -> dict[str, Any] | None:
         elif media == "application/x-www-form-urlencoded":
             form = parse_qs(text, strict_parsing=False)
             if "payload" in form:
-                parsed = json.loads(form["payload"][0])
+                # the last, as bolt reads it (``dict(parse_qsl(...))``): checking the first
+                # passed a decoy while bolt acted on another
+                parsed = json.loads(form["payload"][-1])
             elif "command" in form or "ssl_check" in form:
                 parsed = {key: values[0] for key, values in form.items()}
             else:
                 return None
         else:
             return None
-    except (UnicodeDecodeError, ValueError):
+    except (UnicodeDecodeError, ValueError, RecursionError):  # nesting past the parser: a 500
         return None
     if not isinstance(parsed, dict) or not isinstance(parsed.get("type", ""), str):
         return None

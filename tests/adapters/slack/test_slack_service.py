@@ -13,6 +13,7 @@ import json
 import time
 from collections.abc import AsyncIterator, Callable
 from typing import Any
+from urllib.parse import urlencode
 
 import httpx
 import pytest
@@ -31,6 +32,7 @@ from tests.support.gateway_rig import lane_texts
 from tests.support.redis_server import free_port
 
 AGENT = "tests.support.gateway_agent"
+FORM = "application/x-www-form-urlencoded"
 SECRET = "test-signing-secret"
 APPROVER = "U0AAA9"
 OPERATOR = "operator-secret-abcdefghijklmnop"
@@ -184,9 +186,14 @@ async def test_forged_stale_and_malformed_requests_store_nothing(rig: Rig) -> No
         "[]",
         '{"type": "event_callback", "event": 5}',
         '{"type": "event_callback", "event": {"text": "no type"}}',
+        '{"type": "event_callback", "event": {"x": ' + "[" * 100_000 + "]" * 100_000 + "}}",
     ):
         response = await rig.signed(bad, "application/json")
-        assert response.status_code == 400, bad
+        assert response.status_code == 400, bad[:80]  # the deep one was a 500 (RecursionError)
+    # two payload fields: bolt acts on the last, which the shape check must be the one to read
+    decoy = urlencode({"payload": json.dumps({"type": "x"})})
+    real = urlencode({"payload": json.dumps({"type": "block_actions", "actions": []})})
+    assert (await rig.signed(f"{decoy}&{real}", FORM)).status_code == 400
     for payload in (  # bolt failed on these with an empty 500
         {"type": "block_actions", "actions": []},
         {"type": "block_actions", "actions": [{"value": "no action_id"}]},
