@@ -415,14 +415,23 @@ class EmailChannel:
         `References` is the sender's to write: anyone who learned a thread's root Message-ID
         could write into it, read what the agent knows there in the answer (sent to them
         alone), stop its run or take its approval reminders. A thread's people are the
-        addresses of its newest message (From, To, Cc: whom the bot answers); a mail from
-        anyone else naming the thread goes to the thread ``<root> from <address>``, the same
-        for each of their mails, so their own conversation holds together (D302).
+        addresses its messages came from and went to (From, To, Cc), kept with the newest
+        (``people``, D363); a mail from anyone else naming the thread goes to the thread
+        ``<root> from <address>``, the same for each of their mails, so their own
+        conversation holds together (D302).
         """
         known = await sink.known(inbound.thread)
         sender = inbound.author.id.lower()
-        if known is None or sender in _people(known.reply_context):
+        if known is None:
             return inbound
+        people = _people(known.reply_context)
+        if sender in people:
+            # the newest message's people alone: a colleague in Cc who answered the bot alone
+            # made the thread's author an outsider of their own thread
+            newest = _people(inbound.reply_context)
+            kept = sorted(newest) + sorted(people - newest)[: max(0, _MAX_PEOPLE - len(newest))]
+            context = {**inbound.reply_context, "people": kept}
+            return Inbound.model_validate({**inbound.model_dump(), "reply_context": context})
         root = inbound.thread.thread
         own = f"{root} from {sender}"
         if len(own) > _MAX_OWN_THREAD:  # a root holds at most 250 characters: this fits
@@ -831,10 +840,14 @@ _MAX_OWN_THREAD = 480
 """The longest thread name of a mail from outside the thread it names (a lane holds 512)."""
 
 
+_MAX_PEOPLE = 100
+"""The most addresses a thread keeps as its people (the newest message's first)."""
+
+
 def _people(context: Mapping[str, Any]) -> frozenset[str]:
-    """The addresses a thread's newest message came from and went to (lower case)."""
+    """The addresses a thread's messages came from and went to (lower case)."""
     found: set[str] = set()
-    for key in ("from", "to", "cc"):
+    for key in ("from", "to", "cc", "people"):
         value = context.get(key)
         # a stored reply context comes back frozen: its lists are tuples
         for item in value if isinstance(value, list | tuple) else [value] if value else []:

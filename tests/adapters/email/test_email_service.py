@@ -223,6 +223,36 @@ async def test_a_stranger_reusing_a_thread_s_message_id_takes_nothing_of_it(mail
     assert len(mail.dovecot.parsed_messages(stranger)) == 1  # their own thread's answer only
 
 
+async def test_a_thread_keeps_its_people_when_a_copied_colleague_answers_the_bot_alone(
+    mail: Mail,
+) -> None:
+    """A thread's people were its newest message's alone: after the colleague in Cc answered
+    the bot without the author, the author's next reply was moved out of the thread they had
+    started, and the agent lost the conversation (an outside probe)."""
+    colleague = mail.dovecot.fresh_user("colleague")
+    asked = mail.write("the budget is 5000 EUR", headers={"Cc": colleague.address})
+    [reply] = await mail.replies(1)
+    root = str(asked["Message-ID"])
+    answer = EmailMessage()  # the colleague's answer to the bot, to the bot alone
+    answer["From"] = f"Carol <{colleague.address}>"
+    answer["To"] = mail.bot.address
+    answer["Date"] = format_datetime(datetime.now(UTC))
+    answer["Message-ID"] = make_msgid(domain="example.test")
+    answer["Subject"] = "Re: Deploy window"
+    answer["In-Reply-To"] = str(reply["Message-ID"])
+    answer["References"] = f"{root} {reply['Message-ID']}"
+    answer.set_content("and mine is 3000")
+    mail.dovecot.deliver(mail.bot, bytes(answer), sender=colleague.address)
+    await _until(lambda: bool(mail.dovecot.parsed_messages(colleague)), timeout_s=30)
+    mail.write("so how much in all?", reply_to=reply)  # the author, in their own thread
+    await mail.replies(2, timeout_s=30)
+    assert await mail.user_texts(f"email:{root}") == [
+        "the budget is 5000 EUR",
+        f"[Carol ({colleague.address})] and mine is 3000",
+        "so how much in all?",
+    ]
+
+
 class _TwoDaysOn:
     """The system's clock, two days on: past the inbox's dedupe window (a day)."""
 
