@@ -1050,6 +1050,12 @@ def _forwarded(msg: Message) -> tuple[list[str], set[int]]:
     return texts, read
 
 
+_SIGNATURES = frozenset(
+    {"application/pkcs7-signature", "application/x-pkcs7-signature", "application/pgp-signature"}
+)
+"""The parts of a ``multipart/signed`` mail that sign it (S/MIME, OpenPGP)."""
+
+
 def _attachments(
     msg: Message,
     body: Message | None,
@@ -1073,6 +1079,10 @@ def _attachments(
         inline_text = media_type in ("text/plain", "text/html") and not _is_attachment(part)
         if inline_text:
             continue  # an alternative or a continuation of the body, not a file
+        if media_type in _SIGNATURES:
+            # the mail's own signature, not a file the person sent: each signed mail got a
+            # second reply, "I could not read the file smime.p7s"
+            continue
         if len(found) >= MAX_ATTACHMENTS:
             more += 1
             continue

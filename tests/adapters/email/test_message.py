@@ -1221,3 +1221,32 @@ def test_a_delivery_failure_notice_without_a_dsn_is_not_answered(
 ) -> None:
     parsed = read(plain("Delivery has failed to these recipients.", From=sender, Subject=subject))
     assert (parsed.reason if parsed.action == "skip" else None) == reason
+
+
+@pytest.mark.parametrize(
+    ("protocol", "signature"),
+    [
+        ("application/pkcs7-signature", "smime.p7s"),
+        ("application/x-pkcs7-signature", "smime.p7s"),
+        ("application/pgp-signature", "signature.asc"),
+    ],
+)
+def test_a_signed_mail_s_signature_is_no_attachment(protocol: str, signature: str) -> None:
+    """Each S/MIME-signed mail got a second reply, "I could not read the file smime.p7s",
+    which also spent the thread's reply limit twice as fast (an outside probe)."""
+    raw = (
+        "From: alice@example.test\nTo: bot@gw.example\nSubject: signed\n"
+        "Message-ID: <signed-1@example.test>\nMIME-Version: 1.0\n"
+        f'Content-Type: multipart/signed; protocol="{protocol}"; micalg=sha-256; boundary=S\n\n'
+        "--S\nContent-Type: multipart/mixed; boundary=M\n\n"
+        "--M\nContent-Type: text/plain\n\nthe numbers are attached\n"
+        "--M\nContent-Type: text/csv; name=q3.csv\nContent-Disposition: attachment; "
+        "filename=q3.csv\n\na,b\n1,2\n--M--\n"
+        f"--S\nContent-Type: {protocol}; name={signature}\n"
+        f"Content-Disposition: attachment; filename={signature}\n"
+        "Content-Transfer-Encoding: base64\n\nMIAGCSqGSIb3DQEHAqCAMIACAQEx\n--S--\n"
+    )
+    inbound = read(raw).inbound
+    assert inbound is not None
+    assert inbound.text == "the numbers are attached"
+    assert [a.name for a in inbound.attachments] == ["q3.csv"]  # the file; not the signature
