@@ -179,8 +179,9 @@ def normalize_subject(subject: str) -> str:
     return text.strip()
 
 
-_NO_REPLY = re.compile(r"(no[-_.]?reply|do[-_.]?not[-_.]?reply)(?:$|[-_.])")
-"""A local part that says the address takes no answers (a ``+tag`` is cut off first)."""
+_NO_REPLY = re.compile(r"(?:^|[-_.])(no[-_.]?reply|do[-_.]?not[-_.]?reply)(?:$|[-_.])")
+"""A local part that says the address takes no answers, as a word of it (``noreply``,
+``jira-noreply``, ``alerts.no-reply``; a ``+tag`` is cut off first)."""
 
 
 def classify_automatic(
@@ -252,7 +253,7 @@ def classify_automatic(
         return "bounce"  # Exchange writes its non-DSN "Undeliverable" notices from the last
     if _BOUNCE_SUBJECT.match(_header(msg, "Subject") or ""):
         return "bounce"
-    if _NO_REPLY.match(local.partition("+")[0]):
+    if _NO_REPLY.search(local.partition("+")[0]):
         return "no_reply"
     auto = (_header(msg, "Auto-Submitted") or "").split(";")[0].strip().lower()
     precedence = (_header(msg, "Precedence") or _header(msg, "X-Precedence") or "").lower()

@@ -983,6 +983,10 @@ AUTOMATIC = [
     ("no-reply-tag", {**GMAIL_HEADERS, "From": "no-reply+abc@desk.example"}, "no_reply"),
     ("donotreply", {**GMAIL_HEADERS, "From": "DoNotReply@bank.example"}, "no_reply"),
     ("noreply-alerts", {**GMAIL_HEADERS, "From": "noreply-alerts@ops.example"}, "no_reply"),
+    # a word of the local part, not only its start (jira-noreply@ was answered: a probe)
+    ("jira-noreply", {**GMAIL_HEADERS, "From": "jira-noreply@tickets.example"}, "no_reply"),
+    ("alerts.no-reply", {**GMAIL_HEADERS, "From": "alerts.no-reply@ops.example"}, "no_reply"),
+    ("snoreply-person", {**GMAIL_HEADERS, "From": "snoreply@example.com"}, None),
     ("norelly-person", {**GMAIL_HEADERS, "From": "noreen@example.com"}, None),
     ("replyable", {**GMAIL_HEADERS, "From": "reply@example.com"}, None),
     ("failed-recipients", {**GMAIL_HEADERS, "X-Failed-Recipients": "x@y"}, "bounce"),
