@@ -240,6 +240,21 @@ def install_errors(app: FastAPI) -> None:
         fields = [_field(error) for error in exc.errors()[:20]]
         if not _in_api(request):
             return await request_validation_exception_handler(request, exc)
+        media = request.headers.get("content-type", "").split(";")[0].strip().lower()
+        on_body = any(tuple(e.get("loc", ()))[:1] == ("body",) for e in exc.errors())
+        if on_body and media != "application/json" and not media.endswith("+json"):
+            # the body was not read as JSON at all: "Input should be a valid dictionary or
+            # object to extract fields from" said nothing of why
+            said = (
+                "the body is read as JSON: send it with content-type: application/json "
+                f"(not {media or 'none'})"
+            )
+            return envelope(
+                request,
+                ApiError(
+                    400, "invalid_argument", said, {"fields": [{"field": "", "reason": said}]}
+                ),
+            )
         return envelope(
             request,
             ApiError(400, "invalid_argument", "the request is not valid", {"fields": fields}),

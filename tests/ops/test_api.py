@@ -7,6 +7,7 @@ to it over ASGI: messages in through the web channel, the operator API under /ap
 from __future__ import annotations
 
 import asyncio
+import json
 from collections.abc import AsyncIterator
 from typing import Any
 
@@ -188,6 +189,13 @@ async def test_approve_from_the_api_with_exact_coverage_and_idempotency(ops: Ops
     )
     assert doubled.status_code == 400, doubled.text
     assert doubled.json()["error"]["message"] == "the request body gives a key twice in one object"
+    plain = await ops.http.post(  # a JSON object, sent as text: it read "a valid dictionary"
+        f"/api/v1{path}",
+        content=json.dumps(right),
+        headers={**AS_OPERATOR, "Idempotency-Key": "k-plain", "content-type": "text/plain"},
+    )
+    assert plain.status_code == 400, plain.text
+    assert "send it with content-type: application/json (not text/plain)" in plain.text
     assert await ops.log_size(accepted["session"]) == before  # refusals stored nothing
 
     decided = await ops.act(path, right, key="k-1")
