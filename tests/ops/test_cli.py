@@ -180,6 +180,8 @@ def test_lanes_as_a_table_as_json_and_filtered(gateway: Gateway, ops: Any) -> No
     assert {row[2] for row in rows} == {"failed"}
     stuck = ops("lanes", "--stuck")  # none is stuck here (the stuck one has its own test)
     assert (stuck.code, stuck.out, stuck.err) == (0, "", "no lanes match\n")
+    typo = ops("lanes", "--session", "web-defualt")  # read as an empty session, exit 0
+    assert typo.code == 1 and "no session 'web-defualt'" in typo.err, typo
     unknown = ops("lanes", "--status", "sleeping")
     assert unknown.code == 1 and "sleeping" in _one_line(unknown.err)  # the API's word
 

@@ -7,8 +7,9 @@ from __future__ import annotations
 
 from typing import Any
 
+from gateway.invocation import command as typed_command
 from gateway.ops.cli.client import PAGE
-from gateway.ops.cli.errors import OK
+from gateway.ops.cli.errors import OK, OpsError
 from gateway.ops.cli.output import (
     age,
     attempts,
@@ -84,8 +85,18 @@ def lanes(run: Run) -> int:
         for v in page["items"]
     ]
     headers = ["SESSION", "LANE", "STATUS", "WHY", "ATTEMPTS", "ACTIVITY"]
+    if not rows and args.session and not _session_exists(run, args.session):
+        # a typo read as an empty session ("no lanes match", exit 0)
+        raise OpsError(
+            f"no session {clean(args.session)!r} ({typed_command()} ops sessions lists them)"
+        )
     run.table(headers, rows, "no lanes match")
     return OK
+
+
+def _session_exists(run: Run, session: str) -> bool:
+    listed = run.client.pages("/sessions", {})["items"]
+    return any(s.get("id") == session or s.get("name") == session for s in listed)
 
 
 def lane(run: Run) -> int:
