@@ -123,14 +123,23 @@ _SCRIPT = """
       cursor = page.next_cursor;
     } while (cursor && items.length < 1000);
     const body = $("lanes");
+    // as `gateway ops lanes` says it: an idle lane's last error is history (after an unrevoke
+    // the lanes a revocation ended read "authority_revoked", as if still revoked)
+    const why = (lane) => {
+      if (lane.revoked) return "revoked: " + lane.revoked.why;
+      if (lane.status === "faulted") return lane.fault || "";
+      if (lane.status === "failed" && lane.error) return lane.error.code;
+      if (lane.suspended) return lane.suspended;
+      if (lane.status === "idle" && lane.last_outcome) return "last: " + lane.last_outcome;
+      return "";
+    };
     body.replaceChildren();
     for (const lane of items) {
       const row = el("tr", "pick" + (chosen === lane.id ? " chosen" : ""));
       cell(row, lane.session, "mono");
       cell(row, lane.lane, "mono");
       cell(row, lane.status, "status " + lane.status);
-      cell(row, (lane.revoked && "revoked: " + lane.revoked.why) || lane.suspended ||
-        (lane.error && lane.error.code) || lane.fault || "");
+      cell(row, why(lane), "why");
       cell(row, lane.operation_id ? lane.attempts + " / " + lane.max_attempts : "");
       cell(row, lane.activity || lane.last_outcome || "");
       row.addEventListener("click", () => { chosen = lane.id; showLane(); loadLanes(); });

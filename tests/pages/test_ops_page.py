@@ -264,6 +264,8 @@ async def test_an_operator_revokes_a_lane_from_the_page_and_gives_it_back(
         await actions.get_by_role("button", name="Unrevoke").click()
         await expect(facts).not_to_contain_text("the customer left", timeout=15_000)
         await expect(actions.get_by_role("button", name="Revoke", exact=True)).to_be_visible()
+        # the lanes table says why as `ops lanes` does: nothing revoked any more
+        await expect(row.locator(".why")).to_have_text("last: completed", timeout=15_000)
         assert answers == ["prompt", "confirm"]
     finally:
         gateway.stop()
