@@ -20,7 +20,6 @@ from collections.abc import AsyncIterator, Mapping
 from typing import TextIO
 
 import anyio
-import anyio.lowlevel
 import mcp_types as types
 from anyio.abc import Process
 from anyio.streams.memory import MemoryObjectReceiveStream, MemoryObjectSendStream
@@ -65,12 +64,7 @@ async def bounded_stdio(
     cwd: str | None,
     errlog: TextIO,
     max_bytes: int = MAX_MESSAGE_BYTES,
-) -> AsyncIterator[
-    tuple[
-        MemoryObjectReceiveStream[SessionMessage | Exception],
-        MemoryObjectSendStream[SessionMessage],
-    ]
-]:
+) -> AsyncIterator[tuple[_Read, _Write]]:
     """Start `command` in its own process group; yield (read, write) streams of its messages.
 
     The read stream gives `SessionMessage` or, for a line that is no message, the exception
