@@ -397,6 +397,7 @@ class EmailChannel:
                     f"{self._faulted[uid]} of {_UNREADABLE_AFTER}"
                 ) from exc
             else:
+                self._faulted.pop(uid, None)
                 self.taken += not acceptance.duplicate
                 log.info(
                     "email taken",
@@ -504,7 +505,8 @@ class EmailChannel:
             # Bcc ourselves, first: servers that deliver in order file our copy before
             # anyone's, so a reply someone received is one `reconcile` can find; those an
             # earlier attempt reached are not sent it again (a retry after a refusal for later)
-            reached = await self._reached(outbound.delivery_id)
+            kept = await self._reached(outbound.delivery_id)
+            reached = frozenset(kept.split()) if kept else frozenset()
             recipients = [
                 r for r in [self.address, *_recipients(message)] if r.lower() not in reached
             ]
@@ -519,7 +521,7 @@ class EmailChannel:
                     self._unsure.setdefault(outbound.delivery_id, now)
                 raise
             if refused:
-                await self._partly_refused(outbound.delivery_id, recipients, refused, reached)
+                await self._partly_refused(outbound.delivery_id, recipients, refused, kept)
         except BaseException:
             for sent, stamp in held:  # nothing went out: it does not count
                 sent.remove(stamp)
@@ -531,19 +533,18 @@ class EmailChannel:
             delivered_at_ms=self.clock.now_ms(),
         )
 
-    async def _reached(self, delivery_id: str) -> frozenset[str]:
-        """Who an earlier attempt of the delivery reached, when some were refused for later."""
+    async def _reached(self, delivery_id: str) -> str | None:
+        """Whom earlier attempts reached, spaces between (None: none was refused in part)."""
         if self._sink is None:
-            return frozenset()
-        kept = await self._sink.get_mark(_reached_mark(delivery_id))
-        return frozenset(kept.split()) if kept else frozenset()
+            return None
+        return await self._sink.get_mark(_reached_mark(delivery_id))
 
     async def _partly_refused(
         self,
         delivery_id: str,
         recipients: list[str],
         refused: Mapping[str, aiosmtplib.SMTPResponse],
-        reached: frozenset[str],
+        kept: str | None,
     ) -> None:
         """Settle a send the server refused for some recipients (it took it for the rest).
 
@@ -552,6 +553,7 @@ class EmailChannel:
         it reached kept in a broker mark: the retry sends it to the others only. A 4xx for a
         Cc was taken for delivered, and that person never got the answer (an outside probe).
         """
+        reached = frozenset(kept.split()) if kept else frozenset()
         said = {str(address).lower(): response for address, response in refused.items()}
         people = {a.lower() for a in recipients if a != self.address}
         codes = sorted({str(getattr(r, "code", "?")) for r in said.values()})
@@ -564,10 +566,8 @@ class EmailChannel:
         if not later:
             return  # the rest have it; those refused for good are in the log
         now = reached | {a.lower() for a in recipients if a.lower() not in said}
-        sink = self._sink_or_fail()
-        mark = _reached_mark(delivery_id)
-        previous = await sink.get_mark(mark)
-        if not await sink.put_mark(mark, " ".join(sorted(now)), expect=previous):
+        mark = _reached_mark(delivery_id)  # as this attempt read it: another's move is said
+        if not await self._sink_or_fail().put_mark(mark, " ".join(sorted(now)), expect=kept):
             log.warning("email reached recipients not kept", extra={"delivery": delivery_id})
         raise DeliveryError(
             f"{_refused(later)} for {len(later)} of {len(people)} recipients, to be tried again "
