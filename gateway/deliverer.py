@@ -221,21 +221,23 @@ class Deliverer:
             if found == "unknown":
                 # the attempt before's failure stays said: "reconcile: unknown" alone hid
                 # the receiver's 500 from the operator reading the dead letter
-                await self._retry(claimed, _unknown_after(delivery.last_error), True)
+                await self._retry(claimed, _unknown_after(delivery.last_error), True, tell=outbound)
                 return
         try:
             await asyncio.wait_for(adapter.deliver(outbound), timeout=timeout)
         except DeliveryError as exc:
             if exc.permanent:
-                await self._dead(claimed, exc.reason, tell=True)
+                await self._dead(claimed, exc.reason, tell=outbound)
             else:
-                await self._retry(claimed, exc.reason, exc.unknown_outcome, exc.retry_after_s)
+                await self._retry(
+                    claimed, exc.reason, exc.unknown_outcome, exc.retry_after_s, tell=outbound
+                )
             return
         except TimeoutError:
-            await self._retry(claimed, "timeout", True)  # it may have gone out
+            await self._retry(claimed, "timeout", True, tell=outbound)  # it may have gone out
             return
         except Exception as exc:
-            await self._retry(claimed, type(exc).__name__, True)
+            await self._retry(claimed, type(exc).__name__, True, tell=outbound)
             return
         await self._delivered(claimed, reconciled=False)
 
@@ -319,12 +321,8 @@ class Deliverer:
             )
         )
 
-    async def _given_up(self, delivery: Delivery, reason: str) -> None:
+    async def _given_up(self, delivery: Delivery, outbound: Outbound, reason: str) -> None:
         """Tell the delivery's channel it was given up (best effort, within the send timeout)."""
-        try:
-            outbound = self._cleaned(Outbound.model_validate(dict(delivery.outbound)))
-        except ValidationError:
-            return
         adapter: object = self._adapters.get(outbound.thread.channel)
         if not isinstance(adapter, GivesUp):  # an optional part of a channel
             return
@@ -341,11 +339,17 @@ class Deliverer:
         reason: str,
         unknown_outcome: bool,
         retry_after_s: float | None = None,
+        *,
+        tell: Outbound | None = None,
     ) -> None:
+        """Settle an attempt that failed for now: due again later, or dead past the last.
+
+        `tell`: the outbound of an attempt that was made, whose channel a dead letter is told.
+        """
         delivery = claimed.delivery
         reason = self._redact(reason)
         if delivery.attempts >= self.config.max_attempts:
-            await self._dead(claimed, reason, tell=True)
+            await self._dead(claimed, reason, tell=tell)
             return
         delay = retry_delay_ms(delivery.attempts, cap_ms=self.config.max_delay_ms, rng=self._rng)
         if retry_after_s is not None and math.isfinite(retry_after_s) and retry_after_s > 0:
@@ -372,8 +376,10 @@ class Deliverer:
             )
         )
 
-    async def _dead(self, claimed: ClaimedDelivery, reason: str, *, tell: bool = False) -> None:
-        """Settle a dead letter; `tell`: its channel is told (`GivesUp`), as it may show it."""
+    async def _dead(
+        self, claimed: ClaimedDelivery, reason: str, *, tell: Outbound | None = None
+    ) -> None:
+        """Settle a dead letter; `tell`: the outbound whose channel is told (`GivesUp`)."""
         delivery = claimed.delivery
         reason = self._redact(reason)
         dead = await self._broker.outbox.settle_dead(
@@ -381,8 +387,8 @@ class Deliverer:
         )
         self._count(claimed, "dead")
         log.warning(event("delivery dead", delivery=delivery.id, reason=reason))
-        if tell and dead:
-            await self._given_up(delivery, reason)
+        if tell is not None and dead:
+            await self._given_up(delivery, tell, reason)
         with contextlib.suppress(Exception):
             await self._broker.audit.record(
                 NewAuditEvent(
