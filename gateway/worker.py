@@ -954,7 +954,8 @@ class Worker:
     async def _park(self, session: _Session, lane: str, op_id: str) -> bool:
         """Tell operators the lane's last attempt is over (it is stuck, not running: D163).
 
-        Whether this take parked it (False: an earlier one did, or the mark could not be read).
+        Whether this take parked it: False when an earlier one did; True when the mark could
+        not be written (said again rather than not at all).
         """
         session_id = session.ticket.session
         try:

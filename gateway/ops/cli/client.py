@@ -130,7 +130,7 @@ class Client:
         line = f"{message} ({code}{', ' + extra if extra else ''})"
         if status == 403 and "operator" not in message:
             line += ": this needs an operator token"
-        raise OpsError(clean(line))
+        raise OpsError(clean(line), code=code)
 
     def _unauthenticated(self, message: str) -> str:
         target = self.target

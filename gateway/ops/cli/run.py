@@ -130,7 +130,7 @@ class Run:
         try:
             _, found = self.client.request("GET", "/actions", params={"key": given})
         except OpsError as exc:
-            if "(not_found" in str(exc):
+            if exc.code == "not_found":  # nothing was done under it
                 return None
             raise
         return found if isinstance(found, dict) else None
