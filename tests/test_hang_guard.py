@@ -5,15 +5,14 @@ from __future__ import annotations
 import os
 import subprocess
 import sys
-import time
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[1]
 
 
 def test_a_test_that_survives_its_timeout_ends_the_run_with_its_name() -> None:
-    """Last time such a test served on until CI's 90 minutes were up."""
-    started = time.monotonic()
+    """Last time such a test served on until CI's 90 minutes were up (the probe, unguarded,
+    absorbs pytest-timeout's exception and passes after 60 s, with status 0)."""
     done = subprocess.run(
         [sys.executable, "-m", "pytest", "-q", "-p", "no:randomly", "-p", "no:cacheprovider",
          "tests/support/hang_probe.py"],
@@ -23,8 +22,6 @@ def test_a_test_that_survives_its_timeout_ends_the_run_with_its_name() -> None:
         text=True,
         timeout=50,
     )  # fmt: skip
-    took = time.monotonic() - started
     assert done.returncode == 3, done.stdout + done.stderr
     assert "hang_probe.py::test_runs_through_its_timeout still runs 4 s" in done.stderr
     assert "test_runs_through_its_timeout" in done.stderr.split("still runs")[1]  # its stack
-    assert took < 45  # the probe alone would run 60 s

@@ -11,6 +11,7 @@ from __future__ import annotations
 import asyncio
 import logging
 from collections.abc import AsyncIterator
+from pathlib import Path
 from typing import Any
 
 import pytest
@@ -150,20 +151,19 @@ async def test_a_server_that_goes_away_is_tried_with_backoff_until_it_is_back(
         await source.close()
 
 
-async def test_a_server_that_goes_away_during_a_call_may_have_made_it(
-    http_server: HttpServer,
-) -> None:
+async def test_a_server_that_goes_away_during_a_call_may_have_made_it(tmp_path: Path) -> None:
     """The other order: the request reached the server, which then went away."""
-    source = tools(settings(http_server.url, bearer_token=TOKEN), backoff=Backoff(first_s=5))
+    server = await HttpServer(free_port(), token=TOKEN, marks=tmp_path).start()
+    source = tools(settings(server.url, bearer_token=TOKEN), backoff=Backoff(first_s=5))
     await source.start()
     try:
         running = asyncio.ensure_future(call(source, "remote.hang", {}))
-        await until(lambda: source.health()[0].calls == 1, "the call is made")
-        await asyncio.sleep(0.5)  # its request is at the server
-        await http_server.kill()
+        await until(lambda: any(tmp_path.glob("call-hang-*")), "the server has the call")
+        await server.kill()
         cut = await asyncio.wait_for(running, 30)
     finally:
         await source.close()
+        await server.kill()  # once more if the test failed before (idempotent)
     assert cut.is_error and "may have had its effect" in text(cut)
     assert "was not made" not in text(cut)
 
