@@ -250,6 +250,35 @@ class Msg:
     """Answered by the reply to a later message of its thread (it was steered)."""
 
 
+def attribute(items: Sequence[WebItem], msgs: list[Msg]) -> None:
+    """Read a thread's new `items`: each message's place, and the replies that answer `msgs`.
+
+    A reply holds every answer of its run, one a message it took after an answer (D296); each
+    echo names the newest message the run had seen, and answers it and every message the lane
+    took before it. The lane's order is the inbox's, which two messages posted at once may hold
+    the other way round from the thread's: a reply answers every message up to the latest in
+    the thread it names.
+    """
+    msgs.sort(key=lambda m: m.order)
+    by_key = {m.key: m for m in msgs}
+    for item in items:
+        if item.kind == "message" and item.id in by_key:
+            by_key[item.id].received_ms = item.at_ms
+            by_key[item.id].seq = item.seq
+            continue
+        named = [by_key.get(part.strip()) for part in item.text.split("You said: ")[1:]]
+        found = [m for m in named if m is not None]
+        if item.kind not in ("reply", "failure_notice") or not found:
+            continue
+        target = max(found, key=lambda m: (m.seq, m.order))
+        for msg in msgs:
+            later = msg.seq > target.seq if msg.seq and target.seq else msg.order > target.order
+            if not later and not msg.answered_ms and msg.accepted_ms:
+                msg.answered_ms = float(item.at_ms)
+                msg.reply_id = item.id if msg is target else ""
+                msg.merged = msg is not target
+
+
 @dataclass
 class Layout:
     threads: list[tuple[str, str]]
@@ -384,31 +413,7 @@ class Cluster:
                 after = page[-1].seq
             if items:
                 self.cursors[where] = items[-1].seq
-            msgs.sort(key=lambda m: m.order)
-            by_key = {m.key: m for m in msgs}
-            for item in items:
-                if item.kind == "message" and item.id in by_key:
-                    by_key[item.id].received_ms = item.at_ms
-                    by_key[item.id].seq = item.seq
-                    continue
-                # the echo's last answer names the newest message the run took (a reply holds
-                # every answer of its run, one a message it took after an answer: D296)
-                target = by_key.get(item.text.rsplit("You said: ", 1)[-1])
-                if item.kind not in ("reply", "failure_notice") or target is None:
-                    continue
-                # it answers its message and every one the lane took before it (the echo names
-                # the newest message it saw): the thread's order, not the posting order
-                for msg in msgs:
-                    if (
-                        (msg.seq > target.seq)
-                        if msg.seq and target.seq
-                        else msg.order > target.order
-                    ):
-                        continue
-                    if not msg.answered_ms and msg.accepted_ms:
-                        msg.answered_ms = float(item.at_ms)
-                        msg.reply_id = item.id if msg is target else ""
-                        msg.merged = msg is not target
+            attribute(items, msgs)
 
         await asyncio.gather(*(one(where, msgs) for where, msgs in by_thread.items()))
 
@@ -639,6 +644,8 @@ class Result:
     unanswered: int = 0
     left: list[str] = field(default_factory=list)
     """The unanswered messages: where, which, and the thread place the lane took it at."""
+    left_after: list[str] = field(default_factory=list)
+    """What each unanswered message's thread held from it on, read at the setup's end."""
     rate: float = 0.0
     achieved_rate: float = 0.0
     lat: list[float] = field(default_factory=list)
@@ -710,6 +717,12 @@ def gateway_settings(args: argparse.Namespace, base: dict[str, str], **more: str
     return {**base, "worker_slots": str(args.slots), "log_level": args.log_level, **more}
 
 
+async def items_after(cluster: Cluster, msg: Msg) -> str:
+    """The kinds and texts of `msg`'s thread from it on (a late reply, a notice, nothing)."""
+    items = await cluster.mailbox.read(msg.space, msg.thread, after=max(msg.seq - 1, 0), limit=8)
+    return "; ".join(f"{i.seq} {i.kind} {i.text[:60]!r} at {i.at_ms}" for i in items) or "none"
+
+
 async def run_setup(
     args: argparse.Namespace, setup: str, workdir: Path, server: RedisServer | None, layout: Layout
 ) -> Result:
@@ -759,6 +772,7 @@ async def run_setup(
             if msg.accepted_ms and not msg.answered_ms:
                 result.unanswered += 1
                 result.left.append(f"{msg.space}/{msg.thread} {msg.key} (item {msg.seq})")
+                result.left_after.append(await items_after(cluster, msg))
         result.errors = senders.errors
         # 4. breakdown
         result.phases = await breakdown(cluster, lat_plan, args.sample)
@@ -1017,6 +1031,8 @@ def print_results(results: list[Result]) -> None:
     for r in results:
         if r.left:  # to read a failure by: the thread's items say what happened to each
             print(f"{r.setup} unanswered: {', '.join(r.left[:20])}")
+            for where, after in zip(r.left[:5], r.left_after, strict=False):
+                print(f"  {where}: {after}")
     print()
     print("where the time goes at the latency rate (ms, p50 / p99 over a sample):")
     print(f"{'phase':<33} | " + " | ".join(f"{r.setup:>15}" for r in results))
