@@ -70,6 +70,8 @@ _PERMANENT = frozenset(
     }
 )
 """Slack errors that a retry cannot fix (the delivery becomes a dead letter at once)."""
+_NOT_REWRITTEN = frozenset({"cant_update_message", "edit_window_closed", "msg_too_long"})
+"""`chat.update` errors that leave a finished stream as it was: the reply is posted instead."""
 _MAY_HAVE_ACTED = frozenset(
     {"internal_error", "fatal_error", "service_unavailable", "request_timeout"}
 )
@@ -288,9 +290,13 @@ class SlackDelivery:
         blocks: list[dict[str, Any]] | None,
         metadata: dict[str, Any],
     ) -> str | None:
-        """Rewrite the run's stream message as the reply's first part; None if it is gone.
+        """Rewrite the run's stream message as the reply's first part; None: post it instead.
 
-        The blocks say the text too: a streamed message's own blocks would otherwise stay.
+        The blocks say the text too: a streamed message's own blocks would otherwise stay. A
+        stream Slack will not let be rewritten (`_NOT_REWRITTEN`) is deleted, and the reply is
+        posted: a dead letter there left the person the streamed words without the reply's
+        files, parts or notes, and the thread marked failed (an outside probe). If the delete
+        fails too, the stream stays beside the reply.
         """
         shown = blocks if blocks is not None else [_section(text)]
         try:
@@ -298,8 +304,14 @@ class SlackDelivery:
                 channel=channel, ts=ts, text=text, blocks=shown, metadata=metadata
             )
         except SlackApiError as exc:
-            if exc.response.get("error") == "message_not_found":
+            error = exc.response.get("error")
+            if error == "message_not_found":
                 return None  # deleted meanwhile (by a person, a sweep): posted instead
+            if error in _NOT_REWRITTEN:
+                log.info("slack stream not rewritten", extra={"error": error})
+                with contextlib.suppress(SlackApiError, aiohttp.ClientError, TimeoutError):
+                    await self.link.client.chat_delete(channel=channel, ts=ts)
+                return None
             raise _delivery_error(exc, after_post=False) from None
         except aiohttp.ClientConnectorError as exc:
             raise DeliveryError(self.link.unreachable(exc, "chat.update")) from None

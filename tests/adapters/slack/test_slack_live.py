@@ -377,6 +377,26 @@ async def test_a_rate_limited_rewrite_of_the_stream_is_retried_as_slack_asks() -
         assert [c.status for c in fake.calls_to("chat.update")] == [429, 200]
 
 
+@pytest.mark.parametrize("error", ["cant_update_message", "edit_window_closed", "msg_too_long"])
+async def test_a_stream_slack_will_not_rewrite_goes_and_the_reply_is_posted(error: str) -> None:
+    """A refused rewrite of the finished stream was a dead letter: the thread kept the streamed
+    words and a warning, never the reply (an outside probe). The stream goes; the reply posts."""
+    async with FakeSlack() as fake:
+        sink = TestSink(routes={"C1": "s1"})
+        async with slack_channel(fake, sink) as channel:
+            thread = await ask(fake, channel, sink, "how are my tickets?")
+            await channel.show(text(thread, ANSWER, 0))
+            await channel.show(done(thread))
+            [streamed] = answers(fake, thread)
+            fake.fail("chat.update", error)
+            receipt = await channel.deliver(reply(sink, thread))
+            [posted] = answers(fake, thread)
+            assert posted.ts != streamed.ts
+            assert receipt.channel_message_ids == (f"C1:{posted.ts}",)
+        assert_one_complete_answer(fake, thread)
+        assert [c.error for c in fake.calls_to("chat.delete")] == [None]
+
+
 async def test_a_mark_an_older_process_wrote_is_checked_against_the_thread() -> None:
     """A mark without D279's flag may list a stream an older process finished as an answer
     (before D275 it rewrote a stream still listed): the take reads the thread and spares it."""
