@@ -75,6 +75,7 @@ _SCRIPT = """
   if (location.hash) history.replaceState(null, "", location.pathname + location.search);
   let filter = "";
   let chosen = null;
+  let role = null;  // the token's, from /whoami: a viewer is offered no action it cannot take
 
   async function api(method, path, body) {
     const headers = {Authorization: "Bearer " + token};
@@ -99,6 +100,8 @@ _SCRIPT = """
   function signOut(why) {
     sessionStorage.removeItem("ops-token");
     token = null;
+    role = null;
+    $("who").textContent = "";
     signedIn(false);
     $("signin-error").textContent = why || "";
   }
@@ -151,6 +154,11 @@ _SCRIPT = """
   function actionButton(label, run, primary) {
     const button = el("button", primary ? "primary" : "", label);
     button.type = "button";
+    if (role !== "operator") {
+      button.disabled = true;
+      button.title = "this token is a viewer's: acting needs an operator token";
+      return button;
+    }
     button.addEventListener("click", async () => {
       button.disabled = true;
       $("lane-note").textContent = label + "...";
@@ -212,7 +220,7 @@ _SCRIPT = """
     const id = lane.id;
     // rebuilt only when what it offers changes: the 3 s refresh must not wipe what an operator
     // is typing (a result, a reason) nor take the focus away
-    const shape = JSON.stringify([lane.id, lane.status, lane.actions, lane.wait_id,
+    const shape = JSON.stringify([role, lane.id, lane.status, lane.actions, lane.wait_id,
       lane.pending_approvals, lane.interrupted_calls, lane.revoked, lane.token_budget]);
     if (actions.dataset.shape !== shape) {
     actions.dataset.shape = shape;
@@ -462,6 +470,12 @@ _SCRIPT = """
   async function refresh() {
     if (!token) return;
     try {
+      if (role === null) {
+        const me = await api("GET", "/whoami");
+        role = me.role;
+        $("who").textContent = "signed in as " + visible(me.name) + " (" + me.role +
+          (me.role === "operator" ? ")" : ": reads only)");
+      }
       await Promise.all([loadBacklog(), loadLanes(), loadRetrying(), loadDead(), loadMcp()]);
       await showLane();
       $("app-error").textContent = "";
@@ -503,6 +517,7 @@ _SCRIPT = """
 
 _BODY = """
 <header><h1>Gateway operations</h1><span class="muted" id="backlog"></span>
+<span class="muted" id="who"></span>
 <button type="button" id="signout">Sign out</button></header>
 <section id="signin" hidden>
   <h2>Sign in</h2>

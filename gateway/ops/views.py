@@ -33,6 +33,7 @@ __all__ = [
     "TimelineItem",
     "TimelinePage",
     "UsageItem",
+    "WhoAmIView",
     "decode_cursor",
     "encode_cursor",
     "lane_id",
@@ -286,6 +287,14 @@ class BudgetRequest(_Request):
     tokens: Annotated[int, Strict(), Field(ge=1, le=MAX_BUDGET)] | None
     """Tokens the lane may spend in all, what it spent included; null: its profile's budget."""
     reason: str | None = Field(default=None, min_length=1, max_length=300)
+
+
+class WhoAmIView(_View):
+    """Who the caller's token is: its name (the audit trail's actor) and what it may do."""
+
+    name: str
+    role: Literal["viewer", "operator"]
+    """``viewer`` reads; ``operator`` reads and acts."""
 
 
 class BudgetView(_View):

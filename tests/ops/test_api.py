@@ -30,6 +30,15 @@ async def ops(request: pytest.FixtureRequest, tmp_path: Any) -> AsyncIterator[Op
         yield running
 
 
+async def test_whoami_names_the_token_and_what_it_may_do(ops: Ops) -> None:
+    """The /ops page showed a viewer every action button, each refused with 403 when clicked."""
+    viewer = await ops.http.get("/api/v1/whoami", headers=AS_VIEWER)
+    assert viewer.json() == {"name": "bob", "role": "viewer"}
+    operator = await ops.http.get("/api/v1/whoami", headers=AS_OPERATOR)
+    assert operator.json() == {"name": "alice", "role": "operator"}
+    assert (await ops.http.get("/api/v1/whoami")).status_code == 401
+
+
 async def test_every_route_needs_a_token_and_errors_have_one_envelope(ops: Ops) -> None:
     schema = (await ops.http.get("/api/v1/openapi.json")).json()
     routes = [

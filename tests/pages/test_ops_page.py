@@ -272,6 +272,40 @@ async def test_an_operator_revokes_a_lane_from_the_page_and_gives_it_back(
     assert console_errors == []
 
 
+async def test_a_viewer_is_offered_no_action_and_an_operator_after_it_is(
+    tmp_path: Path, page: Page, console_errors: list[str]
+) -> None:
+    """A viewer's page showed every action button, each refused with 403 only once clicked."""
+    viewer, operator = "viewer-secret-abcdefghijklmnopqr", "operator-secret-abcdefghijklmnop"
+    settings = {
+        **_settings(tmp_path),
+        "ops_tokens": f"bob:viewer:{viewer},alice:operator:{operator}",
+    }
+    gateway = GatewayProcess("gw", tmp_path, settings).start()
+    try:
+        async with httpx.AsyncClient(base_url=gateway.url, timeout=10) as http:
+            posted = await http.post("/web/threads/seen/messages", json={"text": "hello"})
+            assert posted.status_code == 202, posted.text
+        await page.goto(f"{gateway.url}/ops#token={viewer}")
+        await expect(page.locator("#who")).to_have_text("signed in as bob (viewer: reads only)")
+        row = page.locator("#lanes tr", has_text="web:seen")
+        await expect(row.locator(".status")).to_have_text("idle", timeout=20_000)
+        await row.click()
+        revoke = page.locator("#lane-actions").get_by_role("button", name="Revoke", exact=True)
+        await expect(revoke).to_be_disabled()
+        assert "operator token" in (await revoke.get_attribute("title") or "")
+
+        await page.get_by_role("button", name="Sign out").click()
+        await page.get_by_label("token").fill(operator)
+        await page.get_by_role("button", name="Sign in").click()
+        await expect(page.locator("#who")).to_have_text("signed in as alice (operator)")
+        await row.click()
+        await expect(revoke).to_be_enabled()
+    finally:
+        gateway.stop()
+    assert console_errors == []
+
+
 async def test_an_operator_sets_a_spent_thread_s_budget_from_the_page(
     tmp_path: Path, page: Page, console_errors: list[str]
 ) -> None:

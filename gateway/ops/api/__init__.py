@@ -20,7 +20,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from fastapi import APIRouter, Depends
+from fastapi import APIRouter, Depends, Request
 
 from gateway.broker.contract import Broker
 from gateway.lane_status import LaneLimits
@@ -47,6 +47,7 @@ from gateway.ops.views import (
     Page,
     SessionView,
     TimelinePage,
+    WhoAmIView,
 )
 from harness_core import Clock, SessionRepo
 
@@ -78,6 +79,11 @@ class OpsApi:
         self.routers = [self.router, ops_page_router()]
         """Every router of the operator surface (the API; the /ops page joins it)."""
 
+    async def whoami(self, request: Request) -> WhoAmIView:
+        """``GET /whoami``: the caller's token name and role (the page offers acting by it)."""
+        who = self.context.who(request, "viewer")
+        return WhoAmIView(name=who.name, role=who.role)
+
     def _build(self) -> APIRouter:
         router = APIRouter(
             prefix=API_PREFIX,
@@ -92,6 +98,7 @@ class OpsApi:
             return router.post(path, dependencies=acting, **kwargs)
 
         lanes, audit, deliveries, actions = self.lanes, self.audit, self.deliveries, self.actions
+        get("/whoami", response_model=WhoAmIView)(self.whoami)
         get("/sessions", response_model=Page[SessionView])(lanes.sessions)
         get("/lanes", response_model=Page[LaneView])(lanes.lanes)
         get("/lanes/{lane_id}", response_model=LaneView)(lanes.lane)
