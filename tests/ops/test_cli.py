@@ -29,6 +29,7 @@ import pytest
 
 from gateway.channels import gateway_settings
 from gateway.ops.cli import main
+from gateway.ops.cli import run as cli_run
 from gateway.ops.cli.target import Target
 from harness_core.session.records import MAX_SUPPLIED_CHARS
 from tests.support.gateway_process import ROOT, GatewayProcess
@@ -421,6 +422,27 @@ def test_an_action_still_running_says_how_to_check_on_it(gateway: Gateway, ops: 
         assert time.monotonic() < deadline, polled
         time.sleep(0.1)
     assert polled.out.endswith(": rewind web-default/web:later: done, completed\n"), polled
+
+
+def test_a_terminal_is_told_what_a_slow_action_waits_for(
+    gateway: Gateway, ops: Any, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """An action's answer took up to 25 s in silence, which read as a hang (an outside probe)."""
+    gateway.post("slowly", "/slow 1500")
+    gateway.lane("web:slowly", "idle")
+    timeline = json.loads(ops("timeline", "web:slowly", "--json").out)["items"]
+    [message] = [i for i in timeline if i["summary"] == "user: /slow 1500"]
+    monkeypatch.setattr(cli_run, "WAITING_NOTICE_S", 0.2)
+    monkeypatch.setattr(cli_run, "_isatty", lambda stream: stream is sys.stderr)
+    ran = ops("--timeout", "2", "rewind", "web:slowly", message["id"], "--yes")
+    assert ran.code == 0, ran
+    assert "(waiting for the worker holding web:slowly to carry it out: up to 1 s more)\n" in (
+        ran.err
+    )
+    gateway.lane("web:slowly", "idle")
+    monkeypatch.setattr(cli_run, "_isatty", lambda stream: False)  # a pipe is never told
+    quiet = ops("--timeout", "2", "rewind", "web:slowly", message["id"], "--yes")
+    assert quiet.code == 0 and "waiting for" not in quiet.err, quiet
 
 
 # -- errors ----------------------------------------------------------------------------------

@@ -6,6 +6,7 @@ import argparse
 import json
 import shutil
 import sys
+import threading
 import uuid
 from collections.abc import Callable, Iterable, Sequence
 from typing import Any
@@ -16,6 +17,9 @@ from gateway.ops.cli.errors import OK, USAGE, OpsError
 from gateway.ops.cli.output import Json, clean, seg, table_lines
 
 __all__ = ["Handler", "Run"]
+
+WAITING_NOTICE_S = 2.0
+"""How long an action's answer may take before a terminal is told what it waits for."""
 
 
 class Run:
@@ -113,13 +117,27 @@ class Run:
         """POST an action on a lane; one line: its result, or where to check on it."""
         timeout = self.client.timeout
         wait = min(25.0, timeout - 5.0) if timeout > 10 else timeout / 2
-        status, result = self.client.request(
-            "POST",
-            f"/lanes/{seg(str(view['id']))}/{path}",
-            params={"wait": f"{wait:.1f}"},
-            body=body,
-            key=self.key(),
+        # the gateway answers when the lane's worker is through, up to `wait` seconds: a person
+        # at a terminal is told so, instead of a silence that reads as a hang
+        waiting = f"(waiting for the worker holding {clean(view.get('lane'))} to carry it out: "
+        notice = threading.Timer(
+            WAITING_NOTICE_S,
+            self.note,
+            args=(f"{waiting}up to {max(wait - WAITING_NOTICE_S, 0):.0f} s more)",),
         )
+        notice.daemon = True
+        if _isatty(sys.stderr):
+            notice.start()
+        try:
+            status, result = self.client.request(
+                "POST",
+                f"/lanes/{seg(str(view['id']))}/{path}",
+                params={"wait": f"{wait:.1f}"},
+                body=body,
+                key=self.key(),
+            )
+        finally:
+            notice.cancel()
         return self.said(verb, view, status, result)
 
     def earlier(self) -> Json | None:
