@@ -224,11 +224,21 @@ Put = Callable[[str, bytes], Awaitable[str]]
 """Hold a file's content under its key -> the blob id (`FileRefused` if the area refuses it)."""
 
 
+_ENCRYPTED = frozenset(
+    {"application/pkcs7-mime", "application/x-pkcs7-mime", "application/pgp-encrypted"}
+)
+"""Media types of encrypted content (an S/MIME ``smime.p7m``, OpenPGP/MIME's parts)."""
+
+
 def _declared_refusal(
     attachment: Attachment, limits: FileLimits, taken: int, taken_bytes: int
 ) -> str | None:
     """Why a file is refused from what its channel declares, before anything is fetched."""
     if file_kind(attachment.name, attachment.media_type) is None:
+        if (attachment.media_type or "").lower() in _ENCRYPTED:
+            return (  # an encrypted mail arrives as this one file: its sender can act on this
+                "it is encrypted, and I hold no key to read it (send it again unencrypted)"
+            )
         return (
             f"I do not read {attachment.media_type or 'files of this type'} files "
             "(only images, text files and PDFs)"

@@ -78,6 +78,25 @@ async def test_count_size_and_total_are_refused_before_any_fetch() -> None:
     assert total[1].refused is not None and "together" in total[1].refused
 
 
+@pytest.mark.parametrize(
+    ("name", "media_type"),
+    [
+        ("smime.p7m", "application/pkcs7-mime"),
+        ("smime.p7m", "application/x-pkcs7-mime"),
+        ("version.asc", "application/pgp-encrypted"),
+    ],
+)
+async def test_an_encrypted_file_is_refused_saying_so(name: str, media_type: str) -> None:
+    """An encrypted mail's one file read "I do not read application/pkcs7-mime files": its
+    sender learnt nothing they could act on (an outside probe)."""
+    area = Area()
+    [taken] = await area.take(area.file(name, b"MIAGCSqGSIb3DQEHA6CA", media_type))
+    assert taken.blob is None
+    assert (
+        taken.refused == "it is encrypted, and I hold no key to read it (send it again unencrypted)"
+    )
+
+
 async def test_a_file_held_under_its_key_is_not_fetched_again() -> None:
     area = Area()
     first = await area.take(area.file("a.txt", b"hello"))

@@ -1254,3 +1254,20 @@ def test_a_signed_mail_s_signature_is_no_attachment(protocol: str, signature: st
     assert inbound is not None
     assert inbound.text == "the numbers are attached"
     assert [a.name for a in inbound.attachments] == ["q3.csv"]  # the file; not the signature
+
+
+def test_an_encrypted_mail_s_only_file_is_refused_as_encrypted() -> None:
+    """An S/MIME-encrypted mail reached the agent as its subject and an unread ``smime.p7m``,
+    and its sender read "I do not read application/pkcs7-mime files" (an outside probe): now
+    they read that it is encrypted, and what to do."""
+    raw = (
+        "From: alice@example.test\nTo: bot@gw.example\nSubject: the contract\n"
+        "Message-ID: <sealed-1@example.test>\nMIME-Version: 1.0\n"
+        'Content-Type: application/pkcs7-mime; smime-type=enveloped-data; name="smime.p7m"\n'
+        'Content-Disposition: attachment; filename="smime.p7m"\n'
+        "Content-Transfer-Encoding: base64\n\nMIAGCSqGSIb3DQEHA6CAMIACAQAxggE\n"
+    )
+    inbound = read(raw).inbound
+    assert inbound is not None
+    [sealed] = inbound.attachments  # refused as encrypted when taken in (test_file_policy)
+    assert (sealed.name, sealed.media_type) == ("smime.p7m", "application/pkcs7-mime")
