@@ -77,6 +77,10 @@ class GatewayProcess:
                 self.wait_ready(wait_ready_s)
                 return self
             except RuntimeError:
+                # a process that never got ready is not left behind: the caller's `finally`
+                # that stops it is not entered yet, and an orphan serving on slows every
+                # later test (a loaded run's slow starts then cascaded)
+                self.kill()
                 if picks_left == 0 or "Address already in use" not in self.tail():
                     raise
                 picks_left -= 1
