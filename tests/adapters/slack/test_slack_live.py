@@ -94,6 +94,14 @@ def assert_one_complete_answer(fake: FakeSlack, thread: ThreadRef) -> None:
     assert fake.streams() == []
 
 
+async def streamed_answer(fake: FakeSlack, channel: SlackChannel, sink: TestSink) -> ThreadRef:
+    """A person asks; the run streams its whole answer and stops (its reply is yet to come)."""
+    thread = await ask(fake, channel, sink, "how are my tickets?")
+    await channel.show(text(thread, ANSWER, 0))
+    await channel.show(done(thread))
+    return thread
+
+
 async def ask_again(
     fake: FakeSlack, channel: SlackChannel, sink: TestSink, thread: ThreadRef, text: str
 ) -> None:
@@ -349,9 +357,7 @@ async def test_a_streamed_reply_is_delivered_without_reading_the_thread() -> Non
     async with FakeSlack() as fake:
         sink = TestSink(routes={"C1": "s1"})
         async with slack_channel(fake, sink) as channel:
-            thread = await ask(fake, channel, sink, "how are my tickets?")
-            await channel.show(text(thread, ANSWER, 0))
-            await channel.show(done(thread))
+            thread = await streamed_answer(fake, channel, sink)
             read_before = metadata_reads(fake)
             receipt = await channel.deliver(reply(sink, thread))
             [streamed] = answers(fake, thread)
@@ -365,9 +371,7 @@ async def test_a_rate_limited_rewrite_of_the_stream_is_retried_as_slack_asks() -
     async with FakeSlack() as fake:
         sink = TestSink(routes={"C1": "s1"})
         async with slack_channel(fake, sink) as channel:
-            thread = await ask(fake, channel, sink, "how are my tickets?")
-            await channel.show(text(thread, ANSWER, 0))
-            await channel.show(done(thread))
+            thread = await streamed_answer(fake, channel, sink)
             fake.rate_limit("chat.update", retry_after=7)
             with pytest.raises(DeliveryError) as refused:
                 await channel.deliver(reply(sink, thread))
@@ -384,9 +388,7 @@ async def test_a_stream_slack_will_not_rewrite_goes_and_the_reply_is_posted(erro
     async with FakeSlack() as fake:
         sink = TestSink(routes={"C1": "s1"})
         async with slack_channel(fake, sink) as channel:
-            thread = await ask(fake, channel, sink, "how are my tickets?")
-            await channel.show(text(thread, ANSWER, 0))
-            await channel.show(done(thread))
+            thread = await streamed_answer(fake, channel, sink)
             [streamed] = answers(fake, thread)
             fake.fail("chat.update", error)
             receipt = await channel.deliver(reply(sink, thread))
