@@ -34,7 +34,17 @@ from mcp import Client
 from mcp.client.stdio import get_default_environment
 from mcp.client.streamable_http import streamable_http_client
 from mcp.shared.exceptions import MCPError
-from mcp_types.jsonrpc import CONNECTION_CLOSED
+from mcp_types.jsonrpc import (
+    CONNECTION_CLOSED,
+    HEADER_MISMATCH,
+    INVALID_PARAMS,
+    INVALID_REQUEST,
+    METHOD_NOT_FOUND,
+    MISSING_REQUIRED_CLIENT_CAPABILITY,
+    PARSE_ERROR,
+    UNSUPPORTED_PROTOCOL_VERSION,
+    URL_ELICITATION_REQUIRED,
+)
 from pydantic import ValidationError
 
 from gateway.errors import GatewayError
@@ -102,9 +112,26 @@ _NO_SUCH_TOOL = (
 )
 _NOTHING_MATCHES = "the server lists no tool this name or pattern matches"
 
-_SESSION_REFUSED = frozenset({401, 403, 404})
+_SESSION_REFUSED = frozenset({401, 404})
 """HTTP answers to a call that end the session rather than the call: a server that restarted
-forgot the session id (404, as the MCP transport specifies), or the credentials changed."""
+forgot the session id (404, as the MCP transport specifies), or the credentials changed. A 403
+is one request's (an OAuth scope that tool needs): the session, and the calls in flight on it,
+go on."""
+_NOT_RUN = frozenset(
+    {
+        PARSE_ERROR,
+        INVALID_REQUEST,
+        METHOD_NOT_FOUND,
+        INVALID_PARAMS,
+        HEADER_MISMATCH,
+        UNSUPPORTED_PROTOCOL_VERSION,
+        MISSING_REQUIRED_CLIENT_CAPABILITY,
+        URL_ELICITATION_REQUIRED,
+    }
+)
+"""JSON-RPC errors a server answers before it runs anything (the request could not be read, or
+names no method or no valid arguments). Any other error of a call (an internal error, an HTTP
+5xx the SDK reads as one, a server's own code) may come after the tool did its work."""
 
 
 class McpConnection:
@@ -353,7 +380,7 @@ class McpConnection:
             )
             # the server's stderr is not ours to print (it may echo the secrets it was given),
             # but its end says why it stopped: kept for the operator (`health`), redacted
-            self._tail = StderrTail()
+            self._tail = StderrTail(self._redact)
             errlog = stack.enter_context(await self._tail.open())
             # the SDK's own stdio reader costs time quadratic in a line's length, unbounded
             spawned = bounded_stdio(
@@ -555,18 +582,14 @@ class McpConnection:
                     "for less (a narrower query, a smaller range); the call was made",
                     fault=False,
                 )
-            if exc.code == CONNECTION_CLOSED:
-                # -32000 is also a server's own generic error, and the code of one call whose
-                # answer an HTTP stream lost: that call's outcome, not the connection's end
-                return self._ended(
+            status = self._http_status
+            if self.server.transport == "http" and status == 403:
+                return self._ended(  # this request's refusal: the session goes on
                     "error",
-                    self._redact(
-                        f"MCP server {self.name!r} did not complete {tool!r}: {exc}; "
-                        f"{_MAY_HAVE_HAPPENED}"
-                    )[:2000],
+                    f"MCP server {self.name!r} refused {tool!r} ({self._explain(exc)}); the "
+                    "call was not made",
                     fault=False,
                 )
-            status = self._http_status
             if self.server.transport == "http" and status in _SESSION_REFUSED:
                 # its session is gone (the server restarted: 404) or its credentials are
                 # (401/403): every later call would be refused the same way until the idle
@@ -578,9 +601,21 @@ class McpConnection:
                     f"MCP server {self.name!r} refused {tool!r} ({self._last_error}); the "
                     "call was not made, and the connection is made again: try again shortly",
                 )
+            if exc.code in _NOT_RUN:
+                return self._ended(
+                    "error",
+                    self._redact(f"MCP server {self.name!r} refused {tool!r}: {exc}")[:2000],
+                    fault=False,
+                )
+            # -32000 is also the code of one call whose answer an HTTP stream lost; a -32603
+            # came after a card was charged, an HTTP 504 from a proxy while the server went on
+            # (an outside probe): that call's outcome is unknown, the connection is fine
             return self._ended(
                 "error",
-                self._redact(f"MCP server {self.name!r} refused {tool!r}: {exc}")[:2000],
+                self._redact(
+                    f"MCP server {self.name!r} did not complete {tool!r}: {exc}; "
+                    f"{_MAY_HAVE_HAPPENED}"
+                )[:2000],
                 fault=False,
             )
         except Exception as exc:
@@ -622,11 +657,14 @@ class McpConnection:
         )
 
     def _crashed(self, tool: str, exc: BaseException) -> ToolOutput:
+        said = _describe(exc)
+        if self.server.transport == "http" and said == _CLOSED_WORDS:
+            said = "the connection closed"  # no process of ours: it was made again, or cut
         return self._cut(
             "crashed",
-            f"during a call of {tool!r}: {_describe(exc)}",
+            f"during a call of {tool!r}: {said}",
             f"the connection to MCP server {self.name!r} was lost during the call "
-            f"({_describe(exc)}); it is restarted; {_MAY_HAVE_HAPPENED}",
+            f"({said}); it is restarted; {_MAY_HAVE_HAPPENED}",
         )
 
     def _cut(self, outcome: str, fault: str, text: str) -> ToolOutput:
@@ -828,6 +866,9 @@ def _from_here(path: str, cwd: str | None = None) -> str:
     return f" (read from {os.path.abspath(cwd) if cwd is not None else os.getcwd()})"
 
 
+_CLOSED_WORDS = "the connection closed (the server exited or closed its output)"
+
+
 def _describe(exc: BaseException) -> str:
     """One line about a failure (the innermost of a group), for health and the model."""
     while isinstance(exc, BaseExceptionGroup) and exc.exceptions:
@@ -837,7 +878,7 @@ def _describe(exc: BaseException) -> str:
     if isinstance(exc, _Refused | _Lost):  # ours, already in words ("_Lost: _Lost: ..." grew)
         return str(exc)
     if isinstance(exc, MCPError) and exc.code == CONNECTION_CLOSED and str(exc) == _SDK_CLOSED:
-        return "the connection closed (the server exited or closed its output)"
+        return _CLOSED_WORDS
     text = str(exc).strip().splitlines()[0] if str(exc).strip() else ""
     return f"{type(exc).__name__}: {text}" if text else type(exc).__name__
 

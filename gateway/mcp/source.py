@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import asyncio
 import logging
+import re
 from collections.abc import Callable, Iterable
 from typing import Any
 
@@ -61,6 +62,9 @@ class McpTools:
             )
             for server in servers
         }
+        self._redact = redact
+        self._unnamed: set[tuple[str, str]] = set()
+        """The tools left out for their names (each said once)."""
         self._tools: tuple[Tool, ...] = ()
         self.version = 0
         """One more at every change of the tools offered: a session built with fewer or older
@@ -118,10 +122,32 @@ class McpTools:
     def _rebuild(self) -> None:
         self.version += 1
         self._tools = tuple(
-            _harness_tool(connection, mcp_tool)
+            _harness_tool(connection, mcp_tool, self._redact)
             for connection in self._connections.values()
             for mcp_tool in connection.tools().values()
+            if self._named(connection.name, mcp_tool.name)
         )
+
+    def _named(self, server: str, name: str) -> bool:
+        """Whether a server's tool name is one (else it is left out, and said once).
+
+        A name is what the model calls and what an approval request shows: one with a newline
+        wrote a line of its own into the request ("Approved by ops-lead: yes", an outside
+        probe), an empty one was offered as ``server.``.
+        """
+        if _TOOL_NAME.fullmatch(name):
+            return True
+        if (server, name) not in self._unnamed:
+            self._unnamed.add((server, name))
+            log.warning(
+                event(
+                    "mcp.tool_left_out",
+                    server=server,
+                    tool=ascii(name[:80]),
+                    why="a tool name is 1-128 of A-Z a-z 0-9 _ - . (the MCP specification's)",
+                )
+            )
+        return False
 
 
 def beside(own: tuple[Tool, ...], offered: tuple[Tool, ...], warned: set[str]) -> tuple[Tool, ...]:
@@ -179,7 +205,18 @@ _MANY = "#too-many"
 """The `warned` key of that warning (an MCP tool's name always has its server's prefix)."""
 
 
-def _harness_tool(connection: McpConnection, mcp_tool: types.Tool) -> Tool:
+_TOOL_NAME = re.compile(r"[A-Za-z0-9_.-]{1,128}")
+"""A tool name as the MCP specification gives it (SEP-986)."""
+
+
+def _harness_tool(
+    connection: McpConnection, mcp_tool: types.Tool, redact: Callable[[str], str]
+) -> Tool:
+    """The harness's tool for a server's, its description and schema redacted.
+
+    The model, and the store through its answers, would hold a secret a server put there (a
+    DSN in a description).
+    """
     server = connection.server
     said = declarations(
         mcp_tool.annotations, trusted=server.trusted, override=server.overrides.get(mcp_tool.name)
@@ -192,10 +229,21 @@ def _harness_tool(connection: McpConnection, mcp_tool: types.Tool) -> Tool:
 
     return Tool(
         name=f"{server.name}.{own}",
-        description=mcp_tool.description or mcp_tool.title or own,
+        description=redact(mcp_tool.description or mcp_tool.title or own),
         execute=execute,
-        parameters=mcp_tool.input_schema,
+        parameters=_redacted(mcp_tool.input_schema, redact),
         replay=said.replay,
         requires_approval=said.requires_approval,
         timeout_seconds=server.call_timeout_seconds + _MARGIN_S,
     )
+
+
+def _redacted(value: Any, redact: Callable[[str], str]) -> Any:
+    """`value` (JSON) with every string in it, keys included, passed through `redact`."""
+    if isinstance(value, str):
+        return redact(value)
+    if isinstance(value, dict):
+        return {redact(str(k)): _redacted(v, redact) for k, v in value.items()}
+    if isinstance(value, list):
+        return [_redacted(v, redact) for v in value]
+    return value

@@ -15,6 +15,7 @@ import contextlib
 import os
 import re
 import unicodedata
+from collections.abc import Callable
 from typing import TextIO
 
 __all__ = ["KEEP_BYTES", "SAID_CHARS", "StderrTail"]
@@ -49,8 +50,13 @@ class _Collect(asyncio.Protocol):
 class StderrTail:
     """One spawn's stderr: `open` gives the file the server writes to, `said` its last lines."""
 
-    def __init__(self) -> None:
+    def __init__(self, redact: Callable[[str], str] = str) -> None:
+        self._redact = redact
+        """Applied to the whole kept text before any line is clipped: a secret clipped first
+        was no longer the secret, and its end was shown (an outside probe)."""
         self._kept = bytearray()
+        self._cut = False
+        """Whether the buffer's start was dropped (its first line may be a line's end)."""
         self._ended = asyncio.Event()
         self._transport: asyncio.ReadTransport | None = None
 
@@ -96,6 +102,9 @@ class StderrTail:
         and invisible characters are dropped (a terminal's colours, a line redrawn).
         """
         text = self._kept.decode("utf-8", errors="replace")
+        if self._cut and "\n" in text.rstrip("\n"):  # a line's end: a secret cut in two
+            text = text.partition("\n")[2]
+        text = self._redact(text)
         lines = [kept for kept in (_printable(line) for line in text.splitlines()) if kept]
         if not lines:
             return None
@@ -111,6 +120,7 @@ class StderrTail:
         self._kept += data
         if len(self._kept) > KEEP_BYTES:
             del self._kept[: len(self._kept) - KEEP_BYTES]
+            self._cut = True
 
 
 def _last_lines(lines: list[str], room: int) -> list[str]:

@@ -23,7 +23,7 @@ from gateway.redact import Redactor
 from harness_core.clock import SystemClock
 from harness_core.messages import TextPart
 from harness_core.tools import ToolContext, ToolOutput
-from tests.support.mcp_servers import HttpServer
+from tests.support.mcp_servers import NEEDS_SCOPE, HttpServer
 from tests.support.redis_server import free_port
 
 TOKEN = "http-bearer-secret-7f3a9c"
@@ -222,5 +222,26 @@ async def test_a_server_that_restarted_between_calls_is_connected_again_at_the_r
         await until(lambda: source.health()[0].restarts >= 1, "connected again")
         await until(lambda: source.health()[0].state == "ready", "ready again")
         assert text(await call(source, "remote.echo", {"text": "after"})) == "echo: after"
+    finally:
+        await source.close()
+
+
+async def test_one_call_s_403_leaves_the_session_and_the_calls_in_flight_alone(
+    http_server: HttpServer,
+) -> None:
+    """A 403 for one thread's call (a scope that tool needs) made the connection again, and
+    another thread's healthy call in flight was cut: "lost during the call (the server exited
+    or closed its output) ... may have had its effect" (an outside probe)."""
+    source = tools(settings(http_server.url, bearer_token=TOKEN))
+    await source.start()
+    try:
+        busy = asyncio.ensure_future(call(source, "remote.hang", {"block": 1.5}, key="k-busy"))
+        await asyncio.sleep(0.3)  # it is in flight
+        refused = await call(source, "remote.echo", {"text": NEEDS_SCOPE}, key="k-scoped")
+        assert refused.is_error and "HTTP 403" in text(refused), text(refused)
+        assert text(refused).endswith("the call was not made")
+        done = await busy
+        assert not done.is_error and text(done) == "done blocking", text(done)
+        assert source.health()[0].restarts == 0
     finally:
         await source.close()

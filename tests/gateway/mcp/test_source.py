@@ -191,6 +191,21 @@ async def test_a_server_s_generic_error_is_that_call_s_not_a_crash(
         await hanging
 
 
+@pytest.mark.parametrize(
+    ("code", "unknown"),
+    [(-32603, True), (-32001, True), (42, True), (-32602, False), (-32601, False)],
+)
+async def test_only_an_error_before_anything_ran_reads_refused(
+    source: McpTools, code: int, unknown: bool
+) -> None:
+    """A -32603 came after the card was charged, and the model read "refused": it may call a
+    never-repeat tool again (an outside probe). Invalid arguments, no such method: refused."""
+    said = text(await call(source, "demo.fail", {"rpc": True, "code": code}))
+    assert "the ticket store is busy" in said
+    assert ("may have had its effect" in said) is unknown, said
+    assert ("did not complete" in said) is unknown and ("refused" in said) is not unknown, said
+
+
 async def test_an_answer_its_own_output_schema_refuses_is_malformed_not_a_crash(
     source: McpTools, counted: Counted
 ) -> None:
@@ -618,3 +633,29 @@ async def test_the_reason_a_server_went_down_is_kept_through_its_crashes(
         )
     said = source.health()[0].last_error or ""
     assert "_Lost" not in said and said, said
+
+
+async def test_a_server_s_secret_in_a_description_or_schema_never_reaches_the_model(
+    marks: Path, caplog: pytest.LogCaptureFixture
+) -> None:
+    """Descriptions and schemas went to the model as the server wrote them: a DSN's password
+    in one was read by the provider, and stored with the answer that quoted it (an outside
+    probe). Names that are no names are left out, said once: one with a newline wrote a line
+    of its own into the approval request."""
+    server = stdio("odd", marks)
+    server = server.model_copy(update={"args": (*server.args, "--odd-tools")})
+    tools = McpTools([server], clock=SystemClock(), redact=Redactor([SECRET]).redact)
+    await tools.start()
+    try:
+        offered = {t.name: t for t in tools.tools()}
+        query = offered["odd.query"]
+        assert query.description == "Query the warehouse at postgres://app:[redacted]@db/main"
+        assert SECRET not in json.dumps(query.parameters)
+        assert "[redacted]" in json.dumps(query.parameters)
+        assert [n for n in offered if "evil" in n or n == "odd."] == []
+        left_out = [r for r in caplog.records if "mcp.tool_left_out" in r.getMessage()]
+        assert len(left_out) == 2
+        tools._rebuild()  # a rebuild (a list change) says it no more
+        assert len([r for r in caplog.records if "mcp.tool_left_out" in r.getMessage()]) == 2
+    finally:
+        await tools.close()

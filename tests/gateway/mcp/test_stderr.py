@@ -4,13 +4,15 @@ from __future__ import annotations
 
 import asyncio
 import sys
+from collections.abc import Callable
 
 from gateway.mcp.stderr import KEEP_BYTES, SAID_CHARS, StderrTail
+from gateway.redact import Redactor
 
 
-async def spoken(*lines: str, raw: bytes = b"") -> str | None:
+async def spoken(*lines: str, raw: bytes = b"", redact: Callable[[str], str] = str) -> str | None:
     """What a real child process writing `lines` (then `raw`) to its stderr is heard to say."""
-    tail = StderrTail()
+    tail = StderrTail(redact)
     errlog = await tail.open()
     try:
         code = "import sys; sys.stderr.buffer.write(sys.stdin.buffer.read())"
@@ -68,3 +70,18 @@ async def test_only_the_end_of_a_long_stream_is_kept() -> None:
 async def test_silence_and_bytes_that_are_no_utf8() -> None:
     assert await spoken() is None
     assert await spoken(raw=b"caf\xe9 \xff\n") == "caf\ufffd \ufffd"
+
+
+SECRET = "sk-live-4f9a8b7c6d5e4f3a2b1c0d9e8f7a6b5c"
+
+
+async def test_a_secret_is_redacted_before_any_line_is_clipped() -> None:
+    """The last line was clipped to its end first, and the secret's last 16 characters, no
+    longer the whole secret, went to health, the ops API and the logs (an outside probe)."""
+    redact = Redactor([SECRET]).redact
+    said = await spoken(f"fatal: upstream refused key {SECRET} " + "x" * 280, redact=redact)
+    assert said is not None and said.endswith("x" * 20)
+    assert SECRET[-8:] not in said  # no piece of it
+    # the buffer's own cut: a secret the kept end begins inside of is not shown either
+    cut = await spoken(f"key {SECRET}" + "y" * (KEEP_BYTES - 20), "the end", redact=redact)
+    assert cut == "the end"
