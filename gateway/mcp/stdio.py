@@ -8,14 +8,18 @@ line is kept only up to `MAX_MESSAGE_BYTES`. The rest of a longer line is counte
 (the framing holds: the next line is read as usual); when the line's first bytes name the
 request it answers, that request gets an error answer saying so (`TOO_LARGE_CODE`) instead of
 waiting out its timeout; otherwise it is one unreadable message. Spawning and shutdown are the
-SDK's order (close the input, wait, then SIGTERM and SIGKILL the server's process group).
+SDK's order (close the input, wait, then SIGTERM and SIGKILL the server's process group); the
+server's own exit ends its stream too (a helper it started may hold its output open), and what
+is left of its process group is ended at every stop.
 """
 
 from __future__ import annotations
 
 import contextlib
 import json
+import os
 import re
+import signal
 from collections.abc import AsyncIterator, Mapping
 from typing import TextIO
 
@@ -42,6 +46,10 @@ _INPUT_CLOSED_WAIT_S = 2.0
 _KILL_WAIT_S = 2.0
 """After SIGTERM before SIGKILL, and after SIGKILL for the exit to be seen."""
 _FLUSH_WAIT_S = 0.5
+_EXIT_POLL_S = 0.1
+"""How often the server's own exit is looked for."""
+_EXIT_GRACE_S = 0.5
+"""After the server exited: how long its last output has to be read before the stream ends."""
 """How long messages already handed to the writer have to reach the server at shutdown."""
 _KEY = re.compile(r'\s*[{,]\s*"((?:[^"\\]|\\.)*)"\s*:\s*')
 """An object's key, after its ``{`` or a ``,``, up to where its value starts."""
@@ -106,9 +114,18 @@ async def bounded_stdio(
         finally:
             flushed.set()
 
+    async def watcher() -> None:
+        # a server that exits while a child of its holds its output never ends that output:
+        # its exit must end the stream (it stayed "ready", every call waiting out its timeout)
+        while process.returncode is None:  # noqa: ASYNC110 (a process's exit sets no event)
+            await anyio.sleep(_EXIT_POLL_S)
+        await anyio.sleep(_EXIT_GRACE_S)  # what it wrote before it exited is read first
+        await to_session.aclose()
+
     async with anyio.create_task_group() as tasks:
         tasks.start_soon(reader)
         tasks.start_soon(writer)
+        tasks.start_soon(watcher)
         try:
             yield read, write
         finally:
@@ -235,8 +252,49 @@ async def _stop(process: Process) -> None:
     if not await _exited(process, _INPUT_CLOSED_WAIT_S):
         await terminate_posix_process_tree(process, _KILL_WAIT_S)
         await _exited(process, _KILL_WAIT_S)
+    await _end_group(process.pid)
     with contextlib.suppress(OSError, anyio.BrokenResourceError, anyio.ClosedResourceError):
         await process.stdout.aclose()
+
+
+async def _end_group(group: int) -> None:
+    """End what is left of the server's process group once the server itself is gone.
+
+    A child it started (a browser, a language server) outlived it, holding its pipes: found
+    after even a clean stop (an outside probe). The group is the server's own (a new session
+    at the spawn); SIGTERM, then SIGKILL to what is still there.
+    """
+    for number in (signal.SIGTERM, signal.SIGKILL):
+        if not _members(group):
+            return
+        with contextlib.suppress(OSError):  # gone meanwhile
+            os.killpg(group, number)
+        with anyio.move_on_after(_KILL_WAIT_S):
+            while _members(group):  # noqa: ASYNC110 (a process's exit sets no event)
+                await anyio.sleep(0.05)
+
+
+def _members(group: int) -> bool:
+    """Whether a live process (no zombie: an init that does not reap keeps those) is in `group`."""
+    try:
+        os.killpg(group, 0)
+    except OSError:
+        return False
+    try:
+        entries = list(os.scandir("/proc"))
+    except OSError:
+        return True  # no /proc to tell a zombie by: the group's word is taken
+    for entry in entries:
+        if not entry.name.isdigit():
+            continue
+        try:
+            with open(f"/proc/{entry.name}/stat", "rb") as stat:
+                fields = stat.read().rsplit(b")", 1)[1].split()
+        except OSError:
+            continue  # ended meanwhile
+        if fields[2] == str(group).encode() and fields[0] not in (b"Z", b"X"):
+            return True
+    return False
 
 
 async def _exited(process: Process, within_s: float) -> bool:

@@ -26,6 +26,7 @@ import asyncio
 import itertools
 import json
 import os
+import subprocess
 import sys
 import time
 from pathlib import Path
@@ -153,6 +154,11 @@ def build(marks: Path | None, *, linger: bool = False, odd: bool = False) -> Ser
             return _text("no such ticket", error=True)
         if name == "crash":
             sys.stdout.flush()
+            if args.get("orphan"):  # a helper it started holds its output, and outlives it
+                helper = subprocess.Popen(  # noqa: ASYNC220 (it exits at once after)
+                    ["sleep", "300"], pass_fds=(_WIRE[0],), stdin=subprocess.DEVNULL
+                )
+                mark(f"helper-{helper.pid}")
             if linger:
                 # every descriptor but stderr closed (the client reads the end of the wire),
                 # then a blocked loop: the stdin closing is never read, only a signal ends it

@@ -511,6 +511,22 @@ async def test_close_during_the_teardown_of_a_lost_server_still_stops_it(marks: 
             os.kill(pid, 9)
 
 
+async def test_a_server_that_dies_while_its_helper_holds_its_output_is_restarted(
+    source: McpTools, marks: Path, counted: Counted
+) -> None:
+    """Its output never ended: the server stayed "ready", every later call waited out its
+    timeout to read "may have had its effect", and the helper outlived even a clean stop (an
+    outside probe). Its exit is the crash; the helper goes with its process group."""
+    crashed = await call(source, "demo.crash", {"orphan": True})
+    assert crashed.is_error and "lost during the call" in text(crashed), text(crashed)
+    [helper] = [int(p[7:]) for p in os.listdir(marks) if p.startswith("helper-")]
+    await until(lambda: source.health()[0].restarts >= 1, "restarted")
+    await until(lambda: source.health()[0].state == "ready", "ready again")
+    assert text(await call(source, "demo.echo", {"text": "after"})) == "echo: after"
+    await until(lambda: not alive(helper), "the helper ended")
+    assert ("demo", "crashed") in counted.calls
+
+
 async def test_an_override_keyed_by_the_shown_name_applies_and_one_naming_nothing_is_said(
     marks: Path, caplog: pytest.LogCaptureFixture
 ) -> None:
