@@ -12,8 +12,10 @@ once, when the message is accepted (`enqueue_file_notice`), like a cut text (D16
 
 from __future__ import annotations
 
+import asyncio
 import base64
 import logging
+from collections.abc import Mapping, Sequence
 
 from adapters import Attachment, FileLimits, Inbound, file_kind, image_format, image_refusal
 from config import Settings
@@ -30,6 +32,8 @@ __all__ = [
     "enqueue_file_notice",
     "file_limits",
     "file_notice_text",
+    "read_slow",
+    "slow_files",
     "user_content",
 ]
 
@@ -131,11 +135,18 @@ def _binary(data: bytes) -> bool:
 
 
 async def user_content(
-    text: str, inbound: Inbound, blobs: Blobs, session: str, limits: FileLimits
+    text: str,
+    inbound: Inbound,
+    blobs: Blobs,
+    session: str,
+    limits: FileLimits,
+    *,
+    read: Mapping[str, UserContent] | None = None,
 ) -> str | tuple[UserContent, ...]:
     """The user message for `inbound`: `text` alone, or with a part per file taken in.
 
     A file whose blob is gone (a message pending past the blob area's retention) is named so.
+    `read`: the parts `read_slow` gave, by blob (those files are not read again).
     """
     held = [a for a in inbound.attachments if a.blob is not None]
     if not held:
@@ -143,11 +154,49 @@ async def user_content(
     parts: list[UserContent] = [TextPart(text=text)]
     for attachment in held:
         assert attachment.blob is not None
-        data = await blobs.get(session, attachment.blob)
-        if data is None:
-            parts.append(TextPart(text=f"[file: {attachment.name}: no longer held, not read]"))
-            continue
-        if isinstance(part := await _part(attachment, data, limits), ImagePart):
+        part = (read or {}).get(attachment.blob)
+        if part is None:
+            data = await blobs.get(session, attachment.blob)
+            if data is None:
+                parts.append(TextPart(text=f"[file: {attachment.name}: no longer held, not read]"))
+                continue
+            part = await _part(attachment, data, limits)
+        if isinstance(part, ImagePart):
             parts.append(TextPart(text=f"[file: {attachment.name}]"))
         parts.append(part)
     return tuple(parts)
+
+
+def slow_files(inbound: Inbound) -> tuple[Attachment, ...]:
+    """The files of `inbound` whose reading takes a process each (its PDFs held as blobs)."""
+    return tuple(
+        a
+        for a in inbound.attachments
+        if a.blob is not None and file_kind(a.name, a.media_type) == "pdf"
+    )
+
+
+async def read_slow(
+    slow: Sequence[Attachment],
+    blobs: Blobs,
+    session: str,
+    limits: FileLimits,
+    slots: asyncio.Semaphore,
+) -> dict[str, UserContent]:
+    """The parts of the `slow_files` of a message, by blob: read apart from the session's loop.
+
+    A message's PDFs took up to 20 s each, one after another, while the worker's loop for the
+    whole session waited: one post of ten slow PDFs held every other thread of its space for
+    two minutes (an outside probe). A worker reads them in the background instead, `slots` at
+    a time across its sessions; only its own thread's later messages wait for it (in order).
+    A blob gone meanwhile is left out (`user_content` names it).
+    """
+    parts: dict[str, UserContent] = {}
+    for attachment in slow:
+        assert attachment.blob is not None
+        data = await blobs.get(session, attachment.blob)
+        if data is None:
+            continue
+        async with slots:
+            parts[attachment.blob] = await _part(attachment, data, limits)
+    return parts

@@ -35,7 +35,7 @@ from gateway.authority import EPOCH, end_revoked_runs, keep_if_revoked
 from gateway.broker.contract import Broker, InboxItem, SessionTicket
 from gateway.budgets import read_budget
 from gateway.cuts import agent_notes
-from gateway.files import attachment_line, user_content
+from gateway.files import attachment_line, read_slow, slow_files, user_content
 from gateway.incarnation import gone
 from gateway.lane_status import attempt_began, lane_thread, parked_mark
 from gateway.live import LivePublisher
@@ -85,7 +85,7 @@ from harness_core import (
     ToolRecovery,
 )
 from harness_core.events import ApprovalDecidedEvent, RetryScheduled, RunEnd
-from harness_core.messages import UserMessage
+from harness_core.messages import UserContent, UserMessage
 from harness_core.session import StoredEntry
 from harness_core.session.records import ApprovalRequested
 from harness_core.texts import one_line
@@ -107,6 +107,8 @@ _LEASE_MARGIN_MS = 100
 """Look again this long after another holder's lease should have lapsed."""
 _AUTHORITY_MS = 1_000
 """How often a held session looks whether an authority changed (one mark read, D267)."""
+_FILE_READS = 2
+"""Slow files (a process each) a worker reads at once, whatever sessions they came to."""
 _CUT_GRACE_S = 3.0
 """How long cut sessions get to end their loops (cancel lane work, release) before their slot
 is cancelled."""
@@ -200,6 +202,10 @@ class _Session:
     """A lane's resume was refused for tools the harness lacks: taken again after a wait."""
     ready: tuple[InboxItem, ...] | None = None
     """Pending items its linger just read (after `since`): the next work takes them unread."""
+    files_read: dict[str, UserContent] = field(default_factory=dict)
+    """Parts of messages' slow files read in the background (`read_slow`), by blob."""
+    reading: dict[str, asyncio.Task[None]] = field(default_factory=dict)
+    """Per inbox item: the background read of its slow files (its lane's items wait)."""
 
 
 class Worker:
@@ -235,6 +241,8 @@ class Worker:
         self._live = live
         """Shows each run's progress and streamed text to its thread (None: nothing live)."""
         self._file_limits = file_limits or FileLimits()
+        self._reads = asyncio.Semaphore(_FILE_READS)
+        """Slow files (PDFs, a process each) read at once across this worker's sessions."""
         self._metrics = metrics
         self._profiles = profiles
         """The agent profiles lanes are given (None: every lane has the harness's options)."""
@@ -787,14 +795,79 @@ class Worker:
                 items = []
             if items:  # its files' reading may take long: the ticket and the lease are kept
                 async with self._keeping(session), session.harness.hold():
+                    reading: set[str] = set()  # lanes whose earlier message's files are read
                     for item in items:
+                        if item.lane in reading or not self._files_ready(session, item):
+                            reading.add(item.lane)  # pending: its lane's order is kept
+                            continue
                         await self._apply(session, item)
+                        if session.reading.pop(item.id, None) is not None:
+                            for blob in self._slow_blobs(item):
+                                session.files_read.pop(blob, None)
             if not session.tasks and not items:
                 if self._stopping.is_set() or not await self._parked_deferred(session):
                     return
                 await self._pause(config.deferred_poll_ms / 1000)
                 continue
             await self._news(session, config.poll_ms)
+
+    def _slow_blobs(self, item: InboxItem) -> list[str]:
+        """The blobs of `item`'s files whose reading takes a process each (none: not a message)."""
+        if item.kind != "message" or not dict(item.payload).get("attachments"):
+            return []  # most messages: no parse
+        try:
+            inbound = Inbound.model_validate(dict(item.payload))
+        except ValidationError:
+            return []  # `_apply` refuses it
+        return [a.blob for a in slow_files(inbound) if a.blob is not None]
+
+    def _files_ready(self, session: _Session, item: InboxItem) -> bool:
+        """Whether `item` may be applied now; else its slow files are read in the background.
+
+        A message's PDFs are read apart from the session's loop (`read_slow`): the other
+        threads of its session go on meanwhile, and its own thread's later items wait.
+        """
+        if not self._slow_blobs(item):
+            return True
+        task = session.reading.get(item.id)
+        if task is None:
+            session.reading[item.id] = self._read_files(session, item)
+            return False
+        # done: its parts are in `files_read`; a file not there (its blob gone, a read that
+        # failed) is read, or named, in the loop as before
+        return task.done()
+
+    def _read_files(self, session: _Session, item: InboxItem) -> asyncio.Task[None]:
+        inbound = Inbound.model_validate(dict(item.payload))
+
+        async def read() -> None:
+            try:
+                async with session.harness.hold():  # an idle harness renews no lease
+                    parts = await read_slow(
+                        slow_files(inbound),
+                        self._broker.blobs,
+                        item.session,
+                        self._file_limits,
+                        self._reads,
+                    )
+            except Exception as exc:  # read in the loop then, as before (a fault says itself)
+                log.warning(event("files not read apart", item=item.id, error=type(exc).__name__))
+                return
+            session.files_read.update(parts)
+
+        task: asyncio.Task[None] = asyncio.ensure_future(read())
+        session.tasks[task] = item.lane
+
+        def finished(done: asyncio.Task[None]) -> None:
+            session.tasks.pop(done, None)
+            if done.cancelled():
+                session.reading.pop(item.id, None)
+            else:
+                done.exception()  # retrieved (none is raised: `read` says its own)
+            session.woken.set()  # the loop applies the item now
+
+        task.add_done_callback(finished)
+        return task
 
     @contextlib.asynccontextmanager
     async def _keeping(self, session: _Session) -> AsyncIterator[None]:
@@ -1168,7 +1241,7 @@ class Worker:
                 text = _text_of(inbound, with_context=fresh, tag=self._tag(given, inbound))
                 try:
                     started = await lane.start(
-                        await self._content(text, item, inbound), entry_id=entry_id
+                        await self._content(session, text, item, inbound), entry_id=entry_id
                     )
                 finally:
                     session.given.pop(lane.name, None)  # its run took it, or none started
@@ -1197,7 +1270,9 @@ class Worker:
             queue = lane.steer if policy == "steer" else lane.follow_up
             given = await lane_profile(lane) if profiles is not None else None
             text = _text_of(inbound, with_context=fresh, tag=self._tag(given, inbound))
-            queued = await queue(await self._content(text, item, inbound), entry_id=entry_id)
+            queued = await queue(
+                await self._content(session, text, item, inbound), entry_id=entry_id
+            )
             if isinstance(queued, Ok):
                 await self._held_behind_approval(session, item, lane)
                 await inbox.ack(item.session, item.id)
@@ -1230,10 +1305,17 @@ class Worker:
                 await enqueue_held_notice(self._broker, state, item.id, now_ms=self._clock.now_ms())
                 session.told_held.add(item.id)
 
-    async def _content(self, text: str, item: InboxItem, inbound: Inbound) -> str | UserMessage:
+    async def _content(
+        self, session: _Session, text: str, item: InboxItem, inbound: Inbound
+    ) -> str | UserMessage:
         """The user message: `text`, with a part per file the channel took in (D223)."""
         content = await user_content(
-            text, inbound, self._broker.blobs, item.session, self._file_limits
+            text,
+            inbound,
+            self._broker.blobs,
+            item.session,
+            self._file_limits,
+            read=session.files_read,
         )
         return content if isinstance(content, str) else UserMessage(content=content)
 

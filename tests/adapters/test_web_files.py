@@ -19,7 +19,7 @@ from typing import Any
 import pytest
 
 from gateway.channels import gateway_settings
-from harness_core import ImagePart, TextPart
+from harness_core import ImagePart, TextPart, UserMessage
 from tests.support import files_agent
 from tests.support.file_samples import pdf, png
 from tests.support.service_rig import ServiceRig, serving
@@ -236,3 +236,44 @@ async def test_a_message_whose_files_take_longer_than_the_lease_keeps_its_sessio
     assert files_agent.newest_user_parts()[1] == TextPart(
         text="[file: spec.pdf]\n--- page 1 ---\nread slowly"
     )
+
+
+async def test_a_slow_pdf_holds_up_its_own_thread_only(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A message's PDFs were read in the session's loop: one post of ten slow PDFs held every
+    other thread of its space for two minutes (an outside probe). They are read apart now:
+    another thread is answered meanwhile, and the thread's own next message waits its turn."""
+    started, release = asyncio.Event(), asyncio.Event()
+
+    async def slow(data: bytes, max_pages: int, max_chars: int) -> str:
+        started.set()
+        await release.wait()
+        return "--- page 1 ---\nread at last"
+
+    monkeypatch.setattr("gateway.files.read_pdf", slow)
+    before = len(files_agent.requests())
+    async with _running(tmp_path) as rig:
+        body = {"text": "read it", "files": [_file("spec.pdf", pdf(["x"]), "application/pdf")]}
+        assert (await rig.http.post("/web/uploads/t1", json=body)).status_code == 202
+        await asyncio.wait_for(started.wait(), 15)
+        then = await rig.http.post("/web/threads/t1/messages", json={"text": "and then?"})
+        assert then.status_code == 202
+        other = await rig.http.post("/web/threads/t2/messages", json={"text": "hello"})
+        assert other.status_code == 202
+        [answer] = await rig.answers("t2", 1)  # while the PDF is still being read
+        assert answer["text"] == "text: hello"
+        items = (await rig.http.get("/web/threads/t1")).json()["items"]
+        assert [i["kind"] for i in items] == ["message", "message"]  # "and then?" waits too
+        release.set()
+        found = await rig.answers("t1", 1)
+    first = [
+        [part.text for part in m.content if isinstance(part, TextPart)]
+        for r in files_agent.requests()[before:]
+        for m in r.messages
+        if isinstance(m, UserMessage)
+    ]
+    t1 = [texts for texts in first if texts and texts[0].startswith(("read it", "and then?"))]
+    assert t1[0][0].startswith("read it")  # the lane took the PDF's message first
+    assert "[file: spec.pdf]\n--- page 1 ---\nread at last" in t1[0]
+    assert found[0]["kind"] == "reply"
