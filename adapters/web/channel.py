@@ -44,6 +44,7 @@ from __future__ import annotations
 import asyncio
 import base64
 import binascii
+import functools
 import hashlib
 import json
 import logging
@@ -132,6 +133,7 @@ WebRefusal = Literal[
     "not_the_request",  # 409: a decision naming another run, calls or arguments
     "no_longer_waiting",  # 409: the request was decided, stopped or ended (the page says so)
     "message_id_taken",  # 409: a client_message_id that names another message
+    "decision_key_taken",  # 409: an idempotency_key that names another decision
     "too_slow",  # 408: a body that trickles (a slot held, nothing sent)
     "too_large",  # 413: a body over the limit
     "unsupported_media_type",  # 415
@@ -177,6 +179,8 @@ class WebLimits:
     max_streams: int = 1_000
     """Event streams one process keeps open at once; more are refused 503 with ``Retry-After``
     (each re-reads the mailbox every `keepalive_s`: 2,000 idle ones cost a third of a core)."""
+    max_client_streams: int | None = None
+    """Of those, the most one client address holds at once (None: half of `max_streams`)."""
     max_page: int = 500
     """The most items one ``GET`` returns."""
     keepalive_s: float = 15.0
@@ -375,6 +379,8 @@ class WebChannel:
         """Deliveries whose id the thread held already (stored once, counted here)."""
         self._uploads = asyncio.Semaphore(self.limits.max_concurrent_uploads)
         self._uploading: Counter[str] = Counter()
+        self._streaming: Counter[str] = Counter()
+        """Event streams open, by client address (one holds at most half the places)."""
         """Uploads being read, by client address: one client holds at most half the slots."""
         self._full_said_at = -_FULL_SAY_EVERY_S
         """When the log last said every upload slot was taken (the clock's seconds)."""
@@ -630,12 +636,19 @@ class WebChannel:
                 what = f"the web channel's {STORE_FULL}; the message was not taken"
             raise self._unavailable(what) from None
 
-    async def _not_taken(self, ref: ThreadRef, message_id: str, why: str) -> None:
-        """Say in the thread that a message it shows was not taken (it is there, unanswered)."""
+    async def _not_taken(
+        self, ref: ThreadRef, message_id: str, why: str, *, again: bool = True
+    ) -> None:
+        """Say in the thread that a message it shows was not taken (it is there, unanswered).
+
+        `again`: sending it again may take it (not when its id names another thread's message:
+        the same id is refused for ever, and the notice said to send it again).
+        """
+        then = " Send it again; it is taken once." if again else ""  # `why` says what to do
         notice = NewWebItem(
             kind="failure_notice",
             id=f"not-taken:{message_id}",
-            text=f"This message was not taken: {why}. Send it again; it is taken once.",
+            text=f"This message was not taken: {why}.{then}",
             at_ms=self.clock.now_ms(),
         )
         try:
@@ -750,7 +763,8 @@ class WebChannel:
                     f"another thread ({acceptance.lane}); give each message its own id",
                 )
         except _Refused as refused:
-            await self._not_taken(ref, inbound.message_id, refused.message)
+            again = refused.code != "message_id_taken"
+            await self._not_taken(ref, inbound.message_id, refused.message, again=again)
             raise
         return JSONResponse(
             {
@@ -796,6 +810,18 @@ class WebChannel:
         )
         key = body.idempotency_key or _decision_key(space, thread, body, decisions)
         ref = ThreadRef(channel=self.name, space=space, thread=thread)
+        said = WebDecision(run_id=body.run_id, wait_id=body.wait_id, decisions=decisions)
+        if body.idempotency_key is not None:
+            # the thread shows a decision once per key: another decision under a key it shows
+            # took effect while the answer and the thread named the first (an outside probe)
+            shown = await self._mailbox_call(self.mailbox.find(space, thread, "decision", key))
+            if shown is not None and shown.decision != said:
+                raise _Refused(
+                    409,
+                    "decision_key_taken",
+                    f"'idempotency_key' {key!r} already names another decision of this thread; "
+                    "give each decision its own key",
+                )
         now = self.clock.now_ms()
         decision = DecisionInbound(
             thread=ref,
@@ -811,7 +837,7 @@ class WebChannel:
             kind="decision",
             id=key,
             author=author,
-            decision=WebDecision(run_id=body.run_id, wait_id=body.wait_id, decisions=decisions),
+            decision=said,
             at_ms=now,
         )
         # A decision's key makes a retry count once, so it is taken first and refused when
@@ -940,20 +966,30 @@ class WebChannel:
         live = request.query_params.get("live") == "1"
         if self.streams >= self.limits.max_streams:  # each re-reads the mailbox
             raise self._unavailable("too many event streams are open; try again")
+        client = request.client.host if request.client is not None else "-"
+        share = self.limits.max_client_streams or max(1, self.limits.max_streams // 2)
+        if self._streaming[client] >= share:
+            # one client that opened every place and read nothing held each thread page of
+            # every space dead (503) for as long as it liked (an outside probe)
+            raise self._unavailable(
+                f"this client has {share} event streams open already; close one, then try again"
+            )
         page = self.limits.max_page
         # counted from the check until the response ends (`_Counted`): counted only once the
         # body began, a burst passed the check together (1,100 of 1,000; then 1,001)
         self.streams += 1
+        self._streaming[client] += 1
+        ended = functools.partial(self._stream_ended, client)
         try:
             first: tuple[WebItem, ...] = await self._mailbox_call(
                 self.mailbox.read(space, thread, after=after, limit=page)
             )
         except BaseException:
-            self.streams -= 1
+            ended()
             raise
         return _Counted(
             self._stream(space, thread, after, first, kinds, live),
-            self._stream_ended,
+            ended,
             media_type="text/event-stream",
             headers={
                 "Cache-Control": "no-store",
@@ -1008,8 +1044,11 @@ class WebChannel:
             if waiting is not None and not waiting.done():
                 waiting.cancel()
 
-    def _stream_ended(self) -> None:
+    def _stream_ended(self, client: str) -> None:
         self.streams -= 1
+        self._streaming[client] -= 1
+        if not self._streaming[client]:
+            del self._streaming[client]
 
     def _wait(self, space: str, thread: str, after: int) -> asyncio.Future[tuple[WebItem, ...]]:
         waiting = asyncio.ensure_future(

@@ -47,6 +47,6 @@ class BlobLimits(Frozen):
         if held + size > self.max_session_bytes:
             raise BlobRefused(
                 "full",
-                f"this conversation holds {_mb(held)} of files already "
+                f"the conversations of this space hold {_mb(held)} of files already "
                 f"(at most {_mb(self.max_session_bytes)})",
             )

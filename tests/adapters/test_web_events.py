@@ -264,7 +264,7 @@ async def test_a_burst_of_streams_is_held_to_the_bound(
 ) -> None:
     """A stream was counted only once its body began: a burst passed the check together
     (1,100 of 1,000 when only the body counted, then 1,001)."""
-    channel.limits = WebLimits(max_streams=3, keepalive_s=0.2)
+    channel.limits = WebLimits(max_streams=3, max_client_streams=3, keepalive_s=0.2)
     async with contextlib.AsyncExitStack() as stack:
 
         async def open_one(n: int) -> int:
@@ -283,11 +283,31 @@ async def test_a_burst_of_streams_is_held_to_the_bound(
     assert channel.streams == 0
 
 
+async def test_one_client_holds_at_most_half_the_streams(
+    server: Server, http: httpx.AsyncClient, channel: WebChannel
+) -> None:
+    """One client that opened every place and read nothing held every thread page of every
+    space dead (503) for as long as it liked (an outside probe)."""
+    channel.limits = WebLimits(max_streams=4, keepalive_s=0.2)
+    other = httpx.AsyncHTTPTransport(local_address="127.0.0.2")
+    async with (
+        httpx.AsyncClient(base_url=server.url, timeout=10, transport=other) as someone,
+        http.stream("GET", "/web/threads/t1/events") as one,
+        http.stream("GET", "/web/threads/t2/events") as two,
+    ):
+        assert (one.status_code, two.status_code) == (200, 200)
+        refused = await http.get("/web/threads/t3/events")
+        assert refused.status_code == 503, refused.text
+        assert "this client has 2 event streams open already" in refused.json()["error"]["message"]
+        async with someone.stream("GET", "/web/threads/t3/events") as theirs:
+            assert theirs.status_code == 200  # another person's page still lives
+
+
 async def test_streams_past_the_bound_are_refused_until_one_closes(
     http: httpx.AsyncClient, channel: WebChannel
 ) -> None:
     """2,000 open streams were all taken, each re-reading the mailbox every few seconds."""
-    channel.limits = WebLimits(max_streams=2, keepalive_s=0.2)
+    channel.limits = WebLimits(max_streams=2, max_client_streams=2, keepalive_s=0.2)
     async with (
         http.stream("GET", "/web/threads/t1/events") as one,
         http.stream("GET", "/web/threads/t2/events") as two,

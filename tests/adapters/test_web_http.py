@@ -149,6 +149,8 @@ async def test_a_client_message_id_naming_another_message_is_refused(
     shown = (await client.get("/web/threads/t2")).json()["items"]  # shown, and said untaken
     assert [i["kind"] for i in shown] == ["message", "failure_notice"]
     assert "already names a message of another thread" in shown[1]["text"]
+    # the same id is refused for ever: the notice no longer says to send it again
+    assert shown[1]["text"].endswith("give each message its own id.")
     assert len(sink.accepted) == 1
 
 
@@ -673,6 +675,29 @@ async def test_a_double_click_is_one_decision(client: httpx.AsyncClient, sink: T
 async def test_a_client_idempotency_key_is_used(client: httpx.AsyncClient, sink: TestSink) -> None:
     await client.post("/web/threads/t1/decisions", json=decision_body(idempotency_key="click-9"))
     assert sink.decisions[0].idempotency_key == "click-9"
+    again = await client.post(
+        "/web/threads/t1/decisions", json=decision_body(idempotency_key="click-9")
+    )
+    assert again.status_code == 202  # a retry of the same decision
+
+
+async def test_a_key_naming_another_decision_is_refused_before_it_takes_effect(
+    client: httpx.AsyncClient, sink: TestSink
+) -> None:
+    """A client reused its key for the next wait: the denial took effect, while the answer and
+    the thread named the first decision, and the thread never showed the denial (a probe)."""
+    await client.post("/web/threads/t1/decisions", json=decision_body(idempotency_key="k1"))
+    deny = decision_body(
+        wait_id="wait-2",
+        decisions=[{"tool_call_id": "c2", "args_digest": "digest-2", "approved": False}],
+        idempotency_key="k1",
+    )
+    refused = await client.post("/web/threads/t1/decisions", json=deny)
+    assert error(refused) == (409, "decision_key_taken")
+    assert len(sink.decisions) == 1  # nothing was decided
+    assert [i["kind"] for i in (await client.get("/web/threads/t1")).json()["items"]] == [
+        "decision"
+    ]
 
 
 @pytest.mark.parametrize(
