@@ -307,6 +307,8 @@ class Service:
             },
             # a server's list change reaches sessions already in hand, busy ones too
             tools_version=(lambda: mcp.version) if mcp is not None else (lambda: 0),
+            # a tool no server will offer again: a resume waiting for it would wait for ever
+            tool_gone=mcp.gone if mcp is not None else (lambda name: True),
             outage=outage,
         )
         self.deliverer = Deliverer(

@@ -85,10 +85,11 @@ from harness_core import (
     ToolRecovery,
 )
 from harness_core.events import ApprovalDecidedEvent, RetryScheduled, RunEnd
-from harness_core.messages import UserContent, UserMessage
+from harness_core.messages import TextPart, UserContent, UserMessage
 from harness_core.session import StoredEntry
 from harness_core.session.records import ApprovalRequested
 from harness_core.texts import one_line
+from harness_core.tools import Tool, ToolContext, ToolOutput
 
 __all__ = ["Worker", "WorkerConfig"]
 
@@ -224,9 +225,15 @@ class Worker:
         file_limits: FileLimits | None = None,
         working_after: Mapping[str, float] | None = None,
         tools_version: Callable[[], int] = lambda: 0,
+        tool_gone: Callable[[str], bool] = lambda name: False,
         outage: Outage | None = None,
     ) -> None:
         self.config = config
+        self._tool_gone = tool_gone
+        """Whether a tool will not be offered again by itself (`McpTools.gone`)."""
+        self._gone: dict[str, tuple[str, ...]] = {}
+        """By session: tools a lane's resume waits for that are gone, stood in for at its next
+        take (`_stand_ins`)."""
         self._outage = outage or Outage("broker", clock, log)
         """Says a broker that fails the takes once, not once a second per slot (D347)."""
         self._owed_leases: list[Any] = []
@@ -638,6 +645,12 @@ class Worker:
         do `budgets`, an operator's budget for a lane (over its profile's).
         """
         options = self._options(storage)
+        gone = self._gone.pop(session_id, ())
+        if gone:  # its lanes' resumes wait for these: stood in for, this take
+            names = {tool.name for tool in options.tools}
+            stand_ins = tuple(_stand_in(name) for name in gone if name not in names)
+            options = dataclasses.replace(options, tools=(*options.tools, *stand_ins))
+            log.warning(event("gone tools stood in for", session=session_id, tools=list(gone)))
         profiles = self._profiles
         if profiles is None:
             return options
@@ -1003,6 +1016,10 @@ class Worker:
             # its tools' server is not up (yet): the lane stayed suspended, and nothing would
             # look again until someone wrote in its thread; the session is taken again soon
             session.missing_tools = True
+            gone = tuple(tool for tool in refusal.tools if self._tool_gone(tool))
+            if gone:  # never to come back by itself: stood in for at the next take
+                known = self._gone.get(session.ticket.session, ())
+                self._gone[session.ticket.session] = tuple(sorted({*known, *gone}))
             log.warning(
                 event(
                     "resume waits for its tools",
@@ -1010,6 +1027,7 @@ class Worker:
                     lane=lane.name,
                     tools=list(refusal.tools),
                     models=list(refusal.models),
+                    gone=list(gone),
                 )
             )
             return
@@ -1490,6 +1508,29 @@ class Worker:
                 del session.judged[lane.name]
             release()
             session.in_flight.discard(item.id)
+
+
+def _stand_in(name: str) -> Tool:
+    """A tool no server offers any more, for an interrupted call of it to be resumed (D373).
+
+    The harness resumes an operation only with every tool of its unresolved calls (the
+    runtime's rule): a call cut by a crash, of a tool renamed or removed meanwhile, left its
+    lane suspended for ever, its thread unanswered. Declared never to replay, the stand-in is
+    never run for such a call (it is reported interrupted, "may have had its effect"); a call
+    the model makes of it now reads that the tool is no longer offered.
+    """
+
+    async def gone(args: Any, ctx: ToolContext) -> ToolOutput:
+        said = f"the tool {name!r} is no longer offered: it was not run; do not call it again"
+        return ToolOutput(content=(TextPart(text=said),), is_error=True)
+
+    return Tool(
+        name=name,
+        description="No longer offered: do not call it.",
+        execute=gone,
+        parameters={"type": "object", "properties": {}},
+        replay="never",
+    )
 
 
 def _not_applied(refusal: Any) -> str | None:

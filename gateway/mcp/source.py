@@ -108,6 +108,19 @@ class McpTools:
         """The tools offered now, namespaced ``<server>.<tool>`` (servers in config order)."""
         return self._tools
 
+    def gone(self, tool_name: str) -> bool:
+        """Whether `tool_name` will not be offered again by itself (a lane would wait for ever).
+
+        Its server is up and offers no such tool (renamed, removed, filtered out, or left out
+        for its name), or no configured server has its prefix. A server not up yet (starting,
+        restarting, failed) may still bring it: not gone.
+        """
+        server, dot, _ = tool_name.partition(".")
+        connection = self._connections.get(server) if dot else None
+        if connection is None:
+            return True
+        return connection.state == "ready" and all(t.name != tool_name for t in self._tools)
+
     def approvers_for(self, tool_name: str) -> frozenset[str] | None:
         """The approvers a per-tool override names for `tool_name`, or None when it sets none."""
         server, dot, tool = tool_name.partition(".")

@@ -306,3 +306,57 @@ async def test_a_lane_cut_mid_call_resumes_once_its_server_comes_up(tmp_path: Pa
             assert answer["text"].startswith("Done (error)"), answer
     finally:
         await second.stop(drain_seconds=2)
+
+
+async def test_a_lane_cut_in_a_call_of_a_tool_gone_at_the_restart_is_answered(
+    tmp_path: Path,
+) -> None:
+    """Killed mid-call, the gateway came back with the tool removed (a new server version, an
+    override): the resume waited for the tool for ever, the thread was never answered, nor
+    its next message (an outside probe). A tool its server, up, no longer offers is stood in
+    for: the call is reported interrupted, and the lane goes on."""
+    marks = tmp_path / "marks"
+    marks.mkdir()
+    server: dict[str, Any] = {
+        "name": "demo",
+        "command": sys.executable,
+        "args": ["-m", "tests.support.mcp_servers", "--stdio", "--marks", str(marks)],
+        "cwd": ROOT,
+    }
+
+    def started(settings: Any) -> Service:
+        model = ScriptedModel(responder=respond)
+        parts = ServiceParts(model_client=model, model=ModelRef(provider="scripted", model_id="m"))
+        return Service(settings, parts)
+
+    first = started(_settings(tmp_path, server))
+    await first.start()
+    assert first.app is not None
+    async with httpx.AsyncClient(
+        transport=httpx.ASGITransport(app=first.app), base_url="http://localhost"
+    ) as http:
+        await ServiceRig(first, http).post("cut", "/call hang")
+        for _ in range(400):
+            if any(p.name.startswith("call-hang-") for p in marks.iterdir()):
+                break
+            await asyncio.sleep(0.025)
+        await first.stop(drain_seconds=0.1)  # the call is cut, its run left open
+    removed = {**server, "overrides": {"hang": {"disabled": True}}}
+    second = started(_settings(tmp_path, removed))
+    await second.start()
+    assert second.app is not None
+    try:
+        async with httpx.AsyncClient(
+            transport=httpx.ASGITransport(app=second.app), base_url="http://localhost"
+        ) as http:
+            rig = ServiceRig(second, http)
+            [answer] = [a for a in await rig.answers("cut", 1) if a["kind"] == "reply"]
+            assert answer["text"].startswith("Done (error)"), answer
+            assert "interrupted" in answer["text"], answer
+            await rig.post("cut", "and now?")
+            later = await rig.answers("cut", 2)
+            assert later[-1]["text"] == "You said: and now?", later
+        hangs = [p.name for p in marks.iterdir() if p.name.startswith("call-hang-")]
+        assert len(hangs) == 1  # never run again
+    finally:
+        await second.stop(drain_seconds=2)
