@@ -3,9 +3,13 @@
 A server whose gateway is SIGKILLed (an OOM kill, a deploy's deadline, a crash) is told only
 by its input closing; one that does not exit then (a Node server with a timer, a wrapper
 script) runs on, an orphan, and every restart of the gateway adds one. On Linux the server is
-started through a few lines of Python that ask the kernel to kill it when its parent dies
-(``PR_SET_PDEATHSIG``) and then become the server (``execvp``: the same process, so the
-SDK's process-group shutdown still reaches it). Elsewhere the command runs as it is.
+started through a few lines of Python, the leader of the server's own process group, that ask
+the kernel for a signal when the gateway dies (``PR_SET_PDEATHSIG``), start the server as
+their child, and wait for it, exiting as it exits. At the gateway's death they kill the whole
+group: the server, and whatever it started (a wrapper script's ``sh -c``, ``npx`` or ``uvx``
+runs the real server as a child, which a signal to the wrapper alone left running: an outside
+probe, D374). They hold none of the server's pipes, so the server's closing its output is
+seen as before. Elsewhere the command runs as it is.
 
 The program is looked up before the spawn as the spawn itself would (``PATH`` from the
 server's environment; a path with a slash from its ``cwd``): a program that is not there is
@@ -27,14 +31,33 @@ LEASHED = sys.platform == "linux"
 
 _LEASH = """\
 import ctypes, os, signal, sys
-ctypes.CDLL(None, use_errno=True).prctl(1, signal.SIGKILL, 0, 0, 0)  # PR_SET_PDEATHSIG
+def gone(number, frame):
+    os.killpg(0, signal.SIGKILL)  # the gateway died: the whole group goes, this one too
+signal.signal(signal.SIGUSR2, gone)
+ctypes.CDLL(None, use_errno=True).prctl(1, signal.SIGUSR2, 0, 0, 0)  # PR_SET_PDEATHSIG
 if os.getppid() != int(sys.argv[1]):
     os._exit(1)  # the gateway died before the leash was on: nobody is there to serve
-try:
-    os.execvp(sys.argv[2], sys.argv[2:])
-except OSError as exc:
-    sys.stderr.write(f"cannot start {sys.argv[2]!r}: {exc}\\n")
-    os._exit(127)
+child = os.fork()
+if child == 0:
+    signal.signal(signal.SIGUSR2, signal.SIG_DFL)
+    try:
+        os.execvp(sys.argv[2], sys.argv[2:])
+    except OSError as exc:
+        sys.stderr.write(f"cannot start {sys.argv[2]!r}: {exc}\\n")
+        os._exit(127)
+signal.signal(signal.SIGTERM, signal.SIG_IGN)  # a stop's SIGTERM is the server's to answer
+null = os.open(os.devnull, os.O_RDWR)
+for fd in (0, 1, 2):
+    os.dup2(null, fd)  # the pipes are the server's alone: its closing them is seen
+while True:
+    try:
+        _, status = os.waitpid(child, 0)
+        break
+    except ChildProcessError:
+        os._exit(0)
+    except InterruptedError:
+        continue
+os._exit(os.waitstatus_to_exitcode(status) % 256)
 """
 """Runs in the child: ``argv`` is the gateway's pid, then the server's command and args."""
 

@@ -20,16 +20,18 @@ from tests.gateway.mcp.test_source import ROOT, alive, pids
 
 HOLDER = textwrap.dedent(
     """
-    import asyncio, sys
+    import asyncio, shlex, sys
     from gateway.mcp.settings import McpServer
     from gateway.mcp.source import McpTools
     from harness_core.clock import SystemClock
 
     async def main() -> None:
+        command = [sys.executable, "-m", "tests.support.mcp_servers", "--stdio", "--deaf",
+                   "--marks", sys.argv[1]]
+        if sys.argv[3] == "wrapped":  # a wrapper script runs the server as its child
+            command = ["sh", "-c", shlex.join(command) + "; echo exited >&2"]
         server = McpServer.model_validate({
-            "name": "deaf", "command": sys.executable, "cwd": sys.argv[2],
-            "args": ["-m", "tests.support.mcp_servers", "--stdio", "--deaf",
-                     "--marks", sys.argv[1]],
+            "name": "deaf", "command": command[0], "cwd": sys.argv[2], "args": command[1:],
         })
         tools = McpTools([server], clock=SystemClock())
         await tools.start()
@@ -42,11 +44,19 @@ HOLDER = textwrap.dedent(
 
 
 @pytest.mark.skipif(not LEASHED, reason="PR_SET_PDEATHSIG is Linux's")
-async def test_a_server_deaf_to_its_input_dies_with_a_killed_gateway(tmp_path: Path) -> None:
+@pytest.mark.parametrize("how", ["direct", "wrapped"])
+async def test_a_server_deaf_to_its_input_dies_with_a_killed_gateway(
+    tmp_path: Path, how: str
+) -> None:
+    """A server run by a wrapper script (``sh -c``, ``npx``, ``uvx``) was left running: the
+    kernel's signal reached the wrapper alone (an outside probe). The whole group goes now."""
     marks = tmp_path / "marks"
     marks.mkdir()
     holder = await asyncio.create_subprocess_exec(
-        sys.executable, "-c", HOLDER, str(marks), ROOT, cwd=ROOT, stdout=asyncio.subprocess.PIPE
+        sys.executable,
+        *("-c", HOLDER, str(marks), ROOT, how),
+        cwd=ROOT,
+        stdout=asyncio.subprocess.PIPE,
     )
     assert holder.stdout is not None
     try:
