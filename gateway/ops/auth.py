@@ -8,11 +8,13 @@ newcomer signs in to ``/ops`` from the printed link without configuring anything
 
 from __future__ import annotations
 
+import contextlib
 import hashlib
 import hmac
 import logging
 import os
 import secrets
+import stat
 from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
@@ -124,33 +126,61 @@ def local_token(path: Path | None) -> tuple[str, bool]:
     """The embedded service's operator token, made at first start; (token, kept on disk).
 
     Kept in `path` (mode 0600) so it survives restarts; with no path, or where it cannot be
-    written (a read-only directory), the token lives as long as the process. A kept token that
-    others could read (its mode changed since) is not used: a new one replaces it.
+    written (a read-only directory), the token lives as long as the process. A kept token is
+    used only from a regular file of this process's own user that no other user can read;
+    anything else at the path (a file others could read, another user's, a symbolic link, a
+    FIFO) is replaced, never written through nor read as the token (D343, D375).
     """
     if path is None:
         return secrets.token_urlsafe(32), False
-    try:
-        text = path.read_text(encoding="ascii").strip()
-        if len(text) >= 24:
-            if not path.stat().st_mode & 0o077:
-                return text, True
-            log.warning(
-                event(
-                    "ops token replaced",
-                    file=str(path),
-                    why="the file could be read by other users than its owner (its mode was "
-                    f"{path.stat().st_mode & 0o777:o}): a new token, readable by the owner only",
-                )
-            )
-            path.unlink()  # written again below with 0600: O_TRUNC keeps an old file's mode
-    except (OSError, UnicodeDecodeError):
-        pass
+    kept = _kept_token(path)
+    if kept is not None:
+        return kept, True
     token = secrets.token_urlsafe(32)
     try:
         path.parent.mkdir(parents=True, exist_ok=True)
-        descriptor = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
+        with contextlib.suppress(FileNotFoundError):
+            path.unlink()  # a link itself, not what it names: written anew below
+        # O_EXCL and O_NOFOLLOW: what appears at the path meanwhile is never written through
+        flags = os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW
+        descriptor = os.open(path, flags, 0o600)
         with os.fdopen(descriptor, "w", encoding="ascii") as handle:
             handle.write(token + "\n")
     except OSError:
         return token, False
     return token, True
+
+
+def _kept_token(path: Path) -> str | None:
+    """The token kept at `path`, if the file there may be trusted with it (else None)."""
+    try:
+        # O_NONBLOCK: a FIFO someone made there does not hold the start
+        descriptor = os.open(path, os.O_RDONLY | os.O_NOFOLLOW | os.O_NONBLOCK)
+    except OSError:
+        if path.is_symlink():
+            _replaced(path, "it was a symbolic link (a token is never written through one)")
+        return None
+    with os.fdopen(descriptor, "rb") as handle:
+        info = os.fstat(handle.fileno())
+        if not stat.S_ISREG(info.st_mode):
+            _replaced(path, "it was not a regular file")
+            return None
+        if info.st_uid != os.getuid():
+            _replaced(path, f"another user (uid {info.st_uid}) owned it")
+            return None
+        if info.st_mode & 0o077:
+            _replaced(
+                path,
+                "the file could be read by other users than its owner (its mode was "
+                f"{info.st_mode & 0o777:o}): a new token, readable by the owner only",
+            )
+            return None
+        try:
+            text = handle.read(4096).decode("ascii").strip()
+        except (OSError, UnicodeDecodeError):
+            return None
+    return text if len(text) >= 24 else None
+
+
+def _replaced(path: Path, why: str) -> None:
+    log.warning(event("ops token replaced", file=str(path), why=why))

@@ -15,6 +15,7 @@ import asyncio
 import html
 import json
 import logging
+import os
 from collections.abc import AsyncIterator, Callable, Iterator
 from pathlib import Path
 from typing import Any
@@ -30,6 +31,7 @@ from adapters.web.settings import web_mailbox_url
 from config import Settings
 from gateway.channels import gateway_settings
 from gateway.logs import JsonFormatter, event, redact_with
+from gateway.ops.auth import local_token
 from gateway.redact import REDACTED, RedactBodies, Redactor, redacting
 from gateway.serve import banner
 from gateway.service import Service, ServiceParts
@@ -419,3 +421,49 @@ async def test_the_store_s_files_and_the_token_file_are_the_owner_s_alone(
     assert token_file.read_text().strip() != first
     said = [r.getMessage() for r in caplog.records if r.name == "gateway.ops"]
     assert said == ["ops token replaced"]
+
+
+def test_the_token_file_is_never_written_through_a_link_nor_taken_from_another_s_file(
+    tmp_path: Path, caplog: pytest.LogCaptureFixture
+) -> None:
+    """`serve` wrote its token through a symbolic link at the token's path (it overwrote a
+    machine's /etc/hostname), took a 0600 secret file a link named as its operator token, and
+    took a token file another local user planted (an outside probe)."""
+    victim = tmp_path / "victim.txt"
+    victim.write_text("important short\n")
+    link = tmp_path / "a" / "ops-token"
+    link.parent.mkdir()
+    link.symlink_to(victim)
+    with caplog.at_level(logging.WARNING, logger="gateway.ops"):
+        token, kept = local_token(link)
+    assert victim.read_text() == "important short\n"  # not written through
+    assert kept and not link.is_symlink() and link.read_text().strip() == token
+    [said] = [r for r in caplog.records if r.name == "gateway.ops"]
+    assert "symbolic link" in JsonFormatter().format(said)
+
+    secret = tmp_path / "api-key"
+    secret.write_text("sk-live-0123456789abcdefghijklmnop\n")
+    secret.chmod(0o600)
+    named = tmp_path / "b" / "ops-token"
+    named.parent.mkdir()
+    named.symlink_to(secret)
+    token, _ = local_token(named)
+    assert token != "sk-live-0123456789abcdefghijklmnop"  # a linked secret is no token
+    assert secret.read_text() == "sk-live-0123456789abcdefghijklmnop\n"
+
+    fifo = tmp_path / "c" / "ops-token"
+    fifo.parent.mkdir()
+    os.mkfifo(fifo)
+    token, kept = local_token(fifo)  # no hang on a FIFO
+    assert kept and fifo.is_file() and fifo.read_text().strip() == token
+
+
+@pytest.mark.skipif(os.getuid() != 0, reason="planting another user's file needs root")
+def test_a_token_file_another_user_planted_is_replaced(tmp_path: Path) -> None:
+    planted = tmp_path / "ops-token"
+    planted.write_text("chosen-by-somebody-else-0123456789\n")
+    planted.chmod(0o600)
+    os.chown(planted, 65534, 65534)  # nobody
+    token, kept = local_token(planted)
+    assert token != "chosen-by-somebody-else-0123456789"
+    assert kept and planted.stat().st_uid == os.getuid()
