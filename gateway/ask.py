@@ -127,8 +127,9 @@ async def ask(
 ) -> int:
     """Ask `question` on lane `lane_name`; the answer goes to `out`, returns 0.
 
-    The tokens it took go to `notes` (the command's stderr: ``ask ... | tool`` gets the answer
-    alone), or after the answer in `out` when no `notes` is given.
+    The tokens it took, and a run of the lane's this resumed first (its notice and answer), go
+    to `notes` (the command's stderr: ``ask ... | tool`` gets the answer alone), or into `out`
+    when no `notes` is given.
 
     `decide` answers the calls that wait for approval (None: nobody can, so `ask` stops there).
     An empty `question` only continues what the lane left open (a run waiting for approval, an
@@ -274,13 +275,16 @@ async def _ask(
                     waited = _waiting(resumed) is not None
                     ended = await _decided(lane, resumed, agent.decide, ctrl_c)
                     then = " first" if question else ""
-                    out.append(
+                    # with a question, stdout is its answer alone (`x=$(gateway ask ...)`):
+                    # the earlier run's notice and answer go beside it, to stderr
+                    earlier = notes if question else out
+                    earlier.append(
                         f"(the run before waited for approval: decided{then})"
                         if waited
                         else f"(resumed an interrupted {op.kind}{then})"
                     )
                     if isinstance(ended, Ok) and ended.value.final_message is not None:
-                        out.append(answer_text(ended.value.final_message))
+                        earlier.append(answer_text(ended.value.final_message))
                     if not question:
                         return _continued(ended)
             if not question:

@@ -79,15 +79,22 @@ ROOT = Path(__file__).resolve().parents[2]
 
 
 async def _ask(
-    store: str, question: str, decide: Any = None, lane: str = "cli:ship"
+    store: str,
+    question: str,
+    decide: Any = None,
+    lane: str = "cli:ship",
+    notes: list[str] | None = None,
 ) -> tuple[int | str, list[str]]:
-    """`ask` with the example plugin: (0 or the AskFailed line, what it printed)."""
+    """`ask` with the example plugin: (0 or the AskFailed line, what it printed).
+
+    `notes`: what goes to stderr (None: it is printed with the rest).
+    """
     repo = open_repo(store)
     out: list[str] = []
     try:
         try:
             status: int | str = await ask(
-                repo, Settings(plugin=EXAMPLE), lane, question, out, decide
+                repo, Settings(plugin=EXAMPLE), lane, question, out, decide, notes=notes
             )
         except AskFailed as failed:
             status = str(failed)
@@ -131,14 +138,16 @@ async def test_an_approval_without_a_terminal_stops_and_the_lane_keeps_waiting(
         asked.append(f"{call.tool_name} {dict(call.args)}")
         return True
 
-    status, out = await _ask(store, "and now?", yes)
+    notes: list[str] = []
+    status, out = await _ask(store, "and now?", yes, notes=notes)
     assert status == 0
     assert asked == ["deploy {'service': 'api'}"]
-    assert out[0] == "(the run before waited for approval: decided first)"
-    assert out[1].startswith("api deployed (request ")
-    assert out[2] == "You said: and now?"
+    # stdout is the question's answer alone (`x=$(gateway ask ...)`); the run before, beside it
+    assert out == ["You said: and now?"]
+    assert notes[0] == "(the run before waited for approval: decided first)"
+    assert notes[1].startswith("api deployed (request ")
     [result] = await _tool_results(store, "cli:ship")  # ran once, after the approval
-    assert result == out[1]
+    assert result == notes[1]
 
 
 async def test_ask_without_a_question_only_continues_what_the_lane_left_open(
