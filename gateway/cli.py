@@ -31,7 +31,7 @@ from gateway.channels import load_gateway_settings
 from gateway.demo import demo, describe
 from gateway.errors import GatewayError, StatusError
 from gateway.event_loop import loop_factory
-from gateway.invocation import command
+from gateway.invocation import OneLineParser, command
 from gateway.redact import Redactor
 from gateway.store_check import store_check
 from harness_core import (
@@ -300,7 +300,7 @@ def main(argv: Sequence[str] | None = None, settings: Settings | None = None) ->
         from gateway.ops.cli import main as ops_main
 
         return ops_main([*words[len(leading) + 1 :], *leading], settings)
-    parser = argparse.ArgumentParser(
+    parser = OneLineParser(
         prog=command(),
         description="A durable LLM agent gateway for Slack, email, the web and webhooks.",
     )

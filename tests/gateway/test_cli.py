@@ -372,3 +372,32 @@ def test_each_command_s_help_says_what_it_does_and_what_store_means(
     assert "--store STORE store URL (default: $GATEWAY_STORE_URL or" in said
     description = said.split("options:")[0].split("positional arguments:")[0].split("] ")[-1]
     assert description[:1].isupper() and description.rstrip().endswith("."), said
+
+
+@pytest.mark.parametrize(
+    "words",
+    [
+        ["ask", "hello", "-x"],
+        ["serve", "--port", "nan"],
+        ["serve", "--log-level", "LOUD"],
+        ["frobnicate"],
+        ["ops", "--timeout", "nan", "lanes"],
+        ["ops", "abort", "web:x", "--yes", "--idempotency-key", "café"],
+        ["ops", "abort", "web:x", "--yes", "--idempotency-key", "a\nb"],
+    ],
+)
+def test_a_usage_error_is_one_line_that_says_where_help_is(
+    words: list[str], capsys: pytest.CaptureFixture[str]
+) -> None:
+    """argparse printed the whole usage, then the error: three to six lines where the rule is
+    one; and an idempotency key with a newline read "cannot reach the gateway" (exit 3, which
+    a retrying script took for an outage) (an outside probe)."""
+    code: int | str | None
+    try:
+        code = main(words, settings=Settings())
+    except SystemExit as exited:
+        code = exited.code
+    assert code == 2
+    err = capsys.readouterr().err
+    assert err.count("\n") == 1 and "Traceback" not in err, err
+    assert err.startswith("gateway") and err.endswith("--help` shows how)\n"), err

@@ -3,9 +3,11 @@
 from __future__ import annotations
 
 import argparse
+import re
 from typing import Any
 
 from gateway.budgets import MAX_BUDGET
+from gateway.invocation import OneLineParser
 from gateway.invocation import command as typed_command
 from gateway.ops.cli import actions, reads
 from gateway.ops.cli.run import Handler
@@ -22,6 +24,17 @@ def _positive_int(text: str) -> int:
     if value < 1:
         raise argparse.ArgumentTypeError(f"must be 1 or more, not {value}")
     return value
+
+
+def _key(text: str) -> str:
+    """An Idempotency-Key as the API takes it: 1-512 visible ASCII characters."""
+    if not re.fullmatch(r"[!-~]{1,512}", text):
+        # a newline read "cannot reach the gateway" (exit 3: a retrying script never stopped)
+        raise argparse.ArgumentTypeError(
+            f"{text[:40]!r}{'...' if len(text) > 40 else ''} is no key: 1-512 visible ASCII "
+            "characters (no spaces)"
+        )
+    return text
 
 
 def _seconds(text: str) -> float:
@@ -82,9 +95,9 @@ def _global_options(parser: argparse.ArgumentParser, *, defaults: bool) -> None:
 
 def build_parser() -> argparse.ArgumentParser:
     """The ``gateway ops`` parser: global options, and one subcommand per command."""
-    common = argparse.ArgumentParser(add_help=False)
+    common = OneLineParser(add_help=False)
     _global_options(common, defaults=False)
-    parser = argparse.ArgumentParser(
+    parser = OneLineParser(
         prog=f"{typed_command()} ops",
         description="Operate a running gateway over its operator API: list lanes, read their "
         "timelines, resume, approve, abort. A LANE is its id (ln_...), its name (web:hello, "
@@ -116,6 +129,7 @@ def build_parser() -> argparse.ArgumentParser:
         )
         sub.add_argument(
             "--idempotency-key",
+            type=_key,
             metavar="KEY",
             help="the action's Idempotency-Key (default: a new one): the same key repeats "
             "nothing, it answers with the first result",
