@@ -297,6 +297,9 @@ def _read_toml(
                     )
                     continue
                 where = f"{key}.{field} in {path}" + (f" line {line}" if line else "")
+                if name in values:  # the flat form too (`slack_bot_token` beside [slack])
+                    unknown.append(f"{values[name].origin} and {where} both set {name}: keep one")
+                    continue
                 values[name] = _Value(item, where)
             continue
         line = _toml_line(lines, key)
@@ -318,6 +321,9 @@ def _read_toml(
             if table[key].json_example is not None
             and re.match(rf"\s*\[\[\s*{re.escape(key)}\s*\]\]", text_line)
         )
+        if key in values:  # its table form came first
+            unknown.append(f"{values[key].origin} and {where} both set {key}: keep one")
+            continue
         values[key] = _Value(value, where, item_origins)
     return values
 

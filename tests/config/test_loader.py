@@ -264,6 +264,23 @@ def test_a_setting_from_the_file_counts_as_set_explicitly(tmp_path: Path) -> Non
     assert settings.effective_broker_url == "redis://cache:6379/0"
 
 
+def test_a_setting_given_flat_and_in_its_table_is_refused(tmp_path: Path) -> None:
+    """`slack_bot_token` beside `[slack] bot_token`: the table's value was used without a word
+    (an operator who rotated one of them never learnt which was in force); `.env` refuses the
+    same conflict (an outside probe)."""
+    config = _toml(
+        tmp_path,
+        'slack_bot_token = "xoxb-1"\nslack_signing_secret = "abcdefabcdefabcdef123456"\n'
+        '[slack]\nbot_token = "xoxb-2"\n',
+    )
+    error = _refusal(config_file=config)
+    assert f"slack_bot_token in {config} line 1 and slack.bot_token in {config} line 4" in str(
+        error
+    )
+    assert "both set slack_bot_token: keep one" in str(error)
+    assert "xoxb" not in str(error)  # where, never what
+
+
 @pytest.mark.parametrize(
     ("text", "expected"),
     [
