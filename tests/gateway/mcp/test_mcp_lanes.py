@@ -12,8 +12,10 @@ change) reaches the model as a tool result it can read, and the thread gets its 
 from __future__ import annotations
 
 import asyncio
+import contextlib
+import os
 import sys
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Callable
 from pathlib import Path
 from typing import Any
 
@@ -258,6 +260,50 @@ _UNTIL_FLAG = (
 """A server that fails to start until a file exists (a dependency still coming up)."""
 
 
+def _started(settings: Any) -> Service:
+    """A service on `settings` with the scripted model (not started yet)."""
+    model = ScriptedModel(responder=respond)
+    parts = ServiceParts(model_client=model, model=ModelRef(provider="scripted", model_id="m"))
+    return Service(settings, parts)
+
+
+@contextlib.asynccontextmanager
+async def _again(settings: Any) -> AsyncIterator[ServiceRig]:
+    """The service started again on `settings` (the cut lane's session resumed at its take)."""
+    service = _started(settings)
+    await service.start()
+    assert service.app is not None
+    try:
+        async with httpx.AsyncClient(
+            transport=httpx.ASGITransport(app=service.app), base_url="http://localhost"
+        ) as http:
+            yield ServiceRig(service, http)
+    finally:
+        await service.stop(drain_seconds=2)
+
+
+async def _cut_in_a_hang(
+    settings: Any, marks: Path, then: Callable[[], None] = lambda: None
+) -> None:
+    """A service whose lane ``cut`` is stopped in a call of ``demo.hang``: its run left open.
+
+    `then` runs once the call reached the server, before the stop.
+    """
+    first = _started(settings)
+    await first.start()
+    assert first.app is not None
+    async with httpx.AsyncClient(
+        transport=httpx.ASGITransport(app=first.app), base_url="http://localhost"
+    ) as http:
+        await ServiceRig(first, http).post("cut", "/call hang")
+        for _ in range(400):
+            if any(name.startswith("call-hang-") for name in os.listdir(marks)):
+                break
+            await asyncio.sleep(0.025)
+        then()
+        await first.stop(drain_seconds=0.1)
+
+
 async def test_a_lane_cut_mid_call_resumes_once_its_server_comes_up(tmp_path: Path) -> None:
     """The lane, cut in a call of a server not up at the restart, had its resume refused
     (`MissingIdentities`, logged at info) and stayed suspended, its thread silent, until
@@ -273,39 +319,12 @@ async def test_a_lane_cut_mid_call_resumes_once_its_server_comes_up(tmp_path: Pa
         "cwd": ROOT,
     }
     settings = _settings(tmp_path, server)
-
-    def started(model: ScriptedModel) -> Service:
-        parts = ServiceParts(model_client=model, model=ModelRef(provider="scripted", model_id="m"))
-        return Service(settings, parts)
-
-    first = started(ScriptedModel(responder=respond))
-    await first.start()
-    assert first.app is not None
-    async with httpx.AsyncClient(
-        transport=httpx.ASGITransport(app=first.app), base_url="http://localhost"
-    ) as http:
-        await ServiceRig(first, http).post("cut", "/call hang")
-        for _ in range(400):
-            if any(p.name.startswith("call-hang-") for p in marks.iterdir()):
-                break
-            await asyncio.sleep(0.025)
-        flag.unlink()  # the server will not come back at the next start
-        await first.stop(drain_seconds=0.1)  # the call is cut, its run left open
-    second = started(ScriptedModel(responder=respond))
-    await second.start()
-    assert second.app is not None
-    try:
-        async with httpx.AsyncClient(
-            transport=httpx.ASGITransport(app=second.app), base_url="http://localhost"
-        ) as http:
-            await asyncio.sleep(1.5)  # resumed once, refused: the tool is not offered
-            flag.write_text("")  # the server comes up; nobody writes in the thread
-            [answer] = [
-                a for a in await ServiceRig(second, http).answers("cut", 1) if a["kind"] == "reply"
-            ]
-            assert answer["text"].startswith("Done (error)"), answer
-    finally:
-        await second.stop(drain_seconds=2)
+    await _cut_in_a_hang(settings, marks, then=flag.unlink)  # it will not come back at the start
+    async with _again(settings) as rig:
+        await asyncio.sleep(1.5)  # resumed once, refused: the tool is not offered
+        flag.write_text("")  # the server comes up; nobody writes in the thread
+        [answer] = [a for a in await rig.answers("cut", 1) if a["kind"] == "reply"]
+        assert answer["text"].startswith("Done (error)"), answer
 
 
 async def test_a_lane_cut_in_a_call_of_a_tool_gone_at_the_restart_is_answered(
@@ -323,40 +342,14 @@ async def test_a_lane_cut_in_a_call_of_a_tool_gone_at_the_restart_is_answered(
         "args": ["-m", "tests.support.mcp_servers", "--stdio", "--marks", str(marks)],
         "cwd": ROOT,
     }
-
-    def started(settings: Any) -> Service:
-        model = ScriptedModel(responder=respond)
-        parts = ServiceParts(model_client=model, model=ModelRef(provider="scripted", model_id="m"))
-        return Service(settings, parts)
-
-    first = started(_settings(tmp_path, server))
-    await first.start()
-    assert first.app is not None
-    async with httpx.AsyncClient(
-        transport=httpx.ASGITransport(app=first.app), base_url="http://localhost"
-    ) as http:
-        await ServiceRig(first, http).post("cut", "/call hang")
-        for _ in range(400):
-            if any(p.name.startswith("call-hang-") for p in marks.iterdir()):
-                break
-            await asyncio.sleep(0.025)
-        await first.stop(drain_seconds=0.1)  # the call is cut, its run left open
+    await _cut_in_a_hang(_settings(tmp_path, server), marks)
     removed = {**server, "overrides": {"hang": {"disabled": True}}}
-    second = started(_settings(tmp_path, removed))
-    await second.start()
-    assert second.app is not None
-    try:
-        async with httpx.AsyncClient(
-            transport=httpx.ASGITransport(app=second.app), base_url="http://localhost"
-        ) as http:
-            rig = ServiceRig(second, http)
-            [answer] = [a for a in await rig.answers("cut", 1) if a["kind"] == "reply"]
-            assert answer["text"].startswith("Done (error)"), answer
-            assert "interrupted" in answer["text"], answer
-            await rig.post("cut", "and now?")
-            later = await rig.answers("cut", 2)
-            assert later[-1]["text"] == "You said: and now?", later
-        hangs = [p.name for p in marks.iterdir() if p.name.startswith("call-hang-")]
-        assert len(hangs) == 1  # never run again
-    finally:
-        await second.stop(drain_seconds=2)
+    async with _again(_settings(tmp_path, removed)) as rig:
+        [answer] = [a for a in await rig.answers("cut", 1) if a["kind"] == "reply"]
+        assert answer["text"].startswith("Done (error)"), answer
+        assert "interrupted" in answer["text"], answer
+        await rig.post("cut", "and now?")
+        later = await rig.answers("cut", 2)
+        assert later[-1]["text"] == "You said: and now?", later
+    hangs = [name for name in os.listdir(marks) if name.startswith("call-hang-")]
+    assert len(hangs) == 1  # never run again
