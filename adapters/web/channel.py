@@ -133,7 +133,6 @@ WebRefusal = Literal[
     "not_the_request",  # 409: a decision naming another run, calls or arguments
     "no_longer_waiting",  # 409: the request was decided, stopped or ended (the page says so)
     "message_id_taken",  # 409: a client_message_id that names another message
-    "decision_key_taken",  # 409: an idempotency_key that names another decision
     "too_slow",  # 408: a body that trickles (a slot held, nothing sent)
     "too_large",  # 413: a body over the limit
     "unsupported_media_type",  # 415
@@ -811,17 +810,6 @@ class WebChannel:
         key = body.idempotency_key or _decision_key(space, thread, body, decisions)
         ref = ThreadRef(channel=self.name, space=space, thread=thread)
         said = WebDecision(run_id=body.run_id, wait_id=body.wait_id, decisions=decisions)
-        if body.idempotency_key is not None:
-            # the thread shows a decision once per key: another decision under a key it shows
-            # took effect while the answer and the thread named the first (an outside probe)
-            shown = await self._mailbox_call(self.mailbox.find(space, thread, "decision", key))
-            if shown is not None and shown.decision != said:
-                raise _Refused(
-                    409,
-                    "decision_key_taken",
-                    f"'idempotency_key' {key!r} already names another decision of this thread; "
-                    "give each decision its own key",
-                )
         now = self.clock.now_ms()
         decision = DecisionInbound(
             thread=ref,
@@ -835,7 +823,10 @@ class WebChannel:
         acceptance = await self._accept(sink, sink.decide, decision)
         item = NewWebItem(
             kind="decision",
-            id=key,
+            # the thread shows a decision once per slot, as the inbox holds it (D151): keyed
+            # by the client's key alone, a key reused for the next wait decided it while the
+            # answer and the thread named the first decision, and the thread never showed it
+            id=decision.slot,
             author=author,
             decision=said,
             at_ms=now,

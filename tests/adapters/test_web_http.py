@@ -681,23 +681,25 @@ async def test_a_client_idempotency_key_is_used(client: httpx.AsyncClient, sink:
     assert again.status_code == 202  # a retry of the same decision
 
 
-async def test_a_key_naming_another_decision_is_refused_before_it_takes_effect(
+async def test_a_key_reused_for_the_next_wait_shows_its_own_decision(
     client: httpx.AsyncClient, sink: TestSink
 ) -> None:
-    """A client reused its key for the next wait: the denial took effect, while the answer and
-    the thread named the first decision, and the thread never showed the denial (a probe)."""
-    await client.post("/web/threads/t1/decisions", json=decision_body(idempotency_key="k1"))
+    """A client reused its key for the next wait: the decision took effect (D151), while the
+    answer and the thread named the first decision, and the thread never showed the second
+    (an outside probe). The thread keys a decision as the inbox does: by its slot."""
+    first = await client.post("/web/threads/t1/decisions", json=decision_body(idempotency_key="k1"))
     deny = decision_body(
         wait_id="wait-2",
         decisions=[{"tool_call_id": "c2", "args_digest": "digest-2", "approved": False}],
         idempotency_key="k1",
     )
-    refused = await client.post("/web/threads/t1/decisions", json=deny)
-    assert error(refused) == (409, "decision_key_taken")
-    assert len(sink.decisions) == 1  # nothing was decided
-    assert [i["kind"] for i in (await client.get("/web/threads/t1")).json()["items"]] == [
-        "decision"
-    ]
+    second = await client.post("/web/threads/t1/decisions", json=deny)
+    assert second.status_code == 202 and second.json()["seq"] != first.json()["seq"]
+    shown = (await client.get("/web/threads/t1")).json()["items"]
+    assert [i["decision"]["wait_id"] for i in shown] == ["wait-1", "wait-2"]
+    again = await client.post("/web/threads/t1/decisions", json=deny)  # a retry: shown once
+    assert again.json()["seq"] == second.json()["seq"]
+    assert len((await client.get("/web/threads/t1")).json()["items"]) == 2
 
 
 @pytest.mark.parametrize(
