@@ -243,7 +243,8 @@ async def test_the_last_attempt_fails_at_once_without_a_wait(backend, tmp_path) 
     assert waited == [1_000, 2_000]
     assert isinstance(result, Ok) and result.value.kind == "failed"
     assert result.value.error is not None and result.value.error.code == "retries_exhausted"
-    assert kit.clock.now_ms() - 1_700_000_000_000 <= 3_500  # 1 s + 2 s, then at once
+    # 1 s + 2 s, then at once (the loop's steps may pass the due time under load: never 4 s)
+    assert kit.clock.now_ms() - 1_700_000_000_000 < 7_000
     # giving up says what the provider said the last time, not only that the cap was reached
     [end] = ends
     assert (end.attempt, end.success, end.final_error) == (3, False, "scripted failure")
