@@ -30,7 +30,7 @@ from typing import Any, Final, Literal
 
 from pydantic import ValidationError
 
-from adapters import DecisionInbound, FileLimits, Inbound, ThreadRef
+from adapters import Attachment, DecisionInbound, FileLimits, Inbound, ThreadRef
 from gateway.authority import EPOCH, end_revoked_runs, keep_if_revoked
 from gateway.broker.contract import Broker, InboxItem, SessionTicket
 from gateway.budgets import read_budget
@@ -233,7 +233,7 @@ class Worker:
         """Whether a tool will not be offered again by itself (`McpTools.gone`)."""
         self._gone: dict[str, tuple[str, ...]] = {}
         """By session: tools a lane's resume waits for that are gone, stood in for at its next
-        take (`_stand_ins`)."""
+        take (`_stand_in`)."""
         self._outage = outage or Outage("broker", clock, log)
         """Says a broker that fails the takes once, not once a second per slot (D347)."""
         self._owed_leases: list[Any] = []
@@ -815,8 +815,8 @@ class Worker:
                             continue
                         await self._apply(session, item)
                         if session.reading.pop(item.id, None) is not None:
-                            for blob in self._slow_blobs(item):
-                                session.files_read.pop(blob, None)
+                            for file in self._slow_files(item):
+                                session.files_read.pop(file.blob or "", None)
             if not session.tasks and not items:
                 if self._stopping.is_set() or not await self._parked_deferred(session):
                     return
@@ -824,15 +824,14 @@ class Worker:
                 continue
             await self._news(session, config.poll_ms)
 
-    def _slow_blobs(self, item: InboxItem) -> list[str]:
-        """The blobs of `item`'s files whose reading takes a process each (none: not a message)."""
+    def _slow_files(self, item: InboxItem) -> tuple[Attachment, ...]:
+        """`item`'s files whose reading takes a process each (none: not a message)."""
         if item.kind != "message" or not dict(item.payload).get("attachments"):
-            return []  # most messages: no parse
+            return ()  # most messages: no parse
         try:
-            inbound = Inbound.model_validate(dict(item.payload))
+            return slow_files(Inbound.model_validate(dict(item.payload)))
         except ValidationError:
-            return []  # `_apply` refuses it
-        return [a.blob for a in slow_files(inbound) if a.blob is not None]
+            return ()  # `_apply` refuses it
 
     def _files_ready(self, session: _Session, item: InboxItem) -> bool:
         """Whether `item` may be applied now; else its slow files are read in the background.
@@ -840,24 +839,25 @@ class Worker:
         A message's PDFs are read apart from the session's loop (`read_slow`): the other
         threads of its session go on meanwhile, and its own thread's later items wait.
         """
-        if not self._slow_blobs(item):
+        slow = self._slow_files(item)
+        if not slow:
             return True
         task = session.reading.get(item.id)
         if task is None:
-            session.reading[item.id] = self._read_files(session, item)
+            session.reading[item.id] = self._read_files(session, item, slow)
             return False
         # done: its parts are in `files_read`; a file not there (its blob gone, a read that
         # failed) is read, or named, in the loop as before
         return task.done()
 
-    def _read_files(self, session: _Session, item: InboxItem) -> asyncio.Task[None]:
-        inbound = Inbound.model_validate(dict(item.payload))
-
+    def _read_files(
+        self, session: _Session, item: InboxItem, slow: tuple[Attachment, ...]
+    ) -> asyncio.Task[None]:
         async def read() -> None:
             try:
                 async with session.harness.hold():  # an idle harness renews no lease
                     parts = await read_slow(
-                        slow_files(inbound),
+                        slow,
                         self._broker.blobs,
                         item.session,
                         self._file_limits,
