@@ -15,7 +15,7 @@ import json
 import os
 import re
 import tomllib
-from collections.abc import Iterable, Mapping, Sequence
+from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -29,6 +29,7 @@ from config.sections import Section
 from config.settings import _ACCEPTED, Settings
 
 __all__ = [
+    "Check",
     "ENV_PREFIX",
     "Setting",
     "settings_from",
@@ -55,6 +56,10 @@ _KEYS = {
     + ", ".join(name for name in Profile.model_fields if name != "name"),
 }
 _SHOWN = 80
+
+Check = Callable[[Any], object]
+"""A caller's further check of a valid setting's value: raises ValueError (its message one line
+that shows the value, never a secret) when the value cannot be used."""
 
 
 @dataclass(frozen=True)
@@ -150,6 +155,7 @@ def load_settings(
     config_file: str | os.PathLike[str] | None = None,
     env_file: str | os.PathLike[str] | None = None,
     sections: Mapping[str, type[Section]] | None = None,
+    checks: Mapping[str, Check] | None = None,
 ) -> Settings:
     """Read and check the settings (called once, by the entry point).
 
@@ -159,7 +165,9 @@ def load_settings(
     ``gateway serve --config gateway.toml``), then the defaults. Only ``GATEWAY_*`` variables
     are read; values in ``.env`` are literal (no ``${VAR}`` expansion). `sections`: each
     channel's settings model by the channel's name (the registry's), read from the
-    ``[<name>]`` table and ``GATEWAY_<NAME>_*`` variables into `Settings.channels`.
+    ``[<name>]`` table and ``GATEWAY_<NAME>_*`` variables into `Settings.channels`. `checks`:
+    a further check per setting name, run on a set value once every value is valid (what only
+    the caller can judge, like a URL its backends parse).
 
     Raises:
         UnknownSetting: a ``GATEWAY_*`` variable or a TOML key names no setting.
@@ -184,11 +192,14 @@ def load_settings(
         raise UnknownSetting(unknown + problems)
     if problems:
         raise SettingsError(problems)
-    return _validated(values, table, sections)
+    return _validated(values, table, sections, checks)
 
 
 def settings_from(
-    values: Mapping[str, Any], *, sections: Mapping[str, type[Section]] | None = None
+    values: Mapping[str, Any],
+    *,
+    sections: Mapping[str, type[Section]] | None = None,
+    checks: Mapping[str, Check] | None = None,
 ) -> Settings:
     """`Settings` from values by setting name (``slack_bot_token=...`` for a section's field).
 
@@ -205,13 +216,14 @@ def settings_from(
     if unknown:
         raise UnknownSetting(unknown)
     given = {name: _Value(value, "given") for name, value in values.items()}
-    return _validated(given, table, sections)
+    return _validated(given, table, sections, checks)
 
 
 def _validated(
     values: Mapping[str, _Value],
     table: Mapping[str, Setting],
     sections: Mapping[str, type[Section]] | None,
+    checks: Mapping[str, Check] | None = None,
 ) -> Settings:
     problems: list[str] = []
     channels: dict[str, Section] = {}
@@ -231,6 +243,12 @@ def _validated(
     except ValidationError as exc:
         # `from None`: pydantic's error repeats every input, secrets included
         raise SettingsError(problems + _problems(exc, values, table)) from None
+    for name, check in (checks or {}).items():
+        if name in values:
+            try:
+                check(values[name].value)
+            except ValueError as exc:  # its message shows the value (without a password)
+                problems.append(f"{name} ({values[name].origin}): {exc}")
     if problems:
         raise SettingsError(problems)
     return settings

@@ -27,9 +27,14 @@ from adapters import (
 from config import Settings, SettingsError, load_settings
 from config.loader import settings_from
 from config.sections import Section
+from config.settings import accepted
+from gateway.broker import BrokerError, open_broker
 from gateway.mcp.settings import SECTION as MCP_SECTION
 from gateway.mcp.settings import McpSection
+from harness_core.backends.urls import RedisUrls, shown
 from harness_core.clock import Clock
+from harness_core.errors import SessionError
+from harness_core.storage import open_repo
 
 __all__ = [
     "bindings_judge",
@@ -82,6 +87,7 @@ def load_gateway_settings(
             config_file=config_file,
             env_file=env_file,
             sections=gateway_sections(),
+            checks=_URL_CHECKS,
         )
     )
 
@@ -92,7 +98,33 @@ def gateway_settings(**values: Any) -> Settings:
     Raises:
         SettingsError: a name is no setting, or a value is refused (``str()`` is one line).
     """
-    return _routed(settings_from(values, sections=gateway_sections()))
+    return _routed(settings_from(values, sections=gateway_sections(), checks=_URL_CHECKS))
+
+
+def _store_url(url: str) -> None:
+    try:
+        open_repo(url)  # parsed only: nothing is created or contacted
+    except SessionError as exc:
+        raise ValueError(str(exc)) from None
+
+
+def _broker_url(url: str) -> None:
+    try:
+        open_broker(url)  # parsed only, likewise
+    except BrokerError as exc:
+        raise ValueError(str(exc)) from None
+
+
+def _redis_url(url: str) -> None:
+    def refuse(url: str, why: str | None) -> ValueError:
+        return ValueError(f"{shown(url)}: {why}; expected {accepted('redis_url')}")
+
+    RedisUrls(default_prefix="gw").parse(url, refuse)  # the store's and the broker's form
+
+
+_URL_CHECKS = {"store_url": _store_url, "broker_url": _broker_url, "redis_url": _redis_url}
+"""The backends' URL forms, checked as settings: a bad URL is said naming the setting and where
+it was set (a bad ``GATEWAY_REDIS_URL`` was said as a "store URL" only, an outside probe)."""
 
 
 def _routed(settings: Settings) -> Settings:

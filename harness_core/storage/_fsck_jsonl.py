@@ -11,11 +11,49 @@ import asyncio
 from functools import partial
 from pathlib import Path
 
+from harness_core.errors import StoreCorrupted
 from harness_core.session.codec import checksum, log_item_adapter
 from harness_core.storage.fsck import Problem, Scan, checked
-from harness_core.storage.jsonl import _SEAL, _SEALED_AT, JsonlSessionRepo
+from harness_core.storage.jsonl import _SEAL, _SEALED_AT, JsonlSessionRepo, _parse_header
 
-__all__ = ["scan_jsonl"]
+__all__ = ["directory_problems", "scan_jsonl"]
+
+
+async def directory_problems(repo: JsonlSessionRepo) -> list[Problem]:
+    """The session files no session is read from: a bad header, or named for another session.
+
+    The store lists and opens ``<id>.jsonl`` only, so such a file was left out of the listing
+    in silence (a copy had been listed twice, a bad header failed the whole listing).
+    """
+    return await asyncio.to_thread(_directory, repo.directory)
+
+
+def _directory(directory: Path) -> list[Problem]:
+    problems: list[Problem] = []
+    for path in sorted(directory.glob("*.jsonl")) if directory.is_dir() else ():
+        try:
+            with open(path, "rb") as handle:
+                first = handle.readline()
+        except OSError as exc:
+            problems.append(Problem(str(path), f"cannot be read: {exc.strerror or exc}"))
+            continue
+        if not first.endswith(b"\n"):
+            continue  # being published (or empty): no session yet
+        try:
+            meta = _parse_header(first.rstrip(b"\n"), path)
+        except StoreCorrupted as exc:
+            why = f": {exc.__cause__}" if exc.__cause__ is not None else ""
+            problems.append(Problem(f"{path}:1", f"bad header{why} (left out of the store)"))
+            continue
+        if meta.id != path.stem:
+            problems.append(
+                Problem(
+                    str(path),
+                    f"holds session {meta.id!r} but only {meta.id}.jsonl is read as it "
+                    "(a copy or a renamed file: left out of the store)",
+                )
+            )
+    return problems
 
 
 async def scan_jsonl(repo: JsonlSessionRepo, session_id: str) -> Scan:

@@ -120,12 +120,17 @@ async def check_store(
 
 
 async def _store_problems(repo: SessionRepo) -> list[Problem]:
+    from harness_core.storage.jsonl import JsonlSessionRepo
     from harness_core.storage.sqlite import SqliteSessionRepo
 
     if isinstance(repo, SqliteSessionRepo):
         from harness_core.storage._fsck_sqlite import database_problems
 
         return await database_problems(repo)
+    if isinstance(repo, JsonlSessionRepo):
+        from harness_core.storage._fsck_jsonl import directory_problems
+
+        return await directory_problems(repo)
     return []
 
 

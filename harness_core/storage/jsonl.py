@@ -542,7 +542,12 @@ def _list(directory: Path) -> list[SessionMetadata]:
             first = handle.readline()
             if not first.endswith(b"\n"):
                 continue  # being published
-            meta = _parse_header(first.rstrip(b"\n"), path)
+            try:
+                meta = _parse_header(first.rstrip(b"\n"), path)
+            except StoreCorrupted:
+                continue  # `gateway store check` names it; the other sessions are listed
+            if meta.id != path.stem:
+                continue  # a copy or a renamed file: never opened as that session (fsck says)
             for line in handle:
                 if not line.endswith(b"\n"):
                     break  # a torn tail was never acknowledged

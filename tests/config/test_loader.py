@@ -184,6 +184,24 @@ def test_checks_between_settings_name_where_each_came_from(tmp_path: Path) -> No
     )
 
 
+def test_a_caller_s_check_is_said_naming_the_setting_and_where_it_came_from(
+    tmp_path: Path,
+) -> None:
+    def no_x(value: object) -> None:
+        if "x" in str(value):
+            raise ValueError(f"{value!r} holds an x")
+
+    config = _toml(tmp_path, 'instructions = "fine"\nstore_url = "sqlite:///x.db"\n')
+    with pytest.raises(SettingsError) as raised:
+        load_settings({}, config_file=config, checks={"store_url": no_x, "instructions": no_x})
+    assert (
+        str(raised.value)
+        == f"store_url (store_url in {config} line 2): 'sqlite:///x.db' holds an x"
+    )
+    # a setting not set is not checked (its default is the caller's own)
+    assert load_settings({}, checks={"store_url": no_x}).store_url.endswith("gateway.db")
+
+
 def test_an_empty_secret_is_said_to_be_unset() -> None:
     # "ops_tokens=<hidden> (default)" read as if a token were set and wrong
     error = _refusal({"GATEWAY_HOST": "0.0.0.0"})

@@ -207,9 +207,37 @@ def test_a_setting_that_cannot_work_is_one_line(
 @pytest.mark.parametrize(
     ("variable", "value", "said"),
     [
-        ("GATEWAY_STORE_URL", "sqlite://x.db", "gateway: store URL 'sqlite://x.db': expected"),
-        ("GATEWAY_STORE_URL", "redis://", "gateway: store URL 'redis://': a host is required"),
-        ("GATEWAY_BROKER_URL", "sqlite://x", "gateway: broker URL 'sqlite://x': expected"),
+        (
+            "GATEWAY_STORE_URL",
+            "sqlite://x.db",
+            "gateway: store_url (GATEWAY_STORE_URL in the environment): "
+            "store URL 'sqlite://x.db': expected",
+        ),
+        (
+            "GATEWAY_STORE_URL",
+            "redis://",
+            "gateway: store_url (GATEWAY_STORE_URL in the environment): "
+            "store URL 'redis://': a host is required",
+        ),
+        (
+            "GATEWAY_BROKER_URL",
+            "sqlite://x",
+            "gateway: broker_url (GATEWAY_BROKER_URL in the environment): "
+            "broker URL 'sqlite://x': expected",
+        ),
+        (  # was said as a "store URL", naming no variable (an outside probe)
+            "GATEWAY_REDIS_URL",
+            "redis://:secret@h:99999/0",
+            "gateway: redis_url (GATEWAY_REDIS_URL in the environment): "
+            "'redis://:***@h:99999/0': the port must be a number from 1 to 65535; "
+            "expected a Redis URL",
+        ),
+        (
+            "GATEWAY_REDIS_URL",
+            "redis+cluster://h:6379/2",
+            "gateway: redis_url (GATEWAY_REDIS_URL in the environment): "
+            "'redis+cluster://h:6379/2': a Redis Cluster has database 0 only",
+        ),
     ],
 )
 def test_serve_with_a_malformed_store_or_broker_url_is_a_setting_error(

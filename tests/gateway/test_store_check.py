@@ -64,3 +64,29 @@ def test_a_bad_store_is_one_clear_line(tmp_path: Path, capsys) -> None:
         f"gateway: cannot use the store sqlite:///{garbage}: file is not a database "
         "(damaged, or not a SQLite file)\n"
     )
+
+
+async def test_a_jsonl_file_no_session_is_read_from_is_a_problem_and_the_rest_is_listed(
+    tmp_path: Path, capsys
+) -> None:
+    """A copied session file was listed twice; a file with a bad header failed the listing (and
+    `store check` exited 1, as if the store could not be read): an outside probe."""
+    import asyncio
+
+    repo = new_repo("jsonl", tmp_path)
+    await write_session(repo)
+    (tmp_path / "s1 copy.jsonl").write_bytes((tmp_path / f"{SESSION}.jsonl").read_bytes())
+    (tmp_path / "bad.jsonl").write_bytes(b'{"kind":"header","format"\n')
+    (tmp_path / "new.jsonl").write_bytes(b'{"kind":"hea')  # being published: no session yet
+    assert [meta.id for meta in await new_repo("jsonl", tmp_path).list()] == [SESSION]
+    url = store_url("jsonl", tmp_path, None, "")
+    assert await asyncio.to_thread(main, ["store", "list", "--store", url], Settings()) == 0
+    assert capsys.readouterr().out.count(SESSION) == 1
+    assert await _check(url) == PROBLEMS_FOUND
+    assert capsys.readouterr().out.splitlines() == [
+        f"problem: {tmp_path}/bad.jsonl:1: bad header: Expecting ':' delimiter: line 1 column 26 "
+        "(char 25) (left out of the store)",
+        f"problem: {tmp_path}/s1 copy.jsonl: holds session 's1' but only s1.jsonl is read as it "
+        "(a copy or a renamed file: left out of the store)",
+        "checked 1 session, 4 items: 2 problems",
+    ]
