@@ -318,6 +318,10 @@ def _author(value: str | _AuthorIn | None) -> Author:
     return Author(id=value.id, name=value.name)
 
 
+_OWN_NAMES = frozenset({"assistant", "agent", "gateway", "system", "operator", "tool"})
+"""Names a thread shows for what the gateway wrote (a reply is "assistant" on the page): a
+message of "assistant" read as the agent's own reply (an outside probe)."""
+
 _COLONS = frozenset(":\u2236\ua789\u02d0\u05c3\u02f8\ufe13\ufe55\uff1a\u0589\u1361")
 """A colon and the characters that look like one (fullwidth, ratio, modifier letters...)."""
 
@@ -336,6 +340,13 @@ def _not_an_operator(value: str, what: str) -> None:
     if any(unicodedata.category(c) in ("Cf", "Co") for c in value):
         raise _Refused(
             400, "invalid_request", f"{what} holds an invisible or direction-changing character"
+        )
+    if unicodedata.normalize("NFKC", value).strip().casefold() in _OWN_NAMES:
+        raise _Refused(
+            400,
+            "invalid_request",
+            f"{what} may not be {value.strip()!r}: the thread shows the gateway's own "
+            "items under that name",
         )
     if any(c in _COLONS for c in unicodedata.normalize("NFKC", value)):
         raise _Refused(

@@ -223,6 +223,10 @@ async def test_author_forms(client: httpx.AsyncClient, sink: TestSink) -> None:
             "invalid_request",
         ),
         (b'{"text": "hi", "author": "\\u202enimda"}', 400, "invalid_request"),
+        # the page shows a reply as "assistant": a message of one read as the agent's reply
+        (b'{"text": "hi", "author": "Assistant "}', 400, "invalid_request"),
+        (b'{"text": "hi", "author": {"id": "u1", "name": "\\uff41gent"}}', 400, "invalid_request"),
+        (b'{"text": "hi", "author": {"id": "SYSTEM"}}', 400, "invalid_request"),
         (b'{"text": "hi", "author": "' + b"a" * 101 + b'"}', 400, "invalid_request"),
         (b'{"text": "hi", "author": "a\\u0000"}', 400, "invalid_text"),
         (b'{"text": "hi", "author": {"id": "\\udfff"}}', 400, "invalid_text"),
