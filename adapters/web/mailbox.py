@@ -164,8 +164,9 @@ class NewWebItem(Frozen):
     """For ``approval_closed``: the request that no longer waits (the page closes its cards)."""
     files: tuple[Attachment, ...] = ()
     """For ``reply``: the files it sends (blobs the page links to, ``files/{blob}``); for
-    ``message``: the files its sender attached, by name, type and size (no blob: the agent
-    got their content, the thread keeps none of it)."""
+    ``message``: the files its sender attached, by name, type, size and ``ref``, the digest of
+    their bytes (``sha256:<hex>``; no blob: the agent got their content, the thread keeps none
+    of it)."""
     at_ms: int
     """When it was appended (the first time), on the channel's clock."""
 

@@ -10,6 +10,7 @@ from __future__ import annotations
 import asyncio
 import base64
 import contextlib
+import hashlib
 import json
 import logging
 from collections.abc import AsyncIterator
@@ -88,6 +89,15 @@ async def test_an_upload_reaches_the_model_as_an_image_and_text(rig: ServiceRig)
     taken = await rig.http.post("/web/uploads/t1", json=other)
     assert taken.status_code == 409, taken.text
     assert taken.json()["error"]["code"] == "message_id_taken"
+    # so is the same id with other bytes of the same name, type and size (was a duplicate)
+    first = body["files"][1]
+    same_size = _file(first["name"], b'{"retries": 4}', first["media_type"])
+    other = {**body, "files": [body["files"][0], same_size, body["files"][2]]}
+    taken = await rig.http.post("/web/uploads/t1", json=other)
+    assert taken.status_code == 409, taken.text
+    assert taken.json()["error"]["code"] == "message_id_taken"
+    digest = hashlib.sha256(b'{"retries": 3}').hexdigest()
+    assert message["files"][1]["ref"] == f"sha256:{digest}"  # what tells them apart
 
 
 async def test_a_file_name_shows_no_invisible_or_direction_changing_character(
