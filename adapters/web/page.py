@@ -409,7 +409,7 @@ _THREAD_SCRIPT = """
     if (!text.trim() && !chosen.length) { error.textContent = "write something first"; return; }
     const over = tooLong(text);
     if (over) { error.textContent = over; return; }
-    const names = chosen.map((f) => f.name + ":" + f.size).join("/");
+    const names = chosen.map((f) => f.name + ":" + f.size + ":" + f.lastModified).join("/");
     if (!pending || pending.text !== text || pending.names !== names) {
       pending = {id: newId(), text, names};
     }
