@@ -70,8 +70,33 @@ def pytest_addoption(parser: pytest.Parser) -> None:
     )
 
 
+_LONGEST_FIRST = (
+    "tests/test_readme.py",
+    "tests/gateway/test_serve_lifecycle.py",
+    "tests/bench/test_prompt_instructions_smoke.py",
+    "tests/gateway/test_cli_hostile.py",
+    "tests/pages/test_web_page.py",
+    "tests/gateway/test_reply_watermark.py",
+    "tests/bench/test_turn_instructions_smoke.py",
+    "tests/pages/test_ops_page.py",
+    "tests/test_packaging.py",
+    "tests/adapters/email/test_email_service.py",
+    "tests/adapters/slack/test_slack_live_kill.py",
+    "tests/ops/test_cli.py",
+)
+"""The test files that take longest (over half a minute each, `--durations`), started first.
+
+`--dist loadfile` hands files out in collection order, and these sorted last or late by name
+(``tests/test_readme.py``, 150 s, among the last): one core ran them alone for the run's last
+minutes while the other had nothing left. Started first, the short files fill the end.
+"""
+
+
 def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
-    """`--phase`: keep the tests of one phase, deselect (and report) the others."""
+    """`--phase`: keep the tests of one phase, deselect (and report) the others; the files of
+    `_LONGEST_FIRST` first (in that order; every file's tests keep theirs)."""
+    rank = {path: number for number, path in enumerate(_LONGEST_FIRST)}
+    items.sort(key=lambda item: rank.get(item.nodeid.partition("::")[0], len(rank)))  # stable
     phase = config.getoption("--phase")
     if phase == "all":
         return

@@ -30,3 +30,12 @@ def test_each_phase_collects_its_own_tests_and_all_collects_both() -> None:
     assert _collected("alone") == {FILES[0]}
     assert _collected("shared") == {FILES[1]}
     assert _collected("all") == set(FILES)
+
+
+def test_the_files_started_first_are_there() -> None:
+    """A renamed file would silently go back to its place by name (the slow tail comes back)."""
+    from tests.conftest import _LONGEST_FIRST
+
+    root = Path(__file__).resolve().parent.parent
+    assert [path for path in _LONGEST_FIRST if not (root / path).is_file()] == []
+    assert len(set(_LONGEST_FIRST)) == len(_LONGEST_FIRST)

@@ -90,9 +90,12 @@ async def test_an_upload_reaches_the_model_as_an_image_and_text(rig: ServiceRig)
     assert taken.status_code == 409, taken.text
     assert taken.json()["error"]["code"] == "message_id_taken"
     # so is the same id with other bytes of the same name, type and size (was a duplicate)
-    first = body["files"][1]
-    same_size = _file(first["name"], b'{"retries": 4}', first["media_type"])
-    other = {**body, "files": [body["files"][0], same_size, body["files"][2]]}
+    files = [
+        _file("screen.png", image, "image/png"),
+        _file("config.json", b'{"retries": 4}', "application/json"),
+        _file("spec.pdf", pdf(["The spec says ship on Friday"]), "application/pdf"),
+    ]
+    other = {**body, "files": files}
     taken = await rig.http.post("/web/uploads/t1", json=other)
     assert taken.status_code == 409, taken.text
     assert taken.json()["error"]["code"] == "message_id_taken"
