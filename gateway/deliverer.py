@@ -101,6 +101,8 @@ class Deliverer:
         self._stopping = asyncio.Event()
         self._task: asyncio.Task[None] | None = None
         self._running: set[asyncio.Task[None]] = set()
+        self._last_of: dict[tuple[str, str], asyncio.Task[None]] = {}
+        """By (session, lane): the attempt claimed last, which the thread's next one waits for."""
 
     @property
     def actor(self) -> str:
@@ -154,11 +156,16 @@ class Deliverer:
                 drained = len(claimed) < min(config.batch, config.parallel)
                 for item in claimed:
                     await slots.acquire()
-                    task = asyncio.ensure_future(self._attempt(item))
+                    thread = (item.delivery.session, item.delivery.lane)
+                    before = self._last_of.get(thread)
+                    task = asyncio.ensure_future(self._attempt(item, after=before))
                     self._running.add(task)
+                    self._last_of[thread] = task
 
-                    def settled(done: asyncio.Task[None]) -> None:
+                    def settled(done: asyncio.Task[None], thread: tuple[str, str] = thread) -> None:
                         self._running.discard(done)
+                        if self._last_of.get(thread) is done:
+                            del self._last_of[thread]
                         slots.release()
 
                     task.add_done_callback(settled)
@@ -182,9 +189,13 @@ class Deliverer:
             stopping.cancel()
             await asyncio.gather(waiting, stopping, return_exceptions=True)
 
-    async def _attempt(self, claimed: ClaimedDelivery) -> None:
+    async def _attempt(
+        self, claimed: ClaimedDelivery, *, after: asyncio.Task[None] | None = None
+    ) -> None:
         began = time.monotonic()
         try:
+            if after is not None and not after.done():
+                await self._in_turn(after)
             await self._try(claimed)
         except asyncio.CancelledError:
             await self._hand_back(claimed)
@@ -192,6 +203,21 @@ class Deliverer:
         finally:
             if self._metrics is not None:
                 self._metrics.delivery_time(time.monotonic() - began)
+
+    async def _in_turn(self, before: asyncio.Task[None]) -> None:
+        """Wait for the attempt of the thread's delivery claimed before this one (D379).
+
+        Deliveries run in parallel, so two replies of one thread (two runs' answers, a reply
+        and the next run's notice) could land in the other order than they were made. They go
+        one after the other here, within what the claim's lease allows: this attempt still
+        needs a reconcile and a send, each up to `timeout_ms`, and a margin, before its lease
+        could lapse to another deliverer (which would send it as well); past that it goes.
+        """
+        config = self.config
+        spare_ms = config.lease_ms - 3 * config.timeout_ms
+        if spare_ms <= 0:
+            return
+        await asyncio.wait({before}, timeout=spare_ms / 1000)  # however it ended
 
     async def _try(self, claimed: ClaimedDelivery) -> None:
         delivery = claimed.delivery

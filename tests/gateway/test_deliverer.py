@@ -436,3 +436,47 @@ async def test_a_broker_that_is_down_is_claimed_from_about_once_a_second(
         await deliverer.stop(1)
         await broker.close()
         server.stop()
+
+
+class _Slow(RecordingChannel):
+    """Takes the real time `delays` says for a delivery's send (by delivery id)."""
+
+    def __init__(self, delays: dict[str, float], **kwargs: Any) -> None:
+        super().__init__(**kwargs)
+        self.delays = delays
+
+    async def deliver(self, outbound: Outbound) -> Any:
+        await asyncio.sleep(self.delays.get(outbound.delivery_id, 0.0))
+        return await super().deliver(outbound)
+
+
+@pytest.mark.parametrize("lease_ms", [60_000, 2_500])
+async def test_a_thread_s_replies_land_in_the_order_they_were_made(rig: Rig, lease_ms: int) -> None:
+    """Deliveries run in parallel: the second run's answer landed before the first's, which
+    took longer to send (`test_held_messages` met it under load). One thread's go one after
+    the other (D379), within what the claim's lease allows (a lease of 2.5 s with a send's
+    timeout of 1 s leaves no time to wait: each goes at once, as before); another thread's
+    reply does not wait for them."""
+    slow = _Slow({"reply:s:run-1": 0.3, "reply:s:run-2": 0.1}, clock=rig.clock)
+    rig.fake = slow
+    await rig.enqueue("reply:s:run-1", "first")
+    await rig.enqueue("reply:s:run-2", "second")
+    await rig.enqueue("reply:s:run-3", "third")
+    other = Outbound(
+        delivery_id="reply:s:run-9",
+        thread=ThreadRef(channel="fake", space="default", thread="t2"),
+        kind="reply",
+        text="elsewhere",
+    )
+    await rig.broker.outbox.enqueue(
+        other.delivery_id, "s", "fake:t2", other.model_dump(mode="json"), now_ms=0
+    )
+    rig.start(lease_ms=lease_ms, timeout_ms=1_000)
+    for number in (1, 2, 3, 9):
+        await rig.until(f"reply:s:run-{number}", lambda d: d.status == "delivered")
+    landed = [o.text for o in slow.delivered]
+    assert landed[0] == "elsewhere"  # not held up by the slow thread
+    if lease_ms == 60_000:
+        assert landed[1:] == ["first", "second", "third"]
+    else:
+        assert landed[1:] == ["third", "second", "first"]  # as fast as each one's send
