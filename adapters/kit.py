@@ -77,11 +77,22 @@ class ChannelSpec(Generic[S]):
     address; a thread of a mailbox the settings no longer name has lost its authority, D268)."""
 
     def secrets(self, section: S) -> Iterator[str]:
-        """The section's secrets (`SecretStr` fields, URL passwords): the redactor hides them."""
+        """The section's secrets (`SecretStr` fields, URL passwords): the redactor hides them.
+
+        A tuple of `SecretStr` (tokens) gives each one whole and, for a ``name:secret`` token,
+        its secret alone too (what a client sends).
+        """
         for name in type(section).model_fields:
             value = getattr(section, name)
             if isinstance(value, SecretStr) and value.get_secret_value():
                 yield value.get_secret_value()
+            elif isinstance(value, tuple):
+                for item in value:
+                    if isinstance(item, SecretStr) and item.get_secret_value():
+                        whole = item.get_secret_value()
+                        yield whole
+                        if ":" in whole:
+                            yield whole.partition(":")[2]
             elif isinstance(value, str) and "://" in value:
                 with contextlib.suppress(ValueError):  # not a URL after all: no password
                     if password := urlsplit(value).password:

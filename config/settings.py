@@ -762,11 +762,13 @@ class Settings(BaseModel):
         warned about with the store when they are local files and the broker is shared.
         """
         found: list[str] = []
-        if not is_loopback(self.host):
+        web_login = bool(getattr(self.channels.get("web"), "tokens", ()))
+        if not is_loopback(self.host) and not web_login:
             found.append(
                 f"host={self.host} is not a loopback address: the web channel has no "
                 f"authentication, so anyone who reaches port {self.port} can talk to the agent "
-                "(bind 127.0.0.1, or put an authenticating proxy in front)"
+                "(set web tokens, GATEWAY_WEB_TOKENS, bind 127.0.0.1, or put an "
+                "authenticating proxy in front)"
             )
         if scheme(self.effective_broker_url) in _REDIS_SCHEMES:
             local = [

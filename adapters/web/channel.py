@@ -32,8 +32,9 @@ Every refusal is one JSON envelope ``{"error": {"code", "message"}}``: 400 for a
 request, 403 ``cross_site``, 404 ``not_routed``, 409 for a decision that can change nothing
 (``no_such_request``, ``not_the_request``, ``no_longer_waiting``: nothing is stored), 413
 ``too_large``, 415 (a body that is not ``application/json``), 503 ``unavailable`` with
-``Retry-After``. The channel has no
-authentication of its own: bind it to a trusted interface. POSTs must be ``application/json``
+``Retry-After``, and 401 ``unauthorized`` when the channel has tokens and the request
+names none it knows (`adapters.web.login`; without tokens it has no authentication of its own:
+bind it to a trusted interface). POSTs must be ``application/json``
 and not cross-site (``Sec-Fetch-Site``), so a web page a person visits cannot post or approve
 through their browser; a page whose name was rebound to this machine passes that check, so the
 gateway's app refuses any ``Host`` it does not serve before this router runs (`gateway.guards`).
@@ -54,7 +55,7 @@ from collections import Counter
 from collections.abc import AsyncIterator, Awaitable, Callable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any, Literal, get_args
-from urllib.parse import quote
+from urllib.parse import parse_qs, quote, urlencode
 
 from fastapi import APIRouter, Request
 from fastapi.responses import (
@@ -91,6 +92,7 @@ from adapters.json_bodies import blank, body_problem, read_json, result_problem,
 from adapters.live import LiveUpdate
 from adapters.store_full import STORE_FULL, store_full
 from adapters.web.live import LiveBoard, LiveCursor
+from adapters.web.login import WebLogin
 from adapters.web.mailbox import (
     DEFAULT_MAILBOX_URL,
     MailboxError,
@@ -105,7 +107,7 @@ from adapters.web.mailbox import (
     normal_name,
     open_mailbox,
 )
-from adapters.web.page import content_security_policy, index_page, thread_page
+from adapters.web.page import content_security_policy, index_page, login_page, thread_page
 from harness_core import Clock, IdGenerator, SuppliedResult, SystemClock, Uuid7Ids
 
 __all__ = ["WebChannel", "WebLimits"]
@@ -125,6 +127,7 @@ WebRefusal = Literal[
     "invalid_space",  # 400: a space name the mailbox refuses
     "empty_text",  # 400
     "text_too_long",  # 400: text over the length limit
+    "unauthorized",  # 401: no token, or one the channel does not know (D380)
     "cross_site",  # 403: a write from another site
     "not_approver",  # 403: a decision from someone the agent's profile does not name
     "not_routed",  # 404: no route takes the space
@@ -302,7 +305,19 @@ _OPERATOR_PREFIX = "operator:"
 """How the gateway names an operator who acted (``operator:<token name>``, gateway.ops.auth)."""
 
 
-def _author(value: str | _AuthorIn | None) -> Author:
+def _author(value: str | _AuthorIn | None, signed: str | None = None) -> Author:
+    """Who a message or decision is by: the signed-in token's name, else what it says (D380)."""
+    if signed is not None:
+        given = None if value is None or value == "" else value
+        if given is not None and signed not in (
+            (given,) if isinstance(given, str) else (given.id, given.name)
+        ):
+            raise _Refused(
+                400,
+                "invalid_request",
+                f"signed in as {signed!r}: what you send is by that name (leave 'author' out)",
+            )
+        return Author(id=signed, name=signed)
     if value is None or value == "":
         return Author(id="anonymous")
     if isinstance(value, str):
@@ -374,7 +389,11 @@ class WebChannel:
         ids: IdGenerator | None = None,
         limits: WebLimits | None = None,
         prefix: str = "/web",
+        login: WebLogin | None = None,
     ) -> None:
+        self.login = login
+        """Who may use the channel (None: whoever reaches it, under any name; D380)."""
+        self._prefix = prefix
         self._url = mailbox if isinstance(mailbox, str) else None
         self.mailbox: WebMailbox = open_mailbox(mailbox) if isinstance(mailbox, str) else mailbox
         self.clock = clock or SystemClock()
@@ -389,9 +408,9 @@ class WebChannel:
         """Deliveries whose id the thread held already (stored once, counted here)."""
         self._uploads = asyncio.Semaphore(self.limits.max_concurrent_uploads)
         self._uploading: Counter[str] = Counter()
+        """Uploads being read, by client address: one client holds at most half the slots."""
         self._streaming: Counter[str] = Counter()
         """Event streams open, by client address (one holds at most half the places)."""
-        """Uploads being read, by client address: one client holds at most half the slots."""
         self._full_said_at = -_FULL_SAY_EVERY_S
         """When the log last said every upload slot was taken (the clock's seconds)."""
         self.streams = 0
@@ -723,7 +742,7 @@ class WebChannel:
                 f"{self.limits.max_text_chars} are accepted",
             )
         _check_text(body.text, "'text'")
-        author = _author(body.author)
+        author = _author(body.author, _user(request))
         sink = self._sink_or_refuse()
         now = self.clock.now_ms()
         ref = ThreadRef(channel=self.name, space=space, thread=thread)
@@ -803,7 +822,7 @@ class WebChannel:
         ids = [d.tool_call_id for d in body.decisions]
         if len(set(ids)) != len(ids):
             raise _Refused(400, "invalid_request", "a call is decided twice in one click")
-        author = _author(body.author)
+        author = _author(body.author, _user(request))
         sink = self._sink_or_refuse()
         decisions = tuple(
             DecisionItem(
@@ -827,6 +846,7 @@ class WebChannel:
             wait_id=body.wait_id,
             decisions=decisions,
             decided_by=author,
+            identified=_user(request) is not None,  # its token names who decided
             idempotency_key=key,
             received_at_ms=now,
         )
@@ -1104,7 +1124,12 @@ class WebChannel:
         thread = _name(thread, "thread")
         space = self._space(request)
         return HTMLResponse(
-            thread_page(space=space, thread=thread, max_text_chars=self.limits.max_text_chars),
+            thread_page(
+                space=space,
+                thread=thread,
+                max_text_chars=self.limits.max_text_chars,
+                user=_user(request),
+            ),
             headers=_page_headers(script=True),
         )
 
@@ -1118,6 +1143,7 @@ class WebChannel:
                 space=space,
                 threads=[(t.thread, t.updated_at_ms) for t in threads],
                 suggestion=suggestion,
+                user=_user(request),
             ),
             headers=_page_headers(script=False),
         )
@@ -1127,6 +1153,86 @@ class WebChannel:
         thread = _name(request.query_params.get("thread") or "", "thread")
         space = self._space(request)
         return RedirectResponse(f"threads/{thread}/page?space={space}", status_code=303)
+
+    # -- signing in (D380) ---------------------------------------------------------------------
+
+    def _signed_out(self, request: Request, page: bool) -> Response | None:
+        """None when `request` may go on (its token's name kept); else what answers it.
+
+        A page sends the browser to the sign-in (and back after it); anything else is 401.
+        """
+        if self.login is None:
+            return None
+        name = self.login.who(request)
+        if name is not None:
+            request.state.web_user = name
+            return None
+        if page:
+            after = request.url.path + (f"?{request.url.query}" if request.url.query else "")
+            return RedirectResponse(
+                f"{self._prefix}/login?{urlencode({'next': after})}", status_code=303
+            )
+        return _Refused(
+            401,
+            "unauthorized",
+            "sign in: send Authorization: Bearer <your token>, or open the page again and "
+            "sign in there",
+            {"WWW-Authenticate": 'Bearer realm="web"'},
+        ).response()
+
+    async def login_form(self, request: Request) -> Response:
+        """``GET /login``: the sign-in form (the pages send a browser there when signed out)."""
+        after = self._after(request.query_params.get("next"))
+        return HTMLResponse(login_page(after=after), headers=_page_headers(script=False))
+
+    async def sign_in(self, request: Request) -> Response:
+        """``POST /login`` (a form: ``token``, ``next``): keeps the browser signed in."""
+        if self.login is None:
+            return RedirectResponse(f"{self._prefix}/", status_code=303)
+        fetch_site = request.headers.get("sec-fetch-site")
+        if fetch_site is not None and fetch_site not in ("same-origin", "none"):
+            raise _Refused(403, "cross_site", "cross-site requests are refused")
+        declared = request.headers.get("content-length", "")
+        if not declared.isdigit() or int(declared) > _LOGIN_BYTES:
+            raise _Refused(413, "too_large", f"a sign-in is at most {_LOGIN_BYTES} bytes")
+        raw = await request.body()
+        form = parse_qs(raw[:_LOGIN_BYTES].decode("utf-8", "replace"), max_num_fields=4)
+        after = self._after((form.get("next") or [""])[0])
+        signed = self.login.signed_in((form.get("token") or [""])[0])
+        if signed is None:
+            client = request.client.host if request.client is not None else "-"
+            log.warning("web sign-in refused", extra={"client": client})
+            return HTMLResponse(
+                login_page(after=after, error="that token is not known here: try again"),
+                status_code=401,
+                headers=_page_headers(script=False),
+            )
+        name, cookie = signed
+        log.info("web sign-in", extra={"user": name})
+        response = RedirectResponse(after, status_code=303)
+        response.headers["Set-Cookie"] = WebLogin.cookie_header(
+            cookie, path=self._prefix, secure=request.url.scheme == "https"
+        )
+        return response
+
+    async def sign_out(self, request: Request) -> Response:
+        """``POST /logout``: forgets the browser's sign-in."""
+        response = RedirectResponse(f"{self._prefix}/login", status_code=303)
+        response.headers["Set-Cookie"] = WebLogin.cookie_header(
+            "", path=self._prefix, secure=request.url.scheme == "https"
+        )
+        return response
+
+    def _after(self, given: str | None) -> str:
+        """Where a sign-in goes next: a path of this channel only (never another site)."""
+        if (
+            given
+            and given.startswith(f"{self._prefix}/")
+            and "//" not in given
+            and "\\" not in given
+        ):
+            return given
+        return f"{self._prefix}/"
 
     # -- the router ----------------------------------------------------------------------------
 
@@ -1140,11 +1246,15 @@ class WebChannel:
             *,
             with_thread: bool,
             status: int = 200,
+            page: bool = False,
+            open_to_all: bool = False,
         ) -> None:
             if with_thread:
 
                 async def endpoint_thread(thread: str, request: Request) -> Response:
                     try:
+                        if not open_to_all and (shown := self._signed_out(request, page)):
+                            return shown
                         response: Response = await handler(thread, request)
                     except _Refused as refused:
                         return refused.response()
@@ -1155,6 +1265,8 @@ class WebChannel:
 
                 async def endpoint_plain(request: Request) -> Response:
                     try:
+                        if not open_to_all and (shown := self._signed_out(request, page)):
+                            return shown
                         response: Response = await handler(request)
                     except _Refused as refused:
                         return refused.response()
@@ -1171,8 +1283,11 @@ class WebChannel:
                 response_class=Response,
             )
 
-        route("/", "GET", self.index, with_thread=False)
-        route("/open", "GET", self.open_thread, with_thread=False)
+        route("/", "GET", self.index, with_thread=False, page=True)
+        route("/login", "GET", self.login_form, with_thread=False, open_to_all=True)
+        route("/login", "POST", self.sign_in, with_thread=False, open_to_all=True)
+        route("/logout", "POST", self.sign_out, with_thread=False, open_to_all=True)
+        route("/open", "GET", self.open_thread, with_thread=False, page=True)
         route("/threads", "GET", self.list_threads, with_thread=False)
         route("/threads/{thread}", "GET", self.get_thread, with_thread=True)
         route("/threads/{thread}/messages", "POST", self.post_message, with_thread=True, status=202)
@@ -1181,10 +1296,12 @@ class WebChannel:
             "/threads/{thread}/decisions", "POST", self.post_decision, with_thread=True, status=202
         )
         route("/threads/{thread}/events", "GET", self.events, with_thread=True)
-        route("/threads/{thread}/page", "GET", self.page, with_thread=True)
+        route("/threads/{thread}/page", "GET", self.page, with_thread=True, page=True)
 
         async def endpoint_file(blob: str, request: Request) -> Response:
             try:
+                if shown := self._signed_out(request, False):
+                    return shown
                 return await self.get_file(blob, request)
             except _Refused as refused:
                 return refused.response()
@@ -1199,6 +1316,9 @@ class WebChannel:
         )
         return router
 
+
+_LOGIN_BYTES = 4096
+"""The largest sign-in form taken (a token and where to go after)."""
 
 _TOKEN = r"[A-Za-z0-9][A-Za-z0-9!#$&^_.+-]*"
 _POSTED_TYPE = re.compile(f"{_TOKEN}/{_TOKEN}(;[ -~]*)?")
@@ -1307,6 +1427,12 @@ def _attachment_header(name: str) -> str:
     """``Content-Disposition`` for a download named `name` (RFC 6266: ASCII and UTF-8 forms)."""
     plain = "".join(c if c.isascii() and c.isprintable() and c not in '"\\' else "_" for c in name)
     return f"attachment; filename=\"{plain[:200]}\"; filename*=UTF-8''{quote(name[:200], safe='')}"
+
+
+def _user(request: Request) -> str | None:
+    """The signed-in name `_signed_out` kept for `request` (None: the channel has no login)."""
+    name = getattr(request.state, "web_user", None)
+    return name if isinstance(name, str) else None
 
 
 def _page_headers(*, script: bool) -> dict[str, str]:

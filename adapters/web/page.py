@@ -18,7 +18,7 @@ from urllib.parse import quote
 from adapters.web.mailbox import NAME_RULE
 from harness_core.session.records import MAX_SUPPLIED_CHARS
 
-__all__ = ["content_security_policy", "index_page", "thread_page"]
+__all__ = ["content_security_policy", "index_page", "login_page", "thread_page"]
 
 _STYLE = """
 :root { color-scheme: light dark; --line: #8884; --soft: #8881; --accent: #3b6fd8; }
@@ -27,6 +27,7 @@ body { font: 15px/1.45 system-ui, sans-serif; margin: 0 auto; max-width: 52rem; 
 header { display: flex; gap: 1rem; align-items: baseline; flex-wrap: wrap; }
 h1 { font-size: 1.15rem; margin: 0; word-break: break-all; }
 .status { font-size: .85rem; opacity: .7; }
+.signed-in { margin-left: auto; font-size: .85rem; }
 .items { display: flex; flex-direction: column; gap: .6rem; margin: 1rem 0; }
 .item { border: 1px solid var(--line); border-radius: .5rem; padding: .5rem .75rem; }
 .item.message { background: var(--soft); margin-left: 3rem; }
@@ -82,7 +83,8 @@ _THREAD_SCRIPT = """
   liveBox.appendChild(liveText);
   let liveKey = null;
   let liveShown = "";
-  authorBox.value = localStorage.getItem("web-author") || "";
+  // signed in (the box hidden): messages are by the token's name, none is sent
+  authorBox.value = authorBox.hidden ? "" : (localStorage.getItem("web-author") || "");
 
   // Format characters (bidi overrides and isolates, zero-width ones) shown as \\uXXXX where
   // a value is judged (an approval's arguments, a file's name): "api\u202e" must not read
@@ -413,7 +415,7 @@ _THREAD_SCRIPT = """
     if (!pending || pending.text !== text || pending.names !== names) {
       pending = {id: newId(), text, names};
     }
-    localStorage.setItem("web-author", authorBox.value);
+    if (!authorBox.hidden) localStorage.setItem("web-author", authorBox.value);
     sendButton.disabled = true;
     sendButton.textContent = "Sending...";
     const body = {
@@ -464,7 +466,17 @@ def _json_for_html(value: object) -> str:
     return json.dumps(value).replace("<", "\\u003c").replace(">", "\\u003e").replace("&", "\\u0026")
 
 
-def thread_page(*, space: str, thread: str, max_text_chars: int) -> str:
+def _signed_in(user: str | None, logout: str) -> str:
+    """Who is signed in and a sign-out button (nothing when the channel has no login)."""
+    if user is None:
+        return ""
+    return (
+        f'<form class="signed-in" method="post" action="{logout}">signed in as '
+        f'<b>{html.escape(user)}</b> <button type="submit">Sign out</button></form>'
+    )
+
+
+def thread_page(*, space: str, thread: str, max_text_chars: int, user: str | None = None) -> str:
     """The page of one thread (everything it shows arrives through its event stream)."""
     title = html.escape(f"{thread}" if space == "default" else f"{space} / {thread}")
     config = _json_for_html(
@@ -487,7 +499,7 @@ def thread_page(*, space: str, thread: str, max_text_chars: int) -> str:
 </head>
 <body>
 <header><a href="{back}">threads</a><h1>{title}</h1>
-<span class="status" id="status">connecting...</span></header>
+<span class="status" id="status">connecting...</span>{_signed_in(user, "../../logout")}</header>
 <noscript>This page needs JavaScript; the thread is also at
 <a href="{json_link}">its JSON</a>.</noscript>
 <main class="items" id="items" aria-live="polite"></main>
@@ -496,7 +508,7 @@ def thread_page(*, space: str, thread: str, max_text_chars: int) -> str:
 <textarea id="text" name="text"
  placeholder="Message (Ctrl+Enter sends)" aria-label="message"></textarea>
 <input id="author" name="author" maxlength="100" placeholder="your name (optional)"
- aria-label="your name">
+ aria-label="your name"{" hidden" if user is not None else ""}>
 <input id="files" name="files" type="file" multiple aria-label="attach files">
 <button type="submit">Send</button>
 <div class="error" id="error" role="alert"></div>
@@ -508,7 +520,9 @@ def thread_page(*, space: str, thread: str, max_text_chars: int) -> str:
 """
 
 
-def index_page(*, space: str, threads: list[tuple[str, int]], suggestion: str) -> str:
+def index_page(
+    *, space: str, threads: list[tuple[str, int]], suggestion: str, user: str | None = None
+) -> str:
     """The list of a space's threads (newest first) and a form to open one."""
     rows = "\n".join(
         f'<li><a href="threads/{html.escape(quote(t, safe=""), quote=True)}/page?space='
@@ -526,7 +540,8 @@ def index_page(*, space: str, threads: list[tuple[str, int]], suggestion: str) -
 <style>{_STYLE}</style>
 </head>
 <body>
-<header><h1>Web threads</h1><span class="status">space {esc_space}</span></header>
+<header><h1>Web threads</h1><span class="status">space {esc_space}</span>\
+{_signed_in(user, "logout")}</header>
 <form class="compose" method="get" action="open">
 <input name="thread" value="{html.escape(suggestion, quote=True)}" required
  pattern="[\\p{{L}}\\p{{M}}\\p{{Nd}}._\\-]{{1,200}}" title="{html.escape(NAME_RULE, quote=True)}"
@@ -535,6 +550,31 @@ def index_page(*, space: str, threads: list[tuple[str, int]], suggestion: str) -
 <button type="submit">Open thread</button>
 </form>
 {body}
+</body>
+</html>
+"""
+
+
+def login_page(*, after: str, error: str = "") -> str:
+    """The sign-in form (no script): a token's secret, posted to ``login``; then `after`."""
+    said = f'<p class="error" role="alert">{html.escape(error)}</p>' if error else ""
+    return f"""<!doctype html>
+<html lang="en">
+<head>
+<meta charset="utf-8">
+<meta name="viewport" content="width=device-width, initial-scale=1">
+<title>sign in - web threads</title>
+<style>{_STYLE}</style>
+</head>
+<body>
+<header><h1>Sign in</h1><span class="status">web threads</span></header>
+<form class="compose" method="post" action="login">
+<input name="token" type="password" required autocomplete="current-password"
+ placeholder="your token" aria-label="token">
+<input type="hidden" name="next" value="{html.escape(after, quote=True)}">
+<button type="submit">Sign in</button>
+{said}
+</form>
 </body>
 </html>
 """

@@ -2,29 +2,36 @@
 
 from __future__ import annotations
 
+import re
 from typing import Any, ClassVar
 
-from pydantic import Field, field_validator
+from pydantic import Field, SecretStr, field_validator
 
 from config import Settings
-from config.fields import check_url
+from config.fields import check_url, comma_separated
 from config.sections import Section
 
 __all__ = ["DEFAULT_WEB_URL", "WebSettings", "web_mailbox_url"]
 
 DEFAULT_WEB_URL = "sqlite:///.gateway/web.db"
 _SCHEMES = ("sqlite", "redis", "rediss", "redis+cluster", "rediss+cluster", "memory")
+_NAME = re.compile(r"[a-z0-9._-]{1,64}")
 
 
 class WebSettings(Section):
-    """Where the web channel keeps its threads (the channel is always on)."""
+    """Where the web channel keeps its threads, and who may use it (the channel is always on)."""
 
     ACCEPTS: ClassVar[dict[str, str]] = {
         "url": "sqlite:///file.db, redis://host:port/db (rediss:// for TLS, "
         "redis+cluster://host:port for a Redis Cluster) or memory://",
+        "tokens": "name:secret tokens, comma-separated (a list in TOML): a name of 1-64 of "
+        "a-z 0-9 . _ - and a secret of 24+ printable characters, no spaces",
     }
 
-    EXAMPLES: ClassVar[dict[str, Any]] = {"url": "redis://localhost:6379/0"}
+    EXAMPLES: ClassVar[dict[str, Any]] = {
+        "url": "redis://localhost:6379/0",
+        "tokens": ["alice:replace-with-24-or-more-characters"],
+    }
 
     url: str | None = Field(
         default=None,
@@ -32,10 +39,52 @@ class WebSettings(Section):
         f"or memory:// (default: redis_url, else {DEFAULT_WEB_URL}).",
     )
 
+    tokens: tuple[SecretStr, ...] = Field(
+        default=(),
+        description="Who may use the web channel: name:secret tokens, comma-separated. With "
+        "any, every page and request of the channel needs one (a browser signs in once at "
+        "/web/login; a client sends Authorization: Bearer <secret>), and a message or decision "
+        "is by the token's name. With none, whoever reaches the port may write, under any name.",
+    )
+
     @field_validator("url")
     @classmethod
     def _url(cls, value: str | None) -> str | None:
         return None if value is None else check_url(value, _SCHEMES, cls.accepted("url"))
+
+    @field_validator("tokens", mode="before")
+    @classmethod
+    def _tokens_text(cls, value: Any) -> Any:
+        if isinstance(value, str) and value.strip() and not comma_separated(value):
+            raise ValueError("names no token (only commas): give name:secret, or unset it")
+        return comma_separated(value)
+
+    @field_validator("tokens")
+    @classmethod
+    def _tokens(cls, value: tuple[SecretStr, ...]) -> tuple[SecretStr, ...]:
+        names: set[str] = set()
+        secrets: set[str] = set()
+        for position, token in enumerate(value):
+            name, colon, secret = token.get_secret_value().partition(":")
+            where = f"token {position + 1}"
+            if not colon:
+                raise ValueError(f"{where}: expected name:secret")
+            if not _NAME.fullmatch(name):
+                raise ValueError(f"{where}: the name must be 1-64 of a-z 0-9 . _ -")
+            if len(secret) < 24 or not secret.isprintable() or " " in secret:
+                raise ValueError(
+                    f"{where} ({name}): the secret must be 24+ printable characters, no spaces"
+                )
+            if name in names or secret in secrets:
+                raise ValueError(f"{where} ({name}): names and secrets must be unique")
+            names.add(name)
+            secrets.add(secret)
+        return value
+
+    def logins(self) -> dict[str, str]:
+        """The tokens as secret -> name (empty: the channel has no login)."""
+        pairs = (token.get_secret_value().partition(":") for token in self.tokens)
+        return {secret: name for name, _, secret in pairs}
 
     def effective_url(self, shared_url: str | None) -> str:
         """The mailbox: `url` when set, else the deployment's Redis (`shared_url`), else SQLite."""

@@ -16,10 +16,12 @@ __all__ = ["SPEC"]
 
 def _build(section: WebSettings, context: ChannelContext) -> ChannelAdapter:
     from adapters.web.channel import WebChannel
+    from adapters.web.login import WebLogin
     from adapters.web.mailbox import open_mailbox
 
     mailbox = open_mailbox(section.effective_url(context.shared_url))
-    return WebChannel(mailbox, clock=context.clock)
+    logins = section.logins()
+    return WebChannel(mailbox, clock=context.clock, login=WebLogin(logins) if logins else None)
 
 
 def _describe(section: WebSettings, context: ChannelContext) -> Sequence[str]:
@@ -29,6 +31,13 @@ def _describe(section: WebSettings, context: ChannelContext) -> Sequence[str]:
     space = next(iter(context.spaces.get("web", ())), None)
     query = "" if space is None else f"?space={quote(space, safe='')}"
     body = json.dumps({"text": "hello"} if space is None else {"space": space, "text": "hello"})
+    if section.tokens:  # the secrets are never printed: the lines name where they go
+        bearer = "-H 'authorization: Bearer <your web token>' "
+        return [
+            f"  open {base}/web/threads/hello/page{query} and sign in with a web token, or:",
+            f"  curl -s -X POST {base}/web/threads/hello/messages {bearer}"
+            f"-H 'content-type: application/json' -d {shlex.quote(body)}",
+        ]
     return [
         f"  open {base}/web/threads/hello/page{query} and write, or:",
         f"  curl -s -X POST {base}/web/threads/hello/messages "
