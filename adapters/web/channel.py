@@ -390,9 +390,13 @@ class WebChannel:
         limits: WebLimits | None = None,
         prefix: str = "/web",
         login: WebLogin | None = None,
+        secure_cookie: bool = False,
     ) -> None:
         self.login = login
         """Who may use the channel (None: whoever reaches it, under any name; D380)."""
+        self._secure_cookie = secure_cookie
+        """Whether the sign-in cookie is ``Secure`` whatever the request's scheme (the gateway
+        is reached over HTTPS through a proxy that speaks HTTP to it)."""
         self._prefix = prefix
         self._url = mailbox if isinstance(mailbox, str) else None
         self.mailbox: WebMailbox = open_mailbox(mailbox) if isinstance(mailbox, str) else mailbox
@@ -1183,6 +1187,8 @@ class WebChannel:
     async def login_form(self, request: Request) -> Response:
         """``GET /login``: the sign-in form (the pages send a browser there when signed out)."""
         after = self._after(request.query_params.get("next"))
+        if self.login is None:  # nothing to sign in to
+            return RedirectResponse(after, status_code=303)
         return HTMLResponse(login_page(after=after), headers=_page_headers(script=False))
 
     async def sign_in(self, request: Request) -> Response:
@@ -1211,7 +1217,7 @@ class WebChannel:
         log.info("web sign-in", extra={"user": name})
         response = RedirectResponse(after, status_code=303)
         response.headers["Set-Cookie"] = WebLogin.cookie_header(
-            cookie, path=self._prefix, secure=request.url.scheme == "https"
+            cookie, path=self._prefix, secure=self._secure_cookie or request.url.scheme == "https"
         )
         return response
 
@@ -1219,7 +1225,7 @@ class WebChannel:
         """``POST /logout``: forgets the browser's sign-in."""
         response = RedirectResponse(f"{self._prefix}/login", status_code=303)
         response.headers["Set-Cookie"] = WebLogin.cookie_header(
-            "", path=self._prefix, secure=request.url.scheme == "https"
+            "", path=self._prefix, secure=self._secure_cookie or request.url.scheme == "https"
         )
         return response
 

@@ -21,7 +21,12 @@ def _build(section: WebSettings, context: ChannelContext) -> ChannelAdapter:
 
     mailbox = open_mailbox(section.effective_url(context.shared_url))
     logins = section.logins()
-    return WebChannel(mailbox, clock=context.clock, login=WebLogin(logins) if logins else None)
+    return WebChannel(
+        mailbox,
+        clock=context.clock,
+        login=WebLogin(logins) if logins else None,
+        secure_cookie=(context.public_url or "").startswith("https://"),
+    )
 
 
 def _describe(section: WebSettings, context: ChannelContext) -> Sequence[str]:

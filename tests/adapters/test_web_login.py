@@ -155,6 +155,9 @@ async def test_without_tokens_the_channel_is_open_as_before(
 ) -> None:
     assert (await client.post(URL, json={"text": "hi", "author": "ann"})).status_code == 202
     assert (await client.get("/web/threads/t1/page")).status_code == 200
+    # nothing to sign in to: the sign-in form goes back
+    login = await client.get("/web/login?next=/web/threads/t1/page")
+    assert login.status_code == 303 and login.headers["location"] == "/web/threads/t1/page"
     assert sink.inbound[0].author.id == "ann"
 
 
@@ -185,3 +188,20 @@ def test_the_secrets_are_hidden_from_logs_and_the_start_lines_name_none() -> Non
     context = ChannelContext(clock=SystemClock(), call_timeout_s=10.0)
     lines = "\n".join(SPEC.describe(section, context))
     assert "sign in" in lines and "Bearer <your web token>" in lines and ALICE not in lines
+
+
+async def test_behind_an_https_proxy_the_cookie_is_secure(sink: TestSink) -> None:
+    """The proxy speaks plain HTTP to the gateway: `public_url` says what the browser uses."""
+    web = WebChannel(
+        MemoryMailbox(),
+        login=WebLogin({ALICE: "alice"}),
+        secure_cookie=True,
+    )
+    await web.start(sink)
+    app = FastAPI()
+    app.include_router(web.router)
+    transport = httpx.ASGITransport(app=app)
+    async with httpx.AsyncClient(transport=transport, base_url="http://web.test") as http:
+        signed = await http.post("/web/login", data={"token": ALICE})
+    await web.close()
+    assert signed.status_code == 303 and "; Secure" in signed.headers["set-cookie"]
