@@ -4,6 +4,11 @@ Two roles: ``viewer`` reads, ``operator`` reads and acts. A token's name is who 
 trail says acted. With no tokens configured, a loopback-only service makes one operator token
 at first start and keeps it in a file beside the embedded store (as Jupyter does), so a
 newcomer signs in to ``/ops`` from the printed link without configuring anything.
+
+`gateway ops` never sends that file's token itself: it sends a proof bound to the port it
+calls (`port_bound`), which the service checks against the port the request really came in on
+(D381). Whatever listens on another loopback port (a typo in ``--url``, another user's
+program) learns nothing it could use on the gateway's own port.
 """
 
 from __future__ import annotations
@@ -34,11 +39,19 @@ __all__ = [
     "Role",
     "local_token",
     "parse_tokens",
+    "port_bound",
     "token_file",
 ]
 
 Role = Literal["viewer", "operator"]
 LOCAL_TOKEN_FILE = Path(".gateway/ops-token")
+_PORT_BOUND = "port-bound-v1:"
+
+
+def port_bound(token: str, port: int) -> str:
+    """What `gateway ops` sends for the local `token` to a gateway on `port` (D381)."""
+    proof = hmac.new(token.encode(), f"gateway ops, port {port}".encode(), hashlib.sha256)
+    return _PORT_BOUND + proof.hexdigest()
 
 
 @dataclass(frozen=True, slots=True)
@@ -58,6 +71,7 @@ class Principal:
 class _Token:
     principal: Principal
     digest: bytes
+    secret: str
 
 
 def parse_tokens(entries: Sequence[str]) -> list[tuple[str, Role, str]]:
@@ -76,7 +90,7 @@ class OpsAuth:
         if not tokens:
             raise ValueError("the operator API needs at least one token")
         self._tokens = [
-            _Token(Principal(name, role), hashlib.sha256(secret.encode()).digest())
+            _Token(Principal(name, role), hashlib.sha256(secret.encode()).digest(), secret)
             for name, role, secret in tokens
         ]
 
@@ -86,11 +100,22 @@ class OpsAuth:
         scheme, _, given = header.partition(" ")
         if scheme.lower() != "bearer" or not given.strip():
             raise ApiError(401, "unauthenticated", "send Authorization: Bearer <token>")
-        digest = hashlib.sha256(given.strip().encode()).digest()
+        given = given.strip()
         found: Principal | None = None
-        for token in self._tokens:  # every token is compared: the time says nothing
-            if hmac.compare_digest(token.digest, digest):
-                found = token.principal
+        if given.startswith(_PORT_BOUND):
+            # the port the connection came in on, never one the request names (its Host)
+            server = request.scope.get("server")
+            port = server[1] if server and isinstance(server[1], int) else None
+            if port is not None:
+                for token in self._tokens:
+                    proof = port_bound(token.secret, port).encode()
+                    if hmac.compare_digest(proof, given.encode()):
+                        found = token.principal
+        else:
+            digest = hashlib.sha256(given.encode()).digest()
+            for token in self._tokens:  # every token is compared: the time says nothing
+                if hmac.compare_digest(token.digest, digest):
+                    found = token.principal
         if found is None:
             raise ApiError(401, "unauthenticated", "the token is not valid")
         return found

@@ -26,7 +26,7 @@ class Client:
         self.timeout = timeout
         headers = {"Accept": "application/json", "User-Agent": "gateway-ops"}
         if target.token:
-            headers["Authorization"] = f"Bearer {target.token}"
+            headers["Authorization"] = f"Bearer {target.sent_token()}"
         self._http = httpx.Client(base_url=self.url + API, headers=headers, timeout=timeout)
 
     def close(self) -> None:

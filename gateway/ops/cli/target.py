@@ -113,6 +113,19 @@ class Target:
             )
         return url
 
+    def sent_token(self) -> str | None:
+        """What the Authorization header carries: the token, or a proof for the local file's.
+
+        The local token file's token itself goes to no port: a proof bound to the port called
+        does (D381).
+        """
+        if self.token is None or not self.token_source.startswith("the token file"):
+            return self.token
+        from gateway.ops.auth import port_bound
+
+        url = httpx.URL(self.url)
+        return port_bound(self.token, url.port or (443 if url.scheme == "https" else 80))
+
     def _token(self) -> tuple[str | None, str]:
         token, source = self._found_token()
         if token is not None and not re.fullmatch(r"[!-~]+", token):
