@@ -146,7 +146,8 @@ class Client:
         if target.token_source.startswith("the token file"):
             how += (
                 " (that file belongs to another gateway, or an older start of this one; a "
-                "gateway serving another store keeps its own: give its --store or --config)"
+                "gateway serving another store keeps its own: give its --store or --config; "
+                "behind a proxy on another port, pass the token itself)"
             )
         elif path is not None:
             how += f", or leave both unset to use the local gateway's token in {path}"
