@@ -106,6 +106,10 @@ _SCRIPT = """
     $("signin-error").textContent = why || "";
   }
 
+  // a look-alike name (letters of two scripts) is shown spelled out too: web:pay vs web:p\\u0430y
+  function named(lane) {
+    return lane.lane_spelled ? lane.lane + " (" + lane.lane_spelled + ")" : lane.lane;
+  }
   function cell(row, text, cls) { const td = el("td", cls, text); row.appendChild(td); return td; }
 
   async function loadBacklog() {
@@ -140,7 +144,7 @@ _SCRIPT = """
     for (const lane of items) {
       const row = el("tr", "pick" + (chosen === lane.id ? " chosen" : ""));
       cell(row, lane.session, "mono");
-      cell(row, lane.lane, "mono");
+      cell(row, named(lane), "mono");
       cell(row, lane.status, "status " + lane.status);
       cell(row, why(lane), "why");
       cell(row, lane.operation_id ? lane.attempts + " / " + lane.max_attempts : "");
@@ -193,7 +197,7 @@ _SCRIPT = """
     try { lane = await api("GET", "/lanes/" + chosen); }
     catch (error) { box.hidden = true; return; }
     box.hidden = false;
-    $("lane-title").textContent = lane.session + " / " + lane.lane;
+    $("lane-title").textContent = lane.session + " / " + named(lane);
     const facts = $("lane-facts");
     facts.replaceChildren();
     const add = (label, value) => {
@@ -238,19 +242,19 @@ _SCRIPT = """
       explain();
       const verb = lane.status === "stuck" ? "Resume (fresh attempt budget)" : "Resume";
       actions.append(choice, actionButton(verb, () => {
-        if (!confirm(verb + " " + lane.lane + "?\\n" + says.textContent)) return false;
+        if (!confirm(verb + " " + named(lane) + "?\\n" + says.textContent)) return false;
         return api("POST", "/lanes/" + id + "/resume", {tool_recovery: choice.value});
       }, true), says);
     }
     if (lane.actions.includes("abort")) {
       actions.appendChild(actionButton("Abort", () => {
-        if (!confirm("Abort the open operation of " + lane.lane + "?")) return false;
+        if (!confirm("Abort the open operation of " + named(lane) + "?")) return false;
         return api("POST", "/lanes/" + id + "/abort");
       }));
     }
     if (!lane.revoked) {
       actions.appendChild(actionButton("Revoke", () => {
-        const reason = prompt("Revoke " + lane.lane + ": its run ends, its messages are kept " +
+        const reason = prompt("Revoke " + named(lane) + ": its run ends, its messages are kept " +
           "and not run, nothing more is posted in its thread. Why?");
         if (reason === null) return false;
         return api("POST", "/lanes/" + id + "/revoke", {reason: reason || null});
@@ -265,7 +269,7 @@ _SCRIPT = """
     if (lane.token_budget !== null && lane.token_budget !== undefined) {
       // D295: the lane's own budget over its profile's; empty gives it the profile's again
       actions.appendChild(actionButton("Set token budget", () => {
-        const given = prompt("Tokens " + lane.lane + " may spend in all, what it spent " +
+        const given = prompt("Tokens " + named(lane) + " may spend in all, what it spent " +
           "included (now " + lane.token_budget + "; empty: its profile's budget again):",
           String(lane.token_budget));
         if (given === null) return false;
@@ -280,7 +284,7 @@ _SCRIPT = """
     }
     if (lane.actions.includes("retry")) {
       actions.appendChild(actionButton("Retry", () => {
-        if (!confirm("Run the failed run of " + lane.lane + " again?")) return false;
+        if (!confirm("Run the failed run of " + named(lane) + " again?")) return false;
         return api("POST", "/lanes/" + id + "/retry");
       }, true));
     }
@@ -298,7 +302,7 @@ _SCRIPT = """
       const decide = (verdict) => () => {
         // a click on the neighbouring button is not undone: asked first, as every action is
         const verb = verdict === "approve" ? "Approve" : "Deny";
-        if (!confirm(verb + " every pending call of " + lane.lane + "?\\n" + calls.join("\\n"))) {
+        if (!confirm(verb + " every pending call of " + named(lane) + "?\\n" + calls.join("\\n"))) {
           return false;
         }
         const approvals = {};
@@ -321,7 +325,7 @@ _SCRIPT = """
       failed.append(failedBox, document.createTextNode(" the action failed"));
       const supply = () => {
         if (!result.value.trim()) throw new Error("write what the action did first");
-        if (!confirm("Answer every pending call of " + lane.lane + " with this result? They " +
+        if (!confirm("Answer every pending call of " + named(lane) + " with this result? They " +
           "will not run.\\n" + calls.join("\\n"))) return false;
         const approvals = {};
         for (const call of lane.pending_approvals) {
@@ -365,7 +369,7 @@ _SCRIPT = """
           item.summary.startsWith("user:")) {
         summary.appendChild(el("span", "", " "));
         summary.appendChild(actionButton("Rewind here", () => {
-          if (!confirm("Move " + lane.lane + " before this message and run it again?")) {
+          if (!confirm("Move " + named(lane) + " before this message and run it again?")) {
             return false;
           }
           return api("POST", "/lanes/" + id + "/rewind", {entry_id: item.id});

@@ -26,6 +26,7 @@ from gateway.ops.views import (
     TimelineItem,
     UsageItem,
     lane_id,
+    spelled_if_mixed,
 )
 from gateway.profiles import PROFILE_ENTRY
 from harness_core import (
@@ -129,6 +130,7 @@ async def lane_view(
         id=lane_id(session, lane),
         session=session,
         lane=lane,
+        lane_spelled=spelled_if_mixed(lane),
         status=info.status,
         leaf_id=info.leaf_id,
         suspended=info.suspended,

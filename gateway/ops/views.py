@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import base64
 import binascii
+import unicodedata
 from typing import Annotated, Any, Generic, Literal, Self, TypeVar
 
 from pydantic import BaseModel, ConfigDict, Field, Strict, field_validator, model_validator
@@ -38,6 +39,7 @@ __all__ = [
     "encode_cursor",
     "lane_id",
     "lane_of",
+    "spelled_if_mixed",
 ]
 
 _T = TypeVar("_T")
@@ -107,6 +109,10 @@ class LaneView(_View):
     """Opaque: the session and lane, for the lane's routes."""
     session: str
     lane: str
+    lane_spelled: str | None = None
+    """The lane with every character outside ASCII spelled ``\\uXXXX``, when its thread's
+    letters come from more than one script (`spelled_if_mixed`): a thread ``pay`` with a
+    Cyrillic ``a`` and the Latin one look alike on a page; None otherwise."""
     status: str
     """idle, running, suspended, aborting, failed, stuck or faulted."""
     leaf_id: str | None = None
@@ -409,3 +415,22 @@ def decode_cursor(value: str | None, count: int) -> tuple[str, ...] | None:
     if len(parts) != count or not all(parts):
         raise ApiError(400, "invalid_cursor", "the cursor is not one this API returned")
     return parts
+
+
+def spelled_if_mixed(lane: str) -> str | None:
+    r"""`lane` with its non-ASCII characters spelled ``\uXXXX`` when look-alike, else None.
+
+    Look-alike: the letters of its thread (after the channel's ``web:``) come from more than
+    one script (Latin and Cyrillic, say); Japanese's three count as one.
+    """
+    thread = lane.partition(":")[2] or lane
+    scripts = {
+        _ONE_SCRIPT.get(word, word)
+        for word in (unicodedata.name(c, "?").split(" ")[0] for c in thread if c.isalpha())
+    }
+    if len(scripts) < 2:
+        return None
+    return "".join(char if char.isascii() else f"\\u{ord(char):04x}" for char in lane)
+
+
+_ONE_SCRIPT = {"HIRAGANA": "CJK", "KATAKANA": "CJK"}

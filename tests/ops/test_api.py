@@ -137,6 +137,21 @@ async def test_lanes_sessions_timeline_usage_and_backlog(ops: Ops) -> None:
     assert backlog["inbox_pending"] == 0 and backlog["dead_letters"] == 0
 
 
+async def test_a_look_alike_lane_name_is_spelled_out(ops: Ops) -> None:
+    """``pay`` and ``p\u0430y`` (a Cyrillic a) read the same on /ops (an outside probe): a
+    name whose letters come from two scripts is also given spelled out."""
+    await ops.post("pay", "hello")
+    await ops.post("p\u0430y", "hello")
+    await ops.post("\u043f\u0440\u0438\u0432\u0435\u0442", "hello")  # one script: as it is
+    await ops.answers("pay", 1)
+    lanes = {v["lane"]: v["lane_spelled"] for v in (await ops.get("/lanes"))["items"]}
+    assert lanes == {
+        "web:pay": None,
+        "web:p\u0430y": "web:p\\u0430y",
+        "web:\u043f\u0440\u0438\u0432\u0435\u0442": None,
+    }
+
+
 async def test_decisions_sent_at_once_one_wins_the_others_read_the_documented_reason(
     ops: Ops,
 ) -> None:

@@ -76,7 +76,7 @@ def lanes(run: Run) -> int:
     rows = [
         [
             v.get("session"),
-            v.get("lane"),
+            v.get("lane_spelled") or v.get("lane"),  # a look-alike name spelled out
             v.get("status"),
             clip(why(v), 40),
             attempts(v),
@@ -112,6 +112,7 @@ def lane(run: Run) -> int:
     thread = view.get("thread") or {}
     fields = [
         ("lane", view.get("lane")),
+        ("spelled", view.get("lane_spelled")),  # letters of two scripts: look-alike names
         ("session", view.get("session")),
         ("id", view.get("id")),
         ("status", status),
