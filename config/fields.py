@@ -10,7 +10,7 @@ import ipaddress
 import re
 from typing import Any, Literal, get_args, get_origin
 
-from pydantic import BaseModel
+from pydantic import BaseModel, SecretStr
 
 __all__ = [
     "EMAIL",
@@ -18,6 +18,7 @@ __all__ = [
     "Relation",
     "Relations",
     "accepted_in",
+    "check_tokens",
     "check_url",
     "comma_separated",
     "default_text_in",
@@ -26,6 +27,7 @@ __all__ = [
     "is_loopback",
     "number",
     "scheme",
+    "token_text",
 ]
 
 EMAIL = re.compile(r"[^@\s<>,;]{1,64}@[A-Za-z0-9]([A-Za-z0-9.-]{0,251}[A-Za-z0-9])?")
@@ -154,6 +156,55 @@ def comma_separated(value: Any) -> Any:
     """A variable's comma-separated text as a tuple of its parts; any other value as it is."""
     if isinstance(value, str):
         return tuple(part.strip() for part in value.split(",") if part.strip())
+    return value
+
+
+_TOKEN_NAME = re.compile(r"[a-z0-9._-]{1,64}")
+
+
+def token_text(value: Any, form: str) -> Any:
+    """A tokens setting before validation: a variable's comma-separated text as a tuple.
+
+    Raises:
+        ValueError: only commas (`form` names what a token is, like ``name:secret``).
+    """
+    if isinstance(value, str) and value.strip() and not comma_separated(value):
+        raise ValueError(f"names no token (only commas): give {form}, or unset it")
+    return comma_separated(value)
+
+
+def check_tokens(
+    value: tuple[SecretStr, ...], roles: tuple[str, ...] | None = None
+) -> tuple[SecretStr, ...]:
+    """Named tokens, ``name:secret`` (or ``name:role:secret`` with `roles`), checked.
+
+    A name is 1-64 of a-z 0-9 . _ -; a secret is 24+ printable characters, no spaces; names
+    and secrets are unique. The errors name the token by its place and name, never its secret.
+
+    Raises:
+        ValueError: one token is not so.
+    """
+    form = "name:secret" if roles is None else "name:role:secret"
+    names: set[str] = set()
+    secrets: set[str] = set()
+    for position, token in enumerate(value):
+        parts = token.get_secret_value().split(":", 1 if roles is None else 2)
+        where = f"token {position + 1}"
+        if len(parts) != (2 if roles is None else 3):
+            raise ValueError(f"{where}: expected {form}")
+        name, secret = parts[0], parts[-1]
+        if not _TOKEN_NAME.fullmatch(name):
+            raise ValueError(f"{where}: the name must be 1-64 of a-z 0-9 . _ -")
+        if roles is not None and parts[1] not in roles:
+            raise ValueError(f"{where} ({name}): the role must be {' or '.join(roles)}")
+        if len(secret) < 24 or not secret.isprintable() or " " in secret:
+            raise ValueError(
+                f"{where} ({name}): the secret must be 24+ printable characters, no spaces"
+            )
+        if name in names or secret in secrets:
+            raise ValueError(f"{where} ({name}): names and secrets must be unique")
+        names.add(name)
+        secrets.add(secret)
     return value
 
 

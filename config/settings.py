@@ -27,12 +27,14 @@ from config.fields import (
     Relation,
     Relations,
     accepted_in,
+    check_tokens,
     check_url,
     comma_separated,
     default_text_in,
     is_host,
     is_loopback,
     scheme,
+    token_text,
 )
 from config.profiles import (
     DEFAULT_PROFILE,
@@ -74,7 +76,6 @@ SESSION_ID_RULE = (
 )
 _CHANNEL = re.compile(r"[a-z][a-z0-9_-]{0,31}")
 _SPACE = re.compile(r"[^\s\x00-\x1f\x7f]{1,256}")
-_OPS_NAME = re.compile(r"[a-z0-9._-]{1,64}")
 _MODULE = re.compile(r"[A-Za-z_][A-Za-z0-9_]*(\.[A-Za-z_][A-Za-z0-9_]*)*")
 """A Python module's dotted name (what ``import`` takes)."""
 S = TypeVar("S", bound=Section)
@@ -526,34 +527,12 @@ class Settings(BaseModel):
     @field_validator("ops_tokens", mode="before")
     @classmethod
     def _ops_tokens_text(cls, value: Any) -> Any:
-        if isinstance(value, str) and value.strip() and not comma_separated(value):
-            raise ValueError("names no token (only commas): give name:role:secret, or unset it")
-        return comma_separated(value)
+        return token_text(value, "name:role:secret")
 
     @field_validator("ops_tokens")
     @classmethod
     def _ops_tokens(cls, value: tuple[SecretStr, ...]) -> tuple[SecretStr, ...]:
-        names: set[str] = set()
-        secrets: set[str] = set()
-        for position, token in enumerate(value):
-            parts = token.get_secret_value().split(":", 2)
-            where = f"token {position + 1}"
-            if len(parts) != 3:
-                raise ValueError(f"{where}: expected name:role:secret")
-            name, role, secret = parts
-            if not _OPS_NAME.fullmatch(name):
-                raise ValueError(f"{where}: the name must be 1-64 of a-z 0-9 . _ -")
-            if role not in ("operator", "viewer"):
-                raise ValueError(f"{where} ({name}): the role must be operator or viewer")
-            if len(secret) < 24 or not secret.isprintable() or " " in secret:
-                raise ValueError(
-                    f"{where} ({name}): the secret must be 24+ printable characters, no spaces"
-                )
-            if name in names or secret in secrets:
-                raise ValueError(f"{where} ({name}): names and secrets must be unique")
-            names.add(name)
-            secrets.add(secret)
-        return value
+        return check_tokens(value, roles=("operator", "viewer"))
 
     @field_validator("host")
     @classmethod

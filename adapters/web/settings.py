@@ -2,20 +2,18 @@
 
 from __future__ import annotations
 
-import re
 from typing import Any, ClassVar
 
 from pydantic import Field, SecretStr, field_validator
 
 from config import Settings
-from config.fields import check_url, comma_separated
+from config.fields import check_tokens, check_url, token_text
 from config.sections import Section
 
 __all__ = ["DEFAULT_WEB_URL", "WebSettings", "web_mailbox_url"]
 
 DEFAULT_WEB_URL = "sqlite:///.gateway/web.db"
 _SCHEMES = ("sqlite", "redis", "rediss", "redis+cluster", "rediss+cluster", "memory")
-_NAME = re.compile(r"[a-z0-9._-]{1,64}")
 
 
 class WebSettings(Section):
@@ -55,31 +53,12 @@ class WebSettings(Section):
     @field_validator("tokens", mode="before")
     @classmethod
     def _tokens_text(cls, value: Any) -> Any:
-        if isinstance(value, str) and value.strip() and not comma_separated(value):
-            raise ValueError("names no token (only commas): give name:secret, or unset it")
-        return comma_separated(value)
+        return token_text(value, "name:secret")
 
     @field_validator("tokens")
     @classmethod
     def _tokens(cls, value: tuple[SecretStr, ...]) -> tuple[SecretStr, ...]:
-        names: set[str] = set()
-        secrets: set[str] = set()
-        for position, token in enumerate(value):
-            name, colon, secret = token.get_secret_value().partition(":")
-            where = f"token {position + 1}"
-            if not colon:
-                raise ValueError(f"{where}: expected name:secret")
-            if not _NAME.fullmatch(name):
-                raise ValueError(f"{where}: the name must be 1-64 of a-z 0-9 . _ -")
-            if len(secret) < 24 or not secret.isprintable() or " " in secret:
-                raise ValueError(
-                    f"{where} ({name}): the secret must be 24+ printable characters, no spaces"
-                )
-            if name in names or secret in secrets:
-                raise ValueError(f"{where} ({name}): names and secrets must be unique")
-            names.add(name)
-            secrets.add(secret)
-        return value
+        return check_tokens(value)
 
     def logins(self) -> dict[str, str]:
         """The tokens as secret -> name (empty: the channel has no login)."""

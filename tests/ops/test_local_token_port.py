@@ -14,7 +14,7 @@ import pytest
 
 from gateway.channels import gateway_settings
 from gateway.ops.cli import main
-from tests.support.gateway_process import GatewayProcess
+from tests.support.gateway_process import serving, sqlite_urls
 
 AGENT = "tests.support.gateway_agent"
 
@@ -57,13 +57,8 @@ def test_another_loopback_port_learns_nothing_it_could_use(
 ) -> None:
     monkeypatch.delenv("GATEWAY_OPS_URL", raising=False)
     monkeypatch.delenv("GATEWAY_OPS_TOKEN", raising=False)
-    urls = {
-        "store_url": f"sqlite:///{tmp_path}/store.db",
-        "broker_url": f"sqlite:///{tmp_path}/broker.db",
-        "web_url": f"sqlite:///{tmp_path}/web.db",
-    }
-    process = GatewayProcess("gw", tmp_path, {**urls, "plugin": AGENT}).start()
-    try:
+    urls = sqlite_urls(tmp_path)
+    with serving(tmp_path, plugin=AGENT) as process:
         token = (tmp_path / "ops-token").read_text().strip()
         settings = gateway_settings(**urls, host="127.0.0.1", port=process.port)
         other, heard = listener
@@ -81,5 +76,3 @@ def test_another_loopback_port_learns_nothing_it_could_use(
             f"{process.url}/api/v1/lanes", headers={"Authorization": f"Bearer {token}"}
         )
         assert mine.status_code == 200
-    finally:
-        process.stop()

@@ -16,7 +16,7 @@ import pytest
 from playwright.async_api import Page, expect
 
 from tests.support.browser import BROWSER_TESTS
-from tests.support.gateway_process import GatewayProcess
+from tests.support.gateway_process import GatewayProcess, serving
 
 pytestmark = [pytest.mark.slow, BROWSER_TESTS, pytest.mark.timeout(40)]
 
@@ -25,18 +25,10 @@ SECRET = "carol-secret-0123456789abcdef"
 
 @pytest.fixture
 def gateway(tmp_path: Path) -> Iterator[GatewayProcess]:
-    settings = {
-        "store_url": f"sqlite:///{tmp_path}/store.db",
-        "broker_url": f"sqlite:///{tmp_path}/broker.db",
-        "web_url": f"sqlite:///{tmp_path}/web.db",
-        "web_tokens": f"carol:{SECRET}",
-        "plugin": "tests.support.gateway_agent",
-    }
-    process = GatewayProcess("gw", tmp_path, settings).start()
-    try:
+    with serving(
+        tmp_path, web_tokens=f"carol:{SECRET}", plugin="tests.support.gateway_agent"
+    ) as process:
         yield process
-    finally:
-        process.stop()
 
 
 async def test_a_person_signs_in_writes_by_their_name_and_signs_out(

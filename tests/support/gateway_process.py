@@ -8,13 +8,14 @@ writes its logs to a file per incarnation, for a failing test to show.
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import signal
 import subprocess
 import sys
 import time
-from collections.abc import Mapping
+from collections.abc import Iterator, Mapping
 from pathlib import Path
 
 import httpx
@@ -164,6 +165,25 @@ class GatewayProcess:
         """Whatever state it is in: gone afterwards."""
         if self.alive:
             self.terminate(timeout_s=20.0)
+
+
+def sqlite_urls(directory: Path) -> dict[str, str]:
+    """The store, the broker and the web mailbox as SQLite files in `directory`."""
+    return {
+        "store_url": f"sqlite:///{directory}/store.db",
+        "broker_url": f"sqlite:///{directory}/broker.db",
+        "web_url": f"sqlite:///{directory}/web.db",
+    }
+
+
+@contextlib.contextmanager
+def serving(directory: Path, **settings: str) -> Iterator[GatewayProcess]:
+    """`gateway serve` on SQLite files in `directory` with `settings`, stopped afterwards."""
+    process = GatewayProcess("gw", directory, {**sqlite_urls(directory), **settings}).start()
+    try:
+        yield process
+    finally:
+        process.stop()
 
 
 def not_json(output: str) -> list[str]:
