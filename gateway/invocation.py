@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import argparse
 import os
+from collections.abc import Sequence
 from typing import NoReturn
 
 __all__ = ["COMMAND_VARIABLE", "OneLineParser", "command"]
@@ -33,3 +34,27 @@ class OneLineParser(argparse.ArgumentParser):
     def error(self, message: str) -> NoReturn:
         """Exit 2 with `message` on one line."""
         self.exit(2, f"{self.prog}: {message} (`{self.prog} --help` shows how)\n")
+
+    def check_given(self, words: Sequence[str], options: Sequence[str]) -> None:
+        """A usage error when one of `options` is given twice, or with an empty value.
+
+        argparse takes the last of two ``--config`` in silence (the first file never read),
+        and an empty ``--store ''`` or ``--url ''`` meant the default (an outside probe).
+        """
+        end = words.index("--") if "--" in words else len(words)
+        for name in options:
+            values: list[str | None] = []
+            index = 0
+            while index < end:
+                word = words[index]
+                if word == name:
+                    values.append(words[index + 1] if index + 1 < end else None)
+                    index += 2
+                    continue
+                if word.startswith(f"{name}="):
+                    values.append(word[len(name) + 1 :])
+                index += 1
+            if len(values) > 1:
+                self.error(f"{name} is given {len(values)} times: give it once")
+            if values and values[0] is not None and not values[0].strip():
+                self.error(f"{name} is empty: give one, or leave it out for the default")

@@ -384,6 +384,13 @@ def test_each_command_s_help_says_what_it_does_and_what_store_means(
         ["ops", "--timeout", "nan", "lanes"],
         ["ops", "abort", "web:x", "--yes", "--idempotency-key", "café"],
         ["ops", "abort", "web:x", "--yes", "--idempotency-key", "a\nb"],
+        # the first of two was never read, and an empty one meant the default (a probe)
+        ["--config", "a.toml", "--config", "b.toml", "store", "list"],
+        ["store", "list", "--store=sqlite:///a.db", "--store", "sqlite:///b.db"],
+        ["--store", "", "store", "list"],
+        ["--config=", "ask", "hi"],
+        ["ops", "lanes", "--url", ""],
+        ["ops", "--token", "a", "lanes", "--token", "b"],
     ],
 )
 def test_a_usage_error_is_one_line_that_says_where_help_is(

@@ -42,7 +42,9 @@ def main(argv: Sequence[str], settings: Settings | None = None) -> int:
     """Run ``gateway ops ARGV``; returns the exit status (`settings`: None loads them)."""
     try:
         try:
-            args = build_parser().parse_args(list(argv))
+            parser = build_parser()
+            parser.check_given(argv, ("--url", "--token", "--timeout", "--idempotency-key"))
+            args = parser.parse_args(list(argv))
         except SystemExit as exc:  # --help (0) or a usage error (2), already printed
             return exc.code if isinstance(exc.code, int) else USAGE
         client: Client | None = None

@@ -93,7 +93,7 @@ def _global_options(parser: argparse.ArgumentParser, *, defaults: bool) -> None:
     )
 
 
-def build_parser() -> argparse.ArgumentParser:
+def build_parser() -> OneLineParser:
     """The ``gateway ops`` parser: global options, and one subcommand per command."""
     common = OneLineParser(add_help=False)
     _global_options(common, defaults=False)
