@@ -294,7 +294,11 @@ def main(argv: Sequence[str] | None = None, settings: Settings | None = None) ->
         # no command (only options, like --port 9000): the service, as `scripts/run` does
         words = ["serve", *words]
     leading = _leading_options(words)
-    OneLineParser(prog=command()).check_given(words, ("--config", "--store"))
+    if words[len(leading) : len(leading) + 1] != ["ops"]:  # `ops` checks its own
+        try:
+            OneLineParser(prog=command()).check_given(words, ("--config", "--store"))
+        except SystemExit as exc:  # said on one line
+            return exc.code if isinstance(exc.code, int) else 2
     if words[len(leading) : len(leading) + 1] == ["ops"]:
         # the operator client has its own parser (gateway ops --help); `--config`/`--store`
         # before `ops` are its own too ("unrecognized arguments: mcp" said nothing of that)

@@ -43,7 +43,9 @@ def main(argv: Sequence[str], settings: Settings | None = None) -> int:
     try:
         try:
             parser = build_parser()
-            parser.check_given(argv, ("--url", "--token", "--timeout", "--idempotency-key"))
+            parser.check_given(
+                argv, ("--url", "--token", "--timeout", "--idempotency-key", "--config", "--store")
+            )
             args = parser.parse_args(list(argv))
         except SystemExit as exc:  # --help (0) or a usage error (2), already printed
             return exc.code if isinstance(exc.code, int) else USAGE
