@@ -369,9 +369,18 @@ _THREAD_SCRIPT = """
     const events = new EventSource("events?" + space + "&after=" + newest + "&live=1");
     // a new stream (maybe a restarted gateway) says afresh what runs are writing now
     events.onopen = () => { status.textContent = "live"; retryMs = 1000; endLive(); };
-    events.onerror = () => {
+    events.onerror = async () => {
       status.textContent = "reconnecting...";
       if (events.readyState !== EventSource.CLOSED) return;
+      // refused: a sign-in that ended (the channel's tokens) is said, not retried for ever
+      try {
+        const thread = "../" + encodeURIComponent(cfg.thread);
+        const probe = await fetch(thread + "?" + space + "&limit=1");
+        if (probe.status === 401) {
+          status.textContent = "signed out: reload the page to sign in again";
+          return;
+        }
+      } catch (e) { /* the gateway is away: retried below */ }
       setTimeout(listen, retryMs);
       retryMs = Math.min(retryMs * 2, 30000);
     };
