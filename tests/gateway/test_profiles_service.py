@@ -469,6 +469,32 @@ def _vouched(approval: dict[str, Any], who: str, *, key: str = "k1") -> Decision
     )
 
 
+async def test_with_web_tokens_a_profile_s_web_approvers_decide_on_the_page(
+    deploy: Deploy, tmp_path: Path
+) -> None:
+    """The web channel vouches for a signed-in name (D380): a request with named approvers is
+    decided from the page by one of them, and refused for anyone else signed in."""
+    alice, mallory = "alice-web-secret-0123456789ab", "mallory-web-secret-0123456789"
+    settings = _settings(tmp_path, web_tokens=f"alice:{alice},mallory:{mallory}")
+    web = await deploy(Agent(), settings)
+    web.http.headers["authorization"] = f"Bearer {alice}"
+    await web.post("oncall", "pager", "/deploy")
+    [asked] = await web.answers("oncall", "pager", 1)
+    body = {**decision_body(asked["approval"], approved=True, key="k1"), "space": "oncall"}
+    refused = await web.http.post(
+        "/web/threads/pager/decisions", json=body, headers={"authorization": f"Bearer {mallory}"}
+    )
+    assert refused.status_code == 403, refused.text
+    error = refused.json()["error"]
+    assert error["code"] == "not_approver" and "cannot tell who you are" not in error["message"]
+    approved = await web.http.post("/web/threads/pager/decisions", json=body)
+    assert approved.status_code == 202, approved.text
+    [_, done] = await web.answers("oncall", "pager", 2)
+    assert done["text"].startswith("Done:"), done
+    [decision] = [i for i in await web.items("oncall", "pager") if i["kind"] == "decision"]
+    assert decision["author"]["id"] == "alice"
+
+
 async def test_only_the_profile_s_and_the_tool_s_approvers_decide(deploy: Deploy) -> None:
     def tool_approvers(name: str) -> frozenset[str] | None:
         return frozenset({"bob"}) if name == "deploys.run" else None
