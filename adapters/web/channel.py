@@ -698,7 +698,7 @@ class WebChannel:
 
     async def post_upload(self, thread: str, request: Request) -> Response:
         """``POST /uploads/{thread}``: a message with files (base64), under a larger body limit."""
-        client = request.client.host if request.client is not None else "-"
+        client = _sharer(request)
         share = max(1, self.limits.max_concurrent_uploads // 2)
         if self._uploading[client] >= share:
             # four uploads trickled just above the rate floor by one client held every slot
@@ -991,7 +991,7 @@ class WebChannel:
         live = request.query_params.get("live") == "1"
         if self.streams >= self.limits.max_streams:  # each re-reads the mailbox
             raise self._unavailable("too many event streams are open; try again")
-        client = request.client.host if request.client is not None else "-"
+        client = _sharer(request)
         share = self.limits.max_client_streams or max(1, self.limits.max_streams // 2)
         if self._streaming[client] >= share:
             # one client that opened every place and read nothing held each thread page of
@@ -1433,6 +1433,18 @@ def _attachment_header(name: str) -> str:
     """``Content-Disposition`` for a download named `name` (RFC 6266: ASCII and UTF-8 forms)."""
     plain = "".join(c if c.isascii() and c.isprintable() and c not in '"\\' else "_" for c in name)
     return f"attachment; filename=\"{plain[:200]}\"; filename*=UTF-8''{quote(name[:200], safe='')}"
+
+
+def _sharer(request: Request) -> str:
+    """Who a share of uploads and event streams is counted for: a name, else an address.
+
+    The signed-in name when the channel has tokens; else the client's address (behind a
+    proxy, every user without a login is that one address).
+    """
+    user = _user(request)
+    if user is not None:
+        return f"user:{user}"
+    return request.client.host if request.client is not None else "-"
 
 
 def _user(request: Request) -> str | None:

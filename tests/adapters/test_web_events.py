@@ -13,6 +13,7 @@ from fastapi import FastAPI
 
 from adapters import LiveUpdate, ThreadRef
 from adapters.web import WebChannel, WebLimits, WebMailbox
+from adapters.web.login import WebLogin
 from adapters.web.redis import RedisMailbox
 from harness_core.testing import ManualClock
 from tests.adapters.kit import EventReader, Server, TestSink, outbound, serve
@@ -301,6 +302,27 @@ async def test_one_client_holds_at_most_half_the_streams(
         assert "this client has 2 event streams open already" in refused.json()["error"]["message"]
         async with someone.stream("GET", "/web/threads/t3/events") as theirs:
             assert theirs.status_code == 200  # another person's page still lives
+
+
+async def test_with_tokens_each_person_has_a_share_whatever_their_address(
+    http: httpx.AsyncClient, channel: WebChannel
+) -> None:
+    """Behind a proxy every user is one address: shared by address, one person's two tabs
+    held everyone's share. With tokens, the share is the signed-in name's (D380)."""
+    alice, bob = "alice-secret-0123456789abcdef", "bob-secret-0123456789abcdefgh"
+    channel.limits = WebLimits(max_streams=4, keepalive_s=0.2)
+    channel.login = WebLogin({alice: "alice", bob: "bob"})
+    as_alice = {"authorization": f"Bearer {alice}"}
+    async with (
+        http.stream("GET", "/web/threads/t1/events", headers=as_alice) as one,
+        http.stream("GET", "/web/threads/t2/events", headers=as_alice) as two,
+    ):
+        assert (one.status_code, two.status_code) == (200, 200)
+        refused = await http.get("/web/threads/t3/events", headers=as_alice)
+        assert refused.status_code == 503, refused.text
+        as_bob = {"authorization": f"Bearer {bob}"}  # the same address, another person
+        async with http.stream("GET", "/web/threads/t3/events", headers=as_bob) as theirs:
+            assert theirs.status_code == 200
 
 
 async def test_streams_past_the_bound_are_refused_until_one_closes(
