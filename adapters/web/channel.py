@@ -1200,9 +1200,16 @@ class WebChannel:
             raise _Refused(403, "cross_site", "cross-site requests are refused")
         declared = request.headers.get("content-length", "")
         if not declared.isdigit() or int(declared) > _LOGIN_BYTES:
-            raise _Refused(413, "too_large", f"a sign-in is at most {_LOGIN_BYTES} bytes")
+            raise _Refused(
+                413, "too_large", f"a sign-in is a form of at most {_LOGIN_BYTES} bytes, sent whole"
+            )
         raw = await request.body()
-        form = parse_qs(raw[:_LOGIN_BYTES].decode("utf-8", "replace"), max_num_fields=4)
+        try:
+            form = parse_qs(raw[:_LOGIN_BYTES].decode("utf-8", "replace"), max_num_fields=4)
+        except ValueError:  # more fields than a sign-in has (it was a 500)
+            raise _Refused(
+                400, "invalid_request", "a sign-in form holds a token and where to go next"
+            ) from None
         after = self._after((form.get("next") or [""])[0])
         signed = self.login.signed_in((form.get("token") or [""])[0])
         if signed is None:

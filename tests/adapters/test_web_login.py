@@ -128,6 +128,28 @@ async def test_a_sign_in_goes_back_to_this_channel_only(
     assert signed.status_code == 303 and signed.headers["location"] == "/web/"
 
 
+@pytest.mark.parametrize(
+    ("body", "headers", "status"),
+    [
+        ("a=1&" * 500, {}, 400),  # more fields than a sign-in has: was a 500
+        ("x" * 5000, {}, 413),
+        (f"token={ALICE}", {"content-length": ""}, 413),
+        ("token=caf%C3%A9-0123456789abcdefghijk", {}, 401),
+        ("token=%00%ff&next=%0d%0aSet-Cookie:x", {}, 401),
+    ],
+)
+async def test_a_hostile_sign_in_is_one_clear_answer(
+    guarded: httpx.AsyncClient, body: str, headers: dict[str, str], status: int
+) -> None:
+    response = await guarded.post(
+        "/web/login",
+        content=body.encode(),
+        headers={"content-type": "application/x-www-form-urlencoded", **headers},
+    )
+    assert response.status_code == status, response.text
+    assert "set-cookie" not in response.headers
+
+
 async def test_a_sign_in_from_another_site_is_refused(guarded: httpx.AsyncClient) -> None:
     response = await guarded.post(
         "/web/login", data={"token": ALICE}, headers={"sec-fetch-site": "cross-site"}
