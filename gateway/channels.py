@@ -28,13 +28,13 @@ from config import Settings, SettingsError, load_settings
 from config.loader import settings_from
 from config.sections import Section
 from config.settings import accepted
-from gateway.broker import BrokerError, open_broker
+from gateway.broker import BrokerError, check_broker_url
 from gateway.mcp.settings import SECTION as MCP_SECTION
 from gateway.mcp.settings import McpSection
 from harness_core.backends.urls import RedisUrls, shown
 from harness_core.clock import Clock
 from harness_core.errors import SessionError
-from harness_core.storage import open_repo
+from harness_core.storage import check_repo_url
 
 __all__ = [
     "bindings_judge",
@@ -103,14 +103,14 @@ def gateway_settings(**values: Any) -> Settings:
 
 def _store_url(url: str) -> None:
     try:
-        open_repo(url)  # parsed only: nothing is created or contacted
+        check_repo_url(url)
     except SessionError as exc:
         raise ValueError(str(exc)) from None
 
 
 def _broker_url(url: str) -> None:
     try:
-        open_broker(url)  # parsed only, likewise
+        check_broker_url(url)
     except BrokerError as exc:
         raise ValueError(str(exc)) from None
 

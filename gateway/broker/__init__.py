@@ -32,7 +32,7 @@ from harness_core.backends.urls import Openers, PathUrl, RedisUrl, RedisUrls, Sq
 if TYPE_CHECKING:
     from harness_core.backends.sqlite import Synchronous
 
-__all__ = ["ACCEPTED_BROKER_URLS", "BlobLimits", "BrokerError", "open_broker"]
+__all__ = ["ACCEPTED_BROKER_URLS", "BlobLimits", "BrokerError", "check_broker_url", "open_broker"]
 
 ACCEPTED_BROKER_URLS = (
     "accepted broker URLs: sqlite:///relative.db or sqlite:////absolute.db "
@@ -117,3 +117,12 @@ def open_broker(
             the accepted forms.
     """
     return _OPENERS.open(url, _Given(clock, ids, visibility_timeout_ms, dedupe_ttl_ms, blob_limits))
+
+
+def check_broker_url(url: str) -> None:
+    """Refuse a URL `open_broker` would refuse, building nothing (a setting checked at start).
+
+    Raises:
+        BrokerError: ``invalid_url``, as `open_broker` raises it.
+    """
+    _OPENERS.check(url)

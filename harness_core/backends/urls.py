@@ -275,6 +275,7 @@ class Openers(Generic[_T, _A]):
     def __init__(self, refuse: Refuse) -> None:
         self.refuse = refuse
         self._openers: dict[str, Callable[[str, _A], _T]] = {}
+        self._forms: dict[str, UrlForm[object]] = {}
 
     @property
     def schemes(self) -> tuple[str, ...]:
@@ -296,6 +297,19 @@ class Openers(Generic[_T, _A]):
             raise ValueError(f"scheme(s) {taken} already have an opener")
         for scheme in form.schemes:
             self._openers[scheme] = open_url
+            self._forms[scheme] = form
+
+    def check(self, url: str) -> None:
+        """Refuse `url` as `open` would, building nothing (a setting checked at start).
+
+        Raises:
+            Exception: ``refuse(url, why)`` for a URL no registered form accepts.
+        """
+        scheme, separator, _ = url.partition("://")
+        form = self._forms.get(scheme) if separator else None
+        if form is None:
+            raise self.refuse(url, None)
+        form.parse(url, self.refuse)
 
     def open(self, url: str, args: _A) -> _T:
         """What `url` names, opened with `args` (nothing is created or contacted here).

@@ -47,7 +47,7 @@ if TYPE_CHECKING:
     from harness_core.session.contract import SessionRepo
     from harness_core.storage.jsonl import FsyncPolicy
 
-__all__ = ["open_repo"]
+__all__ = ["check_repo_url", "open_repo"]
 
 ACCEPTED_URLS = (
     "accepted store URLs: memory://; jsonl:///relative/dir or jsonl:////absolute/dir "
@@ -123,3 +123,12 @@ def open_repo(
             the accepted forms.
     """
     return _OPENERS.open(url, _Given(clock, ids))
+
+
+def check_repo_url(url: str) -> None:
+    """Refuse a URL `open_repo` would refuse, building nothing (a setting checked at start).
+
+    Raises:
+        SessionError: ``invalid_query``, as `open_repo` raises it.
+    """
+    _OPENERS.check(url)

@@ -37,13 +37,20 @@ def _refuse(url: str, why: str | None) -> Refused:
     return Refused(f"{what}; {ACCEPTED}")
 
 
-def _thing() -> Openers[Any, str]:
-    """A thing opening all four families; an opener returns what it was given."""
+def _thing(opened: list[object] | None = None) -> Openers[Any, str]:
+    """A thing opening all four families; an opener returns what it was given (and adds it to
+    `opened`)."""
+
+    def opener(url: object, given: str) -> tuple[object, str]:
+        if opened is not None:
+            opened.append(url)
+        return url, given
+
     things: Openers[Any, str] = Openers(_refuse)
-    things.add(MemoryUrls(), lambda url, given: (url, given))
-    things.add(SqliteUrls(options={"synchronous": ("normal", "full")}), lambda u, g: (u, g))
-    things.add(JsonlUrls(options={"fsync": ()}), lambda url, given: (url, given))
-    things.add(RedisUrls(default_prefix="gwt"), lambda url, given: (url, given))
+    things.add(MemoryUrls(), opener)
+    things.add(SqliteUrls(options={"synchronous": ("normal", "full")}), opener)
+    things.add(JsonlUrls(options={"fsync": ()}), opener)
+    things.add(RedisUrls(default_prefix="gwt"), opener)
     return things
 
 
@@ -160,6 +167,21 @@ def test_an_edge_form_is_refused_in_one_clear_line(url: str, why: str, tmp_path:
     assert message.endswith(f"; {ACCEPTED}")
     assert "\n" not in message and len(message) < 700
     assert sorted(p.name for p in tmp_path.iterdir()) == ["a-dir", "a-file"]
+
+
+@pytest.mark.parametrize(("url", "why"), REFUSED.values(), ids=REFUSED.keys())
+def test_a_check_refuses_as_open_does_and_builds_nothing(url: str, why: str) -> None:
+    """What the settings check at start (D377): the same refusal, no opener called."""
+    opened: list[object] = []
+    things = _thing(opened)
+    with pytest.raises(Refused) as checked:
+        things.check(url)
+    assert why in str(checked.value)
+    things.check("sqlite:///fine.db")
+    things.check("redis://h:6379/0")
+    assert opened == []
+    things.open("sqlite:///fine.db", "given")
+    assert len(opened) == 1  # the openers are the ones `open` calls
 
 
 def test_a_refusal_never_shows_the_password() -> None:
