@@ -565,9 +565,7 @@ class WebChannel:
         # A cross-site page cannot send application/json without a CORS preflight (which this
         # router never grants), nor hide that it is cross-site from a modern browser: a visited
         # web page cannot post messages or approve a call through a person's browser.
-        fetch_site = request.headers.get("sec-fetch-site")
-        if fetch_site is not None and fetch_site not in ("same-origin", "none"):
-            raise _Refused(403, "cross_site", "cross-site requests are refused")
+        _same_site(request)
         media_type = request.headers.get("content-type", "").split(";", 1)[0].strip().lower()
         if media_type != "application/json":
             raise _Refused(
@@ -1195,9 +1193,7 @@ class WebChannel:
         """``POST /login`` (a form: ``token``, ``next``): keeps the browser signed in."""
         if self.login is None:
             return RedirectResponse(f"{self._prefix}/", status_code=303)
-        fetch_site = request.headers.get("sec-fetch-site")
-        if fetch_site is not None and fetch_site not in ("same-origin", "none"):
-            raise _Refused(403, "cross_site", "cross-site requests are refused")
+        _same_site(request)
         declared = request.headers.get("content-length", "")
         if not declared.isdigit() or int(declared) > _LOGIN_BYTES:
             raise _Refused(
@@ -1213,8 +1209,7 @@ class WebChannel:
         after = self._after((form.get("next") or [""])[0])
         signed = self.login.signed_in((form.get("token") or [""])[0])
         if signed is None:
-            client = request.client.host if request.client is not None else "-"
-            log.warning("web sign-in refused", extra={"client": client})
+            log.warning("web sign-in refused", extra={"client": _address(request)})
             return HTMLResponse(
                 login_page(after=after, error="that token is not known here: try again"),
                 status_code=401,
@@ -1451,7 +1446,19 @@ def _sharer(request: Request) -> str:
     user = _user(request)
     if user is not None:
         return f"user:{user}"
+    return _address(request)
+
+
+def _address(request: Request) -> str:
+    """The client's address ("-" when the server does not know it)."""
     return request.client.host if request.client is not None else "-"
+
+
+def _same_site(request: Request) -> None:
+    """Refuse (403) a write another site's page made a browser send (``Sec-Fetch-Site``)."""
+    fetch_site = request.headers.get("sec-fetch-site")
+    if fetch_site is not None and fetch_site not in ("same-origin", "none"):
+        raise _Refused(403, "cross_site", "cross-site requests are refused")
 
 
 def _user(request: Request) -> str | None:
