@@ -11,10 +11,15 @@ import asyncio
 from functools import partial
 from pathlib import Path
 
-from harness_core.errors import StoreCorrupted
 from harness_core.session.codec import checksum, log_item_adapter
 from harness_core.storage.fsck import Problem, Scan, checked
-from harness_core.storage.jsonl import _SEAL, _SEALED_AT, JsonlSessionRepo, _parse_header
+from harness_core.storage.jsonl import (
+    _SEAL,
+    _SEALED_AT,
+    JsonlSessionRepo,
+    _LeftOut,
+    _session_header,
+)
 
 __all__ = ["directory_problems", "scan_jsonl"]
 
@@ -37,22 +42,9 @@ def _directory(directory: Path) -> list[Problem]:
         except OSError as exc:
             problems.append(Problem(str(path), f"cannot be read: {exc.strerror or exc}"))
             continue
-        if not first.endswith(b"\n"):
-            continue  # being published (or empty): no session yet
-        try:
-            meta = _parse_header(first.rstrip(b"\n"), path)
-        except StoreCorrupted as exc:
-            why = f": {exc.__cause__}" if exc.__cause__ is not None else ""
-            problems.append(Problem(f"{path}:1", f"bad header{why} (left out of the store)"))
-            continue
-        if meta.id != path.stem:
-            problems.append(
-                Problem(
-                    str(path),
-                    f"holds session {meta.id!r} but only {meta.id}.jsonl is read as it "
-                    "(a copy or a renamed file: left out of the store)",
-                )
-            )
+        found = _session_header(first, path)
+        if isinstance(found, _LeftOut):
+            problems.append(Problem(found.location, found.why))
     return problems
 
 

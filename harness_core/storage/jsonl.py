@@ -532,6 +532,37 @@ def _parse_header(line: bytes, path: Path) -> SessionMetadata:
         raise StoreCorrupted(f"bad header in {location}: {exc}", location=location) from exc
 
 
+@dataclass(frozen=True)
+class _LeftOut:
+    """A ``.jsonl`` file of the store's directory that no session is read from, and why."""
+
+    location: str
+    why: str
+
+
+def _session_header(first: bytes, path: Path) -> SessionMetadata | _LeftOut | None:
+    """A session file's metadata from its first line (None: being published).
+
+    A file whose header does not parse, or that names another session than its file name
+    (a copy, a renamed file), is left out: the store opens ``<id>.jsonl`` only. One bad file
+    failed the whole listing, and a copy was listed as a second session (an outside probe).
+    """
+    if not first.endswith(b"\n"):
+        return None
+    try:
+        meta = _parse_header(first.rstrip(b"\n"), path)
+    except StoreCorrupted as exc:
+        why = f": {exc.__cause__}" if exc.__cause__ is not None else ""
+        return _LeftOut(f"{path}:1", f"bad header{why} (left out of the store)")
+    if meta.id != path.stem:
+        return _LeftOut(
+            str(path),
+            f"holds session {meta.id!r} but only {meta.id}.jsonl is read as it "
+            "(a copy or a renamed file: left out of the store)",
+        )
+    return meta
+
+
 def _list(directory: Path) -> list[SessionMetadata]:
     metas: list[SessionMetadata] = []
     if not directory.exists():
@@ -540,14 +571,9 @@ def _list(directory: Path) -> list[SessionMetadata]:
         name: str | None = None
         with open(path, "rb") as handle:
             first = handle.readline()
-            if not first.endswith(b"\n"):
-                continue  # being published
-            try:
-                meta = _parse_header(first.rstrip(b"\n"), path)
-            except StoreCorrupted:
-                continue  # `gateway store check` names it; the other sessions are listed
-            if meta.id != path.stem:
-                continue  # a copy or a renamed file: never opened as that session (fsck says)
+            meta = _session_header(first, path)
+            if not isinstance(meta, SessionMetadata):
+                continue  # being published, or left out (`gateway store check` names it)
             for line in handle:
                 if not line.endswith(b"\n"):
                     break  # a torn tail was never acknowledged
