@@ -437,38 +437,49 @@ async def test_a_broker_that_is_down_is_claimed_from_about_once_a_second(
         server.stop()
 
 
-class _Slow(RecordingChannel):
-    """Takes the real time `delays` says for a delivery's send (by delivery id)."""
+class _Held(RecordingChannel):
+    """Holds the send of one delivery until `release` is set."""
 
-    def __init__(self, delays: dict[str, float], **kwargs: Any) -> None:
+    def __init__(self, held: str, **kwargs: Any) -> None:
         super().__init__(**kwargs)
-        self.delays = delays
+        self.held = held
+        self.release = asyncio.Event()
 
     async def deliver(self, outbound: Outbound) -> Any:
-        await asyncio.sleep(self.delays.get(outbound.delivery_id, 0.0))
+        if outbound.delivery_id == self.held:
+            await self.release.wait()
         return await super().deliver(outbound)
 
 
-@pytest.mark.parametrize("lease_ms", [60_000, 2_500])
-async def test_a_thread_s_replies_land_in_the_order_they_were_made(rig: Rig, lease_ms: int) -> None:
+@pytest.mark.parametrize(("lease_ms", "waits"), [(60_000, True), (25_000, False)])
+async def test_a_thread_s_replies_land_in_the_order_they_were_made(
+    rig: Rig, lease_ms: int, waits: bool
+) -> None:
     """Deliveries run in parallel: the second run's answer landed before the first's, which
     took longer to send (`test_held_messages` met it under load). One thread's go one after
-    the other (D379), within what the claim's lease allows (a lease of 2.5 s with a send's
-    timeout of 1 s leaves no time to wait: each goes at once, as before); another thread's
+    the other (D379), within what the claim's lease allows (a lease of 25 s with a send's
+    timeout of 10 s leaves no time to wait: each goes at once, as before); another thread's
     reply does not wait for them."""
-    slow = _Slow({"reply:s:run-1": 0.3, "reply:s:run-2": 0.1}, clock=rig.clock)
-    rig.fake = slow
+    held = _Held("reply:s:run-1", clock=rig.clock)
+    rig.fake = held
     await rig.enqueue("reply:s:run-1", "first")
     await rig.enqueue("reply:s:run-2", "second")
     await rig.enqueue("reply:s:run-3", "third")
     await rig.enqueue("reply:s:run-9", "elsewhere", thread="t2")
-    rig.start(lease_ms=lease_ms, timeout_ms=1_000)
-    for number in (1, 2, 3, 9):
+    rig.start(lease_ms=lease_ms, timeout_ms=10_000)
+    # while the first one's send is held: another thread's reply goes
+    await rig.until("reply:s:run-9", lambda d: d.status == "delivered")
+    if waits:  # the thread's later replies wait for it
+        await asyncio.sleep(0.2)
+        assert [o.text for o in held.delivered] == ["elsewhere"]
+    else:  # no time to wait: they go at once, before it
+        for number in (2, 3):
+            await rig.until(f"reply:s:run-{number}", lambda d: d.status == "delivered")
+    held.release.set()
+    for number in (1, 2, 3):
         await rig.until(f"reply:s:run-{number}", lambda d: d.status == "delivered")
-    landed = [o.text for o in slow.delivered]
-    assert landed.index("elsewhere") < landed.index("first")  # not held up by the slow thread
-    one_thread = [text for text in landed if text != "elsewhere"]
-    if lease_ms == 60_000:
+    one_thread = [o.text for o in held.delivered if o.text != "elsewhere"]
+    if waits:
         assert one_thread == ["first", "second", "third"]
     else:
-        assert one_thread == ["third", "second", "first"]  # as fast as each one's send
+        assert one_thread[-1] == "first" and sorted(one_thread[:2]) == ["second", "third"]
