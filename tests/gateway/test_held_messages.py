@@ -37,6 +37,6 @@ async def test_a_message_behind_an_approval_is_told_it_waits(tmp_path: Path, pol
         assert decided.status_code == 202, decided.text
         # answered once decided: in the run's reply (steer, follow_up) or the next run's
         later = await rig.answers("ship", 4 if policy == "next_run" else 3)
-        # (two runs' replies are delivered in parallel: the deploy's may land after it)
+        # (one process sends a thread's replies in order, D379; two processes need not)
         assert any("You said: hello, are you there?" in i["text"] for i in later[2:]), later
         assert [i["text"] for i in later].count(HELD_TEXT) == 1  # said once
