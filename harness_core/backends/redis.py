@@ -28,7 +28,13 @@ import redis.asyncio as aioredis
 from redis.asyncio.cluster import RedisCluster
 from redis.asyncio.retry import Retry
 from redis.backoff import NoBackoff
-from redis.exceptions import NoScriptError, RedisError, ResponseError
+from redis.exceptions import (
+    ConnectionError,
+    NoScriptError,
+    RedisClusterException,
+    RedisError,
+    ResponseError,
+)
 
 from harness_core.backends.redis_connection import lean_connection_class
 from harness_core.backends.urls import without_password
@@ -200,9 +206,17 @@ async def discover(client: object) -> None:
 
     redis-py's cluster client fails commands that race its first discovery: a backend runs
     this once before its first command (`Once`).
+
+    Raises:
+        ConnectionError: no startup node answered. redis-py raises its own
+            `RedisClusterException` there, which is no `RedisError`: every backend's handler
+            missed it, and an unreachable cluster read "unexpected error" at the command line.
     """
     if isinstance(client, RedisCluster):
-        await client.initialize()
+        try:
+            await client.initialize()
+        except RedisClusterException as exc:
+            raise ConnectionError(str(exc)) from exc
 
 
 async def close_clients(*clients: _Closable) -> None:

@@ -257,3 +257,17 @@ async def test_cluster_urls_open_a_cluster_repo(url: str) -> None:
     assert isinstance(repo, RedisSessionRepo) and repo.cluster
     assert repo.prefix == ("x" if "prefix" in url else "gw")
     await repo.close()
+
+
+async def test_a_cluster_no_node_of_answers_is_a_storage_error() -> None:
+    """redis-py's `RedisClusterUnreachableError` is no `RedisError`: it passed every handler,
+    and `store list` read "unexpected error" (found trying edge inputs)."""
+    from tests.support.redis_server import free_port
+
+    repo = open_repo(f"redis+cluster://127.0.0.1:{free_port()}")
+    try:
+        with pytest.raises(SessionError) as caught:
+            await repo.list()
+        assert caught.value.code == "storage" and "cannot reach redis" in str(caught.value)
+    finally:
+        await repo.close()
