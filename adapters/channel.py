@@ -235,6 +235,11 @@ class Inbound(Frozen):
     """Set when `text` is only the start of what the person wrote (the channel's limit)."""
     unlisted_attachments: int = Field(default=0, ge=0)
     """Attachments beyond the channel's limit of listed ones (the agent is told how many)."""
+    content_digest: str | None = Field(default=None, min_length=1, max_length=128)
+    """A digest of what identifies the message besides its id (email: its From, Date and
+    Subject), the same each time the channel reads the same message. With it the gateway tells
+    a message sent again from another that reuses its id (`Acceptance.reused`); None: the id
+    alone decides (D382)."""
 
     @property
     def dedupe_key(self) -> str:
@@ -358,13 +363,19 @@ class Acceptance(Frozen):
     revoked: bool = False
     """The thread's authority is revoked: the message is kept and never run, and nothing is
     to be said in the thread (no working reaction either)."""
+    reused: bool = False
+    """A duplicate whose first message has another `Inbound.content_digest`: the id was
+    reused for a different message (a sender's bug), not sent again. Nothing was taken; the
+    channel gives this message an id of its own and accepts it again (D382)."""
 
     @model_serializer(mode="wrap")
-    def _revoked_only_when_set(self, handler: SerializerFunctionWrapHandler) -> Any:
+    def _flags_only_when_set(self, handler: SerializerFunctionWrapHandler) -> Any:
         # what a channel answers its peer with (the web channel's 202) stays as it was (D267)
         data = handler(self)
-        if not self.revoked and isinstance(data, dict):
-            data.pop("revoked", None)
+        if isinstance(data, dict):
+            for flag in ("revoked", "reused"):
+                if not getattr(self, flag):
+                    data.pop(flag, None)
         return data
 
 
@@ -420,6 +431,9 @@ class InboundSink(Protocol):
 
     async def accept(self, inbound: Inbound) -> Acceptance:
         """Hold `inbound` durably (inbox), deduplicated by its `dedupe_key`; then return.
+
+        A duplicate whose first message has another `Inbound.content_digest` holds nothing
+        and says `reused`: the adapter accepts it again under an id of its own.
 
         Raises:
             NotRouted: no session is bound to the thread's space.

@@ -262,7 +262,14 @@ class SuiteSink:
         held = self.messages.setdefault(inbound.dedupe_key, inbound)
         item = f"m-{list(self.messages).index(inbound.dedupe_key) + 1}"
         lane = held.thread.lane  # a duplicate's: the first message's
-        return Acceptance(item_id=item, session=SESSION, lane=lane, duplicate=held is not inbound)
+        digests = (held.content_digest, inbound.content_digest)
+        return Acceptance(
+            item_id=item,
+            session=SESSION,
+            lane=lane,
+            duplicate=held is not inbound,
+            reused=None not in digests and digests[0] != digests[1],
+        )
 
     async def take_files(
         self, thread: ThreadRef, files: Sequence[IncomingFile]

@@ -13,7 +13,7 @@ from __future__ import annotations
 
 import asyncio
 import logging
-from collections.abc import Callable, Coroutine, Sequence
+from collections.abc import Callable, Coroutine, Mapping, Sequence
 from typing import Any
 
 from pydantic import ValidationError
@@ -105,6 +105,7 @@ class Intake:
         """See `InboundSink.accept`."""
         session = self._session_of(inbound.thread)
         lane = inbound.thread.lane
+        reused = False
         try:
             appended = await self._broker.inbox.append(
                 NewInboxItem(
@@ -118,13 +119,16 @@ class Intake:
                 reply_context=dict(inbound.reply_context),
                 read_mark=EPOCH,
             )
+            reused = appended.duplicate and _reused(appended.item.payload, inbound)
             revocation = await revocation_of(
                 self._broker.marks, session, lane, inbound.thread, epoch=appended.mark
             )
             if revocation is not None:  # kept, never run, nothing said in the thread (D267)
                 if appended.item.status == "pending":
                     await keep(self._broker, appended.item, revocation, actor=_ACTOR)
-            else:  # a duplicate too: the first accept may have ended between the two writes
+            elif (
+                not reused
+            ):  # a duplicate too: the first accept may have ended between the two writes
                 await enqueue_cut_notice(self._broker, inbound, session, appended.item.id)
                 await enqueue_file_notice(self._broker, inbound, session, appended.item.id)
         except LaneTaken as taken:  # another space's thread id: never its conversation (D332)
@@ -151,6 +155,7 @@ class Intake:
                 lane=lane,
                 item=appended.item.id,
                 duplicate=appended.duplicate,
+                reused=reused,
             )
         )
         return Acceptance(
@@ -159,6 +164,7 @@ class Intake:
             lane=appended.item.lane,
             duplicate=appended.duplicate,
             revoked=revocation is not None,
+            reused=reused,
         )
 
     async def take_files(
@@ -368,6 +374,17 @@ class Intake:
             return await self._broker.marks.put(name, value, expect=expect)
         except Exception as exc:
             raise Unavailable(f"the broker is unavailable ({type(exc).__name__})") from exc
+
+
+def _reused(first: Mapping[str, Any], inbound: Inbound) -> bool:
+    """Whether the inbox's `first` message under `inbound`'s key is another message (D382).
+
+    Only two digests that differ say so: a message held before digests were recorded, or a
+    channel that records none, is the same message sent again, so a take retried across an
+    upgrade is never answered twice.
+    """
+    digest = first.get("content_digest")
+    return None not in (digest, inbound.content_digest) and digest != inbound.content_digest
 
 
 def _nobody_more(_: object) -> frozenset[str] | None:

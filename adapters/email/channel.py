@@ -381,8 +381,14 @@ class EmailChannel:
                 # whose own Message-ID is a thread's root (one day on, past the inbox's dedupe,
                 # a stranger's mail with it was taken into that thread as its newest)
                 inbound = await self._own_thread_unless_in_it(sink, parsed.inbound)
-                inbound = await self._with_files(sink, inbound, raw)
-                acceptance = await sink.accept(inbound)
+                acceptance = await sink.accept(await self._with_files(sink, inbound, raw))
+                if acceptance.reused:  # another mail took this Message-ID first (D382)
+                    inbound = _own_id(inbound)
+                    acceptance = await sink.accept(await self._with_files(sink, inbound, raw))
+                    log.warning(
+                        "email reused a Message-ID: taken under its own id",
+                        extra={"uid": uid, "lane": acceptance.lane},
+                    )
             except NotRouted as exc:
                 self._skip(uid, "not_routed")
                 log.warning("email not routed", extra={"reason": str(exc)})
@@ -887,3 +893,15 @@ def _closed_by_asker(outbound: Outbound) -> bool:
         return False
     asker = parseaddr(str(outbound.reply_context.get("from") or ""))[1].lower()
     return bool(asker) and closed.by.lower() == asker
+
+
+def _own_id(inbound: Inbound) -> Inbound:
+    """`inbound` under an id of its own: its Message-ID and its content digest (D382).
+
+    The same for each read of the same mail, so a retried take is still a duplicate; the
+    reply still answers the Message-ID the sender wrote (``reply_context``).
+    """
+    assert inbound.content_digest is not None, "only a digest tells the mail apart"
+    return inbound.model_copy(
+        update={"message_id": f"{inbound.message_id}#{inbound.content_digest}"}
+    )

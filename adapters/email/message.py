@@ -478,6 +478,7 @@ def _read(
         reply_context=context,
         cut=cut,
         unlisted_attachments=unlisted,
+        content_digest=_content_digest(raw),
     )
     return Parsed("take", "new" if root == message_id else "reply", inbound)
 
@@ -646,8 +647,24 @@ def _is_forward(subject: str) -> bool:
 
 def _synthetic_id(raw: bytes) -> str:
     """A stable id for a message without one: a digest of From, Date, Subject and the body."""
-    fields: dict[str, bytes] = {}
     head, body = _split_head(raw)
+    digest = _head_digest(head)
+    digest.update(body.replace(b"\r\n", b"\n"))
+    return f"<{digest.hexdigest()[:40]}@{_SYNTHETIC_ID_DOMAIN}>"
+
+
+def _content_digest(raw: bytes) -> str:
+    """What tells two mails with one Message-ID apart (D382): a digest of From, Date, Subject.
+
+    The header alone, as the sender wrote it: the same for a message read whole or, too large,
+    by its header only, and for each copy of one mail delivered twice (a relay adds its own
+    ``Received`` lines, never another ``Date``).
+    """
+    return "h1:" + _head_digest(_split_head(raw)[0]).hexdigest()[:32]
+
+
+def _head_digest(head: bytes) -> hashlib._Hash:
+    fields: dict[str, bytes] = {}
     for line in re.split(rb"\r?\n(?![ \t])", head):
         key, sep, value = line.partition(b":")
         name = key.strip().lower()
@@ -656,8 +673,7 @@ def _synthetic_id(raw: bytes) -> str:
     digest = hashlib.sha256()
     for name in ("from", "date", "subject"):
         digest.update(fields.get(name, b"") + b"\n")
-    digest.update(body.replace(b"\r\n", b"\n"))
-    return f"<{digest.hexdigest()[:40]}@{_SYNTHETIC_ID_DOMAIN}>"
+    return digest
 
 
 def _split_head(raw: bytes) -> tuple[bytes, bytes]:

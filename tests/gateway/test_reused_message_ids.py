@@ -1,4 +1,5 @@
-"""A message id a sender uses again past the inbox's dedupe window is a new message (D342).
+"""A message id a sender uses again is a new message: past the inbox's dedupe window (D342),
+and within it when the channel's content digests tell the two apart (D382).
 
 The inbox forgets an id after its window; the session never forgets the entry the first message
 became. A sender that reused an id a day later (a per-day counter, a ticket comment's number)
@@ -10,10 +11,16 @@ from __future__ import annotations
 
 import asyncio
 import time
+from collections.abc import AsyncIterator
 from pathlib import Path
 
+import pytest
+
 from adapters import Author, Inbound, ThreadRef
+from gateway.broker import open_broker
+from gateway.broker.contract import Broker
 from gateway.channels import gateway_settings
+from gateway.intake import Intake
 from gateway.service import ServiceParts
 from tests.support.gateway_rig import lane_texts
 from tests.support.service_rig import serving
@@ -70,3 +77,64 @@ async def test_a_message_id_used_again_past_the_window_is_a_new_message(tmp_path
         said = ["monday's figures", "tuesday's figures", "tuesday's figures"]
         assert answers == [f"You said: {text}" for text in said]
         assert await lane_texts(rig.repo, "web-default", "web:daily") == said
+
+
+def _mail(digest: str | None, *, text: str = "is the build green?", lane: str = "b") -> Inbound:
+    return Inbound(
+        thread=ThreadRef(channel="email", space="bot@example.test", thread=lane),
+        message_id="<fixed@script.example>",
+        author=Author(id="ci@example.test"),
+        text=text,
+        received_at_ms=1_000,
+        content_digest=digest,
+    )
+
+
+@pytest.fixture(params=["sqlite", "redis"])
+async def any_broker(request: pytest.FixtureRequest, tmp_path: Path) -> AsyncIterator[Broker]:
+    if request.param == "sqlite":
+        url = f"sqlite:///{tmp_path}/broker.db"
+    else:
+        server = request.getfixturevalue("redis_server")
+        url = f"{server.url}?prefix={request.getfixturevalue('redis_prefix')}"
+    opened = open_broker(url)
+    yield opened
+    await opened.close()
+
+
+async def test_within_the_window_only_another_digest_is_another_message(
+    any_broker: Broker,
+) -> None:
+    """The same mail read again (a crash before it was marked handled, a copy delivered twice)
+    carries the same digest: a duplicate. Another mail under its Message-ID carries another:
+    ``reused``, and nothing of it is held, so the channel can take it under its own id."""
+    intake = Intake(any_broker, lambda channel, space: "s1")
+    first = await intake.accept(_mail("h1:aaaa"))
+    assert not first.duplicate and not first.reused
+    again = await intake.accept(_mail("h1:aaaa", text="read again, cut otherwise"))
+    assert again.duplicate and not again.reused and again.item_id == first.item_id
+    other = await intake.accept(_mail("h1:bbbb", text="and the tests?"))
+    assert other.duplicate and other.reused and other.item_id == first.item_id
+    assert "reused" not in again.model_dump() and other.model_dump()["reused"] is True
+    own = await intake.accept(_mail("h1:bbbb").model_copy(update={"message_id": "<own>"}))
+    assert not own.duplicate
+    pending = await any_broker.inbox.pending("s1")
+    assert [item.payload["text"] for item in pending] == [
+        "is the build green?",
+        "is the build green?",
+    ]
+    assert len({item.id for item in pending}) == 2  # nothing was held for the reused one
+
+
+async def test_a_message_held_without_a_digest_is_the_same_message_sent_again(
+    any_broker: Broker,
+) -> None:
+    """A mail taken before digests were recorded and read again after an upgrade (a crash in
+    between, a UIDVALIDITY resync) is not answered twice; nor is a channel that writes none."""
+    intake = Intake(any_broker, lambda channel, space: "s1")
+    await intake.accept(_mail(None))
+    assert not (await intake.accept(_mail("h1:aaaa", text="other"))).reused
+    await intake.accept(_mail("h1:aaaa", lane="c").model_copy(update={"message_id": "<2>"}))
+    digestless = _mail(None, lane="c").model_copy(update={"message_id": "<2>"})
+    reply = await intake.accept(digestless)
+    assert reply.duplicate and not reply.reused

@@ -14,7 +14,7 @@ import email.policy
 import re
 import time
 from collections.abc import AsyncIterator, Callable
-from datetime import UTC, datetime
+from datetime import UTC, datetime, timedelta
 from email.message import EmailMessage
 from email.utils import format_datetime, make_msgid
 from typing import Any
@@ -202,7 +202,8 @@ async def test_a_stranger_naming_a_thread_gets_a_thread_of_their_own(mail: Mail)
 async def test_a_stranger_reusing_a_thread_s_message_id_takes_nothing_of_it(mail: Mail) -> None:
     """The stranger's mail with the person's Message-ID was dropped as a duplicate, yet it
     overwrote the thread's reply context: the person's next answer went to the stranger, and
-    the stranger was one of the thread's people from then on (D318)."""
+    the stranger was one of the thread's people from then on (D318). It is another mail (its
+    From, Date and Subject say so), so it is answered, in the stranger's own thread (D382)."""
     asked = mail.write("the admin password is hunter2")
     [reply] = await mail.replies(1)
     stranger = mail.dovecot.fresh_user("stranger")
@@ -211,8 +212,8 @@ async def test_a_stranger_reusing_a_thread_s_message_id_takes_nothing_of_it(mail
     _from_stranger(mail, stranger, "the same id as theirs", root, root)
     _from_stranger(mail, stranger, "what did they tell you?", make_msgid("evil"), root)
     own = f"email:{root} from {stranger.address}"
-    await _until(lambda: bool(mail.dovecot.parsed_messages(stranger)))
-    assert await mail.user_texts(own) == ["what did they tell you?"]
+    await _until(lambda: len(mail.dovecot.parsed_messages(stranger)) == 2)
+    assert await mail.user_texts(own) == ["the same id as theirs", "what did they tell you?"]
     mail.write("and the window?", reply_to=reply)
     replies = await mail.replies(2)
     assert "You said: and the window?" in _text(replies[1])  # the person's answer is theirs
@@ -220,7 +221,36 @@ async def test_a_stranger_reusing_a_thread_s_message_id_takes_nothing_of_it(mail
         "the admin password is hunter2",
         "and the window?",
     ]
-    assert len(mail.dovecot.parsed_messages(stranger)) == 1  # their own thread's answer only
+    assert len(mail.dovecot.parsed_messages(stranger)) == 2  # their own thread's answers only
+
+
+async def test_a_mail_reusing_a_message_id_is_answered_and_a_copy_of_one_is_not(
+    mail: Mail,
+) -> None:
+    """A sender that writes one Message-ID on every mail (a script, a broken client): its
+    second mail within the inbox's dedupe window was taken for the first sent again and never
+    answered (D382). A copy of a mail delivered twice is still one mail."""
+    asked = mail.write("is the build green?", subject="Build")
+    await mail.replies(1)
+    later = EmailMessage()
+    for name in ("From", "To", "Message-ID", "Subject"):
+        later[name] = str(asked[name])
+    later["Date"] = format_datetime(datetime.now(UTC) + timedelta(minutes=5))
+    later.set_content("and are the tests?")
+    mail.dovecot.deliver(mail.bot, bytes(later), sender=mail.person.address)
+    replies = await mail.replies(2)
+    assert "You said: and are the tests?" in _text(replies[1])
+    # a copy of each (a list and a Cc, a refetch): nothing more is taken or said
+    for again in (asked, later):
+        mail.dovecot.deliver(mail.bot, bytes(again), sender=mail.person.address)
+    await _until(lambda: mail.dovecot.mailbox_status(mail.bot)["unseen"] == 0)
+    await asyncio.sleep(1.0)
+    assert _adapter(mail).taken == 2
+    assert len(await mail.replies(2)) == 2
+    assert await mail.user_texts(f"email:{asked['Message-ID']}") == [
+        "is the build green?",
+        "and are the tests?",
+    ]
 
 
 async def test_a_thread_keeps_its_people_when_a_copied_colleague_answers_the_bot_alone(

@@ -1271,3 +1271,40 @@ def test_an_encrypted_mail_s_only_file_is_refused_as_encrypted() -> None:
     assert inbound is not None
     [sealed] = inbound.attachments  # refused as encrypted when taken in (test_file_policy)
     assert (sealed.name, sealed.media_type) == ("smime.p7m", "application/pkcs7-mime")
+
+
+def test_a_mail_s_content_digest_is_its_from_date_and_subject_however_it_is_read() -> None:
+    """What tells two mails under one Message-ID apart (D382): the same for the mail read
+    whole, read by its header alone (too large) and for a copy a relay stamped; another for
+    another mail of the same sender."""
+
+    def digest(raw: str, *, head_only: bool = False) -> str | None:
+        data = raw.encode()
+        if head_only:
+            parsed = parse_head(
+                data.split(b"\n\n")[0],
+                size=12_000_000,
+                mailbox_address=BOT,
+                own_domain_ids=(DOMAIN,),
+                max_bytes=LIMIT,
+                now_ms=7,
+            )
+        else:
+            parsed = parse(
+                data, mailbox_address=BOT, own_domain_ids=(DOMAIN,), max_bytes=LIMIT, now_ms=7
+            )
+        assert parsed.inbound is not None
+        return parsed.inbound.content_digest
+
+    mail = plain("Deploy it.")
+    first = digest(mail)
+    assert first is not None and first.startswith("h1:")
+    assert digest(mail, head_only=True) == first
+    assert digest("Received: from relay.example\n" + mail.replace("\n", "\r\n")) == first
+    assert digest(plain("Deploy it.", Subject="Deploy   ")) == first  # folding, not content
+    for other in (
+        plain("Deploy it.", Date="Mon, 30 Nov 2026 14:05:00 +0000"),
+        plain("Deploy it.", Subject="Roll back"),
+        plain("Deploy it.", From="Bob <bob@example.com>"),
+    ):
+        assert digest(other) not in (first, None)
