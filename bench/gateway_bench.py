@@ -39,8 +39,9 @@ counters) every `--poll-ms`.
 Cost accounting per phase: CPU seconds of every process (/proc), of this load generator, and of
 the whole machine ("others": whatever else runs on it, which skews wall-clock figures on a
 shared machine); Redis commands per reply (``INFO commandstats``, counting the commands Lua
-scripts run, minus the bench's own); session takes per reply (the store's lease fence counter:
-each take of a session acquires its writer lease once).
+scripts run, minus the bench's own); session takes per reply (each process's
+``gateway_session_takes_total`` on ``/metrics``: a take acquires the session's writer lease and
+restores it; the store's fence counter, read before, is a clock on Redis since D339).
 
 Drain (Redis, one process, then the next; for each lease length in `--drain-leases`): one
 `/slow` step (the test agent's tool, `--drain-step-ms`) in each of `--slots` sessions, so the
@@ -83,6 +84,7 @@ ROOT = Path(__file__).resolve().parents[1]
 if str(ROOT) not in sys.path:  # `python bench/gateway_bench.py` as well as `-m bench....`
     sys.path.insert(0, str(ROOT))
 
+import httpx  # noqa: E402
 import redis.asyncio as aioredis  # noqa: E402
 
 from adapters.web import open_mailbox  # noqa: E402
@@ -374,14 +376,15 @@ class Cluster:
         return await self._sqlite("web.db", "SELECT coalesce(sum(last_seq), 0) FROM web_threads")
 
     async def takes(self) -> int:
-        """Writer leases ever acquired over all sessions (the store's fence counters)."""
-        if self.redis is None:
-            return await self._sqlite("store.db", "SELECT coalesce(sum(fence), 0) FROM sessions")
-        pipe = self.redis.pipeline(transaction=False)
-        for session in self.layout.sessions:
-            pipe.hget(f"{STORE_PREFIX}:{{{session}}}:meta", "fence")
-        self.own["hget"] += len(self.layout.sessions)
-        return sum(int(v) for v in await pipe.execute() if v is not None)
+        """Sessions the running processes took so far (their ``/metrics`` counters)."""
+        total = 0
+        async with httpx.AsyncClient(timeout=10.0) as client:
+            for gateway in self.gateways:
+                scrape = (await client.get(f"{gateway.url}/metrics")).text
+                for line in scrape.splitlines():
+                    if line.startswith("gateway_session_takes_total "):
+                        total += int(float(line.split()[1]))
+        return total
 
     async def commands(self) -> dict[str, tuple[int, int]]:
         """``INFO commandstats``: calls and server microseconds by command (none: SQLite)."""

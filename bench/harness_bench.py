@@ -3,6 +3,7 @@
     python bench/harness_bench.py                  # every backend, starts its own redis-server
     python bench/harness_bench.py --quick          # smaller sizes, for a smoke run
     python bench/harness_bench.py --backends memory,sqlite
+    python bench/harness_bench.py --collector gateway   # Python's GC as `gateway serve` tunes it
 
 Every prompt is one run of two turns with `ScriptedModel`: the model calls one tool, the tool
 answers, the model replies with ~200 characters. That is 11 writes (operation_started, the user
@@ -17,6 +18,11 @@ Per-turn cost is the median time of a prompt on lanes that already hold 10, 100 
 prompts of history (one session, the lanes taking turns so noise hits each alike); the ratio
 1000/10 shows whether a turn's cost depends on history (it must not: the context is cached per
 lane and writes never read the history).
+
+``--collector gateway`` tunes Python's cyclic garbage collector as `gateway serve`, the host of
+the runtime in production, does once it has started (D122, D383: the start-up heap frozen, the
+young generation collected every `GATEWAY_GC_YOUNG_THRESHOLD` allocations, 5,000); the default keeps Python's own, as a library
+host that changes nothing would.
 
 Restore builds a session of 50 lanes x 200 prompts with 5 lanes suspended mid-tool (on the
 memory backend, then imported into each backend), and times `AgentHarness.create()`: its reads
@@ -43,6 +49,8 @@ if str(ROOT) not in sys.path:  # `python bench/harness_bench.py` as well as `-m 
 
 from bench.interrupt import run_main  # noqa: E402
 from bench.store_bench import backends  # noqa: E402
+from config.settings import Settings  # noqa: E402
+from gateway.collector import tune_collector  # noqa: E402
 from harness_core import ScriptedModel, SessionRepo  # noqa: E402
 from harness_core.harness import AgentHarness  # noqa: E402
 from harness_core.ids import SequentialIds  # noqa: E402
@@ -118,6 +126,16 @@ async def open_harness(
 async def prompt(lane: Any) -> None:
     result = await lane.prompt("check the build")
     assert isinstance(result, Ok) and result.value.kind == "completed", result
+
+
+COLLECTORS = ("python", "gateway")
+"""Python's garbage collector as it starts, or as `gateway serve` tunes it (`tune`)."""
+
+
+def tune(collector: str) -> None:
+    """Leave Python's collector (``python``) or tune it as `gateway serve` does (``gateway``)."""
+    if collector == "gateway":
+        tune_collector(Settings.model_fields["gc_young_threshold"].default)
 
 
 async def with_lanes(harness: AgentHarness, count: int) -> list[Any]:
@@ -240,6 +258,12 @@ async def main() -> None:
     parser.add_argument("--redis-url", default="")
     parser.add_argument("--appendfsync", default="everysec", choices=["everysec", "always"])
     parser.add_argument("--quick", action="store_true", help="small sizes for a smoke run")
+    parser.add_argument(
+        "--collector",
+        choices=COLLECTORS,
+        default="python",
+        help="Python's GC, or as serve tunes it",
+    )
     args = parser.parse_args()
     if args.quick:
         args.prompts, args.histories, args.sample, args.restore, args.trials = (
@@ -252,7 +276,8 @@ async def main() -> None:
     try:  # the redis-server started above stops however this ends (Ctrl-C too)
         print(
             f"# harness_bench on {platform.platform()}, {os.cpu_count()} CPUs, "
-            f"Python {platform.python_version()}, redis AOF appendfsync={args.appendfsync}"
+            f"Python {platform.python_version()}, redis AOF appendfsync={args.appendfsync}, "
+            f"{args.collector}'s garbage collector"
         )
         print(
             f"# {args.prompts} prompts (2 turns each); per-turn cost: median of {args.sample} prompts "
@@ -260,6 +285,7 @@ async def main() -> None:
             f"median of {args.trials}"
         )
         started = time.perf_counter()
+        tune(args.collector)
         log = await build_restore_log(lanes, prompts, stuck)
         print(
             f"# restore session: {len(log):,} log items, built in {time.perf_counter() - started:.1f} s"

@@ -388,7 +388,7 @@ class Settings(BaseModel):
         "provider request (no message content), nested under the runtime's model request span.",
     )
     gc_young_threshold: int = Field(
-        default=20_000,
+        default=5_000,
         ge=0,
         le=10_000_000,
         description="Allocations between two collections of Python's youngest generation "

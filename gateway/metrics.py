@@ -180,6 +180,12 @@ class Metrics:
             "Lane operations this process resumed after a crash.",
             registry=registry,
         )
+        self.session_takes = Counter(
+            "gateway_session_takes",
+            "Sessions this process took: the store's writer lease acquired and the session "
+            "restored (a session kept warm serves its next messages without one).",
+            registry=registry,
+        )
         self.messages_accepted = Counter(
             "gateway_messages_accepted",
             "Inbound messages accepted into their lanes by this process.",
@@ -297,6 +303,10 @@ class Metrics:
     def takeover(self) -> None:
         """A lane operation interrupted by a crash is resumed by this process."""
         self.takeovers.inc()
+
+    def session_taken(self) -> None:
+        """A worker of this process took a session (its lease, then its restore)."""
+        self.session_takes.inc()
 
     def message_accepted(self, channel: str) -> None:
         """An inbound message was accepted into its lane."""

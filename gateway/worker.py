@@ -453,6 +453,7 @@ class Worker:
             lease=lease,
         )
         if self._metrics is not None:
+            self._metrics.session_taken()
             session.unhook.append(self._metrics.watch(harness))
         session.unhook.append(self._prompting(session))
         # a decided wait is closed at once on every copy of its request, not when its run ends

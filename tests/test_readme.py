@@ -286,6 +286,9 @@ BENCHES: dict[str, Bench] = {
     ".venv/bin/python bench/prompt_instructions.py --instructions": Bench(
         by="tests/bench/test_prompt_instructions_smoke.py"
     ),
+    ".venv/bin/python bench/prompt_instructions.py --collector gateway": Bench(
+        by="tests/bench/test_prompt_instructions_smoke.py"
+    ),
     ".venv/bin/python bench/turn_instructions.py --turns 100 --instructions": Bench(
         by="tests/bench/test_turn_instructions_smoke.py"
     ),

@@ -163,6 +163,7 @@ async def test_the_numbers_agree_with_what_happened(services: Start) -> None:
     assert value(samples, "gateway_operation_seconds_sum", kind="run") > 0
     assert value(samples, "gateway_delivery_seconds_count") == delivered
     assert value(samples, "gateway_takeovers_total") == 0
+    assert 1 <= value(samples, "gateway_session_takes_total") <= 4  # one session, 4 messages
 
     statuses = {status: value(samples, "gateway_lanes", status=status) for status in LANE_STATUSES}
     assert statuses == {
@@ -266,6 +267,7 @@ async def test_the_series_stay_the_same_as_threads_come_and_go(
         "gateway_approvals_waiting",
         "gateway_approval_oldest_wait_seconds",
         "gateway_takeovers",
+        "gateway_session_takes",
         "gateway_messages_accepted",
         "gateway_deliveries",
         "gateway_model_tokens",
@@ -330,6 +332,7 @@ async def test_a_run_cut_by_a_drain_is_taken_over_and_counted(
         lambda s: value(s, "gateway_operations_total", kind="run", outcome="completed") == 1
     )
     assert value(samples, "gateway_takeovers_total") == 1
+    assert value(samples, "gateway_session_takes_total") == 1  # taken once, kept warm after
     assert value(samples, "gateway_operation_seconds_count", kind="run") == 1  # from its resume
     assert value(samples, "gateway_messages_accepted_total", channel="web") == 0
     assert value(samples, "gateway_lanes", status="idle") == 1
