@@ -23,6 +23,7 @@ import logging
 import math
 import random
 import time
+from collections import Counter
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 
@@ -103,6 +104,13 @@ class Deliverer:
         self._running: set[asyncio.Task[None]] = set()
         self._last_of: dict[tuple[str, str], asyncio.Task[None]] = {}
         """By (session, lane): the attempt claimed last, which the thread's next one waits for."""
+        self._failed_of: dict[tuple[str, str], str] = {}
+        """By (session, lane): a delivery whose send failed here and is due again later; the
+        thread's later deliveries are due after it (D384)."""
+        self._behind: dict[tuple[str, str], int] = {}
+        """By (session, lane): when the thread's last delivery put behind a failed one is due."""
+        self._deferred: Counter[str] = Counter()
+        """By delivery: the claims it spent waiting behind a failed one (not its attempts)."""
 
     @property
     def actor(self) -> str:
@@ -196,6 +204,8 @@ class Deliverer:
         try:
             if after is not None and not after.done():
                 await self._in_turn(after)
+            if await self._behind_a_failed_one(claimed):
+                return
             await self._try(claimed)
         except asyncio.CancelledError:
             await self._hand_back(claimed)
@@ -218,6 +228,54 @@ class Deliverer:
         if spare_ms <= 0:
             return
         await asyncio.wait({before}, timeout=spare_ms / 1000)  # however it ended
+
+    async def _behind_a_failed_one(self, claimed: ClaimedDelivery) -> bool:
+        """Put a delivery after its thread's earlier one that failed here and waits (D384).
+
+        `_in_turn` orders one thread's attempts, yet an attempt that failed is due again
+        later, and the thread's next reply, claimed meanwhile, went first: the answer to the
+        second question before the first. It is due again just after the failed one (and
+        after any other put behind it), spending a claim that does not count as an attempt
+        of its own; the failed one decides again when it is delivered or dead. True when it
+        was put behind.
+        """
+        delivery = claimed.delivery
+        thread = (delivery.session, delivery.lane)
+        failed = self._failed_of.get(thread)
+        if failed is None or failed == delivery.id:
+            return False
+        try:
+            earlier = await self._broker.outbox.get(failed)
+        except Exception:  # unknown: send it, as before this rule
+            return False
+        if earlier is None or earlier.status != "pending":  # settled since (here or elsewhere)
+            self._forget_failed(thread, failed)
+            return False
+        due = max(earlier.due_at_ms, self._behind.get(thread, 0)) + 1
+        self._behind[thread] = due
+        self._deferred[delivery.id] += 1
+        now = self._clock.now_ms()
+        await self._broker.outbox.settle_retry(
+            claimed,
+            due_at_ms=due,
+            reason=f"after {failed}, an earlier delivery of its thread that failed",
+            unknown_outcome=delivery.unknown_outcome,
+            now_ms=now,
+        )
+        log.info(
+            event("delivery behind", delivery=delivery.id, behind=failed, retry_in_ms=due - now)
+        )
+        return True
+
+    def _settled(self, delivery: Delivery) -> None:
+        """A delivery ended here: the thread's later ones no longer wait for it."""
+        self._deferred.pop(delivery.id, None)
+        self._forget_failed((delivery.session, delivery.lane), delivery.id)
+
+    def _forget_failed(self, thread: tuple[str, str], delivery_id: str) -> None:
+        if self._failed_of.get(thread) == delivery_id:
+            del self._failed_of[thread]
+            self._behind.pop(thread, None)
 
     async def _try(self, claimed: ClaimedDelivery) -> None:
         delivery = claimed.delivery
@@ -336,6 +394,7 @@ class Deliverer:
 
     async def _delivered(self, claimed: ClaimedDelivery, *, reconciled: bool) -> None:
         settled = await self._broker.outbox.settle_delivered(claimed, now_ms=self._clock.now_ms())
+        self._settled(claimed.delivery)
         self._count(claimed, "reconciled" if reconciled else "delivered")
         log.info(
             event(
@@ -374,7 +433,7 @@ class Deliverer:
         """
         delivery = claimed.delivery
         reason = self._redact(reason)
-        if delivery.attempts >= self.config.max_attempts:
+        if delivery.attempts - self._deferred[delivery.id] >= self.config.max_attempts:
             await self._dead(claimed, reason, tell=tell)
             return
         delay = retry_delay_ms(delivery.attempts, cap_ms=self.config.max_delay_ms, rng=self._rng)
@@ -384,13 +443,15 @@ class Deliverer:
             hinted = int(min(retry_after_s * 1000, self.config.max_delay_ms))
             delay = max(delay, hinted)
         now = self._clock.now_ms()
-        await self._broker.outbox.settle_retry(
+        settled = await self._broker.outbox.settle_retry(
             claimed,
             due_at_ms=now + delay,
             reason=reason,
             unknown_outcome=unknown_outcome or delivery.unknown_outcome,
             now_ms=now,
         )
+        if settled and tell is not None:  # a send failed: the thread's next ones wait for it
+            self._failed_of.setdefault((delivery.session, delivery.lane), delivery.id)
         self._count(claimed, "retry")
         log.info(
             event(
@@ -411,6 +472,7 @@ class Deliverer:
         dead = await self._broker.outbox.settle_dead(
             claimed, reason=reason, now_ms=self._clock.now_ms()
         )
+        self._settled(delivery)
         self._count(claimed, "dead")
         log.warning(event("delivery dead", delivery=delivery.id, reason=reason))
         if tell is not None and dead:

@@ -15,7 +15,7 @@ from typing import Any, TypeVar
 
 import pytest
 
-from adapters.channel import ApprovalClosed, ApprovalView, Outbound, ThreadRef
+from adapters.channel import ApprovalClosed, ApprovalView, DeliveryError, Outbound, ThreadRef
 from adapters.testing import RecordingChannel
 from gateway.authority import Scope, restore, revoke
 from gateway.broker import open_broker
@@ -335,8 +335,17 @@ async def test_a_close_waits_while_a_copy_of_its_request_is_pending(rig: Rig) ->
     await rig.until(request.delivery_id, _failed(1, rig.clock.now_ms))  # pending, retrying
     await _put(rig, close)
     held = await rig.until(close.delivery_id, _failed(1, rig.clock.now_ms))
-    assert held.last_error == "a copy of the request is still being posted"
+    # the copy's send failed here, so the close goes behind it as any later delivery of the
+    # thread does (D384); a copy still pending for another reason holds it back as well
+    assert held.last_error == (
+        f"after {request.delivery_id}, an earlier delivery of its thread that failed"
+    )
     assert rig.fake.count(close.delivery_id) == 0
+    rig.clock.advance(held.due_at_ms - rig.clock.now_ms())
+    await rig.until(close.delivery_id, lambda d: d.status == "delivered")
+    # the request, closed before it was ever posted, is settled unsent first; then the close
+    await rig.until(request.delivery_id, lambda d: d.status == "delivered")
+    assert [o.delivery_id for o in rig.fake.delivered] == [close.delivery_id]
 
 
 @pytest.mark.parametrize("after_send", [False, True], ids=["before_sending", "after_sending"])
@@ -449,6 +458,53 @@ class _Held(RecordingChannel):
         if outbound.delivery_id == self.held:
             await self.release.wait()
         return await super().deliver(outbound)
+
+
+class _FailsOnce(RecordingChannel):
+    """The first send of each of some deliveries fails for now (a dropped connection)."""
+
+    def __init__(self, *failing: str, **kwargs: Any) -> None:
+        super().__init__(**kwargs)
+        self.failing = set(failing)
+
+    async def deliver(self, outbound: Outbound) -> Any:
+        if outbound.delivery_id in self.failing:
+            self.failing.discard(outbound.delivery_id)
+            raise DeliveryError("connection reset")
+        return await super().deliver(outbound)
+
+
+async def test_a_reply_behind_one_that_failed_goes_after_it_not_before(rig: Rig) -> None:
+    """The first reply's send failed (a dropped connection) and was due again a second later;
+    the second, claimed meanwhile, went at once: the answer to the second question landed
+    before the first's (D384). It is due just after the failed one now, and its wait spends
+    none of its own attempts; another thread's reply does not wait."""
+    rig.fake = failing = _FailsOnce("reply:s:run-1", "reply:s:run-2", clock=rig.clock)
+    await rig.enqueue("reply:s:run-1", "first")
+    await rig.enqueue("reply:s:run-2", "second")
+    await rig.enqueue("reply:s:run-3", "third")
+    await rig.enqueue("reply:s:run-9", "elsewhere", thread="t2")
+    rig.start(max_attempts=2)
+    failed = await rig.until("reply:s:run-1", _failed(1, rig.clock.now_ms))
+    await rig.until("reply:s:run-9", lambda d: d.status == "delivered")
+    later = [await rig.until(f"reply:s:run-{n}", lambda d: d.due_at_ms > 0) for n in (2, 3)]
+    for delivery in later:
+        await rig.until(delivery.id, lambda d: d.attempts == 1 and d.due_at_ms > failed.due_at_ms)
+    second = await rig.until("reply:s:run-2", lambda d: d.due_at_ms > failed.due_at_ms)
+    third = await rig.until("reply:s:run-3", lambda d: d.due_at_ms > second.due_at_ms)
+    assert [o.text for o in failing.delivered] == ["elsewhere"]  # nothing of t1 went first
+    rig.clock.advance(third.due_at_ms - rig.clock.now_ms())
+    await rig.until("reply:s:run-1", lambda d: d.status == "delivered")
+    again = await rig.until("reply:s:run-2", _failed(2, rig.clock.now_ms))
+    assert again.status == "pending"  # not dead: one of its two claims was a wait (max 2)
+    rig.clock.advance(max(again.due_at_ms, third.due_at_ms) + 2 - rig.clock.now_ms())
+    for number in (2, 3):
+        await rig.until(f"reply:s:run-{number}", lambda d: d.status == "delivered")
+    assert [o.text for o in failing.delivered if o.text != "elsewhere"] == [
+        "first",
+        "second",
+        "third",
+    ]
 
 
 @pytest.mark.parametrize(("lease_ms", "waits"), [(60_000, True), (25_000, False)])

@@ -79,7 +79,7 @@ async def test_sigterm_lets_the_running_step_finish_and_delivers_its_reply(tmp_p
     log = gateway.log_path.read_text()
     assert '"event":"draining"' in log and '"event":"stopped"' in log
     [tuned] = [json.loads(line) for line in log.splitlines() if '"collector tuned"' in line]
-    assert tuned["thresholds"][0] == 20_000 and tuned["frozen"] > 10_000  # D122
+    assert tuned["thresholds"][0] == 5_000 and tuned["frozen"] > 10_000  # D122, D383
     [loop] = [json.loads(line) for line in log.splitlines() if '"event loop"' in line]
     assert loop["loop"] == "uvloop.Loop"  # D276: the default where uvloop is installed
     [reply] = await _answers(settings["web_url"], "drain")
