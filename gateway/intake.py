@@ -126,9 +126,8 @@ class Intake:
             if revocation is not None:  # kept, never run, nothing said in the thread (D267)
                 if appended.item.status == "pending":
                     await keep(self._broker, appended.item, revocation, actor=_ACTOR)
-            elif (
-                not reused
-            ):  # a duplicate too: the first accept may have ended between the two writes
+            elif not reused:
+                # a duplicate too: the first accept may have ended between the two writes
                 await enqueue_cut_notice(self._broker, inbound, session, appended.item.id)
                 await enqueue_file_notice(self._broker, inbound, session, appended.item.id)
         except LaneTaken as taken:  # another space's thread id: never its conversation (D332)
