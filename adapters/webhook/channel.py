@@ -164,6 +164,11 @@ def _check_result(item: DecisionItemIn) -> None:
         raise _Refused(400, *problem)
 
 
+def _digest(author: Author, text: str) -> str:
+    """What a message sent again repeats besides its id: its author and its text (D385)."""
+    return "w1:" + hashlib.sha256(json.dumps([author.id, text]).encode()).hexdigest()[:32]
+
+
 def _taken(message_id: str, first: Acceptance) -> str:
     """Why a message whose id names another thread's message is refused."""
     return (
@@ -336,12 +341,20 @@ class WebhookChannel:
                 text=body.text,
                 received_at_ms=self.clock.now_ms(),
                 reply_context=context,
+                content_digest=_digest(author, body.text),
             )
         except ValidationError as exc:  # what the durable types refuse (a context too deep)
             raise _validation_refusal(exc) from None
         acceptance = await self._hold(sink.accept, inbound)
         if acceptance.lane != inbound.thread.lane:  # nothing new was stored
             raise _Refused(409, "message_id_taken", _taken(inbound.message_id, acceptance))
+        if acceptance.reused:  # another text or author under the id: not it sent again (D385)
+            raise _Refused(
+                409,
+                "message_id_taken",
+                f"'message_id' {inbound.message_id!r} already names another message of this "
+                "thread; give each message its own id",
+            )
         return JSONResponse(
             {
                 **acceptance.model_dump(mode="json", exclude={"first"}),

@@ -70,7 +70,13 @@ class TestSink:
 
     async def accept(self, inbound: Inbound) -> Acceptance:
         self.inbound.append(inbound)
-        return await self._hold(inbound.thread.space, inbound.thread.lane, inbound.dedupe_key)
+        key = inbound.dedupe_key
+        first = next((m for m in self.inbound if m.dedupe_key == key), inbound)
+        acceptance = await self._hold(inbound.thread.space, inbound.thread.lane, key)
+        digests = (first.content_digest, inbound.content_digest)
+        if acceptance.duplicate and None not in digests and digests[0] != digests[1]:
+            return acceptance.model_copy(update={"reused": True})  # as the gateway says (D382)
+        return acceptance
 
     async def take_files(
         self, thread: ThreadRef, files: Sequence[IncomingFile]

@@ -141,6 +141,12 @@ async def test_a_redelivery_is_the_same_message_and_a_duplicate(rig: Rig) -> Non
     assert reused.status_code == 409  # not m-7 sent again: another thread's message
     assert reused.json()["error"]["code"] == "message_id_taken"
     assert "(webhook:t1)" in reused.json()["error"]["message"]
+    for changed in ({"text": "goodbye"}, {"author": {"id": "u2"}}):  # nor another text or author
+        other = await rig.send({**MESSAGE, **changed, "message_id": "m-7"}, msg_id="msg_d")
+        assert other.status_code == 409, other.text
+        assert "another message of this thread" in other.json()["error"]["message"]
+    renamed = await rig.send({**MESSAGE, "author": {"id": "u1", "name": "U"}, "message_id": "m-7"})
+    assert renamed.json()["duplicate"] is True  # a display name is not the message
 
 
 @pytest.mark.parametrize("missing", ["webhook-id", "webhook-timestamp", "webhook-signature"])

@@ -114,10 +114,14 @@ async def test_a_sender_redelivering_is_taken_and_answered_once(rig: Rig) -> Non
     answers.append(await rig.say("t2", "once", msg_id="msg_once"))  # re-signed redelivery
     assert [a.status_code for a in answers] == [202, 202, 202]
     assert [a.json()["duplicate"] for a in answers] == [False, True, True]
+    # the id again with another text is not it sent again: refused, not dropped (D385)
+    other = await rig.say("t2", "twice", msg_id="msg_once")
+    assert other.status_code == 409 and other.json()["error"]["code"] == "message_id_taken"
     await rig.replies("t2", 1)
     await asyncio.sleep(0.5)  # room for a wrong second reply
     assert [p["text"] for p in rig.peer.thread("t2")] == ["You said: once"]
     assert len([p for p in rig.peer.posts if p.payload.get("thread") == "t2"]) == 1
+    assert await rig.texts("t2") == ["once"]
     assert await rig.texts("t2") == ["once"]
 
 
