@@ -236,8 +236,10 @@ class Deliverer:
         later, and the thread's next reply, claimed meanwhile, went first: the answer to the
         second question before the first. It is due again just after the failed one (and
         after any other put behind it), spending a claim that does not count as an attempt
-        of its own; the failed one decides again when it is delivered or dead. True when it
-        was put behind.
+        of its own; the failed one decides again when it is delivered or dead. Only while
+        the failed one is due within the wait `_in_turn` allows (30 s by default): one that
+        keeps failing, or a channel's long ``Retry-After``, must not wedge the thread, so
+        past that the later ones go. True when it was put behind.
         """
         delivery = claimed.delivery
         thread = (delivery.session, delivery.lane)
@@ -251,10 +253,12 @@ class Deliverer:
         if earlier is None or earlier.status != "pending":  # settled since (here or elsewhere)
             self._forget_failed(thread, failed)
             return False
+        now = self._clock.now_ms()
         due = max(earlier.due_at_ms, self._behind.get(thread, 0)) + 1
+        if due - now > self.config.lease_ms - 3 * self.config.timeout_ms:
+            return False  # too long a wait: the thread goes on out of order, not wedged
         self._behind[thread] = due
         self._deferred[delivery.id] += 1
-        now = self._clock.now_ms()
         await self._broker.outbox.settle_retry(
             claimed,
             due_at_ms=due,

@@ -507,6 +507,19 @@ async def test_a_reply_behind_one_that_failed_goes_after_it_not_before(rig: Rig)
     ]
 
 
+async def test_a_reply_does_not_wait_long_behind_one_that_failed(rig: Rig) -> None:
+    """A failed reply due again in two minutes (the channel's ``Retry-After``) would hold the
+    thread's next replies as long, and one that keeps failing for hours: past the wait D379
+    allows (30 s), the later ones go (D384), out of order rather than not at all."""
+    rig.fake.fail_next(1, reason="rate limited", retry_after_s=120)
+    await rig.enqueue("reply:s:run-1", "first")
+    await rig.enqueue("reply:s:run-2", "second")
+    rig.start()
+    await rig.until("reply:s:run-1", _failed(1, rig.clock.now_ms))
+    second = await rig.until("reply:s:run-2", lambda d: d.status == "delivered")
+    assert second.attempts == 1 and [o.text for o in rig.fake.delivered] == ["second"]
+
+
 @pytest.mark.parametrize(("lease_ms", "waits"), [(60_000, True), (25_000, False)])
 async def test_a_thread_s_replies_land_in_the_order_they_were_made(
     rig: Rig, lease_ms: int, waits: bool
