@@ -51,6 +51,7 @@ _PART_LENGTH = 60
 _T = TypeVar("_T")
 _A = TypeVar("_A")
 _L = TypeVar("_L")
+_V = TypeVar("_V")
 _L_co = TypeVar("_L_co", covariant=True)
 _DATABASE = re.compile(r"/?|/[0-9]+")
 _CLUSTER_DATABASE = re.compile(r"/?|/0")
@@ -305,11 +306,7 @@ class Openers(Generic[_T, _A]):
         Raises:
             Exception: ``refuse(url, why)`` for a URL no registered form accepts.
         """
-        scheme, separator, _ = url.partition("://")
-        form = self._forms.get(scheme) if separator else None
-        if form is None:
-            raise self.refuse(url, None)
-        form.parse(url, self.refuse)
+        self._of(url, self._forms).parse(url, self.refuse)
 
     def open(self, url: str, args: _A) -> _T:
         """What `url` names, opened with `args` (nothing is created or contacted here).
@@ -317,8 +314,12 @@ class Openers(Generic[_T, _A]):
         Raises:
             Exception: ``refuse(url, why)`` for a URL no registered form accepts.
         """
+        return self._of(url, self._openers)(url, args)
+
+    def _of(self, url: str, by_scheme: Mapping[str, _V]) -> _V:
+        """What `by_scheme` holds for `url`'s scheme; ``refuse(url, None)`` if nothing."""
         scheme, separator, _ = url.partition("://")
-        opener = self._openers.get(scheme) if separator else None
-        if opener is None:
+        found = by_scheme.get(scheme) if separator else None
+        if found is None:
             raise self.refuse(url, None)
-        return opener(url, args)
+        return found
