@@ -46,6 +46,7 @@ from tenacity import (
 )
 
 from adapters.channel import (
+    Acceptance,
     AdapterStartError,
     Capabilities,
     DeliveryError,
@@ -381,14 +382,7 @@ class EmailChannel:
                 # whose own Message-ID is a thread's root (one day on, past the inbox's dedupe,
                 # a stranger's mail with it was taken into that thread as its newest)
                 inbound = await self._own_thread_unless_in_it(sink, parsed.inbound)
-                acceptance = await sink.accept(await self._with_files(sink, inbound, raw))
-                if acceptance.reused:  # another mail took this Message-ID first (D382)
-                    inbound = _own_id(inbound)
-                    acceptance = await sink.accept(await self._with_files(sink, inbound, raw))
-                    log.warning(
-                        "email reused a Message-ID: taken under its own id",
-                        extra={"uid": uid, "lane": acceptance.lane},
-                    )
+                acceptance = await self._hand_over(sink, inbound, raw, uid)
             except NotRouted as exc:
                 self._skip(uid, "not_routed")
                 log.warning("email not routed", extra={"reason": str(exc)})
@@ -446,11 +440,33 @@ class EmailChannel:
         log.info("email from outside its thread", extra={"lane": inbound.thread.lane})
         return inbound.model_copy(update={"thread": email_thread(self.address, own)})
 
-    async def _with_files(self, sink: InboundSink, inbound: Inbound, raw: bytes) -> Inbound:
+    async def _hand_over(
+        self, sink: InboundSink, inbound: Inbound, raw: bytes, uid: int
+    ) -> Acceptance:
+        """Accept `inbound`, under its own id when another mail took its Message-ID (D382).
+
+        Its files are held under the mail's own id from the start, so a mail that reuses a
+        Message-ID gets its own files, and a part the first mail lacks is not left held under
+        the first's key, never read.
+        """
+        own = _own_id(inbound)
+        files = own.message_id
+        acceptance = await sink.accept(await self._with_files(sink, inbound, raw, files))
+        if acceptance.reused:  # another mail took this Message-ID first
+            acceptance = await sink.accept(await self._with_files(sink, own, raw, files))
+            log.warning(
+                "email reused a Message-ID: taken under its own id",
+                extra={"uid": uid, "lane": acceptance.lane},
+            )
+        return acceptance
+
+    async def _with_files(
+        self, sink: InboundSink, inbound: Inbound, raw: bytes, key: str
+    ) -> Inbound:
         """`inbound` with its attachments' content held (before it is accepted; D226).
 
         The content comes from the message already read: a retried take (a crash before the
-        message was marked handled) finds it held under the Message-ID and part.
+        message was marked handled) finds it held under `key` (the mail's own id) and part.
         """
         if not inbound.attachments:
             return inbound
@@ -468,8 +484,7 @@ class EmailChannel:
             return read
 
         incoming = [
-            IncomingFile(a, f"{inbound.message_id}:{a.ref}", reader(a.ref or ""))
-            for a in inbound.attachments
+            IncomingFile(a, f"{key}:{a.ref}", reader(a.ref or "")) for a in inbound.attachments
         ]
         taken = await sink.take_files(inbound.thread, incoming)
         return inbound.model_copy(update={"attachments": taken})

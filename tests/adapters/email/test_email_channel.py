@@ -1,11 +1,14 @@
-"""The email channel's own rules, without servers: the watermark and approval links."""
+"""The email channel's own rules, without servers: the watermark, approval links, files."""
 
 from __future__ import annotations
 
-from datetime import UTC, datetime
+from datetime import UTC, datetime, timedelta
+from email.message import EmailMessage
+from email.utils import format_datetime
 
 from adapters.channel import ApprovalView, Outbound, PendingCall, ThreadRef
 from adapters.email import EmailChannel
+from adapters.email.message import parse
 from tests.adapters.kit import TestSink
 
 
@@ -19,6 +22,43 @@ def _channel() -> EmailChannel:
         link_secret="a-link-secret-of-at-least-32-characters!",
         public_url="https://gateway.example.test",
     )
+
+
+def _mail(text: str, files: dict[str, bytes], minutes: int) -> bytes:
+    mail = EmailMessage()
+    mail["From"] = "Ann <ann@example.test>"
+    mail["To"] = "bot@example.test"
+    mail["Subject"] = "Reports"
+    mail["Message-ID"] = "<one-id-for-every-mail@script.example.test>"
+    mail["Date"] = format_datetime(
+        datetime(2026, 12, 7, 9, tzinfo=UTC) + timedelta(minutes=minutes)
+    )
+    mail.set_content(text)
+    for name, data in files.items():
+        mail.add_attachment(data, maintype="text", subtype="plain", filename=name)
+    return bytes(mail)
+
+
+async def test_a_mail_reusing_a_message_id_holds_its_own_files_and_no_stray_ones() -> None:
+    """Files were held under the Message-ID before the inbox said another mail had it: a part
+    the first mail lacks was left held under the first's key, never read (D382)."""
+    channel, sink = _channel(), TestSink({"bot@example.test": "s1"})
+    raws = [
+        _mail("the first report", {"a.txt": b"first a"}, minutes=0),
+        _mail("two more", {"a.txt": b"second a", "b.txt": b"second b"}, minutes=5),
+    ]
+    for uid, raw in enumerate(raws + raws, start=1):  # each mail, then a copy of each
+        parsed = parse(
+            raw, mailbox_address=channel.address, own_domain_ids=(), max_bytes=1 << 20, now_ms=0
+        )
+        assert parsed.inbound is not None
+        await channel._hand_over(sink, parsed.inbound, raw, uid)
+    assert len(sink.accepted) == 2  # two mails, each once
+    held = [next(m for m in sink.inbound if m.dedupe_key == key) for key in sink.accepted]
+    files = [{a.name: sink.files[(a.blob or "")[4:]] for a in m.attachments} for m in held]
+    assert files == [{"a.txt": b"first a"}, {"a.txt": b"second a", "b.txt": b"second b"}]
+    named = {(a.blob or "")[4:] for m in held for a in m.attachments}
+    assert set(sink.files) == named  # every file held is one a taken message names
 
 
 async def test_a_lower_uidvalidity_is_stored_and_a_stale_uid_is_not() -> None:

@@ -400,10 +400,10 @@ async def test_a_mail_our_own_code_fails_on_is_skipped_after_three_tries_not_for
 
     taken = module.EmailChannel._with_files
 
-    async def failing(self: Any, sink: Any, inbound: Any, raw: bytes) -> Any:
+    async def failing(self: Any, sink: Any, inbound: Any, raw: bytes, key: str) -> Any:
         if b"Subject: Poison" in raw:
             raise ValueError("address parts cannot contain CR or LF")
-        return await taken(self, sink, inbound, raw)
+        return await taken(self, sink, inbound, raw, key)
 
     monkeypatch.setattr(module.EmailChannel, "_with_files", failing)
     mail.write("this one fails", subject="Poison")
