@@ -8,7 +8,7 @@ from typing import Any
 from fastapi import FastAPI
 from fastapi.responses import JSONResponse, RedirectResponse, Response
 
-from gateway.guards import BodyLimit, HeadAsGet, HostGuard, HostRule
+from gateway.guards import BodyLimit, BodyWatch, HeadAsGet, HostGuard, HostRule
 from gateway.ops.errors import API_PREFIX, install_errors
 from gateway.redact import RedactBodies, Redactor
 
@@ -22,6 +22,7 @@ def build_app(
     hosts: HostRule,
     body_limits: Mapping[str, int],
     redactor: Redactor | None = None,
+    bodies: BodyWatch | None = None,
 ) -> FastAPI:
     """The service's app with every adapter's router.
 
@@ -40,7 +41,7 @@ def build_app(
     )
     if redactor is not None:
         app.add_middleware(RedactBodies, redactor=redactor)  # added first: innermost
-    app.add_middleware(BodyLimit, limits=body_limits)
+    app.add_middleware(BodyLimit, limits=body_limits, watch=bodies)
     app.add_middleware(HostGuard, rule=hosts)
     app.add_middleware(HeadAsGet)  # HEAD wherever GET: uptime checkers probe with it
     install_errors(app)  # the request-id middleware, outside both

@@ -1,13 +1,15 @@
 """The app's edge: which Host names it answers to and how large a request body may be.
 
 Both guards are plain ASGI middleware that run before any route (inside the request-id
-middleware, so a refusal carries its id) and answer at once, without reading the body:
+middleware, so a refusal carries its id):
 
 * `HostGuard`: a request naming a host the gateway does not serve is refused 421
   ``unknown_host`` (DNS rebinding: a web page whose name was made to resolve to this machine
   sends its own name as ``Host``, and ``Sec-Fetch-Site`` says same-origin).
 * `BodyLimit`: a body over its route class's bound is refused 413 on its ``Content-Length``,
-  unread; a body without one (chunked) is read only up to the bound.
+  unread; any body is read only as its route reads it, up to the bound and at a pace
+  (`BodyPace`: 408 when it stalls or trickles), and one still coming when the drain begins is
+  answered 503 (`BodyWatch`).
 
 `HeadAsGet` passes a HEAD on as a GET (the HTTP server leaves the body out).
 
@@ -17,18 +19,18 @@ Refusals under ``/api/v1`` are the operator API's envelope; everywhere else the 
 
 from __future__ import annotations
 
+import asyncio
+import contextlib
 import ipaddress
 import logging
 import re
-from collections.abc import Iterable, Mapping
+from collections.abc import AsyncIterator, Iterable, Mapping
 from dataclasses import dataclass
-from typing import Any
 from urllib.parse import urlsplit
 
 from fastapi import Request
 from fastapi.responses import JSONResponse
 from starlette.datastructures import Headers
-from starlette.requests import ClientDisconnect
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
 from config import Settings
@@ -40,6 +42,9 @@ __all__ = [
     "DEFAULT_BODY_BYTES",
     "LOOPBACK_NAMES",
     "BodyLimit",
+    "BodyPace",
+    "BodyWatch",
+    "HeadAsGet",
     "HostGuard",
     "HostRule",
     "body_limits",
@@ -189,11 +194,17 @@ class _TooLarge(GatewayError):
     pass
 
 
+class _HeadSent(GatewayError):
+    """A HEAD's headers went: the route's body is not wanted (an event stream never ends)."""
+
+
 class HeadAsGet:
     """Answer HEAD wherever GET is answered (uptime checkers and load balancers probe with it).
 
     The route sees a GET; the HTTP server, which knows the request was a HEAD, sends the
-    headers without the body.
+    headers without the body. The response ends with its headers: a route still writing its
+    body is stopped (an event stream's HEAD never ended, and held the connection and a
+    stream's place).
     """
 
     def __init__(self, app: ASGIApp) -> None:
@@ -201,28 +212,194 @@ class HeadAsGet:
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
         """Pass a HEAD on as a GET, anything else as it is."""
-        if scope["type"] == "http" and scope.get("method") == "HEAD":
-            scope = {**scope, "method": "GET"}
-        await self.app(scope, receive, send)
+        if scope["type"] != "http" or scope.get("method") != "HEAD":
+            await self.app(scope, receive, send)
+            return
+        ended = False
+
+        async def headers_only(message: Message) -> None:
+            nonlocal ended
+            if ended:
+                if message.get("more_body", False):
+                    raise _HeadSent  # a body still being written: stop its route
+                return
+            if message["type"] == "http.response.start":
+                await send(message)
+                await send({"type": "http.response.body", "body": b"", "more_body": False})
+                ended = True
+
+        with contextlib.suppress(_HeadSent):
+            await self.app({**scope, "method": "GET"}, receive, headers_only)
+
+
+@dataclass(frozen=True)
+class BodyPace:
+    """How slowly a request body may come before it is cut (408 ``too_slow``)."""
+
+    idle_s: float = 15.0
+    """The longest a body may send nothing."""
+    grace_s: float = 10.0
+    """How long a body may come at any rate; past it, at `min_rate` on average."""
+    min_rate: float = 8_192.0
+    """Bytes a second (a 35 MB upload over a 64 kbit/s link would not be taken in any case)."""
+
+
+class BodyWatch:
+    """The request bodies being read: the pace they must keep, and the drain that ends them.
+
+    One per app. `stop` (the drain begins) answers every body still coming 503 at once, so a
+    client is told to send it again instead of being cut without an answer when the server's
+    graceful shutdown ends (and logging an error line for each).
+    """
+
+    def __init__(self, pace: BodyPace | None = None) -> None:
+        self.pace = pace or BodyPace()
+        self.stopping = False
+        self._waits: set[asyncio.Timeout] = set()
+
+    def stop(self) -> None:
+        """The gateway drains: every body still coming is answered 503 now."""
+        self.stopping = True
+        now = asyncio.get_running_loop().time()
+        for wait in tuple(self._waits):
+            wait.reschedule(now)
+
+    @contextlib.asynccontextmanager
+    async def wait(self) -> AsyncIterator[None]:
+        """Bound one wait for a body's next part by `BodyPace.idle_s` (and by `stop`)."""
+        async with asyncio.timeout(self.pace.idle_s) as wait:
+            self._waits.add(wait)
+            try:
+                yield
+            finally:
+                self._waits.discard(wait)
+
+
+class _BodyCut(GatewayError):
+    """A request body refused while the route read it (too large, too slow, or the drain)."""
+
+    def __init__(self, error: ApiError, code: str, headers: Mapping[str, str]) -> None:
+        super().__init__(error.message)
+        self.error = error
+        self.code = code
+        self.headers = dict(headers)
+
+
+class _Body:
+    """A request's `receive` as its route reads the body: bounded in size and in time.
+
+    Nothing is read before the route asks for it, so a route refuses a request it will not
+    take (an upload with no slot, a caller without a login) before any of its body is held.
+    Once the body is complete, `receive` is the server's again (a disconnect, whenever).
+    """
+
+    def __init__(self, receive: Receive, limit: int, watch: BodyWatch) -> None:
+        self.receive = receive
+        self.limit = limit
+        self.watch = watch
+        self.cut: _BodyCut | None = None
+        self.done = False
+        self.size = 0
+        self.began: float | None = None
+
+    async def __call__(self) -> Message:
+        if self.done:
+            return await self.receive()
+        if self.cut is not None:
+            raise self.cut
+        pace = self.watch.pace
+        loop = asyncio.get_running_loop()
+        if self.began is None:
+            self.began = loop.time()
+        try:
+            if self.watch.stopping:
+                raise TimeoutError
+            async with self.watch.wait():
+                message = await self.receive()
+        except TimeoutError:
+            if self.watch.stopping:
+                raise self._cutting(_stopping()) from None
+            raise self._cutting(_too_slow(f"nothing came for {pace.idle_s:g} s")) from None
+        if message["type"] != "http.request":
+            self.done = True  # the client left: the route hears it as usual
+            return message
+        self.size += len(message.get("body", b""))
+        if self.size > self.limit:
+            raise self._cutting(_too_large(self.limit))
+        if not message.get("more_body", False):
+            self.done = True
+            return message
+        elapsed = loop.time() - self.began
+        if elapsed > pace.grace_s and self.size < elapsed * pace.min_rate:
+            raise self._cutting(_too_slow(f"{self.size} bytes in {elapsed:.0f} s"))
+        return message
+
+    def _cutting(self, cut: _BodyCut) -> _BodyCut:
+        self.cut = cut
+        return cut
+
+
+def _too_large(limit: int) -> _BodyCut:
+    return _BodyCut(
+        ApiError(
+            413,
+            "payload_too_large",
+            f"the request body exceeds {limit} bytes",
+            {"limit_bytes": limit},
+        ),
+        "too_large",
+        {"Connection": "close"},
+    )
+
+
+def _too_slow(what: str) -> _BodyCut:
+    return _BodyCut(
+        ApiError(
+            408, "request_timeout", f"the request body came too slowly ({what}); send it again"
+        ),
+        "too_slow",
+        {"Connection": "close"},
+    )
+
+
+def _stopping() -> _BodyCut:
+    return _BodyCut(
+        ApiError(503, "unavailable", "the gateway is stopping: nothing was taken; send it again"),
+        "unavailable",
+        {"Connection": "close", "Retry-After": "5"},
+    )
+
+
+_CLOSE = (b"connection", b"close")
+
+
+def _closes(start: Message) -> bool:
+    return any(name.lower() == b"connection" for name, _ in start.get("headers", []))
 
 
 class BodyLimit:
-    """Bound every request body by its route class, before anything reads it.
+    """Bound every request body by its route class, in size and in time.
 
     `limits` maps path prefixes to bytes (the longest matching prefix wins; `default` for the
-    rest). A declared ``Content-Length`` over the bound is refused 413 at once, unread (the
-    HTTP server holds a body to its declared length, so a body within it cannot grow). A body
+    rest). A declared ``Content-Length`` over the bound is refused 413 at once, unread. A body
     of unknown length (``Transfer-Encoding: chunked``) is refused 411 under the operator API (as
-    it always was) and elsewhere read here up to the bound: past it, 413 at once, the rest
-    unread.
+    it always was). Any other body is read only as its route reads it, through `_Body`: past
+    the bound 413, too slow (`BodyPace`) 408, still coming when the drain begins 503; each
+    with ``Connection: close``, the rest unread, and whatever the route then says replaced by it.
+    A route that answers before its body was read whole closes the connection with its answer.
     """
 
     def __init__(
-        self, app: ASGIApp, limits: Mapping[str, int], default: int = DEFAULT_BODY_BYTES
+        self,
+        app: ASGIApp,
+        limits: Mapping[str, int],
+        default: int = DEFAULT_BODY_BYTES,
+        watch: BodyWatch | None = None,
     ) -> None:
         self.app = app
         self.limits = sorted(limits.items(), key=lambda item: len(item[0]), reverse=True)
         self.default = default
+        self.watch = watch or BodyWatch()
 
     def limit_for(self, path: str) -> int:
         """The bound of a request to `path`."""
@@ -232,7 +409,7 @@ class BodyLimit:
         return self.default
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
-        """Answer a refused request at once; pass the others on."""
+        """Answer a refused request at once; pass the others on with their body bounded."""
         if scope["type"] != "http":
             await self.app(scope, receive, send)
             return
@@ -248,15 +425,13 @@ class BodyLimit:
                     ApiError(400, "invalid_argument", "the Content-Length header is not a number"),
                     "invalid_request",
                 )
-            elif int(declared) > limit:
-                await self._too_large(scope, receive, send, limit)
-            else:
-                await self.app(scope, receive, send)
-            return
-        if "chunked" not in headers.get("transfer-encoding", "").lower():
-            await self.app(scope, receive, send)
-            return
-        if _in_api(scope.get("path", "")):
+                return
+            if int(declared) > limit:
+                await self._answer(scope, receive, send, _too_large(limit))
+                return
+        elif "chunked" in headers.get("transfer-encoding", "").lower() and _in_api(
+            scope.get("path", "")
+        ):
             await _refuse(
                 scope,
                 receive,
@@ -264,52 +439,33 @@ class BodyLimit:
                 ApiError(411, "length_required", "send the request body with its length"),
             )
             return
+        body = _Body(receive, limit, self.watch)
+        body.done = (
+            declared in (None, "0")
+            and "chunked" not in headers.get("transfer-encoding", "").lower()
+        )  # nothing to read
+        started = False
+
+        async def sending(message: Message) -> None:
+            nonlocal started
+            if body.cut is not None and not started:
+                return  # the route's own answer to a body it could not read: ours goes
+            if message["type"] == "http.response.start" and not body.done and not _closes(message):
+                # answered before its body was read (a refusal, a route that reads none): the
+                # connection ends with the answer, or the server would read and drop the rest
+                # for as long as the client kept sending it
+                message = {**message, "headers": [*message.get("headers", []), _CLOSE]}
+            started = True
+            await send(message)
+
         try:
-            first = await _read_up_to(receive, limit)
-        except _TooLarge:
-            await self._too_large(scope, receive, send, limit)
-            return
-        if first is None:  # the client went away while sending: nobody to answer
-            raise ClientDisconnect  # what the request-id middleware logs as one info line
-        await self.app(scope, _replaying(first, receive), send)
+            await self.app(scope, body, sending)
+        except _BodyCut:
+            if started:
+                raise
+        if body.cut is not None and not started:
+            await self._answer(scope, receive, send, body.cut)
 
-    async def _too_large(self, scope: Scope, receive: Receive, send: Send, limit: int) -> None:
-        await _refuse(
-            scope,
-            receive,
-            send,
-            ApiError(
-                413,
-                "payload_too_large",
-                f"the request body exceeds {limit} bytes",
-                {"limit_bytes": limit},
-            ),
-            "too_large",
-            {"Connection": "close"},
-        )
-
-
-async def _read_up_to(receive: Receive, limit: int) -> Message | None:
-    """The whole body as one message, or None if the client left; `_TooLarge` past `limit`."""
-    body = bytearray()
-    while True:
-        message = await receive()
-        if message["type"] == "http.disconnect":
-            return None
-        body += message.get("body", b"")
-        if len(body) > limit:
-            raise _TooLarge
-        if not message.get("more_body", False):
-            return {"type": "http.request", "body": bytes(body), "more_body": False}
-
-
-def _replaying(first: Message, receive: Receive) -> Receive:
-    """`receive` that answers `first` once, then the server's own messages (a disconnect)."""
-    pending: list[Message] = [first]
-
-    async def replay() -> Any:
-        if pending:
-            return pending.pop()
-        return await receive()
-
-    return replay
+    async def _answer(self, scope: Scope, receive: Receive, send: Send, cut: _BodyCut) -> None:
+        log.debug(event("request body refused", path=scope.get("path", ""), reason=cut.code))
+        await _refuse(scope, receive, send, cut.error, cut.code, cut.headers)

@@ -66,7 +66,7 @@ class JsonFormatter(logging.Formatter):
             "ts": round(record.created, 3),
             "level": record.levelname.lower(),
             "logger": record.name,
-            "event": str(record.msg),
+            "event": _message(record),
         }
         fields = getattr(record.msg, "fields", None)
         if fields:
@@ -80,6 +80,25 @@ class JsonFormatter(logging.Formatter):
         for redact in tuple(_redactors):
             line = redact(line)
         return line
+
+
+def _message(record: logging.LogRecord) -> str:
+    """The record's message: a library's ``%`` arguments filled in when they are numbers.
+
+    Any other argument may quote a request, a command or a person's text: it is named by its
+    type (``<str>``), as an exception is by its type alone. Unfilled, "Cancel %s running
+    task(s)" said nothing of how many.
+    """
+    if not isinstance(record.msg, str) or not isinstance(record.args, tuple) or not record.args:
+        return str(record.msg)
+    shown = tuple(
+        value if isinstance(value, int | float) else f"<{type(value).__name__}>"
+        for value in record.args
+    )
+    try:
+        return record.msg % shown
+    except (TypeError, ValueError):  # a %d given what is now "<str>", or a malformed format
+        return record.msg
 
 
 class _Stderr(logging.StreamHandler):  # type: ignore[type-arg]

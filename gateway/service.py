@@ -32,7 +32,7 @@ from gateway.channels import bindings_judge, build_channels
 from gateway.deliverer import Deliverer, DelivererConfig
 from gateway.errors import GatewayError
 from gateway.files import blob_limits, file_limits
-from gateway.guards import body_limits, host_rule
+from gateway.guards import BodyWatch, body_limits, host_rule
 from gateway.incarnation import gone, new_worker_id
 from gateway.intake import Intake
 from gateway.kept import KeptWatch
@@ -160,6 +160,8 @@ class Service:
         """The start's judgement of every thread's binding (`gateway.authority`, D268)."""
         self.redactor = Redactor.from_settings(settings)
         """Cleans every text this service stores, logs or answers of the configured secrets."""
+        self.bodies = BodyWatch()
+        """The request bodies being read (each at a pace; answered 503 when the drain begins)."""
         self._unredact: Callable[[], None] | None = None
 
     async def start(self) -> None:
@@ -345,6 +347,7 @@ class Service:
             hosts=host_rule(settings),
             body_limits=body_limits(declared),
             redactor=self.redactor,
+            bodies=self.bodies,
         )
         try:
             for adapter in adapters:
@@ -590,6 +593,7 @@ class Service:
         if end is not None:
             drain = max(min(drain, end - began - _CLOSE_RESERVE_S), 0.0)
         log.info(event("draining", worker=self.worker_id, seconds=drain))
+        self.bodies.stop()  # a post still arriving is told to send it again, not cut unanswered
         for task in (self._reminders, self._judging, self._watching):
             if task is not None:
                 task.cancel()

@@ -4,8 +4,9 @@ Every response of the app carries ``X-Request-Id`` (the caller's, when it sent a
 every error under ``/api/v1`` is ``{"error": {"code", "message", "details", "request_id"}}``
 with the codes of the a13n service: ``invalid_argument`` 400, ``unauthenticated`` 401,
 ``forbidden`` 403, ``not_found`` 404 (unknown routes and methods too), ``conflict`` 409
-(``details.reason``), ``length_required`` 411, ``payload_too_large`` 413 (bodies over
-`MAX_BODY_BYTES`), ``unknown_host`` 421 (a ``Host`` the gateway does not serve),
+(``details.reason``), ``request_timeout`` 408 (a body that stalls or trickles),
+``length_required`` 411, ``payload_too_large`` 413 (bodies over `MAX_BODY_BYTES`),
+``unknown_host`` 421 (a ``Host`` the gateway does not serve),
 ``precondition_required`` 428, ``internal`` 500, ``unavailable`` 503.
 """
 
@@ -56,6 +57,7 @@ ApiErrorCode = Literal[
     "forbidden",  # 403: the token's role may not do this
     "not_found",  # 404: no such session, lane, action or route
     "conflict",  # 409: the lane's state refuses the action (`details.reason`)
+    "request_timeout",  # 408: the request body came too slowly
     "length_required",  # 411
     "payload_too_large",  # 413
     "unknown_host",  # 421
@@ -70,6 +72,7 @@ _STATUS_CODES: dict[int, ApiErrorCode] = {
     403: "forbidden",
     404: "not_found",
     405: "not_found",
+    408: "request_timeout",
     409: "conflict",
     411: "length_required",
     413: "payload_too_large",

@@ -15,7 +15,7 @@ import json
 import logging
 import socket
 import time
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Callable
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -24,7 +24,7 @@ import pytest
 
 from adapters.web import WebChannel
 from gateway.channels import gateway_settings
-from gateway.guards import DEFAULT_BODY_BYTES, HostGuard, HostRule, host_name
+from gateway.guards import DEFAULT_BODY_BYTES, BodyPace, HostGuard, HostRule, host_name
 from gateway.ops.errors import MAX_BODY_BYTES
 from gateway.service import Service
 from tests.adapters.kit import serve
@@ -196,6 +196,28 @@ async def test_every_page_answers_head_as_probes_send_it(edge: Edge) -> None:
             assert length is None or int(length) == len(got.content) or path == "/metrics"
 
 
+async def test_a_head_of_an_event_stream_ends_with_its_headers(edge: Edge) -> None:
+    """A HEAD of an event stream was the endless GET: it never ended, so a kept-alive
+    connection got no answer to its next request, and each held a stream's place (a probe)."""
+    limits = httpx.Limits(max_connections=1)
+    async with httpx.AsyncClient(base_url=edge.url, timeout=3, limits=limits) as http:
+        for _ in range(3):
+            response = await http.head("/web/threads/t1/events")
+            assert response.status_code == 200
+            assert response.headers["content-type"].startswith("text/event-stream")
+            assert (await http.get("/healthz")).status_code == 200  # the same connection
+    web = edge.service.adapters["web"]
+    assert isinstance(web, WebChannel)
+    await _until(lambda: web.streams == 0)  # no place is held
+
+
+async def _until(check: Callable[[], bool], timeout_s: float = 5.0) -> None:
+    deadline = time.monotonic() + timeout_s
+    while not check():
+        assert time.monotonic() < deadline, "never happened"
+        await asyncio.sleep(0.05)
+
+
 async def test_a_missing_or_repeated_host_is_refused(edge: Edge) -> None:
     for head, status in RAW_HOSTS:
         answer = await asyncio.to_thread(_exchange, edge.port, head)
@@ -289,13 +311,15 @@ def _exchange(port: int, head: bytes) -> Answer:
         return _read_answer(sock)
 
 
-def _closed(sock: socket.socket) -> bool:
+def _closed(sock: socket.socket, within_s: float = 5.0) -> bool:
     """Whether the server closed the connection (after its answer)."""
-    sock.settimeout(5)
+    sock.settimeout(within_s)
     try:
         return sock.recv(1) == b""
     except ConnectionResetError:
         return True
+    except TimeoutError:
+        return False
 
 
 def _declared_too_large(port: int, method: str, path: str, headers: dict[str, str]) -> Answer:
@@ -336,6 +360,7 @@ def _chunked(port: int, method: str, path: str, headers: dict[str, str], bound: 
         sock.settimeout(5)
         answer = _read_answer(sock)
         answer.sent = sent
+        answer.closed = _closed(sock, within_s=1.0)  # not by the keep-alive timeout (5 s)
         return answer
 
 
@@ -352,16 +377,123 @@ async def test_a_declared_body_over_the_bound_is_refused_before_it_is_sent(edge:
         assert exact.status != 413, path
 
 
+READ_BY_THE_ROUTE = {"/slack/events", "/web/threads/t1/messages", "/web/threads/t1/decisions"}
+"""The routes of `BOUNDS` that read a body; the others answer without reading one."""
+
+
 async def test_a_chunked_body_is_read_only_up_to_the_bound(edge: Edge) -> None:
-    """Sent slowly in chunks: the 413 comes once the bound is passed, the rest never read."""
+    """Sent slowly in chunks: the 413 comes once the bound is passed, the rest never read. A
+    route that reads no body (or refuses before reading it) answers at once and closes: the
+    server read and dropped the rest for as long as a client sent it."""
     for method, path, headers, bound in BOUNDS:
         answer = await asyncio.to_thread(_chunked, edge.port, method, path, headers, bound)
         if path.startswith("/api/v1"):
             assert answer.status == 411, answer.head  # the operator API wants a length
             continue
-        assert answer.status == 413, (path, answer.head)
-        assert json.loads(answer.body)["error"]["code"] == "too_large", path
+        if path in READ_BY_THE_ROUTE:
+            assert answer.status == 413, (path, answer.head)
+            assert json.loads(answer.body)["error"]["code"] == "too_large", path
+        else:
+            assert answer.status in (200, 400, 404), (path, answer.head)
+            assert answer.sent < 1024 * 1024, path  # answered at once
+        assert answer.closed, path
         assert answer.sent < bound + 4 * 1024 * 1024, path  # socket buffers bound what was sent
+
+
+STALLS: list[tuple[str, dict[str, str], str]] = [
+    # (path, headers, framing): every route that reads a body, with each framing it takes
+    *(
+        (path, JSON, framing)
+        for path in sorted(READ_BY_THE_ROUTE)
+        for framing in ("Content-Length: 1000", "Transfer-Encoding: chunked")
+    ),
+    ("/api/v1/lanes/ln_x/abort", {**AS_OPERATOR, **JSON}, "Content-Length: 1000"),
+]
+
+
+def _stalled(port: int, path: str, headers: dict[str, str], framing: str) -> Answer:
+    """A head and the first bytes of its body, then nothing; the answer, and when it came."""
+    with socket.create_connection(("127.0.0.1", port), timeout=10) as sock:
+        began = time.monotonic()
+        sock.sendall(_head("POST", path, headers, framing))
+        sock.sendall(b'5\r\n{"tex\r\n' if "chunked" in framing else b'{"tex')
+        answer = _read_answer(sock)
+        answer.took_s = time.monotonic() - began
+        answer.closed = _closed(sock, within_s=1.0)
+        return answer
+
+
+def _trickled(port: int, path: str, headers: dict[str, str]) -> Answer:
+    """A chunked body sent 10 bytes every tenth of a second (100 bytes a second)."""
+    with socket.create_connection(("127.0.0.1", port), timeout=10) as sock:
+        began = time.monotonic()
+        sock.sendall(_head("POST", path, headers, "Transfer-Encoding: chunked"))
+        while time.monotonic() - began < 8:
+            try:
+                sock.sendall(b"a\r\n" + b" " * 10 + b"\r\n")
+            except (BrokenPipeError, ConnectionResetError):
+                break
+            sock.settimeout(0.1)
+            with contextlib.suppress(TimeoutError, BlockingIOError):
+                if sock.recv(1, socket.MSG_PEEK):
+                    break
+        sock.settimeout(5)
+        answer = _read_answer(sock)
+        answer.took_s = time.monotonic() - began
+        return answer
+
+
+async def test_a_body_that_stalls_or_trickles_is_cut_on_every_route(edge: Edge) -> None:
+    """A chunked body was read whole before any route ran, with no time bound: one that never
+    ended held its connection for good, on every route and before any login, and ten
+    thousand of them took every file descriptor (an outside probe). The webhook's and the
+    sign-in's bodies had no time bound with a length either."""
+    edge.service.bodies.pace = BodyPace(idle_s=0.5, grace_s=1.0, min_rate=1_000)
+    for path, headers, framing in STALLS:
+        answer = await asyncio.to_thread(_stalled, edge.port, path, headers, framing)
+        assert answer.status == 408, (path, framing, answer.head)
+        code = json.loads(answer.body)["error"]["code"]
+        assert code == ("request_timeout" if path.startswith("/api/") else "too_slow"), path
+        assert answer.took_s < 3 and answer.closed, (path, framing, answer)
+    answer = await asyncio.to_thread(_trickled, edge.port, "/web/threads/t1/messages", JSON)
+    assert answer.status == 408, answer.head
+    assert "bytes in" in json.loads(answer.body)["error"]["message"]
+    assert 1.0 < answer.took_s < 4, answer.took_s
+    async with httpx.AsyncClient(base_url=edge.url, timeout=10) as http:  # the others go on
+        response = await http.post("/web/threads/t1/messages", json={"text": "still here"})
+        assert response.status_code == 202, response.text
+
+
+async def test_a_route_refuses_a_chunked_upload_before_reading_it(edge: Edge) -> None:
+    """A chunked upload was read whole (36 MiB) before its route could refuse it: thirty at
+    once took 1.2 GB, each then refused for want of a slot or a login (an outside probe)."""
+    for headers in (
+        {"content-type": "text/plain"},
+        {"content-type": "application/json", "Sec-Fetch-Site": "cross-site"},
+    ):
+        answer = await asyncio.to_thread(
+            _chunked, edge.port, "POST", "/web/uploads/t1", headers, 36 * 1024 * 1024
+        )
+        assert answer.status in (403, 415), answer.head
+        assert answer.sent < 1024 * 1024 and answer.closed, answer  # not its 36 MiB
+
+
+async def test_a_body_still_coming_when_the_drain_begins_is_told_to_come_again(
+    edge: Edge,
+) -> None:
+    """It was held to the end of the drain, then cut unanswered, and each logged an error."""
+    stalled = asyncio.create_task(
+        asyncio.to_thread(
+            _stalled, edge.port, "/web/threads/t1/messages", JSON, "Transfer-Encoding: chunked"
+        )
+    )
+    await asyncio.sleep(0.5)
+    edge.service.bodies.stop()
+    answer = await stalled
+    assert answer.status == 503, answer.head
+    assert json.loads(answer.body)["error"]["code"] == "unavailable"
+    assert "retry-after: 5" in answer.head.lower()
+    assert answer.took_s < 2 and answer.closed, answer
 
 
 async def test_a_chunked_body_within_the_bound_reaches_the_route(edge: Edge) -> None:

@@ -86,6 +86,27 @@ def test_every_logger_of_the_process_writes_json_lines(restore_loggers, monkeypa
     assert "Traceback" not in stderr.getvalue() and "secret" not in stderr.getvalue()
 
 
+def test_a_library_line_s_numbers_are_filled_in_and_its_other_arguments_named(
+    restore_loggers, monkeypatch
+) -> None:
+    """ "Cancel %s running task(s)" (uvicorn, at the drain's end) was written with its %s."""
+    stderr = io.StringIO()
+    monkeypatch.setattr(sys, "stderr", stderr)
+    configure("info")
+    uvicorn = logging.getLogger("uvicorn.error")
+    uvicorn.error("Cancel %s running task(s), timeout graceful shutdown exceeded", 3)
+    uvicorn.warning("Invalid request from %s: %r (%.1f s)", "10.0.0.1", b"secret body", 2.5)
+    uvicorn.warning("%d of %d", "not", "numbers")
+    uvicorn.warning("100%% sure")
+    events = [json.loads(line)["event"] for line in stderr.getvalue().splitlines()]
+    assert events == [
+        "Cancel 3 running task(s), timeout graceful shutdown exceeded",
+        "Invalid request from <str>: '<bytes>' (2.5 s)",
+        "%d of %d",
+        "100%% sure",
+    ]
+
+
 @pytest.mark.parametrize("level", ["debug", "info", "warning", "error"])
 def test_the_level_is_ours_libraries_log_from_warning_up(
     restore_loggers, monkeypatch, level: str

@@ -180,6 +180,41 @@ async def test_a_client_that_hangs_up_leaves_json_lines_only(tmp_path: Path, res
     assert not [line for line in _log(gateway) if line["level"] == "error"], log
 
 
+async def test_a_body_still_coming_when_the_drain_begins_is_answered_and_logs_no_error(
+    tmp_path: Path,
+) -> None:
+    """Such a request held the stop for the whole drain, was then cut unanswered, and each
+    left an error line ("Exception in ASGI application") and "Cancel %s running task(s)"."""
+    gateway = GatewayProcess("gw", tmp_path, _sqlite(tmp_path, drain_seconds="5")).start()
+    links = []
+    try:
+        for name in ("a web message, mid-body", "a web message, mid-chunk"):
+            head, rest = HANG_UPS[name]
+            link = socket.create_connection(("127.0.0.1", gateway.port))
+            link.sendall(head + f"Host: 127.0.0.1:{gateway.port}\r\n\r\n".encode() + rest)
+            links.append(link)
+        await asyncio.sleep(0.3)  # the web channel reads what came, and waits for more
+        began = time.monotonic()
+        status = gateway.terminate()
+        took = time.monotonic() - began
+        for link in links:
+            link.settimeout(2)
+            received = b""
+            while chunk := link.recv(65536):
+                received += chunk
+            assert received.startswith(b"HTTP/1.1 503"), received
+            assert b'"unavailable"' in received and b"send it again" in received
+    finally:
+        for link in links:
+            link.close()
+        gateway.stop()
+    assert status == 0
+    assert took < 3, gateway.tail()  # not held for the drain's 5 s
+    log = gateway.log_path.read_text()
+    assert not_json(log) == [], log
+    assert not [line for line in _log(gateway) if line["level"] == "error"], log
+
+
 # -- item 13: the shutdown setting bounds the whole stop ---------------------------------------
 
 
