@@ -6,7 +6,7 @@ held for good, and twenty thousand of them took every file descriptor of the pro
 `/healthz`, every channel and the operator page failed, with nothing in the log.
 `HeadTimedProtocol` is uvicorn's h11 protocol with one timer more: from the connection's start,
 and from the first byte of each later request, the whole head must arrive within
-`HEAD_TIMEOUT_S`. Bodies are the routes' own to bound (the web channel's rate floor, D305).
+`HEAD_TIMEOUT_S`. Bodies are timed by `gateway.guards.BodyLimit` as routes read them (D386).
 """
 
 from __future__ import annotations

@@ -473,8 +473,8 @@ class EmailChannel:
 
         def reader(ref: str) -> Callable[[int], Awaitable[bytes]]:
             async def read(limit: int) -> bytes:
-                try:
-                    content = attachment_content(raw, ref)
+                try:  # a whole message parsed again: off the event loop, as `parse` is
+                    content = await asyncio.to_thread(attachment_content, raw, ref)
                 except Exception:  # the message is in hand: what fails on it fails for good
                     content = None  # (taken for "later", it held up every mail after it)
                 if content is None:

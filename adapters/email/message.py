@@ -49,7 +49,6 @@ import hashlib
 import re
 from collections.abc import Collection, Iterator, Mapping
 from dataclasses import dataclass
-from email import policy
 from email.header import decode_header
 from email.message import EmailMessage, Message
 from email.parser import BytesParser
@@ -72,6 +71,7 @@ from lxml.etree import ParserError  # type: ignore[import-untyped]
 from lxml.html import document_fromstring  # type: ignore[import-untyped]
 
 from adapters.channel import Attachment, Author, Inbound, TextCut, ThreadRef
+from adapters.email.headers import POLICY
 from adapters.email.quotes import clean_html, reply_text
 from adapters.text_cut import keep_within
 
@@ -356,7 +356,7 @@ def _parse(
 ) -> Parsed:
     if len(raw) > max_bytes:
         return Parsed("skip", "oversized")
-    msg = BytesParser(policy=policy.default).parsebytes(raw)
+    msg = BytesParser(policy=POLICY).parsebytes(raw)
     assert isinstance(msg, EmailMessage)
     return _read(
         msg, raw, mailbox_address=mailbox_address, own_domain_ids=own_domain_ids, now_ms=now_ms
@@ -379,7 +379,7 @@ def parse_head(
     bytes) was too large to read, so the person is told rather than never answered (D169).
     """
     try:
-        msg = BytesParser(policy=policy.default).parsebytes(bytes(head), headersonly=True)
+        msg = BytesParser(policy=POLICY).parsebytes(bytes(head), headersonly=True)
         assert isinstance(msg, EmailMessage)
         unread = TextCut(kept=0, total=None, message_bytes=size, limit_bytes=max_bytes)
         return _read(
@@ -532,7 +532,7 @@ def _reparsed(name: str, raw: str) -> Any:
     """`raw` parsed as header `name` after `_defuse_word` (the defused text if it still fails)."""
     defused = _ENCODED_WORD.sub(_defuse_word, raw)
     try:
-        return policy.default.header_factory(name, defused)
+        return POLICY.header_factory(name, defused)
     except Exception:
         return defused
 
@@ -582,8 +582,21 @@ def _addresses(msg: Message, name: str) -> list[tuple[str, str]]:
         address = address.strip().lower()
         if _valid_address(address) and address not in seen:
             seen.add(address)
+            if "=?" in display:  # a long header is read as written (`adapters.email.headers`)
+                display = _words_decoded(display)
             found.append((_clip(display, _MAX_NAME_CHARS), address))
     return found
+
+
+def _words_decoded(text: str) -> str:
+    """`text` with its RFC 2047 encoded words decoded (as it was, if they cannot be)."""
+    try:
+        return "".join(
+            part.decode(_codec(charset), "replace") if isinstance(part, bytes) else part
+            for part, charset in decode_header(text)
+        )
+    except Exception:
+        return text
 
 
 def _format_address(name: str, address: str) -> str:
@@ -1122,7 +1135,7 @@ def attachment_content(raw: bytes, ref: str) -> bytes | None:
     number = ref.removeprefix("part-")
     if not (number.isascii() and number.isdigit()):
         return None
-    msg = BytesParser(policy=policy.default).parsebytes(raw)
+    msg = BytesParser(policy=POLICY).parsebytes(raw)
     for count, part in enumerate(_leaves(msg)):
         if count >= _MAX_LEAVES:
             return None

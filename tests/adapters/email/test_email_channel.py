@@ -2,12 +2,17 @@
 
 from __future__ import annotations
 
+import threading
 from datetime import UTC, datetime, timedelta
 from email.message import EmailMessage
 from email.utils import format_datetime
 
+import pytest
+
 from adapters.channel import ApprovalView, Outbound, PendingCall, ThreadRef
 from adapters.email import EmailChannel
+from adapters.email import channel as channel_module
+from adapters.email import message as message_module
 from adapters.email.message import parse
 from tests.adapters.kit import TestSink
 
@@ -93,3 +98,27 @@ def test_a_batch_too_large_for_a_link_gets_no_links_not_an_error() -> None:
     )
     links = _channel()._approval_links(small, now)
     assert links is not None and set(links) == {"approve", "deny"}
+
+
+async def test_a_mail_s_files_are_decoded_off_the_event_loop(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """Each file was decoded on the event loop, parsing the whole mail again: a hostile one
+    froze the process for 10-15 s a file (an outside probe)."""
+    decoded_on: list[bool] = []
+    decode = message_module.attachment_content
+
+    def recording(raw: bytes, ref: str) -> bytes | None:
+        decoded_on.append(threading.current_thread() is threading.main_thread())
+        return decode(raw, ref)
+
+    monkeypatch.setattr(channel_module, "attachment_content", recording)
+    channel, sink = _channel(), TestSink({"bot@example.test": "s1"})
+    raw = _mail("two files", {"a.txt": b"one", "b.txt": b"two"}, minutes=0)
+    parsed = parse(
+        raw, mailbox_address=channel.address, own_domain_ids=(), max_bytes=1 << 20, now_ms=0
+    )
+    assert parsed.inbound is not None
+    await channel._hand_over(sink, parsed.inbound, raw, 1)
+    assert sorted(sink.files.values()) == [b"one", b"two"]
+    assert decoded_on == [False, False]
