@@ -532,7 +532,19 @@ class EmailChannel:
                 r for r in [self.address, *_recipients(message)] if r.lower() not in reached
             ]
             try:
-                refused = await self._send(message, recipients)
+                try:
+                    refused = await self._send(message, recipients)
+                except _NoSmtpUtf8:
+                    # nothing was sent: without the copies the server cannot address, the
+                    # sender still gets the answer (a copied jürgen@ killed it for everyone)
+                    narrowed = self._compose(outbound, files, ascii_copies=True)
+                    if getattr(narrowed.policy, "utf8", False):  # the sender's, or ours
+                        raise
+                    message = narrowed
+                    recipients = [
+                        r for r in [self.address, *_recipients(message)] if r.lower() not in reached
+                    ]
+                    refused = await self._send(message, recipients)
             except DeliveryError as exc:
                 if exc.unknown_outcome:  # it may have been taken: reconcile waits to see
                     now = self.clock.now_ms()
@@ -632,7 +644,7 @@ class EmailChannel:
                 raise DeliveryError(self._smtp_failure(exc, phase)) from None
             # an address with a non-ASCII local part, and a server without SMTPUTF8: nothing
             # was sent, and sending again cannot help until the server changes
-            raise DeliveryError(
+            raise _NoSmtpUtf8(
                 f"SMTP server {where} cannot take this message: {_said(str(exc))}",
                 permanent=True,
             ) from None
@@ -680,7 +692,9 @@ class EmailChannel:
             ca_hint=CA_HINT,
         )
 
-    def _compose(self, outbound: Outbound, files: Sequence[ReplyFile] = ()) -> EmailMessage:
+    def _compose(
+        self, outbound: Outbound, files: Sequence[ReplyFile] = (), *, ascii_copies: bool = False
+    ) -> EmailMessage:
         now = datetime.fromtimestamp(self.clock.now_ms() / 1000, tz=UTC)
         try:
             return compose_reply(
@@ -691,6 +705,7 @@ class EmailChannel:
                 now=now,
                 approval_links=self._approval_links(outbound, now),
                 files=files,
+                ascii_copies=ascii_copies,
             )
         except ValueError as exc:  # no one to answer (the thread's sender is the bot...)
             raise DeliveryError(f"cannot compose the reply: {exc}", permanent=True) from None
@@ -908,6 +923,10 @@ def _closed_by_asker(outbound: Outbound) -> bool:
         return False
     asker = parseaddr(str(outbound.reply_context.get("from") or ""))[1].lower()
     return bool(asker) and closed.by.lower() == asker
+
+
+class _NoSmtpUtf8(DeliveryError):
+    """The message needs SMTPUTF8 (an address's local part is not ASCII); the server lacks it."""
 
 
 def _own_id(inbound: Inbound) -> Inbound:

@@ -192,6 +192,7 @@ def compose_reply(
     now: datetime,
     approval_links: Mapping[str, str] | None = None,
     files: Sequence[ReplyFile] = (),
+    ascii_copies: bool = False,
 ) -> EmailMessage:
     """The email of `outbound`: a reply in its thread (see the module docstring).
 
@@ -205,6 +206,8 @@ def compose_reply(
         approval_links: For an ``approval_request``: ``{"approve": url, "deny": url}`` (http or
             https); without them the request says to decide it with an operator.
         files: The content of `outbound.files` (`adapters.reply_files`), attached in order.
+        ascii_copies: Copy only the people whose address is ASCII (for a submission server
+            without SMTPUTF8: the others are left out, and the log says so).
 
     Returns:
         The message, with the SMTP policy (CRLF line ends; SMTPUTF8's when an address's local
@@ -238,6 +241,18 @@ def compose_reply(
                 "email reply copies fewer people",
                 extra={"copied": len(cc), "left_out": left_out, "bound": MAX_CC},
             )
+        if ascii_copies:
+            unaddressable = [pair for pair in cc if not pair[1].isascii()]
+            if unaddressable:  # the sender's answer goes; these miss it, and the log says so
+                cc = [pair for pair in cc if pair[1].isascii()]
+                log.warning(
+                    "email reply copies fewer people",
+                    extra={
+                        "copied": len(cc),
+                        "left_out": len(unaddressable),
+                        "reason": "no_smtputf8",
+                    },
+                )
     when = now if now.tzinfo is not None else now.replace(tzinfo=UTC)
     # an address with a non-ASCII local part (jürgen@) has no ASCII form: the message is
     # written as UTF-8 and sent with SMTPUTF8 (RFC 6531); a domain (bücher.example) has one

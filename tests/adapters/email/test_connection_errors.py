@@ -10,6 +10,7 @@ password; the SMTP ones are a delivery's failure reason, as ``gateway ops`` show
 from __future__ import annotations
 
 import asyncio
+import logging
 import re
 import ssl
 from collections.abc import AsyncIterator, Callable
@@ -271,3 +272,27 @@ async def test_an_address_a_server_without_smtputf8_cannot_take_is_refused_for_g
         assert raised.value.permanent and not raised.value.unknown_outcome
         assert "SMTPUTF8 is not supported" in raised.value.reason, raised.value.reason
         assert smtp.messages == []
+
+
+async def test_a_copy_a_server_without_smtputf8_cannot_address_is_left_out_not_the_answer(
+    dovecot: Dovecot, caplog: pytest.LogCaptureFixture
+) -> None:
+    """A person copied as `jürgen@` made the whole reply need SMTPUTF8: on a server without it
+    the (ASCII) sender's answer was a dead letter too (an outside probe)."""
+    user = dovecot.fresh_user("bot")
+    with SmtpServer(dovecot, username=user.address, password=user.password, smtputf8=False) as smtp:
+        servers = Servers(dovecot, smtp, user, free_port(), free_port())
+        channel = _channel(servers)
+        context = {
+            **_OUTBOUND.reply_context,
+            "cc": ["Jürgen <jürgen@example.test>", "ann@example.test"],
+        }
+        with caplog.at_level(logging.WARNING, logger="adapters.email"):
+            await channel.deliver(_OUTBOUND.model_copy(update={"reply_context": context}))
+        [sent] = smtp.messages
+        assert sent.rcpt_tos == (user.address, "person@example.test", "ann@example.test")
+        [said] = [r for r in caplog.records if r.getMessage() == "email reply copies fewer people"]
+        assert (getattr(said, "left_out", None), getattr(said, "reason", None)) == (
+            1,
+            "no_smtputf8",
+        )
