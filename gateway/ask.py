@@ -12,7 +12,9 @@ name, and the second waits up to `LEASE_WAIT_SECONDS` for the first, then says w
 
 The agent is the service's: the plugin's tools and model (``GATEWAY_PLUGIN``) when one is set,
 and the configured MCP servers' tools (each started for the invocation and stopped after; one
-that does not come up is named on stderr, and its tools are absent, as in `serve`). A
+that does not come up is named on stderr, and its tools are absent, as in `serve`), with the
+profile `serve` would give the lane (the thread ``cli``/``default``/NAME: its route's, else
+the default; its instructions, model, tools, turn limit and token budget). A
 call that requires approval is put to the person at the terminal (`decide`); without one (input
 is not a terminal) `ask` stops, saying what waits, and the lane keeps waiting: the next `ask` on
 it in a terminal asks again before anything else.
@@ -33,6 +35,7 @@ from collections.abc import AsyncIterator, Awaitable, Callable, Coroutine, Itera
 from dataclasses import dataclass
 from typing import Any, TypeVar
 
+from adapters.channel import Author, ThreadRef
 from config import Settings
 from config.fields import number
 from gateway.errors import GatewayError, StatusError
@@ -42,6 +45,7 @@ from gateway.live import retry_wait
 from gateway.mcp.settings import mcp_section
 from gateway.models import model_from_settings
 from gateway.plugin import load_plugin
+from gateway.profiles import LaneProfiles, lane_profile
 from gateway.redact import Redactor, redacting
 from gateway.replies import answer_text, never_repeated
 from harness_core import (
@@ -49,6 +53,8 @@ from harness_core import (
     AgentHarnessOptions,
     AgentLane,
     ApprovalDecision,
+    BeforeRunEvent,
+    BeforeRunResult,
     DecisionsRequired,
     LeaseHeld,
     ModelClient,
@@ -245,6 +251,8 @@ async def _ask(
     ctrl_c: _CtrlC,
 ) -> int:
     client, model = agent.client, agent.model
+    profiles = LaneProfiles(settings, model)
+    thread = _thread_of(lane_name)
     try:
         await repo.create(SESSION)
     except SessionError as exc:
@@ -260,12 +268,14 @@ async def _ask(
                 model_client=client,
                 model=model,
                 tools=agent.tools,
-                max_turns=settings.max_turns,
-                token_budget=settings.token_budget,
+                system_prompt=profiles.default_prompt(),
+                max_turns=profiles.turns(thread),
+                token_budget=profiles.budget(thread),
                 request_options=RequestOptions(max_output_tokens=settings.model_max_output_tokens),
             )
         )
         try:
+            harness.hooks.on("before_run", _prompting(harness, profiles), id="gateway.profile")
             harness.events.on("retry_end", gave_up.append)
             harness.events.on("retry_scheduled", _retrying)
             for op in suspended:
@@ -300,6 +310,9 @@ async def _ask(
                     raise AskFailed(created.error.message)
                 lane = created.value
             gave_up.clear()
+            # the lane's profile, as `serve` gives a thread's lane its route's: instructions,
+            # model, the tools it allows, turn limit and token budget
+            await profiles.apply(lane, thread, _TERMINAL, [tool.name for tool in agent.tools])
             prompted = await _until_done(lane, lane.prompt(question), ctrl_c)
             result = await _decided(lane, prompted, agent.decide, ctrl_c)
         except _Aborted as failed:
@@ -329,6 +342,29 @@ async def _ask(
     if usage is not None:
         notes.append(f"({model}: {usage.input} tokens in, {usage.output} out)")
     return 0
+
+
+_TERMINAL = Author(id="terminal")
+"""Who writes an `ask` lane's questions (as the lane's profile names its thread's starter)."""
+
+
+def _thread_of(lane_name: str) -> ThreadRef:
+    """The thread an `ask` lane is, for the routes: channel ``cli``, space ``default``."""
+    channel, _, name = lane_name.partition(":")
+    return ThreadRef(channel=channel, space="default", thread=name or lane_name)
+
+
+def _prompting(
+    harness: AgentHarness, profiles: LaneProfiles
+) -> Callable[[BeforeRunEvent], Awaitable[BeforeRunResult | None]]:
+    """Each run's system prompt, fixed when it starts: its lane's profile's, as in `serve`."""
+
+    async def before_run(event: BeforeRunEvent) -> BeforeRunResult | None:
+        lane = await harness.lane(event.lane)
+        prompt = profiles.prompt(await lane_profile(lane) if lane is not None else None)
+        return None if prompt is None else BeforeRunResult(system_prompt=prompt)
+
+    return before_run
 
 
 def _continued(ended: Result[Any, Any]) -> int:

@@ -75,6 +75,36 @@ async def test_ask_a_real_provider_over_http(
 
 
 EXAMPLE = "examples.agent"
+
+
+async def test_ask_gives_its_lane_the_profile_serve_would(
+    tmp_path: Path, fake: FakeLLM, model_requests: None
+) -> None:
+    """`ask` sent no instructions and took no profile: a tool the operator denied was
+    offered, and the turn limit and budget were the top level's (an outside probe)."""
+    settings = Settings(
+        store_url=f"sqlite:///{tmp_path}/gw.db",
+        model="openai:test-model",
+        model_api_key=SecretStr("sk-test"),
+        model_base_url=fake.openai_base_url,
+        plugin=EXAMPLE,
+        instructions="You answer deploy questions.",
+        profiles=[{"name": "default", "deny_tools": ["deploy"]}],
+    )
+    fake.reply("Tuesdays.")
+    repo = open_repo(settings.store_url)
+    try:
+        assert await ask(repo, settings, "cli:ops", "deploy window?", []) == 0
+    finally:
+        await repo.close()
+    body = fake.last_request.body
+    system = [m["content"] for m in body["messages"] if m["role"] == "system"]
+    assert system and system[0].startswith("You answer deploy questions.")
+    assert "Channel: cli" in system[0] and "Thread: ops" in system[0]
+    offered = [tool["function"]["name"] for tool in body.get("tools", [])]
+    assert offered == ["deploy_window"]  # not the denied `deploy`
+
+
 ROOT = Path(__file__).resolve().parents[2]
 
 
