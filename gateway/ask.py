@@ -38,6 +38,7 @@ from typing import Any, TypeVar
 from adapters.channel import Author, ThreadRef
 from config import Settings
 from config.fields import number
+from gateway.channels import ASK_CHANNEL
 from gateway.errors import GatewayError, StatusError
 from gateway.incarnation import gone, new_worker_id
 from gateway.invocation import command
@@ -350,8 +351,7 @@ _TERMINAL = Author(id="terminal")
 
 def _thread_of(lane_name: str) -> ThreadRef:
     """The thread an `ask` lane is, for the routes: channel ``cli``, space ``default``."""
-    channel, _, name = lane_name.partition(":")
-    return ThreadRef(channel=channel, space="default", thread=name or lane_name)
+    return ThreadRef(channel=ASK_CHANNEL, space="default", thread=lane_name.partition(":")[2])
 
 
 def _prompting(

@@ -127,13 +127,17 @@ _URL_CHECKS = {"store_url": _store_url, "broker_url": _broker_url, "redis_url": 
 it was set (a bad ``GATEWAY_REDIS_URL`` was said as a "store URL" only, an outside probe)."""
 
 
+ASK_CHANNEL = "cli"
+"""The channel of `gateway ask`'s lanes (``cli:NAME``), which routes may name too."""
+
+
 def _routed(settings: Settings) -> Settings:
     """`settings`, once each route names a channel of the registry (a typo bound nothing).
 
     Raises:
         SettingsError: a route names no channel (one line, with the channels there are).
     """
-    known = [spec.name for spec in specs()]
+    known = [spec.name for spec in specs()] + [ASK_CHANNEL]  # `gateway ask`'s lanes (D390)
     for index, route in enumerate(settings.routes):
         if route.channel not in known:
             near = difflib.get_close_matches(route.channel, known, n=1)

@@ -28,7 +28,7 @@ from gateway.app import build_app
 from gateway.authority import judge_bindings
 from gateway.broker import open_broker
 from gateway.broker.contract import Broker
-from gateway.channels import bindings_judge, build_channels
+from gateway.channels import ASK_CHANNEL, bindings_judge, build_channels
 from gateway.deliverer import Deliverer, DelivererConfig
 from gateway.errors import GatewayError
 from gateway.files import blob_limits, file_limits
@@ -214,7 +214,8 @@ class Service:
             adapters = [a for a in build_channels(settings, clock) if a.name not in named] + extra
         self.adapters = {adapter.name: adapter for adapter in adapters}
         for index, route in enumerate(settings.routes):
-            if route.channel not in self.adapters:  # a registry name, its channel not set up
+            if route.channel not in self.adapters and route.channel != ASK_CHANNEL:
+                # a registry name, its channel not set up (`cli` is `gateway ask`'s)
                 log.warning(
                     event(
                         "route of a channel not configured",

@@ -17,6 +17,7 @@ from pydantic import SecretStr, ValidationError
 
 from config import Settings
 from gateway.ask import DENIED_AT_THE_TERMINAL, AskFailed, ask
+from gateway.channels import gateway_settings
 from gateway.cli import main
 from gateway.models import ModelConfigError, model_from_settings
 from harness_core import PendingApproval, ToolResultMessage
@@ -82,15 +83,15 @@ async def test_ask_gives_its_lane_the_profile_serve_would(
 ) -> None:
     """`ask` sent no instructions and took no profile: a tool the operator denied was
     offered, and the turn limit and budget were the top level's (an outside probe)."""
-    settings = Settings(
-        store_url=f"sqlite:///{tmp_path}/gw.db",
-        model="openai:test-model",
-        model_api_key=SecretStr("sk-test"),
-        model_base_url=fake.openai_base_url,
-        plugin=EXAMPLE,
-        instructions="You answer deploy questions.",
-        profiles=[{"name": "default", "deny_tools": ["deploy"]}],
-    )
+    given: dict[str, Any] = {
+        "store_url": f"sqlite:///{tmp_path}/gw.db",
+        "model": "openai:test-model",
+        "model_api_key": "sk-test",
+        "model_base_url": fake.openai_base_url,
+        "plugin": EXAMPLE,
+        "instructions": "You answer deploy questions.",
+    }
+    settings = gateway_settings(**given, profiles=[{"name": "default", "deny_tools": ["deploy"]}])
     fake.reply("Tuesdays.")
     repo = open_repo(settings.store_url)
     try:
@@ -103,6 +104,22 @@ async def test_ask_gives_its_lane_the_profile_serve_would(
     assert "Channel: cli" in system[0] and "Thread: ops" in system[0]
     offered = [tool["function"]["name"] for tool in body.get("tools", [])]
     assert offered == ["deploy_window"]  # not the denied `deploy`
+    # a route for `ask`'s channel gives its lanes a profile of their own
+    routed = gateway_settings(
+        **given,
+        profiles=[{"name": "terminal", "instructions": "You are at a terminal."}],
+        routes=[{"channel": "cli", "session": "cli", "profile": "terminal"}],
+    )
+    fake.reply("Wednesdays.")
+    repo = open_repo(settings.store_url)
+    try:
+        assert await ask(repo, routed, "cli:ops", "and now?", []) == 0
+    finally:
+        await repo.close()
+    body = fake.last_request.body
+    system = [m["content"] for m in body["messages"] if m["role"] == "system"]
+    assert system[0].startswith("You are at a terminal.")
+    assert len(body.get("tools", [])) == 2
 
 
 ROOT = Path(__file__).resolve().parents[2]
