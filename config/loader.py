@@ -300,6 +300,8 @@ def _read_toml(
         data = tomllib.loads(text)
     except tomllib.TOMLDecodeError as exc:
         raise SettingsError([f"config file {path} is not valid TOML: {exc}"]) from None
+    except RecursionError:
+        raise SettingsError([f"config file {path} is not valid TOML: nested too deep"]) from None
     lines = text.splitlines()
     sections = {setting.section for setting in table.values() if setting.section is not None}
     values: dict[str, _Value] = {}
@@ -418,15 +420,37 @@ def _from_variables(
             )
         elif example is not None:
             try:
-                values[name] = _Value(json.loads(raw), origin)
+                values[name] = _Value(json.loads(raw, object_pairs_hook=_once_each), origin)
             except json.JSONDecodeError as exc:
                 problems.append(
                     f"{origin} is not JSON ({exc.msg} at character {exc.pos + 1}): expected "
                     f"{example}"
                 )
+            except RecursionError:
+                problems.append(f"{origin} is nested too deep: expected {example}")
+            except _KeyTwice as exc:
+                problems.append(f"{origin} gives {exc.key!r} twice in one object: keep one")
         else:
             values[name] = _Value(raw, origin)
     return values
+
+
+class _KeyTwice(ValueError):
+    """A JSON object of a setting gives one key twice (TOML and ``.env`` refuse that too)."""
+
+    def __init__(self, key: str) -> None:
+        super().__init__(key)
+        self.key = key
+
+
+def _once_each(pairs: list[tuple[str, Any]]) -> dict[str, Any]:
+    """A JSON object whose keys are given once each (the later one silently won)."""
+    found: dict[str, Any] = {}
+    for key, value in pairs:
+        if key in found:
+            raise _KeyTwice(key)
+        found[key] = value
+    return found
 
 
 def _hint(

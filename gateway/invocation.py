@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import argparse
 import os
+import re
 from collections.abc import Sequence
 from typing import NoReturn
 
@@ -24,6 +25,10 @@ def command() -> str:
     return typed if typed and "\n" not in typed else "gateway"
 
 
+_UNDECODED = re.compile("[\udc80-\udcff]")
+"""What bytes that are not UTF-8 become in `sys.argv` (surrogateescape)."""
+
+
 class OneLineParser(argparse.ArgumentParser):
     """An argument parser whose usage error is one line: what is wrong, and where help is.
 
@@ -34,6 +39,26 @@ class OneLineParser(argparse.ArgumentParser):
     def error(self, message: str) -> NoReturn:
         """Exit 2 with `message` on one line."""
         self.exit(2, f"{self.prog}: {message} (`{self.prog} --help` shows how)\n")
+
+    def parse_known_args(  # type: ignore[override]
+        self, args: Sequence[str] | None = None, namespace: argparse.Namespace | None = None
+    ) -> tuple[argparse.Namespace, list[str]]:
+        """argparse's, then a usage error for a value that is not Unicode text.
+
+        Bytes that are not UTF-8 reach `sys.argv` as lone surrogates: a lane name or an
+        operator's reason made of them failed later as "unexpected UnicodeEncodeError", exit 1
+        (an outside probe). The question of `ask` says so in its own words.
+        """
+        parsed, rest = super().parse_known_args(args, namespace)
+        for action in self._actions:
+            value = getattr(parsed, action.dest, None)
+            values = value if isinstance(value, list) else [value]
+            if action.dest != "question" and any(
+                isinstance(item, str) and _UNDECODED.search(item) for item in values
+            ):
+                name = action.option_strings[0] if action.option_strings else action.dest
+                self.error(f"{name} is not valid Unicode text (bytes that are not UTF-8)")
+        return parsed, rest
 
     def check_given(self, words: Sequence[str], options: Sequence[str]) -> None:
         """A usage error when one of `options` is given twice, or with an empty value.

@@ -151,6 +151,13 @@ def test_all_kinds_of_values_from_the_environment() -> None:
         ("GATEWAY_ROUTES", "slack:C1=ops", "expected a JSON list of routes, like [{"),
         ("GATEWAY_ROUTES", '{"channel":"slack","session":"ops"}', "expected a list of routes"),
         ("GATEWAY_ROUTES", "[1]", "routes[0]=1 (GATEWAY_ROUTES in the environment)"),
+        # a traceback of 3,000 lines, and a key given twice silently last-wins (outside probe)
+        ("GATEWAY_ROUTES", "[" * 5000 + "]" * 5000, "in the environment is nested too deep"),
+        (
+            "GATEWAY_PROFILES",
+            '[{"name":"default","deny_tools":["danger"],"deny_tools":[]}]',
+            "GATEWAY_PROFILES in the environment gives 'deny_tools' twice in one object: keep one",
+        ),
         (
             "GATEWAY_ROUTES",
             '[{"channel":"slack","session":"ops"},{"channel":"slack","session":"x"}]',
@@ -369,6 +376,7 @@ def test_a_wrong_value_in_the_file_names_it_and_its_line(
         ("port = 1\nport = 2\n", "is not valid TOML: Cannot overwrite a value (at line 2"),
         ("[[routes]\n", "is not valid TOML: "),
         ("GATEWAY_PORT=1\nexport X=2\n", "is not valid TOML: "),
+        ("x = " + "[" * 1000 + "]" * 1000 + "\n", "is not valid TOML: nested too deep"),
     ],
 )
 def test_a_malformed_file_is_one_line_with_its_line_number(

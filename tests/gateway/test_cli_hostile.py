@@ -180,13 +180,13 @@ async def fake() -> AsyncIterator[FakeLLM]:
             "GATEWAY_ROUTES",
             '[{"channel": "wbe", "space": "x", "session": "s"}]',
             "gateway: routes[0] names the channel 'wbe', which this gateway does not have (did "
-            "you mean 'web'? its channels: web, slack, email, webhook)",
+            "you mean 'web'? its channels: web, slack, email, webhook, cli)",
         ),
         (
             "GATEWAY_ROUTES",
             '[{"channel": "nochan", "session": "s"}]',
             "gateway: routes[0] names the channel 'nochan', which this gateway does not have "
-            "(its channels: web, slack, email, webhook)",
+            "(its channels: web, slack, email, webhook, cli)",
         ),
     ],
 )
@@ -327,6 +327,37 @@ def test_a_question_no_store_can_hold_is_one_line_and_writes_nothing(
     assert one_line(capsys.readouterr().err) == (
         f"gateway: the question {said} (the web channel refuses it too)"
     )
+    assert not store.exists()
+
+
+_NOT_UTF8 = b"web:\xff".decode("utf-8", "surrogateescape")
+
+
+@pytest.mark.parametrize(
+    ("words", "named"),
+    [
+        (["ask", "--lane", _NOT_UTF8, "hi"], "gateway ask: --lane"),
+        (["ops", "timeline", _NOT_UTF8], "gateway ops timeline: lane"),
+        (
+            ["ops", "deny", "web:x", "--all", "--reason", _NOT_UTF8, "--yes"],
+            "gateway ops deny: --reason",
+        ),
+    ],
+)
+def test_an_argument_that_is_not_utf8_is_a_usage_line(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str], words: list[str], named: str
+) -> None:
+    """It was "unexpected UnicodeEncodeError", exit 1, after an operator's preview."""
+    store = tmp_path / "store.db"
+    status: int | str | None
+    try:
+        status = main([*words, "--store", f"sqlite:///{store}"], settings=Settings())
+    except SystemExit as exited:  # argparse's own exit, as for every usage error
+        status = exited.code
+    assert status == 2
+    err = capsys.readouterr().err
+    assert len(err.splitlines()) == 1 and "Traceback" not in err, err
+    assert err.startswith(f"{named} is not valid Unicode text (bytes that are not UTF-8)"), err
     assert not store.exists()
 
 
