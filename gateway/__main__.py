@@ -21,6 +21,10 @@ def main() -> int:
         noted.append(signum)
 
     previous = signal.signal(signal.SIGINT, note)
+    if previous == signal.SIG_IGN:
+        # started with Ctrl-C ignored (a background job of a script): `serve` takes SIGINT
+        # once it listens, and one that came while it started was lost in between
+        previous = signal.default_int_handler
     try:
         from gateway.cli import main as run
     finally:

@@ -41,7 +41,7 @@ from harness_core import (
     open_repo,
 )
 from harness_core.backends.urls import without_password
-from harness_core.session.names import check_lane_name
+from harness_core.session.names import check_lane_name, check_session_id
 
 __all__ = ["main"]
 
@@ -67,6 +67,24 @@ async def show(repo: SessionRepo, session_id: str | None, out: list[str]) -> Non
         out.append(f"lane {pointer.lane:<34} leaf={pointer.leaf_id} ({state})")
     for item in await storage.get_log():
         out.append(f"  {item.seq:>3} {describe(item)}")
+
+
+async def _known_sessions(repo: SessionRepo, sessions: Sequence[str]) -> None:
+    """Refuse a session name that is none, or no session of the store, before a check.
+
+    A mistyped name was reported as a problem found, exit 4, which a monitoring job reads as a
+    damaged store (an outside probe).
+    """
+    for name in sessions:
+        check_session_id(name)  # SessionError("invalid_session_id"): a usage line, 2
+    if sessions:
+        known = {meta.id for meta in await repo.list()}
+        for name in sessions:
+            if name not in known:
+                raise CliError(
+                    f"session {name!r} does not exist (`{command()} store list` lists them)",
+                    status=1,
+                )
 
 
 def _store_words(target: Sequence[str]) -> tuple[str, list[str]]:
@@ -194,6 +212,7 @@ async def _run(args: argparse.Namespace, settings: Settings) -> int:
         elif args.command == "store":
             what, sessions = _store_words(args.target)
             if what == "check":
+                await _known_sessions(repo, sessions)
                 return await store_check(repo, sessions, out)
             await show(repo, sessions[0] if sessions else None, out)
         else:

@@ -907,3 +907,27 @@ async def test_ctrl_c_during_a_slow_tool_says_what_it_waits_for(tmp_path: Path) 
         "waiting)"
     )
     assert last == "gateway: interrupted: the run on lane cli:default was aborted"
+
+
+def test_a_command_started_with_ctrl_c_ignored_takes_it_once_loaded(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """Started with SIGINT ignored (a background job of a script), the command put that back
+    once its imports were loaded, and `serve` took SIGINT only once it listened: one sent
+    while it started was lost, and it served on (an outside probe)."""
+    import gateway.cli as cli_module
+    from gateway.__main__ import main as entry
+
+    seen: list[object] = []
+
+    def run() -> int:
+        seen.append(signal.getsignal(signal.SIGINT))
+        return 0
+
+    monkeypatch.setattr(cli_module, "main", run)
+    previous = signal.signal(signal.SIGINT, signal.SIG_IGN)
+    try:
+        assert entry() == 0
+    finally:
+        signal.signal(signal.SIGINT, previous)
+    assert seen == [signal.default_int_handler]
