@@ -19,7 +19,7 @@ from email import policy
 from email.headerregistry import BaseHeader, HeaderRegistry, UnstructuredHeader
 from typing import Any
 
-__all__ = ["MAX_STRUCTURED_CHARS", "POLICY"]
+__all__ = ["MAX_STRUCTURED_CHARS", "POLICY", "eight_bit"]
 
 MAX_STRUCTURED_CHARS = 512
 """Past this, a structured header is read as written (at 512 characters, the worst a hostile
@@ -46,12 +46,29 @@ class _Bounded(HeaderRegistry):
 
     def __call__(self, name: str, value: str) -> Any:
         """The header `name` with `value` (a long structured one as written)."""
+        value = eight_bit(value)
         structured = self.registry.get(name.lower(), self.default_class)
         if structured is self.default_class:
             return super().__call__(name, value)  # unstructured: linear already
         if len(value) > MAX_STRUCTURED_CHARS:
             return self._as_written(name, value)
         return _parsed(self, name, value)
+
+
+def eight_bit(value: str) -> str:
+    """`value` with raw 8-bit bytes (lone surrogates as the parser gives them) as text.
+
+    Read as UTF-8, else as Windows-1252, as a body's undeclared 8-bit text is for Latin
+    scripts (D335); the parser made each such byte U+FFFD, so a Latin-1 ``Subject: Café``
+    was answered as ``Re: Caf\ufffd`` (an outside probe).
+    """
+    if not any("\udc80" <= char <= "\udcff" for char in value):
+        return value
+    raw = value.encode("utf-8", "surrogateescape")
+    try:
+        return raw.decode("utf-8")
+    except UnicodeDecodeError:
+        return raw.decode("cp1252", "replace")
 
 
 @functools.lru_cache(maxsize=1024)

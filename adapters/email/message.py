@@ -71,7 +71,7 @@ from lxml.etree import ParserError  # type: ignore[import-untyped]
 from lxml.html import document_fromstring  # type: ignore[import-untyped]
 
 from adapters.channel import Attachment, Author, Inbound, TextCut, ThreadRef
-from adapters.email.headers import POLICY
+from adapters.email.headers import POLICY, eight_bit
 from adapters.email.quotes import clean_html, reply_text
 from adapters.text_cut import keep_within
 
@@ -494,9 +494,12 @@ def _message_of(headers: Mapping[str, str]) -> Message:
 
 
 def _clean(text: str) -> str:
-    """`text` as valid Unicode without control characters (raw 8-bit header bytes as UTF-8)."""
-    if any("\udc80" <= char <= "\udcff" for char in text):
-        text = text.encode("utf-8", "surrogateescape").decode("utf-8", "replace")
+    """`text` as valid Unicode without control characters.
+
+    Raw 8-bit header bytes are read as UTF-8, else as Windows-1252, as a body's are guessed
+    for Latin text (D335): a Latin-1 ``Subject`` became ``Caf\ufffd`` (an outside probe).
+    """
+    text = eight_bit(text)
     text = text.encode("utf-8", "replace").decode("utf-8")  # any other lone surrogate
     return _CONTROL.sub("", text)
 
@@ -847,10 +850,22 @@ def _decode_part(part: Message) -> str | None:
     for name in (charset, "utf-8"):
         if name:
             try:
-                return payload.decode(codecs.lookup(name).name)
+                codec = codecs.lookup(name).name
+                if codec.startswith(("utf-16", "utf-32")) and not _wide(payload):
+                    continue  # 8-bit text labelled UTF-16 read as CJK (an outside probe)
+                return payload.decode(codec)
             except (LookupError, UnicodeError, ValueError, TypeError):
                 pass
     return _guessed(payload)
+
+
+def _wide(payload: bytes) -> bool:
+    """Whether `payload` can be UTF-16 or UTF-32 text: a byte-order mark, or NUL bytes.
+
+    NULs are the high bytes of such text's spaces, line ends and ASCII letters; 8-bit text has
+    none.
+    """
+    return payload.startswith((codecs.BOM_UTF16_LE, codecs.BOM_UTF16_BE)) or b"\x00" in payload
 
 
 def _guessed(payload: bytes) -> str | None:

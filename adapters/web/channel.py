@@ -1441,7 +1441,8 @@ def _sharer(request: Request) -> str:
     """Who a share of uploads and event streams is counted for: a name, else an address.
 
     The signed-in name when the channel has tokens; else the client's address (behind a
-    proxy, every user without a login is that one address).
+    proxy on another machine, every user without a login is that one address; uvicorn takes
+    ``X-Forwarded-For`` from 127.0.0.1, so a proxy on this machine shows each client).
     """
     user = _user(request)
     if user is not None:

@@ -612,7 +612,18 @@ MISLABELLED = [
     ("charset=utf-8", "cp1251", "Здравствуйте! Пожалуйста, пришлите счёт за декабрь. Спасибо."),
     (None, "cp1251", "Здравствуйте! Пожалуйста, пришлите счёт за декабрь. Спасибо."),
     ("charset=x-mac-klingon", "latin-1", "Grüße aus Köln, bitte prüfen."),
+    # UTF-16 "decodes" any even number of bytes: 8-bit text labelled so was read as CJK
+    ("charset=utf-16", "ascii", "plain ascii but says utf16"),
+    ("charset=utf-16le", "latin-1", "Grüße aus Köln, bitte prüfen."),
 ]
+
+
+@pytest.mark.parametrize("codec", ["utf-16", "utf-16-le", "utf-16-be", "utf-32"])
+def test_text_in_utf16_or_utf32_as_declared_is_read(codec: str) -> None:
+    head = b"From: a@example.com\nTo: bot@gw.example\nSubject: x\nMessage-ID: <c4@x>\n"
+    head += f"Content-Type: text/plain; charset={codec}\n".encode()
+    text = "Grüße aus Köln, 中文 und Ελληνικά"
+    assert taken(head + b"\n" + text.encode(codec)).text == text
 
 
 @pytest.mark.parametrize(("declared", "codec", "text"), MISLABELLED)
@@ -632,6 +643,17 @@ def test_binary_garbage_is_undecodable() -> None:
         b"Content-Type: text/plain; charset=utf-8\n\n"
     ) + garbage
     assert read(raw) == Parsed("skip", "undecodable")
+
+
+def test_raw_latin1_headers_are_read_as_windows_1252() -> None:
+    """They were U+FFFD: the reply's subject read "Re: Caf\ufffd" (an outside probe)."""
+    raw = (
+        b"From: J\xfcrgen <jurgen@example.com>\nTo: bot@gw.example\nSubject: Caf\xe9 na\xefve\n"
+        b"Message-ID: <l1@x>\nContent-Type: text/plain; charset=utf-8\n\nHallo"
+    )
+    inbound = taken(raw)
+    assert inbound.author.name == "Jürgen"
+    assert inbound.reply_context["subject"] == "Café naïve"
 
 
 def test_raw_utf8_headers_are_read() -> None:
