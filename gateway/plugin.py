@@ -75,6 +75,10 @@ def load_plugin(name: str | None, settings: Settings | None = None) -> Plugin:
         )
     except PluginError:
         raise
+    except SystemExit as exc:  # the command exited with its status and not a word
+        raise PluginError(
+            f"GATEWAY_PLUGIN={name}: it exits while it is imported (sys.exit({exc.code!r}))"
+        ) from None
     except Exception as exc:
         missing = exc.name if isinstance(exc, ModuleNotFoundError) else None
         if missing is not None and f"{name}.".startswith(f"{missing}."):  # not its imports

@@ -212,6 +212,11 @@ PLUGIN_FILES = [
     ("agents/bad-name.py", "bad-name.py cannot be imported (a module's file name is letters"),
     ("agents/json.py", "a module named 'json' is imported already"),
     ("agents/broken.py", "cannot import it (ZeroDivisionError: division by zero)"),
+    # it made the command exit 3 without a word (an outside probe)
+    (
+        "agents/exits.py",
+        "GATEWAY_PLUGIN=agents/exits.py: it exits while it is imported (sys.exit(3))",
+    ),
 ]
 
 
@@ -222,6 +227,7 @@ def test_a_plugin_file_is_loaded_by_its_path(workdir: Path, value: str, said: st
     for name in ("pinger", "bad-name", "json"):
         _module(folder, name, PING)
     _module(folder, "broken", "1 / 0\n")
+    _module(folder, "exits", "import sys\nsys.exit(3)\n")
     value = value.format(workdir=workdir)
     if said is None:
         plugin = load_plugin(value)
