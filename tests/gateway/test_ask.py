@@ -91,18 +91,23 @@ async def test_ask_gives_its_lane_the_profile_serve_would(
         "plugin": EXAMPLE,
         "instructions": "You answer deploy questions.",
     }
-    settings = gateway_settings(**given, profiles=[{"name": "default", "deny_tools": ["deploy"]}])
-    fake.reply("Tuesdays.")
-    repo = open_repo(settings.store_url)
-    try:
-        assert await ask(repo, settings, "cli:ops", "deploy window?", []) == 0
-    finally:
-        await repo.close()
-    body = fake.last_request.body
-    system = [m["content"] for m in body["messages"] if m["role"] == "system"]
-    assert system and system[0].startswith("You answer deploy questions.")
-    assert "Channel: cli" in system[0] and "Thread: ops" in system[0]
-    offered = [tool["function"]["name"] for tool in body.get("tools", [])]
+
+    async def sent(settings: Settings, question: str) -> tuple[str, list[str]]:
+        """The system prompt and the tools the model was sent for `question`."""
+        fake.reply("Tuesdays.")
+        repo = open_repo(settings.store_url)
+        try:
+            assert await ask(repo, settings, "cli:ops", question, []) == 0
+        finally:
+            await repo.close()
+        body = fake.last_request.body
+        system = [m["content"] for m in body["messages"] if m["role"] == "system"]
+        return system[0], [tool["function"]["name"] for tool in body.get("tools", [])]
+
+    denying = gateway_settings(**given, profiles=[{"name": "default", "deny_tools": ["deploy"]}])
+    system, offered = await sent(denying, "deploy window?")
+    assert system.startswith("You answer deploy questions.")
+    assert "Channel: cli" in system and "Thread: ops" in system
     assert offered == ["deploy_window"]  # not the denied `deploy`
     # a route for `ask`'s channel gives its lanes a profile of their own
     routed = gateway_settings(
@@ -110,16 +115,9 @@ async def test_ask_gives_its_lane_the_profile_serve_would(
         profiles=[{"name": "terminal", "instructions": "You are at a terminal."}],
         routes=[{"channel": "cli", "session": "cli", "profile": "terminal"}],
     )
-    fake.reply("Wednesdays.")
-    repo = open_repo(settings.store_url)
-    try:
-        assert await ask(repo, routed, "cli:ops", "and now?", []) == 0
-    finally:
-        await repo.close()
-    body = fake.last_request.body
-    system = [m["content"] for m in body["messages"] if m["role"] == "system"]
-    assert system[0].startswith("You are at a terminal.")
-    assert len(body.get("tools", [])) == 2
+    system, offered = await sent(routed, "and now?")
+    assert system.startswith("You are at a terminal.")
+    assert offered == ["deploy_window", "deploy"]
 
 
 ROOT = Path(__file__).resolve().parents[2]

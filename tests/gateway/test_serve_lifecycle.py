@@ -79,6 +79,15 @@ async def _running_tool(gateway: GatewayProcess) -> None:
     await asyncio.sleep(0.4)  # the model step, then the tool starts
 
 
+def _until_closed(link: socket.socket, timeout_s: float) -> bytes:
+    """What the server sent on `link` until it closed it (each read within `timeout_s`)."""
+    link.settimeout(timeout_s)
+    received = b""
+    while chunk := link.recv(65536):
+        received += chunk
+    return received
+
+
 def _log(gateway: GatewayProcess) -> list[dict[str, Any]]:
     lines = gateway.log_path.read_text().splitlines()
     return [json.loads(line) for line in lines if line.startswith("{")]
@@ -198,10 +207,7 @@ async def test_a_body_still_coming_when_the_drain_begins_is_answered_and_logs_no
         status = gateway.terminate()
         took = time.monotonic() - began
         for link in links:
-            link.settimeout(2)
-            received = b""
-            while chunk := link.recv(65536):
-                received += chunk
+            received = _until_closed(link, 2)
             assert received.startswith(b"HTTP/1.1 503"), received
             assert b'"unavailable"' in received and b"send it again" in received
     finally:
@@ -232,10 +238,7 @@ async def test_an_open_event_stream_ends_when_the_drain_begins(tmp_path: Path) -
         status = gateway.terminate()
         took = time.monotonic() - began
         for link in streams:
-            link.settimeout(1)
-            received = b""
-            while chunk := link.recv(4096):
-                received += chunk
+            received = _until_closed(link, 1)
             assert received.endswith(b"0\r\n\r\n")  # the stream ended (last chunk), not cut
             link.close()
     finally:
