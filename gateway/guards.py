@@ -262,7 +262,8 @@ class BodyWatch:
         self.stopping = True
         now = asyncio.get_running_loop().time()
         for wait in tuple(self._waits):
-            wait.reschedule(now)
+            with contextlib.suppress(RuntimeError):  # one that expired just now: cut already
+                wait.reschedule(now)
 
     @contextlib.asynccontextmanager
     async def wait(self) -> AsyncIterator[None]:

@@ -21,10 +21,19 @@ from pathlib import Path
 
 import httpx
 import pytest
+from starlette.types import Message, Receive, Scope, Send
 
 from adapters.web import WebChannel
 from gateway.channels import gateway_settings
-from gateway.guards import DEFAULT_BODY_BYTES, BodyPace, HostGuard, HostRule, host_name
+from gateway.guards import (
+    DEFAULT_BODY_BYTES,
+    BodyLimit,
+    BodyPace,
+    BodyWatch,
+    HostGuard,
+    HostRule,
+    host_name,
+)
 from gateway.ops.errors import MAX_BODY_BYTES
 from gateway.service import Service
 from tests.adapters.kit import serve
@@ -534,3 +543,50 @@ async def test_a_route_that_fails_answers_json_500_and_the_log_says_where(
     )
     assert fields["error"] == "RuntimeError" and "broken" in fields["at"][-1]
     assert "secret plan" not in repr(fields)
+
+
+@pytest.mark.parametrize("first", ["the drain", "the timeout"])
+async def test_a_drain_and_a_body_s_timeout_at_one_moment_answer_it_once(first: str) -> None:
+    """Both orders answer the body once, 503 (the drain is what the route hears about first);
+    when the body's timer had fired just before, the drain's call raised (an expiring
+    timeout cannot be rescheduled) and the stop of the whole service with it."""
+    watch = BodyWatch(BodyPace(idle_s=0.2))
+    never = asyncio.Event()
+    waiting = asyncio.Event()
+
+    async def receive() -> dict[str, object]:
+        waiting.set()
+        await never.wait()
+        return {"type": "http.disconnect"}
+
+    async def route(scope: Scope, receive: Receive, send: Send) -> None:
+        await receive()
+
+    sent: list[Message] = []
+
+    async def send(message: Message) -> None:
+        sent.append(message)
+
+    scope = {"type": "http", "path": "/x", "method": "POST", "headers": [(b"content-length", b"9")]}
+    reading = asyncio.create_task(BodyLimit(route, {}, watch=watch)(scope, receive, send))
+    await waiting.wait()
+    [wait] = watch._waits
+    deadline = wait.when()
+    assert deadline is not None
+    stopped: list[BaseException | None] = []
+
+    def stop() -> None:
+        try:
+            watch.stop()
+        except BaseException as exc:  # what the service's stop would have raised
+            stopped.append(exc)
+        else:
+            stopped.append(None)
+
+    if first == "the drain":
+        stop()
+    else:  # the timer fires first (scheduled first for that instant), then the drain's call
+        asyncio.get_running_loop().call_at(deadline, stop)
+    await reading
+    assert stopped == [None]
+    assert [m["status"] for m in sent if m["type"] == "http.response.start"] == [503]
