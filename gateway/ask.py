@@ -35,7 +35,7 @@ from collections.abc import AsyncIterator, Awaitable, Callable, Coroutine, Itera
 from dataclasses import dataclass
 from typing import Any, TypeVar
 
-from adapters.channel import Author, ThreadRef
+from adapters import Author, ThreadRef
 from config import Settings
 from config.fields import number
 from gateway.channels import ASK_CHANNEL
