@@ -46,7 +46,7 @@ from gateway.live import retry_wait
 from gateway.mcp.settings import mcp_section
 from gateway.models import model_from_settings
 from gateway.plugin import load_plugin
-from gateway.profiles import LaneProfiles, lane_profile
+from gateway.profiles import LaneProfiles
 from gateway.redact import Redactor, redacting
 from gateway.replies import answer_text, never_repeated
 from harness_core import (
@@ -54,8 +54,6 @@ from harness_core import (
     AgentHarnessOptions,
     AgentLane,
     ApprovalDecision,
-    BeforeRunEvent,
-    BeforeRunResult,
     DecisionsRequired,
     LeaseHeld,
     ModelClient,
@@ -276,7 +274,11 @@ async def _ask(
             )
         )
         try:
-            harness.hooks.on("before_run", _prompting(harness, profiles), id="gateway.profile")
+            harness.hooks.on(
+                "before_run",
+                lambda event: profiles.run_prompt(harness, event.lane),
+                id="gateway.profile",
+            )
             harness.events.on("retry_end", gave_up.append)
             harness.events.on("retry_scheduled", _retrying)
             for op in suspended:
@@ -352,19 +354,6 @@ _TERMINAL = Author(id="terminal")
 def _thread_of(lane_name: str) -> ThreadRef:
     """The thread an `ask` lane is, for the routes: channel ``cli``, space ``default``."""
     return ThreadRef(channel=ASK_CHANNEL, space="default", thread=lane_name.partition(":")[2])
-
-
-def _prompting(
-    harness: AgentHarness, profiles: LaneProfiles
-) -> Callable[[BeforeRunEvent], Awaitable[BeforeRunResult | None]]:
-    """Each run's system prompt, fixed when it starts: its lane's profile's, as in `serve`."""
-
-    async def before_run(event: BeforeRunEvent) -> BeforeRunResult | None:
-        lane = await harness.lane(event.lane)
-        prompt = profiles.prompt(await lane_profile(lane) if lane is not None else None)
-        return None if prompt is None else BeforeRunResult(system_prompt=prompt)
-
-    return before_run
 
 
 def _continued(ended: Result[Any, Any]) -> int:

@@ -27,7 +27,7 @@ from pydantic import Field
 from adapters import Author, ThreadRef
 from config import Profile, Settings
 from config.profiles import allowed_tools
-from harness_core import AgentLane, BranchQuery, ModelRef
+from harness_core import AgentHarness, AgentLane, BeforeRunResult, BranchQuery, ModelRef
 from harness_core.frozen import Frozen
 
 __all__ = [
@@ -231,6 +231,20 @@ class LaneProfiles:
             return None
         profile = self.named(given.profile) or self._default
         return system_prompt(profile.instructions, given)
+
+    async def run_prompt(
+        self, harness: AgentHarness, lane_name: str, given: LaneProfile | None = None
+    ) -> BeforeRunResult | None:
+        """The ``before_run`` answer for a run of `lane_name`: its profile's system prompt.
+
+        `given`: the profile the run was just given (else the lane's newest profile entry is
+        read).
+        """
+        if given is None:
+            lane = await harness.lane(lane_name)
+            given = await lane_profile(lane) if lane is not None else None
+        prompt = self.prompt(given)
+        return None if prompt is None else BeforeRunResult(system_prompt=prompt)
 
     def attempts(self, thread: ThreadRef | None) -> int:
         """The attempt cap of `thread`'s lane (the default profile's when unknown)."""

@@ -705,12 +705,9 @@ class Worker:
             return lambda: None
 
         async def before_run(event: BeforeRunEvent) -> BeforeRunResult | None:
-            given = session.given.pop(event.lane, None)
-            if given is None:
-                lane = await harness.lane(event.lane)
-                given = await lane_profile(lane) if lane is not None else None
-            prompt = profiles.prompt(given)
-            return None if prompt is None else BeforeRunResult(system_prompt=prompt)
+            return await profiles.run_prompt(
+                harness, event.lane, session.given.pop(event.lane, None)
+            )
 
         return harness.hooks.on("before_run", before_run, id="gateway.profile")
 
