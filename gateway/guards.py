@@ -417,6 +417,7 @@ class BodyLimit:
         limit = self.limit_for(scope.get("path", ""))
         headers = Headers(scope=scope)
         declared = headers.get("content-length")
+        chunked = "chunked" in headers.get("transfer-encoding", "").lower()
         if declared is not None:
             if not declared.isascii() or not declared.isdigit():
                 await _refuse(
@@ -430,9 +431,7 @@ class BodyLimit:
             if int(declared) > limit:
                 await self._answer(scope, receive, send, _too_large(limit))
                 return
-        elif "chunked" in headers.get("transfer-encoding", "").lower() and _in_api(
-            scope.get("path", "")
-        ):
+        elif chunked and _in_api(scope.get("path", "")):
             await _refuse(
                 scope,
                 receive,
@@ -441,10 +440,7 @@ class BodyLimit:
             )
             return
         body = _Body(receive, limit, self.watch)
-        body.done = (
-            declared in (None, "0")
-            and "chunked" not in headers.get("transfer-encoding", "").lower()
-        )  # nothing to read
+        body.done = declared in (None, "0") and not chunked  # nothing to read
         started = False
 
         async def sending(message: Message) -> None:

@@ -528,9 +528,13 @@ class EmailChannel:
             # earlier attempt reached are not sent it again (a retry after a refusal for later)
             kept = await self._reached(outbound.delivery_id)
             reached = frozenset(kept.split()) if kept else frozenset()
-            recipients = [
-                r for r in [self.address, *_recipients(message)] if r.lower() not in reached
-            ]
+
+            def unreached(message: EmailMessage) -> list[str]:
+                return [
+                    r for r in [self.address, *_recipients(message)] if r.lower() not in reached
+                ]
+
+            recipients = unreached(message)
             try:
                 try:
                     refused = await self._send(message, recipients)
@@ -540,10 +544,7 @@ class EmailChannel:
                     narrowed = self._compose(outbound, files, ascii_copies=True)
                     if getattr(narrowed.policy, "utf8", False):  # the sender's, or ours
                         raise
-                    message = narrowed
-                    recipients = [
-                        r for r in [self.address, *_recipients(message)] if r.lower() not in reached
-                    ]
+                    message, recipients = narrowed, unreached(narrowed)
                     refused = await self._send(message, recipients)
             except DeliveryError as exc:
                 if exc.unknown_outcome:  # it may have been taken: reconcile waits to see
