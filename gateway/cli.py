@@ -198,7 +198,7 @@ async def _run(args: argparse.Namespace, settings: Settings) -> int:
             raise CliError(str(exc)) from None  # a name on the command line: usage, 2
         _not_a_channel_lane(args.lane)
     try:
-        repo = open_repo(url)
+        repo = open_repo(url, reads_only=args.command == "store")
     except SessionError as exc:
         if exc.code == "invalid_query":  # the URL itself: the command line's, as serve's is
             raise CliError(str(exc)) from None

@@ -22,8 +22,10 @@ how such a file is opened and used is the same for all three (D13, D117, D118, D
 from __future__ import annotations
 
 import contextlib
+import errno
 import os
 import sqlite3
+import urllib.parse
 from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass
 from pathlib import Path
@@ -37,6 +39,7 @@ __all__ = [
     "ConnectionPolicy",
     "Database",
     "is_busy",
+    "open_read_only",
     "SqliteExecutor",
     "fsync_file",
     "Synchronous",
@@ -52,6 +55,8 @@ SYNCHRONOUS: Final[tuple[Synchronous, ...]] = ("normal", "effects", "full")
 """Every ``synchronous`` setting, weakest first (``effects`` is the default, D233)."""
 
 _SQLITE_BUSY: Final = 5
+_SQLITE_READONLY: Final = 8
+_SQLITE_CANTOPEN: Final = 14
 _SQLITE_LOCKED: Final = 6
 _PAGE_SIZES = frozenset(2**n for n in range(9, 17))
 
@@ -76,6 +81,9 @@ class ConnectionPolicy:
     page_size: int | None = None
     """The page size of a database this connection creates (None: SQLite's default, 4 KiB);
     an existing database keeps its own."""
+    reads_only: bool = False
+    """The owner only reads (``gateway store``): a file it cannot write is opened read-only
+    (`open_read_only`) instead of refused, and no directory or file is created (D394)."""
 
     def __post_init__(self) -> None:
         if self.synchronous not in SYNCHRONOUS:
@@ -205,23 +213,41 @@ class Database:
         """The connection's count of changed rows at the last commit (`committed`)."""
         self._dir_synced = False
         """The WAL's directory entry was fsynced (once per connection: the WAL is created)."""
-        if str(path) != ":memory:":
+        self.read_only = False
+        """Opened read-only: a reader cannot write the file (`ConnectionPolicy.reads_only`)."""
+        if str(path) != ":memory:" and not policy.reads_only:
             path.parent.mkdir(mode=0o700, parents=True, exist_ok=True)
             _private(path)
-        self.conn = sqlite3.connect(path, isolation_level=None, check_same_thread=False)
         try:
+            self.conn = self._connect(path, policy)
+        except (sqlite3.OperationalError, OSError) as exc:
+            if not policy.reads_only or not _cannot_write(exc):
+                raise
+            self.conn = open_read_only(path)
+            self.read_only = True
             self.busy = BusyTimeout(self.conn, policy.busy_timeout_ms)
-            self.busy.waits(True)
-            if policy.page_size is not None:
-                # before anything writes the header (WAL mode does); a no-op on an existing file
-                self.conn.execute(f"PRAGMA page_size={int(policy.page_size)}")
-            self.conn.execute("PRAGMA journal_mode=WAL")
-            pragma = "FULL" if policy.synchronous == "full" else "NORMAL"
-            self.conn.execute(f"PRAGMA synchronous={pragma}")
+        try:
             self.setup()
         except BaseException:
             self.conn.close()
             raise
+
+    def _connect(self, path: Path, policy: ConnectionPolicy) -> sqlite3.Connection:
+        """The read-write connection, its pragmas set (closed again if any fails)."""
+        conn = sqlite3.connect(path, isolation_level=None, check_same_thread=False)
+        try:
+            self.busy = BusyTimeout(conn, policy.busy_timeout_ms)
+            self.busy.waits(True)
+            if policy.page_size is not None:
+                # before anything writes the header (WAL mode does); a no-op on an existing file
+                conn.execute(f"PRAGMA page_size={int(policy.page_size)}")
+            conn.execute("PRAGMA journal_mode=WAL")
+            pragma = "FULL" if policy.synchronous == "full" else "NORMAL"
+            conn.execute(f"PRAGMA synchronous={pragma}")
+        except BaseException:
+            conn.close()
+            raise
+        return conn
 
     def setup(self) -> None:
         """Create or check the owner's schema (once, right after the pragmas; a no-op here)."""
@@ -433,7 +459,7 @@ class SqliteExecutor(Generic[_D]):
             try:
                 if not self.busy:
                     done, result = db.read_unless_busy(fn)
-                elif committed:
+                elif committed and not db.read_only:  # a read-only one has no writes to wait for
                     done, result = self._reader.read(fn)
                 else:
                     done, result = False, None
@@ -457,6 +483,53 @@ class SqliteExecutor(Generic[_D]):
                 self.db = None
 
         await self.thread.close(last)
+
+
+def _cannot_write(exc: sqlite3.Error | OSError) -> bool:
+    """Whether SQLite or the file system refused for want of write access (EROFS, EACCES)."""
+    if isinstance(exc, OSError):
+        return exc.errno in (errno.EROFS, errno.EACCES, errno.EPERM)
+    code = getattr(exc, "sqlite_errorcode", None)
+    return code is not None and code & 0xFF in (_SQLITE_READONLY, _SQLITE_CANTOPEN)
+
+
+def open_read_only(path: Path) -> sqlite3.Connection:
+    """A read-only connection to a WAL database in a place this process cannot write (D394).
+
+    SQLite reads a WAL database read-only (``mode=ro``) only where it can open or create the
+    ``-shm`` file. Where it cannot (a read-only file system, another user's directory), the
+    file alone is read (``immutable=1``) if no ``-wal`` file holds commits not yet in it;
+    nothing can write there meanwhile. A ``-wal`` that does is refused: read without it, its
+    commits would silently be missing.
+
+    Raises:
+        sqlite3.OperationalError: the file cannot be opened, or its ``-wal`` holds commits.
+    """
+    uri = "file:" + urllib.parse.quote(str(path.absolute()))
+    try:
+        return _reading(uri + "?mode=ro")
+    except sqlite3.OperationalError as exc:
+        if not _cannot_write(exc):
+            raise
+    wal = Path(f"{path}-wal")
+    if wal.exists() and wal.stat().st_size > 0:
+        raise sqlite3.OperationalError(
+            f"{wal} holds commits not yet in the file, and SQLite reads them only where it "
+            "can write (read it as the gateway's user, or copy the directory somewhere writable)"
+        )
+    return _reading(uri + "?immutable=1")
+
+
+def _reading(uri: str) -> sqlite3.Connection:
+    """A connection to `uri`, proven by a first read (SQLite opens the file lazily)."""
+    conn = sqlite3.connect(uri, uri=True, isolation_level=None, check_same_thread=False)
+    try:
+        conn.execute("PRAGMA query_only=1")
+        conn.execute("SELECT count(*) FROM sqlite_master").fetchone()
+    except BaseException:
+        conn.close()
+        raise
+    return conn
 
 
 def _private(path: Path) -> None:

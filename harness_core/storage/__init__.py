@@ -73,6 +73,7 @@ class _Given:
 
     clock: Clock | None
     ids: IdGenerator | None
+    reads_only: bool = False
 
 
 def _memory(_: MemoryUrl, given: _Given) -> SessionRepo:
@@ -92,7 +93,13 @@ def _sqlite(url: PathUrl, given: _Given) -> SessionRepo:
     from harness_core.storage.sqlite import SqliteSessionRepo
 
     synchronous = cast("Synchronous", url.options.get("synchronous", "effects"))
-    return SqliteSessionRepo(url.path, synchronous=synchronous, clock=given.clock, ids=given.ids)
+    return SqliteSessionRepo(
+        url.path,
+        synchronous=synchronous,
+        clock=given.clock,
+        ids=given.ids,
+        reads_only=given.reads_only,
+    )
 
 
 def _redis(url: RedisUrl, given: _Given) -> SessionRepo:
@@ -111,18 +118,25 @@ _OPENERS.add(RedisUrls(default_prefix="gw"), _redis)
 
 
 def open_repo(
-    url: str, *, clock: Clock | None = None, ids: IdGenerator | None = None
+    url: str,
+    *,
+    clock: Clock | None = None,
+    ids: IdGenerator | None = None,
+    reads_only: bool = False,
 ) -> SessionRepo:
     """Open a session repository from a URL (see the module docstring for the forms).
 
-    Nothing is created or contacted here; a store appears on first use.
+    Nothing is created or contacted here; a store appears on first use. `reads_only`: the
+    caller only reads (``gateway store``): a SQLite file this process cannot write (a
+    read-only file system, another user's directory) is read-only instead of refused (D394);
+    the other backends read without writing anyway.
 
     Raises:
         SessionError: ``invalid_query`` for an unknown scheme, a malformed path, host, port or
             database number, a path of the wrong kind, or an unknown option; the message names
             the accepted forms.
     """
-    return _OPENERS.open(url, _Given(clock, ids))
+    return _OPENERS.open(url, _Given(clock, ids, reads_only))
 
 
 def check_repo_url(url: str) -> None:

@@ -397,8 +397,16 @@ class _Db(Database):
         """
         if self.points:  # checkpoints run on the I/O thread only (`checkpoint_if_due`, D251)
             self.conn.execute("PRAGMA wal_autocheckpoint=0")
-        if self._version() == SCHEMA_VERSION:
+        version = self._version()
+        if version == SCHEMA_VERSION:
             return
+        if self.read_only:  # a reader cannot create or upgrade: it says what the file holds
+            what = "no sessions table" if version is None else f"schema version {version}"
+            raise SessionError(
+                "storage",
+                f"{self.path} has {what}, expected {SCHEMA_VERSION}; it cannot be written "
+                "here, and a gateway that can write it upgrades it",
+            )
         schema = resources.files("harness_core.storage").joinpath("sqlite_schema.sql").read_text()
         self.conn.executescript(schema)
         with self.transaction():
@@ -1332,7 +1340,11 @@ def _metadata(c: sqlite3.Connection, session_id: str | None) -> list[SessionMeta
 
 
 class SqliteSessionRepo:
-    """Sessions in one SQLite database file."""
+    """Sessions in one SQLite database file.
+
+    `reads_only`: the caller only reads (``gateway store``); a file it cannot write is opened
+    read-only instead of refused, and nothing is created (`ConnectionPolicy.reads_only`).
+    """
 
     def __init__(
         self,
@@ -1343,10 +1355,14 @@ class SqliteSessionRepo:
         ids: IdGenerator | None = None,
         busy_timeout_ms: int = 10_000,
         page_size: int = PAGE_SIZE,
+        reads_only: bool = False,
     ) -> None:
         try:
             policy = ConnectionPolicy(
-                synchronous=synchronous, busy_timeout_ms=busy_timeout_ms, page_size=page_size
+                synchronous=synchronous,
+                busy_timeout_ms=busy_timeout_ms,
+                page_size=page_size,
+                reads_only=reads_only,
             )
         except ValueError as exc:
             raise SessionError("invalid_query", str(exc)) from None

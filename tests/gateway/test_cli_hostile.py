@@ -19,8 +19,10 @@ import ctypes
 import os
 import random
 import re
+import shutil
 import signal
 import socket
+import sqlite3
 import subprocess
 import sys
 from collections.abc import AsyncIterator, Callable
@@ -34,6 +36,7 @@ from gateway import ask as ask_module
 from gateway.cli import main, show
 from harness_core.errors import SessionError
 from harness_core.storage import open_repo
+from harness_core.storage.sqlite import SCHEMA_VERSION
 from tests.support.fake_llm import FakeLLM, allow_model_requests
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -410,13 +413,11 @@ def _without_root_powers() -> Callable[[], None] | None:
     return drop
 
 
-def test_a_read_only_database_is_one_line(tmp_path: Path) -> None:
-    store = tmp_path / "store"
-    store.mkdir()
-    url = f"sqlite:///{store}/gw.db"
-    assert main(["ask", "--store", url, "hello"], settings=Settings()) == 0
+def _without_write_access(store: Path, *argv: str, cwd: Path) -> subprocess.CompletedProcess[str]:
+    """Run ``gateway ARGV`` where it can read `store` (a directory) but write nothing in it."""
     drop = _without_root_powers()
-    (store / "gw.db").chmod(0o444)
+    for item in store.iterdir():
+        item.chmod(0o444)
     store.chmod(0o555)
     try:
         try:
@@ -430,9 +431,9 @@ def test_a_read_only_database_is_one_line(tmp_path: Path) -> None:
             pytest.fail("cannot drop root's file capabilities here: the test cannot run")
         if probe.returncode == 0:
             pytest.fail("this user writes read-only files anyway: the test cannot run")
-        done = subprocess.run(
-            [sys.executable, "-m", "gateway", "ask", "--store", url, "again"],
-            cwd=tmp_path,
+        return subprocess.run(
+            [sys.executable, "-m", "gateway", *argv],
+            cwd=cwd,
             env=environment(),
             capture_output=True,
             text=True,
@@ -442,10 +443,65 @@ def test_a_read_only_database_is_one_line(tmp_path: Path) -> None:
         )
     finally:
         store.chmod(0o755)
+
+
+def test_a_read_only_database_is_one_line(tmp_path: Path) -> None:
+    store = tmp_path / "store"
+    store.mkdir()
+    url = f"sqlite:///{store}/gw.db"
+    assert main(["ask", "--store", url, "hello"], settings=Settings()) == 0
+    done = _without_write_access(store, "ask", "--store", url, "again", cwd=tmp_path)
     assert done.returncode == 1, done
     assert one_line(done.stderr) == (
         f"gateway: cannot use the store {url}: attempt to write a readonly database "
         "(the file cannot be written)"
+    )
+
+
+def test_a_store_that_cannot_be_written_is_still_read(tmp_path: Path) -> None:
+    # a backup on read-only media, or another user's store: SQLite wants to write the WAL's
+    # index beside the file, and `store` refused to read it at all (D394)
+    store = tmp_path / "store"
+    store.mkdir()
+    url = f"sqlite:///{store}/gw.db"
+    assert main(["ask", "--store", url, "hello"], settings=Settings()) == 0
+    assert sorted(p.name for p in store.iterdir()) == ["gw.db"]
+    listed = _without_write_access(store, "store", "list", "--store", url, cwd=tmp_path)
+    assert (listed.returncode, listed.stdout, listed.stderr) == (0, "cli\n", "")
+    checked = _without_write_access(store, "store", "check", "--store", url, cwd=tmp_path)
+    assert checked.returncode == 0, checked
+    assert checked.stdout.startswith("checked 1 session, ") and "clean" in checked.stdout
+    shown = _without_write_access(store, "store", "show", "cli", "--store", url, cwd=tmp_path)
+    assert shown.returncode == 0, shown
+    assert "hello" in shown.stdout
+    assert sorted(p.name for p in store.iterdir()) == ["gw.db"]  # nothing left beside it
+
+
+def test_a_write_ahead_log_it_cannot_read_is_named_not_silently_skipped(tmp_path: Path) -> None:
+    # a store copied while a gateway ran: its -wal holds commits the file does not; read
+    # without them the newest messages would be missing with no word said
+    live = tmp_path / "live"
+    url = f"sqlite:///{live}/gw.db"
+    assert main(["ask", "--store", url, "hello"], settings=Settings()) == 0
+    writer = sqlite3.connect(live / "gw.db")
+    try:
+        writer.execute("PRAGMA wal_autocheckpoint=0")
+        writer.execute("CREATE TABLE late (x)")
+        writer.commit()
+        copy = tmp_path / "copy"
+        copy.mkdir()
+        for name in ("gw.db", "gw.db-wal"):
+            shutil.copyfile(live / name, copy / name)
+    finally:
+        writer.close()
+    assert (copy / "gw.db-wal").stat().st_size > 0
+    copied = f"sqlite:///{copy}/gw.db"
+    done = _without_write_access(copy, "store", "list", "--store", copied, cwd=tmp_path)
+    assert done.returncode == 1, done
+    assert one_line(done.stderr) == (
+        f"gateway: cannot use the store {copied}: {copy}/gw.db-wal holds commits not yet in the "
+        "file, and SQLite reads them only where it can write (read it as the gateway's user, or "
+        "copy the directory somewhere writable)"
     )
 
 
@@ -931,3 +987,19 @@ def test_a_command_started_with_ctrl_c_ignored_takes_it_once_loaded(
     finally:
         signal.signal(signal.SIGINT, previous)
     assert seen == [signal.default_int_handler]
+
+
+def test_an_older_store_it_cannot_upgrade_is_named_not_read(tmp_path: Path) -> None:
+    store = tmp_path / "store"
+    url = f"sqlite:///{store}/gw.db"
+    assert main(["ask", "--store", url, "hello"], settings=Settings()) == 0
+    conn = sqlite3.connect(store / "gw.db")
+    with conn:
+        conn.execute("UPDATE schema_version SET version = 2")
+    conn.close()
+    done = _without_write_access(store, "store", "list", "--store", url, cwd=tmp_path)
+    assert done.returncode == 1, done
+    assert one_line(done.stderr) == (
+        f"gateway: {store}/gw.db has schema version 2, expected {SCHEMA_VERSION}; it cannot be "
+        "written here, and a gateway that can write it upgrades it"
+    )
