@@ -57,6 +57,7 @@ __all__ = [
     "WebItemKind",
     "WebMailbox",
     "WebThread",
+    "check_mailbox_url",
     "check_name",
     "normal_name",
     "open_mailbox",
@@ -389,6 +390,15 @@ _OPENERS: Openers[WebMailbox, None] = Openers(_refuse)
 _OPENERS.add(MemoryUrls(), _memory)
 _OPENERS.add(SqliteUrls(memory_ok=True), _sqlite)
 _OPENERS.add(RedisUrls(default_prefix="gww"), _redis)
+
+
+def check_mailbox_url(url: str) -> None:
+    """Refuse a URL `open_mailbox` would refuse, building nothing (the setting, checked at start).
+
+    Raises:
+        MailboxError: as `open_mailbox`.
+    """
+    _OPENERS.check(url)
 
 
 def open_mailbox(url: str = DEFAULT_MAILBOX_URL) -> WebMailbox:

@@ -48,7 +48,16 @@ class WebSettings(Section):
     @field_validator("url")
     @classmethod
     def _url(cls, value: str | None) -> str | None:
-        return None if value is None else check_url(value, _SCHEMES, cls.accepted("url"))
+        if value is None:
+            return None
+        check_url(value, _SCHEMES, cls.accepted("url"))
+        from adapters.web.mailbox import MailboxError, check_mailbox_url
+
+        try:  # a path that is a directory, a bad port: said naming the setting, exit 2
+            check_mailbox_url(value)
+        except MailboxError as exc:
+            raise ValueError(str(exc)) from None
+        return value
 
     @field_validator("tokens", mode="before")
     @classmethod

@@ -241,6 +241,12 @@ def test_a_setting_that_cannot_work_is_one_line(
             "gateway: redis_url (GATEWAY_REDIS_URL in the environment): "
             "'redis+cluster://h:6379/2': a Redis Cluster has database 0 only",
         ),
+        (  # was checked only when the channel opened it: exit 1, naming no setting
+            "GATEWAY_WEB_URL",
+            "sqlite:///a-dir",
+            "gateway: web_url (GATEWAY_WEB_URL in the environment): "
+            "web mailbox URL 'sqlite:///a-dir': a-dir is a directory",
+        ),
     ],
 )
 def test_serve_with_a_malformed_store_or_broker_url_is_a_setting_error(
@@ -253,6 +259,7 @@ def test_serve_with_a_malformed_store_or_broker_url_is_a_setting_error(
 ) -> None:
     """`serve` exited 1 for the URL `store --store` and `ask --store` exit 2 for (D301)."""
     monkeypatch.chdir(tmp_path)
+    (tmp_path / "a-dir").mkdir()
     monkeypatch.setenv("GATEWAY_PORT", str(_free_port()))
     monkeypatch.setenv(variable, value)
     assert main(["serve"]) == 2
