@@ -230,8 +230,17 @@ async def _run(args: argparse.Namespace, settings: Settings) -> int:
     finally:
         await repo.close()
         redactor = Redactor.from_settings(settings)  # a record stored before redaction existed
-        _write([redactor.redact(line) for line in out])
-        if notes:
+        try:
+            _write([redactor.redact(line) for line in out])
+        except _OutputFailed as exc:
+            if args.command != "ask":
+                raise
+            # the turn is stored: say where to read it, rather than leave it seeming lost
+            raise _OutputFailed(
+                f"{exc}; the answer is stored (`{command()} store show {ASK_SESSION}` shows "
+                f"lane {args.lane})"
+            ) from None
+        if notes and sys.stderr is not None:  # closed (`2>&-`): print would write to stdout
             print("\n".join(notes), file=sys.stderr, flush=True)
     return 0
 

@@ -538,6 +538,9 @@ async def test_a_reader_that_closes_the_pipe_ends_it_quietly(tmp_path: Path) -> 
     assert err.decode() == ""  # like `cat`, nothing to say: the reader chose to stop
 
 
+_KEPT = "; the answer is stored (`gateway store show cli` shows lane cli:io)"
+
+
 @pytest.mark.parametrize(
     ("stdin", "stdout", "said", "status"),
     [
@@ -545,8 +548,9 @@ async def test_a_reader_that_closes_the_pipe_ends_it_quietly(tmp_path: Path) -> 
         ("closed", "pipe", "there is no standard input to read the question from", 2),
         # `>&-`: the same AttributeError; `> /dev/full`: the OSError, Python's "Exception
         # ignored" lines, and exit status 120
-        ("devnull", "closed", "there is no standard output to write to (it was closed)", 1),
-        ("devnull", "full", "cannot write to standard output (No space left on device)", 1),
+        # and then "what was asked is stored" said nothing of where (an outside probe)
+        ("devnull", "closed", f"there is no standard output to write to (it was closed){_KEPT}", 1),
+        ("devnull", "full", f"cannot write to standard output (No space left on device){_KEPT}", 1),
     ],
 )
 async def test_standard_streams_that_are_closed_or_full_are_one_line(
@@ -568,6 +572,24 @@ async def test_standard_streams_that_are_closed_or_full_are_one_line(
         _, err = await asyncio.wait_for(process.communicate(), WAIT)
     assert one_line(err.decode()).startswith(f"gateway: {said}")
     assert process.returncode == status
+
+
+async def test_an_ask_with_standard_error_closed_keeps_its_notes_off_standard_output(
+    tmp_path: Path,
+) -> None:
+    # `ask hello 2>&-`: the token note went to stdout, into whatever read the answer
+    words = ("ask", "--store", f"sqlite:///{tmp_path}/gw.db", "--lane", "cli:io", "hello")
+    process = await asyncio.create_subprocess_exec(
+        sys.executable,
+        *("-m", "gateway", *words),
+        cwd=tmp_path,
+        env=environment(),
+        stdin=subprocess.DEVNULL,
+        stdout=asyncio.subprocess.PIPE,
+        preexec_fn=lambda: os.close(2),
+    )
+    out, _ = await asyncio.wait_for(process.communicate(), WAIT)
+    assert (process.returncode, out.decode()) == (0, "You said: hello\n")
 
 
 def _close_streams(stdin: bool, stdout: bool) -> None:
