@@ -48,6 +48,7 @@ from fastapi.responses import JSONResponse
 from slack_bolt.adapter.fastapi.async_handler import AsyncSlackRequestHandler
 from slack_bolt.adapter.socket_mode.async_handler import AsyncSocketModeHandler
 from slack_bolt.async_app import AsyncApp
+from slack_bolt.request.async_request import AsyncBoltRequest
 from slack_sdk.errors import SlackApiError
 from slack_sdk.signature import SignatureVerifier
 from slack_sdk.web.async_client import AsyncWebClient
@@ -86,6 +87,8 @@ for _name in ("adapters.slack.sdk", "adapters.slack.bolt"):
 _MAX_BODY = 1_000_000
 _SEEN_EVENTS = 10_000
 _CATCH_UP_AFTER_S = 2.0
+_LAST_RETRY = 3
+"""Slack's last retry of an event it got no 200 for: "up to 3 times" (the Events API)."""
 """A mention taken this long after it was posted (Slack retried it) has its thread read for
 messages let go meanwhile (`SlackHistory.catch_up`)."""
 
@@ -323,16 +326,24 @@ class SlackChannel:
         app.view("supply_result")(self.approvals.on_supply_result)
 
     async def _on_mention(
-        self, event: dict[str, Any], body: dict[str, Any], context: dict[str, Any]
+        self,
+        event: dict[str, Any],
+        body: dict[str, Any],
+        context: dict[str, Any],
+        request: AsyncBoltRequest,
     ) -> None:
         self._learn_identity(context)
-        await self._on_event("app_mention", event, body)
+        await self._on_event("app_mention", event, body, last_try=_last_try(request))
 
     async def _on_message(
-        self, event: dict[str, Any], body: dict[str, Any], context: dict[str, Any]
+        self,
+        event: dict[str, Any],
+        body: dict[str, Any],
+        context: dict[str, Any],
+        request: AsyncBoltRequest,
     ) -> None:
         self._learn_identity(context)
-        await self._on_event("message", event, body)
+        await self._on_event("message", event, body, last_try=_last_try(request))
 
     def _learn_identity(self, context: Mapping[str, Any]) -> None:
         """The bot's ids from bolt's own auth.test, when ours at start failed.
@@ -395,7 +406,9 @@ class SlackChannel:
         kind = body.get("event", {}).get("type") if isinstance(body.get("event"), dict) else None
         log.info("slack event ignored", extra={"type": str(kind)})
 
-    async def _on_event(self, kind: Any, event: dict[str, Any], body: dict[str, Any]) -> None:
+    async def _on_event(
+        self, kind: Any, event: dict[str, Any], body: dict[str, Any], *, last_try: bool = False
+    ) -> None:
         if self._foreign(body):
             return
         event_id = body.get("event_id")
@@ -416,7 +429,7 @@ class SlackChannel:
         ts = str(event["ts"])
         late = self.link.clock.now_ms() / 1000 - ts_seconds(ts) > _CATCH_UP_AFTER_S
         async with self._one_at_a_time(inbound.thread.lane):
-            taken = await self._take(sink, event, classified, inbound, late)
+            taken = await self._take(sink, event, classified, inbound, late, last_try)
         if taken is None:
             return
         acceptance, known, inbound = taken
@@ -437,10 +450,12 @@ class SlackChannel:
         classified: Classified,
         inbound: Inbound,
         late: bool,
+        last_try: bool,
     ) -> tuple[Acceptance, KnownThread | None, Inbound] | None:
         """Hand a classified message to the sink; None when it is not taken.
 
         Returns what the sink said, the thread as it was known before, and the message as handed.
+        `last_try`: Slack will not send this event again (`SlackFiles.incoming`).
         """
         try:
             wanted = classified.take == "if_known" or classified.joined_midway or late
@@ -460,7 +475,7 @@ class SlackChannel:
             if self.delivery.working_reaction:
                 inbound = await self.delivery.with_working(sink, inbound, known)
             if inbound.attachments:  # held before the message is: a retry fetches nothing again
-                incoming = self.files.incoming(event, inbound.attachments)
+                incoming = self.files.incoming(event, inbound.attachments, last_try=last_try)
                 held = await sink.take_files(inbound.thread, incoming)
                 inbound = inbound.model_copy(update={"attachments": held})
             return await sink.accept(inbound), known, inbound
@@ -506,6 +521,18 @@ class SlackChannel:
     async def given_up(self, outbound: Outbound, reason: str) -> None:
         """A dead letter: its question stops looking worked on (`SlackDelivery.given_up`)."""
         self.delivery.given_up(outbound)
+
+
+def _last_try(request: AsyncBoltRequest) -> bool:
+    """Whether Slack will not send this event again (``X-Slack-Retry-Num``).
+
+    Bolt gives Socket Mode's ``retry_attempt`` as the same header.
+    """
+    values = request.headers.get("x-slack-retry-num") or ("0",)
+    try:
+        return int(values[0]) >= _LAST_RETRY
+    except ValueError:
+        return False
 
 
 def _media_type(content_type: str) -> str:

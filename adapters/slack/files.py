@@ -5,7 +5,10 @@ The bot token goes only to Slack's file host (``file_host``, by default
 redirect is never followed (it could lead the token elsewhere). A file Slack does not hand over
 (deleted, hidden by the workspace's plan, an app without ``files:read``) is refused with the
 reason; a server error or a timeout may pass, so the event is not acknowledged and Slack
-retries it, and what was held meanwhile is not fetched again (D226).
+retries it, and what was held meanwhile is not fetched again (D226). On Slack's last try
+(``X-Slack-Retry-Num: 3``) such a file is refused with its reason instead: the message is
+taken without it and the thread told, where refusing the event again would lose the message,
+its text included (D395).
 """
 
 from __future__ import annotations
@@ -39,9 +42,13 @@ class SlackFiles:
         """Files fetched (for tests and logs)."""
 
     def incoming(
-        self, event: Mapping[str, Any], attachments: Sequence[Attachment]
+        self, event: Mapping[str, Any], attachments: Sequence[Attachment], *, last_try: bool = False
     ) -> list[IncomingFile]:
-        """The event's files as `IncomingFile`s, by the attachments `classify` listed."""
+        """The event's files as `IncomingFile`s, by the attachments `classify` listed.
+
+        `last_try`: Slack will not send the event again, so a fetch that might pass later is
+        refused now (`FileRefused`) rather than failed.
+        """
         files = event.get("files")
         by_id = {
             str(item.get("id")): item
@@ -53,14 +60,22 @@ class SlackFiles:
             item = by_id.get(attachment.ref or "", {})
             url = item.get("url_private")
             key = attachment.ref or f"{event.get('channel')}:{event.get('ts')}:{number}"
-            found.append(IncomingFile(attachment, key, self._fetcher(url)))
+            found.append(IncomingFile(attachment, key, self._fetcher(url, last_try)))
         return found
 
-    def _fetcher(self, url: Any) -> Any:
+    def _fetcher(self, url: Any, last_try: bool) -> Any:
         async def fetch(limit: int) -> bytes:
             if not isinstance(url, str) or not url:
                 raise FileRefused("Slack did not share its content with the app")
-            return await self._fetch(url, limit)
+            try:
+                return await self._fetch(url, limit)
+            except (httpx.HTTPStatusError, httpx.TransportError) as exc:
+                if not last_try:
+                    raise  # may pass: the event is not acknowledged, and Slack tries again
+                raise FileRefused(
+                    f"Slack's file host failed on Slack's last try ({_failure(exc)}); "
+                    "share it again"
+                ) from None
 
         return fetch
 
@@ -82,3 +97,10 @@ class SlackFiles:
                 if len(data) > limit:
                     break  # over the limit: refused by its size, the rest never read
             return bytes(data)
+
+
+def _failure(exc: httpx.HTTPStatusError | httpx.TransportError) -> str:
+    """What went wrong with a fetch, in a few words (no URL: it carries the file's path)."""
+    if isinstance(exc, httpx.HTTPStatusError):
+        return f"HTTP {exc.response.status_code}"
+    return "no answer in time" if isinstance(exc, httpx.TimeoutException) else "no connection"

@@ -1096,6 +1096,9 @@ class FakeSlack:
         self.file_requests.append((file_id, authorized))
         if not authorized:  # Slack sends a browser to sign in instead
             raise web.HTTPFound(f"{self.base_url}/signin")
+        fault = self._take_fault("files.download")  # `fail("files.download", status=500)`
+        if fault is not None:
+            return web.Response(status=fault.status, text=fault.error)
         found = self.files.get(file_id)
         if found is None or found[0] != request.match_info["name"]:
             raise web.HTTPNotFound()

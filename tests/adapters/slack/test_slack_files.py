@@ -10,6 +10,7 @@ import asyncio
 import base64
 import contextlib
 import json
+import socket
 from collections.abc import AsyncIterator
 from pathlib import Path
 from typing import Any
@@ -36,9 +37,14 @@ class Rig:
         self.fake = fake
         self.http = http
 
-    async def event(self, event: dict[str, Any], **envelope: Any) -> httpx.Response:
+    async def event(
+        self, event: dict[str, Any], *, retry: int = 0, **envelope: Any
+    ) -> httpx.Response:
+        """Post `event` as Slack does; `retry` > 0: as its retry that many (X-Slack-Retry-Num)."""
         raw = json.dumps(event_envelope(event, **envelope))
         headers = {"content-type": "application/json", **signed_headers(raw, SECRET)}
+        if retry:
+            headers |= {"x-slack-retry-num": str(retry), "x-slack-retry-reason": "http_error"}
         return await self.http.post("/slack/events", content=raw.encode(), headers=headers)
 
     async def bot_replies(self, root: str, count: int) -> list[Message]:
@@ -183,6 +189,26 @@ async def test_oversize_and_unknown_files_are_refused_with_a_reply_and_nothing_s
             assert await broker.blobs.find(SESSION, f"slack:{shared['id']}") is None
 
 
+async def test_a_file_slack_s_host_keeps_failing_is_refused_on_the_last_try_not_the_message(
+    rig: Rig,
+) -> None:
+    # every try got a 500, so after Slack's last retry the message was gone, its text too
+    shot = rig.fake.add_file("shot.png", png(), "image/png")
+    rig.fake.fail("files.download", error="upstream down", status=500, times=4)
+    event = rig.with_files("what is in this one?", shot)
+    for retry in (0, 1, 2):  # may pass later: not acknowledged, so Slack tries again
+        assert (await rig.event(event, event_id="Ev1", retry=retry)).status_code == 500
+    assert rig.fake.bot_messages("C1") == []
+    assert (await rig.event(event, event_id="Ev1", retry=3)).status_code == 200
+    notice, reply = await rig.bot_replies(event["ts"], 2)
+    assert notice.text == (
+        "I could not read the file shot.png: Slack's file host failed on Slack's last try "
+        "(HTTP 500); share it again."
+    )
+    assert reply.text.startswith("text: what is in this one?")
+    assert len(rig.fake.file_requests) == 4  # each try fetched; none was held
+
+
 async def test_the_bot_token_goes_to_slacks_file_host_only() -> None:
     async with FakeSlack() as fake:
         shared = fake.add_file("notes.txt", b"hello", "text/plain")
@@ -196,3 +222,18 @@ async def test_the_bot_token_goes_to_slacks_file_host_only() -> None:
         [incoming] = local.incoming({"files": [shared]}, [attachment])
         assert await incoming.fetch(1_000) == b"hello"
         assert fake.file_requests == [(shared["id"], True)]
+
+
+async def test_a_file_host_that_cannot_be_reached_is_retried_then_refused_on_the_last_try() -> None:
+    with socket.socket() as unused:  # a port nothing listens on: the connection is refused
+        unused.bind(("127.0.0.1", 0))
+        host = f"http://127.0.0.1:{unused.getsockname()[1]}"
+    files = SlackFiles("xoxb-test", file_host=host, timeout_s=5)
+    attachment = Attachment(name="a.txt", media_type="text/plain", size=5, ref="F1")
+    shared = {"id": "F1", "url_private": f"{host}/files-pri/T1-F1/a.txt"}
+    [incoming] = files.incoming({"files": [shared]}, [attachment])
+    with pytest.raises(httpx.ConnectError):  # may pass later: Slack is told to try again
+        await incoming.fetch(1_000)
+    [incoming] = files.incoming({"files": [shared]}, [attachment], last_try=True)
+    with pytest.raises(FileRefused, match=r"failed on Slack's last try \(no connection\)"):
+        await incoming.fetch(1_000)
