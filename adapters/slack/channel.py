@@ -87,6 +87,8 @@ for _name in ("adapters.slack.sdk", "adapters.slack.bolt"):
 _MAX_BODY = 1_000_000
 _SEEN_EVENTS = 10_000
 _CATCH_UP_AFTER_S = 2.0
+_SIGNATURE = re.compile(r"v0=[0-9a-fA-F]{64}")
+"""What Slack's ``X-Slack-Signature`` is: the version, and an HMAC-SHA256 in hex."""
 _LAST_RETRY = 3
 """Slack's last retry of an event it got no 200 for: "up to 3 times" (the Events API)."""
 """A mention taken this long after it was posted (Slack retried it) has its thread read for
@@ -304,6 +306,7 @@ class SlackChannel:
             self._verifier is None
             or not (timestamp.isascii() and timestamp.isdigit())
             or len(timestamp) > 12
+            or not _SIGNATURE.fullmatch(signature)  # the SDK's compare raised on non-ASCII: a 500
         ):
             return False
         try:
@@ -587,7 +590,14 @@ def _shaped(parsed: dict[str, Any]) -> bool:
     kind = parsed.get("type")
     if kind == "event_callback":
         event = parsed.get("event")
-        return isinstance(event, dict) and isinstance(event.get("type"), str)
+        return (
+            isinstance(event, dict)
+            and isinstance(event.get("type"), str)
+            and all(
+                _ids_shaped(part)
+                for part in (parsed, event, event.get("message"), event.get("previous_message"))
+            )
+        )
     if kind == "block_actions":
         actions = parsed.get("actions")
         return (
@@ -598,6 +608,24 @@ def _shaped(parsed: dict[str, Any]) -> bool:
     if kind in ("view_submission", "view_closed"):
         view = parsed.get("view")
         return isinstance(view, dict) and isinstance(view.get("type"), str)
+    return True
+
+
+_IDS = ("user", "channel", "team", "enterprise")
+"""What bolt reads of a request (and of its event, message, previous message) for its context:
+each a string or an object with a string ``id``, and ``<name>_id`` a string."""
+
+
+def _ids_shaped(part: Any) -> bool:
+    """Whether bolt can read the ids of `part` (an int ``user`` was a TypeError: a 500)."""
+    if not isinstance(part, dict):
+        return True  # absent: bolt looks elsewhere
+    for name in _IDS:
+        value = part.get(name)
+        if isinstance(value, dict):
+            value = value.get("id")
+        if not isinstance(value, str | None) or not isinstance(part.get(f"{name}_id"), str | None):
+            return False
     return True
 
 

@@ -187,6 +187,11 @@ async def test_forged_stale_and_malformed_requests_store_nothing(rig: Rig) -> No
         '{"type": "event_callback", "event": 5}',
         '{"type": "event_callback", "event": {"text": "no type"}}',
         '{"type": "event_callback", "event": {"x": ' + "[" * 100_000 + "]" * 100_000 + "}}",
+        # bolt reads the ids for its context and raised on these (an outside probe: a 500)
+        '{"type": "event_callback", "event": {"type": "message", "user": 5, "ts": 1.5}}',
+        '{"type": "event_callback", "event": {"type": "message", "channel": {"id": 7}}}',
+        '{"type": "event_callback", "team_id": [], "event": {"type": "app_mention"}}',
+        '{"type": "event_callback", "event": {"type": "message", "message": {"user": 1}}}',
     ):
         response = await rig.signed(bad, "application/json")
         assert response.status_code == 400, bad[:80]  # the deep one was a 500 (RecursionError)
@@ -203,11 +208,15 @@ async def test_forged_stale_and_malformed_requests_store_nothing(rig: Rig) -> No
         assert response.status_code == 400, payload
     unsigned = await rig.http.post("/slack/events", content=raw.encode())
     assert unsigned.status_code == 401
+    fresh = str(int(time.time())).encode()
+    for signature in (b"v0=\xe9", b"v0=" + "\u00e9".encode() * 32):  # was a 500
+        odd = {b"x-slack-request-timestamp": fresh, b"x-slack-signature": signature}
+        response = await rig.http.post("/slack/events", content=raw.encode(), headers=odd)
+        assert response.status_code == 401, response.text
     for stamp in (b"\xb2", "\u0663".encode()):  # str.isdigit() takes both; int() not "²"
         odd = {b"x-slack-request-timestamp": stamp, b"x-slack-signature": b"v0=00"}
         response = await rig.http.post("/slack/events", content=raw.encode(), headers=odd)
         assert response.status_code == 401
-    fresh = str(int(time.time())).encode()
     for body in (b"\xff\xfe{}", gzip.compress(raw.encode())):  # was a 500 and an error log
         odd = {b"x-slack-request-timestamp": fresh, b"x-slack-signature": b"v0=00"}
         response = await rig.http.post("/slack/events", content=body, headers=odd)
