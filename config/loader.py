@@ -550,7 +550,9 @@ def _secret_at(setting: Setting, loc: tuple[int | str, ...]) -> bool:
     """Whether the value at `loc` inside a setting's value is (or holds) a secret.
 
     Walks the annotation down the tables, lists and mappings `loc` names: an error in a
-    server's ``env`` or ``headers`` never shows the value it refused.
+    server's ``env`` or ``headers`` never shows the value it refused, nor does one about a
+    value that holds them (a single ``[mcp.servers]`` table where a list belongs showed the
+    whole table, its bearer token included: an outside probe).
     """
     annotation: Any = setting.model.model_fields[setting.field].annotation
     for part in loc:
@@ -569,7 +571,19 @@ def _secret_at(setting: Setting, loc: tuple[int | str, ...]) -> bool:
             continue
         args = [a for a in _args(annotation) if a is not Ellipsis]
         annotation = args[-1] if args else None  # a list's item, a mapping's value
-    return SecretStr in (annotation, *_args(annotation))
+    return _holds_secret(annotation, set())
+
+
+def _holds_secret(annotation: Any, seen: set[type[BaseModel]]) -> bool:
+    """Whether a value of `annotation` is a secret or can hold one, at any depth."""
+    for kind in (annotation, *_args(annotation)):
+        if kind is SecretStr:
+            return True
+        if isinstance(kind, type) and issubclass(kind, BaseModel) and kind not in seen:
+            seen.add(kind)
+            if any(_holds_secret(f.annotation, seen) for f in kind.model_fields.values()):
+                return True
+    return False
 
 
 def _expected(field: str, loc: tuple[int | str, ...], table: Mapping[str, Setting]) -> str:

@@ -143,6 +143,29 @@ def test_a_refused_secret_is_never_shown(tmp_path: Path) -> None:
     assert "value-123" not in problem and "12345678" not in problem
 
 
+@pytest.mark.parametrize(
+    "text",
+    [  # `[mcp.servers]` for `[[mcp.servers]]`, a common slip: the whole table was shown
+        '[mcp.servers]\nname = "u"\ncommand = "x"\nbearer_token = "tok-secret-1"\n',
+        '[mcp.servers]\nname = "u"\nurl = "http://h/"\nheaders = { K = "tok-secret-1" }\n',
+        '[[mcp.servers]]\nname = "u"\ncommand = "x"\n[[mcp.servers.env]]\nK = "tok-secret-1"\n',
+    ],
+)
+def test_a_value_holding_a_secret_is_never_shown(tmp_path: Path, text: str) -> None:
+    problem = _problem(tmp_path, text)
+    assert "mcp_servers" in problem and "<hidden>" in problem
+    assert "tok-secret" not in problem
+
+
+def test_a_variable_holding_a_secret_is_never_shown() -> None:
+    value = {"name": "u", "command": "x", "env": {"API_KEY": "tok-secret-2"}}  # not a list
+    with pytest.raises(SettingsError) as caught:
+        load_gateway_settings({"GATEWAY_MCP_SERVERS": json.dumps(value)})
+    assert str(caught.value).startswith(
+        "mcp_servers=<hidden> (GATEWAY_MCP_SERVERS in the environment): expected a list"
+    )
+
+
 def test_the_service_redactor_hides_them(tmp_path: Path) -> None:
     from gateway.redact import Redactor
 
