@@ -9,6 +9,7 @@ from __future__ import annotations
 import ipaddress
 import re
 from typing import Any, Literal, get_args, get_origin
+from urllib.parse import SplitResult, urlsplit
 
 from pydantic import BaseModel, SecretStr
 
@@ -18,6 +19,7 @@ __all__ = [
     "Relation",
     "Relations",
     "accepted_in",
+    "check_http_url",
     "check_tokens",
     "check_url",
     "comma_separated",
@@ -132,6 +134,35 @@ def check_url(value: str, schemes: tuple[str, ...], wanted: str) -> str:
     if scheme(value) not in schemes or not value.partition("://")[1]:
         raise ValueError(f"expected {wanted}")
     return value
+
+
+_UNSENDABLE = re.compile(r"[\s\x00-\x1f\x7f]")
+"""What no URL a request is sent to holds: a space or a control character (a line end a file
+or a secret store left on the value)."""
+
+
+def check_http_url(value: str, wanted: str, *, query: bool = True) -> SplitResult:
+    """`value`'s parts, if it is an http(s) URL a request can be sent to; else ValueError.
+
+    It must have a host, a port (if any) from 1 to 65535, no ``#fragment``, no space or control
+    character, and no query unless `query`. Each was found only when the first request failed
+    (an outside probe): a port of 99999 stopped the service at its banner, a line end made every
+    reply a dead letter hours later, a status URL's query took the id the gateway appends.
+    """
+    check_url(value, ("http", "https"), wanted)
+    if _UNSENDABLE.search(value):
+        raise ValueError(f"expected {wanted}, without spaces or control characters")
+    parts = urlsplit(value)
+    try:
+        port = parts.port
+    except ValueError:
+        port = 0
+    if not parts.hostname or port == 0:
+        raise ValueError(f"expected {wanted} with a host (and a port from 1 to 65535)")
+    if parts.fragment or (parts.query and not query):
+        no = "no #fragment" if query else "no ?query or #fragment"
+        raise ValueError(f"expected {wanted} with {no}")
+    return parts
 
 
 def scheme(url: str) -> str:

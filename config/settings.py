@@ -11,7 +11,6 @@ import hashlib
 import re
 from collections.abc import Mapping
 from typing import Any, Literal, TypeVar
-from urllib.parse import urlsplit
 
 from pydantic import (
     BaseModel,
@@ -27,6 +26,7 @@ from config.fields import (
     Relation,
     Relations,
     accepted_in,
+    check_http_url,
     check_tokens,
     check_url,
     comma_separated,
@@ -486,9 +486,7 @@ class Settings(BaseModel):
     @classmethod
     def _model_base_url(cls, value: str | None) -> str | None:
         if value is not None:
-            check_url(value, ("http", "https"), accepted("model_base_url"))
-            if not urlsplit(value).netloc:
-                raise ValueError(f"expected {accepted('model_base_url')}")
+            check_http_url(value, accepted("model_base_url"))
         return value
 
     @field_validator("model_api_key")
@@ -502,9 +500,7 @@ class Settings(BaseModel):
     @classmethod
     def _public_url(cls, value: str | None) -> str | None:
         if value is not None:
-            check_url(value, ("http", "https"), accepted("public_url"))
-            if not urlsplit(value).netloc:
-                raise ValueError(f"expected {accepted('public_url')}")
+            check_http_url(value, accepted("public_url"), query=False)
             return value.rstrip("/")
         return value
 

@@ -30,6 +30,7 @@ from gateway.broker import BrokerError
 from gateway.channels import channel_lines, channel_state, served_url
 from gateway.collector import tune_collector
 from gateway.logs import configure, event
+from gateway.redact import Redactor
 from gateway.service import Service, StartRefused
 from gateway.slow_heads import HeadTimedProtocol
 from gateway.waits import until_done
@@ -272,6 +273,16 @@ async def _run(settings: Settings, service: Service, server: _Server, signals: _
         print(
             f"gateway: stopped after {budget:g} s (GATEWAY_SHUTDOWN_SECONDS) before everything "
             f"was released: {_unreleased(settings)}",
+            file=sys.stderr,
+            flush=True,
+        )
+        return 1
+    failure = None if serving.cancelled() else serving.exception()
+    if failure is not None:  # the server ended by itself: it was a clean exit 0, without a word
+        log.error(event("server failed", error=type(failure).__name__))
+        said = Redactor.from_settings(settings).redact(str(failure)) or "no detail"
+        print(
+            f"gateway: stopped: the server failed ({type(failure).__name__}: {said})",
             file=sys.stderr,
             flush=True,
         )

@@ -4,11 +4,10 @@ from __future__ import annotations
 
 import re
 from typing import Any, ClassVar
-from urllib.parse import urlsplit
 
 from pydantic import Field, SecretStr, ValidationInfo, field_validator, model_validator
 
-from config.fields import Relation, Relations, check_url
+from config.fields import Relation, Relations, check_http_url
 from config.sections import Section
 
 __all__ = ["SlackSettings"]
@@ -108,17 +107,14 @@ class SlackSettings(Section):
     @field_validator("api_url")
     @classmethod
     def _api_url(cls, value: str) -> str:
-        check_url(value, ("http", "https"), cls.accepted("api_url"))
-        if not urlsplit(value).netloc:
-            raise ValueError(f"expected {cls.accepted('api_url')}")
+        check_http_url(value, cls.accepted("api_url"), query=False)
         return value if value.endswith("/") else value + "/"
 
     @field_validator("file_host")
     @classmethod
     def _file_host(cls, value: str) -> str:
-        check_url(value, ("http", "https"), cls.accepted("file_host"))
-        parts = urlsplit(value)
-        if not parts.netloc or parts.path not in ("", "/") or parts.query:
+        parts = check_http_url(value, cls.accepted("file_host"), query=False)
+        if parts.path not in ("", "/"):
             raise ValueError(f"expected {cls.accepted('file_host')}")
         return f"{parts.scheme}://{parts.netloc}"
 

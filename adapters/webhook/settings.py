@@ -4,12 +4,11 @@ from __future__ import annotations
 
 import re
 from typing import Any, ClassVar
-from urllib.parse import urlsplit
 
 from pydantic import Field, SecretStr, ValidationInfo, field_validator, model_validator
 
 from adapters.webhook.signing import secret_key
-from config.fields import Relation, Relations, check_url, comma_separated
+from config.fields import Relation, Relations, check_http_url, comma_separated
 from config.sections import Section
 
 __all__ = ["WebhookSettings"]
@@ -109,10 +108,8 @@ class WebhookSettings(Section):
         if value is None:
             return value
         name = str(info.field_name)
-        check_url(value, ("http", "https"), cls.accepted(name))
-        parts = urlsplit(value)
-        if not parts.hostname or parts.fragment:
-            raise ValueError(f"expected {cls.accepted(name)} with a host and no #fragment")
+        # the status URL gets /<webhook-id> appended: a query would take it in
+        check_http_url(value, cls.accepted(name), query=name != "status_url")
         return value.rstrip("/") if name == "status_url" else value
 
     @field_validator("secret", "inbound_secret")

@@ -26,7 +26,7 @@ from pydantic import (
 )
 
 from config import Settings
-from config.fields import check_url
+from config.fields import check_http_url
 from config.sections import Section
 
 __all__ = ["SECTION", "McpSection", "McpServer", "McpToolOverride", "mcp_secrets", "mcp_section"]
@@ -204,11 +204,7 @@ class McpServer(_Table):
     def _url(cls, value: str | None) -> str | None:
         if value is None:
             return value
-        wanted = "an http:// or https:// URL"
-        check_url(value, ("http", "https"), wanted)
-        parts = urlsplit(value)
-        if not parts.hostname or parts.fragment:
-            raise ValueError(f"the url is not {wanted} with a host and no #fragment")
+        check_http_url(value, "an http:// or https:// URL")
         return value
 
     @field_validator("env")

@@ -267,6 +267,32 @@ def test_serve_with_a_malformed_store_or_broker_url_is_a_setting_error(
     assert len(lines) == 1 and lines[0].startswith(said), lines
 
 
+def test_a_server_that_fails_once_listening_exits_1_with_one_line(tmp_path: Path) -> None:
+    # a webhook URL's port of 99999 raised in the banner: `serve` stopped and exited 0, silent
+    (tmp_path / "failing.py").write_text(
+        "import sys, gateway.serve\n"
+        "def banner_fails(*_):\n"
+        "    raise ValueError('Port out of range 0-65535')\n"
+        "gateway.serve.channel_lines = banner_fails\n"
+        "from gateway.cli import main\n"
+        "sys.exit(main(['serve']))\n"
+    )
+    done = subprocess.run(
+        [sys.executable, "failing.py"],
+        cwd=tmp_path,
+        env=environment(port=str(_free_port())),
+        capture_output=True,
+        text=True,
+        timeout=WAIT,
+        check=False,
+    )
+    lines = [line for line in done.stderr.splitlines() if line.startswith("gateway:")]
+    assert (done.returncode, lines) == (
+        1,
+        ["gateway: stopped: the server failed (ValueError: Port out of range 0-65535)"],
+    )
+
+
 @pytest.mark.parametrize(
     ("words", "said"),
     [

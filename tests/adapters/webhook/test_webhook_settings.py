@@ -86,6 +86,16 @@ def test_the_toml_table_reads_the_same(tmp_path: Path) -> None:
         ({**ON, "GATEWAY_WEBHOOK_INBOUND_SECRET": "whsec_!!"}, "not base64"),
         ({**ON, "GATEWAY_WEBHOOK_URL": "ftp://r.example.com/x"}, "http:// or https://"),
         ({**ON, "GATEWAY_WEBHOOK_URL": "https:///nohost"}, "with a host"),
+        # each was found only by the first request, or stopped the service without a word
+        ({**ON, "GATEWAY_WEBHOOK_URL": "http://127.0.0.1:99999/hook"}, "port from 1 to 65535"),
+        ({**ON, "GATEWAY_WEBHOOK_URL": "http://h:abc/hook"}, "port from 1 to 65535"),
+        ({**ON, "GATEWAY_WEBHOOK_URL": "http://h:1:1/hook"}, "port from 1 to 65535"),
+        ({**ON, "GATEWAY_WEBHOOK_URL": "http://h/hook\n"}, "without spaces or control"),
+        ({**ON, "GATEWAY_WEBHOOK_URL": "http://h/hook "}, "without spaces or control"),
+        (
+            {**ON, "GATEWAY_WEBHOOK_STATUS_URL": "https://h/status?key=abc"},
+            "with no ?query or #fragment",
+        ),
         ({**ON, "GATEWAY_WEBHOOK_APPROVERS": "alice, bob smith"}, "is not an author id"),
         ({**ON, "GATEWAY_WEBHOOK_TOLERANCE_SECONDS": "5"}, "tolerance_seconds"),
     ],
