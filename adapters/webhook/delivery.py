@@ -24,11 +24,12 @@ from __future__ import annotations
 
 import hashlib
 import logging
-from urllib.parse import quote
+from urllib.parse import quote, urlsplit
 
 import httpx
 
 from adapters.channel import DeliveryError, DeliveryReceipt, Outbound, Reconciled
+from adapters.failures import connection_failure
 from adapters.webhook.payloads import outbound_body
 from adapters.webhook.signing import signed_headers
 from harness_core import Clock
@@ -111,7 +112,9 @@ class WebhookDelivery:
                 "POST", self.url, content=body, headers=headers
             ) as response:
                 status, retry_after = response.status_code, _retry_after(response)
-        except (httpx.ConnectError, httpx.ConnectTimeout, httpx.PoolTimeout) as exc:
+        except (httpx.ConnectError, httpx.ConnectTimeout) as exc:
+            raise DeliveryError(f"webhook receiver unreachable: {self._why(exc)}") from None
+        except httpx.PoolTimeout as exc:
             raise DeliveryError(f"webhook receiver unreachable ({type(exc).__name__})") from None
         except (httpx.TimeoutException, httpx.TransportError) as exc:
             raise DeliveryError(
@@ -135,6 +138,18 @@ class WebhookDelivery:
         if 300 <= status < 400:
             reason += " (a redirect: configure the final URL)"
         raise DeliveryError(reason, permanent=True)
+
+    def _why(self, exc: httpx.TransportError) -> str:
+        """Why the connection failed, in words (a bad certificate read as a network fault)."""
+        parts = urlsplit(self.url)
+        return connection_failure(
+            exc,
+            protocol=parts.scheme.upper(),
+            host=parts.hostname or "",
+            port=parts.port or (443 if parts.scheme == "https" else 80),
+            timeout_s=self._timeout.connect or 0.0,
+            phase="connecting",
+        )
 
     async def reconcile(self, outbound: Outbound) -> Reconciled:
         """Whether an attempt of `outbound` arrived, as the status URL says (see the module)."""

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import asyncio
 from collections.abc import AsyncIterator
+from pathlib import Path
 
 import pytest
 
@@ -23,6 +24,7 @@ from adapters.channel import (
 from adapters.webhook.delivery import WebhookDelivery, webhook_id
 from adapters.webhook.signing import secret_key
 from harness_core import SystemClock
+from tests.support.mail_servers import make_self_signed_cert
 from tests.support.redis_server import free_port
 from tests.support.webhook_peer import WebhookPeer, new_secret
 
@@ -191,12 +193,40 @@ async def test_a_wrong_secret_is_refused_by_the_receiver_and_is_permanent(
 
 
 async def test_nothing_listening_is_not_sent_and_retried() -> None:
-    delivery = _delivery(f"http://127.0.0.1:{free_port()}/hooks")
+    port = free_port()
+    delivery = _delivery(f"http://127.0.0.1:{port}/hooks")
     with pytest.raises(DeliveryError) as failed:
         await delivery.deliver(_reply())
     await delivery.aclose()
     assert not failed.value.permanent and not failed.value.unknown_outcome
-    assert "unreachable" in failed.value.reason
+    assert failed.value.reason == (
+        f"webhook receiver unreachable: connection refused by 127.0.0.1:{port}: nothing "
+        "listens there (check the HTTP host and port)"
+    )
+
+
+async def test_a_certificate_nobody_trusts_is_said_not_taken_for_a_network_fault(
+    tmp_path: Path,
+) -> None:
+    # it read "webhook receiver unreachable (ConnectError)": an operator looked at the network
+    cert = make_self_signed_cert(tmp_path)
+    server = await asyncio.start_server(
+        lambda _r, w: w.close(), "127.0.0.1", 0, ssl=cert.server_context()
+    )
+    port = server.sockets[0].getsockname()[1]
+    delivery = _delivery(f"https://127.0.0.1:{port}/hooks")
+    try:
+        with pytest.raises(DeliveryError) as failed:
+            await delivery.deliver(_reply())
+    finally:
+        await delivery.aclose()
+        server.close()
+        await server.wait_closed()
+    assert not failed.value.permanent and not failed.value.unknown_outcome  # never sent
+    assert failed.value.reason.startswith(
+        f"webhook receiver unreachable: TLS handshake with HTTPS server 127.0.0.1:{port} "
+        "failed: its certificate is not trusted (self-signed certificate"
+    )
 
 
 async def test_a_lost_ack_is_an_unknown_outcome_that_reconcile_finds_delivered(
