@@ -20,6 +20,7 @@ import hashlib
 import json
 import logging
 import re
+from collections.abc import Callable
 from typing import Any, Literal
 
 from pydantic import Field
@@ -35,6 +36,7 @@ from harness_core import (
     ApprovalDecision,
     Clock,
     Err,
+    MissingIdentities,
     Ok,
     Outcome,
     SessionStorage,
@@ -129,8 +131,15 @@ async def carry_out(
     storage: SessionStorage,
     broker: Broker,
     clock: Clock,
+    *,
+    waits: Callable[[MissingIdentities], bool] | None = None,
 ) -> ActionResult:
-    """Do `action` on `lane` (once), keeping its result and auditing it."""
+    """Do `action` on `lane` (once), keeping its result and auditing it.
+
+    `waits`: a resume refused for tools (or models) the harness lacks, which `waits` says the
+    worker will provide at its next take of the session: the result is ``pending`` again (not
+    final; the worker leaves the item to that take), not refused (D396).
+    """
     mark = result_mark(action.id)
     raw = await broker.marks.get(mark)
     earlier = None if raw is None else ActionResult.model_validate_json(raw)
@@ -145,7 +154,10 @@ async def carry_out(
     if not await broker.marks.put(mark, running.model_dump_json(), expect=raw):
         return await carry_out(action, lane, storage, broker, clock)  # another took it first
     try:
-        final = await _do(action, lane, storage, broker, clock)
+        final = await _do(action, lane, storage, broker, clock, waits)
+        if final.status == "pending":  # not final: the worker's next take does it
+            await broker.marks.put(mark, final.model_dump_json(), expect=running.model_dump_json())
+            return final
     except Exception as exc:
         final = _result(
             action, clock, "refused", error={"code": "failed", "message": type(exc).__name__}
@@ -172,7 +184,12 @@ async def refuse(
 
 
 async def _do(
-    action: OperatorAction, lane: AgentLane, storage: SessionStorage, broker: Broker, clock: Clock
+    action: OperatorAction,
+    lane: AgentLane,
+    storage: SessionStorage,
+    broker: Broker,
+    clock: Clock,
+    waits: Callable[[MissingIdentities], bool] | None,
 ) -> ActionResult:
     kind = action.kind
     if kind == "abort":
@@ -191,7 +208,7 @@ async def _do(
         return _result(action, clock, "done", outcome="aborted")
     if kind in ("resume", "unstick"):
         resumed = await lane.resume(tool_recovery=action.tool_recovery, unstick=action.unstick)
-        return _ended(action, clock, resumed)
+        return _ended(action, clock, resumed, waits)
     if kind == "decide":
         decided = await lane.resume(
             [
@@ -209,7 +226,7 @@ async def _do(
             idempotency_key=action.id,
             tool_recovery=action.tool_recovery,
         )
-        return _ended(action, clock, decided)
+        return _ended(action, clock, decided, waits)
     return await _rerun(action, lane, storage, clock)
 
 
@@ -258,11 +275,24 @@ async def _rerun(
     return _result(action, clock, "done", outcome=outcome.kind, run_id=outcome.run_id)
 
 
-def _ended(action: OperatorAction, clock: Clock, result: Any) -> ActionResult:
+def _ended(
+    action: OperatorAction,
+    clock: Clock,
+    result: Any,
+    waits: Callable[[MissingIdentities], bool] | None,
+) -> ActionResult:
     if isinstance(result, Ok):
         outcome: Outcome = result.value
         return _result(action, clock, "done", outcome=outcome.kind, run_id=outcome.run_id)
-    return _refused(action, clock, result.error)
+    refusal = result.error
+    if isinstance(refusal, MissingIdentities) and waits is not None and waits(refusal):
+        error = {
+            "code": "waits_for_tools",
+            "message": f"{refusal.message}: done when the session is taken again with them, "
+            "or with stand-ins for tools no server offers any more",
+        }
+        return _result(action, clock, "pending", error=error)
+    return _refused(action, clock, refusal)
 
 
 def _refused(action: OperatorAction, clock: Clock, rejection: Any) -> ActionResult:

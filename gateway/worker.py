@@ -201,6 +201,9 @@ class _Session:
     """The tool sources' version its harness was built with (`Worker` ``tools_version``)."""
     missing_tools: bool = False
     """A lane's resume was refused for tools the harness lacks: taken again after a wait."""
+    deferred: set[str] = field(default_factory=set)
+    """Inbox items (decisions, operator actions) whose resume waits for such tools: left
+    pending, unread for the rest of this take, applied at the next (D396)."""
     ready: tuple[InboxItem, ...] | None = None
     """Pending items its linger just read (after `since`): the next work takes them unread."""
     files_read: dict[str, UserContent] = field(default_factory=dict)
@@ -797,7 +800,11 @@ class Worker:
             if ready is None:
                 session.since = await inbox.position()
                 ready = await inbox.pending(session.ticket.session, limit=PENDING_READ)
-            items = [item for item in ready if item.id not in session.in_flight]
+            items = [
+                item
+                for item in ready
+                if item.id not in session.in_flight and item.id not in session.deferred
+            ]
             if self._tools_changed(session):
                 # a busy session would keep the old tools for good: what is running ends,
                 # then it is taken again with the new ones (its pending items wait till then)
@@ -1013,23 +1020,32 @@ class Worker:
         if isinstance(refusal, MissingIdentities):
             # its tools' server is not up (yet): the lane stayed suspended, and nothing would
             # look again until someone wrote in its thread; the session is taken again soon
-            session.missing_tools = True
-            gone = tuple(tool for tool in refusal.tools if self._tool_gone(tool))
-            if gone:  # never to come back by itself: stood in for at the next take
-                known = self._gone.get(session.ticket.session, ())
-                self._gone[session.ticket.session] = tuple(sorted({*known, *gone}))
-            log.warning(
-                event(
-                    "resume waits for its tools",
-                    session=session.ticket.session,
-                    lane=lane.name,
-                    tools=list(refusal.tools),
-                    models=list(refusal.models),
-                    gone=list(gone),
-                )
-            )
+            self._wait_for_tools(session, lane.name, refusal)
             return
         log.info(event("resume refused", lane=lane.name, reason=refusal.tag))
+
+    def _wait_for_tools(self, session: _Session, lane: str, refusal: MissingIdentities) -> bool:
+        """A resume of `lane` lacks tools: take the session again after a wait (always True).
+
+        Tools no server will offer again by themselves are stood in for at that take
+        (`_stand_in`, D373): a decision or an operator's action deferred till then applies.
+        """
+        session.missing_tools = True
+        gone = tuple(tool for tool in refusal.tools if self._tool_gone(tool))
+        if gone:  # never to come back by itself: stood in for at the next take
+            known = self._gone.get(session.ticket.session, ())
+            self._gone[session.ticket.session] = tuple(sorted({*known, *gone}))
+        log.warning(
+            event(
+                "resume waits for its tools",
+                session=session.ticket.session,
+                lane=lane,
+                tools=list(refusal.tools),
+                models=list(refusal.models),
+                gone=list(gone),
+            )
+        )
+        return True
 
     async def _record(
         self, session_id: str, lane: str, action: str, op_id: str, attempts: int
@@ -1402,7 +1418,17 @@ class Worker:
             thread = session.threads.get(lane.name)
             if thread is not None:  # a retry after an operator raised the lane's budget
                 await self._read_budget(session.ticket.session, lane.name, thread, session.budgets)
-            await carry_out(action, lane, session.storage, self._broker, self._clock)
+            done = await carry_out(
+                action,
+                lane,
+                session.storage,
+                self._broker,
+                self._clock,
+                waits=lambda refusal: self._wait_for_tools(session, lane.name, refusal),
+            )
+            if done.status == "pending":  # its tools are missing: the next take does it
+                session.deferred.add(item.id)
+                return
             await self._broker.inbox.ack(item.session, item.id)
         finally:
             session.in_flight.discard(item.id)
@@ -1474,6 +1500,12 @@ class Worker:
                 idempotency_key=decision.slot,
                 tool_recovery=self.config.tool_recovery,
             )
+            if isinstance(result, Err) and isinstance(result.error, MissingIdentities):
+                # a tool of the wait is not offered (its server restarts, or dropped it): the
+                # decision was acked unapplied and the lane waited for good (D396)
+                self._wait_for_tools(session, lane.name, result.error)
+                session.deferred.add(item.id)
+                return
             outcome = "applied" if isinstance(result, Ok) else result.error.tag
             await self._broker.audit.record(
                 _audit(

@@ -24,6 +24,7 @@ import pytest
 from prometheus_client.parser import text_string_to_metric_families
 
 from gateway.channels import gateway_settings
+from gateway.ops.views import lane_id
 from gateway.service import Service, ServiceParts
 from harness_core import (
     AssistantMessage,
@@ -35,6 +36,7 @@ from harness_core import (
     message_text,
 )
 from harness_core.models.scripted import text, tool_call
+from tests.support.gateway_rig import decision_body
 from tests.support.service_rig import ServiceRig
 
 pytestmark = [pytest.mark.slow, pytest.mark.timeout(90)]
@@ -353,3 +355,88 @@ async def test_a_lane_cut_in_a_call_of_a_tool_gone_at_the_restart_is_answered(
         assert later[-1]["text"] == "You said: and now?", later
     hangs = [name for name in os.listdir(marks) if name.startswith("call-hang-")]
     assert len(hangs) == 1  # never run again
+
+
+@pytest.mark.parametrize("approved", [False, True])
+async def test_a_decision_on_a_tool_its_server_dropped_meanwhile_applies(
+    tmp_path: Path, approved: bool
+) -> None:
+    """A call waited for approval; its server then dropped the tool (a list change). The Deny
+    was taken (202), acked unapplied, and the thread told nothing: the lane waited for good,
+    an operator's approve or deny refused as "missing_identities" (an outside probe). The
+    decision now waits for the session's next take, which stands in for the tool (D396)."""
+    marks = tmp_path / "marks"
+    marks.mkdir()
+    server = {
+        "name": "demo",
+        "command": sys.executable,
+        "args": ["-m", "tests.support.mcp_servers", "--stdio", "--marks", str(marks)],
+        "cwd": ROOT,
+    }
+    async with _again(_settings(tmp_path, server)) as rig:
+        await rig.post("wait", "/call delete")
+        [asked] = await rig.answers("wait", 1)
+        assert asked["kind"] == "approval_request", asked
+        await rig.post("other", "/call change")  # drops `delete` and lists the change
+        await rig.answers("other", 1)
+        mcp = rig.service.mcp
+        assert mcp is not None
+
+        async def dropped() -> bool:
+            return "demo.delete" not in {tool.name for tool in mcp.tools()}
+
+        await until(dropped, "the list without delete")
+        body = decision_body(asked["approval"], approved=approved, key="k1")
+        decided = await rig.http.post("/web/threads/wait/decisions", json=body)
+        assert decided.status_code == 202, decided.text
+        replies = [a for a in await rig.answers("wait", 2) if a["kind"] == "reply"]
+        said = replies[-1]["text"]
+        if approved:  # the stand-in ran: the model reads the tool is gone, nothing was sent
+            assert said.startswith("Done (error): the tool 'demo.delete' is no longer offered")
+        else:
+            assert said.startswith("Done (error)") and "denied" in said.lower(), said
+    assert not any(name.startswith("call-delete-") for name in os.listdir(marks))
+
+
+async def test_an_operator_s_deny_on_a_tool_its_server_dropped_is_done_at_the_next_take(
+    tmp_path: Path,
+) -> None:
+    """`ops deny` of such a wait was refused "missing_identities", as `ops approve` was: the
+    lane could only be aborted. It is pending now, and done when the session is taken again
+    with a stand-in for the tool (D396)."""
+    marks = tmp_path / "marks"
+    marks.mkdir()
+    server = {
+        "name": "demo",
+        "command": sys.executable,
+        "args": ["-m", "tests.support.mcp_servers", "--stdio", "--marks", str(marks)],
+        "cwd": ROOT,
+    }
+    token = "operator-secret-abcdefghijklmnop"
+    settings = _settings(tmp_path, server).replace(ops_tokens=(f"alice:operator:{token}",))
+    async with _again(settings) as rig:
+        await rig.post("wait", "/call delete")
+        [asked] = await rig.answers("wait", 1)
+        await rig.post("other", "/call change")
+        await rig.answers("other", 1)
+        mcp = rig.service.mcp
+        assert mcp is not None
+
+        async def dropped() -> bool:
+            return "demo.delete" not in {tool.name for tool in mcp.tools()}
+
+        await until(dropped, "the list without delete")
+        approval = asked["approval"]
+        [call] = approval["calls"]
+        body = {
+            "wait_id": approval["wait_id"],
+            "approvals": {call["tool_call_id"]: {"action": "deny", "reason": "not today"}},
+        }
+        headers = {"Authorization": f"Bearer {token}", "Idempotency-Key": "deny-1"}
+        path = f"/api/v1/lanes/{lane_id(approval['session'], 'web:wait')}/decisions"
+        first = await rig.http.post(path, json=body, headers=headers, params={"wait": 30})
+        assert first.status_code == 200, first.text  # pending, then done at the next take
+        assert first.json()["status"] == "done"
+        replies = [a for a in await rig.answers("wait", 2) if a["kind"] == "reply"]
+        assert "not today" in replies[-1]["text"], replies
+    assert not any(name.startswith("call-delete-") for name in os.listdir(marks))
