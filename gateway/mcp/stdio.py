@@ -11,6 +11,11 @@ waiting out its timeout; otherwise it is one unreadable message. Spawning and sh
 SDK's order (close the input, wait, then SIGTERM and SIGKILL the server's process group); the
 server's own exit ends its stream too (a helper it started may hold its output open), and what
 is left of its process group is ended at every stop.
+
+A line of more than `_THREAD_BYTES` is parsed in a thread, and a result of more than
+`MAX_BLOCKS` content blocks is handed on with its runs of plain text blocks joined (and cut to
+that many, the rest named): the SDK validates each block on the event loop, and 450,000
+one-letter blocks held every other thread 4.6 s (an outside probe).
 """
 
 from __future__ import annotations
@@ -32,13 +37,17 @@ from mcp.shared.message import SessionMessage
 
 from gateway.errors import GatewayError
 
-__all__ = ["MAX_MESSAGE_BYTES", "TOO_LARGE_CODE", "TooLarge", "bounded_stdio"]
+__all__ = ["MAX_BLOCKS", "MAX_MESSAGE_BYTES", "TOO_LARGE_CODE", "TooLarge", "bounded_stdio"]
 
 MAX_MESSAGE_BYTES = 16 * 1024 * 1024
 """The longest line read as a message (a result is cut to far less before the model reads it)."""
 TOO_LARGE_CODE = -32099
 """The error code of the answer given in place of one too large to read (JSON-RPC's range
 for an implementation's own server errors)."""
+MAX_BLOCKS = 1_000
+"""The most content blocks of one result handed to the SDK (runs of text joined first)."""
+_THREAD_BYTES = 1024 * 1024
+"""A line longer than this is parsed in a thread, not on the event loop."""
 _HEAD_BYTES = 4096
 """How much of a too-long line is kept to find the request it answers."""
 _INPUT_CLOSED_WAIT_S = 2.0
@@ -97,6 +106,8 @@ async def bounded_stdio(
                 try:
                     async for chunk in process.stdout:
                         for item in lines.feed(chunk):
+                            if isinstance(item, _Long):
+                                item = await anyio.to_thread.run_sync(_message, item.text)
                             await to_session.send(item)
                 except (anyio.ClosedResourceError, anyio.BrokenResourceError, OSError):
                     pass
@@ -141,6 +152,13 @@ async def bounded_stdio(
             tasks.cancel_scope.cancel()
 
 
+class _Long:
+    """A line to parse in a thread (`_message`): its text."""
+
+    def __init__(self, text: str) -> None:
+        self.text = text
+
+
 class _Lines:
     """Bytes in, messages out: each chunk searched once, a line kept to `max_bytes`."""
 
@@ -149,8 +167,8 @@ class _Lines:
         self._kept = bytearray()
         self._long = 0  # the length of the current line once it is too long (0: it is not)
 
-    def feed(self, chunk: bytes) -> list[SessionMessage | Exception]:
-        found: list[SessionMessage | Exception] = []
+    def feed(self, chunk: bytes) -> list[SessionMessage | Exception | _Long]:
+        found: list[SessionMessage | Exception | _Long] = []
         start = 0
         while True:
             end = chunk.find(b"\n", start)
@@ -174,7 +192,7 @@ class _Lines:
         else:
             self._kept.extend(piece)
 
-    def _line(self) -> SessionMessage | Exception | None:
+    def _line(self) -> SessionMessage | Exception | _Long | None:
         text, length = self._kept.decode("utf-8", "replace"), self._long
         self._kept.clear()
         self._long = 0
@@ -182,13 +200,53 @@ class _Lines:
             return _too_large(text, length, self._max)
         if not text.strip():
             return None  # a blank line between messages says nothing
-        try:
-            # bytes that are no UTF-8 are replaced, not fatal: one such byte ended the SDK's
-            # reader for good once (the server stayed "ready" and every call timed out)
-            message = types.jsonrpc_message_adapter.validate_json(text, by_name=False)
-        except ValueError as exc:
-            return exc
-        return SessionMessage(message)
+        return _Long(text) if len(text) > _THREAD_BYTES else _message(text)
+
+
+def _message(text: str) -> SessionMessage | Exception:
+    """One line as a message (any thread): a result's content blocks bounded (`MAX_BLOCKS`)."""
+    try:
+        # bytes that are no UTF-8 are replaced, not fatal: one such byte ended the SDK's
+        # reader for good once (the server stayed "ready" and every call timed out)
+        message = types.jsonrpc_message_adapter.validate_json(text, by_name=False)
+    except ValueError as exc:
+        return exc
+    if isinstance(message, types.JSONRPCResponse):
+        content = message.result.get("content")
+        if isinstance(content, list) and len(content) > MAX_BLOCKS:
+            message.result["content"] = _fewer(content)
+    return SessionMessage(message)
+
+
+def _fewer(blocks: list[object]) -> list[object]:
+    """At most `MAX_BLOCKS` blocks: each run of plain text blocks joined, then the rest named."""
+    joined: list[object] = []
+    run: list[str] = []
+    for block in blocks:
+        if _plain_text(block):
+            run.append(block["text"])  # type: ignore[index]
+            continue
+        if run:
+            joined.append({"type": "text", "text": "".join(run)})
+            run = []
+        joined.append(block)
+    if run:
+        joined.append({"type": "text", "text": "".join(run)})
+    if len(joined) <= MAX_BLOCKS:
+        return joined
+    left_out = len(joined) - (MAX_BLOCKS - 1)
+    note = f"[{left_out:,} more content blocks of this result were left out]"
+    return [*joined[: MAX_BLOCKS - 1], {"type": "text", "text": note}]
+
+
+def _plain_text(block: object) -> bool:
+    """Whether `block` is a text block and nothing more (no annotations, no ``_meta``)."""
+    return (
+        isinstance(block, dict)
+        and block.keys() == {"type", "text"}
+        and block["type"] == "text"
+        and isinstance(block["text"], str)
+    )
 
 
 def _too_large(head: str, length: int, limit: int) -> SessionMessage | Exception:

@@ -8,7 +8,7 @@ import mcp_types as types
 import pytest
 from mcp.shared.message import SessionMessage
 
-from gateway.mcp.stdio import TOO_LARGE_CODE, TooLarge, _Lines
+from gateway.mcp.stdio import MAX_BLOCKS, TOO_LARGE_CODE, TooLarge, _Lines, _Long, _message
 
 LIMIT = 1024 * 1024
 
@@ -19,8 +19,8 @@ def _answer(ident: int, text: str) -> bytes:
     ).encode()
 
 
-def _fed(lines: _Lines, data: bytes, size: int) -> list[SessionMessage | Exception]:
-    found: list[SessionMessage | Exception] = []
+def _fed(lines: _Lines, data: bytes, size: int) -> list[SessionMessage | Exception | _Long]:
+    found: list[SessionMessage | Exception | _Long] = []
     for at in range(0, len(data), size):
         found.extend(lines.feed(data[at : at + size]))
     return found
@@ -47,7 +47,7 @@ def test_a_line_too_long_is_kept_only_to_its_head_and_answers_its_request() -> N
     """The SDK's reader kept all of it (and joined and split it again with every chunk)."""
     lines = _Lines(LIMIT)
     wire = _answer(41, "z" * (5 * LIMIT)) + b"\n" + _answer(42, "next") + b"\n"
-    found: list[SessionMessage | Exception] = []
+    found: list[SessionMessage | Exception | _Long] = []
     most = 0
     for at in range(0, len(wire), 65536):
         found.extend(lines.feed(wire[at : at + 65536]))
@@ -77,3 +77,31 @@ def test_a_line_too_long_that_names_no_request_is_one_unreadable_message(head: b
     [cut, after] = found
     assert isinstance(cut, TooLarge) and "a message of 2.0 MiB" in str(cut)
     assert isinstance(after, SessionMessage)
+
+
+def test_a_long_line_is_left_to_a_thread_and_many_blocks_are_joined_and_bounded() -> None:
+    """450,000 one-letter blocks held the event loop 4.6 s in the SDK's validation."""
+    blocks = [{"type": "text", "text": "c"} for _ in range(450_000)]
+    blocks[10] = {"type": "image", "data": "aGk=", "mimeType": "image/png"}
+    wire = json.dumps({"jsonrpc": "2.0", "id": 7, "result": {"content": blocks}}).encode()
+    [long] = _Lines(MAX_BLOCKS * 1024 * 1024).feed(wire + b"\n")
+    assert isinstance(long, _Long)  # over 1 MiB: parsed off the event loop
+    parsed = _message(long.text)
+    assert isinstance(parsed, SessionMessage)
+    assert isinstance(parsed.message, types.JSONRPCResponse)
+    content = parsed.message.result["content"]
+    assert content == [
+        {"type": "text", "text": "c" * 10},
+        blocks[10],
+        {"type": "text", "text": "c" * (450_000 - 11)},
+    ]
+    many = [{"type": "image", "data": "aGk=", "mimeType": "image/png"}] * (MAX_BLOCKS + 5)
+    line = json.dumps({"jsonrpc": "2.0", "id": 8, "result": {"content": many}})
+    cut = _message(line)
+    assert isinstance(cut, SessionMessage) and isinstance(cut.message, types.JSONRPCResponse)
+    kept = cut.message.result["content"]
+    assert len(kept) == MAX_BLOCKS
+    assert kept[-1] == {
+        "type": "text",
+        "text": "[6 more content blocks of this result were left out]",
+    }
