@@ -58,12 +58,22 @@ from gateway.mcp.stdio import TOO_LARGE_CODE, bounded_stdio
 from harness_core.clock import Clock
 from harness_core.tools import ToolOutput
 
-__all__ = ["IDEMPOTENCY_META_KEY", "PING_EVERY_S", "Backoff", "CallObserver", "McpConnection"]
+__all__ = [
+    "IDEMPOTENCY_META_KEY",
+    "MAX_TOOLS",
+    "PING_EVERY_S",
+    "Backoff",
+    "CallObserver",
+    "McpConnection",
+]
 
 IDEMPOTENCY_META_KEY = "durable-gateway/idempotency-key"
 """The ``_meta`` key of a call's idempotency key (stable across every replay of the call)."""
 MAX_PAGES = 100
 """The most ``tools/list`` pages read: a server whose cursor never ends cannot hang a start."""
+MAX_TOOLS = 1_000
+"""The most tools one server's list is read to: 200,000 tools of a cursor that never ended
+took 18 s and 794 MB, and every run's start record named them all (an outside probe)."""
 PING_EVERY_S = 30.0
 """How often an idle Streamable HTTP server is pinged: nothing else shows that it went away."""
 _MAY_HAVE_HAPPENED = "the call may have had its effect"
@@ -424,11 +434,18 @@ class McpConnection:
                 raise _Refused(f"its tool list breaks the protocol: {fault}") from None
             for tool in page.tools:
                 listed.add(tool.name)
-                if self._exposed(tool.name):
+                if self._exposed(tool.name) and len(found) < MAX_TOOLS:
                     found[tool.name] = tool
             cursor = page.next_cursor
-            if not cursor:
+            if not cursor or len(listed) > MAX_TOOLS:
                 break
+        if len(listed) > MAX_TOOLS:
+            said = (
+                f"it lists more than {MAX_TOOLS:,} tools: only the first {len(found):,} it "
+                "exposes are offered (its own tool filter, or `tools`, chooses which)"
+            )
+            self._fault(said)
+            log.warning(event("mcp.tools_cut", server=self.name, note=said))
         self._warn_unmatched(listed)
         changed = found != self._tools
         self._tools = found

@@ -148,7 +148,9 @@ class McpTools:
         wrote a line of its own into the request ("Approved by ops-lead: yes", an outside
         probe), an empty one was offered as ``server.``.
         """
-        if _TOOL_NAME.fullmatch(name):
+        named = _TOOL_NAME.fullmatch(name) is not None
+        secret = named and self._redact(name) != name  # sent to the model, stored in each run
+        if named and not secret:
             return True
         if (server, name) not in self._unnamed:
             self._unnamed.add((server, name))
@@ -156,8 +158,10 @@ class McpTools:
                 event(
                     "mcp.tool_left_out",
                     server=server,
-                    tool=ascii(name[:80]),
-                    why="a tool name is 1-128 of A-Z a-z 0-9 _ - . (the MCP specification's)",
+                    tool=self._redact(ascii(name[:80])),
+                    why="its name holds a configured secret"
+                    if secret
+                    else "a tool name is 1-128 of A-Z a-z 0-9 _ - . (the MCP specification's)",
                 )
             )
         return False

@@ -3,7 +3,8 @@
 The SDK's servers cannot send what the protocol forbids; hand-written servers in the wild do.
 This one lists ``good`` (a proper tool) and ``noschema`` (no ``inputSchema``, which the
 protocol requires), and answers a call to either with a line of text; with ``--deep``, its
-second tool is ``unsure`` instead, whose fault is deep inside it (a hint that is no boolean).
+second tool is ``unsure`` instead, whose fault is deep inside it (a hint that is no boolean);
+with ``--pages``, its list never ends: each page is 500 tools ``t<n>`` and a next cursor.
 """
 
 from __future__ import annotations
@@ -28,6 +29,13 @@ def answer(request: dict[str, Any]) -> dict[str, Any]:
             "serverInfo": {"name": "raw", "version": "1"},
         }
     if method == "tools/list":
+        if "--pages" in sys.argv:
+            page = int(params.get("cursor") or 0)
+            tools = [
+                {"name": f"t{n}", "inputSchema": {"type": "object"}}
+                for n in range(page * 500, page * 500 + 500)
+            ]
+            return {"tools": tools, "nextCursor": str(page + 1)}
         return {"tools": TOOLS}
     if method == "tools/call":
         return {"content": [{"type": "text", "text": f"called {params.get('name')}"}]}

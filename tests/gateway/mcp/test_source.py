@@ -14,7 +14,7 @@ from typing import Any
 
 import pytest
 
-from gateway.mcp.connection import IDEMPOTENCY_META_KEY, Backoff
+from gateway.mcp.connection import IDEMPOTENCY_META_KEY, MAX_TOOLS, Backoff
 from gateway.mcp.settings import McpServer
 from gateway.mcp.source import MANY_TOOLS, McpTools, beside
 from gateway.redact import Redactor
@@ -464,6 +464,32 @@ async def test_a_tool_list_that_breaks_the_protocol_names_the_tool(deep: bool, s
         await source.close()
 
 
+async def test_a_list_that_never_ends_is_read_to_a_bound_and_the_health_says_so() -> None:
+    """A cursor that never ended was read for 100 pages: 200,000 tools offered, 18 s, 794 MB,
+    and every run's start record named them all (an outside probe)."""
+    raw = McpServer.model_validate(
+        {
+            "name": "raw",
+            "command": sys.executable,
+            "args": ["-m", "tests.support.mcp_raw", "--pages"],
+            "cwd": ROOT,
+        }
+    )
+    source = McpTools([raw], clock=SystemClock(), backoff=Backoff(first_s=60))
+    await source.start()
+    try:
+        [health] = source.health()
+        assert health.state == "ready"
+        assert len(source.tools()) == MAX_TOOLS
+        assert health.tools[:2] == ("raw.t0", "raw.t1")
+        assert health.last_error == (
+            f"it lists more than {MAX_TOOLS:,} tools: only the first {MAX_TOOLS:,} it exposes "
+            "are offered (its own tool filter, or `tools`, chooses which)"
+        )
+    finally:
+        await source.close()
+
+
 async def test_secrets_stay_out_of_logs_and_health(
     source: McpTools, caplog: pytest.LogCaptureFixture
 ) -> None:
@@ -668,10 +694,13 @@ async def test_a_server_s_secret_in_a_description_or_schema_never_reaches_the_mo
         assert query.description == "Query the warehouse at postgres://app:[redacted]@db/main"
         assert SECRET not in json.dumps(query.parameters)
         assert "[redacted]" in json.dumps(query.parameters)
-        assert [n for n in offered if "evil" in n or n == "odd."] == []
+        assert [n for n in offered if "evil" in n or n == "odd." or SECRET in n] == []
         left_out = [r for r in caplog.records if "mcp.tool_left_out" in r.getMessage()]
-        assert len(left_out) == 2
+        assert len(left_out) == 3
+        said = [r.msg.fields for r in left_out]  # type: ignore[union-attr]
+        assert "its name holds a configured secret" in [f["why"] for f in said]
+        assert SECRET not in repr(said)
         tools._rebuild()  # a rebuild (a list change) says it no more
-        assert len([r for r in caplog.records if "mcp.tool_left_out" in r.getMessage()]) == 2
+        assert len([r for r in caplog.records if "mcp.tool_left_out" in r.getMessage()]) == 3
     finally:
         await tools.close()
