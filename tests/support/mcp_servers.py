@@ -228,7 +228,7 @@ async def _stdio(server: Server[Any]) -> None:
         await server.run(read, write, options)
 
 
-def _http(server: Server[Any], port: int, token: str | None) -> None:
+def _http(server: Server[Any], port: int, token: str | None, *, no_stream: bool = False) -> None:
     import uvicorn
     from starlette.responses import PlainTextResponse
 
@@ -240,6 +240,10 @@ def _http(server: Server[Any], port: int, token: str | None) -> None:
             if headers.get(b"authorization") != f"Bearer {token}".encode():
                 await PlainTextResponse("unauthorized", status_code=401)(scope, receive, send)
                 return
+        if scope["type"] == "http" and scope["method"] == "GET" and no_stream:
+            # a server without the optional event stream, as the Streamable HTTP spec allows
+            await PlainTextResponse("no stream", status_code=405)(scope, receive, send)
+            return
         if scope["type"] == "http" and scope["method"] == "POST":
             body, more = b"", True
             while more:
@@ -273,10 +277,19 @@ class HttpServer:
     process (SIGKILL); a later `start` serves on the same port again.
     """
 
-    def __init__(self, port: int, *, token: str | None = None, marks: Path | None = None) -> None:
+    def __init__(
+        self,
+        port: int,
+        *,
+        token: str | None = None,
+        marks: Path | None = None,
+        no_stream: bool = False,
+    ) -> None:
         self.port = port
         self.url = f"http://127.0.0.1:{port}/mcp"
         self._args = ["-m", "tests.support.mcp_servers", "--http", str(port)]
+        if no_stream:  # every GET (the optional event stream) is answered 405
+            self._args.append("--no-stream")
         if token is not None:
             self._args += ["--token", token]
         if marks is not None:
@@ -321,6 +334,7 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--stderr-bytes", type=int, default=0)
     parser.add_argument("--deaf", action="store_true")
     parser.add_argument("--odd-tools", action="store_true")
+    parser.add_argument("--no-stream", action="store_true")
     args = parser.parse_args(argv)
     if args.fail_start:
         print(f"refusing to start (secret {os.environ.get('MCP_TEST_SECRET')})", file=sys.stderr)
@@ -330,7 +344,7 @@ def main(argv: list[str] | None = None) -> None:
         sys.stderr.flush()
     server = build(args.marks, linger=args.linger, odd=args.odd_tools)
     if args.http is not None:
-        _http(server, args.http, args.token)
+        _http(server, args.http, args.token, no_stream=args.no_stream)
     else:
         asyncio.run(_stdio(server))
         if args.deaf:  # runs on after its input closed (as a server with a timer does)

@@ -245,3 +245,40 @@ async def test_one_call_s_403_leaves_the_session_and_the_calls_in_flight_alone(
         assert source.health()[0].restarts == 0
     finally:
         await source.close()
+
+
+async def test_a_server_without_the_optional_stream_is_not_blamed_for_its_405(
+    tmp_path: Path,
+) -> None:
+    """The GET of the optional event stream may be answered 405 (the spec allows it): later
+    faults were then said as "the server answered HTTP 405 Method Not Allowed (...)"."""
+    server = await HttpServer(free_port(), token=TOKEN, marks=tmp_path, no_stream=True).start()
+    source = tools(
+        settings(server.url, bearer_token=TOKEN),
+        backoff=Backoff(first_s=30),
+        ping_every_s=0.1,
+    )
+    await source.start()
+    try:
+        await asyncio.sleep(0.3)  # the stream's GET is answered meanwhile; no call is made
+        await server.kill()
+        await until(lambda: source.health()[0].state == "restarting", "noticed")
+        said = source.health()[0].last_error or ""
+    finally:
+        await source.close()
+        await server.kill()
+    assert said and "405" not in said, said
+
+
+async def test_an_idle_server_that_answers_its_pings_stays_up(http_server: HttpServer) -> None:
+    """The ping went through `Client.send_ping`, which warns that the 2026-07-28 protocol
+    drops it: a line Python printed into the JSON log once, and here (warnings are errors) a
+    ping that always failed, so the ping test above passed whether or not the server was there."""
+    source = tools(settings(http_server.url, bearer_token=TOKEN), ping_every_s=0.05)
+    await source.start()
+    try:
+        await asyncio.sleep(1.0)  # about twenty pings
+        [health] = source.health()
+        assert (health.state, health.restarts, health.last_error) == ("ready", 0, None)
+    finally:
+        await source.close()
