@@ -524,8 +524,30 @@ class SlackDelivery:
             if adding is not None:  # a slow add landing after the remove would stay for good
                 await asyncio.wait([adding], timeout=_ADD_WAIT_S)
             await self.react(channel, ts, add=False)
+        lane, newest_ts = outbound.thread.lane, max(working, key=ts_key)
         if failed:
-            await self.react(channel, max(working, key=ts_key), add=True, name=FAILED_REACTION)
+            await self.react(channel, newest_ts, add=True, name=FAILED_REACTION)
+            await self._put_mark(_failed_mark(lane), newest_ts)
+        else:  # a dead letter redelivered: its question no longer looks failed
+            await self._clear_failed(channel, lane, working)
+
+    async def _clear_failed(self, channel: str, lane: str, working: set[str]) -> None:
+        """Take the failed reaction off a message this delivery answers, if one wears it."""
+        sink = self.link.sink
+        if sink is None:
+            return
+        with contextlib.suppress(Unavailable):
+            marked = await sink.get_mark(_failed_mark(lane))
+            if marked and marked in working:
+                await self.react(channel, marked, add=False, name=FAILED_REACTION)
+                await sink.put_mark(_failed_mark(lane), "", expect=marked)
+
+    async def _put_mark(self, mark: str, value: str) -> None:
+        if self.link.sink is None:
+            return
+        with contextlib.suppress(Unavailable):
+            current = await self.link.sink.get_mark(mark)
+            await self.link.sink.put_mark(mark, value, expect=current)
 
     async def _mark_answered(self, lane: str, through: str) -> None:
         mark = _answered_mark(lane)
@@ -558,6 +580,11 @@ class SlackDelivery:
 
 def _section(text: str) -> dict[str, Any]:
     return {"type": "section", "text": {"type": "mrkdwn", "text": text}}
+
+
+def _failed_mark(lane: str) -> str:
+    """The mark naming the message of a lane that wears the failed reaction (a dead letter's)."""
+    return f"slack:failed:{lane}"
 
 
 def _answered_mark(lane: str) -> str:
