@@ -49,6 +49,7 @@ from slack_bolt.adapter.fastapi.async_handler import AsyncSlackRequestHandler
 from slack_bolt.adapter.socket_mode.async_handler import AsyncSocketModeHandler
 from slack_bolt.async_app import AsyncApp
 from slack_bolt.request.async_request import AsyncBoltRequest
+from slack_bolt.response import BoltResponse
 from slack_sdk.errors import SlackApiError
 from slack_sdk.signature import SignatureVerifier
 from slack_sdk.web.async_client import AsyncWebClient
@@ -157,7 +158,7 @@ class SlackChannel:
             late_after_s=late_after_s,
             live=self.live,
         )
-        self.app = AsyncApp(
+        self.app = _App(
             client=self.client,
             logger=logging.getLogger("adapters.slack.bolt"),
             signing_secret=signing_secret or "",
@@ -524,6 +525,21 @@ class SlackChannel:
     async def given_up(self, outbound: Outbound, reason: str) -> None:
         """A dead letter: its question stops looking worked on (`SlackDelivery.given_up`)."""
         self.delivery.given_up(outbound)
+
+
+class _App(AsyncApp):
+    """Bolt's app, saying a request no listener handles in one short line.
+
+    Bolt's own warning is lines of suggested code quoting the request's fields (what a person
+    typed in a menu's search, a shortcut's or a slash command's text): an outside probe.
+    """
+
+    def _handle_unmatched_requests(self, req: AsyncBoltRequest, resp: BoltResponse) -> BoltResponse:
+        kind = req.body.get("type") if isinstance(req.body, dict) else None
+        if kind is None and isinstance(req.body, dict) and "command" in req.body:
+            kind = "slash_command"
+        log.info("slack request not handled", extra={"type": str(kind)[:40]})
+        return resp
 
 
 def _last_try(request: AsyncBoltRequest) -> bool:

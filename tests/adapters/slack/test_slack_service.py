@@ -10,6 +10,7 @@ import asyncio
 import contextlib
 import gzip
 import json
+import logging
 import time
 from collections.abc import AsyncIterator, Callable
 from typing import Any
@@ -227,6 +228,34 @@ async def test_forged_stale_and_malformed_requests_store_nothing(rig: Rig) -> No
     backlog = await broker.inbox.backlog()
     assert backlog.pending == 0
     assert rig.fake.bot_messages() == []
+
+
+async def test_a_request_no_listener_handles_is_one_short_line_quoting_nothing(
+    rig: Rig, caplog: pytest.LogCaptureFixture
+) -> None:
+    """Bolt's warning was lines of suggested code quoting what a person typed (an outside
+    probe): a menu's search, a slash command's text."""
+    caplog.set_level(logging.INFO)
+    suggestion = {
+        "type": "block_suggestion",
+        "action_id": "pick",
+        "block_id": "b1",
+        "value": "typed-words-one",
+        "user": {"id": "U1"},
+        "team": {"id": "T1"},
+    }
+    command = urlencode(
+        {"command": "/deploy", "text": "typed-words-two", "user_id": "U1", "team_id": "T1"}
+    )
+    for body in (form_body(suggestion), command):
+        response = await rig.signed(body, FORM)
+        assert response.status_code == 404, response.text
+    said = [r for r in caplog.records if r.name.startswith("adapters.slack")]
+    assert "typed-words" not in caplog.text
+    assert [r.getMessage() for r in said if "not handled" in r.getMessage()] == [
+        "slack request not handled"
+    ] * 2
+    assert not [r for r in said if "Unhandled" in r.getMessage()]
 
 
 async def test_a_media_type_is_read_without_regard_to_case(rig: Rig) -> None:
@@ -596,9 +625,7 @@ async def test_a_reply_slack_refuses_for_good_leaves_a_warning_not_the_working_r
     assert dead.last_error == "Slack: restricted_action"
     # an operator redelivers it once Slack takes it: the question wore the warning for good
     headers = {"Authorization": f"Bearer {OPERATOR}"}
-    redelivered = await rig.http.post(
-        f"/api/v1/deliveries/{dead.id}/redeliver", headers=headers
-    )
+    redelivered = await rig.http.post(f"/api/v1/deliveries/{dead.id}/redeliver", headers=headers)
     assert redelivered.status_code == 200, redelivered.text
     await rig.bot_replies("C1", event["ts"], 1)
     await _until(lambda: "warning" not in rig.fake.message("C1", event["ts"]).reactions)
