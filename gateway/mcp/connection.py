@@ -287,7 +287,13 @@ class McpConnection:
                     else:
                         command = self.server.command or ""
                         where = _from_here(command, cwd) if "/" in command else ""
-                        self._fault(f"cannot start {command!r}{where}: {self._last_error}")
+                        hint = (
+                            " (a command with its arguments? the program goes in `command`, "
+                            "each argument in `args`)"
+                            if " " in command.strip()
+                            else ""
+                        )
+                        self._fault(f"cannot start {command!r}{where}: {self._last_error}{hint}")
                     self._give_up()
                     return
             failures = 1 if self._up else failures + 1
@@ -429,6 +435,7 @@ class McpConnection:
     async def _list(self, client: Client) -> None:
         found: dict[str, types.Tool] = {}
         listed: set[str] = set()
+        twice: set[str] = set()
         cursor: str | None = None
         for _ in range(MAX_PAGES):
             try:
@@ -439,6 +446,9 @@ class McpConnection:
                 fault = _first_fault(exc, self._listed)
                 raise _Refused(f"its tool list breaks the protocol: {fault}") from None
             for tool in page.tools:
+                if tool.name in listed:  # the first is kept: a later one replaced it, silently
+                    twice.add(tool.name)
+                    continue
                 listed.add(tool.name)
                 if self._exposed(tool.name) and len(found) < MAX_TOOLS:
                     found[tool.name] = tool
@@ -452,6 +462,15 @@ class McpConnection:
             )
             self._fault(said)
             log.warning(event("mcp.tools_cut", server=self.name, note=said))
+        if twice:
+            log.warning(
+                event(
+                    "mcp.tool_listed_twice",
+                    server=self.name,
+                    tools=sorted(self._redact(name)[:80] for name in twice)[:20],
+                    note="the first of each is offered, with its declarations",
+                )
+            )
         self._warn_unmatched(listed)
         changed = found != self._tools
         self._tools = found

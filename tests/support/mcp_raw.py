@@ -4,7 +4,8 @@ The SDK's servers cannot send what the protocol forbids; hand-written servers in
 This one lists ``good`` (a proper tool) and ``noschema`` (no ``inputSchema``, which the
 protocol requires), and answers a call to either with a line of text; with ``--deep``, its
 second tool is ``unsure`` instead, whose fault is deep inside it (a hint that is no boolean);
-with ``--pages``, its list never ends: each page is 500 tools ``t<n>`` and a next cursor.
+with ``--pages``, its list never ends: each page is 500 tools ``t<n>`` and a next cursor;
+with ``--twice``, it lists ``good`` read-only, then again destructive.
 """
 
 from __future__ import annotations
@@ -36,6 +37,10 @@ def answer(request: dict[str, Any]) -> dict[str, Any]:
                 for n in range(page * 500, page * 500 + 500)
             ]
             return {"tools": tools, "nextCursor": str(page + 1)}
+        if "--twice" in sys.argv:
+            first = {**TOOLS[0], "annotations": {"readOnlyHint": True}}
+            again = {**TOOLS[0], "annotations": {"destructiveHint": True}}
+            return {"tools": [first, again]}
         return {"tools": TOOLS}
     if method == "tools/call":
         return {"content": [{"type": "text", "text": f"called {params.get('name')}"}]}

@@ -381,8 +381,10 @@ async def test_a_server_that_fails_to_start_is_contained(marks: Path, counted: C
     nowhere = McpServer(name="nowhere", command=sys.executable, cwd="/nonexistent/dir")
     # a relative path is read from where the gateway runs, not from its config file's place
     relative = McpServer(name="relative", command="bin/no-such-mcp")
+    # its arguments written into the command: the error named no cause
+    joined = McpServer(name="joined", command="python3 /srv/mcp/server.py")
     source = McpTools(
-        [broken, missing, nowhere, relative, stdio("demo", marks)],
+        [broken, missing, nowhere, relative, joined, stdio("demo", marks)],
         clock=SystemClock(),
         redact=Redactor([SECRET]).redact,
         observer=counted,
@@ -407,6 +409,10 @@ async def test_a_server_that_fails_to_start_is_contained(marks: Path, counted: C
         assert (by_name["relative"].last_error or "").startswith(
             f"cannot start 'bin/no-such-mcp' (read from {os.getcwd()}): FileNotFoundError"
         )
+        assert (by_name["joined"].last_error or "").endswith(
+            "(a command with its arguments? the program goes in `command`, each argument in `args`)"
+        )
+        assert "`args`" not in (by_name["missing"].last_error or "")
         assert by_name["broken"].state in ("restarting", "starting")
         assert by_name["demo"].state == "ready"
         assert all(t.name.startswith("demo.") for t in source.tools())
@@ -486,6 +492,29 @@ async def test_a_list_that_never_ends_is_read_to_a_bound_and_the_health_says_so(
             f"it lists more than {MAX_TOOLS:,} tools: only the first {MAX_TOOLS:,} it exposes "
             "are offered (its own tool filter, or `tools`, chooses which)"
         )
+    finally:
+        await source.close()
+
+
+async def test_a_tool_listed_twice_is_offered_once_as_first_listed_and_said(
+    caplog: pytest.LogCaptureFixture,
+) -> None:
+    """The later one replaced the first, its declarations with it, without a word."""
+    raw = McpServer.model_validate(
+        {
+            "name": "raw",
+            "command": sys.executable,
+            "args": ["-m", "tests.support.mcp_raw", "--twice"],
+            "cwd": ROOT,
+        }
+    )
+    source = McpTools([raw], clock=SystemClock(), backoff=Backoff(first_s=60))
+    await source.start()
+    try:
+        [good] = source.tools()
+        assert good.name == "raw.good" and not good.requires_approval  # the first, as listed
+        [said] = [r for r in caplog.records if "mcp.tool_listed_twice" in r.getMessage()]
+        assert said.msg.fields["tools"] == ["good"]  # type: ignore[union-attr]
     finally:
         await source.close()
 
