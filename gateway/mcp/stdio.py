@@ -34,6 +34,7 @@ from anyio.abc import Process
 from anyio.streams.memory import MemoryObjectReceiveStream, MemoryObjectSendStream
 from mcp.os.posix.utilities import terminate_posix_process_tree
 from mcp.shared.message import SessionMessage
+from pydantic import ValidationError
 
 from gateway.errors import GatewayError
 
@@ -210,7 +211,14 @@ def _message(text: str) -> SessionMessage | Exception:
         # reader for good once (the server stayed "ready" and every call timed out)
         message = types.jsonrpc_message_adapter.validate_json(text, by_name=False)
     except ValueError as exc:
-        return exc
+        request = _answered(text[:_HEAD_BYTES])
+        if request is None:
+            return exc
+        # an answer, to a request it names: that request is told now, not after its timeout
+        # (a tool list nested past the parser's depth read as a server that "timed out")
+        said = f"the gateway could not read its answer ({_unreadable(exc)})"
+        error = types.ErrorData(code=types.INTERNAL_ERROR, message=said)
+        return SessionMessage(types.JSONRPCError(jsonrpc="2.0", id=request, error=error))
     if isinstance(message, types.JSONRPCResponse):
         content = message.result.get("content")
         if isinstance(content, list) and len(content) > MAX_BLOCKS:
@@ -237,6 +245,14 @@ def _fewer(blocks: list[object]) -> list[object]:
     left_out = len(joined) - (MAX_BLOCKS - 1)
     note = f"[{left_out:,} more content blocks of this result were left out]"
     return [*joined[: MAX_BLOCKS - 1], {"type": "text", "text": note}]
+
+
+def _unreadable(exc: ValueError) -> str:
+    """Why a line is no message, in a few words (never the line's own values)."""
+    if isinstance(exc, ValidationError) and exc.errors():
+        first = exc.errors(include_input=False, include_url=False)[0]
+        return str(first["msg"])[:200]
+    return type(exc).__name__
 
 
 def _plain_text(block: object) -> bool:

@@ -5,7 +5,8 @@ This one lists ``good`` (a proper tool) and ``noschema`` (no ``inputSchema``, wh
 protocol requires), and answers a call to either with a line of text; with ``--deep``, its
 second tool is ``unsure`` instead, whose fault is deep inside it (a hint that is no boolean);
 with ``--pages``, its list never ends: each page is 500 tools ``t<n>`` and a next cursor;
-with ``--twice``, it lists ``good`` read-only, then again destructive.
+with ``--twice``, it lists ``good`` read-only, then again destructive; with ``--nested``,
+its list nests a tool's schema deeper than a JSON parser reads.
 """
 
 from __future__ import annotations
@@ -37,6 +38,11 @@ def answer(request: dict[str, Any]) -> dict[str, Any]:
                 for n in range(page * 500, page * 500 + 500)
             ]
             return {"tools": tools, "nextCursor": str(page + 1)}
+        if "--nested" in sys.argv:
+            schema: dict[str, Any] = {"type": "object"}
+            for _ in range(300):
+                schema = {"type": "object", "properties": {"x": schema}}
+            return {"tools": [{"name": "deep", "inputSchema": schema}]}
         if "--twice" in sys.argv:
             first = {**TOOLS[0], "annotations": {"readOnlyHint": True}}
             again = {**TOOLS[0], "annotations": {"destructiveHint": True}}

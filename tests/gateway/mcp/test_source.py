@@ -496,6 +496,31 @@ async def test_a_list_that_never_ends_is_read_to_a_bound_and_the_health_says_so(
         await source.close()
 
 
+async def test_an_answer_no_parser_reads_is_said_at_once_not_timed_out() -> None:
+    """A tool list nested past the parser's depth was dropped as no message: the server
+    "did not come up: timed out" after the whole start timeout, the cause unsaid."""
+    raw = McpServer.model_validate(
+        {
+            "name": "raw",
+            "command": sys.executable,
+            "args": ["-m", "tests.support.mcp_raw", "--nested"],
+            "cwd": ROOT,
+            "start_timeout_seconds": 60,
+        }
+    )
+    source = McpTools([raw], clock=SystemClock(), backoff=Backoff(first_s=60))
+    began = asyncio.get_running_loop().time()
+    await source.start()
+    try:
+        [health] = source.health()
+        assert asyncio.get_running_loop().time() - began < 10
+        assert "the gateway could not read its answer (Invalid JSON: recursion limit" in (
+            health.last_error or ""
+        ), health.last_error
+    finally:
+        await source.close()
+
+
 async def test_a_tool_listed_twice_is_offered_once_as_first_listed_and_said(
     caplog: pytest.LogCaptureFixture,
 ) -> None:
