@@ -357,6 +357,7 @@ class Service:
             await self.stop(drain_seconds=0.1)
             raise
         await self._hand_back_gone()
+        await self._release_gone_deliveries()
         self._judging = asyncio.create_task(self._judge_bindings(), name="authority-bindings")
         self.worker.start()
         self.deliverer.start()
@@ -430,6 +431,33 @@ class Service:
                     "they are taken when its tickets run out",
                 )
             )
+
+    async def _release_gone_deliveries(self) -> None:
+        """Release the deliveries a gone process held in flight (D397).
+
+        Its replies waited out the outbox lease (`GATEWAY_OUTBOX_LEASE_SECONDS`, a minute),
+        while its sessions, taken over at once, answered the thread's next messages first.
+        """
+        assert self.broker is not None
+        outbox = self.broker.outbox
+        try:
+            holders = await outbox.holders(now_ms=self.parts.clock.now_ms())
+        except Exception as exc:  # a later claim takes them when their leases lapse
+            log.warning(event("delivery holders unread", error=type(exc).__name__))
+            return
+        for worker in holders:
+            if worker == self.worker_id or not gone(worker):
+                continue
+            with contextlib.suppress(Exception):
+                released = await outbox.release(worker, now_ms=self.parts.clock.now_ms())
+                log.warning(
+                    event(
+                        "deliveries of a stopped process taken over",
+                        holder=worker,
+                        deliveries=len(released),
+                        why="its process no longer runs on this machine",
+                    )
+                )
 
     async def _judge_bindings(self) -> None:
         """Revoke the lanes the settings no longer bind to their session, in the background.

@@ -889,6 +889,33 @@ async def a_claim_that_takes_over_a_lapsed_lease_marks_the_outcome_unknown(
 
 
 @_case("outbox")
+async def a_gone_worker_s_leases_are_released_at_once_and_no_other(fx: BrokerFixture) -> None:
+    """A process known to be gone (D159) held deliveries in flight.
+
+    Released, they are taken at once, their outcome unknown, where they waited out the whole
+    lease (D397).
+    """
+    outbox = fx.broker.outbox
+    now = fx.clock.now_ms()
+    for n in (1, 2, 3):
+        await outbox.enqueue(f"reply:r{n}", "s1", f"web:t{n}", {"text": "hi"}, now_ms=now)
+    gone = await outbox.claim("gone", now_ms=now, limit=2, lease_ms=LEASE)
+    [alive] = await outbox.claim("alive", now_ms=now, limit=5, lease_ms=LEASE)
+    assert await outbox.holders(now_ms=now + 1) == ("alive", "gone")
+    released = await outbox.release("gone", now_ms=now + 1)
+    assert sorted(released) == sorted(c.delivery.id for c in gone)
+    assert await outbox.release("gone", now_ms=now + 1) == ()  # nothing live is left to it
+    assert await outbox.holders(now_ms=now + 1) == ("alive",)
+    taken = await outbox.claim("next", now_ms=now + 2, limit=5, lease_ms=LEASE)
+    assert sorted(c.delivery.id for c in taken) == sorted(released)  # not the live one
+    assert all(c.delivery.unknown_outcome and c.delivery.attempts == 2 for c in taken)
+    assert await outbox.settle_delivered(alive, now_ms=now + 3) is True  # untouched
+    for claimed in gone:  # the gone process's claims can settle nothing now
+        assert await outbox.settle_delivered(claimed, now_ms=now + 3) is False
+    assert await outbox.release("alive", now_ms=now + 4) == ()  # settled: not live
+
+
+@_case("outbox")
 async def settle_delivered_ends_a_delivery(fx: BrokerFixture) -> None:
     claimed = await _one_pending(fx)
     now = fx.clock.now_ms()

@@ -390,6 +390,19 @@ class Outbox(Protocol):
         """
         ...
 
+    async def holders(self, *, now_ms: int) -> tuple[str, ...]:
+        """The workers holding a live lease on a pending delivery (each once, sorted)."""
+        ...
+
+    async def release(self, worker: str, *, now_ms: int) -> tuple[str, ...]:
+        """End `worker`'s live leases: its process is known to be gone (D159, D397).
+
+        Each delivery it held is claimable at once (deliverers are woken), as if its lease had
+        lapsed: the next claim takes it with ``unknown_outcome`` set, its attempt counted. A
+        lease of any other worker is left alone. Returns the released deliveries' ids.
+        """
+        ...
+
     async def backlog(self, *, now_ms: int) -> Backlog:
         """Pending deliveries, the age of the oldest due one, and dead letters kept."""
         ...

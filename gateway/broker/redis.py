@@ -110,6 +110,8 @@ _SCRIPTS = (
     "outbox_redeliver",
     "outbox_discard",
     "outbox_purge",
+    "outbox_release",
+    "outbox_holders",
     "threads_mark",
     "threads_rebase",
     "marks_put",
@@ -1245,7 +1247,9 @@ class _RedisOutbox:
         if not shards:  # every reading is fresh and says nothing is claimable yet
             return ()
         if len(shards) == 1 and limit <= _TAKE_MAX:
-            return await self._take(shards[0], now_ms=now_ms, limit=limit, lease_ms=lease_ms)
+            return await self._take(
+                shards[0], worker, now_ms=now_ms, limit=limit, lease_ms=lease_ms
+            )
         for n in shards:
             self._next[n] = None  # this claim may change it: `wait` reads it again
         for _ in range(3):  # another deliverer may win some candidates: look again
@@ -1270,7 +1274,7 @@ class _RedisOutbox:
                 by_shard.setdefault(c.outbox_shard(delivery_id), []).append(delivery_id)
             got = 0
             for shard, ids in by_shard.items():
-                args: list[str | int] = [now_ms, lease_ms]
+                args: list[str | int] = [now_ms, lease_ms, worker]
                 for delivery_id in ids:
                     args += [delivery_id, c.ids.next()]
                 keys = [c.okey(shard, "due"), c.okey(shard, "leased")]
@@ -1284,7 +1288,7 @@ class _RedisOutbox:
         return tuple(claimed)
 
     async def _take(
-        self, shard: int, *, now_ms: int, limit: int, lease_ms: int
+        self, shard: int, worker: str, *, now_ms: int, limit: int, lease_ms: int
     ) -> tuple[ClaimedDelivery, ...]:
         """A claim from one shard in one script call (`outbox_take.lua`).
 
@@ -1297,7 +1301,7 @@ class _RedisOutbox:
         self._next[shard] = None
         keys = [c.okey(shard, "due"), c.okey(shard, "leased"), c.okey(shard, "pend")]
         tokens = [c.ids.next() for _ in range(limit)]
-        next_at, *rows = await c.eval("outbox_take", keys, [now_ms, lease_ms, *tokens])
+        next_at, *rows = await c.eval("outbox_take", keys, [now_ms, lease_ms, worker, *tokens])
         if listening:  # else `wait` reads every shard, as it starts the listener
             self._next[shard] = float("inf") if next_at is None else float(next_at)
             self._read_at[shard] = since
@@ -1337,6 +1341,25 @@ class _RedisOutbox:
 
     async def settle_delivered(self, claimed: ClaimedDelivery, *, now_ms: int) -> bool:
         return await self._settle(claimed, "delivered", now_ms=now_ms)
+
+    async def holders(self, *, now_ms: int) -> tuple[str, ...]:
+        c = self._c
+        found = await c.evals(
+            [("outbox_holders", [c.okey(n, "leased")], [now_ms]) for n in range(c.shards)]
+        )
+        return tuple(sorted({str(worker) for names in found for worker in names}))
+
+    async def release(self, worker: str, *, now_ms: int) -> tuple[str, ...]:
+        c = self._c
+        found = await c.evals(
+            [("outbox_release", [c.okey(n, "leased")], [now_ms, worker]) for n in range(c.shards)]
+        )
+        released = sorted(str(delivery_id) for ids in found for delivery_id in ids)
+        for shard in sorted({c.outbox_shard(delivery_id) for delivery_id in released}):
+            self._next[shard] = None
+            async with c.guard("wake"):
+                await c.outbox_bell.ring(str(shard))
+        return tuple(released)
 
     async def settle_retry(
         self,

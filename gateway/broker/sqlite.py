@@ -957,6 +957,41 @@ class _Outbox:
             now_ms,
         )
 
+    async def holders(self, *, now_ms: int) -> tuple[str, ...]:
+        def run(c: sqlite3.Connection) -> tuple[str, ...]:
+            rows = c.execute(
+                "SELECT DISTINCT lease_owner FROM outbox WHERE status = 'pending' AND "
+                "lease_token IS NOT NULL AND lease_expires_at_ms > ? ORDER BY lease_owner",
+                (now_ms,),
+            )
+            return tuple(str(row[0]) for row in rows if row[0] is not None)
+
+        return await self._b.read(run)
+
+    async def release(self, worker: str, *, now_ms: int) -> tuple[str, ...]:
+        live = (
+            "status = 'pending' AND lease_owner = ? AND lease_token IS NOT NULL "
+            "AND lease_expires_at_ms > ?"
+        )
+
+        def op(conn: sqlite3.Connection, _: int) -> tuple[str, ...]:
+            ids = tuple(
+                str(row[0])
+                for row in conn.execute(
+                    f"SELECT id FROM outbox WHERE {live} ORDER BY id", (worker, now_ms)
+                )
+            )
+            # lapsed now: the token stays, so the next claim sets `unknown_outcome`
+            conn.execute(
+                f"UPDATE outbox SET lease_expires_at_ms = ? WHERE {live}", (now_ms, worker, now_ms)
+            )
+            return ids
+
+        released: tuple[str, ...] = await self._b.write(op)
+        if released:
+            self._b.deliveries_due.fire()
+        return released
+
     async def backlog(self, *, now_ms: int) -> Backlog:
         def run(c: sqlite3.Connection) -> tuple[int, int | None, int]:
             (pending,) = c.execute(

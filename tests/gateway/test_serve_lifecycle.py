@@ -26,6 +26,7 @@ import pytest
 from adapters.web import open_mailbox
 from tests.support.gateway_process import ROOT, GatewayProcess, not_json
 from tests.support.redis_server import RedisServer, free_port
+from tests.support.webhook_peer import WebhookPeer, new_secret
 
 AGENT = "tests.support.gateway_agent"
 NEXT_PROCESS_S = 5.0
@@ -392,6 +393,33 @@ async def test_a_holder_killed_on_this_machine_is_taken_over_at_once(tmp_path: P
     said = {line["event"]: line for line in _log(gateway)}
     assert said["sessions of a stopped process taken over"]["sessions"] == 1
     assert said["lease taken over"]["why"] == "its process no longer runs on this machine"
+
+
+async def test_a_reply_in_flight_when_its_process_was_killed_is_sent_again_at_once(
+    tmp_path: Path,
+) -> None:
+    """The session was taken over at once, but the reply its process was POSTing waited out
+    the outbox lease (a minute) before it was sent again (an outside probe): a thread's next
+    reply could come before it. The next process releases a gone one's deliveries (D397)."""
+    secret = new_secret("lifecycle")
+    async with WebhookPeer(secret=secret) as peer:
+        peer.lose_ack(1, hang=True)  # the first POST is taken, and never answered
+        settings = _sqlite(tmp_path, webhook_url=peer.url, webhook_secret=secret)
+        gateway = GatewayProcess("gw", tmp_path, settings).start()
+        try:
+            body, headers = peer.signed({"thread": "t1", "text": "hello", "author": {"id": "u1"}})
+            async with httpx.AsyncClient(base_url=gateway.url, timeout=10) as http:
+                sent = await http.post("/webhook/events", content=body, headers=headers)
+            assert sent.status_code == 202, sent.text
+            [first] = await peer.wait_posts(1)
+            gateway.kill()  # mid-POST: its claim on the delivery is never settled
+            gateway.restart()
+            posts = await peer.wait_posts(2, timeout_s=NEXT_PROCESS_S)
+        finally:
+            gateway.stop()
+    assert posts[1].webhook_id == first.webhook_id  # the same reply, under its webhook-id
+    said = {line["event"]: line for line in _log(gateway)}
+    assert said["deliveries of a stopped process taken over"]["deliveries"] == 1
 
 
 @pytest.mark.timeout(180)  # three process starts, about 6 s each on a slow machine

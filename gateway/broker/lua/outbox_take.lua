@@ -2,7 +2,8 @@
 -- two a claim over several shards makes), and when the shard may next hold something
 -- claimable, so the deliverer's wait need not read it again. The deliveries' hashes are not in
 -- KEYS (they are known only here): each is KEYS[1]'s shard prefix and `o:<id>`, in its slot.
--- KEYS: due, leased, pend. ARGV: now, lease ms, then one token per delivery it may lease.
+-- KEYS: due, leased, pend. ARGV: now, lease ms, worker (kept with its lease: `outbox_release`),
+-- then one token per delivery it may lease.
 -- Returns {next (the first due time or lease expiry left; false: none), claimed deliveries'
 -- fields (flat HGETALL lists)...}.
 local now = tonumber(ARGV[1])
@@ -14,13 +15,13 @@ for _, id in ipairs(redis.call('ZRANGEBYSCORE', KEYS[2], '-inf', now, 'LIMIT', 0
   if due then redis.call('ZADD', KEYS[1], due, id) end
 end
 local out = {false}
-local due = redis.call('ZRANGEBYSCORE', KEYS[1], '-inf', now, 'LIMIT', 0, #ARGV - 2)
+local due = redis.call('ZRANGEBYSCORE', KEYS[1], '-inf', now, 'LIMIT', 0, #ARGV - 3)
 for i, id in ipairs(due) do
   local key = base .. 'o:' .. id
   if redis.call('HGET', key, 'st') == 'pending' then
     if redis.call('HEXISTS', key, 'tok') == 1 then redis.call('HSET', key, 'u', 1) end
     redis.call('HINCRBY', key, 'n', 1)
-    redis.call('HSET', key, 'tok', ARGV[2 + i], 'lx', expires)
+    redis.call('HSET', key, 'tok', ARGV[3 + i], 'lx', expires, 'w', ARGV[3])
     redis.call('ZREM', KEYS[1], id)
     redis.call('ZADD', KEYS[2], expires, id)
     out[#out + 1] = redis.call('HGETALL', key)
