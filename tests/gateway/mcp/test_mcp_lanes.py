@@ -357,6 +357,37 @@ async def test_a_lane_cut_in_a_call_of_a_tool_gone_at_the_restart_is_answered(
     assert len(hangs) == 1  # never run again
 
 
+def _test_server(marks: Path) -> dict[str, Any]:
+    """The test MCP server over stdio, marking the calls that reach it in `marks`."""
+    marks.mkdir()
+    return {
+        "name": "demo",
+        "command": sys.executable,
+        "args": ["-m", "tests.support.mcp_servers", "--stdio", "--marks", str(marks)],
+        "cwd": ROOT,
+    }
+
+
+async def _waiting_on_a_dropped_tool(rig: ServiceRig) -> dict[str, Any]:
+    """Thread ``wait`` waits for approval of ``demo.delete``, which the server then drops.
+
+    Returns the approval request's item.
+    """
+    await rig.post("wait", "/call delete")
+    [asked] = await rig.answers("wait", 1)
+    assert asked["kind"] == "approval_request", asked
+    await rig.post("other", "/call change")  # drops `delete` and lists the change
+    await rig.answers("other", 1)
+    mcp = rig.service.mcp
+    assert mcp is not None
+
+    async def dropped() -> bool:
+        return "demo.delete" not in {tool.name for tool in mcp.tools()}
+
+    await until(dropped, "the list without delete")
+    return asked
+
+
 @pytest.mark.parametrize("approved", [False, True])
 async def test_a_decision_on_a_tool_its_server_dropped_meanwhile_applies(
     tmp_path: Path, approved: bool
@@ -366,26 +397,8 @@ async def test_a_decision_on_a_tool_its_server_dropped_meanwhile_applies(
     an operator's approve or deny refused as "missing_identities" (an outside probe). The
     decision now waits for the session's next take, which stands in for the tool (D396)."""
     marks = tmp_path / "marks"
-    marks.mkdir()
-    server = {
-        "name": "demo",
-        "command": sys.executable,
-        "args": ["-m", "tests.support.mcp_servers", "--stdio", "--marks", str(marks)],
-        "cwd": ROOT,
-    }
-    async with _again(_settings(tmp_path, server)) as rig:
-        await rig.post("wait", "/call delete")
-        [asked] = await rig.answers("wait", 1)
-        assert asked["kind"] == "approval_request", asked
-        await rig.post("other", "/call change")  # drops `delete` and lists the change
-        await rig.answers("other", 1)
-        mcp = rig.service.mcp
-        assert mcp is not None
-
-        async def dropped() -> bool:
-            return "demo.delete" not in {tool.name for tool in mcp.tools()}
-
-        await until(dropped, "the list without delete")
+    async with _again(_settings(tmp_path, _test_server(marks))) as rig:
+        asked = await _waiting_on_a_dropped_tool(rig)
         body = decision_body(asked["approval"], approved=approved, key="k1")
         decided = await rig.http.post("/web/threads/wait/decisions", json=body)
         assert decided.status_code == 202, decided.text
@@ -405,27 +418,12 @@ async def test_an_operator_s_deny_on_a_tool_its_server_dropped_is_done_at_the_ne
     lane could only be aborted. It is pending now, and done when the session is taken again
     with a stand-in for the tool (D396)."""
     marks = tmp_path / "marks"
-    marks.mkdir()
-    server = {
-        "name": "demo",
-        "command": sys.executable,
-        "args": ["-m", "tests.support.mcp_servers", "--stdio", "--marks", str(marks)],
-        "cwd": ROOT,
-    }
     token = "operator-secret-abcdefghijklmnop"
-    settings = _settings(tmp_path, server).replace(ops_tokens=(f"alice:operator:{token}",))
+    settings = _settings(tmp_path, _test_server(marks)).replace(
+        ops_tokens=(f"alice:operator:{token}",)
+    )
     async with _again(settings) as rig:
-        await rig.post("wait", "/call delete")
-        [asked] = await rig.answers("wait", 1)
-        await rig.post("other", "/call change")
-        await rig.answers("other", 1)
-        mcp = rig.service.mcp
-        assert mcp is not None
-
-        async def dropped() -> bool:
-            return "demo.delete" not in {tool.name for tool in mcp.tools()}
-
-        await until(dropped, "the list without delete")
+        asked = await _waiting_on_a_dropped_tool(rig)
         approval = asked["approval"]
         [call] = approval["calls"]
         body = {

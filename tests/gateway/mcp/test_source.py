@@ -436,6 +436,19 @@ async def test_a_server_that_writes_more_to_stderr_than_a_pipe_holds_still_serve
         await source.close()
 
 
+def _raw(*flags: str, **more: Any) -> McpServer:
+    """The hand-written server (`tests.support.mcp_raw`) with `flags`, and `more` settings."""
+    return McpServer.model_validate(
+        {
+            "name": "raw",
+            "command": sys.executable,
+            "args": ["-m", "tests.support.mcp_raw", *flags],
+            "cwd": ROOT,
+            **more,
+        }
+    )
+
+
 @pytest.mark.parametrize(
     ("deep", "said"),
     [
@@ -452,14 +465,7 @@ async def test_a_tool_list_that_breaks_the_protocol_names_the_tool(deep: bool, s
     """It said "ValidationError: 1 validation error for ListToolsResult", restart after
     restart: which tool, and what was wrong with it, was for the operator to find out (and a
     fault deeper in a tool named only its index, ``a tool (tools.16)``)."""
-    raw = McpServer.model_validate(
-        {
-            "name": "raw",
-            "command": sys.executable,
-            "args": ["-m", "tests.support.mcp_raw", *(["--deep"] if deep else [])],
-            "cwd": ROOT,
-        }
-    )
+    raw = _raw(*(["--deep"] if deep else []))
     source = McpTools([raw], clock=SystemClock(), backoff=Backoff(first_s=0.05, max_s=0.1))
     await source.start()
     try:
@@ -473,14 +479,7 @@ async def test_a_tool_list_that_breaks_the_protocol_names_the_tool(deep: bool, s
 async def test_a_list_that_never_ends_is_read_to_a_bound_and_the_health_says_so() -> None:
     """A cursor that never ended was read for 100 pages: 200,000 tools offered, 18 s, 794 MB,
     and every run's start record named them all (an outside probe)."""
-    raw = McpServer.model_validate(
-        {
-            "name": "raw",
-            "command": sys.executable,
-            "args": ["-m", "tests.support.mcp_raw", "--pages"],
-            "cwd": ROOT,
-        }
-    )
+    raw = _raw("--pages")
     source = McpTools([raw], clock=SystemClock(), backoff=Backoff(first_s=60))
     await source.start()
     try:
@@ -499,15 +498,7 @@ async def test_a_list_that_never_ends_is_read_to_a_bound_and_the_health_says_so(
 async def test_an_answer_no_parser_reads_is_said_at_once_not_timed_out() -> None:
     """A tool list nested past the parser's depth was dropped as no message: the server
     "did not come up: timed out" after the whole start timeout, the cause unsaid."""
-    raw = McpServer.model_validate(
-        {
-            "name": "raw",
-            "command": sys.executable,
-            "args": ["-m", "tests.support.mcp_raw", "--nested"],
-            "cwd": ROOT,
-            "start_timeout_seconds": 60,
-        }
-    )
+    raw = _raw("--nested", start_timeout_seconds=60)
     source = McpTools([raw], clock=SystemClock(), backoff=Backoff(first_s=60))
     began = asyncio.get_running_loop().time()
     await source.start()
@@ -525,14 +516,7 @@ async def test_a_tool_listed_twice_is_offered_once_as_first_listed_and_said(
     caplog: pytest.LogCaptureFixture,
 ) -> None:
     """The later one replaced the first, its declarations with it, without a word."""
-    raw = McpServer.model_validate(
-        {
-            "name": "raw",
-            "command": sys.executable,
-            "args": ["-m", "tests.support.mcp_raw", "--twice"],
-            "cwd": ROOT,
-        }
-    )
+    raw = _raw("--twice")
     source = McpTools([raw], clock=SystemClock(), backoff=Backoff(first_s=60))
     await source.start()
     try:
