@@ -377,8 +377,8 @@ class McpConnection:
                             # busy server answers late would cut that call (D200's "idle")
                             if not self._calls_running:
                                 # the session's ping: `Client.send_ping` warns that the
-                                # 2026-07-28 protocol drops it (legacy mode keeps it), a line
-                                # Python printed into the JSON log, an error under the tests
+                                # 2026-07-28 protocol drops it (legacy mode keeps it): a
+                                # warning in the log, and an error under the tests
                                 await client.session.send_ping()
                             continue
                         self._relist.clear()

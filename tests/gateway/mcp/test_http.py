@@ -272,8 +272,8 @@ async def test_a_server_without_the_optional_stream_is_not_blamed_for_its_405(
 
 async def test_an_idle_server_that_answers_its_pings_stays_up(http_server: HttpServer) -> None:
     """The ping went through `Client.send_ping`, which warns that the 2026-07-28 protocol
-    drops it: a line Python printed into the JSON log once, and here (warnings are errors) a
-    ping that always failed, so the ping test above passed whether or not the server was there."""
+    drops it: a warning in the log, and here (warnings are errors) a ping that always failed,
+    so the ping test above passed whether or not the server was there."""
     source = tools(settings(http_server.url, bearer_token=TOKEN), ping_every_s=0.05)
     await source.start()
     try:
