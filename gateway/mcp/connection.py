@@ -54,7 +54,7 @@ from gateway.mcp.leash import leashed
 from gateway.mcp.results import malformed, redacted, to_output
 from gateway.mcp.settings import McpServer
 from gateway.mcp.stderr import StderrTail
-from gateway.mcp.stdio import TOO_LARGE_CODE, bounded_stdio
+from gateway.mcp.stdio import TOO_LARGE_CODE, bound_blocks, bounded_stdio
 from harness_core.clock import Clock
 from harness_core.tools import ToolOutput
 
@@ -670,7 +670,12 @@ class McpConnection:
         return output
 
     def _heard_answer(self, message: Any) -> None:
-        """Keep a ``tools/list`` answer as it came (a fault deep in a tool names its index)."""
+        """Keep a ``tools/list`` answer as it came (a fault deep in a tool names its index).
+
+        A result of too many content blocks is bounded first (`bound_blocks`): an HTTP
+        server's too, whose answers the SDK reads itself.
+        """
+        bound_blocks(message)
         result = getattr(message, "result", None)
         if isinstance(result, dict) and isinstance(result.get("tools"), list):
             self._listed = result["tools"]

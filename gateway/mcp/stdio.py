@@ -38,7 +38,15 @@ from pydantic import ValidationError
 
 from gateway.errors import GatewayError
 
-__all__ = ["MAX_BLOCKS", "MAX_MESSAGE_BYTES", "TOO_LARGE_CODE", "TooLarge", "bounded_stdio"]
+__all__ = [
+    "MAX_BLOCKS",
+    "MAX_MESSAGE_BYTES",
+    "TOO_LARGE_CODE",
+    "TooLarge",
+    "bound_blocks",
+    "bounded_stdio",
+    "fewer_blocks",
+]
 
 MAX_MESSAGE_BYTES = 16 * 1024 * 1024
 """The longest line read as a message (a result is cut to far less before the model reads it)."""
@@ -219,14 +227,23 @@ def _message(text: str) -> SessionMessage | Exception:
         said = f"the gateway could not read its answer ({_unreadable(exc)})"
         error = types.ErrorData(code=types.INTERNAL_ERROR, message=said)
         return SessionMessage(types.JSONRPCError(jsonrpc="2.0", id=request, error=error))
-    if isinstance(message, types.JSONRPCResponse):
-        content = message.result.get("content")
-        if isinstance(content, list) and len(content) > MAX_BLOCKS:
-            message.result["content"] = _fewer(content)
+    bound_blocks(message)
     return SessionMessage(message)
 
 
-def _fewer(blocks: list[object]) -> list[object]:
+def bound_blocks(message: object) -> None:
+    """A response's result with more than `MAX_BLOCKS` content blocks: made `fewer_blocks`.
+
+    Every transport's answers pass here (stdio's in its reader's thread, HTTP's as they are
+    heard) before the SDK validates each block on the event loop.
+    """
+    if isinstance(message, types.JSONRPCResponse):
+        content = message.result.get("content")
+        if isinstance(content, list) and len(content) > MAX_BLOCKS:
+            message.result["content"] = fewer_blocks(content)
+
+
+def fewer_blocks(blocks: list[object]) -> list[object]:
     """At most `MAX_BLOCKS` blocks: each run of plain text blocks joined, then the rest named."""
     joined: list[object] = []
     run: list[str] = []

@@ -8,7 +8,15 @@ import mcp_types as types
 import pytest
 from mcp.shared.message import SessionMessage
 
-from gateway.mcp.stdio import MAX_BLOCKS, TOO_LARGE_CODE, TooLarge, _Lines, _Long, _message
+from gateway.mcp.stdio import (
+    MAX_BLOCKS,
+    TOO_LARGE_CODE,
+    TooLarge,
+    _Lines,
+    _Long,
+    _message,
+    bound_blocks,
+)
 
 LIMIT = 1024 * 1024
 
@@ -105,3 +113,14 @@ def test_a_long_line_is_left_to_a_thread_and_many_blocks_are_joined_and_bounded(
         "type": "text",
         "text": "[6 more content blocks of this result were left out]",
     }
+
+
+def test_an_answer_read_by_the_sdk_is_bounded_as_it_is_heard() -> None:
+    """An HTTP server's answer is read by the SDK itself: it is bounded where it is heard."""
+    blocks = [{"type": "text", "text": "c"} for _ in range(5_000)]
+    answer = types.JSONRPCResponse(jsonrpc="2.0", id=3, result={"content": blocks})
+    bound_blocks(answer)
+    assert answer.result["content"] == [{"type": "text", "text": "c" * 5_000}]
+    few = types.JSONRPCResponse(jsonrpc="2.0", id=4, result={"content": blocks[:3]})
+    bound_blocks(few)
+    assert len(few.result["content"]) == 3  # at most MAX_BLOCKS: left as they came
