@@ -88,12 +88,12 @@ for _name in ("adapters.slack.sdk", "adapters.slack.bolt"):
 _MAX_BODY = 1_000_000
 _SEEN_EVENTS = 10_000
 _CATCH_UP_AFTER_S = 2.0
+"""A mention taken this long after it was posted (Slack retried it) has its thread read for
+messages let go meanwhile (`SlackHistory.catch_up`)."""
 _SIGNATURE = re.compile(r"v0=[0-9a-fA-F]{64}")
 """What Slack's ``X-Slack-Signature`` is: the version, and an HMAC-SHA256 in hex."""
 _LAST_RETRY = 3
 """Slack's last retry of an event it got no 200 for: "up to 3 times" (the Events API)."""
-"""A mention taken this long after it was posted (Slack retried it) has its thread read for
-messages let go meanwhile (`SlackHistory.catch_up`)."""
 
 
 class SlackStartError(AdapterStartError):
