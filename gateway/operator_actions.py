@@ -132,12 +132,12 @@ async def carry_out(
     broker: Broker,
     clock: Clock,
     *,
-    waits: Callable[[MissingIdentities], bool] | None = None,
+    waits: Callable[[MissingIdentities], None] | None = None,
 ) -> ActionResult:
     """Do `action` on `lane` (once), keeping its result and auditing it.
 
-    `waits`: a resume refused for tools (or models) the harness lacks, which `waits` says the
-    worker will provide at its next take of the session: the result is ``pending`` again (not
+    `waits`: told of a resume refused for tools (or models) the harness lacks, which the
+    worker provides at its next take of the session: the result is ``pending`` again (not
     final; the worker leaves the item to that take), not refused (D396).
     """
     mark = result_mark(action.id)
@@ -189,7 +189,7 @@ async def _do(
     storage: SessionStorage,
     broker: Broker,
     clock: Clock,
-    waits: Callable[[MissingIdentities], bool] | None,
+    waits: Callable[[MissingIdentities], None] | None,
 ) -> ActionResult:
     kind = action.kind
     if kind == "abort":
@@ -279,13 +279,14 @@ def _ended(
     action: OperatorAction,
     clock: Clock,
     result: Any,
-    waits: Callable[[MissingIdentities], bool] | None,
+    waits: Callable[[MissingIdentities], None] | None,
 ) -> ActionResult:
     if isinstance(result, Ok):
         outcome: Outcome = result.value
         return _result(action, clock, "done", outcome=outcome.kind, run_id=outcome.run_id)
     refusal = result.error
-    if isinstance(refusal, MissingIdentities) and waits is not None and waits(refusal):
+    if isinstance(refusal, MissingIdentities) and waits is not None:
+        waits(refusal)
         error = {
             "code": "waits_for_tools",
             "message": f"{refusal.message}: done when the session is taken again with them, "

@@ -1024,8 +1024,8 @@ class Worker:
             return
         log.info(event("resume refused", lane=lane.name, reason=refusal.tag))
 
-    def _wait_for_tools(self, session: _Session, lane: str, refusal: MissingIdentities) -> bool:
-        """A resume of `lane` lacks tools: take the session again after a wait (always True).
+    def _wait_for_tools(self, session: _Session, lane: str, refusal: MissingIdentities) -> None:
+        """A resume of `lane` lacks tools: take the session again after a wait.
 
         Tools no server will offer again by themselves are stood in for at that take
         (`_stand_in`, D373): a decision or an operator's action deferred till then applies.
@@ -1045,7 +1045,6 @@ class Worker:
                 gone=list(gone),
             )
         )
-        return True
 
     async def _record(
         self, session_id: str, lane: str, action: str, op_id: str, attempts: int
