@@ -248,8 +248,9 @@ def fewer_blocks(blocks: list[object]) -> list[object]:
     joined: list[object] = []
     run: list[str] = []
     for block in blocks:
-        if _plain_text(block):
-            run.append(block["text"])  # type: ignore[index]
+        text = _plain_text(block)
+        if text is not None:
+            run.append(text)
             continue
         if run:
             joined.append({"type": "text", "text": "".join(run)})
@@ -272,14 +273,12 @@ def _unreadable(exc: ValueError) -> str:
     return type(exc).__name__
 
 
-def _plain_text(block: object) -> bool:
-    """Whether `block` is a text block and nothing more (no annotations, no ``_meta``)."""
-    return (
-        isinstance(block, dict)
-        and block.keys() == {"type", "text"}
-        and block["type"] == "text"
-        and isinstance(block["text"], str)
-    )
+def _plain_text(block: object) -> str | None:
+    """The text of a text block that is nothing more (no annotations, no ``_meta``); else None."""
+    if isinstance(block, dict) and block.keys() == {"type", "text"} and block["type"] == "text":
+        text = block["text"]
+        return text if isinstance(text, str) else None
+    return None
 
 
 def _too_large(head: str, length: int, limit: int) -> SessionMessage | Exception:

@@ -219,35 +219,18 @@ class Database:
             path.parent.mkdir(mode=0o700, parents=True, exist_ok=True)
             _private(path)
         try:
-            self.conn = self._connect(path, policy)
+            self.conn, self.busy = _read_write(path, policy)
         except (sqlite3.OperationalError, OSError) as exc:
             if not policy.reads_only or not _cannot_write(exc):
                 raise
             self.conn = open_read_only(path)
-            self.read_only = True
             self.busy = BusyTimeout(self.conn, policy.busy_timeout_ms)
+            self.read_only = True
         try:
             self.setup()
         except BaseException:
             self.conn.close()
             raise
-
-    def _connect(self, path: Path, policy: ConnectionPolicy) -> sqlite3.Connection:
-        """The read-write connection, its pragmas set (closed again if any fails)."""
-        conn = sqlite3.connect(path, isolation_level=None, check_same_thread=False)
-        try:
-            self.busy = BusyTimeout(conn, policy.busy_timeout_ms)
-            self.busy.waits(True)
-            if policy.page_size is not None:
-                # before anything writes the header (WAL mode does); a no-op on an existing file
-                conn.execute(f"PRAGMA page_size={int(policy.page_size)}")
-            conn.execute("PRAGMA journal_mode=WAL")
-            pragma = "FULL" if policy.synchronous == "full" else "NORMAL"
-            conn.execute(f"PRAGMA synchronous={pragma}")
-        except BaseException:
-            conn.close()
-            raise
-        return conn
 
     def setup(self) -> None:
         """Create or check the owner's schema (once, right after the pragmas; a no-op here)."""
@@ -483,6 +466,24 @@ class SqliteExecutor(Generic[_D]):
                 self.db = None
 
         await self.thread.close(last)
+
+
+def _read_write(path: Path, policy: ConnectionPolicy) -> tuple[sqlite3.Connection, BusyTimeout]:
+    """The read-write connection and its busy timeout, its pragmas set (closed if any fails)."""
+    conn = sqlite3.connect(path, isolation_level=None, check_same_thread=False)
+    try:
+        busy = BusyTimeout(conn, policy.busy_timeout_ms)
+        busy.waits(True)
+        if policy.page_size is not None:
+            # before anything writes the header (WAL mode does); a no-op on an existing file
+            conn.execute(f"PRAGMA page_size={int(policy.page_size)}")
+        conn.execute("PRAGMA journal_mode=WAL")
+        pragma = "FULL" if policy.synchronous == "full" else "NORMAL"
+        conn.execute(f"PRAGMA synchronous={pragma}")
+    except BaseException:
+        conn.close()
+        raise
+    return conn, busy
 
 
 def _cannot_write(exc: sqlite3.Error | OSError) -> bool:
