@@ -637,6 +637,13 @@ class Service:
         if self.worker is not None:
             with contextlib.suppress(Exception):
                 await self.worker.drain(drain, cut=cut)
+        # No run calls a tool now: the MCP servers stop beside the deliverer's drain, each
+        # within what is left of the budget (one deaf to its input and to SIGTERM held the
+        # stop past it).
+        closing_mcp = None
+        if self.mcp is not None:
+            left = None if end is None else max(end - time.monotonic() - _CLOSE_RESERVE_S / 2, 0.1)
+            closing_mcp = asyncio.ensure_future(self.mcp.close(left))
         if self.live is not None:
             await self.live.close()
         if self.deliverer is not None:
@@ -645,6 +652,9 @@ class Service:
                 seconds = min(seconds, max(end - time.monotonic() - _CLOSE_RESERVE_S / 2, 0.1))
             with contextlib.suppress(Exception):
                 await self.deliverer.stop(seconds, cut=cut)
+        if closing_mcp is not None:
+            with contextlib.suppress(Exception):
+                await closing_mcp
         for adapter in self.adapters.values():
             close = getattr(adapter, "close", None)
             if close is not None:

@@ -54,7 +54,7 @@ from gateway.mcp.leash import leashed
 from gateway.mcp.results import malformed, redacted, to_output
 from gateway.mcp.settings import McpServer
 from gateway.mcp.stderr import StderrTail
-from gateway.mcp.stdio import TOO_LARGE_CODE, bound_blocks, bounded_stdio
+from gateway.mcp.stdio import TOO_LARGE_CODE, StopBy, bound_blocks, bounded_stdio
 from harness_core.clock import Clock
 from harness_core.tools import ToolOutput
 
@@ -188,6 +188,7 @@ class McpConnection:
         self._relist = asyncio.Event()
         self._settled = asyncio.Event()
         self._calls_running: set[asyncio.Task[Any]] = set()
+        self._stop_by = StopBy()
         self._supervisor: asyncio.Task[None] | None = None
         self._scope = anyio.CancelScope()
         """The supervisor's whole life: `close` cancels this, never the task (see `close`)."""
@@ -239,12 +240,18 @@ class McpConnection:
             self._supervisor = asyncio.create_task(self._supervise(), name=f"mcp:{self.name}")
         await self._settled.wait()
 
-    async def close(self) -> None:
-        """Cancel the calls in flight (``notifications/cancelled``), stop the server."""
+    async def close(self, within: float | None = None) -> None:
+        """Cancel the calls in flight (``notifications/cancelled``), stop the server.
+
+        `within`: the seconds the close may take (the gateway's stop has a budget); a stdio
+        server's waits to exit on its own are shortened to fit, and then it is killed.
+        """
+        if within is not None:
+            self._stop_by.at = anyio.current_time() + within
         for task in list(self._calls_running):
             task.cancel()
         if self._calls_running:
-            await asyncio.wait(list(self._calls_running))
+            await asyncio.wait(list(self._calls_running), timeout=within)
         if self._supervisor is not None:
             # An anyio cancel, not Task.cancel(): it waits out the SDK's shielded transport
             # shutdown (close stdin, wait, kill, close the transport) where a native cancel
@@ -403,7 +410,12 @@ class McpConnection:
             errlog = stack.enter_context(await self._tail.open())
             # the SDK's own stdio reader costs time quadratic in a line's length, unbounded
             spawned = bounded_stdio(
-                command, args, env=get_default_environment() | env, cwd=server.cwd, errlog=errlog
+                command,
+                args,
+                env=get_default_environment() | env,
+                cwd=server.cwd,
+                errlog=errlog,
+                stop_by=self._stop_by,
             )
             return _watched(spawned, lost, garbled=self._garble, heard=self._heard_answer)
         assert server.url is not None  # validated

@@ -95,9 +95,9 @@ class McpTools:
         await asyncio.gather(*(c.start() for c in self._connections.values()))
         self._rebuild()
 
-    async def close(self) -> None:
-        """Cancel calls in flight and stop every server."""
-        await asyncio.gather(*(c.close() for c in self._connections.values()))
+    async def close(self, within: float | None = None) -> None:
+        """Cancel calls in flight and stop every server, within `within` seconds when given."""
+        await asyncio.gather(*(c.close(within) for c in self._connections.values()))
         self._rebuild()
 
     def health(self) -> tuple[McpServerHealth, ...]:

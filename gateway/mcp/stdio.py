@@ -10,7 +10,10 @@ request it answers, that request gets an error answer saying so (`TOO_LARGE_CODE
 waiting out its timeout; otherwise it is one unreadable message. Spawning and shutdown are the
 SDK's order (close the input, wait, then SIGTERM and SIGKILL the server's process group); the
 server's own exit ends its stream too (a helper it started may hold its output open), and what
-is left of its process group is ended at every stop.
+is left of its process group is ended at every stop. A stop with a deadline (`StopBy`: the
+gateway stopping within `GATEWAY_SHUTDOWN_SECONDS`) shortens each of those waits to its share
+of the time left, so a server deaf to its input closing and to SIGTERM cannot hold the stop
+past its budget (it took the whole budget and exit 1 with two such servers).
 
 A line of more than `_THREAD_BYTES` is parsed in a thread, and a result of more than
 `MAX_BLOCKS` content blocks is handed on with its runs of plain text blocks joined (and cut to
@@ -42,6 +45,7 @@ __all__ = [
     "MAX_BLOCKS",
     "MAX_MESSAGE_BYTES",
     "TOO_LARGE_CODE",
+    "StopBy",
     "TooLarge",
     "bound_blocks",
     "bounded_stdio",
@@ -77,6 +81,19 @@ _Read = MemoryObjectReceiveStream[SessionMessage | Exception]
 _Write = MemoryObjectSendStream[SessionMessage]
 
 
+class StopBy:
+    """When a server's stop must be over (the event loop's clock), once a close sets it."""
+
+    def __init__(self) -> None:
+        self.at: float | None = None
+
+    def wait(self, most: float, share: float) -> float:
+        """`most` seconds, or less: `share` of the time left when a deadline is set."""
+        if self.at is None:
+            return most
+        return max(min(most, share * (self.at - anyio.current_time())), 0.0)
+
+
 class TooLarge(GatewayError, ValueError):
     """A line longer than `MAX_MESSAGE_BYTES` that names no request (an unreadable message)."""
 
@@ -90,6 +107,7 @@ async def bounded_stdio(
     cwd: str | None,
     errlog: TextIO,
     max_bytes: int = MAX_MESSAGE_BYTES,
+    stop_by: StopBy | None = None,
 ) -> AsyncIterator[tuple[_Read, _Write]]:
     """Start `command` in its own process group; yield (read, write) streams of its messages.
 
@@ -99,6 +117,7 @@ async def bounded_stdio(
     Raises:
         OSError: the program cannot be started.
     """
+    by = stop_by or StopBy()
     process = await anyio.open_process(
         [command, *args], env=dict(env), stderr=errlog, cwd=cwd, start_new_session=True
     )
@@ -153,9 +172,9 @@ async def bounded_stdio(
             with anyio.CancelScope(shield=True):
                 read.close()
                 write.close()
-                with anyio.move_on_after(_FLUSH_WAIT_S):
+                with anyio.move_on_after(by.wait(_FLUSH_WAIT_S, 0.1)):
                     await flushed.wait()
-                await _stop(process)
+                await _stop(process, by)
                 for stream in (read, write, to_session, from_session):
                     await stream.aclose()
             tasks.cancel_scope.cancel()
@@ -333,21 +352,25 @@ async def _drain(process: Process) -> None:
             await process.stdout.receive()
 
 
-async def _stop(process: Process) -> None:
-    """Close its input, give it time to exit, then end its process group (every wait bounded)."""
+async def _stop(process: Process, by: StopBy) -> None:
+    """Close its input, give it time to exit, then end its process group (every wait bounded).
+
+    Against a deadline the waits are shares of the time left: the input's 40 %, SIGTERM's
+    half of the rest, and SIGKILL, which needs no grace, what remains.
+    """
     assert process.stdin is not None
     assert process.stdout is not None
     with contextlib.suppress(OSError, anyio.BrokenResourceError, anyio.ClosedResourceError):
         await process.stdin.aclose()
-    if not await _exited(process, _INPUT_CLOSED_WAIT_S):
-        await terminate_posix_process_tree(process, _KILL_WAIT_S)
-        await _exited(process, _KILL_WAIT_S)
-    await _end_group(process.pid)
+    if not await _exited(process, by.wait(_INPUT_CLOSED_WAIT_S, 0.4)):
+        await terminate_posix_process_tree(process, by.wait(_KILL_WAIT_S, 0.5))
+        await _exited(process, by.wait(_KILL_WAIT_S, 0.5))
+    await _end_group(process.pid, by)
     with contextlib.suppress(OSError, anyio.BrokenResourceError, anyio.ClosedResourceError):
         await process.stdout.aclose()
 
 
-async def _end_group(group: int) -> None:
+async def _end_group(group: int, by: StopBy) -> None:
     """End what is left of the server's process group once the server itself is gone.
 
     A child it started (a browser, a language server) outlived it, holding its pipes: found
@@ -359,7 +382,7 @@ async def _end_group(group: int) -> None:
             return
         with contextlib.suppress(OSError):  # gone meanwhile
             os.killpg(group, number)
-        with anyio.move_on_after(_KILL_WAIT_S):
+        with anyio.move_on_after(by.wait(_KILL_WAIT_S, 0.5)):
             while _members(group):  # noqa: ASYNC110 (a process's exit sets no event)
                 await anyio.sleep(0.05)
 

@@ -24,6 +24,7 @@ import httpx
 import pytest
 
 from adapters.web import open_mailbox
+from tests.gateway.mcp.test_source import alive, pids
 from tests.support.gateway_process import ROOT, GatewayProcess, not_json
 from tests.support.redis_server import RedisServer, free_port
 from tests.support.webhook_peer import WebhookPeer, new_secret
@@ -247,6 +248,46 @@ async def test_an_open_event_stream_ends_when_the_drain_begins(tmp_path: Path) -
     assert status == 0
     assert 1.8 < took < 3.0, gateway.tail()  # the step had its drain, the stop its bound
     assert not_json(gateway.log_path.read_text()) == []
+
+
+async def test_mcp_servers_deaf_to_their_input_and_to_sigterm_stop_within_the_budget(
+    tmp_path: Path,
+) -> None:
+    """Two stdio servers that run on after their input closes, one ignoring SIGTERM too, were
+    stopped after the deliverer's drain with the protocol's full waits (about 4.5 s): the
+    stop overran its 3 s, exit 1 "before everything was released". Each wait is now a share
+    of the time left, and the servers stop beside the deliverer's drain."""
+    marks = tmp_path / "marks"
+    marks.mkdir()
+    server = [sys.executable, "-m", "tests.support.mcp_servers", "--stdio", "--deaf"]
+    deaf = [*server, "--marks", str(marks)]
+    stubborn = ["sh", "-c", "trap '' TERM; exec " + " ".join([*server, "--marks", str(marks)])]
+    servers = [
+        {"name": name, "command": command[0], "args": command[1:], "cwd": str(ROOT)}
+        for name, command in (("deaf", deaf), ("stubborn", stubborn))
+    ]
+    settings = _sqlite(
+        tmp_path, drain_seconds="2", shutdown_seconds="3", mcp_servers=json.dumps(servers)
+    )
+    gateway = GatewayProcess("gw", tmp_path, settings).start()
+    try:
+        assert len(pids(marks)) == 2, gateway.tail()
+        _post(gateway, "slow", "/slow 10000")  # outlasts the drain: the stop uses its budget
+        await _running_tool(gateway)
+        began = time.monotonic()
+        status = gateway.terminate()
+        took = time.monotonic() - began
+    finally:
+        gateway.stop()
+        for pid in pids(marks):
+            if alive(pid):
+                os.kill(pid, signal.SIGKILL)
+    assert status == 0, gateway.tail()
+    assert took < 3.5, gateway.tail()
+    log = gateway.log_path.read_text()
+    assert "stopped without draining" not in log, log
+    assert not_json(log) == [], log
+    assert not [pid for pid in pids(marks) if alive(pid)]
 
 
 # -- item 12: a drain hands its work over at once ---------------------------------------------
