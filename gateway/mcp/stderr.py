@@ -3,7 +3,10 @@
 A server that cannot start says why on its stderr (``ModuleNotFoundError: No module named
 'tickets'``, ``Error: Cannot find module``, a missing setting); the connection only sees its
 output close. The stream is read continuously (a server writing more than a pipe holds would
-otherwise block on it) and only the last `KEEP_BYTES` are kept. What it said is for the
+otherwise block on it) and only the last `KEEP_BYTES` are kept; at most `READ_BYTES_PER_S` a
+second, then the pipe is left to fill until the second is over (a server that floods its
+stderr, `yes >&2`, took two thirds of the gateway's core to read and drop; now it waits on
+its own pipe). What it said is for the
 operator (health, logs, ``gateway ask``), passed through the redactor; never for the model: a
 server's stderr may quote one session's data while another's call reads the fault.
 """
@@ -18,7 +21,7 @@ import unicodedata
 from collections.abc import Callable
 from typing import TextIO
 
-__all__ = ["KEEP_BYTES", "SAID_CHARS", "StderrTail"]
+__all__ = ["KEEP_BYTES", "READ_BYTES_PER_S", "SAID_CHARS", "StderrTail"]
 
 KEEP_BYTES = 4096
 """The most bytes of the stream kept (its end)."""
@@ -28,6 +31,8 @@ _ANSI = re.compile(r"\x1b\[[0-9;?]*[ -/]*[@-~]")
 """A terminal's escape sequences (colours, cursor moves): what a CLI's error line is wrapped in."""
 _ERROR = re.compile(r"(?:[\w.]*(?:Error|Exception)|error|fatal|panic|FATAL|ERROR)\b[^ ]*:? ")
 """A line that names what went wrong (Python's, Node's, Go's and most CLIs' last word)."""
+READ_BYTES_PER_S = 4 * 1024 * 1024
+"""The most bytes read from one server's stderr a second (a log far chattier than any server's)."""
 _EOF_WAIT_S = 0.5
 """How long `finish` waits for the stream to end (a child of the server may keep it open)."""
 
@@ -35,9 +40,33 @@ _EOF_WAIT_S = 0.5
 class _Collect(asyncio.Protocol):
     def __init__(self, tail: StderrTail) -> None:
         self._tail = tail
+        self._transport: asyncio.ReadTransport | None = None
+        self._window_ends = 0.0
+        self._window_bytes = 0
+        self.resuming: asyncio.TimerHandle | None = None
+
+    def connection_made(self, transport: asyncio.BaseTransport) -> None:
+        assert isinstance(transport, asyncio.ReadTransport)
+        self._transport = transport
 
     def data_received(self, data: bytes) -> None:
         self._tail._take(data)
+        loop = asyncio.get_running_loop()
+        now = loop.time()
+        if now >= self._window_ends:
+            self._window_ends, self._window_bytes = now + 1.0, 0
+        self._window_bytes += len(data)
+        if self._window_bytes >= READ_BYTES_PER_S and self._transport is not None:
+            self._transport.pause_reading()
+            self.resuming = loop.call_at(self._window_ends, self.resume)
+
+    def resume(self) -> None:
+        """Read again (the second is over, or the tail is finishing)."""
+        if self.resuming is not None:
+            self.resuming.cancel()
+            self.resuming = None
+        if self._transport is not None and not self._transport.is_closing():
+            self._transport.resume_reading()
 
     def eof_received(self) -> bool | None:
         self._tail._ended.set()
@@ -59,6 +88,7 @@ class StderrTail:
         """Whether the buffer's start was dropped (its first line may be a line's end)."""
         self._ended = asyncio.Event()
         self._transport: asyncio.ReadTransport | None = None
+        self._collect: _Collect | None = None
 
     async def open(self) -> TextIO:
         """The write end of a pipe this tail reads (hand it to the spawn, close it after)."""
@@ -71,7 +101,9 @@ class StderrTail:
             raise
         try:
             loop = asyncio.get_running_loop()
-            self._transport, _ = await loop.connect_read_pipe(lambda: _Collect(self), reader)
+            self._transport, self._collect = await loop.connect_read_pipe(
+                lambda: _Collect(self), reader
+            )
         except BaseException:
             reader.close()
             os.close(write_fd)
@@ -81,14 +113,20 @@ class StderrTail:
     async def finish(self) -> str | None:
         """Stop reading, after the stream ended (or a short wait); returns `said`."""
         if self._transport is not None:
+            if self._collect is not None:
+                self._collect.resume()  # its last words, past a paused flood
             with contextlib.suppress(TimeoutError):
                 await asyncio.wait_for(self._ended.wait(), _EOF_WAIT_S)
             self._transport.close()
             self._transport = None
+        if self._collect is not None and self._collect.resuming is not None:
+            self._collect.resuming.cancel()
         return self.said()
 
     def close(self) -> None:
         """Stop reading at once (a stop: what it said no longer matters)."""
+        if self._collect is not None and self._collect.resuming is not None:
+            self._collect.resuming.cancel()
         if self._transport is not None:
             self._transport.close()
             self._transport = None

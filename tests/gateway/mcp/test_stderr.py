@@ -6,7 +6,7 @@ import asyncio
 import sys
 from collections.abc import Callable
 
-from gateway.mcp.stderr import KEEP_BYTES, SAID_CHARS, StderrTail
+from gateway.mcp.stderr import KEEP_BYTES, READ_BYTES_PER_S, SAID_CHARS, StderrTail
 from gateway.redact import Redactor
 
 
@@ -85,3 +85,29 @@ async def test_a_secret_is_redacted_before_any_line_is_clipped() -> None:
     # the buffer's own cut: a secret the kept end begins inside of is not shown either
     cut = await spoken(f"key {SECRET}" + "y" * (KEEP_BYTES - 20), "the end", redact=redact)
     assert cut == "the end"
+
+
+async def test_a_flood_is_read_at_a_bounded_rate_and_its_last_words_still_heard() -> None:
+    """`yes >&2` in a server took two thirds of the gateway's core to read and drop. A flood
+    is read at `READ_BYTES_PER_S` now: the writer waits on its own full pipe."""
+    tail = StderrTail()
+    errlog = await tail.open()
+    code = (
+        "import sys, time\n"
+        "chunk, end, wrote = b'x' * 65535 + b'\\n', time.monotonic() + 1.5, 0\n"
+        "while time.monotonic() < end:\n"
+        "    wrote += sys.stderr.buffer.write(chunk); sys.stderr.flush()\n"
+        "sys.stderr.write('last words\\n'); print(wrote)\n"
+    )
+    try:
+        child = await asyncio.create_subprocess_exec(
+            sys.executable, "-c", code, stdout=asyncio.subprocess.PIPE, stderr=errlog
+        )
+    finally:
+        errlog.close()
+    out, _ = await child.communicate()
+    wrote = int(out)
+    # two windows' worth and what the pipe holds, where unbounded it wrote gigabytes (5.8)
+    assert wrote < 3 * READ_BYTES_PER_S, wrote
+    said = await tail.finish()
+    assert said is not None and said.endswith("last words")
