@@ -147,6 +147,8 @@ async def test_a_redelivery_is_the_same_message_and_a_duplicate(rig: Rig) -> Non
         assert "another message of this thread" in other.json()["error"]["message"]
     renamed = await rig.send({**MESSAGE, "author": {"id": "u1", "name": "U"}, "message_id": "m-7"})
     assert renamed.json()["duplicate"] is True  # a display name is not the message
+    recontext = await rig.send({**MESSAGE, "message_id": "m-7", "reply_context": {"n": 9}})
+    assert recontext.json()["duplicate"] is True  # nor what comes back: the first one's stands
 
 
 @pytest.mark.parametrize("missing", ["webhook-id", "webhook-timestamp", "webhook-signature"])
