@@ -50,11 +50,19 @@ from pydantic import ValidationError
 from gateway.errors import GatewayError
 from gateway.logs import event
 from gateway.mcp.health import McpServerHealth, ServerState
+from gateway.mcp.http_bodies import BoundedBodies
 from gateway.mcp.leash import leashed
 from gateway.mcp.results import malformed, redacted, to_output
 from gateway.mcp.settings import McpServer
 from gateway.mcp.stderr import StderrTail
-from gateway.mcp.stdio import TOO_LARGE_CODE, StopBy, bound_blocks, bounded_stdio
+from gateway.mcp.stdio import (
+    MAX_MESSAGE_BYTES,
+    TOO_LARGE_CODE,
+    TOO_LARGE_DATA,
+    StopBy,
+    bound_blocks,
+    bounded_stdio,
+)
 from harness_core.clock import Clock
 from harness_core.tools import ToolOutput
 
@@ -431,13 +439,17 @@ class McpConnection:
                 self._http_status = response.status_code
 
         http = httpx2.AsyncClient(
-            transport=_NotesUnsent(httpx2.AsyncHTTPTransport(), self._unsent),
+            transport=_NotesUnsent(BoundedBodies(httpx2.AsyncHTTPTransport()), self._unsent),
             headers=headers,
             timeout=httpx2.Timeout(30.0, read=server.call_timeout_seconds + 30.0),
             event_hooks={"response": [seen]},
         )
         return _watched(
-            streamable_http_client(server.url, http_client=http),
+            # events are bounded by the transport (`BoundedBodies`), as a stdio line is: the
+            # SDK's own limit of 1 MiB failed every call whose answer came as a larger event
+            streamable_http_client(
+                server.url, http_client=http, max_sse_event_size=2 * MAX_MESSAGE_BYTES
+            ),
             lost,
             http,
             garbled=self._garble,
@@ -629,7 +641,7 @@ class McpConnection:
                 if unsent is not None:
                     return self._unreached(tool, unsent)
                 return self._crashed(tool, exc)
-            if exc.code == TOO_LARGE_CODE and self.server.transport == "stdio":
+            if exc.code == TOO_LARGE_CODE and exc.data == TOO_LARGE_DATA:  # said by the gateway
                 return self._ended(
                     "too_large",
                     f"MCP server {self.name!r} ran {tool!r}, but {exc.error.message}: ask it "

@@ -15,7 +15,7 @@ gateway stopping within `GATEWAY_SHUTDOWN_SECONDS`) shortens each of those waits
 of the time left, so a server deaf to its input closing and to SIGTERM cannot hold the stop
 past its budget (it took the whole budget and exit 1 with two such servers).
 
-A line of more than `_THREAD_BYTES` is parsed in a thread, and a result of more than
+A line of more than `THREAD_BYTES` is parsed in a thread, and a result of more than
 `MAX_BLOCKS` content blocks is handed on with its runs of plain text blocks joined (and cut to
 that many, the rest named): the SDK validates each block on the event loop, and 450,000
 one-letter blocks held every other thread 4.6 s (an outside probe).
@@ -44,12 +44,17 @@ from gateway.errors import GatewayError
 __all__ = [
     "MAX_BLOCKS",
     "MAX_MESSAGE_BYTES",
+    "THREAD_BYTES",
     "TOO_LARGE_CODE",
+    "TOO_LARGE_DATA",
     "StopBy",
     "TooLarge",
+    "answered_id",
     "bound_blocks",
     "bounded_stdio",
     "fewer_blocks",
+    "read_message",
+    "too_large_answer",
 ]
 
 MAX_MESSAGE_BYTES = 16 * 1024 * 1024
@@ -57,9 +62,11 @@ MAX_MESSAGE_BYTES = 16 * 1024 * 1024
 TOO_LARGE_CODE = -32099
 """The error code of the answer given in place of one too large to read (JSON-RPC's range
 for an implementation's own server errors)."""
+TOO_LARGE_DATA = {"gateway": "too_large"}
+"""The error's data that says the gateway wrote it (a server may use the code for its own)."""
 MAX_BLOCKS = 1_000
 """The most content blocks of one result handed to the SDK (runs of text joined first)."""
-_THREAD_BYTES = 1024 * 1024
+THREAD_BYTES = 1024 * 1024
 """A line longer than this is parsed in a thread, not on the event loop."""
 _HEAD_BYTES = 4096
 """How much of a too-long line is kept to find the request it answers."""
@@ -135,7 +142,7 @@ async def bounded_stdio(
                     async for chunk in process.stdout:
                         for item in lines.feed(chunk):
                             if isinstance(item, _Long):
-                                item = await anyio.to_thread.run_sync(_message, item.text)
+                                item = await anyio.to_thread.run_sync(read_message, item.text)
                             await to_session.send(item)
                 except (anyio.ClosedResourceError, anyio.BrokenResourceError, OSError):
                     pass
@@ -181,7 +188,7 @@ async def bounded_stdio(
 
 
 class _Long:
-    """A line to parse in a thread (`_message`): its text."""
+    """A line to parse in a thread (`read_message`): its text."""
 
     def __init__(self, text: str) -> None:
         self.text = text
@@ -225,20 +232,20 @@ class _Lines:
         self._kept.clear()
         self._long = 0
         if length:
-            return _too_large(text, length, self._max)
+            return too_large_answer(text, length, self._max)
         if not text.strip():
             return None  # a blank line between messages says nothing
-        return _Long(text) if len(text) > _THREAD_BYTES else _message(text)
+        return _Long(text) if len(text) > THREAD_BYTES else read_message(text)
 
 
-def _message(text: str) -> SessionMessage | Exception:
+def read_message(text: str) -> SessionMessage | Exception:
     """One line as a message (any thread): a result's content blocks bounded (`MAX_BLOCKS`)."""
     try:
         # bytes that are no UTF-8 are replaced, not fatal: one such byte ended the SDK's
         # reader for good once (the server stayed "ready" and every call timed out)
         message = types.jsonrpc_message_adapter.validate_json(text, by_name=False)
     except ValueError as exc:
-        request = _answered(text[:_HEAD_BYTES])
+        request = answered_id(text[:_HEAD_BYTES])
         if request is None:
             return exc
         # an answer, to a request it names: that request is told now, not after its timeout
@@ -300,23 +307,25 @@ def _plain_text(block: object) -> str | None:
     return None
 
 
-def _too_large(head: str, length: int, limit: int) -> SessionMessage | Exception:
-    """The error answer to the request a too-long line answers, or `TooLarge` (none named)."""
-    size = f"{length / (1024 * 1024):,.1f} MiB"
-    request = _answered(head)
+def too_large_answer(head: str, length: int | None, limit: int) -> SessionMessage | Exception:
+    """The error answer to the request a too-long line answers, or `TooLarge` (none named).
+
+    `length`: the message's bytes, when known (a body read only to the bound is not).
+    """
+    size = "" if length is None else f" ({length / (1024 * 1024):,.1f} MiB)"
+    request = answered_id(head)
     if request is None:
-        return TooLarge(f"a message of {size} (more than {limit:,} bytes) was not read")
+        return TooLarge(f"a message{size} of more than {limit:,} bytes was not read")
     said = (
-        f"its answer ({size}) is larger than the {limit / (1024 * 1024):g} MiB the gateway "
+        f"its answer{size} is larger than the {limit / (1024 * 1024):g} MiB the gateway "
         "reads, and was not read"
     )
-    answer = types.JSONRPCError(
-        jsonrpc="2.0", id=request, error=types.ErrorData(code=TOO_LARGE_CODE, message=said)
-    )
+    error = types.ErrorData(code=TOO_LARGE_CODE, message=said, data=TOO_LARGE_DATA)
+    answer = types.JSONRPCError(jsonrpc="2.0", id=request, error=error)
     return SessionMessage(answer)
 
 
-def _answered(head: str) -> int | str | None:
+def answered_id(head: str) -> int | str | None:
     """The ``id`` of the response whose first characters are `head`, when its top level says.
 
     Only the object's own keys before its ``result`` or ``error`` are read: an ``id`` inside

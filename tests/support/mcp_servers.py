@@ -6,6 +6,7 @@ when a token is given; ``--fail-start`` says so on stderr (with ``MCP_TEST_SECRE
 ``--stderr-bytes N`` writes N bytes to stderr before serving; ``--deaf`` runs on after its
 input closed; ``--linger``: ``crash`` closes the
 wire and lingers (deaf to its stdin closing) instead of exiting, so only a kill ends it.
+``--json`` answers over HTTP as JSON bodies (not event streams), ``--gzip`` compresses them.
 ``--marks DIR``: the server writes a file there for each call it starts (``call-<tool>-<n>``),
 each call it sees cancelled (``cancelled-<tool>``) and ``pid-<pid>`` when it starts, so a test
 can read what reached the server and which process it is.
@@ -14,9 +15,9 @@ Tools (listed three per page, to exercise pagination): ``echo`` (read-only), ``a
 (idempotent, structured content only), ``delete`` (destructive), ``key`` (returns the
 idempotency key from ``_meta``), ``fail`` (``isError``), ``crash`` (the process exits
 mid-call), ``hang`` (never answers), ``malformed`` (a result that is not one, on stdio), ``flood``
-(2 MB of text), ``change`` (drops ``delete``, adds ``extra`` and sends
-``notifications/tools/list_changed``), ``env`` (the value of ``MCP_TEST_SECRET``),
-``schema`` (an unusual input schema, handed on as is).
+(2 MB of text; ``{"mib": N}`` N MiB, ``{"blocks": N}`` N one-letter blocks), ``change``
+(drops ``delete``, adds ``extra`` and sends ``notifications/tools/list_changed``), ``env``
+(the value of ``MCP_TEST_SECRET``), ``schema`` (an unusual input schema, handed on as is).
 """
 
 from __future__ import annotations
@@ -201,7 +202,10 @@ def build(marks: Path | None, *, linger: bool = False, odd: bool = False) -> Ser
             await asyncio.sleep(0.2)
             return _text("too late")
         if name == "flood":
-            return _text("x" * 2_000_000)
+            if "blocks" in args:  # that many one-letter blocks
+                blocks = [types.TextContent(text="c") for _ in range(int(args["blocks"]))]
+                return types.CallToolResult(content=list(blocks))
+            return _text("x" * int(float(args.get("mib", 2_000_000 / 2**20)) * 2**20))
         if name == "change":
             tools[:] = [tool for tool in tools if tool.name != "delete"] + [_EXTRA]
             await ctx.session.send_tool_list_changed()
@@ -228,11 +232,22 @@ async def _stdio(server: Server[Any]) -> None:
         await server.run(read, write, options)
 
 
-def _http(server: Server[Any], port: int, token: str | None, *, no_stream: bool = False) -> None:
+def _http(
+    server: Server[Any],
+    port: int,
+    token: str | None,
+    *,
+    no_stream: bool = False,
+    json_response: bool = False,
+    gzip: bool = False,
+) -> None:
     import uvicorn
+    from starlette.middleware.gzip import GZipMiddleware
     from starlette.responses import PlainTextResponse
 
-    app = server.streamable_http_app()
+    app: Any = server.streamable_http_app(json_response=json_response)
+    if gzip:  # its JSON answers compressed, as a server behind a proxy sends them
+        app = GZipMiddleware(app, minimum_size=500)
 
     async def guarded(scope: Any, receive: Any, send: Any) -> None:
         if scope["type"] == "http" and token is not None:
@@ -284,12 +299,18 @@ class HttpServer:
         token: str | None = None,
         marks: Path | None = None,
         no_stream: bool = False,
+        json_response: bool = False,
+        gzip: bool = False,
     ) -> None:
         self.port = port
         self.url = f"http://127.0.0.1:{port}/mcp"
         self._args = ["-m", "tests.support.mcp_servers", "--http", str(port)]
         if no_stream:  # every GET (the optional event stream) is answered 405
             self._args.append("--no-stream")
+        if json_response:  # answers as JSON bodies, not event streams
+            self._args.append("--json")
+        if gzip:
+            self._args.append("--gzip")
         if token is not None:
             self._args += ["--token", token]
         if marks is not None:
@@ -335,6 +356,8 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--deaf", action="store_true")
     parser.add_argument("--odd-tools", action="store_true")
     parser.add_argument("--no-stream", action="store_true")
+    parser.add_argument("--json", action="store_true")
+    parser.add_argument("--gzip", action="store_true")
     args = parser.parse_args(argv)
     if args.fail_start:
         print(f"refusing to start (secret {os.environ.get('MCP_TEST_SECRET')})", file=sys.stderr)
@@ -344,7 +367,14 @@ def main(argv: list[str] | None = None) -> None:
         sys.stderr.flush()
     server = build(args.marks, linger=args.linger, odd=args.odd_tools)
     if args.http is not None:
-        _http(server, args.http, args.token, no_stream=args.no_stream)
+        _http(
+            server,
+            args.http,
+            args.token,
+            no_stream=args.no_stream,
+            json_response=args.json,
+            gzip=args.gzip,
+        )
     else:
         asyncio.run(_stdio(server))
         if args.deaf:  # runs on after its input closed (as a server with a timer does)

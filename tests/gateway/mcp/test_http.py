@@ -10,12 +10,14 @@ from __future__ import annotations
 
 import asyncio
 import logging
+import threading
 from collections.abc import AsyncIterator
 from pathlib import Path
 from typing import Any
 
 import pytest
 
+from gateway.mcp import http_bodies, stdio
 from gateway.mcp.connection import Backoff
 from gateway.mcp.settings import McpServer
 from gateway.mcp.source import McpTools
@@ -282,3 +284,80 @@ async def test_an_idle_server_that_answers_its_pings_stays_up(http_server: HttpS
         assert (health.state, health.restarts, health.last_error) == ("ready", 0, None)
     finally:
         await source.close()
+
+
+@pytest.mark.parametrize("answers", ["events", "json", "gzip"])
+async def test_a_long_answer_is_parsed_aside_and_its_blocks_joined(
+    answers: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The SDK parsed an HTTP answer whole on the event loop: 450,000 one-letter blocks held
+    every thread about 2 s. A body past a MiB is now parsed in a thread and handed on
+    bounded, whether it comes as an event stream, a JSON body or a gzipped one."""
+    readers: list[threading.Thread] = []
+    read = stdio.read_message
+
+    def spied(text: str) -> Any:
+        readers.append(threading.current_thread())
+        return read(text)
+
+    monkeypatch.setattr(http_bodies, "read_message", spied)
+    server = await HttpServer(
+        free_port(), json_response=answers != "events", gzip=answers == "gzip"
+    ).start()
+    source = tools(settings(server.url, call_timeout_seconds=60))
+    await source.start()
+    try:
+        many = await call(source, "remote.flood", {"blocks": 100_000})
+        after = await call(source, "remote.echo", {"text": "still here"}, key="k2")
+    finally:
+        await source.close()
+        await server.kill()
+    parts = [part.text for part in many.content if isinstance(part, TextPart)]
+    assert parts[0] == "c" * 20_000  # one block, cut to what the model reads (a note after it)
+    assert readers and threading.main_thread() not in readers
+    assert text(after) == "echo: still here"
+
+
+@pytest.mark.parametrize("answers", ["events", "json", "gzip"])
+async def test_an_answer_past_the_bound_is_said_at_once_and_the_next_call_works(
+    answers: str,
+) -> None:
+    """A stdio line past `MAX_MESSAGE_BYTES` was refused as it came; an HTTP answer was read
+    whole however large (a gzipped one inflated whole). Now it is read to the same bound."""
+    server = await HttpServer(
+        free_port(), json_response=answers != "events", gzip=answers == "gzip"
+    ).start()
+    source = tools(settings(server.url, call_timeout_seconds=60))
+    await source.start()
+    try:
+        huge = await call(source, "remote.flood", {"mib": 17})
+        after = await call(source, "remote.echo", {"text": "still here"}, key="k2")
+        state = source.health()[0].state
+    finally:
+        await source.close()
+        await server.kill()
+    said = text(huge)
+    assert huge.is_error and "ran 'flood'" in said, said
+    size = "" if answers == "gzip" else " (17.0 MiB)"  # a gzipped body is read to the bound
+    assert f"its answer{size} is larger than the 16 MiB the gateway reads" in said
+    assert text(after) == "echo: still here"
+    assert state == "ready"  # the framing held: the connection was not dropped
+
+
+@pytest.mark.parametrize("answers", ["events", "json", "gzip"])
+async def test_an_answer_of_a_few_mib_comes_whole_however_it_is_sent(answers: str) -> None:
+    """The SDK reads an event of at most 1 MiB: a 3 MiB answer sent as an event failed its
+    call ("SSE stream failed ... the call may have had its effect") where stdio and JSON took
+    it. Every transport now reads to the same bound (`MAX_MESSAGE_BYTES`)."""
+    server = await HttpServer(
+        free_port(), json_response=answers != "events", gzip=answers == "gzip"
+    ).start()
+    source = tools(settings(server.url, call_timeout_seconds=60))
+    await source.start()
+    try:
+        large = await call(source, "remote.flood", {"mib": 3})
+    finally:
+        await source.close()
+        await server.kill()
+    assert not large.is_error, text(large)
+    assert text(large).startswith("x" * 20_000)

@@ -14,8 +14,8 @@ from gateway.mcp.stdio import (
     TooLarge,
     _Lines,
     _Long,
-    _message,
     bound_blocks,
+    read_message,
 )
 
 LIMIT = 1024 * 1024
@@ -83,7 +83,7 @@ def test_a_line_too_long_that_names_no_request_is_one_unreadable_message(head: b
     lines = _Lines(LIMIT)
     found = _fed(lines, head + b"w" * (2 * LIMIT) + b'"}]}}\n' + _answer(9, "ok") + b"\n", 4096)
     [cut, after] = found
-    assert isinstance(cut, TooLarge) and "a message of 2.0 MiB" in str(cut)
+    assert isinstance(cut, TooLarge) and "a message (2.0 MiB) of more than" in str(cut)
     assert isinstance(after, SessionMessage)
 
 
@@ -94,7 +94,7 @@ def test_a_long_line_is_left_to_a_thread_and_many_blocks_are_joined_and_bounded(
     wire = json.dumps({"jsonrpc": "2.0", "id": 7, "result": {"content": blocks}}).encode()
     [long] = _Lines(MAX_BLOCKS * 1024 * 1024).feed(wire + b"\n")
     assert isinstance(long, _Long)  # over 1 MiB: parsed off the event loop
-    parsed = _message(long.text)
+    parsed = read_message(long.text)
     assert isinstance(parsed, SessionMessage)
     assert isinstance(parsed.message, types.JSONRPCResponse)
     content = parsed.message.result["content"]
@@ -105,7 +105,7 @@ def test_a_long_line_is_left_to_a_thread_and_many_blocks_are_joined_and_bounded(
     ]
     many = [{"type": "image", "data": "aGk=", "mimeType": "image/png"}] * (MAX_BLOCKS + 5)
     line = json.dumps({"jsonrpc": "2.0", "id": 8, "result": {"content": many}})
-    cut = _message(line)
+    cut = read_message(line)
     assert isinstance(cut, SessionMessage) and isinstance(cut.message, types.JSONRPCResponse)
     kept = cut.message.result["content"]
     assert len(kept) == MAX_BLOCKS
