@@ -29,6 +29,8 @@ from pathlib import Path
 from types import ModuleType
 from typing import Any
 
+from pydantic import ValidationError
+
 from adapters import ChannelAdapter
 from config import Settings
 from gateway.errors import GatewayError
@@ -107,6 +109,19 @@ def load_plugin(name: str | None, settings: Settings | None = None) -> Plugin:
     tools = list(tools)
     if not all(isinstance(tool, Tool) for tool in tools):
         raise PluginError(f"GATEWAY_PLUGIN={name}: tools() must return Tool objects")
+    for tool in tools:
+        # every model request lists it: a schema that cannot be written (a NaN default) failed
+        # each request of every thread offered it, three times, then parked the lane stuck
+        try:
+            tool.definition()
+        except Exception as exc:
+            said = " ".join(str(exc).split())[:300]
+            if isinstance(exc, ValidationError) and exc.errors():
+                said = str(exc.errors(include_input=False, include_url=False)[0]["msg"])[:300]
+            raise PluginError(
+                f"GATEWAY_PLUGIN={name}: tool {tool.name!r} cannot be offered to a model: its "
+                f"arguments' schema is refused ({type(exc).__name__}: {said})"
+            ) from None
     model = _call(module, name, "model", None, settings if settings is not None else Settings())
     if model is not None and not (
         isinstance(model, tuple) and len(model) == 2 and isinstance(model[1], ModelRef)

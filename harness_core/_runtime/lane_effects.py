@@ -182,7 +182,15 @@ class ExternalEffects:
             return ToolOutput.text(
                 texts.tool_timed_out(tool.name, tool.timeout_seconds or 0), is_error=True
             )
-        except Exception as exc:
+        except (Exception, SystemExit, KeyboardInterrupt) as exc:
+            # foreign code: a tool that calls sys.exit() or raises KeyboardInterrupt fails its
+            # call; it ended the whole process, every lane with it (an outside probe)
+            return ToolOutput.text(texts.tool_failed(tool.name, exc), is_error=True)
+        except asyncio.CancelledError as exc:
+            task = asyncio.current_task()
+            if task is None or task.cancelling():
+                raise  # this task is being cancelled: the run's abort, the process stopping
+            # raised by the tool itself: its failure, or the lane sat unanswered, no word said
             return ToolOutput.text(texts.tool_failed(tool.name, exc), is_error=True)
         returned: object = raw  # typed, but a tool is foreign code
         if isinstance(returned, str):

@@ -148,6 +148,34 @@ def test_tools_returning_something_else_is_refused(workdir: Path, returned: str,
         load_plugin(name, Settings())
 
 
+def test_a_tool_whose_schema_a_model_cannot_take_is_refused_at_start(workdir: Path) -> None:
+    """A NaN default passed the start and failed every request of every thread offered the
+    tool, three times each, then parked the lane stuck (an outside probe)."""
+    _module(
+        workdir,
+        "nan_agent",
+        """
+        from pydantic import BaseModel
+        from harness_core import ToolContext, tool
+
+        class Hostile(BaseModel):
+            n: float = float("nan")
+
+        @tool()
+        async def hostile(args: Hostile, ctx: ToolContext) -> str:
+            return "never"
+
+        def tools():
+            return [hostile]
+        """,
+    )
+    with pytest.raises(PluginError) as refused:
+        load_plugin("nan_agent", Settings())
+    said = str(refused.value)
+    assert said.startswith("GATEWAY_PLUGIN=nan_agent: tool 'hostile' cannot be offered to a model")
+    assert "\n" not in said and "nan" in said.lower()
+
+
 # -- GATEWAY_PLUGIN as a module name or a .py file ----------------------------------------
 
 ROOT = Path(__file__).resolve().parents[2]

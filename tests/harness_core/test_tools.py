@@ -147,6 +147,55 @@ async def test_a_tool_that_overruns_its_timeout_is_an_error_result(
     assert "hang timed out after 0.05 s" in message_text(result)
 
 
+@pytest.mark.parametrize(
+    ("raised", "said"),
+    [
+        (SystemExit(3), "exiter failed: SystemExit: 3"),
+        (KeyboardInterrupt(), "exiter failed: KeyboardInterrupt"),
+        (asyncio.CancelledError(), "exiter failed: CancelledError"),
+    ],
+)
+async def test_a_tool_that_exits_or_cancels_itself_fails_its_call_not_the_process(
+    backend: str, tmp_path: Path, raised: BaseException, said: str
+) -> None:
+    """A plugin tool's ``sys.exit(3)`` ended `gateway serve` with status 3, its
+    KeyboardInterrupt as if an operator had pressed Ctrl-C, every thread with it; its own
+    CancelledError left the lane unanswered, no word said (an outside probe). Each is the
+    call's failure now, as any exception is."""
+
+    @tool()
+    async def exiter(args: dict[str, object], ctx: ToolContext) -> str:
+        raise raised
+
+    kit = await make_kit(
+        backend, tmp_path, [tool_call("exiter"), text("it failed")], tools=[exiter]
+    )
+    assert isinstance(await kit.harness.prompt("go"), Ok)
+    result = kit.model.requests[-1].messages[-1]
+    assert isinstance(result, ToolResultMessage) and result.outcome == "error"
+    assert message_text(result).startswith(said)
+
+
+async def test_a_run_cancelled_while_its_tool_runs_is_still_cancelled(
+    backend: str, tmp_path: Path
+) -> None:
+    """The other order: a cancellation of the run's own task is not taken for the tool's."""
+    started = asyncio.Event()
+
+    @tool()
+    async def waits(args: dict[str, object], ctx: ToolContext) -> str:
+        started.set()
+        await asyncio.Event().wait()
+        return "never"
+
+    kit = await make_kit(backend, tmp_path, [tool_call("waits")], tools=[waits])
+    running = asyncio.ensure_future(kit.harness.prompt("go"))
+    await started.wait()
+    running.cancel()
+    with pytest.raises(asyncio.CancelledError):
+        await running
+
+
 async def test_the_idempotency_key_survives_a_crash_and_replay(
     backend: str, tmp_path: Path
 ) -> None:
