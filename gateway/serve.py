@@ -30,6 +30,7 @@ from gateway.broker import BrokerError
 from gateway.channels import channel_lines, channel_state, served_url
 from gateway.collector import tune_collector
 from gateway.logs import configure, event
+from gateway.loop_watch import LoopWatch
 from gateway.redact import Redactor
 from gateway.service import Service, StartRefused
 from gateway.slow_heads import HeadTimedProtocol
@@ -227,9 +228,12 @@ async def serve(settings: Settings) -> int:
     loop = asyncio.get_running_loop()
     for number in (signal.SIGTERM, signal.SIGINT):
         loop.add_signal_handler(number, signals.on, number)
+    watch = LoopWatch()  # a blocking call in a tool or hook is named, not only felt
+    watch.start()
     try:
         return await _run(settings, service, server, signals)
     finally:
+        await watch.stop()
         for number in (signal.SIGTERM, signal.SIGINT):
             loop.remove_signal_handler(number)
 

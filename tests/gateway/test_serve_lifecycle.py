@@ -290,6 +290,26 @@ async def test_mcp_servers_deaf_to_their_input_and_to_sigterm_stop_within_the_bu
     assert not [pid for pid in pids(marks) if alive(pid)]
 
 
+async def test_a_tool_that_blocks_the_loop_is_named_in_the_log(tmp_path: Path) -> None:
+    """A tool's time.sleep froze every thread and the operator API, and the log said only
+    that a ticket lapsed (an outside probe): the loop's watch names where it is held."""
+    gateway = GatewayProcess("gw", tmp_path, _sqlite(tmp_path)).start()
+    try:
+        _post(gateway, "careless", "/block 6000")
+        deadline = time.monotonic() + 30
+        while '"event loop unblocked"' not in gateway.log_path.read_text():
+            assert time.monotonic() < deadline, gateway.tail()
+            await asyncio.sleep(0.1)
+    finally:
+        gateway.stop()
+    [blocked] = [line for line in _log(gateway) if line["event"] == "event loop blocked"]
+    assert blocked["level"] == "warning"
+    assert blocked["where"][-1].startswith("gateway_agent.py:")
+    assert blocked["where"][-1].endswith(" in slow")  # the tool's own function
+    [unblocked] = [line for line in _log(gateway) if line["event"] == "event loop unblocked"]
+    assert unblocked["seconds"] >= 5.5
+
+
 # -- item 12: a drain hands its work over at once ---------------------------------------------
 
 

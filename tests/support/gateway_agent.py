@@ -8,6 +8,7 @@ The model answers by the newest user message:
   abort: a ``stop`` meanwhile ends the run after the charge is done);
 * ``/deploy <target>``: calls ``deploy``, which requires approval;
 * ``/slow <ms>``: calls ``slow`` (safe to repeat), which sleeps, keeping the lane busy;
+* ``/block <ms>``: calls ``slow``, which blocks the event loop that long (``time.sleep``);
 * ``/lookup <ms>``: says `LOOKING` and calls ``slow`` in one answer, then answers ``Done: ...``:
   two model requests that both write text (a live view streams one, then replaces it);
 * ``/poison``: calls ``poison`` (safe to repeat, so every resume runs it again), which kills
@@ -36,6 +37,7 @@ import asyncio
 import fcntl
 import json
 import os
+import time
 from collections.abc import Sequence
 from typing import Any
 
@@ -104,6 +106,8 @@ def respond(request: ModelRequest) -> AssistantMessage | Streamed:
         return tool_call("deploy", {"target": rest.strip() or "prod"})
     if word == "/slow":
         return tool_call("slow", {"ms": int(rest.strip() or "200")})
+    if word == "/block":
+        return tool_call("slow", {"ms": int(rest.strip() or "200"), "block": True})
     if word == "/lookup":
         call = tool_call("slow", {"ms": int(rest.strip() or "200")})
         return call.model_copy(update={"content": (TextPart(text=LOOKING), *call.content)})
@@ -141,6 +145,9 @@ async def deploy(args: Any, ctx: ToolContext) -> str:
 
 
 async def slow(args: Any, ctx: ToolContext) -> str:
+    if args.get("block"):
+        time.sleep(int(args["ms"]) / 1000)  # noqa: ASYNC251 (a careless tool: every thread waits)
+        return f"blocked {args['ms']} ms"
     await asyncio.sleep(int(args["ms"]) / 1000)
     return f"slept {args['ms']} ms"
 
