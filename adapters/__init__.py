@@ -51,6 +51,7 @@ from adapters.files import (
 from adapters.json_bodies import read_json, text_problem
 from adapters.kit import ChannelContext, ChannelSpec
 from adapters.live import LiveKind, LiveUpdate, LiveView, shared_prefix
+from adapters.numbers import whole_number
 from adapters.registry import (
     BUILT_IN,
     ENTRY_POINT_GROUP,
@@ -107,11 +108,12 @@ __all__ = [
     "RegistryError",
     "result_line",
     "shared_prefix",
-    "STORE_FULL",
     "store_full",
+    "STORE_FULL",
     "take_in",
     "text_problem",
     "TextCut",
     "ThreadRef",
     "Unavailable",
+    "whole_number",
 ]

@@ -73,6 +73,7 @@ from lxml.html import document_fromstring  # type: ignore[import-untyped]
 from adapters.channel import Attachment, Author, Inbound, TextCut, ThreadRef
 from adapters.email.headers import POLICY, eight_bit
 from adapters.email.quotes import clean_html, reply_text
+from adapters.numbers import whole_number
 from adapters.text_cut import keep_within
 
 __all__ = [
@@ -1147,14 +1148,14 @@ def attachment_content(raw: bytes, ref: str) -> bytes | None:
 
     None when there is no such part (the message changed, or `ref` is not one of ours).
     """
-    number = ref.removeprefix("part-")
-    if not (number.isascii() and number.isdigit()):
+    number = whole_number(ref.removeprefix("part-"), _MAX_LEAVES)
+    if number is None:
         return None
     msg = BytesParser(policy=POLICY).parsebytes(raw)
     for count, part in enumerate(_leaves(msg)):
         if count >= _MAX_LEAVES:
             return None
-        if count == int(number):
+        if count == number:
             try:
                 payload = part.get_payload(decode=True)
             except Exception:

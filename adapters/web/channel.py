@@ -90,6 +90,7 @@ from adapters.channel import (
 from adapters.errors import AdapterError
 from adapters.json_bodies import blank, body_problem, read_json, result_problem, text_problem
 from adapters.live import LiveUpdate
+from adapters.numbers import whole_number
 from adapters.store_full import STORE_FULL, store_full
 from adapters.web.live import LiveBoard, LiveCursor
 from adapters.web.login import WebLogin
@@ -575,9 +576,8 @@ class WebChannel:
         declared = request.headers.get("content-length")
         if (
             declared is not None
-            and declared.isascii()
-            and declared.isdigit()
-            and int(declared) > limit
+            and (declared.isascii() and declared.isdigit())
+            and (whole_number(declared, limit) is None)
         ):
             raise _Refused(413, "too_large", f"the request body exceeds {limit} bytes")
         chunks: list[bytes] = []
@@ -892,11 +892,12 @@ class WebChannel:
         raw = request.query_params.get(name)
         if raw is None or raw == "":
             return default
-        if not (raw.isascii() and raw.isdigit()) or not low <= int(raw) <= high:
+        value = whole_number(raw, high)
+        if value is None or value < low:
             raise _Refused(
                 400, "invalid_request", f"{name!r} must be a whole number from {low} to {high}"
             )
-        return int(raw)
+        return value
 
     async def _mailbox_call(self, call: Any) -> Any:
         try:
@@ -980,9 +981,10 @@ class WebChannel:
         resume = request.headers.get("last-event-id")
         if resume is not None and resume.strip() != "":
             resume = resume.strip()
-            if not (resume.isascii() and resume.isdigit()) or int(resume) > 2**53:
+            seq = whole_number(resume, 2**53)
+            if seq is None:
                 raise _Refused(400, "invalid_request", "'Last-Event-ID' must be a seq number")
-            after = int(resume)
+            after = seq
         else:
             after = self._int(request, "after", 0, 0, 2**53)
         kinds = _kinds(request.query_params.get("kinds"))
@@ -1195,7 +1197,7 @@ class WebChannel:
             return RedirectResponse(f"{self._prefix}/", status_code=303)
         _same_site(request)
         declared = request.headers.get("content-length", "")
-        if not declared.isdigit() or int(declared) > _LOGIN_BYTES:
+        if whole_number(declared, _LOGIN_BYTES) is None:
             raise _Refused(
                 413, "too_large", f"a sign-in is a form of at most {_LOGIN_BYTES} bytes, sent whole"
             )

@@ -30,6 +30,7 @@ import httpx
 
 from adapters.channel import DeliveryError, DeliveryReceipt, Outbound, Reconciled
 from adapters.failures import connection_failure
+from adapters.numbers import whole_number
 from adapters.webhook.payloads import outbound_body
 from adapters.webhook.signing import signed_headers
 from harness_core import Clock
@@ -53,7 +54,8 @@ def _retry_after(response: httpx.Response) -> float | None:
     raw = response.headers.get("retry-after", "").strip()
     if not raw.isascii() or not raw.isdigit():
         return None
-    return min(float(raw), _MAX_RETRY_AFTER_S)
+    seconds = whole_number(raw, int(_MAX_RETRY_AFTER_S))
+    return _MAX_RETRY_AFTER_S if seconds is None else float(seconds)
 
 
 class WebhookDelivery:

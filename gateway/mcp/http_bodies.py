@@ -22,6 +22,7 @@ import anyio.to_thread
 import httpx2
 from mcp.shared.message import SessionMessage
 
+from adapters import whole_number
 from gateway.mcp.stdio import (
     MAX_MESSAGE_BYTES,
     THREAD_BYTES,
@@ -59,7 +60,7 @@ class BoundedBodies(httpx2.AsyncBaseTransport):
         body: httpx2.AsyncByteStream
         if kind == "application/json":
             declared = response.headers.get("content-length", "")
-            length = int(declared) if coding == "identity" and declared.isdigit() else None
+            length = whole_number(declared, 2**63) if coding == "identity" else None
             body = _JsonBody(chunks, response.stream, ident, self._max, length)
         else:
             body = _EventsBody(chunks, response.stream, ident, self._max)

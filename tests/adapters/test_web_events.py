@@ -117,7 +117,7 @@ async def test_an_idle_stream_sends_keepalives(http: httpx.AsyncClient) -> None:
         assert event.comment == "keepalive"
 
 
-@pytest.mark.parametrize("resume", [b"abc", b"\xb2", "\u0663".encode()])
+@pytest.mark.parametrize("resume", [b"abc", b"\xb2", "\u0663".encode(), b"9" * 5000])
 async def test_a_bad_last_event_id_is_400(http: httpx.AsyncClient, resume: bytes) -> None:
     response = await http.get("/web/threads/t1/events", headers={b"Last-Event-ID": resume})
     assert response.status_code == 400

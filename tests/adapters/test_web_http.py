@@ -601,6 +601,8 @@ async def test_a_thread_reads_back_messages_and_replies_in_order(
 # "²" passes str.isdigit() and fails int(); "٣" passes both: neither is a number here
 _BAD_QUERIES = ["after=-1", "after=x", "limit=0", "limit=501", "space=a%20b", "after=%C2%B2"]
 _BAD_QUERIES += ["limit=%C2%B2", "after=%D9%A3"]
+# int() raises past 4,300 digits: a 500 before the bound was checked (an outside probe)
+_BAD_QUERIES += ["after=" + "9" * 4301, "limit=" + "9" * 5000, "after=" + "0" * 5000 + "1x"]
 
 
 @pytest.mark.parametrize("query", _BAD_QUERIES)

@@ -122,7 +122,8 @@ async def test_lanes_sessions_timeline_usage_and_backlog(ops: Ops) -> None:
     short = await ops.get(f"/lanes/{lane_id}/timeline?limit=2")
     more = await ops.get(f"/lanes/{lane_id}/timeline?cursor={short['next_cursor']}")
     assert short["items"] + more["items"] == timeline
-    for seq in ("\u00b2", "\u0663"):  # not ASCII digits: a cursor this API never made
+    # not ASCII digits, or past a 64-bit seq: a cursor this API never made
+    for seq in ("\u00b2", "\u0663", "9" * 30):
         odd = encode_cursor(seq)
         for page in ("timeline", "usage"):
             refused = await ops.http.get(

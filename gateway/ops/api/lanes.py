@@ -6,6 +6,7 @@ from typing import Annotated, Any
 
 from fastapi import Query, Request
 
+from adapters import whole_number
 from gateway.authority import Scope, read_scope
 from gateway.budgets import lane_budget
 from gateway.lane_status import lane_thread, unused_main
@@ -178,6 +179,7 @@ class LaneReads:
 def _seq(after: tuple[str, ...] | None) -> int:
     if after is None:
         return 0
-    if not (after[0].isascii() and after[0].isdigit()):
+    seq = whole_number(after[0], 2**63 - 1)
+    if seq is None:
         raise ApiError(400, "invalid_cursor", "the cursor is not one this API returned")
-    return int(after[0])
+    return seq

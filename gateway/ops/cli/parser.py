@@ -6,6 +6,7 @@ import argparse
 import re
 from typing import Any
 
+from adapters import whole_number
 from gateway.budgets import MAX_BUDGET
 from gateway.invocation import OneLineParser
 from gateway.invocation import command as typed_command
@@ -305,8 +306,9 @@ def _tokens(text: str) -> int:
     """A budget on the command line: a whole number of tokens, 1 to 1,000,000,000."""
     cleaned = text.replace(",", "").replace("_", "")
     # ASCII digits only: str.isdigit() also takes "²" (which int() refuses) and "٣"
-    if not (cleaned.isascii() and cleaned.isdigit()) or not 1 <= int(cleaned) <= MAX_BUDGET:
+    tokens = whole_number(cleaned, MAX_BUDGET)
+    if tokens is None or tokens < 1:
         raise argparse.ArgumentTypeError(
             f"expected a number of tokens from 1 to {MAX_BUDGET:,}, not {text!r}"
         )
-    return int(cleaned)
+    return tokens
