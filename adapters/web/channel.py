@@ -52,7 +52,7 @@ import logging
 import re
 import unicodedata
 from collections import Counter
-from collections.abc import AsyncIterator, Awaitable, Callable, Mapping, Sequence
+from collections.abc import AsyncIterator, Awaitable, Callable, Iterator, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any, Literal, get_args
 from urllib.parse import parse_qs, quote, urlencode
@@ -118,6 +118,8 @@ log = logging.getLogger("adapters.web")
 _ID_CHARS = "ASCII letters, digits, '.', '_', ':', '@' and '-'"
 _CLIENT_ID = r"^[A-Za-z0-9._:@-]{1,200}$"
 _KINDS: tuple[str, ...] = get_args(WebItemKind)
+_STREAM_PAGE = 50
+"""The most items an event stream reads at once: a client that stops reading holds one page."""
 _ANSWERS = frozenset({"reply", "failure_notice"})
 """The items that end a run (their id ends with the run's id): nothing more of it is live."""
 WebRefusal = Literal[
@@ -999,7 +1001,7 @@ class WebChannel:
             raise self._unavailable(
                 f"this client has {share} event streams open already; close one, then try again"
             )
-        page = self.limits.max_page
+        page = min(self.limits.max_page, _STREAM_PAGE)
         # counted from the check until the response ends (`_Counted`): counted only once the
         # body began, a burst passed the check together (1,100 of 1,000; then 1,001)
         self.streams += 1
@@ -1034,19 +1036,21 @@ class WebChannel:
     ) -> AsyncIterator[str]:
         stopping = self._stopping
         cursor = LiveCursor(self.live, space, thread) if live else None
+        # a page is let go once it is sent: an open page's stream held its first page (up to
+        # 500 items) for its whole life, 14 MB each on a thread of long replies (a probe)
         items: tuple[WebItem, ...] | None = first
+        del first
         after_seq = after
         waiting: asyncio.Future[tuple[WebItem, ...]] | None = None
         try:
             yield f"retry: {self.limits.reconnect_ms}\n\n"
             while True:
-                for item in items or ():
-                    after_seq = item.seq
-                    if item.kind in _ANSWERS:  # whichever process delivered it (D282)
-                        self.live.answered(space, thread, item.id.rpartition(":")[2])
-                    if kinds is None or item.kind in kinds:
-                        data = json.dumps(item.model_dump(mode="json"), separators=(",", ":"))
-                        yield f"id: {item.seq}\ndata: {data}\n\n"
+                if items:
+                    after_seq = items[-1].seq
+                    for frame in self._frames(space, thread, items, kinds):
+                        yield frame
+                    frame = ""
+                items = None
                 changed = cursor.signal() if cursor is not None else None
                 shown = cursor.catch_up() if cursor is not None else None
                 if shown is not None:  # no id: a reconnect resumes after the last item
@@ -1069,6 +1073,17 @@ class WebChannel:
             if waiting is not None and not waiting.done():
                 waiting.cancel()
 
+    def _frames(
+        self, space: str, thread: str, items: tuple[WebItem, ...], kinds: frozenset[str] | None
+    ) -> Iterator[str]:
+        """The events of a page of `items` (those of `kinds`), one at a time."""
+        for item in items:
+            if item.kind in _ANSWERS:  # whichever process delivered it (D282)
+                self.live.answered(space, thread, item.id.rpartition(":")[2])
+            if kinds is None or item.kind in kinds:
+                data = json.dumps(item.model_dump(mode="json"), separators=(",", ":"))
+                yield f"id: {item.seq}\ndata: {data}\n\n"
+
     def _stream_ended(self, client: str) -> None:
         self.streams -= 1
         self._streaming[client] -= 1
@@ -1082,7 +1097,7 @@ class WebChannel:
                 thread,
                 after=after,
                 timeout_s=self.limits.keepalive_s,
-                limit=self.limits.max_page,
+                limit=min(self.limits.max_page, _STREAM_PAGE),
             )
         )
         waiting.add_done_callback(_retrieve)
@@ -1227,6 +1242,7 @@ class WebChannel:
 
     async def sign_out(self, request: Request) -> Response:
         """``POST /logout``: forgets the browser's sign-in."""
+        _same_site(request)  # another site's page signed a person out with a form post
         response = RedirectResponse(f"{self._prefix}/login", status_code=303)
         response.headers["Set-Cookie"] = WebLogin.cookie_header(
             "", path=self._prefix, secure=self._secure_cookie or request.url.scheme == "https"

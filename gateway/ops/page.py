@@ -67,12 +67,20 @@ _SCRIPT = """
   };
   const when = (ms) => new Date(ms).toISOString().replace("T", " ").slice(0, 19);
   let token = sessionStorage.getItem("ops-token");
-  const fragment = new URLSearchParams(location.hash.slice(1));
-  if (fragment.get("token")) {
-    token = fragment.get("token");
-    sessionStorage.setItem("ops-token", token);
+  // a sign-in link's #token=, at load or pasted into a tab that shows the page already (a
+  // hash change loads nothing: the link did not sign in, and its token stayed in the address
+  // bar and the history); taken, then taken out of both
+  function tokenFromLink() {
+    const fragment = new URLSearchParams(location.hash.slice(1));
+    const given = fragment.get("token");
+    if (given) {
+      token = given;
+      sessionStorage.setItem("ops-token", token);
+    }
+    if (location.hash) history.replaceState(null, "", location.pathname + location.search);
+    return Boolean(given);
   }
-  if (location.hash) history.replaceState(null, "", location.pathname + location.search);
+  tokenFromLink();
   let filter = "";
   let chosen = null;
   let role = null;  // the token's, from /whoami: a viewer is offered no action it cannot take
@@ -515,6 +523,12 @@ _SCRIPT = """
   }
   signedIn(Boolean(token));
   if (token) refresh();
+  window.addEventListener("hashchange", () => {
+    if (!tokenFromLink()) return;
+    $("signin-error").textContent = "";
+    signedIn(true);
+    refresh();
+  });
   setInterval(refresh, 3000);
 })();
 """.strip()

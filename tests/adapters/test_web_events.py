@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import gc
 from collections.abc import AsyncIterator
 from pathlib import Path
 
@@ -12,8 +13,9 @@ import pytest
 from fastapi import FastAPI
 
 from adapters import LiveUpdate, ThreadRef
-from adapters.web import WebChannel, WebLimits, WebMailbox
+from adapters.web import MemoryMailbox, WebChannel, WebLimits, WebMailbox
 from adapters.web.login import WebLogin
+from adapters.web.mailbox import WebItem
 from adapters.web.redis import RedisMailbox
 from harness_core.testing import ManualClock
 from tests.adapters.kit import EventReader, Server, TestSink, outbound, serve
@@ -350,3 +352,49 @@ async def test_streams_past_the_bound_are_refused_until_one_closes(
     assert channel.streams == 0  # each stream that ended let its place go
     async with http.stream("GET", "/web/threads/t3/events") as again:
         assert again.status_code == 200
+
+
+class _Copies(MemoryMailbox):
+    """Reads give fresh objects, as a stored mailbox's do (SQLite, Redis); `wait` reads too."""
+
+    async def read(
+        self, space: str, thread: str, *, after: int = 0, limit: int = 100
+    ) -> tuple[WebItem, ...]:
+        found = await super().read(space, thread, after=after, limit=limit)
+        return tuple(item.model_copy() for item in found)
+
+
+async def test_an_idle_stream_holds_none_of_what_it_sent(
+    clock: ManualClock, sink: TestSink
+) -> None:
+    """An open page's stream kept its first page of items for its whole life: 60 idle pages
+    of a thread of long replies held 820 MB (an outside probe)."""
+    mailbox = _Copies()
+    web = WebChannel(mailbox, clock=clock, limits=WebLimits(keepalive_s=0.2))
+    await web.start(sink)
+    app = FastAPI()
+    app.include_router(web.router)
+    for n in range(1, 121):
+        await web.deliver(outbound("t1", f"reply:{n}", text=f"held-{n} " + "x" * 1000))
+    kept = {id(item) for item in await MemoryMailbox.read(mailbox, "default", "t1", limit=500)}
+
+    def held() -> int:
+        return sum(
+            1
+            for o in gc.get_objects()
+            if isinstance(o, WebItem) and o.text.startswith("held-") and id(o) not in kept
+        )
+
+    try:
+        async with (
+            serve(app) as running,
+            httpx.AsyncClient(base_url=running.url) as http,
+            http.stream("GET", "/web/threads/t1/events") as response,
+        ):
+            events = EventReader(response)
+            assert [(await events.next_item())[0] for _ in range(120)][-1] == 120
+            assert (await events.next(timeout_s=3)).comment == "keepalive"  # idle now
+            gc.collect()
+            assert held() == 0
+    finally:
+        await web.close()

@@ -155,6 +155,9 @@ async def test_a_sign_in_from_another_site_is_refused(guarded: httpx.AsyncClient
         "/web/login", data={"token": ALICE}, headers={"sec-fetch-site": "cross-site"}
     )
     assert response.status_code == 403 and "set-cookie" not in response.headers
+    # nor a sign-out: another site's page signed a person out with a form post (a probe)
+    out = await guarded.post("/web/logout", headers={"sec-fetch-site": "cross-site"})
+    assert out.status_code == 403 and "set-cookie" not in out.headers
 
 
 async def test_a_signed_in_decision_is_vouched_for(

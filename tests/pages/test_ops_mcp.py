@@ -55,9 +55,7 @@ SERVERS = (
 )
 
 
-async def test_the_mcp_servers_section_shows_only_with_servers(
-    tmp_path: Path, page: Page, console_errors: list[str]
-) -> None:
+async def _service(tmp_path: Path) -> Service:
     service = Service(
         gateway_settings(
             store_url=f"sqlite:///{tmp_path}/store.db",
@@ -68,6 +66,33 @@ async def test_the_mcp_servers_section_shows_only_with_servers(
         )
     )
     await service.start()
+    return service
+
+
+async def test_a_sign_in_link_opened_in_a_tab_showing_the_page_signs_in(
+    tmp_path: Path, page: Page, console_errors: list[str]
+) -> None:
+    """A hash change loads nothing: the link did not sign in, and its token stayed in the
+    address bar and the history (an outside probe). The page reads it on the change too."""
+    service = await _service(tmp_path)
+    assert service.app is not None
+    try:
+        async with serve(service.app) as server:
+            await page.goto(f"{server.url}/ops")
+            await expect(page.locator("#signin")).to_be_visible()
+            await page.goto(f"{server.url}/ops#token={OPERATOR}")  # the same document
+            await expect(page.locator("#lanes-empty")).to_be_visible()
+            await expect(page.locator("#signin")).to_be_hidden()
+            assert "token" not in page.url
+            assert console_errors == []
+    finally:
+        await service.stop(drain_seconds=0.1)
+
+
+async def test_the_mcp_servers_section_shows_only_with_servers(
+    tmp_path: Path, page: Page, console_errors: list[str]
+) -> None:
+    service = await _service(tmp_path)
     servers: list[McpServerHealth] = []
     service.mcp_health = lambda: tuple(servers)
     assert service.app is not None
