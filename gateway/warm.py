@@ -26,12 +26,10 @@ from dataclasses import dataclass
 from typing import Literal
 
 from gateway.broker.contract import Inbox, InboxItem, SessionTicket
+from gateway.fair import PENDING_READ
 from harness_core import Clock
 
-__all__ = ["PENDING_READ", "Lingered", "until_news"]
-
-PENDING_READ = 64
-"""How many of a session's pending items one read takes (the worker's and the linger's)."""
+__all__ = ["Lingered", "until_news"]
 
 
 @dataclass(frozen=True, slots=True)

@@ -35,6 +35,7 @@ from gateway.authority import EPOCH, end_revoked_runs, keep_if_revoked
 from gateway.broker.contract import Broker, InboxItem, SessionTicket
 from gateway.budgets import read_budget
 from gateway.cuts import agent_notes
+from gateway.fair import PENDING_READ, take_fairly
 from gateway.files import attachment_line, read_slow, slow_files, user_content
 from gateway.incarnation import gone
 from gateway.lane_status import attempt_began, lane_thread, parked_mark
@@ -62,7 +63,7 @@ from gateway.replies import (
 )
 from gateway.stop import is_stop, stop
 from gateway.waits import until_done
-from gateway.warm import PENDING_READ, Lingered, until_news
+from gateway.warm import Lingered, until_news
 from harness_core import (
     AgentHarness,
     AgentHarnessOptions,
@@ -800,11 +801,9 @@ class Worker:
             if ready is None:
                 session.since = await inbox.position()
                 ready = await inbox.pending(session.ticket.session, limit=PENDING_READ)
-            items = [
-                item
-                for item in ready
-                if item.id not in session.in_flight and item.id not in session.deferred
-            ]
+            # each lane to its share: one thread's backlog left the others' out of reach
+            skip = session.in_flight | session.deferred
+            items = list((await take_fairly(inbox, session.ticket.session, ready, skip)).items)
             if self._tools_changed(session):
                 # a busy session would keep the old tools for good: what is running ends,
                 # then it is taken again with the new ones (its pending items wait till then)

@@ -311,6 +311,15 @@ async def pending_lists_a_sessions_items_in_append_order(fx: BrokerFixture) -> N
     assert await inbox.pending("s1", limit=3) == (items[1], items[2], items[4])
     assert [i.dedupe_key for i in await inbox.pending("s2")] == ["other"]
     assert await inbox.pending("nobody") == ()
+    # a page after another: from the item after `after`, settled ones skipped
+    assert await inbox.pending("s1", limit=3, after=items[2].id) == (
+        items[4],
+        items[5],
+        items[6],
+    )
+    assert await inbox.pending("s1", after=items[0].id) == await inbox.pending("s1")  # acked
+    assert await inbox.pending("s1", after=items[11].id) == ()
+    assert await inbox.pending("s1", limit=2, after="not-an-id") == (items[1], items[2])
 
 
 @_case("inbox")

@@ -185,8 +185,14 @@ class Inbox(Protocol):
         """
         ...
 
-    async def pending(self, session: str, *, limit: int = 100) -> tuple[InboxItem, ...]:
-        """The session's items neither acked nor rejected, oldest first, up to `limit`."""
+    async def pending(
+        self, session: str, *, limit: int = 100, after: str | None = None
+    ) -> tuple[InboxItem, ...]:
+        """The session's items neither acked nor rejected, oldest first, up to `limit`.
+
+        `after`: only those after the item of that id (the last of a page read before; an id
+        this broker never issued reads from the first).
+        """
         ...
 
     async def ack(self, session: str, item_id: str) -> None:

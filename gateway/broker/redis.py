@@ -684,13 +684,17 @@ class _RedisInbox:
             mark=mark,
         )
 
-    async def pending(self, session: str, *, limit: int = 100) -> tuple[InboxItem, ...]:
+    async def pending(
+        self, session: str, *, limit: int = 100, after: str | None = None
+    ) -> tuple[InboxItem, ...]:
         if limit <= 0 or not session:
             return ()
+        since = _item_number(after) if after is not None else None
+        start = f"({since}-0" if since else "-"  # exclusive: the items after that one
         await self._c.ready()
         async with self._c.guard("read"):
             rows = await self._c.client.xrange(
-                self._c.skey(session, "inbox"), "-", "+", count=limit
+                self._c.skey(session, "inbox"), start, "+", count=limit
             )
         listed = self._listed
         for sid, f in rows:

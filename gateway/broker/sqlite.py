@@ -594,12 +594,15 @@ class _Inbox:
                 self._b.sessions_ready.fire()
         return InboxAppend(item=_item(row), duplicate=duplicate, mark=mark)
 
-    async def pending(self, session: str, *, limit: int = 100) -> tuple[InboxItem, ...]:
+    async def pending(
+        self, session: str, *, limit: int = 100, after: str | None = None
+    ) -> tuple[InboxItem, ...]:
+        since = (_parse_id(after) if after is not None else None) or 0
         rows = await self._b.read(
             lambda c: c.execute(
                 f"SELECT {_INBOX_COLUMNS} FROM inbox WHERE session = ? AND status = 'pending' "
-                "ORDER BY id LIMIT ?",
-                (session, max(limit, 0)),
+                "AND id > ? ORDER BY id LIMIT ?",
+                (session, since, max(limit, 0)),
             ).fetchall()
         )
         return tuple(_item(row) for row in rows)
