@@ -22,10 +22,14 @@ from gateway.logs import event
 from harness_core.backends.redis import close_clients, connect, discover
 from harness_core.backends.urls import REDIS_SCHEMES, RedisUrl, RedisUrls, without_password
 
-__all__ = ["EVERY_S", "KeptWatch", "MARK"]
+__all__ = ["EVERY_S", "KeptWatch", "MARK", "READY"]
 
 MARK = "gateway:kept"
 """The mark's name under each Redis's key prefix."""
+READY = "gateway:ready"
+"""The key `writable` writes, by a script, under each Redis's key prefix."""
+_WRITE = "return redis.call('SET', KEYS[1], ARGV[1], 'PX', 60000)"
+"""A write as the gateway's own are made (a script): refused without EVAL, or when full."""
 
 EVERY_S = 10.0
 """How often a process looks for the mark."""
@@ -111,6 +115,26 @@ class KeptWatch:
         # one command: the token there, or (none was) the one written now
         found = await redis.client.set(redis.key, token, nx=True, get=True)
         return token if found is None else str(found)
+
+    async def writable(self) -> Exception | None:
+        """Write once, by a script, in every Redis: None, or why one refused it.
+
+        The gateway writes by scripts: a Redis user without EVAL, or a Redis full under
+        ``noeviction``, answered every read while no message could be taken, and ``/readyz``
+        said ok (an outside probe).
+        """
+        for redis in self._redises:
+            try:
+                if redis.client is None:
+                    redis.client = connect(
+                        redis.url.server, cluster=redis.url.cluster, socket_timeout=5.0
+                    )
+                    await discover(redis.client)
+                ready = f"{redis.url.prefix}:{READY}"
+                await redis.client.eval(_WRITE, 1, ready, str(self._rng.getrandbits(32)))
+            except Exception as exc:
+                return exc
+        return None
 
     async def run(self, every_s: float = EVERY_S) -> None:
         """Look every `every_s` until cancelled (after a first `check`)."""

@@ -21,6 +21,7 @@ from typing import Any
 from urllib.parse import urlsplit, urlunsplit
 
 from fastapi import FastAPI
+from redis.exceptions import NoPermissionError
 
 from adapters import ChannelAdapter
 from config import Settings
@@ -68,6 +69,7 @@ from harness_core import (
 )
 from harness_core.backends.redis import server_config
 from harness_core.backends.urls import without_password
+from harness_core.texts import one_line
 
 __all__ = ["Service", "ServiceParts", "StartRefused", "default_worker_id"]
 
@@ -147,6 +149,7 @@ class Service:
         self.model: ModelRef | None = None
         """The lanes' default model (from the plugin or ``GATEWAY_MODEL``), once started."""
         self.mcp: McpTools | None = None
+        self._kept: KeptWatch | None = None
         """The MCP servers' tools (None: no servers configured), once started."""
         self.mcp_health: Callable[[], tuple[McpServerHealth, ...]] = no_servers
         """The MCP servers' health as the operator tools show it (``gateway ops mcp``,
@@ -193,6 +196,16 @@ class Service:
         )
         if kept is not None:
             await self._own(kept).check()  # the marks' tokens, before anything is taken
+            self._kept = kept
+            refused = await kept.writable()
+            if isinstance(refused, NoPermissionError):  # no retry can fix it: said, not served
+                await self._close_owned()
+                raise StartRefused(
+                    "the Redis user cannot run the gateway's scripts, which every write is "
+                    f"made of ({one_line(str(refused))[:200]}): allow it EVAL and EVALSHA"
+                )
+            if refused is not None:
+                log.warning(event("redis refuses writes", error=type(refused).__name__))
         plugin = load_plugin(settings.plugin, settings)
         if parts.model_client is not None:
             client = parts.model_client
@@ -527,6 +540,15 @@ class Service:
             for name, adapter in self.adapters.items()
             if (ready := getattr(adapter, "ready", None)) is not None
         }
+        kept = self._kept
+        if kept is not None:  # a Redis that answers reads may refuse every write
+
+            async def written() -> None:
+                refused = await kept.writable()
+                if refused is not None:
+                    raise refused
+
+            readies["redis_write"] = written
         # every part at once: one after another, a stalled Redis took 3 x 5 s to say so, past
         # a load balancer's health-check timeout
         probed, answers = await asyncio.gather(

@@ -32,7 +32,7 @@ from pydantic import ValidationError
 
 from adapters import Attachment, DecisionInbound, FileLimits, Inbound, ThreadRef
 from gateway.authority import EPOCH, end_revoked_runs, keep_if_revoked
-from gateway.broker.contract import Broker, InboxItem, SessionTicket
+from gateway.broker.contract import Broker, BrokerError, InboxItem, SessionTicket
 from gateway.budgets import read_budget
 from gateway.cuts import agent_notes
 from gateway.fair import PENDING_READ, take_fairly
@@ -101,6 +101,8 @@ _LAPSE: Final = "lapse"
 _WARM: Final = "warm"
 """`_serve`'s answer when the session lingers: its linger ends its ticket (`gateway.warm`)."""
 _FAULT_BACKOFF_MS = 1_000
+_INTERRUPTED_AGAIN_MS = 1_000
+"""After the broker or the store failed a session mid-way: when it is handed out again."""
 _MISSING_BACKOFF_MS = (1_000, 15_000)
 """After a resume refused for tools the harness does not have (an MCP server not up yet): the
 first and the longest wait before the session is taken again, with the tools offered then."""
@@ -345,6 +347,20 @@ class Worker:
                 again = await (self._serve(ticket) if warm is None else self._carry_on(warm))
             except asyncio.CancelledError:
                 raise
+            except (BrokerError, SessionError) as exc:
+                # the broker or the store did not answer mid-way (a blip): the session was let
+                # go, its lease released or owed; its ticket goes back soon, owed till the
+                # broker answers, where a lapse held every thread of it 30 s more (a probe)
+                log.warning(
+                    event(
+                        "session interrupted",
+                        session=ticket.session,
+                        error=type(exc).__name__,
+                        reason=one_line(str(exc)),
+                        again_ms=_INTERRUPTED_AGAIN_MS,
+                    )
+                )
+                again = _INTERRUPTED_AGAIN_MS
             except Exception as exc:
                 _log_fault("session failed", ticket.session, exc)
                 again = _LAPSE
@@ -404,8 +420,14 @@ class Worker:
         tickets, self._owed_tickets = self._owed_tickets, []
         for ticket, again in tickets:
             await self._hand_back(ticket, again)
-        if leases or tickets:
-            log.info(event("let go after the outage", leases=len(leases), tickets=len(tickets)))
+        # what failed again is owed again: said only for what was let go (it was said 3 times
+        # a second while the store still refused, each line claiming it: an outside probe)
+        let_go = (
+            max(len(leases) - len(self._owed_leases), 0),
+            max(len(tickets) - len(self._owed_tickets), 0),
+        )
+        if any(let_go):
+            log.info(event("let go after the outage", leases=let_go[0], tickets=let_go[1]))
 
     async def _pause(self, seconds: float) -> None:
         with contextlib.suppress(TimeoutError):

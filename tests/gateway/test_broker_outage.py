@@ -19,10 +19,12 @@ import pytest
 
 from adapters.web import open_mailbox
 from gateway.broker.contract import BrokerError
-from gateway.outage import REMIND_MS, Outage
+from gateway.channels import gateway_settings
+from gateway.outage import REMIND_MS, SETTLE_MS, Outage
 from harness_core.testing import ManualClock
 from tests.support.gateway_process import GatewayProcess
 from tests.support.redis_server import RedisServer
+from tests.support.service_rig import serving
 
 AGENT = "tests.support.gateway_agent"
 
@@ -63,14 +65,35 @@ def test_an_outage_is_said_as_it_begins_each_minute_and_as_it_ends(
             "reason": str(down),
         },
     )
+    outage.ok("take")  # it failed just now: one success is no proof yet
+    assert len(_said(caplog)) == 2 and outage.down
+    clock.advance(SETTLE_MS)
     outage.ok("take")  # the claims still fail: not over yet
     assert len(_said(caplog)) == 2 and outage.down
-    clock.advance(500)
     outage.ok("claim")
-    assert _said(caplog)[-1] == ("broker available again", {"seconds": 60.5, "failures": 119})
+    assert _said(caplog)[-1] == ("broker available again", {"seconds": 65.0, "failures": 119})
     assert outage.failures == 0  # counted anew
     outage.failed("claim", down)  # a new outage is said anew
     assert _said(caplog)[-1][0] == "broker unavailable"
+
+
+def test_a_part_that_fails_each_second_between_successes_is_one_outage(
+    caplog: pytest.LogCaptureFixture,
+) -> None:
+    """A Redis user without XAUTOCLAIM: the take's recovery failed each second, and the takes
+    between (nothing due: the server never asked) counted as proof it answered. The log said
+    "unavailable" and "available again" each second, 7,200 lines an hour (an outside probe)."""
+    clock = ManualClock()
+    outage = Outage("broker", clock, logging.getLogger("test.outage"))
+    refused = BrokerError("storage", "redis autoclaim failed: no permissions to run 'xautoclaim'")
+    caplog.set_level(logging.INFO, logger="test.outage")
+    for _ in range(180):
+        outage.failed("take", refused)
+        clock.advance(600)
+        outage.ok("take")
+        clock.advance(400)
+    said = [name for name, _ in _said(caplog)]
+    assert said == ["broker unavailable"] + ["broker still unavailable"] * 2
 
 
 def _lines(gateway: GatewayProcess, after: int) -> list[dict[str, Any]]:
@@ -138,3 +161,38 @@ async def test_redis_down_for_seconds_is_two_lines_in_the_log(tmp_path: Path) ->
     assert len([e for e in down if e["level"] == "warning"]) <= 4, down  # was about 20
     [again] = [e for e in after if e["event"] == "broker available again"]
     assert again["seconds"] >= 5 and again["failures"] >= 5, again
+
+
+async def test_a_session_the_broker_fails_mid_way_is_taken_again_soon_not_after_its_lapse(
+    tmp_path: Path, caplog: pytest.LogCaptureFixture
+) -> None:
+    """A 10 s Redis pause timed out a message's ack: the session failed, its ticket was left
+    to lapse, and every thread of the space waited 30 s more (an outside probe). The session
+    was let go already: its ticket goes back now (owed while the broker does not answer)."""
+    settings = gateway_settings(
+        store_url=f"sqlite:///{tmp_path}/store.db",
+        broker_url=f"sqlite:///{tmp_path}/broker.db",
+        web_url=f"sqlite:///{tmp_path}/web.db",
+        plugin="tests.support.gateway_agent",
+        lease_seconds=30,
+    )
+    caplog.set_level(logging.INFO, logger="gateway.worker")
+    async with serving(settings) as rig:
+        assert rig.service.broker is not None
+        inbox = rig.service.broker.inbox
+        real = inbox.ack
+        failed: list[str] = []
+
+        async def ack(session: str, item_id: str) -> None:
+            if not failed:  # the broker's first answer is lost (a timeout)
+                failed.append(item_id)
+                raise BrokerError("storage", "redis inbox_ack failed: Timeout reading")
+            await real(session, item_id)
+
+        inbox.ack = ack  # type: ignore[method-assign]
+        await rig.post("t1", "hello")
+        [answer] = await rig.answers("t1", 1)  # within 15 s, where the lapse took 30
+    assert answer["text"] == "You said: hello" and failed
+    said = [r for r in caplog.records if r.getMessage() == "session interrupted"]
+    assert said and said[0].levelname == "WARNING"
+    assert not [r for r in caplog.records if r.getMessage() == "session failed"]

@@ -13,6 +13,7 @@ import random
 import time
 from pathlib import Path
 
+import httpx
 import pytest
 import redis
 
@@ -75,3 +76,48 @@ async def test_gateway_serve_says_a_redis_restarted_empty(tmp_path: Path) -> Non
     lines = [json.loads(x) for x in gateway.log_path.read_text().splitlines() if x[:1] == "{"]
     [lost] = [e for e in lines if e["event"] == "redis lost the gateway's data"]
     assert lost["level"] == "error" and lost["url"] == server.url, lost
+
+
+def test_a_redis_that_refuses_writes_is_not_ready_and_a_user_without_eval_not_served(
+    tmp_path: Path,
+) -> None:
+    """Every write the gateway makes is a script: a user without EVAL started and said ready
+    while every post was 503, and a Redis full under noeviction said ready for the whole
+    minute every post was refused (an outside probe)."""
+    server = RedisServer(tmp_path / "redis").start()
+    admin = redis.Redis(port=server.port)
+    url = f"{server.url}?prefix=w"
+    settings = {"store_url": url, "broker_url": url, "web_url": url, "plugin": AGENT}
+    gateway = GatewayProcess("gw", tmp_path, settings).start()
+    try:
+        ready = httpx.get(f"{gateway.url}/readyz", timeout=10)
+        assert ready.status_code == 200 and ready.json()["redis_write"] == "ok", ready.text
+        used = int(admin.info("memory")["used_memory"])
+        admin.config_set("maxmemory", used + 1024)  # full: noeviction refuses every write
+        try:
+            full = httpx.get(f"{gateway.url}/readyz", timeout=10)
+        finally:
+            admin.config_set("maxmemory", 0)
+        assert full.status_code == 503 and full.json()["redis_write"] != "ok", full.text
+        assert full.json()["broker"] == "ok"  # what was probed before: reads answer
+    finally:
+        gateway.stop()
+    admin.execute_command(  # type: ignore[no-untyped-call]
+        "ACL", "SETUSER", "noeval", "on", ">noeval-password-0123456789", "~*", "&*", "+@all",
+        "-eval", "-evalsha",
+    )  # fmt: skip
+    refused_url = f"redis://noeval:noeval-password-0123456789@127.0.0.1:{server.port}/0?prefix=w"
+    refused = {**settings, "store_url": refused_url, "broker_url": refused_url}
+    started = GatewayProcess("gw2", tmp_path, {**refused, "web_url": refused_url})
+    try:
+        started.start(wait_ready_s=0)
+        assert started.process is not None
+        code = started.process.wait(timeout=30)
+    finally:
+        started.stop()
+        admin.close()
+        server.stop()
+    said = [x for x in started.log_path.read_text().splitlines() if x.startswith("gateway: ")]
+    assert code == 1, started.tail(40)
+    assert any("cannot run the gateway's scripts" in x and "EVAL" in x for x in said), said
+    assert "noeval-password" not in started.log_path.read_text()

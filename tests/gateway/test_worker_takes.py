@@ -8,6 +8,7 @@ if it was served would leave that operation for nobody.
 from __future__ import annotations
 
 import asyncio
+import logging
 from collections.abc import AsyncIterator
 from pathlib import Path
 from typing import Any, cast
@@ -17,6 +18,7 @@ import pytest
 from gateway.broker import open_broker
 from gateway.broker.contract import Broker, NewInboxItem, SessionTicket
 from gateway.worker import Worker, WorkerConfig, _Session
+from harness_core import SessionError
 from harness_core.testing import ManualClock
 
 VISIBILITY_MS = 5_000
@@ -83,3 +85,37 @@ async def test_a_dead_workers_session_taken_with_a_warm_one_is_left_for_the_next
     again = await broker.inbox.take_session("w2")
     assert again is not None, "the dead worker's session was dropped: its operation waits"
     assert again.session == "s-dead"
+
+
+async def test_what_is_let_go_after_an_outage_is_said_only_once_it_is(
+    broker: Broker, caplog: pytest.LogCaptureFixture
+) -> None:
+    """ "let go after the outage" was logged 3 times a second while the store still refused,
+    each line claiming the lease given up (an outside probe)."""
+
+    class Store:
+        def __init__(self) -> None:
+            self.answers = False
+            self.released: list[str] = []
+
+        async def release_lease(self, lease: str) -> bool:
+            if not self.answers:
+                raise SessionError("storage", "redis release failed: Connection refused")
+            self.released.append(lease)
+            return True
+
+    store = Store()
+    worker = Worker(
+        WorkerConfig(worker_id="w1", slots=1), cast(Any, store), broker, cast(Any, None), CLOCK
+    )
+    worker._owed_leases.append("lease-1")
+    caplog.set_level(logging.INFO, logger="gateway.worker")
+    for _ in range(3):
+        await worker._settle_owed()  # refused again: owed again, nothing said
+    assert worker._owed_leases == ["lease-1"] and not caplog.records
+    store.answers = True
+    await worker._settle_owed()
+    assert store.released == ["lease-1"] and worker._owed_leases == []
+    [line] = caplog.records
+    assert line.getMessage() == "let go after the outage"
+    assert getattr(line.msg, "fields", {}) == {"leases": 1, "tickets": 0}
