@@ -118,6 +118,8 @@ log = logging.getLogger("adapters.web")
 _ID_CHARS = "ASCII letters, digits, '.', '_', ':', '@' and '-'"
 _CLIENT_ID = r"^[A-Za-z0-9._:@-]{1,200}$"
 _KINDS: tuple[str, ...] = get_args(WebItemKind)
+_WRAPPING = re.compile(r"[ \t\r\n]+")
+"""What base64 may be wrapped in (a line end every 76 characters, as `base64` prints it)."""
 _STREAM_PAGE = 50
 """The most items an event stream reads at once: a client that stops reading holds one page."""
 _ANSWERS = frozenset({"reply", "failure_notice"})
@@ -770,7 +772,10 @@ class WebChannel:
         appended = await self._append(
             ref,
             item,
-            "the web channel's store is unavailable: the message was not taken; retry",
+            # a store that timed out may have held it (Redis paused): "not taken" was wrong,
+            # and a client that gave up left it shown and unanswered (an outside probe)
+            "the web channel's store did not answer: the message may not have been taken; "
+            "send it again with the same client_message_id (it is taken once)",
         )
         recorded = appended.item
         if not appended.created and not (
@@ -1383,7 +1388,9 @@ def _files(given: list[_FileIn], most: int) -> list[tuple[Attachment, bytes]]:
             )
         _check_text(file.name, f"files[{number}].name")
         try:
-            data = base64.b64decode(file.data, validate=True)
+            # line ends and spaces are no data: `base64` prints 76 characters a line, and a
+            # file encoded as the command prints it was refused (an outside probe)
+            data = base64.b64decode(_WRAPPING.sub("", file.data), validate=True)
         except (binascii.Error, ValueError):
             raise _Refused(
                 400, "invalid_request", f"files[{number}].data is not valid base64"

@@ -190,6 +190,18 @@ async def test_bad_base64_is_refused_with_one_clear_error(rig: ServiceRig) -> No
     assert response.json()["error"]["message"] == "files[0].data is not valid base64"
 
 
+async def test_base64_wrapped_as_the_base64_command_prints_it_is_taken(rig: ServiceRig) -> None:
+    """`base64` writes a line end every 76 characters: such a file was refused (a probe)."""
+    content = b"a line of a log file\n" * 20
+    wrapped = base64.encodebytes(content).decode()  # 76 characters a line, as `base64` prints
+    assert "\n" in wrapped.strip()
+    body = {"text": "hi", "files": [{"name": "log.txt", "data": wrapped.replace("\n", "\r\n")}]}
+    response = await rig.http.post("/web/uploads/t5", json=body)
+    assert response.status_code == 202, response.text
+    [message] = (await rig.http.get("/web/threads/t5")).json()["items"][:1]
+    assert [(f["name"], f["size"]) for f in message["files"]] == [("log.txt", len(content))]
+
+
 @pytest.mark.parametrize(
     ("file", "said"),
     [

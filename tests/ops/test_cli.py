@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import argparse
 import contextlib
+import http.server
 import json
 import os
 import re
@@ -18,6 +19,7 @@ import signal
 import socket
 import subprocess
 import sys
+import threading
 import time
 from collections.abc import Iterator
 from dataclasses import dataclass
@@ -466,6 +468,37 @@ def test_a_wrong_token_and_an_unreachable_gateway_are_one_line(
     assert err.endswith(
         "): is gateway serve running? (another address: --url or GATEWAY_OPS_URL)\n"
     )
+    huge = ops("lane", "web:" + "a" * 100_000)  # was "unexpected InvalidURL"
+    assert huge.code == 1 and _one_line(huge.err).startswith("gateway ops: cannot ask for that:")
+
+
+def test_a_server_that_is_not_the_gateway_is_named_as_such(
+    capsys: pytest.CaptureFixture[str],
+) -> None:
+    """A server answering JSON of another shape was "unexpected AttributeError" (a probe)."""
+
+    class Foreign(http.server.BaseHTTPRequestHandler):
+        def do_GET(self) -> None:
+            body = b'{"items": [1, 2, 3]}'
+            self.send_response(200)
+            self.send_header("content-type", "application/json")
+            self.send_header("content-length", str(len(body)))
+            self.end_headers()
+            self.wfile.write(body)
+
+        def log_message(self, *args: Any) -> None:
+            pass
+
+    server = http.server.ThreadingHTTPServer(("127.0.0.1", 0), Foreign)
+    threading.Thread(target=server.serve_forever, daemon=True).start()
+    try:
+        url = f"http://127.0.0.1:{server.server_address[1]}"
+        assert main(["--url", url, "--token", OPERATOR, "lanes"], None) == 1
+    finally:
+        server.shutdown()
+        server.server_close()
+    out, err = capsys.readouterr()
+    assert out == "" and "is --url the gateway?" in _one_line(err)
 
 
 def test_a_token_file_that_cannot_be_read_is_named_not_called_missing(

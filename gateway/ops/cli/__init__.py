@@ -83,7 +83,11 @@ def main(argv: Sequence[str], settings: Settings | None = None) -> int:
         _quiet_stdout()
         return OK
     except Exception as exc:  # a bug or a surprising answer: one line all the same
-        _error(f"unexpected {type(exc).__name__}: {exc}")
+        hint = ""
+        if isinstance(exc, AttributeError | KeyError | TypeError | IndexError):
+            # an answer of another shape than the API's (a server that is not the gateway)
+            hint = " (an answer of another shape than the operator API's: is --url the gateway?)"
+        _error(f"unexpected {type(exc).__name__}: {exc}{hint}")
         return FAILED
 
 

@@ -71,6 +71,9 @@ class Client:
         except httpx.TransportError as exc:
             reason = _ERRNO.sub("", str(exc)).strip() or type(exc).__name__
             raise self._unreachable(reason) from None
+        except httpx.InvalidURL as exc:  # a name of 100,000 characters: "unexpected InvalidURL"
+            said = clean(str(exc))
+            raise OpsError(f"cannot ask for that: {said} (is a name too long?)") from None
         return self._judge(response)
 
     def pages(
