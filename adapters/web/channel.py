@@ -774,7 +774,7 @@ class WebChannel:
             item,
             # a store that timed out may have held it (Redis paused): "not taken" was wrong,
             # and a client that gave up left it shown and unanswered (an outside probe)
-            "the web channel's store did not answer: the message may not have been taken; "
+            "the web channel's store is unavailable: the message may not have been taken; "
             "send it again with the same client_message_id (it is taken once)",
         )
         recorded = appended.item
