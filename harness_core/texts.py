@@ -119,3 +119,10 @@ def one_line(text: str, limit: int = 300) -> str:
     """
     line = " ".join(text.split())
     return line if len(line) <= limit else line[: limit - 3] + "..."
+
+
+def tool_output_cut(total: int, kept: int) -> str:
+    """The note after a tool result's text cut to `kept` of its `total` characters."""
+    return (
+        f"[output cut: {total - kept:,} of {total:,} characters not shown (the limit is {kept:,})]"
+    )

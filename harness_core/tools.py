@@ -35,6 +35,7 @@ __all__ = [
     "ToolContext",
     "MAX_TOOL_FILES",
     "MAX_TOOL_FILES_BYTES",
+    "MAX_TOOL_TEXT_CHARS",
     "ToolOutput",
     "ToolRecovery",
 ]
@@ -46,6 +47,10 @@ MAX_TOOL_FILES = 10
 MAX_TOOL_FILES_BYTES = 5_000_000
 """What the files of one tool result may hold together, in bytes (D227): they are stored with
 the result in the session, so they are bounded like any entry should be."""
+MAX_TOOL_TEXT_CHARS = 100_000
+"""The most characters of text one tool result keeps; the rest is cut, and a note says how much
+(D404). A tool that returned 50 MB had it stored whole, and its thread's next request counted
+13 million tokens and failed `context_overflow` (an outside probe)."""
 
 
 class ToolOutput(Frozen):

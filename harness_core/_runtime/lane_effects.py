@@ -21,9 +21,16 @@ from harness_core._runtime.effects import LaterEvent
 from harness_core.events import MessageStart, MessageUpdate
 from harness_core.frozen import invalid_reason, revalidated
 from harness_core.hooks import HookName, run_hook
-from harness_core.messages import AssistantMessage, DeferredHandle, ModelError, TokenUsage
+from harness_core.messages import (
+    AssistantMessage,
+    DeferredHandle,
+    ModelError,
+    TextPart,
+    TokenUsage,
+    UserContent,
+)
 from harness_core.models import ModelRequest
-from harness_core.tools import PreparedToolCall, ToolOutput
+from harness_core.tools import MAX_TOOL_TEXT_CHARS, PreparedToolCall, ToolOutput
 
 if TYPE_CHECKING:
     from harness_core._runtime.lane import HarnessRuntime
@@ -194,13 +201,13 @@ class ExternalEffects:
             return ToolOutput.text(texts.tool_failed(tool.name, exc), is_error=True)
         returned: object = raw  # typed, but a tool is foreign code
         if isinstance(returned, str):
-            return ToolOutput.text(returned)
+            return _text_bounded(ToolOutput.text(returned))
         if not isinstance(returned, ToolOutput):
             return ToolOutput.text(
                 f"{tool.name} returned {type(returned).__name__}, not text or a ToolOutput",
                 is_error=True,
             )
-        return self.checked_output(returned, tool.name)
+        return _text_bounded(self.checked_output(returned, tool.name))
 
     def checked_output(self, output: ToolOutput, tool_name: str) -> ToolOutput:
         """A tool's (or hook's) output, valid before it can reach a record or an entry."""
@@ -263,3 +270,20 @@ class ExternalEffects:
 
         waited = await self._until_aborted(wait())
         return "elapsed" if waited else "aborted"
+
+
+def _text_bounded(output: ToolOutput) -> ToolOutput:
+    """`output` with its text cut to `MAX_TOOL_TEXT_CHARS`, a note saying how much (D404)."""
+    total = sum(len(part.text) for part in output.content if isinstance(part, TextPart))
+    if total <= MAX_TOOL_TEXT_CHARS:
+        return output
+    left = MAX_TOOL_TEXT_CHARS
+    kept: list[UserContent] = []
+    for part in output.content:
+        if not isinstance(part, TextPart):
+            kept.append(part)
+        elif shown := part.text[:left]:
+            left -= len(shown)
+            kept.append(TextPart(text=shown))
+    kept.append(TextPart(text=texts.tool_output_cut(total, MAX_TOOL_TEXT_CHARS)))
+    return output.model_copy(update={"content": tuple(kept)})

@@ -9,12 +9,19 @@ from typing import Any
 import pytest
 from pydantic import BaseModel, ConfigDict, Field
 
-from harness_core.messages import ToolResultMessage, message_text
+from harness_core.messages import TextPart, ToolResultMessage, message_text
 from harness_core.models.scripted import text, tool_call
 from harness_core.result import Ok
 from harness_core.session.records import ToolStarted
 from harness_core.session.types import RecordQuery
-from harness_core.tools import Tool, ToolArgumentsError, ToolContext, tool
+from harness_core.tools import (
+    MAX_TOOL_TEXT_CHARS,
+    Tool,
+    ToolArgumentsError,
+    ToolContext,
+    ToolOutput,
+    tool,
+)
 from tests.support.harness_kit import make_kit
 
 
@@ -219,3 +226,32 @@ async def test_the_idempotency_key_survives_a_crash_and_replay(
     started = await kit.storage.find_records(RecordQuery(type="tool_started"))
     assert len(started) == 1 and isinstance(started[0].record, ToolStarted)
     assert len(keys) == 2 and keys[0] == keys[1]  # the same key on the replay
+
+
+async def test_a_tool_s_huge_text_is_cut_with_a_note_before_it_is_stored(
+    backend: str, tmp_path: Path
+) -> None:
+    """50 MB from a plugin tool was stored whole, and the thread's next request counted 13
+    million tokens and failed `context_overflow` (an outside probe)."""
+
+    @tool()
+    async def dump(args: dict[str, object], ctx: ToolContext) -> str:
+        return "x" * (MAX_TOOL_TEXT_CHARS + 5_000)
+
+    @tool(name="dump_parts")
+    async def parts(args: dict[str, object], ctx: ToolContext) -> ToolOutput:
+        half = "y" * (MAX_TOOL_TEXT_CHARS // 2 + 1)
+        return ToolOutput(content=(TextPart(text=half), TextPart(text=half)))
+
+    script = [tool_call("dump"), tool_call("dump_parts"), text("done")]
+    kit = await make_kit(backend, tmp_path, script, tools=[dump, parts])
+    assert isinstance(await kit.harness.prompt("go"), Ok)
+    results = [m for m in kit.model.requests[-1].messages if isinstance(m, ToolResultMessage)]
+    totals = (MAX_TOOL_TEXT_CHARS + 5_000, MAX_TOOL_TEXT_CHARS + 2)
+    for result, total in zip(results, totals, strict=True):
+        said = message_text(result)
+        assert len(said) < MAX_TOOL_TEXT_CHARS + 200
+        assert said.endswith(
+            f"[output cut: {total - MAX_TOOL_TEXT_CHARS:,} of {total:,} characters not shown "
+            f"(the limit is {MAX_TOOL_TEXT_CHARS:,})]"
+        )
