@@ -373,6 +373,32 @@ def _stopping() -> _BodyCut:
 
 
 _CLOSE = (b"connection", b"close")
+_DROP_S = 1.0
+"""How long a refused body is read and dropped before the answer (a lingering close)."""
+_DROP_BYTES = 64 * 1024 * 1024
+"""How much of a refused body is read and dropped, at most, before the answer."""
+
+
+async def _drop_rest(receive: Receive) -> bool:
+    """Read and drop what is left of a request's body, for a moment; True once it all came.
+
+    A client that writes its whole body before it reads (httpx, most libraries) met a reset
+    instead of the 413 or the 503 with ``Retry-After``: a connection closed with unread data
+    in it is reset by the kernel, the answer with it (an outside probe). Bounded in time and
+    bytes, as a server's lingering close is: a client that sends for longer is cut as before.
+    Only a body of a declared length: a chunked one is streamed, and answered at once.
+    """
+    dropped = 0
+    with contextlib.suppress(TimeoutError):
+        async with asyncio.timeout(_DROP_S):
+            while dropped <= _DROP_BYTES:
+                message = await receive()
+                if message["type"] != "http.request":
+                    return True
+                dropped += len(message.get("body", b""))
+                if not message.get("more_body", False):
+                    return True
+    return False
 
 
 def _closes(start: Message) -> bool:
@@ -430,7 +456,7 @@ class BodyLimit:
                 )
                 return
             if whole_number(declared, limit) is None:  # past it (int() raises past 4,300 digits)
-                await self._answer(scope, receive, send, _too_large(limit))
+                await self._answer(scope, receive, send, _too_large(limit), drop=True)
                 return
         elif chunked and _in_api(scope.get("path", "")):
             await _refuse(
@@ -450,8 +476,10 @@ class BodyLimit:
                 return  # the route's own answer to a body it could not read: ours goes
             if message["type"] == "http.response.start" and not body.done and not _closes(message):
                 # answered before its body was read (a refusal, a route that reads none): the
-                # connection ends with the answer, or the server would read and drop the rest
-                # for as long as the client kept sending it
+                # rest is dropped for a moment, then the connection ends with the answer, or
+                # the server would read and drop it for as long as the client kept sending it
+                if declared is not None and body.cut is None and not self.watch.stopping:
+                    body.done = await _drop_rest(body.receive)
                 message = {**message, "headers": [*message.get("headers", []), _CLOSE]}
             started = True
             await send(message)
@@ -464,6 +492,10 @@ class BodyLimit:
         if body.cut is not None and not started:
             await self._answer(scope, receive, send, body.cut)
 
-    async def _answer(self, scope: Scope, receive: Receive, send: Send, cut: _BodyCut) -> None:
+    async def _answer(
+        self, scope: Scope, receive: Receive, send: Send, cut: _BodyCut, *, drop: bool = False
+    ) -> None:
         log.debug(event("request body refused", path=scope.get("path", ""), reason=cut.code))
+        if drop and not self.watch.stopping:
+            await _drop_rest(receive)  # its answer reaches a client that writes all first
         await _refuse(scope, receive, send, cut.error, cut.code, cut.headers)

@@ -386,6 +386,19 @@ async def test_a_declared_body_over_the_bound_is_refused_before_it_is_sent(edge:
         assert exact.status != 413, path
 
 
+async def test_a_client_that_writes_its_whole_body_first_hears_the_refusal(edge: Edge) -> None:
+    """httpx writes a body whole before it reads: a refusal sent before the body was read met
+    a reset (the kernel resets a connection closed with unread data), not the 413 (a probe).
+    The rest is read and dropped for a moment first, as a lingering close does."""
+    big = b"x" * (40 * 1024 * 1024)
+
+    async with httpx.AsyncClient(timeout=10) as client:
+        for path in ("/web/uploads/t1", "/web/threads/t1/messages", "/api/v1/lanes/ln_x/abort"):
+            answer = await client.post(f"{edge.url}{path}", content=big, headers=JSON)
+            assert answer.status_code in (401, 413), (path, answer.text)  # the API: who first
+            assert "error" in answer.json(), path
+
+
 READ_BY_THE_ROUTE = {"/slack/events", "/web/threads/t1/messages", "/web/threads/t1/decisions"}
 """The routes of `BOUNDS` that read a body; the others answer without reading one."""
 
