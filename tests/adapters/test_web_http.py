@@ -552,6 +552,35 @@ async def test_the_log_says_why_the_store_could_not_hold_a_message(
     assert "secret plan" not in repr(record.__dict__)
 
 
+async def test_a_store_that_keeps_refusing_is_said_once_a_minute_and_its_end_once(
+    clock: ManualClock, sink: TestSink, caplog: pytest.LogCaptureFixture
+) -> None:
+    """A line per refused post was as many lines as posts while Redis was down (a probe)."""
+    mailbox = _BrokenMailbox(MailboxUnavailable("redis: ConnectionError: refused"))
+    web = WebChannel(mailbox, clock=clock, ids=SequentialIds())
+    await web.start(sink)
+    app = FastAPI()
+    app.include_router(web.router)
+    caplog.set_level(logging.INFO, logger="adapters.web")
+    async with httpx.AsyncClient(transport=httpx.ASGITransport(app=app), base_url="http://x") as c:
+        for _ in range(150):  # a post every second for 150 s
+            assert (await c.post(URL, json={"text": "hi"})).status_code == 503
+            clock.advance(1_000)
+        mailbox.broken = False
+        assert (await c.post(URL, json={"text": "hi"})).status_code == 202
+        assert (await c.post(URL, json={"text": "hi again"})).status_code == 202
+    await web.close()
+    said = [r.getMessage() for r in caplog.records if r.getMessage().startswith("web mailbox")]
+    assert said == [
+        "web mailbox could not record an item",
+        "web mailbox still cannot record items",
+        "web mailbox still cannot record items",
+        "web mailbox records again",
+    ]
+    [back] = [r for r in caplog.records if r.getMessage() == "web mailbox records again"]
+    assert (back.seconds, back.failures) == (150.0, 150)  # type: ignore[attr-defined]
+
+
 async def test_a_decision_the_store_cannot_show_is_503_and_counts_once_when_sent_again(
     clock: ManualClock, sink: TestSink
 ) -> None:
