@@ -1192,6 +1192,7 @@ class WebChannel:
                 thread=thread,
                 max_text_chars=self.limits.max_text_chars,
                 user=_user(request),
+                max_upload_bytes=self.limits.max_upload_bytes,
             ),
             headers=_page_headers(script=True),
         )

@@ -393,6 +393,19 @@ async def test_a_file_attached_in_the_composer_reaches_the_agent(
     # the agent read the file's rows (the stand-in echoes everything it was given)
     await expect(reply.locator(".text")).to_contain_text("south,30")
     await expect(reply.locator(".text")).to_contain_text("report.csv")
+    # too large to send at all: said in the person's terms before a byte is read (the 413
+    # came after 40 MB were encoded, in the request body's bytes)
+    huge = tmp_path / "huge.bin"
+    with huge.open("wb") as sparse:
+        sparse.truncate(30_000_000)
+    await page.get_by_label("attach files").set_input_files(str(huge))
+    await page.get_by_label("message").fill("and this one?")
+    await page.get_by_role("button", name="Send").click()
+    await expect(page.locator("#error")).to_have_text(
+        "These files are 30 MB together; at most about 28.3 MB can be sent at once: "
+        "nothing was sent."
+    )
+    await expect(page.locator(".item.message")).to_have_count(1)
     assert _errors(console_errors) == []
 
 
