@@ -882,6 +882,7 @@ async def test_the_thread_page_is_plain_html_with_a_strict_policy(
         "thread": "t1",
         "max_text_chars": 1000,
         "max_supplied_chars": MAX_SUPPLIED_CHARS,
+        "max_upload_bytes": WebLimits().max_upload_bytes,
     }
     assert "maxlength" not in page.split('id="text"')[1].split(">")[0]  # a paste is never cut
 
