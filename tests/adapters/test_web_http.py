@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import json
 import logging
 import re
@@ -501,6 +502,24 @@ class _BrokenMailbox(MemoryMailbox):
         return await super().append(space, thread, item)
 
 
+@contextlib.asynccontextmanager
+async def _broken_client(
+    mailbox: WebMailbox, clock: ManualClock, sink: TestSink
+) -> AsyncIterator[tuple[httpx.AsyncClient, WebChannel]]:
+    """A started channel on `mailbox` and a client of its routes; the channel closed after."""
+    web = WebChannel(mailbox, clock=clock, ids=SequentialIds())
+    await web.start(sink)
+    app = FastAPI()
+    app.include_router(web.router)
+    try:
+        async with httpx.AsyncClient(
+            transport=httpx.ASGITransport(app=app), base_url="http://x"
+        ) as client:
+            yield client, web
+    finally:
+        await web.close()
+
+
 # Every way the web channel's own store can fail a write: the post is refused, nothing is taken.
 STORE_FAILURES = [
     MailboxUnavailable("sqlite: OperationalError: disk I/O error"),
@@ -557,19 +576,14 @@ async def test_a_store_that_keeps_refusing_is_said_once_a_minute_and_its_end_onc
 ) -> None:
     """A line per refused post was as many lines as posts while Redis was down (a probe)."""
     mailbox = _BrokenMailbox(MailboxUnavailable("redis: ConnectionError: refused"))
-    web = WebChannel(mailbox, clock=clock, ids=SequentialIds())
-    await web.start(sink)
-    app = FastAPI()
-    app.include_router(web.router)
     caplog.set_level(logging.INFO, logger="adapters.web")
-    async with httpx.AsyncClient(transport=httpx.ASGITransport(app=app), base_url="http://x") as c:
+    async with _broken_client(mailbox, clock, sink) as (c, _):
         for _ in range(150):  # a post every second for 150 s
             assert (await c.post(URL, json={"text": "hi"})).status_code == 503
             clock.advance(1_000)
         mailbox.broken = False
         assert (await c.post(URL, json={"text": "hi"})).status_code == 202
         assert (await c.post(URL, json={"text": "hi again"})).status_code == 202
-    await web.close()
     said = [r.getMessage() for r in caplog.records if r.getMessage().startswith("web mailbox")]
     assert said == [
         "web mailbox could not record an item",
@@ -586,11 +600,7 @@ async def test_a_decision_the_store_cannot_show_is_503_and_counts_once_when_sent
 ) -> None:
     """A click is taken first (its key makes a retry count once), then refused until shown."""
     mailbox = _BrokenMailbox(MailboxUnavailable("down"))
-    web = WebChannel(mailbox, clock=clock, ids=SequentialIds())
-    await web.start(sink)
-    app = FastAPI()
-    app.include_router(web.router)
-    async with httpx.AsyncClient(transport=httpx.ASGITransport(app=app), base_url="http://x") as c:
+    async with _broken_client(mailbox, clock, sink) as (c, _):
         first = await c.post("/web/threads/t1/decisions", json=decision_body())
         assert error(first) == (503, "unavailable")
         assert "send it again once the store is back" in first.json()["error"]["message"]
@@ -599,7 +609,6 @@ async def test_a_decision_the_store_cannot_show_is_503_and_counts_once_when_sent
         assert again.status_code == 202 and again.json()["duplicate"] is True
         assert again.json()["seq"] == 1
     assert len(sink.accepted) == 1
-    await web.close()
 
 
 # -- reading a thread ---------------------------------------------------------------------------

@@ -3,8 +3,10 @@
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import logging
 import time
+from collections.abc import AsyncIterator
 
 import pytest
 
@@ -19,6 +21,17 @@ def _fields(caplog: pytest.LogCaptureFixture, name: str) -> list[dict[str, objec
     ]
 
 
+@contextlib.asynccontextmanager
+async def _watched(caplog: pytest.LogCaptureFixture, blocked_after_s: float) -> AsyncIterator[None]:
+    caplog.set_level(logging.WARNING, logger="gateway.loop")
+    watch = LoopWatch(blocked_after_s=blocked_after_s, beat_s=0.05)
+    watch.start()
+    try:
+        yield
+    finally:
+        await watch.stop()
+
+
 def blocker() -> None:
     time.sleep(2.0)  # a tool's synchronous call
 
@@ -26,15 +39,10 @@ def blocker() -> None:
 async def test_a_blocked_loop_is_named_once_with_where_it_is_then_its_end(
     caplog: pytest.LogCaptureFixture,
 ) -> None:
-    caplog.set_level(logging.WARNING, logger="gateway.loop")
-    watch = LoopWatch(blocked_after_s=0.5, beat_s=0.05)
-    watch.start()
-    try:
+    async with _watched(caplog, 0.5):
         await asyncio.sleep(0.2)
         blocker()
         await asyncio.sleep(0.3)
-    finally:
-        await watch.stop()
     [blocked] = _fields(caplog, "event loop blocked")
     where = blocked["where"]
     assert isinstance(where, list) and where[-1].startswith("test_loop_watch.py:")
@@ -46,13 +54,8 @@ async def test_a_blocked_loop_is_named_once_with_where_it_is_then_its_end(
 async def test_a_loop_that_keeps_running_is_never_said_blocked(
     caplog: pytest.LogCaptureFixture,
 ) -> None:
-    caplog.set_level(logging.WARNING, logger="gateway.loop")
-    watch = LoopWatch(blocked_after_s=1.5, beat_s=0.05)
-    watch.start()
-    try:
+    async with _watched(caplog, 1.5):
         for _ in range(10):
             time.sleep(0.05)  # noqa: ASYNC251 (short holds: the loop turns between them)
             await asyncio.sleep(0.01)
-    finally:
-        await watch.stop()
     assert _fields(caplog, "event loop blocked") == []

@@ -286,6 +286,23 @@ async def test_an_idle_server_that_answers_its_pings_stays_up(http_server: HttpS
         await source.close()
 
 
+async def _flood(answers: str, args: dict[str, Any]) -> tuple[ToolOutput, ToolOutput, str]:
+    """`flood` with `args` from a server answering as `answers` says, then `echo`, and the
+    server's state after: each answer's form (an event stream, JSON, gzipped JSON)."""
+    server = await HttpServer(
+        free_port(), json_response=answers != "events", gzip=answers == "gzip"
+    ).start()
+    source = tools(settings(server.url, call_timeout_seconds=60))
+    await source.start()
+    try:
+        flooded = await call(source, "remote.flood", args)
+        after = await call(source, "remote.echo", {"text": "still here"}, key="k2")
+        return flooded, after, source.health()[0].state
+    finally:
+        await source.close()
+        await server.kill()
+
+
 @pytest.mark.parametrize("answers", ["events", "json", "gzip"])
 async def test_a_long_answer_is_parsed_aside_and_its_blocks_joined(
     answers: str, monkeypatch: pytest.MonkeyPatch
@@ -301,17 +318,7 @@ async def test_a_long_answer_is_parsed_aside_and_its_blocks_joined(
         return read(text)
 
     monkeypatch.setattr(http_bodies, "read_message", spied)
-    server = await HttpServer(
-        free_port(), json_response=answers != "events", gzip=answers == "gzip"
-    ).start()
-    source = tools(settings(server.url, call_timeout_seconds=60))
-    await source.start()
-    try:
-        many = await call(source, "remote.flood", {"blocks": 100_000})
-        after = await call(source, "remote.echo", {"text": "still here"}, key="k2")
-    finally:
-        await source.close()
-        await server.kill()
+    many, after, _ = await _flood(answers, {"blocks": 100_000})
     parts = [part.text for part in many.content if isinstance(part, TextPart)]
     assert parts[0] == "c" * 20_000  # one block, cut to what the model reads (a note after it)
     assert readers and threading.main_thread() not in readers
@@ -324,18 +331,7 @@ async def test_an_answer_past_the_bound_is_said_at_once_and_the_next_call_works(
 ) -> None:
     """A stdio line past `MAX_MESSAGE_BYTES` was refused as it came; an HTTP answer was read
     whole however large (a gzipped one inflated whole). Now it is read to the same bound."""
-    server = await HttpServer(
-        free_port(), json_response=answers != "events", gzip=answers == "gzip"
-    ).start()
-    source = tools(settings(server.url, call_timeout_seconds=60))
-    await source.start()
-    try:
-        huge = await call(source, "remote.flood", {"mib": 17})
-        after = await call(source, "remote.echo", {"text": "still here"}, key="k2")
-        state = source.health()[0].state
-    finally:
-        await source.close()
-        await server.kill()
+    huge, after, state = await _flood(answers, {"mib": 17})
     said = text(huge)
     assert huge.is_error and "ran 'flood'" in said, said
     size = "" if answers == "gzip" else " (17.0 MiB)"  # a gzipped body is read to the bound
@@ -349,15 +345,6 @@ async def test_an_answer_of_a_few_mib_comes_whole_however_it_is_sent(answers: st
     """The SDK reads an event of at most 1 MiB: a 3 MiB answer sent as an event failed its
     call ("SSE stream failed ... the call may have had its effect") where stdio and JSON took
     it. Every transport now reads to the same bound (`MAX_MESSAGE_BYTES`)."""
-    server = await HttpServer(
-        free_port(), json_response=answers != "events", gzip=answers == "gzip"
-    ).start()
-    source = tools(settings(server.url, call_timeout_seconds=60))
-    await source.start()
-    try:
-        large = await call(source, "remote.flood", {"mib": 3})
-    finally:
-        await source.close()
-        await server.kill()
+    large, _, _ = await _flood(answers, {"mib": 3})
     assert not large.is_error, text(large)
     assert text(large).startswith("x" * 20_000)
