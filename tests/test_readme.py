@@ -280,6 +280,7 @@ BENCHES: dict[str, Bench] = {
     ".venv/bin/python bench/redis_command_cost.py": Bench(
         by="tests/bench/test_redis_command_cost_smoke.py"
     ),
+    ".venv/bin/python bench/mcp_stall.py": Bench(by="tests/bench/test_mcp_stall_smoke.py"),
     ".venv/bin/python bench/prompt_instructions.py --profile 40": Bench(
         by="tests/bench/test_prompt_instructions_smoke.py"
     ),
