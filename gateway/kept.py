@@ -108,12 +108,10 @@ class KeptWatch:
         return lost
 
     async def _look(self, redis: _Redis) -> str:
-        if redis.client is None:
-            redis.client = connect(redis.url.server, cluster=redis.url.cluster, socket_timeout=5.0)
-            await discover(redis.client)
+        client = await _client(redis)
         token = f"{self._rng.getrandbits(64):016x}"
         # one command: the token there, or (none was) the one written now
-        found = await redis.client.set(redis.key, token, nx=True, get=True)
+        found = await client.set(redis.key, token, nx=True, get=True)
         return token if found is None else str(found)
 
     async def writable(self) -> Exception | None:
@@ -125,13 +123,9 @@ class KeptWatch:
         """
         for redis in self._redises:
             try:
-                if redis.client is None:
-                    redis.client = connect(
-                        redis.url.server, cluster=redis.url.cluster, socket_timeout=5.0
-                    )
-                    await discover(redis.client)
+                client = await _client(redis)
                 ready = f"{redis.url.prefix}:{READY}"
-                await redis.client.eval(_WRITE, 1, ready, str(self._rng.getrandbits(32)))
+                await client.eval(_WRITE, 1, ready, str(self._rng.getrandbits(32)))
             except Exception as exc:
                 return exc
         return None
@@ -145,6 +139,14 @@ class KeptWatch:
     async def close(self) -> None:
         """Close the connections."""
         await close_clients(*(r.client for r in self._redises if r.client is not None))
+
+
+async def _client(redis: _Redis) -> Any:
+    """`redis`'s client, connected at its first use."""
+    if redis.client is None:
+        redis.client = connect(redis.url.server, cluster=redis.url.cluster, socket_timeout=5.0)
+        await discover(redis.client)
+    return redis.client
 
 
 def _refused(url: str, why: str | None) -> Exception:

@@ -136,7 +136,21 @@ def _refusal(head: bytes, length: int | None, limit: int, ident: int | str | Non
     return _written(found) if isinstance(found, SessionMessage) else None
 
 
-class _JsonBody(httpx2.AsyncByteStream):
+class _Body(httpx2.AsyncByteStream):
+    """A body read from `chunks` (the inner stream's, inflated) for the request `ident`."""
+
+    def __init__(
+        self, chunks: AsyncGenerator[bytes, None], inner: Any, ident: int | str | None, limit: int
+    ) -> None:
+        self._chunks, self._inner, self._ident, self._limit = chunks, inner, ident, limit
+
+    async def aclose(self) -> None:
+        close = getattr(self._inner, "aclose", None)
+        if close is not None:
+            await close()
+
+
+class _JsonBody(_Body):
     """A JSON answer: read to the bound, handed on as it came, parsed aside, or refused.
 
     `length`: the body's declared length (None: not declared, or compressed), said in a refusal.
@@ -150,7 +164,7 @@ class _JsonBody(httpx2.AsyncByteStream):
         limit: int,
         length: int | None,
     ) -> None:
-        self._chunks, self._inner, self._ident, self._limit = chunks, inner, ident, limit
+        super().__init__(chunks, inner, ident, limit)
         self._length = length
 
     async def __aiter__(self) -> AsyncIterator[bytes]:
@@ -178,13 +192,8 @@ class _JsonBody(httpx2.AsyncByteStream):
                 return
         yield bytes(kept)
 
-    async def aclose(self) -> None:
-        close = getattr(self._inner, "aclose", None)
-        if close is not None:
-            await close()
 
-
-class _EventsBody(httpx2.AsyncByteStream):
+class _EventsBody(_Body):
     """An event stream: each event's data bounded and, when long, parsed aside.
 
     Lines end in CR, LF or CRLF (one cut between two chunks included); an event ends at a
@@ -194,7 +203,7 @@ class _EventsBody(httpx2.AsyncByteStream):
     def __init__(
         self, chunks: AsyncGenerator[bytes, None], inner: Any, ident: int | str | None, limit: int
     ) -> None:
-        self._chunks, self._inner, self._ident, self._limit = chunks, inner, ident, limit
+        super().__init__(chunks, inner, ident, limit)
         self._line = bytearray()  # the current line's bytes (while the event is within bound)
         self._length = 0  # the current line's length, kept or not
         self._cr = False  # the last chunk ended in CR: an LF first in the next ends nothing
@@ -271,11 +280,6 @@ class _EventsBody(httpx2.AsyncByteStream):
             if rewritten is not None:
                 lines = [*others, b"data: " + rewritten]
         return b"".join(line + b"\n" for line in lines) + b"\n"
-
-    async def aclose(self) -> None:
-        close = getattr(self._inner, "aclose", None)
-        if close is not None:
-            await close()
 
 
 class _Event:
