@@ -19,6 +19,7 @@ from gateway.budgets import lane_budget
 from gateway.lane_status import LaneLimits, inspect_held, thread_ref
 from gateway.ops.errors import ApiError
 from gateway.ops.views import (
+    DecidedView,
     InterruptedCallView,
     LaneView,
     PendingCallView,
@@ -163,10 +164,33 @@ async def lane_view(
             for call in interrupted
         ],
         queued=seen.queued,
+        last_decision=await _last_decision(storage, lane),
         thread=dict(state.thread) if state is not None else None,
         held_by=held_by,
         revoked=revoked_view(revocation),
         actions=actions,
+    )
+
+
+async def _last_decision(storage: SessionStorage, lane: str) -> DecidedView | None:
+    found = await storage.find_records(RecordQuery(lane=lane, type="approval_decided", limit=1))
+    if not found:
+        return None
+    stored = found[0]
+    record = stored.record
+    assert isinstance(record, ApprovalDecided)
+    return DecidedView(
+        wait_id=record.wait_id,
+        decided_by=record.decided_by,
+        at_ms=stored.timestamp,
+        calls={
+            d.tool_call_id: "supplied"
+            if d.supplied is not None
+            else "approved"
+            if d.approved
+            else "denied"
+            for d in record.decisions
+        },
     )
 
 

@@ -20,6 +20,7 @@ __all__ = [
     "AuthorityView",
     "BacklogView",
     "CallDecision",
+    "DecidedView",
     "DecisionsRequest",
     "DeliveryView",
     "InterruptedCallView",
@@ -91,6 +92,16 @@ class PendingCallView(_View):
     args_digest: str
 
 
+class DecidedView(_View):
+    """A lane's latest approval decision: which wait, who decided, when, and what."""
+
+    wait_id: str
+    decided_by: str | None = None
+    at_ms: int
+    calls: dict[str, Literal["approved", "denied", "supplied"]]
+    """Each decided call by its id."""
+
+
 class InterruptedCallView(_View):
     """A tool call that started and has no result."""
 
@@ -135,6 +146,9 @@ class LaneView(_View):
     """The calls a resume would find cut, and what each policy does to them (listed while a
     resume is one of `actions`)."""
     queued: int = 0
+    last_decision: DecidedView | None = None
+    """Its latest approval decision, so a decision that came too late can say whose came
+    first (None: none was ever made)."""
     thread: dict[str, Any] | None = None
     """The channel thread the lane answers (channel, space, thread)."""
     held_by: str | None = None

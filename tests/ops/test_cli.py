@@ -293,6 +293,10 @@ def test_approve_all_completes_a_suspended_approval(gateway: Gateway, ops: Any) 
     assert (again.code, again.out) == (0, approved.out), again
     other = ops("approve", "web:ship", "--all", "--yes", "--idempotency-key", "cli-never-used")
     assert other.code == 1 and "waits on no approval: it is idle" in other.err
+    # and whose decision came first, as the web channel and the API say
+    said = _one_line(other.err)
+    assert f"{call['tool_call_id']} was approved by operator:alice at " in said, said
+    assert f"(wait {view['wait_id']})" in said
 
     polled = ops("action", found.group(1))
     assert polled.code == 0

@@ -11,7 +11,7 @@ import sys
 from typing import Any
 
 from gateway.ops.cli.errors import OK, USAGE, OpsError
-from gateway.ops.cli.output import Json, call_line, clean, revoked_line, seg, state_line
+from gateway.ops.cli.output import Json, call_line, clean, revoked_line, seg, state_line, when
 from gateway.ops.cli.run import Run
 from harness_core.session.records import MAX_SUPPLIED_CHARS
 
@@ -111,7 +111,9 @@ def decide(run: Run) -> int:
         status = clean(view.get("status"))
         if view.get("suspended"):
             status += f" ({clean(view.get('suspended'))})"
-        raise OpsError(f"{name} waits on no approval: it is {status}")
+        raise OpsError(
+            f"{name} waits on no approval: it is {status}{_decided_before(view, args.call)}"
+        )
     ids = [str(call.get("tool_call_id")) for call in pending]
     if args.all:
         chosen = ids
@@ -145,6 +147,19 @@ def decide(run: Run) -> int:
     run.confirm(True, lines, command)
     body = {"wait_id": wait_id, "approvals": {call_id: dict(choice) for call_id in chosen}}
     return run.act(_DONE[command], view, "decisions", body)
+
+
+def _decided_before(view: Json, named: list[str] | None) -> str:
+    """Whose decision came first: ``; c1 was approved by operator:alice at 12:00:03 UTC``."""
+    last = view.get("last_decision")
+    if not isinstance(last, dict) or not isinstance(last.get("calls"), dict):
+        return ""
+    calls: dict[str, Any] = last["calls"]
+    chosen = [c for c in dict.fromkeys(named or ()) if c in calls] or list(calls)
+    said = ", ".join(f"{clean(c)} was {clean(calls[c])}" for c in chosen)
+    by = f" by {clean(last.get('decided_by'))}" if last.get("decided_by") else ""
+    at = when(last.get("at_ms"))
+    return f"; its last request (wait {clean(last.get('wait_id'))}): {said}{by} at {at} UTC"
 
 
 def _whole_call(call: Json) -> str:
