@@ -15,20 +15,30 @@ cache holds, and never growing with the conversation. It is fixed when a run sta
 by another process after a crash has the prompt it started with. Who wrote a message goes on
 the message itself as ``[name (id)]``, only when it is not the person who started the thread
 (`author_tag`).
+
+What a run is *offered* stays what it began with; what *runs* is judged by the profile of now
+(`within_profile`, D406): a tool the thread's profile no longer allows (a restart with a
+narrower profile) is not run, whether the model calls it again or an approval comes for it.
 """
 
 from __future__ import annotations
 
+import dataclasses
+import logging
 import re
-from collections.abc import Sequence
+from collections.abc import Awaitable, Callable, Sequence
+from typing import Any
 
 from pydantic import Field
 
 from adapters import Author, ThreadRef
 from config import Profile, Settings
 from config.profiles import allowed_tools
+from gateway.logs import event
 from harness_core import AgentHarness, AgentLane, BeforeRunResult, BranchQuery, ModelRef
 from harness_core.frozen import Frozen
+from harness_core.messages import TextPart
+from harness_core.tools import Tool, ToolContext, ToolOutput
 
 __all__ = [
     "PROFILE_ENTRY",
@@ -38,7 +48,10 @@ __all__ = [
     "lane_profile",
     "model_ref",
     "system_prompt",
+    "within_profile",
 ]
+
+log = logging.getLogger(__name__)
 
 PROFILE_ENTRY = "gateway.profile"
 """The custom type of the entry that says which profile a lane has from there on."""
@@ -264,3 +277,40 @@ class LaneProfiles:
     def default_prompt(self) -> str | None:
         """The system prompt of a lane that holds no profile entry: the default instructions."""
         return self._default.instructions
+
+
+def within_profile(
+    tool: Tool,
+    profiles: LaneProfiles,
+    thread_of: Callable[[str], Awaitable[ThreadRef | None]],
+) -> Tool:
+    """`tool`, run only while its lane's thread's profile allows it (D406).
+
+    A run keeps the tools it was offered when it began, so its prompt holds; but a profile
+    narrowed meanwhile (and the gateway restarted) is a rule about what may *happen*: a call
+    it denies, approved or not, is not run, and the model reads why. A lane whose thread is
+    unknown runs it (no profile can be judged).
+    """
+    name = tool.name
+    run = tool.execute
+
+    async def execute(args: Any, ctx: ToolContext) -> ToolOutput | str:
+        thread = await thread_of(ctx.lane)
+        if thread is None or profiles.of(thread).allows(name):
+            return await run(args, ctx)
+        log.warning(
+            event(
+                "tool not allowed by its profile",
+                session=ctx.session_id,
+                lane=ctx.lane,
+                tool=name,
+                profile=profiles.of(thread).name,
+            )
+        )
+        said = (
+            f"the tool {name!r} is no longer allowed in this thread (its profile changed): "
+            "it was not run; do not call it again"
+        )
+        return ToolOutput(content=(TextPart(text=said),), is_error=True)
+
+    return dataclasses.replace(tool, execute=execute)

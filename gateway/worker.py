@@ -44,7 +44,7 @@ from gateway.logs import event
 from gateway.metrics import Metrics
 from gateway.operator_actions import OperatorAction, carry_out
 from gateway.outage import Outage
-from gateway.profiles import LaneProfile, LaneProfiles, lane_profile
+from gateway.profiles import LaneProfile, LaneProfiles, lane_profile, within_profile
 from gateway.replies import (
     LATE_DECISION_TEXT,
     MISMATCHED_DECISION_TEXT,
@@ -681,6 +681,10 @@ class Worker:
         profiles = self._profiles
         if profiles is None:
             return options
+        thread_of = functools.partial(self._known_thread, session_id, threads)
+        options = dataclasses.replace(
+            options, tools=tuple(within_profile(t, profiles, thread_of) for t in options.tools)
+        )
         for started in await storage.find_open_operations(None):
             lane = getattr(started.record, "lane", None)
             if isinstance(lane, str) and lane not in threads:
@@ -713,11 +717,16 @@ class Worker:
 
     async def _thread_for(self, session: _Session, lane: str) -> ThreadRef | None:
         """The thread of a lane of `session`: as its messages named it, else the broker's."""
-        known = session.threads.get(lane)
+        return await self._known_thread(session.ticket.session, session.threads, lane)
+
+    async def _known_thread(
+        self, session_id: str, threads: dict[str, ThreadRef], lane: str
+    ) -> ThreadRef | None:
+        known = threads.get(lane)
         if known is None:
-            known = await self._thread_of(session.ticket.session, lane)
+            known = await self._thread_of(session_id, lane)
             if known is not None:
-                session.threads.setdefault(lane, known)
+                threads.setdefault(lane, known)
         return known
 
     def _prompting(self, session: _Session) -> Callable[[], None]:

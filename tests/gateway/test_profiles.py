@@ -2,10 +2,16 @@
 
 from __future__ import annotations
 
+import logging
+from typing import Any
+
+import pytest
+
 from adapters import Author, ThreadRef
 from config import Profile, Route, Settings
-from gateway.profiles import LaneProfiles, author_tag, system_prompt
-from harness_core import ModelRef
+from gateway.profiles import LaneProfiles, author_tag, system_prompt, within_profile
+from harness_core import ModelRef, ToolContext, message_text, tool
+from harness_core.tools import ToolOutput
 
 HOUSE = ModelRef(provider="scripted", model_id="house")
 TOOLS = ("tickets.search", "tickets.delete", "deploys.run")
@@ -56,3 +62,53 @@ def test_the_prompt_is_the_instructions_then_where_the_lane_is() -> None:
     assert "Channel: slack\nSpace: C1\nThread: C1:1.0\nStarted by: Alice (U1)\n" in prompt
     assert profiles.prompt(None) is None
     assert system_prompt(None, given).startswith("## Where you are")
+
+
+async def test_a_tool_runs_only_while_its_thread_s_profile_allows_it(
+    caplog: pytest.LogCaptureFixture,
+) -> None:
+    """D406: what a run was offered stays; what runs is judged by the profile of now."""
+    ran: list[str] = []
+
+    @tool(name="tickets.delete")
+    async def delete(args: dict[str, Any], ctx: ToolContext) -> str:
+        "Delete a ticket."
+        ran.append(ctx.lane)
+        return "deleted"
+
+    threads = {
+        "slack:ops": ThreadRef(channel="slack", space="C1", thread="C1:1.0"),  # ops: deploys.*
+        "web:t": ThreadRef(channel="web", space="default", thread="t"),  # the default: all
+    }
+
+    async def thread_of(lane: str) -> ThreadRef | None:
+        return threads.get(lane)
+
+    guarded = within_profile(delete, _profiles(), thread_of)
+    assert (guarded.name, guarded.replay) == (delete.name, delete.replay)
+
+    def context(lane: str) -> ToolContext:
+        return ToolContext(
+            session_id="s",
+            lane=lane,
+            run_id="r",
+            tool_call_id="c1",
+            tool_name="tickets.delete",
+            idempotency_key="k",
+        )
+
+    assert await guarded.execute({}, context("web:t")) == "deleted"
+    assert await guarded.execute({}, context("web:unknown")) == "deleted"  # nothing to judge by
+    with caplog.at_level(logging.WARNING):
+        refused = await guarded.execute({}, context("slack:ops"))
+    assert isinstance(refused, ToolOutput) and refused.is_error
+    assert "'tickets.delete' is no longer allowed in this thread" in message_text(refused)
+    assert ran == ["web:t", "web:unknown"]
+    [record] = caplog.records
+    assert record.getMessage() == "tool not allowed by its profile"
+    assert getattr(record.msg, "fields", None) == {
+        "session": "s",
+        "lane": "slack:ops",
+        "tool": "tickets.delete",
+        "profile": "ops",
+    }

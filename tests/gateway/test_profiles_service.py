@@ -77,6 +77,7 @@ class Agent:
 
     release: asyncio.Event = field(default_factory=asyncio.Event)
     holding: dict[str, asyncio.Event] = field(default_factory=dict)
+    deployed: list[str] = field(default_factory=list)
 
     def held(self, lane: str) -> asyncio.Event:
         return self.holding.setdefault(lane, asyncio.Event())
@@ -95,6 +96,7 @@ class Agent:
         @tool(name="deploys.run", requires_approval=True)
         async def deploy(args: Target, ctx: ToolContext) -> str:
             "Deploy a target."
+            self.deployed.append(args.target)
             return f"deployed {args.target}"
 
         @tool(name="search_docs", replay="safe")
@@ -310,8 +312,15 @@ async def test_a_profile_change_takes_effect_on_the_next_run_and_shows_in_the_ti
         headers={**AS_OPERATOR, "Idempotency-Key": "k1"},
     )
     assert decided.status_code in (200, 202), decided.text
-    assert (await web.answers("oncall", "pager", 2))[1]["text"] == "Done: deployed prod"
-    [resumed] = web.model.requests  # the run resumed after the restart: what it began with
+    # approved, yet the profile of now denies the tool: it is not run (D406), and the model
+    # reads why
+    said = (await web.answers("oncall", "pager", 2))[1]["text"]
+    assert said == (
+        "Done: the tool 'deploys.run' is no longer allowed in this thread (its profile "
+        "changed): it was not run; do not call it again"
+    )
+    assert agent.deployed == []
+    [resumed] = web.model.requests  # the run resumed after the restart: offered what it began with
     assert resumed.system_prompt is not None
     assert resumed.system_prompt.startswith("You are the on-call agent.")
     assert _tools(resumed) == {"deploys.run", "search_docs", "hold"}
@@ -337,7 +346,7 @@ async def test_a_profile_change_takes_effect_on_the_next_run_and_shows_in_the_ti
     assert "tools: tickets.search, tickets.delete" in summaries
     change = summaries.index(profiles[1])
     tools = summaries.index("tools: tickets.search, tickets.delete")
-    done = summaries.index("assistant: Done: deployed prod")
+    done = summaries.index(f"assistant: {said}")
     assert done < tools < change < summaries.index("user: after the change")  # between runs
 
 
