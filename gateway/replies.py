@@ -455,21 +455,31 @@ async def _ran_before_the_stop(
 
     A `stop` sent as an Approve landed was answered "Stopped." while the deploy it approved ran
     to the end: the person believed nothing happened. A tool that is safe to repeat (a read) is
-    not named; one whose result says it was refused or cut is not either.
+    not named; one whose result says it was refused is not either; one cut off mid-call by the
+    stop's grace (D407) is named as one that may have happened.
     """
     started = await since.of_run(state.lane, "tool_started", run_id)
-    ran = [
-        f"{call.tool_name}: {one_line(message_text(result))}"
-        for call, result in await never_repeated(since.storage, started)
-        if result is not None and result.outcome == "ok"
-    ]
-    if not ran:
+    ran, maybe = [], []
+    for call, result in await never_repeated(since.storage, started):
+        if result is not None and result.outcome == "ok":
+            ran.append(f"{call.tool_name}: {one_line(message_text(result))}")
+        elif result is not None and result.outcome == "interrupted":  # cut off (D407)
+            maybe.append(call.tool_name)
+    said = []
+    if ran:
+        said.append("Before it stopped, this had already run:\n" + "\n".join(ran))
+    if maybe:
+        said.append(
+            "This may or may not have happened (cut off mid-call when the run stopped; check "
+            "before repeating it): " + ", ".join(maybe)
+        )
+    if not said:
         return None
     return Outbound(
         delivery_id=delivery_id(state.session, "reply", f"{run_id}:ran"),
         thread=thread,
         kind="reply",
-        text="Before it stopped, this had already run:\n" + "\n".join(ran),
+        text="\n".join(said),
         reply_context=state.reply_context,
     )
 

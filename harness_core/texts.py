@@ -26,6 +26,7 @@ __all__ = [
     "no_such_tool",
     "one_line",
     "supplied_note",
+    "tool_cut_by_abort",
     "tool_failed",
     "tool_timed_out",
 ]
@@ -95,6 +96,14 @@ def denied(decided_by: str | None, reason: str | None) -> str:
 def tool_failed(tool: str, error: BaseException) -> str:
     """A tool that raised."""
     return f"{tool} failed: {type(error).__name__}: {error}"
+
+
+def tool_cut_by_abort(tool: str, seconds: float) -> str:
+    """A tool that went on past the grace its run's abort gave it."""
+    return (
+        f"{tool} was cut off {seconds:g} s after the run was stopped; it may or may not have "
+        "had its effect: check before repeating it"
+    )
 
 
 def tool_timed_out(tool: str, seconds: float) -> str:

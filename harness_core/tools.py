@@ -96,7 +96,8 @@ class ToolContext:
     idempotency_key: str
     """Stable across every replay of this call: derive external idempotency from it."""
     abort: asyncio.Event = field(default_factory=asyncio.Event)
-    """Set when the run is aborted; a long tool should stop and return early."""
+    """Set when the run is aborted; a long tool should stop and return early (one that goes on
+    10 s more is cut off, its result saying it may have had its effect)."""
     on_update: Callable[[FrozenJson], None] | None = None
 
     def update(self, partial: Any) -> None:

@@ -563,7 +563,7 @@ class LaneRuntime:
         return await self.external.stream_assistant(request, self._run_id())
 
     async def execute_tool(self, prepared: PreparedToolCall) -> ToolOutput:
-        """Run a tool; it settles even if the run is aborted (the tool sees `ctx.abort`)."""
+        """Run a tool; after an abort it may settle for `TOOL_ABORT_GRACE_S`, then is cut off."""
         return await self.external.execute_tool(prepared)
 
     async def fetch_deferred(self, handle: DeferredHandle) -> AssistantMessage:

@@ -12,7 +12,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 from collections.abc import Awaitable, Callable
-from typing import TYPE_CHECKING, Any, Literal, TypeVar
+from typing import TYPE_CHECKING, Any, Final, Literal, TypeVar
 
 from pydantic import ValidationError
 
@@ -38,6 +38,16 @@ if TYPE_CHECKING:
 __all__ = ["AbortSignal", "ExternalEffects"]
 
 _T = TypeVar("_T")
+
+
+TOOL_ABORT_GRACE_S: Final = 10.0
+"""How long a tool may go on after its run's abort before it is cut off (D407): a tool that
+ignores `ToolContext.abort` held its lane ``aborting`` for as long as it ran, for ever if it
+hung; cut, its result says it may have had its effect (the race catalog's row 10)."""
+
+
+class InterruptedOutput(ToolOutput):
+    """A tool's result when it was cut off mid-call: the outcome is unknown (``interrupted``)."""
 
 
 class AbortSignal(asyncio.Event):
@@ -168,7 +178,7 @@ class ExternalEffects:
         return kept
 
     async def execute_tool(self, prepared: PreparedToolCall) -> ToolOutput:
-        """Run a tool; it settles even if the run is aborted (the tool sees `ctx.abort`).
+        """Run a tool; after an abort it may settle (it sees `ctx.abort`) for the grace, D407.
 
         A call whose run was aborted before it started does not start: its result says so.
         """
@@ -179,13 +189,37 @@ class ExternalEffects:
         await self.runtime.authority()
         if self.abort_signal.is_set():
             return ToolOutput.text(texts.NOT_RUN_ABORTED, is_error=True)
+        loop = asyncio.get_running_loop()
+        limit = loop.time() + tool.timeout_seconds if tool.timeout_seconds else None
+        cut = False  # the abort's grace ran out, not the tool's own timeout
+        scope: asyncio.Timeout | None = None
+
+        def aborted() -> None:
+            nonlocal cut
+            grace_end = loop.time() + TOOL_ABORT_GRACE_S
+            if scope is not None and (limit is None or grace_end < limit):
+                cut = True
+                scope.reschedule(grace_end)
+
         try:
             args = tool.parse(prepared.args)
-            work = tool.execute(args, prepared.context)
-            raw = await (
-                asyncio.wait_for(work, tool.timeout_seconds) if tool.timeout_seconds else work
-            )
-        except TimeoutError:
+            # in this task, not a new one: a tool's SystemExit stays a failure of its call
+            async with asyncio.timeout_at(limit) as scope:
+                self.abort_signal.add_callback(aborted)
+                if self.abort_signal.is_set():
+                    aborted()
+                try:
+                    raw = await tool.execute(args, prepared.context)
+                finally:
+                    self.abort_signal.remove_callback(aborted)
+        except TimeoutError as exc:
+            if (
+                scope is None or not scope.expired()
+            ):  # raised by the tool itself: its failure, not a timeout
+                return ToolOutput.text(texts.tool_failed(tool.name, exc), is_error=True)
+            if cut:
+                said = texts.tool_cut_by_abort(tool.name, TOOL_ABORT_GRACE_S)
+                return InterruptedOutput.text(said, is_error=True)
             return ToolOutput.text(
                 texts.tool_timed_out(tool.name, tool.timeout_seconds or 0), is_error=True
             )

@@ -10,7 +10,7 @@ import pytest
 from adapters import Author, ThreadRef
 from config import Profile, Route, Settings
 from gateway.profiles import LaneProfiles, author_tag, system_prompt, within_profile
-from harness_core import ModelRef, ToolContext, message_text, tool
+from harness_core import ModelRef, ToolContext, tool
 from harness_core.tools import ToolOutput
 
 HOUSE = ModelRef(provider="scripted", model_id="house")
@@ -102,7 +102,7 @@ async def test_a_tool_runs_only_while_its_thread_s_profile_allows_it(
     with caplog.at_level(logging.WARNING):
         refused = await guarded.execute({}, context("slack:ops"))
     assert isinstance(refused, ToolOutput) and refused.is_error
-    assert "'tickets.delete' is no longer allowed in this thread" in message_text(refused)
+    assert "'tickets.delete' is no longer allowed in this thread" in refused.content[0].text  # type: ignore[union-attr]
     assert ran == ["web:t", "web:unknown"]
     [record] = caplog.records
     assert record.getMessage() == "tool not allowed by its profile"

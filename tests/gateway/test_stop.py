@@ -24,6 +24,7 @@ from harness_core import (
     Ok,
     approve,
 )
+from harness_core._runtime import lane_effects
 from tests.support.gateway_rig import lane_texts, waiting_for_approval
 from tests.support.harness_kit import Kit, make_kit
 from tests.support.service_rig import serving
@@ -198,3 +199,26 @@ async def test_a_stop_that_came_while_an_effect_ran_says_the_effect_happened(
     texts = [a["text"] for a in answers]
     assert texts[0] == STOPPED_TEXT
     assert texts[1] == "Before it stopped, this had already run:\ncharge: charged 5"
+
+
+async def test_a_stop_cuts_off_a_tool_that_goes_on_past_the_grace(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """D407: a charge that never looks at the abort held the lane ``aborting`` for as long as it
+    ran; the thread heard nothing. Cut off after the grace, the thread is answered, and told
+    the charge may have happened."""
+    monkeypatch.setattr(lane_effects, "TOOL_ABORT_GRACE_S", 0.5)
+    settings = gateway_settings(
+        store_url=f"sqlite:///{tmp_path}/store.db",
+        broker_url=f"sqlite:///{tmp_path}/broker.db",
+        web_url=f"sqlite:///{tmp_path}/web.db",
+        plugin="tests.support.gateway_agent",
+    )
+    async with serving(settings) as rig:
+        await rig.post("t1", "/slowcharge 600000")  # ten minutes, deaf to the abort
+        await asyncio.sleep(0.5)  # the charge is running
+        await rig.post("t1", "stop")
+        answers = await rig.answers("t1", 2)
+    texts = [a["text"] for a in answers]
+    assert texts[0] == STOPPED_TEXT
+    assert "charge" in texts[1] and "may" in texts[1], texts

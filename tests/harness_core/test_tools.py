@@ -9,9 +9,11 @@ from typing import Any
 import pytest
 from pydantic import BaseModel, ConfigDict, Field
 
+from harness_core._runtime import lane_effects
 from harness_core.messages import TextPart, ToolResultMessage, message_text
 from harness_core.models.scripted import text, tool_call
 from harness_core.result import Ok
+from harness_core.session import MessageEntry
 from harness_core.session.records import ToolStarted
 from harness_core.session.types import RecordQuery
 from harness_core.tools import (
@@ -162,15 +164,17 @@ async def test_a_tool_that_overruns_its_timeout_is_an_error_result(
         (asyncio.CancelledError(), "exiter failed: CancelledError"),
     ],
 )
+@pytest.mark.parametrize("limit", [None, 5.0])
 async def test_a_tool_that_exits_or_cancels_itself_fails_its_call_not_the_process(
-    backend: str, tmp_path: Path, raised: BaseException, said: str
+    backend: str, tmp_path: Path, raised: BaseException, said: str, limit: float | None
 ) -> None:
     """A plugin tool's ``sys.exit(3)`` ended `gateway serve` with status 3, its
     KeyboardInterrupt as if an operator had pressed Ctrl-C, every thread with it; its own
     CancelledError left the lane unanswered, no word said (an outside probe). Each is the
-    call's failure now, as any exception is."""
+    call's failure now, as any exception is; with a timeout of its own too (the tool ran in a
+    task of its own then, whose SystemExit the event loop raises)."""
 
-    @tool()
+    @tool(timeout_seconds=limit)
     async def exiter(args: dict[str, object], ctx: ToolContext) -> str:
         raise raised
 
@@ -181,6 +185,70 @@ async def test_a_tool_that_exits_or_cancels_itself_fails_its_call_not_the_proces
     result = kit.model.requests[-1].messages[-1]
     assert isinstance(result, ToolResultMessage) and result.outcome == "error"
     assert message_text(result).startswith(said)
+
+
+async def test_a_tool_s_own_timeout_error_is_its_failure_not_a_timeout(
+    backend: str, tmp_path: Path
+) -> None:
+    """It read "timed out after 0 s" for a tool that has no timeout."""
+
+    @tool()
+    async def fetch(args: dict[str, object], ctx: ToolContext) -> str:
+        raise TimeoutError("the upstream did not answer")
+
+    kit = await make_kit(backend, tmp_path, [tool_call("fetch"), text("it failed")], tools=[fetch])
+    assert isinstance(await kit.harness.prompt("go"), Ok)
+    result = kit.model.requests[-1].messages[-1]
+    assert isinstance(result, ToolResultMessage) and result.outcome == "error"
+    assert message_text(result) == "fetch failed: TimeoutError: the upstream did not answer"
+
+
+@pytest.mark.parametrize("heeds", [True, False])
+async def test_an_aborted_run_s_tool_settles_or_is_cut_off_after_a_grace(
+    backend: str, tmp_path: Path, monkeypatch: pytest.MonkeyPatch, heeds: bool
+) -> None:
+    """D407: a tool that ignores `ctx.abort` held its lane ``aborting`` for as long as it ran
+    (for ever, hung: a `stop` and an operator's abort changed nothing). A tool that heeds the
+    abort settles with its own result; one that does not is cut off after the grace, its result
+    that it may have had its effect."""
+    monkeypatch.setattr(lane_effects, "TOOL_ABORT_GRACE_S", 0.2)
+    started = asyncio.Event()
+    ended: list[str] = []
+
+    @tool(timeout_seconds=30)
+    async def work(args: dict[str, object], ctx: ToolContext) -> str:
+        started.set()
+        try:
+            await (ctx.abort.wait() if heeds else asyncio.Event().wait())
+        except asyncio.CancelledError:
+            ended.append("cut")
+            raise
+        ended.append("stopped")
+        return "stopped half way"
+
+    kit = await make_kit(backend, tmp_path, [tool_call("work")], tools=[work])
+    running = asyncio.ensure_future(kit.harness.prompt("go"))
+    await started.wait()
+    assert isinstance(await kit.harness.abort(), Ok)
+    outcome = await asyncio.wait_for(running, 5)
+    assert isinstance(outcome, Ok) and outcome.value.kind == "aborted"
+    assert ended == ["stopped" if heeds else "cut"]
+    [result] = [
+        stored.entry.message
+        for stored in await kit.harness.session.find_entries()
+        if isinstance(stored.entry, MessageEntry)
+        and isinstance(stored.entry.message, ToolResultMessage)
+    ]
+    assert isinstance(result, ToolResultMessage)
+    said = message_text(result)
+    if heeds:
+        assert said == "stopped half way"
+    else:  # its outcome unknown, as a crash mid-call leaves it
+        assert result.outcome == "interrupted"
+        assert said == (
+            "work was cut off 0.2 s after the run was stopped; it may or may not have had its "
+            "effect: check before repeating it"
+        )
 
 
 async def test_a_run_cancelled_while_its_tool_runs_is_still_cancelled(

@@ -6,6 +6,7 @@ import asyncio
 from collections.abc import Callable
 
 from harness_core import texts
+from harness_core._runtime.lane_effects import InterruptedOutput
 from harness_core._runtime.procedures.common import (
     Part,
     _AwaitApproval,
@@ -221,7 +222,11 @@ class ToolBatch(Part):
             tool_call_id=call.id,
             tool_name=call.name,
             content=output.content + named,
-            outcome="error" if output.is_error else "ok",
+            outcome="interrupted"
+            if isinstance(output, InterruptedOutput)
+            else "error"
+            if output.is_error
+            else "ok",
             details=output.details,
             usage=output.usage,
             files=output.files,
