@@ -692,7 +692,7 @@ class Service:
 
 
 def _say_unmatched_patterns(settings: Settings, offered: Sequence[Tool]) -> None:
-    """Warn, once at start, of each profile tool pattern that names no tool offered.
+    """Warn, once at start, of each profile pattern naming no tool offered, and empty approvers.
 
     A `deny_tools` typo (``tickets.delete`` for ``tickets.delete_ticket``) took nothing away
     without a word, as an MCP override naming no tool once skipped its approval. A server that
@@ -700,6 +700,16 @@ def _say_unmatched_patterns(settings: Settings, offered: Sequence[Tool]) -> None
     """
     names = [tool.name for tool in offered]
     for profile in settings.profiles:
+        if profile.approvers == ():  # written as `approvers = []`: unset was probably meant
+            log.warning(
+                event(
+                    "profile names no approvers",
+                    profile=profile.name,
+                    note="no one in a thread can approve or deny its tool calls, only an "
+                    "operator (gateway ops approve); leave approvers unset for the channel's own "
+                    "approvers",
+                )
+            )
         for setting, patterns in (
             ("allow_tools", profile.allow_tools or ()),
             ("deny_tools", profile.deny_tools),

@@ -599,12 +599,14 @@ async def test_a_thread_id_another_space_of_the_session_uses_is_not_its_thread(
     assert (await web.answers("lobby", "t2", 1))[0]["text"] == "You said: hello"
 
 
-async def test_a_profile_pattern_that_names_no_tool_is_said_at_start(
+async def test_a_profile_pattern_that_names_no_tool_or_no_approver_is_said_at_start(
     tmp_path: Path, caplog: pytest.LogCaptureFixture
 ) -> None:
     """`deny_tools = ["tickets.delete"]` beside a server whose tool is tickets.delete_ticket
     took nothing away, without a word (an outside probe, following the README)."""
-    typo = SUPPORT.model_copy(update={"deny_tools": ("tickets.delete", "tickets.close")})
+    typo = SUPPORT.model_copy(
+        update={"deny_tools": ("tickets.delete", "tickets.close"), "approvers": ()}
+    )
     service = Service(
         _settings(tmp_path, support=typo),
         ServiceParts(
@@ -624,6 +626,13 @@ async def test_a_profile_pattern_that_names_no_tool_is_said_at_start(
             ("support", "deny_tools", "tickets.close")
         ]
         assert "ops mcp --tools" in said[0]["note"]
+        # `approvers = []`: no one in a thread can decide (ONCALL names two; unset is the rule)
+        [nobody] = [
+            getattr(r.msg, "fields", {})
+            for r in caplog.records
+            if r.getMessage() == "profile names no approvers"
+        ]
+        assert nobody["profile"] == "support" and "gateway ops approve" in nobody["note"]
     finally:
         await service.stop(drain_seconds=0.5)
 
