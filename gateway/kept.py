@@ -12,17 +12,19 @@ lost since: said as an error, once per loss and process (D348).
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import logging
 import random
 from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any
+from urllib.parse import urlsplit
 
 from gateway.logs import event
 from harness_core.backends.redis import close_clients, connect, discover
 from harness_core.backends.urls import REDIS_SCHEMES, RedisUrl, RedisUrls, without_password
 
-__all__ = ["EVERY_S", "KeptWatch", "MARK", "READY"]
+__all__ = ["EVERY_S", "KeptWatch", "MARK", "READY", "first_words"]
 
 MARK = "gateway:kept"
 """The mark's name under each Redis's key prefix."""
@@ -151,3 +153,35 @@ async def _client(redis: _Redis) -> Any:
 
 def _refused(url: str, why: str | None) -> Exception:
     return ValueError(f"{without_password(url)}: {why}")
+
+
+async def first_words(url: str, within_s: float = 0.5) -> str | None:
+    """What a Redis at `url` says to a client that has sent nothing: an error line, or None.
+
+    A Redis in protected mode (no password, reached from another host), or one at its
+    ``maxclients``, writes one error line on accept and closes. A client that sent its first
+    command meanwhile is reset by the close, and the line is lost: the gateway said only
+    "Connection lost". Read without writing, it is kept. TLS servers are not asked (None).
+    """
+    parts = urlsplit(url)
+    if parts.scheme not in ("redis", "redis+cluster") or not parts.hostname:
+        return None
+    try:
+        port = parts.port or 6379
+    except ValueError:
+        return None
+    writer = None
+    try:
+        async with asyncio.timeout(within_s):
+            reader, writer = await asyncio.open_connection(parts.hostname, port)
+            said = await reader.readline()
+    except (OSError, TimeoutError, ValueError):
+        return None
+    finally:
+        if writer is not None:
+            writer.close()
+            with contextlib.suppress(Exception):
+                await writer.wait_closed()
+    if not said.startswith(b"-"):
+        return None
+    return " ".join(said[1:].decode("utf-8", "replace").split())[:300] or None

@@ -36,7 +36,7 @@ from gateway.files import blob_limits, file_limits
 from gateway.guards import BodyWatch, body_limits, host_rule
 from gateway.incarnation import gone, new_worker_id
 from gateway.intake import Intake
-from gateway.kept import KeptWatch
+from gateway.kept import KeptWatch, first_words
 from gateway.live import LivePublisher, live_views
 from gateway.logs import event, redact_with
 from gateway.mcp.health import McpServerHealth
@@ -187,7 +187,7 @@ class Service:
         failed = {part: why for part, why in (await self.probe()).items() if why is not None}
         if failed:  # before any adapter or worker starts: nothing to drain, nothing half-begun
             await self._close_owned()
-            raise StartRefused(self._refusals(failed))
+            raise StartRefused(self._refusals(await self._in_its_words(failed)))
         await self._check_redis()
         kept = KeptWatch.of(
             # the store's and the broker's default key prefixes
@@ -597,6 +597,19 @@ class Service:
         )
         return {"broker": broker_said, "store": store_said}
 
+    async def _in_its_words(self, failed: Mapping[str, Exception]) -> dict[str, Exception]:
+        """`failed`, where a Redis closed the connection having said why, with what it said."""
+        said = {}
+        for part, why in failed.items():
+            url = self._url(part)
+            words = await first_words(url) if url.startswith("redis") else None
+            said[part] = ConnectionRefusedError(f"the server said: {words}") if words else why
+        return said
+
+    def _url(self, part: str) -> str:
+        settings = self.settings
+        return settings.effective_store_url if part == "store" else settings.effective_broker_url
+
     def _refusals(self, failed: Mapping[str, Exception]) -> str:
         """One line a part; the store and the broker on one Redis, failing alike, in one."""
         lines = {part: self._refusal(part, why) for part, why in sorted(failed.items())}
@@ -608,11 +621,7 @@ class Service:
         return "\n".join(lines.values())
 
     def _refusal(self, part: str, why: Exception) -> str:
-        url = (
-            self.settings.effective_store_url
-            if part == "store"
-            else self.settings.effective_broker_url
-        )
+        url = self._url(part)
         shown = without_password(url)
         detail = str(why) or (
             f"no answer in {_PROBE_TIMEOUT_S:g} s" if isinstance(why, TimeoutError) else ""

@@ -17,7 +17,7 @@ import httpx
 import pytest
 import redis
 
-from gateway.kept import MARK, KeptWatch
+from gateway.kept import MARK, KeptWatch, first_words
 from tests.support.gateway_process import GatewayProcess
 from tests.support.redis_server import RedisServer
 
@@ -121,3 +121,40 @@ def test_a_redis_that_refuses_writes_is_not_ready_and_a_user_without_eval_not_se
     assert code == 1, started.tail(40)
     assert any("cannot run the gateway's scripts" in x and "EVAL" in x for x in said), said
     assert "noeval-password" not in started.log_path.read_text()
+
+
+def test_a_redis_that_closes_at_once_is_refused_in_its_own_words(tmp_path: Path) -> None:
+    """A Redis at its maxclients (or in protected mode, reached from another host) writes one
+    error line on accept, then closes: `gateway serve` said only "Connection lost", the line
+    reset away by the close as it sent its first command (an outside probe)."""
+    server = RedisServer(tmp_path / "redis", options=("--maxclients", "1")).start()
+    holder = redis.Redis(port=server.port)
+    holder.ping()  # the one connection it takes
+    url = f"{server.url}?prefix=w"
+    settings = {"store_url": url, "broker_url": url, "web_url": url, "plugin": AGENT}
+    started = GatewayProcess("gw", tmp_path, settings)
+    try:
+        assert asyncio.run(first_words(server.url)) == "ERR max number of clients reached"
+        started.start(wait_ready_s=0)
+        assert started.process is not None
+        code = started.process.wait(timeout=30)
+    finally:
+        started.stop()
+        holder.close()
+        server.stop()
+    said = [x for x in started.log_path.read_text().splitlines() if x.startswith("gateway: ")]
+    assert code == 1, started.tail(40)
+    assert said == [
+        f"gateway: the broker and the store at {url} cannot be used (ConnectionRefusedError: "
+        "the server said: ERR max number of clients reached)"
+    ], said
+
+
+async def test_a_redis_that_says_nothing_on_accept_has_no_first_words(tmp_path: Path) -> None:
+    server = RedisServer(tmp_path / "redis").start()
+    try:
+        assert await first_words(server.url, within_s=0.2) is None  # a healthy Redis waits
+        assert await first_words(f"rediss://127.0.0.1:{server.port}/0") is None  # not asked
+    finally:
+        server.stop()
+    assert await first_words(server.url, within_s=0.2) is None  # nothing listens now
