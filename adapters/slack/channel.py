@@ -38,7 +38,7 @@ import json
 import logging
 import re
 from collections import OrderedDict
-from collections.abc import AsyncIterator, Mapping, Sequence
+from collections.abc import AsyncIterator, Iterator, Mapping, Sequence
 from typing import Any
 from urllib.parse import parse_qs
 
@@ -48,6 +48,7 @@ from fastapi.responses import JSONResponse
 from slack_bolt.adapter.fastapi.async_handler import AsyncSlackRequestHandler
 from slack_bolt.adapter.socket_mode.async_handler import AsyncSocketModeHandler
 from slack_bolt.async_app import AsyncApp
+from slack_bolt.authorization import AuthorizeResult
 from slack_bolt.request.async_request import AsyncBoltRequest
 from slack_bolt.response import BoltResponse
 from slack_sdk.errors import SlackApiError
@@ -158,15 +159,25 @@ class SlackChannel:
             late_after_s=late_after_s,
             live=self.live,
         )
-        self.app = _App(
-            client=self.client,
-            logger=logging.getLogger("adapters.slack.bolt"),
-            signing_secret=signing_secret or "",
-            process_before_response=True,
-            request_verification_enabled=not self.socket_mode,
-            ssl_check_enabled=False,
-            url_verification_enabled=True,
-        )
+        self._bot_token = bot_token
+        self._identifying = asyncio.Lock()
+        self._refused_said_ms = -60_000
+
+        async def authorize() -> AuthorizeResult:  # bolt names a method's `self` an argument
+            return await self._authorize()
+
+        bolt_log = logging.getLogger("adapters.slack.bolt")
+        with _quiet(bolt_log):  # "`token` will be ignored": it is not, authorize gives it back
+            self.app = _App(
+                client=self.client,
+                authorize=authorize,  # bolt's own answered a 5xx of auth.test "please reinstall"
+                logger=bolt_log,
+                signing_secret=signing_secret or "",
+                process_before_response=True,
+                request_verification_enabled=not self.socket_mode,
+                ssl_check_enabled=False,
+                url_verification_enabled=True,
+            )
         self._verifier = SignatureVerifier(signing_secret) if signing_secret else None
         self._app_token = app_token
         self._socket: AsyncSocketModeHandler | None = None
@@ -204,12 +215,7 @@ class SlackChannel:
         self.link.sink = sink
         self.link.receiving = True
         try:
-            identity = await self.link.client.auth_test()
-            self.link.bot_user_id = identity.get("user_id")
-            self.link.bot_id = identity.get("bot_id")
-            self.link.team_id = identity.get("team_id")
-            self.link.enterprise_id = identity.get("enterprise_id")
-            self.link.enterprise_install = bool(identity.get("is_enterprise_install"))
+            await self._identify()
         except SlackApiError as exc:
             error = exc.response.get("error")
             if error in REFUSED_TOKEN:
@@ -230,6 +236,53 @@ class SlackChannel:
         else:
             self.history.start_backfill()
         log.info("slack started", extra={"mode": "socket" if self.socket_mode else "http"})
+
+    async def _identify(self) -> None:
+        """Learn the bot's and its workspace's ids from Slack (auth.test); raises its failure."""
+        identity = await self.link.client.auth_test()
+        self.link.bot_user_id = identity.get("user_id")
+        self.link.bot_id = identity.get("bot_id")
+        self.link.team_id = identity.get("team_id")
+        self.link.enterprise_id = identity.get("enterprise_id")
+        self.link.enterprise_install = bool(identity.get("is_enterprise_install"))
+
+    async def _identified(self) -> str | None:
+        """None once the bot's identity is known (asked of Slack now if need be), else why not.
+
+        While it is unknown no event can be judged (whose mention, which workspace's): bolt's
+        own check answered Slack 200 with "please reinstall this app" when auth.test met a
+        Slack 5xx, and Slack never sends an answered event again (an outside probe).
+        """
+        async with self._identifying:  # a burst of events asks once
+            if self.link.team_id is not None or self.link.enterprise_id is not None:
+                return None
+            try:
+                await self._identify()
+            except SlackApiError as exc:
+                return self.link.api_said(exc)
+            except (aiohttp.ClientError, TimeoutError) as exc:
+                return self.link.unreachable(exc, "auth.test")
+            log.info("slack identity learned", extra={"team": self.link.team_id})
+            return None
+
+    async def _authorize(self) -> AuthorizeResult:
+        """Bolt's authorization of a request: the bot's own identity, which the route checked.
+
+        Raises:
+            _IdentityUnknown: it is still unknown (Socket Mode: bolt answers 500, the event
+                is not acknowledged, and Slack sends it again).
+        """
+        why = await self._identified()
+        if why is not None:
+            raise _IdentityUnknown(f"auth.test: {why}")
+        link = self.link
+        return AuthorizeResult(
+            enterprise_id=link.enterprise_id,
+            team_id=link.team_id,
+            bot_user_id=link.bot_user_id,
+            bot_id=link.bot_id,
+            bot_token=self._bot_token,
+        )
 
     async def _check_app_token(self) -> None:
         """Ask Slack for a Socket Mode URL once: a refused app token stops the start.
@@ -296,6 +349,15 @@ class SlackChannel:
                 return _refusal(401, "invalid or stale signature")
             if _parse(body, request.headers.get("content-type", "")) is None:
                 return _refusal(400, "malformed Slack request")
+            why = await self._identified()
+            if why is not None:  # a 5xx: Slack sends the event again, where a 200 lost it
+                now = self.clock.now_ms()
+                if now - self._refused_said_ms >= 60_000:  # once a minute, not once an event
+                    self._refused_said_ms = now
+                    log.warning(
+                        "slack events refused for now", extra={"reason": f"auth.test: {why}"}
+                    )
+                return _refusal(503, "the bot's identity is not known yet; send it again")
             return await handler.handle(request)
 
         return router
@@ -525,6 +587,21 @@ class SlackChannel:
     async def given_up(self, outbound: Outbound, reason: str) -> None:
         """A dead letter: its question stops looking worked on (`SlackDelivery.given_up`)."""
         self.delivery.given_up(outbound)
+
+
+@contextlib.contextmanager
+def _quiet(logger: logging.Logger) -> Iterator[None]:
+    """`logger` says nothing below an error meanwhile."""
+    level = logger.level
+    logger.setLevel(logging.ERROR)
+    try:
+        yield
+    finally:
+        logger.setLevel(level)
+
+
+class _IdentityUnknown(Exception):
+    """The bot's identity could not be learned from Slack (auth.test failed): try again later."""
 
 
 class _App(AsyncApp):

@@ -37,6 +37,7 @@ from adapters.slack.link import (
     SCAN_PAGES,
     SlackLink,
     defused,
+    retry_after_s,
     ts_key,
     ts_seconds,
 )
@@ -632,12 +633,8 @@ def _delivery_error(exc: SlackApiError, *, after_post: bool) -> DeliveryError:
     response = exc.response
     status = getattr(response, "status_code", 200)
     error = str(response.get("error") or f"HTTP {status}")
-    if status == 429:
-        retry = response.headers.get("Retry-After") or response.headers.get("retry-after")
-        try:
-            seconds = float(retry) if retry is not None else 1.0
-        except ValueError:
-            seconds = 1.0
+    seconds = retry_after_s(exc)
+    if seconds is not None:
         return DeliveryError(
             "rate limited by Slack", retry_after_s=seconds, unknown_outcome=after_post
         )

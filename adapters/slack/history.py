@@ -7,9 +7,11 @@ what was posted in the bot's recent threads while no process listened.
 from __future__ import annotations
 
 import asyncio
+import functools
 import logging
+import math
 from collections.abc import Awaitable, Callable
-from typing import Any
+from typing import Any, TypeVar
 
 import aiohttp
 from slack_sdk.errors import SlackApiError
@@ -24,9 +26,18 @@ from adapters.channel import (
     Unavailable,
 )
 from adapters.slack.events import CHANNEL, classify, clean_text, split_thread
-from adapters.slack.link import SCAN_PAGES, SlackLink, ts_seconds
+from adapters.slack.link import SCAN_PAGES, SlackLink, retry_after_s, ts_seconds
 
 log = logging.getLogger("adapters.slack")
+
+_T = TypeVar("_T")
+
+_RATE_LIMIT_TRIES = 6
+"""How many times a backfill call is made while Slack rate-limits it."""
+_MAX_RETRY_AFTER_S = 60.0
+"""The longest a backfill waits at once for Slack's rate limit."""
+_SKIPS_SAID = 10
+"""How many skipped threads the backfill's warning names (it counts them all)."""
 
 _HISTORY_TIMEOUT_S = 1.5
 """How long a late mention waits for its thread's earlier messages before it goes in without."""
@@ -63,20 +74,57 @@ class SlackHistory:
             return
         horizon = self.link.clock.now_ms() / 1000 - self.backfill_hours * 3600
         taken = 0
+        skipped: list[str] = []  # one thread Slack refuses must not cost every thread after it
         try:
-            for channel in await self._conversations():
+            for channel in await self._rate_limited(self._conversations):
                 try:
                     threads = await sink.threads(CHANNEL, channel)
                 except NotRouted:
                     continue
                 for known in threads:
                     last = str(known.reply_context.get("ts") or "")
-                    if ts_seconds(last) >= horizon:
-                        taken += await self._backfill_thread(sink, known.thread, last)
+                    if ts_seconds(last) < horizon:
+                        continue
+                    try:
+                        taken += await self._rate_limited(
+                            functools.partial(self._backfill_thread, sink, known.thread, last)
+                        )
+                    except SlackApiError as exc:  # that thread's: deleted, left, archived
+                        skipped.append(f"{known.thread.lane}: {self.link.api_said(exc)}")
         except (SlackApiError, aiohttp.ClientError, TimeoutError, Unavailable) as exc:
-            log.warning("slack backfill stopped", extra={"error": type(exc).__name__})
+            log.warning("slack backfill stopped", extra={"reason": self._why(exc, "backfill")})
         self.backfilled += taken
-        log.info("slack backfill done", extra={"taken": taken})
+        if skipped:
+            log.warning(
+                "slack backfill skipped threads",
+                extra={"count": len(skipped), "threads": skipped[:_SKIPS_SAID]},
+            )
+        log.info("slack backfill done", extra={"taken": taken, "skipped": len(skipped)})
+
+    def _why(self, exc: BaseException, method: str) -> str:
+        """A failure in words: what Slack answered, why it was not reached, or what refused."""
+        if isinstance(exc, SlackApiError):
+            return self.link.api_said(exc)
+        if isinstance(exc, (aiohttp.ClientError, TimeoutError)):
+            return self.link.unreachable(exc, method)
+        return " ".join(str(exc).split())[:300] or type(exc).__name__
+
+    async def _rate_limited(self, call: Callable[[], Awaitable[_T]]) -> _T:
+        """`call`, waited for and made again while Slack rate-limits it (its ``Retry-After``).
+
+        ``conversations.replies`` allows about 50 calls a minute: a gateway restarted with more
+        recent threads than that met a 429, which stopped the whole backfill (an outside probe).
+        """
+        for attempt in range(_RATE_LIMIT_TRIES):
+            try:
+                return await call()
+            except SlackApiError as exc:
+                wait = retry_after_s(exc)
+                if wait is None or attempt == _RATE_LIMIT_TRIES - 1:
+                    raise
+                sane = wait if math.isfinite(wait) and wait >= 0 else 1.0
+                await self.link.clock.sleep(min(sane, _MAX_RETRY_AFTER_S))
+        raise AssertionError("unreachable")  # the loop returns or raises
 
     async def _conversations(self) -> list[str]:
         channels, _ = await _pages(
@@ -106,7 +154,7 @@ class SlackHistory:
         except (SlackApiError, aiohttp.ClientError, TimeoutError, Unavailable, NotRouted) as exc:
             log.warning(
                 "slack thread catch-up failed",
-                extra={"lane": thread.lane, "error": type(exc).__name__},
+                extra={"lane": thread.lane, "reason": self._why(exc, "conversations.replies")},
             )
             return
         if taken:
@@ -174,7 +222,8 @@ class SlackHistory:
                 self._thread_before(channel, root or ts, ts), timeout=_HISTORY_TIMEOUT_S
             )
         except (SlackApiError, aiohttp.ClientError, TimeoutError) as exc:
-            log.warning("slack thread history unavailable", extra={"error": type(exc).__name__})
+            reason = self._why(exc, "conversations.replies")
+            log.warning("slack thread history unavailable", extra={"reason": reason})
             return (), 0
         earlier = []
         for message in found:

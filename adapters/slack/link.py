@@ -128,6 +128,23 @@ class SlackLink:
         )
 
 
+def retry_after_s(exc: SlackApiError) -> float | None:
+    """The seconds Slack's 429 asks to wait; None when it is no 429.
+
+    As Slack wrote them (``inf`` and ``-5`` too: each caller bounds them); 1 when it names none
+    or no number.
+    """
+    response = exc.response
+    if getattr(response, "status_code", 200) != 429:
+        return None
+    headers = getattr(response, "headers", None) or {}
+    said = headers.get("Retry-After") or headers.get("retry-after")
+    try:
+        return float(said) if said is not None else 1.0
+    except ValueError:
+        return 1.0
+
+
 def defused(text: str) -> str:
     """`text` without pings of a room or a user group (a model must not page people)."""
     return _PING.sub(lambda found: "@" + _ping_name(found.group(1)), text)

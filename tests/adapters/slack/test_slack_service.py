@@ -825,6 +825,36 @@ async def test_a_backfill_reads_every_page_of_what_was_posted_while_down(rig: Ri
     assert len(replies) >= 2 and replies[-1].params.get("cursor")  # the second page was read
 
 
+async def test_a_backfill_skips_a_thread_slack_refuses_and_waits_out_its_rate_limit(
+    rig: Rig, caplog: pytest.LogCaptureFixture
+) -> None:
+    """One ``thread_not_found`` or one 429 stopped the whole backfill, every thread after it,
+    at every start, logged as "SlackApiError" (an outside probe)."""
+    caplog.set_level(logging.INFO, logger="adapters.slack")
+    roots = []
+    for said in ("first thread", "second thread"):
+        mention = rig.fake.mention_event("C1", said)
+        await rig.event(mention)
+        await rig.bot_replies("C1", mention["ts"], 1)
+        roots.append(str(mention["ts"]))
+    await rig.service.stop(drain_seconds=1)
+    for root in roots:
+        rig.fake.post_user_message("C1", f"while away in {root}", thread_ts=root)
+    rig.fake.fail("conversations.replies", error="thread_not_found")  # the first thread read
+    rig.fake.rate_limit("conversations.replies", retry_after=1)  # the second, once
+    caplog.clear()
+    adapter = await _restarted(rig)
+    await _until(lambda: any(r.getMessage() == "slack backfill done" for r in caplog.records))
+    assert adapter.backfilled == 1
+    [skipped] = [r for r in caplog.records if r.getMessage() == "slack backfill skipped threads"]
+    assert getattr(skipped, "count", None) == 1
+    [why] = getattr(skipped, "threads", [])
+    assert why.startswith("slack:C1:") and "Slack answered thread_not_found (HTTP 200)" in why
+    reads = rig.fake.calls_to("conversations.replies")
+    assert reads[-1].time - reads[-2].time >= 0.95  # Retry-After: 1
+    assert "slack backfill stopped" not in caplog.text
+
+
 async def test_a_follow_up_that_came_while_the_mention_read_its_thread_is_answered(
     rig: Rig,
 ) -> None:

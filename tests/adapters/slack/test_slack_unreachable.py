@@ -11,20 +11,24 @@ failure reason (what ``gateway ops`` shows) says the same.
 from __future__ import annotations
 
 import asyncio
+import json
+import logging
 import re
 from collections.abc import AsyncIterator, Callable
 from dataclasses import dataclass
 from typing import Any
 
+import httpx
 import pytest
 from aiohttp import web
+from fastapi import FastAPI
 
 from adapters.channel import DeliveryError, Outbound, ThreadRef
 from adapters.slack import SlackChannel
 from gateway.channels import gateway_settings
 from gateway.serve import serve
 from tests.adapters.kit import TestSink
-from tests.support.fake_slack import FakeSlack
+from tests.support.fake_slack import FakeSlack, event_envelope, signed_headers
 from tests.support.redis_server import free_port
 
 
@@ -186,3 +190,51 @@ async def test_the_sdk_s_debug_lines_never_reach_the_log_with_a_message_s_text(
     await channel.deliver(outbound)
     assert fake.calls_to("chat.postMessage")
     assert not [r for r in caplog.records if "secret plan" in r.getMessage()]
+
+
+async def test_an_event_while_slack_cannot_say_who_the_bot_is_is_refused_to_come_again(
+    caplog: pytest.LogCaptureFixture,
+) -> None:
+    """Bolt's own auth.test check answered a Slack 5xx with a 200 saying "please reinstall this
+    app": Slack never sends an answered event again, and the mention was lost (an outside
+    probe). Refused with a 503, it comes again, and is taken once Slack answers."""
+    async with FakeSlack() as fake:
+        fake.fail("auth.test", error="internal_error", status=500, times=3)
+        sink = TestSink(routes={"C1": "s1"})
+        channel = SlackChannel(bot_token=fake.bot_token, signing_secret="s", api_url=fake.api_url)
+        await channel.start(sink)  # the first failure: said, and the channel starts
+        app = FastAPI()
+        assert channel.router is not None
+        app.include_router(channel.router)
+        mention = {
+            "type": "app_mention",
+            "channel": "C1",
+            "user": "U1",
+            "ts": "1.01",
+            "text": f"<@{fake.bot_user_id}> hi",
+        }
+        raw = json.dumps(event_envelope(mention, event_id="Ev1"))
+
+        async def send(http: httpx.AsyncClient) -> httpx.Response:
+            headers = {**signed_headers(raw, "s"), "content-type": "application/json"}
+            return await http.post("/slack/events", content=raw, headers=headers)
+
+        transport = httpx.ASGITransport(app=app)
+        try:
+            async with httpx.AsyncClient(transport=transport, base_url="http://t") as http:
+                with caplog.at_level(logging.WARNING, logger="adapters.slack"):
+                    first, second = await send(http), await send(http)  # Slack's retries
+                assert (first.status_code, second.status_code) == (503, 503), first.text
+                assert sink.inbound == []
+                said = [
+                    r for r in caplog.records if r.getMessage() == "slack events refused for now"
+                ]
+                assert len(said) == 1  # once a minute, not once an event
+                assert "internal_error" in str(getattr(said[0], "reason", ""))
+                assert "reinstall" not in caplog.text
+                third = await send(http)  # Slack answers auth.test again
+                assert third.status_code == 200, third.text
+        finally:
+            await channel.close()
+        assert [m.text for m in sink.inbound] == ["hi"]
+        assert len(fake.calls_to("auth.test")) == 4
