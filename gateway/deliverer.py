@@ -321,8 +321,9 @@ class Deliverer:
                     claimed, exc.reason, exc.unknown_outcome, exc.retry_after_s, tell=outbound
                 )
             return
-        except TimeoutError:
-            await self._retry(claimed, "timeout", True, tell=outbound)  # it may have gone out
+        except TimeoutError:  # it may have gone out: the next attempt looks first
+            said = f"no answer from the {outbound.thread.channel} channel within {timeout:g} s"
+            await self._retry(claimed, said, True, tell=outbound)
             return
         except Exception as exc:
             await self._retry(claimed, type(exc).__name__, True, tell=outbound)

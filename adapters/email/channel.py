@@ -147,10 +147,13 @@ class EmailChannel:
         self.recheck_s = 1.0
         """How long `reconcile` waits before looking a second time."""
         self.settle_s = 30.0
-        """How long after a send whose answer was lost (in this process) a reply not found yet
-        is "unknown", not "absent": a queueing server files our Bcc copy seconds later."""
+        """How long after a send whose answer was lost a reply not found yet is "unknown", not
+        "absent": a queueing server files our Bcc copy seconds later. For an attempt this
+        process did not see lose its answer (before a restart, in another process, or cut from
+        outside by the deliverer's timeout) the window begins at its first look (D408)."""
         self._unsure: dict[str, int] = {}
-        """Deliveries whose send lost its answer here: when (ms), until found or settled."""
+        """Deliveries whose send lost its answer, or looked for and not found yet: since when
+        (ms), until found or settled."""
         self.ssl_context = ssl.create_default_context(cafile=ca_file) if ca_file else None
         self.skipped: Counter[str] = Counter()
         """Messages not taken, by reason (``auto_submitted``, ``oversized``...)."""
@@ -806,10 +809,14 @@ class EmailChannel:
         if imap is None:
             return "unknown"
         try:
+            # where a copy may be: Sent (filed after a send), our folder (the server's copy of
+            # our Bcc), and INBOX, where that copy lands when a filter moves the people's mail
+            # to our folder but not the bot's own
+            folders = dict.fromkeys((self.sent_folder, self.folder, "INBOX"))
             for look in range(2):
                 if look:  # a copy the server took may still be on its way to our folder
                     await asyncio.sleep(self.recheck_s)
-                for folder in (self.sent_folder, self.folder):
+                for folder in folders:
                     try:
                         await imap.select(folder)
                     except ImapGone:
@@ -820,8 +827,15 @@ class EmailChannel:
                         if await imap.find(one):
                             self._unsure.pop(outbound.delivery_id, None)
                             return "delivered"
+            now = self.clock.now_ms()
             unsure = self._unsure.get(outbound.delivery_id)
-            if unsure is not None and self.clock.now_ms() - unsure < self.settle_s * 1000:
+            if unsure is None:
+                # an attempt this process did not see lose its answer: the window begins now
+                # (a restart forgot it, and the second copy went out while the first was still
+                # in the server's queue: an outside probe)
+                self._unsure = {d: at for d, at in self._unsure.items() if now - at < 3_600_000}
+                self._unsure[outbound.delivery_id] = unsure = now
+            if now - unsure < self.settle_s * 1000:
                 return "unknown"  # a server that queues may file our copy later: look again
             self._unsure.pop(outbound.delivery_id, None)
             return "absent"

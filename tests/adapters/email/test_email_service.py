@@ -480,6 +480,30 @@ async def test_a_lost_answer_from_a_queueing_server_is_not_sent_twice(mail: Mail
     assert [m.outcome for m in mail.smtp.transactions] == ["response_lost"]
 
 
+async def test_a_lost_answer_is_not_sent_twice_by_the_process_after_a_restart(
+    mail: Mail,
+) -> None:
+    """D408: the window in which a reply not found yet is "unknown" lived only in the process
+    that lost the answer: the next process looked twice, a second apart, and sent the reply
+    again while the first copy was still in the server's queue (an outside probe)."""
+    mail.smtp.lose_response_after_data(queue_s=6.0)
+    mail.write("lost, then a restart")
+    await _until(lambda: [m.outcome for m in mail.smtp.transactions] == ["response_lost"])
+    await mail.service.stop(drain_seconds=0.5)  # its retry is the next process's
+    mail.service = Service(mail.service.settings)
+    await mail.service.start()
+    broker = mail.service.broker
+    assert broker is not None
+    deadline = time.monotonic() + 60
+    while await broker.outbox.list("pending"):
+        assert time.monotonic() < deadline
+        await asyncio.sleep(0.5)
+    [delivery] = await broker.outbox.list("delivered")
+    assert delivery.attempts >= 2  # reconciled in the new process, not sent
+    assert len(await mail.replies(1)) == 1
+    assert [m.outcome for m in mail.smtp.transactions] == ["response_lost"]
+
+
 async def test_smtp_refusing_then_accepting_delivers_once(mail: Mail) -> None:
     mail.smtp.refuse_next(code=451, message="4.3.0 try again later")
     mail.write("temporary trouble")
