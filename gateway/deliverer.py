@@ -458,14 +458,18 @@ class Deliverer:
         if settled and tell is not None:  # a send failed: the thread's next ones wait for it
             self._failed_of.setdefault((delivery.session, delivery.lane), delivery.id)
         self._count(claimed, "retry")
-        log.info(
+        # the first failures are routine (a retry puts them right); from the third on it is an
+        # outage an operator reading warnings must see, long before the dead letter
+        level = logging.WARNING if delivery.attempts >= _WARN_FROM_ATTEMPT else logging.INFO
+        log.log(
+            level,
             event(
                 "delivery failed",
                 delivery=delivery.id,
                 attempts=delivery.attempts,
                 reason=reason,
                 retry_in_ms=delay,
-            )
+            ),
         )
 
     async def _dead(
@@ -501,6 +505,9 @@ class Deliverer:
             channel = thread.get("channel") if isinstance(thread, Mapping) else None
             self._metrics.delivery(channel, outcome)
 
+
+_WARN_FROM_ATTEMPT = 3
+"""The attempt from which a failed delivery is a warning, not an info line."""
 
 _UNKNOWN = "reconcile: unknown"
 
