@@ -722,7 +722,8 @@ async def reconcile_says_absent_before_a_send_and_delivered_after(rig: ChannelRi
         inbound = await subject.held("reconcile", "answer me once")
         reply = _outbound(inbound, "reply:run-1", "Here is the answer.")
         before = await subject.adapter.reconcile(reply)
-        assert before == "absent", f"reconcile before any send: {before}"
+        # unknown: a channel whose sends may land late waits out a doubt first (`Unsure`)
+        assert before in ("absent", "unknown"), f"reconcile before any send: {before}"
         await subject.adapter.deliver(reply)
         after = await subject.adapter.reconcile(reply)
         if subject.capabilities.reconciles:

@@ -67,6 +67,7 @@ from adapters.email.message import attachment_content, email_thread, parse, pars
 from adapters.errors import AdapterError
 from adapters.failures import connection_failure
 from adapters.reply_files import ReplyFile, read_reply_files
+from adapters.unsure import Unsure
 from harness_core import Clock, SystemClock
 
 __all__ = ["EmailChannel", "EmailStartError"]
@@ -146,14 +147,9 @@ class EmailChannel:
         self.max_backoff_s = max_backoff_s
         self.recheck_s = 1.0
         """How long `reconcile` waits before looking a second time."""
-        self.settle_s = 30.0
+        self.unsure = Unsure(self.clock, settle_s=30.0)
         """How long after a send whose answer was lost a reply not found yet is "unknown", not
-        "absent": a queueing server files our Bcc copy seconds later. For an attempt this
-        process did not see lose its answer (before a restart, in another process, or cut from
-        outside by the deliverer's timeout) the window begins at its first look (D408)."""
-        self._unsure: dict[str, int] = {}
-        """Deliveries whose send lost its answer, or looked for and not found yet: since when
-        (ms), until found or settled."""
+        "absent": a queueing server files our Bcc copy seconds later (D408)."""
         self.ssl_context = ssl.create_default_context(cafile=ca_file) if ca_file else None
         self.skipped: Counter[str] = Counter()
         """Messages not taken, by reason (``auto_submitted``, ``oversized``...)."""
@@ -551,11 +547,7 @@ class EmailChannel:
                     refused = await self._send(message, recipients)
             except DeliveryError as exc:
                 if exc.unknown_outcome:  # it may have been taken: reconcile waits to see
-                    now = self.clock.now_ms()
-                    self._unsure = {  # what another process reconciled is forgotten
-                        d: at for d, at in self._unsure.items() if now - at < 3_600_000
-                    }
-                    self._unsure.setdefault(outbound.delivery_id, now)
+                    self.unsure.lost(outbound.delivery_id)
                 raise
             if refused:
                 await self._partly_refused(outbound.delivery_id, recipients, refused, kept)
@@ -825,20 +817,12 @@ class EmailChannel:
                         continue  # no such folder
                     for one in wanted:
                         if await imap.find(one):
-                            self._unsure.pop(outbound.delivery_id, None)
+                            self.unsure.found(outbound.delivery_id)
                             return "delivered"
-            now = self.clock.now_ms()
-            unsure = self._unsure.get(outbound.delivery_id)
-            if unsure is None:
-                # an attempt this process did not see lose its answer: the window begins now
-                # (a restart forgot it, and the second copy went out while the first was still
-                # in the server's queue: an outside probe)
-                self._unsure = {d: at for d, at in self._unsure.items() if now - at < 3_600_000}
-                self._unsure[outbound.delivery_id] = unsure = now
-            if now - unsure < self.settle_s * 1000:
-                return "unknown"  # a server that queues may file our copy later: look again
-            self._unsure.pop(outbound.delivery_id, None)
-            return "absent"
+            # a server that queues may file our copy later: "unknown" (look again) until the
+            # doubt is 30 s old, in this process or the next (a restart forgot it, and the
+            # second copy went out while the first was still queued: an outside probe)
+            return "absent" if self.unsure.absent(outbound.delivery_id) else "unknown"
         except ImapError as exc:
             log.info("email reconcile failed", extra={"reason": str(exc)})
             return "unknown"

@@ -52,6 +52,7 @@ from adapters.slack.render import (
     to_mrkdwn,
 )
 from adapters.slack.uploads import SlackUploads
+from adapters.unsure import Unsure
 
 log = logging.getLogger("adapters.slack")
 
@@ -92,6 +93,10 @@ _ADD_WAIT_S = 5.0
 """How long taking the reaction off waits for its putting on, still on its way, to land."""
 
 
+_SETTLE_S = 20.0
+"""How long after the first look that does not find a reply it is "absent" (`Unsure`)."""
+
+
 class SlackDelivery:
     """Posts, rewrites and finds the gateway's messages in Slack threads."""
 
@@ -118,6 +123,11 @@ class SlackDelivery:
         """Reactions on their way onto messages (channel, ts): taking one off waits for them."""
         self.uploads = SlackUploads(link)
         """A reply's files into its thread (files upload v2), found again by their ids."""
+        self.unsure = Unsure(link.clock, settle_s=_SETTLE_S, first_look_begins=False)
+        """A post that timed out may still land: Slack applied one 15 s after it came, after
+        the client gave up, and the reconcile 2 s after the timeout posted it again (an
+        outside probe). Not found, it is "unknown" for a while (D408). Only a timeout seen
+        here begins that wait: an answered 500 or a dropped answer is Slack done with it."""
 
     async def deliver(self, outbound: Outbound) -> DeliveryReceipt:
         """Post the delivery's parts into its thread (those not already there).
@@ -209,6 +219,7 @@ class SlackDelivery:
             return "unknown"
         uploaded = {index for index, file_id in ids.items() if file_id in shared}
         if set(found) >= set(range(wanted)) and uploaded >= set(range(files)):
+            self.unsure.found(outbound.delivery_id)
             if self.working_reaction and outbound.answers:
                 self.link.spawn(self._answered(channel, outbound))
             return "delivered"
@@ -216,7 +227,7 @@ class SlackDelivery:
             self._partial[outbound.delivery_id] = found
         if uploaded:
             self._partial_files[outbound.delivery_id] = uploaded
-        return "absent"
+        return "absent" if self.unsure.absent(outbound.delivery_id) else "unknown"
 
     def _parts(self, outbound: Outbound) -> list[tuple[str, list[dict[str, Any]] | None]]:
         """What a delivery posts: (text, blocks) per message, in order."""
@@ -334,6 +345,7 @@ class SlackDelivery:
         where: dict[str, Any] = {"thread_ts": thread_ts} if thread_ts else {}
         if blocks is not None:
             where["blocks"] = blocks
+        delivery_id = str(metadata["event_payload"]["delivery_id"])
         try:
             answer = await self.link.client.chat_postMessage(
                 channel=channel,
@@ -349,8 +361,13 @@ class SlackDelivery:
             reason = self.link.unreachable(exc, "chat.postMessage")
             raise DeliveryError(reason, unknown_outcome=after_post) from None
         except (aiohttp.ClientError, TimeoutError) as exc:
+            if isinstance(exc, TimeoutError):  # Slack may yet apply it: the retry waits to see
+                self.unsure.lost(delivery_id)  # (a dropped answer is Slack done with it)
             reason = self.link.unreachable(exc, "chat.postMessage")
             raise DeliveryError(reason, unknown_outcome=True) from None
+        except asyncio.CancelledError:  # the deliverer's own timeout, or a stop: likewise
+            self.unsure.lost(delivery_id)
+            raise
         return str(answer.get("ts"))
 
     async def _close(self, outbound: Outbound) -> DeliveryReceipt:

@@ -266,6 +266,7 @@ class _Fault:
 class _Delay:
     seconds: float
     remaining: int | None
+    even_if_left: bool = False
 
 
 class SlackError(Exception):
@@ -729,9 +730,15 @@ class FakeSlack:
         """The bot's messages still streaming (started, never stopped)."""
         return [m for m in self.bot_messages(channel) if m.streaming]
 
-    def delay(self, method: str, seconds: float, times: int | None = 1) -> None:
-        """Sleep ``seconds`` before answering the next ``times`` calls (None: every call)."""
-        self._delays.setdefault(method, []).append(_Delay(seconds, times))
+    def delay(
+        self, method: str, seconds: float, times: int | None = 1, *, even_if_left: bool = False
+    ) -> None:
+        """Sleep ``seconds`` before answering the next ``times`` calls (None: every call).
+
+        `even_if_left`: the call is carried out after the sleep even when its client gave up
+        meanwhile, as Slack applies a request it sat on (else it is dropped with the client).
+        """
+        self._delays.setdefault(method, []).append(_Delay(seconds, times, even_if_left))
 
     def clear_faults(self) -> None:
         self._faults.clear()
@@ -1196,7 +1203,24 @@ class FakeSlack:
             token = body_token
         call = Call(method, params, token, arrived, http_method=request.method)
         self.arrivals.append(call)
-        await self._apply_delay(method)
+        delay = self._take_delay(method)
+        served = self._served(request, call, method, params, token, problem, delay)
+        if delay is not None and delay.even_if_left:  # Slack goes on with a call its client left
+            return await asyncio.shield(served)
+        return await served
+
+    async def _served(
+        self,
+        request: web.Request,
+        call: Call,
+        method: str,
+        params: Json,
+        token: str | None,
+        problem: SlackError | None,
+        delay: _Delay | None,
+    ) -> web.StreamResponse:
+        if delay is not None:
+            await asyncio.sleep(delay.seconds)
         fault = self._take_fault(method)
         if fault is not None and fault.kind == "rate_limit":
             return await self._answer(
@@ -1719,15 +1743,20 @@ class FakeSlack:
         return fault
 
     async def _apply_delay(self, method: str) -> None:
+        delay = self._take_delay(method)
+        if delay is not None:
+            await asyncio.sleep(delay.seconds)
+
+    def _take_delay(self, method: str) -> _Delay | None:
         delays = self._delays.get(method)
         if not delays:
-            return
+            return None
         delay = delays[0]
         if delay.remaining is not None:
             delay.remaining -= 1
             if delay.remaining == 0:
                 delays.pop(0)
-        await asyncio.sleep(delay.seconds)
+        return delay
 
     async def _answer(
         self,

@@ -672,6 +672,33 @@ async def test_a_reply_found_by_reconcile_takes_the_working_reaction_off(rig: Ri
     assert len([m for m in rig.fake.thread("C1", event["ts"]) if m.bot_id]) == 1
 
 
+async def test_a_post_slack_applies_after_it_timed_out_is_not_posted_twice(
+    tmp_path: Any,
+) -> None:
+    """Slack sat on a post past the client's timeout, then applied it: the retry's reconcile,
+    two seconds after the timeout, found nothing and posted it again (an outside probe). A
+    post that timed out is looked for a while before it is posted again (D408)."""
+    async with _running(tmp_path, socket_mode=False, delivery_timeout_seconds=2) as rig:
+        rig.fake.delay("chat.postMessage", 5, even_if_left=True)  # applied 5 s after it came
+        event = rig.fake.mention_event("C1", "slow post")
+        await rig.event(event)
+        await rig.bot_replies("C1", event["ts"], 1, timeout_s=20)
+        broker = rig.service.broker
+        assert broker is not None
+        for _ in range(400):
+            if not await broker.outbox.list("pending"):
+                break
+            await asyncio.sleep(0.1)
+        [delivered] = await broker.outbox.list("delivered")
+        assert delivered.attempts >= 2  # the second attempt looked, and found it
+        [first, *again] = [c for c in rig.fake.arrivals if c.method == "chat.postMessage"]
+        await asyncio.sleep(max(0.0, first.time + 5.5 - time.time()))  # the late one landed
+        assert again == []  # before: posted again two seconds after the timeout
+        assert [m.text for m in rig.fake.thread("C1", event["ts"]) if m.bot_id] == [
+            "You said: slow post"
+        ]
+
+
 async def test_a_long_answer_is_split_and_a_partial_post_is_completed_not_repeated(
     rig: Rig,
 ) -> None:
