@@ -215,6 +215,8 @@ class Database:
         """The WAL's directory entry was fsynced (once per connection: the WAL is created)."""
         self.read_only = False
         """Opened read-only: a reader cannot write the file (`ConnectionPolicy.reads_only`)."""
+        self.reads_only = policy.reads_only
+        """The caller only reads: nothing may be created or upgraded, even where it could be."""
         if str(path) != ":memory:" and not policy.reads_only:
             path.parent.mkdir(mode=0o700, parents=True, exist_ok=True)
             _private(path)

@@ -52,7 +52,13 @@ from pathlib import Path
 from typing import Any, TypeVar
 
 from harness_core.backends.batch import WriteQueue
-from harness_core.backends.sqlite import ConnectionPolicy, Database, SqliteExecutor, Synchronous
+from harness_core.backends.sqlite import (
+    ConnectionPolicy,
+    Database,
+    SqliteExecutor,
+    Synchronous,
+    open_read_only,
+)
 from harness_core.clock import Clock, SystemClock
 from harness_core.errors import SessionError, StoreCorrupted
 from harness_core.frozen import JsonValue
@@ -369,6 +375,40 @@ def _upgrade_from_2(conn: sqlite3.Connection) -> None:
     conn.execute("UPDATE schema_version SET version=?", (SCHEMA_VERSION,))
 
 
+def _refuse_foreign(path: Path) -> None:
+    """Refuse another program's database: a mistyped store URL must not add our tables to it.
+
+    Looked at read-only, before anything is written. A file that cannot be read that way is
+    left to the open, which says what is wrong with it.
+
+    Raises:
+        SessionError: ``storage``: the file holds tables and none of them is ours.
+    """
+    if str(path) == ":memory:" or not path.is_file() or path.stat().st_size == 0:
+        return
+    try:
+        conn = open_read_only(path)
+    except (sqlite3.Error, OSError):
+        return
+    try:
+        rows = conn.execute(
+            "SELECT name FROM sqlite_master WHERE type='table' AND name NOT LIKE 'sqlite_%' "
+            "ORDER BY name"
+        ).fetchall()
+    except sqlite3.Error:
+        return
+    finally:
+        conn.close()
+    tables = [str(row[0]) for row in rows]
+    if tables and "schema_version" not in tables:
+        shown = ", ".join(tables[:5]) + (", ..." if len(tables) > 5 else "")
+        raise SessionError(
+            "storage",
+            f"{path} is not a gateway session store: it holds other tables ({shown}); nothing was "
+            "written to it",
+        )
+
+
 class _Db(Database):
     """The store's connection, its schema, and the deferred writes' open transaction.
 
@@ -387,6 +427,7 @@ class _Db(Database):
         """Sessions whose deferred writes were rolled back: their next `sync` raises."""
         self.since_checkpoint = 0
         """Commits since this connection's last WAL checkpoint (``effects``, D251)."""
+        _refuse_foreign(path)  # before the open, whose WAL pragma writes the file's header
         super().__init__(path, policy)
 
     def setup(self) -> None:
@@ -400,12 +441,12 @@ class _Db(Database):
         version = self._version()
         if version == SCHEMA_VERSION:
             return
-        if self.read_only:  # a reader cannot create or upgrade: it says what the file holds
+        if self.read_only or self.reads_only:  # a reader creates and upgrades nothing
             what = "no sessions table" if version is None else f"schema version {version}"
             raise SessionError(
                 "storage",
-                f"{self.path} has {what}, expected {SCHEMA_VERSION}; it cannot be written "
-                "here, and a gateway that can write it upgrades it",
+                f"{self.path} has {what}, expected {SCHEMA_VERSION}; nothing was written to "
+                "it, and a gateway that can write it creates or upgrades it",
             )
         schema = resources.files("harness_core.storage").joinpath("sqlite_schema.sql").read_text()
         self.conn.executescript(schema)

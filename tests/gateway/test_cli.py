@@ -6,6 +6,7 @@ import contextlib
 import os
 import re
 import socket
+import sqlite3
 import time
 from collections.abc import Iterator
 from pathlib import Path
@@ -299,6 +300,25 @@ def test_reading_a_store_that_is_not_there_creates_nothing(tmp_path, capsys, wor
     assert main([*words, "--store", f"sqlite:///{empty}"], settings=Settings()) == 2
     assert f"no store at {empty} (an empty file)" in capsys.readouterr().err
     assert empty.stat().st_size == 0
+
+
+@pytest.mark.parametrize("words", [["store", "list"], ["store", "check"]])
+def test_another_program_s_database_is_refused_and_left_as_it_was(tmp_path, capsys, words) -> None:
+    """`store check` added the gateway's eleven tables to a mistyped URL's database (another
+    program's), then said "clean" (an outside probe)."""
+    foreign = tmp_path / "crm.db"
+    with contextlib.closing(sqlite3.connect(foreign)) as db:
+        db.execute("CREATE TABLE users (id INTEGER, name TEXT)")
+        db.commit()
+    before = foreign.read_bytes()
+    assert main([*words, "--store", f"sqlite:///{foreign}"], settings=Settings()) == 1
+    err = capsys.readouterr().err
+    assert err == (
+        f"gateway: {foreign} is not a gateway session store: it holds other tables (users); "
+        "nothing was written to it\n"
+    )
+    assert foreign.read_bytes() == before
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["crm.db"]  # no -wal, no -shm
 
 
 class _Refusal(GatewayError):
