@@ -25,7 +25,7 @@ __all__ = ["directory_problems", "scan_jsonl"]
 
 
 async def directory_problems(repo: JsonlSessionRepo) -> list[Problem]:
-    """The session files no session is read from: a bad header, or named for another session.
+    """The session files no session is read from: a bad header, none, or another session's.
 
     The store lists and opens ``<id>.jsonl`` only, so such a file was left out of the listing
     in silence (a copy had been listed twice, a bad header failed the whole listing).
@@ -45,6 +45,14 @@ def _directory(directory: Path) -> list[Problem]:
         found = _session_header(first, path)
         if isinstance(found, _LeftOut):
             problems.append(Problem(found.location, found.why))
+        elif found is None:  # `ask` and `serve` refuse the store for it; it checked clean
+            problems.append(
+                Problem(
+                    f"{path}:1",
+                    "no complete header line: the file was emptied or cut short (its session "
+                    "is lost), unless a session is being created this moment",
+                )
+            )
     return problems
 
 
@@ -80,6 +88,7 @@ def _scan(path: Path) -> Scan:
             checksum(encoded),
             partial(log_item_adapter.validate_json, encoded),
             scan.problems,
+            order=number,
         )
         if item is not None:
             scan.items.append(item)

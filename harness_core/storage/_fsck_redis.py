@@ -133,6 +133,7 @@ def _entry(
             entry=entry_adapter.validate_json(payload),
         ),
         problems,
+        order=seq,
     )
     if stored is not None:
         entry = stored.entry
@@ -159,6 +160,7 @@ def _record(
             seq=seq, timestamp=int(found["t"]), record=record_adapter.validate_json(payload)
         ),
         problems,
+        order=seq,
     )
     if stored is not None and stored.record.lane != fields.get("lane"):
         problems.append(Problem(location, "stored in another lane's stream than its own"))
@@ -181,6 +183,7 @@ def _lane_move(
             created=created == "1",
         ),
         problems,
+        order=seq,
     )
 
 
@@ -194,6 +197,7 @@ def _fact(where: str, seq: int, fields: dict[str, str], problems: list[Problem])
             seq=seq, timestamp=int(fields["t"]), fact=fact_adapter.validate_json(payload)
         ),
         problems,
+        order=seq,
     )
 
 

@@ -77,6 +77,7 @@ async def scan_sqlite(repo: SqliteSessionRepo, session_id: str) -> Scan:
             computed,
             partial(LaneMove, seq=seq, timestamp=ts, lane=lane, leaf_id=leaf, created=created),
             scan.problems,
+            order=seq,
         )
         if move is not None:
             items.append(move)
@@ -88,6 +89,7 @@ async def scan_sqlite(repo: SqliteSessionRepo, session_id: str) -> Scan:
             checksum(payload, seq, ts),
             partial(_fact_set, seq, ts, payload),
             scan.problems,
+            order=seq,
         )
         if fact is not None:
             items.append(fact)
@@ -115,6 +117,7 @@ def _entry(where: str, row: tuple[Any, ...], problems: list[Problem]) -> StoredE
             entry=entry_adapter.validate_json(payload),
         ),
         problems,
+        order=seq,
     )
     if stored is None:
         return None
@@ -145,6 +148,7 @@ def _record(where: str, row: tuple[Any, ...], problems: list[Problem]) -> Stored
         checksum(payload, seq, ts),
         lambda: StoredRecord(seq=seq, timestamp=ts, record=record_adapter.validate_json(payload)),
         problems,
+        order=seq,
     )
     if stored is None:
         return None

@@ -28,7 +28,15 @@ from harness_core.session.contract import SessionRepo
 from harness_core.session.types import LogItem, SessionMetadata, SessionStats
 from harness_core.storage._projections import SessionState
 
-__all__ = ["CheckReport", "Problem", "Projections", "Scan", "check_store", "checked"]
+__all__ = [
+    "CheckReport",
+    "Findings",
+    "Problem",
+    "Projections",
+    "Scan",
+    "check_store",
+    "checked",
+]
 
 _T = TypeVar("_T")
 
@@ -58,13 +66,51 @@ class Projections:
     labels: dict[str, str]
 
 
+class Findings(list[Problem]):
+    """A session's problems, and which of its items carried a checksum (`unsealed`)."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.first_sealed: int | None = None
+        """The order (seq, or file line) of the first item that carried a checksum."""
+        self.unsealed: list[tuple[int, str]] = []
+        """(order, location) of each item that carried none."""
+
+    def sealed(self, order: int, location: str, stored: int | None) -> None:
+        """Note whether the item at `order` carried a checksum."""
+        if stored is None:
+            self.unsealed.append((order, location))
+        elif self.first_sealed is None or order < self.first_sealed:
+            self.first_sealed = order
+
+    def unsealed_problems(self) -> list[Problem]:
+        """An item without a checksum after one with: its checksum was removed or lost.
+
+        Items written before checksums existed have none, and come first; one among or after
+        sealed items was edited with its checksum taken away, or lost it with a deleted key
+        (an outside probe: such an edit checked clean).
+        """
+        first = self.first_sealed
+        if first is None:
+            return []
+        return [
+            Problem(
+                location,
+                "has no checksum, though items written before it have one: its checksum was "
+                "removed or lost, so what it holds cannot be trusted",
+            )
+            for order, location in sorted(self.unsealed)
+            if order > first
+        ]
+
+
 @dataclass
 class Scan:
     """One session as a backend holds it: its items decoded in full, and what it keeps beside."""
 
     items: list[LogItem] = field(default_factory=list)
     """Every item that decoded, in seq order."""
-    problems: list[Problem] = field(default_factory=list)
+    problems: Findings = field(default_factory=Findings)
     """What the backend's own reading found (checksums, undecodable items, index disagreements)."""
     stored: Projections | None = None
     """None: the backend keeps no projections (it rebuilds them from the log on open)."""
@@ -115,6 +161,7 @@ async def check_store(
         scan = await _scan(repo, meta)
         report.items += len(scan.items)
         add(scan.problems)
+        add(scan.problems.unsealed_problems())
         add(_replayed(meta, scan))
     return report
 
@@ -222,12 +269,18 @@ def checked(
     computed: int,
     decode: Callable[[], _T],
     problems: list[Problem],
+    *,
+    order: int,
 ) -> _T | None:
     """Verify a stored checksum (None: written before checksums) and decode in full.
 
     Returns the value, or None with the problem noted when it does not decode; a checksum that
     does not match is noted too, and the value is still returned (the log goes on checking).
+    `order`: the item's place in the log (its seq, or its file line), by which `Findings`
+    tells an item written before checksums from one whose checksum was taken away.
     """
+    if isinstance(problems, Findings):
+        problems.sealed(order, location, stored)
     if stored is not None and stored != computed:
         problems.append(
             Problem(

@@ -2,13 +2,19 @@
 
 from __future__ import annotations
 
+import contextlib
+import sqlite3
 from pathlib import Path
 
 import pytest
+import redis
 
 from config import Settings
 from gateway.cli import main
 from gateway.store_check import PROBLEMS_FOUND
+from harness_core import user_message
+from harness_core.session.entries import MessageEntry
+from harness_core.storage.jsonl import _SEAL, _SEALED_AT
 from tests.support.backends import new_repo
 from tests.support.corruption import PERSISTENT, SESSION, flip, store_url, write_session
 
@@ -39,6 +45,57 @@ async def test_a_flipped_bit_is_reported_with_a_non_zero_exit(
     assert said.err == "gateway: session 'nope' does not exist (`gateway store list` lists them)\n"
     assert await _check(url, "no pe") == 2
     assert capsys.readouterr().err.startswith("gateway: invalid session id 'no pe'")
+
+
+@pytest.mark.parametrize("backend", PERSISTENT)
+async def test_an_edit_whose_checksum_was_taken_away_is_reported(
+    backend: str, tmp_path: Path, request: pytest.FixtureRequest, redis_prefix: str, capsys
+) -> None:
+    """An item without a checksum was taken for one written before checksums, so an edit that
+    also removed it (or lost it with a deleted Redis key) checked clean (an outside probe). One
+    among items that carry theirs is not that."""
+    server = request.getfixturevalue("redis_server") if backend == "redis" else None
+    repo = new_repo(backend, tmp_path, redis=server, prefix=redis_prefix)
+    await repo.create(SESSION)
+    lease = await repo.acquire_lease(SESSION, owner="writer", ttl_ms=60_000)
+    storage = await repo.open(SESSION, lease=lease)
+    await storage.append_entry(MessageEntry(id="e1", message=user_message("first")), "main")
+    await storage.append_entry(MessageEntry(id="e2", message=user_message("pay 10")), "main")
+    await repo.release_lease(lease)
+    await repo.close()
+    url = store_url(backend, tmp_path, server, redis_prefix)
+    assert await _check(url) == 0
+    capsys.readouterr()
+    if backend == "sqlite":
+        with contextlib.closing(sqlite3.connect(tmp_path / "store.db")) as db:
+            db.execute(
+                "UPDATE entries SET payload = replace(payload, 'pay 10', 'pay 99'), "
+                "checksum = NULL WHERE id = 'e2'"
+            )
+            db.commit()
+        where = "sqlite session 's1' entry seq 2"
+    elif backend == "jsonl":
+        path = tmp_path / f"{SESSION}.jsonl"
+        lines = path.read_bytes().split(b"\n")
+        assert lines[2].startswith(_SEAL)
+        lines[2] = (b"{" + lines[2][_SEALED_AT:]).replace(b"pay 10", b"pay 99")
+        path.write_bytes(b"\n".join(lines))
+        where = f"{path}:3"
+    else:
+        assert server is not None
+        client = redis.Redis.from_url(server.url, decode_responses=True)
+        payloads = f"{redis_prefix}:{{{SESSION}}}:ep"
+        client.hset(payloads, "e2", str(client.hget(payloads, "e2")).replace("pay 10", "pay 99"))
+        client.hdel(f"{redis_prefix}:{{{SESSION}}}:ek", "e2")
+        client.close()
+        where = "redis session 's1' entry seq 2"
+    assert await _check(url) == PROBLEMS_FOUND
+    problem, summary = capsys.readouterr().out.splitlines()
+    assert problem == (
+        f"problem: {where}: has no checksum, though items written before it have one: its "
+        "checksum was removed or lost, so what it holds cannot be trusted"
+    )
+    assert summary == "checked 1 session, 2 items: 1 problem"
 
 
 async def _check(url: str, *sessions: str) -> int:
@@ -79,7 +136,8 @@ async def test_a_jsonl_file_no_session_is_read_from_is_a_problem_and_the_rest_is
     await write_session(repo)
     (tmp_path / "s1 copy.jsonl").write_bytes((tmp_path / f"{SESSION}.jsonl").read_bytes())
     (tmp_path / "bad.jsonl").write_bytes(b'{"kind":"header","format"\n')
-    (tmp_path / "new.jsonl").write_bytes(b'{"kind":"hea')  # being published: no session yet
+    (tmp_path / "new.jsonl").write_bytes(b'{"kind":"hea')  # cut short, or being published
+    (tmp_path / "emptied.jsonl").write_bytes(b"")  # it checked clean while `ask` refused it
     assert [meta.id for meta in await new_repo("jsonl", tmp_path).list()] == [SESSION]
     url = store_url("jsonl", tmp_path, None, "")
     assert await asyncio.to_thread(main, ["store", "list", "--store", url], Settings()) == 0
@@ -88,7 +146,12 @@ async def test_a_jsonl_file_no_session_is_read_from_is_a_problem_and_the_rest_is
     assert capsys.readouterr().out.splitlines() == [
         f"problem: {tmp_path}/bad.jsonl:1: bad header: Expecting ':' delimiter: line 1 column 26 "
         "(char 25) (left out of the store)",
+        *(
+            f"problem: {tmp_path}/{name}.jsonl:1: no complete header line: the file was emptied "
+            "or cut short (its session is lost), unless a session is being created this moment"
+            for name in ("emptied", "new")
+        ),
         f"problem: {tmp_path}/s1 copy.jsonl: holds session 's1' but only s1.jsonl is read as it "
         "(a copy or a renamed file: left out of the store)",
-        "checked 1 session, 4 items: 2 problems",
+        "checked 1 session, 4 items: 4 problems",
     ]
