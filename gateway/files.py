@@ -85,9 +85,12 @@ def file_notice_text(refused: list[Attachment]) -> str:
     """The thread's notice: which files were not read, and why."""
     if len(refused) == 1:
         return f"I could not read the file {refused[0].name}: {refused[0].refused}."
+    by_reason: dict[str, list[str]] = {}  # one reason said once: "the first 10 files" twenty times
+    for attachment in refused:
+        by_reason.setdefault(str(attachment.refused), []).append(attachment.name)
     return (
         "I could not read these files: "
-        + "; ".join(f"{a.name}: {a.refused}" for a in refused)
+        + "; ".join(f"{', '.join(names)}: {why}" for why, names in by_reason.items())
         + "."
     )
 

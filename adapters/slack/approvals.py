@@ -187,7 +187,9 @@ class SlackApprovals:
 
     async def _may_decide(self, click: _Click) -> bool:
         """Whether the clicker is an approver here; if not, they are told so, privately."""
-        allowed = self.approvers.get(click.channel, ()) + self.approvers.get("*", ())
+        allowed = tuple(  # a person in the channel's list and in "*" is named once
+            dict.fromkeys(self.approvers.get(click.channel, ()) + self.approvers.get("*", ()))
+        )
         if click.user in allowed:
             return True
         for group in (who for who in allowed if who.startswith("S")):

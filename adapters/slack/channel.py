@@ -129,6 +129,16 @@ class SlackChannel:
             )
         self.clock = clock or SystemClock()
         self.socket_mode = app_token is not None
+        if signing_secret is not None and app_token is not None:
+            # moving from Socket Mode to HTTP, the app token left set: Slack's check of the
+            # Request URL failed, and nothing said why (an outside probe)
+            log.warning(
+                "slack signing secret unused",
+                extra={
+                    "note": "an app token is set too: Slack is reached by Socket Mode, and "
+                    "/slack/events is not served (unset the app token for HTTP mode)"
+                },
+            )
         self.api_url = api_url
         self.call_timeout_s = int(call_timeout_s)  # what the Web API client takes
         # slack-sdk and bolt log through ours: one JSON line per event, no tracebacks, no tokens

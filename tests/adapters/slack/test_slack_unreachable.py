@@ -238,3 +238,16 @@ async def test_an_event_while_slack_cannot_say_who_the_bot_is_is_refused_to_come
             await channel.close()
         assert [m.text for m in sink.inbound] == ["hi"]
         assert len(fake.calls_to("auth.test")) == 4
+
+
+def test_a_signing_secret_beside_an_app_token_is_said_to_be_unused(
+    caplog: pytest.LogCaptureFixture,
+) -> None:
+    """Both set, the channel runs in Socket Mode and serves no /slack/events, without a word:
+    an operator moving to HTTP mode who left the app token set saw Slack's URL check fail."""
+    with caplog.at_level(logging.WARNING, logger="adapters.slack"):
+        both = SlackChannel(bot_token="xoxb-1", signing_secret="s", app_token="xapp-1")
+        SlackChannel(bot_token="xoxb-1", signing_secret="s")
+    assert both.socket_mode and both.router is None
+    [said] = [r for r in caplog.records if r.getMessage() == "slack signing secret unused"]
+    assert "unset the app token for HTTP mode" in str(getattr(said, "note", ""))
