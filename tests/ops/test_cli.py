@@ -430,6 +430,23 @@ def test_an_action_still_running_says_how_to_check_on_it(gateway: Gateway, ops: 
     assert polled.out.endswith(": rewind web-default/web:later: done, completed\n"), polled
 
 
+def test_a_rewind_names_the_never_repeated_calls_it_may_make_again(
+    gateway: Gateway, ops: Any
+) -> None:
+    """A rewind ran a `replay="never"` charge again, under a new key no receiver could tell
+    from a new charge, and its preview said only "runs it again" (an outside probe)."""
+    gateway.post("pay", "/charge 5")
+    gateway.lane("web:pay", "idle")
+    timeline = json.loads(ops("timeline", "web:pay", "--json").out)["items"]
+    [message] = [i for i in timeline if i["summary"] == "user: /charge 5"]
+    asked = ops("rewind", "web:pay", message["id"], "--yes", token=VIEWER)  # shown, refused
+    assert asked.code == 1, asked
+    assert (
+        "after that message these ran, each declared never to run twice; the run again may "
+        "call them again, as new calls: charge\n"
+    ) in asked.err
+
+
 def test_a_terminal_is_told_what_a_slow_action_waits_for(
     gateway: Gateway, ops: Any, monkeypatch: pytest.MonkeyPatch
 ) -> None:

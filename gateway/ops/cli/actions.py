@@ -76,8 +76,43 @@ def rewind(run: Run) -> int:
         f"rewind moves it to just before message {clean(entry)} and runs it again "
         "(the current branch stays in the log)",
     ]
+    ran = _never_repeated_since(run, view, str(entry))
+    if ran:  # it re-ran a send under a new key, which no receiver could tell from a new one
+        lines.append(
+            "after that message these ran, each declared never to run twice; the run again may "
+            f"call them again, as new calls: {', '.join(ran)}"
+        )
     run.confirm("rewind" in (view.get("actions") or []), lines, "rewind")
     return run.act("rewound", view, "rewind", {"entry_id": entry})
+
+
+def _never_repeated_since(run: Run, view: Json, entry: str) -> list[str]:
+    """The never-replayed tools the lane started after `entry` (by name, with how often)."""
+    page = run.client.pages(
+        f"/lanes/{seg(str(view['id']))}/timeline", {}, limit=_REWIND_LOOK, size=500
+    )
+    counts: dict[str, int] = {}
+    after = False
+    for item in page.get("items") or []:
+        if not isinstance(item, dict):
+            continue
+        if item.get("kind") == "entry" and item.get("id") == entry:
+            after = True
+            continue
+        data = item.get("data")
+        if (
+            after
+            and isinstance(data, dict)
+            and item.get("type") == "tool_started"
+            and data.get("replay") == "never"
+        ):
+            name = clean(data.get("tool_name"))
+            counts[name] = counts.get(name, 0) + 1
+    return [name if n == 1 else f"{name} (x{n})" for name, n in counts.items()]
+
+
+_REWIND_LOOK = 5_000
+"""How many items of a lane's log a rewind's preview reads for the calls it may repeat."""
 
 
 def retry(run: Run) -> int:

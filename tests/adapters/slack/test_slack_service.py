@@ -20,6 +20,7 @@ import httpx
 import pytest
 
 from adapters.channel import Unavailable
+from adapters.slack import SlackChannel
 from adapters.slack.events import classify
 from gateway.channels import gateway_settings
 from gateway.reminders import remind
@@ -348,6 +349,7 @@ async def test_an_approver_approves_from_the_button_and_the_run_goes_on(rig: Rig
 
 async def test_someone_else_is_told_privately_and_nothing_is_recorded(rig: Rig) -> None:
     slack = rig.service.adapters["slack"]
+    assert isinstance(slack, SlackChannel)
     slack.approvers["*"] = (APPROVER,)  # in the channel's list and in "*": named once
     event, asked = await _approval(rig)
     response = await rig.click(
