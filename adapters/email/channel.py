@@ -117,7 +117,7 @@ class EmailChannel:
         ca_file: str | None = None,
         folder: str = "INBOX",
         sent_folder: str = "Sent",
-        max_message_bytes: int = 10_000_000,
+        max_message_bytes: int = 35_000_000,
         poll_seconds: float = 60.0,
         replies_per_hour: int = 20,
         replies_per_address: int = 100,

@@ -71,10 +71,11 @@ class EmailSettings(Section):
         default="Sent", min_length=1, description="Where sent replies are filed (and looked for)."
     )
     max_message_bytes: int = Field(
-        default=10_000_000,
+        default=35_000_000,
         ge=10_000,
         le=100_000_000,
-        description="Larger mail is never downloaded: its header is read and the sender told.",
+        description="Larger mail is never downloaded: its header is read and the sender told. "
+        "The default takes a message's 25 MB of files, which base64 makes a third larger.",
     )
     poll_seconds: float = Field(
         default=60.0,

@@ -108,3 +108,13 @@ async def test_an_attachment_that_cannot_be_decoded_is_refused_and_the_mail_afte
     assert "its content could not be decoded" in notice
     assert any("see the attached notes" in t for t in texts)  # the mail itself: answered
     assert len(mail.received("After")) == 1  # and the one after it
+
+
+def test_the_default_mail_size_takes_a_message_s_files_once_encoded() -> None:
+    """At 10 MB a mail with one 9 MB attachment (12.3 MB in base64) was "too large to read",
+    though files of up to 10 MB are taken, 25 MB a message (an outside probe)."""
+    from adapters.email.settings import EmailSettings
+    from config import Settings
+
+    files = Settings().files_per_message_mb * 1_000_000
+    assert EmailSettings().max_message_bytes >= files * 4 / 3
