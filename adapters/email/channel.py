@@ -191,11 +191,12 @@ class EmailChannel:
         """Check the login once, then start the receiving loop in the background.
 
         Raises:
-            EmailStartError: the IMAP server refuses the login (the password, the user name):
+            EmailStartError: the IMAP or SMTP server refuses the login (the password, the user):
                 retrying cannot help, and a service that looked up while answering no mail
                 would hide it. A server that cannot be reached now is logged and retried.
         """
         await self._check_login()
+        await self._check_smtp()
         self._sink = sink
         self._loop = asyncio.ensure_future(self._receive_supervised())
         log.info("email started", extra={"address": self.address, "folder": self.folder})
@@ -220,6 +221,45 @@ class EmailChannel:
             pass  # the receiving loop says why, in words, and retries
         finally:
             await imap.close()
+
+    async def _check_smtp(self) -> None:
+        """Log in to the SMTP server once, as IMAP is: a refused login stops the start.
+
+        It was first heard of at the first reply, which became a dead letter (an outside
+        probe). A server that cannot be reached now is a warning: replies are tried again.
+        """
+        client = self._smtp_client(min(self.timeout_s, _START_CHECK_S))
+        try:
+            await asyncio.wait_for(client.connect(), _START_CHECK_S)
+        except aiosmtplib.SMTPAuthenticationError as exc:
+            raise EmailStartError(
+                f"SMTP server {self.smtp_host}:{self.smtp_port} refused the login for user "
+                f"{self.username!r} ({exc.code} {_said(exc.message)})"
+            ) from None
+        except (aiosmtplib.SMTPException, OSError, TimeoutError) as exc:
+            log.warning(
+                "email smtp not usable at start",
+                extra={"reason": self._smtp_failure(exc, "connecting")},
+            )
+        finally:
+            if client.is_connected:
+                try:
+                    await asyncio.wait_for(client.quit(), timeout=min(self.timeout_s, 5))
+                except Exception:
+                    client.close()
+
+    def _smtp_client(self, timeout_s: float) -> aiosmtplib.SMTP:
+        """A client of the SMTP server: TLS as configured, and the login, at its connect."""
+        return aiosmtplib.SMTP(
+            hostname=self.smtp_host,
+            port=self.smtp_port,
+            username=self.username,
+            password=self._password,
+            start_tls=self.smtp_security == "starttls",
+            use_tls=self.smtp_security == "tls",
+            tls_context=self.ssl_context,
+            timeout=timeout_s,
+        )
 
     async def stop(self) -> None:
         """Stop receiving (mail and approval links); deliveries keep working. Idempotent."""
@@ -614,16 +654,7 @@ class EmailChannel:
                 while sending has an unknown outcome (the server may have taken it).
         """
         where = f"{self.smtp_host}:{self.smtp_port}"
-        client = aiosmtplib.SMTP(
-            hostname=self.smtp_host,
-            port=self.smtp_port,
-            username=self.username,
-            password=self._password,
-            start_tls=self.smtp_security == "starttls",
-            use_tls=self.smtp_security == "tls",
-            tls_context=self.ssl_context,
-            timeout=self.timeout_s,
-        )
+        client = self._smtp_client(self.timeout_s)
         phase = "connecting"
         try:
             await client.connect()  # and STARTTLS, and the login

@@ -229,6 +229,30 @@ async def test_a_refused_imap_login_stops_the_start_in_one_line(servers: Servers
     assert WRONG not in said
 
 
+async def test_a_refused_smtp_login_stops_the_start_in_one_line(
+    servers: Servers, caplog: pytest.LogCaptureFixture
+) -> None:
+    """It was first heard of at the first reply, a dead letter at once (an outside probe)."""
+    servers.smtp.fail_auth()  # the next connection's login (IMAP's is right)
+    channel = _channel(servers, timeout_s=10.0)
+    with pytest.raises(EmailStartError) as raised:
+        await channel.start(TestSink())
+    await channel.close()
+    said = str(raised.value)
+    assert said.startswith(
+        f"SMTP server 127.0.0.1:{servers.smtp.port} refused the login for user "
+        f"'{servers.user.address}' (535 "
+    ), said
+    assert servers.user.password not in said
+    # a server that is not there now is a warning: replies are tried again later
+    away = _channel(servers, smtp_port=free_port(), timeout_s=2.0)
+    with caplog.at_level(logging.WARNING, logger="adapters.email"):
+        await away.start(TestSink())
+    await away.close()
+    [warned] = [r for r in caplog.records if r.getMessage() == "email smtp not usable at start"]
+    assert "nothing listens there" in str(getattr(warned, "reason", ""))
+
+
 def _unverified(code: int, message: str) -> ssl.SSLCertVerificationError:
     error = ssl.SSLCertVerificationError(1, f"[SSL: CERTIFICATE_VERIFY_FAILED] {message}")
     error.verify_code, error.verify_message = code, message
