@@ -108,17 +108,11 @@ def test_a_redis_that_refuses_writes_is_not_ready_and_a_user_without_eval_not_se
     )  # fmt: skip
     refused_url = f"redis://noeval:noeval-password-0123456789@127.0.0.1:{server.port}/0?prefix=w"
     refused = {**settings, "store_url": refused_url, "broker_url": refused_url}
-    started = GatewayProcess("gw2", tmp_path, {**refused, "web_url": refused_url})
     try:
-        started.start(wait_ready_s=0)
-        assert started.process is not None
-        code = started.process.wait(timeout=30)
+        started, said = _refused_start("gw2", tmp_path, {**refused, "web_url": refused_url})
     finally:
-        started.stop()
         admin.close()
         server.stop()
-    said = [x for x in started.log_path.read_text().splitlines() if x.startswith("gateway: ")]
-    assert code == 1, started.tail(40)
     assert any("cannot run the gateway's scripts" in x and "EVAL" in x for x in said), said
     assert "noeval-password" not in started.log_path.read_text()
 
@@ -132,18 +126,12 @@ def test_a_redis_that_closes_at_once_is_refused_in_its_own_words(tmp_path: Path)
     holder.ping()  # the one connection it takes
     url = f"{server.url}?prefix=w"
     settings = {"store_url": url, "broker_url": url, "web_url": url, "plugin": AGENT}
-    started = GatewayProcess("gw", tmp_path, settings)
     try:
         assert asyncio.run(first_words(server.url)) == "ERR max number of clients reached"
-        started.start(wait_ready_s=0)
-        assert started.process is not None
-        code = started.process.wait(timeout=30)
+        _, said = _refused_start("gw", tmp_path, settings)
     finally:
-        started.stop()
         holder.close()
         server.stop()
-    said = [x for x in started.log_path.read_text().splitlines() if x.startswith("gateway: ")]
-    assert code == 1, started.tail(40)
     assert said == [
         f"gateway: the broker and the store at {url} cannot be used (ConnectionRefusedError: "
         "the server said: ERR max number of clients reached)"
@@ -158,3 +146,19 @@ async def test_a_redis_that_says_nothing_on_accept_has_no_first_words(tmp_path: 
     finally:
         server.stop()
     assert await first_words(server.url, within_s=0.2) is None  # nothing listens now
+
+
+def _refused_start(
+    name: str, tmp_path: Path, settings: dict[str, str]
+) -> tuple[GatewayProcess, list[str]]:
+    """`gateway serve` that must refuse to start: it, and its lines for people (exit 1)."""
+    started = GatewayProcess(name, tmp_path, settings)
+    try:
+        started.start(wait_ready_s=0)
+        assert started.process is not None
+        code = started.process.wait(timeout=30)
+    finally:
+        started.stop()
+    said = [x for x in started.log_path.read_text().splitlines() if x.startswith("gateway: ")]
+    assert code == 1, started.tail(40)
+    return started, said

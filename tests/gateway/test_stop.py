@@ -8,6 +8,8 @@ waiting for approval, which stays open as long as the test needs. The service-le
 from __future__ import annotations
 
 import asyncio
+import contextlib
+from collections.abc import AsyncIterator
 from pathlib import Path
 from typing import Any
 
@@ -185,16 +187,7 @@ async def test_a_stop_that_came_while_an_effect_ran_says_the_effect_happened(
 ) -> None:
     """A `stop` sent as an Approve landed: the deploy ran to its end, and the thread said only
     "Stopped.", so the person believed nothing happened (D311)."""
-    settings = gateway_settings(
-        store_url=f"sqlite:///{tmp_path}/store.db",
-        broker_url=f"sqlite:///{tmp_path}/broker.db",
-        web_url=f"sqlite:///{tmp_path}/web.db",
-        plugin="tests.support.gateway_agent",
-    )
-    async with serving(settings) as rig:
-        await rig.post("t1", "/slowcharge 1500")  # the charge does not watch the abort
-        await asyncio.sleep(0.5)  # the charge is running
-        await rig.post("t1", "stop")
+    async with _stopped_mid_charge(tmp_path, 1500) as rig:  # the charge ignores the abort
         answers = await rig.answers("t1", 2)
     texts = [a["text"] for a in answers]
     assert texts[0] == STOPPED_TEXT
@@ -208,6 +201,16 @@ async def test_a_stop_cuts_off_a_tool_that_goes_on_past_the_grace(
     ran; the thread heard nothing. Cut off after the grace, the thread is answered, and told
     the charge may have happened."""
     monkeypatch.setattr(lane_effects, "TOOL_ABORT_GRACE_S", 0.5)
+    async with _stopped_mid_charge(tmp_path, 600_000) as rig:  # ten minutes, deaf to it
+        answers = await rig.answers("t1", 2)
+    texts = [a["text"] for a in answers]
+    assert texts[0] == STOPPED_TEXT
+    assert "charge" in texts[1] and "may" in texts[1], texts
+
+
+@contextlib.asynccontextmanager
+async def _stopped_mid_charge(tmp_path: Path, ms: int) -> AsyncIterator[Any]:
+    """A gateway whose thread ``t1`` was told ``stop`` while a charge of `ms` ran."""
     settings = gateway_settings(
         store_url=f"sqlite:///{tmp_path}/store.db",
         broker_url=f"sqlite:///{tmp_path}/broker.db",
@@ -215,10 +218,7 @@ async def test_a_stop_cuts_off_a_tool_that_goes_on_past_the_grace(
         plugin="tests.support.gateway_agent",
     )
     async with serving(settings) as rig:
-        await rig.post("t1", "/slowcharge 600000")  # ten minutes, deaf to the abort
+        await rig.post("t1", f"/slowcharge {ms}")
         await asyncio.sleep(0.5)  # the charge is running
         await rig.post("t1", "stop")
-        answers = await rig.answers("t1", 2)
-    texts = [a["text"] for a in answers]
-    assert texts[0] == STOPPED_TEXT
-    assert "charge" in texts[1] and "may" in texts[1], texts
+        yield rig
