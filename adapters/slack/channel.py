@@ -67,6 +67,7 @@ from adapters.channel import (
     Outbound,
     Reconciled,
 )
+from adapters.errors import AdapterError
 from adapters.live import LiveUpdate
 from adapters.slack.approvals import SlackApprovals
 from adapters.slack.authority import AUTHORITY_EVENTS, authority_change
@@ -610,7 +611,7 @@ def _quiet(logger: logging.Logger) -> Iterator[None]:
         logger.setLevel(level)
 
 
-class _IdentityUnknown(Exception):
+class _IdentityUnknown(AdapterError):
     """The bot's identity could not be learned from Slack (auth.test failed): try again later."""
 
 

@@ -1055,6 +1055,6 @@ def test_an_older_store_it_cannot_upgrade_is_named_not_read(tmp_path: Path) -> N
     done = _without_write_access(store, "store", "list", "--store", url, cwd=tmp_path)
     assert done.returncode == 1, done
     assert one_line(done.stderr) == (
-        f"gateway: {store}/gw.db has schema version 2, expected {SCHEMA_VERSION}; it cannot be "
-        "written here, and a gateway that can write it upgrades it"
+        f"gateway: {store}/gw.db has schema version 2, expected {SCHEMA_VERSION}; nothing was "
+        "written to it, and a gateway that can write it creates or upgrades it"
     )
