@@ -37,7 +37,6 @@ from config.profiles import allowed_tools
 from gateway.logs import event
 from harness_core import AgentHarness, AgentLane, BeforeRunResult, BranchQuery, ModelRef
 from harness_core.frozen import Frozen
-from harness_core.messages import TextPart
 from harness_core.tools import Tool, ToolContext, ToolOutput
 
 __all__ = [
@@ -296,7 +295,8 @@ def within_profile(
 
     async def execute(args: Any, ctx: ToolContext) -> ToolOutput | str:
         thread = await thread_of(ctx.lane)
-        if thread is None or profiles.of(thread).allows(name):
+        profile = profiles.of(thread) if thread is not None else None
+        if profile is None or profile.allows(name):
             return await run(args, ctx)
         log.warning(
             event(
@@ -304,13 +304,13 @@ def within_profile(
                 session=ctx.session_id,
                 lane=ctx.lane,
                 tool=name,
-                profile=profiles.of(thread).name,
+                profile=profile.name,
             )
         )
         said = (
             f"the tool {name!r} is no longer allowed in this thread (its profile changed): "
             "it was not run; do not call it again"
         )
-        return ToolOutput(content=(TextPart(text=said),), is_error=True)
+        return ToolOutput.text(said, is_error=True)
 
     return dataclasses.replace(tool, execute=execute)
