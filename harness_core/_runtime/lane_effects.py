@@ -213,9 +213,8 @@ class ExternalEffects:
                 finally:
                     self.abort_signal.remove_callback(aborted)
         except TimeoutError as exc:
-            if (
-                scope is None or not scope.expired()
-            ):  # raised by the tool itself: its failure, not a timeout
+            # raised by the tool itself (the scope did not expire): its failure, not a timeout
+            if scope is None or not scope.expired():
                 return ToolOutput.text(texts.tool_failed(tool.name, exc), is_error=True)
             if cut:
                 said = texts.tool_cut_by_abort(tool.name, TOOL_ABORT_GRACE_S)

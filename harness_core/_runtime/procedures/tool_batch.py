@@ -222,11 +222,7 @@ class ToolBatch(Part):
             tool_call_id=call.id,
             tool_name=call.name,
             content=output.content + named,
-            outcome="interrupted"
-            if isinstance(output, InterruptedOutput)
-            else "error"
-            if output.is_error
-            else "ok",
+            outcome=_outcome(output),
             details=output.details,
             usage=output.usage,
             files=output.files,
@@ -494,3 +490,10 @@ class ToolBatch(Part):
         decided = self.op.approval.decided if self.op.approval else None
         text = texts.denied(decided.decided_by if decided else None, decision.reason)
         return self.synthetic(call, entry_id, "denied", text)
+
+
+def _outcome(output: ToolOutput) -> ToolOutcome:
+    """How a call that ran ended: cut off mid-call (D407), failed, or fine."""
+    if isinstance(output, InterruptedOutput):
+        return "interrupted"
+    return "error" if output.is_error else "ok"
