@@ -242,11 +242,15 @@ class EmailChannel:
                 extra={"reason": self._smtp_failure(exc, "connecting")},
             )
         finally:
-            if client.is_connected:
-                try:
-                    await asyncio.wait_for(client.quit(), timeout=min(self.timeout_s, 5))
-                except Exception:
-                    client.close()
+            await self._hang_up(client)
+
+    async def _hang_up(self, client: aiosmtplib.SMTP) -> None:
+        """Say QUIT, briefly; the connection is done with whatever it answers."""
+        if client.is_connected:
+            try:
+                await asyncio.wait_for(client.quit(), timeout=min(self.timeout_s, 5))
+            except Exception:
+                client.close()
 
     def _smtp_client(self, timeout_s: float) -> aiosmtplib.SMTP:
         """A client of the SMTP server: TLS as configured, and the login, at its connect."""
@@ -697,11 +701,7 @@ class EmailChannel:
                 self._smtp_failure(exc, phase), unknown_outcome=phase == "sending"
             ) from None
         finally:
-            if client.is_connected:
-                try:
-                    await asyncio.wait_for(client.quit(), timeout=min(self.timeout_s, 5))
-                except Exception:  # sent or not, the connection is done with
-                    client.close()
+            await self._hang_up(client)  # sent or not, the connection is done with
         return dict(refused)
 
     def _smtp_failure(self, error: BaseException, phase: str) -> str:

@@ -115,16 +115,16 @@ class SlackHistory:
         ``conversations.replies`` allows about 50 calls a minute: a gateway restarted with more
         recent threads than that met a 429, which stopped the whole backfill (an outside probe).
         """
-        for attempt in range(_RATE_LIMIT_TRIES):
+        for _ in range(_RATE_LIMIT_TRIES - 1):
             try:
                 return await call()
             except SlackApiError as exc:
                 wait = retry_after_s(exc)
-                if wait is None or attempt == _RATE_LIMIT_TRIES - 1:
+                if wait is None:
                     raise
                 sane = wait if math.isfinite(wait) and wait >= 0 else 1.0
                 await self.link.clock.sleep(min(sane, _MAX_RETRY_AFTER_S))
-        raise AssertionError("unreachable")  # the loop returns or raises
+        return await call()  # the last try: its failure is the caller's
 
     async def _conversations(self) -> list[str]:
         channels, _ = await _pages(
