@@ -22,7 +22,7 @@ from harness_core.session.records import OperationStarted
 from harness_core.session.types import FactSet, LaneMove, LogItem, StoredEntry, StoredRecord
 from harness_core.storage._projections import SessionState, record_run_id
 from harness_core.storage._rules import stats_from_counters, usage_from_values
-from harness_core.storage.fsck import Problem, Projections, Scan, checked
+from harness_core.storage.fsck import Findings, Problem, Projections, Scan, checked
 from harness_core.storage.redis_streams import _STAT_FIELDS, _TYPE_INDEXES, RedisSessionRepo
 
 __all__ = ["scan_redis"]
@@ -107,7 +107,7 @@ def _entry(
     payloads: dict[str, str],
     nodes: dict[str, str],
     sums: dict[str, str],
-    problems: list[Problem],
+    problems: Findings,
 ) -> StoredEntry | None:
     location = f"{where} entry seq {seq}"
     entry_id = fields.get("id", "")
@@ -146,7 +146,7 @@ def _entry(
 
 
 def _record(
-    where: str, seq: int, fields: dict[str, str], found: dict[str, str], problems: list[Problem]
+    where: str, seq: int, fields: dict[str, str], found: dict[str, str], problems: Findings
 ) -> StoredRecord | None:
     location = f"{where} record seq {seq}"
     payload, crc = found.get("d", ""), found.get("crc")
@@ -167,9 +167,7 @@ def _record(
     return stored
 
 
-def _lane_move(
-    where: str, seq: int, fields: dict[str, str], problems: list[Problem]
-) -> LaneMove | None:
+def _lane_move(where: str, seq: int, fields: dict[str, str], problems: Findings) -> LaneMove | None:
     lane, leaf, created, crc = (fields.get(k, "") for k in ("lane", "leaf", "c", "crc"))
     return checked(
         f"{where} lane move seq {seq}",
@@ -187,7 +185,7 @@ def _lane_move(
     )
 
 
-def _fact(where: str, seq: int, fields: dict[str, str], problems: list[Problem]) -> FactSet | None:
+def _fact(where: str, seq: int, fields: dict[str, str], problems: Findings) -> FactSet | None:
     payload, crc = fields.get("d", ""), fields.get("crc")
     return checked(
         f"{where} fact seq {seq}",

@@ -13,7 +13,7 @@ from harness_core.session.records import OperationStarted
 from harness_core.session.types import FactSet, LaneMove, LogItem, StoredEntry, StoredRecord
 from harness_core.storage._projections import record_run_id
 from harness_core.storage._rules import stats_from_counters, usage_from_values
-from harness_core.storage.fsck import Problem, Projections, Scan, checked
+from harness_core.storage.fsck import Findings, Problem, Projections, Scan, checked
 from harness_core.storage.sqlite import SqliteSessionRepo
 
 __all__ = ["database_problems", "scan_sqlite"]
@@ -102,7 +102,7 @@ def _fact_set(seq: int, timestamp: int, payload: bytes) -> FactSet:
     return FactSet(seq=seq, timestamp=timestamp, fact=fact_adapter.validate_json(payload))
 
 
-def _entry(where: str, row: tuple[Any, ...], problems: list[Problem]) -> StoredEntry | None:
+def _entry(where: str, row: tuple[Any, ...], problems: Findings) -> StoredEntry | None:
     seq, ts, lane, parent, payload, crc, entry_id, type_, custom = row
     location = f"{where} entry seq {seq}"
     stored = checked(
@@ -139,7 +139,7 @@ def _entry(where: str, row: tuple[Any, ...], problems: list[Problem]) -> StoredE
     return stored
 
 
-def _record(where: str, row: tuple[Any, ...], problems: list[Problem]) -> StoredRecord | None:
+def _record(where: str, row: tuple[Any, ...], problems: Findings) -> StoredRecord | None:
     seq, ts, payload, crc, record_id, lane, run_id, type_, kind = row
     location = f"{where} record seq {seq}"
     stored = checked(

@@ -268,7 +268,7 @@ def checked(
     stored: int | None,
     computed: int,
     decode: Callable[[], _T],
-    problems: list[Problem],
+    problems: Findings,
     *,
     order: int,
 ) -> _T | None:
@@ -276,11 +276,10 @@ def checked(
 
     Returns the value, or None with the problem noted when it does not decode; a checksum that
     does not match is noted too, and the value is still returned (the log goes on checking).
-    `order`: the item's place in the log (its seq, or its file line), by which `Findings`
+    `order`: the item's place in the log (its seq, or its file line), by which `problems`
     tells an item written before checksums from one whose checksum was taken away.
     """
-    if isinstance(problems, Findings):
-        problems.sealed(order, location, stored)
+    problems.sealed(order, location, stored)
     if stored is not None and stored != computed:
         problems.append(
             Problem(
