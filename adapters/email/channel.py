@@ -92,8 +92,13 @@ _START_CHECK_S = 10.0
 """The longest a start waits for the IMAP server to take or refuse the login."""
 
 
+def _temporary(said: str) -> bool:
+    """Whether an IMAP refusal says to try again later (RFC 5530's response codes)."""
+    return any(code in said.upper() for code in ("[UNAVAILABLE]", "[INUSE]", "[LIMIT]"))
+
+
 class EmailStartError(AdapterStartError):
-    """The IMAP server refuses the bot's login at start (one line, never the password)."""
+    """The IMAP server refuses the bot's login or its folder at start (one line, no password)."""
 
 
 class EmailChannel:
@@ -214,11 +219,24 @@ class EmailChannel:
         imap = self._imap_connection(min(self.timeout_s, _START_CHECK_S))
         try:
             await asyncio.wait_for(imap.open(self.username, self._password), _START_CHECK_S)
-        except ImapRefused as exc:
-            if "[UNAVAILABLE]" not in str(exc).upper():  # RFC 5530: a temporary refusal
+        except (ImapError, OSError, TimeoutError) as exc:
+            await imap.close()
+            if isinstance(exc, ImapRefused) and not _temporary(str(exc)):
                 raise EmailStartError(str(exc)) from None
-        except (ImapError, OSError, TimeoutError):
-            pass  # the receiving loop says why, in words, and retries
+            return  # the receiving loop says why, in words, and retries
+        try:
+            # a folder the server has not (a typo, a filter's folder never made) was retried
+            # for ever in the background, a warning a minute, while no mail was answered
+            await asyncio.wait_for(imap.select(self.folder), _START_CHECK_S)
+        except ImapGone:
+            pass
+        except ImapError as exc:
+            if not _temporary(str(exc)):
+                raise EmailStartError(
+                    f"{exc}: the folder to read (GATEWAY_EMAIL_FOLDER) must exist on the server"
+                ) from None
+        except (OSError, TimeoutError):
+            pass
         finally:
             await imap.close()
 

@@ -229,6 +229,19 @@ async def test_a_refused_imap_login_stops_the_start_in_one_line(servers: Servers
     assert WRONG not in said
 
 
+async def test_a_folder_the_server_has_not_stops_the_start_in_one_line(servers: Servers) -> None:
+    """It was selected again for ever in the background, a warning each time (an outside probe)."""
+    channel = _channel(servers, folder="Bots/Typo", timeout_s=10.0)
+    with pytest.raises(EmailStartError) as raised:
+        await channel.start(TestSink())
+    await channel.close()
+    said = str(raised.value)
+    assert said.startswith(f"IMAP select 'Bots/Typo' failed on 127.0.0.1:{servers.dovecot.port}")
+    assert "Mailbox doesn't exist: Bots/Typo" in said, said  # the server's own words
+    assert said.endswith("the folder to read (GATEWAY_EMAIL_FOLDER) must exist on the server")
+    assert "\n" not in said
+
+
 async def test_a_refused_smtp_login_stops_the_start_in_one_line(
     servers: Servers, caplog: pytest.LogCaptureFixture
 ) -> None:
