@@ -33,7 +33,7 @@ from gateway.errors import GatewayError, StatusError
 from gateway.event_loop import loop_factory
 from gateway.invocation import OneLineParser, command
 from gateway.redact import Redactor
-from gateway.store_check import store_check
+from gateway.store_check import PROBLEMS_FOUND, store_check
 from harness_core import (
     HarnessError,
     SessionError,
@@ -212,8 +212,17 @@ async def _run(args: argparse.Namespace, settings: Settings) -> int:
         elif args.command == "store":
             what, sessions = _store_words(args.target)
             if what == "check":
-                await _known_sessions(repo, sessions)
-                return await store_check(repo, sessions, out)
+                try:
+                    await _known_sessions(repo, sessions)
+                    return await store_check(repo, sessions, out)
+                except (SessionError, sqlite3.Error) as exc:
+                    damage = _damage(exc)
+                    if damage is None:
+                        raise
+                    # what the check is for: a finding (4), not a store it could not use (1)
+                    out.append(f"problem: {without_password(url)}: {damage}")
+                    out.append("checked: the file is damaged (restore it from a backup)")
+                    return PROBLEMS_FOUND
             await show(repo, sessions[0] if sessions else None, out)
         else:
             question = " ".join(args.question)
@@ -243,6 +252,14 @@ async def _run(args: argparse.Namespace, settings: Settings) -> int:
         if notes and sys.stderr is not None:  # closed (`2>&-`): print would write to stdout
             print("\n".join(notes), file=sys.stderr, flush=True)
     return 0
+
+
+def _damage(exc: SessionError | sqlite3.Error) -> str | None:
+    """SQLite's words when it found the file's pages damaged (SQLITE_CORRUPT), else None."""
+    cause = exc.__cause__ if isinstance(exc, SessionError) else exc
+    if isinstance(cause, sqlite3.Error) and cause.sqlite_errorname == "SQLITE_CORRUPT":
+        return f"SQLite cannot read it: {cause}"
+    return None
 
 
 def _store_problem(exc: sqlite3.Error | OSError) -> str:

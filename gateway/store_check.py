@@ -4,8 +4,9 @@ Every session (or the ones named) is read the thorough way (`harness_core.storag
 each stored item's checksum verified and the item validated in full, the columns kept beside
 it compared with it, the log replayed, and every projection the backend keeps compared with
 what the log gives. Nothing is written. Exit status: 0 when clean, 4 when a problem was found
-(as fsck's "errors left uncorrected"); a store that cannot be read at all is the usual one-line
-error and status 1.
+(as fsck's "errors left uncorrected"), a SQLite file whose pages SQLite itself finds damaged
+included; a store that cannot be opened at all (no such file, not a SQLite file, a file it may
+not read) is the usual one-line error and status 1.
 """
 
 from __future__ import annotations

@@ -98,6 +98,12 @@ async def test_an_edit_whose_checksum_was_taken_away_is_reported(
     assert summary == "checked 1 session, 2 items: 1 problem"
 
 
+def _overwrite(path: Path, *, at: int) -> None:
+    with path.open("r+b") as file:
+        file.seek(at)
+        file.write(b"\xff" * 64)
+
+
 async def _check(url: str, *sessions: str) -> int:
     """`main` runs its own event loop: in a thread of its own here."""
     import asyncio
@@ -123,6 +129,23 @@ def test_a_bad_store_is_one_clear_line(tmp_path: Path, capsys) -> None:
         f"gateway: cannot use the store sqlite:///{garbage}: file is not a database "
         "(damaged, or not a SQLite file)\n"
     )
+
+
+async def test_a_sqlite_file_with_damaged_pages_is_a_problem_found(tmp_path: Path, capsys) -> None:
+    """SQLite's own "malformed" was the one line of a store that cannot be used, exit 1: the
+    very damage the check is for (an outside probe)."""
+    await write_session(new_repo("sqlite", tmp_path))
+    url = store_url("sqlite", tmp_path, None, "")
+    assert await _check(url) == 0
+    capsys.readouterr()
+    _overwrite(tmp_path / "store.db", at=100)  # the first page's b-tree header, past the file's
+    assert await _check(url) == PROBLEMS_FOUND
+    said = capsys.readouterr()
+    assert said.out.splitlines() == [
+        f"problem: {url}: SQLite cannot read it: database disk image is malformed",
+        "checked: the file is damaged (restore it from a backup)",
+    ]
+    assert said.err == ""
 
 
 async def test_a_jsonl_file_no_session_is_read_from_is_a_problem_and_the_rest_is_listed(
