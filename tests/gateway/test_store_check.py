@@ -138,7 +138,7 @@ async def test_a_sqlite_file_with_damaged_pages_is_a_problem_found(tmp_path: Pat
     url = store_url("sqlite", tmp_path, None, "")
     assert await _check(url) == 0
     capsys.readouterr()
-    _overwrite(tmp_path / "store.db", at=100)  # the first page's b-tree header, past the file's
+    _overwrite(tmp_path / "store.db", at=100)  # page 1's b-tree header, after the file header
     assert await _check(url) == PROBLEMS_FOUND
     said = capsys.readouterr()
     assert said.out.splitlines() == [
