@@ -31,6 +31,7 @@ from gateway.channels import channel_lines, channel_state, served_url
 from gateway.collector import tune_collector
 from gateway.logs import configure, event
 from gateway.loop_watch import LoopWatch
+from gateway.ops.address import address_file, connect_host, forget_address, keep_address
 from gateway.redact import Redactor
 from gateway.service import Service, StartRefused
 from gateway.slow_heads import HeadTimedProtocol
@@ -194,6 +195,9 @@ async def serve(settings: Settings) -> int:
     model = service.model
     shown = settings.model if model is None else f"{model.provider}:{model.model_id}"
 
+    address = address_file(settings.effective_store_url)
+    connect_url = served_url(settings, connect_host(settings.host))
+
     def listening() -> None:
         text = banner(
             settings,
@@ -203,6 +207,7 @@ async def serve(settings: Settings) -> int:
             terminal=sys.stderr.isatty(),
         )
         print(text, file=sys.stderr, flush=True)
+        keep_address(address, connect_url)
         loop = type(asyncio.get_running_loop())
         log.info(event("event loop", loop=f"{loop.__module__}.{loop.__qualname__}"))
         tuned = tune_collector(settings.gc_young_threshold)
@@ -233,6 +238,7 @@ async def serve(settings: Settings) -> int:
     try:
         return await _run(settings, service, server, signals)
     finally:
+        forget_address(address, connect_url)
         await watch.stop()
         for number in (signal.SIGTERM, signal.SIGINT):
             loop.remove_signal_handler(number)

@@ -257,6 +257,7 @@ OPS_FRONT_END_USERS = {
     "gateway.cli": "hands `gateway ops` to its parser",
     "gateway.guards": "refuses oversized requests in the API's envelope",
     "gateway.service": "builds the API and its tokens",
+    "gateway.serve": "keeps the address `gateway ops` calls beside the store",
 }
 """The only modules outside `gateway.ops` (the operator HTTP front end: API, tokens, envelope,
 page, CLI) that import it: the ones that assemble the service. The worker carries operator

@@ -15,6 +15,7 @@ import pytest
 from gateway.channels import gateway_settings
 from gateway.ops.cli import main
 from tests.support.gateway_process import serving, sqlite_urls
+from tests.support.redis_server import free_port
 
 AGENT = "tests.support.gateway_agent"
 
@@ -76,3 +77,26 @@ def test_another_loopback_port_learns_nothing_it_could_use(
             f"{process.url}/api/v1/lanes", headers={"Authorization": f"Bearer {token}"}
         )
         assert mine.status_code == 200
+
+
+def test_gateway_ops_calls_the_port_the_serve_of_its_store_listens_on(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """`serve --port N` (or GATEWAY_PORT in one shell) and then `ops` from the same directory
+    called the settings' port and could not reach it (an outside probe)."""
+    monkeypatch.delenv("GATEWAY_OPS_URL", raising=False)
+    monkeypatch.delenv("GATEWAY_OPS_TOKEN", raising=False)
+    urls = sqlite_urls(tmp_path)
+    settings = gateway_settings(**urls, host="127.0.0.1", port=free_port())  # not the served one
+    kept = tmp_path / "ops-address"
+    with serving(tmp_path, plugin=AGENT) as process:
+        assert kept.read_text() == f"{process.url}\n"
+        assert main(["lanes"], settings) == 0, capsys.readouterr()
+        capsys.readouterr()
+        # a file others may write is no address: a planted one would carry a token elsewhere
+        kept.chmod(0o666)
+        assert main(["lanes"], settings) == 3
+        said = capsys.readouterr().err
+        assert f"cannot reach the gateway at http://127.0.0.1:{settings.port}" in said
+        kept.chmod(0o644)
+    assert not kept.exists()  # a drained stop forgets it: the next `ops` asks the settings

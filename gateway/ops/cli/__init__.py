@@ -6,9 +6,10 @@ JSON; actions (``resume``, ``unstick``, ``abort``, ``rewind``, ``retry``, ``appr
 ``deny``, ``supply``, ``redeliver``, ``discard``) print one line each. A lane is named by its id
 (``ln_...``), its name (``web:hello``, ``slack:C1:123.4``) or ``SESSION/LANE``.
 
-Where and as whom: ``--url`` (else ``GATEWAY_OPS_URL``, else the address in the settings
-``gateway serve`` reads) and ``--token`` (else ``GATEWAY_OPS_TOKEN``, else the token the
-embedded service keeps beside its store). Actions that change a lane say what they will do and
+Where and as whom: ``--url`` (else ``GATEWAY_OPS_URL``, else the address the embedded service
+keeps beside its store while it runs, else the one in the settings ``gateway serve`` reads) and
+``--token`` (else ``GATEWAY_OPS_TOKEN``, else the token the embedded service keeps beside its
+store). Actions that change a lane say what they will do and
 ask first; without a terminal they need ``--yes``. Every action carries an ``Idempotency-Key``
 (``--idempotency-key`` to retry one safely).
 

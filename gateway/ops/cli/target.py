@@ -13,6 +13,7 @@ from pydantic import ValidationError
 
 from config import Settings, SettingsError, format_settings_error
 from gateway.channels import load_gateway_settings, served_url
+from gateway.ops.address import address_file, connect_host, kept_address
 from gateway.ops.cli.errors import USAGE, OpsError
 from gateway.ops.cli.output import clean
 from harness_core.backends.urls import without_password
@@ -23,7 +24,6 @@ API = "/api/v1"
 URL_VARIABLE = "GATEWAY_OPS_URL"
 TOKEN_VARIABLE = "GATEWAY_OPS_TOKEN"
 _CLIENT_VARIABLES = frozenset({URL_VARIABLE, TOKEN_VARIABLE})
-_WILDCARDS = {"0.0.0.0": "127.0.0.1", "::": "::1", "[::]": "::1", "": "127.0.0.1"}
 
 
 class Target:
@@ -80,8 +80,13 @@ class Target:
             source = "--url" if self._args.url else URL_VARIABLE
         else:
             settings = self.settings()
-            host = _WILDCARDS.get(settings.host, settings.host)
-            given, source = served_url(settings, host), "the settings"
+            kept = address_file(settings.effective_store_url)
+            served = kept_address(kept)
+            if served is not None:  # where the serve of this store listens, --port and all
+                given, source = served, f"the address kept in {kept}"
+            else:
+                given = served_url(settings, connect_host(settings.host))
+                source = "the settings"
         url = given.strip().rstrip("/")
         url = url.removesuffix(API).rstrip("/")
         try:
