@@ -117,6 +117,11 @@ _CUT_GRACE_S = 3.0
 """How long cut sessions get to end their loops (cancel lane work, release) before their slot
 is cancelled."""
 
+_SLOTS_BUSY_MS = 30_000
+"""Messages that waited this long while every slot was busy this long are said in the log."""
+_SLOTS_SAID_MS = 60_000
+"""How often, at most, that wait is said again while it lasts."""
+
 _NEWEST_MESSAGE = BranchQuery(start="", type="message", limit=1)
 """A lane's newest message on its path (the lane's leaf fills `start`)."""
 
@@ -280,6 +285,10 @@ class Worker:
         """Lingering sessions with a message, for the next free slot."""
         self._free = 0
         """Slots waiting for a session (the ones a lingering session's message may go to)."""
+        self._last_free_ms = clock.now_ms()
+        """When a slot last waited for a session (every slot is busy since, if none does)."""
+        self._slots_said_ms: int | None = None
+        self._watching: asyncio.Task[None] | None = None
 
     @property
     def actor(self) -> str:
@@ -289,6 +298,7 @@ class Worker:
     def start(self) -> None:
         """Start the slots (returns at once)."""
         self._slots = [asyncio.ensure_future(self._slot(n)) for n in range(self.config.slots)]
+        self._watching = asyncio.ensure_future(self._watch_slots())
 
     def stop_taking(self) -> None:
         """Drain: take no new session; the ones in hand finish what runs."""
@@ -302,6 +312,8 @@ class Worker:
         them at once instead of after the lease runs out (D157).
         """
         self.stop_taking()
+        if self._watching is not None:
+            self._watching.cancel()
         await until_done(self._slots, seconds, cut)
         if not all(task.done() for task in self._slots):
             self._cutting.set()
@@ -366,11 +378,50 @@ class Worker:
                 again = _LAPSE
             await self._hand_back(ticket, again)
 
+    async def _watch_slots(self) -> None:
+        """Look every few seconds whether messages wait while every slot is busy (`slots_busy`)."""
+        while not self._stopping.is_set():
+            await self._pause(_SLOTS_BUSY_MS / 3_000)
+            with contextlib.suppress(Exception):  # the broker is down: the takes say so
+                await self.slots_busy()
+
+    async def slots_busy(self) -> bool:
+        """Say, once a minute at most, that messages wait while every slot has long been busy.
+
+        Without it a message to a session no slot could take waited without a word, in the
+        thread or the log (an outside probe). Both must have lasted `_SLOTS_BUSY_MS`: every
+        slot of this process busy, and the inbox's oldest pending message (which may also be
+        waiting for its own busy lane). Returns whether it was said now.
+        """
+        now = self._clock.now_ms()
+        busy_ms = now - self._last_free_ms
+        if self._free > 0 or busy_ms < _SLOTS_BUSY_MS:
+            return False
+        if self._slots_said_ms is not None and now - self._slots_said_ms < _SLOTS_SAID_MS:
+            return False
+        backlog = await self._broker.inbox.backlog()
+        if backlog.pending == 0 or backlog.oldest_age_ms < _SLOTS_BUSY_MS:
+            return False
+        self._slots_said_ms = now
+        log.warning(
+            event(
+                "messages wait for a free slot",
+                slots=self.config.slots,
+                busy_s=busy_ms // 1000,
+                pending=backlog.pending,
+                oldest_s=backlog.oldest_age_ms // 1000,
+                hint="every session slot of this process is busy: raise GATEWAY_WORKER_SLOTS, "
+                "or run another process",
+            )
+        )
+        return True
+
     async def _next(self) -> SessionTicket | _Session | None:
         """The next session for a free slot: a lingering one with a message, else a take."""
         if not self._resuming.empty():
             return self._resuming.get_nowait()
         self._free += 1
+        self._last_free_ms = self._clock.now_ms()
         take = asyncio.ensure_future(
             self._broker.inbox.take_session(self.config.worker_id, wait_ms=self.config.take_wait_ms)
         )
@@ -379,6 +430,8 @@ class Worker:
             await asyncio.wait({take, resume}, return_when=asyncio.FIRST_COMPLETED)
         finally:
             self._free -= 1
+            self._last_free_ms = self._clock.now_ms()
+            self._slots_said_ms = None  # a slot was free: a wait that begins again is news
             for task in (take, resume):
                 task.cancel()  # a cancelled take hands back what it took meanwhile
             await asyncio.gather(take, resume, return_exceptions=True)

@@ -119,3 +119,37 @@ async def test_what_is_let_go_after_an_outage_is_said_only_once_it_is(
     [line] = caplog.records
     assert line.getMessage() == "let go after the outage"
     assert getattr(line.msg, "fields", {}) == {"leases": 1, "tickets": 0}
+
+
+async def test_messages_that_wait_while_every_slot_is_busy_are_said_once_a_minute(
+    broker: Broker, caplog: pytest.LogCaptureFixture
+) -> None:
+    """A message to a session no slot could take waited without a word (an outside probe)."""
+    worker = Worker(
+        WorkerConfig(worker_id="w1", slots=2), cast(Any, None), broker, cast(Any, None), CLOCK
+    )
+    await broker.inbox.append(
+        NewInboxItem(session="s-late", lane="web:t1", dedupe_key="m1", kind="message", payload={})
+    )
+    CLOCK.advance(29_000)
+    caplog.set_level(logging.INFO, logger="gateway.worker")
+    assert not await worker.slots_busy()  # busy, and waiting, for less than 30 s
+    CLOCK.advance(1_000)
+    worker._free = 1  # a slot waits for a session: the message is not waiting for one
+    assert not await worker.slots_busy()
+    worker._free = 0
+    worker._last_free_ms = CLOCK.now_ms() - 30_000
+    assert await worker.slots_busy()
+    [said] = [r for r in caplog.records if r.getMessage() == "messages wait for a free slot"]
+    fields = said.msg.fields  # type: ignore[union-attr]
+    assert (fields["slots"], fields["busy_s"], fields["pending"], fields["oldest_s"]) == (
+        2,
+        30,
+        1,
+        30,
+    )
+    assert "GATEWAY_WORKER_SLOTS" in fields["hint"]
+    CLOCK.advance(59_000)
+    assert not await worker.slots_busy()  # once a minute at most
+    CLOCK.advance(1_000)
+    assert await worker.slots_busy()
