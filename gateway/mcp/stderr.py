@@ -19,7 +19,7 @@ import os
 import re
 import unicodedata
 from collections.abc import Callable
-from typing import TextIO
+from typing import TextIO, cast
 
 __all__ = ["KEEP_BYTES", "READ_BYTES_PER_S", "SAID_CHARS", "StderrTail"]
 
@@ -46,8 +46,9 @@ class _Collect(asyncio.Protocol):
         self.resuming: asyncio.TimerHandle | None = None
 
     def connection_made(self, transport: asyncio.BaseTransport) -> None:
-        assert isinstance(transport, asyncio.ReadTransport)
-        self._transport = transport
+        # a read pipe's transport, though not always an `asyncio.ReadTransport` by class:
+        # uvloop's is not, and an isinstance assert here killed the reader under `serve`
+        self._transport = cast(asyncio.ReadTransport, transport)
 
     def data_received(self, data: bytes) -> None:
         self._tail._take(data)

@@ -6,6 +6,8 @@ import asyncio
 import sys
 from collections.abc import Callable
 
+import uvloop
+
 from gateway.mcp.stderr import KEEP_BYTES, READ_BYTES_PER_S, SAID_CHARS, StderrTail
 from gateway.redact import Redactor
 
@@ -111,3 +113,33 @@ async def test_a_flood_is_read_at_a_bounded_rate_and_its_last_words_still_heard(
     assert wrote < 3 * READ_BYTES_PER_S, wrote
     said = await tail.finish()
     assert said is not None and said.endswith("last words")
+
+
+def test_a_server_s_stderr_is_read_on_uvloop_too() -> None:
+    """`gateway serve` runs on uvloop, whose pipe transport is no `asyncio.ReadTransport`: the
+    reader's protocol died at its first callback, so nothing read the pipe. A server that had
+    written 64 KiB there blocked, every later call that logged timed out while its health said
+    ready, and a server that died at start showed no last words (an outside probe)."""
+
+    async def chatty() -> tuple[bytes, str | None]:
+        tail = StderrTail()
+        errlog = await tail.open()
+        code = "import sys; sys.stderr.write('E' * 200_000 + '\\nlast words\\n'); print('alive')"
+        try:
+            child = await asyncio.create_subprocess_exec(
+                sys.executable, "-c", code, stdout=asyncio.subprocess.PIPE, stderr=errlog
+            )
+        finally:
+            errlog.close()
+        try:
+            out, _ = await asyncio.wait_for(child.communicate(), 10)  # blocked for ever before
+        except TimeoutError:
+            child.kill()
+            await child.wait()
+            out = b"blocked on its stderr"
+        return out, await tail.finish()
+
+    out, said = uvloop.run(chatty())
+    assert out == b"alive\n"
+    assert said is not None and said.endswith("last words")
+    assert uvloop.run(spoken("Error: boom happened")) == "Error: boom happened"
