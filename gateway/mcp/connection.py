@@ -752,7 +752,10 @@ class McpConnection:
                 f"MCP server {self.name!r} is down{why}; it is restarted in {left:.0f} s: "
                 "try again later"
             )
-        return f"MCP server {self.name!r} is {self._state}{why}: its tools cannot be called"
+        # lost a moment ago, not yet marked so: "is ready (the connection ended)" contradicted
+        # itself in a reply (an outside probe)
+        state = "down" if self._state == "ready" else self._state
+        return f"MCP server {self.name!r} is {state}{why}: its tools cannot be called"
 
     def _ended(self, outcome: str, text: str, *, fault: bool = True) -> ToolOutput:
         if fault and outcome not in ("down", "aborted", "stopped"):

@@ -270,7 +270,11 @@ def bound_blocks(message: object) -> None:
 
 
 def fewer_blocks(blocks: list[object]) -> list[object]:
-    """At most `MAX_BLOCKS` blocks: each run of plain text blocks joined, then the rest named."""
+    """At most `MAX_BLOCKS` blocks: each run of plain text blocks joined, then the rest named.
+
+    Joined one per line: ``["w1", "w11"]`` had become ``w1w11``, another text than the
+    server's, past 1,000 blocks only (an outside probe).
+    """
     joined: list[object] = []
     run: list[str] = []
     for block in blocks:
@@ -279,11 +283,11 @@ def fewer_blocks(blocks: list[object]) -> list[object]:
             run.append(text)
             continue
         if run:
-            joined.append({"type": "text", "text": "".join(run)})
+            joined.append({"type": "text", "text": "\n".join(run)})
             run = []
         joined.append(block)
     if run:
-        joined.append({"type": "text", "text": "".join(run)})
+        joined.append({"type": "text", "text": "\n".join(run)})
     if len(joined) <= MAX_BLOCKS:
         return joined
     left_out = len(joined) - (MAX_BLOCKS - 1)

@@ -87,7 +87,7 @@ async def test_a_long_event_is_rewritten_with_its_blocks_joined_and_its_id_kept(
     [[ident, data]] = _events(await _through(wire, "text/event-stream", chunk=chunk))
     assert ident == b"id: 9"
     assert json.loads(data.removeprefix(b"data: "))["result"]["content"] == [
-        {"type": "text", "text": "c" * 100_000}
+        {"type": "text", "text": "\n".join("c" * 100_000)}
     ]
 
 

@@ -281,6 +281,23 @@ async def test_an_answer_too_large_to_read_is_said_at_once_and_the_next_call_wor
     assert counted.restarts == []  # the framing held: the server was not restarted
 
 
+async def test_a_call_in_the_instant_after_the_connection_ended_says_the_server_is_down(
+    marks: Path,
+) -> None:
+    """Calls that came before a crash was marked were told "is ready (the connection ended):
+    its tools cannot be called" (an outside probe)."""
+    source = McpTools([stdio("demo", marks)], clock=SystemClock())
+    await source.start()
+    try:
+        connection = source.connection("demo")
+        connection._lost.set()  # the connection ended; its state is still the one it had
+        assert connection.state == "ready"
+        said = text(await call(source, "demo.echo", {"text": "x"}))
+    finally:
+        await source.close()
+    assert said == "MCP server 'demo' is down: its tools cannot be called", said
+
+
 async def test_calls_while_down_are_refused_at_once(marks: Path) -> None:
     gate = asyncio.Event()
 

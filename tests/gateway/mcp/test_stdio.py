@@ -99,9 +99,9 @@ def test_a_long_line_is_left_to_a_thread_and_many_blocks_are_joined_and_bounded(
     assert isinstance(parsed.message, types.JSONRPCResponse)
     content = parsed.message.result["content"]
     assert content == [
-        {"type": "text", "text": "c" * 10},
+        {"type": "text", "text": "\n".join("c" * 10)},  # one per line: the blocks were apart
         blocks[10],
-        {"type": "text", "text": "c" * (450_000 - 11)},
+        {"type": "text", "text": "\n".join("c" * (450_000 - 11))},
     ]
     many = [{"type": "image", "data": "aGk=", "mimeType": "image/png"}] * (MAX_BLOCKS + 5)
     line = json.dumps({"jsonrpc": "2.0", "id": 8, "result": {"content": many}})
@@ -120,7 +120,7 @@ def test_an_answer_read_by_the_sdk_is_bounded_as_it_is_heard() -> None:
     blocks = [{"type": "text", "text": "c"} for _ in range(5_000)]
     answer = types.JSONRPCResponse(jsonrpc="2.0", id=3, result={"content": blocks})
     bound_blocks(answer)
-    assert answer.result["content"] == [{"type": "text", "text": "c" * 5_000}]
+    assert answer.result["content"] == [{"type": "text", "text": "\n".join("c" * 5_000)}]
     few = types.JSONRPCResponse(jsonrpc="2.0", id=4, result={"content": blocks[:3]})
     bound_blocks(few)
     assert len(few.result["content"]) == 3  # at most MAX_BLOCKS: left as they came
