@@ -70,6 +70,7 @@ from starlette.types import Receive, Scope, Send
 
 from adapters.channel import (
     Acceptance,
+    AdapterStartError,
     Attachment,
     Author,
     Capabilities,
@@ -110,8 +111,9 @@ from adapters.web.mailbox import (
 )
 from adapters.web.page import content_security_policy, index_page, login_page, thread_page
 from harness_core import Clock, IdGenerator, SuppliedResult, SystemClock, Uuid7Ids
+from harness_core.backends.urls import without_password
 
-__all__ = ["WebChannel", "WebLimits"]
+__all__ = ["WebChannel", "WebLimits", "WebStartError"]
 
 log = logging.getLogger("adapters.web")
 
@@ -202,6 +204,10 @@ class WebLimits:
 
 def _too_slow(what: str) -> _Refused:
     return _Refused(408, "too_slow", f"the request body came too slowly ({what}); send it again")
+
+
+class WebStartError(AdapterStartError):
+    """The web channel's mailbox cannot be used at start (one line)."""
 
 
 class _Refused(AdapterError):
@@ -451,12 +457,23 @@ class WebChannel:
 
         Raises:
             RuntimeError: the channel was closed and its mailbox was given, not a URL.
+            WebStartError: the mailbox cannot be read (a file it may not open or make): the
+                service started, printed its banner, then answered every post 503 (an
+                outside probe), where the store and the broker stop the start.
         """
         if self._closed:
             if self._url is None:
                 raise RuntimeError("this web channel was closed with its mailbox")
             self.mailbox = open_mailbox(self._url)
             self._closed = False
+        try:
+            await self.ready()
+        except (MailboxError, OSError) as exc:
+            where = f" at {without_password(self._url)}" if self._url else ""
+            said = " ".join(str(exc).split())[:300] or type(exc).__name__
+            raise WebStartError(
+                f"the web channel's mailbox{where} cannot be used ({said}; GATEWAY_WEB_URL)"
+            ) from None
         self._stopping = asyncio.Event()
         self._sink = sink
 

@@ -17,12 +17,10 @@ __all__ = ["SPEC"]
 def _build(section: WebSettings, context: ChannelContext) -> ChannelAdapter:
     from adapters.web.channel import WebChannel
     from adapters.web.login import WebLogin
-    from adapters.web.mailbox import open_mailbox
 
-    mailbox = open_mailbox(section.effective_url(context.shared_url))
     logins = section.logins()
     return WebChannel(
-        mailbox,
+        section.effective_url(context.shared_url),  # its URL: said when it cannot be used
         clock=context.clock,
         login=WebLogin(logins) if logins else None,
         secure_cookie=(context.public_url or "").startswith("https://"),

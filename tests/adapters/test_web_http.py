@@ -1076,3 +1076,24 @@ async def test_one_client_holds_at_most_half_the_upload_slots(
                 assert (await task).status_code == 202
     finally:
         await web.close()
+
+
+async def test_a_mailbox_that_cannot_be_opened_stops_the_start_in_one_line(
+    tmp_path: Path,
+) -> None:
+    """The service started, said "open ... and write", then answered every post 503 (an
+    outside probe); the store and the broker stop the start, and so does the mailbox now."""
+    from adapters.web.channel import WebStartError
+
+    (tmp_path / "taken.db").write_bytes(b"not a database, only bytes " * 200)
+    url = f"sqlite:///{tmp_path}/taken.db"
+    channel = WebChannel(url)
+    with pytest.raises(WebStartError) as raised:
+        await channel.start(TestSink())
+    await channel.close()
+    said = str(raised.value)
+    assert said.startswith(f"the web channel's mailbox at {url} cannot be used (")
+    assert said.endswith("; GATEWAY_WEB_URL)") and "\n" not in said
+    fine = WebChannel(f"sqlite:///{tmp_path}/web.db")  # a new file is made: that starts
+    await fine.start(TestSink())
+    await fine.close()
