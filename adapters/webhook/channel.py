@@ -27,6 +27,7 @@ from __future__ import annotations
 import hashlib
 import json
 import logging
+import unicodedata
 from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any, Literal
@@ -192,11 +193,26 @@ def decision_key(body: DecisionIn) -> str:
     return "webhook-" + hashlib.sha256(canonical.encode()).hexdigest()[:40]
 
 
+_GATEWAY_NAMES = ("operator:", "gateway:")
+"""How the gateway names who acted besides a channel's users (an operator, a worker)."""
+
+
 def _author(value: AuthorIn | None) -> Author:
     if value is None:
         return Author(id="anonymous")
     _check_text(value.id, "'author.id'")
     _check_text(value.name or "", "'author.name'")
+    # a sender relays ids its users may have typed: "[operator:alice] x" in the model's
+    # transcript and the timeline read as an operator's (an outside probe); the web channel
+    # refuses the same names
+    folded = unicodedata.normalize("NFKC", value.id).strip().casefold()
+    if folded.startswith(_GATEWAY_NAMES):
+        raise _Refused(
+            400,
+            "invalid_request",
+            f"'author.id' may not begin {folded.split(':')[0]}: (the gateway's own name for "
+            "who acted)",
+        )
     return Author(id=value.id, name=value.name)
 
 

@@ -237,6 +237,17 @@ HOSTILE: list[tuple[bytes, str, str]] = [
     (b'{"thread": ["t1"], "text": "x"}', "invalid_request", "'thread'"),
     (b'{"thread": "t1", "text": "x", "author": "bob"}', "invalid_request", "'author'"),
     (b'{"thread": "t1", "text": "x", "author": {"id": ""}}', "invalid_request", "'author.id'"),
+    # the gateway's own names for who acted: "[operator:alice] x" read as an operator's
+    (
+        b'{"thread": "t1", "text": "x", "author": {"id": "operator:alice"}}',
+        "invalid_request",
+        "operator:",
+    ),
+    (
+        b'{"thread": "t1", "text": "x", "author": {"id": " Gateway:w1"}}',
+        "invalid_request",
+        "gateway:",
+    ),
     (b'{"thread": "t1"}', "invalid_request", "'text' is required"),
     (b'{"text": "x"}', "invalid_request", "'thread' is required"),
     (b'{"thread": "t 1", "text": "x"}', "invalid_request", "'thread'"),
