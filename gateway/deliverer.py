@@ -38,6 +38,7 @@ from gateway.metrics import Metrics
 from gateway.outage import Outage
 from gateway.waits import until_done
 from harness_core import Clock
+from harness_core.texts import one_line
 
 __all__ = ["Deliverer", "DelivererConfig", "retry_delay_ms"]
 
@@ -210,6 +211,19 @@ class Deliverer:
         except asyncio.CancelledError:
             await self._hand_back(claimed)
             raise
+        except Exception as exc:
+            # the broker failed a settle (a full disk, a blip): the claim lapses, and the next
+            # one looks before it sends (`unknown_outcome`). It went unretrieved, "Task
+            # exception was never retrieved" in the log (an outside probe).
+            log.warning(
+                event(
+                    "delivery not settled",
+                    delivery=claimed.delivery.id,
+                    error=type(exc).__name__,
+                    reason=one_line(str(exc))[:300],
+                    again_in_ms=self.config.lease_ms,
+                )
+            )
         finally:
             if self._metrics is not None:
                 self._metrics.delivery_time(time.monotonic() - began)

@@ -20,7 +20,7 @@ from adapters.channel import ApprovalClosed, ApprovalView, DeliveryError, Outbou
 from adapters.testing import RecordingChannel
 from gateway.authority import Scope, restore, revoke
 from gateway.broker import open_broker
-from gateway.broker.contract import Broker, Delivery
+from gateway.broker.contract import Broker, BrokerError, Delivery
 from gateway.deliverer import Deliverer, DelivererConfig, retry_delay_ms
 from gateway.outage import Outage
 from gateway.redact import Redactor
@@ -562,3 +562,36 @@ async def test_a_thread_s_replies_land_in_the_order_they_were_made(
         assert one_thread == ["first", "second", "third"]
     else:
         assert one_thread[-1] == "first" and sorted(one_thread[:2]) == ["second", "third"]
+
+
+async def test_a_settle_the_broker_fails_is_said_and_the_next_claim_looks_first(
+    rig: Rig, caplog: pytest.LogCaptureFixture
+) -> None:
+    """A full disk failed the settle after the send: its error went unretrieved ("Task
+    exception was never retrieved", an outside probe). It is a warning now, and the claim
+    lapses into one that reconciles before sending again."""
+    real = rig.broker.outbox.settle_delivered
+    failing = [True]
+
+    async def settle(claimed: Any, *, now_ms: int) -> Any:
+        if failing.pop() if failing else False:
+            raise BrokerError("storage", "sqlite error on broker.db: database or disk is full")
+        return await real(claimed, now_ms=now_ms)
+
+    rig.broker.outbox.settle_delivered = settle  # type: ignore[method-assign]
+    caplog.set_level(logging.INFO, logger="gateway.deliverer")
+    deliverer = rig.start(lease_ms=60_000)
+    await rig.enqueue()
+    [said] = await _eventually(lambda: _said(caplog, "delivery not settled"))
+    assert said.msg.fields["error"] == "BrokerError"  # type: ignore[union-attr]
+    assert "disk is full" in said.msg.fields["reason"]  # type: ignore[union-attr]
+    assert not deliverer._running  # the attempt ended, its error taken
+    rig.clock.advance(60_001)  # the claim lapses: the next one reconciles, never sends again
+    found = await rig.until("reply:s:run-1", lambda d: d.status == "delivered")
+    assert found.attempts == 2
+    assert rig.fake.count("reply:s:run-1") == 1
+    assert len(rig.fake.attempts) == 1  # sent once: the second claim only looked
+
+
+async def _said(caplog: pytest.LogCaptureFixture, message: str) -> list[logging.LogRecord]:
+    return [r for r in caplog.records if r.getMessage() == message]
