@@ -253,7 +253,8 @@ class _FileIn(BaseModel):
 class _MessageIn(BaseModel):
     model_config = ConfigDict(extra="forbid", strict=True)
 
-    text: str
+    text: str = ""
+    """Left out of an upload of files alone (a message needs its text or a file)."""
     client_message_id: str | None = Field(default=None, pattern=_CLIENT_ID)
     author: str | _AuthorIn | None = None
     space: str = "default"

@@ -121,6 +121,17 @@ async def test_a_file_name_shows_no_invisible_or_direction_changing_character(
     assert files_agent.newest_user_parts()[1] == TextPart(text="[file: invoicefdp.exe.txt]\nhello")
 
 
+async def test_files_alone_are_a_message_and_nothing_at_all_is_not(rig: ServiceRig) -> None:
+    """An upload of files and no `text` was refused: "'text' is required" (an outside probe)."""
+    body = {"files": [_file("notes.txt", b"ship on Friday", "text/plain")]}
+    response = await rig.http.post("/web/uploads/t4", json=body)
+    assert response.status_code == 202, response.text
+    await rig.answers("t4", 1)
+    assert files_agent.newest_user_parts()[-1] == TextPart(text="[file: notes.txt]\nship on Friday")
+    empty = await rig.http.post("/web/uploads/t4", json={"files": []})
+    assert empty.status_code == 400 and empty.json()["error"]["code"] == "empty_text"
+
+
 async def test_binary_bytes_sent_as_text_are_named_not_read(rig: ServiceRig) -> None:
     """A binary file declared text/plain reached the model as garbled text (tokens spent)."""
     body = {
