@@ -188,7 +188,7 @@ async def test_author_forms(client: httpx.AsyncClient, sink: TestSink) -> None:
         (b"[" * 5000 + b"]" * 5000, 400, "invalid_json"),
         (b"[]", 400, "invalid_request"),
         (b'"text"', 400, "invalid_request"),
-        (b"{}", 400, "invalid_request"),
+        (b"{}", 400, "empty_text"),  # no text and no file: nothing to say
         (b'{"text": ""}', 400, "empty_text"),
         (b'{"text": "  \\n\\t "}', 400, "empty_text"),
         (b'{"text": " \\u200b\\ufeff\\u2060 "}', 400, "empty_text"),  # invisible: was taken
