@@ -53,6 +53,7 @@ __all__ = [
     "MISMATCHED_DECISION_TEXT",
     "NO_WAIT_DECISION_TEXT",
     "REFUSED_TEXT",
+    "RUN_CONTEXT",
     "STUCK_TEXT",
     "Reply",
     "answer_text",
@@ -203,6 +204,32 @@ class Reply:
     outbound: Outbound
 
 
+RUN_CONTEXT = "gateway.reply_context"
+"""The `before_run` hook id under which a ``next_run`` run keeps its message's reply context."""
+
+
+async def _as_its_run_answers(
+    since: _Since, state: ThreadState, stored: StoredRecord
+) -> ThreadState:
+    """`state` with the reply context its run keeps, when it keeps one (a ``next_run`` run).
+
+    Else the thread's newest message's: the run took every message of its thread so far
+    (``steer``, ``follow_up``), so its replies answer the newest it took.
+    """
+    run_id = getattr(stored.record, "run_id", None)
+    if not isinstance(run_id, str):
+        return state
+    started = await since.record(run_id)
+    if started is None or not isinstance(started.record, OperationStarted):
+        return state
+    intent = started.record.intent
+    kept = intent.resume_data if isinstance(intent, RunIntent) else None
+    context = kept.get(RUN_CONTEXT) if kept is not None else None
+    if not isinstance(context, Mapping):
+        return state
+    return state.model_copy(update={"reply_context": context})
+
+
 class _Since:
     """A lane's records after its replied-through mark, read in one range (the reply scan's).
 
@@ -267,10 +294,11 @@ async def enqueue_replies(
     replies: list[Reply] = []
     thread = ThreadRef.model_validate(dict(state.thread))
     for stored in found:
-        outbound = await _outbound(broker, since, state, thread, stored, known or {})
+        answering = await _as_its_run_answers(since, state, stored)
+        outbound = await _outbound(broker, since, answering, thread, stored, known or {})
         if outbound is not None:
             replies.append(Reply(stored.seq, outbound))
-        for closed in await _closes(storage, since, broker, state, thread, stored):
+        for closed in await _closes(storage, since, broker, answering, thread, stored):
             replies.append(Reply(stored.seq, closed))
     for reply in replies:
         await broker.outbox.enqueue(

@@ -49,6 +49,7 @@ from gateway.replies import (
     LATE_DECISION_TEXT,
     MISMATCHED_DECISION_TEXT,
     NO_WAIT_DECISION_TEXT,
+    RUN_CONTEXT,
     born_mark,
     enqueue_decision_notice,
     enqueue_held_notice,
@@ -194,6 +195,9 @@ class _Session:
     given: dict[str, LaneProfile] = field(default_factory=dict)
     """Per lane: the profile `LaneProfiles.apply` just gave it, for the run starting now (its
     `before_run` takes it instead of reading the lane's newest profile entry again)."""
+    answering: dict[str, dict[str, Any]] = field(default_factory=dict)
+    """Per lane: the reply context of the one message the run starting now answers (under
+    ``next_run``), which its ``before_run`` keeps in the run (`gateway.replies.RUN_CONTEXT`)."""
     renewed_ms: int = 0
     """When the ticket was last renewed (or taken)."""
     lease: Any = None
@@ -535,6 +539,7 @@ class Worker:
             self._metrics.session_taken()
             session.unhook.append(self._metrics.watch(harness))
         session.unhook.append(self._prompting(session))
+        session.unhook.append(self._answering(session))
         # a decided wait is closed at once on every copy of its request, not when its run ends
         session.unhook.append(
             harness.events.on("approval_decided", lambda e: self._decided(session, e))
@@ -781,6 +786,21 @@ class Worker:
             if known is not None:
                 threads.setdefault(lane, known)
         return known
+
+    def _answering(self, session: _Session) -> Callable[[], None]:
+        """Keep in a ``next_run`` run the reply context of the message it answers.
+
+        Its replies (the answer, an approval request, a notice) went with the thread's newest
+        reply context: that of a message accepted meanwhile, still waiting for the next run.
+        A Slack reply then took the working reaction off that message too, and an email
+        answered it (In-Reply-To, its author) before its own run began.
+        """
+
+        async def before_run(event: BeforeRunEvent) -> BeforeRunResult | None:
+            context = session.answering.pop(event.lane, None)
+            return None if context is None else BeforeRunResult(resume_data=context)
+
+        return session.harness.hooks.on("before_run", before_run, id=RUN_CONTEXT)
 
     def _prompting(self, session: _Session) -> Callable[[], None]:
         """Fix each run's system prompt when it starts: its lane's profile's (see profiles).
@@ -1353,12 +1373,15 @@ class Worker:
                     )
                     session.given[lane.name] = given
                 text = _text_of(inbound, with_context=fresh, tag=self._tag(given, inbound))
+                if policy == "next_run":  # this run answers this message alone
+                    session.answering[lane.name] = dict(inbound.reply_context)
                 try:
                     started = await lane.start(
                         await self._content(session, text, item, inbound), entry_id=entry_id
                     )
                 finally:
                     session.given.pop(lane.name, None)  # its run took it, or none started
+                    session.answering.pop(lane.name, None)
                 if isinstance(started, Ok):
                     outcome = started.value.outcome()
                     after_s = self._working_after.get(inbound.thread.channel)

@@ -63,7 +63,9 @@ async def _until(check: Callable[[], bool], timeout_s: float = 15.0) -> None:
 
 
 @contextlib.asynccontextmanager
-async def _running(tmp_path: Path, *, status_url: bool = True) -> AsyncIterator[Rig]:
+async def _running(
+    tmp_path: Path, *, status_url: bool = True, busy_policy: str = "steer"
+) -> AsyncIterator[Rig]:
     async with WebhookPeer(secret=SECRET) as peer:
         settings = gateway_settings(
             store_url=f"sqlite:///{tmp_path}/store.db",
@@ -77,6 +79,7 @@ async def _running(tmp_path: Path, *, status_url: bool = True) -> AsyncIterator[
             webhook_status_url=peer.status_url if status_url else None,
             webhook_approvers=(APPROVER,),
             webhook_max_body_bytes=64 * 1024,
+            busy_policy=busy_policy,
         )
         service = Service(settings)
         await service.start()
@@ -217,6 +220,28 @@ async def test_an_approval_round_trip_takes_only_an_approver(rig: Rig) -> None:
     assert late.status_code == 409 and late.json()["error"]["code"] == "no_longer_waiting"
     await asyncio.sleep(0.3)
     assert len(rig.peer.thread("t5")) == 3
+
+
+async def test_under_next_run_each_reply_carries_the_context_of_the_message_it_answers(
+    tmp_path: Path,
+) -> None:
+    """A run's replies went with the thread's newest reply context: that of a message that
+    came meanwhile and waited for the next run (a Slack reply took its working reaction off,
+    an email answered it before its own run began)."""
+    async with _running(tmp_path, busy_policy="next_run") as rig:
+        await rig.say("t7", "/deploy prod", reply_context={"m": 1})
+        [asked] = await rig.replies("t7", 1)
+        assert (asked["kind"], asked["reply_context"]) == ("approval_request", {"m": 1})
+        await rig.say("t7", "hello", reply_context={"m": 2})  # waits for the next run
+        await rig.replies("t7", 2)  # told it waits
+        decided = await rig.peer.send(rig.http, _decision(asked, APPROVER))
+        assert decided.status_code == 202, decided.text
+        replies = await rig.replies("t7", 5)
+    answered = {r["text"]: r["reply_context"] for r in replies if r["kind"] == "reply"}
+    assert answered["Done: deployed prod"] == {"m": 1}  # was {"m": 2}
+    assert answered["You said: hello"] == {"m": 2}
+    [closed] = [r for r in replies if r["kind"] == "approval_closed"]
+    assert closed["reply_context"] == {"m": 1}
 
 
 async def test_a_system_that_did_the_action_supplies_its_result(rig: Rig) -> None:
