@@ -354,7 +354,8 @@ def split_text(text: str, limit: int = SECTION_TEXT_LIMIT) -> list[str]:
     r"""Cut mrkdwn into parts of at most `limit` characters, each of which renders on its own.
 
     A part ends at the last paragraph break that fits, else the last line break, else the last
-    space, else at the limit; never inside a ``<...>`` link or mention, an ``&amp;``-style
+    space, each looked for in the part's second half first (a first line is not posted alone),
+    else at the limit; never inside a ``<...>`` link or mention, an ``&amp;``-style
     entity or a run of backticks. The whitespace at a cut is dropped (a line's indentation is
     kept). A code block cut in two is closed (``\n```````) at the end of one part and reopened
     (```````\n``) at the start of the next. Text that fits is returned unchanged as one part; a
@@ -464,11 +465,17 @@ class _Splitter:
 
         None when only dropping the indentation at `start` makes room for text.
         """
-        for kind in ("paragraph", "line", "space"):
-            for position in self.candidates(kind, first, window_end):
-                cut = self.content_end(start, position)
-                if self.acceptable(start, first, cut, fence_open):
-                    return cut, self.resume(position)
+        # a break in the window's second half first: the last paragraph break that fit was
+        # taken however early it came, and "Hi!" was a post of its own before the rest
+        half = start + (window_end - start) // 2
+        for least in (half, first):
+            for kind in ("paragraph", "line", "space"):
+                for position in self.candidates(kind, first, window_end):
+                    if position < least:
+                        break
+                    cut = self.content_end(start, position)
+                    if self.acceptable(start, first, cut, fence_open):
+                        return cut, self.resume(position)
         cut = window_end
         while self.blocked[cut]:
             cut -= 1

@@ -175,11 +175,21 @@ def test_split_never_cuts_inside_a_link_or_an_entity() -> None:
 def test_split_closes_and_reopens_a_cut_code_block() -> None:
     code = "\n".join(f"line {n}" for n in range(8))
     parts = split_text(f"intro\n\n```\n{code}\n```\noutro", 40)
-    assert parts[0] == "intro"
-    assert parts[1].startswith("```\nline 0") and parts[1].endswith("\n```")
-    assert all(part.startswith("```\n") for part in parts[2:-1])
+    assert parts[0].startswith("intro\n\n```\nline 0") and parts[0].endswith("\n```")
+    assert all(part.startswith("```\n") for part in parts[1:-1])
     assert parts[-1].endswith("outro")
     assert all(part.count("```") % 2 == 0 for part in parts)
+
+
+def test_split_does_not_post_a_first_line_alone() -> None:
+    """The last paragraph break that fit was taken however early: "Sure!" was a message of its
+    own before the rest (an outside probe). A break in the part's second half comes first."""
+    body = "\n".join("word " * 10 for _ in range(100))
+    parts = split_text("Sure!\n\n" + body, 3000)
+    assert parts[0].startswith("Sure!\n\nword") and len(parts[0]) > 2900
+    assert [len(p) for p in parts] == [2963, 2140]
+    # an early break is still taken where nothing later fits
+    assert split_text("Sure!\n\n" + "x" * 60, 40) == ["Sure!", "x" * 36, "x" * 24]
 
 
 def test_split_takes_the_texts_own_closing_fence_rather_than_adding_one() -> None:
