@@ -499,7 +499,8 @@ class SlackDelivery:
 
         A message steered into a busy run wears it too, and the reply answers them all: the
         list travels in the reply context (the newest one reaches the delivery) and is pruned
-        by the thread's answered mark, which deliveries advance.
+        by the thread's answered mark, which deliveries advance. It holds the newest
+        `_WORKING_MAX`; ``working_cut`` names the newest one it dropped (`_sweep` finds those).
         """
         ts = str(inbound.reply_context.get("ts") or "")
         if not ts:
@@ -508,14 +509,28 @@ class SlackDelivery:
             answered = await sink.get_mark(_answered_mark(inbound.thread.lane))
         except Unavailable:
             answered = None  # the accept below says so; the list is cosmetic
-        earlier = known.reply_context.get("working") if known is not None else None
+        floor = ts_key(answered or "0")
+        before = known.reply_context if known is not None else {}
+        earlier = before.get("working")
         kept = [
             t
             for t in (earlier if isinstance(earlier, (list, tuple)) else ())
-            if isinstance(t, str) and t != ts and ts_key(t) > ts_key(answered or "0")
+            if isinstance(t, str) and t != ts and ts_key(t) > floor
         ]
         working = [*kept[-(_WORKING_MAX - 1) :], ts]
         context = {**inbound.reply_context, "working": working}
+        # the messages past the list's bound: the newest of them, for the reply to look for
+        # in the thread (a burst of over 200 left the older ones wearing it for good)
+        dropped = [t for t in (before.get("working_cut"), *kept[: -(_WORKING_MAX - 1)]) if t]
+        cut = max(
+            (t for t in dropped if isinstance(t, str) and ts_key(t) > floor),
+            key=ts_key,
+            default=None,
+        )
+        if cut is not None:
+            context["working_cut"] = cut
+        else:
+            context.pop("working_cut", None)
         return Inbound.model_validate({**inbound.model_dump(), "reply_context": context})
 
     async def _answered(self, channel: str, outbound: Outbound, *, failed: bool = False) -> None:
@@ -537,6 +552,9 @@ class SlackDelivery:
         # The mark first: a person who sees the reaction go and writes at once must find these
         # messages answered (else the next reply would list them again).
         before = await self._mark_answered(outbound.thread.lane, max(working, key=ts_key))
+        cut = outbound.reply_context.get("working_cut")
+        if isinstance(cut, str) and ts_key(cut) > ts_key(before or "0"):
+            await self._sweep(channel, outbound.thread, after=before, through=cut)
         if before is not None and not failed:
             # what an earlier reply answered has lost its reaction already: a burst's lists
             # are built before any answer moves the mark, and each reply took off up to 200
@@ -553,6 +571,36 @@ class SlackDelivery:
             await self._put_mark(_failed_mark(lane), newest_ts)
         else:  # a dead letter redelivered: its question no longer looks failed
             await self._clear_failed(channel, lane, working)
+
+    async def _sweep(
+        self, channel: str, thread: ThreadRef, *, after: str | None, through: str
+    ) -> None:
+        """Take the working reaction off the thread's messages past the lists' bound.
+
+        A reply's list names the newest `_WORKING_MAX` messages; older ones of a long burst
+        are found in the thread (its pages, best effort) by the reaction this bot put on.
+        """
+        _, thread_ts = split_thread(thread)
+        bot = self.link.bot_user_id
+        if thread_ts is None or bot is None:
+            return
+        wearing = []
+        try:
+            async for message in self._messages_since(channel, thread_ts, after or "0"):
+                ts = str(message.get("ts") or "")
+                if not ts or ts_key(ts) <= ts_key(after or "0") or ts_key(ts) > ts_key(through):
+                    continue
+                for reaction in message.get("reactions") or ():
+                    if (
+                        isinstance(reaction, Mapping)
+                        and reaction.get("name") == self.working_reaction
+                        and bot in (reaction.get("users") or ())
+                    ):
+                        wearing.append(ts)
+        except (SlackApiError, aiohttp.ClientError, TimeoutError) as exc:
+            log.debug("slack reaction sweep skipped", extra={"error": type(exc).__name__})
+        for ts in wearing:
+            await self.react(channel, ts, add=False)
 
     async def _clear_failed(self, channel: str, lane: str, working: set[str]) -> None:
         """Take the failed reaction off a message this delivery answers, if one wears it."""
