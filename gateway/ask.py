@@ -94,8 +94,9 @@ LEASE_TTL_MS = 30_000
 it, and an `ask` that was killed holds the session at most this long."""
 LEASE_WAIT_SECONDS = 10.0
 """How long `ask` waits for another process's lease on the session before saying who holds it."""
-ABORT_WAIT_SECONDS = 10.0
-"""After Ctrl-C: how long the aborted run gets to record that it finished."""
+ABORT_WAIT_SECONDS = 15.0
+"""After Ctrl-C: how long the aborted run gets to record that it finished: past the 10 s a tool
+that goes on is given before it is cut off (D407), so its call is named, not left open."""
 ABORT_NOTICE_SECONDS = 1.5
 """After Ctrl-C: how long before `ask` says it is waiting for the run's running step."""
 STRAGGLERS_SECONDS = 2.0

@@ -23,6 +23,7 @@ import importlib.util
 import inspect
 import os
 import sys
+from collections import Counter
 from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
@@ -109,6 +110,14 @@ def load_plugin(name: str | None, settings: Settings | None = None) -> Plugin:
     tools = list(tools)
     if not all(isinstance(tool, Tool) for tool in tools):
         raise PluginError(f"GATEWAY_PLUGIN={name}: tools() must return Tool objects")
+    named = Counter(tool.name for tool in tools)
+    if twice := sorted(n for n, count in named.items() if count > 1):
+        # the last one ran, and the model was offered both: a provider that refuses two
+        # definitions of one name would fail every request (an outside probe)
+        raise PluginError(
+            f"GATEWAY_PLUGIN={name}: tools() names {', '.join(map(repr, twice))} more than "
+            "once: each tool needs a name of its own"
+        )
     for tool in tools:
         # every model request lists it: a schema that cannot be written (a NaN default) failed
         # each request of every thread offered it, three times, then parked the lane stuck

@@ -94,8 +94,16 @@ def denied(decided_by: str | None, reason: str | None) -> str:
 
 
 def tool_failed(tool: str, error: BaseException) -> str:
-    """A tool that raised."""
-    return f"{tool} failed: {type(error).__name__}: {error}"
+    """A tool that raised (an error whose text cannot be read is named by its type alone)."""
+    try:
+        said = str(error)
+    except Exception:  # its __str__ raised: foreign code
+        said = ""
+    return (
+        f"{tool} failed: {type(error).__name__}: {said}"
+        if said
+        else f"{tool} failed: {type(error).__name__}"
+    )
 
 
 def tool_cut_by_abort(tool: str, seconds: float) -> str:

@@ -14,10 +14,11 @@ import functools
 import hashlib
 import inspect
 import json
+import math
 import typing
 from collections.abc import Awaitable, Callable, Mapping
 from dataclasses import dataclass, field
-from typing import Any, Literal
+from typing import Any, Literal, get_args
 
 from pydantic import BaseModel, ValidationError, model_validator
 
@@ -132,6 +133,32 @@ class Tool:
     execution_mode: Literal["parallel", "sequential"] = "parallel"
     requires_approval: bool = False
     timeout_seconds: float | None = None
+
+    def __post_init__(self) -> None:
+        # refused where it is declared, as a plugin loads: each was accepted, then faulted the
+        # session at the first call ("maybe"), or was silently ignored (a timeout of -5)
+        if not isinstance(self.name, str) or not self.name.strip():
+            raise ValueError(f"a tool needs a name, not {self.name!r}")
+        if self.replay not in get_args(Replay):
+            raise ValueError(
+                f"tool {self.name!r}: replay must be 'never' or 'safe', not {self.replay!r}"
+            )
+        if self.execution_mode not in ("parallel", "sequential"):
+            raise ValueError(
+                f"tool {self.name!r}: execution_mode must be 'parallel' or 'sequential', not "
+                f"{self.execution_mode!r}"
+            )
+        limit = self.timeout_seconds
+        if limit is not None and (
+            isinstance(limit, bool)
+            or not isinstance(limit, int | float)
+            or not math.isfinite(limit)
+            or limit <= 0
+        ):
+            raise ValueError(
+                f"tool {self.name!r}: timeout_seconds must be a number of seconds above 0 (or "
+                f"None: no limit), not {limit!r}"
+            )
 
     def definition(self) -> ToolDefinition:
         """How the model sees this tool."""
@@ -259,6 +286,18 @@ def tool(
     """
 
     def build(execute: ToolExecute) -> Tool:
+        tool_name: str = name or str(getattr(execute, "__name__", ""))
+        if not inspect.iscoroutinefunction(execute):
+            # a plain def ran its effect, then its call failed ("object str can't be used in
+            # 'await' expression"): the model, told it failed, would make it again
+            raise TypeError(
+                f"tool {tool_name!r}: its function must be `async def` (a plain def would "
+                "also hold every other thread while it runs)"
+            )
+        try:
+            inspect.signature(execute).bind(None, None)
+        except TypeError:
+            raise TypeError(f"tool {tool_name!r}: its function must take (args, ctx)") from None
         hints = typing.get_type_hints(execute)
         parameters = list(inspect.signature(execute).parameters)
         annotation = hints.get(parameters[0]) if parameters else None
@@ -268,7 +307,6 @@ def tool(
             else None
         )
         doc = inspect.getdoc(execute) or ""
-        tool_name = name or execute.__name__
         return Tool(
             name=tool_name,
             description=description or doc or tool_name,

@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import re
 from collections.abc import Awaitable, Callable
 from typing import TYPE_CHECKING, Any, Final, Literal, TypeVar
 
@@ -181,7 +182,20 @@ class ExternalEffects:
         """Run a tool; after an abort it may settle (it sees `ctx.abort`) for the grace, D407.
 
         A call whose run was aborted before it started does not start: its result says so.
+        Whatever it gives or raises becomes a result that can be stored: its text cut to
+        `MAX_TOOL_TEXT_CHARS` (D404), a character no JSON can hold (an unpaired surrogate, as
+        ``os.fsdecode`` makes) replaced. Such a text faulted the whole session, every lane with
+        a call running in it losing that call's result (an outside probe).
         """
+        output = _text_bounded(await self._run_tool(prepared))
+        try:
+            output.model_dump_json()
+        except ValueError:  # pydantic's serialization error: the surrogates' UnicodeEncodeError
+            self.runtime.report("tool", prepared.tool.name, "unpaired surrogates replaced")
+            output = type(output).model_validate(_without_surrogates(output.model_dump()))
+        return output
+
+    async def _run_tool(self, prepared: PreparedToolCall) -> ToolOutput:
         self.runtime.check()
         tool = prepared.tool
         # the call's intent first: a power-loss durability point unless it may run again (D233)
@@ -197,7 +211,12 @@ class ExternalEffects:
         def aborted() -> None:
             nonlocal cut
             grace_end = loop.time() + TOOL_ABORT_GRACE_S
-            if scope is not None and (limit is None or grace_end < limit):
+            # once only, and never on a scope already expiring: a second abort (`ask`'s Ctrl-C
+            # path sets it again) raised "Cannot change state of expiring Timeout" into the
+            # one who aborted (an outside probe), and would have moved the grace's end later
+            if cut or scope is None or scope.expired():
+                return
+            if limit is None or grace_end < limit:
                 cut = True
                 scope.reschedule(grace_end)
 
@@ -222,25 +241,26 @@ class ExternalEffects:
             return ToolOutput.text(
                 texts.tool_timed_out(tool.name, tool.timeout_seconds or 0), is_error=True
             )
-        except (Exception, SystemExit, KeyboardInterrupt) as exc:
-            # foreign code: a tool that calls sys.exit() or raises KeyboardInterrupt fails its
-            # call; it ended the whole process, every lane with it (an outside probe)
-            return ToolOutput.text(texts.tool_failed(tool.name, exc), is_error=True)
         except asyncio.CancelledError as exc:
             task = asyncio.current_task()
             if task is None or task.cancelling():
                 raise  # this task is being cancelled: the run's abort, the process stopping
             # raised by the tool itself: its failure, or the lane sat unanswered, no word said
             return ToolOutput.text(texts.tool_failed(tool.name, exc), is_error=True)
+        except BaseException as exc:
+            # foreign code: a tool that calls sys.exit(), raises KeyboardInterrupt or
+            # GeneratorExit fails its call; the first two ended the whole process, every lane
+            # with it, the third faulted the session (outside probes)
+            return ToolOutput.text(texts.tool_failed(tool.name, exc), is_error=True)
         returned: object = raw  # typed, but a tool is foreign code
         if isinstance(returned, str):
-            return _text_bounded(ToolOutput.text(returned))
+            return ToolOutput.text(returned)
         if not isinstance(returned, ToolOutput):
             return ToolOutput.text(
                 f"{tool.name} returned {type(returned).__name__}, not text or a ToolOutput",
                 is_error=True,
             )
-        return _text_bounded(self.checked_output(returned, tool.name))
+        return self.checked_output(returned, tool.name)
 
     def checked_output(self, output: ToolOutput, tool_name: str) -> ToolOutput:
         """A tool's (or hook's) output, valid before it can reach a record or an entry."""
@@ -303,6 +323,20 @@ class ExternalEffects:
 
         waited = await self._until_aborted(wait())
         return "elapsed" if waited else "aborted"
+
+
+_SURROGATE = re.compile("[\ud800-\udfff]")
+
+
+def _without_surrogates(value: Any) -> Any:
+    """`value` (a model's dump) with every unpaired surrogate written as U+FFFD."""
+    if isinstance(value, str):
+        return _SURROGATE.sub("\ufffd", value)
+    if isinstance(value, dict):
+        return {_without_surrogates(k): _without_surrogates(v) for k, v in value.items()}
+    if isinstance(value, list | tuple):
+        return [_without_surrogates(item) for item in value]
+    return value
 
 
 def _text_bounded(output: ToolOutput) -> ToolOutput:

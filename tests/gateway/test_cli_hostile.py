@@ -667,7 +667,7 @@ async def test_ctrl_c_names_a_never_repeated_call_that_ran_before_the_abort(
     code, out, err = await finish(asking)
     assert (code, out) == (130, "")
     # a charge still running 1.5 s after the abort is said to be waited for, first
-    notice = "(stopping: the run ends once its running step does, within 10 s; Ctrl-C again"
+    notice = "(stopping: the run ends once its running step does, within 15 s; Ctrl-C again"
     err = err.removeprefix(f"{notice} to stop waiting)\n")
     assert one_line(err) == (
         "gateway: interrupted: the run on lane cli:default was aborted; before it stopped, "
@@ -1014,7 +1014,7 @@ async def test_ctrl_c_during_a_slow_tool_says_what_it_waits_for(tmp_path: Path) 
     assert (code, out) == (130, "")
     notice, last = err.splitlines()  # before: ten silent seconds, then only the last line
     assert notice == (
-        "(stopping: the run ends once its running step does, within 10 s; Ctrl-C again to stop "
+        "(stopping: the run ends once its running step does, within 15 s; Ctrl-C again to stop "
         "waiting)"
     )
     assert last == "gateway: interrupted: the run on lane cli:default was aborted"

@@ -148,6 +148,47 @@ def test_tools_returning_something_else_is_refused(workdir: Path, returned: str,
         load_plugin(name, Settings())
 
 
+def test_two_tools_of_one_name_or_a_plain_def_tool_are_refused_at_start(workdir: Path) -> None:
+    """Two tools named alike: the last one ran, and the model was offered both (a provider that
+    refuses that fails every request). A plain def ran its effect, then its call failed: the
+    model would make it again (an outside probe)."""
+    _module(
+        workdir,
+        "twice_named",
+        """
+        from harness_core import Tool, ToolContext, tool
+
+        async def first(args: dict, ctx: ToolContext) -> str:
+            return "one"
+
+        async def second(args: dict, ctx: ToolContext) -> str:
+            return "two"
+
+        def tools():
+            return [tool(name="lookup")(first), tool(name="lookup")(second)]
+        """,
+    )
+    with pytest.raises(PluginError, match="tools\\(\\) names 'lookup' more than once"):
+        load_plugin("twice_named", Settings())
+    _module(
+        workdir,
+        "plain_def",
+        """
+        from harness_core import ToolContext, tool
+
+        @tool()
+        def syncfn(args: dict, ctx: ToolContext) -> str:
+            return "sync result"
+
+        def tools():
+            return [syncfn]
+        """,
+    )
+    with pytest.raises(PluginError) as raised:
+        load_plugin("plain_def", Settings())
+    assert "'syncfn': its function must be `async def`" in str(raised.value)
+
+
 def test_a_tool_whose_schema_a_model_cannot_take_is_refused_at_start(workdir: Path) -> None:
     """A NaN default passed the start and failed every request of every thread offered the
     tool, three times each, then parked the lane stuck (an outside probe)."""

@@ -187,6 +187,84 @@ async def test_a_tool_that_exits_or_cancels_itself_fails_its_call_not_the_proces
     assert message_text(result).startswith(said)
 
 
+def test_a_tool_declared_wrong_is_refused_where_it_is_declared() -> None:
+    """Each was accepted, then: a plain def ran its effect and its call failed (the model, told
+    so, would make it again); replay="maybe" faulted the session at the first call; a timeout
+    of -5 was ignored; a function without (args, ctx) failed at every call (an outside probe)."""
+
+    def plain(args: dict[str, object], ctx: ToolContext) -> str:
+        return "done"
+
+    async def takes_nothing() -> str:
+        return "done"
+
+    async def fine(args: dict[str, object], ctx: ToolContext) -> str:
+        return "done"
+
+    with pytest.raises(TypeError, match="'plain': its function must be `async def`"):
+        tool()(plain)  # type: ignore[arg-type]
+    with pytest.raises(TypeError, match=r"'takes_nothing': its function must take \(args, ctx\)"):
+        tool()(takes_nothing)  # type: ignore[arg-type]
+    with pytest.raises(ValueError, match="replay must be 'never' or 'safe', not 'maybe'"):
+        tool(replay="maybe")(fine)  # type: ignore[arg-type]
+    for limit in (-5, 0, float("nan"), float("inf")):
+        with pytest.raises(ValueError, match="timeout_seconds must be a number of seconds"):
+            tool(timeout_seconds=limit)(fine)
+    with pytest.raises(ValueError, match="a tool needs a name"):
+        tool(name=" ")(fine)
+    assert tool(timeout_seconds=2)(fine).timeout_seconds == 2
+
+
+class _Unreadable(Exception):
+    def __str__(self) -> str:
+        raise RuntimeError("str fails")
+
+
+@pytest.mark.parametrize(
+    ("raised", "returned", "said"),
+    [
+        (None, "bad \udcff byte", "bad \ufffd byte"),  # os.fsdecode's, a subprocess's
+        (RuntimeError("bad \ud800 char"), None, "odd failed: RuntimeError: bad \ufffd char"),
+        (_Unreadable(), None, "odd failed: _Unreadable"),
+        (GeneratorExit(), None, "odd failed: GeneratorExit"),
+    ],
+)
+async def test_a_tool_s_text_no_store_could_hold_fails_or_answers_its_call_alone(
+    backend: str, tmp_path: Path, raised: BaseException | None, returned: str | None, said: str
+) -> None:
+    """A lone surrogate in a result or an error's text, an error whose text cannot be read, a
+    GeneratorExit: each faulted the whole session, every lane with a call running in it losing
+    that call's result, and after three tries parked stuck (an outside probe)."""
+
+    @tool(replay="safe")
+    async def odd(args: dict[str, object], ctx: ToolContext) -> str:
+        if raised is not None:
+            raise raised
+        assert returned is not None
+        return returned
+
+    kit = await make_kit(backend, tmp_path, [tool_call("odd"), text("read it")], tools=[odd])
+    assert isinstance(await kit.harness.prompt("go"), Ok)
+    result = kit.model.requests[-1].messages[-1]
+    assert isinstance(result, ToolResultMessage)
+    assert result.outcome == ("ok" if raised is None else "error")
+    assert message_text(result) == said
+
+
+async def test_a_huge_error_is_cut_as_a_huge_result_is(backend: str, tmp_path: Path) -> None:
+    """D404 bounded what a tool returns, not what it raises: a 5 MB error filled the context."""
+
+    @tool()
+    async def loud(args: dict[str, object], ctx: ToolContext) -> str:
+        raise RuntimeError("E" * 5_000_000)
+
+    kit = await make_kit(backend, tmp_path, [tool_call("loud"), text("read it")], tools=[loud])
+    assert isinstance(await kit.harness.prompt("go"), Ok)
+    result = kit.model.requests[-1].messages[-1]
+    assert isinstance(result, ToolResultMessage) and result.outcome == "error"
+    assert len(message_text(result)) < MAX_TOOL_TEXT_CHARS + 200
+
+
 async def test_a_tool_s_own_timeout_error_is_its_failure_not_a_timeout(
     backend: str, tmp_path: Path
 ) -> None:
@@ -249,6 +327,34 @@ async def test_an_aborted_run_s_tool_settles_or_is_cut_off_after_a_grace(
             "work was cut off 0.2 s after the run was stopped; it may or may not have had its "
             "effect: check before repeating it"
         )
+
+
+async def test_a_second_abort_neither_moves_the_grace_nor_fails_its_caller(
+    backend: str, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The abort signal calls its callbacks at every set: a second abort moved the grace's end
+    later, and one that came as the grace ran out raised "Cannot change state of expiring
+    Timeout" into its caller (`gateway ask`'s Ctrl-C: exit 1, an outside probe)."""
+    monkeypatch.setattr(lane_effects, "TOOL_ABORT_GRACE_S", 1.0)
+    started = asyncio.Event()
+
+    @tool()
+    async def deaf(args: dict[str, object], ctx: ToolContext) -> str:
+        started.set()
+        await asyncio.Event().wait()
+        return "never"
+
+    kit = await make_kit(backend, tmp_path, [tool_call("deaf")], tools=[deaf])
+    running = asyncio.ensure_future(kit.harness.prompt("go"))
+    await started.wait()
+    loop = asyncio.get_running_loop()
+    began = loop.time()
+    assert isinstance(await kit.harness.abort(), Ok)
+    await asyncio.sleep(0.8)
+    again = await kit.harness.abort()  # raised nothing; the grace still ends at 1 s
+    outcome = await asyncio.wait_for(running, 5)
+    assert loop.time() - began < 1.5  # was 1.8: the second abort began a grace of its own
+    assert isinstance(outcome, Ok) and outcome.value.kind == "aborted", (again, outcome)
 
 
 async def test_a_run_cancelled_while_its_tool_runs_is_still_cancelled(

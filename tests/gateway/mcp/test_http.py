@@ -320,7 +320,7 @@ async def test_a_long_answer_is_parsed_aside_and_its_blocks_joined(
     monkeypatch.setattr(http_bodies, "read_message", spied)
     many, after, _ = await _flood(answers, {"blocks": 100_000})
     parts = [part.text for part in many.content if isinstance(part, TextPart)]
-    assert parts[0] == "c" * 20_000  # one block, cut to what the model reads (a note after it)
+    assert parts[0] == "c\n" * 10_000  # one block (a line each), cut to what the model reads
     assert readers and threading.main_thread() not in readers
     assert text(after) == "echo: still here"
 
