@@ -12,16 +12,15 @@ point group.
 
 from __future__ import annotations
 
-import contextlib
 from collections.abc import Callable, Iterator, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Generic, TypeVar
-from urllib.parse import urlsplit
 
 from pydantic import SecretStr
 
 from adapters.channel import ChannelAdapter
 from config.sections import Section
+from harness_core.backends.urls import userinfo_password
 from harness_core.clock import Clock
 
 __all__ = ["ChannelContext", "ChannelSpec"]
@@ -93,7 +92,5 @@ class ChannelSpec(Generic[S]):
                         yield whole
                         if ":" in whole:
                             yield whole.partition(":")[2]
-            elif isinstance(value, str) and "://" in value:
-                with contextlib.suppress(ValueError):  # not a URL after all: no password
-                    if password := urlsplit(value).password:
-                        yield password
+            elif isinstance(value, str) and (password := userinfo_password(value)):
+                yield password  # read up to the last "@": an unencoded "#" or "@" too

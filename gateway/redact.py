@@ -21,7 +21,7 @@ import json
 import os
 import re
 from collections.abc import Callable, Iterable, Mapping
-from urllib.parse import quote, quote_plus, unquote, urlsplit
+from urllib.parse import quote, quote_plus, unquote
 
 from starlette.datastructures import Headers
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
@@ -39,6 +39,7 @@ from harness_core import (
     ModelRequest,
     TokenUsage,
 )
+from harness_core.backends.urls import userinfo_password
 
 __all__ = [
     "MIN_SECRET_CHARS",
@@ -87,10 +88,7 @@ def url_password(url: str | None) -> str | None:
     """The password in `url`'s userinfo (decoded), if it has one."""
     if not url or "@" not in url:
         return None
-    try:
-        password = urlsplit(url).password
-    except ValueError:
-        return None
+    password = userinfo_password(url)  # up to the last "@": an unencoded "#" or "@" too
     return unquote(password) if password else None
 
 

@@ -68,7 +68,7 @@ from harness_core import (
     open_repo,
 )
 from harness_core.backends.redis import server_config
-from harness_core.backends.urls import without_password
+from harness_core.backends.urls import userinfo_password, without_password
 from harness_core.texts import one_line
 
 __all__ = ["Service", "ServiceParts", "StartRefused", "default_worker_id"]
@@ -326,6 +326,7 @@ class Service:
             # a tool no server will offer again: a resume waiting for it would wait for ever
             tool_gone=mcp.gone if mcp is not None else (lambda name: True),
             outage=outage,
+            writable=self._kept.writable if self._kept is not None else None,
         )
         self.deliverer = Deliverer(
             DelivererConfig(
@@ -626,7 +627,7 @@ class Service:
         detail = str(why) or (
             f"no answer in {_PROBE_TIMEOUT_S:g} s" if isinstance(why, TimeoutError) else ""
         )
-        password = urlsplit(url).password
+        password = userinfo_password(url)
         if password:  # an error's text may quote the URL it was given
             detail = detail.replace(password, "***")
         detail = " ".join(detail.split())[:300]

@@ -242,8 +242,12 @@ class Worker:
         tools_version: Callable[[], int] = lambda: 0,
         tool_gone: Callable[[str], bool] = lambda name: False,
         outage: Outage | None = None,
+        writable: Callable[[], Awaitable[Exception | None]] | None = None,
     ) -> None:
         self.config = config
+        self._writable = writable
+        """Whether the store takes writes now (None: it does, or nothing can say): asked before
+        a session that faulted is resumed (`_refuses_writes`)."""
         self._tool_gone = tool_gone
         """Whether a tool will not be offered again by itself (`McpTools.gone`)."""
         self._gone: dict[str, tuple[str, ...]] = {}
@@ -555,6 +559,8 @@ class Worker:
         self.active[session_id] = session
         log.info(event("session taken", session=session_id, suspended=len(suspended)))
         try:
+            if await self._refuses_writes(session_id):
+                return await self._let_go(session, faulted=True)
             await self._same_history(session)  # before anything this take does writes
             ended = await self._end_revoked(session)  # never resumed, parked or answered
             for op in suspended:
@@ -583,6 +589,32 @@ class Worker:
             await self._let_go(session)
             raise
         return await self._carry_on(session)
+
+    async def _refuses_writes(self, session_id: str) -> bool:
+        """Whether a session that faulted last time must wait: the store refuses writes.
+
+        A Redis full under ``noeviction`` faulted each take's first write: every take resumed
+        the lane's operation once more, and three in 7 s parked it stuck until an operator
+        resumed it, its thread's later messages unanswered (an outside probe). Such a take
+        now waits, its backoff growing, without resuming anything, until a write goes in.
+        """
+        if self._writable is None or not self._faults.get(session_id):
+            return False
+        try:
+            refused = await self._writable()
+        except Exception as exc:
+            refused = exc
+        if refused is None:
+            return False
+        log.warning(
+            event(
+                "session waits for the store to take writes",
+                session=session_id,
+                error=type(refused).__name__,
+                reason=one_line(str(refused))[:300],
+            )
+        )
+        return True
 
     async def _carry_on(self, session: _Session) -> int | Literal["lapse", "warm"] | None:
         """Work on a session in hand until it is idle; then keep it warm or let it go."""

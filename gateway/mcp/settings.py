@@ -28,6 +28,7 @@ from pydantic import (
 from config import Settings
 from config.fields import check_http_url
 from config.sections import Section
+from harness_core.backends.urls import userinfo_password
 
 __all__ = ["SECTION", "McpSection", "McpServer", "McpToolOverride", "mcp_secrets", "mcp_section"]
 
@@ -142,7 +143,7 @@ class McpServer(_Table):
                 yield rest
         if self.bearer_token is not None:
             yield self.bearer_token.get_secret_value()
-        if self.url is not None and (password := urlsplit(self.url).password):
+        if self.url is not None and (password := userinfo_password(self.url)):
             yield password
         # keys people pass the way a server's README shows (`npx server --api-key X`,
         # `https://host/mcp?api_key=X`): a server's stderr repeats them into the health

@@ -33,6 +33,7 @@ __all__ = [
     "shown",
     "SqliteUrls",
     "UrlForm",
+    "userinfo_password",
     "without_password",
 ]
 
@@ -57,17 +58,32 @@ _DATABASE = re.compile(r"/?|/[0-9]+")
 _CLUSTER_DATABASE = re.compile(r"/?|/0")
 
 
+def userinfo_password(url: str) -> str | None:
+    """The password in `url`'s userinfo as written (percent-encoded or not), if it has one.
+
+    Read up to the last ``@``, not as `urlsplit` reads it: a password left unencoded (``#``,
+    ``@``, ``/`` in a generated one) ended the netloc early, so ``redis://:secr#et@host`` had
+    no password to hide and was printed whole, ``redis://:p@ss@host`` all but its first
+    character (an outside probe). A URL with an ``@`` in its path or query may have more of
+    it taken for a password: hidden too much, never too little.
+    """
+    _, sep, rest = url.partition("://")
+    at = rest.rfind("@")
+    if not sep or at < 0:
+        return None
+    _, colon, password = rest[:at].partition(":")
+    return password if colon and password else None
+
+
 def without_password(url: str) -> str:
-    """`url` with its password shown as ``***`` (for messages and logs; unparsable: unchanged)."""
-    try:
-        parts = urlsplit(url)
-        password = parts.password
-    except ValueError:
+    """`url` with its password shown as ``***`` (for messages and logs)."""
+    password = userinfo_password(url)
+    if password is None:
         return url
-    if not password:
-        return url
-    netloc = parts.netloc.replace(f":{password}@", ":***@", 1)
-    return urlunsplit(parts._replace(netloc=netloc))
+    scheme, _, rest = url.partition("://")
+    at = rest.rfind("@")
+    user = rest[:at].partition(":")[0]
+    return f"{scheme}://{user}:***{rest[at:]}"
 
 
 def shown(url: str) -> str:
@@ -240,6 +256,12 @@ class RedisUrls:
         base, _, variant = scheme.partition("+")
         cluster = variant == "cluster"
         parts = urlsplit(url)
+        password = userinfo_password(url) or ""
+        if any(c in password for c in "@#/?"):  # read as the host's, the port's or a path's
+            raise refuse(
+                url,
+                "its password holds @, #, / or ?: write them percent-encoded (%40, %23, %2F, %3F)",
+            )
         try:
             port = parts.port
         except ValueError:

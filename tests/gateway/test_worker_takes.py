@@ -153,3 +153,37 @@ async def test_messages_that_wait_while_every_slot_is_busy_are_said_once_a_minut
     assert not await worker.slots_busy()  # once a minute at most
     CLOCK.advance(1_000)
     assert await worker.slots_busy()
+
+
+async def test_a_session_that_faulted_waits_while_the_store_refuses_writes(
+    broker: Broker, caplog: pytest.LogCaptureFixture
+) -> None:
+    """A Redis full under noeviction faulted each take's first write; each take resumed the
+    lane's operation once more, and three in 7 s parked it stuck (an outside probe). A take of
+    a session that faulted asks the store first, and resumes nothing while it refuses."""
+    answers: list[Exception | None] = [OSError("OOM command not allowed when used memory")]
+    asked: list[int] = []
+
+    async def writable() -> Exception | None:
+        asked.append(1)
+        return answers[-1]
+
+    worker = Worker(
+        WorkerConfig(worker_id="w1", slots=1),
+        cast(Any, None),
+        broker,
+        cast(Any, None),
+        CLOCK,
+        writable=writable,
+    )
+    assert not await worker._refuses_writes("s1")  # it never faulted: nothing asked
+    assert asked == []
+    worker._faults["s1"] = 1
+    caplog.set_level(logging.INFO, logger="gateway.worker")
+    assert await worker._refuses_writes("s1")
+    [said] = [
+        r for r in caplog.records if r.getMessage() == "session waits for the store to take writes"
+    ]
+    assert "OOM" in said.msg.fields["reason"]  # type: ignore[union-attr]
+    answers.append(None)  # the store takes writes again: the take goes on
+    assert not await worker._refuses_writes("s1")

@@ -21,6 +21,7 @@ from harness_core.backends.urls import (
     RedisUrls,
     SqliteUrls,
     shown,
+    without_password,
 )
 from harness_core.errors import SessionError
 from harness_core.storage import open_repo
@@ -229,3 +230,27 @@ def test_the_store_the_broker_and_the_mailbox_refuse_alike(thing: str, url: str)
         opener(url)
     message = str(refused.value)
     assert accepted in message and "\n" not in message and "hunter2" not in message
+
+
+@pytest.mark.parametrize(
+    ("url", "shown"),
+    [
+        ("redis://:secr#et@127.0.0.1:16401/0", "redis://:***@127.0.0.1:16401/0"),
+        ("redis://:p@ss:w/rd#1%?x@127.0.0.1:16401/0", "redis://:***@127.0.0.1:16401/0"),
+        ("redis://ann:p%40ss@h:1/0", "redis://ann:***@h:1/0"),
+        ("redis://ann@h:1/0", "redis://ann@h:1/0"),
+        ("redis://h:1/0", "redis://h:1/0"),
+    ],
+)
+def test_a_password_left_unencoded_is_hidden_whole(url: str, shown: str) -> None:
+    """A `#` ended the netloc as `urlsplit` reads it, so the password was printed whole; an
+    `@` left all but its first character (an outside probe): read up to the last `@` now."""
+    assert without_password(url) == shown
+    password = url.partition("://")[2].rpartition("@")[0].partition(":")[2]
+    if not any(c in password for c in "@#/?"):
+        return
+    with pytest.raises(SessionError) as refused:
+        open_repo(url)
+    said = str(refused.value)
+    assert password not in said and password[1:] not in said
+    assert "write them percent-encoded (%40, %23, %2F, %3F)" in said
