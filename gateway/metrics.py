@@ -72,6 +72,10 @@ __all__ = ["LANE_STATUSES", "MCP_OUTCOMES", "MODEL_ERROR_KINDS", "RUN_LIMITS", "
 
 log = logging.getLogger("gateway.metrics")
 
+READ_BOUND_S = 4.0
+"""The longest a scrape's read of the broker or the store may take (well inside the 10 s
+Prometheus gives a scrape by default)."""
+
 LANE_STATUSES: Final = get_args(LaneStatus)
 """Every value of ``gateway_lanes{status}`` (each is served, 0 when no lane has it)."""
 MODEL_ERROR_KINDS: Final = get_args(ModelErrorKind)
@@ -412,20 +416,29 @@ class Metrics:
     # -- read at scrape time ---------------------------------------------------------------
 
     async def refresh(self) -> None:
-        """Read the broker and the store again where their cached values are too old."""
+        """Read the broker and the store again where their cached values are too old.
+
+        Both at once, each within `READ_BOUND_S`: one after the other, a Redis that hung held a
+        scrape 20 s, past Prometheus' 10 s scrape timeout, so every scrape failed and no alert
+        could fire (an outside probe). A read cut off counts as a read error; the values read
+        before stay served.
+        """
         async with self._reading:  # a scrape storm waits for one read
             now = time.monotonic()
+            reads = []
             if self._broker_read_at is None or now - self._broker_read_at >= self.broker_ttl_s:
-                await self._read_broker()
-                self._broker_read_at = time.monotonic()
+                reads.append(self._read_broker())
+                self._broker_read_at = now
             if self._lanes_read_at is None or now - self._lanes_read_at >= self.lanes_ttl_s:
-                await self._read_lanes()
-                self._lanes_read_at = time.monotonic()
+                reads.append(self._read_lanes())
+                self._lanes_read_at = now
+            await asyncio.gather(*reads)
 
     async def _read_broker(self) -> None:
         try:
-            inbox = await self._broker.inbox.backlog()
-            outbox = await self._broker.outbox.backlog(now_ms=self._clock.now_ms())
+            async with asyncio.timeout(READ_BOUND_S):
+                inbox = await self._broker.inbox.backlog()
+                outbox = await self._broker.outbox.backlog(now_ms=self._clock.now_ms())
         except Exception as exc:
             self.read_errors.labels("broker").inc()
             log.warning(event("metrics read failed", source="broker", error=type(exc).__name__))
@@ -439,7 +452,8 @@ class Metrics:
 
     async def _read_lanes(self) -> None:
         try:
-            counts, truncated, asked_at = await self._count_lanes()
+            async with asyncio.timeout(READ_BOUND_S):
+                counts, truncated, asked_at = await self._count_lanes()
         except Exception as exc:
             self.read_errors.labels("store").inc()
             log.warning(event("metrics read failed", source="store", error=type(exc).__name__))

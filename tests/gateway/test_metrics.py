@@ -17,6 +17,7 @@ import httpx
 import pytest
 from prometheus_client.parser import text_string_to_metric_families
 
+import gateway.metrics as metrics_module
 from adapters.channel import Outbound, ThreadRef
 from adapters.testing import RecordingChannel
 from config import Settings
@@ -362,6 +363,32 @@ async def test_scrape_time_reads_are_cached_and_bounded(services: Start) -> None
     assert value(samples, "gateway_dead_letters") == 1
     assert value(samples, "gateway_lanes_truncated") == 1
     assert sum(value(samples, "gateway_lanes", status=s) for s in LANE_STATUSES) <= 2
+
+
+async def test_a_read_that_hangs_is_cut_off_and_the_scrape_answers_in_time(
+    services: Start, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A Redis that hung held a scrape 20 s (the broker's read, then the store's, each waiting
+    out its socket's timeout), past Prometheus' 10 s: every scrape failed, no alert could fire
+    (an outside probe). Each read is cut off at `READ_BOUND_S` now, both at once."""
+    gw: Running = await services(fresh_reads=False)
+    metrics = gw.service.metrics
+    assert metrics is not None
+    await gw.samples()
+    monkeypatch.setattr(metrics_module, "READ_BOUND_S", 0.3)
+
+    async def hung(*args: object, **kwargs: object) -> object:
+        await asyncio.Event().wait()
+        raise AssertionError("unreachable")
+
+    monkeypatch.setattr(gw.broker.inbox, "backlog", hung)
+    monkeypatch.setattr(metrics._repo, "list", hung)
+    metrics.broker_ttl_s = metrics.lanes_ttl_s = 0
+    began = asyncio.get_running_loop().time()
+    samples = await gw.samples()
+    assert asyncio.get_running_loop().time() - began < 2.0  # both at once, each cut at 0.3 s
+    assert value(samples, "gateway_metrics_read_errors_total", source="broker") == 1
+    assert value(samples, "gateway_metrics_read_errors_total", source="store") == 1
 
 
 class _ThreeAttempts:
