@@ -378,10 +378,13 @@ async def _decided(
         pending, wait_id = waiting
         if decide is None:
             calls = "; ".join(_call_text(call) for call in pending)
+            # refused, the question was not taken: said so, or it read as asked (an outside probe)
+            refused = not isinstance(result, Ok) and isinstance(result.error, DecisionsRequired)
+            untaken = "this question was not taken; " if refused else ""
             raise AskFailed(
-                f"the run on lane {lane.name} waits for approval of {calls}: nobody here can "
-                f"decide (input is not a terminal); `{command()} ask --lane {lane.name}` in a "
-                "terminal asks again, and the lane keeps waiting until then"
+                f"the run on lane {lane.name} waits for approval of {calls}: {untaken}nobody "
+                f"here can decide (input is not a terminal); `{command()} ask --lane "
+                f"{lane.name}` in a terminal asks again, and the lane keeps waiting until then"
             )
         decisions: list[ApprovalDecision] = []
         for call in pending:

@@ -240,7 +240,7 @@ async def _run(args: argparse.Namespace, settings: Settings) -> int:
         await repo.close()
         redactor = Redactor.from_settings(settings)  # a record stored before redaction existed
         try:
-            _write([redactor.redact(line) for line in out])
+            _write([redactor.redact(line) for line in out], escaped=args.command == "store")
         except _OutputFailed as exc:
             if args.command != "ask":
                 raise
@@ -277,13 +277,19 @@ def _store_problem(exc: sqlite3.Error | OSError) -> str:
     return f"{said} ({hint})" if hint else said
 
 
-def _write(out: list[str]) -> None:
+def _write(out: list[str], *, escaped: bool = False) -> None:
+    """Print `out`; its control characters written as escapes on a terminal, or always.
+
+    `escaped`: whatever reads it (`store show | less -R` passed a message's escape sequences to
+    the terminal, an outside probe; `ops timeline` escapes them always too). An `ask`'s answer
+    piped elsewhere is left as the model wrote it.
+    """
     if not out:
         return
     text = "\n".join(out)
     if sys.stdout is None:  # started with its standard output closed (`>&-`)
         raise _OutputFailed("there is no standard output to write to (it was closed)")
-    if sys.stdout.isatty():  # a message or an answer can hold escape sequences: shown, not obeyed
+    if escaped or sys.stdout.isatty():  # escape sequences in a message: shown, not obeyed
         text = _ESCAPES.sub(lambda m: f"\\x{ord(m.group()):02x}", text)
     try:
         print(text, flush=True)

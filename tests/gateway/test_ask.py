@@ -175,6 +175,8 @@ async def test_an_approval_without_a_terminal_stops_and_the_lane_keeps_waiting(
     assert out == []
     status, _ = await _ask(store, "anything else?")  # still waiting: nothing new starts
     assert isinstance(status, str) and "waits for approval of deploy" in status
+    # and says so: it read as asked (an outside probe)
+    assert 'deploy {"service": "api"}: this question was not taken; nobody here' in status
     assert await _tool_results(store, "cli:ship") == []  # the deploy never ran
 
     asked: list[str] = []

@@ -936,6 +936,11 @@ def test_escape_sequences_in_an_answer_are_shown_not_obeyed_on_a_terminal(
     monkeypatch.setattr(sys.stdout, "isatty", lambda: False)  # a pipe: the text as it is
     assert main(["ask", "--store", url, "--lane", "cli:pipe", question], settings=Settings()) == 0
     assert f"You said: {question}" in capsys.readouterr().out
+    # what `store show` prints is people's text for people, piped to `less -R` too: escaped
+    # always, as `ops timeline` does (an outside probe)
+    assert main(["store", "show", "cli", "--store", url], settings=Settings()) == 0
+    shown = capsys.readouterr().out
+    assert "\x1b" not in shown and "hi \\x1b]0;pwned\\x07 \\x1b[2J there" in shown
 
 
 @pytest.mark.parametrize(

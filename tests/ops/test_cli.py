@@ -602,6 +602,37 @@ def test_an_action_sent_and_not_answered_names_its_key_not_an_unreachable_gatewa
     assert read == 3 and "cannot reach the gateway" in reading  # a read changes nothing
 
 
+def test_an_action_whose_gateway_hangs_up_before_answering_names_its_key(
+    capsys: pytest.CaptureFixture[str],
+) -> None:
+    """The gateway died while the approved tool ran: "cannot reach the gateway" said nothing of
+    the key, though the approval was taken (an outside probe)."""
+    import threading
+
+    with socket.socket() as dying:  # takes the request, then closes without a word
+        dying.bind(("127.0.0.1", 0))
+        dying.listen()
+
+        def hang_up() -> None:
+            for _ in range(2):
+                connection, _ = dying.accept()
+                with connection:
+                    connection.recv(65536)
+
+        thread = threading.Thread(target=hang_up, daemon=True)
+        thread.start()
+        url = f"http://127.0.0.1:{dying.getsockname()[1]}"
+        words = ["--url", url, "--token", "t", "--timeout", "5"]
+        sent = main([*words, "redeliver", "reply:s:r1", "--idempotency-key", "k-9"], None)
+        acted = _one_line(capsys.readouterr().err)
+        read = main([*words, "lanes"], None)
+        reading = _one_line(capsys.readouterr().err)
+        thread.join(5)
+    assert sent == 3 and "dropped the connection before it answered" in acted
+    assert "--idempotency-key k-9 says what it did, and does nothing twice" in acted
+    assert read == 3 and "cannot reach the gateway" in reading  # a read changes nothing
+
+
 @pytest.mark.parametrize(
     ("words", "said"),
     [
@@ -752,7 +783,9 @@ def test_revoke_and_unrevoke_a_lane(gateway: Gateway, ops: Any) -> None:
     back = ops("unrevoke", session, "web:held")
     assert back.code == 0
     assert back.out == f"restored {session}/web:held: its authority is back (by operator:alice)\n"
-    assert ops("unrevoke", session, "web:held").out.endswith("was not revoked: nothing changed\n")
+    # --yes too, as revoke takes it: a script pairs them (it was a usage error, an outside probe)
+    again = ops("unrevoke", session, "web:held", "--yes")
+    assert again.code == 0 and again.out.endswith("was not revoked: nothing changed\n")
     gateway.post("held", "again")
     assert gateway.answers("held", 1)[-1]["text"] == "You said: again"
 

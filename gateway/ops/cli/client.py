@@ -70,6 +70,17 @@ class Client:
             ) from None
         except httpx.TransportError as exc:
             reason = _ERRNO.sub("", str(exc)).strip() or type(exc).__name__
+            if key is not None and not isinstance(exc, httpx.ConnectError):
+                # sent, then the connection went (the gateway died mid-action): the action may
+                # have been taken, and "cannot reach" invited a retry under a new key that
+                # would act twice (an outside probe)
+                raise OpsError(
+                    f"the gateway at {self.url} dropped the connection before it answered "
+                    f"({clean(reason)}): the action may have reached it; once it is back, the "
+                    f"same command with --idempotency-key {key} says what it did, and does "
+                    "nothing twice",
+                    UNREACHABLE,
+                ) from None
             raise self._unreachable(reason) from None
         except httpx.InvalidURL as exc:  # a name of 100,000 characters: "unexpected InvalidURL"
             said = clean(str(exc))

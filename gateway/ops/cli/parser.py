@@ -272,10 +272,14 @@ def build_parser() -> OneLineParser:
             "lane", metavar="LANE", nargs="?", help="one of its lanes (default: every lane)"
         )
         sub.add_argument("--reason", help="why (recorded, and shown to operators)")
-        if name == "revoke":
-            sub.add_argument(
-                "-y", "--yes", action="store_true", help="do not ask (required without a terminal)"
-            )
+        sub.add_argument(  # unrevoke asks nothing: taken all the same, as a script pairs them
+            "-y",
+            "--yes",
+            action="store_true",
+            help="do not ask (required without a terminal)"
+            if name == "revoke"
+            else "accepted, as revoke takes it (unrevoke asks nothing)",
+        )
     budget = command(
         "budget",
         actions.budget,
