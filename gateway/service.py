@@ -632,6 +632,9 @@ class Service:
             detail = detail.replace(password, "***")
         detail = " ".join(detail.split())[:300]
         reason = f"{type(why).__name__}: {detail}" if detail else type(why).__name__
+        if isinstance(why, TimeoutError) and url.startswith("rediss"):
+            # a plain Redis takes the connection and waits for a command, never for a TLS hello
+            reason += "; rediss:// speaks TLS: is the server set up for it (else redis://)?"
         return f"the {part} at {shown} cannot be used ({reason})"
 
     async def stop(

@@ -162,3 +162,18 @@ def _refused_start(
     said = [x for x in started.log_path.read_text().splitlines() if x.startswith("gateway: ")]
     assert code == 1, started.tail(40)
     return started, said
+
+
+def test_rediss_against_a_plain_redis_says_to_look_at_tls(tmp_path: Path) -> None:
+    """It said only "no answer in 5 s": a plain Redis waits for a command, never for TLS's
+    hello (an outside probe)."""
+    server = RedisServer(tmp_path / "redis").start()
+    url = f"rediss://127.0.0.1:{server.port}/0?prefix=w"
+    settings = {"store_url": url, "broker_url": url, "web_url": url, "plugin": AGENT}
+    try:
+        _, said = _refused_start("gw", tmp_path, settings)
+    finally:
+        server.stop()
+    [line] = said
+    assert "TimeoutError" in line, line
+    assert line.endswith("rediss:// speaks TLS: is the server set up for it (else redis://)?)")
