@@ -152,6 +152,8 @@ async def check_store(
 
     add(await _store_problems(repo))
     listed = {meta.id: meta for meta in await repo.list()}
+    if session_ids is None:
+        add(await _unlisted(repo, set(listed)))
     for session_id in session_ids if session_ids is not None else sorted(listed):
         meta = listed.get(session_id)
         if meta is None:
@@ -178,6 +180,16 @@ async def _store_problems(repo: SessionRepo) -> list[Problem]:
         from harness_core.storage._fsck_jsonl import directory_problems
 
         return await directory_problems(repo)
+    return []
+
+
+async def _unlisted(repo: SessionRepo, listed: set[str]) -> list[Problem]:
+    from harness_core.storage.redis_streams import RedisSessionRepo
+
+    if isinstance(repo, RedisSessionRepo):
+        from harness_core.storage._fsck_redis import unlisted_sessions
+
+        return await unlisted_sessions(repo, listed)
     return []
 
 

@@ -5,6 +5,7 @@ from __future__ import annotations
 import contextlib
 import sqlite3
 from pathlib import Path
+from typing import Any
 
 import pytest
 import redis
@@ -109,6 +110,32 @@ async def _check(url: str, *sessions: str) -> int:
     import asyncio
 
     return await asyncio.to_thread(main, ["store", "check", *sessions, "--store", url], Settings())
+
+
+@pytest.mark.parametrize("lost", ["meta", "listing"])
+async def test_a_redis_session_the_store_no_longer_lists_is_a_problem(
+    lost: str, tmp_path: Path, redis_server: Any, redis_prefix: str, capsys
+) -> None:
+    """Its :meta key or its entry in :sessions deleted, the rest of its keys kept: "checked 0
+    sessions, 0 items: clean", while the gateway faulted on it at every take (an outside
+    probe)."""
+    await write_session(new_repo("redis", tmp_path, redis=redis_server, prefix=redis_prefix))
+    url = store_url("redis", tmp_path, redis_server, redis_prefix)
+    admin = redis.Redis(port=redis_server.port)
+    try:
+        if lost == "meta":
+            assert admin.delete(f"{redis_prefix}:{{{SESSION}}}:meta") == 1
+        else:
+            assert admin.zrem(f"{redis_prefix}:sessions", SESSION) == 1
+    finally:
+        admin.close()
+    assert await _check(url) == PROBLEMS_FOUND
+    problem, summary = capsys.readouterr().out.splitlines()
+    assert problem == (
+        f"problem: redis session {SESSION!r}: its log is kept but the store does not list it "
+        "(its :meta key or its entry in :sessions is gone): nothing can read it as it is"
+    )
+    assert summary == "checked 0 sessions, 0 items: 1 problem"
 
 
 def test_a_bad_store_is_one_clear_line(tmp_path: Path, capsys) -> None:
