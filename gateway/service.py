@@ -13,6 +13,7 @@ import contextlib
 import fnmatch
 import logging
 import random
+import re
 import time
 from collections.abc import Awaitable, Callable, Mapping, Sequence
 from dataclasses import dataclass, field
@@ -105,6 +106,31 @@ class StartRefused(GatewayError):
     """The store or the broker does not answer at start; the message is one line per part."""
 
 
+_BROKER_TAGS = re.compile(r"audit|marks|ibx-wake|obx-wake|rdy-\d+|obx-\d+")
+"""The hash tags of the broker's own Redis keys (``P:{audit}:log``...): a session's are its id."""
+
+
+def _broker_keys_clash(settings: Settings) -> str | None:
+    """Why a route's session would share Redis keys with the broker's own, or None.
+
+    With one ``?prefix`` on one Redis URL, store and broker share the prefix: a session named
+    ``audit`` wrote its log into the broker's audit trail, whose events were then lost and
+    whose API answered 500 (an outside probe).
+    """
+    store, broker = settings.effective_store_url, settings.effective_broker_url
+    if store != broker or not store.startswith("redis") or "prefix=" not in store:
+        return None
+    for route in settings.routes:
+        if _BROKER_TAGS.fullmatch(route.session):
+            return (
+                f"the session {route.session!r} would share its Redis keys with the broker's "
+                f"own (the store and the broker share the key prefix of "
+                f"{without_password(store)!r}): name the session otherwise, or give the "
+                "broker a URL of its own (GATEWAY_BROKER_URL with another ?prefix)"
+            )
+    return None
+
+
 def default_worker_id() -> str:
     """A worker id that is new per process incarnation and names it (`gateway.incarnation`)."""
     return new_worker_id()
@@ -172,6 +198,8 @@ class Service:
         settings = self.settings
         parts = self.parts
         clock = parts.clock
+        if (clash := _broker_keys_clash(settings)) is not None:
+            raise StartRefused(clash)
         if self._unredact is None:
             self._unredact = redact_with(self.redactor.redact)
         self.repo = parts.repo or self._own(open_repo(settings.effective_store_url, clock=clock))

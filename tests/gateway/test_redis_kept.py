@@ -177,3 +177,25 @@ def test_rediss_against_a_plain_redis_says_to_look_at_tls(tmp_path: Path) -> Non
     [line] = said
     assert "TimeoutError" in line, line
     assert line.endswith("rediss:// speaks TLS: is the server set up for it (else redis://)?)")
+
+
+async def test_a_session_named_like_the_broker_s_keys_under_one_prefix_is_refused() -> None:
+    """With one ?prefix on GATEWAY_REDIS_URL, a session named `audit` wrote its log into the
+    broker's audit trail: its events were lost, and `ops audit` answered 500 (an outside
+    probe). Refused at start now, before anything is opened."""
+    from config.settings import Route
+    from gateway.channels import gateway_settings
+    from gateway.service import Service, StartRefused
+
+    url = "redis://:s3cret@127.0.0.1:1/0?prefix=dep"
+    routes = (Route(channel="web", session="audit"),)
+    with pytest.raises(StartRefused) as refused:
+        await Service(gateway_settings(redis_url=url, routes=routes)).start()
+    said = str(refused.value)
+    assert said.startswith("the session 'audit' would share its Redis keys with the broker's")
+    assert "s3cret" not in said and "GATEWAY_BROKER_URL with another ?prefix" in said
+    # a prefix of the store's own (the broker keeps its default, gwb) shares nothing
+    apart = gateway_settings(store_url=url, broker_url="redis://127.0.0.1:1/0", routes=routes)
+    from gateway.service import _broker_keys_clash
+
+    assert _broker_keys_clash(apart) is None
