@@ -147,14 +147,16 @@ class Intake:
             if full:  # "retry" alone sent the sender into the same wall, unexplained
                 raise Unavailable(f"the inbox's {STORE_FULL}") from exc
             raise Unavailable(f"the inbox is unavailable ({type(exc).__name__})") from exc
+        elsewhere = appended.item.lane != lane  # its id names another thread's message
         log.info(
             event(
-                "message accepted",
+                "message id of another thread" if elsewhere else "message accepted",
                 session=session,
                 lane=lane,
                 item=appended.item.id,
                 duplicate=appended.duplicate,
                 reused=reused,
+                its_lane=appended.item.lane if elsewhere else None,
             )
         )
         return Acceptance(

@@ -7,6 +7,7 @@ message is kept, as before.
 
 from __future__ import annotations
 
+import logging
 from collections.abc import AsyncIterator
 
 import pytest
@@ -76,3 +77,18 @@ async def test_an_accept_is_one_call_on_a_server_and_keeps_a_revoked_threads_mes
     pending = [item.id for item in await broker.inbox.pending("s1")]
     assert pending == ["0000000000000001", "0000000000000002"]  # the kept one is not pending
     assert not (await intake.accept(_inbound("t1", "m3"))).revoked  # another lane runs
+
+
+async def test_an_id_of_another_thread_s_message_is_not_logged_as_accepted(
+    broker: RedisBroker, caplog: pytest.LogCaptureFixture
+) -> None:
+    """A web post refused 409 (its id names another thread's message) read "message accepted"
+    in the log (an outside probe)."""
+    intake = Intake(broker, lambda channel, space: "s1")
+    await intake.accept(_inbound("t1", "m1"))
+    caplog.set_level(logging.INFO, logger="gateway.intake")
+    again = await intake.accept(_inbound("t2", "m1"))
+    assert again.lane == "web:t1"
+    [said] = [r for r in caplog.records if r.name == "gateway.intake"]
+    assert said.getMessage() == "message id of another thread"
+    assert said.msg.fields["its_lane"] == "web:t1"  # type: ignore[union-attr]
