@@ -81,7 +81,9 @@ class LoopWatch:
                         where=self._where(),
                         note="every thread, the operator API and replies wait meanwhile: "
                         "a blocking call (time.sleep, a synchronous client) in a tool or "
-                        "hook holds them all; make it async or run it in a thread",
+                        "hook holds them all; make it async or run it in a thread (held "
+                        "past GATEWAY_LEASE_SECONDS, its session's lease is lost and its "
+                        "work begun again)",
                     )
                 )
             elif blocked_since is not None and last > blocked_since:

@@ -47,6 +47,9 @@ async def test_a_blocked_loop_is_named_once_with_where_it_is_then_its_end(
     where = blocked["where"]
     assert isinstance(where, list) and where[-1].startswith("test_loop_watch.py:")
     assert where[-1].endswith(" in blocker")
+    # what a block past the lease costs, said where it happens (an outside probe: a 36 s one
+    # faulted its session at every try)
+    assert "past GATEWAY_LEASE_SECONDS" in str(blocked["note"])
     [unblocked] = _fields(caplog, "event loop unblocked")
     assert isinstance(unblocked["seconds"], float) and unblocked["seconds"] >= 1.5
 
