@@ -429,7 +429,6 @@ class Worker:
         if not self._resuming.empty():
             return self._resuming.get_nowait()
         self._free += 1
-        self._last_free_ms = self._clock.now_ms()
         take = asyncio.ensure_future(
             self._broker.inbox.take_session(self.config.worker_id, wait_ms=self.config.take_wait_ms)
         )
